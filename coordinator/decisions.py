@@ -1,0 +1,93 @@
+"""The coordinator's decisions as pure functions of (now, state, options).
+
+Admission, eviction and round closing take plain immutable views of the state and a time,
+and return a Decision with a reason a person can read. The service applies them; tests
+drive them with a fake clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class Decision:
+    ok: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class MembershipOptions:
+    lease_s: float
+    max_workers: int
+
+
+@dataclass(frozen=True)
+class RoundOptions:
+    round_deadline_s: float
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    worker_id: str
+    last_seen: float
+    # The global version the worker last pulled; -1 before its first pull.
+    base_version: int
+    active: bool
+
+
+@dataclass(frozen=True)
+class RoundView:
+    version: int
+    opened_at: float
+    reporters: frozenset[str]
+
+
+def decide_admission(
+    now: float, workers: Iterable[WorkerView], run_finished: bool, options: MembershipOptions
+) -> Decision:
+    """Admit a new worker unless the run is over or the swarm is full."""
+    if run_finished:
+        return Decision(False, "the run has finished its rounds")
+    active = sum(1 for w in workers if w.active and now - w.last_seen <= options.lease_s)
+    if active >= options.max_workers:
+        return Decision(False, f"the swarm is full: {active} active of max_workers={options.max_workers}")
+    return Decision(True, f"admitted as worker {active + 1} of at most {options.max_workers}")
+
+
+def decide_evictions(
+    now: float, workers: Iterable[WorkerView], options: MembershipOptions
+) -> list[tuple[str, str]]:
+    """The (worker_id, reason) pairs of active workers whose lease has expired."""
+    evicted = []
+    for worker in workers:
+        silent = now - worker.last_seen
+        if worker.active and silent > options.lease_s:
+            evicted.append((worker.worker_id, f"lease expired: no heartbeat for {silent:.1f}s > lease {options.lease_s:.1f}s"))
+    return evicted
+
+
+def expected_reporters(round_: RoundView, workers: Iterable[WorkerView]) -> frozenset[str]:
+    """Active workers that trained from this round's version."""
+    return frozenset(w.worker_id for w in workers if w.active and w.base_version == round_.version)
+
+
+def decide_round_close(
+    now: float, round_: RoundView, workers: Iterable[WorkerView], options: RoundOptions
+) -> Decision:
+    """Close when every active worker of the round's version reported, or at the deadline."""
+    reported = len(round_.reporters)
+    if reported == 0:
+        return Decision(False, f"round {round_.version}: no reports yet")
+    waiting = expected_reporters(round_, workers) - round_.reporters
+    if not waiting:
+        return Decision(True, f"round {round_.version}: all {reported} active workers reported")
+    age = now - round_.opened_at
+    if age >= options.round_deadline_s:
+        return Decision(
+            True,
+            f"round {round_.version}: deadline {options.round_deadline_s:.1f}s passed with "
+            f"{reported} reports; {len(waiting)} active workers missing",
+        )
+    return Decision(False, f"round {round_.version}: waiting for {len(waiting)} of {reported + len(waiting)} workers")

@@ -1,0 +1,354 @@
+"""The coordinator's state machine behind the gRPC service: membership, rounds, outer steps.
+
+`SwarmCoordinator` owns the global parameters, the outer optimizer's momentum, the version
+counter, the membership table and the open round. Every RPC handler in server.py calls one
+method here; a refused call raises `Refusal` carrying the gRPC status code and a message.
+Decisions (admit, evict, close a round) come from the pure functions in decisions.py.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import grpc
+import torch
+
+from rcswarm.coordinator import decisions, outer
+from rcswarm.coordinator.store import RoundRecord, StateStore
+from rcswarm.models import registry
+from rcswarm.protos import tensor_stream
+from rcswarm.protos.runspec import RunSpec
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+# Spec keys a restart on an existing state dir may change; any other change is refused.
+RESTART_MUTABLE = ("run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s")
+MAX_TOKENS_PER_UPDATE = 10**12
+MAX_METRICS_PER_REQUEST = 10_000
+STATUS_ROUNDS = 20
+
+
+class Refusal(Exception):
+    """A refused RPC: the status code and the message the caller sees."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    name: str
+    device: str
+    joined_at: float
+    last_seen: float
+    # The version whose round this worker reports to next.
+    base_version: int
+    active: bool = True
+    state: int = pb.WORKER_STATE_ACTIVE
+    reason: str = ""
+    last_loss: float = math.nan
+
+    def view(self) -> decisions.WorkerView:
+        return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active)
+
+
+@dataclass
+class OpenRound:
+    version: int
+    opened_at: float
+    # worker_id -> (tokens, decoded pseudo-gradient)
+    reports: dict[str, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
+
+    def view(self) -> decisions.RoundView:
+        return decisions.RoundView(self.version, self.opened_at, frozenset(self.reports))
+
+
+def spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
+    """Dotted keys whose values differ between two specs."""
+    old_d, new_d = old.to_dict(), new.to_dict()
+    return sorted(
+        f"{table}.{key}"
+        for table in old_d
+        for key in set(old_d[table]) | set(new_d[table])
+        if old_d[table].get(key) != new_d[table].get(key)
+    )
+
+
+def initial_parameters(spec: RunSpec) -> dict[str, torch.Tensor]:
+    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
+    return {name: p.detach().to(torch.float32).contiguous().clone() for name, p in model.named_parameters()}
+
+
+class SwarmCoordinator:
+    def __init__(self, spec: RunSpec, store: StateStore, clock: Callable[[], float] = time.time) -> None:
+        self.spec = spec
+        self.store = store
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._version_changed = threading.Condition(self._lock)
+        self.membership = decisions.MembershipOptions(spec.coordinator.lease_s, spec.coordinator.max_workers)
+        self.round_options = decisions.RoundOptions(spec.sync.round_deadline_s)
+        self._load_or_create()
+        self.shapes = {name: tuple(t.shape) for name, t in self.params.items()}
+        self.workers: dict[str, WorkerRecord] = {}
+        self._joins = 0
+        self.round = OpenRound(self.version, self.clock())
+        self.total_tokens = 0
+        self._first_metric_at: float | None = None
+        self._publish()
+
+    def _load_or_create(self) -> None:
+        checkpoint = self.store.load_current()
+        if checkpoint is None:
+            self.run_id = f"{self.spec.run.name}-{secrets.token_hex(4)}"
+            self.params = initial_parameters(self.spec)
+            self.momentum = {k: torch.zeros_like(v) for k, v in self.params.items()}
+            self.version = 0
+            self.store.set_many({"spec_json": self.spec.to_json()})
+            self.store.commit_version(self.run_id, 0, self.params, self.momentum, None)
+            return
+        stored = RunSpec.from_json(self.store.get("spec_json") or "{}")
+        changed = [k for k in spec_differences(stored, self.spec) if not k.startswith(RESTART_MUTABLE)]
+        if changed:
+            raise ValueError(
+                f"state dir {self.store.state_dir} holds a run whose spec differs in {changed}; "
+                "use a new state dir or the original config"
+            )
+        self.store.set_many({"spec_json": self.spec.to_json()})
+        self.run_id = self.store.get("run_id") or ""
+        self.params, self.momentum, self.version = checkpoint.params, checkpoint.momentum, checkpoint.version
+
+    def _publish(self) -> None:
+        """Build the pull payload of the current version (called with the lock held or at init)."""
+        self.param_sha256 = tensor_stream.params_sha256(self.params)
+        self._pull_header, self._pull_chunks = tensor_stream.build_payload(
+            self.params, codec=pb.CODEC_FP32, run_id=self.run_id, version=self.version,
+            content_sha256=self.param_sha256,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.spec.run.rounds > 0 and self.version >= self.spec.run.rounds
+
+    def _run_state(self) -> int:
+        return pb.RUN_STATE_FINISHED if self.finished else pb.RUN_STATE_RUNNING
+
+    def _member(self, worker_id: str) -> WorkerRecord:
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is unknown here; join again")
+        if not worker.active:
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is no longer a member ({worker.reason}); join again")
+        return worker
+
+    def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        with self._lock:
+            now = self.clock()
+            decision = decisions.decide_admission(now, [w.view() for w in self.workers.values()], self.finished, self.membership)
+            if not decision.ok:
+                code = grpc.StatusCode.FAILED_PRECONDITION if self.finished else grpc.StatusCode.RESOURCE_EXHAUSTED
+                raise Refusal(code, f"join refused: {decision.reason}")
+            self._joins += 1
+            worker_id = f"w{self._joins}-{secrets.token_hex(4)}"
+            name = request.worker_name[:128] or worker_id
+            self.workers[worker_id] = WorkerRecord(worker_id, name, request.device[:64], now, now, self.version)
+            self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
+            return pb.JoinResponse(
+                worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
+                lease_seconds=self.membership.lease_s, data_seed=self._joins,
+            )
+
+    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        with self._lock:
+            self._member(request.worker_id).last_seen = self.clock()
+            return pb.HeartbeatResponse(version=self.version, run_state=self._run_state(), lease_seconds=self.membership.lease_s)
+
+    def leave(self, request: pb.LeaveRequest) -> pb.LeaveResponse:
+        with self._lock:
+            worker = self._member(request.worker_id)
+            worker.active, worker.state = False, pb.WORKER_STATE_LEFT
+            worker.reason = f"left: {request.reason[:200] or 'no reason given'}"
+            self.store.add_event(worker.worker_id, "leave", worker.reason)
+            self._maybe_close_round()
+        return pb.LeaveResponse()
+
+    def pull(self, request: pb.PullParametersRequest) -> Iterator[pb.PullParametersResponse]:
+        with self._lock:
+            worker = self._member(request.worker_id)
+            if request.version not in (0, self.version):
+                raise Refusal(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"version {request.version} is not served; the newest is {self.version}",
+                )
+            worker.last_seen = self.clock()
+            worker.base_version = self.version
+            header, chunks = self._pull_header, self._pull_chunks
+        yield pb.PullParametersResponse(header=header)
+        for chunk in chunks:
+            yield pb.PullParametersResponse(chunk=chunk)
+
+    def await_version(self, request: pb.AwaitVersionRequest, time_remaining: float) -> pb.AwaitVersionResponse:
+        wait_s = min(max(request.wait_ms, 0) / 1000.0, self.spec.coordinator.max_wait_s, max(time_remaining - 0.2, 0.0))
+        deadline = time.monotonic() + wait_s
+        with self._lock:
+            self._member(request.worker_id).last_seen = self.clock()
+            while self.version < request.min_version and not self.finished:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._version_changed.wait(timeout=left)
+            return pb.AwaitVersionResponse(version=self.version, run_state=self._run_state())
+
+    def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
+        meta = self._first_part(requests, "meta").meta
+        with self._lock:
+            self._check_update_meta(self._member(meta.worker_id), meta)
+        header = self._first_part(requests, "header").header
+        deltas = self._receive_update(header, requests, meta.base_version)
+        with self._lock:
+            worker = self._member(meta.worker_id)
+            self._check_update_meta(worker, meta)
+            self.round.reports[worker.worker_id] = (meta.tokens, deltas)
+            worker.base_version = self.version + 1
+            worker.last_seen = self.clock()
+            reports = len(self.round.reports)
+            round_version = self.round.version
+            self._maybe_close_round()
+        return pb.PushUpdateResponse(accepted=True, round_version=round_version, reports=reports)
+
+    @staticmethod
+    def _first_part(requests: Iterator[pb.PushUpdateRequest], part: str) -> pb.PushUpdateRequest:
+        message = next(requests, None)
+        if message is None or message.WhichOneof("part") != part:
+            found = None if message is None else message.WhichOneof("part")
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"PushUpdate stream: expected a {part} message, got {found}")
+        return message
+
+    def _check_update_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> None:
+        if meta.base_version < self.version:
+            worker.base_version = self.version
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"stale update: trained from version {meta.base_version} but the global version is "
+                f"{self.version}; pull and re-sync",
+            )
+        if meta.base_version > self.version:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"update for version {meta.base_version} which does not exist yet (newest {self.version})",
+            )
+        if worker.worker_id in self.round.reports:
+            raise Refusal(grpc.StatusCode.ALREADY_EXISTS, f"worker {worker.worker_id} already reported for round {self.version}")
+        if not 0 < meta.tokens <= MAX_TOKENS_PER_UPDATE:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"tokens = {meta.tokens}: expected 1..{MAX_TOKENS_PER_UPDATE}")
+
+    def _receive_update(
+        self, header: pb.TensorHeader, requests: Iterator[pb.PushUpdateRequest], version: int
+    ) -> dict[str, torch.Tensor]:
+        """Reassemble and validate a pseudo-gradient; nothing here touches global state."""
+        try:
+            receiver = tensor_stream.PayloadReceiver(header, expected=self.shapes, run_id=self.run_id, version=version)
+            for message in requests:
+                if message.WhichOneof("part") != "chunk":
+                    raise tensor_stream.PayloadError(f"expected a chunk message, got {message.WhichOneof('part')}")
+                receiver.add(message.chunk)
+            deltas = receiver.finish()
+            tensor_stream.check_finite(deltas)
+        except tensor_stream.PayloadError as exc:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"update rejected: {exc}") from None
+        norm = tensor_stream.global_norm(deltas)
+        if norm > self.spec.sync.max_update_norm:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"update rejected: global L2 norm {norm:.4g} exceeds sync.max_update_norm = {self.spec.sync.max_update_norm:.4g}",
+            )
+        return deltas
+
+    def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
+        if len(request.metrics) > MAX_METRICS_PER_REQUEST:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.metrics)} metrics in one request: at most {MAX_METRICS_PER_REQUEST}")
+        now = self.clock()
+        with self._lock:
+            worker = self.workers.get(request.worker_id)
+            if worker is None:
+                raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is unknown here; join again")
+            for metric in request.metrics:
+                self.total_tokens += max(metric.tokens, 0)
+                if math.isfinite(metric.loss) and metric.tokens > 0:
+                    worker.last_loss = metric.loss
+            if request.metrics and self._first_metric_at is None:
+                self._first_metric_at = now
+        rows = (
+            (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
+             m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
+            for m in request.metrics
+        )
+        return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
+
+    def status(self) -> pb.GetStatusResponse:
+        with self._lock:
+            now = self.clock()
+            losses = [w.last_loss for w in self.workers.values() if math.isfinite(w.last_loss)]
+            elapsed = now - self._first_metric_at if self._first_metric_at is not None else 0.0
+            response = pb.GetStatusResponse(
+                run_id=self.run_id, version=self.version, run_state=self._run_state(), target_rounds=self.spec.run.rounds,
+                latest_loss=sum(losses) / len(losses) if losses else math.nan,
+                tokens_per_second=self.total_tokens / elapsed if elapsed > 0 else 0.0,
+                param_sha256=self.param_sha256.hex(), total_tokens=self.total_tokens,
+            )
+            for w in self.workers.values():
+                response.workers.add(
+                    worker_id=w.worker_id, name=w.name, state=w.state, base_version=w.base_version,
+                    seconds_since_heartbeat=now - w.last_seen, device=w.device, reason=w.reason,
+                )
+            open_round = (self.round.version, len(self.round.reports), sum(t for t, _ in self.round.reports.values()), self.round.opened_at)
+        for r in self.store.recent_rounds(STATUS_ROUNDS):
+            response.rounds.add(
+                version=r.version, reports=r.reports, tokens=r.tokens, opened_at=r.opened_at, closed_at=r.closed_at,
+                close_reason=r.close_reason, update_norm=r.update_norm,
+            )
+        version, reports, tokens, opened_at = open_round
+        response.rounds.add(version=version, reports=reports, tokens=tokens, opened_at=opened_at)
+        return response
+
+    def tick(self) -> None:
+        """Evict expired workers and close the round if it is due; called periodically."""
+        with self._lock:
+            now = self.clock()
+            for worker_id, reason in decisions.decide_evictions(now, [w.view() for w in self.workers.values()], self.membership):
+                worker = self.workers[worker_id]
+                worker.active, worker.state, worker.reason = False, pb.WORKER_STATE_EVICTED, f"evicted: {reason}"
+                self.store.add_event(worker_id, "evict", reason, now)
+            self._maybe_close_round()
+
+    def _maybe_close_round(self) -> None:
+        """With the lock held: close the open round if the decision says so."""
+        if self.finished:
+            return
+        now = self.clock()
+        decision = decisions.decide_round_close(now, self.round.view(), [w.view() for w in self.workers.values()], self.round_options)
+        if decision.ok:
+            self._close_round(now, decision.reason)
+
+    def _close_round(self, now: float, reason: str) -> None:
+        reports = [self.round.reports[k] for k in sorted(self.round.reports)]
+        average = outer.weighted_average(reports)
+        params, momentum = outer.outer_step(self.params, self.momentum, average, self.spec.outer)
+        new_version = self.version + 1
+        record = RoundRecord(
+            version=self.version, opened_at=self.round.opened_at, closed_at=now, reports=len(reports),
+            tokens=sum(t for t, _ in reports), close_reason=reason, update_norm=tensor_stream.global_norm(average),
+            param_sha256=tensor_stream.params_sha256(params).hex(),
+        )
+        self.store.commit_version(self.run_id, new_version, params, momentum, record)
+        self.params, self.momentum, self.version = params, momentum, new_version
+        self.round = OpenRound(new_version, now)
+        self._publish()
+        self._version_changed.notify_all()

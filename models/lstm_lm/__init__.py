@@ -1,0 +1,29 @@
+"""rcswarm.models.lstm_lm: the residual LSTM byte-level LM, registered as "lstm_lm".
+
+Presets:
+
+- "tiny": d_model 32, 1 layer (25,184 parameters); for tests.
+- "small": d_model 192, 2 layers (1,235,712 parameters); the demo model.
+- "base10m": d_model 448, 3 layers (9,772,224 parameters); for the sync benchmark.
+"""
+
+from rcswarm.models.lstm_lm.model import LSTMState, ResidualLSTMConfig, ResidualLSTMLM
+from rcswarm.models.registry import ModelEntry, register
+
+PRESETS: dict[str, dict[str, object]] = {
+    "tiny": {"d_model": 32, "n_layers": 1},
+    "small": {"d_model": 192, "n_layers": 2},
+    "base10m": {"d_model": 448, "n_layers": 3},
+}
+
+register(
+    ModelEntry(
+        name="lstm_lm",
+        config_cls=ResidualLSTMConfig,
+        build=ResidualLSTMLM,
+        presets=PRESETS,
+        description="Byte-level LM of pre-norm residual LSTM + MLP blocks, tied embeddings.",
+    )
+)
+
+__all__ = ["LSTMState", "PRESETS", "ResidualLSTMConfig", "ResidualLSTMLM"]

@@ -1,0 +1,275 @@
+"""The run spec: what a run trains and how it synchronizes, shared by coordinator and workers.
+
+A run is described by a TOML file (RUN.toml) whose tables map onto the dataclasses below.
+The coordinator reads it, validates it, and hands it to every worker in JoinResponse as
+JSON; the worker validates it again with the same code. Every dataclass validates itself:
+an unknown key or a bad value raises ValueError naming the key (as `table.key`) and value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+CODECS = ("fp32", "bf16", "int8")
+INNER_OPTIMIZERS = ("adamw", "sgd")
+DATA_SOURCES = ("stdlib",)
+
+
+def _fail(key: str, value: Any, expected: str) -> None:
+    raise ValueError(f"{key} = {value!r} is invalid: expected {expected}")
+
+
+def _check_positive(obj: Any, table: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not value > 0:
+            _fail(f"{table}.{name}", value, "a positive number")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """Identity and length of the run."""
+
+    name: str = "demo"
+    seed: int = 0
+    # Outer rounds to train; 0 = until stopped.
+    rounds: int = 10
+    # Worker processes `rcswarm run` starts on this machine.
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
+            _fail("run.name", self.name, "a non-empty name of letters, digits, '-', '_' or '.'")
+        if self.rounds < 0:
+            _fail("run.rounds", self.rounds, "an integer >= 0 (0 = until stopped)")
+        if not 1 <= self.workers <= 64:
+            _fail("run.workers", self.workers, "an integer between 1 and 64")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """Which registered model, which preset, which overrides of its config."""
+
+    name: str = "lstm_lm"
+    preset: str = "small"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            _fail("model.name", self.name, "a registered model name")
+        if not self.preset:
+            _fail("model.preset", self.preset, "a preset name of the model")
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """Training data: the source and the window shape each inner step trains on."""
+
+    source: str = "stdlib"
+    seq_len: int = 128
+    batch_size: int = 8
+    # Bytes of the corpus to use; 0 = all of it.
+    max_bytes: int = 0
+    val_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.source not in DATA_SOURCES:
+            _fail("data.source", self.source, f"one of {DATA_SOURCES}")
+        _check_positive(self, "data", "seq_len", "batch_size")
+        if self.max_bytes < 0:
+            _fail("data.max_bytes", self.max_bytes, "an integer >= 0 (0 = all)")
+        if not 0.0 < self.val_fraction < 0.5:
+            _fail("data.val_fraction", self.val_fraction, "a number in (0, 0.5)")
+
+
+@dataclass(frozen=True)
+class InnerSection:
+    """The worker's local optimizer and the number H of inner steps between syncs."""
+
+    optimizer: str = "adamw"
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    steps: int = 20
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in INNER_OPTIMIZERS:
+            _fail("inner.optimizer", self.optimizer, f"one of {INNER_OPTIMIZERS}")
+        _check_positive(self, "inner", "lr", "steps")
+        if self.weight_decay < 0:
+            _fail("inner.weight_decay", self.weight_decay, "a number >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                _fail(f"inner.{name}", getattr(self, name), "a number in [0, 1)")
+        if self.grad_clip < 0:
+            _fail("inner.grad_clip", self.grad_clip, "a number >= 0 (0 = no clipping)")
+
+
+@dataclass(frozen=True)
+class OuterSection:
+    """The coordinator's outer optimizer: SGD with Nesterov momentum on averaged deltas."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "outer", "lr")
+        if not 0.0 <= self.momentum < 1.0:
+            _fail("outer.momentum", self.momentum, "a number in [0, 1)")
+
+
+@dataclass(frozen=True)
+class SyncSection:
+    """How pseudo-gradients travel and when a round closes."""
+
+    codec: str = "int8"
+    block_size: int = 256
+    error_feedback: bool = True
+    # A round closes at this many seconds after it opened if at least one worker reported.
+    round_deadline_s: float = 120.0
+    # Largest accepted global L2 norm of one worker's pseudo-gradient.
+    max_update_norm: float = 1e4
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            _fail("sync.codec", self.codec, f"one of {CODECS}")
+        if not 1 <= self.block_size <= 1 << 16:
+            _fail("sync.block_size", self.block_size, "an integer between 1 and 65536")
+        _check_positive(self, "sync", "round_deadline_s", "max_update_norm")
+
+
+@dataclass(frozen=True)
+class CoordinatorSection:
+    """Membership and serving limits of the coordinator."""
+
+    lease_s: float = 15.0
+    max_workers: int = 64
+    # Longest a worker's AwaitVersion call may block on the server.
+    max_wait_s: float = 10.0
+    # Checkpoints kept in the state dir besides the newest.
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s")
+        if self.keep_checkpoints < 0:
+            _fail("coordinator.keep_checkpoints", self.keep_checkpoints, "an integer >= 0")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    inner: InnerSection = field(default_factory=InnerSection)
+    outer: OuterSection = field(default_factory=OuterSection)
+    sync: SyncSection = field(default_factory=SyncSection)
+    coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunSpec":
+        return _build(cls, data, "")
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "RunSpec":
+        path = Path(path)
+        try:
+            with path.open("rb") as handle:
+                data = tomllib.load(handle)
+        except FileNotFoundError:
+            raise ValueError(f"run config {str(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"run config {str(path)!r} is not valid TOML: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"run spec is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def to_toml(self) -> str:
+        lines: list[str] = []
+        for table, values in self.to_dict().items():
+            nested = {k: v for k, v in values.items() if isinstance(v, dict)}
+            lines.append(f"[{table}]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if k not in nested]
+            for key, sub in nested.items():
+                lines.append(f"\n[{table}.{key}]")
+                lines += [f"{k} = {_toml_value(v)}" for k, v in sub.items()]
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise ValueError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    """Instantiate dataclass `cls` from a mapping, checking keys and value types."""
+    where = prefix or "the run config"
+    if not isinstance(data, Mapping):
+        _fail(where, data, "a table")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ValueError(f"unknown key {key!r} in {where}; expected one of {sorted(names)}")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(hints[name], value, key)
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key)
+    origin = typing.get_origin(hint)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            _fail(key, value, "a table")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            _fail(key, value, "true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(key, value, "an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            _fail(key, value, "a finite number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            _fail(key, value, "a string")
+        return value
+    assert not isinstance(hint, types.UnionType), f"unsupported field type {hint} for {key}"
+    raise AssertionError(f"unsupported field type {hint} for {key}")

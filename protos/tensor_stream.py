@@ -1,0 +1,357 @@
+"""Chunked tensor payloads: a TensorHeader message, then TensorChunk messages of at most 1 MiB.
+
+The sender encodes each tensor with a codec (see ``rcswarm.protos.codec``), concatenates the
+encoded bytes in order and cuts them into chunks; the header lists every tensor's name, shape
+and encoded size, the total size, the chunk size and each chunk's CRC-32, and optionally the
+SHA-256 of the float32 tensors it describes. ``PayloadReceiver`` checks the header against
+what the receiver expects before it allocates anything, then checks every chunk as it
+arrives, so a malformed or hostile stream fails early with a ``PayloadError`` that says what
+was found and what was expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from collections.abc import Collection, Mapping
+
+import torch
+
+from rcswarm.protos.codec import CODEC_NAMES, DEFAULT_BLOCK_SIZE, codec_label, decode, encode, encoded_size
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+MAX_CHUNK_SIZE = 1 << 20
+SHA256_SIZE = 32
+
+_KNOWN_CODECS = frozenset(CODEC_NAMES.values())
+
+
+class PayloadError(ValueError):
+    """A payload that does not match its header or the receiver's expectations.
+
+    ``tensor`` is the name of the offending tensor when the problem is one tensor's.
+    """
+
+    def __init__(self, message: str, *, tensor: str | None = None) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+
+
+def _dtype_label(dtype: int) -> str:
+    try:
+        return f"{pb.DType.Name(dtype)} ({dtype})"
+    except ValueError:
+        return f"unknown dtype {dtype}"
+
+
+def _float32_le_bytes(tensor: torch.Tensor) -> memoryview:
+    values = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().reshape(-1)  # [numel]
+    return memoryview(values.numpy().astype("<f4", copy=False)).cast("B")
+
+
+def params_sha256(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    """SHA-256 over, in order, each name's UTF-8 bytes, a NUL byte and its float32 LE bytes."""
+    digest = hashlib.sha256()
+    for name, tensor in tensors.items():
+        digest.update(name.encode("utf-8"))
+        digest.update(b"\0")
+        digest.update(_float32_le_bytes(tensor))
+    return digest.digest()
+
+
+def _check_chunk_size(chunk_size: int) -> None:
+    if not 0 < chunk_size <= MAX_CHUNK_SIZE:
+        raise ValueError(f"chunk_size must be in (0, {MAX_CHUNK_SIZE}], got {chunk_size}")
+
+
+def _encoded_parts(
+    tensors: Mapping[str, torch.Tensor],
+    codec: int,
+    block_size: int,
+    encoded: Mapping[str, bytes] | None,
+) -> list[bytes]:
+    """Each tensor's encoded bytes in order, encoding it unless ``encoded`` already has them."""
+    if encoded is not None:
+        extra = [name for name in encoded if name not in tensors]
+        if extra:
+            raise ValueError(f"encoded bytes given for tensors not in the payload: {extra[:5]}")
+    parts = []
+    for name, tensor in tensors.items():
+        if encoded is None:
+            parts.append(encode(tensor, codec, block_size))
+            continue
+        if name not in encoded:
+            raise ValueError(f"no encoded bytes given for tensor {name!r}")
+        part = encoded[name]
+        expected = encoded_size(tensor.numel(), codec, block_size)
+        if len(part) != expected:
+            raise ValueError(
+                f"tensor {name!r}: encoded bytes have {len(part)} bytes, "
+                f"expected {expected} for {codec_label(codec)} and shape {tuple(tensor.shape)}"
+            )
+        parts.append(part)
+    return parts
+
+
+def _cut_chunks(blob: bytes, chunk_size: int) -> list[pb.TensorChunk]:
+    if len(blob) <= chunk_size:
+        return [pb.TensorChunk(index=0, data=blob)] if blob else []
+    view = memoryview(blob)
+    return [
+        pb.TensorChunk(index=index, data=view[start : start + chunk_size].tobytes())
+        for index, start in enumerate(range(0, len(blob), chunk_size))
+    ]
+
+
+def build_payload(
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    codec: int,
+    run_id: str,
+    version: int,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    chunk_size: int = MAX_CHUNK_SIZE,
+    encoded: Mapping[str, bytes] | None = None,
+    content_sha256: bytes = b"",
+) -> tuple[pb.TensorHeader, list[pb.TensorChunk]]:
+    """The header and chunks that carry ``tensors`` encoded with ``codec``.
+
+    ``encoded`` supplies already-encoded bytes (e.g. ``ErrorFeedback.compress``'s output) for
+    every tensor; the shapes still come from ``tensors``. ``content_sha256`` is empty or the
+    32-byte ``params_sha256`` of the tensors the receiver should decode.
+    """
+    _check_chunk_size(chunk_size)
+    encoded_size(0, codec, block_size)  # raises ValueError for an unknown codec or a bad block_size
+    if len(content_sha256) not in (0, SHA256_SIZE):
+        raise ValueError(f"content_sha256 must be empty or {SHA256_SIZE} bytes, got {len(content_sha256)}")
+    parts = _encoded_parts(tensors, codec, block_size, encoded)
+    blob = b"".join(parts)
+    chunks = _cut_chunks(blob, chunk_size)
+    header = pb.TensorHeader(
+        run_id=run_id,
+        version=version,
+        codec=codec,
+        block_size=block_size,
+        tensors=[
+            pb.TensorInfo(name=name, dtype=pb.DTYPE_FLOAT32, shape=tuple(tensor.shape), num_bytes=len(part))
+            for (name, tensor), part in zip(tensors.items(), parts)
+        ],
+        total_bytes=len(blob),
+        chunk_size=chunk_size,
+        chunk_crc32=[zlib.crc32(chunk.data) for chunk in chunks],
+        content_sha256=content_sha256,
+    )
+    return header, chunks
+
+
+def _check_header_identity(
+    header: pb.TensorHeader,
+    run_id: str | None,
+    version: int | None,
+    allowed_codecs: Collection[int] | None,
+) -> None:
+    if header.codec not in _KNOWN_CODECS:
+        raise PayloadError(f"header codec is {codec_label(header.codec)}; expected one of {sorted(_KNOWN_CODECS)}")
+    if allowed_codecs is not None and header.codec not in allowed_codecs:
+        allowed = ", ".join(codec_label(c) for c in allowed_codecs)
+        raise PayloadError(f"header codec {codec_label(header.codec)} is not allowed; expected one of {allowed}")
+    if run_id is not None and header.run_id != run_id:
+        raise PayloadError(f"header run_id is {header.run_id!r}; expected {run_id!r}")
+    if version is not None and header.version != version:
+        raise PayloadError(f"header version is {header.version}; expected {version}")
+    if header.codec == pb.CODEC_INT8_BLOCK and header.block_size <= 0:
+        raise PayloadError(f"header block_size is {header.block_size}; CODEC_INT8_BLOCK needs block_size > 0")
+    if not 0 < header.chunk_size <= MAX_CHUNK_SIZE:
+        raise PayloadError(f"header chunk_size is {header.chunk_size}; expected a value in (0, {MAX_CHUNK_SIZE}]")
+    if len(header.content_sha256) not in (0, SHA256_SIZE):
+        raise PayloadError(
+            f"header content_sha256 has {len(header.content_sha256)} bytes; expected 0 or {SHA256_SIZE}"
+        )
+
+
+def _check_tensor_infos(header: pb.TensorHeader) -> None:
+    seen: set[str] = set()
+    for info in header.tensors:
+        if info.dtype != pb.DTYPE_FLOAT32:
+            raise PayloadError(
+                f"tensor {info.name!r} has dtype {_dtype_label(info.dtype)}; expected DTYPE_FLOAT32",
+                tensor=info.name,
+            )
+        if info.name in seen:
+            raise PayloadError(f"tensor {info.name!r} appears twice in the header", tensor=info.name)
+        seen.add(info.name)
+        if any(d < 0 for d in info.shape):
+            raise PayloadError(
+                f"tensor {info.name!r} has shape {tuple(info.shape)}; expected non-negative dimensions",
+                tensor=info.name,
+            )
+
+
+def _check_expected(header: pb.TensorHeader, expected: Mapping[str, tuple[int, ...]]) -> None:
+    received = [info.name for info in header.tensors]
+    received_set = set(received)
+    for name in received:
+        if name not in expected:
+            raise PayloadError(f"unexpected tensor {name!r}; it is not among the expected tensors", tensor=name)
+    for name in expected:
+        if name not in received_set:
+            raise PayloadError(
+                f"missing tensor {name!r}: expected {len(expected)} tensors, got {len(received)}", tensor=name
+            )
+    for position, (name, want) in enumerate(zip(expected, received)):
+        if name != want:
+            raise PayloadError(
+                f"tensor at position {position} is {want!r}; expected {name!r} (tensors out of order)",
+                tensor=want,
+            )
+    for info in header.tensors:
+        got = tuple(int(d) for d in info.shape)
+        want_shape = tuple(int(d) for d in expected[info.name])
+        if got != want_shape:
+            raise PayloadError(f"tensor {info.name!r} has shape {got}; expected {want_shape}", tensor=info.name)
+
+
+def _check_sizes(header: pb.TensorHeader) -> None:
+    total = 0
+    for info in header.tensors:
+        want = encoded_size(math.prod(info.shape), header.codec, header.block_size)
+        if info.num_bytes != want:
+            raise PayloadError(
+                f"tensor {info.name!r} has num_bytes {info.num_bytes}; expected {want} "
+                f"for shape {tuple(info.shape)} and {codec_label(header.codec)}",
+                tensor=info.name,
+            )
+        total += want
+    if header.total_bytes != total:
+        raise PayloadError(f"header total_bytes is {header.total_bytes}; the tensors need {total}")
+    num_chunks = -(-total // header.chunk_size)
+    if len(header.chunk_crc32) != num_chunks:
+        raise PayloadError(
+            f"header lists {len(header.chunk_crc32)} chunk CRCs; expected {num_chunks} "
+            f"for {total} bytes in chunks of {header.chunk_size}"
+        )
+
+
+class PayloadReceiver:
+    """Validates a header, then reassembles and checks its chunks as they stream in.
+
+    ``expected`` maps each tensor name, in order, to its shape; the header must list exactly
+    these. ``run_id``, ``version`` and ``allowed_codecs`` are checked when given, and
+    ``max_total_bytes`` bounds the buffer a header may ask for. Every check on the header
+    runs before the receive buffer is allocated.
+    """
+
+    def __init__(
+        self,
+        header: pb.TensorHeader,
+        *,
+        expected: Mapping[str, tuple[int, ...]] | None,
+        run_id: str | None = None,
+        version: int | None = None,
+        allowed_codecs: Collection[int] | None = None,
+        max_total_bytes: int | None = None,
+    ) -> None:
+        _check_header_identity(header, run_id, version, allowed_codecs)
+        _check_tensor_infos(header)
+        if expected is not None:
+            _check_expected(header, expected)
+        _check_sizes(header)
+        if max_total_bytes is not None and header.total_bytes > max_total_bytes:
+            raise PayloadError(f"header total_bytes is {header.total_bytes}; at most {max_total_bytes} are accepted")
+        self._header = header
+        self._num_chunks = len(header.chunk_crc32)
+        self._next_index = 0
+        self._buffer: bytearray | None = bytearray(header.total_bytes)
+        self._bytes_received = 0
+
+    @property
+    def header(self) -> pb.TensorHeader:
+        return self._header
+
+    @property
+    def bytes_received(self) -> int:
+        """Payload bytes accepted so far (chunk data only)."""
+        return self._bytes_received
+
+    @property
+    def num_chunks(self) -> int:
+        return self._num_chunks
+
+    def _expected_length(self, index: int) -> int:
+        if index < self._num_chunks - 1:
+            return self._header.chunk_size
+        return self._header.total_bytes - index * self._header.chunk_size
+
+    def add(self, chunk: pb.TensorChunk) -> None:
+        """Accept the next chunk; it must be in order, of the right length and CRC."""
+        if self._buffer is None:
+            raise RuntimeError("add() called after finish()")
+        index = chunk.index
+        if self._next_index >= self._num_chunks:
+            raise PayloadError(f"unexpected chunk {index}: all {self._num_chunks} chunks were already received")
+        if index != self._next_index:
+            raise PayloadError(f"chunk index is {index}; expected {self._next_index} (chunks must arrive in order)")
+        data = chunk.data
+        want = self._expected_length(index)
+        if len(data) != want:
+            raise PayloadError(f"chunk {index} has {len(data)} bytes; expected {want}")
+        crc = zlib.crc32(data)
+        want_crc = self._header.chunk_crc32[index]
+        if crc != want_crc:
+            raise PayloadError(f"chunk {index} has CRC-32 {crc:#010x}; expected {want_crc:#010x}")
+        start = index * self._header.chunk_size
+        self._buffer[start : start + want] = data
+        self._next_index += 1
+        self._bytes_received += want
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        """The decoded float32 tensors, in header order; checks completeness and the SHA-256."""
+        if self._buffer is None:
+            raise RuntimeError("finish() called twice")
+        if self._next_index != self._num_chunks:
+            raise PayloadError(f"incomplete payload: got {self._next_index} of {self._num_chunks} chunks")
+        tensors = self._decode_all(memoryview(self._buffer))
+        self._buffer = None
+        want = self._header.content_sha256
+        if want:
+            got = params_sha256(tensors)
+            if got != want:
+                raise PayloadError(f"decoded tensors have SHA-256 {got.hex()}; header says {want.hex()}")
+        return tensors
+
+    def _decode_all(self, buffer: memoryview) -> dict[str, torch.Tensor]:
+        header = self._header
+        tensors: dict[str, torch.Tensor] = {}
+        offset = 0
+        for info in header.tensors:
+            part = buffer[offset : offset + info.num_bytes]
+            try:
+                tensors[info.name] = decode(part, header.codec, tuple(info.shape), header.block_size)
+            except ValueError as exc:
+                raise PayloadError(f"tensor {info.name!r}: {exc}", tensor=info.name) from exc
+            offset += info.num_bytes
+        return tensors
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
+    """Raise PayloadError naming the first tensor with NaN or Inf values, and how many."""
+    for name, tensor in tensors.items():
+        finite = torch.isfinite(tensor)
+        if bool(finite.all()):
+            continue
+        nan = int(torch.isnan(tensor).sum())
+        bad = int((~finite).sum())
+        raise PayloadError(
+            f"tensor {name!r} has {bad} non-finite values ({nan} NaN, {bad - nan} Inf) "
+            f"of {tensor.numel()}; expected all finite",
+            tensor=name,
+        )
+
+
+def global_norm(tensors: Mapping[str, torch.Tensor]) -> float:
+    """L2 norm over all elements of all tensors, accumulated in float64."""
+    total = 0.0
+    for tensor in tensors.values():
+        total += float(torch.sum(torch.square(tensor.detach().to(torch.float64))))
+    return math.sqrt(total)

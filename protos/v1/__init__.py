@@ -1,0 +1,1 @@
+"""Generated stubs of the rcswarm.v1 wire contract (see coordinator.proto)."""

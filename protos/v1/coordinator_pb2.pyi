@@ -1,0 +1,314 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODEC_UNSPECIFIED: _ClassVar[Codec]
+    CODEC_FP32: _ClassVar[Codec]
+    CODEC_BF16: _ClassVar[Codec]
+    CODEC_INT8_BLOCK: _ClassVar[Codec]
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    DTYPE_FLOAT32: _ClassVar[DType]
+
+class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_STATE_UNSPECIFIED: _ClassVar[RunState]
+    RUN_STATE_RUNNING: _ClassVar[RunState]
+    RUN_STATE_FINISHED: _ClassVar[RunState]
+
+class WorkerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER_STATE_UNSPECIFIED: _ClassVar[WorkerState]
+    WORKER_STATE_ACTIVE: _ClassVar[WorkerState]
+    WORKER_STATE_LEFT: _ClassVar[WorkerState]
+    WORKER_STATE_EVICTED: _ClassVar[WorkerState]
+CODEC_UNSPECIFIED: Codec
+CODEC_FP32: Codec
+CODEC_BF16: Codec
+CODEC_INT8_BLOCK: Codec
+DTYPE_UNSPECIFIED: DType
+DTYPE_FLOAT32: DType
+RUN_STATE_UNSPECIFIED: RunState
+RUN_STATE_RUNNING: RunState
+RUN_STATE_FINISHED: RunState
+WORKER_STATE_UNSPECIFIED: WorkerState
+WORKER_STATE_ACTIVE: WorkerState
+WORKER_STATE_LEFT: WorkerState
+WORKER_STATE_EVICTED: WorkerState
+
+class TensorInfo(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "num_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    num_bytes: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., num_bytes: _Optional[int] = ...) -> None: ...
+
+class TensorHeader(_message.Message):
+    __slots__ = ("run_id", "version", "codec", "tensors", "total_bytes", "chunk_size", "chunk_crc32", "content_sha256", "block_size")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_CRC32_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    version: int
+    codec: Codec
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorInfo]
+    total_bytes: int
+    chunk_size: int
+    chunk_crc32: _containers.RepeatedScalarFieldContainer[int]
+    content_sha256: bytes
+    block_size: int
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_crc32: _Optional[_Iterable[int]] = ..., content_sha256: _Optional[bytes] = ..., block_size: _Optional[int] = ...) -> None: ...
+
+class TensorChunk(_message.Message):
+    __slots__ = ("index", "data")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    data: bytes
+    def __init__(self, index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("worker_name", "device", "pid")
+    WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    worker_name: str
+    device: str
+    pid: int
+    def __init__(self, worker_name: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("worker_id", "run_id", "run_spec_json", "version", "lease_seconds", "data_seed")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_SEED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    run_id: str
+    run_spec_json: str
+    version: int
+    lease_seconds: float
+    data_seed: int
+    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., version: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_seed: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("version", "run_state", "lease_seconds")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUN_STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    run_state: RunState
+    lease_seconds: float
+    def __init__(self, version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("worker_id", "reason")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    reason: str
+    def __init__(self, worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PullParametersRequest(_message.Message):
+    __slots__ = ("worker_id", "version")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    version: int
+    def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class PullParametersResponse(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: TensorHeader
+    chunk: TensorChunk
+    def __init__(self, header: _Optional[_Union[TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class AwaitVersionRequest(_message.Message):
+    __slots__ = ("worker_id", "min_version", "wait_ms")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    min_version: int
+    wait_ms: int
+    def __init__(self, worker_id: _Optional[str] = ..., min_version: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class AwaitVersionResponse(_message.Message):
+    __slots__ = ("version", "run_state")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUN_STATE_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    run_state: RunState
+    def __init__(self, version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ...) -> None: ...
+
+class UpdateMeta(_message.Message):
+    __slots__ = ("worker_id", "base_version", "tokens", "inner_steps")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    base_version: int
+    tokens: int
+    inner_steps: int
+    def __init__(self, worker_id: _Optional[str] = ..., base_version: _Optional[int] = ..., tokens: _Optional[int] = ..., inner_steps: _Optional[int] = ...) -> None: ...
+
+class PushUpdateRequest(_message.Message):
+    __slots__ = ("meta", "header", "chunk")
+    META_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    meta: UpdateMeta
+    header: TensorHeader
+    chunk: TensorChunk
+    def __init__(self, meta: _Optional[_Union[UpdateMeta, _Mapping]] = ..., header: _Optional[_Union[TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class PushUpdateResponse(_message.Message):
+    __slots__ = ("accepted", "round_version", "reports")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ROUND_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    round_version: int
+    reports: int
+    def __init__(self, accepted: _Optional[bool] = ..., round_version: _Optional[int] = ..., reports: _Optional[int] = ...) -> None: ...
+
+class Metric(_message.Message):
+    __slots__ = ("version", "step", "seq_len", "batch", "loss", "tokens", "wall_time", "compute_seconds", "sync_seconds", "bytes_sent", "bytes_received", "param_sha256")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WALL_TIME_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SYNC_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    PARAM_SHA256_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    step: int
+    seq_len: int
+    batch: int
+    loss: float
+    tokens: int
+    wall_time: float
+    compute_seconds: float
+    sync_seconds: float
+    bytes_sent: int
+    bytes_received: int
+    param_sha256: str
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch: _Optional[int] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., wall_time: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., param_sha256: _Optional[str] = ...) -> None: ...
+
+class ReportMetricsRequest(_message.Message):
+    __slots__ = ("worker_id", "metrics")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    metrics: _containers.RepeatedCompositeFieldContainer[Metric]
+    def __init__(self, worker_id: _Optional[str] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+
+class ReportMetricsResponse(_message.Message):
+    __slots__ = ("stored",)
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    def __init__(self, stored: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    name: str
+    state: WorkerState
+    base_version: int
+    seconds_since_heartbeat: float
+    device: str
+    reason: str
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RoundStatus(_message.Message):
+    __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OPENED_AT_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_AT_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_REASON_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_NORM_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    reports: int
+    tokens: int
+    opened_at: float
+    closed_at: float
+    close_reason: str
+    update_norm: float
+    def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ...) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUN_STATE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    LATEST_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    PARAM_SHA256_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    version: int
+    run_state: RunState
+    target_rounds: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    rounds: _containers.RepeatedCompositeFieldContainer[RoundStatus]
+    latest_loss: float
+    tokens_per_second: float
+    param_sha256: str
+    total_tokens: int
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,42 @@
+"""The `rcswarm` command: dispatches to the coordinator, a worker, or the local launcher.
+
+    rcswarm run [RUN.toml]                               a local swarm: coordinator + N workers
+    rcswarm coordinator --config RUN.toml --state-dir DIR --port P
+    rcswarm worker --coordinator HOST:PORT --token T [--device auto]
+
+Each subcommand's module is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "run": ("rcswarm.worker.launch", "start a coordinator and N workers on this machine and train"),
+    "coordinator": ("rcswarm.coordinator.server", "serve a run: membership, rounds, outer optimizer, metrics"),
+    "worker": ("rcswarm.worker.worker", "join a coordinator and train"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: rcswarm COMMAND [ARGS]", "", "commands:"]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"rcswarm: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

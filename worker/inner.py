@@ -1,0 +1,64 @@
+"""Local training between syncs: the inner optimizer, the data stream and the inner steps.
+
+A worker runs H inner steps of full backpropagation through time over its assigned
+sequence length (the whole window is one autograd graph), with AdamW (default) or SGD.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
+from rcswarm.protos.runspec import DataSection, InnerSection
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    tokens: int
+    seconds: float
+
+
+def make_inner_optimizer(model: nn.Module, inner: InnerSection) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if inner.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=inner.lr, betas=(inner.beta1, inner.beta2), weight_decay=inner.weight_decay)
+    if inner.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=inner.lr, weight_decay=inner.weight_decay)
+    raise ValueError(f"inner.optimizer = {inner.optimizer!r}: expected 'adamw' or 'sgd'")
+
+
+def make_sampler(data: DataSection, seed: int, split: str = "train") -> ByteWindowSampler:
+    corpus = load_stdlib_corpus(data.max_bytes or None)
+    return ByteWindowSampler(
+        corpus=corpus, seq_len=data.seq_len, batch_size=data.batch_size, seed=seed, split=split,
+        val_fraction=data.val_fraction,
+    )
+
+
+def worker_data_seed(run_seed: int, data_seed: int) -> int:
+    """A distinct, reproducible data stream per (run, worker slot)."""
+    return (run_seed * 1_000_003 + data_seed * 7_919) % (2**63)
+
+
+def inner_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, sampler: ByteWindowSampler, grad_clip: float,
+    device: torch.device,
+) -> StepResult:
+    """One optimizer step of next-token cross-entropy over a full window."""
+    started = time.perf_counter()
+    inputs, targets = sampler.next_batch()  # [B, T], [B, T]
+    inputs, targets = inputs.to(device), targets.to(device)
+    logits = model(inputs)  # [B, T, V]
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return StepResult(loss=loss.item(), tokens=targets.numel(), seconds=time.perf_counter() - started)

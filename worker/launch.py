@@ -1,0 +1,254 @@
+"""`rcswarm run [RUN.toml]`: a whole swarm on this machine from one command.
+
+Starts a coordinator and N worker processes on loopback (each in its own session, so a
+Ctrl-C reaches only this launcher, which then stops the workers and the coordinator in
+order), shows live progress from GetStatus, and ends with a summary. The run directory
+keeps run.toml, the coordinator's state (SQLite metrics, checkpoints), logs of every
+process, final.safetensors (the final global parameters) and summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import grpc
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from safetensors.torch import load_file, save_file
+
+from rcswarm.coordinator.report import summarize
+from rcswarm.coordinator.store import MOMENTUM_PREFIX, StateStore
+from rcswarm.models import registry
+from rcswarm.protos.runspec import RunSpec
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+from rcswarm.worker.inner import make_sampler
+
+TOKEN_ENV = "RCSWARM_TOKEN"
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+POLL_S = 0.5
+EVAL_BATCHES = 8
+
+
+class Swarm:
+    """The coordinator and worker processes of one local run."""
+
+    def __init__(self, spec: RunSpec, run_dir: Path, workers: int) -> None:
+        self.spec, self.run_dir, self.n_workers = spec, run_dir, workers
+        self.token = secrets.token_urlsafe(24)
+        self.logs = run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1"}
+        self.coordinator: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen] = []
+        self._log_files: list[IO[bytes]] = []
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        log_file = open(self.logs / log_name, "wb")
+        self._log_files.append(log_file)
+        return subprocess.Popen(
+            [sys.executable, *args], env=self.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def start_coordinator(self) -> int:
+        port_file = self.run_dir / "coordinator.json"
+        self.coordinator = self._spawn(
+            ["-m", "rcswarm.coordinator", "--config", str(self.run_dir / "run.toml"), "--state-dir",
+             str(self.run_dir / "state"), "--port", "0", "--port-file", str(port_file)],
+            "coordinator.log",
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if port_file.exists():
+                return int(json.loads(port_file.read_text())["port"])
+            if self.coordinator.poll() is not None:
+                break
+            time.sleep(0.1)
+        tail = (self.logs / "coordinator.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the coordinator did not start within {START_TIMEOUT_S:.0f}s:\n{tail}")
+
+    def start_workers(self, port: int) -> None:
+        threads = max(1, (os.cpu_count() or 1) // self.n_workers)
+        for rank in range(self.n_workers):
+            self.workers.append(self._spawn(
+                ["-m", "rcswarm.worker", "--coordinator", f"127.0.0.1:{port}", "--name", f"worker-{rank}",
+                 "--threads", str(threads)],
+                f"worker-{rank}.log",
+            ))
+
+    def workers_running(self) -> int:
+        return sum(1 for p in self.workers if p.poll() is None)
+
+    def stop(self) -> None:
+        """SIGTERM the workers (they Leave), then the coordinator; SIGKILL what outlives the timeout."""
+        for group in (self.workers, [self.coordinator] if self.coordinator else []):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            for proc in group:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+        for log_file in self._log_files:
+            log_file.close()
+
+
+def _progress_line(status: pb.GetStatusResponse) -> str:
+    active = sum(1 for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE)
+    return f"loss {status.latest_loss:.3f}  {status.tokens_per_second:,.0f} tok/s  workers {active}"
+
+
+def watch(swarm: Swarm, client: CoordinatorClient, rounds: int, console: Console, stop: threading.Event) -> None:
+    """Show progress until the run finishes, every worker exits, or a stop is requested."""
+    columns = [TextColumn("round"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("train", total=rounds or None, info="starting")
+        last_version = -1
+        while not stop.wait(POLL_S):
+            try:
+                status = client.status()
+            except grpc.RpcError:
+                continue
+            progress.update(task, completed=status.version, info=_progress_line(status))
+            if not console.is_terminal and status.version != last_version:
+                console.print(f"round {status.version}/{rounds or '∞'}  {_progress_line(status)}")
+            last_version = status.version
+            finished = status.run_state == pb.RUN_STATE_FINISHED
+            if swarm.workers_running() == 0 or (finished and swarm.workers_running() == 0):
+                return
+
+
+def evaluate(spec: RunSpec, params: dict[str, torch.Tensor] | None) -> float:
+    """Mean next-byte cross-entropy on the held-out split (the same batches for any params)."""
+    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
+    if params is not None:
+        model.load_state_dict(params, strict=False)
+    sampler = make_sampler(spec.data, seed=12345, split="val")
+    losses = []
+    with torch.no_grad():
+        for _ in range(EVAL_BATCHES):
+            inputs, targets = sampler.next_batch()  # [B, T], [B, T]
+            logits = model(inputs)  # [B, T, V]
+            losses.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).item())
+    return sum(losses) / len(losses)
+
+
+def export_final(state_dir: Path, out: Path) -> dict[str, torch.Tensor] | None:
+    store = StateStore(state_dir)
+    try:
+        path = store.checkpoint_path()
+    finally:
+        store.close()
+    if path is None:
+        return None
+    params = {k: v for k, v in load_file(str(path)).items() if not k.startswith(MOMENTUM_PREFIX)}
+    save_file(params, str(out), metadata={"source": path.name})
+    return params
+
+
+def print_summary(console: Console, run_dir: Path, spec: RunSpec, val_initial: float, val_final: float) -> dict:
+    store = StateStore(run_dir / "state")
+    try:
+        summary = summarize(store)
+    finally:
+        store.close()
+    table = Table(title=f"rcswarm run {spec.run.name}: {run_dir}", show_header=False)
+    rows = [
+        ("rounds", f"{summary.rounds}"),
+        ("workers", f"{summary.workers}"),
+        ("train loss, first → last round", f"{summary.first_round_loss:.3f} → {summary.last_round_loss:.3f}"),
+        ("held-out loss, initial → final", f"{val_initial:.3f} → {val_final:.3f}"),
+        ("tokens", f"{summary.tokens:,}"),
+        ("tokens/s", f"{summary.tokens_per_second:,.0f}"),
+        ("bytes sent per round (all workers)", f"{summary.bytes_sent_per_round:,.0f}"),
+        ("bytes received per round", f"{summary.bytes_received_per_round:,.0f}"),
+        ("share of wall time synchronizing", f"{summary.sync_share:.1%}"),
+        ("wall time", f"{summary.wall_seconds:.1f}s"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    result = {**dataclasses.asdict(summary), "val_loss_initial": val_initial, "val_loss_final": val_final}
+    (run_dir / "summary.json").write_text(json.dumps(result, indent=2, default=lambda v: None if math.isnan(v) else v))
+    return result
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rcswarm run", description="Train with a local swarm: a coordinator and N workers.")
+    parser.add_argument("config", nargs="?", type=Path, help="RUN.toml (default: the built-in demo run)")
+    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: run.workers)")
+    parser.add_argument("--rounds", type=int, default=None, help="outer rounds (default: run.rounds)")
+    parser.add_argument("--run-dir", type=Path, default=None, help="default: runs/<name>-<time>")
+    return parser.parse_args(argv)
+
+
+def load_spec(args: argparse.Namespace) -> RunSpec:
+    spec = RunSpec.from_toml(args.config) if args.config else RunSpec()
+    run = spec.run
+    if args.workers is not None:
+        run = dataclasses.replace(run, workers=args.workers)
+    if args.rounds is not None:
+        run = dataclasses.replace(run, rounds=args.rounds)
+    if run.rounds == 0:
+        raise ValueError("run.rounds = 0 (until stopped) is for `rcswarm coordinator`; `rcswarm run` needs a number of rounds")
+    return dataclasses.replace(spec, run=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    try:
+        spec = load_spec(args)
+    except ValueError as exc:
+        console.print(f"rcswarm run: {exc}")
+        return 2
+    run_dir = args.run_dir or Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.toml").write_text(spec.to_toml())
+    swarm = Swarm(spec, run_dir, spec.run.workers)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupted = False
+    try:
+        port = swarm.start_coordinator()
+        console.print(f"coordinator on 127.0.0.1:{port}; starting {spec.run.workers} workers; logs in {swarm.logs}")
+        swarm.start_workers(port)
+        client = CoordinatorClient(f"127.0.0.1:{port}", swarm.token, retry=RetryPolicy(max_elapsed_s=10.0))
+        try:
+            watch(swarm, client, spec.run.rounds, console, stop)
+        finally:
+            client.close()
+        interrupted = stop.is_set()
+    finally:
+        swarm.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    final = export_final(run_dir / "state", run_dir / "final.safetensors")
+    result = print_summary(console, run_dir, spec, evaluate(spec, None), evaluate(spec, final))
+    failed = [p.returncode for p in swarm.workers if p.returncode not in (0, -signal.SIGTERM)]
+    if interrupted:
+        console.print("stopped by a signal; every process was shut down")
+        return 130
+    if failed or result["rounds"] < spec.run.rounds:
+        console.print(f"the run did not complete: worker exit codes {[p.returncode for p in swarm.workers]}; see {swarm.logs}")
+        return 1
+    return 0

@@ -1,0 +1,278 @@
+"""A swarm worker: join, pull, train H inner steps, push the pseudo-gradient, repeat.
+
+    rcswarm worker --coordinator HOST:PORT --token T [--device auto]
+
+One round as the worker sees it: pull version v (checked against its SHA-256), keep a copy
+θ_v, run H inner steps, push Δ = θ_v − θ_local compressed by the run's codec (with error
+feedback when enabled), report the round's metrics, then wait for version v+1. A stale
+push (FAILED_PRECONDITION) drops Δ and re-syncs; NOT_FOUND (evicted, or the coordinator
+restarted) re-joins; UNAVAILABLE is retried by the client. SIGTERM or SIGINT finishes the
+current step, sends Leave and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import torch
+
+from rcswarm.models import registry
+from rcswarm.protos import codec as codecs
+from rcswarm.protos import tensor_stream
+from rcswarm.protos.runspec import RunSpec
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Stopped
+from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
+
+log = logging.getLogger("rcswarm.worker")
+TOKEN_ENV = "RCSWARM_TOKEN"
+AWAIT_WAIT_S = 2.0
+
+
+class Rejoin(Exception):
+    """The coordinator no longer knows this worker (evicted or restarted)."""
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    coordinator: str
+    token: str
+    device: str = "auto"
+    name: str = ""
+    threads: int = 0
+    tls_ca: Path | None = None
+    max_unavailable_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.token:
+            raise ValueError(f"a join token is required (--token or ${TOKEN_ENV})")
+        if ":" not in self.coordinator:
+            raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT")
+        if self.threads < 0:
+            raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = torch's default)")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name!r}: CUDA is not available on this machine")
+    return device
+
+
+def _is(err: BaseException, code: grpc.StatusCode) -> bool:
+    return isinstance(err, grpc.RpcError) and err.code() == code
+
+
+class Worker:
+    def __init__(self, options: WorkerOptions, stop: threading.Event | None = None) -> None:
+        self.options = options
+        self.stop = stop or threading.Event()
+        self.device = resolve_device(options.device)
+        self.name = options.name or f"{socket.gethostname()}-{os.getpid()}"
+        self.client = CoordinatorClient(
+            options.coordinator, options.token, tls_ca=options.tls_ca,
+            retry=RetryPolicy(max_elapsed_s=options.max_unavailable_s), stop=self.stop,
+        )
+        self.started = time.perf_counter()
+        self.compute_seconds = 0.0
+        self.sync_seconds = 0.0
+        self.step = 0
+        self.finished = False
+        self.worker_id = ""
+        self.model: torch.nn.Module | None = None
+        self._pending: list[pb.Metric] = []
+
+    def run(self) -> int:
+        """Train until the run finishes or a stop is requested; returns the exit code."""
+        heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        try:
+            self._join()
+            heartbeat.start()
+            while not self.stop.is_set() and not self.finished:
+                try:
+                    self._round()
+                except Rejoin as exc:
+                    log.warning("%s; joining again", exc)
+                    self._join()
+        except Stopped:
+            pass
+        except RetriesExhausted as exc:
+            log.error("%s", exc)
+            return 1
+        finally:
+            self._leave()
+        return 0
+
+    def _join(self) -> None:
+        response = self.client.join(self.name, str(self.device), os.getpid())
+        spec = RunSpec.from_json(response.run_spec_json)
+        self.worker_id, self.run_id, self.lease_s = response.worker_id, response.run_id, response.lease_seconds
+        if self.model is None or spec != self.spec:
+            self.spec = spec
+            self._build(spec, response.data_seed)
+        log.info("%s joined %s as %s at version %d", self.name, self.run_id, self.worker_id, response.version)
+
+    def _build(self, spec: RunSpec, data_seed: int) -> None:
+        self.model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides).to(self.device)
+        self.optimizer = make_inner_optimizer(self.model, spec.inner)
+        self.sampler = make_sampler(spec.data, worker_data_seed(spec.run.seed, data_seed))
+        self.codec = codecs.codec_from_name(spec.sync.codec)
+        self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
+
+    def _call(self, fn, *args):
+        """Run an RPC, turning NOT_FOUND into Rejoin."""
+        try:
+            return fn(*args)
+        except grpc.RpcError as err:
+            if _is(err, grpc.StatusCode.NOT_FOUND):
+                raise Rejoin(err.details()) from err
+            raise
+
+    def _round(self) -> None:
+        sync_started = time.perf_counter()
+        version = self._pull()
+        self.sync_seconds += time.perf_counter() - sync_started
+        base = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+        tokens = 0
+        for _ in range(self.spec.inner.steps):
+            if self.stop.is_set():
+                return
+            result = inner_step(self.model, self.optimizer, self.sampler, self.spec.inner.grad_clip, self.device)
+            self.step += 1
+            tokens += result.tokens
+            self.compute_seconds += result.seconds
+            self._pending.append(self._metric(version, loss=result.loss, tokens=result.tokens))
+        sync_started = time.perf_counter()
+        accepted = self._push(version, base, tokens)
+        self._flush_metrics()
+        if accepted:
+            self._await(version + 1)
+        self.sync_seconds += time.perf_counter() - sync_started
+
+    def _metric(self, version: int, **fields) -> pb.Metric:
+        return pb.Metric(
+            version=version, step=self.step, seq_len=self.spec.data.seq_len, batch=self.spec.data.batch_size,
+            wall_time=time.perf_counter() - self.started, compute_seconds=self.compute_seconds,
+            sync_seconds=self.sync_seconds, bytes_sent=self.client.bytes_sent,
+            bytes_received=self.client.bytes_received, **fields,
+        )
+
+    def _pull(self) -> int:
+        version, tensors = self._call(self.client.pull, self.worker_id, self.run_id)
+        params = dict(self.model.named_parameters())
+        if list(tensors) != list(params) or any(tensors[k].shape != params[k].shape for k in params):
+            raise RuntimeError(f"pulled parameters of version {version} do not match the local model's names and shapes")
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                params[name].copy_(tensor)
+        digest = tensor_stream.params_sha256({k: p.detach().cpu() for k, p in params.items()}).hex()
+        self._pending.append(self._metric(version, loss=float("nan"), tokens=0, param_sha256=digest))
+        log.info("%s pulled version %d (sha256 %s)", self.worker_id, version, digest[:12])
+        return version
+
+    def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
+        deltas = {name: base[name] - p.detach().cpu() for name, p in self.model.named_parameters()}
+        block = self.spec.sync.block_size
+        if self.error_feedback is not None:
+            saved = self.error_feedback.snapshot()
+            encoded = self.error_feedback.compress(deltas, self.codec, block)
+        else:
+            saved, encoded = None, None
+        header, chunks = tensor_stream.build_payload(
+            deltas, codec=self.codec, run_id=self.run_id, version=version, block_size=block, encoded=encoded
+        )
+        meta = pb.UpdateMeta(worker_id=self.worker_id, base_version=version, tokens=tokens, inner_steps=self.spec.inner.steps)
+        try:
+            response = self._call(self.client.push, meta, header, chunks)
+        except grpc.RpcError as err:
+            if self.error_feedback is not None:
+                self.error_feedback.restore(saved)
+            if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
+                log.warning("%s: %s", self.worker_id, err.details())
+                return False
+            if _is(err, grpc.StatusCode.ALREADY_EXISTS):
+                return True
+            raise
+        except Rejoin:
+            if self.error_feedback is not None:
+                self.error_feedback.restore(saved)
+            raise
+        log.info("%s pushed round %d (%d reports so far)", self.worker_id, response.round_version, response.reports)
+        return True
+
+    def _await(self, min_version: int) -> None:
+        while not self.stop.is_set():
+            response = self._call(self.client.await_version, self.worker_id, min_version, AWAIT_WAIT_S)
+            if response.run_state == pb.RUN_STATE_FINISHED:
+                self.finished = True
+                return
+            if response.version >= min_version:
+                return
+
+    def _flush_metrics(self) -> None:
+        if self._pending:
+            self._call(self.client.report_metrics, self.worker_id, self._pending)
+            self._pending = []
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop.wait(max(self.lease_s / 3.0, 0.2)):
+            try:
+                response = self.client.heartbeat(self.worker_id)
+                if response.run_state == pb.RUN_STATE_FINISHED:
+                    self.finished = True
+            except (grpc.RpcError, RetriesExhausted, Stopped) as exc:
+                log.debug("heartbeat failed: %s", exc)
+
+    def _leave(self) -> None:
+        self.stop.set()
+        if not self.worker_id:
+            return
+        try:
+            self._flush_metrics()
+            self.client.leave(self.worker_id, "finished" if self.finished else "stopped")
+            log.info("%s left the swarm", self.worker_id)
+        except (grpc.RpcError, Rejoin, RetriesExhausted, Stopped) as exc:
+            log.warning("leave failed: %s", exc)
+        finally:
+            self.client.close()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rcswarm worker", description="Join an rcswarm coordinator and train.")
+    parser.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
+    parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--name", default="", help="name shown in the coordinator's status")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument("--tls-ca", type=Path, help="PEM root certificate; enables TLS")
+    parser.add_argument("--max-unavailable-s", type=float, default=120.0, help="give up after the coordinator is unreachable this long")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    args = parse_args(argv)
+    try:
+        options = WorkerOptions(
+            coordinator=args.coordinator, token=args.token or os.environ.get(TOKEN_ENV, ""), device=args.device,
+            name=args.name, threads=args.threads, tls_ca=args.tls_ca, max_unavailable_s=args.max_unavailable_s,
+        )
+        if options.threads:
+            torch.set_num_threads(options.threads)
+        worker = Worker(options)
+    except ValueError as exc:
+        raise SystemExit(f"rcswarm worker: {exc}") from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop.set())
+    return worker.run()
