@@ -14,7 +14,7 @@ STAMP := $(VENV)/.rcswarm-installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=68" wheel
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=70.1"
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_PIN)"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)

@@ -26,6 +26,8 @@ class MembershipOptions:
 @dataclass(frozen=True)
 class RoundOptions:
     round_deadline_s: float
+    # Before the deadline a round also waits until at least this many workers reported.
+    min_reports: int = 1
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,13 @@ def expected_reporters(round_: RoundView, workers: Iterable[WorkerView]) -> froz
 def decide_round_close(
     now: float, round_: RoundView, workers: Iterable[WorkerView], options: RoundOptions
 ) -> Decision:
-    """Close when every active worker of the round's version reported, or at the deadline."""
+    """Close when every active worker of the round's version reported (and at least
+    min_reports did), or at the deadline with at least one report."""
     reported = len(round_.reporters)
     if reported == 0:
         return Decision(False, f"round {round_.version}: no reports yet")
     waiting = expected_reporters(round_, workers) - round_.reporters
-    if not waiting:
+    if not waiting and reported >= options.min_reports:
         return Decision(True, f"round {round_.version}: all {reported} active workers reported")
     age = now - round_.opened_at
     if age >= options.round_deadline_s:
@@ -90,4 +93,6 @@ def decide_round_close(
             f"round {round_.version}: deadline {options.round_deadline_s:.1f}s passed with "
             f"{reported} reports; {len(waiting)} active workers missing",
         )
+    if not waiting:
+        return Decision(False, f"round {round_.version}: {reported} reports, waiting for min_reports={options.min_reports}")
     return Decision(False, f"round {round_.version}: waiting for {len(waiting)} of {reported + len(waiting)} workers")

@@ -8,6 +8,7 @@ Decisions (admit, evict, close a round) come from the pure functions in decision
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 import threading
@@ -94,7 +95,7 @@ class SwarmCoordinator:
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
         self.membership = decisions.MembershipOptions(spec.coordinator.lease_s, spec.coordinator.max_workers)
-        self.round_options = decisions.RoundOptions(spec.sync.round_deadline_s)
+        self.round_options = decisions.RoundOptions(spec.sync.round_deadline_s, spec.sync.min_reports)
         self._load_or_create()
         self.shapes = {name: tuple(t.shape) for name, t in self.params.items()}
         self.workers: dict[str, WorkerRecord] = {}
@@ -111,7 +112,7 @@ class SwarmCoordinator:
             self.params = initial_parameters(self.spec)
             self.momentum = {k: torch.zeros_like(v) for k, v in self.params.items()}
             self.version = 0
-            self.store.set_many({"spec_json": self.spec.to_json()})
+            self.store.set_many({"spec_json": self.spec.to_json(), "param_names": json.dumps(list(self.params))})
             self.store.commit_version(self.run_id, 0, self.params, self.momentum, None)
             return
         stored = RunSpec.from_json(self.store.get("spec_json") or "{}")
@@ -123,7 +124,13 @@ class SwarmCoordinator:
             )
         self.store.set_many({"spec_json": self.spec.to_json()})
         self.run_id = self.store.get("run_id") or ""
-        self.params, self.momentum, self.version = checkpoint.params, checkpoint.momentum, checkpoint.version
+        names = json.loads(self.store.get("param_names") or "[]")
+        if sorted(names) != sorted(checkpoint.params) or sorted(names) != sorted(checkpoint.momentum):
+            raise RuntimeError(f"checkpoint of version {checkpoint.version} in {self.store.state_dir} does not hold the run's parameters")
+        # safetensors files do not keep insertion order; the wire order is the model's.
+        self.params = {name: checkpoint.params[name] for name in names}
+        self.momentum = {name: checkpoint.momentum[name] for name in names}
+        self.version = checkpoint.version
 
     def _publish(self) -> None:
         """Build the pull payload of the current version (called with the lock held or at init)."""

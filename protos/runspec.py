@@ -41,7 +41,7 @@ class RunSection:
     name: str = "demo"
     seed: int = 0
     # Outer rounds to train; 0 = until stopped.
-    rounds: int = 10
+    rounds: int = 40
     # Worker processes `rcswarm run` starts on this machine.
     workers: int = 2
 
@@ -74,7 +74,7 @@ class DataSection:
     """Training data: the source and the window shape each inner step trains on."""
 
     source: str = "stdlib"
-    seq_len: int = 128
+    seq_len: int = 256
     batch_size: int = 8
     # Bytes of the corpus to use; 0 = all of it.
     max_bytes: int = 0
@@ -100,7 +100,7 @@ class InnerSection:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
-    steps: int = 20
+    steps: int = 25
 
     def __post_init__(self) -> None:
         if self.optimizer not in INNER_OPTIMIZERS:
@@ -138,6 +138,8 @@ class SyncSection:
     error_feedback: bool = True
     # A round closes at this many seconds after it opened if at least one worker reported.
     round_deadline_s: float = 120.0
+    # Before its deadline a round closes only once at least this many workers reported.
+    min_reports: int = 1
     # Largest accepted global L2 norm of one worker's pseudo-gradient.
     max_update_norm: float = 1e4
 
@@ -146,7 +148,7 @@ class SyncSection:
             _fail("sync.codec", self.codec, f"one of {CODECS}")
         if not 1 <= self.block_size <= 1 << 16:
             _fail("sync.block_size", self.block_size, "an integer between 1 and 65536")
-        _check_positive(self, "sync", "round_deadline_s", "max_update_norm")
+        _check_positive(self, "sync", "round_deadline_s", "max_update_norm", "min_reports")
 
 
 @dataclass(frozen=True)

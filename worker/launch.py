@@ -92,6 +92,11 @@ class Swarm:
                 f"worker-{rank}.log",
             ))
 
+    def write_process_table(self) -> None:
+        """processes.json: the pids of this run's processes, for operators and tests."""
+        table = {"coordinator": self.coordinator.pid if self.coordinator else None, "workers": [p.pid for p in self.workers]}
+        (self.run_dir / "processes.json").write_text(json.dumps(table))
+
     def workers_running(self) -> int:
         return sum(1 for p in self.workers if p.poll() is None)
 
@@ -132,8 +137,7 @@ def watch(swarm: Swarm, client: CoordinatorClient, rounds: int, console: Console
             if not console.is_terminal and status.version != last_version:
                 console.print(f"round {status.version}/{rounds or '∞'}  {_progress_line(status)}")
             last_version = status.version
-            finished = status.run_state == pb.RUN_STATE_FINISHED
-            if swarm.workers_running() == 0 or (finished and swarm.workers_running() == 0):
+            if swarm.workers_running() == 0:
                 return
 
 
@@ -208,9 +212,10 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
         run = dataclasses.replace(run, workers=args.workers)
     if args.rounds is not None:
         run = dataclasses.replace(run, rounds=args.rounds)
+    sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers))
     if run.rounds == 0:
         raise ValueError("run.rounds = 0 (until stopped) is for `rcswarm coordinator`; `rcswarm run` needs a number of rounds")
-    return dataclasses.replace(spec, run=run)
+    return dataclasses.replace(spec, run=run, sync=sync)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         port = swarm.start_coordinator()
         console.print(f"coordinator on 127.0.0.1:{port}; starting {spec.run.workers} workers; logs in {swarm.logs}")
         swarm.start_workers(port)
+        swarm.write_process_table()
         client = CoordinatorClient(f"127.0.0.1:{port}", swarm.token, retry=RetryPolicy(max_elapsed_s=10.0))
         try:
             watch(swarm, client, spec.run.rounds, console, stop)

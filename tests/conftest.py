@@ -1,0 +1,128 @@
+"""Shared fixtures: tiny run specs, an in-process coordinator on loopback, worker processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from rcswarm.coordinator.server import RunningCoordinator
+from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator.store import StateStore
+from rcswarm.protos.runspec import RunSpec
+from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+
+TOKEN = "test-token-0123456789"
+
+
+def tiny_spec(**tables: dict[str, Any]) -> RunSpec:
+    """The tiny LSTM on short windows, with per-table overrides: tiny_spec(sync={"codec": "fp32"})."""
+    base: dict[str, dict[str, Any]] = {
+        "run": {"name": "test", "rounds": 3, "workers": 2},
+        "model": {"name": "lstm_lm", "preset": "tiny"},
+        "data": {"seq_len": 32, "batch_size": 4, "max_bytes": 2_000_000},
+        "inner": {"steps": 5, "lr": 1e-2},
+        "sync": {"round_deadline_s": 60.0},
+        "coordinator": {"lease_s": 10.0, "max_wait_s": 2.0},
+    }
+    for table, values in tables.items():
+        base.setdefault(table, {}).update(values)
+    return RunSpec.from_dict(base)
+
+
+def write_spec(spec: RunSpec, path: Path) -> Path:
+    path.write_text(spec.to_toml())
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclasses.dataclass
+class LocalCoordinator:
+    running: RunningCoordinator
+    state_dir: Path
+
+    @property
+    def port(self) -> int:
+        return self.running.port
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.running.port}"
+
+    @property
+    def service(self) -> SwarmCoordinator:
+        return self.running.coordinator
+
+    def client(self, token: str = TOKEN) -> CoordinatorClient:
+        return CoordinatorClient(self.target, token, retry=RetryPolicy(max_elapsed_s=5.0))
+
+
+@pytest.fixture
+def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., LocalCoordinator]]:
+    """Start in-process coordinators (real gRPC on loopback, port 0); all stopped at teardown."""
+    started: list[LocalCoordinator] = []
+
+    def start(spec: RunSpec, state_dir: Path | None = None, **kwargs: Any) -> LocalCoordinator:
+        state_dir = state_dir or tmp_path / f"state{len(started)}"
+        store = StateStore(state_dir, keep_checkpoints=spec.coordinator.keep_checkpoints)
+        running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN, **kwargs).start()
+        local = LocalCoordinator(running, state_dir)
+        started.append(local)
+        return local
+
+    yield start
+    for local in started:
+        local.running.stop(grace=0.5)
+
+
+def worker_env(threads: int = 1) -> dict[str, str]:
+    return {**os.environ, "RCSWARM_TOKEN": TOKEN, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start `python -m rcswarm.worker` processes; any still alive at teardown are killed."""
+    procs: list[subprocess.Popen] = []
+
+    def spawn(target: str, name: str, *extra: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rcswarm.worker", "--coordinator", target, "--name", name, "--threads", "1", *extra],
+            env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
+        )
+        proc.log_path = tmp_path / f"{name}.log"  # type: ignore[attr-defined]
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def logs_of(procs: list[subprocess.Popen]) -> str:
+    return "\n".join(f"--- {Path(p.log_path).stem} ---\n{Path(p.log_path).read_text(errors='replace')[-3000:]}" for p in procs)

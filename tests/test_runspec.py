@@ -1,0 +1,58 @@
+"""Run configs: typed, validated, and refused with the key and value named."""
+
+import subprocess
+import sys
+
+import pytest
+
+from rcswarm.protos.runspec import RunSpec
+
+
+def test_defaults_round_trip_through_json_and_toml(tmp_path):
+    spec = RunSpec.from_dict({"model": {"overrides": {"d_model": 64}}, "sync": {"codec": "bf16"}})
+    assert RunSpec.from_json(spec.to_json()) == spec
+    path = tmp_path / "run.toml"
+    path.write_text(spec.to_toml())
+    assert RunSpec.from_toml(path) == spec
+
+
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        ({"runn": {}}, "unknown key 'runn'"),
+        ({"sync": {"codek": "int8"}}, "unknown key 'sync.codek'"),
+        ({"sync": {"codec": "gzip"}}, "sync.codec = 'gzip'"),
+        ({"data": {"seq_len": 0}}, "data.seq_len = 0"),
+        ({"run": {"rounds": "ten"}}, "run.rounds = 'ten'"),
+        ({"inner": {"steps": True}}, "inner.steps = True"),
+        ({"outer": {"momentum": 1.0}}, "outer.momentum = 1.0"),
+        ({"inner": {"lr": float("nan")}}, "inner.lr = nan"),
+        ({"sync": "int8"}, "sync = 'int8'"),
+        ({"run": {"workers": 0}}, "run.workers = 0"),
+    ],
+)
+def test_bad_configs_name_the_key_and_value(data, fragment):
+    with pytest.raises(ValueError) as excinfo:
+        RunSpec.from_dict(data)
+    assert fragment in str(excinfo.value)
+
+
+def test_toml_errors_are_clear(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nname = 1")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        RunSpec.from_toml(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        RunSpec.from_toml(tmp_path / "missing.toml")
+
+
+def test_coordinator_refuses_a_bad_config_at_start(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[sync]\ncodec = "zstd"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(tmp_path / "s"),
+         "--port", "0", "--token", "x"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0
+    assert "sync.codec = 'zstd'" in result.stderr
