@@ -226,6 +226,7 @@ def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | Non
                     round=r, t0=t0, t_allreduce=t_allreduce if t_allreduce is not None else t0, t1=t1,
                     lo0=lo0, lo1=lo1,
                 )))
+            print(f"{time.strftime('%H:%M:%S')} peer {rank}: {cfg['total_rounds']} rounds done; shutting down", flush=True)
         finally:
             if averager is not None:
                 averager.shutdown()
@@ -532,6 +533,13 @@ def time_coordinator_steps(args: argparse.Namespace, work: Path, n: int) -> dict
 # --------------------------------------------------------------------------------------
 
 
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
 def _stats(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
@@ -563,7 +571,8 @@ def build_tables(configs: list[Config], n_params: int, coordinator_times: dict[i
         main.add_column(col, justify=justify)
     for c in configs:
         if c.error:
-            main.add_row(c.system, c.codec, str(c.workers), "FAILED", "", "", "", "")
+            codec = c.codec if c.system == "rcswarm" else "fp32 (none)"
+            main.add_row(c.system, codec, str(c.workers), "FAILED", "", "", "", "")
             continue
         lo_values = [r["lo_bytes"] for r in c.rounds if r["lo_bytes"] is not None]
         lo_text = _mb(statistics.median(lo_values)) if lo_values else "n/a"
@@ -680,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(
         f"sync_bench: lstm_lm/{args.preset} shapes, {n_params:,} params; workers {args.workers}; codecs {args.codecs}; "
         f"{args.warmup} warm-up + {args.rounds} measured rounds; hivemind "
-        f"{hivemind_version or 'skipped'}; {os.cpu_count()} CPUs; work dir {work}"
+        f"{hivemind_version or 'skipped'}; {os.cpu_count()} CPUs; load average {_loadavg()}; work dir {work}"
     )
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -727,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for note in notes:
         console.print(f"- {note}")
-    console.print(f"total wall time {elapsed:.0f}s")
+    console.print(f"total wall time {elapsed:.0f}s; load average at the end {_loadavg()}")
     if args.json:
         args.json.write_text(json.dumps({
             "n_params": n_params, "preset": args.preset, "hivemind": hivemind_version, "wall_s": elapsed,

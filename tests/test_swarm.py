@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -138,6 +139,23 @@ def test_sigterm_leaves_cleanly(start_coordinator, spawn_worker):
     assert proc.wait(timeout=30) == 0, logs_of([proc])
     (worker,) = client.status().workers
     assert worker.state == pb.WORKER_STATE_LEFT and "stopped" in worker.reason
+
+
+def test_joining_a_finished_run_exits_cleanly_and_a_full_swarm_refuses(start_coordinator, spawn_worker):
+    local = start_coordinator(tiny_spec(run={"rounds": 1}, coordinator={"max_workers": 1}))
+    first = spawn_worker(local.target, "first")
+    assert first.wait(timeout=120) == 0, logs_of([first])
+    late = spawn_worker(local.target, "late")
+    assert late.wait(timeout=60) == 0, logs_of([late])
+    assert "finished" in Path(late.log_path).read_text()
+
+    busy = start_coordinator(tiny_spec(run={"rounds": 0}, coordinator={"max_workers": 1}))
+    holder = busy.client()
+    holder.join("holder", "cpu", 1)
+    refused = spawn_worker(busy.target, "refused")
+    assert refused.wait(timeout=60) == 1
+    assert "RESOURCE_EXHAUSTED" in Path(refused.log_path).read_text() and "max_workers=1" in Path(refused.log_path).read_text()
+    holder.close()
 
 
 def test_rcswarm_run_end_to_end(tmp_path):

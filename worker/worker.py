@@ -90,6 +90,7 @@ class Worker:
         self.step = 0
         self.finished = False
         self.worker_id = ""
+        self.lease_s = 10.0
         self.model: torch.nn.Module | None = None
         self._pending: list[pb.Metric] = []
 
@@ -98,7 +99,8 @@ class Worker:
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         try:
             self._join()
-            heartbeat.start()
+            if self.worker_id:
+                heartbeat.start()
             while not self.stop.is_set() and not self.finished:
                 try:
                     self._round()
@@ -110,12 +112,22 @@ class Worker:
         except RetriesExhausted as exc:
             log.error("%s", exc)
             return 1
+        except grpc.RpcError as err:
+            log.error("the coordinator refused %s: %s: %s", self.name, err.code().name, err.details())
+            return 1
         finally:
             self._leave()
         return 0
 
     def _join(self) -> None:
-        response = self.client.join(self.name, str(self.device), os.getpid())
+        try:
+            response = self.client.join(self.name, str(self.device), os.getpid())
+        except grpc.RpcError as err:
+            if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
+                log.info("%s: %s", self.name, err.details())
+                self.worker_id, self.finished = "", True
+                return
+            raise
         spec = RunSpec.from_json(response.run_spec_json)
         self.worker_id, self.run_id, self.lease_s = response.worker_id, response.run_id, response.lease_seconds
         if self.model is None or spec != self.spec:
