@@ -1,7 +1,7 @@
 """One sync round of rcswarm against hivemind's DecentralizedAverager, on loopback.
 
     pip install -e '.[dev,bench]'
-    python benchmarks/sync_bench.py                      # 2 and 4 workers, fp32/bf16/int8, hivemind
+    python benchmarks/sync_bench.py                      # 2 and 4 workers, fp32/bf16/int8, hivemind (~2 min)
     python benchmarks/sync_bench.py --quick              # smoke run: tiny model, 1 round (< 1 minute)
     python benchmarks/sync_bench.py --workers 2 --rounds 8 --codecs fp32 int8 --json results.json
 
@@ -29,6 +29,12 @@ seconds per round run from the first peer leaving the barrier to the last ``step
 returning (matchmaking included; the all-reduce part is shown separately). hivemind exposes
 no byte counters, so its payload is reported as ``n_params * 4`` bytes per peer, next to the
 measured loopback bytes.
+
+hivemind's libp2p connections are encrypted (TLS 1.3) by default; plain rcswarm gRPC is not,
+so ``--tls-codecs`` (default: fp32) runs those rcswarm configurations a second time with the
+coordinator serving TLS (a self-signed certificate; needs ``cryptography``, in the dev extra).
+A separate table times the coordinator's close-of-round pieces in-process (weighted average
+and outer step, SHA-256, ``StateStore.commit_version``, building the pull payload).
 
 Every child process runs in its own session and is killed with its process group on exit,
 on errors and on Ctrl-C; every wait has a timeout (``--timeout`` per configuration).
@@ -119,10 +125,10 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
 
         codec = codecs.codec_from_name(cfg["codec"])
         client = CoordinatorClient(
-            cfg["target"], cfg["token"], retry=RetryPolicy(max_elapsed_s=30.0),
+            cfg["target"], cfg["token"], tls_ca=Path(cfg["tls_ca"]) if cfg["tls_ca"] else None,
+            retry=RetryPolicy(max_elapsed_s=30.0),
             timeouts=Timeouts(unary_s=30.0, transfer_s=cfg["timeout"]),
         )
-        worker_id = ""
         try:
             joined = client.join(f"bench-{rank}", "cpu", os.getpid())
             worker_id, run_id = joined.worker_id, joined.run_id
@@ -130,8 +136,8 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
             feedback = codecs.ErrorFeedback() if codec != pb.CODEC_FP32 else None
             out.put(("ready", rank, None))
             for r in range(cfg["total_rounds"]):
-                t_enc = time.monotonic()
                 deltas = random_tensors(cfg["shapes"], seed=1000 * rank + r, norm=cfg["delta_norm"])
+                t_enc = time.monotonic()  # the codec and the payload, not the random numbers
                 encoded = feedback.compress(deltas, codec, INT8_BLOCK) if feedback is not None else None
                 header, chunks = tensor_stream.build_payload(
                     deltas, codec=codec, run_id=run_id, version=version, block_size=INT8_BLOCK, encoded=encoded
@@ -205,7 +211,7 @@ def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | Non
             for r in range(cfg["total_rounds"]):
                 with averager.get_tensors() as local:
                     fresh = random_tensors(cfg["shapes"], seed=1000 * rank + r, norm=cfg["delta_norm"])
-                    for t, f in zip(local, fresh.values()):
+                    for t, f in zip(local, fresh.values(), strict=True):
                         t.copy_(f)
                     del fresh
                 barrier.wait(timeout=cfg["timeout"])
@@ -226,7 +232,8 @@ def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | Non
                     round=r, t0=t0, t_allreduce=t_allreduce if t_allreduce is not None else t0, t1=t1,
                     lo0=lo0, lo1=lo1,
                 )))
-            print(f"{time.strftime('%H:%M:%S')} peer {rank}: {cfg['total_rounds']} rounds done; shutting down", flush=True)
+            print(f"{time.strftime('%H:%M:%S')} peer {rank}: {cfg['total_rounds']} rounds done; shutting down",
+                  flush=True)
         finally:
             if averager is not None:
                 averager.shutdown()
@@ -352,7 +359,7 @@ def _collect(out: Any, config: Config, n: int, warmup: int, total: int, deadline
             "seconds": max(x["t1"] for x in records) - t0,
             "lo_bytes": (max(lo1) - min(lo0)) if None not in lo0 + lo1 else None,
         }
-        if config.system == "rcswarm":
+        if config.system.startswith("rcswarm"):
             agg.update(
                 push_phase_s=max(x["t_push"] for x in records) - t0,
                 pull_phase_s=max(x["t1"] for x in records) - max(x["t_await"] for x in records),
@@ -400,9 +407,41 @@ keep_checkpoints = 1
 """
 
 
-def run_rcswarm(args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n: int, codec: str, tick: Any) -> Config:
-    config = Config("rcswarm", codec, n)
-    run_dir = work / f"rcswarm-{codec}-{n}"
+def make_tls_files(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate (EC P-256) for 127.0.0.1 and its key, written as PEM."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rcswarm-syncbench")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ))
+    return cert_path, key_path
+
+
+def run_rcswarm(
+    args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n: int, codec: str, tick: Any, tls: bool = False
+) -> Config:
+    config = Config("rcswarm+TLS" if tls else "rcswarm", codec, n)
+    run_dir = work / f"rcswarm-{codec}-{n}{'-tls' if tls else ''}"
     logs = run_dir / "logs"
     logs.mkdir(parents=True)
     (run_dir / "run.toml").write_text(RUN_TOML.format(workers=n, preset=args.preset, codec=codec, block=INT8_BLOCK))
@@ -410,10 +449,16 @@ def run_rcswarm(args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n:
     started = time.monotonic()
     deadline = started + args.timeout
     try:
+        tls_args: list[str] = []
+        tls_ca = ""
+        if tls:
+            cert, key = make_tls_files(run_dir)  # needs `cryptography` (the dev extra)
+            tls_args, tls_ca = ["--tls-cert", str(cert), "--tls-key", str(key)], str(cert)
         with open(logs / "coordinator.log", "wb") as log:
             coordinator = CHILDREN.add(subprocess.Popen(
                 [sys.executable, "-m", "rcswarm.coordinator", "--config", str(run_dir / "run.toml"),
-                 "--state-dir", str(run_dir / "state"), "--port", "0", "--port-file", str(run_dir / "port.json")],
+                 "--state-dir", str(run_dir / "state"), "--port", "0", "--port-file", str(run_dir / "port.json"),
+                 *tls_args],
                 env={**os.environ, TOKEN_ENV: token}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             ))
         port = _wait_port(coordinator, run_dir / "port.json", min(START_TIMEOUT_S, args.timeout))
@@ -423,6 +468,7 @@ def run_rcswarm(args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n:
             cfg = dict(
                 log=str(logs / f"worker-{rank}.log"), threads=args.threads, codec=codec, target=f"127.0.0.1:{port}",
                 token=token, timeout=args.timeout, total_rounds=total, shapes=shapes, delta_norm=args.delta_norm,
+                tls_ca=tls_ca,
             )
             CHILDREN.add(ctx.Process(target=rcswarm_worker, args=(rank, cfg, barrier, out), daemon=False)).start()
         _wait_ready(out, n, deadline, config)
@@ -469,7 +515,8 @@ def run_hivemind(args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n
                 log=str(logs / f"peer-{rank}.log"), threads=args.threads, timeout=args.timeout, total_rounds=total,
                 shapes=shapes, delta_norm=args.delta_norm, workers=n,
             )
-            CHILDREN.add(ctx.Process(target=hivemind_peer, args=(rank, cfg, initial, barrier, out), daemon=False)).start()
+            peer = ctx.Process(target=hivemind_peer, args=(rank, cfg, initial, barrier, out), daemon=False)
+            CHILDREN.add(peer).start()
 
         start(0, None)
         first: dict[str, Any] = {}
@@ -553,14 +600,16 @@ def _sec(values: list[float]) -> str:
     return f"{med:.3f} [{lo:.3f}–{hi:.3f}]"
 
 
-def build_tables(configs: list[Config], n_params: int, coordinator_times: dict[int, dict[str, list[float]]]) -> list[Any]:
+def build_tables(
+    configs: list[Config], n_params: int, coordinator_times: dict[int, dict[str, list[float]]]
+) -> list[Any]:
     from rich import box
     from rich.markup import escape
     from rich.table import Table
 
     fp32_push: dict[int, float] = {}
     for c in configs:
-        if c.system == "rcswarm" and c.codec == "fp32" and c.rounds:
+        if c.system == "rcswarm" and c.codec == "fp32" and c.rounds:  # the ratio's base is plain gRPC
             fp32_push[c.workers] = statistics.median(r["push_bytes"] for r in c.rounds)
 
     main = Table(title=f"One sync round, {n_params:,} float32 parameters ({n_params * 4 / 1e6:.2f} MB) — "
@@ -571,13 +620,13 @@ def build_tables(configs: list[Config], n_params: int, coordinator_times: dict[i
         main.add_column(col, justify=justify)
     for c in configs:
         if c.error:
-            codec = c.codec if c.system == "rcswarm" else "fp32 (none)"
+            codec = c.codec if c.system.startswith("rcswarm") else "fp32 (none)"
             main.add_row(c.system, codec, str(c.workers), "FAILED", "", "", "", "")
             continue
         lo_values = [r["lo_bytes"] for r in c.rounds if r["lo_bytes"] is not None]
         lo_text = _mb(statistics.median(lo_values)) if lo_values else "n/a"
         seconds = _sec([r["seconds"] for r in c.rounds])
-        if c.system == "rcswarm":
+        if c.system.startswith("rcswarm"):
             push = statistics.median(r["push_bytes"] for r in c.rounds)
             ratio = f"{push / fp32_push[c.workers]:.4f}" if c.workers in fp32_push else "n/a"
             total = statistics.median(r["total_bytes"] for r in c.rounds)
@@ -588,13 +637,13 @@ def build_tables(configs: list[Config], n_params: int, coordinator_times: dict[i
                          f"{_mb(payload)}*", lo_text)
 
     phases = Table(title=escape("Where the time goes — median [min–max] seconds"), box=box.ASCII2)
-    for col in ("system", "codec", "workers", "encode (per worker, before round)", "push + close round",
+    for col in ("system", "codec", "workers", "encode+payload (per worker, before round)", "push + close round",
                 "await + pull", "pull", "all-reduce (hivemind)", "start-up"):
         phases.add_column(col, justify="left" if col in ("system", "codec") else "right")
     for c in configs:
         if c.error or not c.rounds:
             continue
-        if c.system == "rcswarm":
+        if c.system.startswith("rcswarm"):
             rest = [r["seconds"] - r["push_phase_s"] for r in c.rounds]
             phases.add_row(c.system, c.codec, str(c.workers), _sec(c.encode_s),
                            _sec([r["push_phase_s"] for r in c.rounds]), _sec(rest),
@@ -620,15 +669,18 @@ def build_tables(configs: list[Config], n_params: int, coordinator_times: dict[i
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Benchmark one rcswarm sync round against hivemind's averager.")
     p.add_argument("--workers", type=int, nargs="+", default=None, help="worker counts (default: 2 4)")
-    p.add_argument("--rounds", type=int, default=None, help="measured rounds per configuration (default: 5)")
+    p.add_argument("--rounds", type=int, default=None, help="measured rounds per configuration (default: 10)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first (default: 1)")
     p.add_argument("--codecs", nargs="+", default=["fp32", "bf16", "int8"], choices=["fp32", "bf16", "int8"])
     p.add_argument("--preset", default=None, help="lstm_lm preset whose parameter shapes are used (default: base10m)")
+    p.add_argument("--tls-codecs", nargs="*", default=["fp32"], choices=["fp32", "bf16", "int8"],
+                   help="codecs to run a second time over TLS, as hivemind's libp2p traffic is encrypted "
+                        "(default: fp32; give the flag alone for none)")
     p.add_argument("--no-hivemind", action="store_true", help="skip the hivemind comparison")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny preset, 2 workers, 1 round")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker/peer process (default: 1)")
     p.add_argument("--delta-norm", type=float, default=1.0, help="global L2 norm of each random pseudo-gradient")
-    p.add_argument("--commit-reps", type=int, default=3, help="repetitions of the in-process coordinator timings")
+    p.add_argument("--commit-reps", type=int, default=5, help="repetitions of the in-process coordinator timings")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one configuration may take (default: 300)")
     p.add_argument("--json", type=Path, help="also write the raw per-round results here")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (state dirs, logs)")
@@ -639,7 +691,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.workers = args.workers or [2]
         args.commit_reps = 1
     args.preset = args.preset or "base10m"
-    args.rounds = args.rounds or 5
+    args.rounds = args.rounds or 10
     args.workers = args.workers or [2, 4]
     if args.rounds < 1 or args.warmup < 0 or any(n < 2 for n in args.workers):
         p.error("need --rounds >= 1, --warmup >= 0 and at least 2 workers per configuration")
@@ -680,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     plan: list[tuple[str, int, str]] = []
     for n in args.workers:
         plan += [("rcswarm", n, codec) for codec in args.codecs]
+        plan += [("rcswarm+TLS", n, codec) for codec in args.tls_codecs]
         if not args.no_hivemind:
             plan.append(("hivemind", n, "fp32"))
     total_rounds = len(plan) * (args.warmup + args.rounds)
@@ -702,8 +755,8 @@ def main(argv: list[str] | None = None) -> int:
             for system, n, codec in plan:
                 progress.update(task, description=f"{system} {codec} x{n}")
                 tick = lambda: progress.advance(task)  # noqa: E731
-                if system == "rcswarm":
-                    config = run_rcswarm(args, ctx, work, shapes, n, codec, tick)
+                if system.startswith("rcswarm"):
+                    config = run_rcswarm(args, ctx, work, shapes, n, codec, tick, tls=system == "rcswarm+TLS")
                 else:
                     config = run_hivemind(args, ctx, work, shapes, n, tick)
                 if config.error:
@@ -730,7 +783,10 @@ def main(argv: list[str] | None = None) -> int:
         "Pulls always carry fp32 parameters.",
         f"* hivemind exposes no byte counters: its column shows the payload, n_params*4 bytes per peer "
         f"(a butterfly all-reduce sends 2(N-1)/N of it per peer). hivemind {hivemind_version or 'n/a'}.",
-        "loopback MB: growth of the lo interface's tx bytes during the round (all framing included).",
+        "loopback MB: growth of the lo interface's tx bytes during the round (all framing included; "
+        "other loopback traffic on the machine would be counted too).",
+        "rcswarm+TLS: the same round with the coordinator serving TLS (self-signed P-256 certificate); "
+        "hivemind's libp2p connections are encrypted (TLS 1.3) by default, plain rcswarm rows are not.",
         f"int8 payload/fp32 payload = (1 + 4/{INT8_BLOCK})/4 = {(1 + 4 / INT8_BLOCK) / 4:.4f} (one float32 scale per "
         f"{INT8_BLOCK} values).",
     ]

@@ -34,7 +34,8 @@ class RoundOptions:
 class WorkerView:
     worker_id: str
     last_seen: float
-    # The global version the worker last pulled; -1 before its first pull.
+    # The version whose round the worker reports to next: the version current when it
+    # joined or last pulled, or the next one once it has reported.
     base_version: int
     active: bool
 

@@ -208,13 +208,14 @@ class Worker:
         try:
             response = self._call(self.client.push, meta, header, chunks)
         except grpc.RpcError as err:
+            if _is(err, grpc.StatusCode.ALREADY_EXISTS):
+                # A retried push whose first attempt got through: the residual was delivered.
+                return True
             if self.error_feedback is not None:
                 self.error_feedback.restore(saved)
             if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
                 log.warning("%s: %s", self.worker_id, err.details())
                 return False
-            if _is(err, grpc.StatusCode.ALREADY_EXISTS):
-                return True
             raise
         except Rejoin:
             if self.error_feedback is not None:
