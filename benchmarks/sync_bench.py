@@ -16,7 +16,8 @@ build a random pseudo-gradient Δ (global L2 norm ``--delta-norm``) and encode i
 shared barrier; ``push`` → ``await_version(v+1)`` → ``pull``. Seconds per round run from the
 first worker leaving the barrier to the last worker holding version v+1, so they include the
 coordinator's close of the round: decode, average, outer Nesterov step, SHA-256, persisting
-the version (safetensors + fsync, SQLite FULL sync) and building the fp32 pull payload. Bytes
+the version (safetensors + fsync, SQLite FULL sync) and building the pull payloads; each
+worker pulls with the version it holds, so it receives the compressed outer step. Bytes
 are what ``CoordinatorClient`` counts (protobuf message sizes of push and pull) summed over
 the workers, plus the bytes the loopback interface carried during the round (``lo`` tx, which
 also counts gRPC/HTTP2/TCP framing and anything else on loopback).
@@ -69,9 +70,6 @@ AWAIT_WAIT_S = 10.0
 STOP_GRACE_S = 5.0
 INT8_BLOCK = 256
 
-# --------------------------------------------------------------------------------------
-# Helpers shared by the parent and the children.
-# --------------------------------------------------------------------------------------
 
 
 def read_lo_tx() -> int | None:
@@ -109,9 +107,6 @@ def random_tensors(shapes: list[tuple[str, tuple[int, ...]]], seed: int, norm: f
     return tensors
 
 
-# --------------------------------------------------------------------------------------
-# rcswarm worker process.
-# --------------------------------------------------------------------------------------
 
 
 def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> None:
@@ -132,7 +127,7 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
         try:
             joined = client.join(f"bench-{rank}", "cpu", os.getpid())
             worker_id, run_id = joined.worker_id, joined.run_id
-            version, _ = client.pull(worker_id, run_id)
+            version, held = client.pull(worker_id, run_id)
             feedback = codecs.ErrorFeedback() if codec != pb.CODEC_FP32 else None
             out.put(("ready", rank, None))
             for r in range(cfg["total_rounds"]):
@@ -157,7 +152,7 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"version {version + 1} did not appear within {cfg['timeout']}s")
                 t_await = time.monotonic()
-                new_version, _ = client.pull(worker_id, run_id)
+                new_version, held = client.pull(worker_id, run_id, have=(version, held))
                 t1 = time.monotonic()
                 lo1 = read_lo_tx()
                 if new_version != version + 1:
@@ -179,9 +174,6 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
             out.put(("error", rank, traceback.format_exc()))
 
 
-# --------------------------------------------------------------------------------------
-# hivemind peer process.
-# --------------------------------------------------------------------------------------
 
 
 def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | None, barrier: Any, out: Any) -> None:
@@ -246,9 +238,6 @@ def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | Non
             out.put(("error", rank, traceback.format_exc()))
 
 
-# --------------------------------------------------------------------------------------
-# The parent: processes, configurations, results.
-# --------------------------------------------------------------------------------------
 
 
 class Children:
@@ -564,7 +553,7 @@ def time_coordinator_steps(args: argparse.Namespace, work: Path, n: int) -> dict
             times["sha256"].append(time.perf_counter() - t)
             record = RoundRecord(rep, 0.0, 0.0, n, 1000 * n, "bench", 0.0, digest.hex())
             t = time.perf_counter()
-            store.commit_version("syncbench", rep + 1, new_params, new_momentum, record)
+            store.commit_version("syncbench", rep + 1, new_params, {"outer_momentum": new_momentum}, record)
             times["commit_version"].append(time.perf_counter() - t)
             t = time.perf_counter()
             tensor_stream.build_payload(new_params, codec=pb.CODEC_FP32, run_id="syncbench", version=rep + 1,
@@ -575,9 +564,6 @@ def time_coordinator_steps(args: argparse.Namespace, work: Path, n: int) -> dict
     return times
 
 
-# --------------------------------------------------------------------------------------
-# Reporting.
-# --------------------------------------------------------------------------------------
 
 
 def _loadavg() -> str:
@@ -780,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         "await_version, pull, with the coordinator's average, outer step and persisted checkpoint inside; "
         "hivemind: averager.step(), matchmaking included). Payload encoding happens before the barrier.",
         "push / sent+recv MB: protobuf message bytes counted by CoordinatorClient, summed over workers. "
-        "Pulls always carry fp32 parameters.",
+        "A worker holding the previous version pulls the compressed outer step (the run codec); others pull fp32 parameters.",
         f"* hivemind exposes no byte counters: its column shows the payload, n_params*4 bytes per peer "
         f"(a butterfly all-reduce sends 2(N-1)/N of it per peer). hivemind {hivemind_version or 'n/a'}.",
         "loopback MB: growth of the lo interface's tx bytes during the round (all framing included; "

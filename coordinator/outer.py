@@ -7,6 +7,11 @@ parameters). With Δ̄ = Σ_i n_i Δ_i / Σ_i n_i (n_i = tokens), momentum μ an
     θ ← θ − η (Δ̄ + μ b)    (Nesterov)      or    θ ← θ − η b    (plain momentum)
 
 which is torch.optim.SGD's update with Δ̄ as the gradient (dampening 0, no weight decay).
+
+The step θ_v − θ' to the optimizer's target θ' is then sent to workers compressed with the
+run's codec, with error feedback on the coordinator, and the next version is defined as
+what every worker holding θ_v can rebuild bit for bit: θ_{v+1} = θ_v − decode(encode(...)).
+With the fp32 codec this is θ' up to one float32 rounding.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from rcswarm.protos import codec as codecs
 from rcswarm.protos.runspec import OuterSection
 
 Tensors = dict[str, torch.Tensor]
@@ -53,3 +59,20 @@ def outer_step(
         new_params[name] = theta - options.lr * direction
         new_momentum[name] = buf
     return new_params, new_momentum
+
+
+def compressed_step(
+    params: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    codec: int,
+    block_size: int,
+    error_feedback: codecs.ErrorFeedback,
+) -> tuple[Tensors, dict[str, bytes]]:
+    """The next version θ_v − decode(encode(θ_v − target + residual)) and the encoded step."""
+    step = {name: theta - target[name] for name, theta in params.items()}
+    encoded = error_feedback.compress(step, codec, block_size)
+    new_params = {
+        name: theta - codecs.decode(encoded[name], codec, tuple(theta.shape), block_size)
+        for name, theta in params.items()
+    }
+    return new_params, encoded

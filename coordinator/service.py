@@ -22,6 +22,7 @@ import torch
 from rcswarm.coordinator import decisions, outer
 from rcswarm.coordinator.store import RoundRecord, StateStore
 from rcswarm.models import registry
+from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -96,6 +97,10 @@ class SwarmCoordinator:
         self._version_changed = threading.Condition(self._lock)
         self.membership = decisions.MembershipOptions(spec.coordinator.lease_s, spec.coordinator.max_workers)
         self.round_options = decisions.RoundOptions(spec.sync.round_deadline_s, spec.sync.min_reports)
+        self.codec = codecs.codec_from_name(spec.sync.codec)
+        self.broadcast_feedback = codecs.ErrorFeedback()
+        # (from_version, header, chunks) of the compressed step to the current version.
+        self._delta_payload: tuple[int, pb.TensorHeader, list[pb.TensorChunk]] | None = None
         self._load_or_create()
         self.shapes = {name: tuple(t.shape) for name, t in self.params.items()}
         self.workers: dict[str, WorkerRecord] = {}
@@ -113,7 +118,7 @@ class SwarmCoordinator:
             self.momentum = {k: torch.zeros_like(v) for k, v in self.params.items()}
             self.version = 0
             self.store.set_many({"spec_json": self.spec.to_json(), "param_names": json.dumps(list(self.params))})
-            self.store.commit_version(self.run_id, 0, self.params, self.momentum, None)
+            self.store.commit_version(self.run_id, 0, self.params, self._optimizer_state(), None)
             return
         stored = RunSpec.from_json(self.store.get("spec_json") or "{}")
         changed = [k for k in spec_differences(stored, self.spec) if not k.startswith(RESTART_MUTABLE)]
@@ -125,16 +130,25 @@ class SwarmCoordinator:
         self.store.set_many({"spec_json": self.spec.to_json()})
         self.run_id = self.store.get("run_id") or ""
         names = json.loads(self.store.get("param_names") or "[]")
-        if sorted(names) != sorted(checkpoint.params) or sorted(names) != sorted(checkpoint.momentum):
+        momentum = checkpoint.state.get("outer_momentum", {})
+        if sorted(names) != sorted(checkpoint.params) or sorted(names) != sorted(momentum):
             raise RuntimeError(f"checkpoint of version {checkpoint.version} in {self.store.state_dir} does not hold the run's parameters")
         # safetensors files do not keep insertion order; the wire order is the model's.
         self.params = {name: checkpoint.params[name] for name in names}
-        self.momentum = {name: checkpoint.momentum[name] for name in names}
+        self.momentum = {name: momentum[name] for name in names}
+        self.broadcast_feedback.restore(checkpoint.state.get("broadcast_residual", {}))
         self.version = checkpoint.version
 
-    def _publish(self) -> None:
+    def _optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        state = {"outer_momentum": self.momentum}
+        residual = self.broadcast_feedback.snapshot()
+        if residual:
+            state["broadcast_residual"] = residual
+        return state
+
+    def _publish(self, param_sha256: bytes | None = None) -> None:
         """Build the pull payload of the current version (called with the lock held or at init)."""
-        self.param_sha256 = tensor_stream.params_sha256(self.params)
+        self.param_sha256 = param_sha256 or tensor_stream.params_sha256(self.params)
         self._pull_header, self._pull_chunks = tensor_stream.build_payload(
             self.params, codec=pb.CODEC_FP32, run_id=self.run_id, version=self.version,
             content_sha256=self.param_sha256,
@@ -197,6 +211,9 @@ class SwarmCoordinator:
             worker.last_seen = self.clock()
             worker.base_version = self.version
             header, chunks = self._pull_header, self._pull_chunks
+            delta = self._delta_payload
+            if delta is not None and request.HasField("have_version") and request.have_version == delta[0]:
+                header, chunks = delta[1], delta[2]
         yield pb.PullParametersResponse(header=header)
         for chunk in chunks:
             yield pb.PullParametersResponse(chunk=chunk)
@@ -347,15 +364,31 @@ class SwarmCoordinator:
     def _close_round(self, now: float, reason: str) -> None:
         reports = [self.round.reports[k] for k in sorted(self.round.reports)]
         average = outer.weighted_average(reports)
-        params, momentum = outer.outer_step(self.params, self.momentum, average, self.spec.outer)
+        target, momentum = outer.outer_step(self.params, self.momentum, average, self.spec.outer)
+        block = self.spec.sync.block_size
+        saved_feedback = self.broadcast_feedback.snapshot()
+        params, encoded_step = outer.compressed_step(self.params, target, self.codec, block, self.broadcast_feedback)
+        sha = tensor_stream.params_sha256(params)
         new_version = self.version + 1
         record = RoundRecord(
             version=self.version, opened_at=self.round.opened_at, closed_at=now, reports=len(reports),
             tokens=sum(t for t, _ in reports), close_reason=reason, update_norm=tensor_stream.global_norm(average),
-            param_sha256=tensor_stream.params_sha256(params).hex(),
+            param_sha256=sha.hex(),
         )
-        self.store.commit_version(self.run_id, new_version, params, momentum, record)
-        self.params, self.momentum, self.version = params, momentum, new_version
+        old_momentum, self.momentum = self.momentum, momentum
+        try:
+            self.store.commit_version(self.run_id, new_version, params, self._optimizer_state(), record)
+        except BaseException:
+            self.momentum = old_momentum
+            self.broadcast_feedback.restore(saved_feedback)
+            raise
+        header, chunks = tensor_stream.build_payload(
+            params, codec=self.codec, run_id=self.run_id, version=new_version, block_size=block, encoded=encoded_step
+        )
+        header.delta_from_version = self.version
+        header.result_sha256 = sha
+        self._delta_payload = (self.version, header, chunks)
+        self.params, self.version = params, new_version
         self.round = OpenRound(new_version, now)
-        self._publish()
+        self._publish(sha)
         self._version_changed.notify_all()

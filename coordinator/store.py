@@ -20,7 +20,9 @@ from typing import Any, Iterable, Mapping
 import torch
 from safetensors.torch import load_file, save_file
 
-MOMENTUM_PREFIX = "outer_momentum/"
+# Optimizer state is stored beside the parameters as "<group>/<parameter name>";
+# parameter names never contain "/".
+STATE_SEPARATOR = "/"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS run_state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -49,7 +51,21 @@ METRIC_COLUMNS = (
 class Checkpoint:
     version: int
     params: dict[str, torch.Tensor]
-    momentum: dict[str, torch.Tensor]
+    # group ("outer_momentum", "broadcast_residual", ...) -> name -> tensor
+    state: dict[str, dict[str, torch.Tensor]]
+
+
+def split_checkpoint(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """Separate a checkpoint's parameters from its optimizer state groups."""
+    params: dict[str, torch.Tensor] = {}
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        group, sep, name = key.partition(STATE_SEPARATOR)
+        if sep:
+            state.setdefault(group, {})[name] = tensor
+        else:
+            params[key] = tensor
+    return params, state
 
 
 @dataclass(frozen=True)
@@ -107,7 +123,7 @@ class StateStore:
         run_id: str,
         version: int,
         params: Mapping[str, torch.Tensor],
-        momentum: Mapping[str, torch.Tensor],
+        state: Mapping[str, Mapping[str, torch.Tensor]],
         round_record: RoundRecord | None,
     ) -> None:
         """Persist a version atomically: checkpoint file first, then the SQLite commit point."""
@@ -115,7 +131,8 @@ class StateStore:
         final = self.checkpoint_dir / name
         partial = self.checkpoint_dir / f".{name}.partial"
         tensors = {k: v.contiguous() for k, v in params.items()}
-        tensors.update({MOMENTUM_PREFIX + k: v.contiguous() for k, v in momentum.items()})
+        for group, named in state.items():
+            tensors.update({f"{group}{STATE_SEPARATOR}{k}": v.contiguous() for k, v in named.items()})
         save_file(tensors, str(partial), metadata={"run_id": run_id, "version": str(version)})
         with open(partial, "rb+") as handle:
             os.fsync(handle.fileno())
@@ -151,12 +168,10 @@ class StateStore:
         path = self.checkpoint_dir / name
         if not path.exists():
             raise RuntimeError(f"state dir {self.state_dir} records checkpoint {name} but the file is missing")
-        tensors = load_file(str(path))
-        params = {k: v for k, v in tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
-        momentum = {k[len(MOMENTUM_PREFIX):]: v for k, v in tensors.items() if k.startswith(MOMENTUM_PREFIX)}
+        params, state = split_checkpoint(load_file(str(path)))
         version = int(self.get("version") or 0)
         self._prune_checkpoints(keep=name)
-        return Checkpoint(version=version, params=params, momentum=momentum)
+        return Checkpoint(version=version, params=params, state=state)
 
     def checkpoint_path(self) -> Path | None:
         name = self.get("checkpoint")

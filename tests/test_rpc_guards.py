@@ -231,3 +231,25 @@ def test_tls(start_coordinator, tmp_path):
     with pytest.raises(RetriesExhausted):
         plain.join("plain", "cpu", 1)
     plain.close()
+
+
+def test_a_worker_holding_the_previous_version_pulls_the_compressed_step(swarm):
+    local, client, (a, b) = swarm
+    _, held = client.pull(a.worker_id, a.run_id)
+    full_bytes = client.bytes_received
+    push(client, a, small_deltas(local, 1e-3))
+    push(client, b, small_deltas(local, -2e-3))
+    before = client.bytes_received
+    version, rebuilt = client.pull(a.worker_id, a.run_id, have=(0, held))
+    delta_bytes = client.bytes_received - before
+    assert version == 1
+    _, full = client.pull(b.worker_id, b.run_id)
+    assert all(torch.equal(rebuilt[k], full[k]) for k in full)
+    # int8 is the run's codec: about a quarter of the float32 parameters.
+    assert delta_bytes < 0.27 * (full_bytes / 2)
+    # A stale holding gets the full parameters; a corrupted one fails its SHA-256 check.
+    assert client.pull(a.worker_id, a.run_id, have=(7, held))[0] == 1
+    corrupted = {k: v.clone() for k, v in held.items()}
+    next(iter(corrupted.values())).view(-1)[0] += 1.0
+    with pytest.raises(tensor_stream.PayloadError, match="SHA-256"):
+        client.pull(a.worker_id, a.run_id, have=(0, corrupted))

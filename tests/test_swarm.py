@@ -73,7 +73,7 @@ def test_three_workers_train_in_lockstep(start_coordinator, spawn_worker):
 
 
 def test_a_killed_worker_is_dropped_at_the_round_deadline(start_coordinator, spawn_worker):
-    spec = tiny_spec(run={"rounds": 6}, inner={"steps": 60}, coordinator={"lease_s": 120.0}, sync={"round_deadline_s": 4.0})
+    spec = tiny_spec(run={"rounds": 6}, inner={"steps": 100}, coordinator={"lease_s": 120.0}, sync={"round_deadline_s": 4.0})
     local = start_coordinator(spec)
     procs = [spawn_worker(local.target, f"w{i}") for i in range(3)]
     client = local.client()
@@ -91,15 +91,19 @@ def test_a_killed_worker_is_dropped_at_the_round_deadline(start_coordinator, spa
 
 
 def start_coordinator_process(config, state_dir, port, log_path) -> subprocess.Popen:
-    return subprocess.Popen(
+    port_file = state_dir.parent / "port.json"
+    port_file.unlink(missing_ok=True)
+    proc = subprocess.Popen(
         [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(state_dir),
-         "--port", str(port)],
+         "--port", str(port), "--port-file", str(port_file)],
         env=worker_env(), stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
     )
+    wait_for(port_file.exists, 60, "the coordinator to serve")
+    return proc
 
 
 def test_coordinator_restart_resumes_and_workers_reconnect(tmp_path, spawn_worker):
-    spec = tiny_spec(run={"rounds": 30}, inner={"steps": 20}, sync={"min_reports": 2})
+    spec = tiny_spec(run={"rounds": 30}, inner={"steps": 40}, sync={"min_reports": 2})
     config = write_spec(spec, tmp_path / "run.toml")
     state_dir, port = tmp_path / "state", free_port()
     log_path = tmp_path / "coordinator.log"
@@ -107,7 +111,7 @@ def test_coordinator_restart_resumes_and_workers_reconnect(tmp_path, spawn_worke
     try:
         client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, retry=RetryPolicy(max_elapsed_s=60.0))
         procs = [spawn_worker(f"127.0.0.1:{port}", f"w{i}") for i in range(2)]
-        wait_for(lambda: client.status().version >= 2, 120, "two rounds")
+        wait_for(lambda: client.status().version >= 2, 120, "two rounds", interval=0.02)
         coordinator.send_signal(signal.SIGKILL)
         coordinator.wait(timeout=10)
         store = StateStore(state_dir)
@@ -123,6 +127,10 @@ def test_coordinator_restart_resumes_and_workers_reconnect(tmp_path, spawn_worke
             assert proc.wait(timeout=240) == 0, logs_of(procs) + log_path.read_text()
         final = client.status()
         assert final.version == 30 and final.run_state == pb.RUN_STATE_FINISHED
+        # Bit-identical replicas across the restart too (the broadcast residual was persisted).
+        reported, expected = worker_digests(state_dir), coordinator_digests(state_dir)
+        assert all(reported[v] == {expected[v]} for v in range(1, 30) if v in reported)
+        assert len(reported) >= 25
         assert any(w.state == pb.WORKER_STATE_LEFT for w in final.workers)
         client.close()
     finally:

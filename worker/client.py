@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Mapping, TypeVar
 
 import grpc
 import torch
@@ -64,6 +64,24 @@ class RetryPolicy:
 class Timeouts:
     unary_s: float = 10.0
     transfer_s: float = 300.0
+
+
+def apply_delta(
+    header: pb.TensorHeader, step: Mapping[str, torch.Tensor], have: tuple[int, Mapping[str, torch.Tensor]] | None
+) -> dict[str, torch.Tensor]:
+    """θ_new = θ_have − step, element-wise in float32, verified against header.result_sha256."""
+    if have is None or header.delta_from_version != have[0]:
+        held = None if have is None else have[0]
+        raise tensor_stream.PayloadError(f"got a delta from version {header.delta_from_version} but this worker holds {held}")
+    base = have[1]
+    if list(step) != list(base) or any(step[k].shape != base[k].shape for k in base):
+        raise tensor_stream.PayloadError("the delta's tensor names or shapes differ from the held parameters")
+    params = {name: base[name] - step[name] for name in base}
+    if tensor_stream.params_sha256(params) != header.result_sha256:
+        raise tensor_stream.PayloadError(
+            f"parameters rebuilt from the delta {header.delta_from_version} -> {header.version} do not match their SHA-256"
+        )
+    return params
 
 
 class CoordinatorClient:
@@ -130,12 +148,21 @@ class CoordinatorClient:
     def status(self) -> pb.GetStatusResponse:
         return self._unary("GetStatus", pb.GetStatusRequest())
 
-    def pull(self, worker_id: str, run_id: str) -> tuple[int, dict[str, torch.Tensor]]:
-        """The newest global parameters: (version, tensors), checked against the header's checksums."""
+    def pull(
+        self, worker_id: str, run_id: str, have: tuple[int, Mapping[str, torch.Tensor]] | None = None
+    ) -> tuple[int, dict[str, torch.Tensor]]:
+        """The newest global parameters: (version, tensors), checked against the header's checksums.
+
+        `have` = (version, parameters) the caller holds bit for bit; when the coordinator
+        answers with the compressed step from that version, the parameters are rebuilt as
+        have − step and checked against the SHA-256 of the new version.
+        """
+        request = pb.PullParametersRequest(worker_id=worker_id)
+        if have is not None:
+            request.have_version = have[0]
+
         def attempt() -> tuple[int, dict[str, torch.Tensor]]:
-            responses = self.stub.PullParameters(
-                pb.PullParametersRequest(worker_id=worker_id), timeout=self.timeouts.transfer_s, metadata=self.metadata
-            )
+            responses = self.stub.PullParameters(request, timeout=self.timeouts.transfer_s, metadata=self.metadata)
             first = next(responses)
             if first.WhichOneof("part") != "header":
                 raise tensor_stream.PayloadError(f"PullParameters: expected a header first, got {first.WhichOneof('part')}")
@@ -146,6 +173,8 @@ class CoordinatorClient:
                 received += message.ByteSize()
             tensors = receiver.finish()
             self.bytes_received += received
+            if first.header.HasField("delta_from_version"):
+                tensors = apply_delta(first.header, tensors, have)
             return first.header.version, tensors
 
         return self._with_retry("PullParameters", attempt)

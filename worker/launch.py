@@ -32,7 +32,7 @@ from rich.table import Table
 from safetensors.torch import load_file, save_file
 
 from rcswarm.coordinator.report import summarize
-from rcswarm.coordinator.store import MOMENTUM_PREFIX, StateStore
+from rcswarm.coordinator.store import StateStore, split_checkpoint
 from rcswarm.models import registry
 from rcswarm.protos.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -164,7 +164,7 @@ def export_final(state_dir: Path, out: Path) -> dict[str, torch.Tensor] | None:
         store.close()
     if path is None:
         return None
-    params = {k: v for k, v in load_file(str(path)).items() if not k.startswith(MOMENTUM_PREFIX)}
+    params, _ = split_checkpoint(load_file(str(path)))
     save_file(params, str(out), metadata={"source": path.name})
     return params
 

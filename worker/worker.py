@@ -93,6 +93,8 @@ class Worker:
         self.lease_s = 10.0
         self.model: torch.nn.Module | None = None
         self._pending: list[pb.Metric] = []
+        # (version, parameters) pulled last, bit for bit: lets the coordinator send a delta.
+        self._held: tuple[int, dict[str, torch.Tensor]] | None = None
 
     def run(self) -> int:
         """Train until the run finishes or a stop is requested; returns the exit code."""
@@ -156,6 +158,7 @@ class Worker:
         version = self._pull()
         self.sync_seconds += time.perf_counter() - sync_started
         base = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+        self._held = (version, base)
         tokens = 0
         for _ in range(self.spec.inner.steps):
             if self.stop.is_set():
@@ -181,7 +184,11 @@ class Worker:
         )
 
     def _pull(self) -> int:
-        version, tensors = self._call(self.client.pull, self.worker_id, self.run_id)
+        try:
+            version, tensors = self._call(self.client.pull, self.worker_id, self.run_id, self._held)
+        except tensor_stream.PayloadError as exc:
+            log.warning("%s: %s; pulling the full parameters", self.worker_id, exc)
+            version, tensors = self._call(self.client.pull, self.worker_id, self.run_id, None)
         params = dict(self.model.named_parameters())
         if list(tensors) != list(params) or any(tensors[k].shape != params[k].shape for k in params):
             raise RuntimeError(f"pulled parameters of version {version} do not match the local model's names and shapes")

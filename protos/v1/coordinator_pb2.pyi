@@ -58,7 +58,7 @@ class TensorInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., num_bytes: _Optional[int] = ...) -> None: ...
 
 class TensorHeader(_message.Message):
-    __slots__ = ("run_id", "version", "codec", "tensors", "total_bytes", "chunk_size", "chunk_crc32", "content_sha256", "block_size")
+    __slots__ = ("run_id", "version", "codec", "tensors", "total_bytes", "chunk_size", "chunk_crc32", "content_sha256", "block_size", "delta_from_version", "result_sha256")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,8 @@ class TensorHeader(_message.Message):
     CHUNK_CRC32_FIELD_NUMBER: _ClassVar[int]
     CONTENT_SHA256_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FROM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESULT_SHA256_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     codec: Codec
@@ -77,7 +79,9 @@ class TensorHeader(_message.Message):
     chunk_crc32: _containers.RepeatedScalarFieldContainer[int]
     content_sha256: bytes
     block_size: int
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_crc32: _Optional[_Iterable[int]] = ..., content_sha256: _Optional[bytes] = ..., block_size: _Optional[int] = ...) -> None: ...
+    delta_from_version: int
+    result_sha256: bytes
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_crc32: _Optional[_Iterable[int]] = ..., content_sha256: _Optional[bytes] = ..., block_size: _Optional[int] = ..., delta_from_version: _Optional[int] = ..., result_sha256: _Optional[bytes] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("index", "data")
@@ -142,12 +146,14 @@ class LeaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PullParametersRequest(_message.Message):
-    __slots__ = ("worker_id", "version")
+    __slots__ = ("worker_id", "version", "have_version")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     version: int
-    def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    have_version: int
+    def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ..., have_version: _Optional[int] = ...) -> None: ...
 
 class PullParametersResponse(_message.Message):
     __slots__ = ("header", "chunk")
