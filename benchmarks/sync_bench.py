@@ -34,7 +34,9 @@ measured loopback bytes.
 hivemind's libp2p connections are encrypted (TLS 1.3) by default; plain rcswarm gRPC is not,
 so ``--tls-codecs`` (default: fp32) runs those rcswarm configurations a second time with the
 coordinator serving TLS (a self-signed certificate; needs ``cryptography``, in the dev extra).
-A separate table times the coordinator's close-of-round pieces in-process (weighted average
+``--no-fsync-codecs`` (default: fp32 int8) runs configurations again with ``[coordinator]
+durable = false``: each version is still persisted atomically, but not fsynced (hivemind
+persists nothing). A separate table times the coordinator's close-of-round pieces in-process (weighted average
 and outer step, SHA-256, ``StateStore.commit_version``, building the pull payload).
 
 Every child process runs in its own session and is killed with its process group on exit,
@@ -393,6 +395,7 @@ max_update_norm = 1e12
 lease_s = 3600.0
 max_wait_s = 10.0
 keep_checkpoints = 1
+durable = {durable}
 """
 
 
@@ -427,13 +430,16 @@ def make_tls_files(directory: Path) -> tuple[Path, Path]:
 
 
 def run_rcswarm(
-    args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n: int, codec: str, tick: Any, tls: bool = False
+    args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n: int, codec: str, tick: Any, tls: bool = False,
+    durable: bool = True,
 ) -> Config:
-    config = Config("rcswarm+TLS" if tls else "rcswarm", codec, n)
-    run_dir = work / f"rcswarm-{codec}-{n}{'-tls' if tls else ''}"
+    config = Config("rcswarm+TLS" if tls else "rcswarm" if durable else "rcswarm, no fsync", codec, n)
+    run_dir = work / f"rcswarm-{codec}-{n}{'-tls' if tls else ''}{'' if durable else '-nofsync'}"
     logs = run_dir / "logs"
     logs.mkdir(parents=True)
-    (run_dir / "run.toml").write_text(RUN_TOML.format(workers=n, preset=args.preset, codec=codec, block=INT8_BLOCK))
+    (run_dir / "run.toml").write_text(RUN_TOML.format(
+        workers=n, preset=args.preset, codec=codec, block=INT8_BLOCK, durable="true" if durable else "false"
+    ))
     token = secrets.token_urlsafe(16)
     started = time.monotonic()
     deadline = started + args.timeout
@@ -662,6 +668,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tls-codecs", nargs="*", default=["fp32"], choices=["fp32", "bf16", "int8"],
                    help="codecs to run a second time over TLS, as hivemind's libp2p traffic is encrypted "
                         "(default: fp32; give the flag alone for none)")
+    p.add_argument("--no-fsync-codecs", nargs="*", default=["fp32", "int8"], choices=["fp32", "bf16", "int8"],
+                   help="codecs to run a second time with [coordinator] durable = false (no fsync of each "
+                        "version; hivemind persists nothing) (default: fp32 int8; give the flag alone for none)")
     p.add_argument("--no-hivemind", action="store_true", help="skip the hivemind comparison")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny preset, 2 workers, 1 round")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker/peer process (default: 1)")
@@ -719,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.workers:
         plan += [("rcswarm", n, codec) for codec in args.codecs]
         plan += [("rcswarm+TLS", n, codec) for codec in args.tls_codecs]
+        plan += [("rcswarm, no fsync", n, codec) for codec in args.no_fsync_codecs]
         if not args.no_hivemind:
             plan.append(("hivemind", n, "fp32"))
     total_rounds = len(plan) * (args.warmup + args.rounds)
@@ -742,7 +752,10 @@ def main(argv: list[str] | None = None) -> int:
                 progress.update(task, description=f"{system} {codec} x{n}")
                 tick = lambda: progress.advance(task)  # noqa: E731
                 if system.startswith("rcswarm"):
-                    config = run_rcswarm(args, ctx, work, shapes, n, codec, tick, tls=system == "rcswarm+TLS")
+                    config = run_rcswarm(
+                        args, ctx, work, shapes, n, codec, tick, tls=system == "rcswarm+TLS",
+                        durable=system != "rcswarm, no fsync",
+                    )
                 else:
                     config = run_hivemind(args, ctx, work, shapes, n, tick)
                 if config.error:

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--port {args.port}: expected 0..65535")
     try:
         spec = RunSpec.from_toml(args.config)
-        store = StateStore(args.state_dir, keep_checkpoints=spec.coordinator.keep_checkpoints)
+        store = StateStore(args.state_dir, spec.coordinator.keep_checkpoints, spec.coordinator.durable)
         coordinator = SwarmCoordinator(spec, store)
         tls = TLSFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
         running = RunningCoordinator(coordinator, token, args.host, args.port, tls).start()

@@ -142,7 +142,7 @@ class SwarmCoordinator:
     def _optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
         state = {"outer_momentum": self.momentum}
         residual = self.broadcast_feedback.snapshot()
-        if residual:
+        if residual and self.codec != pb.CODEC_FP32:
             state["broadcast_residual"] = residual
         return state
 

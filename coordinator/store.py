@@ -91,16 +91,17 @@ def _fsync_dir(path: Path) -> None:
 class StateStore:
     """One run's state dir: state.sqlite plus checkpoints/v<version>.safetensors."""
 
-    def __init__(self, state_dir: str | Path, keep_checkpoints: int = 2) -> None:
+    def __init__(self, state_dir: str | Path, keep_checkpoints: int = 2, durable: bool = True) -> None:
         self.state_dir = Path(state_dir)
         self.checkpoint_dir = self.state_dir / "checkpoints"
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.keep_checkpoints = keep_checkpoints
+        self.durable = durable
         self.db_path = self.state_dir / "state.sqlite"
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.db_path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         self._db.executescript(SCHEMA)
 
     def close(self) -> None:
@@ -134,10 +135,12 @@ class StateStore:
         for group, named in state.items():
             tensors.update({f"{group}{STATE_SEPARATOR}{k}": v.contiguous() for k, v in named.items()})
         save_file(tensors, str(partial), metadata={"run_id": run_id, "version": str(version)})
-        with open(partial, "rb+") as handle:
-            os.fsync(handle.fileno())
+        if self.durable:
+            with open(partial, "rb+") as handle:
+                os.fsync(handle.fileno())
         os.replace(partial, final)
-        _fsync_dir(self.checkpoint_dir)
+        if self.durable:
+            _fsync_dir(self.checkpoint_dir)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(

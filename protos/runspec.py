@@ -161,6 +161,9 @@ class CoordinatorSection:
     max_wait_s: float = 10.0
     # Checkpoints kept in the state dir besides the newest.
     keep_checkpoints: int = 2
+    # fsync each version's checkpoint and SQLite commit before serving it (survives power
+    # loss). false keeps the atomic rename and survives a crash of the process only.
+    durable: bool = True
 
     def __post_init__(self) -> None:
         _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s")

@@ -77,7 +77,7 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., LocalCoordinator
 
     def start(spec: RunSpec, state_dir: Path | None = None, **kwargs: Any) -> LocalCoordinator:
         state_dir = state_dir or tmp_path / f"state{len(started)}"
-        store = StateStore(state_dir, keep_checkpoints=spec.coordinator.keep_checkpoints)
+        store = StateStore(state_dir, spec.coordinator.keep_checkpoints, spec.coordinator.durable)
         running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN, **kwargs).start()
         local = LocalCoordinator(running, state_dir)
         started.append(local)
