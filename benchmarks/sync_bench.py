@@ -399,36 +399,6 @@ durable = {durable}
 """
 
 
-def make_tls_files(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate (EC P-256) for 127.0.0.1 and its key, written as PEM."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rcswarm-syncbench")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject).issuer_name(subject).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ))
-    return cert_path, key_path
-
-
 def run_rcswarm(
     args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n: int, codec: str, tick: Any, tls: bool = False,
     durable: bool = True,
@@ -447,7 +417,9 @@ def run_rcswarm(
         tls_args: list[str] = []
         tls_ca = ""
         if tls:
-            cert, key = make_tls_files(run_dir)  # needs `cryptography` (the dev extra)
+            from rcswarm.coordinator.tls import write_self_signed  # needs `cryptography` (the dev extra)
+
+            cert, key = write_self_signed(run_dir)
             tls_args, tls_ca = ["--tls-cert", str(cert), "--tls-key", str(key)], str(cert)
         with open(logs / "coordinator.log", "wb") as log:
             coordinator = CHILDREN.add(subprocess.Popen(

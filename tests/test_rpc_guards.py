@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import math
 
 import grpc
@@ -194,35 +193,11 @@ def test_int8_updates_are_accepted(swarm):
     assert push(client, a, small_deltas(local), codec_id=codec.codec_from_name("int8")).accepted
 
 
-def _self_signed(tmp_path):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ))
-    return cert_path, key_path
-
-
 def test_tls(start_coordinator, tmp_path):
     from rcswarm.coordinator.server import TLSFiles
+    from rcswarm.coordinator.tls import write_self_signed
 
-    cert, key = _self_signed(tmp_path)
+    cert, key = write_self_signed(tmp_path)
     local = start_coordinator(tiny_spec(), tls=TLSFiles(cert, key))
     secure = CoordinatorClient(f"localhost:{local.port}", TOKEN, tls_ca=cert, retry=RetryPolicy(max_elapsed_s=5.0))
     assert secure.join("tls", "cpu", 1).worker_id
