@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+import torch
 
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
@@ -21,6 +22,10 @@ from rcswarm.protos.runspec import RunSpec
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
 TOKEN = "test-token-0123456789"
+
+# Tests run small models, where one intra-op thread is fastest and immune to oversubscription
+# when other processes (worker subprocesses, a parallel build) share the two cores.
+torch.set_num_threads(1)
 
 
 def tiny_spec(**tables: dict[str, Any]) -> RunSpec:
