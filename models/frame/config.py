@@ -1,0 +1,89 @@
+"""Configuration of the recurrence-complete frame-based action model.
+
+The field names follow the paper ("Recurrence-Complete Frame-based Action
+Models", Section 10 and Appendix J) where it names them:
+
+- `d_model` (D): width of the frame head and of the main model's residual stream.
+- `n_hidden` (H): LSTM cell size of the main sequence model.
+- `n_pool` (P): pooling stages in the frame head, each halving the cell sequence.
+- `n_frame_layers` (L_t, the tables' n_layer): transformer blocks after the last pooling.
+- `n_main_layers` (L_s, the tables' n_seq): LSTM + MLP layers of the main model.
+- `rows` x `cols`: the frame's cell grid (N_f = rows * cols cells).
+
+Everything else (vocabularies, heads, MLP ratio) is our choice; see the
+package docstring for which is which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _check_int(field: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"FrameModelConfig.{field}={value!r}: expected {what}")
+
+
+@dataclass
+class FrameModelConfig:
+    """Hyperparameters of `FrameActionModel`; validated on construction.
+
+    `vocab_size` (a read-only property) is `action_vocab`, as the registry's
+    contract requires.
+    """
+
+    action_vocab: int = 20000
+    char_vocab: int = 8192
+    n_styles: int = 256
+    rows: int = 48
+    cols: int = 160
+    d_model: int = 768
+    n_heads: int = 12
+    n_pool: int = 2
+    n_frame_layers: int = 3
+    n_hidden: int = 768
+    n_main_layers: int = 2
+    mlp_ratio: int = 4
+
+    def __post_init__(self) -> None:
+        for name in (
+            "action_vocab",
+            "char_vocab",
+            "n_styles",
+            "rows",
+            "cols",
+            "d_model",
+            "n_heads",
+            "n_hidden",
+            "n_main_layers",
+            "mlp_ratio",
+        ):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("n_pool", self.n_pool, 0)
+        _check_int("n_frame_layers", self.n_frame_layers, 0)
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"FrameModelConfig.n_heads={self.n_heads!r}: expected a divisor of "
+                f"d_model={self.d_model}"
+            )
+        if self.cols % (2**self.n_pool) != 0:
+            raise ValueError(
+                f"FrameModelConfig.cols={self.cols!r}: expected a multiple of "
+                f"2**n_pool={2**self.n_pool} (pooling merges horizontally adjacent cells)"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        """The action vocabulary (the registry's name for the output vocabulary)."""
+        return self.action_vocab
+
+    @property
+    def n_cells(self) -> int:
+        """N_f: cells per frame before pooling."""
+        return self.rows * self.cols
+
+    @property
+    def n_pooled(self) -> int:
+        """T_P: tokens per frame after the P pooling stages."""
+        return self.n_cells // 2**self.n_pool

@@ -1,0 +1,143 @@
+"""The frame-based action model: frame head per frame, residual LSTM stack over time.
+
+    frames [B, L, rows, cols, 2] --FrameHead per frame--> e [B, L, D]
+    main layer (x L_s):  x = x + Proj(LSTM_{D->H}(LN(x)))
+                         x = x + MLP_{D->4D->D}(LN(x))
+    logits = Head(LN(x))                                   [B, L, action_vocab]
+
+`logits[:, t]` predicts the action taken after observing frame t (the next
+action); it depends on frames[:, : t + 1] only, because frames are embedded
+independently and every LSTM runs forwards in time.
+
+`Proj` maps the LSTM's H outputs back to the D-wide residual stream: a
+bias-free Linear(H -> D) when n_hidden != d_model, the identity (no
+parameters) when they are equal, as in every preset of the paper.
+
+The model splits into the two halves the streaming backward pass
+(`rcswarm.worker.streaming_bptt`) needs: `encode` (frame head, per step) and
+`core` / `core_loss` (main model over the embeddings). `forward` is
+`core(encode(frames))`.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rcswarm.models.frame.config import FrameModelConfig
+from rcswarm.models.frame.frame_head import FrameHead
+from rcswarm.models.frame.layers import INIT_STD, MLP, init_linear_, init_lstm_, init_norm_
+
+LSTMState = tuple[Tensor, Tensor]
+"""(h, c) of one single-layer nn.LSTM, each [1, B, H]."""
+
+
+class MainLayer(nn.Module):
+    """One residual layer of the main sequence model: LSTM sublayer, then MLP sublayer."""
+
+    def __init__(self, config: FrameModelConfig) -> None:
+        super().__init__()
+        d, h = config.d_model, config.n_hidden
+        self.norm_lstm = nn.LayerNorm(d)
+        self.lstm = nn.LSTM(input_size=d, hidden_size=h, num_layers=1, batch_first=True)
+        self.proj = nn.Linear(h, d, bias=False) if h != d else None
+        self.norm_mlp = nn.LayerNorm(d)
+        self.mlp = MLP(d, config.mlp_ratio)
+
+    def reset_parameters(self, out_std: float) -> None:
+        init_norm_(self.norm_lstm)
+        init_lstm_(self.lstm)
+        if self.proj is not None:
+            init_linear_(self.proj, out_std)
+        init_norm_(self.norm_mlp)
+        self.mlp.reset_parameters(out_std)
+
+    def forward(self, x: Tensor, state: LSTMState | None) -> tuple[Tensor, LSTMState]:
+        h, new_state = self.lstm(self.norm_lstm(x), state)  # h: [B, L, H]
+        if self.proj is not None:
+            h = self.proj(h)  # [B, L, D]
+        x = x + h  # [B, L, D]
+        return x + self.mlp(self.norm_mlp(x)), new_state  # [B, L, D]
+
+
+class FrameActionModel(nn.Module):
+    """Frames [B, L, rows, cols, 2] -> next-action logits [B, L, action_vocab]."""
+
+    def __init__(self, config: FrameModelConfig) -> None:
+        super().__init__()
+        if not isinstance(config, FrameModelConfig):
+            raise TypeError(f"FrameActionModel(config={config!r}): expected a FrameModelConfig")
+        self.config = config
+        self.frame_head = FrameHead(config)
+        self.layers = nn.ModuleList(MainLayer(config) for _ in range(config.n_main_layers))
+        self.norm_out = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.action_vocab, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialize every parameter from torch's global RNG, in construction order.
+
+        Linear weights and embeddings normal(0, 0.02); residual output
+        projections scaled by 1/sqrt(2 * layers) of their stack; biases zero;
+        LayerNorms one/zero; LSTM weights uniform(+-1/sqrt(H)) with forget-gate
+        bias one.
+        """
+        self.frame_head.reset_parameters(INIT_STD)
+        out_std = INIT_STD / (2 * self.config.n_main_layers) ** 0.5
+        for layer in self.layers:
+            layer.reset_parameters(out_std)
+        init_norm_(self.norm_out)
+        init_linear_(self.head)
+
+    def _check_frames(self, frames: Tensor) -> None:
+        config = self.config
+        expected = (config.rows, config.cols, 2)
+        if frames.dim() != 5 or tuple(frames.shape[2:]) != expected:
+            raise ValueError(
+                f"frames has shape {tuple(frames.shape)}: expected [batch, frames, "
+                f"{config.rows}, {config.cols}, 2] (char id, style id per cell)"
+            )
+        if frames.is_floating_point() or frames.is_complex():
+            raise ValueError(f"frames has dtype {frames.dtype}: expected an integer dtype")
+
+    def encode(self, frames: Tensor) -> Tensor:
+        """Frame embeddings [B, L, D] of `frames` [B, L, rows, cols, 2]; each frame on its own."""
+        self._check_frames(frames)
+        b, n_frames = frames.shape[:2]
+        cells = frames.reshape(b * n_frames, *frames.shape[2:])  # [B*L, R, C, 2]
+        return self.frame_head(cells).view(b, n_frames, -1)  # [B, L, D]
+
+    def core(
+        self,
+        embeddings: Tensor,
+        state: list[LSTMState] | None = None,
+        return_state: bool = False,
+    ) -> Tensor | tuple[Tensor, list[LSTMState]]:
+        """Logits [B, L, V] from frame embeddings [B, L, D].
+
+        `state` is a list of per-layer LSTM states from an earlier call with
+        `return_state=True` (None starts from zeros), so a long window can be run
+        in pieces with the result of one call.
+        """
+        if state is not None and len(state) != len(self.layers):
+            raise ValueError(
+                f"state has {len(state)} layer states: expected {len(self.layers)} (one per layer)"
+            )
+        x = embeddings  # [B, L, D]
+        new_state: list[LSTMState] = []
+        for i, layer in enumerate(self.layers):
+            x, layer_state = layer(x, None if state is None else state[i])  # [B, L, D]
+            new_state.append(layer_state)
+        logits = self.head(self.norm_out(x))  # [B, L, V]
+        if return_state:
+            return logits, new_state
+        return logits
+
+    def core_loss(self, embeddings: Tensor, targets: Tensor) -> Tensor:
+        """Mean next-action cross-entropy over [B, L] from embeddings [B, L, D]."""
+        logits = self.core(embeddings)  # [B, L, V]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def forward(self, frames: Tensor) -> Tensor:
+        """Next-action logits [B, L, action_vocab] for `frames` [B, L, rows, cols, 2]."""
+        return self.core(self.encode(frames))
