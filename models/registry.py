@@ -6,7 +6,7 @@ overrides of individual config fields, e.g.
     from rcswarm.models import registry
     model = registry.build_model("lstm_lm", "tiny", {"dropout": 0.1}, seed=0)
 
-Built-in models (currently `rcswarm.models.lstm_lm`) register themselves when
+Built-in models (the packages in `_BUILTIN_MODULES`) register themselves when
 their package is imported; the registry imports them lazily on first lookup.
 
 Contract every registered model satisfies:
@@ -36,7 +36,12 @@ from typing import Any
 import torch
 from torch import nn
 
-_BUILTIN_MODULES: tuple[str, ...] = ("rcswarm.models.lstm_lm",)
+_BUILTIN_MODULES: tuple[str, ...] = (
+    "rcswarm.models.lstm_lm",
+    "rcswarm.models.baselines",
+    "rcswarm.models.psm",
+    "rcswarm.models.frame",
+)
 
 _REGISTRY: dict[str, ModelEntry] = {}
 

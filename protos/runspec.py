@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 CODECS = ("fp32", "bf16", "int8")
 INNER_OPTIMIZERS = ("adamw", "sgd")
-DATA_SOURCES = ("stdlib",)
+DATA_SOURCES = ("stdlib", "diag")
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -71,9 +71,16 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    """Training data: the source and the window shape each inner step trains on."""
+    """Training data: the source and the window shape each inner step trains on.
+
+    source "stdlib": byte windows of the standard library's .py files (seq_len, max_bytes,
+    val_fraction apply). source "diag": a diagnostic task of rcswarm.data.diagnostics named
+    by `task`, configured by the [data.task_config] table (the task sets its own lengths).
+    """
 
     source: str = "stdlib"
+    task: str = ""
+    task_config: dict[str, Any] = field(default_factory=dict)
     seq_len: int = 256
     batch_size: int = 8
     # Bytes of the corpus to use; 0 = all of it.
@@ -83,6 +90,8 @@ class DataSection:
     def __post_init__(self) -> None:
         if self.source not in DATA_SOURCES:
             _fail("data.source", self.source, f"one of {DATA_SOURCES}")
+        if (self.source == "diag") != bool(self.task):
+            _fail("data.task", self.task, 'a task name with source = "diag", and none otherwise')
         _check_positive(self, "data", "seq_len", "batch_size")
         if self.max_bytes < 0:
             _fail("data.max_bytes", self.max_bytes, "an integer >= 0 (0 = all)")
@@ -231,6 +240,8 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, str):
         return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise ValueError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
 
 

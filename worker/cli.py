@@ -3,6 +3,7 @@
     rcswarm run [RUN.toml]                               a local swarm: coordinator + N workers
     rcswarm coordinator --config RUN.toml --state-dir DIR --port P
     rcswarm worker --coordinator HOST:PORT --token T [--device auto]
+    rcswarm bench diag --task maze --models lstm transformer --budget-minutes 5
 
 Each subcommand's module is imported only when it runs.
 """
@@ -16,7 +17,9 @@ COMMANDS = {
     "run": ("rcswarm.worker.launch", "start a coordinator and N workers on this machine and train"),
     "coordinator": ("rcswarm.coordinator.server", "serve a run: membership, rounds, outer optimizer, metrics"),
     "worker": ("rcswarm.worker.worker", "join a coordinator and train"),
+    "bench": ("rcswarm.worker.cli", "benchmarks on this machine: `rcswarm bench diag ...`"),
 }
+BENCHES = {"diag": "rcswarm.worker.diag_bench"}
 
 
 def usage() -> str:
@@ -34,8 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"rcswarm: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    if command == "bench":
+        return bench(rest)
     module = importlib.import_module(COMMANDS[command][0])
     return module.main(rest)
+
+
+def bench(argv: list[str]) -> int:
+    if not argv or argv[0] not in BENCHES:
+        print(f"usage: rcswarm bench {{{','.join(BENCHES)}}} [ARGS]", file=sys.stderr)
+        return 2
+    return importlib.import_module(BENCHES[argv[0]]).main(argv[1:])
 
 
 if __name__ == "__main__":

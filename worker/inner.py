@@ -1,4 +1,4 @@
-"""Local training between syncs: the inner optimizer, the data stream and the inner steps.
+"""Local training between syncs: the inner optimizer, the data streams and the inner steps.
 
 A worker runs H inner steps of full backpropagation through time over its assigned
 sequence length (the whole window is one autograd graph), with AdamW (default) or SGD.
@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rcswarm.data.diagnostics import IGNORE_INDEX, DiagnosticTask, make_task
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
 from rcswarm.protos.runspec import DataSection, InnerSection
 
@@ -33,7 +34,33 @@ def make_inner_optimizer(model: nn.Module, inner: InnerSection) -> torch.optim.O
     raise ValueError(f"inner.optimizer = {inner.optimizer!r}: expected 'adamw' or 'sgd'")
 
 
-def make_sampler(data: DataSection, seed: int, split: str = "train") -> ByteWindowSampler:
+class DiagnosticSampler:
+    """Batches of a diagnostic task: (tokens [B, T], targets [B, T]) with IGNORE_INDEX where unscored.
+
+    Batch i of split s is `task.batch(batch_size, seed=…)` for a seed derived from (seed, s, i),
+    so every process draws the same stream; "val" never overlaps "train".
+    """
+
+    def __init__(self, task: DiagnosticTask, batch_size: int, seed: int, split: str = "train") -> None:
+        if split not in ("train", "val"):
+            raise ValueError(f"split={split!r}: expected 'train' or 'val'")
+        self.task, self.batch_size = task, batch_size
+        self._base = (seed % 2**31) * 2 + (split == "val")
+        self._index = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.task.batch(self.batch_size, seed=self._base * 1_000_003 + self._index)
+        self._index += 1
+        return batch.tokens, batch.targets
+
+
+def make_task_from(data: DataSection) -> DiagnosticTask:
+    return make_task(data.task, **data.task_config)
+
+
+def make_sampler(data: DataSection, seed: int, split: str = "train") -> ByteWindowSampler | DiagnosticSampler:
+    if data.source == "diag":
+        return DiagnosticSampler(make_task_from(data), data.batch_size, seed, split)
     corpus = load_stdlib_corpus(data.max_bytes or None)
     return ByteWindowSampler(
         corpus=corpus, seq_len=data.seq_len, batch_size=data.batch_size, seed=seed, split=split,
@@ -55,10 +82,11 @@ def inner_step(
     inputs, targets = sampler.next_batch()  # [B, T], [B, T]
     inputs, targets = inputs.to(device), targets.to(device)
     logits = model(inputs)  # [B, T, V]
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip > 0:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
-    return StepResult(loss=loss.item(), tokens=targets.numel(), seconds=time.perf_counter() - started)
+    scored = int((targets != IGNORE_INDEX).sum())
+    return StepResult(loss=loss.item(), tokens=scored, seconds=time.perf_counter() - started)

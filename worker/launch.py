@@ -37,7 +37,7 @@ from rcswarm.models import registry
 from rcswarm.protos.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
-from rcswarm.worker.inner import make_sampler
+from rcswarm.worker.inner import IGNORE_INDEX, make_sampler
 
 TOKEN_ENV = "RCSWARM_TOKEN"
 START_TIMEOUT_S = 60.0
@@ -142,7 +142,7 @@ def watch(swarm: Swarm, client: CoordinatorClient, rounds: int, console: Console
 
 
 def evaluate(spec: RunSpec, params: dict[str, torch.Tensor] | None) -> float:
-    """Mean next-byte cross-entropy on the held-out split (the same batches for any params)."""
+    """Mean cross-entropy on the held-out split (the same batches for any params)."""
     model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
     if params is not None:
         model.load_state_dict(params, strict=False)
@@ -152,7 +152,8 @@ def evaluate(spec: RunSpec, params: dict[str, torch.Tensor] | None) -> float:
         for _ in range(EVAL_BATCHES):
             inputs, targets = sampler.next_batch()  # [B, T], [B, T]
             logits = model(inputs)  # [B, T, V]
-            losses.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).item())
+            flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+            losses.append(F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX).item())
     return sum(losses) / len(losses)
 
 

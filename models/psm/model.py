@@ -33,8 +33,8 @@ COMPRESSIONS = ("right_half", "linear")
 @dataclass
 class TransformerPSMConfig:
     vocab_size: int = 256
-    # Output classes of the head; 0 = vocab_size (next-token prediction).
-    num_classes: int = 0
+    # Output classes of the head; None = vocab_size (next-token prediction).
+    num_classes: int | None = None
     d_model: int = 64
     n_heads: int = 1
     agg_layers: int = 1
@@ -49,8 +49,10 @@ class TransformerPSMConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TransformerPSMConfig.{name}={value!r}: expected a positive int")
-        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
-            raise ValueError(f"TransformerPSMConfig.num_classes={self.num_classes!r}: expected an int >= 0 (0 = vocab_size)")
+        if self.num_classes is not None and (
+            isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 1
+        ):
+            raise ValueError(f"TransformerPSMConfig.num_classes={self.num_classes!r}: expected a positive int or None (= vocab_size)")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"TransformerPSMConfig.d_model={self.d_model}: expected a multiple of n_heads={self.n_heads}"

@@ -1,0 +1,169 @@
+"""Pieces shared by the baseline model families: the base config and small modules.
+
+Every baseline reads token ids in [0, vocab_size) and writes logits over
+`config.out_dim` classes: `num_classes` when a task's targets differ from its
+input vocabulary (e.g. the two halting states of the FRJT), else `vocab_size`.
+
+Every family also has a streaming API over a mutable per-family state:
+
+    state = model.init_state(batch_size)
+    logits = model.step(tokens, state)       # tokens [B] -> logits [B, out_dim]
+    logits = model(inputs, state)            # inputs [B, T] -> logits [B, T, out_dim]
+
+Both calls advance `state` in place (by reassigning its tensors, never by
+writing into them, so autograd graphs through earlier states stay valid), and
+feeding a sequence token by token, chunk by chunk or in one call gives the same
+logits up to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def check_positive_int(config: object, field: str) -> None:
+    """ValueError unless `config.<field>` is an int > 0 (bools rejected)."""
+    value = getattr(config, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{type(config).__name__}.{field}={value!r}: expected a positive int")
+
+
+def check_optional_positive_int(config: object, field: str) -> None:
+    """ValueError unless `config.<field>` is None or an int > 0."""
+    if getattr(config, field) is not None:
+        check_positive_int(config, field)
+
+
+def check_positive_float(config: object, field: str) -> None:
+    """ValueError unless `config.<field>` is a finite real number > 0."""
+    value = getattr(config, field)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            f"{type(config).__name__}.{field}={value!r}: expected a finite float > 0"
+        )
+
+
+def check_choice(config: object, field: str, choices: Sequence[str]) -> None:
+    """ValueError unless `config.<field>` is one of `choices`."""
+    value = getattr(config, field)
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(
+            f"{type(config).__name__}.{field}={value!r}: expected one of {list(choices)}"
+        )
+
+
+@dataclass
+class BaselineConfig:
+    """Fields every baseline family shares; validated on construction.
+
+    vocab_size: number of input token ids; inputs lie in [0, vocab_size).
+    num_classes: number of output classes (logits per position); None means
+        vocab_size, as for language modelling. `out_dim` is the resolved value.
+    d_model: width of the embedding and of the residual stream.
+    n_layers: number of stacked sequence-mixing layers.
+    dropout: dropout probability in training mode (0 <= dropout < 1).
+    """
+
+    vocab_size: int = 256
+    num_classes: int | None = None
+    d_model: int = 128
+    n_layers: int = 2
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive_int(self, "vocab_size")
+        check_optional_positive_int(self, "num_classes")
+        check_positive_int(self, "d_model")
+        check_positive_int(self, "n_layers")
+        if (
+            isinstance(self.dropout, bool)
+            or not isinstance(self.dropout, (int, float))
+            or not 0.0 <= self.dropout < 1.0
+        ):
+            raise ValueError(
+                f"{type(self).__name__}.dropout={self.dropout!r}: "
+                "expected a float with 0 <= dropout < 1"
+            )
+
+    @property
+    def out_dim(self) -> int:
+        """Logits per position: num_classes, or vocab_size when that is None."""
+        return self.vocab_size if self.num_classes is None else self.num_classes
+
+
+def check_config(model_cls: type, config: object, config_cls: type) -> None:
+    """TypeError unless `config` is an instance of `config_cls`."""
+    if not isinstance(config, config_cls):
+        raise TypeError(
+            f"{model_cls.__name__}(config={config!r}): expected a {config_cls.__name__}"
+        )
+
+
+def check_inputs(inputs: Tensor) -> None:
+    """ValueError unless `inputs` is an integer tensor [batch, time] with time >= 1."""
+    if inputs.dim() != 2 or inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
+        raise ValueError(
+            f"inputs has shape {tuple(inputs.shape)} and dtype {inputs.dtype}: "
+            "expected [batch, time] integer ids"
+        )
+    if inputs.shape[1] == 0:
+        raise ValueError(f"inputs has shape {tuple(inputs.shape)}: expected time >= 1")
+
+
+def check_tokens(tokens: Tensor) -> None:
+    """ValueError unless `tokens` is an integer tensor [batch] (one step's ids)."""
+    if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(
+            f"tokens has shape {tuple(tokens.shape)} and dtype {tokens.dtype}: "
+            "expected [batch] integer ids"
+        )
+
+
+def check_state_batch(state_batch: int, inputs: Tensor) -> None:
+    """ValueError unless the state was made for the batch size of `inputs`."""
+    if state_batch != inputs.shape[0]:
+        raise ValueError(
+            f"state has batch size {state_batch}: expected {inputs.shape[0]} "
+            "(the batch size of inputs)"
+        )
+
+
+def init_linear(linear: nn.Linear, std: float) -> None:
+    """Weight ~ normal(0, std), bias (if any) zero."""
+    nn.init.normal_(linear.weight, mean=0.0, std=std)
+    if linear.bias is not None:
+        nn.init.zeros_(linear.bias)
+
+
+def init_norm(norm: nn.LayerNorm) -> None:
+    """Weight one, bias zero."""
+    nn.init.ones_(norm.weight)
+    nn.init.zeros_(norm.bias)
+
+
+class MLP(nn.Module):
+    """Position-wise d -> ratio * d -> d feed-forward layer with a GELU."""
+
+    def __init__(self, d_model: int, ratio: int) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(d_model, ratio * d_model)
+        self.fc_out = nn.Linear(ratio * d_model, d_model)
+
+    def reset_parameters(self, std: float, out_std: float) -> None:
+        """fc_in weights ~ normal(0, std), fc_out ~ normal(0, out_std); biases zero."""
+        init_linear(self.fc_in, std)
+        init_linear(self.fc_out, out_std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc_out(F.gelu(self.fc_in(x)))  # [B, T, D]
