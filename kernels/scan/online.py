@@ -51,6 +51,10 @@ class OnlineScan:
         """Occupied roots (block aggregates) held now: popcount(t)."""
         return sum(root is not None for root in self._roots)
 
+    def stored(self) -> list[Element]:
+        """Every element held now: the occupied roots and their cached folds."""
+        return [element for element in self._roots + self._folds if element is not None]
+
     @property
     def prefix(self) -> Element:
         """Aggregate of everything pushed so far (P_t); the identity before the first push."""
