@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from rcswarm.models.init import init_linear
 from torch import Tensor, nn
 
 
@@ -137,19 +138,6 @@ def check_state_batch(state_batch: int, inputs: Tensor) -> None:
             f"state has batch size {state_batch}: expected {inputs.shape[0]} "
             "(the batch size of inputs)"
         )
-
-
-def init_linear(linear: nn.Linear, std: float) -> None:
-    """Weight ~ normal(0, std), bias (if any) zero."""
-    nn.init.normal_(linear.weight, mean=0.0, std=std)
-    if linear.bias is not None:
-        nn.init.zeros_(linear.bias)
-
-
-def init_norm(norm: nn.LayerNorm) -> None:
-    """Weight one, bias zero."""
-    nn.init.ones_(norm.weight)
-    nn.init.zeros_(norm.bias)
 
 
 class MLP(nn.Module):

@@ -26,10 +26,10 @@ A cell is a pair (char id, style id): char ids in [0, char_vocab) (use
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
-
 from rcswarm.models.frame.config import FrameModelConfig
-from rcswarm.models.frame.layers import TransformerBlock, init_lstm_, init_norm_
+from rcswarm.models.frame.layers import TransformerBlock, init_lstm_
+from rcswarm.models.init import init_norm
+from torch import Tensor, nn
 
 CHAR = 0
 STYLE = 1
@@ -85,7 +85,7 @@ class FrameHead(nn.Module):
         out_std = std / (2 * max(n_blocks, 1)) ** 0.5
         for block in (*self.pre_pool_blocks, *self.post_pool_blocks):
             block.reset_parameters(out_std)
-        init_norm_(self.norm)
+        init_norm(self.norm)
         init_lstm_(self.reduce)
 
     def _embed(self, cells: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
 - `TransformerBlock`: pre-LayerNorm full (non-causal) self-attention block with a
   GELU MLP, as used inside a frame where every cell may see every other cell.
 - `MLP`: D -> mlp_ratio * D -> D with GELU.
-- `init_linear_`, `init_lstm_`, `init_norm_`: the initialization every module of
+- `init_lstm_` (and, from rcswarm.models.init, `init_linear`, `init_norm`): the initialization every module of
   the family uses, drawing from torch's global RNG in a fixed order.
 """
 
@@ -11,22 +11,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from rcswarm.models.init import init_linear, init_norm
 from torch import Tensor, nn
-
-INIT_STD = 0.02
-
-
-def init_linear_(linear: nn.Linear, std: float = INIT_STD) -> None:
-    """Weight normal(0, std), bias zero."""
-    nn.init.normal_(linear.weight, mean=0.0, std=std)
-    if linear.bias is not None:
-        nn.init.zeros_(linear.bias)
-
-
-def init_norm_(norm: nn.LayerNorm) -> None:
-    """Weight one, bias zero."""
-    nn.init.ones_(norm.weight)
-    nn.init.zeros_(norm.bias)
 
 
 def init_lstm_(lstm: nn.LSTM) -> None:
@@ -50,8 +36,8 @@ class MLP(nn.Module):
         self.outer = nn.Linear(ratio * d_model, d_model)
 
     def reset_parameters(self, out_std: float) -> None:
-        init_linear_(self.inner)
-        init_linear_(self.outer, out_std)
+        init_linear(self.inner)
+        init_linear(self.outer, out_std)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.outer(F.gelu(self.inner(x)))  # [..., D]
@@ -72,10 +58,10 @@ class TransformerBlock(nn.Module):
 
     def reset_parameters(self, out_std: float) -> None:
         """Residual output projections get `out_std`, everything else the default."""
-        init_norm_(self.norm_attn)
-        init_linear_(self.qkv)
-        init_linear_(self.attn_out, out_std)
-        init_norm_(self.norm_mlp)
+        init_norm(self.norm_attn)
+        init_linear(self.qkv)
+        init_linear(self.attn_out, out_std)
+        init_norm(self.norm_mlp)
         self.mlp.reset_parameters(out_std)
 
     def _attention(self, x: Tensor) -> Tensor:

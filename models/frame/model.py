@@ -22,11 +22,11 @@ The model splits into the two halves the streaming backward pass
 from __future__ import annotations
 
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from rcswarm.models.frame.config import FrameModelConfig
 from rcswarm.models.frame.frame_head import FrameHead
-from rcswarm.models.frame.layers import INIT_STD, MLP, init_linear_, init_lstm_, init_norm_
+from rcswarm.models.frame.layers import MLP, init_lstm_
+from rcswarm.models.init import INIT_STD, init_linear, init_norm
+from torch import Tensor, nn
 
 LSTMState = tuple[Tensor, Tensor]
 """(h, c) of one single-layer nn.LSTM, each [1, B, H]."""
@@ -45,11 +45,11 @@ class MainLayer(nn.Module):
         self.mlp = MLP(d, config.mlp_ratio)
 
     def reset_parameters(self, out_std: float) -> None:
-        init_norm_(self.norm_lstm)
+        init_norm(self.norm_lstm)
         init_lstm_(self.lstm)
         if self.proj is not None:
-            init_linear_(self.proj, out_std)
-        init_norm_(self.norm_mlp)
+            init_linear(self.proj, out_std)
+        init_norm(self.norm_mlp)
         self.mlp.reset_parameters(out_std)
 
     def forward(self, x: Tensor, state: LSTMState | None) -> tuple[Tensor, LSTMState]:
@@ -86,8 +86,8 @@ class FrameActionModel(nn.Module):
         out_std = INIT_STD / (2 * self.config.n_main_layers) ** 0.5
         for layer in self.layers:
             layer.reset_parameters(out_std)
-        init_norm_(self.norm_out)
-        init_linear_(self.head)
+        init_norm(self.norm_out)
+        init_linear(self.head)
 
     def _check_frames(self, frames: Tensor) -> None:
         config = self.config
