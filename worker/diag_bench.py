@@ -175,7 +175,7 @@ def write_plot(results: list[dict[str, Any]], key: str, path: Path, title: str) 
 
 def markdown_table(results: list[dict[str, Any]], key: str) -> str:
     groups = sorted({g for r in results for g in r["eval"]["by_group"]}, key=int)
-    lines = [f"| model | params | steps | all | " + " | ".join(f"{key}={g}" for g in groups) + " |"]
+    lines = ["| model | params | steps | all | " + " | ".join(f"{key}={g}" for g in groups) + " |"]
     lines.append("|" + " --- |" * (4 + len(groups)))
     for r in results:
         cells = [f"{r['eval']['by_group'].get(g, float('nan')):.3f}" for g in groups]

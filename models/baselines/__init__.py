@@ -24,7 +24,11 @@ from rcswarm.models.baselines.common import BaselineConfig
 from rcswarm.models.baselines.lstm import LSTMConfig, LSTMModel, LSTMState
 from rcswarm.models.baselines.ssm import SSMConfig, SSMModel, SSMState
 from rcswarm.models.baselines.sum_model import SumConfig, SumModel, SumState
-from rcswarm.models.baselines.transformer import KVCache, TransformerConfig, TransformerModel
+from rcswarm.models.baselines.transformer import (
+    KVCache,
+    TransformerConfig,
+    TransformerModel,
+)
 from rcswarm.models.registry import ModelEntry, register
 
 LSTM_PRESETS: dict[str, dict[str, object]] = {

@@ -17,16 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
-
 from rcswarm.models.baselines.common import (
     BaselineConfig,
     check_config,
     check_inputs,
     check_state_batch,
     check_tokens,
-    init_linear,
 )
+from rcswarm.models.init import init_linear
+from torch import Tensor, nn
 
 
 @dataclass

@@ -37,8 +37,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from rcswarm.models.baselines.common import (
     BaselineConfig,
     check_choice,
@@ -49,9 +47,9 @@ from rcswarm.models.baselines.common import (
     check_positive_int,
     check_state_batch,
     check_tokens,
-    init_linear,
-    init_norm,
 )
+from rcswarm.models.init import init_linear, init_norm
+from torch import Tensor, nn
 
 SCANS = ("sequential", "parallel")
 

@@ -31,8 +31,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
-
 from rcswarm.models.baselines.common import (
     MLP,
     BaselineConfig,
@@ -42,9 +40,9 @@ from rcswarm.models.baselines.common import (
     check_positive_int,
     check_state_batch,
     check_tokens,
-    init_linear,
-    init_norm,
 )
+from rcswarm.models.init import init_linear, init_norm
+from torch import Tensor, nn
 
 REDUCTIONS = ("sum", "mean")
 
