@@ -27,7 +27,7 @@ def test_bench_diag_writes_table_plot_and_swarm_configs(tmp_path):
         assert 0.0 <= result["eval"]["token_accuracy"] <= 1.0
     assert (out / "accuracy.png").stat().st_size > 1000
     assert "length=10" in (out / "results.md").read_text()
-    spec = RunSpec.from_toml(out / "swarm" / "psm.toml")
+    spec = RunSpec.from_toml(out / "swarm" / "psm-tiny-chunk_size-2.toml")
     assert spec.data.source == "diag" and spec.model.overrides["chunk_size"] == 2
     assert spec.model.overrides["num_classes"] == 120
 

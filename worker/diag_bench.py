@@ -44,6 +44,11 @@ class ModelChoice:
     overrides: dict[str, Any]
 
     @property
+    def slug(self) -> str:
+        """The label as a file name: `transformer-small-n_layers-2`."""
+        return "".join(c if c.isalnum() or c in "_." else "-" for c in self.label.replace("+", "-").replace("=", "-"))
+
+    @property
     def label(self) -> str:
         extra = "".join(f"+{k}={v}" for k, v in self.overrides.items())
         return f"{self.name}:{self.preset}{extra}"
@@ -234,7 +239,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 "model": choice.label, "params": registry.parameter_count(model), "train": trained,
                 "eval": evaluate(model, eval_task, args, key),
             })
-            (out / "swarm" / f"{choice.name}.toml").write_text(swarm_config(choice, args.task, task_config, task, args))
+            (out / "swarm" / f"{choice.slug}.toml").write_text(swarm_config(choice, args.task, task_config, task, args))
     report = {
         "task": args.task, "task_config": task_config, "eval_config": parse_assignments(args.eval_arg, "--eval-arg"),
         "group_by": key, "budget_minutes": args.budget_minutes, "max_steps": args.max_steps,
