@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 CODECS = ("fp32", "bf16", "int8")
 INNER_OPTIMIZERS = ("adamw", "sgd")
-DATA_SOURCES = ("stdlib", "diag")
+DATA_SOURCES = ("stdlib", "diag", "typing")
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -76,6 +76,9 @@ class DataSection:
     source "stdlib": byte windows of the standard library's .py files (seq_len, max_bytes,
     val_fraction apply). source "diag": a diagnostic task of rcswarm.data.diagnostics named
     by `task`, configured by the [data.task_config] table (the task sets its own lengths).
+    source "typing": windows of seq_len frames of the fully observable typing task for the
+    frame model (rcswarm.data.frames); [data.task_config] sets TypingConfig fields, and the
+    frame geometry comes from the model's config.
     """
 
     source: str = "stdlib"
@@ -110,6 +113,9 @@ class InnerSection:
     beta2: float = 0.95
     grad_clip: float = 1.0
     steps: int = 25
+    # Streaming BPTT for models with a per-step encoder (the frame model): the encoder is
+    # recomputed this many steps at a time. 0 = plain autograd over the whole window.
+    bptt_chunk: int = 0
 
     def __post_init__(self) -> None:
         if self.optimizer not in INNER_OPTIMIZERS:
@@ -122,6 +128,8 @@ class InnerSection:
                 _fail(f"inner.{name}", getattr(self, name), "a number in [0, 1)")
         if self.grad_clip < 0:
             _fail("inner.grad_clip", self.grad_clip, "a number >= 0 (0 = no clipping)")
+        if self.bptt_chunk < 0:
+            _fail("inner.bptt_chunk", self.bptt_chunk, "an integer >= 0 (0 = plain autograd)")
 
 
 @dataclass(frozen=True)

@@ -67,3 +67,22 @@ def test_a_swarm_trains_a_diagnostic_task(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds"] == 3 and summary["tokens"] > 0
+
+
+@pytest.mark.slow
+def test_a_swarm_trains_the_frame_model_with_streaming_bptt(tmp_path):
+    spec = RunSpec.from_dict({
+        "run": {"name": "frames", "rounds": 2, "workers": 2},
+        "model": {"name": "frame", "preset": "tiny"},
+        "data": {"source": "typing", "seq_len": 12, "batch_size": 2, "task_config": {"n_documents": 8}},
+        "inner": {"steps": 3, "lr": 3e-3, "bptt_chunk": 4},
+    })
+    config = tmp_path / "run.toml"
+    config.write_text(spec.to_toml())
+    result = subprocess.run(
+        [sys.executable, "-m", "rcswarm.worker.cli", "run", str(config), "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["tokens"] == 2 * 2 * 3 * 2 * 12

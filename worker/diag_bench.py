@@ -135,7 +135,7 @@ def evaluate(model: torch.nn.Module, task: DiagnosticTask, args: argparse.Namesp
         batch = task.batch(args.batch_size, seed=EVAL_SEED + index)
         predictions = model(batch.tokens).argmax(-1)  # [B, T]
         hits = (predictions == batch.targets) & batch.mask  # [B, T]
-        groups = group_values(batch, key)
+        groups = group_values(batch, key) // args.bucket * args.bucket  # [B, T], bucket starts
         for value in groups[batch.mask].unique().tolist():
             where = batch.mask & (groups == value)
             tally = correct_by.setdefault(int(value), [0, 0])
@@ -208,6 +208,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--task-arg", action="append", default=[], help="KEY=VALUE of the task config (repeatable)")
     parser.add_argument("--eval-arg", action="append", default=[], help="KEY=VALUE overriding the config for evaluation")
     parser.add_argument("--group-by", default=None, help="metadata key for the accuracy table (default per task)")
+    parser.add_argument("--bucket", type=int, default=1, help="group values into buckets of this width (by their start)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-examples", type=int, default=512)
@@ -215,8 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/diag-<task>-<time>")
     args = parser.parse_args(argv)
-    if args.budget_minutes <= 0 or args.max_steps < 0 or args.batch_size < 1 or args.eval_examples < 1:
-        parser.error("--budget-minutes, --batch-size and --eval-examples must be positive, --max-steps >= 0")
+    if min(args.budget_minutes, args.batch_size, args.eval_examples, args.bucket) <= 0 or args.max_steps < 0:
+        parser.error("--budget-minutes, --batch-size, --eval-examples and --bucket must be positive, --max-steps >= 0")
     return args
 
 

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from rcswarm.data.diagnostics import IGNORE_INDEX, DiagnosticTask, make_task
+from rcswarm.data.frames import FrameWindowSpec, TypingConfig, TypingFrameSource
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
 from rcswarm.protos.runspec import DataSection, InnerSection
+from rcswarm.worker.streaming_bptt import StepModel, streaming_backward
+
+VAL_SEED_OFFSET = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -58,9 +63,24 @@ def make_task_from(data: DataSection) -> DiagnosticTask:
     return make_task(data.task, **data.task_config)
 
 
-def make_sampler(data: DataSection, seed: int, split: str = "train") -> ByteWindowSampler | DiagnosticSampler:
+def make_typing_source(data: DataSection, seed: int, split: str, model_config: Any) -> TypingFrameSource:
+    """Typing frames shaped for the frame model whose config is `model_config`."""
+    geometry = ("rows", "cols", "char_vocab", "action_vocab")
+    if model_config is None or not all(hasattr(model_config, name) for name in geometry):
+        raise ValueError(f'data.source = "typing" needs a frame model (config fields {geometry}); got {model_config!r}')
+    config = TypingConfig.fitting(*(getattr(model_config, name) for name in geometry), **data.task_config)
+    window_seed = seed + (VAL_SEED_OFFSET if split == "val" else 0)
+    return TypingFrameSource(config, FrameWindowSpec(data.batch_size, data.seq_len, window_seed))
+
+
+def make_sampler(
+    data: DataSection, seed: int, split: str = "train", model_config: Any = None
+) -> ByteWindowSampler | DiagnosticSampler | TypingFrameSource:
+    """The training (or held-out) batch stream of `data`; frame sources take the model's geometry."""
     if data.source == "diag":
         return DiagnosticSampler(make_task_from(data), data.batch_size, seed, split)
+    if data.source == "typing":
+        return make_typing_source(data, seed, split, model_config)
     corpus = load_stdlib_corpus(data.max_bytes or None)
     return ByteWindowSampler(
         corpus=corpus, seq_len=data.seq_len, batch_size=data.batch_size, seed=seed, split=split,
@@ -74,19 +94,30 @@ def worker_data_seed(run_seed: int, data_seed: int) -> int:
 
 
 def inner_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, sampler: ByteWindowSampler, grad_clip: float,
-    device: torch.device,
+    model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any, grad_clip: float,
+    device: torch.device, bptt_chunk: int = 0,
 ) -> StepResult:
-    """One optimizer step of next-token cross-entropy over a full window."""
+    """One optimizer step of cross-entropy over a full window, with full BPTT.
+
+    With `bptt_chunk` > 0 the model must be a StepModel (per-step encoder + core): the
+    gradients come from streaming BPTT, equal to plain autograd's, in memory flat in the
+    window length.
+    """
     started = time.perf_counter()
-    inputs, targets = sampler.next_batch()  # [B, T], [B, T]
-    inputs, targets = inputs.to(device), targets.to(device)
-    logits = model(inputs)  # [B, T, V]
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    inputs, targets = sampler.next_batch()  # [B, T, ...], [B, T]
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    if bptt_chunk > 0:
+        if not isinstance(model, StepModel):
+            raise ValueError(f"inner.bptt_chunk = {bptt_chunk} needs a model with encode() and core_loss(); got {type(model).__name__}")
+        loss_value, _ = streaming_backward(model, (inputs, targets.to(device)), bptt_chunk)
+    else:
+        inputs, targets = inputs.to(device), targets.to(device)
+        logits = model(inputs)  # [B, T, V]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+        loss.backward()
+        loss_value = loss.item()
     if grad_clip > 0:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     scored = int((targets != IGNORE_INDEX).sum())
-    return StepResult(loss=loss.item(), tokens=scored, seconds=time.perf_counter() - started)
+    return StepResult(loss=loss_value, tokens=scored, seconds=time.perf_counter() - started)

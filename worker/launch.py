@@ -146,7 +146,7 @@ def evaluate(spec: RunSpec, params: dict[str, torch.Tensor] | None) -> float:
     model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
     if params is not None:
         model.load_state_dict(params, strict=False)
-    sampler = make_sampler(spec.data, seed=12345, split="val")
+    sampler = make_sampler(spec.data, seed=12345, split="val", model_config=model.config)
     losses = []
     with torch.no_grad():
         for _ in range(EVAL_BATCHES):

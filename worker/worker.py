@@ -140,7 +140,7 @@ class Worker:
     def _build(self, spec: RunSpec, data_seed: int) -> None:
         self.model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides).to(self.device)
         self.optimizer = make_inner_optimizer(self.model, spec.inner)
-        self.sampler = make_sampler(spec.data, worker_data_seed(spec.run.seed, data_seed))
+        self.sampler = make_sampler(spec.data, worker_data_seed(spec.run.seed, data_seed), model_config=self.model.config)
         self.codec = codecs.codec_from_name(spec.sync.codec)
         self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
 
@@ -163,7 +163,9 @@ class Worker:
         for _ in range(self.spec.inner.steps):
             if self.stop.is_set():
                 return
-            result = inner_step(self.model, self.optimizer, self.sampler, self.spec.inner.grad_clip, self.device)
+            result = inner_step(
+                self.model, self.optimizer, self.sampler, self.spec.inner.grad_clip, self.device, self.spec.inner.bptt_chunk
+            )
             self.step += 1
             tokens += result.tokens
             self.compute_seconds += result.seconds
