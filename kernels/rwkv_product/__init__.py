@@ -1,0 +1,1 @@
+"""rcswarm.kernels.rwkv_product."""
