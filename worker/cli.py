@@ -18,6 +18,7 @@ COMMANDS = {
     "coordinator": ("rcswarm.coordinator.server", "serve a run: membership, rounds, outer optimizer, metrics"),
     "worker": ("rcswarm.worker.worker", "join a coordinator and train"),
     "bench": ("rcswarm.worker.cli", "benchmarks on this machine: `rcswarm bench diag ...`"),
+    "fit": ("rcswarm.coordinator.fit_cli", "fit scaling laws to recorded metrics and plot them"),
 }
 BENCHES = {"diag": "rcswarm.worker.diag_bench"}
 

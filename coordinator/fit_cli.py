@@ -1,0 +1,320 @@
+"""`rcswarm fit`: fit the sequence-length scaling law to recorded metrics and plot it.
+
+    rcswarm fit METRICS.{csv,jsonl} --out plot.png [--step-column step --length-column seq_len
+                                                    --loss-column loss --time-column wall_time
+                                                    --run-column run_id]
+
+Rows come from a CSV file with a header or from one JSON object per line (the coordinator's
+metrics table, exported). Rows are grouped by sequence length (each run must keep one length);
+a length's loss and wall time at a step are the means over its rows at that step. Printed: per
+length its runs, final loss and measured seconds per step; the power law loss(L | s) at matched
+steps, the schedule α(s) = α∞(1 − e^(−s/τ)) with its R² and per-doubling improvement; and for
+each pair of neighbouring lengths the observed and the predicted (Eq. 11) wall-time crossover.
+A malformed file is reported with its name and line number, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rcswarm.coordinator.fits import (
+    AlphaPoint,
+    AlphaScheduleFit,
+    Crossover,
+    amplitude_from_points,
+    fit_alpha_over_steps,
+    fit_alpha_schedule,
+    observed_crossover,
+    per_doubling,
+    predicted_crossover,
+    seconds_per_step,
+)
+from rich.console import Console
+from rich.table import Table
+
+
+class MetricsFileError(ValueError):
+    """A metrics file that cannot be read; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    step: str
+    length: str
+    loss: str
+    time: str
+    run: str
+
+
+@dataclass(frozen=True)
+class Row:
+    run: str
+    step: float
+    length: float
+    loss: float
+    time: float
+    line: int
+
+
+@dataclass(frozen=True)
+class LengthCurve:
+    """One sequence length's runs, averaged per step."""
+
+    length: float
+    runs: tuple[str, ...]
+    steps: np.ndarray
+    losses: np.ndarray
+    times: np.ndarray
+    seconds_per_step: float
+
+
+@dataclass(frozen=True)
+class PairCrossover:
+    length_short: float
+    length_long: float
+    observed: float | None
+    predicted: Crossover | None
+
+
+@dataclass(frozen=True)
+class Analysis:
+    curves: list[LengthCurve]
+    points: list[AlphaPoint]
+    schedule: AlphaScheduleFit
+    crossovers: list[PairCrossover]
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each row of a CSV (header on line 1) or JSON-lines file."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        if path.suffix.lower() == ".csv":
+            reader = csv.DictReader(handle)
+            if reader.fieldnames is None:
+                raise MetricsFileError(f"{path}: line 1: expected a header row, found an empty file")
+            for record in reader:
+                if None in record:
+                    raise MetricsFileError(f"{path}: line {reader.line_num}: more fields than the header's {len(reader.fieldnames)}")
+                yield reader.line_num, record
+            return
+        for number, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise MetricsFileError(f"{path}: line {number}: bad JSON: {error.msg}") from None
+            if not isinstance(record, dict):
+                raise MetricsFileError(f"{path}: line {number}: expected a JSON object, found {type(record).__name__}")
+            yield number, record
+
+
+def _number(path: Path, line: int, record: dict[str, Any], column: str) -> float:
+    if column not in record or record[column] is None or record[column] == "":
+        raise MetricsFileError(f"{path}: line {line}: missing column {column!r}")
+    value = record[column]
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise MetricsFileError(f"{path}: line {line}: column {column!r} has non-numeric value {value!r}") from None
+    if not math.isfinite(number):
+        raise MetricsFileError(f"{path}: line {line}: column {column!r} has non-finite value {value!r}")
+    return number
+
+
+def read_metrics(path: Path, columns: Columns) -> list[Row]:
+    """Parse every row of a metrics file; raises MetricsFileError naming the file and line."""
+    if path.suffix.lower() not in (".csv", ".jsonl", ".json"):
+        raise MetricsFileError(f"{path}: expected a .csv or .jsonl file, found suffix {path.suffix!r}")
+    rows = []
+    try:
+        for line, record in _records(path):
+            if columns.run not in record or record[columns.run] in (None, ""):
+                raise MetricsFileError(f"{path}: line {line}: missing column {columns.run!r}")
+            rows.append(Row(
+                run=str(record[columns.run]),
+                step=_number(path, line, record, columns.step),
+                length=_number(path, line, record, columns.length),
+                loss=_number(path, line, record, columns.loss),
+                time=_number(path, line, record, columns.time),
+                line=line,
+            ))
+    except OSError as error:
+        raise MetricsFileError(f"{path}: cannot be read: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise MetricsFileError(f"{path}: not UTF-8 text: {error.reason}") from None
+    if not rows:
+        raise MetricsFileError(f"{path}: expected at least one row, found none")
+    return rows
+
+
+def length_curves(path: Path, rows: Sequence[Row]) -> list[LengthCurve]:
+    """Group rows by sequence length (a run must keep one), averaging loss and time per step."""
+    run_length: dict[str, Row] = {}
+    for row in rows:
+        first = run_length.setdefault(row.run, row)
+        if first.length != row.length:
+            raise MetricsFileError(
+                f"{path}: line {row.line}: run {row.run!r} has length {row.length:g}, "
+                f"expected {first.length:g} as on line {first.line}"
+            )
+        if row.loss <= 0:
+            raise MetricsFileError(f"{path}: line {row.line}: loss {row.loss!r}: expected a positive value")
+    curves = []
+    for length in sorted({row.length for row in rows}):
+        chosen = [row for row in rows if row.length == length]
+        steps = np.array([row.step for row in chosen])
+        unique, inverse = np.unique(steps, return_inverse=True)
+        counts = np.bincount(inverse)
+        losses = np.bincount(inverse, weights=[row.loss for row in chosen]) / counts
+        times = np.bincount(inverse, weights=[row.time for row in chosen]) / counts
+        if len(unique) < 2:
+            raise ValueError(f"length {length:g}: expected at least 2 distinct steps, found {len(unique)}")
+        curves.append(LengthCurve(
+            length=length, runs=tuple(sorted({row.run for row in chosen})), steps=unique, losses=losses,
+            times=times, seconds_per_step=seconds_per_step(unique, times),
+        ))
+    return curves
+
+
+def analyse(curves: Sequence[LengthCurve]) -> Analysis:
+    """Power law at matched steps, the α(s) schedule, and neighbouring-length crossovers."""
+    points = fit_alpha_over_steps({curve.length: (curve.steps, curve.losses) for curve in curves})
+    schedule = fit_alpha_schedule([p.step for p in points], [p.alpha for p in points])
+    log_amplitude = amplitude_from_points(points)
+    crossovers = []
+    for short, long in pairwise(curves):
+        crossovers.append(PairCrossover(
+            length_short=short.length, length_long=long.length,
+            observed=observed_crossover(short.times, short.losses, long.times, long.losses),
+            predicted=predicted_crossover(
+                schedule, short.length, short.seconds_per_step, long.length, long.seconds_per_step,
+                log_amplitude=log_amplitude,
+            ),
+        ))
+    return Analysis(curves=list(curves), points=points, schedule=schedule, crossovers=crossovers)
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4g} s"
+
+
+def report(analysis: Analysis, console: Console) -> None:
+    lengths = Table(title="runs by sequence length")
+    for name in ("L", "runs", "last step", "final loss", "s/step"):
+        lengths.add_column(name, justify="right")
+    for curve in analysis.curves:
+        lengths.add_row(
+            f"{curve.length:g}", ", ".join(curve.runs), f"{curve.steps[-1]:g}", f"{curve.losses[-1]:.4f}",
+            f"{curve.seconds_per_step:.4g}",
+        )
+    console.print(lengths)
+    schedule = analysis.schedule
+    last = analysis.points[-1]
+    fit = Table(title="loss(L | s) ≈ A(s)·L^(−α(s)),  α(s) = α∞·(1 − e^(−s/τ))")
+    fit.add_column("quantity")
+    fit.add_column("value", justify="right")
+    fit.add_row("α∞", f"{schedule.alpha_inf:.4f}")
+    fit.add_row("τ (steps)", f"{schedule.tau:.1f}")
+    fit.add_row("R² of α(s) fit", f"{schedule.r_squared:.4f}")
+    fit.add_row("per doubling at α∞", f"{schedule.per_doubling:.4f} ({1 - schedule.per_doubling:.1%} lower loss)")
+    fit.add_row(f"α at step {last.step:g}", f"{last.alpha:.4f} (A {last.amplitude:.3f}, R² {last.r_squared:.3f})")
+    fit.add_row(f"per doubling at step {last.step:g}", f"{per_doubling(last.alpha):.4f}")
+    console.print(fit)
+    cross = Table(title="wall-time crossover: longer L below shorter L from then on")
+    for name in ("L short → long", "observed", "predicted (Eq. 11)", "predicted steps short / long"):
+        cross.add_column(name, justify="right")
+    for pair in analysis.crossovers:
+        predicted = pair.predicted
+        cross.add_row(
+            f"{pair.length_short:g} → {pair.length_long:g}", _seconds(pair.observed),
+            _seconds(None if predicted is None else predicted.time),
+            "-" if predicted is None else f"{predicted.step_short:.0f} / {predicted.step_long:.0f}",
+        )
+    console.print(cross)
+
+
+def plot(analysis: Analysis, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    schedule = analysis.schedule
+    log_amplitude = amplitude_from_points(analysis.points)
+    figure, (by_step, alphas, by_time) = plt.subplots(1, 3, figsize=(16, 4.8))
+    matched = np.array([p.step for p in analysis.points])
+    for curve in analysis.curves:
+        line, = by_step.plot(curve.steps, curve.losses, alpha=0.6, label=f"L={curve.length:g}")
+        fitted = [math.exp(log_amplitude(s) - schedule.alpha(s) * math.log(curve.length)) for s in matched]
+        by_step.plot(matched, fitted, "--", color=line.get_color())
+        by_time.plot(curve.times, curve.losses, color=line.get_color(), label=f"L={curve.length:g}")
+    by_step.set(xscale="log", yscale="log", xlabel="step", ylabel="loss", title="loss vs step (dashed: fit)")
+    by_step.legend()
+    alphas.plot(matched, [p.alpha for p in analysis.points], "o", label="α(s) at matched steps")
+    grid = np.linspace(0.0, matched.max(), 200)
+    alphas.plot(grid, [schedule.alpha(s) for s in grid], "-",
+                label=f"α∞={schedule.alpha_inf:.3f}, τ={schedule.tau:.0f}")
+    alphas.set(xlabel="step", ylabel="α(s)", title="scaling exponent")
+    alphas.legend()
+    for pair in analysis.crossovers:
+        if pair.observed is not None:
+            by_time.axvline(pair.observed, color="grey", linestyle=":", linewidth=1)
+    by_time.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="loss",
+                title="loss vs wall time (dotted: observed crossovers)")
+    by_time.legend()
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+
+
+def parser() -> argparse.ArgumentParser:
+    result = argparse.ArgumentParser(prog="rcswarm fit", description="fit scaling laws to recorded metrics and plot them")
+    result.add_argument("metrics", type=Path, help="metrics file: .csv with a header, or .jsonl")
+    result.add_argument("--out", type=Path, required=True, help="where to write the plot (PNG)")
+    result.add_argument("--step-column", default="step")
+    result.add_argument("--length-column", default="seq_len")
+    result.add_argument("--loss-column", default="loss")
+    result.add_argument("--time-column", default="wall_time")
+    result.add_argument("--run-column", default="run_id")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    columns = Columns(step=args.step_column, length=args.length_column, loss=args.loss_column,
+                      time=args.time_column, run=args.run_column)
+    try:
+        curves = length_curves(args.metrics, read_metrics(args.metrics, columns))
+        analysis = analyse(curves)
+    except ValueError as error:
+        print(f"rcswarm fit: {args.metrics}: {error}" if not isinstance(error, MetricsFileError)
+              else f"rcswarm fit: {error}", file=sys.stderr)
+        return 2
+    report(analysis, Console())
+    try:
+        plot(analysis, args.out)
+    except OSError as error:
+        print(f"rcswarm fit: {args.out}: cannot write the plot: {error.strerror}", file=sys.stderr)
+        return 2
+    print(f"plot written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""`rcswarm fit` on synthetic metrics from the paper's law, and on malformed files."""
+
+import csv
+import json
+import re
+
+import numpy as np
+import pytest
+from rcswarm.coordinator.fit_cli import main
+from rcswarm.worker.cli import COMMANDS
+
+COLUMNS = ("run_id", "worker_id", "step", "seq_len", "loss", "wall_time")
+
+
+def paper_rows(seed: int = 0) -> list[dict]:
+    """Two workers per run; α∞ = 0.308, τ = 720, A(s) from 5.8 to 5, 1% noise, 0.05·L seconds per step."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for length in (2, 4, 8, 16):
+        for step in range(25, 4001, 25):
+            alpha = 0.308 * (1 - np.exp(-step / 720))
+            amplitude = 5.0 + 0.8 * np.exp(-step / 1500)
+            for worker in ("w0", "w1"):
+                loss = amplitude * length ** -alpha * np.exp(rng.normal(0, 0.01))
+                rows.append({"run_id": f"len{length}", "worker_id": worker, "step": step, "seq_len": length,
+                             "loss": float(loss), "wall_time": 0.05 * length * step + rng.uniform(0, 0.01)})
+    return rows
+
+
+def write_csv(path, rows, columns=COLUMNS):
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return paper_rows()
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_synthetic_metrics_are_fitted_and_plotted(tmp_path, capsys, rows, suffix):
+    metrics = tmp_path / f"metrics.{suffix}"
+    (write_csv if suffix == "csv" else write_jsonl)(metrics, rows)
+    out = tmp_path / "plots" / "fit.png"
+    assert main([str(metrics), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    alpha_inf = float(re.search(r"α∞\s*│\s*([0-9.]+)", printed).group(1))
+    tau = float(re.search(r"τ \(steps\)\s*│\s*([0-9.]+)", printed).group(1))
+    assert alpha_inf == pytest.approx(0.308, rel=0.1)
+    assert tau == pytest.approx(720, rel=0.1)
+    assert "2 → 4" in printed and "Eq. 11" in printed
+
+
+def test_custom_column_names(tmp_path, capsys, rows):
+    renamed = [{"run": r["run_id"], "it": r["step"], "L": r["seq_len"], "nll": r["loss"], "t": r["wall_time"]} for r in rows]
+    metrics = tmp_path / "metrics.csv"
+    write_csv(metrics, renamed, columns=("run", "it", "L", "nll", "t"))
+    argv = [str(metrics), "--out", str(tmp_path / "p.png"), "--step-column", "it", "--length-column", "L",
+            "--loss-column", "nll", "--time-column", "t", "--run-column", "run"]
+    assert main(argv) == 0
+
+
+def test_bad_json_names_the_line(tmp_path, capsys, rows):
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [json.dumps(row) for row in rows[:5]]
+    lines[2] = lines[2][:-3]
+    metrics.write_text("\n".join(lines) + "\n")
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 2
+    error = capsys.readouterr().err
+    assert f"{metrics}: line 3: bad JSON" in error and "Traceback" not in error
+
+
+def test_missing_column_names_the_line(tmp_path, capsys, rows):
+    metrics = tmp_path / "metrics.csv"
+    write_csv(metrics, rows[:5], columns=("run_id", "step", "seq_len", "loss"))
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 2
+    assert f"{metrics}: line 2: missing column 'wall_time'" in capsys.readouterr().err
+
+
+def test_non_numeric_loss_names_the_line(tmp_path, capsys, rows):
+    metrics = tmp_path / "metrics.csv"
+    broken = [dict(row) for row in rows[:6]]
+    broken[3]["loss"] = "abc"
+    write_csv(metrics, broken)
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 2
+    assert f"{metrics}: line 5: column 'loss' has non-numeric value 'abc'" in capsys.readouterr().err
+
+
+def test_too_few_lengths_and_missing_file(tmp_path, capsys, rows):
+    metrics = tmp_path / "metrics.jsonl"
+    write_jsonl(metrics, [row for row in rows if row["seq_len"] in (2, 4)])
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 2
+    assert "at least 3 distinct lengths" in capsys.readouterr().err
+    assert main([str(tmp_path / "absent.csv"), "--out", str(tmp_path / "p.png")]) == 2
+    assert "absent.csv" in capsys.readouterr().err
+    assert main([]) == 2
+
+
+def test_the_fit_command_is_registered():
+    assert COMMANDS["fit"] == ("rcswarm.coordinator.fit_cli", "fit scaling laws to recorded metrics and plot them")
