@@ -1,0 +1,1 @@
+"""rcswarm.models.chaingpt."""
