@@ -41,6 +41,7 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "rcswarm.models.baselines",
     "rcswarm.models.psm",
     "rcswarm.models.frame",
+    "rcswarm.models.chaingpt",
 )
 
 _REGISTRY: dict[str, ModelEntry] = {}
