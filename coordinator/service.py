@@ -89,8 +89,11 @@ def initial_parameters(spec: RunSpec) -> dict[str, torch.Tensor]:
 
 
 class SwarmCoordinator:
-    def __init__(self, spec: RunSpec, store: StateStore, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, spec: RunSpec, store: StateStore, clock: Callable[[], float] = time.time, worker_prefix: str = ""
+    ) -> None:
         self.spec = spec
+        self.worker_prefix = worker_prefix
         self.store = store
         self.clock = clock
         self._lock = threading.Lock()
@@ -177,7 +180,7 @@ class SwarmCoordinator:
                 code = grpc.StatusCode.FAILED_PRECONDITION if self.finished else grpc.StatusCode.RESOURCE_EXHAUSTED
                 raise Refusal(code, f"join refused: {decision.reason}")
             self._joins += 1
-            worker_id = f"w{self._joins}-{secrets.token_hex(4)}"
+            worker_id = f"{self.worker_prefix}w{self._joins}-{secrets.token_hex(4)}"
             name = request.worker_name[:128] or worker_id
             self.workers[worker_id] = WorkerRecord(worker_id, name, request.device[:64], now, now, self.version)
             self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
@@ -341,6 +344,30 @@ class SwarmCoordinator:
         version, reports, tokens, opened_at = open_round
         response.rounds.add(version=version, reports=reports, tokens=tokens, opened_at=opened_at)
         return response
+
+    def close(self) -> None:
+        self.store.close()
+
+    def active_workers(self) -> int:
+        with self._lock:
+            return sum(1 for w in self.workers.values() if w.active)
+
+    def reassign(self, worker_id: str, reason: str) -> None:
+        """End a worker's membership here because a sweep moves it to another run."""
+        with self._lock:
+            worker = self._member(worker_id)
+            worker.active, worker.state, worker.reason = False, pb.WORKER_STATE_REASSIGNED, reason
+            self.store.add_event(worker_id, "reassign", reason)
+            self._maybe_close_round()
+
+    def summary(self) -> pb.RunSummary:
+        status = self.status()
+        return pb.RunSummary(
+            run_id=status.run_id, version=status.version, run_state=status.run_state,
+            target_rounds=status.target_rounds, seq_len=self.spec.data.seq_len, batch_size=self.spec.data.batch_size,
+            active_workers=sum(1 for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE),
+            latest_loss=status.latest_loss, total_tokens=status.total_tokens, tokens_per_second=status.tokens_per_second,
+        )
 
     def tick(self) -> None:
         """Evict expired workers and close the round if it is due; called periodically."""

@@ -189,6 +189,28 @@ class CoordinatorSection:
 
 
 @dataclass(frozen=True)
+class SweepSection:
+    """Several runs in one coordinator that differ in sequence length (Section 10.5).
+
+    Empty `seq_lens` = no sweep. `batch_sizes`, when given, pairs one batch size with each
+    length; `constant_tokens` instead keeps batch × L at data.batch_size × seq_lens[0]
+    (Appendix I). Each run gets its own parameters and outer optimizer.
+    """
+
+    seq_lens: list[int] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    constant_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if any(length < 1 for length in self.seq_lens) or len(set(self.seq_lens)) != len(self.seq_lens):
+            _fail("sweep.seq_lens", self.seq_lens, "distinct positive integers")
+        if self.batch_sizes and (len(self.batch_sizes) != len(self.seq_lens) or min(self.batch_sizes) < 1):
+            _fail("sweep.batch_sizes", self.batch_sizes, f"{len(self.seq_lens)} positive integers, one per length")
+        if self.batch_sizes and self.constant_tokens:
+            _fail("sweep.constant_tokens", self.constant_tokens, "false when sweep.batch_sizes is given")
+
+
+@dataclass(frozen=True)
 class RunSpec:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -197,6 +219,31 @@ class RunSpec:
     outer: OuterSection = field(default_factory=OuterSection)
     sync: SyncSection = field(default_factory=SyncSection)
     coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
+    sweep: SweepSection = field(default_factory=SweepSection)
+
+    @property
+    def is_sweep(self) -> bool:
+        return bool(self.sweep.seq_lens)
+
+    def sweep_runs(self) -> list["RunSpec"]:
+        """The runs of a sweep (this spec alone if it is not one), each with its own L and batch."""
+        if not self.is_sweep:
+            return [self]
+        runs = []
+        for index, length in enumerate(self.sweep.seq_lens):
+            if self.sweep.batch_sizes:
+                batch = self.sweep.batch_sizes[index]
+            elif self.sweep.constant_tokens:
+                batch = max(1, round(self.data.batch_size * self.sweep.seq_lens[0] / length))
+            else:
+                batch = self.data.batch_size
+            runs.append(dataclasses.replace(
+                self,
+                run=dataclasses.replace(self.run, name=f"{self.run.name}-L{length}"),
+                data=dataclasses.replace(self.data, seq_len=length, batch_size=batch),
+                sweep=SweepSection(),
+            ))
+        return runs
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunSpec":
@@ -231,6 +278,8 @@ class RunSpec:
     def to_toml(self) -> str:
         lines: list[str] = []
         for table, values in self.to_dict().items():
+            if table == "sweep" and not self.is_sweep:
+                continue
             nested = {k: v for k, v in values.items() if isinstance(v, dict)}
             lines.append(f"[{table}]")
             lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if k not in nested]
@@ -275,6 +324,11 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, key)
     origin = typing.get_origin(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            _fail(key, value, "a list")
+        return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, Mapping):
             _fail(key, value, "a table")

@@ -56,3 +56,25 @@ def test_coordinator_refuses_a_bad_config_at_start(tmp_path):
     )
     assert result.returncode != 0
     assert "sync.codec = 'zstd'" in result.stderr
+
+
+def test_the_example_config_lists_the_defaults():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "run.toml"
+    assert RunSpec.from_toml(example) == RunSpec()
+
+
+def test_a_sweep_expands_into_runs_with_their_own_lengths_and_batches():
+    spec = RunSpec.from_dict({"run": {"name": "s"}, "data": {"batch_size": 16},
+                              "sweep": {"seq_lens": [2, 4, 8], "constant_tokens": True}})
+    runs = spec.sweep_runs()
+    assert [(r.run.name, r.data.seq_len, r.data.batch_size) for r in runs] == [("s-L2", 2, 16), ("s-L4", 4, 8), ("s-L8", 8, 4)]
+    assert not any(r.is_sweep for r in runs)
+    paired = RunSpec.from_dict({"sweep": {"seq_lens": [2, 4], "batch_sizes": [8, 3]}}).sweep_runs()
+    assert [r.data.batch_size for r in paired] == [8, 3]
+    assert RunSpec().sweep_runs() == [RunSpec()]
+    with pytest.raises(ValueError, match="sweep.batch_sizes"):
+        RunSpec.from_dict({"sweep": {"seq_lens": [2, 4], "batch_sizes": [8]}})
+    with pytest.raises(ValueError, match=r"sweep.seq_lens\[1\] = 'x'"):
+        RunSpec.from_dict({"sweep": {"seq_lens": [2, "x"]}})

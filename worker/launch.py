@@ -31,8 +31,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from safetensors.torch import load_file, save_file
 
+from rcswarm.coordinator.fits import fit_power_law
 from rcswarm.coordinator.report import summarize
 from rcswarm.coordinator.store import StateStore, split_checkpoint
+from rcswarm.coordinator.sweep import run_state_dir
 from rcswarm.models import registry
 from rcswarm.protos.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -197,6 +199,39 @@ def print_summary(console: Console, run_dir: Path, spec: RunSpec, val_initial: f
     return result
 
 
+def print_sweep_summary(console: Console, run_dir: Path, spec: RunSpec) -> list[dict]:
+    """One row per run of the sweep, and loss ≈ A·L^(−α) over their held-out losses."""
+    table = Table(title=f"rcswarm sweep {spec.run.name}: {run_dir}")
+    for column in ("L", "batch", "rounds", "train loss first → last", "held-out loss", "tokens/s", "sync share"):
+        table.add_column(column)
+    rows = []
+    for index, run_spec in enumerate(spec.sweep_runs()):
+        state_dir = run_state_dir(run_dir / "state", index, run_spec)
+        store = StateStore(state_dir)
+        try:
+            summary = summarize(store)
+        finally:
+            store.close()
+        final = export_final(state_dir, run_dir / f"final-L{run_spec.data.seq_len}.safetensors")
+        held_out = evaluate(run_spec, final)
+        rows.append({"seq_len": run_spec.data.seq_len, "batch_size": run_spec.data.batch_size,
+                     **dataclasses.asdict(summary), "val_loss_final": held_out})
+        table.add_row(
+            str(run_spec.data.seq_len), str(run_spec.data.batch_size), str(summary.rounds),
+            f"{summary.first_round_loss:.3f} → {summary.last_round_loss:.3f}", f"{held_out:.3f}",
+            f"{summary.tokens_per_second:,.0f}", f"{summary.sync_share:.1%}",
+        )
+    console.print(table)
+    result: dict = {"runs": rows}
+    if len(rows) >= 3:
+        fit = fit_power_law([r["seq_len"] for r in rows], [r["val_loss_final"] for r in rows])
+        result["fit"] = dataclasses.asdict(fit)
+        console.print(f"held-out loss ≈ {fit.amplitude:.3f} · L^-{fit.alpha:.4f} (R² {fit.r_squared:.3f}; "
+                      f"α 90% interval [{fit.alpha_low:.3f}, {fit.alpha_high:.3f}])")
+    (run_dir / "summary.json").write_text(json.dumps(result, indent=2, default=lambda v: None if math.isnan(v) else v))
+    return rows
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rcswarm run", description="Train with a local swarm: a coordinator and N workers.")
     parser.add_argument("config", nargs="?", type=Path, help="RUN.toml (default: the built-in demo run)")
@@ -213,7 +248,8 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
         run = dataclasses.replace(run, workers=args.workers)
     if args.rounds is not None:
         run = dataclasses.replace(run, rounds=args.rounds)
-    sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers))
+    runs = len(spec.sweep.seq_lens) or 1
+    sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers // runs))
     if run.rounds == 0:
         raise ValueError("run.rounds = 0 (until stopped) is for `rcswarm coordinator`; `rcswarm run` needs a number of rounds")
     return dataclasses.replace(spec, run=run, sync=sync)
@@ -249,13 +285,16 @@ def main(argv: list[str] | None = None) -> int:
         swarm.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    final = export_final(run_dir / "state", run_dir / "final.safetensors")
-    result = print_summary(console, run_dir, spec, evaluate(spec, None), evaluate(spec, final))
+    if spec.is_sweep:
+        rounds = min(r["rounds"] for r in print_sweep_summary(console, run_dir, spec))
+    else:
+        final = export_final(run_dir / "state", run_dir / "final.safetensors")
+        rounds = print_summary(console, run_dir, spec, evaluate(spec, None), evaluate(spec, final))["rounds"]
     failed = [p.returncode for p in swarm.workers if p.returncode not in (0, -signal.SIGTERM)]
     if interrupted:
         console.print("stopped by a signal; every process was shut down")
         return 130
-    if failed or result["rounds"] < spec.run.rounds:
+    if failed or rounds < spec.run.rounds:
         console.print(f"the run did not complete: worker exit codes {[p.returncode for p in swarm.workers]}; see {swarm.logs}")
         return 1
     return 0

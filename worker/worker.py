@@ -132,6 +132,7 @@ class Worker:
             raise
         spec = RunSpec.from_json(response.run_spec_json)
         self.worker_id, self.run_id, self.lease_s = response.worker_id, response.run_id, response.lease_seconds
+        self._held = None
         if self.model is None or spec != self.spec:
             self.spec = spec
             self._build(spec, response.data_seed)

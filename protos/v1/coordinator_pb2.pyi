@@ -31,6 +31,7 @@ class WorkerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKER_STATE_ACTIVE: _ClassVar[WorkerState]
     WORKER_STATE_LEFT: _ClassVar[WorkerState]
     WORKER_STATE_EVICTED: _ClassVar[WorkerState]
+    WORKER_STATE_REASSIGNED: _ClassVar[WorkerState]
 CODEC_UNSPECIFIED: Codec
 CODEC_FP32: Codec
 CODEC_BF16: Codec
@@ -44,6 +45,7 @@ WORKER_STATE_UNSPECIFIED: WorkerState
 WORKER_STATE_ACTIVE: WorkerState
 WORKER_STATE_LEFT: WorkerState
 WORKER_STATE_EVICTED: WorkerState
+WORKER_STATE_REASSIGNED: WorkerState
 
 class TensorInfo(_message.Message):
     __slots__ = ("name", "dtype", "shape", "num_bytes")
@@ -296,7 +298,7 @@ class RoundStatus(_message.Message):
     def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -307,6 +309,7 @@ class GetStatusResponse(_message.Message):
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     PARAM_SHA256_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -317,4 +320,29 @@ class GetStatusResponse(_message.Message):
     tokens_per_second: float
     param_sha256: str
     total_tokens: int
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...
+
+class RunSummary(_message.Message):
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "seq_len", "batch_size", "active_workers", "latest_loss", "total_tokens", "tokens_per_second")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUN_STATE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    LATEST_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    version: int
+    run_state: RunState
+    target_rounds: int
+    seq_len: int
+    batch_size: int
+    active_workers: int
+    latest_loss: float
+    total_tokens: int
+    tokens_per_second: float
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., active_workers: _Optional[int] = ..., latest_loss: _Optional[float] = ..., total_tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
