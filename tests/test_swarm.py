@@ -73,7 +73,7 @@ def test_three_workers_train_in_lockstep(start_coordinator, spawn_worker):
 
 
 def test_a_killed_worker_is_dropped_at_the_round_deadline(start_coordinator, spawn_worker):
-    spec = tiny_spec(run={"rounds": 6}, inner={"steps": 100}, coordinator={"lease_s": 120.0}, sync={"round_deadline_s": 4.0})
+    spec = tiny_spec(run={"rounds": 6}, inner={"steps": 100}, coordinator={"lease_s": 120.0}, sync={"round_deadline_s": 6.0})
     local = start_coordinator(spec)
     procs = [spawn_worker(local.target, f"w{i}") for i in range(3)]
     client = local.client()
@@ -84,9 +84,12 @@ def test_a_killed_worker_is_dropped_at_the_round_deadline(start_coordinator, spa
         assert proc.wait(timeout=180) == 0, logs_of(procs)
     rounds = [r for r in client.status().rounds if r.closed_at]
     assert len(rounds) == 6
-    (deadline_round,) = [r for r in rounds if "deadline" in r.close_reason]
-    assert deadline_round.reports == 2 and deadline_round.closed_at - deadline_round.opened_at >= 4.0
-    later = [r.reports for r in rounds if r.version > deadline_round.version]
+    deadline_rounds = [r for r in rounds if "deadline" in r.close_reason]
+    assert deadline_rounds, [(r.version, r.reports, r.close_reason) for r in rounds]
+    first = deadline_rounds[0]
+    assert first.reports == 2 and first.closed_at - first.opened_at >= 6.0
+    # After the kill the run goes on with the two survivors.
+    later = [r.reports for r in rounds if r.version > first.version]
     assert later and all(n == 2 for n in later), [(r.version, r.reports, r.close_reason) for r in rounds]
 
 
