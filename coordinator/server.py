@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rcswarm.coordinator.service import Refusal, SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
+from rcswarm.coordinator.sweep import SweepCoordinator
 from rcswarm.protos.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -142,8 +143,9 @@ class RunningCoordinator:
     """A started server with its ticker thread; `stop()` shuts both down."""
 
     def __init__(
-        self, coordinator: SwarmCoordinator, token: str, host: str = "127.0.0.1", port: int = 0,
+        self, coordinator: SwarmCoordinator | SweepCoordinator, token: str, host: str = "127.0.0.1", port: int = 0,
         tls: TLSFiles | None = None, max_threads: int = 128,
+        http_port: int | None = None, http_host: str = "127.0.0.1",
     ) -> None:
         if not token:
             raise ValueError("a join token is required (--token or the RCSWARM_TOKEN environment variable)")
@@ -165,10 +167,22 @@ class RunningCoordinator:
             raise RuntimeError(f"could not bind {address}")
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, name="ticker", daemon=True)
+        # The optional HTTP dashboard (coordinator/dashboard.py); None unless http_port is given.
+        self.dashboard: Any = None
+        if http_port is not None:
+            from rcswarm.coordinator.dashboard import Dashboard
+
+            try:
+                self.dashboard = Dashboard(coordinator, http_host, http_port)
+            except OSError as exc:
+                self.server.stop(None)
+                raise RuntimeError(f"could not bind the dashboard on {http_host}:{http_port}: {exc.strerror}") from None
 
     def start(self) -> "RunningCoordinator":
         self.server.start()
         self._ticker.start()
+        if self.dashboard is not None:
+            self.dashboard.start()
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self
@@ -182,10 +196,20 @@ class RunningCoordinator:
 
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
+        if self.dashboard is not None:
+            self.dashboard.stop()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait(grace + 1.0)
         self._ticker.join(timeout=2.0)
-        self.coordinator.store.close()
+        self.coordinator.close()
+
+
+def build_coordinator(spec: RunSpec, state_dir: Path) -> SwarmCoordinator | SweepCoordinator:
+    """A single run's coordinator, or a sweep's over its runs (`[sweep] seq_lens`)."""
+    if spec.is_sweep:
+        return SweepCoordinator(spec, Path(state_dir))
+    store = StateStore(state_dir, spec.coordinator.keep_checkpoints, spec.coordinator.durable)
+    return SwarmCoordinator(spec, store)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -198,6 +222,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate; with --tls-key enables TLS")
     parser.add_argument("--tls-key", type=Path, help="PEM private key")
     parser.add_argument("--port-file", type=Path, help="write {'port': P} here once serving")
+    parser.add_argument("--http-port", type=int, default=None,
+                        help="serve the HTTP dashboard and /metrics on this port (0 = any free port; default: off)")
+    parser.add_argument("--http-host", default="127.0.0.1",
+                        help="address the dashboard binds (default loopback; it has no authentication)")
     return parser.parse_args(argv)
 
 
@@ -209,18 +237,33 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--tls-cert and --tls-key go together")
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"--port {args.port}: expected 0..65535")
+    if args.http_port is not None and not 0 <= args.http_port <= 65535:
+        raise SystemExit(f"--http-port {args.http_port}: expected 0..65535")
     try:
         spec = RunSpec.from_toml(args.config)
-        store = StateStore(args.state_dir, spec.coordinator.keep_checkpoints, spec.coordinator.durable)
-        coordinator = SwarmCoordinator(spec, store)
+        coordinator = build_coordinator(spec, args.state_dir)
+        if spec.is_sweep and args.http_port is not None:
+            raise ValueError("--http-port: the dashboard shows a single run; a sweep's runs are in `rcswarm status` (#6)")
         tls = TLSFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
-        running = RunningCoordinator(coordinator, token, args.host, args.port, tls).start()
+        running = RunningCoordinator(
+            coordinator, token, args.host, args.port, tls, http_port=args.http_port, http_host=args.http_host,
+        ).start()
     except ValueError as exc:
         raise SystemExit(f"rcswarm coordinator: {exc}") from None
     log.info("run %s serving on %s:%d at version %d", coordinator.run_id, args.host, running.port, coordinator.version)
+    if running.dashboard is not None:
+        log.info("dashboard on %s (metrics at %smetrics)", running.dashboard.url, running.dashboard.url)
+        from rcswarm.coordinator.dashboard import is_loopback
+
+        if not is_loopback(args.http_host):
+            log.warning("the dashboard on %s has no authentication: it shows the run to anyone who can reach it",
+                        args.http_host)
     if args.port_file:
         partial = args.port_file.with_suffix(".partial")
-        partial.write_text(json.dumps({"port": running.port, "run_id": coordinator.run_id}))
+        info: dict[str, Any] = {"port": running.port, "run_id": coordinator.run_id}
+        if running.dashboard is not None:
+            info["http_port"] = running.dashboard.port
+        partial.write_text(json.dumps(info))
         os.replace(partial, args.port_file)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

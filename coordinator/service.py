@@ -64,7 +64,10 @@ class WorkerRecord:
 @dataclass
 class OpenRound:
     version: int
+    # When the first worker started on this version: the close of the previous round, or
+    # the first pull after the coordinator (re)started. The round deadline counts from here.
     opened_at: float
+    started: bool = False
     # worker_id -> (tokens, decoded pseudo-gradient)
     reports: dict[str, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
 
@@ -213,6 +216,8 @@ class SwarmCoordinator:
                 )
             worker.last_seen = self.clock()
             worker.base_version = self.version
+            if not self.round.started:
+                self.round.opened_at, self.round.started = worker.last_seen, True
             header, chunks = self._pull_header, self._pull_chunks
             delta = self._delta_payload
             if delta is not None and request.HasField("have_version") and request.have_version == delta[0]:
@@ -416,6 +421,6 @@ class SwarmCoordinator:
         header.result_sha256 = sha
         self._delta_payload = (self.version, header, chunks)
         self.params, self.version = params, new_version
-        self.round = OpenRound(new_version, now)
+        self.round = OpenRound(new_version, now, started=True)
         self._publish(sha)
         self._version_changed.notify_all()

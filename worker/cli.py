@@ -19,6 +19,8 @@ COMMANDS = {
     "worker": ("rcswarm.worker.worker", "join a coordinator and train"),
     "bench": ("rcswarm.worker.cli", "benchmarks on this machine: `rcswarm bench diag ...`"),
     "fit": ("rcswarm.coordinator.fit_cli", "fit scaling laws to recorded metrics and plot them"),
+    "data": ("rcswarm.data.frames.cli", "build training data: `rcswarm data frames --repo PATH --out DIR`"),
+    "status": ("rcswarm.coordinator.status_cli", "print a coordinator's runs, workers, rounds and fits"),
 }
 BENCHES = {"diag": "rcswarm.worker.diag_bench"}
 

@@ -1,0 +1,187 @@
+"""`rcswarm status`: a coordinator's run, workers and rounds in the terminal, from GetStatus.
+
+    rcswarm status --coordinator HOST:PORT [--token T | $RCSWARM_TOKEN] [--tls-ca CA.pem]
+                   [--timeout 10] [--state-dir DIR] [--json]
+
+The RPC carries the `authorization: Bearer <token>` metadata and a deadline. GetStatus holds
+no metrics, so the scaling-law fit (α∞, τ, crossovers) is printed when `--state-dir` names
+the coordinator's state directory on this machine (its SQLite file is opened read-only).
+Exit codes: 0 ok, 1 the coordinator refused or could not be reached, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sqlite3
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+
+TOKEN_ENV = "RCSWARM_TOKEN"
+STATES = {number: name.removeprefix("WORKER_STATE_").lower() for name, number in pb.WorkerState.items()}
+RUN_STATES = {number: name.removeprefix("RUN_STATE_").lower() for name, number in pb.RunState.items()}
+
+
+def fetch_status(target: str, token: str, tls_ca: Path | None, timeout_s: float) -> pb.GetStatusResponse:
+    if tls_ca is not None:
+        credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
+        channel = grpc.secure_channel(target, credentials)
+    else:
+        channel = grpc.insecure_channel(target)
+    with channel:
+        stub = pb_grpc.CoordinatorStub(channel)
+        return stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s,
+                              metadata=(("authorization", f"Bearer {token}"),))
+
+
+def _num(value: float, spec: str = ".4g") -> str:
+    return "–" if not math.isfinite(value) else format(value, spec)
+
+
+def report(status: pb.GetStatusResponse, console: Console, fits: Any = None, totals: dict[str, Any] | None = None) -> None:
+    run = Table(title=f"run {status.run_id}")
+    run.add_column("field")
+    run.add_column("value", justify="right")
+    active = sum(1 for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE)
+    run.add_row("state", RUN_STATES.get(status.run_state, "unknown"))
+    run.add_row("version", f"{status.version} / {status.target_rounds or '∞'}")
+    run.add_row("workers active", f"{active} of {len(status.workers)}")
+    run.add_row("latest loss", _num(status.latest_loss))
+    run.add_row("tokens", str(status.total_tokens))
+    run.add_row("tokens/s", _num(status.tokens_per_second))
+    run.add_row("θ sha256", status.param_sha256[:16] + "…")
+    console.print(run)
+
+    workers = Table(title="workers")
+    extra = ("tokens/s", "loss", "seq_len") if totals is not None else ()
+    for name in ("name", "id", "state", "device", "base version", "since heartbeat (s)", *extra, "reason"):
+        workers.add_column(name, justify="left" if name in ("name", "id", "state", "device", "reason") else "right",
+                           no_wrap=name in ("name", "id"))
+    for w in status.workers:
+        cells = []
+        if totals is not None:
+            t = totals.get(w.worker_id)
+            cells = ["–", "–", "–"] if t is None else [_num(t.tokens_per_second), _num(t.last_loss), str(t.last_seq_len)]
+        workers.add_row(w.name, w.worker_id, STATES.get(w.state, "unknown"), w.device, str(w.base_version),
+                        f"{w.seconds_since_heartbeat:.1f}", *cells, w.reason)
+    if not status.workers:
+        workers.caption = "no workers have joined"
+    console.print(workers)
+
+    rounds = Table(title="rounds (newest last)")
+    for name in ("version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm"):
+        rounds.add_column(name, justify="left" if name == "close reason" else "right")
+    for r in status.rounds:
+        closed = r.closed_at > 0
+        rounds.add_row(str(r.version), "closed" if closed else "open", str(r.reports), str(r.tokens),
+                       f"{r.closed_at - r.opened_at:.3g}" if closed else "–", r.close_reason,
+                       _num(r.update_norm) if closed else "–")
+    console.print(rounds)
+
+    if fits is None:
+        return
+    if fits.analysis is None:
+        console.print(f"fit: {fits.message}")
+        return
+    schedule = fits.analysis.schedule
+    fit = Table(title="loss(L | s) ≈ A(s)·L^(−α(s)),  α(s) = α∞·(1 − e^(−s/τ))")
+    fit.add_column("quantity")
+    fit.add_column("value", justify="right")
+    fit.add_row("lengths", ", ".join(f"{c.length:g}" for c in fits.curves))
+    fit.add_row("α∞", f"{schedule.alpha_inf:.4f}")
+    fit.add_row("τ (steps)", f"{schedule.tau:.4g}")
+    fit.add_row("R² of α(s) fit", f"{schedule.r_squared:.4f}")
+    fit.add_row("per doubling at α∞", f"{schedule.per_doubling:.4f}")
+    console.print(fit)
+    cross = Table(title="wall-time crossover: longer L below shorter L from then on")
+    for name in ("L short → long", "observed (s)", "predicted (s)"):
+        cross.add_column(name, justify="right")
+    for pair in fits.analysis.crossovers:
+        cross.add_row(f"{pair.length_short:g} → {pair.length_long:g}",
+                      "none" if pair.observed is None else f"{pair.observed:.4g}",
+                      "none" if pair.predicted is None else f"{pair.predicted.time:.4g}")
+    console.print(cross)
+
+
+def read_fits(state_dir: Path, run_id: str) -> tuple[Any, dict[str, Any]]:
+    """The dashboard's fit and per-worker totals over the state dir's metrics table, opened read-only."""
+    from rcswarm.coordinator.dashboard import fit_report, worker_totals
+
+    db = state_dir / "state.sqlite"
+    if not db.exists():
+        raise FileNotFoundError(f"{db}: no such file (is --state-dir the coordinator's state directory?)")
+    connection = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+    try:
+        query = lambda sql, params: connection.execute(sql, params).fetchall()  # noqa: E731
+        return fit_report(query, run_id), worker_totals(query, run_id)
+    finally:
+        connection.close()
+
+
+def parser() -> argparse.ArgumentParser:
+    result = argparse.ArgumentParser(prog="rcswarm status", description="print a coordinator's run, workers, rounds and fits")
+    result.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator's gRPC server")
+    result.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
+    result.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate; enables TLS")
+    result.add_argument("--timeout", type=float, default=10.0, help="deadline of the call in seconds (default 10)")
+    result.add_argument("--state-dir", type=Path, default=None,
+                        help="the coordinator's state directory on this machine: also print the scaling-law fit")
+    result.add_argument("--json", action="store_true", help="print GetStatus as JSON instead of tables")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    token = args.token or os.environ.get(TOKEN_ENV, "")
+    if not token:
+        print(f"rcswarm status: a token is required (--token or ${TOKEN_ENV})", file=sys.stderr)
+        return 2
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        print(f"rcswarm status: --timeout {args.timeout}: expected a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        status = fetch_status(args.coordinator, token, args.tls_ca, args.timeout)
+    except OSError as error:
+        print(f"rcswarm status: --tls-ca {args.tls_ca}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as error:
+        code = error.code() if hasattr(error, "code") else None
+        details = error.details() if hasattr(error, "details") else str(error)
+        name = code.name if code is not None else "ERROR"
+        print(f"rcswarm status: {args.coordinator}: {name}: {details}", file=sys.stderr)
+        return 1
+    if args.json:
+        from google.protobuf import json_format
+
+        print(json.dumps(json_format.MessageToDict(status, preserving_proto_field_name=True), indent=1))
+        return 0
+    fits, totals = None, None
+    if args.state_dir is not None:
+        try:
+            fits, totals = read_fits(args.state_dir, status.run_id)
+        except (OSError, sqlite3.Error) as error:
+            print(f"rcswarm status: --state-dir {args.state_dir}: {error}", file=sys.stderr)
+            return 2
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 160))  # piped or captured: do not wrap ids at 80 columns
+    report(status, console, fits, totals)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

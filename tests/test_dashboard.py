@@ -1,0 +1,350 @@
+"""The HTTP dashboard, /metrics and `rcswarm status` against a real in-process coordinator."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rcswarm.coordinator import status_cli
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from tests.conftest import TOKEN, tiny_spec
+
+LENGTHS = (32, 64, 128, 256)
+STEPS = range(1, 121)
+ALPHA_INF, TAU = 0.3, 40.0
+
+
+def true_loss(step: int, length: int) -> float:
+    """A power law in L whose exponent grows as α∞(1 − e^(−s/τ)), times a slow decay in s."""
+    alpha = ALPHA_INF * (1.0 - math.exp(-step / TAU))
+    return 3.0 * step ** -0.2 * length ** -alpha
+
+
+def feed(service: Any, lengths: tuple[int, ...] = LENGTHS) -> dict[int, str]:
+    """One joined worker per length, each reporting every step through report_metrics."""
+    workers = {}
+    for length in lengths:
+        joined = service.join(pb.JoinRequest(worker_name=f"gpu-{length}", device="cpu", pid=1))
+        workers[length] = joined.worker_id
+        metrics = [
+            pb.Metric(version=0, step=step, seq_len=length, batch=4, loss=true_loss(step, length), tokens=4 * length,
+                      wall_time=step * length / 1000.0, compute_seconds=step * length / 1200.0,
+                      sync_seconds=0.01 * step, bytes_sent=1000 * step, bytes_received=2000 * step)
+            for step in STEPS
+        ]
+        stored = service.report_metrics(pb.ReportMetricsRequest(worker_id=joined.worker_id, metrics=metrics))
+        assert stored.stored == len(metrics)
+    return workers
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=20) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Content-Type", ""), error.read()
+
+
+@pytest.fixture
+def swarm(start_coordinator: Any) -> Any:
+    local = start_coordinator(tiny_spec(), http_port=0)
+    workers = feed(local.service)
+    local.base = local.running.dashboard.url  # type: ignore[attr-defined]
+    local.workers = workers  # type: ignore[attr-defined]
+    return local
+
+
+def assert_png_not_blank(data: bytes, min_size: tuple[int, int] = (200, 150)) -> np.ndarray:
+    import matplotlib.image
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(io.BytesIO(data), format="png")
+    assert image.shape[0] >= min_size[1] and image.shape[1] >= min_size[0], image.shape
+    pixels = image[..., :3].reshape(-1, 3)
+    assert len(np.unique(pixels, axis=0)) > 10, "the image is (nearly) a single colour"
+    return image
+
+
+def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
+    status, content_type, body = get(swarm.base)
+    assert status == 200 and content_type.startswith("text/html")
+    page = body.decode()
+    for length in LENGTHS:
+        assert f"gpu-{length}" in page
+    fit = json.loads(get(swarm.base + "api/status")[2])["fits"]["fit"]
+    assert f"α∞ = {fit['alpha_inf']:.4f}" in page
+    assert abs(fit["alpha_inf"] - ALPHA_INF) < 0.05
+    assert "wall-time crossovers" in page and "32 → 64" in page
+    for plot in ("loss_step", "loss_time", "alpha"):
+        assert f'src="/plot/{plot}.png"' in page
+
+
+def test_plots_are_nonblank_pngs(swarm: Any) -> None:
+    for plot in ("loss_step", "loss_time", "alpha"):
+        status, content_type, body = get(swarm.base + f"plot/{plot}.png")
+        assert status == 200 and content_type == "image/png"
+        assert_png_not_blank(body)
+
+
+def test_too_few_lengths_says_so(start_coordinator: Any) -> None:
+    local = start_coordinator(tiny_spec(), http_port=0)
+    feed(local.service, (32, 64))
+    base = local.running.dashboard.url
+    page = get(base)[2].decode()
+    assert "not enough lengths for a fit" in page and "α∞ =" not in page
+    data = json.loads(get(base + "api/status")[2])
+    assert data["fits"]["fit"] is None and "not enough lengths" in data["fits"]["message"]
+    assert_png_not_blank(get(base + "plot/alpha.png")[2])
+    assert_png_not_blank(get(base + "plot/loss_step.png")[2])
+
+
+def test_api_status_and_metrics(swarm: Any) -> None:
+    data = json.loads(get(swarm.base + "api/status")[2])
+    assert data["run_id"] == swarm.service.run_id and data["version"] == 0 and data["run_state"] == "running"
+    assert data["total_tokens"] == sum(4 * length * len(STEPS) for length in LENGTHS)
+    by_name = {w["name"]: w for w in data["workers"]}
+    assert set(by_name) == {f"gpu-{length}" for length in LENGTHS}
+    w = by_name["gpu-64"]
+    assert w["state"] == "active" and w["seq_len"] == 64 and w["last_step"] == STEPS[-1]
+    assert w["tokens"] == 4 * 64 * len(STEPS) and w["bytes_received"] == 2000 * STEPS[-1]
+    assert w["tokens_per_second"] == pytest.approx(4 * 64 * len(STEPS) / ((STEPS[-1] - STEPS[0]) * 64 / 1000.0))
+    assert w["loss"] == pytest.approx(true_loss(STEPS[-1], 64))
+    assert data["rounds"][-1]["open"] is True and data["rounds"][-1]["version"] == 0
+    assert [c["length_short"] for c in data["fits"]["fit"]["crossovers"]] == list(LENGTHS[:-1])
+
+    first = json.loads(get(swarm.base + "api/metrics?since=0&limit=100")[2])
+    assert first["count"] == 100 and first["more"] is True
+    assert first["rows"][0]["rowid"] == 1 and first["next_since"] == 100
+    assert {"worker_id", "step", "seq_len", "loss", "wall_time", "bytes_sent"} <= set(first["rows"][0])
+    rest = json.loads(get(swarm.base + f"api/metrics?since={first['next_since']}&limit=10000")[2])
+    assert rest["count"] == len(LENGTHS) * len(STEPS) - 100 and rest["more"] is False
+    assert rest["rows"][0]["rowid"] == 101
+    empty = json.loads(get(swarm.base + f"api/metrics?since={rest['next_since']}")[2])
+    assert empty["count"] == 0 and empty["next_since"] == rest["next_since"]
+
+
+def test_prometheus_metrics(swarm: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, content_type, body = get(swarm.base + "metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    expected = {
+        "rcswarm_version", "rcswarm_workers_active", "rcswarm_workers", "rcswarm_loss", "rcswarm_tokens",
+        "rcswarm_tokens_per_second", "rcswarm_worker_loss", "rcswarm_worker_tokens", "rcswarm_worker_bytes_sent",
+        "rcswarm_worker_bytes_received", "rcswarm_worker_seconds_since_heartbeat", "rcswarm_worker_tokens_per_second",
+        "rcswarm_rounds_closed", "rcswarm_round_duration_seconds", "rcswarm_fit_alpha_inf",
+    }
+    assert expected <= set(families), expected - set(families)
+    run = swarm.service.run_id
+
+    def samples(name: str) -> list[Any]:
+        return families[name].samples
+
+    assert [(s.labels, s.value) for s in samples("rcswarm_version")] == [({"run_id": run}, 0.0)]
+    assert samples("rcswarm_workers_active")[0].value == len(LENGTHS)
+    assert families["rcswarm_tokens"].type == "counter"
+    assert samples("rcswarm_tokens")[0].name == "rcswarm_tokens_total"
+    assert samples("rcswarm_tokens")[0].value == sum(4 * length * len(STEPS) for length in LENGTHS)
+    losses = {s.labels["name"]: s for s in samples("rcswarm_worker_loss")}
+    assert set(losses) == {f"gpu-{length}" for length in LENGTHS}
+    sample = losses["gpu-128"]
+    assert sample.labels == {"run_id": run, "worker_id": swarm.workers[128], "name": "gpu-128"}
+    assert sample.value == pytest.approx(true_loss(STEPS[-1], 128))
+    sent = {s.labels["worker_id"]: s.value for s in samples("rcswarm_worker_bytes_sent")}
+    assert sent[swarm.workers[32]] == 1000 * STEPS[-1]
+    assert families["rcswarm_round_duration_seconds"].type == "histogram"
+    assert abs(samples("rcswarm_fit_alpha_inf")[0].value - ALPHA_INF) < 0.05
+
+
+NOT_FOUND = ["nope", "plot/other.png", "api", "api/status/x", "plot/alpha.svg", "metrics/x", "plot/.png"]
+BAD_QUERIES = [
+    ("api/metrics?since=abc", "since='abc': expected an integer"),
+    ("api/metrics?since=-1", "since=-1"),
+    ("api/metrics?limit=0", "limit=0"),
+    ("api/metrics?limit=1000000", "limit=1000000"),
+    ("api/metrics?since=1&since=2", "given 2 times"),
+    ("api/metrics?colour=red", "unknown query parameter"),
+    ("api/status?x=1", "unknown query parameter"),
+    ("plot/alpha.png?v=x", "expected an integer"),
+    ("api/metrics?since", "malformed query string"),
+    ("api/metrics?since=", "since='': expected an integer"),
+]
+
+
+def test_unknown_paths_are_404_and_bad_queries_400(swarm: Any) -> None:
+    for path in NOT_FOUND:
+        status, content_type, body = get(swarm.base + path)
+        assert (status, content_type) == (404, "application/json"), path
+        assert "error" in json.loads(body)
+    for query, words in BAD_QUERIES:
+        status, _, body = get(swarm.base + query)
+        assert status == 400, query
+        assert words in json.loads(body)["error"], (query, body)
+
+
+def test_post_is_refused(swarm: Any) -> None:
+    request = urllib.request.Request(swarm.base + "api/status", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=10)
+    assert error.value.code == 405
+
+
+def test_dashboard_is_off_by_default(start_coordinator: Any) -> None:
+    local = start_coordinator(tiny_spec())
+    assert local.running.dashboard is None
+
+
+def test_status_cli_prints_workers_and_fit(swarm: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code = status_cli.main(["--coordinator", swarm.target, "--token", TOKEN, "--state-dir", str(swarm.state_dir)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert swarm.service.run_id in out
+    for length in LENGTHS:
+        assert f"gpu-{length}" in out
+    assert "active" in out and "α∞" in out and "32 → 64" in out
+
+
+def test_status_cli_token_from_env_and_errors(swarm: Any, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RCSWARM_TOKEN", TOKEN)
+    assert status_cli.main(["--coordinator", swarm.target, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == swarm.service.run_id
+    assert status_cli.main(["--coordinator", swarm.target, "--token", "wrong"]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    monkeypatch.delenv("RCSWARM_TOKEN")
+    assert status_cli.main(["--coordinator", swarm.target]) == 2
+    assert "token is required" in capsys.readouterr().err
+
+
+def test_rcswarm_status_is_a_command() -> None:
+    from rcswarm.worker import cli
+
+    assert cli.COMMANDS["status"][0] == "rcswarm.coordinator.status_cli"
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+def test_headless_browser_renders_the_page(swarm: Any, tmp_path: Path) -> None:
+    shot = tmp_path / "page.png"
+    command = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,900",
+        "--hide-scrollbars", swarm.base,
+    ]
+    result = subprocess.run(command, capture_output=True, timeout=90, cwd=tmp_path,
+                            env={**os.environ, "HOME": str(tmp_path)})
+    assert shot.exists(), f"chromium exited {result.returncode} without a screenshot:\n{result.stderr.decode()[-2000:]}"
+    image = assert_png_not_blank(shot.read_bytes(), min_size=(1000, 700))
+    assert image.shape[1] == 1200
+    shutil.rmtree(tmp_path / "profile", ignore_errors=True)
+
+
+def test_coordinator_cli_serves_the_dashboard(tmp_path: Path) -> None:
+    import signal
+    import sys
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.conftest import wait_for, worker_env, write_spec
+
+    config = write_spec(tiny_spec(), tmp_path / "run.toml")
+    port_file = tmp_path / "port.json"
+    log = open(tmp_path / "coordinator.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(tmp_path / "state"),
+         "--port", "0", "--http-port", "0", "--port-file", str(port_file)],
+        env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        info = wait_for(lambda: port_file.exists() and json.loads(port_file.read_text()), 60, "the port file")
+        base = f"http://127.0.0.1:{info['http_port']}/"
+        assert get(base + "healthz")[:2] == (200, "text/plain; charset=utf-8")
+        data = json.loads(get(base + "api/status")[2])
+        assert data["run_id"] == info["run_id"] and data["workers"] == []
+        page = get(base)[2].decode()
+        assert "no workers have joined" in page and "not enough lengths for a fit" in page
+        for plot in ("loss_step", "loss_time", "alpha"):
+            assert_png_not_blank(get(base + f"plot/{plot}.png")[2])  # a "no metrics yet" panel
+        families = {f.name for f in text_string_to_metric_families(get(base + "metrics")[2].decode())}
+        assert "rcswarm_version" in families and "rcswarm_workers_active" in families
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - started < 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert "dashboard on http://127.0.0.1:" in (tmp_path / "coordinator.log").read_text()
+
+
+def test_dashboard_binds_ipv6_loopback(start_coordinator: Any) -> None:
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+    try:
+        local = start_coordinator(tiny_spec(), http_port=0, http_host="::1")
+    except RuntimeError as error:
+        pytest.skip(f"cannot bind ::1 here: {error}")
+    assert local.running.dashboard.url.startswith("http://[::1]:")
+    assert get(local.running.dashboard.url + "healthz")[0] == 200
+
+
+def test_concurrent_requests_and_idle_connections_time_out(swarm: Any) -> None:
+    import socket
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rcswarm.coordinator.dashboard import Dashboard
+
+    paths = ["", "api/status", "metrics", "plot/loss_step.png", "plot/loss_time.png", "plot/alpha.png"] * 3
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda p: get(swarm.base + p)[0], paths))
+    assert statuses == [200] * len(paths)
+
+    short = Dashboard(swarm.service, request_timeout_s=0.5).start()
+    try:
+        with socket.create_connection(("127.0.0.1", short.port), timeout=10) as idle:
+            started = time.monotonic()
+            assert idle.recv(1024) == b""  # the server gave up on a client that sent nothing
+            assert time.monotonic() - started < 5
+        assert get(short.url + "healthz")[0] == 200
+    finally:
+        short.stop()
+
+
+def test_fit_report_explains_missing_fits() -> None:
+    from rcswarm.coordinator.dashboard import fit_report
+
+    def query_of(rows: list[tuple[int, int, float, float]]) -> Any:
+        return lambda sql, params: rows
+
+    disjoint = [(length, step + offset, true_loss(step, length), step * length / 1000.0)
+                for offset, length in ((0, 32), (100, 64), (200, 128)) for step in range(1, 20)]
+    report = fit_report(query_of(disjoint))
+    assert report.analysis is None and report.message.startswith("no fit: common step range")
+    single = [(32, 5, 1.0, 1.0)] + [(length, step, 1.0, float(step)) for length in (64, 128) for step in (1, 2, 3)]
+    report = fit_report(query_of(single))
+    assert report.analysis is None and "L=32 has fewer than 2 steps" in report.message
+    assert [c.length for c in report.curves] == [64, 128]
+    frozen = [(length, step, true_loss(step, length), 10.0 - 0.1 * step if length == 32 else step * 0.1)
+              for length in (32, 64, 128) for step in range(1, 30)]
+    report = fit_report(query_of(frozen))
+    assert report.analysis is None and "wall time does not increase" in report.message

@@ -1,0 +1,63 @@
+"""Sweeps: several runs in one coordinator, workers scheduled across them and moved between them."""
+
+from __future__ import annotations
+
+import pytest
+
+from rcswarm.coordinator.server import RunningCoordinator
+from rcswarm.coordinator.store import StateStore
+from rcswarm.coordinator.sweep import RunLoad, SweepCoordinator, decide_assignment, decide_move, run_state_dir
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from tests.conftest import TOKEN, logs_of, tiny_spec
+
+
+def loads(*items: tuple[int, bool]) -> list[RunLoad]:
+    return [RunLoad(i, f"L{i}", active, finished) for i, (active, finished) in enumerate(items)]
+
+
+def test_assignment_goes_to_the_emptiest_unfinished_run():
+    assert decide_assignment(loads((1, False), (0, False), (0, False)))[0] == 1
+    assert decide_assignment(loads((0, True), (2, False), (3, False)))[0] == 1
+    index, reason = decide_assignment(loads((0, True), (0, True)))
+    assert index is None and "finished" in reason
+
+
+def test_moves_happen_when_a_run_finished_or_is_unbalanced():
+    assert decide_move(loads((1, True), (1, False)), 0)[0]
+    assert decide_move(loads((3, False), (1, False)), 0)[0]
+    assert not decide_move(loads((2, False), (1, False)), 0)[0]
+    move, reason = decide_move(loads((1, False), (0, True)), 0)
+    assert not move and "no other unfinished run" in reason
+
+
+def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
+    base = tiny_spec(run={"rounds": 3}, inner={"steps": 4})
+    # The L = 16 run does 8x the work per step, so the L = 8 run finishes first and its workers move.
+    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16], "batch_sizes": [2, 8]}})
+    sweep = SweepCoordinator(spec, tmp_path / "state")
+    running = RunningCoordinator(sweep, TOKEN).start()
+    try:
+        procs = [spawn_worker(f"127.0.0.1:{running.port}", f"w{i}") for i in range(3)]
+        for proc in procs:
+            assert proc.wait(timeout=240) == 0, logs_of(procs)
+        status = sweep.status()
+        assert status.run_state == pb.RUN_STATE_FINISHED
+        assert [(r.seq_len, r.batch_size, r.version) for r in status.runs] == [(8, 2, 3), (16, 8, 3)]
+    finally:
+        running.stop(grace=0.5)
+    for index, run_spec in enumerate(spec.sweep_runs()):
+        store = StateStore(run_state_dir(tmp_path / "state", index, run_spec))
+        try:
+            seq_lens = {row[0] for row in store.query("SELECT DISTINCT seq_len FROM metrics WHERE tokens > 0")}
+            assigned = store.query("SELECT COUNT(*) FROM events WHERE kind = 'assign'")[0][0]
+        finally:
+            store.close()
+        assert seq_lens == {run_spec.data.seq_len}
+        assert assigned >= 1
+    # Workers whose run finished first moved to the other run (a REASSIGNED membership).
+    assert any(w.state == pb.WORKER_STATE_REASSIGNED for w in status.workers), [(w.worker_id, w.reason) for w in status.workers]
+
+
+def test_a_sweep_needs_lengths(tmp_path):
+    with pytest.raises(ValueError, match="sweep.seq_lens"):
+        SweepCoordinator(tiny_spec(), tmp_path)
