@@ -61,3 +61,24 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
 def test_a_sweep_needs_lengths(tmp_path):
     with pytest.raises(ValueError, match="sweep.seq_lens"):
         SweepCoordinator(tiny_spec(), tmp_path)
+
+
+def test_rcswarm_run_runs_a_local_sweep_and_fits_it(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    base = tiny_spec(run={"rounds": 2, "workers": 3}, inner={"steps": 3})
+    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [4, 8, 16]}})
+    config = tmp_path / "sweep.toml"
+    config.write_text(spec.to_toml())
+    result = subprocess.run(
+        [sys.executable, "-m", "rcswarm.worker.cli", "run", str(config), "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [r["seq_len"] for r in summary["runs"]] == [4, 8, 16]
+    assert all(r["rounds"] == 2 for r in summary["runs"])
+    assert "alpha" in summary["fit"] and "L^-" in result.stdout
+    assert all((tmp_path / "run" / f"final-L{length}.safetensors").exists() for length in (4, 8, 16))
