@@ -159,6 +159,47 @@ def read_metrics(path: Path, columns: Columns) -> list[Row]:
     return rows
 
 
+STATE_QUERY = """
+SELECT worker_id, version, step - MIN(step) OVER (PARTITION BY worker_id, version) AS k,
+       seq_len, loss, received_at - MIN(received_at) OVER () AS t
+FROM metrics WHERE tokens > 0 AND loss IS NOT NULL ORDER BY received_at
+"""
+
+
+def read_state_dirs(path: Path) -> list[Row]:
+    """Rows from every coordinator state dir (state.sqlite) below `path`, e.g. a `rcswarm run` directory.
+
+    A row's step is the run's own: version × inner.steps + the step within the round; its
+    time counts from the run's first metric, on the coordinator's clock.
+    """
+    import sqlite3
+
+    from rcswarm.protos.runspec import RunSpec
+
+    databases = sorted(path.rglob("state.sqlite"))
+    if not databases:
+        raise MetricsFileError(f"{path}: no state.sqlite below this directory")
+    rows = []
+    for database in databases:
+        connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+        try:
+            spec_json = connection.execute("SELECT value FROM run_state WHERE key = 'spec_json'").fetchone()
+            run_id = connection.execute("SELECT value FROM run_state WHERE key = 'run_id'").fetchone()
+            if spec_json is None or run_id is None:
+                raise MetricsFileError(f"{database}: not a coordinator state (no spec_json or run_id)")
+            steps = RunSpec.from_json(spec_json[0]).inner.steps
+            for line, (_, version, k, seq_len, loss, t) in enumerate(connection.execute(STATE_QUERY), start=1):
+                rows.append(Row(run=run_id[0], step=float(version * steps + k + 1), length=float(seq_len),
+                                loss=float(loss), time=float(t), line=line))
+        except sqlite3.Error as error:
+            raise MetricsFileError(f"{database}: {error}") from None
+        finally:
+            connection.close()
+    if not rows:
+        raise MetricsFileError(f"{path}: the state dirs below it hold no training metrics")
+    return rows
+
+
 def length_curves(path: Path, rows: Sequence[Row]) -> list[LengthCurve]:
     """Group rows by sequence length (a run must keep one), averaging loss and time per step."""
     run_length: dict[str, Row] = {}
@@ -282,7 +323,8 @@ def plot(analysis: Analysis, out: Path) -> None:
 
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(prog="rcswarm fit", description="fit scaling laws to recorded metrics and plot them")
-    result.add_argument("metrics", type=Path, help="metrics file: .csv with a header, or .jsonl")
+    result.add_argument("metrics", type=Path,
+                        help="metrics file (.csv with a header, or .jsonl), or a run directory holding state.sqlite files")
     result.add_argument("--out", type=Path, required=True, help="where to write the plot (PNG)")
     result.add_argument("--step-column", default="step")
     result.add_argument("--length-column", default="seq_len")
@@ -300,7 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns = Columns(step=args.step_column, length=args.length_column, loss=args.loss_column,
                       time=args.time_column, run=args.run_column)
     try:
-        curves = length_curves(args.metrics, read_metrics(args.metrics, columns))
+        rows = read_state_dirs(args.metrics) if args.metrics.is_dir() else read_metrics(args.metrics, columns)
+        curves = length_curves(args.metrics, rows)
         analysis = analyse(curves)
     except ValueError as error:
         print(f"rcswarm fit: {args.metrics}: {error}" if not isinstance(error, MetricsFileError)

@@ -105,3 +105,28 @@ def test_too_few_lengths_and_missing_file(tmp_path, capsys, rows):
 
 def test_the_fit_command_is_registered():
     assert COMMANDS["fit"] == ("rcswarm.coordinator.fit_cli", "fit scaling laws to recorded metrics and plot them")
+
+
+def test_fit_reads_a_run_directory_of_state_dirs(tmp_path, capsys):
+    """The state dirs a sweep leaves behind are enough: rcswarm fit RUN_DIR."""
+    import math
+
+    from rcswarm.coordinator.fit_cli import main as fit_main
+    from rcswarm.coordinator.store import StateStore
+    from rcswarm.protos.runspec import RunSpec
+
+    for length in (2, 4, 8, 16):
+        store = StateStore(tmp_path / "run" / "state" / f"run-L{length}")
+        store.set_many({"spec_json": RunSpec.from_dict({"inner": {"steps": 10}}).to_json(), "run_id": f"r{length}"})
+        rows = []
+        for version in range(30):
+            for k in range(10):
+                step = version * 10 + k + 1
+                loss = 5.4 * length ** (-0.3 * (1 - math.exp(-step / 120)))
+                rows.append((f"r{length}", "w", version, 100 + step, length, 8, loss, 64, 0.0, 0.0, 0.0, 0, 0, "",
+                             0.01 * length * step))
+        store.add_metrics(rows)
+        store.close()
+    assert fit_main([str(tmp_path / "run"), "--out", str(tmp_path / "fit.png")]) == 0
+    assert "α∞" in capsys.readouterr().out and (tmp_path / "fit.png").stat().st_size > 1000
+    assert fit_main([str(tmp_path / "empty-dir-that-does-not-exist"), "--out", str(tmp_path / "x.png")]) == 2
