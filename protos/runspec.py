@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 CODECS = ("fp32", "bf16", "int8")
 INNER_OPTIMIZERS = ("adamw", "sgd")
-DATA_SOURCES = ("stdlib", "diag", "typing")
+DATA_SOURCES = ("stdlib", "diag", "typing", "git")
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -78,7 +78,9 @@ class DataSection:
     by `task`, configured by the [data.task_config] table (the task sets its own lengths).
     source "typing": windows of seq_len frames of the fully observable typing task for the
     frame model (rcswarm.data.frames); [data.task_config] sets TypingConfig fields, and the
-    frame geometry comes from the model's config.
+    frame geometry comes from the model's config. source "git": windows of a dataset built by
+    `rcswarm data frames` from a repository's history; [data.task_config] dataset = "DIR", and
+    the model's rows, cols, n_styles and action_vocab must fit the dataset.
     """
 
     source: str = "stdlib"

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rcswarm.data.diagnostics import IGNORE_INDEX, DiagnosticTask, make_task
-from rcswarm.data.frames import FrameWindowSpec, TypingConfig, TypingFrameSource
+from rcswarm.data.frames import FrameWindowSpec, GitFrameSource, TypingConfig, TypingFrameSource
+from rcswarm.data.frames.git_editor import N_STYLES as GIT_FRAME_STYLES
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
 from rcswarm.protos.runspec import DataSection, InnerSection
 from rcswarm.worker.streaming_bptt import StepModel, streaming_backward
@@ -73,14 +74,38 @@ def make_typing_source(data: DataSection, seed: int, split: str, model_config: A
     return TypingFrameSource(config, FrameWindowSpec(data.batch_size, data.seq_len, window_seed))
 
 
+def make_git_source(data: DataSection, seed: int, split: str, model_config: Any) -> GitFrameSource:
+    """Windows of a `rcswarm data frames` dataset for the frame model whose config is `model_config`."""
+    dataset = data.task_config.get("dataset")
+    if not dataset:
+        raise ValueError('data.source = "git" needs [data.task_config] dataset = "DIR" (made by `rcswarm data frames`)')
+    window_seed = seed + (VAL_SEED_OFFSET if split == "val" else 0)
+    source = GitFrameSource(dataset, FrameWindowSpec(data.batch_size, data.seq_len, window_seed),
+                            char_vocab=model_config.char_vocab)
+    fits = (
+        source.geometry == (model_config.rows, model_config.cols)
+        and source.action_vocab_size <= model_config.action_vocab
+        and GIT_FRAME_STYLES <= model_config.n_styles
+    )
+    if not fits:
+        raise ValueError(
+            f"dataset {dataset}: frames {source.geometry}, {source.action_vocab_size} action tokens, "
+            f"{GIT_FRAME_STYLES} styles; the model has rows, cols = {(model_config.rows, model_config.cols)}, "
+            f"action_vocab = {model_config.action_vocab}, n_styles = {model_config.n_styles}"
+        )
+    return source
+
+
 def make_sampler(
     data: DataSection, seed: int, split: str = "train", model_config: Any = None
-) -> ByteWindowSampler | DiagnosticSampler | TypingFrameSource:
+) -> ByteWindowSampler | DiagnosticSampler | TypingFrameSource | GitFrameSource:
     """The training (or held-out) batch stream of `data`; frame sources take the model's geometry."""
     if data.source == "diag":
         return DiagnosticSampler(make_task_from(data), data.batch_size, seed, split)
     if data.source == "typing":
         return make_typing_source(data, seed, split, model_config)
+    if data.source == "git":
+        return make_git_source(data, seed, split, model_config)
     corpus = load_stdlib_corpus(data.max_bytes or None)
     return ByteWindowSampler(
         corpus=corpus, seq_len=data.seq_len, batch_size=data.batch_size, seed=seed, split=split,

@@ -1,0 +1,267 @@
+"""Git-history frame datasets: `build_git_frames` (repository -> shards + manifest) and `GitFrameSource`.
+
+Layout of a dataset directory (all little-endian, no pickle):
+
+    manifest.json               geometry, styles, tokenizer, shards, stats
+    tokenizer.json              the action tokenizer (`ActionTokenizer`)
+    shard-00000.rcf             frames + primitive actions (FRAME_FORMAT.md)
+    shard-00000.actions.u32     the primitive action codes again, raw uint32
+    shard-00000.tokens.npy      uint32 token ids of the shard's action stream
+    shard-00000.starts.npy      int64, index of each token's first action (= its frame)
+
+The stream of one repository is cut into shards of at most `frames_per_shard`
+frames; the editor state continues across shards (every shard's first block
+is a key frame, so shards decode independently).
+
+`GitFrameSource` implements `FrameWindowSource`: a window is L consecutive
+tokens of one shard from a seeded uniform offset; `actions[b, t]` is token t
+and `frames[b, t]` is the frame before token t's first action, so frame t + 1
+shows the effect of all of token t's actions (several tokens starting inside
+one character share a frame). Cells are (code point mod char_vocab, style);
+styles are `git_editor.STYLE_*` (N_STYLES = 9). Frames are decoded on the fly
+from the shards; token arrays are memory-mapped, and at most `max_open`
+shard readers (each caching two decoded blocks) are open, so memory does not
+grow with the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+from rcswarm.data.frames.action_tokenizer import (
+    ActionTokenizer,
+    actions_to_text,
+    chunk_text,
+    encode_stream,
+)
+from rcswarm.data.frames.frame_codec import FrameReader, FrameWriter
+from rcswarm.data.frames.git_editor import CONTROL_SEQUENCES, CONTROLS, N_STYLES
+from rcswarm.data.frames.git_replay import ReplayStats, replay
+from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec
+
+MANIFEST = "manifest.json"
+
+
+class _ShardSink:
+    def __init__(self, out: Path, rows: int, cols: int, block_frames: int, frames_per_shard: int) -> None:
+        self.out, self.rows, self.cols = out, rows, cols
+        self.block_frames, self.per_shard = block_frames, frames_per_shard
+        self.shards: list[dict] = []
+        self.writer: FrameWriter | None = None
+        self.raw_bytes = 0
+
+    def _open(self) -> None:
+        name = f"shard-{len(self.shards):05d}"
+        self.writer = FrameWriter(self.out / f"{name}.rcf", self.rows, self.cols, self.block_frames, N_STYLES)
+        self.afile = open(self.out / f"{name}.actions.u32", "wb")  # noqa: SIM115 - closed in _close_shard
+        self.abuf: list[int] = []
+        self.shards.append({"name": name, "frames": 0})
+
+    def __call__(self, cp: np.ndarray, st: np.ndarray, action: int) -> None:
+        if self.writer is None or self.writer.n_frames + len(self.writer.pending) >= self.per_shard:
+            self._close_shard()
+            self._open()
+        self.writer.write(cp, st, action)
+        self.abuf.append(action)
+        if len(self.abuf) >= 65536:
+            self.afile.write(np.asarray(self.abuf, "<u4").tobytes())
+            self.abuf = []
+
+    def _close_shard(self) -> None:
+        if self.writer is None:
+            return
+        self.writer.close()
+        self.afile.write(np.asarray(self.abuf, "<u4").tobytes())
+        self.afile.close()
+        self.shards[-1]["frames"] = self.writer.n_frames
+        self.raw_bytes += self.writer.raw_bytes
+        self.writer = None
+
+    def close(self) -> None:
+        self._close_shard()
+
+
+def _actions(out: Path, name: str) -> np.ndarray:
+    return np.fromfile(out / f"{name}.actions.u32", dtype="<u4")
+
+
+def build_git_frames(
+    repo: str | Path,
+    out: str | Path,
+    rows: int = 48,
+    cols: int = 160,
+    vocab_size: int = 4096,
+    block_frames: int = 256,
+    frames_per_shard: int = 1 << 20,
+    max_file_bytes: int = 256 * 1024,
+    max_commits: int | None = None,
+    progress: bool = True,
+    console=None,
+    commit_messages: bool = False,
+) -> dict:
+    """Convert `repo`'s first-parent history into a dataset at `out`; returns the summary dict."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sink = _ShardSink(out, rows, cols, block_frames, frames_per_shard)
+    stats = ReplayStats()
+    t0 = time.perf_counter()
+    if progress:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        bar = Progress(
+            TextColumn("[bold]frames[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("commits"),
+            TextColumn("{task.fields[actions]:,} actions"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=console, transient=False,
+        )
+        task = bar.add_task("replay", total=None, actions=0)
+
+        def on_commit(i: int, total: int, s: ReplayStats) -> None:
+            bar.update(task, completed=i, total=total, actions=s.actions)
+
+        count = [0]
+
+        def counting_sink(cp: np.ndarray, st: np.ndarray, action: int) -> None:
+            sink(cp, st, action)
+            count[0] += 1
+            if not count[0] & 0x1FFF:  # large commits: keep the action count moving
+                bar.update(task, actions=count[0])
+
+        with bar:
+            replay(str(repo), counting_sink, rows, cols, max_file_bytes, max_commits, stats, on_commit, commit_messages)
+    else:
+        replay(str(repo), sink, rows, cols, max_file_bytes, max_commits, stats, None, commit_messages)
+    sink.close()
+    t_replay = time.perf_counter() - t0
+
+    def texts():
+        for sh in sink.shards:
+            text = actions_to_text(_actions(out, sh["name"]).tolist())
+            for _, chunk in chunk_text(text):
+                yield chunk
+
+    tok = ActionTokenizer.train(texts(), vocab_size)
+    tok.save(out / "tokenizer.json")
+    n_tokens = 0
+    for sh in sink.shards:
+        ids, starts = encode_stream(tok, _actions(out, sh["name"]).astype(np.int64))
+        np.save(out / f"{sh['name']}.tokens.npy", ids, allow_pickle=False)
+        np.save(out / f"{sh['name']}.starts.npy", starts, allow_pickle=False)
+        sh["tokens"] = len(ids)
+        n_tokens += len(ids)
+    compressed = sum((out / f"{sh['name']}.rcf").stat().st_size for sh in sink.shards)
+    elapsed = time.perf_counter() - t0
+    summary = {
+        "commits": stats.commits, "files": stats.files, "skipped_binary": stats.skipped_binary,
+        "skipped_oversized": stats.skipped_oversized, "skipped_other": stats.skipped_other,
+        "actions": stats.actions, "frames": sum(sh["frames"] for sh in sink.shards), "tokens": n_tokens,
+        "raw_bytes": sink.raw_bytes, "compressed_bytes": compressed,
+        "ratio": sink.raw_bytes / compressed if compressed else 0.0,
+        "replay_seconds": t_replay, "seconds": elapsed,
+        "actions_per_second": stats.actions / t_replay if t_replay > 0 else 0.0,
+    }
+    manifest = {
+        "format": "rcswarm-git-frames", "version": 1, "repo": str(Path(repo).resolve()),
+        "rows": rows, "cols": cols, "n_styles": N_STYLES, "block_frames": block_frames,
+        "tokenizer": "tokenizer.json", "action_vocab_size": tok.vocab_size,
+        "controls": {name: CONTROL_SEQUENCES[name] for name in CONTROLS},
+        "shards": sink.shards, "summary": summary,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return summary
+
+
+def print_summary(summary: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="git frames")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in ("commits", "files", "skipped_binary", "skipped_oversized", "skipped_other", "actions", "frames", "tokens"):
+        table.add_row(key, f"{summary[key]:,}")
+    table.add_row("raw bytes (5 B/cell)", f"{summary['raw_bytes']:,}")
+    table.add_row("compressed bytes", f"{summary['compressed_bytes']:,}")
+    table.add_row("ratio", f"{summary['ratio']:.1f}x")
+    table.add_row("actions/s (replay+encode)", f"{summary['actions_per_second']:,.0f}")
+    table.add_row("seconds", f"{summary['seconds']:.2f}")
+    (console or Console()).print(table)
+
+
+class GitFrameSource:
+    """A `FrameWindowSource` over a built dataset directory (see the module docstring)."""
+
+    def __init__(self, root: str | Path, spec: FrameWindowSpec, char_vocab: int = 8192, max_open: int = 4) -> None:
+        self.root = Path(root)
+        self.spec = spec
+        self.char_vocab = char_vocab
+        m = json.loads((self.root / MANIFEST).read_text())
+        self.manifest = m
+        self._geometry = (int(m["rows"]), int(m["cols"]))
+        self._vocab = int(m["action_vocab_size"])
+        self.shards = [s for s in m["shards"] if s.get("tokens", 0) >= spec.window]
+        if not self.shards:
+            raise ValueError(f"{self.root}: no shard has {spec.window} tokens (window longer than the data)")
+        w = np.array([s["tokens"] - spec.window + 1 for s in self.shards], np.float64)
+        self.weights = w / w.sum()
+        self.rng = np.random.default_rng(spec.seed)
+        self.max_open = max_open
+        self._readers: OrderedDict[int, FrameReader] = OrderedDict()
+        self._tokens = [None] * len(self.shards)
+
+    @property
+    def geometry(self) -> tuple[int, int]:
+        return self._geometry
+
+    @property
+    def action_vocab_size(self) -> int:
+        return self._vocab
+
+    def _reader(self, k: int) -> FrameReader:
+        if k in self._readers:
+            self._readers.move_to_end(k)
+            return self._readers[k]
+        r = FrameReader(self.root / f"{self.shards[k]['name']}.rcf")
+        self._readers[k] = r
+        while len(self._readers) > self.max_open:
+            self._readers.popitem(last=False)[1].close()
+        return r
+
+    def _tok(self, k: int):
+        if self._tokens[k] is None:
+            name = self.shards[k]["name"]
+            self._tokens[k] = (
+                np.load(self.root / f"{name}.tokens.npy", mmap_mode="r", allow_pickle=False),
+                np.load(self.root / f"{name}.starts.npy", mmap_mode="r", allow_pickle=False),
+            )
+        return self._tokens[k]
+
+    def window(self, k: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """(frames [L, rows, cols, 2], token ids [L]) of shard k from token `offset`."""
+        L = self.spec.window
+        ids, starts = self._tok(k)
+        reader = self._reader(k)
+        frames = np.stack([reader.frame(int(s)) for s in starts[offset : offset + L]])
+        frames[..., 0] %= self.char_vocab
+        return frames, np.asarray(ids[offset : offset + L], np.int64)
+
+    def next_batch(self) -> FrameBatch:
+        fs, acts = [], []
+        for _ in range(self.spec.batch_size):
+            k = int(self.rng.choice(len(self.shards), p=self.weights))
+            off = int(self.rng.integers(0, self.shards[k]["tokens"] - self.spec.window + 1))
+            f, a = self.window(k, off)
+            fs.append(f)
+            acts.append(a)
+        return torch.from_numpy(np.stack(fs)), torch.from_numpy(np.stack(acts))

@@ -1,0 +1,404 @@
+"""Replay a git history's first-parent line as editor actions, checking every commit.
+
+Git access uses the git command line (`git log --first-parent --reverse`,
+`git diff-tree -r -z -M`, one long-lived `git cat-file --batch`) through
+subprocess rather than dulwich: git is already required to have a repository,
+needs no extra dependency, its rename detection (-M) is the reference one, and
+`cat-file --batch` streams blobs from one process at a rate dulwich's pure-Python
+pack reader does not reach.
+
+Per commit (against its first parent; the root commit against the empty tree),
+for each changed path: a file is text when its blob has no NUL byte, decodes as
+strict UTF-8, is at most `max_file_bytes` and has no character in the
+tokenizer's reserved range U+F0000..U+F00FF; other files (binary, oversized,
+symlinks, submodules) are skipped and counted. A path that stops being text is
+deleted from the editor. Typing the commit subject is optional
+(`commit_messages`). Actions (see `git_editor`): deletions (select in the
+tree, DELETE_FILE), renames (select, RENAME, type the new path, ENTER), new
+files (TREE, NEW_FILE, type the path, ENTER), then edits: open the file through
+the tree, a line diff (difflib, top to bottom), inside replaced line pairs a
+character diff of the line contents (newline handled separately), cursor moves
+(UP/DOWN for near lines, GOTO + digits for far ones, HOME/END/LEFT/RIGHT in the
+line), typing, DELETE and KILL_LINE, then SAVE.
+
+Safety invariant: after a commit's actions, every touched path's saved editor
+file equals the git blob exactly (or is absent); otherwise `ReplayError`
+names the commit and path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import subprocess
+from dataclasses import dataclass, field
+
+from rcswarm.data.frames.git_editor import C, Editor, ReplayError
+
+RESERVED_LOW, RESERVED_HIGH = 0xF0000, 0xF00FF
+
+
+@dataclass
+class ReplayStats:
+    commits: int = 0
+    files: int = 0
+    skipped_binary: int = 0
+    skipped_oversized: int = 0
+    skipped_other: int = 0
+    actions: int = 0
+
+
+@dataclass
+class Change:
+    status: str
+    old_path: str | None
+    new_path: str | None
+    old_sha: str | None
+    new_sha: str | None
+    new_mode: str = ""
+    old_mode: str = ""
+
+
+class Git:
+    """The git command line on one repository."""
+
+    def __init__(self, repo: str) -> None:
+        self.repo = str(repo)
+        self._cat: subprocess.Popen[bytes] | None = None
+
+    def run(self, *args: str) -> bytes:
+        proc = subprocess.run(["git", "-C", self.repo, *args], capture_output=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
+        return proc.stdout
+
+    def first_parent_commits(self, rev: str = "HEAD") -> list[tuple[str, str | None, str]]:
+        """(commit, first parent or None, subject), oldest first."""
+        out = self.run("log", "--first-parent", "--reverse", "-z", "--format=%H %P%x1f%s", rev)
+        result = []
+        for rec in out.decode("utf-8", errors="replace").split("\0"):
+            if not rec.strip():
+                continue
+            head, _, subject = rec.strip("\n").partition("\x1f")
+            parts = head.split()
+            result.append((parts[0], parts[1] if len(parts) > 1 else None, subject))
+        return result
+
+    def changes(self, commit: str, parent: str | None) -> list[Change]:
+        args = ["diff-tree", "-r", "-z", "-M", "--no-commit-id"]
+        args += ["--root", commit] if parent is None else [parent, commit]
+        fields = self.run(*args).split(b"\0")
+        out, i = [], 0
+        while i < len(fields) and fields[i]:
+            meta = fields[i].decode().lstrip(":").split()
+            old_mode, new_mode, old_sha, new_sha, status = meta
+            null = "0" * len(old_sha)
+            if status[0] in "RC":
+                a, b = fields[i + 1].decode(), fields[i + 2].decode()
+                i += 3
+            else:
+                a = b = fields[i + 1].decode()
+                i += 2
+            out.append(Change(
+                status[0], a if status[0] != "A" else None, b if status[0] != "D" else None,
+                None if old_sha == null else old_sha, None if new_sha == null else new_sha, new_mode, old_mode,
+            ))
+        return out
+
+    def blob(self, sha: str) -> bytes:
+        if self._cat is None:
+            self._cat = subprocess.Popen(
+                ["git", "-C", self.repo, "cat-file", "--batch"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+        assert self._cat.stdin and self._cat.stdout
+        self._cat.stdin.write(sha.encode() + b"\n")
+        self._cat.stdin.flush()
+        header = self._cat.stdout.readline().split()
+        if len(header) < 3:
+            raise RuntimeError(f"git cat-file: object {sha} not found")
+        size = int(header[2])
+        data = self._cat.stdout.read(size + 1)[:size]
+        return data
+
+    def close(self) -> None:
+        if self._cat is not None:
+            self._cat.stdin.close()  # type: ignore[union-attr]
+            self._cat.wait()
+            self._cat = None
+
+
+def classify(data: bytes, max_file_bytes: int) -> tuple[str | None, str]:
+    """(text, "") for a text blob, else (None, reason) with reason "binary" or "oversized"."""
+    if len(data) > max_file_bytes:
+        return None, "oversized"
+    if b"\0" in data:
+        return None, "binary"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "binary"
+    if any(RESERVED_LOW <= ord(ch) <= RESERVED_HIGH for ch in text if ord(ch) >= RESERVED_LOW):
+        return None, "binary"
+    return text, ""
+
+
+def _keepends(text: str) -> list[str]:
+    if not text:
+        return []
+    parts = text.split("\n")
+    out = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
+
+
+class Planner:
+    """Emits actions into an Editor, recording each (frame before, action) via `sink`."""
+
+    def __init__(self, editor: Editor, sink) -> None:
+        self.ed = editor
+        self.sink = sink
+        self.count = 0
+
+    def do(self, code: int) -> None:
+        cp, st = self.ed.render()
+        self.sink(cp, st, code)
+        self.ed.apply(code)
+        self.count += 1
+
+    def type(self, text: str) -> None:
+        for ch in text:
+            self.do(ord(ch))
+
+    def select(self, path: str) -> None:
+        ed = self.ed
+        if ed.mode != "TREE":
+            if ed.mode == "PROMPT":
+                self.do(C["ESC"])
+            if ed.mode != "TREE":
+                self.do(C["TREE"])
+        target = ed.paths.index(path)
+        page = ed.rows - 1
+        while abs(target - ed.sel) >= page:
+            self.do(C["PGDN"] if target > ed.sel else C["PGUP"])
+        while ed.sel != target:
+            self.do(C["DOWN"] if target > ed.sel else C["UP"])
+
+    def open(self, path: str) -> None:
+        if self.ed.current == path and self.ed.mode == "EDIT":
+            return
+        self.select(path)
+        self.do(C["ENTER"])
+
+    def new_file(self, path: str) -> None:
+        ed = self.ed
+        if ed.mode != "TREE":
+            self.do(C["TREE"])
+        self.do(C["NEW_FILE"])
+        self.type(path)
+        self.do(C["ENTER"])
+
+    def rename(self, old: str, new: str) -> None:
+        self.select(old)
+        self.do(C["RENAME"])
+        self.type(new)
+        self.do(C["ENTER"])
+
+    def delete(self, path: str) -> None:
+        self.select(path)
+        self.do(C["DELETE_FILE"])
+
+    def goto(self, r: int, c: int) -> None:
+        """Move the cursor to line r, column c (both 0-based, in the current buffer)."""
+        ed = self.ed
+        dr = r - ed.r
+        if abs(dr) > 8:
+            self.do(C["GOTO"])
+            self.type(str(r + 1))
+            self.do(C["ENTER"])
+        else:
+            for _ in range(abs(dr)):
+                self.do(C["DOWN"] if dr > 0 else C["UP"])
+        n = len(ed.lines[ed.r])
+        options = [(abs(c - ed.c), None), (c + 1, "HOME"), (n - c + 1, "END")]
+        _, first = min(options, key=lambda o: o[0])
+        if first:
+            self.do(C[first])
+        step = C["RIGHT"] if c > ed.c else C["LEFT"]
+        for _ in range(abs(c - ed.c)):
+            self.do(step)
+
+    def edit(self, old: str, new: str) -> None:
+        """Turn the open buffer's text `old` into `new`."""
+        a, b = _keepends(old), _keepends(new)
+        sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+            if tag == "equal":
+                continue
+            if tag == "delete":
+                self.goto(j1, 0)
+                for _ in range(i2 - i1):
+                    self.do(C["KILL_LINE"])
+            elif tag == "insert":
+                self.goto(j1, 0)
+                self.type("".join(b[j1:j2]))
+            else:
+                self._replace(a[i1:i2], b[j1:j2], j1)
+
+    def _replace(self, olds: list[str], news: list[str], j1: int) -> None:
+        m = min(len(olds), len(news))
+        for k in range(m):
+            ol, nl = olds[k], news[k]
+            oc, nc = ol.removesuffix("\n"), nl.removesuffix("\n")
+            row = j1 + k
+            if oc != nc:
+                self._line_edit(row, oc, nc)
+            if ol.endswith("\n") and not nl.endswith("\n"):
+                # nl is the new file's last line: drop everything after it
+                self.goto(row, len(nc))
+                ed = self.ed
+                while ed.r + 1 < len(ed.lines) or ed.c < len(ed.lines[ed.r]):
+                    self.do(C["KILL_LINE"])
+                return
+            if nl.endswith("\n") and not ol.endswith("\n"):
+                self.goto(row, len(nc))
+                self.do(ord("\n"))
+        if len(olds) > m:
+            self.goto(j1 + m, 0)
+            for _ in range(len(olds) - m):
+                self.do(C["KILL_LINE"])
+        elif len(news) > m:
+            self.goto(j1 + m, 0)
+            self.type("".join(news[m:]))
+
+    def _line_edit(self, row: int, oc: str, nc: str) -> None:
+        if len(oc) * len(nc) > 4_000_000:
+            ops = [("replace", 0, len(oc), 0, len(nc))]
+        else:
+            ops = difflib.SequenceMatcher(None, oc, nc, autojunk=False).get_opcodes()
+        for tag, i1, i2, j1, j2 in ops:
+            if tag == "equal":
+                continue
+            self.goto(row, j1)
+            if tag in ("delete", "replace"):
+                if i2 == len(oc):
+                    # up to the end of the old content: clear to the end of this line only
+                    self.goto(row, j1)
+                    for _ in range(i2 - i1):
+                        self.do(C["DELETE"])
+                else:
+                    for _ in range(i2 - i1):
+                        self.do(C["DELETE"])
+            if tag in ("insert", "replace"):
+                self.type(nc[j1:j2])
+
+
+@dataclass
+class CommitReport:
+    sha: str
+    touched: dict[str, str | None] = field(default_factory=dict)
+
+
+def replay(
+    repo: str,
+    sink,
+    rows: int = 48,
+    cols: int = 160,
+    max_file_bytes: int = 256 * 1024,
+    max_commits: int | None = None,
+    stats: ReplayStats | None = None,
+    on_commit=None,
+    commit_messages: bool = False,
+) -> ReplayStats:
+    """Replay `repo`'s first-parent history; `sink(cp, st, action)` receives every (frame before, action).
+
+    `on_commit(index, total, stats)` is called after each commit. With
+    `commit_messages`, each commit ends with COMMIT, its subject typed (characters
+    of the tokenizer's reserved range dropped), ENTER. Raises
+    `ReplayError` when the safety invariant fails.
+    """
+    git = Git(repo)
+    stats = stats or ReplayStats()
+    editor = Editor(rows, cols)
+    planner = Planner(editor, sink)
+    commits = git.first_parent_commits()
+    if max_commits is not None:
+        commits = commits[:max_commits]
+    try:
+        for index, (sha, parent, subject) in enumerate(commits):
+            expected = _replay_commit(git, planner, sha, parent, max_file_bytes, stats)
+            if commit_messages:
+                planner.do(C["COMMIT"])
+                planner.type("".join(ch for ch in subject if not RESERVED_LOW <= ord(ch) <= RESERVED_HIGH))
+                planner.do(C["ENTER"])
+            for path, text in expected.items():
+                got = editor.files.get(path)
+                if got != text:
+                    what = "missing" if got is None else ("present" if text is None else "different")
+                    raise ReplayError(
+                        f"commit {sha}: path {path!r}: editor file is {what} after replay "
+                        f"(expected {'absence' if text is None else f'{len(text)} chars'})"
+                    )
+            stats.commits += 1
+            stats.actions = planner.count
+            if on_commit is not None:
+                on_commit(index + 1, len(commits), stats)
+    finally:
+        git.close()
+    return stats
+
+
+def _replay_commit(git: Git, planner: Planner, sha: str, parent: str | None, max_bytes: int, stats: ReplayStats):
+    ed = planner.ed
+    expected: dict[str, str | None] = {}
+    edits: list[tuple[str, str]] = []
+    changes = git.changes(sha, parent)
+
+    def load(sha_: str | None, mode: str) -> str | None:
+        if sha_ is None:
+            return None
+        if not mode.startswith("100"):
+            stats.skipped_other += 1
+            return None
+        text, why = classify(git.blob(sha_), max_bytes)
+        if text is None:
+            if why == "oversized":
+                stats.skipped_oversized += 1
+            else:
+                stats.skipped_binary += 1
+        return text
+
+    # deletions first, then renames, then additions and modifications
+    order = {"D": 0, "R": 1}
+    for ch in sorted(changes, key=lambda c: order.get(c.status, 2)):
+        new_text = load(ch.new_sha, ch.new_mode)
+        if ch.status == "D":
+            if ch.old_path in ed.files:
+                planner.delete(ch.old_path)
+            expected[ch.old_path] = None
+            continue
+        if ch.status == "R" and ch.old_path in ed.files:
+            expected[ch.old_path] = None
+            if new_text is None:
+                planner.delete(ch.old_path)
+            else:
+                planner.rename(ch.old_path, ch.new_path)
+        elif ch.status == "R":
+            expected[ch.old_path] = None  # the old path was not text: nothing to rename
+        path = ch.new_path
+        expected[path] = new_text
+        if new_text is None:
+            if path in ed.files:
+                planner.delete(path)
+            continue
+        stats.files += 1
+        if path not in ed.files:
+            planner.new_file(path)
+        edits.append((path, new_text))
+    for path, text in edits:
+        old = ed.files[path]
+        if old == text:
+            continue
+        planner.open(path)
+        planner.edit(old, text)
+        planner.do(C["SAVE"])
+    return expected
