@@ -369,3 +369,16 @@ def test_the_worker_trains_the_frame_model_on_git_frames(repo, tmp_path):
     mismatched = registry.build_model("frame", "tiny", seed=0)  # 8 x 16 frames, 8 styles
     with pytest.raises(ValueError, match="the model has rows, cols"):
         make_sampler(spec.data, seed=1, model_config=mismatched.config)
+
+
+def test_the_projects_own_history_replays_exactly(tmp_path):
+    """A real input: this checkout's first commits (small files only, to keep the test quick)."""
+    root = Path(__file__).resolve().parents[1]
+    probe = subprocess.run(["git", "-C", str(root), "rev-list", "--max-count=4", "HEAD"], capture_output=True, text=True)
+    if probe.returncode != 0 or not probe.stdout.strip():
+        pytest.skip("this checkout has no git history")
+    summary = build_git_frames(root, tmp_path / "own", rows=12, cols=40, vocab_size=300, max_commits=4,
+                               max_file_bytes=1500, progress=False)
+    assert summary["commits"] == min(4, len(probe.stdout.split()))
+    assert summary["files"] > 0 and summary["actions"] == summary["frames"] > 0
+    assert summary["ratio"] > 10
