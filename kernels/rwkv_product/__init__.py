@@ -10,7 +10,10 @@ After ChainGPT, Section 3.2 and Appendix D.1. Per head, S_t = S_{t-1} diag(w_t) 
   token expansion.
 """
 
-from rcswarm.kernels.rwkv_product.chunked import DEFAULT_CHUNK_SIZE, rwkv_product_chunked
+from rcswarm.kernels.rwkv_product.chunked import (
+    DEFAULT_CHUNK_SIZE,
+    rwkv_product_chunked,
+)
 from rcswarm.kernels.rwkv_product.dispatch import rwkv_product, rwkv_product_substeps
 from rcswarm.kernels.rwkv_product.naive import rwkv_product_naive
 from rcswarm.kernels.rwkv_product.substeps import collapse_substeps, expand_substeps

@@ -6,14 +6,8 @@ v is [B, T, H, d_v], the state is [B, H, d_v, d_k] (value-major: y_t = S_t r_t).
 
 from __future__ import annotations
 
+from rcswarm.kernels.checks import check_float_tensors, describe
 from torch import Tensor
-
-
-def describe(value: object) -> str:
-    """A short description of a tensor for error messages, e.g. 'tensor[2, 3] float64'."""
-    if isinstance(value, Tensor):
-        return f"tensor{list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
-    return type(value).__name__
 
 
 def check_inputs(
@@ -21,18 +15,7 @@ def check_inputs(
 ) -> tuple[int, int, int, int, int]:
     """Validate the recurrence inputs; return (B, T, H, d_k, d_v) or raise ValueError."""
     named = {"r": r, "w_raw": w_raw, "k": k, "v": v, "a": a, "b": b}
-    for name, tensor in named.items():
-        if not isinstance(tensor, Tensor):
-            raise ValueError(f"{name}={describe(tensor)}: expected a tensor")
-        if tensor.dim() != 4:
-            raise ValueError(f"{name}={describe(tensor)}: expected 4 dims [B, T, H, d]")
-        if not tensor.is_floating_point():
-            raise ValueError(f"{name}={describe(tensor)}: expected a floating dtype")
-        if tensor.dtype != r.dtype or tensor.device != r.device:
-            raise ValueError(
-                f"{name}={describe(tensor)} on {tensor.device}: expected r's dtype and device "
-                f"({describe(r)} on {r.device})"
-            )
+    check_float_tensors(named, 4, "[B, T, H, d]")
     batch, length, heads, d_k = r.shape
     if length == 0:
         raise ValueError(f"r={describe(r)}: expected T >= 1")

@@ -40,9 +40,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from rcswarm.kernels.rwkv_product.checks import check_inputs
+from torch import Tensor
 
 DEFAULT_CHUNK_SIZE = 16
 

@@ -13,9 +13,8 @@ gradients.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
-
 from rcswarm.kernels.rwkv_product.checks import check_inputs
+from torch import Tensor
 
 
 def rwkv_product_naive(

@@ -14,9 +14,8 @@ is the identity.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
-
 from rcswarm.kernels.rwkv_product.checks import describe
+from torch import Tensor
 
 
 def expand_substeps(

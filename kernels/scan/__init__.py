@@ -24,7 +24,12 @@ from rcswarm.kernels.scan.affine import (
     matrix_combine,
 )
 from rcswarm.kernels.scan.blelloch import blelloch_scan
-from rcswarm.kernels.scan.dispatch import SCAN_METHODS, ScanMethod, online_prefixes, prefix_scan
+from rcswarm.kernels.scan.dispatch import (
+    SCAN_METHODS,
+    ScanMethod,
+    online_prefixes,
+    prefix_scan,
+)
 from rcswarm.kernels.scan.families import (
     deltanet_elements,
     deltanet_recurrence,

@@ -20,7 +20,14 @@ elements. Every call is the operator on a batch of K = 1.
 
 from __future__ import annotations
 
-from rcswarm.kernels.scan.tree import Element, Operator, check_element, combine_one, leaves_of, unsqueeze0
+from rcswarm.kernels.scan.tree import (
+    Element,
+    Operator,
+    check_element,
+    combine_one,
+    leaves_of,
+    unsqueeze0,
+)
 
 
 class OnlineScan:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
+from rcswarm.kernels.checks import describe
 from torch import Tensor
 
 Element = Tensor | tuple[Tensor, ...]
@@ -37,15 +38,6 @@ class Prefixes(NamedTuple):
 
     exclusive: Element
     inclusive: Element
-
-
-def describe(value: object) -> str:
-    """A short description of a tensor/tuple for error messages, e.g. 'tensor[4, 3] float64'."""
-    if isinstance(value, Tensor):
-        return f"tensor{list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
-    if isinstance(value, tuple):
-        return "(" + ", ".join(describe(item) for item in value) + ")"
-    return type(value).__name__
 
 
 def leaves_of(element: object, name: str) -> tuple[Tensor, ...]:

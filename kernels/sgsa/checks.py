@@ -8,30 +8,15 @@ from __future__ import annotations
 
 import math
 
+from rcswarm.kernels.checks import check_float_tensors, describe
 from torch import Tensor
-
-
-def describe(value: object) -> str:
-    """A short description of a tensor for error messages, e.g. 'tensor[2, 3] float64'."""
-    if isinstance(value, Tensor):
-        return f"tensor{list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
-    return type(value).__name__
 
 
 def check_inputs(
     q: Tensor, k: Tensor, v: Tensor, window: int, anchor_stride: int, scale: float | None
 ) -> tuple[int, int, int, int, float]:
     """Validate; return (B, H_q, H_kv, T, scale) or raise ValueError."""
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(tensor, Tensor) or tensor.dim() != 4:
-            raise ValueError(f"{name}={describe(tensor)}: expected a tensor [B, H, T, D]")
-        if not tensor.is_floating_point():
-            raise ValueError(f"{name}={describe(tensor)}: expected a floating dtype")
-        if tensor.dtype != q.dtype or tensor.device != q.device:
-            raise ValueError(
-                f"{name}={describe(tensor)} on {tensor.device}: expected q's dtype and device "
-                f"({describe(q)} on {q.device})"
-            )
+    check_float_tensors({"q": q, "k": k, "v": v}, 4, "[B, H, T, D]")
     batch, q_heads, length, dim = q.shape
     if length == 0:
         raise ValueError(f"q={describe(q)}: expected T >= 1")

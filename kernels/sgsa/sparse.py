@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from rcswarm.kernels.sgsa.checks import check_inputs
+from torch import Tensor
 
 
 def sgsa_sparse(
