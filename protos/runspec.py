@@ -213,6 +213,33 @@ class SweepSection:
 
 
 @dataclass(frozen=True)
+class CurriculumSection:
+    """A fixed schedule of (sequence length, batch size) by inner step.
+
+    `schedule` rows are [from_step, seq_len, batch_size], from_step ascending and the first 0:
+    a worker training from global version v uses the row in force at step v × inner.steps.
+    Empty = data.seq_len and data.batch_size throughout.
+    """
+
+    schedule: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        steps = [row[0] if len(row) == 3 else None for row in self.schedule]
+        if any(len(row) != 3 or min(row[1:]) < 1 for row in self.schedule):
+            _fail("curriculum.schedule", self.schedule, "rows [from_step, seq_len, batch_size] with positive sizes")
+        if self.schedule and (steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:]))):
+            _fail("curriculum.schedule", self.schedule, "from_step starting at 0 and strictly increasing")
+
+    def at(self, step: int, default: tuple[int, int]) -> tuple[int, int]:
+        """(seq_len, batch_size) in force at inner step `step`."""
+        current = default
+        for from_step, seq_len, batch_size in self.schedule:
+            if step >= from_step:
+                current = (seq_len, batch_size)
+        return current
+
+
+@dataclass(frozen=True)
 class RunSpec:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -222,6 +249,7 @@ class RunSpec:
     sync: SyncSection = field(default_factory=SyncSection)
     coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
     sweep: SweepSection = field(default_factory=SweepSection)
+    curriculum: CurriculumSection = field(default_factory=CurriculumSection)
 
     @property
     def is_sweep(self) -> bool:
@@ -280,7 +308,7 @@ class RunSpec:
     def to_toml(self) -> str:
         lines: list[str] = []
         for table, values in self.to_dict().items():
-            if table == "sweep" and not self.is_sweep:
+            if (table == "sweep" and not self.is_sweep) or (table == "curriculum" and not self.curriculum.schedule):
                 continue
             nested = {k: v for k, v in values.items() if isinstance(v, dict)}
             lines.append(f"[{table}]")

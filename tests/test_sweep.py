@@ -82,3 +82,26 @@ def test_rcswarm_run_runs_a_local_sweep_and_fits_it(tmp_path):
     assert all(r["rounds"] == 2 for r in summary["runs"])
     assert "alpha" in summary["fit"] and "L^-" in result.stdout
     assert all((tmp_path / "run" / f"final-L{length}.safetensors").exists() for length in (4, 8, 16))
+
+
+def test_a_fixed_curriculum_changes_length_and_batch_by_step(start_coordinator, spawn_worker):
+    base = tiny_spec(run={"rounds": 4}, inner={"steps": 5})
+    spec = base.from_dict({**base.to_dict(), "curriculum": {"schedule": [[0, 16, 4], [10, 32, 2]]}})
+    local = start_coordinator(spec)
+    worker = spawn_worker(local.target, "learner")
+    assert worker.wait(timeout=180) == 0, logs_of([worker])
+    rows = local.service.store.query(
+        "SELECT version, seq_len, batch, MIN(tokens), MAX(tokens) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version"
+    )
+    assert rows == [(0, 16, 4, 64, 64), (1, 16, 4, 64, 64), (2, 32, 2, 64, 64), (3, 32, 2, 64, 64)]
+
+
+def test_curriculum_schedules_are_validated():
+    from rcswarm.protos.runspec import RunSpec
+
+    with pytest.raises(ValueError, match="curriculum.schedule"):
+        RunSpec.from_dict({"curriculum": {"schedule": [[5, 16, 4]]}})
+    with pytest.raises(ValueError, match="curriculum.schedule"):
+        RunSpec.from_dict({"curriculum": {"schedule": [[0, 16, 4], [0, 32, 2]]}})
+    with pytest.raises(ValueError, match="curriculum.schedule"):
+        RunSpec.from_dict({"curriculum": {"schedule": [[0, 16]]}})

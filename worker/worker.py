@@ -13,6 +13,7 @@ current step, sends Leave and exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -141,7 +142,9 @@ class Worker:
     def _build(self, spec: RunSpec, data_seed: int) -> None:
         self.model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides).to(self.device)
         self.optimizer = make_inner_optimizer(self.model, spec.inner)
-        self.sampler = make_sampler(spec.data, worker_data_seed(spec.run.seed, data_seed), model_config=self.model.config)
+        self.data_seed = worker_data_seed(spec.run.seed, data_seed)
+        self.data = spec.data
+        self.sampler = make_sampler(self.data, self.data_seed, model_config=self.model.config)
         self.codec = codecs.codec_from_name(spec.sync.codec)
         self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
 
@@ -154,9 +157,19 @@ class Worker:
                 raise Rejoin(err.details()) from err
             raise
 
+    def _follow_curriculum(self, version: int) -> None:
+        """Switch to the (seq_len, batch) the run's curriculum sets for this version's first step."""
+        data = self.spec.data
+        seq_len, batch = self.spec.curriculum.at(version * self.spec.inner.steps, (data.seq_len, data.batch_size))
+        if (seq_len, batch) != (self.data.seq_len, self.data.batch_size):
+            self.data = dataclasses.replace(data, seq_len=seq_len, batch_size=batch)
+            self.sampler = make_sampler(self.data, self.data_seed + version, model_config=self.model.config)
+            log.info("%s: curriculum at version %d: seq_len %d, batch %d", self.worker_id, version, seq_len, batch)
+
     def _round(self) -> None:
         sync_started = time.perf_counter()
         version = self._pull()
+        self._follow_curriculum(version)
         self.sync_seconds += time.perf_counter() - sync_started
         base = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
         self._held = (version, base)
@@ -180,7 +193,7 @@ class Worker:
 
     def _metric(self, version: int, **fields) -> pb.Metric:
         return pb.Metric(
-            version=version, step=self.step, seq_len=self.spec.data.seq_len, batch=self.spec.data.batch_size,
+            version=version, step=self.step, seq_len=self.data.seq_len, batch=self.data.batch_size,
             wall_time=time.perf_counter() - self.started, compute_seconds=self.compute_seconds,
             sync_seconds=self.sync_seconds, bytes_sent=self.client.bytes_sent,
             bytes_received=self.client.bytes_received, **fields,
