@@ -23,6 +23,7 @@ from rcswarm.models.chaingpt.model import (
     last_position_entropy,
 )
 from rcswarm.models.chaingpt.params import parameter_count_formula
+from rcswarm.models.chaingpt.rwkv7 import RWKV7, RWKV7Config
 from rcswarm.models.chaingpt.state import RWKVProduct
 from rcswarm.models.registry import ModelEntry, register
 
@@ -65,7 +66,17 @@ register(
     )
 )
 
+register(
+    ModelEntry(
+        name="rwkv7",
+        config_cls=RWKV7Config,
+        build=RWKV7,
+        presets={"tiny": {"d_model": 32, "n_layers": 2, "head_dim": 16}, "small": {"d_model": 128, "n_layers": 4, "head_dim": 32}},
+        description="RWKV-7 baseline: ChainGPT's state layer with M = 1, no attention.",
+    )
+)
+
 __all__ = [
-    "PRESETS", "SGSA", "AdaptiveOutput", "ChainGPT", "ChainGPTConfig", "RWKVProduct",
+    "PRESETS", "RWKV7", "RWKV7Config", "SGSA", "AdaptiveOutput", "ChainGPT", "ChainGPTConfig", "RWKVProduct",
     "last_position_entropy", "parameter_count_formula",
 ]
