@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=4096)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    console = Console()
+    console = Console(width=160)
     table = Table(title=f"git histories to frames, {args.rows}×{args.cols}, one core")
     for column in ("repository", "commits", "files", "actions", "actions/s", "seconds", "raw MB", "rcf MB", "ratio"):
         table.add_column(column, justify="right")

@@ -6,9 +6,8 @@ import math
 
 import pytest
 import torch
-from torch import Tensor
-
 from rcswarm.kernels.sgsa import sgsa_attention, sgsa_mask, sgsa_naive, sgsa_sparse
+from torch import Tensor
 
 TOLERANCE = 1e-10
 DTYPE = torch.float64
@@ -139,3 +138,76 @@ def test_bad_inputs_raise() -> None:
             function(q, k, v, 2, 2, float("nan"))
         with pytest.raises(ValueError, match="T >= 1"):
             function(q[:, :, :0], k[:, :, :0], v[:, :, :0], 2, 2)
+
+
+# --- float32 agreement and allocator independence ----------------------------------------------
+
+FLOAT32_TOLERANCE = 1e-4
+
+FLOAT32_CASES = [
+    # (batch, q_heads, kv_heads, length, dim, dim_v, window, anchor_stride, seed): T off the
+    # window-block grid, T below one block, grouped and plain multi-head.
+    (2, 4, 2, 45, 16, 8, 16, 4, 300),
+    (1, 3, 3, 11, 8, 8, 16, 3, 301),
+    (2, 6, 2, 70, 32, 16, 16, 8, 302),
+    (1, 4, 1, 33, 8, 12, 8, 5, 303),
+]
+
+
+@pytest.mark.parametrize("batch,q_heads,kv_heads,length,dim,dim_v,window,stride,seed", FLOAT32_CASES)
+def test_float32_sparse_matches_dense_forward_and_grads(
+    batch: int, q_heads: int, kv_heads: int, length: int, dim: int, dim_v: int, window: int, stride: int, seed: int
+) -> None:
+    q, k, v = (t.float() for t in make_inputs(batch, q_heads, kv_heads, length, dim, dim_v, seed))
+
+    def run(function):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = function(*leaves, window, stride)
+        cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 500))
+        return out.detach(), torch.autograd.grad((out * cotangent).sum(), leaves)
+
+    ref, ref_grads = run(sgsa_naive)
+    out, grads = run(sgsa_sparse)
+    assert out.dtype == torch.float32
+    assert relative_error(out, ref) <= FLOAT32_TOLERANCE
+    for name, grad, ref_grad in zip("qkv", grads, ref_grads, strict=True):
+        assert grad.dtype == torch.float32 and torch.isfinite(grad).all(), name
+        assert relative_error(grad, ref_grad) <= FLOAT32_TOLERANCE, name
+
+
+def _poison_allocator(fill: float) -> None:
+    """Allocate, fill and free a few large buffers so later allocations may reuse that memory."""
+    buffers = [torch.full((1 << 20,), fill) for _ in range(8)] + [torch.full((4096,), fill) for _ in range(64)]
+    del buffers
+
+
+@pytest.mark.parametrize("naive", [False, True])
+def test_results_do_not_depend_on_uninitialized_memory(naive: bool) -> None:
+    """The kernels take no preallocated outputs, so (1) run under different allocator states (NaN
+    vs zero filled freed memory) and (2) with torch.empty NaN-poisoned by torch's deterministic
+    mode; all runs must agree bitwise and be finite."""
+    q, k, v = (t.float() for t in make_inputs(2, 4, 2, 37, 8, 8, seed=310))
+
+    def run() -> list[Tensor]:
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = sgsa_attention(*leaves, 8, 5, naive=naive)
+        return [out.detach(), *torch.autograd.grad((out * out).sum(), leaves)]
+
+    runs = []
+    for fill in (float("nan"), 0.0, float("inf")):
+        _poison_allocator(fill)
+        runs.append(run())
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+    try:
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        assert torch.isnan(torch.empty(4)).all()  # the poisoning is active
+        runs.append(run())
+    finally:
+        torch.use_deterministic_algorithms(previous[0])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[1]
+    for tensor in runs[0]:
+        assert torch.isfinite(tensor).all()
+    for other in runs[1:]:
+        for first, second in zip(runs[0], other, strict=True):
+            assert torch.equal(first, second)

@@ -29,8 +29,9 @@ the UT transform is one unit-lower-triangular solve per chunk, independent of S_
     B̂ = b ⊙ e^{g_{C-1} - g_s},  K̂ = k ⊙ e^{g_{C-1} - g_s}
 
 All chunks are transformed at once (batched matrix products); only S_{n+1} = S_n A_n + F_n
-runs as a loop over the T / C chunks. A ragged tail is padded with identity steps
-(λ = 0, a = b = k = v = r = 0), which leave the state unchanged.
+runs as a loop over the T / C chunks (over `unbind` slices, so its backward stays linear in
+T). A ragged tail is padded with identity steps (λ = 0, a = b = k = v = r = 0), which leave
+the state unchanged.
 
 Backward: autograd through this formulation (triangular solve included). A hand-written
 backward is not provided; gradients agree with autograd through the naive loop.
@@ -107,9 +108,11 @@ def rwkv_product_chunked(
 
     state = r.new_zeros(batch, heads, d_v, d_k) if initial_state is None else initial_state
     entering = []
-    for n in range(chunks):
+    # unbind, not transition[:, :, n]: each select's backward would write a zero gradient of the
+    # whole [B, H, N, d_k, d_k] tensor, O(N²) work in backward; unbind's backward is one stack.
+    for transition_n, offset_n in zip(transition.unbind(2), offset.unbind(2), strict=True):
         entering.append(state)
-        state = state @ transition[:, :, n] + offset[:, :, n]  # [B, H, d_v, d_k]
+        state = state @ transition_n + offset_n  # [B, H, d_v, d_k]
     starts = torch.stack(entering, dim=2)  # [B, H, N, d_v, d_k]
 
     y = y_intra + read @ starts.transpose(-1, -2)  # [B, H, N, C, d_v]

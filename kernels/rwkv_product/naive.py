@@ -27,19 +27,22 @@ def rwkv_product_naive(
     initial_state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Outputs y [B, T, H, d_v] and the final state [B, H, d_v, d_k] by the per-step loop."""
-    batch, length, heads, d_k, d_v = check_inputs(r, w_raw, k, v, a, b, initial_state)
+    batch, _, heads, d_k, d_v = check_inputs(r, w_raw, k, v, a, b, initial_state)
     if initial_state is None:
         state = r.new_zeros(batch, heads, d_v, d_k)  # [B, H, d_v, d_k]
     else:
         state = initial_state
     decay = torch.exp(-torch.exp(w_raw))  # [B, T, H, d_k]
     outputs = []
-    for t in range(length):
-        sa = torch.einsum("bhvk,bhk->bhv", state, a[:, t])  # [B, H, d_v]
+    # Per-step slices by unbind (x[:, t] would make each step's backward write a zero gradient
+    # of the whole [B, T, H, d] input: O(T²) work); unbind's backward is one stack.
+    steps = zip(*(x.unbind(1) for x in (r, decay, k, v, a, b)), strict=True)
+    for r_t, decay_t, k_t, v_t, a_t, b_t in steps:
+        sa = torch.einsum("bhvk,bhk->bhv", state, a_t)  # [B, H, d_v]
         state = (
-            state * decay[:, t, :, None, :]
-            + sa[..., :, None] * b[:, t, :, None, :]
-            + v[:, t, :, :, None] * k[:, t, :, None, :]
+            state * decay_t[:, :, None, :]
+            + sa[..., :, None] * b_t[:, :, None, :]
+            + v_t[:, :, :, None] * k_t[:, :, None, :]
         )  # [B, H, d_v, d_k]
-        outputs.append(torch.einsum("bhvk,bhk->bhv", state, r[:, t]))  # [B, H, d_v]
+        outputs.append(torch.einsum("bhvk,bhk->bhv", state, r_t))  # [B, H, d_v]
     return torch.stack(outputs, dim=1), state  # [B, T, H, d_v], [B, H, d_v, d_k]
