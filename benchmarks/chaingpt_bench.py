@@ -36,11 +36,12 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
 from rcswarm.kernels.rwkv_product import rwkv_product_substeps
 from rcswarm.kernels.sgsa import sgsa_mask, sgsa_sparse
 from rcswarm.models.chaingpt import PRESETS, ChainGPT, ChainGPTConfig
-from rich.console import Console
-from rich.table import Table
 
 
 def timed(function: Callable[[], object], repeats: int) -> float:

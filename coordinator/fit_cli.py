@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
+
 from rcswarm.coordinator.fits import (
     AlphaPoint,
     AlphaScheduleFit,
@@ -39,8 +42,6 @@ from rcswarm.coordinator.fits import (
     predicted_crossover,
     seconds_per_step,
 )
-from rich.console import Console
-from rich.table import Table
 
 
 class MetricsFileError(ValueError):

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+
 from rcswarm.models import registry
 from rcswarm.models.chaingpt import (
     ChainGPT,

@@ -14,6 +14,7 @@ from itertools import islice
 import numpy as np
 import pytest
 import torch
+
 from rcswarm.data.diagnostics import IGNORE_INDEX, TASKS, Batch, make_task
 from rcswarm.data.diagnostics.frjt import (
     HALT_A,

@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+
 from rcswarm.coordinator.fit_cli import main
 from rcswarm.worker.cli import COMMANDS
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from rcswarm.coordinator.fits import (
     AlphaScheduleFit,
     amplitude_from_points,

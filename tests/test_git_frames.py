@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from rcswarm.data.frames.action_tokenizer import (
     ActionTokenizer,
     actions_to_text,

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
 from rcswarm.kernels.rwkv_product import (
     DEFAULT_CHUNK_SIZE,
     collapse_substeps,
@@ -13,9 +17,6 @@ from rcswarm.kernels.rwkv_product import (
     rwkv_product_naive,
     rwkv_product_substeps,
 )
-from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 TOLERANCE = 1e-10
 DTYPE = torch.float64

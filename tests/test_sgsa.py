@@ -6,8 +6,9 @@ import math
 
 import pytest
 import torch
-from rcswarm.kernels.sgsa import sgsa_attention, sgsa_mask, sgsa_naive, sgsa_sparse
 from torch import Tensor
+
+from rcswarm.kernels.sgsa import sgsa_attention, sgsa_mask, sgsa_naive, sgsa_sparse
 
 TOLERANCE = 1e-10
 DTYPE = torch.float64

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+
 from rcswarm.data.diagnostics.base import (
     PAD,
     DiagnosticTask,

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from rcswarm.data.diagnostics.base import (
     PAD,
     DiagnosticTask,

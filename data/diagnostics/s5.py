@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from itertools import permutations
 
 import numpy as np
+
 from rcswarm.data.diagnostics.base import (
     PAD,
     DiagnosticTask,

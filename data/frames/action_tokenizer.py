@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+
 from rcswarm.data.frames.git_editor import CONTROL_BASE
 
 CONTROL_CHAR_BASE = 0xF0000

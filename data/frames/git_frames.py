@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from rcswarm.data.frames.action_tokenizer import (
     ActionTokenizer,
     actions_to_text,

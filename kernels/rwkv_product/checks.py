@@ -6,8 +6,9 @@ v is [B, T, H, d_v], the state is [B, H, d_v, d_k] (value-major: y_t = S_t r_t).
 
 from __future__ import annotations
 
-from rcswarm.kernels.checks import check_float_tensors, describe
 from torch import Tensor
+
+from rcswarm.kernels.checks import check_float_tensors, describe
 
 
 def check_inputs(

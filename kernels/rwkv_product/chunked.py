@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from rcswarm.kernels.rwkv_product.checks import check_inputs
 from torch import Tensor
+
+from rcswarm.kernels.rwkv_product.checks import check_inputs
 
 DEFAULT_CHUNK_SIZE = 16
 

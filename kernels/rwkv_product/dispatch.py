@@ -7,13 +7,14 @@ loop (`naive.py`), the definition. `rwkv_product_substeps` expands the M substep
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from rcswarm.kernels.rwkv_product.chunked import (
     DEFAULT_CHUNK_SIZE,
     rwkv_product_chunked,
 )
 from rcswarm.kernels.rwkv_product.naive import rwkv_product_naive
 from rcswarm.kernels.rwkv_product.substeps import collapse_substeps, expand_substeps
-from torch import Tensor
 
 
 def rwkv_product(

@@ -13,8 +13,9 @@ gradients.
 from __future__ import annotations
 
 import torch
-from rcswarm.kernels.rwkv_product.checks import check_inputs
 from torch import Tensor
+
+from rcswarm.kernels.rwkv_product.checks import check_inputs
 
 
 def rwkv_product_naive(

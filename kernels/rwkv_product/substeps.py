@@ -14,8 +14,9 @@ is the identity.
 from __future__ import annotations
 
 import torch
-from rcswarm.kernels.rwkv_product.checks import describe
 from torch import Tensor
+
+from rcswarm.kernels.rwkv_product.checks import describe
 
 
 def expand_substeps(

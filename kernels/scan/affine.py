@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import Tensor
+
 from rcswarm.kernels.scan.dispatch import ScanMethod, prefix_scan
 from rcswarm.kernels.scan.tree import Element, Operator, describe
-from torch import Tensor
 
 AffineKind = Literal["diagonal", "matrix"]
 AFFINE_KINDS: tuple[AffineKind, ...] = ("diagonal", "matrix")

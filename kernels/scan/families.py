@@ -22,9 +22,10 @@ Keys are used as given: DeltaNet-style layers normalise k (and keep β in (0, 1)
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from rcswarm.kernels.scan.affine import AffineSequence
 from rcswarm.kernels.scan.tree import describe
-from torch import Tensor
 
 
 def _check_keys_values(k: Tensor, v: Tensor) -> None:

@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
-from rcswarm.kernels.checks import describe
 from torch import Tensor
+
+from rcswarm.kernels.checks import describe
 
 Element = Tensor | tuple[Tensor, ...]
 """One scan element (no sequence dim) or a stacked sequence/batch of them (dim 0)."""

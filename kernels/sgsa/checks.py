@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 
-from rcswarm.kernels.checks import check_float_tensors, describe
 from torch import Tensor
+
+from rcswarm.kernels.checks import check_float_tensors, describe
 
 
 def check_inputs(

@@ -6,9 +6,10 @@ dense-mask definition (`naive.py`).
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from rcswarm.kernels.sgsa.naive import sgsa_naive
 from rcswarm.kernels.sgsa.sparse import sgsa_sparse
-from torch import Tensor
 
 
 def sgsa_attention(

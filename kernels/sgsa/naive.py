@@ -12,8 +12,9 @@ uses key/value head h // (H_q / H_kv). Materializes the [T, T] mask: O(T²).
 from __future__ import annotations
 
 import torch
-from rcswarm.kernels.sgsa.checks import check_inputs
 from torch import Tensor
+
+from rcswarm.kernels.sgsa.checks import check_inputs
 
 
 def sgsa_mask(length: int, window: int, anchor_stride: int, device: torch.device | None = None) -> Tensor:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from rcswarm.kernels.sgsa.checks import check_inputs
 from torch import Tensor
+
+from rcswarm.kernels.sgsa.checks import check_inputs
 
 
 def sgsa_sparse(

@@ -19,13 +19,15 @@ logits up to float rounding.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from rcswarm.models.init import init_linear
 from torch import Tensor, nn
+
+from rcswarm.models.init import init_linear
 
 
 def check_positive_int(config: object, field: str) -> None:
@@ -155,3 +157,24 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc_out(F.gelu(self.fc_in(x)))  # [B, T, D]
+
+
+class BlockStack(nn.Module):
+    """Embedding, `config.n_layers` blocks, a final LayerNorm and a linear head to `config.out_dim`.
+
+    Subclasses give the config type and block class, and define `reset_parameters`, which
+    runs last in the constructor.
+    """
+
+    def __init__(self, config: BaselineConfig, config_type: type, block: Callable[[Any], nn.Module]) -> None:
+        super().__init__()
+        check_config(type(self), config, config_type)
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(block(config) for _ in range(config.n_layers))
+        self.norm_out = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.out_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        raise NotImplementedError

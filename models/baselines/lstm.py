@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor, nn
+
 from rcswarm.models.baselines.common import (
     BaselineConfig,
     check_config,
@@ -25,7 +27,6 @@ from rcswarm.models.baselines.common import (
     check_tokens,
 )
 from rcswarm.models.init import init_linear
-from torch import Tensor, nn
 
 
 @dataclass

@@ -37,10 +37,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from rcswarm.models.baselines.common import (
     BaselineConfig,
+    BlockStack,
     check_choice,
-    check_config,
     check_inputs,
     check_optional_positive_int,
     check_positive_float,
@@ -49,7 +51,6 @@ from rcswarm.models.baselines.common import (
     check_tokens,
 )
 from rcswarm.models.init import init_linear, init_norm
-from torch import Tensor, nn
 
 SCANS = ("sequential", "parallel")
 
@@ -225,18 +226,11 @@ class SSMBlock(nn.Module):
         return x + self.dropout(m), conv_state, h
 
 
-class SSMModel(nn.Module):
+class SSMModel(BlockStack):
     """Stack of selective-SSM blocks with a linear head to `config.out_dim`."""
 
     def __init__(self, config: SSMConfig) -> None:
-        super().__init__()
-        check_config(type(self), config, SSMConfig)
-        self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(SSMBlock(config) for _ in range(config.n_layers))
-        self.norm_out = nn.LayerNorm(config.d_model)
-        self.head = nn.Linear(config.d_model, config.out_dim)
-        self.reset_parameters()
+        super().__init__(config, SSMConfig, SSMBlock)
 
     def reset_parameters(self) -> None:
         """Initialize every parameter from the global torch RNG.

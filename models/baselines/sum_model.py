@@ -31,18 +31,19 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor, nn
+
 from rcswarm.models.baselines.common import (
     MLP,
     BaselineConfig,
+    BlockStack,
     check_choice,
-    check_config,
     check_inputs,
     check_positive_int,
     check_state_batch,
     check_tokens,
 )
 from rcswarm.models.init import init_linear, init_norm
-from torch import Tensor, nn
 
 REDUCTIONS = ("sum", "mean")
 
@@ -107,18 +108,11 @@ class SumBlock(nn.Module):
         return x, sums[:, -1]
 
 
-class SumModel(nn.Module):
+class SumModel(BlockStack):
     """Residual stack of cross-temporal sums and MLPs with a linear head to `config.out_dim`."""
 
     def __init__(self, config: SumConfig) -> None:
-        super().__init__()
-        check_config(type(self), config, SumConfig)
-        self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(SumBlock(config) for _ in range(config.n_layers))
-        self.norm_out = nn.LayerNorm(config.d_model)
-        self.head = nn.Linear(config.d_model, config.out_dim)
-        self.reset_parameters()
+        super().__init__(config, SumConfig, SumBlock)
 
     def reset_parameters(self) -> None:
         """Initialize every parameter from the global torch RNG.

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from rcswarm.models.baselines.common import (
     MLP,
     BaselineConfig,
@@ -48,7 +50,6 @@ from rcswarm.models.baselines.common import (
     check_tokens,
 )
 from rcswarm.models.init import init_linear, init_norm
-from torch import Tensor, nn
 
 POSITIONS = ("learned", "rope")
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from rcswarm.kernels.sgsa import sgsa_attention
 from rcswarm.models.chaingpt.config import ChainGPTConfig
-from torch import Tensor, nn
 
 
 def rope_inverse_frequencies(head_dim: int, base: float, alpha: float, beta_slow: float, beta_fast: float) -> Tensor:

@@ -11,10 +11,11 @@ with Mixer = RWKV-Product in the first (even-indexed) layer and SGSA in the seco
 from __future__ import annotations
 
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from rcswarm.models.chaingpt.attention import SGSA
 from rcswarm.models.chaingpt.config import ChainGPTConfig
 from rcswarm.models.chaingpt.state import RWKVProduct
-from torch import Tensor, nn
 
 
 class SwiGLU(nn.Module):

@@ -24,9 +24,10 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from rcswarm.models.chaingpt.block import ChainBlock
 from rcswarm.models.chaingpt.config import ChainGPTConfig
-from torch import Tensor, nn
 
 THRESHOLD_SCHEDULES = ("constant", "inv_sqrt")
 ENTROPY_EPS = 1e-10

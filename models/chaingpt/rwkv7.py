@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import Tensor, nn
+
 from rcswarm.models.chaingpt.block import Layer
 from rcswarm.models.chaingpt.config import ChainGPTConfig
 from rcswarm.models.chaingpt.state import RWKVProduct
-from torch import Tensor, nn
 
 
 @dataclass

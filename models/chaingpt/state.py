@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from rcswarm.kernels.rwkv_product import rwkv_product_substeps
 from rcswarm.models.chaingpt.config import ChainGPTConfig
-from torch import Tensor, nn
 
 MIX_NAMES = ("r", "w", "k", "v", "a", "g")
 

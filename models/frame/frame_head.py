@@ -26,10 +26,11 @@ A cell is a pair (char id, style id): char ids in [0, char_vocab) (use
 from __future__ import annotations
 
 import torch
+from torch import Tensor, nn
+
 from rcswarm.models.frame.config import FrameModelConfig
 from rcswarm.models.frame.layers import TransformerBlock, init_lstm_
 from rcswarm.models.init import init_norm
-from torch import Tensor, nn
 
 CHAR = 0
 STYLE = 1

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from rcswarm.models.init import init_linear, init_norm
 from torch import Tensor, nn
+
+from rcswarm.models.init import init_linear, init_norm
 
 
 def init_lstm_(lstm: nn.LSTM) -> None:

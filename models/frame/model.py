@@ -22,11 +22,12 @@ The model splits into the two halves the streaming backward pass
 from __future__ import annotations
 
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from rcswarm.models.frame.config import FrameModelConfig
 from rcswarm.models.frame.frame_head import FrameHead
 from rcswarm.models.frame.layers import MLP, init_lstm_
 from rcswarm.models.init import INIT_STD, init_linear, init_norm
-from torch import Tensor, nn
 
 LSTMState = tuple[Tensor, Tensor]
 """(h, c) of one single-layer nn.LSTM, each [1, B, H]."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+
 from rcswarm.models.frame.config import FrameModelConfig
 from rcswarm.models.frame.model import FrameActionModel
 
