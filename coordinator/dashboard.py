@@ -64,7 +64,6 @@ class NotFound(Exception):
     """A path the dashboard does not serve; answered with 404 and this message."""
 
 
-# ----------------------------------------------------------------------------- analysis
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,6 @@ def fit_report(query: Query, run_id: str | None = None) -> FitReport:
     return FitReport(curves, analysis, "")
 
 
-# ----------------------------------------------------------------------------- plots
 
 
 def _figure() -> tuple[Any, Any]:
@@ -233,7 +231,6 @@ def _render_plot(name: str, report: FitReport) -> bytes:
     return _png(figure)
 
 
-# ----------------------------------------------------------------------------- state views
 
 
 def _enum_names(enum: Any, prefix: str) -> dict[int, str]:
@@ -319,7 +316,6 @@ def status_dict(status: pb.GetStatusResponse, totals: dict[str, WorkerTotals], f
     return _finite(out)
 
 
-# ----------------------------------------------------------------------------- prometheus
 
 
 class CoordinatorCollector:
@@ -417,7 +413,6 @@ class CoordinatorCollector:
         yield g
 
 
-# ----------------------------------------------------------------------------- HTML
 
 
 def _fmt(value: Any, spec: str = ".4g") -> str:
@@ -516,7 +511,6 @@ Prometheus: <a href="/metrics">/metrics</a>. Rendered {time.strftime('%Y-%m-%d %
 """
 
 
-# ----------------------------------------------------------------------------- server
 
 
 def _int_param(params: dict[str, list[str]], name: str, default: int, low: int, high: int) -> int:

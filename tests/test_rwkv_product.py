@@ -249,7 +249,6 @@ def test_bad_inputs_raise() -> None:
         collapse_substeps(inputs["v"], 3)
 
 
-# --- float32 agreement, allocator independence, Lemma 2 -------------------------------------
 
 FLOAT32_TOLERANCE = 1e-4
 

@@ -141,7 +141,6 @@ def test_bad_inputs_raise() -> None:
             function(q[:, :, :0], k[:, :, :0], v[:, :, :0], 2, 2)
 
 
-# --- float32 agreement and allocator independence ----------------------------------------------
 
 FLOAT32_TOLERANCE = 1e-4
 
