@@ -60,8 +60,19 @@ def report(status: pb.GetStatusResponse, console: Console, fits: Any = None, tot
     run.add_row("latest loss", _num(status.latest_loss))
     run.add_row("tokens", str(status.total_tokens))
     run.add_row("tokens/s", _num(status.tokens_per_second))
-    run.add_row("θ sha256", status.param_sha256[:16] + "…")
+    if status.param_sha256:
+        run.add_row("θ sha256", status.param_sha256[:16] + "…")
     console.print(run)
+
+    if status.runs:
+        sweep = Table(title="runs of the sweep")
+        for name in ("run", "seq_len", "batch", "state", "version", "active workers", "loss", "tokens", "tokens/s"):
+            sweep.add_column(name, justify="left" if name in ("run", "state") else "right")
+        for r in status.runs:
+            sweep.add_row(r.run_id, str(r.seq_len), str(r.batch_size), RUN_STATES.get(r.run_state, "unknown"),
+                          f"{r.version} / {r.target_rounds or '∞'}", str(r.active_workers), _num(r.latest_loss),
+                          str(r.total_tokens), _num(r.tokens_per_second))
+        console.print(sweep)
 
     workers = Table(title="workers")
     extra = ("tokens/s", "loss", "seq_len") if totals is not None else ()

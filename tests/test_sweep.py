@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import io
 
+import pytest
+from rich.console import Console
+
+from rcswarm.coordinator import status_cli
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.store import StateStore
 from rcswarm.coordinator.sweep import RunLoad, SweepCoordinator, decide_assignment, decide_move, run_state_dir
@@ -42,6 +46,9 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
             assert proc.wait(timeout=240) == 0, logs_of(procs)
         status = sweep.status()
         assert status.run_state == pb.RUN_STATE_FINISHED
+        printed = io.StringIO()
+        status_cli.report(status, Console(file=printed, width=200))
+        assert "runs of the sweep" in printed.getvalue() and "test-L16" in printed.getvalue()
         assert [(r.seq_len, r.batch_size, r.version) for r in status.runs] == [(8, 2, 3), (16, 8, 3)]
     finally:
         running.stop(grace=0.5)
