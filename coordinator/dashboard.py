@@ -334,32 +334,27 @@ class CoordinatorCollector:
         status = d.coordinator.status()
         run = status.run_id
         totals = worker_totals(d.query, run)
-        g = GaugeMetricFamily("rcswarm_version", "Current global parameter version", labels=["run_id"])
-        g.add_metric([run], status.version)
-        yield g
-        g = GaugeMetricFamily("rcswarm_target_rounds", "Configured number of rounds (0 = unbounded)", labels=["run_id"])
-        g.add_metric([run], status.target_rounds)
-        yield g
-        g = GaugeMetricFamily("rcswarm_run_finished", "1 once the configured rounds are done", labels=["run_id"])
-        g.add_metric([run], 1.0 if status.run_state == pb.RUN_STATE_FINISHED else 0.0)
-        yield g
+
+        def gauge(name: str, documentation: str, value: float) -> Any:
+            family = GaugeMetricFamily(name, documentation, labels=["run_id"])
+            family.add_metric([run], value)
+            return family
+
+        yield gauge("rcswarm_version", "Current global parameter version", status.version)
+        yield gauge("rcswarm_target_rounds", "Configured number of rounds (0 = unbounded)", status.target_rounds)
+        yield gauge("rcswarm_run_finished", "1 once the configured rounds are done",
+                    1.0 if status.run_state == pb.RUN_STATE_FINISHED else 0.0)
         by_state = {name: 0 for name in ("active", "left", "evicted")}
         for w in status.workers:
             name = STATE_NAMES.get(w.state, "unknown")
             by_state[name] = by_state.get(name, 0) + 1
-        g = GaugeMetricFamily("rcswarm_workers_active", "Workers holding a lease", labels=["run_id"])
-        g.add_metric([run], by_state["active"])
-        yield g
+        yield gauge("rcswarm_workers_active", "Workers holding a lease", by_state["active"])
         g = GaugeMetricFamily("rcswarm_workers", "Workers known to the coordinator by state", labels=["run_id", "state"])
         for name, count in sorted(by_state.items()):
             g.add_metric([run, name], count)
         yield g
-        g = GaugeMetricFamily("rcswarm_loss", "Mean of the workers' latest training loss", labels=["run_id"])
-        g.add_metric([run], status.latest_loss)
-        yield g
-        g = GaugeMetricFamily("rcswarm_tokens_per_second", "Tokens per second since the first metric", labels=["run_id"])
-        g.add_metric([run], status.tokens_per_second)
-        yield g
+        yield gauge("rcswarm_loss", "Mean of the workers' latest training loss", status.latest_loss)
+        yield gauge("rcswarm_tokens_per_second", "Tokens per second since the first metric", status.tokens_per_second)
         c = CounterMetricFamily("rcswarm_tokens", "Tokens reported by all workers", labels=["run_id"])
         c.add_metric([run], status.total_tokens)
         yield c

@@ -365,8 +365,9 @@ class SwarmCoordinator:
             self.store.add_event(worker_id, "reassign", reason)
             self._maybe_close_round()
 
-    def summary(self) -> pb.RunSummary:
-        status = self.status()
+    def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
+        """This run in one line, from `status` when the caller already has it."""
+        status = status or self.status()
         return pb.RunSummary(
             run_id=status.run_id, version=status.version, run_state=status.run_state,
             target_rounds=status.target_rounds, seq_len=self.spec.data.seq_len, batch_size=self.spec.data.batch_size,

@@ -181,7 +181,7 @@ class SweepCoordinator:
         for run, status in zip(self.runs, statuses, strict=True):
             response.workers.extend(status.workers)
             response.rounds.extend(status.rounds[-3:])
-            response.runs.append(run.summary())
+            response.runs.append(run.summary(status))
         return response
 
     def tick(self) -> None:

@@ -119,6 +119,12 @@ def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
             proc.wait(timeout=10)
 
 
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |value - reference| / max(max |reference|, tiny): the kernels' comparison with their references."""
+    scale = reference.abs().max().clamp_min(1e-300)
+    return float((value - reference).abs().max() / scale)
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

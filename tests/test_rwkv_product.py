@@ -17,15 +17,10 @@ from rcswarm.kernels.rwkv_product import (
     rwkv_product_naive,
     rwkv_product_substeps,
 )
+from tests.conftest import relative_error
 
 TOLERANCE = 1e-10
 DTYPE = torch.float64
-
-
-def relative_error(value: Tensor, reference: Tensor) -> float:
-    """max |value - reference| / max(max |reference|, tiny)."""
-    scale = reference.abs().max().clamp_min(1e-300)
-    return float((value - reference).abs().max() / scale)
 
 
 def make_inputs(

@@ -9,15 +9,10 @@ import torch
 from torch import Tensor
 
 from rcswarm.kernels.sgsa import sgsa_attention, sgsa_mask, sgsa_naive, sgsa_sparse
+from tests.conftest import relative_error
 
 TOLERANCE = 1e-10
 DTYPE = torch.float64
-
-
-def relative_error(value: Tensor, reference: Tensor) -> float:
-    """max |value - reference| / max(max |reference|, tiny)."""
-    scale = reference.abs().max().clamp_min(1e-300)
-    return float((value - reference).abs().max() / scale)
 
 
 def make_inputs(
