@@ -2,7 +2,7 @@
 
     rcswarm fit METRICS.{csv,jsonl} --out plot.png [--step-column step --length-column seq_len
                                                     --loss-column loss --time-column wall_time
-                                                    --run-column run_id]
+                                                    --run-column run_id --smooth 25]
 
 Rows come from a CSV file with a header or from one JSON object per line (the coordinator's
 metrics table, exported). Rows are grouped by sequence length (each run must keep one length);
@@ -10,6 +10,8 @@ a length's loss and wall time at a step are the means over its rows at that step
 length its runs, final loss and measured seconds per step; the power law loss(L | s) at matched
 steps, the schedule α(s) = α∞(1 − e^(−s/τ)) with its R² and per-doubling improvement; and for
 each pair of neighbouring lengths the observed and the predicted (Eq. 11) wall-time crossover.
+Observed crossovers and the wall-time plot use each length's losses smoothed by a centred
+moving average over `--smooth` steps (1: raw); the fits use the raw losses.
 A malformed file is reported with its name and line number, exit code 2.
 """
 
@@ -41,7 +43,10 @@ from rcswarm.coordinator.fits import (
     per_doubling,
     predicted_crossover,
     seconds_per_step,
+    smooth_losses,
 )
+
+DEFAULT_SMOOTH_STEPS = 25
 
 
 class MetricsFileError(ValueError):
@@ -93,6 +98,7 @@ class Analysis:
     points: list[AlphaPoint]
     schedule: AlphaScheduleFit
     crossovers: list[PairCrossover]
+    smooth: int
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -230,8 +236,11 @@ def length_curves(path: Path, rows: Sequence[Row]) -> list[LengthCurve]:
     return curves
 
 
-def analyse(curves: Sequence[LengthCurve]) -> Analysis:
-    """Power law at matched steps, the α(s) schedule, and neighbouring-length crossovers."""
+def analyse(curves: Sequence[LengthCurve], smooth: int = DEFAULT_SMOOTH_STEPS) -> Analysis:
+    """Power law at matched steps, the α(s) schedule, and neighbouring-length crossovers.
+
+    Crossovers are observed on the losses smoothed over `smooth` steps (see `smooth_losses`).
+    """
     points = fit_alpha_over_steps({curve.length: (curve.steps, curve.losses) for curve in curves})
     schedule = fit_alpha_schedule([p.step for p in points], [p.alpha for p in points])
     log_amplitude = amplitude_from_points(points)
@@ -239,13 +248,14 @@ def analyse(curves: Sequence[LengthCurve]) -> Analysis:
     for short, long in pairwise(curves):
         crossovers.append(PairCrossover(
             length_short=short.length, length_long=long.length,
-            observed=observed_crossover(short.times, short.losses, long.times, long.losses),
+            observed=observed_crossover(short.times, smooth_losses(short.losses, smooth),
+                                        long.times, smooth_losses(long.losses, smooth)),
             predicted=predicted_crossover(
                 schedule, short.length, short.seconds_per_step, long.length, long.seconds_per_step,
                 log_amplitude=log_amplitude,
             ),
         ))
-    return Analysis(curves=list(curves), points=points, schedule=schedule, crossovers=crossovers)
+    return Analysis(curves=list(curves), points=points, schedule=schedule, crossovers=crossovers, smooth=smooth)
 
 
 def _seconds(value: float | None) -> str:
@@ -274,7 +284,7 @@ def report(analysis: Analysis, console: Console) -> None:
     fit.add_row(f"α at step {last.step:g}", f"{last.alpha:.4f} (A {last.amplitude:.3f}, R² {last.r_squared:.3f})")
     fit.add_row(f"per doubling at step {last.step:g}", f"{per_doubling(last.alpha):.4f}")
     console.print(fit)
-    cross = Table(title="wall-time crossover: longer L below shorter L from then on")
+    cross = Table(title=f"wall-time crossover: longer L below shorter L from then on ({analysis.smooth}-step mean)")
     for name in ("L short → long", "observed", "predicted (Eq. 11)", "predicted steps short / long"):
         cross.add_column(name, justify="right")
     for pair in analysis.crossovers:
@@ -301,7 +311,9 @@ def plot(analysis: Analysis, out: Path) -> None:
         line, = by_step.plot(curve.steps, curve.losses, alpha=0.6, label=f"L={curve.length:g}")
         fitted = [math.exp(log_amplitude(s) - schedule.alpha(s) * math.log(curve.length)) for s in matched]
         by_step.plot(matched, fitted, "--", color=line.get_color())
-        by_time.plot(curve.times, curve.losses, color=line.get_color(), label=f"L={curve.length:g}")
+        by_time.plot(curve.times, curve.losses, color=line.get_color(), alpha=0.2, linewidth=0.5)
+        by_time.plot(curve.times, smooth_losses(curve.losses, analysis.smooth), color=line.get_color(),
+                     label=f"L={curve.length:g}")
     by_step.set(xscale="log", yscale="log", xlabel="step", ylabel="loss", title="loss vs step (dashed: fit)")
     by_step.legend()
     alphas.plot(matched, [p.alpha for p in analysis.points], "o", label="α(s) at matched steps")
@@ -314,7 +326,7 @@ def plot(analysis: Analysis, out: Path) -> None:
         if pair.observed is not None:
             by_time.axvline(pair.observed, color="grey", linestyle=":", linewidth=1)
     by_time.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="loss",
-                title="loss vs wall time (dotted: observed crossovers)")
+                title=f"loss vs wall time, {analysis.smooth}-step mean (dotted: observed crossovers)")
     by_time.legend()
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -332,6 +344,9 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--loss-column", default="loss")
     result.add_argument("--time-column", default="wall_time")
     result.add_argument("--run-column", default="run_id")
+    result.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH_STEPS,
+                        help="observed crossovers and the wall-time plot average each length's losses over this "
+                             "many steps, centred (1: raw)")
     return result
 
 
@@ -345,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = read_state_dirs(args.metrics) if args.metrics.is_dir() else read_metrics(args.metrics, columns)
         curves = length_curves(args.metrics, rows)
-        analysis = analyse(curves)
+        analysis = analyse(curves, args.smooth)
     except ValueError as error:
         print(f"rcswarm fit: {args.metrics}: {error}" if not isinstance(error, MetricsFileError)
               else f"rcswarm fit: {error}", file=sys.stderr)

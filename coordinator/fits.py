@@ -9,7 +9,8 @@ Section 10.5.1: fitted at many matched steps (`fit_alpha_over_steps`), the expon
 α(s) = α∞ (1 − e^(−s/τ)) (`fit_alpha_schedule`, Eq. 9). Wall time (Eq. 11): a run of length L
 at wall time t has taken s = t / c_L steps, c_L its measured seconds per step (γt/L when
 c_L = L/γ); `predicted_crossover` finds when the longer length's predicted loss stays below
-the shorter's, `observed_crossover` the same on recorded curves.
+the shorter's, `observed_crossover` the same on recorded curves (after `smooth_losses`, a
+centred moving average over steps, since one step's loss is noisy).
 """
 
 from __future__ import annotations
@@ -213,6 +214,25 @@ def fit_alpha_over_steps(
         fit = fit_power_law(lengths, losses, resamples=0)
         points.append(AlphaPoint(step=float(step), alpha=fit.alpha, amplitude=fit.amplitude, r_squared=fit.r_squared))
     return points
+
+
+def smooth_losses(losses: Sequence[float], window: int) -> np.ndarray:
+    """Centred moving average over `window` consecutive steps, the window shrinking at both ends.
+
+    Centred rather than trailing so a curve is not shifted later in time: a trailing mean would
+    lag a slow run (more seconds per step) more than a fast one and bias crossovers late.
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window={window!r}: expected a positive number of steps")
+    values = np.asarray(losses, dtype=np.float64)  # [n]
+    if values.ndim != 1:
+        raise ValueError(f"losses of shape {values.shape}: expected one dimension")
+    before, after = (window - 1) // 2, window // 2
+    sums = np.concatenate([[0.0], np.cumsum(values)])  # [n + 1]
+    index = np.arange(len(values))
+    low = np.maximum(index - before, 0)
+    high = np.minimum(index + after + 1, len(values))
+    return (sums[high] - sums[low]) / (high - low)
 
 
 def observed_crossover(

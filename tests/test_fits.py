@@ -148,3 +148,30 @@ def test_helpers_and_bad_input():
         predicted_crossover(AlphaScheduleFit(0.3, 100, 1), 4, 1, 2, 1)
     with pytest.raises(ValueError, match="increase with step"):
         seconds_per_step([1, 2], [2.0, 1.0])
+
+
+def test_smooth_losses_is_a_centred_mean_with_shrinking_ends():
+    from rcswarm.coordinator.fits import smooth_losses
+
+    values = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert smooth_losses(values, 1).tolist() == values
+    assert smooth_losses(values, 3).tolist() == pytest.approx([1.5, 2.0, 3.0, 17 / 3, 7.0])
+    assert smooth_losses(values, 4).tolist() == pytest.approx([2.0, 2.5, 4.75, 17 / 3, 7.0])
+    assert smooth_losses(values, 99).tolist() == pytest.approx([4.0] * 5)
+    for window in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="window"):
+            smooth_losses(values, window)
+
+
+def test_smoothing_removes_a_noise_crossover_but_keeps_the_real_one():
+    steps = np.arange(1, 401, dtype=float)
+    short = 2.0 + 1.0 / steps  # [400]
+    long_ = 1.9 + 3.0 / steps
+    wiggle = np.where(np.arange(400) % 2 == 0, 0.3, -0.3)
+    noisy_long = long_ + wiggle
+    raw = observed_crossover(steps, short, steps, noisy_long)
+    from rcswarm.coordinator.fits import smooth_losses
+
+    smoothed = observed_crossover(steps, short, steps, smooth_losses(noisy_long, 2))
+    assert smoothed == pytest.approx(20.0, abs=1.0)
+    assert raw is None or raw > 300

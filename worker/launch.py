@@ -124,13 +124,21 @@ def _progress_line(status: pb.GetStatusResponse) -> str:
     return f"loss {status.latest_loss:.3f}  {status.tokens_per_second:,.0f} tok/s  workers {active}"
 
 
-def watch(swarm: Swarm, client: CoordinatorClient, rounds: int, console: Console, stop: threading.Event) -> None:
-    """Show progress until the run finishes, every worker exits, or a stop is requested."""
+def watch(
+    swarm: Swarm, client: CoordinatorClient, rounds: int, console: Console, stop: threading.Event,
+    deadline: float = math.inf,
+) -> bool:
+    """Show progress until the run finishes, every worker exits, a stop is requested, or the deadline.
+
+    Returns True when the wall-time deadline (time.monotonic()) ended the watch.
+    """
     columns = [TextColumn("round"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("train", total=rounds or None, info="starting")
         last_version = -1
         while not stop.wait(POLL_S):
+            if time.monotonic() >= deadline:
+                return True
             try:
                 status = client.status()
             except grpc.RpcError:
@@ -140,7 +148,8 @@ def watch(swarm: Swarm, client: CoordinatorClient, rounds: int, console: Console
                 console.print(f"round {status.version}/{rounds or '∞'}  {_progress_line(status)}")
             last_version = status.version
             if swarm.workers_running() == 0:
-                return
+                return False
+    return False
 
 
 def evaluate(spec: RunSpec, params: dict[str, torch.Tensor] | None) -> float:
@@ -238,7 +247,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: run.workers)")
     parser.add_argument("--rounds", type=int, default=None, help="outer rounds (default: run.rounds)")
     parser.add_argument("--run-dir", type=Path, default=None, help="default: runs/<name>-<time>")
-    return parser.parse_args(argv)
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="wall-time budget: stop every process after this many minutes, however many rounds ran "
+                             "(a sweep's runs then share the same training time, the comparison of loss vs wall time)")
+    args = parser.parse_args(argv)
+    if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
+        parser.error(f"--minutes must be a positive number of minutes, got {args.minutes}")
+    return args
 
 
 def load_spec(args: argparse.Namespace) -> RunSpec:
@@ -269,15 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     swarm = Swarm(spec, run_dir, spec.run.workers)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    interrupted = False
+    interrupted = out_of_time = False
     try:
         port = swarm.start_coordinator()
         console.print(f"coordinator on 127.0.0.1:{port}; starting {spec.run.workers} workers; logs in {swarm.logs}")
         swarm.start_workers(port)
         swarm.write_process_table()
         client = CoordinatorClient(f"127.0.0.1:{port}", swarm.token, retry=RetryPolicy(max_elapsed_s=10.0))
+        deadline = time.monotonic() + args.minutes * 60.0 if args.minutes else math.inf
         try:
-            watch(swarm, client, spec.run.rounds, console, stop)
+            out_of_time = watch(swarm, client, spec.run.rounds, console, stop, deadline)
         finally:
             client.close()
         interrupted = stop.is_set()
@@ -294,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     if interrupted:
         console.print("stopped by a signal; every process was shut down")
         return 130
+    if out_of_time and not failed:
+        console.print(f"stopped at the {args.minutes:g}-minute budget after {rounds} rounds")
+        return 0
     if failed or rounds < spec.run.rounds:
         console.print(f"the run did not complete: worker exit codes {[p.returncode for p in swarm.workers]}; see {swarm.logs}")
         return 1
