@@ -1,21 +1,28 @@
-"""A read-only HTTP dashboard next to the coordinator's gRPC server.
+"""A read-only HTTP dashboard next to the coordinator's gRPC server, for a run or a sweep.
 
     rcswarm coordinator --config RUN.toml --state-dir DIR --http-port 8080   (loopback by default)
 
 Endpoints (GET only; everything is rendered on the server, no JavaScript):
 
-    /                      HTML: run, workers, rounds, fits, crossovers and the three plots
+    /                      HTML: run, workers, rounds, fits, crossovers and the three plots; for a
+                           sweep, its runs (L, batch, version, workers assigned, tokens/s, loss) too
     /plot/loss_step.png    loss against step per seq_len, log axes, with the fitted curves
     /plot/loss_time.png    loss against wall time per seq_len, log axes, observed crossovers
     /plot/alpha.png        α(s) at matched steps with the fitted α∞(1 − e^(−s/τ))
-    /api/status            JSON: GetStatus plus per-worker totals and the fit summary
+    /api/status            JSON: GetStatus plus per-worker totals and the fit summary; for a
+                           sweep also `runs`, one entry per run, and each worker's and round's run
     /api/metrics?since=ROWID[&limit=N]   JSON: metric rows with rowid > ROWID, oldest first
-    /metrics               Prometheus text exposition (prometheus_client, custom collector)
+                           (a sweep: &run=RUN_ID, since each run has its own store)
+    /metrics               Prometheus text exposition (prometheus_client, custom collector);
+                           every sample labelled with its run_id, one set per run of a sweep
     /healthz               "ok"
 
 Unknown paths answer 404, bad query values 400 with a message. Every connection has a
 socket timeout; the server runs in daemon threads and never reaches outside the host.
-The fits reuse coordinator/fit_cli.py's `analyse` on the metrics table grouped by seq_len.
+The fits reuse coordinator/fit_cli.py's `analyse` on the metrics grouped by seq_len: a single
+run's by each worker's step and wall time, a sweep's by each run's own step (version ×
+inner.steps + the step within the round) and time since the run's first metric, the way
+`rcswarm fit` reads state dirs, because a worker that moves between runs keeps its counters.
 """
 
 from __future__ import annotations
@@ -23,23 +30,24 @@ from __future__ import annotations
 import html
 import io
 import ipaddress
+import itertools
 import json
 import logging
 import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import numpy as np
 from google.protobuf import json_format
 
-from rcswarm.coordinator.fit_cli import Analysis, LengthCurve, analyse
+from rcswarm.coordinator.fit_cli import STATE_QUERY, Analysis, LengthCurve, analyse
 from rcswarm.coordinator.fits import amplitude_from_points, seconds_per_step
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
@@ -110,10 +118,42 @@ def fit_report(query: Query, run_id: str | None = None) -> FitReport:
         f"WHERE {where} ORDER BY rowid DESC LIMIT {ANALYSIS_MAX_ROWS}) GROUP BY seq_len, step ORDER BY seq_len, step",
         params,
     )
-    by_length: dict[float, list[tuple[float, float, float]]] = {}
+    return fit_step_means(rows)
+
+
+# A sweep's run on its own clock, as `rcswarm fit` reads state dirs: step = version × inner.steps + the
+# step within the round, time from the run's first metric on the coordinator's clock. Workers that move
+# between runs keep their own step counters and clocks, which would mix runs.
+RUN_STEP_QUERY = (
+    f"SELECT seq_len, version * ? + k + 1 AS run_step, AVG(loss), AVG(t) FROM ({STATE_QUERY}) "
+    "WHERE loss > 0 AND seq_len > 0 GROUP BY seq_len, run_step ORDER BY seq_len, run_step"
+)
+
+
+def run_step_means(query: Query, inner_steps: int) -> list[tuple[float, float, float, float]]:
+    """(seq_len, run step, mean loss, mean seconds since the run's first metric) of one run's metrics table."""
+    if isinstance(inner_steps, bool) or not isinstance(inner_steps, int) or inner_steps < 1:
+        raise ValueError(f"inner_steps={inner_steps!r}: expected a positive integer")
+    return [
+        (float(length), float(step), float(loss), float(t))
+        for length, step, loss, t in query(RUN_STEP_QUERY, (inner_steps,))
+        if loss is not None and t is not None
+    ]
+
+
+def fit_step_means(rows: Iterable[Sequence[Any]]) -> FitReport:
+    """Curves per seq_len from (seq_len, step, mean loss, mean wall time) rows, and the fit when possible.
+
+    Rows from several runs may repeat a (seq_len, step): those are averaged.
+    """
+    merged: dict[tuple[float, float], list[tuple[float, float]]] = {}
     for length, step, loss, wall in rows:
         if loss is not None and wall is not None and math.isfinite(loss) and math.isfinite(wall):
-            by_length.setdefault(float(length), []).append((float(step), float(loss), float(wall)))
+            merged.setdefault((float(length), float(step)), []).append((float(loss), float(wall)))
+    by_length: dict[float, list[tuple[float, float, float]]] = {}
+    for (length, step), values in sorted(merged.items()):
+        loss, wall = (sum(v) / len(values) for v in zip(*values))
+        by_length.setdefault(length, []).append((step, loss, wall))
     curves, skipped = [], []
     for length, points in sorted(by_length.items()):
         steps = np.array([p[0] for p in points])
@@ -288,40 +328,99 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _worker_dict(w: pb.WorkerStatus, totals: dict[str, WorkerTotals]) -> dict[str, Any]:
+    t = totals.get(w.worker_id)
+    return {
+        "worker_id": w.worker_id, "name": w.name, "state": STATE_NAMES.get(w.state, "unknown"),
+        "base_version": w.base_version, "seconds_since_heartbeat": w.seconds_since_heartbeat, "device": w.device,
+        "reason": w.reason, "tokens": t.tokens if t else 0, "tokens_per_second": t.tokens_per_second if t else 0.0,
+        "bytes_sent": t.bytes_sent if t else 0, "bytes_received": t.bytes_received if t else 0,
+        "last_step": t.last_step if t else None, "seq_len": t.last_seq_len if t else None,
+        "loss": t.last_loss if t else None,
+    }
+
+
+def _round_dict(r: pb.RoundStatus) -> dict[str, Any]:
+    return {"version": r.version, "reports": r.reports, "tokens": r.tokens, "opened_at": r.opened_at,
+            "closed_at": r.closed_at or None, "close_reason": r.close_reason, "update_norm": r.update_norm,
+            "duration_s": (r.closed_at - r.opened_at) if r.closed_at else None, "open": not r.closed_at}
+
+
 def status_dict(status: pb.GetStatusResponse, totals: dict[str, WorkerTotals], fits: FitReport | None) -> dict[str, Any]:
     out = json_format.MessageToDict(status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     # MessageToDict writes int64 as strings and NaN as "NaN"; use plain numbers.
     out["version"], out["target_rounds"], out["total_tokens"] = status.version, status.target_rounds, status.total_tokens
     out["latest_loss"] = status.latest_loss
     out["run_state"] = RUN_STATE_NAMES.get(status.run_state, "unknown")
-    out["workers"] = []
-    for w in status.workers:
-        t = totals.get(w.worker_id)
-        out["workers"].append({
-            "worker_id": w.worker_id, "name": w.name, "state": STATE_NAMES.get(w.state, "unknown"),
-            "base_version": w.base_version, "seconds_since_heartbeat": w.seconds_since_heartbeat, "device": w.device,
-            "reason": w.reason, "tokens": t.tokens if t else 0, "tokens_per_second": t.tokens_per_second if t else 0.0,
-            "bytes_sent": t.bytes_sent if t else 0, "bytes_received": t.bytes_received if t else 0,
-            "last_step": t.last_step if t else None, "seq_len": t.last_seq_len if t else None,
-            "loss": t.last_loss if t else None,
-        })
-    out["rounds"] = [
-        {"version": r.version, "reports": r.reports, "tokens": r.tokens, "opened_at": r.opened_at,
-         "closed_at": r.closed_at or None, "close_reason": r.close_reason, "update_norm": r.update_norm,
-         "duration_s": (r.closed_at - r.opened_at) if r.closed_at else None, "open": not r.closed_at}
-        for r in status.rounds
-    ]
+    out["kind"] = "run"
+    out["workers"] = [_worker_dict(w, totals) for w in status.workers]
+    out["rounds"] = [_round_dict(r) for r in status.rounds]
     if fits is not None:
         out["fits"] = fits.summary()
+    return _finite(out)
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run as read for one request: its coordinator, GetStatus, one-line summary and per-worker totals."""
+
+    index: int
+    coordinator: Any
+    status: pb.GetStatusResponse
+    summary: pb.RunSummary
+    totals: dict[str, WorkerTotals]
+
+
+def read_run(index: int, coordinator: Any) -> RunView:
+    status = coordinator.status()
+    return RunView(index, coordinator, status, coordinator.summary(status),
+                   worker_totals(coordinator.store.query, status.run_id))
+
+
+def run_dict(view: RunView, means: Sequence[tuple[float, float, float, float]]) -> dict[str, Any]:
+    """One run of a sweep: its summary, the workers assigned to it, and its metrics on the run's own steps."""
+    s = view.summary
+    assigned = [w for w in view.status.workers if w.state == pb.WORKER_STATE_ACTIVE]
+    last = max(means, key=lambda row: row[1]) if means else None
+    return {
+        "index": view.index, "run_id": s.run_id, "seq_len": s.seq_len, "batch_size": s.batch_size,
+        "run_state": RUN_STATE_NAMES.get(s.run_state, "unknown"), "version": s.version,
+        "target_rounds": s.target_rounds, "active_workers": s.active_workers,
+        "workers": [{"worker_id": w.worker_id, "name": w.name} for w in assigned],
+        "tokens_per_second": s.tokens_per_second, "latest_loss": s.latest_loss, "total_tokens": s.total_tokens,
+        "param_sha256": view.status.param_sha256, "state_dir": str(view.coordinator.store.state_dir),
+        "metrics": {
+            "steps": len(means), "last_step": last[1] if last else None, "last_loss": last[2] if last else None,
+            "seconds": last[3] if last else None,
+            "seq_lens": sorted({row[0] for row in means}),
+        },
+    }
+
+
+def sweep_status_dict(status: pb.GetStatusResponse, views: Sequence[RunView],
+                      means: Sequence[Sequence[tuple[float, float, float, float]]], fits: FitReport) -> dict[str, Any]:
+    """The sweep's GetStatus with every run's data; each worker and round names its run."""
+    out = status_dict(status, {}, fits)
+    out["kind"] = "sweep"
+    out["runs"] = [run_dict(view, rows) for view, rows in zip(views, means, strict=True)]
+    out["workers"], out["rounds"] = [], []
+    for view in views:
+        labels = {"run_id": view.summary.run_id, "run_index": view.index, "run_seq_len": view.summary.seq_len}
+        out["workers"].extend({**_worker_dict(w, view.totals), **labels} for w in view.status.workers)
+        out["rounds"].extend({**_round_dict(r), **labels} for r in view.status.rounds)
     return _finite(out)
 
 
 
 
 class CoordinatorCollector:
-    """Reads the coordinator's live state at every scrape (prometheus_client custom collector)."""
+    """Reads the coordinator's live state at every scrape (prometheus_client custom collector).
 
-    def __init__(self, dashboard: "Dashboard") -> None:
+    Every sample carries the run_id of its run; a sweep's runs each give their own samples, the
+    fit (over all of a sweep's runs) carries the sweep's name.
+    """
+
+    def __init__(self, dashboard: Dashboard) -> None:
         self.dashboard = dashboard
 
     def describe(self) -> list[Any]:
@@ -331,34 +430,24 @@ class CoordinatorCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         d = self.dashboard
-        status = d.coordinator.status()
-        run = status.run_id
-        totals = worker_totals(d.query, run)
-
-        def gauge(name: str, documentation: str, value: float) -> Any:
-            family = GaugeMetricFamily(name, documentation, labels=["run_id"])
-            family.add_metric([run], value)
-            return family
-
-        yield gauge("rcswarm_version", "Current global parameter version", status.version)
-        yield gauge("rcswarm_target_rounds", "Configured number of rounds (0 = unbounded)", status.target_rounds)
-        yield gauge("rcswarm_run_finished", "1 once the configured rounds are done",
-                    1.0 if status.run_state == pb.RUN_STATE_FINISHED else 0.0)
-        by_state = {name: 0 for name in ("active", "left", "evicted")}
-        for w in status.workers:
-            name = STATE_NAMES.get(w.state, "unknown")
-            by_state[name] = by_state.get(name, 0) + 1
-        yield gauge("rcswarm_workers_active", "Workers holding a lease", by_state["active"])
-        g = GaugeMetricFamily("rcswarm_workers", "Workers known to the coordinator by state", labels=["run_id", "state"])
-        for name, count in sorted(by_state.items()):
-            g.add_metric([run, name], count)
-        yield g
-        yield gauge("rcswarm_loss", "Mean of the workers' latest training loss", status.latest_loss)
-        yield gauge("rcswarm_tokens_per_second", "Tokens per second since the first metric", status.tokens_per_second)
-        c = CounterMetricFamily("rcswarm_tokens", "Tokens reported by all workers", labels=["run_id"])
-        c.add_metric([run], status.total_tokens)
-        yield c
-
+        run_gauges = {
+            "version": ("rcswarm_version", "Current global parameter version"),
+            "target": ("rcswarm_target_rounds", "Configured number of rounds (0 = unbounded)"),
+            "finished": ("rcswarm_run_finished", "1 once the configured rounds are done"),
+            "seq_len": ("rcswarm_run_seq_len", "The run's configured sequence length"),
+            "batch": ("rcswarm_run_batch_size", "The run's configured batch size"),
+            "active": ("rcswarm_workers_active", "Workers holding a lease"),
+            "loss": ("rcswarm_loss", "Mean of the workers' latest training loss"),
+            "tps": ("rcswarm_tokens_per_second", "Tokens per second since the first metric"),
+            "last_round": ("rcswarm_last_round_duration_seconds", "Duration of the newest closed round"),
+        }
+        runs = {key: GaugeMetricFamily(name, doc, labels=["run_id"]) for key, (name, doc) in run_gauges.items()}
+        workers_by_state = GaugeMetricFamily("rcswarm_workers", "Workers known to the coordinator by state",
+                                             labels=["run_id", "state"])
+        tokens = CounterMetricFamily("rcswarm_tokens", "Tokens reported by all workers", labels=["run_id"])
+        closed = CounterMetricFamily("rcswarm_rounds_closed", "Rounds closed (outer steps applied)", labels=["run_id"])
+        histogram = HistogramMetricFamily("rcswarm_round_duration_seconds", "Seconds from a round's opening to its close",
+                                          labels=["run_id"])
         labels = ["run_id", "worker_id", "name"]
         worker_families = {
             "loss": GaugeMetricFamily("rcswarm_worker_loss", "The worker's latest reported loss", labels=labels),
@@ -371,40 +460,56 @@ class CoordinatorCollector:
             "sent": CounterMetricFamily("rcswarm_worker_bytes_sent", "Bytes the worker sent on the wire", labels=labels),
             "received": CounterMetricFamily("rcswarm_worker_bytes_received", "Bytes the worker received on the wire", labels=labels),
         }
-        for w in status.workers:
-            key = [run, w.worker_id, w.name]
-            t = totals.get(w.worker_id)
-            worker_families["heartbeat"].add_metric(key, w.seconds_since_heartbeat)
-            worker_families["base"].add_metric(key, w.base_version)
-            worker_families["up"].add_metric(key, 1.0 if w.state == pb.WORKER_STATE_ACTIVE else 0.0)
-            if t is not None:
-                worker_families["loss"].add_metric(key, t.last_loss)
-                worker_families["tps"].add_metric(key, t.tokens_per_second)
-                worker_families["seq"].add_metric(key, t.last_seq_len)
-                worker_families["tokens"].add_metric(key, t.tokens)
-                worker_families["sent"].add_metric(key, t.bytes_sent)
-                worker_families["received"].add_metric(key, t.bytes_received)
+        for view in d.views():
+            status, run = view.status, view.status.run_id
+            by_state = {name: 0 for name in ("active", "left", "evicted")}
+            for w in status.workers:
+                name = STATE_NAMES.get(w.state, "unknown")
+                by_state[name] = by_state.get(name, 0) + 1
+            values = {
+                "version": status.version, "target": status.target_rounds,
+                "finished": 1.0 if status.run_state == pb.RUN_STATE_FINISHED else 0.0,
+                "seq_len": view.summary.seq_len, "batch": view.summary.batch_size, "active": by_state["active"],
+                "loss": status.latest_loss, "tps": status.tokens_per_second,
+            }
+            for key, value in values.items():
+                runs[key].add_metric([run], value)
+            for name, count in sorted(by_state.items()):
+                workers_by_state.add_metric([run, name], count)
+            tokens.add_metric([run], status.total_tokens)
+            for w in status.workers:
+                key = [run, w.worker_id, w.name]
+                t = view.totals.get(w.worker_id)
+                worker_families["heartbeat"].add_metric(key, w.seconds_since_heartbeat)
+                worker_families["base"].add_metric(key, w.base_version)
+                worker_families["up"].add_metric(key, 1.0 if w.state == pb.WORKER_STATE_ACTIVE else 0.0)
+                if t is not None:
+                    worker_families["loss"].add_metric(key, t.last_loss)
+                    worker_families["tps"].add_metric(key, t.tokens_per_second)
+                    worker_families["seq"].add_metric(key, t.last_seq_len)
+                    worker_families["tokens"].add_metric(key, t.tokens)
+                    worker_families["sent"].add_metric(key, t.bytes_sent)
+                    worker_families["received"].add_metric(key, t.bytes_received)
+            durations = [r[0] for r in view.coordinator.store.query(
+                "SELECT closed_at - opened_at FROM rounds WHERE closed_at IS NOT NULL AND opened_at IS NOT NULL", ())]
+            durations = [x for x in durations if x is not None and math.isfinite(x)]
+            closed.add_metric([run], len(durations))
+            buckets = [(f"{edge:g}", float(sum(1 for x in durations if x <= edge))) for edge in ROUND_BUCKETS]
+            buckets.append(("+Inf", float(len(durations))))
+            histogram.add_metric([run], buckets, sum_value=float(sum(durations)))
+            if durations:
+                runs["last_round"].add_metric([run], durations[-1])
+        yield from (runs[key] for key in run_gauges if key != "last_round")
+        yield workers_by_state
+        yield tokens
         yield from worker_families.values()
-
-        durations = [r[0] for r in d.query(
-            "SELECT closed_at - opened_at FROM rounds WHERE closed_at IS NOT NULL AND opened_at IS NOT NULL", ())]
-        durations = [x for x in durations if x is not None and math.isfinite(x)]
-        c = CounterMetricFamily("rcswarm_rounds_closed", "Rounds closed (outer steps applied)", labels=["run_id"])
-        c.add_metric([run], len(durations))
-        yield c
-        h = HistogramMetricFamily("rcswarm_round_duration_seconds", "Seconds from a round's opening to its close", labels=["run_id"])
-        buckets = [(f"{edge:g}", float(sum(1 for x in durations if x <= edge))) for edge in ROUND_BUCKETS]
-        buckets.append(("+Inf", float(len(durations))))
-        h.add_metric([run], buckets, sum_value=float(sum(durations)))
-        yield h
-        g = GaugeMetricFamily("rcswarm_last_round_duration_seconds", "Duration of the newest closed round", labels=["run_id"])
-        if durations:
-            g.add_metric([run], durations[-1])
-        yield g
+        yield closed
+        yield histogram
+        yield runs["last_round"]
         fits = d.fits()
         g = GaugeMetricFamily("rcswarm_fit_alpha_inf", "Fitted α∞ of α(s) = α∞(1 − e^(−s/τ)) (absent without a fit)", labels=["run_id"])
         if fits.analysis is not None:
-            g.add_metric([run], fits.analysis.schedule.alpha_inf)
+            g.add_metric([d.coordinator.run_id], fits.analysis.schedule.alpha_inf)
         yield g
 
 
@@ -441,19 +546,8 @@ th { background: #eef; }
 """
 
 
-def render_page(data: dict[str, Any], refresh_s: int) -> str:
-    workers = [
-        (w["name"], w["worker_id"], w["state"], w["device"], w["base_version"], _fmt(w["seconds_since_heartbeat"], ".1f"),
-         _fmt(w["tokens_per_second"], ".4g"), w["tokens"], _fmt(w["loss"]), _fmt(w["seq_len"], "d"),
-         _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"], w["reason"])
-        for w in data["workers"]
-    ]
-    rounds = [
-        (r["version"], "open" if r["open"] else "closed", r["reports"], r["tokens"], _fmt(r["duration_s"], ".3g"),
-         r["close_reason"], _fmt(r["update_norm"]))
-        for r in reversed(data["rounds"])
-    ]
-    fits = data["fits"]
+def _fit_section(fits: dict[str, Any]) -> str:
+    """The fitted α(s), the crossover table (observed and Eq. 11) and the three plots."""
     fit = fits["fit"]
     if fit is not None:
         fit_html = (
@@ -473,6 +567,41 @@ def render_page(data: dict[str, Any], refresh_s: int) -> str:
     else:
         fit_html = f"<p class=fit>{html.escape(fits['message'])}</p>"
         cross_html = "<h2>wall-time crossovers</h2><p class=muted>" + html.escape(fits["message"]) + "</p>"
+    return f"""<h2>scaling law: loss(L | s) ≈ A(s)·L^(−α(s)), α(s) = α∞·(1 − e^(−s/τ))</h2>
+{fit_html}
+{cross_html}
+<div class=plots>
+<img src="/plot/loss_step.png" alt="loss against step per seq_len" width="640" height="440">
+<img src="/plot/loss_time.png" alt="loss against wall time per seq_len" width="640" height="440">
+<img src="/plot/alpha.png" alt="alpha(s) and its fit" width="640" height="440">
+</div>"""
+
+
+def _document(title: str, refresh_s: int, body: str, metrics_link: str) -> str:
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{int(refresh_s)}">
+<title>{html.escape(title)}</title><style>{STYLE}</style></head>
+<body>
+{body}
+<p class=muted>JSON: <a href="/api/status">/api/status</a>, <a href="{metrics_link}">{html.escape(metrics_link)}</a>;
+Prometheus: <a href="/metrics">/metrics</a>. Rendered {time.strftime('%Y-%m-%d %H:%M:%S')}; refreshes every {int(refresh_s)} s.</p>
+</body></html>
+"""
+
+
+def render_page(data: dict[str, Any], refresh_s: int) -> str:
+    workers = [
+        (w["name"], w["worker_id"], w["state"], w["device"], w["base_version"], _fmt(w["seconds_since_heartbeat"], ".1f"),
+         _fmt(w["tokens_per_second"], ".4g"), w["tokens"], _fmt(w["loss"]), _fmt(w["seq_len"], "d"),
+         _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"], w["reason"])
+        for w in data["workers"]
+    ]
+    rounds = [
+        (r["version"], "open" if r["open"] else "closed", r["reports"], r["tokens"], _fmt(r["duration_s"], ".3g"),
+         r["close_reason"], _fmt(r["update_norm"]))
+        for r in reversed(data["rounds"])
+    ]
+    fits = data["fits"]
     lengths = ", ".join(f"{x:g}" for x in fits["lengths"]) or "none yet"
     run = (
         ("run", data["run_id"]), ("state", data["run_state"]),
@@ -482,28 +611,58 @@ def render_page(data: dict[str, Any], refresh_s: int) -> str:
         ("tokens/s", _fmt(data["tokens_per_second"])), ("θ sha256", (data["param_sha256"] or "")[:16] + "…"),
         ("seq_len with data", lengths),
     )
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{int(refresh_s)}">
-<title>rcswarm {html.escape(data['run_id'])}</title><style>{STYLE}</style></head>
-<body>
-<h1>rcswarm run {html.escape(data['run_id'])}</h1>
+    body = f"""<h1>rcswarm run {html.escape(data['run_id'])}</h1>
 {_table("run", ("field", "value"), run, "")}
 {_table("workers", ("name", "id", "state", "device", "base version", "since heartbeat (s)", "tokens/s", "tokens",
                     "loss", "seq_len", "step", "bytes sent", "bytes received", "reason"), workers, "no workers have joined")}
-<h2>scaling law: loss(L | s) ≈ A(s)·L^(−α(s)), α(s) = α∞·(1 − e^(−s/τ))</h2>
-{fit_html}
-{cross_html}
-<div class=plots>
-<img src="/plot/loss_step.png" alt="loss against step per seq_len" width="640" height="440">
-<img src="/plot/loss_time.png" alt="loss against wall time per seq_len" width="640" height="440">
-<img src="/plot/alpha.png" alt="alpha(s) and its fit" width="640" height="440">
-</div>
+{_fit_section(fits)}
 {_table("rounds (newest first)", ("version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm"),
-        rounds, "no rounds")}
-<p class=muted>JSON: <a href="/api/status">/api/status</a>, <a href="/api/metrics?since=0">/api/metrics?since=0</a>;
-Prometheus: <a href="/metrics">/metrics</a>. Rendered {time.strftime('%Y-%m-%d %H:%M:%S')}; refreshes every {int(refresh_s)} s.</p>
-</body></html>
-"""
+        rounds, "no rounds")}"""
+    return _document(f"rcswarm {data['run_id']}", refresh_s, body, "/api/metrics?since=0")
+
+
+def render_sweep_page(data: dict[str, Any], refresh_s: int) -> str:
+    """A sweep on one page: its runs, every worker with the run it trains, the fit over all runs' lengths."""
+    runs = [
+        (r["run_id"], r["seq_len"], r["batch_size"], r["run_state"], f"{r['version']} / {r['target_rounds'] or '∞'}",
+         ", ".join(w["name"] for w in r["workers"]) or "–", _fmt(r["tokens_per_second"]), r["total_tokens"],
+         _fmt(r["latest_loss"]), _fmt(r["metrics"]["last_step"], ".0f"), _fmt(r["metrics"]["last_loss"]))
+        for r in data["runs"]
+    ]
+    ordered = sorted(data["workers"], key=lambda w: (w["state"] != "active", w["run_index"]))
+    workers = [
+        (w["name"], w["worker_id"], w["run_id"] if w["state"] == "active" else "–", _fmt(w["run_seq_len"], "d"),
+         w["state"], w["device"], _fmt(w["seconds_since_heartbeat"], ".1f"), _fmt(w["tokens_per_second"], ".4g"),
+         w["tokens"], _fmt(w["loss"]), w["reason"])
+        for w in ordered
+    ]
+    rounds = [
+        (r["run_id"], r["version"], "open" if r["open"] else "closed", r["reports"], r["tokens"],
+         _fmt(r["duration_s"], ".3g"), r["close_reason"], _fmt(r["update_norm"]))
+        for r in sorted(data["rounds"], key=lambda r: -(r["closed_at"] or math.inf))[:20]
+    ]
+    sweep = (
+        ("sweep", data["run_id"]), ("state", data["run_state"]), ("runs", len(data["runs"])),
+        ("lowest version", f"{data['version']} / {data['target_rounds'] or '∞'}"),
+        ("workers active", sum(1 for w in data["workers"] if w["state"] == "active")),
+        ("tokens", data["total_tokens"]), ("tokens/s", _fmt(data["tokens_per_second"])),
+        ("seq_len with data", ", ".join(f"{x:g}" for x in data["fits"]["lengths"]) or "none yet"),
+    )
+    body = f"""<h1>rcswarm sweep {html.escape(data['run_id'])}</h1>
+{_table("sweep", ("field", "value"), sweep, "")}
+{_table("runs", ("run", "L", "batch", "state", "version", "workers assigned", "tokens/s", "tokens", "latest loss",
+                 "run step", "loss at run step"), runs, "no runs")}
+{_table("workers (memberships; a moved worker joins its new run under a new id)",
+        ("name", "id", "assigned run", "L", "state", "device", "since heartbeat (s)", "tokens/s", "tokens", "loss",
+         "reason"), workers, "no workers have joined")}
+<p class=muted>Steps and times in the fit and plots below are each run's own: step = version × inner steps + step
+in the round, time from the run's first metric.</p>
+{_fit_section(data["fits"])}
+{_table("rounds (open, then newest closed; 20 at most)", ("run", "version", "state", "reports", "tokens",
+                                                          "duration (s)", "close reason", "update norm"),
+        rounds, "no rounds")}"""
+    first = quote(data["runs"][0]["run_id"], safe="") if data["runs"] else ""
+    return _document(f"rcswarm sweep {data['run_id']}", refresh_s, body, f"/api/metrics?run={first}&since=0")
 
 
 
@@ -524,6 +683,15 @@ def _int_param(params: dict[str, list[str]], name: str, default: int, low: int, 
     return value
 
 
+def _str_param(params: dict[str, list[str]], name: str) -> str | None:
+    values = params.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"{name}: given {len(values)} times, expected once")
+    return values[0]
+
+
 def _only(params: dict[str, list[str]], allowed: Sequence[str]) -> None:
     unknown = sorted(set(params) - set(allowed))
     if unknown:
@@ -534,9 +702,9 @@ def _only(params: dict[str, list[str]], allowed: Sequence[str]) -> None:
 class _Handler(BaseHTTPRequestHandler):
     server_version = "rcswarm-dashboard"
     timeout = REQUEST_TIMEOUT_S  # socket timeout for every connection (slow clients are dropped)
-    dashboard: "Dashboard"
+    dashboard: Dashboard
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
@@ -604,13 +772,18 @@ def is_loopback(host: str) -> bool:
 
 
 class Dashboard:
-    """The HTTP dashboard of a live `SwarmCoordinator`, served from a background thread."""
+    """The HTTP dashboard of a live `SwarmCoordinator` or `SweepCoordinator`, served from a background thread.
+
+    A sweep (anything with `runs`, each a SwarmCoordinator with its own store) gets one page over all its
+    runs; its fit and plots use each run's own steps and clock (`run_step_means`).
+    """
 
     def __init__(
         self, coordinator: Any, host: str = "127.0.0.1", port: int = 0, refresh_s: int = 10,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.coordinator = coordinator
+        self.is_sweep = hasattr(coordinator, "runs")
         self.refresh_s = refresh_s
         self._cache_lock = threading.Lock()
         self._cache: dict[str, tuple[Any, Any]] = {}
@@ -629,7 +802,7 @@ class Dashboard:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
 
-    def start(self) -> "Dashboard":
+    def start(self) -> Dashboard:
         self._thread.start()
         return self
 
@@ -640,19 +813,30 @@ class Dashboard:
 
     # -- data
 
+    @property
+    def runs(self) -> list[Any]:
+        """The SwarmCoordinators shown: a sweep's runs in order, or the single run."""
+        return list(self.coordinator.runs) if self.is_sweep else [self.coordinator]
+
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """A query on the single run's store (a sweep's runs each have their own: `run.store.query`)."""
+        if self.is_sweep:
+            raise TypeError("a sweep has one store per run: query run.store for each of Dashboard.runs")
         return self.coordinator.store.query(sql, params)
 
-    def _newest_rowid(self) -> int:
-        row = self.query("SELECT MAX(rowid) FROM metrics")
-        return int(row[0][0] or 0) if row else 0
+    def _newest_rowids(self) -> tuple[int, ...]:
+        stamps = []
+        for run in self.runs:
+            row = run.store.query("SELECT MAX(rowid) FROM metrics", ())
+            stamps.append(int(row[0][0] or 0) if row else 0)
+        return tuple(stamps)
 
     def _cached(self, key: str, build: Callable[[], Any]) -> Any:
         """Recompute `key` only when new metric rows arrived; concurrent requests share one build."""
         with self._cache_lock:
             key_lock = self._build_locks.setdefault(key, threading.Lock())
         with key_lock:
-            stamp = self._newest_rowid()
+            stamp = self._newest_rowids()
             with self._cache_lock:
                 hit = self._cache.get(key)
                 if hit is not None and hit[0] == stamp:
@@ -662,21 +846,46 @@ class Dashboard:
                 self._cache[key] = (stamp, value)
             return value
 
+    def views(self) -> list[RunView]:
+        return [read_run(index, run) for index, run in enumerate(self.runs)]
+
+    def run_means(self) -> list[list[tuple[float, float, float, float]]]:
+        """Per run of a sweep: mean loss and time per (seq_len, run step)."""
+        return self._cached("run_means", lambda: [
+            run_step_means(run.store.query, run.spec.inner.steps) for run in self.runs])
+
     def fits(self) -> FitReport:
+        if self.is_sweep:
+            return self._cached("fits", lambda: fit_step_means(itertools.chain.from_iterable(self.run_means())))
         return self._cached("fits", lambda: fit_report(self.query, self.coordinator.run_id))
 
     def plot(self, name: str) -> bytes:
         return self._cached(f"plot:{name}", lambda: render_plot(name, self.fits()))
 
     def status_data(self) -> dict[str, Any]:
+        if self.is_sweep:
+            return sweep_status_dict(self.coordinator.status(), self.views(), self.run_means(), self.fits())
         status = self.coordinator.status()
         return status_dict(status, worker_totals(self.query, status.run_id), self.fits())
 
-    def metrics_page(self, since: int, limit: int) -> dict[str, Any]:
+    def _run_named(self, run_id: str) -> Any:
+        for run in self.runs:
+            if run.run_id == run_id:
+                return run
+        known = ", ".join(run.run_id for run in self.runs)
+        raise BadRequest(f"run={run_id!r}: no such run; expected one of {known}")
+
+    def metrics_page(self, since: int, limit: int, run_id: str | None = None) -> dict[str, Any]:
+        """Metric rows with rowid > since; a sweep's rowids count per run, so it needs `run_id`."""
+        if run_id is None:
+            if self.is_sweep:
+                raise BadRequest("a sweep keeps metrics per run: add run=RUN_ID (see runs in /api/status)")
+            query = self.query
+        else:
+            query = self._run_named(run_id).store.query
         columns = ("rowid", "run_id", "worker_id", "version", "step", "seq_len", "batch", "loss", "tokens", "wall_time",
                    "compute_seconds", "sync_seconds", "bytes_sent", "bytes_received", "param_sha256", "received_at")
-        rows = self.query(
-            f"SELECT {', '.join(columns)} FROM metrics WHERE rowid > ? ORDER BY rowid LIMIT ?", (since, limit))
+        rows = query(f"SELECT {', '.join(columns)} FROM metrics WHERE rowid > ? ORDER BY rowid LIMIT ?", (since, limit))
         records = [dict(zip(columns, row)) for row in rows]
         return _finite({
             "since": since, "count": len(records), "next_since": records[-1]["rowid"] if records else since,
@@ -697,17 +906,19 @@ class Dashboard:
     def handle(self, path: str, params: dict[str, list[str]]) -> tuple[int, bytes, str]:
         if path in ("/", "/index.html"):
             _only(params, ())
-            page = render_page(self.status_data(), self.refresh_s)
+            render = render_sweep_page if self.is_sweep else render_page
+            page = render(self.status_data(), self.refresh_s)
             return 200, page.encode(), "text/html; charset=utf-8"
         if path == "/api/status":
             _only(params, ())
             body = json.dumps(self.status_data(), allow_nan=False, indent=1)
             return 200, body.encode(), "application/json"
         if path == "/api/metrics":
-            _only(params, ("since", "limit"))
+            _only(params, ("run", "since", "limit") if self.is_sweep else ("since", "limit"))
             since = _int_param(params, "since", 0, 0, 2**62)
             limit = _int_param(params, "limit", METRICS_PAGE_DEFAULT, 1, METRICS_PAGE_MAX)
-            body = json.dumps(self.metrics_page(since, limit), allow_nan=False)
+            run_id = _str_param(params, "run")
+            body = json.dumps(self.metrics_page(since, limit, run_id), allow_nan=False)
             return 200, body.encode(), "application/json"
         if path.startswith("/plot/") and path.endswith(".png"):
             name = path[len("/plot/"):-len(".png")]
@@ -723,4 +934,5 @@ class Dashboard:
             return 200, self.prometheus(), CONTENT_TYPE_LATEST
         if path == "/healthz":
             return 200, b"ok\n", "text/plain; charset=utf-8"
-        raise NotFound(f"no such path {path!r}: try /, /api/status, /api/metrics?since=0, /metrics")
+        metrics = "/api/metrics?run=RUN_ID&since=0" if self.is_sweep else "/api/metrics?since=0"
+        raise NotFound(f"no such path {path!r}: try /, /api/status, {metrics}, /metrics")

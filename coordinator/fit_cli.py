@@ -326,7 +326,7 @@ def plot(analysis: Analysis, out: Path) -> None:
         if pair.observed is not None:
             by_time.axvline(pair.observed, color="grey", linestyle=":", linewidth=1)
     by_time.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="loss",
-                title=f"loss vs wall time, {analysis.smooth}-step mean (dotted: observed crossovers)")
+                title=f"loss vs wall time ({analysis.smooth}-step mean; dotted: crossovers)")
     by_time.legend()
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,10 +17,11 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -83,7 +84,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
 
 def _handled(method: Callable[..., Any]) -> Callable[..., Any]:
     """Map Refusal to the gRPC status it names."""
-    def unary(self: "CoordinatorServicer", request: Any, context: grpc.ServicerContext) -> Any:
+    def unary(self: CoordinatorServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
         except Refusal as refusal:
@@ -178,7 +179,7 @@ class RunningCoordinator:
                 self.server.stop(None)
                 raise RuntimeError(f"could not bind the dashboard on {http_host}:{http_port}: {exc.strerror}") from None
 
-    def start(self) -> "RunningCoordinator":
+    def start(self) -> RunningCoordinator:
         self.server.start()
         self._ticker.start()
         if self.dashboard is not None:
@@ -242,8 +243,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = RunSpec.from_toml(args.config)
         coordinator = build_coordinator(spec, args.state_dir)
-        if spec.is_sweep and args.http_port is not None:
-            raise ValueError("--http-port: the dashboard shows a single run; a sweep's runs are in `rcswarm status` (#6)")
         tls = TLSFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
         running = RunningCoordinator(
             coordinator, token, args.host, args.port, tls, http_port=args.http_port, http_host=args.http_host,

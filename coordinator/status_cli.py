@@ -5,7 +5,8 @@
 
 The RPC carries the `authorization: Bearer <token>` metadata and a deadline. GetStatus holds
 no metrics, so the scaling-law fit (α∞, τ, crossovers) is printed when `--state-dir` names
-the coordinator's state directory on this machine (its SQLite file is opened read-only).
+the coordinator's state directory on this machine (its SQLite file is opened read-only); for a
+sweep, the fit spans every run's state dir below it, as on the sweep's dashboard.
 Exit codes: 0 ok, 1 the coordinator refused or could not be reached, 2 bad arguments.
 """
 
@@ -17,7 +18,7 @@ import math
 import os
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,19 +126,61 @@ def report(status: pb.GetStatusResponse, console: Console, fits: Any = None, tot
     console.print(cross)
 
 
+def _read_only(db: Path) -> sqlite3.Connection:
+    if not db.exists():
+        raise FileNotFoundError(f"{db}: no such file (is --state-dir the coordinator's state directory?)")
+    return sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+
+
+def _query_of(connection: sqlite3.Connection) -> Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]]:
+    return lambda sql, params: connection.execute(sql, params).fetchall()
+
+
 def read_fits(state_dir: Path, run_id: str) -> tuple[Any, dict[str, Any]]:
     """The dashboard's fit and per-worker totals over the state dir's metrics table, opened read-only."""
     from rcswarm.coordinator.dashboard import fit_report, worker_totals
 
-    db = state_dir / "state.sqlite"
-    if not db.exists():
-        raise FileNotFoundError(f"{db}: no such file (is --state-dir the coordinator's state directory?)")
-    connection = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+    connection = _read_only(state_dir / "state.sqlite")
     try:
-        query = lambda sql, params: connection.execute(sql, params).fetchall()  # noqa: E731
+        query = _query_of(connection)
         return fit_report(query, run_id), worker_totals(query, run_id)
     finally:
         connection.close()
+
+
+def read_sweep_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[Any, dict[str, Any]]:
+    """A sweep's fit over all its runs and every run's per-worker totals, as its dashboard shows them.
+
+    The sweep's state dir holds one state dir per run (coordinator/sweep.py `run_state_dir`); each
+    run's is the one whose state.sqlite stores its run id.
+    """
+    from rcswarm.coordinator.dashboard import fit_step_means, run_step_means, worker_totals
+    from rcswarm.protos.runspec import RunSpec
+
+    wanted = {run.run_id for run in status.runs}
+    means: list[tuple[float, float, float, float]] = []
+    totals: dict[str, Any] = {}
+    found: set[str] = set()
+    for db in sorted(state_dir.glob("*/state.sqlite")):
+        connection = _read_only(db)
+        try:
+            query = _query_of(connection)
+            stored = dict(query("SELECT key, value FROM run_state WHERE key IN ('run_id', 'spec_json')", ()))
+            run_id = stored.get("run_id")
+            if run_id not in wanted:
+                continue
+            if "spec_json" not in stored:
+                raise ValueError(f"{db}: holds run {run_id} but no spec_json")
+            means.extend(run_step_means(query, RunSpec.from_json(stored["spec_json"]).inner.steps))
+            totals.update(worker_totals(query, run_id))
+            found.add(run_id)
+        finally:
+            connection.close()
+    missing = sorted(wanted - found)
+    if missing:
+        raise FileNotFoundError(f"{state_dir}: no state dir below it holds run(s) {', '.join(missing)} "
+                                "(is --state-dir the sweep's state directory?)")
+    return fit_step_means(means), totals
 
 
 def parser() -> argparse.ArgumentParser:
@@ -183,8 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     fits, totals = None, None
     if args.state_dir is not None:
         try:
-            fits, totals = read_fits(args.state_dir, status.run_id)
-        except (OSError, sqlite3.Error) as error:
+            if status.runs:
+                fits, totals = read_sweep_fits(args.state_dir, status)
+            else:
+                fits, totals = read_fits(args.state_dir, status.run_id)
+        except (OSError, sqlite3.Error, ValueError) as error:
             print(f"rcswarm status: --state-dir {args.state_dir}: {error}", file=sys.stderr)
             return 2
     console = Console()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,42 +239,61 @@ def test_rcswarm_status_is_a_command() -> None:
 CHROMIUM = "/usr/bin/chromium"
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install -y chromium)")
-def test_headless_browser_renders_the_page(swarm: Any, tmp_path: Path) -> None:
-    shot = tmp_path / "page.png"
+def chromium(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess:
+    """Headless Chromium with a throw-away profile in tmp_path."""
     command = [
         CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,900",
-        "--hide-scrollbars", swarm.base,
+        f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", *arguments,
     ]
-    result = subprocess.run(command, capture_output=True, timeout=90, cwd=tmp_path,
-                            env={**os.environ, "HOME": str(tmp_path)})
+    try:
+        return subprocess.run(command, check=False, capture_output=True, timeout=90, cwd=tmp_path,
+                              env={**os.environ, "HOME": str(tmp_path)})
+    finally:
+        shutil.rmtree(tmp_path / "profile", ignore_errors=True)
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+def test_headless_browser_renders_the_page(swarm: Any, tmp_path: Path) -> None:
+    shot = tmp_path / "page.png"
+    result = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,900", swarm.base)
     assert shot.exists(), f"chromium exited {result.returncode} without a screenshot:\n{result.stderr.decode()[-2000:]}"
     image = assert_png_not_blank(shot.read_bytes(), min_size=(1000, 700))
     assert image.shape[1] == 1200
-    shutil.rmtree(tmp_path / "profile", ignore_errors=True)
+
+
+@contextlib.contextmanager
+def coordinator_cli(config: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, dict[str, Any]]]:
+    """`rcswarm coordinator --http-port 0` in a subprocess; yields it and its port file once serving."""
+    import sys
+
+    from tests.conftest import wait_for, worker_env
+
+    port_file = tmp_path / "port.json"
+    with open(tmp_path / "coordinator.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir",
+             str(tmp_path / "state"), "--port", "0", "--http-port", "0", "--port-file", str(port_file)],
+            env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        yield proc, wait_for(lambda: port_file.exists() and json.loads(port_file.read_text()), 60, "the port file")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def test_coordinator_cli_serves_the_dashboard(tmp_path: Path) -> None:
     import signal
-    import sys
     import time
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from tests.conftest import wait_for, worker_env, write_spec
+    from tests.conftest import write_spec
 
     config = write_spec(tiny_spec(), tmp_path / "run.toml")
-    port_file = tmp_path / "port.json"
-    log = open(tmp_path / "coordinator.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(tmp_path / "state"),
-         "--port", "0", "--http-port", "0", "--port-file", str(port_file)],
-        env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
-    )
-    try:
-        info = wait_for(lambda: port_file.exists() and json.loads(port_file.read_text()), 60, "the port file")
+    with coordinator_cli(config, tmp_path) as (proc, info):
         base = f"http://127.0.0.1:{info['http_port']}/"
         assert get(base + "healthz")[:2] == (200, "text/plain; charset=utf-8")
         data = json.loads(get(base + "api/status")[2])
@@ -287,10 +308,6 @@ def test_coordinator_cli_serves_the_dashboard(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert time.monotonic() - started < 15
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
     assert "dashboard on http://127.0.0.1:" in (tmp_path / "coordinator.log").read_text()
 
 
@@ -348,3 +365,229 @@ def test_fit_report_explains_missing_fits() -> None:
               for length in (32, 64, 128) for step in range(1, 30)]
     report = fit_report(query_of(frozen))
     assert report.analysis is None and "wall time does not increase" in report.message
+
+
+class Clock:
+    """A settable clock for the sweep's coordinators: metrics arrive at chosen times."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+SWEEP_T0 = 1_000_000.0
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Any:
+    """A sweep over LENGTHS behind real gRPC and the HTTP dashboard; one client per run reports every step.
+
+    A run's step is version × inner.steps + the step within the round and its time counts from its
+    first metric on the coordinator's clock, so each step is reported at SWEEP_T0 + step · L / 1000 s.
+    """
+    from types import SimpleNamespace
+
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import SweepCoordinator
+    from rcswarm.protos.runspec import RunSpec
+    from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+
+    base = tiny_spec(coordinator={"lease_s": 1000.0, "max_wait_s": 2.0})
+    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": list(LENGTHS)}})
+    clock = Clock(SWEEP_T0)
+    coordinator = SweepCoordinator(spec, tmp_path / "state", clock=clock)
+    running = RunningCoordinator(coordinator, TOKEN, http_port=0).start()
+    client = CoordinatorClient(f"127.0.0.1:{running.port}", TOKEN, retry=RetryPolicy(max_elapsed_s=5.0))
+    try:
+        workers = {}
+        for index in range(len(LENGTHS)):
+            joined = client.join(f"gpu-{index}", "cpu", 1)
+            length = RunSpec.from_json(joined.run_spec_json).data.seq_len
+            workers[length] = joined.worker_id
+            for step in STEPS:
+                clock.now = SWEEP_T0 + step * length / 1000.0
+                client.report_metrics(joined.worker_id, [pb.Metric(
+                    version=0, step=step, seq_len=length, batch=4, loss=true_loss(step, length), tokens=4 * length,
+                    wall_time=step * length / 1000.0, compute_seconds=step * length / 1200.0, sync_seconds=0.01 * step,
+                    bytes_sent=1000 * step, bytes_received=2000 * step)])
+        clock.now = SWEEP_T0 + STEPS[-1] * max(LENGTHS) / 1000.0 + 1.0
+        yield SimpleNamespace(coordinator=coordinator, running=running, base=running.dashboard.url, workers=workers,
+                              names={length: f"gpu-{i}" for i, length in enumerate(workers)},
+                              target=f"127.0.0.1:{running.port}", state_dir=tmp_path / "state")
+    finally:
+        client.close()
+        running.stop(grace=0.5)
+
+
+def test_sweep_api_lists_every_run_with_its_length_and_metrics(sweep: Any) -> None:
+    status, content_type, body = get(sweep.base + "api/status")
+    assert status == 200 and content_type == "application/json"
+    data = json.loads(body)
+    assert data["kind"] == "sweep" and data["run_id"] == "test" and data["run_state"] == "running"
+    runs = data["runs"]
+    assert [r["seq_len"] for r in runs] == list(LENGTHS)
+    assert [r["run_id"] for r in runs] == [run.run_id for run in sweep.coordinator.runs]
+    for run in runs:
+        length = run["seq_len"]
+        assert run["batch_size"] == 4 and run["version"] == 0 and run["active_workers"] == 1
+        assert run["workers"] == [{"worker_id": sweep.workers[length], "name": sweep.names[length]}]
+        assert run["total_tokens"] == 4 * length * len(STEPS)
+        assert run["latest_loss"] == pytest.approx(true_loss(STEPS[-1], length))
+        metrics = run["metrics"]
+        assert metrics["steps"] == len(STEPS) and metrics["last_step"] == STEPS[-1] and metrics["seq_lens"] == [length]
+        assert metrics["last_loss"] == pytest.approx(true_loss(STEPS[-1], length))
+        assert metrics["seconds"] == pytest.approx((STEPS[-1] - STEPS[0]) * length / 1000.0)
+    by_worker = {w["worker_id"]: w for w in data["workers"]}
+    for run in runs:
+        w = by_worker[sweep.workers[run["seq_len"]]]
+        assert (w["run_id"], w["run_seq_len"], w["state"], w["seq_len"]) == (run["run_id"], run["seq_len"], "active",
+                                                                          run["seq_len"])
+    assert {r["run_id"] for r in data["rounds"]} == {r["run_id"] for r in runs}
+    fit = data["fits"]["fit"]
+    assert data["fits"]["lengths"] == list(LENGTHS)
+    assert abs(fit["alpha_inf"] - ALPHA_INF) < 0.05
+    assert [c["length_short"] for c in fit["crossovers"]] == list(LENGTHS[:-1])
+    assert all(c["predicted_s"] is not None for c in fit["crossovers"])
+
+
+def test_sweep_metrics_rows_are_per_run(sweep: Any) -> None:
+    run = sweep.coordinator.runs[1]
+    page = json.loads(get(sweep.base + f"api/metrics?run={run.run_id}&since=0&limit=10000")[2])
+    assert page["count"] == len(STEPS) and page["more"] is False
+    assert {(r["run_id"], r["seq_len"]) for r in page["rows"]} == {(run.run_id, LENGTHS[1])}
+    status, _, body = get(sweep.base + "api/metrics?since=0")
+    assert status == 400 and "add run=" in json.loads(body)["error"]
+    status, _, body = get(sweep.base + "api/metrics?run=nope")
+    assert status == 400 and "run='nope': no such run" in json.loads(body)["error"]
+
+
+def test_sweep_prometheus_metrics_carry_every_run(sweep: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, content_type, body = get(sweep.base + "metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    run_of = {run.spec.data.seq_len: run.run_id for run in sweep.coordinator.runs}
+    lengths = {s.labels["run_id"]: s.value for s in families["rcswarm_run_seq_len"].samples}
+    assert lengths == {run_id: float(length) for length, run_id in run_of.items()}
+    versions = {s.labels["run_id"]: s.value for s in families["rcswarm_version"].samples}
+    assert versions == {run_id: 0.0 for run_id in run_of.values()}
+    tokens = {s.labels["run_id"]: s.value for s in families["rcswarm_tokens"].samples}
+    assert tokens == {run_of[length]: 4 * length * len(STEPS) for length in LENGTHS}
+    losses = {(s.labels["run_id"], s.labels["worker_id"], s.labels["name"]): s.value
+              for s in families["rcswarm_worker_loss"].samples}
+    assert set(losses) == {(run_of[length], sweep.workers[length], sweep.names[length]) for length in LENGTHS}
+    for length in LENGTHS:
+        assert losses[run_of[length], sweep.workers[length], sweep.names[length]] == pytest.approx(true_loss(STEPS[-1], length))
+    active = {s.labels["run_id"]: s.value for s in families["rcswarm_workers_active"].samples}
+    assert active == {run_id: 1.0 for run_id in run_of.values()}
+    histograms = {s.labels["run_id"] for s in families["rcswarm_round_duration_seconds"].samples}
+    assert histograms == set(run_of.values())
+    [alpha] = families["rcswarm_fit_alpha_inf"].samples
+    assert alpha.labels == {"run_id": "test"} and abs(alpha.value - ALPHA_INF) < 0.05
+
+
+def test_sweep_page_shows_runs_workers_fit_and_plots(sweep: Any) -> None:
+    status, content_type, body = get(sweep.base)
+    assert status == 200 and content_type.startswith("text/html")
+    page = body.decode()
+    assert "rcswarm sweep test" in page
+    for run in sweep.coordinator.runs:
+        assert f"<td>{run.run_id}</td><td>{run.spec.data.seq_len}</td><td>4</td>" in page
+    for length in LENGTHS:
+        assert sweep.names[length] in page and sweep.workers[length] in page
+    fit = json.loads(get(sweep.base + "api/status")[2])["fits"]["fit"]
+    assert f"α∞ = {fit['alpha_inf']:.4f}" in page
+    assert "32 → 64" in page and "predicted (Eq. 11)" in page
+    for plot in ("loss_step", "loss_time", "alpha"):
+        assert f'src="/plot/{plot}.png"' in page
+        status, content_type, png = get(sweep.base + f"plot/{plot}.png")
+        assert (status, content_type) == (200, "image/png")
+        assert_png_not_blank(png)
+
+
+def test_sweep_page_without_metrics_explains_the_missing_fit(tmp_path: Path) -> None:
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import SweepCoordinator
+
+    base = tiny_spec()
+    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16]}})
+    running = RunningCoordinator(SweepCoordinator(spec, tmp_path / "state"), TOKEN, http_port=0).start()
+    try:
+        url = running.dashboard.url
+        page = get(url)[2].decode()
+        assert "not enough lengths for a fit" in page and "no workers have joined" in page
+        data = json.loads(get(url + "api/status")[2])
+        assert [(r["seq_len"], r["metrics"]["steps"], r["workers"]) for r in data["runs"]] == [(8, 0, []), (16, 0, [])]
+        assert_png_not_blank(get(url + "plot/loss_step.png")[2])
+    finally:
+        running.stop(grace=0.5)
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+def test_headless_browser_renders_the_sweep_page(sweep: Any, tmp_path: Path) -> None:
+    dom = chromium(tmp_path, "--dump-dom", sweep.base).stdout.decode()
+    fit = json.loads(get(sweep.base + "api/status")[2])["fits"]["fit"]
+    assert f"α∞ = {fit['alpha_inf']:.4f}" in dom, dom[-2000:]
+    shot = tmp_path / "page.png"
+    result = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,2600", sweep.base)
+    assert shot.exists(), f"chromium exited {result.returncode} without a screenshot:\n{result.stderr.decode()[-2000:]}"
+    image = assert_png_not_blank(shot.read_bytes(), min_size=(1400, 2000))
+    # matplotlib's first colour (#1f77b4) is drawn only by the plots' curves and points.
+    pixels = (image[..., :3] * 255).round().reshape(-1, 3)
+    curve = np.all(np.abs(pixels - np.array([31, 119, 180])) <= 12, axis=1)
+    assert curve.sum() > 500, f"{curve.sum()} pixels of the plots' first colour: are the plots blank?"
+
+
+def test_status_cli_prints_the_sweep_fit_from_its_state_dir(sweep: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code = status_cli.main(["--coordinator", sweep.target, "--token", TOKEN, "--state-dir", str(sweep.state_dir)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "runs of the sweep" in out and "α∞" in out and "32 → 64" in out and "0.30" in out
+    for run in sweep.coordinator.runs:
+        assert run.run_id in out
+    code = status_cli.main(["--coordinator", sweep.target, "--token", TOKEN,
+                            "--state-dir", str(sweep.state_dir / sweep.coordinator.runs[0].store.state_dir.name)])
+    assert code == 2
+    assert "no state dir below it holds run(s)" in capsys.readouterr().err
+
+
+def test_coordinator_cli_serves_a_sweep_dashboard(tmp_path: Path) -> None:
+    import signal
+
+    base = tiny_spec()
+    config = tmp_path / "sweep.toml"
+    config.write_text(base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16, 32]}}).to_toml())
+    with coordinator_cli(config, tmp_path) as (proc, info):
+        base_url = f"http://127.0.0.1:{info['http_port']}/"
+        data = json.loads(get(base_url + "api/status")[2])
+        assert data["kind"] == "sweep" and [r["seq_len"] for r in data["runs"]] == [8, 16, 32]
+        assert "rcswarm sweep test" in get(base_url)[2].decode()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path: Path) -> None:
+    from rcswarm.coordinator.dashboard import run_step_means
+    from rcswarm.coordinator.store import StateStore
+
+    store = StateStore(tmp_path / "state")
+    try:
+        # A worker that moved here from another run: its own step counter is at 500, its own clock at 900 s.
+        rows = [("run", "w", 2, 499, 16, 2, math.nan, 0, 899.0, 0.0, 0.0, 0, 0, "digest", 95.0)]
+        for version in (2, 3):
+            for k in range(4):
+                own = 500 + 4 * (version - 2) + k
+                rows.append(("run", "w", version, own, 16, 2, 1.0 / own, 32, 900.0 + own, 0.0, 0.0, 0, 0, "",
+                             100.0 + 10 * version + k))
+        store.add_metrics(rows)
+        means = run_step_means(store.query, 4)
+    finally:
+        store.close()
+    assert [step for _, step, _, _ in means] == list(range(9, 17))
+    assert [t for _, _, _, t in means] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
+    assert {length for length, _, _, _ in means} == {16} and means[0][2] == pytest.approx(1.0 / 500)
+    with pytest.raises(ValueError, match="inner_steps=0"):
+        run_step_means(store.query, 0)

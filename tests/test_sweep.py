@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import urllib.request
 
 import pytest
 from rich.console import Console
@@ -39,7 +41,7 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
     # The L = 16 run does 8x the work per step, so the L = 8 run finishes first and its workers move.
     spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16], "batch_sizes": [2, 8]}})
     sweep = SweepCoordinator(spec, tmp_path / "state")
-    running = RunningCoordinator(sweep, TOKEN).start()
+    running = RunningCoordinator(sweep, TOKEN, http_port=0).start()
     try:
         procs = [spawn_worker(f"127.0.0.1:{running.port}", f"w{i}") for i in range(3)]
         for proc in procs:
@@ -50,6 +52,8 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
         status_cli.report(status, Console(file=printed, width=200))
         assert "runs of the sweep" in printed.getvalue() and "test-L16" in printed.getvalue()
         assert [(r.seq_len, r.batch_size, r.version) for r in status.runs] == [(8, 2, 3), (16, 8, 3)]
+        with urllib.request.urlopen(running.dashboard.url + "api/status", timeout=20) as response:
+            dashboard = json.loads(response.read())
     finally:
         running.stop(grace=0.5)
     for index, run_spec in enumerate(spec.sweep_runs()):
@@ -63,6 +67,14 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
         assert assigned >= 1
     # Workers whose run finished first moved to the other run (a REASSIGNED membership).
     assert any(w.state == pb.WORKER_STATE_REASSIGNED for w in status.workers), [(w.worker_id, w.reason) for w in status.workers]
+    # The dashboard shows both runs on their own steps (3 rounds of 4 inner steps), whichever workers trained them.
+    assert [(r["seq_len"], r["version"], r["run_state"]) for r in dashboard["runs"]] == [(8, 3, "finished"), (16, 3, "finished")]
+    assert [(r["metrics"]["steps"], r["metrics"]["last_step"], r["metrics"]["seq_lens"]) for r in dashboard["runs"]] == [
+        (12, 12, [8]), (12, 12, [16])]
+    reassigned = [w for w in dashboard["workers"] if w["state"] == "reassigned"]
+    run_of = {r["seq_len"]: r["run_id"] for r in dashboard["runs"]}
+    assert reassigned and all(w["reason"].startswith("reassigned") and w["run_id"] == run_of[w["run_seq_len"]]
+                              for w in reassigned), reassigned
 
 
 def test_a_sweep_needs_lengths(tmp_path):
@@ -81,7 +93,7 @@ def test_rcswarm_run_runs_a_local_sweep_and_fits_it(tmp_path):
     config.write_text(spec.to_toml())
     result = subprocess.run(
         [sys.executable, "-m", "rcswarm.worker.cli", "run", str(config), "--run-dir", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
