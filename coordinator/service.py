@@ -3,12 +3,15 @@
 `SwarmCoordinator` owns the global parameters, the outer optimizer's momentum, the version
 counter, the membership table and the open round. Every RPC handler in server.py calls one
 method here; a refused call raises `Refusal` carrying the gRPC status code and a message.
-Decisions (admit, evict, close a round) come from the pure functions in decisions.py.
+Decisions (admit, evict, close a round) come from the pure functions in decisions.py; the
+curriculum (each worker's sequence length and batch, the adaptive ladder) from curriculum.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
 import secrets
 import threading
@@ -19,6 +22,7 @@ from typing import Callable, Iterator
 import grpc
 import torch
 
+from rcswarm.coordinator import curriculum as curricula
 from rcswarm.coordinator import decisions, outer
 from rcswarm.coordinator.store import RoundRecord, StateStore
 from rcswarm.models import registry
@@ -28,10 +32,14 @@ from rcswarm.protos.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 # Spec keys a restart on an existing state dir may change; any other change is refused.
-RESTART_MUTABLE = ("run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s")
+RESTART_MUTABLE = ("run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s", "curriculum.budget_seconds")
 MAX_TOKENS_PER_UPDATE = 10**12
 MAX_METRICS_PER_REQUEST = 10_000
 STATUS_ROUNDS = 20
+# The run_state key holding the adaptive curriculum's state (CurriculumState as JSON).
+CURRICULUM_KEY = "curriculum_state"
+
+log = logging.getLogger("rcswarm.coordinator")
 
 
 class Refusal(Exception):
@@ -56,6 +64,10 @@ class WorkerRecord:
     state: int = pb.WORKER_STATE_ACTIVE
     reason: str = ""
     last_loss: float = math.nan
+    # Set for a worker of curriculum.worker_seq_lens: its own length, batch and why.
+    seq_len: int = 0
+    batch_size: int = 0
+    assign_reason: str = ""
 
     def view(self) -> decisions.WorkerView:
         return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active)
@@ -114,6 +126,7 @@ class SwarmCoordinator:
         self.round = OpenRound(self.version, self.clock())
         self.total_tokens = 0
         self._first_metric_at: float | None = None
+        self._init_curriculum()
         self._publish()
 
     def _load_or_create(self) -> None:
@@ -144,6 +157,71 @@ class SwarmCoordinator:
         self.momentum = {name: momentum[name] for name in names}
         self.broadcast_feedback.restore(checkpoint.state.get("broadcast_residual", {}))
         self.version = checkpoint.version
+
+    def _init_curriculum(self) -> None:
+        """The adaptive policy's law and options, and the curriculum state a restart left behind."""
+        section = self.spec.curriculum
+        self._adaptive: curricula.AdaptiveOptions | None = None
+        if section.adaptive:
+            law = curricula.law_of(section)
+            self._adaptive = curricula.AdaptiveOptions(tuple(section.seq_lens), section.budget_seconds, law)
+            log.info("adaptive curriculum over L = %s, law %s", section.seq_lens, law.source)
+        stored = self.store.get(CURRICULUM_KEY)
+        self.curriculum = curricula.CurriculumState.from_json(stored) if stored else curricula.CurriculumState()
+        if section.adaptive and not 0 <= self.curriculum.rung < len(section.seq_lens):
+            raise RuntimeError(f"state dir {self.store.state_dir}: curriculum rung {self.curriculum.rung} is off the ladder {section.seq_lens}")
+        # worker_id -> the cumulative compute seconds of its last metric: a step's cost is the difference.
+        self._last_compute: dict[str, float] = {}
+
+    def _run_assignment(self) -> tuple[int, int, str]:
+        """(seq_len, batch_size, reason) of the run at the current version; seq_len 0 when it is per worker."""
+        section, data = self.spec.curriculum, self.spec.data
+        if section.adaptive:
+            length = section.seq_lens[self.curriculum.rung]
+            return length, section.batch_for(length, data.batch_size), (
+                f"adaptive rung {self.curriculum.rung} of {section.seq_lens}: {self.curriculum.reason}"
+            )
+        if section.schedule:
+            step = self.version * self.spec.inner.steps
+            length, batch = section.at(step, (data.seq_len, data.batch_size))
+            return length, batch, f"curriculum.schedule at step {step} (version {self.version})"
+        if section.worker_seq_lens:
+            return 0, 0, f"curriculum.worker_seq_lens = {section.worker_seq_lens}: assigned per worker at join"
+        return data.seq_len, data.batch_size, "data.seq_len and data.batch_size (no curriculum)"
+
+    def _assignment(self, worker: WorkerRecord) -> pb.TrainingAssignment:
+        """What `worker` trains from the current version (with the lock held)."""
+        if worker.seq_len:
+            length, batch, reason = worker.seq_len, worker.batch_size, worker.assign_reason
+        else:
+            length, batch, reason = self._run_assignment()
+        return pb.TrainingAssignment(seq_len=length, batch_size=batch, reason=reason, version=self.version)
+
+    def _curriculum_status(self, now: float) -> pb.CurriculumStatus:
+        section = self.spec.curriculum
+        length, batch, reason = self._run_assignment()
+        started = self.curriculum.started_at
+        status = pb.CurriculumStatus(
+            policy=section.policy, seq_len=length, batch_size=batch, reason=reason, ladder=section.seq_lens,
+            rung=self.curriculum.rung if section.adaptive else 0, budget_seconds=section.budget_seconds if section.adaptive else 0.0,
+            elapsed_seconds=now - started if started is not None else 0.0, decided_version=self.curriculum.decided_version,
+            law=self._adaptive.law.source if self._adaptive is not None else "",
+        )
+        status.seconds_per_step.update(self.curriculum.seconds_per_step())
+        return status
+
+    def _advance_curriculum(self, now: float, closed_version: int) -> None:
+        """At a round close (lock held): the adaptive decision, applied from the new version on and persisted."""
+        if self._adaptive is None:
+            return
+        decision = curricula.decide_lengthening(now, self.curriculum, self._adaptive)
+        self.curriculum = dataclasses.replace(
+            self.curriculum, rung=self.curriculum.rung + int(decision.ok), reason=decision.reason,
+            decided_version=closed_version,
+        )
+        self.store.set_many({CURRICULUM_KEY: self.curriculum.to_json()})
+        self.store.add_event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
+        log.log(logging.INFO if decision.ok else logging.DEBUG, "round %d: curriculum %s", closed_version, decision.reason)
 
     def _optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
         state = {"outer_momentum": self.momentum}
@@ -185,17 +263,28 @@ class SwarmCoordinator:
             self._joins += 1
             worker_id = f"{self.worker_prefix}w{self._joins}-{secrets.token_hex(4)}"
             name = request.worker_name[:128] or worker_id
-            self.workers[worker_id] = WorkerRecord(worker_id, name, request.device[:64], now, now, self.version)
+            worker = WorkerRecord(worker_id, name, request.device[:64], now, now, self.version)
+            section = self.spec.curriculum
+            if section.worker_seq_lens:
+                active = [w.seq_len for w in self.workers.values() if w.active]
+                worker.seq_len, worker.assign_reason = curricula.decide_worker_length(active, section.worker_seq_lens)
+                worker.batch_size = section.batch_for(worker.seq_len, self.spec.data.batch_size)
+                self.store.add_event(worker_id, "assign", worker.assign_reason, now)
+            self.workers[worker_id] = worker
             self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
             return pb.JoinResponse(
                 worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
-                lease_seconds=self.membership.lease_s, data_seed=self._joins,
+                lease_seconds=self.membership.lease_s, data_seed=self._joins, assignment=self._assignment(worker),
             )
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         with self._lock:
-            self._member(request.worker_id).last_seen = self.clock()
-            return pb.HeartbeatResponse(version=self.version, run_state=self._run_state(), lease_seconds=self.membership.lease_s)
+            worker = self._member(request.worker_id)
+            worker.last_seen = self.clock()
+            return pb.HeartbeatResponse(
+                version=self.version, run_state=self._run_state(), lease_seconds=self.membership.lease_s,
+                assignment=self._assignment(worker),
+            )
 
     def leave(self, request: pb.LeaveRequest) -> pb.LeaveResponse:
         with self._lock:
@@ -218,6 +307,8 @@ class SwarmCoordinator:
             worker.base_version = self.version
             if not self.round.started:
                 self.round.opened_at, self.round.started = worker.last_seen, True
+            if self.curriculum.started_at is None:
+                self.curriculum = dataclasses.replace(self.curriculum, started_at=worker.last_seen)
             header, chunks = self._pull_header, self._pull_chunks
             delta = self._delta_payload
             if delta is not None and request.HasField("have_version") and request.have_version == delta[0]:
@@ -230,13 +321,14 @@ class SwarmCoordinator:
         wait_s = min(max(request.wait_ms, 0) / 1000.0, self.spec.coordinator.max_wait_s, max(time_remaining - 0.2, 0.0))
         deadline = time.monotonic() + wait_s
         with self._lock:
-            self._member(request.worker_id).last_seen = self.clock()
+            worker = self._member(request.worker_id)
+            worker.last_seen = self.clock()
             while self.version < request.min_version and not self.finished:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._version_changed.wait(timeout=left)
-            return pb.AwaitVersionResponse(version=self.version, run_state=self._run_state())
+            return pb.AwaitVersionResponse(version=self.version, run_state=self._run_state(), assignment=self._assignment(worker))
 
     def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
         meta = self._first_part(requests, "meta").meta
@@ -315,6 +407,7 @@ class SwarmCoordinator:
                 self.total_tokens += max(metric.tokens, 0)
                 if math.isfinite(metric.loss) and metric.tokens > 0:
                     worker.last_loss = metric.loss
+                self._measure_step(request.worker_id, metric)
             if request.metrics and self._first_metric_at is None:
                 self._first_metric_at = now
         rows = (
@@ -323,6 +416,14 @@ class SwarmCoordinator:
             for m in request.metrics
         )
         return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
+
+    def _measure_step(self, worker_id: str, metric: pb.Metric) -> None:
+        """Add a training step's compute seconds to the cost of its length (lock held)."""
+        last = self._last_compute.get(worker_id)
+        if metric.tokens > 0 and metric.seq_len > 0 and last is not None and 0 <= metric.compute_seconds - last < math.inf:
+            self.curriculum = self.curriculum.measured(metric.seq_len, metric.compute_seconds - last)
+        if math.isfinite(metric.compute_seconds):
+            self._last_compute[worker_id] = metric.compute_seconds
 
     def status(self) -> pb.GetStatusResponse:
         with self._lock:
@@ -334,11 +435,13 @@ class SwarmCoordinator:
                 latest_loss=sum(losses) / len(losses) if losses else math.nan,
                 tokens_per_second=self.total_tokens / elapsed if elapsed > 0 else 0.0,
                 param_sha256=self.param_sha256.hex(), total_tokens=self.total_tokens,
+                curriculum=self._curriculum_status(now),
             )
             for w in self.workers.values():
                 response.workers.add(
                     worker_id=w.worker_id, name=w.name, state=w.state, base_version=w.base_version,
                     seconds_since_heartbeat=now - w.last_seen, device=w.device, reason=w.reason,
+                    assignment=self._assignment(w),
                 )
             open_round = (self.round.version, len(self.round.reports), sum(t for t, _ in self.round.reports.values()), self.round.opened_at)
         for r in self.store.recent_rounds(STATUS_ROUNDS):
@@ -368,11 +471,13 @@ class SwarmCoordinator:
     def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
         """This run in one line, from `status` when the caller already has it."""
         status = status or self.status()
+        current = status.curriculum
         return pb.RunSummary(
-            run_id=status.run_id, version=status.version, run_state=status.run_state,
-            target_rounds=status.target_rounds, seq_len=self.spec.data.seq_len, batch_size=self.spec.data.batch_size,
+            run_id=status.run_id, version=status.version, run_state=status.run_state, target_rounds=status.target_rounds,
+            seq_len=current.seq_len or self.spec.data.seq_len, batch_size=current.batch_size or self.spec.data.batch_size,
             active_workers=sum(1 for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE),
             latest_loss=status.latest_loss, total_tokens=status.total_tokens, tokens_per_second=status.tokens_per_second,
+            curriculum=current,
         )
 
     def tick(self) -> None:
@@ -424,4 +529,5 @@ class SwarmCoordinator:
         self.params, self.version = params, new_version
         self.round = OpenRound(new_version, now, started=True)
         self._publish(sha)
+        self._advance_curriculum(now, new_version - 1)
         self._version_changed.notify_all()

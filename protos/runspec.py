@@ -21,6 +21,7 @@ from typing import Any, Mapping
 CODECS = ("fp32", "bf16", "int8")
 INNER_OPTIMIZERS = ("adamw", "sgd")
 DATA_SOURCES = ("stdlib", "diag", "typing", "git")
+CURRICULUM_POLICIES = ("fixed", "adaptive")
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -214,24 +215,84 @@ class SweepSection:
 
 @dataclass(frozen=True)
 class CurriculumSection:
-    """A fixed schedule of (sequence length, batch size) by inner step.
+    """Who decides each worker's (sequence length, batch size): the coordinator, by one of these.
 
-    `schedule` rows are [from_step, seq_len, batch_size], from_step ascending and the first 0:
-    a worker training from global version v uses the row in force at step v × inner.steps.
-    Empty = data.seq_len and data.batch_size throughout.
+    policy "fixed" (default), one of:
+      * `schedule` rows [from_step, seq_len, batch_size], from_step ascending and the first 0:
+        every worker training from global version v uses the row in force at step v × inner.steps;
+      * `worker_seq_lens`: workers of one run train different lengths; a joining worker gets the
+        length with the fewest active workers (ties: the earlier in the list), i.e. round-robin
+        in join order while nobody leaves;
+      * neither: data.seq_len and data.batch_size throughout.
+    policy "adaptive": every worker trains the run's current rung of the ladder `seq_lens`,
+    starting at the first; at each round close the coordinator lengthens to the next rung once
+    the fitted law (Section 10.5, Eq. 11) predicts the longer length's loss below the current
+    one's, at the wall time reached, within `budget_seconds`. The law is `alpha_inf`, `tau` and
+    `amplitude` (α(s) = α∞(1 − e^(−s/τ)), A constant), or fitted from `law_from`, a previous
+    run directory or metrics file as read by `rcswarm fit`.
+
+    With `constant_tokens` the batch of a length L is round(data.batch_size × L₀ / L), L₀ the
+    first of `worker_seq_lens` or `seq_lens` (batch × L fixed, as in a sweep); otherwise
+    data.batch_size.
     """
 
+    policy: str = "fixed"
     schedule: list[list[int]] = field(default_factory=list)
+    worker_seq_lens: list[int] = field(default_factory=list)
+    constant_tokens: bool = False
+    seq_lens: list[int] = field(default_factory=list)
+    budget_seconds: float = 3600.0
+    alpha_inf: float = 0.0
+    tau: float = 0.0
+    amplitude: float = 1.0
+    law_from: str = ""
 
     def __post_init__(self) -> None:
+        if self.policy not in CURRICULUM_POLICIES:
+            _fail("curriculum.policy", self.policy, f"one of {CURRICULUM_POLICIES}")
         steps = [row[0] if len(row) == 3 else None for row in self.schedule]
         if any(len(row) != 3 or min(row[1:]) < 1 for row in self.schedule):
             _fail("curriculum.schedule", self.schedule, "rows [from_step, seq_len, batch_size] with positive sizes")
         if self.schedule and (steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:]))):
             _fail("curriculum.schedule", self.schedule, "from_step starting at 0 and strictly increasing")
+        if any(length < 1 for length in self.worker_seq_lens):
+            _fail("curriculum.worker_seq_lens", self.worker_seq_lens, "positive integers")
+        if any(length < 1 for length in self.seq_lens) or any(b <= a for a, b in zip(self.seq_lens, self.seq_lens[1:])):
+            _fail("curriculum.seq_lens", self.seq_lens, "strictly increasing positive integers")
+        _check_positive(self, "curriculum", "budget_seconds", "amplitude")
+        for name in ("alpha_inf", "tau"):
+            if getattr(self, name) < 0:
+                _fail(f"curriculum.{name}", getattr(self, name), "a number >= 0")
+        if self.schedule and self.worker_seq_lens:
+            _fail("curriculum.worker_seq_lens", self.worker_seq_lens, "empty when curriculum.schedule is given")
+        if self.policy == "fixed":
+            if self.seq_lens:
+                _fail("curriculum.seq_lens", self.seq_lens, 'empty unless curriculum.policy = "adaptive"')
+            return
+        if self.schedule:
+            _fail("curriculum.schedule", self.schedule, 'empty with curriculum.policy = "adaptive"')
+        if self.worker_seq_lens:
+            _fail("curriculum.worker_seq_lens", self.worker_seq_lens, 'empty with curriculum.policy = "adaptive"')
+        if len(self.seq_lens) < 2:
+            _fail("curriculum.seq_lens", self.seq_lens, 'a ladder of at least 2 lengths with curriculum.policy = "adaptive"')
+        if self.law_from and (self.alpha_inf or self.tau):
+            _fail("curriculum.law_from", self.law_from, "empty when curriculum.alpha_inf and curriculum.tau give the law")
+        if not self.law_from:
+            _check_positive(self, "curriculum", "alpha_inf", "tau")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.policy == "adaptive"
+
+    def batch_for(self, seq_len: int, default_batch: int) -> int:
+        """The batch size at `seq_len` under `constant_tokens` (worker_seq_lens and the ladder)."""
+        lengths = self.seq_lens or self.worker_seq_lens
+        if not (self.constant_tokens and lengths):
+            return default_batch
+        return max(1, round(default_batch * lengths[0] / seq_len))
 
     def at(self, step: int, default: tuple[int, int]) -> tuple[int, int]:
-        """(seq_len, batch_size) in force at inner step `step`."""
+        """(seq_len, batch_size) the fixed schedule puts in force at inner step `step`."""
         current = default
         for from_step, seq_len, batch_size in self.schedule:
             if step >= from_step:
@@ -250,6 +311,14 @@ class RunSpec:
     coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
     sweep: SweepSection = field(default_factory=SweepSection)
     curriculum: CurriculumSection = field(default_factory=CurriculumSection)
+
+    def __post_init__(self) -> None:
+        curriculum = self.curriculum
+        varied = "seq_lens" if curriculum.adaptive else "worker_seq_lens" if curriculum.worker_seq_lens else ""
+        if varied and self.is_sweep:
+            _fail("sweep.seq_lens", self.sweep.seq_lens, f"empty when curriculum.{varied} is given")
+        if varied and self.data.source == "diag":
+            _fail(f"curriculum.{varied}", getattr(curriculum, varied), 'empty with data.source = "diag" (the task sets its lengths)')
 
     @property
     def is_sweep(self) -> bool:
@@ -308,7 +377,7 @@ class RunSpec:
     def to_toml(self) -> str:
         lines: list[str] = []
         for table, values in self.to_dict().items():
-            if (table == "sweep" and not self.is_sweep) or (table == "curriculum" and not self.curriculum.schedule):
+            if (table == "sweep" and not self.is_sweep) or (table == "curriculum" and self.curriculum == CurriculumSection()):
                 continue
             nested = {k: v for k, v in values.items() if isinstance(v, dict)}
             lines.append(f"[{table}]")

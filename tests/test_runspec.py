@@ -29,6 +29,11 @@ def test_defaults_round_trip_through_json_and_toml(tmp_path):
         ({"inner": {"lr": float("nan")}}, "inner.lr = nan"),
         ({"sync": "int8"}, "sync = 'int8'"),
         ({"run": {"workers": 0}}, "run.workers = 0"),
+        ({"curriculum": {"policy": "random"}}, "curriculum.policy = 'random'"),
+        ({"curriculum": {"worker_seq_lens": [-4]}}, "curriculum.worker_seq_lens = [-4]"),
+        ({"curriculum": {"policy": "adaptive", "seq_lens": [8, 8], "alpha_inf": 0.3, "tau": 100.0}},
+         "curriculum.seq_lens = [8, 8]"),
+        ({"curriculum": {"budget_seconds": 0}}, "curriculum.budget_seconds = 0.0"),
     ],
 )
 def test_bad_configs_name_the_key_and_value(data, fragment):
@@ -52,7 +57,7 @@ def test_coordinator_refuses_a_bad_config_at_start(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(tmp_path / "s"),
          "--port", "0", "--token", "x"],
-        capture_output=True, text=True, timeout=120,
+        check=False, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode != 0
     assert "sync.codec = 'zstd'" in result.stderr
@@ -78,3 +83,14 @@ def test_a_sweep_expands_into_runs_with_their_own_lengths_and_batches():
         RunSpec.from_dict({"sweep": {"seq_lens": [2, 4], "batch_sizes": [8]}})
     with pytest.raises(ValueError, match=r"sweep.seq_lens\[1\] = 'x'"):
         RunSpec.from_dict({"sweep": {"seq_lens": [2, "x"]}})
+
+
+def test_a_curriculum_round_trips_and_the_default_one_stays_out_of_toml(tmp_path):
+    spec = RunSpec.from_dict({"curriculum": {"policy": "adaptive", "seq_lens": [4, 8, 16], "budget_seconds": 60,
+                                             "alpha_inf": 0.3, "tau": 500.0, "constant_tokens": True}})
+    path = tmp_path / "run.toml"
+    path.write_text(spec.to_toml())
+    assert RunSpec.from_toml(path) == spec and spec.curriculum.adaptive
+    assert "[curriculum]" not in RunSpec().to_toml()
+    heterogeneous = RunSpec.from_dict({"curriculum": {"worker_seq_lens": [8, 16]}})
+    assert RunSpec.from_json(heterogeneous.to_json()) == heterogeneous

@@ -2,8 +2,9 @@
 
     rcswarm worker --coordinator HOST:PORT --token T [--device auto]
 
-One round as the worker sees it: pull version v (checked against its SHA-256), keep a copy
-θ_v, run H inner steps, push Δ = θ_v − θ_local compressed by the run's codec (with error
+One round as the worker sees it: pull version v (checked against its SHA-256), switch to the
+(sequence length, batch) the coordinator assigns for v if it differs, keep a copy θ_v, run H
+inner steps, push Δ = θ_v − θ_local compressed by the run's codec (with error
 feedback when enabled), report the round's metrics, then wait for version v+1. A stale
 push (FAILED_PRECONDITION) drops Δ and re-syncs; NOT_FOUND (evicted, or the coordinator
 restarted) re-joins; UNAVAILABLE is retried by the client. SIGTERM or SIGINT finishes the
@@ -96,14 +97,15 @@ class Worker:
         self._pending: list[pb.Metric] = []
         # (version, parameters) pulled last, bit for bit: lets the coordinator send a delta.
         self._held: tuple[int, dict[str, torch.Tensor]] | None = None
+        # The coordinator's newest assignment (highest version), set from any response that carries one.
+        self._assignment: pb.TrainingAssignment | None = None
+        self._assignment_lock = threading.Lock()
+        self._heartbeat: threading.Thread | None = None
 
     def run(self) -> int:
         """Train until the run finishes or a stop is requested; returns the exit code."""
-        heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         try:
             self._join()
-            if self.worker_id:
-                heartbeat.start()
             while not self.stop.is_set() and not self.finished:
                 try:
                     self._round()
@@ -134,6 +136,12 @@ class Worker:
         spec = RunSpec.from_json(response.run_spec_json)
         self.worker_id, self.run_id, self.lease_s = response.worker_id, response.run_id, response.lease_seconds
         self._held = None
+        if self._heartbeat is None:
+            # Beat from now on: building the model and loading the data may outlast the lease.
+            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+            self._heartbeat.start()
+        with self._assignment_lock:
+            self._assignment = response.assignment if response.HasField("assignment") else None
         if self.model is None or spec != self.spec:
             self.spec = spec
             self._build(spec, response.data_seed)
@@ -143,7 +151,10 @@ class Worker:
         self.model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides).to(self.device)
         self.optimizer = make_inner_optimizer(self.model, spec.inner)
         self.data_seed = worker_data_seed(spec.run.seed, data_seed)
+        assignment = self._assignment
         self.data = spec.data
+        if assignment is not None and assignment.seq_len > 0 and assignment.batch_size > 0:
+            self.data = dataclasses.replace(spec.data, seq_len=assignment.seq_len, batch_size=assignment.batch_size)
         self.sampler = make_sampler(self.data, self.data_seed, model_config=self.model.config)
         self.codec = codecs.codec_from_name(spec.sync.codec)
         self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
@@ -157,19 +168,40 @@ class Worker:
                 raise Rejoin(err.details()) from err
             raise
 
-    def _follow_curriculum(self, version: int) -> None:
-        """Switch to the (seq_len, batch) the run's curriculum sets for this version's first step."""
+    def _note_assignment(self, response) -> None:
+        """Keep the response's assignment if it is at least as new as the one held."""
+        if not response.HasField("assignment"):
+            return
+        with self._assignment_lock:
+            if self._assignment is None or response.assignment.version >= self._assignment.version:
+                self._assignment = response.assignment
+
+    def _follow_assignment(self, version: int) -> None:
+        """At a round boundary: switch to the coordinator's (seq_len, batch) for `version` if it differs.
+
+        An assignment made before `version` existed is refreshed with a heartbeat first. Without
+        any (an older coordinator) the run spec's data.seq_len and data.batch_size apply.
+        """
+        with self._assignment_lock:
+            assignment = self._assignment
+        if assignment is not None and assignment.version < version:
+            self._note_assignment(self._call(self.client.heartbeat, self.worker_id))
+            with self._assignment_lock:
+                assignment = self._assignment
         data = self.spec.data
-        seq_len, batch = self.spec.curriculum.at(version * self.spec.inner.steps, (data.seq_len, data.batch_size))
+        seq_len, batch = (assignment.seq_len, assignment.batch_size) if assignment is not None else (data.seq_len, data.batch_size)
+        if seq_len < 1 or batch < 1:
+            raise RuntimeError(f"the coordinator assigned seq_len {seq_len}, batch {batch}: expected positive sizes")
         if (seq_len, batch) != (self.data.seq_len, self.data.batch_size):
             self.data = dataclasses.replace(data, seq_len=seq_len, batch_size=batch)
             self.sampler = make_sampler(self.data, self.data_seed + version, model_config=self.model.config)
-            log.info("%s: curriculum at version %d: seq_len %d, batch %d", self.worker_id, version, seq_len, batch)
+            why = assignment.reason if assignment is not None else "the run spec"
+            log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.worker_id, version, seq_len, batch, why)
 
     def _round(self) -> None:
         sync_started = time.perf_counter()
         version = self._pull()
-        self._follow_curriculum(version)
+        self._follow_assignment(version)
         self.sync_seconds += time.perf_counter() - sync_started
         base = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
         self._held = (version, base)
@@ -250,6 +282,7 @@ class Worker:
     def _await(self, min_version: int) -> None:
         while not self.stop.is_set():
             response = self._call(self.client.await_version, self.worker_id, min_version, AWAIT_WAIT_S)
+            self._note_assignment(response)
             if response.run_state == pb.RUN_STATE_FINISHED:
                 self.finished = True
                 return
@@ -265,6 +298,7 @@ class Worker:
         while not self.stop.wait(max(self.lease_s / 3.0, 0.2)):
             try:
                 response = self.client.heartbeat(self.worker_id)
+                self._note_assignment(response)
                 if response.run_state == pb.RUN_STATE_FINISHED:
                     self.finished = True
             except (grpc.RpcError, RetriesExhausted, Stopped) as exc:

@@ -104,20 +104,34 @@ class JoinRequest(_message.Message):
     def __init__(self, worker_name: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("worker_id", "run_id", "run_spec_json", "version", "lease_seconds", "data_seed")
+    __slots__ = ("worker_id", "run_id", "run_spec_json", "version", "lease_seconds", "data_seed", "assignment")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DATA_SEED_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     run_id: str
     run_spec_json: str
     version: int
     lease_seconds: float
     data_seed: int
-    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., version: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_seed: _Optional[int] = ...) -> None: ...
+    assignment: TrainingAssignment
+    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., version: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_seed: _Optional[int] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ...) -> None: ...
+
+class TrainingAssignment(_message.Message):
+    __slots__ = ("seq_len", "batch_size", "reason", "version")
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    seq_len: int
+    batch_size: int
+    reason: str
+    version: int
+    def __init__(self, seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id",)
@@ -126,14 +140,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("version", "run_state", "lease_seconds")
+    __slots__ = ("version", "run_state", "lease_seconds", "assignment")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     version: int
     run_state: RunState
     lease_seconds: float
-    def __init__(self, version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    assignment: TrainingAssignment
+    def __init__(self, version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., lease_seconds: _Optional[float] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("worker_id", "reason")
@@ -176,12 +192,14 @@ class AwaitVersionRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., min_version: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class AwaitVersionResponse(_message.Message):
-    __slots__ = ("version", "run_state")
+    __slots__ = ("version", "run_state", "assignment")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     version: int
     run_state: RunState
-    def __init__(self, version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ...) -> None: ...
+    assignment: TrainingAssignment
+    def __init__(self, version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ...) -> None: ...
 
 class UpdateMeta(_message.Message):
     __slots__ = ("worker_id", "base_version", "tokens", "inner_steps")
@@ -262,7 +280,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason")
+    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +288,7 @@ class WorkerStatus(_message.Message):
     SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     name: str
     state: WorkerState
@@ -277,7 +296,8 @@ class WorkerStatus(_message.Message):
     seconds_since_heartbeat: float
     device: str
     reason: str
-    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    assignment: TrainingAssignment
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
     __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm")
@@ -298,7 +318,7 @@ class RoundStatus(_message.Message):
     def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +330,7 @@ class GetStatusResponse(_message.Message):
     PARAM_SHA256_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    CURRICULUM_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -321,10 +342,44 @@ class GetStatusResponse(_message.Message):
     param_sha256: str
     total_tokens: int
     runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...
+    curriculum: CurriculumStatus
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ...) -> None: ...
+
+class CurriculumStatus(_message.Message):
+    __slots__ = ("policy", "seq_len", "batch_size", "reason", "ladder", "rung", "seconds_per_step", "budget_seconds", "elapsed_seconds", "decided_version", "law")
+    class SecondsPerStepEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LADDER_FIELD_NUMBER: _ClassVar[int]
+    RUNG_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAW_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    seq_len: int
+    batch_size: int
+    reason: str
+    ladder: _containers.RepeatedScalarFieldContainer[int]
+    rung: int
+    seconds_per_step: _containers.ScalarMap[int, float]
+    budget_seconds: float
+    elapsed_seconds: float
+    decided_version: int
+    law: str
+    def __init__(self, policy: _Optional[str] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., ladder: _Optional[_Iterable[int]] = ..., rung: _Optional[int] = ..., seconds_per_step: _Optional[_Mapping[int, float]] = ..., budget_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decided_version: _Optional[int] = ..., law: _Optional[str] = ...) -> None: ...
 
 class RunSummary(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "seq_len", "batch_size", "active_workers", "latest_loss", "total_tokens", "tokens_per_second")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "seq_len", "batch_size", "active_workers", "latest_loss", "total_tokens", "tokens_per_second", "curriculum")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +390,7 @@ class RunSummary(_message.Message):
     LATEST_LOSS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    CURRICULUM_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -345,4 +401,5 @@ class RunSummary(_message.Message):
     latest_loss: float
     total_tokens: int
     tokens_per_second: float
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., active_workers: _Optional[int] = ..., latest_loss: _Optional[float] = ..., total_tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
+    curriculum: CurriculumStatus
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., active_workers: _Optional[int] = ..., latest_loss: _Optional[float] = ..., total_tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ...) -> None: ...

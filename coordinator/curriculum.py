@@ -1,0 +1,206 @@
+"""The coordinator's curriculum: which (sequence length, batch size) each worker trains.
+
+The coordinator is the one source of truth; workers follow the assignment it sends in
+JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round boundary.
+
+* Fixed schedule (`curriculum.schedule`): the row in force at step version × inner.steps.
+* Heterogeneous workers (`curriculum.worker_seq_lens`): a joining worker gets the length with
+  the fewest active workers, ties to the earlier in the list (`decide_worker_length`).
+* Adaptive (`curriculum.policy = "adaptive"`): the run climbs the ladder `seq_lens`. At each
+  round close `decide_lengthening` compares the current rung L with the next one L' under the
+  fitted law of Section 10.5: loss(t, L) ≈ A(t/c_L) · L^(−α(t/c_L)), α(s) = α∞(1 − e^(−s/τ))
+  (Eq. 8, 9, 11 with s = t / c_L, c_L the measured seconds per step). It lengthens once the
+  crossover that `fits.predicted_crossover` predicts lies within the budget and the run's
+  wall time has reached it: from then on the longer length is predicted to be ahead.
+
+The decisions are pure functions of (now, state, options) returning a Decision with a reason;
+`CurriculumState` is what the coordinator persists (JSON in its state store) so the current
+rung, the measured costs and the last decision survive a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from rcswarm.coordinator import fits
+from rcswarm.coordinator.decisions import Decision
+from rcswarm.protos.runspec import CurriculumSection
+
+
+@dataclass(frozen=True)
+class Law:
+    """The fitted scaling law the adaptive policy predicts with."""
+
+    schedule: fits.AlphaScheduleFit
+    # log A(s); a constant cancels in the comparison of two lengths.
+    log_amplitude: Callable[[float], float]
+    source: str
+
+
+def configured_law(curriculum: CurriculumSection) -> Law:
+    """The law given in the config: α∞, τ and a constant amplitude A."""
+    schedule = fits.AlphaScheduleFit(alpha_inf=curriculum.alpha_inf, tau=curriculum.tau, r_squared=math.nan)
+    log_a = math.log(curriculum.amplitude)
+    return Law(
+        schedule, lambda step: log_a,
+        f"configured: α∞ = {curriculum.alpha_inf:g}, τ = {curriculum.tau:g} steps, A = {curriculum.amplitude:g}",
+    )
+
+
+def fitted_law(path: str | Path) -> Law:
+    """The law fitted (as `rcswarm fit` does) to a run directory or a metrics CSV/JSON-lines file."""
+    from rcswarm.coordinator import fit_cli
+
+    path = Path(path)
+    try:
+        if path.is_dir():
+            rows = fit_cli.read_state_dirs(path)
+        else:
+            columns = fit_cli.Columns(step="step", length="seq_len", loss="loss", time="wall_time", run="run_id")
+            rows = fit_cli.read_metrics(path, columns)
+        analysis = fit_cli.analyse(fit_cli.length_curves(path, rows))
+    except ValueError as exc:
+        raise ValueError(f"curriculum.law_from = {str(path)!r} is invalid: {exc}") from None
+    schedule = analysis.schedule
+    return Law(
+        schedule, fits.amplitude_from_points(analysis.points),
+        f"fitted to {path}: α∞ = {schedule.alpha_inf:.4g}, τ = {schedule.tau:.4g} steps (R² {schedule.r_squared:.3f})",
+    )
+
+
+def law_of(curriculum: CurriculumSection) -> Law:
+    return fitted_law(curriculum.law_from) if curriculum.law_from else configured_law(curriculum)
+
+
+@dataclass(frozen=True)
+class CurriculumState:
+    """The adaptive curriculum's persistent state."""
+
+    rung: int = 0
+    # When training started (the first pull), on the coordinator's clock; None before.
+    started_at: float | None = None
+    # seq_len -> (compute seconds, inner steps) summed over every worker's measured steps.
+    costs: Mapping[int, tuple[float, int]] = field(default_factory=dict)
+    reason: str = "starting at the first rung of curriculum.seq_lens"
+    decided_version: int = -1
+
+    def seconds_per_step(self) -> dict[int, float]:
+        return {length: seconds / steps for length, (seconds, steps) in sorted(self.costs.items()) if steps > 0}
+
+    def measured(self, seq_len: int, seconds: float, steps: int = 1) -> CurriculumState:
+        old_seconds, old_steps = self.costs.get(seq_len, (0.0, 0))
+        return replace(self, costs={**self.costs, seq_len: (old_seconds + seconds, old_steps + steps)})
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "rung": self.rung, "started_at": self.started_at, "reason": self.reason,
+            "decided_version": self.decided_version,
+            "costs": {str(length): list(cost) for length, cost in self.costs.items()},
+        }, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> CurriculumState:
+        data = json.loads(text)
+        return cls(
+            rung=int(data["rung"]), started_at=data["started_at"], reason=str(data["reason"]),
+            decided_version=int(data["decided_version"]),
+            costs={int(length): (float(seconds), int(steps)) for length, (seconds, steps) in data["costs"].items()},
+        )
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    seq_lens: tuple[int, ...]
+    budget_seconds: float
+    law: Law
+
+
+def estimate_seconds_per_step(measured: Mapping[int, float], seq_len: int) -> tuple[float, str] | None:
+    """Seconds per step at `seq_len`: measured, else extrapolated linearly in L; with a note saying which.
+
+    From one measured length the cost is taken proportional to L; from two or more, the
+    least-squares line c = a + b·L through them (proportional again if that line is not
+    positive at `seq_len`). None without any measurement.
+    """
+    if seq_len in measured:
+        return measured[seq_len], f"c({seq_len}) = {measured[seq_len]:.4g} s/step measured"
+    if not measured:
+        return None
+    lengths = sorted(measured)
+    nearest = min(lengths, key=lambda length: abs(length - seq_len))
+    estimate = measured[nearest] * seq_len / nearest
+    if len(lengths) >= 2:
+        slope, intercept = np.polyfit(lengths, [measured[length] for length in lengths], 1)
+        line = float(intercept + slope * seq_len)
+        if line > 0:
+            estimate = line
+    return estimate, f"c({seq_len}) = {estimate:.4g} s/step extrapolated linearly in L from L = {lengths}"
+
+
+def decide_lengthening(now: float, state: CurriculumState, options: AdaptiveOptions) -> Decision:
+    """Lengthen to the next rung once Eq. 11 predicts it ahead of the current one, within the budget.
+
+    ok = lengthen. The predicted crossover T (wall time from the start of training after which
+    the longer length's loss stays below the current one's) is searched up to the budget; the
+    run lengthens when T exists and the elapsed wall time has reached it.
+    """
+    lengths = options.seq_lens
+    current = lengths[state.rung]
+    if state.rung + 1 >= len(lengths):
+        return Decision(False, f"stays at L = {current}: the last rung of the ladder {list(lengths)}")
+    longer = lengths[state.rung + 1]
+    if state.started_at is None:
+        return Decision(False, f"stays at L = {current}: training has not started")
+    elapsed = now - state.started_at
+    budget = options.budget_seconds
+    if elapsed >= budget:
+        return Decision(False, f"stays at L = {current}: the budget of {budget:g} s is spent ({elapsed:.1f} s elapsed)")
+    measured = state.seconds_per_step()
+    if current not in measured:
+        return Decision(False, f"stays at L = {current}: no seconds per step measured at L = {current} yet")
+    cost_current, _ = estimate_seconds_per_step(measured, current)
+    cost_longer, cost_note = estimate_seconds_per_step(measured, longer)
+    costs = f"c({current}) = {cost_current:.4g} s/step, {cost_note}"
+    crossover = fits.predicted_crossover(
+        options.law.schedule, current, cost_current, longer, cost_longer,
+        log_amplitude=options.law.log_amplitude, max_time=budget,
+    )
+    if crossover is None:
+        return Decision(
+            False, f"stays at L = {current}: Eq. 11 predicts no crossover of L = {longer} below L = {current} "
+            f"within the budget of {budget:g} s ({costs})",
+        )
+    if crossover.time > elapsed:
+        return Decision(
+            False, f"stays at L = {current}: Eq. 11 predicts L = {longer} below L = {current} from "
+            f"{crossover.time:.4g} s on, within the budget of {budget:g} s but not reached ({elapsed:.1f} s elapsed; {costs})",
+        )
+    return Decision(
+        True, f"lengthens L = {current} -> {longer}: Eq. 11 predicts L = {longer} below L = {current} from "
+        f"{crossover.time:.4g} s on (step {crossover.step_short:.0f} at L = {current}), reached at {elapsed:.1f} s "
+        f"of the budget of {budget:g} s ({costs})",
+    )
+
+
+def decide_worker_length(active_lengths: Sequence[int], worker_seq_lens: Sequence[int]) -> tuple[int, str]:
+    """The length a joining worker trains: the one furthest below its share of the active workers.
+
+    A length listed k times gets k shares; the pick minimises (active workers at it) / k, ties
+    going to the earlier in the list, which is round-robin in join order while nobody leaves.
+    """
+    shares = {length: worker_seq_lens.count(length) for length in worker_seq_lens}
+    counts = {length: 0 for length in shares}
+    for length in active_lengths:
+        if length in counts:
+            counts[length] += 1
+    best = min(shares, key=lambda length: (counts[length] / shares[length], worker_seq_lens.index(length)))
+    return best, (
+        f"curriculum.worker_seq_lens: L = {best} is the furthest below its share "
+        f"(active workers by length {sorted(counts.items())})"
+    )
