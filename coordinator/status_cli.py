@@ -63,6 +63,8 @@ def report(status: pb.GetStatusResponse, console: Console, fits: Any = None, tot
     run.add_row("tokens/s", _num(status.tokens_per_second))
     if status.param_sha256:
         run.add_row("θ sha256", status.param_sha256[:16] + "…")
+    if status.HasField("curriculum"):
+        _curriculum_rows(run, status.curriculum)
     console.print(run)
 
     if status.runs:
@@ -77,7 +79,8 @@ def report(status: pb.GetStatusResponse, console: Console, fits: Any = None, tot
 
     workers = Table(title="workers")
     extra = ("tokens/s", "loss", "seq_len") if totals is not None else ()
-    for name in ("name", "id", "state", "device", "base version", "since heartbeat (s)", *extra, "reason"):
+    for name in ("name", "id", "state", "device", "base version", "since heartbeat (s)", "assigned L × batch",
+                 *extra, "reason"):
         workers.add_column(name, justify="left" if name in ("name", "id", "state", "device", "reason") else "right",
                            no_wrap=name in ("name", "id"))
     for w in status.workers:
@@ -85,8 +88,9 @@ def report(status: pb.GetStatusResponse, console: Console, fits: Any = None, tot
         if totals is not None:
             t = totals.get(w.worker_id)
             cells = ["–", "–", "–"] if t is None else [_num(t.tokens_per_second), _num(t.last_loss), str(t.last_seq_len)]
+        assigned = f"{w.assignment.seq_len} × {w.assignment.batch_size}" if w.HasField("assignment") else "–"
         workers.add_row(w.name, w.worker_id, STATES.get(w.state, "unknown"), w.device, str(w.base_version),
-                        f"{w.seconds_since_heartbeat:.1f}", *cells, w.reason)
+                        f"{w.seconds_since_heartbeat:.1f}", assigned, *cells, w.reason)
     if not status.workers:
         workers.caption = "no workers have joined"
     console.print(workers)
@@ -124,6 +128,21 @@ def report(status: pb.GetStatusResponse, console: Console, fits: Any = None, tot
                       "none" if pair.observed is None else f"{pair.observed:.4g}",
                       "none" if pair.predicted is None else f"{pair.predicted.time:.4g}")
     console.print(cross)
+
+
+def _curriculum_rows(table: Table, curriculum: pb.CurriculumStatus) -> None:
+    """The run's curriculum: policy, current L and batch, and for the adaptive ladder its state."""
+    table.add_row("curriculum", curriculum.policy)
+    table.add_row("L × batch", "per worker" if curriculum.seq_len == 0
+                  else f"{curriculum.seq_len} × {curriculum.batch_size}")
+    if curriculum.ladder:
+        table.add_row("ladder (rung)", f"{list(curriculum.ladder)} ({curriculum.rung})")
+        measured = ", ".join(f"L={length}: {seconds:.3g}" for length, seconds in sorted(curriculum.seconds_per_step.items()))
+        table.add_row("s/step measured", measured or "–")
+        table.add_row("budget used", f"{curriculum.elapsed_seconds:.0f} of {curriculum.budget_seconds:.0f} s")
+        table.add_row("law", curriculum.law)
+    if curriculum.reason:
+        table.add_row("last decision", curriculum.reason)
 
 
 def _read_only(db: Path) -> sqlite3.Connection:

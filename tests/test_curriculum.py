@@ -9,10 +9,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from rich.console import Console
 
 from rcswarm.coordinator import curriculum as curricula
 from rcswarm.coordinator.fits import AlphaScheduleFit
 from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator.status_cli import report as status_report
 from rcswarm.coordinator.store import StateStore
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.runspec import RunSpec
@@ -205,6 +207,10 @@ def test_an_adaptive_decision_is_persisted_and_survives_a_restart(tmp_path):
         assert (status.policy, status.seq_len, status.rung, status.decided_version) == ("adaptive", 8, 1, 0)
         assert status.seconds_per_step[4] == pytest.approx(0.01)
         assert status.elapsed_seconds == pytest.approx(5.0)
+        console = Console(record=True, width=200)
+        status_report(coordinator.status(), console)
+        printed = console.export_text()
+        assert "adaptive" in printed and "8 × 2" in printed and "L=4: 0.01" in printed and "lengthens" in printed
     finally:
         coordinator.close()
     # A restart may extend the budget; the rung and the last decision stay.
