@@ -337,7 +337,14 @@ def _worker_dict(w: pb.WorkerStatus, totals: dict[str, WorkerTotals]) -> dict[st
         "bytes_sent": t.bytes_sent if t else 0, "bytes_received": t.bytes_received if t else 0,
         "last_step": t.last_step if t else None, "seq_len": t.last_seq_len if t else None,
         "loss": t.last_loss if t else None,
+        "assignment": ({"seq_len": w.assignment.seq_len, "batch_size": w.assignment.batch_size,
+                        "reason": w.assignment.reason} if w.HasField("assignment") else None),
     }
+
+
+def _assignment_cell(worker: dict[str, Any]) -> str:
+    assignment = worker.get("assignment")
+    return "–" if assignment is None else f"{assignment['seq_len']} × {assignment['batch_size']}"
 
 
 def _round_dict(r: pb.RoundStatus) -> dict[str, Any]:
@@ -589,10 +596,20 @@ Prometheus: <a href="/metrics">/metrics</a>. Rendered {time.strftime('%Y-%m-%d %
 """
 
 
+def _curriculum_cell(curriculum: dict[str, Any] | None) -> str:
+    """The run's curriculum in one line: policy, current L × batch (or per worker), last decision."""
+    if not curriculum:
+        return "–"
+    length, batch = curriculum.get("seq_len", 0), curriculum.get("batch_size", 0)
+    current = "L per worker" if not length else f"L {length} × batch {batch}"
+    reason = curriculum.get("reason", "")
+    return f"{curriculum.get('policy', '')}: {current}" + (f"; {reason}" if reason else "")
+
+
 def render_page(data: dict[str, Any], refresh_s: int) -> str:
     workers = [
         (w["name"], w["worker_id"], w["state"], w["device"], w["base_version"], _fmt(w["seconds_since_heartbeat"], ".1f"),
-         _fmt(w["tokens_per_second"], ".4g"), w["tokens"], _fmt(w["loss"]), _fmt(w["seq_len"], "d"),
+         _assignment_cell(w), _fmt(w["tokens_per_second"], ".4g"), w["tokens"], _fmt(w["loss"]), _fmt(w["seq_len"], "d"),
          _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"], w["reason"])
         for w in data["workers"]
     ]
@@ -610,10 +627,12 @@ def render_page(data: dict[str, Any], refresh_s: int) -> str:
         ("latest loss", _fmt(data["latest_loss"])), ("tokens", data["total_tokens"]),
         ("tokens/s", _fmt(data["tokens_per_second"])), ("θ sha256", (data["param_sha256"] or "")[:16] + "…"),
         ("seq_len with data", lengths),
+        ("curriculum", _curriculum_cell(data.get("curriculum"))),
     )
     body = f"""<h1>rcswarm run {html.escape(data['run_id'])}</h1>
 {_table("run", ("field", "value"), run, "")}
-{_table("workers", ("name", "id", "state", "device", "base version", "since heartbeat (s)", "tokens/s", "tokens",
+{_table("workers", ("name", "id", "state", "device", "base version", "since heartbeat (s)", "assigned L × batch",
+                    "tokens/s", "tokens",
                     "loss", "seq_len", "step", "bytes sent", "bytes received", "reason"), workers, "no workers have joined")}
 {_fit_section(fits)}
 {_table("rounds (newest first)", ("version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm"),

@@ -90,6 +90,9 @@ def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
     assert "wall-time crossovers" in page and "32 → 64" in page
     for plot in ("loss_step", "loss_time", "alpha"):
         assert f'src="/plot/{plot}.png"' in page
+    assert "assigned L × batch" in page and "<td>32 × 4</td>" in page and "fixed: L 32 × batch 4" in page
+    workers = json.loads(get(swarm.base + "api/status")[2])["workers"]
+    assert {(w["assignment"]["seq_len"], w["assignment"]["batch_size"]) for w in workers} == {(32, 4)}
 
 
 def test_plots_are_nonblank_pngs(swarm: Any) -> None:
