@@ -1,15 +1,20 @@
 """One entry point for state-guided sparse attention.
 
-`sgsa_attention` runs the O(T·(W + T/G)) path (`sparse.py`) unless `naive=True` forces the
-dense-mask definition (`naive.py`).
+`sgsa_attention` runs the Triton kernels (`triton_flash.py`) on CUDA tensors when triton is
+installed, the blocked O(T·(W + T/G)) path (`sparse.py`) otherwise, and the dense-mask
+definition (`naive.py`) when `naive=True`.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 from torch import Tensor
 
 from rcswarm.kernels.sgsa.naive import sgsa_naive
 from rcswarm.kernels.sgsa.sparse import sgsa_sparse
+
+TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 
 
 def sgsa_attention(
@@ -25,4 +30,13 @@ def sgsa_attention(
     """q [B, H_q, T, D], k [B, H_kv, T, D], v [B, H_kv, T, D_v] -> [B, H_q, T, D_v]; scale 1/√D by default."""
     if naive:
         return sgsa_naive(q, k, v, window, anchor_stride, scale)
+    if use_triton(q):
+        from rcswarm.kernels.sgsa.triton_flash import sgsa_triton  # imports triton only when used
+
+        return sgsa_triton(q, k, v, window, anchor_stride, scale)
     return sgsa_sparse(q, k, v, window, anchor_stride, scale)
+
+
+def use_triton(q: Tensor) -> bool:
+    """Whether `sgsa_attention` runs the Triton kernels for q: a CUDA tensor, triton installed."""
+    return q.is_cuda and TRITON_AVAILABLE
