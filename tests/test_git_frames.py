@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -375,7 +376,7 @@ def test_the_worker_trains_the_frame_model_on_git_frames(repo, tmp_path):
 def test_the_projects_own_history_replays_exactly(tmp_path):
     """A real input: this checkout's first commits (small files only, to keep the test quick)."""
     root = Path(__file__).resolve().parents[1]
-    probe = subprocess.run(["git", "-C", str(root), "rev-list", "--max-count=4", "HEAD"], capture_output=True, text=True)
+    probe = subprocess.run(["git", "-C", str(root), "rev-list", "--max-count=4", "HEAD"], capture_output=True, text=True, check=False)
     if probe.returncode != 0 or not probe.stdout.strip():
         pytest.skip("this checkout has no git history")
     summary = build_git_frames(root, tmp_path / "own", rows=12, cols=40, vocab_size=300, max_commits=4,
@@ -383,3 +384,267 @@ def test_the_projects_own_history_replays_exactly(tmp_path):
     assert summary["commits"] == min(4, len(probe.stdout.split()))
     assert summary["files"] > 0 and summary["actions"] == summary["frames"] > 0
     assert summary["ratio"] > 10
+
+
+# -- incremental rendering, the row-delta fast path, format version 2 ------------------------
+
+def _reference_screen(ed: Editor) -> np.ndarray:
+    """A from-scratch render of the editor's state (the documented layout), cell by cell.
+
+    Uses the view offsets (top, left, tree_top) the editor's last render chose.
+    """
+    from rcswarm.data.frames.git_editor import line_cells
+
+    rows, cols, tw = ed.rows, ed.cols, ed.tw
+    h = rows - 1
+    cp = np.full((rows, cols), 32, np.int64)
+    st = np.zeros((rows, cols), np.int64)
+
+    def put(y, x0, width, cells, fill=0):
+        cells = cells[:width]
+        for k, (c, s) in enumerate(cells):
+            cp[y, x0 + k], st[y, x0 + k] = c, s
+        cp[y, x0 + len(cells) : x0 + width] = 32
+        st[y, x0 + len(cells) : x0 + width] = fill
+
+    n = len(ed.paths)
+    cur_idx = ed.paths.index(ed.current) if ed.current is not None else -1
+    tree_mode = ed.mode == "TREE" or (ed.mode == "PROMPT" and ed.prompt_kind in ("new_file", "rename"))
+    for y in range(h):
+        i = ed.tree_top + y
+        path = ed.paths[i] if i < n else None
+        style = 6 if (i == ed.sel and tree_mode) else 5 if i == cur_idx else 4
+        cells = [(c, style if s == 1 else s) for c, s in line_cells(path)[0]] if path else []
+        put(y, 0, tw, cells, 0 if path is None else style)
+        cp[y, tw], st[y, tw] = 0x2502, 4
+    x0 = tw + 1
+    gw = max(4, len(str(len(ed.lines)))) + 1
+    w = cols - x0 - gw
+    dcol = line_cells(ed.lines[ed.r])[1][ed.c]
+    for y in range(h):
+        i = ed.top + y
+        if ed.current is None or i >= len(ed.lines):
+            put(y, x0, cols - x0, [])
+            continue
+        put(y, x0, gw, [(ord(ch), 7) for ch in str(i + 1).rjust(gw - 1) + " "])
+        cells = line_cells(ed.lines[i])[0][ed.left : ed.left + w]
+        if cells and cells[0][0] == 0:
+            cells[0] = (32, 8)
+        if len(cells) == w and cells[-1][1] == 1 and cells[-1][0] > 0x1000 and unicodedata.east_asian_width(chr(cells[-1][0])) in "WF":
+            cells[-1] = (32, 8)
+        put(y, x0 + gw, w, cells)
+        if ed.mode == "EDIT" and i == ed.r and 0 <= dcol - ed.left < w:
+            st[y, x0 + gw + dcol - ed.left] = 2
+    if ed.mode == "PROMPT":
+        label = {"goto": "line: ", "new_file": "new file: ", "rename": "rename to: ", "commit": "commit: "}[ed.prompt_kind]
+        cells = [(c, 3 if s == 1 else s) for c, s in line_cells(label + ed.prompt)[0]]
+        cells = (cells[-(cols - 1) :] if len(cells) >= cols else cells) + [(32, 2)]
+    else:
+        text = f" {ed.mode} | {ed.current or '[no file]'} | Ln {ed.r + 1}, Col {ed.c + 1} | {len(ed.lines)} lines "
+        cells = [(c, 3 if s == 1 else s) for c, s in line_cells(text)[0]]
+    put(rows - 1, 0, cols, cells, 3)
+    return np.stack([cp, st], -1)
+
+
+_TYPED = list("abcxyz  ()_.:=\t\n\n\r中é😀") + ["\x07"]
+
+
+def _random_session(seed: int, n: int, rows: int = 9, cols: int = 40):
+    """An editor driven by n random actions (typing, every control, several files)."""
+    rng = np.random.default_rng(seed)
+    ed = Editor(rows, cols)
+    for k in range(12):
+        ed._add(f"d{k % 3}/f{k}.txt", "\n".join("x" * int(rng.integers(0, 70)) + "中\t" * (j % 3) for j in range(int(rng.integers(0, 30)))))
+    ed._open(ed.paths[0])
+    actions = []
+    for _ in range(n):
+        u = rng.random()
+        if u < 0.55:
+            a = ord(_TYPED[int(rng.integers(0, len(_TYPED)))])
+        else:
+            name = ("UP", "DOWN", "LEFT", "RIGHT", "HOME", "END", "BACKSPACE", "DELETE", "KILL_LINE", "SAVE", "TREE",
+                    "ENTER", "NEW_FILE", "RENAME", "DELETE_FILE", "GOTO", "PGUP", "PGDN", "ESC", "COMMIT")[int(rng.integers(0, 20))]
+            if name in ("DELETE_FILE", "RENAME", "NEW_FILE") and rng.random() < 0.8:
+                name = "ESC"  # keep files around
+            a = C[name]
+        actions.append(a)
+    return ed, actions
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_incremental_render_equals_full_render(seed):
+    """After every action the incrementally maintained screen equals a from-scratch render,
+    and rows outside the reported damage are unchanged (what the frame encoder relies on)."""
+    ed, actions = _random_session(seed, 2500)
+    prev = None
+    scrolls = line_moves = 0
+    for a in actions:
+        damage, scroll = ed.render_damage()
+        cp, st = ed.screen()
+        cur = np.stack([cp.astype(np.int64), st.astype(np.int64)], -1)
+        assert np.array_equal(cur, _reference_screen(ed)), (seed, a)
+        if prev is not None:
+            changed = set(np.flatnonzero((cur != prev).any(axis=(1, 2))).tolist())
+            assert changed <= damage, (changed - damage, a)
+        scrolls += scroll is not None
+        line_moves += scroll is not None and scroll[2] > ed.tw + 1  # text columns only: a line inserted or joined
+        prev = cur
+        ed.apply(a)
+    assert scrolls > 10 and line_moves > 5
+
+
+class _Capture:
+    """A write_rows sink that feeds a FrameWriter and keeps every frame as an array."""
+
+    def __init__(self, writer):
+        self.writer, self.frames, self.actions, self.scrolls = writer, [], [], 0
+
+    def write_rows(self, row_cp, row_st, damage, action, scroll=None):
+        self.writer.write_rows(row_cp, row_st, damage, action, scroll)
+        cp = np.frombuffer("".join(row_cp).encode("utf-32-le"), "<u4").astype(np.int64)
+        st = np.frombuffer(b"".join(row_st), np.uint8).astype(np.int64)
+        self.frames.append(np.stack([cp, st], -1).reshape(len(row_cp), -1, 2))
+        self.actions.append(action)
+        self.scrolls += scroll is not None
+
+
+def test_fast_path_frames_decode_exactly(repo, tmp_path):
+    """The replay's row-delta path (damage + scroll hints) decodes to exactly the frames shown;
+    random access equals sequential decoding."""
+    path = tmp_path / "fast.rcf"
+    cap = _Capture(FrameWriter(path, ROWS, COLS, block_frames=50))
+    replay(str(repo), cap, ROWS, COLS)
+    cap.writer.close()
+    assert cap.scrolls > 0
+    with FrameReader(path) as r:
+        assert len(r) == len(cap.frames)
+        for i in range(len(r)):
+            assert np.array_equal(r.frame(i), cap.frames[i]), i
+        assert r.actions().tolist() == cap.actions
+    rng = np.random.default_rng(0)
+    with FrameReader(path, cache_blocks=0) as r:
+        for i in rng.permutation(len(cap.frames))[:40].tolist():
+            assert np.array_equal(r.frame(i), cap.frames[i])
+
+
+def test_write_rows_with_random_scrolls(tmp_path):
+    """write_rows with arbitrary damage and region scrolls (both directions) round-trips."""
+    rows, cols = 7, 12
+    rng = np.random.default_rng(3)
+    alphabet = [" ", "a", "b", "中", "\0", "😀", "\U0010ffff"]
+    cur_cp = [" " * cols] * rows
+    cur_st = [bytes(cols)] * rows
+    expect = []
+    path = tmp_path / "s.rcf"
+    with FrameWriter(path, rows, cols, block_frames=9) as w:
+        for k in range(200):
+            scroll = None
+            damage = set()
+            if rng.random() < 0.3:
+                r0 = int(rng.integers(0, rows - 1))
+                r1 = int(rng.integers(r0 + 2, rows + 1))
+                c0 = int(rng.integers(0, cols - 1))
+                c1 = int(rng.integers(c0 + 1, cols + 1))
+                d = int(rng.integers(1, r1 - r0)) * (1 if rng.random() < 0.5 else -1)
+                lo, hi = max(r0, r0 - d), min(r1, r1 - d)
+                new_cp, new_st = list(cur_cp), list(cur_st)
+                for y in range(lo, hi):
+                    new_cp[y] = cur_cp[y][:c0] + cur_cp[y + d][c0:c1] + cur_cp[y][c1:]
+                    new_st[y] = cur_st[y][:c0] + cur_st[y + d][c0:c1] + cur_st[y][c1:]
+                cur_cp, cur_st = new_cp, new_st
+                scroll = (r0, r1, c0, c1, d)
+            for _ in range(int(rng.integers(0, 3))):
+                y, x = int(rng.integers(0, rows)), int(rng.integers(0, cols))
+                n = int(rng.integers(1, cols - x + 1))
+                ch = alphabet[int(rng.integers(0, len(alphabet)))]
+                cur_cp[y] = cur_cp[y][:x] + ch * n + cur_cp[y][x + n :]
+                cur_st[y] = cur_st[y][:x] + bytes([int(rng.integers(0, 256))]) * n + cur_st[y][x + n :]
+                damage.add(y)
+            a = int(rng.integers(0, CONTROL_BASE + 19))
+            w.write_rows(list(cur_cp), list(cur_st), damage, a, scroll)
+            cp = np.frombuffer("".join(cur_cp).encode("utf-32-le"), "<u4").astype(np.int64).reshape(rows, cols)
+            st = np.frombuffer(b"".join(cur_st), np.uint8).astype(np.int64).reshape(rows, cols)
+            expect.append((np.stack([cp, st], -1), a))
+    with FrameReader(path) as r:
+        for i, (f, a) in enumerate(expect):
+            assert np.array_equal(r.frame(i), f), i
+            assert r.action(i) == a
+
+
+def test_old_format_version_is_rejected_clearly(tmp_path):
+    import struct
+    import zlib
+
+    from rcswarm.data.frames import frame_codec
+
+    path = tmp_path / "x.rcf"
+    with FrameWriter(path, 6, 20, block_frames=4) as w:
+        for cp, st, a in _random_frames(5):
+            w.write(cp, st, a)
+    data = bytearray(path.read_bytes())
+    head = frame_codec.HEADER.pack(frame_codec.MAGIC, 1, 6, 20, 4, 16)
+    data[: frame_codec.HEADER_SIZE] = head + struct.pack("<I", zlib.crc32(head))
+    (tmp_path / "v1.rcf").write_bytes(bytes(data))
+    with pytest.raises(FrameFormatError, match=r"version 1 is not supported.*rebuild the dataset"):
+        FrameReader(tmp_path / "v1.rcf")
+    with pytest.raises(ValueError, match="code points"):
+        FrameWriter(tmp_path / "bad.rcf", 2, 3).write(np.full((2, 3), 0x110000), np.zeros((2, 3)), 0)
+
+
+def test_one_log_process_gives_every_commits_changes(repo):
+    """`Git.history` (one `git log --raw`) equals `git diff-tree` per commit, merges included."""
+    from rcswarm.data.frames.git_replay import Git
+
+    work = repo.parent / "merge-clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(work)], check=True, capture_output=True)
+    _git(work, "config", "user.email", "t@example.com")
+    _git(work, "config", "user.name", "t")
+    _git(work, "checkout", "-q", "-b", "side", "HEAD~2")
+    (work / "side.txt").write_text("from the side branch\n")
+    _commit(work, "side")
+    _git(work, "checkout", "-q", "main")
+    (work / "main.txt").write_text("on main\n")
+    _commit(work, "main")
+    _git(work, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    _git(work, "config", "log.showRoot", "false")  # user configuration must not change what is parsed
+    _git(work, "config", "color.ui", "always")
+    for path in (repo, work):
+        g = Git(str(path))
+        commits = g.first_parent_commits()
+        hist = g.history()
+        assert [h[0] for h in hist] == [c[0] for c in commits]
+        for (sha, parent, _), (_, changes) in zip(commits, hist):
+            assert changes == g.changes(sha, parent), sha
+        assert g.history(max_count=3) == hist[:3]
+    assert any(ch.new_path == "side.txt" for ch in hist[-1][1])  # the merge's diff against its first parent
+
+
+def test_decoder_rejects_malformed_blocks():
+    """Blocks whose checksums pass but whose content is malformed raise FrameFormatError."""
+    from rcswarm.data.frames.frame_codec import _varints, decode_block
+
+    def block(acts, ops, text=b"", styles=b""):
+        raw = bytearray()
+        for part in (_varints(acts), _varints(ops), text):
+            raw += _varints([len(part)]) + part
+        return bytes(raw + styles)
+
+    rows, cols = 3, 8
+    good = block([97], [1 << 1, 1 << 2 | 3, 2, 2, 2, 2, 2], b"ab", b"\x01\x02")  # row 1: "ab" at 2, styles
+    cps, sts, acts = decode_block(good, 1, rows, cols)
+    assert "".join(map(chr, cps[0, 1])) == "  ab    " and sts[0, 1].tolist() == [0, 0, 1, 2, 0, 0, 0, 0] and acts.tolist() == [97]
+    bad = {
+        "operation stream ends early": block([97], [1 << 1, 1 << 2 | 3, 2, 2]),
+        "outside the frame": block([97], [1 << 1, 5 << 2 | 2, 0, 1, 1], b"a"),
+        "expected 2": block([97], [1 << 1, 2, 0, 2, 1], b"a"),
+        "outside row": block([97], [1 << 1, 1, 7, 2], b"", b"\x01\x01"),
+        "trailing": block([97], [0], b"x"),
+        "actions for 1 frames": block([97, 98], [0]),
+        "changes nothing": block([97], [1 << 1, 0]),
+        "scroll": block([97], [1, 0, 3, 0, 8, 6]),
+        "past the end": good[:-3] + b"\xff",
+    }
+    for why, raw in bad.items():
+        with pytest.raises(FrameFormatError) as err:
+            decode_block(raw, 1, rows, cols)
+        assert why == "past the end" or why in str(err.value), (why, str(err.value))

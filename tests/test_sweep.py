@@ -38,8 +38,8 @@ def test_moves_happen_when_a_run_finished_or_is_unbalanced():
 
 def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
     base = tiny_spec(run={"rounds": 3}, inner={"steps": 4})
-    # The L = 16 run does 8x the work per step, so the L = 8 run finishes first and its workers move.
-    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16], "batch_sizes": [2, 8]}})
+    # The L = 16 run does 32x the work per step, so the L = 8 run finishes first and its workers move.
+    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16], "batch_sizes": [2, 32]}})
     sweep = SweepCoordinator(spec, tmp_path / "state")
     running = RunningCoordinator(sweep, TOKEN, http_port=0).start()
     try:
@@ -51,7 +51,7 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
         printed = io.StringIO()
         status_cli.report(status, Console(file=printed, width=200))
         assert "runs of the sweep" in printed.getvalue() and "test-L16" in printed.getvalue()
-        assert [(r.seq_len, r.batch_size, r.version) for r in status.runs] == [(8, 2, 3), (16, 8, 3)]
+        assert [(r.seq_len, r.batch_size, r.version) for r in status.runs] == [(8, 2, 3), (16, 32, 3)]
         with urllib.request.urlopen(running.dashboard.url + "api/status", timeout=20) as response:
             dashboard = json.loads(response.read())
     finally:

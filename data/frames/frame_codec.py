@@ -1,16 +1,17 @@
-"""The `.rcf` frame stream: delta, run-length, palette, bit-packed, zlib blocks; see docs/FRAME_FORMAT.md.
+"""The `.rcf` frame stream (version 2): row deltas, region scrolls, byte-aligned streams, zlib blocks.
 
-`FrameWriter(path, rows, cols)` takes (code points [rows, cols], styles [rows,
-cols], action code) per step; `FrameReader(path)` gives `frame(i)` ([rows,
-cols, 2] int64 (code point, style)), `frames(start, count)` and
-`actions(start, count)` with random access: only frame i's block is read and
-decoded. Every structure is checksummed (CRC-32); a truncated or corrupted
-file raises `FrameFormatError`, never returns wrong frames.
+See docs/FRAME_FORMAT.md. `FrameWriter(path, rows, cols)` takes (code points
+[rows, cols], styles [rows, cols], action code) per step (`write`), or the
+screen as per-row strings plus the rows an action damaged (`write_rows`, the
+editor's fast path); `FrameReader(path)` gives `frame(i)` ([rows, cols, 2]
+int64 (code point, style)), `frames(start, count)` and `actions(start, count)`
+with random access: only frame i's block is read and decoded. Every structure
+is checksummed (CRC-32); a truncated or corrupted file raises
+`FrameFormatError`, never returns wrong frames.
 """
 
 from __future__ import annotations
 
-import itertools
 import struct
 import zlib
 from collections import OrderedDict
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"RCFRAMES"
-VERSION = 1
+VERSION = 2
 BLOCK_MAGIC = b"FBLK"
 END_MAGIC = b"FEND"
 HEADER = struct.Struct("<8sHHHHI")  # magic, version, rows, cols, block_frames, n_styles
@@ -27,7 +28,6 @@ HEADER_SIZE = HEADER.size + 4  # + crc32
 BLOCK_HEADER = struct.Struct("<4sQIIIII")  # magic, first frame, n frames, raw len, comp len, raw crc, comp crc
 INDEX_ENTRY = struct.Struct("<QQI")  # offset, first frame, n frames
 TRAILER = struct.Struct("<QIQI4s")  # index offset, n blocks, n frames, index crc, magic
-BLANK = (32 << 8) | 0  # (space, style 0): what a block's first frame is a delta against
 
 
 class FrameFormatError(ValueError):
@@ -54,160 +54,200 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _breaks(cur: np.ndarray, changed: np.ndarray) -> np.ndarray:
-    """Run starts along the last axis: where `changed` flips or a changed cell's value changes."""
-    brk = np.empty(cur.shape, bool)
-    brk[..., 0] = True
-    brk[..., 1:] = (changed[..., 1:] != changed[..., :-1]) | (changed[..., 1:] & (cur[..., 1:] != cur[..., :-1]))
-    return brk
+def _varints(values: list[int]) -> bytes:
+    """LEB128 varints of non-negative integers (< 2**63), vectorized."""
+    v = np.asarray(values, np.uint64)
+    if not len(v):
+        return b""
+    nb = np.ones(len(v), np.int64)
+    t = v >> np.uint64(7)
+    while t.any():
+        nb += t > 0
+        t >>= np.uint64(7)
+    ends = np.cumsum(nb)
+    starts = ends - nb
+    out = np.empty(int(ends[-1]), np.uint8)
+    for k in range(int(nb.max())):
+        m = nb > k
+        byte = (v[m] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        out[starts[m] + k] = byte.astype(np.uint8) | ((nb[m] > k + 1).astype(np.uint8) << 7)
+    return out.tobytes()
 
 
-def encode_frame(
-    cur: np.ndarray, prev: np.ndarray, palette: dict[int, int], bits: int,
-    changed: np.ndarray | None = None, brk: np.ndarray | None = None,
-) -> bytes:
-    """Bit-pack flat int64 cell keys `cur` as a delta against `prev` (see FRAME_FORMAT.md).
-
-    `changed` (cur != prev) and `brk` (`_breaks`) may be passed precomputed.
-    """
-    n = cur.shape[0]
-    if changed is None:
-        changed = cur != prev
-    if brk is None:
-        brk = _breaks(cur, changed)
-    sa = np.flatnonzero(brk)
-    chg = changed[sa].tolist()
-    vals = cur[sa].tolist()
-    before = cur[np.maximum(sa - 1, 0)].tolist()
-    starts = sa.tolist()
-    starts.append(n)
-    acc = 0
-    nbits = 0
-
-    def special(kind: int, length: int) -> None:
-        nonlocal acc, nbits
-        while length > 0:
-            k = min(length, 0xFFFF)
-            if k < 256:
-                acc = (acc << 11) | (0b100 | (kind << 1)) << 8 | k
-                nbits += 11
-            else:
-                acc = (acc << 19) | (0b101 | (kind << 1)) << 16 | k
-                nbits += 19
-            length -= k
-
-    for j, (s, e) in enumerate(itertools.pairwise(starts)):
-        if not chg[j]:
-            special(0, e - s)
-            continue
-        v = vals[j]
-        if s > 0 and before[j] == v:
-            special(1, e - s)
-        else:
-            acc = (acc << (1 + bits)) | palette[v]
-            nbits += 1 + bits
-            if e - s > 1:
-                special(1, e - s - 1)
-    pad = -nbits % 8
-    return (acc << pad).to_bytes((nbits + pad) // 8, "big")
+def _unvarints(buf: bytes) -> list[int]:
+    """The inverse of `_varints`; raises FrameFormatError on a cut or overlong varint."""
+    a = np.frombuffer(buf, np.uint8)
+    if not len(a):
+        return []
+    if a[-1] & 0x80:
+        raise FrameFormatError("varint runs past the end of its stream")
+    ends = np.flatnonzero(a < 0x80)
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lens = ends - starts + 1
+    if int(lens.max()) > 9:
+        raise FrameFormatError("varint longer than 9 bytes")
+    vals = np.zeros(len(ends), np.uint64)
+    for k in range(int(lens.max())):
+        m = lens > k
+        vals[m] |= (a[starts[m] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+    return vals.tolist()
 
 
-def decode_frame(payload: bytes, prev: np.ndarray, palette: np.ndarray, bits: int) -> np.ndarray:
-    """The inverse of `encode_frame`; raises FrameFormatError on malformed input."""
-    n = prev.shape[0]
-    out = prev.copy()
-    total = len(payload) * 8
-    s = bin(int.from_bytes(payload, "big"))[2:].zfill(total) if payload else ""
-    pos = i = 0
-    while i < n:
-        if pos >= total:
-            raise FrameFormatError("frame payload ends before the frame is complete")
-        if s[pos] == "0":
-            idx = int(s[pos + 1 : pos + 1 + bits], 2) if pos + 1 + bits <= total else -1
-            if idx < 0 or idx >= len(palette):
-                raise FrameFormatError(f"palette index {idx} out of range ({len(palette)} entries)")
-            out[i] = palette[idx]
-            pos += 1 + bits
-            i += 1
-            continue
-        kind = s[pos + 1 : pos + 2]
-        wide = s[pos + 2 : pos + 3] == "1"
-        width = 16 if wide else 8
-        if pos + 3 + width > total:
-            raise FrameFormatError("run header runs past the frame payload")
-        length = int(s[pos + 3 : pos + 3 + width], 2)
-        pos += 3 + width
-        if length == 0 or i + length > n:
-            raise FrameFormatError(f"run of {length} cells at cell {i} of {n}")
-        if kind == "1":
-            if i == 0:
-                raise FrameFormatError("repeat run at the first cell")
-            out[i : i + length] = out[i - 1]
-        i += length
-    if total - pos >= 8:
-        raise FrameFormatError("trailing data after a frame")
+def _scrolled(rows: list, r0: int, r1: int, c0: int, c1: int, d: int) -> list:
+    """`rows` (strings or bytes) after the region scroll (r0, r1, c0, c1, d): row y shows old row y + d."""
+    out = list(rows)
+    for y in range(max(r0, r0 - d), min(r1, r1 - d)):
+        own, src = rows[y], rows[y + d]
+        out[y] = own[:c0] + src[c0:c1] + own[c1:]
     return out
 
 
-def keys_of(cp: np.ndarray, st: np.ndarray) -> np.ndarray:
-    return (cp.astype(np.int64).ravel() << 8) | st.astype(np.int64).ravel()
+def _check_scroll(rows: int, cols: int, r0: int, r1: int, c0: int, c1: int, d: int) -> bool:
+    return 0 <= r0 < r1 <= rows and 0 <= c0 < c1 <= cols and 0 < abs(d) < r1 - r0
 
 
 class FrameWriter:
-    """Writes frames and their actions in blocks of `block_frames` frames."""
+    """Writes frames and their actions in blocks of `block_frames` frames.
+
+    Two ways in: `write(cp, st, action)` with whole frames (numpy arrays; every
+    row is compared with the previous frame), and `write_rows(row_cp, row_st,
+    damage, action, scroll)` with the screen as per-row strings (one character
+    per cell) and style bytes, where only the rows in `damage` (and a scrolled
+    region) may differ from the previous frame, which is what the editor gives.
+    """
 
     def __init__(self, path: str | Path, rows: int, cols: int, block_frames: int = 256, n_styles: int = 16, level: int = 6) -> None:
+        if not 1 <= block_frames <= 0xFFFF:
+            raise ValueError(f"block_frames {block_frames}: expected 1..65535")
         self.path = Path(path)
         self.rows, self.cols, self.block_frames, self.level = rows, cols, block_frames, level
         self.f = open(self.path, "wb")  # noqa: SIM115 - closed by close()
         head = HEADER.pack(MAGIC, VERSION, rows, cols, block_frames, n_styles)
         self.f.write(head + struct.pack("<I", zlib.crc32(head)))
         self.index: list[tuple[int, int, int]] = []
-        self.pending: list[np.ndarray] = []
-        self.actions: list[int] = []
         self.n_frames = 0
         self.raw_bytes = 0
+        self._blank_cp, self._blank_st = " " * cols, bytes(cols)
+        self._cp = [self._blank_cp] * rows
+        self._st = [self._blank_st] * rows
+        self._blank_int = int.from_bytes(self._blank_cp.encode("utf-32-le"), "little")
+        self._cpi: list[int | None] = [self._blank_int] * rows  # the previous rows' code points as integers
+        self._reset_block()
+
+    def _reset_block(self) -> None:
+        self.pending = 0
+        self._acts: list[int] = []
+        self._ops: list[int] = []
+        self._text, self._styles = bytearray(), bytearray()
 
     def write(self, cp: np.ndarray, st: np.ndarray, action: int) -> None:
-        self.pending.append(keys_of(cp, st))
-        self.actions.append(int(action))
-        if len(self.pending) == self.block_frames:
+        """One frame as arrays: code points [rows, cols] (0..0x10FFFF), styles [rows, cols] (0..255)."""
+        cp = np.asarray(cp)
+        st = np.asarray(st)
+        if cp.shape != (self.rows, self.cols) or st.shape != (self.rows, self.cols):
+            raise ValueError(f"frame shapes {cp.shape}, {st.shape}: expected ({self.rows}, {self.cols})")
+        if cp.size and (int(cp.min()) < 0 or int(cp.max()) > 0x10FFFF or int(st.min()) < 0 or int(st.max()) > 255):
+            raise ValueError("code points must be in 0..0x10FFFF and styles in 0..255")
+        text = cp.astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+        sb = st.astype(np.uint8).tobytes()
+        c = self.cols
+        row_cp = [text[y * c : (y + 1) * c] for y in range(self.rows)]
+        row_st = [sb[y * c : (y + 1) * c] for y in range(self.rows)]
+        self.write_rows(row_cp, row_st, range(self.rows), action)
+
+    def write_rows(self, row_cp: list[str], row_st: list[bytes], damage, action: int, scroll=None) -> None:
+        """One frame as row strings; rows outside `damage` (and `scroll`'s region) equal the previous frame's."""
+        self._acts.append(action)
+        pcp, pst, pci = self._cp, self._st, self._cpi
+        if self.pending == 0:  # a block starts from the blank frame
+            pcp = self._cp = [self._blank_cp] * self.rows
+            pst = self._st = [self._blank_st] * self.rows
+            pci = self._cpi = [self._blank_int] * self.rows
+            damage = range(self.rows)
+            scroll = None
+        elif scroll is not None:
+            r0, r1, c0, c1, d = scroll
+            if not _check_scroll(self.rows, self.cols, r0, r1, c0, c1, d):
+                raise ValueError(f"scroll {scroll} outside the {self.rows}x{self.cols} frame")
+            pcp = self._cp = _scrolled(pcp, r0, r1, c0, c1, d)
+            pst = self._st = _scrolled(pst, r0, r1, c0, c1, d)
+            pci[r0:r1] = [None] * (r1 - r0)
+            damage = set(damage).union(range(r0, r1))
+        ops = self._ops
+        at = len(ops)
+        if scroll is not None:
+            r0, r1, c0, c1, d = scroll
+            ops += (1, r0, r1 - r0, c0, c1 - c0, (d << 1) if d >= 0 else (-d << 1) - 1)
+        else:
+            ops.append(0)
+        n = 0
+        last = -1
+        cols = self.cols
+        text, styles = self._text, self._styles
+        from_bytes = int.from_bytes
+        for y in (sorted(damage) if len(damage) > 1 else damage):
+            b, sb = row_cp[y], row_st[y]
+            a, sa = pcp[y], pst[y]
+            if a == b:
+                if sa == sb:
+                    continue
+                n += 1
+                ops.append((y - last - 1) << 2 | 1)
+            else:
+                n += 1
+                if len(b) != cols:
+                    raise ValueError(f"row {y} has {len(b)} cells, expected {cols}")
+                ai = pci[y]
+                if ai is None:
+                    ai = from_bytes(a.encode("utf-32-le", "surrogatepass"), "little")
+                bi = pci[y] = from_bytes(b.encode("utf-32-le", "surrogatepass"), "little")
+                x = ai ^ bi
+                lo = ((x & -x).bit_length() - 1) >> 5
+                hi = ((x.bit_length() - 1) >> 5) + 1
+                lit = b[lo:hi].encode("utf-8", "surrogatepass")
+                text += lit
+                pcp[y] = b
+                if sa == sb:
+                    ops += ((y - last - 1) << 2 | 2, lo, hi - lo, len(lit))
+                else:
+                    ops += ((y - last - 1) << 2 | 3, lo, hi - lo, len(lit))
+            last = y
+            if sa != sb:
+                if len(sb) != cols:
+                    raise ValueError(f"row {y} has {len(sb)} styles, expected {cols}")
+                x = from_bytes(sa, "little") ^ from_bytes(sb, "little")
+                lo = ((x & -x).bit_length() - 1) >> 3
+                hi = ((x.bit_length() - 1) >> 3) + 1
+                ops += (lo, hi - lo)
+                styles += sb[lo:hi]
+                pst[y] = sb
+        ops[at] |= n << 1
+        self.pending += 1
+        if self.pending == self.block_frames:
             self._flush()
 
     def _flush(self) -> None:
         if not self.pending:
             return
-        frames = self.pending
-        prev = np.full(self.rows * self.cols, BLANK, np.int64)
-        cur = np.stack(frames)
-        before = np.concatenate([prev[None], cur[:-1]])
-        changed = cur != before
-        brk = _breaks(cur, changed)
-        pal = np.unique(cur[changed])
-        if len(pal) == 0:
-            pal = np.array([BLANK], np.int64)
-        bits = max(1, int(len(pal) - 1).bit_length())
-        palette = {int(v): i for i, v in enumerate(pal.tolist())}
         raw = bytearray()
-        _varint(len(pal), raw)
-        for v in pal.tolist():
-            _varint(v, raw)
-        for a in self.actions:
-            _varint(a, raw)
-        for k in range(len(frames)):
-            payload = encode_frame(cur[k], before[k], palette, bits, changed[k], brk[k])
-            _varint(len(payload), raw)
-            raw += payload
+        for part in (_varints(self._acts), _varints(self._ops), self._text):
+            _varint(len(part), raw)
+            raw += part
+        raw += self._styles
         comp = zlib.compress(bytes(raw), self.level)
-        first = self.n_frames
-        self.index.append((self.f.tell(), first, len(frames)))
-        self.f.write(BLOCK_HEADER.pack(BLOCK_MAGIC, first, len(frames), len(raw), len(comp), zlib.crc32(raw), zlib.crc32(comp)))
+        first, count = self.n_frames, self.pending
+        self.index.append((self.f.tell(), first, count))
+        self.f.write(BLOCK_HEADER.pack(BLOCK_MAGIC, first, count, len(raw), len(comp), zlib.crc32(raw), zlib.crc32(comp)))
         self.f.write(comp)
-        self.n_frames += len(frames)
-        self.raw_bytes += len(frames) * self.rows * self.cols * 5
-        self.pending, self.actions = [], []
+        self.n_frames += count
+        self.raw_bytes += count * self.rows * self.cols * 5
+        self._reset_block()
 
     def close(self) -> None:
+        if self.f.closed:
+            return
         self._flush()
         index = b"".join(INDEX_ENTRY.pack(*e) for e in self.index)
         offset = self.f.tell()
@@ -220,6 +260,85 @@ class FrameWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def decode_block(raw: bytes, count: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A block's raw bytes -> (code points uint32 [count, rows, cols], styles uint8 [count, rows, cols], actions int64 [count]).
+
+    Raises FrameFormatError on malformed input.
+    """
+    pos = 0
+    parts = []
+    for _ in range(3):
+        ln, pos = _read_varint(raw, pos)
+        if pos + ln > len(raw):
+            raise FrameFormatError("stream length runs past the end of the block")
+        parts.append(raw[pos : pos + ln])
+        pos += ln
+    acts_b, ops_b, text = parts
+    styles = raw[pos:]
+    acts = _unvarints(acts_b)
+    if len(acts) != count:
+        raise FrameFormatError(f"{len(acts)} actions for {count} frames")
+    actions = np.array(acts, np.int64)
+    ops = _unvarints(ops_b)
+    n_ops = len(ops)
+    cps = np.empty((count, rows, cols), np.uint32)
+    sts = np.empty((count, rows, cols), np.uint8)
+    cp = np.full((rows, cols), 32, np.uint32)
+    st = np.zeros((rows, cols), np.uint8)
+    op = tp = sp = 0
+
+    def take(k: int) -> list[int]:
+        nonlocal op
+        if op + k > n_ops:
+            raise FrameFormatError("operation stream ends early")
+        op += k
+        return ops[op - k : op]
+
+    for k in range(count):
+        (head,) = take(1)
+        n = head >> 1
+        if head & 1:
+            r0, nr, c0, nc, zd = take(5)
+            d = (zd >> 1) if not zd & 1 else -((zd + 1) >> 1)
+            r1, c1 = r0 + nr, c0 + nc
+            if not _check_scroll(rows, cols, r0, r1, c0, c1, d):
+                raise FrameFormatError(f"frame {k}: scroll {(r0, r1, c0, c1, d)} outside the frame")
+            lo, hi = max(r0, r0 - d), min(r1, r1 - d)
+            cp[lo:hi, c0:c1] = cp[lo + d : hi + d, c0:c1].copy()
+            st[lo:hi, c0:c1] = st[lo + d : hi + d, c0:c1].copy()
+        y = -1
+        for _ in range(n):
+            (h,) = take(1)
+            y += (h >> 2) + 1
+            if y >= rows:
+                raise FrameFormatError(f"frame {k}: row {y} outside the frame ({rows} rows)")
+            if not h & 3:
+                raise FrameFormatError(f"frame {k}: row record for row {y} changes nothing")
+            if h & 2:
+                lo, ln, nb = take(3)
+                if ln == 0 or lo + ln > cols or tp + nb > len(text):
+                    raise FrameFormatError(f"frame {k}: code point span ({lo}, {ln}) outside row {y} or the text stream")
+                try:
+                    seg = bytes(text[tp : tp + nb]).decode("utf-8", "surrogatepass").encode("utf-32-le", "surrogatepass")
+                except UnicodeError:
+                    raise FrameFormatError(f"frame {k}: row {y} text is not UTF-8") from None
+                if len(seg) != 4 * ln:
+                    raise FrameFormatError(f"frame {k}: row {y} text has {len(seg) // 4} cells, expected {ln}")
+                cp[y, lo : lo + ln] = np.frombuffer(seg, "<u4")
+                tp += nb
+            if h & 1:
+                lo, ln = take(2)
+                if ln == 0 or lo + ln > cols or sp + ln > len(styles):
+                    raise FrameFormatError(f"frame {k}: style span ({lo}, {ln}) outside row {y} or the style stream")
+                st[y, lo : lo + ln] = np.frombuffer(styles, np.uint8, ln, sp)
+                sp += ln
+        cps[k] = cp
+        sts[k] = st
+    if op != n_ops or tp != len(text) or sp != len(styles):
+        raise FrameFormatError("block has trailing bytes")
+    return cps, sts, actions
 
 
 class FrameReader:
@@ -235,7 +354,10 @@ class FrameReader:
         if struct.unpack("<I", data[HEADER.size :])[0] != zlib.crc32(data[: HEADER.size]):
             raise FrameFormatError(f"{self.path}: header checksum mismatch (corrupted)")
         if version != VERSION:
-            raise FrameFormatError(f"{self.path}: format version {version}, expected {VERSION}")
+            raise FrameFormatError(
+                f"{self.path}: frame format version {version} is not supported (this reader reads version "
+                f"{VERSION}); rebuild the dataset with `rcswarm data frames`"
+            )
         self.rows, self.cols, self.block_frames, self.n_styles = rows, cols, bf, n_styles
         size = self.f.seek(0, 2)
         if size < HEADER_SIZE + TRAILER.size:
@@ -252,7 +374,7 @@ class FrameReader:
             raise FrameFormatError(f"{self.path}: index checksum mismatch (corrupted)")
         self.index = [INDEX_ENTRY.unpack_from(index, k * INDEX_ENTRY.size) for k in range(n_blocks)]
         self.n_frames = n_frames
-        self._cache: OrderedDict[int, tuple[list[np.ndarray], np.ndarray]] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[tuple[np.ndarray, np.ndarray], np.ndarray]] = OrderedDict()
         self._cache_blocks = cache_blocks
 
     def __len__(self) -> int:
@@ -261,7 +383,7 @@ class FrameReader:
     def close(self) -> None:
         self.f.close()
 
-    def _block(self, b: int) -> tuple[list[np.ndarray], np.ndarray]:
+    def _block(self, b: int) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
         if b in self._cache:
             self._cache.move_to_end(b)
             return self._cache[b]
@@ -282,26 +404,11 @@ class FrameReader:
             raise FrameFormatError(f"{self.path}: block {b} does not decompress: {e}") from None
         if len(raw) != raw_len or zlib.crc32(raw) != raw_crc:
             raise FrameFormatError(f"{self.path}: block {b} decompressed checksum mismatch (corrupted)")
-        n_pal, pos = _read_varint(raw, 0)
-        pal = np.empty(n_pal, np.int64)
-        for k in range(n_pal):
-            v, pos = _read_varint(raw, pos)
-            pal[k] = v
-        bits = max(1, int(n_pal - 1).bit_length())
-        actions = np.empty(count, np.int64)
-        for k in range(count):
-            actions[k], pos = _read_varint(raw, pos)
-        frames: list[np.ndarray] = []
-        prev = np.full(self.rows * self.cols, BLANK, np.int64)
-        for _ in range(count):
-            ln, pos = _read_varint(raw, pos)
-            if pos + ln > len(raw):
-                raise FrameFormatError(f"{self.path}: block {b} frame payload past the block's end")
-            prev = decode_frame(raw[pos : pos + ln], prev, pal, bits)
-            frames.append(prev)
-            pos += ln
-        if pos != len(raw):
-            raise FrameFormatError(f"{self.path}: block {b} has trailing bytes")
+        try:
+            cps, sts, actions = decode_block(raw, count, self.rows, self.cols)
+        except FrameFormatError as e:
+            raise FrameFormatError(f"{self.path}: block {b}: {e}") from None
+        frames = (cps, sts)
         self._cache[b] = (frames, actions)
         while len(self._cache) > self._cache_blocks:
             self._cache.popitem(last=False)
@@ -318,8 +425,8 @@ class FrameReader:
     def frame(self, i: int) -> np.ndarray:
         """Frame i as int64 [rows, cols, 2] (code point, style)."""
         b, k = self._locate(i)
-        keys = self._block(b)[0][k].reshape(self.rows, self.cols)
-        return np.stack([keys >> 8, keys & 0xFF], axis=-1)
+        cps, sts = self._block(b)[0]
+        return np.stack([cps[k].astype(np.int64), sts[k].astype(np.int64)], axis=-1)
 
     def frames(self, start: int, count: int) -> np.ndarray:
         return np.stack([self.frame(i) for i in range(start, start + count)]) if count else np.zeros((0, self.rows, self.cols, 2), np.int64)

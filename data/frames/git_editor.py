@@ -26,9 +26,10 @@ Screen (rows x cols cells of (code point, style)):
                        then the text
     row  rows - 1      status line: mode, path, Ln/Col, or the prompt
 
-The view scrolls to keep the cursor visible (vertically and horizontally, by
-the minimum amount); characters left or right of the view are clipped (long
-lines are not wrapped). A tab advances to the next multiple of `TAB_WIDTH`
+The view scrolls to keep the cursor visible: vertically by the minimum
+amount, sideways by jumping so that the cursor lands in the middle of the text
+area (vim's `sidescroll=0`); characters left or right of the view are clipped
+(long lines are not wrapped). A tab advances to the next multiple of `TAB_WIDTH`
 (cells drawn as spaces in style CONTROL); a wide character
 (`unicodedata.east_asian_width` W or F) takes two cells, the second holding
 code point 0; a wide character cut by the view's edge is drawn as a CONTROL
@@ -92,6 +93,11 @@ def line_cells(s: str) -> tuple[list[tuple[int, int]], list[int]]:
     return cells, cols
 
 
+_TREE_MOVES = frozenset(("UP", "DOWN", "PGUP", "PGDN"))
+_LEAVE_EDIT = frozenset(("TREE", "COMMIT", "GOTO"))
+_LINE_EDITS = frozenset(("BACKSPACE", "DELETE", "KILL_LINE"))
+
+
 def _fast(s: str) -> bool:
     return s.isascii() and s.isprintable()
 
@@ -101,7 +107,13 @@ class ReplayError(RuntimeError):
 
 
 class Editor:
-    """The editor state machine plus its incremental rows x cols renderer."""
+    """The editor state machine plus its incremental rows x cols renderer.
+
+    `render_damage()` updates the screen (`row_cp`, `row_st`: per row, one
+    character per cell and one style byte per cell) and returns the rows that may
+    have changed since its last call plus a scroll hint; `render()` returns the
+    screen as numpy arrays.
+    """
 
     def __init__(self, rows: int = 48, cols: int = 160) -> None:
         if rows < 3 or cols < 24:
@@ -118,12 +130,28 @@ class Editor:
         self.prompt = ""
         self.sel = 0
         self.top = self.left = self.tree_top = 0
-        self.cp = np.full((rows, cols), SPACE, np.int32)
-        self.st = np.zeros((rows, cols), np.uint8)
+        self.commits = 0
+        pw = cols - self.tw - 1
+        self.row_cp: list[str] = [" " * cols] * rows  # the screen: code points, one character per cell
+        self.row_st: list[bytes] = [bytes(cols)] * rows  # and styles, one byte per cell
+        self._tcp, self._tst = [" " * self.tw] * rows, [bytes(self.tw)] * rows
+        self._pcp, self._pst = [" " * pw] * rows, [bytes(pw)] * rows
         self._keys: list[object] = [None] * (2 * rows)
         self._tree_version = 0
-        self.commits = 0
-        self._tree_key: object = None
+        self._tree_key: tuple | None = None
+        self._cur_key: object = None
+        self._cur_idx = -1
+        self._pane_key: tuple | None = None
+        # damage since the last render: buffer lines whose text changed, the first
+        # line of a shifted range (lines inserted or joined), or everything
+        self._dirty_lines: set[int] = set()
+        self._dirty_from: int | None = None
+        self._all_dirty = True
+        self._tree_dirty = True
+        self._shift: tuple[int, int] | bool | None = None  # lines moved by one (a scroll hint)
+        self._last_r = 0
+        self._status_fast: tuple[str | None, bool] = (None, True)
+        self._damage: set[int] = set()
 
     # -- state ---------------------------------------------------------------
     def text(self) -> str:
@@ -135,11 +163,13 @@ class Editor:
         self.r = self.c = self.top = self.left = 0
         self.sel = self.paths.index(path)
         self.mode = "EDIT"
+        self._all_dirty = self._tree_dirty = True
 
     def _add(self, path: str, text: str) -> None:
         self.files[path] = text
         self.paths = sorted(self.files)
         self._tree_version += 1
+        self._tree_dirty = True
 
     def apply(self, code: int) -> None:
         """Take one action."""
@@ -148,27 +178,60 @@ class Editor:
             if self.mode == "PROMPT":
                 self.prompt += ch
             elif self.mode == "EDIT" and self.current is not None:
-                line = self.lines[self.r]
+                r = self.r
+                line = self.lines[r]
                 if ch == "\n":
-                    self.lines[self.r : self.r + 1] = [line[: self.c], line[self.c :]]
-                    self.r, self.c = self.r + 1, 0
+                    self.lines[r : r + 1] = [line[: self.c], line[self.c :]]
+                    self.r, self.c = r + 1, 0
+                    if self._dirty_from is None or r < self._dirty_from:
+                        self._dirty_from = r
+                    # lines from r + 2 on show what lines r + 1.. showed (one event per render, else none)
+                    self._shift = (r + 2, -1) if self._shift is None else False
                 else:
-                    self.lines[self.r] = line[: self.c] + ch + line[self.c :]
+                    self.lines[r] = line[: self.c] + ch + line[self.c :]
                     self.c += 1
+                    self._dirty_lines.add(r)
             return
         name = CONTROLS[code - CONTROL_BASE]
-        getattr(self, "_" + self.mode.lower())(name)
+        if self.mode != "EDIT" or name in _LEAVE_EDIT:
+            self._tree_dirty = True  # the tree shows the mode, the selection and the open file
+        if self.mode == "EDIT":
+            self._edit(name)
+        elif self.mode == "TREE":
+            if name not in _TREE_MOVES:
+                self._all_dirty = True
+            self._tree(name)
+        else:
+            if name != "BACKSPACE":
+                self._all_dirty = True
+            self._prompt(name)
 
     def _edit(self, name: str) -> None:
         if name == "TREE":
             self.mode = "TREE"
+            self._all_dirty = True
             return
         if name == "COMMIT":
             self.mode, self.prompt_kind, self.prompt = "PROMPT", "commit", ""
+            self._all_dirty = True
             return
         if self.current is None:
             return
         lines, r, c = self.lines, self.r, self.c
+        n = len(lines)
+        if name in _LINE_EDITS:
+            self._edit_line(name, lines, r, c)
+            if len(lines) != n:
+                # lines were joined: every line from the join down moved
+                top = min(r, self.r)
+                if self._dirty_from is None or top < self._dirty_from:
+                    self._dirty_from = top
+                self._shift = (top + 1, 1) if self._shift is None else False
+            else:
+                self._dirty_lines.add(r)
+            return
+        if name in ("GOTO", "COMMIT"):
+            self._all_dirty = True
         if name == "UP" and r > 0:
             self.r, self.c = r - 1, min(c, len(lines[r - 1]))
         elif name == "DOWN" and r + 1 < len(lines):
@@ -193,7 +256,15 @@ class Editor:
         elif name == "PGDN":
             self.r = min(len(lines) - 1, r + (self.rows - 1))
             self.c = min(c, len(lines[self.r]))
-        elif name == "BACKSPACE":
+        elif name == "SAVE":
+            self.files[self.current] = self.text()
+        elif name == "GOTO":
+            self.mode, self.prompt_kind, self.prompt = "PROMPT", "goto", ""
+        elif name == "COMMIT":
+            self.mode, self.prompt_kind, self.prompt = "PROMPT", "commit", ""
+
+    def _edit_line(self, name: str, lines: list[str], r: int, c: int) -> None:
+        if name == "BACKSPACE":
             if c > 0:
                 lines[r] = lines[r][: c - 1] + lines[r][c:]
                 self.c = c - 1
@@ -211,12 +282,6 @@ class Editor:
                 lines[r : r + 2] = [lines[r][:c] + lines[r + 1]]
             else:
                 lines[r] = lines[r][:c]
-        elif name == "SAVE":
-            self.files[self.current] = self.text()
-        elif name == "GOTO":
-            self.mode, self.prompt_kind, self.prompt = "PROMPT", "goto", ""
-        elif name == "COMMIT":
-            self.mode, self.prompt_kind, self.prompt = "PROMPT", "commit", ""
 
     def _tree(self, name: str) -> None:
         n = len(self.paths)
@@ -277,23 +342,42 @@ class Editor:
                 self.mode = "TREE"
 
     # -- rendering -----------------------------------------------------------
-    def _put(self, y: int, x0: int, width: int, cells: list[tuple[int, int]], fill: int = STYLE_EMPTY) -> None:
-        cells = cells[:width]
-        n = len(cells)
-        if n:
-            arr = np.asarray(cells, np.int64)
-            self.cp[y, x0 : x0 + n] = arr[:, 0]
-            self.st[y, x0 : x0 + n] = arr[:, 1]
-        self.cp[y, x0 + n : x0 + width] = SPACE
-        self.st[y, x0 + n : x0 + width] = fill
+    # The screen is kept as one string of code points (`row_cp[y]`, one character
+    # per cell) and one bytes object of styles (`row_st[y]`) per row, each
+    # assembled from the tree part (columns 0..tw-1), the separator and the
+    # editor pane. Actions record which buffer lines they touched; `render_damage`
+    # re-renders only those rows (plus all rows when the view, the mode or the
+    # open file changed), so typing a character costs one row and the status line.
 
-    def render(self) -> tuple[np.ndarray, np.ndarray]:
-        """The current screen: (code points int32 [rows, cols], styles uint8 [rows, cols]); views, do not modify."""
-        rows, cols, tw = self.rows, self.cols, self.tw
-        h = rows - 1
-        # tree
+    def _tree_row(self, y: int, path: str | None, style: int) -> None:
+        tw = self.tw
+        if path is None:
+            cp, st = " " * tw, bytes(tw)
+        else:
+            cps, sts, _ = _cells_str(path)
+            cp = cps[:tw]
+            st = sts[:tw].replace(b"\x01", bytes((style,)))
+            n = len(cp)
+            cp += " " * (tw - n)
+            st += bytes((style,)) * (tw - n)
+        self._tcp[y], self._tst[y] = cp, st
+        self.row_cp[y] = cp + "\u2502" + self._pcp[y]
+        self.row_st[y] = st + b"\x04" + self._pst[y]
+        self._damage.add(y)
+
+    def _pane_row(self, y: int, cp: str, st: bytes) -> None:
+        self._pcp[y], self._pst[y] = cp, st
+        self.row_cp[y] = self._tcp[y] + "\u2502" + cp
+        self.row_st[y] = self._tst[y] + b"\x04" + st
+        self._damage.add(y)
+
+    def _render_tree(self, h: int) -> None:
         n = len(self.paths)
-        cur_idx = self.paths.index(self.current) if self.current is not None else -1
+        ck = (self._tree_version, self.current)
+        if ck != self._cur_key:
+            self._cur_key = ck
+            self._cur_idx = self.paths.index(self.current) if self.current is not None else -1
+        cur_idx = self._cur_idx
         focus = self.sel if self.mode != "EDIT" or cur_idx < 0 else cur_idx
         if focus < self.tree_top:
             self.tree_top = focus
@@ -301,98 +385,186 @@ class Editor:
             self.tree_top = focus - h + 1
         self.tree_top = max(0, min(self.tree_top, max(0, n - h)))
         tree_mode = self.mode == "TREE" or (self.mode == "PROMPT" and self.prompt_kind in ("new_file", "rename"))
-        tree_key = (self._tree_version, self.tree_top, self.sel if tree_mode else -1, cur_idx)
-        for y in range(h if tree_key != self._tree_key else 0):
-            i = self.tree_top + y
+        sel = self.sel if tree_mode else -1
+        tree_key = (self._tree_version, self.tree_top, sel, cur_idx)
+        old = self._tree_key
+        if tree_key == old:
+            return
+        self._tree_key = tree_key
+        top = self.tree_top
+        if old is not None and old[0] == tree_key[0] and old[1] == top:
+            ys = {i - top for i in (old[2], sel, old[3], cur_idx) if top <= i < top + h}
+        else:
+            ys = range(h)
+        keys = self._keys
+        for y in ys:
+            i = top + y
             path = self.paths[i] if i < n else None
             style = STYLE_TREE
-            if i == self.sel and tree_mode:
+            if i == sel:
                 style = STYLE_TREE_SELECTED
             elif i == cur_idx:
                 style = STYLE_TREE_CURRENT
-            key = ("t", path, style)
-            if self._keys[rows + y] != key:
-                self._keys[rows + y] = key
-                cells = [(cp, style if s == STYLE_TEXT else s) for cp, s in line_cells(path)[0]] if path else []
-                self._put(y, 0, tw, cells, STYLE_EMPTY if path is None else style)
-                self.cp[y, tw] = 0x2502
-                self.st[y, tw] = STYLE_TREE
-        self._tree_key = tree_key
-        # editor
+            key = (path, style)
+            if keys[self.rows + y] != key:
+                keys[self.rows + y] = key
+                self._tree_row(y, path, style)
+
+    def render_damage(self) -> tuple[set[int], tuple[int, int, int, int, int] | None]:
+        """Bring the screen rows up to date; (rows that may have changed since the last call, scroll).
+
+        `scroll` is None or (r0, r1, c0, c1, d): the region rows r0..r1-1, columns
+        c0..c1-1 (the editor pane when the view scrolled; the text columns below a
+        line that was inserted or joined) now shows in its row y what row y + d
+        showed. It is a hint for the frame encoder; every row of the region is also
+        in the damage set. The returned set is fresh on every call.
+        """
+        rows, cols, tw = self.rows, self.cols, self.tw
+        h = rows - 1
+        self._damage = damage = set()
+        if self._tree_dirty:
+            self._tree_dirty = False
+            self._render_tree(h)
+        # editor pane
         lines = self.lines
         x0 = tw + 1
-        gw = max(4, len(str(len(lines)))) + 1
+        nl = len(lines)
+        gw = max(4, len(str(nl))) + 1
         w = cols - x0 - gw
-        if self.r < self.top:
-            self.top = self.r
-        elif self.r >= self.top + h:
-            self.top = self.r - h + 1
-        cur_line = lines[self.r]
-        dcol = self.c if _fast(cur_line) else line_cells(cur_line)[1][self.c]
-        if dcol < self.left:
-            self.left = dcol
-        elif dcol >= self.left + w:
-            self.left = dcol - w + 1
+        r = self.r
+        if r < self.top:
+            self.top = r
+        elif r >= self.top + h:
+            self.top = r - h + 1
+        cur_line = lines[r]
+        dcol = self.c if _fast(cur_line) else _cells_str(cur_line)[2][self.c]
+        if dcol < self.left or dcol >= self.left + w:
+            # off the view sideways: jump so the cursor is in the middle (vim's sidescroll=0)
+            self.left = max(0, dcol - w // 2)
         show_cursor = self.mode == "EDIT" and self.current is not None
-        left = self.left
-        for y in range(h):
-            i = self.top + y
-            has = self.current is not None and i < len(lines)
-            s = lines[i] if has else None
-            cursor = dcol - left if (show_cursor and i == self.r) else -1
-            key = ("e", i if has else -1, s, left, gw, w, cursor)
-            if self._keys[y] == key:
+        left, top = self.left, self.top
+        pane_key = (self.current, id(lines), top, left, gw, show_cursor)
+        old_key = self._pane_key
+        scroll = None
+        if pane_key != old_key or self._all_dirty:
+            ys = range(h)
+            if old_key is not None and old_key[:2] == pane_key[:2] and old_key[3:] == pane_key[3:] and 0 < abs(top - old_key[2]) < h:
+                scroll = (0, h, x0, cols, top - old_key[2])
+        else:
+            ys = {i - top for i in self._dirty_lines if top <= i < top + h}
+            ys.add(self._last_r - top)
+            ys.add(r - top)
+            if self._dirty_from is not None:
+                ys.update(range(max(0, self._dirty_from - top), h))
+            if self._shift:
+                # a line inserted or joined: the text below moved one row (the gutter did not)
+                i0, d = self._shift
+                y0 = max(0, i0 - top)
+                if h - y0 >= 2:
+                    scroll = (y0, h, x0 + gw, cols, d)
+                    ys.update(range(y0, h))
+        self._shift = None
+        self._pane_key = pane_key
+        self._all_dirty = False
+        self._dirty_lines.clear()
+        self._dirty_from = None
+        self._last_r = r
+        keys = self._keys
+        has_file = self.current is not None
+        pw = cols - x0
+        for y in ys:
+            if not 0 <= y < h:
                 continue
-            self._keys[y] = key
+            i = top + y
+            has = has_file and i < nl
+            s = lines[i] if has else None
+            cursor = dcol - left if (show_cursor and i == r) else -1
+            key = (i if has else -1, s, left, gw, cursor)
+            if keys[y] == key:
+                continue
+            keys[y] = key
             if not has:
-                self._put(y, x0, cols - x0, [])
+                self._pane_row(y, " " * pw, bytes(pw))
                 continue
             num = str(i + 1).rjust(gw - 1) + " "
-            self._put(y, x0, gw, [(ord(ch), STYLE_GUTTER) for ch in num])
             if _fast(s):
                 seg = s[left : left + w]
                 k = len(seg)
-                if k:
-                    self.cp[y, x0 + gw : x0 + gw + k] = np.frombuffer(seg.encode("ascii"), np.uint8)
-                    self.st[y, x0 + gw : x0 + gw + k] = STYLE_TEXT
-                self.cp[y, x0 + gw + k : cols] = SPACE
-                self.st[y, x0 + gw + k : cols] = STYLE_EMPTY
+                cp = num + seg + " " * (w - k)
+                st = _GUTTER[gw] + _TEXT[k] + bytes(w - k)
             else:
-                cells = line_cells(s)[0][left : left + w]
-                if cells and cells[0][0] == 0:
-                    cells[0] = (SPACE, STYLE_CONTROL)
-                if len(cells) == w and _char_cells_wide_start(cells[-1]):
-                    cells[-1] = (SPACE, STYLE_CONTROL)
-                self._put(y, x0 + gw, w, cells)
+                cps, sts, _ = _cells_str(s)
+                seg, sst = cps[left : left + w], sts[left : left + w]
+                if seg and seg[0] == "\0":
+                    seg, sst = " " + seg[1:], b"\x08" + sst[1:]
+                if len(seg) == w and sst[-1] == STYLE_TEXT and _wide(seg[-1]):
+                    seg, sst = seg[:-1] + " ", sst[:-1] + b"\x08"
+                k = len(seg)
+                cp = num + seg + " " * (w - k)
+                st = _GUTTER[gw] + sst + bytes(w - k)
             if 0 <= cursor < w:
-                self.st[y, x0 + gw + cursor] = STYLE_CURSOR
+                p = gw + cursor
+                st = st[:p] + b"\x02" + st[p + 1 :]
+            self._pane_row(y, cp, st)
         # status line
         if self.mode == "PROMPT":
             label = {"goto": "line: ", "new_file": "new file: ", "rename": "rename to: ", "commit": "commit: "}[self.prompt_kind]
-            text = label + self.prompt
-            cells = [(cp, STYLE_STATUS if s == STYLE_TEXT else s) for cp, s in line_cells(text)[0]]
-            cells = cells[-(cols - 1):] if len(cells) >= cols else cells
-            cells = cells + [(SPACE, STYLE_CURSOR)]
+            cps, sts, _ = _cells_str(label + self.prompt)
+            sts = sts.replace(b"\x01", b"\x03")
+            if len(cps) >= cols:
+                cps, sts = cps[-(cols - 1) :], sts[-(cols - 1) :]
+            cps, sts = cps + " ", sts + b"\x02"
         else:
             path = self.current or "[no file]"
-            text = f" {self.mode} | {path} | Ln {self.r + 1}, Col {self.c + 1} | {len(lines)} lines "
-            if _fast(text):
-                key = ("s", text)
-                if self._keys[rows - 1] != key:
-                    self._keys[rows - 1] = key
-                    seg = text[:cols]
-                    self.cp[rows - 1, : len(seg)] = np.frombuffer(seg.encode("ascii"), np.uint8)
-                    self.cp[rows - 1, len(seg) :] = SPACE
-                    self.st[rows - 1, :] = STYLE_STATUS
-                return self.cp, self.st
-            cells = [(cp, STYLE_STATUS if s == STYLE_TEXT else s) for cp, s in line_cells(text)[0]]
-        key = ("s", tuple(cells))
-        if self._keys[rows - 1] != key:
-            self._keys[rows - 1] = key
-            self._put(rows - 1, 0, cols, cells, STYLE_STATUS)
-        return self.cp, self.st
+            text = f" {self.mode} | {path} | Ln {r + 1}, Col {self.c + 1} | {nl} lines "
+            if self._status_fast[0] is not path:
+                self._status_fast = (path, _fast(path))
+            if self._status_fast[1]:
+                cps, sts = text[:cols], _STATUS[min(len(text), cols)]
+            else:
+                cps, sts, _ = _cells_str(text)
+                cps, sts = cps[:cols], sts[:cols].replace(b"\x01", b"\x03")
+        n = len(cps)
+        if n < cols:
+            cps, sts = cps + " " * (cols - n), sts + b"\x03" * (cols - n)
+        if cps != self.row_cp[h] or sts != self.row_st[h]:
+            self.row_cp[h], self.row_st[h] = cps, sts
+            damage.add(h)
+        return damage, scroll
+
+    def render(self) -> tuple[np.ndarray, np.ndarray]:
+        """The current screen: (code points int32 [rows, cols], styles uint8 [rows, cols]), fresh arrays."""
+        self.render_damage()
+        return self.screen()
+
+    def screen(self) -> tuple[np.ndarray, np.ndarray]:
+        """The screen as last rendered, as (code points int32, styles uint8) arrays."""
+        cp = np.frombuffer("".join(self.row_cp).encode("utf-32-le", "surrogatepass"), "<u4")
+        st = np.frombuffer(b"".join(self.row_st), np.uint8)
+        return cp.astype(np.int32).reshape(self.rows, self.cols), st.reshape(self.rows, self.cols).copy()
 
 
-def _char_cells_wide_start(cell: tuple[int, int]) -> bool:
-    cp, style = cell
-    return style == STYLE_TEXT and cp > 0x1000 and unicodedata.east_asian_width(chr(cp)) in ("W", "F")
+class _Runs(dict):
+    """k -> k bytes of one style, cached."""
+
+    def __init__(self, style: int) -> None:
+        super().__init__()
+        self.style = bytes((style,))
+
+    def __missing__(self, k: int) -> bytes:
+        v = self[k] = self.style * k
+        return v
+
+
+_GUTTER, _TEXT, _STATUS = _Runs(STYLE_GUTTER), _Runs(STYLE_TEXT), _Runs(STYLE_STATUS)
+
+
+@lru_cache(maxsize=8192)
+def _cells_str(s: str) -> tuple[str, bytes, list[int]]:
+    """Line s as (code points, one char per cell; styles; display column of each char index)."""
+    cells, cols = line_cells(s)
+    return "".join(map(chr, (c for c, _ in cells))), bytes(st for _, st in cells), cols
+
+
+def _wide(ch: str) -> bool:
+    return ord(ch) > 0x1000 and unicodedata.east_asian_width(ch) in ("W", "F")

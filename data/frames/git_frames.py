@@ -27,6 +27,7 @@ grow with the repository.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -63,15 +64,21 @@ class _ShardSink:
         self.abuf: list[int] = []
         self.shards.append({"name": name, "frames": 0})
 
-    def __call__(self, cp: np.ndarray, st: np.ndarray, action: int) -> None:
-        if self.writer is None or self.writer.n_frames + len(self.writer.pending) >= self.per_shard:
+    def _next(self, action: int) -> FrameWriter:
+        if self.writer is None or self.writer.n_frames + self.writer.pending >= self.per_shard:
             self._close_shard()
             self._open()
-        self.writer.write(cp, st, action)
         self.abuf.append(action)
         if len(self.abuf) >= 65536:
             self.afile.write(np.asarray(self.abuf, "<u4").tobytes())
             self.abuf = []
+        return self.writer
+
+    def __call__(self, cp: np.ndarray, st: np.ndarray, action: int) -> None:
+        self._next(action).write(cp, st, action)
+
+    def write_rows(self, row_cp: list[str], row_st: list[bytes], damage, action: int, scroll=None) -> None:
+        self._next(action).write_rows(row_cp, row_st, damage, action, scroll)
 
     def _close_shard(self) -> None:
         if self.writer is None:
@@ -85,6 +92,12 @@ class _ShardSink:
 
     def close(self) -> None:
         self._close_shard()
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (git), user + system."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _actions(out: Path, name: str) -> np.ndarray:
@@ -111,6 +124,7 @@ def build_git_frames(
     sink = _ShardSink(out, rows, cols, block_frames, frames_per_shard)
     stats = ReplayStats()
     t0 = time.perf_counter()
+    c0 = _cpu()
     if progress:
         from rich.progress import (
             BarColumn,
@@ -133,18 +147,20 @@ def build_git_frames(
 
         count = [0]
 
-        def counting_sink(cp: np.ndarray, st: np.ndarray, action: int) -> None:
-            sink(cp, st, action)
-            count[0] += 1
-            if not count[0] & 0x1FFF:  # large commits: keep the action count moving
-                bar.update(task, actions=count[0])
+        class CountingSink:
+            def write_rows(self, row_cp, row_st, damage, action: int, scroll=None) -> None:
+                sink.write_rows(row_cp, row_st, damage, action, scroll)
+                count[0] += 1
+                if not count[0] & 0x1FFF:  # large commits: keep the action count moving
+                    bar.update(task, actions=count[0])
 
         with bar:
-            replay(str(repo), counting_sink, rows, cols, max_file_bytes, max_commits, stats, on_commit, commit_messages)
+            replay(str(repo), CountingSink(), rows, cols, max_file_bytes, max_commits, stats, on_commit, commit_messages)
     else:
         replay(str(repo), sink, rows, cols, max_file_bytes, max_commits, stats, None, commit_messages)
     sink.close()
     t_replay = time.perf_counter() - t0
+    c_replay = _cpu() - c0
 
     def texts():
         for sh in sink.shards:
@@ -171,9 +187,11 @@ def build_git_frames(
         "ratio": sink.raw_bytes / compressed if compressed else 0.0,
         "replay_seconds": t_replay, "seconds": elapsed,
         "actions_per_second": stats.actions / t_replay if t_replay > 0 else 0.0,
+        "replay_cpu_seconds": c_replay,
+        "actions_per_cpu_second": stats.actions / c_replay if c_replay > 0 else 0.0,
     }
     manifest = {
-        "format": "rcswarm-git-frames", "version": 1, "repo": str(Path(repo).resolve()),
+        "format": "rcswarm-git-frames", "version": 2, "repo": str(Path(repo).resolve()),
         "rows": rows, "cols": cols, "n_styles": N_STYLES, "block_frames": block_frames,
         "tokenizer": "tokenizer.json", "action_vocab_size": tok.vocab_size,
         "controls": {name: CONTROL_SEQUENCES[name] for name in CONTROLS},
@@ -196,6 +214,7 @@ def print_summary(summary: dict, console=None) -> None:
     table.add_row("compressed bytes", f"{summary['compressed_bytes']:,}")
     table.add_row("ratio", f"{summary['ratio']:.1f}x")
     table.add_row("actions/s (replay+encode)", f"{summary['actions_per_second']:,.0f}")
+    table.add_row("actions per CPU second", f"{summary['actions_per_cpu_second']:,.0f}")
     table.add_row("seconds", f"{summary['seconds']:.2f}")
     (console or Console()).print(table)
 

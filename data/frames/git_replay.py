@@ -1,7 +1,9 @@
 """Replay a git history's first-parent line as editor actions, checking every commit.
 
-Git access uses the git command line (`git log --first-parent --reverse`,
-`git diff-tree -r -z -M`, one long-lived `git cat-file --batch`) through
+Git access uses the git command line (`git log --first-parent --reverse`, then
+every commit's changes from one `git log --raw -M --diff-merges=first-parent`
+(falling back to `git diff-tree -r -z -M` per commit), one long-lived
+`git cat-file --batch`) through
 subprocess rather than dulwich: git is already required to have a repository,
 needs no extra dependency, its rename detection (-M) is the reference one, and
 `cat-file --batch` streams blobs from one process at a rate dulwich's pure-Python
@@ -104,6 +106,59 @@ class Git:
             ))
         return out
 
+    def history(self, rev: str = "HEAD", max_count: int | None = None) -> list[tuple[str, list[Change]]]:
+        """(commit, changes against its first parent), oldest first, from one `git log --raw` process.
+
+        The same changes as `changes(commit, parent)` per commit (`-M`, first-parent diffs of
+        merges, the root commit against the empty tree) without a process per commit.
+        """
+        # explicit settings, so that user configuration (log.showRoot, log.showSignature,
+        # diff.relative, color.ui) cannot change what is parsed
+        args = ["-c", "log.showRoot=true", "-c", "log.showSignature=false", "-c", "diff.relative=false",
+                "log", "--first-parent", "--reverse", "-z", "--raw", "-M", "--no-abbrev", "--no-color",
+                "--diff-merges=first-parent", "--format=%x1e%H"]
+        data = self.run(*args, rev)  # (--reverse applies after -n, so a limit is applied while parsing)
+        out: list[tuple[str, list[Change]]] = []
+        i, n = 0, len(data)
+        while i < n:
+            b = data[i]
+            if b in (0, 10):  # separators between records
+                i += 1
+                continue
+            if b != 0x1E:
+                raise RuntimeError(f"git log --raw: unexpected byte {b!r} at offset {i}")
+            j = data.index(b"\0", i)
+            sha = data[i + 1 : j].decode()
+            i = j + 1
+            changes: list[Change] = []
+            while True:
+                while i < n and data[i] == 10:
+                    i += 1
+                if i >= n or data[i] != 0x3A:  # ":" starts a raw entry
+                    break
+                j = data.index(b"\0", i)
+                meta = data[i + 1 : j].decode().split()
+                i = j + 1
+                old_mode, new_mode, old_sha, new_sha, status = meta
+                j = data.index(b"\0", i)
+                a = data[i:j].decode()
+                i = j + 1
+                if status[0] in "RC":
+                    j = data.index(b"\0", i)
+                    b2 = data[i:j].decode()
+                    i = j + 1
+                else:
+                    b2 = a
+                null = "0" * len(old_sha)
+                changes.append(Change(
+                    status[0], a if status[0] != "A" else None, b2 if status[0] != "D" else None,
+                    None if old_sha == null else old_sha, None if new_sha == null else new_sha, new_mode, old_mode,
+                ))
+            out.append((sha, changes))
+            if max_count is not None and len(out) >= max_count:
+                break
+        return out
+
     def blob(self, sha: str) -> bytes:
         if self._cat is None:
             self._cat = subprocess.Popen(
@@ -158,11 +213,19 @@ class Planner:
         self.ed = editor
         self.sink = sink
         self.count = 0
+        # a sink with `write_rows` (FrameWriter, the dataset's shard sink) gets the
+        # screen rows and the damage; any other callable gets whole-frame arrays
+        self._rows = getattr(sink, "write_rows", None)
 
     def do(self, code: int) -> None:
-        cp, st = self.ed.render()
-        self.sink(cp, st, code)
-        self.ed.apply(code)
+        ed = self.ed
+        if self._rows is not None:
+            damage, scroll = ed.render_damage()
+            self._rows(ed.row_cp, ed.row_st, damage, code, scroll)
+        else:
+            cp, st = ed.render()
+            self.sink(cp, st, code)
+        ed.apply(code)
         self.count += 1
 
     def type(self, text: str) -> None:
@@ -324,8 +387,14 @@ def replay(
     if max_commits is not None:
         commits = commits[:max_commits]
     try:
-        for index, (sha, parent, subject) in enumerate(commits):
-            expected = _replay_commit(git, planner, sha, parent, max_file_bytes, stats)
+        history = git.history(max_count=len(commits))
+    except RuntimeError:  # e.g. a git without --diff-merges: one diff-tree per commit
+        history = []
+    if [h[0] for h in history] != [c[0] for c in commits]:
+        history = [(sha, git.changes(sha, parent)) for sha, parent, _ in commits]
+    try:
+        for index, ((sha, parent, subject), (_, changes)) in enumerate(zip(commits, history)):
+            expected = _replay_commit(git, planner, sha, changes, max_file_bytes, stats)
             if commit_messages:
                 planner.do(C["COMMIT"])
                 planner.type("".join(ch for ch in subject if not RESERVED_LOW <= ord(ch) <= RESERVED_HIGH))
@@ -347,11 +416,10 @@ def replay(
     return stats
 
 
-def _replay_commit(git: Git, planner: Planner, sha: str, parent: str | None, max_bytes: int, stats: ReplayStats):
+def _replay_commit(git: Git, planner: Planner, sha: str, changes: list[Change], max_bytes: int, stats: ReplayStats):
     ed = planner.ed
     expected: dict[str, str | None] = {}
     edits: list[tuple[str, str]] = []
-    changes = git.changes(sha, parent)
 
     def load(sha_: str | None, mode: str) -> str | None:
         if sha_ is None:
