@@ -3,10 +3,14 @@
     python benchmarks/chaingpt_bench.py              # all three tables (~2 minutes on 2 cores)
     python benchmarks/chaingpt_bench.py --quick      # smoke run: small T, one repeat (< 1 minute)
     python benchmarks/chaingpt_bench.py --threads 2 --repeats 2 --skip-dense-16k
+    python benchmarks/chaingpt_bench.py --only sgsa            # one section; repeatable or comma list
+    python benchmarks/chaingpt_bench.py --only rwkv --threads 1 --cpu-time   # RWKV by CPU time
 
 (a) RWKV-Product, forward + backward (autograd, a random linear loss of y and the final state),
 float32, B = 1, H = 4 heads of size 64 (D = 256), M ∈ {1, 2} substeps (the kernel runs T·M
-steps), T ∈ {512, 2048, 8192}, chunk 16. The naive per-step loop is timed at T up to
+steps), T ∈ {512, 2048, 8192}, the default chunk (32). `--cpu-time` times this section by
+process CPU time instead of wall time (for a machine shared with other jobs; with
+`--threads 1` it is the single-core time). The naive per-step loop is timed at T up to
 `--naive-max-t` (2048) and extrapolated LINEARLY in T above that (its work per step is constant,
 checked by tests/test_rwkv_product.py::test_forward_backward_work_is_linear_in_length;
 the table marks such rows "extrap."). GFLOP/s counts the recurrence's nominal work, not
@@ -23,7 +27,9 @@ sparse path and dense / sparse at each T.
 (D 128, C121, M 2, 4 recurrent iterations with 2 under gradients, W 64, G 16), B × T tokens
 per step; tokens/s = B·T / seconds per step.
 
-Times are the median of `--repeats` runs after one warm-up run.
+Times are the median of `--repeats` runs after one warm-up run; in (a), where the naive loop
+is measured, it and the chunked path alternate (⌊repeats / 2⌋ rounds of 3 chunked calls and
+1 naive call) so that load from other processes affects both sides of the ratio alike.
 """
 
 from __future__ import annotations
@@ -55,9 +61,44 @@ def timed(function: Callable[[], object], repeats: int) -> float:
     return statistics.median(samples)
 
 
-def matmul_gflops(repeats: int, n: int = 4096) -> float:
+def cpu_timed(function: Callable[[], object], repeats: int) -> float:
+    """Median process CPU seconds (all threads) of `repeats` calls after one warm-up call.
+
+    Robust to other processes competing for the cores (wall time is not); with one thread it
+    equals wall time on an idle machine.
+    """
+    function()
+    samples = []
+    for _ in range(repeats):
+        start = time.process_time()
+        function()
+        samples.append(time.process_time() - start)
+    return statistics.median(samples)
+
+
+def interleaved(
+    first: Callable[[], object], second: Callable[[], object], rounds: int, clock: Callable[[], float]
+) -> tuple[float, float]:
+    """Medians of `first` (3 calls per round) and `second` (1 call per round) over `rounds`
+    rounds that alternate between them, after one warm-up call each: a load spike from other
+    processes then hits both, so their ratio stays meaningful on a shared machine."""
+    first()
+    second()
+    first_samples, second_samples = [], []
+    for _ in range(rounds):
+        for _ in range(3):
+            start = clock()
+            first()
+            first_samples.append(clock() - start)
+        start = clock()
+        second()
+        second_samples.append(clock() - start)
+    return statistics.median(first_samples), statistics.median(second_samples)
+
+
+def matmul_gflops(repeats: int, n: int = 4096, timer: Callable[[Callable[[], object], int], float] = timed) -> float:
     x, y = torch.randn(n, n), torch.randn(n, n)
-    seconds = timed(lambda: torch.matmul(x, y), repeats)
+    seconds = timer(lambda: torch.matmul(x, y), repeats)
     return 2 * n**3 / seconds / 1e9
 
 
@@ -88,23 +129,33 @@ def rwkv_step(inputs: list[torch.Tensor], naive: bool) -> Callable[[], None]:
     return run
 
 
-def bench_rwkv(console: Console, lengths: list[int], naive_max_t: int, repeats: int, peak: float) -> None:
+def bench_rwkv(
+    console: Console, lengths: list[int], naive_max_t: int, repeats: int, peak: float, cpu_time: bool = False
+) -> None:
     heads, dim = 4, 64
-    table = Table(title=f"(a) RWKV-Product fwd+bwd, float32, B=1, H={heads}, d={dim}; matmul peak {peak:.1f} GFLOP/s")
-    for column in ("M", "T", "chunked s", "chunked GFLOP/s", "% of matmul", "naive s", "naive", "speed-up"):
+    timer = cpu_timed if cpu_time else timed
+    clock = "CPU s" if cpu_time else "s"
+    table = Table(
+        title=f"(a) RWKV-Product fwd+bwd, float32, B=1, H={heads}, d={dim}; matmul peak {peak:.1f} GFLOP/s"
+        + (" (process CPU time)" if cpu_time else "")
+    )
+    for column in ("M", "T", f"chunked {clock}", "chunked GFLOP/s", "% of matmul", f"naive {clock}", "naive", "speed-up"):
         table.add_column(column, justify="right")
     for substeps in (1, 2):
         naive_per_token = None
         for length in lengths:
             flops = 27 * heads * length * substeps * dim * dim
-            chunked = timed(rwkv_step(rwkv_inputs(length, substeps), naive=False), repeats)
+            chunked_step = rwkv_step(rwkv_inputs(length, substeps), naive=False)
             if length <= naive_max_t:
-                naive = timed(rwkv_step(rwkv_inputs(length, substeps), naive=True), max(1, repeats // 2))
+                naive_step = rwkv_step(rwkv_inputs(length, substeps), naive=True)
+                clock = time.process_time if cpu_time else time.perf_counter
+                chunked, naive = interleaved(chunked_step, naive_step, max(1, repeats // 2), clock)
                 naive_per_token, how = naive / length, "measured"
             else:
+                chunked = timer(chunked_step, repeats)
                 if naive_per_token is None:
                     short = naive_max_t
-                    naive_per_token = timed(rwkv_step(rwkv_inputs(short, substeps), naive=True), 1) / short
+                    naive_per_token = timer(rwkv_step(rwkv_inputs(short, substeps), naive=True), 1) / short
                 naive, how = naive_per_token * length, f"extrap. T={naive_max_t}"
             gflops = flops / chunked / 1e9
             table.add_row(
@@ -174,6 +225,20 @@ def bench_training(console: Console, batch: int, length: int, repeats: int) -> N
     console.print(table)
 
 
+SECTIONS = ("rwkv", "sgsa", "step")
+
+
+def parse_sections(values: list[str] | None) -> set[str]:
+    """Sections named by `--only` (repeatable, each value a comma list); all of them when absent."""
+    if not values:
+        return set(SECTIONS)
+    chosen = {name.strip() for value in values for name in value.split(",") if name.strip()}
+    unknown = sorted(chosen - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"--only got unknown section(s) {unknown}; expected some of {list(SECTIONS)}")
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -181,21 +246,37 @@ def main() -> None:
     parser.add_argument("--naive-max-t", type=int, default=2048, help="largest T at which the naive loop is timed")
     parser.add_argument("--skip-dense-16k", action="store_true", help="do not run dense attention at T=16384")
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    parser.add_argument(
+        "--cpu-time", action="store_true",
+        help="RWKV section: time by process CPU time (robust on a shared machine; use with --threads 1)",
+    )
+    parser.add_argument(
+        "--only", action="append", default=None, metavar="{rwkv,sgsa,step}",
+        help="run only these sections (repeatable or comma list, e.g. --only rwkv,sgsa); default: all",
+    )
     args = parser.parse_args()
+    sections = parse_sections(args.only)
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console(width=200)
     repeats = 1 if args.quick else args.repeats
     console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    peak = matmul_gflops(repeats, 1024 if args.quick else 4096)
     if args.quick:
-        bench_rwkv(console, [128, 512], 128, repeats, peak)
-        bench_sgsa(console, [1024, 2048], repeats, None)
-        bench_training(console, 2, 64, repeats)
+        if "rwkv" in sections:
+            peak = matmul_gflops(repeats, 1024, cpu_timed if args.cpu_time else timed)
+            bench_rwkv(console, [128, 512], 128, repeats, peak, args.cpu_time)
+        if "sgsa" in sections:
+            bench_sgsa(console, [1024, 2048], repeats, None)
+        if "step" in sections:
+            bench_training(console, 2, 64, repeats)
         return
-    bench_rwkv(console, [512, 2048, 8192], args.naive_max_t, repeats, peak)
-    bench_sgsa(console, [4096, 8192, 16384], repeats, 16384 if args.skip_dense_16k else None)
-    bench_training(console, 8, 256, repeats)
+    if "rwkv" in sections:
+        peak = matmul_gflops(repeats, 4096, cpu_timed if args.cpu_time else timed)
+        bench_rwkv(console, [512, 2048, 8192], args.naive_max_t, repeats, peak, args.cpu_time)
+    if "sgsa" in sections:
+        bench_sgsa(console, [4096, 8192, 16384], repeats, 16384 if args.skip_dense_16k else None)
+    if "step" in sections:
+        bench_training(console, 8, 256, repeats)
 
 
 if __name__ == "__main__":

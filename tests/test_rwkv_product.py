@@ -1,6 +1,12 @@
-"""Tests of rcswarm.kernels.rwkv_product: chunked form vs the per-step loop, substep expansion."""
+"""Tests of rcswarm.kernels.rwkv_product: chunked form and Triton kernels (interpreter) vs the per-step loop, substep expansion."""
 
 from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,6 +23,7 @@ from rcswarm.kernels.rwkv_product import (
     rwkv_product_naive,
     rwkv_product_substeps,
 )
+from rcswarm.kernels.rwkv_product.dispatch import triton_available
 from tests.conftest import relative_error
 
 TOLERANCE = 1e-10
@@ -133,6 +140,46 @@ def test_strong_decay_underflow_is_safe(w_shift: float, strict_w_raw: bool) -> N
         assert relative_error(g[name], g_ref[name]) <= tolerance, name
 
 
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float64, TOLERANCE), (torch.float32, 1e-4)])
+def test_mixed_safe_and_pairwise_chunks(dtype: torch.dtype, tolerance: float) -> None:
+    """Heads with per-step log decays of about -1, -9 and -150 (shifts 0, 2.2 and 5): with
+    chunks of 16 the chunk's decay span is ~16, ~144 and ~2400. In float32 (factor limit ~80)
+    one call mixes the main factorized product, the midpoint factorization (span ≤ 160) and
+    the pair-by-pair path; in float64 (limit ~638) the main product with factors up to e^144
+    and the pair-by-pair path. Forward and every gradient."""
+    inputs = make_inputs(2, 45, 3, 8, 4, seed=140)
+    shift = torch.tensor([0.0, 2.2, 5.0], dtype=DTYPE)[None, None, :, None]  # [1, 1, H, 1]
+    inputs["w_raw"] = inputs["w_raw"] * 0.1 + shift
+    initial = torch.randn(2, 3, 4, 8, generator=torch.Generator().manual_seed(141), dtype=DTYPE)
+    inputs = {name: tensor.to(dtype) for name, tensor in inputs.items()}
+    initial = initial.to(dtype)
+    y_ref, s_ref, g_ref = outputs_and_grads(call(rwkv_product_naive), inputs, initial, 140)
+    y, s, g = outputs_and_grads(call(rwkv_product_chunked, chunk_size=16), inputs, initial, 140)
+    assert relative_error(y, y_ref) <= tolerance
+    assert relative_error(s, s_ref) <= tolerance
+    for name in g_ref:
+        assert torch.isfinite(g[name]).all(), name
+        assert relative_error(g[name], g_ref[name]) <= tolerance, name
+
+
+def test_outputs_are_causal_bitwise() -> None:
+    """Changing the inputs from step 21 on (inside the second chunk of 16) leaves y before step
+    21 bitwise unchanged: the chunk's decay blocks use only steps up to their row (float32,
+    RWKV-7-like decays with spans far below the factor limit, so every chunk-head takes the
+    main factorized product; a chunk-head pushed over the limit by later steps would be
+    recomputed as a whole, equal only to rounding)."""
+    inputs = {name: tensor.float() for name, tensor in make_inputs(2, 40, 2, 16, 8, seed=150).items()}
+    changed = {name: tensor.clone() for name, tensor in inputs.items()}
+    generator = torch.Generator().manual_seed(151)
+    for name, tensor in changed.items():
+        scale = 0.1 if name == "w_raw" else 1.0
+        tensor[:, 21:] += scale * torch.randn(tensor[:, 21:].shape, generator=generator)
+    y, _ = rwkv_product_chunked(**inputs, chunk_size=16)
+    y_changed, _ = rwkv_product_chunked(**changed, chunk_size=16)
+    assert torch.equal(y[:, :21], y_changed[:, :21])
+    assert not torch.equal(y[:, 21:], y_changed[:, 21:])
+
+
 def test_chunk_size_does_not_change_result() -> None:
     inputs = make_inputs(1, 26, 2, 4, 3, seed=21)
     reference, _ = rwkv_product_naive(**inputs)
@@ -242,7 +289,6 @@ def test_bad_inputs_raise() -> None:
         collapse_substeps(inputs["v"], 0)
     with pytest.raises(ValueError, match="y="):
         collapse_substeps(inputs["v"], 3)
-
 
 
 FLOAT32_TOLERANCE = 1e-4
@@ -400,3 +446,109 @@ def test_forward_backward_work_is_linear_in_length(naive: bool) -> None:
     gradient of the whole tensor: 23x (chunked) and 41x (naive) here, 45x slower at T = 8192."""
     ratio = _forward_backward_elements(naive, 512) / _forward_backward_elements(naive, 64)
     assert ratio <= 9.0, ratio
+
+
+TRITON_SCRIPT = """
+import json, sys
+import torch
+from rcswarm.kernels.rwkv_product import rwkv_product_naive
+from rcswarm.kernels.rwkv_product.triton_kernel import rwkv_product_triton
+
+
+def compare(batch, length, heads, d_k, d_v, chunk, with_state, w_shift, dtype_name):
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(length * 31 + d_k)
+    kappa = torch.nn.functional.normalize(torch.randn(batch, length, heads, d_k, generator=g, dtype=dtype), dim=-1)
+    inputs = {
+        "r": torch.randn(batch, length, heads, d_k, generator=g, dtype=dtype),
+        "w_raw": torch.randn(batch, length, heads, d_k, generator=g, dtype=dtype) + w_shift,
+        "k": torch.randn(batch, length, heads, d_k, generator=g, dtype=dtype) / d_k**0.5,
+        "v": torch.randn(batch, length, heads, d_v, generator=g, dtype=dtype),
+        "a": -kappa,
+        "b": kappa * torch.rand(batch, length, heads, d_k, generator=g, dtype=dtype),
+    }
+    if with_state:
+        inputs["initial_state"] = torch.randn(batch, heads, d_v, d_k, generator=g, dtype=dtype)
+    y_cotangent = torch.randn(batch, length, heads, d_v, generator=g, dtype=dtype)
+    s_cotangent = torch.randn(batch, heads, d_v, d_k, generator=g, dtype=dtype)
+    results = []
+    for run in (rwkv_product_naive, lambda *xs: rwkv_product_triton(*xs, chunk_size=chunk)):
+        leaves = {name: x.clone().requires_grad_(True) for name, x in inputs.items()}
+        y, state = run(*leaves.values()) if with_state else run(*leaves.values(), None)
+        grads = torch.autograd.grad((y * y_cotangent).sum() + (state * s_cotangent).sum(), list(leaves.values()))
+        results.append({"y": y, "final_state": state, **dict(zip(leaves, grads))})
+    reference, got = results
+    return {
+        name: {
+            "error": float((got[name] - reference[name]).norm() / reference[name].norm()),
+            "finite": bool(torch.isfinite(got[name]).all()),
+            "dtype": str(got[name].dtype),
+        }
+        for name in reference
+    }
+
+
+torch.set_num_threads(1)
+reports = [compare(*case) for case in json.loads(sys.argv[1])]
+x = torch.zeros(1, 2, 1, 2)
+try:
+    rwkv_product_triton(x, x, x, x, x, x, None, chunk_size=0)
+    bad_chunk = "no error"
+except ValueError as error:
+    bad_chunk = str(error)
+print(json.dumps({"reports": reports, "bad_chunk": bad_chunk}))
+"""
+
+TRITON_CASES = [
+    # (batch, length, heads, d_k, d_v, chunk, with initial state, w_raw shift, dtype, tolerance):
+    # T off the chunk grid with several heads, T below one chunk, d not a power of two with
+    # d_v split over two row blocks (partial sums), strong decay, float64.
+    (2, 11, 3, 8, 8, 4, True, 0.0, "float32", 1e-4),
+    (1, 5, 2, 16, 8, 8, False, 0.0, "float32", 1e-4),
+    (1, 9, 2, 6, 40, 4, True, 0.0, "float32", 1e-4),
+    (1, 7, 1, 4, 4, 3, True, 4.0, "float32", 1e-4),
+    (2, 10, 2, 5, 3, 4, True, 0.0, "float64", 1e-10),
+]
+
+
+@pytest.fixture(scope="module")
+def triton_interpreter_run() -> dict:
+    """All TRITON_CASES in one subprocess with TRITON_INTERPRET=1 (the variable must be set before
+    triton is imported and must not leak into this process; one process keeps the import cost
+    to one). Skips when triton is not installed."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    cases = [list(case[:-1]) for case in TRITON_CASES]
+    completed = subprocess.run(
+        [sys.executable, "-c", TRITON_SCRIPT, json.dumps(cases)],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("index", range(len(TRITON_CASES)))
+def test_triton_interpreter_matches_naive(triton_interpreter_run: dict, index: int) -> None:
+    """The Triton kernels under the interpreter on CPU tensors: forward, final state and every
+    gradient against autograd through the naive loop."""
+    *shape, dtype_name, tolerance = TRITON_CASES[index]
+    report = triton_interpreter_run["reports"][index]
+    expected = {"y", "final_state", "r", "w_raw", "k", "v", "a", "b"} | ({"initial_state"} if shape[6] else set())
+    assert set(report) == expected
+    for name, entry in report.items():
+        assert entry["finite"], name
+        assert entry["dtype"] == f"torch.{dtype_name}", name
+        assert entry["error"] <= tolerance, (name, entry)
+
+
+def test_triton_bad_chunk_raises(triton_interpreter_run: dict) -> None:
+    assert "chunk_size=0" in triton_interpreter_run["bad_chunk"]
+
+
+def test_dispatcher_keeps_cpu_tensors_off_triton() -> None:
+    """CPU tensors take the chunked path even when triton is installed (Triton is for CUDA)."""
+    inputs = make_inputs(1, 10, 2, 3, 3, seed=130)
+    y, state = rwkv_product(**inputs, chunk_size=4)
+    y_chunked, state_chunked = rwkv_product_chunked(**inputs, chunk_size=4)
+    assert torch.equal(y, y_chunked) and torch.equal(state, state_chunked)
+    assert triton_available() == (importlib.util.find_spec("triton") is not None)

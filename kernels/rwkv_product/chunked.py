@@ -5,12 +5,10 @@ y_t = S_t r_t, with w_t = exp(-exp(w_raw_t)). Rows below are time steps of one c
 steps, t, s ∈ {0, ..., C-1}; S_0 is the state entering the chunk.
 
 Log-space decays. λ_t = log w_t = -exp(w_raw_t) ≤ 0 and g_t = Σ_{u ≤ t} λ_u (cumulative sum
-within the chunk, g_{-1} = 0). Every decay the chunk needs is a RELATIVE decay
-exp(g_t - g_s) with t ≥ s, an exponent ≤ 0, formed per pair (t, s) from the difference of
-log sums and masked to -inf above the causal diagonal before exponentiating. Nothing of the
-form exp(-g_s) (which overflows once the cumulative decay underflows) is ever built, so any
-w_raw and any chunk size is safe; the price is C²·d_k elementwise work per chunk, the same
-order as the chunk's matrix products. Chunks of 16 to 64 keep that memory moderate.
+within the chunk, g_{-1} = 0). The chunk needs the relative decays e^{g_{t-1} - g_s} (s < t)
+and e^{g_t - g_s} (s ≤ t), exponents ≤ 0. The growth factor e^{-g_s} relative to the chunk
+start, which overflows once the cumulative decay underflows, is used only where the chunk's
+decay span keeps it finite (see below); elsewhere the relative decays are formed otherwise.
 
 Pseudo-values. With z_t = S_{t-1} a_t [d_v], unrolling the diagonal part gives
 
@@ -28,29 +26,279 @@ the UT transform is one unit-lower-triangular solve per chunk, independent of S_
     S_C   = S_0 A + F,   A = diag(e^{g_{C-1}}) + Wᵀ B̂,   F = Uᵀ B̂ + Vᵀ K̂
     B̂ = b ⊙ e^{g_{C-1} - g_s},  K̂ = k ⊙ e^{g_{C-1} - g_s}
 
-All chunks are transformed at once (batched matrix products); only S_{n+1} = S_n A_n + F_n
-runs as a loop over the T / C chunks (over `unbind` slices, so its backward stays linear in
-T). A ragged tail is padded with identity steps (λ = 0, a = b = k = v = r = 0), which leave
-the state unchanged.
+Decay matrices as one matrix product. Since e^{g_{t-1} - g_s} = e^{g_{t-1}} e^{-g_s},
 
-Backward: autograd through this formulation (triangular solve included). A hand-written
-backward is not provided; gradients agree with autograd through the naive loop.
+    [L^{ab} L^{ak}; Q^{rb} Q^{rk}] = mask ⊙ ([Ã; R̃] [b ⊙ e^{-g}; k ⊙ e^{-g}]ᵀ)
+
+one [2C, d_k] × [d_k, 2C] product per chunk (masked in place by `tril_`) instead of C²·d_k
+elementwise work; the left factors are Ã and R̃ themselves. Every kept (causal) entry is a
+product of its exact relative decays, at most 1, and depends only on steps up to its row, so
+(in safe chunk-heads) outputs do not depend on later inputs even in rounding; the entries
+above the diagonal are zeroed, never multiplied into anything, and get zero gradient. The factors e^{-g_s} are at
+most e^{span}, span = max_i(-g_{C-1,i}) the chunk-head's largest decay span, so a chunk-head is
+SAFE when span ≤ 0.9·ln(dtype max) (≈ 80 in float32, 638 in float64) and nothing overflows.
+The other chunk-heads (strong decays) are recomputed and replace the product's entries
+(`_fallback_blocks`, only for those chunk-heads, with autograd through it in backward): up
+to twice the limit factorized around the midpoint ρ = g_{C-1}/2 (factors ≤ e^{span/2}), above
+that pair by pair from the masked exponents g_{t-1} - g_s, g_t - g_s ≤ 0 ([C, C, d_k]
+elementwise). Their e^{-g_s} factors in the main product are clamped at e^{limit} first so the
+replaced entries' zero gradients never meet an infinite factor (0 · ∞). Any w_raw and any
+chunk size is therefore safe.
+
+Layout and work. The sequence is cut into N = ⌈T / C⌉ chunks (a ragged tail padded with
+identity steps, λ = 0 and a = b = k = v = r = 0, which leave the state unchanged) and laid out
+chunk-major, P = N·B·H pieces [P, C, d], so every chunk-local quantity above is one batched
+product or elementwise op over all chunks at once. Only S_{n+1} = S_n A_n + F_n runs as a
+loop over the N chunks (one [B·H] batch of d_v × d_k by d_k × d_k products per chunk, on
+contiguous slices). Per step the forward costs about 4C·d_k (decay blocks) + 2C·d (solve,
+intra-chunk outputs) + 4·d_v·d_k (A, F, the read of S_0) + d_v·d_k²/C (the loop)
+multiply-adds, about 2.4× the recurrence's own 4.5·d_v·d_k at C = 32, d = 64.
+
+Backward (`_chunk_backward`, hand-written, a torch.autograd.Function): the reverse loop
+G_n = dS_n + G_{n+1} A_nᵀ (G_N = d final state, dS_n = dY_nᵀ (R̃ + Q^{rb} W) from the reads of
+S_0) is the only sequential part; then, batched over all chunks, dA_n = S_nᵀ G_{n+1},
+dF_n = G_{n+1}, and the transposed products of the forward in reverse order. The inverse
+X = (I - L^{ab})^{-1} (one batched triangular solve against the identity) is kept, so
+[U | W] = X [L^{ak} V | Ã] gives d[L^{ak} V | Ã] = Xᵀ d[U | W] and
+dL^{ab} = tril(d(L^{ak} V) Uᵀ + dÃ Wᵀ, -1). The decay blocks' gradients flow into the factors
+(d of a ⊙ e^{x} is e^{x} for a and (dÃ ⊙ Ã) for x), the exponents into g and g_{t-1}, and dλ
+is the reverse cumulative sum of dg. Unsafe chunk-heads get their block gradients by autograd
+through `_fallback_blocks` (small, recomputed in backward).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from rcswarm.kernels.rwkv_product.checks import check_inputs
 
-DEFAULT_CHUNK_SIZE = 16
+DEFAULT_CHUNK_SIZE = 32
 
 
-def _pad_time(x: Tensor, pad: int) -> Tensor:
-    """Zero-pad dim -2 (time) of [B, H, T, d] at the end by `pad` steps."""
-    return F.pad(x, (0, 0, 0, pad)) if pad else x
+def factor_limit(dtype: torch.dtype) -> float:
+    """Largest exponent a decay factor may take: 0.9·ln(max) of the dtype (≈ 80 for float32)."""
+    return 0.9 * math.log(torch.finfo(dtype).max)
+
+
+def _pairwise_blocks(
+    a: Tensor, r: Tensor, b: Tensor, k: Tensor, g: Tensor, g_before: Tensor
+) -> Tensor:
+    """[L^{ab} L^{ak}; Q^{rb} Q^{rk}] [n, 2C, 2C] pair by pair from masked exponents (inputs [n, C, d_k])."""
+    size = g.shape[-2]
+    strict = torch.ones(size, size, dtype=torch.bool, device=g.device).tril(-1)[:, :, None]  # [C, C, 1]
+    lower = torch.ones(size, size, dtype=torch.bool, device=g.device).tril()[:, :, None]  # [C, C, 1]
+    minus_inf = torch.tensor(float("-inf"), dtype=g.dtype, device=g.device)
+    before = torch.where(strict, g_before[:, :, None, :] - g[:, None, :, :], minus_inf).exp()  # [n, C, C, d_k]
+    after = torch.where(lower, g[:, :, None, :] - g[:, None, :, :], minus_inf).exp()  # [n, C, C, d_k]
+    rows = []
+    for decay, left in ((before, a), (after, r)):
+        weighted = decay * left[:, :, None, :]  # [n, C, C, d_k]
+        rows.append(torch.cat([(weighted * b[:, None]).sum(-1), (weighted * k[:, None]).sum(-1)], dim=-1))
+    return torch.cat(rows, dim=-2)  # [n, 2C, 2C]
+
+
+def _midpoint_blocks(a: Tensor, r: Tensor, b: Tensor, k: Tensor, g: Tensor, g_before: Tensor) -> Tensor:
+    """The decay blocks [n, 2C, 2C] factorized around ρ = g_{C-1} / 2 (factors ≤ e^{span / 2})."""
+    size = g.shape[-2]
+    reference = 0.5 * g[:, -1:]  # [n, 1, d_k]
+    left = torch.cat([a * (g_before - reference).exp(), r * (g - reference).exp()], dim=1)  # [n, 2C, d_k]
+    to_reference = (reference - g).exp()  # [n, C, d_k]
+    right = torch.cat([b * to_reference, k * to_reference], dim=1)  # [n, 2C, d_k]
+    rows = torch.arange(2 * size, device=g.device) % size
+    causal = rows[:, None] > rows[None, :]  # [2C, 2C], s < t
+    causal[size:] |= torch.eye(size, dtype=torch.bool, device=g.device).repeat(1, 2)  # Q rows: s ≤ t
+    return torch.where(causal, left @ right.transpose(-1, -2), torch.zeros((), dtype=g.dtype, device=g.device))
+
+
+def _fallback_blocks(
+    a: Tensor, r: Tensor, b: Tensor, k: Tensor, g: Tensor, g_before: Tensor, limit: float
+) -> Tensor:
+    """Decay blocks [n, 2C, 2C] of chunk-heads whose span exceeds `limit` (inputs [n, C, d_k]):
+    factorized around the midpoint ρ = g_{C-1} / 2 up to a span of 2·limit, pair by pair above."""
+    span = -g[:, -1].amin(dim=-1)  # [n]
+    blocks = g.new_zeros(g.shape[0], 2 * g.shape[1], 2 * g.shape[1])  # [n, 2C, 2C]
+    for chosen, blocks_of in ((span <= 2 * limit, _midpoint_blocks), (span > 2 * limit, _pairwise_blocks)):
+        index = chosen.nonzero()[:, 0]
+        if index.numel():
+            blocks = blocks.index_put((index,), blocks_of(*(x[index] for x in (a, r, b, k, g, g_before))))
+    return blocks
+
+
+def _chunk_forward(
+    rc: Tensor, lam: Tensor, kc: Tensor, vc: Tensor, ac: Tensor, bc: Tensor, initial: Tensor
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """The chunked form on chunk-major pieces [P, C, d] (P = N·B·H, chunk n of head p at n·BH + p).
+
+    lam: λ = log w ≤ 0 [P, C, d_k]; initial [BH, d_v, d_k]. Returns y [P, C, d_v], the final
+    state [BH, d_v, d_k] and the saved quantities of `_chunk_backward`.
+    """
+    pieces, size, d_k = rc.shape
+    heads = initial.shape[0]  # B·H
+    chunks = pieces // heads
+    limit = factor_limit(rc.dtype)
+    g = lam.cumsum(dim=1)  # [P, C, d_k]
+    g_before = F.pad(g[:, :-1], (0, 0, 1, 0))  # [P, C, d_k], row t = g_{t-1}, g_{-1} = 0
+    g_last = g[:, -1:]  # [P, 1, d_k]
+    span = -g_last.amin(dim=(-1, -2))  # [P], the chunk's largest decay span max_i(-g_{C-1,i})
+    unsafe = (span > limit).nonzero()[:, 0]  # [u]
+    exp_before, exp_g = g_before.exp(), g.exp()  # [P, C, d_k], e^{g_{t-1}}, e^{g_t}
+    left, right = (rc.new_empty(pieces, 2 * size, d_k) for _ in range(2))  # [P, 2C, d_k]: [Ã; R̃], [b ⊙ e^{-g}; k ⊙ e^{-g}]
+    torch.mul(ac, exp_before, out=left[:, :size])
+    torch.mul(rc, exp_g, out=left[:, size:])
+    a_tilde, r_tilde = left[:, :size], left[:, size:]  # [P, C, d_k], Ã, R̃
+    to_start = g.neg()  # [P, C, d_k], -g_s ≤ span
+    if unsafe.numel():
+        to_start.clamp_(max=limit)
+    e_b = to_start.exp_()  # [P, C, d_k], e^{-g_s}
+    torch.mul(bc, e_b, out=right[:, :size])
+    torch.mul(kc, e_b, out=right[:, size:])
+    blocks = left @ right.transpose(-1, -2)  # [P, 2C, 2C], [L^{ab} L^{ak}; Q^{rb} Q^{rk}]
+    _mask_blocks(blocks, size)
+    if unsafe.numel():
+        blocks[unsafe] = _fallback_blocks(*(x[unsafe] for x in (ac, rc, bc, kc, g, g_before)), limit)
+    l_ab, l_ak, q = blocks[:, :size, :size], blocks[:, :size, size:], blocks[:, size:]  # q [P, C, 2C]
+
+    to_end = (g_last - g).exp_()  # [P, C, d_k]
+    bk_hat = rc.new_empty(pieces, 2 * size, d_k)  # [P, 2C, d_k], [B̂; K̂]
+    torch.mul(bc, to_end, out=bk_hat[:, :size])
+    torch.mul(kc, to_end, out=bk_hat[:, size:])
+
+    eye = torch.eye(size, dtype=rc.dtype, device=rc.device)
+    inverse = torch.linalg.solve_triangular(
+        eye - l_ab, eye.expand(pieces, size, size), upper=False, unitriangular=True
+    )  # [P, C, C], (I - L^{ab})^{-1}
+    l_ak_v = l_ak @ vc  # [P, C, d_v]
+    uw = inverse @ torch.cat([l_ak_v, a_tilde], dim=-1)  # [P, C, d_v + d_k], [U | W]
+    d_v = vc.shape[-1]
+    u, w = uw[..., :d_v], uw[..., d_v:]  # [P, C, d_v], [P, C, d_k]
+    uv = torch.cat([u, vc], dim=1)  # [P, 2C, d_v]
+    y = q @ uv  # [P, C, d_v], intra-chunk part
+    read = torch.baddbmm(r_tilde, q[:, :, :size], w)  # [P, C, d_k]
+    transition = w.transpose(-1, -2) @ bk_hat[:, :size]  # [P, d_k, d_k]
+    transition.diagonal(dim1=-2, dim2=-1).add_(g_last[:, 0].exp())
+    offset = uv.transpose(-1, -2) @ bk_hat  # [P, d_v, d_k]
+
+    states = offset.new_empty(chunks + 1, heads, *offset.shape[1:])  # [N+1, BH, d_v, d_k]
+    states[0] = initial
+    per_chunk_t = transition.view(chunks, heads, d_k, d_k)
+    per_chunk_f = offset.view(chunks, heads, *offset.shape[1:])
+    for n in range(chunks):
+        torch.baddbmm(per_chunk_f[n], states[n], per_chunk_t[n], out=states[n + 1])
+    starts = states[:-1].view(pieces, *offset.shape[1:])  # [P, d_v, d_k]
+    y.baddbmm_(read, starts.transpose(-1, -2))
+    saved = {
+        "ac": ac, "rc": rc, "bc": bc, "kc": kc, "vc": vc, "g": g, "g_before": g_before, "g_last": g_last,
+        "e_b": e_b, "left": left, "right": right, "blocks": blocks, "unsafe": unsafe, "limit": limit,
+        "exp_before": exp_before, "exp_g": exp_g, "to_end": to_end,
+        "bk_hat": bk_hat, "inverse": inverse, "uw": uw, "w": w, "uv": uv, "read": read,
+        "transition": transition, "states": states,
+    }
+    return y, states[-1].clone(), saved
+
+
+def _mask_blocks(blocks: Tensor, size: int) -> None:
+    """In place: strictly lower L blocks (rows :C), lower Q blocks (rows C:) of [P, 2C, 2C]."""
+    for rows, diagonal in ((slice(None, size), -1), (slice(size, None), 0)):
+        blocks[:, rows, :size].tril_(diagonal)
+        blocks[:, rows, size:].tril_(diagonal)
+
+
+def _chunk_backward(
+    saved: dict[str, Tensor], d_y: Tensor, d_final: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients (d_r, d_λ, d_k, d_v, d_a, d_b [P, C, d], d_initial [BH, d_v, d_k]) of `_chunk_forward`."""
+    sv = saved
+    states, transition, inverse = sv["states"], sv["transition"], sv["inverse"]
+    pieces, size, d_k = sv["rc"].shape
+    heads = states.shape[1]
+    chunks = pieces // heads
+    d_v = sv["vc"].shape[-1]
+    starts = states[:-1].view(pieces, d_v, d_k)  # [P, d_v, d_k]
+    d_read = d_y @ starts  # [P, C, d_k]
+    grads = torch.empty_like(states)  # [N+1, BH, d_v, d_k], dL/dS_n in total
+    grads[chunks] = d_final
+    torch.bmm(d_y.transpose(-1, -2), sv["read"], out=grads[:chunks].view(pieces, d_v, d_k))
+    per_chunk_t = transition.view(chunks, heads, d_k, d_k).transpose(-1, -2)
+    for n in range(chunks - 1, -1, -1):
+        grads[n].baddbmm_(grads[n + 1], per_chunk_t[n])
+    d_offset = grads[1:].view(pieces, d_v, d_k)  # [P, d_v, d_k], G_{n+1}
+    d_transition = starts.transpose(-1, -2) @ d_offset  # [P, d_k, d_k]
+
+    w, uv, bk_hat, q = sv["w"], sv["uv"], sv["bk_hat"], sv["blocks"][:, size:]
+    d_w = bk_hat[:, :size] @ d_transition.transpose(-1, -2)  # [P, C, d_k]
+    d_bk_hat = uv @ d_offset  # [P, 2C, d_k]
+    d_bk_hat[:, :size] += w @ d_transition
+    d_uv = torch.baddbmm(q.transpose(-1, -2) @ d_y, bk_hat, d_offset.transpose(-1, -2))  # [P, 2C, d_v]
+    d_w += q[:, :, :size].transpose(-1, -2) @ d_read
+    d_q = d_y @ uv.transpose(-1, -2)  # [P, C, 2C]
+    d_q[:, :, :size] += d_read @ w.transpose(-1, -2)
+    d_xa = inverse.transpose(-1, -2) @ torch.cat([d_uv[:, :size], d_w], dim=-1)  # [P, C, d_v + d_k]
+    d_x, d_a_tilde = d_xa[..., :d_v], d_xa[..., d_v:]  # [P, C, d_v], [P, C, d_k]
+    d_l_ab = d_xa @ sv["uw"].transpose(-1, -2)  # [P, C, C]
+    d_l_ak = d_x @ sv["vc"].transpose(-1, -2)  # [P, C, C]
+    d_blocks = torch.cat([torch.cat([d_l_ab, d_l_ak], dim=-1), d_q], dim=1)  # [P, 2C, 2C]
+    d_value = torch.baddbmm(d_uv[:, size:], sv["blocks"][:, :size, size:].transpose(-1, -2), d_x)  # [P, C, d_v]
+    _mask_blocks(d_blocks, size)
+
+    unsafe = sv["unsafe"]
+    exact_grads = None
+    if unsafe.numel():
+        with torch.enable_grad():
+            names = ("ac", "rc", "bc", "kc", "g", "g_before")
+            leaves = [sv[name][unsafe].detach().requires_grad_(True) for name in names]
+            exact_grads = torch.autograd.grad(_fallback_blocks(*leaves, sv["limit"]), leaves, d_blocks[unsafe])
+        d_blocks[unsafe] = 0.0
+    left, right = sv["left"], sv["right"]
+    d_left = d_blocks @ right  # [P, 2C, d_k], d[Ã; R̃] from the decay blocks
+    d_right = d_blocks.transpose(-1, -2) @ left  # [P, 2C, d_k], d[b ⊙ e^{-g}; k ⊙ e^{-g}]
+    d_left[:, :size] += d_a_tilde
+    d_left[:, size:] += d_read
+
+    to_end, e_b = sv["to_end"], sv["e_b"]
+    d_a = d_left[:, :size] * sv["exp_before"]  # [P, C, d_k]
+    d_r = d_left[:, size:] * sv["exp_g"]  # [P, C, d_k]
+    d_b = torch.addcmul(d_bk_hat[:, :size] * to_end, d_right[:, :size], e_b)  # [P, C, d_k]
+    d_key = torch.addcmul(d_bk_hat[:, size:] * to_end, d_right[:, size:], e_b)  # [P, C, d_k]
+
+    from_left = d_left * left  # [P, 2C, d_k], dÃ ⊙ Ã and dR̃ ⊙ R̃
+    from_right = (d_right[:, :size] * right[:, :size]).addcmul_(d_right[:, size:], right[:, size:])  # [P, C, d_k]
+    from_hat = (d_bk_hat[:, :size] * bk_hat[:, :size]).addcmul_(d_bk_hat[:, size:], bk_hat[:, size:])  # [P, C, d_k]
+    d_before = from_left[:, :size]  # [P, C, d_k], dL/d g_before
+    d_g = from_left[:, size:] - from_right - from_hat  # [P, C, d_k]
+    d_last = from_hat.sum(1) + d_transition.diagonal(dim1=-2, dim2=-1) * sv["g_last"][:, 0].exp()  # [P, d_k]
+    if exact_grads is not None:
+        for total, grad in zip((d_a, d_r, d_b, d_key, d_g, d_before), exact_grads, strict=True):
+            total.index_add_(0, unsafe, grad)
+    d_g[:, -1] += d_last
+    d_g[:, :-1] += d_before[:, 1:]
+    d_lam = d_g.flip(1).cumsum(1).flip(1)  # [P, C, d_k], g = cumsum(λ)
+    return d_r, d_lam, d_key, d_value, d_a, d_b, grads[0]
+
+
+class _ChunkedRWKV(torch.autograd.Function):
+    """`_chunk_forward` with the hand-written `_chunk_backward` (first derivatives only)."""
+
+    @staticmethod
+    def forward(ctx, rc, lam, kc, vc, ac, bc, initial):
+        y, final, saved = _chunk_forward(rc, lam, kc, vc, ac, bc, initial)
+        ctx.saved = saved
+        return y, final
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_y, d_final):
+        saved = ctx.saved
+        del ctx.saved
+        if d_y is None:
+            d_y = saved["vc"].new_zeros(saved["vc"].shape)
+        if d_final is None:
+            d_final = saved["states"].new_zeros(saved["states"].shape[1:])
+        return _chunk_backward(saved, d_y.contiguous(), d_final)
 
 
 def rwkv_product_chunked(
@@ -72,50 +320,14 @@ def rwkv_product_chunked(
     pad = chunks * size - length
 
     def chunked(x: Tensor) -> Tensor:
-        x = _pad_time(x.transpose(1, 2), pad)  # [B, H, N*C, d]
-        return x.reshape(batch, heads, chunks, size, x.shape[-1])  # [B, H, N, C, d]
-
-    rc, kc, vc, ac, bc = (chunked(x) for x in (r, k, v, a, b))
-    log_decay = chunked(-torch.exp(w_raw))  # [B, H, N, C, d_k], λ ≤ 0, padding λ = 0
-    g = torch.cumsum(log_decay, dim=-2)  # [B, H, N, C, d_k]
-    g_before = F.pad(g, (0, 0, 1, 0))  # [B, H, N, C+1, d_k], row t' = g_{t'-1}, g_{-1} = 0
-
-    causal = torch.ones(size + 1, size, dtype=torch.bool, device=r.device).tril(-1)  # [C+1, C], s < t'
-    exponent = g_before[..., :, None, :] - g[..., None, :, :]  # [B, H, N, C+1, C, d_k]
-    relative = exponent.masked_fill(~causal[:, :, None], float("-inf")).exp()  # e^{g_{t'-1} - g_s}, s < t'
-    decayed_b = relative * bc[..., None, :, :]  # [B, H, N, C+1, C, d_k]
-    decayed_k = relative * kc[..., None, :, :]  # [B, H, N, C+1, C, d_k]
-    l_ab = torch.einsum("...tsi,...ti->...ts", decayed_b[..., :-1, :, :], ac)  # [B, H, N, C, C]
-    l_ak = torch.einsum("...tsi,...ti->...ts", decayed_k[..., :-1, :, :], ac)  # [B, H, N, C, C]
-    q_rb = torch.einsum("...tsi,...ti->...ts", decayed_b[..., 1:, :, :], rc)  # [B, H, N, C, C]
-    q_rk = torch.einsum("...tsi,...ti->...ts", decayed_k[..., 1:, :, :], rc)  # [B, H, N, C, C]
-
-    a_tilde = ac * torch.exp(g_before[..., :-1, :])  # [B, H, N, C, d_k]
-    r_tilde = rc * torch.exp(g)  # [B, H, N, C, d_k]
-    g_last = g[..., -1:, :]  # [B, H, N, 1, d_k]
-    to_end = torch.exp(g_last - g)  # [B, H, N, C, d_k]
-    b_hat = bc * to_end  # [B, H, N, C, d_k]
-    k_hat = kc * to_end  # [B, H, N, C, d_k]
-
-    eye = torch.eye(size, dtype=r.dtype, device=r.device)
-    rhs = torch.cat([l_ak @ vc, a_tilde], dim=-1)  # [B, H, N, C, d_v + d_k]
-    solved = torch.linalg.solve_triangular(eye - l_ab, rhs, upper=False, unitriangular=True)
-    u, w = solved[..., :d_v], solved[..., d_v:]  # [B, H, N, C, d_v], [B, H, N, C, d_k]
-
-    y_intra = q_rb @ u + q_rk @ vc  # [B, H, N, C, d_v]
-    read = r_tilde + q_rb @ w  # [B, H, N, C, d_k]
-    transition = torch.diag_embed(torch.exp(g_last[..., 0, :])) + w.transpose(-1, -2) @ b_hat  # [B, H, N, d_k, d_k]
-    offset = u.transpose(-1, -2) @ b_hat + vc.transpose(-1, -2) @ k_hat  # [B, H, N, d_v, d_k]
+        x = F.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x  # [B, N·C, H, d]
+        x = x.reshape(batch, chunks, size, heads, x.shape[-1]).permute(1, 0, 3, 2, 4)  # [N, B, H, C, d]
+        return x.reshape(chunks * batch * heads, size, x.shape[-1])  # [P, C, d], P = N·B·H
 
     state = r.new_zeros(batch, heads, d_v, d_k) if initial_state is None else initial_state
-    entering = []
-    # unbind, not transition[:, :, n]: each select's backward would write a zero gradient of the
-    # whole [B, H, N, d_k, d_k] tensor, O(N²) work in backward; unbind's backward is one stack.
-    for transition_n, offset_n in zip(transition.unbind(2), offset.unbind(2), strict=True):
-        entering.append(state)
-        state = state @ transition_n + offset_n  # [B, H, d_v, d_k]
-    starts = torch.stack(entering, dim=2)  # [B, H, N, d_v, d_k]
-
-    y = y_intra + read @ starts.transpose(-1, -2)  # [B, H, N, C, d_v]
-    y = y.reshape(batch, heads, chunks * size, d_v)[:, :, :length]  # [B, H, T, d_v]
-    return y.transpose(1, 2), state  # [B, T, H, d_v], [B, H, d_v, d_k]
+    y, final = _ChunkedRWKV.apply(
+        chunked(r), chunked(-torch.exp(w_raw)), chunked(k), chunked(v), chunked(a), chunked(b),
+        state.reshape(batch * heads, d_v, d_k),
+    )  # [P, C, d_v], [B·H, d_v, d_k]
+    y = y.view(chunks, batch, heads, size, d_v).permute(1, 0, 3, 2, 4).reshape(batch, chunks * size, heads, d_v)
+    return y[:, :length], final.view(batch, heads, d_v, d_k)  # [B, T, H, d_v], [B, H, d_v, d_k]

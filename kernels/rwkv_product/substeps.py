@@ -47,6 +47,8 @@ def expand_substeps(
     def flat(x: Tensor) -> Tensor:
         return x.reshape(batch, length * substeps, heads, x.shape[-1])  # [B, T·M, H, d]
 
+    if substeps == 1:
+        return r, w_raw, flat(k), flat(v), flat(a), flat(b)
     rest = substeps - 1
     r_zeros = r.new_zeros(batch, length, rest, heads, d_k)
     r_expanded = torch.cat([r_zeros, r[:, :, None]], dim=2)  # [B, T, M, H, d_k]
