@@ -119,28 +119,43 @@ class AdaptiveOptions:
     seq_lens: tuple[int, ...]
     budget_seconds: float
     law: Law
+    # Tokens per inner step (L × batch) at each rung, what an unmeasured cost is extrapolated in;
+    # empty: proportional to L (a constant batch).
+    tokens_per_step: tuple[int, ...] = ()
+
+    def tokens_at(self, seq_len: int) -> int:
+        if not self.tokens_per_step:
+            return seq_len
+        return self.tokens_per_step[self.seq_lens.index(seq_len)]
 
 
-def estimate_seconds_per_step(measured: Mapping[int, float], seq_len: int) -> tuple[float, str] | None:
-    """Seconds per step at `seq_len`: measured, else extrapolated linearly in L; with a note saying which.
+def estimate_seconds_per_step(
+    measured: Mapping[int, float], seq_len: int, tokens_at: Callable[[int], int] = lambda length: length,
+) -> tuple[float, str] | None:
+    """Seconds per step at `seq_len`: measured, else extrapolated linearly in tokens per step; with a note.
 
-    From one measured length the cost is taken proportional to L; from two or more, the
-    least-squares line c = a + b·L through them (proportional again if that line is not
-    positive at `seq_len`). None without any measurement.
+    `tokens_at(L)` is the tokens of one step at L (L × its batch; by default L, a constant
+    batch). From one measured length, or lengths that all have the same tokens per step, the
+    cost is taken proportional to tokens per step from the nearest (in tokens, then in L);
+    from two or more distinct ones, the least-squares line c = a + b·tokens through them
+    (proportional again if that line is not positive at `seq_len`). None without any measurement.
     """
     if seq_len in measured:
         return measured[seq_len], f"c({seq_len}) = {measured[seq_len]:.4g} s/step measured"
     if not measured:
         return None
     lengths = sorted(measured)
-    nearest = min(lengths, key=lambda length: abs(length - seq_len))
-    estimate = measured[nearest] * seq_len / nearest
-    if len(lengths) >= 2:
-        slope, intercept = np.polyfit(lengths, [measured[length] for length in lengths], 1)
-        line = float(intercept + slope * seq_len)
+    target = tokens_at(seq_len)
+    nearest = min(lengths, key=lambda length: (abs(tokens_at(length) - target), abs(length - seq_len)))
+    estimate = measured[nearest] * target / tokens_at(nearest)
+    tokens = [tokens_at(length) for length in lengths]
+    if len(set(tokens)) >= 2:
+        slope, intercept = np.polyfit(tokens, [measured[length] for length in lengths], 1)
+        line = float(intercept + slope * target)
         if line > 0:
             estimate = line
-    return estimate, f"c({seq_len}) = {estimate:.4g} s/step extrapolated linearly in L from L = {lengths}"
+    return estimate, (f"c({seq_len}) = {estimate:.4g} s/step extrapolated linearly in tokens per step "
+                      f"({target} at L = {seq_len}) from L = {lengths}")
 
 
 def decide_lengthening(now: float, state: CurriculumState, options: AdaptiveOptions) -> Decision:
@@ -164,8 +179,8 @@ def decide_lengthening(now: float, state: CurriculumState, options: AdaptiveOpti
     measured = state.seconds_per_step()
     if current not in measured:
         return Decision(False, f"stays at L = {current}: no seconds per step measured at L = {current} yet")
-    cost_current, _ = estimate_seconds_per_step(measured, current)
-    cost_longer, cost_note = estimate_seconds_per_step(measured, longer)
+    cost_current, _ = estimate_seconds_per_step(measured, current, options.tokens_at)
+    cost_longer, cost_note = estimate_seconds_per_step(measured, longer, options.tokens_at)
     costs = f"c({current}) = {cost_current:.4g} s/step, {cost_note}"
     crossover = fits.predicted_crossover(
         options.law.schedule, current, cost_current, longer, cost_longer,

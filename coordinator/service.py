@@ -16,8 +16,8 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import grpc
 import torch
@@ -164,7 +164,8 @@ class SwarmCoordinator:
         self._adaptive: curricula.AdaptiveOptions | None = None
         if section.adaptive:
             law = curricula.law_of(section)
-            self._adaptive = curricula.AdaptiveOptions(tuple(section.seq_lens), section.budget_seconds, law)
+            tokens = tuple(length * section.batch_for(length, self.spec.data.batch_size) for length in section.seq_lens)
+            self._adaptive = curricula.AdaptiveOptions(tuple(section.seq_lens), section.budget_seconds, law, tokens)
             log.info("adaptive curriculum over L = %s, law %s", section.seq_lens, law.source)
         stored = self.store.get(CURRICULUM_KEY)
         self.curriculum = curricula.CurriculumState.from_json(stored) if stored else curricula.CurriculumState()

@@ -40,7 +40,7 @@ def measured_state(rung: int = 0, started_at: float | None = 0.0, **costs: tuple
 def test_a_big_alpha_lengthens_once_measured_with_the_longer_cost_extrapolated():
     decision = curricula.decide_lengthening(10.0, measured_state(L4=(0.1, 10)), options())
     assert decision.ok, decision.reason
-    assert "lengthens L = 4 -> 8" in decision.reason and "extrapolated linearly in L" in decision.reason
+    assert "lengthens L = 4 -> 8" in decision.reason and "extrapolated linearly in tokens per step" in decision.reason
     assert "c(8) = 0.02" in decision.reason
 
 
@@ -77,6 +77,24 @@ def test_costs_are_measured_or_extrapolated_linearly():
     assert proportional == pytest.approx(2.0) and "extrapolated" in note
     line, _ = curricula.estimate_seconds_per_step({4: 1.0, 8: 1.5}, 16)
     assert line == pytest.approx(2.5)
+
+
+def test_costs_extrapolate_in_tokens_per_step_so_constant_tokens_stays_flat():
+    constant_tokens = {4: 64, 8: 64, 16: 64}.__getitem__  # batch 16, 8, 4
+    flat, note = curricula.estimate_seconds_per_step({4: 0.5}, 16, constant_tokens)
+    assert flat == pytest.approx(0.5) and "tokens per step (64 at L = 16)" in note
+    flat, _ = curricula.estimate_seconds_per_step({4: 0.5, 8: 0.6}, 16, constant_tokens)
+    assert flat == pytest.approx(0.6)  # no line through equal tokens: proportional from the nearest
+    half_batch = {4: 64, 8: 64, 16: 128}.__getitem__
+    line, _ = curricula.estimate_seconds_per_step({4: 0.5, 16: 0.9}, 8, half_batch)
+    assert line == pytest.approx(0.5)
+    # With equal cost per step a longer length is ahead from the start under a positive α(s).
+    state = measured_state(L4=(0.1, 10))
+    opts = dataclasses.replace(options(alpha_inf=0.3, tau=100.0, budget=1000.0), tokens_per_step=(64, 64, 64))
+    decision = curricula.decide_lengthening(state.started_at + 1.0, state, opts)
+    assert decision.ok and "c(8) = 0.01 s/step extrapolated" in decision.reason, decision.reason
+    assert not curricula.decide_lengthening(state.started_at + 1.0, state, options(alpha_inf=0.3, tau=100.0,
+                                                                                    budget=1000.0)).ok
 
 
 def test_worker_lengths_go_round_robin_and_refill_the_emptiest():
