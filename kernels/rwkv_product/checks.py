@@ -36,3 +36,9 @@ def check_inputs(
                 f"with dtype {str(r.dtype).removeprefix('torch.')}"
             )
     return batch, length, heads, d_k, d_v
+
+
+def check_chunk_size(chunk_size: int) -> None:
+    """A chunk size (or checkpoint interval) must be an int >= 1; raise ValueError otherwise."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r}: expected an int >= 1")

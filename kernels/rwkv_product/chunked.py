@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from rcswarm.kernels.rwkv_product.checks import check_inputs
+from rcswarm.kernels.rwkv_product.checks import check_chunk_size, check_inputs
 
 DEFAULT_CHUNK_SIZE = 32
 
@@ -313,8 +313,7 @@ def rwkv_product_chunked(
 ) -> tuple[Tensor, Tensor]:
     """Outputs y [B, T, H, d_v] and the final state [B, H, d_v, d_k] by the chunked form."""
     batch, length, heads, d_k, d_v = check_inputs(r, w_raw, k, v, a, b, initial_state)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r}: expected an int >= 1")
+    check_chunk_size(chunk_size)
     size = min(chunk_size, length)
     chunks = -(-length // size)
     pad = chunks * size - length

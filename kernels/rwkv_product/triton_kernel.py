@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from rcswarm.kernels.rwkv_product.checks import check_inputs
+from rcswarm.kernels.rwkv_product.checks import check_chunk_size, check_inputs
 
 DEFAULT_TRITON_CHUNK = 32
 
@@ -244,6 +244,5 @@ def rwkv_product_triton(
     `chunk_size` is the checkpoint interval (state memory B·H·⌈T / chunk⌉·d_v·d_k).
     """
     check_inputs(r, w_raw, k, v, a, b, initial_state)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r}: expected an int >= 1")
+    check_chunk_size(chunk_size)
     return _RWKVTriton.apply(r, w_raw, k, v, a, b, initial_state, chunk_size)
