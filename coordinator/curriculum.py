@@ -4,8 +4,9 @@ The coordinator is the one source of truth; workers follow the assignment it sen
 JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round boundary.
 
 * Fixed schedule (`curriculum.schedule`): the row in force at step version × inner.steps.
-* Heterogeneous workers (`curriculum.worker_seq_lens`): a joining worker gets the length with
-  the fewest active workers, ties to the earlier in the list (`decide_worker_length`).
+* Heterogeneous workers (`curriculum.worker_seq_lens`): a joining worker gets the length
+  furthest below its share of the active workers (a length listed k times has k shares), ties
+  to the earlier in the list (`decide_worker_length`).
 * Adaptive (`curriculum.policy = "adaptive"`): the run climbs the ladder `seq_lens`. At each
   round close `decide_lengthening` compares the current rung L with the next one L' under the
   fitted law of Section 10.5: loss(t, L) ≈ A(t/c_L) · L^(−α(t/c_L)), α(s) = α∞(1 − e^(−s/τ))
@@ -176,7 +177,7 @@ def decide_lengthening(now: float, state: CurriculumState, options: AdaptiveOpti
     budget = options.budget_seconds
     if elapsed >= budget:
         return Decision(False, f"stays at L = {current}: the budget of {budget:g} s is spent ({elapsed:.1f} s elapsed)")
-    measured = state.seconds_per_step()
+    measured = {length: cost for length, cost in state.seconds_per_step().items() if length in lengths}
     if current not in measured:
         return Decision(False, f"stays at L = {current}: no seconds per step measured at L = {current} yet")
     cost_current, _ = estimate_seconds_per_step(measured, current, options.tokens_at)

@@ -310,6 +310,8 @@ class SwarmCoordinator:
                 self.round.opened_at, self.round.started = worker.last_seen, True
             if self.curriculum.started_at is None:
                 self.curriculum = dataclasses.replace(self.curriculum, started_at=worker.last_seen)
+                # Persisted now, so a restart before the first round close keeps the budget's clock.
+                self.store.set_many({CURRICULUM_KEY: self.curriculum.to_json()})
             header, chunks = self._pull_header, self._pull_chunks
             delta = self._delta_payload
             if delta is not None and request.HasField("have_version") and request.have_version == delta[0]:
@@ -421,7 +423,10 @@ class SwarmCoordinator:
     def _measure_step(self, worker_id: str, metric: pb.Metric) -> None:
         """Add a training step's compute seconds to the cost of its length (lock held)."""
         last = self._last_compute.get(worker_id)
-        if metric.tokens > 0 and metric.seq_len > 0 and last is not None and 0 <= metric.compute_seconds - last < math.inf:
+        # Under the adaptive policy only the ladder's lengths are costed (an older worker may report another).
+        on_ladder = self._adaptive is None or metric.seq_len in self._adaptive.seq_lens
+        if (on_ladder and metric.tokens > 0 and metric.seq_len > 0 and last is not None
+                and 0 <= metric.compute_seconds - last < math.inf):
             self.curriculum = self.curriculum.measured(metric.seq_len, metric.compute_seconds - last)
         if math.isfinite(metric.compute_seconds):
             self._last_compute[worker_id] = metric.compute_seconds
@@ -530,5 +535,9 @@ class SwarmCoordinator:
         self.params, self.version = params, new_version
         self.round = OpenRound(new_version, now, started=True)
         self._publish(sha)
-        self._advance_curriculum(now, new_version - 1)
         self._version_changed.notify_all()
+        try:
+            self._advance_curriculum(now, new_version - 1)
+        except Exception:
+            # The version is committed and served; a failed curriculum step keeps the current L.
+            log.exception("round %d: the curriculum decision failed; L stays", new_version - 1)

@@ -14,9 +14,10 @@ import math
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 CODECS = ("fp32", "bf16", "int8")
 INNER_OPTIMIZERS = ("adamw", "sgd")
@@ -221,8 +222,8 @@ class CurriculumSection:
       * `schedule` rows [from_step, seq_len, batch_size], from_step ascending and the first 0:
         every worker training from global version v uses the row in force at step v × inner.steps;
       * `worker_seq_lens`: workers of one run train different lengths; a joining worker gets the
-        length with the fewest active workers (ties: the earlier in the list), i.e. round-robin
-        in join order while nobody leaves;
+        length furthest below its share of the active workers (a length listed k times has k
+        shares; ties: the earlier in the list), i.e. round-robin in join order while nobody leaves;
       * neither: data.seq_len and data.batch_size throughout.
     policy "adaptive": every worker trains the run's current rung of the ladder `seq_lens`,
     starting at the first; at each round close the coordinator lengthens to the next rung once
@@ -324,7 +325,7 @@ class RunSpec:
     def is_sweep(self) -> bool:
         return bool(self.sweep.seq_lens)
 
-    def sweep_runs(self) -> list["RunSpec"]:
+    def sweep_runs(self) -> list[RunSpec]:
         """The runs of a sweep (this spec alone if it is not one), each with its own L and batch."""
         if not self.is_sweep:
             return [self]
@@ -345,11 +346,11 @@ class RunSpec:
         return runs
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSpec:
         return _build(cls, data, "")
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "RunSpec":
+    def from_toml(cls, path: str | Path) -> RunSpec:
         path = Path(path)
         try:
             with path.open("rb") as handle:
@@ -361,7 +362,7 @@ class RunSpec:
         return cls.from_dict(data)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunSpec":
+    def from_json(cls, text: str) -> RunSpec:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

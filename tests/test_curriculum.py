@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -95,6 +96,26 @@ def test_costs_extrapolate_in_tokens_per_step_so_constant_tokens_stays_flat():
     assert decision.ok and "c(8) = 0.01 s/step extrapolated" in decision.reason, decision.reason
     assert not curricula.decide_lengthening(state.started_at + 1.0, state, options(alpha_inf=0.3, tau=100.0,
                                                                                     budget=1000.0)).ok
+
+
+def test_a_cost_measured_off_the_ladder_is_ignored():
+    state = measured_state(L4=(0.1, 10), L6=(0.5, 10))  # L = 6 is not a rung (an older worker's data.seq_len)
+    opts = dataclasses.replace(options(), tokens_per_step=(16, 32, 64))
+    decision = curricula.decide_lengthening(10.0, state, opts)
+    assert decision.ok and "from L = [4]" in decision.reason, decision.reason
+
+
+def test_a_late_answer_of_a_previous_membership_does_not_change_the_assignment():
+    from rcswarm.worker.worker import Worker
+
+    worker = Worker.__new__(Worker)
+    worker._assignment_lock = threading.Lock()
+    worker._assignment, worker._assignment_owner = pb.TrainingAssignment(seq_len=8, batch_size=2, version=3), "run-b/w1"
+    stale = pb.HeartbeatResponse(assignment=pb.TrainingAssignment(seq_len=16, batch_size=4, version=9))
+    worker._note_assignment(stale, "run-a/w0")
+    assert (worker._assignment.seq_len, worker._assignment.version) == (8, 3)
+    worker._note_assignment(stale, "run-b/w1")
+    assert (worker._assignment.seq_len, worker._assignment.version) == (16, 9)
 
 
 def test_worker_lengths_go_round_robin_and_refill_the_emptiest():

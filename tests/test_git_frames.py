@@ -571,6 +571,30 @@ def test_write_rows_with_random_scrolls(tmp_path):
             assert r.action(i) == a
 
 
+def test_a_refused_write_leaves_the_writer_unchanged(tmp_path):
+    """Every bad write_rows call raises before recording anything; the file stays readable and exact."""
+    rows, cols = 4, 6
+    blank_cp, blank_st = [" " * cols] * rows, [bytes(cols)] * rows
+    typed_cp = ["ab    ", *blank_cp[1:]]
+    path = tmp_path / "r.rcf"
+    bad_calls = [
+        ((typed_cp, blank_st, {0}, 1, (0, 9, 0, cols, 1)), "scroll"),
+        ((typed_cp, blank_st, {0}, -1, None), "action=-1"),
+        ((typed_cp, blank_st, {7}, 1, None), "damaged row 7"),
+        ((["abc", *blank_cp[1:]], blank_st, {0}, 1, None), "row 0 has 3 cells"),
+        ((typed_cp[:2], blank_st, {0}, 1, None), "2 rows of cells"),
+    ]
+    with FrameWriter(path, rows, cols, block_frames=8) as w:
+        w.write_rows(list(blank_cp), list(blank_st), range(rows), 5)
+        for args, message in bad_calls:
+            with pytest.raises(ValueError, match=message):
+                w.write_rows(*args)
+        w.write_rows(list(typed_cp), list(blank_st), {0}, 6)
+    with FrameReader(path) as r:
+        assert len(r) == 2 and [r.action(0), r.action(1)] == [5, 6]
+        assert "".join(chr(c) for c in r.frame(1)[0, :, 0]) == "ab    "
+
+
 def test_old_format_version_is_rejected_clearly(tmp_path):
     import struct
     import zlib

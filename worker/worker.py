@@ -99,6 +99,7 @@ class Worker:
         self._held: tuple[int, dict[str, torch.Tensor]] | None = None
         # The coordinator's newest assignment (highest version), set from any response that carries one.
         self._assignment: pb.TrainingAssignment | None = None
+        self._assignment_owner = ""  # the worker_id (membership) the held assignment came with
         self._assignment_lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
 
@@ -142,6 +143,7 @@ class Worker:
             self._heartbeat.start()
         with self._assignment_lock:
             self._assignment = response.assignment if response.HasField("assignment") else None
+            self._assignment_owner = response.worker_id
         if self.model is None or spec != self.spec:
             self.spec = spec
             self._build(spec, response.data_seed)
@@ -168,11 +170,17 @@ class Worker:
                 raise Rejoin(err.details()) from err
             raise
 
-    def _note_assignment(self, response) -> None:
-        """Keep the response's assignment if it is at least as new as the one held."""
+    def _note_assignment(self, response, worker_id: str) -> None:
+        """Keep the response's assignment if it is at least as new as the one held.
+
+        `worker_id` is the membership the call was made for: an answer that arrives after the
+        worker moved to another run (a late heartbeat of the old run) is dropped.
+        """
         if not response.HasField("assignment"):
             return
         with self._assignment_lock:
+            if worker_id != self._assignment_owner:
+                return
             if self._assignment is None or response.assignment.version >= self._assignment.version:
                 self._assignment = response.assignment
 
@@ -185,7 +193,8 @@ class Worker:
         with self._assignment_lock:
             assignment = self._assignment
         if assignment is not None and assignment.version < version:
-            self._note_assignment(self._call(self.client.heartbeat, self.worker_id))
+            worker_id = self.worker_id
+            self._note_assignment(self._call(self.client.heartbeat, worker_id), worker_id)
             with self._assignment_lock:
                 assignment = self._assignment
         data = self.spec.data
@@ -281,8 +290,9 @@ class Worker:
 
     def _await(self, min_version: int) -> None:
         while not self.stop.is_set():
-            response = self._call(self.client.await_version, self.worker_id, min_version, AWAIT_WAIT_S)
-            self._note_assignment(response)
+            worker_id = self.worker_id
+            response = self._call(self.client.await_version, worker_id, min_version, AWAIT_WAIT_S)
+            self._note_assignment(response, worker_id)
             if response.run_state == pb.RUN_STATE_FINISHED:
                 self.finished = True
                 return
@@ -297,8 +307,9 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(max(self.lease_s / 3.0, 0.2)):
             try:
-                response = self.client.heartbeat(self.worker_id)
-                self._note_assignment(response)
+                worker_id = self.worker_id
+                response = self.client.heartbeat(worker_id)
+                self._note_assignment(response, worker_id)
                 if response.run_state == pb.RUN_STATE_FINISHED:
                     self.finished = True
             except (grpc.RpcError, RetriesExhausted, Stopped) as exc:

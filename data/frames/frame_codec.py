@@ -149,7 +149,10 @@ class FrameWriter:
         if cp.shape != (self.rows, self.cols) or st.shape != (self.rows, self.cols):
             raise ValueError(f"frame shapes {cp.shape}, {st.shape}: expected ({self.rows}, {self.cols})")
         if cp.size and (int(cp.min()) < 0 or int(cp.max()) > 0x10FFFF or int(st.min()) < 0 or int(st.max()) > 255):
-            raise ValueError("code points must be in 0..0x10FFFF and styles in 0..255")
+            raise ValueError(
+                f"code points in {int(cp.min())}..{int(cp.max())} and styles in {int(st.min())}..{int(st.max())}: "
+                "expected code points in 0..0x10FFFF and styles in 0..255"
+            )
         text = cp.astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
         sb = st.astype(np.uint8).tobytes()
         c = self.cols
@@ -157,8 +160,31 @@ class FrameWriter:
         row_st = [sb[y * c : (y + 1) * c] for y in range(self.rows)]
         self.write_rows(row_cp, row_st, range(self.rows), action)
 
+    def _check_frame(self, row_cp: list[str], row_st: list[bytes], damage, action: int, scroll) -> None:
+        """Raise ValueError, naming the value, for a frame write_rows cannot record exactly."""
+        if isinstance(action, bool) or not isinstance(action, (int, np.integer)) or not 0 <= action < 1 << 63:
+            raise ValueError(f"action={action!r}: expected an int in 0..2^63-1")
+        if len(row_cp) != self.rows or len(row_st) != self.rows:
+            raise ValueError(f"{len(row_cp)} rows of cells and {len(row_st)} of styles: expected {self.rows}")
+        if scroll is not None and (len(scroll) != 5 or not _check_scroll(self.rows, self.cols, *scroll)):
+            raise ValueError(f"scroll {scroll} outside the {self.rows}x{self.cols} frame")
+        checked = range(self.rows) if self.pending == 0 else damage
+        for y in checked:
+            if not (isinstance(y, (int, np.integer)) and 0 <= y < self.rows):
+                raise ValueError(f"damaged row {y!r}: expected a row in 0..{self.rows - 1}")
+            if len(row_cp[y]) != self.cols or len(row_st[y]) != self.cols:
+                raise ValueError(f"row {y} has {len(row_cp[y])} cells and {len(row_st[y])} styles, expected {self.cols}")
+        if scroll is not None and self.pending:
+            for y in range(scroll[0], scroll[1]):
+                if len(row_cp[y]) != self.cols or len(row_st[y]) != self.cols:
+                    raise ValueError(f"row {y} has {len(row_cp[y])} cells and {len(row_st[y])} styles, expected {self.cols}")
+
     def write_rows(self, row_cp: list[str], row_st: list[bytes], damage, action: int, scroll=None) -> None:
-        """One frame as row strings; rows outside `damage` (and `scroll`'s region) equal the previous frame's."""
+        """One frame as row strings; rows outside `damage` (and `scroll`'s region) equal the previous frame's.
+
+        Everything is checked before anything is recorded: a ValueError leaves the writer as it was.
+        """
+        self._check_frame(row_cp, row_st, damage, action, scroll)
         self._acts.append(action)
         pcp, pst, pci = self._cp, self._st, self._cpi
         if self.pending == 0:  # a block starts from the blank frame
@@ -169,8 +195,6 @@ class FrameWriter:
             scroll = None
         elif scroll is not None:
             r0, r1, c0, c1, d = scroll
-            if not _check_scroll(self.rows, self.cols, r0, r1, c0, c1, d):
-                raise ValueError(f"scroll {scroll} outside the {self.rows}x{self.cols} frame")
             pcp = self._cp = _scrolled(pcp, r0, r1, c0, c1, d)
             pst = self._st = _scrolled(pst, r0, r1, c0, c1, d)
             pci[r0:r1] = [None] * (r1 - r0)
@@ -184,7 +208,6 @@ class FrameWriter:
             ops.append(0)
         n = 0
         last = -1
-        cols = self.cols
         text, styles = self._text, self._styles
         from_bytes = int.from_bytes
         for y in (sorted(damage) if len(damage) > 1 else damage):
@@ -197,8 +220,6 @@ class FrameWriter:
                 ops.append((y - last - 1) << 2 | 1)
             else:
                 n += 1
-                if len(b) != cols:
-                    raise ValueError(f"row {y} has {len(b)} cells, expected {cols}")
                 ai = pci[y]
                 if ai is None:
                     ai = from_bytes(a.encode("utf-32-le", "surrogatepass"), "little")
@@ -215,8 +236,6 @@ class FrameWriter:
                     ops += ((y - last - 1) << 2 | 3, lo, hi - lo, len(lit))
             last = y
             if sa != sb:
-                if len(sb) != cols:
-                    raise ValueError(f"row {y} has {len(sb)} styles, expected {cols}")
                 x = from_bytes(sa, "little") ^ from_bytes(sb, "little")
                 lo = ((x & -x).bit_length() - 1) >> 3
                 hi = ((x.bit_length() - 1) >> 3) + 1
