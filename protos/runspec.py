@@ -230,7 +230,8 @@ class CurriculumSection:
     the fitted law (Section 10.5, Eq. 11) predicts the longer length's loss below the current
     one's, at the wall time reached, within `budget_seconds`. The law is `alpha_inf`, `tau` and
     `amplitude` (α(s) = α∞(1 − e^(−s/τ)), A constant), or fitted from `law_from`, a previous
-    run directory or metrics file as read by `rcswarm fit`.
+    run directory or metrics file as read by `rcswarm fit` (in a TOML file, relative to that
+    file; fitted again when the coordinator restarts).
 
     With `constant_tokens` the batch of a length L is round(data.batch_size × L₀ / L), L₀ the
     first of `worker_seq_lens` or `seq_lens` (batch × L fixed, as in a sweep); otherwise
@@ -359,6 +360,10 @@ class RunSpec:
             raise ValueError(f"run config {str(path)!r} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"run config {str(path)!r} is not valid TOML: {exc}") from None
+        curriculum = data.get("curriculum")
+        if isinstance(curriculum, dict) and isinstance(curriculum.get("law_from"), str) and curriculum["law_from"]:
+            # Relative to the config file, and absolute from here on (the launcher copies the spec elsewhere).
+            curriculum["law_from"] = str((path.parent / curriculum["law_from"]).resolve())
         return cls.from_dict(data)
 
     @classmethod

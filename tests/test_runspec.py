@@ -94,3 +94,17 @@ def test_a_curriculum_round_trips_and_the_default_one_stays_out_of_toml(tmp_path
     assert "[curriculum]" not in RunSpec().to_toml()
     heterogeneous = RunSpec.from_dict({"curriculum": {"worker_seq_lens": [8, 16]}})
     assert RunSpec.from_json(heterogeneous.to_json()) == heterogeneous
+
+
+def test_law_from_is_relative_to_the_config_file(tmp_path):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "run.toml").write_text(
+        '[curriculum]\npolicy = "adaptive"\nseq_lens = [2, 4]\nlaw_from = "../runs/sweep"\n'
+    )
+    spec = RunSpec.from_toml(folder / "run.toml")
+    assert spec.curriculum.law_from == str((tmp_path / "runs" / "sweep").resolve())
+    copied = tmp_path / "elsewhere" / "run.toml"
+    copied.parent.mkdir()
+    copied.write_text(spec.to_toml())
+    assert RunSpec.from_toml(copied).curriculum.law_from == spec.curriculum.law_from
