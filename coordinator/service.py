@@ -211,6 +211,9 @@ class SwarmCoordinator:
         status.seconds_per_step.update(self.curriculum.seconds_per_step())
         return status
 
+    def _save_curriculum(self) -> None:
+        self.store.set_many({CURRICULUM_KEY: self.curriculum.to_json()})
+
     def _advance_curriculum(self, now: float, closed_version: int) -> None:
         """At a round close (lock held): the adaptive decision, applied from the new version on and persisted."""
         if self._adaptive is None:
@@ -220,7 +223,7 @@ class SwarmCoordinator:
             self.curriculum, rung=self.curriculum.rung + int(decision.ok), reason=decision.reason,
             decided_version=closed_version,
         )
-        self.store.set_many({CURRICULUM_KEY: self.curriculum.to_json()})
+        self._save_curriculum()
         self.store.add_event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
         log.log(logging.INFO if decision.ok else logging.DEBUG, "round %d: curriculum %s", closed_version, decision.reason)
 
@@ -310,8 +313,7 @@ class SwarmCoordinator:
                 self.round.opened_at, self.round.started = worker.last_seen, True
             if self.curriculum.started_at is None:
                 self.curriculum = dataclasses.replace(self.curriculum, started_at=worker.last_seen)
-                # Persisted now, so a restart before the first round close keeps the budget's clock.
-                self.store.set_many({CURRICULUM_KEY: self.curriculum.to_json()})
+                self._save_curriculum()  # now, so a restart before the first round close keeps the budget's clock
             header, chunks = self._pull_header, self._pull_chunks
             delta = self._delta_payload
             if delta is not None and request.HasField("have_version") and request.have_version == delta[0]:

@@ -25,6 +25,7 @@ from rcswarm.kernels.rwkv_product import (
 )
 from rcswarm.kernels.rwkv_product.dispatch import triton_available
 from tests.conftest import relative_error
+from tests.uninitialized_memory import assert_independent_of_uninitialized_memory
 
 TOLERANCE = 1e-10
 DTYPE = torch.float64
@@ -334,12 +335,6 @@ def test_float32_chunked_matches_naive_forward_and_grads(
         assert relative_error(g[name], g_ref[name]) <= FLOAT32_TOLERANCE, name
 
 
-def _poison_allocator(fill: float) -> None:
-    """Allocate, fill and free a few large buffers so later allocations may reuse that memory."""
-    buffers = [torch.full((1 << 20,), fill) for _ in range(8)] + [torch.full((4096,), fill) for _ in range(64)]
-    del buffers
-
-
 def _run_with_grads(kernel, inputs: dict[str, Tensor], initial: Tensor, **options) -> list[Tensor]:
     tensors = {name: t.float().clone().requires_grad_(True) for name, t in inputs.items()}
     tensors["initial_state"] = initial.float().clone().requires_grad_(True)
@@ -357,24 +352,8 @@ def test_results_do_not_depend_on_uninitialized_memory(naive: bool) -> None:
     inputs = make_inputs(2, 21, 2, 8, 4, seed=110, substeps=2)
     initial = torch.randn(2, 2, 4, 8, generator=torch.Generator().manual_seed(111), dtype=DTYPE)
     options = {"naive": naive, "chunk_size": 8}
-    runs = []
-    for fill in (float("nan"), 0.0, float("inf")):
-        _poison_allocator(fill)
-        runs.append(_run_with_grads(rwkv_product_substeps, inputs, initial, **options))
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
-    try:
-        torch.use_deterministic_algorithms(True)
-        torch.utils.deterministic.fill_uninitialized_memory = True
-        assert torch.isnan(torch.empty(4)).all()  # the poisoning is active
-        runs.append(_run_with_grads(rwkv_product_substeps, inputs, initial, **options))
-    finally:
-        torch.use_deterministic_algorithms(previous[0])
-        torch.utils.deterministic.fill_uninitialized_memory = previous[1]
-    for tensor in runs[0]:
-        assert torch.isfinite(tensor).all()
-    for other in runs[1:]:
-        for first, second in zip(runs[0], other, strict=True):
-            assert torch.equal(first, second)
+    assert_independent_of_uninitialized_memory(
+        lambda: _run_with_grads(rwkv_product_substeps, inputs, initial, **options))
 
 
 def token_transition(w_raw: Tensor, a: Tensor, b: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ from rcswarm.kernels.sgsa import dispatch as dispatch_module
 from rcswarm.kernels.sgsa import sgsa_attention, sgsa_mask, sgsa_naive, sgsa_sparse
 from rcswarm.kernels.sgsa import sparse as sparse_module
 from tests.conftest import relative_error
+from tests.uninitialized_memory import assert_independent_of_uninitialized_memory
 
 TOLERANCE = 1e-10
 DTYPE = torch.float64
@@ -178,12 +179,6 @@ def test_float32_sparse_matches_dense_forward_and_grads(
         assert relative_error(grad, ref_grad) <= FLOAT32_TOLERANCE, name
 
 
-def _poison_allocator(fill: float) -> None:
-    """Allocate, fill and free a few large buffers so later allocations may reuse that memory."""
-    buffers = [torch.full((1 << 20,), fill) for _ in range(8)] + [torch.full((4096,), fill) for _ in range(64)]
-    del buffers
-
-
 @pytest.mark.parametrize("naive", [False, True])
 def test_results_do_not_depend_on_uninitialized_memory(naive: bool) -> None:
     """The kernels take no preallocated outputs, so (1) run under different allocator states (NaN
@@ -196,24 +191,7 @@ def test_results_do_not_depend_on_uninitialized_memory(naive: bool) -> None:
         out = sgsa_attention(*leaves, 8, 5, naive=naive)
         return [out.detach(), *torch.autograd.grad((out * out).sum(), leaves)]
 
-    runs = []
-    for fill in (float("nan"), 0.0, float("inf")):
-        _poison_allocator(fill)
-        runs.append(run())
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
-    try:
-        torch.use_deterministic_algorithms(True)
-        torch.utils.deterministic.fill_uninitialized_memory = True
-        assert torch.isnan(torch.empty(4)).all()  # the poisoning is active
-        runs.append(run())
-    finally:
-        torch.use_deterministic_algorithms(previous[0])
-        torch.utils.deterministic.fill_uninitialized_memory = previous[1]
-    for tensor in runs[0]:
-        assert torch.isfinite(tensor).all()
-    for other in runs[1:]:
-        for first, second in zip(runs[0], other, strict=True):
-            assert torch.equal(first, second)
+    assert_independent_of_uninitialized_memory(run)
 
 
 BLOCKING_CASES = [

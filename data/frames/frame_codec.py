@@ -12,6 +12,7 @@ is checksummed (CRC-32); a truncated or corrupted file raises
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from collections import OrderedDict
@@ -168,16 +169,15 @@ class FrameWriter:
             raise ValueError(f"{len(row_cp)} rows of cells and {len(row_st)} of styles: expected {self.rows}")
         if scroll is not None and (len(scroll) != 5 or not _check_scroll(self.rows, self.cols, *scroll)):
             raise ValueError(f"scroll {scroll} outside the {self.rows}x{self.cols} frame")
-        checked = range(self.rows) if self.pending == 0 else damage
+        if self.pending == 0:
+            checked = range(self.rows)
+        else:
+            checked = itertools.chain(damage, range(scroll[0], scroll[1]) if scroll is not None else ())
         for y in checked:
             if not (isinstance(y, (int, np.integer)) and 0 <= y < self.rows):
                 raise ValueError(f"damaged row {y!r}: expected a row in 0..{self.rows - 1}")
             if len(row_cp[y]) != self.cols or len(row_st[y]) != self.cols:
                 raise ValueError(f"row {y} has {len(row_cp[y])} cells and {len(row_st[y])} styles, expected {self.cols}")
-        if scroll is not None and self.pending:
-            for y in range(scroll[0], scroll[1]):
-                if len(row_cp[y]) != self.cols or len(row_st[y]) != self.cols:
-                    raise ValueError(f"row {y} has {len(row_cp[y])} cells and {len(row_st[y])} styles, expected {self.cols}")
 
     def write_rows(self, row_cp: list[str], row_st: list[bytes], damage, action: int, scroll=None) -> None:
         """One frame as row strings; rows outside `damage` (and `scroll`'s region) equal the previous frame's.
