@@ -24,7 +24,7 @@ from rich.table import Table
 
 from rcswarm.coordinator.fits import fit_power_law
 from rcswarm.models import registry
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler
 
 

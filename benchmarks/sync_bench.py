@@ -510,7 +510,7 @@ def time_coordinator_steps(args: argparse.Namespace, work: Path, n: int) -> dict
     from rcswarm.coordinator.store import RoundRecord, StateStore
     from rcswarm.models import registry
     from rcswarm.protos import tensor_stream
-    from rcswarm.protos.runspec import OuterSection
+    from rcswarm.config.runspec import OuterSection
     from rcswarm.protos.v1 import coordinator_pb2 as pb
 
     model = registry.build_model("lstm_lm", args.preset, seed=0)

@@ -31,7 +31,7 @@ import numpy as np
 
 from rcswarm.coordinator import fits
 from rcswarm.coordinator.decisions import Decision
-from rcswarm.protos.runspec import CurriculumSection
+from rcswarm.config.runspec import CurriculumSection
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,16 @@ def configured_law(curriculum: CurriculumSection) -> Law:
 
 def fitted_law(path: str | Path) -> Law:
     """The law fitted (as `rcswarm fit` does) to a run directory or a metrics CSV/JSON-lines file."""
-    from rcswarm.coordinator import fit_cli
+    from rcswarm.coordinator import analysis
 
     path = Path(path)
     try:
         if path.is_dir():
-            rows = fit_cli.read_state_dirs(path)
+            rows = analysis.read_state_dirs(path)
         else:
-            columns = fit_cli.Columns(step="step", length="seq_len", loss="loss", time="wall_time", run="run_id")
-            rows = fit_cli.read_metrics(path, columns)
-        analysis = fit_cli.analyse(fit_cli.length_curves(path, rows))
+            columns = analysis.Columns(step="step", length="seq_len", loss="loss", time="wall_time", run="run_id")
+            rows = analysis.read_metrics(path, columns)
+        analysis = analysis.analyse(analysis.length_curves(path, rows))
     except ValueError as exc:
         raise ValueError(f"curriculum.law_from = {str(path)!r} is invalid: {exc}") from None
     schedule = analysis.schedule

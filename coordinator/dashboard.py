@@ -47,7 +47,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import numpy as np
 from google.protobuf import json_format
 
-from rcswarm.coordinator.fit_cli import STATE_QUERY, Analysis, LengthCurve, analyse
+from rcswarm.coordinator.analysis import STATE_QUERY, Analysis, LengthCurve, analyse
 from rcswarm.coordinator.fits import amplitude_from_points, seconds_per_step
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 

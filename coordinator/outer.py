@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import torch
 
 from rcswarm.protos import codec as codecs
-from rcswarm.protos.runspec import OuterSection
+from rcswarm.config.runspec import OuterSection
 
 Tensors = dict[str, torch.Tensor]
 

@@ -29,7 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rcswarm.coordinator.service import Refusal, SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
 from rcswarm.coordinator.sweep import SweepCoordinator
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
 log = logging.getLogger("rcswarm.coordinator")

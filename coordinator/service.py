@@ -28,7 +28,7 @@ from rcswarm.coordinator.store import RoundRecord, StateStore
 from rcswarm.models import registry
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 # Spec keys a restart on an existing state dir may change; any other change is refused.

@@ -30,7 +30,7 @@ import grpc
 
 from rcswarm.coordinator.service import Refusal, SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 

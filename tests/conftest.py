@@ -18,7 +18,7 @@ import torch
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
 TOKEN = "test-token-0123456789"

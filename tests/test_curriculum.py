@@ -15,10 +15,10 @@ from rich.console import Console
 from rcswarm.coordinator import curriculum as curricula
 from rcswarm.coordinator.fits import AlphaScheduleFit
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.status_cli import report as status_report
+from rcswarm.cli.status import report as status_report
 from rcswarm.coordinator.store import StateStore
 from rcswarm.protos import tensor_stream
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.conftest import logs_of, tiny_spec
 from tests.test_swarm import coordinator_digests, round_losses, worker_digests

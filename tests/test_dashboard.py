@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rcswarm.coordinator import status_cli
+from rcswarm.cli import status as status_cli
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.conftest import TOKEN, tiny_spec
 
@@ -234,9 +234,9 @@ def test_status_cli_token_from_env_and_errors(swarm: Any, capsys: pytest.Capture
 
 
 def test_rcswarm_status_is_a_command() -> None:
-    from rcswarm.worker import cli
+    from rcswarm.cli import main as cli
 
-    assert cli.COMMANDS["status"][0] == "rcswarm.coordinator.status_cli"
+    assert cli.COMMANDS["status"][0] == "rcswarm.cli.status"
 
 
 CHROMIUM = "/usr/bin/chromium"
@@ -394,7 +394,7 @@ def sweep(tmp_path: Path) -> Any:
 
     from rcswarm.coordinator.server import RunningCoordinator
     from rcswarm.coordinator.sweep import SweepCoordinator
-    from rcswarm.protos.runspec import RunSpec
+    from rcswarm.config.runspec import RunSpec
     from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
     base = tiny_spec(coordinator={"lease_s": 1000.0, "max_wait_s": 2.0})

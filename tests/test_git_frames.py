@@ -279,7 +279,7 @@ def test_dataset_and_loader(dataset):
 
 
 def test_cli_end_to_end(repo, tmp_path, capsys):
-    from rcswarm.worker.cli import main
+    from rcswarm.cli.main import main
 
     out = tmp_path / "cli"
     rc = main(["data", "frames", "--repo", str(repo), "--out", str(out), "--rows", "12", "--cols", "48",
@@ -352,7 +352,7 @@ def test_the_worker_trains_the_frame_model_on_git_frames(repo, tmp_path):
     import torch
 
     from rcswarm.models import registry
-    from rcswarm.protos.runspec import RunSpec
+    from rcswarm.config.runspec import RunSpec
     from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler
 
     out = tmp_path / "frames"

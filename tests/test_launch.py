@@ -11,7 +11,7 @@ from tests.conftest import tiny_spec, write_spec
 
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rcswarm.worker.cli", "run", *args],
+    return subprocess.run([sys.executable, "-m", "rcswarm.cli.main", "run", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 

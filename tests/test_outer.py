@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rcswarm.coordinator.outer import outer_step, weighted_average
-from rcswarm.protos.runspec import OuterSection
+from rcswarm.config.runspec import OuterSection
 
 
 def test_token_weighting():

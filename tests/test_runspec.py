@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 
 
 def test_defaults_round_trip_through_json_and_toml(tmp_path):

@@ -174,7 +174,7 @@ def test_rcswarm_run_end_to_end(tmp_path):
     config = write_spec(spec, tmp_path / "run.toml")
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.worker.cli", "run", str(config), "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "rcswarm.cli.main", "run", str(config), "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -191,7 +191,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
     config = write_spec(spec, tmp_path / "run.toml")
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "rcswarm.worker.cli", "run", str(config), "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "rcswarm.cli.main", "run", str(config), "--run-dir", str(run_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

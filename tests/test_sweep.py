@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from rich.console import Console
 
-from rcswarm.coordinator import status_cli
+from rcswarm.cli import status as status_cli
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.store import StateStore
 from rcswarm.coordinator.sweep import RunLoad, SweepCoordinator, decide_assignment, decide_move, run_state_dir
@@ -92,7 +92,7 @@ def test_rcswarm_run_runs_a_local_sweep_and_fits_it(tmp_path):
     config = tmp_path / "sweep.toml"
     config.write_text(spec.to_toml())
     result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.worker.cli", "run", str(config), "--run-dir", str(tmp_path / "run")],
+        [sys.executable, "-m", "rcswarm.cli.main", "run", str(config), "--run-dir", str(tmp_path / "run")],
         check=False, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -116,7 +116,7 @@ def test_a_fixed_curriculum_changes_length_and_batch_by_step(start_coordinator, 
 
 
 def test_curriculum_schedules_are_validated():
-    from rcswarm.protos.runspec import RunSpec
+    from rcswarm.config.runspec import RunSpec
 
     with pytest.raises(ValueError, match="curriculum.schedule"):
         RunSpec.from_dict({"curriculum": {"schedule": [[5, 16, 4]]}})

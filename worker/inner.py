@@ -18,7 +18,7 @@ from rcswarm.data.diagnostics import IGNORE_INDEX, DiagnosticTask, make_task
 from rcswarm.data.frames import FrameWindowSpec, GitFrameSource, TypingConfig, TypingFrameSource
 from rcswarm.data.frames.git_editor import N_STYLES as GIT_FRAME_STYLES
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
-from rcswarm.protos.runspec import DataSection, InnerSection
+from rcswarm.config.runspec import DataSection, InnerSection
 from rcswarm.worker.streaming_bptt import StepModel, streaming_backward
 
 VAL_SEED_OFFSET = 1 << 40

@@ -30,7 +30,7 @@ import torch
 from rcswarm.models import registry
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Stopped
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed

@@ -1,27 +1,21 @@
-"""`rcswarm fit`: fit the sequence-length scaling law to recorded metrics and plot it.
+"""Scaling-law analysis of recorded metrics: curves per sequence length, fits and crossovers.
 
-    rcswarm fit METRICS.{csv,jsonl} --out plot.png [--step-column step --length-column seq_len
-                                                    --loss-column loss --time-column wall_time
-                                                    --run-column run_id --smooth 25]
-
-Rows come from a CSV file with a header or from one JSON object per line (the coordinator's
-metrics table, exported). Rows are grouped by sequence length (each run must keep one length);
-a length's loss and wall time at a step are the means over its rows at that step. Printed: per
-length its runs, final loss and measured seconds per step; the power law loss(L | s) at matched
-steps, the schedule α(s) = α∞(1 − e^(−s/τ)) with its R² and per-doubling improvement; and for
-each pair of neighbouring lengths the observed and the predicted (Eq. 11) wall-time crossover.
-Observed crossovers and the wall-time plot use each length's losses smoothed by a centred
-moving average over `--smooth` steps (1: raw); the fits use the raw losses.
-A malformed file is reported with its name and line number, exit code 2.
+Rows come from a CSV file with a header, from one JSON object per line (the coordinator's
+metrics table, exported), or from the state dirs below a run directory. Rows are grouped by
+sequence length (each run must keep one length); a length's loss and wall time at a step are
+the means over its rows at that step. `analyse` fits the power law loss(L | s) at matched
+steps and the schedule α(s) = α∞(1 − e^(−s/τ)), and finds for each pair of neighbouring
+lengths the observed and the predicted (Eq. 11) wall-time crossover; observed crossovers use
+each length's losses smoothed by a centred moving average over `smooth` steps (1: raw), the
+fits the raw losses. `coordinator/fits.py` holds the math; the curriculum, the dashboard and
+the `rcswarm fit` and `rcswarm status` commands call this module.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -29,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from rcswarm.coordinator.fits import (
     AlphaPoint,
@@ -40,7 +32,6 @@ from rcswarm.coordinator.fits import (
     fit_alpha_over_steps,
     fit_alpha_schedule,
     observed_crossover,
-    per_doubling,
     predicted_crossover,
     seconds_per_step,
     smooth_losses,
@@ -181,7 +172,7 @@ def read_state_dirs(path: Path) -> list[Row]:
     """
     import sqlite3
 
-    from rcswarm.protos.runspec import RunSpec
+    from rcswarm.config.runspec import RunSpec
 
     databases = sorted(path.rglob("state.sqlite"))
     if not databases:
@@ -256,124 +247,3 @@ def analyse(curves: Sequence[LengthCurve], smooth: int = DEFAULT_SMOOTH_STEPS) -
             ),
         ))
     return Analysis(curves=list(curves), points=points, schedule=schedule, crossovers=crossovers, smooth=smooth)
-
-
-def _seconds(value: float | None) -> str:
-    return "none" if value is None else f"{value:.4g} s"
-
-
-def report(analysis: Analysis, console: Console) -> None:
-    lengths = Table(title="runs by sequence length")
-    for name in ("L", "runs", "last step", "final loss", "s/step"):
-        lengths.add_column(name, justify="right")
-    for curve in analysis.curves:
-        lengths.add_row(
-            f"{curve.length:g}", ", ".join(curve.runs), f"{curve.steps[-1]:g}", f"{curve.losses[-1]:.4f}",
-            f"{curve.seconds_per_step:.4g}",
-        )
-    console.print(lengths)
-    schedule = analysis.schedule
-    last = analysis.points[-1]
-    fit = Table(title="loss(L | s) ≈ A(s)·L^(−α(s)),  α(s) = α∞·(1 − e^(−s/τ))")
-    fit.add_column("quantity")
-    fit.add_column("value", justify="right")
-    fit.add_row("α∞", f"{schedule.alpha_inf:.4f}")
-    fit.add_row("τ (steps)", f"{schedule.tau:.1f}")
-    fit.add_row("R² of α(s) fit", f"{schedule.r_squared:.4f}")
-    fit.add_row("per doubling at α∞", f"{schedule.per_doubling:.4f} ({1 - schedule.per_doubling:.1%} lower loss)")
-    fit.add_row(f"α at step {last.step:g}", f"{last.alpha:.4f} (A {last.amplitude:.3f}, R² {last.r_squared:.3f})")
-    fit.add_row(f"per doubling at step {last.step:g}", f"{per_doubling(last.alpha):.4f}")
-    console.print(fit)
-    cross = Table(title=f"wall-time crossover: longer L below shorter L from then on ({analysis.smooth}-step mean)")
-    for name in ("L short → long", "observed", "predicted (Eq. 11)", "predicted steps short / long"):
-        cross.add_column(name, justify="right")
-    for pair in analysis.crossovers:
-        predicted = pair.predicted
-        cross.add_row(
-            f"{pair.length_short:g} → {pair.length_long:g}", _seconds(pair.observed),
-            _seconds(None if predicted is None else predicted.time),
-            "-" if predicted is None else f"{predicted.step_short:.0f} / {predicted.step_long:.0f}",
-        )
-    console.print(cross)
-
-
-def plot(analysis: Analysis, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    schedule = analysis.schedule
-    log_amplitude = amplitude_from_points(analysis.points)
-    figure, (by_step, alphas, by_time) = plt.subplots(1, 3, figsize=(16, 4.8))
-    matched = np.array([p.step for p in analysis.points])
-    for curve in analysis.curves:
-        line, = by_step.plot(curve.steps, curve.losses, alpha=0.6, label=f"L={curve.length:g}")
-        fitted = [math.exp(log_amplitude(s) - schedule.alpha(s) * math.log(curve.length)) for s in matched]
-        by_step.plot(matched, fitted, "--", color=line.get_color())
-        by_time.plot(curve.times, curve.losses, color=line.get_color(), alpha=0.2, linewidth=0.5)
-        by_time.plot(curve.times, smooth_losses(curve.losses, analysis.smooth), color=line.get_color(),
-                     label=f"L={curve.length:g}")
-    by_step.set(xscale="log", yscale="log", xlabel="step", ylabel="loss", title="loss vs step (dashed: fit)")
-    by_step.legend()
-    alphas.plot(matched, [p.alpha for p in analysis.points], "o", label="α(s) at matched steps")
-    grid = np.linspace(0.0, matched.max(), 200)
-    alphas.plot(grid, [schedule.alpha(s) for s in grid], "-",
-                label=f"α∞={schedule.alpha_inf:.3f}, τ={schedule.tau:.0f}")
-    alphas.set(xlabel="step", ylabel="α(s)", title="scaling exponent")
-    alphas.legend()
-    for pair in analysis.crossovers:
-        if pair.observed is not None:
-            by_time.axvline(pair.observed, color="grey", linestyle=":", linewidth=1)
-    by_time.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="loss",
-                title=f"loss vs wall time ({analysis.smooth}-step mean; dotted: crossovers)")
-    by_time.legend()
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
-
-
-def parser() -> argparse.ArgumentParser:
-    result = argparse.ArgumentParser(prog="rcswarm fit", description="fit scaling laws to recorded metrics and plot them")
-    result.add_argument("metrics", type=Path,
-                        help="metrics file (.csv with a header, or .jsonl), or a run directory holding state.sqlite files")
-    result.add_argument("--out", type=Path, required=True, help="where to write the plot (PNG)")
-    result.add_argument("--step-column", default="step")
-    result.add_argument("--length-column", default="seq_len")
-    result.add_argument("--loss-column", default="loss")
-    result.add_argument("--time-column", default="wall_time")
-    result.add_argument("--run-column", default="run_id")
-    result.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH_STEPS,
-                        help="observed crossovers and the wall-time plot average each length's losses over this "
-                             "many steps, centred (1: raw)")
-    return result
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    columns = Columns(step=args.step_column, length=args.length_column, loss=args.loss_column,
-                      time=args.time_column, run=args.run_column)
-    try:
-        rows = read_state_dirs(args.metrics) if args.metrics.is_dir() else read_metrics(args.metrics, columns)
-        curves = length_curves(args.metrics, rows)
-        analysis = analyse(curves, args.smooth)
-    except ValueError as error:
-        print(f"rcswarm fit: {args.metrics}: {error}" if not isinstance(error, MetricsFileError)
-              else f"rcswarm fit: {error}", file=sys.stderr)
-        return 2
-    report(analysis, Console())
-    try:
-        plot(analysis, args.out)
-    except OSError as error:
-        print(f"rcswarm fit: {args.out}: cannot write the plot: {error.strerror}", file=sys.stderr)
-        return 2
-    print(f"plot written to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,15 +14,15 @@ import importlib
 import sys
 
 COMMANDS = {
-    "run": ("rcswarm.worker.launch", "start a coordinator and N workers on this machine and train"),
+    "run": ("rcswarm.cli.run", "start a coordinator and N workers on this machine and train"),
     "coordinator": ("rcswarm.coordinator.server", "serve a run: membership, rounds, outer optimizer, metrics"),
     "worker": ("rcswarm.worker.worker", "join a coordinator and train"),
-    "bench": ("rcswarm.worker.cli", "benchmarks on this machine: `rcswarm bench diag ...`"),
-    "fit": ("rcswarm.coordinator.fit_cli", "fit scaling laws to recorded metrics and plot them"),
-    "data": ("rcswarm.data.frames.cli", "build training data: `rcswarm data frames --repo PATH --out DIR`"),
-    "status": ("rcswarm.coordinator.status_cli", "print a coordinator's runs, workers, rounds and fits"),
+    "bench": ("rcswarm.cli.main", "benchmarks on this machine: `rcswarm bench diag ...`"),
+    "fit": ("rcswarm.coordinator.analysis", "fit scaling laws to recorded metrics and plot them"),
+    "data": ("rcswarm.cli.data", "build training data: `rcswarm data frames --repo PATH --out DIR`"),
+    "status": ("rcswarm.cli.status", "print a coordinator's runs, workers, rounds and fits"),
 }
-BENCHES = {"diag": "rcswarm.worker.diag_bench"}
+BENCHES = {"diag": "rcswarm.cli.bench"}
 
 
 def usage() -> str:

@@ -30,7 +30,7 @@ from rich.table import Table
 
 from rcswarm.data.diagnostics import IGNORE_INDEX, TASKS, Batch, DiagnosticTask, make_task
 from rcswarm.models import registry
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 
 # What "accuracy by ..." groups on, per task (a key of the task's meta or position_meta).
 DEFAULT_GROUP = {"frjt": "depth", "maze": "depth", "mqar": "distance", "s5": "length"}

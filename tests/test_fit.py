@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from rcswarm.coordinator.fit_cli import main
-from rcswarm.worker.cli import COMMANDS
+from rcswarm.cli.fit import main
+from rcswarm.cli.main import COMMANDS
 
 COLUMNS = ("run_id", "worker_id", "step", "seq_len", "loss", "wall_time")
 
@@ -105,16 +105,16 @@ def test_too_few_lengths_and_missing_file(tmp_path, capsys, rows):
 
 
 def test_the_fit_command_is_registered():
-    assert COMMANDS["fit"] == ("rcswarm.coordinator.fit_cli", "fit scaling laws to recorded metrics and plot them")
+    assert COMMANDS["fit"] == ("rcswarm.coordinator.analysis", "fit scaling laws to recorded metrics and plot them")
 
 
 def test_fit_reads_a_run_directory_of_state_dirs(tmp_path, capsys):
     """The state dirs a sweep leaves behind are enough: rcswarm fit RUN_DIR."""
     import math
 
-    from rcswarm.coordinator.fit_cli import main as fit_main
+    from rcswarm.cli.fit import main as fit_main
     from rcswarm.coordinator.store import StateStore
-    from rcswarm.protos.runspec import RunSpec
+    from rcswarm.config.runspec import RunSpec
 
     for length in (2, 4, 8, 16):
         store = StateStore(tmp_path / "run" / "state" / f"run-L{length}")

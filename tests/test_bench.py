@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from rcswarm.protos.runspec import RunSpec
-from rcswarm.worker import diag_bench
+from rcswarm.config.runspec import RunSpec
+from rcswarm.cli import bench as diag_bench
 from rcswarm.worker.inner import make_sampler
 
 
@@ -55,7 +55,7 @@ def run_local_swarm(spec: RunSpec, tmp_path) -> dict:
     config = tmp_path / "run.toml"
     config.write_text(spec.to_toml())
     result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.worker.cli", "run", str(config), "--run-dir", str(tmp_path / "run")],
+        [sys.executable, "-m", "rcswarm.cli.main", "run", str(config), "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -174,7 +174,7 @@ def read_sweep_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[Any,
     run's is the one whose state.sqlite stores its run id.
     """
     from rcswarm.coordinator.dashboard import fit_step_means, run_step_means, worker_totals
-    from rcswarm.protos.runspec import RunSpec
+    from rcswarm.config.runspec import RunSpec
 
     wanted = {run.run_id for run in status.runs}
     means: list[tuple[float, float, float, float]] = []

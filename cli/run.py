@@ -36,7 +36,7 @@ from rcswarm.coordinator.report import summarize
 from rcswarm.coordinator.store import StateStore, split_checkpoint
 from rcswarm.coordinator.sweep import run_state_dir
 from rcswarm.models import registry
-from rcswarm.protos.runspec import RunSpec
+from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 from rcswarm.worker.inner import IGNORE_INDEX, make_sampler
