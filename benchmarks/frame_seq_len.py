@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.fits import fit_power_law
 from rcswarm.models import registry
-from rcswarm.config.runspec import RunSpec
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler
 
 

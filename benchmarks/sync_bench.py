@@ -65,8 +65,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rcswarm.protos.wire import TOKEN_ENV
+
 LO_TX = Path("/sys/class/net/lo/statistics/tx_bytes")
-TOKEN_ENV = "RCSWARM_TOKEN"
 START_TIMEOUT_S = 90.0
 AWAIT_WAIT_S = 10.0
 STOP_GRACE_S = 5.0
@@ -506,11 +507,11 @@ def time_coordinator_steps(args: argparse.Namespace, work: Path, n: int) -> dict
     """The coordinator's close of a round, piece by piece, in this process (same code paths)."""
     import torch
 
+    from rcswarm.config.runspec import OuterSection
     from rcswarm.coordinator import outer
     from rcswarm.coordinator.store import RoundRecord, StateStore
     from rcswarm.models import registry
     from rcswarm.protos import tensor_stream
-    from rcswarm.config.runspec import OuterSection
     from rcswarm.protos.v1 import coordinator_pb2 as pb
 
     model = registry.build_model("lstm_lm", args.preset, seed=0)

@@ -23,14 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rcswarm.data.diagnostics import IGNORE_INDEX, TASKS, Batch, DiagnosticTask, make_task
-from rcswarm.models import registry
+from rcswarm.cli.usage import usage_error
 from rcswarm.config.runspec import RunSpec
+from rcswarm.data.diagnostics import TASKS, Batch, DiagnosticTask, make_task
+from rcswarm.models import registry
+from rcswarm.worker.inner import train_step
 
 # What "accuracy by ..." groups on, per task (a key of the task's meta or position_meta).
 DEFAULT_GROUP = {"frjt": "depth", "maze": "depth", "mqar": "distance", "s5": "length"}
@@ -89,10 +90,6 @@ def build(choice: ModelChoice, task: DiagnosticTask, seed: int) -> torch.nn.Modu
     return registry.build_model(choice.name, choice.preset, overrides, seed=seed)
 
 
-def masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
-
-
 def train(model: torch.nn.Module, task: DiagnosticTask, args: argparse.Namespace, seconds: float, progress: Progress, label: str) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     job = progress.add_task(label, total=args.max_steps or None, info="")
@@ -102,12 +99,7 @@ def train(model: torch.nn.Module, task: DiagnosticTask, args: argparse.Namespace
     model.train()
     while (args.max_steps and step < args.max_steps) or (not args.max_steps and time.monotonic() - started < seconds):
         batch = task.batch(args.batch_size, seed=args.seed * 1_000_003 + step)
-        loss = masked_loss(model(batch.tokens), batch.targets)  # model: [B, T] -> [B, T, C]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(train_step(model, optimizer, batch.tokens, batch.targets, grad_clip=1.0))  # tokens, targets [B, T]
         step += 1
         recent = sum(losses[-20:]) / len(losses[-20:])
         progress.update(job, advance=1, info=f"step {step}  loss {recent:.3f}")
@@ -268,6 +260,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args, console)
     except ValueError as exc:
-        console.print(f"rcswarm bench diag: {exc}")
-        return 2
+        return usage_error("rcswarm bench diag", str(exc))
     return 0

@@ -1,9 +1,14 @@
-"""`rcswarm data frames --repo PATH --out DIR [--rows 48 --cols 160 ...]`: git history -> frame dataset."""
+"""`rcswarm data frames --repo PATH --out DIR [--rows 48 --cols 160 ...]`: git history -> frame dataset.
+
+Bad arguments or values exit 2 with a message on stderr; a history that cannot be replayed exits 1.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from rcswarm.cli.usage import usage_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
             args.frames_per_shard, args.max_file_bytes, args.max_commits, progress=not args.no_progress,
             commit_messages=args.commit_messages,
         )
-    except (ReplayError, RuntimeError, ValueError) as e:
-        print(f"rcswarm data frames: error: {e}", file=sys.stderr)
+    except ValueError as e:
+        return usage_error("rcswarm data frames", str(e))
+    except (ReplayError, RuntimeError) as e:
+        print(f"rcswarm data frames: {e}", file=sys.stderr)
         return 1
     print_summary(summary)
     return 0

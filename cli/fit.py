@@ -27,6 +27,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from rcswarm.cli.usage import parse_or_status, usage_error
 from rcswarm.coordinator.analysis import (
     DEFAULT_SMOOTH_STEPS,
     Analysis,
@@ -133,10 +134,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
+    args = parse_or_status(parser(), argv)
+    if isinstance(args, int):
+        return args
     columns = Columns(step=args.step_column, length=args.length_column, loss=args.loss_column,
                       time=args.time_column, run=args.run_column)
     try:
@@ -144,15 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         curves = length_curves(args.metrics, rows)
         analysis = analyse(curves, args.smooth)
     except ValueError as error:
-        print(f"rcswarm fit: {args.metrics}: {error}" if not isinstance(error, MetricsFileError)
-              else f"rcswarm fit: {error}", file=sys.stderr)
-        return 2
+        return usage_error("rcswarm fit", str(error) if isinstance(error, MetricsFileError) else f"{args.metrics}: {error}")
     report(analysis, Console())
     try:
         plot(analysis, args.out)
     except OSError as error:
-        print(f"rcswarm fit: {args.out}: cannot write the plot: {error.strerror}", file=sys.stderr)
-        return 2
+        return usage_error("rcswarm fit", f"{args.out}: cannot write the plot: {error.strerror}")
     print(f"plot written to {args.out}")
     return 0
 

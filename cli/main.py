@@ -18,7 +18,7 @@ COMMANDS = {
     "coordinator": ("rcswarm.coordinator.server", "serve a run: membership, rounds, outer optimizer, metrics"),
     "worker": ("rcswarm.worker.worker", "join a coordinator and train"),
     "bench": ("rcswarm.cli.main", "benchmarks on this machine: `rcswarm bench diag ...`"),
-    "fit": ("rcswarm.coordinator.analysis", "fit scaling laws to recorded metrics and plot them"),
+    "fit": ("rcswarm.cli.fit", "fit scaling laws to recorded metrics and plot them"),
     "data": ("rcswarm.cli.data", "build training data: `rcswarm data frames --repo PATH --out DIR`"),
     "status": ("rcswarm.cli.status", "print a coordinator's runs, workers, rounds and fits"),
 }

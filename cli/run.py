@@ -20,28 +20,29 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import grpc
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from safetensors.torch import load_file, save_file
 
+from rcswarm.cli.usage import usage_error
+from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.fits import fit_power_law
 from rcswarm.coordinator.report import summarize
 from rcswarm.coordinator.store import StateStore, split_checkpoint
-from rcswarm.coordinator.sweep import run_state_dir
+from rcswarm.coordinator.sweep import run_state_dirs
 from rcswarm.models import registry
-from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
-from rcswarm.worker.inner import IGNORE_INDEX, make_sampler
+from rcswarm.worker.inner import make_sampler, masked_cross_entropy
 
-TOKEN_ENV = "RCSWARM_TOKEN"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.5
@@ -162,14 +163,30 @@ def evaluate(spec: RunSpec, params: dict[str, torch.Tensor] | None) -> float:
     with torch.no_grad():
         for _ in range(EVAL_BATCHES):
             inputs, targets = sampler.next_batch()  # [B, T], [B, T]
-            logits = model(inputs)  # [B, T, V]
-            flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-            losses.append(F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX).item())
+            losses.append(masked_cross_entropy(model(inputs), targets).item())  # logits [B, T, V]
     return sum(losses) / len(losses)
 
 
+@dataclass(frozen=True)
+class LocalRun:
+    """One run of a launch: its spec, its coordinator state dir, and the file its final parameters go to."""
+
+    spec: RunSpec
+    state_dir: Path
+    final: Path
+
+
+def local_runs(run_dir: Path, spec: RunSpec) -> list[LocalRun]:
+    """The runs of a launch: the coordinator's state dirs below state/ (`sweep.run_state_dirs`) and the
+    final parameters, final.safetensors for a single run, final-L<L>.safetensors for each run of a sweep."""
+    return [LocalRun(run, state_dir, run_dir / (f"final-L{run.data.seq_len}.safetensors" if spec.is_sweep
+                                                 else "final.safetensors"))
+            for run, state_dir in run_state_dirs(spec, run_dir / "state")]
+
+
 def export_final(state_dir: Path, out: Path) -> dict[str, torch.Tensor] | None:
-    store = StateStore(state_dir)
+    """Write the run's newest checkpoint's parameters to `out`; None when it has none."""
+    store = StateStore.open_read_only(state_dir)
     try:
         path = store.checkpoint_path()
     finally:
@@ -181,63 +198,51 @@ def export_final(state_dir: Path, out: Path) -> dict[str, torch.Tensor] | None:
     return params
 
 
-def print_summary(console: Console, run_dir: Path, spec: RunSpec, val_initial: float, val_final: float) -> dict:
-    store = StateStore(run_dir / "state")
+def summarize_run(local: LocalRun) -> dict:
+    """One run's totals from its store, its final parameters exported, its held-out loss before and after."""
+    store = StateStore.open_read_only(local.state_dir)
     try:
         summary = summarize(store)
     finally:
         store.close()
-    table = Table(title=f"rcswarm run {spec.run.name}: {run_dir}", show_header=False)
-    rows = [
-        ("rounds", f"{summary.rounds}"),
-        ("workers", f"{summary.workers}"),
-        ("train loss, first → last round", f"{summary.first_round_loss:.3f} → {summary.last_round_loss:.3f}"),
-        ("held-out loss, initial → final", f"{val_initial:.3f} → {val_final:.3f}"),
-        ("tokens", f"{summary.tokens:,}"),
-        ("tokens/s", f"{summary.tokens_per_second:,.0f}"),
-        ("bytes sent per round (all workers)", f"{summary.bytes_sent_per_round:,.0f}"),
-        ("bytes received per round", f"{summary.bytes_received_per_round:,.0f}"),
-        ("share of wall time synchronizing", f"{summary.sync_share:.1%}"),
-        ("wall time", f"{summary.wall_seconds:.1f}s"),
-    ]
-    for key, value in rows:
-        table.add_row(key, value)
-    console.print(table)
-    result = {**dataclasses.asdict(summary), "val_loss_initial": val_initial, "val_loss_final": val_final}
-    (run_dir / "summary.json").write_text(json.dumps(result, indent=2, default=lambda v: None if math.isnan(v) else v))
-    return result
+    final = export_final(local.state_dir, local.final)
+    return {"seq_len": local.spec.data.seq_len, "batch_size": local.spec.data.batch_size, **dataclasses.asdict(summary),
+            "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final)}
 
 
-def print_sweep_summary(console: Console, run_dir: Path, spec: RunSpec) -> list[dict]:
-    """One row per run of the sweep, and loss ≈ A·L^(−α) over their held-out losses."""
-    table = Table(title=f"rcswarm sweep {spec.run.name}: {run_dir}")
-    for column in ("L", "batch", "rounds", "train loss first → last", "held-out loss", "tokens/s", "sync share"):
-        table.add_column(column)
-    rows = []
-    for index, run_spec in enumerate(spec.sweep_runs()):
-        state_dir = run_state_dir(run_dir / "state", index, run_spec)
-        store = StateStore(state_dir)
-        try:
-            summary = summarize(store)
-        finally:
-            store.close()
-        final = export_final(state_dir, run_dir / f"final-L{run_spec.data.seq_len}.safetensors")
-        held_out = evaluate(run_spec, final)
-        rows.append({"seq_len": run_spec.data.seq_len, "batch_size": run_spec.data.batch_size,
-                     **dataclasses.asdict(summary), "val_loss_final": held_out})
-        table.add_row(
-            str(run_spec.data.seq_len), str(run_spec.data.batch_size), str(summary.rounds),
-            f"{summary.first_round_loss:.3f} → {summary.last_round_loss:.3f}", f"{held_out:.3f}",
-            f"{summary.tokens_per_second:,.0f}", f"{summary.sync_share:.1%}",
-        )
+SUMMARY_ROWS = (
+    ("rounds", lambda r: f"{r['rounds']}"),
+    ("workers", lambda r: f"{r['workers']}"),
+    ("train loss, first → last round", lambda r: f"{r['first_round_loss']:.3f} → {r['last_round_loss']:.3f}"),
+    ("held-out loss, initial → final", lambda r: f"{r['val_loss_initial']:.3f} → {r['val_loss_final']:.3f}"),
+    ("tokens", lambda r: f"{r['tokens']:,}"),
+    ("tokens/s", lambda r: f"{r['tokens_per_second']:,.0f}"),
+    ("bytes sent per round (all workers)", lambda r: f"{r['bytes_sent_per_round']:,.0f}"),
+    ("bytes received per round", lambda r: f"{r['bytes_received_per_round']:,.0f}"),
+    ("share of wall time synchronizing", lambda r: f"{r['sync_share']:.1%}"),
+    ("wall time", lambda r: f"{r['wall_seconds']:.1f}s"),
+)
+
+
+def print_summary(console: Console, run_dir: Path, spec: RunSpec) -> list[dict]:
+    """One column per run (a single run is a sweep of one), loss ≈ A·L^(−α) over 3+ runs' held-out
+    losses, and summary.json: a single run's row itself, a sweep's `runs` and `fit`."""
+    rows = [summarize_run(local) for local in local_runs(run_dir, spec)]
+    table = Table(title=f"rcswarm run {spec.run.name}: {run_dir}")
+    table.add_column("", no_wrap=True)
+    for row in rows:
+        table.add_column(f"L={row['seq_len']} × {row['batch_size']}", justify="right")
+    for name, cell in SUMMARY_ROWS:
+        table.add_row(name, *(cell(row) for row in rows))
     console.print(table)
-    result: dict = {"runs": rows}
+    sweep: dict = {"runs": rows}
     if len(rows) >= 3:
         fit = fit_power_law([r["seq_len"] for r in rows], [r["val_loss_final"] for r in rows])
-        result["fit"] = dataclasses.asdict(fit)
+        sweep["fit"] = dataclasses.asdict(fit)
         console.print(f"held-out loss ≈ {fit.amplitude:.3f} · L^-{fit.alpha:.4f} (R² {fit.r_squared:.3f}; "
                       f"α 90% interval [{fit.alpha_low:.3f}, {fit.alpha_high:.3f}])")
-    (run_dir / "summary.json").write_text(json.dumps(result, indent=2, default=lambda v: None if math.isnan(v) else v))
+    document = sweep if spec.is_sweep else rows[0]
+    (run_dir / "summary.json").write_text(json.dumps(document, indent=2, default=lambda v: None if math.isnan(v) else v))
     return rows
 
 
@@ -276,8 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_spec(args)
     except ValueError as exc:
-        console.print(f"rcswarm run: {exc}")
-        return 2
+        return usage_error("rcswarm run", str(exc))
     run_dir = args.run_dir or Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.toml").write_text(spec.to_toml())
@@ -301,11 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         swarm.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if spec.is_sweep:
-        rounds = min(r["rounds"] for r in print_sweep_summary(console, run_dir, spec))
-    else:
-        final = export_final(run_dir / "state", run_dir / "final.safetensors")
-        rounds = print_summary(console, run_dir, spec, evaluate(spec, None), evaluate(spec, final))["rounds"]
+    rounds = min(r["rounds"] for r in print_summary(console, run_dir, spec))
     failed = [p.returncode for p in swarm.workers if p.returncode not in (0, -signal.SIGTERM)]
     if interrupted:
         console.print("stopped by a signal; every process was shut down")

@@ -5,8 +5,9 @@
 
 The RPC carries the `authorization: Bearer <token>` metadata and a deadline. GetStatus holds
 no metrics, so the scaling-law fit (α∞, τ, crossovers) is printed when `--state-dir` names
-the coordinator's state directory on this machine (its SQLite file is opened read-only); for a
-sweep, the fit spans every run's state dir below it, as on the sweep's dashboard.
+the coordinator's state directory on this machine: every run GetStatus names (one, or a
+sweep's runs in the state dirs below it) is read through its store, opened read-only, and
+fitted as its dashboard fits it.
 Exit codes: 0 ok, 1 the coordinator refused or could not be reached, 2 bad arguments.
 """
 
@@ -18,18 +19,21 @@ import math
 import os
 import sqlite3
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
 from rich.console import Console
 from rich.table import Table
 
+from rcswarm.cli.usage import parse_or_status, usage_error
+from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
+from rcswarm.coordinator.dashboard.views import presentation
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV
 
-TOKEN_ENV = "RCSWARM_TOKEN"
 STATES = {number: name.removeprefix("WORKER_STATE_").lower() for name, number in pb.WorkerState.items()}
 RUN_STATES = {number: name.removeprefix("RUN_STATE_").lower() for name, number in pb.RunState.items()}
 
@@ -37,9 +41,9 @@ RUN_STATES = {number: name.removeprefix("RUN_STATE_").lower() for name, number i
 def fetch_status(target: str, token: str, tls_ca: Path | None, timeout_s: float) -> pb.GetStatusResponse:
     if tls_ca is not None:
         credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
-        channel = grpc.secure_channel(target, credentials)
+        channel = grpc.secure_channel(target, credentials, options=MESSAGE_SIZE_OPTIONS)
     else:
-        channel = grpc.insecure_channel(target)
+        channel = grpc.insecure_channel(target, options=MESSAGE_SIZE_OPTIONS)
     with channel:
         stub = pb_grpc.CoordinatorStub(channel)
         return stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s,
@@ -50,7 +54,8 @@ def _num(value: float, spec: str = ".4g") -> str:
     return "–" if not math.isfinite(value) else format(value, spec)
 
 
-def report(status: pb.GetStatusResponse, console: Console, fits: Any = None, totals: dict[str, Any] | None = None) -> None:
+def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | None = None,
+           totals: dict[str, WorkerTotals] | None = None) -> None:
     run = Table(title=f"run {status.run_id}")
     run.add_column("field")
     run.add_column("value", justify="right")
@@ -145,60 +150,40 @@ def _curriculum_rows(table: Table, curriculum: pb.CurriculumStatus) -> None:
         table.add_row("last decision", curriculum.reason)
 
 
-def _read_only(db: Path) -> sqlite3.Connection:
-    if not db.exists():
-        raise FileNotFoundError(f"{db}: no such file (is --state-dir the coordinator's state directory?)")
-    return sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+def _stores(state_dir: Path) -> list[Path]:
+    """The state dirs at `state_dir`: itself when it holds state.sqlite, and those one level below (a sweep's runs)."""
+    return sorted(db.parent for db in [state_dir / "state.sqlite", *state_dir.glob("*/state.sqlite")] if db.is_file())
 
 
-def _query_of(connection: sqlite3.Connection) -> Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]]:
-    return lambda sql, params: connection.execute(sql, params).fetchall()
+def read_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[FitReport, dict[str, WorkerTotals]]:
+    """The fit over the runs GetStatus names and every run's per-worker totals, as the dashboard shows them.
 
-
-def read_fits(state_dir: Path, run_id: str) -> tuple[Any, dict[str, Any]]:
-    """The dashboard's fit and per-worker totals over the state dir's metrics table, opened read-only."""
-    from rcswarm.coordinator.dashboard import fit_report, worker_totals
-
-    connection = _read_only(state_dir / "state.sqlite")
-    try:
-        query = _query_of(connection)
-        return fit_report(query, run_id), worker_totals(query, run_id)
-    finally:
-        connection.close()
-
-
-def read_sweep_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[Any, dict[str, Any]]:
-    """A sweep's fit over all its runs and every run's per-worker totals, as its dashboard shows them.
-
-    The sweep's state dir holds one state dir per run (coordinator/sweep.py `run_state_dir`); each
-    run's is the one whose state.sqlite stores its run id.
+    Each run's state dir (the coordinator's, or one below a sweep's, coordinator/sweep.py
+    `run_state_dir`) is the one whose state.sqlite stores its run id; it is opened read-only.
     """
-    from rcswarm.coordinator.dashboard import fit_step_means, run_step_means, worker_totals
-    from rcswarm.config.runspec import RunSpec
+    from rcswarm.coordinator.store import StateStore
 
-    wanted = {run.run_id for run in status.runs}
-    means: list[tuple[float, float, float, float]] = []
-    totals: dict[str, Any] = {}
+    wanted = [run.run_id for run in status.runs] or [status.run_id]
+    _, clock = presentation(wanted != [status.run_id])
+    means: list[StepMean] = []
+    totals: dict[str, WorkerTotals] = {}
     found: set[str] = set()
-    for db in sorted(state_dir.glob("*/state.sqlite")):
-        connection = _read_only(db)
+    for path in _stores(state_dir):
+        store = StateStore.open_read_only(path)
         try:
-            query = _query_of(connection)
-            stored = dict(query("SELECT key, value FROM run_state WHERE key IN ('run_id', 'spec_json')", ()))
-            run_id = stored.get("run_id")
-            if run_id not in wanted:
+            identity = store.run_identity()
+            if identity is None or identity[0] not in wanted:
                 continue
-            if "spec_json" not in stored:
-                raise ValueError(f"{db}: holds run {run_id} but no spec_json")
-            means.extend(run_step_means(query, RunSpec.from_json(stored["spec_json"]).inner.steps))
-            totals.update(worker_totals(query, run_id))
+            run_id, spec_json = identity
+            means.extend(step_means(store, clock, run_id, RunSpec.from_json(spec_json).inner.steps))
+            totals.update(worker_totals(store.worker_rows(run_id)))
             found.add(run_id)
         finally:
-            connection.close()
-    missing = sorted(wanted - found)
+            store.close()
+    missing = [run_id for run_id in wanted if run_id not in found]
     if missing:
         raise FileNotFoundError(f"{state_dir}: no state dir below it holds run(s) {', '.join(missing)} "
-                                "(is --state-dir the sweep's state directory?)")
+                                "(is --state-dir the coordinator's state directory?)")
     return fit_step_means(means), totals
 
 
@@ -215,22 +200,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
+    args = parse_or_status(parser(), argv)
+    if isinstance(args, int):
+        return args
     token = args.token or os.environ.get(TOKEN_ENV, "")
     if not token:
-        print(f"rcswarm status: a token is required (--token or ${TOKEN_ENV})", file=sys.stderr)
-        return 2
+        return usage_error("rcswarm status", f"a token is required (--token or ${TOKEN_ENV})")
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
-        print(f"rcswarm status: --timeout {args.timeout}: expected a positive number of seconds", file=sys.stderr)
-        return 2
+        return usage_error("rcswarm status", f"--timeout {args.timeout}: expected a positive number of seconds")
     try:
         status = fetch_status(args.coordinator, token, args.tls_ca, args.timeout)
     except OSError as error:
-        print(f"rcswarm status: --tls-ca {args.tls_ca}: {error.strerror or error}", file=sys.stderr)
-        return 2
+        return usage_error("rcswarm status", f"--tls-ca {args.tls_ca}: {error.strerror or error}")
     except grpc.RpcError as error:
         code = error.code() if hasattr(error, "code") else None
         details = error.details() if hasattr(error, "details") else str(error)
@@ -245,13 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     fits, totals = None, None
     if args.state_dir is not None:
         try:
-            if status.runs:
-                fits, totals = read_sweep_fits(args.state_dir, status)
-            else:
-                fits, totals = read_fits(args.state_dir, status.run_id)
+            fits, totals = read_fits(args.state_dir, status)
         except (OSError, sqlite3.Error, ValueError) as error:
-            print(f"rcswarm status: --state-dir {args.state_dir}: {error}", file=sys.stderr)
-            return 2
+            return usage_error("rcswarm status", f"--state-dir {args.state_dir}: {error}")
     console = Console()
     if not console.is_terminal:
         console = Console(width=max(console.width, 160))  # piped or captured: do not wrap ids at 80 columns

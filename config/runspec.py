@@ -16,6 +16,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +256,7 @@ class CurriculumSection:
         steps = [row[0] if len(row) == 3 else None for row in self.schedule]
         if any(len(row) != 3 or min(row[1:]) < 1 for row in self.schedule):
             _fail("curriculum.schedule", self.schedule, "rows [from_step, seq_len, batch_size] with positive sizes")
-        if self.schedule and (steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:]))):
+        if self.schedule and (steps[0] != 0 or any(b <= a for a, b in pairwise(steps))):
             _fail("curriculum.schedule", self.schedule, "from_step starting at 0 and strictly increasing")
         if any(length < 1 for length in self.worker_seq_lens):
             _fail("curriculum.worker_seq_lens", self.worker_seq_lens, "positive integers")

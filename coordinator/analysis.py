@@ -9,14 +9,23 @@ lengths the observed and the predicted (Eq. 11) wall-time crossover; observed cr
 each length's losses smoothed by a centred moving average over `smooth` steps (1: raw), the
 fits the raw losses. `coordinator/fits.py` holds the math; the curriculum, the dashboard and
 the `rcswarm fit` and `rcswarm status` commands call this module.
+
+A live run's curves come from its store's named reads (`step_means`) on one of two clocks:
+each worker's own step and wall time (`Clock.WORKER`, a single run's, where workers never
+move), or the run's own step, version × inner.steps + the step within the round, and the
+time since its first metric on the coordinator's clock (`Clock.RUN`, a sweep's: a worker
+that moves between runs keeps its counters). `fit_step_means` turns such rows into curves
+and a fit when at least 3 lengths allow one; `worker_totals` the per-worker reads into totals.
+This module holds no SQL: it takes rows and the store's reads.
 """
 
 from __future__ import annotations
 
 import csv
+import enum
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -38,6 +47,11 @@ from rcswarm.coordinator.fits import (
 )
 
 DEFAULT_SMOOTH_STEPS = 25
+# Rows read for a live run's fits and plots on the workers' clock: the newest this many.
+ANALYSIS_MAX_ROWS = 500_000
+
+# (seq_len, step, mean loss, mean seconds) of one length at one step.
+StepMean = tuple[float, float, float, float]
 
 
 class MetricsFileError(ValueError):
@@ -157,13 +171,6 @@ def read_metrics(path: Path, columns: Columns) -> list[Row]:
     return rows
 
 
-STATE_QUERY = """
-SELECT worker_id, version, step - MIN(step) OVER (PARTITION BY worker_id, version) AS k,
-       seq_len, loss, received_at - MIN(received_at) OVER () AS t
-FROM metrics WHERE tokens > 0 AND loss IS NOT NULL ORDER BY received_at
-"""
-
-
 def read_state_dirs(path: Path) -> list[Row]:
     """Rows from every coordinator state dir (state.sqlite) below `path`, e.g. a `rcswarm run` directory.
 
@@ -173,26 +180,30 @@ def read_state_dirs(path: Path) -> list[Row]:
     import sqlite3
 
     from rcswarm.config.runspec import RunSpec
+    from rcswarm.coordinator.store import StateStore
 
     databases = sorted(path.rglob("state.sqlite"))
     if not databases:
         raise MetricsFileError(f"{path}: no state.sqlite below this directory")
     rows = []
     for database in databases:
-        connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
         try:
-            spec_json = connection.execute("SELECT value FROM run_state WHERE key = 'spec_json'").fetchone()
-            run_id = connection.execute("SELECT value FROM run_state WHERE key = 'run_id'").fetchone()
-            if spec_json is None or run_id is None:
+            store = StateStore.open_read_only(database.parent)
+        except sqlite3.Error as error:
+            raise MetricsFileError(f"{database}: {error}") from None
+        try:
+            identity = store.run_identity()
+            if identity is None:
                 raise MetricsFileError(f"{database}: not a coordinator state (no spec_json or run_id)")
-            steps = RunSpec.from_json(spec_json[0]).inner.steps
-            for line, (_, version, k, seq_len, loss, t) in enumerate(connection.execute(STATE_QUERY), start=1):
-                rows.append(Row(run=run_id[0], step=float(version * steps + k + 1), length=float(seq_len),
+            run_id, spec_json = identity
+            steps = RunSpec.from_json(spec_json).inner.steps
+            for line, (_, version, k, seq_len, loss, t) in enumerate(store.training_rows(), start=1):
+                rows.append(Row(run=run_id, step=float(version * steps + k + 1), length=float(seq_len),
                                 loss=float(loss), time=float(t), line=line))
         except sqlite3.Error as error:
             raise MetricsFileError(f"{database}: {error}") from None
         finally:
-            connection.close()
+            store.close()
     if not rows:
         raise MetricsFileError(f"{path}: the state dirs below it hold no training metrics")
     return rows
@@ -247,3 +258,128 @@ def analyse(curves: Sequence[LengthCurve], smooth: int = DEFAULT_SMOOTH_STEPS) -
             ),
         ))
     return Analysis(curves=list(curves), points=points, schedule=schedule, crossovers=crossovers, smooth=smooth)
+
+
+class Clock(enum.Enum):
+    """Whose step counter and clock place a live run's metric on its length's curve."""
+
+    WORKER = "worker"  # each worker's own step and wall_time: valid while workers never move between runs
+    RUN = "run"  # the run's own step (version × inner.steps + k + 1), coordinator seconds since its first metric
+
+
+def step_means(store: Any, clock: Clock, run_id: str, inner_steps: int) -> list[StepMean]:
+    """One run's (seq_len, step, mean loss, mean seconds) from its store's reads, on `clock`."""
+    if clock is Clock.RUN:
+        return store.run_step_means(inner_steps)
+    return [
+        (float(length), float(step), float(loss), float(wall))
+        for length, step, loss, wall in store.worker_step_means(run_id, ANALYSIS_MAX_ROWS)
+        if loss is not None and wall is not None
+    ]
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """The curves per seq_len and, when at least 3 lengths allow it, the fitted schedule."""
+
+    curves: list[LengthCurve]
+    analysis: Analysis | None
+    message: str  # why there is no fit ("" when there is one)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "lengths": [c.length for c in self.curves],
+            "fit": None,
+            "message": self.message,
+        }
+        if self.analysis is not None:
+            s = self.analysis.schedule
+            out["fit"] = {
+                "alpha_inf": s.alpha_inf, "tau": s.tau, "r_squared": s.r_squared,
+                "per_doubling": s.per_doubling,
+                "points": [{"step": p.step, "alpha": p.alpha, "amplitude": p.amplitude, "r_squared": p.r_squared}
+                           for p in self.analysis.points],
+                "crossovers": [
+                    {"length_short": c.length_short, "length_long": c.length_long, "observed_s": c.observed,
+                     "predicted_s": None if c.predicted is None else c.predicted.time,
+                     "predicted_step_short": None if c.predicted is None else c.predicted.step_short,
+                     "predicted_step_long": None if c.predicted is None else c.predicted.step_long}
+                    for c in self.analysis.crossovers
+                ],
+            }
+        return out
+
+
+def _merge_step_means(rows: Iterable[Sequence[Any]]) -> dict[float, list[tuple[float, float, float]]]:
+    """length -> [(step, loss, seconds)] sorted by step; rows of several runs at one (seq_len, step) are averaged."""
+    merged: dict[tuple[float, float], list[tuple[float, float]]] = {}
+    for length, step, loss, wall in rows:
+        if loss is not None and wall is not None and math.isfinite(loss) and math.isfinite(wall):
+            merged.setdefault((float(length), float(step)), []).append((float(loss), float(wall)))
+    by_length: dict[float, list[tuple[float, float, float]]] = {}
+    for (length, step), values in sorted(merged.items()):
+        loss, wall = (sum(v) / len(values) for v in zip(*values))
+        by_length.setdefault(length, []).append((step, loss, wall))
+    return by_length
+
+
+def fit_step_means(rows: Iterable[Sequence[Any]]) -> FitReport:
+    """Curves per seq_len from (seq_len, step, mean loss, mean seconds) rows, and the fit when possible.
+
+    Rows from several runs may repeat a (seq_len, step): those are averaged.
+    """
+    curves, skipped = [], []
+    for length, points in sorted(_merge_step_means(rows).items()):
+        steps = np.array([p[0] for p in points])
+        losses = np.array([p[1] for p in points])
+        times = np.array([p[2] for p in points])
+        try:
+            rate = seconds_per_step(steps, times)
+        except ValueError:
+            if len(steps) < 2:
+                skipped.append(f"L={length:g} has fewer than 2 steps")
+                continue
+            rate = math.nan
+        curves.append(LengthCurve(length=length, runs=(), steps=steps, losses=losses, times=times, seconds_per_step=rate))
+    lengths = len(curves)
+    if lengths < 3:
+        note = f" ({'; '.join(skipped)})" if skipped else ""
+        return FitReport(curves, None, f"not enough lengths for a fit: {lengths} distinct seq_len with 2+ steps, "
+                                       f"need at least 3{note}")
+    # The crossovers need each length's measured seconds per step: lengths without one are left out.
+    curves_for_fit = [c for c in curves if c.seconds_per_step > 0]
+    if len(curves_for_fit) < 3:
+        return FitReport(curves, None, "not enough lengths for a fit: wall time does not increase with step "
+                                       f"for {lengths - len(curves_for_fit)} of {lengths} lengths")
+    try:
+        analysis = analyse(curves_for_fit)
+    except ValueError as error:
+        return FitReport(curves, None, f"no fit: {error}")
+    return FitReport(curves, analysis, "")
+
+
+@dataclass(frozen=True)
+class WorkerTotals:
+    worker_id: str
+    tokens: int
+    bytes_sent: int
+    bytes_received: int
+    tokens_per_second: float
+    last_step: int
+    last_seq_len: int
+    last_loss: float
+    rows: int
+
+
+def worker_totals(rows: Iterable[Any]) -> dict[str, WorkerTotals]:
+    """Per worker, from the store's `worker_rows`: tokens, bytes, tokens per second of its wall time, its newest row."""
+    out = {}
+    for row in rows:
+        span = row.last_wall_time - row.first_wall_time
+        out[row.worker_id] = WorkerTotals(
+            worker_id=row.worker_id, tokens=row.tokens, bytes_sent=row.bytes_sent, bytes_received=row.bytes_received,
+            tokens_per_second=row.tokens / span if span > 0 else 0.0, last_step=row.last_step,
+            last_seq_len=row.last_seq_len, last_loss=float(row.last_loss) if row.last_loss is not None else math.nan,
+            rows=row.rows,
+        )
+    return out

@@ -16,12 +16,16 @@ JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round bou
 
 The decisions are pure functions of (now, state, options) returning a Decision with a reason;
 `CurriculumState` is what the coordinator persists (JSON in its state store) so the current
-rung, the measured costs and the last decision survive a restart.
+rung, the measured costs and the last decision survive a restart. `CurriculumTracker` is one
+run's curriculum inside the coordinator: it holds that state and the adaptive options, answers
+what a worker trains, measures each length's cost from the workers' metrics, applies and
+records the adaptive decision at a round close, and resumes from the stored state.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,9 +33,16 @@ from pathlib import Path
 
 import numpy as np
 
-from rcswarm.coordinator import fits
+from rcswarm.config.runspec import CurriculumSection, RunSpec
+from rcswarm.coordinator import analysis, fits
 from rcswarm.coordinator.decisions import Decision
-from rcswarm.config.runspec import CurriculumSection
+from rcswarm.coordinator.store import StateStore
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+# The run_state key holding the curriculum's state (CurriculumState as JSON).
+CURRICULUM_KEY = "curriculum_state"
+
+log = logging.getLogger("rcswarm.coordinator")
 
 
 @dataclass(frozen=True)
@@ -56,8 +67,6 @@ def configured_law(curriculum: CurriculumSection) -> Law:
 
 def fitted_law(path: str | Path) -> Law:
     """The law fitted (as `rcswarm fit` does) to a run directory or a metrics CSV/JSON-lines file."""
-    from rcswarm.coordinator import analysis
-
     path = Path(path)
     try:
         if path.is_dir():
@@ -65,12 +74,12 @@ def fitted_law(path: str | Path) -> Law:
         else:
             columns = analysis.Columns(step="step", length="seq_len", loss="loss", time="wall_time", run="run_id")
             rows = analysis.read_metrics(path, columns)
-        analysis = analysis.analyse(analysis.length_curves(path, rows))
+        fitted = analysis.analyse(analysis.length_curves(path, rows))
     except ValueError as exc:
         raise ValueError(f"curriculum.law_from = {str(path)!r} is invalid: {exc}") from None
-    schedule = analysis.schedule
+    schedule = fitted.schedule
     return Law(
-        schedule, fits.amplitude_from_points(analysis.points),
+        schedule, fits.amplitude_from_points(fitted.points),
         f"fitted to {path}: α∞ = {schedule.alpha_inf:.4g}, τ = {schedule.tau:.4g} steps (R² {schedule.r_squared:.3f})",
     )
 
@@ -220,3 +229,118 @@ def decide_worker_length(active_lengths: Sequence[int], worker_seq_lens: Sequenc
         f"curriculum.worker_seq_lens: L = {best} is the furthest below its share "
         f"(active workers by length {sorted(counts.items())})"
     )
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What a worker trains and why; seq_len and batch_size 0 when the run assigns them per worker."""
+
+    seq_len: int
+    batch_size: int
+    reason: str
+
+
+def adaptive_options(spec: RunSpec) -> AdaptiveOptions:
+    """The adaptive policy's ladder, budget, law and tokens per step at each rung."""
+    section = spec.curriculum
+    law = law_of(section)
+    tokens = tuple(length * section.batch_for(length, spec.data.batch_size) for length in section.seq_lens)
+    log.info("adaptive curriculum over L = %s, law %s", section.seq_lens, law.source)
+    return AdaptiveOptions(tuple(section.seq_lens), section.budget_seconds, law, tokens)
+
+
+class CurriculumTracker:
+    """One run's curriculum: what each worker trains, the measured costs, the adaptive ladder.
+
+    It owns the persisted `CurriculumState` (under CURRICULUM_KEY in the run's store) and the
+    adaptive options, and records its decisions in the store's `events`. It holds no lock of its
+    own: `SwarmCoordinator` calls every method with its lock held (or from its constructor).
+    """
+
+    def __init__(self, spec: RunSpec, store: StateStore) -> None:
+        self.spec = spec
+        self.store = store
+        section = spec.curriculum
+        self.adaptive = adaptive_options(spec) if section.adaptive else None
+        stored = store.get(CURRICULUM_KEY)
+        self.state = CurriculumState.from_json(stored) if stored else CurriculumState()
+        if section.adaptive and not 0 <= self.state.rung < len(section.seq_lens):
+            raise RuntimeError(f"state dir {store.state_dir}: curriculum rung {self.state.rung} is off the ladder {section.seq_lens}")
+        # worker_id -> the cumulative compute seconds of its last metric: a step's cost is the difference.
+        self._last_compute: dict[str, float] = {}
+
+    def run_assignment(self, version: int) -> Assignment:
+        """What the run trains from `version` on; seq_len 0 when it is per worker."""
+        section, data = self.spec.curriculum, self.spec.data
+        if section.adaptive:
+            length = section.seq_lens[self.state.rung]
+            return Assignment(length, section.batch_for(length, data.batch_size),
+                              f"adaptive rung {self.state.rung} of {section.seq_lens}: {self.state.reason}")
+        if section.schedule:
+            step = version * self.spec.inner.steps
+            length, batch = section.at(step, (data.seq_len, data.batch_size))
+            return Assignment(length, batch, f"curriculum.schedule at step {step} (version {version})")
+        if section.worker_seq_lens:
+            return Assignment(0, 0, f"curriculum.worker_seq_lens = {section.worker_seq_lens}: assigned per worker at join")
+        return Assignment(data.seq_len, data.batch_size, "data.seq_len and data.batch_size (no curriculum)")
+
+    def assignment(self, version: int, own: Assignment | None) -> pb.TrainingAssignment:
+        """What a worker trains from `version`: its `own` assignment if it has one, else the run's."""
+        chosen = own or self.run_assignment(version)
+        return pb.TrainingAssignment(seq_len=chosen.seq_len, batch_size=chosen.batch_size, reason=chosen.reason, version=version)
+
+    def assign_worker(self, worker_id: str, active_lengths: Sequence[int], now: float) -> Assignment | None:
+        """A joining worker's own length under curriculum.worker_seq_lens, recorded as an event; else None."""
+        section = self.spec.curriculum
+        if not section.worker_seq_lens:
+            return None
+        length, reason = decide_worker_length(active_lengths, section.worker_seq_lens)
+        self.store.add_event(worker_id, "assign", reason, now)
+        return Assignment(length, section.batch_for(length, self.spec.data.batch_size), reason)
+
+    def start(self, now: float) -> None:
+        """At a pull: the first one starts the budget's clock, saved now so a restart before the first round close keeps it."""
+        if self.state.started_at is None:
+            self.state = replace(self.state, started_at=now)
+            self._save()
+
+    def measure(self, worker_id: str, metric: pb.Metric) -> None:
+        """Add a training step's compute seconds to the cost of its length."""
+        last = self._last_compute.get(worker_id)
+        # Under the adaptive policy only the ladder's lengths are costed (an older worker may report another).
+        on_ladder = self.adaptive is None or metric.seq_len in self.adaptive.seq_lens
+        if (on_ladder and metric.tokens > 0 and metric.seq_len > 0 and last is not None
+                and 0 <= metric.compute_seconds - last < math.inf):
+            self.state = self.state.measured(metric.seq_len, metric.compute_seconds - last)
+        if math.isfinite(metric.compute_seconds):
+            self._last_compute[worker_id] = metric.compute_seconds
+
+    def status(self, now: float, version: int) -> pb.CurriculumStatus:
+        """The curriculum as GetStatus reports it at `version`."""
+        section = self.spec.curriculum
+        current = self.run_assignment(version)
+        started = self.state.started_at
+        status = pb.CurriculumStatus(
+            policy=section.policy, seq_len=current.seq_len, batch_size=current.batch_size, reason=current.reason,
+            ladder=section.seq_lens, rung=self.state.rung if section.adaptive else 0,
+            budget_seconds=section.budget_seconds if section.adaptive else 0.0,
+            elapsed_seconds=now - started if started is not None else 0.0, decided_version=self.state.decided_version,
+            law=self.adaptive.law.source if self.adaptive is not None else "",
+        )
+        status.seconds_per_step.update(self.state.seconds_per_step())
+        return status
+
+    def advance(self, now: float, closed_version: int) -> None:
+        """At a round close: the adaptive decision, applied from the new version on, saved and recorded as an event."""
+        if self.adaptive is None:
+            return
+        decision = decide_lengthening(now, self.state, self.adaptive)
+        self.state = replace(
+            self.state, rung=self.state.rung + int(decision.ok), reason=decision.reason, decided_version=closed_version,
+        )
+        self._save()
+        self.store.add_event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
+        log.log(logging.INFO if decision.ok else logging.DEBUG, "round %d: curriculum %s", closed_version, decision.reason)
+
+    def _save(self) -> None:
+        self.store.set_many({CURRICULUM_KEY: self.state.to_json()})

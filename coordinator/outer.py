@@ -16,12 +16,12 @@ With the fp32 codec this is θ' up to one float32 rounding.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from rcswarm.protos import codec as codecs
 from rcswarm.config.runspec import OuterSection
+from rcswarm.protos import codec as codecs
 
 Tensors = dict[str, torch.Tensor]
 

@@ -3,7 +3,8 @@
 Every call to rcswarm.v1.Coordinator passes a server interceptor that checks the join token
 (constant-time compare of the `authorization: Bearer <token>` metadata) and refuses calls
 without a client deadline. The health service is exempt from both, so load balancers and
-Kubernetes probes can reach it.
+Kubernetes probes can reach it. The service talks to one interface, `RunGroup` (sweep.py):
+a single run is a group of one.
 
     rcswarm coordinator --config RUN.toml --state-dir DIR --port P
 """
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -26,23 +28,22 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from rcswarm.coordinator.service import Refusal, SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
-from rcswarm.coordinator.sweep import SweepCoordinator
 from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.service import Refusal, SwarmCoordinator
+from rcswarm.coordinator.sweep import RunGroup, open_group
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV
 
 log = logging.getLogger("rcswarm.coordinator")
 
 SERVICE_NAME = "rcswarm.v1.Coordinator"
-TOKEN_ENV = "RCSWARM_TOKEN"
 # A call whose remaining time exceeds this carries no real deadline (gRPC reports "infinite").
 NO_DEADLINE_S = 365 * 24 * 3600.0
-MAX_MESSAGE_BYTES = 4 << 20
 TICK_S = 0.2
 
 
 def _guarded(behavior: Callable[..., Any], streaming_response: bool, authorized: bool) -> Callable[..., Any]:
+    """`behavior` behind the token and deadline checks."""
     def check(context: grpc.ServicerContext) -> None:
         if not authorized:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong join token")
@@ -93,8 +94,10 @@ def _handled(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: SwarmCoordinator) -> None:
-        self.c = coordinator
+    """The gRPC handlers: each calls one method of the run group from a handler thread."""
+
+    def __init__(self, group: RunGroup) -> None:
+        self.c = group
 
     @_handled
     def Join(self, request, context):
@@ -133,6 +136,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
 @dataclass
 class TLSFiles:
+    """The server's PEM certificate and private key."""
+
     cert: Path
     key: Path
 
@@ -141,23 +146,27 @@ class TLSFiles:
 
 
 class RunningCoordinator:
-    """A started server with its ticker thread; `stop()` shuts both down."""
+    """A started server with its ticker thread; `stop()` shuts both down.
+
+    `coordinator` is what the caller gave (a bare SwarmCoordinator or a RunGroup); `group` is the
+    RunGroup over it that the gRPC service, the ticker and the dashboard talk to.
+    """
 
     def __init__(
-        self, coordinator: SwarmCoordinator | SweepCoordinator, token: str, host: str = "127.0.0.1", port: int = 0,
+        self, coordinator: SwarmCoordinator | RunGroup, token: str, host: str = "127.0.0.1", port: int = 0,
         tls: TLSFiles | None = None, max_threads: int = 128,
         http_port: int | None = None, http_host: str = "127.0.0.1",
     ) -> None:
         if not token:
             raise ValueError("a join token is required (--token or the RCSWARM_TOKEN environment variable)")
         self.coordinator = coordinator
+        self.group = RunGroup.of(coordinator)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="rpc"),
             interceptors=[GuardInterceptor(token)],
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
+            options=list(MESSAGE_SIZE_OPTIONS),
         )
-        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator), self.server)
+        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.group), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"{host}:{port}"
@@ -174,12 +183,13 @@ class RunningCoordinator:
             from rcswarm.coordinator.dashboard import Dashboard
 
             try:
-                self.dashboard = Dashboard(coordinator, http_host, http_port)
+                self.dashboard = Dashboard(self.group, http_host, http_port)
             except OSError as exc:
                 self.server.stop(None)
                 raise RuntimeError(f"could not bind the dashboard on {http_host}:{http_port}: {exc.strerror}") from None
 
     def start(self) -> RunningCoordinator:
+        """Serve gRPC, health and the dashboard, and start the ticker."""
         self.server.start()
         self._ticker.start()
         if self.dashboard is not None:
@@ -189,31 +199,26 @@ class RunningCoordinator:
         return self
 
     def _tick_loop(self) -> None:
+        """The ticker thread: the group's evictions and round deadlines every TICK_S."""
         while not self._stop.wait(TICK_S):
             try:
-                self.coordinator.tick()
+                self.group.tick()
             except Exception:
                 log.exception("coordinator tick failed")
 
     def stop(self, grace: float = 2.0) -> None:
+        """Stop the ticker, the dashboard and the server (in-flight calls get `grace` seconds), then close the stores."""
         self._stop.set()
         if self.dashboard is not None:
             self.dashboard.stop()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait(grace + 1.0)
         self._ticker.join(timeout=2.0)
-        self.coordinator.close()
-
-
-def build_coordinator(spec: RunSpec, state_dir: Path) -> SwarmCoordinator | SweepCoordinator:
-    """A single run's coordinator, or a sweep's over its runs (`[sweep] seq_lens`)."""
-    if spec.is_sweep:
-        return SweepCoordinator(spec, Path(state_dir))
-    store = StateStore(state_dir, spec.coordinator.keep_checkpoints, spec.coordinator.durable)
-    return SwarmCoordinator(spec, store)
+        self.group.close()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The `rcswarm coordinator` command line."""
     parser = argparse.ArgumentParser(prog="rcswarm coordinator", description="Run the rcswarm coordinator.")
     parser.add_argument("--config", required=True, help="RUN.toml describing the run")
     parser.add_argument("--state-dir", required=True, help="directory for checkpoints and the SQLite state")
@@ -230,25 +235,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line's values, or None."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
+    for flag, port in (("--port", args.port), ("--http-port", args.http_port)):
+        if port is not None and not 0 <= port <= 65535:
+            return f"{flag} {port}: expected 0..65535"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`rcswarm coordinator`: serve one run or a sweep until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(levelname)s %(message)s")
     args = parse_args(argv)
     token = args.token or os.environ.get(TOKEN_ENV, "")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise SystemExit("--tls-cert and --tls-key go together")
-    if not 0 <= args.port <= 65535:
-        raise SystemExit(f"--port {args.port}: expected 0..65535")
-    if args.http_port is not None and not 0 <= args.http_port <= 65535:
-        raise SystemExit(f"--http-port {args.http_port}: expected 0..65535")
-    try:
-        spec = RunSpec.from_toml(args.config)
-        coordinator = build_coordinator(spec, args.state_dir)
-        tls = TLSFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
-        running = RunningCoordinator(
-            coordinator, token, args.host, args.port, tls, http_port=args.http_port, http_host=args.http_host,
-        ).start()
-    except ValueError as exc:
-        raise SystemExit(f"rcswarm coordinator: {exc}") from None
+    problem = _argument_problem(args)
+    if problem is None:
+        try:
+            spec = RunSpec.from_toml(args.config)
+            coordinator = open_group(spec, args.state_dir)
+            tls = TLSFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
+            running = RunningCoordinator(
+                coordinator, token, args.host, args.port, tls, http_port=args.http_port, http_host=args.http_host,
+            ).start()
+        except ValueError as exc:
+            problem = str(exc)
+    if problem is not None:
+        print(f"rcswarm coordinator: {problem}", file=sys.stderr)
+        return 2
     log.info("run %s serving on %s:%d at version %d", coordinator.run_id, args.host, running.port, coordinator.version)
     if running.dashboard is not None:
         log.info("dashboard on %s (metrics at %smetrics)", running.dashboard.url, running.dashboard.url)

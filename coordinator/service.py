@@ -4,12 +4,12 @@
 counter, the membership table and the open round. Every RPC handler in server.py calls one
 method here; a refused call raises `Refusal` carrying the gRPC status code and a message.
 Decisions (admit, evict, close a round) come from the pure functions in decisions.py; the
-curriculum (each worker's sequence length and batch, the adaptive ladder) from curriculum.py.
+curriculum (each worker's sequence length and batch, the adaptive ladder) from the
+`CurriculumTracker` of curriculum.py. The class docstring states which lock each method takes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
+from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import curriculum as curricula
 from rcswarm.coordinator import decisions, outer
 from rcswarm.coordinator.store import RoundRecord, StateStore
 from rcswarm.models import registry
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
-from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 # Spec keys a restart on an existing state dir may change; any other change is refused.
@@ -36,8 +36,6 @@ RESTART_MUTABLE = ("run.rounds", "run.workers", "coordinator.", "sync.round_dead
 MAX_TOKENS_PER_UPDATE = 10**12
 MAX_METRICS_PER_REQUEST = 10_000
 STATUS_ROUNDS = 20
-# The run_state key holding the adaptive curriculum's state (CurriculumState as JSON).
-CURRICULUM_KEY = "curriculum_state"
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -53,6 +51,8 @@ class Refusal(Exception):
 
 @dataclass
 class WorkerRecord:
+    """One membership: a worker from its join until it leaves, is evicted or is reassigned."""
+
     worker_id: str
     name: str
     device: str
@@ -65,9 +65,7 @@ class WorkerRecord:
     reason: str = ""
     last_loss: float = math.nan
     # Set for a worker of curriculum.worker_seq_lens: its own length, batch and why.
-    seq_len: int = 0
-    batch_size: int = 0
-    assign_reason: str = ""
+    assigned: curricula.Assignment | None = None
 
     def view(self) -> decisions.WorkerView:
         return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active)
@@ -75,6 +73,8 @@ class WorkerRecord:
 
 @dataclass
 class OpenRound:
+    """The round of `version`: the updates reported to it so far."""
+
     version: int
     # When the first worker started on this version: the close of the previous round, or
     # the first pull after the coordinator (re)started. The round deadline counts from here.
@@ -99,14 +99,46 @@ def spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
 
 
 def initial_parameters(spec: RunSpec) -> dict[str, torch.Tensor]:
+    """The model's parameters at the run's seed, float32, in the model's order."""
     model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
     return {name: p.detach().to(torch.float32).contiguous().clone() for name, p in model.named_parameters()}
 
 
+def first_part(requests: Iterator[pb.PushUpdateRequest], part: str) -> pb.PushUpdateRequest:
+    """The next message of a PushUpdate stream, which must carry `part`; refused otherwise."""
+    message = next(requests, None)
+    if message is None or message.WhichOneof("part") != part:
+        found = None if message is None else message.WhichOneof("part")
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"PushUpdate stream: expected a {part} message, got {found}")
+    return message
+
+
 class SwarmCoordinator:
+    """One run's coordinator: membership, the open round, θ, the outer momentum and the version.
+
+    Threads. gRPC handler threads, many at once, call the RPC methods (`join`, `heartbeat`,
+    `leave`, `pull`, `await_version`, `push`, `report_metrics`, `status`); the server's ticker
+    thread calls `tick`; a `RunGroup` (sweep.py) also calls `knows`, `active_workers`, `reassign`
+    and `summary` from handler threads. The constructor runs before any of them.
+
+    Locks. One lock, `_lock`, guards all mutable state: the membership table, the open round,
+    θ, the momentum, the version and its pull payloads, the run's totals and the curriculum
+    tracker. `_version_changed` is a condition on that same lock: `await_version` waits on it
+    (which releases the lock while it waits) and closing a round notifies every waiter. The lock
+    is not reentrant: a public method takes it itself and must be called without it held; a
+    private method documented "lock held" must be called with it held. What needs no shared state
+    runs outside it: reading a PushUpdate stream and decoding and validating its payload,
+    streaming pull chunks, writing metric rows, reading closed rounds from the store. Closing a
+    round (outer step, checkpoint write, SQLite commit, curriculum decision) runs with the lock
+    held, inside whichever call made it due (`push`, `leave`, `tick`, `reassign`). The store has
+    its own lock and is called with or without this one; a `RunGroup` takes its lock before a
+    run's, never the other way round.
+    """
+
     def __init__(
         self, spec: RunSpec, store: StateStore, clock: Callable[[], float] = time.time, worker_prefix: str = ""
     ) -> None:
+        """Resume the run committed in `store`, or start it at version 0; the caller then serves it."""
         self.spec = spec
         self.worker_prefix = worker_prefix
         self.store = store
@@ -126,10 +158,16 @@ class SwarmCoordinator:
         self.round = OpenRound(self.version, self.clock())
         self.total_tokens = 0
         self._first_metric_at: float | None = None
-        self._init_curriculum()
+        self.tracker = curricula.CurriculumTracker(spec, store)
         self._publish()
 
+    @property
+    def curriculum(self) -> curricula.CurriculumState:
+        """The curriculum's persisted state (any thread; a snapshot, immutable)."""
+        return self.tracker.state
+
     def _load_or_create(self) -> None:
+        """Constructor only: θ, momentum and version from the last committed checkpoint, or a new run."""
         checkpoint = self.store.load_current()
         if checkpoint is None:
             self.run_id = f"{self.spec.run.name}-{secrets.token_hex(4)}"
@@ -158,76 +196,8 @@ class SwarmCoordinator:
         self.broadcast_feedback.restore(checkpoint.state.get("broadcast_residual", {}))
         self.version = checkpoint.version
 
-    def _init_curriculum(self) -> None:
-        """The adaptive policy's law and options, and the curriculum state a restart left behind."""
-        section = self.spec.curriculum
-        self._adaptive: curricula.AdaptiveOptions | None = None
-        if section.adaptive:
-            law = curricula.law_of(section)
-            tokens = tuple(length * section.batch_for(length, self.spec.data.batch_size) for length in section.seq_lens)
-            self._adaptive = curricula.AdaptiveOptions(tuple(section.seq_lens), section.budget_seconds, law, tokens)
-            log.info("adaptive curriculum over L = %s, law %s", section.seq_lens, law.source)
-        stored = self.store.get(CURRICULUM_KEY)
-        self.curriculum = curricula.CurriculumState.from_json(stored) if stored else curricula.CurriculumState()
-        if section.adaptive and not 0 <= self.curriculum.rung < len(section.seq_lens):
-            raise RuntimeError(f"state dir {self.store.state_dir}: curriculum rung {self.curriculum.rung} is off the ladder {section.seq_lens}")
-        # worker_id -> the cumulative compute seconds of its last metric: a step's cost is the difference.
-        self._last_compute: dict[str, float] = {}
-
-    def _run_assignment(self) -> tuple[int, int, str]:
-        """(seq_len, batch_size, reason) of the run at the current version; seq_len 0 when it is per worker."""
-        section, data = self.spec.curriculum, self.spec.data
-        if section.adaptive:
-            length = section.seq_lens[self.curriculum.rung]
-            return length, section.batch_for(length, data.batch_size), (
-                f"adaptive rung {self.curriculum.rung} of {section.seq_lens}: {self.curriculum.reason}"
-            )
-        if section.schedule:
-            step = self.version * self.spec.inner.steps
-            length, batch = section.at(step, (data.seq_len, data.batch_size))
-            return length, batch, f"curriculum.schedule at step {step} (version {self.version})"
-        if section.worker_seq_lens:
-            return 0, 0, f"curriculum.worker_seq_lens = {section.worker_seq_lens}: assigned per worker at join"
-        return data.seq_len, data.batch_size, "data.seq_len and data.batch_size (no curriculum)"
-
-    def _assignment(self, worker: WorkerRecord) -> pb.TrainingAssignment:
-        """What `worker` trains from the current version (with the lock held)."""
-        if worker.seq_len:
-            length, batch, reason = worker.seq_len, worker.batch_size, worker.assign_reason
-        else:
-            length, batch, reason = self._run_assignment()
-        return pb.TrainingAssignment(seq_len=length, batch_size=batch, reason=reason, version=self.version)
-
-    def _curriculum_status(self, now: float) -> pb.CurriculumStatus:
-        section = self.spec.curriculum
-        length, batch, reason = self._run_assignment()
-        started = self.curriculum.started_at
-        status = pb.CurriculumStatus(
-            policy=section.policy, seq_len=length, batch_size=batch, reason=reason, ladder=section.seq_lens,
-            rung=self.curriculum.rung if section.adaptive else 0, budget_seconds=section.budget_seconds if section.adaptive else 0.0,
-            elapsed_seconds=now - started if started is not None else 0.0, decided_version=self.curriculum.decided_version,
-            law=self._adaptive.law.source if self._adaptive is not None else "",
-        )
-        status.seconds_per_step.update(self.curriculum.seconds_per_step())
-        return status
-
-    def _save_curriculum(self) -> None:
-        self.store.set_many({CURRICULUM_KEY: self.curriculum.to_json()})
-
-    def _advance_curriculum(self, now: float, closed_version: int) -> None:
-        """At a round close (lock held): the adaptive decision, applied from the new version on and persisted."""
-        if self._adaptive is None:
-            return
-        decision = curricula.decide_lengthening(now, self.curriculum, self._adaptive)
-        self.curriculum = dataclasses.replace(
-            self.curriculum, rung=self.curriculum.rung + int(decision.ok), reason=decision.reason,
-            decided_version=closed_version,
-        )
-        self._save_curriculum()
-        self.store.add_event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
-        log.log(logging.INFO if decision.ok else logging.DEBUG, "round %d: curriculum %s", closed_version, decision.reason)
-
     def _optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The outer optimizer's tensors to checkpoint (lock held, or from the constructor)."""
         state = {"outer_momentum": self.momentum}
         residual = self.broadcast_feedback.snapshot()
         if residual and self.codec != pb.CODEC_FP32:
@@ -235,7 +205,7 @@ class SwarmCoordinator:
         return state
 
     def _publish(self, param_sha256: bytes | None = None) -> None:
-        """Build the pull payload of the current version (called with the lock held or at init)."""
+        """Build the pull payload of the current version (lock held, or from the constructor)."""
         self.param_sha256 = param_sha256 or tensor_stream.params_sha256(self.params)
         self._pull_header, self._pull_chunks = tensor_stream.build_payload(
             self.params, codec=pb.CODEC_FP32, run_id=self.run_id, version=self.version,
@@ -244,12 +214,15 @@ class SwarmCoordinator:
 
     @property
     def finished(self) -> bool:
+        """Whether the run committed its last round (any thread, with or without the lock)."""
         return self.spec.run.rounds > 0 and self.version >= self.spec.run.rounds
 
     def _run_state(self) -> int:
+        """The run's state for a reply (lock held)."""
         return pb.RUN_STATE_FINISHED if self.finished else pb.RUN_STATE_RUNNING
 
     def _member(self, worker_id: str) -> WorkerRecord:
+        """The active membership of `worker_id` (lock held); NOT_FOUND otherwise."""
         worker = self.workers.get(worker_id)
         if worker is None:
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is unknown here; join again")
@@ -257,7 +230,12 @@ class SwarmCoordinator:
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is no longer a member ({worker.reason}); join again")
         return worker
 
+    def _assignment(self, worker: WorkerRecord) -> pb.TrainingAssignment:
+        """What `worker` trains from the current version (lock held)."""
+        return self.tracker.assignment(self.version, worker.assigned)
+
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        """Admit a worker (handler thread; takes `_lock`)."""
         with self._lock:
             now = self.clock()
             decision = decisions.decide_admission(now, [w.view() for w in self.workers.values()], self.finished, self.membership)
@@ -268,12 +246,8 @@ class SwarmCoordinator:
             worker_id = f"{self.worker_prefix}w{self._joins}-{secrets.token_hex(4)}"
             name = request.worker_name[:128] or worker_id
             worker = WorkerRecord(worker_id, name, request.device[:64], now, now, self.version)
-            section = self.spec.curriculum
-            if section.worker_seq_lens:
-                active = [w.seq_len for w in self.workers.values() if w.active]
-                worker.seq_len, worker.assign_reason = curricula.decide_worker_length(active, section.worker_seq_lens)
-                worker.batch_size = section.batch_for(worker.seq_len, self.spec.data.batch_size)
-                self.store.add_event(worker_id, "assign", worker.assign_reason, now)
+            active = [w.assigned.seq_len for w in self.workers.values() if w.active and w.assigned is not None]
+            worker.assigned = self.tracker.assign_worker(worker_id, active, now)
             self.workers[worker_id] = worker
             self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
             return pb.JoinResponse(
@@ -282,6 +256,7 @@ class SwarmCoordinator:
             )
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        """Renew a lease (handler thread; takes `_lock`)."""
         with self._lock:
             worker = self._member(request.worker_id)
             worker.last_seen = self.clock()
@@ -291,6 +266,7 @@ class SwarmCoordinator:
             )
 
     def leave(self, request: pb.LeaveRequest) -> pb.LeaveResponse:
+        """End a membership at once; may close the round (handler thread; takes `_lock`)."""
         with self._lock:
             worker = self._member(request.worker_id)
             worker.active, worker.state = False, pb.WORKER_STATE_LEFT
@@ -300,6 +276,8 @@ class SwarmCoordinator:
         return pb.LeaveResponse()
 
     def pull(self, request: pb.PullParametersRequest) -> Iterator[pb.PullParametersResponse]:
+        """The current θ, or the step to it (handler thread). A generator: it takes `_lock` when first
+        iterated, picks the payload of the current version, and yields its chunks after releasing it."""
         with self._lock:
             worker = self._member(request.worker_id)
             if request.version not in (0, self.version):
@@ -311,9 +289,7 @@ class SwarmCoordinator:
             worker.base_version = self.version
             if not self.round.started:
                 self.round.opened_at, self.round.started = worker.last_seen, True
-            if self.curriculum.started_at is None:
-                self.curriculum = dataclasses.replace(self.curriculum, started_at=worker.last_seen)
-                self._save_curriculum()  # now, so a restart before the first round close keeps the budget's clock
+            self.tracker.start(worker.last_seen)
             header, chunks = self._pull_header, self._pull_chunks
             delta = self._delta_payload
             if delta is not None and request.HasField("have_version") and request.have_version == delta[0]:
@@ -323,6 +299,8 @@ class SwarmCoordinator:
             yield pb.PullParametersResponse(chunk=chunk)
 
     def await_version(self, request: pb.AwaitVersionRequest, time_remaining: float) -> pb.AwaitVersionResponse:
+        """Long poll until the version reaches `min_version` (handler thread; takes `_lock` and waits on
+        `_version_changed`, which releases it while waiting), at most `coordinator.max_wait_s`."""
         wait_s = min(max(request.wait_ms, 0) / 1000.0, self.spec.coordinator.max_wait_s, max(time_remaining - 0.2, 0.0))
         deadline = time.monotonic() + wait_s
         with self._lock:
@@ -336,10 +314,12 @@ class SwarmCoordinator:
             return pb.AwaitVersionResponse(version=self.version, run_state=self._run_state(), assignment=self._assignment(worker))
 
     def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
-        meta = self._first_part(requests, "meta").meta
+        """Record a worker's update; may close the round (handler thread). Takes `_lock` to check the
+        meta, releases it to read and validate the payload, and takes it again to record the update."""
+        meta = first_part(requests, "meta").meta
         with self._lock:
             self._check_update_meta(self._member(meta.worker_id), meta)
-        header = self._first_part(requests, "header").header
+        header = first_part(requests, "header").header
         deltas = self._receive_update(header, requests, meta.base_version)
         with self._lock:
             worker = self._member(meta.worker_id)
@@ -352,15 +332,8 @@ class SwarmCoordinator:
             self._maybe_close_round()
         return pb.PushUpdateResponse(accepted=True, round_version=round_version, reports=reports)
 
-    @staticmethod
-    def _first_part(requests: Iterator[pb.PushUpdateRequest], part: str) -> pb.PushUpdateRequest:
-        message = next(requests, None)
-        if message is None or message.WhichOneof("part") != part:
-            found = None if message is None else message.WhichOneof("part")
-            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"PushUpdate stream: expected a {part} message, got {found}")
-        return message
-
     def _check_update_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> None:
+        """Refuse a stale, future, duplicate or out-of-range update (lock held)."""
         if meta.base_version < self.version:
             worker.base_version = self.version
             raise Refusal(
@@ -381,7 +354,7 @@ class SwarmCoordinator:
     def _receive_update(
         self, header: pb.TensorHeader, requests: Iterator[pb.PushUpdateRequest], version: int
     ) -> dict[str, torch.Tensor]:
-        """Reassemble and validate a pseudo-gradient; nothing here touches global state."""
+        """Reassemble and validate a pseudo-gradient (without the lock: nothing here touches shared state)."""
         try:
             receiver = tensor_stream.PayloadReceiver(header, expected=self.shapes, run_id=self.run_id, version=version)
             for message in requests:
@@ -401,6 +374,8 @@ class SwarmCoordinator:
         return deltas
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
+        """Store a batch of metrics (handler thread). Takes `_lock` for the totals and the curriculum's
+        measurements; writes the rows after releasing it."""
         if len(request.metrics) > MAX_METRICS_PER_REQUEST:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.metrics)} metrics in one request: at most {MAX_METRICS_PER_REQUEST}")
         now = self.clock()
@@ -412,7 +387,7 @@ class SwarmCoordinator:
                 self.total_tokens += max(metric.tokens, 0)
                 if math.isfinite(metric.loss) and metric.tokens > 0:
                     worker.last_loss = metric.loss
-                self._measure_step(request.worker_id, metric)
+                self.tracker.measure(request.worker_id, metric)
             if request.metrics and self._first_metric_at is None:
                 self._first_metric_at = now
         rows = (
@@ -422,18 +397,9 @@ class SwarmCoordinator:
         )
         return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
 
-    def _measure_step(self, worker_id: str, metric: pb.Metric) -> None:
-        """Add a training step's compute seconds to the cost of its length (lock held)."""
-        last = self._last_compute.get(worker_id)
-        # Under the adaptive policy only the ladder's lengths are costed (an older worker may report another).
-        on_ladder = self._adaptive is None or metric.seq_len in self._adaptive.seq_lens
-        if (on_ladder and metric.tokens > 0 and metric.seq_len > 0 and last is not None
-                and 0 <= metric.compute_seconds - last < math.inf):
-            self.curriculum = self.curriculum.measured(metric.seq_len, metric.compute_seconds - last)
-        if math.isfinite(metric.compute_seconds):
-            self._last_compute[worker_id] = metric.compute_seconds
-
     def status(self) -> pb.GetStatusResponse:
+        """The run's GetStatus reply (handler thread, the dashboard's thread; takes `_lock` for the live
+        state, reads the closed rounds from the store after releasing it)."""
         with self._lock:
             now = self.clock()
             losses = [w.last_loss for w in self.workers.values() if math.isfinite(w.last_loss)]
@@ -443,7 +409,7 @@ class SwarmCoordinator:
                 latest_loss=sum(losses) / len(losses) if losses else math.nan,
                 tokens_per_second=self.total_tokens / elapsed if elapsed > 0 else 0.0,
                 param_sha256=self.param_sha256.hex(), total_tokens=self.total_tokens,
-                curriculum=self._curriculum_status(now),
+                curriculum=self.tracker.status(now, self.version),
             )
             for w in self.workers.values():
                 response.workers.add(
@@ -462,14 +428,22 @@ class SwarmCoordinator:
         return response
 
     def close(self) -> None:
+        """Close the store; once the server and the ticker have stopped (no lock)."""
         self.store.close()
 
+    def knows(self, worker_id: str) -> bool:
+        """Whether `worker_id` joined this run, active or not (any thread; takes `_lock`)."""
+        with self._lock:
+            return worker_id in self.workers
+
     def active_workers(self) -> int:
+        """The number of active workers (any thread; takes `_lock`)."""
         with self._lock:
             return sum(1 for w in self.workers.values() if w.active)
 
     def reassign(self, worker_id: str, reason: str) -> None:
-        """End a worker's membership here because a sweep moves it to another run."""
+        """End a worker's membership here because a sweep moves it to another run; may close the round
+        (handler thread, from a RunGroup without its lock; takes `_lock`)."""
         with self._lock:
             worker = self._member(worker_id)
             worker.active, worker.state, worker.reason = False, pb.WORKER_STATE_REASSIGNED, reason
@@ -477,7 +451,7 @@ class SwarmCoordinator:
             self._maybe_close_round()
 
     def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
-        """This run in one line, from `status` when the caller already has it."""
+        """This run in one line, from `status` when the caller already has it (else takes `_lock` via `status`)."""
         status = status or self.status()
         current = status.curriculum
         return pb.RunSummary(
@@ -489,7 +463,7 @@ class SwarmCoordinator:
         )
 
     def tick(self) -> None:
-        """Evict expired workers and close the round if it is due; called periodically."""
+        """Evict expired workers and close the round if it is due (the ticker thread, every TICK_S; takes `_lock`)."""
         with self._lock:
             now = self.clock()
             for worker_id, reason in decisions.decide_evictions(now, [w.view() for w in self.workers.values()], self.membership):
@@ -508,6 +482,7 @@ class SwarmCoordinator:
             self._close_round(now, decision.reason)
 
     def _close_round(self, now: float, reason: str) -> None:
+        """Apply the outer step, commit and serve the new version, wake the waiters, advance the curriculum (lock held)."""
         reports = [self.round.reports[k] for k in sorted(self.round.reports)]
         average = outer.weighted_average(reports)
         target, momentum = outer.outer_step(self.params, self.momentum, average, self.spec.outer)
@@ -539,7 +514,7 @@ class SwarmCoordinator:
         self._publish(sha)
         self._version_changed.notify_all()
         try:
-            self._advance_curriculum(now, new_version - 1)
+            self.tracker.advance(now, new_version - 1)
         except Exception:
             # The version is committed and served; a failed curriculum step keeps the current L.
             log.exception("round %d: the curriculum decision failed; L stays", new_version - 1)

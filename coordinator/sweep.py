@@ -1,8 +1,10 @@
-"""A sweep: several runs in one coordinator that differ in sequence length (and batch).
+"""Runs in one coordinator: a sweep's runs, which differ in sequence length (and batch), or one run.
 
-Each run of `RunSpec.sweep_runs()` is a full `SwarmCoordinator` with its own global
-parameters, outer optimizer, rounds and state directory (`<state-dir>/run<i>-L<L>`). The
-sweep routes every RPC to the run its worker belongs to and schedules workers across runs:
+`RunGroup` is the one coordinator interface the gRPC server and the dashboard talk to. Each
+run of `RunSpec.sweep_runs()` is a full `SwarmCoordinator` with its own global parameters,
+outer optimizer, rounds and state directory: the state dir itself for a single run (a group
+of one, which answers exactly as its run), `<state-dir>/run<i>-L<L>` for a sweep. The group
+routes every RPC to the run its worker belongs to and schedules a sweep's workers across runs:
 
 * Join assigns a worker to the unfinished run with the fewest active workers (equal share
   of wall time by default), `decide_assignment`.
@@ -22,20 +24,22 @@ import itertools
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import grpc
 
-from rcswarm.coordinator.service import Refusal, SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
 from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.service import Refusal, SwarmCoordinator, first_part
+from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 
 @dataclass(frozen=True)
 class RunLoad:
+    """A run as the sweep's decisions see it: its position, name, active workers and whether it finished."""
+
     index: int
     name: str
     active: int
@@ -66,114 +70,170 @@ def decide_move(loads: Sequence[RunLoad], current: int) -> tuple[bool, str]:
 
 
 def run_state_dir(state_dir: Path, index: int, spec: RunSpec) -> Path:
+    """The state dir of run `index` (of spec `spec`, one of `sweep_runs()`) of a sweep below `state_dir`."""
     return state_dir / f"run{index}-L{spec.data.seq_len}"
 
 
-class SweepCoordinator:
-    """The SwarmCoordinator interface over the runs of a sweep."""
+def run_state_dirs(spec: RunSpec, state_dir: Path) -> list[tuple[RunSpec, Path]]:
+    """Each run of `spec.sweep_runs()` with its state dir: a single run's is `state_dir` itself, a
+    sweep's run<i>-L<L> below it. The one place that knows the layout (the launcher reads it too)."""
+    if not spec.is_sweep:
+        return [(spec, Path(state_dir))]
+    return [(run, run_state_dir(Path(state_dir), index, run)) for index, run in enumerate(spec.sweep_runs())]
 
-    def __init__(self, spec: RunSpec, state_dir: Path, clock: Callable[[], float] = time.time) -> None:
-        if not spec.is_sweep:
-            raise ValueError("SweepCoordinator needs a spec with sweep.seq_lens")
+
+def build_runs(spec: RunSpec, state_dir: Path, clock: Callable[[], float] = time.time) -> list[SwarmCoordinator]:
+    """The coordinators of `spec.sweep_runs()` in their state dirs (`run_state_dirs`)."""
+    runs = []
+    for index, (run_spec, run_dir) in enumerate(run_state_dirs(spec, state_dir)):
+        prefix = f"r{index}" if spec.is_sweep else ""
+        store = StateStore(run_dir, run_spec.coordinator.keep_checkpoints, run_spec.coordinator.durable)
+        runs.append(SwarmCoordinator(run_spec, store, clock, worker_prefix=prefix))
+    return runs
+
+
+class RunGroup:
+    """The coordinator interface over the runs of a sweep, or over one run (a group of one).
+
+    A group of one answers exactly as its run (its run id, its status); a sweep's group assigns
+    joining workers, moves them between runs at round boundaries, and reports the sweep's
+    aggregate status with one RunSummary per run.
+
+    Threads and locks: the RPC methods are called from gRPC handler threads, `tick` from the
+    server's ticker thread, `status` also from the dashboard's. `_lock` orders joins and move
+    decisions, so two joins never both count a run as the emptiest; it is taken before a run's
+    own lock (the group calls `join` and `active_workers` of its runs while holding it) and
+    never while a run's lock is held. Every other method routes the call to its run without
+    the group's lock; the run takes its own (see SwarmCoordinator).
+    """
+
+    def __init__(self, spec: RunSpec, runs: Sequence[SwarmCoordinator]) -> None:
+        """Group `runs`, one per `spec.sweep_runs()` in that order."""
+        expected = len(spec.sweep_runs())
+        if len(runs) != expected:
+            raise ValueError(f"a run group of {spec.run.name!r} got {len(runs)} runs: expected {expected}, one per sweep run")
         self.spec = spec
-        self.runs: list[SwarmCoordinator] = []
-        for index, run_spec in enumerate(spec.sweep_runs()):
-            store = StateStore(
-                run_state_dir(Path(state_dir), index, run_spec), run_spec.coordinator.keep_checkpoints,
-                run_spec.coordinator.durable,
-            )
-            self.runs.append(SwarmCoordinator(run_spec, store, clock, worker_prefix=f"r{index}"))
+        self.runs = list(runs)
+        # A sweep's group places workers among its runs and reports their aggregate; a group of one is its run.
+        self.sweep = spec.is_sweep
         self._lock = threading.Lock()
-        self._assignment: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, coordinator: SwarmCoordinator | RunGroup) -> RunGroup:
+        """`coordinator` itself if it is a group, else the group of that one run."""
+        return coordinator if isinstance(coordinator, RunGroup) else cls(coordinator.spec, [coordinator])
 
     @property
     def run_id(self) -> str:
-        return self.spec.run.name
+        """The run's id for a group of one, the sweep's name for a sweep (any thread)."""
+        return self.spec.run.name if self.sweep else self.runs[0].run_id
 
     @property
     def version(self) -> int:
+        """The lowest version of the runs (any thread)."""
         return min(run.version for run in self.runs)
 
     @property
     def finished(self) -> bool:
+        """Whether every run finished (any thread)."""
         return all(run.finished for run in self.runs)
 
     def close(self) -> None:
+        """Close every run's store; once the server and the ticker have stopped."""
         for run in self.runs:
-            run.store.close()
+            run.close()
 
     def _loads(self) -> list[RunLoad]:
+        """Every run's load (takes each run's lock in turn)."""
         return [RunLoad(i, run.spec.run.name, run.active_workers(), run.finished) for i, run in enumerate(self.runs)]
 
     def _index_of(self, worker_id: str) -> int:
-        with self._lock:
-            index = self._assignment.get(worker_id)
-        if index is None:
-            raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is unknown here; join again")
-        return index
+        """The run `worker_id` joined (takes each run's lock in turn); NOT_FOUND if none."""
+        for index, run in enumerate(self.runs):
+            if run.knows(worker_id):
+                return index
+        raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is unknown here; join again")
 
-    def _sweep_state(self) -> int:
+    def _group_state(self) -> int:
+        """The state workers hear: finished once every run is (any thread)."""
         return pb.RUN_STATE_FINISHED if self.finished else pb.RUN_STATE_RUNNING
 
+    def _place(self) -> tuple[int, str]:
+        """The run a joining worker goes to and why (group lock held). A group of one sends every join
+        to its run, whose admission alone decides (reason ""); a sweep refuses once every run finished."""
+        if not self.sweep:
+            return 0, ""
+        index, reason = decide_assignment(self._loads())
+        if index is None:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {reason}")
+        return index, reason
+
     def _maybe_move(self, worker_id: str, index: int) -> None:
-        """Move the worker off its run when `decide_move` says so; it then joins again."""
+        """Move the worker off its run when `decide_move` says so; it then joins again (takes the group lock, then releases it)."""
         with self._lock:
             move, reason = decide_move(self._loads(), index)
         if move:
             self.runs[index].reassign(worker_id, f"reassigned: {reason}")
 
     def _move_if_run_finished(self, worker_id: str, index: int) -> None:
+        """A worker of a finished run, while another run goes on, is moved and told to join again."""
         if self.runs[index].finished and not self.finished:
             self._maybe_move(worker_id, index)
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r}: its run finished; join again")
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        """Admit a worker to the run `_place` picks (handler thread; takes the group lock, then the run's)."""
         with self._lock:
-            index, reason = decide_assignment(self._loads())
-            if index is None:
-                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {reason}")
+            index, reason = self._place()
             response = self.runs[index].join(request)
-            self._assignment[response.worker_id] = index
-        self.runs[index].store.add_event(response.worker_id, "assign", reason)
+        if reason:
+            self.runs[index].store.add_event(response.worker_id, "assign", reason)
         return response
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        """Renew a lease in the worker's run (handler thread)."""
         index = self._index_of(request.worker_id)
         response = self.runs[index].heartbeat(request)
         self._move_if_run_finished(request.worker_id, index)
-        response.run_state = self._sweep_state()
+        response.run_state = self._group_state()
         return response
 
     def leave(self, request: pb.LeaveRequest) -> pb.LeaveResponse:
+        """End a membership in the worker's run (handler thread)."""
         return self.runs[self._index_of(request.worker_id)].leave(request)
 
     def pull(self, request: pb.PullParametersRequest) -> Iterator[pb.PullParametersResponse]:
+        """The worker's run's θ or step (handler thread; a generator, see SwarmCoordinator.pull)."""
         return self.runs[self._index_of(request.worker_id)].pull(request)
 
     def await_version(self, request: pb.AwaitVersionRequest, time_remaining: float) -> pb.AwaitVersionResponse:
+        """Long poll on the worker's run (handler thread; no group lock while it waits)."""
         index = self._index_of(request.worker_id)
         response = self.runs[index].await_version(request, time_remaining)
         self._move_if_run_finished(request.worker_id, index)
-        response.run_state = self._sweep_state()
+        response.run_state = self._group_state()
         return response
 
     def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
-        first = next(requests, None)
-        if first is None or first.WhichOneof("part") != "meta":
-            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "PushUpdate stream: expected a meta message first")
+        """An update to the worker's run, then perhaps a move (handler thread)."""
+        first = first_part(requests, "meta")
         index = self._index_of(first.meta.worker_id)
         response = self.runs[index].push(itertools.chain([first], requests))
         self._maybe_move(first.meta.worker_id, index)
         return response
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
+        """Metrics into the worker's run (handler thread)."""
         return self.runs[self._index_of(request.worker_id)].report_metrics(request)
 
     def status(self) -> pb.GetStatusResponse:
+        """A group of one's run status; a sweep's aggregate with one RunSummary per run (any thread; takes each run's lock in turn)."""
+        if not self.sweep:
+            return self.runs[0].status()
         statuses = [run.status() for run in self.runs]
         losses = [s.latest_loss for s in statuses if math.isfinite(s.latest_loss)]
         response = pb.GetStatusResponse(
-            run_id=self.run_id, version=self.version, run_state=self._sweep_state(),
+            run_id=self.run_id, version=self.version, run_state=self._group_state(),
             target_rounds=self.spec.run.rounds, latest_loss=sum(losses) / len(losses) if losses else math.nan,
             tokens_per_second=sum(s.tokens_per_second for s in statuses),
             total_tokens=sum(s.total_tokens for s in statuses),
@@ -185,5 +245,21 @@ class SweepCoordinator:
         return response
 
     def tick(self) -> None:
+        """Evictions and deadlines in every run (the ticker thread)."""
         for run in self.runs:
             run.tick()
+
+
+class SweepCoordinator(RunGroup):
+    """The group of a sweep's runs, each in its own state dir below `state_dir`."""
+
+    def __init__(self, spec: RunSpec, state_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        """Open (or resume) every run of the sweep `spec`; a spec without sweep.seq_lens is refused."""
+        if not spec.is_sweep:
+            raise ValueError("SweepCoordinator needs a spec with sweep.seq_lens")
+        super().__init__(spec, build_runs(spec, Path(state_dir), clock))
+
+
+def open_group(spec: RunSpec, state_dir: Path, clock: Callable[[], float] = time.time) -> RunGroup:
+    """The coordinator of `spec`: a group of one run in `state_dir`, or a sweep's group over its runs."""
+    return RunGroup(spec, build_runs(spec, Path(state_dir), clock))

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -15,10 +16,10 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
+from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
-from rcswarm.config.runspec import RunSpec
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
 TOKEN = "test-token-0123456789"
@@ -123,6 +124,18 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     """max |value - reference| / max(max |reference|, tiny): the kernels' comparison with their references."""
     scale = reference.abs().max().clamp_min(1e-300)
     return float((value - reference).abs().max() / scale)
+
+
+def sql(state_dir: Path, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows of one SQL statement on a state dir's state.sqlite, through a plain read-only connection.
+
+    Tests may look into the tables directly; the package reads them only through StateStore's named reads.
+    """
+    connection = sqlite3.connect(f"{(Path(state_dir) / 'state.sqlite').resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+    try:
+        return connection.execute(statement, params).fetchall()
+    finally:
+        connection.close()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

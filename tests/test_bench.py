@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from rcswarm.config.runspec import RunSpec
 from rcswarm.cli import bench as diag_bench
+from rcswarm.config.runspec import RunSpec
 from rcswarm.worker.inner import make_sampler
 
 
@@ -34,9 +34,9 @@ def test_bench_diag_writes_table_plot_and_swarm_configs(tmp_path):
 
 def test_bench_diag_rejects_bad_arguments(tmp_path, capsys):
     assert diag_bench.main(["--task", "s5", "--models", "lstm_lm", "--max-steps", "1", "--out", str(tmp_path)]) == 2
-    assert "num_classes" in capsys.readouterr().out
+    assert "num_classes" in capsys.readouterr().err
     assert diag_bench.main(["--task", "s5", "--models", "lstm", "--task-arg", "nope=1", "--out", str(tmp_path)]) == 2
-    assert "nope" in capsys.readouterr().out
+    assert "nope" in capsys.readouterr().err
 
 
 def test_diag_sampler_is_deterministic_and_splits_differ():

@@ -351,22 +351,19 @@ def test_concurrent_requests_and_idle_connections_time_out(swarm: Any) -> None:
 
 
 def test_fit_report_explains_missing_fits() -> None:
-    from rcswarm.coordinator.dashboard import fit_report
-
-    def query_of(rows: list[tuple[int, int, float, float]]) -> Any:
-        return lambda sql, params: rows
+    from rcswarm.coordinator.analysis import fit_step_means
 
     disjoint = [(length, step + offset, true_loss(step, length), step * length / 1000.0)
                 for offset, length in ((0, 32), (100, 64), (200, 128)) for step in range(1, 20)]
-    report = fit_report(query_of(disjoint))
+    report = fit_step_means(disjoint)
     assert report.analysis is None and report.message.startswith("no fit: common step range")
     single = [(32, 5, 1.0, 1.0)] + [(length, step, 1.0, float(step)) for length in (64, 128) for step in (1, 2, 3)]
-    report = fit_report(query_of(single))
+    report = fit_step_means(single)
     assert report.analysis is None and "L=32 has fewer than 2 steps" in report.message
     assert [c.length for c in report.curves] == [64, 128]
     frozen = [(length, step, true_loss(step, length), 10.0 - 0.1 * step if length == 32 else step * 0.1)
               for length in (32, 64, 128) for step in range(1, 30)]
-    report = fit_report(query_of(frozen))
+    report = fit_step_means(frozen)
     assert report.analysis is None and "wall time does not increase" in report.message
 
 
@@ -392,9 +389,9 @@ def sweep(tmp_path: Path) -> Any:
     """
     from types import SimpleNamespace
 
+    from rcswarm.config.runspec import RunSpec
     from rcswarm.coordinator.server import RunningCoordinator
     from rcswarm.coordinator.sweep import SweepCoordinator
-    from rcswarm.config.runspec import RunSpec
     from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
     base = tiny_spec(coordinator={"lease_s": 1000.0, "max_wait_s": 2.0})
@@ -573,7 +570,6 @@ def test_coordinator_cli_serves_a_sweep_dashboard(tmp_path: Path) -> None:
 
 
 def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path: Path) -> None:
-    from rcswarm.coordinator.dashboard import run_step_means
     from rcswarm.coordinator.store import StateStore
 
     store = StateStore(tmp_path / "state")
@@ -586,11 +582,11 @@ def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path:
                 rows.append(("run", "w", version, own, 16, 2, 1.0 / own, 32, 900.0 + own, 0.0, 0.0, 0, 0, "",
                              100.0 + 10 * version + k))
         store.add_metrics(rows)
-        means = run_step_means(store.query, 4)
+        means = store.run_step_means(4)
     finally:
         store.close()
     assert [step for _, step, _, _ in means] == list(range(9, 17))
     assert [t for _, _, _, t in means] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
     assert {length for length, _, _, _ in means} == {16} and means[0][2] == pytest.approx(1.0 / 500)
     with pytest.raises(ValueError, match="inner_steps=0"):
-        run_step_means(store.query, 0)
+        store.run_step_means(0)

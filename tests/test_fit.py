@@ -105,7 +105,7 @@ def test_too_few_lengths_and_missing_file(tmp_path, capsys, rows):
 
 
 def test_the_fit_command_is_registered():
-    assert COMMANDS["fit"] == ("rcswarm.coordinator.analysis", "fit scaling laws to recorded metrics and plot them")
+    assert COMMANDS["fit"] == ("rcswarm.cli.fit", "fit scaling laws to recorded metrics and plot them")
 
 
 def test_fit_reads_a_run_directory_of_state_dirs(tmp_path, capsys):
@@ -113,8 +113,8 @@ def test_fit_reads_a_run_directory_of_state_dirs(tmp_path, capsys):
     import math
 
     from rcswarm.cli.fit import main as fit_main
-    from rcswarm.coordinator.store import StateStore
     from rcswarm.config.runspec import RunSpec
+    from rcswarm.coordinator.store import StateStore
 
     for length in (2, 4, 8, 16):
         store = StateStore(tmp_path / "run" / "state" / f"run-L{length}")

@@ -351,8 +351,8 @@ def test_tree_navigation_with_more_files_than_rows():
 def test_the_worker_trains_the_frame_model_on_git_frames(repo, tmp_path):
     import torch
 
-    from rcswarm.models import registry
     from rcswarm.config.runspec import RunSpec
+    from rcswarm.models import registry
     from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler
 
     out = tmp_path / "frames"

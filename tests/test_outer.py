@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from rcswarm.coordinator.outer import outer_step, weighted_average
 from rcswarm.config.runspec import OuterSection
+from rcswarm.coordinator.outer import outer_step, weighted_average
 
 
 def test_token_weighting():

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from rcswarm.models import registry
-from rcswarm.models.chaingpt import RWKV7Config, RWKVProduct
+from rcswarm.models.baselines import RWKV7Config
+from rcswarm.models.chaingpt import RWKVProduct
 
 
 def test_shapes_causality_and_determinism():

@@ -23,7 +23,7 @@ from rcswarm.kernels.rwkv_product import (
     rwkv_product_naive,
     rwkv_product_substeps,
 )
-from rcswarm.kernels.rwkv_product.dispatch import triton_available
+from rcswarm.kernels.triton_probe import triton_available
 from tests.conftest import relative_error
 from tests.uninitialized_memory import assert_independent_of_uninitialized_memory
 

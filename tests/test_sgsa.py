@@ -17,6 +17,7 @@ from torch import Tensor
 from rcswarm.kernels.sgsa import dispatch as dispatch_module
 from rcswarm.kernels.sgsa import sgsa_attention, sgsa_mask, sgsa_naive, sgsa_sparse
 from rcswarm.kernels.sgsa import sparse as sparse_module
+from rcswarm.kernels.triton_probe import triton_available
 from tests.conftest import relative_error
 from tests.uninitialized_memory import assert_independent_of_uninitialized_memory
 
@@ -330,7 +331,7 @@ def test_triton_child_dispatcher_runs_the_kernels(monkeypatch: pytest.MonkeyPatc
 def test_dispatcher_choice() -> None:
     q = torch.zeros(1, 1, 1, 1)
     assert not dispatch_module.use_triton(q)
-    assert dispatch_module.TRITON_AVAILABLE == TRITON_INSTALLED
+    assert triton_available() == TRITON_INSTALLED
 
 
 @child_only

@@ -12,9 +12,9 @@ from torch import Tensor, nn
 
 from rcswarm.models import registry
 from rcswarm.models.frame import FrameActionModel
+from rcswarm.models.protocols import StepModel
 from rcswarm.worker.streaming_bptt import (
     HostPager,
-    StepModel,
     plain_backward,
     streaming_backward,
 )

@@ -15,18 +15,14 @@ import pytest
 from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
-from tests.conftest import TOKEN, free_port, logs_of, tiny_spec, wait_for, worker_env, write_spec
+from tests.conftest import TOKEN, free_port, logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
 
 pytestmark = pytest.mark.slow
 
 
 def worker_digests(state_dir) -> dict[int, set[str]]:
     """version -> the parameter digests workers reported right after pulling it."""
-    store = StateStore(state_dir)
-    try:
-        rows = store.query("SELECT version, param_sha256 FROM metrics WHERE param_sha256 != ''")
-    finally:
-        store.close()
+    rows = sql(state_dir, "SELECT version, param_sha256 FROM metrics WHERE param_sha256 != ''")
     digests: dict[int, set[str]] = {}
     for version, digest in rows:
         digests.setdefault(version, set()).add(digest)
@@ -35,20 +31,12 @@ def worker_digests(state_dir) -> dict[int, set[str]]:
 
 def coordinator_digests(state_dir) -> dict[int, str]:
     """version -> digest of the global parameters of that version (from the rounds that made them)."""
-    store = StateStore(state_dir)
-    try:
-        rows = store.query("SELECT version + 1, param_sha256 FROM rounds")
-    finally:
-        store.close()
+    rows = sql(state_dir, "SELECT version + 1, param_sha256 FROM rounds")
     return dict(rows)
 
 
 def round_losses(state_dir) -> list[float]:
-    store = StateStore(state_dir)
-    try:
-        rows = store.query("SELECT version, AVG(loss) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version")
-    finally:
-        store.close()
+    rows = sql(state_dir, "SELECT version, AVG(loss) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version")
     return [loss for _, loss in rows]
 
 

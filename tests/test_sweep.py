@@ -11,10 +11,9 @@ from rich.console import Console
 
 from rcswarm.cli import status as status_cli
 from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.store import StateStore
 from rcswarm.coordinator.sweep import RunLoad, SweepCoordinator, decide_assignment, decide_move, run_state_dir
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import TOKEN, logs_of, tiny_spec
+from tests.conftest import TOKEN, logs_of, sql, tiny_spec
 
 
 def loads(*items: tuple[int, bool]) -> list[RunLoad]:
@@ -57,12 +56,9 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
     finally:
         running.stop(grace=0.5)
     for index, run_spec in enumerate(spec.sweep_runs()):
-        store = StateStore(run_state_dir(tmp_path / "state", index, run_spec))
-        try:
-            seq_lens = {row[0] for row in store.query("SELECT DISTINCT seq_len FROM metrics WHERE tokens > 0")}
-            assigned = store.query("SELECT COUNT(*) FROM events WHERE kind = 'assign'")[0][0]
-        finally:
-            store.close()
+        state_dir = run_state_dir(tmp_path / "state", index, run_spec)
+        seq_lens = {row[0] for row in sql(state_dir, "SELECT DISTINCT seq_len FROM metrics WHERE tokens > 0")}
+        assigned = sql(state_dir, "SELECT COUNT(*) FROM events WHERE kind = 'assign'")[0][0]
         assert seq_lens == {run_spec.data.seq_len}
         assert assigned >= 1
     # Workers whose run finished first moved to the other run (a REASSIGNED membership).
@@ -109,8 +105,8 @@ def test_a_fixed_curriculum_changes_length_and_batch_by_step(start_coordinator, 
     local = start_coordinator(spec)
     worker = spawn_worker(local.target, "learner")
     assert worker.wait(timeout=180) == 0, logs_of([worker])
-    rows = local.service.store.query(
-        "SELECT version, seq_len, batch, MIN(tokens), MAX(tokens) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version"
+    rows = sql(
+        local.state_dir, "SELECT version, seq_len, batch, MIN(tokens), MAX(tokens) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version"
     )
     assert rows == [(0, 16, 4, 64, 64), (1, 16, 4, 64, 64), (2, 32, 2, 64, 64), (3, 32, 2, 64, 64)]
 

@@ -22,10 +22,10 @@ import torch
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
 
 log = logging.getLogger("rcswarm.worker")
 T = TypeVar("T")
-MAX_MESSAGE_BYTES = 4 << 20
 
 
 class RetriesExhausted(RuntimeError):
@@ -89,8 +89,7 @@ class CoordinatorClient:
         self, target: str, token: str, *, tls_ca: Path | None = None, retry: RetryPolicy = RetryPolicy(),
         timeouts: Timeouts = Timeouts(), stop: threading.Event | None = None,
     ) -> None:
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        options = list(MESSAGE_SIZE_OPTIONS)
         if tls_ca is not None:
             credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
             self.channel = grpc.secure_channel(target, credentials, options=options)

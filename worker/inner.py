@@ -1,7 +1,10 @@
-"""Local training between syncs: the inner optimizer, the data streams and the inner steps.
+"""The training layer: the masked cross-entropy, one optimizer step, the inner optimizer and data streams.
 
 A worker runs H inner steps of full backpropagation through time over its assigned
-sequence length (the whole window is one autograd graph), with AdamW (default) or SGD.
+sequence length (the whole window is one autograd graph, or streaming BPTT with
+`bptt_chunk` > 0), with AdamW (default) or SGD. `masked_cross_entropy` is the one loss
+of every model trained on token targets (worker, the launcher's evaluation, the
+diagnostics bench) and `train_step` the one optimizer step the worker and the bench share.
 """
 
 from __future__ import annotations
@@ -14,18 +17,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rcswarm.config.runspec import DataSection, InnerSection
 from rcswarm.data.diagnostics import IGNORE_INDEX, DiagnosticTask, make_task
 from rcswarm.data.frames import FrameWindowSpec, GitFrameSource, TypingConfig, TypingFrameSource
 from rcswarm.data.frames.git_editor import N_STYLES as GIT_FRAME_STYLES
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
-from rcswarm.config.runspec import DataSection, InnerSection
-from rcswarm.worker.streaming_bptt import StepModel, streaming_backward
+from rcswarm.models.protocols import StepModel
+from rcswarm.worker.streaming_bptt import streaming_backward
 
 VAL_SEED_OFFSET = 1 << 40
 
 
 @dataclass(frozen=True)
 class StepResult:
+    """One inner step: its loss, the scored target positions it trained on, its wall time."""
+
     loss: float
     tokens: int
     seconds: float
@@ -118,31 +124,54 @@ def worker_data_seed(run_seed: int, data_seed: int) -> int:
     return (run_seed * 1_000_003 + data_seed * 7_919) % (2**63)
 
 
+def masked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits [B, T, V] against targets [B, T] over the positions not IGNORE_INDEX."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def backward_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, bptt_chunk: int = 0) -> float:
+    """Accumulate the gradients of one batch's loss and return its value: the masked cross-entropy.
+
+    With `bptt_chunk` > 0 the model must be a StepModel (per-step encoder + core) and the
+    loss is its `core_loss`: the gradients come from streaming BPTT, equal to plain
+    autograd's, in memory flat in the window length.
+    """
+    if bptt_chunk > 0:
+        if not isinstance(model, StepModel):
+            raise ValueError(f"inner.bptt_chunk = {bptt_chunk} needs a model with encode() and core_loss(); got {type(model).__name__}")
+        loss_value, _ = streaming_backward(model, (inputs, targets), bptt_chunk)
+        return loss_value
+    loss = masked_cross_entropy(model(inputs), targets)  # model: [B, T, ...] -> [B, T, V]
+    loss.backward()
+    return loss.item()
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
+    grad_clip: float, bptt_chunk: int = 0,
+) -> float:
+    """One optimizer step on the batch (inputs [B, T, ...], targets [B, T]): gradients, clipping, step; the loss."""
+    optimizer.zero_grad(set_to_none=True)
+    loss_value = backward_loss(model, inputs, targets, bptt_chunk)
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss_value
+
+
 def inner_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any, grad_clip: float,
     device: torch.device, bptt_chunk: int = 0,
 ) -> StepResult:
-    """One optimizer step of cross-entropy over a full window, with full BPTT.
+    """One `train_step` on the sampler's next batch, on `device`, timed, with the scored tokens counted.
 
-    With `bptt_chunk` > 0 the model must be a StepModel (per-step encoder + core): the
-    gradients come from streaming BPTT, equal to plain autograd's, in memory flat in the
-    window length.
+    Streaming BPTT (`bptt_chunk` > 0) leaves the inputs on the host; it moves each chunk itself.
     """
     started = time.perf_counter()
     inputs, targets = sampler.next_batch()  # [B, T, ...], [B, T]
-    optimizer.zero_grad(set_to_none=True)
-    if bptt_chunk > 0:
-        if not isinstance(model, StepModel):
-            raise ValueError(f"inner.bptt_chunk = {bptt_chunk} needs a model with encode() and core_loss(); got {type(model).__name__}")
-        loss_value, _ = streaming_backward(model, (inputs, targets.to(device)), bptt_chunk)
-    else:
-        inputs, targets = inputs.to(device), targets.to(device)
-        logits = model(inputs)  # [B, T, V]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
-        loss.backward()
-        loss_value = loss.item()
-    if grad_clip > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
+    targets = targets.to(device)
+    if bptt_chunk <= 0:
+        inputs = inputs.to(device)
+    loss_value = train_step(model, optimizer, inputs, targets, grad_clip, bptt_chunk)
     scored = int((targets != IGNORE_INDEX).sum())
     return StepResult(loss=loss_value, tokens=scored, seconds=time.perf_counter() - started)

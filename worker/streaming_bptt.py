@@ -36,15 +36,8 @@ sequence of autograd calls. On CUDA, kernels that are not bitwise
 deterministic can make a recomputed embedding differ from the first pass in
 the last bits; the gradient is then exact up to that rounding.
 
-The model interface (`StepModel`):
-
-- `encode(steps [B, k, *S]) -> embeddings [B, k, D]`: embedding t depends on
-  steps[:, t] only, and the call has no side effects (no running statistics).
-  It must be a deterministic function of its input and the RNG state: before
-  every chunk the CPU (and CUDA) RNG state is recorded and restored for the
-  recomputation, so dropout draws the same masks twice.
-- `core_loss(embeddings [B, L, D], targets) -> scalar loss`: any differentiable
-  function of the whole embedding sequence.
+The model interface is `rcswarm.models.protocols.StepModel` (`encode`,
+`core_loss`; see there).
 
 A batch is the pair `(steps [B, L, *S], targets)` with targets' first two
 dimensions [B, L]. Steps may stay on the CPU: each chunk is moved to the
@@ -56,24 +49,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from rcswarm.models.protocols import StepModel
 
 Batch = tuple[Tensor, Tensor]
 """(steps [B, L, *S], targets [B, L, ...])."""
-
-
-@runtime_checkable
-class StepModel(Protocol):
-    """A per-step encoder followed by a core over the whole sequence; see the module docstring."""
-
-    def encode(self, steps: Tensor) -> Tensor: ...
-
-    def core_loss(self, embeddings: Tensor, targets: Tensor) -> Tensor: ...
-
-    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
 
 
 @dataclass(frozen=True)

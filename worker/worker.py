@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -27,16 +28,16 @@ from pathlib import Path
 import grpc
 import torch
 
+from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
-from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Stopped
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 
 log = logging.getLogger("rcswarm.worker")
-TOKEN_ENV = "RCSWARM_TOKEN"
 AWAIT_WAIT_S = 2.0
 
 
@@ -353,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(options.threads)
         worker = Worker(options)
     except ValueError as exc:
-        raise SystemExit(f"rcswarm worker: {exc}") from None
+        print(f"rcswarm worker: {exc}", file=sys.stderr)
+        return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop.set())
     return worker.run()

@@ -33,56 +33,13 @@ from typing import ClassVar, Generic, TypeVar
 import numpy as np
 import torch
 
+from rcswarm.data.validation import check_int, check_seed, is_int
+
 IGNORE_INDEX = -100
 """Target value at unscored positions (the default `ignore_index` of `F.cross_entropy`)."""
 
 PAD = "PAD"
 """Name of the padding token; every task's `Vocab.specials` has it."""
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def check_int(owner: str, name: str, value: object, minimum: int, maximum: int | None = None) -> None:
-    """Raise ValueError unless `value` is an int in `[minimum, maximum]`."""
-    if _is_int(value) and value >= minimum and (maximum is None or value <= maximum):
-        return
-    bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-    raise ValueError(f"{owner}.{name}={value!r}: expected an int {bound}")
-
-
-def check_probability(
-    owner: str, name: str, value: object, *, open_low: bool = False, open_high: bool = False
-) -> None:
-    """Raise ValueError unless `value` is a real number in [0, 1] (ends optionally open)."""
-    ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, (bool, np.bool_))
-    if ok:
-        low_ok = value > 0.0 if open_low else value >= 0.0
-        high_ok = value < 1.0 if open_high else value <= 1.0
-        if low_ok and high_ok:
-            return
-    interval = f"{'(' if open_low else '['}0, 1{')' if open_high else ']'}"
-    raise ValueError(f"{owner}.{name}={value!r}: expected a number in {interval}")
-
-
-def check_choice(owner: str, name: str, value: object, choices: Sequence[str]) -> None:
-    """Raise ValueError unless `value` is one of `choices`."""
-    if isinstance(value, str) and value in choices:
-        return
-    raise ValueError(f"{owner}.{name}={value!r}: expected one of {list(choices)}")
-
-
-def check_bool(owner: str, name: str, value: object) -> None:
-    """Raise ValueError unless `value` is a bool."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{owner}.{name}={value!r}: expected a bool")
-
-
-def check_seed(seed: object) -> None:
-    """Raise ValueError unless `seed` is a non-negative int."""
-    if not _is_int(seed) or seed < 0:
-        raise ValueError(f"seed={seed!r}: expected a non-negative int")
 
 
 @dataclass(frozen=True)
@@ -113,7 +70,7 @@ class Vocab:
         if PAD not in self.specials:
             raise ValueError(f"Vocab.specials={dict(self.specials)!r}: expected a {PAD!r} entry")
         for name, token in self.specials.items():
-            if not _is_int(token) or not 0 <= token < self.vocab_size or self.token_names[token] != name:
+            if not is_int(token) or not 0 <= token < self.vocab_size or self.token_names[token] != name:
                 raise ValueError(
                     f"Vocab.specials[{name!r}]={token!r}: "
                     f"expected the id in [0, {self.vocab_size}) named {name!r}"

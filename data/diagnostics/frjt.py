@@ -58,11 +58,9 @@ from rcswarm.data.diagnostics.base import (
     DiagnosticTask,
     Example,
     Vocab,
-    check_bool,
-    check_int,
-    check_probability,
     make_example,
 )
+from rcswarm.data.validation import check_bool, check_int, check_probability
 
 HALT_A = -1
 """Jump target meaning "halt in state A"."""

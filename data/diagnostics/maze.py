@@ -46,12 +46,9 @@ from rcswarm.data.diagnostics.base import (
     DiagnosticTask,
     Example,
     Vocab,
-    check_bool,
-    check_choice,
-    check_int,
-    check_probability,
     make_example,
 )
+from rcswarm.data.validation import check_bool, check_choice, check_int, check_probability
 
 UP, DOWN, LEFT, RIGHT = 0, 1, 2, 3
 """Direction indices; the token of direction d is d + 1."""

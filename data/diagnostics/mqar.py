@@ -34,11 +34,9 @@ from rcswarm.data.diagnostics.base import (
     DiagnosticTask,
     Example,
     Vocab,
-    check_choice,
-    check_int,
-    check_probability,
     make_example,
 )
+from rcswarm.data.validation import check_choice, check_int, check_probability
 
 PLACEMENTS: tuple[str, ...] = ("uniform", "nearby")
 FILLERS: tuple[str, ...] = ("noise", "blank")

@@ -31,10 +31,9 @@ from rcswarm.data.diagnostics.base import (
     DiagnosticTask,
     Example,
     Vocab,
-    check_bool,
-    check_int,
     make_example,
 )
+from rcswarm.data.validation import check_bool, check_int
 
 PERMUTATIONS: tuple[tuple[int, ...], ...] = tuple(permutations(range(5)))
 """All 120 permutations of 0..4 in lexicographic order; PERMUTATIONS[0] is the identity."""

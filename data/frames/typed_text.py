@@ -72,7 +72,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec, check_int
+from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec
+from rcswarm.data.validation import check_bool, check_int
 
 PRINTABLE_CHARSET: str = "".join(chr(c) for c in range(32, 127)) + "\n"
 """Printable ASCII (space .. tilde) and newline: 96 characters, 98 actions."""
@@ -146,11 +147,6 @@ def _check_charset(owner: str, charset: object) -> None:
         )
 
 
-def _check_bool(owner: str, name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{owner}.{name}={value!r}: expected a bool")
-
-
 @dataclass(frozen=True)
 class TypingConfig:
     """What the typing frames look like and which documents are typed; validated on construction.
@@ -173,8 +169,8 @@ class TypingConfig:
     min_document_chars: int = 16
 
     def __post_init__(self) -> None:
-        _check_bool("TypingConfig", "status_line", self.status_line)
-        _check_bool("TypingConfig", "fold_case", self.fold_case)
+        check_bool("TypingConfig", "status_line", self.status_line)
+        check_bool("TypingConfig", "fold_case", self.fold_case)
         check_int("TypingConfig", "rows", self.rows, 2 if self.status_line else 1)
         check_int("TypingConfig", "cols", self.cols, 2)
         check_int("TypingConfig", "char_vocab", self.char_vocab, 1)

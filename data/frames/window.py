@@ -36,15 +36,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from rcswarm.data.validation import check_int
+
 FrameBatch = tuple[Tensor, Tensor]
 """(frames LongTensor [B, L, rows, cols, 2], actions LongTensor [B, L])."""
-
-
-def check_int(owner: str, name: str, value: object, minimum: int) -> None:
-    """Raise ValueError naming `owner.name` unless `value` is an int >= `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{owner}.{name}={value!r}: expected {what}")
 
 
 @dataclass(frozen=True)

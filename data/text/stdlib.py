@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rcswarm.data.validation import check_int
+
 EXCLUDED_DIRS: frozenset[str] = frozenset(
     {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 )
@@ -106,10 +108,8 @@ class ByteWindowSampler:
             raise ValueError(
                 f"ByteWindowSampler.corpus of type {type(self.corpus).__name__}: expected bytes"
             )
-        for name in ("seq_len", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ByteWindowSampler.{name}={value!r}: expected a positive int")
+        check_int("ByteWindowSampler", "seq_len", self.seq_len, 1)
+        check_int("ByteWindowSampler", "batch_size", self.batch_size, 1)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"ByteWindowSampler.seed={self.seed!r}: expected a non-negative int")
         if self.split not in SPLITS:

@@ -1,15 +1,12 @@
 """One entry point for the RWKV-7 generalized delta rule and its M-substep form.
 
 `rwkv_product` runs the Triton kernels (`triton_kernel.py`) on CUDA tensors when triton is
-importable, the chunked path (`chunked.py`) otherwise; `naive=True` forces the per-step loop
+importable (`rcswarm.kernels.triton_probe`), the chunked path (`chunked.py`) otherwise; `naive=True` forces the per-step loop
 (`naive.py`), the definition. `rwkv_product_substeps` expands the M substeps per token
 (`substeps.py`), runs the recurrence on the T·M sequence and keeps the last substep's output.
 """
 
 from __future__ import annotations
-
-import importlib.util
-from functools import cache
 
 from torch import Tensor
 
@@ -19,12 +16,7 @@ from rcswarm.kernels.rwkv_product.chunked import (
 )
 from rcswarm.kernels.rwkv_product.naive import rwkv_product_naive
 from rcswarm.kernels.rwkv_product.substeps import collapse_substeps, expand_substeps
-
-
-@cache
-def triton_available() -> bool:
-    """Whether the triton package can be imported (checked once, without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+from rcswarm.kernels.triton_probe import use_triton
 
 
 def rwkv_product(
@@ -45,7 +37,7 @@ def rwkv_product(
     """
     if naive:
         return rwkv_product_naive(r, w_raw, k, v, a, b, initial_state)
-    if isinstance(r, Tensor) and r.is_cuda and triton_available():
+    if use_triton(r):
         from rcswarm.kernels.rwkv_product.triton_kernel import rwkv_product_triton
 
         return rwkv_product_triton(r, w_raw, k, v, a, b, initial_state, chunk_size)

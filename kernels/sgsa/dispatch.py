@@ -1,20 +1,17 @@
 """One entry point for state-guided sparse attention.
 
 `sgsa_attention` runs the Triton kernels (`triton_flash.py`) on CUDA tensors when triton is
-installed, the blocked O(T·(W + T/G)) path (`sparse.py`) otherwise, and the dense-mask
-definition (`naive.py`) when `naive=True`.
+installed (`rcswarm.kernels.triton_probe.use_triton`), the blocked O(T·(W + T/G)) path
+(`sparse.py`) otherwise, and the dense-mask definition (`naive.py`) when `naive=True`.
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 from torch import Tensor
 
 from rcswarm.kernels.sgsa.naive import sgsa_naive
 from rcswarm.kernels.sgsa.sparse import sgsa_sparse
-
-TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
+from rcswarm.kernels.triton_probe import use_triton
 
 
 def sgsa_attention(
@@ -35,8 +32,3 @@ def sgsa_attention(
 
         return sgsa_triton(q, k, v, window, anchor_stride, scale)
     return sgsa_sparse(q, k, v, window, anchor_stride, scale)
-
-
-def use_triton(q: Tensor) -> bool:
-    """Whether `sgsa_attention` runs the Triton kernels for q: a CUDA tensor, triton installed."""
-    return q.is_cuda and TRITON_AVAILABLE

@@ -1,6 +1,6 @@
 """rcswarm.models.baselines: the comparison models of the diagnostics.
 
-Four registered families, each with a "tiny" preset (tests) and a "small"
+Five registered families, each with a "tiny" preset (tests) and a "small"
 preset (about 1M parameters, CPU experiments); parameter counts are for the
 default vocab_size 256 and num_classes None:
 
@@ -14,39 +14,39 @@ default vocab_size 256 and num_classes None:
   tiny: d_model 32, 2 layers, d_state 8 (33,600); small: d_model 192, 4 layers (1,106,560).
 - "sum" (`SumModel`): the cross-temporal Sum baseline of Keiblinger (Table 4).
   tiny: d_model 32, 2 layers (35,776); small: d_model 192, 3 layers (1,100,032).
+- "rwkv7" (`RWKV7`): ChainGPT's RWKV-Product state layer with one substep, no attention.
 
-Every family reads `vocab_size` input ids and writes `config.out_dim` logits
-(`num_classes`, defaulting to `vocab_size`), and streams through
+The folder follows the model template with several families: `config.py` holds every
+family's config, `presets.py` their presets, one model file per family (`lstm.py`,
+`transformer.py`, `ssm.py`, `sum_model.py`, `rwkv7.py`; `common.py` the pieces the first
+four share), and this module registers them all.
+
+The lstm, transformer, ssm and sum families read `vocab_size` input ids and write
+`config.out_dim` logits (`num_classes`, defaulting to `vocab_size`), and stream through
 `init_state(batch_size)` / `step(tokens, state)` (see `common`).
 """
 
-from rcswarm.models.baselines.common import BaselineConfig
-from rcswarm.models.baselines.lstm import LSTMConfig, LSTMModel, LSTMState
-from rcswarm.models.baselines.ssm import SSMConfig, SSMModel, SSMState
-from rcswarm.models.baselines.sum_model import SumConfig, SumModel, SumState
-from rcswarm.models.baselines.transformer import (
-    KVCache,
+from rcswarm.models.baselines.config import (
+    BaselineConfig,
+    LSTMConfig,
+    RWKV7Config,
+    SSMConfig,
+    SumConfig,
     TransformerConfig,
-    TransformerModel,
 )
+from rcswarm.models.baselines.lstm import LSTMModel, LSTMState
+from rcswarm.models.baselines.presets import (
+    LSTM_PRESETS,
+    RWKV7_PRESETS,
+    SSM_PRESETS,
+    SUM_PRESETS,
+    TRANSFORMER_PRESETS,
+)
+from rcswarm.models.baselines.rwkv7 import RWKV7
+from rcswarm.models.baselines.ssm import SSMModel, SSMState
+from rcswarm.models.baselines.sum_model import SumModel, SumState
+from rcswarm.models.baselines.transformer import KVCache, TransformerModel
 from rcswarm.models.registry import ModelEntry, register
-
-LSTM_PRESETS: dict[str, dict[str, object]] = {
-    "tiny": {"d_model": 32, "n_layers": 2},
-    "small": {"d_model": 256, "n_layers": 2},
-}
-TRANSFORMER_PRESETS: dict[str, dict[str, object]] = {
-    "tiny": {"d_model": 32, "n_layers": 2, "n_heads": 2, "max_len": 128},
-    "small": {"d_model": 128, "n_layers": 4, "n_heads": 4, "max_len": 1024},
-}
-SSM_PRESETS: dict[str, dict[str, object]] = {
-    "tiny": {"d_model": 32, "n_layers": 2, "d_state": 8},
-    "small": {"d_model": 192, "n_layers": 4},
-}
-SUM_PRESETS: dict[str, dict[str, object]] = {
-    "tiny": {"d_model": 32, "n_layers": 2},
-    "small": {"d_model": 192, "n_layers": 3},
-}
 
 register(
     ModelEntry(
@@ -84,23 +84,35 @@ register(
         description="Cross-temporal cumulative-sum baseline (Keiblinger, Table 4).",
     )
 )
+register(
+    ModelEntry(
+        name="rwkv7",
+        config_cls=RWKV7Config,
+        build=RWKV7,
+        presets=RWKV7_PRESETS,
+        description="RWKV-7 baseline: ChainGPT's state layer with M = 1, no attention.",
+    )
+)
 
 __all__ = [
+    "LSTM_PRESETS",
+    "RWKV7",
+    "RWKV7_PRESETS",
+    "SSM_PRESETS",
+    "SUM_PRESETS",
+    "TRANSFORMER_PRESETS",
     "BaselineConfig",
     "KVCache",
     "LSTMConfig",
     "LSTMModel",
     "LSTMState",
-    "LSTM_PRESETS",
+    "RWKV7Config",
     "SSMConfig",
     "SSMModel",
     "SSMState",
-    "SSM_PRESETS",
-    "SUM_PRESETS",
     "SumConfig",
     "SumModel",
     "SumState",
-    "TRANSFORMER_PRESETS",
     "TransformerConfig",
     "TransformerModel",
 ]

@@ -1,4 +1,4 @@
-"""Pieces shared by the baseline model families: the base config and small modules.
+"""Pieces shared by the baseline model families: input checks and small modules (the configs are in `config.py`).
 
 Every baseline reads token ids in [0, vocab_size) and writes logits over
 `config.out_dim` classes: `num_classes` when a task's targets differ from its
@@ -18,91 +18,15 @@ logits up to float rounding.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rcswarm.models.baselines.config import BaselineConfig
 from rcswarm.models.init import init_linear
-
-
-def check_positive_int(config: object, field: str) -> None:
-    """ValueError unless `config.<field>` is an int > 0 (bools rejected)."""
-    value = getattr(config, field)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{type(config).__name__}.{field}={value!r}: expected a positive int")
-
-
-def check_optional_positive_int(config: object, field: str) -> None:
-    """ValueError unless `config.<field>` is None or an int > 0."""
-    if getattr(config, field) is not None:
-        check_positive_int(config, field)
-
-
-def check_positive_float(config: object, field: str) -> None:
-    """ValueError unless `config.<field>` is a finite real number > 0."""
-    value = getattr(config, field)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(
-            f"{type(config).__name__}.{field}={value!r}: expected a finite float > 0"
-        )
-
-
-def check_choice(config: object, field: str, choices: Sequence[str]) -> None:
-    """ValueError unless `config.<field>` is one of `choices`."""
-    value = getattr(config, field)
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(
-            f"{type(config).__name__}.{field}={value!r}: expected one of {list(choices)}"
-        )
-
-
-@dataclass
-class BaselineConfig:
-    """Fields every baseline family shares; validated on construction.
-
-    vocab_size: number of input token ids; inputs lie in [0, vocab_size).
-    num_classes: number of output classes (logits per position); None means
-        vocab_size, as for language modelling. `out_dim` is the resolved value.
-    d_model: width of the embedding and of the residual stream.
-    n_layers: number of stacked sequence-mixing layers.
-    dropout: dropout probability in training mode (0 <= dropout < 1).
-    """
-
-    vocab_size: int = 256
-    num_classes: int | None = None
-    d_model: int = 128
-    n_layers: int = 2
-    dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        check_positive_int(self, "vocab_size")
-        check_optional_positive_int(self, "num_classes")
-        check_positive_int(self, "d_model")
-        check_positive_int(self, "n_layers")
-        if (
-            isinstance(self.dropout, bool)
-            or not isinstance(self.dropout, (int, float))
-            or not 0.0 <= self.dropout < 1.0
-        ):
-            raise ValueError(
-                f"{type(self).__name__}.dropout={self.dropout!r}: "
-                "expected a float with 0 <= dropout < 1"
-            )
-
-    @property
-    def out_dim(self) -> int:
-        """Logits per position: num_classes, or vocab_size when that is None."""
-        return self.vocab_size if self.num_classes is None else self.num_classes
 
 
 def check_config(model_cls: type, config: object, config_cls: type) -> None:

@@ -20,22 +20,13 @@ import torch
 from torch import Tensor, nn
 
 from rcswarm.models.baselines.common import (
-    BaselineConfig,
     check_config,
     check_inputs,
     check_state_batch,
     check_tokens,
 )
+from rcswarm.models.baselines.config import LSTMConfig
 from rcswarm.models.init import init_linear
-
-
-@dataclass
-class LSTMConfig(BaselineConfig):
-    """Hyperparameters of `LSTMModel` (all fields are those of `BaselineConfig`).
-
-    d_model is both the embedding width and the LSTM hidden size; dropout acts
-    between LSTM layers and before the head.
-    """
 
 
 @dataclass

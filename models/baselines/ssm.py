@@ -40,66 +40,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rcswarm.models.baselines.common import (
-    BaselineConfig,
     BlockStack,
-    check_choice,
     check_inputs,
-    check_optional_positive_int,
-    check_positive_float,
-    check_positive_int,
     check_state_batch,
     check_tokens,
 )
+from rcswarm.models.baselines.config import SSMConfig
 from rcswarm.models.init import init_linear, init_norm
-
-SCANS = ("sequential", "parallel")
-
-
-@dataclass
-class SSMConfig(BaselineConfig):
-    """Hyperparameters of `SSMModel`; validated on construction.
-
-    Besides the `BaselineConfig` fields:
-    d_state: N, the state size per channel.
-    expand: E / d_model, the inner width of the mixer.
-    d_conv: kernel size of the causal depthwise convolution (1: none in effect).
-    dt_rank: rank of the Δ projection; None means ceil(d_model / 16).
-    dt_min, dt_max: Δ is initialized log-uniformly in [dt_min, dt_max].
-    scan: "sequential" (loop over time; the fastest on CPU) or "parallel"
-        (prefix scan, log2(T) parallel steps; for accelerators).
-    """
-
-    d_state: int = 16
-    expand: int = 2
-    d_conv: int = 4
-    dt_rank: int | None = None
-    dt_min: float = 1e-3
-    dt_max: float = 1e-1
-    scan: str = "sequential"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive_int(self, "d_state")
-        check_positive_int(self, "expand")
-        check_positive_int(self, "d_conv")
-        check_optional_positive_int(self, "dt_rank")
-        check_positive_float(self, "dt_min")
-        check_positive_float(self, "dt_max")
-        if self.dt_max < self.dt_min:
-            raise ValueError(
-                f"SSMConfig.dt_max={self.dt_max!r}: expected >= dt_min={self.dt_min!r}"
-            )
-        check_choice(self, "scan", SCANS)
-
-    @property
-    def d_inner(self) -> int:
-        """E, the number of SSM channels."""
-        return self.expand * self.d_model
-
-    @property
-    def resolved_dt_rank(self) -> int:
-        """dt_rank, or ceil(d_model / 16) when that is None."""
-        return math.ceil(self.d_model / 16) if self.dt_rank is None else self.dt_rank
 
 
 @dataclass

@@ -35,35 +35,13 @@ from torch import Tensor, nn
 
 from rcswarm.models.baselines.common import (
     MLP,
-    BaselineConfig,
     BlockStack,
-    check_choice,
     check_inputs,
-    check_positive_int,
     check_state_batch,
     check_tokens,
 )
+from rcswarm.models.baselines.config import SumConfig
 from rcswarm.models.init import init_linear, init_norm
-
-REDUCTIONS = ("sum", "mean")
-
-
-@dataclass
-class SumConfig(BaselineConfig):
-    """Hyperparameters of `SumModel`; validated on construction.
-
-    Besides the `BaselineConfig` fields:
-    mlp_ratio: MLP hidden width as a multiple of d_model.
-    reduction: "sum" (the paper's cumulative sum) or "mean" (cumulative mean).
-    """
-
-    mlp_ratio: int = 4
-    reduction: str = "sum"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive_int(self, "mlp_ratio")
-        check_choice(self, "reduction", REDUCTIONS)
 
 
 @dataclass

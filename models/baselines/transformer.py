@@ -39,63 +39,13 @@ from torch import Tensor, nn
 
 from rcswarm.models.baselines.common import (
     MLP,
-    BaselineConfig,
-    check_choice,
     check_config,
     check_inputs,
-    check_optional_positive_int,
-    check_positive_float,
-    check_positive_int,
     check_state_batch,
     check_tokens,
 )
+from rcswarm.models.baselines.config import TransformerConfig
 from rcswarm.models.init import init_linear, init_norm
-
-POSITIONS = ("learned", "rope")
-
-
-@dataclass
-class TransformerConfig(BaselineConfig):
-    """Hyperparameters of `TransformerModel`; validated on construction.
-
-    Besides the `BaselineConfig` fields (dropout acts on the embeddings, the
-    attention weights and both residual branches):
-    n_heads: attention heads; d_model must be divisible by it (and, with
-        RoPE, d_model / n_heads must be even).
-    mlp_ratio: MLP hidden width as a multiple of d_model.
-    max_len: the largest number of positions a sequence (or a stream through
-        the KV cache) may have; the size of the learned position table.
-    positions: "learned" (absolute position embedding) or "rope".
-    rope_base: the RoPE frequency base (only used with positions="rope").
-    window: None for full causal attention, or W >= 1 for sliding-window
-        attention over the last W positions (the query's own included).
-    """
-
-    n_heads: int = 4
-    mlp_ratio: int = 4
-    max_len: int = 1024
-    positions: str = "learned"
-    rope_base: float = 10000.0
-    window: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive_int(self, "n_heads")
-        check_positive_int(self, "mlp_ratio")
-        check_positive_int(self, "max_len")
-        check_choice(self, "positions", POSITIONS)
-        check_positive_float(self, "rope_base")
-        check_optional_positive_int(self, "window")
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"TransformerConfig.n_heads={self.n_heads!r}: expected a divisor of "
-                f"d_model={self.d_model}"
-            )
-        if self.positions == "rope" and (self.d_model // self.n_heads) % 2 != 0:
-            raise ValueError(
-                f"TransformerConfig.n_heads={self.n_heads!r}: with positions='rope' expected "
-                f"an even head size d_model / n_heads, got {self.d_model // self.n_heads}"
-            )
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """rcswarm.models.chaingpt: ChainGPT (Zheng et al.), registered as "chaingpt".
 
 Chain-Blocks (RWKV-Product state layer + SGSA attention layer) arranged as bottom / core /
-top with recurrent depth over the core; see `model.py`, `state.py`, `attention.py`.
+top with recurrent depth over the core; see `model.py`, `state.py`, `attention.py`, the
+config in `config.py` and the presets in `presets.py`. The rwkv7 baseline, built from the
+same state layer, is registered with the baselines (`rcswarm.models.baselines.rwkv7`).
 
 Presets ("180m", "0.5b", "1.5b" are Table 7's rows; vocabulary 65536 and D_m = 4D are
 choices, the paper does not state them):
@@ -23,38 +25,9 @@ from rcswarm.models.chaingpt.model import (
     last_position_entropy,
 )
 from rcswarm.models.chaingpt.params import parameter_count_formula
-from rcswarm.models.chaingpt.rwkv7 import RWKV7, RWKV7Config
+from rcswarm.models.chaingpt.presets import PRESETS
 from rcswarm.models.chaingpt.state import RWKVProduct
 from rcswarm.models.registry import ModelEntry, register
-
-
-def _table7(d: int, kv: int, a: int, decay: int, gate: int, lora: int, iters: int, division: str) -> dict[str, object]:
-    values: dict[str, object] = {
-        "vocab_size": 65536, "d_model": d, "d_mlp": 4 * d, "rwkv_head_dim": 64, "attn_head_dim": 128,
-        "n_kv_heads": kv, "a_rank": a, "decay_rank": decay, "gate_rank": gate, "lora_rank": lora,
-        "substeps": 2, "recur_iters": iters, "grad_iters": 8, "layer_division": division,
-        "window": 512, "anchor_stride": 64,
-    }
-    if (d // 128) % kv:
-        values["n_q_heads"] = 16
-    return values
-
-
-PRESETS: dict[str, dict[str, object]] = {
-    "tiny": {
-        "vocab_size": 32, "d_model": 32, "d_mlp": 64, "rwkv_head_dim": 16, "attn_head_dim": 16,
-        "n_kv_heads": 1, "substeps": 2, "lora_rank": 4, "decay_rank": 4, "gate_rank": 8, "a_rank": 4,
-        "recur_iters": 3, "grad_iters": 2, "window": 8, "anchor_stride": 4, "kernel_chunk_size": 8,
-    },
-    "small": {
-        "vocab_size": 256, "d_model": 128, "d_mlp": 512, "rwkv_head_dim": 32, "attn_head_dim": 32,
-        "n_kv_heads": 2, "substeps": 2, "lora_rank": 16, "decay_rank": 16, "gate_rank": 32, "a_rank": 16,
-        "recur_iters": 4, "grad_iters": 2, "window": 64, "anchor_stride": 16,
-    },
-    "180m": _table7(1024, 2, 64, 64, 128, 96, 12, "C121"),
-    "0.5b": _table7(2048, 2, 96, 96, 256, 128, 16, "C121"),
-    "1.5b": _table7(2560, 8, 128, 128, 320, 256, 16, "C141"),
-}
 
 register(
     ModelEntry(
@@ -66,17 +39,7 @@ register(
     )
 )
 
-register(
-    ModelEntry(
-        name="rwkv7",
-        config_cls=RWKV7Config,
-        build=RWKV7,
-        presets={"tiny": {"d_model": 32, "n_layers": 2, "head_dim": 16}, "small": {"d_model": 128, "n_layers": 4, "head_dim": 32}},
-        description="RWKV-7 baseline: ChainGPT's state layer with M = 1, no attention.",
-    )
-)
-
 __all__ = [
-    "PRESETS", "RWKV7", "RWKV7Config", "SGSA", "AdaptiveOutput", "ChainGPT", "ChainGPTConfig", "RWKVProduct",
+    "PRESETS", "SGSA", "AdaptiveOutput", "ChainGPT", "ChainGPTConfig", "RWKVProduct",
     "last_position_entropy", "parameter_count_formula",
 ]

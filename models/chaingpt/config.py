@@ -13,9 +13,17 @@ Names follow ChainGPT (Zheng et al.), Table 7 and Appendix F:
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
+
+from rcswarm.models.validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_ints,
+    check_optional_int,
+    check_positive_float,
+)
 
 DEPTH_SAMPLINGS = ("fixed", "uniform")
 _DIVISION = re.compile(r"^C(\d)(\d)(\d)$")
@@ -62,16 +70,11 @@ class ChainGPTConfig:
             "substeps", "lora_rank", "decay_rank", "gate_rank", "a_rank", "recur_iters",
             "window", "anchor_stride", "kernel_chunk_size",
         )
-        for name in positive:
-            _check_int(name, getattr(self, name), "a positive int")
+        check_ints(self, positive)
         for name in ("num_classes", "n_q_heads"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_int(name, value, "a positive int or None")
+            check_optional_int(self, name)
         for name in ("share_step_bias", "tie_embeddings", "naive_kernels"):
-            value = getattr(self, name)
-            if value is not True and value is not False:
-                raise ValueError(f"ChainGPTConfig.{name}={value!r}: expected a bool")
+            check_bool(self, name)
         self._check_heads()
         self._check_depth()
         self._check_positive_floats()
@@ -109,23 +112,16 @@ class ChainGPTConfig:
             raise ValueError(
                 f"ChainGPTConfig.layer_division={self.layer_division!r}: expected at least one core block"
             )
-        value = self.grad_iters
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"ChainGPTConfig.grad_iters={value!r}: expected a non-negative int")
+        check_int(self, "grad_iters", minimum=0)
         if self.grad_iters > self.recur_iters:
             raise ValueError(
                 f"ChainGPTConfig.grad_iters={self.grad_iters}: expected <= recur_iters={self.recur_iters}"
             )
-        if self.depth_sampling not in DEPTH_SAMPLINGS:
-            raise ValueError(
-                f"ChainGPTConfig.depth_sampling={self.depth_sampling!r}: expected one of {DEPTH_SAMPLINGS}"
-            )
+        check_choice(self, "depth_sampling", DEPTH_SAMPLINGS)
 
     def _check_positive_floats(self) -> None:
         for name in ("rope_base", "rope_alpha", "rope_beta_slow", "rope_beta_fast", "norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"ChainGPTConfig.{name}={value!r}: expected a finite float > 0")
+            check_positive_float(self, name)
 
     @property
     def output_classes(self) -> int:
@@ -142,8 +138,3 @@ class ChainGPTConfig:
         assert match is not None
         bottom, core, top = (int(group) for group in match.groups())
         return bottom, core, top
-
-
-def _check_int(name: str, value: object, expected: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"ChainGPTConfig.{name}={value!r}: expected {expected}")

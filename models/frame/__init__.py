@@ -22,9 +22,10 @@ How it differs from the registry's generic contract, and how the worker feeds it
 - Otherwise the contract holds: causal over frames, `config.vocab_size` is the
   action vocabulary, float32 parameters in construction order, and
   `registry.build_model("frame", preset, seed=s)` is deterministic.
-- For long windows train with `rcswarm.worker.streaming_bptt.streaming_backward`,
-  which uses `model.encode` / `model.core_loss` and keeps at most k frame
-  heads' activations alive.
+- It implements the `rcswarm.models.protocols.StepModel` protocol: for long
+  windows train with `rcswarm.worker.streaming_bptt.streaming_backward`, which
+  uses `model.encode` / `model.core_loss` and keeps at most k frame heads'
+  activations alive.
 
 What the paper fixes and what is ours: the paper gives the layout (attention +
 pooling + L_t blocks + reduction LSTM; residual LSTM/MLP main stack with a

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-def _check_int(field: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"FrameModelConfig.{field}={value!r}: expected {what}")
+from rcswarm.models.validation import check_ints
 
 
 @dataclass
@@ -47,7 +43,7 @@ class FrameModelConfig:
     mlp_ratio: int = 4
 
     def __post_init__(self) -> None:
-        for name in (
+        check_ints(self, (
             "action_vocab",
             "char_vocab",
             "n_styles",
@@ -58,10 +54,8 @@ class FrameModelConfig:
             "n_hidden",
             "n_main_layers",
             "mlp_ratio",
-        ):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("n_pool", self.n_pool, 0)
-        _check_int("n_frame_layers", self.n_frame_layers, 0)
+        ))
+        check_ints(self, ("n_pool", "n_frame_layers"), minimum=0)
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"FrameModelConfig.n_heads={self.n_heads!r}: expected a divisor of "

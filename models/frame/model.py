@@ -13,10 +13,10 @@ independently and every LSTM runs forwards in time.
 bias-free Linear(H -> D) when n_hidden != d_model, the identity (no
 parameters) when they are equal, as in every preset of the paper.
 
-The model splits into the two halves the streaming backward pass
-(`rcswarm.worker.streaming_bptt`) needs: `encode` (frame head, per step) and
-`core` / `core_loss` (main model over the embeddings). `forward` is
-`core(encode(frames))`.
+The model implements `rcswarm.models.protocols.StepModel`, the two halves the
+streaming backward pass (`rcswarm.worker.streaming_bptt`) needs: `encode` (frame
+head, per step) and `core` / `core_loss` (main model over the embeddings).
+`forward` is `core(encode(frames))`.
 """
 
 from __future__ import annotations

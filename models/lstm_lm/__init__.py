@@ -7,14 +7,10 @@ Presets:
 - "base10m": d_model 448, 3 layers (9,772,224 parameters); for the sync benchmark.
 """
 
-from rcswarm.models.lstm_lm.model import LSTMState, ResidualLSTMConfig, ResidualLSTMLM
+from rcswarm.models.lstm_lm.config import ResidualLSTMConfig
+from rcswarm.models.lstm_lm.model import LSTMState, ResidualLSTMLM
+from rcswarm.models.lstm_lm.presets import PRESETS
 from rcswarm.models.registry import ModelEntry, register
-
-PRESETS: dict[str, dict[str, object]] = {
-    "tiny": {"d_model": 32, "n_layers": 1},
-    "small": {"d_model": 192, "n_layers": 2},
-    "base10m": {"d_model": 448, "n_layers": 3},
-}
 
 register(
     ModelEntry(
@@ -26,4 +22,4 @@ register(
     )
 )
 
-__all__ = ["LSTMState", "PRESETS", "ResidualLSTMConfig", "ResidualLSTMLM"]
+__all__ = ["PRESETS", "LSTMState", "ResidualLSTMConfig", "ResidualLSTMLM"]

@@ -16,48 +16,14 @@ processed (or generated) chunk by chunk with the same result as in one call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rcswarm.models.lstm_lm.config import ResidualLSTMConfig
+
 LSTMState = tuple[Tensor, Tensor]
 """(h, c) of one single-layer nn.LSTM, each [1, B, D]."""
-
-
-def _check_positive_int(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"ResidualLSTMConfig.{field}={value!r}: expected a positive int")
-
-
-@dataclass
-class ResidualLSTMConfig:
-    """Hyperparameters of `ResidualLSTMLM`; validated on construction."""
-
-    vocab_size: int = 256
-    d_model: int = 256
-    n_layers: int = 2
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-    tie_embeddings: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "mlp_ratio"):
-            _check_positive_int(name, getattr(self, name))
-        if (
-            isinstance(self.dropout, bool)
-            or not isinstance(self.dropout, (int, float))
-            or not 0.0 <= self.dropout < 1.0
-        ):
-            raise ValueError(
-                f"ResidualLSTMConfig.dropout={self.dropout!r}: "
-                "expected a float with 0 <= dropout < 1"
-            )
-        if not isinstance(self.tie_embeddings, bool):
-            raise ValueError(
-                f"ResidualLSTMConfig.tie_embeddings={self.tie_embeddings!r}: expected a bool"
-            )
 
 
 class ResidualLSTMBlock(nn.Module):

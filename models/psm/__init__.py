@@ -8,15 +8,10 @@ Presets (chunk size c, width d, heads, Agg/Inf layers):
 - "mqar": c 32, d 128, 1 head, 2/2 layers, linear compression; Section 4.2 scaled down.
 """
 
-from rcswarm.models.psm.model import PSMStream, TransformerPSM, TransformerPSMConfig
+from rcswarm.models.psm.config import TransformerPSMConfig
+from rcswarm.models.psm.model import PSMStream, TransformerPSM
+from rcswarm.models.psm.presets import PRESETS
 from rcswarm.models.registry import ModelEntry, register
-
-PRESETS: dict[str, dict[str, object]] = {
-    "tiny": {"chunk_size": 4, "d_model": 32, "n_heads": 2, "agg_layers": 1, "inf_layers": 1},
-    "small": {"chunk_size": 8, "d_model": 128, "n_heads": 4, "agg_layers": 1, "inf_layers": 2},
-    "s5": {"chunk_size": 1, "d_model": 128, "n_heads": 1, "agg_layers": 1, "inf_layers": 1},
-    "mqar": {"chunk_size": 32, "d_model": 128, "n_heads": 1, "agg_layers": 2, "inf_layers": 2, "compression": "linear"},
-}
 
 register(
     ModelEntry(

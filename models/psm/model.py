@@ -19,52 +19,13 @@ O(log r) chunk states, and produces the same predictions (sequential-parallel du
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rcswarm.kernels.scan import OnlineScan, blelloch_scan
-
-COMPRESSIONS = ("right_half", "linear")
-
-
-@dataclass
-class TransformerPSMConfig:
-    vocab_size: int = 256
-    # Output classes of the head; None = vocab_size (next-token prediction).
-    num_classes: int | None = None
-    d_model: int = 64
-    n_heads: int = 1
-    agg_layers: int = 1
-    inf_layers: int = 1
-    chunk_size: int = 8
-    mlp_ratio: int = 4
-    compression: str = "right_half"
-    dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "agg_layers", "inf_layers", "chunk_size", "mlp_ratio"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TransformerPSMConfig.{name}={value!r}: expected a positive int")
-        if self.num_classes is not None and (
-            isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 1
-        ):
-            raise ValueError(f"TransformerPSMConfig.num_classes={self.num_classes!r}: expected a positive int or None (= vocab_size)")
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"TransformerPSMConfig.d_model={self.d_model}: expected a multiple of n_heads={self.n_heads}"
-            )
-        if self.compression not in COMPRESSIONS:
-            raise ValueError(f"TransformerPSMConfig.compression={self.compression!r}: expected one of {COMPRESSIONS}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"TransformerPSMConfig.dropout={self.dropout!r}: expected a number in [0, 1)")
-
-    @property
-    def output_classes(self) -> int:
-        return self.num_classes or self.vocab_size
+from rcswarm.models.psm.config import TransformerPSMConfig
 
 
 class Block(nn.Module):
@@ -171,7 +132,7 @@ class TransformerPSM(nn.Module):
         logits = self.infer(states, x.reshape(batch * chunks, c, d))  # [B r, c, V]
         return logits.view(batch, chunks * c, -1)[:, :length]
 
-    def stream(self, batch_size: int) -> "PSMStream":
+    def stream(self, batch_size: int) -> PSMStream:
         return PSMStream(self, batch_size)
 
 

@@ -1,0 +1,127 @@
+"""The dashboard's Prometheus `/metrics`: a prometheus_client custom collector over a data source.
+
+The source (`CollectorSource`) gives, at every scrape, each run's view (GetStatus, summary,
+per-worker totals), a run's closed-round durations from its store, and the fit over all runs
+with the name that labels it; the collector knows nothing of HTTP or of the dashboard.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rcswarm.coordinator.analysis import FitReport
+from rcswarm.coordinator.dashboard.views import STATE_NAMES, RunView
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+ROUND_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+@dataclass(frozen=True)
+class CollectorSource:
+    """What a scrape reads: the runs' views, a run's closed-round durations, the fit and its label."""
+
+    views: Callable[[], Sequence[RunView]]
+    round_durations: Callable[[RunView], Sequence[float]]
+    fits: Callable[[], FitReport]
+    fit_label: str  # the run_id the fit is labelled with: the run's, or the sweep's name
+
+
+class CoordinatorCollector:
+    """Reads its source at every scrape (prometheus_client custom collector).
+
+    Every sample carries the run_id of its run; a sweep's runs each give their own samples, the
+    fit (over all of a sweep's runs) carries the sweep's name.
+    """
+
+    def __init__(self, source: CollectorSource) -> None:
+        self.source = source
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        source = self.source
+        run_gauges = {
+            "version": ("rcswarm_version", "Current global parameter version"),
+            "target": ("rcswarm_target_rounds", "Configured number of rounds (0 = unbounded)"),
+            "finished": ("rcswarm_run_finished", "1 once the configured rounds are done"),
+            "seq_len": ("rcswarm_run_seq_len", "The run's configured sequence length"),
+            "batch": ("rcswarm_run_batch_size", "The run's configured batch size"),
+            "active": ("rcswarm_workers_active", "Workers holding a lease"),
+            "loss": ("rcswarm_loss", "Mean of the workers' latest training loss"),
+            "tps": ("rcswarm_tokens_per_second", "Tokens per second since the first metric"),
+            "last_round": ("rcswarm_last_round_duration_seconds", "Duration of the newest closed round"),
+        }
+        runs = {key: GaugeMetricFamily(name, doc, labels=["run_id"]) for key, (name, doc) in run_gauges.items()}
+        workers_by_state = GaugeMetricFamily("rcswarm_workers", "Workers known to the coordinator by state",
+                                             labels=["run_id", "state"])
+        tokens = CounterMetricFamily("rcswarm_tokens", "Tokens reported by all workers", labels=["run_id"])
+        closed = CounterMetricFamily("rcswarm_rounds_closed", "Rounds closed (outer steps applied)", labels=["run_id"])
+        histogram = HistogramMetricFamily("rcswarm_round_duration_seconds", "Seconds from a round's opening to its close",
+                                          labels=["run_id"])
+        labels = ["run_id", "worker_id", "name"]
+        worker_families = {
+            "loss": GaugeMetricFamily("rcswarm_worker_loss", "The worker's latest reported loss", labels=labels),
+            "heartbeat": GaugeMetricFamily("rcswarm_worker_seconds_since_heartbeat", "Seconds since the worker was last seen", labels=labels),
+            "base": GaugeMetricFamily("rcswarm_worker_base_version", "The version the worker trains from", labels=labels),
+            "up": GaugeMetricFamily("rcswarm_worker_active", "1 while the worker holds a lease", labels=labels),
+            "tps": GaugeMetricFamily("rcswarm_worker_tokens_per_second", "The worker's tokens per second of wall time", labels=labels),
+            "seq": GaugeMetricFamily("rcswarm_worker_seq_len", "The sequence length of the worker's latest step", labels=labels),
+            "tokens": CounterMetricFamily("rcswarm_worker_tokens", "Tokens the worker reported", labels=labels),
+            "sent": CounterMetricFamily("rcswarm_worker_bytes_sent", "Bytes the worker sent on the wire", labels=labels),
+            "received": CounterMetricFamily("rcswarm_worker_bytes_received", "Bytes the worker received on the wire", labels=labels),
+        }
+        for view in source.views():
+            status, run = view.status, view.status.run_id
+            by_state = {name: 0 for name in ("active", "left", "evicted")}
+            for w in status.workers:
+                name = STATE_NAMES.get(w.state, "unknown")
+                by_state[name] = by_state.get(name, 0) + 1
+            values = {
+                "version": status.version, "target": status.target_rounds,
+                "finished": 1.0 if status.run_state == pb.RUN_STATE_FINISHED else 0.0,
+                "seq_len": view.summary.seq_len, "batch": view.summary.batch_size, "active": by_state["active"],
+                "loss": status.latest_loss, "tps": status.tokens_per_second,
+            }
+            for key, value in values.items():
+                runs[key].add_metric([run], value)
+            for name, count in sorted(by_state.items()):
+                workers_by_state.add_metric([run, name], count)
+            tokens.add_metric([run], status.total_tokens)
+            for w in status.workers:
+                key = [run, w.worker_id, w.name]
+                t = view.totals.get(w.worker_id)
+                worker_families["heartbeat"].add_metric(key, w.seconds_since_heartbeat)
+                worker_families["base"].add_metric(key, w.base_version)
+                worker_families["up"].add_metric(key, 1.0 if w.state == pb.WORKER_STATE_ACTIVE else 0.0)
+                if t is not None:
+                    worker_families["loss"].add_metric(key, t.last_loss)
+                    worker_families["tps"].add_metric(key, t.tokens_per_second)
+                    worker_families["seq"].add_metric(key, t.last_seq_len)
+                    worker_families["tokens"].add_metric(key, t.tokens)
+                    worker_families["sent"].add_metric(key, t.bytes_sent)
+                    worker_families["received"].add_metric(key, t.bytes_received)
+            durations = [x for x in source.round_durations(view) if math.isfinite(x)]
+            closed.add_metric([run], len(durations))
+            buckets = [(f"{edge:g}", float(sum(1 for x in durations if x <= edge))) for edge in ROUND_BUCKETS]
+            buckets.append(("+Inf", float(len(durations))))
+            histogram.add_metric([run], buckets, sum_value=float(sum(durations)))
+            if durations:
+                runs["last_round"].add_metric([run], durations[-1])
+        yield from (runs[key] for key in run_gauges if key != "last_round")
+        yield workers_by_state
+        yield tokens
+        yield from worker_families.values()
+        yield closed
+        yield histogram
+        yield runs["last_round"]
+        fits = source.fits()
+        g = GaugeMetricFamily("rcswarm_fit_alpha_inf", "Fitted α∞ of α(s) = α∞(1 − e^(−s/τ)) (absent without a fit)", labels=["run_id"])
+        if fits.analysis is not None:
+            g.add_metric([source.fit_label], fits.analysis.schedule.alpha_inf)
+        yield g

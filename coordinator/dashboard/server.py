@@ -1,0 +1,313 @@
+"""A read-only HTTP dashboard next to the coordinator's gRPC server, for a run or a sweep.
+
+    rcswarm coordinator --config RUN.toml --state-dir DIR --http-port 8080   (loopback by default)
+
+Endpoints (GET only; everything is rendered on the server, no JavaScript):
+
+    /                      HTML: the run or sweep, its runs (L, batch, version, workers assigned,
+                           tokens/s, loss), workers, rounds, fits, crossovers and the three plots
+    /plot/loss_step.png    loss against step per seq_len, log axes, with the fitted curves
+    /plot/loss_time.png    loss against wall time per seq_len, log axes, observed crossovers
+    /plot/alpha.png        α(s) at matched steps with the fitted α∞(1 − e^(−s/τ))
+    /api/status            JSON: GetStatus plus `runs` (one entry per run), per-worker totals, each
+                           worker's and round's run, and the fit summary
+    /api/metrics?since=ROWID[&limit=N][&run=RUN_ID]   JSON: one run's metric rows with rowid > ROWID,
+                           oldest first (each run has its own store: run= is needed when there are several)
+    /metrics               Prometheus text exposition (prometheus_client, custom collector);
+                           every sample labelled with its run_id, one set per run
+    /healthz               "ok"
+
+Unknown paths answer 404, bad query values 400 with a message. Every connection has a
+socket timeout; the server runs in daemon threads and never reaches outside the host.
+The dashboard works on a list of runs (a single run is a list of one): the views are
+`views.py`, the page and plots `render.py`, the Prometheus collector `prometheus.py`, the
+fits `coordinator/analysis.py` over the stores' named reads. Fits, step means and per-worker
+totals are cached until a run's newest metric rowid changes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from rcswarm.coordinator.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
+from rcswarm.coordinator.dashboard.prometheus import CollectorSource, CoordinatorCollector
+from rcswarm.coordinator.dashboard.render import PLOTS, render_page, render_plot
+from rcswarm.coordinator.dashboard.views import RunView, metrics_page, presentation, read_run, status_dict
+from rcswarm.coordinator.sweep import RunGroup
+
+log = logging.getLogger("rcswarm.dashboard")
+
+REQUEST_TIMEOUT_S = 10.0
+METRICS_PAGE_DEFAULT = 1000
+METRICS_PAGE_MAX = 10_000
+
+
+class BadRequest(ValueError):
+    """A query value the endpoint cannot use; answered with 400 and this message."""
+
+
+class NotFound(Exception):
+    """A path the dashboard does not serve; answered with 404 and this message."""
+
+
+def _int_param(params: dict[str, list[str]], name: str, default: int, low: int, high: int) -> int:
+    values = params.get(name)
+    if not values:
+        return default
+    if len(values) > 1:
+        raise BadRequest(f"{name}: given {len(values)} times, expected once")
+    text = values[0].strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise BadRequest(f"{name}={values[0]!r}: expected an integer") from None
+    if not low <= value <= high:
+        raise BadRequest(f"{name}={value}: expected {low}..{high}")
+    return value
+
+
+def _str_param(params: dict[str, list[str]], name: str) -> str | None:
+    values = params.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"{name}: given {len(values)} times, expected once")
+    return values[0]
+
+
+def _only(params: dict[str, list[str]], allowed: Sequence[str]) -> None:
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        expected = ", ".join(allowed) if allowed else "none"
+        raise BadRequest(f"unknown query parameter(s) {', '.join(unknown)}: expected {expected}")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "rcswarm-dashboard"
+    timeout = REQUEST_TIMEOUT_S  # socket timeout for every connection (slow clients are dropped)
+    dashboard: Dashboard
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        self._send(status, (json.dumps({"error": message, "status": int(status)}) + "\n").encode(), "application/json")
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        try:
+            parts = urlsplit(self.path)
+            try:
+                params = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query), max_num_fields=20)
+            except ValueError as error:
+                raise BadRequest(f"malformed query string: {error}") from None
+            status, body, content_type = self.dashboard.handle(parts.path, params)
+            self._send(status, body, content_type)
+        except BadRequest as error:
+            self._error(HTTPStatus.BAD_REQUEST, str(error))
+        except NotFound as error:
+            self._error(HTTPStatus.NOT_FOUND, str(error))
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass
+        except Exception:
+            log.exception("dashboard request %s failed", self.path)
+            try:
+                self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error; see the coordinator's log")
+            except OSError:
+                pass
+
+    def _not_allowed(self) -> None:
+        self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
+        self.send_header("Allow", "GET, HEAD")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class Dashboard:
+    """The HTTP dashboard of a live coordinator's runs, served from a background thread.
+
+    `coordinator` is a `RunGroup` (a bare SwarmCoordinator is taken as a group of one); its runs
+    (each a SwarmCoordinator with its own store) are shown on one page. A sweep's fit and plots use each run's own steps and
+    clock, a single run's its workers' (`views.presentation`).
+    """
+
+    def __init__(
+        self, coordinator: Any, host: str = "127.0.0.1", port: int = 0, refresh_s: int = 10,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        self.coordinator = RunGroup.of(coordinator)
+        self.runs: list[Any] = list(self.coordinator.runs)
+        self.kind, self.clock = presentation(self.coordinator.sweep)
+        self.refresh_s = refresh_s
+        self._cache_lock = threading.Lock()
+        self._cache: dict[str, tuple[Any, Any]] = {}
+        self._build_locks: dict[str, threading.Lock] = {}
+        handler = type("DashboardHandler", (_Handler,), {"dashboard": self, "timeout": request_timeout_s})
+        server_cls = _Server6 if ":" in host else _Server
+        self.server = server_cls((host, port), handler)
+        self.host = host
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="dashboard", daemon=True)
+        self._registry: Any = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def start(self) -> Dashboard:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5.0)
+
+    # -- data
+
+    def _newest_rowids(self) -> tuple[int, ...]:
+        return tuple(run.store.newest_metric_rowid() for run in self.runs)
+
+    def _cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """Recompute `key` only when new metric rows arrived; concurrent requests share one build."""
+        with self._cache_lock:
+            key_lock = self._build_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            stamp = self._newest_rowids()
+            with self._cache_lock:
+                hit = self._cache.get(key)
+                if hit is not None and hit[0] == stamp:
+                    return hit[1]
+            value = build()
+            with self._cache_lock:
+                self._cache[key] = (stamp, value)
+            return value
+
+    def totals(self) -> list[dict[str, WorkerTotals]]:
+        """Per run: its per-worker totals."""
+        return self._cached("totals", lambda: [
+            worker_totals(run.store.worker_rows(run.run_id)) for run in self.runs])
+
+    def step_means(self) -> list[list[StepMean]]:
+        """Per run: mean loss and time per (seq_len, step) on the dashboard's clock."""
+        return self._cached("step_means", lambda: [
+            step_means(run.store, self.clock, run.run_id, run.spec.inner.steps) for run in self.runs])
+
+    def fits(self) -> FitReport:
+        return self._cached("fits", lambda: fit_step_means(itertools.chain.from_iterable(self.step_means())))
+
+    def views(self) -> list[RunView]:
+        return [read_run(index, run, totals) for index, (run, totals) in enumerate(zip(self.runs, self.totals()))]
+
+    def plot(self, name: str) -> bytes:
+        return self._cached(f"plot:{name}", lambda: render_plot(name, self.fits()))
+
+    def status_data(self) -> dict[str, Any]:
+        status = self.coordinator.status()
+        return status_dict(self.kind, self.clock, status, self.views(), self.step_means(), self.fits())
+
+    def _run_named(self, run_id: str | None) -> Any:
+        """The run `run_id` names; without a name, the only run (several runs need one)."""
+        if run_id is None:
+            if len(self.runs) != 1:
+                raise BadRequest(f"this {self.kind} keeps metrics per run: add run=RUN_ID (see runs in /api/status)")
+            return self.runs[0]
+        for run in self.runs:
+            if run.run_id == run_id:
+                return run
+        known = ", ".join(run.run_id for run in self.runs)
+        raise BadRequest(f"run={run_id!r}: no such run; expected one of {known}")
+
+    def metrics_page(self, since: int, limit: int, run_id: str | None = None) -> dict[str, Any]:
+        """One run's metric rows with rowid > since (rowids count per run)."""
+        return metrics_page(self._run_named(run_id).store.metrics_since(since, limit), since, limit)
+
+    def collector_source(self) -> CollectorSource:
+        return CollectorSource(views=self.views, round_durations=lambda view: view.coordinator.store.round_durations(),
+                               fits=self.fits, fit_label=self.coordinator.run_id)
+
+    def prometheus(self) -> bytes:
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        if self._registry is None:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(CoordinatorCollector(self.collector_source()))
+            self._registry = registry
+        return generate_latest(self._registry)
+
+    # -- routing
+
+    def handle(self, path: str, params: dict[str, list[str]]) -> tuple[int, bytes, str]:
+        if path in ("/", "/index.html"):
+            _only(params, ())
+            page = render_page(self.status_data(), self.refresh_s)
+            return 200, page.encode(), "text/html; charset=utf-8"
+        if path == "/api/status":
+            _only(params, ())
+            body = json.dumps(self.status_data(), allow_nan=False, indent=1)
+            return 200, body.encode(), "application/json"
+        if path == "/api/metrics":
+            _only(params, ("run", "since", "limit"))
+            since = _int_param(params, "since", 0, 0, 2**62)
+            limit = _int_param(params, "limit", METRICS_PAGE_DEFAULT, 1, METRICS_PAGE_MAX)
+            run_id = _str_param(params, "run")
+            body = json.dumps(self.metrics_page(since, limit, run_id), allow_nan=False)
+            return 200, body.encode(), "application/json"
+        if path.startswith("/plot/") and path.endswith(".png"):
+            name = path[len("/plot/"):-len(".png")]
+            if name not in PLOTS:
+                raise NotFound(f"no plot {name!r}: expected one of {', '.join(PLOTS)}")
+            _only(params, ("v",))
+            _int_param(params, "v", 0, 0, 2**62)  # cache buster, ignored
+            return 200, self.plot(name), "image/png"
+        if path == "/metrics":
+            _only(params, ())
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            return 200, self.prometheus(), CONTENT_TYPE_LATEST
+        if path == "/healthz":
+            return 200, b"ok\n", "text/plain; charset=utf-8"
+        raise NotFound(f"no such path {path!r}: try /, /api/status, /api/metrics?since=0[&run=RUN_ID], /metrics")

@@ -1,0 +1,132 @@
+"""The dicts the dashboard's JSON API and page show, computed over a list of runs.
+
+A single run is a list of one; a sweep is a list of its runs. Every worker and round names
+its run (`run_id`, `run_index`, `run_seq_len`); `runs` has one entry per run. The status
+dict keeps GetStatus's fields (numbers as numbers) and adds `kind` ("run" or "sweep"), the
+`clock` its steps and times are counted on, `runs`, and `fits` (see `analysis.FitReport`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+
+from rcswarm.coordinator.analysis import Clock, FitReport, StepMean, WorkerTotals
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+
+def _enum_names(enum: Any, prefix: str) -> dict[int, str]:
+    """{value: "active"} for WORKER_STATE_ACTIVE etc.; follows the proto as states are added."""
+    names = {number: name.removeprefix(prefix).lower() for name, number in enum.items()}
+    names[0] = "unknown"
+    return names
+
+
+STATE_NAMES = _enum_names(pb.WorkerState, "WORKER_STATE_")
+RUN_STATE_NAMES = _enum_names(pb.RunState, "RUN_STATE_")
+
+
+def presentation(is_sweep: bool) -> tuple[str, Clock]:
+    """The kind shown and the clock of the curves: a sweep's runs each on their own clock, since a
+    worker that moves between them keeps its counters; a single run on its workers' clocks."""
+    return ("sweep", Clock.RUN) if is_sweep else ("run", Clock.WORKER)
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run as read for one request: its coordinator, GetStatus, one-line summary and per-worker totals."""
+
+    index: int
+    coordinator: Any
+    status: pb.GetStatusResponse
+    summary: pb.RunSummary
+    totals: dict[str, WorkerTotals]
+
+
+def read_run(index: int, coordinator: Any, totals: dict[str, WorkerTotals]) -> RunView:
+    status = coordinator.status()
+    return RunView(index, coordinator, status, coordinator.summary(status), totals)
+
+
+def finite(value: Any) -> Any:
+    """JSON cannot carry NaN or infinity: those become null, recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def worker_dict(w: pb.WorkerStatus, totals: dict[str, WorkerTotals]) -> dict[str, Any]:
+    t = totals.get(w.worker_id)
+    return {
+        "worker_id": w.worker_id, "name": w.name, "state": STATE_NAMES.get(w.state, "unknown"),
+        "base_version": w.base_version, "seconds_since_heartbeat": w.seconds_since_heartbeat, "device": w.device,
+        "reason": w.reason, "tokens": t.tokens if t else 0, "tokens_per_second": t.tokens_per_second if t else 0.0,
+        "bytes_sent": t.bytes_sent if t else 0, "bytes_received": t.bytes_received if t else 0,
+        "last_step": t.last_step if t else None, "seq_len": t.last_seq_len if t else None,
+        "loss": t.last_loss if t else None,
+        "assignment": ({"seq_len": w.assignment.seq_len, "batch_size": w.assignment.batch_size,
+                        "reason": w.assignment.reason} if w.HasField("assignment") else None),
+    }
+
+
+def round_dict(r: pb.RoundStatus) -> dict[str, Any]:
+    return {"version": r.version, "reports": r.reports, "tokens": r.tokens, "opened_at": r.opened_at,
+            "closed_at": r.closed_at or None, "close_reason": r.close_reason, "update_norm": r.update_norm,
+            "duration_s": (r.closed_at - r.opened_at) if r.closed_at else None, "open": not r.closed_at}
+
+
+def run_dict(view: RunView, means: Sequence[StepMean]) -> dict[str, Any]:
+    """One run: its summary, the workers assigned to it, and its metrics on the shown clock's steps."""
+    s = view.summary
+    assigned = [w for w in view.status.workers if w.state == pb.WORKER_STATE_ACTIVE]
+    last = max(means, key=lambda row: row[1]) if means else None
+    return {
+        "index": view.index, "run_id": s.run_id, "seq_len": s.seq_len, "batch_size": s.batch_size,
+        "run_state": RUN_STATE_NAMES.get(s.run_state, "unknown"), "version": s.version,
+        "target_rounds": s.target_rounds, "active_workers": s.active_workers,
+        "workers": [{"worker_id": w.worker_id, "name": w.name} for w in assigned],
+        "tokens_per_second": s.tokens_per_second, "latest_loss": s.latest_loss, "total_tokens": s.total_tokens,
+        "param_sha256": view.status.param_sha256, "state_dir": str(view.coordinator.store.state_dir),
+        "metrics": {
+            "steps": len(means), "last_step": last[1] if last else None, "last_loss": last[2] if last else None,
+            "seconds": last[3] if last else None,
+            "seq_lens": sorted({row[0] for row in means}),
+        },
+    }
+
+
+def _run_labels(view: RunView) -> dict[str, Any]:
+    return {"run_id": view.summary.run_id, "run_index": view.index, "run_seq_len": view.summary.seq_len}
+
+
+def status_dict(kind: str, clock: Clock, status: pb.GetStatusResponse, views: Sequence[RunView],
+                means: Sequence[Sequence[StepMean]], fits: FitReport) -> dict[str, Any]:
+    """GetStatus of the run or sweep with every run's data; each worker and round names its run."""
+    out = json_format.MessageToDict(status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    # MessageToDict writes int64 as strings and NaN as "NaN"; use plain numbers.
+    out["version"], out["target_rounds"], out["total_tokens"] = status.version, status.target_rounds, status.total_tokens
+    out["latest_loss"] = status.latest_loss
+    out["run_state"] = RUN_STATE_NAMES.get(status.run_state, "unknown")
+    out["kind"] = kind
+    out["clock"] = clock.value
+    out["runs"] = [run_dict(view, rows) for view, rows in zip(views, means, strict=True)]
+    out["workers"] = [{**worker_dict(w, view.totals), **_run_labels(view)} for view in views for w in view.status.workers]
+    out["rounds"] = [{**round_dict(r), **_run_labels(view)} for view in views for r in view.status.rounds]
+    out["fits"] = fits.summary()
+    return finite(out)
+
+
+def metrics_page(rows: list[dict[str, Any]], since: int, limit: int) -> dict[str, Any]:
+    """A page of metric rows (the store's `metrics_since`) and where the next page starts."""
+    return finite({
+        "since": since, "count": len(rows), "next_since": rows[-1]["rowid"] if rows else since,
+        "more": len(rows) == limit, "rows": rows,
+    })

@@ -1,0 +1,20 @@
+"""Constants both ends of the wire agree on: where the join token comes from, message size limits.
+
+The coordinator's server, the worker's client, `rcswarm status` and the launcher import these
+rather than keeping their own copies, so a limit changes in one place.
+"""
+
+from __future__ import annotations
+
+# The environment variable holding the join token (better than argv, which other users can read).
+TOKEN_ENV = "RCSWARM_TOKEN"
+
+# Largest gRPC message either side sends or accepts; tensors travel in chunks of at most 1 MiB
+# (protos/tensor_stream.py), so this bounds a chunk plus its header with room to spare.
+MAX_MESSAGE_BYTES = 4 << 20
+
+# gRPC channel and server options that apply MAX_MESSAGE_BYTES in both directions.
+MESSAGE_SIZE_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+)
