@@ -186,11 +186,18 @@ class CoordinatorSection:
     # fsync each version's checkpoint and SQLite commit before serving it (survives power
     # loss). false keeps the atomic rename and survives a crash of the process only.
     durable: bool = True
+    # Metric rows one worker may report while one version is current; more are refused.
+    # 0 = the larger of 1000 and 10 × (inner.steps + 1) (see RunSpec.metric_rows_per_round).
+    max_metrics_per_round: int = 0
+    # Seconds a worker that left or was evicted stays in memory (and in GetStatus); SQLite keeps it.
+    forget_after_s: float = 300.0
 
     def __post_init__(self) -> None:
-        _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s")
+        _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s", "forget_after_s")
         if self.keep_checkpoints < 0:
             _fail("coordinator.keep_checkpoints", self.keep_checkpoints, "an integer >= 0")
+        if self.max_metrics_per_round < 0:
+            _fail("coordinator.max_metrics_per_round", self.max_metrics_per_round, "an integer >= 0 (0 = automatic)")
 
 
 @dataclass(frozen=True)
@@ -326,6 +333,11 @@ class RunSpec:
     @property
     def is_sweep(self) -> bool:
         return bool(self.sweep.seq_lens)
+
+    def metric_rows_per_round(self) -> int:
+        """The metric rows a worker may report per round: coordinator.max_metrics_per_round, or when 0
+        the larger of 1000 and 10 × (inner.steps + 1) (a worker reports inner.steps rows and one per pull)."""
+        return self.coordinator.max_metrics_per_round or max(1000, 10 * (self.inner.steps + 1))
 
     def sweep_runs(self) -> list[RunSpec]:
         """The runs of a sweep (this spec alone if it is not one), each with its own L and batch."""

@@ -47,8 +47,6 @@ from rcswarm.coordinator.fits import (
 )
 
 DEFAULT_SMOOTH_STEPS = 25
-# Rows read for a live run's fits and plots on the workers' clock: the newest this many.
-ANALYSIS_MAX_ROWS = 500_000
 
 # (seq_len, step, mean loss, mean seconds) of one length at one step.
 StepMean = tuple[float, float, float, float]
@@ -273,7 +271,7 @@ def step_means(store: Any, clock: Clock, run_id: str, inner_steps: int) -> list[
         return store.run_step_means(inner_steps)
     return [
         (float(length), float(step), float(loss), float(wall))
-        for length, step, loss, wall in store.worker_step_means(run_id, ANALYSIS_MAX_ROWS)
+        for length, step, loss, wall in store.worker_step_means(run_id)
         if loss is not None and wall is not None
     ]
 
@@ -310,16 +308,20 @@ class FitReport:
         return out
 
 
-def _merge_step_means(rows: Iterable[Sequence[Any]]) -> dict[float, list[tuple[float, float, float]]]:
-    """length -> [(step, loss, seconds)] sorted by step; rows of several runs at one (seq_len, step) are averaged."""
-    merged: dict[tuple[float, float], list[tuple[float, float]]] = {}
-    for length, step, loss, wall in rows:
-        if loss is not None and wall is not None and math.isfinite(loss) and math.isfinite(wall):
-            merged.setdefault((float(length), float(step)), []).append((float(loss), float(wall)))
-    by_length: dict[float, list[tuple[float, float, float]]] = {}
-    for (length, step), values in sorted(merged.items()):
-        loss, wall = (sum(v) / len(values) for v in zip(*values))
-        by_length.setdefault(length, []).append((step, loss, wall))
+def _merge_step_means(rows: Iterable[Sequence[Any]]) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """length -> (steps, losses, seconds) sorted by step; rows of several runs at one (seq_len, step) are averaged."""
+    values = np.array([row[:4] for row in rows if row[2] is not None and row[3] is not None],
+                      dtype=np.float64).reshape(-1, 4)  # [n, 4]: seq_len, step, loss, seconds
+    values = values[np.isfinite(values[:, 2]) & np.isfinite(values[:, 3])]
+    pairs, inverse = np.unique(values[:, :2], axis=0, return_inverse=True)  # [m, 2] sorted by (seq_len, step); [n]
+    inverse = inverse.reshape(-1)
+    counts = np.bincount(inverse, minlength=len(pairs))  # [m]
+    losses = np.bincount(inverse, weights=values[:, 2], minlength=len(pairs)) / np.maximum(counts, 1)  # [m]
+    seconds = np.bincount(inverse, weights=values[:, 3], minlength=len(pairs)) / np.maximum(counts, 1)  # [m]
+    by_length = {}
+    for length in np.unique(pairs[:, 0]):
+        chosen = pairs[:, 0] == length  # [m]
+        by_length[float(length)] = (pairs[chosen, 1], losses[chosen], seconds[chosen])
     return by_length
 
 
@@ -329,10 +331,7 @@ def fit_step_means(rows: Iterable[Sequence[Any]]) -> FitReport:
     Rows from several runs may repeat a (seq_len, step): those are averaged.
     """
     curves, skipped = [], []
-    for length, points in sorted(_merge_step_means(rows).items()):
-        steps = np.array([p[0] for p in points])
-        losses = np.array([p[1] for p in points])
-        times = np.array([p[2] for p in points])
+    for length, (steps, losses, times) in _merge_step_means(rows).items():
         try:
             rate = seconds_per_step(steps, times)
         except ValueError:

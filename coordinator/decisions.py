@@ -1,7 +1,8 @@
 """The coordinator's decisions as pure functions of (now, state, options).
 
-Admission, eviction and round closing take plain immutable views of the state and a time,
-and return a Decision with a reason a person can read. The service applies them; tests
+Admission, eviction, forgetting ended memberships and round closing take plain immutable
+views of the state and a time, and return a Decision (or the chosen workers) with a reason a
+person can read. The service applies them; tests
 drive them with a fake clock.
 """
 
@@ -21,6 +22,8 @@ class Decision:
 class MembershipOptions:
     lease_s: float
     max_workers: int
+    # Seconds an ended membership (left, evicted, reassigned) is kept in memory.
+    forget_after_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class WorkerView:
     # joined or last pulled, or the next one once it has reported.
     base_version: int
     active: bool
+    # When the membership ended (left, evicted, reassigned); None while active.
+    ended_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,22 @@ def decide_evictions(
         if worker.active and silent > options.lease_s:
             evicted.append((worker.worker_id, f"lease expired: no heartbeat for {silent:.1f}s > lease {options.lease_s:.1f}s"))
     return evicted
+
+
+def decide_forgetting(
+    now: float, ended: Iterable[WorkerView], options: MembershipOptions
+) -> list[tuple[str, str]]:
+    """The (worker_id, reason) pairs of ended memberships older than `forget_after_s`.
+
+    `ended` lists ended memberships in the order they ended, so the answer is a prefix of it and
+    the scan stops at the first one still within its grace period.
+    """
+    forgotten = []
+    for worker in ended:
+        if worker.ended_at is None or now - worker.ended_at <= options.forget_after_s:
+            break
+        forgotten.append((worker.worker_id, f"ended {now - worker.ended_at:.1f}s ago > forget_after_s {options.forget_after_s:.1f}s"))
+    return forgotten
 
 
 def expected_reporters(round_: RoundView, workers: Iterable[WorkerView]) -> frozenset[str]:

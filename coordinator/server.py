@@ -1,10 +1,20 @@
 """The coordinator's gRPC server: the Coordinator service, grpc.health.v1, guards, and its CLI.
 
 Every call to rcswarm.v1.Coordinator passes a server interceptor that checks the join token
-(constant-time compare of the `authorization: Bearer <token>` metadata) and refuses calls
-without a client deadline. The health service is exempt from both, so load balancers and
-Kubernetes probes can reach it. The service talks to one interface, `RunGroup` (sweep.py):
-a single run is a group of one.
+(constant-time compare of the `authorization: Bearer <token>` metadata), refuses calls
+without a client deadline, and bounds the call (`CallGate`): each RPC belongs to a kind
+(`RPC_KINDS`) with a limit of calls running at once, beyond which a call is refused at once
+with RESOURCE_EXHAUSTED, and a longest time the server spends on one call whatever deadline
+the client sent; a stream that carries no message for `stream_idle_s` in either direction
+is cancelled with DEADLINE_EXCEEDED (`CallWatchdog`). The thread pool has `headroom` threads
+beyond the sum of the kind limits, so calls that hold a thread (long polls, streams) never
+take the last one: refusals and the health service always find a thread.
+
+The health service is exempt from the token, the deadline and the kind limits, so load
+balancers and Kubernetes probes can reach it. It reports NOT_SERVING while the coordinator
+cannot close rounds: its ticker's latest tick raised, or no tick has completed for
+`health_stall_s` (`decide_health`). The service talks to one interface, `RunGroup`
+(sweep.py): a single run is a group of one.
 
     rcswarm coordinator --config RUN.toml --state-dir DIR --port P
 """
@@ -12,16 +22,19 @@ a single run is a group of one.
 from __future__ import annotations
 
 import argparse
+import heapq
 import hmac
+import itertools
 import json
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +44,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import Refusal, SwarmCoordinator
 from rcswarm.coordinator.sweep import RunGroup, open_group
+from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV
 
@@ -40,34 +54,311 @@ SERVICE_NAME = "rcswarm.v1.Coordinator"
 # A call whose remaining time exceeds this carries no real deadline (gRPC reports "infinite").
 NO_DEADLINE_S = 365 * 24 * 3600.0
 TICK_S = 0.2
+# The longest the watchdog sleeps between looks at its entries.
+WATCHDOG_POLL_S = 1.0
 
 
-def _guarded(behavior: Callable[..., Any], streaming_response: bool, authorized: bool) -> Callable[..., Any]:
-    """`behavior` behind the token and deadline checks."""
-    def check(context: grpc.ServicerContext) -> None:
+@dataclass(frozen=True)
+class RpcKind:
+    """RPCs that share a concurrency limit, and the longest the server spends on one of them."""
+
+    name: str
+    methods: tuple[str, ...]
+    max_call_s: float
+
+
+# Every RPC of the Coordinator service, by kind. `max_call_s` is what one call can need: a
+# unary call is answered in far less; AwaitVersion waits at most coordinator.max_wait_s
+# (the handler sees its time remaining cut at 60 s); a pull or push of a large model over a
+# slow link takes minutes. A client may send a longer deadline; the server never serves longer.
+RPC_KINDS = (
+    RpcKind("membership", ("Join", "Heartbeat", "Leave"), 30.0),
+    RpcKind("query", ("GetStatus", "ReportMetrics"), 30.0),
+    RpcKind("long_poll", ("AwaitVersion",), 60.0),
+    RpcKind("pull", ("PullParameters",), 600.0),
+    RpcKind("push", ("PushUpdate",), 600.0),
+)
+KIND_OF_METHOD = {method: kind for kind in RPC_KINDS for method in kind.methods}
+DEFAULT_MAX_CALLS = {"membership": 32, "query": 16, "long_poll": 64, "pull": 16, "push": 16}
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """Bounded concurrency of the Coordinator service.
+
+    `max_calls[kind]` calls of each kind of `RPC_KINDS` run at once, the next is refused with
+    RESOURCE_EXHAUSTED; a stream that carries no message for `stream_idle_s` is cancelled; the
+    thread pool has `headroom` threads beyond the sum of the kind limits, for the health
+    service and for refusals.
+    """
+
+    max_calls: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_MAX_CALLS))
+    stream_idle_s: float = 10.0
+    headroom: int = 16
+
+    def __post_init__(self) -> None:
+        """Refuse an unknown or missing kind, a limit below 1, a non-positive idle time or headroom."""
+        known = [kind.name for kind in RPC_KINDS]
+        for name, limit in self.max_calls.items():
+            if name not in known:
+                raise ValueError(f"max_calls[{name!r}]: unknown RPC kind; expected one of {', '.join(known)}")
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"max_calls[{name!r}] = {limit!r}: expected an integer >= 1")
+        missing = [name for name in known if name not in self.max_calls]
+        if missing:
+            raise ValueError(f"max_calls lacks {', '.join(missing)}: expected a limit for every RPC kind")
+        if not self.stream_idle_s > 0:
+            raise ValueError(f"stream_idle_s = {self.stream_idle_s!r}: expected a number of seconds > 0")
+        if isinstance(self.headroom, bool) or not isinstance(self.headroom, int) or self.headroom < 1:
+            raise ValueError(f"headroom = {self.headroom!r}: expected an integer >= 1")
+
+    @property
+    def threads(self) -> int:
+        """The RPC thread pool's size: every kind at its limit, plus the headroom."""
+        return sum(self.max_calls.values()) + self.headroom
+
+
+def parse_max_calls(values: list[str]) -> dict[str, int]:
+    """The default limits with `KIND=N` overrides from the command line; ValueError names a bad one."""
+    limits = dict(DEFAULT_MAX_CALLS)
+    for value in values:
+        name, sep, number = value.partition("=")
+        if not sep or not number.strip().isdigit():
+            raise ValueError(f"--max-calls {value!r}: expected KIND=N, e.g. long_poll=64")
+        limits[name.strip()] = int(number)
+    return limits
+
+
+def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    """Cancel a call so the client sees `code` and `message`, and wake its handler from any gRPC wait.
+
+    The public `context.cancel()` sends a bare CANCELLED; the call object behind the context
+    (C-core's cancel with a status) carries the code and the message. Where that is absent
+    (another gRPC version), the bare cancel still frees the thread.
+    """
+    call = getattr(getattr(context, "_rpc_event", None), "call", None)
+    if call is None:
+        context.cancel()
+    else:
+        call.cancel(code.value[0], message)
+
+
+class CallWatchdog:
+    """One thread that cancels calls at a given time unless their handler unwatches them first.
+
+    Handlers `watch` a call before a wait gRPC may not end by itself (the next message of a
+    stream, the whole of a call capped below its client deadline) and `unwatch` it after;
+    `unwatch` says whether the watchdog fired meanwhile. Threads: `watch` and `unwatch` run
+    on handler threads, `_run` on the watchdog's own thread; all three take `_condition`,
+    and `_run` cancels outside it.
+    """
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._entries: dict[int, tuple[grpc.ServicerContext, grpc.StatusCode, str]] = {}
+        self._handles = itertools.count()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="rpc-watchdog", daemon=True)
+
+    def start(self) -> None:
+        """Start the watchdog's thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (pending entries never fire) and wait for it, at most a few seconds."""
+        with self._condition:
+            self._stopped = True
+            self._condition.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=WATCHDOG_POLL_S * 2)
+
+    def watch(self, context: grpc.ServicerContext, at: float, code: grpc.StatusCode, message: str) -> int:
+        """Cancel `context`'s call with `code` and `message` at `at` (time.monotonic) unless unwatched first."""
+        with self._condition:
+            handle = next(self._handles)
+            self._entries[handle] = (context, code, message)
+            heapq.heappush(self._heap, (at, handle))
+            if self._heap[0][1] == handle:
+                self._condition.notify()
+        return handle
+
+    def unwatch(self, handle: int) -> bool:
+        """Forget `handle`: True if it had not fired, False if its call was cancelled."""
+        with self._condition:
+            pending = self._entries.pop(handle, None) is not None
+            if len(self._heap) > 4 * len(self._entries) + 1024:
+                self._heap = [entry for entry in self._heap if entry[1] in self._entries]
+                heapq.heapify(self._heap)
+            return pending
+
+    def _take_due(self, now: float) -> list[tuple[grpc.ServicerContext, grpc.StatusCode, str]]:
+        """The entries whose time has come, removed (`_condition` held)."""
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            _, handle = heapq.heappop(self._heap)
+            entry = self._entries.pop(handle, None)
+            if entry is not None:
+                due.append(entry)
+        return due
+
+    def _run(self) -> None:
+        """The watchdog's thread: cancel due calls, sleep until the next is due (at most WATCHDOG_POLL_S)."""
+        while True:
+            with self._condition:
+                if self._stopped:
+                    return
+                due = self._take_due(time.monotonic())
+                if not due:
+                    next_at = self._heap[0][0] if self._heap else time.monotonic() + WATCHDOG_POLL_S
+                    self._condition.wait(timeout=min(max(next_at - time.monotonic(), 0.0), WATCHDOG_POLL_S))
+            for context, code, message in due:
+                log.info("cancelling a call from %s: %s", context.peer(), message)
+                _cancel(context, code, message)
+
+
+class _CappedContext:
+    """A handler's view of its call: the real context, with `time_remaining` cut at the call's cap."""
+
+    def __init__(self, context: grpc.ServicerContext, deadline: float) -> None:
+        self._context = context
+        self._deadline = deadline
+
+    def time_remaining(self) -> float:
+        """Seconds left before the client's deadline or the server's cap, whichever comes first."""
+        return max(min(self._context.time_remaining(), self._deadline - time.monotonic()), 0.0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+@dataclass
+class _Admission:
+    """One admitted call: its kind's slot, its watchdog entry (or None) and the context its handler sees."""
+
+    slot: threading.Semaphore
+    watchdog: CallWatchdog
+    handle: int | None
+    context: _CappedContext
+
+    def close(self) -> None:
+        """Give the slot back and forget the watchdog entry (the handler's thread, once, when it ends)."""
+        if self.handle is not None:
+            self.watchdog.unwatch(self.handle)
+        self.slot.release()
+
+
+class CallGate:
+    """Admission and time bounds of Coordinator calls: a slot of the call's kind, its cap, idle streams.
+
+    Threads: every method runs on gRPC handler threads; a kind's slots are a semaphore
+    (non-blocking acquire, so a call beyond the limit is refused at once), the watchdog takes its own lock.
+    """
+
+    def __init__(self, limits: CallLimits, watchdog: CallWatchdog) -> None:
+        self.limits = limits
+        self.watchdog = watchdog
+        self._slots = {kind.name: threading.BoundedSemaphore(limits.max_calls[kind.name]) for kind in RPC_KINDS}
+        served = set(pb.DESCRIPTOR.services_by_name["Coordinator"].methods_by_name)
+        unbounded = sorted(served - set(KIND_OF_METHOD))
+        if unbounded:
+            raise RuntimeError(f"RPCs without a kind in RPC_KINDS: {', '.join(unbounded)}")
+
+    def admit(self, method: str, context: grpc.ServicerContext) -> _Admission:
+        """Take a slot of `method`'s kind and watch the call's cap; abort with RESOURCE_EXHAUSTED when none is free."""
+        kind = KIND_OF_METHOD[method]
+        limit = self.limits.max_calls[kind.name]
+        slot = self._slots[kind.name]
+        if not slot.acquire(blocking=False):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"coordinator busy: {limit} {kind.name} calls ({', '.join(kind.methods)}) already running, "
+                f"the limit (--max-calls {kind.name}={limit}); retry with backoff",
+            )
+        deadline = time.monotonic() + kind.max_call_s
+        handle = None
+        if context.time_remaining() > kind.max_call_s:
+            handle = self.watchdog.watch(
+                context, deadline, grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{method} ran for {kind.max_call_s:.0f} s, the longest the coordinator serves one {kind.name} call",
+            )
+        return _Admission(slot, self.watchdog, handle, _CappedContext(context, deadline))
+
+    def _idle_watch(self, context: grpc.ServicerContext, message: str) -> int:
+        """Watch the next message of a stream for `stream_idle_s`."""
+        return self.watchdog.watch(
+            context, time.monotonic() + self.limits.stream_idle_s, grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"{message} for {self.limits.stream_idle_s:g} s (stream_idle_s); the stream is cancelled",
+        )
+
+    def idle_bounded_requests(self, requests: Iterator[Any], context: grpc.ServicerContext, method: str) -> Iterator[Any]:
+        """`requests`, where a wait for the next message past `stream_idle_s` cancels the call and raises
+        Refusal(DEADLINE_EXCEEDED) in the handler."""
+        silence = f"{method}: the client sent no message"
+        idle = Refusal(grpc.StatusCode.DEADLINE_EXCEEDED, f"{silence} for {self.limits.stream_idle_s:g} s")
+        while True:
+            handle = self._idle_watch(context, silence)
+            try:
+                request = next(requests, None)
+            except grpc.RpcError:
+                if self.watchdog.unwatch(handle):
+                    raise
+                raise idle from None
+            if not self.watchdog.unwatch(handle):
+                raise idle
+            if request is None:
+                return
+            yield request
+
+    def idle_bounded_responses(self, responses: Iterator[Any], context: grpc.ServicerContext, method: str) -> Iterator[Any]:
+        """`responses`, where a client that reads nothing for `stream_idle_s` has the call cancelled."""
+        for response in responses:
+            handle = self._idle_watch(context, f"{method}: the client read no message")
+            try:
+                yield response
+            finally:
+                self.watchdog.unwatch(handle)
+
+
+def _guarded(
+    behavior: Callable[..., Any], handler: grpc.RpcMethodHandler, method: str, gate: CallGate, authorized: bool,
+) -> Callable[..., Any]:
+    """`behavior` behind the token and deadline checks, its kind's slot and cap, and idle-stream bounds."""
+    def admit(request: Any, context: grpc.ServicerContext) -> tuple[Any, _Admission]:
         if not authorized:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong join token")
         remaining = context.time_remaining()
         if remaining is None or remaining > NO_DEADLINE_S:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "calls to the coordinator must set a deadline")
+        admission = gate.admit(method, context)
+        if handler.request_streaming:
+            request = gate.idle_bounded_requests(request, context, method)
+        return request, admission
 
-    if streaming_response:
+    if handler.response_streaming:
         def stream_behavior(request: Any, context: grpc.ServicerContext) -> Any:
-            check(context)
-            yield from behavior(request, context)
+            request, admission = admit(request, context)
+            try:
+                yield from gate.idle_bounded_responses(behavior(request, admission.context), context, method)
+            finally:
+                admission.close()
         return stream_behavior
 
     def unary_behavior(request: Any, context: grpc.ServicerContext) -> Any:
-        check(context)
-        return behavior(request, context)
+        request, admission = admit(request, context)
+        try:
+            return behavior(request, admission.context)
+        finally:
+            admission.close()
     return unary_behavior
 
 
 class GuardInterceptor(grpc.ServerInterceptor):
-    """Token and deadline checks on every call of the Coordinator service."""
+    """Token, deadline and `CallGate` checks on every call of the Coordinator service (the server's polling thread)."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, gate: CallGate) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._gate = gate
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
@@ -79,7 +370,8 @@ class GuardInterceptor(grpc.ServerInterceptor):
         kind = "unary_unary" if not handler.request_streaming else "stream_unary"
         if handler.response_streaming:
             kind = "unary_stream" if not handler.request_streaming else "stream_stream"
-        wrapped = _guarded(getattr(handler, kind), handler.response_streaming, authorized)
+        method = details.method.rsplit("/", 1)[-1]
+        wrapped = _guarded(getattr(handler, kind), handler, method, self._gate, authorized)
         return handler._replace(**{kind: wrapped})
 
 
@@ -145,25 +437,54 @@ class TLSFiles:
         return grpc.ssl_server_credentials([(self.key.read_bytes(), self.cert.read_bytes())])
 
 
+@dataclass(frozen=True)
+class TickRecord:
+    """The ticker's latest outcome: when a tick last completed (time.monotonic), and the error of the latest tick if it raised."""
+
+    ok_at: float
+    error: str | None = None
+
+
+def decide_health(now: float, record: TickRecord, stall_s: float) -> tuple[bool, str]:
+    """Whether the coordinator serves, and why (pure). Its ticker evicts workers and closes due rounds:
+    the latest tick must not have raised, and one must have completed within `stall_s`."""
+    if record.error is not None:
+        return False, f"the latest tick (evictions, round closes) failed: {record.error}"
+    silent = now - record.ok_at
+    if silent > stall_s:
+        return False, f"no tick (evictions, round closes) completed for {silent:.1f} s, more than {stall_s:g} s"
+    return True, "ticks complete"
+
+
 class RunningCoordinator:
-    """A started server with its ticker thread; `stop()` shuts both down.
+    """A started server with its ticker, health and watchdog threads; `stop()` shuts them down.
 
     `coordinator` is what the caller gave (a bare SwarmCoordinator or a RunGroup); `group` is the
-    RunGroup over it that the gRPC service, the ticker and the dashboard talk to.
+    RunGroup over it that the gRPC service, the ticker and the dashboard talk to. `limits` bound
+    the Coordinator service's calls (`CallLimits`); health reports NOT_SERVING when the ticker's
+    latest tick raised or none completed for `health_stall_s` seconds.
+
+    Threads: the ticker thread replaces `_tick_record` whole after every tick and the health
+    thread reads it (one reference, no lock); `start` and `stop` run on the caller's thread.
     """
 
     def __init__(
         self, coordinator: SwarmCoordinator | RunGroup, token: str, host: str = "127.0.0.1", port: int = 0,
-        tls: TLSFiles | None = None, max_threads: int = 128,
+        tls: TLSFiles | None = None, limits: CallLimits | None = None, health_stall_s: float = 60.0,
         http_port: int | None = None, http_host: str = "127.0.0.1",
     ) -> None:
         if not token:
             raise ValueError("a join token is required (--token or the RCSWARM_TOKEN environment variable)")
+        if not health_stall_s > 0:
+            raise ValueError(f"health_stall_s = {health_stall_s!r}: expected a number of seconds > 0")
         self.coordinator = coordinator
         self.group = RunGroup.of(coordinator)
+        self.limits = limits or CallLimits()
+        self.health_stall_s = health_stall_s
+        self.watchdog = CallWatchdog()
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="rpc"),
-            interceptors=[GuardInterceptor(token)],
+            futures.ThreadPoolExecutor(max_workers=self.limits.threads, thread_name_prefix="rpc"),
+            interceptors=[GuardInterceptor(token, CallGate(self.limits, self.watchdog))],
             options=list(MESSAGE_SIZE_OPTIONS),
         )
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.group), self.server)
@@ -176,7 +497,9 @@ class RunningCoordinator:
         if self.port == 0:
             raise RuntimeError(f"could not bind {address}")
         self._stop = threading.Event()
+        self._tick_record = TickRecord(time.monotonic())
         self._ticker = threading.Thread(target=self._tick_loop, name="ticker", daemon=True)
+        self._health_thread = threading.Thread(target=self._health_loop, name="health", daemon=True)
         # The optional HTTP dashboard (coordinator/dashboard.py); None unless http_port is given.
         self.dashboard: Any = None
         if http_port is not None:
@@ -189,31 +512,62 @@ class RunningCoordinator:
                 raise RuntimeError(f"could not bind the dashboard on {http_host}:{http_port}: {exc.strerror}") from None
 
     def start(self) -> RunningCoordinator:
-        """Serve gRPC, health and the dashboard, and start the ticker."""
+        """Serve gRPC, health and the dashboard, and start the watchdog, the ticker and the health thread."""
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self.watchdog.start()
         self.server.start()
+        self._tick_record = TickRecord(time.monotonic())
         self._ticker.start()
+        self._health_thread.start()
         if self.dashboard is not None:
             self.dashboard.start()
-        for service in ("", SERVICE_NAME):
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self
 
+    def _set_health(self, status: int) -> None:
+        """Report `status` for the server and the Coordinator service."""
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, status)
+
     def _tick_loop(self) -> None:
-        """The ticker thread: the group's evictions and round deadlines every TICK_S."""
+        """The ticker thread: the group's evictions and round deadlines every TICK_S; records each outcome
+        and logs a failure with its traceback when it differs from the previous tick's."""
         while not self._stop.wait(TICK_S):
             try:
                 self.group.tick()
-            except Exception:
-                log.exception("coordinator tick failed")
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if error != self._tick_record.error:
+                    log.exception("coordinator tick failed")
+                self._tick_record = TickRecord(self._tick_record.ok_at, error)
+            else:
+                self._tick_record = TickRecord(time.monotonic())
+
+    def _health_loop(self) -> None:
+        """The health thread: every TICK_S, `decide_health` on the ticker's record; logs and reports each change."""
+        serving = True
+        while not self._stop.wait(TICK_S):
+            now_serving, reason = decide_health(time.monotonic(), self._tick_record, self.health_stall_s)
+            if now_serving != serving:
+                serving = now_serving
+                if serving:
+                    log.info("health: SERVING again (%s)", reason)
+                else:
+                    log.warning("health: NOT_SERVING: %s", reason)
+                self._set_health(
+                    health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+                )
 
     def stop(self, grace: float = 2.0) -> None:
-        """Stop the ticker, the dashboard and the server (in-flight calls get `grace` seconds), then close the stores."""
+        """Stop the ticker, the health thread, the dashboard and the server (in-flight calls get `grace`
+        seconds), then the watchdog, and close the stores."""
         self._stop.set()
         if self.dashboard is not None:
             self.dashboard.stop()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait(grace + 1.0)
         self._ticker.join(timeout=2.0)
+        self._health_thread.join(timeout=2.0)
+        self.watchdog.stop()
         self.group.close()
 
 
@@ -232,6 +586,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="serve the HTTP dashboard and /metrics on this port (0 = any free port; default: off)")
     parser.add_argument("--http-host", default="127.0.0.1",
                         help="address the dashboard binds (default loopback; it has no authentication)")
+    kinds = ", ".join(f"{name}={limit}" for name, limit in DEFAULT_MAX_CALLS.items())
+    parser.add_argument("--max-calls", action="append", default=[], metavar="KIND=N",
+                        help=f"calls of one kind running at once, beyond which a call gets RESOURCE_EXHAUSTED "
+                             f"(repeatable; default {kinds})")
+    parser.add_argument("--stream-idle-s", type=float, default=CallLimits.stream_idle_s,
+                        help="cancel a stream that carries no message for this long (default %(default)s)")
+    parser.add_argument("--health-stall-s", type=float, default=60.0,
+                        help="health says NOT_SERVING when no tick completed for this long (default %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -253,11 +615,13 @@ def main(argv: list[str] | None = None) -> int:
     problem = _argument_problem(args)
     if problem is None:
         try:
+            limits = CallLimits(parse_max_calls(args.max_calls), args.stream_idle_s)
             spec = RunSpec.from_toml(args.config)
             coordinator = open_group(spec, args.state_dir)
             tls = TLSFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
             running = RunningCoordinator(
-                coordinator, token, args.host, args.port, tls, http_port=args.http_port, http_host=args.http_host,
+                coordinator, token, args.host, args.port, tls, limits, args.health_stall_s,
+                http_port=args.http_port, http_host=args.http_host,
             ).start()
         except ValueError as exc:
             problem = str(exc)

@@ -3,13 +3,19 @@
 `SwarmCoordinator` owns the global parameters, the outer optimizer's momentum, the version
 counter, the membership table and the open round. Every RPC handler in server.py calls one
 method here; a refused call raises `Refusal` carrying the gRPC status code and a message.
-Decisions (admit, evict, close a round) come from the pure functions in decisions.py; the
+Decisions (admit, evict, forget, close a round) come from the pure functions in decisions.py; the
 curriculum (each worker's sequence length and batch, the adaptive ladder) from the
 `CurriculumTracker` of curriculum.py. The class docstring states which lock each method takes.
+
+What the coordinator keeps in memory is bounded: metric values are range-checked and each
+worker's metric rows per round capped; ended memberships are forgotten after
+`coordinator.forget_after_s` (SQLite keeps their history); GetStatus lists the active workers
+and only the most recent ended ones.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -17,6 +23,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import grpc
@@ -36,6 +43,20 @@ RESTART_MUTABLE = ("run.rounds", "run.workers", "coordinator.", "sync.round_dead
 MAX_TOKENS_PER_UPDATE = 10**12
 MAX_METRICS_PER_REQUEST = 10_000
 STATUS_ROUNDS = 20
+# Ended memberships GetStatus lists besides the active ones: the most recently ended.
+STATUS_ENDED_WORKERS = 64
+INT64_MAX = 2**63 - 1
+# Inclusive upper bounds of a metric's integer fields (all must be >= 0). One row is one inner
+# step, so its tokens stay far below an update's, and no SUM over rows can reach 2^63.
+METRIC_LIMITS = {
+    "version": 2**53, "step": 2**53, "seq_len": 2**31 - 1, "batch": 2**31 - 1, "tokens": 10**9,
+    "bytes_sent": 2**53, "bytes_received": 2**53,
+}
+# A metric's durations: finite and >= 0. Its loss: finite, or NaN for a row without one.
+METRIC_SECONDS = ("wall_time", "compute_seconds", "sync_seconds")
+MAX_SHA256_HEX = 64
+
+Payload = tuple[pb.TensorHeader, list[pb.TensorChunk]]
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -66,9 +87,14 @@ class WorkerRecord:
     last_loss: float = math.nan
     # Set for a worker of curriculum.worker_seq_lens: its own length, batch and why.
     assigned: curricula.Assignment | None = None
+    # When the membership ended (left, evicted, reassigned); None while active.
+    ended_at: float | None = None
+    # The version current when its metric rows were last counted, and how many it reported then.
+    metrics_version: int = -1
+    metrics_in_round: int = 0
 
     def view(self) -> decisions.WorkerView:
-        return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active)
+        return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active, self.ended_at)
 
 
 @dataclass
@@ -82,9 +108,78 @@ class OpenRound:
     started: bool = False
     # worker_id -> (tokens, decoded pseudo-gradient)
     reports: dict[str, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
+    # Set when its close began: `reports` no longer changes and a push for this version is stale.
+    closing: bool = False
 
     def view(self) -> decisions.RoundView:
         return decisions.RoundView(self.version, self.opened_at, frozenset(self.reports))
+
+
+@dataclass(frozen=True)
+class RoundClose:
+    """A close that began: what it reads, taken under `_lock` when the decision was made.
+
+    θ and the momentum are replaced, never mutated, so holding them is a snapshot; the round's
+    reports are frozen by `OpenRound.closing`; `saved_feedback` restores the broadcast residual
+    if the close fails.
+    """
+
+    round: OpenRound
+    reason: str
+    decided_at: float
+    params: outer.Tensors
+    momentum: outer.Tensors
+    saved_feedback: outer.Tensors
+
+
+@dataclass(frozen=True)
+class ClosedRound:
+    """What a close produced outside the lock, committed to the store and ready to publish."""
+
+    params: outer.Tensors
+    momentum: outer.Tensors
+    param_sha256: bytes
+    pull_payload: Payload
+    step_payload: Payload
+    record: RoundRecord
+    # Seconds per piece of the close, in the order they ran.
+    seconds: dict[str, float]
+
+
+class Stopwatch:
+    """Seconds spent in named pieces of work, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def piece(self, name: str) -> Iterator[None]:
+        """Time the body of a `with` block as `name`."""
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = time.perf_counter() - start
+
+
+def metric_problem(index: int, metric: pb.Metric) -> str | None:
+    """Why `metrics[index]` of a ReportMetrics request is out of range, or None when it is not."""
+    for name, limit in METRIC_LIMITS.items():
+        value = getattr(metric, name)
+        if not 0 <= value <= limit:
+            return f"metrics[{index}].{name} = {value} is out of range: expected 0..{limit}"
+    for name in METRIC_SECONDS:
+        value = getattr(metric, name)
+        if not (math.isfinite(value) and value >= 0):
+            return f"metrics[{index}].{name} = {value!r} is out of range: expected a finite number >= 0"
+    if math.isinf(metric.loss):
+        return f"metrics[{index}].loss = {metric.loss!r} is out of range: expected a finite number, or NaN for none"
+    if len(metric.param_sha256) > MAX_SHA256_HEX:
+        return f"metrics[{index}].param_sha256 has {len(metric.param_sha256)} characters: expected at most {MAX_SHA256_HEX}"
+    return None
+
+
+def pull_payload(params: outer.Tensors, run_id: str, version: int, sha256: bytes) -> Payload:
+    """The fp32 payload of the full θ of `version` (no lock: a pure function of its inputs)."""
+    return tensor_stream.build_payload(params, codec=pb.CODEC_FP32, run_id=run_id, version=version, content_sha256=sha256)
 
 
 def spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
@@ -124,14 +219,29 @@ class SwarmCoordinator:
     Locks. One lock, `_lock`, guards all mutable state: the membership table, the open round,
     θ, the momentum, the version and its pull payloads, the run's totals and the curriculum
     tracker. `_version_changed` is a condition on that same lock: `await_version` waits on it
-    (which releases the lock while it waits) and closing a round notifies every waiter. The lock
-    is not reentrant: a public method takes it itself and must be called without it held; a
-    private method documented "lock held" must be called with it held. What needs no shared state
-    runs outside it: reading a PushUpdate stream and decoding and validating its payload,
-    streaming pull chunks, writing metric rows, reading closed rounds from the store. Closing a
-    round (outer step, checkpoint write, SQLite commit, curriculum decision) runs with the lock
-    held, inside whichever call made it due (`push`, `leave`, `tick`, `reassign`). The store has
-    its own lock and is called with or without this one; a `RunGroup` takes its lock before a
+    (which releases the lock while it waits) and publishing a new version notifies every waiter.
+    The lock is not reentrant: a public method takes it itself and must be called without it
+    held; a private method documented "lock held" must be called with it held. What needs no
+    shared state runs outside it: reading a PushUpdate stream and decoding and validating its
+    payload, checking metric values, streaming pull chunks, writing metric rows, reading closed
+    rounds from the store.
+
+    Membership. `workers` holds every membership still in memory, `_active` the active ones (all
+    that admission, eviction and round closing look at) and `_ended` the ended ones in the order
+    they ended; `tick` forgets those ended longer than `coordinator.forget_after_s` ago.
+
+    Closing a round never holds `_lock` for its heavy work. Whichever call makes the close due
+    (`push`, `leave`, `tick`, `reassign`) decides it under the lock (`_begin_close`: it freezes the
+    round's reports and sets `_closing`), releases the lock, computes the average, the outer step,
+    the compressed step, the digest and the payloads and commits the checkpoint and the SQLite
+    row (`_compute_close`), then takes the lock again to publish the new version atomically and
+    wake the waiters (`_publish_close`). `_closing` (read and written under `_lock`) makes it one
+    close at a time: while it is set the closing thread alone may change θ, the momentum, the
+    version and `broadcast_feedback`; pushes for the closing version are stale; a pull waits for the
+    new version (at most `coordinator.max_wait_s`); heartbeats, joins, leaves, long polls, metrics
+    and status go on. A failed close restores the broadcast residual, reopens the round and wakes
+    the waiters, so the next tick retries it. The store
+    has its own lock and is called with or without this one; a `RunGroup` takes its lock before a
     run's, never the other way round.
     """
 
@@ -145,7 +255,10 @@ class SwarmCoordinator:
         self.clock = clock
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
-        self.membership = decisions.MembershipOptions(spec.coordinator.lease_s, spec.coordinator.max_workers)
+        self.membership = decisions.MembershipOptions(
+            spec.coordinator.lease_s, spec.coordinator.max_workers, spec.coordinator.forget_after_s
+        )
+        self.metrics_per_round = spec.metric_rows_per_round()
         self.round_options = decisions.RoundOptions(spec.sync.round_deadline_s, spec.sync.min_reports)
         self.codec = codecs.codec_from_name(spec.sync.codec)
         self.broadcast_feedback = codecs.ErrorFeedback()
@@ -153,13 +266,21 @@ class SwarmCoordinator:
         self._delta_payload: tuple[int, pb.TensorHeader, list[pb.TensorChunk]] | None = None
         self._load_or_create()
         self.shapes = {name: tuple(t.shape) for name, t in self.params.items()}
+        # Every membership still in memory, in join order; the active ones; the ended ones in the order they ended.
         self.workers: dict[str, WorkerRecord] = {}
+        self._active: dict[str, WorkerRecord] = {}
+        self._ended: dict[str, WorkerRecord] = {}
         self._joins = 0
         self.round = OpenRound(self.version, self.clock())
+        self._closing: RoundClose | None = None
+        # Seconds per piece of the last close (see ClosedRound.seconds), for logs and benchmarks.
+        self.last_close_seconds: dict[str, float] = {}
+        # Tokens reported to this process, and when it first served a pull: the live tokens/s.
         self.total_tokens = 0
-        self._first_metric_at: float | None = None
+        self._serving_since: float | None = None
         self.tracker = curricula.CurriculumTracker(spec, store)
-        self._publish()
+        self.param_sha256 = tensor_stream.params_sha256(self.params)
+        self._pull_header, self._pull_chunks = pull_payload(self.params, self.run_id, self.version, self.param_sha256)
 
     @property
     def curriculum(self) -> curricula.CurriculumState:
@@ -175,7 +296,7 @@ class SwarmCoordinator:
             self.momentum = {k: torch.zeros_like(v) for k, v in self.params.items()}
             self.version = 0
             self.store.set_many({"spec_json": self.spec.to_json(), "param_names": json.dumps(list(self.params))})
-            self.store.commit_version(self.run_id, 0, self.params, self._optimizer_state(), None)
+            self.store.commit_version(self.run_id, 0, self.params, self._optimizer_state(self.momentum), None)
             return
         stored = RunSpec.from_json(self.store.get("spec_json") or "{}")
         changed = [k for k in spec_differences(stored, self.spec) if not k.startswith(RESTART_MUTABLE)]
@@ -196,21 +317,18 @@ class SwarmCoordinator:
         self.broadcast_feedback.restore(checkpoint.state.get("broadcast_residual", {}))
         self.version = checkpoint.version
 
-    def _optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The outer optimizer's tensors to checkpoint (lock held, or from the constructor)."""
-        state = {"outer_momentum": self.momentum}
+    def _optimizer_state(self, momentum: outer.Tensors) -> dict[str, outer.Tensors]:
+        """The outer optimizer's tensors to checkpoint with `momentum` (the closing thread, or the constructor)."""
+        state = {"outer_momentum": momentum}
         residual = self.broadcast_feedback.snapshot()
         if residual and self.codec != pb.CODEC_FP32:
             state["broadcast_residual"] = residual
         return state
 
-    def _publish(self, param_sha256: bytes | None = None) -> None:
-        """Build the pull payload of the current version (lock held, or from the constructor)."""
-        self.param_sha256 = param_sha256 or tensor_stream.params_sha256(self.params)
-        self._pull_header, self._pull_chunks = tensor_stream.build_payload(
-            self.params, codec=pb.CODEC_FP32, run_id=self.run_id, version=self.version,
-            content_sha256=self.param_sha256,
-        )
+    @property
+    def closing(self) -> bool:
+        """Whether a round close is under way (any thread, without the lock: a snapshot that may be stale)."""
+        return self._closing is not None
 
     @property
     def finished(self) -> bool:
@@ -238,7 +356,7 @@ class SwarmCoordinator:
         """Admit a worker (handler thread; takes `_lock`)."""
         with self._lock:
             now = self.clock()
-            decision = decisions.decide_admission(now, [w.view() for w in self.workers.values()], self.finished, self.membership)
+            decision = decisions.decide_admission(now, self._active_views(), self.finished, self.membership)
             if not decision.ok:
                 code = grpc.StatusCode.FAILED_PRECONDITION if self.finished else grpc.StatusCode.RESOURCE_EXHAUSTED
                 raise Refusal(code, f"join refused: {decision.reason}")
@@ -246,10 +364,11 @@ class SwarmCoordinator:
             worker_id = f"{self.worker_prefix}w{self._joins}-{secrets.token_hex(4)}"
             name = request.worker_name[:128] or worker_id
             worker = WorkerRecord(worker_id, name, request.device[:64], now, now, self.version)
-            active = [w.assigned.seq_len for w in self.workers.values() if w.active and w.assigned is not None]
+            active = [w.assigned.seq_len for w in self._active.values() if w.assigned is not None]
             worker.assigned = self.tracker.assign_worker(worker_id, active, now)
-            self.workers[worker_id] = worker
+            self.workers[worker_id] = self._active[worker_id] = worker
             self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
+            log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version, decision.reason)
             return pb.JoinResponse(
                 worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
                 lease_seconds=self.membership.lease_s, data_seed=self._joins, assignment=self._assignment(worker),
@@ -269,16 +388,32 @@ class SwarmCoordinator:
         """End a membership at once; may close the round (handler thread; takes `_lock`)."""
         with self._lock:
             worker = self._member(request.worker_id)
-            worker.active, worker.state = False, pb.WORKER_STATE_LEFT
-            worker.reason = f"left: {request.reason[:200] or 'no reason given'}"
-            self.store.add_event(worker.worker_id, "leave", worker.reason)
-            self._maybe_close_round()
+            self._end_membership(worker, pb.WORKER_STATE_LEFT, "leave", f"left: {request.reason[:200] or 'no reason given'}")
+            close = self._begin_close()
+        self._finish_close(close)
         return pb.LeaveResponse()
+
+    def _end_membership(self, worker: WorkerRecord, state: int, kind: str, reason: str, now: float | None = None) -> None:
+        """End an active membership: record, event row, log line (lock held)."""
+        now = self.clock() if now is None else now
+        worker.active, worker.state, worker.reason, worker.ended_at = False, state, reason, now
+        del self._active[worker.worker_id]
+        self._ended[worker.worker_id] = worker
+        self.store.add_event(worker.worker_id, kind, reason, now)
+        log.info("%s: %s (%s) at version %d: %s", kind, worker.worker_id, worker.name, self.version, reason)
+
+    def _active_views(self) -> list[decisions.WorkerView]:
+        """Views of the active memberships, the only ones admission, eviction and round closing count (lock held)."""
+        return [w.view() for w in self._active.values()]
 
     def pull(self, request: pb.PullParametersRequest) -> Iterator[pb.PullParametersResponse]:
         """The current θ, or the step to it (handler thread). A generator: it takes `_lock` when first
-        iterated, picks the payload of the current version, and yields its chunks after releasing it."""
+        iterated, waits on `_version_changed` (releasing the lock) while a round closes, at most
+        `coordinator.max_wait_s`, so that a worker does not train from the version being replaced, picks the
+        payload of the current version, and yields its chunks after releasing the lock."""
         with self._lock:
+            self._member(request.worker_id)
+            self._wait_for_close(self.spec.coordinator.max_wait_s)
             worker = self._member(request.worker_id)
             if request.version not in (0, self.version):
                 raise Refusal(
@@ -289,6 +424,8 @@ class SwarmCoordinator:
             worker.base_version = self.version
             if not self.round.started:
                 self.round.opened_at, self.round.started = worker.last_seen, True
+            if self._serving_since is None:
+                self._serving_since = worker.last_seen
             self.tracker.start(worker.last_seen)
             header, chunks = self._pull_header, self._pull_chunks
             delta = self._delta_payload
@@ -297,6 +434,16 @@ class SwarmCoordinator:
         yield pb.PullParametersResponse(header=header)
         for chunk in chunks:
             yield pb.PullParametersResponse(chunk=chunk)
+
+    def _wait_for_close(self, limit_s: float) -> None:
+        """While a close runs, wait for its publication (or failure), at most `limit_s` (lock held; waiting
+        on `_version_changed` releases it)."""
+        deadline = time.monotonic() + limit_s
+        while self._closing is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._version_changed.wait(timeout=left)
 
     def await_version(self, request: pb.AwaitVersionRequest, time_remaining: float) -> pb.AwaitVersionResponse:
         """Long poll until the version reaches `min_version` (handler thread; takes `_lock` and waits on
@@ -329,7 +476,8 @@ class SwarmCoordinator:
             worker.last_seen = self.clock()
             reports = len(self.round.reports)
             round_version = self.round.version
-            self._maybe_close_round()
+            close = self._begin_close()
+        self._finish_close(close)
         return pb.PushUpdateResponse(accepted=True, round_version=round_version, reports=reports)
 
     def _check_update_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> None:
@@ -348,6 +496,11 @@ class SwarmCoordinator:
             )
         if worker.worker_id in self.round.reports:
             raise Refusal(grpc.StatusCode.ALREADY_EXISTS, f"worker {worker.worker_id} already reported for round {self.version}")
+        if self.round.closing:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"stale update: round {self.version} is closing; pull version {self.version + 1} once it is served",
+            )
         if not 0 < meta.tokens <= MAX_TOKENS_PER_UPDATE:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"tokens = {meta.tokens}: expected 1..{MAX_TOKENS_PER_UPDATE}")
 
@@ -374,22 +527,24 @@ class SwarmCoordinator:
         return deltas
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
-        """Store a batch of metrics (handler thread). Takes `_lock` for the totals and the curriculum's
-        measurements; writes the rows after releasing it."""
+        """Store a batch of metrics, all or none (handler thread). Checks the values without the lock; takes
+        `_lock` for the membership, the per-round cap, the totals and the curriculum's measurements; writes
+        the rows after releasing it."""
         if len(request.metrics) > MAX_METRICS_PER_REQUEST:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.metrics)} metrics in one request: at most {MAX_METRICS_PER_REQUEST}")
+        for index, metric in enumerate(request.metrics):
+            problem = metric_problem(index, metric)
+            if problem is not None:
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"metrics refused: {problem}")
         now = self.clock()
         with self._lock:
-            worker = self.workers.get(request.worker_id)
-            if worker is None:
-                raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is unknown here; join again")
+            worker = self._reporter(request.worker_id)
+            self._count_metric_rows(worker, len(request.metrics))
             for metric in request.metrics:
-                self.total_tokens += max(metric.tokens, 0)
+                self.total_tokens += metric.tokens
                 if math.isfinite(metric.loss) and metric.tokens > 0:
                     worker.last_loss = metric.loss
                 self.tracker.measure(request.worker_id, metric)
-            if request.metrics and self._first_metric_at is None:
-                self._first_metric_at = now
         rows = (
             (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
              m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
@@ -397,21 +552,41 @@ class SwarmCoordinator:
         )
         return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
 
+    def _reporter(self, worker_id: str) -> WorkerRecord:
+        """The worker whose metrics are accepted (lock held): an active member, or one a sweep moved to another
+        run (its rows of this run still belong here); NOT_FOUND for an unknown, left or evicted worker."""
+        worker = self.workers.get(worker_id)
+        if worker is not None and worker.state == pb.WORKER_STATE_REASSIGNED:
+            return worker
+        return self._member(worker_id)
+
+    def _count_metric_rows(self, worker: WorkerRecord, rows: int) -> None:
+        """Count `rows` against the worker's cap for the current version, or refuse them all (lock held)."""
+        if worker.metrics_version != self.version:
+            worker.metrics_version, worker.metrics_in_round = self.version, 0
+        if worker.metrics_in_round + rows > self.metrics_per_round:
+            raise Refusal(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"worker {worker.worker_id} reported {worker.metrics_in_round} metric rows at version {self.version}; "
+                f"{rows} more exceed coordinator.max_metrics_per_round = {self.metrics_per_round}",
+            )
+        worker.metrics_in_round += rows
+
     def status(self) -> pb.GetStatusResponse:
         """The run's GetStatus reply (handler thread, the dashboard's thread; takes `_lock` for the live
         state, reads the closed rounds from the store after releasing it)."""
         with self._lock:
             now = self.clock()
             losses = [w.last_loss for w in self.workers.values() if math.isfinite(w.last_loss)]
-            elapsed = now - self._first_metric_at if self._first_metric_at is not None else 0.0
+            elapsed = now - self._serving_since if self._serving_since is not None else 0.0
             response = pb.GetStatusResponse(
                 run_id=self.run_id, version=self.version, run_state=self._run_state(), target_rounds=self.spec.run.rounds,
                 latest_loss=sum(losses) / len(losses) if losses else math.nan,
                 tokens_per_second=self.total_tokens / elapsed if elapsed > 0 else 0.0,
-                param_sha256=self.param_sha256.hex(), total_tokens=self.total_tokens,
+                param_sha256=self.param_sha256.hex(), total_tokens=min(self.total_tokens, INT64_MAX),
                 curriculum=self.tracker.status(now, self.version),
             )
-            for w in self.workers.values():
+            for w in self._listed_workers():
                 response.workers.add(
                     worker_id=w.worker_id, name=w.name, state=w.state, base_version=w.base_version,
                     seconds_since_heartbeat=now - w.last_seen, device=w.device, reason=w.reason,
@@ -427,28 +602,33 @@ class SwarmCoordinator:
         response.rounds.add(version=version, reports=reports, tokens=tokens, opened_at=opened_at)
         return response
 
+    def _listed_workers(self) -> list[WorkerRecord]:
+        """The memberships GetStatus lists (lock held): every active one, then the STATUS_ENDED_WORKERS
+        that ended last, oldest first, so the reply stays far below the message limit."""
+        ended = list(itertools.islice(reversed(self._ended.values()), STATUS_ENDED_WORKERS))
+        return [*self._active.values(), *reversed(ended)]
+
     def close(self) -> None:
         """Close the store; once the server and the ticker have stopped (no lock)."""
         self.store.close()
 
     def knows(self, worker_id: str) -> bool:
-        """Whether `worker_id` joined this run, active or not (any thread; takes `_lock`)."""
+        """Whether `worker_id` joined this run and is still in memory, active or not (any thread; takes `_lock`)."""
         with self._lock:
             return worker_id in self.workers
 
     def active_workers(self) -> int:
         """The number of active workers (any thread; takes `_lock`)."""
         with self._lock:
-            return sum(1 for w in self.workers.values() if w.active)
+            return len(self._active)
 
     def reassign(self, worker_id: str, reason: str) -> None:
         """End a worker's membership here because a sweep moves it to another run; may close the round
         (handler thread, from a RunGroup without its lock; takes `_lock`)."""
         with self._lock:
-            worker = self._member(worker_id)
-            worker.active, worker.state, worker.reason = False, pb.WORKER_STATE_REASSIGNED, reason
-            self.store.add_event(worker_id, "reassign", reason)
-            self._maybe_close_round()
+            self._end_membership(self._member(worker_id), pb.WORKER_STATE_REASSIGNED, "reassign", reason)
+            close = self._begin_close()
+        self._finish_close(close)
 
     def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
         """This run in one line, from `status` when the caller already has it (else takes `_lock` via `status`)."""
@@ -463,58 +643,104 @@ class SwarmCoordinator:
         )
 
     def tick(self) -> None:
-        """Evict expired workers and close the round if it is due (the ticker thread, every TICK_S; takes `_lock`)."""
+        """Evict expired workers, forget long-ended ones and close the round if it is due (the ticker thread,
+        every TICK_S; takes `_lock`, and closes a round as `_finish_close` says)."""
         with self._lock:
             now = self.clock()
-            for worker_id, reason in decisions.decide_evictions(now, [w.view() for w in self.workers.values()], self.membership):
-                worker = self.workers[worker_id]
-                worker.active, worker.state, worker.reason = False, pb.WORKER_STATE_EVICTED, f"evicted: {reason}"
-                self.store.add_event(worker_id, "evict", reason, now)
-            self._maybe_close_round()
+            for worker_id, reason in decisions.decide_evictions(now, self._active_views(), self.membership):
+                self._end_membership(self._active[worker_id], pb.WORKER_STATE_EVICTED, "evict", f"evicted: {reason}", now)
+            forgotten = decisions.decide_forgetting(now, (w.view() for w in self._ended.values()), self.membership)
+            for worker_id, _ in forgotten:
+                del self._ended[worker_id], self.workers[worker_id]
+            if forgotten:
+                log.debug("forgot %d ended memberships (%s)", len(forgotten), forgotten[-1][1])
+            close = self._begin_close()
+        self._finish_close(close)
 
-    def _maybe_close_round(self) -> None:
-        """With the lock held: close the open round if the decision says so."""
-        if self.finished:
-            return
+    def _begin_close(self) -> RoundClose | None:
+        """With the lock held: if no close runs and the decision says the open round is due, freeze its reports,
+        mark the close begun and return what it reads; else None. The caller passes the answer to
+        `_finish_close` once it released the lock."""
+        if self.finished or self._closing is not None:
+            return None
         now = self.clock()
-        decision = decisions.decide_round_close(now, self.round.view(), [w.view() for w in self.workers.values()], self.round_options)
-        if decision.ok:
-            self._close_round(now, decision.reason)
+        decision = decisions.decide_round_close(now, self.round.view(), self._active_views(), self.round_options)
+        if not decision.ok:
+            return None
+        self.round.closing = True
+        self._closing = RoundClose(
+            self.round, decision.reason, now, self.params, self.momentum, self.broadcast_feedback.snapshot()
+        )
+        return self._closing
 
-    def _close_round(self, now: float, reason: str) -> None:
-        """Apply the outer step, commit and serve the new version, wake the waiters, advance the curriculum (lock held)."""
-        reports = [self.round.reports[k] for k in sorted(self.round.reports)]
-        average = outer.weighted_average(reports)
-        target, momentum = outer.outer_step(self.params, self.momentum, average, self.spec.outer)
-        block = self.spec.sync.block_size
-        saved_feedback = self.broadcast_feedback.snapshot()
-        params, encoded_step = outer.compressed_step(self.params, target, self.codec, block, self.broadcast_feedback)
-        sha = tensor_stream.params_sha256(params)
-        new_version = self.version + 1
-        record = RoundRecord(
-            version=self.version, opened_at=self.round.opened_at, closed_at=now, reports=len(reports),
-            tokens=sum(t for t, _ in reports), close_reason=reason, update_norm=tensor_stream.global_norm(average),
-            param_sha256=sha.hex(),
-        )
-        old_momentum, self.momentum = self.momentum, momentum
+    def _finish_close(self, close: RoundClose | None) -> None:
+        """Without the lock: compute and commit the close `_begin_close` began, then publish it under `_lock`.
+        On failure the round reopens with its reports, the residual is restored, and the error propagates."""
+        if close is None:
+            return
         try:
-            self.store.commit_version(self.run_id, new_version, params, self._optimizer_state(), record)
+            closed = self._compute_close(close)
         except BaseException:
-            self.momentum = old_momentum
-            self.broadcast_feedback.restore(saved_feedback)
+            with self._lock:
+                self.broadcast_feedback.restore(close.saved_feedback)
+                close.round.closing = False
+                self._closing = None
+                self._version_changed.notify_all()
             raise
-        header, chunks = tensor_stream.build_payload(
-            params, codec=self.codec, run_id=self.run_id, version=new_version, block_size=block, encoded=encoded_step
+        with self._lock:
+            self._publish_close(close, closed)
+
+    def _compute_close(self, close: RoundClose) -> ClosedRound:
+        """The heavy part of a close, without the lock (the closing thread owns `broadcast_feedback`): the
+        token-weighted average in sorted worker order, the outer step, the compressed step, the digest, the
+        checkpoint and SQLite commit, and both payloads of the new version."""
+        watch = Stopwatch()
+        version, block = close.round.version, self.spec.sync.block_size
+        reports = [close.round.reports[k] for k in sorted(close.round.reports)]
+        with watch.piece("average"):
+            average = outer.weighted_average(reports)
+        with watch.piece("norm"):
+            norm = tensor_stream.global_norm(average)
+        with watch.piece("outer step"):
+            target, momentum = outer.outer_step(close.params, close.momentum, average, self.spec.outer)
+        with watch.piece("compressed step"):
+            params, encoded_step = outer.compressed_step(close.params, target, self.codec, block, self.broadcast_feedback)
+        with watch.piece("digest"):
+            sha = tensor_stream.params_sha256(params)
+        record = RoundRecord(
+            version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
+            tokens=sum(t for t, _ in reports), close_reason=close.reason, update_norm=norm, param_sha256=sha.hex(),
         )
-        header.delta_from_version = self.version
-        header.result_sha256 = sha
-        self._delta_payload = (self.version, header, chunks)
-        self.params, self.version = params, new_version
-        self.round = OpenRound(new_version, now, started=True)
-        self._publish(sha)
+        with watch.piece("commit"):
+            self.store.commit_version(self.run_id, version + 1, params, self._optimizer_state(momentum), record)
+        with watch.piece("step payload"):
+            header, chunks = tensor_stream.build_payload(
+                params, codec=self.codec, run_id=self.run_id, version=version + 1, block_size=block, encoded=encoded_step
+            )
+            header.delta_from_version = version
+            header.result_sha256 = sha
+        with watch.piece("pull payload"):
+            full = pull_payload(params, self.run_id, version + 1, sha)
+        return ClosedRound(params, momentum, sha, full, (header, chunks), record, watch.seconds)
+
+    def _publish_close(self, close: RoundClose, closed: ClosedRound) -> None:
+        """Serve the committed version, open the next round, wake the waiters, advance the curriculum (lock held)."""
+        version = close.round.version
+        self.params, self.momentum, self.version = closed.params, closed.momentum, version + 1
+        self.param_sha256 = closed.param_sha256
+        self._pull_header, self._pull_chunks = closed.pull_payload
+        self._delta_payload = (version, *closed.step_payload)
+        self.round = OpenRound(version + 1, self.clock(), started=True)
+        self._closing = None
+        self.last_close_seconds = closed.seconds
         self._version_changed.notify_all()
+        pieces = ", ".join(f"{name} {seconds:.3f}" for name, seconds in closed.seconds.items())
+        log.info(
+            "round %d closed (%s): version %d served, %d reports, %d tokens, %.3fs (%s)", version, close.reason,
+            version + 1, closed.record.reports, closed.record.tokens, sum(closed.seconds.values()), pieces,
+        )
         try:
-            self.tracker.advance(now, new_version - 1)
+            self.tracker.advance(close.decided_at, version)
         except Exception:
             # The version is committed and served; a failed curriculum step keeps the current L.
-            log.exception("round %d: the curriculum decision failed; L stays", new_version - 1)
+            log.exception("round %d: the curriculum decision failed; L stays", version)

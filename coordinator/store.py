@@ -7,13 +7,31 @@ and the named reads the analysis, the dashboard, the summary and the commands us
 (`rcswarm status --state-dir`, `rcswarm fit RUN_DIR`, the launcher's summary).
 
 A version is committed in two steps: its checkpoint file is written to a temporary name,
-fsynced and renamed into place; then one SQLite transaction records it as current. A
-crash between the two leaves the previous version current (the orphan file is removed
-at the next start), so a restart always resumes at a complete, persisted version.
+fsynced and renamed into place; then one SQLite transaction records it as current and
+enters its parameters' SHA-256 (`tensor_stream.params_sha256`, the digest pulls carry) in
+the `checkpoints` ledger. A crash between the two leaves the previous version current (the
+orphan file is removed at the next start), so a restart always resumes at a complete,
+persisted version.
+
+Verified state: `load_current` serves nothing it has not verified. It reads the committed
+checkpoint and checks it against the ledger (a readable, complete safetensors file, the
+version in its metadata, the run's parameter names, finite values, the digest) and against
+`run_state.version`. When that fails it falls back to the newest kept checkpoint that
+verifies, logs a WARNING, records an event of kind `fallback` naming each file and what was
+wrong, and makes that version current; when none verifies it raises ValueError naming them.
+
+Reads never wait for the writer: the database is in WAL mode and every named read goes
+through a second, read-only connection with its own lock, so a slow read (the dashboard,
+`rcswarm status`) never holds the lock `commit_version` and `add_event` take. The reads the
+dashboard makes per request come from aggregate tables that `add_metrics` updates in the
+same transaction as the rows (per-worker totals, loss and time per step on both clocks), so
+their cost depends on the number of workers and steps, not on the number of metric rows.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sqlite3
 import threading
@@ -24,7 +42,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from rcswarm.protos import tensor_stream
+
+log = logging.getLogger("rcswarm.coordinator.store")
 
 # Optimizer state is stored beside the parameters as "<group>/<parameter name>";
 # parameter names never contain "/".
@@ -45,6 +68,97 @@ CREATE TABLE IF NOT EXISTS metrics (
     bytes_sent INTEGER, bytes_received INTEGER, param_sha256 TEXT, received_at REAL
 );
 CREATE INDEX IF NOT EXISTS metrics_by_version ON metrics (version);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    version INTEGER PRIMARY KEY, file TEXT NOT NULL, param_sha256 TEXT NOT NULL, committed_at REAL
+);
+CREATE TABLE IF NOT EXISTS worker_totals (
+    run_id TEXT, worker_id TEXT, tokens INTEGER, bytes_sent INTEGER, bytes_received INTEGER,
+    sync_seconds REAL, compute_seconds REAL, first_wall REAL, last_wall REAL, first_received REAL,
+    last_received REAL, row_count INTEGER, newest INTEGER, PRIMARY KEY (run_id, worker_id)
+);
+CREATE TABLE IF NOT EXISTS worker_step_sums (
+    run_id TEXT, seq_len INTEGER, step INTEGER, loss_sum REAL, wall_sum REAL, n INTEGER,
+    PRIMARY KEY (run_id, seq_len, step)
+);
+CREATE TABLE IF NOT EXISTS round_first_steps (
+    worker_id TEXT, version INTEGER, first_step INTEGER, first_received REAL, PRIMARY KEY (worker_id, version)
+);
+CREATE TABLE IF NOT EXISTS run_step_sums (
+    seq_len INTEGER, version INTEGER, k INTEGER, loss_sum REAL, t_sum REAL, n INTEGER,
+    PRIMARY KEY (seq_len, version, k)
+);
+"""
+
+# PRAGMA user_version of a state dir whose aggregate tables and ledger are complete; an older
+# one is brought up to date when a coordinator opens it for writing.
+SCHEMA_VERSION = 1
+INT64_MAX = 2**63 - 1
+
+
+def _keep(function: str, column: str) -> str:
+    """An upsert's `column = function(old, new)` that ignores a NULL on either side."""
+    return f"{column} = COALESCE({function}({column}, excluded.{column}), {column}, excluded.{column})"
+
+
+def _saturated_sum(expression: str) -> str:
+    """SUM without SQLite's integer-overflow error: a float total clamped to int64."""
+    return f"CAST(MIN(TOTAL({expression}), {INT64_MAX}) AS INTEGER)"
+
+
+# The aggregates over the metric rows with rowid > ?, added to the tables the reads use. Each
+# runs in add_metrics' transaction, right after the rows are inserted.
+AGGREGATE_WORKER_TOTALS = f"""
+INSERT INTO worker_totals
+SELECT run_id, worker_id, {_saturated_sum("MAX(tokens, 0)")}, MAX(bytes_sent), MAX(bytes_received),
+       MAX(sync_seconds), MAX(compute_seconds), MIN(wall_time), MAX(wall_time), MIN(received_at),
+       MAX(received_at), COUNT(*), MAX(rowid)
+FROM metrics WHERE rowid > ? GROUP BY run_id, worker_id
+ON CONFLICT (run_id, worker_id) DO UPDATE SET
+    tokens = CAST(MIN(tokens + excluded.tokens, {INT64_MAX}) AS INTEGER), {_keep("MAX", "bytes_sent")},
+    {_keep("MAX", "bytes_received")}, {_keep("MAX", "sync_seconds")}, {_keep("MAX", "compute_seconds")},
+    {_keep("MIN", "first_wall")}, {_keep("MAX", "last_wall")}, {_keep("MIN", "first_received")},
+    {_keep("MAX", "last_received")}, row_count = row_count + excluded.row_count, newest = excluded.newest
+"""
+
+# Loss and wall time per (seq_len, worker step), the workers' clock.
+AGGREGATE_WORKER_STEPS = """
+INSERT INTO worker_step_sums
+SELECT run_id, seq_len, step, TOTAL(loss), TOTAL(wall_time), COUNT(*) FROM metrics
+WHERE rowid > ? AND loss > 0 AND seq_len > 0 AND step > 0 AND wall_time IS NOT NULL GROUP BY run_id, seq_len, step
+ON CONFLICT (run_id, seq_len, step) DO UPDATE SET
+    loss_sum = loss_sum + excluded.loss_sum, wall_sum = wall_sum + excluded.wall_sum, n = n + excluded.n
+"""
+
+# A training row (tokens > 0, a loss) counts its step within the round, k, from the smallest
+# step its worker reported for that version, and its time from the run's first training row.
+TRAINING_FILTER = "tokens > 0 AND loss IS NOT NULL"
+
+AGGREGATE_ROUND_FIRST_STEPS = f"""
+INSERT INTO round_first_steps
+SELECT worker_id, version, MIN(step), MIN(received_at) FROM metrics
+WHERE rowid > ? AND {TRAINING_FILTER} GROUP BY worker_id, version
+ON CONFLICT (worker_id, version) DO UPDATE SET {_keep("MIN", "first_step")}, {_keep("MIN", "first_received")}
+"""
+
+# Loss and coordinator time per (seq_len, version, k), the run's clock; rows of a round that
+# arrive after a row with a smaller step keep the k they were counted with.
+AGGREGATE_RUN_STEPS = """
+INSERT INTO run_step_sums
+SELECT m.seq_len, m.version, m.step - f.first_step AS k, TOTAL(m.loss), TOTAL(m.received_at), COUNT(*)
+FROM metrics AS m JOIN round_first_steps AS f ON f.worker_id = m.worker_id AND f.version = m.version
+WHERE m.rowid > ? AND m.tokens > 0 AND m.loss > 0 AND m.seq_len > 0
+GROUP BY m.seq_len, m.version, k
+ON CONFLICT (seq_len, version, k) DO UPDATE SET
+    loss_sum = loss_sum + excluded.loss_sum, t_sum = t_sum + excluded.t_sum, n = n + excluded.n
+"""
+
+AGGREGATES = (AGGREGATE_WORKER_TOTALS, AGGREGATE_WORKER_STEPS, AGGREGATE_ROUND_FIRST_STEPS, AGGREGATE_RUN_STEPS)
+
+# Ledger rows for state dirs written before the ledger: each round's record names the checkpoint
+# of the version it produced and that version's digest.
+LEDGER_FROM_ROUNDS = """
+INSERT OR IGNORE INTO checkpoints SELECT version + 1, checkpoint, param_sha256, closed_at FROM rounds
+WHERE checkpoint IS NOT NULL AND param_sha256 IS NOT NULL
 """
 
 METRIC_COLUMNS = (
@@ -55,38 +169,34 @@ METRIC_COLUMNS = (
 
 # A worker's totals over its metric rows and its newest row, for one run.
 WORKER_TOTALS = """
-SELECT t.worker_id, t.tokens, t.sent, t.received, t.first_wall, t.last_wall, t.row_count, m.step, m.seq_len, m.loss
-FROM (SELECT worker_id, SUM(MAX(tokens, 0)) AS tokens, MAX(bytes_sent) AS sent, MAX(bytes_received) AS received,
-             MIN(wall_time) AS first_wall, MAX(wall_time) AS last_wall, COUNT(*) AS row_count, MAX(rowid) AS newest
-      FROM metrics WHERE run_id = ? GROUP BY worker_id) AS t
-LEFT JOIN metrics AS m ON m.rowid = t.newest ORDER BY t.worker_id
+SELECT t.worker_id, t.tokens, t.bytes_sent, t.bytes_received, t.first_wall, t.last_wall, t.row_count, m.step, m.seq_len, m.loss
+FROM worker_totals AS t LEFT JOIN metrics AS m ON m.rowid = t.newest WHERE t.run_id = ? ORDER BY t.worker_id
 """
 
 # Training rows on the run's own clock: k is the step within the round (from 0), t the seconds since
-# the run's first metric on the coordinator's clock.
-TRAINING_ROWS = """
+# the run's first metric on the coordinator's clock. A full scan, for commands that read a state dir.
+TRAINING_ROWS = f"""
 SELECT worker_id, version, step - MIN(step) OVER (PARTITION BY worker_id, version) AS k,
        seq_len, loss, received_at - MIN(received_at) OVER () AS t
-FROM metrics WHERE tokens > 0 AND loss IS NOT NULL ORDER BY received_at
+FROM metrics WHERE {TRAINING_FILTER} ORDER BY received_at
 """
 
 # Mean loss and time per (seq_len, run step), run step = version × inner steps + k + 1.
 RUN_STEP_MEANS = (
-    f"SELECT seq_len, version * ? + k + 1 AS run_step, AVG(loss), AVG(t) FROM ({TRAINING_ROWS}) "
-    "WHERE loss > 0 AND seq_len > 0 GROUP BY seq_len, run_step ORDER BY seq_len, run_step"
+    "SELECT seq_len, version * ? + k + 1 AS run_step, TOTAL(loss_sum) / TOTAL(n), TOTAL(t_sum) / TOTAL(n) - "
+    "(SELECT MIN(first_received) FROM round_first_steps) FROM run_step_sums GROUP BY seq_len, run_step "
+    "ORDER BY seq_len, run_step"
 )
 
-# Mean loss and wall time per (seq_len, worker step) over one run's newest `?` rows.
+# Mean loss and wall time per (seq_len, worker step) of one run.
 WORKER_STEP_MEANS = (
-    "SELECT seq_len, step, AVG(loss), AVG(wall_time) FROM (SELECT seq_len, step, loss, wall_time FROM metrics "
-    "WHERE loss > 0 AND seq_len > 0 AND step > 0 AND run_id = ? ORDER BY rowid DESC LIMIT ?) "
-    "GROUP BY seq_len, step ORDER BY seq_len, step"
+    "SELECT seq_len, step, loss_sum / n, wall_sum / n FROM worker_step_sums WHERE run_id = ? ORDER BY seq_len, step"
 )
 
 # Per worker: cumulative counters (their maxima are totals), tokens, first and last arrival.
 WORKER_USAGE = (
     "SELECT worker_id, MAX(bytes_sent), MAX(bytes_received), MAX(sync_seconds), MAX(compute_seconds), "
-    "SUM(tokens), MIN(received_at), MAX(received_at) FROM metrics GROUP BY worker_id"
+    f"{_saturated_sum('tokens')}, MIN(first_received), MAX(last_received) FROM worker_totals GROUP BY worker_id"
 )
 
 METRIC_PAGE_COLUMNS = ("rowid", *METRIC_COLUMNS)
@@ -134,10 +244,23 @@ class RoundsSummary:
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A verified version: its parameters, optimizer state and the digest they were checked against."""
+
     version: int
     params: dict[str, torch.Tensor]
     # group ("outer_momentum", "broadcast_residual", ...) -> name -> tensor
     state: dict[str, dict[str, torch.Tensor]]
+    # params_sha256 of `params` in the run's parameter order (run_state.param_names).
+    param_sha256: bytes = b""
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """A committed version as the `checkpoints` ledger records it: its file and its parameters' digest (hex)."""
+
+    version: int
+    file: str
+    param_sha256: str
 
 
 def split_checkpoint(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
@@ -174,7 +297,17 @@ def _fsync_dir(path: Path) -> None:
 
 
 class StateStore:
-    """One run's state dir: state.sqlite plus checkpoints/v<version>.safetensors."""
+    """One run's state dir: state.sqlite plus checkpoints/v<version>.safetensors.
+
+    Threads and locks. `_lock` guards the writer connection: `get`, `set_many`,
+    `commit_version` (its SQLite transaction; the file is written before the lock is taken),
+    `load_current`, `add_event`, `add_metrics` and `close` take it. `_read_lock` guards the
+    read-only connection that every named read uses (`recent_rounds`, `run_identity`,
+    `newest_metric_rowid`, `metrics_since`, `worker_rows`, `worker_usage`, `worker_step_means`,
+    `run_step_means`, `training_rows`, `rounds_summary`, `mean_training_loss`,
+    `round_durations`), so a read never waits for a write, nor a write for a read. Any thread
+    may call any method; the two locks are never held together, except by `close`.
+    """
 
     def __init__(self, state_dir: str | Path, keep_checkpoints: int = 2, durable: bool = True) -> None:
         self._paths(state_dir, keep_checkpoints, durable)
@@ -183,6 +316,10 @@ class StateStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         self._db.executescript(SCHEMA)
+        self._upgrade()
+        self._schema_version = SCHEMA_VERSION
+        self._reader = self._connect_read_only(timeout_s=5.0)
+        self._read_lock = threading.Lock()
 
     def _paths(self, state_dir: str | Path, keep_checkpoints: int, durable: bool) -> None:
         self.state_dir = Path(state_dir)
@@ -192,22 +329,50 @@ class StateStore:
         self.db_path = self.state_dir / "state.sqlite"
         self._lock = threading.Lock()
 
+    def _connect_read_only(self, timeout_s: float) -> sqlite3.Connection:
+        return sqlite3.connect(f"{self.db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s,
+                               check_same_thread=False, isolation_level=None)
+
+    def _upgrade(self) -> None:
+        """Constructor only: build the ledger and the aggregates of a state dir written before they existed."""
+        if self._db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.execute(LEDGER_FROM_ROUNDS)
+        for statement in AGGREGATES:
+            self._db.execute(statement, (0,))
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._db.execute("COMMIT")
+
     @classmethod
     def open_read_only(cls, state_dir: str | Path, timeout_s: float = 5.0) -> StateStore:
         """An existing state dir, opened for reads only (a live coordinator may keep writing it).
 
-        Raises FileNotFoundError naming the path when the directory holds no state.sqlite.
+        Raises FileNotFoundError naming the path when the directory holds no state.sqlite. A state
+        dir a coordinator older than the aggregate tables wrote last opens, but the reads that need
+        them raise ValueError saying so.
         """
         store = cls.__new__(cls)
         store._paths(state_dir, keep_checkpoints=0, durable=False)
         if not store.db_path.is_file():
             raise FileNotFoundError(f"{store.db_path}: no such file; expected a coordinator state dir holding state.sqlite")
-        store._db = sqlite3.connect(f"{store.db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s,
-                                    check_same_thread=False, isolation_level=None)
+        store._db = store._reader = store._connect_read_only(timeout_s)
+        store._read_lock = store._lock
+        store._schema_version = store._db.execute("PRAGMA user_version").fetchone()[0]
         return store
+
+    def _read_aggregates(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """A read of the aggregate tables; ValueError for a state dir whose tables predate them."""
+        if self._schema_version < SCHEMA_VERSION:
+            raise ValueError(f"{self.db_path}: schema version {self._schema_version}, expected {SCHEMA_VERSION}: written "
+                             "by an older coordinator; start the coordinator on this state dir once to bring it up to date")
+        return self._read(sql, params)
 
     def close(self) -> None:
         with self._lock:
+            if self._reader is not self._db:
+                with self._read_lock:
+                    self._reader.close()
             self._db.close()
 
     def get(self, key: str) -> str | None:
@@ -228,11 +393,19 @@ class StateStore:
         params: Mapping[str, torch.Tensor],
         state: Mapping[str, Mapping[str, torch.Tensor]],
         round_record: RoundRecord | None,
+        param_sha256: bytes | None = None,
     ) -> None:
-        """Persist a version atomically: checkpoint file first, then the SQLite commit point."""
+        """Persist a version atomically: checkpoint file first, then the SQLite commit point.
+
+        `params` are in the order pulls serve them; their digest is `param_sha256`, else the
+        round record's, else computed here. It enters the ledger `load_current` verifies against.
+        """
         name = f"v{version:08d}.safetensors"
         final = self.checkpoint_dir / name
         partial = self.checkpoint_dir / f".{name}.partial"
+        digest = (param_sha256.hex() if param_sha256 is not None
+                  else round_record.param_sha256 if round_record is not None
+                  else tensor_stream.params_sha256(params).hex())
         tensors = {k: v.contiguous() for k, v in params.items()}
         for group, named in state.items():
             tensors.update({f"{group}{STATE_SEPARATOR}{k}": v.contiguous() for k, v in named.items()})
@@ -249,6 +422,7 @@ class StateStore:
                 "INSERT OR REPLACE INTO run_state VALUES (?, ?)",
                 [("version", str(version)), ("checkpoint", name), ("run_id", run_id)],
             )
+            self._db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?)", (version, name, digest, time.time()))
             if round_record is not None:
                 r = round_record
                 self._db.execute(
@@ -260,23 +434,99 @@ class StateStore:
         self._prune_checkpoints(keep=name)
 
     def _prune_checkpoints(self, keep: str) -> None:
-        files = sorted(p for p in self.checkpoint_dir.glob("v*.safetensors") if p.name != keep)
+        """Remove files no commit recorded (orphans of a crash) and all but the newest `keep_checkpoints`
+        besides `keep` (takes `_lock` for the ledger)."""
+        present = sorted(p for p in self.checkpoint_dir.glob("v*.safetensors") if p.name != keep)
+        marks = ", ".join("?" * len(present))
+        with self._lock:
+            recorded = {row[0] for row in self._db.execute(
+                f"SELECT file FROM checkpoints WHERE file IN ({marks})", [p.name for p in present])}
+        files = [p for p in present if p.name in recorded]
         stale = files[: max(0, len(files) - self.keep_checkpoints)]
-        for path in stale + list(self.checkpoint_dir.glob(".*.partial")):
+        orphans = [p for p in present if p.name not in recorded]
+        for path in stale + orphans + list(self.checkpoint_dir.glob(".*.partial")):
             path.unlink(missing_ok=True)
 
     def load_current(self) -> Checkpoint | None:
-        """The committed version, or None for a new state dir."""
+        """The committed version, verified; None for a new state dir.
+
+        When the committed checkpoint or `run_state.version` fails verification, falls back to
+        the newest kept checkpoint that verifies: logs a WARNING, adds a `fallback` event, makes
+        that version current and sets the files that failed aside as `<name>.rejected`. Raises
+        ValueError naming every file and what is wrong with it when none verifies.
+        """
         name = self.get("checkpoint")
         if name is None:
             return None
-        path = self.checkpoint_dir / name
-        if not path.exists():
-            raise RuntimeError(f"state dir {self.state_dir} records checkpoint {name} but the file is missing")
-        params, state = split_checkpoint(load_file(str(path)))
-        version = int(self.get("version") or 0)
-        self._prune_checkpoints(keep=name)
-        return Checkpoint(version=version, params=params, state=state)
+        claimed = self.get("version")
+        run_id = self.get("run_id") or ""
+        names = json.loads(self.get("param_names") or "[]")
+        with self._lock:
+            entries = [LedgerEntry(*row) for row in
+                       self._db.execute("SELECT version, file, param_sha256 FROM checkpoints ORDER BY version DESC")]
+        problems: list[str] = []
+        if name not in {entry.file for entry in entries}:
+            problems.append(f"{self.checkpoint_dir / name}: run_state names it but the checkpoints ledger records no digest for it")
+        for entry in entries:
+            path = self.checkpoint_dir / entry.file
+            if not path.exists():
+                if entry.file == name:
+                    problems.append(f"{path}: the committed checkpoint is missing")
+                continue
+            checkpoint, wrong = self._verified(entry, names, run_id)
+            if checkpoint is None:
+                problems.append(f"{path}: {wrong}")
+                continue
+            if (entry.file, str(entry.version)) != (name, claimed):
+                problems.append(f"run_state.version = {claimed!r}, checkpoint = {name!r}, but the newest checkpoint that "
+                                f"verifies is {entry.file} (version {entry.version})")
+            if problems:
+                self._fall_back(entry, problems)
+            self._prune_checkpoints(keep=entry.file)
+            return checkpoint
+        raise ValueError(f"state dir {self.state_dir}: no checkpoint verifies, refusing to serve unverified parameters: "
+                         + "; ".join(problems or [f"the checkpoints ledger is empty though run_state names {name}"]))
+
+    def _verified(self, entry: LedgerEntry, names: list[str], run_id: str) -> tuple[Checkpoint | None, str]:
+        """The checkpoint of `entry` when its file verifies against it, else None and what is wrong."""
+        path = self.checkpoint_dir / entry.file
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        except (OSError, SafetensorError) as error:
+            return None, f"unreadable or truncated safetensors file ({error})"
+        if metadata.get("version") != str(entry.version) or metadata.get("run_id", run_id) != run_id:
+            return None, (f"its metadata says run {metadata.get('run_id')!r} version {metadata.get('version')!r}, "
+                          f"the ledger run {run_id!r} version {entry.version}")
+        params, state = split_checkpoint(tensors)
+        if sorted(params) != sorted(names):
+            return None, f"holds parameters {sorted(params)}, expected the run's {sorted(names)}"
+        bad = [key for key, tensor in tensors.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+        if bad:
+            return None, f"non-finite values (NaN or Inf) in {', '.join(sorted(bad))}"
+        ordered = {key: params[key] for key in names}
+        digest = tensor_stream.params_sha256(ordered)
+        if digest.hex() != entry.param_sha256:
+            return None, f"parameters' SHA-256 {digest.hex()} differs from the {entry.param_sha256} recorded at commit"
+        return Checkpoint(version=entry.version, params=ordered, state=state, param_sha256=digest), ""
+
+    def _fall_back(self, entry: LedgerEntry, problems: list[str]) -> None:
+        """Make the verified `entry` current, set the newer files aside and say why (log, events)."""
+        reason = f"resuming at version {entry.version} from {entry.file}: " + "; ".join(problems)
+        log.warning("state dir %s: %s", self.state_dir, reason)
+        with self._lock:
+            newer = [row[0] for row in self._db.execute("SELECT file FROM checkpoints WHERE version > ?", (entry.version,))]
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("INSERT OR REPLACE INTO run_state VALUES (?, ?)",
+                                 [("version", str(entry.version)), ("checkpoint", entry.file)])
+            self._db.execute("DELETE FROM checkpoints WHERE version > ?", (entry.version,))
+            self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (time.time(), "", "fallback", reason))
+            self._db.execute("COMMIT")
+        for file in newer:
+            path = self.checkpoint_dir / file
+            if path.exists():
+                os.replace(path, path.with_name(f"{file}.rejected"))
 
     def checkpoint_path(self) -> Path | None:
         name = self.get("checkpoint")
@@ -289,16 +539,24 @@ class StateStore:
             )
 
     def add_metrics(self, rows: Iterable[tuple[Any, ...]]) -> int:
+        """Insert metric rows (METRIC_COLUMNS each) and fold them into the aggregate tables, in one transaction."""
         rows = list(rows)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
+            try:
+                before = self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM metrics").fetchone()[0]
+                self._db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
+                for statement in AGGREGATES:
+                    self._db.execute(statement, (before,))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
             self._db.execute("COMMIT")
         return len(rows)
 
     def recent_rounds(self, limit: int) -> list[RoundRecord]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._read_lock:
+            rows = self._reader.execute(
                 "SELECT version, opened_at, closed_at, reports, tokens, close_reason, update_norm, param_sha256 "
                 "FROM rounds ORDER BY version DESC LIMIT ?",
                 (limit,),
@@ -306,8 +564,8 @@ class StateStore:
         return [RoundRecord(*row) for row in reversed(rows)]
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._db.execute(sql, params).fetchall()
+        with self._read_lock:
+            return self._reader.execute(sql, params).fetchall()
 
     def run_identity(self) -> tuple[str, str] | None:
         """(run_id, spec_json) of the run this state dir holds, or None when either is missing."""
@@ -332,20 +590,19 @@ class StateStore:
             WorkerRow(worker_id, int(tokens or 0), int(sent or 0), int(received or 0), first or 0.0, last or 0.0,
                       int(count), int(step or 0), int(seq_len or 0), loss)
             for worker_id, tokens, sent, received, first, last, count, step, seq_len, loss
-            in self._read(WORKER_TOTALS, (run_id,))
+            in self._read_aggregates(WORKER_TOTALS, (run_id,))
         ]
 
     def worker_usage(self) -> list[WorkerUsage]:
         """Per worker over all metric rows: the maxima of its cumulative counters, its tokens, first and last arrival."""
         return [
             WorkerUsage(worker_id, sent or 0, received or 0, sync or 0.0, compute or 0.0, tokens or 0, first, last)
-            for worker_id, sent, received, sync, compute, tokens, first, last in self._read(WORKER_USAGE)
+            for worker_id, sent, received, sync, compute, tokens, first, last in self._read_aggregates(WORKER_USAGE)
         ]
 
-    def worker_step_means(self, run_id: str, max_rows: int) -> list[tuple[Any, ...]]:
-        """(seq_len, step, mean loss, mean wall_time) of `run_id` on the workers' own counters and clocks,
-        over its newest `max_rows` rows."""
-        return self._read(WORKER_STEP_MEANS, (run_id, max_rows))
+    def worker_step_means(self, run_id: str) -> list[tuple[Any, ...]]:
+        """(seq_len, step, mean loss, mean wall_time) of `run_id` on the workers' own counters and clocks."""
+        return self._read_aggregates(WORKER_STEP_MEANS, (run_id,))
 
     def run_step_means(self, inner_steps: int) -> list[tuple[float, float, float, float]]:
         """(seq_len, run step, mean loss, mean seconds since the run's first metric) on the run's own clock.
@@ -357,7 +614,7 @@ class StateStore:
             raise ValueError(f"inner_steps={inner_steps!r}: expected a positive integer")
         return [
             (float(length), float(step), float(loss), float(t))
-            for length, step, loss, t in self._read(RUN_STEP_MEANS, (inner_steps,))
+            for length, step, loss, t in self._read_aggregates(RUN_STEP_MEANS, (inner_steps,))
             if loss is not None and t is not None
         ]
 

@@ -151,7 +151,7 @@ def test_joining_a_finished_run_exits_cleanly_and_a_full_swarm_refuses(start_coo
     busy = start_coordinator(tiny_spec(run={"rounds": 0}, coordinator={"max_workers": 1}))
     holder = busy.client()
     holder.join("holder", "cpu", 1)
-    refused = spawn_worker(busy.target, "refused")
+    refused = spawn_worker(busy.target, "refused", "--patience-s", "2")
     assert refused.wait(timeout=60) == 1
     assert "RESOURCE_EXHAUSTED" in Path(refused.log_path).read_text() and "max_workers=1" in Path(refused.log_path).read_text()
     holder.close()

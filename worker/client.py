@@ -1,13 +1,17 @@
 """The worker's gRPC client of the coordinator: deadlines, token metadata, and retries.
 
-Every call carries the join token and a deadline. Calls that fail with UNAVAILABLE (the
-coordinator is restarting, the network blinked) are retried with jittered exponential
-backoff until `RetryPolicy.max_elapsed_s` has passed or the stop event is set; any other
-status is raised to the caller as `grpc.RpcError`.
+Every call carries the join token and a deadline. `classify` sorts each gRPC status into
+retry (the coordinator is stalled, restarting, at capacity, or a stream broke), rejoin (it
+no longer knows this worker) or fatal (it refused the request). Transient failures are
+retried with jittered exponential backoff for as long as `RetryPolicy.max_elapsed_s`, the
+patience, allows or until the stop event is set; anything else is raised to the caller as
+`grpc.RpcError`. A pull is checked against the parameter names and shapes the caller
+expects before any buffer is allocated.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 import threading
@@ -29,19 +33,60 @@ T = TypeVar("T")
 
 
 class RetriesExhausted(RuntimeError):
-    """The coordinator stayed unreachable for longer than the retry policy allows."""
+    """The coordinator kept failing transiently for longer than the retry policy's patience."""
 
 
 class Stopped(RuntimeError):
     """The worker was asked to stop while waiting to retry."""
 
 
+class BadPayload(RuntimeError):
+    """A pulled payload failed its checks; the pull is retried for the full parameters."""
+
+
+class Action(enum.Enum):
+    """What a caller does about a failed call."""
+
+    RETRY = "retry"
+    REJOIN = "rejoin"
+    FATAL = "fatal"
+
+
+_TRANSIENT = {
+    grpc.StatusCode.UNAVAILABLE: "the coordinator is unreachable or restarting",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "the coordinator did not answer within the deadline",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "the coordinator is at capacity",
+    grpc.StatusCode.CANCELLED: "the call was cancelled before it completed",
+    grpc.StatusCode.ABORTED: "the call was aborted",
+    grpc.StatusCode.INTERNAL: "the stream broke",
+    grpc.StatusCode.UNKNOWN: "the coordinator failed the call",
+}
+
+
+def classify(code: grpc.StatusCode) -> tuple[Action, str]:
+    """(action, reason) for a call that failed with `code`.
+
+    Stalls, restarts, capacity limits and broken streams are retried; NOT_FOUND (the
+    coordinator forgot this worker) asks for a new Join; every other status is the
+    coordinator refusing the request, which retrying would not change.
+    """
+    if code in _TRANSIENT:
+        return Action.RETRY, _TRANSIENT[code]
+    if code == grpc.StatusCode.NOT_FOUND:
+        return Action.REJOIN, "the coordinator no longer knows this worker"
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return Action.FATAL, "the coordinator refused the join token"
+    return Action.FATAL, "the coordinator refused the request"
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
+    """Jittered exponential backoff, retried for at most `max_elapsed_s` (the patience) per call."""
+
     initial_backoff_s: float = 0.2
     max_backoff_s: float = 5.0
     multiplier: float = 2.0
-    max_elapsed_s: float = 120.0
+    max_elapsed_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not 0 < self.initial_backoff_s <= self.max_backoff_s:
@@ -62,8 +107,14 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Timeouts:
+    """Deadlines of one attempt: unary calls (plus the wait of a long poll) and tensor transfers."""
+
     unary_s: float = 10.0
     transfer_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not (self.unary_s > 0 and self.transfer_s > 0):
+            raise ValueError(f"unary_s = {self.unary_s}, transfer_s = {self.transfer_s}: expected both > 0")
 
 
 def apply_delta(
@@ -84,7 +135,38 @@ def apply_delta(
     return params
 
 
+def receive_pull(
+    responses: Iterator[pb.PullParametersResponse], run_id: str, expected: Mapping[str, tuple[int, ...]] | None
+) -> tuple[pb.TensorHeader, dict[str, torch.Tensor], int]:
+    """(header, decoded tensors, message bytes) of one PullParameters stream.
+
+    The header is checked against `expected` (names and shapes in order) before the receive
+    buffer is allocated; a stream that ends before its header or its last chunk is a
+    PayloadError.
+    """
+    first = next(responses, None)
+    if first is None:
+        raise tensor_stream.PayloadError("PullParameters: the stream ended before its header")
+    if first.WhichOneof("part") != "header":
+        raise tensor_stream.PayloadError(f"PullParameters: expected a header first, got {first.WhichOneof('part')}")
+    receiver = tensor_stream.PayloadReceiver(first.header, expected=expected, run_id=run_id)
+    received = first.ByteSize()
+    for message in responses:
+        if message.WhichOneof("part") != "chunk":
+            raise tensor_stream.PayloadError(f"PullParameters: expected a chunk, got {message.WhichOneof('part')}")
+        receiver.add(message.chunk)
+        received += message.ByteSize()
+    return first.header, receiver.finish(), received
+
+
 class CoordinatorClient:
+    """One channel to the coordinator; each method is one RPC with its deadline and retries.
+
+    Methods may be called from several threads (the worker's loop and its heartbeat thread):
+    they share only the channel, which gRPC makes thread-safe, and the byte counters, which
+    only the worker's loop updates.
+    """
+
     def __init__(
         self, target: str, token: str, *, tls_ca: Path | None = None, retry: RetryPolicy = RetryPolicy(),
         timeouts: Timeouts = Timeouts(), stop: threading.Event | None = None,
@@ -105,80 +187,107 @@ class CoordinatorClient:
         self.bytes_received = 0
 
     def close(self) -> None:
+        """Close the channel; calls in flight fail with CANCELLED."""
         self.channel.close()
 
     def _with_retry(self, what: str, attempt: Callable[[], T]) -> T:
+        """attempt() until it returns, retrying transient failures for at most the patience."""
         started = time.monotonic()
         backoffs = self.retry.backoffs(self._rng)
         while True:
             try:
                 return attempt()
             except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE:
+                action, reason = classify(err.code())
+                if action is not Action.RETRY:
                     raise
-                elapsed = time.monotonic() - started
-                if elapsed > self.retry.max_elapsed_s:
-                    raise RetriesExhausted(f"{what}: coordinator unavailable for {elapsed:.1f}s: {err.details()}") from err
-                delay = next(backoffs)
-                log.warning("%s: coordinator unavailable (%s); retrying in %.2fs", what, err.details(), delay)
-                if self.stop.wait(delay):
-                    raise Stopped(what) from err
+                self._pause(what, f"{err.code().name}: {err.details()} ({reason})", started, next(backoffs), err)
+            except BadPayload as exc:
+                self._pause(what, f"a bad payload ({exc})", started, next(backoffs), exc)
+
+    def _pause(self, what: str, problem: str, started: float, delay: float, cause: Exception) -> None:
+        """Wait `delay` (at most what is left of the patience) before the next attempt.
+
+        Raises RetriesExhausted once the patience is spent and Stopped when the stop event is set.
+        """
+        elapsed = time.monotonic() - started
+        left = self.retry.max_elapsed_s - elapsed
+        if left <= 0:
+            raise RetriesExhausted(
+                f"{what}: gave up after {elapsed:.1f}s of retrying (patience {self.retry.max_elapsed_s:g}s); "
+                f"last error: {problem}"
+            ) from cause
+        delay = min(delay, left)
+        log.warning("%s: %s; retrying in %.2fs (%.1fs of patience left)", what, problem, delay, left)
+        if self.stop.wait(delay):
+            raise Stopped(what) from cause
 
     def _unary(self, name: str, request, timeout: float | None = None):
         method = getattr(self.stub, name)
         return self._with_retry(name, lambda: method(request, timeout=timeout or self.timeouts.unary_s, metadata=self.metadata))
 
     def join(self, name: str, device: str, pid: int) -> pb.JoinResponse:
+        """Ask to join the swarm."""
         return self._unary("Join", pb.JoinRequest(worker_name=name, device=device, pid=pid))
 
     def heartbeat(self, worker_id: str) -> pb.HeartbeatResponse:
+        """Renew the lease."""
         return self._unary("Heartbeat", pb.HeartbeatRequest(worker_id=worker_id))
 
     def leave(self, worker_id: str, reason: str) -> None:
+        """End the membership: one attempt, not retried (the worker is on its way out)."""
         self.stub.Leave(pb.LeaveRequest(worker_id=worker_id, reason=reason), timeout=self.timeouts.unary_s, metadata=self.metadata)
 
     def await_version(self, worker_id: str, min_version: int, wait_s: float) -> pb.AwaitVersionResponse:
+        """Long poll for `min_version` for up to `wait_s` (the deadline adds the unary timeout)."""
         request = pb.AwaitVersionRequest(worker_id=worker_id, min_version=min_version, wait_ms=int(wait_s * 1000))
         return self._unary("AwaitVersion", request, timeout=wait_s + self.timeouts.unary_s)
 
     def report_metrics(self, worker_id: str, metrics: list[pb.Metric]) -> None:
+        """Send a batch of per-step metrics."""
         self._unary("ReportMetrics", pb.ReportMetricsRequest(worker_id=worker_id, metrics=metrics))
 
     def status(self) -> pb.GetStatusResponse:
+        """The coordinator's status of the run (or sweep)."""
         return self._unary("GetStatus", pb.GetStatusRequest())
 
     def pull(
-        self, worker_id: str, run_id: str, have: tuple[int, Mapping[str, torch.Tensor]] | None = None
+        self, worker_id: str, run_id: str, have: tuple[int, Mapping[str, torch.Tensor]] | None = None, *,
+        expected: Mapping[str, tuple[int, ...]] | None = None, repull: bool = False,
     ) -> tuple[int, dict[str, torch.Tensor]]:
         """The newest global parameters: (version, tensors), checked against the header's checksums.
 
         `have` = (version, parameters) the caller holds bit for bit; when the coordinator
         answers with the compressed step from that version, the parameters are rebuilt as
-        have − step and checked against the SHA-256 of the new version.
+        have − step and checked against the SHA-256 of the new version. `expected` maps each
+        parameter name, in order, to its shape: a header that disagrees is refused before
+        anything is allocated. A payload that fails a check raises PayloadError, or with
+        `repull` is retried like a transient failure, asking for the full parameters.
         """
-        request = pb.PullParametersRequest(worker_id=worker_id)
-        if have is not None:
-            request.have_version = have[0]
+        held = [have]
 
         def attempt() -> tuple[int, dict[str, torch.Tensor]]:
+            request = pb.PullParametersRequest(worker_id=worker_id)
+            if held[0] is not None:
+                request.have_version = held[0][0]
             responses = self.stub.PullParameters(request, timeout=self.timeouts.transfer_s, metadata=self.metadata)
-            first = next(responses)
-            if first.WhichOneof("part") != "header":
-                raise tensor_stream.PayloadError(f"PullParameters: expected a header first, got {first.WhichOneof('part')}")
-            receiver = tensor_stream.PayloadReceiver(first.header, expected=None, run_id=run_id)
-            received = first.ByteSize()
-            for message in responses:
-                receiver.add(message.chunk)
-                received += message.ByteSize()
-            tensors = receiver.finish()
+            try:
+                header, tensors, received = receive_pull(responses, run_id, expected)
+                if header.HasField("delta_from_version"):
+                    tensors = apply_delta(header, tensors, held[0])
+            except tensor_stream.PayloadError as exc:
+                responses.cancel()
+                if not repull:
+                    raise
+                held[0] = None
+                raise BadPayload(str(exc)) from exc
             self.bytes_received += received
-            if first.header.HasField("delta_from_version"):
-                tensors = apply_delta(first.header, tensors, have)
-            return first.header.version, tensors
+            return header.version, tensors
 
         return self._with_retry("PullParameters", attempt)
 
     def push(self, meta: pb.UpdateMeta, header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> pb.PushUpdateResponse:
+        """Send one update (meta, header, chunks); the same messages are sent again on a retry."""
         messages = [pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header)]
         messages += [pb.PushUpdateRequest(chunk=chunk) for chunk in chunks]
         size = sum(m.ByteSize() for m in messages)

@@ -7,14 +7,19 @@ One round as the worker sees it: pull version v (checked against its SHA-256), s
 inner steps, push Δ = θ_v − θ_local compressed by the run's codec (with error
 feedback when enabled), report the round's metrics, then wait for version v+1. A stale
 push (FAILED_PRECONDITION) drops Δ and re-syncs; NOT_FOUND (evicted, or the coordinator
-restarted) re-joins; UNAVAILABLE is retried by the client. SIGTERM or SIGINT finishes the
-current step, sends Leave and exits 0.
+restarted) re-joins, and a finished update whose base version is still current after the
+re-join is pushed again. Stalls, restarts, capacity limits and broken streams are retried by
+the client for `--patience-s` seconds (`client.classify`). Only a refused join token, a
+refused request, a run spec this worker cannot build or spent patience end the worker, with
+one ERROR line saying why and exit status 1; a finished run exits 0. SIGTERM or SIGINT
+finishes the current step, sends Leave and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -34,26 +39,36 @@ from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
-from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Stopped
+from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Stopped, Timeouts, classify
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 
 log = logging.getLogger("rcswarm.worker")
 AWAIT_WAIT_S = 2.0
+# How often one finished update is pushed again after re-joins before it is dropped.
+MAX_PUSH_REJOINS = 3
 
 
 class Rejoin(Exception):
     """The coordinator no longer knows this worker (evicted or restarted)."""
 
 
+class SpecRefused(RuntimeError):
+    """The run spec the coordinator served cannot be built by this worker."""
+
+
 @dataclass(frozen=True)
 class WorkerOptions:
+    """The `rcswarm worker` flags, validated."""
+
     coordinator: str
     token: str
     device: str = "auto"
     name: str = ""
     threads: int = 0
     tls_ca: Path | None = None
-    max_unavailable_s: float = 120.0
+    patience_s: float = 300.0
+    rpc_timeout_s: float = 10.0
+    transfer_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.token:
@@ -62,6 +77,12 @@ class WorkerOptions:
             raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT")
         if self.threads < 0:
             raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = torch's default)")
+        for flag, value in (
+            ("--patience-s", self.patience_s), ("--rpc-timeout-s", self.rpc_timeout_s),
+            ("--transfer-timeout-s", self.transfer_timeout_s),
+        ):
+            if not value > 0:
+                raise ValueError(f"{flag} {value}: expected a number of seconds > 0")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,7 +106,8 @@ class Worker:
         self.name = options.name or f"{socket.gethostname()}-{os.getpid()}"
         self.client = CoordinatorClient(
             options.coordinator, options.token, tls_ca=options.tls_ca,
-            retry=RetryPolicy(max_elapsed_s=options.max_unavailable_s), stop=self.stop,
+            retry=RetryPolicy(max_elapsed_s=options.patience_s),
+            timeouts=Timeouts(unary_s=options.rpc_timeout_s, transfer_s=options.transfer_timeout_s), stop=self.stop,
         )
         self.started = time.perf_counter()
         self.compute_seconds = 0.0
@@ -117,25 +139,33 @@ class Worker:
         except Stopped:
             pass
         except RetriesExhausted as exc:
-            log.error("%s", exc)
+            log.error("%s gives up: %s", self.name, exc)
+            return 1
+        except SpecRefused as exc:
+            log.error("%s cannot train this run: %s", self.name, exc)
             return 1
         except grpc.RpcError as err:
-            log.error("the coordinator refused %s: %s: %s", self.name, err.code().name, err.details())
+            _, reason = classify(err.code())
+            log.error("%s exits: %s: %s: %s", self.name, reason, err.code().name, err.details())
             return 1
         finally:
             self._leave()
         return 0
 
-    def _join(self) -> None:
+    def _join(self) -> int | None:
+        """Join the swarm (building the model when the spec is new); the version it serves, None when finished."""
         try:
             response = self.client.join(self.name, str(self.device), os.getpid())
         except grpc.RpcError as err:
             if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
                 log.info("%s: %s", self.name, err.details())
                 self.worker_id, self.finished = "", True
-                return
+                return None
             raise
-        spec = RunSpec.from_json(response.run_spec_json)
+        try:
+            spec = RunSpec.from_json(response.run_spec_json)
+        except ValueError as exc:
+            raise SpecRefused(f"the run spec of {response.run_id} is invalid here: {exc}") from exc
         self.worker_id, self.run_id, self.lease_s = response.worker_id, response.run_id, response.lease_seconds
         self._held = None
         if self._heartbeat is None:
@@ -147,8 +177,12 @@ class Worker:
             self._assignment_owner = response.worker_id
         if self.model is None or spec != self.spec:
             self.spec = spec
-            self._build(spec, response.data_seed)
+            try:
+                self._build(spec, response.data_seed)
+            except (ValueError, KeyError) as exc:
+                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
         log.info("%s joined %s as %s at version %d", self.name, self.run_id, self.worker_id, response.version)
+        return response.version
 
     def _build(self, spec: RunSpec, data_seed: int) -> None:
         self.model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides).to(self.device)
@@ -242,14 +276,11 @@ class Worker:
         )
 
     def _pull(self) -> int:
-        try:
-            version, tensors = self._call(self.client.pull, self.worker_id, self.run_id, self._held)
-        except tensor_stream.PayloadError as exc:
-            log.warning("%s: %s; pulling the full parameters", self.worker_id, exc)
-            version, tensors = self._call(self.client.pull, self.worker_id, self.run_id, None)
+        """Pull θ_v into the model; a payload that disagrees with the model's shapes is refused and pulled again."""
         params = dict(self.model.named_parameters())
-        if list(tensors) != list(params) or any(tensors[k].shape != params[k].shape for k in params):
-            raise RuntimeError(f"pulled parameters of version {version} do not match the local model's names and shapes")
+        expected = {name: tuple(p.shape) for name, p in params.items()}
+        pull = functools.partial(self.client.pull, expected=expected, repull=True)
+        version, tensors = self._call(pull, self.worker_id, self.run_id, self._held)
         with torch.no_grad():
             for name, tensor in tensors.items():
                 params[name].copy_(tensor)
@@ -259,6 +290,7 @@ class Worker:
         return version
 
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
+        """Encode and deliver Δ; False when it was stale (dropped, residual restored)."""
         deltas = {name: base[name] - p.detach().cpu() for name, p in self.model.named_parameters()}
         block = self.spec.sync.block_size
         if self.error_feedback is not None:
@@ -269,25 +301,43 @@ class Worker:
         header, chunks = tensor_stream.build_payload(
             deltas, codec=self.codec, run_id=self.run_id, version=version, block_size=block, encoded=encoded
         )
-        meta = pb.UpdateMeta(worker_id=self.worker_id, base_version=version, tokens=tokens, inner_steps=self.spec.inner.steps)
+        delivered = False
         try:
-            response = self._call(self.client.push, meta, header, chunks)
-        except grpc.RpcError as err:
-            if _is(err, grpc.StatusCode.ALREADY_EXISTS):
-                # A retried push whose first attempt got through: the residual was delivered.
-                return True
-            if self.error_feedback is not None:
+            delivered = self._deliver(version, tokens, header, chunks)
+        finally:
+            if not delivered and self.error_feedback is not None:
                 self.error_feedback.restore(saved)
-            if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
-                log.warning("%s: %s", self.worker_id, err.details())
-                return False
-            raise
-        except Rejoin:
-            if self.error_feedback is not None:
-                self.error_feedback.restore(saved)
-            raise
-        log.info("%s pushed round %d (%d reports so far)", self.worker_id, response.round_version, response.reports)
-        return True
+        return delivered
+
+    def _deliver(self, version: int, tokens: int, header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> bool:
+        """Push one update until it lands; False when it is stale.
+
+        Transient failures are retried by the client (the update is kept meanwhile). On NOT_FOUND
+        the worker joins again and pushes the same update under its new id while the run and its
+        version are still the update's base; ALREADY_EXISTS means an earlier attempt landed.
+        """
+        for _ in range(MAX_PUSH_REJOINS + 1):
+            meta = pb.UpdateMeta(worker_id=self.worker_id, base_version=version, tokens=tokens, inner_steps=self.spec.inner.steps)
+            try:
+                response = self.client.push(meta, header, chunks)
+            except grpc.RpcError as err:
+                if _is(err, grpc.StatusCode.ALREADY_EXISTS):
+                    return True
+                if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
+                    log.warning("%s: %s", self.worker_id, err.details())
+                    return False
+                if not _is(err, grpc.StatusCode.NOT_FOUND):
+                    raise
+                run_id = self.run_id
+                log.warning("%s; joining again to deliver the update of version %d", err.details(), version)
+                if self._join() != version or self.run_id != run_id:
+                    log.warning("%s: the update of version %d is stale after the re-join; dropped", self.name, version)
+                    return False
+                continue
+            log.info("%s pushed round %d (%d reports so far)", self.worker_id, response.round_version, response.reports)
+            return True
+        log.warning("%s: the update of version %d was refused %d times after re-joins; dropped", self.name, version, MAX_PUSH_REJOINS + 1)
+        return False
 
     def _await(self, min_version: int) -> None:
         while not self.stop.is_set():
@@ -301,7 +351,8 @@ class Worker:
                 return
 
     def _flush_metrics(self) -> None:
-        if self._pending:
+        """Send the pending metrics (kept when the call fails), unless the worker holds no membership."""
+        if self._pending and self.worker_id:
             self._call(self.client.report_metrics, self.worker_id, self._pending)
             self._pending = []
 
@@ -338,7 +389,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--name", default="", help="name shown in the coordinator's status")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--tls-ca", type=Path, help="PEM root certificate; enables TLS")
-    parser.add_argument("--max-unavailable-s", type=float, default=120.0, help="give up after the coordinator is unreachable this long")
+    parser.add_argument(
+        "--patience-s", type=float, default=300.0,
+        help="retry a stalled, restarting or busy coordinator this long per call before giving up",
+    )
+    parser.add_argument("--max-unavailable-s", type=float, dest="patience_s", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument("--rpc-timeout-s", type=float, default=10.0, help="deadline of one unary call (a long poll adds its wait)")
+    parser.add_argument("--transfer-timeout-s", type=float, default=300.0, help="deadline of one parameter pull or update push")
     return parser.parse_args(argv)
 
 
@@ -348,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = WorkerOptions(
             coordinator=args.coordinator, token=args.token or os.environ.get(TOKEN_ENV, ""), device=args.device,
-            name=args.name, threads=args.threads, tls_ca=args.tls_ca, max_unavailable_s=args.max_unavailable_s,
+            name=args.name, threads=args.threads, tls_ca=args.tls_ca, patience_s=args.patience_s,
+            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
         )
         if options.threads:
             torch.set_num_threads(options.threads)

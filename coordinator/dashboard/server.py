@@ -21,8 +21,10 @@ Unknown paths answer 404, bad query values 400 with a message. Every connection 
 socket timeout; the server runs in daemon threads and never reaches outside the host.
 The dashboard works on a list of runs (a single run is a list of one): the views are
 `views.py`, the page and plots `render.py`, the Prometheus collector `prometheus.py`, the
-fits `coordinator/analysis.py` over the stores' named reads. Fits, step means and per-worker
-totals are cached until a run's newest metric rowid changes.
+fits `coordinator/analysis.py` over the stores' named reads. Those go through each store's
+read-only connection (WAL) and its aggregate tables, so a request never holds the lock a round
+close writes under, and its cost grows with workers and steps, not with metric rows. Fits, step
+means and per-worker totals are cached until a run's newest metric rowid changes.
 """
 
 from __future__ import annotations

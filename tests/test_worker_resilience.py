@@ -1,0 +1,341 @@
+"""Workers ride out stalls and refuse hostile pulls: real gRPC servers on loopback, real processes.
+
+Covers issue 13's findings 1 (a worker exited on any DEADLINE_EXCEEDED) and 7 (a pull header
+made the worker allocate what it claimed), and the rules the worker follows: which statuses
+are retried, re-joined or fatal; a finished update survives a stall and a re-join; only a
+refused token, a refused spec or spent patience end a worker, each with one ERROR line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import tracemalloc
+from concurrent import futures
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+import torch
+
+from rcswarm.models import registry
+from rcswarm.protos import tensor_stream
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from rcswarm.worker.client import Action, CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts, classify
+from rcswarm.worker.worker import Worker, WorkerOptions
+from tests.conftest import TOKEN, free_port, logs_of, tiny_spec, wait_for, write_spec
+from tests.test_swarm import start_coordinator_process
+
+# What a hostile header claims: 2^26 float32 values, 256 MiB, for one tensor.
+HUGE = 1 << 26
+# Python-level memory a refused pull may use, far below what the header claims.
+PEAK_BOUND = 64 << 20
+FAST = ("--rpc-timeout-s", "1", "--transfer-timeout-s", "3", "--patience-s", "60")
+
+
+def test_classify_sorts_every_status_code():
+    transient = {
+        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+    }
+    for code in grpc.StatusCode:
+        action, reason = classify(code)
+        assert reason, code
+        if code in transient:
+            assert action is Action.RETRY, code
+        elif code == grpc.StatusCode.NOT_FOUND:
+            assert action is Action.REJOIN
+        else:
+            assert action is Action.FATAL, code
+    assert "token" in classify(grpc.StatusCode.UNAUTHENTICATED)[1]
+
+
+def _options(target: str, **overrides) -> WorkerOptions:
+    return WorkerOptions(coordinator=target, token=TOKEN, device="cpu", name="victim", threads=1, **overrides)
+
+
+def test_worker_options_name_a_bad_patience():
+    with pytest.raises(ValueError, match="--patience-s 0"):
+        _options("127.0.0.1:1", patience_s=0)
+    with pytest.raises(ValueError, match="--rpc-timeout-s -1"):
+        _options("127.0.0.1:1", rpc_timeout_s=-1)
+
+
+class Hostile(pb_grpc.CoordinatorServicer):
+    """A server speaking the real wire: joins like a coordinator, then serves bad pulls or stalls.
+
+    `header` is what PullParameters sends (and nothing after it); `stall_s` delays the first
+    `stalls` heartbeats; `spec_json` is the run spec Join serves. Handlers run on gRPC's threads.
+    """
+
+    def __init__(self, spec_json: str, header: pb.TensorHeader | None = None, stall_s: float = 0.0, stalls: int = 0):
+        self.spec_json, self.header, self.stall_s = spec_json, header, stall_s
+        self.stalls_left = stalls
+        self.pulls = 0
+        self.lock = threading.Lock()
+
+    def Join(self, request, context):
+        return pb.JoinResponse(worker_id="h1", run_id="hostile", run_spec_json=self.spec_json, lease_seconds=10.0)
+
+    def Heartbeat(self, request, context):
+        with self.lock:
+            stall, self.stalls_left = self.stalls_left > 0, self.stalls_left - 1
+        if stall:
+            time.sleep(self.stall_s)
+        return pb.HeartbeatResponse(version=0, lease_seconds=10.0)
+
+    def Leave(self, request, context):
+        return pb.LeaveResponse()
+
+    def PullParameters(self, request, context) -> Iterator[pb.PullParametersResponse]:
+        with self.lock:
+            self.pulls += 1
+        yield pb.PullParametersResponse(header=self.header)
+
+
+@contextlib.contextmanager
+def serve(servicer: Hostile) -> Iterator[str]:
+    """Serve `servicer` on a loopback port; its HOST:PORT."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=0.2).wait(timeout=5)
+
+
+def model_shapes() -> dict[str, tuple[int, ...]]:
+    spec = tiny_spec()
+    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def hostile_header(shapes: dict[str, tuple[int, ...]], how: str) -> pb.TensorHeader:
+    """A self-consistent fp32 header (sizes, CRC count) that claims a 256 MiB tensor."""
+    claimed = dict(shapes)
+    if how == "huge shape":
+        claimed[next(iter(shapes))] = (HUGE,)
+    else:
+        claimed["extra.weight"] = (HUGE,)
+    infos = [pb.TensorInfo(name=n, dtype=pb.DTYPE_FLOAT32, shape=s, num_bytes=4 * int(torch.Size(s).numel())) for n, s in claimed.items()]
+    total = sum(info.num_bytes for info in infos)
+    chunk = tensor_stream.MAX_CHUNK_SIZE
+    return pb.TensorHeader(
+        run_id="hostile", version=1, codec=pb.CODEC_FP32, tensors=infos, total_bytes=total, chunk_size=chunk,
+        chunk_crc32=[0] * -(-total // chunk),
+    )
+
+
+@pytest.mark.parametrize("how", ["huge shape", "extra tensor"])
+def test_a_hostile_pull_header_is_refused_before_allocation(how):
+    shapes = model_shapes()
+    with serve(Hostile(tiny_spec().to_json(), hostile_header(shapes, how))) as target:
+        client = CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=2.0))
+        tracemalloc.start()
+        try:
+            with pytest.raises(tensor_stream.PayloadError) as refused:
+                client.pull("h1", "hostile", expected=shapes)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            client.close()
+    assert peak < PEAK_BOUND, f"{peak / 2**20:.0f} MiB allocated for a refused pull"
+    named = next(iter(shapes)) if how == "huge shape" else "extra.weight"
+    assert refused.value.tensor == named and named in str(refused.value)
+
+
+class MeasuredPulls(Worker):
+    """The real worker, tracing the Python memory its pulls allocate (from its first pull on: the
+    model and data are built before, untraced)."""
+
+    peak = 0
+
+    def _pull(self) -> int:
+        if not tracemalloc.is_tracing():
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        try:
+            return super()._pull()
+        finally:
+            self.peak = max(self.peak, tracemalloc.get_traced_memory()[1] - before)
+
+
+def test_the_worker_refuses_a_hostile_pull_repulls_then_gives_up(caplog):
+    shapes = model_shapes()
+    hostile = Hostile(tiny_spec().to_json(), hostile_header(shapes, "huge shape"))
+    with serve(hostile) as target:
+        worker = MeasuredPulls(_options(target, patience_s=1.5, rpc_timeout_s=2.0))
+        try:
+            with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+                code = worker.run()
+        finally:
+            tracemalloc.stop()
+    assert code == 1
+    assert 0 < worker.peak < PEAK_BOUND, f"{worker.peak / 2**20:.0f} MiB allocated for refused pulls"
+    assert hostile.pulls >= 2, "a refused pull is retried"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "gives up" in errors[0] and f"expected {shapes[next(iter(shapes))]}" in errors[0], errors
+
+
+def test_a_spec_the_worker_cannot_build_ends_it_with_its_reason(caplog):
+    spec = tiny_spec().to_dict()
+    spec["model"]["preset"] = "no-such-preset"
+    with serve(Hostile(json.dumps(spec))) as target:
+        with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+            code = Worker(_options(target, patience_s=2.0)).run()
+    assert code == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "cannot train this run" in errors[0] and "no-such-preset" in errors[0], errors
+
+
+def test_deadline_exceeded_is_retried_within_the_patience():
+    hostile = Hostile(tiny_spec().to_json(), stall_s=1.0, stalls=2)
+    with serve(hostile) as target:
+        client = CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=10.0), timeouts=Timeouts(unary_s=0.3))
+        assert client.heartbeat("h1").lease_seconds == 10.0
+        client.close()
+        impatient = CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=0.5), timeouts=Timeouts(unary_s=0.3))
+        hostile.stalls_left = 100
+        started = time.monotonic()
+        with pytest.raises(RetriesExhausted, match="DEADLINE_EXCEEDED") as gave_up:
+            impatient.heartbeat("h1")
+        impatient.close()
+        hostile.stalls_left = 0
+    assert time.monotonic() - started < 3.0 and "patience 0.5s" in str(gave_up.value)
+
+
+def test_unauthenticated_ends_the_worker_with_its_message(start_coordinator, spawn_worker):
+    local = start_coordinator(tiny_spec(run={"rounds": 0}))
+    proc = spawn_worker(local.target, "intruder", "--token", "not-the-token", *FAST)
+    assert proc.wait(timeout=60) == 1, logs_of([proc])
+    log = Path(proc.log_path).read_text()
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "UNAUTHENTICATED" in errors[0] and "join token" in errors[0], log
+    assert "Traceback" not in log
+
+
+class FaultBeforeFirstPush(Worker):
+    """The real worker, which calls `fault()` between its first training and its first push and
+    records every push as (base version, delivered)."""
+
+    def __init__(self, options: WorkerOptions, fault) -> None:
+        super().__init__(options)
+        self.fault = fault
+        self.pushes: list[tuple[int, bool]] = []
+
+    def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
+        if not self.pushes:
+            self.fault(self)
+        delivered = super()._push(version, base, tokens)
+        self.pushes.append((version, delivered))
+        return delivered
+
+
+def stall(pid: int, seconds: float):
+    """A fault: SIGSTOP process `pid` now and SIGCONT it after `seconds`."""
+    def fault(_worker: Worker) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        threading.Timer(seconds, os.kill, (pid, signal.SIGCONT)).start()
+    return fault
+
+
+def run_until(worker: Worker, done, timeout: float) -> int:
+    """Run `worker` on a thread until done(worker) or `timeout`; stop it and return its exit code."""
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: done(worker) or not thread.is_alive(), timeout, "the worker's rounds")
+    finally:
+        worker.stop.set()
+        thread.join(timeout=30)
+    assert result, "the worker did not stop"
+    return result[0]
+
+
+@pytest.fixture
+def coordinator_process(tmp_path: Path, request):
+    """A real `python -m rcswarm.coordinator` process for one worker; (process, target, client, log).
+
+    The run spec is the tiny one with 3 inner steps and the tables given by indirect parametrization.
+    """
+    spec = tiny_spec(run={"rounds": 0, "workers": 1}, inner={"steps": 3}, **getattr(request, "param", {}))
+    config = write_spec(spec, tmp_path / "run.toml")
+    port, log_path = free_port(), tmp_path / "coordinator.log"
+    proc = start_coordinator_process(config, tmp_path / "state", port, log_path)
+    client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, retry=RetryPolicy(max_elapsed_s=30.0))
+    try:
+        yield proc, f"127.0.0.1:{port}", client, log_path
+    finally:
+        client.close()
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_sigstopped_coordinator_is_ridden_out(coordinator_process, spawn_worker):
+    coordinator, target, client, log_path = coordinator_process
+    worker = spawn_worker(target, "patient", *FAST)
+    wait_for(lambda: client.status().version >= 2, 60, "two rounds", interval=0.05)
+    before = client.status().version
+    coordinator.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(4.0)  # past the worker's 1 s deadline and its 2 s long poll
+    finally:
+        coordinator.send_signal(signal.SIGCONT)
+    wait_for(lambda: client.status().version >= before + 3, 30, "rounds to resume after the stall", interval=0.05)
+    assert worker.poll() is None, logs_of([worker])
+    log = Path(worker.log_path).read_text()
+    assert "DEADLINE_EXCEEDED" in log and "retrying" in log, log[-3000:]
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, logs_of([worker])
+
+
+# A round that waits for a second report until its deadline: a retried push whose earlier attempt
+# landed (the coordinator answered after the client's deadline) meets the open round, ALREADY_EXISTS.
+@pytest.mark.slow
+@pytest.mark.parametrize("coordinator_process", [{"sync": {"min_reports": 2, "round_deadline_s": 6.0}}], indirect=True)
+def test_a_push_that_times_out_is_retried_and_lands(coordinator_process, caplog):
+    coordinator, target, client, _ = coordinator_process
+    options = _options(target, rpc_timeout_s=1.0, transfer_timeout_s=1.0, patience_s=30.0)
+    worker = FaultBeforeFirstPush(options, stall(coordinator.pid, 3.0))
+    with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+        code = run_until(worker, lambda w: len(w.pushes) >= 2, 60)
+    assert code == 0
+    (version, delivered), _ = worker.pushes[:2]
+    assert delivered, worker.pushes
+    assert any("PushUpdate: DEADLINE_EXCEEDED" in r.getMessage() for r in caplog.records)
+    # The retried update was recorded: its round closed with this one report, and the worker trained on.
+    rounds = {r.version: r for r in client.status().rounds}
+    assert rounds[version].reports == 1 and rounds[version].closed_at > 0
+    assert worker.pushes[1][0] == version + 1
+
+
+def test_an_update_outlives_a_rejoin_while_it_is_current(start_coordinator, caplog):
+    local = start_coordinator(tiny_spec(run={"rounds": 0, "workers": 1}, inner={"steps": 3}))
+    client = local.client()
+
+    def forget(worker: Worker) -> None:
+        client.leave(worker.worker_id, "forgotten")
+
+    worker = FaultBeforeFirstPush(_options(local.target, patience_s=10.0), forget)
+    with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+        code = run_until(worker, lambda w: len(w.pushes) >= 2, 60)
+    assert code == 0
+    (version, delivered), _ = worker.pushes[:2]
+    assert delivered and worker.pushes[1][0] == version + 1, worker.pushes
+    assert any("joining again to deliver the update" in r.getMessage() for r in caplog.records)
+    rounds = {r.version: r for r in client.status().rounds}
+    assert rounds[version].reports == 1 and rounds[version].closed_at > 0
+    client.close()
