@@ -15,7 +15,8 @@ heartbeat thread does beside its main thread) and times each call;
 a beat counts as "during a close" when the coordinator reported a close under way as it was sent.
 The close's pieces are the coordinator's own measurement of every close (`last_close_seconds`):
 average, norm, outer step, compressed step, digest, commit (checkpoint write + fsync + SQLite),
-step payload and pull payload.
+and step payload. The full fp32 pull payload is built by a version's first full pull, not by the close:
+the table's last row times one such pull of the last version (build and transfer).
 
 The coordinator shares this process (and its GIL) with the worker threads, as it shares a host
 with its gRPC threads in production; torch runs `--threads` intra-op threads (default 1).
@@ -68,6 +69,8 @@ class SizeResult:
     round_seconds: list[float]
     pieces: list[dict[str, float]]
     beats: Beats
+    # Seconds of the first full pull of the last version, which builds its fp32 payload.
+    first_full_pull: float = float("nan")
 
 
 class Wire:
@@ -189,7 +192,9 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
             thread.join(timeout=args.timeout)
         if errors:
             raise RuntimeError(f"a benchmark thread failed: {errors[0]!r}")
-        return SizeResult(size, params, round_seconds, pieces, beats)
+        started = time.perf_counter()
+        wire.pull(ids[0], timeout=args.timeout)
+        return SizeResult(size, params, round_seconds, pieces, beats, time.perf_counter() - started)
     finally:
         stop.set()
         wire.channel.close()
@@ -225,6 +230,7 @@ def print_tables(results: list[SizeResult], args: argparse.Namespace) -> None:
             per_round = [sum(p.values()) if name == "total" else p.get(name, 0.0) for p in r.pieces]
             cells.append(f"{statistics.mean(per_round):>9.3f}")
         print(f"{name:>16} " + " ".join(cells))
+    print(f"{'first full pull':>16} " + " ".join(f"{r.first_full_pull:>9.3f}" for r in results))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

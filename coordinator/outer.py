@@ -26,20 +26,47 @@ from rcswarm.protos import codec as codecs
 Tensors = dict[str, torch.Tensor]
 
 
+# Elements per slice of the average: a power of two, so every slice keeps each element's
+# position modulo any SIMD width and the result is bit-identical to one pass over the tensor.
+AVERAGE_SLICE = 1 << 20
+
+
 def weighted_average(updates: Sequence[tuple[int, Mapping[str, torch.Tensor]]]) -> Tensors:
-    """Σ n_i Δ_i / Σ n_i over (tokens, deltas) pairs, accumulated in float64, in the given order."""
+    """Σ n_i Δ_i / Σ n_i over (tokens, deltas) pairs, accumulated in float64, in the given order.
+
+    Element-wise, so it runs slice by slice through two float64 buffers of `AVERAGE_SLICE`
+    elements instead of full-size float64 temporaries; each element sees the same operations.
+    """
     if not updates:
         raise ValueError("cannot average an empty list of updates")
     total = sum(tokens for tokens, _ in updates)
     if total <= 0:
         raise ValueError(f"total tokens must be positive, got {total}")
-    names = list(updates[0][1])
-    average: Tensors = {}
-    for name in names:
-        acc = torch.zeros_like(updates[0][1][name], dtype=torch.float64)
-        for tokens, deltas in updates:
-            acc.add_(deltas[name].to(torch.float64), alpha=tokens / total)
-        average[name] = acc.to(torch.float32)
+    acc = torch.empty(AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
+    wide = torch.empty(AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
+    return {name: _average_one(name, updates, total, acc, wide) for name in updates[0][1]}
+
+
+def _average_one(
+    name: str,
+    updates: Sequence[tuple[int, Mapping[str, torch.Tensor]]],
+    total: int,
+    acc: torch.Tensor,
+    wide: torch.Tensor,
+) -> torch.Tensor:
+    """The float32 weighted average of tensor `name`, slice by slice through `acc` and `wide`."""
+    first = updates[0][1][name]
+    average = torch.empty(first.shape, dtype=torch.float32)  # [*shape]
+    out = average.view(-1)  # [numel]
+    flats = [(tokens / total, deltas[name].contiguous().view(-1)) for tokens, deltas in updates]  # [numel] each
+    for start in range(0, out.numel(), AVERAGE_SLICE):
+        stop = min(start + AVERAGE_SLICE, out.numel())
+        acc_s, wide_s = acc[: stop - start], wide[: stop - start]  # [slice]
+        acc_s.zero_()
+        for weight, flat in flats:
+            wide_s.copy_(flat[start:stop])
+            acc_s.add_(wide_s, alpha=weight)
+        out[start:stop].copy_(acc_s)
     return average
 
 
@@ -49,14 +76,21 @@ def outer_step(
     average_delta: Mapping[str, torch.Tensor],
     options: OuterSection,
 ) -> tuple[Tensors, Tensors]:
-    """One SGD(momentum, Nesterov) step; returns new (params, momentum) without touching inputs."""
+    """One SGD(momentum, Nesterov) step; returns new (params, momentum) without touching inputs.
+
+    The same float operations as ``θ − η (Δ̄ + μ (μ b + Δ̄))``, done in place on two fresh
+    temporaries per tensor; inputs of one dtype per tensor.
+    """
     new_params: Tensors = {}
     new_momentum: Tensors = {}
     for name, theta in params.items():
         grad = average_delta[name]
-        buf = momentum[name] * options.momentum + grad
-        direction = grad + options.momentum * buf if options.nesterov else buf
-        new_params[name] = theta - options.lr * direction
+        buf = (momentum[name] * options.momentum).add_(grad)
+        if options.nesterov:
+            direction = (buf * options.momentum).add_(grad).mul_(options.lr)
+        else:
+            direction = buf * options.lr
+        new_params[name] = theta - direction
         new_momentum[name] = buf
     return new_params, new_momentum
 
@@ -68,11 +102,13 @@ def compressed_step(
     block_size: int,
     error_feedback: codecs.ErrorFeedback,
 ) -> tuple[Tensors, dict[str, bytes]]:
-    """The next version θ_v − decode(encode(θ_v − target + residual)) and the encoded step."""
+    """The next version θ_v − decode(encode(θ_v − target + residual)) and the encoded step.
+
+    Each step is decoded once (by the error feedback, which needs it for the residual) and
+    subtracted from θ_v, so θ_{v+1} is bit-identical to decoding the encoded bytes again. The step's
+    buffer becomes the residual and θ_{v+1} is written over the decoded step: no input is touched.
+    """
     step = {name: theta - target[name] for name, theta in params.items()}
-    encoded = error_feedback.compress(step, codec, block_size)
-    new_params = {
-        name: theta - codecs.decode(encoded[name], codec, tuple(theta.shape), block_size)
-        for name, theta in params.items()
-    }
+    encoded, received = error_feedback.compress_decoded(step, codec, block_size, consume=True)
+    new_params = {name: torch.sub(theta, received[name], out=received[name]) for name, theta in params.items()}
     return new_params, encoded

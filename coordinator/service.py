@@ -139,7 +139,7 @@ class ClosedRound:
     params: outer.Tensors
     momentum: outer.Tensors
     param_sha256: bytes
-    pull_payload: Payload
+    pull_payload: LazyPullPayload
     step_payload: Payload
     record: RoundRecord
     # Seconds per piece of the close, in the order they ran.
@@ -180,6 +180,33 @@ def metric_problem(index: int, metric: pb.Metric) -> str | None:
 def pull_payload(params: outer.Tensors, run_id: str, version: int, sha256: bytes) -> Payload:
     """The fp32 payload of the full θ of `version` (no lock: a pure function of its inputs)."""
     return tensor_stream.build_payload(params, codec=pb.CODEC_FP32, run_id=run_id, version=version, content_sha256=sha256)
+
+
+class LazyPullPayload:
+    """The fp32 pull payload of one version's θ, built by its first full pull and then kept.
+
+    Up-to-date workers pull the compressed step, so a close does not build it. Threads: any
+    handler thread calls `get`, which takes this object's own `_lock` (never the coordinator's
+    `_lock`; it is called without that one held), so concurrent first pulls build it once and the
+    others wait for it. θ is replaced, never mutated, so holding `params` is a snapshot.
+    """
+
+    def __init__(self, params: outer.Tensors, run_id: str, version: int, sha256: bytes) -> None:
+        """Keep what `pull_payload` needs; build nothing yet."""
+        self._lock = threading.Lock()
+        self._inputs = (params, run_id, version, sha256)
+        self._payload: Payload | None = None
+        # Seconds the build took, None until it ran (for logs and benchmarks).
+        self.build_seconds: float | None = None
+
+    def get(self) -> Payload:
+        """The header and chunks, building them on the first call (takes this object's `_lock`)."""
+        with self._lock:
+            if self._payload is None:
+                started = time.perf_counter()
+                self._payload = pull_payload(*self._inputs)
+                self.build_seconds = time.perf_counter() - started
+            return self._payload
 
 
 def spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
@@ -280,7 +307,7 @@ class SwarmCoordinator:
         self._serving_since: float | None = None
         self.tracker = curricula.CurriculumTracker(spec, store)
         self.param_sha256 = tensor_stream.params_sha256(self.params)
-        self._pull_header, self._pull_chunks = pull_payload(self.params, self.run_id, self.version, self.param_sha256)
+        self._pull_payload = LazyPullPayload(self.params, self.run_id, self.version, self.param_sha256)
 
     @property
     def curriculum(self) -> curricula.CurriculumState:
@@ -410,7 +437,8 @@ class SwarmCoordinator:
         """The current θ, or the step to it (handler thread). A generator: it takes `_lock` when first
         iterated, waits on `_version_changed` (releasing the lock) while a round closes, at most
         `coordinator.max_wait_s`, so that a worker does not train from the version being replaced, picks the
-        payload of the current version, and yields its chunks after releasing the lock."""
+        payload of the current version, and yields its chunks after releasing the lock. The full fp32 payload
+        is built by the version's first full pull, after releasing the lock (`LazyPullPayload`)."""
         with self._lock:
             self._member(request.worker_id)
             self._wait_for_close(self.spec.coordinator.max_wait_s)
@@ -427,10 +455,12 @@ class SwarmCoordinator:
             if self._serving_since is None:
                 self._serving_since = worker.last_seen
             self.tracker.start(worker.last_seen)
-            header, chunks = self._pull_header, self._pull_chunks
+            full: LazyPullPayload | None = self._pull_payload
             delta = self._delta_payload
             if delta is not None and request.HasField("have_version") and request.have_version == delta[0]:
-                header, chunks = delta[1], delta[2]
+                header, chunks, full = delta[1], delta[2], None
+        if full is not None:
+            header, chunks = full.get()
         yield pb.PullParametersResponse(header=header)
         for chunk in chunks:
             yield pb.PullParametersResponse(chunk=chunk)
@@ -719,8 +749,7 @@ class SwarmCoordinator:
             )
             header.delta_from_version = version
             header.result_sha256 = sha
-        with watch.piece("pull payload"):
-            full = pull_payload(params, self.run_id, version + 1, sha)
+        full = LazyPullPayload(params, self.run_id, version + 1, sha)
         return ClosedRound(params, momentum, sha, full, (header, chunks), record, watch.seconds)
 
     def _publish_close(self, close: RoundClose, closed: ClosedRound) -> None:
@@ -728,7 +757,7 @@ class SwarmCoordinator:
         version = close.round.version
         self.params, self.momentum, self.version = closed.params, closed.momentum, version + 1
         self.param_sha256 = closed.param_sha256
-        self._pull_header, self._pull_chunks = closed.pull_payload
+        self._pull_payload = closed.pull_payload
         self._delta_payload = (version, *closed.step_payload)
         self.round = OpenRound(version + 1, self.clock(), started=True)
         self._closing = None

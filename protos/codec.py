@@ -43,6 +43,8 @@ CODEC_NAMES: dict[str, int] = {
 
 _KNOWN_CODECS = frozenset(CODEC_NAMES.values())
 _INT8_MAX = 127.0
+# Blocks quantized per slice of the int8 encoder.
+_QUANTIZE_ROWS = 4096
 
 
 def codec_label(codec: int) -> str:
@@ -91,6 +93,15 @@ def _flat_cpu_float32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu").contiguous().reshape(-1)  # [numel]
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element is finite, from one min/max reduction (NaN propagates into both) with no
+    full-size temporary."""
+    if tensor.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(tensor.detach())  # scalars
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+
+
 def _encode_fp32(flat: torch.Tensor) -> bytes:
     return flat.numpy().astype("<f4", copy=False).tobytes()
 
@@ -116,10 +127,24 @@ def _block_scales(flat: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def _quantize_into(values: torch.Tensor, divisor: torch.Tensor, out: torch.Tensor) -> None:
-    """out = clamp(round(values / divisor), -127, 127) as int8; shapes broadcast."""
-    q = values / divisor
-    q.round_().clamp_(-_INT8_MAX, _INT8_MAX)
-    out.copy_(q)
+    """out = clamp(round(values / divisor), -127, 127) as int8; shapes broadcast.
+
+    Element-wise, so 2-d inputs run `_QUANTIZE_ROWS` blocks at a time through one float32 buffer
+    instead of a full-size temporary; every element sees the same operations.
+    """
+    rows = values.shape[0] if values.dim() == 2 else 0
+    if rows <= _QUANTIZE_ROWS:
+        q = values / divisor
+        q.round_().clamp_(-_INT8_MAX, _INT8_MAX)
+        out.copy_(q)
+        return
+    buffer = torch.empty(_QUANTIZE_ROWS, values.shape[1], dtype=torch.float32)  # [_QUANTIZE_ROWS, block_size]
+    for start in range(0, rows, _QUANTIZE_ROWS):
+        stop = min(start + _QUANTIZE_ROWS, rows)
+        q = buffer[: stop - start]  # [rows in slice, block_size]
+        torch.div(values[start:stop], divisor[start:stop], out=q)
+        q.round_().clamp_(-_INT8_MAX, _INT8_MAX)
+        out[start:stop].copy_(q)
 
 
 def _encode_int8_block(flat: torch.Tensor, block_size: int) -> bytes:
@@ -205,6 +230,14 @@ def decode(data: bytes | bytearray | memoryview, codec: int, shape: tuple[int, .
     return torch.from_numpy(values).reshape(shape)
 
 
+def _combine(delta: torch.Tensor, residual: torch.Tensor | None, consume: bool) -> torch.Tensor:
+    """``delta + residual`` (``delta`` without one) in a fresh tensor, or in ``delta``'s own buffer when
+    the caller gave it up (``consume``, contiguous); the same values either way."""
+    if not (consume and delta.is_contiguous()):
+        return delta + residual if residual is not None else delta.clone()
+    return delta.add_(residual) if residual is not None else delta
+
+
 class ErrorFeedback:
     """Per-tensor residuals that carry a lossy codec's rounding error into the next round.
 
@@ -222,17 +255,30 @@ class ErrorFeedback:
         The residuals change only if every tensor encodes; a non-finite input raises
         ValueError and leaves them as they were.
         """
+        return self.compress_decoded(deltas, codec, block_size)[0]
+
+    def compress_decoded(
+        self, deltas: dict[str, torch.Tensor], codec: int, block_size: int, *, consume: bool = False
+    ) -> tuple[dict[str, bytes], dict[str, torch.Tensor]]:
+        """``compress``, and also what the receiver decodes from each payload (float32, same shapes).
+
+        The decoded tensors are the ones the residual was computed from, so a caller needs
+        not decode the payloads again; they are fresh tensors the caller may keep or overwrite.
+        With ``consume`` the caller gives up ``deltas``: their buffers become the new residuals.
+        """
         _check_codec(codec, block_size)
         payloads: dict[str, bytes] = {}
+        received: dict[str, torch.Tensor] = {}
         updated: dict[str, torch.Tensor] = {}
         for name, delta in deltas.items():
-            payloads[name], updated[name] = self._compress_one(name, delta, codec, block_size)
+            payloads[name], received[name], updated[name] = self._compress_one(name, delta, codec, block_size, consume)
         self._residuals.update(updated)
-        return payloads
+        return payloads, received
 
     def _compress_one(
-        self, name: str, delta: torch.Tensor, codec: int, block_size: int
-    ) -> tuple[bytes, torch.Tensor]:
+        self, name: str, delta: torch.Tensor, codec: int, block_size: int, consume: bool = False
+    ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
+        """(payload, decoded payload, new residual) of one tensor; the residual reuses the combined buffer."""
         if delta.dtype != torch.float32:
             raise ValueError(f"delta {name!r}: expected float32, got {delta.dtype}")
         delta = delta.detach().to("cpu")
@@ -241,15 +287,15 @@ class ErrorFeedback:
             raise ValueError(
                 f"delta {name!r}: shape {tuple(delta.shape)} differs from its residual's {tuple(residual.shape)}"
             )
-        combined = delta + residual if residual is not None else delta.clone()  # [*shape]
-        if not bool(torch.isfinite(combined).all()):
+        combined = _combine(delta, residual, consume)  # [*shape]
+        if not all_finite(combined):
             bad = int((~torch.isfinite(combined)).sum())
             raise ValueError(f"delta {name!r} has {bad} non-finite values")
         payload = encode(combined, codec, block_size)
         if codec == pb.CODEC_FP32:
-            return payload, torch.zeros_like(combined)
+            return payload, combined, torch.zeros_like(combined)
         received = decode(payload, codec, tuple(combined.shape), block_size)  # [*shape]
-        return payload, combined - received
+        return payload, received, combined.sub_(received)
 
     def residual(self, name: str) -> torch.Tensor | None:
         """A copy of the residual kept for ``name``; None before its first round."""

@@ -350,8 +350,13 @@ def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
 
 
 def global_norm(tensors: Mapping[str, torch.Tensor]) -> float:
-    """L2 norm over all elements of all tensors, accumulated in float64."""
+    """L2 norm over all elements of all tensors, accumulated in float64.
+
+    Squares a float64 copy of each tensor in place: one full-size temporary per tensor, the same
+    values and the same reduction as ``sum(square(tensor.double()))``.
+    """
     total = 0.0
     for tensor in tensors.values():
-        total += float(torch.sum(torch.square(tensor.detach().to(torch.float64))))
+        wide = tensor.detach().to(torch.float64, copy=True)  # [*shape]
+        total += float(torch.sum(wide.square_()))
     return math.sqrt(total)
