@@ -1,0 +1,781 @@
+"""Chaos soak: a real swarm on loopback under random kills, stops and a connection-cutting proxy.
+
+A `python -m rcswarm.coordinator` process and N `rcswarm worker` processes (tiny lstm_lm, short
+windows, int8, a few inner steps, `run.rounds = 0`) run for `--minutes`, while a driver with a
+seeded RNG, one action at a time:
+
+* SIGKILLs a worker and starts it again after a random pause;
+* SIGSTOPs a worker and SIGCONTs it after a random pause (longer than the lease: it is evicted
+  and joins again);
+* SIGKILLs the coordinator and restarts it on the same state dir and port after a random pause;
+* SIGSTOPs the coordinator and SIGCONTs it well within the workers' patience;
+* makes the loopback TCP proxy between the workers and the coordinator cut every connection,
+  refuse new ones for a while, or delay every chunk for a while.
+
+Then the chaos stops, every worker is running again, and the swarm trains until each worker has
+pulled a version newer than the last one seen under chaos. The report's checks:
+
+* versions monotonic: every GetStatus the driver polled (directly, not through the proxy) is at or
+  after the previous one, across restarts, and the rounds ledger holds each version once, 0..v-1;
+* no committed version lost: a restarted coordinator serves a version at or after the last one
+  announced, and every digest a worker or GetStatus reported for a version equals the ledger's;
+* replicas bit-identical at the end: each worker's `param_sha256` (from its metrics) for its last
+  pull equals the coordinator's digest for that version;
+* no worker gave up: no worker process exited on its own.
+
+Exit status 0 only when every check holds (1 otherwise, 2 for bad arguments, 130 on Ctrl-C).
+Every child runs in its own session and its process group is killed on exit, error or Ctrl-C.
+
+    python benchmarks/chaos_soak.py --minutes 10 --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import heapq
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.store import StateStore
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts
+
+TOKEN = "chaos-soak-token-0123456789"
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 120.0
+STOP_GRACE_S = 10.0
+POLL_INTERVAL_S = 0.5
+TICK_S = 0.05
+PROGRESS_EVERY_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+PUMP_BYTES = 1 << 16
+# What the driver can do; each names a method `_<kind>` of Soak.
+ACTIONS = ("worker_kill", "worker_stop", "coordinator_kill", "coordinator_stop", "proxy_cut", "proxy_refuse", "proxy_delay")
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    """The soak's knobs; each pause is drawn uniformly from (0.2 s, its maximum)."""
+
+    minutes: float = 2.0
+    workers: int = 4
+    seed: int = 0
+    codec: str = "int8"
+    inner_steps: int = 5
+    lease_s: float = 5.0
+    round_deadline_s: float = 5.0
+    action_every_s: float = 3.0
+    worker_pause_s: float = 8.0
+    coordinator_pause_s: float = 3.0
+    proxy_window_s: float = 3.0
+    proxy_delay_s: float = 0.2
+    patience_s: float = 300.0
+    rpc_timeout_s: float = 3.0
+    settle_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("minutes", "lease_s", "round_deadline_s", "action_every_s", "worker_pause_s",
+                     "coordinator_pause_s", "proxy_window_s", "proxy_delay_s", "patience_s", "rpc_timeout_s", "settle_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"--{name.replace('_', '-')} {value}: expected a number > 0")
+        if not 1 <= self.workers <= 16:
+            raise ValueError(f"--workers {self.workers}: expected 1..16")
+        if self.inner_steps < 1:
+            raise ValueError(f"--inner-steps {self.inner_steps}: expected an integer >= 1")
+        # A stopped or restarting coordinator must come back within one call's patience, or the
+        # workers would give up by design rather than by a fault.
+        if self.coordinator_pause_s + START_TIMEOUT_S >= self.patience_s:
+            raise ValueError(f"--patience-s {self.patience_s}: expected more than --coordinator-pause-s "
+                             f"{self.coordinator_pause_s} + the {START_TIMEOUT_S:g} s a restart may take")
+
+    def spec(self) -> RunSpec:
+        """The run: tiny LSTM on short windows, rounds until stopped, leases shorter than a worker's stop."""
+        return RunSpec.from_dict({
+            "run": {"name": "chaos-soak", "rounds": 0, "workers": self.workers},
+            "model": {"name": "lstm_lm", "preset": "tiny"},
+            "data": {"seq_len": 32, "batch_size": 4, "max_bytes": 2_000_000},
+            "inner": {"steps": self.inner_steps, "lr": 1e-2},
+            "sync": {"codec": self.codec, "round_deadline_s": self.round_deadline_s, "min_reports": 1},
+            "coordinator": {"lease_s": self.lease_s, "max_wait_s": 2.0},
+        })
+
+
+class Child:
+    """One restartable child process leading its own session; its output appends to one log.
+
+    Only the driver's thread calls it.
+    """
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.name, self.argv, self.log_path, self.env = name, argv, log_path, env
+        self.proc: subprocess.Popen | None = None
+        self.stopped = False
+        self.killed_by_driver = False
+
+    def start(self) -> None:
+        """Start the process (again)."""
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.stopped = self.killed_by_driver = False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the child's process group (nothing when it is gone)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the group and reap the child."""
+        self.killed_by_driver = True
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=STOP_GRACE_S)
+        self.stopped = False
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+        self.stopped = True
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.stopped = False
+
+    def terminate(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """SIGCONT and SIGTERM the group, wait up to `grace_s`, then SIGKILL it; the exit code."""
+        if not self.alive():
+            return self.exit_code()
+        self.resume()
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.exit_code()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+class ChaosProxy:
+    """A loopback TCP proxy to `upstream_port` that cuts, refuses and delays connections on command.
+
+    The proxy runs an asyncio loop on its own thread; `cut`, `refuse_for`, `delay_for` and `close`
+    are called from the driver's thread and hand their work to that loop. The window ends are
+    written under `_lock` and read by the loop under it; the connections and the `refused` count
+    are touched only on the loop's thread (the driver reads `refused` once the soak is over).
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+        self._refuse_until = 0.0
+        self._delay_until = 0.0
+        self._delay_s = 0.0
+        self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy", daemon=True)
+
+    def start(self) -> int:
+        """Listen on a free loopback port; returns it."""
+        self._thread.start()
+        self._server = self._call(asyncio.start_server(self._accept, HOST, 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=CONNECT_TIMEOUT_S)
+
+    def cut(self) -> int:
+        """Abort every open connection (both sides); the number cut."""
+        return self._call(self._cut())
+
+    async def _cut(self) -> int:
+        links, self._links = self._links, set()
+        for client, upstream in links:
+            client.transport.abort()
+            upstream.transport.abort()
+        return len(links)
+
+    def refuse_for(self, seconds: float) -> None:
+        """Close every new connection at once for `seconds`."""
+        with self._lock:
+            self._refuse_until = time.monotonic() + seconds
+
+    def delay_for(self, seconds: float, delay_s: float) -> None:
+        """Hold every chunk `delay_s` before forwarding it, for `seconds`."""
+        with self._lock:
+            self._delay_until, self._delay_s = time.monotonic() + seconds, delay_s
+
+    def _current_delay(self) -> float:
+        with self._lock:
+            return self._delay_s if time.monotonic() < self._delay_until else 0.0
+
+    def _refusing(self) -> bool:
+        with self._lock:
+            return time.monotonic() < self._refuse_until
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refusing():
+            self.refused += 1
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(HOST, self.upstream_port),
+                                                          CONNECT_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError):
+            writer.transport.abort()
+            return
+        link = (writer, up_writer)
+        self._links.add(link)
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True)
+        self._links.discard(link)
+        writer.transport.abort()
+        up_writer.transport.abort()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Copy bytes one way until EOF or an error, holding each chunk while a delay window is open."""
+        while True:
+            chunk = await reader.read(PUMP_BYTES)
+            if not chunk:
+                writer.transport.abort()
+                return
+            delay = self._current_delay()
+            if delay:
+                await asyncio.sleep(delay)
+            writer.write(chunk)
+            await writer.drain()
+
+    def close(self) -> None:
+        """Stop listening, cut every connection and stop the loop's thread."""
+        if self._server is not None:
+            self._server.close()
+            self.cut()
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=CONNECT_TIMEOUT_S)
+
+
+@dataclass
+class Tally:
+    """What the driver did and saw."""
+
+    worker_kills: int = 0
+    worker_stops: int = 0
+    coordinator_kills: int = 0
+    coordinator_stops: int = 0
+    proxy_cuts: int = 0
+    connections_cut: int = 0
+    proxy_refusals: int = 0
+    connections_refused: int = 0
+    proxy_delays: int = 0
+    workers_gave_up: int = 0
+    coordinator_crashes: int = 0
+    restart_regressions: int = 0
+    status_regressions: int = 0
+    polls: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+class Soak:
+    """The swarm, the proxy and the driver's schedule. Only the driver's thread calls it."""
+
+    def __init__(self, options: SoakOptions, work: Path) -> None:
+        self.options, self.work = options, work
+        self.rng = random.Random(options.seed)
+        self.tally = Tally()
+        self.state_dir = work / "state"
+        self.port_file = work / "port.json"
+        self.events: list[tuple[float, int, str, Callable[[], None]]] = []
+        self._event_seq = 0
+        self._untried = self.rng.sample(ACTIONS, len(ACTIONS))
+        self.busy: set[str] = set()
+        self.last_version = -1
+        self.announced_before_kill = -1
+        self.digests: dict[int, str] = {}
+        self.coordinator_port = _free_port()
+        config = work / "run.toml"
+        config.write_text(options.spec().to_toml())
+        env = {**os.environ, TOKEN_ENV: TOKEN, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        self.coordinator = Child("coordinator", [
+            sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(self.state_dir),
+            "--host", HOST, "--port", str(self.coordinator_port), "--port-file", str(self.port_file),
+        ], work / "coordinator.log", env)
+        self.proxy = ChaosProxy(self.coordinator_port)
+        self.workers: list[Child] = []
+        self._env = env
+        self._stopped = False
+        self._started_at = time.monotonic()
+        self.coordinator_up_at: float | None = None
+        self.client = CoordinatorClient(f"{HOST}:{self.coordinator_port}", TOKEN,
+                                        retry=RetryPolicy(max_elapsed_s=0.01), timeouts=Timeouts(unary_s=2.0))
+
+    def _worker(self, index: int) -> Child:
+        o = self.options
+        return Child(f"w{index}", [
+            sys.executable, "-m", "rcswarm.worker", "--coordinator", f"{HOST}:{self.proxy.port}", "--name", f"w{index}",
+            "--threads", "1", "--patience-s", str(o.patience_s), "--rpc-timeout-s", str(o.rpc_timeout_s),
+            "--transfer-timeout-s", "30",
+        ], self.work / f"w{index}.log", self._env)
+
+    def start(self) -> None:
+        """Start the coordinator (waiting until it serves), the proxy and the workers; wait for a first round."""
+        self._start_coordinator()
+        self._await_coordinator(time.monotonic() + START_TIMEOUT_S)
+        self.proxy.start()
+        self.workers = [self._worker(i) for i in range(self.options.workers)]
+        for worker in self.workers:
+            worker.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.last_version < 1:
+            self._watch_processes()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no round closed within {START_TIMEOUT_S:g}s of the start")
+            self.poll_status()
+            time.sleep(POLL_INTERVAL_S)
+
+    def _start_coordinator(self) -> None:
+        self.port_file.unlink(missing_ok=True)
+        self.coordinator.start()
+        self.coordinator_up_at = None
+        self._started_at = time.monotonic()
+
+    def _await_coordinator(self, deadline: float) -> None:
+        while not self._coordinator_serving():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the coordinator did not serve within {START_TIMEOUT_S:g}s:\n{self.coordinator.log_tail()}")
+            time.sleep(TICK_S)
+
+    def _coordinator_serving(self) -> bool:
+        """Whether the (re)started coordinator wrote its port file; records when it did."""
+        if self.coordinator_up_at is None and self.port_file.exists():
+            self.coordinator_up_at = time.monotonic()
+        return self.coordinator_up_at is not None
+
+    def _schedule(self, delay_s: float, what: str, action: Callable[[], None]) -> None:
+        self._event_seq += 1
+        heapq.heappush(self.events, (time.monotonic() + delay_s, self._event_seq, what, action))
+
+    def _run_due_events(self) -> None:
+        while self.events and self.events[0][0] <= time.monotonic():
+            _, _, _, action = heapq.heappop(self.events)
+            action()
+
+    def _pause_s(self, maximum: float) -> float:
+        return self.rng.uniform(0.2, maximum)
+
+    def _chaos_action(self) -> None:
+        """One action on a process or the proxy that nothing else is disturbing now.
+
+        Until every kind of action ran once, the first possible kind of a seeded shuffle runs, so a
+        soak of a few minutes exercises each; then kinds are drawn at random (worker actions twice
+        as likely as the others).
+        """
+        possible = [kind for kind in ACTIONS if self._possible(kind)]
+        untried = [kind for kind in self._untried if kind in possible]
+        kind = untried[0] if untried else self.rng.choice(
+            [k for k in possible for _ in range(2 if k.startswith("worker") else 1)])
+        if kind in self._untried:
+            self._untried.remove(kind)
+        getattr(self, f"_{kind}")()
+
+    def _idle_workers(self) -> list[Child]:
+        return [w for w in self.workers if w.name not in self.busy and w.alive()]
+
+    def _possible(self, kind: str) -> bool:
+        """Whether `kind` may run now: one disturbance per process at a time, one worker always left alone."""
+        if kind.startswith("worker"):
+            return len(self._idle_workers()) > 1
+        if kind.startswith("coordinator"):
+            return "coordinator" not in self.busy and self.coordinator_up_at is not None
+        return True
+
+    def _worker_kill(self) -> None:
+        self._kill_worker(self.rng.choice(self._idle_workers()))
+
+    def _worker_stop(self) -> None:
+        self._stop_worker(self.rng.choice(self._idle_workers()))
+
+    def _kill_worker(self, worker: Child) -> None:
+        worker.kill()
+        self.tally.worker_kills += 1
+        self.busy.add(worker.name)
+        self._schedule(self._pause_s(self.options.worker_pause_s), f"restart {worker.name}",
+                       lambda: self._restart_worker(worker))
+
+    def _restart_worker(self, worker: Child) -> None:
+        worker.start()
+        self.busy.discard(worker.name)
+
+    def _stop_worker(self, worker: Child) -> None:
+        worker.pause()
+        self.tally.worker_stops += 1
+        self.busy.add(worker.name)
+        self._schedule(self._pause_s(self.options.worker_pause_s), f"resume {worker.name}",
+                       lambda: self._resume(worker))
+
+    def _resume(self, child: Child) -> None:
+        child.resume()
+        self.busy.discard(child.name)
+
+    def _coordinator_kill(self) -> None:
+        self.announced_before_kill = self.last_version
+        self.coordinator.kill()
+        self.coordinator_up_at = None
+        self.tally.coordinator_kills += 1
+        self.busy.add("coordinator")
+        self._schedule(self._pause_s(self.options.coordinator_pause_s), "restart the coordinator",
+                       self._start_coordinator)
+
+    def _coordinator_stop(self) -> None:
+        self.coordinator.pause()
+        self.tally.coordinator_stops += 1
+        self.busy.add("coordinator")
+        self._schedule(self._pause_s(self.options.coordinator_pause_s), "resume the coordinator",
+                       lambda: self._resume(self.coordinator))
+
+    def _proxy_cut(self) -> None:
+        self.tally.connections_cut += self.proxy.cut()
+        self.tally.proxy_cuts += 1
+
+    def _proxy_refuse(self) -> None:
+        self.proxy.refuse_for(self._pause_s(self.options.proxy_window_s))
+        self.tally.proxy_refusals += 1
+
+    def _proxy_delay(self) -> None:
+        self.proxy.delay_for(self._pause_s(self.options.proxy_window_s), self.rng.uniform(0.01, self.options.proxy_delay_s))
+        self.tally.proxy_delays += 1
+
+    def _watch_processes(self) -> None:
+        """Count and restart workers that exited on their own; count a coordinator that did."""
+        for worker in self.workers:
+            code = worker.exit_code()
+            if code is not None and not worker.killed_by_driver:
+                self.tally.workers_gave_up += 1
+                self.tally.failures.append(f"{worker.name} exited with {code} on its own:\n{worker.log_tail()}")
+                worker.start()
+        code = self.coordinator.exit_code()
+        if code is not None and not self.coordinator.killed_by_driver:
+            self.tally.coordinator_crashes += 1
+            self.tally.failures.append(f"the coordinator exited with {code} on its own:\n{self.coordinator.log_tail()}")
+            self._start_coordinator()
+        if "coordinator" in self.busy and self.coordinator.alive() and not self.coordinator.stopped \
+                and self._coordinator_serving():
+            self.busy.discard("coordinator")
+        if self.coordinator.alive() and not self._coordinator_serving() \
+                and time.monotonic() - self._started_at > START_TIMEOUT_S:
+            raise RuntimeError(f"the coordinator did not serve within {START_TIMEOUT_S:g}s of its restart:\n"
+                               f"{self.coordinator.log_tail()}")
+
+    def poll_status(self) -> pb.GetStatusResponse | None:
+        """GetStatus straight from the coordinator (one short attempt); checks versions never go back."""
+        if not self.coordinator.alive() or self.coordinator.stopped or not self._coordinator_serving():
+            return None
+        try:
+            status = self.client.status()
+        except (grpc.RpcError, RetriesExhausted):
+            return None
+        self.tally.polls += 1
+        if self.announced_before_kill >= 0:
+            if status.version < self.announced_before_kill:
+                self.tally.restart_regressions += 1
+                self.tally.failures.append(f"the restarted coordinator serves version {status.version}, "
+                                           f"before the {self.announced_before_kill} it had announced")
+            self.announced_before_kill = -1
+        if status.version < self.last_version:
+            self.tally.status_regressions += 1
+            self.tally.failures.append(f"GetStatus went back from version {self.last_version} to {status.version}")
+        self.last_version = max(self.last_version, status.version)
+        self._note_digest(status.version, status.param_sha256, "GetStatus")
+        return status
+
+    def _note_digest(self, version: int, digest: str, source: str) -> None:
+        known = self.digests.setdefault(version, digest)
+        if known != digest:
+            self.tally.failures.append(f"{source} reports digest {digest[:16]} for version {version}, "
+                                       f"{known[:16]} was reported before")
+
+    def run_chaos(self, seconds: float, progress: Callable[[str], None]) -> None:
+        """Random actions every ~`action_every_s` for `seconds`, polling status and watching processes."""
+        end = time.monotonic() + seconds
+        next_action = time.monotonic() + self.rng.expovariate(1.0 / self.options.action_every_s)
+        next_poll = next_progress = time.monotonic()
+        while time.monotonic() < end:
+            self._run_due_events()
+            self._watch_processes()
+            now = time.monotonic()
+            if now >= next_action:
+                self._chaos_action()
+                next_action = now + self.rng.expovariate(1.0 / self.options.action_every_s)
+            if now >= next_poll:
+                self.poll_status()
+                next_poll = now + POLL_INTERVAL_S
+            if now >= next_progress:
+                progress(self._progress_line(end - now))
+                next_progress = now + PROGRESS_EVERY_S
+            time.sleep(TICK_S)
+
+    def _progress_line(self, left_s: float) -> str:
+        t = self.tally
+        return (f"{left_s:6.0f}s left  version {self.last_version}  worker kills {t.worker_kills} stops {t.worker_stops}  "
+                f"coordinator kills {t.coordinator_kills} stops {t.coordinator_stops}  proxy cuts {t.proxy_cuts} "
+                f"refusals {t.proxy_refusals} delays {t.proxy_delays}  gave up {t.workers_gave_up}")
+
+    def calm(self) -> None:
+        """End the chaos: run every pending restart and resume at once, and wait for the coordinator."""
+        while self.events:
+            _, _, _, action = heapq.heappop(self.events)
+            action()
+        self.proxy.refuse_for(0.0)
+        self.proxy.delay_for(0.0, 0.0)
+        self._watch_processes()
+        self._await_coordinator(time.monotonic() + START_TIMEOUT_S)
+
+    def settle(self) -> dict[str, tuple[int, str]]:
+        """Train until every worker pulled a version newer than the newest seen so far; per worker name,
+        (version, digest) of its newest pull. Raises RuntimeError after `settle_s`."""
+        deadline = time.monotonic() + self.options.settle_s
+        target = None
+        while time.monotonic() < deadline:
+            self._watch_processes()
+            status = self.poll_status()
+            if status is not None and target is None:
+                target = status.version + 1
+            if status is not None:
+                pulls = self._newest_pulls(status)
+                if all(pulls.get(w.name, (-1, ""))[0] >= target for w in self.workers):
+                    return pulls
+            time.sleep(POLL_INTERVAL_S)
+        raise RuntimeError(f"not every worker pulled a version >= {target} within {self.options.settle_s:g}s")
+
+    def _newest_pulls(self, status: pb.GetStatusResponse) -> dict[str, tuple[int, str]]:
+        """Per active worker's name: (version, digest) of its newest pull that reached the metrics table."""
+        names = {w.worker_id: w.name for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE}
+        newest: dict[str, tuple[int, str]] = {}
+        for row in pull_rows(self.state_dir):
+            name = names.get(row["worker_id"])
+            if name is not None and row["version"] >= newest.get(name, (-1, ""))[0]:
+                newest[name] = (row["version"], row["param_sha256"])
+        return newest
+
+    def stop_all(self) -> dict[str, int | None]:
+        """SIGTERM the workers (they leave) and then the coordinator; each one's exit code. Idempotent."""
+        if self._stopped:
+            return {}
+        self._stopped = True
+        codes = {w.name: w.terminate() for w in self.workers}
+        codes["coordinator"] = self.coordinator.terminate()
+        self.client.close()
+        self.proxy.close()
+        return codes
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def pull_rows(state_dir: Path) -> list[dict[str, Any]]:
+    """Every metric row that records a pull (a non-empty param_sha256), oldest first."""
+    store = StateStore.open_read_only(state_dir)
+    rows: list[dict[str, Any]] = []
+    try:
+        since = 0
+        while True:
+            page = store.metrics_since(since, 10_000)
+            if not page:
+                return rows
+            rows += [row for row in page if row["param_sha256"]]
+            since = page[-1]["rowid"]
+    finally:
+        store.close()
+
+
+def ledger(state_dir: Path) -> dict[int, str]:
+    """The coordinator's digest of every committed version after 0, from its rounds table (round v made v + 1)."""
+    store = StateStore.open_read_only(state_dir)
+    try:
+        rounds = store.recent_rounds(1 << 30)
+    finally:
+        store.close()
+    return {r.version + 1: r.param_sha256 for r in rounds}
+
+
+@dataclass
+class Verdict:
+    """The soak's figures and checks; `ok` when every check holds."""
+
+    minutes: float
+    seed: int
+    workers: int
+    rounds_completed: int
+    tally: Tally
+    versions_monotonic: bool
+    committed_versions_lost: int
+    digest_mismatches: int
+    replicas_checked: int
+    replicas_identical: bool
+    final_pulls: dict[str, tuple[int, str]]
+    exit_codes: dict[str, int | None]
+
+    @property
+    def ok(self) -> bool:
+        return (self.versions_monotonic and self.committed_versions_lost == 0 and self.digest_mismatches == 0
+                and self.replicas_identical and self.tally.workers_gave_up == 0 and self.tally.coordinator_crashes == 0
+                and not self.tally.failures and self.rounds_completed > 0)
+
+    def table(self) -> str:
+        t = self.tally
+        rows = [
+            ("minutes of chaos (seed)", f"{self.minutes:g} ({self.seed})"),
+            ("workers", self.workers),
+            ("rounds completed", self.rounds_completed),
+            ("coordinator restarts after SIGKILL", t.coordinator_kills),
+            ("coordinator SIGSTOP/SIGCONT", t.coordinator_stops),
+            ("worker SIGKILLs (restarted)", t.worker_kills),
+            ("worker SIGSTOP/SIGCONT", t.worker_stops),
+            ("proxy cuts (connections cut)", f"{t.proxy_cuts} ({t.connections_cut})"),
+            ("proxy refusal windows (connections refused)", f"{t.proxy_refusals} ({t.connections_refused})"),
+            ("proxy delay windows", t.proxy_delays),
+            ("GetStatus polls", t.polls),
+            ("versions monotonic", "yes" if self.versions_monotonic else "NO"),
+            ("committed versions lost across restarts", self.committed_versions_lost),
+            ("pulls whose digest differs from the ledger", self.digest_mismatches),
+            ("replicas bit-identical at the end", f"{'yes' if self.replicas_identical else 'NO'} "
+                                                  f"({self.replicas_checked} workers)"),
+            ("workers that gave up", t.workers_gave_up),
+            ("coordinator exits on its own", t.coordinator_crashes),
+            ("verdict", "PASS" if self.ok else "FAIL"),
+        ]
+        lines = ["| check | value |", "| --- | --- |"] + [f"| {name} | {value} |" for name, value in rows]
+        return "\n".join(lines)
+
+
+def judge(soak: Soak, final_pulls: dict[str, tuple[int, str]], exit_codes: dict[str, int | None]) -> Verdict:
+    """Check the state dir's ledger and every pull the workers reported against each other and the polls."""
+    soak.tally.connections_refused = soak.proxy.refused
+    digests = ledger(soak.state_dir)
+    versions = sorted(digests)
+    contiguous = versions == list(range(1, len(versions) + 1))
+    for version, digest in soak.digests.items():
+        if version in digests and digests[version] != digest:
+            soak.tally.failures.append(f"GetStatus served digest {digest[:16]} for version {version}; "
+                                       f"the ledger records {digests[version][:16]}")
+    lost = sum(1 for v, d in soak.digests.items() if v > 0 and digests.get(v) != d)
+    lost += soak.tally.restart_regressions
+    mismatches = 0
+    for row in pull_rows(soak.state_dir):
+        expected = digests.get(row["version"]) if row["version"] > 0 else soak.digests.get(0)
+        if expected is not None and row["param_sha256"] != expected:
+            mismatches += 1
+            if mismatches <= 5:
+                soak.tally.failures.append(f"{row['worker_id']} pulled version {row['version']} with digest "
+                                           f"{row['param_sha256'][:16]}; the coordinator's is {expected[:16]}")
+    identical = bool(final_pulls) and all(digests.get(v) == d for v, d in final_pulls.values())
+    return Verdict(
+        minutes=soak.options.minutes, seed=soak.options.seed, workers=soak.options.workers,
+        rounds_completed=len(versions), tally=soak.tally,
+        versions_monotonic=contiguous and soak.tally.status_regressions == 0,
+        committed_versions_lost=lost, digest_mismatches=mismatches, replicas_checked=len(final_pulls),
+        replicas_identical=identical, final_pulls=final_pulls, exit_codes=exit_codes,
+    )
+
+
+def parse_args(argv: list[str] | None) -> tuple[SoakOptions, Path | None, Path | None]:
+    """The command line, as validated SoakOptions (ValueError names the flag and value)."""
+    defaults = SoakOptions()
+    parser = argparse.ArgumentParser(prog="chaos_soak", description=__doc__.split("\n\n")[0])
+    for name, value in asdict(defaults).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value,
+                            help=f"(default {value})")
+    parser.add_argument("--work-dir", type=Path, default=None, help="keep logs and state here (default: a temp dir, "
+                                                                      "removed when the soak passes)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the verdict here as JSON")
+    args = parser.parse_args(argv)
+    options = SoakOptions(**{name: getattr(args, name) for name in asdict(defaults)})
+    return options, args.work_dir, args.json
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the soak; print progress and the verdict's table; 0 when every check holds."""
+    try:
+        options, work_dir, json_path = parse_args(argv)
+    except ValueError as exc:
+        print(f"chaos_soak: {exc}", file=sys.stderr)
+        return 2
+    work = work_dir or Path(tempfile.mkdtemp(prefix="rcswarm-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    soak = Soak(options, work)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    atexit.register(soak.stop_all)
+    progress = lambda line: print(f"chaos_soak: {line}", flush=True)  # noqa: E731
+    progress(f"work dir {work}; {options.workers} workers; {options.minutes:g} min; seed {options.seed}")
+    try:
+        soak.start()
+        soak.run_chaos(options.minutes * 60.0, progress)
+        progress("chaos over; settling until every worker pulls a newer version")
+        soak.calm()
+        final_pulls = soak.settle()
+        exit_codes = soak.stop_all()
+    except KeyboardInterrupt:
+        print("chaos_soak: interrupted; stopping child processes", file=sys.stderr)
+        soak.stop_all()
+        return 130
+    except RuntimeError as exc:
+        soak.stop_all()
+        print(f"chaos_soak: FAIL: {exc}\nlogs in {work}", file=sys.stderr)
+        return 1
+    verdict = judge(soak, final_pulls, exit_codes)
+    print(verdict.table(), flush=True)
+    for failure in verdict.tally.failures:
+        print(f"chaos_soak: {failure}", file=sys.stderr)
+    if json_path is not None:
+        json_path.write_text(json.dumps({**asdict(verdict), "ok": verdict.ok}, indent=1, default=str))
+    if verdict.ok and work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    elif not verdict.ok:
+        print(f"chaos_soak: logs in {work}", file=sys.stderr)
+    return 0 if verdict.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
