@@ -612,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(levelname)s %(message)s")
     args = parse_args(argv)
     token = args.token or os.environ.get(TOKEN_ENV, "")
-    problem = _argument_problem(args)
+    problem = _argument_problem(args) or (None if token else f"a join token is required (--token or ${TOKEN_ENV})")
     if problem is None:
         try:
             limits = CallLimits(parse_max_calls(args.max_calls), args.stream_idle_s)

@@ -1,11 +1,13 @@
 """Run configs: typed, validated, and refused with the key and value named."""
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from rcswarm.config.runspec import RunSpec
+from tests.conftest import tiny_spec, write_spec
 
 
 def test_defaults_round_trip_through_json_and_toml(tmp_path):
@@ -108,3 +110,15 @@ def test_law_from_is_relative_to_the_config_file(tmp_path):
     copied.parent.mkdir()
     copied.write_text(spec.to_toml())
     assert RunSpec.from_toml(copied).curriculum.law_from == spec.curriculum.law_from
+
+
+def test_a_coordinator_without_a_token_refuses_before_touching_the_state_dir(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RCSWARM_TOKEN"}
+    result = subprocess.run(
+        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(write_spec(tiny_spec(), tmp_path / "run.toml")),
+         "--state-dir", str(tmp_path / "state"), "--port", "0"],
+        check=False, capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert result.returncode == 2
+    assert "rcswarm coordinator: a join token is required" in result.stderr
+    assert not (tmp_path / "state").exists()
