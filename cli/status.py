@@ -29,7 +29,6 @@ from rich.table import Table
 from rcswarm.cli.usage import parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
-from rcswarm.coordinator.dashboard.views import presentation
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV
@@ -161,6 +160,7 @@ def read_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[FitReport,
     Each run's state dir (the coordinator's, or one below a sweep's, coordinator/sweep.py
     `run_state_dir`) is the one whose state.sqlite stores its run id; it is opened read-only.
     """
+    from rcswarm.coordinator.dashboard.views import presentation
     from rcswarm.coordinator.store import StateStore
 
     wanted = [run.run_id for run in status.runs] or [status.run_id]
