@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rcswarm.cli.usage import usage_error
+from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.data.diagnostics import TASKS, Batch, DiagnosticTask, make_task
 from rcswarm.models import registry
@@ -191,25 +191,41 @@ def swarm_config(choice: ModelChoice, task_name: str, task_config: dict[str, Any
     return spec.to_toml()
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="rcswarm bench diag", description="Compare models on a diagnostic task.")
-    parser.add_argument("--task", required=True, choices=sorted(TASKS))
-    parser.add_argument("--models", nargs="+", required=True, help="name[:preset][+field=value...] for each model")
+def model_names() -> str:
+    """Every registered model with its presets, for help texts."""
+    from rcswarm.models import registry
+
+    return "; ".join(f"{name} ({', '.join(registry.get(name).presets)})" for name in registry.list_models())
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = new_parser("rcswarm bench diag", "Compare models on a diagnostic task.")
+    parser.add_argument("--task", required=True, choices=sorted(TASKS), help=f"diagnostic task: {', '.join(sorted(TASKS))}")
+    parser.add_argument("--models", nargs="+", required=True,
+                        help=f"name[:preset][+field=value...] for each model; models (presets): {model_names()}")
     parser.add_argument("--budget-minutes", type=float, default=5.0, help="wall-clock training budget, shared equally")
     parser.add_argument("--max-steps", type=int, default=0, help="train each model this many steps instead of by time")
     parser.add_argument("--task-arg", action="append", default=[], help="KEY=VALUE of the task config (repeatable)")
     parser.add_argument("--eval-arg", action="append", default=[], help="KEY=VALUE overriding the config for evaluation")
     parser.add_argument("--group-by", default=None, help="metadata key for the accuracy table (default per task)")
     parser.add_argument("--bucket", type=int, default=1, help="group values into buckets of this width (by their start)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--eval-examples", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=32, help="training batch size")
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    parser.add_argument("--eval-examples", type=int, default=512, help="held-out examples per model")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the models and the data")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    parser.add_argument("--out", type=Path, default=None, help="default: runs/diag-<task>-<time>")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=None, help="results directory (default: runs/diag-<task>-<time>)")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace | int:
+    """The arguments, or the exit status after --help (0) or a usage error (2)."""
+    parser_ = parser()
+    args = parse_or_status(parser_, argv)
+    if isinstance(args, int):
+        return args
     if min(args.budget_minutes, args.batch_size, args.eval_examples, args.bucket) <= 0 or args.max_steps < 0:
-        parser.error("--budget-minutes, --batch-size, --eval-examples and --bucket must be positive, --max-steps >= 0")
+        parser_.error("--budget-minutes, --batch-size, --eval-examples and --bucket must be positive, --max-steps >= 0")
     return args
 
 
@@ -254,6 +270,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if isinstance(args, int):
+        return args
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console()

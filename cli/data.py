@@ -8,27 +8,35 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rcswarm.cli.usage import usage_error
+from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
+
+
+def parser() -> argparse.ArgumentParser:
+    p = new_parser("rcswarm data frames", "Replay a git history as editor frames and actions.")
+    p.add_argument("--repo", required=True, help="path of a git repository (a clone, or a bare git directory)")
+    p.add_argument("--out", required=True, help="directory to write the frame dataset into")
+    p.add_argument("--rows", type=int, default=48, help="editor screen height in text rows")
+    p.add_argument("--cols", type=int, default=160, help="editor screen width in characters")
+    p.add_argument("--vocab-size", type=int, default=4096, help="size of the frame tokenizer's vocabulary")
+    p.add_argument("--block-frames", type=int, default=256, help="frames per stored block (the unit a reader seeks to)")
+    p.add_argument("--frames-per-shard", type=int, default=1 << 20, help="frames per shard file")
+    p.add_argument("--max-file-bytes", type=int, default=256 * 1024, help="skip files larger than this many bytes")
+    p.add_argument("--max-commits", type=int, default=None, help="replay at most this many commits (default: all)")
+    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.add_argument("--commit-messages", action="store_true", help="type each commit's subject after its edits")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] != "frames":
-        print("usage: rcswarm data frames --repo PATH --out DIR [--rows 48 --cols 160]", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    p = argparse.ArgumentParser(prog="rcswarm data frames", description="Replay a git history as editor frames and actions.")
-    p.add_argument("--repo", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--rows", type=int, default=48)
-    p.add_argument("--cols", type=int, default=160)
-    p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--block-frames", type=int, default=256)
-    p.add_argument("--frames-per-shard", type=int, default=1 << 20)
-    p.add_argument("--max-file-bytes", type=int, default=256 * 1024)
-    p.add_argument("--max-commits", type=int, default=None)
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--commit-messages", action="store_true", help="type each commit's subject after its edits")
-    args = p.parse_args(argv[1:])
+        help_ = bool(argv) and argv[0] in ("-h", "--help")
+        print("usage: rcswarm data frames --repo PATH --out DIR [--rows 48 --cols 160]  (rcswarm data frames --help)",
+              file=sys.stdout if help_ else sys.stderr)
+        return 0 if help_ else 2
+    args = parse_or_status(parser(), argv[1:])
+    if isinstance(args, int):
+        return args
     from rcswarm.data.frames.git_editor import ReplayError
     from rcswarm.data.frames.git_frames import build_git_frames, print_summary
 

@@ -1,6 +1,6 @@
 """`rcswarm fit`: fit the sequence-length scaling law to recorded metrics and plot it.
 
-    rcswarm fit METRICS.{csv,jsonl} --out plot.png [--step-column step --length-column seq_len
+    rcswarm fit RUN_DIR | METRICS.{csv,jsonl} [--out plot.png] [--step-column step --length-column seq_len
                                                     --loss-column loss --time-column wall_time
                                                     --run-column run_id --smooth 25]
 
@@ -27,7 +27,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from rcswarm.cli.usage import parse_or_status, usage_error
+from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.coordinator.analysis import (
     DEFAULT_SMOOTH_STEPS,
     Analysis,
@@ -118,19 +118,37 @@ def plot(analysis: Analysis, out: Path) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    result = argparse.ArgumentParser(prog="rcswarm fit", description="fit scaling laws to recorded metrics and plot them")
+    result = new_parser("rcswarm fit", "fit scaling laws to recorded metrics and plot them")
     result.add_argument("metrics", type=Path,
-                        help="metrics file (.csv with a header, or .jsonl), or a run directory holding state.sqlite files")
-    result.add_argument("--out", type=Path, required=True, help="where to write the plot (PNG)")
-    result.add_argument("--step-column", default="step")
-    result.add_argument("--length-column", default="seq_len")
-    result.add_argument("--loss-column", default="loss")
-    result.add_argument("--time-column", default="wall_time")
-    result.add_argument("--run-column", default="run_id")
+                        help="metrics file (.csv with a header, or .jsonl), a run directory holding state.sqlite "
+                             "files (e.g. what `rcswarm run` made), or one state.sqlite")
+    result.add_argument("--out", type=Path, default=None,
+                        help="where to write the plot (PNG); default: fit.png in the run directory, or beside the file")
+    result.add_argument("--step-column", default="step", help="column holding the training step (files only)")
+    result.add_argument("--length-column", default="seq_len", help="column holding the sequence length (files only)")
+    result.add_argument("--loss-column", default="loss", help="column holding the training loss (files only)")
+    result.add_argument("--time-column", default="wall_time", help="column holding wall time in seconds (files only)")
+    result.add_argument("--run-column", default="run_id", help="column naming the run a row belongs to (files only)")
     result.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH_STEPS,
                         help="observed crossovers and the wall-time plot average each length's losses over this "
                              "many steps, centred (1: raw)")
     return result
+
+
+def read_rows(path: Path, columns: Columns) -> list:
+    """The metric rows of a metrics file, a state.sqlite, or every state dir below a directory."""
+    if not path.exists():
+        raise MetricsFileError(f"{path}: no such file or directory (expected a metrics file or a run directory)")
+    if path.is_dir():
+        return read_state_dirs(path)
+    if path.name == "state.sqlite":
+        return read_state_dirs(path.parent)
+    return read_metrics(path, columns)
+
+
+def default_plot_path(metrics: Path) -> Path:
+    """fit.png in a run directory, or beside a metrics file."""
+    return metrics / "fit.png" if metrics.is_dir() else metrics.with_name(f"{metrics.stem}.fit.png")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -140,17 +158,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns = Columns(step=args.step_column, length=args.length_column, loss=args.loss_column,
                       time=args.time_column, run=args.run_column)
     try:
-        rows = read_state_dirs(args.metrics) if args.metrics.is_dir() else read_metrics(args.metrics, columns)
+        rows = read_rows(args.metrics, columns)
         curves = length_curves(args.metrics, rows)
         analysis = analyse(curves, args.smooth)
     except ValueError as error:
-        return usage_error("rcswarm fit", str(error) if isinstance(error, MetricsFileError) else f"{args.metrics}: {error}")
+        message = str(error) if isinstance(error, MetricsFileError) else f"{args.metrics}: {error}"
+        if "at least 3 distinct" in message:
+            message += "; a fit needs runs at several sequence lengths: train a sweep (e.g. `make demo`, or [sweep] seq_lens in RUN.toml)"
+        return usage_error("rcswarm fit", message)
     report(analysis, Console())
+    out = args.out or default_plot_path(args.metrics)
     try:
-        plot(analysis, args.out)
+        plot(analysis, out)
     except OSError as error:
-        return usage_error("rcswarm fit", f"{args.out}: cannot write the plot: {error.strerror}")
-    print(f"plot written to {args.out}")
+        return usage_error("rcswarm fit", f"{out}: cannot write the plot: {error.strerror}")
+    print(f"plot written to {out}")
     return 0
 
 

@@ -26,7 +26,7 @@ BENCHES = {"diag": "rcswarm.cli.bench"}
 
 
 def usage() -> str:
-    lines = ["usage: rcswarm COMMAND [ARGS]", "", "commands:"]
+    lines = ["usage: rcswarm COMMAND [ARGS]   (rcswarm --version; rcswarm COMMAND --help)", "", "commands:"]
     lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"rcswarm {version()}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"rcswarm: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
@@ -46,10 +49,22 @@ def main(argv: list[str] | None = None) -> int:
     return module.main(rest)
 
 
+def version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("rcswarm")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def bench(argv: list[str]) -> int:
     if not argv or argv[0] not in BENCHES:
-        print(f"usage: rcswarm bench {{{','.join(BENCHES)}}} [ARGS]", file=sys.stderr)
-        return 2
+        help_ = bool(argv) and argv[0] in ("-h", "--help")
+        print(f"usage: rcswarm bench {{{','.join(BENCHES)}}} [ARGS]", file=sys.stdout if help_ else sys.stderr)
+        return 0 if help_ else 2
     return importlib.import_module(BENCHES[argv[0]]).main(argv[1:])
 
 

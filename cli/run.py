@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from safetensors.torch import load_file, save_file
 
-from rcswarm.cli.usage import usage_error
+from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.fits import fit_power_law
 from rcswarm.coordinator.report import summarize
@@ -246,18 +246,26 @@ def print_summary(console: Console, run_dir: Path, spec: RunSpec) -> list[dict]:
     return rows
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="rcswarm run", description="Train with a local swarm: a coordinator and N workers.")
+def parser() -> argparse.ArgumentParser:
+    parser = new_parser("rcswarm run", "Train with a local swarm: a coordinator and N workers.")
     parser.add_argument("config", nargs="?", type=Path, help="RUN.toml (default: the built-in demo run)")
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: run.workers)")
     parser.add_argument("--rounds", type=int, default=None, help="outer rounds (default: run.rounds)")
-    parser.add_argument("--run-dir", type=Path, default=None, help="default: runs/<name>-<time>")
+    parser.add_argument("--run-dir", type=Path, default=None, help="where the run's files go (default: runs/<name>-<time>)")
     parser.add_argument("--minutes", type=float, default=None,
                         help="wall-time budget: stop every process after this many minutes, however many rounds ran "
                              "(a sweep's runs then share the same training time, the comparison of loss vs wall time)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace | int:
+    """The arguments, or the exit status after --help (0) or a usage error (2)."""
+    parser_ = parser()
+    args = parse_or_status(parser_, argv)
+    if isinstance(args, int):
+        return args
     if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
-        parser.error(f"--minutes must be a positive number of minutes, got {args.minutes}")
+        parser_.error(f"--minutes must be a positive number of minutes, got {args.minutes}")
     return args
 
 
@@ -277,6 +285,8 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if isinstance(args, int):
+        return args
     console = Console()
     try:
         spec = load_spec(args)

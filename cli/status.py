@@ -26,7 +26,7 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from rcswarm.cli.usage import parse_or_status, usage_error
+from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -188,11 +188,11 @@ def read_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[FitReport,
 
 
 def parser() -> argparse.ArgumentParser:
-    result = argparse.ArgumentParser(prog="rcswarm status", description="print a coordinator's run, workers, rounds and fits")
+    result = new_parser("rcswarm status", "print a coordinator's run, workers, rounds and fits")
     result.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator's gRPC server")
     result.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
     result.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate; enables TLS")
-    result.add_argument("--timeout", type=float, default=10.0, help="deadline of the call in seconds (default 10)")
+    result.add_argument("--timeout", type=float, default=10.0, help="deadline of the call in seconds")
     result.add_argument("--state-dir", type=Path, default=None,
                         help="the coordinator's state directory on this machine: also print the scaling-law fit")
     result.add_argument("--json", action="store_true", help="print GetStatus as JSON instead of tables")

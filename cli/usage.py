@@ -16,6 +16,23 @@ from collections.abc import Sequence
 USAGE_ERROR = 2
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help unless it has no default or already names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        shown = default is not None and default is not False and default != [] and default != argparse.SUPPRESS
+        if not shown or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def new_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A command's parser: every option's help line shows its default."""
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
+
+
 def usage_error(prog: str, message: str) -> int:
     """Print `prog: message` on stderr; the exit status of a usage error."""
     print(f"{prog}: {message}", file=sys.stderr)

@@ -29,6 +29,20 @@ TOKEN = "test-token-0123456789"
 torch.set_num_threads(1)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--wide", action="store_true", help="also run the wide suite (tests marked `wide`)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `wide` run only with --wide (make test-all) or RCSWARM_WIDE=1."""
+    if config.getoption("--wide") or os.environ.get("RCSWARM_WIDE") == "1":
+        return
+    skip = pytest.mark.skip(reason="wide suite: run with --wide (make test-all) or RCSWARM_WIDE=1")
+    for item in items:
+        if "wide" in item.keywords:
+            item.add_marker(skip)
+
+
 def tiny_spec(**tables: dict[str, Any]) -> RunSpec:
     """The tiny LSTM on short windows, with per-table overrides: tiny_spec(sync={"codec": "fp32"})."""
     base: dict[str, dict[str, Any]] = {
