@@ -18,7 +18,7 @@ from rcswarm.models.frame import FrameActionModel
 from rcswarm.models.protocols import CoreState, SegmentStepModel
 from rcswarm.worker.checkpoint_schedule import Schedule, binomial, store_all, uniform
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler
-from rcswarm.worker.segment_store import EmbeddingStore, HostCopies, Prefetcher
+from rcswarm.worker.segment_store import EmbeddingStore, HostCopies, Prefetcher, StateStash
 from rcswarm.worker.streaming_bptt import CheckpointPlan, plain_backward, streaming_backward
 from tests.test_streaming_bptt import DropoutStepModel, SavedBytes
 
@@ -69,19 +69,22 @@ def _plain(model: FrameActionModel, n_frames: int) -> tuple[float, dict[str, Ten
     return _PLAIN[n_frames]
 
 
-# (n_frames, k, plan, the schedule it must run): ragged tails where k does not divide n_frames.
+# (n_frames, k, plan, the schedule it must run): segments of S steps (default 8 k), the encoder
+# recomputed k at a time within them; ragged tails where k or S does not divide n_frames.
 CASES = [
     (1, 1, CheckpointPlan("all"), store_all(1)),
-    (7, 3, CheckpointPlan("all"), store_all(3)),
-    (11, 4, CheckpointPlan("all", embeddings="disk"), store_all(3)),
-    (23, 2, CheckpointPlan("uniform"), uniform(12)),
-    (23, 1, CheckpointPlan("uniform", interval=4), uniform(23, 4)),
-    (16, 4, CheckpointPlan("uniform", interval=2, embeddings="disk"), uniform(4, 2)),
-    (23, 1, CheckpointPlan("binomial", slots=1), binomial(23, 1)),
-    (23, 1, CheckpointPlan("binomial", slots=3, embeddings="disk"), binomial(23, 3)),
-    (23, 2, CheckpointPlan("binomial"), binomial(12)),
-    (17, 5, CheckpointPlan("binomial", slots=2), binomial(4, 2)),
-    (13, 2, CheckpointPlan("binomial", slots=0), binomial(7, 0)),
+    (7, 1, CheckpointPlan("all", segment_steps=3), store_all(3)),
+    (11, 2, CheckpointPlan("all", embeddings="disk", segment_steps=4), store_all(3)),
+    (23, 1, CheckpointPlan("uniform", segment_steps=2), uniform(12)),
+    (23, 1, CheckpointPlan("uniform", interval=4, segment_steps=1), uniform(23, 4)),
+    (16, 4, CheckpointPlan("uniform", interval=2, embeddings="disk", segment_steps=4), uniform(4, 2)),
+    (40, 3, CheckpointPlan("uniform", segment_steps=6), uniform(7)),
+    (23, 1, CheckpointPlan("binomial", slots=1, segment_steps=1), binomial(23, 1)),
+    (23, 1, CheckpointPlan("binomial", slots=3, embeddings="disk", segment_steps=1), binomial(23, 3)),
+    (23, 2, CheckpointPlan("binomial", segment_steps=2), binomial(12)),
+    (17, 5, CheckpointPlan("binomial", slots=2, segment_steps=5), binomial(4, 2)),
+    (13, 2, CheckpointPlan("binomial", slots=0, segment_steps=2), binomial(7, 0)),
+    (47, 2, CheckpointPlan("binomial", slots=1), binomial(3, 1)),
     (9, 9, CheckpointPlan("binomial"), store_all(1)),
     (5, 8, CheckpointPlan("uniform"), store_all(1)),
 ]
@@ -96,7 +99,9 @@ def test_checkpointed_gradients_equal_plain_autograd(
     loss, stats = streaming_backward(model, _batch(model, n_frames), k, checkpoints=plan)
     assert loss == pytest.approx(plain_loss, rel=1e-12)
     _assert_close(_grads(model), plain_grads)
-    assert stats.n_chunks == math.ceil(n_frames / k) == schedule.n_segments
+    assert stats.n_chunks == math.ceil(n_frames / k)
+    assert stats.segment_steps == (plan.segment_steps or 8 * k)
+    assert math.ceil(n_frames / stats.segment_steps) == schedule.n_segments
     assert stats.schedule == schedule.describe()
     assert stats.stored_states == schedule.stored_states
     assert stats.core_advances == schedule.advances
@@ -122,7 +127,7 @@ def test_the_budget_chooses_schedule_and_where_embeddings_live(
 ) -> None:
     _, plain_grads = _plain(model, 23)
     state_bytes = _state_bytes(model)
-    plan = CheckpointPlan(budget_bytes=budget_states * state_bytes + budget_extra)
+    plan = CheckpointPlan(budget_bytes=budget_states * state_bytes + budget_extra, segment_steps=1)
     model.zero_grad(set_to_none=True)
     _, stats = streaming_backward(model, _batch(model, 23), 1, checkpoints=plan)
     _assert_close(_grads(model), plain_grads)
@@ -135,10 +140,10 @@ def test_the_budget_chooses_schedule_and_where_embeddings_live(
 
 
 def test_a_budget_below_one_state_is_refused(model: FrameActionModel) -> None:
-    plan = CheckpointPlan(budget_bytes=_state_bytes(model) - 1)
+    plan = CheckpointPlan(budget_bytes=_state_bytes(model) - 1, segment_steps=1)
     with pytest.raises(ValueError, match="no core state fits the memory budget for 23 segments"):
         streaming_backward(model, _batch(model, 23), 1, checkpoints=plan)
-    small = CheckpointPlan("uniform", budget_bytes=3 * _state_bytes(model))
+    small = CheckpointPlan("uniform", budget_bytes=3 * _state_bytes(model), segment_steps=1)
     with pytest.raises(ValueError, match="uniform schedule of 23 segments keeps 6 core states: expected at most 3"):
         streaming_backward(model, _batch(model, 23), 1, checkpoints=small)
 
@@ -174,11 +179,11 @@ class StateCounter:
 
 
 @pytest.mark.parametrize(("plan", "schedule"), [
-    (CheckpointPlan("binomial", slots=3), binomial(48, 3)),
-    (CheckpointPlan("uniform"), uniform(48)),
-    (CheckpointPlan("all"), store_all(48)),
+    (CheckpointPlan("binomial", slots=3, segment_steps=1), binomial(48, 3)),
+    (CheckpointPlan("uniform", segment_steps=1), uniform(48)),
+    (CheckpointPlan("all", segment_steps=1), store_all(48)),
 ])
-def test_core_states_alive_follow_the_schedule(
+def test_stored_core_states_follow_the_schedule(
     model: FrameActionModel, plan: CheckpointPlan, schedule: Schedule
 ) -> None:
     counter = StateCounter(model)
@@ -186,19 +191,21 @@ def test_core_states_alive_follow_the_schedule(
     model.zero_grad(set_to_none=True)
     _, stats = streaming_backward(counter, _batch(model, 48), 1, checkpoints=plan)
     assert stats.stored_states == schedule.stored_states
-    # the stored states, the current one and the one a segment is producing
-    assert schedule.stored_states < counter.peak <= schedule.stored_states + 2
+    assert stats.stored_state_bytes == schedule.stored_states * _state_bytes(model)
+    # stored states are copies in the stash's slots: no state the core returned piles up beside them
+    assert counter.peak <= 2
     assert counter.live == 0
 
 
 def test_saved_activations_do_not_grow_with_the_window(model: FrameActionModel) -> None:
-    """Autograd's saved tensors peak at one segment's encoder and core, at any L; paged keeps O(L)."""
+    """Autograd's saved tensors peak at one segment's core and one chunk's encoder, at any L; paged keeps O(L)."""
     peaks, paged = {}, {}
     for n_frames in (8, 32):
         model.zero_grad(set_to_none=True)
         tracker = SavedBytes()
         with tracker.hooks():
-            streaming_backward(model, _batch(model, n_frames), 4, checkpoints=CheckpointPlan("binomial", slots=2))
+            streaming_backward(model, _batch(model, n_frames), 4,
+                               checkpoints=CheckpointPlan("binomial", slots=2, segment_steps=8))
         assert tracker.live == 0
         peaks[n_frames] = tracker.peak
         paged[n_frames] = streaming_backward(model, _batch(model, n_frames), 4)[1].paged_bytes
@@ -211,7 +218,7 @@ def test_checkpointed_accumulates_into_existing_grads(model: FrameActionModel) -
     model.zero_grad(set_to_none=True)
     for name, param in model.named_parameters():
         param.grad = plain_grads[name].clone()
-    streaming_backward(model, _batch(model, 7), 2, checkpoints=CheckpointPlan("binomial", slots=1))
+    streaming_backward(model, _batch(model, 7), 1, checkpoints=CheckpointPlan("binomial", slots=1, segment_steps=2))
     _assert_close(_grads(model), {name: 2 * g for name, g in plain_grads.items()})
 
 
@@ -235,15 +242,15 @@ class RecordingWindow:
         return self.inner.chunk(start, stop)
 
 
-def test_a_lazy_window_is_read_one_segment_at_a_time_twice(model: FrameActionModel) -> None:
+def test_a_lazy_window_is_read_a_segment_at_a_time_twice(model: FrameActionModel) -> None:
     _, plain_grads = _plain(model, 11)
     window = RecordingWindow(*_batch(model, 11))
     model.zero_grad(set_to_none=True)
-    streaming_backward(model, window, 3, checkpoints=CheckpointPlan("binomial", slots=1))
+    streaming_backward(model, window, 2, checkpoints=CheckpointPlan("binomial", slots=1, segment_steps=4))
     _assert_close(_grads(model), plain_grads)
-    segments = [(0, 3), (3, 6), (6, 9), (9, 11)]
+    segments = [(0, 4), (4, 8), (8, 11)]
     assert sorted(set(window.calls)) == segments
-    assert [window.calls.count(s) for s in segments] == [2, 2, 2, 1]  # the last is first read by its turn
+    assert [window.calls.count(s) for s in segments] == [2, 2, 1]  # the last is first read by its turn
 
 
 def test_typing_window_trains_as_its_materialized_batch(model: FrameActionModel) -> None:
@@ -287,7 +294,8 @@ def test_dropout_and_ignored_targets_are_exact_when_checkpointed() -> None:
     want = _grads(toy)
     toy.zero_grad(set_to_none=True)
     torch.manual_seed(1)
-    loss, stats = streaming_backward(toy, (steps, targets), 3, checkpoints=CheckpointPlan("binomial", slots=1))
+    plan = CheckpointPlan("binomial", slots=1, segment_steps=6)
+    loss, stats = streaming_backward(toy, (steps, targets), 3, checkpoints=plan)
     assert torch.equal(torch.rand(1), after_plain)
     assert loss == pytest.approx(plain_loss, rel=1e-12)
     assert stats.scored == 3 * 14 - 5 - 5
@@ -303,6 +311,8 @@ def test_bad_plans_and_models_are_rejected(model: FrameActionModel) -> None:
         CheckpointPlan("uniform", slots=2)
     with pytest.raises(ValueError, match=r"CheckpointPlan\.embeddings='ssd'"):
         CheckpointPlan(embeddings="ssd")
+    with pytest.raises(ValueError, match=r"CheckpointPlan\.segment_steps=6: expected a multiple of k=4"):
+        streaming_backward(model, _batch(model, 8), 4, checkpoints=CheckpointPlan(segment_steps=6))
     with pytest.raises(TypeError, match="SegmentStepModel"):
         streaming_backward(DropoutStepModel(), (torch.randn(1, 4, 6), torch.zeros(1, 4, dtype=torch.long)), 2,
                            checkpoints=CheckpointPlan())
@@ -316,7 +326,7 @@ def test_the_worker_step_picks_the_schedule_from_memory_budget_mb() -> None:
     spec = RunSpec.from_dict({
         "model": {"name": "frame", "preset": "tiny"},
         "data": {"source": "typing", "seq_len": 40, "batch_size": 2, "task_config": {"n_documents": 4}},
-        "inner": {"bptt_chunk": 2, "memory_budget_mb": 0.01},  # 10,485 bytes: 6 states of 1,536
+        "inner": {"bptt_chunk": 1, "memory_budget_mb": 0.003},  # 3,145 bytes: 2 states of 1,536
     })
     sampler = make_sampler(spec.data, seed=1, model_config=worker_model.config)
     windows = []
@@ -324,12 +334,12 @@ def test_the_worker_step_picks_the_schedule_from_memory_budget_mb() -> None:
     sampler.next_window = lambda: windows.append(1) or next_window()  # type: ignore[method-assign]
     sampler.next_batch = None  # type: ignore[assignment]  # the lazy window must be used
     optimizer = make_inner_optimizer(worker_model, spec.inner)
-    result = inner_step(worker_model, optimizer, sampler, 1.0, torch.device("cpu"), 2, spec.inner.memory_budget_mb)
+    result = inner_step(worker_model, optimizer, sampler, 1.0, torch.device("cpu"), 1, spec.inner.memory_budget_mb)
     assert windows == [1]
     assert result.tokens == 80 and math.isfinite(result.loss)
-    assert result.schedule == binomial(20, 6).describe()
+    assert result.schedule == binomial(5, 2).describe()  # segments of 8 steps
     paged = inner_step(worker_model, optimizer, make_sampler(spec.data, seed=1, model_config=worker_model.config),
-                       1.0, torch.device("cpu"), 2)
+                       1.0, torch.device("cpu"), 1)
     assert paged.schedule == "" and paged.tokens == 80
 
 
@@ -387,6 +397,25 @@ def test_embedding_store_round_trips_segments_through_a_file(tmp_path, dtype: to
     assert list(tmp_path.iterdir()) == []  # the file was unlinked from the start
 
 
+def test_state_stash_copies_states_into_slots_allocated_once() -> None:
+    stash = StateStash(torch.device("cpu"), HostCopies(), slots=2)
+    states = {b: (torch.full((1, 2, 3), float(b)), torch.full((1, 2, 3), -float(b))) for b in (1, 2, 3)}
+    stash.put(1, states[1])
+    stash.put(2, states[2])
+    with pytest.raises(ValueError, match="storing boundary 3: all 2 slots are taken"):
+        stash.put(3, states[3])
+    with pytest.raises(ValueError, match="boundary 2 is already stored"):
+        stash.put(2, states[2])
+    states[1][0].fill_(99.0)  # the stash holds a copy
+    assert torch.equal(stash.get(1)[0], torch.full((1, 2, 3), 1.0))
+    stash.drop(1)
+    stash.put(3, states[3])  # into the freed slot
+    assert torch.equal(stash.get(3)[1], states[3][1]) and torch.equal(stash.get(2)[0], states[2][0])
+    assert (stash.stored, stash.peak_stored, stash.peak_bytes) == (2, 2, 2 * 2 * 6 * 4)
+    with pytest.raises(KeyError, match="boundary 1 is not stored"):
+        stash.get(1)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA paging path needs a GPU")
 def test_cuda_checkpointing_pages_to_host_and_keeps_gradients_exact() -> None:
     cuda_model = registry.build_model("frame", "tiny", seed=0).double().cuda()
@@ -396,7 +425,7 @@ def test_cuda_checkpointing_pages_to_host_and_keeps_gradients_exact() -> None:
     want = _grads(cuda_model)
     for embeddings in ("memory", "disk"):
         cuda_model.zero_grad(set_to_none=True)
-        plan = CheckpointPlan("binomial", slots=2, embeddings=embeddings)
+        plan = CheckpointPlan("binomial", slots=2, embeddings=embeddings, segment_steps=4)
         _, stats = streaming_backward(cuda_model, batch, 2, prefetch=3, checkpoints=plan)
         assert stats.copied_to_host and stats.stored_states == 2
         _assert_close(_grads(cuda_model), want)

@@ -15,9 +15,9 @@
   the segments in flight; the kernel's page cache keeps the rest while memory is free and
   evicts it otherwise). Its prefetch asks the kernel to read ahead
   (posix_fadvise WILLNEED), then loads through the `Prefetcher`.
-- `StateStash`: the checkpointed core states at segment boundaries. On the CPU the tensors
-  themselves; on CUDA pinned host copies, copied back when restored (prefetched when the
-  schedule's restore is near). It counts stored states and bytes and their peaks.
+- `StateStash`: the checkpointed core states at segment boundaries, copied into slots
+  allocated once (on CUDA in pinned host memory, copied back when restored, prefetched
+  when the schedule's restore is near). It counts stored states and bytes and their peaks.
 """
 
 from __future__ import annotations
@@ -208,40 +208,71 @@ class EmbeddingStore:
 
 
 class StateStash:
-    """Checkpointed core states (tuples of tensors) by boundary; see the module docstring."""
+    """Checkpointed core states (tuples of tensors) by boundary, in slots allocated once; see the module docstring.
 
-    def __init__(self, device: torch.device, copies: HostCopies) -> None:
+    The first `put` allocates `slots` copies of the state's tensors in one buffer per
+    tensor (pinned host memory on CUDA); every state is copied into a free slot and read
+    back from it. Allocating once keeps the states from being scattered over the heap
+    between short-lived tensors, where they would keep the allocator from returning freed
+    memory. A state read on the CPU is a view of its slot: valid until the slot is reused.
+    """
+
+    def __init__(self, device: torch.device, copies: HostCopies, slots: int) -> None:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+            raise ValueError(f"StateStash.slots={slots!r}: expected an int >= 0")
         self.device = device
+        self.slots = slots
         self._copies = copies
         self._cuda = device.type == "cuda"
-        self._states: dict[int, tuple[Tensor, ...]] = {}
+        self._pool: tuple[Tensor, ...] = ()
+        self._free: list[int] = []
+        self._slot_of: dict[int, int] = {}
         self._in_flight: dict[int, list[tuple[Tensor, torch.cuda.Event]]] = {}
         self.stored = self.stored_bytes = 0
         self.peak_stored = self.peak_bytes = 0
 
+    def _allocate(self, state: tuple[Tensor, ...]) -> None:
+        self._pool = tuple(
+            torch.empty((self.slots, *t.shape), dtype=t.dtype, device="cpu" if self._cuda else t.device,
+                        pin_memory=self._cuda)
+            for t in state
+        )
+        self._free = list(range(self.slots - 1, -1, -1))
+
     def put(self, boundary: int, state: tuple[Tensor, ...]) -> None:
-        if boundary in self._states:
+        if boundary in self._slot_of:
             raise ValueError(f"boundary {boundary} is already stored")
-        self._states[boundary] = tuple(self._copies.to_host(t) for t in state) if self._cuda else state
+        if not self._pool:
+            self._allocate(state)
+        if not self._free:
+            raise ValueError(f"storing boundary {boundary}: all {self.slots} slots are taken")
+        slot = self._free.pop()
+        for buffer, tensor in zip(self._pool, state, strict=True):
+            buffer[slot].copy_(tensor, non_blocking=self._cuda)
+        self._copies.copied |= self._cuda
+        self._slot_of[boundary] = slot
         self.stored += 1
         self.stored_bytes += sum(_bytes_of(t) for t in state)
         self.peak_stored = max(self.peak_stored, self.stored)
         self.peak_bytes = max(self.peak_bytes, self.stored_bytes)
 
     def prefetch(self, boundary: int) -> None:
-        if self._cuda and boundary in self._states and boundary not in self._in_flight:
-            self._in_flight[boundary] = [self._copies.start_to_device(t, self.device) for t in self._states[boundary]]
+        if self._cuda and boundary in self._slot_of and boundary not in self._in_flight:
+            slot = self._slot_of[boundary]
+            self._in_flight[boundary] = [self._copies.start_to_device(buffer[slot], self.device) for buffer in self._pool]
 
     def get(self, boundary: int) -> tuple[Tensor, ...]:
-        if boundary not in self._states:
+        if boundary not in self._slot_of:
             raise KeyError(f"boundary {boundary} is not stored")
         if not self._cuda:
-            return self._states[boundary]
+            slot = self._slot_of[boundary]
+            return tuple(buffer[slot] for buffer in self._pool)
         self.prefetch(boundary)
         return tuple(HostCopies.wait(t, ready) for t, ready in self._in_flight.pop(boundary))
 
     def drop(self, boundary: int) -> None:
-        state = self._states.pop(boundary)
+        slot = self._slot_of.pop(boundary)
         self._in_flight.pop(boundary, None)
+        self._free.append(slot)
         self.stored -= 1
-        self.stored_bytes -= sum(_bytes_of(t) for t in state)
+        self.stored_bytes -= sum(_bytes_of(buffer[slot]) for buffer in self._pool)

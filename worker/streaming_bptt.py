@@ -111,6 +111,8 @@ Batch = tuple[Tensor, Tensor]
 """(steps [B, L, *S], targets [B, L, ...])."""
 
 EMBEDDING_PLACES = ("auto", "memory", "disk")
+SEGMENT_CHUNKS = 8
+"""Default core segment length in encoder chunks of k steps."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,8 @@ class StreamingStats:
     the loss averaged over.
 
     Checkpointed runs (the paged fields are 0): `schedule` describes the
-    schedule ("paged" otherwise), `stored_states` and `stored_state_bytes` are
+    schedule ("paged" otherwise) over segments of `segment_steps` steps,
+    `stored_states` and `stored_state_bytes` are
     the most core states (and their bytes) kept at once, `core_advances` the
     segment forward passes run again without gradients, `embedding_bytes` the
     embeddings kept for them and `embeddings_on_disk` whether in a file.
@@ -144,6 +147,7 @@ class StreamingStats:
     copied_to_host: bool
     scored: int = 0
     schedule: str = "paged"
+    segment_steps: int = 0
     stored_states: int = 0
     stored_state_bytes: int = 0
     core_advances: int = 0
@@ -165,6 +169,10 @@ class CheckpointPlan:
       the budget allows fewer); `interval`: uniform only (default round(√n)).
     - `embeddings`: "auto" (by the budget), "memory" or "disk"; `spill_dir` the
       directory of the temporary file (default: the system's).
+    - `segment_steps`: steps per core segment, a multiple of the encoder chunk k
+      (default 8 k): the core runs and is recomputed a segment at a time, the
+      encoder k steps at a time within it. Longer segments mean fewer, larger
+      core calls and fewer states; a segment's core activations are O(S).
     """
 
     schedule: str = "auto"
@@ -173,13 +181,14 @@ class CheckpointPlan:
     interval: int | None = None
     embeddings: str = "auto"
     spill_dir: str | None = None
+    segment_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in ("auto", *KINDS):
             raise ValueError(f"CheckpointPlan.schedule={self.schedule!r}: expected 'auto' or one of {KINDS}")
         if self.embeddings not in EMBEDDING_PLACES:
             raise ValueError(f"CheckpointPlan.embeddings={self.embeddings!r}: expected one of {EMBEDDING_PLACES}")
-        for name, minimum in (("budget_bytes", 1), ("slots", 0), ("interval", 1)):
+        for name, minimum in (("budget_bytes", 1), ("slots", 0), ("interval", 1), ("segment_steps", 1)):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
                 raise ValueError(f"CheckpointPlan.{name}={value!r}: expected None or an int >= {minimum}")
@@ -187,6 +196,17 @@ class CheckpointPlan:
             raise ValueError(f"CheckpointPlan.slots={self.slots!r} applies to schedule 'binomial', not {self.schedule!r}")
         if self.interval is not None and self.schedule != "uniform":
             raise ValueError(f"CheckpointPlan.interval={self.interval!r} applies to schedule 'uniform', not {self.schedule!r}")
+
+    def segment_steps_for(self, k: int) -> int:
+        """The segment length for encoder chunks of k steps; ValueError unless a multiple of k."""
+        if self.segment_steps is None:
+            return SEGMENT_CHUNKS * k
+        if self.segment_steps % k:
+            raise ValueError(
+                f"CheckpointPlan.segment_steps={self.segment_steps}: expected a multiple of k={k} "
+                "(the encoder's chunks must tile a segment)"
+            )
+        return self.segment_steps
 
     def resolve(self, n: int, state_bytes: int, embedding_bytes: int) -> tuple[Schedule, bool]:
         """(the schedule for n segments, whether the embeddings go to disk) for these sizes."""
@@ -412,13 +432,13 @@ def _recompute_backward(
     window: FrameWindow,
     grad: Tensor,
     bounds: list[tuple[int, int]],
-    snapshots: list[RngSnapshot],
+    snapshots: list[RngSnapshot] | list[None],
     device: torch.device,
 ) -> None:
-    """Re-encode each chunk with gradients (last chunk first) and backpropagate its share."""
+    """Re-encode each chunk with gradients (last chunk first, from its RNG snapshot if any) and backpropagate its share."""
     for (start, stop), snapshot in reversed(list(zip(bounds, snapshots, strict=True))):
         steps, _ = window.chunk(start, stop)
-        with _rng_restored(snapshot, device):
+        with _rng_restored(snapshot, device) if snapshot is not None else nullcontext():
             chunk = model.encode(steps.to(device))  # [B, k, D]
         if chunk.requires_grad:
             torch.autograd.backward(chunk, grad_tensors=grad[:, start:stop])
@@ -467,8 +487,10 @@ def _lookahead(actions: Iterator[Action], depth: int) -> Iterator[tuple[Action, 
 class _CheckpointedRun:
     """One checkpointed backward pass over a window (the checkpointed mode of the module docstring).
 
-    Single-threaded apart from the `Prefetcher`'s loads (window chunks, embedding reads),
-    which touch only the window and the embedding file.
+    Segment i covers steps [i S, (i + 1) S) (S = `segment_steps`, a multiple of k); its
+    encoder runs in chunks of k steps, aligned with the window's chunks of k. Single-threaded
+    apart from the `Prefetcher`'s loads (window reads, embedding reads), which touch only the
+    window and the embedding file.
     """
 
     def __init__(
@@ -476,13 +498,14 @@ class _CheckpointedRun:
         device: torch.device,
     ) -> None:
         self.model, self.window, self.k, self.plan, self.device = model, window, k, plan, device
-        self.n = math.ceil(window.length / k)
+        self.segment = plan.segment_steps_for(k)
+        self.n = math.ceil(window.length / self.segment)
         self.prefetch = prefetch
         self.copies = HostCopies()
         self.prefetcher = Prefetcher(prefetch + 1, background=device.type == "cuda")
-        self.states = StateStash(device, self.copies)
+        self.states: StateStash | None = None
         self.embeddings: EmbeddingStore | None = None
-        self.rng: dict[int, RngSnapshot] = {}
+        self.rng: dict[int, list[RngSnapshot]] = {}
         self.visited = 0
         self.loss_total: Tensor | None = None
         self.scored_total: Tensor | None = None
@@ -493,7 +516,7 @@ class _CheckpointedRun:
         self.advances = 0
 
     def bounds(self, i: int) -> tuple[int, int]:
-        return i * self.k, min((i + 1) * self.k, self.window.length)
+        return i * self.segment, min((i + 1) * self.segment, self.window.length)
 
     def _loader(self, i: int) -> Callable[[], tuple[Tensor, Tensor]]:
         def load() -> tuple[Tensor, Tensor]:
@@ -504,14 +527,23 @@ class _CheckpointedRun:
 
         return load
 
-    def prefetch_chunk(self, i: int) -> None:
+    def prefetch_read(self, i: int) -> None:
         if 0 <= i < self.n:
-            self.prefetcher.submit(("chunk", i), self._loader(i))
+            self.prefetcher.submit(("read", i), self._loader(i))
 
-    def chunk(self, i: int) -> tuple[Tensor, Tensor]:
-        """Segment i's (steps, targets) on the model's device."""
-        steps, targets = self.prefetcher.take(("chunk", i), self._loader(i))
-        return steps.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+    def read(self, i: int) -> TensorWindow:
+        """Segment i's steps and targets, as a window of its own on the model's device."""
+        steps, targets = self.prefetcher.take(("read", i), self._loader(i))
+        return TensorWindow(steps.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True))
+
+    def _encode(self, i: int, segment: TensorWindow) -> Tensor:
+        """Segment i's embeddings [B, S, D] without gradients; its RNG states kept if the encoder drew any."""
+        embeddings, _, snapshots = _encode_without_grad(
+            self.model, segment, chunk_bounds(segment.length, self.k), self.device
+        )
+        if _rng_moved(snapshots[0], self.device):
+            self.rng[i] = snapshots
+        return embeddings
 
     def _count(self, loss_sum: Tensor, scored: Tensor) -> None:
         loss_sum, scored = loss_sum.detach(), scored.detach()
@@ -520,15 +552,12 @@ class _CheckpointedRun:
         self.visited += 1
 
     def _first_forward(self, i: int) -> tuple[Tensor, CoreState]:
-        """Segment i's first visit: encode (RNG state kept if it moves), core without gradients."""
-        steps, targets = self.chunk(i)
-        self.prefetch_chunk(i + 1)
-        snapshot = _rng_snapshot(self.device)
+        """Segment i's first visit: encode, then the core without gradients from the current state."""
+        segment = self.read(i)
+        self.prefetch_read(i + 1)
+        embeddings = self._encode(i, segment)  # [B, S, D]
         with torch.no_grad():
-            embeddings = self.model.encode(steps)  # [B, k, D]
-            loss_sum, scored, state = self.model.core_segment(embeddings, targets, self.state)
-        if _rng_moved(snapshot, self.device):
-            self.rng[i] = snapshot
+            loss_sum, scored, state = self.model.core_segment(embeddings, segment.targets, self.state)
         assert loss_sum is not None and scored is not None
         self._count(loss_sum, scored)
         return embeddings, state
@@ -536,6 +565,7 @@ class _CheckpointedRun:
     def choose_schedule(self) -> Schedule:
         """Run segment 0 and choose the schedule from its embedding and state sizes."""
         if self.n == 1:
+            self.states = StateStash(self.device, self.copies, 0)
             return store_all(1)
         embeddings, state = self._first_forward(0)
         per_step = _bytes_of([embeddings]) / embeddings.shape[1]
@@ -547,6 +577,7 @@ class _CheckpointedRun:
             self.prefetcher, self.copies, on_disk, self.plan.spill_dir,
         )
         self.embeddings.put(0, embeddings)
+        self.states = StateStash(self.device, self.copies, schedule.stored_states)
         self.first_state = state
         return schedule
 
@@ -566,15 +597,25 @@ class _CheckpointedRun:
             _, _, self.state = self.model.core_segment(self.embeddings.get(i), None, self.state)
 
     def turn(self, i: int) -> None:
-        """Segment i's backward pass from the current state; dloss/dstate at its input for turn i - 1."""
-        steps, targets = self.chunk(i)
-        self.prefetch_chunk(i - 1)
+        """Segment i's backward pass from the current state; dloss/dstate at its input for turn i - 1.
+
+        The core runs with gradients from the state (a leaf) on the embeddings (a leaf: stored,
+        or encoded now on the last segment's first visit); one backward of (summed loss, state
+        after) gives the core's parameter gradients, dloss/dstate and dloss/dembeddings, and the
+        encoder is then recomputed k steps at a time, last chunk first, as in the paged mode.
+        """
+        segment = self.read(i)
+        self.prefetch_read(i - 1)
         first = i == self.visited
+        if first:
+            embeddings = self._encode(i, segment)  # [B, S, D]
+        else:
+            assert self.embeddings is not None
+            embeddings = self.embeddings.get(i)
+        leaf = embeddings.detach().requires_grad_()  # [B, S, D]
         state_in = None if self.state is None else tuple(t.detach().requires_grad_() for t in self.state)
-        snapshot = None if first else self.rng.get(i)
-        with _rng_restored(snapshot, self.device) if snapshot is not None else nullcontext(), torch.enable_grad():
-            embeddings = self.model.encode(steps)  # [B, k, D]
-            loss_sum, scored, state_out = self.model.core_segment(embeddings, targets, state_in)
+        with torch.enable_grad():
+            loss_sum, scored, state_out = self.model.core_segment(leaf, segment.targets, state_in)
         assert loss_sum is not None and scored is not None
         if first:
             self._count(loss_sum, scored)
@@ -591,19 +632,28 @@ class _CheckpointedRun:
         if state_in is not None:
             self.dstate = tuple(torch.zeros_like(t) if t.grad is None else t.grad for t in state_in)
         self.state = None
+        if leaf.grad is not None:
+            bounds = chunk_bounds(segment.length, self.k)
+            snapshots = self.rng.pop(i, [None] * len(bounds))
+            _recompute_backward(self.model, segment, leaf.grad, bounds, snapshots, self.device)
 
     def _prefetch_ahead(self, upcoming: Iterable[Action]) -> None:
+        assert self.states is not None
         for name, index in upcoming:
             if name == RESTORE and index > 0:
                 self.states.prefetch(index)
             elif name == ADVANCE and index < self.visited and self.embeddings is not None:
                 self.embeddings.prefetch(index)
             elif name == TURN:
-                self.prefetch_chunk(index)
+                self.prefetch_read(index)
+                if self.embeddings is not None and index < self.visited:
+                    self.embeddings.prefetch(index)
 
     def run(self) -> tuple[float, StreamingStats]:
         try:
             schedule = self.choose_schedule()
+            states = self.states
+            assert states is not None
             for (name, index), upcoming in _lookahead(schedule.actions(), self.prefetch):
                 self._prefetch_ahead(upcoming)
                 if name == ADVANCE:
@@ -612,11 +662,11 @@ class _CheckpointedRun:
                     self.turn(index)
                 elif name == STORE:
                     assert self.state is not None
-                    self.states.put(index, self.state)
+                    states.put(index, self.state)
                 elif name == RESTORE:
-                    self.state = None if index == 0 else self.states.get(index)
+                    self.state = None if index == 0 else states.get(index)
                 elif name == FREE:
-                    self.states.drop(index)
+                    states.drop(index)
         finally:
             self.prefetcher.close()
             if self.embeddings is not None:
@@ -624,12 +674,12 @@ class _CheckpointedRun:
         return self._result(schedule)
 
     def _result(self, schedule: Schedule) -> tuple[float, StreamingStats]:
-        assert self.loss_total is not None and self.scored_total is not None
+        assert self.loss_total is not None and self.scored_total is not None and self.states is not None
         scored = int(self.scored_total)
         stats = StreamingStats(
             n_steps=self.window.length,
             chunk_steps=self.k,
-            n_chunks=self.n,
+            n_chunks=math.ceil(self.window.length / self.k),
             max_grad_chunk_steps=min(self.k, self.window.length),
             paged_tensors=0,
             paged_bytes=0,
@@ -638,6 +688,7 @@ class _CheckpointedRun:
             copied_to_host=self.copies.copied,
             scored=scored,
             schedule=schedule.describe(),
+            segment_steps=self.segment,
             stored_states=self.states.peak_stored,
             stored_state_bytes=self.states.peak_bytes,
             core_advances=self.advances,
