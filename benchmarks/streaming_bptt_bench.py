@@ -5,8 +5,8 @@
     python benchmarks/streaming_bptt_bench.py --presets tiny --lengths 16 64 --repeats 2   # smoke run
     python benchmarks/streaming_bptt_bench.py --presets tiny --lengths 1024 8192 32768 --batch-sizes 1 8 \\
         --methods plain paged all uniform binomial --threads 1 --json tiny.json
-    python benchmarks/streaming_bptt_bench.py --presets tiny --lengths 100000 --methods binomial \\
-        --combined --threads 1                                     # one long step measured once
+    python benchmarks/streaming_bptt_bench.py --presets tiny --lengths 1024 100000 --methods binomial \\
+        --combined --warmup-length 1024 --mmap-threshold 4096 --threads 1   # one long step measured once
 
 For each frame-model preset (``build_model("frame", preset, seed=0)``), batch size B, window
 length L and method, one step is ``model.zero_grad()`` then one of (forward and backward, no
@@ -36,18 +36,24 @@ Before the step the kernel's high-water mark (VmHWM) is reset by writing 5 to
 /proc/self/clear_refs, and it is read back from /proc/self/status after it; where
 clear_refs cannot be written, a thread samples VmRSS every 0.5 ms instead (the output says
 which). torch's CPU tensors live in malloc'd memory that tracemalloc does not see, hence RSS.
-That child runs with glibc's mmap and trim thresholds fixed at 128 KiB
-(``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``), so memory freed by the warm-up goes
-back to the kernel and cannot be reused unseen: the RSS at the step's start holds the
-parameters, gradients, batch and runtime. The second child times ``--repeats`` steps with
+That child runs with glibc's mmap and trim thresholds fixed (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``; ``--mmap-threshold``, default 128 KiB), so memory freed by the
+warm-up goes back to the kernel and cannot be reused unseen: the RSS at the step's start holds
+the parameters, gradients, batch and runtime. Allocations below the threshold come from the
+heap, where memory freed before the step can be reused without showing; with 4 KiB
+(``--mmap-threshold 4096``) nearly every tensor is its own mapping, which costs time (about
+1.5x on a tiny-preset step) and rounds each to whole pages, but reads the peak of what is
+alive to within a few percent from run to run where 128 KiB varied by 20% at the tiny
+preset's 2 MiB peaks. The second child times ``--repeats`` steps with
 glibc's default malloc (fresh mmaps cost page faults, about 15% on plain autograd) and
 reports their median wall clock (``--threads`` intra-op threads) and median CPU time of the
 process (``time.process_time()``: user + system, all threads), the steadier figure when other
 jobs share the cores.
 
+``--warmup-length N`` runs the warm-up steps on the first min(L, N) steps of the window.
 ``--combined`` (for steps of minutes): one child per configuration, with the memory child's
-malloc settings, warms up with one step on the first min(L, ``--warmup-length``) steps of the
-window, then measures one step of the whole window for both peak and time.
+malloc settings, warms up with one step, then measures one step of the whole window for both
+peak and time (so its time carries the memory child's malloc settings).
 
 The page cache that holds a spilled embedding file is the kernel's, not the process's: it is
 not in the RSS, and the kernel evicts it under memory pressure (the file is then read from
@@ -97,7 +103,6 @@ CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
 STATM = Path("/proc/self/statm")
 MEMINFO = Path("/proc/meminfo")
-MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 MIB = 1024 * 1024
 
 
@@ -219,20 +224,21 @@ def run_child(params: dict[str, Any]) -> dict[str, Any]:
         result["stats"] = asdict(stats)
         return loss
 
+    data = batch if batch is not None else window
+    short = min(params["length"], params["warmup_length"] or params["length"])
+    warm = data if short == params["length"] else (window.chunk(0, short) if batch is not None else _prefix(window, short))
     if params["mode"] == "combined":
-        short = min(params["length"], params["warmup_length"])
-        step(window.chunk(0, short) if batch is not None else _prefix(window, short))
+        step(warm)
         gc.collect()
         tracker = PeakTracker()
         tracker.start()
         start, cpu_start = time.perf_counter(), time.process_time()
-        result["loss"] = step(batch if batch is not None else window)
+        result["loss"] = step(data)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         return {**result, "peak_bytes": tracker.stop(), "peak_source": tracker.method, "seconds": seconds,
                 "cpu_seconds": cpu, "step_seconds": [seconds], "torch": torch.__version__}
-    data = batch if batch is not None else window
     for _ in range(params["warmup"]):
-        step(data)
+        step(warm)
     if params["mode"] == "memory":
         tracker = PeakTracker()
         gc.collect()
@@ -288,7 +294,7 @@ def child_params(
         "preset": preset, "length": length, "method": method, "mode": mode, "k": args.k,
         "batch_size": batch_size, "threads": args.threads, "warmup": args.warmup, "repeats": args.repeats,
         "documents": args.documents, "slots": args.slots, "embeddings": args.embeddings,
-        "warmup_length": args.warmup_length,
+        "warmup_length": args.warmup_length, "mmap_threshold": args.mmap_threshold,
     }
 
 
@@ -299,7 +305,8 @@ def spawn_child(params: dict[str, Any], timeout: float) -> tuple[dict[str, Any] 
     """
     env = {**os.environ, "OMP_NUM_THREADS": str(params["threads"])}
     if params["mode"] in ("memory", "combined"):
-        env.update(MEMORY_ENV)
+        threshold = str(params["mmap_threshold"])
+        env.update({"MALLOC_MMAP_THRESHOLD_": threshold, "MALLOC_TRIM_THRESHOLD_": threshold})
     command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(params)]
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -403,7 +410,8 @@ def core_columns(m: Measurement | None) -> tuple[str, str, str, str]:
         return "-", "-", "-", "-"
     if stats["schedule"] == "paged":
         return fmt_mib(stats["paged_bytes"]), "-", "1.00", "-"
-    per_segment = (stats["core_advances"] + stats["n_chunks"]) / stats["n_chunks"]
+    segments = math.ceil(stats["n_steps"] / stats["segment_steps"])
+    per_segment = (stats["core_advances"] + segments) / segments
     place = " (disk)" if stats["embeddings_on_disk"] else ""
     return (
         fmt_mib(stats["stored_state_bytes"]), str(stats["stored_states"]), f"{per_segment:.2f}",
@@ -505,8 +513,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="measured steps per configuration")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
     p.add_argument("--combined", action="store_true",
-                   help="one child per configuration: a short warm-up, then one step measured for memory and time")
-    p.add_argument("--warmup-length", type=int, default=1024, help="--combined: the warm-up step's window length")
+                   help="one child per configuration: a warm-up step, then one step measured for memory and time")
+    p.add_argument("--warmup-length", type=int, default=None,
+                   help="warm-up steps run on the window's first min(L, this) steps (default: all L)")
+    p.add_argument("--mmap-threshold", type=int, default=131072,
+                   help="glibc's mmap and trim thresholds (bytes) in the memory-measuring child")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--documents", type=int, default=64, help="typing documents at least (more as L needs)")
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write all results here")
@@ -517,11 +528,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in ("k", "slots", "repeats", "threads", "documents", "warmup_length"):
+    for name in ("k", "slots", "repeats", "threads", "documents", "mmap_threshold"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected a positive int")
     if args.warmup < 0 or args.timeout <= 0 or min(args.lengths) < 1 or min(args.batch_sizes) < 1:
         p.error("--warmup must be >= 0, --timeout > 0 and every --lengths and --batch-sizes value >= 1")
+    if args.warmup_length is not None and args.warmup_length < 1:
+        p.error(f"--warmup-length={args.warmup_length}: expected a positive int")
     if not 0.0 < args.memory_fraction <= 1.0:
         p.error(f"--memory-fraction={args.memory_fraction}: expected a number in (0, 1]")
     args.lengths = sorted(set(args.lengths))

@@ -2,11 +2,12 @@
 
 A worker runs H inner steps of full backpropagation through time over its assigned
 sequence length (the whole window is one autograd graph, or streaming BPTT with
-`bptt_chunk` > 0, and with core checkpointing when `memory_budget_mb` > 0: the schedule
-is chosen from the budget at each step, reported in `StepResult.schedule`, and the batch
-comes from the sampler's lazy `next_window()` where it has one), with AdamW (default) or SGD. `masked_cross_entropy` is the one loss
-of every model trained on token targets (worker, the launcher's evaluation, the
-diagnostics bench) and `train_step` the one optimizer step the worker and the bench share.
+`bptt_chunk` > 0, with core checkpointing when `memory_budget_mb` > 0: the schedule is
+chosen from the budget at each step and reported in `StepResult.schedule`, and the batch
+comes from the sampler's lazy `next_window()` where it has one), with AdamW (default) or
+SGD. `masked_cross_entropy` is the one loss of every model trained on token targets
+(worker, the launcher's evaluation, the diagnostics bench) and `train_step` the one
+optimizer step the worker and the bench share.
 """
 
 from __future__ import annotations

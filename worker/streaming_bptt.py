@@ -28,25 +28,28 @@ embeddings, their gradient and the core's saved states):
 
 Checkpointed (`streaming_backward(..., checkpoints=CheckpointPlan(...))`,
 issue #19), for `SegmentStepModel`s: nothing of size O(L) need stay in memory.
-The window is a chain of n = ceil(L / k) segments of k steps; the core's state
-(h and c of every LSTM layer, [B, H] each) is kept only at the segment
-boundaries a checkpoint schedule (`rcswarm.worker.checkpoint_schedule`:
-store-all, uniform √n or binomial/revolve) chooses, from a memory budget:
+The window is a chain of n = ceil(L / S) segments of S steps (S a multiple of
+k, by default 8 k); the core's state (h and c of every LSTM layer, [B, H]
+each) is kept only at the segment boundaries a checkpoint schedule
+(`rcswarm.worker.checkpoint_schedule`: store-all, uniform √n or
+binomial/revolve) chooses from a memory budget, in slots allocated once:
 
-1. Forward sweep: every segment is encoded once under `torch.no_grad()` (its
-   RNG state recorded if the encoder drew random numbers) and its embeddings
-   [B, k, D] are kept in an `EmbeddingStore` (host memory, or a temporary file
-   when they do not fit the budget); the core runs on it from the carried
-   state, without gradients, accumulating the summed loss and the scored
-   targets. The schedule stores the states it wants on the way.
+1. Forward sweep: every segment is encoded once under `torch.no_grad()`, k
+   steps at a time (the RNG states kept if the encoder drew random numbers),
+   and its embeddings [B, S, D] are kept in an `EmbeddingStore` (host memory,
+   or a temporary file when they do not fit the budget); the core runs on them
+   from the carried state, without gradients, accumulating the summed loss and
+   the scored targets. The schedule stores the states it wants on the way.
 2. Backward, segment n - 1 first: from the state at its input boundary
    (restored from a checkpoint and, where the schedule says so, advanced from
-   there again over stored embeddings, without gradients), the segment is
-   encoded again with gradients (its RNG state restored) and its core run
-   from that state made a leaf; one `torch.autograd.backward` of (summed loss
-   / total scored, the state after it) with the seed (1, dloss/dstate from the
-   segment after) accumulates the parameter gradients of the encoder and the
-   core for this segment and yields dloss/dstate at its input.
+   there again over stored embeddings, without gradients), the core runs with
+   gradients on the stored embeddings and that state, both made leaves; one
+   `torch.autograd.backward` of (summed loss, state after) with the seed
+   (1 / total scored, dloss/dstate from the segment after) accumulates the
+   core's parameter gradients and yields dloss/dstate at its input and
+   dloss/dembeddings. Then the segment's encoder is recomputed with gradients
+   k steps at a time, last chunk first (RNG states restored), each chunk
+   backpropagated with its share of dloss/dembeddings, as in the paged mode.
 3. Window chunks come from a `FrameWindow` (`chunk(start, stop)`), so a 10^5
    step window is never materialized. The schedule's next actions are known,
    so what they need is prefetched: on CUDA, chunks and embeddings read from
@@ -55,8 +58,9 @@ store-all, uniform √n or binomial/revolve) chooses, from a memory budget:
    the CPU, the kernel reads the embedding file ahead (posix_fadvise) and the
    rest loads when needed (see `segment_store.Prefetcher` for why).
 
-So the live memory is one segment's encoder and core activations, the stored
-states the schedule allows and the embeddings the budget allows. The gradient
+So the live memory is one segment's core activations (O(S)), one chunk's
+encoder activations (O(k)), the stored states the schedule allows and the
+embeddings the budget allows. The gradient
 equals plain autograd's up to floating-point summation order for every schedule
 (the tests compare in float64 to 1e-10 relative). The first segment is run
 before the schedule is chosen: its embeddings and state give the sizes the plan
