@@ -33,7 +33,7 @@ measured loopback bytes.
 
 hivemind's libp2p connections are encrypted (TLS 1.3) by default; plain rcswarm gRPC is not,
 so ``--tls-codecs`` (default: fp32) runs those rcswarm configurations a second time with the
-coordinator serving TLS (a self-signed certificate; needs ``cryptography``, in the dev extra).
+coordinator serving TLS (a self-signed certificate, made with ``cryptography``).
 ``--no-fsync-codecs`` (default: fp32 int8) runs configurations again with ``[coordinator]
 durable = false``: each version is still persisted atomically, but not fsynced (hivemind
 persists nothing). A separate table times the coordinator's close-of-round pieces in-process (weighted average
@@ -418,7 +418,7 @@ def run_rcswarm(
         tls_args: list[str] = []
         tls_ca = ""
         if tls:
-            from rcswarm.coordinator.tls import write_self_signed  # needs `cryptography` (the dev extra)
+            from rcswarm.coordinator.tls import write_self_signed
 
             cert, key = write_self_signed(run_dir)
             tls_args, tls_ca = ["--tls-cert", str(cert), "--tls-key", str(key)], str(cert)

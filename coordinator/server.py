@@ -10,13 +10,18 @@ is cancelled with DEADLINE_EXCEEDED (`CallWatchdog`). The thread pool has `headr
 beyond the sum of the kind limits, so calls that hold a thread (long polls, streams) never
 take the last one: refusals and the health service always find a thread.
 
-The health service is exempt from the token, the deadline and the kind limits, so load
-balancers and Kubernetes probes can reach it. It reports NOT_SERVING while the coordinator
+The health service (Check; Watch is not served) is exempt from the token, the deadline and
+the kind limits, so load balancers and Kubernetes probes can reach it, also in plaintext on
+`--health-port` when the main port speaks TLS. It reports NOT_SERVING while the coordinator
 cannot close rounds: its ticker's latest tick raised, or no tick has completed for
 `health_stall_s` (`decide_health`). The service talks to one interface, `RunGroup`
 (sweep.py): a single run is a group of one.
 
-    rcswarm coordinator --config RUN.toml --state-dir DIR --port P
+A non-loopback `--host` is served only with TLS (`--tls-cert/--tls-key`, or `--tls-self-signed
+DIR`, whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires client
+certificates (coordinator/tls.py). The dashboard's token rule is `dashboard/auth.py`.
+
+    rcswarm coordinator --config RUN.toml --state-dir DIR --port P [--host H --tls-self-signed DIR]
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ import itertools
 import json
 import logging
 import os
+import shlex
 import signal
+import socket
+import ssl
 import sys
 import threading
 import time
@@ -44,6 +52,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import Refusal, SwarmCoordinator
 from rcswarm.coordinator.sweep import RunGroup, open_group
+from rcswarm.coordinator.tls import (
+    QuickStart,
+    bind_problem,
+    check_key_pair,
+    ensure_quick_start,
+    server_names,
+    worker_host,
+)
+from rcswarm.protos.transport import host_port, is_loopback_host, read_pem
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV
@@ -56,6 +73,10 @@ NO_DEADLINE_S = 365 * 24 * 3600.0
 TICK_S = 0.2
 # The longest the watchdog sleeps between looks at its entries.
 WATCHDOG_POLL_S = 1.0
+# Threads (and calls at once) of the plaintext health-only server of --health-port.
+HEALTH_THREADS = 4
+HTTP_TLS_NEEDS_TLS = ("--http-tls serves the dashboard with the coordinator's certificate: "
+                      "add --tls-self-signed DIR or --tls-cert/--tls-key")
 
 
 @dataclass(frozen=True)
@@ -428,13 +449,39 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
 @dataclass
 class TLSFiles:
-    """The server's PEM certificate and private key."""
+    """The server's PEM certificate and private key, and with `client_ca` mutual TLS: every client must
+    present a certificate that CA signed, or its handshake fails."""
 
     cert: Path
     key: Path
+    client_ca: Path | None = None
 
     def credentials(self) -> grpc.ServerCredentials:
-        return grpc.ssl_server_credentials([(self.key.read_bytes(), self.cert.read_bytes())])
+        """gRPC server credentials; ValueError names a file that is unreadable, not PEM, or a key not the cert's."""
+        cert, key = read_pem(self.cert, "--tls-cert"), read_pem(self.key, "--tls-key")
+        check_key_pair(self.cert, self.key)
+        if self.client_ca is None:
+            return grpc.ssl_server_credentials([(key, cert)])
+        client_ca = read_pem(self.client_ca, "--tls-client-ca")
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=True)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The dashboard's HTTPS context: the same certificate, TLS 1.2 or newer, no client certificates."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
+
+class HealthChecks(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1 without a token: Check answers from the shared `HealthServicer`; Watch is not served
+    (UNIMPLEMENTED), since each open Watch stream would hold a server thread for anyone who asks."""
+
+    def __init__(self, statuses: health.HealthServicer) -> None:
+        self._statuses = statuses
+
+    def Check(self, request, context):
+        return self._statuses.Check(request, context)
 
 
 @dataclass(frozen=True)
@@ -464,6 +511,12 @@ class RunningCoordinator:
     the Coordinator service's calls (`CallLimits`); health reports NOT_SERVING when the ticker's
     latest tick raised or none completed for `health_stall_s` seconds.
 
+    A non-loopback `host` needs `tls` or `insecure` (`tls.bind_problem`). With `health_port` (0 = any
+    free one) a second, plaintext gRPC server on the same host serves only grpc.health.v1, from the
+    same servicer, for probes that cannot speak the main port's TLS. The dashboard (`http_port`)
+    requires the join token when `http_token_required` is True, or when it is None (the default) and
+    `http_host` is not loopback (`dashboard.auth.decide_dashboard_auth`).
+
     Threads: the ticker thread replaces `_tick_record` whole after every tick and the health
     thread reads it (one reference, no lock); `start` and `stop` run on the caller's thread.
     """
@@ -471,12 +524,18 @@ class RunningCoordinator:
     def __init__(
         self, coordinator: SwarmCoordinator | RunGroup, token: str, host: str = "127.0.0.1", port: int = 0,
         tls: TLSFiles | None = None, limits: CallLimits | None = None, health_stall_s: float = 60.0,
-        http_port: int | None = None, http_host: str = "127.0.0.1",
+        http_port: int | None = None, http_host: str = "127.0.0.1", *, insecure: bool = False,
+        health_port: int | None = None, http_token_required: bool | None = None, http_tls: bool = False,
     ) -> None:
         if not token:
             raise ValueError("a join token is required (--token or the RCSWARM_TOKEN environment variable)")
         if not health_stall_s > 0:
             raise ValueError(f"health_stall_s = {health_stall_s!r}: expected a number of seconds > 0")
+        problem = bind_problem(host, tls is not None, insecure)
+        if problem is not None:
+            raise ValueError(problem)
+        if http_tls and tls is None:
+            raise ValueError(HTTP_TLS_NEEDS_TLS)
         self.coordinator = coordinator
         self.group = RunGroup.of(coordinator)
         self.limits = limits or CallLimits()
@@ -489,13 +548,23 @@ class RunningCoordinator:
         )
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.group), self.server)
         self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        address = f"{host}:{port}"
-        self.port = (
-            self.server.add_secure_port(address, tls.credentials()) if tls else self.server.add_insecure_port(address)
-        )
-        if self.port == 0:
-            raise RuntimeError(f"could not bind {address}")
+        health_pb2_grpc.add_HealthServicer_to_server(HealthChecks(self.health), self.server)
+        address = host_port(host, port)
+        credentials = tls.credentials() if tls else None
+        self.port = _bind(self.server, address, credentials)
+        self.health_server: grpc.Server | None = None
+        self.health_port: int | None = None
+        if health_port is not None:
+            self.health_server = grpc.server(
+                futures.ThreadPoolExecutor(max_workers=HEALTH_THREADS, thread_name_prefix="health"),
+                maximum_concurrent_rpcs=HEALTH_THREADS,
+            )
+            health_pb2_grpc.add_HealthServicer_to_server(HealthChecks(self.health), self.health_server)
+            try:
+                self.health_port = _bind(self.health_server, host_port(host, health_port), None)
+            except RuntimeError:
+                self.server.stop(None)
+                raise
         self._stop = threading.Event()
         self._tick_record = TickRecord(time.monotonic())
         self._ticker = threading.Thread(target=self._tick_loop, name="ticker", daemon=True)
@@ -504,11 +573,19 @@ class RunningCoordinator:
         self.dashboard: Any = None
         if http_port is not None:
             from rcswarm.coordinator.dashboard import Dashboard
+            from rcswarm.coordinator.dashboard.auth import SessionAuth, decide_dashboard_auth, token_checker
 
+            required = http_token_required
+            if required is None:
+                required, _ = decide_dashboard_auth(http_host, False, False)
+            auth = SessionAuth(token_checker(token)) if required else None
+            context = tls.ssl_context() if http_tls and tls is not None else None
             try:
-                self.dashboard = Dashboard(self.group, http_host, http_port)
+                self.dashboard = Dashboard(self.group, http_host, http_port, auth=auth, ssl_context=context)
             except OSError as exc:
                 self.server.stop(None)
+                if self.health_server is not None:
+                    self.health_server.stop(None)
                 raise RuntimeError(f"could not bind the dashboard on {http_host}:{http_port}: {exc.strerror}") from None
 
     def start(self) -> RunningCoordinator:
@@ -516,6 +593,8 @@ class RunningCoordinator:
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self.watchdog.start()
         self.server.start()
+        if self.health_server is not None:
+            self.health_server.start()
         self._tick_record = TickRecord(time.monotonic())
         self._ticker.start()
         self._health_thread.start()
@@ -565,10 +644,23 @@ class RunningCoordinator:
             self.dashboard.stop()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait(grace + 1.0)
+        if self.health_server is not None:
+            self.health_server.stop(0).wait(1.0)
         self._ticker.join(timeout=2.0)
         self._health_thread.join(timeout=2.0)
         self.watchdog.stop()
         self.group.close()
+
+
+def _bind(server: grpc.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Add a listening port (TLS with `credentials`) and return it; RuntimeError naming the address when it cannot."""
+    try:
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise RuntimeError(f"could not bind {address} (in use, or not an address of this machine)")
+    return port
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -577,15 +669,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", required=True, help="RUN.toml describing the run")
     parser.add_argument("--state-dir", required=True, help="directory for checkpoints and the SQLite state")
     parser.add_argument("--port", type=int, default=50051, help="port to listen on (0 = any free port)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default loopback; any other address needs TLS or --insecure)")
     parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate; with --tls-key enables TLS")
     parser.add_argument("--tls-key", type=Path, help="PEM private key")
+    parser.add_argument("--tls-self-signed", type=Path, metavar="DIR",
+                        help="serve TLS with a CA and server certificate made (or reused) in DIR, and log the "
+                             "worker command with --tls-ca DIR/ca.pem; DIR/client.pem is a client certificate")
+    parser.add_argument("--tls-san", action="append", default=[], metavar="NAME",
+                        help="with --tls-self-signed: another DNS name or IP address workers dial (repeatable)")
+    parser.add_argument("--tls-client-ca", type=Path, metavar="FILE",
+                        help="mutual TLS: require client certificates signed by this CA (e.g. DIR/ca.pem)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="serve plaintext gRPC on a non-loopback --host (the token crosses the network in the clear)")
+    parser.add_argument("--health-port", type=int, default=None,
+                        help="also serve grpc.health.v1 Check in plaintext on this port of --host, for probes that "
+                             "cannot speak TLS (0 = any free port; default: off)")
     parser.add_argument("--port-file", type=Path, help="write {'port': P} here once serving")
     parser.add_argument("--http-port", type=int, default=None,
                         help="serve the HTTP dashboard and /metrics on this port (0 = any free port; default: off)")
     parser.add_argument("--http-host", default="127.0.0.1",
-                        help="address the dashboard binds (default loopback; it has no authentication)")
+                        help="address the dashboard binds (default loopback; elsewhere it requires the join token)")
+    parser.add_argument("--http-token-required", action="store_true",
+                        help="require the join token on the dashboard on loopback too")
+    parser.add_argument("--http-insecure", action="store_true",
+                        help="serve the dashboard on a non-loopback --http-host without the token")
+    parser.add_argument("--http-tls", action="store_true",
+                        help="serve the dashboard over HTTPS with the coordinator's TLS certificate")
     kinds = ", ".join(f"{name}={limit}" for name, limit in DEFAULT_MAX_CALLS.items())
     parser.add_argument("--max-calls", action="append", default=[], metavar="KIND=N",
                         help=f"calls of one kind running at once, beyond which a call gets RESOURCE_EXHAUSTED "
@@ -598,13 +709,81 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the command line's values, or None."""
+    """What is wrong with the command line's values, or None (nothing is created or bound before this)."""
     if bool(args.tls_cert) != bool(args.tls_key):
         return "--tls-cert and --tls-key go together"
-    for flag, port in (("--port", args.port), ("--http-port", args.http_port)):
+    if args.tls_cert and args.tls_self_signed:
+        return "--tls-self-signed makes the certificate itself: give it or --tls-cert/--tls-key, not both"
+    if args.tls_san and not args.tls_self_signed:
+        return "--tls-san names go into the certificate --tls-self-signed makes: add --tls-self-signed DIR"
+    tls = bool(args.tls_cert or args.tls_self_signed)
+    if args.tls_client_ca and not tls:
+        return "--tls-client-ca needs TLS: add --tls-self-signed DIR or --tls-cert/--tls-key"
+    if args.http_tls and not tls:
+        return HTTP_TLS_NEEDS_TLS
+    for flag, port in (("--port", args.port), ("--http-port", args.http_port), ("--health-port", args.health_port)):
         if port is not None and not 0 <= port <= 65535:
             return f"{flag} {port}: expected 0..65535"
-    return None
+    if args.health_port and args.health_port == args.port:
+        return f"--health-port {args.health_port}: the same as --port; expected another port"
+    if args.http_port is not None:
+        from rcswarm.coordinator.dashboard.auth import decide_dashboard_auth
+
+        try:
+            decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
+        except ValueError as exc:
+            return str(exc)
+    return bind_problem(args.host, tls, args.insecure)
+
+
+def _tls_files(args: argparse.Namespace) -> tuple[TLSFiles | None, QuickStart | None]:
+    """The server's TLS files from the flags (making or reusing the quick start's), checked; ValueError names a bad one."""
+    quick = None
+    if args.tls_self_signed:
+        names = server_names(args.host, args.tls_san, socket.gethostname())
+        quick = ensure_quick_start(args.tls_self_signed, names)
+        tls = TLSFiles(quick.cert, quick.key, args.tls_client_ca)
+    elif args.tls_cert:
+        tls = TLSFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+    else:
+        return None, None
+    tls.credentials()
+    return tls, quick
+
+
+def worker_command(args: argparse.Namespace, port: int, quick: QuickStart) -> list[str]:
+    """The `rcswarm worker` command for the quick start's CA (and its client certificate under mutual TLS)."""
+    host = worker_host(args.host, args.tls_san, socket.gethostname())
+    command = ["rcswarm", "worker", "--coordinator", host_port(host, port), "--tls-ca", str(quick.ca.resolve())]
+    if args.tls_client_ca is not None and args.tls_client_ca.resolve() == quick.ca.resolve():
+        command += ["--tls-cert", str(quick.client_cert.resolve()), "--tls-key", str(quick.client_key.resolve())]
+    return command
+
+
+def _log_security(args: argparse.Namespace, running: RunningCoordinator, quick: QuickStart | None) -> None:
+    """Log how workers connect (the quick start's exact worker command) and every opt-out of a protection."""
+    if quick is not None:
+        for note in quick.notes:
+            log.info("--tls-self-signed: %s", note)
+        log.info("worker command: %s", shlex.join(worker_command(args, running.port, quick)))
+        log.info("(the worker reads the join token from $%s or --token; copy %s to each worker's machine%s)",
+                 TOKEN_ENV, quick.ca.name, ", with client.pem and client-key.pem" if args.tls_client_ca else "")
+        if args.tls_client_ca is not None and args.tls_client_ca.resolve() != quick.ca.resolve():
+            log.info("workers also need --tls-cert/--tls-key of a client certificate signed by %s", args.tls_client_ca)
+    if args.insecure and not (args.tls_cert or args.tls_self_signed) and not is_loopback_host(args.host):
+        log.warning("serving plaintext gRPC on %s (--insecure): anyone on the network path can read the join token "
+                    "and the parameters, and act as a worker", args.host)
+    if running.health_port is not None:
+        log.info("plaintext health checks (grpc.health.v1 Check) on %s", host_port(args.host, running.health_port))
+    if running.dashboard is not None:
+        dashboard = running.dashboard
+        log.info("dashboard on %s (metrics at %smetrics)%s", dashboard.url, dashboard.url,
+                 "; it requires the join token (Authorization: Bearer, or log in at /login)" if dashboard.auth else "")
+        from rcswarm.coordinator.dashboard.auth import decide_dashboard_auth
+
+        _, warning = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure, args.http_tls)
+        if warning is not None:
+            log.warning("%s", warning)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -617,30 +796,32 @@ def main(argv: list[str] | None = None) -> int:
         try:
             limits = CallLimits(parse_max_calls(args.max_calls), args.stream_idle_s)
             spec = RunSpec.from_toml(args.config)
+            tls, quick = _tls_files(args)
             coordinator = open_group(spec, args.state_dir)
-            tls = TLSFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
+            http_required = True if args.http_token_required else False if args.http_insecure else None
             running = RunningCoordinator(
                 coordinator, token, args.host, args.port, tls, limits, args.health_stall_s,
-                http_port=args.http_port, http_host=args.http_host,
+                http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
+                health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
             ).start()
         except ValueError as exc:
             problem = str(exc)
+        except RuntimeError as exc:
+            print(f"rcswarm coordinator: {exc}", file=sys.stderr)
+            return 1
     if problem is not None:
         print(f"rcswarm coordinator: {problem}", file=sys.stderr)
         return 2
-    log.info("run %s serving on %s:%d at version %d", coordinator.run_id, args.host, running.port, coordinator.version)
-    if running.dashboard is not None:
-        log.info("dashboard on %s (metrics at %smetrics)", running.dashboard.url, running.dashboard.url)
-        from rcswarm.coordinator.dashboard import is_loopback
-
-        if not is_loopback(args.http_host):
-            log.warning("the dashboard on %s has no authentication: it shows the run to anyone who can reach it",
-                        args.http_host)
+    log.info("run %s serving on %s at version %d", coordinator.run_id, host_port(args.host, running.port),
+             coordinator.version)
+    _log_security(args, running, quick)
     if args.port_file:
         partial = args.port_file.with_suffix(".partial")
         info: dict[str, Any] = {"port": running.port, "run_id": coordinator.run_id}
         if running.dashboard is not None:
             info["http_port"] = running.dashboard.port
+        if running.health_port is not None:
+            info["health_port"] = running.health_port
         partial.write_text(json.dumps(info))
         os.replace(partial, args.port_file)
     stop = threading.Event()

@@ -1,6 +1,8 @@
 """The worker's gRPC client of the coordinator: deadlines, token metadata, and retries.
 
-Every call carries the join token and a deadline. `classify` sorts each gRPC status into
+Every call carries the join token and a deadline. The channel is TLS with `tls_ca` (and a client
+certificate with `tls_cert`/`tls_key` for a coordinator that requires one), else plaintext, with
+one warning when the coordinator is not on loopback (protos/transport.py). `classify` sorts each gRPC status into
 retry (the coordinator is stalled, restarting, at capacity, or a stream broke), rejoin (it
 no longer knows this worker) or fatal (it refused the request). Transient failures are
 retried with jittered exponential backoff for as long as `RetryPolicy.max_elapsed_s`, the
@@ -24,6 +26,7 @@ import grpc
 import torch
 
 from rcswarm.protos import tensor_stream
+from rcswarm.protos.transport import ClientTLS, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
@@ -168,15 +171,11 @@ class CoordinatorClient:
     """
 
     def __init__(
-        self, target: str, token: str, *, tls_ca: Path | None = None, retry: RetryPolicy = RetryPolicy(),
-        timeouts: Timeouts = Timeouts(), stop: threading.Event | None = None,
+        self, target: str, token: str, *, tls_ca: Path | None = None, tls_cert: Path | None = None,
+        tls_key: Path | None = None, retry: RetryPolicy = RetryPolicy(), timeouts: Timeouts = Timeouts(),
+        stop: threading.Event | None = None,
     ) -> None:
-        options = list(MESSAGE_SIZE_OPTIONS)
-        if tls_ca is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
-            self.channel = grpc.secure_channel(target, credentials, options=options)
-        else:
-            self.channel = grpc.insecure_channel(target, options=options)
+        self.channel = open_channel(target, ClientTLS.from_flags(tls_ca, tls_cert, tls_key), list(MESSAGE_SIZE_OPTIONS))
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),)
         self.retry = retry

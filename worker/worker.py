@@ -1,6 +1,6 @@
 """A swarm worker: join, pull, train H inner steps, push the pseudo-gradient, repeat.
 
-    rcswarm worker --coordinator HOST:PORT --token T [--device auto]
+    rcswarm worker --coordinator HOST:PORT --token T [--device auto] [--tls-ca CA [--tls-cert C --tls-key K]]
 
 One round as the worker sees it: pull version v (checked against its SHA-256), switch to the
 (sequence length, batch) the coordinator assigns for v if it differs, keep a copy θ_v, run H
@@ -37,6 +37,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
+from rcswarm.protos.transport import ClientTLS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Stopped, Timeouts, classify
@@ -66,6 +67,8 @@ class WorkerOptions:
     name: str = ""
     threads: int = 0
     tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     patience_s: float = 300.0
     rpc_timeout_s: float = 10.0
     transfer_timeout_s: float = 300.0
@@ -75,6 +78,7 @@ class WorkerOptions:
             raise ValueError(f"a join token is required (--token or ${TOKEN_ENV})")
         if ":" not in self.coordinator:
             raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT")
+        ClientTLS.from_flags(self.tls_ca, self.tls_cert, self.tls_key)
         if self.threads < 0:
             raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = torch's default)")
         for flag, value in (
@@ -105,7 +109,7 @@ class Worker:
         self.device = resolve_device(options.device)
         self.name = options.name or f"{socket.gethostname()}-{os.getpid()}"
         self.client = CoordinatorClient(
-            options.coordinator, options.token, tls_ca=options.tls_ca,
+            options.coordinator, options.token, tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key,
             retry=RetryPolicy(max_elapsed_s=options.patience_s),
             timeouts=Timeouts(unary_s=options.rpc_timeout_s, transfer_s=options.transfer_timeout_s), stop=self.stop,
         )
@@ -388,7 +392,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ...")
     parser.add_argument("--name", default="", help="name shown in the coordinator's status")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    parser.add_argument("--tls-ca", type=Path, help="PEM root certificate; enables TLS")
+    parser.add_argument("--tls-ca", type=Path, help="PEM CA certificate that signed the coordinator's; enables TLS")
+    parser.add_argument("--tls-cert", type=Path, help="PEM client certificate, for a coordinator with --tls-client-ca")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     parser.add_argument(
         "--patience-s", type=float, default=300.0,
         help="retry a stalled, restarting or busy coordinator this long per call before giving up",
@@ -405,8 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = WorkerOptions(
             coordinator=args.coordinator, token=args.token or os.environ.get(TOKEN_ENV, ""), device=args.device,
-            name=args.name, threads=args.threads, tls_ca=args.tls_ca, patience_s=args.patience_s,
-            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
+            name=args.name, threads=args.threads, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            patience_s=args.patience_s, rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
         )
         if options.threads:
             torch.set_num_threads(options.threads)
