@@ -1,9 +1,12 @@
 """The coordinator's gRPC server: the Coordinator service, grpc.health.v1, guards, and its CLI.
 
 Every call to rcswarm.v1.Coordinator passes a server interceptor that checks the join token
-(constant-time compare of the `authorization: Bearer <token>` metadata), refuses calls
-without a client deadline, and bounds the call (`CallGate`): each RPC belongs to a kind
-(`RPC_KINDS`) with a limit of calls running at once, beyond which a call is refused at once
+of Join and GetStatus (constant-time compare of the `authorization: Bearer <token>` metadata
+against each accepted token, `JoinTokens` of tokens.py, which can be a file re-read when it
+changes); a joined worker's own calls (`WORKER_METHODS`) pass with or without a token, since the
+service authenticates them by their worker secret, so rotating the token does not stop them. It
+refuses calls without a client deadline, and bounds the call (`CallGate`): each RPC belongs to a
+kind (`RPC_KINDS`) with a limit of calls running at once, beyond which a call is refused at once
 with RESOURCE_EXHAUSTED, and a longest time the server spends on one call whatever deadline
 the client sent; a stream that carries no message for `stream_idle_s` in either direction
 is cancelled with DEADLINE_EXCEEDED (`CallWatchdog`). The thread pool has `headroom` threads
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import hmac
 import itertools
 import json
 import logging
@@ -60,6 +62,7 @@ from rcswarm.coordinator.tls import (
     server_names,
     worker_host,
 )
+from rcswarm.coordinator.tokens import JoinTokens
 from rcswarm.protos.transport import host_port, is_loopback_host, read_pem
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
@@ -100,6 +103,9 @@ RPC_KINDS = (
     RpcKind("push", ("PushUpdate",), 600.0),
 )
 KIND_OF_METHOD = {method: kind for kind in RPC_KINDS for method in kind.methods}
+# A joined worker's calls, authenticated by its worker secret in the service (service.py), not by the
+# join token; every other RPC needs a join token.
+WORKER_METHODS = frozenset({"Heartbeat", "Leave", "PullParameters", "AwaitVersion", "PushUpdate", "ReportMetrics"})
 DEFAULT_MAX_CALLS = {"membership": 32, "query": 16, "long_poll": 64, "pull": 16, "push": 16}
 
 
@@ -375,23 +381,27 @@ def _guarded(
 
 
 class GuardInterceptor(grpc.ServerInterceptor):
-    """Token, deadline and `CallGate` checks on every call of the Coordinator service (the server's polling thread)."""
+    """Token, deadline and `CallGate` checks on every call of the Coordinator service (the server's polling thread).
 
-    def __init__(self, token: str, gate: CallGate) -> None:
-        self._expected = f"Bearer {token}".encode()
+    The join token is checked for every method but `WORKER_METHODS`, which the service authenticates by
+    the worker secret; `tokens` may be re-read from a file meanwhile (`JoinTokens` takes its own lock).
+    """
+
+    def __init__(self, tokens: str | JoinTokens, gate: CallGate) -> None:
+        self._tokens = tokens if isinstance(tokens, JoinTokens) else JoinTokens([tokens])
         self._gate = gate
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
         if handler is None or not details.method.startswith(f"/{SERVICE_NAME}/"):
             return handler
+        method = details.method.rsplit("/", 1)[-1]
         metadata = dict(details.invocation_metadata or ())
         presented = str(metadata.get("authorization", "")).encode()
-        authorized = hmac.compare_digest(presented, self._expected)
+        authorized = method in WORKER_METHODS or self._tokens.accepts(presented)
         kind = "unary_unary" if not handler.request_streaming else "stream_unary"
         if handler.response_streaming:
             kind = "unary_stream" if not handler.request_streaming else "stream_stream"
-        method = details.method.rsplit("/", 1)[-1]
         wrapped = _guarded(getattr(handler, kind), handler, method, self._gate, authorized)
         return handler._replace(**{kind: wrapped})
 
@@ -522,13 +532,12 @@ class RunningCoordinator:
     """
 
     def __init__(
-        self, coordinator: SwarmCoordinator | RunGroup, token: str, host: str = "127.0.0.1", port: int = 0,
+        self, coordinator: SwarmCoordinator | RunGroup, token: str | JoinTokens, host: str = "127.0.0.1", port: int = 0,
         tls: TLSFiles | None = None, limits: CallLimits | None = None, health_stall_s: float = 60.0,
         http_port: int | None = None, http_host: str = "127.0.0.1", *, insecure: bool = False,
         health_port: int | None = None, http_token_required: bool | None = None, http_tls: bool = False,
     ) -> None:
-        if not token:
-            raise ValueError("a join token is required (--token or the RCSWARM_TOKEN environment variable)")
+        tokens = token if isinstance(token, JoinTokens) else JoinTokens([token])
         if not health_stall_s > 0:
             raise ValueError(f"health_stall_s = {health_stall_s!r}: expected a number of seconds > 0")
         problem = bind_problem(host, tls is not None, insecure)
@@ -543,7 +552,7 @@ class RunningCoordinator:
         self.watchdog = CallWatchdog()
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.limits.threads, thread_name_prefix="rpc"),
-            interceptors=[GuardInterceptor(token, CallGate(self.limits, self.watchdog))],
+            interceptors=[GuardInterceptor(tokens, CallGate(self.limits, self.watchdog))],
             options=list(MESSAGE_SIZE_OPTIONS),
         )
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.group), self.server)
@@ -573,12 +582,12 @@ class RunningCoordinator:
         self.dashboard: Any = None
         if http_port is not None:
             from rcswarm.coordinator.dashboard import Dashboard
-            from rcswarm.coordinator.dashboard.auth import SessionAuth, decide_dashboard_auth, token_checker
+            from rcswarm.coordinator.dashboard.auth import SessionAuth, decide_dashboard_auth
 
             required = http_token_required
             if required is None:
                 required, _ = decide_dashboard_auth(http_host, False, False)
-            auth = SessionAuth(token_checker(token)) if required else None
+            auth = SessionAuth(tokens.accepts_token) if required else None
             context = tls.ssl_context() if http_tls and tls is not None else None
             try:
                 self.dashboard = Dashboard(self.group, http_host, http_port, auth=auth, ssl_context=context)
@@ -672,6 +681,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default loopback; any other address needs TLS or --insecure)")
     parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help="file of accepted join tokens, one per line (# comments), re-read when it changes "
+                             "and on SIGHUP; instead of --token (rotation without a restart)")
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate; with --tls-key enables TLS")
     parser.add_argument("--tls-key", type=Path, help="PEM private key")
     parser.add_argument("--tls-self-signed", type=Path, metavar="DIR",
@@ -790,17 +802,17 @@ def main(argv: list[str] | None = None) -> int:
     """`rcswarm coordinator`: serve one run or a sweep until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(levelname)s %(message)s")
     args = parse_args(argv)
-    token = args.token or os.environ.get(TOKEN_ENV, "")
-    problem = _argument_problem(args) or (None if token else f"a join token is required (--token or ${TOKEN_ENV})")
+    problem = _argument_problem(args)
     if problem is None:
         try:
+            tokens = JoinTokens.from_cli(args.token, args.token_file, os.environ.get(TOKEN_ENV, ""))
             limits = CallLimits(parse_max_calls(args.max_calls), args.stream_idle_s)
             spec = RunSpec.from_toml(args.config)
             tls, quick = _tls_files(args)
             coordinator = open_group(spec, args.state_dir)
             http_required = True if args.http_token_required else False if args.http_insecure else None
             running = RunningCoordinator(
-                coordinator, token, args.host, args.port, tls, limits, args.health_stall_s,
+                coordinator, tokens, args.host, args.port, tls, limits, args.health_stall_s,
                 http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
                 health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
             ).start()
@@ -827,6 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
     while not stop.wait(1.0):
         pass
     log.info("stopping at version %d", coordinator.version)

@@ -7,6 +7,14 @@ Decisions (admit, evict, forget, close a round) come from the pure functions in 
 curriculum (each worker's sequence length and batch, the adaptive ladder) from the
 `CurriculumTracker` of curriculum.py. The class docstring states which lock each method takes.
 
+Identity. Join returns a worker secret (`WORKER_SECRET_BYTES` random bytes) bound to the new
+worker id; the membership keeps only its SHA-256, never the secret, which is not logged, stored or
+shown. Every later call of that worker carries the secret and is checked under the lock before
+anything changes (`_authenticated`): none -> UNAUTHENTICATED, an id that is not a member ->
+NOT_FOUND (join again), a secret that is not this id's -> PERMISSION_DENIED, so one worker can
+neither act for nor evict another. Memberships live in memory only: after a restart every worker
+gets NOT_FOUND and joins again with a new secret.
+
 What the coordinator keeps in memory is bounded: metric values are range-checked and each
 worker's metric rows per round capped; ended memberships are forgotten after
 `coordinator.forget_after_s` (SQLite keeps their history); GetStatus lists the active workers
@@ -15,6 +23,8 @@ and only the most recent ended ones.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import json
 import logging
@@ -55,6 +65,8 @@ METRIC_LIMITS = {
 # A metric's durations: finite and >= 0. Its loss: finite, or NaN for a row without one.
 METRIC_SECONDS = ("wall_time", "compute_seconds", "sync_seconds")
 MAX_SHA256_HEX = 64
+# Bytes of a worker secret (secrets.token_bytes).
+WORKER_SECRET_BYTES = 32
 
 Payload = tuple[pb.TensorHeader, list[pb.TensorChunk]]
 
@@ -92,6 +104,12 @@ class WorkerRecord:
     # The version current when its metric rows were last counted, and how many it reported then.
     metrics_version: int = -1
     metrics_in_round: int = 0
+    # SHA-256 of the worker secret its Join returned (the secret itself is never kept).
+    secret_sha256: bytes = field(default=b"", repr=False)
+
+    def owns(self, secret: bytes) -> bool:
+        """Whether `secret` is this membership's worker secret (constant-time compare of the digests)."""
+        return bool(self.secret_sha256) and hmac.compare_digest(hashlib.sha256(secret).digest(), self.secret_sha256)
 
     def view(self) -> decisions.WorkerView:
         return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active, self.ended_at)
@@ -175,6 +193,12 @@ def metric_problem(index: int, metric: pb.Metric) -> str | None:
     if len(metric.param_sha256) > MAX_SHA256_HEX:
         return f"metrics[{index}].param_sha256 has {len(metric.param_sha256)} characters: expected at most {MAX_SHA256_HEX}"
     return None
+
+
+def require_secret(what: str, worker_id: str, secret: bytes) -> None:
+    """Refuse a worker's call that carries no worker secret (UNAUTHENTICATED), before anything else."""
+    if not secret:
+        raise Refusal(grpc.StatusCode.UNAUTHENTICATED, f"{what} for worker {worker_id!r} carries no worker secret; join first")
 
 
 def pull_payload(params: outer.Tensors, run_id: str, version: int, sha256: bytes) -> Payload:
@@ -375,12 +399,30 @@ class SwarmCoordinator:
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is no longer a member ({worker.reason}); join again")
         return worker
 
+    def _authenticated(self, what: str, worker_id: str, secret: bytes) -> WorkerRecord:
+        """The active membership of `worker_id` when `secret` is its own (lock held; changes nothing).
+        UNAUTHENTICATED without a secret, NOT_FOUND for an id that is not a member, PERMISSION_DENIED
+        (logged with the id, never the secret) for another worker's or a made-up secret."""
+        require_secret(what, worker_id, secret)
+        return self._owned(what, self._member(worker_id), secret)
+
+    def _owned(self, what: str, worker: WorkerRecord, secret: bytes) -> WorkerRecord:
+        """`worker` if `secret` is its worker secret; PERMISSION_DENIED otherwise (lock held)."""
+        if not worker.owns(secret):
+            log.warning("refused %s for worker %s (%s): the worker secret is not its own", what, worker.worker_id, worker.name)
+            raise Refusal(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{what} refused: the worker secret is not the one worker {worker.worker_id!r} got at its join",
+            )
+        return worker
+
     def _assignment(self, worker: WorkerRecord) -> pb.TrainingAssignment:
         """What `worker` trains from the current version (lock held)."""
         return self.tracker.assignment(self.version, worker.assigned)
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
-        """Admit a worker (handler thread; takes `_lock`)."""
+        """Admit a worker and return its new worker secret, keeping only the secret's SHA-256 (handler
+        thread; takes `_lock`)."""
         with self._lock:
             now = self.clock()
             decision = decisions.decide_admission(now, self._active_views(), self.finished, self.membership)
@@ -390,7 +432,10 @@ class SwarmCoordinator:
             self._joins += 1
             worker_id = f"{self.worker_prefix}w{self._joins}-{secrets.token_hex(4)}"
             name = request.worker_name[:128] or worker_id
-            worker = WorkerRecord(worker_id, name, request.device[:64], now, now, self.version)
+            secret = secrets.token_bytes(WORKER_SECRET_BYTES)
+            worker = WorkerRecord(
+                worker_id, name, request.device[:64], now, now, self.version, secret_sha256=hashlib.sha256(secret).digest()
+            )
             active = [w.assigned.seq_len for w in self._active.values() if w.assigned is not None]
             worker.assigned = self.tracker.assign_worker(worker_id, active, now)
             self.workers[worker_id] = self._active[worker_id] = worker
@@ -399,12 +444,13 @@ class SwarmCoordinator:
             return pb.JoinResponse(
                 worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
                 lease_seconds=self.membership.lease_s, data_seed=self._joins, assignment=self._assignment(worker),
+                worker_secret=secret,
             )
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         """Renew a lease (handler thread; takes `_lock`)."""
         with self._lock:
-            worker = self._member(request.worker_id)
+            worker = self._authenticated("Heartbeat", request.worker_id, request.worker_secret)
             worker.last_seen = self.clock()
             return pb.HeartbeatResponse(
                 version=self.version, run_state=self._run_state(), lease_seconds=self.membership.lease_s,
@@ -414,7 +460,7 @@ class SwarmCoordinator:
     def leave(self, request: pb.LeaveRequest) -> pb.LeaveResponse:
         """End a membership at once; may close the round (handler thread; takes `_lock`)."""
         with self._lock:
-            worker = self._member(request.worker_id)
+            worker = self._authenticated("Leave", request.worker_id, request.worker_secret)
             self._end_membership(worker, pb.WORKER_STATE_LEFT, "leave", f"left: {request.reason[:200] or 'no reason given'}")
             close = self._begin_close()
         self._finish_close(close)
@@ -440,9 +486,9 @@ class SwarmCoordinator:
         payload of the current version, and yields its chunks after releasing the lock. The full fp32 payload
         is built by the version's first full pull, after releasing the lock (`LazyPullPayload`)."""
         with self._lock:
-            self._member(request.worker_id)
+            self._authenticated("PullParameters", request.worker_id, request.worker_secret)
             self._wait_for_close(self.spec.coordinator.max_wait_s)
-            worker = self._member(request.worker_id)
+            worker = self._authenticated("PullParameters", request.worker_id, request.worker_secret)
             if request.version not in (0, self.version):
                 raise Refusal(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -481,7 +527,7 @@ class SwarmCoordinator:
         wait_s = min(max(request.wait_ms, 0) / 1000.0, self.spec.coordinator.max_wait_s, max(time_remaining - 0.2, 0.0))
         deadline = time.monotonic() + wait_s
         with self._lock:
-            worker = self._member(request.worker_id)
+            worker = self._authenticated("AwaitVersion", request.worker_id, request.worker_secret)
             worker.last_seen = self.clock()
             while self.version < request.min_version and not self.finished:
                 left = deadline - time.monotonic()
@@ -492,14 +538,15 @@ class SwarmCoordinator:
 
     def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
         """Record a worker's update; may close the round (handler thread). Takes `_lock` to check the
-        meta, releases it to read and validate the payload, and takes it again to record the update."""
+        meta (the worker secret first, before any payload is read), releases it to read and validate the
+        payload, and takes it again to check both once more and record the update."""
         meta = first_part(requests, "meta").meta
         with self._lock:
-            self._check_update_meta(self._member(meta.worker_id), meta)
+            self._check_update_meta(self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret), meta)
         header = first_part(requests, "header").header
         deltas = self._receive_update(header, requests, meta.base_version)
         with self._lock:
-            worker = self._member(meta.worker_id)
+            worker = self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret)
             self._check_update_meta(worker, meta)
             self.round.reports[worker.worker_id] = (meta.tokens, deltas)
             worker.base_version = self.version + 1
@@ -557,9 +604,13 @@ class SwarmCoordinator:
         return deltas
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
-        """Store a batch of metrics, all or none (handler thread). Checks the values without the lock; takes
-        `_lock` for the membership, the per-round cap, the totals and the curriculum's measurements; writes
-        the rows after releasing it."""
+        """Store a batch of metrics, all or none (handler thread). Takes `_lock` to check the worker and its
+        secret, checks the values without it (so only a member makes the coordinator read a large batch),
+        takes it again for the membership, the per-round cap, the totals and the curriculum's measurements,
+        and writes the rows after releasing it."""
+        require_secret("ReportMetrics", request.worker_id, request.worker_secret)
+        with self._lock:
+            self._reporter(request.worker_id, request.worker_secret)
         if len(request.metrics) > MAX_METRICS_PER_REQUEST:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.metrics)} metrics in one request: at most {MAX_METRICS_PER_REQUEST}")
         for index, metric in enumerate(request.metrics):
@@ -568,7 +619,7 @@ class SwarmCoordinator:
                 raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"metrics refused: {problem}")
         now = self.clock()
         with self._lock:
-            worker = self._reporter(request.worker_id)
+            worker = self._reporter(request.worker_id, request.worker_secret)
             self._count_metric_rows(worker, len(request.metrics))
             for metric in request.metrics:
                 self.total_tokens += metric.tokens
@@ -582,13 +633,14 @@ class SwarmCoordinator:
         )
         return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
 
-    def _reporter(self, worker_id: str) -> WorkerRecord:
+    def _reporter(self, worker_id: str, secret: bytes) -> WorkerRecord:
         """The worker whose metrics are accepted (lock held): an active member, or one a sweep moved to another
-        run (its rows of this run still belong here); NOT_FOUND for an unknown, left or evicted worker."""
+        run (its rows of this run still belong here), either with its own worker secret (`_authenticated`);
+        NOT_FOUND for an unknown, left or evicted worker."""
         worker = self.workers.get(worker_id)
         if worker is not None and worker.state == pb.WORKER_STATE_REASSIGNED:
-            return worker
-        return self._member(worker_id)
+            return self._owned("ReportMetrics", worker, secret)
+        return self._authenticated("ReportMetrics", worker_id, secret)
 
     def _count_metric_rows(self, worker: WorkerRecord, rows: int) -> None:
         """Count `rows` against the worker's cap for the current version, or refuse them all (lock held)."""

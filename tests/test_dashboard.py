@@ -20,7 +20,7 @@ import pytest
 
 from rcswarm.cli import status as status_cli
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import TOKEN, tiny_spec
+from tests.conftest import TOKEN, creds, tiny_spec
 
 LENGTHS = (32, 64, 128, 256)
 STEPS = range(1, 121)
@@ -45,7 +45,7 @@ def feed(service: Any, lengths: tuple[int, ...] = LENGTHS) -> dict[int, str]:
                       sync_seconds=0.01 * step, bytes_sent=1000 * step, bytes_received=2000 * step)
             for step in STEPS
         ]
-        stored = service.report_metrics(pb.ReportMetricsRequest(worker_id=joined.worker_id, metrics=metrics))
+        stored = service.report_metrics(pb.ReportMetricsRequest(**creds(joined), metrics=metrics))
         assert stored.stored == len(metrics)
     return workers
 
@@ -408,7 +408,7 @@ def sweep(tmp_path: Path) -> Any:
             workers[length] = joined.worker_id
             for step in STEPS:
                 clock.now = SWEEP_T0 + step * length / 1000.0
-                client.report_metrics(joined.worker_id, [pb.Metric(
+                client.report_metrics(joined, [pb.Metric(
                     version=0, step=step, seq_len=length, batch=4, loss=true_loss(step, length), tokens=4 * length,
                     wall_time=step * length / 1000.0, compute_seconds=step * length / 1200.0, sync_seconds=0.01 * step,
                     bytes_sent=1000 * step, bytes_received=2000 * step)])

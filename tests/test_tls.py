@@ -26,7 +26,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rcswarm.coordinator import server as coordinator_server
-from rcswarm.coordinator.dashboard.auth import COOKIE, SESSION_S, SessionAuth, decide_dashboard_auth, token_checker
+from rcswarm.coordinator.dashboard.auth import COOKIE, SESSION_S, SessionAuth, decide_dashboard_auth
 from rcswarm.coordinator.server import TLSFiles
 from rcswarm.coordinator.tls import (
     QuickStart,
@@ -36,6 +36,7 @@ from rcswarm.coordinator.tls import (
     worker_host,
     write_self_signed,
 )
+from rcswarm.coordinator.tokens import JoinTokens
 from rcswarm.protos.transport import is_loopback_host, plaintext_warning
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
@@ -446,10 +447,10 @@ def test_dashboard_on_loopback_needs_no_token_by_default(start_coordinator: Any)
 
 def test_session_cookies_expire_and_die_with_the_process() -> None:
     now = [1_000_000.0]
-    auth = SessionAuth(token_checker(TOKEN), clock=lambda: now[0])
+    auth = SessionAuth(JoinTokens([TOKEN]).accepts_token, clock=lambda: now[0])
     value = auth.new_cookie()
     assert auth.cookie_ok(value)
-    assert not SessionAuth(token_checker(TOKEN), clock=lambda: now[0]).cookie_ok(value), "another process's key"
+    assert not SessionAuth(JoinTokens([TOKEN]).accepts_token, clock=lambda: now[0]).cookie_ok(value), "another process's key"
     now[0] += SESSION_S + 1
     assert not auth.cookie_ok(value)
     for bad in ("", "v1", "v1.x.y.z", f"v2.{int(now[0])}.00.00", value.replace("v1.", "v1.9", 1)):

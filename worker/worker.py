@@ -8,10 +8,12 @@ inner steps, push Δ = θ_v − θ_local compressed by the run's codec (with err
 feedback when enabled), report the round's metrics, then wait for version v+1. A stale
 push (FAILED_PRECONDITION) drops Δ and re-syncs; NOT_FOUND (evicted, or the coordinator
 restarted) re-joins, and a finished update whose base version is still current after the
-re-join is pushed again. Stalls, restarts, capacity limits and broken streams are retried by
-the client for `--patience-s` seconds (`client.classify`). Only a refused join token, a
-refused request, a run spec this worker cannot build or spent patience end the worker, with
-one ERROR line saying why and exit status 1; a finished run exits 0. SIGTERM or SIGINT
+re-join is pushed again. Each join returns a worker secret, kept in memory only (`Identity`)
+and sent on every later call of that membership; a re-join replaces it. Stalls, restarts,
+capacity limits and broken streams are retried by the client for `--patience-s` seconds
+(`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
+coordinator does not take this worker's secret for its id), a refused request, a run spec this
+worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1; a finished run exits 0. SIGTERM or SIGINT
 finishes the current step, sends Leave and exits 0.
 """
 
@@ -40,7 +42,15 @@ from rcswarm.protos import tensor_stream
 from rcswarm.protos.transport import ClientTLS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
-from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Stopped, Timeouts, classify
+from rcswarm.worker.client import (
+    CoordinatorClient,
+    Identity,
+    RetriesExhausted,
+    RetryPolicy,
+    Stopped,
+    Timeouts,
+    classify,
+)
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 
 log = logging.getLogger("rcswarm.worker")
@@ -118,7 +128,8 @@ class Worker:
         self.sync_seconds = 0.0
         self.step = 0
         self.finished = False
-        self.worker_id = ""
+        # This membership's id and worker secret, replaced whole by each join (the heartbeat thread reads it).
+        self.identity = Identity()
         self.lease_s = 10.0
         self.model: torch.nn.Module | None = None
         self._pending: list[pb.Metric] = []
@@ -129,6 +140,11 @@ class Worker:
         self._assignment_owner = ""  # the worker_id (membership) the held assignment came with
         self._assignment_lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
+
+    @property
+    def worker_id(self) -> str:
+        """The id of the current membership ("" before a join and after the run finished)."""
+        return self.identity.worker_id
 
     def run(self) -> int:
         """Train until the run finishes or a stop is requested; returns the exit code."""
@@ -163,14 +179,15 @@ class Worker:
         except grpc.RpcError as err:
             if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
                 log.info("%s: %s", self.name, err.details())
-                self.worker_id, self.finished = "", True
+                self.identity, self.finished = Identity(), True
                 return None
             raise
         try:
             spec = RunSpec.from_json(response.run_spec_json)
         except ValueError as exc:
             raise SpecRefused(f"the run spec of {response.run_id} is invalid here: {exc}") from exc
-        self.worker_id, self.run_id, self.lease_s = response.worker_id, response.run_id, response.lease_seconds
+        self.identity = Identity.of(response)
+        self.run_id, self.lease_s = response.run_id, response.lease_seconds
         self._held = None
         if self._heartbeat is None:
             # Beat from now on: building the model and loading the data may outlast the lease.
@@ -232,8 +249,8 @@ class Worker:
         with self._assignment_lock:
             assignment = self._assignment
         if assignment is not None and assignment.version < version:
-            worker_id = self.worker_id
-            self._note_assignment(self._call(self.client.heartbeat, worker_id), worker_id)
+            identity = self.identity
+            self._note_assignment(self._call(self.client.heartbeat, identity), identity.worker_id)
             with self._assignment_lock:
                 assignment = self._assignment
         data = self.spec.data
@@ -284,7 +301,7 @@ class Worker:
         params = dict(self.model.named_parameters())
         expected = {name: tuple(p.shape) for name, p in params.items()}
         pull = functools.partial(self.client.pull, expected=expected, repull=True)
-        version, tensors = self._call(pull, self.worker_id, self.run_id, self._held)
+        version, tensors = self._call(pull, self.identity, self.run_id, self._held)
         with torch.no_grad():
             for name, tensor in tensors.items():
                 params[name].copy_(tensor)
@@ -321,7 +338,11 @@ class Worker:
         version are still the update's base; ALREADY_EXISTS means an earlier attempt landed.
         """
         for _ in range(MAX_PUSH_REJOINS + 1):
-            meta = pb.UpdateMeta(worker_id=self.worker_id, base_version=version, tokens=tokens, inner_steps=self.spec.inner.steps)
+            identity = self.identity
+            meta = pb.UpdateMeta(
+                worker_id=identity.worker_id, worker_secret=identity.worker_secret, base_version=version, tokens=tokens,
+                inner_steps=self.spec.inner.steps,
+            )
             try:
                 response = self.client.push(meta, header, chunks)
             except grpc.RpcError as err:
@@ -345,9 +366,9 @@ class Worker:
 
     def _await(self, min_version: int) -> None:
         while not self.stop.is_set():
-            worker_id = self.worker_id
-            response = self._call(self.client.await_version, worker_id, min_version, AWAIT_WAIT_S)
-            self._note_assignment(response, worker_id)
+            identity = self.identity
+            response = self._call(self.client.await_version, identity, min_version, AWAIT_WAIT_S)
+            self._note_assignment(response, identity.worker_id)
             if response.run_state == pb.RUN_STATE_FINISHED:
                 self.finished = True
                 return
@@ -356,16 +377,17 @@ class Worker:
 
     def _flush_metrics(self) -> None:
         """Send the pending metrics (kept when the call fails), unless the worker holds no membership."""
-        if self._pending and self.worker_id:
-            self._call(self.client.report_metrics, self.worker_id, self._pending)
+        identity = self.identity
+        if self._pending and identity.worker_id:
+            self._call(self.client.report_metrics, identity, self._pending)
             self._pending = []
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(max(self.lease_s / 3.0, 0.2)):
             try:
-                worker_id = self.worker_id
-                response = self.client.heartbeat(worker_id)
-                self._note_assignment(response, worker_id)
+                identity = self.identity
+                response = self.client.heartbeat(identity)
+                self._note_assignment(response, identity.worker_id)
                 if response.run_state == pb.RUN_STATE_FINISHED:
                     self.finished = True
             except (grpc.RpcError, RetriesExhausted, Stopped) as exc:
@@ -377,7 +399,7 @@ class Worker:
             return
         try:
             self._flush_metrics()
-            self.client.leave(self.worker_id, "finished" if self.finished else "stopped")
+            self.client.leave(self.identity, "finished" if self.finished else "stopped")
             log.info("%s left the swarm", self.worker_id)
         except (grpc.RpcError, Rejoin, RetriesExhausted, Stopped) as exc:
             log.warning("leave failed: %s", exc)

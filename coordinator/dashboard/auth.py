@@ -49,12 +49,6 @@ def decide_dashboard_auth(host: str, required: bool, insecure: bool, https: bool
     return True, None
 
 
-def token_checker(token: str) -> Callable[[str], bool]:
-    """A constant-time check of a presented string against `token`."""
-    expected = token.encode()
-    return lambda presented: hmac.compare_digest(presented.encode(), expected)
-
-
 class SessionAuth:
     """Bearer and cookie checks of dashboard requests.
 
