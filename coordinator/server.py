@@ -672,12 +672,12 @@ def _bind(server: grpc.Server, address: str, credentials: grpc.ServerCredentials
     return port
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     """The `rcswarm coordinator` command line."""
     parser = argparse.ArgumentParser(prog="rcswarm coordinator", description="Run the rcswarm coordinator.")
     parser.add_argument("--config", required=True, help="RUN.toml describing the run")
     parser.add_argument("--state-dir", required=True, help="directory for checkpoints and the SQLite state")
-    parser.add_argument("--port", type=int, default=50051, help="port to listen on (0 = any free port)")
+    parser.add_argument("--port", type=int, default=50051, help="port to listen on (0 = any free port; default: 50051)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default loopback; any other address needs TLS or --insecure)")
     parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
@@ -717,7 +717,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="cancel a stream that carries no message for this long (default %(default)s)")
     parser.add_argument("--health-stall-s", type=float, default=60.0,
                         help="health says NOT_SERVING when no tick completed for this long (default %(default)s)")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed `rcswarm coordinator` command line (argparse exits 0 after --help, 2 on a usage error)."""
+    return parser().parse_args(argv)
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:

@@ -90,7 +90,7 @@ class WorkerOptions:
             raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT")
         ClientTLS.from_flags(self.tls_ca, self.tls_cert, self.tls_key)
         if self.threads < 0:
-            raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = torch's default)")
+            raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = the cores divided by the workers on this host)")
         for flag, value in (
             ("--patience-s", self.patience_s), ("--rpc-timeout-s", self.rpc_timeout_s),
             ("--transfer-timeout-s", self.transfer_timeout_s),
@@ -407,24 +407,63 @@ class Worker:
             self.client.close()
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def is_worker_command(argv: list[str]) -> bool:
+    """Whether a process's argv runs an rcswarm worker (`rcswarm worker`, `python -m rcswarm.worker`)."""
+    for index, arg in enumerate(argv):
+        if arg == "rcswarm.worker":
+            return True
+        if os.path.basename(arg) == "rcswarm" and argv[index + 1:index + 2] == ["worker"]:
+            return True
+    return False
+
+
+def workers_on_host() -> int:
+    """rcswarm worker processes running on this machine, this one included (Linux /proc; 1 elsewhere)."""
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        count += is_worker_command(argv)
+    return max(count, 1)
+
+
+def auto_threads() -> tuple[int, str]:
+    """(threads, why): the cores this process may use divided by the workers on this host, at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = workers_on_host()
+    return max(1, cores // workers), f"{cores} cores / {workers} workers on this host"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `rcswarm worker` command line."""
     parser = argparse.ArgumentParser(prog="rcswarm worker", description="Join an rcswarm coordinator and train.")
     parser.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
     parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--name", default="", help="name shown in the coordinator's status")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ... (default: auto)")
+    parser.add_argument("--name", default="", help="name shown in the coordinator's status (default: the worker id)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default 0: this machine's cores divided by the rcswarm workers running on it)")
     parser.add_argument("--tls-ca", type=Path, help="PEM CA certificate that signed the coordinator's; enables TLS")
     parser.add_argument("--tls-cert", type=Path, help="PEM client certificate, for a coordinator with --tls-client-ca")
     parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     parser.add_argument(
         "--patience-s", type=float, default=300.0,
-        help="retry a stalled, restarting or busy coordinator this long per call before giving up",
+        help="retry a stalled, restarting or busy coordinator this long per call before giving up (default: %(default)s)",
     )
     parser.add_argument("--max-unavailable-s", type=float, dest="patience_s", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    parser.add_argument("--rpc-timeout-s", type=float, default=10.0, help="deadline of one unary call (a long poll adds its wait)")
-    parser.add_argument("--transfer-timeout-s", type=float, default=300.0, help="deadline of one parameter pull or update push")
-    return parser.parse_args(argv)
+    parser.add_argument("--rpc-timeout-s", type=float, default=10.0,
+                        help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
+    parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
+                        help="deadline of one parameter pull or update push (default: %(default)s)")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed `rcswarm worker` command line (argparse exits 0 after --help, 2 on a usage error)."""
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,8 +475,9 @@ def main(argv: list[str] | None = None) -> int:
             name=args.name, threads=args.threads, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
             patience_s=args.patience_s, rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
         )
-        if options.threads:
-            torch.set_num_threads(options.threads)
+        threads, why = (options.threads, "--threads") if options.threads else auto_threads()
+        torch.set_num_threads(threads)
+        log.info("torch threads: %d (%s)", threads, why)
         worker = Worker(options)
     except ValueError as exc:
         print(f"rcswarm worker: {exc}", file=sys.stderr)
