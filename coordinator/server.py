@@ -4,8 +4,9 @@ Every call to rcswarm.v1.Coordinator passes a server interceptor that checks the
 of Join and GetStatus (constant-time compare of the `authorization: Bearer <token>` metadata
 against each accepted token, `JoinTokens` of tokens.py, which can be a file re-read when it
 changes); a joined worker's own calls (`WORKER_METHODS`) pass with or without a token, since the
-service authenticates them by their worker secret, so rotating the token does not stop them. It
-refuses calls without a client deadline, and bounds the call (`CallGate`): each RPC belongs to a
+service authenticates them by their worker secret, so rotating the token does not stop them; a
+PushUpdate without a token must also present its worker's id and secret in the call's metadata,
+checked before the stream takes a slot (`CREDENTIAL_METADATA_METHODS`). It refuses calls without a client deadline, and bounds the call (`CallGate`): each RPC belongs to a
 kind (`RPC_KINDS`) with a limit of calls running at once, beyond which a call is refused at once
 with RESOURCE_EXHAUSTED, and a longest time the server spends on one call whatever deadline
 the client sent; a stream that carries no message for `stream_idle_s` in either direction
@@ -45,6 +46,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +68,7 @@ from rcswarm.coordinator.tokens import JoinTokens
 from rcswarm.protos.transport import host_port, is_loopback_host, read_pem
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV
+from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV, WORKER_ID_METADATA, WORKER_SECRET_METADATA
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -106,6 +108,10 @@ KIND_OF_METHOD = {method: kind for kind in RPC_KINDS for method in kind.methods}
 # A joined worker's calls, authenticated by its worker secret in the service (service.py), not by the
 # join token; every other RPC needs a join token.
 WORKER_METHODS = frozenset({"Heartbeat", "Leave", "PullParameters", "AwaitVersion", "PushUpdate", "ReportMetrics"})
+# Worker methods whose handler waits on the client before it sees a worker id: without a join token they
+# must present the worker's id and secret in the call's metadata, checked before the call takes its slot,
+# so that nobody without credentials can hold a stream slot for `stream_idle_s`.
+CREDENTIAL_METADATA_METHODS = frozenset({"PushUpdate"})
 DEFAULT_MAX_CALLS = {"membership": 32, "query": 16, "long_poll": 64, "pull": 16, "push": 16}
 
 
@@ -348,11 +354,17 @@ class CallGate:
 
 
 def _guarded(
-    behavior: Callable[..., Any], handler: grpc.RpcMethodHandler, method: str, gate: CallGate, authorized: bool,
+    behavior: Callable[..., Any], handler: grpc.RpcMethodHandler, method: str, gate: CallGate,
+    authorized: Callable[[], bool],
 ) -> Callable[..., Any]:
-    """`behavior` behind the token and deadline checks, its kind's slot and cap, and idle-stream bounds."""
+    """`behavior` behind the credential and deadline checks, its kind's slot and cap, and idle-stream bounds.
+    `authorized` runs on the handler thread before the call takes a slot."""
     def admit(request: Any, context: grpc.ServicerContext) -> tuple[Any, _Admission]:
-        if not authorized:
+        if not authorized():
+            if method in CREDENTIAL_METADATA_METHODS:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                              f"{method} needs a join token, or the worker's id and secret in the call's metadata "
+                              f"({WORKER_ID_METADATA}, {WORKER_SECRET_METADATA}) of an active membership")
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong join token")
         remaining = context.time_remaining()
         if remaining is None or remaining > NO_DEADLINE_S:
@@ -387,9 +399,15 @@ class GuardInterceptor(grpc.ServerInterceptor):
     the worker secret; `tokens` may be re-read from a file meanwhile (`JoinTokens` takes its own lock).
     """
 
-    def __init__(self, tokens: str | JoinTokens, gate: CallGate) -> None:
+    def __init__(
+        self, tokens: str | JoinTokens, gate: CallGate, owns_credential: Callable[[str, bytes], bool] | None = None,
+    ) -> None:
+        """`owns_credential(worker_id, secret)` says whether an active membership has that secret (it takes the
+        coordinator's locks: called on handler threads, never on the polling thread); None refuses
+        `CREDENTIAL_METADATA_METHODS` without a token."""
         self._tokens = tokens if isinstance(tokens, JoinTokens) else JoinTokens([tokens])
         self._gate = gate
+        self._owns_credential = owns_credential
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
@@ -398,12 +416,25 @@ class GuardInterceptor(grpc.ServerInterceptor):
         method = details.method.rsplit("/", 1)[-1]
         metadata = dict(details.invocation_metadata or ())
         presented = str(metadata.get("authorization", "")).encode()
-        authorized = method in WORKER_METHODS or self._tokens.accepts(presented)
+        if method in CREDENTIAL_METADATA_METHODS:
+            credential = (str(metadata.get(WORKER_ID_METADATA, "")), metadata.get(WORKER_SECRET_METADATA, b""))
+            authorized = partial(self._credential_or_token, presented, *credential)
+        else:
+            token_ok = method in WORKER_METHODS or self._tokens.accepts(presented)
+            authorized = partial(bool, token_ok)
         kind = "unary_unary" if not handler.request_streaming else "stream_unary"
         if handler.response_streaming:
             kind = "unary_stream" if not handler.request_streaming else "stream_stream"
         wrapped = _guarded(getattr(handler, kind), handler, method, self._gate, authorized)
         return handler._replace(**{kind: wrapped})
+
+    def _credential_or_token(self, presented: bytes, worker_id: str, secret: Any) -> bool:
+        """Whether a call presents an accepted join token or an active worker's own id and secret (handler thread)."""
+        if self._tokens.accepts(presented):
+            return True
+        if self._owns_credential is None or not worker_id or not isinstance(secret, bytes) or not secret:
+            return False
+        return self._owns_credential(worker_id, secret)
 
 
 def _handled(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -552,7 +583,7 @@ class RunningCoordinator:
         self.watchdog = CallWatchdog()
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.limits.threads, thread_name_prefix="rpc"),
-            interceptors=[GuardInterceptor(tokens, CallGate(self.limits, self.watchdog))],
+            interceptors=[GuardInterceptor(tokens, CallGate(self.limits, self.watchdog), self.group.owns_credential)],
             options=list(MESSAGE_SIZE_OPTIONS),
         )
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.group), self.server)

@@ -694,6 +694,12 @@ class SwarmCoordinator:
         """Close the store; once the server and the ticker have stopped (no lock)."""
         self.store.close()
 
+    def owns_credential(self, worker_id: str, secret: bytes) -> bool:
+        """Whether `worker_id` is an active member whose worker secret is `secret` (any thread; takes `_lock`)."""
+        with self._lock:
+            worker = self.workers.get(worker_id)
+            return worker is not None and worker.active and worker.owns(secret)
+
     def knows(self, worker_id: str) -> bool:
         """Whether `worker_id` joined this run and is still in memory, active or not (any thread; takes `_lock`)."""
         with self._lock:

@@ -153,6 +153,11 @@ class RunGroup:
         """Every run's load (takes each run's lock in turn)."""
         return [RunLoad(i, run.spec.run.name, run.active_workers(), run.finished) for i, run in enumerate(self.runs)]
 
+    def owns_credential(self, worker_id: str, secret: bytes) -> bool:
+        """Whether some run has `worker_id` as an active member with the worker secret `secret` (a handler
+        thread, from the server's guard; takes each run's lock in turn, not the group's)."""
+        return any(run.owns_credential(worker_id, secret) for run in self.runs)
+
     def _index_of(self, what: str, worker_id: str, secret: bytes) -> int:
         """The run `worker_id` joined (takes each run's lock in turn); UNAUTHENTICATED without a worker
         secret, NOT_FOUND if no run knows the id. The run itself checks that the secret is the id's."""

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from rcswarm.coordinator import server
-from rcswarm.coordinator.server import RunningCoordinator
+from rcswarm.coordinator.server import DEFAULT_MAX_CALLS, CallLimits, RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
 from rcswarm.coordinator.sweep import SweepCoordinator
@@ -35,7 +35,7 @@ from rcswarm.coordinator.tokens import JoinTokens
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
+from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
 from rcswarm.worker.client import Action, CoordinatorClient, Identity, RetryPolicy, classify
 from rcswarm.worker.worker import Worker, WorkerOptions
 from tests.conftest import TOKEN, free_port, logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
@@ -137,7 +137,10 @@ def test_a_worker_call_without_a_secret_is_unauthenticated(pair: Any, rpc: str, 
     before = (victim.last_seen, victim.active)
     error = refused(lambda: worker_call(stub, rpc, a.worker_id, b"", local, metadata=AUTH if with_token else ()))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert "carries no worker secret; join first" in error.details() and rpc in error.details()
+    if rpc == "PushUpdate" and not with_token:  # refused by the server's guard, before the stream takes a slot
+        assert "worker's id and secret in the call's metadata" in error.details()
+    else:
+        assert "carries no worker secret; join first" in error.details() and rpc in error.details()
     assert (victim.last_seen, victim.active) == before
     assert local.service.round.reports == {}
 
@@ -163,11 +166,45 @@ def test_a_push_with_a_wrong_secret_is_refused_before_its_payload_is_read(pair: 
     assert local.service.round.reports == {}
 
 
+def credential_metadata(member: Any) -> tuple:
+    """What a worker's PushUpdate presents beside its meta: its id and secret (worker/client.py)."""
+    return ((WORKER_ID_METADATA, member.worker_id), (WORKER_SECRET_METADATA, member.worker_secret))
+
+
+def test_a_stream_without_credentials_never_takes_a_push_slot(start_coordinator: Any) -> None:
+    """Without a join token, a PushUpdate must present an active worker's id and secret in its metadata:
+    silent streams with none, a made-up secret or a left worker's are refused at once instead of holding one
+    of the (here 2) push slots for stream_idle_s, and an honest worker's push then still goes through."""
+    limits = CallLimits(max_calls={**DEFAULT_MAX_CALLS, "push": 2}, stream_idle_s=10.0)
+    local = start_coordinator(tiny_spec(sync={"codec": "fp32", "max_update_norm": 100.0}), limits=limits)
+    channel, stub = stub_to(local.target)
+    a, gone = (stub.Join(pb.JoinRequest(worker_name=name, device="cpu", pid=1), timeout=10, metadata=AUTH) for name in "ag")
+    worker_call(stub, "PullParameters", a.worker_id, a.worker_secret, local)
+    worker_call(stub, "Leave", gone.worker_id, gone.worker_secret, local)
+    release = threading.Event()
+
+    def silent() -> Any:
+        release.wait(15.0)
+        yield from ()
+
+    forged = ((WORKER_ID_METADATA, a.worker_id), (WORKER_SECRET_METADATA, b"\0" * 32))
+    try:
+        for metadata in [(), forged, credential_metadata(gone)] * 2:
+            started = time.monotonic()
+            error = refused(lambda: stub.PushUpdate(silent(), timeout=20, metadata=metadata))
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED and time.monotonic() - started < 3.0
+            assert "in the call's metadata" in error.details()
+        assert worker_call(stub, "PushUpdate", a.worker_id, a.worker_secret, local, metadata=credential_metadata(a)).accepted
+    finally:
+        release.set()
+        channel.close()
+
+
 def test_a_joined_worker_needs_no_join_token_but_join_and_status_do(pair: Any) -> None:
     local, stub, a, b = pair
     for rpc in ("Heartbeat", "ReportMetrics", "PullParameters"):
         worker_call(stub, rpc, a.worker_id, a.worker_secret, local, metadata=())
-    assert worker_call(stub, "PushUpdate", a.worker_id, a.worker_secret, local, metadata=()).accepted
+    assert worker_call(stub, "PushUpdate", a.worker_id, a.worker_secret, local, metadata=credential_metadata(a)).accepted
     worker_call(stub, "Leave", b.worker_id, b.worker_secret, local, metadata=())
     awaited = worker_call(stub, "AwaitVersion", a.worker_id, a.worker_secret, local, metadata=())
     assert awaited.version == 1

@@ -32,7 +32,7 @@ from rcswarm.protos import tensor_stream
 from rcswarm.protos.transport import ClientTLS, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
+from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
 
 log = logging.getLogger("rcswarm.worker")
 T = TypeVar("T")
@@ -324,9 +324,10 @@ class CoordinatorClient:
         messages = [pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header)]
         messages += [pb.PushUpdateRequest(chunk=chunk) for chunk in chunks]
         size = sum(m.ByteSize() for m in messages)
+        metadata = (*self.metadata, (WORKER_ID_METADATA, meta.worker_id), (WORKER_SECRET_METADATA, meta.worker_secret))
 
         def attempt() -> pb.PushUpdateResponse:
-            response = self.stub.PushUpdate(iter(messages), timeout=self.timeouts.transfer_s, metadata=self.metadata)
+            response = self.stub.PushUpdate(iter(messages), timeout=self.timeouts.transfer_s, metadata=metadata)
             self.bytes_sent += size
             return response
 
