@@ -108,6 +108,10 @@ def test_too_few_lengths_says_so(start_coordinator: Any) -> None:
     base = local.running.dashboard.url
     page = get(base)[2].decode()
     assert "not enough lengths for a fit" in page and "α∞ =" not in page
+    # One line says what a fit needs; no empty α panel, no crossover table; the loss plots stay.
+    assert page.count("not enough lengths for a fit") == 1 and "[sweep] seq_lens" in page
+    assert 'src="/plot/alpha.png"' not in page and "crossovers" not in page
+    assert 'src="/plot/loss_step.png"' in page and 'src="/plot/loss_time.png"' in page
     data = json.loads(get(base + "api/status")[2])
     assert data["fits"]["fit"] is None and "not enough lengths" in data["fits"]["message"]
     assert_png_not_blank(get(base + "plot/alpha.png")[2])
