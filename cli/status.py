@@ -80,7 +80,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     workers = Table(title="workers")
     extra = ("tokens/s", "loss", "seq_len") if totals is not None else ()
     for name in ("name", "id", "state", "device", "base version", "since heartbeat (s)", "assigned L × batch",
-                 *extra, "reason"):
+                 *extra, "clipped / dropped", "reason"):
         workers.add_column(name, justify="left" if name in ("name", "id", "state", "device", "reason") else "right",
                            no_wrap=name in ("name", "id"))
     for w in status.workers:
@@ -90,20 +90,25 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
             cells = ["–", "–", "–"] if t is None else [_num(t.tokens_per_second), _num(t.last_loss), str(t.last_seq_len)]
         assigned = f"{w.assignment.seq_len} × {w.assignment.batch_size}" if w.HasField("assignment") else "–"
         workers.add_row(w.name, w.worker_id, STATES.get(w.state, "unknown"), w.device, str(w.base_version),
-                        f"{w.seconds_since_heartbeat:.1f}", assigned, *cells, w.reason)
+                        f"{w.seconds_since_heartbeat:.1f}", assigned, *cells,
+                        f"{w.clipped_updates} / {w.dropped_updates}", _worker_reason(w))
     if not status.workers:
         workers.caption = "no workers have joined"
     console.print(workers)
 
     rounds = Table(title="rounds (newest last)")
-    for name in ("version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm"):
+    for name in ("version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm", "clipped",
+                 "dropped"):
         rounds.add_column(name, justify="left" if name == "close reason" else "right")
     for r in status.rounds:
         closed = r.closed_at > 0
         rounds.add_row(str(r.version), "closed" if closed else "open", str(r.reports), str(r.tokens),
                        f"{r.closed_at - r.opened_at:.3g}" if closed else "–", r.close_reason,
-                       _num(r.update_norm) if closed else "–")
+                       _num(r.update_norm) if closed else "–", str(r.clipped) if closed else "–", str(r.dropped))
     console.print(rounds)
+    newest = next((r for r in reversed(status.rounds) if r.closed_at > 0 and r.aggregation), None)
+    if newest is not None:
+        console.print(f"aggregation of round {newest.version}: {newest.aggregation}")
 
     if fits is None:
         return
@@ -128,6 +133,12 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
                       "none" if pair.observed is None else f"{pair.observed:.4g}",
                       "none" if pair.predicted is None else f"{pair.predicted.time:.4g}")
     console.print(cross)
+
+
+def _worker_reason(worker: pb.WorkerStatus) -> str:
+    """Why the membership ended, and the latest outlier flag with the rounds flagged among the recent ones."""
+    flagged = f"flagged in {worker.outlier_rounds} recent rounds; latest {worker.outlier}" if worker.outlier else ""
+    return "; ".join(part for part in (worker.reason, flagged) if part)
 
 
 def _curriculum_rows(table: Table, curriculum: pb.CurriculumStatus) -> None:

@@ -15,6 +15,13 @@ NOT_FOUND (join again), a secret that is not this id's -> PERMISSION_DENIED, so 
 neither act for nor evict another. Memberships live in memory only: after a restart every worker
 gets NOT_FOUND and joins again with a new secret.
 
+Bounded influence: an update is refused (INVALID_ARGUMENT, recorded as a `dropped` event) when its
+tokens exceed its assignment's batch × seq_len × inner.steps (`sync.bound_tokens`) or its norm the
+hard bound (`sync.max_update_norm`, 0 = `aggregation.automatic_norm_bound`); a round's updates are
+combined by `sync.aggregation` (aggregation.py), and every update it flags is recorded as an event,
+counted in the round's record and the worker's status; a worker flagged in
+`sync.outlier_evict_after` of its last `sync.outlier_window` rounds is evicted.
+
 What the coordinator keeps in memory is bounded: metric values are range-checked and each
 worker's metric rows per round capped; ended memberships are forgotten after
 `coordinator.forget_after_s` (SQLite keeps their history); GetStatus lists the active workers
@@ -40,8 +47,8 @@ import grpc
 import torch
 
 from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator import aggregation, decisions, outer
 from rcswarm.coordinator import curriculum as curricula
-from rcswarm.coordinator import decisions, outer
 from rcswarm.coordinator.store import RoundRecord, StateStore
 from rcswarm.models import registry
 from rcswarm.protos import codec as codecs
@@ -49,7 +56,14 @@ from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 # Spec keys a restart on an existing state dir may change; any other change is refused.
-RESTART_MUTABLE = ("run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s", "curriculum.budget_seconds")
+RESTART_MUTABLE = (
+    "run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s", "curriculum.budget_seconds",
+    # The coordinator's own defences against outliers; workers do not depend on them.
+    "sync.max_update_norm", "sync.bound_tokens", "sync.aggregation", "sync.clip_factor", "sync.trim_fraction",
+    "sync.centered_clip", "sync.reference_rounds", "sync.outlier_",
+)
+# run_state key of the reference norms' history (JSON: one list of accepted norms per recent round).
+REFERENCE_NORMS_KEY = "reference_norms"
 MAX_TOKENS_PER_UPDATE = 10**12
 MAX_METRICS_PER_REQUEST = 10_000
 STATUS_ROUNDS = 20
@@ -104,6 +118,12 @@ class WorkerRecord:
     # The version current when its metric rows were last counted, and how many it reported then.
     metrics_version: int = -1
     metrics_in_round: int = 0
+    # Its updates the aggregation flagged, and those refused for their norm or tokens.
+    clipped_updates: int = 0
+    dropped_updates: int = 0
+    # (version, flag) of its recent rounds, oldest first ("" = kept as sent); the latest flag's reason.
+    recent: list[tuple[int, str]] = field(default_factory=list)
+    outlier: str = ""
     # SHA-256 of the worker secret its Join returned (the secret itself is never kept).
     secret_sha256: bytes = field(default=b"", repr=False)
 
@@ -113,6 +133,23 @@ class WorkerRecord:
 
     def view(self) -> decisions.WorkerView:
         return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active, self.ended_at)
+
+    def outlier_view(self) -> decisions.OutlierView:
+        return decisions.OutlierView(self.worker_id, self.active, tuple(self.recent))
+
+    def note_round(self, version: int, flag: str, reason: str, window: int) -> None:
+        """Remember how its update of round `version` fared, once per round (lock held)."""
+        if flag == "dropped":
+            self.dropped_updates += 1
+        elif flag:
+            self.clipped_updates += 1
+        if flag:
+            self.outlier = f"round {version}: {flag}: {reason}"
+        if self.recent and self.recent[-1][0] == version:
+            self.recent[-1] = (version, self.recent[-1][1] or flag)
+        else:
+            self.recent.append((version, flag))
+        del self.recent[:-window]
 
 
 @dataclass
@@ -124,10 +161,12 @@ class OpenRound:
     # the first pull after the coordinator (re)started. The round deadline counts from here.
     opened_at: float
     started: bool = False
-    # worker_id -> (tokens, decoded pseudo-gradient)
-    reports: dict[str, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
+    # worker_id -> its update: tokens, norm, decoded pseudo-gradient
+    reports: dict[str, aggregation.Update] = field(default_factory=dict)
     # Set when its close began: `reports` no longer changes and a push for this version is stale.
     closing: bool = False
+    # Updates for this version refused for their norm or tokens.
+    dropped: int = 0
 
     def view(self) -> decisions.RoundView:
         return decisions.RoundView(self.version, self.opened_at, frozenset(self.reports))
@@ -148,6 +187,9 @@ class RoundClose:
     params: outer.Tensors
     momentum: outer.Tensors
     saved_feedback: outer.Tensors
+    # The reference norms' history (one tuple per recent round) and the previous aggregate (centered_clip).
+    history: tuple[tuple[float, ...], ...] = ()
+    previous: outer.Tensors | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +204,10 @@ class ClosedRound:
     record: RoundRecord
     # Seconds per piece of the close, in the order they ran.
     seconds: dict[str, float]
+    aggregate: aggregation.Aggregate
+    history: tuple[tuple[float, ...], ...]
+    # The hard norm bound for updates to the new version, and why.
+    norm_bound: tuple[float, str]
 
 
 class Stopwatch:
@@ -268,8 +314,8 @@ class SwarmCoordinator:
     and `summary` from handler threads. The constructor runs before any of them.
 
     Locks. One lock, `_lock`, guards all mutable state: the membership table, the open round,
-    θ, the momentum, the version and its pull payloads, the run's totals and the curriculum
-    tracker. `_version_changed` is a condition on that same lock: `await_version` waits on it
+    θ, the momentum, the version and its pull payloads, the run's totals, the curriculum
+    tracker and the aggregation's memory (`_norm_history`, `_previous_average`, `_norm_bound`). `_version_changed` is a condition on that same lock: `await_version` waits on it
     (which releases the lock while it waits) and publishing a new version notifies every waiter.
     The lock is not reentrant: a public method takes it itself and must be called without it
     held; a private method documented "lock held" must be called with it held. What needs no
@@ -317,6 +363,12 @@ class SwarmCoordinator:
         self._delta_payload: tuple[int, pb.TensorHeader, list[pb.TensorChunk]] | None = None
         self._load_or_create()
         self.shapes = {name: tuple(t.shape) for name, t in self.params.items()}
+        self.aggregation_options = aggregation.AggregationOptions.from_sync(spec.sync)
+        self.outliers = decisions.OutlierOptions(spec.sync.outlier_evict_after, spec.sync.outlier_window)
+        self._norm_history = self._load_norm_history()
+        # The previous round's aggregate: centered_clip's starting point (None after a start).
+        self._previous_average: outer.Tensors | None = None
+        self._norm_bound = self._update_norm_bound(self.params)
         # Every membership still in memory, in join order; the active ones; the ended ones in the order they ended.
         self.workers: dict[str, WorkerRecord] = {}
         self._active: dict[str, WorkerRecord] = {}
@@ -367,6 +419,23 @@ class SwarmCoordinator:
         self.momentum = {name: momentum[name] for name in names}
         self.broadcast_feedback.restore(checkpoint.state.get("broadcast_residual", {}))
         self.version = checkpoint.version
+
+    def _load_norm_history(self) -> tuple[tuple[float, ...], ...]:
+        """Constructor only: the reference norms of the last `sync.reference_rounds` rounds, as stored."""
+        stored = json.loads(self.store.get(REFERENCE_NORMS_KEY) or "[]")
+        history = tuple(tuple(float(n) for n in norms) for norms in stored if isinstance(norms, list))
+        return history[len(history) - self.spec.sync.reference_rounds:] if self.spec.sync.reference_rounds else ()
+
+    def _update_norm_bound(self, params: outer.Tensors) -> tuple[float, str]:
+        """The hard bound on an update's norm trained from `params`, and why (no lock: pure)."""
+        configured = self.spec.sync.max_update_norm
+        if configured > 0:
+            return configured, f"sync.max_update_norm = {configured:.4g}"
+        # A bound needs no float64 sum: float32 norms per tensor, without full-size temporaries.
+        norm = math.sqrt(sum(float(torch.linalg.vector_norm(t)) ** 2 for t in params.values()))
+        parameters = sum(t.numel() for t in params.values())
+        bound, why = aggregation.automatic_norm_bound(self.spec.inner, parameters, norm)
+        return bound, f"the automatic sync.max_update_norm {why}"
 
     def _optimizer_state(self, momentum: outer.Tensors) -> dict[str, outer.Tensors]:
         """The outer optimizer's tensors to checkpoint with `momentum` (the closing thread, or the constructor)."""
@@ -543,12 +612,15 @@ class SwarmCoordinator:
         meta = first_part(requests, "meta").meta
         with self._lock:
             self._check_update_meta(self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret), meta)
+            bound, why = self._norm_bound
         header = first_part(requests, "header").header
-        deltas = self._receive_update(header, requests, meta.base_version)
+        deltas, norm = self._receive_update(header, requests, meta.base_version)
         with self._lock:
             worker = self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret)
             self._check_update_meta(worker, meta)
-            self.round.reports[worker.worker_id] = (meta.tokens, deltas)
+            if norm > bound:
+                self._refuse_outlier(worker, f"update rejected: global L2 norm {norm:.4g} exceeds {why}")
+            self.round.reports[worker.worker_id] = aggregation.Update(worker.worker_id, meta.tokens, norm, deltas)
             worker.base_version = self.version + 1
             worker.last_seen = self.clock()
             reports = len(self.round.reports)
@@ -558,7 +630,8 @@ class SwarmCoordinator:
         return pb.PushUpdateResponse(accepted=True, round_version=round_version, reports=reports)
 
     def _check_update_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> None:
-        """Refuse a stale, future, duplicate or out-of-range update (lock held)."""
+        """Refuse a stale, future, duplicate or out-of-range update, or one claiming more tokens than its
+        assignment allows (lock held)."""
         if meta.base_version < self.version:
             worker.base_version = self.version
             raise Refusal(
@@ -580,11 +653,49 @@ class SwarmCoordinator:
             )
         if not 0 < meta.tokens <= MAX_TOKENS_PER_UPDATE:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"tokens = {meta.tokens}: expected 1..{MAX_TOKENS_PER_UPDATE}")
+        if self.spec.sync.bound_tokens:
+            allowed, why = self._token_bound()
+            if meta.tokens > allowed:
+                self._refuse_outlier(worker, f"tokens = {meta.tokens} exceed the {allowed} allowed: {why}")
+
+    def _token_bound(self) -> tuple[int, str]:
+        """The most tokens an update to the current version may claim, and why (lock held).
+
+        batch × seq_len × inner.steps of the assignment workers train under at this version; with
+        curriculum.worker_seq_lens the largest listed one's, because a worker that joins again
+        mid-round pushes the update it trained under its previous membership's length.
+        """
+        steps, data, section = self.spec.inner.steps, self.spec.data, self.spec.curriculum
+        if section.worker_seq_lens:
+            options = [(length, section.batch_for(length, data.batch_size)) for length in section.worker_seq_lens]
+            seq_len, batch = max(options, key=lambda option: option[0] * option[1])
+            where = "the largest assignment of curriculum.worker_seq_lens"
+        else:
+            current = self.tracker.run_assignment(self.version)
+            seq_len, batch = current.seq_len, current.batch_size
+            where = f"the assignment at version {self.version}"
+        diag = ' (data.source = "diag": data.seq_len bounds the scored positions of a sequence)' if data.source == "diag" else ""
+        return batch * seq_len * steps, (
+            f"batch {batch} × seq_len {seq_len} × inner.steps {steps} of {where}{diag}; sync.bound_tokens = true"
+        )
+
+    def _refuse_outlier(self, worker: WorkerRecord, message: str) -> None:
+        """Record an update refused for its norm or tokens (a `dropped` event, the round's and the worker's
+        counts, once per worker and round) and raise its INVALID_ARGUMENT refusal (lock held)."""
+        version = self.version
+        first = not (worker.recent and worker.recent[-1] == (version, "dropped"))
+        if first:
+            worker.note_round(version, "dropped", message, self.outliers.window)
+            self.round.dropped += 1
+            self.store.add_event(worker.worker_id, "dropped", f"round {version}: {message}", self.clock())
+            log.warning("round %d: update of %s dropped: %s", version, worker.worker_id, message)
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     def _receive_update(
         self, header: pb.TensorHeader, requests: Iterator[pb.PushUpdateRequest], version: int
-    ) -> dict[str, torch.Tensor]:
-        """Reassemble and validate a pseudo-gradient (without the lock: nothing here touches shared state)."""
+    ) -> tuple[dict[str, torch.Tensor], float]:
+        """Reassemble and validate a pseudo-gradient; it and its global L2 norm (without the lock: nothing
+        here touches shared state)."""
         try:
             receiver = tensor_stream.PayloadReceiver(header, expected=self.shapes, run_id=self.run_id, version=version)
             for message in requests:
@@ -595,13 +706,7 @@ class SwarmCoordinator:
             tensor_stream.check_finite(deltas)
         except tensor_stream.PayloadError as exc:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"update rejected: {exc}") from None
-        norm = tensor_stream.global_norm(deltas)
-        if norm > self.spec.sync.max_update_norm:
-            raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"update rejected: global L2 norm {norm:.4g} exceeds sync.max_update_norm = {self.spec.sync.max_update_norm:.4g}",
-            )
-        return deltas
+        return deltas, tensor_stream.global_norm(deltas)
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
         """Store a batch of metrics, all or none (handler thread). Takes `_lock` to check the worker and its
@@ -672,16 +777,22 @@ class SwarmCoordinator:
                 response.workers.add(
                     worker_id=w.worker_id, name=w.name, state=w.state, base_version=w.base_version,
                     seconds_since_heartbeat=now - w.last_seen, device=w.device, reason=w.reason,
-                    assignment=self._assignment(w),
+                    assignment=self._assignment(w), clipped_updates=w.clipped_updates,
+                    dropped_updates=w.dropped_updates, outlier_rounds=sum(1 for _, flag in w.recent if flag),
+                    outlier=w.outlier,
                 )
-            open_round = (self.round.version, len(self.round.reports), sum(t for t, _ in self.round.reports.values()), self.round.opened_at)
+            current = self.round
+            open_round = pb.RoundStatus(
+                version=current.version, reports=len(current.reports), tokens=sum(u.tokens for u in current.reports.values()),
+                opened_at=current.opened_at, dropped=current.dropped,
+            )
         for r in self.store.recent_rounds(STATUS_ROUNDS):
             response.rounds.add(
                 version=r.version, reports=r.reports, tokens=r.tokens, opened_at=r.opened_at, closed_at=r.closed_at,
-                close_reason=r.close_reason, update_norm=r.update_norm,
+                close_reason=r.close_reason, update_norm=r.update_norm, clipped=r.clipped, dropped=r.dropped,
+                aggregation=r.aggregation,
             )
-        version, reports, tokens, opened_at = open_round
-        response.rounds.add(version=version, reports=reports, tokens=tokens, opened_at=opened_at)
+        response.rounds.append(open_round)
         return response
 
     def _listed_workers(self) -> list[WorkerRecord]:
@@ -731,12 +842,13 @@ class SwarmCoordinator:
         )
 
     def tick(self) -> None:
-        """Evict expired workers, forget long-ended ones and close the round if it is due (the ticker thread,
-        every TICK_S; takes `_lock`, and closes a round as `_finish_close` says)."""
+        """Evict expired workers and persistent outliers, forget long-ended ones and close the round if it is
+        due (the ticker thread, every TICK_S; takes `_lock`, and closes a round as `_finish_close` says)."""
         with self._lock:
             now = self.clock()
             for worker_id, reason in decisions.decide_evictions(now, self._active_views(), self.membership):
                 self._end_membership(self._active[worker_id], pb.WORKER_STATE_EVICTED, "evict", f"evicted: {reason}", now)
+            self._evict_outliers(now)
             forgotten = decisions.decide_forgetting(now, (w.view() for w in self._ended.values()), self.membership)
             for worker_id, _ in forgotten:
                 del self._ended[worker_id], self.workers[worker_id]
@@ -744,6 +856,12 @@ class SwarmCoordinator:
                 log.debug("forgot %d ended memberships (%s)", len(forgotten), forgotten[-1][1])
             close = self._begin_close()
         self._finish_close(close)
+
+    def _evict_outliers(self, now: float) -> None:
+        """End the membership of every active worker `decide_outlier_evictions` names (lock held)."""
+        outliers = decisions.decide_outlier_evictions((w.outlier_view() for w in self._active.values()), self.outliers)
+        for worker_id, reason in outliers:
+            self._end_membership(self._active[worker_id], pb.WORKER_STATE_EVICTED, "evict", f"evicted: {reason}", now)
 
     def _begin_close(self) -> RoundClose | None:
         """With the lock held: if no close runs and the decision says the open round is due, freeze its reports,
@@ -757,7 +875,8 @@ class SwarmCoordinator:
             return None
         self.round.closing = True
         self._closing = RoundClose(
-            self.round, decision.reason, now, self.params, self.momentum, self.broadcast_feedback.snapshot()
+            self.round, decision.reason, now, self.params, self.momentum, self.broadcast_feedback.snapshot(),
+            self._norm_history, self._previous_average,
         )
         return self._closing
 
@@ -780,13 +899,17 @@ class SwarmCoordinator:
 
     def _compute_close(self, close: RoundClose) -> ClosedRound:
         """The heavy part of a close, without the lock (the closing thread owns `broadcast_feedback`): the
-        token-weighted average in sorted worker order, the outer step, the compressed step, the digest, the
-        checkpoint and SQLite commit, and both payloads of the new version."""
+        aggregate (`sync.aggregation`) in sorted worker order, the outer step, the compressed step, the
+        digest, the checkpoint and SQLite commit (with the flagged updates' events and the reference
+        norms), and both payloads of the new version."""
         watch = Stopwatch()
         version, block = close.round.version, self.spec.sync.block_size
         reports = [close.round.reports[k] for k in sorted(close.round.reports)]
         with watch.piece("average"):
-            average = outer.weighted_average(reports)
+            result = aggregation.aggregate(
+                reports, self.aggregation_options, [n for norms in close.history for n in norms], close.previous
+            )
+            average = result.average
         with watch.piece("norm"):
             norm = tensor_stream.global_norm(average)
         with watch.piece("outer step"):
@@ -797,10 +920,19 @@ class SwarmCoordinator:
             sha = tensor_stream.params_sha256(params)
         record = RoundRecord(
             version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
-            tokens=sum(t for t, _ in reports), close_reason=close.reason, update_norm=norm, param_sha256=sha.hex(),
+            tokens=sum(u.tokens for u in reports), close_reason=close.reason, update_norm=norm, param_sha256=sha.hex(),
+            clipped=result.clipped, dropped=close.round.dropped, aggregation=result.summary,
         )
+        keep = self.spec.sync.reference_rounds
+        history = (*close.history, result.accepted_norms)[-keep:] if keep else ()
         with watch.piece("commit"):
             self.store.commit_version(self.run_id, version + 1, params, self._optimizer_state(momentum), record)
+            self.store.set_many({REFERENCE_NORMS_KEY: json.dumps([list(norms) for norms in history])})
+            for o in result.outcomes:
+                if o.flagged:
+                    self.store.add_event(o.worker_id, o.action, f"round {version}: {o.reason}", close.decided_at)
+        with watch.piece("norm bound"):
+            norm_bound = self._update_norm_bound(params)
         with watch.piece("step payload"):
             header, chunks = tensor_stream.build_payload(
                 params, codec=self.codec, run_id=self.run_id, version=version + 1, block_size=block, encoded=encoded_step
@@ -808,10 +940,11 @@ class SwarmCoordinator:
             header.delta_from_version = version
             header.result_sha256 = sha
         full = LazyPullPayload(params, self.run_id, version + 1, sha)
-        return ClosedRound(params, momentum, sha, full, (header, chunks), record, watch.seconds)
+        return ClosedRound(params, momentum, sha, full, (header, chunks), record, watch.seconds, result, history, norm_bound)
 
     def _publish_close(self, close: RoundClose, closed: ClosedRound) -> None:
-        """Serve the committed version, open the next round, wake the waiters, advance the curriculum (lock held)."""
+        """Serve the committed version, open the next round, note how each update fared and evict persistent
+        outliers, wake the waiters, advance the curriculum (lock held)."""
         version = close.round.version
         self.params, self.momentum, self.version = closed.params, closed.momentum, version + 1
         self.param_sha256 = closed.param_sha256
@@ -820,11 +953,19 @@ class SwarmCoordinator:
         self.round = OpenRound(version + 1, self.clock(), started=True)
         self._closing = None
         self.last_close_seconds = closed.seconds
+        self._norm_history, self._norm_bound = closed.history, closed.norm_bound
+        self._previous_average = closed.aggregate.average if self.aggregation_options.method == "centered_clip" else None
+        for o in closed.aggregate.outcomes:
+            worker = self.workers.get(o.worker_id)
+            if worker is not None:
+                worker.note_round(version, o.action if o.flagged else "", o.reason, self.outliers.window)
+        self._evict_outliers(self.clock())
         self._version_changed.notify_all()
         pieces = ", ".join(f"{name} {seconds:.3f}" for name, seconds in closed.seconds.items())
         log.info(
-            "round %d closed (%s): version %d served, %d reports, %d tokens, %.3fs (%s)", version, close.reason,
+            "round %d closed (%s): version %d served, %d reports, %d tokens, %.3fs (%s); %s", version, close.reason,
             version + 1, closed.record.reports, closed.record.tokens, sum(closed.seconds.values()), pieces,
+            closed.record.aggregation,
         )
         try:
             self.tracker.advance(close.decided_at, version)

@@ -296,7 +296,8 @@ def _worker_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
         (w["name"], w["worker_id"], w["run_id"] if w["state"] == "active" else "–", _fmt(w["run_seq_len"], "d"),
          w["state"], w["device"], w["base_version"], _fmt(w["seconds_since_heartbeat"], ".1f"), _assignment_cell(w),
          _fmt(w["tokens_per_second"], ".4g"), w["tokens"], _fmt(w["loss"]), _fmt(w["seq_len"], "d"),
-         _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"], w["reason"])
+         _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"],
+         f"{w['clipped_updates']} / {w['dropped_updates']}", w["outlier"] or "–", w["reason"])
         for w in ordered
     ]
 
@@ -306,7 +307,8 @@ def _round_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
     newest = sorted(data["rounds"], key=lambda r: -(r["closed_at"] or math.inf))[:ROUNDS_SHOWN]
     return [
         (r["run_id"], r["version"], "open" if r["open"] else "closed", r["reports"], r["tokens"],
-         _fmt(r["duration_s"], ".3g"), r["close_reason"], _fmt(r["update_norm"]))
+         _fmt(r["duration_s"], ".3g"), r["close_reason"], _fmt(r["update_norm"]), r["clipped"], r["dropped"],
+         r["aggregation"] or "–")
         for r in newest
     ]
 
@@ -321,11 +323,11 @@ def render_page(data: dict[str, Any], refresh_s: int) -> str:
 {_table("workers (memberships; a worker moved to another run joins it under a new id)",
         ("name", "id", "assigned run", "L", "state", "device", "base version", "since heartbeat (s)",
          "assigned L × batch", "tokens/s", "tokens", "loss", "seq_len", "step", "bytes sent", "bytes received",
-         "reason"), _worker_rows(data), "no workers have joined")}
+         "updates clipped / dropped", "latest outlier flag", "reason"), _worker_rows(data), "no workers have joined")}
 <p class=muted>{html.escape(CLOCK_NOTES[data["clock"]])}</p>
 {_fit_section(data["fits"])}
 {_table(f"rounds (open, then newest closed; {ROUNDS_SHOWN} at most)",
-        ("run", "version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm"),
-        _round_rows(data), "no rounds")}"""
+        ("run", "version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm", "clipped",
+         "dropped", "aggregation"), _round_rows(data), "no rounds")}"""
     first = quote(data["runs"][0]["run_id"], safe="") if data["runs"] else ""
     return _document(title, refresh_s, body, f"/api/metrics?run={first}&since=0")
