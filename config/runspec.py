@@ -237,9 +237,21 @@ class CoordinatorSection:
     max_metrics_per_round: int = 0
     # Seconds a worker that left or was evicted stays in memory (and in GetStatus); SQLite keeps it.
     forget_after_s: float = 300.0
+    # Calls of one kind (membership, query, long_poll, pull, push) the server runs at once; beyond
+    # it a call is refused with RESOURCE_EXHAUSTED. A kind not listed keeps its default
+    # (32, 16, 64, 16, 16); `rcswarm coordinator --max-calls KIND=N` overrides both.
+    max_calls: dict[str, int] = field(default_factory=dict)
+    # A stream that carries no message for this long is cancelled (--stream-idle-s overrides).
+    stream_idle_s: float = 10.0
+    # Health says NOT_SERVING when no coordinator tick completed for this long (--health-stall-s overrides).
+    health_stall_s: float = 60.0
 
     def __post_init__(self) -> None:
-        _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s", "forget_after_s")
+        _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s", "forget_after_s", "stream_idle_s",
+                        "health_stall_s")
+        for kind, limit in self.max_calls.items():
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                _fail(f"coordinator.max_calls.{kind}", limit, "an integer >= 1")
         if self.keep_checkpoints < 0:
             _fail("coordinator.keep_checkpoints", self.keep_checkpoints, "an integer >= 0")
         if self.max_metrics_per_round < 0:

@@ -151,9 +151,10 @@ class CallLimits:
         return sum(self.max_calls.values()) + self.headroom
 
 
-def parse_max_calls(values: list[str]) -> dict[str, int]:
-    """The default limits with `KIND=N` overrides from the command line; ValueError names a bad one."""
-    limits = dict(DEFAULT_MAX_CALLS)
+def parse_max_calls(values: list[str], configured: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The default limits, then the run spec's `coordinator.max_calls`, then `KIND=N` overrides from the
+    command line; ValueError names a bad one."""
+    limits = {**DEFAULT_MAX_CALLS, **(configured or {})}
     for value in values:
         name, sep, number = value.partition("=")
         if not sep or not number.strip().isdigit():
@@ -743,11 +744,13 @@ def parser() -> argparse.ArgumentParser:
     kinds = ", ".join(f"{name}={limit}" for name, limit in DEFAULT_MAX_CALLS.items())
     parser.add_argument("--max-calls", action="append", default=[], metavar="KIND=N",
                         help=f"calls of one kind running at once, beyond which a call gets RESOURCE_EXHAUSTED "
-                             f"(repeatable; default {kinds})")
-    parser.add_argument("--stream-idle-s", type=float, default=CallLimits.stream_idle_s,
-                        help="cancel a stream that carries no message for this long (default %(default)s)")
-    parser.add_argument("--health-stall-s", type=float, default=60.0,
-                        help="health says NOT_SERVING when no tick completed for this long (default %(default)s)")
+                             f"(repeatable; overrides the run spec's coordinator.max_calls; default {kinds})")
+    parser.add_argument("--stream-idle-s", type=float, default=None,
+                        help="cancel a stream that carries no message for this long (default: the run spec's "
+                             "coordinator.stream_idle_s, 10)")
+    parser.add_argument("--health-stall-s", type=float, default=None,
+                        help="health says NOT_SERVING when no tick completed for this long (default: the run spec's "
+                             "coordinator.health_stall_s, 60)")
     return parser
 
 
@@ -834,6 +837,15 @@ def _log_security(args: argparse.Namespace, running: RunningCoordinator, quick: 
             log.warning("%s", warning)
 
 
+def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits, float]:
+    """The call limits and the health stall time: the run spec's [coordinator] keys, overridden by the
+    command line's --max-calls, --stream-idle-s and --health-stall-s where given."""
+    served = spec.coordinator
+    idle_s = served.stream_idle_s if args.stream_idle_s is None else args.stream_idle_s
+    stall_s = served.health_stall_s if args.health_stall_s is None else args.health_stall_s
+    return CallLimits(parse_max_calls(args.max_calls, served.max_calls), idle_s), stall_s
+
+
 def main(argv: list[str] | None = None) -> int:
     """`rcswarm coordinator`: serve one run or a sweep until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(levelname)s %(message)s")
@@ -842,13 +854,13 @@ def main(argv: list[str] | None = None) -> int:
     if problem is None:
         try:
             tokens = JoinTokens.from_cli(args.token, args.token_file, os.environ.get(TOKEN_ENV, ""))
-            limits = CallLimits(parse_max_calls(args.max_calls), args.stream_idle_s)
             spec = RunSpec.from_toml(args.config)
+            limits, stall_s = serving_limits(args, spec)
             tls, quick = _tls_files(args)
             coordinator = open_group(spec, args.state_dir)
             http_required = True if args.http_token_required else False if args.http_insecure else None
             running = RunningCoordinator(
-                coordinator, tokens, args.host, args.port, tls, limits, args.health_stall_s,
+                coordinator, tokens, args.host, args.port, tls, limits, stall_s,
                 http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
                 health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
             ).start()

@@ -235,6 +235,21 @@ def test_decide_health():
     assert not serving and "70.0 s" in reason and "60 s" in reason
 
 
+def test_call_limits_come_from_the_run_spec_and_the_command_line_overrides_them():
+    spec = tiny_spec(coordinator={"max_calls": {"push": 2, "long_poll": 100}, "stream_idle_s": 4.0, "health_stall_s": 30.0})
+    base = ["--config", "RUN.toml", "--state-dir", "state"]
+    limits, stall_s = server.serving_limits(server.parse_args(base), spec)
+    assert limits.max_calls == {**server.DEFAULT_MAX_CALLS, "push": 2, "long_poll": 100}
+    assert (limits.stream_idle_s, stall_s) == (4.0, 30.0)
+    args = server.parse_args([*base, "--max-calls", "push=5", "--stream-idle-s", "2", "--health-stall-s", "9"])
+    limits, stall_s = server.serving_limits(args, spec)
+    assert (limits.max_calls["push"], limits.max_calls["long_poll"], limits.stream_idle_s, stall_s) == (5, 100, 2.0, 9.0)
+    with pytest.raises(ValueError, match="'polls'.*unknown RPC kind"):
+        server.serving_limits(server.parse_args(base), tiny_spec(coordinator={"max_calls": {"polls": 3}}))
+    with pytest.raises(ValueError, match="coordinator.max_calls.push = 0"):
+        tiny_spec(coordinator={"max_calls": {"push": 0}})
+
+
 def test_call_limits_validate_themselves():
     limits = CallLimits(parse_max_calls(["long_poll=8", "push = 2"]), stream_idle_s=3.0)
     assert limits.max_calls["long_poll"] == 8 and limits.max_calls["push"] == 2
