@@ -124,6 +124,8 @@ class WorkerRecord:
     # (version, flag) of its recent rounds, oldest first ("" = kept as sent); the latest flag's reason.
     recent: list[tuple[int, str]] = field(default_factory=list)
     outlier: str = ""
+    # The round of its last accepted update (-1: none): a retry of that push is a duplicate, not stale.
+    accepted_version: int = -1
     # SHA-256 of the worker secret its Join returned (the secret itself is never kept).
     secret_sha256: bytes = field(default=b"", repr=False)
 
@@ -621,6 +623,7 @@ class SwarmCoordinator:
             if norm > bound:
                 self._refuse_outlier(worker, f"update rejected: global L2 norm {norm:.4g} exceeds {why}")
             self.round.reports[worker.worker_id] = aggregation.Update(worker.worker_id, meta.tokens, norm, deltas)
+            worker.accepted_version = self.version
             worker.base_version = self.version + 1
             worker.last_seen = self.clock()
             reports = len(self.round.reports)
@@ -631,7 +634,12 @@ class SwarmCoordinator:
 
     def _check_update_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> None:
         """Refuse a stale, future, duplicate or out-of-range update, or one claiming more tokens than its
-        assignment allows (lock held)."""
+        assignment allows (lock held). A worker's update for a round it already delivered to is a
+        duplicate (ALREADY_EXISTS: "it landed") even once that round closed: a push whose answer was
+        lost is retried, and "stale" would make the worker keep the error-feedback residual it sent."""
+        if meta.base_version == worker.accepted_version:
+            raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
+                          f"worker {worker.worker_id} already delivered its update for round {meta.base_version}")
         if meta.base_version < self.version:
             worker.base_version = self.version
             raise Refusal(
@@ -644,8 +652,6 @@ class SwarmCoordinator:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"update for version {meta.base_version} which does not exist yet (newest {self.version})",
             )
-        if worker.worker_id in self.round.reports:
-            raise Refusal(grpc.StatusCode.ALREADY_EXISTS, f"worker {worker.worker_id} already reported for round {self.version}")
         if self.round.closing:
             raise Refusal(
                 grpc.StatusCode.FAILED_PRECONDITION,

@@ -171,8 +171,14 @@ def test_stale_future_duplicate_and_tokenless_updates(swarm):
     assert status_code(duplicate) == grpc.StatusCode.ALREADY_EXISTS
     push(client, b, small_deltas(local))
     assert client.status().version == 1
-    with pytest.raises(grpc.RpcError) as stale:
+    # a's push retried after its round closed (its answer was lost): it landed, so ALREADY_EXISTS, not stale.
+    with pytest.raises(grpc.RpcError) as retried:
         push(client, a, small_deltas(local), version=0)
+    assert status_code(retried) == grpc.StatusCode.ALREADY_EXISTS and "already delivered" in retried.value.details()
+    # A worker that did not deliver to round 0 is stale there.
+    late = client.join("late", "cpu", 1)
+    with pytest.raises(grpc.RpcError) as stale:
+        push(client, late, small_deltas(local), version=0)
     assert status_code(stale) == grpc.StatusCode.FAILED_PRECONDITION
     assert "stale" in stale.value.details() and "global version is 1" in stale.value.details()
 
