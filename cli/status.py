@@ -80,7 +80,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     workers = Table(title="workers")
     extra = ("tokens/s", "loss", "seq_len") if totals is not None else ()
     for name in ("name", "id", "state", "device", "base version", "since heartbeat (s)", "assigned L × batch",
-                 *extra, "clipped / dropped", "reason"):
+                 *extra, "stale / clipped / dropped", "reason"):
         workers.add_column(name, justify="left" if name in ("name", "id", "state", "device", "reason") else "right",
                            no_wrap=name in ("name", "id"))
     for w in status.workers:
@@ -91,7 +91,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
         assigned = f"{w.assignment.seq_len} × {w.assignment.batch_size}" if w.HasField("assignment") else "–"
         workers.add_row(w.name, w.worker_id, STATES.get(w.state, "unknown"), w.device, str(w.base_version),
                         f"{w.seconds_since_heartbeat:.1f}", assigned, *cells,
-                        f"{w.clipped_updates} / {w.dropped_updates}", _worker_reason(w))
+                        f"{w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}", _worker_reason(w))
     if not status.workers:
         workers.caption = "no workers have joined"
     console.print(workers)

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import grpc
 import torch
@@ -121,6 +122,8 @@ class WorkerRecord:
     # Its updates the aggregation flagged, and those refused for their norm or tokens.
     clipped_updates: int = 0
     dropped_updates: int = 0
+    # Its updates refused as stale (trained from an older version, or for a closing round): lost work.
+    stale_updates: int = 0
     # (version, flag) of its recent rounds, oldest first ("" = kept as sent); the latest flag's reason.
     recent: list[tuple[int, str]] = field(default_factory=list)
     outlier: str = ""
@@ -632,6 +635,13 @@ class SwarmCoordinator:
         self._finish_close(close)
         return pb.PushUpdateResponse(accepted=True, round_version=round_version, reports=reports)
 
+    def _refuse_stale(self, worker: WorkerRecord, message: str) -> NoReturn:
+        """Count and record a stale update of `worker`, then refuse it with FAILED_PRECONDITION (lock held)."""
+        worker.stale_updates += 1
+        self.store.add_event(worker.worker_id, "stale", message, self.clock())
+        log.info("%s (%s): %s", worker.worker_id, worker.name, message)
+        raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, message)
+
     def _check_update_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> None:
         """Refuse a stale, future, duplicate or out-of-range update, or one claiming more tokens than its
         assignment allows (lock held). A worker's update for a round it already delivered to is a
@@ -642,21 +652,16 @@ class SwarmCoordinator:
                           f"worker {worker.worker_id} already delivered its update for round {meta.base_version}")
         if meta.base_version < self.version:
             worker.base_version = self.version
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"stale update: trained from version {meta.base_version} but the global version is "
-                f"{self.version}; pull and re-sync",
-            )
+            self._refuse_stale(worker, f"stale update: trained from version {meta.base_version} but the global "
+                                       f"version is {self.version}; pull and re-sync")
         if meta.base_version > self.version:
             raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"update for version {meta.base_version} which does not exist yet (newest {self.version})",
             )
         if self.round.closing:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"stale update: round {self.version} is closing; pull version {self.version + 1} once it is served",
-            )
+            self._refuse_stale(worker, f"stale update: round {self.version} is closing; pull version "
+                                       f"{self.version + 1} once it is served")
         if not 0 < meta.tokens <= MAX_TOKENS_PER_UPDATE:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"tokens = {meta.tokens}: expected 1..{MAX_TOKENS_PER_UPDATE}")
         if self.spec.sync.bound_tokens:
@@ -783,7 +788,7 @@ class SwarmCoordinator:
                 response.workers.add(
                     worker_id=w.worker_id, name=w.name, state=w.state, base_version=w.base_version,
                     seconds_since_heartbeat=now - w.last_seen, device=w.device, reason=w.reason,
-                    assignment=self._assignment(w), clipped_updates=w.clipped_updates,
+                    assignment=self._assignment(w), clipped_updates=w.clipped_updates, stale_updates=w.stale_updates,
                     dropped_updates=w.dropped_updates, outlier_rounds=sum(1 for _, flag in w.recent if flag),
                     outlier=w.outlier,
                 )

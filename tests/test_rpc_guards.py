@@ -13,7 +13,7 @@ from rcswarm.protos import codec, tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy
-from tests.conftest import TOKEN, tiny_spec
+from tests.conftest import TOKEN, sql, tiny_spec
 
 
 def status_code(excinfo: pytest.ExceptionInfo) -> grpc.StatusCode:
@@ -181,6 +181,10 @@ def test_stale_future_duplicate_and_tokenless_updates(swarm):
         push(client, late, small_deltas(local), version=0)
     assert status_code(stale) == grpc.StatusCode.FAILED_PRECONDITION
     assert "stale" in stale.value.details() and "global version is 1" in stale.value.details()
+    # Lost work is visible per worker: counted in GetStatus (the dashboard and `rcswarm status` show it), an event.
+    counts = {w.worker_id: w.stale_updates for w in client.status().workers}
+    assert counts == {a.worker_id: 0, b.worker_id: 0, late.worker_id: 1}
+    assert sql(local.state_dir, "SELECT worker_id, kind FROM events WHERE kind = 'stale'") == [(late.worker_id, "stale")]
 
 
 def test_an_accepted_round_moves_the_parameters_by_the_outer_step(swarm):

@@ -297,7 +297,7 @@ def _worker_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
          w["state"], w["device"], w["base_version"], _fmt(w["seconds_since_heartbeat"], ".1f"), _assignment_cell(w),
          _fmt(w["tokens_per_second"], ".4g"), w["tokens"], _fmt(w["loss"]), _fmt(w["seq_len"], "d"),
          _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"],
-         f"{w['clipped_updates']} / {w['dropped_updates']}", w["outlier"] or "–", w["reason"])
+         f"{w['stale_updates']} / {w['clipped_updates']} / {w['dropped_updates']}", w["outlier"] or "–", w["reason"])
         for w in ordered
     ]
 
@@ -323,7 +323,7 @@ def render_page(data: dict[str, Any], refresh_s: int) -> str:
 {_table("workers (memberships; a worker moved to another run joins it under a new id)",
         ("name", "id", "assigned run", "L", "state", "device", "base version", "since heartbeat (s)",
          "assigned L × batch", "tokens/s", "tokens", "loss", "seq_len", "step", "bytes sent", "bytes received",
-         "updates clipped / dropped", "latest outlier flag", "reason"), _worker_rows(data), "no workers have joined")}
+         "updates stale / clipped / dropped", "latest outlier flag", "reason"), _worker_rows(data), "no workers have joined")}
 <p class=muted>{html.escape(CLOCK_NOTES[data["clock"]])}</p>
 {_fit_section(data["fits"])}
 {_table(f"rounds (open, then newest closed; {ROUNDS_SHOWN} at most)",

@@ -74,7 +74,7 @@ def worker_dict(w: pb.WorkerStatus, totals: dict[str, WorkerTotals]) -> dict[str
         "loss": t.last_loss if t else None,
         "assignment": ({"seq_len": w.assignment.seq_len, "batch_size": w.assignment.batch_size,
                         "reason": w.assignment.reason} if w.HasField("assignment") else None),
-        "clipped_updates": w.clipped_updates, "dropped_updates": w.dropped_updates,
+        "clipped_updates": w.clipped_updates, "dropped_updates": w.dropped_updates, "stale_updates": w.stale_updates,
         "outlier_rounds": w.outlier_rounds, "outlier": w.outlier,
     }
 

@@ -294,7 +294,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier")
+    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -307,6 +307,7 @@ class WorkerStatus(_message.Message):
     DROPPED_UPDATES_FIELD_NUMBER: _ClassVar[int]
     OUTLIER_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     OUTLIER_FIELD_NUMBER: _ClassVar[int]
+    STALE_UPDATES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     name: str
     state: WorkerState
@@ -319,7 +320,8 @@ class WorkerStatus(_message.Message):
     dropped_updates: int
     outlier_rounds: int
     outlier: str
-    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ...) -> None: ...
+    stale_updates: int
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
     __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm", "clipped", "dropped", "aggregation")
