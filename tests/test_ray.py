@@ -68,6 +68,19 @@ def test_pending_reason_tells_infeasible_from_busy():
     assert busy == "waiting for 1 GPU, 4 CPU free on one node (free in the whole cluster now: 3 CPU)"
 
 
+def test_a_worker_actor_without_the_token_on_its_node_reports_why_and_stays_up(monkeypatch):
+    """The token comes only from the node's environment: without it the actor's worker does not start and
+    says so (state failed, exit 2), instead of exiting into a restart loop."""
+    from dataclasses import asdict
+
+    from rcswarm.worker.ray_worker import FAILED, RayWorker, RayWorkerConfig
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    actor = RayWorker(asdict(RayWorkerConfig(coordinator="127.0.0.1:9", name="w", device="cpu")))
+    state, code, problem = wait_for(lambda: actor.outcome()[0] == FAILED and actor.outcome(), 30, "the refusal")
+    assert code == 2 and problem.startswith(f"no join token on this Ray node: set ${TOKEN_ENV}")
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["ray", "--workers", "2"], "--coordinator HOST:PORT is required (or --with-coordinator)"),
     (["ray", "--coordinator", "c:1"], "--workers N is required to launch (or --status / --stop)"),
@@ -469,11 +482,10 @@ def test_ray_is_imported_only_by_the_launcher_and_the_actor_and_only_inside_func
     import ast
 
     root = Path(__file__).resolve().parents[1]
+    packages = {p.parent.name for p in root.glob("*/__init__.py")} - {"tests"}
     users, top_level = set(), []
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(p for package in packages for p in (root / package).rglob("*.py")):
         relative = path.relative_to(root)
-        if relative.parts[0] in ("tests", "benchmarks", ".venv") or relative.parts[0].startswith("."):
-            continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)

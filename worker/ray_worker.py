@@ -128,13 +128,17 @@ class RayWorker:
         with self._lock:
             self._state, self._exit_code, self._problem = state, code, problem
 
+    def outcome(self) -> tuple[str, int | None, str]:
+        """(state, exit code once the loop ended, the problem that ended it, if any)."""
+        with self._lock:
+            return self._state, self._exit_code, self._problem
+
     def info(self) -> dict:
         """What this actor is doing: its worker's membership, device, step and outcome (JSON-able)."""
         import ray
 
         context = ray.get_runtime_context()
-        with self._lock:
-            state, code, problem = self._state, self._exit_code, self._problem
+        state, code, problem = self.outcome()
         worker = self.worker
         return {
             "name": self.config.name,
