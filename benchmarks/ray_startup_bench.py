@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,9 +104,10 @@ def on_ray(spec: RunSpec, folder: Path, workers: int) -> dict[str, float]:
 
     running = serve(spec, folder / "state-ray")
     target = f"127.0.0.1:{running.port}"
+    temp_dir = tempfile.mkdtemp(prefix="rcsray-")  # short: Ray's unix sockets live below it
     began = time.perf_counter()
     context = ray.init(num_cpus=2 * workers, num_gpus=workers, _node_ip_address="127.0.0.1", include_dashboard=False,
-                       namespace="bench", _temp_dir=tempfile.mkdtemp(prefix="rcsray-"), log_to_driver=False)
+                       namespace="bench", _temp_dir=temp_dir, log_to_driver=False)
     initialised = time.perf_counter() - began
     address = context.address_info["gcs_address"]
     command = [sys.executable, "-m", "rcswarm.cli.main", "launch", "ray", "--address", address, "--namespace", "bench"]
@@ -126,6 +128,7 @@ def on_ray(spec: RunSpec, folder: Path, workers: int) -> dict[str, float]:
     finally:
         ray.shutdown()
         running.stop(grace=0.5)
+        shutil.rmtree(temp_dir, ignore_errors=True)
     return {"ray.init": initialised, "joined": joined, "first round": first, "launcher returned": launched}
 
 
