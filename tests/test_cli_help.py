@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.cli import bench, data, fit, main, run, status
+from rcswarm.cli import bench, data, fit, launch, main, run, status
 from rcswarm.coordinator import server
 from rcswarm.worker import worker
 
@@ -22,6 +22,7 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "bench diag": bench.parser,
     "coordinator": server.parser,
     "worker": worker.parser,
+    "launch ray": launch.parser,
 }
 
 
@@ -49,7 +50,7 @@ def test_help_shows_every_non_empty_default(command: str) -> None:
 @pytest.mark.parametrize("argv", [
     ["--help"], ["run", "--help"], ["fit", "--help"], ["status", "--help"], ["data", "--help"],
     ["data", "frames", "--help"], ["bench", "--help"], ["bench", "diag", "--help"], ["--version"],
-    ["coordinator", "--help"], ["worker", "--help"],
+    ["coordinator", "--help"], ["worker", "--help"], ["launch", "--help"], ["launch", "ray", "--help"],
 ])
 def test_help_and_version_exit_0(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     try:
