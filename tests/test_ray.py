@@ -97,7 +97,7 @@ def test_usage_errors_exit_2_with_one_line(argv, message, capsys):
 
 MUTUAL_TLS = {"tls": {"enabled": True, "secretName": "coordinator-tls",
                       "mutual": {"enabled": True, "clientSecretName": "worker-client-tls"}}}
-RAYJOB = Path(__file__).resolve().parents[1] / "deploy" / "kuberay" / "rayjob.yaml"
+RAYJOB = Path(__file__).resolve().parents[1] / "helm" / "kuberay" / "rayjob.yaml"
 
 
 def parsed_launch(argv: list[str]):
@@ -141,7 +141,7 @@ def test_the_charts_ray_head_runs_a_launch_this_command_accepts(values):
 
 
 def test_the_rayjob_manifest_is_a_valid_kuberay_rayjob():
-    """deploy/kuberay/rayjob.yaml: strictly valid against KubeRay's RayJob CRD; its entrypoint is a launch this
+    """helm/kuberay/rayjob.yaml: strictly valid against KubeRay's RayJob CRD; its entrypoint is a launch this
     command accepts that fits the worker group's GPUs; the token only from a Secret, on every Ray pod."""
     import shlex
 
