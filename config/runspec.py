@@ -170,8 +170,11 @@ class SyncSection:
       norms), "trimmed_mean" (per coordinate, the `trim_fraction` largest and smallest values
       dropped) or "centered_clip" (Karimireddy et al. 2021, radius `centered_clip_tau` ×
       the reference norm, `centered_clip_iterations` iterations).
+    * `min_cosine`: the direction check before the aggregation: an update whose cosine with at
+      least half of the round's other updates is below it is dropped (at most a minority of the
+      round; rounds of fewer than 3 updates are not checked); -1 turns the check off.
     * `outlier_evict_after` K and `outlier_window` M: a worker whose update was clipped, trimmed
-      as an outlier or refused in K of its last M rounds is evicted (0 = never; flagged always).
+      as an outlier, dropped or refused in K of its last M rounds is evicted (0 = never; flagged always).
     """
 
     codec: str = "int8"
@@ -191,6 +194,8 @@ class SyncSection:
     centered_clip_iterations: int = 3
     # Rounds of accepted update norms the reference norm looks back on besides the round's own.
     reference_rounds: int = 4
+    # Drop an update whose cosine with at least half of the other updates is below this; -1 = off.
+    min_cosine: float = 0.0
     outlier_evict_after: int = 0
     outlier_window: int = 5
 
@@ -210,6 +215,8 @@ class SyncSection:
             _fail("sync.trim_fraction", self.trim_fraction, "a number in [0, 0.5)")
         if not 1 <= self.centered_clip_iterations <= 100:
             _fail("sync.centered_clip_iterations", self.centered_clip_iterations, "an integer between 1 and 100")
+        if not -1.0 <= self.min_cosine < 1.0:
+            _fail("sync.min_cosine", self.min_cosine, "a number in [-1, 1) (a cosine; -1 turns the direction check off)")
         if not 0 <= self.reference_rounds <= 1000:
             _fail("sync.reference_rounds", self.reference_rounds, "an integer between 0 and 1000")
         if not 1 <= self.outlier_window <= 1000:

@@ -17,9 +17,10 @@ gets NOT_FOUND and joins again with a new secret.
 
 Bounded influence: an update is refused (INVALID_ARGUMENT, recorded as a `dropped` event) when its
 tokens exceed its assignment's batch × seq_len × inner.steps (`sync.bound_tokens`) or its norm the
-hard bound (`sync.max_update_norm`, 0 = `aggregation.automatic_norm_bound`); a round's updates are
-combined by `sync.aggregation` (aggregation.py), and every update it flags is recorded as an event,
-counted in the round's record and the worker's status; a worker flagged in
+hard bound (`sync.max_update_norm`, 0 = `aggregation.automatic_norm_bound`); at the close an update
+whose direction disagrees with the round's majority is dropped (`sync.min_cosine`, also a `dropped`
+event) and the others are combined by `sync.aggregation` (aggregation.py); every update it drops or
+flags is recorded as an event, counted in the round's record and the worker's status; a worker flagged in
 `sync.outlier_evict_after` of its last `sync.outlier_window` rounds is evicted.
 
 What the coordinator keeps in memory is bounded: metric values are range-checked and each
@@ -61,7 +62,7 @@ RESTART_MUTABLE = (
     "run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s", "curriculum.budget_seconds",
     # The coordinator's own defences against outliers; workers do not depend on them.
     "sync.max_update_norm", "sync.bound_tokens", "sync.aggregation", "sync.clip_factor", "sync.trim_fraction",
-    "sync.centered_clip", "sync.reference_rounds", "sync.outlier_",
+    "sync.centered_clip", "sync.reference_rounds", "sync.outlier_", "sync.min_cosine",
 )
 # run_state key of the reference norms' history (JSON: one list of accepted norms per recent round).
 REFERENCE_NORMS_KEY = "reference_norms"
@@ -910,9 +911,9 @@ class SwarmCoordinator:
 
     def _compute_close(self, close: RoundClose) -> ClosedRound:
         """The heavy part of a close, without the lock (the closing thread owns `broadcast_feedback`): the
-        aggregate (`sync.aggregation`) in sorted worker order, the outer step, the compressed step, the
-        digest, the checkpoint and SQLite commit (with the flagged updates' events and the reference
-        norms), and both payloads of the new version."""
+        aggregate (the direction check, then `sync.aggregation`) in sorted worker order, the outer step, the
+        compressed step, the digest, the checkpoint and SQLite commit (with the dropped and flagged updates'
+        events, counted in the round's record, and the reference norms), and both payloads of the new version."""
         watch = Stopwatch()
         version, block = close.round.version, self.spec.sync.block_size
         reports = [close.round.reports[k] for k in sorted(close.round.reports)]
@@ -932,7 +933,7 @@ class SwarmCoordinator:
         record = RoundRecord(
             version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
             tokens=sum(u.tokens for u in reports), close_reason=close.reason, update_norm=norm, param_sha256=sha.hex(),
-            clipped=result.clipped, dropped=close.round.dropped, aggregation=result.summary,
+            clipped=result.clipped, dropped=close.round.dropped + result.dropped, aggregation=result.summary,
         )
         keep = self.spec.sync.reference_rounds
         history = (*close.history, result.accepted_norms)[-keep:] if keep else ()
@@ -942,6 +943,8 @@ class SwarmCoordinator:
             for o in result.outcomes:
                 if o.flagged:
                     self.store.add_event(o.worker_id, o.action, f"round {version}: {o.reason}", close.decided_at)
+                if o.action == "dropped":
+                    log.warning("round %d: update of %s dropped: %s", version, o.worker_id, o.reason)
         with watch.piece("norm bound"):
             norm_bound = self._update_norm_bound(params)
         with watch.piece("step payload"):

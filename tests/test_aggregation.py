@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import sqlite3
 import threading
 
@@ -99,13 +100,18 @@ def bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return list(a) == list(b) and all(torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in a)
 
 
+def formulas(method: str, **options: float) -> AggregationOptions:
+    """`method` without the direction check: the formula tests' random updates share no direction."""
+    return AggregationOptions(method, min_cosine=aggregation.DIRECTION_OFF, **options)
+
+
 TOKEN_CASES = [[7], [3, 11], [5, 5, 9, 1, 30]]
 
 
 @pytest.mark.parametrize("tokens", TOKEN_CASES)
 def test_mean_is_todays_token_weighted_average_bit_for_bit(tokens):
     updates = make_updates(tokens)
-    got = aggregation.aggregate(updates, AggregationOptions("mean")).average
+    got = aggregation.aggregate(updates, formulas("mean")).average
     total = sum(tokens)
     want = {}
     for name, shape in SHAPES.items():
@@ -120,7 +126,7 @@ def test_mean_is_todays_token_weighted_average_bit_for_bit(tokens):
 def test_clipped_mean_against_its_reference(tokens):
     updates = make_updates(tokens)
     updates[-1] = Update("big", tokens[-1], updates[-1].norm * 50, {k: v * 50 for k, v in updates[-1].deltas.items()})
-    result = aggregation.aggregate(updates, AggregationOptions("clipped_mean", clip_factor=1.5))
+    result = aggregation.aggregate(updates, formulas("clipped_mean", clip_factor=1.5))
     limit = 1.5 * aggregation.reference_norm([u.norm for u in updates], [])
     close(result.average, reference_clipped(updates, limit))
     flagged = [o.worker_id for o in result.outcomes if o.flagged]
@@ -130,9 +136,9 @@ def test_clipped_mean_against_its_reference(tokens):
 
 def test_clipped_mean_without_a_clip_is_the_mean_bit_for_bit():
     updates = make_updates([5, 5, 9, 1, 30])
-    clipped = aggregation.aggregate(updates, AggregationOptions("clipped_mean"))
+    clipped = aggregation.aggregate(updates, formulas("clipped_mean"))
     assert not any(o.flagged for o in clipped.outcomes)
-    assert bits_equal(clipped.average, aggregation.aggregate(updates, AggregationOptions("mean")).average)
+    assert bits_equal(clipped.average, aggregation.aggregate(updates, formulas("mean")).average)
 
 
 def test_the_history_keeps_a_small_round_honest():
@@ -140,10 +146,10 @@ def test_the_history_keeps_a_small_round_honest():
     recent rounds' norms clip it; the attacker moves the average by at most its share × clip_factor × R."""
     honest, inflated = make_updates([10, 10], seed=3)
     attacker = Update("attacker", 10, inflated.norm * 1e3, {k: v * 1e3 for k, v in inflated.deltas.items()})
-    alone = aggregation.aggregate([honest, attacker], AggregationOptions("clipped_mean"))
+    alone = aggregation.aggregate([honest, attacker], formulas("clipped_mean"))
     assert not any(o.flagged for o in alone.outcomes)
     history = [honest.norm] * 8
-    result = aggregation.aggregate([honest, attacker], AggregationOptions("clipped_mean"), history)
+    result = aggregation.aggregate([honest, attacker], formulas("clipped_mean"), history)
     reference = aggregation.reference_norm([honest.norm, attacker.norm], history)
     assert reference == pytest.approx(honest.norm)
     assert [o.action for o in result.outcomes] == ["kept", "clipped"]
@@ -155,7 +161,7 @@ def test_the_history_keeps_a_small_round_honest():
 def test_trimmed_mean_against_its_reference(tokens):
     updates = make_updates(tokens, seed=1)
     k = aggregation.trim_count(len(tokens), 0.2)
-    result = aggregation.aggregate(updates, AggregationOptions("trimmed_mean", trim_fraction=0.2))
+    result = aggregation.aggregate(updates, formulas("trimmed_mean", trim_fraction=0.2))
     close(result.average, reference_trimmed(updates, k))
 
 
@@ -166,7 +172,7 @@ def test_trimmed_mean_with_ties_and_an_extreme_update():
     ties = [Update(f"t{i}", 4, base[0].norm, {k: v.clone() for k, v in same.items()}) for i in range(3)]
     extreme = Update("x", 100, base[4].norm * 1e4, {k: v.abs() * 1e4 + 1 for k, v in base[4].deltas.items()})
     updates = [*ties, base[1], extreme]
-    result = aggregation.aggregate(updates, AggregationOptions("trimmed_mean", trim_fraction=0.2))
+    result = aggregation.aggregate(updates, formulas("trimmed_mean", trim_fraction=0.2))
     close(result.average, reference_trimmed(updates, 1))
     by_id = {o.worker_id: o for o in result.outcomes}
     assert by_id["x"].action == "trimmed" and by_id["x"].scale == 0.0  # trimmed in every coordinate
@@ -186,7 +192,7 @@ def test_centered_clip_against_its_reference(tokens, with_start):
     previous = unflat(torch.randn(sum(math.prod(s) for s in SHAPES.values()), dtype=torch.float64) * 0.3)
     start = {k: v.float() for k, v in previous.items()} if with_start else None
     history = [u.norm for u in make_updates([1, 1, 1], seed=5)]
-    options = AggregationOptions("centered_clip", tau=0.5, iterations=3)
+    options = formulas("centered_clip", tau=0.5, iterations=3)
     result = aggregation.aggregate(updates, options, history, start)
     tau = 0.5 * aggregation.reference_norm([u.norm for u in updates], history)
     v0 = flat_result(start) if start is not None else torch.zeros(sum(math.prod(s) for s in SHAPES.values()), dtype=torch.float64)
@@ -197,8 +203,8 @@ def test_centered_clip_against_its_reference(tokens, with_start):
 def test_centered_clip_bounds_one_worker_per_iteration():
     updates = make_updates([10, 10, 10, 10], seed=6)
     attacker = Update("a", 10, 1e6, {k: torch.full(s, 1e6 / math.sqrt(22.0)) for k, s in SHAPES.items()})
-    honest_only = aggregation.aggregate(updates, AggregationOptions("centered_clip", iterations=1))
-    attacked = aggregation.aggregate([*updates, attacker], AggregationOptions("centered_clip", iterations=1))
+    honest_only = aggregation.aggregate(updates, formulas("centered_clip", iterations=1))
+    attacked = aggregation.aggregate([*updates, attacker], formulas("centered_clip", iterations=1))
     reference = aggregation.reference_norm([u.norm for u in [*updates, attacker]], [])
     # One iteration from 0: each worker moves v by at most w_i τ; the attacker's w is 1/5.
     moved = float((flat_result(attacked.average) - flat_result(honest_only.average) * 4 / 5).norm())
@@ -207,17 +213,92 @@ def test_centered_clip_bounds_one_worker_per_iteration():
 
 
 def test_the_options_come_from_the_run_spec_and_bad_values_name_the_key():
-    spec = RunSpec.from_dict({"sync": {"aggregation": "trimmed_mean", "trim_fraction": 0.25}})
-    assert AggregationOptions.from_sync(spec.sync) == AggregationOptions("trimmed_mean", 2.0, 0.25, 1.0, 3)
+    spec = RunSpec.from_dict({"sync": {"aggregation": "trimmed_mean", "trim_fraction": 0.25, "min_cosine": 0.05}})
+    assert AggregationOptions.from_sync(spec.sync) == AggregationOptions("trimmed_mean", 2.0, 0.25, 1.0, 3, 0.05)
     assert RunSpec().sync.aggregation == "clipped_mean" and RunSpec().sync.max_update_norm == 0.0
+    assert AggregationOptions.from_sync(RunSpec().sync) == AggregationOptions() and RunSpec().sync.min_cosine == 0.0
     for sync, message in (
         ({"aggregation": "median"}, "sync.aggregation = 'median'"), ({"clip_factor": 0.5}, "sync.clip_factor = 0.5"),
         ({"trim_fraction": 0.5}, "sync.trim_fraction = 0.5"), ({"max_update_norm": -1.0}, "sync.max_update_norm = -1.0"),
         ({"centered_clip_iterations": 0}, "sync.centered_clip_iterations = 0"),
         ({"outlier_evict_after": 6}, "sync.outlier_evict_after = 6"), ({"bound_tokens": 1}, "sync.bound_tokens = 1"),
+        ({"min_cosine": 1.0}, "sync.min_cosine = 1.0 is invalid: expected a number in [-1, 1)"),
+        ({"min_cosine": -1.5}, "sync.min_cosine = -1.5"),
     ):
-        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        with pytest.raises(ValueError, match=re.escape(message)):
             RunSpec.from_dict({"sync": sync})
+
+
+def correlated_updates(tokens: list[int], seed: int = 7, noise: float = 0.5) -> list[Update]:
+    """Honest-like updates: one shared direction plus each worker's own noise (pairwise cosines about 0.8)."""
+    generator = torch.Generator().manual_seed(seed)
+    common = {name: torch.randn(shape, generator=generator) for name, shape in SHAPES.items()}
+    updates = []
+    for i, n in enumerate(tokens):
+        deltas = {name: t + noise * torch.randn(t.shape, generator=generator) for name, t in common.items()}
+        updates.append(Update(f"w{i}", n, tensor_stream.global_norm(deltas), deltas))
+    return updates
+
+
+def scaled(update: Update, factor: float, worker_id: str = "attacker") -> Update:
+    deltas = {name: t * factor for name, t in update.deltas.items()}
+    return Update(worker_id, update.tokens, tensor_stream.global_norm(deltas), deltas)
+
+
+def test_the_cosine_matrix_against_its_float64_reference():
+    zero = Update("zero", 1, 0.0, {name: torch.zeros(shape) for name, shape in SHAPES.items()})
+    updates = [*make_updates([1, 2, 3], seed=8), zero]
+    x = torch.stack([flat64(u) for u in updates])  # [4, P]
+    norms = x.norm(dim=1)  # [4]
+    want = torch.zeros(4, 4, dtype=torch.float64)
+    want[:3, :3] = (x[:3] @ x[:3].T) / torch.outer(norms[:3], norms[:3])
+    torch.testing.assert_close(aggregation.cosine_matrix(updates), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["mean", "clipped_mean", "trimmed_mean", "centered_clip"])
+@pytest.mark.parametrize("factor", [-1.0, -1.9])
+def test_a_flipped_update_is_dropped_and_the_others_aggregate_as_if_it_was_never_sent(method, factor):
+    """A sign-flipped copy of an honest update, of honest norm or scaled to just under the clip limit (1.9 × its
+    norm against clip_factor 2 × R): dropped by default under every aggregation, and the result is the honest
+    updates' aggregate bit for bit; with the check off it enters."""
+    honest = correlated_updates([5, 9, 1, 30])
+    attacker = scaled(honest[1], factor)
+    history = [u.norm for u in honest]
+    previous = {name: t * 0.1 for name, t in honest[0].deltas.items()}
+    attacked = aggregation.aggregate([honest[0], attacker, *honest[1:]], AggregationOptions(method), history, previous)
+    alone = aggregation.aggregate(honest, AggregationOptions(method), history, previous)
+    assert bits_equal(attacked.average, alone.average) and attacked.accepted_norms == alone.accepted_norms
+    assert attacked.outcomes[1].action == "dropped" and attacked.outcomes[1].worker_id == "attacker"
+    assert attacked.outcomes[1].reason.startswith(
+        "direction: cosine >= sync.min_cosine = 0 with 0 of the other 4 updates, fewer than the 2 needed (its score -0.")
+    assert [o for o in attacked.outcomes if o.worker_id != "attacker"] == list(alone.outcomes)
+    assert (attacked.dropped, attacked.clipped) == (1, alone.clipped) and "direction: 1 of 5 dropped" in attacked.summary
+    assert attacked.scores[1] < -0.5 < 0.5 < min(score for i, score in enumerate(attacked.scores) if i != 1)
+    # An honest round is the same with the check on as off; with the check off the flip enters.
+    assert alone.dropped == 0 and bits_equal(alone.average, aggregation.aggregate(honest, formulas(method), history, previous).average)
+    entered = aggregation.aggregate([honest[0], attacker, *honest[1:]], formulas(method), history, previous)
+    assert entered.dropped == 0 and not bits_equal(entered.average, alone.average)
+
+
+def test_the_check_drops_only_a_minority_and_leaves_small_rounds_and_zero_updates_alone():
+    honest = correlated_updates([10, 10, 10])
+    flip = scaled(honest[0], -1.0)
+    pair = aggregation.aggregate([honest[1], flip], AggregationOptions())
+    assert pair.dropped == 0 and pair.scores == (None, None)
+    assert "direction: not checked (2 updates with a direction; needs 3)" in pair.summary
+    # A zero update has no direction: it neither votes nor is judged; the other three outvote the flip.
+    zero = Update("zero", 10, 0.0, {name: torch.zeros_like(t) for name, t in honest[0].deltas.items()})
+    mixed = aggregation.aggregate([honest[1], zero, flip, honest[2]], AggregationOptions())
+    assert [o.action for o in mixed.outcomes] == ["kept", "kept", "dropped", "kept"] and mixed.scores[1] is None
+    assert "other 2 updates, fewer than the 1 needed" in mixed.outcomes[2].reason
+    # Independent random updates under a strict threshold: only the ⌊(5 − 1)/2⌋ = 2 lowest scores go.
+    noise = make_updates([1] * 5, seed=9)
+    strict = aggregation.aggregate(noise, AggregationOptions("mean", min_cosine=0.99))
+    dropped = sorted(strict.scores[i] for i, o in enumerate(strict.outcomes) if o.action == "dropped")
+    assert dropped == sorted(strict.scores)[:2]
+    # Off: nothing scored, the summary as before the check existed.
+    off = aggregation.aggregate([*honest, flip], formulas("mean"))
+    assert off.scores == (None,) * 4 and off.summary == "mean: token-weighted" and off.dropped == 0
 
 
 def test_adam_step_bound_holds_for_adversarial_gradients():
@@ -359,6 +440,32 @@ def test_flagged_updates_are_recorded_per_round_and_worker_and_shown(tmp_path):
         coordinator.close()
 
 
+def test_a_dropped_direction_is_recorded_and_counts_towards_eviction(tmp_path):
+    spec = tiny_spec(sync={"codec": "fp32", "min_reports": 4, "outlier_evict_after": 1, "outlier_window": 1})
+    coordinator = SwarmCoordinator(spec, StateStore(tmp_path))
+    try:
+        members = [coordinator.join(pb.JoinRequest(worker_name=n)) for n in ("a", "b", "c", "flip")]
+        generator = torch.Generator().manual_seed(10)
+        common = {name: torch.randn(shape, generator=generator) * 1e-3 for name, shape in coordinator.shapes.items()}
+        for member, sign in zip(members, (1.0, 1.0, 1.0, -1.0)):
+            deltas = {name: sign * (t + 5e-4 * torch.randn(t.shape, generator=generator)) for name, t in common.items()}
+            assert push(coordinator, member, deltas, 100).accepted
+        assert coordinator.version == 1
+        flip_id = members[3].worker_id
+        status = coordinator.status()
+        closed = status.rounds[-2]
+        assert (closed.version, closed.clipped, closed.dropped) == (0, 0, 1)
+        assert closed.aggregation.startswith("clipped_mean: reference norm") and "direction: 1 of 4 dropped" in closed.aggregation
+        events = sql(tmp_path, "SELECT worker_id, kind, reason FROM events WHERE kind IN ('dropped', 'clipped', 'evict')")
+        assert [(w, k) for w, k, _ in events] == [(flip_id, "dropped"), (flip_id, "evict")]
+        assert events[0][2].startswith("round 0: direction: cosine >= sync.min_cosine = 0 with 0 of the other 3 updates")
+        assert events[1][2].startswith("evicted: outlier in 1 of its last 1 rounds (dropped in round 0)")
+        worker = next(w for w in status.workers if w.worker_id == flip_id)
+        assert worker.dropped_updates == 1 and worker.outlier.startswith("round 0: dropped: direction:")
+    finally:
+        coordinator.close()
+
+
 def test_an_update_over_the_automatic_norm_bound_is_dropped_with_its_reason(tmp_path):
     coordinator = SwarmCoordinator(tiny_spec(sync={"codec": "fp32"}), StateStore(tmp_path))
     try:
@@ -408,25 +515,28 @@ def test_a_state_dir_from_before_the_counts_gets_them(tmp_path):
 
 @pytest.mark.slow
 def test_honest_workers_are_never_refused_across_assignment_changes(start_coordinator):
-    """Real workers (threads), the default int8 codec with error feedback and the automatic bounds, a schedule
-    that changes seq_len and batch mid-run: nothing is refused, clipped or flagged."""
-    spec = tiny_spec(run={"rounds": 6}, data={"max_bytes": 300_000}, inner={"steps": 3},
-                     sync={"min_reports": 2}, curriculum={"schedule": [[0, 16, 4], [6, 32, 2], [12, 8, 8]]})
+    """Real workers (threads), the default int8 codec with error feedback, the automatic bounds and the direction
+    check (3 workers: every round is checked), a schedule that changes seq_len and batch mid-run: nothing is
+    refused, dropped, clipped or flagged."""
+    spec = tiny_spec(run={"rounds": 6, "workers": 3}, data={"max_bytes": 300_000}, inner={"steps": 3},
+                     sync={"min_reports": 3}, curriculum={"schedule": [[0, 16, 4], [6, 32, 2], [12, 8, 8]]})
     local = start_coordinator(spec)
     codes: dict[str, int] = {}
-    workers = [Worker(WorkerOptions(local.target, TOKEN, device="cpu", name=f"h{i}", patience_s=30.0)) for i in range(2)]
+    workers = [Worker(WorkerOptions(local.target, TOKEN, device="cpu", name=f"h{i}", patience_s=30.0)) for i in range(3)]
     threads = [threading.Thread(target=lambda w=w: codes.__setitem__(w.name, w.run())) for w in workers]
     for thread in threads:
         thread.start()
     try:
         for thread in threads:
             thread.join(timeout=120)
-        assert codes == {"h0": 0, "h1": 0}
+        assert codes == {"h0": 0, "h1": 0, "h2": 0}
     finally:
         for w in workers:
             w.stop.set()
     wait_for(lambda: local.service.version == 6, 10, "the last round")
     assert sql(local.state_dir, "SELECT COUNT(*) FROM events WHERE kind IN ('dropped', 'clipped', 'evict')") == [(0,)]
     assert sql(local.state_dir, "SELECT SUM(clipped), SUM(dropped) FROM rounds") == [(0, 0)]
+    summaries = [row[0] for row in sql(local.state_dir, "SELECT aggregation FROM rounds")]
+    assert len(summaries) == 6 and all("direction: 0 of 3 dropped" in summary for summary in summaries)
     lengths = sql(local.state_dir, "SELECT DISTINCT seq_len FROM metrics WHERE tokens > 0 ORDER BY seq_len")
     assert lengths == [(8,), (16,), (32,)]

@@ -2,8 +2,9 @@
 
 The malicious worker is `MaliciousWorker`, a subclass of the real `worker.Worker` that trains
 honestly and then changes what it pushes: "scale" multiplies its Δ by 1e3, "flip" sends −Δ,
-"claim" sends −Δ claiming 1e12 tokens (a claim alone, with the honest Δ, would only make the
-average its own honest update). Every worker is a real Worker on its own thread (one torch
+"scaled_flip" sends −1.9 Δ (a flip scaled to just under the clip limit, clip_factor 2 × the median
+norm), "claim" sends −Δ claiming 1e12 tokens (a claim alone, with the honest Δ, would only make
+the average its own honest update). Every worker is a real Worker on its own thread (one torch
 thread for all), talking real gRPC to an in-process coordinator server; θ of every version is
 read back from the coordinator's checkpoints.
 
@@ -20,26 +21,26 @@ The measure. For every round r = 1..20 of a run A and the honest-only run H (sam
 the distance to the honest trajectory in units of the honest run's own step that round; the
 criterion is max_r d(r) <= 0.1. Loss = the mean cross-entropy of θ on 4 fixed held-out batches.
 
-What holds, and what cannot:
-* Default aggregation (clipped_mean, the automatic norm bound, the token bound): the scaled update
-  is refused by the hard norm bound and the 1e12-token claim by the token bound, each recorded as
-  a `dropped` event with its reason; the malicious worker exits at its first push, and θ_A = θ_H
-  bit for bit: d(r) = 0 <= 0.1 for every round, and the loss falls as in the honest run.
-* A sign-flipped update of honest norm and honest tokens is no outlier by norm, and the 10%
-  criterion cannot hold for it under any of the aggregators: an update that enters the average
-  at all moves this tiny, noisy trajectory by more than a tenth of a step within a few rounds (a
-  5th worker pushing its honest update reaches d = 7.5 by round 20; the flip 12.8 under
-  clipped_mean and mean alike, 10.3 under trimmed_mean, 11.7 under centered_clip). What holds:
-  clipped_mean leaves it alone (the run is bit-identical to `mean`'s), the loss falls and ends
-  within 20% of the honest run's drop, and `mean` does not diverge under it either: a flip at
-  honest norm shrinks the step (Δ̄ ≈ 3/5 of the honest one), it does not derail training. trimmed_mean and centered_clip flag it in
-  most rounds, and no honest worker, so outlier eviction can act on it there.
-* With the hard bound lifted to the old 1e4, clipped_mean scales the 1e3-scaled update to
-  clip_factor × the reference norm in every round (recorded per round and as events) and the
-  loss ends where the honest run's does; d is of the order of the flip's (it is one clipped
-  worker's share), not 0.1. With `sync.outlier_evict_after` it is evicted, with its reason.
-* `mean` with the old defaults (max_update_norm 1e4, no token bound): "scale" and "claim" make the
-  loss rise far above its start (diverge: 10^4 and 189 against 5.6 at the start).
+What holds:
+* Default aggregation (the direction check, clipped_mean, the automatic norm bound, the token
+  bound): the scaled update is refused by the hard norm bound and the 1e12-token claim by the token
+  bound, each recorded as a `dropped` event with its reason, and the malicious worker exits at its
+  first push; the flip and the scaled flip are accepted at push and dropped at every close by the
+  direction check (their cosine with each of the 4 honest updates is negative; a `dropped` event per
+  round, counted in the round's record), and the malicious worker trains on to the end. In all four
+  θ_A = θ_H bit for bit: d(r) = 0 <= 0.1 for every round, and the loss falls as in the honest run.
+* Without the direction check (`sync.min_cosine = -1`) a flip of honest norm is no outlier by norm
+  and enters like a 5th worker: d reaches 12.8 under clipped_mean, 17.8 for the scaled flip (a 5th
+  worker pushing its honest update reaches 7.5). The loss still falls (a flip at honest norm shrinks the step, Δ̄ ≈ 3/5 of
+  the honest one). trimmed_mean and centered_clip without the check flag it in most rounds, and no
+  honest worker.
+* With the hard bound lifted to the old 1e4, clipped_mean scales the 1e3-scaled update (honest in
+  direction, so the check keeps it) to clip_factor × the reference norm in every round (recorded per
+  round and as events) and the loss ends where the honest run's does; d is of the order of the
+  flip's (it is one clipped worker's share), not 0.1. With `sync.outlier_evict_after` it is
+  evicted, with its reason.
+* `mean` with the old defaults (max_update_norm 1e4, no token bound, no direction check): "scale"
+  and "claim" make the loss rise far above its start (diverge: 10^4 and 189 against 5.6 at the start).
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ pytestmark = pytest.mark.slow
 
 ROUNDS = 20
 HONEST = 4
-OLD_DEFAULTS = {"aggregation": "mean", "max_update_norm": 1e4, "bound_tokens": False}
+OLD_DEFAULTS = {"aggregation": "mean", "max_update_norm": 1e4, "bound_tokens": False, "min_cosine": -1.0}
+CHECK_OFF = {"min_cosine": -1.0}
+FACTORS = {"scale": 1e3, "flip": -1.0, "scaled_flip": -1.9, "claim": -1.0}
 
 
 def poisoning_spec(**sync: Any) -> RunSpec:
@@ -83,9 +86,9 @@ class MaliciousWorker(Worker):
     """A real worker that trains honestly and pushes a poisoned update.
 
     It holds its first push until `go` is set (so that every honest worker joined first).
-    "scale": 1e3 Δ; "flip": −Δ; "claim": −Δ with 1e12 tokens. The local parameters are set so
-    that the worker's own `_push` computes the poisoned Δ = θ_v − θ_local; the next pull
-    overwrites them.
+    "scale": 1e3 Δ; "flip": −Δ; "scaled_flip": −1.9 Δ; "claim": −Δ with 1e12 tokens. The local
+    parameters are set so that the worker's own `_push` computes the poisoned Δ = θ_v − θ_local;
+    the next pull overwrites them.
     """
 
     def __init__(self, options: WorkerOptions, attack: str, go: threading.Event) -> None:
@@ -95,7 +98,7 @@ class MaliciousWorker(Worker):
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
         if not self.go.wait(timeout=60.0):
             raise RuntimeError("the honest workers did not join within 60 s")
-        factor = 1e3 if self.attack == "scale" else -1.0
+        factor = FACTORS[self.attack]
         with torch.no_grad():
             for name, p in self.model.named_parameters():
                 honest = base[name] - p.detach().cpu()
@@ -259,18 +262,30 @@ def test_mean_with_the_old_defaults_diverges_under_the_same_attack(swarms, attac
     assert not [e for e in run.events if e[1] in ("dropped", "clipped")]
 
 
-def test_a_sign_flipped_update_is_bounded_but_not_kept_out(swarms):
-    """No aggregator keeps d <= 0.1 against an honest-norm flip: it enters like a 5th worker. What holds:
-    clipped_mean leaves it alone (the run is bit-identical to `mean`'s), the loss still falls and ends
-    near the honest run's, and `mean` does not diverge under it either. trimmed_mean and centered_clip
-    flag it (test_trimmed_and_centered_clip_flag_a_flip)."""
+@pytest.mark.parametrize("attack", ["flip", "scaled_flip"])
+def test_the_default_drops_a_sign_flipped_update_every_round_and_theta_stays_on_the_honest_path(swarms, attack):
     honest = swarms(poisoning_spec(), None)
-    flipped = swarms(poisoning_spec(), "flip")
-    under_mean = swarms(poisoning_spec(**OLD_DEFAULTS), "flip")
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(flipped.thetas, under_mean.thetas) for k in a)
+    run = swarms(poisoning_spec(), attack)
+    assert max(run.ratios(honest)) == 0.0  # d(r) = 0 for every round: bit-identical to the honest-only run
+    assert_loss_falls(run, honest)
+    # Accepted at push, dropped at every close with the reason; counted per round; no honest worker dropped.
+    dropped = [(worker, reason) for worker, kind, reason in run.events if kind in ("dropped", "clipped", "trimmed")]
+    assert [worker for worker, _ in dropped] == [run.malicious_id] * ROUNDS, run.events
+    assert all(reason.startswith(f"round {r}: direction: cosine >= sync.min_cosine = 0 with 0 of the other 4 updates")
+               for r, (_, reason) in enumerate(dropped))
+    assert [(clipped, dropped_count) for _, clipped, dropped_count, _ in run.rounds] == [(0, 1)] * ROUNDS
+    assert all("direction: 1 of 5 dropped" in summary for *_, summary in run.rounds)
+    assert run.exit_codes == {"malicious": 0, **{f"honest{i}": 0 for i in range(HONEST)}}
+
+
+def test_without_the_direction_check_a_flip_of_honest_size_gets_in(swarms):
+    """The check is what keeps it out: with sync.min_cosine = -1 the flip is no outlier by norm, enters like a
+    5th worker and moves θ far past a tenth of the honest step; the loss still falls (the step only shrinks)."""
+    honest = swarms(poisoning_spec(), None)
+    flipped = swarms(poisoning_spec(**CHECK_OFF), "flip")
+    assert max(flipped.ratios(honest)) > 1.0
+    assert not [e for e in flipped.events if e[1] in ("dropped", "clipped")]
     assert_loss_falls(flipped, honest)
-    assert abs(late_loss(flipped) - late_loss(honest)) < 0.2 * (honest.losses[0] - late_loss(honest))
-    assert max(flipped.ratios(honest)) > 0.1  # the honest answer: the criterion does not hold for a flip
 
 
 def test_clipped_mean_bounds_a_scaled_update_below_the_hard_bound(swarms):
@@ -285,9 +300,9 @@ def test_clipped_mean_bounds_a_scaled_update_below_the_hard_bound(swarms):
     assert_loss_falls(run, honest)
 
 
-def test_trimmed_and_centered_clip_flag_a_flip(swarms):
+def test_trimmed_and_centered_clip_flag_a_flip_without_the_direction_check(swarms):
     for aggregation_name, kind in (("trimmed_mean", "trimmed"), ("centered_clip", "clipped")):
-        run = swarms(poisoning_spec(aggregation=aggregation_name), "flip")
+        run = swarms(poisoning_spec(aggregation=aggregation_name, **CHECK_OFF), "flip")
         flagged = [worker for worker, event, _ in run.events if event == kind]
         assert flagged.count(run.malicious_id) >= ROUNDS // 2, (aggregation_name, run.events)
         assert set(flagged) == {run.malicious_id}, (aggregation_name, run.events)
