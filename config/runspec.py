@@ -122,6 +122,10 @@ class InnerSection:
     # Streaming BPTT for models with a per-step encoder (the frame model): the encoder is
     # recomputed this many steps at a time. 0 = plain autograd over the whole window.
     bptt_chunk: int = 0
+    # Core checkpointing (issue #19) with bptt_chunk > 0: MiB for the core states and frame
+    # embeddings kept across a window; the worker picks the schedule (every state, else
+    # binomial) and spills embeddings to disk beyond it. 0 = page the core's saved tensors.
+    memory_budget_mb: float = 0.0
 
     def __post_init__(self) -> None:
         if self.optimizer not in INNER_OPTIMIZERS:
@@ -136,6 +140,10 @@ class InnerSection:
             _fail("inner.grad_clip", self.grad_clip, "a number >= 0 (0 = no clipping)")
         if self.bptt_chunk < 0:
             _fail("inner.bptt_chunk", self.bptt_chunk, "an integer >= 0 (0 = plain autograd)")
+        if not (math.isfinite(self.memory_budget_mb) and self.memory_budget_mb >= 0):
+            _fail("inner.memory_budget_mb", self.memory_budget_mb, "a finite number >= 0 (0 = no core checkpointing)")
+        if self.memory_budget_mb > 0 and self.bptt_chunk == 0:
+            _fail("inner.memory_budget_mb", self.memory_budget_mb, "0 unless inner.bptt_chunk > 0 (core checkpointing is part of streaming BPTT)")
 
 
 @dataclass(frozen=True)

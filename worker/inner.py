@@ -2,7 +2,9 @@
 
 A worker runs H inner steps of full backpropagation through time over its assigned
 sequence length (the whole window is one autograd graph, or streaming BPTT with
-`bptt_chunk` > 0), with AdamW (default) or SGD. `masked_cross_entropy` is the one loss
+`bptt_chunk` > 0, and with core checkpointing when `memory_budget_mb` > 0: the schedule
+is chosen from the budget at each step, reported in `StepResult.schedule`, and the batch
+comes from the sampler's lazy `next_window()` where it has one), with AdamW (default) or SGD. `masked_cross_entropy` is the one loss
 of every model trained on token targets (worker, the launcher's evaluation, the
 diagnostics bench) and `train_step` the one optimizer step the worker and the bench share.
 """
@@ -10,8 +12,9 @@ diagnostics bench) and `train_step` the one optimizer step the worker and the be
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -19,22 +22,28 @@ from torch import nn
 
 from rcswarm.config.runspec import DataSection, InnerSection
 from rcswarm.data.diagnostics import IGNORE_INDEX, DiagnosticTask, make_task
-from rcswarm.data.frames import FrameWindowSpec, GitFrameSource, TypingConfig, TypingFrameSource
+from rcswarm.data.frames import FrameWindowSpec, GitFrameSource, TensorWindow, TypingConfig, TypingFrameSource
 from rcswarm.data.frames.git_editor import N_STYLES as GIT_FRAME_STYLES
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
-from rcswarm.models.protocols import StepModel
-from rcswarm.worker.streaming_bptt import streaming_backward
+from rcswarm.models.protocols import SegmentStepModel, StepModel
+from rcswarm.worker.streaming_bptt import CheckpointPlan, StreamingStats, streaming_backward
 
 VAL_SEED_OFFSET = 1 << 40
+MIB = 1 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """One inner step: its loss, the scored target positions it trained on, its wall time."""
+    """One inner step: its loss, the scored target positions it trained on, its wall time.
+
+    `schedule` describes the core checkpointing schedule the step used ("" without it).
+    """
 
     loss: float
     tokens: int
     seconds: float
+    schedule: str = ""
 
 
 def make_inner_optimizer(model: nn.Module, inner: InnerSection) -> torch.optim.Optimizer:
@@ -146,28 +155,63 @@ def backward_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     return loss.item()
 
 
+def _optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, backward: Callable[[], T]
+) -> T:
+    """Zero the gradients, run `backward` (which accumulates them), clip, step; what `backward` returned."""
+    optimizer.zero_grad(set_to_none=True)
+    result = backward()
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return result
+
+
 def train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
     grad_clip: float, bptt_chunk: int = 0,
 ) -> float:
     """One optimizer step on the batch (inputs [B, T, ...], targets [B, T]): gradients, clipping, step; the loss."""
-    optimizer.zero_grad(set_to_none=True)
-    loss_value = backward_loss(model, inputs, targets, bptt_chunk)
-    if grad_clip > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    return loss_value
+    return _optimizer_step(model, optimizer, grad_clip, lambda: backward_loss(model, inputs, targets, bptt_chunk))
+
+
+def checkpoint_plan(memory_budget_mb: float) -> CheckpointPlan | None:
+    """The core checkpointing plan of `[inner] memory_budget_mb` (None for 0: paged streaming)."""
+    if memory_budget_mb <= 0:
+        return None
+    return CheckpointPlan(budget_bytes=max(1, int(memory_budget_mb * MIB)))
+
+
+def checkpointed_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any, grad_clip: float, bptt_chunk: int,
+    plan: CheckpointPlan,
+) -> tuple[float, StreamingStats]:
+    """One optimizer step with core checkpointing on the sampler's next window (lazy where it can be)."""
+    if not isinstance(model, SegmentStepModel):
+        raise ValueError(
+            f"inner.memory_budget_mb > 0 needs a model with encode(), core_loss() and core_segment(); "
+            f"got {type(model).__name__}"
+        )
+    window = sampler.next_window() if hasattr(sampler, "next_window") else TensorWindow(*sampler.next_batch())
+    return _optimizer_step(
+        model, optimizer, grad_clip, lambda: streaming_backward(model, window, bptt_chunk, checkpoints=plan)
+    )
 
 
 def inner_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any, grad_clip: float,
-    device: torch.device, bptt_chunk: int = 0,
+    device: torch.device, bptt_chunk: int = 0, memory_budget_mb: float = 0.0,
 ) -> StepResult:
     """One `train_step` on the sampler's next batch, on `device`, timed, with the scored tokens counted.
 
     Streaming BPTT (`bptt_chunk` > 0) leaves the inputs on the host; it moves each chunk itself.
+    With `memory_budget_mb` > 0 it checkpoints the core (`checkpointed_step`).
     """
     started = time.perf_counter()
+    plan = checkpoint_plan(memory_budget_mb) if bptt_chunk > 0 else None
+    if plan is not None:
+        loss_value, stats = checkpointed_step(model, optimizer, sampler, grad_clip, bptt_chunk, plan)
+        return StepResult(loss_value, stats.scored, time.perf_counter() - started, stats.schedule)
     inputs, targets = sampler.next_batch()  # [B, T, ...], [B, T]
     targets = targets.to(device)
     if bptt_chunk <= 0:

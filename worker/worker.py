@@ -125,6 +125,7 @@ class Worker:
         )
         self.started = time.perf_counter()
         self.compute_seconds = 0.0
+        self.schedule = ""  # the core checkpointing schedule of the latest step, logged when it changes
         self.sync_seconds = 0.0
         self.step = 0
         self.finished = False
@@ -274,9 +275,14 @@ class Worker:
         for _ in range(self.spec.inner.steps):
             if self.stop.is_set():
                 return
+            inner = self.spec.inner
             result = inner_step(
-                self.model, self.optimizer, self.sampler, self.spec.inner.grad_clip, self.device, self.spec.inner.bptt_chunk
+                self.model, self.optimizer, self.sampler, inner.grad_clip, self.device, inner.bptt_chunk,
+                inner.memory_budget_mb,
             )
+            if result.schedule != self.schedule:
+                self.schedule = result.schedule
+                log.info("%s: core checkpointing at L=%d: %s", self.worker_id, self.data.seq_len, result.schedule)
             self.step += 1
             tokens += result.tokens
             self.compute_seconds += result.seconds

@@ -1,7 +1,9 @@
 """rcswarm.data.frames: frame-and-action training data for the frame model.
 
 - `window`: the interface every frame data source implements
-  (`FrameWindowSource`, `FrameWindowSpec`) and the frame/action alignment.
+  (`FrameWindowSource`, `FrameWindowSpec`), the frame/action alignment, and
+  `FrameWindow`, one batch served a chunk of steps at a time (`TensorWindow`
+  for a materialized batch; `next_window()` of the typing and git sources).
 - `typed_text`: the fully observable typing frames of the paper's Appendix G,
   typed from standard-library docstrings (`TypingFrameSource`).
 - `git_frames` (with `git_replay`, `git_editor`, `frame_codec`,
@@ -33,8 +35,10 @@ from rcswarm.data.frames.typed_text import (
 )
 from rcswarm.data.frames.window import (
     FrameBatch,
+    FrameWindow,
     FrameWindowSource,
     FrameWindowSpec,
+    TensorWindow,
     check_frame_batch,
 )
 
@@ -51,12 +55,14 @@ __all__ = [
     "FrameBatch",
     "FrameFormatError",
     "FrameReader",
+    "FrameWindow",
     "FrameWindowSource",
     "FrameWindowSpec",
     "FrameWriter",
     "GitFrameSource",
     "ReplayError",
     "ReplayStats",
+    "TensorWindow",
     "TypingConfig",
     "TypingDocument",
     "TypingFrameSource",

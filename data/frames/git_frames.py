@@ -21,7 +21,9 @@ one character share a frame). Cells are (code point mod char_vocab, style);
 styles are `git_editor.STYLE_*` (N_STYLES = 9). Frames are decoded on the fly
 from the shards; token arrays are memory-mapped, and at most `max_open`
 shard readers (each caching two decoded blocks) are open, so memory does not
-grow with the repository.
+grow with the repository. `next_window()` gives the next batch lazily
+(`GitWindow`, a `FrameWindow`): only the chunk asked for is decoded, so a window
+of 10^5 frames is never held at once.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import os
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +47,7 @@ from rcswarm.data.frames.action_tokenizer import (
 from rcswarm.data.frames.frame_codec import FrameReader, FrameWriter
 from rcswarm.data.frames.git_editor import CONTROL_SEQUENCES, CONTROLS, N_STYLES
 from rcswarm.data.frames.git_replay import ReplayStats, replay
-from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec
+from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec, check_chunk
 
 MANIFEST = "manifest.json"
 
@@ -267,21 +270,51 @@ class GitFrameSource:
             )
         return self._tokens[k]
 
-    def window(self, k: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
-        """(frames [L, rows, cols, 2], token ids [L]) of shard k from token `offset`."""
-        L = self.spec.window
+    def rows(self, k: int, offset: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(frames [count, rows, cols, 2], token ids [count]) of shard k from token `offset`."""
         ids, starts = self._tok(k)
         reader = self._reader(k)
-        frames = np.stack([reader.frame(int(s)) for s in starts[offset : offset + L]])
+        frames = np.stack([reader.frame(int(s)) for s in starts[offset : offset + count]])
         frames[..., 0] %= self.char_vocab
-        return frames, np.asarray(ids[offset : offset + L], np.int64)
+        return frames, np.asarray(ids[offset : offset + count], np.int64)
 
-    def next_batch(self) -> FrameBatch:
-        fs, acts = [], []
+    def window(self, k: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """(frames [L, rows, cols, 2], token ids [L]) of shard k from token `offset`."""
+        return self.rows(k, offset, self.spec.window)
+
+    def next_window(self) -> GitWindow:
+        """The next batch as a lazy `FrameWindow`: (shard, offset) drawn now, frames decoded per chunk."""
+        places = []
         for _ in range(self.spec.batch_size):
             k = int(self.rng.choice(len(self.shards), p=self.weights))
             off = int(self.rng.integers(0, self.shards[k]["tokens"] - self.spec.window + 1))
-            f, a = self.window(k, off)
-            fs.append(f)
-            acts.append(a)
-        return torch.from_numpy(np.stack(fs)), torch.from_numpy(np.stack(acts))
+            places.append((k, off))
+        return GitWindow(self, tuple(places), self.spec.window)
+
+    def next_batch(self) -> FrameBatch:
+        return self.next_window().chunk(0, self.spec.window)
+
+
+@dataclass(frozen=True)
+class GitWindow:
+    """B windows of `length` tokens at `places` ((shard, token offset) each); a `FrameWindow`.
+
+    `chunk(start, stop)` decodes only the frames of tokens start .. stop - 1 of every
+    window (the reader caches two blocks per shard); token ids are memory-mapped.
+    """
+
+    source: GitFrameSource
+    places: tuple[tuple[int, int], ...]
+    length: int
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.places)
+
+    def chunk(self, start: int, stop: int) -> FrameBatch:
+        """(frames [B, stop - start, rows, cols, 2], actions [B, stop - start]), int64."""
+        check_chunk(self, start, stop)
+        rows = [self.source.rows(k, offset + start, stop - start) for k, offset in self.places]
+        frames = np.stack([f for f, _ in rows])  # [B, n, rows, cols, 2]
+        actions = np.stack([a for _, a in rows])  # [B, n]
+        return torch.from_numpy(frames), torch.from_numpy(actions)

@@ -72,7 +72,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec
+from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec, check_chunk
 from rcswarm.data.validation import check_bool, check_int
 
 PRINTABLE_CHARSET: str = "".join(chr(c) for c in range(32, 127)) + "\n"
@@ -478,13 +478,38 @@ class TypingFrameSource:
         start, stop = int(self._starts[index]), int(self._starts[index + 1])
         return self.window(start, stop - start)
 
+    def next_window(self) -> TypingWindow:
+        """The next batch as a lazy `FrameWindow`: offsets drawn now, frames rendered per chunk."""
+        offsets = self._rng.integers(0, self.n_steps, size=self.spec.batch_size)  # [B]
+        return TypingWindow(self, offsets, self.spec.window)
+
     def next_batch(self) -> FrameBatch:
         """The next (frames [B, L, R, C, 2], actions [B, L]), int64, at uniform random offsets."""
-        batch, length = self.spec.batch_size, self.spec.window
-        rows, cols = self.geometry
-        offsets = self._rng.integers(0, self.n_steps, size=batch)  # [B]
-        out = np.empty((batch, length, rows * cols, 2), dtype=np.int64)  # [B, L, R*C, 2]
-        for b in range(batch):
-            self._render_into(int(offsets[b]), out[b])
-        frames = torch.from_numpy(out).view(batch, length, rows, cols, 2)
-        return frames, torch.from_numpy(self._action_window(offsets, length))
+        return self.next_window().chunk(0, self.spec.window)
+
+
+@dataclass(frozen=True)
+class TypingWindow:
+    """B windows of the typing stream from `offsets` [B], `length` steps each; a `FrameWindow`.
+
+    `chunk(start, stop)` renders steps start .. stop - 1 of every window (each from its
+    document's prefix, then incrementally), so memory holds one chunk, never the window.
+    """
+
+    source: TypingFrameSource
+    offsets: np.ndarray  # [B] int64 stream offsets
+    length: int
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.offsets)
+
+    def chunk(self, start: int, stop: int) -> FrameBatch:
+        """(frames [B, stop - start, R, C, 2], actions [B, stop - start]), int64."""
+        check_chunk(self, start, stop)
+        count, (rows, cols) = stop - start, self.source.geometry
+        out = np.empty((self.batch_size, count, rows * cols, 2), dtype=np.int64)  # [B, n, R*C, 2]
+        for b, offset in enumerate(self.offsets):
+            self.source._render_into(int(offset) + start, out[b])
+        frames = torch.from_numpy(out).view(self.batch_size, count, rows, cols, 2)
+        return frames, torch.from_numpy(self.source._action_window(self.offsets + start, count))

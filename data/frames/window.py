@@ -22,6 +22,16 @@ A window is L consecutive steps of the source's stream, drawn at seeded random
 offsets; `FrameWindowSpec` says how many windows (batch_size), how long (L) and
 from which seed.
 
+A batch need not be materialized: `FrameWindow` is the lazy form of one batch,
+B windows of L steps served a chunk of steps at a time (`chunk(start, stop)`),
+so a window of 10^5 frames is never held at once (a tiny-preset batch of 8
+such windows would take 1.6 GB as int64). Streaming BPTT with core
+checkpointing (`rcswarm.worker.streaming_bptt`) reads it twice per chunk: once
+in its forward sweep and once in the backward pass. Sources that can render or
+decode any stretch of their stream offer `next_window()` beside `next_batch()`;
+`next_batch()` is `next_window()` read whole, so both draw the same windows from
+the same seed. `TensorWindow` wraps a materialized batch.
+
 Cells follow the frame model's convention: the char id of a code point c is
 c mod char_vocab, and style ids are small ints in [0, n_styles) whose meaning
 each source documents. This package imports nothing else of rcswarm, so it
@@ -77,6 +87,62 @@ class FrameWindowSource(Protocol):
     def action_vocab_size(self) -> int: ...
 
     def next_batch(self) -> FrameBatch: ...
+
+
+@runtime_checkable
+class FrameWindow(Protocol):
+    """One batch served lazily: B windows of L steps, `chunk(start, stop)` at a time.
+
+    - `batch_size` (B) and `length` (L).
+    - `chunk(start, stop)`: (steps [B, stop - start, ...], targets [B, stop - start])
+      for 0 <= start < stop <= L; the same arguments give equal tensors every time.
+    """
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def length(self) -> int: ...
+
+    def chunk(self, start: int, stop: int) -> FrameBatch: ...
+
+
+def check_chunk(window: FrameWindow, start: int, stop: int) -> None:
+    """Raise ValueError unless 0 <= start < stop <= window.length (ints)."""
+    for name, value in (("start", start), ("stop", stop)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"chunk {name}={value!r}: expected an int")
+    if not 0 <= start < stop <= window.length:
+        raise ValueError(f"chunk [{start}, {stop}): expected 0 <= start < stop <= {window.length} (the window's length)")
+
+
+@dataclass(frozen=True)
+class TensorWindow:
+    """A materialized batch (steps [B, L, ...], targets [B, L, ...]) as a `FrameWindow`."""
+
+    steps: Tensor
+    targets: Tensor
+
+    def __post_init__(self) -> None:
+        if self.steps.dim() < 2 or self.steps.shape[1] < 1:
+            raise ValueError(f"steps has shape {tuple(self.steps.shape)}: expected [B, L, ...] with L >= 1")
+        if self.targets.dim() < 2 or self.targets.shape[:2] != self.steps.shape[:2]:
+            raise ValueError(
+                f"targets has shape {tuple(self.targets.shape)}: expected its first two dimensions "
+                f"to be [B, L] = {tuple(self.steps.shape[:2])}"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.steps.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.steps.shape[1]
+
+    def chunk(self, start: int, stop: int) -> FrameBatch:
+        check_chunk(self, start, stop)
+        return self.steps[:, start:stop], self.targets[:, start:stop]
 
 
 def check_frame_batch(source: FrameWindowSource, spec: FrameWindowSpec, batch: FrameBatch) -> None:

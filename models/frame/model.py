@@ -13,10 +13,11 @@ independently and every LSTM runs forwards in time.
 bias-free Linear(H -> D) when n_hidden != d_model, the identity (no
 parameters) when they are equal, as in every preset of the paper.
 
-The model implements `rcswarm.models.protocols.StepModel`, the two halves the
+The model implements `rcswarm.models.protocols.SegmentStepModel`, the halves the
 streaming backward pass (`rcswarm.worker.streaming_bptt`) needs: `encode` (frame
-head, per step) and `core` / `core_loss` (main model over the embeddings).
-`forward` is `core(encode(frames))`.
+head, per step), `core` / `core_loss` (main model over the embeddings) and
+`core_segment` (the main model over one segment from a carried state: the hook
+core checkpointing recomputes segments with). `forward` is `core(encode(frames))`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rcswarm.models.frame.config import FrameModelConfig
 from rcswarm.models.frame.frame_head import FrameHead
 from rcswarm.models.frame.layers import MLP, init_lstm_
 from rcswarm.models.init import INIT_STD, init_linear, init_norm
+from rcswarm.models.protocols import CoreState
 
 LSTMState = tuple[Tensor, Tensor]
 """(h, c) of one single-layer nn.LSTM, each [1, B, H]."""
@@ -120,6 +122,14 @@ class FrameActionModel(nn.Module):
         `return_state=True` (None starts from zeros), so a long window can be run
         in pieces with the result of one call.
         """
+        x, new_state = self._main_layers(embeddings, state)  # [B, L, D]
+        logits = self.head(self.norm_out(x))  # [B, L, V]
+        if return_state:
+            return logits, new_state
+        return logits
+
+    def _main_layers(self, embeddings: Tensor, state: list[LSTMState] | None) -> tuple[Tensor, list[LSTMState]]:
+        """The residual LSTM + MLP stack over embeddings [B, L, D] from `state`: (x [B, L, D], state after)."""
         if state is not None and len(state) != len(self.layers):
             raise ValueError(
                 f"state has {len(state)} layer states: expected {len(self.layers)} (one per layer)"
@@ -129,15 +139,36 @@ class FrameActionModel(nn.Module):
         for i, layer in enumerate(self.layers):
             x, layer_state = layer(x, None if state is None else state[i])  # [B, L, D]
             new_state.append(layer_state)
-        logits = self.head(self.norm_out(x))  # [B, L, V]
-        if return_state:
-            return logits, new_state
-        return logits
+        return x, new_state
 
     def core_loss(self, embeddings: Tensor, targets: Tensor) -> Tensor:
         """Mean next-action cross-entropy over [B, L] from embeddings [B, L, D]."""
         logits = self.core(embeddings)  # [B, L, V]
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def core_segment(
+        self, embeddings: Tensor, targets: Tensor | None, state: CoreState | None
+    ) -> tuple[Tensor | None, Tensor | None, CoreState]:
+        """One segment of the main model from `state`: (summed cross-entropy, scored targets, state after).
+
+        `embeddings` [B, T, D], `targets` [B, T] (None: only the state is computed, the
+        head is skipped), `state` the flat (h_1, c_1, ..., h_Ls, c_Ls), each [1, B, H],
+        of an earlier call (None: zeros). Chained over consecutive segments, the summed
+        losses divided by the scored targets equal `core_loss` (targets of -100 are not
+        scored, as in F.cross_entropy).
+        """
+        n_layers = len(self.layers)
+        if state is not None and len(state) != 2 * n_layers:
+            raise ValueError(f"state has {len(state)} tensors: expected {2 * n_layers} (h and c of every layer)")
+        pairs = None if state is None else [(state[2 * i], state[2 * i + 1]) for i in range(n_layers)]
+        x, new_state = self._main_layers(embeddings, pairs)  # [B, T, D]
+        flat = tuple(t for pair in new_state for t in pair)  # each [1, B, H]
+        if targets is None:
+            return None, None, flat
+        logits = self.head(self.norm_out(x))  # [B, T, V]
+        flat_targets = targets.reshape(-1)  # [B*T]
+        loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_targets, reduction="sum")
+        return loss_sum, (flat_targets != -100).sum(), flat
 
     def forward(self, frames: Tensor) -> Tensor:
         """Next-action logits [B, L, action_vocab] for `frames` [B, L, rows, cols, 2]."""
