@@ -735,10 +735,14 @@ class SwarmCoordinator:
             if problem is not None:
                 raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"metrics refused: {problem}")
         now = self.clock()
+        # Training past a finite run's last round (a worker that pulled the final version before it heard the
+        # run finished) belongs to no round: those rows are not kept, and `stored` says how many were.
+        last = self.spec.run.rounds
+        metrics = [m for m in request.metrics if not (last > 0 and m.version >= last and m.tokens > 0)]
         with self._lock:
             worker = self._reporter(request.worker_id, request.worker_secret)
             self._count_metric_rows(worker, len(request.metrics))
-            for metric in request.metrics:
+            for metric in metrics:
                 self.total_tokens += metric.tokens
                 if math.isfinite(metric.loss) and metric.tokens > 0:
                     worker.last_loss = metric.loss
@@ -746,7 +750,7 @@ class SwarmCoordinator:
         rows = (
             (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
              m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
-            for m in request.metrics
+            for m in metrics
         )
         return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
 

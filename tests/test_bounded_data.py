@@ -225,3 +225,18 @@ def test_live_tokens_per_second_counts_from_the_first_pull(tmp_path: Any) -> Non
         assert status.total_tokens == 1000 and status.tokens_per_second == pytest.approx(1000 / 11)
     finally:
         coordinator.close()
+
+
+def test_training_rows_past_a_finite_runs_last_round_are_not_kept(tmp_path) -> None:
+    """A worker that pulled the final version before it heard the run finished trains a round no round can
+    take: its training rows (version >= run.rounds) are not stored; a pull's digest row (no tokens) is."""
+    coordinator = SwarmCoordinator(tiny_spec(run={"rounds": 1}), StateStore(tmp_path))
+    try:
+        member = coordinator.join(pb.JoinRequest(worker_name="a"))
+        rows = [pb.Metric(version=0, step=1, loss=3.0, tokens=8), pb.Metric(version=1, step=6, loss=2.5, tokens=8),
+                pb.Metric(version=1, step=5, loss=math.nan, tokens=0, param_sha256="ab")]
+        assert coordinator.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows)).stored == 2
+        assert sql(tmp_path, "SELECT version, tokens FROM metrics ORDER BY step") == [(0, 8), (1, 0)]
+        assert coordinator.total_tokens == 8
+    finally:
+        coordinator.close()
