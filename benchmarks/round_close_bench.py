@@ -84,9 +84,9 @@ class Wire:
     def call(self, method: str, request: object, timeout: float) -> object:
         return getattr(self.stub, method)(request, timeout=timeout, metadata=self.metadata)
 
-    def pull(self, worker_id: str, timeout: float) -> pb.TensorHeader:
-        responses = self.stub.PullParameters(pb.PullParametersRequest(worker_id=worker_id), timeout=timeout,
-                                             metadata=self.metadata)
+    def pull(self, member: pb.JoinResponse, timeout: float) -> pb.TensorHeader:
+        request = pb.PullParametersRequest(worker_id=member.worker_id, worker_secret=member.worker_secret)
+        responses = self.stub.PullParameters(request, timeout=timeout, metadata=self.metadata)
         header = None
         for response in responses:
             header = header or response.header
@@ -114,7 +114,7 @@ def encoded_update(header: pb.TensorHeader, codec: int, block: int, seed: int) -
                                        encoded=encoded)
 
 
-def worker_loop(wire: Wire, worker_id: str, update: tuple[pb.TensorHeader, list[pb.TensorChunk]], rounds: int,
+def worker_loop(wire: Wire, member: pb.JoinResponse, update: tuple[pb.TensorHeader, list[pb.TensorChunk]], rounds: int,
                 start: threading.Barrier, timeout: float, errors: list[BaseException]) -> None:
     """Push for the current version and wait for the next, `rounds` times."""
     template, chunks = update
@@ -124,29 +124,32 @@ def worker_loop(wire: Wire, worker_id: str, update: tuple[pb.TensorHeader, list[
             header = pb.TensorHeader()
             header.CopyFrom(template)
             header.version = version
-            meta = pb.UpdateMeta(worker_id=worker_id, base_version=version, tokens=1000)
+            meta = pb.UpdateMeta(worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=version,
+                                 tokens=1000)
             messages = [pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header),
                         *(pb.PushUpdateRequest(chunk=c) for c in chunks)]
             wire.call("PushUpdate", iter(messages), timeout=timeout)
             deadline = time.monotonic() + timeout
             reached = version
             while reached < version + 1 and time.monotonic() < deadline:
-                request = pb.AwaitVersionRequest(worker_id=worker_id, min_version=version + 1, wait_ms=10_000)
+                request = pb.AwaitVersionRequest(worker_id=member.worker_id, worker_secret=member.worker_secret,
+                                                 min_version=version + 1, wait_ms=10_000)
                 reached = wire.call("AwaitVersion", request, timeout=15.0).version
             if reached < version + 1:
-                raise TimeoutError(f"{worker_id}: version {version + 1} not reached within {timeout:.0f}s")
+                raise TimeoutError(f"{member.worker_id}: version {version + 1} not reached within {timeout:.0f}s")
     except BaseException as exc:  # reported by the main thread
         errors.append(exc)
 
 
-def beat_loop(wire: Wire, worker_id: str, coordinator: SwarmCoordinator, beat_s: float, stop: threading.Event,
+def beat_loop(wire: Wire, member: pb.JoinResponse, coordinator: SwarmCoordinator, beat_s: float, stop: threading.Event,
               beats: Beats, errors: list[BaseException]) -> None:
     """Heartbeat every `beat_s` until `stop`, timing each call."""
     try:
         while not stop.wait(beat_s):
             closing = coordinator.closing
             started = time.perf_counter()
-            wire.call("Heartbeat", pb.HeartbeatRequest(worker_id=worker_id), timeout=30.0)
+            beat = pb.HeartbeatRequest(worker_id=member.worker_id, worker_secret=member.worker_secret)
+            wire.call("Heartbeat", beat, timeout=30.0)
             (beats.during_close if closing else beats.otherwise).append(time.perf_counter() - started)
     except BaseException as exc:
         errors.append(exc)
@@ -162,17 +165,17 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
     beat_wire = Wire(f"127.0.0.1:{running.port}")
     stop, errors, beats = threading.Event(), [], Beats()
     try:
-        ids = [wire.call("Join", pb.JoinRequest(worker_name=f"w{i}", device="cpu", pid=1), timeout=30).worker_id
-               for i in range(args.workers)]
+        members = [wire.call("Join", pb.JoinRequest(worker_name=f"w{i}", device="cpu", pid=1), timeout=30)
+                   for i in range(args.workers)]
         header = None
-        for worker_id in ids:
-            header = wire.pull(worker_id, timeout=args.timeout)
+        for member in members:
+            header = wire.pull(member, timeout=args.timeout)
         codec, block = codecs.codec_from_name(args.codec), spec.sync.block_size
         updates = [encoded_update(header, codec, block, seed) for seed in range(args.workers)]
         start = threading.Barrier(args.workers + 1)
-        threads = [threading.Thread(target=worker_loop, args=(wire, worker_id, update, args.rounds, start, args.timeout, errors),
-                                    daemon=True) for worker_id, update in zip(ids, updates, strict=True)]
-        beat_thread = threading.Thread(target=beat_loop, args=(beat_wire, ids[0], coordinator, args.beat_ms / 1000, stop,
+        threads = [threading.Thread(target=worker_loop, args=(wire, member, update, args.rounds, start, args.timeout, errors),
+                                    daemon=True) for member, update in zip(members, updates, strict=True)]
+        beat_thread = threading.Thread(target=beat_loop, args=(beat_wire, members[0], coordinator, args.beat_ms / 1000, stop,
                                                                beats, errors), daemon=True)
         for thread in threads:
             thread.start()
@@ -193,7 +196,7 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
         if errors:
             raise RuntimeError(f"a benchmark thread failed: {errors[0]!r}")
         started = time.perf_counter()
-        wire.pull(ids[0], timeout=args.timeout)
+        wire.pull(members[0], timeout=args.timeout)
         return SizeResult(size, params, round_seconds, pieces, beats, time.perf_counter() - started)
     finally:
         stop.set()

@@ -33,7 +33,7 @@ measured loopback bytes.
 
 hivemind's libp2p connections are encrypted (TLS 1.3) by default; plain rcswarm gRPC is not,
 so ``--tls-codecs`` (default: fp32) runs those rcswarm configurations a second time with the
-coordinator serving TLS (a self-signed certificate; needs ``cryptography``, in the dev extra).
+coordinator serving TLS (a self-signed certificate, made with ``cryptography``).
 ``--no-fsync-codecs`` (default: fp32 int8) runs configurations again with ``[coordinator]
 durable = false``: each version is still persisted atomically, but not fsynced (hivemind
 persists nothing). A separate table times the coordinator's close-of-round pieces in-process (weighted average
@@ -129,8 +129,8 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
         )
         try:
             joined = client.join(f"bench-{rank}", "cpu", os.getpid())
-            worker_id, run_id = joined.worker_id, joined.run_id
-            version, held = client.pull(worker_id, run_id)
+            run_id = joined.run_id
+            version, held = client.pull(joined, run_id)
             feedback = codecs.ErrorFeedback() if codec != pb.CODEC_FP32 else None
             out.put(("ready", rank, None))
             for r in range(cfg["total_rounds"]):
@@ -140,7 +140,8 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
                 header, chunks = tensor_stream.build_payload(
                     deltas, codec=codec, run_id=run_id, version=version, block_size=INT8_BLOCK, encoded=encoded
                 )
-                meta = pb.UpdateMeta(worker_id=worker_id, base_version=version, tokens=1000, inner_steps=1)
+                meta = pb.UpdateMeta(worker_id=joined.worker_id, worker_secret=joined.worker_secret, base_version=version,
+                                     tokens=1000, inner_steps=1)
                 encode_s = time.monotonic() - t_enc
                 del deltas, encoded
                 barrier.wait(timeout=cfg["timeout"])
@@ -151,11 +152,11 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
                 t_push = time.monotonic()
                 push_bytes = client.bytes_sent - sent0
                 deadline = t0 + cfg["timeout"]
-                while client.await_version(worker_id, version + 1, AWAIT_WAIT_S).version < version + 1:
+                while client.await_version(joined, version + 1, AWAIT_WAIT_S).version < version + 1:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"version {version + 1} did not appear within {cfg['timeout']}s")
                 t_await = time.monotonic()
-                new_version, held = client.pull(worker_id, run_id, have=(version, held))
+                new_version, held = client.pull(joined, run_id, have=(version, held))
                 t1 = time.monotonic()
                 lo1 = read_lo_tx()
                 if new_version != version + 1:
@@ -166,7 +167,7 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
                     encode_s=encode_s, push_bytes=push_bytes,
                     sent=client.bytes_sent - sent0, received=client.bytes_received - recv0,
                 )))
-            client.leave(worker_id, "benchmark done")
+            client.leave(joined, "benchmark done")
         finally:
             client.close()
         out.put(("done", rank, None))
@@ -418,7 +419,7 @@ def run_rcswarm(
         tls_args: list[str] = []
         tls_ca = ""
         if tls:
-            from rcswarm.coordinator.tls import write_self_signed  # needs `cryptography` (the dev extra)
+            from rcswarm.coordinator.tls import write_self_signed
 
             cert, key = write_self_signed(run_dir)
             tls_args, tls_ca = ["--tls-cert", str(cert), "--tls-key", str(key)], str(cert)

@@ -4,6 +4,7 @@
     rcswarm coordinator --config RUN.toml --state-dir DIR --port P
     rcswarm worker --coordinator HOST:PORT --token T [--device auto]
     rcswarm bench diag --task maze --models lstm transformer --budget-minutes 5
+    rcswarm launch ray --address auto --coordinator HOST:PORT --workers N   workers as Ray actors
 
 Each subcommand's module is imported only when it runs.
 """
@@ -21,6 +22,7 @@ COMMANDS = {
     "fit": ("rcswarm.cli.fit", "fit scaling laws to recorded metrics and plot them"),
     "data": ("rcswarm.cli.data", "build training data: `rcswarm data frames --repo PATH --out DIR`"),
     "status": ("rcswarm.cli.status", "print a coordinator's runs, workers, rounds and fits"),
+    "launch": ("rcswarm.cli.launch", "workers on a cluster manager: `rcswarm launch ray --address auto ...`"),
 }
 BENCHES = {"diag": "rcswarm.cli.bench"}
 

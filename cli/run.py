@@ -1,10 +1,20 @@
 """`rcswarm run [RUN.toml]`: a whole swarm on this machine from one command.
 
-Starts a coordinator and N worker processes on loopback (each in its own session, so a
-Ctrl-C reaches only this launcher, which then stops the workers and the coordinator in
-order), shows live progress from GetStatus, and ends with a summary. The run directory
-keeps run.toml, the coordinator's state (SQLite metrics, checkpoints), logs of every
-process, final.safetensors (the final global parameters) and summary.json.
+Starts a coordinator (with its dashboard on a free loopback port, whose URL is printed) and
+N worker processes on loopback (each in its own session, so a Ctrl-C reaches only this
+launcher, which then stops the workers and the coordinator in order), shows live progress
+from GetStatus (one line per run of a sweep), and ends with a summary that says how the run
+ended. Without a config it runs the built-in demo (`cli/demo.py`), a sweep over sequence
+lengths under a wall-time budget. The run directory keeps run.toml, the coordinator's state
+(SQLite metrics, checkpoints), logs of every process, final.safetensors (the final global
+parameters; final-L<L>.safetensors per run of a sweep) and summary.json; a sweep's also
+fit.png, the plot of the fitted law that `rcswarm fit RUN_DIR` draws.
+
+Every number shown says what it is: the progress line's train loss is the mean of the
+workers' last reported training losses ("—" until one exists), tokens/s counts training
+tokens of all workers since the run began serving; the summary's train loss is the mean loss
+of all steps of the first and of the last completed round, its held-out loss the evaluation of
+the initial and of the final parameters on held-out batches, and notes under its table say so.
 """
 
 from __future__ import annotations
@@ -26,13 +36,18 @@ from typing import IO
 
 import grpc
 import torch
+from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from safetensors.torch import load_file, save_file
 
+from rcswarm.cli.demo import DEMO_MINUTES, demo_spec
+from rcswarm.cli.fit import plot as plot_fit
+from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.analysis import FitReport, analyse, length_curves, read_state_dirs
 from rcswarm.coordinator.fits import fit_power_law
 from rcswarm.coordinator.report import summarize
 from rcswarm.coordinator.store import StateStore, split_checkpoint
@@ -69,17 +84,19 @@ class Swarm:
             [sys.executable, *args], env=self.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
 
-    def start_coordinator(self) -> int:
+    def start_coordinator(self) -> tuple[int, int]:
+        """Start the coordinator with its dashboard on free loopback ports; (gRPC port, dashboard port)."""
         port_file = self.run_dir / "coordinator.json"
         self.coordinator = self._spawn(
             ["-m", "rcswarm.coordinator", "--config", str(self.run_dir / "run.toml"), "--state-dir",
-             str(self.run_dir / "state"), "--port", "0", "--port-file", str(port_file)],
+             str(self.run_dir / "state"), "--port", "0", "--port-file", str(port_file), "--http-port", "0"],
             "coordinator.log",
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if port_file.exists():
-                return int(json.loads(port_file.read_text())["port"])
+                ports = json.loads(port_file.read_text())
+                return int(ports["port"]), int(ports["http_port"])
             if self.coordinator.poll() is not None:
                 break
             time.sleep(0.1)
@@ -120,9 +137,75 @@ class Swarm:
             log_file.close()
 
 
-def _progress_line(status: pb.GetStatusResponse) -> str:
+PROGRESS_LEGEND = (
+    "progress: round = outer rounds closed; train loss = mean of the workers' last reported training loss "
+    "(— until one arrives); tok/s = training tokens per second of all workers since the run began serving"
+)
+# Without a terminal, a run's progress line is printed when its round changes, at most this often.
+PLAIN_PRINT_S = 10.0
+
+
+def number(value: float | None, spec: str = ".3f") -> str:
+    """A number for people: "—" where there is none yet (None, NaN, infinity)."""
+    return "—" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """One run's line of progress, from GetStatus (a sweep's RunSummary, or the run's own status)."""
+
+    label: str
+    version: int
+    loss: float
+    tokens_per_second: float
+    workers: int
+
+    def info(self) -> str:
+        return (f"train loss {number(self.loss)}  {self.tokens_per_second:,.0f} tok/s  "
+                f"{self.workers} worker{'s' if self.workers != 1 else ''}")
+
+
+def run_progress(status: pb.GetStatusResponse) -> list[RunProgress]:
+    """A line per run: a sweep's runs by L, or the single run."""
+    if status.runs:
+        return [RunProgress(f"L={r.seq_len} × {r.batch_size}", r.version, r.latest_loss, r.tokens_per_second,
+                            r.active_workers) for r in status.runs]
     active = sum(1 for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE)
-    return f"loss {status.latest_loss:.3f}  {status.tokens_per_second:,.0f} tok/s  workers {active}"
+    return [RunProgress("run", status.version, status.latest_loss, status.tokens_per_second, active)]
+
+
+class ProgressView:
+    """The live progress: under a wall-time budget a bar of the time, then one bar per run (of rounds, or
+    open-ended under a budget); without a terminal, a plain line per run when its round changes, at most
+    every PLAIN_PRINT_S seconds."""
+
+    def __init__(self, progress: Progress, console: Console, rounds: int, budget: float) -> None:
+        self.progress, self.console, self.budget = progress, console, budget
+        self.total = None if math.isfinite(budget) else rounds or None
+        self.clock = (progress.add_task("time", total=budget, count=f"of {budget:.0f} s", info="wall-time budget")
+                      if math.isfinite(budget) else None)
+        self.tasks: dict[str, TaskID] = {}
+        self.printed: dict[str, tuple[int, float]] = {}
+
+    @staticmethod
+    def columns() -> list:
+        return [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
+
+    def tick(self, remaining: float) -> None:
+        if self.clock is not None:
+            self.progress.update(self.clock, completed=self.budget - max(0.0, remaining))
+
+    def show(self, status: pb.GetStatusResponse, now: float) -> None:
+        for run in run_progress(status):
+            if run.label not in self.tasks:
+                self.tasks[run.label] = self.progress.add_task(run.label, total=self.total, count="", info="")
+            count = f"round {run.version}" + (f"/{self.total}" if self.total else "")
+            self.progress.update(self.tasks[run.label], completed=run.version, count=count, info=run.info())
+            last_version, last_time = self.printed.get(run.label, (-1, -math.inf))
+            if not self.console.is_terminal and run.version != last_version and now - last_time >= PLAIN_PRINT_S:
+                self.console.print(f"{run.label}: {count}  {run.info()}")
+                self.printed[run.label] = (run.version, now)
 
 
 def watch(
@@ -133,21 +216,18 @@ def watch(
 
     Returns True when the wall-time deadline (time.monotonic()) ended the watch.
     """
-    columns = [TextColumn("round"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("train", total=rounds or None, info="starting")
-        last_version = -1
+    console.print(PROGRESS_LEGEND, style="dim")
+    with Progress(*ProgressView.columns(), console=console, transient=False) as progress:
+        view = ProgressView(progress, console, rounds, deadline - time.monotonic())
         while not stop.wait(POLL_S):
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            view.tick(deadline - now)
+            if now >= deadline:
                 return True
             try:
-                status = client.status()
+                view.show(client.status(), now)
             except grpc.RpcError:
                 continue
-            progress.update(task, completed=status.version, info=_progress_line(status))
-            if not console.is_terminal and status.version != last_version:
-                console.print(f"round {status.version}/{rounds or '∞'}  {_progress_line(status)}")
-            last_version = status.version
             if swarm.workers_running() == 0:
                 return False
     return False
@@ -210,51 +290,137 @@ def summarize_run(local: LocalRun) -> dict:
             "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final)}
 
 
-SUMMARY_ROWS = (
-    ("rounds", lambda r: f"{r['rounds']}"),
-    ("workers", lambda r: f"{r['workers']}"),
-    ("train loss, first → last round", lambda r: f"{r['first_round_loss']:.3f} → {r['last_round_loss']:.3f}"),
-    ("held-out loss, initial → final", lambda r: f"{r['val_loss_initial']:.3f} → {r['val_loss_final']:.3f}"),
-    ("tokens", lambda r: f"{r['tokens']:,}"),
-    ("tokens/s", lambda r: f"{r['tokens_per_second']:,.0f}"),
-    ("bytes sent per round (all workers)", lambda r: f"{r['bytes_sent_per_round']:,.0f}"),
-    ("bytes received per round", lambda r: f"{r['bytes_received_per_round']:,.0f}"),
-    ("share of wall time synchronizing", lambda r: f"{r['sync_share']:.1%}"),
-    ("wall time", lambda r: f"{r['wall_seconds']:.1f}s"),
+def _train_loss(r: dict) -> str:
+    """The mean training loss of the first and last closed rounds; no arrow where there is no trend to show."""
+    if r["rounds"] == 0:
+        return "— (no round completed)"
+    if r["rounds"] == 1:
+        return f"{number(r['last_round_loss'])} (one round)"
+    return f"{number(r['first_round_loss'])} → {number(r['last_round_loss'])}"
+
+
+def _held_out_loss(r: dict) -> str:
+    if r["rounds"] == 0:
+        return f"{number(r['val_loss_initial'])} (untrained: no round completed)"
+    return f"{number(r['val_loss_initial'])} → {number(r['val_loss_final'])}"
+
+
+# The summary's columns: (header, cell of a run's row); SUMMARY_NOTES says what each marked number is.
+SUMMARY_COLUMNS = (
+    ("L ×\nbatch", lambda r: f"{r['seq_len']} × {r['batch_size']}"),
+    ("rounds", lambda r: f"{r['rounds']:,}"),
+    ("train loss¹\nfirst → last", _train_loss),
+    ("held-out loss²\ninitial → final", _held_out_loss),
+    ("tok/s³", lambda r: f"{r['tokens_per_second']:,.0f}"),
+    ("sync⁴", lambda r: "—" if not math.isfinite(r["sync_share"]) else f"{r['sync_share']:.1%}"),
+    ("MB/\nround⁵", lambda r: f"{(r['bytes_sent_per_round'] + r['bytes_received_per_round']) / 1e6:.2f}"),
+    ("wall\ntime", lambda r: f"{r['wall_seconds']:.0f} s"),
+)
+SUMMARY_NOTES = (
+    "¹ mean training loss of all steps of the first and of the last completed round",
+    f"² cross-entropy of the initial and of the final parameters on {EVAL_BATCHES} held-out batches",
+    "³ training tokens of all workers per second of the run's wall time (first round opened → last metric)",
+    "⁴ share of wall time synchronizing: mean over workers of sync / (sync + compute) seconds",
+    "⁵ megabytes all workers sent (pushes) and received (pulls) per round, together",
 )
 
 
-def print_summary(console: Console, run_dir: Path, spec: RunSpec) -> list[dict]:
-    """One column per run (a single run is a sweep of one), loss ≈ A·L^(−α) over 3+ runs' held-out
-    losses, and summary.json: a single run's row itself, a sweep's `runs` and `fit`."""
-    rows = [summarize_run(local) for local in local_runs(run_dir, spec)]
-    table = Table(title=f"rcswarm run {spec.run.name}: {run_dir}")
-    table.add_column("", no_wrap=True)
+@dataclass(frozen=True)
+class Outcome:
+    """How a launch ended: `kind` (completed, budget, interrupted, failed), one line saying so, the exit status."""
+
+    kind: str
+    message: str
+    status: int
+
+
+def rounds_done(rows: list[dict]) -> str:
+    """The rounds each run completed: "12", or per length when a sweep's runs differ ("120 (L=2), 40 (L=16)")."""
+    counts = {r["rounds"] for r in rows}
+    if len(counts) == 1:
+        return f"{counts.pop():,}"
+    return ", ".join(f"{r['rounds']:,} (L={r['seq_len']})" for r in rows)
+
+
+def outcome(rows: list[dict], spec: RunSpec, *, interrupted: bool, out_of_time: bool, minutes: float | None,
+            exit_codes: list[int | None], logs: Path) -> Outcome:
+    """What really happened: interrupted after N of M rounds, stopped at the budget, failed, or completed."""
+    done, target = rounds_done(rows), f"{spec.run.rounds:,}"
+    failed = [code for code in exit_codes if code not in (0, -signal.SIGTERM)]
+    if interrupted:
+        return Outcome("interrupted", f"stopped by a signal: interrupted after {done} of {target} rounds; "
+                                      "every process was shut down", 130)
+    if out_of_time and not failed:
+        return Outcome("budget", f"stopped at the {minutes:g}-minute budget after {done} rounds", 0)
+    if failed or min(r["rounds"] for r in rows) < spec.run.rounds:
+        return Outcome("failed", f"the run did not complete: {done} of {target} rounds; worker exit codes "
+                                 f"{exit_codes}; see {logs}", 1)
+    return Outcome("completed", f"completed {done} rounds", 0)
+
+
+def fit_law(console: Console, run_dir: Path) -> dict | None:
+    """A sweep's law as `rcswarm fit RUN_DIR` fits it: α(s) at matched steps, the Eq. 11 crossovers, fit.png.
+
+    Returns the fit's summary (`FitReport.summary`) with the plot's path, or None when no fit is possible.
+    """
+    try:
+        curves = length_curves(run_dir, read_state_dirs(run_dir))
+        analysis = analyse(curves)
+    except ValueError as error:
+        console.print(f"no fit of α(s) and the crossovers: {error}")
+        return None
+    report_fit(analysis, console)
+    plot = run_dir / "fit.png"
+    plot_fit(analysis, plot)
+    console.print(f"plot of the fit: {plot}   (again, or on another run: rcswarm fit {run_dir})")
+    return {**FitReport(curves, analysis, "").summary(), "plot": plot.name}
+
+
+def _json(value: object) -> object:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dict], ended: Outcome) -> None:
+    """One row per run (a single run is a sweep of one) and notes saying what each number is; for 3+ runs
+    the held-out loss ≈ A·L^(−α), and for a sweep the law of `fit_law`; then the outcome line. summary.json
+    holds a single run's row itself, or a sweep's `runs`, `fit` and `law`, with `outcome` and
+    `outcome_message`."""
+    table = Table(title=f"rcswarm run {spec.run.name}: {run_dir}", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+    for header, _ in SUMMARY_COLUMNS:
+        table.add_column(header, justify="right", no_wrap="loss" in header)
     for row in rows:
-        table.add_column(f"L={row['seq_len']} × {row['batch_size']}", justify="right")
-    for name, cell in SUMMARY_ROWS:
-        table.add_row(name, *(cell(row) for row in rows))
+        table.add_row(*(cell(row) for _, cell in SUMMARY_COLUMNS))
     console.print(table)
-    sweep: dict = {"runs": rows}
-    if len(rows) >= 3:
+    for note in SUMMARY_NOTES:
+        console.print(note, style="dim")
+    ending = {"outcome": ended.kind, "outcome_message": ended.message}
+    sweep: dict = {"runs": rows, **ending}
+    if len(rows) >= 3 and all(r["rounds"] > 0 for r in rows):
         fit = fit_power_law([r["seq_len"] for r in rows], [r["val_loss_final"] for r in rows])
         sweep["fit"] = dataclasses.asdict(fit)
-        console.print(f"held-out loss ≈ {fit.amplitude:.3f} · L^-{fit.alpha:.4f} (R² {fit.r_squared:.3f}; "
-                      f"α 90% interval [{fit.alpha_low:.3f}, {fit.alpha_high:.3f}])")
-    document = sweep if spec.is_sweep else rows[0]
-    (run_dir / "summary.json").write_text(json.dumps(document, indent=2, default=lambda v: None if math.isnan(v) else v))
-    return rows
+        console.print(f"held-out loss of the final parameters ≈ {fit.amplitude:.3f} · L^-{fit.alpha:.4f} "
+                      f"(R² {fit.r_squared:.3f}; α 90% interval [{fit.alpha_low:.3f}, {fit.alpha_high:.3f}]; "
+                      f"×{fit.per_doubling:.3f} per doubling of L)")
+    if spec.is_sweep:
+        sweep["law"] = fit_law(console, run_dir)
+    document = sweep if spec.is_sweep else {**rows[0], **ending}
+    (run_dir / "summary.json").write_text(json.dumps(document, indent=2, default=_json))
+    console.print(ended.message)
 
 
 def parser() -> argparse.ArgumentParser:
     parser = new_parser("rcswarm run", "Train with a local swarm: a coordinator and N workers.")
-    parser.add_argument("config", nargs="?", type=Path, help="RUN.toml (default: the built-in demo run)")
+    parser.add_argument("config", nargs="?", type=Path,
+                        help=f"RUN.toml (default: the built-in demo, a sweep over sequence lengths for "
+                             f"{DEMO_MINUTES:g} minutes; its run.toml lands in the run directory)")
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: run.workers)")
     parser.add_argument("--rounds", type=int, default=None, help="outer rounds (default: run.rounds)")
     parser.add_argument("--run-dir", type=Path, default=None, help="where the run's files go (default: runs/<name>-<time>)")
     parser.add_argument("--minutes", type=float, default=None,
                         help="wall-time budget: stop every process after this many minutes, however many rounds ran "
-                             "(a sweep's runs then share the same training time, the comparison of loss vs wall time)")
+                             "(a sweep's runs then share the same training time, the comparison of loss vs wall time; "
+                             f"default: none with a config, {DEMO_MINUTES:g} for the demo)")
     return parser
 
 
@@ -270,7 +436,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace | int:
 
 
 def load_spec(args: argparse.Namespace) -> RunSpec:
-    spec = RunSpec.from_toml(args.config) if args.config else RunSpec()
+    spec = RunSpec.from_toml(args.config) if args.config else demo_spec()
     run = spec.run
     if args.workers is not None:
         run = dataclasses.replace(run, workers=args.workers)
@@ -283,6 +449,13 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
     return dataclasses.replace(spec, run=run, sync=sync)
 
 
+def budget_minutes(args: argparse.Namespace) -> float | None:
+    """The wall-time budget: --minutes, else the demo's when no config is given, else none."""
+    if args.minutes is not None or args.config:
+        return args.minutes
+    return DEMO_MINUTES
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if isinstance(args, int):
@@ -292,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args)
     except ValueError as exc:
         return usage_error("rcswarm run", str(exc))
+    minutes = budget_minutes(args)
     run_dir = args.run_dir or Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.toml").write_text(spec.to_toml())
@@ -300,12 +474,16 @@ def main(argv: list[str] | None = None) -> int:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     interrupted = out_of_time = False
     try:
-        port = swarm.start_coordinator()
+        port, http_port = swarm.start_coordinator()
+        what = f"a sweep over L = {', '.join(map(str, spec.sweep.seq_lens))}" if spec.is_sweep else "one run"
+        budget = f" for {minutes:g} minutes" if minutes else ""
+        console.print(f"rcswarm run {spec.run.name}: {what}{budget}; run directory {run_dir}")
         console.print(f"coordinator on 127.0.0.1:{port}; starting {spec.run.workers} workers; logs in {swarm.logs}")
+        console.print(f"dashboard: http://127.0.0.1:{http_port}/  (live plots and fits while the run lasts)")
         swarm.start_workers(port)
         swarm.write_process_table()
         client = CoordinatorClient(f"127.0.0.1:{port}", swarm.token, retry=RetryPolicy(max_elapsed_s=10.0))
-        deadline = time.monotonic() + args.minutes * 60.0 if args.minutes else math.inf
+        deadline = time.monotonic() + minutes * 60.0 if minutes else math.inf
         try:
             out_of_time = watch(swarm, client, spec.run.rounds, console, stop, deadline)
         finally:
@@ -315,15 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         swarm.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    rounds = min(r["rounds"] for r in print_summary(console, run_dir, spec))
-    failed = [p.returncode for p in swarm.workers if p.returncode not in (0, -signal.SIGTERM)]
-    if interrupted:
-        console.print("stopped by a signal; every process was shut down")
-        return 130
-    if out_of_time and not failed:
-        console.print(f"stopped at the {args.minutes:g}-minute budget after {rounds} rounds")
-        return 0
-    if failed or rounds < spec.run.rounds:
-        console.print(f"the run did not complete: worker exit codes {[p.returncode for p in swarm.workers]}; see {swarm.logs}")
-        return 1
-    return 0
+    rows = [summarize_run(local) for local in local_runs(run_dir, spec)]
+    ended = outcome(rows, spec, interrupted=interrupted, out_of_time=out_of_time, minutes=minutes,
+                    exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs)
+    print_summary(console, run_dir, spec, rows, ended)
+    return ended.status

@@ -1,6 +1,6 @@
 """`rcswarm status`: a coordinator's run, workers and rounds in the terminal, from GetStatus.
 
-    rcswarm status --coordinator HOST:PORT [--token T | $RCSWARM_TOKEN] [--tls-ca CA.pem]
+    rcswarm status --coordinator HOST:PORT [--token T | $RCSWARM_TOKEN] [--tls-ca CA.pem [--tls-cert C --tls-key K]]
                    [--timeout 10] [--state-dir DIR] [--json]
 
 The RPC carries the `authorization: Bearer <token>` metadata and a deadline. GetStatus holds
@@ -29,6 +29,7 @@ from rich.table import Table
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
+from rcswarm.protos.transport import ClientTLS, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV
@@ -37,13 +38,8 @@ STATES = {number: name.removeprefix("WORKER_STATE_").lower() for name, number in
 RUN_STATES = {number: name.removeprefix("RUN_STATE_").lower() for name, number in pb.RunState.items()}
 
 
-def fetch_status(target: str, token: str, tls_ca: Path | None, timeout_s: float) -> pb.GetStatusResponse:
-    if tls_ca is not None:
-        credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
-        channel = grpc.secure_channel(target, credentials, options=MESSAGE_SIZE_OPTIONS)
-    else:
-        channel = grpc.insecure_channel(target, options=MESSAGE_SIZE_OPTIONS)
-    with channel:
+def fetch_status(target: str, token: str, tls: ClientTLS | None, timeout_s: float) -> pb.GetStatusResponse:
+    with open_channel(target, tls, list(MESSAGE_SIZE_OPTIONS)) as channel:
         stub = pb_grpc.CoordinatorStub(channel)
         return stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s,
                               metadata=(("authorization", f"Bearer {token}"),))
@@ -84,7 +80,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     workers = Table(title="workers")
     extra = ("tokens/s", "loss", "seq_len") if totals is not None else ()
     for name in ("name", "id", "state", "device", "base version", "since heartbeat (s)", "assigned L × batch",
-                 *extra, "reason"):
+                 *extra, "stale / clipped / dropped", "reason"):
         workers.add_column(name, justify="left" if name in ("name", "id", "state", "device", "reason") else "right",
                            no_wrap=name in ("name", "id"))
     for w in status.workers:
@@ -94,20 +90,25 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
             cells = ["–", "–", "–"] if t is None else [_num(t.tokens_per_second), _num(t.last_loss), str(t.last_seq_len)]
         assigned = f"{w.assignment.seq_len} × {w.assignment.batch_size}" if w.HasField("assignment") else "–"
         workers.add_row(w.name, w.worker_id, STATES.get(w.state, "unknown"), w.device, str(w.base_version),
-                        f"{w.seconds_since_heartbeat:.1f}", assigned, *cells, w.reason)
+                        f"{w.seconds_since_heartbeat:.1f}", assigned, *cells,
+                        f"{w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}", _worker_reason(w))
     if not status.workers:
         workers.caption = "no workers have joined"
     console.print(workers)
 
     rounds = Table(title="rounds (newest last)")
-    for name in ("version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm"):
+    for name in ("version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm", "clipped",
+                 "dropped"):
         rounds.add_column(name, justify="left" if name == "close reason" else "right")
     for r in status.rounds:
         closed = r.closed_at > 0
         rounds.add_row(str(r.version), "closed" if closed else "open", str(r.reports), str(r.tokens),
                        f"{r.closed_at - r.opened_at:.3g}" if closed else "–", r.close_reason,
-                       _num(r.update_norm) if closed else "–")
+                       _num(r.update_norm) if closed else "–", str(r.clipped) if closed else "–", str(r.dropped))
     console.print(rounds)
+    newest = next((r for r in reversed(status.rounds) if r.closed_at > 0 and r.aggregation), None)
+    if newest is not None:
+        console.print(f"aggregation of round {newest.version}: {newest.aggregation}")
 
     if fits is None:
         return
@@ -132,6 +133,12 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
                       "none" if pair.observed is None else f"{pair.observed:.4g}",
                       "none" if pair.predicted is None else f"{pair.predicted.time:.4g}")
     console.print(cross)
+
+
+def _worker_reason(worker: pb.WorkerStatus) -> str:
+    """Why the membership ended, and the latest outlier flag with the rounds flagged among the recent ones."""
+    flagged = f"flagged in {worker.outlier_rounds} recent rounds; latest {worker.outlier}" if worker.outlier else ""
+    return "; ".join(part for part in (worker.reason, flagged) if part)
 
 
 def _curriculum_rows(table: Table, curriculum: pb.CurriculumStatus) -> None:
@@ -192,6 +199,8 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator's gRPC server")
     result.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
     result.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate; enables TLS")
+    result.add_argument("--tls-cert", type=Path, default=None, help="PEM client certificate (mutual TLS)")
+    result.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     result.add_argument("--timeout", type=float, default=10.0, help="deadline of the call in seconds")
     result.add_argument("--state-dir", type=Path, default=None,
                         help="the coordinator's state directory on this machine: also print the scaling-law fit")
@@ -209,9 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         return usage_error("rcswarm status", f"--timeout {args.timeout}: expected a positive number of seconds")
     try:
-        status = fetch_status(args.coordinator, token, args.tls_ca, args.timeout)
-    except OSError as error:
-        return usage_error("rcswarm status", f"--tls-ca {args.tls_ca}: {error.strerror or error}")
+        status = fetch_status(args.coordinator, token, ClientTLS.from_flags(args.tls_ca, args.tls_cert, args.tls_key),
+                              args.timeout)
+    except ValueError as error:
+        return usage_error("rcswarm status", str(error))
     except grpc.RpcError as error:
         code = error.code() if hasattr(error, "code") else None
         details = error.details() if hasattr(error, "details") else str(error)

@@ -24,6 +24,7 @@ CODECS = ("fp32", "bf16", "int8")
 INNER_OPTIMIZERS = ("adamw", "sgd")
 DATA_SOURCES = ("stdlib", "diag", "typing", "git")
 CURRICULUM_POLICIES = ("fixed", "adaptive")
+AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean", "centered_clip")
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -161,7 +162,28 @@ class OuterSection:
 
 @dataclass(frozen=True)
 class SyncSection:
-    """How pseudo-gradients travel and when a round closes."""
+    """How pseudo-gradients travel, when a round closes, and how much one worker can move θ.
+
+    Bounded influence (coordinator/aggregation.py has the formulas and the reasons for the defaults):
+    * `max_update_norm`: the hard bound on one update's global L2 norm; a larger update is refused.
+      0 = automatic: twice the most an honest worker's inner optimizer can move θ in inner.steps
+      steps (`aggregation.automatic_norm_bound`), or 1e4 where no such bound exists (SGD without
+      gradient clipping).
+    * `bound_tokens`: refuse an update claiming more tokens than its assignment allows
+      (batch × seq_len × inner.steps of the round it trained; for data.source = "diag", whose task
+      sets its own lengths, data.seq_len stands for the most scored positions of one sequence).
+    * `aggregation`: how the round's updates are combined: "mean" (token-weighted, the plain
+      DiLoCo average), "clipped_mean" (the default: each update's norm clipped to `clip_factor`
+      × the reference norm, the median of this round's and the last `reference_rounds` rounds'
+      norms), "trimmed_mean" (per coordinate, the `trim_fraction` largest and smallest values
+      dropped) or "centered_clip" (Karimireddy et al. 2021, radius `centered_clip_tau` ×
+      the reference norm, `centered_clip_iterations` iterations).
+    * `min_cosine`: the direction check before the aggregation: an update whose cosine with at
+      least half of the round's other updates is below it is dropped (at most a minority of the
+      round; rounds of fewer than 3 updates are not checked); -1 turns the check off.
+    * `outlier_evict_after` K and `outlier_window` M: a worker whose update was clipped, trimmed
+      as an outlier, dropped or refused in K of its last M rounds is evicted (0 = never; flagged always).
+    """
 
     codec: str = "int8"
     block_size: int = 256
@@ -170,15 +192,46 @@ class SyncSection:
     round_deadline_s: float = 120.0
     # Before its deadline a round closes only once at least this many workers reported.
     min_reports: int = 1
-    # Largest accepted global L2 norm of one worker's pseudo-gradient.
-    max_update_norm: float = 1e4
+    # Largest accepted global L2 norm of one worker's pseudo-gradient; 0 = automatic (above).
+    max_update_norm: float = 0.0
+    bound_tokens: bool = True
+    aggregation: str = "clipped_mean"
+    clip_factor: float = 2.0
+    trim_fraction: float = 0.2
+    centered_clip_tau: float = 1.0
+    centered_clip_iterations: int = 3
+    # Rounds of accepted update norms the reference norm looks back on besides the round's own.
+    reference_rounds: int = 4
+    # Drop an update whose cosine with at least half of the other updates is below this; -1 = off.
+    min_cosine: float = 0.0
+    outlier_evict_after: int = 0
+    outlier_window: int = 5
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             _fail("sync.codec", self.codec, f"one of {CODECS}")
         if not 1 <= self.block_size <= 1 << 16:
             _fail("sync.block_size", self.block_size, "an integer between 1 and 65536")
-        _check_positive(self, "sync", "round_deadline_s", "max_update_norm", "min_reports")
+        _check_positive(self, "sync", "round_deadline_s", "min_reports", "centered_clip_tau")
+        if not self.clip_factor >= 1.0:
+            _fail("sync.clip_factor", self.clip_factor, "a number >= 1 (a multiple of the reference norm)")
+        if self.max_update_norm < 0:
+            _fail("sync.max_update_norm", self.max_update_norm, "a number >= 0 (0 = automatic)")
+        if self.aggregation not in AGGREGATIONS:
+            _fail("sync.aggregation", self.aggregation, f"one of {AGGREGATIONS}")
+        if not 0.0 <= self.trim_fraction < 0.5:
+            _fail("sync.trim_fraction", self.trim_fraction, "a number in [0, 0.5)")
+        if not 1 <= self.centered_clip_iterations <= 100:
+            _fail("sync.centered_clip_iterations", self.centered_clip_iterations, "an integer between 1 and 100")
+        if not -1.0 <= self.min_cosine < 1.0:
+            _fail("sync.min_cosine", self.min_cosine, "a number in [-1, 1) (a cosine; -1 turns the direction check off)")
+        if not 0 <= self.reference_rounds <= 1000:
+            _fail("sync.reference_rounds", self.reference_rounds, "an integer between 0 and 1000")
+        if not 1 <= self.outlier_window <= 1000:
+            _fail("sync.outlier_window", self.outlier_window, "an integer between 1 and 1000")
+        if not 0 <= self.outlier_evict_after <= self.outlier_window:
+            _fail("sync.outlier_evict_after", self.outlier_evict_after,
+                  f"an integer between 0 (never) and sync.outlier_window = {self.outlier_window}")
 
 
 @dataclass(frozen=True)
@@ -199,9 +252,21 @@ class CoordinatorSection:
     max_metrics_per_round: int = 0
     # Seconds a worker that left or was evicted stays in memory (and in GetStatus); SQLite keeps it.
     forget_after_s: float = 300.0
+    # Calls of one kind (membership, query, long_poll, pull, push) the server runs at once; beyond
+    # it a call is refused with RESOURCE_EXHAUSTED. A kind not listed keeps its default
+    # (32, 16, 64, 16, 16); `rcswarm coordinator --max-calls KIND=N` overrides both.
+    max_calls: dict[str, int] = field(default_factory=dict)
+    # A stream that carries no message for this long is cancelled (--stream-idle-s overrides).
+    stream_idle_s: float = 10.0
+    # Health says NOT_SERVING when no coordinator tick completed for this long (--health-stall-s overrides).
+    health_stall_s: float = 60.0
 
     def __post_init__(self) -> None:
-        _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s", "forget_after_s")
+        _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s", "forget_after_s", "stream_idle_s",
+                        "health_stall_s")
+        for kind, limit in self.max_calls.items():
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                _fail(f"coordinator.max_calls.{kind}", limit, "an integer >= 1")
         if self.keep_checkpoints < 0:
             _fail("coordinator.keep_checkpoints", self.keep_checkpoints, "an integer >= 0")
         if self.max_metrics_per_round < 0:

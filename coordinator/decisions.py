@@ -1,8 +1,8 @@
 """The coordinator's decisions as pure functions of (now, state, options).
 
-Admission, eviction, forgetting ended memberships and round closing take plain immutable
-views of the state and a time, and return a Decision (or the chosen workers) with a reason a
-person can read. The service applies them; tests
+Admission, eviction (a lease that expired, or a worker that keeps sending outliers),
+forgetting ended memberships and round closing take plain immutable views of the state and a
+time, and return a Decision (or the chosen workers) with a reason a person can read. The service applies them; tests
 drive them with a fake clock.
 """
 
@@ -46,6 +46,23 @@ class WorkerView:
 
 
 @dataclass(frozen=True)
+class OutlierOptions:
+    # Evict a worker flagged in this many of its last `window` rounds; 0 = never.
+    evict_after: int
+    window: int
+
+
+@dataclass(frozen=True)
+class OutlierView:
+    """A worker's recent rounds as the aggregation saw them, oldest first: (version, flag), flag
+    "" for an update kept as sent, else what happened to it ("clipped", "trimmed", "dropped")."""
+
+    worker_id: str
+    active: bool
+    recent: tuple[tuple[int, str], ...]
+
+
+@dataclass(frozen=True)
 class RoundView:
     version: int
     opened_at: float
@@ -73,6 +90,24 @@ def decide_evictions(
         silent = now - worker.last_seen
         if worker.active and silent > options.lease_s:
             evicted.append((worker.worker_id, f"lease expired: no heartbeat for {silent:.1f}s > lease {options.lease_s:.1f}s"))
+    return evicted
+
+
+def decide_outlier_evictions(workers: Iterable[OutlierView], options: OutlierOptions) -> list[tuple[str, str]]:
+    """The (worker_id, reason) pairs of active workers flagged in at least `evict_after` of their
+    last `window` rounds (rounds they sent an update in); none when `evict_after` is 0."""
+    if options.evict_after <= 0:
+        return []
+    evicted = []
+    for worker in workers:
+        recent = worker.recent[-options.window:]
+        flagged = [(version, flag) for version, flag in recent if flag]
+        if worker.active and len(flagged) >= options.evict_after:
+            rounds = ", ".join(f"{flag} in round {version}" for version, flag in flagged)
+            evicted.append((worker.worker_id, (
+                f"outlier in {len(flagged)} of its last {len(recent)} rounds ({rounds}); "
+                f"sync.outlier_evict_after = {options.evict_after} of sync.outlier_window = {options.window}"
+            )))
     return evicted
 
 

@@ -31,34 +31,46 @@ Tensors = dict[str, torch.Tensor]
 AVERAGE_SLICE = 1 << 20
 
 
-def weighted_average(updates: Sequence[tuple[int, Mapping[str, torch.Tensor]]]) -> Tensors:
-    """Σ n_i Δ_i / Σ n_i over (tokens, deltas) pairs, accumulated in float64, in the given order.
+def weighted_average(
+    updates: Sequence[tuple[int, Mapping[str, torch.Tensor]]], scales: Sequence[float] | None = None
+) -> Tensors:
+    """Σ n_i s_i Δ_i / Σ n_i over (tokens, deltas) pairs, accumulated in float64, in the given order.
 
-    Element-wise, so it runs slice by slice through two float64 buffers of `AVERAGE_SLICE`
-    elements instead of full-size float64 temporaries; each element sees the same operations.
+    `scales` s_i (default: none, i.e. the plain token-weighted mean, computed exactly as without
+    them) shrink each update's weight while the denominator keeps all tokens: the clipped mean
+    of aggregation.py. Element-wise, so it runs slice by slice through two float64 buffers of
+    `AVERAGE_SLICE` elements instead of full-size float64 temporaries; each element sees the
+    same operations.
     """
     if not updates:
         raise ValueError("cannot average an empty list of updates")
     total = sum(tokens for tokens, _ in updates)
     if total <= 0:
         raise ValueError(f"total tokens must be positive, got {total}")
+    if scales is None:
+        weights = [tokens / total for tokens, _ in updates]
+    elif len(scales) != len(updates) or not all(0.0 <= s <= 1.0 for s in scales):
+        raise ValueError(f"scales = {list(scales)}: expected {len(updates)} numbers in [0, 1]")
+    else:
+        weights = [tokens * scale / total for (tokens, _), scale in zip(updates, scales)]
     acc = torch.empty(AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
     wide = torch.empty(AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
-    return {name: _average_one(name, updates, total, acc, wide) for name in updates[0][1]}
+    flats = [deltas for _, deltas in updates]
+    return {name: _average_one(name, flats, weights, acc, wide) for name in updates[0][1]}
 
 
 def _average_one(
     name: str,
-    updates: Sequence[tuple[int, Mapping[str, torch.Tensor]]],
-    total: int,
+    updates: Sequence[Mapping[str, torch.Tensor]],
+    weights: Sequence[float],
     acc: torch.Tensor,
     wide: torch.Tensor,
 ) -> torch.Tensor:
     """The float32 weighted average of tensor `name`, slice by slice through `acc` and `wide`."""
-    first = updates[0][1][name]
+    first = updates[0][name]
     average = torch.empty(first.shape, dtype=torch.float32)  # [*shape]
     out = average.view(-1)  # [numel]
-    flats = [(tokens / total, deltas[name].contiguous().view(-1)) for tokens, deltas in updates]  # [numel] each
+    flats = [(weight, deltas[name].contiguous().view(-1)) for weight, deltas in zip(weights, updates)]  # [numel] each
     for start in range(0, out.numel(), AVERAGE_SLICE):
         stop = min(start + AVERAGE_SLICE, out.numel())
         acc_s, wide_s = acc[: stop - start], wide[: stop - start]  # [slice]

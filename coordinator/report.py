@@ -1,4 +1,10 @@
-"""End-of-run summary of one run, computed from its store's named reads (rounds and per-worker usage)."""
+"""End-of-run summary of one run, computed from its store's named reads (rounds and per-worker usage).
+
+The train losses are the mean loss of the training steps of the first and of the last closed
+round (NaN when no round closed, so nothing pretends a trend); tokens and bytes are totals over
+every worker membership; tokens/s divides the tokens by the wall time from the first round's
+opening (or first metric) to the last metric.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ from rcswarm.coordinator.store import StateStore
 
 @dataclass(frozen=True)
 class RunSummary:
+    """One run's totals; see the module docstring for what each number is."""
+
     rounds: int
     workers: int
     first_round_loss: float
@@ -40,8 +48,8 @@ def summarize(store: StateStore) -> RunSummary:
     return RunSummary(
         rounds=rounds.count,
         workers=len(per_worker),
-        first_round_loss=_mean_loss(store, rounds.first_version),
-        last_round_loss=_mean_loss(store, rounds.last_version),
+        first_round_loss=_mean_loss(store, rounds.first_version) if rounds.count else math.nan,
+        last_round_loss=_mean_loss(store, rounds.last_version) if rounds.count else math.nan,
         tokens=tokens,
         tokens_per_second=tokens / wall if wall > 0 else 0.0,
         bytes_sent_per_round=sum(w.bytes_sent for w in per_worker) / max(rounds.count, 1),

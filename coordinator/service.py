@@ -7,6 +7,22 @@ Decisions (admit, evict, forget, close a round) come from the pure functions in 
 curriculum (each worker's sequence length and batch, the adaptive ladder) from the
 `CurriculumTracker` of curriculum.py. The class docstring states which lock each method takes.
 
+Identity. Join returns a worker secret (`WORKER_SECRET_BYTES` random bytes) bound to the new
+worker id; the membership keeps only its SHA-256, never the secret, which is not logged, stored or
+shown. Every later call of that worker carries the secret and is checked under the lock before
+anything changes (`_authenticated`): none -> UNAUTHENTICATED, an id that is not a member ->
+NOT_FOUND (join again), a secret that is not this id's -> PERMISSION_DENIED, so one worker can
+neither act for nor evict another. Memberships live in memory only: after a restart every worker
+gets NOT_FOUND and joins again with a new secret.
+
+Bounded influence: an update is refused (INVALID_ARGUMENT, recorded as a `dropped` event) when its
+tokens exceed its assignment's batch × seq_len × inner.steps (`sync.bound_tokens`) or its norm the
+hard bound (`sync.max_update_norm`, 0 = `aggregation.automatic_norm_bound`); at the close an update
+whose direction disagrees with the round's majority is dropped (`sync.min_cosine`, also a `dropped`
+event) and the others are combined by `sync.aggregation` (aggregation.py); every update it drops or
+flags is recorded as an event, counted in the round's record and the worker's status; a worker flagged in
+`sync.outlier_evict_after` of its last `sync.outlier_window` rounds is evicted.
+
 What the coordinator keeps in memory is bounded: metric values are range-checked and each
 worker's metric rows per round capped; ended memberships are forgotten after
 `coordinator.forget_after_s` (SQLite keeps their history); GetStatus lists the active workers
@@ -15,6 +31,8 @@ and only the most recent ended ones.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import json
 import logging
@@ -25,13 +43,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import grpc
 import torch
 
 from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator import aggregation, decisions, outer
 from rcswarm.coordinator import curriculum as curricula
-from rcswarm.coordinator import decisions, outer
 from rcswarm.coordinator.store import RoundRecord, StateStore
 from rcswarm.models import registry
 from rcswarm.protos import codec as codecs
@@ -39,7 +58,14 @@ from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 # Spec keys a restart on an existing state dir may change; any other change is refused.
-RESTART_MUTABLE = ("run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s", "curriculum.budget_seconds")
+RESTART_MUTABLE = (
+    "run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s", "curriculum.budget_seconds",
+    # The coordinator's own defences against outliers; workers do not depend on them.
+    "sync.max_update_norm", "sync.bound_tokens", "sync.aggregation", "sync.clip_factor", "sync.trim_fraction",
+    "sync.centered_clip", "sync.reference_rounds", "sync.outlier_", "sync.min_cosine",
+)
+# run_state key of the reference norms' history (JSON: one list of accepted norms per recent round).
+REFERENCE_NORMS_KEY = "reference_norms"
 MAX_TOKENS_PER_UPDATE = 10**12
 MAX_METRICS_PER_REQUEST = 10_000
 STATUS_ROUNDS = 20
@@ -55,6 +81,8 @@ METRIC_LIMITS = {
 # A metric's durations: finite and >= 0. Its loss: finite, or NaN for a row without one.
 METRIC_SECONDS = ("wall_time", "compute_seconds", "sync_seconds")
 MAX_SHA256_HEX = 64
+# Bytes of a worker secret (secrets.token_bytes).
+WORKER_SECRET_BYTES = 32
 
 Payload = tuple[pb.TensorHeader, list[pb.TensorChunk]]
 
@@ -92,9 +120,42 @@ class WorkerRecord:
     # The version current when its metric rows were last counted, and how many it reported then.
     metrics_version: int = -1
     metrics_in_round: int = 0
+    # Its updates the aggregation flagged, and those refused for their norm or tokens.
+    clipped_updates: int = 0
+    dropped_updates: int = 0
+    # Its updates refused as stale (trained from an older version, or for a closing round): lost work.
+    stale_updates: int = 0
+    # (version, flag) of its recent rounds, oldest first ("" = kept as sent); the latest flag's reason.
+    recent: list[tuple[int, str]] = field(default_factory=list)
+    outlier: str = ""
+    # The round of its last accepted update (-1: none): a retry of that push is a duplicate, not stale.
+    accepted_version: int = -1
+    # SHA-256 of the worker secret its Join returned (the secret itself is never kept).
+    secret_sha256: bytes = field(default=b"", repr=False)
+
+    def owns(self, secret: bytes) -> bool:
+        """Whether `secret` is this membership's worker secret (constant-time compare of the digests)."""
+        return bool(self.secret_sha256) and hmac.compare_digest(hashlib.sha256(secret).digest(), self.secret_sha256)
 
     def view(self) -> decisions.WorkerView:
         return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active, self.ended_at)
+
+    def outlier_view(self) -> decisions.OutlierView:
+        return decisions.OutlierView(self.worker_id, self.active, tuple(self.recent))
+
+    def note_round(self, version: int, flag: str, reason: str, window: int) -> None:
+        """Remember how its update of round `version` fared, once per round (lock held)."""
+        if flag == "dropped":
+            self.dropped_updates += 1
+        elif flag:
+            self.clipped_updates += 1
+        if flag:
+            self.outlier = f"round {version}: {flag}: {reason}"
+        if self.recent and self.recent[-1][0] == version:
+            self.recent[-1] = (version, self.recent[-1][1] or flag)
+        else:
+            self.recent.append((version, flag))
+        del self.recent[:-window]
 
 
 @dataclass
@@ -106,10 +167,12 @@ class OpenRound:
     # the first pull after the coordinator (re)started. The round deadline counts from here.
     opened_at: float
     started: bool = False
-    # worker_id -> (tokens, decoded pseudo-gradient)
-    reports: dict[str, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
+    # worker_id -> its update: tokens, norm, decoded pseudo-gradient
+    reports: dict[str, aggregation.Update] = field(default_factory=dict)
     # Set when its close began: `reports` no longer changes and a push for this version is stale.
     closing: bool = False
+    # Updates for this version refused for their norm or tokens.
+    dropped: int = 0
 
     def view(self) -> decisions.RoundView:
         return decisions.RoundView(self.version, self.opened_at, frozenset(self.reports))
@@ -130,6 +193,9 @@ class RoundClose:
     params: outer.Tensors
     momentum: outer.Tensors
     saved_feedback: outer.Tensors
+    # The reference norms' history (one tuple per recent round) and the previous aggregate (centered_clip).
+    history: tuple[tuple[float, ...], ...] = ()
+    previous: outer.Tensors | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +210,10 @@ class ClosedRound:
     record: RoundRecord
     # Seconds per piece of the close, in the order they ran.
     seconds: dict[str, float]
+    aggregate: aggregation.Aggregate
+    history: tuple[tuple[float, ...], ...]
+    # The hard norm bound for updates to the new version, and why.
+    norm_bound: tuple[float, str]
 
 
 class Stopwatch:
@@ -175,6 +245,12 @@ def metric_problem(index: int, metric: pb.Metric) -> str | None:
     if len(metric.param_sha256) > MAX_SHA256_HEX:
         return f"metrics[{index}].param_sha256 has {len(metric.param_sha256)} characters: expected at most {MAX_SHA256_HEX}"
     return None
+
+
+def require_secret(what: str, worker_id: str, secret: bytes) -> None:
+    """Refuse a worker's call that carries no worker secret (UNAUTHENTICATED), before anything else."""
+    if not secret:
+        raise Refusal(grpc.StatusCode.UNAUTHENTICATED, f"{what} for worker {worker_id!r} carries no worker secret; join first")
 
 
 def pull_payload(params: outer.Tensors, run_id: str, version: int, sha256: bytes) -> Payload:
@@ -244,8 +320,8 @@ class SwarmCoordinator:
     and `summary` from handler threads. The constructor runs before any of them.
 
     Locks. One lock, `_lock`, guards all mutable state: the membership table, the open round,
-    θ, the momentum, the version and its pull payloads, the run's totals and the curriculum
-    tracker. `_version_changed` is a condition on that same lock: `await_version` waits on it
+    θ, the momentum, the version and its pull payloads, the run's totals, the curriculum
+    tracker and the aggregation's memory (`_norm_history`, `_previous_average`, `_norm_bound`). `_version_changed` is a condition on that same lock: `await_version` waits on it
     (which releases the lock while it waits) and publishing a new version notifies every waiter.
     The lock is not reentrant: a public method takes it itself and must be called without it
     held; a private method documented "lock held" must be called with it held. What needs no
@@ -293,6 +369,12 @@ class SwarmCoordinator:
         self._delta_payload: tuple[int, pb.TensorHeader, list[pb.TensorChunk]] | None = None
         self._load_or_create()
         self.shapes = {name: tuple(t.shape) for name, t in self.params.items()}
+        self.aggregation_options = aggregation.AggregationOptions.from_sync(spec.sync)
+        self.outliers = decisions.OutlierOptions(spec.sync.outlier_evict_after, spec.sync.outlier_window)
+        self._norm_history = self._load_norm_history()
+        # The previous round's aggregate: centered_clip's starting point (None after a start).
+        self._previous_average: outer.Tensors | None = None
+        self._norm_bound = self._update_norm_bound(self.params)
         # Every membership still in memory, in join order; the active ones; the ended ones in the order they ended.
         self.workers: dict[str, WorkerRecord] = {}
         self._active: dict[str, WorkerRecord] = {}
@@ -344,6 +426,23 @@ class SwarmCoordinator:
         self.broadcast_feedback.restore(checkpoint.state.get("broadcast_residual", {}))
         self.version = checkpoint.version
 
+    def _load_norm_history(self) -> tuple[tuple[float, ...], ...]:
+        """Constructor only: the reference norms of the last `sync.reference_rounds` rounds, as stored."""
+        stored = json.loads(self.store.get(REFERENCE_NORMS_KEY) or "[]")
+        history = tuple(tuple(float(n) for n in norms) for norms in stored if isinstance(norms, list))
+        return history[len(history) - self.spec.sync.reference_rounds:] if self.spec.sync.reference_rounds else ()
+
+    def _update_norm_bound(self, params: outer.Tensors) -> tuple[float, str]:
+        """The hard bound on an update's norm trained from `params`, and why (no lock: pure)."""
+        configured = self.spec.sync.max_update_norm
+        if configured > 0:
+            return configured, f"sync.max_update_norm = {configured:.4g}"
+        # A bound needs no float64 sum: float32 norms per tensor, without full-size temporaries.
+        norm = math.sqrt(sum(float(torch.linalg.vector_norm(t)) ** 2 for t in params.values()))
+        parameters = sum(t.numel() for t in params.values())
+        bound, why = aggregation.automatic_norm_bound(self.spec.inner, parameters, norm)
+        return bound, f"the automatic sync.max_update_norm {why}"
+
     def _optimizer_state(self, momentum: outer.Tensors) -> dict[str, outer.Tensors]:
         """The outer optimizer's tensors to checkpoint with `momentum` (the closing thread, or the constructor)."""
         state = {"outer_momentum": momentum}
@@ -375,12 +474,30 @@ class SwarmCoordinator:
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is no longer a member ({worker.reason}); join again")
         return worker
 
+    def _authenticated(self, what: str, worker_id: str, secret: bytes) -> WorkerRecord:
+        """The active membership of `worker_id` when `secret` is its own (lock held; changes nothing).
+        UNAUTHENTICATED without a secret, NOT_FOUND for an id that is not a member, PERMISSION_DENIED
+        (logged with the id, never the secret) for another worker's or a made-up secret."""
+        require_secret(what, worker_id, secret)
+        return self._owned(what, self._member(worker_id), secret)
+
+    def _owned(self, what: str, worker: WorkerRecord, secret: bytes) -> WorkerRecord:
+        """`worker` if `secret` is its worker secret; PERMISSION_DENIED otherwise (lock held)."""
+        if not worker.owns(secret):
+            log.warning("refused %s for worker %s (%s): the worker secret is not its own", what, worker.worker_id, worker.name)
+            raise Refusal(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{what} refused: the worker secret is not the one worker {worker.worker_id!r} got at its join",
+            )
+        return worker
+
     def _assignment(self, worker: WorkerRecord) -> pb.TrainingAssignment:
         """What `worker` trains from the current version (lock held)."""
         return self.tracker.assignment(self.version, worker.assigned)
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
-        """Admit a worker (handler thread; takes `_lock`)."""
+        """Admit a worker and return its new worker secret, keeping only the secret's SHA-256 (handler
+        thread; takes `_lock`)."""
         with self._lock:
             now = self.clock()
             decision = decisions.decide_admission(now, self._active_views(), self.finished, self.membership)
@@ -390,7 +507,10 @@ class SwarmCoordinator:
             self._joins += 1
             worker_id = f"{self.worker_prefix}w{self._joins}-{secrets.token_hex(4)}"
             name = request.worker_name[:128] or worker_id
-            worker = WorkerRecord(worker_id, name, request.device[:64], now, now, self.version)
+            secret = secrets.token_bytes(WORKER_SECRET_BYTES)
+            worker = WorkerRecord(
+                worker_id, name, request.device[:64], now, now, self.version, secret_sha256=hashlib.sha256(secret).digest()
+            )
             active = [w.assigned.seq_len for w in self._active.values() if w.assigned is not None]
             worker.assigned = self.tracker.assign_worker(worker_id, active, now)
             self.workers[worker_id] = self._active[worker_id] = worker
@@ -399,12 +519,13 @@ class SwarmCoordinator:
             return pb.JoinResponse(
                 worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
                 lease_seconds=self.membership.lease_s, data_seed=self._joins, assignment=self._assignment(worker),
+                worker_secret=secret,
             )
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         """Renew a lease (handler thread; takes `_lock`)."""
         with self._lock:
-            worker = self._member(request.worker_id)
+            worker = self._authenticated("Heartbeat", request.worker_id, request.worker_secret)
             worker.last_seen = self.clock()
             return pb.HeartbeatResponse(
                 version=self.version, run_state=self._run_state(), lease_seconds=self.membership.lease_s,
@@ -414,7 +535,7 @@ class SwarmCoordinator:
     def leave(self, request: pb.LeaveRequest) -> pb.LeaveResponse:
         """End a membership at once; may close the round (handler thread; takes `_lock`)."""
         with self._lock:
-            worker = self._member(request.worker_id)
+            worker = self._authenticated("Leave", request.worker_id, request.worker_secret)
             self._end_membership(worker, pb.WORKER_STATE_LEFT, "leave", f"left: {request.reason[:200] or 'no reason given'}")
             close = self._begin_close()
         self._finish_close(close)
@@ -440,9 +561,9 @@ class SwarmCoordinator:
         payload of the current version, and yields its chunks after releasing the lock. The full fp32 payload
         is built by the version's first full pull, after releasing the lock (`LazyPullPayload`)."""
         with self._lock:
-            self._member(request.worker_id)
+            self._authenticated("PullParameters", request.worker_id, request.worker_secret)
             self._wait_for_close(self.spec.coordinator.max_wait_s)
-            worker = self._member(request.worker_id)
+            worker = self._authenticated("PullParameters", request.worker_id, request.worker_secret)
             if request.version not in (0, self.version):
                 raise Refusal(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -481,7 +602,7 @@ class SwarmCoordinator:
         wait_s = min(max(request.wait_ms, 0) / 1000.0, self.spec.coordinator.max_wait_s, max(time_remaining - 0.2, 0.0))
         deadline = time.monotonic() + wait_s
         with self._lock:
-            worker = self._member(request.worker_id)
+            worker = self._authenticated("AwaitVersion", request.worker_id, request.worker_secret)
             worker.last_seen = self.clock()
             while self.version < request.min_version and not self.finished:
                 left = deadline - time.monotonic()
@@ -492,16 +613,21 @@ class SwarmCoordinator:
 
     def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
         """Record a worker's update; may close the round (handler thread). Takes `_lock` to check the
-        meta, releases it to read and validate the payload, and takes it again to record the update."""
+        meta (the worker secret first, before any payload is read), releases it to read and validate the
+        payload, and takes it again to check both once more and record the update."""
         meta = first_part(requests, "meta").meta
         with self._lock:
-            self._check_update_meta(self._member(meta.worker_id), meta)
+            self._check_update_meta(self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret), meta)
+            bound, why = self._norm_bound
         header = first_part(requests, "header").header
-        deltas = self._receive_update(header, requests, meta.base_version)
+        deltas, norm = self._receive_update(header, requests, meta.base_version)
         with self._lock:
-            worker = self._member(meta.worker_id)
+            worker = self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret)
             self._check_update_meta(worker, meta)
-            self.round.reports[worker.worker_id] = (meta.tokens, deltas)
+            if norm > bound:
+                self._refuse_outlier(worker, f"update rejected: global L2 norm {norm:.4g} exceeds {why}")
+            self.round.reports[worker.worker_id] = aggregation.Update(worker.worker_id, meta.tokens, norm, deltas)
+            worker.accepted_version = self.version
             worker.base_version = self.version + 1
             worker.last_seen = self.clock()
             reports = len(self.round.reports)
@@ -510,34 +636,78 @@ class SwarmCoordinator:
         self._finish_close(close)
         return pb.PushUpdateResponse(accepted=True, round_version=round_version, reports=reports)
 
+    def _refuse_stale(self, worker: WorkerRecord, message: str) -> NoReturn:
+        """Count and record a stale update of `worker`, then refuse it with FAILED_PRECONDITION (lock held)."""
+        worker.stale_updates += 1
+        self.store.add_event(worker.worker_id, "stale", message, self.clock())
+        log.info("%s (%s): %s", worker.worker_id, worker.name, message)
+        raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, message)
+
     def _check_update_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> None:
-        """Refuse a stale, future, duplicate or out-of-range update (lock held)."""
+        """Refuse a stale, future, duplicate or out-of-range update, or one claiming more tokens than its
+        assignment allows (lock held). A worker's update for a round it already delivered to is a
+        duplicate (ALREADY_EXISTS: "it landed") even once that round closed: a push whose answer was
+        lost is retried, and "stale" would make the worker keep the error-feedback residual it sent."""
+        if meta.base_version == worker.accepted_version:
+            raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
+                          f"worker {worker.worker_id} already delivered its update for round {meta.base_version}")
         if meta.base_version < self.version:
             worker.base_version = self.version
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"stale update: trained from version {meta.base_version} but the global version is "
-                f"{self.version}; pull and re-sync",
-            )
+            self._refuse_stale(worker, f"stale update: trained from version {meta.base_version} but the global "
+                                       f"version is {self.version}; pull and re-sync")
         if meta.base_version > self.version:
             raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"update for version {meta.base_version} which does not exist yet (newest {self.version})",
             )
-        if worker.worker_id in self.round.reports:
-            raise Refusal(grpc.StatusCode.ALREADY_EXISTS, f"worker {worker.worker_id} already reported for round {self.version}")
         if self.round.closing:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"stale update: round {self.version} is closing; pull version {self.version + 1} once it is served",
-            )
+            self._refuse_stale(worker, f"stale update: round {self.version} is closing; pull version "
+                                       f"{self.version + 1} once it is served")
         if not 0 < meta.tokens <= MAX_TOKENS_PER_UPDATE:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"tokens = {meta.tokens}: expected 1..{MAX_TOKENS_PER_UPDATE}")
+        if self.spec.sync.bound_tokens:
+            allowed, why = self._token_bound()
+            if meta.tokens > allowed:
+                self._refuse_outlier(worker, f"tokens = {meta.tokens} exceed the {allowed} allowed: {why}")
+
+    def _token_bound(self) -> tuple[int, str]:
+        """The most tokens an update to the current version may claim, and why (lock held).
+
+        batch × seq_len × inner.steps of the assignment workers train under at this version; with
+        curriculum.worker_seq_lens the largest listed one's, because a worker that joins again
+        mid-round pushes the update it trained under its previous membership's length.
+        """
+        steps, data, section = self.spec.inner.steps, self.spec.data, self.spec.curriculum
+        if section.worker_seq_lens:
+            options = [(length, section.batch_for(length, data.batch_size)) for length in section.worker_seq_lens]
+            seq_len, batch = max(options, key=lambda option: option[0] * option[1])
+            where = "the largest assignment of curriculum.worker_seq_lens"
+        else:
+            current = self.tracker.run_assignment(self.version)
+            seq_len, batch = current.seq_len, current.batch_size
+            where = f"the assignment at version {self.version}"
+        diag = ' (data.source = "diag": data.seq_len bounds the scored positions of a sequence)' if data.source == "diag" else ""
+        return batch * seq_len * steps, (
+            f"batch {batch} × seq_len {seq_len} × inner.steps {steps} of {where}{diag}; sync.bound_tokens = true"
+        )
+
+    def _refuse_outlier(self, worker: WorkerRecord, message: str) -> None:
+        """Record an update refused for its norm or tokens (a `dropped` event, the round's and the worker's
+        counts, once per worker and round) and raise its INVALID_ARGUMENT refusal (lock held)."""
+        version = self.version
+        first = not (worker.recent and worker.recent[-1] == (version, "dropped"))
+        if first:
+            worker.note_round(version, "dropped", message, self.outliers.window)
+            self.round.dropped += 1
+            self.store.add_event(worker.worker_id, "dropped", f"round {version}: {message}", self.clock())
+            log.warning("round %d: update of %s dropped: %s", version, worker.worker_id, message)
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     def _receive_update(
         self, header: pb.TensorHeader, requests: Iterator[pb.PushUpdateRequest], version: int
-    ) -> dict[str, torch.Tensor]:
-        """Reassemble and validate a pseudo-gradient (without the lock: nothing here touches shared state)."""
+    ) -> tuple[dict[str, torch.Tensor], float]:
+        """Reassemble and validate a pseudo-gradient; it and its global L2 norm (without the lock: nothing
+        here touches shared state)."""
         try:
             receiver = tensor_stream.PayloadReceiver(header, expected=self.shapes, run_id=self.run_id, version=version)
             for message in requests:
@@ -548,18 +718,16 @@ class SwarmCoordinator:
             tensor_stream.check_finite(deltas)
         except tensor_stream.PayloadError as exc:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"update rejected: {exc}") from None
-        norm = tensor_stream.global_norm(deltas)
-        if norm > self.spec.sync.max_update_norm:
-            raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"update rejected: global L2 norm {norm:.4g} exceeds sync.max_update_norm = {self.spec.sync.max_update_norm:.4g}",
-            )
-        return deltas
+        return deltas, tensor_stream.global_norm(deltas)
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
-        """Store a batch of metrics, all or none (handler thread). Checks the values without the lock; takes
-        `_lock` for the membership, the per-round cap, the totals and the curriculum's measurements; writes
-        the rows after releasing it."""
+        """Store a batch of metrics, all or none (handler thread). Takes `_lock` to check the worker and its
+        secret, checks the values without it (so only a member makes the coordinator read a large batch),
+        takes it again for the membership, the per-round cap, the totals and the curriculum's measurements,
+        and writes the rows after releasing it."""
+        require_secret("ReportMetrics", request.worker_id, request.worker_secret)
+        with self._lock:
+            self._reporter(request.worker_id, request.worker_secret)
         if len(request.metrics) > MAX_METRICS_PER_REQUEST:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.metrics)} metrics in one request: at most {MAX_METRICS_PER_REQUEST}")
         for index, metric in enumerate(request.metrics):
@@ -567,10 +735,14 @@ class SwarmCoordinator:
             if problem is not None:
                 raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"metrics refused: {problem}")
         now = self.clock()
+        # Training past a finite run's last round (a worker that pulled the final version before it heard the
+        # run finished) belongs to no round: those rows are not kept, and `stored` says how many were.
+        last = self.spec.run.rounds
+        metrics = [m for m in request.metrics if not (last > 0 and m.version >= last and m.tokens > 0)]
         with self._lock:
-            worker = self._reporter(request.worker_id)
+            worker = self._reporter(request.worker_id, request.worker_secret)
             self._count_metric_rows(worker, len(request.metrics))
-            for metric in request.metrics:
+            for metric in metrics:
                 self.total_tokens += metric.tokens
                 if math.isfinite(metric.loss) and metric.tokens > 0:
                     worker.last_loss = metric.loss
@@ -578,17 +750,18 @@ class SwarmCoordinator:
         rows = (
             (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
              m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
-            for m in request.metrics
+            for m in metrics
         )
         return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
 
-    def _reporter(self, worker_id: str) -> WorkerRecord:
+    def _reporter(self, worker_id: str, secret: bytes) -> WorkerRecord:
         """The worker whose metrics are accepted (lock held): an active member, or one a sweep moved to another
-        run (its rows of this run still belong here); NOT_FOUND for an unknown, left or evicted worker."""
+        run (its rows of this run still belong here), either with its own worker secret (`_authenticated`);
+        NOT_FOUND for an unknown, left or evicted worker."""
         worker = self.workers.get(worker_id)
         if worker is not None and worker.state == pb.WORKER_STATE_REASSIGNED:
-            return worker
-        return self._member(worker_id)
+            return self._owned("ReportMetrics", worker, secret)
+        return self._authenticated("ReportMetrics", worker_id, secret)
 
     def _count_metric_rows(self, worker: WorkerRecord, rows: int) -> None:
         """Count `rows` against the worker's cap for the current version, or refuse them all (lock held)."""
@@ -620,16 +793,22 @@ class SwarmCoordinator:
                 response.workers.add(
                     worker_id=w.worker_id, name=w.name, state=w.state, base_version=w.base_version,
                     seconds_since_heartbeat=now - w.last_seen, device=w.device, reason=w.reason,
-                    assignment=self._assignment(w),
+                    assignment=self._assignment(w), clipped_updates=w.clipped_updates, stale_updates=w.stale_updates,
+                    dropped_updates=w.dropped_updates, outlier_rounds=sum(1 for _, flag in w.recent if flag),
+                    outlier=w.outlier,
                 )
-            open_round = (self.round.version, len(self.round.reports), sum(t for t, _ in self.round.reports.values()), self.round.opened_at)
+            current = self.round
+            open_round = pb.RoundStatus(
+                version=current.version, reports=len(current.reports), tokens=sum(u.tokens for u in current.reports.values()),
+                opened_at=current.opened_at, dropped=current.dropped,
+            )
         for r in self.store.recent_rounds(STATUS_ROUNDS):
             response.rounds.add(
                 version=r.version, reports=r.reports, tokens=r.tokens, opened_at=r.opened_at, closed_at=r.closed_at,
-                close_reason=r.close_reason, update_norm=r.update_norm,
+                close_reason=r.close_reason, update_norm=r.update_norm, clipped=r.clipped, dropped=r.dropped,
+                aggregation=r.aggregation,
             )
-        version, reports, tokens, opened_at = open_round
-        response.rounds.add(version=version, reports=reports, tokens=tokens, opened_at=opened_at)
+        response.rounds.append(open_round)
         return response
 
     def _listed_workers(self) -> list[WorkerRecord]:
@@ -641,6 +820,12 @@ class SwarmCoordinator:
     def close(self) -> None:
         """Close the store; once the server and the ticker have stopped (no lock)."""
         self.store.close()
+
+    def owns_credential(self, worker_id: str, secret: bytes) -> bool:
+        """Whether `worker_id` is an active member whose worker secret is `secret` (any thread; takes `_lock`)."""
+        with self._lock:
+            worker = self.workers.get(worker_id)
+            return worker is not None and worker.active and worker.owns(secret)
 
     def knows(self, worker_id: str) -> bool:
         """Whether `worker_id` joined this run and is still in memory, active or not (any thread; takes `_lock`)."""
@@ -673,12 +858,13 @@ class SwarmCoordinator:
         )
 
     def tick(self) -> None:
-        """Evict expired workers, forget long-ended ones and close the round if it is due (the ticker thread,
-        every TICK_S; takes `_lock`, and closes a round as `_finish_close` says)."""
+        """Evict expired workers and persistent outliers, forget long-ended ones and close the round if it is
+        due (the ticker thread, every TICK_S; takes `_lock`, and closes a round as `_finish_close` says)."""
         with self._lock:
             now = self.clock()
             for worker_id, reason in decisions.decide_evictions(now, self._active_views(), self.membership):
                 self._end_membership(self._active[worker_id], pb.WORKER_STATE_EVICTED, "evict", f"evicted: {reason}", now)
+            self._evict_outliers(now)
             forgotten = decisions.decide_forgetting(now, (w.view() for w in self._ended.values()), self.membership)
             for worker_id, _ in forgotten:
                 del self._ended[worker_id], self.workers[worker_id]
@@ -686,6 +872,12 @@ class SwarmCoordinator:
                 log.debug("forgot %d ended memberships (%s)", len(forgotten), forgotten[-1][1])
             close = self._begin_close()
         self._finish_close(close)
+
+    def _evict_outliers(self, now: float) -> None:
+        """End the membership of every active worker `decide_outlier_evictions` names (lock held)."""
+        outliers = decisions.decide_outlier_evictions((w.outlier_view() for w in self._active.values()), self.outliers)
+        for worker_id, reason in outliers:
+            self._end_membership(self._active[worker_id], pb.WORKER_STATE_EVICTED, "evict", f"evicted: {reason}", now)
 
     def _begin_close(self) -> RoundClose | None:
         """With the lock held: if no close runs and the decision says the open round is due, freeze its reports,
@@ -699,7 +891,8 @@ class SwarmCoordinator:
             return None
         self.round.closing = True
         self._closing = RoundClose(
-            self.round, decision.reason, now, self.params, self.momentum, self.broadcast_feedback.snapshot()
+            self.round, decision.reason, now, self.params, self.momentum, self.broadcast_feedback.snapshot(),
+            self._norm_history, self._previous_average,
         )
         return self._closing
 
@@ -722,13 +915,17 @@ class SwarmCoordinator:
 
     def _compute_close(self, close: RoundClose) -> ClosedRound:
         """The heavy part of a close, without the lock (the closing thread owns `broadcast_feedback`): the
-        token-weighted average in sorted worker order, the outer step, the compressed step, the digest, the
-        checkpoint and SQLite commit, and both payloads of the new version."""
+        aggregate (the direction check, then `sync.aggregation`) in sorted worker order, the outer step, the
+        compressed step, the digest, the checkpoint and SQLite commit (with the dropped and flagged updates'
+        events, counted in the round's record, and the reference norms), and both payloads of the new version."""
         watch = Stopwatch()
         version, block = close.round.version, self.spec.sync.block_size
         reports = [close.round.reports[k] for k in sorted(close.round.reports)]
         with watch.piece("average"):
-            average = outer.weighted_average(reports)
+            result = aggregation.aggregate(
+                reports, self.aggregation_options, [n for norms in close.history for n in norms], close.previous
+            )
+            average = result.average
         with watch.piece("norm"):
             norm = tensor_stream.global_norm(average)
         with watch.piece("outer step"):
@@ -739,10 +936,21 @@ class SwarmCoordinator:
             sha = tensor_stream.params_sha256(params)
         record = RoundRecord(
             version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
-            tokens=sum(t for t, _ in reports), close_reason=close.reason, update_norm=norm, param_sha256=sha.hex(),
+            tokens=sum(u.tokens for u in reports), close_reason=close.reason, update_norm=norm, param_sha256=sha.hex(),
+            clipped=result.clipped, dropped=close.round.dropped + result.dropped, aggregation=result.summary,
         )
+        keep = self.spec.sync.reference_rounds
+        history = (*close.history, result.accepted_norms)[-keep:] if keep else ()
         with watch.piece("commit"):
             self.store.commit_version(self.run_id, version + 1, params, self._optimizer_state(momentum), record)
+            self.store.set_many({REFERENCE_NORMS_KEY: json.dumps([list(norms) for norms in history])})
+            for o in result.outcomes:
+                if o.flagged:
+                    self.store.add_event(o.worker_id, o.action, f"round {version}: {o.reason}", close.decided_at)
+                if o.action == "dropped":
+                    log.warning("round %d: update of %s dropped: %s", version, o.worker_id, o.reason)
+        with watch.piece("norm bound"):
+            norm_bound = self._update_norm_bound(params)
         with watch.piece("step payload"):
             header, chunks = tensor_stream.build_payload(
                 params, codec=self.codec, run_id=self.run_id, version=version + 1, block_size=block, encoded=encoded_step
@@ -750,10 +958,11 @@ class SwarmCoordinator:
             header.delta_from_version = version
             header.result_sha256 = sha
         full = LazyPullPayload(params, self.run_id, version + 1, sha)
-        return ClosedRound(params, momentum, sha, full, (header, chunks), record, watch.seconds)
+        return ClosedRound(params, momentum, sha, full, (header, chunks), record, watch.seconds, result, history, norm_bound)
 
     def _publish_close(self, close: RoundClose, closed: ClosedRound) -> None:
-        """Serve the committed version, open the next round, wake the waiters, advance the curriculum (lock held)."""
+        """Serve the committed version, open the next round, note how each update fared and evict persistent
+        outliers, wake the waiters, advance the curriculum (lock held)."""
         version = close.round.version
         self.params, self.momentum, self.version = closed.params, closed.momentum, version + 1
         self.param_sha256 = closed.param_sha256
@@ -762,11 +971,19 @@ class SwarmCoordinator:
         self.round = OpenRound(version + 1, self.clock(), started=True)
         self._closing = None
         self.last_close_seconds = closed.seconds
+        self._norm_history, self._norm_bound = closed.history, closed.norm_bound
+        self._previous_average = closed.aggregate.average if self.aggregation_options.method == "centered_clip" else None
+        for o in closed.aggregate.outcomes:
+            worker = self.workers.get(o.worker_id)
+            if worker is not None:
+                worker.note_round(version, o.action if o.flagged else "", o.reason, self.outliers.window)
+        self._evict_outliers(self.clock())
         self._version_changed.notify_all()
         pieces = ", ".join(f"{name} {seconds:.3f}" for name, seconds in closed.seconds.items())
         log.info(
-            "round %d closed (%s): version %d served, %d reports, %d tokens, %.3fs (%s)", version, close.reason,
+            "round %d closed (%s): version %d served, %d reports, %d tokens, %.3fs (%s); %s", version, close.reason,
             version + 1, closed.record.reports, closed.record.tokens, sum(closed.seconds.values()), pieces,
+            closed.record.aggregation,
         )
         try:
             self.tracker.advance(close.decided_at, version)

@@ -57,7 +57,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS run_state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (
     version INTEGER PRIMARY KEY, opened_at REAL, closed_at REAL, reports INTEGER,
-    tokens INTEGER, close_reason TEXT, update_norm REAL, param_sha256 TEXT, checkpoint TEXT
+    tokens INTEGER, close_reason TEXT, update_norm REAL, param_sha256 TEXT, checkpoint TEXT,
+    clipped INTEGER DEFAULT 0, dropped INTEGER DEFAULT 0, aggregation TEXT DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS events (
     time REAL, worker_id TEXT, kind TEXT, reason TEXT
@@ -93,6 +94,10 @@ CREATE TABLE IF NOT EXISTS run_step_sums (
 # one is brought up to date when a coordinator opens it for writing.
 SCHEMA_VERSION = 1
 INT64_MAX = 2**63 - 1
+# Columns of `rounds` added after its first release (the aggregation's per-round counts), with their
+# declarations; a state dir written before them gets them at its next open for writing.
+ROUND_COLUMNS_ADDED = {"clipped": "INTEGER DEFAULT 0", "dropped": "INTEGER DEFAULT 0", "aggregation": "TEXT DEFAULT ''"}
+ROUND_COLUMNS = ("version", "opened_at", "closed_at", "reports", "tokens", "close_reason", "update_norm", "param_sha256")
 
 
 def _keep(function: str, column: str) -> str:
@@ -286,6 +291,11 @@ class RoundRecord:
     close_reason: str
     update_norm: float
     param_sha256: str
+    # Updates the aggregation flagged (clipped, or trimmed in most coordinates), updates refused
+    # for this round's version (norm or token bound), and what the aggregation did.
+    clipped: int = 0
+    dropped: int = 0
+    aggregation: str = ""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -317,6 +327,7 @@ class StateStore:
         self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         self._db.executescript(SCHEMA)
         self._upgrade()
+        self._add_round_columns()
         self._schema_version = SCHEMA_VERSION
         self._reader = self._connect_read_only(timeout_s=5.0)
         self._read_lock = threading.Lock()
@@ -343,6 +354,22 @@ class StateStore:
             self._db.execute(statement, (0,))
         self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self._db.execute("COMMIT")
+
+    def _add_round_columns(self) -> None:
+        """Constructor only: add the `rounds` columns of ROUND_COLUMNS_ADDED a state dir lacks."""
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(rounds)")}
+        for column, declaration in ROUND_COLUMNS_ADDED.items():
+            if column not in present:
+                self._db.execute(f"ALTER TABLE rounds ADD COLUMN {column} {declaration}")
+
+    def _round_select(self) -> str:
+        """The columns of a RoundRecord as this state dir can give them (an old one read-only: defaults);
+        read once per store."""
+        if getattr(self, "_round_columns", None) is None:
+            present = {row[1] for row in self._read("PRAGMA table_info(rounds)")}
+            added = [c if c in present else ("''" if c == "aggregation" else "0") for c in ROUND_COLUMNS_ADDED]
+            self._round_columns = ", ".join((*ROUND_COLUMNS, *added))
+        return self._round_columns
 
     @classmethod
     def open_read_only(cls, state_dir: str | Path, timeout_s: float = 5.0) -> StateStore:
@@ -426,9 +453,10 @@ class StateStore:
             if round_record is not None:
                 r = round_record
                 self._db.execute(
-                    "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT OR REPLACE INTO rounds ({', '.join(ROUND_COLUMNS)}, checkpoint, "
+                    f"{', '.join(ROUND_COLUMNS_ADDED)}) VALUES ({', '.join('?' * (len(ROUND_COLUMNS) + 4))})",
                     (r.version, r.opened_at, r.closed_at, r.reports, r.tokens, r.close_reason,
-                     r.update_norm, r.param_sha256, name),
+                     r.update_norm, r.param_sha256, name, r.clipped, r.dropped, r.aggregation),
                 )
             self._db.execute("COMMIT")
         self._prune_checkpoints(keep=name)
@@ -555,12 +583,8 @@ class StateStore:
         return len(rows)
 
     def recent_rounds(self, limit: int) -> list[RoundRecord]:
-        with self._read_lock:
-            rows = self._reader.execute(
-                "SELECT version, opened_at, closed_at, reports, tokens, close_reason, update_norm, param_sha256 "
-                "FROM rounds ORDER BY version DESC LIMIT ?",
-                (limit,),
-            ).fetchall()
+        """The newest `limit` closed rounds, oldest first, with the aggregation's counts."""
+        rows = self._read(f"SELECT {self._round_select()} FROM rounds ORDER BY version DESC LIMIT ?", (limit,))
         return [RoundRecord(*row) for row in reversed(rows)]
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

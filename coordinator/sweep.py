@@ -14,6 +14,12 @@ routes every RPC to the run its worker belongs to and schedules a sweep's worker
   emptiest run. Its accepted update stays in the round it was sent to.
 * The sweep is finished when every run is; only then do workers hear RUN_STATE_FINISHED.
 
+Identity: a worker id names one membership of one run (a sweep's ids carry the run's prefix),
+so the group routes a call by its id and the run checks its worker secret (`SwarmCoordinator.
+_authenticated`); a call without a secret is refused before routing. A worker moved to another
+run joins again there and gets a new id and secret; its old run still takes the metrics of its
+old membership under the old secret.
+
 Both decisions are pure functions of the runs' loads returning a reason, like the rest of
 the coordinator's decisions.
 """
@@ -31,7 +37,7 @@ from pathlib import Path
 import grpc
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.service import Refusal, SwarmCoordinator, first_part
+from rcswarm.coordinator.service import Refusal, SwarmCoordinator, first_part, require_secret
 from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
@@ -147,8 +153,15 @@ class RunGroup:
         """Every run's load (takes each run's lock in turn)."""
         return [RunLoad(i, run.spec.run.name, run.active_workers(), run.finished) for i, run in enumerate(self.runs)]
 
-    def _index_of(self, worker_id: str) -> int:
-        """The run `worker_id` joined (takes each run's lock in turn); NOT_FOUND if none."""
+    def owns_credential(self, worker_id: str, secret: bytes) -> bool:
+        """Whether some run has `worker_id` as an active member with the worker secret `secret` (a handler
+        thread, from the server's guard; takes each run's lock in turn, not the group's)."""
+        return any(run.owns_credential(worker_id, secret) for run in self.runs)
+
+    def _index_of(self, what: str, worker_id: str, secret: bytes) -> int:
+        """The run `worker_id` joined (takes each run's lock in turn); UNAUTHENTICATED without a worker
+        secret, NOT_FOUND if no run knows the id. The run itself checks that the secret is the id's."""
+        require_secret(what, worker_id, secret)
         for index, run in enumerate(self.runs):
             if run.knows(worker_id):
                 return index
@@ -192,7 +205,7 @@ class RunGroup:
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         """Renew a lease in the worker's run (handler thread)."""
-        index = self._index_of(request.worker_id)
+        index = self._index_of("Heartbeat", request.worker_id, request.worker_secret)
         response = self.runs[index].heartbeat(request)
         self._move_if_run_finished(request.worker_id, index)
         response.run_state = self._group_state()
@@ -200,15 +213,15 @@ class RunGroup:
 
     def leave(self, request: pb.LeaveRequest) -> pb.LeaveResponse:
         """End a membership in the worker's run (handler thread)."""
-        return self.runs[self._index_of(request.worker_id)].leave(request)
+        return self.runs[self._index_of("Leave", request.worker_id, request.worker_secret)].leave(request)
 
     def pull(self, request: pb.PullParametersRequest) -> Iterator[pb.PullParametersResponse]:
         """The worker's run's θ or step (handler thread; a generator, see SwarmCoordinator.pull)."""
-        return self.runs[self._index_of(request.worker_id)].pull(request)
+        return self.runs[self._index_of("PullParameters", request.worker_id, request.worker_secret)].pull(request)
 
     def await_version(self, request: pb.AwaitVersionRequest, time_remaining: float) -> pb.AwaitVersionResponse:
         """Long poll on the worker's run (handler thread; no group lock while it waits)."""
-        index = self._index_of(request.worker_id)
+        index = self._index_of("AwaitVersion", request.worker_id, request.worker_secret)
         response = self.runs[index].await_version(request, time_remaining)
         self._move_if_run_finished(request.worker_id, index)
         response.run_state = self._group_state()
@@ -217,14 +230,14 @@ class RunGroup:
     def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
         """An update to the worker's run, then perhaps a move (handler thread)."""
         first = first_part(requests, "meta")
-        index = self._index_of(first.meta.worker_id)
+        index = self._index_of("PushUpdate", first.meta.worker_id, first.meta.worker_secret)
         response = self.runs[index].push(itertools.chain([first], requests))
         self._maybe_move(first.meta.worker_id, index)
         return response
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
         """Metrics into the worker's run (handler thread)."""
-        return self.runs[self._index_of(request.worker_id)].report_metrics(request)
+        return self.runs[self._index_of("ReportMetrics", request.worker_id, request.worker_secret)].report_metrics(request)
 
     def status(self) -> pb.GetStatusResponse:
         """A group of one's run status; a sweep's aggregate with one RunSummary per run (any thread; takes each run's lock in turn)."""

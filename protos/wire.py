@@ -18,3 +18,8 @@ MESSAGE_SIZE_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )
+
+# A PushUpdate without a join token presents its worker's id and secret in these metadata keys too, so the
+# server can refuse it before the stream takes a slot (the meta message in the stream stays the authority).
+WORKER_ID_METADATA = "rcswarm-worker-id"
+WORKER_SECRET_METADATA = "rcswarm-worker-secret-bin"

@@ -108,6 +108,11 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., LocalCoordinator
         local.running.stop(grace=0.5)
 
 
+def creds(member: Any) -> dict[str, Any]:
+    """The worker_id and worker_secret fields of a request made for `member` (a JoinResponse, or an Identity)."""
+    return {"worker_id": member.worker_id, "worker_secret": member.worker_secret}
+
+
 def worker_env(threads: int = 1) -> dict[str, str]:
     return {**os.environ, "RCSWARM_TOKEN": TOKEN, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
 

@@ -27,16 +27,22 @@ from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
-from tests.conftest import TOKEN, sql, tiny_spec, wait_for
+from tests.conftest import TOKEN, creds, sql, tiny_spec, wait_for
 
 
 class Wire:
-    """Raw stubs of the Coordinator service on a loopback port: the token and a deadline on every call."""
+    """Raw stubs of the Coordinator service on a loopback port: the token and a deadline on every call, and
+    the worker secret of every worker it joined (`creds`)."""
 
     def __init__(self, target: str, token: str = TOKEN) -> None:
         self.channel = grpc.insecure_channel(target, options=MESSAGE_SIZE_OPTIONS)
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),)
+        self.secrets: dict[str, bytes] = {}
+
+    def creds(self, worker_id: str) -> dict[str, Any]:
+        """The worker_id and worker_secret fields of a request for a worker this wire joined."""
+        return {"worker_id": worker_id, "worker_secret": self.secrets[worker_id]}
 
     def call(self, method: str, request: Any, timeout: float = 10.0) -> Any:
         """One unary (or client-streaming) call."""
@@ -49,12 +55,14 @@ class Wire:
         return info.value
 
     def join(self, name: str) -> str:
-        """A new worker id."""
-        return self.call("Join", pb.JoinRequest(worker_name=name, device="cpu", pid=1)).worker_id
+        """A new worker id (its secret kept for `creds`)."""
+        joined = self.call("Join", pb.JoinRequest(worker_name=name, device="cpu", pid=1))
+        self.secrets[joined.worker_id] = joined.worker_secret
+        return joined.worker_id
 
     def pull(self, worker_id: str, timeout: float = 30.0) -> pb.TensorHeader:
         """Pull the current θ; its header (the chunks are read and dropped)."""
-        responses = list(self.stub.PullParameters(pb.PullParametersRequest(worker_id=worker_id), timeout=timeout,
+        responses = list(self.stub.PullParameters(pb.PullParametersRequest(**self.creds(worker_id)), timeout=timeout,
                                                   metadata=self.metadata))
         return responses[0].header
 
@@ -62,13 +70,13 @@ class Wire:
         """Push a zero update trained from the version of a pull `header`."""
         zeros = {t.name: torch.zeros(tuple(t.shape)) for t in header.tensors}
         update, chunks = tensor_stream.build_payload(zeros, codec=pb.CODEC_FP32, run_id=header.run_id, version=header.version)
-        meta = pb.UpdateMeta(worker_id=worker_id, base_version=header.version, tokens=tokens)
+        meta = pb.UpdateMeta(**self.creds(worker_id), base_version=header.version, tokens=tokens)
         messages = [pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=update),
                     *(pb.PushUpdateRequest(chunk=c) for c in chunks)]
         return self.call("PushUpdate", iter(messages), timeout=30.0)
 
     def report(self, worker_id: str, metrics: list[pb.Metric]) -> pb.ReportMetricsResponse:
-        return self.call("ReportMetrics", pb.ReportMetricsRequest(worker_id=worker_id, metrics=metrics))
+        return self.call("ReportMetrics", pb.ReportMetricsRequest(**self.creds(worker_id), metrics=metrics))
 
     def close(self) -> None:
         self.channel.close()
@@ -97,19 +105,20 @@ def step_metric(step: int, tokens: int = 128, **fields: Any) -> pb.Metric:
 
 def test_metrics_from_unknown_left_or_evicted_workers_are_refused(wire_to: Any) -> None:
     local, wire = wire_to(tiny_spec(coordinator={"lease_s": 1.5}))
-    unknown = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(worker_id="w999-nobody", metrics=[step_metric(1)]))
+    nobody = pb.ReportMetricsRequest(worker_id="w999-nobody", worker_secret=bytes(32), metrics=[step_metric(1)])
+    unknown = wire.refusal("ReportMetrics", nobody)
     assert unknown.code() == grpc.StatusCode.NOT_FOUND and "unknown" in unknown.details()
 
     left = wire.join("leaver")
     assert wire.report(left, [step_metric(1)]).stored == 1
-    wire.call("Leave", pb.LeaveRequest(worker_id=left, reason="done"))
-    refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(worker_id=left, metrics=[step_metric(2)]))
+    wire.call("Leave", pb.LeaveRequest(**wire.creds(left), reason="done"))
+    refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(left), metrics=[step_metric(2)]))
     assert refused.code() == grpc.StatusCode.NOT_FOUND and "left: done" in refused.details()
 
     silent = wire.join("silent")
     wait_for(lambda: any(w.worker_id == silent and w.state == pb.WORKER_STATE_EVICTED
                          for w in wire.call("GetStatus", pb.GetStatusRequest()).workers), 10, "the eviction")
-    evicted = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(worker_id=silent, metrics=[step_metric(1)]))
+    evicted = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(silent), metrics=[step_metric(1)]))
     assert evicted.code() == grpc.StatusCode.NOT_FOUND and "evicted" in evicted.details()
     assert sql(local.state_dir, "SELECT worker_id, step FROM metrics") == [(left, 1)]
 
@@ -130,7 +139,7 @@ def test_an_out_of_range_metric_is_refused_whole_and_status_still_answers(
     local, wire = wire_to(tiny_spec(), http_port=0)
     worker = wire.join("overflow")
     refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(
-        worker_id=worker, metrics=[step_metric(1), step_metric(2, **{field: value})]))
+        **wire.creds(worker), metrics=[step_metric(1), step_metric(2, **{field: value})]))
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and shown in refused.details(), refused.details()
     assert sql(local.state_dir, "SELECT COUNT(*) FROM metrics") == [(0,)]
     assert wire.report(worker, [step_metric(1, tokens=10**9), step_metric(2, loss=math.nan, tokens=0)]).stored == 2
@@ -145,16 +154,16 @@ def test_a_metrics_flood_is_capped_per_worker_and_round(wire_to: Any) -> None:
     worker = wire.join("flooder")
     header = wire.pull(worker)
     assert wire.report(worker, [step_metric(k) for k in range(30)]).stored == 30
-    refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(worker_id=worker, metrics=[step_metric(k) for k in range(21)]))
+    refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(worker), metrics=[step_metric(k) for k in range(21)]))
     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "reported 30 metric rows at version 0; 21 more exceed coordinator.max_metrics_per_round = 50" in refused.details()
     for _ in range(20):
-        wire.refusal("ReportMetrics", pb.ReportMetricsRequest(worker_id=worker, metrics=[step_metric(k) for k in range(1000)]))
+        wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(worker), metrics=[step_metric(k) for k in range(1000)]))
     assert wire.report(worker, [step_metric(k) for k in range(20)]).stored == 20
     assert sql(local.state_dir, "SELECT COUNT(*) FROM metrics") == [(50,)]
     # The next round counts afresh.
     assert wire.push_zero(worker, header).accepted
-    wire.call("AwaitVersion", pb.AwaitVersionRequest(worker_id=worker, min_version=1, wait_ms=5000))
+    wire.call("AwaitVersion", pb.AwaitVersionRequest(**wire.creds(worker), min_version=1, wait_ms=5000))
     assert wire.report(worker, [step_metric(k, version=1) for k in range(50)]).stored == 50
     assert sql(local.state_dir, "SELECT version, COUNT(*) FROM metrics GROUP BY version") == [(0, 50), (1, 50)]
 
@@ -188,7 +197,7 @@ def test_join_leave_churn_stays_fast_status_small_and_history_kept(wire_to: Any)
         block_started = time.monotonic()
         for i in range(500):
             worker = wire.join(f"churn-{block}-{i}")
-            wire.call("Leave", pb.LeaveRequest(worker_id=worker, reason="churn"))
+            wire.call("Leave", pb.LeaveRequest(**wire.creds(worker), reason="churn"))
         seconds_per_500.append(time.monotonic() - block_started)
     elapsed = time.monotonic() - started
     status = wire.call("GetStatus", pb.GetStatusRequest())
@@ -197,7 +206,7 @@ def test_join_leave_churn_stays_fast_status_small_and_history_kept(wire_to: Any)
     assert status.workers[0].worker_id == keeper and status.workers[0].state == pb.WORKER_STATE_ACTIVE
     assert all(w.state == pb.WORKER_STATE_LEFT for w in status.workers[1:])
     wait_for(lambda: len(local.service.workers) == 1, 10 * grace + 5, "the ended memberships to be forgotten")
-    forgotten = wire.refusal("Heartbeat", pb.HeartbeatRequest(worker_id=worker))
+    forgotten = wire.refusal("Heartbeat", pb.HeartbeatRequest(**wire.creds(worker)))
     assert forgotten.code() == grpc.StatusCode.NOT_FOUND
     assert sql(local.state_dir, "SELECT kind, COUNT(*) FROM events GROUP BY kind ORDER BY kind") == [
         ("join", pairs + 1), ("leave", pairs)]
@@ -207,12 +216,27 @@ def test_live_tokens_per_second_counts_from_the_first_pull(tmp_path: Any) -> Non
     now = [1000.0]
     coordinator = SwarmCoordinator(tiny_spec(), StateStore(tmp_path, durable=False), clock=lambda: now[0])
     try:
-        worker = coordinator.join(pb.JoinRequest(worker_name="a")).worker_id
-        list(coordinator.pull(pb.PullParametersRequest(worker_id=worker)))
+        worker = creds(coordinator.join(pb.JoinRequest(worker_name="a")))
+        list(coordinator.pull(pb.PullParametersRequest(**worker)))
         now[0] = 1010.0
-        coordinator.report_metrics(pb.ReportMetricsRequest(worker_id=worker, metrics=[step_metric(1, tokens=1000)]))
+        coordinator.report_metrics(pb.ReportMetricsRequest(**worker, metrics=[step_metric(1, tokens=1000)]))
         now[0] = 1011.0
         status = coordinator.status()
         assert status.total_tokens == 1000 and status.tokens_per_second == pytest.approx(1000 / 11)
+    finally:
+        coordinator.close()
+
+
+def test_training_rows_past_a_finite_runs_last_round_are_not_kept(tmp_path) -> None:
+    """A worker that pulled the final version before it heard the run finished trains a round no round can
+    take: its training rows (version >= run.rounds) are not stored; a pull's digest row (no tokens) is."""
+    coordinator = SwarmCoordinator(tiny_spec(run={"rounds": 1}), StateStore(tmp_path))
+    try:
+        member = coordinator.join(pb.JoinRequest(worker_name="a"))
+        rows = [pb.Metric(version=0, step=1, loss=3.0, tokens=8), pb.Metric(version=1, step=6, loss=2.5, tokens=8),
+                pb.Metric(version=1, step=5, loss=math.nan, tokens=0, param_sha256="ab")]
+        assert coordinator.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows)).stored == 2
+        assert sql(tmp_path, "SELECT version, tokens FROM metrics ORDER BY step") == [(0, 8), (1, 0)]
+        assert coordinator.total_tokens == 8
     finally:
         coordinator.close()

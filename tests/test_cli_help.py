@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.cli import bench, data, fit, main, run, status
+from rcswarm.cli import bench, data, fit, launch, main, run, status
+from rcswarm.coordinator import server
+from rcswarm.worker import worker
 
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "run": run.parser,
@@ -18,11 +20,16 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "status": status.parser,
     "data frames": data.parser,
     "bench diag": bench.parser,
+    "coordinator": server.parser,
+    "worker": worker.parser,
+    "launch ray": launch.parser,
 }
 
 
 def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [action for action in parser._actions if not isinstance(action, argparse._HelpAction)]
+    """The options a user sees (not --help, not the hidden aliases kept for old scripts)."""
+    return [action for action in parser._actions
+            if not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS]
 
 
 @pytest.mark.parametrize("command", sorted(PARSERS))
@@ -43,9 +50,14 @@ def test_help_shows_every_non_empty_default(command: str) -> None:
 @pytest.mark.parametrize("argv", [
     ["--help"], ["run", "--help"], ["fit", "--help"], ["status", "--help"], ["data", "--help"],
     ["data", "frames", "--help"], ["bench", "--help"], ["bench", "diag", "--help"], ["--version"],
+    ["coordinator", "--help"], ["worker", "--help"], ["launch", "--help"], ["launch", "ray", "--help"],
 ])
 def test_help_and_version_exit_0(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main.main(argv) == 0
+    try:
+        code = main.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    assert code == 0
     assert capsys.readouterr().out.strip()
 
 
@@ -65,3 +77,17 @@ def test_fit_on_a_missing_path_says_it_does_not_exist(tmp_path: Path, capsys: py
     assert fit.main([str(missing)]) == 2
     err = capsys.readouterr().err
     assert f"{missing}: no such file or directory" in err and "suffix" not in err
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["/usr/bin/python3", "-m", "rcswarm.worker", "--coordinator", "h:1"], True),
+    (["/venv/bin/rcswarm", "worker", "--coordinator", "h:1"], True),
+    (["/venv/bin/rcswarm", "coordinator", "--config", "worker"], False),
+    (["/usr/bin/python3", "-m", "rcswarm.coordinator"], False),
+    (["vim", "rcswarm/worker.py"], False),
+])
+def test_a_worker_counts_the_workers_on_its_host(argv: list[str], expected: bool) -> None:
+    """`rcswarm worker` without --threads divides the cores by the worker processes it finds."""
+    assert worker.is_worker_command(argv) is expected
+    threads, why = worker.auto_threads()
+    assert threads >= 1 and "cores" in why

@@ -141,7 +141,7 @@ def served(tmp_path: Path) -> Iterator[tuple[SwarmCoordinator, Wire]]:
 
 def pulled(wire: Wire, worker_id: str, have_version: int | None = None) -> dict[str, torch.Tensor]:
     """Pull over the wire and decode what arrived, checking the header's digest when it carries one."""
-    request = pb.PullParametersRequest(worker_id=worker_id)
+    request = pb.PullParametersRequest(**wire.creds(worker_id))
     if have_version is not None:
         request.have_version = have_version
     responses = list(wire.stub.PullParameters(request, timeout=30.0, metadata=wire.metadata))

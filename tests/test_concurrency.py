@@ -55,9 +55,10 @@ def health_status(ch: grpc.Channel, timeout: float = 2.0) -> int:
     return health_pb2_grpc.HealthStub(ch).Check(request, timeout=timeout).status
 
 
-def assert_membership_answers(stub: pb_grpc.CoordinatorStub, ch: grpc.Channel, worker_id: str) -> None:
+def assert_membership_answers(stub: pb_grpc.CoordinatorStub, ch: grpc.Channel, member: pb.JoinResponse) -> None:
     """A heartbeat, a join, a status and a health check each answer within 2 s."""
-    assert stub.Heartbeat(pb.HeartbeatRequest(worker_id=worker_id), timeout=2, metadata=AUTH).version == 0
+    beat = pb.HeartbeatRequest(worker_id=member.worker_id, worker_secret=member.worker_secret)
+    assert stub.Heartbeat(beat, timeout=2, metadata=AUTH).version == 0
     assert stub.Join(pb.JoinRequest(worker_name="late", device="cpu", pid=1), timeout=2, metadata=AUTH).worker_id
     assert stub.GetStatus(pb.GetStatusRequest(), timeout=2, metadata=AUTH).version == 0
     assert health_status(ch) == SERVING
@@ -89,7 +90,7 @@ def test_stalled_push_streams_are_cancelled_while_membership_is_answered(start_c
     try:
         calls = [stub.PushUpdate.future(silent(), timeout=30, metadata=AUTH) for _ in range(200)]
         time.sleep(0.3)
-        assert_membership_answers(stub, ch, member.worker_id)
+        assert_membership_answers(stub, ch, member)
         errors = outcomes(calls, timeout=idle_s + 5.0)
         elapsed = time.monotonic() - started
     finally:
@@ -104,10 +105,12 @@ def test_stalled_push_streams_are_cancelled_while_membership_is_answered(start_c
     assert elapsed < idle_s + 4.0
     # The cancelled streams gave their threads and slots back: a real push goes through.
     client = local.client()
-    client.pull(member.worker_id, member.run_id)
+    client.pull(member, member.run_id)
     deltas = {name: torch.full(shape, 1e-3) for name, shape in local.service.shapes.items()}
     header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=member.run_id, version=0)
-    meta = pb.UpdateMeta(worker_id=member.worker_id, base_version=0, tokens=128, inner_steps=1)
+    meta = pb.UpdateMeta(
+        worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=0, tokens=128, inner_steps=1
+    )
     assert client.push(meta, header, chunks).accepted
     client.close()
 
@@ -118,10 +121,10 @@ def test_a_long_poll_flood_leaves_heartbeats_status_and_health_answered(start_co
     ch = channel(local)
     stub = pb_grpc.CoordinatorStub(ch)
     member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=5, metadata=AUTH)
-    poll = pb.AwaitVersionRequest(worker_id=member.worker_id, min_version=1, wait_ms=60_000)
+    poll = pb.AwaitVersionRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, min_version=1, wait_ms=60_000)
     calls = [stub.AwaitVersion.future(poll, timeout=60, metadata=AUTH) for _ in range(300)]
     time.sleep(0.3)
-    assert_membership_answers(stub, ch, member.worker_id)
+    assert_membership_answers(stub, ch, member)
     results = outcomes(calls, timeout=max_wait_s + 5.0)
     refused = [r for r in results if isinstance(r, grpc.RpcError)]
     assert {e.code() for e in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -137,7 +140,8 @@ def test_a_pull_whose_client_stops_reading_is_cancelled(start_coordinator, chann
     ch = channel(local)
     stub = pb_grpc.CoordinatorStub(ch)
     member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=5, metadata=AUTH)
-    responses = stub.PullParameters(pb.PullParametersRequest(worker_id=member.worker_id), timeout=30, metadata=AUTH)
+    request = pb.PullParametersRequest(worker_id=member.worker_id, worker_secret=member.worker_secret)
+    responses = stub.PullParameters(request, timeout=30, metadata=AUTH)
     assert next(responses).HasField("header")
     time.sleep(2.5)
     with pytest.raises(grpc.RpcError) as excinfo:
@@ -145,7 +149,7 @@ def test_a_pull_whose_client_stops_reading_is_cancelled(start_coordinator, chann
             pass
     assert excinfo.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "PullParameters: the client read no message for 1 s (stream_idle_s)" in excinfo.value.details()
-    assert_membership_answers(stub, ch, member.worker_id)
+    assert_membership_answers(stub, ch, member)
 
 
 def test_the_server_never_waits_past_a_calls_cap(start_coordinator, channel, monkeypatch):
@@ -160,14 +164,15 @@ def test_the_server_never_waits_past_a_calls_cap(start_coordinator, channel, mon
     member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=5, metadata=AUTH)
     # A long poll with a day-long deadline returns at the cap, not at max_wait_s.
     started = time.monotonic()
-    poll = pb.AwaitVersionRequest(worker_id=member.worker_id, min_version=1, wait_ms=60_000)
+    poll = pb.AwaitVersionRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, min_version=1, wait_ms=60_000)
     assert stub.AwaitVersion(poll, timeout=86_400, metadata=AUTH).version == 0
     assert time.monotonic() - started < cap_s + 1.0
     # A push that sends its meta and then nothing (but for less than stream_idle_s) is cut at the cap.
     release = threading.Event()
 
     def meta_then_pause() -> Iterator[pb.PushUpdateRequest]:
-        yield pb.PushUpdateRequest(meta=pb.UpdateMeta(worker_id=member.worker_id, base_version=0, tokens=1))
+        meta = pb.UpdateMeta(worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=0, tokens=1)
+        yield pb.PushUpdateRequest(meta=meta)
         release.wait(10.0)
 
     started = time.monotonic()
@@ -204,12 +209,13 @@ def test_health_says_not_serving_while_rounds_cannot_close(tmp_path, channel):
         client = local.client()
         a = client.join("a", "cpu", 1)
         client.join("b", "cpu", 1)
-        client.pull(a.worker_id, a.run_id)
+        client.pull(a, a.run_id)
         assert health_status(ch) == SERVING
         store.failing.set()
         deltas = {name: torch.full(shape, 1e-3) for name, shape in running.coordinator.shapes.items()}
         header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=a.run_id, version=0)
-        client.push(pb.UpdateMeta(worker_id=a.worker_id, base_version=0, tokens=128, inner_steps=1), header, chunks)
+        meta = pb.UpdateMeta(worker_id=a.worker_id, worker_secret=a.worker_secret, base_version=0, tokens=128, inner_steps=1)
+        client.push(meta, header, chunks)
         wait_for(lambda: health_status(ch) == NOT_SERVING, 5.0, "NOT_SERVING once the round's close fails")
         assert client.status().version == 0
         store.failing.clear()
@@ -227,6 +233,21 @@ def test_decide_health():
     assert not serving and "OSError: disk full" in reason
     serving, reason = decide_health(100.0, TickRecord(30.0), stall_s=60.0)
     assert not serving and "70.0 s" in reason and "60 s" in reason
+
+
+def test_call_limits_come_from_the_run_spec_and_the_command_line_overrides_them():
+    spec = tiny_spec(coordinator={"max_calls": {"push": 2, "long_poll": 100}, "stream_idle_s": 4.0, "health_stall_s": 30.0})
+    base = ["--config", "RUN.toml", "--state-dir", "state"]
+    limits, stall_s = server.serving_limits(server.parse_args(base), spec)
+    assert limits.max_calls == {**server.DEFAULT_MAX_CALLS, "push": 2, "long_poll": 100}
+    assert (limits.stream_idle_s, stall_s) == (4.0, 30.0)
+    args = server.parse_args([*base, "--max-calls", "push=5", "--stream-idle-s", "2", "--health-stall-s", "9"])
+    limits, stall_s = server.serving_limits(args, spec)
+    assert (limits.max_calls["push"], limits.max_calls["long_poll"], limits.stream_idle_s, stall_s) == (5, 100, 2.0, 9.0)
+    with pytest.raises(ValueError, match="'polls'.*unknown RPC kind"):
+        server.serving_limits(server.parse_args(base), tiny_spec(coordinator={"max_calls": {"polls": 3}}))
+    with pytest.raises(ValueError, match="coordinator.max_calls.push = 0"):
+        tiny_spec(coordinator={"max_calls": {"push": 0}})
 
 
 def test_call_limits_validate_themselves():

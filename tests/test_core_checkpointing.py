@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.data.frames import FrameWindowSpec, TensorWindow, TypingConfig, TypingFrameSource
@@ -20,54 +20,20 @@ from rcswarm.worker.checkpoint_schedule import Schedule, binomial, store_all, un
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler
 from rcswarm.worker.segment_store import EmbeddingStore, HostCopies, Prefetcher, StateStash
 from rcswarm.worker.streaming_bptt import CheckpointPlan, plain_backward, streaming_backward
-from tests.test_streaming_bptt import DropoutStepModel, SavedBytes
-
-RTOL = 1e-10
-BATCH = 2
+from tests.test_streaming_bptt import (
+    BATCH,
+    DropoutStepModel,
+    SavedBytes,
+    _assert_close,
+    _batch,
+    _grads,
+    _plain,
+)
 
 
 @pytest.fixture(scope="module")
 def model() -> FrameActionModel:
-    built = registry.build_model("frame", "tiny", seed=0).double()
-    assert isinstance(built, FrameActionModel)
-    return built
-
-
-def _batch(model: FrameActionModel, n_frames: int, seed: int = 0) -> tuple[Tensor, Tensor]:
-    config = model.config
-    generator = torch.Generator().manual_seed(seed)
-    cells = (BATCH, n_frames, config.rows, config.cols)
-    chars = torch.randint(0, config.char_vocab, cells, generator=generator)
-    styles = torch.randint(0, config.n_styles, cells, generator=generator)
-    actions = torch.randint(0, config.action_vocab, (BATCH, n_frames), generator=generator)
-    return torch.stack((chars, styles), dim=-1), actions
-
-
-def _grads(model: nn.Module) -> dict[str, Tensor]:
-    grads = {}
-    for name, param in model.named_parameters():
-        assert param.grad is not None, name
-        grads[name] = param.grad.clone()
-    return grads
-
-
-def _assert_close(got: dict[str, Tensor], want: dict[str, Tensor]) -> None:
-    assert list(got) == list(want)
-    for name, reference in want.items():
-        error = (got[name] - reference).norm().item()
-        assert error <= RTOL * reference.norm().item(), (name, error, reference.norm().item())
-
-
-_PLAIN: dict[int, tuple[float, dict[str, Tensor]]] = {}
-
-
-def _plain(model: FrameActionModel, n_frames: int) -> tuple[float, dict[str, Tensor]]:
-    if n_frames not in _PLAIN:
-        model.zero_grad(set_to_none=True)
-        loss = plain_backward(model, _batch(model, n_frames))
-        _PLAIN[n_frames] = (loss, _grads(model))
-    return _PLAIN[n_frames]
-
+    return registry.build_model("frame", "tiny", seed=0).double()
 
 # (n_frames, k, plan, the schedule it must run): segments of S steps (default 8 k), the encoder
 # recomputed k at a time within them; ragged tails where k or S does not divide n_frames.

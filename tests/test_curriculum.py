@@ -20,7 +20,7 @@ from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import logs_of, sql, tiny_spec
+from tests.conftest import creds, logs_of, sql, tiny_spec
 from tests.test_swarm import coordinator_digests, round_losses, worker_digests
 
 
@@ -199,10 +199,10 @@ def test_constant_tokens_scales_the_batch_from_the_first_length():
     assert fixed.batch_for(8, 8) == 8
 
 
-def _push_zero(coordinator: SwarmCoordinator, worker_id: str, version: int, tokens: int) -> pb.PushUpdateResponse:
+def _push_zero(coordinator: SwarmCoordinator, member: pb.JoinResponse, version: int, tokens: int) -> pb.PushUpdateResponse:
     deltas = {name: torch.zeros_like(p) for name, p in coordinator.params.items()}
     header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=coordinator.run_id, version=version)
-    messages = [pb.PushUpdateRequest(meta=pb.UpdateMeta(worker_id=worker_id, base_version=version, tokens=tokens)),
+    messages = [pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(member), base_version=version, tokens=tokens)),
                 pb.PushUpdateRequest(header=header), *[pb.PushUpdateRequest(chunk=c) for c in chunks]]
     return coordinator.push(iter(messages))
 
@@ -213,9 +213,9 @@ def test_the_coordinator_assigns_a_fixed_schedule_by_version(tmp_path):
     try:
         joined = coordinator.join(pb.JoinRequest(worker_name="a"))
         assert (joined.assignment.seq_len, joined.assignment.batch_size, joined.assignment.version) == (16, 4, 0)
-        list(coordinator.pull(pb.PullParametersRequest(worker_id=joined.worker_id)))
-        _push_zero(coordinator, joined.worker_id, 0, 64)
-        beat = coordinator.heartbeat(pb.HeartbeatRequest(worker_id=joined.worker_id))
+        list(coordinator.pull(pb.PullParametersRequest(**creds(joined))))
+        _push_zero(coordinator, joined, 0, 64)
+        beat = coordinator.heartbeat(pb.HeartbeatRequest(**creds(joined)))
         assert (beat.assignment.seq_len, beat.assignment.batch_size, beat.assignment.version) == (32, 2, 1)
         assert "curriculum.schedule at step 5" in beat.assignment.reason
         assert coordinator.status().curriculum.seq_len == 32
@@ -232,14 +232,14 @@ def test_an_adaptive_decision_is_persisted_and_survives_a_restart(tmp_path):
     try:
         joined = coordinator.join(pb.JoinRequest(worker_name="a"))
         assert (joined.assignment.seq_len, joined.assignment.batch_size) == (4, 4)
-        list(coordinator.pull(pb.PullParametersRequest(worker_id=joined.worker_id)))
+        list(coordinator.pull(pb.PullParametersRequest(**creds(joined))))
         rows = [pb.Metric(version=0, seq_len=4, batch=4, tokens=0, compute_seconds=0.0, loss=math.nan)]
         rows += [pb.Metric(version=0, step=k, seq_len=4, batch=4, tokens=16, compute_seconds=0.01 * k, loss=5.0)
                  for k in range(1, 6)]
-        coordinator.report_metrics(pb.ReportMetricsRequest(worker_id=joined.worker_id, metrics=rows))
+        coordinator.report_metrics(pb.ReportMetricsRequest(**creds(joined), metrics=rows))
         now[0] = 1005.0
-        _push_zero(coordinator, joined.worker_id, 0, 80)
-        beat = coordinator.heartbeat(pb.HeartbeatRequest(worker_id=joined.worker_id))
+        _push_zero(coordinator, joined, 0, 80)
+        beat = coordinator.heartbeat(pb.HeartbeatRequest(**creds(joined)))
         assert (beat.assignment.seq_len, beat.assignment.batch_size, beat.assignment.version) == (8, 2, 1)
         assert "lengthens L = 4 -> 8" in beat.assignment.reason
         status = coordinator.status().curriculum

@@ -20,7 +20,7 @@ import pytest
 
 from rcswarm.cli import status as status_cli
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import TOKEN, tiny_spec
+from tests.conftest import TOKEN, creds, tiny_spec
 
 LENGTHS = (32, 64, 128, 256)
 STEPS = range(1, 121)
@@ -45,7 +45,7 @@ def feed(service: Any, lengths: tuple[int, ...] = LENGTHS) -> dict[int, str]:
                       sync_seconds=0.01 * step, bytes_sent=1000 * step, bytes_received=2000 * step)
             for step in STEPS
         ]
-        stored = service.report_metrics(pb.ReportMetricsRequest(worker_id=joined.worker_id, metrics=metrics))
+        stored = service.report_metrics(pb.ReportMetricsRequest(**creds(joined), metrics=metrics))
         assert stored.stored == len(metrics)
     return workers
 
@@ -108,6 +108,10 @@ def test_too_few_lengths_says_so(start_coordinator: Any) -> None:
     base = local.running.dashboard.url
     page = get(base)[2].decode()
     assert "not enough lengths for a fit" in page and "α∞ =" not in page
+    # One line says what a fit needs; no empty α panel, no crossover table; the loss plots stay.
+    assert page.count("not enough lengths for a fit") == 1 and "[sweep] seq_lens" in page
+    assert 'src="/plot/alpha.png"' not in page and "crossovers" not in page
+    assert 'src="/plot/loss_step.png"' in page and 'src="/plot/loss_time.png"' in page
     data = json.loads(get(base + "api/status")[2])
     assert data["fits"]["fit"] is None and "not enough lengths" in data["fits"]["message"]
     assert_png_not_blank(get(base + "plot/alpha.png")[2])
@@ -408,7 +412,7 @@ def sweep(tmp_path: Path) -> Any:
             workers[length] = joined.worker_id
             for step in STEPS:
                 clock.now = SWEEP_T0 + step * length / 1000.0
-                client.report_metrics(joined.worker_id, [pb.Metric(
+                client.report_metrics(joined, [pb.Metric(
                     version=0, step=step, seq_len=length, batch=4, loss=true_loss(step, length), tokens=4 * length,
                     wall_time=step * length / 1000.0, compute_seconds=step * length / 1200.0, sync_seconds=0.01 * step,
                     bytes_sent=1000 * step, bytes_received=2000 * step)])

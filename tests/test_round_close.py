@@ -83,7 +83,7 @@ def test_membership_and_status_are_answered_while_a_round_closes(slow_close: Any
     latencies, versions = [], []
     joined = ""
     while time.perf_counter() - closing_since < COMMIT_SLEEP_S / 2:
-        seconds, beat = timed(lambda: wire.call("Heartbeat", pb.HeartbeatRequest(worker_id=first), timeout=5.0))
+        seconds, beat = timed(lambda: wire.call("Heartbeat", pb.HeartbeatRequest(**wire.creds(first)), timeout=5.0))
         latencies.append(seconds)
         versions.append(beat.version)
         seconds, status = timed(lambda: wire.call("GetStatus", pb.GetStatusRequest(), timeout=5.0))
@@ -101,7 +101,7 @@ def test_membership_and_status_are_answered_while_a_round_closes(slow_close: Any
     # A pull during the close waits for the new version; the waiters wake when it is published.
     seconds, pulled = timed(lambda: wire.pull(joined))
     assert pulled.version == 1 and seconds < COMMIT_SLEEP_S + 5
-    awaited = wire.call("AwaitVersion", pb.AwaitVersionRequest(worker_id=first, min_version=1, wait_ms=5000))
+    awaited = wire.call("AwaitVersion", pb.AwaitVersionRequest(**wire.creds(first), min_version=1, wait_ms=5000))
     assert awaited.version == 1
     status = wire.call("GetStatus", pb.GetStatusRequest())
     closed = [r for r in status.rounds if r.version == 0]

@@ -13,7 +13,7 @@ from rcswarm.protos import codec, tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy
-from tests.conftest import TOKEN, tiny_spec
+from tests.conftest import TOKEN, sql, tiny_spec
 
 
 def status_code(excinfo: pytest.ExceptionInfo) -> grpc.StatusCode:
@@ -28,7 +28,7 @@ def swarm(start_coordinator):
     members = []
     for name in ("a", "b"):
         joined = client.join(name, "cpu", 1)
-        client.pull(joined.worker_id, joined.run_id)
+        client.pull(joined, joined.run_id)
         members.append(joined)
     yield local, client, members
     client.close()
@@ -42,7 +42,9 @@ def push(client, member, deltas, *, version=0, tokens=128, codec_id=pb.CODEC_FP3
     header, chunks = tensor_stream.build_payload(deltas, codec=codec_id, run_id=member.run_id, version=version)
     if corrupt:
         corrupt(header, chunks)
-    meta = pb.UpdateMeta(worker_id=member.worker_id, base_version=version, tokens=tokens, inner_steps=1)
+    meta = pb.UpdateMeta(
+        worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=version, tokens=tokens, inner_steps=1
+    )
     return client.push(meta, header, chunks)
 
 
@@ -169,10 +171,20 @@ def test_stale_future_duplicate_and_tokenless_updates(swarm):
     assert status_code(duplicate) == grpc.StatusCode.ALREADY_EXISTS
     push(client, b, small_deltas(local))
     assert client.status().version == 1
-    with pytest.raises(grpc.RpcError) as stale:
+    # a's push retried after its round closed (its answer was lost): it landed, so ALREADY_EXISTS, not stale.
+    with pytest.raises(grpc.RpcError) as retried:
         push(client, a, small_deltas(local), version=0)
+    assert status_code(retried) == grpc.StatusCode.ALREADY_EXISTS and "already delivered" in retried.value.details()
+    # A worker that did not deliver to round 0 is stale there.
+    late = client.join("late", "cpu", 1)
+    with pytest.raises(grpc.RpcError) as stale:
+        push(client, late, small_deltas(local), version=0)
     assert status_code(stale) == grpc.StatusCode.FAILED_PRECONDITION
     assert "stale" in stale.value.details() and "global version is 1" in stale.value.details()
+    # Lost work is visible per worker: counted in GetStatus (the dashboard and `rcswarm status` show it), an event.
+    counts = {w.worker_id: w.stale_updates for w in client.status().workers}
+    assert counts == {a.worker_id: 0, b.worker_id: 0, late.worker_id: 1}
+    assert sql(local.state_dir, "SELECT worker_id, kind FROM events WHERE kind = 'stale'") == [(late.worker_id, "stale")]
 
 
 def test_an_accepted_round_moves_the_parameters_by_the_outer_step(swarm):
@@ -183,7 +195,7 @@ def test_an_accepted_round_moves_the_parameters_by_the_outer_step(swarm):
     # Δ̄ = (100·1e-3 + 300·5e-3)/400 = 4e-3; Nesterov from zero momentum: θ − 0.7·(1 + 0.9)·Δ̄.
     for name, theta in local.service.params.items():
         torch.testing.assert_close(theta, before[name] - 0.7 * 1.9 * 4e-3, rtol=0, atol=1e-6)
-    version, pulled = client.pull(a.worker_id, a.run_id)
+    version, pulled = client.pull(a, a.run_id)
     assert version == 1
     assert tensor_stream.params_sha256(pulled).hex() == client.status().param_sha256
 
@@ -210,21 +222,21 @@ def test_tls(start_coordinator, tmp_path):
 
 def test_a_worker_holding_the_previous_version_pulls_the_compressed_step(swarm):
     local, client, (a, b) = swarm
-    _, held = client.pull(a.worker_id, a.run_id)
+    _, held = client.pull(a, a.run_id)
     full_bytes = client.bytes_received
     push(client, a, small_deltas(local, 1e-3))
     push(client, b, small_deltas(local, -2e-3))
     before = client.bytes_received
-    version, rebuilt = client.pull(a.worker_id, a.run_id, have=(0, held))
+    version, rebuilt = client.pull(a, a.run_id, have=(0, held))
     delta_bytes = client.bytes_received - before
     assert version == 1
-    _, full = client.pull(b.worker_id, b.run_id)
+    _, full = client.pull(b, b.run_id)
     assert all(torch.equal(rebuilt[k], full[k]) for k in full)
     # int8 is the run's codec: about a quarter of the float32 parameters.
     assert delta_bytes < 0.27 * (full_bytes / 2)
     # A stale holding gets the full parameters; a corrupted one fails its SHA-256 check.
-    assert client.pull(a.worker_id, a.run_id, have=(7, held))[0] == 1
+    assert client.pull(a, a.run_id, have=(7, held))[0] == 1
     corrupted = {k: v.clone() for k, v in held.items()}
     next(iter(corrupted.values())).view(-1)[0] += 1.0
     with pytest.raises(tensor_stream.PayloadError, match="SHA-256"):
-        client.pull(a.worker_id, a.run_id, have=(0, corrupted))
+        client.pull(a, a.run_id, have=(0, corrupted))

@@ -195,7 +195,7 @@ def test_the_served_parameters_are_the_verified_ones(tmp_path: Path, start_coord
     client = local.client()
     try:
         joined = client.join("probe", "cpu", 1)
-        version, params = client.pull(joined.worker_id, joined.run_id)
+        version, params = client.pull(joined, joined.run_id)
     finally:
         client.close()
     assert version == VERSIONS - 1

@@ -28,7 +28,7 @@ from rcswarm.models import registry
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from rcswarm.worker.client import Action, CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts, classify
+from rcswarm.worker.client import Action, CoordinatorClient, Identity, RetriesExhausted, RetryPolicy, Timeouts, classify
 from rcswarm.worker.worker import Worker, WorkerOptions
 from tests.conftest import TOKEN, free_port, logs_of, tiny_spec, wait_for, write_spec
 from tests.test_swarm import start_coordinator_process
@@ -37,6 +37,8 @@ from tests.test_swarm import start_coordinator_process
 HUGE = 1 << 26
 # Python-level memory a refused pull may use, far below what the header claims.
 PEAK_BOUND = 64 << 20
+# The membership the hostile server hands out.
+HOSTILE_MEMBER = Identity("h1", b"h" * 32)
 FAST = ("--rpc-timeout-s", "1", "--transfer-timeout-s", "3", "--patience-s", "60")
 
 
@@ -82,7 +84,10 @@ class Hostile(pb_grpc.CoordinatorServicer):
         self.lock = threading.Lock()
 
     def Join(self, request, context):
-        return pb.JoinResponse(worker_id="h1", run_id="hostile", run_spec_json=self.spec_json, lease_seconds=10.0)
+        return pb.JoinResponse(
+            worker_id=HOSTILE_MEMBER.worker_id, worker_secret=HOSTILE_MEMBER.worker_secret, run_id="hostile",
+            run_spec_json=self.spec_json, lease_seconds=10.0,
+        )
 
     def Heartbeat(self, request, context):
         with self.lock:
@@ -143,7 +148,7 @@ def test_a_hostile_pull_header_is_refused_before_allocation(how):
         tracemalloc.start()
         try:
             with pytest.raises(tensor_stream.PayloadError) as refused:
-                client.pull("h1", "hostile", expected=shapes)
+                client.pull(HOSTILE_MEMBER, "hostile", expected=shapes)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -202,13 +207,13 @@ def test_deadline_exceeded_is_retried_within_the_patience():
     hostile = Hostile(tiny_spec().to_json(), stall_s=1.0, stalls=2)
     with serve(hostile) as target:
         client = CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=10.0), timeouts=Timeouts(unary_s=0.3))
-        assert client.heartbeat("h1").lease_seconds == 10.0
+        assert client.heartbeat(HOSTILE_MEMBER).lease_seconds == 10.0
         client.close()
         impatient = CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=0.5), timeouts=Timeouts(unary_s=0.3))
         hostile.stalls_left = 100
         started = time.monotonic()
         with pytest.raises(RetriesExhausted, match="DEADLINE_EXCEEDED") as gave_up:
-            impatient.heartbeat("h1")
+            impatient.heartbeat(HOSTILE_MEMBER)
         impatient.close()
         hostile.stalls_left = 0
     assert time.monotonic() - started < 3.0 and "patience 0.5s" in str(gave_up.value)
@@ -327,7 +332,7 @@ def test_an_update_outlives_a_rejoin_while_it_is_current(start_coordinator, capl
     client = local.client()
 
     def forget(worker: Worker) -> None:
-        client.leave(worker.worker_id, "forgotten")
+        client.leave(worker.identity, "forgotten")
 
     worker = FaultBeforeFirstPush(_options(local.target, patience_s=10.0), forget)
     with caplog.at_level(logging.INFO, logger="rcswarm.worker"):

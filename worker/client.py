@@ -1,8 +1,13 @@
-"""The worker's gRPC client of the coordinator: deadlines, token metadata, and retries.
+"""The worker's gRPC client of the coordinator: deadlines, credentials, and retries.
 
-Every call carries the join token and a deadline. `classify` sorts each gRPC status into
-retry (the coordinator is stalled, restarting, at capacity, or a stream broke), rejoin (it
-no longer knows this worker) or fatal (it refused the request). Transient failures are
+Every call carries the join token and a deadline; a joined worker's calls also carry its
+worker secret (`Member`: the id and secret a JoinResponse returned, kept in memory only), by
+which the coordinator authenticates them, so they go on when the join token is rotated. The
+channel is TLS with `tls_ca` (and a client certificate with `tls_cert`/`tls_key` for a
+coordinator that requires one), else plaintext, with one warning when the coordinator is not on
+loopback (protos/transport.py). `classify` sorts each gRPC status into retry (the coordinator is
+stalled, restarting, at capacity, or a stream broke), rejoin (it no longer knows this worker) or
+fatal (it refused the request, the join token or this worker's identity). Transient failures are
 retried with jittered exponential backoff for as long as `RetryPolicy.max_elapsed_s`, the
 patience, allows or until the stop event is set; anything else is raised to the caller as
 `grpc.RpcError`. A pull is checked against the parameter names and shapes the caller
@@ -16,17 +21,18 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, TypeVar
+from typing import Callable, Iterator, Mapping, Protocol, TypeVar
 
 import grpc
 import torch
 
 from rcswarm.protos import tensor_stream
+from rcswarm.protos.transport import ClientTLS, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
+from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
 
 log = logging.getLogger("rcswarm.worker")
 T = TypeVar("T")
@@ -74,9 +80,35 @@ def classify(code: grpc.StatusCode) -> tuple[Action, str]:
         return Action.RETRY, _TRANSIENT[code]
     if code == grpc.StatusCode.NOT_FOUND:
         return Action.REJOIN, "the coordinator no longer knows this worker"
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+    if code == grpc.StatusCode.UNAUTHENTICATED:
         return Action.FATAL, "the coordinator refused the join token"
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return Action.FATAL, "the coordinator refused this worker's identity (its worker secret does not match its id)"
     return Action.FATAL, "the coordinator refused the request"
+
+
+class Member(Protocol):
+    """Whom a worker's call is for: its id and the worker secret its Join returned (a JoinResponse is one)."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def worker_secret(self) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One membership's credentials, in memory only: replaced whole by a join, so a thread that reads it
+    gets an id and the secret that goes with it. The secret stays out of its repr."""
+
+    worker_id: str = ""
+    worker_secret: bytes = field(default=b"", repr=False)
+
+    @classmethod
+    def of(cls, response: Member) -> Identity:
+        """The credentials a JoinResponse returned."""
+        return cls(response.worker_id, response.worker_secret)
 
 
 @dataclass(frozen=True)
@@ -168,15 +200,11 @@ class CoordinatorClient:
     """
 
     def __init__(
-        self, target: str, token: str, *, tls_ca: Path | None = None, retry: RetryPolicy = RetryPolicy(),
-        timeouts: Timeouts = Timeouts(), stop: threading.Event | None = None,
+        self, target: str, token: str, *, tls_ca: Path | None = None, tls_cert: Path | None = None,
+        tls_key: Path | None = None, retry: RetryPolicy = RetryPolicy(), timeouts: Timeouts = Timeouts(),
+        stop: threading.Event | None = None,
     ) -> None:
-        options = list(MESSAGE_SIZE_OPTIONS)
-        if tls_ca is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
-            self.channel = grpc.secure_channel(target, credentials, options=options)
-        else:
-            self.channel = grpc.insecure_channel(target, options=options)
+        self.channel = open_channel(target, ClientTLS.from_flags(tls_ca, tls_cert, tls_key), list(MESSAGE_SIZE_OPTIONS))
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),)
         self.retry = retry
@@ -230,29 +258,33 @@ class CoordinatorClient:
         """Ask to join the swarm."""
         return self._unary("Join", pb.JoinRequest(worker_name=name, device=device, pid=pid))
 
-    def heartbeat(self, worker_id: str) -> pb.HeartbeatResponse:
-        """Renew the lease."""
-        return self._unary("Heartbeat", pb.HeartbeatRequest(worker_id=worker_id))
+    def heartbeat(self, member: Member) -> pb.HeartbeatResponse:
+        """Renew `member`'s lease."""
+        return self._unary("Heartbeat", pb.HeartbeatRequest(worker_id=member.worker_id, worker_secret=member.worker_secret))
 
-    def leave(self, worker_id: str, reason: str) -> None:
-        """End the membership: one attempt, not retried (the worker is on its way out)."""
-        self.stub.Leave(pb.LeaveRequest(worker_id=worker_id, reason=reason), timeout=self.timeouts.unary_s, metadata=self.metadata)
+    def leave(self, member: Member, reason: str) -> None:
+        """End `member`'s membership: one attempt, not retried (the worker is on its way out)."""
+        request = pb.LeaveRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, reason=reason)
+        self.stub.Leave(request, timeout=self.timeouts.unary_s, metadata=self.metadata)
 
-    def await_version(self, worker_id: str, min_version: int, wait_s: float) -> pb.AwaitVersionResponse:
+    def await_version(self, member: Member, min_version: int, wait_s: float) -> pb.AwaitVersionResponse:
         """Long poll for `min_version` for up to `wait_s` (the deadline adds the unary timeout)."""
-        request = pb.AwaitVersionRequest(worker_id=worker_id, min_version=min_version, wait_ms=int(wait_s * 1000))
+        request = pb.AwaitVersionRequest(
+            worker_id=member.worker_id, worker_secret=member.worker_secret, min_version=min_version, wait_ms=int(wait_s * 1000)
+        )
         return self._unary("AwaitVersion", request, timeout=wait_s + self.timeouts.unary_s)
 
-    def report_metrics(self, worker_id: str, metrics: list[pb.Metric]) -> None:
-        """Send a batch of per-step metrics."""
-        self._unary("ReportMetrics", pb.ReportMetricsRequest(worker_id=worker_id, metrics=metrics))
+    def report_metrics(self, member: Member, metrics: list[pb.Metric]) -> None:
+        """Send a batch of `member`'s per-step metrics."""
+        request = pb.ReportMetricsRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, metrics=metrics)
+        self._unary("ReportMetrics", request)
 
     def status(self) -> pb.GetStatusResponse:
         """The coordinator's status of the run (or sweep)."""
         return self._unary("GetStatus", pb.GetStatusRequest())
 
     def pull(
-        self, worker_id: str, run_id: str, have: tuple[int, Mapping[str, torch.Tensor]] | None = None, *,
+        self, member: Member, run_id: str, have: tuple[int, Mapping[str, torch.Tensor]] | None = None, *,
         expected: Mapping[str, tuple[int, ...]] | None = None, repull: bool = False,
     ) -> tuple[int, dict[str, torch.Tensor]]:
         """The newest global parameters: (version, tensors), checked against the header's checksums.
@@ -267,7 +299,7 @@ class CoordinatorClient:
         held = [have]
 
         def attempt() -> tuple[int, dict[str, torch.Tensor]]:
-            request = pb.PullParametersRequest(worker_id=worker_id)
+            request = pb.PullParametersRequest(worker_id=member.worker_id, worker_secret=member.worker_secret)
             if held[0] is not None:
                 request.have_version = held[0][0]
             responses = self.stub.PullParameters(request, timeout=self.timeouts.transfer_s, metadata=self.metadata)
@@ -287,13 +319,15 @@ class CoordinatorClient:
         return self._with_retry("PullParameters", attempt)
 
     def push(self, meta: pb.UpdateMeta, header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> pb.PushUpdateResponse:
-        """Send one update (meta, header, chunks); the same messages are sent again on a retry."""
+        """Send one update (meta, with the worker's id and secret, header, chunks); the same messages are sent
+        again on a retry."""
         messages = [pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header)]
         messages += [pb.PushUpdateRequest(chunk=chunk) for chunk in chunks]
         size = sum(m.ByteSize() for m in messages)
+        metadata = (*self.metadata, (WORKER_ID_METADATA, meta.worker_id), (WORKER_SECRET_METADATA, meta.worker_secret))
 
         def attempt() -> pb.PushUpdateResponse:
-            response = self.stub.PushUpdate(iter(messages), timeout=self.timeouts.transfer_s, metadata=self.metadata)
+            response = self.stub.PushUpdate(iter(messages), timeout=self.timeouts.transfer_s, metadata=metadata)
             self.bytes_sent += size
             return response
 

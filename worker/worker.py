@@ -1,6 +1,6 @@
 """A swarm worker: join, pull, train H inner steps, push the pseudo-gradient, repeat.
 
-    rcswarm worker --coordinator HOST:PORT --token T [--device auto]
+    rcswarm worker --coordinator HOST:PORT --token T [--device auto] [--tls-ca CA [--tls-cert C --tls-key K]]
 
 One round as the worker sees it: pull version v (checked against its SHA-256), switch to the
 (sequence length, batch) the coordinator assigns for v if it differs, keep a copy θ_v, run H
@@ -8,10 +8,12 @@ inner steps, push Δ = θ_v − θ_local compressed by the run's codec (with err
 feedback when enabled), report the round's metrics, then wait for version v+1. A stale
 push (FAILED_PRECONDITION) drops Δ and re-syncs; NOT_FOUND (evicted, or the coordinator
 restarted) re-joins, and a finished update whose base version is still current after the
-re-join is pushed again. Stalls, restarts, capacity limits and broken streams are retried by
-the client for `--patience-s` seconds (`client.classify`). Only a refused join token, a
-refused request, a run spec this worker cannot build or spent patience end the worker, with
-one ERROR line saying why and exit status 1; a finished run exits 0. SIGTERM or SIGINT
+re-join is pushed again. Each join returns a worker secret, kept in memory only (`Identity`)
+and sent on every later call of that membership; a re-join replaces it. Stalls, restarts,
+capacity limits and broken streams are retried by the client for `--patience-s` seconds
+(`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
+coordinator does not take this worker's secret for its id), a refused request, a run spec this
+worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1; a finished run exits 0. SIGTERM or SIGINT
 finishes the current step, sends Leave and exits 0.
 """
 
@@ -37,9 +39,18 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
+from rcswarm.protos.transport import ClientTLS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
-from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Stopped, Timeouts, classify
+from rcswarm.worker.client import (
+    CoordinatorClient,
+    Identity,
+    RetriesExhausted,
+    RetryPolicy,
+    Stopped,
+    Timeouts,
+    classify,
+)
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 
 log = logging.getLogger("rcswarm.worker")
@@ -66,6 +77,8 @@ class WorkerOptions:
     name: str = ""
     threads: int = 0
     tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     patience_s: float = 300.0
     rpc_timeout_s: float = 10.0
     transfer_timeout_s: float = 300.0
@@ -75,8 +88,9 @@ class WorkerOptions:
             raise ValueError(f"a join token is required (--token or ${TOKEN_ENV})")
         if ":" not in self.coordinator:
             raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT")
+        ClientTLS.from_flags(self.tls_ca, self.tls_cert, self.tls_key)
         if self.threads < 0:
-            raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = torch's default)")
+            raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = the cores divided by the workers on this host)")
         for flag, value in (
             ("--patience-s", self.patience_s), ("--rpc-timeout-s", self.rpc_timeout_s),
             ("--transfer-timeout-s", self.transfer_timeout_s),
@@ -105,7 +119,7 @@ class Worker:
         self.device = resolve_device(options.device)
         self.name = options.name or f"{socket.gethostname()}-{os.getpid()}"
         self.client = CoordinatorClient(
-            options.coordinator, options.token, tls_ca=options.tls_ca,
+            options.coordinator, options.token, tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key,
             retry=RetryPolicy(max_elapsed_s=options.patience_s),
             timeouts=Timeouts(unary_s=options.rpc_timeout_s, transfer_s=options.transfer_timeout_s), stop=self.stop,
         )
@@ -115,7 +129,8 @@ class Worker:
         self.sync_seconds = 0.0
         self.step = 0
         self.finished = False
-        self.worker_id = ""
+        # This membership's id and worker secret, replaced whole by each join (the heartbeat thread reads it).
+        self.identity = Identity()
         self.lease_s = 10.0
         self.model: torch.nn.Module | None = None
         self._pending: list[pb.Metric] = []
@@ -126,6 +141,11 @@ class Worker:
         self._assignment_owner = ""  # the worker_id (membership) the held assignment came with
         self._assignment_lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
+
+    @property
+    def worker_id(self) -> str:
+        """The id of the current membership ("" before a join and after the run finished)."""
+        return self.identity.worker_id
 
     def run(self) -> int:
         """Train until the run finishes or a stop is requested; returns the exit code."""
@@ -160,14 +180,15 @@ class Worker:
         except grpc.RpcError as err:
             if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
                 log.info("%s: %s", self.name, err.details())
-                self.worker_id, self.finished = "", True
+                self.identity, self.finished = Identity(), True
                 return None
             raise
         try:
             spec = RunSpec.from_json(response.run_spec_json)
         except ValueError as exc:
             raise SpecRefused(f"the run spec of {response.run_id} is invalid here: {exc}") from exc
-        self.worker_id, self.run_id, self.lease_s = response.worker_id, response.run_id, response.lease_seconds
+        self.identity = Identity.of(response)
+        self.run_id, self.lease_s = response.run_id, response.lease_seconds
         self._held = None
         if self._heartbeat is None:
             # Beat from now on: building the model and loading the data may outlast the lease.
@@ -229,8 +250,8 @@ class Worker:
         with self._assignment_lock:
             assignment = self._assignment
         if assignment is not None and assignment.version < version:
-            worker_id = self.worker_id
-            self._note_assignment(self._call(self.client.heartbeat, worker_id), worker_id)
+            identity = self.identity
+            self._note_assignment(self._call(self.client.heartbeat, identity), identity.worker_id)
             with self._assignment_lock:
                 assignment = self._assignment
         data = self.spec.data
@@ -286,7 +307,7 @@ class Worker:
         params = dict(self.model.named_parameters())
         expected = {name: tuple(p.shape) for name, p in params.items()}
         pull = functools.partial(self.client.pull, expected=expected, repull=True)
-        version, tensors = self._call(pull, self.worker_id, self.run_id, self._held)
+        version, tensors = self._call(pull, self.identity, self.run_id, self._held)
         with torch.no_grad():
             for name, tensor in tensors.items():
                 params[name].copy_(tensor)
@@ -323,7 +344,11 @@ class Worker:
         version are still the update's base; ALREADY_EXISTS means an earlier attempt landed.
         """
         for _ in range(MAX_PUSH_REJOINS + 1):
-            meta = pb.UpdateMeta(worker_id=self.worker_id, base_version=version, tokens=tokens, inner_steps=self.spec.inner.steps)
+            identity = self.identity
+            meta = pb.UpdateMeta(
+                worker_id=identity.worker_id, worker_secret=identity.worker_secret, base_version=version, tokens=tokens,
+                inner_steps=self.spec.inner.steps,
+            )
             try:
                 response = self.client.push(meta, header, chunks)
             except grpc.RpcError as err:
@@ -347,9 +372,9 @@ class Worker:
 
     def _await(self, min_version: int) -> None:
         while not self.stop.is_set():
-            worker_id = self.worker_id
-            response = self._call(self.client.await_version, worker_id, min_version, AWAIT_WAIT_S)
-            self._note_assignment(response, worker_id)
+            identity = self.identity
+            response = self._call(self.client.await_version, identity, min_version, AWAIT_WAIT_S)
+            self._note_assignment(response, identity.worker_id)
             if response.run_state == pb.RUN_STATE_FINISHED:
                 self.finished = True
                 return
@@ -358,16 +383,17 @@ class Worker:
 
     def _flush_metrics(self) -> None:
         """Send the pending metrics (kept when the call fails), unless the worker holds no membership."""
-        if self._pending and self.worker_id:
-            self._call(self.client.report_metrics, self.worker_id, self._pending)
+        identity = self.identity
+        if self._pending and identity.worker_id:
+            self._call(self.client.report_metrics, identity, self._pending)
             self._pending = []
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(max(self.lease_s / 3.0, 0.2)):
             try:
-                worker_id = self.worker_id
-                response = self.client.heartbeat(worker_id)
-                self._note_assignment(response, worker_id)
+                identity = self.identity
+                response = self.client.heartbeat(identity)
+                self._note_assignment(response, identity.worker_id)
                 if response.run_state == pb.RUN_STATE_FINISHED:
                     self.finished = True
             except (grpc.RpcError, RetriesExhausted, Stopped) as exc:
@@ -379,7 +405,7 @@ class Worker:
             return
         try:
             self._flush_metrics()
-            self.client.leave(self.worker_id, "finished" if self.finished else "stopped")
+            self.client.leave(self.identity, "finished" if self.finished else "stopped")
             log.info("%s left the swarm", self.worker_id)
         except (grpc.RpcError, Rejoin, RetriesExhausted, Stopped) as exc:
             log.warning("leave failed: %s", exc)
@@ -387,22 +413,63 @@ class Worker:
             self.client.close()
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def is_worker_command(argv: list[str]) -> bool:
+    """Whether a process's argv runs an rcswarm worker (`rcswarm worker`, `python -m rcswarm.worker`)."""
+    for index, arg in enumerate(argv):
+        if arg == "rcswarm.worker":
+            return True
+        if os.path.basename(arg) == "rcswarm" and argv[index + 1:index + 2] == ["worker"]:
+            return True
+    return False
+
+
+def workers_on_host() -> int:
+    """rcswarm worker processes running on this machine, this one included (Linux /proc; 1 elsewhere)."""
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        count += is_worker_command(argv)
+    return max(count, 1)
+
+
+def auto_threads() -> tuple[int, str]:
+    """(threads, why): the cores this process may use divided by the workers on this host, at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = workers_on_host()
+    return max(1, cores // workers), f"{cores} cores / {workers} workers on this host"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `rcswarm worker` command line."""
     parser = argparse.ArgumentParser(prog="rcswarm worker", description="Join an rcswarm coordinator and train.")
     parser.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
     parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--name", default="", help="name shown in the coordinator's status")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    parser.add_argument("--tls-ca", type=Path, help="PEM root certificate; enables TLS")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ... (default: auto)")
+    parser.add_argument("--name", default="", help="name shown in the coordinator's status (default: the worker id)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default 0: this machine's cores divided by the rcswarm workers running on it)")
+    parser.add_argument("--tls-ca", type=Path, help="PEM CA certificate that signed the coordinator's; enables TLS")
+    parser.add_argument("--tls-cert", type=Path, help="PEM client certificate, for a coordinator with --tls-client-ca")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     parser.add_argument(
         "--patience-s", type=float, default=300.0,
-        help="retry a stalled, restarting or busy coordinator this long per call before giving up",
+        help="retry a stalled, restarting or busy coordinator this long per call before giving up (default: %(default)s)",
     )
     parser.add_argument("--max-unavailable-s", type=float, dest="patience_s", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    parser.add_argument("--rpc-timeout-s", type=float, default=10.0, help="deadline of one unary call (a long poll adds its wait)")
-    parser.add_argument("--transfer-timeout-s", type=float, default=300.0, help="deadline of one parameter pull or update push")
-    return parser.parse_args(argv)
+    parser.add_argument("--rpc-timeout-s", type=float, default=10.0,
+                        help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
+    parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
+                        help="deadline of one parameter pull or update push (default: %(default)s)")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed `rcswarm worker` command line (argparse exits 0 after --help, 2 on a usage error)."""
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,11 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = WorkerOptions(
             coordinator=args.coordinator, token=args.token or os.environ.get(TOKEN_ENV, ""), device=args.device,
-            name=args.name, threads=args.threads, tls_ca=args.tls_ca, patience_s=args.patience_s,
-            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
+            name=args.name, threads=args.threads, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            patience_s=args.patience_s, rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
         )
-        if options.threads:
-            torch.set_num_threads(options.threads)
+        threads, why = (options.threads, "--threads") if options.threads else auto_threads()
+        torch.set_num_threads(threads)
+        log.info("torch threads: %d (%s)", threads, why)
         worker = Worker(options)
     except ValueError as exc:
         print(f"rcswarm worker: {exc}", file=sys.stderr)

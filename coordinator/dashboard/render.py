@@ -53,6 +53,59 @@ def _empty(axes: Any, message: str) -> None:
     axes.set_yticks([])
 
 
+# A log axis gets at most about MAX_TICK_LABELS labels, and fewer than MIN_TICK_LABELS only when even
+# tenths of a decade do not give them.
+MAX_TICK_LABELS = 7
+MIN_TICK_LABELS = 3
+
+
+def _roundness(mantissa: float) -> int:
+    """0 for 1, 1 for 2 and 5, 2 for the other digits, 3 for halves (2.5), 4 for tenths (1.2): lower is rounder."""
+    if mantissa == 1:
+        return 0
+    if mantissa in (2, 5):
+        return 1
+    if mantissa == int(mantissa):
+        return 2
+    return 3 if mantissa * 2 == int(mantissa * 2) else 4
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Tick positions for a log axis over [low, high] (0 < low < high): numbers m·10^k (m in steps of 0.1), the
+    roundest first (`_roundness`, admitting less round ones only while fewer than MIN_TICK_LABELS are kept),
+    each kept only if at least 1/MAX_TICK_LABELS of the axis away from every tick already kept, so that no
+    two labels crowd each other however many decades the axis spans (or however few)."""
+    span = math.log10(high / low)
+    candidates = sorted(
+        (_roundness(m), value)
+        for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+        for m in (round(1 + k / 10, 1) for k in range(90))
+        if low <= (value := float(f"{m}e{e}")) <= high
+    )
+    kept: list[float] = []
+    for position, (rank, value) in enumerate(candidates):
+        if position and rank != candidates[position - 1][0] and len(kept) >= MIN_TICK_LABELS:
+            break
+        if all(abs(math.log10(value / other)) >= span / MAX_TICK_LABELS for other in kept):
+            kept.append(value)
+    if len(kept) < 2:  # narrower than a tenth of its decade: three ticks, rounded to the fewest digits that differ
+        inner = [low * (high / low) ** (i / 4) for i in (1, 2, 3)]
+        digits = next((d for d in range(3, 16) if len({f"{v:.{d}g}" for v in inner}) == 3), 16)
+        kept = [float(f"{v:.{digits}g}") for v in inner]
+    return sorted(kept)
+
+
+def _readable_log_axes(axes: Any) -> None:
+    """Both log axes of `axes` (already plotted) labelled as plain numbers ("20", "0.5", never "2×10^1") at
+    `log_ticks` of the view, minor ticks unlabelled: no overlapping labels from under a decade to many."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    for axis, (low, high) in ((axes.xaxis, axes.get_xlim()), (axes.yaxis, axes.get_ylim())):
+        axis.set_major_locator(FixedLocator(log_ticks(min(low, high), max(low, high))))
+        axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.15g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
 # matplotlib's text layout (mathtext tick labels on log axes) is not thread-safe: one render at a time.
 _RENDER_LOCK = threading.Lock()
 
@@ -62,10 +115,11 @@ def render_plot(name: str, report: FitReport) -> bytes:
     if name not in PLOTS:
         raise KeyError(name)
     with _RENDER_LOCK:
-        return _render_plot(name, report)
+        return _png(plot_figure(name, report))
 
 
-def _render_plot(name: str, report: FitReport) -> bytes:
+def plot_figure(name: str, report: FitReport) -> Any:
+    """The matplotlib Figure of one of PLOTS (callers other than `render_plot` must serialize themselves)."""
     figure, axes = _figure()
     analysis = report.analysis
     positive = [c for c in report.curves if np.any(c.steps > 0)]
@@ -83,6 +137,7 @@ def _render_plot(name: str, report: FitReport) -> bytes:
                     axes.plot(matched, fitted, "--", color=line.get_color())
             axes.set(xscale="log", yscale="log", xlabel="step", ylabel="loss",
                      title="loss vs step" + (" (dashed: fit)" if analysis else ""))
+            _readable_log_axes(axes)
             axes.legend(fontsize="small")
     elif name == "loss_time":
         timed = [c for c in report.curves if np.any(c.times > 0)]
@@ -98,6 +153,7 @@ def _render_plot(name: str, report: FitReport) -> bytes:
                         axes.axvline(pair.observed, color="grey", linestyle=":", linewidth=1)
             axes.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="loss",
                      title="loss vs wall time" + (" (dotted: observed crossovers)" if analysis else ""))
+            _readable_log_axes(axes)
             axes.legend(fontsize="small")
     elif name == "alpha":
         if analysis is None:
@@ -113,7 +169,7 @@ def _render_plot(name: str, report: FitReport) -> bytes:
             axes.legend(fontsize="small")
     else:
         raise KeyError(name)
-    return _png(figure)
+    return figure
 
 
 def _fmt(value: Any, spec: str = ".4g") -> str:
@@ -148,34 +204,39 @@ th { background: #eef; }
 
 
 def _fit_section(fits: dict[str, Any]) -> str:
-    """The fitted α(s), the crossover table (observed and Eq. 11) and the three plots."""
+    """With a fit: the fitted α(s), the crossover table (observed and Eq. 11) and the three plots. Without one:
+    the one line saying what a fit needs, and the loss plots alone."""
     fit = fits["fit"]
-    if fit is not None:
-        fit_html = (
-            f"<p class=fit>α∞ = {fit['alpha_inf']:.4f}, τ = {fit['tau']:.4g} steps, R² = {fit['r_squared']:.4f}; "
-            f"per doubling of L at α∞: ×{fit['per_doubling']:.4f} "
-            f"({1 - fit['per_doubling']:.1%} lower loss)</p>"
-        )
-        crossing = [
-            (f"{c['length_short']:g} → {c['length_long']:g}", _fmt(c["observed_s"]) + (" s" if c["observed_s"] else ""),
-             _fmt(c["predicted_s"]) + (" s" if c["predicted_s"] else ""),
-             "–" if c["predicted_s"] is None else f"{c['predicted_step_short']:.0f} / {c['predicted_step_long']:.0f}")
-            for c in fit["crossovers"]
-        ]
-        cross_html = _table("wall-time crossovers (longer L below shorter L from then on)",
-                            ("L short → long", "observed", "predicted (Eq. 11)", "predicted steps short / long"),
-                            crossing, "no pairs")
-    else:
-        fit_html = f"<p class=fit>{html.escape(fits['message'])}</p>"
-        cross_html = "<h2>wall-time crossovers</h2><p class=muted>" + html.escape(fits["message"]) + "</p>"
-    return f"""<h2>scaling law: loss(L | s) ≈ A(s)·L^(−α(s)), α(s) = α∞·(1 − e^(−s/τ))</h2>
-{fit_html}
-{cross_html}
+    if fit is None:
+        return f"""<h2>scaling law: loss(L | s) ≈ A(s)·L^(−α(s))</h2>
+<p class=muted>{html.escape(fits['message'])}; {html.escape(NEEDED_FOR_FIT)}</p>
 <div class=plots>
-<img src="/plot/loss_step.png" alt="loss against step per seq_len" width="640" height="440">
-<img src="/plot/loss_time.png" alt="loss against wall time per seq_len" width="640" height="440">
-<img src="/plot/alpha.png" alt="alpha(s) and its fit" width="640" height="440">
+{_plot_img("loss_step")}
+{_plot_img("loss_time")}
 </div>"""
+    crossing = [
+        (f"{c['length_short']:g} → {c['length_long']:g}", _fmt(c["observed_s"]) + (" s" if c["observed_s"] else ""),
+         _fmt(c["predicted_s"]) + (" s" if c["predicted_s"] else ""),
+         "–" if c["predicted_s"] is None else f"{c['predicted_step_short']:.0f} / {c['predicted_step_long']:.0f}")
+        for c in fit["crossovers"]
+    ]
+    return f"""<h2>scaling law: loss(L | s) ≈ A(s)·L^(−α(s)), α(s) = α∞·(1 − e^(−s/τ))</h2>
+<p class=fit>α∞ = {fit['alpha_inf']:.4f}, τ = {fit['tau']:.4g} steps, R² = {fit['r_squared']:.4f}; per doubling of L at α∞:
+×{fit['per_doubling']:.4f} ({1 - fit['per_doubling']:.1%} lower loss)</p>
+{_table("wall-time crossovers (longer L below shorter L from then on)",
+        ("L short → long", "observed", "predicted (Eq. 11)", "predicted steps short / long"), crossing, "no pairs")}
+<div class=plots>
+{"".join(_plot_img(name) for name in PLOTS)}
+</div>"""
+
+
+NEEDED_FOR_FIT = "to fit the loss against the trained length, train a sweep ([sweep] seq_lens in RUN.toml, as make demo does)"
+PLOT_ALTS = {"loss_step": "loss against step per seq_len", "loss_time": "loss against wall time per seq_len",
+             "alpha": "alpha(s) and its fit"}
+
+
+def _plot_img(name: str) -> str:
+    return f'<img src="/plot/{name}.png" alt="{PLOT_ALTS[name]}" width="640" height="440">'
 
 
 def _document(title: str, refresh_s: int, body: str, metrics_link: str) -> str:
@@ -235,7 +296,8 @@ def _worker_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
         (w["name"], w["worker_id"], w["run_id"] if w["state"] == "active" else "–", _fmt(w["run_seq_len"], "d"),
          w["state"], w["device"], w["base_version"], _fmt(w["seconds_since_heartbeat"], ".1f"), _assignment_cell(w),
          _fmt(w["tokens_per_second"], ".4g"), w["tokens"], _fmt(w["loss"]), _fmt(w["seq_len"], "d"),
-         _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"], w["reason"])
+         _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"],
+         f"{w['stale_updates']} / {w['clipped_updates']} / {w['dropped_updates']}", w["outlier"] or "–", w["reason"])
         for w in ordered
     ]
 
@@ -245,7 +307,8 @@ def _round_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
     newest = sorted(data["rounds"], key=lambda r: -(r["closed_at"] or math.inf))[:ROUNDS_SHOWN]
     return [
         (r["run_id"], r["version"], "open" if r["open"] else "closed", r["reports"], r["tokens"],
-         _fmt(r["duration_s"], ".3g"), r["close_reason"], _fmt(r["update_norm"]))
+         _fmt(r["duration_s"], ".3g"), r["close_reason"], _fmt(r["update_norm"]), r["clipped"], r["dropped"],
+         r["aggregation"] or "–")
         for r in newest
     ]
 
@@ -260,11 +323,11 @@ def render_page(data: dict[str, Any], refresh_s: int) -> str:
 {_table("workers (memberships; a worker moved to another run joins it under a new id)",
         ("name", "id", "assigned run", "L", "state", "device", "base version", "since heartbeat (s)",
          "assigned L × batch", "tokens/s", "tokens", "loss", "seq_len", "step", "bytes sent", "bytes received",
-         "reason"), _worker_rows(data), "no workers have joined")}
+         "updates stale / clipped / dropped", "latest outlier flag", "reason"), _worker_rows(data), "no workers have joined")}
 <p class=muted>{html.escape(CLOCK_NOTES[data["clock"]])}</p>
 {_fit_section(data["fits"])}
 {_table(f"rounds (open, then newest closed; {ROUNDS_SHOWN} at most)",
-        ("run", "version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm"),
-        _round_rows(data), "no rounds")}"""
+        ("run", "version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm", "clipped",
+         "dropped", "aggregation"), _round_rows(data), "no rounds")}"""
     first = quote(data["runs"][0]["run_id"], safe="") if data["runs"] else ""
     return _document(title, refresh_s, body, f"/api/metrics?run={first}&since=0")

@@ -2,7 +2,7 @@
 
     rcswarm coordinator --config RUN.toml --state-dir DIR --http-port 8080   (loopback by default)
 
-Endpoints (GET only; everything is rendered on the server, no JavaScript):
+Endpoints (GET only but the login form's POST; everything is rendered on the server, no JavaScript):
 
     /                      HTML: the run or sweep, its runs (L, batch, version, workers assigned,
                            tokens/s, loss), workers, rounds, fits, crossovers and the three plots
@@ -15,7 +15,13 @@ Endpoints (GET only; everything is rendered on the server, no JavaScript):
                            oldest first (each run has its own store: run= is needed when there are several)
     /metrics               Prometheus text exposition (prometheus_client, custom collector);
                            every sample labelled with its run_id, one set per run
-    /healthz               "ok"
+    /healthz               "ok" (never needs the token)
+    /login                 GET: a form; POST token=...: sets the session cookie (only when the token is required)
+
+With the join token required (`auth.py`: by default when bound to a non-loopback address, or
+`--http-token-required`), every other path answers 401 without `Authorization: Bearer <token>`
+or the session cookie /login sets; the page's 401 carries the login form. With `--http-tls` the
+dashboard serves HTTPS with the coordinator's certificate (and the cookie is marked Secure).
 
 Unknown paths answer 404, bad query values 400 with a message. Every connection has a
 socket timeout; the server runs in daemon threads and never reaches outside the host.
@@ -29,11 +35,12 @@ means and per-worker totals are cached until a run's newest metric rowid changes
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import json
 import logging
 import socket
+import ssl
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
@@ -42,16 +49,23 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from rcswarm.coordinator.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
+from rcswarm.coordinator.dashboard.auth import MAX_LOGIN_BYTES, SessionAuth, login_page
 from rcswarm.coordinator.dashboard.prometheus import CollectorSource, CoordinatorCollector
 from rcswarm.coordinator.dashboard.render import PLOTS, render_page, render_plot
 from rcswarm.coordinator.dashboard.views import RunView, metrics_page, presentation, read_run, status_dict
 from rcswarm.coordinator.sweep import RunGroup
+from rcswarm.protos.transport import host_port, is_loopback_host
 
 log = logging.getLogger("rcswarm.dashboard")
 
 REQUEST_TIMEOUT_S = 10.0
 METRICS_PAGE_DEFAULT = 1000
 METRICS_PAGE_MAX = 10_000
+
+
+# Paths answered without the token even when it is required: a liveness probe and the login form.
+OPEN_PATHS = ("/healthz", "/login")
+PAGE_PATHS = ("/", "/index.html")
 
 
 class BadRequest(ValueError):
@@ -99,11 +113,19 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT_S  # socket timeout for every connection (slow clients are dropped)
     dashboard: Dashboard
 
+    def setup(self) -> None:
+        """The stream setup (with the socket timeout), then the TLS handshake on this request's thread."""
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def _send(self, status: int, body: bytes, content_type: str, extra: Sequence[tuple[str, str]] = ()) -> None:
         self.send_response(status)
+        for name, value in extra:
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
@@ -118,9 +140,32 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.do_GET()
 
+    def _unauthorized(self, path: str, message: str) -> None:
+        """401 with a Bearer challenge: the login form for the page, a JSON error for everything else."""
+        challenge = [("WWW-Authenticate", 'Bearer realm="rcswarm"')]
+        if path in PAGE_PATHS or path == "/login":
+            self._send(HTTPStatus.UNAUTHORIZED, login_page(message), "text/html; charset=utf-8", challenge)
+            return
+        body = (json.dumps({"error": message, "status": int(HTTPStatus.UNAUTHORIZED)}) + "\n").encode()
+        self._send(HTTPStatus.UNAUTHORIZED, body, "application/json", challenge)
+
+    def _guarded(self, path: str) -> bool:
+        """True when the request may go on; otherwise a 401 has been sent."""
+        auth = self.dashboard.auth
+        if auth is None or path in OPEN_PATHS or auth.authorized(self.headers):
+            return True
+        log.info("dashboard: %s %s from %s without a valid token or session", self.command, path, self.address_string())
+        self._unauthorized(path, "Authentication required: send Authorization: Bearer <join token>, or log in.")
+        return False
+
     def do_GET(self) -> None:
         try:
             parts = urlsplit(self.path)
+            if not self._guarded(parts.path):
+                return
+            if parts.path == "/login" and self.dashboard.auth is not None:
+                self._send(HTTPStatus.OK, login_page("Log in with the swarm's join token."), "text/html; charset=utf-8")
+                return
             try:
                 params = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query), max_num_fields=20)
             except ValueError as error:
@@ -146,24 +191,64 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
+    def do_POST(self) -> None:
+        """POST /login with `token=<join token>` (a form): a session cookie and a redirect to the page."""
+        auth = self.dashboard.auth
+        if auth is None or urlsplit(self.path).path != "/login":
+            self._not_allowed()
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or "-1")
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_LOGIN_BYTES:
+            self.close_connection = True
+            self._error(HTTPStatus.BAD_REQUEST, f"POST /login: expected a form body of at most {MAX_LOGIN_BYTES} bytes")
+            return
+        try:
+            form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"), max_num_fields=4)
+        except (OSError, ValueError):
+            self.close_connection = True
+            self._error(HTTPStatus.BAD_REQUEST, "POST /login: expected a form with token=<join token>")
+            return
+        tokens = form.get("token") or [""]
+        if len(tokens) != 1 or not auth.token_ok(tokens[0]):
+            log.info("dashboard: a failed login from %s", self.address_string())
+            self._unauthorized("/login", "Wrong token: try again.")
+            return
+        self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", [("Location", "/"), ("Set-Cookie", auth.set_cookie_header(secure=self.dashboard.scheme == "https"))])
+
+    do_PUT = do_DELETE = do_PATCH = _not_allowed
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
+    ssl_context: ssl.SSLContext | None = None
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept a connection; with TLS, wrap it and leave the handshake to the request's thread."""
+        connection, address = super().get_request()
+        if self.ssl_context is not None:
+            connection = self.ssl_context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
+        return connection, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A failed TLS handshake or a dropped connection is the client's business; anything else is logged."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            log.debug("dashboard connection from %s: %s", client_address, error)
+        else:
+            log.exception("dashboard connection from %s failed", client_address)
 
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+# The dashboard package's name for the one loopback check (protos/transport.py).
+is_loopback = is_loopback_host
 
 
 class Dashboard:
@@ -171,13 +256,18 @@ class Dashboard:
 
     `coordinator` is a `RunGroup` (a bare SwarmCoordinator is taken as a group of one); its runs
     (each a SwarmCoordinator with its own store) are shown on one page. A sweep's fit and plots use each run's own steps and
-    clock, a single run's its workers' (`views.presentation`).
+    clock, a single run's its workers' (`views.presentation`). With `auth` (a `SessionAuth`) every path
+    but /healthz and /login needs the join token or a session cookie; with `ssl_context` it serves HTTPS
+    (each connection's handshake on its own request thread, within the socket timeout).
     """
 
     def __init__(
         self, coordinator: Any, host: str = "127.0.0.1", port: int = 0, refresh_s: int = 10,
-        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        request_timeout_s: float = REQUEST_TIMEOUT_S, auth: SessionAuth | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        self.auth = auth
+        self.scheme = "https" if ssl_context is not None else "http"
         self.coordinator = RunGroup.of(coordinator)
         self.runs: list[Any] = list(self.coordinator.runs)
         self.kind, self.clock = presentation(self.coordinator.sweep)
@@ -188,6 +278,7 @@ class Dashboard:
         handler = type("DashboardHandler", (_Handler,), {"dashboard": self, "timeout": request_timeout_s})
         server_cls = _Server6 if ":" in host else _Server
         self.server = server_cls((host, port), handler)
+        self.server.ssl_context = ssl_context
         self.host = host
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -196,8 +287,7 @@ class Dashboard:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        return f"{self.scheme}://{host_port(self.host, self.port)}/"
 
     def start(self) -> Dashboard:
         self._thread.start()
@@ -283,7 +373,7 @@ class Dashboard:
     # -- routing
 
     def handle(self, path: str, params: dict[str, list[str]]) -> tuple[int, bytes, str]:
-        if path in ("/", "/index.html"):
+        if path in PAGE_PATHS:
             _only(params, ())
             page = render_page(self.status_data(), self.refresh_s)
             return 200, page.encode(), "text/html; charset=utf-8"

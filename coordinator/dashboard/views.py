@@ -74,13 +74,16 @@ def worker_dict(w: pb.WorkerStatus, totals: dict[str, WorkerTotals]) -> dict[str
         "loss": t.last_loss if t else None,
         "assignment": ({"seq_len": w.assignment.seq_len, "batch_size": w.assignment.batch_size,
                         "reason": w.assignment.reason} if w.HasField("assignment") else None),
+        "clipped_updates": w.clipped_updates, "dropped_updates": w.dropped_updates, "stale_updates": w.stale_updates,
+        "outlier_rounds": w.outlier_rounds, "outlier": w.outlier,
     }
 
 
 def round_dict(r: pb.RoundStatus) -> dict[str, Any]:
     return {"version": r.version, "reports": r.reports, "tokens": r.tokens, "opened_at": r.opened_at,
             "closed_at": r.closed_at or None, "close_reason": r.close_reason, "update_norm": r.update_norm,
-            "duration_s": (r.closed_at - r.opened_at) if r.closed_at else None, "open": not r.closed_at}
+            "duration_s": (r.closed_at - r.opened_at) if r.closed_at else None, "open": not r.closed_at,
+            "clipped": r.clipped, "dropped": r.dropped, "aggregation": r.aggregation}
 
 
 def run_dict(view: RunView, means: Sequence[StepMean]) -> dict[str, Any]:

@@ -104,7 +104,7 @@ class JoinRequest(_message.Message):
     def __init__(self, worker_name: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("worker_id", "run_id", "run_spec_json", "version", "lease_seconds", "data_seed", "assignment")
+    __slots__ = ("worker_id", "run_id", "run_spec_json", "version", "lease_seconds", "data_seed", "assignment", "worker_secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class JoinResponse(_message.Message):
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DATA_SEED_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     run_id: str
     run_spec_json: str
@@ -119,7 +120,8 @@ class JoinResponse(_message.Message):
     lease_seconds: float
     data_seed: int
     assignment: TrainingAssignment
-    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., version: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_seed: _Optional[int] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ...) -> None: ...
+    worker_secret: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., version: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_seed: _Optional[int] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
 
 class TrainingAssignment(_message.Message):
     __slots__ = ("seq_len", "batch_size", "reason", "version")
@@ -134,10 +136,12 @@ class TrainingAssignment(_message.Message):
     def __init__(self, seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "worker_secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
-    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+    worker_secret: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("version", "run_state", "lease_seconds", "assignment")
@@ -152,26 +156,30 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., lease_seconds: _Optional[float] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("worker_id", "reason")
+    __slots__ = ("worker_id", "reason", "worker_secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     reason: str
-    def __init__(self, worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    worker_secret: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., reason: _Optional[str] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class PullParametersRequest(_message.Message):
-    __slots__ = ("worker_id", "version", "have_version")
+    __slots__ = ("worker_id", "version", "have_version", "worker_secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     version: int
     have_version: int
-    def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ..., have_version: _Optional[int] = ...) -> None: ...
+    worker_secret: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ..., have_version: _Optional[int] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
 
 class PullParametersResponse(_message.Message):
     __slots__ = ("header", "chunk")
@@ -182,14 +190,16 @@ class PullParametersResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
 
 class AwaitVersionRequest(_message.Message):
-    __slots__ = ("worker_id", "min_version", "wait_ms")
+    __slots__ = ("worker_id", "min_version", "wait_ms", "worker_secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     min_version: int
     wait_ms: int
-    def __init__(self, worker_id: _Optional[str] = ..., min_version: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    worker_secret: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., min_version: _Optional[int] = ..., wait_ms: _Optional[int] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
 
 class AwaitVersionResponse(_message.Message):
     __slots__ = ("version", "run_state", "assignment")
@@ -202,16 +212,18 @@ class AwaitVersionResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ...) -> None: ...
 
 class UpdateMeta(_message.Message):
-    __slots__ = ("worker_id", "base_version", "tokens", "inner_steps")
+    __slots__ = ("worker_id", "base_version", "tokens", "inner_steps", "worker_secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     base_version: int
     tokens: int
     inner_steps: int
-    def __init__(self, worker_id: _Optional[str] = ..., base_version: _Optional[int] = ..., tokens: _Optional[int] = ..., inner_steps: _Optional[int] = ...) -> None: ...
+    worker_secret: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., base_version: _Optional[int] = ..., tokens: _Optional[int] = ..., inner_steps: _Optional[int] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
 
 class PushUpdateRequest(_message.Message):
     __slots__ = ("meta", "header", "chunk")
@@ -262,12 +274,14 @@ class Metric(_message.Message):
     def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch: _Optional[int] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., wall_time: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., param_sha256: _Optional[str] = ...) -> None: ...
 
 class ReportMetricsRequest(_message.Message):
-    __slots__ = ("worker_id", "metrics")
+    __slots__ = ("worker_id", "metrics", "worker_secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     metrics: _containers.RepeatedCompositeFieldContainer[Metric]
-    def __init__(self, worker_id: _Optional[str] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+    worker_secret: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
     __slots__ = ("stored",)
@@ -280,7 +294,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment")
+    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +303,11 @@ class WorkerStatus(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    CLIPPED_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    OUTLIER_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    OUTLIER_FIELD_NUMBER: _ClassVar[int]
+    STALE_UPDATES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     name: str
     state: WorkerState
@@ -297,10 +316,15 @@ class WorkerStatus(_message.Message):
     device: str
     reason: str
     assignment: TrainingAssignment
-    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ...) -> None: ...
+    clipped_updates: int
+    dropped_updates: int
+    outlier_rounds: int
+    outlier: str
+    stale_updates: int
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
-    __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm")
+    __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm", "clipped", "dropped", "aggregation")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +332,9 @@ class RoundStatus(_message.Message):
     CLOSED_AT_FIELD_NUMBER: _ClassVar[int]
     CLOSE_REASON_FIELD_NUMBER: _ClassVar[int]
     UPDATE_NORM_FIELD_NUMBER: _ClassVar[int]
+    CLIPPED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATION_FIELD_NUMBER: _ClassVar[int]
     version: int
     reports: int
     tokens: int
@@ -315,7 +342,10 @@ class RoundStatus(_message.Message):
     closed_at: float
     close_reason: str
     update_norm: float
-    def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ...) -> None: ...
+    clipped: int
+    dropped: int
+    aggregation: str
+    def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum")

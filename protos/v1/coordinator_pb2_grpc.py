@@ -80,7 +80,8 @@ class CoordinatorServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Join(self, request, context):
-        """Admit a worker: returns its id, the run spec and the current global version.
+        """Admit a worker (needs a join token): returns its id, its worker secret, the run spec and
+        the current global version.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,7 +130,7 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetStatus(self, request, context):
-        """A summary of the run, its workers and its rounds.
+        """A summary of the run, its workers and its rounds (needs a join token; no secrets).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

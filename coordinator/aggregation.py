@@ -1,0 +1,491 @@
+"""How one round's pseudo-gradients become one: a direction check, then the plain mean or one of three
+robust aggregators.
+
+Every update i of a round has its tokens n_i (bounded by the worker's assignment, see
+service.py), its global L2 norm ‖Δ_i‖ (computed when it was received) and its tensors Δ_i.
+
+The direction check (`sync.min_cosine`, on by default) comes first and drops an update that points
+against the round's majority, as if it had not been sent. Update i's score is the cosine it shares
+with at least half of the other updates:
+
+    s_i = the k-th largest of cos(Δ_i, Δ_j) over j ≠ i,   k = ⌈(n − 1)/2⌉,
+
+and an update with s_i < `sync.min_cosine` (0) is dropped, the lowest score first and at most
+⌊(n − 1)/2⌋ of them, so the majority always stays. The others are then combined by
+`sync.aggregation` exactly as if the dropped ones had not been sent (their norms do not enter the
+reference norm either): a round whose dropped update came from an attacker gives, bit for bit, the
+aggregate of the honest updates alone. While attackers are at most ⌊(n − 1)/2⌋ of the round, an
+honest update has at least k honest others (its score is at least the k-th best of its cosines with
+them), and a sign-flipped copy of an honest update has at most k − 1 colluders, so its score is one
+of its cosines with honest updates: the negatives of the original's, negative wherever honest
+updates share a direction. With the default 0 the
+criterion is FLTrust's (Cao, Fang, Liu & Gong, "FLTrust: Byzantine-robust Federated Learning via
+Trust Bootstrapping", NDSS 2021, arXiv:2012.13995: trust score ReLU(cos(g_i, g_0)), so no weight
+for cos <= 0), with their trusted server update g_0, trained on a root data set the coordinator
+does not have, replaced by the round's other updates; scoring an update against its nearest others
+is Krum's idea (Blanchard, El Mhamdi, Guerraoui & Stainer, "Machine Learning with Adversaries:
+Byzantine Tolerant Gradient Descent", NeurIPS 2017: the squared distances to its n − f − 2 nearest
+updates). Zeno (Xie, Koyejo & Gupta, ICML 2019, arXiv:1805.10032) scores by the descent of a
+server-side loss and needs data too. The cosines come from the Gram matrix G = X Xᵀ of the round's
+updates, accumulated in float64 over slices like the mean's: one pass of n² products per
+coordinate, about the mean's time at 4 updates and a few times it at 16 (docs/PERFORMANCE.md
+"Robust aggregation" has it, the measured scores of honest and flipped updates, and why not the
+coordinate-wise median as the centre: a sort per coordinate, 17 to 40 times the mean, and flips of
+weakly aligned updates scored positive against a median that includes them).
+
+Not checked: rounds of fewer than 3 updates (no majority: in a round of 2 each update's score is
+the cosine between the two, the same for both), and updates of norm 0, which have no direction
+(they neither vote nor are judged). A history reference for small rounds was measured and not
+taken: honest updates' cosine with the previous round's aggregate went down to −0.42 with an SGD
+inner optimizer (2 workers), and a worker holding half of a round could steer that reference.
+
+`sync.aggregation` then picks one of:
+
+* ``mean``: Δ̄ = Σ n_i Δ_i / Σ n_i, `outer.weighted_average`, bit-identical to the
+  coordinator before robust aggregation existed (with the direction check off, or when it drops nothing). One worker's share of the average is its
+  share of the tokens, and nothing bounds its norm but `sync.max_update_norm`.
+* ``clipped_mean`` (the default): Δ̄ = Σ n_i s_i Δ_i / Σ n_i with s_i = min(1, c R / ‖Δ_i‖),
+  c = `sync.clip_factor` (2) and R the reference norm below. Tokens weigh as in the mean and
+  the denominator keeps every update's tokens, so a clipped update loses weight instead of
+  lending it to the others. One worker moves Δ̄ by at most (n_i / Σ n) · c R. When no update
+  is clipped the result is the mean's, bit for bit (the same call with the same weights).
+* ``trimmed_mean``: per coordinate, the k largest and the k smallest values are dropped,
+  k = ⌈`sync.trim_fraction` · n⌉ capped at ⌊(n − 1) / 2⌋ (so 0 below 3 updates), and the
+  others averaged with their token weights renormalised per coordinate. Trimming is by count,
+  not by tokens, so a worker's tokens cannot decide what is trimmed. A worker that lies at an
+  extreme of most coordinates contributes to none of them.
+* ``centered_clip``: Karimireddy, He & Jaggi, "Learning from History for Byzantine Robust
+  Optimization", ICML 2021 (arXiv:2012.10333), centered clipping:
+  v ← v + Σ_i w_i (Δ_i − v) min(1, τ / ‖Δ_i − v‖) for `sync.centered_clip_iterations` (3)
+  iterations, with w_i = n_i / Σ n the token weights in place of the paper's 1/n, radius
+  τ = `sync.centered_clip_tau` (1) × R, and v started from the previous round's aggregate
+  (the paper starts from the previous aggregate; after a restart, or in the first round, from
+  0, where the first iteration is a mean clipped at τ around the origin). Each iteration moves
+  v by at most w_i τ towards any one worker.
+
+The reference norm R (`reference_norm`) is the median of this round's update norms together
+with the accepted norms of the last `sync.reference_rounds` (4) rounds. With 1 or 2 updates
+the round's own median is the attacker's (or half of it), so the recent history is what keeps
+a small round honest; it also makes a single round full of inflated updates no reference for
+itself. The history stores each update's norm after clipping (min(‖Δ_i‖, c R)), so an attacker
+that is clipped every round adds entries no larger than c R, and the median moves only while
+attackers hold at least half of the recent updates.
+
+Flags (each `Outcome` with its action and reason; the service records them as events, counts
+them per round and per worker, and evicts a persistent outlier, decisions.py):
+the direction check: an update dropped ("dropped", counted with the updates refused at push);
+clipped_mean: an update scaled down (s_i < 1); centered_clip: an update clipped in the last
+iteration (‖Δ_i − v‖ > τ); trimmed_mean: an update trimmed in more than half-way between the
+expected share 2k/n of the coordinates and all of them.
+
+Why these defaults: honest updates of one round have similar norms (AdamW moves each
+coordinate by at most ~lr per step, `adam_step_bound`), so c = 2 leaves honest rounds alone
+(bit-identical to the mean) while bounding any one worker to twice a typical update. Honest
+updates of one round also share a direction: their scores s_i were all above 0 (lowest +0.037,
+SGD; from +0.15 up at the benchmark's AdamW steps), and a flip's score mirrors its original's, so
+`min_cosine = 0` drops every measured flip and no honest update.
+docs/PERFORMANCE.md has the cost of each and the loss of an honest run under each.
+
+`automatic_norm_bound` is the default hard bound `sync.max_update_norm = 0`: twice the most
+an honest worker's inner optimizer can move θ in inner.steps steps.
+
+Memory: every aggregator runs slice by slice through float64 buffers of about
+`outer.AVERAGE_SLICE` elements (trimmed_mean and the direction check: AVERAGE_SLICE / n
+coordinates of n updates); centered_clip keeps its centre v as full-size float32 tensors (the
+output).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rcswarm.config.runspec import InnerSection, SyncSection
+from rcswarm.coordinator import outer
+
+Tensors = dict[str, torch.Tensor]
+
+# The hard bound where the inner optimizer gives none (SGD without gradient clipping): the old default.
+FALLBACK_NORM_BOUND = 1e4
+# The automatic hard bound is this many times the most an honest worker can move θ.
+NORM_BOUND_SAFETY = 2.0
+# Steps over which Adam's per-coordinate bound is maximised (it converges long before).
+ADAM_BOUND_STEPS = 10_000
+# sync.min_cosine at or below this turns the direction check off (no cosine is below -1).
+DIRECTION_OFF = -1.0
+# The fewest updates among which a majority can outvote one: the direction check's minimum.
+DIRECTION_MIN_UPDATES = 3
+
+
+@dataclass(frozen=True)
+class Update:
+    """One worker's pseudo-gradient of a round: tokens, its global L2 norm, the tensors."""
+
+    worker_id: str
+    tokens: int
+    norm: float
+    deltas: Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the aggregation did to one update.
+
+    action: "kept", "dropped" (the direction check), "clipped" or "trimmed" (all but "kept" are
+    flags); scale: the factor its weight was multiplied by (clipped_mean, centered_clip: in the
+    last iteration; 0 when dropped) or the share of its coordinates kept (trimmed_mean).
+    """
+
+    worker_id: str
+    tokens: int
+    norm: float
+    action: str
+    scale: float
+    reason: str
+
+    @property
+    def flagged(self) -> bool:
+        return self.action != "kept"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A round's aggregate Δ̄, what happened to each update, and what to remember of the round."""
+
+    average: Tensors
+    outcomes: tuple[Outcome, ...]
+    # The norms this round adds to the reference history: min(‖Δ_i‖, clip_factor × R) of the updates not dropped.
+    accepted_norms: tuple[float, ...]
+    summary: str
+    # Each update's direction score s_i, in the order given; None where the check did not judge it.
+    scores: tuple[float | None, ...] = ()
+
+    @property
+    def clipped(self) -> int:
+        """Updates the aggregator flagged (clipped or trimmed)."""
+        return sum(1 for o in self.outcomes if o.flagged and o.action != "dropped")
+
+    @property
+    def dropped(self) -> int:
+        """Updates the direction check dropped."""
+        return sum(1 for o in self.outcomes if o.action == "dropped")
+
+
+@dataclass(frozen=True)
+class AggregationOptions:
+    method: str = "clipped_mean"
+    clip_factor: float = 2.0
+    trim_fraction: float = 0.2
+    tau: float = 1.0
+    iterations: int = 3
+    min_cosine: float = 0.0
+
+    @classmethod
+    def from_sync(cls, sync: SyncSection) -> AggregationOptions:
+        return cls(sync.aggregation, sync.clip_factor, sync.trim_fraction, sync.centered_clip_tau,
+                   sync.centered_clip_iterations, sync.min_cosine)
+
+
+@dataclass(frozen=True)
+class Direction:
+    """The direction check of one round: each update's score (None: not judged), the dropped ones, a summary."""
+
+    scores: tuple[float | None, ...]
+    dropped: dict[int, str]
+    summary: str
+
+
+def direction_check(updates: Sequence[Update], min_cosine: float) -> Direction:
+    """Score every update by the cosine it shares with at least half of the others; drop the lowest below `min_cosine`.
+
+    Only updates of nonzero norm take part, and only when there are at least DIRECTION_MIN_UPDATES
+    of them; at most ⌊(m − 1)/2⌋ of the m taking part are dropped.
+    """
+    unjudged = (None,) * len(updates)
+    if min_cosine <= DIRECTION_OFF:
+        return Direction(unjudged, {}, "")
+    voters = [i for i, u in enumerate(updates) if u.norm > 0]
+    m = len(voters)
+    if m < DIRECTION_MIN_UPDATES:
+        return Direction(unjudged, {}, f"direction: not checked ({m} updates with a direction; needs {DIRECTION_MIN_UPDATES})")
+    cosines = cosine_matrix([updates[i] for i in voters])  # [m, m]
+    k = m // 2  # ⌈(m − 1)/2⌉ of the m − 1 others
+    scores: list[float | None] = list(unjudged)
+    agreeing: dict[int, int] = {}
+    for row, i in enumerate(voters):
+        others = [float(c) for j, c in enumerate(cosines[row].tolist()) if j != row]
+        scores[i] = sorted(others, reverse=True)[k - 1]
+        agreeing[i] = sum(1 for c in others if c >= min_cosine)
+    below = sorted((scores[i], i) for i in voters if scores[i] < min_cosine)[: (m - 1) // 2]
+    dropped = {
+        i: (f"direction: cosine >= sync.min_cosine = {min_cosine:g} with {agreeing[i]} of the other {m - 1} "
+            f"updates, fewer than the {k} needed (its score {score:+.3f})")
+        for score, i in below
+    }
+    kept = [scores[i] for i in voters if i not in dropped]
+    summary = (f"direction: {len(dropped)} of {m} dropped (score = cosine shared with {k} of the other {m - 1}; "
+               f"sync.min_cosine = {min_cosine:g}), least kept score {min(kept):+.3f}")
+    return Direction(tuple(scores), dropped, summary)
+
+
+def cosine_matrix(updates: Sequence[Update]) -> torch.Tensor:
+    """cos(Δ_i, Δ_j) of every pair [n, n] (0 where a norm is 0), from the Gram matrix accumulated slice by slice in float64."""
+    n = len(updates)
+    width = max(1, outer.AVERAGE_SLICE // n)
+    stack = torch.empty(n, width, dtype=torch.float64)  # [n, width]
+    gram = torch.zeros(n, n, dtype=torch.float64)  # [n, n]
+    for name in updates[0].deltas:
+        flats = [u.deltas[name].contiguous().view(-1) for u in updates]  # [numel] each
+        for start in range(0, flats[0].numel(), width):
+            stop = min(start + width, flats[0].numel())
+            block = stack[:, : stop - start]  # [n, m]
+            for i, flat in enumerate(flats):
+                block[i].copy_(flat[start:stop])
+            gram.addmm_(block, block.t())
+    norms = gram.diagonal().sqrt()  # [n]
+    scale = torch.outer(norms, norms)  # [n, n]
+    return torch.where(scale > 0, gram / torch.where(scale > 0, scale, 1.0), 0.0)
+
+
+def reference_norm(current: Sequence[float], history: Sequence[float]) -> float:
+    """The median of this round's norms and the recent accepted ones (0.0 for none)."""
+    pool = [*current, *history]
+    return statistics.median(pool) if pool else 0.0
+
+
+def aggregate(
+    updates: Sequence[Update], options: AggregationOptions, history: Sequence[float] = (),
+    previous: Mapping[str, torch.Tensor] | None = None,
+) -> Aggregate:
+    """Drop the updates the direction check rejects, combine the others (in the order given) by `options.method`.
+
+    `history`: the accepted norms of recent rounds (the reference's pool besides this round);
+    `previous`: the previous round's aggregate, centered_clip's starting point (None: zeros).
+    The outcomes are in the order of `updates`, the dropped ones included.
+    """
+    if not updates:
+        raise ValueError("cannot aggregate an empty list of updates")
+    direction = direction_check(updates, options.min_cosine)
+    combined = combine([u for i, u in enumerate(updates) if i not in direction.dropped], options, history, previous)
+    kept = iter(combined.outcomes)
+    outcomes = tuple(
+        Outcome(u.worker_id, u.tokens, u.norm, "dropped", 0.0, direction.dropped[i]) if i in direction.dropped
+        else next(kept) for i, u in enumerate(updates)
+    )
+    summary = f"{combined.summary}; {direction.summary}" if direction.summary else combined.summary
+    return Aggregate(combined.average, outcomes, combined.accepted_norms, summary, direction.scores)
+
+
+def combine(
+    updates: Sequence[Update], options: AggregationOptions, history: Sequence[float] = (),
+    previous: Mapping[str, torch.Tensor] | None = None,
+) -> Aggregate:
+    """Combine a round's updates (in the order given) by `options.method`, without the direction check."""
+    reference = reference_norm([u.norm for u in updates], history)
+    described = (f"reference norm {reference:.4g} (median of {len(updates)} norms of this round and "
+                 f"{len(history)} of recent rounds)")
+    limit = options.clip_factor * reference
+    accepted = tuple(min(u.norm, limit) for u in updates)
+    if options.method == "mean":
+        average = outer.weighted_average([(u.tokens, u.deltas) for u in updates])
+        outcomes = tuple(Outcome(u.worker_id, u.tokens, u.norm, "kept", 1.0, "mean") for u in updates)
+        return Aggregate(average, outcomes, accepted, "mean: token-weighted")
+    if options.method == "clipped_mean":
+        average, outcomes = clipped_mean(updates, limit, options.clip_factor)
+        summary = f"clipped_mean: {described}, limit {options.clip_factor:g} × R = {limit:.4g}"
+    elif options.method == "trimmed_mean":
+        average, outcomes = trimmed_mean(updates, options.trim_fraction)
+        summary = f"trimmed_mean: {trim_count(len(updates), options.trim_fraction)} of {len(updates)} trimmed at each end per coordinate"
+    elif options.method == "centered_clip":
+        tau = options.tau * reference
+        average, outcomes = centered_clip(updates, tau, options.iterations, previous)
+        summary = f"centered_clip: {described}, τ = {options.tau:g} × R = {tau:.4g}, {options.iterations} iterations"
+    else:
+        raise ValueError(f"sync.aggregation = {options.method!r}: expected mean, clipped_mean, trimmed_mean or centered_clip")
+    flagged = sum(1 for o in outcomes if o.flagged)
+    return Aggregate(average, outcomes, accepted, f"{summary}; {flagged} of {len(updates)} flagged")
+
+
+def clipped_mean(updates: Sequence[Update], limit: float, factor: float) -> tuple[Tensors, tuple[Outcome, ...]]:
+    """Σ n_i s_i Δ_i / Σ n_i, s_i = min(1, limit / ‖Δ_i‖); the mean's call itself when nothing is clipped."""
+    scales = [limit / u.norm if u.norm > limit else 1.0 for u in updates]
+    pairs = [(u.tokens, u.deltas) for u in updates]
+    clipped = any(scale < 1.0 for scale in scales)
+    average = outer.weighted_average(pairs, scales if clipped else None)
+    outcomes = tuple(
+        Outcome(u.worker_id, u.tokens, u.norm, "clipped", scale,
+                f"norm {u.norm:.4g} > {factor:g} × reference = {limit:.4g}: scaled by {scale:.3g}")
+        if scale < 1.0 else Outcome(u.worker_id, u.tokens, u.norm, "kept", 1.0, f"norm {u.norm:.4g} <= {limit:.4g}")
+        for u, scale in zip(updates, scales)
+    )
+    return average, outcomes
+
+
+def trim_count(n: int, fraction: float) -> int:
+    """k, the values dropped at each end of a coordinate: ⌈fraction · n⌉, at most ⌊(n − 1) / 2⌋."""
+    wanted = math.ceil(fraction * n - 1e-9) if fraction > 0 else 0
+    return max(0, min(wanted, (n - 1) // 2))
+
+
+def trimmed_mean(updates: Sequence[Update], fraction: float) -> tuple[Tensors, tuple[Outcome, ...]]:
+    """Coordinate-wise: drop the k largest and k smallest values, average the rest with token weights."""
+    n = len(updates)
+    k = trim_count(n, fraction)
+    weights = torch.tensor([float(u.tokens) for u in updates], dtype=torch.float64)  # [n]
+    if not weights.sum() > 0:
+        raise ValueError(f"total tokens must be positive, got {int(weights.sum())}")
+    width = max(1, outer.AVERAGE_SLICE // n)
+    stack = torch.empty(width, n, dtype=torch.float64)  # [width, n]
+    trimmed = torch.zeros(n, dtype=torch.int64)  # [n] coordinates where update i was dropped
+    coordinates = 0
+    average: Tensors = {}
+    for name, first in updates[0].deltas.items():
+        flats = [u.deltas[name].contiguous().view(-1) for u in updates]  # [numel] each
+        result = torch.empty(first.shape, dtype=torch.float32)  # [*shape]
+        out = result.view(-1)  # [numel]
+        for start in range(0, out.numel(), width):
+            stop = min(start + width, out.numel())
+            block = stack[: stop - start]  # [m, n]
+            for i, flat in enumerate(flats):
+                block[:, i].copy_(flat[start:stop])
+            values, order = torch.sort(block, dim=1, stable=True)  # [m, n] each
+            kept_values, kept_order = values[:, k: n - k], order[:, k: n - k]  # [m, n − 2k]
+            kept_weights = weights[kept_order]  # [m, n − 2k]
+            out[start:stop].copy_((kept_values * kept_weights).sum(dim=1) / kept_weights.sum(dim=1))
+            if k:
+                dropped = torch.cat([order[:, :k], order[:, n - k:]], dim=1)  # [m, 2k]
+                trimmed += torch.bincount(dropped.reshape(-1), minlength=n)
+        coordinates += out.numel()
+        average[name] = result
+    expected = 2 * k / n
+    threshold = (expected + 1.0) / 2
+    outcomes = []
+    for u, count in zip(updates, trimmed.tolist()):
+        share = count / coordinates if coordinates else 0.0
+        reason = f"trimmed in {share:.1%} of coordinates (expected {expected:.1%}; flagged above {threshold:.1%})"
+        outcomes.append(Outcome(u.worker_id, u.tokens, u.norm, "trimmed" if k and share > threshold else "kept",
+                                1.0 - share, reason))
+    return average, tuple(outcomes)
+
+
+def centered_clip(
+    updates: Sequence[Update], tau: float, iterations: int, start: Mapping[str, torch.Tensor] | None,
+) -> tuple[Tensors, tuple[Outcome, ...]]:
+    """Centered clipping: `iterations` times v ← v + Σ w_i (Δ_i − v) min(1, τ / ‖Δ_i − v‖), from `start`."""
+    total = sum(u.tokens for u in updates)
+    if total <= 0:
+        raise ValueError(f"total tokens must be positive, got {total}")
+    weights = [u.tokens / total for u in updates]
+    names = list(updates[0].deltas)
+    center = {name: (start[name].to(torch.float32, copy=True) if start is not None
+                     else torch.zeros(updates[0].deltas[name].shape, dtype=torch.float32)) for name in names}
+    distances = _distances(updates, center)
+    scales, used = [1.0] * len(updates), distances
+    for iteration in range(iterations):
+        used = distances
+        scales = [min(1.0, tau / d) if d > 0 else 1.0 for d in used]
+        last = iteration == iterations - 1
+        distances = _step_towards(updates, center, [w * s for w, s in zip(weights, scales)], measure=not last)
+    outcomes = tuple(
+        Outcome(u.worker_id, u.tokens, u.norm, "clipped", scale,
+                f"distance to the centre {d:.4g} > τ = {tau:.4g}: scaled by {scale:.3g}")
+        if scale < 1.0 else Outcome(u.worker_id, u.tokens, u.norm, "kept", 1.0, f"distance to the centre {d:.4g} <= τ = {tau:.4g}")
+        for u, scale, d in zip(updates, scales, used)
+    )
+    return center, outcomes
+
+
+def _distances(updates: Sequence[Update], center: Mapping[str, torch.Tensor]) -> list[float]:
+    """‖Δ_i − v‖ for every update, accumulated in float64 slice by slice."""
+    sums = [0.0] * len(updates)
+    wide = torch.empty(outer.AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
+    other = torch.empty(outer.AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
+    for name, v in center.items():
+        flat_v = v.view(-1)  # [numel]
+        for start in range(0, flat_v.numel(), outer.AVERAGE_SLICE):
+            stop = min(start + outer.AVERAGE_SLICE, flat_v.numel())
+            v_s, x_s = other[: stop - start], wide[: stop - start]  # [slice]
+            v_s.copy_(flat_v[start:stop])
+            for i, u in enumerate(updates):
+                x_s.copy_(u.deltas[name].contiguous().view(-1)[start:stop]).sub_(v_s)
+                sums[i] += float(torch.dot(x_s, x_s))
+    return [math.sqrt(s) for s in sums]
+
+
+def _step_towards(
+    updates: Sequence[Update], center: Tensors, coefficients: Sequence[float], measure: bool = True,
+) -> list[float]:
+    """v ← v + Σ c_i (Δ_i − v) in place (float64 per slice), and with `measure` the new distances ‖Δ_i − v‖."""
+    sums = [0.0] * len(updates)
+    acc = torch.empty(outer.AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
+    v_wide = torch.empty(outer.AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
+    x_wide = torch.empty(outer.AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
+    for name, v in center.items():
+        flat_v = v.view(-1)  # [numel]
+        flats = [u.deltas[name].contiguous().view(-1) for u in updates]  # [numel] each
+        for start in range(0, flat_v.numel(), outer.AVERAGE_SLICE):
+            stop = min(start + outer.AVERAGE_SLICE, flat_v.numel())
+            acc_s, v_s, x_s = acc[: stop - start], v_wide[: stop - start], x_wide[: stop - start]  # [slice]
+            v_s.copy_(flat_v[start:stop])
+            acc_s.copy_(v_s)
+            for coefficient, flat in zip(coefficients, flats):
+                x_s.copy_(flat[start:stop]).sub_(v_s)
+                acc_s.add_(x_s, alpha=coefficient)
+            flat_v[start:stop].copy_(acc_s)
+            if not measure:
+                continue
+            v_s.copy_(flat_v[start:stop])
+            for i, flat in enumerate(flats):
+                x_s.copy_(flat[start:stop]).sub_(v_s)
+                sums[i] += float(torch.dot(x_s, x_s))
+    return [math.sqrt(s) for s in sums]
+
+
+def adam_step_bound(beta1: float, beta2: float) -> float | None:
+    """The most one Adam(W) step moves a coordinate, in units of lr; None when unbounded (β1² >= β2).
+
+    By Cauchy–Schwarz on m_t = (1−β1) Σ_k β1^k g_{t−k} against v_t = (1−β2) Σ_k β2^k g²_{t−k},
+    |m̂_t| / sqrt(v̂_t) <= (1−β1)/sqrt(1−β2) · sqrt((1 − q^t)/(1 − q)) · sqrt(1 − β2^t)/(1 − β1^t)
+    with q = β1²/β2 (eps only lowers it); the bound is its maximum over t (1 at t = 1).
+    """
+    q = beta1 * beta1 / beta2
+    if q >= 1.0:
+        return None
+    scale = (1 - beta1) / math.sqrt(1 - beta2)
+    best = 1.0
+    for t in range(1, ADAM_BOUND_STEPS + 1):
+        value = scale * math.sqrt((1 - q**t) / (1 - q)) * math.sqrt(1 - beta2**t) / (1 - beta1**t)
+        best = max(best, value)
+    return max(best, scale / math.sqrt(1 - q))
+
+
+def automatic_norm_bound(inner: InnerSection, parameters: int, theta_norm: float) -> tuple[float, str]:
+    """`sync.max_update_norm = 0`: NORM_BOUND_SAFETY × the most inner.steps honest steps move θ; with why.
+
+    AdamW: each coordinate moves at most a·lr per step (`adam_step_bound`), so the step's L2
+    norm is at most a·lr·sqrt(P); the decoupled weight decay adds lr·wd·‖θ_t‖ with
+    ‖θ_t‖ <= ‖θ_v‖ + H·a·lr·sqrt(P). SGD: each step is lr·(g + wd·θ) with ‖g‖ <= grad_clip.
+    Without such a bound (SGD without clipping, Adam with β1² >= β2) FALLBACK_NORM_BOUND.
+    The factor covers what the codec's error feedback adds to an update (at most a few
+    thousandths of the previous one for int8).
+    """
+    steps, lr, decay = inner.steps, inner.lr, inner.weight_decay
+    if inner.optimizer == "adamw":
+        a = adam_step_bound(inner.beta1, inner.beta2)
+        if a is None:
+            return FALLBACK_NORM_BOUND, f"{FALLBACK_NORM_BOUND:g} (AdamW with beta1² >= beta2 has no step bound)"
+        per_step = a * lr * math.sqrt(parameters)
+        why = f"AdamW: {a:.3g} × lr per coordinate and step"
+    else:
+        if inner.grad_clip <= 0:
+            return FALLBACK_NORM_BOUND, f"{FALLBACK_NORM_BOUND:g} (SGD without inner.grad_clip has no step bound)"
+        per_step = lr * inner.grad_clip
+        why = "SGD: lr × inner.grad_clip per step"
+    drift = steps * per_step
+    bound = NORM_BOUND_SAFETY * steps * (per_step + lr * decay * (theta_norm + drift))
+    return bound, (f"{bound:.4g} = {NORM_BOUND_SAFETY:g} × the most {steps} honest inner steps move θ "
+                   f"({why}, weight decay at ‖θ‖ = {theta_norm:.4g}, {parameters} parameters)")

@@ -1,0 +1,189 @@
+{{/*
+Named templates of the rcswarm chart; every name starts with "rcswarm." so that a parent chart's
+templates cannot collide with them.
+*/}}
+
+{{/* The chart's name, or nameOverride. */}}
+{{- define "rcswarm.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* "<release>-<chart>" (or the release alone when it already holds the chart's name), at most 63 characters. */}}
+{{- define "rcswarm.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "<chart>-<version>" for the helm.sh/chart label. */}}
+{{- define "rcswarm.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select one component's pods: call with (dict "root" $ "component" "coordinator"). */}}
+{{- define "rcswarm.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rcswarm.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Every label of one component's objects: call with (dict "root" $ "component" "coordinator"). */}}
+{{- define "rcswarm.labels" -}}
+helm.sh/chart: {{ include "rcswarm.chart" .root }}
+{{ include "rcswarm.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: rcswarm
+{{- end -}}
+
+{{/* Name of the coordinator's StatefulSet and of its client Service. */}}
+{{- define "rcswarm.coordinator.fullname" -}}
+{{- printf "%s-coordinator" (include "rcswarm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Name of the headless Service that governs the StatefulSet. */}}
+{{- define "rcswarm.coordinator.headless" -}}
+{{- printf "%s-coordinator-hl" (include "rcswarm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* HOST:PORT of the coordinator for in-cluster clients; a TLS certificate must name this host. */}}
+{{- define "rcswarm.coordinator.address" -}}
+{{- printf "%s.%s.svc:%d" (include "rcswarm.coordinator.fullname" .) .Release.Namespace (int .Values.coordinator.port) -}}
+{{- end -}}
+
+{{/* Name of the ConfigMap holding the RUN.toml. */}}
+{{- define "rcswarm.configName" -}}
+{{- printf "%s-run" (include "rcswarm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Name of the Secret holding the join token: auth.existingSecret, else the one the chart makes. */}}
+{{- define "rcswarm.tokenSecretName" -}}
+{{- if .Values.auth.existingSecret -}}
+{{- .Values.auth.existingSecret -}}
+{{- else -}}
+{{- printf "%s-token" (include "rcswarm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Key of the token inside that Secret. */}}
+{{- define "rcswarm.tokenSecretKey" -}}
+{{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretKey }}{{- else -}}token{{- end -}}
+{{- end -}}
+
+{{/* The container env entry carrying the join token, always from the Secret. */}}
+{{- define "rcswarm.tokenEnv" -}}
+- name: RCSWARM_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "rcswarm.tokenSecretName" . }}
+      key: {{ include "rcswarm.tokenSecretKey" . }}
+{{- end -}}
+
+{{/* Env entries every rcswarm container gets: a writable HOME and caches on the /tmp emptyDir. */}}
+{{- define "rcswarm.commonEnv" -}}
+- name: HOME
+  value: /tmp
+- name: MPLCONFIGDIR
+  value: /tmp/matplotlib
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- end -}}
+
+{{/* "<repository>:<tag>": call with (dict "root" $ "tag" .Values.workers.image.tag "default" "cpu"). */}}
+{{- define "rcswarm.image" -}}
+{{- $tag := .tag | default (printf "%s-%s" .root.Chart.AppVersion .default) -}}
+{{- printf "%s:%s" .root.Values.image.repository $tag -}}
+{{- end -}}
+
+{{/* Name of the Secret with the CA certificate that clients trust. */}}
+{{- define "rcswarm.tls.caSecretName" -}}
+{{- .Values.tls.caSecretName | default .Values.tls.secretName -}}
+{{- end -}}
+
+{{/* Mount paths of the TLS material inside the containers. */}}
+{{- define "rcswarm.tls.serverDir" -}}/etc/rcswarm/tls{{- end -}}
+{{- define "rcswarm.tls.caDir" -}}/etc/rcswarm/tls-ca{{- end -}}
+{{- define "rcswarm.tls.clientDir" -}}/etc/rcswarm/tls-client{{- end -}}
+
+{{/* Worker-side TLS arguments (--tls-ca, and the client certificate with mutual TLS), one per line. */}}
+{{- define "rcswarm.tls.clientArgs" -}}
+{{- if .Values.tls.enabled }}
+- --tls-ca
+- {{ include "rcswarm.tls.caDir" . }}/{{ .Values.tls.caKey }}
+{{- if .Values.tls.mutual.enabled }}
+- --tls-cert
+- {{ include "rcswarm.tls.clientDir" . }}/tls.crt
+- --tls-key
+- {{ include "rcswarm.tls.clientDir" . }}/tls.key
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Volume mounts of a client's TLS material. */}}
+{{- define "rcswarm.tls.clientMounts" -}}
+{{- if .Values.tls.enabled }}
+- name: tls-ca
+  mountPath: {{ include "rcswarm.tls.caDir" . }}
+  readOnly: true
+{{- if .Values.tls.mutual.enabled }}
+- name: tls-client
+  mountPath: {{ include "rcswarm.tls.clientDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes of a client's TLS material. */}}
+{{- define "rcswarm.tls.clientVolumes" -}}
+{{- if .Values.tls.enabled }}
+- name: tls-ca
+  secret:
+    secretName: {{ include "rcswarm.tls.caSecretName" . }}
+    items:
+      - key: {{ .Values.tls.caKey }}
+        path: {{ .Values.tls.caKey }}
+{{- if .Values.tls.mutual.enabled }}
+- name: tls-client
+  secret:
+    secretName: {{ .Values.tls.mutual.clientSecretName }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Checks across values that a JSON schema cannot state clearly; each failure names the values and
+what to do. Included by the coordinator's StatefulSet, which every release renders.
+*/}}
+{{- define "rcswarm.validate" -}}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) -}}
+{{- fail "tls.enabled needs tls.secretName: a Secret of type kubernetes.io/tls holding the coordinator's certificate (tls.crt, tls.key)" -}}
+{{- end -}}
+{{- if and .Values.tls.mutual.enabled (not .Values.tls.enabled) -}}
+{{- fail "tls.mutual.enabled needs tls.enabled: client certificates are part of the TLS handshake" -}}
+{{- end -}}
+{{- if and .Values.tls.mutual.enabled (not .Values.tls.mutual.clientSecretName) -}}
+{{- fail "tls.mutual.enabled needs tls.mutual.clientSecretName: the Secret with the in-cluster workers' client certificate" -}}
+{{- end -}}
+{{- if and .Values.coordinator.external.enabled (not .Values.tls.enabled) -}}
+{{- fail "coordinator.external.enabled exposes the coordinator outside the cluster: set tls.enabled=true and tls.secretName, or the join token and every update cross the network in plaintext" -}}
+{{- end -}}
+{{- if eq (int .Values.coordinator.port) (int .Values.coordinator.healthPort) -}}
+{{- fail (printf "coordinator.healthPort %d equals coordinator.port: the plaintext health server needs its own port" (int .Values.coordinator.healthPort)) -}}
+{{- end -}}
+{{- if and .Values.coordinator.dashboard.enabled (eq (int .Values.coordinator.port) (int .Values.coordinator.dashboard.port)) -}}
+{{- fail (printf "coordinator.dashboard.port %d equals coordinator.port: the dashboard needs its own port" (int .Values.coordinator.dashboard.port)) -}}
+{{- end -}}
+{{- if and .Values.serviceMonitor.enabled (not .Values.coordinator.dashboard.enabled) -}}
+{{- fail "serviceMonitor.enabled scrapes the dashboard's /metrics: set coordinator.dashboard.enabled=true" -}}
+{{- end -}}
+{{- if gt (int .Values.ray.workerGroup.minReplicas) (int .Values.ray.workerGroup.maxReplicas) -}}
+{{- fail (printf "ray.workerGroup.minReplicas %d is above ray.workerGroup.maxReplicas %d" (int .Values.ray.workerGroup.minReplicas) (int .Values.ray.workerGroup.maxReplicas)) -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,136 @@
+"""Addresses and channels both ends share: HOST:PORT, whether a host is loopback, client TLS.
+
+The coordinator asks `is_loopback_host` before it binds (a non-loopback address needs TLS or
+`--insecure`, coordinator/tls.py) and before its dashboard serves without the token; the worker
+and `rcswarm status` open their channel with `open_channel`, which warns once per channel when a
+join token would cross the network in the clear. The check is on the name as given, without a
+DNS lookup: only IP literals in 127.0.0.0/8 or ::1 (also IPv4-mapped) and the name `localhost`
+count as loopback, so a host name that happens to resolve to loopback is treated as a network
+address (use 127.0.0.1 or `localhost` instead).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+log = logging.getLogger("rcswarm.transport")
+
+LOCALHOST_NAMES = ("localhost", "localhost.")
+
+
+def _strip_brackets(host: str) -> str:
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (an IP literal, bracketed IPv6, or a name) is loopback without resolving it."""
+    bare = _strip_brackets(host.strip())
+    if bare.lower() in LOCALHOST_NAMES:
+        return True
+    try:
+        address = ipaddress.ip_address(bare.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def is_wildcard_host(host: str) -> bool:
+    """Whether binding `host` listens on every interface ("", 0.0.0.0, ::)."""
+    bare = _strip_brackets(host.strip())
+    if not bare:
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_unspecified
+    except ValueError:
+        return False
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port` as gRPC and URLs want it: an IPv6 literal in brackets."""
+    bare = _strip_brackets(host)
+    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
+
+
+def target_host(target: str) -> str | None:
+    """The host of a gRPC target (`HOST:PORT`, `[V6]:PORT`, `dns:///HOST:PORT`); None for a unix socket."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return None
+    for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            target = target[len(scheme):]
+            break
+    if target.startswith("["):
+        return target[1:target.find("]")] if "]" in target else target
+    return target.rsplit(":", 1)[0] if target.count(":") == 1 else target
+
+
+def plaintext_warning(target: str) -> str | None:
+    """The warning for a plaintext channel to `target`, or None when it stays on this machine (pure)."""
+    host = target_host(target)
+    if host is None or is_loopback_host(host):
+        return None
+    return (f"connecting to {target} without TLS: the join token and the parameters cross the network in the "
+            "clear; pass --tls-ca with the coordinator's CA certificate (the coordinator's --tls-self-signed "
+            "prints the command)")
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """A client's TLS files: the CA that signed the coordinator's certificate, and optionally a client
+    certificate and key for a coordinator that requires one (--tls-client-ca)."""
+
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError(f"--tls-cert {self.cert} and --tls-key {self.key}: give both or neither")
+
+    @classmethod
+    def from_flags(cls, ca: Path | None, cert: Path | None = None, key: Path | None = None) -> ClientTLS | None:
+        """The TLS of `--tls-ca/--tls-cert/--tls-key`, None for plaintext; ValueError for a client certificate
+        without a CA or a certificate without its key (the files are read later, by `credentials`)."""
+        if ca is None:
+            if cert is not None or key is not None:
+                raise ValueError("--tls-cert/--tls-key need --tls-ca, the CA that signed the coordinator's certificate")
+            return None
+        return cls(Path(ca), cert, key)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The channel credentials; ValueError names a file that cannot be read or is not PEM."""
+        ca = read_pem(self.ca, "--tls-ca")
+        if self.cert is None or self.key is None:
+            return grpc.ssl_channel_credentials(root_certificates=ca)
+        return grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=read_pem(self.key, "--tls-key"),
+            certificate_chain=read_pem(self.cert, "--tls-cert"),
+        )
+
+
+def read_pem(path: Path, flag: str) -> bytes:
+    """The bytes of a PEM file; ValueError naming `flag` and the file when unreadable or not PEM."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
+    if b"-----BEGIN " not in data:
+        raise ValueError(f"{flag} {path}: not a PEM file (expected a '-----BEGIN ...' block)")
+    return data
+
+
+def open_channel(target: str, tls: ClientTLS | None, options: list[tuple[str, int]]) -> grpc.Channel:
+    """A channel to `target`: TLS with `tls`, else plaintext, with a warning when `target` is not loopback."""
+    if tls is not None:
+        return grpc.secure_channel(target, tls.credentials(), options=options)
+    warning = plaintext_warning(target)
+    if warning is not None:
+        log.warning("%s", warning)
+    return grpc.insecure_channel(target, options=options)

@@ -1,0 +1,167 @@
+"""One rcswarm worker inside a Ray actor (`rcswarm launch ray`, issue #16).
+
+`RayWorker` is a plain class; the launcher (`cli/launch.py`) makes it a detached, named Ray actor
+with `num_gpus`/`num_cpus` and `max_restarts=-1`. Its constructor builds the ordinary `Worker`
+from `RayWorkerConfig` and runs its loop on a thread, so the actor answers `info()` and `stop()`
+while it trains. Ray sets `CUDA_VISIBLE_DEVICES` to the actor's own GPUs, so `--device auto`
+finds its GPU as `cuda:0`.
+
+The join token is read here, from the environment of the Ray node (`RCSWARM_TOKEN`, a Kubernetes
+Secret on KubeRay), never passed as an argument: actor arguments and a job's runtime_env are
+recorded by Ray's GCS and shown by its dashboard.
+
+A restarted actor (its process died; Ray runs the constructor again) is a new process with no
+membership: it joins as a new worker, and the coordinator evicts the dead one when its lease runs
+out. A run that finishes, a refused token or a spec this node cannot build end the loop; the actor
+then stays alive and reports the outcome (`state`, `exit_code`) instead of exiting, so Ray does not
+restart it into the same refusal.
+
+Threads: the worker loop runs on its own thread ("rcswarm-worker"); `info` and `stop` run on Ray's
+task threads (the actor is created with `max_concurrency` > 1). `_lock` guards `_state`,
+`_exit_code` and `_problem`; the worker's own fields are read without it (a snapshot for status).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rcswarm.protos.wire import TOKEN_ENV
+
+log = logging.getLogger("rcswarm.worker.ray")
+
+# The states `info()` reports: the worker loop's, not Ray's (the launcher adds Ray's actor state).
+STARTING, TRAINING, FINISHED, STOPPED, FAILED = "starting", "training", "finished", "stopped", "failed"
+
+
+@dataclass(frozen=True)
+class RayWorkerConfig:
+    """What one worker actor needs, without the token: it travels through Ray as the actor's argument.
+
+    `num_gpus` and `num_cpus` are the Ray resources the actor was made with, kept here so that the
+    launcher sees an actor of another shape than its plan's (and replaces it).
+    """
+
+    coordinator: str
+    name: str
+    num_gpus: float = 0.0
+    num_cpus: float = 1.0
+    device: str = "auto"
+    threads: int = 1
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    patience_s: float = 300.0
+    rpc_timeout_s: float = 10.0
+    transfer_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if ":" not in self.coordinator:
+            raise ValueError(f"coordinator {self.coordinator!r}: expected HOST:PORT")
+        if self.threads < 1:
+            raise ValueError(f"threads {self.threads}: expected >= 1")
+
+    def options(self, token: str):
+        """The `WorkerOptions` of this config with the node's token (ValueError naming what is wrong)."""
+        from rcswarm.worker.worker import WorkerOptions
+
+        def path(value: str) -> Path | None:
+            return Path(value) if value else None
+
+        return WorkerOptions(
+            coordinator=self.coordinator, token=token, device=self.device, name=self.name, threads=self.threads,
+            tls_ca=path(self.tls_ca), tls_cert=path(self.tls_cert), tls_key=path(self.tls_key),
+            patience_s=self.patience_s, rpc_timeout_s=self.rpc_timeout_s, transfer_timeout_s=self.transfer_timeout_s,
+        )
+
+
+class RayWorker:
+    """A worker training on its own thread inside a Ray actor; `info()` for status, `stop()` to Leave."""
+
+    def __init__(self, config: dict) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+        self.config = RayWorkerConfig(**config)
+        self.started_at = time.time()
+        self._lock = threading.Lock()
+        self._state, self._exit_code, self._problem = STARTING, None, ""
+        self._stop = threading.Event()
+        self.worker = None
+        self._thread = threading.Thread(target=self._run, name="rcswarm-worker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import torch
+
+        from rcswarm.worker.worker import Worker
+
+        try:
+            token = os.environ.get(TOKEN_ENV, "")
+            if not token:
+                raise ValueError(f"no join token on this Ray node: set ${TOKEN_ENV} in the environment of "
+                                 f"`ray start` (a Kubernetes Secret on KubeRay); it is never passed through Ray")
+            options = self.config.options(token)
+            torch.set_num_threads(self.config.threads)
+            self.worker = Worker(options, stop=self._stop)
+        except ValueError as exc:
+            log.error("%s cannot start: %s", self.config.name, exc)
+            self._finish(FAILED, 2, str(exc))
+            return
+        self._set_state(TRAINING)
+        code = self.worker.run()
+        if self._stop.is_set() and not self.worker.finished:
+            self._finish(STOPPED, code, "")
+        elif code == 0:
+            self._finish(FINISHED, code, "")
+        else:
+            self._finish(FAILED, code, "the worker loop ended with an error (see this actor's log)")
+
+    def _set_state(self, state: str) -> None:
+        with self._lock:
+            self._state = state
+
+    def _finish(self, state: str, code: int, problem: str) -> None:
+        with self._lock:
+            self._state, self._exit_code, self._problem = state, code, problem
+
+    def outcome(self) -> tuple[str, int | None, str]:
+        """(state, exit code once the loop ended, the problem that ended it, if any)."""
+        with self._lock:
+            return self._state, self._exit_code, self._problem
+
+    def info(self) -> dict:
+        """What this actor is doing: its worker's membership, device, step and outcome (JSON-able)."""
+        import ray
+
+        context = ray.get_runtime_context()
+        state, code, problem = self.outcome()
+        worker = self.worker
+        return {
+            "name": self.config.name,
+            "state": state,
+            "exit_code": code,
+            "problem": problem,
+            "worker_id": worker.worker_id if worker is not None else "",
+            "step": worker.step if worker is not None else 0,
+            "device": str(worker.device) if worker is not None else self.config.device,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "node_id": context.get_node_id(),
+            "reconstructed": context.was_current_actor_reconstructed,
+            "started_at": self.started_at,
+            "config": asdict(self.config),
+        }
+
+    def stop(self, timeout_s: float = 30.0) -> dict:
+        """Stop training: the worker finishes its step, reports its metrics and Leaves; then `info()`."""
+        self._stop.set()
+        self._thread.join(timeout=timeout_s)
+        report = self.info()
+        report["left"] = not self._thread.is_alive()
+        return report
