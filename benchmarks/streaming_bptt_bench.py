@@ -19,8 +19,9 @@ optimizer):
   checkpoints=CheckpointPlan(...))``, core checkpointing (``rcswarm.worker.streaming_bptt``)
   with the schedule of that name: every segment boundary's core state kept; checkpoints every
   round(√n) boundaries; the binomial (revolve) schedule with ``--slots`` stored states; the
-  binomial schedule with ceil(log2 n) stored states. n = ceil(L / k) segments. Their frame
-  embeddings go where ``--embeddings`` says (default: a temporary file, read back with pread).
+  binomial schedule with ceil(log2 n) stored states; n = ceil(L / S) segments of S = 8 k
+  steps. Their frame embeddings go where ``--embeddings`` says (default: a temporary file,
+  read back with pread).
 
 Batches come from ``TypingFrameSource`` (``rcswarm.data.frames``) with the preset's rows, cols
 and char_vocab and a charset that fits its action vocabulary (``TypingConfig.fitting``); the
@@ -71,7 +72,7 @@ seconds is killed with its process group.
 Columns: "core MiB" is what a method keeps for the core's backward pass (paged: the saved
 tensors its pager counts, views of one tensor each time; checkpointed: the most stored core
 states at once, with their count in "states"); "fwd/seg" the core forward passes per segment
-(checkpointed: advances plus turns over n).
+(checkpointed: core advances plus n backward turns, over n).
 
 Goals read out below the table (issue #19): the binomial schedule's peak at the longest L
 at most 1.2x its peak at L = 1024 (or the shortest L) for every batch size; seconds per step
@@ -506,7 +507,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lengths", nargs="+", type=int, default=[16, 64, 256, 1024], help="window lengths L")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1], help="windows per batch (B)")
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS, help="what to run")
-    p.add_argument("--k", type=int, default=8, help="streaming chunk: frame heads alive at once, steps per segment")
+    p.add_argument("--k", type=int, default=8, help="streaming chunk: frame heads alive at once (checkpointed segments are 8 k steps)")
     p.add_argument("--slots", type=int, default=64, help="stored core states of the 'binomial' method")
     p.add_argument("--embeddings", default="disk", choices=("memory", "disk"),
                    help="where the checkpointed methods keep the frame embeddings")
