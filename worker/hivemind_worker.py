@@ -1,0 +1,258 @@
+"""A worker of the hivemind sync backend: DiLoCo rounds averaged peer to peer, no coordinator on the data path.
+
+    rcswarm worker --backend hivemind --config RUN.toml [--initial-peers MADDR ...] [--client-mode]
+                   [--host-maddrs MADDR ...] [--announce-maddrs MADDR ...] [--identity-path F] [--out DIR]
+
+Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm
+already trains, loads (version, θ, outer momentum) from the peer with the highest version. A
+round from version v: H inner steps on the run's fixed schedule (`curriculum.schedule`, else
+`data.seq_len` × `data.batch_size`); Δ = θ_v − θ_local, plus the error-feedback residual, as the
+codec sends it; `HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm);
+the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ 4 × ‖Δ‖) and then
+θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
+the peer steps with its own Δ; a refused Δ̄ skips the step (θ_{v+1} = θ_v). A peer whose group
+was at a higher version, or whose digest is off the highest-version majority's by more than the
+tolerance, re-syncs from peers. Each round's digest and metric rows go to the DHT
+(worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR` the
+final θ goes to DIR/final.safetensors and the per-round history to DIR/summary.json.
+SIGTERM or SIGINT ends the worker after its current step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.models import registry
+from rcswarm.protos import codec as codecs
+from rcswarm.protos.outer import outer_step
+from rcswarm.worker import hivemind_sync as hs
+from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
+from rcswarm.worker.worker import auto_threads
+
+log = logging.getLogger("rcswarm.worker")
+
+
+def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
+    """(seq_len, batch) of the round from `version`: the `curriculum.schedule` row in force at step version × inner.steps."""
+    seq_len, batch = spec.data.seq_len, spec.data.batch_size
+    for from_step, row_len, row_batch in spec.curriculum.schedule:
+        if version * spec.inner.steps >= from_step:
+            seq_len, batch = row_len, row_batch
+    return seq_len, batch
+
+
+class HivemindWorker:
+    """One peer's training loop (the worker thread); `state()` is also called by hivemind's state server.
+
+    `_snapshot`, the (version, θ, momentum) served to late joiners, is replaced whole after each
+    round, so `state()` needs no lock.
+    """
+
+    def __init__(self, spec: RunSpec, options: hs.HivemindOptions, *, name: str = "", device: str = "cpu",
+                 out: Path | None = None, stop: threading.Event | None = None) -> None:
+        if spec.sync.backend != "hivemind":
+            raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
+        if spec.is_sweep or spec.curriculum.adaptive or spec.curriculum.worker_seq_lens:
+            raise ValueError("a hivemind swarm trains one run on a fixed schedule: expected no [sweep], "
+                             "no adaptive curriculum and no curriculum.worker_seq_lens")
+        self.spec, self.options, self.out = spec, options, out
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.device = torch.device(device)
+        self.stop = stop or threading.Event()
+        self.model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed).to(self.device)
+        self.names = [name for name, _ in self.model.named_parameters()]
+        self.shapes = [tuple(p.shape) for _, p in self.model.named_parameters()]
+        self.momentum = [torch.zeros(shape) for shape in self.shapes]
+        self.optimizer = make_inner_optimizer(self.model, spec.inner)
+        self.codec = codecs.codec_from_name(spec.sync.codec)
+        self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
+        self.version = 0
+        self.step = 0
+        self.started = time.perf_counter()
+        self.compute_seconds = self.sync_seconds = 0.0
+        self.history: list[dict[str, Any]] = []
+        self._snapshot: tuple[int, list[torch.Tensor]] = (0, self._params() + self.momentum)
+        self.peer: hs.HivemindPeer | None = None
+        self.sampler: Any = None
+        self._data: tuple[int, int] = (0, 0)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p.detach().to("cpu", copy=True) for p in self.model.parameters()]
+
+    def state(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        version, tensors = self._snapshot
+        return {"run": self.spec.run.name, "version": version}, tensors
+
+    def run(self) -> int:
+        """Train until run.rounds versions exist or a stop is requested; returns the exit code."""
+        self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec, self.spec.sync.block_size,
+                                    self.options, self.state)
+        try:
+            seed = int.from_bytes(hashlib.sha256(self.peer.peer_id.encode()).digest()[:4], "little")
+            self.data_seed = worker_data_seed(self.spec.run.seed, seed)
+            if self.peer.has_other_peers():
+                self._resync("joining a training swarm")
+            self.peer.set_state_version(self.version)
+            while not self.stop.is_set() and self.version < self.spec.run.rounds:
+                self._round()
+        finally:
+            self._write_out()
+            self.peer.shutdown()
+        log.info("%s finished at version %d", self.name, self.version)
+        return 0
+
+    def _follow_schedule(self) -> None:
+        seq_len, batch = schedule_for(self.spec, self.version)
+        if (seq_len, batch) != self._data:
+            self._data = (seq_len, batch)
+            data = dataclasses.replace(self.spec.data, seq_len=seq_len, batch_size=batch)
+            self.sampler = make_sampler(data, self.data_seed + self.version, model_config=self.model.config)
+            log.info("%s: from version %d: seq_len %d, batch %d", self.name, self.version, seq_len, batch)
+
+    def _train(self) -> tuple[int, list[list[float]]]:
+        """H inner steps; (tokens, metric rows)."""
+        inner, tokens, rows = self.spec.inner, 0, []
+        for _ in range(inner.steps):
+            if self.stop.is_set():
+                break
+            result = inner_step(self.model, self.optimizer, self.sampler, inner.grad_clip, self.device,
+                                inner.bptt_chunk, inner.memory_budget_mb)
+            self.step += 1
+            tokens += result.tokens
+            self.compute_seconds += result.seconds
+            rows.append([float(self.version), float(self.step), float(result.loss), float(result.tokens),
+                         time.perf_counter() - self.started, self.compute_seconds, self.sync_seconds,
+                         float(self._data[0]), float(self._data[1])])
+        return tokens, rows
+
+    def pseudo_gradient(self, base: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Δ = θ_v − θ_local as the codec delivers it (with the error-feedback residual); a hook for tests."""
+        deltas = {name: b - p.detach().cpu() for name, b, p in zip(self.names, base, self.model.parameters())}
+        if self.error_feedback is None:
+            return list(deltas.values())
+        _, sent = self.error_feedback.compress_decoded(deltas, self.codec, self.spec.sync.block_size, consume=True)
+        return [sent[name] for name in self.names]
+
+    def _round(self) -> None:
+        self._follow_schedule()
+        base = self._params()
+        tokens, rows = self._train()
+        if self.stop.is_set():
+            return
+        started = time.perf_counter()
+        try:
+            deltas = self.pseudo_gradient(base)
+        except ValueError as exc:  # a non-finite Δ: nothing is sent, the round restarts from θ_v
+            log.warning("%s: round %d not averaged: %s", self.name, self.version, exc)
+            self._load(base)
+            return
+        gather = {"version": self.version, "tokens": tokens, "norm": hs.global_norm(deltas)}
+        result = self.peer.average(deltas, tokens, gather)
+        if result is not None and result.group_version > self.version:
+            self._resync(f"the group was at version {result.group_version}")
+            return
+        averaged = deltas if result is None else result.deltas
+        problem = hs.trust_problem(averaged, deltas)
+        if problem:
+            log.warning("%s: round %d skipped locally: %s", self.name, self.version, problem)
+            self._load(base)
+        else:
+            new, self.momentum = (list(d.values()) for d in outer_step(
+                dict(zip(self.names, base)), dict(zip(self.names, self.momentum)), dict(zip(self.names, averaged)),
+                self.spec.outer))
+            self._load(new)
+        self.version += 1
+        self._snapshot = (self.version, self._params() + [m.clone() for m in self.momentum])
+        self.peer.set_state_version(self.version)
+        self.sync_seconds += time.perf_counter() - started
+        group = len(result.gathered) if result is not None else 1
+        measured = self._publish(rows)
+        self.history.append({
+            "version": self.version, "loss": sum(r[2] for r in rows) / max(len(rows), 1), "group": group,
+            "skipped": problem, "drift": measured, "allreduce_s": result.seconds if result else None,
+        })
+        log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
+                 self.history[-1]["loss"], measured, self.peer.timer.describe())
+
+    def _publish(self, rows: list[list[float]]) -> float:
+        """Store this version's digest and metrics; re-sync when off the majority. Returns the measured drift."""
+        run = self.spec.run.name
+        mine = hs.digest_record(run, self.version, dict(zip(self.names, self._snapshot[1])))
+        self.peer.publish(hs.DIGEST_KEY, mine)
+        self.peer.publish(hs.METRICS_KEY, {"run": run, "name": self.name, "rows": rows[-hs.MAX_METRIC_ROWS:]})
+        others = [r for peer, r in self.peer.records(hs.DIGEST_KEY, run).items() if peer != self.peer.peer_id]
+        same = [hs.drift(mine, r) for r in others if r["version"] == self.version]
+        reason = hs.resync_reason(mine, others)
+        if reason:
+            self._resync(reason)
+        return max(same, default=0.0)
+
+    def _resync(self, why: str) -> None:
+        """Load (version, θ, momentum) from the highest-version peer; keep training from the local state without one."""
+        log.warning("%s re-syncs from peers: %s", self.name, why)
+        self.peer.set_state_version(self.version, shareable=False)  # nobody loads a drifted state meanwhile
+        loaded = self.peer.load_state(self.names, self.shapes, self.options.join_timeout_s)
+        if loaded is None:
+            log.warning("%s: no peer served its state; training on from version %d", self.name, self.version)
+        else:
+            self.version, tensors = loaded
+            count = len(self.names)
+            self._load(tensors[:count])
+            self.momentum = [t.clone() for t in tensors[count:]]
+            self._snapshot = (self.version, self._params() + [m.clone() for m in self.momentum])
+            log.info("%s loaded version %d from peers", self.name, self.version)
+        self.peer.set_state_version(self.version)
+
+    def _load(self, tensors: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for param, tensor in zip(self.model.parameters(), tensors):
+                param.copy_(tensor)
+
+    def _write_out(self) -> None:
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        save_file({name: p.detach().cpu().contiguous() for name, p in self.model.named_parameters()},
+                  str(self.out / "final.safetensors"))
+        summary = {"name": self.name, "version": self.version, "history": self.history,
+                   "peer_id": self.peer.peer_id if self.peer else ""}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def main(args: argparse.Namespace) -> int:
+    """`rcswarm worker --backend hivemind ...` after argparse (the usage convention of cli/usage.py)."""
+    try:
+        if args.config is None:
+            raise ValueError("--backend hivemind needs --config RUN.toml (the run spec every peer trains)")
+        spec = RunSpec.from_toml(args.config)
+        options = hs.HivemindOptions(
+            initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
+            announce_maddrs=tuple(args.announce_maddrs), client_mode=args.client_mode, identity_path=args.identity_path,
+        )
+        threads, why = (args.threads, "--threads") if args.threads else auto_threads()
+        torch.set_num_threads(threads)
+        log.info("torch threads: %d (%s)", threads, why)
+        device = "cuda" if args.device == "auto" and torch.cuda.is_available() else "cpu" if args.device == "auto" else args.device
+        worker = HivemindWorker(spec, options, name=args.name, device=device, out=args.out)
+    except (ValueError, OSError) as exc:
+        print(f"rcswarm worker: {exc}", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop.set())
+    return worker.run()
