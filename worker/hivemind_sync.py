@@ -61,9 +61,11 @@ DIGEST_KEY = f"{RECORD_PREFIX}_digest"
 METRICS_KEY = f"{RECORD_PREFIX}_metrics"
 # Parts of θ in a digest's sketch.
 SKETCH_PARTS = 16
-# Largest drift (`drift`) between replicas of one version that is not re-synced: fp32 rounding and
-# the codec's error on the parts each peer reduced itself stay orders of magnitude below it.
-DRIFT_TOLERANCE = 1e-4
+# Largest drift (`drift`, in units of one round's step) between replicas of one version that is not
+# re-synced. Each peer applies Δ̄ as its all-reduce delivered it (the reducers send each peer
+# compressed deltas), so replicas differ by the codec's error, ~1% of a step per round with int8,
+# accumulated through the momentum; a missed round is ≈ 1. Past it the peer re-syncs.
+DRIFT_TOLERANCE = 0.25
 # The averaged Δ̄ is refused when ‖Δ̄‖ > TRUST_FACTOR × ‖Δ_local‖ (an honest mean is at most the largest honest norm).
 TRUST_FACTOR = 4.0
 STATE_DECLARE_S = 2.0
@@ -135,13 +137,14 @@ register_codecs()
 
 
 class DigestRecord(pydantic.BaseModel):
-    """One peer's parameters at one version: SHA-256 and the sketch `sketch()` computes."""
+    """One peer's parameters at one version: SHA-256 and the sketch `sketch()` computes (sums, θ norms, step norms)."""
 
     run: pydantic.constr(strict=True, max_length=200)
     version: pydantic.conint(strict=True, ge=0)
     sha256: pydantic.constr(strict=True, regex=r"^[0-9a-f]{64}$")
     sums: pydantic.conlist(pydantic.StrictFloat, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
     norms: pydantic.conlist(pydantic.confloat(strict=True, ge=0.0), min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
+    steps: pydantic.conlist(pydantic.confloat(strict=True, ge=0.0), min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
 
     class Config:
         extra = pydantic.Extra.forbid
@@ -170,51 +173,66 @@ def record_validator() -> SchemaValidator:
     return SchemaValidator(_Records, allow_extra_keys=True, prefix=RECORD_PREFIX)
 
 
-def sketch(params: Mapping[str, torch.Tensor]) -> tuple[list[float], list[float]]:
-    """(sums, L1 norms) of θ's values cut into `SKETCH_PARTS` contiguous parts, in float64."""
-    flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params.values()])  # [P]
-    parts = torch.tensor_split(flat, SKETCH_PARTS)  # SKETCH_PARTS × [≈P/SKETCH_PARTS]
-    return [float(part.sum()) for part in parts], [float(part.abs().sum()) for part in parts]
+def sketch(params: Mapping[str, torch.Tensor], step: Mapping[str, torch.Tensor] | None = None) -> dict[str, list[float]]:
+    """θ cut into `SKETCH_PARTS` contiguous parts: per part the sum of θ, the L2 norm of θ and of the last step (float64)."""
+    def parts(tensors: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float64) for t in tensors.values()])  # [P]
+        return torch.tensor_split(flat, SKETCH_PARTS)  # SKETCH_PARTS × [≈P/SKETCH_PARTS]
+
+    theta = parts(params)
+    steps = parts(step) if step is not None else [torch.zeros(1, dtype=torch.float64)] * SKETCH_PARTS
+    return {"sums": [float(p.sum()) for p in theta], "norms": [float(p.norm()) for p in theta],
+            "steps": [float(p.norm()) for p in steps]}
 
 
-def digest_record(run: str, version: int, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    sums, norms = sketch(params)
+def digest_record(run: str, version: int, params: Mapping[str, torch.Tensor],
+                  step: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """The DHT digest of θ at `version`; `step` = θ_version − θ_(version−1) as this peer applied it."""
     sha = tensor_stream.params_sha256({k: v.detach().cpu() for k, v in params.items()}).hex()
-    return {"run": run, "version": version, "sha256": sha, "sums": sums, "norms": norms}
+    return {"run": run, "version": version, "sha256": sha, **sketch(params, step)}
 
 
 def drift(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
-    """The largest |sum_a − sum_b| / L1 over the sketch's parts: 0 for identical replicas, ~1e-7 for fp32 ulps."""
+    """How far two replicas are apart, in units of one round's step: max over parts of |sum_a − sum_b| / ‖step‖.
+
+    A sum over a part is a projection of θ, so |sum_a − sum_b| estimates ‖θ_a − θ_b‖ on the part
+    (up to the part's √size, as ‖step‖ does); dividing by the part's step norm (or 1e-7 × its θ norm
+    when the step was 0, a skipped round) makes a missed round ≈ 1 whatever the scale of θ, and
+    codec noise a small fraction.
+    """
     worst = 0.0
-    for sa, sb, na, nb in zip(a["sums"], b["sums"], a["norms"], b["norms"]):
-        scale = max(na, nb, 1e-30)
+    for sa, sb, na, nb, ta, tb in zip(a["sums"], b["sums"], a["norms"], b["norms"], a["steps"], b["steps"]):
+        scale = max(ta, tb, 1e-7 * max(na, nb), 1e-30)
         worst = max(worst, abs(sa - sb) / scale)
     return worst
 
 
-def resync_reason(mine: Mapping[str, Any], records: Sequence[Mapping[str, Any]], tolerance: float = DRIFT_TOLERANCE) -> str:
+def resync_reason(mine_id: str, mine: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]],
+                  tolerance: float = DRIFT_TOLERANCE) -> str:
     """Why this peer must load the majority's state ("" when it need not).
 
-    `records` are the digests of the other peers of the run. The reference is the highest
-    version any peer published; a peer behind it re-syncs. At that version, the majority is the
-    largest set of records within `tolerance` of one another's first member; a peer farther than
-    `tolerance` from it re-syncs when that set outnumbers the peers that agree with it.
+    `records` are the other peers' digests by peer id. The reference is the highest version any
+    peer published; a peer behind it re-syncs. At that version, peers within `tolerance` of one
+    another form a cluster; this peer re-syncs when a cluster it is not in is larger than its own,
+    or as large and holding the smallest peer id (so two peers that drifted apart settle on one).
     """
     if not records:
         return ""
-    top = max(r["version"] for r in records)
+    top = max(r["version"] for r in records.values())
     if mine["version"] < top:
         return f"behind: version {mine['version']} < {top}"
     if mine["version"] > top:
         return ""
-    peers = [r for r in records if r["version"] == top]
-    agree = [r for r in peers if drift(mine, r) <= tolerance]
-    others = [r for r in peers if drift(mine, r) > tolerance]
-    clusters = [[s for s in others if drift(r, s) <= tolerance] for r in others]
-    largest = max((len(c) for c in clusters), default=0)
-    if largest > len(agree) + 1:
-        worst = max(drift(mine, r) for r in others)
-        return f"drift {worst:.3g} > {tolerance:g} from {largest} of {len(peers)} peers at version {top}"
+    peers = {pid: r for pid, r in records.items() if r["version"] == top}
+    own = sorted([mine_id] + [pid for pid, r in peers.items() if drift(mine, r) <= tolerance])
+    others = {pid: r for pid, r in peers.items() if pid not in own}
+    clusters = [sorted(q for q, r in others.items() if drift(record, r) <= tolerance) for record in others.values()]
+    if not clusters:
+        return ""
+    best = min(clusters, key=lambda cluster: (-len(cluster), cluster[0]))
+    if len(best) > len(own) or (len(best) == len(own) and best[0] < own[0]):
+        worst = max(drift(mine, r) for r in others.values())
+        return f"drift {worst:.3g} > {tolerance:g} from {len(best)} of {len(peers) + 1} peers at version {top}"
     return ""
 
 
@@ -375,12 +393,15 @@ class HivemindPeer:
         self.averager.state_sharing_priority = float(version)
         self.averager.allow_state_sharing = shareable and not self.options.client_mode
 
-    def has_other_peers(self) -> bool:
-        """Whether any averager of this run declared its state (i.e. a swarm already trains)."""
+    def newest_declared_version(self) -> int:
+        """The highest version another averager of this run declares for its state (0 when none does)."""
         found = self.dht.get(f"{RECORD_PREFIX}_{self.run}.all_averagers", latest=True)
         if found is None or not isinstance(found.value, dict):
-            return False
-        return any(key != self.averager.peer_id.to_bytes() for key in found.value)
+            return 0
+        mine = self.averager.peer_id.to_bytes()
+        versions = [item.value for key, item in found.value.items()
+                    if key != mine and isinstance(getattr(item, "value", None), (int, float))]
+        return int(max(versions, default=0))
 
     def load_state(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]], timeout_s: float) -> tuple[int, list[torch.Tensor]] | None:
         """(version, θ tensors + momentum tensors) from the highest-priority peer, retried within `timeout_s`."""

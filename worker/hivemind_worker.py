@@ -106,8 +106,9 @@ class HivemindWorker:
         try:
             seed = int.from_bytes(hashlib.sha256(self.peer.peer_id.encode()).digest()[:4], "little")
             self.data_seed = worker_data_seed(self.spec.run.seed, seed)
-            if self.peer.has_other_peers():
-                self._resync("joining a training swarm")
+            newest = self.peer.newest_declared_version()
+            if newest > 0:  # a swarm past θ_0 trains; at version 0 every peer holds θ_0 from the seed already
+                self._resync(f"joining a swarm at version {newest}")
             self.peer.set_state_version(self.version)
             while not self.stop.is_set() and self.version < self.spec.run.rounds:
                 self._round()
@@ -182,7 +183,7 @@ class HivemindWorker:
         self.peer.set_state_version(self.version)
         self.sync_seconds += time.perf_counter() - started
         group = len(result.gathered) if result is not None else 1
-        measured = self._publish(rows)
+        measured = self._publish(rows, base)
         self.history.append({
             "version": self.version, "loss": sum(r[2] for r in rows) / max(len(rows), 1), "group": group,
             "skipped": problem, "drift": measured, "allreduce_s": result.seconds if result else None,
@@ -190,15 +191,16 @@ class HivemindWorker:
         log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
                  self.history[-1]["loss"], measured, self.peer.timer.describe())
 
-    def _publish(self, rows: list[list[float]]) -> float:
+    def _publish(self, rows: list[list[float]], base: list[torch.Tensor]) -> float:
         """Store this version's digest and metrics; re-sync when off the majority. Returns the measured drift."""
         run = self.spec.run.name
-        mine = hs.digest_record(run, self.version, dict(zip(self.names, self._snapshot[1])))
+        params = dict(zip(self.names, self._snapshot[1]))
+        mine = hs.digest_record(run, self.version, params, {n: p - b for n, p, b in zip(self.names, params.values(), base)})
         self.peer.publish(hs.DIGEST_KEY, mine)
         self.peer.publish(hs.METRICS_KEY, {"run": run, "name": self.name, "rows": rows[-hs.MAX_METRIC_ROWS:]})
-        others = [r for peer, r in self.peer.records(hs.DIGEST_KEY, run).items() if peer != self.peer.peer_id]
-        same = [hs.drift(mine, r) for r in others if r["version"] == self.version]
-        reason = hs.resync_reason(mine, others)
+        others = {peer: r for peer, r in self.peer.records(hs.DIGEST_KEY, run).items() if peer != self.peer.peer_id}
+        same = [hs.drift(mine, r) for r in others.values() if r["version"] == self.version]
+        reason = hs.resync_reason(self.peer.peer_id, mine, others)
         if reason:
             self._resync(reason)
         return max(same, default=0.0)
