@@ -121,9 +121,12 @@ def test_drift_tells_rounding_from_a_missed_round() -> None:
     step = {"w": 0.01 * torch.randn(4096)}
     ulp = {"w": theta["w"] + theta["w"].abs() * 2**-23 * torch.sign(torch.randn(4096))}
     missed = {"w": theta["w"] - step["w"]}
-    mine, same, other = (hs.digest_record("hm", 5, p, step) for p in (theta, ulp, missed))
+    # A partial all-reduce (a reducer died): 1% of θ, contiguous, kept each peer's own Δ.
+    partial = {"w": theta["w"].clone()}
+    partial["w"][:40] -= 2 * step["w"][:40]
+    mine, same, other, torn = (hs.digest_record("hm", 5, p, step) for p in (theta, ulp, missed, partial))
     assert hs.drift(mine, mine) == 0.0
-    assert 0 < hs.drift(mine, same) < 1e-3 < hs.DRIFT_TOLERANCE < 0.5 < hs.drift(mine, other)
+    assert 0 < hs.drift(mine, same) < 1e-3 < hs.DRIFT_TOLERANCE < 0.5 < min(hs.drift(mine, other), hs.drift(mine, torn))
     assert hs.resync_reason("p2", mine, {}) == ""
     # Two peers apart: the one without the smallest peer id re-syncs, the other keeps its state.
     assert hs.resync_reason("p2", mine, {"p1": other}).startswith("drift")
@@ -251,7 +254,8 @@ def swarm(tmp_path: Path, no_new_p2pd: None) -> Iterator[Any]:
 
 
 def assert_replicas_agree(swarm: Swarm, names: list[str], tolerance: float) -> float:
-    """The largest |θ_a − θ_b| between the named peers' final parameters, asserted ≤ tolerance and finite."""
+    """The largest |θ_a − θ_b| between the named peers' final parameters, asserted ≤ tolerance and finite;
+    the drift each measured at its last version is within the re-sync tolerance."""
     first = swarm.params(names[0])
     worst = 0.0
     for name in names[1:]:
@@ -260,14 +264,16 @@ def assert_replicas_agree(swarm: Swarm, names: list[str], tolerance: float) -> f
         worst = max(worst, max(float((other[k] - first[k]).abs().max()) for k in first))
     assert all(torch.isfinite(t).all() for name in names for t in swarm.params(name).values())
     assert worst <= tolerance, f"replicas differ by {worst:.3g} > {tolerance:g}"
+    assert all(swarm.summary(name)["history"][-1]["drift"] <= hs.DRIFT_TOLERANCE for name in names)
     return worst
 
 
 # Replicas of one version: each peer applies the group's Δ̄ as its all-reduce delivered it (the
 # reducers send each peer a compressed delta), so they differ by the codec's error (int8: up to
 # absmax/254 of Δ̄ per element, times η (1 + μ) ≈ 1.3 per round, accumulated by the momentum).
-# Measured on the tiny model with int8 after 3 rounds: max 7.4e-4 (θ's rms is 0.16).
-REPLICA_TOLERANCE = 3e-3
+# It grows about linearly with the rounds until the drift check re-syncs a peer. Measured on the
+# tiny model with int8 (θ's rms 0.16): max 8e-4 after 3 rounds, 3.1e-3 after 16 (drift 0.087 step).
+REPLICA_TOLERANCE_PER_ROUND = 5e-4
 
 
 @pytest.mark.slow
@@ -283,7 +289,7 @@ def test_two_peers_train_average_and_agree(swarm: Any) -> None:
         assert all(h["group"] == 2 and not h["skipped"] for h in history), history
         assert history[-1]["loss"] < history[0]["loss"] - 0.5, history  # the loss falls
         assert all(h["drift"] <= hs.DRIFT_TOLERANCE for h in history), history
-    worst = assert_replicas_agree(peers, ["a", "b"], REPLICA_TOLERANCE)
+    worst = assert_replicas_agree(peers, ["a", "b"], 3 * REPLICA_TOLERANCE_PER_ROUND)
     print(f"replicas: max |Δθ| {worst:.3g}, drift per round {[h['drift'] for h in summaries[0]['history']]}")
     # The bootstrap peer mirrored every training row of both workers into a state dir.
     state = peers.tmp / "state"
@@ -369,17 +375,17 @@ def test_a_peer_sending_nan_or_a_huge_update_reaches_no_honest_theta(swarm: Any,
 @pytest.mark.slow
 @pytest.mark.wide
 def test_a_late_joiner_loads_the_swarms_state_and_trains(swarm: Any) -> None:
-    peers = swarm(hivemind_spec(run={"name": "hm", "rounds": 8}))
+    peers = swarm(hivemind_spec(run={"name": "hm", "rounds": 16}))
     first = [peers.worker("a"), peers.worker("b")]
-    wait_for(lambda: "version 2 " in Path(first[0].log_path).read_text(), 120, "version 2")
-    late = peers.worker("c")
+    wait_for(lambda: "version 1 " in Path(first[0].log_path).read_text(), 120, "version 1")
+    late = peers.worker("c")  # it needs some 5 s to start; the others are at about version 3 by then
     peers.wait([*first, late], timeout=240)
     text = Path(late.log_path).read_text()
     assert "loaded version" in text, logs_of([late])
     history = peers.summary("c")["history"]
-    assert history[0]["version"] > 2 and history[-1]["version"] == 8
+    assert history[0]["version"] > 2 and history[-1]["version"] == 16
     assert any(h["group"] == 3 for h in history), history
-    assert_replicas_agree(peers, ["a", "b", "c"], REPLICA_TOLERANCE)
+    assert_replicas_agree(peers, ["a", "b", "c"], 16 * REPLICA_TOLERANCE_PER_ROUND)
 
 
 @pytest.mark.slow
@@ -394,4 +400,4 @@ def test_the_others_finish_when_a_peer_is_killed_mid_round(swarm: Any) -> None:
         history = peers.summary(name)["history"]
         assert history[-1]["version"] == 6 and all(math.isfinite(h["loss"]) for h in history)
         assert history[-1]["group"] == 2
-    assert_replicas_agree(peers, ["a", "b"], REPLICA_TOLERANCE)
+    assert_replicas_agree(peers, ["a", "b"], 6 * REPLICA_TOLERANCE_PER_ROUND)

@@ -60,7 +60,7 @@ RECORD_PREFIX = "rcswarm"
 DIGEST_KEY = f"{RECORD_PREFIX}_digest"
 METRICS_KEY = f"{RECORD_PREFIX}_metrics"
 # Parts of θ in a digest's sketch.
-SKETCH_PARTS = 16
+SKETCH_PARTS = 64
 # Largest drift (`drift`, in units of one round's step) between replicas of one version that is not
 # re-synced. Each peer applies Δ̄ as its all-reduce delivered it (the reducers send each peer
 # compressed deltas), so replicas differ by the codec's error, ~1% of a step per round with int8,
