@@ -363,14 +363,16 @@ class HivemindPeer:
     """
 
     def __init__(self, run: str, shapes: Sequence[tuple[int, ...]], codec: str, block_size: int,
-                 options: HivemindOptions, state_fn: Any) -> None:
+                 options: HivemindOptions, state_fn: Any, min_group_size: int = 2,
+                 target_group_size: int | None = None) -> None:
         self.run, self.options = run, options
         self.timer = RoundTimer(options.matchmaking_s)
         self.dht = start_dht(options)
         buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
         try:
             self.averager = _StateAverager(
-                buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=2,
+                buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
+                target_group_size=target_group_size,
                 min_matchmaking_time=options.matchmaking_s, request_timeout=max(1.0, options.matchmaking_s / 2),
                 allreduce_timeout=INITIAL_ALLREDUCE_S, compression=compression_for(codec, block_size),
                 state_compression=NoCompression(), declare_state_period=STATE_DECLARE_S,
