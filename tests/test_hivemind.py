@@ -401,3 +401,47 @@ def test_the_others_finish_when_a_peer_is_killed_mid_round(swarm: Any) -> None:
         assert history[-1]["version"] == 6 and all(math.isfinite(h["loss"]) for h in history)
         assert history[-1]["group"] == 2
     assert_replicas_agree(peers, ["a", "b"], 6 * REPLICA_TOLERANCE_PER_ROUND)
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_rcswarm_run_trains_a_local_hivemind_swarm(tmp_path: Path, no_new_p2pd: None) -> None:
+    config = write_spec(hivemind_spec(run={"name": "hm", "rounds": 3, "workers": 2}), tmp_path / "run.toml")
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "rcswarm.cli", "run", str(config), "--run-dir", str(run_dir)],
+                          env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "completed" and summary["rounds"] == 3 and len(summary["peers"]) == 2, summary
+    assert summary["val_loss_final"] < summary["val_loss_initial"] - 0.3
+    assert summary["replica_max_abs_difference"] <= 3 * REPLICA_TOLERANCE_PER_ROUND
+    assert (run_dir / "final.safetensors").is_file()
+    # The bootstrap peer mirrored every training row, however its polls fell against the rounds.
+    assert sql(run_dir / "state", "SELECT COUNT(*) FROM metrics WHERE tokens > 0")[0][0] == 2 * 3 * 5
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_workers_keep_averaging_while_the_coordinator_is_down(swarm: Any, start_coordinator: Any, tmp_path: Path) -> None:
+    """The coordinator is the control plane only: killed, the workers train on; restarted, they join it again."""
+    spec = hivemind_spec(run={"name": "hm", "rounds": 14})
+    first = start_coordinator(spec, tmp_path / "coordinator")
+    port = first.port
+    peers = swarm(spec)
+    extra = ["--coordinator", first.target, "--patience-s", "120"]
+    procs = [peers.worker("a", *extra), peers.worker("b", *extra)]
+    wait_for(lambda: first.service.status().version >= 2, 120, "version 2 reported to the coordinator")
+    assert first.service.status().version == first.service.peer_version and first.service.version == 0
+    first.running.stop(grace=0.5)
+    down_at = max(int(line.split("version ")[1].split(" ")[0]) for line in Path(procs[0].log_path).read_text().splitlines()
+                  if ": version " in line)
+    wait_for(lambda: f"version {down_at + 3} " in Path(procs[0].log_path).read_text(), 60, "rounds without a coordinator")
+    second = start_coordinator(spec, tmp_path / "coordinator", port=port)
+    wait_for(lambda: second.service.status().version > down_at + 3, 60, "reports to the restarted coordinator")
+    peers.wait(procs, timeout=180)
+    status = second.service.status()
+    assert status.run_state == 2 and status.version == 14, status  # RUN_STATE_FINISHED
+    joined = {w.name for w in status.workers}
+    assert joined == {"a", "b"}, joined
+    for name in ("a", "b"):
+        assert [h["version"] for h in peers.summary(name)["history"]] == list(range(1, 15))

@@ -75,7 +75,9 @@ MIN_ALLREDUCE_S = 5.0
 # Before any all-reduce was measured.
 INITIAL_ALLREDUCE_S = 60.0
 RECORD_TTL_S = 600.0
-MAX_METRIC_ROWS = 1000
+# A metrics record holds a peer's newest rows, several rounds' worth, so a mirror polling slower than
+# the rounds misses none (it keeps the rows past the newest step it wrote).
+MAX_METRIC_ROWS = 256
 
 
 # ---------------------------------------------------------------- codecs as hivemind compression
@@ -151,7 +153,7 @@ class DigestRecord(pydantic.BaseModel):
 
 
 class MetricsRecord(pydantic.BaseModel):
-    """One peer's newest round: its name and rows [version, step, loss, tokens, wall, compute, sync, seq_len, batch]."""
+    """One peer's newest metric rows (at most MAX_METRIC_ROWS): [version, step, loss, tokens, wall, compute, sync, seq_len, batch]."""
 
     run: pydantic.constr(strict=True, max_length=200)
     name: pydantic.constr(strict=True, max_length=200)

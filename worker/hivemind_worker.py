@@ -1,7 +1,8 @@
 """A worker of the hivemind sync backend: DiLoCo rounds averaged peer to peer, no coordinator on the data path.
 
-    rcswarm worker --backend hivemind --config RUN.toml [--initial-peers MADDR ...] [--client-mode]
-                   [--host-maddrs MADDR ...] [--announce-maddrs MADDR ...] [--identity-path F] [--out DIR]
+    rcswarm worker --backend hivemind (--config RUN.toml | --coordinator HOST:PORT --token T)
+                   [--initial-peers MADDR ...] [--client-mode] [--host-maddrs MADDR ...]
+                   [--announce-maddrs MADDR ...] [--identity-path F] [--out DIR]
 
 Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm
 already trains, loads (version, θ, outer momentum) from the peer with the highest version. A
@@ -12,10 +13,12 @@ the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ 4 × ‖Δ‖) an
 θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
 the peer steps with its own Δ; a refused Δ̄ skips the step (θ_{v+1} = θ_v). A peer whose group
 was at a higher version, or whose digest is off the highest-version majority's by more than the
-tolerance, re-syncs from peers. Each round's digest and metric rows go to the DHT
+tolerance, re-syncs from peers. Each round's digest and the newest metric rows go to the DHT
 (worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR` the
-final θ goes to DIR/final.safetensors and the per-round history to DIR/summary.json.
-SIGTERM or SIGINT ends the worker after its current step.
+final θ goes to DIR/final.safetensors and the per-round history to DIR/summary.json. With
+`--coordinator` the worker also joins a coordinator for the control plane only (the run spec, a data
+seed, heartbeats, metrics and Leave on a thread of its own, worker/hivemind_control.py): training
+never waits for the coordinator, and goes on while it is down. SIGTERM or SIGINT ends the worker after its current step.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
+import grpc
 import torch
 from safetensors.torch import save_file
 
@@ -41,7 +46,11 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.protos import codec as codecs
 from rcswarm.protos.outer import outer_step
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.worker import hivemind_sync as hs
+from rcswarm.worker.client import RetriesExhausted
+from rcswarm.worker.hivemind_control import ControlPlane
 from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 from rcswarm.worker.worker import auto_threads
 
@@ -65,13 +74,15 @@ class HivemindWorker:
     """
 
     def __init__(self, spec: RunSpec, options: hs.HivemindOptions, *, name: str = "", device: str = "cpu",
-                 out: Path | None = None, stop: threading.Event | None = None) -> None:
+                 out: Path | None = None, stop: threading.Event | None = None, control: ControlPlane | None = None,
+                 data_seed: int | None = None) -> None:
         if spec.sync.backend != "hivemind":
             raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
         if spec.is_sweep or spec.curriculum.adaptive or spec.curriculum.worker_seq_lens:
             raise ValueError("a hivemind swarm trains one run on a fixed schedule: expected no [sweep], "
                              "no adaptive curriculum and no curriculum.worker_seq_lens")
-        self.spec, self.options, self.out = spec, options, out
+        self.spec, self.options, self.out, self.control = spec, options, out, control
+        self.data_seed = data_seed
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.device = torch.device(device)
         self.stop = stop or threading.Event()
@@ -87,6 +98,7 @@ class HivemindWorker:
         self.started = time.perf_counter()
         self.compute_seconds = self.sync_seconds = 0.0
         self.history: list[dict[str, Any]] = []
+        self.recent_rows: deque[list[float]] = deque(maxlen=hs.MAX_METRIC_ROWS)
         self._snapshot: tuple[int, list[torch.Tensor]] = (0, self._params() + self.momentum)
         self.peer: hs.HivemindPeer | None = None
         self.sampler: Any = None
@@ -101,11 +113,12 @@ class HivemindWorker:
 
     def run(self) -> int:
         """Train until run.rounds versions exist or a stop is requested; returns the exit code."""
-        self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec, self.spec.sync.block_size,
-                                    self.options, self.state)
         try:
-            seed = int.from_bytes(hashlib.sha256(self.peer.peer_id.encode()).digest()[:4], "little")
-            self.data_seed = worker_data_seed(self.spec.run.seed, seed)
+            self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
+                                        self.spec.sync.block_size, self.options, self.state)
+            if self.data_seed is None:  # without a coordinator's data seed, one from the peer id
+                seed = int.from_bytes(hashlib.sha256(self.peer.peer_id.encode()).digest()[:4], "little")
+                self.data_seed = worker_data_seed(self.spec.run.seed, seed)
             newest = self.peer.newest_declared_version()
             if newest > 0:  # a swarm past θ_0 trains; at version 0 every peer holds θ_0 from the seed already
                 self._resync(f"joining a swarm at version {newest}")
@@ -113,8 +126,11 @@ class HivemindWorker:
             while not self.stop.is_set() and self.version < self.spec.run.rounds:
                 self._round()
         finally:
-            self._write_out()
-            self.peer.shutdown()
+            if self.peer is not None:
+                self._write_out()
+                self.peer.shutdown()
+            if self.control is not None:
+                self.control.close("finished" if self.version >= self.spec.run.rounds else "stopped")
         log.info("%s finished at version %d", self.name, self.version)
         return 0
 
@@ -197,13 +213,25 @@ class HivemindWorker:
         params = dict(zip(self.names, self._snapshot[1]))
         mine = hs.digest_record(run, self.version, params, {n: p - b for n, p, b in zip(self.names, params.values(), base)})
         self.peer.publish(hs.DIGEST_KEY, mine)
-        self.peer.publish(hs.METRICS_KEY, {"run": run, "name": self.name, "rows": rows[-hs.MAX_METRIC_ROWS:]})
+        self.recent_rows.extend(rows)
+        if self.control is not None:
+            self.control.report([self._metric(row) for row in rows] + [pb.Metric(
+                version=self.version, step=self.step, seq_len=self._data[0], batch=self._data[1], loss=float("nan"),
+                tokens=0, wall_time=time.perf_counter() - self.started, compute_seconds=self.compute_seconds,
+                sync_seconds=self.sync_seconds, param_sha256=mine["sha256"])])
+        self.peer.publish(hs.METRICS_KEY, {"run": run, "name": self.name, "rows": list(self.recent_rows)})
         others = {peer: r for peer, r in self.peer.records(hs.DIGEST_KEY, run).items() if peer != self.peer.peer_id}
         same = [hs.drift(mine, r) for r in others.values() if r["version"] == self.version]
         reason = hs.resync_reason(self.peer.peer_id, mine, others)
         if reason:
             self._resync(reason)
         return max(same, default=0.0)
+
+    @staticmethod
+    def _metric(row: list[float]) -> pb.Metric:
+        version, step, loss, tokens, wall, compute, sync, seq_len, batch = row
+        return pb.Metric(version=int(version), step=int(step), seq_len=int(seq_len), batch=int(batch), loss=loss,
+                         tokens=int(tokens), wall_time=wall, compute_seconds=compute, sync_seconds=sync)
 
     def _resync(self, why: str) -> None:
         """Load (version, θ, momentum) from the highest-version peer; keep training from the local state without one."""
@@ -239,10 +267,12 @@ class HivemindWorker:
 
 def main(args: argparse.Namespace) -> int:
     """`rcswarm worker --backend hivemind ...` after argparse (the usage convention of cli/usage.py)."""
+    control, data_seed = None, None
     try:
-        if args.config is None:
-            raise ValueError("--backend hivemind needs --config RUN.toml (the run spec every peer trains)")
-        spec = RunSpec.from_toml(args.config)
+        if args.config is None and args.coordinator is None:
+            raise ValueError("--backend hivemind needs --config RUN.toml (the run spec every peer trains) "
+                             "or --coordinator HOST:PORT (which serves it)")
+        spec = RunSpec.from_toml(args.config) if args.config is not None else None
         options = hs.HivemindOptions(
             initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
             announce_maddrs=tuple(args.announce_maddrs), client_mode=args.client_mode, identity_path=args.identity_path,
@@ -251,9 +281,33 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
         log.info("torch threads: %d (%s)", threads, why)
         device = "cuda" if args.device == "auto" and torch.cuda.is_available() else "cpu" if args.device == "auto" else args.device
-        worker = HivemindWorker(spec, options, name=args.name, device=device, out=args.out)
+        name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+        if args.coordinator is not None:
+            token = args.token or os.environ.get(TOKEN_ENV, "")
+            if not token:
+                raise ValueError(f"a join token is required with --coordinator (--token or ${TOKEN_ENV})")
+            control = ControlPlane(args.coordinator, token, name, device, patience_s=args.patience_s,
+                                   rpc_timeout_s=args.rpc_timeout_s, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+                                   tls_key=args.tls_key)
     except (ValueError, OSError) as exc:
         print(f"rcswarm worker: {exc}", file=sys.stderr)
+        return 2
+    if control is not None:
+        try:
+            joined = control.join()
+            spec = RunSpec.from_json(joined.run_spec_json)
+        except (grpc.RpcError, RetriesExhausted, ValueError) as exc:
+            log.error("%s cannot join %s: %s", name, args.coordinator, exc)
+            control.client.close()
+            return 1
+        data_seed = worker_data_seed(spec.run.seed, joined.data_seed)
+        control.start()  # beats from now on: building the model and the peer may outlast the lease
+    try:
+        worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control, data_seed=data_seed)
+    except ValueError as exc:
+        print(f"rcswarm worker: {exc}", file=sys.stderr)
+        if control is not None:
+            control.close("refused")
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop.set())
