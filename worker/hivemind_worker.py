@@ -184,16 +184,7 @@ class HivemindWorker:
         if result is not None and result.group_version > self.version:
             self._resync(f"the group was at version {result.group_version}")
             return
-        averaged = deltas if result is None else result.deltas
-        problem = hs.trust_problem(averaged, deltas)
-        if problem:
-            log.warning("%s: round %d skipped locally: %s", self.name, self.version, problem)
-            self._load(base)
-        else:
-            new, self.momentum = (list(d.values()) for d in outer_step(
-                dict(zip(self.names, base)), dict(zip(self.names, self.momentum)), dict(zip(self.names, averaged)),
-                self.spec.outer))
-            self._load(new)
+        problem = self._step(base, deltas, deltas if result is None else result.deltas)
         self.version += 1
         self._snapshot = (self.version, self._params() + [m.clone() for m in self.momentum])
         self.peer.set_state_version(self.version)
@@ -206,6 +197,19 @@ class HivemindWorker:
         })
         log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
                  self.history[-1]["loss"], measured, self.peer.timer.describe())
+
+    def _step(self, base: list[torch.Tensor], deltas: list[torch.Tensor], averaged: list[torch.Tensor]) -> str:
+        """θ_{v+1}, b = outer_step(θ_v, b, Δ̄) into the model, or θ_v again when Δ̄ fails the trust check (the reason)."""
+        problem = hs.trust_problem(averaged, deltas)
+        if problem:
+            log.warning("%s: round %d skipped locally: %s", self.name, self.version, problem)
+            self._load(base)
+            return problem
+        new, momentum = outer_step(dict(zip(self.names, base)), dict(zip(self.names, self.momentum)),
+                                   dict(zip(self.names, averaged)), self.spec.outer)
+        self.momentum = list(momentum.values())
+        self._load(list(new.values()))
+        return ""
 
     def _publish(self, rows: list[list[float]], base: list[torch.Tensor]) -> float:
         """Store this version's digest and metrics; re-sync when off the majority. Returns the measured drift."""
