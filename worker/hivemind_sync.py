@@ -24,8 +24,8 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   all-reduce times (`TIMEOUT_FACTOR` × the slowest of the last `TIMER_WINDOW`, at least
   `MIN_ALLREDUCE_S`), and the step's deadline from it; the derived values are logged.
 
-hivemind is imported only here and in worker/hivemind_worker.py, which the rest of rcswarm
-imports only when `sync.backend = "hivemind"`.
+hivemind is imported only here; worker/hivemind_worker.py and `rcswarm dht` import this module,
+and the rest of rcswarm imports those only when `sync.backend = "hivemind"` is chosen.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ SKETCH_PARTS = 64
 # compressed deltas), so replicas differ by the codec's error, ~1% of a step per round with int8,
 # accumulated through the momentum; a missed round is ≈ 1. Past it the peer re-syncs.
 DRIFT_TOLERANCE = 0.25
-# The averaged Δ̄ is refused when ‖Δ̄‖ > TRUST_FACTOR × ‖Δ_local‖ (an honest mean is at most the largest honest norm).
+# The averaged Δ̄ is refused when ‖Δ̄‖ > TRUST_FACTOR × ‖Δ_local‖ (an honest mean is at most the
+# largest honest norm).
 TRUST_FACTOR = 4.0
 STATE_DECLARE_S = 2.0
 TIMER_WINDOW = 5
@@ -78,9 +79,6 @@ RECORD_TTL_S = 600.0
 # A metrics record holds a peer's newest rows, several rounds' worth, so a mirror polling slower than
 # the rounds misses none (it keeps the rows past the newest step it wrote).
 MAX_METRIC_ROWS = 256
-
-
-# ---------------------------------------------------------------- codecs as hivemind compression
 
 
 class RcswarmCompression(CompressionBase):
@@ -100,7 +98,8 @@ class RcswarmCompression(CompressionBase):
     def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
         buffer = serialized_tensor.buffer
         if len(buffer) < 4:
-            raise ValueError(f"a {codecs.codec_label(self.codec)} tensor of {len(buffer)} bytes: expected a 4-byte block size first")
+            label = codecs.codec_label(self.codec)
+            raise ValueError(f"a {label} tensor of {len(buffer)} bytes: expected a 4-byte block size first")
         (block_size,) = struct.unpack_from("<I", buffer)
         if not 1 <= block_size <= 1 << 16:
             raise ValueError(f"block size {block_size}: expected 1..65536")
@@ -135,9 +134,6 @@ def compression_for(codec: str, block_size: int) -> CompressionBase:
 register_codecs()
 
 
-# ---------------------------------------------------------------- DHT records and their schema
-
-
 class DigestRecord(pydantic.BaseModel):
     """One peer's parameters at one version: SHA-256 and the sketch `sketch()` computes (sums, θ norms, step norms)."""
 
@@ -153,7 +149,8 @@ class DigestRecord(pydantic.BaseModel):
 
 
 class MetricsRecord(pydantic.BaseModel):
-    """One peer's newest metric rows (at most MAX_METRIC_ROWS): [version, step, loss, tokens, wall, compute, sync, seq_len, batch]."""
+    """One peer's newest metric rows (at most MAX_METRIC_ROWS), each
+    [version, step, loss, tokens, wall, compute, sync, seq_len, batch]."""
 
     run: pydantic.constr(strict=True, max_length=200)
     name: pydantic.constr(strict=True, max_length=200)
@@ -238,9 +235,6 @@ def resync_reason(mine_id: str, mine: Mapping[str, Any], records: Mapping[str, M
     return ""
 
 
-# ---------------------------------------------------------------- trust and timeouts
-
-
 def global_norm(tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> float:
     values = tensors.values() if isinstance(tensors, Mapping) else tensors
     return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in values))
@@ -277,13 +271,11 @@ class RoundTimer:
         return 2.0 * self.matchmaking_s + self.allreduce_timeout()
 
     def describe(self) -> str:
-        measured = f"median {statistics.median(self.allreduce_s):.2f}s, max {max(self.allreduce_s):.2f}s of {len(self.allreduce_s)}" \
-            if self.allreduce_s else "none measured yet"
+        times = self.allreduce_s
+        measured = (f"median {statistics.median(times):.2f}s, max {max(times):.2f}s of {len(times)}"
+                    if times else "none measured yet")
         return (f"all-reduce timeout {self.allreduce_timeout():.1f}s, step timeout {self.step_timeout():.1f}s "
                 f"(all-reduce times: {measured})")
-
-
-# ---------------------------------------------------------------- the peer
 
 
 @dataclass(frozen=True)
@@ -407,7 +399,8 @@ class HivemindPeer:
                     if key != mine and isinstance(getattr(item, "value", None), (int, float))]
         return int(max(versions, default=0))
 
-    def load_state(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]], timeout_s: float) -> tuple[int, list[torch.Tensor]] | None:
+    def load_state(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
+                   timeout_s: float) -> tuple[int, list[torch.Tensor]] | None:
         """(version, θ tensors + momentum tensors) from the highest-priority peer, retried within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

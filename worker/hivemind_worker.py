@@ -13,12 +13,15 @@ the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ 4 × ‖Δ‖) an
 θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
 the peer steps with its own Δ; a refused Δ̄ skips the step (θ_{v+1} = θ_v). A peer whose group
 was at a higher version, or whose digest is off the highest-version majority's by more than the
-tolerance, re-syncs from peers. Each round's digest and the newest metric rows go to the DHT
-(worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR` the
-final θ goes to DIR/final.safetensors and the per-round history to DIR/summary.json. With
-`--coordinator` the worker also joins a coordinator for the control plane only (the run spec, a data
-seed, heartbeats, metrics and Leave on a thread of its own, worker/hivemind_control.py): training
-never waits for the coordinator, and goes on while it is down. SIGTERM or SIGINT ends the worker after its current step.
+tolerance, re-syncs from peers; at the last version, which no later round repairs, a peer waits
+for its group's digests before that check and serves its state a few seconds longer. Each
+round's digest and the newest metric rows go to the DHT (worker/hivemind_sync.py), where
+`rcswarm dht --state-dir` mirrors them. With `--out DIR` the final θ goes to
+DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator` the
+worker also joins a coordinator for the control plane only (the run spec, a data seed,
+heartbeats, metrics and Leave on a thread of its own, worker/hivemind_control.py): training
+never waits for the coordinator, and goes on while it is down. SIGTERM or SIGINT ends the
+worker after its current step.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler,
 from rcswarm.worker.worker import auto_threads
 
 log = logging.getLogger("rcswarm.worker")
+# At the last version: how long a peer waits for its group's digests, then serves its state for re-syncs.
+SETTLE_S = 10.0
+STATE_GRACE_S = 3.0
 
 
 def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
@@ -86,7 +92,8 @@ class HivemindWorker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.device = torch.device(device)
         self.stop = stop or threading.Event()
-        self.model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed).to(self.device)
+        model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
+        self.model = model.to(self.device)
         self.names = [name for name, _ in self.model.named_parameters()]
         self.shapes = [tuple(p.shape) for _, p in self.model.named_parameters()]
         self.momentum = [torch.zeros(shape) for shape in self.shapes]
@@ -99,6 +106,7 @@ class HivemindWorker:
         self.compute_seconds = self.sync_seconds = 0.0
         self.history: list[dict[str, Any]] = []
         self.recent_rows: deque[list[float]] = deque(maxlen=hs.MAX_METRIC_ROWS)
+        self._published: dict[str, Any] | None = None  # the digest of this peer's current version, once stored
         self._snapshot: tuple[int, list[torch.Tensor]] = (0, self._params() + self.momentum)
         self.peer: hs.HivemindPeer | None = None
         self.sampler: Any = None
@@ -125,6 +133,8 @@ class HivemindWorker:
             self.peer.set_state_version(self.version)
             while not self.stop.is_set() and self.version < self.spec.run.rounds:
                 self._round()
+            if self.version >= self.spec.run.rounds and not self.stop.is_set():
+                self._settle()
         finally:
             if self.peer is not None:
                 self._write_out()
@@ -211,12 +221,31 @@ class HivemindWorker:
         self._load(list(new.values()))
         return ""
 
+    def _settle(self) -> None:
+        """At the last version, which no later round repairs: wait up to SETTLE_S for the last group's digests,
+        re-sync when off the majority, then serve the state STATE_GRACE_S longer for a peer that re-syncs."""
+        mine, others = self._published, {}
+        if mine is None or mine["version"] != self.version:
+            return
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and not self.stop.is_set():
+            records = self.peer.records(hs.DIGEST_KEY, self.spec.run.name).items()
+            others = {peer: r for peer, r in records if peer != self.peer.peer_id and r["version"] == self.version}
+            if len(others) >= self.history[-1]["group"] - 1:
+                break
+            time.sleep(0.2)
+        reason = hs.resync_reason(self.peer.peer_id, mine, others)
+        if reason:
+            self._resync(f"at the last version: {reason}")
+        self.stop.wait(STATE_GRACE_S)
+
     def _publish(self, rows: list[list[float]], base: list[torch.Tensor]) -> float:
         """Store this version's digest and metrics; re-sync when off the majority. Returns the measured drift."""
         run = self.spec.run.name
         params = dict(zip(self.names, self._snapshot[1]))
         mine = hs.digest_record(run, self.version, params, {n: p - b for n, p, b in zip(self.names, params.values(), base)})
         self.peer.publish(hs.DIGEST_KEY, mine)
+        self._published = mine
         self.recent_rows.extend(rows)
         if self.control is not None:
             self.control.report([self._metric(row) for row in rows] + [pb.Metric(
@@ -284,7 +313,7 @@ def main(args: argparse.Namespace) -> int:
         threads, why = (args.threads, "--threads") if args.threads else auto_threads()
         torch.set_num_threads(threads)
         log.info("torch threads: %d (%s)", threads, why)
-        device = "cuda" if args.device == "auto" and torch.cuda.is_available() else "cpu" if args.device == "auto" else args.device
+        device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
         name = args.name or f"{socket.gethostname()}-{os.getpid()}"
         if args.coordinator is not None:
             token = args.token or os.environ.get(TOKEN_ENV, "")
