@@ -244,6 +244,56 @@ def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | Non
 
 
 
+def backend_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | None, barrier: Any, out: Any) -> None:
+    """rcswarm's hivemind backend (worker/hivemind_sync.py): average Δ with the run's codec, check it, outer step."""
+    try:
+        _child_setup(cfg["log"], cfg["threads"])
+        mp.set_start_method("fork", force=True)  # as hivemind_peer: the DHT and averager fork from here
+        import torch
+
+        from rcswarm.config.runspec import OuterSection
+        from rcswarm.protos.outer import outer_step
+        from rcswarm.worker import hivemind_sync as hs
+
+        n, names = cfg["workers"], [name for name, _ in cfg["shapes"]]
+        shapes = [shape for _, shape in cfg["shapes"]]
+        theta = random_tensors(cfg["shapes"], seed=7, norm=100.0)
+        momentum = {name: torch.zeros_like(t) for name, t in theta.items()}
+        state = ({"run": "syncbench", "version": 0}, [])
+        options = hs.HivemindOptions.loopback(initial_peers or ())
+        peer = hs.HivemindPeer("syncbench", shapes, cfg["codec"], INT8_BLOCK, options, lambda: state,
+                               min_group_size=n, target_group_size=n)
+        try:
+            if rank == 0:
+                out.put(("maddrs", rank, hs.visible_maddrs(peer.dht)))
+            out.put(("ready", rank, None))
+            for r in range(cfg["total_rounds"]):
+                deltas = list(random_tensors(cfg["shapes"], seed=1000 * rank + r, norm=cfg["delta_norm"]).values())
+                barrier.wait(timeout=cfg["timeout"])
+                lo0 = read_lo_tx()
+                t0 = time.monotonic()
+                averaged = peer.average(deltas, 1000, {"version": r, "tokens": 1000})
+                t_allreduce = time.monotonic()
+                if averaged is None or len(averaged.gathered) != n:
+                    raise RuntimeError(f"round {r}: no group of {n} ({averaged!r})")
+                problem = hs.trust_problem(averaged.deltas, deltas)
+                if problem:
+                    raise RuntimeError(problem)
+                theta, momentum = outer_step(theta, momentum, dict(zip(names, averaged.deltas)), OuterSection())
+                t1 = time.monotonic()
+                lo1 = read_lo_tx()
+                out.put(("round", rank, dict(round=r, t0=t0, t_allreduce=t0, t_step=t_allreduce, t1=t1,
+                                             lo0=lo0, lo1=lo1)))
+        finally:
+            peer.shutdown()
+        out.put(("done", rank, None))
+    except BaseException:  # noqa: BLE001
+        try:
+            barrier.abort()
+        finally:
+            out.put(("error", rank, traceback.format_exc()))
+
+
 class Children:
     """Every process this benchmark started; each leads its own process group."""
 
@@ -469,9 +519,11 @@ def _wait_ready(out: Any, n: int, deadline: float, config: Config, extra: dict |
             return
 
 
-def run_hivemind(args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n: int, tick: Any) -> Config:
-    config = Config("hivemind", "fp32", n)
-    logs = work / f"hivemind-{n}" / "logs"
+def run_hivemind(args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n: int, tick: Any,
+                 codec: str = "fp32", backend: bool = False) -> Config:
+    """hivemind's averager alone, or (`backend`) rcswarm's hivemind backend with `codec`."""
+    config = Config("hivemind backend" if backend else "hivemind", codec, n)
+    logs = work / (f"backend-{codec}-{n}" if backend else f"hivemind-{n}") / "logs"
     logs.mkdir(parents=True)
     started = time.monotonic()
     deadline = started + args.timeout
@@ -482,9 +534,10 @@ def run_hivemind(args: argparse.Namespace, ctx: Any, work: Path, shapes: list, n
         def start(rank: int, initial: list[str] | None) -> None:
             cfg = dict(
                 log=str(logs / f"peer-{rank}.log"), threads=args.threads, timeout=args.timeout, total_rounds=total,
-                shapes=shapes, delta_norm=args.delta_norm, workers=n,
+                shapes=shapes, delta_norm=args.delta_norm, workers=n, codec=codec,
             )
-            peer = ctx.Process(target=hivemind_peer, args=(rank, cfg, initial, barrier, out), daemon=False)
+            target = backend_peer if backend else hivemind_peer
+            peer = ctx.Process(target=target, args=(rank, cfg, initial, barrier, out), daemon=False)
             CHILDREN.add(peer).start()
 
         start(0, None)
@@ -582,25 +635,28 @@ def build_tables(
                        + escape("median [min–max] over measured rounds"), box=box.ASCII2)
     for col, justify in [("system", "left"), ("codec", "left"), ("workers", "right"), ("s / round", "right"),
                          ("push MB / round", "right"), ("push ratio vs fp32", "right"),
-                         ("sent+recv MB / round", "right"), ("loopback MB / round", "right")]:
+                         ("sent+recv MB / round", "right"), ("loopback MB / round", "right"),
+                         ("MB / peer / round", "right")]:
         main.add_column(col, justify=justify)
     for c in configs:
+        codec = "fp32 (none)" if c.system == "hivemind" else c.codec
         if c.error:
-            codec = c.codec if c.system.startswith("rcswarm") else "fp32 (none)"
-            main.add_row(c.system, codec, str(c.workers), "FAILED", "", "", "", "")
+            main.add_row(c.system, codec, str(c.workers), "FAILED", "", "", "", "", "")
             continue
         lo_values = [r["lo_bytes"] for r in c.rounds if r["lo_bytes"] is not None]
-        lo_text = _mb(statistics.median(lo_values)) if lo_values else "n/a"
+        lo = statistics.median(lo_values) if lo_values else None
         seconds = _sec([r["seconds"] for r in c.rounds])
         if c.system.startswith("rcswarm"):
             push = statistics.median(r["push_bytes"] for r in c.rounds)
             ratio = f"{push / fp32_push[c.workers]:.4f}" if c.workers in fp32_push else "n/a"
             total = statistics.median(r["total_bytes"] for r in c.rounds)
-            main.add_row(c.system, c.codec, str(c.workers), seconds, _mb(push), ratio, _mb(total), lo_text)
+            main.add_row(c.system, c.codec, str(c.workers), seconds, _mb(push), ratio, _mb(total), _mb(lo),
+                         _mb(total / c.workers))
         else:
             payload = n_params * 4 * c.workers
-            main.add_row(c.system, "fp32 (none)", str(c.workers), seconds, f"{_mb(payload)}*", "",
-                         f"{_mb(payload)}*", lo_text)
+            star = "" if c.system == "hivemind" else "(fp32) "
+            main.add_row(c.system, codec, str(c.workers), seconds, f"{star}{_mb(payload)}*", "",
+                         f"{star}{_mb(payload)}*", _mb(lo), f"{_mb(lo / c.workers)}†" if lo is not None else "n/a")
 
     phases = Table(title=escape("Where the time goes — median [min–max] seconds"), box=box.ASCII2)
     for col in ("system", "codec", "workers", "encode+payload (per worker, before round)", "push + close round",
@@ -615,8 +671,8 @@ def build_tables(
                            _sec([r["push_phase_s"] for r in c.rounds]), _sec(rest),
                            _sec([r["pull_phase_s"] for r in c.rounds]), "", f"{c.setup_s:.1f}")
         else:
-            phases.add_row(c.system, "fp32 (none)", str(c.workers), "", "", "", "",
-                           _sec([r["allreduce_s"] for r in c.rounds]), f"{c.setup_s:.1f}")
+            phases.add_row(c.system, "fp32 (none)" if c.system == "hivemind" else c.codec, str(c.workers), "", "", "",
+                           "", _sec([r["allreduce_s"] for r in c.rounds]), f"{c.setup_s:.1f}")
 
     tables = [main, phases]
     if coordinator_times:
@@ -638,7 +694,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=None, help="measured rounds per configuration (default: 10)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first (default: 1)")
     p.add_argument("--codecs", nargs="+", default=["fp32", "bf16", "int8"], choices=["fp32", "bf16", "int8"])
-    p.add_argument("--preset", default=None, help="lstm_lm preset whose parameter shapes are used (default: base10m)")
+    p.add_argument("--preset", nargs="+", default=None,
+                   help="lstm_lm presets whose parameter shapes are used, one set of tables each (default: base10m)")
+    p.add_argument("--backend-codecs", nargs="*", default=None, choices=["fp32", "bf16", "int8"],
+                   help="codecs of rcswarm's hivemind backend (sync.backend = \"hivemind\") to run "
+                        "(default: those of --codecs; give the flag alone for none)")
     p.add_argument("--tls-codecs", nargs="*", default=["fp32"], choices=["fp32", "bf16", "int8"],
                    help="codecs to run a second time over TLS, as hivemind's libp2p traffic is encrypted "
                         "(default: fp32; give the flag alone for none)")
@@ -655,11 +715,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (state dirs, logs)")
     args = p.parse_args(argv)
     if args.quick:
-        args.preset = args.preset or "tiny"
+        args.preset = args.preset or ["tiny"]
         args.rounds = args.rounds or 1
         args.workers = args.workers or [2]
         args.commit_reps = 1
-    args.preset = args.preset or "base10m"
+    args.presets = args.preset or ["base10m"]
+    args.backend_codecs = args.codecs if args.backend_codecs is None else args.backend_codecs
     args.rounds = args.rounds or 10
     args.workers = args.workers or [2, 4]
     if args.rounds < 1 or args.warmup < 0 or any(n < 2 for n in args.workers):
@@ -677,10 +738,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from rcswarm.models import registry
 
-    model = registry.build_model("lstm_lm", args.preset)
-    shapes = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
-    n_params = sum(p.numel() for p in model.parameters())
-    del model
+    sizes: dict[str, tuple[list, int]] = {}
+    for preset in args.presets:
+        model = registry.build_model("lstm_lm", preset)
+        sizes[preset] = ([(name, tuple(p.shape)) for name, p in model.named_parameters()],
+                         sum(p.numel() for p in model.parameters()))
+        del model
     hivemind_version = None
     if not args.no_hivemind:
         try:
@@ -705,36 +768,42 @@ def main(argv: list[str] | None = None) -> int:
         plan += [("rcswarm, no fsync", n, codec) for codec in args.no_fsync_codecs]
         if not args.no_hivemind:
             plan.append(("hivemind", n, "fp32"))
-    total_rounds = len(plan) * (args.warmup + args.rounds)
-    configs: list[Config] = []
-    coordinator_times: dict[int, dict[str, list[float]]] = {}
+            plan += [("hivemind backend", n, codec) for codec in args.backend_codecs]
+    total_rounds = len(args.presets) * (len(plan) * (args.warmup + args.rounds) + len(args.workers))
+    results: dict[str, tuple[list[Config], dict[int, dict[str, list[float]]]]] = {}
     wall = time.monotonic()
     console.print(
-        f"sync_bench: lstm_lm/{args.preset} shapes, {n_params:,} params; workers {args.workers}; codecs {args.codecs}; "
+        f"sync_bench: lstm_lm {', '.join(f'{k} ({v[1]:,} params)' for k, v in sizes.items())}; workers {args.workers}; "
+        f"codecs {args.codecs}; hivemind backend codecs {args.backend_codecs}; "
         f"{args.warmup} warm-up + {args.rounds} measured rounds; hivemind "
         f"{hivemind_version or 'skipped'}; {os.cpu_count()} CPUs; load average {_loadavg()}; work dir {work}"
     )
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err_console, transient=False) as progress:
-            task = progress.add_task("rounds", total=total_rounds + len(args.workers))
-            for n in args.workers:
-                progress.update(task, description=f"coordinator pieces x{n}")
-                coordinator_times[n] = time_coordinator_steps(args, work, n)
-                progress.advance(task)
-            for system, n, codec in plan:
-                progress.update(task, description=f"{system} {codec} x{n}")
-                tick = lambda: progress.advance(task)  # noqa: E731
-                if system.startswith("rcswarm"):
-                    config = run_rcswarm(
-                        args, ctx, work, shapes, n, codec, tick, tls=system == "rcswarm+TLS",
-                        durable=system != "rcswarm, no fsync",
-                    )
-                else:
-                    config = run_hivemind(args, ctx, work, shapes, n, tick)
-                if config.error:
-                    err_console.print(f"[red]{system} {codec} x{n} failed:[/]\n{config.error}")
-                configs.append(config)
+            task = progress.add_task("rounds", total=total_rounds)
+            for preset, (shapes, _) in sizes.items():
+                args.preset = preset
+                configs: list[Config] = []
+                coordinator_times: dict[int, dict[str, list[float]]] = {}
+                results[preset] = (configs, coordinator_times)
+                for n in args.workers:
+                    progress.update(task, description=f"{preset}: coordinator pieces x{n}")
+                    coordinator_times[n] = time_coordinator_steps(args, work, n)
+                    progress.advance(task)
+                for system, n, codec in plan:
+                    progress.update(task, description=f"{preset}: {system} {codec} x{n}")
+                    tick = lambda: progress.advance(task)  # noqa: E731
+                    if system.startswith("rcswarm"):
+                        config = run_rcswarm(
+                            args, ctx, work, shapes, n, codec, tick, tls=system == "rcswarm+TLS",
+                            durable=system != "rcswarm, no fsync",
+                        )
+                    else:
+                        config = run_hivemind(args, ctx, work, shapes, n, tick, codec, backend=system == "hivemind backend")
+                    if config.error:
+                        err_console.print(f"[red]{preset}: {system} {codec} x{n} failed:[/]\n{config.error}")
+                    configs.append(config)
     except KeyboardInterrupt:
         err_console.print("[red]interrupted; stopping child processes[/]")
         CHILDREN.stop_all()
@@ -746,8 +815,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     elapsed = time.monotonic() - wall
-    for table in build_tables(configs, n_params, coordinator_times):
-        console.print(table)
+    for preset, (configs, coordinator_times) in results.items():
+        for table in build_tables(configs, sizes[preset][1], coordinator_times):
+            console.print(table)
     notes = [
         "s / round: first worker leaving the barrier → last worker holding the new version (rcswarm: push, "
         "await_version, pull, with the coordinator's average, outer step and persisted checkpoint inside; "
@@ -758,6 +828,11 @@ def main(argv: list[str] | None = None) -> int:
         f"(a butterfly all-reduce sends 2(N-1)/N of it per peer). hivemind {hivemind_version or 'n/a'}.",
         "loopback MB: growth of the lo interface's tx bytes during the round (all framing included; "
         "other loopback traffic on the machine would be counted too).",
+        "MB / peer / round: sent+recv per worker for the coordinator rows (a worker's push and pull); † for the "
+        "hivemind rows, loopback MB / N (every peer is on this machine: what one peer sends).",
+        "hivemind backend: rcswarm's sync.backend = \"hivemind\" (worker/hivemind_sync.py): HivemindPeer.average "
+        "with the run's codec (rcswarm's codecs as hivemind compression), the trust check and the shared outer "
+        "step; min_group_size = target_group_size = N (as the hivemind row).",
         "rcswarm+TLS: the same round with the coordinator serving TLS (self-signed P-256 certificate); "
         "hivemind's libp2p connections are encrypted (TLS 1.3) by default, plain rcswarm rows are not.",
         f"int8 payload/fp32 payload = (1 + 4/{INT8_BLOCK})/4 = {(1 + 4 / INT8_BLOCK) / 4:.4f} (one float32 scale per "
@@ -768,10 +843,11 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"total wall time {elapsed:.0f}s; load average at the end {_loadavg()}")
     if args.json:
         args.json.write_text(json.dumps({
-            "n_params": n_params, "preset": args.preset, "hivemind": hivemind_version, "wall_s": elapsed,
-            "configs": [asdict(c) for c in configs], "coordinator_times": coordinator_times,
+            "hivemind": hivemind_version, "wall_s": elapsed,
+            "presets": {preset: {"n_params": sizes[preset][1], "configs": [asdict(c) for c in configs],
+                                 "coordinator_times": times} for preset, (configs, times) in results.items()},
         }, indent=1))
-    return 1 if any(c.error for c in configs) else 0
+    return 1 if any(c.error for configs, _ in results.values() for c in configs) else 0
 
 
 if __name__ == "__main__":

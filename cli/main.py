@@ -5,6 +5,7 @@
     rcswarm worker --coordinator HOST:PORT --token T [--device auto]
     rcswarm bench diag --task maze --models lstm transformer --budget-minutes 5
     rcswarm launch ray --address auto --coordinator HOST:PORT --workers N   workers as Ray actors
+    rcswarm dht --host-maddrs /ip4/0.0.0.0/tcp/31337 [--config RUN.toml --state-dir DIR]   hivemind bootstrap peer
 
 Each subcommand's module is imported only when it runs.
 """
@@ -23,6 +24,7 @@ COMMANDS = {
     "data": ("rcswarm.cli.data", "build training data: `rcswarm data frames --repo PATH --out DIR`"),
     "status": ("rcswarm.cli.status", "print a coordinator's runs, workers, rounds and fits"),
     "launch": ("rcswarm.cli.launch", "workers on a cluster manager: `rcswarm launch ray --address auto ...`"),
+    "dht": ("rcswarm.cli.dht", "a bootstrap peer of a hivemind swarm (sync.backend = \"hivemind\"), mirroring its metrics"),
 }
 BENCHES = {"diag": "rcswarm.cli.bench"}
 

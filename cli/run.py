@@ -8,7 +8,8 @@ ended. Without a config it runs the built-in demo (`cli/demo.py`), a sweep over 
 lengths under a wall-time budget. The run directory keeps run.toml, the coordinator's state
 (SQLite metrics, checkpoints), logs of every process, final.safetensors (the final global
 parameters; final-L<L>.safetensors per run of a sweep) and summary.json; a sweep's also
-fit.png, the plot of the fitted law that `rcswarm fit RUN_DIR` draws.
+fit.png, the plot of the fitted law that `rcswarm fit RUN_DIR` draws. With `[sync] backend =
+"hivemind"` it starts a local hivemind swarm instead (cli/run_hivemind.py).
 
 Every number shown says what it is: the progress line's train loss is the mean of the
 workers' last reported training losses ("—" until one exists), tokens/s counts training
@@ -472,6 +473,14 @@ def main(argv: list[str] | None = None) -> int:
     swarm = Swarm(spec, run_dir, spec.run.workers)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if spec.sync.backend == "hivemind":
+        from rcswarm.cli.run_hivemind import launch
+
+        try:
+            return launch(spec, run_dir, minutes, console, stop)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     interrupted = out_of_time = False
     try:
         port, http_port = swarm.start_coordinator()

@@ -25,6 +25,7 @@ INNER_OPTIMIZERS = ("adamw", "sgd")
 DATA_SOURCES = ("stdlib", "diag", "typing", "git")
 CURRICULUM_POLICIES = ("fixed", "adaptive")
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean", "centered_clip")
+SYNC_BACKENDS = ("coordinator", "hivemind")
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -183,6 +184,9 @@ class SyncSection:
       round; rounds of fewer than 3 updates are not checked); -1 turns the check off.
     * `outlier_evict_after` K and `outlier_window` M: a worker whose update was clipped, trimmed
       as an outlier, dropped or refused in K of its last M rounds is evicted (0 = never; flagged always).
+    * `backend`: "coordinator" (updates go through the coordinator, the default) or "hivemind"
+      (workers average peer to peer with hivemind, worker/hivemind_sync.py; the coordinator's
+      aggregation options above do not apply there).
     """
 
     codec: str = "int8"
@@ -206,8 +210,11 @@ class SyncSection:
     min_cosine: float = 0.0
     outlier_evict_after: int = 0
     outlier_window: int = 5
+    backend: str = "coordinator"
 
     def __post_init__(self) -> None:
+        if self.backend not in SYNC_BACKENDS:
+            _fail("sync.backend", self.backend, f"one of {SYNC_BACKENDS}")
         if self.codec not in CODECS:
             _fail("sync.codec", self.codec, f"one of {CODECS}")
         if not 1 <= self.block_size <= 1 << 16:

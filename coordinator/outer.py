@@ -7,6 +7,7 @@ parameters). With Δ̄ = Σ_i n_i Δ_i / Σ_i n_i (n_i = tokens), momentum μ an
     θ ← θ − η (Δ̄ + μ b)    (Nesterov)      or    θ ← θ − η b    (plain momentum)
 
 which is torch.optim.SGD's update with Δ̄ as the gradient (dampening 0, no weight decay).
+`outer_step` is defined in protos/outer.py, shared with the hivemind backend, and re-exported here.
 
 The step θ_v − θ' to the optimizer's target θ' is then sent to workers compressed with the
 run's codec, with error feedback on the coordinator, and the next version is defined as
@@ -20,10 +21,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from rcswarm.config.runspec import OuterSection
 from rcswarm.protos import codec as codecs
+from rcswarm.protos.outer import outer_step
 
 Tensors = dict[str, torch.Tensor]
+__all__ = ["AVERAGE_SLICE", "compressed_step", "outer_step", "weighted_average"]
 
 
 # Elements per slice of the average: a power of two, so every slice keeps each element's
@@ -80,31 +82,6 @@ def _average_one(
             acc_s.add_(wide_s, alpha=weight)
         out[start:stop].copy_(acc_s)
     return average
-
-
-def outer_step(
-    params: Mapping[str, torch.Tensor],
-    momentum: Mapping[str, torch.Tensor],
-    average_delta: Mapping[str, torch.Tensor],
-    options: OuterSection,
-) -> tuple[Tensors, Tensors]:
-    """One SGD(momentum, Nesterov) step; returns new (params, momentum) without touching inputs.
-
-    The same float operations as ``θ − η (Δ̄ + μ (μ b + Δ̄))``, done in place on two fresh
-    temporaries per tensor; inputs of one dtype per tensor.
-    """
-    new_params: Tensors = {}
-    new_momentum: Tensors = {}
-    for name, theta in params.items():
-        grad = average_delta[name]
-        buf = (momentum[name] * options.momentum).add_(grad)
-        if options.nesterov:
-            direction = (buf * options.momentum).add_(grad).mul_(options.lr)
-        else:
-            direction = buf * options.lr
-        new_params[name] = theta - direction
-        new_momentum[name] = buf
-    return new_params, new_momentum
 
 
 def compressed_step(

@@ -320,7 +320,7 @@ class SwarmCoordinator:
     and `summary` from handler threads. The constructor runs before any of them.
 
     Locks. One lock, `_lock`, guards all mutable state: the membership table, the open round,
-    θ, the momentum, the version and its pull payloads, the run's totals, the curriculum
+    θ, the momentum, the version and its pull payloads, `peer_version`, the run's totals, the curriculum
     tracker and the aggregation's memory (`_norm_history`, `_previous_average`, `_norm_bound`). `_version_changed` is a condition on that same lock: `await_version` waits on it
     (which releases the lock while it waits) and publishing a new version notifies every waiter.
     The lock is not reentrant: a public method takes it itself and must be called without it
@@ -386,6 +386,9 @@ class SwarmCoordinator:
         self.last_close_seconds: dict[str, float] = {}
         # Tokens reported to this process, and when it first served a pull: the live tokens/s.
         self.total_tokens = 0
+        # sync.backend = "hivemind": the newest version workers report holding (they average peer to peer;
+        # this coordinator closes no rounds and holds no tensors of theirs); `shown_version` reads it.
+        self.peer_version = 0
         self._serving_since: float | None = None
         self.tracker = curricula.CurriculumTracker(spec, store)
         self.param_sha256 = tensor_stream.params_sha256(self.params)
@@ -457,9 +460,14 @@ class SwarmCoordinator:
         return self._closing is not None
 
     @property
+    def shown_version(self) -> int:
+        """The run's version: this coordinator's, or with sync.backend = "hivemind" the newest its workers report."""
+        return self.peer_version if self.spec.sync.backend == "hivemind" else self.version
+
+    @property
     def finished(self) -> bool:
         """Whether the run committed its last round (any thread, with or without the lock)."""
-        return self.spec.run.rounds > 0 and self.version >= self.spec.run.rounds
+        return self.spec.run.rounds > 0 and self.shown_version >= self.spec.run.rounds
 
     def _run_state(self) -> int:
         """The run's state for a reply (lock held)."""
@@ -743,6 +751,7 @@ class SwarmCoordinator:
             worker = self._reporter(request.worker_id, request.worker_secret)
             self._count_metric_rows(worker, len(request.metrics))
             for metric in metrics:
+                self.peer_version = max(self.peer_version, metric.version)
                 self.total_tokens += metric.tokens
                 if math.isfinite(metric.loss) and metric.tokens > 0:
                     worker.last_loss = metric.loss
@@ -765,8 +774,8 @@ class SwarmCoordinator:
 
     def _count_metric_rows(self, worker: WorkerRecord, rows: int) -> None:
         """Count `rows` against the worker's cap for the current version, or refuse them all (lock held)."""
-        if worker.metrics_version != self.version:
-            worker.metrics_version, worker.metrics_in_round = self.version, 0
+        if worker.metrics_version != self.shown_version:
+            worker.metrics_version, worker.metrics_in_round = self.shown_version, 0
         if worker.metrics_in_round + rows > self.metrics_per_round:
             raise Refusal(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -783,7 +792,7 @@ class SwarmCoordinator:
             losses = [w.last_loss for w in self.workers.values() if math.isfinite(w.last_loss)]
             elapsed = now - self._serving_since if self._serving_since is not None else 0.0
             response = pb.GetStatusResponse(
-                run_id=self.run_id, version=self.version, run_state=self._run_state(), target_rounds=self.spec.run.rounds,
+                run_id=self.run_id, version=self.shown_version, run_state=self._run_state(), target_rounds=self.spec.run.rounds,
                 latest_loss=sum(losses) / len(losses) if losses else math.nan,
                 tokens_per_second=self.total_tokens / elapsed if elapsed > 0 else 0.0,
                 param_sha256=self.param_sha256.hex(), total_tokens=min(self.total_tokens, INT64_MAX),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.cli import bench, data, fit, launch, main, run, status
+from rcswarm.cli import bench, data, dht, fit, launch, main, run, status
 from rcswarm.coordinator import server
 from rcswarm.worker import worker
 
@@ -23,6 +23,7 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "coordinator": server.parser,
     "worker": worker.parser,
     "launch ray": launch.parser,
+    "dht": dht.parser,
 }
 
 

@@ -28,7 +28,7 @@ def test_lstm_lm_is_registered_with_its_presets() -> None:
     assert "lstm_lm" in registry.list_models()
     entry = registry.get("lstm_lm")
     assert entry.config_cls is ResidualLSTMConfig
-    assert set(entry.presets) == {"tiny", "small", "base10m"}
+    assert set(entry.presets) == {"tiny", "small", "base10m", "base50m"}
     assert entry.description
 
 

@@ -1,6 +1,7 @@
 """A swarm worker: join, pull, train H inner steps, push the pseudo-gradient, repeat.
 
     rcswarm worker --coordinator HOST:PORT --token T [--device auto] [--tls-ca CA [--tls-cert C --tls-key K]]
+    rcswarm worker --backend hivemind --config RUN.toml --initial-peers MADDR ...   (worker/hivemind_worker.py)
 
 One round as the worker sees it: pull version v (checked against its SHA-256), switch to the
 (sequence length, batch) the coordinator assigns for v if it differs, keep a copy θ_v, run H
@@ -442,10 +443,28 @@ def auto_threads() -> tuple[int, str]:
     return max(1, cores // workers), f"{cores} cores / {workers} workers on this host"
 
 
+def add_hivemind_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `rcswarm worker --backend hivemind` (worker/hivemind_worker.py; hivemind is imported only there)."""
+    group = parser.add_argument_group("hivemind backend (--backend hivemind)")
+    group.add_argument("--config", type=Path, help="RUN.toml with [sync] backend = \"hivemind\" (no coordinator)")
+    group.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
+                       help="multiaddrs of running peers, e.g. the one `rcswarm dht` prints")
+    group.add_argument("--client-mode", action="store_true",
+                       help="dial out only (behind NAT); still averages, serves no state")
+    group.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], metavar="MADDR",
+                       help="multiaddrs to listen on (default: %(default)s)")
+    group.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
+                       help="multiaddrs other peers should dial (default: what libp2p observes)")
+    group.add_argument("--identity-path", type=Path, help="private key file: a stable peer id (created if missing)")
+    group.add_argument("--out", type=Path, help="write final.safetensors and summary.json here at the end")
+
+
 def parser() -> argparse.ArgumentParser:
     """The `rcswarm worker` command line."""
     parser = argparse.ArgumentParser(prog="rcswarm worker", description="Join an rcswarm coordinator and train.")
-    parser.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
+    parser.add_argument("--backend", choices=("coordinator", "hivemind"), default="coordinator",
+                        help="sync backend: through a coordinator (default) or peer to peer with hivemind")
+    parser.add_argument("--coordinator", help="HOST:PORT of the coordinator (required with --backend coordinator)")
     parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
     parser.add_argument("--device", default="auto",
                         help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ... (default: auto)")
@@ -464,6 +483,7 @@ def parser() -> argparse.ArgumentParser:
                         help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
     parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
                         help="deadline of one parameter pull or update push (default: %(default)s)")
+    add_hivemind_arguments(parser)
     return parser
 
 
@@ -475,6 +495,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     args = parse_args(argv)
+    if args.backend == "hivemind":
+        from rcswarm.worker import hivemind_worker
+
+        return hivemind_worker.main(args)
+    if args.coordinator is None:
+        print("rcswarm worker: --coordinator HOST:PORT is required (or --backend hivemind)", file=sys.stderr)
+        return 2
     try:
         options = WorkerOptions(
             coordinator=args.coordinator, token=args.token or os.environ.get(TOKEN_ENV, ""), device=args.device,

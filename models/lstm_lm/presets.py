@@ -6,4 +6,5 @@ PRESETS: dict[str, dict[str, object]] = {
     "tiny": {"d_model": 32, "n_layers": 1},
     "small": {"d_model": 192, "n_layers": 2},
     "base10m": {"d_model": 448, "n_layers": 3},
+    "base50m": {"d_model": 1024, "n_layers": 3},
 }

@@ -1,0 +1,143 @@
+"""`rcswarm run` for `[sync] backend = "hivemind"`: a local hivemind swarm, no coordinator.
+
+Starts `rcswarm dht` on loopback (the bootstrap peer, mirroring the metric records into
+RUN_DIR/state, so `rcswarm fit RUN_DIR/state` works) and N `rcswarm worker --backend hivemind`
+processes that dial it, all listening and announcing on 127.0.0.1 only; waits until every worker
+has trained run.rounds versions (or the budget or a signal ends the run), then stops the workers
+and the bootstrap peer. Each worker writes RUN_DIR/peers/<name>/ (final.safetensors, summary.json
+with its per-round history: loss, group size, skipped step, measured drift); the run directory
+gets final.safetensors (worker-0's replica), summary.json (per peer: version, first and last
+round loss; the largest difference between replicas; held-out loss before and after) and the logs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from safetensors.torch import load_file
+
+from rcswarm.cli.run import POLL_S, START_TIMEOUT_S, Outcome, Swarm, evaluate
+from rcswarm.config.runspec import RunSpec
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+PRINT_S = 10.0
+
+
+class HivemindSwarm(Swarm):
+    """The bootstrap peer (in `coordinator`'s place, so `stop` ends it after the workers) and the workers."""
+
+    def start_bootstrap(self) -> list[str]:
+        maddrs = self.run_dir / "maddrs.txt"
+        self.coordinator = self._spawn(
+            ["-m", "rcswarm.cli", "dht", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs), "--config",
+             str(self.run_dir / "run.toml"), "--state-dir", str(self.run_dir / "state")], "dht.log",
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if maddrs.is_file() and maddrs.read_text().split():
+                return maddrs.read_text().split()
+            if self.coordinator.poll() is not None:
+                break
+            time.sleep(0.1)
+        tail = (self.logs / "dht.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the bootstrap peer did not start within {START_TIMEOUT_S:.0f}s:\n{tail}")
+
+    def start_peers(self, maddrs: list[str]) -> None:
+        threads = max(1, (os.cpu_count() or 1) // self.n_workers)
+        for rank in range(self.n_workers):
+            self.workers.append(self._spawn(
+                ["-m", "rcswarm.worker", "--backend", "hivemind", "--config", str(self.run_dir / "run.toml"),
+                 "--initial-peers", *maddrs, "--host-maddrs", LOOPBACK, "--name", f"worker-{rank}",
+                 "--threads", str(threads), "--out", str(self.run_dir / "peers" / f"worker-{rank}")],
+                f"worker-{rank}.log",
+            ))
+
+
+def wait(swarm: HivemindSwarm, console: Console, stop: threading.Event, deadline: float) -> bool:
+    """Until every worker exited, a stop, or the deadline; True when the deadline ended it."""
+    printed = time.monotonic()
+    while not stop.wait(POLL_S):
+        now = time.monotonic()
+        if now >= deadline:
+            return True
+        running = swarm.workers_running()
+        if running == 0:
+            return False
+        if now - printed >= PRINT_S:
+            console.print(f"{running} of {swarm.n_workers} workers training")
+            printed = now
+    return False
+
+
+def summarize(spec: RunSpec, run_dir: Path, workers: int) -> dict:
+    """Per peer its version and round losses; the replicas' largest difference; held-out loss before and after."""
+    peers, finals = {}, {}
+    for rank in range(workers):
+        out = run_dir / "peers" / f"worker-{rank}"
+        if not (out / "summary.json").is_file():
+            continue
+        summary = json.loads((out / "summary.json").read_text())
+        history = summary["history"]
+        peers[summary["name"]] = {
+            "version": summary["version"], "first_round_loss": history[0]["loss"] if history else None,
+            "last_round_loss": history[-1]["loss"] if history else None,
+            "skipped_rounds": sum(1 for h in history if h["skipped"]),
+            "max_drift": max((h["drift"] for h in history), default=0.0),
+        }
+        finals[summary["name"]] = load_file(str(out / "final.safetensors"))
+    result: dict = {"peers": peers, "rounds": min((p["version"] for p in peers.values()), default=0)}
+    if finals:
+        first = next(iter(finals.values()))
+        result["replica_max_abs_difference"] = max(
+            (float((params[k] - first[k]).abs().max()) for params in finals.values() for k in first), default=0.0)
+        if "worker-0" in finals:
+            shutil.copyfile(run_dir / "peers" / "worker-0" / "final.safetensors", run_dir / "final.safetensors")
+        result["val_loss_initial"] = evaluate(spec, None)
+        result["val_loss_final"] = evaluate(spec, {k: v.to(torch.float32) for k, v in first.items()})
+    return result
+
+
+def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console, stop: threading.Event) -> int:
+    """Run the swarm and print its summary; the exit status (0 completed or at the budget, 1 failed, 130 interrupted)."""
+    swarm = HivemindSwarm(spec, run_dir, spec.run.workers)
+    out_of_time = False
+    try:
+        maddrs = swarm.start_bootstrap()
+        console.print(f"rcswarm run {spec.run.name}: a hivemind swarm of {spec.run.workers} workers, no coordinator; "
+                      f"run directory {run_dir}")
+        console.print(f"bootstrap peer {' '.join(maddrs)} (metrics mirrored into {run_dir / 'state'}); logs in {swarm.logs}")
+        swarm.start_peers(maddrs)
+        swarm.write_process_table()
+        deadline = time.monotonic() + minutes * 60.0 if minutes else math.inf
+        out_of_time = wait(swarm, console, stop, deadline)
+    finally:
+        swarm.stop()
+    result = summarize(spec, run_dir, spec.run.workers)
+    codes = [p.returncode for p in swarm.workers]
+    if stop.is_set():
+        ended = Outcome("interrupted", f"stopped by a signal after {result['rounds']} of {spec.run.rounds} rounds", 130)
+    elif out_of_time:
+        ended = Outcome("budget", f"stopped at the {minutes:g}-minute budget after {result['rounds']} rounds", 0)
+    elif result["rounds"] < spec.run.rounds or any(code != 0 for code in codes):
+        ended = Outcome("failed", f"the run did not complete: {result['rounds']} of {spec.run.rounds} rounds; "
+                                  f"worker exit codes {codes}; see {swarm.logs}", 1)
+    else:
+        ended = Outcome("completed", f"completed {result['rounds']} rounds", 0)
+    for name, peer in result["peers"].items():
+        console.print(f"{name}: version {peer['version']}, round loss {peer['first_round_loss']:.3f} → "
+                      f"{peer['last_round_loss']:.3f}, {peer['skipped_rounds']} skipped, max drift {peer['max_drift']:.3g}")
+    if "val_loss_final" in result:
+        console.print(f"held-out loss {result['val_loss_initial']:.3f} → {result['val_loss_final']:.3f}; replicas differ "
+                      f"by at most {result['replica_max_abs_difference']:.3g}")
+    (run_dir / "summary.json").write_text(json.dumps({**result, "outcome": ended.kind, "outcome_message": ended.message},
+                                                     indent=2))
+    console.print(ended.message)
+    return ended.status

@@ -1,0 +1,450 @@
+"""The hivemind sync backend (#17): codecs, records, drift, trust, and real peers on loopback.
+
+Every peer listens and announces on 127.0.0.1 only (explicit multiaddrs, no relays, no NAT
+traversal, no public bootstrap) and every test stops its DHTs, averagers and p2pd processes
+itself; `no_new_p2pd` asserts none is left. The default suite runs one real swarm (two workers
+and a bootstrap peer mirroring metrics, a few rounds); the longer scenarios are `wide`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rcswarm.config.runspec import OuterSection, RunSpec
+from rcswarm.coordinator import outer as coordinator_outer
+from rcswarm.protos import codec as codecs
+from rcswarm.protos import outer as protocol_outer
+from rcswarm.worker import worker as worker_cli
+from tests.conftest import logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
+
+hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
+from hivemind.compression.serialization import deserialize_torch_tensor  # noqa: E402
+from hivemind.dht.protocol import DHTProtocol  # noqa: E402
+from hivemind.dht.routing import DHTID  # noqa: E402
+from hivemind.dht.validation import DHTRecord  # noqa: E402
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+def p2pd_pids() -> set[int]:
+    pids = set()
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == "p2pd":
+                pids.add(int(comm.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture
+def no_new_p2pd() -> Iterator[None]:
+    """Fails the test when a p2pd it started is still running at its end."""
+    before = p2pd_pids()
+    yield
+    wait_for(lambda: not (p2pd_pids() - before), 15.0, "the test's p2pd processes to exit")
+
+
+def hivemind_spec(**tables: dict[str, Any]) -> RunSpec:
+    return tiny_spec(**{"run": {"name": "hm", "rounds": 3}, "sync": {"backend": "hivemind", "codec": "int8"}, **tables})
+
+
+# ---- pure parts ---------------------------------------------------------------------------------
+
+
+def test_sync_backend_is_validated() -> None:
+    assert hivemind_spec().sync.backend == "hivemind"
+    assert RunSpec().sync.backend == "coordinator"
+    with pytest.raises(ValueError, match=r"sync.backend = 'p2p' is invalid: expected one of \('coordinator', 'hivemind'\)"):
+        tiny_spec(sync={"backend": "p2p"})
+
+
+def test_both_backends_share_one_outer_step() -> None:
+    assert coordinator_outer.outer_step is protocol_outer.outer_step
+
+
+@pytest.mark.parametrize("codec", ["bf16", "int8"])
+def test_rcswarm_codecs_travel_as_hivemind_compression(codec: str) -> None:
+    torch.manual_seed(0)
+    tensor = torch.randn(1000) * 3  # [1000]
+    compression = hs.compression_for(codec, 64)
+    message = compression.compress(tensor, hs.CompressionInfo.from_tensor(tensor))
+    decoded = deserialize_torch_tensor(message)  # hivemind's own table decodes it
+    want = codecs.decode(codecs.encode(tensor, codecs.codec_from_name(codec), 64), codecs.codec_from_name(codec), (1000,), 64)
+    assert torch.equal(decoded, want)
+    assert len(message.buffer) == 4 + codecs.encoded_size(1000, codecs.codec_from_name(codec), 64)
+    message.buffer = message.buffer[:2]
+    with pytest.raises(ValueError, match="expected a 4-byte block size"):
+        deserialize_torch_tensor(message)
+    with pytest.raises(ValueError, match="sync.codec = 'fp8'"):
+        hs.compression_for("fp8", 64)
+
+
+def _record(field: str, subkey: str, value: Any) -> DHTRecord:
+    key = DHTID.generate(source=f"{hs.RECORD_PREFIX}_{field}").to_bytes()
+    dumps = DHTProtocol.serializer.dumps
+    return DHTRecord(key=key, subkey=dumps(subkey), value=dumps(value), expiration_time=0.0)
+
+
+def test_records_are_checked_by_a_msgpack_schema() -> None:
+    validator = hs.record_validator()
+    good = hs.digest_record("hm", 3, {"w": torch.ones(40)})
+    assert validator.validate(_record("digest", "peer", good))
+    for bad in ({**good, "version": 3.0}, {**good, "version": -1}, {**good, "sha256": "xyz"},
+                {**good, "sums": good["sums"][:3]}, {**good, "extra": 1}, {k: v for k, v in good.items() if k != "run"}):
+        assert not validator.validate(_record("digest", "peer", bad)), bad
+    rows = [[0.0, 1.0, 2.5, 128.0, 0.1, 0.1, 0.0, 32.0, 4.0]]
+    assert validator.validate(_record("metrics", "peer", {"run": "hm", "name": "a", "rows": rows}))
+    assert not validator.validate(_record("metrics", "peer", {"run": "hm", "name": "a", "rows": [[1, 2]]}))
+    # Bytes that msgpack does not decode (e.g. a pickle) are refused, not unpickled.
+    pickled = DHTRecord(key=_record("digest", "p", good).key, subkey=DHTProtocol.serializer.dumps("p"),
+                        value=b"\x80\x04\x95", expiration_time=0.0)
+    assert not validator.validate(pickled)
+
+
+def test_drift_tells_rounding_from_a_missed_round() -> None:
+    torch.manual_seed(1)
+    theta = {"w": torch.randn(4096)}
+    step = {"w": 0.01 * torch.randn(4096)}
+    ulp = {"w": theta["w"] + theta["w"].abs() * 2**-23 * torch.sign(torch.randn(4096))}
+    missed = {"w": theta["w"] - step["w"]}
+    # A partial all-reduce (a reducer died): 1% of θ, contiguous, kept each peer's own Δ.
+    partial = {"w": theta["w"].clone()}
+    partial["w"][:40] -= 2 * step["w"][:40]
+    mine, same, other, torn = (hs.digest_record("hm", 5, p, step) for p in (theta, ulp, missed, partial))
+    assert hs.drift(mine, mine) == 0.0
+    assert 0 < hs.drift(mine, same) < 1e-3 < hs.DRIFT_TOLERANCE < 0.5 < min(hs.drift(mine, other), hs.drift(mine, torn))
+    assert hs.resync_reason("p2", mine, {}) == ""
+    # Two peers apart: the one without the smallest peer id re-syncs, the other keeps its state.
+    assert hs.resync_reason("p2", mine, {"p1": other}).startswith("drift")
+    assert hs.resync_reason("p1", other, {"p2": mine}) == ""
+    # A majority wins whatever the ids.
+    assert hs.resync_reason("p1", other, {"p2": mine, "p3": same}).startswith("drift")
+    assert hs.resync_reason("p2", mine, {"p1": other, "p3": same}) == ""
+    assert hs.resync_reason("p2", mine, {"p1": {**same, "version": 6}}) == "behind: version 5 < 6"
+    assert hs.resync_reason("p2", {**mine, "version": 7}, {"p1": other}) == ""
+
+
+def test_trust_check_refuses_non_finite_and_oversized_averages() -> None:
+    local = [torch.ones(10), torch.ones(3)]
+    assert hs.trust_problem([t * 0.5 for t in local], local) == ""
+    assert "non-finite" in hs.trust_problem([torch.full((10,), float("nan")), torch.ones(3)], local)
+    assert "exceeds 4 ×" in hs.trust_problem([t * 1e3 / 3 for t in local], local)
+
+
+def test_timeouts_are_derived_from_measured_all_reduce_times() -> None:
+    timer = hs.RoundTimer(matchmaking_s=2.0)
+    assert timer.allreduce_timeout() == hs.INITIAL_ALLREDUCE_S
+    timer.record(0.2)
+    assert timer.allreduce_timeout() == hs.MIN_ALLREDUCE_S
+    timer.record(4.0)
+    assert timer.allreduce_timeout() == pytest.approx(12.0)
+    assert timer.step_timeout() == pytest.approx(16.0)
+    assert "median 2.10s, max 4.00s of 2" in timer.describe()
+    for _ in range(hs.TIMER_WINDOW):
+        timer.record(1.0)
+    assert timer.allreduce_timeout() == hs.MIN_ALLREDUCE_S  # the slow round left the window
+
+
+def test_bad_hivemind_flags_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="--initial-peers '127.0.0.1:5': expected a multiaddr"):
+        hs.HivemindOptions(initial_peers=("127.0.0.1:5",))
+    with pytest.raises(ValueError, match="--client-mode needs --initial-peers"):
+        hs.HivemindOptions(client_mode=True)
+    assert worker_cli.main(["--backend", "hivemind"]) == 2
+    assert "needs --config RUN.toml" in capsys.readouterr().err
+    config = write_spec(tiny_spec(), tmp_path / "run.toml")
+    assert worker_cli.main(["--backend", "hivemind", "--config", str(config)]) == 2
+    assert 'needs sync.backend = "hivemind"' in capsys.readouterr().err
+    assert worker_cli.main([]) == 2
+    assert "--coordinator HOST:PORT is required" in capsys.readouterr().err
+
+
+# ---- real peers ---------------------------------------------------------------------------------
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "rcswarm.cli", *args], env=worker_env(), stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = log  # type: ignore[attr-defined]
+    return proc
+
+
+class Swarm:
+    """A bootstrap peer (`rcswarm dht`, mirroring into state/) and `rcswarm worker --backend hivemind` processes."""
+
+    def __init__(self, tmp_path: Path, spec: RunSpec) -> None:
+        self.tmp, self.config = tmp_path, write_spec(spec, tmp_path / "run.toml")
+        self.procs: list[subprocess.Popen] = []
+        maddrs = tmp_path / "maddrs.txt"
+        self.dht = self._add(["dht", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs), "--config",
+                              str(self.config), "--state-dir", str(tmp_path / "state"), "--poll-s", "0.5"], "dht")
+        self.maddrs = wait_for(lambda: maddrs.is_file() and maddrs.read_text().split(), 60, "the bootstrap peer")
+
+    def _add(self, args: list[str], name: str) -> subprocess.Popen:
+        proc = _spawn(args, self.tmp / f"{name}.log")
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, name: str, *extra: str, script: Path | None = None) -> subprocess.Popen:
+        args = ["worker", "--backend", "hivemind", "--config", str(self.config), "--name", name, "--threads", "1",
+                "--host-maddrs", LOOPBACK, "--initial-peers", *self.maddrs, "--out", str(self.tmp / name), *extra]
+        if script is None:
+            return self._add(args, name)
+        proc = subprocess.Popen([sys.executable, str(script), *args[1:]], env=worker_env(), start_new_session=True,
+                                stdout=open(self.tmp / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
+        proc.log_path = self.tmp / f"{name}.log"  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, procs: list[subprocess.Popen], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"a peer did not finish in {timeout:.0f}s\n{logs_of(self.procs)}") from None
+            assert proc.returncode == 0, logs_of(self.procs)
+
+    def summary(self, name: str) -> dict[str, Any]:
+        return json.loads((self.tmp / name / "summary.json").read_text())
+
+    def params(self, name: str) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file
+
+        return load_file(str(self.tmp / name / "final.safetensors"))
+
+    def stop(self) -> None:
+        """SIGTERM every peer still running (each stops its DHT, averager and p2pd), SIGKILL after 20 s."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def swarm(tmp_path: Path, no_new_p2pd: None) -> Iterator[Any]:
+    made: list[Swarm] = []
+
+    def make(spec: RunSpec) -> Swarm:
+        made.append(Swarm(tmp_path, spec))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.stop()
+
+
+def assert_replicas_agree(swarm: Swarm, names: list[str], tolerance: float, drift: bool = True) -> float:
+    """The largest |θ_a − θ_b| between the named peers' final parameters, asserted ≤ tolerance and finite;
+    with `drift`, the drift each measured at its last version (against every peer) is within the re-sync tolerance."""
+    first = swarm.params(names[0])
+    worst = 0.0
+    for name in names[1:]:
+        other = swarm.params(name)
+        assert other.keys() == first.keys()
+        worst = max(worst, max(float((other[k] - first[k]).abs().max()) for k in first))
+    assert all(torch.isfinite(t).all() for name in names for t in swarm.params(name).values())
+    assert worst <= tolerance, f"replicas differ by {worst:.3g} > {tolerance:g}"
+    assert not drift or all(swarm.summary(name)["history"][-1]["drift"] <= hs.DRIFT_TOLERANCE for name in names)
+    return worst
+
+
+# Replicas of one version: each peer applies the group's Δ̄ as its all-reduce delivered it (the
+# reducers send each peer a compressed delta), so they differ by the codec's error (int8: up to
+# absmax/254 of Δ̄ per element, times η (1 + μ) ≈ 1.3 per round, accumulated by the momentum).
+# It grows about linearly with the rounds until the drift check re-syncs a peer. Measured on the
+# tiny model with int8 (θ's rms 0.16): max 8e-4 after 3 rounds, 3.1e-3 after 16 (drift 0.087 step).
+REPLICA_TOLERANCE_PER_ROUND = 5e-4
+
+
+@pytest.mark.slow
+def test_two_peers_train_average_and_agree(swarm: Any) -> None:
+    spec = hivemind_spec(run={"name": "hm", "rounds": 3})
+    peers = swarm(spec)
+    workers = [peers.worker("a"), peers.worker("b")]
+    peers.wait(workers, timeout=150)
+    summaries = [peers.summary("a"), peers.summary("b")]
+    for summary in summaries:
+        history = summary["history"]
+        assert [h["version"] for h in history] == [1, 2, 3] and summary["version"] == 3
+        assert all(h["group"] == 2 and not h["skipped"] for h in history), history
+        assert history[-1]["loss"] < history[0]["loss"] - 0.5, history  # the loss falls
+        assert all(h["drift"] <= hs.DRIFT_TOLERANCE for h in history), history
+    worst = assert_replicas_agree(peers, ["a", "b"], 3 * REPLICA_TOLERANCE_PER_ROUND)
+    print(f"replicas: max |Δθ| {worst:.3g}, drift per round {[h['drift'] for h in summaries[0]['history']]}")
+    # The bootstrap peer mirrored every training row of both workers into a state dir.
+    state = peers.tmp / "state"
+    want = 2 * spec.run.rounds * spec.inner.steps
+    wait_for(lambda: sql(state, "SELECT COUNT(*) FROM metrics WHERE tokens > 0")[0][0] >= want, 20, "the mirror")
+    rows = sql(state, "SELECT worker_id, COUNT(*), MAX(version) FROM metrics GROUP BY worker_id ORDER BY worker_id")
+    assert [(w.split("@")[0], n, v) for w, n, v in rows] == [("a", 15, 2), ("b", 15, 2)]
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_averaging_equals_the_coordinators_round_within_codec_error(no_new_p2pd: None) -> None:
+    """Two in-process peers average Δ_a, Δ_b by tokens; the shared outer step then gives the coordinator's θ_1."""
+    torch.manual_seed(3)
+    shapes = [(300,), (20, 10)]
+    theta = {"w": torch.randn(300), "m": torch.randn(20, 10)}
+    deltas = [{k: 0.01 * torch.randn_like(v) for k, v in theta.items()} for _ in range(2)]
+    tokens = [640, 1920]
+    options = OuterSection(lr=0.7, momentum=0.9, nesterov=True)
+    zeros = {k: torch.zeros_like(v) for k, v in theta.items()}
+    target, _ = coordinator_outer.outer_step(theta, zeros, coordinator_outer.weighted_average(list(zip(tokens, deltas))), options)
+    state = ({"run": "eq", "version": 0}, [])
+    first = hs.HivemindPeer("eq", shapes, "int8", 256, hs.HivemindOptions.loopback(), lambda: state)
+    second = None
+    try:
+        second = hs.HivemindPeer("eq", shapes, "int8", 256, hs.HivemindOptions.loopback(hs.visible_maddrs(first.dht)), lambda: state)
+        results: dict[int, Any] = {}
+        threads = [threading.Thread(target=lambda i=i, p=p: results.__setitem__(i, p.average(
+            list(deltas[i].values()), tokens[i], {"version": 0, "tokens": tokens[i]}))) for i, p in enumerate((first, second))]
+        [t.start() for t in threads]
+        [t.join(timeout=120) for t in threads]
+    finally:
+        for peer in (first, second):
+            if peer is not None:
+                peer.shutdown()
+    for i in (0, 1):
+        assert results[i] is not None and sorted(g["tokens"] for g in results[i].gathered) == tokens
+        mine, _ = protocol_outer.outer_step(theta, zeros, dict(zip(theta, results[i].deltas)), options)
+        for name in theta:
+            # int8: |error| ≤ absmax/254 per sent part and per returned average, times η (1 + μ) = 1.33.
+            bound = 2 * 1.33 * max(float(d[name].abs().max()) for d in deltas) / 254 + 1e-6
+            assert float((mine[name] - target[name]).abs().max()) <= bound
+
+
+CHEAT = """
+import sys
+import torch
+from rcswarm.worker import hivemind_worker, worker
+
+MODE = {mode!r}
+
+class Cheat(hivemind_worker.HivemindWorker):
+    def pseudo_gradient(self, base):
+        deltas = super().pseudo_gradient(base)
+        if MODE == "nan":
+            deltas[0][0] = float("nan")
+            return deltas
+        return [d * 1e3 for d in deltas]
+
+hivemind_worker.HivemindWorker = Cheat
+sys.exit(worker.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+@pytest.mark.parametrize("mode", ["nan", "scaled"])
+def test_a_peer_sending_nan_or_a_huge_update_reaches_no_honest_theta(swarm: Any, tmp_path: Path, mode: str) -> None:
+    """The cheat's Δ enters the all-reduce; the honest peers' trust check refuses the average and skips the step."""
+    peers = swarm(hivemind_spec(run={"name": "hm", "rounds": 2}, sync={"backend": "hivemind", "codec": "fp32"}))
+    script = tmp_path / "cheat.py"
+    script.write_text(CHEAT.format(mode=mode))
+    honest = [peers.worker("a"), peers.worker("b")]
+    cheat = peers.worker("c", script=script)
+    peers.wait(honest, timeout=200)
+    peers.wait([cheat], timeout=60)
+    for name in ("a", "b"):
+        history = peers.summary(name)["history"]
+        assert all(h["group"] == 3 and h["skipped"] for h in history), history
+    # Both skipped every step: θ_0 on both. The scaled cheat passes its own check (its Δ is the large
+    # one) and steps away: the honest pair measures that drift and, being the larger group, keeps its θ.
+    assert_replicas_agree(peers, ["a", "b"], 0.0, drift=False)
+    assert not any("re-syncs" in Path(p.log_path).read_text() for p in honest)
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_a_late_joiner_loads_the_swarms_state_and_trains(swarm: Any) -> None:
+    peers = swarm(hivemind_spec(run={"name": "hm", "rounds": 16}))
+    first = [peers.worker("a"), peers.worker("b")]
+    wait_for(lambda: "version 1 " in Path(first[0].log_path).read_text(), 120, "version 1")
+    late = peers.worker("c")  # it needs some 5 s to start; the others are at about version 3 by then
+    peers.wait([*first, late], timeout=240)
+    text = Path(late.log_path).read_text()
+    assert "loaded version" in text, logs_of([late])
+    history = peers.summary("c")["history"]
+    assert history[0]["version"] > 2 and history[-1]["version"] == 16
+    assert any(h["group"] == 3 for h in history), history
+    assert_replicas_agree(peers, ["a", "b", "c"], 16 * REPLICA_TOLERANCE_PER_ROUND)
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_the_others_finish_when_a_peer_is_killed_mid_round(swarm: Any) -> None:
+    peers = swarm(hivemind_spec(run={"name": "hm", "rounds": 6}))
+    procs = [peers.worker(name) for name in ("a", "b", "c")]
+    wait_for(lambda: "version 2 " in Path(procs[2].log_path).read_text(), 120, "version 2")
+    os.killpg(procs[2].pid, signal.SIGKILL)  # the worker, its DHT and averager; its p2pd exits with its parent
+    peers.wait(procs[:2], timeout=240)
+    for name in ("a", "b"):
+        history = peers.summary(name)["history"]
+        assert history[-1]["version"] == 6 and all(math.isfinite(h["loss"]) for h in history)
+        assert history[-1]["group"] == 2
+    assert_replicas_agree(peers, ["a", "b"], 6 * REPLICA_TOLERANCE_PER_ROUND)
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_rcswarm_run_trains_a_local_hivemind_swarm(tmp_path: Path, no_new_p2pd: None) -> None:
+    config = write_spec(hivemind_spec(run={"name": "hm", "rounds": 3, "workers": 2}), tmp_path / "run.toml")
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "rcswarm.cli", "run", str(config), "--run-dir", str(run_dir)],
+                          env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "completed" and summary["rounds"] == 3 and len(summary["peers"]) == 2, summary
+    assert summary["val_loss_final"] < summary["val_loss_initial"] - 0.3
+    assert summary["replica_max_abs_difference"] <= 3 * REPLICA_TOLERANCE_PER_ROUND
+    assert (run_dir / "final.safetensors").is_file()
+    # The bootstrap peer mirrored every training row, however its polls fell against the rounds.
+    assert sql(run_dir / "state", "SELECT COUNT(*) FROM metrics WHERE tokens > 0")[0][0] == 2 * 3 * 5
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_workers_keep_averaging_while_the_coordinator_is_down(swarm: Any, start_coordinator: Any, tmp_path: Path) -> None:
+    """The coordinator is the control plane only: killed, the workers train on; restarted, they join it again."""
+    spec = hivemind_spec(run={"name": "hm", "rounds": 14})
+    first = start_coordinator(spec, tmp_path / "coordinator")
+    port = first.port
+    peers = swarm(spec)
+    extra = ["--coordinator", first.target, "--patience-s", "120"]
+    procs = [peers.worker("a", *extra), peers.worker("b", *extra)]
+    wait_for(lambda: first.service.status().version >= 2, 120, "version 2 reported to the coordinator")
+    assert first.service.status().version == first.service.peer_version and first.service.version == 0
+    first.running.stop(grace=0.5)
+    down_at = max(int(line.split("version ")[1].split(" ")[0]) for line in Path(procs[0].log_path).read_text().splitlines()
+                  if ": version " in line)
+    wait_for(lambda: f"version {down_at + 3} " in Path(procs[0].log_path).read_text(), 60, "rounds without a coordinator")
+    second = start_coordinator(spec, tmp_path / "coordinator", port=port)
+    wait_for(lambda: second.service.status().version > down_at + 3, 60, "reports to the restarted coordinator")
+    peers.wait(procs, timeout=180)
+    status = second.service.status()
+    assert status.run_state == 2 and status.version == 14, status  # RUN_STATE_FINISHED
+    joined = {w.name for w in status.workers}
+    assert joined == {"a", "b"}, joined
+    for name in ("a", "b"):
+        assert [h["version"] for h in peers.summary(name)["history"]] == list(range(1, 15))

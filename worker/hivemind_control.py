@@ -1,0 +1,114 @@
+"""The coordinator's control plane for a hivemind worker: Join, heartbeats, ReportMetrics, Leave — no tensors.
+
+With `rcswarm worker --backend hivemind --coordinator HOST:PORT`, the worker joins the coordinator
+as any worker does (the run spec, a data seed, its place in the status, the dashboard and the fits
+come from there) but averages peer to peer. Every call after the join runs on this class's thread,
+so a coordinator that is down or restarting never stalls training: metric rows wait in a bounded
+queue (the oldest dropped past `MAX_PENDING`), NOT_FOUND (evicted, or a restarted coordinator)
+joins again, and other failures are retried on the next beat. The coordinator shows the newest
+version its workers report (`SwarmCoordinator.shown_version`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+
+import grpc
+
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.worker.client import CoordinatorClient, Identity, RetriesExhausted, RetryPolicy, Stopped, Timeouts
+
+log = logging.getLogger("rcswarm.worker")
+MAX_PENDING = 10_000
+# Rows per ReportMetrics call: below coordinator.max_metrics_per_round, so a backlog after an outage gets through.
+BATCH = 200
+
+
+class ControlPlane:
+    """One membership at a coordinator. `join` runs on the caller's thread before training; `report`
+    (training thread) only appends to `_pending` under `_lock`; `_loop` (thread `control`) makes every
+    other call; `close` stops it and sends Leave."""
+
+    def __init__(self, target: str, token: str, name: str, device: str, *, patience_s: float = 300.0,
+                 rpc_timeout_s: float = 10.0, beat_s: float = 1.0, **tls: object) -> None:
+        self.name, self.device, self.beat_s = name, device, beat_s
+        self.stop = threading.Event()
+        self.client = CoordinatorClient(target, token, retry=RetryPolicy(max_elapsed_s=patience_s),
+                                        timeouts=Timeouts(unary_s=rpc_timeout_s), stop=self.stop, **tls)
+        self.identity = Identity()
+        self.lease_s = 10.0
+        self._pending: deque[pb.Metric] = deque(maxlen=MAX_PENDING)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.joins = 0
+
+    def join(self) -> pb.JoinResponse:
+        """Join (retried within the patience); the response carries the run spec and the data seed."""
+        response = self.client.join(self.name, self.device, os.getpid())
+        self.identity, self.lease_s = Identity.of(response), response.lease_seconds
+        self.joins += 1
+        log.info("%s joined %s as %s (control plane only; averaging peer to peer)", self.name, response.run_id,
+                 response.worker_id)
+        return response
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="control", daemon=True)
+        self._thread.start()
+
+    def report(self, metrics: list[pb.Metric]) -> None:
+        with self._lock:
+            self._pending.extend(metrics)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(min(self.beat_s, self.lease_s / 3.0)):
+            try:
+                self._beat()
+            except Stopped:
+                return
+            except (grpc.RpcError, RetriesExhausted) as exc:
+                code = exc.code() if isinstance(exc, grpc.RpcError) else None
+                if code == grpc.StatusCode.NOT_FOUND:
+                    log.warning("%s: the coordinator no longer knows %s; joining again", self.name, self.identity.worker_id)
+                    self._rejoin()
+                else:
+                    log.warning("%s: the coordinator did not answer (%s); training goes on", self.name, exc)
+
+    def _rejoin(self) -> None:
+        try:
+            self.join()
+        except (grpc.RpcError, RetriesExhausted) as exc:
+            log.warning("%s: joining again failed (%s); retrying on the next beat", self.name, exc)
+
+    def _beat(self) -> None:
+        """A heartbeat, then the pending rows in batches (each batch leaves the queue once it is stored)."""
+        self.client.heartbeat(self.identity)
+        while True:
+            with self._lock:
+                batch = [self._pending[i] for i in range(min(BATCH, len(self._pending)))]
+            if not batch:
+                return
+            self.client.report_metrics(self.identity, batch)
+            with self._lock:
+                for _ in batch:
+                    self._pending.popleft()
+
+    def close(self, reason: str) -> None:
+        """Stop the thread, send what is pending (one try) and Leave."""
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        try:
+            with self._lock:
+                batch = list(self._pending)[:BATCH]
+            if batch:
+                self.client.stub.ReportMetrics(
+                    pb.ReportMetricsRequest(worker_id=self.identity.worker_id, worker_secret=self.identity.worker_secret,
+                                            metrics=batch), timeout=self.client.timeouts.unary_s, metadata=self.client.metadata)
+            self.client.leave(self.identity, reason)
+        except grpc.RpcError as exc:
+            log.warning("%s: leave failed: %s", self.name, exc.code().name)
+        finally:
+            self.client.close()

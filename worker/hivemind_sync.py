@@ -1,0 +1,482 @@
+"""The hivemind sync backend's peer: pseudo-gradients averaged peer to peer over libp2p.
+
+`HivemindPeer` wraps one hivemind `DHT` and one `DecentralizedAverager` (each a process, plus
+the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers and calls
+`average`, a butterfly all-reduce weighted by tokens that also gathers every groupmate's
+(version, tokens, norm); what comes back is Δ̄ = Σ n_i Δ_i / Σ n_i of the group, checked by
+`trust_problem` before the shared outer step (protos/outer.py).
+
+* **Codecs**: `sync.codec` means the same as with the coordinator. rcswarm's bf16 and int8
+  blockwise codecs (protos/codec.py) are hivemind compression classes, registered in hivemind's
+  deserializer table under the ids FLOAT16 and BLOCKWISE_8BIT (every rcswarm peer does the same
+  when it imports this module); fp32 is hivemind's NONE. Each message carries its block size.
+* **State for late joiners**: the averager serves (version, θ, outer momentum) as its state,
+  declared every `STATE_DECLARE_S` with its version as priority; `load_state` retries
+  `load_state_from_peers` within a timeout and refuses a state of other names or shapes.
+* **Records**: every peer stores its digest per version (`DigestRecord`: SHA-256 and a
+  numeric sketch of θ) and its round's metrics (`MetricsRecord`) in the DHT under
+  `rcswarm_digest` / `rcswarm_metrics`, subkey = peer id. Values are msgpack (hivemind's DHT
+  serializer), never pickle, and every DHT node checks them with `record_validator()`.
+* **Drift**: `drift(a, b)` compares two sketches (per part of θ, the difference of sums over the
+  part's L1 norm); `resync_reason` says whether this peer must load the state of the
+  highest-version majority.
+* **Timeouts**: `RoundTimer` derives the all-reduce timeout of the next round from the measured
+  all-reduce times (`TIMEOUT_FACTOR` × the slowest of the last `TIMER_WINDOW`, at least
+  `MIN_ALLREDUCE_S`), and the step's deadline from it; the derived values are logged.
+
+hivemind is imported only here; worker/hivemind_worker.py and `rcswarm dht` import this module,
+and the rest of rcswarm imports those only when `sync.backend = "hivemind"` is chosen.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import struct
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hivemind
+import pydantic.v1 as pydantic
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.compression import CompressionBase, CompressionInfo, NoCompression
+from hivemind.compression import serialization as hm_serialization
+from hivemind.dht.schema import SchemaValidator
+from hivemind.proto import runtime_pb2
+from hivemind.utils import get_dht_time
+
+from rcswarm.protos import codec as codecs
+from rcswarm.protos import tensor_stream
+
+log = logging.getLogger("rcswarm.hivemind")
+
+RECORD_PREFIX = "rcswarm"
+DIGEST_KEY = f"{RECORD_PREFIX}_digest"
+METRICS_KEY = f"{RECORD_PREFIX}_metrics"
+# Parts of θ in a digest's sketch.
+SKETCH_PARTS = 64
+# Largest drift (`drift`, in units of one round's step) between replicas of one version that is not
+# re-synced. Each peer applies Δ̄ as its all-reduce delivered it (the reducers send each peer
+# compressed deltas), so replicas differ by the codec's error, ~1% of a step per round with int8,
+# accumulated through the momentum; a missed round is ≈ 1. Past it the peer re-syncs.
+DRIFT_TOLERANCE = 0.25
+# The averaged Δ̄ is refused when ‖Δ̄‖ > TRUST_FACTOR × ‖Δ_local‖ (an honest mean is at most the
+# largest honest norm).
+TRUST_FACTOR = 4.0
+STATE_DECLARE_S = 2.0
+TIMER_WINDOW = 5
+TIMEOUT_FACTOR = 3.0
+MIN_ALLREDUCE_S = 5.0
+# Before any all-reduce was measured.
+INITIAL_ALLREDUCE_S = 60.0
+RECORD_TTL_S = 600.0
+# A metrics record holds a peer's newest rows, several rounds' worth, so a mirror polling slower than
+# the rounds misses none (it keeps the rows past the newest step it wrote).
+MAX_METRIC_ROWS = 256
+
+
+class RcswarmCompression(CompressionBase):
+    """One of rcswarm's lossy codecs as a hivemind compression: a 4-byte block size, then the codec's bytes."""
+
+    def __init__(self, codec: int, block_size: int, compression_type: int) -> None:
+        self.codec, self.block_size, self.compression_type = codec, block_size, compression_type
+
+    def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
+        flat = tensor.detach().to("cpu", torch.float32)  # [*shape]
+        payload = struct.pack("<I", self.block_size) + codecs.encode(flat, self.codec, self.block_size)
+        return runtime_pb2.Tensor(
+            compression=self.compression_type, buffer=payload, size=tensor.shape, dtype="float32",
+            requires_grad=tensor.requires_grad,
+        )
+
+    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
+        buffer = serialized_tensor.buffer
+        if len(buffer) < 4:
+            label = codecs.codec_label(self.codec)
+            raise ValueError(f"a {label} tensor of {len(buffer)} bytes: expected a 4-byte block size first")
+        (block_size,) = struct.unpack_from("<I", buffer)
+        if not 1 <= block_size <= 1 << 16:
+            raise ValueError(f"block size {block_size}: expected 1..65536")
+        shape = tuple(serialized_tensor.size)
+        return codecs.decode(memoryview(buffer)[4:], self.codec, shape, block_size)
+
+    def estimate_compression_ratio(self, info: CompressionInfo) -> float:
+        numel = max(info.descriptor.numel(), 1)
+        return codecs.encoded_size(numel, self.codec, self.block_size) / (4.0 * numel)
+
+
+_SLOTS = {"bf16": "FLOAT16", "int8": "BLOCKWISE_8BIT"}
+
+
+def register_codecs(block_size: int = codecs.DEFAULT_BLOCK_SIZE) -> None:
+    """Make hivemind's deserializer decode rcswarm's bf16 and int8 messages (process-wide, idempotent)."""
+    for name, slot in _SLOTS.items():
+        kind = runtime_pb2.CompressionType.Value(slot)
+        hm_serialization._BASE_COMPRESSION_TYPES[slot] = RcswarmCompression(codecs.codec_from_name(name), block_size, kind)
+
+
+def compression_for(codec: str, block_size: int) -> CompressionBase:
+    """The hivemind compression of `sync.codec`."""
+    if codec == "fp32":
+        return NoCompression()
+    if codec not in _SLOTS:
+        raise ValueError(f"sync.codec = {codec!r}: expected one of ('fp32', {', '.join(map(repr, _SLOTS))})")
+    kind = runtime_pb2.CompressionType.Value(_SLOTS[codec])
+    return RcswarmCompression(codecs.codec_from_name(codec), block_size, kind)
+
+
+register_codecs()
+
+
+class DigestRecord(pydantic.BaseModel):
+    """One peer's parameters at one version: SHA-256 and the sketch `sketch()` computes (sums, θ norms, step norms)."""
+
+    run: pydantic.constr(strict=True, max_length=200)
+    version: pydantic.conint(strict=True, ge=0)
+    sha256: pydantic.constr(strict=True, regex=r"^[0-9a-f]{64}$")
+    sums: pydantic.conlist(pydantic.StrictFloat, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
+    norms: pydantic.conlist(pydantic.confloat(strict=True, ge=0.0), min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
+    steps: pydantic.conlist(pydantic.confloat(strict=True, ge=0.0), min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
+
+    class Config:
+        extra = pydantic.Extra.forbid
+
+
+class MetricsRecord(pydantic.BaseModel):
+    """One peer's newest metric rows (at most MAX_METRIC_ROWS), each
+    [version, step, loss, tokens, wall, compute, sync, seq_len, batch]."""
+
+    run: pydantic.constr(strict=True, max_length=200)
+    name: pydantic.constr(strict=True, max_length=200)
+    rows: pydantic.conlist(
+        pydantic.conlist(pydantic.StrictFloat, min_items=9, max_items=9), max_items=MAX_METRIC_ROWS
+    )
+
+    class Config:
+        extra = pydantic.Extra.forbid
+
+
+class _Records(pydantic.BaseModel):
+    digest: dict[pydantic.constr(strict=True, max_length=128), DigestRecord]
+    metrics: dict[pydantic.constr(strict=True, max_length=128), MetricsRecord]
+
+
+def record_validator() -> SchemaValidator:
+    """The DHT validator of rcswarm's records (other keys, hivemind's own, pass)."""
+    return SchemaValidator(_Records, allow_extra_keys=True, prefix=RECORD_PREFIX)
+
+
+def sketch(params: Mapping[str, torch.Tensor], step: Mapping[str, torch.Tensor] | None = None) -> dict[str, list[float]]:
+    """θ cut into `SKETCH_PARTS` contiguous parts: per part the sum of θ, the L2 norm of θ and of the last step (float64)."""
+    def parts(tensors: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float64) for t in tensors.values()])  # [P]
+        return torch.tensor_split(flat, SKETCH_PARTS)  # SKETCH_PARTS × [≈P/SKETCH_PARTS]
+
+    theta = parts(params)
+    steps = parts(step) if step is not None else [torch.zeros(1, dtype=torch.float64)] * SKETCH_PARTS
+    return {"sums": [float(p.sum()) for p in theta], "norms": [float(p.norm()) for p in theta],
+            "steps": [float(p.norm()) for p in steps]}
+
+
+def digest_record(run: str, version: int, params: Mapping[str, torch.Tensor],
+                  step: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """The DHT digest of θ at `version`; `step` = θ_version − θ_(version−1) as this peer applied it."""
+    sha = tensor_stream.params_sha256({k: v.detach().cpu() for k, v in params.items()}).hex()
+    return {"run": run, "version": version, "sha256": sha, **sketch(params, step)}
+
+
+def drift(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """How far two replicas are apart, in units of one round's step: max over parts of |sum_a − sum_b| / ‖step‖.
+
+    A sum over a part is a projection of θ, so |sum_a − sum_b| estimates ‖θ_a − θ_b‖ on the part
+    (up to the part's √size, as ‖step‖ does); dividing by the part's step norm (or 1e-7 × its θ norm
+    when the step was 0, a skipped round) makes a missed round ≈ 1 whatever the scale of θ, and
+    codec noise a small fraction.
+    """
+    worst = 0.0
+    for sa, sb, na, nb, ta, tb in zip(a["sums"], b["sums"], a["norms"], b["norms"], a["steps"], b["steps"]):
+        scale = max(ta, tb, 1e-7 * max(na, nb), 1e-30)
+        worst = max(worst, abs(sa - sb) / scale)
+    return worst
+
+
+def resync_reason(mine_id: str, mine: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]],
+                  tolerance: float = DRIFT_TOLERANCE) -> str:
+    """Why this peer must load the majority's state ("" when it need not).
+
+    `records` are the other peers' digests by peer id. The reference is the highest version any
+    peer published; a peer behind it re-syncs. At that version, peers within `tolerance` of one
+    another form a cluster; this peer re-syncs when a cluster it is not in is larger than its own,
+    or as large and holding the smallest peer id (so two peers that drifted apart settle on one).
+    """
+    if not records:
+        return ""
+    top = max(r["version"] for r in records.values())
+    if mine["version"] < top:
+        return f"behind: version {mine['version']} < {top}"
+    if mine["version"] > top:
+        return ""
+    peers = {pid: r for pid, r in records.items() if r["version"] == top}
+    own = sorted([mine_id] + [pid for pid, r in peers.items() if drift(mine, r) <= tolerance])
+    others = {pid: r for pid, r in peers.items() if pid not in own}
+    clusters = [sorted(q for q, r in others.items() if drift(record, r) <= tolerance) for record in others.values()]
+    if not clusters:
+        return ""
+    best = min(clusters, key=lambda cluster: (-len(cluster), cluster[0]))
+    if len(best) > len(own) or (len(best) == len(own) and best[0] < own[0]):
+        worst = max(drift(mine, r) for r in others.values())
+        return f"drift {worst:.3g} > {tolerance:g} from {len(best)} of {len(peers) + 1} peers at version {top}"
+    return ""
+
+
+def global_norm(tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> float:
+    values = tensors.values() if isinstance(tensors, Mapping) else tensors
+    return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in values))
+
+
+def trust_problem(average: Sequence[torch.Tensor], local: Sequence[torch.Tensor], factor: float = TRUST_FACTOR) -> str:
+    """Why the averaged Δ̄ must not be applied ("" when it may): non-finite, or norm above factor × ‖Δ_local‖."""
+    for index, tensor in enumerate(average):
+        if not codecs.all_finite(tensor):
+            return f"the averaged update has non-finite values (tensor {index})"
+    norm, bound = global_norm(average), factor * global_norm(local)
+    if norm > bound:
+        return f"the averaged update's norm {norm:.4g} exceeds {factor:g} × the local update's ({bound:.4g})"
+    return ""
+
+
+class RoundTimer:
+    """Timeouts derived from measured all-reduce times, not guessed (one thread)."""
+
+    def __init__(self, matchmaking_s: float) -> None:
+        self.matchmaking_s = matchmaking_s
+        self.allreduce_s: deque[float] = deque(maxlen=TIMER_WINDOW)
+
+    def record(self, seconds: float) -> None:
+        self.allreduce_s.append(seconds)
+
+    def allreduce_timeout(self) -> float:
+        if not self.allreduce_s:
+            return INITIAL_ALLREDUCE_S
+        return max(MIN_ALLREDUCE_S, TIMEOUT_FACTOR * max(self.allreduce_s))
+
+    def step_timeout(self) -> float:
+        """Matchmaking plus the all-reduce timeout: the longest one averaging step may take."""
+        return 2.0 * self.matchmaking_s + self.allreduce_timeout()
+
+    def describe(self) -> str:
+        times = self.allreduce_s
+        measured = (f"median {statistics.median(times):.2f}s, max {max(times):.2f}s of {len(times)}"
+                    if times else "none measured yet")
+        return (f"all-reduce timeout {self.allreduce_timeout():.1f}s, step timeout {self.step_timeout():.1f}s "
+                f"(all-reduce times: {measured})")
+
+
+@dataclass(frozen=True)
+class HivemindOptions:
+    """Where a peer listens and whom it dials (every address a libp2p multiaddr)."""
+
+    initial_peers: tuple[str, ...] = ()
+    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
+    announce_maddrs: tuple[str, ...] = ()
+    client_mode: bool = False
+    identity_path: Path | None = None
+    matchmaking_s: float = 2.0
+    join_timeout_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        for flag, values in (("--initial-peers", self.initial_peers), ("--host-maddrs", self.host_maddrs),
+                             ("--announce-maddrs", self.announce_maddrs)):
+            for value in values:
+                if not value.startswith("/"):
+                    raise ValueError(f"{flag} {value!r}: expected a multiaddr such as /ip4/127.0.0.1/tcp/31337/p2p/Qm...")
+        if self.client_mode and not self.initial_peers:
+            raise ValueError("--client-mode needs --initial-peers (a client peer cannot be dialed)")
+        for name in ("matchmaking_s", "join_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} = {getattr(self, name)!r}: expected seconds > 0")
+
+    @classmethod
+    def loopback(cls, initial_peers: Sequence[str] = (), **kwargs: Any) -> HivemindOptions:
+        """Listening and announcing on 127.0.0.1 only (tests, benchmarks, `rcswarm run`)."""
+        return cls(initial_peers=tuple(initial_peers), host_maddrs=("/ip4/127.0.0.1/tcp/0",),
+                   announce_maddrs=(), **kwargs)
+
+
+def start_dht(options: HivemindOptions) -> hivemind.DHT:
+    """A DHT node (and its p2pd) with rcswarm's record validator; no relays, no NAT traversal."""
+    kwargs: dict[str, Any] = dict(
+        host_maddrs=list(options.host_maddrs), client_mode=options.client_mode, use_relay=False,
+        use_auto_relay=False, auto_nat=False, nat_port_map=False,
+    )
+    if options.announce_maddrs:
+        kwargs["announce_maddrs"] = list(options.announce_maddrs)
+    if options.identity_path is not None:
+        kwargs["identity_path"] = str(options.identity_path)
+    return hivemind.DHT(initial_peers=list(options.initial_peers), start=True,
+                        record_validators=[record_validator()], **kwargs)
+
+
+def visible_maddrs(dht: hivemind.DHT) -> list[str]:
+    return [str(addr) for addr in dht.get_visible_maddrs()]
+
+
+class _StateAverager(DecentralizedAverager):
+    """An averager whose state for late joiners comes from `state_fn` (called in this process)."""
+
+    state_fn: Any = None
+
+    def get_current_state(self):
+        return self.state_fn()
+
+
+@dataclass
+class Averaged:
+    """One successful averaging step: the group's Δ̄ (float32, the peer's order) and what each member gathered."""
+
+    deltas: list[torch.Tensor]
+    gathered: list[dict[str, Any]]
+    seconds: float
+
+    @property
+    def group_version(self) -> int:
+        return max(int(g.get("version", -1)) for g in self.gathered)
+
+
+class HivemindPeer:
+    """One DHT and one averager over Δ buffers shaped like `shapes` (one thread: the worker loop).
+
+    `state_fn()` returns (metadata dict, tensors) for a late joiner; it runs on hivemind's
+    state-serving thread and must read a consistent snapshot (the worker swaps whole lists).
+    """
+
+    def __init__(self, run: str, shapes: Sequence[tuple[int, ...]], codec: str, block_size: int,
+                 options: HivemindOptions, state_fn: Any, min_group_size: int = 2,
+                 target_group_size: int | None = None) -> None:
+        self.run, self.options = run, options
+        self.timer = RoundTimer(options.matchmaking_s)
+        self.dht = start_dht(options)
+        buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
+        try:
+            self.averager = _StateAverager(
+                buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
+                target_group_size=target_group_size,
+                min_matchmaking_time=options.matchmaking_s, request_timeout=max(1.0, options.matchmaking_s / 2),
+                allreduce_timeout=INITIAL_ALLREDUCE_S, compression=compression_for(codec, block_size),
+                state_compression=NoCompression(), declare_state_period=STATE_DECLARE_S,
+                client_mode=options.client_mode, allow_state_sharing=not options.client_mode,
+            )
+            self.averager.state_fn = state_fn
+            self.averager.run_in_background(await_ready=True, timeout=60)
+        except BaseException:
+            self.dht.shutdown()
+            raise
+        log.info("hivemind peer %s of %s listening on %s; %s", self.peer_id, run, " ".join(visible_maddrs(self.dht)),
+                 self.timer.describe())
+
+    @property
+    def peer_id(self) -> str:
+        return str(self.dht.peer_id)
+
+    def set_state_version(self, version: int, shareable: bool = True) -> None:
+        """Declare this peer's state at `version` (priority: higher versions are loaded first)."""
+        self.averager.state_sharing_priority = float(version)
+        self.averager.allow_state_sharing = shareable and not self.options.client_mode
+
+    def newest_declared_version(self) -> int:
+        """The highest version another averager of this run declares for its state (0 when none does)."""
+        found = self.dht.get(f"{RECORD_PREFIX}_{self.run}.all_averagers", latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return 0
+        mine = self.averager.peer_id.to_bytes()
+        versions = [item.value for key, item in found.value.items()
+                    if key != mine and isinstance(getattr(item, "value", None), (int, float))]
+        return int(max(versions, default=0))
+
+    def load_state(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
+                   timeout_s: float) -> tuple[int, list[torch.Tensor]] | None:
+        """(version, θ tensors + momentum tensors) from the highest-priority peer, retried within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            loaded = self.averager.load_state_from_peers(timeout=max(1.0, deadline - time.monotonic()))
+            problem, state = _check_state(loaded, self.run, names, shapes)
+            if not problem:
+                return state
+            log.info("no state from peers yet (%s); retrying", problem)
+            time.sleep(0.5)
+        return None
+
+    def average(self, deltas: Sequence[torch.Tensor], tokens: int, gather: dict[str, Any]) -> Averaged | None:
+        """Average `deltas` with a group, weighted by `tokens`; None when no group formed or the all-reduce failed."""
+        with self.averager.get_tensors() as buffers:
+            for buffer, delta in zip(buffers, deltas):
+                buffer.copy_(delta)
+        timeout = self.timer.step_timeout()
+        started = time.monotonic()
+        control = self.averager.step(gather=gather, weight=float(max(tokens, 1)), timeout=timeout, wait=False)
+        try:
+            result = control.result(timeout=timeout)
+        except Exception as exc:  # hivemind raises its own errors, timeouts and cancellations alike
+            control.cancel()
+            log.warning("averaging failed after %.1fs: %r", time.monotonic() - started, exc)
+            return None
+        seconds = time.monotonic() - started
+        if not result:
+            log.warning("no averaging group within %.1fs", seconds)
+            return None
+        self.timer.record(max(0.0, seconds - self.options.matchmaking_s))
+        with self.averager.get_tensors() as buffers:
+            averaged = [buffer.clone() for buffer in buffers]
+        gathered = [g for g in result.values() if isinstance(g, dict)]
+        return Averaged(averaged, gathered, seconds)
+
+    def publish(self, key: str, value: dict[str, Any]) -> bool:
+        return bool(self.dht.store(key, value, get_dht_time() + RECORD_TTL_S, subkey=self.peer_id))
+
+    def records(self, key: str, run: str) -> dict[str, dict[str, Any]]:
+        """Every valid record under `key` for `run`, by peer id (this peer's included)."""
+        return read_records(self.dht, key, run)
+
+    def shutdown(self) -> None:
+        """Stop the averager, then the DHT (which stops its p2pd)."""
+        try:
+            self.averager.shutdown()
+        finally:
+            self.dht.shutdown()
+
+
+def read_records(dht: hivemind.DHT, key: str, run: str) -> dict[str, dict[str, Any]]:
+    """The records under `key` whose run is `run`, by subkey; the validator already refused malformed ones."""
+    found = dht.get(key, latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return {}
+    out = {}
+    for subkey, item in found.value.items():
+        value = getattr(item, "value", None)
+        if isinstance(value, dict) and value.get("run") == run:
+            out[str(subkey)] = value
+    return out
+
+
+def _check_state(loaded: Any, run: str, names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> tuple[str, Any]:
+    """("", (version, tensors)) for a state that matches this run's 2 × len(names) tensors, else (problem, None)."""
+    if loaded is None:
+        return "no peer answered", None
+    metadata, tensors = loaded
+    if not isinstance(metadata, dict) or metadata.get("run") != run or not isinstance(metadata.get("version"), int):
+        return f"metadata {str(metadata)[:200]!r}: expected run {run!r} and an integer version", None
+    want = list(shapes) * 2
+    got = [tuple(t.shape) for t in tensors]
+    if got != want:
+        return f"{len(got)} tensors of shapes {got[:4]}...: expected {len(want)} of this model's shapes", None
+    tensors = [t.to(torch.float32) for t in tensors]
+    if not all(codecs.all_finite(t) for t in tensors):
+        return "the state has non-finite values", None
+    return "", (int(metadata["version"]), tensors)
+

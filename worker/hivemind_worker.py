@@ -1,0 +1,347 @@
+"""A worker of the hivemind sync backend: DiLoCo rounds averaged peer to peer, no coordinator on the data path.
+
+    rcswarm worker --backend hivemind (--config RUN.toml | --coordinator HOST:PORT --token T)
+                   [--initial-peers MADDR ...] [--client-mode] [--host-maddrs MADDR ...]
+                   [--announce-maddrs MADDR ...] [--identity-path F] [--out DIR]
+
+Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm
+already trains, loads (version, θ, outer momentum) from the peer with the highest version. A
+round from version v: H inner steps on the run's fixed schedule (`curriculum.schedule`, else
+`data.seq_len` × `data.batch_size`); Δ = θ_v − θ_local, plus the error-feedback residual, as the
+codec sends it; `HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm);
+the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ 4 × ‖Δ‖) and then
+θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
+the peer steps with its own Δ; a refused Δ̄ skips the step (θ_{v+1} = θ_v). A peer whose group
+was at a higher version, or whose digest is off the highest-version majority's by more than the
+tolerance, re-syncs from peers; at the last version, which no later round repairs, a peer waits
+for its group's digests before that check and serves its state a few seconds longer. Each
+round's digest and the newest metric rows go to the DHT (worker/hivemind_sync.py), where
+`rcswarm dht --state-dir` mirrors them. With `--out DIR` the final θ goes to
+DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator` the
+worker also joins a coordinator for the control plane only (the run spec, a data seed,
+heartbeats, metrics and Leave on a thread of its own, worker/hivemind_control.py): training
+never waits for the coordinator, and goes on while it is down. SIGTERM or SIGINT ends the
+worker after its current step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+from safetensors.torch import save_file
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.models import registry
+from rcswarm.protos import codec as codecs
+from rcswarm.protos.outer import outer_step
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.worker import hivemind_sync as hs
+from rcswarm.worker.client import RetriesExhausted
+from rcswarm.worker.hivemind_control import ControlPlane
+from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
+from rcswarm.worker.worker import auto_threads
+
+log = logging.getLogger("rcswarm.worker")
+# At the last version: how long a peer waits for its group's digests, then serves its state for re-syncs.
+SETTLE_S = 10.0
+STATE_GRACE_S = 3.0
+
+
+def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
+    """(seq_len, batch) of the round from `version`: the `curriculum.schedule` row in force at step version × inner.steps."""
+    seq_len, batch = spec.data.seq_len, spec.data.batch_size
+    for from_step, row_len, row_batch in spec.curriculum.schedule:
+        if version * spec.inner.steps >= from_step:
+            seq_len, batch = row_len, row_batch
+    return seq_len, batch
+
+
+class HivemindWorker:
+    """One peer's training loop (the worker thread); `state()` is also called by hivemind's state server.
+
+    `_snapshot`, the (version, θ, momentum) served to late joiners, is replaced whole after each
+    round, so `state()` needs no lock.
+    """
+
+    def __init__(self, spec: RunSpec, options: hs.HivemindOptions, *, name: str = "", device: str = "cpu",
+                 out: Path | None = None, stop: threading.Event | None = None, control: ControlPlane | None = None,
+                 data_seed: int | None = None) -> None:
+        if spec.sync.backend != "hivemind":
+            raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
+        if spec.is_sweep or spec.curriculum.adaptive or spec.curriculum.worker_seq_lens:
+            raise ValueError("a hivemind swarm trains one run on a fixed schedule: expected no [sweep], "
+                             "no adaptive curriculum and no curriculum.worker_seq_lens")
+        self.spec, self.options, self.out, self.control = spec, options, out, control
+        self.data_seed = data_seed
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.device = torch.device(device)
+        self.stop = stop or threading.Event()
+        model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
+        self.model = model.to(self.device)
+        self.names = [name for name, _ in self.model.named_parameters()]
+        self.shapes = [tuple(p.shape) for _, p in self.model.named_parameters()]
+        self.momentum = [torch.zeros(shape) for shape in self.shapes]
+        self.optimizer = make_inner_optimizer(self.model, spec.inner)
+        self.codec = codecs.codec_from_name(spec.sync.codec)
+        self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
+        self.version = 0
+        self.step = 0
+        self.started = time.perf_counter()
+        self.compute_seconds = self.sync_seconds = 0.0
+        self.history: list[dict[str, Any]] = []
+        self.recent_rows: deque[list[float]] = deque(maxlen=hs.MAX_METRIC_ROWS)
+        self._published: dict[str, Any] | None = None  # the digest of this peer's current version, once stored
+        self._snapshot: tuple[int, list[torch.Tensor]] = (0, self._params() + self.momentum)
+        self.peer: hs.HivemindPeer | None = None
+        self.sampler: Any = None
+        self._data: tuple[int, int] = (0, 0)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p.detach().to("cpu", copy=True) for p in self.model.parameters()]
+
+    def state(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        version, tensors = self._snapshot
+        return {"run": self.spec.run.name, "version": version}, tensors
+
+    def run(self) -> int:
+        """Train until run.rounds versions exist or a stop is requested; returns the exit code."""
+        try:
+            self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
+                                        self.spec.sync.block_size, self.options, self.state)
+            if self.data_seed is None:  # without a coordinator's data seed, one from the peer id
+                seed = int.from_bytes(hashlib.sha256(self.peer.peer_id.encode()).digest()[:4], "little")
+                self.data_seed = worker_data_seed(self.spec.run.seed, seed)
+            newest = self.peer.newest_declared_version()
+            if newest > 0:  # a swarm past θ_0 trains; at version 0 every peer holds θ_0 from the seed already
+                self._resync(f"joining a swarm at version {newest}")
+            self.peer.set_state_version(self.version)
+            while not self.stop.is_set() and self.version < self.spec.run.rounds:
+                self._round()
+            if self.version >= self.spec.run.rounds and not self.stop.is_set():
+                self._settle()
+        finally:
+            if self.peer is not None:
+                self._write_out()
+                self.peer.shutdown()
+            if self.control is not None:
+                self.control.close("finished" if self.version >= self.spec.run.rounds else "stopped")
+        log.info("%s finished at version %d", self.name, self.version)
+        return 0
+
+    def _follow_schedule(self) -> None:
+        seq_len, batch = schedule_for(self.spec, self.version)
+        if (seq_len, batch) != self._data:
+            self._data = (seq_len, batch)
+            data = dataclasses.replace(self.spec.data, seq_len=seq_len, batch_size=batch)
+            self.sampler = make_sampler(data, self.data_seed + self.version, model_config=self.model.config)
+            log.info("%s: from version %d: seq_len %d, batch %d", self.name, self.version, seq_len, batch)
+
+    def _train(self) -> tuple[int, list[list[float]]]:
+        """H inner steps; (tokens, metric rows)."""
+        inner, tokens, rows = self.spec.inner, 0, []
+        for _ in range(inner.steps):
+            if self.stop.is_set():
+                break
+            result = inner_step(self.model, self.optimizer, self.sampler, inner.grad_clip, self.device,
+                                inner.bptt_chunk, inner.memory_budget_mb)
+            self.step += 1
+            tokens += result.tokens
+            self.compute_seconds += result.seconds
+            rows.append([float(self.version), float(self.step), float(result.loss), float(result.tokens),
+                         time.perf_counter() - self.started, self.compute_seconds, self.sync_seconds,
+                         float(self._data[0]), float(self._data[1])])
+        return tokens, rows
+
+    def pseudo_gradient(self, base: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Δ = θ_v − θ_local as the codec delivers it (with the error-feedback residual); a hook for tests."""
+        deltas = {name: b - p.detach().cpu() for name, b, p in zip(self.names, base, self.model.parameters())}
+        if self.error_feedback is None:
+            return list(deltas.values())
+        _, sent = self.error_feedback.compress_decoded(deltas, self.codec, self.spec.sync.block_size, consume=True)
+        return [sent[name] for name in self.names]
+
+    def _round(self) -> None:
+        self._follow_schedule()
+        base = self._params()
+        tokens, rows = self._train()
+        if self.stop.is_set():
+            return
+        started = time.perf_counter()
+        try:
+            deltas = self.pseudo_gradient(base)
+        except ValueError as exc:  # a non-finite Δ: nothing is sent, the round restarts from θ_v
+            log.warning("%s: round %d not averaged: %s", self.name, self.version, exc)
+            self._load(base)
+            return
+        gather = {"version": self.version, "tokens": tokens, "norm": hs.global_norm(deltas)}
+        result = self.peer.average(deltas, tokens, gather)
+        if result is not None and result.group_version > self.version:
+            self._resync(f"the group was at version {result.group_version}")
+            return
+        problem = self._step(base, deltas, deltas if result is None else result.deltas)
+        self.version += 1
+        self._snapshot = (self.version, self._params() + [m.clone() for m in self.momentum])
+        self.peer.set_state_version(self.version)
+        self.sync_seconds += time.perf_counter() - started
+        group = len(result.gathered) if result is not None else 1
+        measured = self._publish(rows, base)
+        self.history.append({
+            "version": self.version, "loss": sum(r[2] for r in rows) / max(len(rows), 1), "group": group,
+            "skipped": problem, "drift": measured, "allreduce_s": result.seconds if result else None,
+        })
+        log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
+                 self.history[-1]["loss"], measured, self.peer.timer.describe())
+
+    def _step(self, base: list[torch.Tensor], deltas: list[torch.Tensor], averaged: list[torch.Tensor]) -> str:
+        """θ_{v+1}, b = outer_step(θ_v, b, Δ̄) into the model, or θ_v again when Δ̄ fails the trust check (the reason)."""
+        problem = hs.trust_problem(averaged, deltas)
+        if problem:
+            log.warning("%s: round %d skipped locally: %s", self.name, self.version, problem)
+            self._load(base)
+            return problem
+        new, momentum = outer_step(dict(zip(self.names, base)), dict(zip(self.names, self.momentum)),
+                                   dict(zip(self.names, averaged)), self.spec.outer)
+        self.momentum = list(momentum.values())
+        self._load(list(new.values()))
+        return ""
+
+    def _settle(self) -> None:
+        """At the last version, which no later round repairs: wait up to SETTLE_S for the last group's digests,
+        re-sync when off the majority, then serve the state STATE_GRACE_S longer for a peer that re-syncs."""
+        mine, others = self._published, {}
+        if mine is None or mine["version"] != self.version:
+            return
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and not self.stop.is_set():
+            records = self.peer.records(hs.DIGEST_KEY, self.spec.run.name).items()
+            others = {peer: r for peer, r in records if peer != self.peer.peer_id and r["version"] == self.version}
+            if len(others) >= self.history[-1]["group"] - 1:
+                break
+            time.sleep(0.2)
+        reason = hs.resync_reason(self.peer.peer_id, mine, others)
+        if reason:
+            self._resync(f"at the last version: {reason}")
+        self.stop.wait(STATE_GRACE_S)
+
+    def _publish(self, rows: list[list[float]], base: list[torch.Tensor]) -> float:
+        """Store this version's digest and metrics; re-sync when off the majority. Returns the measured drift."""
+        run = self.spec.run.name
+        params = dict(zip(self.names, self._snapshot[1]))
+        mine = hs.digest_record(run, self.version, params, {n: p - b for n, p, b in zip(self.names, params.values(), base)})
+        self.peer.publish(hs.DIGEST_KEY, mine)
+        self._published = mine
+        self.recent_rows.extend(rows)
+        if self.control is not None:
+            self.control.report([self._metric(row) for row in rows] + [pb.Metric(
+                version=self.version, step=self.step, seq_len=self._data[0], batch=self._data[1], loss=float("nan"),
+                tokens=0, wall_time=time.perf_counter() - self.started, compute_seconds=self.compute_seconds,
+                sync_seconds=self.sync_seconds, param_sha256=mine["sha256"])])
+        self.peer.publish(hs.METRICS_KEY, {"run": run, "name": self.name, "rows": list(self.recent_rows)})
+        others = {peer: r for peer, r in self.peer.records(hs.DIGEST_KEY, run).items() if peer != self.peer.peer_id}
+        same = [hs.drift(mine, r) for r in others.values() if r["version"] == self.version]
+        reason = hs.resync_reason(self.peer.peer_id, mine, others)
+        if reason:
+            self._resync(reason)
+        return max(same, default=0.0)
+
+    @staticmethod
+    def _metric(row: list[float]) -> pb.Metric:
+        version, step, loss, tokens, wall, compute, sync, seq_len, batch = row
+        return pb.Metric(version=int(version), step=int(step), seq_len=int(seq_len), batch=int(batch), loss=loss,
+                         tokens=int(tokens), wall_time=wall, compute_seconds=compute, sync_seconds=sync)
+
+    def _resync(self, why: str) -> None:
+        """Load (version, θ, momentum) from the highest-version peer; keep training from the local state without one."""
+        log.warning("%s re-syncs from peers: %s", self.name, why)
+        self.peer.set_state_version(self.version, shareable=False)  # nobody loads a drifted state meanwhile
+        loaded = self.peer.load_state(self.names, self.shapes, self.options.join_timeout_s)
+        if loaded is None:
+            log.warning("%s: no peer served its state; training on from version %d", self.name, self.version)
+        else:
+            self.version, tensors = loaded
+            count = len(self.names)
+            self._load(tensors[:count])
+            self.momentum = [t.clone() for t in tensors[count:]]
+            self._snapshot = (self.version, self._params() + [m.clone() for m in self.momentum])
+            log.info("%s loaded version %d from peers", self.name, self.version)
+        self.peer.set_state_version(self.version)
+
+    def _load(self, tensors: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for param, tensor in zip(self.model.parameters(), tensors):
+                param.copy_(tensor)
+
+    def _write_out(self) -> None:
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        save_file({name: p.detach().cpu().contiguous() for name, p in self.model.named_parameters()},
+                  str(self.out / "final.safetensors"))
+        summary = {"name": self.name, "version": self.version, "history": self.history,
+                   "peer_id": self.peer.peer_id if self.peer else ""}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def main(args: argparse.Namespace) -> int:
+    """`rcswarm worker --backend hivemind ...` after argparse (the usage convention of cli/usage.py)."""
+    control, data_seed = None, None
+    try:
+        if args.config is None and args.coordinator is None:
+            raise ValueError("--backend hivemind needs --config RUN.toml (the run spec every peer trains) "
+                             "or --coordinator HOST:PORT (which serves it)")
+        spec = RunSpec.from_toml(args.config) if args.config is not None else None
+        options = hs.HivemindOptions(
+            initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
+            announce_maddrs=tuple(args.announce_maddrs), client_mode=args.client_mode, identity_path=args.identity_path,
+        )
+        threads, why = (args.threads, "--threads") if args.threads else auto_threads()
+        torch.set_num_threads(threads)
+        log.info("torch threads: %d (%s)", threads, why)
+        device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+        if args.coordinator is not None:
+            token = args.token or os.environ.get(TOKEN_ENV, "")
+            if not token:
+                raise ValueError(f"a join token is required with --coordinator (--token or ${TOKEN_ENV})")
+            control = ControlPlane(args.coordinator, token, name, device, patience_s=args.patience_s,
+                                   rpc_timeout_s=args.rpc_timeout_s, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+                                   tls_key=args.tls_key)
+    except (ValueError, OSError) as exc:
+        print(f"rcswarm worker: {exc}", file=sys.stderr)
+        return 2
+    if control is not None:
+        try:
+            joined = control.join()
+            spec = RunSpec.from_json(joined.run_spec_json)
+        except (grpc.RpcError, RetriesExhausted, ValueError) as exc:
+            log.error("%s cannot join %s: %s", name, args.coordinator, exc)
+            control.client.close()
+            return 1
+        data_seed = worker_data_seed(spec.run.seed, joined.data_seed)
+        control.start()  # beats from now on: building the model and the peer may outlast the lease
+    try:
+        worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control, data_seed=data_seed)
+    except ValueError as exc:
+        print(f"rcswarm worker: {exc}", file=sys.stderr)
+        if control is not None:
+            control.close("refused")
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop.set())
+    return worker.run()
