@@ -14,8 +14,10 @@ heartbeat thread on its own channel renews the first worker's lease every `--bea
 heartbeat thread does beside its main thread) and times each call;
 a beat counts as "during a close" when the coordinator reported a close under way as it was sent.
 The close's pieces are the coordinator's own measurement of every close (`last_close_seconds`):
-average, norm, outer step, compressed step, digest, commit (checkpoint write + fsync + SQLite),
-and step payload. The full fp32 pull payload is built by a version's first full pull, not by the close:
+average (with each held update's decode), norm, outer step, compressed step, commit, norm bound and
+step payload; the commit's own pieces (`StateStore.last_commit_seconds`, indented: the checkpoint
+written with the parameters' digest in the same pass, the fsyncs, the SQLite transaction) are shown
+under it and not counted twice in the total. The full fp32 pull payload is built by a version's first full pull, not by the close:
 the table's last row times one such pull of the last version (build and transfer).
 
 The coordinator shares this process (and its GIL) with the worker threads, as it shares a host
@@ -190,7 +192,8 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
             if coordinator.version < version:
                 raise RuntimeError(f"round {version - 1} did not close: {errors or 'timed out'}")
             round_seconds.append(time.perf_counter() - round_started)
-            pieces.append(dict(coordinator.last_close_seconds))
+            pieces.append({**coordinator.last_close_seconds,
+                           **{f"  {name}": t for name, t in coordinator.store.last_commit_seconds.items()}})
         for thread in threads:
             thread.join(timeout=args.timeout)
         if errors:
@@ -230,7 +233,8 @@ def print_tables(results: list[SizeResult], args: argparse.Namespace) -> None:
     for name in [*names, "total"]:
         cells = []
         for r in results:
-            per_round = [sum(p.values()) if name == "total" else p.get(name, 0.0) for p in r.pieces]
+            per_round = [sum(t for piece, t in p.items() if not piece.startswith(" ")) if name == "total"
+                         else p.get(name, 0.0) for p in r.pieces]
             cells.append(f"{statistics.mean(per_round):>9.3f}")
         print(f"{name:>16} " + " ".join(cells))
     print(f"{'first full pull':>16} " + " ".join(f"{r.first_full_pull:>9.3f}" for r in results))
