@@ -193,7 +193,7 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
                 raise RuntimeError(f"round {version - 1} did not close: {errors or 'timed out'}")
             round_seconds.append(time.perf_counter() - round_started)
             pieces.append({**coordinator.last_close_seconds,
-                           **{f"  {name}": t for name, t in coordinator.store.last_commit_seconds.items()}})
+                           **{f"  {name}": t for name, t in getattr(coordinator.store, "last_commit_seconds", {}).items()}})
         for thread in threads:
             thread.join(timeout=args.timeout)
         if errors:

@@ -6,7 +6,8 @@ and the named reads the analysis, the dashboard, the summary and the commands us
 `StateStore.open_read_only(state_dir)` opens an existing state dir for reading only
 (`rcswarm status --state-dir`, `rcswarm fit RUN_DIR`, the launcher's summary).
 
-A version is committed in two steps: its checkpoint file is written to a temporary name,
+A version is committed in two steps: its checkpoint file is written to a temporary name
+(straight from the tensors' memory, over the last pruned checkpoint's file when there is one),
 fsynced and renamed into place; then one SQLite transaction records it as current and
 enters its parameters' SHA-256 (`tensor_stream.params_sha256`, the digest pulls carry) in
 the `checkpoints` ledger. A crash between the two leaves the previous version current (the
@@ -30,6 +31,7 @@ their cost depends on the number of workers and steps, not on the number of metr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -51,6 +53,10 @@ from safetensors import SafetensorError, safe_open
 from rcswarm.protos import tensor_stream
 
 log = logging.getLogger("rcswarm.coordinator.store")
+
+# A pruned checkpoint file kept for the next commit to overwrite in place: writing into a file's cached
+# pages is several times faster than allocating new ones (docs/PERFORMANCE.md, the round close at scale).
+RECYCLED_CHECKPOINT = ".recycled.safetensors"
 
 # Optimizer state is stored beside the parameters as "<group>/<parameter name>";
 # parameter names never contain "/".
@@ -329,7 +335,8 @@ def write_checkpoint(
 ) -> bytes | None:
     """Write a safetensors file of `params` then each state group's tensors ("<group>/<name>") straight from
     the tensors' memory: a header, then each tensor's bytes by one write each, no intermediate copy (not
-    fsynced: the caller does). With `digest`, returns `tensor_stream.params_sha256(params)` computed over
+    fsynced: the caller does). An existing file at `path` is overwritten in place and cut to size, so the
+    pages it has in the page cache are reused instead of allocated afresh. With `digest`, returns `tensor_stream.params_sha256(params)` computed over
     the same bytes in the same pass (params must be float32), else None.
     """
     if sys.byteorder != "little":
@@ -348,7 +355,7 @@ def write_checkpoint(
     sha = hashlib.sha256() if digest else None
     if sha is not None and any(tensor.dtype != torch.float32 for tensor in params.values()):
         raise ValueError(f"checkpoint parameters must be float32 to be digested, got {sorted({str(t.dtype) for t in params.values()})}")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         _write_all(fd, memoryview(struct.pack("<Q", len(header)) + header))
         for index, (key, data, _) in enumerate(parts):
@@ -357,6 +364,7 @@ def write_checkpoint(
                 sha.update(b"\0")
                 sha.update(data)
             _write_all(fd, data)
+        os.ftruncate(fd, 8 + len(header) + offset)
     finally:
         os.close(fd)
     return None if sha is None else sha.digest()
@@ -501,6 +509,8 @@ class StateStore:
         given = (param_sha256.hex() if param_sha256 is not None
                  else round_record.param_sha256 if round_record is not None and round_record.param_sha256 else None)
         started = time.perf_counter()
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.checkpoint_dir / RECYCLED_CHECKPOINT, partial)
         computed = write_checkpoint(partial, params, state, {"run_id": run_id, "version": str(version)},
                                     digest=given is None)
         digest = given if computed is None else computed.hex()
@@ -545,7 +555,8 @@ class StateStore:
 
     def _prune_checkpoints(self, keep: str) -> None:
         """Remove files no commit recorded (orphans of a crash) and all but the newest `keep_checkpoints`
-        besides `keep` (takes `_lock` for the ledger)."""
+        besides `keep` (takes `_lock` for the ledger). The first of them becomes RECYCLED_CHECKPOINT, which the
+        next commit overwrites."""
         present = sorted(p for p in self.checkpoint_dir.glob("v*.safetensors") if p.name != keep)
         marks = ", ".join("?" * len(present))
         with self._lock:
@@ -554,7 +565,10 @@ class StateStore:
         files = [p for p in present if p.name in recorded]
         stale = files[: max(0, len(files) - self.keep_checkpoints)]
         orphans = [p for p in present if p.name not in recorded]
-        for path in stale + orphans + list(self.checkpoint_dir.glob(".*.partial")):
+        doomed = stale + orphans + list(self.checkpoint_dir.glob(".*.partial"))
+        if doomed:
+            os.replace(doomed.pop(0), self.checkpoint_dir / RECYCLED_CHECKPOINT)
+        for path in doomed:
             path.unlink(missing_ok=True)
 
     def load_current(self) -> Checkpoint | None:

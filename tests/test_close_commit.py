@@ -6,6 +6,7 @@ The coordinator test runs a real coordinator on loopback with raw stubs (tests/t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from safetensors.torch import save_file
 from rcswarm.coordinator import aggregation
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import RoundRecord, StateStore, write_checkpoint
+from rcswarm.coordinator.store import RECYCLED_CHECKPOINT, RoundRecord, StateStore, write_checkpoint
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -175,4 +176,30 @@ def test_a_commit_without_a_digest_records_the_one_it_computed(tmp_path: Path) -
     assert store.recent_rounds(1)[0].param_sha256 == want.hex()
     store.commit_version("run", 2, params, {}, RoundRecord(1, 2.0, 3.0, 2, 96, "all reported", 0.1, "ab" * 32))
     assert store.committed_digest(2) == bytes.fromhex("ab" * 32) and "write" in store.last_commit_seconds
+    store.close()
+
+
+def test_a_pruned_checkpoint_file_is_overwritten_by_the_next_commit(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state", keep_checkpoints=1, durable=False)
+    store.set_many({"param_names": json.dumps(["w", "b"])})
+    params = {"w": torch.arange(6, dtype=torch.float32), "b": torch.zeros(3)}
+    for version in (1, 2, 3):
+        store.commit_version("run", version, {k: v + version for k, v in params.items()}, {}, None)
+    recycled = store.checkpoint_dir / RECYCLED_CHECKPOINT
+    names = sorted(p.name for p in store.checkpoint_dir.iterdir())
+    assert names == [RECYCLED_CHECKPOINT, "v00000002.safetensors", "v00000003.safetensors"]
+    inode = recycled.stat().st_ino
+    bigger = {"w": torch.arange(6, dtype=torch.float32) + 4, "b": torch.zeros(3) + 4}
+    store.commit_version("run", 4, bigger, {"outer_momentum": {"w": torch.ones(6)}}, None)
+    assert (store.checkpoint_dir / "v00000004.safetensors").stat().st_ino == inode
+    small = {"w": torch.arange(6, dtype=torch.float32) + 5, "b": torch.zeros(3) + 5}
+    for version in (5, 6, 7):  # the 7th goes over version 4's larger file: cut to size
+        store.commit_version("run", version, small, {}, None)
+    checkpoint = store.load_current()
+    assert checkpoint is not None and checkpoint.version == 7 and not checkpoint.state
+    assert_bit_identical(checkpoint.params, small)
+    newest = store.checkpoint_dir / "v00000007.safetensors"
+    fresh = tmp_path / "fresh.safetensors"
+    write_checkpoint(fresh, small, {}, {"run_id": "run", "version": "7"}, digest=False)
+    assert newest.stat().st_ino == inode and newest.read_bytes() == fresh.read_bytes()
     store.close()
