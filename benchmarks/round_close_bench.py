@@ -2,6 +2,7 @@
 
     python benchmarks/round_close_bench.py                       # 10 M and 100 M parameters, 2 workers, 4 rounds
     python benchmarks/round_close_bench.py --sizes 10m --rounds 3 --workers 4
+    python benchmarks/round_close_bench.py --sizes 100m --rounds 3 --warmup 3   # steady state: recycled checkpoint files
     python benchmarks/round_close_bench.py --quick               # smoke run: ~1 M parameters, 2 rounds
 
 A real coordinator (`SwarmCoordinator` behind `RunningCoordinator`, gRPC on 127.0.0.1, a fresh
@@ -175,7 +176,8 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
         codec, block = codecs.codec_from_name(args.codec), spec.sync.block_size
         updates = [encoded_update(header, codec, block, seed) for seed in range(args.workers)]
         start = threading.Barrier(args.workers + 1)
-        threads = [threading.Thread(target=worker_loop, args=(wire, member, update, args.rounds, start, args.timeout, errors),
+        threads = [threading.Thread(target=worker_loop, args=(wire, member, update, args.warmup + args.rounds, start,
+                                                              args.timeout, errors),
                                     daemon=True) for member, update in zip(members, updates, strict=True)]
         beat_thread = threading.Thread(target=beat_loop, args=(beat_wire, members[0], coordinator, args.beat_ms / 1000, stop,
                                                                beats, errors), daemon=True)
@@ -184,13 +186,17 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
         beat_thread.start()
         pieces, round_seconds = [], []
         start.wait(timeout=args.timeout)
-        for version in range(1, args.rounds + 1):
+        for version in range(1, args.warmup + args.rounds + 1):
             round_started = time.perf_counter()
             deadline = round_started + args.timeout
             while coordinator.version < version and not errors and time.perf_counter() < deadline:
                 time.sleep(0.005)
             if coordinator.version < version:
                 raise RuntimeError(f"round {version - 1} did not close: {errors or 'timed out'}")
+            if version <= args.warmup:
+                beats.during_close.clear()
+                beats.otherwise.clear()
+                continue
             round_seconds.append(time.perf_counter() - round_started)
             pieces.append({**coordinator.last_close_seconds,
                            **{f"  {name}": t for name, t in getattr(coordinator.store, "last_commit_seconds", {}).items()}})
@@ -218,7 +224,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def print_tables(results: list[SizeResult], args: argparse.Namespace) -> None:
     """The heartbeat table and the close's pieces, one column per size."""
-    print(f"\ncodec {args.codec}, {args.workers} workers, {args.rounds} rounds, beat every {args.beat_ms} ms, "
+    print(f"\ncodec {args.codec}, {args.workers} workers, {args.rounds} rounds after {args.warmup} unmeasured, "
+          f"beat every {args.beat_ms} ms, "
           f"{torch.get_num_threads()} torch thread(s)")
     print(f"{'size':>6} {'params':>12} {'round s':>8} {'beats':>6} {'in close':>8} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'max ms':>8} {'close p99':>9}")
@@ -244,7 +251,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["10m", "100m"], choices=sorted(SIZES))
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=4, help="rounds measured (default 4)")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="rounds run first and not measured (default 0): a coordinator's first closes write new "
+                             "checkpoint files, later ones overwrite the pruned one in place")
     parser.add_argument("--codec", default="int8", choices=["fp32", "bf16", "int8"])
     parser.add_argument("--beat-ms", type=float, default=10.0, help="milliseconds between heartbeats (default 10)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -253,8 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.rounds = ["1m"], 2
-    if args.workers < 1 or args.rounds < 1 or args.beat_ms <= 0 or args.threads < 1 or args.timeout <= 0:
-        parser.error("--workers, --rounds, --threads need >= 1; --beat-ms and --timeout > 0")
+    if args.workers < 1 or args.rounds < 1 or args.warmup < 0 or args.beat_ms <= 0 or args.threads < 1 or args.timeout <= 0:
+        parser.error("--workers, --rounds, --threads need >= 1; --warmup >= 0; --beat-ms and --timeout > 0")
     return args
 
 

@@ -933,7 +933,8 @@ class SwarmCoordinator:
         with watch.piece("outer step"):
             target, momentum = outer.outer_step(close.params, close.momentum, average, self.spec.outer)
         with watch.piece("compressed step"):
-            params, encoded_step = outer.compressed_step(close.params, target, self.codec, block, self.broadcast_feedback)
+            params, encoded_step = outer.compressed_step(close.params, target, self.codec, block, self.broadcast_feedback,
+                                                         consume_target=True)
         record = RoundRecord(
             version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
             tokens=sum(u.tokens for u in reports), close_reason=close.reason, update_norm=norm, param_sha256="",

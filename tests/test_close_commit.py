@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rcswarm.coordinator import aggregation
+from rcswarm.coordinator import aggregation, outer
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import RECYCLED_CHECKPOINT, RoundRecord, StateStore, write_checkpoint
@@ -203,3 +203,23 @@ def test_a_pruned_checkpoint_file_is_overwritten_by_the_next_commit(tmp_path: Pa
     write_checkpoint(fresh, small, {}, {"run_id": "run", "version": "7"}, digest=False)
     assert newest.stat().st_ino == inode and newest.read_bytes() == fresh.read_bytes()
     store.close()
+
+
+@pytest.mark.parametrize("codec", [pb.CODEC_INT8_BLOCK, pb.CODEC_FP32])
+def test_a_consumed_target_gives_the_same_step_and_becomes_the_residual(codec: int) -> None:
+    generator = torch.Generator().manual_seed(13)
+    params = random_tensors(generator)
+    kept, consumed = codecs.ErrorFeedback(), codecs.ErrorFeedback()
+    for _ in range(2):
+        target = {name: t - 1e-2 * torch.randn(t.shape, generator=generator) for name, t in params.items()}
+        spare = {name: t.clone() for name, t in target.items()}
+        want, want_bytes = outer.compressed_step(params, target, codec, 64, kept)
+        assert_bit_identical(target, spare)
+        got, got_bytes = outer.compressed_step(params, spare, codec, 64, consumed, consume_target=True)
+        assert got_bytes == want_bytes
+        assert_bit_identical(got, want)
+        for name in SHAPES:
+            assert torch.equal(consumed.residual(name), kept.residual(name))
+            if codec == pb.CODEC_INT8_BLOCK:
+                assert consumed._residuals[name].data_ptr() == spare[name].data_ptr()
+        params = got
