@@ -18,8 +18,13 @@ The close's pieces are the coordinator's own measurement of every close (`last_c
 average (with each held update's decode), norm, outer step, compressed step, commit, norm bound and
 step payload; the commit's own pieces (`StateStore.last_commit_seconds`, indented: the checkpoint
 written with the parameters' digest in the same pass, the fsyncs, the SQLite transaction) are shown
-under it and not counted twice in the total. The full fp32 pull payload is built by a version's first full pull, not by the close:
-the table's last row times one such pull of the last version (build and transfer).
+under it and not counted twice in the total. The full fp32 pull payload is built by a version's first
+full pull, not by the close: the table's last row times one such pull of the last version (build and
+transfer). `--warmup N` runs N rounds first without measuring them (beats included).
+
+Before/after in one run: the script runs against whichever rcswarm is on PYTHONPATH, so pointing it at
+a checkout of main (a directory holding an `rcswarm` symlink to it) gives the baseline with the same
+command; a baseline without the commit's sub-pieces shows its "digest" and "commit" pieces instead.
 
 The coordinator shares this process (and its GIL) with the worker threads, as it shares a host
 with its gRPC threads in production; torch runs `--threads` intra-op threads (default 1).
