@@ -357,13 +357,18 @@ def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
 def global_norm(tensors: Mapping[str, torch.Tensor]) -> float:
     """L2 norm over all elements of all tensors, accumulated in float64.
 
-    Squares a float64 copy of each tensor in place, in one work buffer the size of the largest tensor
-    (a view of the tensor's shape, so each sum sees the same values in the same layout): the same values
-    and the same reduction as ``sum(square(tensor.double()))``, without a fresh temporary per tensor.
+    Squares a float64 copy of each tensor in place: the same values and the same reduction as
+    ``sum(square(tensor.double()))``. Contiguous CPU tensors are copied into one work buffer the size of
+    the largest (a view of the tensor's shape, so each sum sees the same layout) instead of a fresh
+    full-size temporary each; others get their own copy.
     """
     total = 0.0
-    work = torch.empty(max((t.numel() for t in tensors.values()), default=0), dtype=torch.float64)  # [largest]
+    flat = [t for t in tensors.values() if t.device.type == "cpu" and t.is_contiguous()]
+    work = torch.empty(max((t.numel() for t in flat), default=0), dtype=torch.float64)  # [largest]
     for tensor in tensors.values():
-        wide = work[: tensor.numel()].view(tensor.shape).copy_(tensor.detach())  # [*shape]
+        if tensor.device.type == "cpu" and tensor.is_contiguous():
+            wide = work[: tensor.numel()].view(tensor.shape).copy_(tensor.detach())  # [*shape]
+        else:
+            wide = tensor.detach().to(torch.float64, copy=True)  # [*shape]
         total += float(torch.sum(wide.square_()))
     return math.sqrt(total)
