@@ -17,8 +17,9 @@ a beat counts as "during a close" when the coordinator reported a close under wa
 The close's pieces are the coordinator's own measurement of every close (`last_close_seconds`):
 average (with each held update's decode), norm, outer step, compressed step, commit, norm bound and
 step payload; the commit's own pieces (`StateStore.last_commit_seconds`, indented: the checkpoint
-written with the parameters' digest in the same pass, the fsyncs, the SQLite transaction) are shown
-under it and not counted twice in the total. The full fp32 pull payload is built by a version's first
+written with the parameters' digest in the same pass, the fsyncs, the SQLite transaction, and the rest
+of the commit piece: the reference norms and events written after it) are shown under it and not counted
+twice in the total. The full fp32 pull payload is built by a version's first
 full pull, not by the close: the table's last row times one such pull of the last version (build and
 transfer). `--warmup N` runs N rounds first without measuring them (beats included).
 
@@ -163,6 +164,19 @@ def beat_loop(wire: Wire, member: pb.JoinResponse, coordinator: SwarmCoordinator
         errors.append(exc)
 
 
+def close_pieces(coordinator: SwarmCoordinator) -> dict[str, float]:
+    """The last close's pieces, the commit's own pieces (indented) right under the commit, and what the
+    commit piece spent besides `commit_version` (the reference norms and events, in their own transactions)."""
+    commit = dict(getattr(coordinator.store, "last_commit_seconds", {}))
+    pieces: dict[str, float] = {}
+    for name, seconds in coordinator.last_close_seconds.items():
+        pieces[name] = seconds
+        if name == "commit" and commit:
+            pieces.update({f"  {piece}": t for piece, t in commit.items()})
+            pieces["  run state, events"] = seconds - sum(commit.values())
+    return pieces
+
+
 def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
     """Serve one size, run the rounds back to back, and collect the measurements."""
     spec = spec_for(size, args.codec, args.workers)
@@ -203,8 +217,7 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
                 beats.otherwise.clear()
                 continue
             round_seconds.append(time.perf_counter() - round_started)
-            pieces.append({**coordinator.last_close_seconds,
-                           **{f"  {name}": t for name, t in getattr(coordinator.store, "last_commit_seconds", {}).items()}})
+            pieces.append(close_pieces(coordinator))
         for thread in threads:
             thread.join(timeout=args.timeout)
         if errors:
@@ -241,15 +254,15 @@ def print_tables(results: list[SizeResult], args: argparse.Namespace) -> None:
               f"{1000 * max(every, default=float('nan')):>8.2f} {1000 * percentile(r.beats.during_close, 99):>9.2f}")
     names = list(dict.fromkeys(name for r in results for p in r.pieces for name in p))
     print("\nclose pieces, mean seconds per round")
-    print(f"{'piece':>16} " + " ".join(f"{r.size:>9}" for r in results))
+    print(f"{'piece':>20} " + " ".join(f"{r.size:>9}" for r in results))
     for name in [*names, "total"]:
         cells = []
         for r in results:
             per_round = [sum(t for piece, t in p.items() if not piece.startswith(" ")) if name == "total"
                          else p.get(name, 0.0) for p in r.pieces]
             cells.append(f"{statistics.mean(per_round):>9.3f}")
-        print(f"{name:>16} " + " ".join(cells))
-    print(f"{'first full pull':>16} " + " ".join(f"{r.first_full_pull:>9.3f}" for r in results))
+        print(f"{name:>20} " + " ".join(cells))
+    print(f"{'first full pull':>20} " + " ".join(f"{r.first_full_pull:>9.3f}" for r in results))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
