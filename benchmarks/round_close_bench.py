@@ -2,6 +2,7 @@
 
     python benchmarks/round_close_bench.py                       # 10 M and 100 M parameters, 2 workers, 4 rounds
     python benchmarks/round_close_bench.py --sizes 10m --rounds 3 --workers 4
+    python benchmarks/round_close_bench.py --sizes 100m --rounds 3 --warmup 3   # steady state: recycled checkpoint files
     python benchmarks/round_close_bench.py --quick               # smoke run: ~1 M parameters, 2 rounds
 
 A real coordinator (`SwarmCoordinator` behind `RunningCoordinator`, gRPC on 127.0.0.1, a fresh
@@ -14,9 +15,17 @@ heartbeat thread on its own channel renews the first worker's lease every `--bea
 heartbeat thread does beside its main thread) and times each call;
 a beat counts as "during a close" when the coordinator reported a close under way as it was sent.
 The close's pieces are the coordinator's own measurement of every close (`last_close_seconds`):
-average, norm, outer step, compressed step, digest, commit (checkpoint write + fsync + SQLite),
-and step payload. The full fp32 pull payload is built by a version's first full pull, not by the close:
-the table's last row times one such pull of the last version (build and transfer).
+average (with each held update's decode), norm, outer step, compressed step, commit, norm bound and
+step payload; the commit's own pieces (`StateStore.last_commit_seconds`, indented: the checkpoint
+written with the parameters' digest in the same pass, the fsyncs, the SQLite transaction, and the rest
+of the commit piece: the reference norms and events written after it) are shown under it and not counted
+twice in the total. The full fp32 pull payload is built by a version's first
+full pull, not by the close: the table's last row times one such pull of the last version (build and
+transfer). `--warmup N` runs N rounds first without measuring them (beats included).
+
+Before/after in one run: the script runs against whichever rcswarm is on PYTHONPATH, so pointing it at
+a checkout of main (a directory holding an `rcswarm` symlink to it) gives the baseline with the same
+command; a baseline without the commit's sub-pieces shows its "digest" and "commit" pieces instead.
 
 The coordinator shares this process (and its GIL) with the worker threads, as it shares a host
 with its gRPC threads in production; torch runs `--threads` intra-op threads (default 1).
@@ -155,6 +164,19 @@ def beat_loop(wire: Wire, member: pb.JoinResponse, coordinator: SwarmCoordinator
         errors.append(exc)
 
 
+def close_pieces(coordinator: SwarmCoordinator) -> dict[str, float]:
+    """The last close's pieces, the commit's own pieces (indented) right under the commit, and what the
+    commit piece spent besides `commit_version` (the reference norms and events, in their own transactions)."""
+    commit = dict(getattr(coordinator.store, "last_commit_seconds", {}))
+    pieces: dict[str, float] = {}
+    for name, seconds in coordinator.last_close_seconds.items():
+        pieces[name] = seconds
+        if name == "commit" and commit:
+            pieces.update({f"  {piece}": t for piece, t in commit.items()})
+            pieces["  run state, events"] = seconds - sum(commit.values())
+    return pieces
+
+
 def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
     """Serve one size, run the rounds back to back, and collect the measurements."""
     spec = spec_for(size, args.codec, args.workers)
@@ -173,7 +195,8 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
         codec, block = codecs.codec_from_name(args.codec), spec.sync.block_size
         updates = [encoded_update(header, codec, block, seed) for seed in range(args.workers)]
         start = threading.Barrier(args.workers + 1)
-        threads = [threading.Thread(target=worker_loop, args=(wire, member, update, args.rounds, start, args.timeout, errors),
+        threads = [threading.Thread(target=worker_loop, args=(wire, member, update, args.warmup + args.rounds, start,
+                                                              args.timeout, errors),
                                     daemon=True) for member, update in zip(members, updates, strict=True)]
         beat_thread = threading.Thread(target=beat_loop, args=(beat_wire, members[0], coordinator, args.beat_ms / 1000, stop,
                                                                beats, errors), daemon=True)
@@ -182,15 +205,19 @@ def run_size(args: argparse.Namespace, size: str, work: Path) -> SizeResult:
         beat_thread.start()
         pieces, round_seconds = [], []
         start.wait(timeout=args.timeout)
-        for version in range(1, args.rounds + 1):
+        for version in range(1, args.warmup + args.rounds + 1):
             round_started = time.perf_counter()
             deadline = round_started + args.timeout
             while coordinator.version < version and not errors and time.perf_counter() < deadline:
                 time.sleep(0.005)
             if coordinator.version < version:
                 raise RuntimeError(f"round {version - 1} did not close: {errors or 'timed out'}")
+            if version <= args.warmup:
+                beats.during_close.clear()
+                beats.otherwise.clear()
+                continue
             round_seconds.append(time.perf_counter() - round_started)
-            pieces.append(dict(coordinator.last_close_seconds))
+            pieces.append(close_pieces(coordinator))
         for thread in threads:
             thread.join(timeout=args.timeout)
         if errors:
@@ -215,7 +242,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def print_tables(results: list[SizeResult], args: argparse.Namespace) -> None:
     """The heartbeat table and the close's pieces, one column per size."""
-    print(f"\ncodec {args.codec}, {args.workers} workers, {args.rounds} rounds, beat every {args.beat_ms} ms, "
+    print(f"\ncodec {args.codec}, {args.workers} workers, {args.rounds} rounds after {args.warmup} unmeasured, "
+          f"beat every {args.beat_ms} ms, "
           f"{torch.get_num_threads()} torch thread(s)")
     print(f"{'size':>6} {'params':>12} {'round s':>8} {'beats':>6} {'in close':>8} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'max ms':>8} {'close p99':>9}")
@@ -226,21 +254,25 @@ def print_tables(results: list[SizeResult], args: argparse.Namespace) -> None:
               f"{1000 * max(every, default=float('nan')):>8.2f} {1000 * percentile(r.beats.during_close, 99):>9.2f}")
     names = list(dict.fromkeys(name for r in results for p in r.pieces for name in p))
     print("\nclose pieces, mean seconds per round")
-    print(f"{'piece':>16} " + " ".join(f"{r.size:>9}" for r in results))
+    print(f"{'piece':>20} " + " ".join(f"{r.size:>9}" for r in results))
     for name in [*names, "total"]:
         cells = []
         for r in results:
-            per_round = [sum(p.values()) if name == "total" else p.get(name, 0.0) for p in r.pieces]
+            per_round = [sum(t for piece, t in p.items() if not piece.startswith(" ")) if name == "total"
+                         else p.get(name, 0.0) for p in r.pieces]
             cells.append(f"{statistics.mean(per_round):>9.3f}")
-        print(f"{name:>16} " + " ".join(cells))
-    print(f"{'first full pull':>16} " + " ".join(f"{r.first_full_pull:>9.3f}" for r in results))
+        print(f"{name:>20} " + " ".join(cells))
+    print(f"{'first full pull':>20} " + " ".join(f"{r.first_full_pull:>9.3f}" for r in results))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["10m", "100m"], choices=sorted(SIZES))
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=4, help="rounds measured (default 4)")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="rounds run first and not measured (default 0): a coordinator's first closes write new "
+                             "checkpoint files, later ones overwrite the pruned one in place")
     parser.add_argument("--codec", default="int8", choices=["fp32", "bf16", "int8"])
     parser.add_argument("--beat-ms", type=float, default=10.0, help="milliseconds between heartbeats (default 10)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -249,8 +281,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.rounds = ["1m"], 2
-    if args.workers < 1 or args.rounds < 1 or args.beat_ms <= 0 or args.threads < 1 or args.timeout <= 0:
-        parser.error("--workers, --rounds, --threads need >= 1; --beat-ms and --timeout > 0")
+    if args.workers < 1 or args.rounds < 1 or args.warmup < 0 or args.beat_ms <= 0 or args.threads < 1 or args.timeout <= 0:
+        parser.error("--workers, --rounds, --threads need >= 1; --warmup >= 0; --beat-ms and --timeout > 0")
     return args
 
 

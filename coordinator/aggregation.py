@@ -92,20 +92,25 @@ an honest worker's inner optimizer can move θ in inner.steps steps.
 Memory: every aggregator runs slice by slice through float64 buffers of about
 `outer.AVERAGE_SLICE` elements (trimmed_mean and the direction check: AVERAGE_SLICE / n
 coordinates of n updates); centered_clip keeps its centre v as full-size float32 tensors (the
-output).
+output). The coordinator holds each pushed update encoded (`EncodedDeltas`, about P bytes for
+int8) and every pass reads it tensor by tensor, so a close holds one decoded tensor per update,
+not N decoded copies of θ's size. Each pass decodes once: the mean and clipped_mean make one pass,
+trimmed_mean one, the direction check one more, centered_clip two per iteration.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from rcswarm.config.runspec import InnerSection, SyncSection
 from rcswarm.coordinator import outer
+from rcswarm.protos import codec as codecs
+from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 Tensors = dict[str, torch.Tensor]
 
@@ -121,9 +126,58 @@ DIRECTION_OFF = -1.0
 DIRECTION_MIN_UPDATES = 3
 
 
+class EncodedDeltas(Mapping[str, torch.Tensor]):
+    """A pushed pseudo-gradient held as the payload bytes it arrived in (its codec's size: about P bytes
+    for int8 instead of 4·P decoded), read as float32 tensors.
+
+    Reading a tensor decodes it with `codec.decode`, the receiver's own decode, so the values are bit
+    for bit those the push was checked and normed with. The most recently read tensor is kept, so a
+    pass that reads tensor after tensor (every aggregator here) decodes each once and holds one
+    decoded tensor per update. Threads: the push handler builds it, then only the closing thread
+    reads it.
+    """
+
+    def __init__(self, header: pb.TensorHeader, payload: bytes | bytearray) -> None:
+        """Index the payload's tensors by the (already validated) header; copies nothing."""
+        self._codec, self._block_size = header.codec, header.block_size
+        self._payload = memoryview(payload)
+        self._parts: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        offset = 0
+        for info in header.tensors:
+            self._parts[info.name] = (tuple(info.shape), offset, offset + info.num_bytes)
+            offset += info.num_bytes
+        if offset != self._payload.nbytes:
+            raise ValueError(f"payload has {self._payload.nbytes} bytes; its header's tensors take {offset}")
+        self._last: tuple[str, torch.Tensor] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the encoded payload."""
+        return self._payload.nbytes
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Tensor `name`'s shape, without decoding it."""
+        return self._parts[name][0]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if self._last is not None and self._last[0] == name:
+            return self._last[1]
+        shape, start, stop = self._parts[name]
+        tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size)  # [*shape]
+        self._last = (name, tensor)
+        return tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+
 @dataclass(frozen=True)
 class Update:
-    """One worker's pseudo-gradient of a round: tokens, its global L2 norm, the tensors."""
+    """One worker's pseudo-gradient of a round: tokens, its global L2 norm, the tensors (a dict, or the
+    `EncodedDeltas` the coordinator holds until the close)."""
 
     worker_id: str
     tokens: int
@@ -343,9 +397,9 @@ def trimmed_mean(updates: Sequence[Update], fraction: float) -> tuple[Tensors, t
     trimmed = torch.zeros(n, dtype=torch.int64)  # [n] coordinates where update i was dropped
     coordinates = 0
     average: Tensors = {}
-    for name, first in updates[0].deltas.items():
+    for name in updates[0].deltas:
         flats = [u.deltas[name].contiguous().view(-1) for u in updates]  # [numel] each
-        result = torch.empty(first.shape, dtype=torch.float32)  # [*shape]
+        result = torch.empty(updates[0].deltas[name].shape, dtype=torch.float32)  # [*shape]
         out = result.view(-1)  # [numel]
         for start in range(0, out.numel(), width):
             stop = min(start + width, out.numel())
@@ -382,7 +436,7 @@ def centered_clip(
     weights = [u.tokens / total for u in updates]
     names = list(updates[0].deltas)
     center = {name: (start[name].to(torch.float32, copy=True) if start is not None
-                     else torch.zeros(updates[0].deltas[name].shape, dtype=torch.float32)) for name in names}
+                     else torch.zeros(_shape(updates[0].deltas, name), dtype=torch.float32)) for name in names}
     distances = _distances(updates, center)
     scales, used = [1.0] * len(updates), distances
     for iteration in range(iterations):
@@ -399,6 +453,11 @@ def centered_clip(
     return center, outcomes
 
 
+def _shape(deltas: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
+    """Tensor `name`'s shape, without decoding it when `deltas` are held encoded."""
+    return deltas.shape(name) if isinstance(deltas, EncodedDeltas) else tuple(deltas[name].shape)
+
+
 def _distances(updates: Sequence[Update], center: Mapping[str, torch.Tensor]) -> list[float]:
     """‖Δ_i − v‖ for every update, accumulated in float64 slice by slice."""
     sums = [0.0] * len(updates)
@@ -406,12 +465,13 @@ def _distances(updates: Sequence[Update], center: Mapping[str, torch.Tensor]) ->
     other = torch.empty(outer.AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
     for name, v in center.items():
         flat_v = v.view(-1)  # [numel]
+        flats = [u.deltas[name].contiguous().view(-1) for u in updates]  # [numel] each
         for start in range(0, flat_v.numel(), outer.AVERAGE_SLICE):
             stop = min(start + outer.AVERAGE_SLICE, flat_v.numel())
             v_s, x_s = other[: stop - start], wide[: stop - start]  # [slice]
             v_s.copy_(flat_v[start:stop])
-            for i, u in enumerate(updates):
-                x_s.copy_(u.deltas[name].contiguous().view(-1)[start:stop]).sub_(v_s)
+            for i, flat in enumerate(flats):
+                x_s.copy_(flat[start:stop]).sub_(v_s)
                 sums[i] += float(torch.dot(x_s, x_s))
     return [math.sqrt(s) for s in sums]
 

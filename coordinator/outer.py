@@ -90,14 +90,21 @@ def compressed_step(
     codec: int,
     block_size: int,
     error_feedback: codecs.ErrorFeedback,
+    *,
+    consume_target: bool = False,
 ) -> tuple[Tensors, dict[str, bytes]]:
     """The next version θ_v − decode(encode(θ_v − target + residual)) and the encoded step.
 
     Each step is decoded once (by the error feedback, which needs it for the residual) and
     subtracted from θ_v, so θ_{v+1} is bit-identical to decoding the encoded bytes again. The step's
-    buffer becomes the residual and θ_{v+1} is written over the decoded step: no input is touched.
+    buffer becomes the residual and θ_{v+1} is written over the decoded step: no input is touched,
+    except that with `consume_target` (a caller done with `target`) the step is written over the
+    target, which saves a fresh full-size tensor per parameter; the values are the same.
     """
-    step = {name: theta - target[name] for name, theta in params.items()}
+    if consume_target:
+        step = {name: torch.sub(theta, target[name], out=target[name]) for name, theta in params.items()}
+    else:
+        step = {name: theta - target[name] for name, theta in params.items()}
     encoded, received = error_feedback.compress_decoded(step, codec, block_size, consume=True)
     new_params = {name: torch.sub(theta, received[name], out=received[name]) for name, theta in params.items()}
     return new_params, encoded

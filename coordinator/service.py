@@ -31,6 +31,7 @@ and only the most recent ended ones.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import itertools
@@ -713,20 +714,20 @@ class SwarmCoordinator:
 
     def _receive_update(
         self, header: pb.TensorHeader, requests: Iterator[pb.PushUpdateRequest], version: int
-    ) -> tuple[dict[str, torch.Tensor], float]:
-        """Reassemble and validate a pseudo-gradient; it and its global L2 norm (without the lock: nothing
-        here touches shared state)."""
+    ) -> tuple[aggregation.EncodedDeltas, float]:
+        """Reassemble and validate a pseudo-gradient; it, held encoded until the close, and its global L2 norm
+        (without the lock: nothing here touches shared state)."""
         try:
             receiver = tensor_stream.PayloadReceiver(header, expected=self.shapes, run_id=self.run_id, version=version)
             for message in requests:
                 if message.WhichOneof("part") != "chunk":
                     raise tensor_stream.PayloadError(f"expected a chunk message, got {message.WhichOneof('part')}")
                 receiver.add(message.chunk)
-            deltas = receiver.finish()
+            deltas, payload = receiver.finish_encoded()
             tensor_stream.check_finite(deltas)
         except tensor_stream.PayloadError as exc:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"update rejected: {exc}") from None
-        return deltas, tensor_stream.global_norm(deltas)
+        return aggregation.EncodedDeltas(header, payload), tensor_stream.global_norm(deltas)
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
         """Store a batch of metrics, all or none (handler thread). Takes `_lock` to check the worker and its
@@ -925,8 +926,9 @@ class SwarmCoordinator:
     def _compute_close(self, close: RoundClose) -> ClosedRound:
         """The heavy part of a close, without the lock (the closing thread owns `broadcast_feedback`): the
         aggregate (the direction check, then `sync.aggregation`) in sorted worker order, the outer step, the
-        compressed step, the digest, the checkpoint and SQLite commit (with the dropped and flagged updates'
-        events, counted in the round's record, and the reference norms), and both payloads of the new version."""
+        compressed step, the checkpoint written with its digest in one pass and the SQLite commit (with the
+        dropped and flagged updates' events, counted in the round's record, and the reference norms), and both
+        payloads of the new version."""
         watch = Stopwatch()
         version, block = close.round.version, self.spec.sync.block_size
         reports = [close.round.reports[k] for k in sorted(close.round.reports)]
@@ -940,18 +942,19 @@ class SwarmCoordinator:
         with watch.piece("outer step"):
             target, momentum = outer.outer_step(close.params, close.momentum, average, self.spec.outer)
         with watch.piece("compressed step"):
-            params, encoded_step = outer.compressed_step(close.params, target, self.codec, block, self.broadcast_feedback)
-        with watch.piece("digest"):
-            sha = tensor_stream.params_sha256(params)
+            params, encoded_step = outer.compressed_step(close.params, target, self.codec, block, self.broadcast_feedback,
+                                                         consume_target=True)
         record = RoundRecord(
             version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
-            tokens=sum(u.tokens for u in reports), close_reason=close.reason, update_norm=norm, param_sha256=sha.hex(),
+            tokens=sum(u.tokens for u in reports), close_reason=close.reason, update_norm=norm, param_sha256="",
             clipped=result.clipped, dropped=close.round.dropped + result.dropped, aggregation=result.summary,
         )
         keep = self.spec.sync.reference_rounds
         history = (*close.history, result.accepted_norms)[-keep:] if keep else ()
         with watch.piece("commit"):
             self.store.commit_version(self.run_id, version + 1, params, self._optimizer_state(momentum), record)
+            sha = self.store.committed_digest(version + 1)
+            record = dataclasses.replace(record, param_sha256=sha.hex())
             self.store.set_many({REFERENCE_NORMS_KEY: json.dumps([list(norms) for norms in history])})
             for o in result.outcomes:
                 if o.flagged:

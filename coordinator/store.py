@@ -6,7 +6,8 @@ and the named reads the analysis, the dashboard, the summary and the commands us
 `StateStore.open_read_only(state_dir)` opens an existing state dir for reading only
 (`rcswarm status --state-dir`, `rcswarm fit RUN_DIR`, the launcher's summary).
 
-A version is committed in two steps: its checkpoint file is written to a temporary name,
+A version is committed in two steps: its checkpoint file is written to a temporary name
+(straight from the tensors' memory, over the last pruned checkpoint's file when there is one),
 fsynced and renamed into place; then one SQLite transaction records it as current and
 enters its parameters' SHA-256 (`tensor_stream.params_sha256`, the digest pulls carry) in
 the `checkpoints` ledger. A crash between the two leaves the previous version current (the
@@ -30,10 +31,15 @@ their cost depends on the number of workers and steps, not on the number of metr
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
 import json
 import logging
 import os
 import sqlite3
+import struct
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -43,11 +49,14 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from rcswarm.protos import tensor_stream
 
 log = logging.getLogger("rcswarm.coordinator.store")
+
+# A pruned checkpoint file kept for the next commit to overwrite in place: writing into a file's cached
+# pages is several times faster than allocating new ones (docs/PERFORMANCE.md, the round close at scale).
+RECYCLED_CHECKPOINT = ".recycled.safetensors"
 
 # Optimizer state is stored beside the parameters as "<group>/<parameter name>";
 # parameter names never contain "/".
@@ -298,6 +307,69 @@ class RoundRecord:
     aggregation: str = ""
 
 
+# safetensors' dtype names of the tensors a checkpoint holds.
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+    torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}
+
+
+def _raw_bytes(key: str, tensor: torch.Tensor) -> memoryview:
+    """The little-endian bytes of a CPU tensor as safetensors stores them: a view, no copy when contiguous."""
+    if tensor.dtype not in SAFETENSORS_DTYPES:
+        raise ValueError(f"checkpoint tensor {key!r} has dtype {tensor.dtype}: expected one of "
+                         f"{', '.join(str(d) for d in SAFETENSORS_DTYPES)}")
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # [numel]
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    """os.write until every byte of `data` is written."""
+    while data.nbytes:
+        data = data[os.write(fd, data):]
+
+
+def write_checkpoint(
+    path: Path, params: Mapping[str, torch.Tensor], state: Mapping[str, Mapping[str, torch.Tensor]],
+    metadata: Mapping[str, str], digest: bool,
+) -> bytes | None:
+    """Write a safetensors file of `params` then each state group's tensors ("<group>/<name>") straight from
+    the tensors' memory: a header, then each tensor's bytes by one write each, no intermediate copy (not
+    fsynced: the caller does). An existing file at `path` is overwritten in place and cut to size, so the
+    pages it has in the page cache are reused instead of allocated afresh. With `digest`, returns `tensor_stream.params_sha256(params)` computed over
+    the same bytes in the same pass (params must be float32), else None.
+    """
+    if sys.byteorder != "little":
+        raise RuntimeError("safetensors files are little-endian; this host is big-endian")
+    parts = [(key, _raw_bytes(key, tensor), tensor) for key, tensor in params.items()]
+    for group, named in state.items():
+        parts.extend((f"{group}{STATE_SEPARATOR}{k}", _raw_bytes(f"{group}/{k}", v), v) for k, v in named.items())
+    entries: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for key, data, tensor in parts:
+        entries[key] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + data.nbytes]}
+        offset += data.nbytes
+    header = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    header += b" " * (-len(header) % 8)
+    sha = hashlib.sha256() if digest else None
+    if sha is not None and any(tensor.dtype != torch.float32 for tensor in params.values()):
+        raise ValueError(f"checkpoint parameters must be float32 to be digested, got {sorted({str(t.dtype) for t in params.values()})}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        _write_all(fd, memoryview(struct.pack("<Q", len(header)) + header))
+        for index, (key, data, _) in enumerate(parts):
+            if sha is not None and index < len(params):
+                sha.update(key.encode("utf-8"))
+                sha.update(b"\0")
+                sha.update(data)
+            _write_all(fd, data)
+        os.ftruncate(fd, 8 + len(header) + offset)
+    finally:
+        os.close(fd)
+    return None if sha is None else sha.digest()
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -339,6 +411,8 @@ class StateStore:
         self.durable = durable
         self.db_path = self.state_dir / "state.sqlite"
         self._lock = threading.Lock()
+        # Seconds of the last commit_version's pieces (its thread replaces the dict; readers get a snapshot).
+        self.last_commit_seconds: dict[str, float] = {}
 
     def _connect_read_only(self, timeout_s: float) -> sqlite3.Connection:
         return sqlite3.connect(f"{self.db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s,
@@ -425,24 +499,31 @@ class StateStore:
         """Persist a version atomically: checkpoint file first, then the SQLite commit point.
 
         `params` are in the order pulls serve them; their digest is `param_sha256`, else the
-        round record's, else computed here. It enters the ledger `load_current` verifies against.
+        round record's, else computed here while the file is written (`write_checkpoint`: one pass
+        over the tensors' memory, no copies, one fsync), and the round record gets it. It enters the
+        ledger `load_current` verifies against (`committed_digest`).
         """
         name = f"v{version:08d}.safetensors"
         final = self.checkpoint_dir / name
         partial = self.checkpoint_dir / f".{name}.partial"
-        digest = (param_sha256.hex() if param_sha256 is not None
-                  else round_record.param_sha256 if round_record is not None
-                  else tensor_stream.params_sha256(params).hex())
-        tensors = {k: v.contiguous() for k, v in params.items()}
-        for group, named in state.items():
-            tensors.update({f"{group}{STATE_SEPARATOR}{k}": v.contiguous() for k, v in named.items()})
-        save_file(tensors, str(partial), metadata={"run_id": run_id, "version": str(version)})
+        given = (param_sha256.hex() if param_sha256 is not None
+                 else round_record.param_sha256 if round_record is not None and round_record.param_sha256 else None)
+        started = time.perf_counter()
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.checkpoint_dir / RECYCLED_CHECKPOINT, partial)
+        computed = write_checkpoint(partial, params, state, {"run_id": run_id, "version": str(version)},
+                                    digest=given is None)
+        digest = given if computed is None else computed.hex()
+        if round_record is not None:
+            round_record = dataclasses.replace(round_record, param_sha256=digest)
+        written = time.perf_counter()
         if self.durable:
             with open(partial, "rb+") as handle:
                 os.fsync(handle.fileno())
         os.replace(partial, final)
         if self.durable:
             _fsync_dir(self.checkpoint_dir)
+        synced = time.perf_counter()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
@@ -460,10 +541,22 @@ class StateStore:
                 )
             self._db.execute("COMMIT")
         self._prune_checkpoints(keep=name)
+        self.last_commit_seconds = {"write + digest" if computed is not None else "write": written - started,
+                                    "fsync": synced - written, "sqlite": time.perf_counter() - synced}
+
+    def committed_digest(self, version: int) -> bytes:
+        """The parameters' SHA-256 the ledger recorded when `version` was committed (takes `_lock`);
+        ValueError naming the version when none was."""
+        with self._lock:
+            row = self._db.execute("SELECT param_sha256 FROM checkpoints WHERE version = ?", (version,)).fetchone()
+        if row is None:
+            raise ValueError(f"version {version} was never committed: the checkpoints ledger has no digest for it")
+        return bytes.fromhex(row[0])
 
     def _prune_checkpoints(self, keep: str) -> None:
         """Remove files no commit recorded (orphans of a crash) and all but the newest `keep_checkpoints`
-        besides `keep` (takes `_lock` for the ledger)."""
+        besides `keep` (takes `_lock` for the ledger). The first of them becomes RECYCLED_CHECKPOINT, which the
+        next commit overwrites."""
         present = sorted(p for p in self.checkpoint_dir.glob("v*.safetensors") if p.name != keep)
         marks = ", ".join("?" * len(present))
         with self._lock:
@@ -472,7 +565,10 @@ class StateStore:
         files = [p for p in present if p.name in recorded]
         stale = files[: max(0, len(files) - self.keep_checkpoints)]
         orphans = [p for p in present if p.name not in recorded]
-        for path in stale + orphans + list(self.checkpoint_dir.glob(".*.partial")):
+        doomed = stale + orphans + list(self.checkpoint_dir.glob(".*.partial"))
+        if doomed:
+            os.replace(doomed.pop(0), self.checkpoint_dir / RECYCLED_CHECKPOINT)
+        for path in doomed:
             path.unlink(missing_ok=True)
 
     def load_current(self) -> Checkpoint | None:

@@ -40,18 +40,24 @@ def outer_step(
 ) -> tuple[Tensors, Tensors]:
     """One SGD(momentum, Nesterov) step; returns new (params, momentum) without touching inputs.
 
-    The same float operations as ``θ − η (Δ̄ + μ (μ b + Δ̄))``, done in place on two fresh
-    temporaries per tensor; inputs of one dtype per tensor.
+    The same float operations as ``θ − η (Δ̄ + μ (μ b + Δ̄))``, done in place: the new momentum and
+    the new parameters are fresh tensors, the direction a view of one work buffer per dtype (the size
+    of the largest tensor) reused by every tensor; inputs of one dtype per tensor.
     """
     new_params: Tensors = {}
     new_momentum: Tensors = {}
+    largest = max((theta.numel() for theta in params.values()), default=0)
+    spare: dict[torch.dtype, torch.Tensor] = {}
     for name, theta in params.items():
         grad = average_delta[name]
         buf = (momentum[name] * options.momentum).add_(grad)
+        if buf.dtype not in spare:
+            spare[buf.dtype] = torch.empty(largest, dtype=buf.dtype)  # [largest]
+        work = spare[buf.dtype][: buf.numel()].view(buf.shape)  # [*shape]
         if options.nesterov:
-            direction = (buf * options.momentum).add_(grad).mul_(options.lr)
+            direction = torch.mul(buf, options.momentum, out=work).add_(grad).mul_(options.lr)
         else:
-            direction = buf * options.lr
+            direction = torch.mul(buf, options.lr, out=work)
         new_params[name] = theta - direction
         new_momentum[name] = buf
     return new_params, new_momentum

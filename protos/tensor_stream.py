@@ -307,18 +307,23 @@ class PayloadReceiver:
 
     def finish(self) -> dict[str, torch.Tensor]:
         """The decoded float32 tensors, in header order; checks completeness and the SHA-256."""
+        return self.finish_encoded()[0]
+
+    def finish_encoded(self) -> tuple[dict[str, torch.Tensor], bytearray]:
+        """`finish`'s tensors and the received payload bytes they were decoded from (the header's codec,
+        tensors concatenated in header order), for a receiver that keeps the compact form."""
         if self._buffer is None:
             raise RuntimeError("finish() called twice")
         if self._next_index != self._num_chunks:
             raise PayloadError(f"incomplete payload: got {self._next_index} of {self._num_chunks} chunks")
-        tensors = self._decode_all(memoryview(self._buffer))
-        self._buffer = None
+        buffer, self._buffer = self._buffer, None
+        tensors = self._decode_all(memoryview(buffer))
         want = self._header.content_sha256
         if want:
             got = params_sha256(tensors)
             if got != want:
                 raise PayloadError(f"decoded tensors have SHA-256 {got.hex()}; header says {want.hex()}")
-        return tensors
+        return tensors, buffer
 
     def _decode_all(self, buffer: memoryview) -> dict[str, torch.Tensor]:
         header = self._header
@@ -352,11 +357,18 @@ def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
 def global_norm(tensors: Mapping[str, torch.Tensor]) -> float:
     """L2 norm over all elements of all tensors, accumulated in float64.
 
-    Squares a float64 copy of each tensor in place: one full-size temporary per tensor, the same
-    values and the same reduction as ``sum(square(tensor.double()))``.
+    Squares a float64 copy of each tensor in place: the same values and the same reduction as
+    ``sum(square(tensor.double()))``. Contiguous CPU tensors are copied into one work buffer the size of
+    the largest (a view of the tensor's shape, so each sum sees the same layout) instead of a fresh
+    full-size temporary each; others get their own copy.
     """
     total = 0.0
+    flat = [t for t in tensors.values() if t.device.type == "cpu" and t.is_contiguous()]
+    work = torch.empty(max((t.numel() for t in flat), default=0), dtype=torch.float64)  # [largest]
     for tensor in tensors.values():
-        wide = tensor.detach().to(torch.float64, copy=True)  # [*shape]
+        if tensor.device.type == "cpu" and tensor.is_contiguous():
+            wide = work[: tensor.numel()].view(tensor.shape).copy_(tensor.detach())  # [*shape]
+        else:
+            wide = tensor.detach().to(torch.float64, copy=True)  # [*shape]
         total += float(torch.sum(wide.square_()))
     return math.sqrt(total)

@@ -8,9 +8,12 @@ coordinator that requires one), else plaintext, with one warning when the coordi
 loopback (protos/transport.py). `classify` sorts each gRPC status into retry (the coordinator is
 stalled, restarting, at capacity, or a stream broke), rejoin (it no longer knows this worker) or
 fatal (it refused the request, the join token or this worker's identity). Transient failures are
-retried with jittered exponential backoff for as long as `RetryPolicy.max_elapsed_s`, the
-patience, allows or until the stop event is set; anything else is raised to the caller as
-`grpc.RpcError`. A pull is checked against the parameter names and shapes the caller
+retried with jittered exponential backoff until the stop event is set or the coordinator has not
+answered any call of this client for `RetryPolicy.max_elapsed_s`, the patience: the silence counts
+from the first failure after its last answer (a reply, or a refusal), whichever thread made the
+call, so a long push retried while heartbeats are answered goes on, and calls that fail one after
+another share one patience instead of each starting its own. Anything else is raised to the caller
+as `grpc.RpcError`. A pull is checked against the parameter names and shapes the caller
 expects before any buffer is allocated.
 """
 
@@ -113,7 +116,7 @@ class Identity:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Jittered exponential backoff, retried for at most `max_elapsed_s` (the patience) per call."""
+    """Jittered exponential backoff, retried until the coordinator has not answered for `max_elapsed_s` (the patience)."""
 
     initial_backoff_s: float = 0.2
     max_backoff_s: float = 5.0
@@ -195,8 +198,9 @@ class CoordinatorClient:
     """One channel to the coordinator; each method is one RPC with its deadline and retries.
 
     Methods may be called from several threads (the worker's loop and its heartbeat thread):
-    they share only the channel, which gRPC makes thread-safe, and the byte counters, which
-    only the worker's loop updates.
+    they share the channel, which gRPC makes thread-safe, the byte counters, which only the
+    worker's loop updates, and the patience clock `_silent_since`, which every call reads and
+    writes under `_silence_lock` (`_answered`, `_silence`; held for an assignment, never across a call).
     """
 
     def __init__(
@@ -211,6 +215,9 @@ class CoordinatorClient:
         self.timeouts = timeouts
         self.stop = stop or threading.Event()
         self._rng = random.Random()
+        self._silence_lock = threading.Lock()
+        # Monotonic time of the first transient failure since the coordinator last answered; None while it answers.
+        self._silent_since: float | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -218,32 +225,50 @@ class CoordinatorClient:
         """Close the channel; calls in flight fail with CANCELLED."""
         self.channel.close()
 
+    def _answered(self) -> None:
+        """The coordinator answered a call (a reply or a refusal): the patience starts afresh (takes `_silence_lock`)."""
+        with self._silence_lock:
+            self._silent_since = None
+
+    def _silence(self) -> float:
+        """Seconds since the first failure after the coordinator's last answer, starting that clock now if
+        this is that failure (takes `_silence_lock`)."""
+        now = time.monotonic()
+        with self._silence_lock:
+            if self._silent_since is None:
+                self._silent_since = now
+            return now - self._silent_since
+
     def _with_retry(self, what: str, attempt: Callable[[], T]) -> T:
-        """attempt() until it returns, retrying transient failures for at most the patience."""
-        started = time.monotonic()
+        """attempt() until it returns, retrying transient failures until the coordinator was silent for the patience."""
         backoffs = self.retry.backoffs(self._rng)
         while True:
             try:
-                return attempt()
+                result = attempt()
             except grpc.RpcError as err:
                 action, reason = classify(err.code())
                 if action is not Action.RETRY:
+                    self._answered()
                     raise
-                self._pause(what, f"{err.code().name}: {err.details()} ({reason})", started, next(backoffs), err)
+                self._pause(what, f"{err.code().name}: {err.details()} ({reason})", next(backoffs), err)
             except BadPayload as exc:
-                self._pause(what, f"a bad payload ({exc})", started, next(backoffs), exc)
+                self._pause(what, f"a bad payload ({exc})", next(backoffs), exc)
+            else:
+                self._answered()
+                return result
 
-    def _pause(self, what: str, problem: str, started: float, delay: float, cause: Exception) -> None:
+    def _pause(self, what: str, problem: str, delay: float, cause: Exception) -> None:
         """Wait `delay` (at most what is left of the patience) before the next attempt.
 
-        Raises RetriesExhausted once the patience is spent and Stopped when the stop event is set.
+        Raises RetriesExhausted once the coordinator has not answered for the patience and Stopped when
+        the stop event is set.
         """
-        elapsed = time.monotonic() - started
+        elapsed = self._silence()
         left = self.retry.max_elapsed_s - elapsed
         if left <= 0:
             raise RetriesExhausted(
-                f"{what}: gave up after {elapsed:.1f}s of retrying (patience {self.retry.max_elapsed_s:g}s); "
-                f"last error: {problem}"
+                f"{what}: gave up after {elapsed:.1f}s without an answer from the coordinator "
+                f"(patience {self.retry.max_elapsed_s:g}s); last error: {problem}"
             ) from cause
         delay = min(delay, left)
         log.warning("%s: %s; retrying in %.2fs (%.1fs of patience left)", what, problem, delay, left)

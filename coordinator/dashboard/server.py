@@ -29,8 +29,13 @@ The dashboard works on a list of runs (a single run is a list of one): the views
 `views.py`, the page and plots `render.py`, the Prometheus collector `prometheus.py`, the
 fits `coordinator/analysis.py` over the stores' named reads. Those go through each store's
 read-only connection (WAL) and its aggregate tables, so a request never holds the lock a round
-close writes under, and its cost grows with workers and steps, not with metric rows. Fits, step
-means and per-worker totals are cached until a run's newest metric rowid changes.
+close writes under, and its cost grows with workers and steps, not with metric rows. Per-worker
+totals are cached until a run's newest metric rowid changes; so are the step means and fits (the
+curves) and the plots while the curves are small. Curves of more than `LARGE_CURVES` step means (a
+run of many steps: their build grows with the steps) are rebuilt, with the plots, in a background
+thread, at most every `CURVES_REFRESH_S` or ten times their build time, whichever is longer, and
+requests meanwhile get the previous ones: a request's cost does not grow with the run's steps, and
+the rebuilds take at most about a tenth of a core.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -61,11 +68,28 @@ log = logging.getLogger("rcswarm.dashboard")
 REQUEST_TIMEOUT_S = 10.0
 METRICS_PAGE_DEFAULT = 1000
 METRICS_PAGE_MAX = 10_000
+# Curves of more step means than this are refreshed in the background instead of per request, at most
+# every CURVES_REFRESH_S seconds or CURVES_REFRESH_FACTOR times their build time.
+LARGE_CURVES = 20_000
+CURVES_REFRESH_S = 5.0
+CURVES_REFRESH_FACTOR = 10.0
 
 
 # Paths answered without the token even when it is required: a liveness probe and the login form.
 OPEN_PATHS = ("/healthz", "/login")
 PAGE_PATHS = ("/", "/index.html")
+
+
+@dataclass(frozen=True)
+class Cached:
+    """A built value: the newest metric rowids it saw, when it was built (monotonic), how long that took,
+    and how many points it holds (the curves: their step means; 0 otherwise)."""
+
+    stamp: tuple[int, ...]
+    value: Any
+    built_at: float
+    took: float
+    points: int = 0
 
 
 class BadRequest(ValueError):
@@ -273,8 +297,10 @@ class Dashboard:
         self.kind, self.clock = presentation(self.coordinator.sweep)
         self.refresh_s = refresh_s
         self._cache_lock = threading.Lock()
-        self._cache: dict[str, tuple[Any, Any]] = {}
+        self._cache: dict[str, Cached] = {}
         self._build_locks: dict[str, threading.Lock] = {}
+        # Keys a background thread is rebuilding (under _cache_lock).
+        self._refreshing: set[str] = set()
         handler = type("DashboardHandler", (_Handler,), {"dashboard": self, "timeout": request_timeout_s})
         server_cls = _Server6 if ":" in host else _Server
         self.server = server_cls((host, port), handler)
@@ -303,43 +329,80 @@ class Dashboard:
     def _newest_rowids(self) -> tuple[int, ...]:
         return tuple(run.store.newest_metric_rowid() for run in self.runs)
 
-    def _cached(self, key: str, build: Callable[[], Any]) -> Any:
-        """Recompute `key` only when new metric rows arrived; concurrent requests share one build."""
+    def _cached(self, key: str, build: Callable[[], Any], points: Callable[[Any], int] = lambda value: 0) -> Any:
+        """Recompute `key` only when new metric rows arrived; concurrent requests share one build (takes
+        `_cache_lock` briefly and the key's build lock around the build)."""
         with self._cache_lock:
             key_lock = self._build_locks.setdefault(key, threading.Lock())
         with key_lock:
             stamp = self._newest_rowids()
             with self._cache_lock:
                 hit = self._cache.get(key)
-                if hit is not None and hit[0] == stamp:
-                    return hit[1]
+                if hit is not None and hit.stamp == stamp:
+                    return hit.value
+            started = time.monotonic()
             value = build()
             with self._cache_lock:
-                self._cache[key] = (stamp, value)
+                self._cache[key] = Cached(stamp, value, time.monotonic(), time.monotonic() - started, points(value))
             return value
+
+    def _refreshed(self, key: str, build: Callable[[], Any], points: Callable[[Any], int] = lambda value: 0) -> Any:
+        """`_cached`, except that while the curves are large (`LARGE_CURVES`) a built value is served as it is
+        and rebuilt by a background thread once it is older than its refresh interval and new rows arrived."""
+        with self._cache_lock:
+            hit, curves = self._cache.get(key), self._cache.get("curves")
+        if hit is None or curves is None or curves.points <= LARGE_CURVES:
+            return self._cached(key, build, points)
+        due = time.monotonic() - hit.built_at >= max(CURVES_REFRESH_S, CURVES_REFRESH_FACTOR * hit.took)
+        if due and self._newest_rowids() != hit.stamp:
+            with self._cache_lock:
+                start = key not in self._refreshing
+                self._refreshing.add(key)
+            if start:
+                threading.Thread(target=self._refresh, args=(key, build, points), name=f"dashboard-{key}",
+                                 daemon=True).start()
+        return hit.value
+
+    def _refresh(self, key: str, build: Callable[[], Any], points: Callable[[Any], int]) -> None:
+        """A background rebuild of `key` (its own thread); a failure is logged and the old value kept."""
+        try:
+            self._cached(key, build, points)
+        except Exception:
+            log.exception("dashboard: rebuilding %s failed; serving the previous one", key)
+        finally:
+            with self._cache_lock:
+                self._refreshing.discard(key)
 
     def totals(self) -> list[dict[str, WorkerTotals]]:
         """Per run: its per-worker totals."""
         return self._cached("totals", lambda: [
             worker_totals(run.store.worker_rows(run.run_id)) for run in self.runs])
 
+    def _build_curves(self) -> tuple[list[list[StepMean]], FitReport]:
+        means = [step_means(run.store, self.clock, run.run_id, run.spec.inner.steps) for run in self.runs]
+        return means, fit_step_means(itertools.chain.from_iterable(means))
+
+    def curves(self) -> tuple[list[list[StepMean]], FitReport]:
+        """Per run its mean loss and time per (seq_len, step) on the dashboard's clock, and the fits over them."""
+        return self._refreshed("curves", self._build_curves, lambda value: sum(len(means) for means in value[0]))
+
     def step_means(self) -> list[list[StepMean]]:
         """Per run: mean loss and time per (seq_len, step) on the dashboard's clock."""
-        return self._cached("step_means", lambda: [
-            step_means(run.store, self.clock, run.run_id, run.spec.inner.steps) for run in self.runs])
+        return self.curves()[0]
 
     def fits(self) -> FitReport:
-        return self._cached("fits", lambda: fit_step_means(itertools.chain.from_iterable(self.step_means())))
+        return self.curves()[1]
 
     def views(self) -> list[RunView]:
         return [read_run(index, run, totals) for index, (run, totals) in enumerate(zip(self.runs, self.totals()))]
 
     def plot(self, name: str) -> bytes:
-        return self._cached(f"plot:{name}", lambda: render_plot(name, self.fits()))
+        return self._refreshed(f"plot:{name}", lambda: render_plot(name, self.fits()))
 
     def status_data(self) -> dict[str, Any]:
         status = self.coordinator.status()
-        return status_dict(self.kind, self.clock, status, self.views(), self.step_means(), self.fits())
+        means, fits = self.curves()
+        return status_dict(self.kind, self.clock, status, self.views(), means, fits)
 
     def _run_named(self, run_id: str | None) -> Any:
         """The run `run_id` names; without a name, the only run (several runs need one)."""
