@@ -49,6 +49,9 @@ class RoundOptions:
     min_reports: int = 1
     # What happens to the update of a worker the deadline leaves training (for the reason only).
     max_staleness: int = 0
+    # Adaptive step counts: the deadline does not leave behind a worker whose speed is not measured yet
+    # (its first round is as long as it is slow; it is paced from the next one on).
+    wait_unmeasured: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class WorkerView:
     active: bool
     # When the membership ended (left, evicted, reassigned); None while active.
     ended_at: float | None = None
+    # Whether its seconds per inner step have been measured (adaptive pacing needs them).
+    measured: bool = True
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,12 @@ def decide_round_close(
     if not waiting and reported >= options.min_reports:
         return Decision(True, f"round {round_.version}: {budget}all {reported} active workers reported")
     deadline = round_.budget_s + options.round_deadline_s
+    unmeasured = [w for w in workers if w.worker_id in waiting and not w.measured] if options.wait_unmeasured else []
+    if now - round_.opened_at >= deadline and unmeasured:
+        return Decision(False, (
+            f"round {round_.version}: deadline {deadline:.1f}s reached; waiting for {len(unmeasured)} worker(s) "
+            "whose speed is not measured yet (sync.adaptive_steps paces them from their next round)"
+        ))
     if now - round_.opened_at >= deadline:
         return Decision(True, (
             f"round {round_.version}: {budget}deadline {deadline:.1f}s reached with {reported} reports; "
@@ -249,7 +260,7 @@ def decide_staleness(base_version: int, version: int, pulled: int, options: Stal
         return Lateness(False, staleness, 0.0, f"{refused}; this worker did not pull version {base_version}: pull and re-sync")
     if staleness > options.max_staleness:
         return Lateness(False, staleness, 0.0, (
-            f"{refused}: {staleness} versions behind > sync.max_staleness = {options.max_staleness}; pull and re-sync"
+            f"{refused}: {staleness} version{'s' if staleness != 1 else ''} behind > sync.max_staleness = {options.max_staleness}; pull and re-sync"
         ))
     weight = staleness_weight(staleness, options.exponent)
     return Lateness(True, staleness, weight, (

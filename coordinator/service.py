@@ -176,7 +176,9 @@ class WorkerRecord:
         return bool(self.secret_sha256) and hmac.compare_digest(hashlib.sha256(secret).digest(), self.secret_sha256)
 
     def view(self) -> decisions.WorkerView:
-        return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active, self.ended_at)
+        return decisions.WorkerView(
+            self.worker_id, self.last_seen, self.base_version, self.active, self.ended_at, bool(self.step_samples)
+        )
 
     def outlier_view(self) -> decisions.OutlierView:
         return decisions.OutlierView(self.worker_id, self.active, tuple(self.recent))
@@ -442,7 +444,9 @@ class SwarmCoordinator:
         )
         self.metrics_per_round = spec.metric_rows_per_round()
         sync = spec.sync
-        self.round_options = decisions.RoundOptions(sync.round_deadline_s, sync.min_reports, sync.max_staleness)
+        self.round_options = decisions.RoundOptions(
+            sync.round_deadline_s, sync.min_reports, sync.max_staleness, sync.round == "steps" and sync.adaptive_steps
+        )
         self.pace_options = decisions.PaceOptions(
             sync.round, spec.inner.steps, sync.step_cap(spec.inner.steps), sync.round_seconds, sync.min_steps,
             sync.adaptive_steps,
@@ -784,7 +788,7 @@ class SwarmCoordinator:
         if self.round.closing and self.staleness.max_staleness > 0:
             self._wait_for_close(self.spec.coordinator.max_wait_s)
             self._member(worker.worker_id)
-        if self.finished:
+        if self.finished and meta.base_version < self.version:
             self._refuse_stale(worker, f"stale update: trained from version {meta.base_version} but the run "
                                        f"finished at version {self.version}")
         lateness = decisions.decide_staleness(meta.base_version, self.version, worker.pulled_version, self.staleness)

@@ -1,0 +1,182 @@
+"""Heterogeneous swarms (issue #15): a fast and a slow real worker process, paced rounds, late work merged.
+
+The slow worker is `tests/paced_worker.py`: the real Worker with a sleep hook that makes each inner
+step take three times the fast worker's (both padded to a floor so the ratio holds on a loaded
+machine). Over 10 rounds of the tiny LSTM:
+
+* time-boxed rounds apply >= 99% of the tokens both trained, the slow worker's updates carry about a
+  third of the fast one's tokens, replicas stay bit-identical and the loss falls;
+* step-boxed rounds as before (a round deadline the slow worker misses, late updates refused) lose
+  the slow worker's work, and adaptive step counts do not;
+* on the wire: a stale-by-one update is merged with its weight (1 + 1)^-0.5 into the next outer step,
+  a stale-by-two one is refused with FAILED_PRECONDITION naming both versions.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+
+from rcswarm.protos import tensor_stream
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from tests.conftest import logs_of, sql, tiny_spec, wait_for, worker_env
+from tests.test_rpc_guards import push, small_deltas
+from tests.test_swarm import coordinator_digests, round_losses, worker_digests
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUNDS = 10
+STEPS = 8
+# Seconds an inner step takes at least: fast = FLOOR_S, slow = SLOW_FACTOR × FLOOR_S.
+FLOOR_S = 0.05
+SLOW_FACTOR = 3.0
+
+
+def pair_spec(**sync: Any):
+    """The tiny LSTM, 8 inner steps of 4 × 32 bytes, 10 rounds, int8 broadcasts, with `sync` overrides."""
+    return tiny_spec(
+        run={"rounds": ROUNDS}, inner={"steps": STEPS, "lr": 1e-2}, sync=sync,
+        coordinator={"lease_s": 10.0, "max_wait_s": 2.0, "durable": False, "keep_checkpoints": ROUNDS + 2},
+    )
+
+
+def spawn_paced(target: str, name: str, factor: float, tmp_path: Path) -> subprocess.Popen:
+    """A `tests.paced_worker` process (one torch thread) whose steps take factor × max(t, FLOOR_S)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    log_path = tmp_path / f"{name}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.paced_worker", "--factor", str(factor), "--floor-s", str(FLOOR_S),
+         "--coordinator", target, "--name", name, "--threads", "1"],
+        env=worker_env(1), cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+    )
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    return proc
+
+
+def run_pair(start_coordinator, tmp_path: Path, **sync: Any) -> tuple[pb.GetStatusResponse, Path]:
+    """Run 10 rounds with a fast and a slow worker process; the final status and the state dir."""
+    local = start_coordinator(pair_spec(**sync))
+    procs = [spawn_paced(local.target, "fast", 1.0, tmp_path), spawn_paced(local.target, "slow", SLOW_FACTOR, tmp_path)]
+    try:
+        for proc in procs:
+            assert proc.wait(timeout=120) == 0, logs_of(procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    client = local.client()
+    status = client.status()
+    client.close()
+    assert status.version == ROUNDS, logs_of(procs)
+    return status, local.state_dir
+
+
+def by_name(status: pb.GetStatusResponse) -> dict[str, pb.WorkerStatus]:
+    return {w.name: w for w in status.workers}
+
+
+def applied_share(status: pb.GetStatusResponse) -> float:
+    return status.applied_tokens / status.total_tokens
+
+
+def tokens_per_update(state_dir: Path, worker_id: str) -> list[int]:
+    """Tokens the worker trained from each version it trained from (one update each)."""
+    rows = sql(state_dir, "SELECT version, SUM(tokens) FROM metrics WHERE worker_id = ? AND tokens > 0 "
+                          "GROUP BY version ORDER BY version", (worker_id,))
+    return [tokens for _, tokens in rows]
+
+
+def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coordinator, tmp_path):
+    status, state_dir = run_pair(start_coordinator, tmp_path, round="time", round_seconds=0.6)
+    workers = by_name(status)
+    assert applied_share(status) >= 0.99, (status.applied_tokens, status.total_tokens)
+    for worker in workers.values():
+        assert worker.applied_tokens == worker.trained_tokens and worker.stale_updates == 0, worker
+    # Each worker trained for the budget: the slow one's updates carry about a third of the fast one's tokens.
+    fast, slow = (sorted(tokens_per_update(state_dir, workers[n].worker_id))[1:-1] for n in ("fast", "slow"))
+    ratio = (sum(slow) / len(slow)) / (sum(fast) / len(fast))
+    assert 0.2 <= ratio <= 0.5, (fast, slow)
+    assert workers["slow"].step_seconds > 2 * workers["fast"].step_seconds > 0
+    assert "time-boxed" in status.pace
+    reported, expected = worker_digests(state_dir), coordinator_digests(state_dir)
+    assert all(reported[v] == {expected[v]} for v in range(1, ROUNDS) if v in reported) and len(reported) >= ROUNDS - 1
+    losses = round_losses(state_dir)
+    assert losses[-1] < losses[0] - 0.2, losses
+
+
+def test_step_boxed_rounds_lose_the_slow_workers_work_and_adaptive_steps_do_not(start_coordinator, tmp_path):
+    old, _ = run_pair(start_coordinator, tmp_path / "old", round_deadline_s=0.8, max_staleness=0)
+    lost = 1.0 - applied_share(old)
+    print(f"step-boxed rounds, late updates refused: {lost:.1%} of the trained tokens lost")
+    assert lost > 0.15 and by_name(old)["slow"].stale_updates >= 3, old
+    assert by_name(old)["fast"].applied_tokens == by_name(old)["fast"].trained_tokens
+
+    adaptive, _ = run_pair(start_coordinator, tmp_path / "adaptive", round_deadline_s=0.8, adaptive_steps=True)
+    print(f"adaptive step counts: {1.0 - applied_share(adaptive):.1%} of the trained tokens lost ({adaptive.pace})")
+    assert applied_share(adaptive) >= 0.99, (adaptive.applied_tokens, adaptive.total_tokens)
+    slow = by_name(adaptive)["slow"]
+    assert slow.stale_updates == 0 and slow.applied_tokens == slow.trained_tokens
+    assert "adaptive steps" in adaptive.pace and slow.assignment.inner_steps < STEPS
+
+
+def test_a_stale_by_one_update_is_merged_with_its_weight_and_an_older_one_refused(start_coordinator):
+    spec = tiny_spec(
+        run={"rounds": 6},
+        sync={"codec": "fp32", "aggregation": "mean", "min_cosine": -1.0, "max_update_norm": 100.0,
+              "round_deadline_s": 0.5},
+    )
+    local = start_coordinator(spec)
+    client = local.client()
+    a, c = client.join("a", "cpu", 1), client.join("c", "cpu", 1)
+    client.pull(a, a.run_id)
+    client.pull(c, c.run_id)
+    theta0 = {k: v.clone() for k, v in local.service.params.items()}
+    push(client, a, small_deltas(local, 1e-3), tokens=100)
+    # c still trains from version 0: the round closes at its deadline without it.
+    wait_for(lambda: client.status().version == 1, 10, "round 0 to close at its deadline")
+    late = push(client, c, small_deltas(local, 5e-3), version=0, tokens=100)
+    assert late.accepted and late.round_version == 1 and late.staleness == 1
+    assert late.staleness_weight == pytest.approx(2 ** -0.5)
+    client.pull(a, a.run_id)
+    push(client, a, small_deltas(local, 1e-3), version=1, tokens=100)
+    assert client.status().version == 2
+    # Round 1: Δ̄ = (100·1e-3 + 71·5e-3) / 171 (c's 100 tokens × 2^-0.5, rounded); Nesterov η = 0.7, μ = 0.9.
+    mean1 = (100 * 1e-3 + round(100 * 2 ** -0.5) * 5e-3) / (100 + round(100 * 2 ** -0.5))
+    b1 = 1e-3
+    b2 = 0.9 * b1 + mean1
+    shift = 0.7 * (1e-3 + 0.9 * b1) + 0.7 * (mean1 + 0.9 * b2)
+    for name, theta in local.service.params.items():
+        torch.testing.assert_close(theta, theta0[name] - shift, rtol=0, atol=1e-6)
+    status = client.status()
+    workers = {w.worker_id: w for w in status.workers}
+    assert workers[c.worker_id].late_updates == 1 and workers[c.worker_id].applied_tokens == 100
+    assert status.applied_tokens == 300
+    closed = [r for r in status.rounds if r.version == 1 and r.closed_at]
+    assert "merged 1 late update" in closed[0].close_reason and "stale by 1" in closed[0].close_reason
+    assert sql(local.state_dir, "SELECT worker_id FROM events WHERE kind = 'late'") == [(c.worker_id,)]
+
+    # d pulls version 2 and falls two versions behind: its update is refused, naming both versions.
+    d = client.join("d", "cpu", 1)
+    version, _ = client.pull(d, d.run_id)
+    assert version == 2
+    for base in (2, 3):
+        client.pull(a, a.run_id)
+        push(client, a, small_deltas(local, 1e-3), version=base, tokens=100)
+        wait_for(lambda: client.status().version == base + 1, 10, f"round {base} to close")
+    with pytest.raises(grpc.RpcError) as refused:
+        push(client, d, small_deltas(local, 1e-3), version=2, tokens=100)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = refused.value.details()
+    assert "trained from version 2" in details and "global version is 4" in details and "sync.max_staleness = 1" in details
+    assert {w.worker_id: w.stale_updates for w in client.status().workers}[d.worker_id] == 1
+    assert math.isfinite(tensor_stream.global_norm(local.service.params))
+    client.close()
