@@ -23,7 +23,9 @@ from typing import Any
 import grpc
 import pytest
 import torch
+from rich.console import Console
 
+from rcswarm.cli.status import report
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.conftest import logs_of, sql, tiny_spec, wait_for, worker_env
@@ -163,6 +165,11 @@ def test_a_stale_by_one_update_is_merged_with_its_weight_and_an_older_one_refuse
     closed = [r for r in status.rounds if r.version == 1 and r.closed_at]
     assert "merged 1 late update" in closed[0].close_reason and "stale by 1" in closed[0].close_reason
     assert sql(local.state_dir, "SELECT worker_id FROM events WHERE kind = 'late'") == [(c.worker_id,)]
+    # `rcswarm status` shows tokens trained against applied and each worker's late / stale / clipped / dropped.
+    console = Console(record=True, width=400)
+    report(status, console)
+    text = console.export_text()
+    assert "tokens applied" in text and "300" in text and "1 / 0 / 0 / 0" in text, text
 
     # d pulls version 2 and falls two versions behind: its update is refused, naming both versions.
     d = client.join("d", "cpu", 1)
