@@ -26,9 +26,13 @@ import torch
 from rich.console import Console
 
 from rcswarm.cli.status import report
+from rcswarm.coordinator.server import RunningCoordinator
+from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import logs_of, sql, tiny_spec, wait_for, worker_env
+from tests.conftest import TOKEN, logs_of, sql, tiny_spec, wait_for, worker_env
+from tests.test_bounded_data import Wire
+from tests.test_round_close import SlowCommitStore
 from tests.test_rpc_guards import push, small_deltas
 from tests.test_swarm import coordinator_digests, round_losses, worker_digests
 
@@ -187,3 +191,47 @@ def test_a_stale_by_one_update_is_merged_with_its_weight_and_an_older_one_refuse
     assert {w.worker_id: w.stale_updates for w in client.status().workers}[d.worker_id] == 1
     assert math.isfinite(tensor_stream.global_norm(local.service.params))
     client.close()
+
+
+def test_a_late_update_goes_through_the_robust_aggregation(start_coordinator):
+    """clipped_mean (the default) clips a merged late update of 10× the honest norm like any other update."""
+    spec = tiny_spec(run={"rounds": 4}, sync={"codec": "fp32", "max_update_norm": 100.0, "round_deadline_s": 0.5})
+    local = start_coordinator(spec)
+    client = local.client()
+    a, c = client.join("a", "cpu", 1), client.join("c", "cpu", 1)
+    client.pull(a, a.run_id)
+    client.pull(c, c.run_id)
+    push(client, a, small_deltas(local, 1e-3), tokens=100)
+    wait_for(lambda: client.status().version == 1, 10, "round 0 to close at its deadline")
+    assert push(client, c, small_deltas(local, 1e-2), version=0, tokens=100).staleness == 1
+    client.pull(a, a.run_id)
+    push(client, a, small_deltas(local, 1e-3), version=1, tokens=100)
+    status = client.status()
+    closed = [r for r in status.rounds if r.version == 1 and r.closed_at]
+    assert closed[0].clipped == 1 and "merged 1 late update" in closed[0].close_reason
+    assert {w.worker_id: w.clipped_updates for w in status.workers} == {a.worker_id: 0, c.worker_id: 1}
+    assert sql(local.state_dir, "SELECT worker_id, kind FROM events WHERE kind = 'clipped'") == [(c.worker_id, "clipped")]
+    client.close()
+
+
+def test_a_push_for_a_closing_round_waits_for_the_close_and_is_merged_late(tmp_path):
+    """With late updates merged, a push that meets its round's close (a store whose commit sleeps) is not
+    refused: it waits for the new version and lands in the next round, stale by one."""
+    spec = tiny_spec(sync={"round_deadline_s": 1.0}, coordinator={"lease_s": 30.0, "max_wait_s": 10.0, "durable": False})
+    store = SlowCommitStore(tmp_path / "state", durable=False)
+    running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN).start()
+    wire = Wire(f"127.0.0.1:{running.port}")
+    try:
+        first, late = wire.join("first"), wire.join("late")
+        header = wire.pull(first)
+        wire.pull(late)
+        wire.push_zero(first, header)
+        assert store.committing.wait(timeout=15), "the round did not start closing"
+        answer = wire.push_zero(late, header)
+        assert answer.accepted and answer.round_version == 1 and answer.staleness == 1
+        status = wire.call("GetStatus", pb.GetStatusRequest())
+        assert status.version == 1 and {w.name: w.late_updates for w in status.workers} == {"first": 0, "late": 1}
+        assert [r.reports for r in status.rounds if r.version == 1] == [1]
+    finally:
+        wire.close()
+        running.stop(grace=0.5)
