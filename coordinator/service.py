@@ -421,7 +421,8 @@ class SwarmCoordinator:
     row (`_compute_close`), then takes the lock again to publish the new version atomically and
     wake the waiters (`_publish_close`). `_closing` (read and written under `_lock`) makes it one
     close at a time: while it is set the closing thread alone may change θ, the momentum, the
-    version and `broadcast_feedback`; pushes for the closing version are stale; a pull waits for the
+    version and `broadcast_feedback`; a push for the closing version waits for the new version and is
+    merged late (with `sync.max_staleness` = 0 it is stale at once); a pull waits for the
     new version (at most `coordinator.max_wait_s`); heartbeats, joins, leaves, long polls, metrics
     and status go on. A failed close restores the broadcast residual, reopens the round and wakes
     the waiters, so the next tick retries it. The store
@@ -718,7 +719,9 @@ class SwarmCoordinator:
     def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
         """Record a worker's update; may close the round (handler thread). Takes `_lock` to check the
         meta (the worker secret first, before any payload is read), releases it to read and validate the
-        payload, and takes it again to check both once more and record the update."""
+        payload, and takes it again to check both once more and record the update, on time or late. While
+        a close of its round runs it waits on `_version_changed` (releasing the lock), at most
+        `coordinator.max_wait_s`."""
         meta = first_part(requests, "meta").meta
         with self._lock:
             self._check_update_meta(self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret), meta)

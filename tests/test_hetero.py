@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -120,13 +121,16 @@ def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coor
 
 
 def test_step_boxed_rounds_lose_the_slow_workers_work_and_adaptive_steps_do_not(start_coordinator, tmp_path):
-    old, _ = run_pair(start_coordinator, tmp_path / "old", round_deadline_s=0.8, max_staleness=0)
+    # Both swarms run at once (their steps are mostly sleeps), which halves the test's time.
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(run_pair, start_coordinator, tmp_path / "old", round_deadline_s=0.8, max_staleness=0),
+                pool.submit(run_pair, start_coordinator, tmp_path / "adaptive", round_deadline_s=0.8, adaptive_steps=True)]
+        (old, _), (adaptive, _) = (run.result(timeout=180) for run in runs)
     lost = 1.0 - applied_share(old)
     print(f"step-boxed rounds, late updates refused: {lost:.1%} of the trained tokens lost")
     assert lost > 0.15 and by_name(old)["slow"].stale_updates >= 3, old
     assert by_name(old)["fast"].applied_tokens == by_name(old)["fast"].trained_tokens
 
-    adaptive, _ = run_pair(start_coordinator, tmp_path / "adaptive", round_deadline_s=0.8, adaptive_steps=True)
     print(f"adaptive step counts: {1.0 - applied_share(adaptive):.1%} of the trained tokens lost ({adaptive.pace})")
     assert applied_share(adaptive) >= 0.99, (adaptive.applied_tokens, adaptive.total_tokens)
     slow = by_name(adaptive)["slow"]
