@@ -9,7 +9,9 @@ machine). Over 10 rounds of the tiny LSTM:
 * step-boxed rounds as before (a round deadline the slow worker misses, late updates refused) lose
   the slow worker's work, and adaptive step counts do not;
 * on the wire: a stale-by-one update is merged with its weight (1 + 1)^-0.5 into the next outer step,
-  a stale-by-two one is refused with FAILED_PRECONDITION naming both versions.
+  a stale-by-two one is refused with FAILED_PRECONDITION naming both versions; a merged late update is
+  clipped like any other; a push that meets its round's close waits and is merged late;
+* the pacing, staleness and close decisions (pure functions) and the [sync] keys' validation.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from rich.console import Console
 
 from rcswarm.cli.status import report
+from rcswarm.coordinator import decisions
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos import tensor_stream
@@ -242,3 +245,57 @@ def test_a_push_for_a_closing_round_waits_for_the_close_and_is_merged_late(tmp_p
     finally:
         wire.close()
         running.stop(grace=0.5)
+
+
+PACE = dict(inner_steps=8, step_cap=80, round_seconds=1.0, min_steps=2, adaptive_steps=False)
+
+
+def test_pacing_decisions_are_pure_functions_with_reasons():
+    measured = {"fast": 0.05, "slow": 0.15}
+    steps = decisions.decide_pace(measured, decisions.PaceOptions("steps", **PACE))
+    assert steps.round_seconds == 0 and steps.steps_for("slow") == 8 and "step-boxed" in steps.reason
+    adaptive = decisions.decide_pace(measured, decisions.PaceOptions("steps", **{**PACE, "adaptive_steps": True}))
+    assert (adaptive.steps_for("fast"), adaptive.steps_for("slow"), adaptive.steps_for("new")) == (8, 3, 8)
+    assert "0.050s/step" in adaptive.reason and "slow 3" in adaptive.reason
+    # At least min_steps for a very slow worker.
+    crawling = decisions.decide_pace({"fast": 0.05, "crawl": 5.0}, decisions.PaceOptions("steps", **{**PACE, "adaptive_steps": True}))
+    assert crawling.steps_for("crawl") == 2
+    timed = decisions.decide_pace(measured, decisions.PaceOptions("time", **PACE))
+    assert timed.round_seconds == 1.0 and timed.steps_for("slow") == 80 and "sync.round_seconds = 1" in timed.reason
+    # The budget grows so that the slowest worker completes min_steps.
+    grown = decisions.decide_pace({"fast": 0.05, "slow": 0.8}, decisions.PaceOptions("time", **PACE))
+    assert grown.round_seconds == pytest.approx(1.6) and "slowest worker slow" in grown.reason
+
+
+def test_staleness_and_close_decisions_say_what_happened():
+    options = decisions.StalenessOptions(max_staleness=1, exponent=0.5)
+    assert decisions.decide_staleness(4, 4, 4, options) == decisions.Lateness(True, 0, 1.0, "on time for round 4")
+    late = decisions.decide_staleness(3, 4, 3, options)
+    assert late.ok and late.staleness == 1 and late.weight == pytest.approx(2 ** -0.5) and "merged into round 4" in late.reason
+    too_old = decisions.decide_staleness(2, 4, 2, options)
+    assert not too_old.ok and "version 2" in too_old.reason and "global version is 4" in too_old.reason
+    not_pulled = decisions.decide_staleness(3, 4, 1, options)
+    assert not not_pulled.ok and "did not pull version 3" in not_pulled.reason
+    assert decisions.staleness_weight(2, 1.0) == pytest.approx(1 / 3)
+
+    workers = [decisions.WorkerView("a", 0.0, 3, True), decisions.WorkerView("b", 0.0, 3, True, measured=False)]
+    round_ = decisions.RoundView(3, 100.0, frozenset({"a"}), budget_s=10.0)
+    late_close = decisions.RoundOptions(5.0, max_staleness=1)
+    assert not decisions.decide_round_close(114.9, round_, workers, late_close).ok
+    closed = decisions.decide_round_close(115.0, round_, workers, late_close)
+    assert closed.ok and "budget 10.0s used" in closed.reason and "1 worker still training: merged late" in closed.reason
+    # Adaptive steps: the deadline does not leave behind a worker whose speed is not measured yet.
+    waiting = decisions.decide_round_close(115.0, round_, workers, decisions.RoundOptions(5.0, wait_unmeasured=True))
+    assert not waiting.ok and "not measured yet" in waiting.reason
+
+
+@pytest.mark.parametrize(("sync", "message"), [
+    ({"round": "rounds"}, "sync.round = 'rounds'"),
+    ({"round_seconds": 0}, "sync.round_seconds = 0"),
+    ({"max_staleness": 17}, "sync.max_staleness = 17"),
+    ({"staleness_exponent": -1.0}, "sync.staleness_exponent = -1.0"),
+    ({"min_steps": 9}, "sync.min_steps = 9"),
+])
+def test_sync_pacing_keys_are_validated(sync, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        tiny_spec(inner={"steps": 8}, sync=sync)
