@@ -73,7 +73,7 @@ def spawn_paced(target: str, name: str, factor: float, tmp_path: Path) -> subpro
 
 def run_pair(start_coordinator, tmp_path: Path, **sync: Any) -> tuple[pb.GetStatusResponse, Path]:
     """Run 10 rounds with a fast and a slow worker process; the final status and the state dir."""
-    local = start_coordinator(pair_spec(**sync))
+    local = start_coordinator(pair_spec(**sync), tmp_path / "state")
     procs = [spawn_paced(local.target, "fast", 1.0, tmp_path), spawn_paced(local.target, "slow", SLOW_FACTOR, tmp_path)]
     try:
         for proc in procs:
