@@ -45,9 +45,11 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 10
 STEPS = 8
-# Seconds an inner step takes at least: fast = FLOOR_S, slow = SLOW_FACTOR × FLOOR_S.
-FLOOR_S = 0.05
+# Seconds an inner step takes at least: fast = FLOOR_S, slow = SLOW_FACTOR × FLOOR_S (headroom for a loaded machine).
+FLOOR_S = 0.1
 SLOW_FACTOR = 3.0
+# A round deadline between the fast worker's round (0.8 s) and the slow one's (2.4 s), with room for load.
+DEADLINE_S = 2 * STEPS * FLOOR_S
 
 
 def pair_spec(**sync: Any):
@@ -106,7 +108,7 @@ def tokens_per_update(state_dir: Path, worker_id: str) -> list[int]:
 
 
 def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coordinator, tmp_path):
-    status, state_dir = run_pair(start_coordinator, tmp_path, round="time", round_seconds=0.6)
+    status, state_dir = run_pair(start_coordinator, tmp_path, round="time", round_seconds=1.0)
     workers = by_name(status)
     assert applied_share(status) >= 0.99, (status.applied_tokens, status.total_tokens)
     for worker in workers.values():
@@ -126,8 +128,8 @@ def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coor
 def test_step_boxed_rounds_lose_the_slow_workers_work_and_adaptive_steps_do_not(start_coordinator, tmp_path):
     # Both swarms run at once (their steps are mostly sleeps), which halves the test's time.
     with ThreadPoolExecutor(2) as pool:
-        runs = [pool.submit(run_pair, start_coordinator, tmp_path / "old", round_deadline_s=0.8, max_staleness=0),
-                pool.submit(run_pair, start_coordinator, tmp_path / "adaptive", round_deadline_s=0.8, adaptive_steps=True)]
+        runs = [pool.submit(run_pair, start_coordinator, tmp_path / "old", round_deadline_s=DEADLINE_S, max_staleness=0),
+                pool.submit(run_pair, start_coordinator, tmp_path / "adaptive", round_deadline_s=DEADLINE_S, adaptive_steps=True)]
         (old, _), (adaptive, adaptive_dir) = (run.result(timeout=180) for run in runs)
     lost = 1.0 - applied_share(old)
     print(f"step-boxed rounds, late updates refused: {lost:.1%} of the trained tokens lost")
