@@ -59,7 +59,10 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     run.add_row("version", f"{status.version} / {status.target_rounds or '∞'}")
     run.add_row("workers active", f"{active} of {len(status.workers)}")
     run.add_row("latest loss", _num(status.latest_loss))
-    run.add_row("tokens", str(status.total_tokens))
+    run.add_row("tokens trained", str(status.total_tokens))
+    run.add_row("tokens applied", str(status.applied_tokens))
+    if status.pace:
+        run.add_row("pace", status.pace)
     run.add_row("tokens/s", _num(status.tokens_per_second))
     if status.param_sha256:
         run.add_row("θ sha256", status.param_sha256[:16] + "…")
@@ -80,7 +83,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     workers = Table(title="workers")
     extra = ("tokens/s", "loss", "seq_len") if totals is not None else ()
     for name in ("name", "id", "state", "device", "base version", "since heartbeat (s)", "assigned L × batch",
-                 *extra, "stale / clipped / dropped", "reason"):
+                 *extra, "late / stale / clipped / dropped", "tokens trained / applied", "s/step", "reason"):
         workers.add_column(name, justify="left" if name in ("name", "id", "state", "device", "reason") else "right",
                            no_wrap=name in ("name", "id"))
     for w in status.workers:
@@ -91,7 +94,9 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
         assigned = f"{w.assignment.seq_len} × {w.assignment.batch_size}" if w.HasField("assignment") else "–"
         workers.add_row(w.name, w.worker_id, STATES.get(w.state, "unknown"), w.device, str(w.base_version),
                         f"{w.seconds_since_heartbeat:.1f}", assigned, *cells,
-                        f"{w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}", _worker_reason(w))
+                        f"{w.late_updates} / {w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}",
+                        f"{w.trained_tokens} / {w.applied_tokens}", _num(w.step_seconds) if w.step_seconds else "–",
+                        _worker_reason(w))
     if not status.workers:
         workers.caption = "no workers have joined"
     console.print(workers)

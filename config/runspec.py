@@ -26,6 +26,9 @@ DATA_SOURCES = ("stdlib", "diag", "typing", "git")
 CURRICULUM_POLICIES = ("fixed", "adaptive")
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean", "centered_clip")
 SYNC_BACKENDS = ("coordinator", "hivemind")
+ROUND_KINDS = ("steps", "time")
+# The most versions a late update may lag behind (sync.max_staleness).
+MAX_STALENESS_LIMIT = 16
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -187,6 +190,16 @@ class SyncSection:
     * `backend`: "coordinator" (updates go through the coordinator, the default) or "hivemind"
       (workers average peer to peer with hivemind, worker/hivemind_sync.py; the coordinator's
       aggregation options above do not apply there).
+
+    Heterogeneous swarms (issue #15; decisions.decide_pace and decide_staleness have the rules):
+    * `round`: "steps" (every worker trains inner.steps steps, or with `adaptive_steps` its own
+      count from its measured speed so that all finish together) or "time" (every worker trains
+      until the round's budget of `round_seconds` is used, finishing its current step, at most
+      `max_steps` steps; the budget grows so that the slowest worker completes `min_steps`).
+      With "time" the round's deadline is the budget plus `round_deadline_s`.
+    * `max_staleness`: an update trained from a version at most this many versions old (from a
+      version this worker pulled) is merged into the open round with its tokens weighted by
+      (1 + staleness)^(−`staleness_exponent`); older ones are refused. 0 = refuse every late update.
     """
 
     codec: str = "int8"
@@ -210,9 +223,22 @@ class SyncSection:
     min_cosine: float = 0.0
     outlier_evict_after: int = 0
     outlier_window: int = 5
+    # "steps" (step-boxed rounds) or "time" (time-boxed rounds of round_seconds).
+    round: str = "steps"
+    round_seconds: float = 30.0
+    # The fewest steps the slowest worker trains per round (adaptive steps, the time budget).
+    min_steps: int = 1
+    # Step-boxed rounds: assign each worker its own step count from its measured speed.
+    adaptive_steps: bool = False
+    # Time-boxed rounds: the most steps one worker trains per round; 0 = 10 × inner.steps.
+    max_steps: int = 0
+    # Versions a late update may lag and still be merged (weighted); older ones are refused.
+    max_staleness: int = 1
+    staleness_exponent: float = 0.5
     backend: str = "coordinator"
 
     def __post_init__(self) -> None:
+        self._check_pace()
         if self.backend not in SYNC_BACKENDS:
             _fail("sync.backend", self.backend, f"one of {SYNC_BACKENDS}")
         if self.codec not in CODECS:
@@ -239,6 +265,25 @@ class SyncSection:
         if not 0 <= self.outlier_evict_after <= self.outlier_window:
             _fail("sync.outlier_evict_after", self.outlier_evict_after,
                   f"an integer between 0 (never) and sync.outlier_window = {self.outlier_window}")
+
+    def _check_pace(self) -> None:
+        """The heterogeneous-swarm keys (round, budgets, staleness)."""
+        if self.round not in ROUND_KINDS:
+            _fail("sync.round", self.round, f"one of {ROUND_KINDS}")
+        _check_positive(self, "sync", "round_seconds", "min_steps")
+        if self.max_steps < 0:
+            _fail("sync.max_steps", self.max_steps, "an integer >= 0 (0 = 10 × inner.steps)")
+        if not 0 <= self.max_staleness <= MAX_STALENESS_LIMIT:
+            _fail("sync.max_staleness", self.max_staleness, f"an integer between 0 (refuse late updates) and {MAX_STALENESS_LIMIT}")
+        if not (math.isfinite(self.staleness_exponent) and 0.0 <= self.staleness_exponent <= 10.0):
+            _fail("sync.staleness_exponent", self.staleness_exponent, "a number in [0, 10] (0 = no discount)")
+
+    def step_cap(self, inner_steps: int) -> int:
+        """The most inner steps one worker trains in a round: inner.steps when step-boxed, else
+        sync.max_steps (0: 10 × inner.steps)."""
+        if self.round == "steps":
+            return inner_steps
+        return self.max_steps or 10 * inner_steps
 
 
 @dataclass(frozen=True)
@@ -409,6 +454,10 @@ class RunSpec:
             _fail("sweep.seq_lens", self.sweep.seq_lens, f"empty when curriculum.{varied} is given")
         if varied and self.data.source == "diag":
             _fail(f"curriculum.{varied}", getattr(curriculum, varied), 'empty with data.source = "diag" (the task sets its lengths)')
+        if self.sync.min_steps > self.sync.step_cap(self.inner.steps):
+            _fail("sync.min_steps", self.sync.min_steps,
+                  f"at most the steps a round allows ({self.sync.step_cap(self.inner.steps)}: inner.steps when "
+                  'sync.round = "steps", else sync.max_steps)')
 
     @property
     def is_sweep(self) -> bool:
@@ -416,8 +465,9 @@ class RunSpec:
 
     def metric_rows_per_round(self) -> int:
         """The metric rows a worker may report per round: coordinator.max_metrics_per_round, or when 0
-        the larger of 1000 and 10 × (inner.steps + 1) (a worker reports inner.steps rows and one per pull)."""
-        return self.coordinator.max_metrics_per_round or max(1000, 10 * (self.inner.steps + 1))
+        the larger of 1000 and 10 × (steps + 1) (a worker reports one row per step and one per pull), steps
+        the most a round allows (`SyncSection.step_cap`)."""
+        return self.coordinator.max_metrics_per_round or max(1000, 10 * (self.sync.step_cap(self.inner.steps) + 1))
 
     def sweep_runs(self) -> list[RunSpec]:
         """The runs of a sweep (this spec alone if it is not one), each with its own L and batch."""

@@ -4,11 +4,27 @@ Admission, eviction (a lease that expired, or a worker that keeps sending outlie
 forgetting ended memberships and round closing take plain immutable views of the state and a
 time, and return a Decision (or the chosen workers) with a reason a person can read. The service applies them; tests
 drive them with a fake clock.
+
+Heterogeneous swarms (issue #15). `decide_pace` says how much each worker trains from a version:
+step-boxed rounds of inner.steps, adaptive step counts (each worker gets the steps it does in the
+time the fastest needs for inner.steps, at least sync.min_steps), or time-boxed rounds whose budget
+is sync.round_seconds, raised so that the slowest worker still completes sync.min_steps steps.
+`decide_staleness` says whether a late update (trained from an older version than the one served)
+is merged, and with which weight: staleness s = current version − base version, merged while
+s <= sync.max_staleness with its tokens multiplied by
+
+    w(s) = (1 + s)^(−a),   a = sync.staleness_exponent (0.5: w(1) ≈ 0.71, w(2) ≈ 0.58),
+
+the polynomial staleness function of FedAsync (Xie, Koyejo & Gupta, "Asynchronous Federated
+Optimization", 2019, arXiv:1903.03934, s(t − τ) = (t − τ + 1)^(−a)); asynchronous local-SGD for
+language models (Liu et al., "Asynchronous Local-SGD Training for Language Modeling", 2024,
+arXiv:2401.09135) applies late pseudo-gradients to the newer parameters in the same way, as
+delayed outer gradients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -31,6 +47,11 @@ class RoundOptions:
     round_deadline_s: float
     # Before the deadline a round also waits until at least this many workers reported.
     min_reports: int = 1
+    # What happens to the update of a worker the deadline leaves training (for the reason only).
+    max_staleness: int = 0
+    # Adaptive step counts: the deadline does not leave behind a worker whose speed is not measured yet
+    # (its first round is as long as it is slow; it is paced from the next one on).
+    wait_unmeasured: bool = False
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,8 @@ class WorkerView:
     active: bool
     # When the membership ended (left, evicted, reassigned); None while active.
     ended_at: float | None = None
+    # Whether its seconds per inner step have been measured (adaptive pacing needs them).
+    measured: bool = True
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,50 @@ class RoundView:
     version: int
     opened_at: float
     reporters: frozenset[str]
+    # A time-boxed round's budget in seconds (0: step-boxed); its deadline comes that much later.
+    budget_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PaceOptions:
+    # "steps" or "time" (sync.round).
+    mode: str
+    inner_steps: int
+    # The most steps one worker trains in a round (sync.step_cap).
+    step_cap: int
+    round_seconds: float
+    min_steps: int
+    adaptive_steps: bool
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How much every worker trains from one version: a time budget (0: step-boxed) and step counts."""
+
+    round_seconds: float
+    default_steps: int
+    # (worker_id, steps) for workers whose count differs from default_steps.
+    steps: tuple[tuple[str, int], ...]
+    reason: str
+
+    def steps_for(self, worker_id: str) -> int:
+        return dict(self.steps).get(worker_id, self.default_steps)
+
+
+@dataclass(frozen=True)
+class StalenessOptions:
+    max_staleness: int
+    exponent: float
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """Whether an update is merged: its staleness in versions, its weight w(s) and why."""
+
+    ok: bool
+    staleness: int
+    weight: float
+    reason: str
 
 
 def decide_admission(
@@ -136,20 +203,102 @@ def decide_round_close(
     now: float, round_: RoundView, workers: Iterable[WorkerView], options: RoundOptions
 ) -> Decision:
     """Close when every active worker of the round's version reported (and at least
-    min_reports did), or at the deadline with at least one report."""
+    min_reports did), or at the deadline with at least one report: `round_deadline_s` after the
+    round opened, after its budget for a time-boxed round. The reason says what the workers the
+    deadline leaves behind are doing (still training) and what becomes of their updates."""
     reported = len(round_.reporters)
     if reported == 0:
         return Decision(False, f"round {round_.version}: no reports yet")
     waiting = expected_reporters(round_, workers) - round_.reporters
+    budget = f"budget {round_.budget_s:.1f}s used: " if round_.budget_s > 0 else ""
     if not waiting and reported >= options.min_reports:
-        return Decision(True, f"round {round_.version}: all {reported} active workers reported")
-    age = now - round_.opened_at
-    if age >= options.round_deadline_s:
-        return Decision(
-            True,
-            f"round {round_.version}: deadline {options.round_deadline_s:.1f}s passed with "
-            f"{reported} reports; {len(waiting)} active workers missing",
-        )
+        return Decision(True, f"round {round_.version}: {budget}all {reported} active workers reported")
+    deadline = round_.budget_s + options.round_deadline_s
+    unmeasured = [w for w in workers if w.worker_id in waiting and not w.measured] if options.wait_unmeasured else []
+    if now - round_.opened_at >= deadline and unmeasured:
+        return Decision(False, (
+            f"round {round_.version}: deadline {deadline:.1f}s reached; waiting for {len(unmeasured)} worker(s) "
+            "whose speed is not measured yet (sync.adaptive_steps paces them from their next round)"
+        ))
+    if now - round_.opened_at >= deadline:
+        return Decision(True, (
+            f"round {round_.version}: {budget}deadline {deadline:.1f}s reached with {reported} reports; "
+            f"{_still_training(len(waiting), options.max_staleness)}"
+        ))
     if not waiting:
         return Decision(False, f"round {round_.version}: {reported} reports, waiting for min_reports={options.min_reports}")
     return Decision(False, f"round {round_.version}: waiting for {len(waiting)} of {reported + len(waiting)} workers")
+
+
+def _still_training(waiting: int, max_staleness: int) -> str:
+    """What a close leaves behind: the workers still training and the fate of their updates."""
+    if waiting == 0:
+        return "no worker still training"
+    who = f"{waiting} worker{'s' if waiting != 1 else ''} still training"
+    if max_staleness > 0:
+        return f"{who}: merged late into the next round (sync.max_staleness = {max_staleness})"
+    return f"{who}: refused as stale when it arrives (sync.max_staleness = 0)"
+
+
+def staleness_weight(staleness: int, exponent: float) -> float:
+    """w(s) = (1 + s)^(−exponent): FedAsync's polynomial staleness function (module docstring)."""
+    return float((1 + staleness) ** -exponent)
+
+
+def decide_staleness(base_version: int, version: int, pulled: int, options: StalenessOptions) -> Lateness:
+    """Whether an update trained from `base_version` is taken into the round of `version`.
+
+    On time (`base_version` = `version`) it is, with weight 1. A late one is merged when this
+    membership pulled that version (`pulled`: it trained from it) and it lags by at most
+    max_staleness versions, weighted by `staleness_weight`; otherwise refused, naming both versions.
+    """
+    staleness = version - base_version
+    if staleness <= 0:
+        return Lateness(True, 0, 1.0, f"on time for round {version}")
+    refused = f"stale update: trained from version {base_version} but the global version is {version}"
+    if base_version != pulled:
+        return Lateness(False, staleness, 0.0, f"{refused}; this worker did not pull version {base_version}: pull and re-sync")
+    if staleness > options.max_staleness:
+        return Lateness(False, staleness, 0.0, (
+            f"{refused}: {staleness} version{'s' if staleness != 1 else ''} behind > sync.max_staleness = {options.max_staleness}; pull and re-sync"
+        ))
+    weight = staleness_weight(staleness, options.exponent)
+    return Lateness(True, staleness, weight, (
+        f"late update from version {base_version} merged into round {version}: stale by {staleness}, "
+        f"weight (1 + {staleness})^-{options.exponent:g} = {weight:.3f}"
+    ))
+
+
+def decide_pace(step_seconds: Mapping[str, float], options: PaceOptions) -> Pace:
+    """How much each worker trains from the next version, from the active workers' measured seconds per
+    inner step (`step_seconds`, only those measured). See the module docstring for the three modes."""
+    if options.mode == "time":
+        return _time_pace(step_seconds, options)
+    if not options.adaptive_steps:
+        return Pace(0.0, options.inner_steps, (), f"step-boxed: inner.steps = {options.inner_steps}")
+    if not step_seconds:
+        return Pace(0.0, options.inner_steps, (), f"adaptive steps: no step measured yet, inner.steps = {options.inner_steps}")
+    fastest = min(step_seconds.values())
+    target = options.inner_steps * fastest
+    steps = tuple(sorted(
+        (worker_id, max(options.min_steps, min(options.inner_steps, round(target / seconds))))
+        for worker_id, seconds in step_seconds.items()
+    ))
+    counts = ", ".join(f"{worker_id} {n}" for worker_id, n in steps)
+    return Pace(0.0, options.inner_steps, tuple((w, n) for w, n in steps if n != options.inner_steps), (
+        f"adaptive steps: {target:.2f}s a round (inner.steps = {options.inner_steps} at the fastest worker's "
+        f"{fastest:.3f}s/step), at least sync.min_steps = {options.min_steps}: {counts}"
+    ))
+
+
+def _time_pace(step_seconds: Mapping[str, float], options: PaceOptions) -> Pace:
+    """A time-boxed round: sync.round_seconds, or longer so that the slowest worker does sync.min_steps."""
+    budget, why = options.round_seconds, f"sync.round_seconds = {options.round_seconds:g}"
+    if step_seconds:
+        slowest = max(step_seconds, key=lambda worker_id: (step_seconds[worker_id], worker_id))
+        needed = options.min_steps * step_seconds[slowest]
+        if needed > budget:
+            budget = needed
+            why = (f"sync.min_steps = {options.min_steps} of the slowest worker {slowest} at "
+                   f"{step_seconds[slowest]:.3f}s/step (> sync.round_seconds = {options.round_seconds:g})")
+    return Pace(budget, options.step_cap, (), f"time-boxed: {budget:.2f}s a round ({why}), at most {options.step_cap} steps")

@@ -23,6 +23,17 @@ event) and the others are combined by `sync.aggregation` (aggregation.py); every
 flags is recorded as an event, counted in the round's record and the worker's status; a worker flagged in
 `sync.outlier_evict_after` of its last `sync.outlier_window` rounds is evicted.
 
+Heterogeneous swarms (issue #15). Each worker's `TrainingAssignment` carries its pace for the version:
+its inner-step count, or a time-boxed round's budget (`decisions.decide_pace`, from the workers'
+measured seconds per step: the compute seconds between consecutive metric rows, the median of its
+last STEP_SAMPLES). A late update (trained from a version this membership pulled, at most
+`sync.max_staleness` versions old; `decisions.decide_staleness`) is kept in the open round's `late`
+updates with its tokens weighted by the staleness weight and goes through the same direction check
+and aggregation as the round's own; an older one is refused (FAILED_PRECONDITION naming both
+versions). A push for a round that is closing waits for the close and then arrives late. Per worker
+the coordinator counts tokens trained (its metrics), tokens applied (its updates an outer step used),
+late updates merged and stale updates refused; GetStatus reports them.
+
 What the coordinator keeps in memory is bounded: metric values are range-checked and each
 worker's metric rows per round capped; ended memberships are forgotten after
 `coordinator.forget_after_s` (SQLite keeps their history); GetStatus lists the active workers
@@ -39,8 +50,10 @@ import json
 import logging
 import math
 import secrets
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,7 +77,12 @@ RESTART_MUTABLE = (
     # The coordinator's own defences against outliers; workers do not depend on them.
     "sync.max_update_norm", "sync.bound_tokens", "sync.aggregation", "sync.clip_factor", "sync.trim_fraction",
     "sync.centered_clip", "sync.reference_rounds", "sync.outlier_", "sync.min_cosine",
+    # How rounds are paced and late updates weighted: the coordinator tells workers in their assignment.
+    "sync.round", "sync.min_steps", "sync.adaptive_steps", "sync.max_steps", "sync.max_staleness",
+    "sync.staleness_exponent",
 )
+# A worker's seconds per step are the median of its last this many measured steps.
+STEP_SAMPLES = 16
 # run_state key of the reference norms' history (JSON: one list of accepted norms per recent round).
 REFERENCE_NORMS_KEY = "reference_norms"
 MAX_TOKENS_PER_UPDATE = 10**12
@@ -133,13 +151,35 @@ class WorkerRecord:
     accepted_version: int = -1
     # SHA-256 of the worker secret its Join returned (the secret itself is never kept).
     secret_sha256: bytes = field(default=b"", repr=False)
+    # The version it last pulled (-1: none): it trains from it, so a late update from it can be merged.
+    pulled_version: int = -1
+    # Its late updates merged with a staleness weight; tokens it trained on and tokens an outer step applied.
+    late_updates: int = 0
+    trained_tokens: int = 0
+    applied_tokens: int = 0
+    # Seconds of its recent inner steps, and its cumulative compute seconds at its last metric row.
+    step_samples: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
+    last_compute: float | None = None
+
+    def step_seconds(self) -> float | None:
+        """Its measured seconds per inner step (the median of its recent steps), None before any."""
+        return statistics.median(self.step_samples) if self.step_samples else None
+
+    def measure(self, metric: pb.Metric) -> None:
+        """Count a metric row's tokens and, for a training step, its compute seconds (lock held)."""
+        self.trained_tokens += metric.tokens
+        if metric.tokens > 0 and self.last_compute is not None and metric.compute_seconds >= self.last_compute:
+            self.step_samples.append(metric.compute_seconds - self.last_compute)
+        self.last_compute = metric.compute_seconds
 
     def owns(self, secret: bytes) -> bool:
         """Whether `secret` is this membership's worker secret (constant-time compare of the digests)."""
         return bool(self.secret_sha256) and hmac.compare_digest(hashlib.sha256(secret).digest(), self.secret_sha256)
 
     def view(self) -> decisions.WorkerView:
-        return decisions.WorkerView(self.worker_id, self.last_seen, self.base_version, self.active, self.ended_at)
+        return decisions.WorkerView(
+            self.worker_id, self.last_seen, self.base_version, self.active, self.ended_at, bool(self.step_samples)
+        )
 
     def outlier_view(self) -> decisions.OutlierView:
         return decisions.OutlierView(self.worker_id, self.active, tuple(self.recent))
@@ -174,9 +214,23 @@ class OpenRound:
     closing: bool = False
     # Updates for this version refused for their norm or tokens.
     dropped: int = 0
+    # worker_id -> a late update merged into this round: tokens weighted by its staleness, and how it fared.
+    late: dict[str, LateUpdate] = field(default_factory=dict)
+    # A time-boxed round's budget in seconds (0: step-boxed).
+    budget_s: float = 0.0
 
     def view(self) -> decisions.RoundView:
-        return decisions.RoundView(self.version, self.opened_at, frozenset(self.reports))
+        return decisions.RoundView(self.version, self.opened_at, frozenset(self.reports), self.budget_s)
+
+
+@dataclass(frozen=True)
+class LateUpdate:
+    """A late update in the round it was merged into: the update with its weighted tokens, the tokens it
+    trained on, and its staleness decision."""
+
+    update: aggregation.Update
+    tokens: int
+    lateness: decisions.Lateness
 
 
 @dataclass(frozen=True)
@@ -215,6 +269,8 @@ class ClosedRound:
     history: tuple[tuple[float, ...], ...]
     # The hard norm bound for updates to the new version, and why.
     norm_bound: tuple[float, str]
+    # worker_id -> tokens of its updates the outer step applied (the direction check's drops are not).
+    applied: dict[str, int] = field(default_factory=dict)
 
 
 class Stopwatch:
@@ -286,6 +342,31 @@ class LazyPullPayload:
             return self._payload
 
 
+def late_summary(late: list[LateUpdate]) -> str:
+    """The close reason's note on the late updates merged into the round ("" for none)."""
+    if not late:
+        return ""
+    each = ", ".join(f"{item.update.worker_id} stale by {item.lateness.staleness} (weight {item.lateness.weight:.3f})"
+                     for item in late)
+    return f"; merged {len(late)} late update{'s' if len(late) != 1 else ''}: {each}"
+
+
+def applied_tokens(
+    updates: list[aggregation.Update], trained: list[int], outcomes: tuple[aggregation.Outcome, ...]
+) -> dict[str, int]:
+    """worker_id -> the trained tokens of its updates the aggregate used: all but those the direction
+    check dropped (matched by worker and norm, since a worker may have an on-time and a late update)."""
+    dropped = [(o.worker_id, o.norm) for o in outcomes if o.action == "dropped"]
+    applied: dict[str, int] = {}
+    for update, tokens in zip(updates, trained):
+        key = (update.worker_id, update.norm)
+        if key in dropped:
+            dropped.remove(key)
+            continue
+        applied[update.worker_id] = applied.get(update.worker_id, 0) + tokens
+    return applied
+
+
 def spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
     """Dotted keys whose values differ between two specs."""
     old_d, new_d = old.to_dict(), new.to_dict()
@@ -341,7 +422,8 @@ class SwarmCoordinator:
     row (`_compute_close`), then takes the lock again to publish the new version atomically and
     wake the waiters (`_publish_close`). `_closing` (read and written under `_lock`) makes it one
     close at a time: while it is set the closing thread alone may change θ, the momentum, the
-    version and `broadcast_feedback`; pushes for the closing version are stale; a pull waits for the
+    version and `broadcast_feedback`; a push for the closing version waits for the new version and is
+    merged late (with `sync.max_staleness` = 0 it is stale at once); a pull waits for the
     new version (at most `coordinator.max_wait_s`); heartbeats, joins, leaves, long polls, metrics
     and status go on. A failed close restores the broadcast residual, reopens the round and wakes
     the waiters, so the next tick retries it. The store
@@ -363,7 +445,17 @@ class SwarmCoordinator:
             spec.coordinator.lease_s, spec.coordinator.max_workers, spec.coordinator.forget_after_s
         )
         self.metrics_per_round = spec.metric_rows_per_round()
-        self.round_options = decisions.RoundOptions(spec.sync.round_deadline_s, spec.sync.min_reports)
+        sync = spec.sync
+        self.round_options = decisions.RoundOptions(
+            sync.round_deadline_s, sync.min_reports, sync.max_staleness, sync.round == "steps" and sync.adaptive_steps
+        )
+        self.pace_options = decisions.PaceOptions(
+            sync.round, spec.inner.steps, sync.step_cap(spec.inner.steps), sync.round_seconds, sync.min_steps,
+            sync.adaptive_steps,
+        )
+        self.staleness = decisions.StalenessOptions(sync.max_staleness, sync.staleness_exponent)
+        # How much each worker trains from the current version; decided again at each close and metric report.
+        self.pace = decisions.decide_pace({}, self.pace_options)
         self.codec = codecs.codec_from_name(spec.sync.codec)
         self.broadcast_feedback = codecs.ErrorFeedback()
         # (from_version, header, chunks) of the compressed step to the current version.
@@ -381,7 +473,7 @@ class SwarmCoordinator:
         self._active: dict[str, WorkerRecord] = {}
         self._ended: dict[str, WorkerRecord] = {}
         self._joins = 0
-        self.round = OpenRound(self.version, self.clock())
+        self.round = OpenRound(self.version, self.clock(), budget_s=self.pace.round_seconds)
         self._closing: RoundClose | None = None
         # Seconds per piece of the last close (see ClosedRound.seconds), for logs and benchmarks.
         self.last_close_seconds: dict[str, float] = {}
@@ -390,6 +482,8 @@ class SwarmCoordinator:
         # sync.backend = "hivemind": the newest version workers report holding (they average peer to peer;
         # this coordinator closes no rounds and holds no tensors of theirs); `shown_version` reads it.
         self.peer_version = 0
+        # Tokens of the updates the outer steps of this process applied.
+        self.applied_tokens = 0
         self._serving_since: float | None = None
         self.tracker = curricula.CurriculumTracker(spec, store)
         self.param_sha256 = tensor_stream.params_sha256(self.params)
@@ -501,8 +595,19 @@ class SwarmCoordinator:
         return worker
 
     def _assignment(self, worker: WorkerRecord) -> pb.TrainingAssignment:
-        """What `worker` trains from the current version (lock held)."""
-        return self.tracker.assignment(self.version, worker.assigned)
+        """What `worker` trains from the current version, with its pace (lock held)."""
+        assignment = self.tracker.assignment(self.version, worker.assigned)
+        assignment.inner_steps = self.pace.steps_for(worker.worker_id)
+        assignment.round_seconds = self.pace.round_seconds
+        return assignment
+
+    def _decide_pace(self) -> None:
+        """Decide the pace again from the active workers' step times; a time-boxed open round keeps the
+        longest budget it was given (lock held)."""
+        measured = {w.worker_id: w.step_seconds() for w in self._active.values()}
+        self.pace = decisions.decide_pace({k: v for k, v in measured.items() if v is not None}, self.pace_options)
+        if self.pace.round_seconds > self.round.budget_s:
+            self.round.budget_s = self.pace.round_seconds
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
         """Admit a worker and return its new worker secret, keeping only the secret's SHA-256 (handler
@@ -579,7 +684,7 @@ class SwarmCoordinator:
                     f"version {request.version} is not served; the newest is {self.version}",
                 )
             worker.last_seen = self.clock()
-            worker.base_version = self.version
+            worker.base_version = worker.pulled_version = self.version
             if not self.round.started:
                 self.round.opened_at, self.round.started = worker.last_seen, True
             if self._serving_since is None:
@@ -623,7 +728,9 @@ class SwarmCoordinator:
     def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
         """Record a worker's update; may close the round (handler thread). Takes `_lock` to check the
         meta (the worker secret first, before any payload is read), releases it to read and validate the
-        payload, and takes it again to check both once more and record the update."""
+        payload, and takes it again to check both once more and record the update, on time or late. While
+        a close of its round runs it waits on `_version_changed` (releasing the lock), at most
+        `coordinator.max_wait_s`."""
         meta = first_part(requests, "meta").meta
         with self._lock:
             self._check_update_meta(self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret), meta)
@@ -632,18 +739,40 @@ class SwarmCoordinator:
         deltas, norm = self._receive_update(header, requests, meta.base_version)
         with self._lock:
             worker = self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret)
-            self._check_update_meta(worker, meta)
+            lateness = self._check_update_meta(worker, meta)
             if norm > bound:
                 self._refuse_outlier(worker, f"update rejected: global L2 norm {norm:.4g} exceeds {why}")
-            self.round.reports[worker.worker_id] = aggregation.Update(worker.worker_id, meta.tokens, norm, deltas)
-            worker.accepted_version = self.version
-            worker.base_version = self.version + 1
-            worker.last_seen = self.clock()
-            reports = len(self.round.reports)
+            self._record_update(worker, meta, lateness, norm, deltas)
+            reports = len(self.round.reports) + len(self.round.late)
             round_version = self.round.version
             close = self._begin_close()
         self._finish_close(close)
-        return pb.PushUpdateResponse(accepted=True, round_version=round_version, reports=reports)
+        return pb.PushUpdateResponse(
+            accepted=True, round_version=round_version, reports=reports, staleness=lateness.staleness,
+            staleness_weight=lateness.weight,
+        )
+
+    def _record_update(
+        self, worker: WorkerRecord, meta: pb.UpdateMeta, lateness: decisions.Lateness, norm: float,
+        deltas: dict[str, torch.Tensor],
+    ) -> None:
+        """Put an accepted update into the open round: on time among its reports, late (its tokens
+        weighted by the staleness weight, at least 1) among its late updates (lock held)."""
+        if lateness.staleness == 0:
+            self.round.reports[worker.worker_id] = aggregation.Update(worker.worker_id, meta.tokens, norm, deltas)
+            worker.base_version = self.version + 1
+        else:
+            weighted = max(1, round(meta.tokens * lateness.weight))
+            update = aggregation.Update(worker.worker_id, weighted, norm, deltas)
+            self.round.late[worker.worker_id] = LateUpdate(update, meta.tokens, lateness)
+            worker.late_updates += 1
+            # It trains from the version it pulls next; until then this round does not wait for it.
+            if worker.pulled_version < self.version:
+                worker.base_version = self.version + 1
+            self.store.add_event(worker.worker_id, "late", lateness.reason, self.clock())
+            log.info("%s (%s): %s", worker.worker_id, worker.name, lateness.reason)
+        worker.accepted_version = meta.base_version
+        worker.last_seen = self.clock()
 
     def _refuse_stale(self, worker: WorkerRecord, message: str) -> NoReturn:
         """Count and record a stale update of `worker`, then refuse it with FAILED_PRECONDITION (lock held)."""
@@ -652,23 +781,32 @@ class SwarmCoordinator:
         log.info("%s (%s): %s", worker.worker_id, worker.name, message)
         raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, message)
 
-    def _check_update_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> None:
+    def _check_update_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> decisions.Lateness:
         """Refuse a stale, future, duplicate or out-of-range update, or one claiming more tokens than its
-        assignment allows (lock held). A worker's update for a round it already delivered to is a
+        assignment allows; else whether it is on time or late and its weight (lock held; may wait for a
+        close, releasing it). A worker's update for a round it already delivered to is a
         duplicate (ALREADY_EXISTS: "it landed") even once that round closed: a push whose answer was
-        lost is retried, and "stale" would make the worker keep the error-feedback residual it sent."""
+        lost is retried, and "stale" would make the worker keep the error-feedback residual it sent.
+        A push for a closing round waits for the close (at most coordinator.max_wait_s) when late
+        updates are merged, and then arrives late."""
         if meta.base_version == worker.accepted_version:
             raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
                           f"worker {worker.worker_id} already delivered its update for round {meta.base_version}")
-        if meta.base_version < self.version:
-            worker.base_version = self.version
-            self._refuse_stale(worker, f"stale update: trained from version {meta.base_version} but the global "
-                                       f"version is {self.version}; pull and re-sync")
         if meta.base_version > self.version:
             raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"update for version {meta.base_version} which does not exist yet (newest {self.version})",
             )
+        if self.round.closing and self.staleness.max_staleness > 0:
+            self._wait_for_close(self.spec.coordinator.max_wait_s)
+            self._member(worker.worker_id)
+        if self.finished and meta.base_version < self.version:
+            self._refuse_stale(worker, f"stale update: trained from version {meta.base_version} but the run "
+                                       f"finished at version {self.version}")
+        lateness = decisions.decide_staleness(meta.base_version, self.version, worker.pulled_version, self.staleness)
+        if not lateness.ok:
+            worker.base_version = max(worker.base_version, self.version)
+            self._refuse_stale(worker, lateness.reason)
         if self.round.closing:
             self._refuse_stale(worker, f"stale update: round {self.version} is closing; pull version "
                                        f"{self.version + 1} once it is served")
@@ -678,15 +816,17 @@ class SwarmCoordinator:
             allowed, why = self._token_bound()
             if meta.tokens > allowed:
                 self._refuse_outlier(worker, f"tokens = {meta.tokens} exceed the {allowed} allowed: {why}")
+        return lateness
 
     def _token_bound(self) -> tuple[int, str]:
         """The most tokens an update to the current version may claim, and why (lock held).
 
-        batch × seq_len × inner.steps of the assignment workers train under at this version; with
-        curriculum.worker_seq_lens the largest listed one's, because a worker that joins again
-        mid-round pushes the update it trained under its previous membership's length.
+        batch × seq_len × steps of the assignment workers train under at this version (steps: inner.steps,
+        or sync.max_steps for time-boxed rounds, `SyncSection.step_cap`); with curriculum.worker_seq_lens
+        the largest listed one's, because a worker that joins again mid-round pushes the update it trained
+        under its previous membership's length.
         """
-        steps, data, section = self.spec.inner.steps, self.spec.data, self.spec.curriculum
+        steps, data, section = self.spec.sync.step_cap(self.spec.inner.steps), self.spec.data, self.spec.curriculum
         if section.worker_seq_lens:
             options = [(length, section.batch_for(length, data.batch_size)) for length in section.worker_seq_lens]
             seq_len, batch = max(options, key=lambda option: option[0] * option[1])
@@ -696,8 +836,9 @@ class SwarmCoordinator:
             seq_len, batch = current.seq_len, current.batch_size
             where = f"the assignment at version {self.version}"
         diag = ' (data.source = "diag": data.seq_len bounds the scored positions of a sequence)' if data.source == "diag" else ""
+        cap = "inner.steps" if self.spec.sync.round == "steps" else "sync.max_steps"
         return batch * seq_len * steps, (
-            f"batch {batch} × seq_len {seq_len} × inner.steps {steps} of {where}{diag}; sync.bound_tokens = true"
+            f"batch {batch} × seq_len {seq_len} × {cap} {steps} of {where}{diag}; sync.bound_tokens = true"
         )
 
     def _refuse_outlier(self, worker: WorkerRecord, message: str) -> None:
@@ -757,6 +898,9 @@ class SwarmCoordinator:
                 if math.isfinite(metric.loss) and metric.tokens > 0:
                     worker.last_loss = metric.loss
                 self.tracker.measure(request.worker_id, metric)
+                worker.measure(metric)
+            if worker.active:
+                self._decide_pace()
         rows = (
             (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
              m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
@@ -797,7 +941,8 @@ class SwarmCoordinator:
                 latest_loss=sum(losses) / len(losses) if losses else math.nan,
                 tokens_per_second=self.total_tokens / elapsed if elapsed > 0 else 0.0,
                 param_sha256=self.param_sha256.hex(), total_tokens=min(self.total_tokens, INT64_MAX),
-                curriculum=self.tracker.status(now, self.version),
+                curriculum=self.tracker.status(now, self.version), applied_tokens=min(self.applied_tokens, INT64_MAX),
+                pace=self.pace.reason,
             )
             for w in self._listed_workers():
                 response.workers.add(
@@ -805,11 +950,13 @@ class SwarmCoordinator:
                     seconds_since_heartbeat=now - w.last_seen, device=w.device, reason=w.reason,
                     assignment=self._assignment(w), clipped_updates=w.clipped_updates, stale_updates=w.stale_updates,
                     dropped_updates=w.dropped_updates, outlier_rounds=sum(1 for _, flag in w.recent if flag),
-                    outlier=w.outlier,
+                    outlier=w.outlier, late_updates=w.late_updates, trained_tokens=min(w.trained_tokens, INT64_MAX),
+                    applied_tokens=min(w.applied_tokens, INT64_MAX), step_seconds=w.step_seconds() or 0.0,
                 )
             current = self.round
             open_round = pb.RoundStatus(
-                version=current.version, reports=len(current.reports), tokens=sum(u.tokens for u in current.reports.values()),
+                version=current.version, reports=len(current.reports) + len(current.late),
+                tokens=sum(u.tokens for u in current.reports.values()) + sum(late.tokens for late in current.late.values()),
                 opened_at=current.opened_at, dropped=current.dropped,
             )
         for r in self.store.recent_rounds(STATUS_ROUNDS):
@@ -931,7 +1078,9 @@ class SwarmCoordinator:
         payloads of the new version."""
         watch = Stopwatch()
         version, block = close.round.version, self.spec.sync.block_size
-        reports = [close.round.reports[k] for k in sorted(close.round.reports)]
+        late = [close.round.late[k] for k in sorted(close.round.late)]
+        reports = [close.round.reports[k] for k in sorted(close.round.reports)] + [item.update for item in late]
+        trained = [u.tokens for u in reports[:len(reports) - len(late)]] + [item.tokens for item in late]
         with watch.piece("average"):
             result = aggregation.aggregate(
                 reports, self.aggregation_options, [n for norms in close.history for n in norms], close.previous
@@ -946,8 +1095,9 @@ class SwarmCoordinator:
                                                          consume_target=True)
         record = RoundRecord(
             version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
-            tokens=sum(u.tokens for u in reports), close_reason=close.reason, update_norm=norm, param_sha256="",
-            clipped=result.clipped, dropped=close.round.dropped + result.dropped, aggregation=result.summary,
+            tokens=sum(trained), close_reason=close.reason + late_summary(late), update_norm=norm,
+            param_sha256="", clipped=result.clipped, dropped=close.round.dropped + result.dropped,
+            aggregation=result.summary,
         )
         keep = self.spec.sync.reference_rounds
         history = (*close.history, result.accepted_norms)[-keep:] if keep else ()
@@ -970,7 +1120,10 @@ class SwarmCoordinator:
             header.delta_from_version = version
             header.result_sha256 = sha
         full = LazyPullPayload(params, self.run_id, version + 1, sha)
-        return ClosedRound(params, momentum, sha, full, (header, chunks), record, watch.seconds, result, history, norm_bound)
+        applied = applied_tokens(reports, trained, result.outcomes)
+        return ClosedRound(
+            params, momentum, sha, full, (header, chunks), record, watch.seconds, result, history, norm_bound, applied
+        )
 
     def _publish_close(self, close: RoundClose, closed: ClosedRound) -> None:
         """Serve the committed version, open the next round, note how each update fared and evict persistent
@@ -980,8 +1133,13 @@ class SwarmCoordinator:
         self.param_sha256 = closed.param_sha256
         self._pull_payload = closed.pull_payload
         self._delta_payload = (version, *closed.step_payload)
-        self.round = OpenRound(version + 1, self.clock(), started=True)
+        self._decide_pace()
+        self.round = OpenRound(version + 1, self.clock(), started=True, budget_s=self.pace.round_seconds)
         self._closing = None
+        for worker_id, tokens in closed.applied.items():
+            self.applied_tokens += tokens
+            if worker_id in self.workers:
+                self.workers[worker_id].applied_tokens += tokens
         self.last_close_seconds = closed.seconds
         self._norm_history, self._norm_bound = closed.history, closed.norm_bound
         self._previous_average = closed.aggregate.average if self.aggregation_options.method == "centered_clip" else None

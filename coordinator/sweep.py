@@ -249,7 +249,8 @@ class RunGroup:
             run_id=self.run_id, version=self.version, run_state=self._group_state(),
             target_rounds=self.spec.run.rounds, latest_loss=sum(losses) / len(losses) if losses else math.nan,
             tokens_per_second=sum(s.tokens_per_second for s in statuses),
-            total_tokens=sum(s.total_tokens for s in statuses),
+            total_tokens=sum(s.total_tokens for s in statuses), applied_tokens=sum(s.applied_tokens for s in statuses),
+            pace=statuses[0].pace,
         )
         for run, status in zip(self.runs, statuses, strict=True):
             response.workers.extend(status.workers)

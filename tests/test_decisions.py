@@ -57,7 +57,7 @@ def test_round_closes_at_the_deadline_with_the_reports_it_has():
     round_ = RoundView(3, 100.0, frozenset({"a"}))
     assert not decide_round_close(129.9, round_, workers, ROUNDS).ok
     closed = decide_round_close(130.0, round_, workers, ROUNDS)
-    assert closed.ok and "deadline" in closed.reason and "1 active workers missing" in closed.reason
+    assert closed.ok and "deadline" in closed.reason and "1 worker still training" in closed.reason
 
 
 def test_departed_and_other_version_workers_are_not_waited_for():

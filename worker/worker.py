@@ -1,13 +1,15 @@
-"""A swarm worker: join, pull, train H inner steps, push the pseudo-gradient, repeat.
+"""A swarm worker: join, pull, train its round's inner steps, push the pseudo-gradient, repeat.
 
     rcswarm worker --coordinator HOST:PORT --token T [--device auto] [--tls-ca CA [--tls-cert C --tls-key K]]
     rcswarm worker --backend hivemind --config RUN.toml --initial-peers MADDR ...   (worker/hivemind_worker.py)
 
 One round as the worker sees it: pull version v (checked against its SHA-256), switch to the
-(sequence length, batch) the coordinator assigns for v if it differs, keep a copy θ_v, run H
-inner steps, push Δ = θ_v − θ_local compressed by the run's codec (with error
-feedback when enabled), report the round's metrics, then wait for version v+1. A stale
-push (FAILED_PRECONDITION) drops Δ and re-syncs; NOT_FOUND (evicted, or the coordinator
+(sequence length, batch) the coordinator assigns for v if it differs, keep a copy θ_v, train as the
+assignment paces it (issue #15: its `inner_steps`, or with `round_seconds` > 0 until that budget is
+used, finishing the current step), push Δ = θ_v − θ_local compressed by the run's codec (with error
+feedback when enabled) with the tokens and steps it trained, report the round's metrics, then wait
+for version v+1. A late push is merged by the coordinator with a staleness weight (the answer says
+so); a stale one (FAILED_PRECONDITION) drops Δ and re-syncs; NOT_FOUND (evicted, or the coordinator
 restarted) re-joins, and a finished update whose base version is still current after the
 re-join is pushed again. Each join returns a worker secret, kept in memory only (`Identity`)
 and sent on every later call of that membership; a re-join replaces it. Stalls, restarts,
@@ -52,7 +54,7 @@ from rcswarm.worker.client import (
     Timeouts,
     classify,
 )
-from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
+from rcswarm.worker.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 
 log = logging.getLogger("rcswarm.worker")
 AWAIT_WAIT_S = 2.0
@@ -129,6 +131,8 @@ class Worker:
         self.schedule = ""  # the core checkpointing schedule of the latest step, logged when it changes
         self.sync_seconds = 0.0
         self.step = 0
+        # Inner steps of the round being pushed (its assignment's count, or what its time budget allowed).
+        self.round_steps = 0
         self.finished = False
         # This membership's id and worker secret, replaced whole by each join (the heartbeat thread reads it).
         self.identity = Identity()
@@ -242,7 +246,7 @@ class Worker:
             if self._assignment is None or response.assignment.version >= self._assignment.version:
                 self._assignment = response.assignment
 
-    def _follow_assignment(self, version: int) -> None:
+    def _follow_assignment(self, version: int) -> pb.TrainingAssignment | None:
         """At a round boundary: switch to the coordinator's (seq_len, batch) for `version` if it differs.
 
         An assignment made before `version` existed is refreshed with a heartbeat first. Without
@@ -264,36 +268,63 @@ class Worker:
             self.sampler = make_sampler(self.data, self.data_seed + version, model_config=self.model.config)
             why = assignment.reason if assignment is not None else "the run spec"
             log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.worker_id, version, seq_len, batch, why)
+        return assignment
+
+    def _pace(self, assignment: pb.TrainingAssignment | None) -> tuple[int, float]:
+        """(most steps, time budget in seconds or 0) for this round from the assignment; without one (an
+        older coordinator) inner.steps, step-boxed."""
+        if assignment is None or assignment.inner_steps <= 0:
+            return self.spec.inner.steps, 0.0
+        return assignment.inner_steps, max(assignment.round_seconds, 0.0)
 
     def _round(self) -> None:
         sync_started = time.perf_counter()
         version = self._pull()
-        self._follow_assignment(version)
+        steps, budget = self._pace(self._follow_assignment(version))
         self.sync_seconds += time.perf_counter() - sync_started
         base = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
         self._held = (version, base)
-        tokens = 0
-        for _ in range(self.spec.inner.steps):
-            if self.stop.is_set():
-                return
-            inner = self.spec.inner
-            result = inner_step(
-                self.model, self.optimizer, self.sampler, inner.grad_clip, self.device, inner.bptt_chunk,
-                inner.memory_budget_mb,
-            )
-            if result.schedule != self.schedule:
-                self.schedule = result.schedule
-                log.info("%s: core checkpointing at L=%d: %s", self.worker_id, self.data.seq_len, result.schedule)
-            self.step += 1
-            tokens += result.tokens
-            self.compute_seconds += result.seconds
-            self._pending.append(self._metric(version, loss=result.loss, tokens=result.tokens))
+        trained = self._train(version, steps, budget)
+        if trained is None:
+            return
         sync_started = time.perf_counter()
+        tokens, self.round_steps = trained
         accepted = self._push(version, base, tokens)
         self._flush_metrics()
         if accepted:
             self._await(version + 1)
         self.sync_seconds += time.perf_counter() - sync_started
+
+    def _train(self, version: int, steps: int, budget: float) -> tuple[int, int] | None:
+        """Train from `version`: `steps` inner steps, or with a time budget > 0 until `budget` seconds have
+        passed since the first step began (the current step finishes), at least one and at most `steps`.
+        (tokens, steps) trained; None when a stop was requested."""
+        started = time.perf_counter()
+        tokens = done = 0
+        while done < steps:
+            if self.stop.is_set():
+                return None
+            if budget > 0 and done > 0 and time.perf_counter() - started >= budget:
+                break
+            step_started = time.perf_counter()
+            result = self._train_step()
+            if result.schedule != self.schedule:
+                self.schedule = result.schedule
+                log.info("%s: core checkpointing at L=%d: %s", self.worker_id, self.data.seq_len, result.schedule)
+            self.step += 1
+            done += 1
+            tokens += result.tokens
+            self.compute_seconds += time.perf_counter() - step_started
+            self._pending.append(self._metric(version, loss=result.loss, tokens=result.tokens))
+        return tokens, done
+
+    def _train_step(self) -> StepResult:
+        """One inner step on the next batch (a test subclass slows it down to model a slower device)."""
+        inner = self.spec.inner
+        return inner_step(
+            self.model, self.optimizer, self.sampler, inner.grad_clip, self.device, inner.bptt_chunk,
+            inner.memory_budget_mb,
+        )
 
     def _metric(self, version: int, **fields) -> pb.Metric:
         return pb.Metric(
@@ -344,11 +375,12 @@ class Worker:
         the worker joins again and pushes the same update under its new id while the run and its
         version are still the update's base; ALREADY_EXISTS means an earlier attempt landed.
         """
+        steps = self.round_steps
         for _ in range(MAX_PUSH_REJOINS + 1):
             identity = self.identity
             meta = pb.UpdateMeta(
                 worker_id=identity.worker_id, worker_secret=identity.worker_secret, base_version=version, tokens=tokens,
-                inner_steps=self.spec.inner.steps,
+                inner_steps=steps,
             )
             try:
                 response = self.client.push(meta, header, chunks)
@@ -366,7 +398,12 @@ class Worker:
                     log.warning("%s: the update of version %d is stale after the re-join; dropped", self.name, version)
                     return False
                 continue
-            log.info("%s pushed round %d (%d reports so far)", self.worker_id, response.round_version, response.reports)
+            if response.staleness > 0:
+                log.info("%s: the update of version %d (%d steps) was merged late into round %d, weight %.3f",
+                         self.worker_id, version, steps, response.round_version, response.staleness_weight)
+            else:
+                log.info("%s pushed round %d (%d steps, %d reports so far)", self.worker_id, response.round_version,
+                         steps, response.reports)
             return True
         log.warning("%s: the update of version %d was refused %d times after re-joins; dropped", self.name, version, MAX_PUSH_REJOINS + 1)
         return False

@@ -61,6 +61,8 @@ class CoordinatorCollector:
         workers_by_state = GaugeMetricFamily("rcswarm_workers", "Workers known to the coordinator by state",
                                              labels=["run_id", "state"])
         tokens = CounterMetricFamily("rcswarm_tokens", "Tokens reported by all workers", labels=["run_id"])
+        applied = CounterMetricFamily("rcswarm_tokens_applied", "Tokens of the updates the outer steps applied",
+                                      labels=["run_id"])
         closed = CounterMetricFamily("rcswarm_rounds_closed", "Rounds closed (outer steps applied)", labels=["run_id"])
         histogram = HistogramMetricFamily("rcswarm_round_duration_seconds", "Seconds from a round's opening to its close",
                                           labels=["run_id"])
@@ -75,6 +77,9 @@ class CoordinatorCollector:
             "tokens": CounterMetricFamily("rcswarm_worker_tokens", "Tokens the worker reported", labels=labels),
             "sent": CounterMetricFamily("rcswarm_worker_bytes_sent", "Bytes the worker sent on the wire", labels=labels),
             "received": CounterMetricFamily("rcswarm_worker_bytes_received", "Bytes the worker received on the wire", labels=labels),
+            "applied": CounterMetricFamily("rcswarm_worker_tokens_applied", "Tokens of the worker's updates the outer steps applied", labels=labels),
+            "late": CounterMetricFamily("rcswarm_worker_updates_late", "The worker's late updates merged with a staleness weight", labels=labels),
+            "stale": CounterMetricFamily("rcswarm_worker_updates_stale", "The worker's updates refused as stale (work lost)", labels=labels),
         }
         for view in source.views():
             status, run = view.status, view.status.run_id
@@ -93,12 +98,16 @@ class CoordinatorCollector:
             for name, count in sorted(by_state.items()):
                 workers_by_state.add_metric([run, name], count)
             tokens.add_metric([run], status.total_tokens)
+            applied.add_metric([run], status.applied_tokens)
             for w in status.workers:
                 key = [run, w.worker_id, w.name]
                 t = view.totals.get(w.worker_id)
                 worker_families["heartbeat"].add_metric(key, w.seconds_since_heartbeat)
                 worker_families["base"].add_metric(key, w.base_version)
                 worker_families["up"].add_metric(key, 1.0 if w.state == pb.WORKER_STATE_ACTIVE else 0.0)
+                worker_families["applied"].add_metric(key, w.applied_tokens)
+                worker_families["late"].add_metric(key, w.late_updates)
+                worker_families["stale"].add_metric(key, w.stale_updates)
                 if t is not None:
                     worker_families["loss"].add_metric(key, t.last_loss)
                     worker_families["tps"].add_metric(key, t.tokens_per_second)
@@ -116,6 +125,7 @@ class CoordinatorCollector:
         yield from (runs[key] for key in run_gauges if key != "last_round")
         yield workers_by_state
         yield tokens
+        yield applied
         yield from worker_families.values()
         yield closed
         yield histogram

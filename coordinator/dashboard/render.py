@@ -274,6 +274,7 @@ def _overview_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:
         ("version", f"{data['version']} / {data['target_rounds'] or '∞'}"),
         ("workers active", sum(1 for w in data["workers"] if w["state"] == "active")),
         ("latest loss", _fmt(data["latest_loss"])), ("tokens", data["total_tokens"]),
+        ("tokens applied", data.get("applied_tokens", 0)), ("pace", data.get("pace") or "–"),
         ("tokens/s", _fmt(data["tokens_per_second"])), ("seq_len with data", lengths),
         ("curriculum", _curriculum_cell(data.get("curriculum"))),
     ]
@@ -297,9 +298,19 @@ def _worker_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
          w["state"], w["device"], w["base_version"], _fmt(w["seconds_since_heartbeat"], ".1f"), _assignment_cell(w),
          _fmt(w["tokens_per_second"], ".4g"), w["tokens"], _fmt(w["loss"]), _fmt(w["seq_len"], "d"),
          _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"],
-         f"{w['stale_updates']} / {w['clipped_updates']} / {w['dropped_updates']}", w["outlier"] or "–", w["reason"])
+         f"{w['late_updates']} / {w['stale_updates']} / {w['clipped_updates']} / {w['dropped_updates']}",
+         f"{w['trained_tokens']} / {w['applied_tokens']}", _pace_cell(w), w["outlier"] or "–", w["reason"])
         for w in ordered
     ]
+
+
+def _pace_cell(worker: dict[str, Any]) -> str:
+    """A worker's assigned steps (or its time budget) and its measured seconds per step."""
+    seconds = _fmt(worker.get("step_seconds"), ".3g")
+    if worker.get("round_seconds"):
+        return f"{worker['round_seconds']:.3g} s budget, {seconds} s/step"
+    steps = worker.get("inner_steps")
+    return f"{steps if steps else '–'} × {seconds} s"
 
 
 def _round_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -323,7 +334,8 @@ def render_page(data: dict[str, Any], refresh_s: int) -> str:
 {_table("workers (memberships; a worker moved to another run joins it under a new id)",
         ("name", "id", "assigned run", "L", "state", "device", "base version", "since heartbeat (s)",
          "assigned L × batch", "tokens/s", "tokens", "loss", "seq_len", "step", "bytes sent", "bytes received",
-         "updates stale / clipped / dropped", "latest outlier flag", "reason"), _worker_rows(data), "no workers have joined")}
+         "updates late (merged) / stale (refused) / clipped / dropped", "tokens trained / applied",
+         "steps × s/step", "latest outlier flag", "reason"), _worker_rows(data), "no workers have joined")}
 <p class=muted>{html.escape(CLOCK_NOTES[data["clock"]])}</p>
 {_fit_section(data["fits"])}
 {_table(f"rounds (open, then newest closed; {ROUNDS_SHOWN} at most)",

@@ -76,6 +76,11 @@ def worker_dict(w: pb.WorkerStatus, totals: dict[str, WorkerTotals]) -> dict[str
                         "reason": w.assignment.reason} if w.HasField("assignment") else None),
         "clipped_updates": w.clipped_updates, "dropped_updates": w.dropped_updates, "stale_updates": w.stale_updates,
         "outlier_rounds": w.outlier_rounds, "outlier": w.outlier,
+        # Issue #15: late updates merged, tokens trained and applied, seconds per step and the round's pace.
+        "late_updates": w.late_updates, "trained_tokens": w.trained_tokens, "applied_tokens": w.applied_tokens,
+        "step_seconds": w.step_seconds or None,
+        "inner_steps": w.assignment.inner_steps if w.HasField("assignment") else None,
+        "round_seconds": w.assignment.round_seconds if w.HasField("assignment") else None,
     }
 
 
@@ -116,6 +121,7 @@ def status_dict(kind: str, clock: Clock, status: pb.GetStatusResponse, views: Se
     out = json_format.MessageToDict(status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     # MessageToDict writes int64 as strings and NaN as "NaN"; use plain numbers.
     out["version"], out["target_rounds"], out["total_tokens"] = status.version, status.target_rounds, status.total_tokens
+    out["applied_tokens"] = status.applied_tokens
     out["latest_loss"] = status.latest_loss
     out["run_state"] = RUN_STATE_NAMES.get(status.run_state, "unknown")
     out["kind"] = kind

@@ -124,16 +124,20 @@ class JoinResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., version: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_seed: _Optional[int] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
 
 class TrainingAssignment(_message.Message):
-    __slots__ = ("seq_len", "batch_size", "reason", "version")
+    __slots__ = ("seq_len", "batch_size", "reason", "version", "inner_steps", "round_seconds")
     SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
     seq_len: int
     batch_size: int
     reason: str
     version: int
-    def __init__(self, seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    inner_steps: int
+    round_seconds: float
+    def __init__(self, seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ..., inner_steps: _Optional[int] = ..., round_seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "worker_secret")
@@ -236,14 +240,18 @@ class PushUpdateRequest(_message.Message):
     def __init__(self, meta: _Optional[_Union[UpdateMeta, _Mapping]] = ..., header: _Optional[_Union[TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
 
 class PushUpdateResponse(_message.Message):
-    __slots__ = ("accepted", "round_version", "reports")
+    __slots__ = ("accepted", "round_version", "reports", "staleness", "staleness_weight")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     ROUND_VERSION_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     round_version: int
     reports: int
-    def __init__(self, accepted: _Optional[bool] = ..., round_version: _Optional[int] = ..., reports: _Optional[int] = ...) -> None: ...
+    staleness: int
+    staleness_weight: float
+    def __init__(self, accepted: _Optional[bool] = ..., round_version: _Optional[int] = ..., reports: _Optional[int] = ..., staleness: _Optional[int] = ..., staleness_weight: _Optional[float] = ...) -> None: ...
 
 class Metric(_message.Message):
     __slots__ = ("version", "step", "seq_len", "batch", "loss", "tokens", "wall_time", "compute_seconds", "sync_seconds", "bytes_sent", "bytes_received", "param_sha256")
@@ -294,7 +302,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates")
+    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates", "late_updates", "trained_tokens", "applied_tokens", "step_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +316,10 @@ class WorkerStatus(_message.Message):
     OUTLIER_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     OUTLIER_FIELD_NUMBER: _ClassVar[int]
     STALE_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    LATE_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     name: str
     state: WorkerState
@@ -321,7 +333,11 @@ class WorkerStatus(_message.Message):
     outlier_rounds: int
     outlier: str
     stale_updates: int
-    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ...) -> None: ...
+    late_updates: int
+    trained_tokens: int
+    applied_tokens: int
+    step_seconds: float
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ..., late_updates: _Optional[int] = ..., trained_tokens: _Optional[int] = ..., applied_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
     __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm", "clipped", "dropped", "aggregation")
@@ -348,7 +364,7 @@ class RoundStatus(_message.Message):
     def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +377,8 @@ class GetStatusResponse(_message.Message):
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     CURRICULUM_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PACE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -373,7 +391,9 @@ class GetStatusResponse(_message.Message):
     total_tokens: int
     runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
     curriculum: CurriculumStatus
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ...) -> None: ...
+    applied_tokens: int
+    pace: str
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., applied_tokens: _Optional[int] = ..., pace: _Optional[str] = ...) -> None: ...
 
 class CurriculumStatus(_message.Message):
     __slots__ = ("policy", "seq_len", "batch_size", "reason", "ladder", "rung", "seconds_per_step", "budget_seconds", "elapsed_seconds", "decided_version", "law")
