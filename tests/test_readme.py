@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.cli import bench, data, fit, main, run, status
+from rcswarm.cli import bench, data, dht, fit, launch, main, run, status
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import server
 from rcswarm.worker import worker
@@ -58,7 +58,7 @@ def parse(words: list[str]) -> argparse.Namespace | int:
     command, argv = words[1], words[2:]
     if command in ("--version", "-V", "--help"):
         return main.main([command])
-    parsers = {"fit": fit.parser, "status": status.parser}
+    parsers = {"fit": fit.parser, "status": status.parser, "dht": dht.parser}
     if command in parsers:
         return parsers[command]().parse_args(argv)
     if command == "run":
@@ -69,6 +69,9 @@ def parse(words: list[str]) -> argparse.Namespace | int:
             args.config = ROOT / args.config
         run.load_spec(args)  # the config loads and validates, with the overrides applied
         return args
+    if command == "launch":
+        assert argv[0] == "ray", words
+        return launch.parser().parse_args(argv[1:])
     if command == "data":
         assert argv[0] == "frames", words
         return data.parser().parse_args(argv[1:])
@@ -95,7 +98,7 @@ def test_the_two_setup_commands_open_the_readme():
 
 def test_the_readme_shows_every_command_and_the_manual_flow():
     shown = {words[1] for words in readme_commands("rcswarm")}
-    assert {"run", "status", "fit", "data", "bench", "coordinator", "worker"} <= shown
+    assert {"run", "status", "fit", "data", "bench", "coordinator", "worker", "launch", "dht"} <= shown
     workers = [words for words in readme_commands("rcswarm") if words[1] == "worker"]
     assert workers and any("--threads" in words for words in workers), "the manual flow shows --threads"
     coordinators = [words for words in readme_commands("rcswarm") if words[1] == "coordinator"]
