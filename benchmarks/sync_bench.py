@@ -74,7 +74,6 @@ STOP_GRACE_S = 5.0
 INT8_BLOCK = 256
 
 
-
 def read_lo_tx() -> int | None:
     """Bytes the loopback interface has transmitted so far (None where not readable)."""
     try:
@@ -110,6 +109,12 @@ def random_tensors(shapes: list[tuple[str, tuple[int, ...]]], seed: int, norm: f
     return tensors
 
 
+def report_failure(rank: int, barrier: Any, out: Any) -> None:
+    """In a peer's `except`: release the others from the barrier and send the traceback to the parent."""
+    try:
+        barrier.abort()
+    finally:
+        out.put(("error", rank, traceback.format_exc()))
 
 
 def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> None:
@@ -172,12 +177,7 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
             client.close()
         out.put(("done", rank, None))
     except BaseException:  # noqa: BLE001 - everything goes back to the parent
-        try:
-            barrier.abort()
-        finally:
-            out.put(("error", rank, traceback.format_exc()))
-
-
+        report_failure(rank, barrier, out)
 
 
 def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | None, barrier: Any, out: Any) -> None:
@@ -235,13 +235,8 @@ def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | Non
                 averager.shutdown()
             dht.shutdown()
         out.put(("done", rank, None))
-    except BaseException:  # noqa: BLE001
-        try:
-            barrier.abort()
-        finally:
-            out.put(("error", rank, traceback.format_exc()))
-
-
+    except BaseException:  # noqa: BLE001 - everything goes back to the parent
+        report_failure(rank, barrier, out)
 
 
 def backend_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | None, barrier: Any, out: Any) -> None:
@@ -287,11 +282,8 @@ def backend_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | None
         finally:
             peer.shutdown()
         out.put(("done", rank, None))
-    except BaseException:  # noqa: BLE001
-        try:
-            barrier.abort()
-        finally:
-            out.put(("error", rank, traceback.format_exc()))
+    except BaseException:  # noqa: BLE001 - everything goes back to the parent
+        report_failure(rank, barrier, out)
 
 
 class Children:
@@ -595,8 +587,6 @@ def time_coordinator_steps(args: argparse.Namespace, work: Path, n: int) -> dict
     finally:
         store.close()
     return times
-
-
 
 
 def _loadavg() -> str:

@@ -17,15 +17,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rcswarm.coordinator import aggregation, outer
-from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import RECYCLED_CHECKPOINT, RoundRecord, StateStore, write_checkpoint
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import TOKEN, tiny_spec
+from tests.conftest import tiny_spec
 from tests.test_bounded_data import Wire
-from tests.test_close_speed import SHAPES, assert_bit_identical, random_tensors
+from tests.test_close_speed import SHAPES, assert_bit_identical, random_tensors, serving_tiny_int8
 
 
 def encoded_payload(deltas: dict[str, torch.Tensor], codec: int, block: int, run_id: str = "r", version: int = 0
@@ -92,16 +91,9 @@ def test_the_mean_decodes_each_held_tensor_once_and_holds_one_per_update(monkeyp
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[SwarmCoordinator, Wire]]:
-    """A tiny int8 coordinator on loopback (durable) that closes a round once both workers pushed."""
-    spec = tiny_spec(sync={"codec": "int8", "min_reports": 2}, coordinator={"lease_s": 30.0, "durable": True})
-    coordinator = SwarmCoordinator(spec, StateStore(tmp_path / "state", durable=True))
-    running = RunningCoordinator(coordinator, TOKEN).start()
-    wire = Wire(f"127.0.0.1:{running.port}")
-    try:
-        yield coordinator, wire
-    finally:
-        wire.close()
-        running.stop(grace=0.5)
+    """The tiny int8 coordinator of test_close_speed, durable."""
+    with serving_tiny_int8(tmp_path, durable=True) as served:
+        yield served
 
 
 def push(wire: Wire, worker_id: str, pulled: pb.TensorHeader, seed: int, block: int

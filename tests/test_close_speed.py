@@ -6,6 +6,7 @@ The coordinator tests run a real coordinator on loopback with raw stubs (tests/t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,11 +126,11 @@ def test_a_non_finite_delta_is_refused_by_name_and_keeps_the_residuals() -> None
     assert codecs.all_finite(torch.zeros(0)) and not codecs.all_finite(torch.tensor(float("nan")))
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[SwarmCoordinator, Wire]]:
-    """A tiny int8 coordinator on loopback that closes a round once both workers pushed."""
-    spec = tiny_spec(sync={"codec": "int8", "min_reports": 2}, coordinator={"lease_s": 30.0, "durable": False})
-    coordinator = SwarmCoordinator(spec, StateStore(tmp_path / "state", durable=False))
+@contextlib.contextmanager
+def serving_tiny_int8(tmp_path: Path, durable: bool) -> Iterator[tuple[SwarmCoordinator, Wire]]:
+    """A tiny int8 coordinator on loopback that closes a round once both workers pushed, and a wire to it."""
+    spec = tiny_spec(sync={"codec": "int8", "min_reports": 2}, coordinator={"lease_s": 30.0, "durable": durable})
+    coordinator = SwarmCoordinator(spec, StateStore(tmp_path / "state", durable=durable))
     running = RunningCoordinator(coordinator, TOKEN).start()
     wire = Wire(f"127.0.0.1:{running.port}")
     try:
@@ -137,6 +138,12 @@ def served(tmp_path: Path) -> Iterator[tuple[SwarmCoordinator, Wire]]:
     finally:
         wire.close()
         running.stop(grace=0.5)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[SwarmCoordinator, Wire]]:
+    with serving_tiny_int8(tmp_path, durable=False) as served:
+        yield served
 
 
 def pulled(wire: Wire, worker_id: str, have_version: int | None = None) -> dict[str, torch.Tensor]:
