@@ -313,18 +313,20 @@ def reference_norm(current: Sequence[float], history: Sequence[float]) -> float:
 
 def aggregate(
     updates: Sequence[Update], options: AggregationOptions, history: Sequence[float] = (),
-    previous: Mapping[str, torch.Tensor] | None = None,
+    previous: Mapping[str, torch.Tensor] | None = None, spare: Mapping[str, torch.Tensor] | None = None,
 ) -> Aggregate:
     """Drop the updates the direction check rejects, combine the others (in the order given) by `options.method`.
 
     `history`: the accepted norms of recent rounds (the reference's pool besides this round);
-    `previous`: the previous round's aggregate, centered_clip's starting point (None: zeros).
+    `previous`: the previous round's aggregate, centered_clip's starting point (None: zeros);
+    `spare`: float32 buffers the caller gave up, which the mean, clipped_mean and trimmed_mean write the
+    aggregate into where they fit (`outer.reusable`; the same values as in fresh tensors).
     The outcomes are in the order of `updates`, the dropped ones included.
     """
     if not updates:
         raise ValueError("cannot aggregate an empty list of updates")
     direction = direction_check(updates, options.min_cosine)
-    combined = combine([u for i, u in enumerate(updates) if i not in direction.dropped], options, history, previous)
+    combined = combine([u for i, u in enumerate(updates) if i not in direction.dropped], options, history, previous, spare)
     kept = iter(combined.outcomes)
     outcomes = tuple(
         Outcome(u.worker_id, u.tokens, u.norm, "dropped", 0.0, direction.dropped[i]) if i in direction.dropped
@@ -336,23 +338,24 @@ def aggregate(
 
 def combine(
     updates: Sequence[Update], options: AggregationOptions, history: Sequence[float] = (),
-    previous: Mapping[str, torch.Tensor] | None = None,
+    previous: Mapping[str, torch.Tensor] | None = None, spare: Mapping[str, torch.Tensor] | None = None,
 ) -> Aggregate:
-    """Combine a round's updates (in the order given) by `options.method`, without the direction check."""
+    """Combine a round's updates (in the order given) by `options.method`, without the direction check; the
+    aggregate into `spare` where it fits (see `aggregate`)."""
     reference = reference_norm([u.norm for u in updates], history)
     described = (f"reference norm {reference:.4g} (median of {len(updates)} norms of this round and "
                  f"{len(history)} of recent rounds)")
     limit = options.clip_factor * reference
     accepted = tuple(min(u.norm, limit) for u in updates)
     if options.method == "mean":
-        average = outer.weighted_average([(u.tokens, u.deltas) for u in updates])
+        average = outer.weighted_average([(u.tokens, u.deltas) for u in updates], spare=spare)
         outcomes = tuple(Outcome(u.worker_id, u.tokens, u.norm, "kept", 1.0, "mean") for u in updates)
         return Aggregate(average, outcomes, accepted, "mean: token-weighted")
     if options.method == "clipped_mean":
-        average, outcomes = clipped_mean(updates, limit, options.clip_factor)
+        average, outcomes = clipped_mean(updates, limit, options.clip_factor, spare)
         summary = f"clipped_mean: {described}, limit {options.clip_factor:g} × R = {limit:.4g}"
     elif options.method == "trimmed_mean":
-        average, outcomes = trimmed_mean(updates, options.trim_fraction)
+        average, outcomes = trimmed_mean(updates, options.trim_fraction, spare)
         summary = f"trimmed_mean: {trim_count(len(updates), options.trim_fraction)} of {len(updates)} trimmed at each end per coordinate"
     elif options.method == "centered_clip":
         tau = options.tau * reference
@@ -364,12 +367,15 @@ def combine(
     return Aggregate(average, outcomes, accepted, f"{summary}; {flagged} of {len(updates)} flagged")
 
 
-def clipped_mean(updates: Sequence[Update], limit: float, factor: float) -> tuple[Tensors, tuple[Outcome, ...]]:
-    """Σ n_i s_i Δ_i / Σ n_i, s_i = min(1, limit / ‖Δ_i‖); the mean's call itself when nothing is clipped."""
+def clipped_mean(
+    updates: Sequence[Update], limit: float, factor: float, spare: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[Tensors, tuple[Outcome, ...]]:
+    """Σ n_i s_i Δ_i / Σ n_i, s_i = min(1, limit / ‖Δ_i‖); the mean's call itself when nothing is clipped
+    (into `spare` where it fits)."""
     scales = [limit / u.norm if u.norm > limit else 1.0 for u in updates]
     pairs = [(u.tokens, u.deltas) for u in updates]
     clipped = any(scale < 1.0 for scale in scales)
-    average = outer.weighted_average(pairs, scales if clipped else None)
+    average = outer.weighted_average(pairs, scales if clipped else None, spare)
     outcomes = tuple(
         Outcome(u.worker_id, u.tokens, u.norm, "clipped", scale,
                 f"norm {u.norm:.4g} > {factor:g} × reference = {limit:.4g}: scaled by {scale:.3g}")
@@ -385,8 +391,11 @@ def trim_count(n: int, fraction: float) -> int:
     return max(0, min(wanted, (n - 1) // 2))
 
 
-def trimmed_mean(updates: Sequence[Update], fraction: float) -> tuple[Tensors, tuple[Outcome, ...]]:
-    """Coordinate-wise: drop the k largest and k smallest values, average the rest with token weights."""
+def trimmed_mean(
+    updates: Sequence[Update], fraction: float, spare: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[Tensors, tuple[Outcome, ...]]:
+    """Coordinate-wise: drop the k largest and k smallest values, average the rest with token weights (into
+    `spare` where it fits)."""
     n = len(updates)
     k = trim_count(n, fraction)
     weights = torch.tensor([float(u.tokens) for u in updates], dtype=torch.float64)  # [n]
@@ -399,7 +408,9 @@ def trimmed_mean(updates: Sequence[Update], fraction: float) -> tuple[Tensors, t
     average: Tensors = {}
     for name in updates[0].deltas:
         flats = [u.deltas[name].contiguous().view(-1) for u in updates]  # [numel] each
-        result = torch.empty(updates[0].deltas[name].shape, dtype=torch.float32)  # [*shape]
+        first = updates[0].deltas[name]
+        into = outer.reusable(spare, name, first) if first.dtype == torch.float32 else None
+        result = torch.empty(first.shape, dtype=torch.float32) if into is None else into  # [*shape]
         out = result.view(-1)  # [numel]
         for start in range(0, out.numel(), width):
             stop = min(start + width, out.numel())

@@ -251,6 +251,24 @@ class RoundClose:
     # The reference norms' history (one tuple per recent round) and the previous aggregate (centered_clip).
     history: tuple[tuple[float, ...], ...] = ()
     previous: outer.Tensors | None = None
+    # Buffers nobody reads any more, which the close writes its results into (`SpareBuffers`).
+    spare: SpareBuffers | None = None
+
+
+@dataclass(frozen=True)
+class SpareBuffers:
+    """Full-size tensors a published close left unread, for the next close to write into instead of fresh memory
+    (the same values; a fresh page costs more than the arithmetic written into it).
+
+    `momentum`: the momentum the close replaced (only closes read the momentum); the next close writes the new
+    momentum into it. `residual`: the broadcast residual the close replaced (only the closing thread reads
+    residuals; the failed-close snapshot is the newer one); the next close writes the aggregate into it, the
+    outer step its target over the aggregate, and the compressed step the new residual over that. θ is not
+    recycled: an earlier version's θ may still be read by a full pull building its payload.
+    """
+
+    momentum: outer.Tensors
+    residual: outer.Tensors
 
 
 @dataclass(frozen=True)
@@ -475,6 +493,8 @@ class SwarmCoordinator:
         self._joins = 0
         self.round = OpenRound(self.version, self.clock(), budget_s=self.pace.round_seconds)
         self._closing: RoundClose | None = None
+        # What the last published close left unread (the closing thread writes into it; None before one).
+        self._spare: SpareBuffers | None = None
         # Seconds per piece of the last close (see ClosedRound.seconds), for logs and benchmarks.
         self.last_close_seconds: dict[str, float] = {}
         # Tokens reported to this process, and when it first served a pull: the live tokens/s.
@@ -1049,7 +1069,7 @@ class SwarmCoordinator:
         self.round.closing = True
         self._closing = RoundClose(
             self.round, decision.reason, now, self.params, self.momentum, self.broadcast_feedback.snapshot(),
-            self._norm_history, self._previous_average,
+            self._norm_history, self._previous_average, self._spare,
         )
         return self._closing
 
@@ -1081,15 +1101,22 @@ class SwarmCoordinator:
         late = [close.round.late[k] for k in sorted(close.round.late)]
         reports = [close.round.reports[k] for k in sorted(close.round.reports)] + [item.update for item in late]
         trained = [u.tokens for u in reports[:len(reports) - len(late)]] + [item.tokens for item in late]
+        # centered_clip keeps the aggregate for the next round: it is neither written into a spare nor consumed.
+        recycle = self.aggregation_options.method != "centered_clip"
+        spare = close.spare if recycle else None
         with watch.piece("average"):
             result = aggregation.aggregate(
-                reports, self.aggregation_options, [n for norms in close.history for n in norms], close.previous
+                reports, self.aggregation_options, [n for norms in close.history for n in norms], close.previous,
+                None if spare is None else spare.residual,
             )
             average = result.average
         with watch.piece("norm"):
             norm = tensor_stream.global_norm(average)
         with watch.piece("outer step"):
-            target, momentum = outer.outer_step(close.params, close.momentum, average, self.spec.outer)
+            target, momentum = outer.outer_step(
+                close.params, close.momentum, average, self.spec.outer,
+                spare_momentum=None if close.spare is None else close.spare.momentum, consume_average=recycle,
+            )
         with watch.piece("compressed step"):
             params, encoded_step = outer.compressed_step(close.params, target, self.codec, block, self.broadcast_feedback,
                                                          consume_target=True)
@@ -1102,13 +1129,15 @@ class SwarmCoordinator:
         keep = self.spec.sync.reference_rounds
         history = (*close.history, result.accepted_norms)[-keep:] if keep else ()
         with watch.piece("commit"):
-            self.store.commit_version(self.run_id, version + 1, params, self._optimizer_state(momentum), record)
+            self.store.commit_version(
+                self.run_id, version + 1, params, self._optimizer_state(momentum), record,
+                run_state={REFERENCE_NORMS_KEY: json.dumps([list(norms) for norms in history])},
+                events=[(o.worker_id, o.action, f"round {version}: {o.reason}", close.decided_at)
+                        for o in result.outcomes if o.flagged],
+            )
             sha = self.store.committed_digest(version + 1)
             record = dataclasses.replace(record, param_sha256=sha.hex())
-            self.store.set_many({REFERENCE_NORMS_KEY: json.dumps([list(norms) for norms in history])})
             for o in result.outcomes:
-                if o.flagged:
-                    self.store.add_event(o.worker_id, o.action, f"round {version}: {o.reason}", close.decided_at)
                 if o.action == "dropped":
                     log.warning("round %d: update of %s dropped: %s", version, o.worker_id, o.reason)
         with watch.piece("norm bound"):
@@ -1129,6 +1158,7 @@ class SwarmCoordinator:
         """Serve the committed version, open the next round, note how each update fared and evict persistent
         outliers, wake the waiters, advance the curriculum (lock held)."""
         version = close.round.version
+        self._spare = SpareBuffers(self.momentum, close.saved_feedback)
         self.params, self.momentum, self.version = closed.params, closed.momentum, version + 1
         self.param_sha256 = closed.param_sha256
         self._pull_payload = closed.pull_payload
