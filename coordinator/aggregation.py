@@ -103,6 +103,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -133,8 +134,10 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
     Reading a tensor decodes it with `codec.decode`, the receiver's own decode, so the values are bit
     for bit those the push was checked and normed with. The most recently read tensor is kept, so a
     pass that reads tensor after tensor (every aggregator here) decodes each once and holds one
-    decoded tensor per update. Threads: the push handler builds it, then only the closing thread
-    reads it.
+    decoded tensor per update. While a scratch buffer is lent (`lend`, `decoding_into`), tensors are
+    decoded into it instead of fresh memory: reading one tensor overwrites the one read before, which
+    every pass here is done with by then. Threads: the push handler builds it, then only the closing
+    thread reads it.
     """
 
     def __init__(self, header: pb.TensorHeader, payload: bytes | bytearray) -> None:
@@ -149,6 +152,21 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
         if offset != self._payload.nbytes:
             raise ValueError(f"payload has {self._payload.nbytes} bytes; its header's tensors take {offset}")
         self._last: tuple[str, torch.Tensor] | None = None
+        self._scratch: torch.Tensor | None = None
+
+    @property
+    def largest(self) -> int:
+        """Elements of the largest tensor: what a scratch buffer must hold."""
+        return max((math.prod(shape) for shape, _, _ in self._parts.values()), default=0)
+
+    def lend(self, scratch: torch.Tensor | None) -> None:
+        """Decode into `scratch` (a contiguous float32 tensor of at least `largest` elements) from now on, or into
+        fresh tensors again with None; forgets the tensor read last."""
+        if scratch is not None and (scratch.dtype != torch.float32 or not scratch.is_contiguous()
+                                    or scratch.numel() < self.largest):
+            raise ValueError(f"scratch of {scratch.numel()} {scratch.dtype} elements: expected a contiguous float32 "
+                             f"tensor of at least {self.largest}")
+        self._scratch, self._last = scratch, None
 
     @property
     def nbytes(self) -> int:
@@ -163,7 +181,11 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
         if self._last is not None and self._last[0] == name:
             return self._last[1]
         shape, start, stop = self._parts[name]
-        tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size)  # [*shape]
+        if self._scratch is None:
+            tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size)  # [*shape]
+        else:
+            into = self._scratch[: math.prod(shape)]  # [numel]
+            tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size, out=into)
         self._last = (name, tensor)
         return tensor
 
@@ -172,6 +194,27 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._parts)
+
+
+@contextmanager
+def decoding_into(updates: Sequence[Update], pool: list[torch.Tensor]) -> Iterator[None]:
+    """For the body of a `with`: lend each held update (`EncodedDeltas`) one float32 scratch buffer of `pool`,
+    replacing (in `pool`) those too small and adding what is missing, so that a close's passes decode into
+    the same memory round after round; the updates decode into fresh tensors again afterwards."""
+    held = [u.deltas for u in updates if isinstance(u.deltas, EncodedDeltas)]
+    size = max((deltas.largest for deltas in held), default=0)
+    for index in range(len(held)):
+        if index == len(pool):
+            pool.append(torch.empty(size, dtype=torch.float32))  # [size]
+        elif pool[index].numel() < size:
+            pool[index] = torch.empty(size, dtype=torch.float32)  # [size]
+    try:
+        for deltas, scratch in zip(held, pool):
+            deltas.lend(scratch)
+        yield
+    finally:
+        for deltas in held:
+            deltas.lend(None)
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,7 @@ def compressed_step(
     error_feedback: codecs.ErrorFeedback,
     *,
     consume_target: bool = False,
+    spare_params: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[Tensors, dict[str, bytes]]:
     """The next version θ_v − decode(encode(θ_v − target + residual)) and the encoded step.
 
@@ -104,12 +105,14 @@ def compressed_step(
     subtracted from θ_v, so θ_{v+1} is bit-identical to decoding the encoded bytes again. The step's
     buffer becomes the residual and θ_{v+1} is written over the decoded step: no input is touched,
     except that with `consume_target` (a caller done with `target`) the step is written over the
-    target, which saves a fresh full-size tensor per parameter; the values are the same.
+    target, which saves a fresh full-size tensor per parameter; the values are the same. With a lossy
+    codec the step is decoded into `spare_params`' tensors where they fit (an earlier θ nobody reads any
+    more), so θ_{v+1} lands there instead of in fresh memory.
     """
     if consume_target:
         step = {name: torch.sub(theta, target[name], out=target[name]) for name, theta in params.items()}
     else:
         step = {name: theta - target[name] for name, theta in params.items()}
-    encoded, received = error_feedback.compress_decoded(step, codec, block_size, consume=True)
+    encoded, received = error_feedback.compress_decoded(step, codec, block_size, consume=True, into=spare_params)
     new_params = {name: torch.sub(theta, received[name], out=received[name]) for name, theta in params.items()}
     return new_params, encoded

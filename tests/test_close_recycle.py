@@ -20,6 +20,7 @@ from rcswarm.coordinator import service
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
+from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.conftest import TOKEN, sql, tiny_spec
 from tests.test_bounded_data import Wire
@@ -54,11 +55,12 @@ def spec(method: str = "clipped_mean", workers: int = 2) -> Any:
                      coordinator={"lease_s": 30.0, "durable": False})
 
 
-def close_round(coordinator: SwarmCoordinator, wire: Wire, workers: list[str], seed: int, scales: list[float]) -> None:
-    """Every worker pulls the current version and pushes a random int8 update (`scales` times the usual size:
-    an outlier the aggregators act on); the last push closes the round."""
+def close_round(coordinator: SwarmCoordinator, wire: Wire, workers: list[str], seed: int, scales: list[float],
+                full: bool = True) -> None:
+    """Every worker pulls the current version (in full, or else the compressed step to it) and pushes a random
+    int8 update (`scales` times the usual size: an outlier the aggregators act on); the last push closes the round."""
     version = coordinator.version
-    headers = [wire.pull(worker) for worker in workers]
+    headers = [wire.pull(worker) if full else step_pull(wire, worker, version - 1) for worker in workers]
     for index, (worker, header, scale) in enumerate(zip(workers, headers, scales)):
         generator = torch.Generator().manual_seed(seed * 100 + index)
         deltas = {t.name: scale * 1e-3 * torch.randn(tuple(t.shape), generator=generator) for t in header.tensors}
@@ -69,6 +71,14 @@ def close_round(coordinator: SwarmCoordinator, wire: Wire, workers: list[str], s
                     *(pb.PushUpdateRequest(chunk=c) for c in chunks)]
         wire.call("PushUpdate", iter(messages), timeout=30.0)
     assert coordinator.version == version + 1
+
+
+def step_pull(wire: Wire, worker: str, have_version: int) -> pb.TensorHeader:
+    """Pull the compressed step from `have_version`; its header."""
+    request = pb.PullParametersRequest(**wire.creds(worker), have_version=have_version)
+    responses = list(wire.stub.PullParameters(request, timeout=30.0, metadata=wire.metadata))
+    assert responses[0].header.delta_from_version == have_version
+    return responses[0].header
 
 
 def state(coordinator: SwarmCoordinator) -> dict[str, torch.Tensor]:
@@ -84,7 +94,7 @@ def test_closes_write_into_the_previous_closes_buffers_and_match_fresh_ones_bit_
     recycling = SwarmCoordinator(spec(method, 3), StateStore(tmp_path / "recycling", durable=False))
     fresh = FreshBuffersCoordinator(spec(method, 3), StateStore(tmp_path / "fresh", durable=False))
     assert_bit_identical(state(recycling), state(fresh))
-    momenta, residuals = [], []
+    momenta, residuals, thetas = [], [], []
     with serving(recycling) as wire, serving(fresh) as fresh_wire:
         workers = [wire.join(f"w{i}") for i in range(3)]
         fresh_workers = [fresh_wire.join(f"w{i}") for i in range(3)]
@@ -95,6 +105,7 @@ def test_closes_write_into_the_previous_closes_buffers_and_match_fresh_ones_bit_
             assert_bit_identical(state(recycling), state(fresh))
             momenta.append(dict(recycling.momentum))
             residuals.append(recycling.broadcast_feedback.snapshot())
+            thetas.append(dict(recycling.params))
         checkpoints = recycling.store.load_current(), fresh.store.load_current()
         assert_bit_identical(checkpoints[0].params, checkpoints[1].params)
         assert_bit_identical(checkpoints[0].params, recycling.params)
@@ -107,6 +118,42 @@ def test_closes_write_into_the_previous_closes_buffers_and_match_fresh_ones_bit_
     residual_shares = [residuals[v + 2][name].data_ptr() == residuals[v][name].data_ptr()
                        for v in range(ROUNDS - 2) for name in residuals[v]]
     assert all(residual_shares) == (method != "centered_clip")
+    theta_shares = [thetas[v + 2][name].data_ptr() == thetas[v][name].data_ptr()
+                    for v in range(ROUNDS - 2) for name in thetas[v]]
+    assert all(theta_shares)
+
+
+def test_a_full_pull_of_a_recycled_version_starts_over_at_the_current_one(tmp_path: Path) -> None:
+    coordinator = SwarmCoordinator(spec(), StateStore(tmp_path / "state", durable=False))
+    with serving(coordinator) as wire:
+        workers = [wire.join(f"w{i}") for i in range(2)]
+        close_round(coordinator, wire, workers, 0, [1.0, 1.0])
+        built = coordinator._pull_payload
+        close_round(coordinator, wire, workers, 1, [1.0, 1.0])
+        unbuilt = coordinator._pull_payload
+        close_round(coordinator, wire, workers, 2, [1.0, 1.0], full=False)
+        # Version 2's θ was never pulled in full; the close to version 4 reuses its buffers, so a pull that
+        # picked its payload before gets nothing from it and starts over at the current version.
+        close_round(coordinator, wire, workers, 3, [1.0, 1.0], full=False)
+        assert unbuilt.get() is None and unbuilt.build_seconds is None and built.build_seconds is not None
+        # A payload built before its θ was reused keeps serving what it served (its chunks are copies).
+        header, chunks = built.get()
+        assert header.version == 1
+        receiver = tensor_stream.PayloadReceiver(header, expected=None)
+        for chunk in chunks:
+            receiver.add(chunk)
+        assert tensor_stream.params_sha256(receiver.finish()) == header.content_sha256
+        original = coordinator._pick_payload
+        picks = []
+
+        def stale_first(request: Any) -> Any:
+            picks.append(request.worker_id)
+            return (unbuilt, None, []) if len(picks) == 1 else original(request)
+
+        coordinator._pick_payload = stale_first
+        pulled = wire.pull(workers[1])
+        assert len(picks) == 2 and pulled.version == coordinator.version == 4
+        assert pulled.content_sha256 == coordinator.param_sha256
 
 
 class NoSeparateWrites(StateStore):
