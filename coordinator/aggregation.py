@@ -94,7 +94,8 @@ Memory: every aggregator runs slice by slice through float64 buffers of about
 coordinates of n updates); centered_clip keeps its centre v as full-size float32 tensors (the
 output). The coordinator holds each pushed update encoded (`EncodedDeltas`, about P bytes for
 int8) and every pass reads it tensor by tensor, so a close holds one decoded tensor per update,
-not N decoded copies of θ's size. Each pass decodes once: the mean and clipped_mean make one pass,
+not N decoded copies of θ's size; during a close each decodes into a scratch buffer the coordinator
+keeps from close to close (`decoding_into`), not into fresh memory. Each pass decodes once: the mean and clipped_mean make one pass,
 trimmed_mean one, the direction check one more, centered_clip two per iteration.
 """
 

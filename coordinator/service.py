@@ -444,7 +444,9 @@ class SwarmCoordinator:
 
     Locks. One lock, `_lock`, guards all mutable state: the membership table, the open round,
     θ, the momentum, the version and its pull payloads, `peer_version`, the run's totals, the curriculum
-    tracker and the aggregation's memory (`_norm_history`, `_previous_average`, `_norm_bound`). `_version_changed` is a condition on that same lock: `await_version` waits on it
+    tracker, the aggregation's memory (`_norm_history`, `_previous_average`, `_norm_bound`) and the
+    buffers the last close left for the next (`_spare`); `_decode_scratch` belongs to the closing
+    thread. `_version_changed` is a condition on that same lock: `await_version` waits on it
     (which releases the lock while it waits) and publishing a new version notifies every waiter.
     The lock is not reentrant: a public method takes it itself and must be called without it
     held; a private method documented "lock held" must be called with it held. What needs no
@@ -467,7 +469,9 @@ class SwarmCoordinator:
     merged late (with `sync.max_staleness` = 0 it is stale at once); a pull waits for the
     new version (at most `coordinator.max_wait_s`); heartbeats, joins, leaves, long polls, metrics
     and status go on. A failed close restores the broadcast residual, reopens the round and wakes
-    the waiters, so the next tick retries it. The store
+    the waiters, so the next tick retries it. A close writes its results into what the close before
+    left unread (`SpareBuffers`: the momentum, residual and θ of two versions back, θ once its pull
+    payload is released, and a pull that finds its payload released starts over). The store
     has its own lock and is called with or without this one; a `RunGroup` takes its lock before a
     run's, never the other way round.
     """

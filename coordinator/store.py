@@ -8,7 +8,8 @@ and the named reads the analysis, the dashboard, the summary and the commands us
 
 A version is committed in two steps: its checkpoint file is written to a temporary name
 (straight from the tensors' memory, over the last pruned checkpoint's file when there is one),
-fsynced and renamed into place; then one SQLite transaction records it as current and
+fsynced and renamed into place; then one SQLite transaction records it as current (with
+whatever run state and events the caller commits with it: a close's reference norms and flags) and
 enters its parameters' SHA-256 (`tensor_stream.params_sha256`, the digest pulls carry) in
 the `checkpoints` ledger. A crash between the two leaves the previous version current (the
 orphan file is removed at the next start), so a restart always resumes at a complete,
