@@ -20,6 +20,7 @@ from rcswarm.coordinator import service
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
+from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.conftest import TOKEN, sql, tiny_spec
@@ -110,6 +111,8 @@ def test_closes_write_into_the_previous_closes_buffers_and_match_fresh_ones_bit_
         assert_bit_identical(checkpoints[0].params, checkpoints[1].params)
         assert_bit_identical(checkpoints[0].params, recycling.params)
         assert any(r.clipped or r.aggregation.count("flagged") for r in recycling.store.recent_rounds(ROUNDS))
+    # The held updates decoded into one scratch buffer each, kept for the next close.
+    assert len(recycling._decode_scratch) == 3
     # Double buffering: version v + 2's momentum and residual live in version v's buffers (held here, so
     # fresh memory could not have landed there). centered_clip keeps its aggregate, so its residual is fresh.
     shares = [momenta[v + 2][name].data_ptr() == momenta[v][name].data_ptr()
@@ -189,3 +192,15 @@ def test_the_reference_norms_and_flag_events_enter_the_commits_transaction(tmp_p
     events = sql(store.state_dir, "SELECT worker_id, kind, reason FROM events WHERE kind = 'clipped'")
     assert [(worker, kind) for worker, kind, _ in events] == [(workers[2], "clipped")]
     assert events[0][2].startswith("round 0: norm ")
+
+
+@pytest.mark.parametrize("codec", [pb.CODEC_FP32, pb.CODEC_BF16, pb.CODEC_INT8_BLOCK])
+def test_decoding_into_a_given_buffer_gives_the_fresh_decode_bit_for_bit(codec: int) -> None:
+    values = torch.randn(3, 100, generator=torch.Generator().manual_seed(3))  # [3, 100]
+    payload = codecs.encode(values, codec, 64)
+    scratch = torch.full((300,), float("nan"))  # [300]
+    decoded = codecs.decode(payload, codec, (3, 100), 64, out=scratch)
+    assert decoded.data_ptr() == scratch.data_ptr() and decoded.shape == (3, 100)
+    assert_bit_identical({"x": decoded}, {"x": codecs.decode(payload, codec, (3, 100), 64)})
+    with pytest.raises(ValueError, match="out must be a contiguous float32 CPU tensor of 300 elements"):
+        codecs.decode(payload, codec, (3, 100), 64, out=torch.zeros(299))
