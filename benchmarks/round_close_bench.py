@@ -17,9 +17,10 @@ a beat counts as "during a close" when the coordinator reported a close under wa
 The close's pieces are the coordinator's own measurement of every close (`last_close_seconds`):
 average (with each held update's decode), norm, outer step, compressed step, commit, norm bound and
 step payload; the commit's own pieces (`StateStore.last_commit_seconds`, indented: the checkpoint
-written with the parameters' digest in the same pass, the fsyncs, the SQLite transaction, and the rest
-of the commit piece: the reference norms and events written after it) are shown under it and not counted
-twice in the total. The full fp32 pull payload is built by a version's first
+written with the parameters' digest in the same pass, the fsyncs, the SQLite transaction, which also
+holds the reference norms and the flag events, and the rest of the commit piece: reading the digest back,
+and on older code the reference norms and events in their own transactions) are shown under it and not
+counted twice in the total. The full fp32 pull payload is built by a version's first
 full pull, not by the close: the table's last row times one such pull of the last version (build and
 transfer). `--warmup N` runs N rounds first without measuring them (beats included).
 
@@ -166,14 +167,15 @@ def beat_loop(wire: Wire, member: pb.JoinResponse, coordinator: SwarmCoordinator
 
 def close_pieces(coordinator: SwarmCoordinator) -> dict[str, float]:
     """The last close's pieces, the commit's own pieces (indented) right under the commit, and what the
-    commit piece spent besides `commit_version` (the reference norms and events, in their own transactions)."""
+    commit piece spent besides `commit_version` (on older code: the reference norms and events, in their own
+    transactions)."""
     commit = dict(getattr(coordinator.store, "last_commit_seconds", {}))
     pieces: dict[str, float] = {}
     for name, seconds in coordinator.last_close_seconds.items():
         pieces[name] = seconds
         if name == "commit" and commit:
             pieces.update({f"  {piece}": t for piece, t in commit.items()})
-            pieces["  run state, events"] = seconds - sum(commit.values())
+            pieces["  rest of commit"] = seconds - sum(commit.values())
     return pieces
 
 

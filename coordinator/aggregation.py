@@ -94,7 +94,8 @@ Memory: every aggregator runs slice by slice through float64 buffers of about
 coordinates of n updates); centered_clip keeps its centre v as full-size float32 tensors (the
 output). The coordinator holds each pushed update encoded (`EncodedDeltas`, about P bytes for
 int8) and every pass reads it tensor by tensor, so a close holds one decoded tensor per update,
-not N decoded copies of θ's size. Each pass decodes once: the mean and clipped_mean make one pass,
+not N decoded copies of θ's size; during a close each decodes into a scratch buffer the coordinator
+keeps from close to close (`decoding_into`), not into fresh memory. Each pass decodes once: the mean and clipped_mean make one pass,
 trimmed_mean one, the direction check one more, centered_clip two per iteration.
 """
 
@@ -103,6 +104,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -133,8 +135,10 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
     Reading a tensor decodes it with `codec.decode`, the receiver's own decode, so the values are bit
     for bit those the push was checked and normed with. The most recently read tensor is kept, so a
     pass that reads tensor after tensor (every aggregator here) decodes each once and holds one
-    decoded tensor per update. Threads: the push handler builds it, then only the closing thread
-    reads it.
+    decoded tensor per update. While a scratch buffer is lent (`lend`, `decoding_into`), tensors are
+    decoded into it instead of fresh memory: reading one tensor overwrites the one read before, which
+    every pass here is done with by then. Threads: the push handler builds it, then only the closing
+    thread reads it.
     """
 
     def __init__(self, header: pb.TensorHeader, payload: bytes | bytearray) -> None:
@@ -149,6 +153,21 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
         if offset != self._payload.nbytes:
             raise ValueError(f"payload has {self._payload.nbytes} bytes; its header's tensors take {offset}")
         self._last: tuple[str, torch.Tensor] | None = None
+        self._scratch: torch.Tensor | None = None
+
+    @property
+    def largest(self) -> int:
+        """Elements of the largest tensor: what a scratch buffer must hold."""
+        return max((math.prod(shape) for shape, _, _ in self._parts.values()), default=0)
+
+    def lend(self, scratch: torch.Tensor | None) -> None:
+        """Decode into `scratch` (a contiguous float32 tensor of at least `largest` elements) from now on, or into
+        fresh tensors again with None; forgets the tensor read last."""
+        if scratch is not None and (scratch.dtype != torch.float32 or not scratch.is_contiguous()
+                                    or scratch.numel() < self.largest):
+            raise ValueError(f"scratch of {scratch.numel()} {scratch.dtype} elements: expected a contiguous float32 "
+                             f"tensor of at least {self.largest}")
+        self._scratch, self._last = scratch, None
 
     @property
     def nbytes(self) -> int:
@@ -163,7 +182,11 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
         if self._last is not None and self._last[0] == name:
             return self._last[1]
         shape, start, stop = self._parts[name]
-        tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size)  # [*shape]
+        if self._scratch is None:
+            tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size)  # [*shape]
+        else:
+            into = self._scratch[: math.prod(shape)]  # [numel]
+            tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size, out=into)
         self._last = (name, tensor)
         return tensor
 
@@ -172,6 +195,27 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._parts)
+
+
+@contextmanager
+def decoding_into(updates: Sequence[Update], pool: list[torch.Tensor]) -> Iterator[None]:
+    """For the body of a `with`: lend each held update (`EncodedDeltas`) one float32 scratch buffer of `pool`,
+    replacing (in `pool`) those too small and adding what is missing, so that a close's passes decode into
+    the same memory round after round; the updates decode into fresh tensors again afterwards."""
+    held = [u.deltas for u in updates if isinstance(u.deltas, EncodedDeltas)]
+    size = max((deltas.largest for deltas in held), default=0)
+    for index in range(len(held)):
+        if index == len(pool):
+            pool.append(torch.empty(size, dtype=torch.float32))  # [size]
+        elif pool[index].numel() < size:
+            pool[index] = torch.empty(size, dtype=torch.float32)  # [size]
+    try:
+        for deltas, scratch in zip(held, pool):
+            deltas.lend(scratch)
+        yield
+    finally:
+        for deltas in held:
+            deltas.lend(None)
 
 
 @dataclass(frozen=True)
@@ -313,18 +357,20 @@ def reference_norm(current: Sequence[float], history: Sequence[float]) -> float:
 
 def aggregate(
     updates: Sequence[Update], options: AggregationOptions, history: Sequence[float] = (),
-    previous: Mapping[str, torch.Tensor] | None = None,
+    previous: Mapping[str, torch.Tensor] | None = None, spare: Mapping[str, torch.Tensor] | None = None,
 ) -> Aggregate:
     """Drop the updates the direction check rejects, combine the others (in the order given) by `options.method`.
 
     `history`: the accepted norms of recent rounds (the reference's pool besides this round);
-    `previous`: the previous round's aggregate, centered_clip's starting point (None: zeros).
+    `previous`: the previous round's aggregate, centered_clip's starting point (None: zeros);
+    `spare`: float32 buffers the caller gave up, which the mean, clipped_mean and trimmed_mean write the
+    aggregate into where they fit (`outer.reusable`; the same values as in fresh tensors).
     The outcomes are in the order of `updates`, the dropped ones included.
     """
     if not updates:
         raise ValueError("cannot aggregate an empty list of updates")
     direction = direction_check(updates, options.min_cosine)
-    combined = combine([u for i, u in enumerate(updates) if i not in direction.dropped], options, history, previous)
+    combined = combine([u for i, u in enumerate(updates) if i not in direction.dropped], options, history, previous, spare)
     kept = iter(combined.outcomes)
     outcomes = tuple(
         Outcome(u.worker_id, u.tokens, u.norm, "dropped", 0.0, direction.dropped[i]) if i in direction.dropped
@@ -336,23 +382,24 @@ def aggregate(
 
 def combine(
     updates: Sequence[Update], options: AggregationOptions, history: Sequence[float] = (),
-    previous: Mapping[str, torch.Tensor] | None = None,
+    previous: Mapping[str, torch.Tensor] | None = None, spare: Mapping[str, torch.Tensor] | None = None,
 ) -> Aggregate:
-    """Combine a round's updates (in the order given) by `options.method`, without the direction check."""
+    """Combine a round's updates (in the order given) by `options.method`, without the direction check; the
+    aggregate into `spare` where it fits (see `aggregate`)."""
     reference = reference_norm([u.norm for u in updates], history)
     described = (f"reference norm {reference:.4g} (median of {len(updates)} norms of this round and "
                  f"{len(history)} of recent rounds)")
     limit = options.clip_factor * reference
     accepted = tuple(min(u.norm, limit) for u in updates)
     if options.method == "mean":
-        average = outer.weighted_average([(u.tokens, u.deltas) for u in updates])
+        average = outer.weighted_average([(u.tokens, u.deltas) for u in updates], spare=spare)
         outcomes = tuple(Outcome(u.worker_id, u.tokens, u.norm, "kept", 1.0, "mean") for u in updates)
         return Aggregate(average, outcomes, accepted, "mean: token-weighted")
     if options.method == "clipped_mean":
-        average, outcomes = clipped_mean(updates, limit, options.clip_factor)
+        average, outcomes = clipped_mean(updates, limit, options.clip_factor, spare)
         summary = f"clipped_mean: {described}, limit {options.clip_factor:g} × R = {limit:.4g}"
     elif options.method == "trimmed_mean":
-        average, outcomes = trimmed_mean(updates, options.trim_fraction)
+        average, outcomes = trimmed_mean(updates, options.trim_fraction, spare)
         summary = f"trimmed_mean: {trim_count(len(updates), options.trim_fraction)} of {len(updates)} trimmed at each end per coordinate"
     elif options.method == "centered_clip":
         tau = options.tau * reference
@@ -364,12 +411,15 @@ def combine(
     return Aggregate(average, outcomes, accepted, f"{summary}; {flagged} of {len(updates)} flagged")
 
 
-def clipped_mean(updates: Sequence[Update], limit: float, factor: float) -> tuple[Tensors, tuple[Outcome, ...]]:
-    """Σ n_i s_i Δ_i / Σ n_i, s_i = min(1, limit / ‖Δ_i‖); the mean's call itself when nothing is clipped."""
+def clipped_mean(
+    updates: Sequence[Update], limit: float, factor: float, spare: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[Tensors, tuple[Outcome, ...]]:
+    """Σ n_i s_i Δ_i / Σ n_i, s_i = min(1, limit / ‖Δ_i‖); the mean's call itself when nothing is clipped
+    (into `spare` where it fits)."""
     scales = [limit / u.norm if u.norm > limit else 1.0 for u in updates]
     pairs = [(u.tokens, u.deltas) for u in updates]
     clipped = any(scale < 1.0 for scale in scales)
-    average = outer.weighted_average(pairs, scales if clipped else None)
+    average = outer.weighted_average(pairs, scales if clipped else None, spare)
     outcomes = tuple(
         Outcome(u.worker_id, u.tokens, u.norm, "clipped", scale,
                 f"norm {u.norm:.4g} > {factor:g} × reference = {limit:.4g}: scaled by {scale:.3g}")
@@ -385,8 +435,11 @@ def trim_count(n: int, fraction: float) -> int:
     return max(0, min(wanted, (n - 1) // 2))
 
 
-def trimmed_mean(updates: Sequence[Update], fraction: float) -> tuple[Tensors, tuple[Outcome, ...]]:
-    """Coordinate-wise: drop the k largest and k smallest values, average the rest with token weights."""
+def trimmed_mean(
+    updates: Sequence[Update], fraction: float, spare: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[Tensors, tuple[Outcome, ...]]:
+    """Coordinate-wise: drop the k largest and k smallest values, average the rest with token weights (into
+    `spare` where it fits)."""
     n = len(updates)
     k = trim_count(n, fraction)
     weights = torch.tensor([float(u.tokens) for u in updates], dtype=torch.float64)  # [n]
@@ -399,7 +452,9 @@ def trimmed_mean(updates: Sequence[Update], fraction: float) -> tuple[Tensors, t
     average: Tensors = {}
     for name in updates[0].deltas:
         flats = [u.deltas[name].contiguous().view(-1) for u in updates]  # [numel] each
-        result = torch.empty(updates[0].deltas[name].shape, dtype=torch.float32)  # [*shape]
+        first = updates[0].deltas[name]
+        into = outer.reusable(spare, name, first) if first.dtype == torch.float32 else None
+        result = torch.empty(first.shape, dtype=torch.float32) if into is None else into  # [*shape]
         out = result.view(-1)  # [numel]
         for start in range(0, out.numel(), width):
             stop = min(start + width, out.numel())

@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from rcswarm.protos import codec as codecs
-from rcswarm.protos.outer import outer_step
+from rcswarm.protos.outer import outer_step, reusable
 
 Tensors = dict[str, torch.Tensor]
-__all__ = ["AVERAGE_SLICE", "compressed_step", "outer_step", "weighted_average"]
+__all__ = ["AVERAGE_SLICE", "compressed_step", "outer_step", "reusable", "weighted_average"]
 
 
 # Elements per slice of the average: a power of two, so every slice keeps each element's
@@ -34,7 +34,8 @@ AVERAGE_SLICE = 1 << 20
 
 
 def weighted_average(
-    updates: Sequence[tuple[int, Mapping[str, torch.Tensor]]], scales: Sequence[float] | None = None
+    updates: Sequence[tuple[int, Mapping[str, torch.Tensor]]], scales: Sequence[float] | None = None,
+    spare: Mapping[str, torch.Tensor] | None = None,
 ) -> Tensors:
     """Σ n_i s_i Δ_i / Σ n_i over (tokens, deltas) pairs, accumulated in float64, in the given order.
 
@@ -42,7 +43,8 @@ def weighted_average(
     them) shrink each update's weight while the denominator keeps all tokens: the clipped mean
     of aggregation.py. Element-wise, so it runs slice by slice through two float64 buffers of
     `AVERAGE_SLICE` elements instead of full-size float64 temporaries; each element sees the
-    same operations.
+    same operations. The result is written into `spare`'s tensors where they fit (`reusable`: buffers the
+    caller gave up), else into fresh ones.
     """
     if not updates:
         raise ValueError("cannot average an empty list of updates")
@@ -58,7 +60,7 @@ def weighted_average(
     acc = torch.empty(AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
     wide = torch.empty(AVERAGE_SLICE, dtype=torch.float64)  # [AVERAGE_SLICE]
     flats = [deltas for _, deltas in updates]
-    return {name: _average_one(name, flats, weights, acc, wide) for name in updates[0][1]}
+    return {name: _average_one(name, flats, weights, acc, wide, spare) for name in updates[0][1]}
 
 
 def _average_one(
@@ -67,10 +69,13 @@ def _average_one(
     weights: Sequence[float],
     acc: torch.Tensor,
     wide: torch.Tensor,
+    spare: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """The float32 weighted average of tensor `name`, slice by slice through `acc` and `wide`."""
+    """The float32 weighted average of tensor `name`, slice by slice through `acc` and `wide`, into
+    `spare[name]` when it fits."""
     first = updates[0][name]
-    average = torch.empty(first.shape, dtype=torch.float32)  # [*shape]
+    into = reusable(spare, name, first) if first.dtype == torch.float32 else None
+    average = torch.empty(first.shape, dtype=torch.float32) if into is None else into  # [*shape]
     out = average.view(-1)  # [numel]
     flats = [(weight, deltas[name].contiguous().view(-1)) for weight, deltas in zip(weights, updates)]  # [numel] each
     for start in range(0, out.numel(), AVERAGE_SLICE):
@@ -92,6 +97,7 @@ def compressed_step(
     error_feedback: codecs.ErrorFeedback,
     *,
     consume_target: bool = False,
+    spare_params: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[Tensors, dict[str, bytes]]:
     """The next version θ_v − decode(encode(θ_v − target + residual)) and the encoded step.
 
@@ -99,12 +105,14 @@ def compressed_step(
     subtracted from θ_v, so θ_{v+1} is bit-identical to decoding the encoded bytes again. The step's
     buffer becomes the residual and θ_{v+1} is written over the decoded step: no input is touched,
     except that with `consume_target` (a caller done with `target`) the step is written over the
-    target, which saves a fresh full-size tensor per parameter; the values are the same.
+    target, which saves a fresh full-size tensor per parameter; the values are the same. With a lossy
+    codec the step is decoded into `spare_params`' tensors where they fit (an earlier θ nobody reads any
+    more), so θ_{v+1} lands there instead of in fresh memory.
     """
     if consume_target:
         step = {name: torch.sub(theta, target[name], out=target[name]) for name, theta in params.items()}
     else:
         step = {name: theta - target[name] for name, theta in params.items()}
-    encoded, received = error_feedback.compress_decoded(step, codec, block_size, consume=True)
+    encoded, received = error_feedback.compress_decoded(step, codec, block_size, consume=True, into=spare_params)
     new_params = {name: torch.sub(theta, received[name], out=received[name]) for name, theta in params.items()}
     return new_params, encoded

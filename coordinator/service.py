@@ -100,6 +100,8 @@ METRIC_LIMITS = {
 # A metric's durations: finite and >= 0. Its loss: finite, or NaN for a row without one.
 METRIC_SECONDS = ("wall_time", "compute_seconds", "sync_seconds")
 MAX_SHA256_HEX = 64
+# Times a pull starts over when the full payload it picked was released by a later close before it was built.
+PULL_ATTEMPTS = 3
 # Bytes of a worker secret (secrets.token_bytes).
 WORKER_SECRET_BYTES = 32
 
@@ -251,6 +253,36 @@ class RoundClose:
     # The reference norms' history (one tuple per recent round) and the previous aggregate (centered_clip).
     history: tuple[tuple[float, ...], ...] = ()
     previous: outer.Tensors | None = None
+    # Buffers nobody reads any more, which the close writes its results into (`SpareBuffers`).
+    spare: SpareBuffers | None = None
+
+
+@dataclass(frozen=True)
+class SpareBuffers:
+    """Full-size tensors a published close left unread, for the next close to write into instead of fresh memory
+    (the same values; a fresh page costs more than the arithmetic written into it).
+
+    `momentum`: the momentum the close replaced (only closes read the momentum); the next close writes the new
+    momentum into it. `residual`: the broadcast residual the close replaced (only the closing thread reads
+    residuals; the failed-close snapshot is the newer one); the next close writes the aggregate into it, the
+    outer step its target over the aggregate, and the compressed step the new residual over that. `params`:
+    the θ the close replaced, which a full pull may still be reading through its `LazyPullPayload`; the next
+    close releases that payload (a pull that finds it released pulls the current version) and decodes its
+    compressed step into θ's buffers, which become θ_{v+2} after the step is subtracted.
+    """
+
+    momentum: outer.Tensors
+    residual: outer.Tensors
+    # θ the close replaced, and its pull payload, which the next close releases before writing into θ.
+    params: outer.Tensors | None = None
+    payload: LazyPullPayload | None = None
+
+    def released_params(self) -> outer.Tensors | None:
+        """θ's buffers once its pull payload no longer reads them (the closing thread; takes the payload's lock)."""
+        if self.payload is None:
+            return None
+        self.payload.release()
+        return self.params
 
 
 @dataclass(frozen=True)
@@ -321,25 +353,34 @@ class LazyPullPayload:
     Up-to-date workers pull the compressed step, so a close does not build it. Threads: any
     handler thread calls `get`, which takes this object's own `_lock` (never the coordinator's
     `_lock`; it is called without that one held), so concurrent first pulls build it once and the
-    others wait for it. θ is replaced, never mutated, so holding `params` is a snapshot.
+    others wait for it. θ is replaced, not mutated, while it is current or one version old, so holding
+    `params` is a snapshot until the closing thread `release`s this payload to reuse θ's buffers
+    (`SpareBuffers`).
     """
 
     def __init__(self, params: outer.Tensors, run_id: str, version: int, sha256: bytes) -> None:
         """Keep what `pull_payload` needs; build nothing yet."""
         self._lock = threading.Lock()
-        self._inputs = (params, run_id, version, sha256)
+        self._inputs: tuple[outer.Tensors, str, int, bytes] | None = (params, run_id, version, sha256)
         self._payload: Payload | None = None
         # Seconds the build took, None until it ran (for logs and benchmarks).
         self.build_seconds: float | None = None
 
-    def get(self) -> Payload:
-        """The header and chunks, building them on the first call (takes this object's `_lock`)."""
+    def get(self) -> Payload | None:
+        """The header and chunks, building them on the first call (takes this object's `_lock`); None when the
+        payload was released before anything built it (its θ is being overwritten: pull the current version)."""
         with self._lock:
-            if self._payload is None:
+            if self._payload is None and self._inputs is not None:
                 started = time.perf_counter()
                 self._payload = pull_payload(*self._inputs)
                 self.build_seconds = time.perf_counter() - started
             return self._payload
+
+    def release(self) -> None:
+        """Stop reading θ (takes this object's `_lock`, so a build under way finishes first): a payload built keeps
+        serving its chunks, one never built is never built (`get` answers None). θ's buffers are then free."""
+        with self._lock:
+            self._inputs = None
 
 
 def late_summary(late: list[LateUpdate]) -> str:
@@ -403,7 +444,9 @@ class SwarmCoordinator:
 
     Locks. One lock, `_lock`, guards all mutable state: the membership table, the open round,
     θ, the momentum, the version and its pull payloads, `peer_version`, the run's totals, the curriculum
-    tracker and the aggregation's memory (`_norm_history`, `_previous_average`, `_norm_bound`). `_version_changed` is a condition on that same lock: `await_version` waits on it
+    tracker, the aggregation's memory (`_norm_history`, `_previous_average`, `_norm_bound`) and the
+    buffers the last close left for the next (`_spare`); `_decode_scratch` belongs to the closing
+    thread. `_version_changed` is a condition on that same lock: `await_version` waits on it
     (which releases the lock while it waits) and publishing a new version notifies every waiter.
     The lock is not reentrant: a public method takes it itself and must be called without it
     held; a private method documented "lock held" must be called with it held. What needs no
@@ -426,7 +469,9 @@ class SwarmCoordinator:
     merged late (with `sync.max_staleness` = 0 it is stale at once); a pull waits for the
     new version (at most `coordinator.max_wait_s`); heartbeats, joins, leaves, long polls, metrics
     and status go on. A failed close restores the broadcast residual, reopens the round and wakes
-    the waiters, so the next tick retries it. The store
+    the waiters, so the next tick retries it. A close writes its results into what the close before
+    left unread (`SpareBuffers`: the momentum, residual and θ of two versions back, θ once its pull
+    payload is released, and a pull that finds its payload released starts over). The store
     has its own lock and is called with or without this one; a `RunGroup` takes its lock before a
     run's, never the other way round.
     """
@@ -475,6 +520,11 @@ class SwarmCoordinator:
         self._joins = 0
         self.round = OpenRound(self.version, self.clock(), budget_s=self.pace.round_seconds)
         self._closing: RoundClose | None = None
+        # What the last published close left unread (the closing thread writes into it; None before one).
+        self._spare: SpareBuffers | None = None
+        # Scratch buffers held updates decode into during a close (`aggregation.decoding_into`; the closing
+        # thread alone uses them, one close at a time).
+        self._decode_scratch: list[torch.Tensor] = []
         # Seconds per piece of the last close (see ClosedRound.seconds), for logs and benchmarks.
         self.last_close_seconds: dict[str, float] = {}
         # Tokens reported to this process, and when it first served a pull: the live tokens/s.
@@ -673,7 +723,27 @@ class SwarmCoordinator:
         iterated, waits on `_version_changed` (releasing the lock) while a round closes, at most
         `coordinator.max_wait_s`, so that a worker does not train from the version being replaced, picks the
         payload of the current version, and yields its chunks after releasing the lock. The full fp32 payload
-        is built by the version's first full pull, after releasing the lock (`LazyPullPayload`)."""
+        is built by the version's first full pull, after releasing the lock (`LazyPullPayload`); when the next
+        close released it before it was built, the pull starts over at the then current version."""
+        for _ in range(PULL_ATTEMPTS):
+            full, header, chunks = self._pick_payload(request)
+            payload = None if full is None else full.get()
+            if full is None or payload is not None:
+                break
+        else:
+            raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                          f"version {self.version} changed {PULL_ATTEMPTS} times while the pull read it; pull again")
+        if payload is not None:
+            header, chunks = payload
+        yield pb.PullParametersResponse(header=header)
+        for chunk in chunks:
+            yield pb.PullParametersResponse(chunk=chunk)
+
+    def _pick_payload(
+        self, request: pb.PullParametersRequest
+    ) -> tuple[LazyPullPayload | None, pb.TensorHeader | None, list[pb.TensorChunk]]:
+        """For `pull` (takes `_lock`): the current version's full payload, or the compressed step's header and
+        chunks when the worker holds the version before."""
         with self._lock:
             self._authenticated("PullParameters", request.worker_id, request.worker_secret)
             self._wait_for_close(self.spec.coordinator.max_wait_s)
@@ -690,15 +760,10 @@ class SwarmCoordinator:
             if self._serving_since is None:
                 self._serving_since = worker.last_seen
             self.tracker.start(worker.last_seen)
-            full: LazyPullPayload | None = self._pull_payload
             delta = self._delta_payload
             if delta is not None and request.HasField("have_version") and request.have_version == delta[0]:
-                header, chunks, full = delta[1], delta[2], None
-        if full is not None:
-            header, chunks = full.get()
-        yield pb.PullParametersResponse(header=header)
-        for chunk in chunks:
-            yield pb.PullParametersResponse(chunk=chunk)
+                return None, delta[1], delta[2]
+            return self._pull_payload, None, []
 
     def _wait_for_close(self, limit_s: float) -> None:
         """While a close runs, wait for its publication (or failure), at most `limit_s` (lock held; waiting
@@ -1049,7 +1114,7 @@ class SwarmCoordinator:
         self.round.closing = True
         self._closing = RoundClose(
             self.round, decision.reason, now, self.params, self.momentum, self.broadcast_feedback.snapshot(),
-            self._norm_history, self._previous_average,
+            self._norm_history, self._previous_average, self._spare,
         )
         return self._closing
 
@@ -1081,18 +1146,27 @@ class SwarmCoordinator:
         late = [close.round.late[k] for k in sorted(close.round.late)]
         reports = [close.round.reports[k] for k in sorted(close.round.reports)] + [item.update for item in late]
         trained = [u.tokens for u in reports[:len(reports) - len(late)]] + [item.tokens for item in late]
-        with watch.piece("average"):
+        # centered_clip keeps the aggregate for the next round: it is neither written into a spare nor consumed.
+        recycle = self.aggregation_options.method != "centered_clip"
+        spare = close.spare if recycle else None
+        with watch.piece("average"), aggregation.decoding_into(reports, self._decode_scratch):
             result = aggregation.aggregate(
-                reports, self.aggregation_options, [n for norms in close.history for n in norms], close.previous
+                reports, self.aggregation_options, [n for norms in close.history for n in norms], close.previous,
+                None if spare is None else spare.residual,
             )
             average = result.average
         with watch.piece("norm"):
             norm = tensor_stream.global_norm(average)
         with watch.piece("outer step"):
-            target, momentum = outer.outer_step(close.params, close.momentum, average, self.spec.outer)
+            target, momentum = outer.outer_step(
+                close.params, close.momentum, average, self.spec.outer,
+                spare_momentum=None if close.spare is None else close.spare.momentum, consume_average=recycle,
+            )
         with watch.piece("compressed step"):
-            params, encoded_step = outer.compressed_step(close.params, target, self.codec, block, self.broadcast_feedback,
-                                                         consume_target=True)
+            params, encoded_step = outer.compressed_step(
+                close.params, target, self.codec, block, self.broadcast_feedback, consume_target=True,
+                spare_params=None if close.spare is None else close.spare.released_params(),
+            )
         record = RoundRecord(
             version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
             tokens=sum(trained), close_reason=close.reason + late_summary(late), update_norm=norm,
@@ -1102,13 +1176,15 @@ class SwarmCoordinator:
         keep = self.spec.sync.reference_rounds
         history = (*close.history, result.accepted_norms)[-keep:] if keep else ()
         with watch.piece("commit"):
-            self.store.commit_version(self.run_id, version + 1, params, self._optimizer_state(momentum), record)
+            self.store.commit_version(
+                self.run_id, version + 1, params, self._optimizer_state(momentum), record,
+                run_state={REFERENCE_NORMS_KEY: json.dumps([list(norms) for norms in history])},
+                events=[(o.worker_id, o.action, f"round {version}: {o.reason}", close.decided_at)
+                        for o in result.outcomes if o.flagged],
+            )
             sha = self.store.committed_digest(version + 1)
             record = dataclasses.replace(record, param_sha256=sha.hex())
-            self.store.set_many({REFERENCE_NORMS_KEY: json.dumps([list(norms) for norms in history])})
             for o in result.outcomes:
-                if o.flagged:
-                    self.store.add_event(o.worker_id, o.action, f"round {version}: {o.reason}", close.decided_at)
                 if o.action == "dropped":
                     log.warning("round %d: update of %s dropped: %s", version, o.worker_id, o.reason)
         with watch.piece("norm bound"):
@@ -1129,6 +1205,7 @@ class SwarmCoordinator:
         """Serve the committed version, open the next round, note how each update fared and evict persistent
         outliers, wake the waiters, advance the curriculum (lock held)."""
         version = close.round.version
+        self._spare = SpareBuffers(self.momentum, close.saved_feedback, self.params, self._pull_payload)
         self.params, self.momentum, self.version = closed.params, closed.momentum, version + 1
         self.param_sha256 = closed.param_sha256
         self._pull_payload = closed.pull_payload

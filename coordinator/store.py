@@ -8,7 +8,8 @@ and the named reads the analysis, the dashboard, the summary and the commands us
 
 A version is committed in two steps: its checkpoint file is written to a temporary name
 (straight from the tensors' memory, over the last pruned checkpoint's file when there is one),
-fsynced and renamed into place; then one SQLite transaction records it as current and
+fsynced and renamed into place; then one SQLite transaction records it as current (with
+whatever run state and events the caller commits with it: a close's reference norms and flags) and
 enters its parameters' SHA-256 (`tensor_stream.params_sha256`, the digest pulls carry) in
 the `checkpoints` ledger. A crash between the two leaves the previous version current (the
 orphan file is removed at the next start), so a restart always resumes at a complete,
@@ -42,7 +43,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -495,13 +496,18 @@ class StateStore:
         state: Mapping[str, Mapping[str, torch.Tensor]],
         round_record: RoundRecord | None,
         param_sha256: bytes | None = None,
+        *,
+        run_state: Mapping[str, str] | None = None,
+        events: Sequence[tuple[str, str, str, float]] = (),
     ) -> None:
         """Persist a version atomically: checkpoint file first, then the SQLite commit point.
 
         `params` are in the order pulls serve them; their digest is `param_sha256`, else the
         round record's, else computed here while the file is written (`write_checkpoint`: one pass
         over the tensors' memory, no copies, one fsync), and the round record gets it. It enters the
-        ledger `load_current` verifies against (`committed_digest`).
+        ledger `load_current` verifies against (`committed_digest`). `run_state` (key -> value) and `events`
+        ((worker_id, kind, reason, time) each, as `add_event`) enter the same SQLite transaction: one commit
+        point and one fsync for all of the close's rows.
         """
         name = f"v{version:08d}.safetensors"
         final = self.checkpoint_dir / name
@@ -528,8 +534,10 @@ class StateStore:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
                 "INSERT OR REPLACE INTO run_state VALUES (?, ?)",
-                [("version", str(version)), ("checkpoint", name), ("run_id", run_id)],
+                [*(run_state or {}).items(), ("version", str(version)), ("checkpoint", name), ("run_id", run_id)],
             )
+            self._db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
+                                 [(now, worker_id, kind, reason) for worker_id, kind, reason, now in events])
             self._db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?)", (version, name, digest, time.time()))
             if round_record is not None:
                 r = round_record

@@ -27,6 +27,7 @@ to one bounded residual.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -181,24 +182,37 @@ def encode(tensor: torch.Tensor, codec: int, block_size: int) -> bytes:
     return _encode_int8_block(flat, block_size)
 
 
-def _decode_fp32(buf: memoryview, numel: int) -> np.ndarray:
-    return np.frombuffer(buf, dtype="<f4", count=numel).astype(np.float32, copy=True)
+def _decode_fp32(buf: memoryview, numel: int, into: np.ndarray | None = None) -> np.ndarray:
+    values = np.frombuffer(buf, dtype="<f4", count=numel)  # [numel]
+    if into is None:
+        return values.astype(np.float32, copy=True)
+    np.copyto(into, values)
+    return into
 
 
-def _decode_bf16(buf: memoryview, numel: int) -> np.ndarray:
-    bits = np.frombuffer(buf, dtype="<u2", count=numel).astype(np.uint32)  # [numel]
+def _decode_bf16(buf: memoryview, numel: int, into: np.ndarray | None = None) -> np.ndarray:
+    halves = np.frombuffer(buf, dtype="<u2", count=numel)  # [numel]
+    if into is None:
+        bits = halves.astype(np.uint32)  # [numel]
+    else:
+        bits = into.view(np.uint32)  # [numel]
+        np.copyto(bits, halves)
     bits <<= 16
     return bits.view(np.float32)
 
 
-def _decode_int8_block(buf: memoryview, numel: int, block_size: int) -> np.ndarray:
+def _decode_int8_block(buf: memoryview, numel: int, block_size: int, into: np.ndarray | None = None) -> np.ndarray:
     num_blocks = _num_blocks(numel, block_size)
     scales = np.frombuffer(buf, dtype="<f4", count=num_blocks).astype(np.float32)  # [num_blocks]
     if not (np.isfinite(scales).all() and (scales >= 0).all()):
         bad = int(np.count_nonzero(~(np.isfinite(scales) & (scales >= 0))))
         raise ValueError(f"CODEC_INT8_BLOCK payload has {bad} non-finite or negative block scales")
     q = np.frombuffer(buf, dtype=np.int8, count=numel, offset=4 * num_blocks)  # [numel]
-    out = q.astype(np.float32)  # [numel]
+    if into is None:
+        out = q.astype(np.float32)  # [numel]
+    else:
+        out = into
+        np.copyto(out, q)
     full = numel // block_size
     if full:
         blocks = out[: full * block_size].reshape(full, block_size)  # [full, block_size], a view
@@ -208,8 +222,12 @@ def _decode_int8_block(buf: memoryview, numel: int, block_size: int) -> np.ndarr
     return out
 
 
-def decode(data: bytes | bytearray | memoryview, codec: int, shape: tuple[int, ...], block_size: int) -> torch.Tensor:
-    """Decode ``encode``'s bytes into a fresh float32 tensor of ``shape``."""
+def decode(
+    data: bytes | bytearray | memoryview, codec: int, shape: tuple[int, ...], block_size: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode ``encode``'s bytes into a fresh float32 tensor of ``shape``, or into ``out`` (a contiguous float32
+    CPU tensor of as many elements, returned viewed as ``shape``): the same values without fresh memory."""
     _check_codec(codec, block_size)
     shape = tuple(int(d) for d in shape)
     if any(d < 0 for d in shape):
@@ -221,13 +239,19 @@ def decode(data: bytes | bytearray | memoryview, codec: int, shape: tuple[int, .
         raise ValueError(
             f"{codec_label(codec)} payload for shape {shape}: expected {expected} bytes, got {buf.nbytes}"
         )
+    into = None
+    if out is not None:
+        if out.dtype != torch.float32 or out.device.type != "cpu" or not out.is_contiguous() or out.numel() != numel:
+            raise ValueError(f"out must be a contiguous float32 CPU tensor of {numel} elements, got {out.dtype} "
+                             f"{tuple(out.shape)} on {out.device}")
+        into = out.view(-1).numpy()  # [numel]
     if codec == pb.CODEC_FP32:
-        values = _decode_fp32(buf, numel)
+        values = _decode_fp32(buf, numel, into)
     elif codec == pb.CODEC_BF16:
-        values = _decode_bf16(buf, numel)
+        values = _decode_bf16(buf, numel, into)
     else:
-        values = _decode_int8_block(buf, numel, block_size)
-    return torch.from_numpy(values).reshape(shape)
+        values = _decode_int8_block(buf, numel, block_size, into)
+    return torch.from_numpy(values).reshape(shape) if out is None else out.view(shape)
 
 
 def _combine(delta: torch.Tensor, residual: torch.Tensor | None, consume: bool) -> torch.Tensor:
@@ -258,25 +282,31 @@ class ErrorFeedback:
         return self.compress_decoded(deltas, codec, block_size)[0]
 
     def compress_decoded(
-        self, deltas: dict[str, torch.Tensor], codec: int, block_size: int, *, consume: bool = False
+        self, deltas: dict[str, torch.Tensor], codec: int, block_size: int, *, consume: bool = False,
+        into: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[dict[str, bytes], dict[str, torch.Tensor]]:
         """``compress``, and also what the receiver decodes from each payload (float32, same shapes).
 
         The decoded tensors are the ones the residual was computed from, so a caller needs
         not decode the payloads again; they are fresh tensors the caller may keep or overwrite.
-        With ``consume`` the caller gives up ``deltas``: their buffers become the new residuals.
+        With ``consume`` the caller gives up ``deltas``: their buffers become the new residuals. A lossy
+        codec decodes into ``into[name]`` where one is given (a float32 buffer of the same shape the caller
+        gave up) instead of a fresh tensor.
         """
         _check_codec(codec, block_size)
         payloads: dict[str, bytes] = {}
         received: dict[str, torch.Tensor] = {}
         updated: dict[str, torch.Tensor] = {}
         for name, delta in deltas.items():
-            payloads[name], received[name], updated[name] = self._compress_one(name, delta, codec, block_size, consume)
+            payloads[name], received[name], updated[name] = self._compress_one(
+                name, delta, codec, block_size, consume, None if into is None else into.get(name)
+            )
         self._residuals.update(updated)
         return payloads, received
 
     def _compress_one(
-        self, name: str, delta: torch.Tensor, codec: int, block_size: int, consume: bool = False
+        self, name: str, delta: torch.Tensor, codec: int, block_size: int, consume: bool = False,
+        into: torch.Tensor | None = None,
     ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
         """(payload, decoded payload, new residual) of one tensor; the residual reuses the combined buffer."""
         if delta.dtype != torch.float32:
@@ -294,7 +324,8 @@ class ErrorFeedback:
         payload = encode(combined, codec, block_size)
         if codec == pb.CODEC_FP32:
             return payload, combined, torch.zeros_like(combined)
-        received = decode(payload, codec, tuple(combined.shape), block_size)  # [*shape]
+        usable = into is not None and into.shape == combined.shape and into.dtype == torch.float32 and into.is_contiguous()
+        received = decode(payload, codec, tuple(combined.shape), block_size, out=into if usable else None)  # [*shape]
         return payload, received, combined.sub_(received)
 
     def residual(self, name: str) -> torch.Tensor | None:

@@ -36,11 +36,12 @@ class SlowCommitStore(StateStore):
         self.committing = threading.Event()
 
     def commit_version(self, run_id: str, version: int, params: Mapping[str, torch.Tensor],
-                       state: Mapping[str, Mapping[str, torch.Tensor]], round_record: RoundRecord | None) -> None:
+                       state: Mapping[str, Mapping[str, torch.Tensor]], round_record: RoundRecord | None,
+                       **rows: Any) -> None:
         if round_record is not None:
             self.committing.set()
             time.sleep(COMMIT_SLEEP_S)
-        super().commit_version(run_id, version, params, state, round_record)
+        super().commit_version(run_id, version, params, state, round_record, **rows)
 
 
 @pytest.fixture
