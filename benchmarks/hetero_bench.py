@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from rcswarm.cli.run import evaluate
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.server import RunningCoordinator
@@ -96,9 +98,9 @@ def run_config(key: str, args: argparse.Namespace, work: Path) -> dict:
             time.sleep(0.05)
         started = min((r.opened_at for r in client.status().rounds), default=time.time())
         while time.time() - started < args.seconds:
-            samples.append((time.time() - started, service.version, service.params))
+            samples.append(sample(service, started))
             time.sleep(args.sample_s)
-        samples.append((time.time() - started, service.version, service.params))
+        samples.append(sample(service, started))
         status = client.status()
     finally:
         for proc in procs:
@@ -112,6 +114,13 @@ def run_config(key: str, args: argparse.Namespace, work: Path) -> dict:
         running.stop(grace=1.0)
     losses = [(t, v, evaluate(spec, params)) for t, v, params in samples]
     return {"label": label, "losses": losses, "status": status}
+
+
+def sample(service: SwarmCoordinator, started: float) -> tuple[float, int, dict[str, torch.Tensor]]:
+    """(seconds since `started`, version, a copy of θ): the coordinator reuses a version's buffers two
+    closes later, so θ is copied now (one version's dict is replaced whole, never written in place)."""
+    params = service.params
+    return time.time() - started, service.version, {name: theta.clone() for name, theta in params.items()}
 
 
 def loss_at(losses: list[tuple[float, int, float]], seconds: float) -> float:
