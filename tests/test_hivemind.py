@@ -171,6 +171,9 @@ def test_bad_hivemind_flags_are_usage_errors(tmp_path: Path, capsys: pytest.Capt
     assert 'needs sync.backend = "hivemind"' in capsys.readouterr().err
     assert worker_cli.main([]) == 2
     assert "--coordinator HOST:PORT is required" in capsys.readouterr().err
+    per_worker = write_spec(hivemind_spec(curriculum={"worker_seq_lens": [16, 48]}), tmp_path / "lengths.toml")
+    assert worker_cli.main(["--backend", "hivemind", "--config", str(per_worker)]) == 2
+    assert "curriculum.worker_seq_lens = [16, 48]: a hivemind worker needs --coordinator" in capsys.readouterr().err
 
 
 # ---- real peers ---------------------------------------------------------------------------------
@@ -448,3 +451,21 @@ def test_workers_keep_averaging_while_the_coordinator_is_down(swarm: Any, start_
     assert joined == {"a", "b"}, joined
     for name in ("a", "b"):
         assert [h["version"] for h in peers.summary(name)["history"]] == list(range(1, 15))
+
+
+@pytest.mark.slow
+def test_workers_train_the_lengths_their_coordinator_assigns(swarm: Any, start_coordinator: Any, tmp_path: Path) -> None:
+    """curriculum.worker_seq_lens: each hivemind worker trains the length the coordinator assigned it
+    at its join, and the two lengths average in one group (Δ̄ weighted by tokens)."""
+    spec = hivemind_spec(run={"name": "hm", "rounds": 2}, curriculum={"worker_seq_lens": [16, 48]})
+    coordinator = start_coordinator(spec, tmp_path / "coordinator")
+    peers = swarm(spec)
+    procs = [peers.worker(name, "--coordinator", coordinator.target) for name in ("a", "b")]
+    peers.wait(procs, timeout=150)
+    assigned = {w.name: w.assignment.seq_len for w in coordinator.service.status().workers}
+    assert sorted(assigned.values()) == [16, 48], assigned
+    for name in ("a", "b"):
+        history = peers.summary(name)["history"]
+        assert [h["version"] for h in history] == [1, 2] and all(h["group"] == 2 and not h["skipped"] for h in history)
+        assert {h["seq_len"] for h in history} == {assigned[name]}, history
+    assert_replicas_agree(peers, ["a", "b"], 2 * REPLICA_TOLERANCE_PER_ROUND)

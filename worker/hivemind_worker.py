@@ -7,7 +7,9 @@
 Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm
 already trains, loads (version, θ, outer momentum) from the peer with the highest version. A
 round from version v: H inner steps on the run's fixed schedule (`curriculum.schedule`, else
-`data.seq_len` × `data.batch_size`); Δ = θ_v − θ_local, plus the error-feedback residual, as the
+`data.seq_len` × `data.batch_size`) or, under `curriculum.worker_seq_lens`, on the length the
+coordinator assigned this worker (its TrainingAssignment, taken at round boundaries; Δ̄ is weighted
+by tokens, so groupmates may train different lengths); Δ = θ_v − θ_local, plus the error-feedback residual, as the
 codec sends it; `HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm);
 the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ 4 × ‖Δ‖) and then
 θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
@@ -84,9 +86,12 @@ class HivemindWorker:
                  data_seed: int | None = None) -> None:
         if spec.sync.backend != "hivemind":
             raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
-        if spec.is_sweep or spec.curriculum.adaptive or spec.curriculum.worker_seq_lens:
-            raise ValueError("a hivemind swarm trains one run on a fixed schedule: expected no [sweep], "
-                             "no adaptive curriculum and no curriculum.worker_seq_lens")
+        if spec.is_sweep or spec.curriculum.adaptive:
+            raise ValueError("a hivemind swarm trains one run on a fixed schedule: expected no [sweep] and no adaptive "
+                             "curriculum (its rungs are decided at the coordinator's round closes, which it makes none of)")
+        if spec.curriculum.worker_seq_lens and control is None:
+            raise ValueError(f"curriculum.worker_seq_lens = {spec.curriculum.worker_seq_lens}: a hivemind worker needs "
+                             "--coordinator HOST:PORT, which assigns each worker its length")
         self.spec, self.options, self.out, self.control = spec, options, out, control
         self.data_seed = data_seed
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
@@ -144,13 +149,30 @@ class HivemindWorker:
         log.info("%s finished at version %d", self.name, self.version)
         return 0
 
-    def _follow_schedule(self) -> None:
-        seq_len, batch = schedule_for(self.spec, self.version)
+    def _assigned(self) -> tuple[int, int, str]:
+        """(seq_len, batch, why) of the round from this version.
+
+        Under curriculum.worker_seq_lens the coordinator's assignment for this worker (its own length,
+        whatever the version); otherwise the run spec's schedule row at this peer's version, the
+        function the coordinator applies, so the peers of one group (one version) agree even while
+        the coordinator's view of the version lags or it is down.
+        """
+        assignment = self.control.assignment() if self.control is not None else None
+        if self.spec.curriculum.worker_seq_lens and assignment is not None:
+            if assignment.seq_len < 1 or assignment.batch_size < 1:
+                raise RuntimeError(f"the coordinator assigned seq_len {assignment.seq_len}, batch "
+                                   f"{assignment.batch_size}: expected positive sizes")
+            return assignment.seq_len, assignment.batch_size, assignment.reason
+        return (*schedule_for(self.spec, self.version), "the run spec")
+
+    def _follow_assignment(self) -> None:
+        """At a round boundary: switch the sampler to this round's (seq_len, batch) when it differs."""
+        seq_len, batch, why = self._assigned()
         if (seq_len, batch) != self._data:
             self._data = (seq_len, batch)
             data = dataclasses.replace(self.spec.data, seq_len=seq_len, batch_size=batch)
             self.sampler = make_sampler(data, self.data_seed + self.version, model_config=self.model.config)
-            log.info("%s: from version %d: seq_len %d, batch %d", self.name, self.version, seq_len, batch)
+            log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.name, self.version, seq_len, batch, why)
 
     def _train(self) -> tuple[int, list[list[float]]]:
         """H inner steps; (tokens, metric rows)."""
@@ -177,7 +199,7 @@ class HivemindWorker:
         return [sent[name] for name in self.names]
 
     def _round(self) -> None:
-        self._follow_schedule()
+        self._follow_assignment()
         base = self._params()
         tokens, rows = self._train()
         if self.stop.is_set():
@@ -204,6 +226,7 @@ class HivemindWorker:
         self.history.append({
             "version": self.version, "loss": sum(r[2] for r in rows) / max(len(rows), 1), "group": group,
             "skipped": problem, "drift": measured, "allreduce_s": result.seconds if result else None,
+            "seq_len": self._data[0], "batch": self._data[1],
         })
         log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
                  self.history[-1]["loss"], measured, self.peer.timer.describe())
