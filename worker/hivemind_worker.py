@@ -63,6 +63,20 @@ log = logging.getLogger("rcswarm.worker")
 # At the last version: how long a peer waits for its group's digests, then serves its state for re-syncs.
 SETTLE_S = 10.0
 STATE_GRACE_S = 3.0
+# A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up: peers launched
+# together become ready within about half a start-up of one another (measured on a loaded 2-core box:
+# three peers with start-ups of 7-10 s were ready within 2.2 s).
+FIRST_WINDOW_FRACTION = 0.5
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; 0.0 where that is unreadable)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
@@ -116,6 +130,7 @@ class HivemindWorker:
         self.peer: hs.HivemindPeer | None = None
         self.sampler: Any = None
         self._data: tuple[int, int] = (0, 0)
+        self._startup_s = 0.0  # from process start until this peer was ready: the first round's matchmaking window
 
     def _params(self) -> list[torch.Tensor]:
         return [p.detach().to("cpu", copy=True) for p in self.model.parameters()]
@@ -129,6 +144,9 @@ class HivemindWorker:
         try:
             self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
                                         self.spec.sync.block_size, self.options, self.state)
+            self._startup_s = process_age_s()
+            log.info("%s: ready %.1fs after its start; first matchmaking window %.1fs", self.name, self._startup_s,
+                     max(FIRST_WINDOW_FRACTION * self._startup_s, self.options.matchmaking_s))
             if self.data_seed is None:  # without a coordinator's data seed, one from the peer id
                 seed = int.from_bytes(hashlib.sha256(self.peer.peer_id.encode()).digest()[:4], "little")
                 self.data_seed = worker_data_seed(self.spec.run.seed, seed)
@@ -201,7 +219,9 @@ class HivemindWorker:
     def _round(self) -> None:
         self._follow_assignment()
         base = self._params()
+        trained = time.monotonic()
         tokens, rows = self._train()
+        self.peer.timer.train_s = time.monotonic() - trained
         if self.stop.is_set():
             return
         started = time.perf_counter()
@@ -212,7 +232,8 @@ class HivemindWorker:
             self._load(base)
             return
         gather = {"version": self.version, "tokens": tokens, "norm": hs.global_norm(deltas)}
-        result = self.peer.average(deltas, tokens, gather)
+        window = FIRST_WINDOW_FRACTION * self._startup_s if self.version == 0 else None
+        result = self.peer.average(deltas, tokens, gather, window_s=window)
         if result is not None and result.group_version > self.version:
             self._resync(f"the group was at version {result.group_version}")
             return
