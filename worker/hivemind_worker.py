@@ -64,9 +64,10 @@ log = logging.getLogger("rcswarm.worker")
 SETTLE_S = 10.0
 STATE_GRACE_S = 3.0
 # A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up: peers launched
-# together become ready within about half a start-up of one another (measured on a loaded 2-core box:
-# three peers with start-ups of 7-10 s were ready within 2.2 s).
-FIRST_WINDOW_FRACTION = 0.5
+# together become ready within a fraction of a start-up of one another (measured on a loaded 2-core box,
+# three peers launched at once, four runs: start-ups 13-15 s ready within 1.8 s, 0.14 of a start-up at
+# most; 16-19 s within 0.5 s); 0.3 leaves twice that.
+FIRST_WINDOW_FRACTION = 0.3
 
 
 def process_age_s() -> float:
