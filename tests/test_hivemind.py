@@ -424,6 +424,58 @@ def test_the_others_finish_when_a_peer_is_killed_mid_round(swarm: Any) -> None:
     assert_replicas_agree(peers, ["a", "b"], 6 * REPLICA_TOLERANCE_PER_ROUND)
 
 
+STALL = """
+import os
+import signal
+import sys
+from rcswarm.worker import hivemind_sync as hs
+from rcswarm.worker import worker
+
+averager_pid, waits = [], []
+start, wait_for_group = hs.HivemindPeer.__init__, hs._wait_for_group
+
+def init(self, *args, **kwargs):
+    start(self, *args, **kwargs)
+    averager_pid.append(self.averager.pid)
+
+def wait(control, deadline):
+    formed = wait_for_group(control, deadline)
+    waits.append(formed)
+    if len(waits) == 2 and formed is not None:  # the second round's group formed: stop sending and reducing
+        print("stalled mid-all-reduce", flush=True)
+        os.kill(averager_pid[0], signal.SIGSTOP)
+    return formed
+
+hs.HivemindPeer.__init__, hs._wait_for_group = init, wait
+sys.exit(worker.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_a_peer_stalled_mid_all_reduce_is_dropped_by_the_sender_and_reducer_timeouts(swarm: Any, tmp_path: Path) -> None:
+    """c's averager stops (SIGSTOP: its p2pd keeps the streams open, so only timeouts help) once its second
+    round's all-reduce began: a and b drop it within hivemind's sender/reducer timeouts and finish that
+    all-reduce instead of failing their step (which the averager's fixed 60 s timeout made them do)."""
+    peers = swarm(hivemind_spec(run={"name": "hm", "rounds": 4}))
+    script = tmp_path / "stall.py"
+    script.write_text(STALL)
+    honest = [peers.worker("a"), peers.worker("b")]
+    stalled = peers.worker("c", script=script)
+    try:
+        peers.wait(honest, timeout=240)
+    finally:
+        os.killpg(stalled.pid, signal.SIGKILL)
+    assert "stalled mid-all-reduce" in Path(stalled.log_path).read_text(), logs_of([stalled])
+    for proc, name in zip(honest, ("a", "b")):
+        history = peers.summary(name)["history"]
+        assert [h["version"] for h in history] == [1, 2, 3, 4], history
+        assert history[1]["group"] == 3 and history[1]["allreduce_s"] is not None, history  # averaged, c dropped
+        assert history[-1]["group"] == 2, history
+        assert "averaging failed" not in Path(proc.log_path).read_text()
+    assert_replicas_agree(peers, ["a", "b"], 4 * REPLICA_TOLERANCE_PER_ROUND)
+
+
 @pytest.mark.slow
 @pytest.mark.wide
 def test_rcswarm_run_trains_a_local_hivemind_swarm(tmp_path: Path, no_new_p2pd: None) -> None:
