@@ -79,9 +79,10 @@ STATE_DECLARE_S = 2.0
 TIMER_WINDOW = 5
 TIMEOUT_FACTOR = 3.0
 # At least this long for an all-reduce (its sender timeout a quarter, its reducer timeout half of it):
-# a tiny model's all-reduce takes 0.01-0.3 s, but a peer starved of CPU on a loaded machine can
-# stall for a second or two between chunks.
-MIN_ALLREDUCE_S = 10.0
+# a tiny model's all-reduce takes 0.01-0.3 s, but a peer starved of CPU on a loaded machine stalls
+# between chunks: on a 2-core box under load with every peer on one core, a 2.5 s sender timeout
+# dropped an honest peer, so senders get 5 s and reducers 10 s.
+MIN_ALLREDUCE_S = 20.0
 # Before any all-reduce was measured.
 INITIAL_ALLREDUCE_S = 60.0
 RECORD_TTL_S = 600.0
