@@ -6,7 +6,9 @@ come from there) but averages peer to peer. Every call after the join runs on th
 so a coordinator that is down or restarting never stalls training: metric rows wait in a bounded
 queue (the oldest dropped past `MAX_PENDING`), NOT_FOUND (evicted, or a restarted coordinator)
 joins again, and other failures are retried on the next beat. The coordinator shows the newest
-version its workers report (`SwarmCoordinator.shown_version`).
+version its workers report (`SwarmCoordinator.shown_version`). The newest TrainingAssignment of
+the Join and Heartbeat answers is kept for the training thread (`assignment`), which applies it
+at its next round boundary.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ BATCH = 200
 
 class ControlPlane:
     """One membership at a coordinator. `join` runs on the caller's thread before training; `report`
-    (training thread) only appends to `_pending` under `_lock`; `_loop` (thread `control`) makes every
-    other call; `close` stops it and sends Leave."""
+    (training thread) only appends to `_pending` and `assignment` only reads `_assignment`, both under
+    `_lock`; `_loop` (thread `control`) makes every other call and sets `_assignment` under `_lock`;
+    `close` stops it and sends Leave."""
 
     def __init__(self, target: str, token: str, name: str, device: str, *, patience_s: float = 300.0,
                  rpc_timeout_s: float = 10.0, beat_s: float = 1.0, **tls: object) -> None:
@@ -42,6 +45,7 @@ class ControlPlane:
         self.lease_s = 10.0
         self._pending: deque[pb.Metric] = deque(maxlen=MAX_PENDING)
         self._lock = threading.Lock()
+        self._assignment: pb.TrainingAssignment | None = None
         self._thread: threading.Thread | None = None
         self.joins = 0
 
@@ -50,6 +54,7 @@ class ControlPlane:
         response = self.client.join(self.name, self.device, os.getpid())
         self.identity, self.lease_s = Identity.of(response), response.lease_seconds
         self.joins += 1
+        self._note(response)
         log.info("%s joined %s as %s (control plane only; averaging peer to peer)", self.name, response.run_id,
                  response.worker_id)
         return response
@@ -57,6 +62,17 @@ class ControlPlane:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="control", daemon=True)
         self._thread.start()
+
+    def _note(self, response: pb.JoinResponse | pb.HeartbeatResponse) -> None:
+        """Keep the answer's assignment (a restarted coordinator's answers replace the old one's)."""
+        if response.HasField("assignment"):
+            with self._lock:
+                self._assignment = response.assignment
+
+    def assignment(self) -> pb.TrainingAssignment | None:
+        """The coordinator's newest assignment for this worker (None before any)."""
+        with self._lock:
+            return self._assignment
 
     def report(self, metrics: list[pb.Metric]) -> None:
         with self._lock:
@@ -84,7 +100,7 @@ class ControlPlane:
 
     def _beat(self) -> None:
         """A heartbeat, then the pending rows in batches (each batch leaves the queue once it is stored)."""
-        self.client.heartbeat(self.identity)
+        self._note(self.client.heartbeat(self.identity))
         while True:
             with self._lock:
                 batch = [self._pending[i] for i in range(min(BATCH, len(self._pending)))]

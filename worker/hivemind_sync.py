@@ -21,8 +21,14 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   part's L1 norm); `resync_reason` says whether this peer must load the state of the
   highest-version majority.
 * **Timeouts**: `RoundTimer` derives the all-reduce timeout of the next round from the measured
-  all-reduce times (`TIMEOUT_FACTOR` × the slowest of the last `TIMER_WINDOW`, at least
-  `MIN_ALLREDUCE_S`), and the step's deadline from it; the derived values are logged.
+  all-reduce times (from the group's forming to the result; `TIMEOUT_FACTOR` × the slowest of the
+  last `TIMER_WINDOW`, at least `MIN_ALLREDUCE_S`) and hands it, with hivemind's sender and
+  reducer timeouts (a quarter and a half of it, so a peer that dies mid-all-reduce is dropped and
+  the others finish), to the averager process before each step. How long a peer waits for its
+  group is derived from its own round: `TIMEOUT_FACTOR` × the seconds it trained (a groupmate
+  slower than that is left to the next round); the worker may widen a step's matchmaking window
+  (`average(window_s=…)`: a fresh swarm's first round, from the peer's measured start-up).
+  The derived values are logged.
 
 hivemind is imported only here; worker/hivemind_worker.py and `rcswarm dht` import this module,
 and the rest of rcswarm imports those only when `sync.backend = "hivemind"` is chosen.
@@ -72,7 +78,11 @@ TRUST_FACTOR = 4.0
 STATE_DECLARE_S = 2.0
 TIMER_WINDOW = 5
 TIMEOUT_FACTOR = 3.0
-MIN_ALLREDUCE_S = 5.0
+# At least this long for an all-reduce (its sender timeout a quarter, its reducer timeout half of it):
+# a tiny model's all-reduce takes 0.01-0.3 s, but a peer starved of CPU on a loaded machine stalls
+# between chunks: on a 2-core box under load with every peer on one core, a 2.5 s sender timeout
+# dropped an honest peer, so senders get 5 s and reducers 10 s.
+MIN_ALLREDUCE_S = 20.0
 # Before any all-reduce was measured.
 INITIAL_ALLREDUCE_S = 60.0
 RECORD_TTL_S = 600.0
@@ -252,11 +262,12 @@ def trust_problem(average: Sequence[torch.Tensor], local: Sequence[torch.Tensor]
 
 
 class RoundTimer:
-    """Timeouts derived from measured all-reduce times, not guessed (one thread)."""
+    """Timeouts derived from measured all-reduce and training times, not guessed (one thread)."""
 
     def __init__(self, matchmaking_s: float) -> None:
         self.matchmaking_s = matchmaking_s
         self.allreduce_s: deque[float] = deque(maxlen=TIMER_WINDOW)
+        self.train_s = 0.0  # this peer's training time in the current round
 
     def record(self, seconds: float) -> None:
         self.allreduce_s.append(seconds)
@@ -266,16 +277,30 @@ class RoundTimer:
             return INITIAL_ALLREDUCE_S
         return max(MIN_ALLREDUCE_S, TIMEOUT_FACTOR * max(self.allreduce_s))
 
+    def sender_timeout(self) -> float:
+        """hivemind's sender timeout: a groupmate silent this long between chunks is dropped from the all-reduce."""
+        return self.allreduce_timeout() / 4.0
+
+    def reducer_timeout(self) -> float:
+        """hivemind's reducer timeout (twice the sender's, as hivemind requires it longer)."""
+        return self.allreduce_timeout() / 2.0
+
+    def group_wait(self) -> float:
+        """How long to look for a group: the matchmaking window plus TIMEOUT_FACTOR × this round's training
+        time (groupmates train the same steps; one slower than that waits for the next round)."""
+        return 2.0 * self.matchmaking_s + TIMEOUT_FACTOR * self.train_s
+
     def step_timeout(self) -> float:
-        """Matchmaking plus the all-reduce timeout: the longest one averaging step may take."""
-        return 2.0 * self.matchmaking_s + self.allreduce_timeout()
+        """Looking for a group plus the all-reduce timeout: the longest one averaging step may take."""
+        return self.group_wait() + self.allreduce_timeout()
 
     def describe(self) -> str:
         times = self.allreduce_s
         measured = (f"median {statistics.median(times):.2f}s, max {max(times):.2f}s of {len(times)}"
                     if times else "none measured yet")
-        return (f"all-reduce timeout {self.allreduce_timeout():.1f}s, step timeout {self.step_timeout():.1f}s "
-                f"(all-reduce times: {measured})")
+        return (f"all-reduce timeout {self.allreduce_timeout():.1f}s (sender {self.sender_timeout():.1f}s, reducer "
+                f"{self.reducer_timeout():.1f}s), step timeout {self.step_timeout():.1f}s (group wait "
+                f"{self.group_wait():.1f}s; all-reduce times: {measured})")
 
 
 @dataclass(frozen=True)
@@ -334,6 +359,15 @@ class _StateAverager(DecentralizedAverager):
 
     def get_current_state(self):
         return self.state_fn()
+
+    async def _set_timeouts(self, allreduce_s: float, sender_s: float, reducer_s: float) -> None:
+        """In the averager process, before a step queued after it: the timeouts of its all-reduce."""
+        self._allreduce_timeout = allreduce_s
+        self.allreduce_kwargs.update(sender_timeout=sender_s, reducer_timeout=reducer_s)
+
+    def set_timeouts(self, allreduce_s: float, sender_s: float, reducer_s: float) -> None:
+        """Hand the timeouts to the averager process (its control pipe keeps them ahead of the next `step`)."""
+        self._outer_pipe.send(("_set_timeouts", [], dict(allreduce_s=allreduce_s, sender_s=sender_s, reducer_s=reducer_s)))
 
 
 @dataclass
@@ -412,16 +446,24 @@ class HivemindPeer:
             time.sleep(0.5)
         return None
 
-    def average(self, deltas: Sequence[torch.Tensor], tokens: int, gather: dict[str, Any]) -> Averaged | None:
-        """Average `deltas` with a group, weighted by `tokens`; None when no group formed or the all-reduce failed."""
+    def average(self, deltas: Sequence[torch.Tensor], tokens: int, gather: dict[str, Any],
+                window_s: float | None = None) -> Averaged | None:
+        """Average `deltas` with a group, weighted by `tokens`; None when no group formed or the all-reduce failed.
+
+        `window_s`: how long a group may take to assemble once this peer looks (default: the matchmaking time).
+        """
         with self.averager.get_tensors() as buffers:
             for buffer, delta in zip(buffers, deltas):
                 buffer.copy_(delta)
-        timeout = self.timer.step_timeout()
+        window = max(window_s or 0.0, self.options.matchmaking_s)
+        timeout = window + self.timer.step_timeout()
+        self.averager.set_timeouts(self.timer.allreduce_timeout(), self.timer.sender_timeout(), self.timer.reducer_timeout())
         started = time.monotonic()
-        control = self.averager.step(gather=gather, weight=float(max(tokens, 1)), timeout=timeout, wait=False)
+        control = self.averager.step(gather=gather, weight=float(max(tokens, 1)), timeout=timeout, wait=False,
+                                     scheduled_time=get_dht_time() + window)
+        formed = _wait_for_group(control, started + timeout)
         try:
-            result = control.result(timeout=timeout)
+            result = control.result(timeout=max(0.1, started + timeout - time.monotonic()))
         except Exception as exc:  # hivemind raises its own errors, timeouts and cancellations alike
             control.cancel()
             log.warning("averaging failed after %.1fs: %r", time.monotonic() - started, exc)
@@ -430,7 +472,7 @@ class HivemindPeer:
         if not result:
             log.warning("no averaging group within %.1fs", seconds)
             return None
-        self.timer.record(max(0.0, seconds - self.options.matchmaking_s))
+        self.timer.record(time.monotonic() - formed if formed is not None else 0.0)  # unseen: under the 10 ms poll
         with self.averager.get_tensors() as buffers:
             averaged = [buffer.clone() for buffer in buffers]
         gathered = [g for g in result.values() if isinstance(g, dict)]
@@ -449,6 +491,15 @@ class HivemindPeer:
             self.averager.shutdown()
         finally:
             self.dht.shutdown()
+
+
+def _wait_for_group(control: Any, deadline: float) -> float | None:
+    """When (time.monotonic) the step's group began its all-reduce: None if the step ended or `deadline` passed first."""
+    while time.monotonic() < deadline and not control.done():
+        if control.began_allreduce:
+            return time.monotonic()
+        time.sleep(0.01)
+    return None
 
 
 def read_records(dht: hivemind.DHT, key: str, run: str) -> dict[str, dict[str, Any]]:

@@ -7,7 +7,9 @@
 Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm
 already trains, loads (version, θ, outer momentum) from the peer with the highest version. A
 round from version v: H inner steps on the run's fixed schedule (`curriculum.schedule`, else
-`data.seq_len` × `data.batch_size`); Δ = θ_v − θ_local, plus the error-feedback residual, as the
+`data.seq_len` × `data.batch_size`) or, under `curriculum.worker_seq_lens`, on the length the
+coordinator assigned this worker (its TrainingAssignment, taken at round boundaries; Δ̄ is weighted
+by tokens, so groupmates may train different lengths); Δ = θ_v − θ_local, plus the error-feedback residual, as the
 codec sends it; `HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm);
 the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ 4 × ‖Δ‖) and then
 θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
@@ -61,6 +63,21 @@ log = logging.getLogger("rcswarm.worker")
 # At the last version: how long a peer waits for its group's digests, then serves its state for re-syncs.
 SETTLE_S = 10.0
 STATE_GRACE_S = 3.0
+# A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up: peers launched
+# together become ready within a fraction of a start-up of one another (measured on a loaded 2-core box,
+# three peers launched at once, four runs: start-ups 13-15 s ready within 1.8 s, 0.14 of a start-up at
+# most; 16-19 s within 0.5 s); 0.3 leaves twice that.
+FIRST_WINDOW_FRACTION = 0.3
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; 0.0 where that is unreadable)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
@@ -84,9 +101,12 @@ class HivemindWorker:
                  data_seed: int | None = None) -> None:
         if spec.sync.backend != "hivemind":
             raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
-        if spec.is_sweep or spec.curriculum.adaptive or spec.curriculum.worker_seq_lens:
-            raise ValueError("a hivemind swarm trains one run on a fixed schedule: expected no [sweep], "
-                             "no adaptive curriculum and no curriculum.worker_seq_lens")
+        if spec.is_sweep or spec.curriculum.adaptive:
+            raise ValueError("a hivemind swarm trains one run on a fixed schedule: expected no [sweep] and no adaptive "
+                             "curriculum (its rungs are decided at the coordinator's round closes, which it makes none of)")
+        if spec.curriculum.worker_seq_lens and control is None:
+            raise ValueError(f"curriculum.worker_seq_lens = {spec.curriculum.worker_seq_lens}: a hivemind worker needs "
+                             "--coordinator HOST:PORT, which assigns each worker its length")
         self.spec, self.options, self.out, self.control = spec, options, out, control
         self.data_seed = data_seed
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
@@ -111,6 +131,7 @@ class HivemindWorker:
         self.peer: hs.HivemindPeer | None = None
         self.sampler: Any = None
         self._data: tuple[int, int] = (0, 0)
+        self._startup_s = 0.0  # from process start until this peer was ready: the first round's matchmaking window
 
     def _params(self) -> list[torch.Tensor]:
         return [p.detach().to("cpu", copy=True) for p in self.model.parameters()]
@@ -124,6 +145,9 @@ class HivemindWorker:
         try:
             self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
                                         self.spec.sync.block_size, self.options, self.state)
+            self._startup_s = process_age_s()
+            log.info("%s: ready %.1fs after its start; first matchmaking window %.1fs", self.name, self._startup_s,
+                     max(FIRST_WINDOW_FRACTION * self._startup_s, self.options.matchmaking_s))
             if self.data_seed is None:  # without a coordinator's data seed, one from the peer id
                 seed = int.from_bytes(hashlib.sha256(self.peer.peer_id.encode()).digest()[:4], "little")
                 self.data_seed = worker_data_seed(self.spec.run.seed, seed)
@@ -144,13 +168,30 @@ class HivemindWorker:
         log.info("%s finished at version %d", self.name, self.version)
         return 0
 
-    def _follow_schedule(self) -> None:
-        seq_len, batch = schedule_for(self.spec, self.version)
+    def _assigned(self) -> tuple[int, int, str]:
+        """(seq_len, batch, why) of the round from this version.
+
+        Under curriculum.worker_seq_lens the coordinator's assignment for this worker (its own length,
+        whatever the version); otherwise the run spec's schedule row at this peer's version, the
+        function the coordinator applies, so the peers of one group (one version) agree even while
+        the coordinator's view of the version lags or it is down.
+        """
+        assignment = self.control.assignment() if self.control is not None else None
+        if self.spec.curriculum.worker_seq_lens and assignment is not None:
+            if assignment.seq_len < 1 or assignment.batch_size < 1:
+                raise RuntimeError(f"the coordinator assigned seq_len {assignment.seq_len}, batch "
+                                   f"{assignment.batch_size}: expected positive sizes")
+            return assignment.seq_len, assignment.batch_size, assignment.reason
+        return (*schedule_for(self.spec, self.version), "the run spec")
+
+    def _follow_assignment(self) -> None:
+        """At a round boundary: switch the sampler to this round's (seq_len, batch) when it differs."""
+        seq_len, batch, why = self._assigned()
         if (seq_len, batch) != self._data:
             self._data = (seq_len, batch)
             data = dataclasses.replace(self.spec.data, seq_len=seq_len, batch_size=batch)
             self.sampler = make_sampler(data, self.data_seed + self.version, model_config=self.model.config)
-            log.info("%s: from version %d: seq_len %d, batch %d", self.name, self.version, seq_len, batch)
+            log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.name, self.version, seq_len, batch, why)
 
     def _train(self) -> tuple[int, list[list[float]]]:
         """H inner steps; (tokens, metric rows)."""
@@ -177,9 +218,11 @@ class HivemindWorker:
         return [sent[name] for name in self.names]
 
     def _round(self) -> None:
-        self._follow_schedule()
+        self._follow_assignment()
         base = self._params()
+        trained = time.monotonic()
         tokens, rows = self._train()
+        self.peer.timer.train_s = time.monotonic() - trained
         if self.stop.is_set():
             return
         started = time.perf_counter()
@@ -190,7 +233,8 @@ class HivemindWorker:
             self._load(base)
             return
         gather = {"version": self.version, "tokens": tokens, "norm": hs.global_norm(deltas)}
-        result = self.peer.average(deltas, tokens, gather)
+        window = FIRST_WINDOW_FRACTION * self._startup_s if self.version == 0 else None
+        result = self.peer.average(deltas, tokens, gather, window_s=window)
         if result is not None and result.group_version > self.version:
             self._resync(f"the group was at version {result.group_version}")
             return
@@ -204,6 +248,7 @@ class HivemindWorker:
         self.history.append({
             "version": self.version, "loss": sum(r[2] for r in rows) / max(len(rows), 1), "group": group,
             "skipped": problem, "drift": measured, "allreduce_s": result.seconds if result else None,
+            "seq_len": self._data[0], "batch": self._data[1],
         })
         log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
                  self.history[-1]["loss"], measured, self.peer.timer.describe())
