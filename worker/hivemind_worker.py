@@ -82,11 +82,7 @@ def process_age_s() -> float:
 
 def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
     """(seq_len, batch) of the round from `version`: the `curriculum.schedule` row in force at step version × inner.steps."""
-    seq_len, batch = spec.data.seq_len, spec.data.batch_size
-    for from_step, row_len, row_batch in spec.curriculum.schedule:
-        if version * spec.inner.steps >= from_step:
-            seq_len, batch = row_len, row_batch
-    return seq_len, batch
+    return spec.curriculum.at(version * spec.inner.steps, (spec.data.seq_len, spec.data.batch_size))
 
 
 class HivemindWorker:
