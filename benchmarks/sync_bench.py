@@ -779,7 +779,10 @@ def main(argv: list[str] | None = None) -> int:
                 results[preset] = (configs, coordinator_times)
                 for n in args.workers:
                     progress.update(task, description=f"{preset}: coordinator pieces x{n}")
-                    coordinator_times[n] = time_coordinator_steps(args, work, n)
+                    # In a child process: its N full-size updates would otherwise stay in this process's heap
+                    # while the peers run (at 8 x 50 M, 3 GB the peers need).
+                    with ctx.Pool(1) as pool:
+                        coordinator_times[n] = pool.apply(time_coordinator_steps, (args, work, n))
                     progress.advance(task)
                 for system, n, codec in plan:
                     progress.update(task, description=f"{preset}: {system} {codec} x{n}")
