@@ -458,7 +458,9 @@ class HivemindPeer:
             result = control.result(timeout=max(0.1, started + timeout - time.monotonic()))
         except Exception as exc:  # hivemind raises its own errors, timeouts and cancellations alike
             control.cancel()
-            log.warning("averaging failed after %.1fs: %r", time.monotonic() - started, exc)
+            stage = (f"{time.monotonic() - formed:.1f}s into its group's all-reduce" if formed is not None
+                     else f"looking for a group (window {window:.1f}s, step timeout {timeout:.1f}s)")
+            log.warning("averaging failed after %.1fs, %s: %r", time.monotonic() - started, stage, exc)
             return None
         seconds = time.monotonic() - started
         if not result:
