@@ -287,6 +287,62 @@ class SyncSection:
 
 
 @dataclass(frozen=True)
+class HivemindSection:
+    """The rules of the hivemind backend (worker/hivemind_sync.py, docs/DEPLOY.md "On hivemind").
+
+    Only meaningful with sync.backend = "hivemind"; a section that differs from these defaults is
+    refused with the coordinator backend. Each peer applies its own rules, so peers of one swarm
+    should read them from one RUN.toml (a coordinator hands its own to the workers that join it).
+    """
+
+    # Δ̄ of a group is refused (the step skipped) when ‖Δ̄‖ > trust_factor × ‖Δ_local‖: an honest
+    # token-weighted mean is at most the largest honest norm, so 4 leaves room for groupmates whose
+    # honest Δ is larger than this peer's.
+    trust_factor: float = 4.0
+    # A peer farther than this from the highest-version majority (in units of one round's step,
+    # `hivemind_sync.drift`) re-syncs. int8 codec error is ~0.01 step per round, a missed round ≈ 1.
+    drift_tolerance: float = 0.25
+    # The all-reduce timeout is timeout_factor × the slowest of the last timer_window measured
+    # all-reduces; a peer waits for its group timeout_factor × its own training time of the round.
+    timeout_factor: float = 3.0
+    timer_window: int = 5
+    # The all-reduce timeout's floor (its sender timeout a quarter, its reducer timeout half of it):
+    # a tiny model's all-reduce takes 0.01-0.3 s, but a peer starved of CPU on a loaded machine stalls
+    # between chunks: on a 2-core box under load, a 2.5 s sender timeout dropped an honest peer.
+    min_allreduce_s: float = 20.0
+    # The all-reduce timeout before any all-reduce was measured.
+    initial_allreduce_s: float = 60.0
+    # How often a peer declares its state for late joiners (hivemind's default, 30 s, made
+    # `load_state_from_peers` find nobody for that long).
+    state_declare_s: float = 2.0
+    # How long the DHT keeps a peer's digest and metrics records.
+    record_ttl_s: float = 600.0
+    # At the last version: how long a peer waits for its group's digests, then how long it serves
+    # its state for a peer that re-syncs.
+    settle_s: float = 10.0
+    state_grace_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not self.trust_factor > 1.0:
+            _fail("hivemind.trust_factor", self.trust_factor, "a number > 1 (a multiple of the local update's norm)")
+        if not self.timeout_factor >= 1.0:
+            _fail("hivemind.timeout_factor", self.timeout_factor, "a number >= 1 (a multiple of measured times)")
+        if not 1 <= self.timer_window <= 1000:
+            _fail("hivemind.timer_window", self.timer_window, "an integer between 1 and 1000 (all-reduces)")
+        _check_positive(self, "hivemind", "drift_tolerance", "min_allreduce_s", "state_declare_s", "record_ttl_s")
+        if not self.initial_allreduce_s >= self.min_allreduce_s:
+            _fail("hivemind.initial_allreduce_s", self.initial_allreduce_s,
+                  f"seconds >= hivemind.min_allreduce_s = {self.min_allreduce_s}")
+        for name in ("settle_s", "state_grace_s"):
+            if getattr(self, name) < 0:
+                _fail(f"hivemind.{name}", getattr(self, name), "seconds >= 0")
+
+    def describe(self) -> str:
+        """The rules as one log line: `key value, ...`."""
+        return ", ".join(f"{f.name} {getattr(self, f.name):g}" for f in dataclasses.fields(self))
+
+
+@dataclass(frozen=True)
 class CoordinatorSection:
     """Membership and serving limits of the coordinator."""
 
@@ -446,8 +502,10 @@ class RunSpec:
     coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
     sweep: SweepSection = field(default_factory=SweepSection)
     curriculum: CurriculumSection = field(default_factory=CurriculumSection)
+    hivemind: HivemindSection = field(default_factory=HivemindSection)
 
     def __post_init__(self) -> None:
+        self._check_hivemind()
         curriculum = self.curriculum
         varied = "seq_lens" if curriculum.adaptive else "worker_seq_lens" if curriculum.worker_seq_lens else ""
         if varied and self.is_sweep:
@@ -458,6 +516,16 @@ class RunSpec:
             _fail("sync.min_steps", self.sync.min_steps,
                   f"at most the steps a round allows ({self.sync.step_cap(self.inner.steps)}: inner.steps when "
                   'sync.round = "steps", else sync.max_steps)')
+
+    def _check_hivemind(self) -> None:
+        """[hivemind] keys apply to the hivemind backend only: set with another backend, they are refused."""
+        if self.sync.backend == "hivemind":
+            return
+        for f in dataclasses.fields(HivemindSection):
+            value = getattr(self.hivemind, f.name)
+            if value != f.default:
+                _fail(f"hivemind.{f.name}", value,
+                      f'the default ({f.default!r}) unless sync.backend = "hivemind" (sync.backend is {self.sync.backend!r})')
 
     @property
     def is_sweep(self) -> bool:
@@ -526,7 +594,8 @@ class RunSpec:
     def to_toml(self) -> str:
         lines: list[str] = []
         for table, values in self.to_dict().items():
-            if (table == "sweep" and not self.is_sweep) or (table == "curriculum" and self.curriculum == CurriculumSection()):
+            if ((table == "sweep" and not self.is_sweep) or (table == "curriculum" and self.curriculum == CurriculumSection())
+                    or (table == "hivemind" and self.hivemind == HivemindSection())):
                 continue
             nested = {k: v for k, v in values.items() if isinstance(v, dict)}
             lines.append(f"[{table}]")

@@ -1,5 +1,7 @@
 """Run configs: typed, validated, and refused with the key and value named."""
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +124,76 @@ def test_a_coordinator_without_a_token_refuses_before_touching_the_state_dir(tmp
     assert result.returncode == 2
     assert "rcswarm coordinator: a join token is required" in result.stderr
     assert not (tmp_path / "state").exists()
+
+
+HIVEMIND = {"sync": {"backend": "hivemind"}}
+
+
+@pytest.mark.parametrize(
+    "key, good, bad, expected",
+    [
+        ("trust_factor", 1.5, 1.0, "a number > 1"),
+        ("drift_tolerance", 0.01, 0.0, "a positive number"),
+        ("timeout_factor", 1.0, 0.5, "a number >= 1"),
+        ("timer_window", 1, 0, "an integer between 1 and 1000"),
+        ("timer_window", 1000, 1001, "an integer between 1 and 1000"),
+        ("min_allreduce_s", 0.5, 0.0, "a positive number"),
+        ("initial_allreduce_s", 20.0, 19.0, "seconds >= hivemind.min_allreduce_s = 20.0"),
+        ("state_declare_s", 0.5, -1.0, "a positive number"),
+        ("record_ttl_s", 30.0, 0.0, "a positive number"),
+        ("settle_s", 0.0, -1.0, "seconds >= 0"),
+        ("state_grace_s", 0.0, -0.5, "seconds >= 0"),
+    ],
+)
+def test_each_hivemind_rule_is_validated(key, good, bad, expected):
+    spec = RunSpec.from_dict({**HIVEMIND, "hivemind": {key: good}})
+    assert getattr(spec.hivemind, key) == good
+    with pytest.raises(ValueError) as excinfo:
+        RunSpec.from_dict({**HIVEMIND, "hivemind": {key: bad}})
+    assert f"hivemind.{key} = {bad!r} is invalid: expected {expected}" in str(excinfo.value)
+
+
+def test_hivemind_rules_are_typed():
+    with pytest.raises(ValueError, match=r"hivemind.timer_window = 2.5 is invalid: expected an integer"):
+        RunSpec.from_dict({**HIVEMIND, "hivemind": {"timer_window": 2.5}})
+    with pytest.raises(ValueError, match=r"hivemind.trust_factor = 'high' is invalid: expected a finite number"):
+        RunSpec.from_dict({**HIVEMIND, "hivemind": {"trust_factor": "high"}})
+    with pytest.raises(ValueError, match=r"unknown key 'hivemind.trust'"):
+        RunSpec.from_dict({**HIVEMIND, "hivemind": {"trust": 2.0}})
+
+
+def test_hivemind_rules_off_their_defaults_are_refused_with_the_coordinator_backend():
+    with pytest.raises(ValueError) as excinfo:
+        RunSpec.from_dict({"hivemind": {"trust_factor": 8.0}})
+    assert str(excinfo.value) == ("hivemind.trust_factor = 8.0 is invalid: expected the default (4.0) unless "
+                                  "sync.backend = \"hivemind\" (sync.backend is 'coordinator')")
+    # The defaults written out (as examples/run.toml does) are accepted with either backend.
+    assert RunSpec.from_dict({"hivemind": {"trust_factor": 4.0, "timer_window": 5}}) == RunSpec()
+
+
+def test_hivemind_rules_round_trip_and_the_default_table_stays_out_of_toml(tmp_path):
+    spec = RunSpec.from_dict({**HIVEMIND, "hivemind": {"trust_factor": 2.5, "timer_window": 3, "settle_s": 0.0,
+                                                       "initial_allreduce_s": 90.0}})
+    path = tmp_path / "run.toml"
+    path.write_text(spec.to_toml())
+    assert "[hivemind]" in path.read_text()
+    assert RunSpec.from_toml(path) == spec and spec.hivemind.timer_window == 3
+    assert RunSpec.from_json(spec.to_json()) == spec
+    assert "[hivemind]" not in RunSpec().to_toml() and "[hivemind]" not in RunSpec.from_dict(HIVEMIND).to_toml()
+    # A coordinator's stored spec from before the table existed loads with the defaults.
+    old = json.loads(RunSpec().to_json())
+    del old["hivemind"]
+    assert RunSpec.from_dict(old) == RunSpec()
+
+
+def test_every_hivemind_rule_is_documented():
+    from pathlib import Path
+
+    from rcswarm.config.runspec import HivemindSection
+
+    root = Path(__file__).resolve().parents[1]
+    example = (root / "examples" / "run.toml").read_text().split("[hivemind]")[1]
+    deploy = (root / "docs" / "DEPLOY.md").read_text().split("## On hivemind")[1]
+    for field in dataclasses.fields(HivemindSection):
+        assert f"\n{field.name} = {field.default!r}" in example, field.name
+        assert f"`hivemind.{field.name}`" in deploy, field.name

@@ -11,7 +11,7 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   deserializer table under the ids FLOAT16 and BLOCKWISE_8BIT (every rcswarm peer does the same
   when it imports this module); fp32 is hivemind's NONE. Each message carries its block size.
 * **State for late joiners**: the averager serves (version, θ, outer momentum) as its state,
-  declared every `STATE_DECLARE_S` with its version as priority; `load_state` retries
+  declared every `hivemind.state_declare_s` with its version as priority; `load_state` retries
   `load_state_from_peers` within a timeout and refuses a state of other names or shapes.
 * **Records**: every peer stores its digest per version (`DigestRecord`: SHA-256 and a
   numeric sketch of θ) and its round's metrics (`MetricsRecord`) in the DHT under
@@ -21,14 +21,18 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   part's L1 norm); `resync_reason` says whether this peer must load the state of the
   highest-version majority.
 * **Timeouts**: `RoundTimer` derives the all-reduce timeout of the next round from the measured
-  all-reduce times (from the group's forming to the result; `TIMEOUT_FACTOR` × the slowest of the
-  last `TIMER_WINDOW`, at least `MIN_ALLREDUCE_S`) and hands it, with hivemind's sender and
+  all-reduce times (from the group's forming to the result; `hivemind.timeout_factor` × the slowest of
+  the last `hivemind.timer_window`, at least `hivemind.min_allreduce_s`) and hands it, with hivemind's sender and
   reducer timeouts (a quarter and a half of it, so a peer that dies mid-all-reduce is dropped and
   the others finish), to the averager process before each step. How long a peer waits for its
-  group is derived from its own round: `TIMEOUT_FACTOR` × the seconds it trained (a groupmate
+  group is derived from its own round: `hivemind.timeout_factor` × the seconds it trained (a groupmate
   slower than that is left to the next round); the worker may widen a step's matchmaking window
   (`average(window_s=…)`: a fresh swarm's first round, from the peer's measured start-up).
   The derived values are logged.
+* **Rules**: the run spec's [hivemind] table (`HivemindSection`, config/runspec.py) holds the
+  operator's choices above (trust factor, drift tolerance, timeout factor and window, all-reduce
+  floor and initial timeout, state declare period, record TTL); `HivemindPeer`, `RoundTimer`,
+  `trust_problem` and `resync_reason` take them as arguments.
 
 hivemind is imported only here; worker/hivemind_worker.py and `rcswarm dht` import this module,
 and the rest of rcswarm imports those only when `sync.backend = "hivemind"` is chosen.
@@ -57,6 +61,7 @@ from hivemind.dht.schema import SchemaValidator
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
+from rcswarm.config.runspec import HivemindSection
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import tensor_stream
 
@@ -65,27 +70,13 @@ log = logging.getLogger("rcswarm.hivemind")
 RECORD_PREFIX = "rcswarm"
 DIGEST_KEY = f"{RECORD_PREFIX}_digest"
 METRICS_KEY = f"{RECORD_PREFIX}_metrics"
+# The operator's rules (trust factor, drift tolerance, timeouts, declare period, record TTL) are the
+# run spec's [hivemind] table, `HivemindSection`. What stays here is fixed by the implementation:
+# the record schema, which every peer's validator must agree on (SKETCH_PARTS, MAX_METRIC_ROWS), and
+# the sender and reducer timeouts as a quarter and a half of the all-reduce timeout (hivemind needs
+# the reducer's longer than the sender's).
 # Parts of θ in a digest's sketch.
 SKETCH_PARTS = 64
-# Largest drift (`drift`, in units of one round's step) between replicas of one version that is not
-# re-synced. Each peer applies Δ̄ as its all-reduce delivered it (the reducers send each peer
-# compressed deltas), so replicas differ by the codec's error, ~1% of a step per round with int8,
-# accumulated through the momentum; a missed round is ≈ 1. Past it the peer re-syncs.
-DRIFT_TOLERANCE = 0.25
-# The averaged Δ̄ is refused when ‖Δ̄‖ > TRUST_FACTOR × ‖Δ_local‖ (an honest mean is at most the
-# largest honest norm).
-TRUST_FACTOR = 4.0
-STATE_DECLARE_S = 2.0
-TIMER_WINDOW = 5
-TIMEOUT_FACTOR = 3.0
-# At least this long for an all-reduce (its sender timeout a quarter, its reducer timeout half of it):
-# a tiny model's all-reduce takes 0.01-0.3 s, but a peer starved of CPU on a loaded machine stalls
-# between chunks: on a 2-core box under load with every peer on one core, a 2.5 s sender timeout
-# dropped an honest peer, so senders get 5 s and reducers 10 s.
-MIN_ALLREDUCE_S = 20.0
-# Before any all-reduce was measured.
-INITIAL_ALLREDUCE_S = 60.0
-RECORD_TTL_S = 600.0
 # A metrics record holds a peer's newest rows, several rounds' worth, so a mirror polling slower than
 # the rounds misses none (it keeps the rows past the newest step it wrote).
 MAX_METRIC_ROWS = 256
@@ -217,7 +208,7 @@ def drift(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
 
 
 def resync_reason(mine_id: str, mine: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]],
-                  tolerance: float = DRIFT_TOLERANCE) -> str:
+                  tolerance: float = HivemindSection.drift_tolerance) -> str:
     """Why this peer must load the majority's state ("" when it need not).
 
     `records` are the other peers' digests by peer id. The reference is the highest version any
@@ -250,7 +241,8 @@ def global_norm(tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) ->
     return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in values))
 
 
-def trust_problem(average: Sequence[torch.Tensor], local: Sequence[torch.Tensor], factor: float = TRUST_FACTOR) -> str:
+def trust_problem(average: Sequence[torch.Tensor], local: Sequence[torch.Tensor],
+                  factor: float = HivemindSection.trust_factor) -> str:
     """Why the averaged Δ̄ must not be applied ("" when it may): non-finite, or norm above factor × ‖Δ_local‖."""
     for index, tensor in enumerate(average):
         if not codecs.all_finite(tensor):
@@ -264,9 +256,9 @@ def trust_problem(average: Sequence[torch.Tensor], local: Sequence[torch.Tensor]
 class RoundTimer:
     """Timeouts derived from measured all-reduce and training times, not guessed (one thread)."""
 
-    def __init__(self, matchmaking_s: float) -> None:
-        self.matchmaking_s = matchmaking_s
-        self.allreduce_s: deque[float] = deque(maxlen=TIMER_WINDOW)
+    def __init__(self, matchmaking_s: float, rules: HivemindSection = HivemindSection()) -> None:
+        self.matchmaking_s, self.rules = matchmaking_s, rules
+        self.allreduce_s: deque[float] = deque(maxlen=rules.timer_window)
         self.train_s = 0.0  # this peer's training time in the current round
 
     def record(self, seconds: float) -> None:
@@ -274,8 +266,8 @@ class RoundTimer:
 
     def allreduce_timeout(self) -> float:
         if not self.allreduce_s:
-            return INITIAL_ALLREDUCE_S
-        return max(MIN_ALLREDUCE_S, TIMEOUT_FACTOR * max(self.allreduce_s))
+            return self.rules.initial_allreduce_s
+        return max(self.rules.min_allreduce_s, self.rules.timeout_factor * max(self.allreduce_s))
 
     def sender_timeout(self) -> float:
         """hivemind's sender timeout: a groupmate silent this long between chunks is dropped from the all-reduce."""
@@ -286,9 +278,9 @@ class RoundTimer:
         return self.allreduce_timeout() / 2.0
 
     def group_wait(self) -> float:
-        """How long to look for a group: the matchmaking window plus TIMEOUT_FACTOR × this round's training
+        """How long to look for a group: twice the matchmaking window plus timeout_factor × this round's training
         time (groupmates train the same steps; one slower than that waits for the next round)."""
-        return 2.0 * self.matchmaking_s + TIMEOUT_FACTOR * self.train_s
+        return 2.0 * self.matchmaking_s + self.rules.timeout_factor * self.train_s
 
     def step_timeout(self) -> float:
         """Looking for a group plus the all-reduce timeout: the longest one averaging step may take."""
@@ -392,9 +384,9 @@ class HivemindPeer:
 
     def __init__(self, run: str, shapes: Sequence[tuple[int, ...]], codec: str, block_size: int,
                  options: HivemindOptions, state_fn: Any, min_group_size: int = 2,
-                 target_group_size: int | None = None) -> None:
-        self.run, self.options = run, options
-        self.timer = RoundTimer(options.matchmaking_s)
+                 target_group_size: int | None = None, rules: HivemindSection = HivemindSection()) -> None:
+        self.run, self.options, self.rules = run, options, rules
+        self.timer = RoundTimer(options.matchmaking_s, rules)
         self.dht = start_dht(options)
         buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
         try:
@@ -402,8 +394,8 @@ class HivemindPeer:
                 buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
                 target_group_size=target_group_size,
                 min_matchmaking_time=options.matchmaking_s, request_timeout=max(1.0, options.matchmaking_s / 2),
-                allreduce_timeout=INITIAL_ALLREDUCE_S, compression=compression_for(codec, block_size),
-                state_compression=NoCompression(), declare_state_period=STATE_DECLARE_S,
+                allreduce_timeout=rules.initial_allreduce_s, compression=compression_for(codec, block_size),
+                state_compression=NoCompression(), declare_state_period=rules.state_declare_s,
                 client_mode=options.client_mode, allow_state_sharing=not options.client_mode,
             )
             self.averager.state_fn = state_fn
@@ -466,7 +458,9 @@ class HivemindPeer:
             result = control.result(timeout=max(0.1, started + timeout - time.monotonic()))
         except Exception as exc:  # hivemind raises its own errors, timeouts and cancellations alike
             control.cancel()
-            log.warning("averaging failed after %.1fs: %r", time.monotonic() - started, exc)
+            stage = (f"{time.monotonic() - formed:.1f}s into its group's all-reduce" if formed is not None
+                     else f"looking for a group (window {window:.1f}s, step timeout {timeout:.1f}s)")
+            log.warning("averaging failed after %.1fs, %s: %r", time.monotonic() - started, stage, exc)
             return None
         seconds = time.monotonic() - started
         if not result:
@@ -479,7 +473,7 @@ class HivemindPeer:
         return Averaged(averaged, gathered, seconds)
 
     def publish(self, key: str, value: dict[str, Any]) -> bool:
-        return bool(self.dht.store(key, value, get_dht_time() + RECORD_TTL_S, subkey=self.peer_id))
+        return bool(self.dht.store(key, value, get_dht_time() + self.rules.record_ttl_s, subkey=self.peer_id))
 
     def records(self, key: str, run: str) -> dict[str, dict[str, Any]]:
         """Every valid record under `key` for `run`, by peer id (this peer's included)."""

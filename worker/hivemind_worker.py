@@ -11,12 +11,13 @@ round from version v: H inner steps on the run's fixed schedule (`curriculum.sch
 coordinator assigned this worker (its TrainingAssignment, taken at round boundaries; Δ̄ is weighted
 by tokens, so groupmates may train different lengths); Δ = θ_v − θ_local, plus the error-feedback residual, as the
 codec sends it; `HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm);
-the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ 4 × ‖Δ‖) and then
+the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ hivemind.trust_factor (4) × ‖Δ‖) and then
 θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
 the peer steps with its own Δ; a refused Δ̄ skips the step (θ_{v+1} = θ_v). A peer whose group
 was at a higher version, or whose digest is off the highest-version majority's by more than the
-tolerance, re-syncs from peers; at the last version, which no later round repairs, a peer waits
-for its group's digests before that check and serves its state a few seconds longer. Each
+tolerance (hivemind.drift_tolerance), re-syncs from peers; at the last version, which no later round
+repairs, a peer waits for its group's digests before that check (hivemind.settle_s) and serves its state
+a few seconds longer (hivemind.state_grace_s). The rules in force are logged at start-up. Each
 round's digest and the newest metric rows go to the DHT (worker/hivemind_sync.py), where
 `rcswarm dht --state-dir` mirrors them. With `--out DIR` the final θ goes to
 DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator` the
@@ -60,11 +61,9 @@ from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler,
 from rcswarm.worker.worker import auto_threads
 
 log = logging.getLogger("rcswarm.worker")
-# At the last version: how long a peer waits for its group's digests, then serves its state for re-syncs.
-SETTLE_S = 10.0
-STATE_GRACE_S = 3.0
-# A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up: peers launched
-# together become ready within a fraction of a start-up of one another (measured on a loaded 2-core box,
+# A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up. A constant, not a
+# [hivemind] key: it follows from a measurement of this implementation's start-up, not an operator's choice. Peers
+# launched together become ready within a fraction of a start-up of one another (measured on a loaded 2-core box,
 # three peers launched at once, four runs: start-ups 13-15 s ready within 1.8 s, 0.14 of a start-up at
 # most; 16-19 s within 0.5 s); 0.3 leaves twice that.
 FIRST_WINDOW_FRACTION = 0.3
@@ -139,8 +138,9 @@ class HivemindWorker:
     def run(self) -> int:
         """Train until run.rounds versions exist or a stop is requested; returns the exit code."""
         try:
+            log.info("%s: hivemind rules: %s", self.name, self.spec.hivemind.describe())
             self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
-                                        self.spec.sync.block_size, self.options, self.state)
+                                        self.spec.sync.block_size, self.options, self.state, rules=self.spec.hivemind)
             self._startup_s = process_age_s()
             log.info("%s: ready %.1fs after its start; first matchmaking window %.1fs", self.name, self._startup_s,
                      max(FIRST_WINDOW_FRACTION * self._startup_s, self.options.matchmaking_s))
@@ -251,7 +251,7 @@ class HivemindWorker:
 
     def _step(self, base: list[torch.Tensor], deltas: list[torch.Tensor], averaged: list[torch.Tensor]) -> str:
         """θ_{v+1}, b = outer_step(θ_v, b, Δ̄) into the model, or θ_v again when Δ̄ fails the trust check (the reason)."""
-        problem = hs.trust_problem(averaged, deltas)
+        problem = hs.trust_problem(averaged, deltas, self.spec.hivemind.trust_factor)
         if problem:
             log.warning("%s: round %d skipped locally: %s", self.name, self.version, problem)
             self._load(base)
@@ -263,22 +263,23 @@ class HivemindWorker:
         return ""
 
     def _settle(self) -> None:
-        """At the last version, which no later round repairs: wait up to SETTLE_S for the last group's digests,
-        re-sync when off the majority, then serve the state STATE_GRACE_S longer for a peer that re-syncs."""
+        """At the last version, which no later round repairs: wait up to hivemind.settle_s for the last group's
+        digests, re-sync when off the majority, then serve the state hivemind.state_grace_s longer for a peer
+        that re-syncs."""
         mine, others = self._published, {}
         if mine is None or mine["version"] != self.version:
             return
-        deadline = time.monotonic() + SETTLE_S
+        deadline = time.monotonic() + self.spec.hivemind.settle_s
         while time.monotonic() < deadline and not self.stop.is_set():
             records = self.peer.records(hs.DIGEST_KEY, self.spec.run.name).items()
             others = {peer: r for peer, r in records if peer != self.peer.peer_id and r["version"] == self.version}
             if len(others) >= self.history[-1]["group"] - 1:
                 break
             time.sleep(0.2)
-        reason = hs.resync_reason(self.peer.peer_id, mine, others)
+        reason = hs.resync_reason(self.peer.peer_id, mine, others, self.spec.hivemind.drift_tolerance)
         if reason:
             self._resync(f"at the last version: {reason}")
-        self.stop.wait(STATE_GRACE_S)
+        self.stop.wait(self.spec.hivemind.state_grace_s)
 
     def _publish(self, rows: list[list[float]], base: list[torch.Tensor]) -> float:
         """Store this version's digest and metrics; re-sync when off the majority. Returns the measured drift."""
@@ -296,7 +297,7 @@ class HivemindWorker:
         self.peer.publish(hs.METRICS_KEY, {"run": run, "name": self.name, "rows": list(self.recent_rows)})
         others = {peer: r for peer, r in self.peer.records(hs.DIGEST_KEY, run).items() if peer != self.peer.peer_id}
         same = [hs.drift(mine, r) for r in others.values() if r["version"] == self.version]
-        reason = hs.resync_reason(self.peer.peer_id, mine, others)
+        reason = hs.resync_reason(self.peer.peer_id, mine, others, self.spec.hivemind.drift_tolerance)
         if reason:
             self._resync(reason)
         return max(same, default=0.0)
