@@ -4,12 +4,16 @@ The workers close rounds peer to peer; the coordinator, their control plane, lea
 version from their metric rows and takes the curriculum step a round close takes, once per
 version. Unit level: a real SwarmCoordinator fed ReportMetrics, and a real HivemindWorker whose
 ControlPlane joined a real coordinator on loopback. Process level: a coordinator, a bootstrap
-peer and two `rcswarm worker --backend hivemind` processes, every peer on 127.0.0.1 only.
+peer and two `rcswarm worker --backend hivemind` processes, every peer on 127.0.0.1 only (default
+suite); `rcswarm run` of such a swarm, which starts the coordinator itself (wide).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ from rcswarm.cli.run_hivemind import needs_coordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import TOKEN, creds, sql, tiny_spec
+from tests.conftest import TOKEN, creds, sql, tiny_spec, worker_env, write_spec
 
 pytest.importorskip("rcswarm.worker.hivemind_sync")
 from rcswarm.worker import hivemind_sync as hs  # noqa: E402
@@ -158,7 +162,8 @@ def test_an_adaptive_hivemind_worker_needs_a_coordinator_and_trains_its_rung(sta
 def test_hivemind_workers_climb_the_coordinators_ladder_while_averaging_peer_to_peer(
         swarm: Any, start_coordinator: Any, tmp_path: Path) -> None:
     """Two hivemind workers with a coordinator as their control plane: the ladder 8 -> 16 advances at a
-    reported version, the workers train 16 from a round boundary after it, and no tensor reaches the coordinator."""
+    reported version, the workers train 16 from a round boundary after it, and no tensor reaches the coordinator.
+    About 30 s on the 2-core box (start-ups, 5 rounds, the last version's settling); 65 s under a benchmark's load."""
     spec = hivemind_spec(run={"name": "hm", "rounds": 5}, inner={"steps": 4}, curriculum={**LADDER, "seq_lens": [8, 16]})
     coordinator = start_coordinator(spec, tmp_path / "coordinator")
     peers = swarm(spec)
@@ -183,3 +188,26 @@ def test_hivemind_workers_climb_the_coordinators_ladder_while_averaging_peer_to_
     assert service.version == 0 and service.applied_tokens == 0
     assert sql(coordinator.state_dir, "SELECT COUNT(*) FROM rounds")[0][0] == 0
     assert_replicas_agree(peers, ["a", "b"], 5 * REPLICA_TOLERANCE_PER_ROUND)
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_rcswarm_run_starts_a_coordinator_for_an_adaptive_hivemind_swarm(tmp_path: Path, no_new_p2pd: None) -> None:
+    spec = hivemind_spec(run={"name": "hm", "rounds": 5, "workers": 2}, inner={"steps": 4},
+                         curriculum={**LADDER, "seq_lens": [8, 16]})
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "rcswarm.cli", "run", str(write_spec(spec, tmp_path / "run.toml")),
+                           "--run-dir", str(run_dir)], env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = " ".join(done.stdout.split())  # rich wraps lines at the console's width
+    assert "a coordinator on 127.0.0.1:" in printed and "the adaptive curriculum over [8, 16]" in printed, printed
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "completed" and summary["rounds"] == 5 and len(summary["peers"]) == 2, summary
+    # The coordinator's state dir: every worker's rows, the decisions, no round closed there.
+    state = run_dir / "state"
+    assert sql(state, "SELECT DISTINCT seq_len FROM metrics WHERE tokens > 0 ORDER BY seq_len") == [(8,), (16,)]
+    assert any("lengthens L = 8 -> 16" in reason for (reason,) in sql(state, "SELECT reason FROM events "
+                                                                     "WHERE kind = 'curriculum'"))
+    assert sql(state, "SELECT COUNT(*) FROM rounds")[0][0] == 0
+    processes = json.loads((run_dir / "processes.json").read_text())
+    assert processes["coordinator"] is not None and len(processes["workers"]) == 2
