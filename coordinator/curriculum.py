@@ -10,10 +10,11 @@ JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round bou
 * Adaptive (`curriculum.policy = "adaptive"`): the run climbs the ladder `seq_lens`. At each
   round close (with sync.backend = "hivemind", whose workers close rounds peer to peer: when their
   metrics first report the round's next version) `decide_lengthening` compares the current rung L
-  with the next one L' under the fitted law of Section 10.5: loss(t, L) ≈ A(t/c_L) · L^(−α(t/c_L)), α(s) = α∞(1 − e^(−s/τ))
-  (Eq. 8, 9, 11 with s = t / c_L, c_L the measured seconds per step). It lengthens once the
-  crossover that `fits.predicted_crossover` predicts lies within the budget and the run's
-  wall time has reached it: from then on the longer length is predicted to be ahead.
+  with the next one L' under the fitted law of Section 10.5: loss(t, L) ≈ A(t/c_L) · L^(−α(t/c_L)),
+  α(s) = α∞(1 − e^(−s/τ)) (Eq. 8, 9, 11 with s = t / c_L, c_L the measured seconds per step).
+  It lengthens once the crossover that `fits.predicted_crossover` predicts lies within the
+  budget and the run's wall time has reached it: from then on the longer length is predicted
+  to be ahead.
 
 The decisions are pure functions of (now, state, options) returning a Decision with a reason;
 `CurriculumState` is what the coordinator persists (JSON in its state store) so the current
