@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from rcswarm.cli.run_hivemind import needs_coordinator
+from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -39,9 +40,9 @@ swarm, no_new_p2pd = test_hivemind.swarm, test_hivemind.no_new_p2pd
 LADDER = {"policy": "adaptive", "seq_lens": [4, 8, 16], "alpha_inf": 2.0, "tau": 1.0, "budget_seconds": 600.0}
 
 
-def adaptive_spec(backend: str = "hivemind", **tables: dict[str, Any]) -> Any:
-    return tiny_spec(**{"run": {"name": "hm", "rounds": 20}, "sync": {"backend": backend}, "inner": {"steps": 5},
-                        "data": {"batch_size": 4}, "curriculum": LADDER, **tables})
+def adaptive_spec(backend: str = "hivemind") -> RunSpec:
+    return tiny_spec(run={"name": "hm", "rounds": 20}, sync={"backend": backend}, inner={"steps": 5},
+                     data={"batch_size": 4}, curriculum=LADDER)
 
 
 def round_rows(version: int, seq_len: int, step: int, compute: float) -> list[pb.Metric]:
