@@ -121,9 +121,13 @@ class Swarm:
     def workers_running(self) -> int:
         return sum(1 for p in self.workers if p.poll() is None)
 
+    def services(self) -> list[subprocess.Popen]:
+        """The processes `stop` ends after the workers: the coordinator."""
+        return [self.coordinator] if self.coordinator else []
+
     def stop(self) -> None:
-        """SIGTERM the workers (they Leave), then the coordinator; SIGKILL what outlives the timeout."""
-        for group in (self.workers, [self.coordinator] if self.coordinator else []):
+        """SIGTERM the workers (they Leave), then the services; SIGKILL what outlives the timeout."""
+        for group in (self.workers, self.services()):
             for proc in group:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)

@@ -1,9 +1,13 @@
-"""`rcswarm run` for `[sync] backend = "hivemind"`: a local hivemind swarm, no coordinator.
+"""`rcswarm run` for `[sync] backend = "hivemind"`: a local hivemind swarm, with a coordinator only where needed.
 
 Starts `rcswarm dht` on loopback (the bootstrap peer, mirroring the metric records into
 RUN_DIR/state, so `rcswarm fit RUN_DIR/state` works) and N `rcswarm worker --backend hivemind`
-processes that dial it, all listening and announcing on 127.0.0.1 only; waits until every worker
-has trained run.rounds versions (or the budget or a signal ends the run), then stops the workers
+processes that dial it, all listening and announcing on 127.0.0.1 only. A run whose curriculum
+the coordinator decides (`curriculum.worker_seq_lens`, `curriculum.policy = "adaptive"`;
+`needs_coordinator`) also gets a coordinator on loopback as its control plane (the workers join
+it with `--coordinator`; it keeps RUN_DIR/state and serves the dashboard; the bootstrap peer then
+mirrors nothing), still off the data path. It waits until every worker has trained run.rounds
+versions (or the budget or a signal ends the run), then stops the workers, then the coordinator
 and the bootstrap peer. Each worker writes RUN_DIR/peers/<name>/ (final.safetensors, summary.json
 with its per-round history: loss, group size, skipped step, measured drift); the run directory
 gets final.safetensors (worker-0's replica), summary.json (per peer: version, first and last
@@ -16,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -31,30 +36,49 @@ LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 PRINT_S = 10.0
 
 
-class HivemindSwarm(Swarm):
-    """The bootstrap peer (in `coordinator`'s place, so `stop` ends it after the workers) and the workers."""
+def needs_coordinator(spec: RunSpec) -> str:
+    """Why the run needs a coordinator (its curriculum is decided there), or "" when the swarm trains alone."""
+    curriculum = spec.curriculum
+    if curriculum.worker_seq_lens:
+        return f"curriculum.worker_seq_lens = {curriculum.worker_seq_lens} is assigned per worker"
+    if curriculum.adaptive:
+        return f"the adaptive curriculum over {curriculum.seq_lens} climbs as the workers report rounds"
+    return ""
 
-    def start_bootstrap(self) -> list[str]:
+
+class HivemindSwarm(Swarm):
+    """The bootstrap peer, the coordinator where the curriculum needs one, and the workers; `stop` ends the
+    workers first (they Leave), then the coordinator and the bootstrap peer."""
+
+    bootstrap: subprocess.Popen | None = None
+
+    def services(self) -> list[subprocess.Popen]:
+        return [p for p in (self.coordinator, self.bootstrap) if p is not None]
+
+    def start_bootstrap(self, mirror: bool) -> list[str]:
+        """Start `rcswarm dht` (mirroring the metrics into RUN_DIR/state with `mirror`); its multiaddrs."""
         maddrs = self.run_dir / "maddrs.txt"
-        self.coordinator = self._spawn(
-            ["-m", "rcswarm.cli", "dht", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs), "--config",
-             str(self.run_dir / "run.toml"), "--state-dir", str(self.run_dir / "state")], "dht.log",
+        state = ["--config", str(self.run_dir / "run.toml"), "--state-dir", str(self.run_dir / "state")] if mirror else []
+        self.bootstrap = self._spawn(
+            ["-m", "rcswarm.cli", "dht", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs), *state], "dht.log",
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if maddrs.is_file() and maddrs.read_text().split():
                 return maddrs.read_text().split()
-            if self.coordinator.poll() is not None:
+            if self.bootstrap.poll() is not None:
                 break
             time.sleep(0.1)
         tail = (self.logs / "dht.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"the bootstrap peer did not start within {START_TIMEOUT_S:.0f}s:\n{tail}")
 
-    def start_peers(self, maddrs: list[str]) -> None:
+    def start_peers(self, maddrs: list[str], coordinator: str = "") -> None:
+        """The workers, dialing `maddrs`; joining `coordinator` (HOST:PORT) for the control plane when given."""
         threads = max(1, (os.cpu_count() or 1) // self.n_workers)
+        control = ["--coordinator", coordinator] if coordinator else []
         for rank in range(self.n_workers):
             self.workers.append(self._spawn(
-                ["-m", "rcswarm.worker", "--backend", "hivemind", "--config", str(self.run_dir / "run.toml"),
+                ["-m", "rcswarm.worker", "--backend", "hivemind", "--config", str(self.run_dir / "run.toml"), *control,
                  "--initial-peers", *maddrs, "--host-maddrs", LOOPBACK, "--name", f"worker-{rank}",
                  "--threads", str(threads), "--out", str(self.run_dir / "peers" / f"worker-{rank}")],
                 f"worker-{rank}.log",
@@ -109,12 +133,21 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
     """Run the swarm and print its summary; the exit status (0 completed or at the budget, 1 failed, 130 interrupted)."""
     swarm = HivemindSwarm(spec, run_dir, spec.run.workers)
     out_of_time = False
+    why = needs_coordinator(spec)
     try:
-        maddrs = swarm.start_bootstrap()
-        console.print(f"rcswarm run {spec.run.name}: a hivemind swarm of {spec.run.workers} workers, no coordinator; "
-                      f"run directory {run_dir}")
-        console.print(f"bootstrap peer {' '.join(maddrs)} (metrics mirrored into {run_dir / 'state'}); logs in {swarm.logs}")
-        swarm.start_peers(maddrs)
+        maddrs = swarm.start_bootstrap(mirror=not why)
+        target = ""
+        if why:
+            port, http_port = swarm.start_coordinator()
+            target = f"127.0.0.1:{port}"
+            console.print(f"rcswarm run {spec.run.name}: a hivemind swarm of {spec.run.workers} workers and a coordinator "
+                          f"on {target} as its control plane ({why}); run directory {run_dir}")
+            console.print(f"bootstrap peer {' '.join(maddrs)}; dashboard http://127.0.0.1:{http_port}/; logs in {swarm.logs}")
+        else:
+            console.print(f"rcswarm run {spec.run.name}: a hivemind swarm of {spec.run.workers} workers, no coordinator; "
+                          f"run directory {run_dir}")
+            console.print(f"bootstrap peer {' '.join(maddrs)} (metrics mirrored into {run_dir / 'state'}); logs in {swarm.logs}")
+        swarm.start_peers(maddrs, target)
         swarm.write_process_table()
         deadline = time.monotonic() + minutes * 60.0 if minutes else math.inf
         out_of_time = wait(swarm, console, stop, deadline)

@@ -8,11 +8,13 @@ JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round bou
   furthest below its share of the active workers (a length listed k times has k shares), ties
   to the earlier in the list (`decide_worker_length`).
 * Adaptive (`curriculum.policy = "adaptive"`): the run climbs the ladder `seq_lens`. At each
-  round close `decide_lengthening` compares the current rung L with the next one L' under the
-  fitted law of Section 10.5: loss(t, L) ≈ A(t/c_L) · L^(−α(t/c_L)), α(s) = α∞(1 − e^(−s/τ))
-  (Eq. 8, 9, 11 with s = t / c_L, c_L the measured seconds per step). It lengthens once the
-  crossover that `fits.predicted_crossover` predicts lies within the budget and the run's
-  wall time has reached it: from then on the longer length is predicted to be ahead.
+  round close (with sync.backend = "hivemind", whose workers close rounds peer to peer: when their
+  metrics first report the round's next version) `decide_lengthening` compares the current rung L
+  with the next one L' under the fitted law of Section 10.5: loss(t, L) ≈ A(t/c_L) · L^(−α(t/c_L)),
+  α(s) = α∞(1 − e^(−s/τ)) (Eq. 8, 9, 11 with s = t / c_L, c_L the measured seconds per step).
+  It lengthens once the crossover that `fits.predicted_crossover` predicts lies within the
+  budget and the run's wall time has reached it: from then on the longer length is predicted
+  to be ahead.
 
 The decisions are pure functions of (now, state, options) returning a Decision with a reason;
 `CurriculumState` is what the coordinator persists (JSON in its state store) so the current
@@ -341,6 +343,18 @@ class CurriculumTracker:
         self._save()
         self.store.add_event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
         log.log(logging.INFO if decision.ok else logging.DEBUG, "round %d: curriculum %s", closed_version, decision.reason)
+
+    def advance_through(self, now: float, first: int, last: int) -> None:
+        """Rounds `first` .. `last` closed at once (a hivemind swarm's, learned from its workers' metrics): `advance`
+        for each while the ladder climbs; once a decision stays, the rounds after it would repeat it (the same
+        now, state and options), so one decision at `last` stands for them (at most rungs + 1 decisions)."""
+        version = first
+        while True:
+            rung = self.state.rung
+            self.advance(now, version)
+            if version >= last:
+                return
+            version = version + 1 if self.state.rung != rung else last
 
     def _save(self) -> None:
         self.store.set_many({CURRICULUM_KEY: self.state.to_json()})

@@ -530,7 +530,8 @@ class SwarmCoordinator:
         # Tokens reported to this process, and when it first served a pull: the live tokens/s.
         self.total_tokens = 0
         # sync.backend = "hivemind": the newest version workers report holding (they average peer to peer;
-        # this coordinator closes no rounds and holds no tensors of theirs); `shown_version` reads it.
+        # this coordinator closes no rounds and holds no tensors of theirs); `shown_version` reads it, and its
+        # growth takes the curriculum steps of the swarm's rounds (`_follow_peer_rounds`).
         self.peer_version = 0
         # Tokens of the updates the outer steps of this process applied.
         self.applied_tokens = 0
@@ -938,8 +939,9 @@ class SwarmCoordinator:
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
         """Store a batch of metrics, all or none (handler thread). Takes `_lock` to check the worker and its
         secret, checks the values without it (so only a member makes the coordinator read a large batch),
-        takes it again for the membership, the per-round cap, the totals and the curriculum's measurements,
-        and writes the rows after releasing it."""
+        takes it again for the membership, the per-round cap, the totals and the curriculum's measurements
+        (with sync.backend = "hivemind" also the curriculum steps of the rounds the swarm closed since the last
+        report, `_follow_peer_rounds`), and writes the rows after releasing it."""
         require_secret("ReportMetrics", request.worker_id, request.worker_secret)
         with self._lock:
             self._reporter(request.worker_id, request.worker_secret)
@@ -957,6 +959,7 @@ class SwarmCoordinator:
         with self._lock:
             worker = self._reporter(request.worker_id, request.worker_secret)
             self._count_metric_rows(worker, len(request.metrics))
+            reported = self.peer_version
             for metric in metrics:
                 self.peer_version = max(self.peer_version, metric.version)
                 self.total_tokens += metric.tokens
@@ -966,12 +969,30 @@ class SwarmCoordinator:
                 worker.measure(metric)
             if worker.active:
                 self._decide_pace()
+            if self.spec.sync.backend == "hivemind" and self.peer_version > reported:
+                self._follow_peer_rounds(now, reported)
         rows = (
             (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
              m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
             for m in metrics
         )
         return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
+
+    def _follow_peer_rounds(self, now: float, reported: int) -> None:
+        """sync.backend = "hivemind": the workers' reported version grew from `reported` to `peer_version`, so the
+        swarm closed rounds `reported` .. `peer_version` − 1 peer to peer; take the curriculum step a round close
+        takes (`_publish_close`) for each round not decided yet (`CurriculumTracker.advance_through`), with the
+        measurements of the rows just counted. The budget's clock starts at the first report (there is no pull).
+        A failed step is logged and L stays (lock held)."""
+        first = max(reported, self.tracker.state.decided_version + 1)
+        if first >= self.peer_version:
+            return
+        try:
+            self.tracker.start(now)
+            self.tracker.advance_through(now, first, self.peer_version - 1)
+        except Exception:
+            log.exception("rounds %d..%d of the hivemind swarm: the curriculum decision failed; L stays", first,
+                          self.peer_version - 1)
 
     def _reporter(self, worker_id: str, secret: bytes) -> WorkerRecord:
         """The worker whose metrics are accepted (lock held): an active member, or one a sweep moved to another

@@ -8,7 +8,9 @@ queue (the oldest dropped past `MAX_PENDING`), NOT_FOUND (evicted, or a restarte
 joins again, and other failures are retried on the next beat. The coordinator shows the newest
 version its workers report (`SwarmCoordinator.shown_version`). The newest TrainingAssignment of
 the Join and Heartbeat answers is kept for the training thread (`assignment`), which applies it
-at its next round boundary.
+at its next round boundary: under `curriculum.worker_seq_lens` the worker's own length, under the
+adaptive policy the run's rung, which the coordinator moves as these ReportMetrics calls report
+new versions (so a new rung arrives with the Heartbeat after the report that decided it).
 """
 
 from __future__ import annotations

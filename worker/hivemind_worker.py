@@ -7,9 +7,10 @@
 Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm
 already trains, loads (version, θ, outer momentum) from the peer with the highest version. A
 round from version v: H inner steps on the run's fixed schedule (`curriculum.schedule`, else
-`data.seq_len` × `data.batch_size`) or, under `curriculum.worker_seq_lens`, on the length the
-coordinator assigned this worker (its TrainingAssignment, taken at round boundaries; Δ̄ is weighted
-by tokens, so groupmates may train different lengths); Δ = θ_v − θ_local, plus the error-feedback residual, as the
+`data.seq_len` × `data.batch_size`) or, under `curriculum.worker_seq_lens` or the adaptive policy,
+on the length the coordinator assigned this worker or the run's current rung (its
+TrainingAssignment, taken at round boundaries; Δ̄ is weighted by tokens, so groupmates may train
+different lengths, as they briefly do around a rung change); Δ = θ_v − θ_local, plus the error-feedback residual, as the
 codec sends it; `HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm);
 the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ hivemind.trust_factor (4) × ‖Δ‖) and then
 θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
@@ -96,12 +97,15 @@ class HivemindWorker:
                  data_seed: int | None = None) -> None:
         if spec.sync.backend != "hivemind":
             raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
-        if spec.is_sweep or spec.curriculum.adaptive:
-            raise ValueError("a hivemind swarm trains one run on a fixed schedule: expected no [sweep] and no adaptive "
-                             "curriculum (its rungs are decided at the coordinator's round closes, which it makes none of)")
+        if spec.is_sweep:
+            raise ValueError("a hivemind swarm trains one run: expected no [sweep] (a sweep's runs are the coordinator "
+                             "backend's)")
         if spec.curriculum.worker_seq_lens and control is None:
             raise ValueError(f"curriculum.worker_seq_lens = {spec.curriculum.worker_seq_lens}: a hivemind worker needs "
                              "--coordinator HOST:PORT, which assigns each worker its length")
+        if spec.curriculum.adaptive and control is None:
+            raise ValueError(f'curriculum.policy = "adaptive" (seq_lens {spec.curriculum.seq_lens}): a hivemind worker '
+                             "needs --coordinator HOST:PORT, which decides the run's rung from the workers' metrics")
         self.spec, self.options, self.out, self.control = spec, options, out, control
         self.data_seed = data_seed
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
@@ -168,12 +172,17 @@ class HivemindWorker:
         """(seq_len, batch, why) of the round from this version.
 
         Under curriculum.worker_seq_lens the coordinator's assignment for this worker (its own length,
-        whatever the version); otherwise the run spec's schedule row at this peer's version, the
-        function the coordinator applies, so the peers of one group (one version) agree even while
-        the coordinator's view of the version lags or it is down.
+        whatever the version); under the adaptive policy its newest assignment, the run's current rung
+        (decided as the workers' metrics report each version, coordinator/curriculum.py): the peers
+        of one group each switch at their first round boundary after their next heartbeat, so around
+        a rung change they may train different lengths for a round, which their average takes as
+        it takes worker_seq_lens (Δ̄ weighted by tokens). Otherwise the run spec's schedule row at
+        this peer's version, the function the coordinator applies, so the peers of one group (one
+        version) agree even while the coordinator's view of the version lags or it is down.
         """
         assignment = self.control.assignment() if self.control is not None else None
-        if self.spec.curriculum.worker_seq_lens and assignment is not None:
+        assigned = self.spec.curriculum.worker_seq_lens or self.spec.curriculum.adaptive
+        if assigned and assignment is not None:
             if assignment.seq_len < 1 or assignment.batch_size < 1:
                 raise RuntimeError(f"the coordinator assigned seq_len {assignment.seq_len}, batch "
                                    f"{assignment.batch_size}: expected positive sizes")
