@@ -14,6 +14,7 @@ import math
 import threading
 import time
 import types
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -161,9 +162,16 @@ def test_dht_flags_are_checked_before_anything_starts(tmp_path: Path, capsys: py
 # ---- a real DHT -----------------------------------------------------------------------------------
 
 
-def _get(url: str) -> tuple[int, str, bytes]:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return response.status, response.headers.get("Content-Type", ""), response.read()
+TOKEN = "mirror-token"
+
+
+def _get(url: str, token: str | None = TOKEN) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Content-Type", ""), error.read()
 
 
 class DhtCommand:
@@ -184,12 +192,14 @@ class DhtCommand:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("no_new_p2pd")
-def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
+    monkeypatch.setenv("RCSWARM_TOKEN", TOKEN)
     state, maddrs, port = tmp_path / "runs" / RUN, tmp_path / "maddrs.txt", free_port()
     args = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs), "--config",
             str(write_spec(spec(), tmp_path / "run.toml")), "--state-dir", str(state), "--poll-s", "0.3"]
-    command = DhtCommand([*args, "--http-port", str(port)])
+    command = DhtCommand([*args, "--http-port", str(port), "--http-token-required"])
     peers: list[Any] = []
     try:
         bootstrap = wait_for(lambda: maddrs.is_file() and maddrs.read_text().split(), 60, "the bootstrap peer")
@@ -227,6 +237,9 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
             assert text in printed, text
 
         base = f"http://127.0.0.1:{port}/"
+        # The coordinator dashboard's auth: the token (here required on loopback too), /healthz open.
+        assert _get(base + "api/status", token=None)[0] == 401 and _get(base + "api/status", token="wrong")[0] == 401
+        assert _get(base + "healthz", token=None)[:1] == (200,)
         code, kind, body = _get(base + "api/status")
         data = json.loads(body)
         assert code == 200 and kind == "application/json" and data["version"] == 2
@@ -235,6 +248,8 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         assert data["runs"][0]["metrics"]["steps"] == 120 and data["runs"][0]["state_dir"] == str(state)
         page = _get(base)[2].decode()
         assert all(f"{name}@" in page for name in "abc")
+        prometheus = _get(base + "metrics")[2].decode()
+        assert 'rcswarm_version{run_id="hm"} 2.0' in prometheus and 'rcswarm_workers_active{run_id="hm"} 3.0' in prometheus
         for plot in ("loss_step", "loss_time", "alpha"):
             code, kind, body = _get(base + f"plot/{plot}.png")
             assert (code, kind, body[:8]) == (200, "image/png", b"\x89PNG\r\n\x1a\n")
