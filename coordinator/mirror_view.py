@@ -166,8 +166,8 @@ def open_mirror(state_dir: Path) -> StateStore:
 
 
 def mirrored_status(store: StateStore, now: float, stale_s: float = STALE_S) -> pb.GetStatusResponse:
-    """GetStatus of the mirrored swarm: its version of the spec's rounds, every peer as a worker, tokens from the
-    mirrored rows (no rounds: the mirror records none)."""
+    """GetStatus of the mirrored swarm at `now`: its version of the spec's rounds, every peer as a worker, tokens
+    from the mirrored rows; latest loss and tokens/s over the active peers (no rounds: the mirror records none)."""
     run_id, spec, view = read_view(store)
     rows = {row.worker_id: row for row in store.worker_rows(run_id)}
     totals = worker_totals(rows.values())
@@ -177,7 +177,8 @@ def mirrored_status(store: StateStore, now: float, stale_s: float = STALE_S) -> 
         run_state=pb.RUN_STATE_FINISHED if 0 < target <= view.version else pb.RUN_STATE_RUNNING,
         total_tokens=sum(t.tokens for t in totals.values()),
     )
-    losses, rates = [], 0.0
+    losses: list[float] = []
+    rates = 0.0
     for peer in view.peers:
         state, reason = peer_state(now, peer, stale_s)
         row, total = rows.get(peer.worker_id), totals.get(peer.worker_id)
@@ -187,7 +188,8 @@ def mirrored_status(store: StateStore, now: float, stale_s: float = STALE_S) -> 
                              reason=reason, trained_tokens=total.tokens if total else 0, step_seconds=steps)
         if state == pb.WORKER_STATE_ACTIVE:
             rates += total.tokens_per_second if total else 0.0
-            losses += [peer.loss] if peer.loss is not None else []
+            if peer.loss is not None:
+                losses.append(peer.loss)
     response.tokens_per_second = rates
     response.latest_loss = sum(losses) / len(losses) if losses else math.nan
     return response
