@@ -1,20 +1,27 @@
-"""`rcswarm dht`: a stable bootstrap peer for a hivemind swarm, optionally mirroring its metrics.
+"""`rcswarm dht`: a stable bootstrap peer for a hivemind swarm, optionally mirroring it into a state dir.
 
     rcswarm dht [--host-maddrs /ip4/0.0.0.0/tcp/31337] [--announce-maddrs MADDR ...] [--identity-path F]
-                [--initial-peers MADDR ...] [--maddrs-file F] [--config RUN.toml --state-dir DIR]
+                [--initial-peers MADDR ...] [--maddrs-file F] [--config RUN.toml --state-dir DIR [--poll-s 2]
+                [--http-port P [--http-host 127.0.0.1] [--http-token-required | --http-insecure] [--stale-s 60]]]
 
 It runs one DHT node (no averager, no training) with rcswarm's record validator and prints its
 multiaddrs, which workers pass as `--initial-peers`; with `--identity-path` the peer id, hence the
-multiaddrs, survive restarts. With `--config` and `--state-dir` it polls the run's metric records
-(worker/hivemind_sync.py) every `--poll-s` seconds and appends the rows it has not seen to the
-state dir's SQLite (coordinator/store.py), so `rcswarm fit DIR` and the dashboard's readers work
-as with a coordinator. SIGTERM or SIGINT stops it (and its p2pd).
+multiaddrs, survive restarts. With `--config` and `--state-dir` it polls the run's digest and metric
+records (worker/hivemind_sync.py) every `--poll-s` seconds, appends the metric rows it has not seen to
+the state dir's SQLite (coordinator/store.py) and stores the swarm's view (its version, each peer's
+version, newest row and when it was last seen; coordinator/mirror_view.py), so `rcswarm fit DIR`,
+`rcswarm status --state-dir DIR` and the dashboard work as with a coordinator. With `--http-port` it
+serves the coordinator's dashboard over that state dir, read-only, while it mirrors: loopback by
+default; elsewhere the join token ($RCSWARM_TOKEN) is required unless `--http-insecure`
+(coordinator/dashboard/auth.py). SIGTERM or SIGINT stops it (and its p2pd).
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import logging
+import os
 import signal
 import sys
 import threading
@@ -24,6 +31,7 @@ from typing import Any
 
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
+from rcswarm.protos.wire import TOKEN_ENV
 
 log = logging.getLogger("rcswarm.dht")
 
@@ -38,56 +46,135 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--identity-path", type=Path, help="private key file: a stable peer id (created if missing)")
     parser.add_argument("--maddrs-file", type=Path, help="also write the multiaddrs here, one per line")
     parser.add_argument("--config", type=Path, help="RUN.toml of the run whose metrics --state-dir mirrors")
-    parser.add_argument("--state-dir", type=Path, help="mirror the run's metric records into this state dir")
+    parser.add_argument("--state-dir", type=Path, help="mirror the run's metric records and swarm view into this state dir")
     parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between mirror polls")
+    parser.add_argument("--http-port", type=int, default=None,
+                        help="serve the dashboard over --state-dir on this port (0 = any free port; default: off)")
+    parser.add_argument("--http-host", default="127.0.0.1",
+                        help=f"address the dashboard binds (default loopback; elsewhere it requires ${TOKEN_ENV})")
+    parser.add_argument("--http-token-required", action="store_true",
+                        help=f"require the token (${TOKEN_ENV}) on the dashboard on loopback too")
+    parser.add_argument("--http-insecure", action="store_true",
+                        help="serve the dashboard on a non-loopback --http-host without the token")
+    parser.add_argument("--stale-s", type=float, default=None,
+                        help="the dashboard lists a peer as stale when its records did not advance for this long "
+                             "(or 3 × its last gap, if longer; default 60)")
     return parser
 
 
 class Mirror:
-    """Appends the metric rows of the DHT's records that it has not written yet (one thread)."""
+    """Appends the metric rows of the DHT's records that it has not written yet and stores the swarm's view
+    (one thread). A restarted mirror resumes after the newest step its stored view holds per peer."""
 
     def __init__(self, spec: RunSpec, state_dir: Path) -> None:
+        from rcswarm.coordinator.mirror_view import VIEW_KEY, SwarmView
         from rcswarm.coordinator.store import StateStore
 
         self.spec = spec
         self.store = StateStore(state_dir)
         self.run_id = self.store.get("run_id") or spec.run.name
-        self.store.set_many({"run_id": self.run_id, "spec_json": spec.to_json()})
+        stored = self.store.get(VIEW_KEY)
+        self.view = (SwarmView.from_json(stored, str(self.store.db_path)) if stored is not None
+                     else SwarmView(spec.run.name, time.time(), 0))
+        self.store.set_many({"run_id": self.run_id, "spec_json": spec.to_json(), VIEW_KEY: self.view.to_json()})
         # Per peer: the newest step written.
-        self.seen: dict[str, float] = {}
+        self.seen: dict[str, float] = {p.peer_id: float(p.step) for p in self.view.peers}
 
     def rows(self, records: dict[str, dict[str, Any]], now: float) -> list[tuple[Any, ...]]:
-        """New METRIC_COLUMNS rows from metric records {peer: {run, name, rows}}."""
+        """New METRIC_COLUMNS rows from metric records {peer: {run, name, rows}}.
+
+        A row's `received_at` (the run's clock, which `rcswarm fit DIR` and a sweep's curves use) is when
+        the peer trained it on the mirror's clock: `now` less how long before its record's newest row it
+        was (the worker's own clock), so the rows of one record do not share one time.
+        """
         out = []
         for peer, record in sorted(records.items()):
             worker = f"{record['name']}@{peer[-8:]}"
+            newest = max((row[4] for row in record["rows"]), default=0.0)
             for version, step, loss, tokens, wall, compute, sync, seq_len, batch in record["rows"]:
                 if step <= self.seen.get(peer, 0.0):
                     continue
                 self.seen[peer] = step
                 out.append((self.run_id, worker, int(version), int(step), int(seq_len), int(batch), loss, int(tokens),
-                            wall, compute, sync, 0, 0, None, now))
+                            wall, compute, sync, 0, 0, None, now - max(0.0, newest - wall)))
         return out
 
     def poll(self, dht: Any) -> int:
+        """Read the run's records, append the new rows, store the updated view; the number of rows written."""
+        from rcswarm.coordinator.mirror_view import VIEW_KEY, update_view
         from rcswarm.worker import hivemind_sync as hs
 
-        rows = self.rows(hs.read_records(dht, hs.METRICS_KEY, self.spec.run.name), time.time())
-        return self.store.add_metrics(rows) if rows else 0
+        now = time.time()
+        metrics = hs.read_records(dht, hs.METRICS_KEY, self.spec.run.name)
+        digests = hs.read_records(dht, hs.DIGEST_KEY, self.spec.run.name)
+        rows = self.rows(metrics, now)
+        written = self.store.add_metrics(rows) if rows else 0
+        self.view = update_view(self.view, self.spec.run.name, digests, metrics, now)
+        self.store.set_many({VIEW_KEY: self.view.to_json()})
+        return written
 
     def close(self) -> None:
         self.store.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line's values, or None (before anything starts)."""
+    if (args.config is None) != (args.state_dir is None):
+        return "--config and --state-dir go together (the run whose metrics to mirror, and where)"
+    if not args.poll_s > 0:
+        return f"--poll-s {args.poll_s}: expected seconds > 0"
+    if args.http_port is None:
+        extra = [flag for flag, given in (("--stale-s", args.stale_s is not None), ("--http-insecure", args.http_insecure),
+                                          ("--http-token-required", args.http_token_required)) if given]
+        return f"{', '.join(extra)}: only with --http-port (the dashboard)" if extra else None
+    if args.state_dir is None:
+        return "--http-port serves the dashboard over the mirror: add --config RUN.toml --state-dir DIR"
+    if not 0 <= args.http_port <= 65535:
+        return f"--http-port {args.http_port}: expected 0..65535"
+    if args.stale_s is not None and not args.stale_s > 0:
+        return f"--stale-s {args.stale_s}: expected seconds > 0"
+    from rcswarm.coordinator.dashboard.auth import decide_dashboard_auth
+
+    try:
+        required, _ = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
+    except ValueError as exc:
+        return str(exc)
+    if required and not os.environ.get(TOKEN_ENV):
+        return (f"the dashboard on {args.http_host} requires a token: set ${TOKEN_ENV} (or bind 127.0.0.1, or "
+                "--http-insecure)")
+    return None
+
+
+def start_dashboard(args: argparse.Namespace) -> Any:
+    """The dashboard over the mirrored state dir (a `MirrorRun`), started; auth as the coordinator's."""
+    from rcswarm.coordinator.dashboard import Dashboard
+    from rcswarm.coordinator.dashboard.auth import SessionAuth, decide_dashboard_auth
+    from rcswarm.coordinator.mirror_view import STALE_S, MirrorRun
+
+    required, warning = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
+    if warning:
+        log.warning("%s", warning)
+    token = os.environ.get(TOKEN_ENV, "").encode()
+    auth = SessionAuth(lambda presented: hmac.compare_digest(presented.encode(), token)) if required else None
+    run = MirrorRun(args.state_dir, args.stale_s or STALE_S)
+    try:
+        dashboard = Dashboard(run, args.http_host, args.http_port, auth=auth).start()
+    except BaseException:
+        run.close()
+        raise
+    log.info("dashboard over %s at %s", args.state_dir, dashboard.url)
+    return dashboard
+
+
+def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> int:
+    """The bootstrap peer until SIGTERM/SIGINT (or `stop`, set by an in-process caller)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s dht %(levelname)s %(message)s")
     args = parse_or_status(parser(), argv)
     if isinstance(args, int):
         return args
-    if (args.config is None) != (args.state_dir is None):
-        return usage_error("rcswarm dht", "--config and --state-dir go together (the run whose metrics to mirror, and where)")
-    if not args.poll_s > 0:
-        return usage_error("rcswarm dht", f"--poll-s {args.poll_s}: expected seconds > 0")
+    problem = _argument_problem(args)
+    if problem:
+        return usage_error("rcswarm dht", problem)
     try:
         spec = RunSpec.from_toml(args.config) if args.config is not None else None
         from rcswarm.worker import hivemind_sync as hs
@@ -96,11 +183,12 @@ def main(argv: list[str] | None = None) -> int:
                                      announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path)
     except (ValueError, OSError) as exc:
         return usage_error("rcswarm dht", str(exc))
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    if stop is None:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
     dht = hs.start_dht(options)
-    mirror = None
+    mirror = dashboard = None
     try:
         maddrs = hs.visible_maddrs(dht)
         for maddr in maddrs:
@@ -109,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             args.maddrs_file.write_text("".join(f"{m}\n" for m in maddrs))
         log.info("bootstrap peer %s up; workers: --initial-peers %s", dht.peer_id, " ".join(maddrs))
         mirror = Mirror(spec, args.state_dir) if spec is not None else None
+        dashboard = start_dashboard(args) if args.http_port is not None else None
         while not stop.wait(args.poll_s if mirror is not None else 1.0):
             if mirror is not None:
                 written = mirror.poll(dht)
@@ -117,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         if mirror is not None:
             mirror.poll(dht)
     finally:
+        if dashboard is not None:
+            dashboard.stop()
+            dashboard.coordinator.close()
         if mirror is not None:
             mirror.close()
         dht.shutdown()

@@ -2,13 +2,18 @@
 
     rcswarm status --coordinator HOST:PORT [--token T | $RCSWARM_TOKEN] [--tls-ca CA.pem [--tls-cert C --tls-key K]]
                    [--timeout 10] [--state-dir DIR] [--json]
+    rcswarm status --state-dir DIR [--stale-s 60] [--json]       a hivemind swarm that `rcswarm dht` mirrors
 
 The RPC carries the `authorization: Bearer <token>` metadata and a deadline. GetStatus holds
 no metrics, so the scaling-law fit (α∞, τ, crossovers) is printed when `--state-dir` names
 the coordinator's state directory on this machine: every run GetStatus names (one, or a
 sweep's runs in the state dirs below it) is read through its store, opened read-only, and
 fitted as its dashboard fits it.
-Exit codes: 0 ok, 1 the coordinator refused or could not be reached, 2 bad arguments.
+Without `--coordinator`, `--state-dir` names a state dir `rcswarm dht --config RUN.toml --state-dir DIR`
+mirrors a hivemind swarm into: the same tables come from the store, read-only
+(coordinator/mirror_view.py `mirrored_status`: the swarm's version of the run's rounds, each peer a
+worker, active while its records advanced within `--stale-s`, else stale), with the fit as above.
+Exit codes: 0 ok, 1 the coordinator refused or could not be reached, 2 bad arguments (or no mirrored state).
 """
 
 from __future__ import annotations
@@ -201,22 +206,45 @@ def read_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[FitReport,
 
 def parser() -> argparse.ArgumentParser:
     result = new_parser("rcswarm status", "print a coordinator's run, workers, rounds and fits")
-    result.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator's gRPC server")
+    result.add_argument("--coordinator", default=None,
+                        help="HOST:PORT of the coordinator's gRPC server (without it: --state-dir of a mirrored swarm)")
     result.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
     result.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate; enables TLS")
     result.add_argument("--tls-cert", type=Path, default=None, help="PEM client certificate (mutual TLS)")
     result.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     result.add_argument("--timeout", type=float, default=10.0, help="deadline of the call in seconds")
     result.add_argument("--state-dir", type=Path, default=None,
-                        help="the coordinator's state directory on this machine: also print the scaling-law fit")
+                        help="the coordinator's state directory on this machine: also print the scaling-law fit; "
+                             "without --coordinator, the state dir `rcswarm dht` mirrors a hivemind swarm into")
+    result.add_argument("--stale-s", type=float, default=None,
+                        help="without --coordinator: a peer whose records did not advance for this long (or 3 × its "
+                             "last gap, if longer) is stale (default 60)")
     result.add_argument("--json", action="store_true", help="print GetStatus as JSON instead of tables")
     return result
+
+
+def mirrored(state_dir: Path, stale_s: float) -> tuple[pb.GetStatusResponse, float]:
+    """GetStatus of the swarm mirrored into `state_dir` and the seconds since the mirror's last poll."""
+    import time
+
+    from rcswarm.coordinator.mirror_view import mirrored_status, open_mirror, read_view
+
+    store = open_mirror(state_dir)
+    try:
+        now = time.time()
+        return mirrored_status(store, now, stale_s), now - read_view(store)[2].polled_at
+    finally:
+        store.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_or_status(parser(), argv)
     if isinstance(args, int):
         return args
+    if args.coordinator is None:
+        return main_mirrored(args)
+    if args.stale_s is not None:
+        return usage_error("rcswarm status", "--stale-s is for a mirrored swarm: give --state-dir without --coordinator")
     token = args.token or os.environ.get(TOKEN_ENV, "")
     if not token:
         return usage_error("rcswarm status", f"a token is required (--token or ${TOKEN_ENV})")
@@ -233,6 +261,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = code.name if code is not None else "ERROR"
         print(f"rcswarm status: {args.coordinator}: {name}: {details}", file=sys.stderr)
         return 1
+    return show(args, status)
+
+
+def main_mirrored(args: argparse.Namespace) -> int:
+    """`rcswarm status --state-dir DIR` without a coordinator: the mirrored swarm, read from its store."""
+    from rcswarm.coordinator.mirror_view import STALE_S
+
+    if args.state_dir is None:
+        return usage_error("rcswarm status", "expected --coordinator HOST:PORT, or --state-dir DIR of a hivemind swarm "
+                                             "that `rcswarm dht --config RUN.toml --state-dir DIR` mirrors")
+    stale_s = STALE_S if args.stale_s is None else args.stale_s
+    if not (stale_s > 0 and math.isfinite(stale_s)):
+        return usage_error("rcswarm status", f"--stale-s {args.stale_s}: expected a positive number of seconds")
+    try:
+        status, polled = mirrored(args.state_dir, stale_s)
+    except (OSError, sqlite3.Error, ValueError) as error:
+        return usage_error("rcswarm status", f"--state-dir {args.state_dir}: {error}")
+    return show(args, status, f"mirrored by `rcswarm dht` (no coordinator); its last poll {polled:.0f} s ago; "
+                              f"a peer is active while its records advanced within {stale_s:g} s")
+
+
+def show(args: argparse.Namespace, status: pb.GetStatusResponse, note: str = "") -> int:
+    """Print `status` as JSON, or as tables with the fit when --state-dir is given."""
     if args.json:
         from google.protobuf import json_format
 
@@ -248,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not console.is_terminal:
         console = Console(width=max(console.width, 160))  # piped or captured: do not wrap ids at 80 columns
     report(status, console, fits, totals)
+    if note:
+        console.print(note)
     return 0
 
 

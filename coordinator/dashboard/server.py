@@ -1,6 +1,7 @@
 """A read-only HTTP dashboard next to the coordinator's gRPC server, for a run or a sweep.
 
     rcswarm coordinator --config RUN.toml --state-dir DIR --http-port 8080   (loopback by default)
+    rcswarm dht --config RUN.toml --state-dir DIR --http-port 8080           (a mirrored hivemind swarm, read-only)
 
 Endpoints (GET only but the login form's POST; everything is rendered on the server, no JavaScript):
 
@@ -278,8 +279,9 @@ is_loopback = is_loopback_host
 class Dashboard:
     """The HTTP dashboard of a live coordinator's runs, served from a background thread.
 
-    `coordinator` is a `RunGroup` (a bare SwarmCoordinator is taken as a group of one); its runs
-    (each a SwarmCoordinator with its own store) are shown on one page. A sweep's fit and plots use each run's own steps and
+    `coordinator` is a `RunGroup` (a bare SwarmCoordinator, or any run with `spec`, `run_id`, `store`,
+    `status()`, `summary()` and `close()` such as a mirrored hivemind swarm's `mirror_view.MirrorRun`, is
+    taken as a group of one); its runs (each with its own store) are shown on one page. A sweep's fit and plots use each run's own steps and
     clock, a single run's its workers' (`views.presentation`). With `auth` (a `SessionAuth`) every path
     but /healthz and /login needs the join token or a session cookie; with `ssl_context` it serves HTTPS
     (each connection's handshake on its own request thread, within the socket timeout).
