@@ -400,6 +400,8 @@ def _collect(out: Any, config: Config, n: int, warmup: int, total: int, deadline
                 pull_phase_s=max(x["t1"] for x in records) - max(x["t_await"] for x in records),
                 push_bytes=sum(x["push_bytes"] for x in records),
                 total_bytes=sum(x["sent"] + x["received"] for x in records),
+                # The workers encode at once before the barrier: the slowest one's encode is the phase's length.
+                encode_phase_s=max(x["encode_s"] for x in records),
             )
             config.encode_s.extend(x["encode_s"] for x in records)
         else:
@@ -624,14 +626,14 @@ def build_tables(
     main = Table(title=f"One sync round, {n_params:,} float32 parameters ({n_params * 4 / 1e6:.2f} MB) — "
                        + escape("median [min–max] over measured rounds"), box=box.ASCII2)
     for col, justify in [("system", "left"), ("codec", "left"), ("workers", "right"), ("s / round", "right"),
-                         ("push MB / round", "right"), ("push ratio vs fp32", "right"),
+                         ("with encode ‡", "right"), ("push MB / round", "right"), ("push ratio vs fp32", "right"),
                          ("sent+recv MB / round", "right"), ("loopback MB / round", "right"),
                          ("MB / peer / round", "right")]:
         main.add_column(col, justify=justify)
     for c in configs:
         codec = "fp32 (none)" if c.system == "hivemind" else c.codec
         if c.error:
-            main.add_row(c.system, codec, str(c.workers), "FAILED", "", "", "", "", "")
+            main.add_row(c.system, codec, str(c.workers), "FAILED", "", "", "", "", "", "")
             continue
         lo_values = [r["lo_bytes"] for r in c.rounds if r["lo_bytes"] is not None]
         lo = statistics.median(lo_values) if lo_values else None
@@ -640,12 +642,13 @@ def build_tables(
             push = statistics.median(r["push_bytes"] for r in c.rounds)
             ratio = f"{push / fp32_push[c.workers]:.4f}" if c.workers in fp32_push else "n/a"
             total = statistics.median(r["total_bytes"] for r in c.rounds)
-            main.add_row(c.system, c.codec, str(c.workers), seconds, _mb(push), ratio, _mb(total), _mb(lo),
-                         _mb(total / c.workers))
+            with_encode = _sec([r["seconds"] + r["encode_phase_s"] for r in c.rounds])
+            main.add_row(c.system, c.codec, str(c.workers), seconds, with_encode, _mb(push), ratio, _mb(total),
+                         _mb(lo), _mb(total / c.workers))
         else:
             payload = n_params * 4 * c.workers
             star = "" if c.system == "hivemind" else "(fp32) "
-            main.add_row(c.system, codec, str(c.workers), seconds, f"{star}{_mb(payload)}*", "",
+            main.add_row(c.system, codec, str(c.workers), seconds, seconds, f"{star}{_mb(payload)}*", "",
                          f"{star}{_mb(payload)}*", _mb(lo), f"{_mb(lo / c.workers)}†" if lo is not None else "n/a")
 
     phases = Table(title=escape("Where the time goes — median [min–max] seconds"), box=box.ASCII2)
@@ -821,6 +824,9 @@ def main(argv: list[str] | None = None) -> int:
         f"(a butterfly all-reduce sends 2(N-1)/N of it per peer). hivemind {hivemind_version or 'n/a'}.",
         "loopback MB: growth of the lo interface's tx bytes during the round (all framing included; "
         "other loopback traffic on the machine would be counted too).",
+        "‡ with encode: for the coordinator rows, s / round plus the slowest worker's encode of its push in that "
+        "round (the workers encode at once, before the barrier); the hivemind rows compress inside the round, "
+        "so the column repeats s / round: from each peer's Δ in hand to θ_{v+1} in hand, in both.",
         "MB / peer / round: sent+recv per worker for the coordinator rows (a worker's push and pull); † for the "
         "hivemind rows, loopback MB / N (every peer is on this machine: what one peer sends).",
         "hivemind backend: rcswarm's sync.backend = \"hivemind\" (worker/hivemind_sync.py): HivemindPeer.average "

@@ -13,7 +13,6 @@ import json
 import math
 import threading
 import time
-import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -203,17 +202,20 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
     peers: list[Any] = []
     try:
         bootstrap = wait_for(lambda: maddrs.is_file() and maddrs.read_text().split(), 60, "the bootstrap peer")
-        # Two worker peers store their records as hivemind workers do (HivemindPeer.publish, digest_record).
+        # Three worker peers store their records as hivemind workers do (store_record, digest_record).
+        ttl_s = spec().hivemind.record_ttl_s
+
+        def publish(dht: Any, peer_id: str, key: str, value: dict[str, Any]) -> bool:
+            return hs.store_record(dht, peer_id, key, value, ttl_s)
+
         torch.manual_seed(0)
         theta = {"w": torch.randn(200)}
         for name, seq_len, version in (("a", 32, 2), ("b", 32, 1), ("c", 32, 2)):
             dht = hs.start_dht(hs.HivemindOptions.loopback(bootstrap))
             peers.append(dht)
-            peer = types.SimpleNamespace(dht=dht, peer_id=str(dht.peer_id))
-            assert hs.HivemindPeer.publish(peer, hs.DIGEST_KEY, hs.digest_record(RUN, version, theta))
-            assert hs.HivemindPeer.publish(peer, hs.METRICS_KEY, metrics(name, law_rows(seq_len, 120, version)))
-        other = types.SimpleNamespace(dht=peers[0], peer_id="another-run")
-        assert hs.HivemindPeer.publish(other, hs.METRICS_KEY, {"run": "other", "name": "x", "rows": law_rows(8, 3)})
+            assert publish(dht, str(dht.peer_id), hs.DIGEST_KEY, hs.digest_record(RUN, version, theta))
+            assert publish(dht, str(dht.peer_id), hs.METRICS_KEY, metrics(name, law_rows(seq_len, 120, version)))
+        assert publish(peers[0], "another-run", hs.METRICS_KEY, {"run": "other", "name": "x", "rows": law_rows(8, 3)})
 
         def mirrored() -> Any:
             rows = sql(state, f"SELECT value FROM run_state WHERE key = '{mv.VIEW_KEY}'")
@@ -259,8 +261,7 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         maddrs.unlink()
         again = DhtCommand([*args, "--initial-peers", *hs.visible_maddrs(peers[0])])
         wait_for(maddrs.is_file, 60, "the restarted bootstrap peer")
-        peer = types.SimpleNamespace(dht=peers[0], peer_id=str(peers[0].peer_id))
-        assert hs.HivemindPeer.publish(peer, hs.METRICS_KEY, metrics("a", law_rows(32, 130, 2)))
+        assert publish(peers[0], str(peers[0].peer_id), hs.METRICS_KEY, metrics("a", law_rows(32, 130, 2)))
         wait_for(lambda: sql(state, "SELECT COUNT(*) FROM metrics")[0][0] >= 3 * 120 + 10, 60, "the restarted mirror")
         time.sleep(1.0)  # a few more polls
         assert again.close() == 0
@@ -269,8 +270,7 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         for seq_len in (8, 128):
             other = dataclasses.replace(spec(), run=dataclasses.replace(spec().run, name=f"{RUN}-{seq_len}"))
             record = {**metrics("a", law_rows(seq_len, 120)), "run": other.run.name}
-            assert hs.HivemindPeer.publish(types.SimpleNamespace(dht=peers[1], peer_id=f"p-{seq_len}"), hs.METRICS_KEY,
-                                           record)
+            assert publish(peers[1], f"p-{seq_len}", hs.METRICS_KEY, record)
             mirror = dht_cli.Mirror(other, tmp_path / "runs" / other.run.name)
             try:
                 assert wait_for(lambda: mirror.poll(peers[1]), 30, f"the rows of {other.run.name}") == 120

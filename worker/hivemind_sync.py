@@ -473,7 +473,7 @@ class HivemindPeer:
         return Averaged(averaged, gathered, seconds)
 
     def publish(self, key: str, value: dict[str, Any]) -> bool:
-        return bool(self.dht.store(key, value, get_dht_time() + self.rules.record_ttl_s, subkey=self.peer_id))
+        return store_record(self.dht, self.peer_id, key, value, self.rules.record_ttl_s)
 
     def records(self, key: str, run: str) -> dict[str, dict[str, Any]]:
         """Every valid record under `key` for `run`, by peer id (this peer's included)."""
@@ -494,6 +494,11 @@ def _wait_for_group(control: Any, deadline: float) -> float | None:
             return time.monotonic()
         time.sleep(0.01)
     return None
+
+
+def store_record(dht: hivemind.DHT, peer_id: str, key: str, value: dict[str, Any], ttl_s: float) -> bool:
+    """Store `value` under `key`, subkey `peer_id`, for `ttl_s` seconds; whether the DHT accepted it."""
+    return bool(dht.store(key, value, get_dht_time() + ttl_s, subkey=peer_id))
 
 
 def read_records(dht: hivemind.DHT, key: str, run: str) -> dict[str, dict[str, Any]]:
