@@ -72,6 +72,7 @@ START_TIMEOUT_S = 90.0
 AWAIT_WAIT_S = 10.0
 STOP_GRACE_S = 5.0
 INT8_BLOCK = 256
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def read_lo_tx() -> int | None:
@@ -94,6 +95,21 @@ def _child_setup(log_path: str, threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def session_cpu_s(sid: int) -> float:
+    """CPU seconds (user + system) of the live processes of session `sid`: a peer with its DHT, averager and
+    p2pd, or the coordinator (Linux /proc; 0.0 where it is unreadable)."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After "pid (comm)": state ppid pgrp session ... utime (11th) stime (12th).
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:
+                ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / CLK_TCK
 
 
 def random_tensors(shapes: list[tuple[str, tuple[int, ...]]], seed: int, norm: float) -> dict[str, Any]:
@@ -127,6 +143,7 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
         from rcswarm.worker.client import CoordinatorClient, RetryPolicy, Timeouts
 
         codec = codecs.codec_from_name(cfg["codec"])
+        sid = os.getsid(0)
         client = CoordinatorClient(
             cfg["target"], cfg["token"], tls_ca=Path(cfg["tls_ca"]) if cfg["tls_ca"] else None,
             retry=RetryPolicy(max_elapsed_s=30.0),
@@ -140,6 +157,7 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
             out.put(("ready", rank, None))
             for r in range(cfg["total_rounds"]):
                 deltas = random_tensors(cfg["shapes"], seed=1000 * rank + r, norm=cfg["delta_norm"])
+                cpu_enc = session_cpu_s(sid)
                 t_enc = time.monotonic()  # the codec and the payload, not the random numbers
                 encoded = feedback.compress(deltas, codec, INT8_BLOCK) if feedback is not None else None
                 header, chunks = tensor_stream.build_payload(
@@ -149,6 +167,7 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
                                      tokens=1000, inner_steps=1)
                 encode_s = time.monotonic() - t_enc
                 del deltas, encoded
+                coordinator_cpu0 = session_cpu_s(cfg["coordinator_sid"]) if rank == 0 else 0.0
                 barrier.wait(timeout=cfg["timeout"])
                 lo0 = read_lo_tx()
                 sent0, recv0 = client.bytes_sent, client.bytes_received
@@ -167,9 +186,12 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
                 if new_version != version + 1:
                     raise RuntimeError(f"pulled version {new_version}, expected {version + 1}")
                 version = new_version
+                cpu_s = session_cpu_s(sid) - cpu_enc  # the encode and the round
+                barrier.wait(timeout=cfg["timeout"])  # every worker holds v+1: the coordinator's part is done
+                coordinator_cpu_s = session_cpu_s(cfg["coordinator_sid"]) - coordinator_cpu0 if rank == 0 else None
                 out.put(("round", rank, dict(
-                    round=r, t0=t0, t_push=t_push, t_await=t_await, t1=t1, lo0=lo0, lo1=lo1,
-                    encode_s=encode_s, push_bytes=push_bytes,
+                    round=r, t0=t0, t_push=t_push, t_await=t_await, t1=t1, lo0=lo0, lo1=lo1, cpu_s=cpu_s,
+                    coordinator_cpu_s=coordinator_cpu_s, encode_s=encode_s, push_bytes=push_bytes,
                     sent=client.bytes_sent - sent0, received=client.bytes_received - recv0,
                 )))
             client.leave(joined, "benchmark done")
@@ -190,7 +212,7 @@ def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | Non
         import hivemind
         from hivemind.averaging.control import AveragingStage
 
-        n = cfg["workers"]
+        n, sid = cfg["workers"], os.getsid(0)
         tensors = list(random_tensors(cfg["shapes"], seed=rank, norm=cfg["delta_norm"]).values())
         dht = hivemind.DHT(
             start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=initial_peers,
@@ -210,6 +232,7 @@ def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | Non
                     for t, f in zip(local, fresh.values(), strict=True):
                         t.copy_(f)
                     del fresh
+                cpu0 = session_cpu_s(sid)
                 barrier.wait(timeout=cfg["timeout"])
                 lo0 = read_lo_tx()
                 t0 = time.monotonic()
@@ -226,7 +249,7 @@ def hivemind_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | Non
                     raise RuntimeError(f"averager.step() returned {gathered!r}; expected a group of {n}")
                 out.put(("round", rank, dict(
                     round=r, t0=t0, t_allreduce=t_allreduce if t_allreduce is not None else t0, t1=t1,
-                    lo0=lo0, lo1=lo1,
+                    lo0=lo0, lo1=lo1, cpu_s=session_cpu_s(sid) - cpu0,
                 )))
             print(f"{time.strftime('%H:%M:%S')} peer {rank}: {cfg['total_rounds']} rounds done; shutting down",
                   flush=True)
@@ -250,7 +273,7 @@ def backend_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | None
         from rcswarm.protos.outer import outer_step
         from rcswarm.worker import hivemind_sync as hs
 
-        n, names = cfg["workers"], [name for name, _ in cfg["shapes"]]
+        n, names, sid = cfg["workers"], [name for name, _ in cfg["shapes"]], os.getsid(0)
         shapes = [shape for _, shape in cfg["shapes"]]
         theta = random_tensors(cfg["shapes"], seed=7, norm=100.0)
         momentum = {name: torch.zeros_like(t) for name, t in theta.items()}
@@ -264,6 +287,7 @@ def backend_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | None
             out.put(("ready", rank, None))
             for r in range(cfg["total_rounds"]):
                 deltas = list(random_tensors(cfg["shapes"], seed=1000 * rank + r, norm=cfg["delta_norm"]).values())
+                cpu0 = session_cpu_s(sid)
                 barrier.wait(timeout=cfg["timeout"])
                 lo0 = read_lo_tx()
                 t0 = time.monotonic()
@@ -278,7 +302,7 @@ def backend_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | None
                 t1 = time.monotonic()
                 lo1 = read_lo_tx()
                 out.put(("round", rank, dict(round=r, t0=t0, t_allreduce=t0, t_step=t_allreduce, t1=t1,
-                                             lo0=lo0, lo1=lo1)))
+                                             lo0=lo0, lo1=lo1, cpu_s=session_cpu_s(sid) - cpu0)))
         finally:
             peer.shutdown()
         out.put(("done", rank, None))
@@ -392,6 +416,10 @@ def _collect(out: Any, config: Config, n: int, warmup: int, total: int, deadline
         lo1 = [x["lo1"] for x in records]
         agg: dict[str, Any] = {
             "seconds": max(x["t1"] for x in records) - t0,
+            # CPU seconds of each worker/peer (its process session) in the round, and of the coordinator.
+            "cpu_s": [x["cpu_s"] for x in records],
+            "coordinator_cpu_s": next((x["coordinator_cpu_s"] for x in records if x.get("coordinator_cpu_s") is not None),
+                                      0.0),
             "lo_bytes": (max(lo1) - min(lo0)) if None not in lo0 + lo1 else None,
         }
         if config.system.startswith("rcswarm"):
@@ -481,7 +509,7 @@ def run_rcswarm(
             cfg = dict(
                 log=str(logs / f"worker-{rank}.log"), threads=args.threads, codec=codec, target=f"127.0.0.1:{port}",
                 token=token, timeout=args.timeout, total_rounds=total, shapes=shapes, delta_norm=args.delta_norm,
-                tls_ca=tls_ca,
+                tls_ca=tls_ca, coordinator_sid=coordinator.pid,  # start_new_session: its own session
             )
             CHILDREN.add(ctx.Process(target=rcswarm_worker, args=(rank, cfg, barrier, out), daemon=False)).start()
         _wait_ready(out, n, deadline, config)
@@ -667,7 +695,24 @@ def build_tables(
             phases.add_row(c.system, "fp32 (none)" if c.system == "hivemind" else c.codec, str(c.workers), "", "", "",
                            "", _sec([r["allreduce_s"] for r in c.rounds]), f"{c.setup_s:.1f}")
 
-    tables = [main, phases]
+    cpu = Table(title=escape("CPU seconds per round (user + system, each process group: a worker, a peer with its "
+                             "DHT, averager and p2pd, the coordinator) — median [min–max] over measured rounds"),
+                box=box.ASCII2)
+    for col in ("system", "codec", "workers", "coordinator", "busiest worker / peer", "all processes",
+                "busiest machine ¶"):
+        cpu.add_column(col, justify="left" if col in ("system", "codec") else "right")
+    for c in configs:
+        if c.error or not c.rounds:
+            continue
+        coordinator = [r["coordinator_cpu_s"] for r in c.rounds]
+        busiest_peer = [max(r["cpu_s"]) for r in c.rounds]
+        every = [sum(r["cpu_s"]) + r["coordinator_cpu_s"] for r in c.rounds]
+        machine = [max(a, b) for a, b in zip(coordinator, busiest_peer)]
+        cpu.add_row(c.system, "fp32 (none)" if c.system == "hivemind" else c.codec, str(c.workers),
+                    _sec(coordinator) if c.system.startswith("rcswarm") else "–", _sec(busiest_peer), _sec(every),
+                    _sec(machine))
+
+    tables = [main, phases, cpu]
     if coordinator_times:
         close = Table(title=escape("Coordinator close-round pieces, timed in-process — median [min–max] seconds"),
                       box=box.ASCII2)
@@ -827,6 +872,9 @@ def main(argv: list[str] | None = None) -> int:
         "‡ with encode: for the coordinator rows, s / round plus the slowest worker's encode of its push in that "
         "round (the workers encode at once, before the barrier); the hivemind rows compress inside the round, "
         "so the column repeats s / round: from each peer's Δ in hand to θ_{v+1} in hand, in both.",
+        "¶ busiest machine: with one machine per process group (each peer, each worker, the coordinator on a box "
+        "of its own), no round can take less CPU time than this on one core: the coordinator's for the coordinator "
+        "rows (its close grows with N), the busiest peer's for the hivemind rows. Worker CPU includes its encode.",
         "MB / peer / round: sent+recv per worker for the coordinator rows (a worker's push and pull); † for the "
         "hivemind rows, loopback MB / N (every peer is on this machine: what one peer sends).",
         "hivemind backend: rcswarm's sync.backend = \"hivemind\" (worker/hivemind_sync.py): HivemindPeer.average "
