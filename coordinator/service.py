@@ -647,7 +647,7 @@ class SwarmCoordinator:
 
     def _assignment(self, worker: WorkerRecord) -> pb.TrainingAssignment:
         """What `worker` trains from the current version, with its pace (lock held)."""
-        assignment = self.tracker.assignment(self.version, worker.assigned)
+        assignment = self.tracker.assignment(self.shown_version, worker.assigned)
         assignment.inner_steps = self.pace.steps_for(worker.worker_id)
         assignment.round_seconds = self.pace.round_seconds
         return assignment
@@ -1027,7 +1027,7 @@ class SwarmCoordinator:
                 latest_loss=sum(losses) / len(losses) if losses else math.nan,
                 tokens_per_second=self.total_tokens / elapsed if elapsed > 0 else 0.0,
                 param_sha256=self.param_sha256.hex(), total_tokens=min(self.total_tokens, INT64_MAX),
-                curriculum=self.tracker.status(now, self.version), applied_tokens=min(self.applied_tokens, INT64_MAX),
+                curriculum=self.tracker.status(now, self.shown_version), applied_tokens=min(self.applied_tokens, INT64_MAX),
                 pace=self.pace.reason,
             )
             for w in self._listed_workers():

@@ -110,6 +110,25 @@ def test_reported_versions_take_the_curriculum_step_of_each_round_once(tmp_path:
         restarted.close()
 
 
+def test_a_fixed_schedule_is_shown_at_the_version_the_workers_report(tmp_path: Path) -> None:
+    """With the hivemind backend the coordinator's own version stays 0 (it closes no rounds): the assignment it
+    shows and the status's curriculum follow the version its workers report, as each worker's schedule does."""
+    spec = tiny_spec(run={"name": "hm", "rounds": 20}, sync={"backend": "hivemind"}, inner={"steps": 5},
+                     data={"batch_size": 4}, curriculum={"schedule": [[0, 4, 4], [10, 8, 2]]})
+    coordinator = SwarmCoordinator(spec, StateStore(tmp_path), clock=lambda: 1000.0)
+    try:
+        a = coordinator.join(pb.JoinRequest(worker_name="a"))
+        assert (a.assignment.seq_len, a.assignment.batch_size) == (4, 4)
+        coordinator.report_metrics(pb.ReportMetricsRequest(**creds(a), metrics=round_rows(1, 4, 5, 0.0)))
+        beat = coordinator.heartbeat(pb.HeartbeatRequest(**creds(a)))
+        assert coordinator.version == 0 and coordinator.peer_version == 2
+        assert (beat.assignment.seq_len, beat.assignment.batch_size, beat.assignment.version) == (8, 2, 2)
+        assert "step 10 (version 2)" in beat.assignment.reason
+        assert coordinator.status().curriculum.seq_len == 8
+    finally:
+        coordinator.close()
+
+
 def test_the_coordinator_backend_decides_at_its_own_closes_only(tmp_path: Path) -> None:
     now = [1000.0]
     coordinator = SwarmCoordinator(adaptive_spec("coordinator"), StateStore(tmp_path), clock=lambda: now[0])
