@@ -726,6 +726,18 @@ def build_tables(
     return tables
 
 
+def write_json(path: Path | None, hivemind_version: str | None, wall_s: float, sizes: dict[str, tuple[list, int]],
+               results: dict[str, tuple[list[Config], dict[int, dict[str, list[float]]]]]) -> None:
+    """The raw per-round results of the presets done so far (nothing without --json)."""
+    if path is None:
+        return
+    path.write_text(json.dumps({
+        "hivemind": hivemind_version, "wall_s": wall_s,
+        "presets": {preset: {"n_params": sizes[preset][1], "configs": [asdict(c) for c in configs],
+                             "coordinator_times": times} for preset, (configs, times) in results.items()},
+    }, indent=1))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Benchmark one rcswarm sync round against hivemind's averager.")
     p.add_argument("--workers", type=int, nargs="+", default=None, help="worker counts (default: 2 4)")
@@ -820,8 +832,10 @@ def main(argv: list[str] | None = None) -> int:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err_console, transient=False) as progress:
             task = progress.add_task("rounds", total=total_rounds)
-            for preset, (shapes, _) in sizes.items():
+            for preset, (shapes, n_params) in sizes.items():
                 args.preset = preset
+                preset_dir = work / preset  # each preset's configurations in their own directories
+                preset_dir.mkdir()
                 configs: list[Config] = []
                 coordinator_times: dict[int, dict[str, list[float]]] = {}
                 results[preset] = (configs, coordinator_times)
@@ -830,21 +844,26 @@ def main(argv: list[str] | None = None) -> int:
                     # In a child process: its N full-size updates would otherwise stay in this process's heap
                     # while the peers run (at 8 x 50 M, 3 GB the peers need).
                     with ctx.Pool(1) as pool:
-                        coordinator_times[n] = pool.apply(time_coordinator_steps, (args, work, n))
+                        coordinator_times[n] = pool.apply(time_coordinator_steps, (args, preset_dir, n))
                     progress.advance(task)
                 for system, n, codec in plan:
                     progress.update(task, description=f"{preset}: {system} {codec} x{n}")
                     tick = lambda: progress.advance(task)  # noqa: E731
                     if system.startswith("rcswarm"):
                         config = run_rcswarm(
-                            args, ctx, work, shapes, n, codec, tick, tls=system == "rcswarm+TLS",
+                            args, ctx, preset_dir, shapes, n, codec, tick, tls=system == "rcswarm+TLS",
                             durable=system != "rcswarm, no fsync",
                         )
                     else:
-                        config = run_hivemind(args, ctx, work, shapes, n, tick, codec, backend=system == "hivemind backend")
+                        config = run_hivemind(args, ctx, preset_dir, shapes, n, tick, codec,
+                                              backend=system == "hivemind backend")
                     if config.error:
                         err_console.print(f"[red]{preset}: {system} {codec} x{n} failed:[/]\n{config.error}")
                     configs.append(config)
+                # Each preset's tables as soon as it is done (a later failure or Ctrl-C keeps them), and the JSON.
+                for table in build_tables(configs, n_params, coordinator_times):
+                    console.print(table)
+                write_json(args.json, hivemind_version, time.monotonic() - wall, sizes, results)
     except KeyboardInterrupt:
         err_console.print("[red]interrupted; stopping child processes[/]")
         CHILDREN.stop_all()
@@ -856,9 +875,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     elapsed = time.monotonic() - wall
-    for preset, (configs, coordinator_times) in results.items():
-        for table in build_tables(configs, sizes[preset][1], coordinator_times):
-            console.print(table)
     notes = [
         "s / round: first worker leaving the barrier → last worker holding the new version (rcswarm: push, "
         "await_version, pull, with the coordinator's average, outer step and persisted checkpoint inside; "
@@ -888,12 +904,6 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         console.print(f"- {note}")
     console.print(f"total wall time {elapsed:.0f}s; load average at the end {_loadavg()}")
-    if args.json:
-        args.json.write_text(json.dumps({
-            "hivemind": hivemind_version, "wall_s": elapsed,
-            "presets": {preset: {"n_params": sizes[preset][1], "configs": [asdict(c) for c in configs],
-                                 "coordinator_times": times} for preset, (configs, times) in results.items()},
-        }, indent=1))
     return 1 if any(c.error for configs, _ in results.values() for c in configs) else 0
 
 
