@@ -317,8 +317,8 @@ class HivemindSection:
     state_declare_s: float = 2.0
     # How long the DHT keeps a peer's digest and metrics records.
     record_ttl_s: float = 600.0
-    # At the last version: how long a peer waits for its group's digests, then how long it serves
-    # its state for a peer that re-syncs.
+    # How long a peer waits for its round's group's digests before judging its drift, and at the last
+    # version how long it then serves its state for a peer that re-syncs.
     settle_s: float = 10.0
     state_grace_s: float = 3.0
 

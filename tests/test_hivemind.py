@@ -27,6 +27,7 @@ import torch
 
 from rcswarm.config.runspec import HivemindSection, OuterSection, RunSpec
 from rcswarm.coordinator import outer as coordinator_outer
+from rcswarm.coordinator.service import initial_parameters
 from rcswarm.protos import codec as codecs
 from rcswarm.protos import outer as protocol_outer
 from rcswarm.worker import worker as worker_cli
@@ -68,6 +69,13 @@ def no_new_p2pd(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(P2PD_TAG_ENV, tag)
     yield
     wait_for(lambda: not p2pd_pids(tag), 15.0, "the test's p2pd processes to exit")
+
+
+# Generous all-reduce timeouts (senders 40 s in the first round, 15 s after) for tests that check agreement,
+# not drops: on this 2-core VM a fresh peer's averager sometimes stalls for seconds while the kernel pages
+# its code back in (seen: a 35 s first all-reduce; 4 of 7 three-peer runs in a row dropped a peer or a
+# part under the defaults' 15 s / 5 s). The wide stalled-peer and SIGKILL tests keep the defaults.
+PATIENT = {"initial_allreduce_s": 160.0, "min_allreduce_s": 60.0}
 
 
 def hivemind_spec(**tables: dict[str, Any]) -> RunSpec:
@@ -339,14 +347,14 @@ REPLICA_TOLERANCE_PER_ROUND = 8e-4
 @pytest.mark.slow
 def test_three_peers_train_average_and_agree(swarm: Any) -> None:
     # Rules of the [hivemind] table off their defaults reach every peer through RUN.toml (logged at start-up).
-    spec = hivemind_spec(run={"name": "hm", "rounds": 5}, hivemind={"trust_factor": 5.0, "initial_allreduce_s": 70.0})
+    spec = hivemind_spec(run={"name": "hm", "rounds": 5}, hivemind={**PATIENT, "trust_factor": 5.0})
     peers = swarm(spec)
     names = ["a", "b", "c"]
     workers = [peers.worker(name) for name in names]
     peers.wait(workers, timeout=180)
     for proc in workers:
         text = Path(proc.log_path).read_text()
-        assert "hivemind rules: trust_factor 5, drift_tolerance 0.25," in text and "all-reduce timeout 70.0s" in text
+        assert "hivemind rules: trust_factor 5, drift_tolerance 0.25," in text and "all-reduce timeout 160.0s" in text
     summaries = [peers.summary(name) for name in names]
     for summary in summaries:
         history = summary["history"]
@@ -424,20 +432,32 @@ sys.exit(worker.main(sys.argv[1:]))
 @pytest.mark.parametrize("mode", ["nan", "scaled"])
 def test_a_peer_sending_nan_or_a_huge_update_reaches_no_honest_theta(swarm: Any, tmp_path: Path, mode: str) -> None:
     """The cheat's Δ enters the all-reduce; the honest peers' trust check refuses the average and skips the step."""
-    peers = swarm(hivemind_spec(run={"name": "hm", "rounds": 2}, sync={"backend": "hivemind", "codec": "fp32"}))
+    spec = hivemind_spec(run={"name": "hm", "rounds": 2}, sync={"backend": "hivemind", "codec": "fp32"})
+    peers = swarm(spec)
     script = tmp_path / "cheat.py"
     script.write_text(CHEAT.format(mode=mode))
     honest = [peers.worker("a"), peers.worker("b")]
     cheat = peers.worker("c", script=script)
     peers.wait(honest, timeout=200)
     peers.wait([cheat], timeout=60)
-    for name in ("a", "b"):
-        history = peers.summary(name)["history"]
-        assert all(h["group"] == 3 and h["skipped"] for h in history), history
-    # Both skipped every step: θ_0 on both. The scaled cheat passes its own check (its Δ is the large
-    # one) and steps away: the honest pair measures that drift and, being the larger group, keeps its θ.
-    assert_replicas_agree(peers, ["a", "b"], 0.0, drift=False)
-    assert not any("re-syncs" in Path(p.log_path).read_text() for p in honest)
+    histories = {name: peers.summary(name)["history"] for name in ("a", "b")}
+    for name, history in histories.items():
+        # Every average the cheat took part in was refused, and no NaN reached θ.
+        assert all(h["skipped"] for h in history if h["group"] == 3), history
+        assert all(torch.isfinite(t).all() for t in peers.params(name).values())
+        # hivemind's matchmaking may leave one honest peer out of one round under load (seen once in CI:
+        # its groupmates counted it, it found "no group" and stepped alone); at most once.
+        assert sum(h["group"] < 3 for h in history) <= 1, history
+    clean = [name for name, history in histories.items() if all(h["group"] == 3 for h in history)]
+    assert clean, histories
+    # A peer in every group skipped every step: it holds θ_0 exactly. The scaled cheat passes its own check
+    # (its Δ is the large one) and steps away: the honest pair measures that drift and, being the larger
+    # group, keeps its θ.
+    theta_0 = initial_parameters(spec)
+    for name in clean:
+        assert all(torch.equal(t, theta_0[key]) for key, t in peers.params(name).items()), name
+    if len(clean) == 2:
+        assert not any("re-syncs" in Path(p.log_path).read_text() for p in honest)
 
 
 @pytest.mark.slow
@@ -587,7 +607,7 @@ def test_workers_keep_averaging_while_the_coordinator_is_down(swarm: Any, start_
 def test_workers_train_the_lengths_their_coordinator_assigns(swarm: Any, start_coordinator: Any, tmp_path: Path) -> None:
     """curriculum.worker_seq_lens: each hivemind worker trains the length the coordinator assigned it
     at its join, and the two lengths average in one group (Δ̄ weighted by tokens)."""
-    spec = hivemind_spec(run={"name": "hm", "rounds": 2}, curriculum={"worker_seq_lens": [16, 48]})
+    spec = hivemind_spec(run={"name": "hm", "rounds": 2}, curriculum={"worker_seq_lens": [16, 48]}, hivemind=PATIENT)
     coordinator = start_coordinator(spec, tmp_path / "coordinator")
     peers = swarm(spec)
     procs = [peers.worker(name, "--coordinator", coordinator.target) for name in ("a", "b")]

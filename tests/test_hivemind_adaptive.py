@@ -31,7 +31,7 @@ from rcswarm.worker import hivemind_sync as hs  # noqa: E402
 from rcswarm.worker.hivemind_control import ControlPlane  # noqa: E402
 from rcswarm.worker.hivemind_worker import HivemindWorker  # noqa: E402
 from tests import test_hivemind  # noqa: E402
-from tests.test_hivemind import REPLICA_TOLERANCE_PER_ROUND, assert_replicas_agree, hivemind_spec  # noqa: E402
+from tests.test_hivemind import PATIENT, REPLICA_TOLERANCE_PER_ROUND, assert_replicas_agree, hivemind_spec  # noqa: E402
 
 # test_hivemind's fixtures: the swarm of real peers on loopback, and the check that their p2pd processes end.
 swarm, no_new_p2pd = test_hivemind.swarm, test_hivemind.no_new_p2pd
@@ -184,7 +184,8 @@ def test_hivemind_workers_climb_the_coordinators_ladder_while_averaging_peer_to_
     """Two hivemind workers with a coordinator as their control plane: the ladder 8 -> 16 advances at a
     reported version, the workers train 16 from a round boundary after it, and no tensor reaches the coordinator.
     About 30 s on the 2-core box (start-ups, 5 rounds, the last version's settling); 65 s under a benchmark's load."""
-    spec = hivemind_spec(run={"name": "hm", "rounds": 5}, inner={"steps": 4}, curriculum={**LADDER, "seq_lens": [8, 16]})
+    spec = hivemind_spec(run={"name": "hm", "rounds": 5}, inner={"steps": 4}, curriculum={**LADDER, "seq_lens": [8, 16]},
+                         hivemind=PATIENT)
     coordinator = start_coordinator(spec, tmp_path / "coordinator")
     peers = swarm(spec)
     procs = [peers.worker(name, "--coordinator", coordinator.target) for name in ("a", "b")]

@@ -16,9 +16,9 @@ the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ hivemind.trust_fa
 θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
 the peer steps with its own Δ; a refused Δ̄ skips the step (θ_{v+1} = θ_v). A peer whose group
 was at a higher version, or whose digest is off the highest-version majority's by more than the
-tolerance (hivemind.drift_tolerance), re-syncs from peers; at the last version, which no later round
-repairs, a peer waits for its group's digests before that check (hivemind.settle_s) and serves its state
-a few seconds longer (hivemind.state_grace_s). The rules in force are logged at start-up. Each
+tolerance (hivemind.drift_tolerance), re-syncs from peers, judged once its round's group has published
+its digests (or hivemind.settle_s passed); at the last version, which no later round repairs, a peer
+checks once more and serves its state a few seconds longer (hivemind.state_grace_s). The rules in force are logged at start-up. Each
 round's digest and the newest metric rows go to the DHT (worker/hivemind_sync.py), where
 `rcswarm dht --state-dir` mirrors them. With `--out DIR` the final θ goes to
 DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator` the
@@ -249,7 +249,7 @@ class HivemindWorker:
         self.peer.set_state_version(self.version)
         self.sync_seconds += time.perf_counter() - started
         group = len(result.gathered) if result is not None else 1
-        measured = self._publish(rows, base)
+        measured = self._publish(rows, base, group)
         self.history.append({
             "version": self.version, "loss": sum(r[2] for r in rows) / max(len(rows), 1), "group": group,
             "skipped": problem, "drift": measured, "allreduce_s": result.seconds if result else None,
@@ -275,23 +275,32 @@ class HivemindWorker:
         """At the last version, which no later round repairs: wait up to hivemind.settle_s for the last group's
         digests, re-sync when off the majority, then serve the state hivemind.state_grace_s longer for a peer
         that re-syncs."""
-        mine, others = self._published, {}
+        mine = self._published
         if mine is None or mine["version"] != self.version:
             return
-        deadline = time.monotonic() + self.spec.hivemind.settle_s
-        while time.monotonic() < deadline and not self.stop.is_set():
-            records = self.peer.records(hs.DIGEST_KEY, self.spec.run.name).items()
-            others = {peer: r for peer, r in records if peer != self.peer.peer_id and r["version"] == self.version}
-            if len(others) >= self.history[-1]["group"] - 1:
-                break
-            time.sleep(0.2)
+        others = {peer: r for peer, r in self._group_digests(self.history[-1]["group"]).items()
+                  if r["version"] == self.version}
         reason = hs.resync_reason(self.peer.peer_id, mine, others, self.spec.hivemind.drift_tolerance)
         if reason:
             self._resync(f"at the last version: {reason}")
         self.stop.wait(self.spec.hivemind.state_grace_s)
 
-    def _publish(self, rows: list[list[float]], base: list[torch.Tensor]) -> float:
-        """Store this version's digest and metrics; re-sync when off the majority. Returns the measured drift."""
+    def _group_digests(self, group: int) -> dict[str, dict[str, Any]]:
+        """The other peers' digest records by peer id, once the `group` − 1 others of this version's group have
+        published theirs or hivemind.settle_s passed: judged on part of its group, a peer could see one drifted
+        groupmate (a cheat stepping alone) as large a cluster as its own and re-sync from it."""
+        deadline = time.monotonic() + self.spec.hivemind.settle_s
+        while True:
+            others = {peer: r for peer, r in self.peer.records(hs.DIGEST_KEY, self.spec.run.name).items()
+                      if peer != self.peer.peer_id}
+            level = sum(r["version"] == self.version for r in others.values())
+            if level >= group - 1 or time.monotonic() >= deadline or self.stop.is_set():
+                return others
+            time.sleep(0.2)
+
+    def _publish(self, rows: list[list[float]], base: list[torch.Tensor], group: int) -> float:
+        """Store this version's digest and metrics; re-sync when off the majority of its group (waiting for the
+        group's digests, `_group_digests`). Returns the measured drift."""
         run = self.spec.run.name
         params = dict(zip(self.names, self._snapshot[1]))
         mine = hs.digest_record(run, self.version, params, {n: p - b for n, p, b in zip(self.names, params.values(), base)})
@@ -304,7 +313,7 @@ class HivemindWorker:
                 tokens=0, wall_time=time.perf_counter() - self.started, compute_seconds=self.compute_seconds,
                 sync_seconds=self.sync_seconds, param_sha256=mine["sha256"])])
         self.peer.publish(hs.METRICS_KEY, {"run": run, "name": self.name, "rows": list(self.recent_rows)})
-        others = {peer: r for peer, r in self.peer.records(hs.DIGEST_KEY, run).items() if peer != self.peer.peer_id}
+        others = self._group_digests(group)
         same = [hs.drift(mine, r) for r in others.values() if r["version"] == self.version]
         reason = hs.resync_reason(self.peer.peer_id, mine, others, self.spec.hivemind.drift_tolerance)
         if reason:
