@@ -57,10 +57,10 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import aggregation
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
 from rcswarm.models import registry
-from rcswarm.protos import tensor_stream
-from rcswarm.worker.inner import make_sampler, masked_cross_entropy
+from rcswarm.state.store import StateStore
+from rcswarm.sync import tensor_stream
+from rcswarm.train.inner import make_sampler, masked_cross_entropy
 from rcswarm.worker.worker import Worker, WorkerOptions
 
 TOKEN = "aggregation-bench-token"

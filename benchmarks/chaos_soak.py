@@ -53,9 +53,9 @@ from typing import Any, Callable
 import grpc
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.state.store import StateStore
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts
 
 TOKEN = "chaos-soak-token-0123456789"

@@ -28,9 +28,9 @@ import urllib.request
 from pathlib import Path
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.dashboard import Dashboard
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
+from rcswarm.observe.dashboard import Dashboard
+from rcswarm.state.store import StateStore
 
 BATCH = 100_000
 

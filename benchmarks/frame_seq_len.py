@@ -5,7 +5,7 @@ CPU: the frame model trains for the same number of steps at each window length L
 fixed, so longer windows see more actions per step), on a small set of typed documents it
 is meant to overfit, through the worker's own inner step (streaming BPTT, k frames at a
 time). The loss at the matched step is the mean training loss over the last 10% of steps;
-loss(L) ≈ A · L^(−α) is fitted in log–log space (rcswarm.coordinator.fits).
+loss(L) ≈ A · L^(−α) is fitted in log–log space (rcswarm.observe.fits).
 
     python benchmarks/frame_seq_len.py [--preset tiny] [--lengths 2 4 8 16] [--steps 300] [--plot out.png]
 """
@@ -23,9 +23,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.fits import fit_power_law
 from rcswarm.models import registry
-from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler
+from rcswarm.observe.fits import fit_power_law
+from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler
 
 
 def train_at(length: int, args: argparse.Namespace, progress: Progress) -> dict[str, float]:

@@ -40,8 +40,8 @@ from rcswarm.cli.run import evaluate
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,8 +35,8 @@ from pathlib import Path
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.state.store import StateStore
 
 TOKEN = "bench-token-0123456789"
 POLL_S = 0.05

@@ -50,12 +50,12 @@ import torch
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
-from rcswarm.protos import codec as codecs
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
+from rcswarm.state.store import StateStore
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import tensor_stream
 
 TOKEN = "round-close-bench-token"
 # d_model of the 3-layer residual LSTM LM at each size (parameter counts printed by the run).

@@ -137,9 +137,9 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
     """Join, pull once, then rounds of push → await_version(v+1) → pull; results on ``out``."""
     try:
         _child_setup(cfg["log"], cfg["threads"])
-        from rcswarm.protos import codec as codecs
-        from rcswarm.protos import tensor_stream
         from rcswarm.protos.v1 import coordinator_pb2 as pb
+        from rcswarm.sync import codec as codecs
+        from rcswarm.sync import tensor_stream
         from rcswarm.worker.client import CoordinatorClient, RetryPolicy, Timeouts
 
         codec = codecs.codec_from_name(cfg["codec"])
@@ -270,7 +270,7 @@ def backend_peer(rank: int, cfg: dict[str, Any], initial_peers: list[str] | None
         import torch
 
         from rcswarm.config.runspec import OuterSection
-        from rcswarm.protos.outer import outer_step
+        from rcswarm.sync.outer import outer_step
         from rcswarm.worker import hivemind_sync as hs
 
         n, names, sid = cfg["workers"], [name for name, _ in cfg["shapes"]], os.getsid(0)
@@ -584,11 +584,10 @@ def time_coordinator_steps(args: argparse.Namespace, work: Path, n: int) -> dict
     import torch
 
     from rcswarm.config.runspec import OuterSection
-    from rcswarm.coordinator import outer
-    from rcswarm.coordinator.store import RoundRecord, StateStore
     from rcswarm.models import registry
-    from rcswarm.protos import tensor_stream
     from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from rcswarm.state.store import RoundRecord, StateStore
+    from rcswarm.sync import outer, tensor_stream
 
     model = registry.build_model("lstm_lm", args.preset, seed=0)
     params = {k: p.detach().clone() for k, p in model.named_parameters()}

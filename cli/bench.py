@@ -31,7 +31,7 @@ from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.data.diagnostics import TASKS, Batch, DiagnosticTask, make_task
 from rcswarm.models import registry
-from rcswarm.worker.inner import train_step
+from rcswarm.train.inner import train_step
 
 # What "accuracy by ..." groups on, per task (a key of the task's meta or position_meta).
 DEFAULT_GROUP = {"frjt": "depth", "maze": "depth", "mqar": "distance", "s5": "length"}

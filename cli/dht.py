@@ -8,12 +8,12 @@ It runs one DHT node (no averager, no training) with rcswarm's record validator 
 multiaddrs, which workers pass as `--initial-peers`; with `--identity-path` the peer id, hence the
 multiaddrs, survive restarts. With `--config` and `--state-dir` it polls the run's digest and metric
 records (worker/hivemind_sync.py) every `--poll-s` seconds, appends the metric rows it has not seen to
-the state dir's SQLite (coordinator/store.py) and stores the swarm's view (its version, each peer's
-version, newest row and when it was last seen; coordinator/mirror_view.py), so `rcswarm fit DIR`,
+the state dir's SQLite (state/store.py) and stores the swarm's view (its version, each peer's
+version, newest row and when it was last seen; observe/mirror_view.py), so `rcswarm fit DIR`,
 `rcswarm status --state-dir DIR` and the dashboard work as with a coordinator. With `--http-port` it
 serves the coordinator's dashboard over that state dir, read-only, while it mirrors: loopback by
 default; elsewhere the join token ($RCSWARM_TOKEN) is required unless `--http-insecure`
-(coordinator/dashboard/auth.py). SIGTERM or SIGINT stops it (and its p2pd).
+(observe/dashboard/auth.py). SIGTERM or SIGINT stops it (and its p2pd).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ class Mirror:
     (one thread). A restarted mirror resumes after the newest step its stored view holds per peer."""
 
     def __init__(self, spec: RunSpec, state_dir: Path) -> None:
-        from rcswarm.coordinator.mirror_view import VIEW_KEY, SwarmView
-        from rcswarm.coordinator.store import StateStore
+        from rcswarm.observe.mirror_view import VIEW_KEY, SwarmView
+        from rcswarm.state.store import StateStore
 
         self.spec = spec
         self.store = StateStore(state_dir)
@@ -101,7 +101,7 @@ class Mirror:
 
     def poll(self, dht: Any) -> int:
         """Read the run's records, append the new rows, store the updated view; the number of rows written."""
-        from rcswarm.coordinator.mirror_view import VIEW_KEY, update_view
+        from rcswarm.observe.mirror_view import VIEW_KEY, update_view
         from rcswarm.worker import hivemind_sync as hs
 
         now = time.time()
@@ -133,7 +133,7 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return f"--http-port {args.http_port}: expected 0..65535"
     if args.stale_s is not None and not args.stale_s > 0:
         return f"--stale-s {args.stale_s}: expected seconds > 0"
-    from rcswarm.coordinator.dashboard.auth import decide_dashboard_auth
+    from rcswarm.observe.dashboard.auth import decide_dashboard_auth
 
     try:
         required, _ = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
@@ -147,9 +147,9 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
 
 def start_dashboard(args: argparse.Namespace) -> Any:
     """The dashboard over the mirrored state dir (a `MirrorRun`), started; auth as the coordinator's."""
-    from rcswarm.coordinator.dashboard import Dashboard
-    from rcswarm.coordinator.dashboard.auth import SessionAuth, decide_dashboard_auth
-    from rcswarm.coordinator.mirror_view import STALE_S, MirrorRun
+    from rcswarm.observe.dashboard import Dashboard
+    from rcswarm.observe.dashboard.auth import SessionAuth, decide_dashboard_auth
+    from rcswarm.observe.mirror_view import STALE_S, MirrorRun
 
     required, warning = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
     if warning:

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
-from rcswarm.coordinator.analysis import (
+from rcswarm.observe.analysis import (
     DEFAULT_SMOOTH_STEPS,
     Analysis,
     Columns,
@@ -38,7 +38,7 @@ from rcswarm.coordinator.analysis import (
     read_metrics,
     read_state_dirs,
 )
-from rcswarm.coordinator.fits import amplitude_from_points, per_doubling, smooth_losses
+from rcswarm.observe.fits import amplitude_from_points, per_doubling, smooth_losses
 
 
 def _seconds(value: float | None) -> str:

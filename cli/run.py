@@ -48,16 +48,16 @@ from rcswarm.cli.fit import plot as plot_fit
 from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.analysis import FitReport, analyse, length_curves, read_state_dirs
-from rcswarm.coordinator.fits import fit_power_law
-from rcswarm.coordinator.report import summarize
-from rcswarm.coordinator.store import StateStore, split_checkpoint
 from rcswarm.coordinator.sweep import run_state_dirs
 from rcswarm.models import registry
+from rcswarm.observe.analysis import FitReport, analyse, length_curves, read_state_dirs
+from rcswarm.observe.fits import fit_power_law
+from rcswarm.observe.report import summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.state.store import StateStore, split_checkpoint
+from rcswarm.train.inner import make_sampler, masked_cross_entropy
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
-from rcswarm.worker.inner import make_sampler, masked_cross_entropy
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0

@@ -11,7 +11,7 @@ sweep's runs in the state dirs below it) is read through its store, opened read-
 fitted as its dashboard fits it.
 Without `--coordinator`, `--state-dir` names a state dir `rcswarm dht --config RUN.toml --state-dir DIR`
 mirrors a hivemind swarm into: the same tables come from the store, read-only
-(coordinator/mirror_view.py `mirrored_status`: the swarm's version of the run's rounds, each peer a
+(observe/mirror_view.py `mirrored_status`: the swarm's version of the run's rounds, each peer a
 worker, active while its records advanced within `--stale-s`, else stale), with the fit as above.
 Exit codes: 0 ok, 1 the coordinator refused or could not be reached, 2 bad arguments (or no mirrored state).
 """
@@ -33,7 +33,7 @@ from rich.table import Table
 
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
+from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
 from rcswarm.protos.transport import ClientTLS, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
@@ -177,8 +177,8 @@ def read_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[FitReport,
     Each run's state dir (the coordinator's, or one below a sweep's, coordinator/sweep.py
     `run_state_dir`) is the one whose state.sqlite stores its run id; it is opened read-only.
     """
-    from rcswarm.coordinator.dashboard.views import presentation
-    from rcswarm.coordinator.store import StateStore
+    from rcswarm.observe.dashboard.views import presentation
+    from rcswarm.state.store import StateStore
 
     wanted = [run.run_id for run in status.runs] or [status.run_id]
     _, clock = presentation(wanted != [status.run_id])
@@ -227,7 +227,7 @@ def mirrored(state_dir: Path, stale_s: float) -> tuple[pb.GetStatusResponse, flo
     """GetStatus of the swarm mirrored into `state_dir` and the seconds since the mirror's last poll."""
     import time
 
-    from rcswarm.coordinator.mirror_view import mirrored_status, open_mirror, read_view
+    from rcswarm.observe.mirror_view import mirrored_status, open_mirror, read_view
 
     store = open_mirror(state_dir)
     try:
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def main_mirrored(args: argparse.Namespace) -> int:
     """`rcswarm status --state-dir DIR` without a coordinator: the mirrored swarm, read from its store."""
-    from rcswarm.coordinator.mirror_view import STALE_S
+    from rcswarm.observe.mirror_view import STALE_S
 
     if args.state_dir is None:
         return usage_error("rcswarm status", "expected --coordinator HOST:PORT, or --state-dir DIR of a hivemind swarm "

@@ -110,9 +110,9 @@ from dataclasses import dataclass
 import torch
 
 from rcswarm.config.runspec import InnerSection, SyncSection
-from rcswarm.coordinator import outer
-from rcswarm.protos import codec as codecs
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import outer
 
 Tensors = dict[str, torch.Tensor]
 

@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from rcswarm.config.runspec import CurriculumSection, RunSpec
-from rcswarm.coordinator import analysis, fits
 from rcswarm.coordinator.decisions import Decision
-from rcswarm.coordinator.store import StateStore
+from rcswarm.observe import analysis, fits
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
 
 # The run_state key holding the curriculum's state (CurriculumState as JSON).
 CURRICULUM_KEY = "curriculum_state"

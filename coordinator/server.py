@@ -610,11 +610,11 @@ class RunningCoordinator:
         self._tick_record = TickRecord(time.monotonic())
         self._ticker = threading.Thread(target=self._tick_loop, name="ticker", daemon=True)
         self._health_thread = threading.Thread(target=self._health_loop, name="health", daemon=True)
-        # The optional HTTP dashboard (coordinator/dashboard.py); None unless http_port is given.
+        # The optional HTTP dashboard (observe/dashboard.py); None unless http_port is given.
         self.dashboard: Any = None
         if http_port is not None:
-            from rcswarm.coordinator.dashboard import Dashboard
-            from rcswarm.coordinator.dashboard.auth import SessionAuth, decide_dashboard_auth
+            from rcswarm.observe.dashboard import Dashboard
+            from rcswarm.observe.dashboard.auth import SessionAuth, decide_dashboard_auth
 
             required = http_token_required
             if required is None:
@@ -778,7 +778,7 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     if args.health_port and args.health_port == args.port:
         return f"--health-port {args.health_port}: the same as --port; expected another port"
     if args.http_port is not None:
-        from rcswarm.coordinator.dashboard.auth import decide_dashboard_auth
+        from rcswarm.observe.dashboard.auth import decide_dashboard_auth
 
         try:
             decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
@@ -830,7 +830,7 @@ def _log_security(args: argparse.Namespace, running: RunningCoordinator, quick: 
         dashboard = running.dashboard
         log.info("dashboard on %s (metrics at %smetrics)%s", dashboard.url, dashboard.url,
                  "; it requires the join token (Authorization: Bearer, or log in at /login)" if dashboard.auth else "")
-        from rcswarm.coordinator.dashboard.auth import decide_dashboard_auth
+        from rcswarm.observe.dashboard.auth import decide_dashboard_auth
 
         _, warning = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure, args.http_tls)
         if warning is not None:

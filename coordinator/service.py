@@ -63,13 +63,14 @@ import grpc
 import torch
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator import aggregation, decisions, outer
+from rcswarm.coordinator import aggregation, decisions
 from rcswarm.coordinator import curriculum as curricula
-from rcswarm.coordinator.store import RoundRecord, StateStore
 from rcswarm.models import registry
-from rcswarm.protos import codec as codecs
-from rcswarm.protos import tensor_stream
+from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import outer, tensor_stream
 
 # Spec keys a restart on an existing state dir may change; any other change is refused.
 RESTART_MUTABLE = (
@@ -1090,15 +1091,7 @@ class SwarmCoordinator:
 
     def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
         """This run in one line, from `status` when the caller already has it (else takes `_lock` via `status`)."""
-        status = status or self.status()
-        current = status.curriculum
-        return pb.RunSummary(
-            run_id=status.run_id, version=status.version, run_state=status.run_state, target_rounds=status.target_rounds,
-            seq_len=current.seq_len or self.spec.data.seq_len, batch_size=current.batch_size or self.spec.data.batch_size,
-            active_workers=sum(1 for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE),
-            latest_loss=status.latest_loss, total_tokens=status.total_tokens, tokens_per_second=status.tokens_per_second,
-            curriculum=current,
-        )
+        return run_summary(self.spec, status or self.status())
 
     def tick(self) -> None:
         """Evict expired workers and persistent outliers, forget long-ended ones and close the round if it is

@@ -38,8 +38,8 @@ import grpc
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import Refusal, SwarmCoordinator, first_part, require_secret
-from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Interfaces that models implement for the training layer, beside the registry's model contract.
 
 `StepModel`: a model shaped "per-step encoder + recurrent core", which
-`rcswarm.worker.streaming_bptt.streaming_backward` trains over long windows with
+`rcswarm.train.bptt.streaming.streaming_backward` trains over long windows with
 activation memory flat in the window length:
 
 - `encode(steps [B, k, *S]) -> embeddings [B, k, D]`: embedding t depends on

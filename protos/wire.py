@@ -10,7 +10,7 @@ from __future__ import annotations
 TOKEN_ENV = "RCSWARM_TOKEN"
 
 # Largest gRPC message either side sends or accepts; tensors travel in chunks of at most 1 MiB
-# (protos/tensor_stream.py), so this bounds a chunk plus its header with room to spare.
+# (sync/tensor_stream.py), so this bounds a chunk plus its header with room to spare.
 MAX_MESSAGE_BYTES = 4 << 20
 
 # gRPC channel and server options that apply MAX_MESSAGE_BYTES in both directions.

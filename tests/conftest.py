@@ -19,7 +19,7 @@ import torch
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
+from rcswarm.state.store import StateStore
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
 TOKEN = "test-token-0123456789"

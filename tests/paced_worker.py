@@ -19,7 +19,7 @@ import time
 import torch
 
 from rcswarm.protos.wire import TOKEN_ENV
-from rcswarm.worker.inner import StepResult
+from rcswarm.train.inner import StepResult
 from rcswarm.worker.worker import Worker, WorkerOptions
 
 

@@ -20,15 +20,15 @@ from rich.console import Console
 
 from rcswarm.cli import status as status_cli
 from rcswarm.config.runspec import InnerSection, RunSpec
-from rcswarm.coordinator import aggregation, decisions, outer
+from rcswarm.coordinator import aggregation, decisions
 from rcswarm.coordinator.aggregation import AggregationOptions, Update
-from rcswarm.coordinator.dashboard import render, views
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import RoundRecord, StateStore
 from rcswarm.models import registry
-from rcswarm.protos import tensor_stream
+from rcswarm.observe.dashboard import render, views
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.worker.inner import make_inner_optimizer, train_step
+from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.sync import outer, tensor_stream
+from rcswarm.train.inner import make_inner_optimizer, train_step
 from rcswarm.worker.worker import Worker, WorkerOptions
 from tests.conftest import TOKEN, creds, sql, tiny_spec, wait_for
 

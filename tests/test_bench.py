@@ -8,7 +8,7 @@ import pytest
 
 from rcswarm.cli import bench as diag_bench
 from rcswarm.config.runspec import RunSpec
-from rcswarm.worker.inner import make_sampler
+from rcswarm.train.inner import make_sampler
 
 
 def test_bench_diag_writes_table_plot_and_swarm_configs(tmp_path):

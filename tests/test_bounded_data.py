@@ -22,11 +22,11 @@ import torch
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import decisions
 from rcswarm.coordinator.service import STATUS_ENDED_WORKERS, SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
+from rcswarm.state.store import StateStore
+from rcswarm.sync import tensor_stream
 from tests.conftest import TOKEN, creds, sql, tiny_spec, wait_for
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rcswarm.worker.checkpoint_schedule import (
+from rcswarm.train.bptt.schedule import (
     ADVANCE,
     RESTORE,
     STORE,

@@ -16,12 +16,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rcswarm.coordinator import aggregation, outer
+from rcswarm.coordinator import aggregation
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import RECYCLED_CHECKPOINT, RoundRecord, StateStore, write_checkpoint
-from rcswarm.protos import codec as codecs
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import RECYCLED_CHECKPOINT, RoundRecord, StateStore, write_checkpoint
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import outer, tensor_stream
 from tests.conftest import tiny_spec
 from tests.test_bounded_data import Wire
 from tests.test_close_speed import SHAPES, assert_bit_identical, random_tensors, serving_tiny_int8

@@ -19,10 +19,10 @@ import torch
 from rcswarm.coordinator import service
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
-from rcswarm.protos import codec as codecs
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import tensor_stream
 from tests.conftest import TOKEN, sql, tiny_spec
 from tests.test_bounded_data import Wire
 from tests.test_close_commit import encoded_payload

@@ -15,13 +15,12 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import OuterSection
-from rcswarm.coordinator import outer
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
-from rcswarm.protos import codec as codecs
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import outer, tensor_stream
 from tests.conftest import TOKEN, tiny_spec
 from tests.test_bounded_data import Wire
 

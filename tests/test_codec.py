@@ -1,4 +1,4 @@
-"""Tests for rcswarm.protos.codec: round trips within the documented bounds, and error feedback."""
+"""Tests for rcswarm.sync.codec: round trips within the documented bounds, and error feedback."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from rcswarm.protos import codec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.sync import codec
 
 ALL_CODECS = (pb.CODEC_FP32, pb.CODEC_BF16, pb.CODEC_INT8_BLOCK)
 SHAPES = [(), (1,), (0,), (7,), (255,), (256,), (257,), (3, 5, 7), (2, 1000), (4, 0, 3)]

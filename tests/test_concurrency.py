@@ -24,10 +24,10 @@ from rcswarm.coordinator.server import (
     parse_max_calls,
 )
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from rcswarm.state.store import StateStore
+from rcswarm.sync import tensor_stream
 from tests.conftest import TOKEN, LocalCoordinator, tiny_spec, wait_for
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)

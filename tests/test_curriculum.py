@@ -15,11 +15,11 @@ from rich.console import Console
 from rcswarm.cli.status import report as status_report
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import curriculum as curricula
-from rcswarm.coordinator.fits import AlphaScheduleFit
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
-from rcswarm.protos import tensor_stream
+from rcswarm.observe.fits import AlphaScheduleFit
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
+from rcswarm.sync import tensor_stream
 from tests.conftest import creds, logs_of, sql, tiny_spec
 from tests.test_swarm import coordinator_digests, round_losses, worker_digests
 

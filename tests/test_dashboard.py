@@ -336,7 +336,7 @@ def test_concurrent_requests_and_idle_connections_time_out(swarm: Any) -> None:
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from rcswarm.coordinator.dashboard import Dashboard
+    from rcswarm.observe.dashboard import Dashboard
 
     paths = ["", "api/status", "metrics", "plot/loss_step.png", "plot/loss_time.png", "plot/alpha.png"] * 3
     with ThreadPoolExecutor(8) as pool:
@@ -355,7 +355,7 @@ def test_concurrent_requests_and_idle_connections_time_out(swarm: Any) -> None:
 
 
 def test_fit_report_explains_missing_fits() -> None:
-    from rcswarm.coordinator.analysis import fit_step_means
+    from rcswarm.observe.analysis import fit_step_means
 
     disjoint = [(length, step + offset, true_loss(step, length), step * length / 1000.0)
                 for offset, length in ((0, 32), (100, 64), (200, 128)) for step in range(1, 20)]
@@ -574,7 +574,7 @@ def test_coordinator_cli_serves_a_sweep_dashboard(tmp_path: Path) -> None:
 
 
 def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path: Path) -> None:
-    from rcswarm.coordinator.store import StateStore
+    from rcswarm.state.store import StateStore
 
     store = StateStore(tmp_path / "state")
     try:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from rcswarm.coordinator.dashboard import Dashboard
-from rcswarm.coordinator.dashboard import server as dashboard_server
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
+from rcswarm.observe.dashboard import Dashboard
+from rcswarm.observe.dashboard import server as dashboard_server
+from rcswarm.state.store import StateStore
 from tests.conftest import tiny_spec, wait_for
 from tests.test_dashboard_load import metric_rows
 

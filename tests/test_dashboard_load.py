@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.coordinator.dashboard import Dashboard
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import RoundRecord, StateStore
-from rcswarm.protos import tensor_stream
+from rcswarm.observe.dashboard import Dashboard
+from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.sync import tensor_stream
 from tests.conftest import sql, tiny_spec
 
 ROWS = 500_000

@@ -106,8 +106,8 @@ def test_the_outcome_says_what_really_happened(tmp_path: Path):
 
 def test_a_run_without_a_closed_round_reports_no_train_loss(tmp_path: Path):
     """Steps were trained from version 0 but no round closed: no "3.145 → 3.145" from those steps."""
-    from rcswarm.coordinator.report import summarize
-    from rcswarm.coordinator.store import StateStore
+    from rcswarm.observe.report import summarize
+    from rcswarm.state.store import StateStore
 
     store = StateStore(tmp_path / "state")
     try:

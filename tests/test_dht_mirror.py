@@ -24,9 +24,9 @@ import torch
 from rcswarm.cli import dht as dht_cli
 from rcswarm.cli import fit as fit_cli
 from rcswarm.cli import status as status_cli
-from rcswarm.coordinator import mirror_view as mv
-from rcswarm.coordinator.store import StateStore
+from rcswarm.observe import mirror_view as mv
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
 from tests.conftest import free_port, sql, tiny_spec, wait_for, write_spec
 from tests.test_hivemind import no_new_p2pd  # noqa: F401  (the fixture: no p2pd left behind)
 

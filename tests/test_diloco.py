@@ -5,7 +5,7 @@ import threading
 import torch
 
 from rcswarm.models import registry
-from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
+from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 from rcswarm.worker.worker import Worker, WorkerOptions
 from tests.conftest import TOKEN, tiny_spec
 

@@ -15,7 +15,7 @@ from rcswarm.cli.main import main as rcswarm
 from rcswarm.cli.run import evaluate
 from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
-from rcswarm.worker.inner import make_inner_optimizer, make_sampler, train_step
+from rcswarm.train.inner import make_inner_optimizer, make_sampler, train_step
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 GIT_FRAMES = EXAMPLES / "git_frames.toml"

@@ -114,7 +114,7 @@ def test_fit_reads_a_run_directory_of_state_dirs(tmp_path, capsys):
 
     from rcswarm.cli.fit import main as fit_main
     from rcswarm.config.runspec import RunSpec
-    from rcswarm.coordinator.store import StateStore
+    from rcswarm.state.store import StateStore
 
     for length in (2, 4, 8, 16):
         store = StateStore(tmp_path / "run" / "state" / f"run-L{length}")

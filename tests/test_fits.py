@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rcswarm.coordinator.fits import (
+from rcswarm.observe.fits import (
     AlphaScheduleFit,
     amplitude_from_points,
     fit_alpha_over_steps,
@@ -151,7 +151,7 @@ def test_helpers_and_bad_input():
 
 
 def test_smooth_losses_is_a_centred_mean_with_shrinking_ends():
-    from rcswarm.coordinator.fits import smooth_losses
+    from rcswarm.observe.fits import smooth_losses
 
     values = [1.0, 2.0, 3.0, 4.0, 10.0]
     assert smooth_losses(values, 1).tolist() == values
@@ -170,7 +170,7 @@ def test_smoothing_removes_a_noise_crossover_but_keeps_the_real_one():
     wiggle = np.where(np.arange(400) % 2 == 0, 0.3, -0.3)
     noisy_long = long_ + wiggle
     raw = observed_crossover(steps, short, steps, noisy_long)
-    from rcswarm.coordinator.fits import smooth_losses
+    from rcswarm.observe.fits import smooth_losses
 
     smoothed = observed_crossover(steps, short, steps, smooth_losses(noisy_long, 2))
     assert smoothed == pytest.approx(20.0, abs=1.0)

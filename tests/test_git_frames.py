@@ -353,7 +353,7 @@ def test_the_worker_trains_the_frame_model_on_git_frames(repo, tmp_path):
 
     from rcswarm.config.runspec import RunSpec
     from rcswarm.models import registry
-    from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler
+    from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler
 
     out = tmp_path / "frames"
     build_git_frames(repo, out, rows=12, cols=40, vocab_size=300, progress=False)

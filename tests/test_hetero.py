@@ -32,8 +32,8 @@ from rcswarm.cli.status import report
 from rcswarm.coordinator import decisions
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.sync import tensor_stream
 from tests.conftest import TOKEN, logs_of, sql, tiny_spec, wait_for, worker_env
 from tests.test_bounded_data import Wire
 from tests.test_round_close import SlowCommitStore

@@ -26,10 +26,9 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import HivemindSection, OuterSection, RunSpec
-from rcswarm.coordinator import outer as coordinator_outer
 from rcswarm.coordinator.service import initial_parameters
-from rcswarm.protos import codec as codecs
-from rcswarm.protos import outer as protocol_outer
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import outer
 from rcswarm.worker import worker as worker_cli
 from tests.conftest import logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
 
@@ -93,7 +92,11 @@ def test_sync_backend_is_validated() -> None:
 
 
 def test_both_backends_share_one_outer_step() -> None:
-    assert coordinator_outer.outer_step is protocol_outer.outer_step
+    from rcswarm.coordinator import service
+    from rcswarm.worker import hivemind_worker
+
+    assert hivemind_worker.outer_step is outer.outer_step
+    assert service.outer is outer
 
 
 @pytest.mark.parametrize("codec", ["bf16", "int8"])
@@ -383,7 +386,7 @@ def test_averaging_equals_the_coordinators_round_within_codec_error(no_new_p2pd:
     tokens = [640, 1920]
     options = OuterSection(lr=0.7, momentum=0.9, nesterov=True)
     zeros = {k: torch.zeros_like(v) for k, v in theta.items()}
-    target, _ = coordinator_outer.outer_step(theta, zeros, coordinator_outer.weighted_average(list(zip(tokens, deltas))), options)
+    target, _ = outer.outer_step(theta, zeros, outer.weighted_average(list(zip(tokens, deltas))), options)
     state = ({"run": "eq", "version": 0}, [])
     first = hs.HivemindPeer("eq", shapes, "int8", 256, hs.HivemindOptions.loopback(), lambda: state)
     second = None
@@ -400,7 +403,7 @@ def test_averaging_equals_the_coordinators_round_within_codec_error(no_new_p2pd:
                 peer.shutdown()
     for i in (0, 1):
         assert results[i] is not None and sorted(g["tokens"] for g in results[i].gathered) == tokens
-        mine, _ = protocol_outer.outer_step(theta, zeros, dict(zip(theta, results[i].deltas)), options)
+        mine, _ = outer.outer_step(theta, zeros, dict(zip(theta, results[i].deltas)), options)
         for name in theta:
             # int8: |error| ≤ absmax/254 per sent part and per returned average, times η (1 + μ) = 1.33.
             bound = 2 * 1.33 * max(float(d[name].abs().max()) for d in deltas) / 254 + 1e-6

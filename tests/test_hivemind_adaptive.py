@@ -22,8 +22,8 @@ import pytest
 from rcswarm.cli.run_hivemind import needs_coordinator
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
 from tests.conftest import TOKEN, creds, sql, tiny_spec, worker_env, write_spec
 
 pytest.importorskip("rcswarm.worker.hivemind_sync")

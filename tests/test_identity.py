@@ -29,13 +29,13 @@ import torch
 from rcswarm.coordinator import server
 from rcswarm.coordinator.server import DEFAULT_MAX_CALLS, CallLimits, RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
 from rcswarm.coordinator.sweep import SweepCoordinator
 from rcswarm.coordinator.tokens import JoinTokens
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
+from rcswarm.state.store import StateStore
+from rcswarm.sync import tensor_stream
 from rcswarm.worker.client import Action, CoordinatorClient, Identity, RetryPolicy, classify
 from rcswarm.worker.worker import Worker, WorkerOptions
 from tests.conftest import TOKEN, free_port, logs_of, sql, tiny_spec, wait_for, worker_env, write_spec

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import OuterSection
-from rcswarm.coordinator.outer import outer_step, weighted_average
+from rcswarm.sync.outer import outer_step, weighted_average
 
 
 def test_token_weighting():

@@ -58,7 +58,7 @@ from safetensors.torch import load_file
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
-from rcswarm.worker.inner import make_sampler, masked_cross_entropy
+from rcswarm.train.inner import make_sampler, masked_cross_entropy
 from rcswarm.worker.worker import Worker, WorkerOptions
 from tests.conftest import TOKEN, sql, tiny_spec, wait_for
 
@@ -202,7 +202,7 @@ def swarms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., S
     """run_swarm with a module-wide cache: each (spec, attack) runs once."""
     from rcswarm.coordinator.server import RunningCoordinator
     from rcswarm.coordinator.service import SwarmCoordinator
-    from rcswarm.coordinator.store import StateStore
+    from rcswarm.state.store import StateStore
     from tests.conftest import LocalCoordinator
 
     cache: dict[tuple[str, str | None], SwarmRun] = {}

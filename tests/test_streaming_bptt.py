@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from rcswarm.models import registry
 from rcswarm.models.frame import FrameActionModel
 from rcswarm.models.protocols import StepModel
-from rcswarm.worker.streaming_bptt import (
+from rcswarm.train.bptt.streaming import (
     HostPager,
     plain_backward,
     streaming_backward,

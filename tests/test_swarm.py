@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.coordinator.store import StateStore
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 from tests.conftest import TOKEN, free_port, logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
 

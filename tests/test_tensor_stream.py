@@ -1,4 +1,4 @@
-"""Tests for rcswarm.protos.tensor_stream: chunked payloads, their validation and helpers."""
+"""Tests for rcswarm.sync.tensor_stream: chunked payloads, their validation and helpers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import zlib
 import pytest
 import torch
 
-from rcswarm.protos import codec
-from rcswarm.protos.tensor_stream import (
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.sync import codec
+from rcswarm.sync.tensor_stream import (
     MAX_CHUNK_SIZE,
     PayloadError,
     PayloadReceiver,
@@ -19,7 +20,6 @@ from rcswarm.protos.tensor_stream import (
     global_norm,
     params_sha256,
 )
-from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 RUN_ID = "run-test"
 VERSION = 7

@@ -26,7 +26,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rcswarm.coordinator import server as coordinator_server
-from rcswarm.coordinator.dashboard.auth import COOKIE, SESSION_S, SessionAuth, decide_dashboard_auth
 from rcswarm.coordinator.server import TLSFiles
 from rcswarm.coordinator.tls import (
     QuickStart,
@@ -37,6 +36,7 @@ from rcswarm.coordinator.tls import (
     write_self_signed,
 )
 from rcswarm.coordinator.tokens import JoinTokens
+from rcswarm.observe.dashboard.auth import COOKIE, SESSION_S, SessionAuth, decide_dashboard_auth
 from rcswarm.protos.transport import is_loopback_host, plaintext_warning
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc

@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import RoundRecord, StateStore
-from rcswarm.protos import tensor_stream
+from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.sync import tensor_stream
 from tests.conftest import TOKEN, sql, tiny_spec, worker_env, write_spec
 
 VERSIONS = 3

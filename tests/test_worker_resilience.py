@@ -25,9 +25,9 @@ import pytest
 import torch
 
 from rcswarm.models import registry
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from rcswarm.sync import tensor_stream
 from rcswarm.worker.client import Action, CoordinatorClient, Identity, RetriesExhausted, RetryPolicy, Timeouts, classify
 from rcswarm.worker.worker import Worker, WorkerOptions
 from tests.conftest import TOKEN, free_port, logs_of, tiny_spec, wait_for, write_spec

@@ -31,11 +31,11 @@ from typing import Callable, Iterator, Mapping, Protocol, TypeVar
 import grpc
 import torch
 
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.transport import ClientTLS, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
+from rcswarm.sync import tensor_stream
 
 log = logging.getLogger("rcswarm.worker")
 T = TypeVar("T")

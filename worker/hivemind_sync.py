@@ -4,10 +4,10 @@
 the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers and calls
 `average`, a butterfly all-reduce weighted by tokens that also gathers every groupmate's
 (version, tokens, norm); what comes back is Δ̄ = Σ n_i Δ_i / Σ n_i of the group, checked by
-`trust_problem` before the shared outer step (protos/outer.py).
+`trust_problem` before the shared outer step (sync/outer.py).
 
 * **Codecs**: `sync.codec` means the same as with the coordinator. rcswarm's bf16 and int8
-  blockwise codecs (protos/codec.py) are hivemind compression classes, registered in hivemind's
+  blockwise codecs (sync/codec.py) are hivemind compression classes, registered in hivemind's
   deserializer table under the ids FLOAT16 and BLOCKWISE_8BIT (every rcswarm peer does the same
   when it imports this module); fp32 is hivemind's NONE. Each message carries its block size.
 * **State for late joiners**: the averager serves (version, θ, outer momentum) as its state,
@@ -62,8 +62,8 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
 from rcswarm.config.runspec import HivemindSection
-from rcswarm.protos import codec as codecs
-from rcswarm.protos import tensor_stream
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import tensor_stream
 
 log = logging.getLogger("rcswarm.hivemind")
 

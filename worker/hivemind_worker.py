@@ -13,7 +13,7 @@ TrainingAssignment, taken at round boundaries; Δ̄ is weighted by tokens, so gr
 different lengths, as they briefly do around a rung change); Δ = θ_v − θ_local, plus the error-feedback residual, as the
 codec sends it; `HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm);
 the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ hivemind.trust_factor (4) × ‖Δ‖) and then
-θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (protos/outer.py). Without a group
+θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (sync/outer.py). Without a group
 the peer steps with its own Δ; a refused Δ̄ skips the step (θ_{v+1} = θ_v). A peer whose group
 was at a higher version, or whose digest is off the highest-version majority's by more than the
 tolerance (hivemind.drift_tolerance), re-syncs from peers, judged once its round's group has published
@@ -51,14 +51,14 @@ from safetensors.torch import save_file
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
-from rcswarm.protos import codec as codecs
-from rcswarm.protos.outer import outer_step
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.sync import codec as codecs
+from rcswarm.sync.outer import outer_step
+from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker.client import RetriesExhausted
 from rcswarm.worker.hivemind_control import ControlPlane
-from rcswarm.worker.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 from rcswarm.worker.worker import auto_threads
 
 log = logging.getLogger("rcswarm.worker")

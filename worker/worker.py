@@ -40,11 +40,12 @@ import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
-from rcswarm.protos import codec as codecs
-from rcswarm.protos import tensor_stream
 from rcswarm.protos.transport import ClientTLS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import tensor_stream
+from rcswarm.train.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 from rcswarm.worker.client import (
     CoordinatorClient,
     Identity,
@@ -54,7 +55,6 @@ from rcswarm.worker.client import (
     Timeouts,
     classify,
 )
-from rcswarm.worker.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 
 log = logging.getLogger("rcswarm.worker")
 AWAIT_WAIT_S = 2.0

@@ -23,7 +23,7 @@ How it differs from the registry's generic contract, and how the worker feeds it
   action vocabulary, float32 parameters in construction order, and
   `registry.build_model("frame", preset, seed=s)` is deterministic.
 - It implements the `rcswarm.models.protocols.StepModel` protocol: for long
-  windows train with `rcswarm.worker.streaming_bptt.streaming_backward`, which
+  windows train with `rcswarm.train.bptt.streaming.streaming_backward`, which
   uses `model.encode` / `model.core_loss` and keeps at most k frame heads'
   activations alive.
 

@@ -14,7 +14,7 @@ bias-free Linear(H -> D) when n_hidden != d_model, the identity (no
 parameters) when they are equal, as in every preset of the paper.
 
 The model implements `rcswarm.models.protocols.SegmentStepModel`, the halves the
-streaming backward pass (`rcswarm.worker.streaming_bptt`) needs: `encode` (frame
+streaming backward pass (`rcswarm.train.bptt.streaming`) needs: `encode` (frame
 head, per step), `core` / `core_loss` (main model over the embeddings) and
 `core_segment` (the main model over one segment from a carried state: the hook
 core checkpointing recomputes segments with). `forward` is `core(encode(frames))`.

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rcswarm.coordinator.analysis import FitReport
-from rcswarm.coordinator.dashboard.views import STATE_NAMES, RunView
+from rcswarm.observe.analysis import FitReport
+from rcswarm.observe.dashboard.views import STATE_NAMES, RunView
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 ROUND_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)

@@ -51,9 +51,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from rcswarm.protos import tensor_stream
+from rcswarm.sync import tensor_stream
 
-log = logging.getLogger("rcswarm.coordinator.store")
+log = logging.getLogger("rcswarm.state.store")
 
 # A pruned checkpoint file kept for the next commit to overwrite in place: writing into a file's cached
 # pages is several times faster than allocating new ones (docs/PERFORMANCE.md, the round close at scale).

@@ -18,8 +18,8 @@ from urllib.parse import quote
 
 import numpy as np
 
-from rcswarm.coordinator.analysis import FitReport
-from rcswarm.coordinator.fits import amplitude_from_points
+from rcswarm.observe.analysis import FitReport
+from rcswarm.observe.fits import amplitude_from_points
 
 PLOTS = ("loss_step", "loss_time", "alpha")
 ROUNDS_SHOWN = 20

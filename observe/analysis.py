@@ -7,7 +7,7 @@ the means over its rows at that step. `analyse` fits the power law loss(L | s) a
 steps and the schedule α(s) = α∞(1 − e^(−s/τ)), and finds for each pair of neighbouring
 lengths the observed and the predicted (Eq. 11) wall-time crossover; observed crossovers use
 each length's losses smoothed by a centred moving average over `smooth` steps (1: raw), the
-fits the raw losses. `coordinator/fits.py` holds the math; the curriculum, the dashboard and
+fits the raw losses. `observe/fits.py` holds the math; the curriculum, the dashboard and
 the `rcswarm fit` and `rcswarm status` commands call this module.
 
 A live run's curves come from its store's named reads (`step_means`) on one of two clocks:
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from rcswarm.coordinator.fits import (
+from rcswarm.observe.fits import (
     AlphaPoint,
     AlphaScheduleFit,
     Crossover,
@@ -178,7 +178,7 @@ def read_state_dirs(path: Path) -> list[Row]:
     import sqlite3
 
     from rcswarm.config.runspec import RunSpec
-    from rcswarm.coordinator.store import StateStore
+    from rcswarm.state.store import StateStore
 
     databases = sorted(path.rglob("state.sqlite"))
     if not databases:

@@ -1,6 +1,6 @@
 """The coordinator's HTTP dashboard: `server` (HTTP, routing, the cached Dashboard), `views` (the
 dicts of the JSON API and page), `render` (HTML and PNG plots), `prometheus` (the /metrics collector)."""
 
-from rcswarm.coordinator.dashboard.server import Dashboard, is_loopback
+from rcswarm.observe.dashboard.server import Dashboard, is_loopback
 
 __all__ = ["Dashboard", "is_loopback"]

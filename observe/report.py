@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rcswarm.coordinator.store import StateStore
+from rcswarm.state.store import StateStore
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Chunked tensor payloads: a TensorHeader message, then TensorChunk messages of at most 1 MiB.
 
-The sender encodes each tensor with a codec (see ``rcswarm.protos.codec``), concatenates the
+The sender encodes each tensor with a codec (see ``rcswarm.sync.codec``), concatenates the
 encoded bytes in order and cuts them into chunks; the header lists every tensor's name, shape
 and encoded size, the total size, the chunk size and each chunk's CRC-32, and optionally the
 SHA-256 of the float32 tensors it describes. ``PayloadReceiver`` checks the header against
@@ -18,8 +18,8 @@ from collections.abc import Collection, Mapping
 
 import torch
 
-from rcswarm.protos.codec import CODEC_NAMES, DEFAULT_BLOCK_SIZE, codec_label, decode, encode, encoded_size
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.sync.codec import CODEC_NAMES, DEFAULT_BLOCK_SIZE, codec_label, decode, encode, encoded_size
 
 MAX_CHUNK_SIZE = 1 << 20
 SHA256_SIZE = 32

@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from rcswarm.coordinator.analysis import Clock, FitReport, StepMean, WorkerTotals
+from rcswarm.observe.analysis import Clock, FitReport, StepMean, WorkerTotals
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 

@@ -31,7 +31,7 @@ issue #19), for `SegmentStepModel`s: nothing of size O(L) need stay in memory.
 The window is a chain of n = ceil(L / S) segments of S steps (S a multiple of
 k, by default 8 k); the core's state (h and c of every LSTM layer, [B, H]
 each) is kept only at the segment boundaries a checkpoint schedule
-(`rcswarm.worker.checkpoint_schedule`: store-all, uniform √n or
+(`rcswarm.train.bptt.schedule`: store-all, uniform √n or
 binomial/revolve) chooses from a memory budget, in slots allocated once:
 
 1. Forward sweep: every segment is encoded once under `torch.no_grad()`, k
@@ -95,7 +95,7 @@ from torch import Tensor
 from rcswarm.data.diagnostics import IGNORE_INDEX
 from rcswarm.data.frames.window import FrameWindow, TensorWindow
 from rcswarm.models.protocols import CoreState, SegmentStepModel, StepModel
-from rcswarm.worker.checkpoint_schedule import (
+from rcswarm.train.bptt.schedule import (
     ADVANCE,
     FREE,
     KINDS,
@@ -109,7 +109,7 @@ from rcswarm.worker.checkpoint_schedule import (
     store_all,
     uniform,
 )
-from rcswarm.worker.segment_store import EmbeddingStore, HostCopies, Prefetcher, StateStash
+from rcswarm.train.bptt.segment_store import EmbeddingStore, HostCopies, Prefetcher, StateStash
 
 Batch = tuple[Tensor, Tensor]
 """(steps [B, L, *S], targets [B, L, ...])."""

@@ -28,7 +28,7 @@ Unknown paths answer 404, bad query values 400 with a message. Every connection 
 socket timeout; the server runs in daemon threads and never reaches outside the host.
 The dashboard works on a list of runs (a single run is a list of one): the views are
 `views.py`, the page and plots `render.py`, the Prometheus collector `prometheus.py`, the
-fits `coordinator/analysis.py` over the stores' named reads. Those go through each store's
+fits `observe/analysis.py` over the stores' named reads. Those go through each store's
 read-only connection (WAL) and its aggregate tables, so a request never holds the lock a round
 close writes under, and its cost grows with workers and steps, not with metric rows. Per-worker
 totals are cached until a run's newest metric rowid changes; so are the step means and fits (the
@@ -56,12 +56,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from rcswarm.coordinator.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
-from rcswarm.coordinator.dashboard.auth import MAX_LOGIN_BYTES, SessionAuth, login_page
-from rcswarm.coordinator.dashboard.prometheus import CollectorSource, CoordinatorCollector
-from rcswarm.coordinator.dashboard.render import PLOTS, render_page, render_plot
-from rcswarm.coordinator.dashboard.views import RunView, metrics_page, presentation, read_run, status_dict
-from rcswarm.coordinator.sweep import RunGroup
+from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
+from rcswarm.observe.dashboard.auth import MAX_LOGIN_BYTES, SessionAuth, login_page
+from rcswarm.observe.dashboard.prometheus import CollectorSource, CoordinatorCollector
+from rcswarm.observe.dashboard.render import PLOTS, render_page, render_plot
+from rcswarm.observe.dashboard.views import RunView, metrics_page, presentation, read_run, status_dict
 from rcswarm.protos.transport import host_port, is_loopback_host
 
 log = logging.getLogger("rcswarm.dashboard")
@@ -276,12 +275,24 @@ class _Server6(_Server):
 is_loopback = is_loopback_host
 
 
+class OneRun:
+    """A single run as the group of one the dashboard shows: its `runs`, `sweep`, `run_id` and `status()`."""
+
+    sweep = False
+
+    def __init__(self, run: Any) -> None:
+        self.runs = [run]
+        self.run_id = run.run_id
+        self.status = run.status
+
+
 class Dashboard:
     """The HTTP dashboard of a live coordinator's runs, served from a background thread.
 
-    `coordinator` is a `RunGroup` (a bare SwarmCoordinator, or any run with `spec`, `run_id`, `store`,
-    `status()`, `summary()` and `close()` such as a mirrored hivemind swarm's `mirror_view.MirrorRun`, is
-    taken as a group of one); its runs (each with its own store) are shown on one page. A sweep's fit and plots use each run's own steps and
+    `coordinator` is a group of runs with `runs`, `sweep`, `run_id` and `status()` (the coordinator's
+    `RunGroup`), or a single run with `spec`, `run_id`, `store`, `status()` and `summary()` (a bare
+    `SwarmCoordinator`, a mirrored hivemind swarm's `mirror_view.MirrorRun`), shown as a group of one
+    (`OneRun`); its runs (each with its own store) are shown on one page. A sweep's fit and plots use each run's own steps and
     clock, a single run's its workers' (`views.presentation`). With `auth` (a `SessionAuth`) every path
     but /healthz and /login needs the join token or a session cookie; with `ssl_context` it serves HTTPS
     (each connection's handshake on its own request thread, within the socket timeout).
@@ -294,7 +305,7 @@ class Dashboard:
     ) -> None:
         self.auth = auth
         self.scheme = "https" if ssl_context is not None else "http"
-        self.coordinator = RunGroup.of(coordinator)
+        self.coordinator = coordinator if hasattr(coordinator, "runs") else OneRun(coordinator)
         self.runs: list[Any] = list(self.coordinator.runs)
         self.kind, self.clock = presentation(self.coordinator.sweep)
         self.refresh_s = refresh_s

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.analysis import worker_totals
-from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.store import StateStore
+from rcswarm.observe.analysis import worker_totals
+from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
 
 VIEW_KEY = "mirror_view"
 VIEW_FORMAT = 1
@@ -214,8 +214,9 @@ class MirrorRun:
     def status(self) -> pb.GetStatusResponse:
         return mirrored_status(self.store, self.clock(), self.stale_s)
 
-    # The coordinator's one-line summary of a run, over this run's status and spec.
-    summary = SwarmCoordinator.summary
+    def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
+        """The swarm in one line, as a coordinator's run gives it (`observe.summary.run_summary`)."""
+        return run_summary(self.spec, status or self.status())
 
     def close(self) -> None:
         self.store.close()

@@ -1,0 +1,1 @@
+"""What both sync backends share: the codecs and their error feedback, tensor payloads, the outer step."""

@@ -1,0 +1,1 @@
+"""The local trainer: the loss, the inner step and optimizer, data streams, streaming BPTT (`bptt/`)."""
