@@ -276,7 +276,8 @@ is_loopback = is_loopback_host
 
 
 class OneRun:
-    """A single run as the group of one the dashboard shows: its `runs`, `sweep`, `run_id` and `status()`."""
+    """A single run as the group of one the dashboard shows: its `runs`, `sweep`, `run_id`, `status()` and
+    `close()`, each the run's own."""
 
     sweep = False
 
@@ -284,6 +285,7 @@ class OneRun:
         self.runs = [run]
         self.run_id = run.run_id
         self.status = run.status
+        self.close = run.close
 
 
 class Dashboard:
