@@ -54,7 +54,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.service import Refusal, SwarmCoordinator
+from rcswarm.coordinator.records import Refusal
+from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.sweep import RunGroup, open_group
 from rcswarm.coordinator.tls import (
     QuickStart,
