@@ -20,9 +20,8 @@ from rich.console import Console
 
 from rcswarm.cli import status as status_cli
 from rcswarm.config.runspec import InnerSection, RunSpec
-from rcswarm.coordinator import aggregation, decisions
+from rcswarm.coordinator import SwarmCoordinator, aggregation, decisions
 from rcswarm.coordinator.aggregation import AggregationOptions, Update
-from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.models import registry
 from rcswarm.observe.dashboard import render, views
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -361,7 +360,7 @@ def push(coordinator: SwarmCoordinator, member: pb.JoinResponse, deltas: dict[st
 
 
 def refusal(call) -> tuple[grpc.StatusCode, str]:
-    from rcswarm.coordinator.records import Refusal
+    from rcswarm.coordinator import Refusal
 
     with pytest.raises(Refusal) as info:
         call()

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 import torch
 
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
 from rcswarm.coordinator.close import RoundCloser
 from rcswarm.coordinator.records import REFERENCE_NORMS_KEY
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
