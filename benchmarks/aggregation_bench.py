@@ -54,9 +54,7 @@ from pathlib import Path
 import torch
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator import aggregation
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator, aggregation
 from rcswarm.models import registry
 from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream

@@ -1,6 +1,6 @@
 """Chaos soak: a real swarm on loopback under random kills, stops and a connection-cutting proxy.
 
-A `python -m rcswarm.coordinator` process and N `rcswarm worker` processes (tiny lstm_lm, short
+A `python -m rcswarm.cli coordinator` process and N `rcswarm worker` processes (tiny lstm_lm, short
 windows, int8, a few inner steps, `run.rounds = 0`) run for `--minutes`, while a driver with a
 seeded RNG, one action at a time:
 
@@ -332,7 +332,8 @@ class Soak:
         config.write_text(options.spec().to_toml())
         env = {**os.environ, TOKEN_ENV: TOKEN, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.coordinator = Child("coordinator", [
-            sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(self.state_dir),
+            sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config),
+            "--state-dir", str(self.state_dir),
             "--host", HOST, "--port", str(self.coordinator_port), "--port-file", str(self.port_file),
         ], work / "coordinator.log", env)
         self.proxy = ChaosProxy(self.coordinator_port)

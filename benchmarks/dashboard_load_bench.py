@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import SwarmCoordinator
 from rcswarm.observe.dashboard import Dashboard
 from rcswarm.state.store import StateStore
 

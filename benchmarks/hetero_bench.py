@@ -38,8 +38,7 @@ import torch
 
 from rcswarm.cli.run import evaluate
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy

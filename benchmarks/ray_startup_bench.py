@@ -33,8 +33,7 @@ import time
 from pathlib import Path
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.store import StateStore
 

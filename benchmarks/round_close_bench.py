@@ -48,8 +48,7 @@ import grpc
 import torch
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS

@@ -8,7 +8,7 @@
 The tensors are the parameter shapes of ``build_model("lstm_lm", "base10m")`` (9,772,224
 float32 values, 39 tensors); ``--preset`` picks another preset of the same model.
 
-rcswarm: a real coordinator runs in its own process (``python -m rcswarm.coordinator``, a
+rcswarm: a real coordinator runs in its own process (``python -m rcswarm.cli coordinator``, a
 fresh state dir per configuration, ``[sync] codec`` set to the codec under test). N worker
 processes each join, pull once (a worker's base version is set by its pull), then per round:
 build a random pseudo-gradient Δ (global L2 norm ``--delta-norm``) and encode it with
@@ -497,7 +497,7 @@ def run_rcswarm(
             tls_args, tls_ca = ["--tls-cert", str(cert), "--tls-key", str(key)], str(cert)
         with open(logs / "coordinator.log", "wb") as log:
             coordinator = CHILDREN.add(subprocess.Popen(
-                [sys.executable, "-m", "rcswarm.coordinator", "--config", str(run_dir / "run.toml"),
+                [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(run_dir / "run.toml"),
                  "--state-dir", str(run_dir / "state"), "--port", "0", "--port-file", str(run_dir / "port.json"),
                  *tls_args],
                 env={**os.environ, TOKEN_ENV: token}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

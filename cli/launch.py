@@ -370,7 +370,7 @@ class CoordinatorActor:
         self.log_path = self.folder / "coordinator.log"
         with open(self.log_path, "wb") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", state_dir,
+                [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config), "--state-dir", state_dir,
                  "--host", host, "--port", str(port), "--port-file", str(port_file), *extra_args],
                 stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_pdeathsig if sys.platform == "linux" else None,
             )

@@ -48,7 +48,7 @@ from rcswarm.cli.fit import plot as plot_fit
 from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.sweep import run_state_dirs
+from rcswarm.coordinator import run_state_dirs
 from rcswarm.models import registry
 from rcswarm.observe.analysis import FitReport, analyse, length_curves, read_state_dirs
 from rcswarm.observe.fits import fit_power_law
@@ -89,7 +89,7 @@ class Swarm:
         """Start the coordinator with its dashboard on free loopback ports; (gRPC port, dashboard port)."""
         port_file = self.run_dir / "coordinator.json"
         self.coordinator = self._spawn(
-            ["-m", "rcswarm.coordinator", "--config", str(self.run_dir / "run.toml"), "--state-dir",
+            ["-m", "rcswarm.cli", "coordinator", "--config", str(self.run_dir / "run.toml"), "--state-dir",
              str(self.run_dir / "state"), "--port", "0", "--port-file", str(port_file), "--http-port", "0"],
             "coordinator.log",
         )

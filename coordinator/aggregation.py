@@ -2,7 +2,7 @@
 robust aggregators.
 
 Every update i of a round has its tokens n_i (bounded by the worker's assignment, see
-service.py), its global L2 norm ‖Δ_i‖ (computed when it was received) and its tensors Δ_i.
+intake.py), its global L2 norm ‖Δ_i‖ (computed when it was received) and its tensors Δ_i.
 
 The direction check (`sync.min_cosine`, on by default) comes first and drops an update that points
 against the round's majority, as if it had not been sent. Update i's score is the cosine it shares

@@ -37,7 +37,9 @@ from pathlib import Path
 import grpc
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.service import Refusal, SwarmCoordinator, first_part, require_secret
+from rcswarm.coordinator.intake import first_part, require_secret
+from rcswarm.coordinator.records import Refusal
+from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 

@@ -12,8 +12,9 @@ not signed by that CA, a name missing, or fewer than `RENEW_DAYS` days left.
 
 Production deployments may bring their own certificates (--tls-cert/--tls-key); `check_key_pair`
 refuses a key that does not belong to its certificate before gRPC would fail with a bare
-"Failed to bind". `write_self_signed` writes one self-signed certificate for tests and benchmarks.
-The `cryptography` package is imported only inside these functions.
+"Failed to bind". `TLSFiles` is the server's certificate and key (and with a client CA, mutual TLS)
+as gRPC credentials and as the dashboard's HTTPS context. `write_self_signed` writes one self-signed
+certificate for tests and benchmarks. The `cryptography` package is imported only inside these functions.
 """
 
 from __future__ import annotations
@@ -22,18 +23,24 @@ import datetime
 import ipaddress
 import os
 import re
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcswarm.protos.transport import is_loopback_host, is_wildcard_host
+import grpc
+
+from rcswarm.protos.transport import is_loopback_host, is_wildcard_host, read_pem
 
 CA_DAYS = 3650
 LEAF_DAYS = 397
 RENEW_DAYS = 30
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 CLIENT_NAME = "rcswarm-worker"
+# Why --http-tls cannot serve without the coordinator's own TLS (the command line and `RunningCoordinator`).
+HTTP_TLS_NEEDS_TLS = ("--http-tls serves the dashboard with the coordinator's certificate: "
+                      "add --tls-self-signed DIR or --tls-cert/--tls-key")
 _DNS_NAME = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
 
 
@@ -312,6 +319,32 @@ def _public_der(public_key: Any) -> bytes:
 def check_key_pair(cert_path: Path, key_path: Path) -> None:
     """Refuse (ValueError naming the file) a certificate or key that cannot be read, or a key not its certificate's."""
     _load_pair(Path(cert_path), Path(key_path), "--tls-cert/--tls-key")
+
+
+@dataclass
+class TLSFiles:
+    """The server's PEM certificate and private key, and with `client_ca` mutual TLS: every client must
+    present a certificate that CA signed, or its handshake fails."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """gRPC server credentials; ValueError names a file that is unreadable, not PEM, or a key not the cert's."""
+        cert, key = read_pem(self.cert, "--tls-cert"), read_pem(self.key, "--tls-key")
+        check_key_pair(self.cert, self.key)
+        if self.client_ca is None:
+            return grpc.ssl_server_credentials([(key, cert)])
+        client_ca = read_pem(self.client_ca, "--tls-client-ca")
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=True)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The dashboard's HTTPS context: the same certificate, TLS 1.2 or newer, no client certificates."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert, self.key)
+        return context
 
 
 def _write_pair(cert_path: Path, key_path: Path, cert: Any, key: Any) -> None:

@@ -1,6 +1,6 @@
 """The join tokens a coordinator accepts: one fixed token, or a file of tokens re-read when it changes.
 
-Only Join and GetStatus need a join token (server.py's `GuardInterceptor`); a joined worker's
+Only Join and GetStatus need a join token (guards.py's `GuardInterceptor`); a joined worker's
 calls are authenticated by the worker secret its Join returned (service.py). So the token can
 be rotated while the run goes on: `rcswarm coordinator --token-file PATH` accepts every token
 listed in PATH, one per line (blank lines and lines starting with `#` are ignored), and re-reads

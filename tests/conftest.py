@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
 from rcswarm.state.store import StateStore
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 

@@ -20,9 +20,8 @@ from rich.console import Console
 
 from rcswarm.cli import status as status_cli
 from rcswarm.config.runspec import InnerSection, RunSpec
-from rcswarm.coordinator import aggregation, decisions
+from rcswarm.coordinator import SwarmCoordinator, aggregation, decisions
 from rcswarm.coordinator.aggregation import AggregationOptions, Update
-from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.models import registry
 from rcswarm.observe.dashboard import render, views
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -361,7 +360,7 @@ def push(coordinator: SwarmCoordinator, member: pb.JoinResponse, deltas: dict[st
 
 
 def refusal(call) -> tuple[grpc.StatusCode, str]:
-    from rcswarm.coordinator.service import Refusal
+    from rcswarm.coordinator import Refusal
 
     with pytest.raises(Refusal) as info:
         call()
@@ -471,7 +470,7 @@ def test_an_update_over_the_automatic_norm_bound_is_dropped_with_its_reason(tmp_
     try:
         member = coordinator.join(pb.JoinRequest(worker_name="a"))
         worker_id = member.worker_id
-        bound = coordinator._norm_bound[0]
+        bound = coordinator.closer.norm_bound[0]
         code, message = refusal(lambda: push(coordinator, member, deltas_of(coordinator, 1.0), 100))
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert message.startswith("update rejected: global L2 norm") and "the automatic sync.max_update_norm" in message
@@ -485,11 +484,11 @@ def test_a_restart_may_change_the_defences_and_keeps_the_reference_norms(tmp_pat
     spec = tiny_spec(sync={"codec": "fp32", "max_update_norm": 1e4})
     coordinator = SwarmCoordinator(spec, StateStore(tmp_path))
     push(coordinator, coordinator.join(pb.JoinRequest(worker_name="a")), deltas_of(coordinator, 1e-3), 100)
-    norms = coordinator._norm_history
+    norms = coordinator.closer.norm_history
     coordinator.close()
     again = SwarmCoordinator(tiny_spec(sync={"codec": "fp32", "aggregation": "centered_clip"}), StateStore(tmp_path))
     try:
-        assert again.version == 1 and again._norm_history == norms and len(norms) == 1
+        assert again.version == 1 and again.closer.norm_history == norms and len(norms) == 1
     finally:
         again.close()
 

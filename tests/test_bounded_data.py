@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator import decisions
-from rcswarm.coordinator.service import STATUS_ENDED_WORKERS, SwarmCoordinator
+from rcswarm.coordinator import SwarmCoordinator, decisions
+from rcswarm.coordinator.records import STATUS_ENDED_WORKERS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.cli import bench, data, dht, fit, launch, main, run, status
-from rcswarm.coordinator import server
+from rcswarm.cli import bench, coordinator, data, dht, fit, launch, main, run, status
 from rcswarm.worker import worker
 
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
@@ -20,7 +19,7 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "status": status.parser,
     "data frames": data.parser,
     "bench diag": bench.parser,
-    "coordinator": server.parser,
+    "coordinator": coordinator.parser,
     "worker": worker.parser,
     "launch ray": launch.parser,
     "dht": dht.parser,
@@ -84,7 +83,7 @@ def test_fit_on_a_missing_path_says_it_does_not_exist(tmp_path: Path, capsys: py
     (["/usr/bin/python3", "-m", "rcswarm.worker", "--coordinator", "h:1"], True),
     (["/venv/bin/rcswarm", "worker", "--coordinator", "h:1"], True),
     (["/venv/bin/rcswarm", "coordinator", "--config", "worker"], False),
-    (["/usr/bin/python3", "-m", "rcswarm.coordinator"], False),
+    (["/usr/bin/python3", "-m", "rcswarm.cli", "coordinator"], False),
     (["vim", "rcswarm/worker.py"], False),
 ])
 def test_a_worker_counts_the_workers_on_its_host(argv: list[str], expected: bool) -> None:

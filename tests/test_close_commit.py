@@ -16,8 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rcswarm.coordinator import aggregation
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import SwarmCoordinator, aggregation
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import RECYCLED_CHECKPOINT, RoundRecord, StateStore, write_checkpoint
 from rcswarm.sync import codec as codecs

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from rcswarm.coordinator import service
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
+from rcswarm.coordinator.close import RoundCloser
+from rcswarm.coordinator.records import REFERENCE_NORMS_KEY
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
@@ -31,12 +31,20 @@ from tests.test_close_speed import assert_bit_identical
 ROUNDS = 4
 
 
+class FreshBuffersCloser(RoundCloser):
+    """Real closes given no spare buffers: every result in fresh memory, as before."""
+
+    def begin(self) -> Any:
+        self.spare = None
+        return super().begin()
+
+
 class FreshBuffersCoordinator(SwarmCoordinator):
     """A real coordinator whose closes are given no spare buffers: every result in fresh memory, as before."""
 
-    def _begin_close(self) -> Any:
-        self._spare = None
-        return super()._begin_close()
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.closer = FreshBuffersCloser(self)
 
 
 @contextmanager
@@ -112,7 +120,7 @@ def test_closes_write_into_the_previous_closes_buffers_and_match_fresh_ones_bit_
         assert_bit_identical(checkpoints[0].params, recycling.params)
         assert any(r.clipped or r.aggregation.count("flagged") for r in recycling.store.recent_rounds(ROUNDS))
     # The held updates decoded into one scratch buffer each, kept for the next close.
-    assert len(recycling._decode_scratch) == 3
+    assert len(recycling.closer.decode_scratch) == 3
     # Double buffering: version v + 2's momentum and residual live in version v's buffers (held here, so
     # fresh memory could not have landed there). centered_clip keeps its aggregate, so its residual is fresh.
     shares = [momenta[v + 2][name].data_ptr() == momenta[v][name].data_ptr()
@@ -166,7 +174,7 @@ class NoSeparateWrites(StateStore):
     strict = False
 
     def set_many(self, values: Any) -> None:
-        if self.strict and service.REFERENCE_NORMS_KEY in values:
+        if self.strict and REFERENCE_NORMS_KEY in values:
             raise AssertionError(f"reference norms written outside the commit: {values}")
         super().set_many(values)
 
@@ -185,9 +193,9 @@ def test_the_reference_norms_and_flag_events_enter_the_commits_transaction(tmp_p
         close_round(coordinator, wire, workers, 0, [1.0, 1.0, 40.0])
         close_round(coordinator, wire, workers, 1, [1.0, 1.0, 1.0])
         store.strict = False
-        history = json.loads(store.get(service.REFERENCE_NORMS_KEY))
+        history = json.loads(store.get(REFERENCE_NORMS_KEY))
         rounds = store.recent_rounds(2)
-    assert [tuple(norms) for norms in history] == list(coordinator._norm_history) and len(history) == 2
+    assert [tuple(norms) for norms in history] == list(coordinator.closer.norm_history) and len(history) == 2
     assert sorted(r.clipped for r in rounds) == [0, 1]
     events = sql(store.state_dir, "SELECT worker_id, kind, reason FROM events WHERE kind = 'clipped'")
     assert [(worker, kind) for worker, kind, _ in events] == [(workers[2], "clipped")]

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import OuterSection
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs

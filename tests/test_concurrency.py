@@ -14,16 +14,16 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rcswarm.coordinator import server
-from rcswarm.coordinator.server import (
+from rcswarm.cli import coordinator as coordinator_cli
+from rcswarm.coordinator import (
+    DEFAULT_MAX_CALLS,
     CallLimits,
-    RpcKind,
     RunningCoordinator,
-    TickRecord,
-    decide_health,
+    SwarmCoordinator,
     parse_max_calls,
 )
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator.guards import KIND_OF_METHOD, SERVICE_NAME, RpcKind
+from rcswarm.coordinator.server import TickRecord, decide_health
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.state.store import StateStore
@@ -51,7 +51,7 @@ def channel(start_coordinator) -> Iterator[tuple]:
 
 def health_status(ch: grpc.Channel, timeout: float = 2.0) -> int:
     """The Coordinator service's health, from a Check with `timeout`."""
-    request = health_pb2.HealthCheckRequest(service=server.SERVICE_NAME)
+    request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
     return health_pb2_grpc.HealthStub(ch).Check(request, timeout=timeout).status
 
 
@@ -155,8 +155,8 @@ def test_a_pull_whose_client_stops_reading_is_cancelled(start_coordinator, chann
 def test_the_server_never_waits_past_a_calls_cap(start_coordinator, channel, monkeypatch):
     cap_s = 1.0
     for name in ("AwaitVersion", "PushUpdate"):
-        kind = server.KIND_OF_METHOD[name]
-        monkeypatch.setitem(server.KIND_OF_METHOD, name, RpcKind(kind.name, kind.methods, cap_s))
+        kind = KIND_OF_METHOD[name]
+        monkeypatch.setitem(KIND_OF_METHOD, name, RpcKind(kind.name, kind.methods, cap_s))
     local = start_coordinator(tiny_spec(coordinator={"lease_s": 60.0, "max_wait_s": 30.0}),
                               limits=CallLimits(stream_idle_s=20.0))
     ch = channel(local)
@@ -238,14 +238,15 @@ def test_decide_health():
 def test_call_limits_come_from_the_run_spec_and_the_command_line_overrides_them():
     spec = tiny_spec(coordinator={"max_calls": {"push": 2, "long_poll": 100}, "stream_idle_s": 4.0, "health_stall_s": 30.0})
     base = ["--config", "RUN.toml", "--state-dir", "state"]
-    limits, stall_s = server.serving_limits(server.parse_args(base), spec)
-    assert limits.max_calls == {**server.DEFAULT_MAX_CALLS, "push": 2, "long_poll": 100}
+    limits, stall_s = coordinator_cli.serving_limits(coordinator_cli.parse_args(base), spec)
+    assert limits.max_calls == {**DEFAULT_MAX_CALLS, "push": 2, "long_poll": 100}
     assert (limits.stream_idle_s, stall_s) == (4.0, 30.0)
-    args = server.parse_args([*base, "--max-calls", "push=5", "--stream-idle-s", "2", "--health-stall-s", "9"])
-    limits, stall_s = server.serving_limits(args, spec)
+    args = coordinator_cli.parse_args([*base, "--max-calls", "push=5", "--stream-idle-s", "2", "--health-stall-s", "9"])
+    limits, stall_s = coordinator_cli.serving_limits(args, spec)
     assert (limits.max_calls["push"], limits.max_calls["long_poll"], limits.stream_idle_s, stall_s) == (5, 100, 2.0, 9.0)
     with pytest.raises(ValueError, match="'polls'.*unknown RPC kind"):
-        server.serving_limits(server.parse_args(base), tiny_spec(coordinator={"max_calls": {"polls": 3}}))
+        coordinator_cli.serving_limits(coordinator_cli.parse_args(base),
+                                       tiny_spec(coordinator={"max_calls": {"polls": 3}}))
     with pytest.raises(ValueError, match="coordinator.max_calls.push = 0"):
         tiny_spec(coordinator={"max_calls": {"push": 0}})
 
@@ -261,7 +262,7 @@ def test_call_limits_validate_themselves():
     with pytest.raises(ValueError, match=r"max_calls\['pull'\] = 0: expected an integer >= 1"):
         CallLimits(parse_max_calls(["pull=0"]))
     with pytest.raises(ValueError, match="lacks query"):
-        CallLimits({k: v for k, v in server.DEFAULT_MAX_CALLS.items() if k != "query"})
+        CallLimits({k: v for k, v in DEFAULT_MAX_CALLS.items() if k != "query"})
     with pytest.raises(ValueError, match="stream_idle_s = nan"):
         CallLimits(stream_idle_s=math.nan)
     with pytest.raises(ValueError, match="headroom = 0"):

@@ -14,8 +14,8 @@ from rich.console import Console
 
 from rcswarm.cli.status import report as status_report
 from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator import SwarmCoordinator
 from rcswarm.coordinator import curriculum as curricula
-from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.observe.fits import AlphaScheduleFit
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore

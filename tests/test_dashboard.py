@@ -279,7 +279,7 @@ def coordinator_cli(config: Path, tmp_path: Path) -> Iterator[tuple[subprocess.P
     port_file = tmp_path / "port.json"
     with open(tmp_path / "coordinator.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir",
+            [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config), "--state-dir",
              str(tmp_path / "state"), "--port", "0", "--http-port", "0", "--port-file", str(port_file)],
             env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
         )
@@ -394,8 +394,7 @@ def sweep(tmp_path: Path) -> Any:
     from types import SimpleNamespace
 
     from rcswarm.config.runspec import RunSpec
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.sweep import SweepCoordinator
+    from rcswarm.coordinator import RunningCoordinator, SweepCoordinator
     from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
     base = tiny_spec(coordinator={"lease_s": 1000.0, "max_wait_s": 2.0})
@@ -513,8 +512,7 @@ def test_sweep_page_shows_runs_workers_fit_and_plots(sweep: Any) -> None:
 
 
 def test_sweep_page_without_metrics_explains_the_missing_fit(tmp_path: Path) -> None:
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.sweep import SweepCoordinator
+    from rcswarm.coordinator import RunningCoordinator, SweepCoordinator
 
     base = tiny_spec()
     spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16]}})

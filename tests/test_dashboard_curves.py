@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import SwarmCoordinator
 from rcswarm.observe.dashboard import Dashboard
 from rcswarm.observe.dashboard import server as dashboard_server
 from rcswarm.state.store import StateStore

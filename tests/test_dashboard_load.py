@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import SwarmCoordinator
 from rcswarm.observe.dashboard import Dashboard
 from rcswarm.state.store import RoundRecord, StateStore
 from rcswarm.sync import tensor_stream

@@ -406,7 +406,7 @@ def test_the_generated_token_is_kept_across_an_upgrade(helm, chart):
 def test_probes_ask_the_health_service(chart, scenario, port):
     """gRPC probes: startup and readiness on the coordinator's service, liveness on the server's ("");
     with TLS on the plaintext --health-port, without it on the main port (then --insecure)."""
-    from rcswarm.coordinator.server import SERVICE_NAME
+    from rcswarm.coordinator.guards import SERVICE_NAME
 
     assert SERVICE_NAME == COORDINATOR_SERVICE
     container = coordinator_container(render_scenario(chart, scenario))
@@ -512,16 +512,16 @@ def test_notes_tell_how_to_reach_the_run(chart):
 
 def test_the_cli_accepts_the_chart_arguments(chart):
     """The arguments the chart passes are ones `rcswarm coordinator` and `rcswarm worker` parse."""
-    from rcswarm.coordinator import server
+    from rcswarm.cli import coordinator as coordinator_cli
     from rcswarm.worker import worker
 
-    if "--health-port" not in _flags(server):
+    if "--health-port" not in _flags(coordinator_cli):
         pytest.skip("rcswarm coordinator has no --health-port/--insecure yet: they arrive with the TLS work of #14")
     for scenario in ("default", "external-tls"):
         found = render_scenario(chart, scenario)
         coordinator_args = coordinator_container(found)["args"]
         assert coordinator_args[0] == "coordinator"
-        parsed = server.parse_args(coordinator_args[1:])
+        parsed = coordinator_cli.parse_args(coordinator_args[1:])
         assert parsed.host == "0.0.0.0" and parsed.port == 50051
         worker_args = [a.replace("$(CPU_LIMIT)", "2").replace("$(POD_NAME)", "w-0") for a in worker_container(found)["args"]]
         assert worker_args[0] == "worker"

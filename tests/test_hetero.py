@@ -29,9 +29,7 @@ import torch
 from rich.console import Console
 
 from rcswarm.cli.status import report
-from rcswarm.coordinator import decisions
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator, decisions
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import tensor_stream
 from tests.conftest import TOKEN, logs_of, sql, tiny_spec, wait_for, worker_env

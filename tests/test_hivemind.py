@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import HivemindSection, OuterSection, RunSpec
-from rcswarm.coordinator.service import initial_parameters
+from rcswarm.coordinator.resume import initial_parameters
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer
 from rcswarm.worker import worker as worker_cli
@@ -92,11 +92,11 @@ def test_sync_backend_is_validated() -> None:
 
 
 def test_both_backends_share_one_outer_step() -> None:
-    from rcswarm.coordinator import service
+    from rcswarm.coordinator import close
     from rcswarm.worker import hivemind_worker
 
     assert hivemind_worker.outer_step is outer.outer_step
-    assert service.outer is outer
+    assert close.outer is outer
 
 
 @pytest.mark.parametrize("codec", ["bf16", "int8"])

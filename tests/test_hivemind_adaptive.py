@@ -21,7 +21,7 @@ import pytest
 
 from rcswarm.cli.run_hivemind import needs_coordinator
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from tests.conftest import TOKEN, creds, sql, tiny_spec, worker_env, write_spec

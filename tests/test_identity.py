@@ -26,11 +26,15 @@ import grpc
 import pytest
 import torch
 
-from rcswarm.coordinator import server
-from rcswarm.coordinator.server import DEFAULT_MAX_CALLS, CallLimits, RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.coordinator.sweep import SweepCoordinator
-from rcswarm.coordinator.tokens import JoinTokens
+from rcswarm.cli import coordinator as coordinator_cli
+from rcswarm.coordinator import (
+    DEFAULT_MAX_CALLS,
+    CallLimits,
+    JoinTokens,
+    RunningCoordinator,
+    SwarmCoordinator,
+    SweepCoordinator,
+)
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
@@ -246,12 +250,13 @@ def test_secrets_never_show_in_status_dashboard_sqlite_or_logs(start_coordinator
 
 
 def coordinator_with_token_file(tmp_path: Path, token_file: Path) -> tuple[subprocess.Popen, str, Path]:
-    """A real `python -m rcswarm.coordinator --token-file` process on a free port: (process, target, log)."""
+    """A real `python -m rcswarm.cli coordinator --token-file` process on a free port: (process, target, log)."""
     config = write_spec(tiny_spec(run={"rounds": 0, "workers": 1}, inner={"steps": 3}), tmp_path / "run.toml")
     port, log_path, port_file = free_port(), tmp_path / "coordinator.log", tmp_path / "port.json"
     env = {k: v for k, v in worker_env().items() if k != "RCSWARM_TOKEN"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(tmp_path / "state"),
+        [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config),
+         "--state-dir", str(tmp_path / "state"),
          "--port", str(port), "--port-file", str(port_file), "--token-file", str(token_file)],
         env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
     )
@@ -481,6 +486,7 @@ def test_the_token_file_flag_refuses_a_bad_file_or_a_second_token(tmp_path: Path
              (["--token-file", str(empty)], f"--token-file {empty} holds no join token"),
              (["--token-file", str(empty), "--token", "t"], "--token and --token-file exclude each other")]
     for flags, message in cases:
-        assert server.main(["--config", str(config), "--state-dir", str(state_dir), "--port", "0", *flags]) == 2
+        assert coordinator_cli.main(["--config", str(config), "--state-dir", str(state_dir), "--port", "0",
+                                     *flags]) == 2
         assert f"rcswarm coordinator: {message}" in capsys.readouterr().err
         assert not state_dir.exists()

@@ -200,8 +200,7 @@ def run_swarm(start: Callable[..., Any], spec: RunSpec, attack: str | None) -> S
 @pytest.fixture(scope="module")
 def swarms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SwarmRun]]:
     """run_swarm with a module-wide cache: each (spec, attack) runs once."""
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.service import SwarmCoordinator
+    from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
     from rcswarm.state.store import StateStore
     from tests.conftest import LocalCoordinator
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from rcswarm.cli import bench, data, dht, fit, launch, main, run, status
+from rcswarm.cli import coordinator as coordinator_cli
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator import server
 from rcswarm.worker import worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def parse(words: list[str]) -> argparse.Namespace | int:
         assert not isinstance(args, int), words
         return args
     if command == "coordinator":
-        args = server.parse_args(argv)
+        args = coordinator_cli.parse_args(argv)
         config = _examples_config(args.config)
         assert config is not None, f"{words}: name a config under examples/"
         RunSpec.from_toml(config)

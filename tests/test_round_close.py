@@ -18,8 +18,7 @@ import grpc
 import pytest
 import torch
 
-from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import RoundRecord, StateStore
 from tests.conftest import TOKEN, tiny_spec

@@ -206,7 +206,7 @@ def test_int8_updates_are_accepted(swarm):
 
 
 def test_tls(start_coordinator, tmp_path):
-    from rcswarm.coordinator.server import TLSFiles
+    from rcswarm.coordinator import TLSFiles
     from rcswarm.coordinator.tls import write_self_signed
 
     cert, key = write_self_signed(tmp_path)

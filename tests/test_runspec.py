@@ -59,7 +59,8 @@ def test_coordinator_refuses_a_bad_config_at_start(tmp_path):
     config = tmp_path / "run.toml"
     config.write_text('[sync]\ncodec = "zstd"\n')
     result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(tmp_path / "s"),
+        [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config),
+         "--state-dir", str(tmp_path / "s"),
          "--port", "0", "--token", "x"],
         check=False, capture_output=True, text=True, timeout=120,
     )
@@ -117,7 +118,8 @@ def test_law_from_is_relative_to_the_config_file(tmp_path):
 def test_a_coordinator_without_a_token_refuses_before_touching_the_state_dir(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RCSWARM_TOKEN"}
     result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(write_spec(tiny_spec(), tmp_path / "run.toml")),
+        [sys.executable, "-m", "rcswarm.cli", "coordinator",
+         "--config", str(write_spec(tiny_spec(), tmp_path / "run.toml")),
          "--state-dir", str(tmp_path / "state"), "--port", "0"],
         check=False, capture_output=True, text=True, timeout=120, env=env,
     )

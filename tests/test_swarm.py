@@ -85,7 +85,7 @@ def start_coordinator_process(config, state_dir, port, log_path) -> subprocess.P
     port_file = state_dir.parent / "port.json"
     port_file.unlink(missing_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(state_dir),
+        [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config), "--state-dir", str(state_dir),
          "--port", str(port), "--port-file", str(port_file)],
         env=worker_env(), stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
     )

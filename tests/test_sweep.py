@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from rcswarm.cli import status as status_cli
-from rcswarm.coordinator.server import RunningCoordinator
+from rcswarm.coordinator import RunningCoordinator
 from rcswarm.coordinator.sweep import RunLoad, SweepCoordinator, decide_assignment, decide_move, run_state_dir
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.conftest import TOKEN, logs_of, sql, tiny_spec

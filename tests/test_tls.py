@@ -25,8 +25,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rcswarm.coordinator import server as coordinator_server
-from rcswarm.coordinator.server import TLSFiles
+from rcswarm.cli import coordinator as coordinator_cli
+from rcswarm.coordinator import JoinTokens, RunningCoordinator, TLSFiles
 from rcswarm.coordinator.tls import (
     QuickStart,
     bind_problem,
@@ -35,7 +35,6 @@ from rcswarm.coordinator.tls import (
     worker_host,
     write_self_signed,
 )
-from rcswarm.coordinator.tokens import JoinTokens
 from rcswarm.observe.dashboard.auth import COOKIE, SESSION_S, SessionAuth, decide_dashboard_auth
 from rcswarm.protos.transport import is_loopback_host, plaintext_warning
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -80,7 +79,7 @@ def test_coordinator_refuses_a_wildcard_bind_without_tls_before_creating_anythin
     # The config does not exist: were the check late (after reading the config), the process would fail
     # on the config instead, and it never reaches a bind of 0.0.0.0 either way.
     result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(tmp_path / "absent.toml"), "--state-dir",
+        [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(tmp_path / "absent.toml"), "--state-dir",
          str(tmp_path / "state"), "--port-file", str(tmp_path / "port.json"), "--host", "0.0.0.0", "--port", "0",
          "--http-port", "0"],
         env=worker_env(), capture_output=True, text=True, timeout=60,
@@ -95,8 +94,8 @@ def test_coordinator_refuses_a_lan_address_without_tls_with_a_valid_config(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # 192.0.2.1 (TEST-NET-1) is no address of this machine: nothing could be bound even by mistake.
     config = write_spec(tiny_spec(), tmp_path / "run.toml")
-    code = coordinator_server.main(["--config", str(config), "--state-dir", str(tmp_path / "state"), "--port", "0",
-                                    "--host", "192.0.2.1", "--token", TOKEN, "--port-file", str(tmp_path / "p.json")])
+    code = coordinator_cli.main(["--config", str(config), "--state-dir", str(tmp_path / "state"), "--port", "0",
+                                 "--host", "192.0.2.1", "--token", TOKEN, "--port-file", str(tmp_path / "p.json")])
     assert code == 2
     assert "--host 192.0.2.1 is not a loopback address and TLS is off" in capsys.readouterr().err
     assert not (tmp_path / "state").exists() and not (tmp_path / "p.json").exists()
@@ -104,7 +103,7 @@ def test_coordinator_refuses_a_lan_address_without_tls_with_a_valid_config(
 
 def test_running_coordinator_refuses_a_plaintext_non_loopback_host(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not a loopback address and TLS is off"):
-        coordinator_server.RunningCoordinator(object(), TOKEN, host="192.0.2.1")  # type: ignore[arg-type]
+        RunningCoordinator(object(), TOKEN, host="192.0.2.1")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -120,8 +119,8 @@ def test_running_coordinator_refuses_a_plaintext_non_loopback_host(tmp_path: Pat
     (["--host", "0.0.0.0", "--tls-self-signed", "d"], None),
 ])
 def test_argument_problems(flags: list[str], expected: str | None) -> None:
-    args = coordinator_server.parse_args(["--config", "run.toml", "--state-dir", "s", *flags])
-    problem = coordinator_server._argument_problem(args)
+    args = coordinator_cli.parse_args(["--config", "run.toml", "--state-dir", "s", *flags])
+    problem = coordinator_cli._argument_problem(args)
     assert problem == expected if expected is None else expected in problem
 
 
@@ -231,8 +230,8 @@ def test_quick_start_without_client_ca_serves_any_tls_client(start_coordinator: 
     client = tls_client(local.port, quick)
     assert client.join("tls", "cpu", 1).worker_id
     client.close()
-    args = coordinator_server.parse_args(["--config", "c", "--state-dir", "s", "--tls-self-signed", str(quick.directory)])
-    command = coordinator_server.worker_command(args, local.port, quick)
+    args = coordinator_cli.parse_args(["--config", "c", "--state-dir", "s", "--tls-self-signed", str(quick.directory)])
+    command = coordinator_cli.worker_command(args, local.port, quick)
     assert command == ["rcswarm", "worker", "--coordinator", f"127.0.0.1:{local.port}", "--tls-ca", str(quick.ca.resolve())]
 
 
@@ -271,7 +270,8 @@ def test_self_signed_quick_start_end_to_end_with_mutual_tls(tmp_path: Path) -> N
     port_file, log_path = tmp_path / "port.json", tmp_path / "coordinator.log"
     with open(log_path, "wb") as log:
         coordinator = subprocess.Popen(
-            [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(tmp_path / "state"),
+            [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config),
+             "--state-dir", str(tmp_path / "state"),
              "--port", "0", "--port-file", str(port_file), "--tls-self-signed", str(tmp_path / "tls"),
              "--tls-client-ca", str(tmp_path / "tls" / "ca.pem"), "--health-port", "0", "--http-port", "0",
              "--http-token-required", "--http-tls"],

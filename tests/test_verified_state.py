@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator import SwarmCoordinator
 from rcswarm.state.store import RoundRecord, StateStore
 from rcswarm.sync import tensor_stream
 from tests.conftest import TOKEN, sql, tiny_spec, worker_env, write_spec
@@ -173,7 +173,7 @@ def test_the_coordinator_command_refuses_unverified_state_and_exits_2(tmp_path: 
         save_file(tensors, str(path), metadata={"version": path.stem.lstrip("v0") or "0"})
     config = write_spec(spec(), tmp_path / "run.toml")
     result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(state_dir),
+        [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config), "--state-dir", str(state_dir),
          "--port", "0", "--token", TOKEN],
         env=worker_env(), capture_output=True, text=True, timeout=120,
     )

@@ -270,7 +270,7 @@ def run_until(worker: Worker, done, timeout: float) -> int:
 
 @pytest.fixture
 def coordinator_process(tmp_path: Path, request):
-    """A real `python -m rcswarm.coordinator` process for one worker; (process, target, client, log).
+    """A real `python -m rcswarm.cli coordinator` process for one worker; (process, target, client, log).
 
     The run spec is the tiny one with 3 inner steps and the tables given by indirect parametrization.
     """

@@ -1,0 +1,243 @@
+"""`rcswarm coordinator`: serve one run or a sweep until SIGTERM or SIGINT.
+
+    rcswarm coordinator --config RUN.toml --state-dir DIR --port P [--host H --tls-self-signed DIR]
+
+The command line of the coordinator process that coordinator/server.py assembles (`RunningCoordinator`).
+A non-loopback `--host` is served only with TLS (`--tls-cert/--tls-key`, or `--tls-self-signed DIR`,
+whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires client certificates
+(coordinator/tls.py). The dashboard's token rule is observe/dashboard/auth.py. The run spec's
+[coordinator] keys set the call limits and the health stall time, which `--max-calls`,
+`--stream-idle-s` and `--health-stall-s` override (`serving_limits`); `--token-file` is re-read when it
+changes and on SIGHUP. Errors follow cli/usage.py: a usage error prints one line
+`rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; a failure to
+serve (a port in use) exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from rcswarm.cli.usage import usage_error
+from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator import (
+    DEFAULT_MAX_CALLS,
+    CallLimits,
+    JoinTokens,
+    RunningCoordinator,
+    open_group,
+    parse_max_calls,
+)
+from rcswarm.coordinator.tls import (
+    HTTP_TLS_NEEDS_TLS,
+    QuickStart,
+    TLSFiles,
+    bind_problem,
+    ensure_quick_start,
+    server_names,
+    worker_host,
+)
+from rcswarm.protos.transport import host_port, is_loopback_host
+from rcswarm.protos.wire import TOKEN_ENV
+
+log = logging.getLogger("rcswarm.coordinator")
+PROG = "rcswarm coordinator"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `rcswarm coordinator` command line."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Run the rcswarm coordinator.")
+    parser.add_argument("--config", required=True, help="RUN.toml describing the run")
+    parser.add_argument("--state-dir", required=True, help="directory for checkpoints and the SQLite state")
+    parser.add_argument("--port", type=int, default=50051, help="port to listen on (0 = any free port; default: 50051)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default loopback; any other address needs TLS or --insecure)")
+    parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help="file of accepted join tokens, one per line (# comments), re-read when it changes "
+                             "and on SIGHUP; instead of --token (rotation without a restart)")
+    parser.add_argument("--tls-cert", type=Path, help="PEM certificate; with --tls-key enables TLS")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key")
+    parser.add_argument("--tls-self-signed", type=Path, metavar="DIR",
+                        help="serve TLS with a CA and server certificate made (or reused) in DIR, and log the "
+                             "worker command with --tls-ca DIR/ca.pem; DIR/client.pem is a client certificate")
+    parser.add_argument("--tls-san", action="append", default=[], metavar="NAME",
+                        help="with --tls-self-signed: another DNS name or IP address workers dial (repeatable)")
+    parser.add_argument("--tls-client-ca", type=Path, metavar="FILE",
+                        help="mutual TLS: require client certificates signed by this CA (e.g. DIR/ca.pem)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="serve plaintext gRPC on a non-loopback --host (the token crosses the network in the clear)")
+    parser.add_argument("--health-port", type=int, default=None,
+                        help="also serve grpc.health.v1 Check in plaintext on this port of --host, for probes that "
+                             "cannot speak TLS (0 = any free port; default: off)")
+    parser.add_argument("--port-file", type=Path, help="write {'port': P} here once serving")
+    parser.add_argument("--http-port", type=int, default=None,
+                        help="serve the HTTP dashboard and /metrics on this port (0 = any free port; default: off)")
+    parser.add_argument("--http-host", default="127.0.0.1",
+                        help="address the dashboard binds (default loopback; elsewhere it requires the join token)")
+    parser.add_argument("--http-token-required", action="store_true",
+                        help="require the join token on the dashboard on loopback too")
+    parser.add_argument("--http-insecure", action="store_true",
+                        help="serve the dashboard on a non-loopback --http-host without the token")
+    parser.add_argument("--http-tls", action="store_true",
+                        help="serve the dashboard over HTTPS with the coordinator's TLS certificate")
+    kinds = ", ".join(f"{name}={limit}" for name, limit in DEFAULT_MAX_CALLS.items())
+    parser.add_argument("--max-calls", action="append", default=[], metavar="KIND=N",
+                        help=f"calls of one kind running at once, beyond which a call gets RESOURCE_EXHAUSTED "
+                             f"(repeatable; overrides the run spec's coordinator.max_calls; default {kinds})")
+    parser.add_argument("--stream-idle-s", type=float, default=None,
+                        help="cancel a stream that carries no message for this long (default: the run spec's "
+                             "coordinator.stream_idle_s, 10)")
+    parser.add_argument("--health-stall-s", type=float, default=None,
+                        help="health says NOT_SERVING when no tick completed for this long (default: the run spec's "
+                             "coordinator.health_stall_s, 60)")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed `rcswarm coordinator` command line (argparse exits 0 after --help, 2 on a usage error)."""
+    return parser().parse_args(argv)
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line's values, or None (nothing is created or bound before this)."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
+    if args.tls_cert and args.tls_self_signed:
+        return "--tls-self-signed makes the certificate itself: give it or --tls-cert/--tls-key, not both"
+    if args.tls_san and not args.tls_self_signed:
+        return "--tls-san names go into the certificate --tls-self-signed makes: add --tls-self-signed DIR"
+    tls = bool(args.tls_cert or args.tls_self_signed)
+    if args.tls_client_ca and not tls:
+        return "--tls-client-ca needs TLS: add --tls-self-signed DIR or --tls-cert/--tls-key"
+    if args.http_tls and not tls:
+        return HTTP_TLS_NEEDS_TLS
+    for flag, port in (("--port", args.port), ("--http-port", args.http_port), ("--health-port", args.health_port)):
+        if port is not None and not 0 <= port <= 65535:
+            return f"{flag} {port}: expected 0..65535"
+    if args.health_port and args.health_port == args.port:
+        return f"--health-port {args.health_port}: the same as --port; expected another port"
+    if args.http_port is not None:
+        from rcswarm.observe.dashboard.auth import decide_dashboard_auth
+
+        try:
+            decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
+        except ValueError as exc:
+            return str(exc)
+    return bind_problem(args.host, tls, args.insecure)
+
+
+def _tls_files(args: argparse.Namespace) -> tuple[TLSFiles | None, QuickStart | None]:
+    """The server's TLS files from the flags (making or reusing the quick start's), checked; ValueError names a bad one."""
+    quick = None
+    if args.tls_self_signed:
+        names = server_names(args.host, args.tls_san, socket.gethostname())
+        quick = ensure_quick_start(args.tls_self_signed, names)
+        tls = TLSFiles(quick.cert, quick.key, args.tls_client_ca)
+    elif args.tls_cert:
+        tls = TLSFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+    else:
+        return None, None
+    tls.credentials()
+    return tls, quick
+
+
+def worker_command(args: argparse.Namespace, port: int, quick: QuickStart) -> list[str]:
+    """The `rcswarm worker` command for the quick start's CA (and its client certificate under mutual TLS)."""
+    host = worker_host(args.host, args.tls_san, socket.gethostname())
+    command = ["rcswarm", "worker", "--coordinator", host_port(host, port), "--tls-ca", str(quick.ca.resolve())]
+    if args.tls_client_ca is not None and args.tls_client_ca.resolve() == quick.ca.resolve():
+        command += ["--tls-cert", str(quick.client_cert.resolve()), "--tls-key", str(quick.client_key.resolve())]
+    return command
+
+
+def _log_security(args: argparse.Namespace, running: RunningCoordinator, quick: QuickStart | None) -> None:
+    """Log how workers connect (the quick start's exact worker command) and every opt-out of a protection."""
+    if quick is not None:
+        for note in quick.notes:
+            log.info("--tls-self-signed: %s", note)
+        log.info("worker command: %s", shlex.join(worker_command(args, running.port, quick)))
+        log.info("(the worker reads the join token from $%s or --token; copy %s to each worker's machine%s)",
+                 TOKEN_ENV, quick.ca.name, ", with client.pem and client-key.pem" if args.tls_client_ca else "")
+        if args.tls_client_ca is not None and args.tls_client_ca.resolve() != quick.ca.resolve():
+            log.info("workers also need --tls-cert/--tls-key of a client certificate signed by %s", args.tls_client_ca)
+    if args.insecure and not (args.tls_cert or args.tls_self_signed) and not is_loopback_host(args.host):
+        log.warning("serving plaintext gRPC on %s (--insecure): anyone on the network path can read the join token "
+                    "and the parameters, and act as a worker", args.host)
+    if running.health_port is not None:
+        log.info("plaintext health checks (grpc.health.v1 Check) on %s", host_port(args.host, running.health_port))
+    if running.dashboard is not None:
+        dashboard = running.dashboard
+        log.info("dashboard on %s (metrics at %smetrics)%s", dashboard.url, dashboard.url,
+                 "; it requires the join token (Authorization: Bearer, or log in at /login)" if dashboard.auth else "")
+        from rcswarm.observe.dashboard.auth import decide_dashboard_auth
+
+        _, warning = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure, args.http_tls)
+        if warning is not None:
+            log.warning("%s", warning)
+
+
+def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits, float]:
+    """The call limits and the health stall time: the run spec's [coordinator] keys, overridden by the
+    command line's --max-calls, --stream-idle-s and --health-stall-s where given."""
+    served = spec.coordinator
+    idle_s = served.stream_idle_s if args.stream_idle_s is None else args.stream_idle_s
+    stall_s = served.health_stall_s if args.health_stall_s is None else args.health_stall_s
+    return CallLimits(parse_max_calls(args.max_calls, served.max_calls), idle_s), stall_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`rcswarm coordinator`: serve one run or a sweep until SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(levelname)s %(message)s")
+    args = parse_args(argv)
+    problem = _argument_problem(args)
+    if problem is None:
+        try:
+            tokens = JoinTokens.from_cli(args.token, args.token_file, os.environ.get(TOKEN_ENV, ""))
+            spec = RunSpec.from_toml(args.config)
+            limits, stall_s = serving_limits(args, spec)
+            tls, quick = _tls_files(args)
+            coordinator = open_group(spec, args.state_dir)
+            http_required = True if args.http_token_required else False if args.http_insecure else None
+            running = RunningCoordinator(
+                coordinator, tokens, args.host, args.port, tls, limits, stall_s,
+                http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
+                health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
+            ).start()
+        except ValueError as exc:
+            problem = str(exc)
+        except RuntimeError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 1
+    if problem is not None:
+        return usage_error(PROG, problem)
+    log.info("run %s serving on %s at version %d", coordinator.run_id, host_port(args.host, running.port),
+             coordinator.version)
+    _log_security(args, running, quick)
+    if args.port_file:
+        partial = args.port_file.with_suffix(".partial")
+        info: dict[str, Any] = {"port": running.port, "run_id": coordinator.run_id}
+        if running.dashboard is not None:
+            info["http_port"] = running.dashboard.port
+        if running.health_port is not None:
+            info["health_port"] = running.health_port
+        partial.write_text(json.dumps(info))
+        os.replace(partial, args.port_file)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
+    while not stop.wait(1.0):
+        pass
+    log.info("stopping at version %d", coordinator.version)
+    running.stop()
+    return 0

@@ -1,0 +1,241 @@
+"""Update and metric intake: every reason the coordinator refuses a push or a metrics report, in one place.
+
+A push (`SwarmCoordinator.push`) passes, in this order: its stream's first message must be the meta
+(`first_part`); the worker secret (service.py, `_authenticated`); `UpdateIntake.check_meta` under the lock
+(a duplicate: ALREADY_EXISTS; a version that does not exist yet, or tokens out of range:
+INVALID_ARGUMENT; a stale update: FAILED_PRECONDITION, counted and recorded as a `stale` event; tokens
+above the assignment's bound); then, without the lock, `receive_update` decodes and validates the
+payload (names, shapes, sizes, CRCs, finite values: INVALID_ARGUMENT); then under the lock again both
+checks once more and the norm bound, and `UpdateIntake.record` puts it into the open round.
+
+Bounded influence: an update is refused (INVALID_ARGUMENT, recorded as a `dropped` event,
+`refuse_outlier`) when its tokens exceed its assignment's batch × seq_len × inner.steps
+(`sync.bound_tokens`, `token_bound`) or its norm the hard bound (`sync.max_update_norm`, 0 =
+`aggregation.automatic_norm_bound`). What the close then does with the kept ones is close.py's.
+
+Late updates (issue #15): an update trained from a version this membership pulled, at most
+`sync.max_staleness` versions old (`decisions.decide_staleness`), is kept in the open round's `late`
+updates with its tokens weighted by the staleness weight; an older one is refused (FAILED_PRECONDITION
+naming both versions). A push for a round that is closing waits for the close and then arrives late.
+
+Metrics: at most MAX_METRICS_PER_REQUEST rows a request, each in range (`metric_problem`, checked without
+the lock), at most `coordinator.max_metrics_per_round` rows per worker and version (`count_metric_rows`,
+RESOURCE_EXHAUSTED). The limits are records.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+import grpc
+import torch
+
+from rcswarm.coordinator import aggregation, decisions
+from rcswarm.coordinator.records import (
+    MAX_METRICS_PER_REQUEST,
+    MAX_SHA256_HEX,
+    MAX_TOKENS_PER_UPDATE,
+    METRIC_LIMITS,
+    METRIC_SECONDS,
+    LateUpdate,
+    Refusal,
+    WorkerRecord,
+)
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.sync import tensor_stream
+
+if TYPE_CHECKING:
+    from rcswarm.coordinator.service import SwarmCoordinator
+
+log = logging.getLogger("rcswarm.coordinator")
+
+
+def first_part(requests: Iterator[pb.PushUpdateRequest], part: str) -> pb.PushUpdateRequest:
+    """The next message of a PushUpdate stream, which must carry `part`; refused otherwise."""
+    message = next(requests, None)
+    if message is None or message.WhichOneof("part") != part:
+        found = None if message is None else message.WhichOneof("part")
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"PushUpdate stream: expected a {part} message, got {found}")
+    return message
+
+
+def require_secret(what: str, worker_id: str, secret: bytes) -> None:
+    """Refuse a worker's call that carries no worker secret (UNAUTHENTICATED), before anything else."""
+    if not secret:
+        raise Refusal(grpc.StatusCode.UNAUTHENTICATED, f"{what} for worker {worker_id!r} carries no worker secret; join first")
+
+
+def metric_problem(index: int, metric: pb.Metric) -> str | None:
+    """Why `metrics[index]` of a ReportMetrics request is out of range, or None when it is not."""
+    for name, limit in METRIC_LIMITS.items():
+        value = getattr(metric, name)
+        if not 0 <= value <= limit:
+            return f"metrics[{index}].{name} = {value} is out of range: expected 0..{limit}"
+    for name in METRIC_SECONDS:
+        value = getattr(metric, name)
+        if not (math.isfinite(value) and value >= 0):
+            return f"metrics[{index}].{name} = {value!r} is out of range: expected a finite number >= 0"
+    if math.isinf(metric.loss):
+        return f"metrics[{index}].loss = {metric.loss!r} is out of range: expected a finite number, or NaN for none"
+    if len(metric.param_sha256) > MAX_SHA256_HEX:
+        return f"metrics[{index}].param_sha256 has {len(metric.param_sha256)} characters: expected at most {MAX_SHA256_HEX}"
+    return None
+
+
+def check_metrics(metrics: Sequence[pb.Metric]) -> None:
+    """Refuse a batch of too many metric rows or one with a row out of range, all of it (INVALID_ARGUMENT; no lock)."""
+    if len(metrics) > MAX_METRICS_PER_REQUEST:
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(metrics)} metrics in one request: at most {MAX_METRICS_PER_REQUEST}")
+    for index, metric in enumerate(metrics):
+        problem = metric_problem(index, metric)
+        if problem is not None:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"metrics refused: {problem}")
+
+
+def receive_update(
+    header: pb.TensorHeader, requests: Iterator[pb.PushUpdateRequest], shapes: dict[str, tuple[int, ...]],
+    run_id: str, version: int,
+) -> tuple[aggregation.EncodedDeltas, float]:
+    """Reassemble and validate a pseudo-gradient of the run's `shapes`; it, held encoded until the close, and its
+    global L2 norm (without the lock: nothing here touches shared state)."""
+    try:
+        receiver = tensor_stream.PayloadReceiver(header, expected=shapes, run_id=run_id, version=version)
+        for message in requests:
+            if message.WhichOneof("part") != "chunk":
+                raise tensor_stream.PayloadError(f"expected a chunk message, got {message.WhichOneof('part')}")
+            receiver.add(message.chunk)
+        deltas, payload = receiver.finish_encoded()
+        tensor_stream.check_finite(deltas)
+    except tensor_stream.PayloadError as exc:
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"update rejected: {exc}") from None
+    return aggregation.EncodedDeltas(header, payload), tensor_stream.global_norm(deltas)
+
+
+class UpdateIntake:
+    """The checks and records of one `SwarmCoordinator`'s update intake: a part of the coordinator kept in its
+    own module. It has no state of its own; every method reads and changes the run's open round, its members'
+    counts and its store's events with the run's `_lock` held, as `SwarmCoordinator`'s call contract says."""
+
+    def __init__(self, run: SwarmCoordinator) -> None:
+        self.run = run
+
+    def check_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> decisions.Lateness:
+        """Refuse a stale, future, duplicate or out-of-range update, or one claiming more tokens than its
+        assignment allows; else whether it is on time or late and its weight (lock held; may wait for a
+        close, releasing it). A worker's update for a round it already delivered to is a
+        duplicate (ALREADY_EXISTS: "it landed") even once that round closed: a push whose answer was
+        lost is retried, and "stale" would make the worker keep the error-feedback residual it sent.
+        A push for a closing round waits for the close (at most coordinator.max_wait_s) when late
+        updates are merged, and then arrives late."""
+        run = self.run
+        if meta.base_version == worker.accepted_version:
+            raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
+                          f"worker {worker.worker_id} already delivered its update for round {meta.base_version}")
+        if meta.base_version > run.version:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"update for version {meta.base_version} which does not exist yet (newest {run.version})",
+            )
+        if run.round.closing and run.staleness.max_staleness > 0:
+            run._wait_for_close(run.spec.coordinator.max_wait_s)
+            run._member(worker.worker_id)
+        if run.finished and meta.base_version < run.version:
+            self.refuse_stale(worker, f"stale update: trained from version {meta.base_version} but the run "
+                                      f"finished at version {run.version}")
+        lateness = decisions.decide_staleness(meta.base_version, run.version, worker.pulled_version, run.staleness)
+        if not lateness.ok:
+            worker.base_version = max(worker.base_version, run.version)
+            self.refuse_stale(worker, lateness.reason)
+        if run.round.closing:
+            self.refuse_stale(worker, f"stale update: round {run.version} is closing; pull version "
+                                      f"{run.version + 1} once it is served")
+        if not 0 < meta.tokens <= MAX_TOKENS_PER_UPDATE:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"tokens = {meta.tokens}: expected 1..{MAX_TOKENS_PER_UPDATE}")
+        if run.spec.sync.bound_tokens:
+            allowed, why = self.token_bound()
+            if meta.tokens > allowed:
+                self.refuse_outlier(worker, f"tokens = {meta.tokens} exceed the {allowed} allowed: {why}")
+        return lateness
+
+    def token_bound(self) -> tuple[int, str]:
+        """The most tokens an update to the current version may claim, and why (lock held).
+
+        batch × seq_len × steps of the assignment workers train under at this version (steps: inner.steps,
+        or sync.max_steps for time-boxed rounds, `SyncSection.step_cap`); with curriculum.worker_seq_lens
+        the largest listed one's, because a worker that joins again mid-round pushes the update it trained
+        under its previous membership's length.
+        """
+        run = self.run
+        steps, data, section = run.spec.sync.step_cap(run.spec.inner.steps), run.spec.data, run.spec.curriculum
+        if section.worker_seq_lens:
+            options = [(length, section.batch_for(length, data.batch_size)) for length in section.worker_seq_lens]
+            seq_len, batch = max(options, key=lambda option: option[0] * option[1])
+            where = "the largest assignment of curriculum.worker_seq_lens"
+        else:
+            current = run.tracker.run_assignment(run.version)
+            seq_len, batch = current.seq_len, current.batch_size
+            where = f"the assignment at version {run.version}"
+        diag = ' (data.source = "diag": data.seq_len bounds the scored positions of a sequence)' if data.source == "diag" else ""
+        cap = "inner.steps" if run.spec.sync.round == "steps" else "sync.max_steps"
+        return batch * seq_len * steps, (
+            f"batch {batch} × seq_len {seq_len} × {cap} {steps} of {where}{diag}; sync.bound_tokens = true"
+        )
+
+    def refuse_stale(self, worker: WorkerRecord, message: str) -> NoReturn:
+        """Count and record a stale update of `worker`, then refuse it with FAILED_PRECONDITION (lock held)."""
+        worker.stale_updates += 1
+        self.run.store.add_event(worker.worker_id, "stale", message, self.run.clock())
+        log.info("%s (%s): %s", worker.worker_id, worker.name, message)
+        raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+    def refuse_outlier(self, worker: WorkerRecord, message: str) -> NoReturn:
+        """Record an update refused for its norm or tokens (a `dropped` event, the round's and the worker's
+        counts, once per worker and round) and raise its INVALID_ARGUMENT refusal (lock held)."""
+        run = self.run
+        version = run.version
+        first = not (worker.recent and worker.recent[-1] == (version, "dropped"))
+        if first:
+            worker.note_round(version, "dropped", message, run.outliers.window)
+            run.round.dropped += 1
+            run.store.add_event(worker.worker_id, "dropped", f"round {version}: {message}", run.clock())
+            log.warning("round %d: update of %s dropped: %s", version, worker.worker_id, message)
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    def record(
+        self, worker: WorkerRecord, meta: pb.UpdateMeta, lateness: decisions.Lateness, norm: float,
+        deltas: dict[str, torch.Tensor],
+    ) -> None:
+        """Put an accepted update into the open round: on time among its reports, late (its tokens
+        weighted by the staleness weight, at least 1) among its late updates (lock held)."""
+        run = self.run
+        if lateness.staleness == 0:
+            run.round.reports[worker.worker_id] = aggregation.Update(worker.worker_id, meta.tokens, norm, deltas)
+            worker.base_version = run.version + 1
+        else:
+            weighted = max(1, round(meta.tokens * lateness.weight))
+            update = aggregation.Update(worker.worker_id, weighted, norm, deltas)
+            run.round.late[worker.worker_id] = LateUpdate(update, meta.tokens, lateness)
+            worker.late_updates += 1
+            # It trains from the version it pulls next; until then this round does not wait for it.
+            if worker.pulled_version < run.version:
+                worker.base_version = run.version + 1
+            run.store.add_event(worker.worker_id, "late", lateness.reason, run.clock())
+            log.info("%s (%s): %s", worker.worker_id, worker.name, lateness.reason)
+        worker.accepted_version = meta.base_version
+        worker.last_seen = run.clock()
+
+    def count_metric_rows(self, worker: WorkerRecord, rows: int) -> None:
+        """Count `rows` against the worker's cap for the current version, or refuse them all (lock held)."""
+        run = self.run
+        if worker.metrics_version != run.shown_version:
+            worker.metrics_version, worker.metrics_in_round = run.shown_version, 0
+        if worker.metrics_in_round + rows > run.metrics_per_round:
+            raise Refusal(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"worker {worker.worker_id} reported {worker.metrics_in_round} metric rows at version {run.version}; "
+                f"{rows} more exceed coordinator.max_metrics_per_round = {run.metrics_per_round}",
+            )
+        worker.metrics_in_round += rows

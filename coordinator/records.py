@@ -1,0 +1,291 @@
+"""What the coordinator holds and the limits it keeps: the value types of `SwarmCoordinator`'s state.
+
+A refusal (`Refusal`: the gRPC status and message a caller sees), a membership (`WorkerRecord`), the
+open round and the late updates merged into it (`OpenRound`, `LateUpdate`), the stages of a round
+close (`RoundClose` when it begins, `ClosedRound` once computed and committed, `SpareBuffers` the
+close leaves for the next), the lazily built pull payload of a version (`LazyPullPayload`), and the
+limits every request is checked against. Nothing here takes the coordinator's lock: the types are
+read and changed under it by service.py, intake.py and close.py, as `SwarmCoordinator`'s docstring
+says; `LazyPullPayload` has a lock of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from rcswarm.coordinator import aggregation, decisions
+from rcswarm.coordinator import curriculum as curricula
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import RoundRecord
+from rcswarm.sync import outer, tensor_stream
+
+# A worker's seconds per step are the median of its last this many measured steps.
+STEP_SAMPLES = 16
+# run_state key of the reference norms' history (JSON: one list of accepted norms per recent round).
+REFERENCE_NORMS_KEY = "reference_norms"
+MAX_TOKENS_PER_UPDATE = 10**12
+MAX_METRICS_PER_REQUEST = 10_000
+STATUS_ROUNDS = 20
+# Ended memberships GetStatus lists besides the active ones: the most recently ended.
+STATUS_ENDED_WORKERS = 64
+INT64_MAX = 2**63 - 1
+# Inclusive upper bounds of a metric's integer fields (all must be >= 0). One row is one inner
+# step, so its tokens stay far below an update's, and no SUM over rows can reach 2^63.
+METRIC_LIMITS = {
+    "version": 2**53, "step": 2**53, "seq_len": 2**31 - 1, "batch": 2**31 - 1, "tokens": 10**9,
+    "bytes_sent": 2**53, "bytes_received": 2**53,
+}
+# A metric's durations: finite and >= 0. Its loss: finite, or NaN for a row without one.
+METRIC_SECONDS = ("wall_time", "compute_seconds", "sync_seconds")
+MAX_SHA256_HEX = 64
+# Times a pull starts over when the full payload it picked was released by a later close before it was built.
+PULL_ATTEMPTS = 3
+# Bytes of a worker secret (secrets.token_bytes).
+WORKER_SECRET_BYTES = 32
+
+Payload = tuple[pb.TensorHeader, list[pb.TensorChunk]]
+
+
+class Refusal(Exception):
+    """A refused RPC: the status code and the message the caller sees."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class WorkerRecord:
+    """One membership: a worker from its join until it leaves, is evicted or is reassigned."""
+
+    worker_id: str
+    name: str
+    device: str
+    joined_at: float
+    last_seen: float
+    # The version whose round this worker reports to next.
+    base_version: int
+    active: bool = True
+    state: int = pb.WORKER_STATE_ACTIVE
+    reason: str = ""
+    last_loss: float = math.nan
+    # Set for a worker of curriculum.worker_seq_lens: its own length, batch and why.
+    assigned: curricula.Assignment | None = None
+    # When the membership ended (left, evicted, reassigned); None while active.
+    ended_at: float | None = None
+    # The version current when its metric rows were last counted, and how many it reported then.
+    metrics_version: int = -1
+    metrics_in_round: int = 0
+    # Its updates the aggregation flagged, and those refused for their norm or tokens.
+    clipped_updates: int = 0
+    dropped_updates: int = 0
+    # Its updates refused as stale (trained from an older version, or for a closing round): lost work.
+    stale_updates: int = 0
+    # (version, flag) of its recent rounds, oldest first ("" = kept as sent); the latest flag's reason.
+    recent: list[tuple[int, str]] = field(default_factory=list)
+    outlier: str = ""
+    # The round of its last accepted update (-1: none): a retry of that push is a duplicate, not stale.
+    accepted_version: int = -1
+    # SHA-256 of the worker secret its Join returned (the secret itself is never kept).
+    secret_sha256: bytes = field(default=b"", repr=False)
+    # The version it last pulled (-1: none): it trains from it, so a late update from it can be merged.
+    pulled_version: int = -1
+    # Its late updates merged with a staleness weight; tokens it trained on and tokens an outer step applied.
+    late_updates: int = 0
+    trained_tokens: int = 0
+    applied_tokens: int = 0
+    # Seconds of its recent inner steps, and its cumulative compute seconds at its last metric row.
+    step_samples: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
+    last_compute: float | None = None
+
+    def step_seconds(self) -> float | None:
+        """Its measured seconds per inner step (the median of its recent steps), None before any."""
+        return statistics.median(self.step_samples) if self.step_samples else None
+
+    def measure(self, metric: pb.Metric) -> None:
+        """Count a metric row's tokens and, for a training step, its compute seconds (lock held)."""
+        self.trained_tokens += metric.tokens
+        if metric.tokens > 0 and self.last_compute is not None and metric.compute_seconds >= self.last_compute:
+            self.step_samples.append(metric.compute_seconds - self.last_compute)
+        self.last_compute = metric.compute_seconds
+
+    def owns(self, secret: bytes) -> bool:
+        """Whether `secret` is this membership's worker secret (constant-time compare of the digests)."""
+        return bool(self.secret_sha256) and hmac.compare_digest(hashlib.sha256(secret).digest(), self.secret_sha256)
+
+    def view(self) -> decisions.WorkerView:
+        return decisions.WorkerView(
+            self.worker_id, self.last_seen, self.base_version, self.active, self.ended_at, bool(self.step_samples)
+        )
+
+    def outlier_view(self) -> decisions.OutlierView:
+        return decisions.OutlierView(self.worker_id, self.active, tuple(self.recent))
+
+    def note_round(self, version: int, flag: str, reason: str, window: int) -> None:
+        """Remember how its update of round `version` fared, once per round (lock held)."""
+        if flag == "dropped":
+            self.dropped_updates += 1
+        elif flag:
+            self.clipped_updates += 1
+        if flag:
+            self.outlier = f"round {version}: {flag}: {reason}"
+        if self.recent and self.recent[-1][0] == version:
+            self.recent[-1] = (version, self.recent[-1][1] or flag)
+        else:
+            self.recent.append((version, flag))
+        del self.recent[:-window]
+
+
+@dataclass
+class OpenRound:
+    """The round of `version`: the updates reported to it so far."""
+
+    version: int
+    # When the first worker started on this version: the close of the previous round, or
+    # the first pull after the coordinator (re)started. The round deadline counts from here.
+    opened_at: float
+    started: bool = False
+    # worker_id -> its update: tokens, norm, decoded pseudo-gradient
+    reports: dict[str, aggregation.Update] = field(default_factory=dict)
+    # Set when its close began: `reports` no longer changes and a push for this version is stale.
+    closing: bool = False
+    # Updates for this version refused for their norm or tokens.
+    dropped: int = 0
+    # worker_id -> a late update merged into this round: tokens weighted by its staleness, and how it fared.
+    late: dict[str, LateUpdate] = field(default_factory=dict)
+    # A time-boxed round's budget in seconds (0: step-boxed).
+    budget_s: float = 0.0
+
+    def view(self) -> decisions.RoundView:
+        return decisions.RoundView(self.version, self.opened_at, frozenset(self.reports), self.budget_s)
+
+
+@dataclass(frozen=True)
+class LateUpdate:
+    """A late update in the round it was merged into: the update with its weighted tokens, the tokens it
+    trained on, and its staleness decision."""
+
+    update: aggregation.Update
+    tokens: int
+    lateness: decisions.Lateness
+
+
+@dataclass(frozen=True)
+class RoundClose:
+    """A close that began: what it reads, taken under `_lock` when the decision was made.
+
+    θ and the momentum are replaced, never mutated, so holding them is a snapshot; the round's
+    reports are frozen by `OpenRound.closing`; `saved_feedback` restores the broadcast residual
+    if the close fails.
+    """
+
+    round: OpenRound
+    reason: str
+    decided_at: float
+    params: outer.Tensors
+    momentum: outer.Tensors
+    saved_feedback: outer.Tensors
+    # The reference norms' history (one tuple per recent round) and the previous aggregate (centered_clip).
+    history: tuple[tuple[float, ...], ...] = ()
+    previous: outer.Tensors | None = None
+    # Buffers nobody reads any more, which the close writes its results into (`SpareBuffers`).
+    spare: SpareBuffers | None = None
+
+
+@dataclass(frozen=True)
+class SpareBuffers:
+    """Full-size tensors a published close left unread, for the next close to write into instead of fresh memory
+    (the same values; a fresh page costs more than the arithmetic written into it).
+
+    `momentum`: the momentum the close replaced (only closes read the momentum); the next close writes the new
+    momentum into it. `residual`: the broadcast residual the close replaced (only the closing thread reads
+    residuals; the failed-close snapshot is the newer one); the next close writes the aggregate into it, the
+    outer step its target over the aggregate, and the compressed step the new residual over that. `params`:
+    the θ the close replaced, which a full pull may still be reading through its `LazyPullPayload`; the next
+    close releases that payload (a pull that finds it released pulls the current version) and decodes its
+    compressed step into θ's buffers, which become θ_{v+2} after the step is subtracted.
+    """
+
+    momentum: outer.Tensors
+    residual: outer.Tensors
+    # θ the close replaced, and its pull payload, which the next close releases before writing into θ.
+    params: outer.Tensors | None = None
+    payload: LazyPullPayload | None = None
+
+    def released_params(self) -> outer.Tensors | None:
+        """θ's buffers once its pull payload no longer reads them (the closing thread; takes the payload's lock)."""
+        if self.payload is None:
+            return None
+        self.payload.release()
+        return self.params
+
+
+@dataclass(frozen=True)
+class ClosedRound:
+    """What a close produced outside the lock, committed to the store and ready to publish."""
+
+    params: outer.Tensors
+    momentum: outer.Tensors
+    param_sha256: bytes
+    pull_payload: LazyPullPayload
+    step_payload: Payload
+    record: RoundRecord
+    # Seconds per piece of the close, in the order they ran.
+    seconds: dict[str, float]
+    aggregate: aggregation.Aggregate
+    history: tuple[tuple[float, ...], ...]
+    # The hard norm bound for updates to the new version, and why.
+    norm_bound: tuple[float, str]
+    # worker_id -> tokens of its updates the outer step applied (the direction check's drops are not).
+    applied: dict[str, int] = field(default_factory=dict)
+
+
+def pull_payload(params: outer.Tensors, run_id: str, version: int, sha256: bytes) -> Payload:
+    """The fp32 payload of the full θ of `version` (no lock: a pure function of its inputs)."""
+    return tensor_stream.build_payload(params, codec=pb.CODEC_FP32, run_id=run_id, version=version, content_sha256=sha256)
+
+
+class LazyPullPayload:
+    """The fp32 pull payload of one version's θ, built by its first full pull and then kept.
+
+    Up-to-date workers pull the compressed step, so a close does not build it. Threads: any
+    handler thread calls `get`, which takes this object's own `_lock` (never the coordinator's
+    `_lock`; it is called without that one held), so concurrent first pulls build it once and the
+    others wait for it. θ is replaced, not mutated, while it is current or one version old, so holding
+    `params` is a snapshot until the closing thread `release`s this payload to reuse θ's buffers
+    (`SpareBuffers`).
+    """
+
+    def __init__(self, params: outer.Tensors, run_id: str, version: int, sha256: bytes) -> None:
+        """Keep what `pull_payload` needs; build nothing yet."""
+        self._lock = threading.Lock()
+        self._inputs: tuple[outer.Tensors, str, int, bytes] | None = (params, run_id, version, sha256)
+        self._payload: Payload | None = None
+        # Seconds the build took, None until it ran (for logs and benchmarks).
+        self.build_seconds: float | None = None
+
+    def get(self) -> Payload | None:
+        """The header and chunks, building them on the first call (takes this object's `_lock`); None when the
+        payload was released before anything built it (its θ is being overwritten: pull the current version)."""
+        with self._lock:
+            if self._payload is None and self._inputs is not None:
+                started = time.perf_counter()
+                self._payload = pull_payload(*self._inputs)
+                self.build_seconds = time.perf_counter() - started
+            return self._payload
+
+    def release(self) -> None:
+        """Stop reading θ (takes this object's `_lock`, so a build under way finishes first): a payload built keeps
+        serving its chunks, one never built is never built (`get` answers None). θ's buffers are then free."""
+        with self._lock:
+            self._inputs = None

@@ -1,0 +1,102 @@
+"""What a coordinator starts from: the run committed in its state dir, or a new run at version 0.
+
+`resume` runs once, in `SwarmCoordinator`'s constructor, before any thread calls it: it reads the
+last committed checkpoint (θ, the outer momentum and the broadcast residual) and refuses a config
+that differs from the stored run's in anything but `RESTART_MUTABLE`, or commits version 0 from the
+model's parameters at the run's seed. `optimizer_state` is the outer optimizer's part of every
+checkpoint, written here at version 0 and by every round close (close.py).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+
+import torch
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.models import registry
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
+from rcswarm.sync import codec as codecs
+from rcswarm.sync import outer
+
+# Spec keys a restart on an existing state dir may change; any other change is refused.
+RESTART_MUTABLE = (
+    "run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s", "curriculum.budget_seconds",
+    # The coordinator's own defences against outliers; workers do not depend on them.
+    "sync.max_update_norm", "sync.bound_tokens", "sync.aggregation", "sync.clip_factor", "sync.trim_fraction",
+    "sync.centered_clip", "sync.reference_rounds", "sync.outlier_", "sync.min_cosine",
+    # How rounds are paced and late updates weighted: the coordinator tells workers in their assignment.
+    "sync.round", "sync.min_steps", "sync.adaptive_steps", "sync.max_steps", "sync.max_staleness",
+    "sync.staleness_exponent",
+)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The run a coordinator serves from: its id, θ and the outer momentum in the model's order, its version."""
+
+    run_id: str
+    params: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
+    version: int
+
+
+def spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
+    """Dotted keys whose values differ between two specs."""
+    old_d, new_d = old.to_dict(), new.to_dict()
+    return sorted(
+        f"{table}.{key}"
+        for table in old_d
+        for key in set(old_d[table]) | set(new_d[table])
+        if old_d[table].get(key) != new_d[table].get(key)
+    )
+
+
+def initial_parameters(spec: RunSpec) -> dict[str, torch.Tensor]:
+    """The model's parameters at the run's seed, float32, in the model's order."""
+    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
+    return {name: p.detach().to(torch.float32).contiguous().clone() for name, p in model.named_parameters()}
+
+
+def optimizer_state(momentum: outer.Tensors, feedback: codecs.ErrorFeedback, codec: int) -> dict[str, outer.Tensors]:
+    """The outer optimizer's tensors to checkpoint with `momentum`: the broadcast residual of `feedback` too when
+    the run's codec loses anything (the closing thread, or the constructor)."""
+    state = {"outer_momentum": momentum}
+    residual = feedback.snapshot()
+    if residual and codec != pb.CODEC_FP32:
+        state["broadcast_residual"] = residual
+    return state
+
+
+def resume(spec: RunSpec, store: StateStore, feedback: codecs.ErrorFeedback, codec: int) -> Resumed:
+    """Constructor only: θ, momentum and version from the last committed checkpoint, whose broadcast residual goes
+    into `feedback`; or a new run, committed at version 0. ValueError for a state dir of a run whose spec differs
+    in a key a restart may not change; RuntimeError for a checkpoint without the run's parameters."""
+    checkpoint = store.load_current()
+    if checkpoint is None:
+        run_id = f"{spec.run.name}-{secrets.token_hex(4)}"
+        params = initial_parameters(spec)
+        momentum = {k: torch.zeros_like(v) for k, v in params.items()}
+        store.set_many({"spec_json": spec.to_json(), "param_names": json.dumps(list(params))})
+        store.commit_version(run_id, 0, params, optimizer_state(momentum, feedback, codec), None)
+        return Resumed(run_id, params, momentum, 0)
+    stored = RunSpec.from_json(store.get("spec_json") or "{}")
+    changed = [k for k in spec_differences(stored, spec) if not k.startswith(RESTART_MUTABLE)]
+    if changed:
+        raise ValueError(
+            f"state dir {store.state_dir} holds a run whose spec differs in {changed}; "
+            "use a new state dir or the original config"
+        )
+    store.set_many({"spec_json": spec.to_json()})
+    run_id = store.get("run_id") or ""
+    names = json.loads(store.get("param_names") or "[]")
+    momentum = checkpoint.state.get("outer_momentum", {})
+    if sorted(names) != sorted(checkpoint.params) or sorted(names) != sorted(momentum):
+        raise RuntimeError(f"checkpoint of version {checkpoint.version} in {store.state_dir} does not hold the run's parameters")
+    feedback.restore(checkpoint.state.get("broadcast_residual", {}))
+    # safetensors files do not keep insertion order; the wire order is the model's.
+    return Resumed(run_id, {name: checkpoint.params[name] for name in names}, {name: momentum[name] for name in names},
+                   checkpoint.version)
