@@ -2,14 +2,10 @@
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from rcswarm.config.runspec import RunSpec
-from tests.conftest import tiny_spec, write_spec
 
 
 def test_defaults_round_trip_through_json_and_toml(tmp_path):
@@ -55,22 +51,10 @@ def test_toml_errors_are_clear(tmp_path):
         RunSpec.from_toml(tmp_path / "missing.toml")
 
 
-def test_coordinator_refuses_a_bad_config_at_start(tmp_path):
-    config = tmp_path / "run.toml"
-    config.write_text('[sync]\ncodec = "zstd"\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(tmp_path / "s"),
-         "--port", "0", "--token", "x"],
-        check=False, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode != 0
-    assert "sync.codec = 'zstd'" in result.stderr
-
-
 def test_the_example_config_lists_the_defaults():
     from pathlib import Path
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "run.toml"
+    example = Path(__file__).resolve().parents[2] / "examples" / "run.toml"
     assert RunSpec.from_toml(example) == RunSpec()
 
 
@@ -112,18 +96,6 @@ def test_law_from_is_relative_to_the_config_file(tmp_path):
     copied.parent.mkdir()
     copied.write_text(spec.to_toml())
     assert RunSpec.from_toml(copied).curriculum.law_from == spec.curriculum.law_from
-
-
-def test_a_coordinator_without_a_token_refuses_before_touching_the_state_dir(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RCSWARM_TOKEN"}
-    result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(write_spec(tiny_spec(), tmp_path / "run.toml")),
-         "--state-dir", str(tmp_path / "state"), "--port", "0"],
-        check=False, capture_output=True, text=True, timeout=120, env=env,
-    )
-    assert result.returncode == 2
-    assert "rcswarm coordinator: a join token is required" in result.stderr
-    assert not (tmp_path / "state").exists()
 
 
 HIVEMIND = {"sync": {"backend": "hivemind"}}
@@ -191,7 +163,7 @@ def test_every_hivemind_rule_is_documented():
 
     from rcswarm.config.runspec import HivemindSection
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     example = (root / "examples" / "run.toml").read_text().split("[hivemind]")[1]
     deploy = (root / "docs" / "DEPLOY.md").read_text().split("## On hivemind")[1]
     for field in dataclasses.fields(HivemindSection):

@@ -30,7 +30,10 @@ from rcswarm.state.store import RoundRecord, StateStore
 from rcswarm.sync import outer, tensor_stream
 from rcswarm.train.inner import make_inner_optimizer, train_step
 from rcswarm.worker.worker import Worker, WorkerOptions
-from tests.conftest import TOKEN, creds, sql, tiny_spec, wait_for
+from tests.conftest import sql
+from tests.helpers.coordinator import creds
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.waiting import wait_for
 
 SHAPES = {"a": (3, 5), "b": (7,), "c": ()}
 

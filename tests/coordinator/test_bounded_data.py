@@ -17,69 +17,17 @@ from typing import Any
 
 import grpc
 import pytest
-import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import decisions
 from rcswarm.coordinator.service import STATUS_ENDED_WORKERS, SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
 from rcswarm.state.store import StateStore
-from rcswarm.sync import tensor_stream
-from tests.conftest import TOKEN, creds, sql, tiny_spec, wait_for
-
-
-class Wire:
-    """Raw stubs of the Coordinator service on a loopback port: the token and a deadline on every call, and
-    the worker secret of every worker it joined (`creds`)."""
-
-    def __init__(self, target: str, token: str = TOKEN) -> None:
-        self.channel = grpc.insecure_channel(target, options=MESSAGE_SIZE_OPTIONS)
-        self.stub = pb_grpc.CoordinatorStub(self.channel)
-        self.metadata = (("authorization", f"Bearer {token}"),)
-        self.secrets: dict[str, bytes] = {}
-
-    def creds(self, worker_id: str) -> dict[str, Any]:
-        """The worker_id and worker_secret fields of a request for a worker this wire joined."""
-        return {"worker_id": worker_id, "worker_secret": self.secrets[worker_id]}
-
-    def call(self, method: str, request: Any, timeout: float = 10.0) -> Any:
-        """One unary (or client-streaming) call."""
-        return getattr(self.stub, method)(request, timeout=timeout, metadata=self.metadata)
-
-    def refusal(self, method: str, request: Any) -> grpc.RpcError:
-        """The error a call that must be refused raises."""
-        with pytest.raises(grpc.RpcError) as info:
-            self.call(method, request)
-        return info.value
-
-    def join(self, name: str) -> str:
-        """A new worker id (its secret kept for `creds`)."""
-        joined = self.call("Join", pb.JoinRequest(worker_name=name, device="cpu", pid=1))
-        self.secrets[joined.worker_id] = joined.worker_secret
-        return joined.worker_id
-
-    def pull(self, worker_id: str, timeout: float = 30.0) -> pb.TensorHeader:
-        """Pull the current θ; its header (the chunks are read and dropped)."""
-        responses = list(self.stub.PullParameters(pb.PullParametersRequest(**self.creds(worker_id)), timeout=timeout,
-                                                  metadata=self.metadata))
-        return responses[0].header
-
-    def push_zero(self, worker_id: str, header: pb.TensorHeader, tokens: int = 1) -> pb.PushUpdateResponse:
-        """Push a zero update trained from the version of a pull `header`."""
-        zeros = {t.name: torch.zeros(tuple(t.shape)) for t in header.tensors}
-        update, chunks = tensor_stream.build_payload(zeros, codec=pb.CODEC_FP32, run_id=header.run_id, version=header.version)
-        meta = pb.UpdateMeta(**self.creds(worker_id), base_version=header.version, tokens=tokens)
-        messages = [pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=update),
-                    *(pb.PushUpdateRequest(chunk=c) for c in chunks)]
-        return self.call("PushUpdate", iter(messages), timeout=30.0)
-
-    def report(self, worker_id: str, metrics: list[pb.Metric]) -> pb.ReportMetricsResponse:
-        return self.call("ReportMetrics", pb.ReportMetricsRequest(**self.creds(worker_id), metrics=metrics))
-
-    def close(self) -> None:
-        self.channel.close()
+from tests.conftest import sql
+from tests.helpers.coordinator import creds
+from tests.helpers.specs import tiny_spec
+from tests.helpers.waiting import wait_for
+from tests.helpers.wire import Wire
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The round close at scale, part 2 (issue 13): pushes held encoded until the close and decoded once per
 pass, the checkpoint written from the tensors' memory with the parameters' digest in the same pass.
 
-The coordinator test runs a real coordinator on loopback with raw stubs (tests/test_bounded_data.Wire).
+The coordinator test runs a real coordinator on loopback with raw stubs (tests/helpers/wire.py `Wire`).
 """
 
 from __future__ import annotations
@@ -22,17 +22,9 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import RECYCLED_CHECKPOINT, RoundRecord, StateStore, write_checkpoint
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer, tensor_stream
-from tests.conftest import tiny_spec
-from tests.test_bounded_data import Wire
-from tests.test_close_speed import SHAPES, assert_bit_identical, random_tensors, serving_tiny_int8
-
-
-def encoded_payload(deltas: dict[str, torch.Tensor], codec: int, block: int, run_id: str = "r", version: int = 0
-                    ) -> tuple[pb.TensorHeader, list[pb.TensorChunk]]:
-    """The payload a worker pushes: each tensor encoded once with `codec`."""
-    encoded = {name: codecs.encode(t, codec, block) for name, t in deltas.items()}
-    return tensor_stream.build_payload(deltas, codec=codec, run_id=run_id, version=version, block_size=block,
-                                       encoded=encoded)
+from tests.helpers.close import SHAPES, assert_bit_identical, encoded_payload, random_tensors, serving_tiny_int8
+from tests.helpers.specs import tiny_spec
+from tests.helpers.wire import Wire
 
 
 def received(header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> tuple[dict[str, torch.Tensor], bytearray]:

@@ -2,7 +2,7 @@
 left unread (the replaced momentum and broadcast residual) instead of fresh memory, with bit-identical results,
 and the reference norms and the flag events enter the commit's own SQLite transaction.
 
-Real coordinators on loopback with raw stubs (tests/test_bounded_data.Wire), real SQLite.
+Real coordinators on loopback with raw stubs (tests/helpers/wire.py `Wire`), real SQLite.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
-from tests.conftest import TOKEN, sql, tiny_spec
-from tests.test_bounded_data import Wire
-from tests.test_close_commit import encoded_payload
-from tests.test_close_speed import assert_bit_identical
+from tests.conftest import sql
+from tests.helpers.close import assert_bit_identical, encoded_payload
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.wire import Wire
 
 ROUNDS = 4
 

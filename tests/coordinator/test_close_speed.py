@@ -1,12 +1,11 @@
 """The round close at scale (issue 13): each step decoded once, the full pull payload built lazily,
 and the sliced average, in-place outer step and norm bit-identical to their one-pass definitions.
 
-The coordinator tests run a real coordinator on loopback with raw stubs (tests/test_bounded_data.Wire).
+The coordinator tests run a real coordinator on loopback with raw stubs (tests/helpers/wire.py `Wire`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,36 +14,12 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import OuterSection
-from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer, tensor_stream
-from tests.conftest import TOKEN, tiny_spec
-from tests.test_bounded_data import Wire
-
-# Sizes that cross slice boundaries of the average and leave odd tails; a 0-d tensor too.
-SHAPES = {"big": (3, outer.AVERAGE_SLICE + 37), "odd": (1031,), "small": (7, 13), "scalar": ()}
-
-
-def bits(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Each tensor's raw bits, so that equality also tells -0.0 from 0.0."""
-    return {name: t.contiguous().view(torch.int32) for name, t in tensors.items()}
-
-
-def assert_bit_identical(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert list(got) == list(want)
-    for name in want:
-        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
-        assert torch.equal(bits(got)[name], bits(want)[name]), name
-
-
-def random_tensors(generator: torch.Generator, scale: float = 1.0) -> dict[str, torch.Tensor]:
-    """float32 tensors of SHAPES, with signed zeros planted in the small one."""
-    tensors = {name: torch.randn(shape, generator=generator) * scale for name, shape in SHAPES.items()}
-    tensors["small"][0, :2] = torch.tensor([0.0, -0.0])
-    return tensors
+from tests.helpers.close import SHAPES, assert_bit_identical, random_tensors, serving_tiny_int8
+from tests.helpers.wire import Wire
 
 
 def test_the_sliced_average_is_bit_identical_to_one_float64_pass() -> None:
@@ -123,20 +98,6 @@ def test_a_non_finite_delta_is_refused_by_name_and_keeps_the_residuals() -> None
             feedback.compress({"w": torch.tensor([bad, 1.0])}, pb.CODEC_INT8_BLOCK, 256)
         assert torch.equal(feedback.residual("w"), kept)
     assert codecs.all_finite(torch.zeros(0)) and not codecs.all_finite(torch.tensor(float("nan")))
-
-
-@contextlib.contextmanager
-def serving_tiny_int8(tmp_path: Path, durable: bool) -> Iterator[tuple[SwarmCoordinator, Wire]]:
-    """A tiny int8 coordinator on loopback that closes a round once both workers pushed, and a wire to it."""
-    spec = tiny_spec(sync={"codec": "int8", "min_reports": 2}, coordinator={"lease_s": 30.0, "durable": durable})
-    coordinator = SwarmCoordinator(spec, StateStore(tmp_path / "state", durable=durable))
-    running = RunningCoordinator(coordinator, TOKEN).start()
-    wire = Wire(f"127.0.0.1:{running.port}")
-    try:
-        yield coordinator, wire
-    finally:
-        wire.close()
-        running.stop(grace=0.5)
 
 
 @pytest.fixture

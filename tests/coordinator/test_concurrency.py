@@ -28,7 +28,9 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
-from tests.conftest import TOKEN, LocalCoordinator, tiny_spec, wait_for
+from tests.helpers.coordinator import LocalCoordinator
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.waiting import wait_for
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -60,7 +60,9 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.train.inner import make_sampler, masked_cross_entropy
 from rcswarm.worker.worker import Worker, WorkerOptions
-from tests.conftest import TOKEN, sql, tiny_spec, wait_for
+from tests.conftest import sql
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -203,7 +205,7 @@ def swarms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., S
     from rcswarm.coordinator.server import RunningCoordinator
     from rcswarm.coordinator.service import SwarmCoordinator
     from rcswarm.state.store import StateStore
-    from tests.conftest import LocalCoordinator
+    from tests.helpers.coordinator import LocalCoordinator
 
     cache: dict[tuple[str, str | None], SwarmRun] = {}
     started: list[LocalCoordinator] = []

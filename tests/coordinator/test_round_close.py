@@ -8,47 +8,27 @@ and a pull waits for the new version; then the version is published atomically a
 from __future__ import annotations
 
 import statistics
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-import torch
 
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.state.store import RoundRecord, StateStore
-from tests.conftest import TOKEN, tiny_spec
-from tests.test_bounded_data import Wire
-
-COMMIT_SLEEP_S = 2.0
-
-
-class SlowCommitStore(StateStore):
-    """A real store whose commit of a round's version first sleeps, announcing that the close is under way."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.committing = threading.Event()
-
-    def commit_version(self, run_id: str, version: int, params: Mapping[str, torch.Tensor],
-                       state: Mapping[str, Mapping[str, torch.Tensor]], round_record: RoundRecord | None,
-                       **rows: Any) -> None:
-        if round_record is not None:
-            self.committing.set()
-            time.sleep(COMMIT_SLEEP_S)
-        super().commit_version(run_id, version, params, state, round_record, **rows)
+from tests.helpers.close import COMMIT_SLEEP_S, SlowCommitStore
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.wire import Wire
 
 
 @pytest.fixture
 def slow_close(tmp_path: Path) -> Iterator[tuple[RunningCoordinator, SlowCommitStore, Wire]]:
     """A coordinator (round deadline 1 s) on loopback over a SlowCommitStore, and a Wire to it."""
     # sync.max_staleness = 0: a push for the closing round is refused at once (with late updates merged it
-    # would wait for the close and arrive late, tests/test_hetero.py).
+    # would wait for the close and arrive late, tests/coordinator/test_hetero.py).
     spec = tiny_spec(sync={"round_deadline_s": 1.0, "max_staleness": 0}, coordinator={"lease_s": 30.0, "max_wait_s": 10.0, "durable": False})
     store = SlowCommitStore(tmp_path / "state", durable=False)
     running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN).start()

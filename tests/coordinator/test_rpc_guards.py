@@ -13,7 +13,9 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.sync import codec, tensor_stream
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy
-from tests.conftest import TOKEN, sql, tiny_spec
+from tests.conftest import sql
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.wire import push, small_deltas
 
 
 def status_code(excinfo: pytest.ExceptionInfo) -> grpc.StatusCode:
@@ -32,20 +34,6 @@ def swarm(start_coordinator):
         members.append(joined)
     yield local, client, members
     client.close()
-
-
-def small_deltas(local, value: float = 1e-3) -> dict[str, torch.Tensor]:
-    return {name: torch.full(shape, value) for name, shape in local.service.shapes.items()}
-
-
-def push(client, member, deltas, *, version=0, tokens=128, codec_id=pb.CODEC_FP32, corrupt=None):
-    header, chunks = tensor_stream.build_payload(deltas, codec=codec_id, run_id=member.run_id, version=version)
-    if corrupt:
-        corrupt(header, chunks)
-    meta = pb.UpdateMeta(
-        worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=version, tokens=tokens, inner_steps=1
-    )
-    return client.push(meta, header, chunks)
 
 
 def test_missing_or_wrong_token_is_unauthenticated(swarm):

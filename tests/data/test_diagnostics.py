@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import subprocess
-import sys
-import textwrap
 from collections import deque
 from itertools import islice
 
@@ -15,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rcswarm.data.diagnostics import IGNORE_INDEX, TASKS, Batch, make_task
+from rcswarm.data.diagnostics import IGNORE_INDEX, TASKS, make_task
 from rcswarm.data.diagnostics.frjt import (
     HALT_A,
     HALT_B,
@@ -51,22 +46,7 @@ from rcswarm.data.diagnostics.s5 import (
     permutation_to_index,
     running_products,
 )
-
-SMALL_CONFIGS = {
-    "frjt": {"max_depth": 12},
-    "maze": {"num_moves": 40},
-    "mqar": {"vocab_size": 256, "seq_len": 64},
-    "s5": {"max_length": 30},
-}
-
-
-def batch_digest(batch: Batch) -> str:
-    digest = hashlib.sha256()
-    tensors = (batch.tokens, batch.targets, batch.mask, batch.lengths)
-    for tensor in (*tensors, *batch.meta.values(), *batch.position_meta.values()):
-        digest.update(tensor.numpy().tobytes())
-    return digest.hexdigest()
-
+from tests.helpers.data import SMALL_CONFIGS, batch_digest
 
 
 def test_frjt_hand_written_program_runs_as_specified() -> None:
@@ -391,28 +371,6 @@ def test_same_seed_same_tensors_and_different_seeds_differ(name: str) -> None:
     assert len(others | {batch_digest(first)}) == 5
     streamed = list(islice(task.examples(21), 8))
     assert torch.equal(streamed[3].tokens, first.tokens[3, : len(streamed[3])])
-
-
-def test_batches_are_identical_in_another_process() -> None:
-    here = {name: batch_digest(make_task(name, **cfg).batch(6, seed=99)) for name, cfg in SMALL_CONFIGS.items()}
-    script = textwrap.dedent(
-        f"""
-        import hashlib
-        from rcswarm.data.diagnostics import make_task
-        for name, cfg in {SMALL_CONFIGS!r}.items():
-            b = make_task(name, **cfg).batch(6, seed=99)
-            digest = hashlib.sha256()
-            for t in (b.tokens, b.targets, b.mask, b.lengths, *b.meta.values(), *b.position_meta.values()):
-                digest.update(t.numpy().tobytes())
-            print(name, digest.hexdigest())
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120,
-        env={**os.environ, "PYTHONHASHSEED": "12345"},
-    ).stdout
-    there = dict(line.split() for line in out.strip().splitlines())
-    assert there == here
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,11 @@ import torch
 from rcswarm.data.frames import (
     FrameWindow,
     FrameWindowSpec,
-    GitFrameSource,
     TensorWindow,
     TypingConfig,
     TypingFrameSource,
-    build_git_frames,
 )
-from tests.test_git_frames import COLS, ROWS, make_repo
+from tests.helpers.data import _assert_chunks_make_the_batch
 
 TINY = {"rows": 8, "cols": 16, "char_vocab": 128, "action_vocab": 64}
 
@@ -24,12 +22,6 @@ TINY = {"rows": 8, "cols": 16, "char_vocab": 128, "action_vocab": 64}
 def _typing(n_documents: int, batch_size: int, window: int, seed: int = 5) -> TypingFrameSource:
     config = TypingConfig.fitting(**TINY, n_documents=n_documents)
     return TypingFrameSource(config, FrameWindowSpec(batch_size=batch_size, window=window, seed=seed))
-
-
-def _assert_chunks_make_the_batch(window: FrameWindow, batch: tuple[torch.Tensor, torch.Tensor], k: int) -> None:
-    pieces = [window.chunk(start, min(start + k, window.length)) for start in range(0, window.length, k)]
-    assert torch.equal(torch.cat([f for f, _ in pieces], dim=1), batch[0])
-    assert torch.equal(torch.cat([a for _, a in pieces], dim=1), batch[1])
 
 
 def test_typing_window_chunks_are_the_batch_of_the_same_seed() -> None:
@@ -73,15 +65,3 @@ def test_chunk_bounds_are_checked() -> None:
     assert torch.equal(TensorWindow(steps, torch.zeros(2, 6)).chunk(1, 4)[0], steps[:, 1:4])
     with pytest.raises(ValueError, match=r"targets has shape \(2, 5\)"):
         TensorWindow(steps, torch.zeros(2, 5))
-
-
-def test_git_window_chunks_are_the_batch_of_the_same_seed(tmp_path) -> None:
-    repo = make_repo(tmp_path)
-    out = tmp_path / "frames"
-    build_git_frames(repo, out, ROWS, COLS, vocab_size=300, block_frames=32, frames_per_shard=1500, progress=False)
-    spec = FrameWindowSpec(batch_size=3, window=90, seed=2)
-    lazy, eager = GitFrameSource(out, spec), GitFrameSource(out, spec)
-    for _ in range(2):
-        window = lazy.next_window()
-        assert isinstance(window, FrameWindow) and window.length == 90
-        _assert_chunks_make_the_batch(window, eager.next_batch(), 11)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -27,8 +23,7 @@ from rcswarm.data.frames import (
 )
 from rcswarm.models import registry
 from rcswarm.models.frame import frame_cells
-
-CONFIG = TypingConfig(rows=12, cols=40, char_vocab=256, n_documents=16)
+from tests.helpers.data import CONFIG
 
 
 @pytest.fixture(scope="module")
@@ -244,23 +239,3 @@ def test_fitting_rejects_a_too_small_action_vocabulary() -> None:
     assert TypingConfig.fitting(12, 40, 256, 512).charset == PRINTABLE_CHARSET
     with pytest.raises(ValueError, match=r"TypingConfig\.action_vocab=63: expected at least 64"):
         TypingConfig.fitting(12, 40, 256, 63)
-
-
-FINGERPRINT = """
-import hashlib, sys
-from rcswarm.data.frames import FrameWindowSpec, TypingConfig, TypingFrameSource
-source = TypingFrameSource(TypingConfig(rows=12, cols=40, char_vocab=256, n_documents=16),
-                           FrameWindowSpec(batch_size=2, window=64, seed=5))
-frames, actions = source.next_batch()
-print(hashlib.sha256(frames.numpy().tobytes() + actions.numpy().tobytes()).hexdigest())
-print(sorted(m for m in sys.modules if m.startswith("rcswarm.") and not m.startswith("rcswarm.data")))
-"""
-
-
-def test_another_process_draws_the_same_batch_and_data_imports_nothing_else_of_ours() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", FINGERPRINT], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.splitlines()
-    frames, actions = TypingFrameSource(CONFIG, FrameWindowSpec(batch_size=2, window=64, seed=5)).next_batch()
-    assert out[0] == hashlib.sha256(frames.numpy().tobytes() + actions.numpy().tobytes()).hexdigest()
-    assert out[1] == "[]"

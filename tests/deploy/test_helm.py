@@ -7,7 +7,7 @@ validated against real schemas, and the images of docker/ checked as far as no D
 * Kubernetes kinds: `kubernetes-validate`'s strict schemas (unknown fields refused) of Kubernetes
   1.27, the chart's floor, and of the newest version it bundles.
 * Custom resources: the RayCluster and ServiceMonitor CRDs' openAPIV3Schema vendored in
-  tests/k8s_schemas/ (see its README), made strict the way the API server's strict field validation is.
+  tests/deploy/k8s_schemas/ (see its README), made strict the way the API server's strict field validation is.
 * The generated join token's survival across an upgrade: Helm's cluster-aware render reads the
   Secret back through `lookup` from a stand-in API server on 127.0.0.1 that serves that one Secret.
 * Images: the Dockerfiles parsed by BuildKit's own parser (the `dockerfile` package), their COPY
@@ -20,29 +20,34 @@ from __future__ import annotations
 
 import base64
 import copy
-import importlib
 import json
 import re
 import shlex
-import subprocess
-import sys
 import threading
 import tomllib
-from concurrent import futures
 from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
-import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[1]
-CHART = ROOT / "helm" / "rcswarm"
-SCHEMAS = Path(__file__).resolve().parent / "k8s_schemas"
-DOCKER = ROOT / "docker"
-RELEASE, NAMESPACE = "demo", "ml"
+from tests.helpers.deploy import (
+    CHART,
+    COORDINATOR_SERVICE,
+    DOCKER,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    SCHEMAS,
+    load_healthcheck,
+    need,
+    objects,
+    render,
+    scenario_values,
+    strict_custom_schema,
+)
+
 SCENARIOS = ("default", "gpu", "external-tls", "existing-secret", "servicemonitor", "ray")
 # API groups a scenario's cluster serves beyond Kubernetes' own (helm template --api-versions).
 SCENARIO_APIS = {"ray": ["ray.io/v1"], "servicemonitor": ["monitoring.coreos.com/v1"]}
@@ -51,12 +56,6 @@ CUSTOM_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS / "prometheus-operator" / "servicemonitor-v1.schema.json",
 }
 STATE_DIR_FLAG = "--state-dir"
-COORDINATOR_SERVICE = "rcswarm.v1.Coordinator"
-
-
-def need(module: str, package: str):
-    """Import `module`, or skip the test naming the package that provides it."""
-    return pytest.importorskip(module, reason=f"{package} is not installed (pip install -e '.[dev]')")
 
 
 @pytest.fixture(scope="module")
@@ -69,34 +68,6 @@ def chart(helm):
     loaded = helm.Chart.load(CHART)
     yield loaded
     loaded.close()
-
-
-def scenario_values(name: str) -> dict[str, Any] | None:
-    """The values file of a scenario (helm/rcswarm/ci/<name>-values.yaml); None for the defaults."""
-    yaml = need("yaml", "PyYAML")
-    return None if name == "default" else yaml.safe_load((CHART / "ci" / f"{name}-values.yaml").read_text())
-
-
-def render(chart, values: dict[str, Any] | None = None, api_versions: list[str] | tuple = (),
-           kube_version: str | None = None) -> dict[str, str]:
-    """Template path -> rendered text, as `helm template demo helm/rcswarm -n ml --api-versions ...` prints it."""
-    from helm_python import _native
-
-    options: dict[str, Any] = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True, "api_versions": list(api_versions)}
-    if kube_version:
-        options["kube_version"] = kube_version
-    payload = None if values is None else json.dumps(values)
-    return json.loads(_native.call_string("helm_render", chart._raw(), payload, json.dumps(options)))
-
-
-def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
-    """Every Kubernetes object of a render (NOTES.txt aside)."""
-    yaml = need("yaml", "PyYAML")
-    found = []
-    for path, text in sorted(rendered.items()):
-        if not path.endswith("NOTES.txt"):
-            found += [doc for doc in yaml.safe_load_all(text) if doc]
-    return found
 
 
 def render_scenario(chart, name: str) -> list[dict[str, Any]]:
@@ -191,26 +162,6 @@ def test_lint_is_clean(helm, scenario):
     report = helm.lint(CHART, scenario_values(scenario), strict=True, namespace=NAMESPACE, kube_version="v1.27.0")
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert not problems and not report["errors"], (problems, report["errors"])
-
-
-@cache
-def strict_custom_schema(path: Path) -> dict[str, Any]:
-    """A CRD's schema with unknown fields refused, as the API server's strict field validation does."""
-    schema = json.loads(path.read_text())
-
-    def close(node: Any) -> None:
-        if isinstance(node, dict):
-            if ("properties" in node and "additionalProperties" not in node
-                    and not node.get("x-kubernetes-preserve-unknown-fields")):
-                node["additionalProperties"] = False
-            for value in node.values():
-                close(value)
-        elif isinstance(node, list):
-            for value in node:
-                close(value)
-
-    close(schema)
-    return schema
 
 
 def validate_custom(obj: dict[str, Any]) -> None:
@@ -634,38 +585,6 @@ def test_the_chart_uses_the_images_the_dockerfiles_build(chart):
     port = int(re.search(r":(\d+)$", next(c for c in stage["commands"] if c.cmd == "ENV").value[1]).group(1))
     assert port == coordinator["ports"][0]["containerPort"]
     assert not [c for s in stages(DOCKER / "Dockerfile.cuda") for c in s["commands"] if c.cmd == "HEALTHCHECK"]
-
-
-@pytest.fixture
-def health_server():
-    """A real gRPC health server on 127.0.0.1, the servicer the coordinator uses."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, f"127.0.0.1:{port}"
-    server.stop(0).wait(5)
-
-
-def load_healthcheck():
-    spec = importlib.util.spec_from_file_location("rcswarm_image_healthcheck", DOCKER / "healthcheck.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_healthcheck_script_follows_the_health_service(health_server):
-    servicer, address = health_server
-    check = load_healthcheck()
-    assert check.COORDINATOR_SERVICE == COORDINATOR_SERVICE
-    servicer.set(COORDINATOR_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-    done = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py"), "--address", address],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0 and "SERVING" in done.stdout, done.stdout + done.stderr
-    servicer.set(COORDINATOR_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-    assert check.main(["--address", address]) == 1
-    assert check.check(address, "no.such.Service", 5.0) == (False, "NOT_FOUND")
 
 
 def test_healthcheck_script_fails_without_a_server(health_server):

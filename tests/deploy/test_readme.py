@@ -17,7 +17,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import server
 from rcswarm.worker import worker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SHELL_KEYWORDS = {"do", "then", "else", "time", "nohup", "exec"}
 

@@ -1,6 +1,6 @@
 """A real worker process whose inner steps take a set pace: the heterogeneous swarm tests' slow device.
 
-    python -m tests.paced_worker --factor 3 --floor-s 0.05 --coordinator HOST:PORT --name slow [worker flags]
+    python -m tests.helpers.paced_worker --factor 3 --floor-s 0.05 --coordinator HOST:PORT --name slow [worker flags]
 
 `PacedWorker` is the real `Worker` with a sleep hook in `_train_step`: a step that took t seconds
 is padded to factor × max(t, floor), so a worker with factor 3 runs at a third of the speed of one

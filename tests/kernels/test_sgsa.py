@@ -6,9 +6,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +15,8 @@ from rcswarm.kernels.sgsa import dispatch as dispatch_module
 from rcswarm.kernels.sgsa import sgsa_attention, sgsa_mask, sgsa_naive, sgsa_sparse
 from rcswarm.kernels.sgsa import sparse as sparse_module
 from rcswarm.kernels.triton_probe import triton_available
-from tests.conftest import relative_error
-from tests.uninitialized_memory import assert_independent_of_uninitialized_memory
+from tests.helpers.kernels import SGSA_CHILD_ENV, relative_error
+from tests.helpers.uninitialized_memory import assert_independent_of_uninitialized_memory
 
 TOLERANCE = 1e-10
 DTYPE = torch.float64
@@ -252,22 +249,8 @@ def test_anchor_work_is_the_anchors_before_each_window() -> None:
     assert plan.keys == 576 and plan.block == 64
 
 
-CHILD_ENV = "RCSWARM_SGSA_TRITON_CHILD"
-IN_TRITON_CHILD = os.environ.get(CHILD_ENV) == "1"
+IN_TRITON_CHILD = os.environ.get(SGSA_CHILD_ENV) == "1"
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
-
-
-@pytest.mark.skipif(not TRITON_INSTALLED, reason="triton is not installed")
-@pytest.mark.skipif(IN_TRITON_CHILD, reason="this is the subprocess")
-def test_triton_kernels_in_interpreter() -> None:
-    """Runs the `test_triton_child_*` tests below in a pytest subprocess with TRITON_INTERPRET=1,
-    which must be set before triton is imported; this process never imports triton."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", CHILD_ENV: "1"}
-    root = Path(__file__).resolve().parent.parent
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", "triton_child"]
-    result = subprocess.run(command, check=False, cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and " failed" not in result.stdout
 
 
 child_only = pytest.mark.skipif(not IN_TRITON_CHILD, reason="runs in test_triton_kernels_in_interpreter's subprocess")

@@ -2,80 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
-import os
-import shutil
-import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from rcswarm.cli import status as status_cli
-from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import TOKEN, creds, tiny_spec
-
-LENGTHS = (32, 64, 128, 256)
-STEPS = range(1, 121)
-ALPHA_INF, TAU = 0.3, 40.0
-
-
-def true_loss(step: int, length: int) -> float:
-    """A power law in L whose exponent grows as α∞(1 − e^(−s/τ)), times a slow decay in s."""
-    alpha = ALPHA_INF * (1.0 - math.exp(-step / TAU))
-    return 3.0 * step ** -0.2 * length ** -alpha
-
-
-def feed(service: Any, lengths: tuple[int, ...] = LENGTHS) -> dict[int, str]:
-    """One joined worker per length, each reporting every step through report_metrics."""
-    workers = {}
-    for length in lengths:
-        joined = service.join(pb.JoinRequest(worker_name=f"gpu-{length}", device="cpu", pid=1))
-        workers[length] = joined.worker_id
-        metrics = [
-            pb.Metric(version=0, step=step, seq_len=length, batch=4, loss=true_loss(step, length), tokens=4 * length,
-                      wall_time=step * length / 1000.0, compute_seconds=step * length / 1200.0,
-                      sync_seconds=0.01 * step, bytes_sent=1000 * step, bytes_received=2000 * step)
-            for step in STEPS
-        ]
-        stored = service.report_metrics(pb.ReportMetricsRequest(**creds(joined), metrics=metrics))
-        assert stored.stored == len(metrics)
-    return workers
-
-
-def get(url: str) -> tuple[int, str, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=20) as response:
-            return response.status, response.headers.get("Content-Type", ""), response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers.get("Content-Type", ""), error.read()
-
-
-@pytest.fixture
-def swarm(start_coordinator: Any) -> Any:
-    local = start_coordinator(tiny_spec(), http_port=0)
-    workers = feed(local.service)
-    local.base = local.running.dashboard.url  # type: ignore[attr-defined]
-    local.workers = workers  # type: ignore[attr-defined]
-    return local
-
-
-def assert_png_not_blank(data: bytes, min_size: tuple[int, int] = (200, 150)) -> np.ndarray:
-    import matplotlib.image
-
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    image = matplotlib.image.imread(io.BytesIO(data), format="png")
-    assert image.shape[0] >= min_size[1] and image.shape[1] >= min_size[0], image.shape
-    pixels = image[..., :3].reshape(-1, 3)
-    assert len(np.unique(pixels, axis=0)) > 10, "the image is (nearly) a single colour"
-    return image
+from tests.helpers.dashboard import ALPHA_INF, LENGTHS, STEPS, assert_png_not_blank, feed, get, true_loss
+from tests.helpers.specs import TOKEN, tiny_spec
 
 
 def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
@@ -243,81 +181,6 @@ def test_rcswarm_status_is_a_command() -> None:
     assert cli.COMMANDS["status"][0] == "rcswarm.cli.status"
 
 
-CHROMIUM = "/usr/bin/chromium"
-
-
-def chromium(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess:
-    """Headless Chromium with a throw-away profile in tmp_path."""
-    command = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", *arguments,
-    ]
-    try:
-        return subprocess.run(command, check=False, capture_output=True, timeout=90, cwd=tmp_path,
-                              env={**os.environ, "HOME": str(tmp_path)})
-    finally:
-        shutil.rmtree(tmp_path / "profile", ignore_errors=True)
-
-
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install -y chromium)")
-def test_headless_browser_renders_the_page(swarm: Any, tmp_path: Path) -> None:
-    shot = tmp_path / "page.png"
-    result = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,900", swarm.base)
-    assert shot.exists(), f"chromium exited {result.returncode} without a screenshot:\n{result.stderr.decode()[-2000:]}"
-    image = assert_png_not_blank(shot.read_bytes(), min_size=(1000, 700))
-    assert image.shape[1] == 1200
-
-
-@contextlib.contextmanager
-def coordinator_cli(config: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, dict[str, Any]]]:
-    """`rcswarm coordinator --http-port 0` in a subprocess; yields it and its port file once serving."""
-    import sys
-
-    from tests.conftest import wait_for, worker_env
-
-    port_file = tmp_path / "port.json"
-    with open(tmp_path / "coordinator.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir",
-             str(tmp_path / "state"), "--port", "0", "--http-port", "0", "--port-file", str(port_file)],
-            env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
-        )
-    try:
-        yield proc, wait_for(lambda: port_file.exists() and json.loads(port_file.read_text()), 60, "the port file")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def test_coordinator_cli_serves_the_dashboard(tmp_path: Path) -> None:
-    import signal
-    import time
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from tests.conftest import write_spec
-
-    config = write_spec(tiny_spec(), tmp_path / "run.toml")
-    with coordinator_cli(config, tmp_path) as (proc, info):
-        base = f"http://127.0.0.1:{info['http_port']}/"
-        assert get(base + "healthz")[:2] == (200, "text/plain; charset=utf-8")
-        data = json.loads(get(base + "api/status")[2])
-        assert data["run_id"] == info["run_id"] and data["workers"] == []
-        page = get(base)[2].decode()
-        assert "no workers have joined" in page and "not enough lengths for a fit" in page
-        for plot in ("loss_step", "loss_time", "alpha"):
-            assert_png_not_blank(get(base + f"plot/{plot}.png")[2])  # a "no metrics yet" panel
-        families = {f.name for f in text_string_to_metric_families(get(base + "metrics")[2].decode())}
-        assert "rcswarm_version" in families and "rcswarm_workers_active" in families
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert time.monotonic() - started < 15
-    assert "dashboard on http://127.0.0.1:" in (tmp_path / "coordinator.log").read_text()
-
-
 def test_dashboard_binds_ipv6_loopback(start_coordinator: Any) -> None:
     import socket
 
@@ -369,60 +232,6 @@ def test_fit_report_explains_missing_fits() -> None:
               for length in (32, 64, 128) for step in range(1, 30)]
     report = fit_step_means(frozen)
     assert report.analysis is None and "wall time does not increase" in report.message
-
-
-class Clock:
-    """A settable clock for the sweep's coordinators: metrics arrive at chosen times."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-SWEEP_T0 = 1_000_000.0
-
-
-@pytest.fixture
-def sweep(tmp_path: Path) -> Any:
-    """A sweep over LENGTHS behind real gRPC and the HTTP dashboard; one client per run reports every step.
-
-    A run's step is version × inner.steps + the step within the round and its time counts from its
-    first metric on the coordinator's clock, so each step is reported at SWEEP_T0 + step · L / 1000 s.
-    """
-    from types import SimpleNamespace
-
-    from rcswarm.config.runspec import RunSpec
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.sweep import SweepCoordinator
-    from rcswarm.worker.client import CoordinatorClient, RetryPolicy
-
-    base = tiny_spec(coordinator={"lease_s": 1000.0, "max_wait_s": 2.0})
-    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": list(LENGTHS)}})
-    clock = Clock(SWEEP_T0)
-    coordinator = SweepCoordinator(spec, tmp_path / "state", clock=clock)
-    running = RunningCoordinator(coordinator, TOKEN, http_port=0).start()
-    client = CoordinatorClient(f"127.0.0.1:{running.port}", TOKEN, retry=RetryPolicy(max_elapsed_s=5.0))
-    try:
-        workers = {}
-        for index in range(len(LENGTHS)):
-            joined = client.join(f"gpu-{index}", "cpu", 1)
-            length = RunSpec.from_json(joined.run_spec_json).data.seq_len
-            workers[length] = joined.worker_id
-            for step in STEPS:
-                clock.now = SWEEP_T0 + step * length / 1000.0
-                client.report_metrics(joined, [pb.Metric(
-                    version=0, step=step, seq_len=length, batch=4, loss=true_loss(step, length), tokens=4 * length,
-                    wall_time=step * length / 1000.0, compute_seconds=step * length / 1200.0, sync_seconds=0.01 * step,
-                    bytes_sent=1000 * step, bytes_received=2000 * step)])
-        clock.now = SWEEP_T0 + STEPS[-1] * max(LENGTHS) / 1000.0 + 1.0
-        yield SimpleNamespace(coordinator=coordinator, running=running, base=running.dashboard.url, workers=workers,
-                              names={length: f"gpu-{i}" for i, length in enumerate(workers)},
-                              target=f"127.0.0.1:{running.port}", state_dir=tmp_path / "state")
-    finally:
-        client.close()
-        running.stop(grace=0.5)
 
 
 def test_sweep_api_lists_every_run_with_its_length_and_metrics(sweep: Any) -> None:
@@ -530,21 +339,6 @@ def test_sweep_page_without_metrics_explains_the_missing_fit(tmp_path: Path) -> 
         running.stop(grace=0.5)
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install -y chromium)")
-def test_headless_browser_renders_the_sweep_page(sweep: Any, tmp_path: Path) -> None:
-    dom = chromium(tmp_path, "--dump-dom", sweep.base).stdout.decode()
-    fit = json.loads(get(sweep.base + "api/status")[2])["fits"]["fit"]
-    assert f"α∞ = {fit['alpha_inf']:.4f}" in dom, dom[-2000:]
-    shot = tmp_path / "page.png"
-    result = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,2600", sweep.base)
-    assert shot.exists(), f"chromium exited {result.returncode} without a screenshot:\n{result.stderr.decode()[-2000:]}"
-    image = assert_png_not_blank(shot.read_bytes(), min_size=(1400, 2000))
-    # matplotlib's first colour (#1f77b4) is drawn only by the plots' curves and points.
-    pixels = (image[..., :3] * 255).round().reshape(-1, 3)
-    curve = np.all(np.abs(pixels - np.array([31, 119, 180])) <= 12, axis=1)
-    assert curve.sum() > 500, f"{curve.sum()} pixels of the plots' first colour: are the plots blank?"
-
-
 def test_status_cli_prints_the_sweep_fit_from_its_state_dir(sweep: Any, capsys: pytest.CaptureFixture[str]) -> None:
     code = status_cli.main(["--coordinator", sweep.target, "--token", TOKEN, "--state-dir", str(sweep.state_dir)])
     out = capsys.readouterr().out
@@ -556,21 +350,6 @@ def test_status_cli_prints_the_sweep_fit_from_its_state_dir(sweep: Any, capsys: 
                             "--state-dir", str(sweep.state_dir / sweep.coordinator.runs[0].store.state_dir.name)])
     assert code == 2
     assert "no state dir below it holds run(s)" in capsys.readouterr().err
-
-
-def test_coordinator_cli_serves_a_sweep_dashboard(tmp_path: Path) -> None:
-    import signal
-
-    base = tiny_spec()
-    config = tmp_path / "sweep.toml"
-    config.write_text(base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16, 32]}}).to_toml())
-    with coordinator_cli(config, tmp_path) as (proc, info):
-        base_url = f"http://127.0.0.1:{info['http_port']}/"
-        data = json.loads(get(base_url + "api/status")[2])
-        assert data["kind"] == "sweep" and [r["seq_len"] for r in data["runs"]] == [8, 16, 32]
-        assert "rcswarm sweep test" in get(base_url)[2].decode()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
 
 
 def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path: Path) -> None:

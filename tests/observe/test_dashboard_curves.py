@@ -18,8 +18,9 @@ from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.observe.dashboard import Dashboard
 from rcswarm.observe.dashboard import server as dashboard_server
 from rcswarm.state.store import StateStore
-from tests.conftest import tiny_spec, wait_for
-from tests.test_dashboard_load import metric_rows
+from tests.helpers.dashboard import metric_rows
+from tests.helpers.specs import tiny_spec
+from tests.helpers.waiting import wait_for
 
 
 def status(dashboard: Dashboard) -> dict[str, Any]:

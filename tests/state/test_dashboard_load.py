@@ -15,25 +15,16 @@ from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.observe.dashboard import Dashboard
 from rcswarm.state.store import RoundRecord, StateStore
 from rcswarm.sync import tensor_stream
-from tests.conftest import sql, tiny_spec
+from tests.conftest import sql
+from tests.helpers.dashboard import metric_rows
+from tests.helpers.specs import tiny_spec
 
 ROWS = 500_000
-WORKERS = 4
 BATCH = 50_000
 WRITE_BOUND_S = 0.5
 HAMMER_S = 6.0
 BROWSERS = 3
 MAX_WRITES = 300
-
-
-def metric_rows(run_id: str, first: int, count: int, now: float) -> list[tuple]:
-    """`count` training rows from WORKERS workers, steps counting on from row `first`."""
-    rows = []
-    for index in range(first, first + count):
-        worker, step = index % WORKERS, index // WORKERS + 1
-        rows.append((run_id, f"w{worker}", step // 5, step, 32, 4, 3.0 / (1 + step) ** 0.1, 128, 0.01 * step,
-                     0.01, 0.001, 1000 * step, 2000 * step, "", now + 0.001 * index))
-    return rows
 
 
 def get_status(url: str) -> float:

@@ -8,8 +8,6 @@ import json
 import logging
 import sqlite3
 import struct
-import subprocess
-import sys
 from contextlib import closing
 from pathlib import Path
 
@@ -17,39 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.state.store import RoundRecord, StateStore
 from rcswarm.sync import tensor_stream
-from tests.conftest import TOKEN, sql, tiny_spec, worker_env, write_spec
-
-VERSIONS = 3
-
-
-def spec() -> RunSpec:
-    return tiny_spec(run={"rounds": 10}, coordinator={"keep_checkpoints": 3})
-
-
-def open_coordinator(state_dir: Path) -> SwarmCoordinator:
-    run_spec = spec()
-    return SwarmCoordinator(run_spec, StateStore(state_dir, run_spec.coordinator.keep_checkpoints, durable=False))
-
-
-def committed_run(state_dir: Path) -> dict[int, bytes]:
-    """A run committed up to version VERSIONS through the real coordinator and store; each version's digest."""
-    coordinator = open_coordinator(state_dir)
-    digests = {0: coordinator.param_sha256}
-    try:
-        for version in range(1, VERSIONS + 1):
-            params = {name: tensor + 0.01 * version for name, tensor in coordinator.params.items()}
-            digest = tensor_stream.params_sha256(params)
-            record = RoundRecord(version - 1, 0.0, 1.0, 1, 64, "test", 0.1, digest.hex())
-            coordinator.store.commit_version(coordinator.run_id, version, params, {"outer_momentum": coordinator.momentum},
-                                             record)
-            digests[version] = digest
-    finally:
-        coordinator.close()
-    return digests
+from tests.conftest import sql
+from tests.helpers.verified_state import VERSIONS, committed_run, open_coordinator, spec
 
 
 def checkpoint(state_dir: Path, version: int) -> Path:
@@ -161,25 +129,6 @@ def test_no_verified_checkpoint_refuses_to_start_naming_the_files(tmp_path: Path
     for path in paths:
         assert path.name in str(refused.value)
     assert fallback_reasons(tmp_path) == []
-
-
-def test_the_coordinator_command_refuses_unverified_state_and_exits_2(tmp_path: Path) -> None:
-    state_dir = tmp_path / "state"
-    committed_run(state_dir)
-    for path in (state_dir / "checkpoints").glob("v*.safetensors"):
-        tensors = load_file(str(path))
-        for tensor in tensors.values():
-            tensor.fill_(float("inf"))
-        save_file(tensors, str(path), metadata={"version": path.stem.lstrip("v0") or "0"})
-    config = write_spec(spec(), tmp_path / "run.toml")
-    result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(state_dir),
-         "--port", "0", "--token", TOKEN],
-        env=worker_env(), capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 2, result.stderr
-    assert "rcswarm coordinator: state dir" in result.stderr and "no checkpoint verifies" in result.stderr
-    assert f"v{VERSIONS:08d}.safetensors" in result.stderr
 
 
 def test_the_served_parameters_are_the_verified_ones(tmp_path: Path, start_coordinator) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "chaos_soak.py"
+SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "chaos_soak.py"
 # The chaos plus start-up, settling and stopping; far above what a run needs.
 TIMEOUT_S = 420
 

@@ -24,17 +24,16 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from tests.conftest import TOKEN, creds, sql, tiny_spec, worker_env, write_spec
+from tests.conftest import sql
+from tests.helpers.coordinator import creds
+from tests.helpers.processes import worker_env
+from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 
 pytest.importorskip("rcswarm.worker.hivemind_sync")
 from rcswarm.worker import hivemind_sync as hs  # noqa: E402
 from rcswarm.worker.hivemind_control import ControlPlane  # noqa: E402
 from rcswarm.worker.hivemind_worker import HivemindWorker  # noqa: E402
-from tests import test_hivemind  # noqa: E402
-from tests.test_hivemind import PATIENT, REPLICA_TOLERANCE_PER_ROUND, assert_replicas_agree, hivemind_spec  # noqa: E402
-
-# test_hivemind's fixtures: the swarm of real peers on loopback, and the check that their p2pd processes end.
-swarm, no_new_p2pd = test_hivemind.swarm, test_hivemind.no_new_p2pd
+from tests.helpers.hivemind import PATIENT, REPLICA_TOLERANCE_PER_ROUND, assert_replicas_agree, hivemind_spec  # noqa: E402
 
 # A law under which the next rung is ahead a few steps into training (α∞ = 2, τ = 1 step), as in test_curriculum.
 LADDER = {"policy": "adaptive", "seq_lens": [4, 8, 16], "alpha_inf": 2.0, "tau": 1.0, "budget_seconds": 600.0}

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import tiny_spec, write_spec
+from tests.helpers.specs import tiny_spec, write_spec
 
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:

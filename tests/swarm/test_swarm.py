@@ -15,29 +15,13 @@ import pytest
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
-from tests.conftest import TOKEN, free_port, logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
+from tests.helpers.coordinator import free_port
+from tests.helpers.processes import logs_of, start_coordinator_process
+from tests.helpers.rounds import coordinator_digests, round_losses, worker_digests
+from tests.helpers.specs import TOKEN, tiny_spec, write_spec
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def worker_digests(state_dir) -> dict[int, set[str]]:
-    """version -> the parameter digests workers reported right after pulling it."""
-    rows = sql(state_dir, "SELECT version, param_sha256 FROM metrics WHERE param_sha256 != ''")
-    digests: dict[int, set[str]] = {}
-    for version, digest in rows:
-        digests.setdefault(version, set()).add(digest)
-    return digests
-
-
-def coordinator_digests(state_dir) -> dict[int, str]:
-    """version -> digest of the global parameters of that version (from the rounds that made them)."""
-    rows = sql(state_dir, "SELECT version + 1, param_sha256 FROM rounds")
-    return dict(rows)
-
-
-def round_losses(state_dir) -> list[float]:
-    rows = sql(state_dir, "SELECT version, AVG(loss) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version")
-    return [loss for _, loss in rows]
 
 
 def test_three_workers_train_in_lockstep(start_coordinator, spawn_worker):
@@ -79,18 +63,6 @@ def test_a_killed_worker_is_dropped_at_the_round_deadline(start_coordinator, spa
     # After the kill the run goes on with the two survivors.
     later = [r.reports for r in rounds if r.version > first.version]
     assert later and all(n == 2 for n in later), [(r.version, r.reports, r.close_reason) for r in rounds]
-
-
-def start_coordinator_process(config, state_dir, port, log_path) -> subprocess.Popen:
-    port_file = state_dir.parent / "port.json"
-    port_file.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rcswarm.coordinator", "--config", str(config), "--state-dir", str(state_dir),
-         "--port", str(port), "--port-file", str(port_file)],
-        env=worker_env(), stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
-    )
-    wait_for(port_file.exists, 60, "the coordinator to serve")
-    return proc
 
 
 def test_coordinator_restart_resumes_and_workers_reconnect(tmp_path, spawn_worker):

@@ -6,33 +6,15 @@ import io
 import json
 import urllib.request
 
-import pytest
 from rich.console import Console
 
 from rcswarm.cli import status as status_cli
 from rcswarm.coordinator.server import RunningCoordinator
-from rcswarm.coordinator.sweep import RunLoad, SweepCoordinator, decide_assignment, decide_move, run_state_dir
+from rcswarm.coordinator.sweep import SweepCoordinator, run_state_dir
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import TOKEN, logs_of, sql, tiny_spec
-
-
-def loads(*items: tuple[int, bool]) -> list[RunLoad]:
-    return [RunLoad(i, f"L{i}", active, finished) for i, (active, finished) in enumerate(items)]
-
-
-def test_assignment_goes_to_the_emptiest_unfinished_run():
-    assert decide_assignment(loads((1, False), (0, False), (0, False)))[0] == 1
-    assert decide_assignment(loads((0, True), (2, False), (3, False)))[0] == 1
-    index, reason = decide_assignment(loads((0, True), (0, True)))
-    assert index is None and "finished" in reason
-
-
-def test_moves_happen_when_a_run_finished_or_is_unbalanced():
-    assert decide_move(loads((1, True), (1, False)), 0)[0]
-    assert decide_move(loads((3, False), (1, False)), 0)[0]
-    assert not decide_move(loads((2, False), (1, False)), 0)[0]
-    move, reason = decide_move(loads((1, False), (0, True)), 0)
-    assert not move and "no other unfinished run" in reason
+from tests.conftest import sql
+from tests.helpers.processes import logs_of
+from tests.helpers.specs import TOKEN, tiny_spec
 
 
 def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
@@ -73,11 +55,6 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
                               for w in reassigned), reassigned
 
 
-def test_a_sweep_needs_lengths(tmp_path):
-    with pytest.raises(ValueError, match="sweep.seq_lens"):
-        SweepCoordinator(tiny_spec(), tmp_path)
-
-
 def test_rcswarm_run_runs_a_local_sweep_and_fits_it(tmp_path):
     import json
     import subprocess
@@ -109,14 +86,3 @@ def test_a_fixed_curriculum_changes_length_and_batch_by_step(start_coordinator, 
         local.state_dir, "SELECT version, seq_len, batch, MIN(tokens), MAX(tokens) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version"
     )
     assert rows == [(0, 16, 4, 64, 64), (1, 16, 4, 64, 64), (2, 32, 2, 64, 64), (3, 32, 2, 64, 64)]
-
-
-def test_curriculum_schedules_are_validated():
-    from rcswarm.config.runspec import RunSpec
-
-    with pytest.raises(ValueError, match="curriculum.schedule"):
-        RunSpec.from_dict({"curriculum": {"schedule": [[5, 16, 4]]}})
-    with pytest.raises(ValueError, match="curriculum.schedule"):
-        RunSpec.from_dict({"curriculum": {"schedule": [[0, 16, 4], [0, 32, 2]]}})
-    with pytest.raises(ValueError, match="curriculum.schedule"):
-        RunSpec.from_dict({"curriculum": {"schedule": [[0, 16]]}})

@@ -20,7 +20,7 @@ from rcswarm.train.bptt.schedule import Schedule, binomial, store_all, uniform
 from rcswarm.train.bptt.segment_store import EmbeddingStore, HostCopies, Prefetcher, StateStash
 from rcswarm.train.bptt.streaming import CheckpointPlan, plain_backward, streaming_backward
 from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler
-from tests.test_streaming_bptt import (
+from tests.helpers.bptt import (
     BATCH,
     DropoutStepModel,
     SavedBytes,

@@ -7,7 +7,7 @@ import torch
 from rcswarm.models import registry
 from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 from rcswarm.worker.worker import Worker, WorkerOptions
-from tests.conftest import TOKEN, tiny_spec
+from tests.helpers.specs import TOKEN, tiny_spec
 
 
 def local_training(spec, steps: int) -> dict[str, torch.Tensor]:

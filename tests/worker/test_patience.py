@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts
-from tests.conftest import TOKEN, tiny_spec
+from tests.helpers.specs import TOKEN, tiny_spec
 
 PATIENCE_S = 1.5
 
