@@ -1,5 +1,5 @@
 """The example configs: every one loads and builds its model (the git-frames one training on what
-`rcswarm data frames` makes runs git: tests/swarm/test_git_frames.py)."""
+`rcswarm data frames` makes runs git: tests/swarm/test_examples.py)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""`rcswarm dht` mirroring a real hivemind swarm without a coordinator (#17): status, dashboard and fit from its
-state dir.
+"""`rcswarm dht` mirroring a hivemind swarm without a coordinator (#17): status, dashboard and fit from its state dir.
 
-The real `rcswarm dht` main (in-process, stopped by its event) with its dashboard, and two real DHT peers on
-127.0.0.1 that store digest and metric records with hivemind_sync's own functions; the state dir is then read
-with the real `rcswarm status`, HTTP and `rcswarm fit`.
+The pure parts are tests/observe/test_dht_mirror.py. Here the
+slow test starts the real `rcswarm dht` main (in-process, stopped by its event) with its dashboard,
+and two real DHT peers on 127.0.0.1 that store digest and metric records with hivemind_sync's own
+functions, then reads the state dir with the real `rcswarm status`, HTTP and `rcswarm fit`.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +28,9 @@ from tests.helpers.coordinator import free_port
 from tests.helpers.dht_mirror import RUN, law_rows, metrics, spec
 from tests.helpers.specs import write_spec
 from tests.helpers.waiting import wait_for
+
+# ---- a real DHT -----------------------------------------------------------------------------------
+
 
 TOKEN = "mirror-token"
 

@@ -1,11 +1,9 @@
 """Git histories replayed as editor frames, on repositories made with `git` (the replay runs `git` too): replay
-invariant, dataset and loader, CLI, lazy windows, the worker and the git-frames example training on the frames."""
+invariant, dataset and loader, CLI, lazy windows, the worker training on the frames."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,9 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from rcswarm.cli.main import main as rcswarm
-from rcswarm.cli.run import evaluate
-from rcswarm.config.runspec import RunSpec
 from rcswarm.data.frames import FrameWindow
 from rcswarm.data.frames.action_tokenizer import ActionTokenizer
 from rcswarm.data.frames.frame_codec import FrameReader, FrameWriter
@@ -24,8 +19,6 @@ from rcswarm.data.frames.git_editor import C, Editor, ReplayError
 from rcswarm.data.frames.git_frames import GitFrameSource, build_git_frames
 from rcswarm.data.frames.git_replay import replay
 from rcswarm.data.frames.window import FrameWindowSource, FrameWindowSpec, check_frame_batch
-from rcswarm.models import registry
-from rcswarm.train.inner import make_inner_optimizer, make_sampler, train_step
 from tests.helpers.data import COLS, ROWS, _assert_chunks_make_the_batch
 from tests.helpers.git_repo import _commit, _git, make_repo
 
@@ -274,38 +267,3 @@ def test_git_window_chunks_are_the_batch_of_the_same_seed(tmp_path) -> None:
         window = lazy.next_window()
         assert isinstance(window, FrameWindow) and window.length == 90
         _assert_chunks_make_the_batch(window, eager.next_batch(), 11)
-
-
-GIT_FRAMES = Path(__file__).resolve().parents[2] / "examples" / "git_frames.toml"
-
-
-def _commented_command(path: Path, program: str) -> list[str]:
-    """The command line a config's comment gives for `program` (e.g. "rcswarm data frames")."""
-    lines = [line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")]
-    (line,) = [line for line in lines if line.startswith(program)]
-    return shlex.split(line)
-
-
-@pytest.mark.skipif(shutil.which("git") is None, reason="git not on PATH")
-def test_git_frames_example_trains_on_rcswarm_data_frames_output(tmp_path: Path):
-    repo = make_repo(tmp_path)
-    words = _commented_command(GIT_FRAMES, "rcswarm data frames")
-    spec = RunSpec.from_toml(GIT_FRAMES)
-    dataset = tmp_path / "frames"
-    placeholders = {"PATH/TO/REPO": str(repo), spec.data.task_config["dataset"]: str(dataset)}
-    assert set(placeholders) <= set(words), words
-    assert rcswarm([placeholders.get(word, word) for word in words[1:]] + ["--no-progress"]) == 0
-
-    # The example as written, on the dataset just made, with short windows to keep the test quick.
-    spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, task_config={"dataset": str(dataset)},
-                                                               seq_len=4, batch_size=4))
-    torch.manual_seed(0)
-    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
-    sampler = make_sampler(spec.data, seed=1, model_config=model.config)
-    optimizer = make_inner_optimizer(model, spec.inner)
-    before = evaluate(spec, None)
-    losses = [train_step(model, optimizer, *sampler.next_batch(), spec.inner.grad_clip, spec.inner.bptt_chunk)
-              for _ in range(30)]
-    after = evaluate(spec, model.state_dict())
-    assert all(torch.isfinite(torch.tensor(losses)))
-    assert after < before - 1.0, (before, after, losses[::5])
