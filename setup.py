@@ -2,7 +2,7 @@
 
 Every folder at the root with an `__init__.py` (but tests/) installs as `rcswarm.<folder>`, and
 every folder below it with an `__init__.py` as `rcswarm.<folder>.<sub>`, so a new model, kernel
-or top-level folder ships without editing a list. tests/test_packaging.py checks the wheel.
+or top-level folder ships without editing a list. tests/swarm/test_packaging.py checks the wheel.
 """
 
 from pathlib import Path

@@ -12,7 +12,7 @@ steps), T ∈ {512, 2048, 8192}, the default chunk (32). `--cpu-time` times this
 process CPU time instead of wall time (for a machine shared with other jobs; with
 `--threads 1` it is the single-core time). The naive per-step loop is timed at T up to
 `--naive-max-t` (2048) and extrapolated LINEARLY in T above that (its work per step is constant,
-checked by tests/test_rwkv_product.py::test_forward_backward_work_is_linear_in_length;
+checked by tests/kernels/test_rwkv_product.py::test_forward_backward_work_is_linear_in_length;
 the table marks such rows "extrap."). GFLOP/s counts the recurrence's nominal work, not
 the chunked algorithm's: forward 9·d_k·d_v FLOPs per step and head (S a, S ⊙ w, (S a) bᵀ,
 v kᵀ, S r), backward counted as 2× forward, so 27·B·H·T·M·d_k·d_v per call. The reference is

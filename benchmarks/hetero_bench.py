@@ -5,7 +5,7 @@
 
 A real coordinator (`SwarmCoordinator` behind `RunningCoordinator`, gRPC on 127.0.0.1, a fresh state
 dir) trains the tiny LSTM LM (20 AdamW steps of 8 × 64 bytes a round, int8 broadcasts) with real worker
-processes: `tests/paced_worker.py`, the real Worker whose inner steps are padded to factor × max(their
+processes: `tests/helpers/paced_worker.py`, the real Worker whose inner steps are padded to factor × max(their
 time, `--floor-s`), factor 1 for the fast worker and `--slow-factor` (3) for the slow one, so that the
 speeds do not depend on the load of a shared machine. Configurations, same model, seeds and data:
 
@@ -71,7 +71,7 @@ def bench_spec(sync: dict, round_seconds: float) -> RunSpec:
 def spawn(target: str, name: str, factor: float, floor_s: float, log: Path) -> subprocess.Popen:
     """A paced worker process (one torch thread)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.paced_worker", "--factor", str(factor), "--floor-s", str(floor_s),
+        [sys.executable, "-m", "tests.helpers.paced_worker", "--factor", str(factor), "--floor-s", str(floor_s),
          "--coordinator", target, "--name", name, "--threads", "1"],
         cwd=ROOT, env={**os.environ, "RCSWARM_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"},
         stdout=open(log, "wb"), stderr=subprocess.STDOUT,

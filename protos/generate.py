@@ -1,7 +1,7 @@
 """Regenerate the committed Python stubs from protos/v1/coordinator.proto.
 
 The stubs are committed (so neither the wheel nor an editable install needs grpcio-tools);
-tests/test_protos.py fails when regenerating them would change them. Run after editing
+tests/protos/test_protos.py fails when regenerating them would change them. Run after editing
 the .proto:  python -m rcswarm.protos.generate
 """
 

@@ -4,7 +4,7 @@
   per device), device-to-host after the current stream's work, host-to-device with an event
   the consumer waits on. `HostPager` (streaming_bptt) and the stores below use it. No GPU was
   available where this was written: the CUDA branches run only on a CUDA model, and their
-  test (tests/test_streaming_bptt.py) skips without a GPU.
+  test (tests/train/test_streaming_bptt.py) skips without a GPU.
 - `Prefetcher`: runs loads (window chunks, embedding reads) ahead of their use on one
   background thread (on CUDA; on the CPU it loads when asked, see its docstring), keyed
   so the consumer takes the result it asked for. Every load goes through that one

@@ -1,0 +1,83 @@
+"""`make demo` is the mission in miniature: `rcswarm run` without a config sweeps sequence lengths, prints
+the dashboard's URL and labelled progress, fits the law and plots it; every number says what it is."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rcswarm.cli import run
+from rcswarm.cli.demo import DEMO_MINUTES, demo_spec
+
+
+def test_the_demo_is_a_sweep_of_at_least_three_lengths_under_a_budget():
+    spec = demo_spec()
+    assert spec.is_sweep and len(spec.sweep.seq_lens) >= 3
+    assert spec.run.workers == len(spec.sweep.seq_lens)  # one worker per length: equal shares of wall time
+    args = run.parse_args([])
+    assert run.load_spec(args) == spec and run.budget_minutes(args) == DEMO_MINUTES <= 4
+    assert run.budget_minutes(run.parse_args(["--minutes", "1.5"])) == 1.5
+    assert run.budget_minutes(run.parse_args(["examples/run.toml"])) is None
+
+
+def _row(rounds: int, first: float = 3.2, last: float = 2.9) -> dict:
+    return {"seq_len": 8, "batch_size": 4, "rounds": rounds, "workers": 1, "first_round_loss": first,
+            "last_round_loss": last, "val_loss_initial": 5.5, "val_loss_final": 3.0, "tokens": 0,
+            "tokens_per_second": 0.0, "bytes_sent_per_round": 0.0, "bytes_received_per_round": 0.0,
+            "sync_share": math.nan, "wall_seconds": 0.0}
+
+
+def _cells(row: dict) -> dict[str, str]:
+    return {header.split("\n")[0]: cell(row) for header, cell in run.SUMMARY_COLUMNS}
+
+
+def test_summary_shows_a_trend_only_where_there_is_one():
+    assert _cells(_row(2))["train loss¹"] == "3.200 → 2.900"
+    one = _cells(_row(1, first=3.145, last=3.145))
+    assert one["train loss¹"] == "3.145 (one round)" and "→" not in one["train loss¹"]
+    none = _cells(_row(0, first=math.nan, last=math.nan))
+    assert none["train loss¹"] == "— (no round completed)"
+    assert none["held-out loss²"] == "5.500 (untrained: no round completed)"
+    assert none["sync⁴"] == "—" and not any("nan" in cell for cell in none.values())
+
+
+def test_progress_labels_its_loss_and_shows_a_dash_until_one_exists():
+    assert run.RunProgress("L=8 × 4", 0, math.nan, 0.0, 0).info() == "train loss —  0 tok/s  0 workers"
+    assert run.RunProgress("run", 3, 2.5, 1234.4, 1).info() == "train loss 2.500  1,234 tok/s  1 worker"
+    assert "mean of the workers' last reported training loss" in run.PROGRESS_LEGEND
+
+
+def test_the_outcome_says_what_really_happened(tmp_path: Path):
+    spec = demo_spec()
+    rows = [{**_row(rounds), "seq_len": length} for rounds, length in zip((12, 9, 5, 3), spec.sweep.seq_lens)]
+    logs = tmp_path / "logs"
+
+    def ended(**flags):
+        return run.outcome(rows, spec, minutes=flags.pop("minutes", None), logs=logs, **flags)
+
+    stopped = ended(interrupted=True, out_of_time=False, exit_codes=[-15] * 4)
+    assert stopped.status == 130 and stopped.kind == "interrupted"
+    assert f"interrupted after 12 (L=2), 9 (L=4), 5 (L=8), 3 (L=16) of {spec.run.rounds:,} rounds" in stopped.message
+    budget = ended(interrupted=False, out_of_time=True, exit_codes=[-15] * 4, minutes=3.0)
+    assert (budget.kind, budget.status) == ("budget", 0) and "3-minute budget" in budget.message
+    failed = ended(interrupted=False, out_of_time=False, exit_codes=[0, 1, 0, 0])
+    assert (failed.kind, failed.status) == ("failed", 1) and "[0, 1, 0, 0]" in failed.message
+    single = run.outcome([_row(1)], spec, interrupted=True, out_of_time=False, minutes=None, exit_codes=[0],
+                         logs=logs)
+    assert f"interrupted after 1 of {spec.run.rounds:,} rounds" in single.message
+
+
+def test_a_run_without_a_closed_round_reports_no_train_loss(tmp_path: Path):
+    """Steps were trained from version 0 but no round closed: no "3.145 → 3.145" from those steps."""
+    from rcswarm.observe.report import summarize
+    from rcswarm.state.store import StateStore
+
+    store = StateStore(tmp_path / "state")
+    try:
+        store.add_metrics([("run", "w", 0, step, 8, 4, 3.145, 32, 0.1 * step, 0.1, 0.0, 0, 0, "", 100.0 + step)
+                           for step in range(1, 6)])
+        summary = summarize(store)
+    finally:
+        store.close()
+    assert summary.rounds == 0 and summary.tokens == 160
+    assert math.isnan(summary.first_round_loss) and math.isnan(summary.last_round_loss)

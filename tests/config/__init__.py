@@ -1,0 +1,1 @@
+"""Tests of config/: the run spec, typed and validated."""

@@ -1,0 +1,171 @@
+"""Run configs: typed, validated, and refused with the key and value named."""
+
+import dataclasses
+import json
+
+import pytest
+
+from rcswarm.config.runspec import RunSpec
+
+
+def test_defaults_round_trip_through_json_and_toml(tmp_path):
+    spec = RunSpec.from_dict({"model": {"overrides": {"d_model": 64}}, "sync": {"codec": "bf16"}})
+    assert RunSpec.from_json(spec.to_json()) == spec
+    path = tmp_path / "run.toml"
+    path.write_text(spec.to_toml())
+    assert RunSpec.from_toml(path) == spec
+
+
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        ({"runn": {}}, "unknown key 'runn'"),
+        ({"sync": {"codek": "int8"}}, "unknown key 'sync.codek'"),
+        ({"sync": {"codec": "gzip"}}, "sync.codec = 'gzip'"),
+        ({"data": {"seq_len": 0}}, "data.seq_len = 0"),
+        ({"run": {"rounds": "ten"}}, "run.rounds = 'ten'"),
+        ({"inner": {"steps": True}}, "inner.steps = True"),
+        ({"outer": {"momentum": 1.0}}, "outer.momentum = 1.0"),
+        ({"inner": {"lr": float("nan")}}, "inner.lr = nan"),
+        ({"sync": "int8"}, "sync = 'int8'"),
+        ({"run": {"workers": 0}}, "run.workers = 0"),
+        ({"curriculum": {"policy": "random"}}, "curriculum.policy = 'random'"),
+        ({"curriculum": {"worker_seq_lens": [-4]}}, "curriculum.worker_seq_lens = [-4]"),
+        ({"curriculum": {"policy": "adaptive", "seq_lens": [8, 8], "alpha_inf": 0.3, "tau": 100.0}},
+         "curriculum.seq_lens = [8, 8]"),
+        ({"curriculum": {"budget_seconds": 0}}, "curriculum.budget_seconds = 0.0"),
+    ],
+)
+def test_bad_configs_name_the_key_and_value(data, fragment):
+    with pytest.raises(ValueError) as excinfo:
+        RunSpec.from_dict(data)
+    assert fragment in str(excinfo.value)
+
+
+def test_toml_errors_are_clear(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nname = 1")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        RunSpec.from_toml(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        RunSpec.from_toml(tmp_path / "missing.toml")
+
+
+def test_the_example_config_lists_the_defaults():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "run.toml"
+    assert RunSpec.from_toml(example) == RunSpec()
+
+
+def test_a_sweep_expands_into_runs_with_their_own_lengths_and_batches():
+    spec = RunSpec.from_dict({"run": {"name": "s"}, "data": {"batch_size": 16},
+                              "sweep": {"seq_lens": [2, 4, 8], "constant_tokens": True}})
+    runs = spec.sweep_runs()
+    assert [(r.run.name, r.data.seq_len, r.data.batch_size) for r in runs] == [("s-L2", 2, 16), ("s-L4", 4, 8), ("s-L8", 8, 4)]
+    assert not any(r.is_sweep for r in runs)
+    paired = RunSpec.from_dict({"sweep": {"seq_lens": [2, 4], "batch_sizes": [8, 3]}}).sweep_runs()
+    assert [r.data.batch_size for r in paired] == [8, 3]
+    assert RunSpec().sweep_runs() == [RunSpec()]
+    with pytest.raises(ValueError, match="sweep.batch_sizes"):
+        RunSpec.from_dict({"sweep": {"seq_lens": [2, 4], "batch_sizes": [8]}})
+    with pytest.raises(ValueError, match=r"sweep.seq_lens\[1\] = 'x'"):
+        RunSpec.from_dict({"sweep": {"seq_lens": [2, "x"]}})
+
+
+def test_a_curriculum_round_trips_and_the_default_one_stays_out_of_toml(tmp_path):
+    spec = RunSpec.from_dict({"curriculum": {"policy": "adaptive", "seq_lens": [4, 8, 16], "budget_seconds": 60,
+                                             "alpha_inf": 0.3, "tau": 500.0, "constant_tokens": True}})
+    path = tmp_path / "run.toml"
+    path.write_text(spec.to_toml())
+    assert RunSpec.from_toml(path) == spec and spec.curriculum.adaptive
+    assert "[curriculum]" not in RunSpec().to_toml()
+    heterogeneous = RunSpec.from_dict({"curriculum": {"worker_seq_lens": [8, 16]}})
+    assert RunSpec.from_json(heterogeneous.to_json()) == heterogeneous
+
+
+def test_law_from_is_relative_to_the_config_file(tmp_path):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "run.toml").write_text(
+        '[curriculum]\npolicy = "adaptive"\nseq_lens = [2, 4]\nlaw_from = "../runs/sweep"\n'
+    )
+    spec = RunSpec.from_toml(folder / "run.toml")
+    assert spec.curriculum.law_from == str((tmp_path / "runs" / "sweep").resolve())
+    copied = tmp_path / "elsewhere" / "run.toml"
+    copied.parent.mkdir()
+    copied.write_text(spec.to_toml())
+    assert RunSpec.from_toml(copied).curriculum.law_from == spec.curriculum.law_from
+
+
+HIVEMIND = {"sync": {"backend": "hivemind"}}
+
+
+@pytest.mark.parametrize(
+    "key, good, bad, expected",
+    [
+        ("trust_factor", 1.5, 1.0, "a number > 1"),
+        ("drift_tolerance", 0.01, 0.0, "a positive number"),
+        ("timeout_factor", 1.0, 0.5, "a number >= 1"),
+        ("timer_window", 1, 0, "an integer between 1 and 1000"),
+        ("timer_window", 1000, 1001, "an integer between 1 and 1000"),
+        ("min_allreduce_s", 0.5, 0.0, "a positive number"),
+        ("initial_allreduce_s", 20.0, 19.0, "seconds >= hivemind.min_allreduce_s = 20.0"),
+        ("state_declare_s", 0.5, -1.0, "a positive number"),
+        ("record_ttl_s", 30.0, 0.0, "a positive number"),
+        ("settle_s", 0.0, -1.0, "seconds >= 0"),
+        ("state_grace_s", 0.0, -0.5, "seconds >= 0"),
+    ],
+)
+def test_each_hivemind_rule_is_validated(key, good, bad, expected):
+    spec = RunSpec.from_dict({**HIVEMIND, "hivemind": {key: good}})
+    assert getattr(spec.hivemind, key) == good
+    with pytest.raises(ValueError) as excinfo:
+        RunSpec.from_dict({**HIVEMIND, "hivemind": {key: bad}})
+    assert f"hivemind.{key} = {bad!r} is invalid: expected {expected}" in str(excinfo.value)
+
+
+def test_hivemind_rules_are_typed():
+    with pytest.raises(ValueError, match=r"hivemind.timer_window = 2.5 is invalid: expected an integer"):
+        RunSpec.from_dict({**HIVEMIND, "hivemind": {"timer_window": 2.5}})
+    with pytest.raises(ValueError, match=r"hivemind.trust_factor = 'high' is invalid: expected a finite number"):
+        RunSpec.from_dict({**HIVEMIND, "hivemind": {"trust_factor": "high"}})
+    with pytest.raises(ValueError, match=r"unknown key 'hivemind.trust'"):
+        RunSpec.from_dict({**HIVEMIND, "hivemind": {"trust": 2.0}})
+
+
+def test_hivemind_rules_off_their_defaults_are_refused_with_the_coordinator_backend():
+    with pytest.raises(ValueError) as excinfo:
+        RunSpec.from_dict({"hivemind": {"trust_factor": 8.0}})
+    assert str(excinfo.value) == ("hivemind.trust_factor = 8.0 is invalid: expected the default (4.0) unless "
+                                  "sync.backend = \"hivemind\" (sync.backend is 'coordinator')")
+    # The defaults written out (as examples/run.toml does) are accepted with either backend.
+    assert RunSpec.from_dict({"hivemind": {"trust_factor": 4.0, "timer_window": 5}}) == RunSpec()
+
+
+def test_hivemind_rules_round_trip_and_the_default_table_stays_out_of_toml(tmp_path):
+    spec = RunSpec.from_dict({**HIVEMIND, "hivemind": {"trust_factor": 2.5, "timer_window": 3, "settle_s": 0.0,
+                                                       "initial_allreduce_s": 90.0}})
+    path = tmp_path / "run.toml"
+    path.write_text(spec.to_toml())
+    assert "[hivemind]" in path.read_text()
+    assert RunSpec.from_toml(path) == spec and spec.hivemind.timer_window == 3
+    assert RunSpec.from_json(spec.to_json()) == spec
+    assert "[hivemind]" not in RunSpec().to_toml() and "[hivemind]" not in RunSpec.from_dict(HIVEMIND).to_toml()
+    # A coordinator's stored spec from before the table existed loads with the defaults.
+    old = json.loads(RunSpec().to_json())
+    del old["hivemind"]
+    assert RunSpec.from_dict(old) == RunSpec()
+
+
+def test_every_hivemind_rule_is_documented():
+    from pathlib import Path
+
+    from rcswarm.config.runspec import HivemindSection
+
+    root = Path(__file__).resolve().parents[2]
+    example = (root / "examples" / "run.toml").read_text().split("[hivemind]")[1]
+    deploy = (root / "docs" / "DEPLOY.md").read_text().split("## On hivemind")[1]
+    for field in dataclasses.fields(HivemindSection):
+        assert f"\n{field.name} = {field.default!r}" in example, field.name
+        assert f"`hivemind.{field.name}`" in deploy, field.name

@@ -1,0 +1,1 @@
+"""Tests of coordinator/: in-process coordinators on loopback (real gRPC), decisions, aggregation, the round close."""

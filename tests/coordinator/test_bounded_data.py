@@ -1,0 +1,190 @@
+"""Bounded data in the coordinator (issue 13, finding 6), on a real coordinator over loopback.
+
+Metrics from unknown, left or evicted workers are refused; out-of-range metric values are refused
+with INVALID_ARGUMENT naming the field, and GetStatus keeps answering; a worker's metric rows per
+round are capped; ended memberships leave memory after `coordinator.forget_after_s`, so join/leave
+churn stays fast and GetStatus stays small; the live tokens/s counts from the first pull.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator import SwarmCoordinator, decisions
+from rcswarm.coordinator.records import STATUS_ENDED_WORKERS
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
+from tests.conftest import sql
+from tests.helpers.coordinator import creds
+from tests.helpers.specs import tiny_spec
+from tests.helpers.waiting import wait_for
+from tests.helpers.wire import Wire
+
+
+@pytest.fixture
+def wire_to(start_coordinator: Any) -> Iterator[Any]:
+    """Start a coordinator for a spec and return (local, Wire); the channels close at teardown."""
+    wires: list[Wire] = []
+
+    def start(spec: RunSpec, **kwargs: Any) -> tuple[Any, Wire]:
+        local = start_coordinator(spec, **kwargs)
+        wires.append(Wire(local.target))
+        return local, wires[-1]
+
+    yield start
+    for wire in wires:
+        wire.close()
+
+
+def step_metric(step: int, tokens: int = 128, **fields: Any) -> pb.Metric:
+    """One ordinary training step's metric row."""
+    return pb.Metric(**{"version": 0, "step": step, "seq_len": 32, "batch": 4, "loss": 3.0, "tokens": tokens,
+                        "wall_time": 0.1 * step, "compute_seconds": 0.1 * step, **fields})
+
+
+def test_metrics_from_unknown_left_or_evicted_workers_are_refused(wire_to: Any) -> None:
+    local, wire = wire_to(tiny_spec(coordinator={"lease_s": 1.5}))
+    nobody = pb.ReportMetricsRequest(worker_id="w999-nobody", worker_secret=bytes(32), metrics=[step_metric(1)])
+    unknown = wire.refusal("ReportMetrics", nobody)
+    assert unknown.code() == grpc.StatusCode.NOT_FOUND and "unknown" in unknown.details()
+
+    left = wire.join("leaver")
+    assert wire.report(left, [step_metric(1)]).stored == 1
+    wire.call("Leave", pb.LeaveRequest(**wire.creds(left), reason="done"))
+    refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(left), metrics=[step_metric(2)]))
+    assert refused.code() == grpc.StatusCode.NOT_FOUND and "left: done" in refused.details()
+
+    silent = wire.join("silent")
+    wait_for(lambda: any(w.worker_id == silent and w.state == pb.WORKER_STATE_EVICTED
+                         for w in wire.call("GetStatus", pb.GetStatusRequest()).workers), 10, "the eviction")
+    evicted = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(silent), metrics=[step_metric(1)]))
+    assert evicted.code() == grpc.StatusCode.NOT_FOUND and "evicted" in evicted.details()
+    assert sql(local.state_dir, "SELECT worker_id, step FROM metrics") == [(left, 1)]
+
+
+@pytest.mark.parametrize(("field", "value", "shown"), [
+    ("tokens", 2**63 - 1, "metrics[1].tokens = 9223372036854775807 is out of range: expected 0..1000000000"),
+    ("tokens", -5, "metrics[1].tokens = -5"),
+    ("bytes_sent", -1, "metrics[1].bytes_sent = -1"),
+    ("version", 2**62, f"metrics[1].version = {2**62}"),
+    ("wall_time", math.inf, "metrics[1].wall_time = inf"),
+    ("compute_seconds", math.nan, "metrics[1].compute_seconds = nan"),
+    ("loss", -math.inf, "metrics[1].loss = -inf"),
+    ("param_sha256", "ab" * 100, "metrics[1].param_sha256 has 200 characters"),
+])
+def test_an_out_of_range_metric_is_refused_whole_and_status_still_answers(
+    wire_to: Any, field: str, value: Any, shown: str
+) -> None:
+    local, wire = wire_to(tiny_spec(), http_port=0)
+    worker = wire.join("overflow")
+    refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(
+        **wire.creds(worker), metrics=[step_metric(1), step_metric(2, **{field: value})]))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and shown in refused.details(), refused.details()
+    assert sql(local.state_dir, "SELECT COUNT(*) FROM metrics") == [(0,)]
+    assert wire.report(worker, [step_metric(1, tokens=10**9), step_metric(2, loss=math.nan, tokens=0)]).stored == 2
+    status = wire.call("GetStatus", pb.GetStatusRequest())
+    assert status.total_tokens == 10**9
+    with urllib.request.urlopen(local.running.dashboard.url + "api/status", timeout=20) as response:
+        assert response.status == 200 and json.loads(response.read())["total_tokens"] == 10**9
+
+
+def test_a_metrics_flood_is_capped_per_worker_and_round(wire_to: Any) -> None:
+    local, wire = wire_to(tiny_spec(sync={"codec": "fp32"}, coordinator={"max_metrics_per_round": 50}))
+    worker = wire.join("flooder")
+    header = wire.pull(worker)
+    assert wire.report(worker, [step_metric(k) for k in range(30)]).stored == 30
+    refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(worker), metrics=[step_metric(k) for k in range(21)]))
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "reported 30 metric rows at version 0; 21 more exceed coordinator.max_metrics_per_round = 50" in refused.details()
+    for _ in range(20):
+        wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(worker), metrics=[step_metric(k) for k in range(1000)]))
+    assert wire.report(worker, [step_metric(k) for k in range(20)]).stored == 20
+    assert sql(local.state_dir, "SELECT COUNT(*) FROM metrics") == [(50,)]
+    # The next round counts afresh.
+    assert wire.push_zero(worker, header).accepted
+    wire.call("AwaitVersion", pb.AwaitVersionRequest(**wire.creds(worker), min_version=1, wait_ms=5000))
+    assert wire.report(worker, [step_metric(k, version=1) for k in range(50)]).stored == 50
+    assert sql(local.state_dir, "SELECT version, COUNT(*) FROM metrics GROUP BY version") == [(0, 50), (1, 50)]
+
+
+def test_the_metric_cap_defaults_to_ten_rounds_of_steps_and_keys_are_checked() -> None:
+    assert RunSpec().metric_rows_per_round() == 1000
+    assert RunSpec.from_dict({"inner": {"steps": 500}}).metric_rows_per_round() == 5010
+    assert RunSpec.from_dict({"coordinator": {"max_metrics_per_round": 7}}).metric_rows_per_round() == 7
+    with pytest.raises(ValueError, match=r"coordinator.max_metrics_per_round = -1"):
+        RunSpec.from_dict({"coordinator": {"max_metrics_per_round": -1}})
+    with pytest.raises(ValueError, match=r"coordinator.forget_after_s = 0"):
+        RunSpec.from_dict({"coordinator": {"forget_after_s": 0}})
+
+
+def test_ended_memberships_are_forgotten_oldest_first_after_the_grace_period() -> None:
+    options = decisions.MembershipOptions(lease_s=10.0, max_workers=4, forget_after_s=60.0)
+    ended = [decisions.WorkerView(f"w{i}", 0.0, 0, False, ended_at=t) for i, t in enumerate((100.0, 130.0, 170.0))]
+    assert decisions.decide_forgetting(150.0, ended, options) == []
+    forgotten = decisions.decide_forgetting(200.0, ended, options)
+    assert [worker_id for worker_id, _ in forgotten] == ["w0", "w1"]
+    assert forgotten[0][1] == "ended 100.0s ago > forget_after_s 60.0s"
+
+
+def test_join_leave_churn_stays_fast_status_small_and_history_kept(wire_to: Any) -> None:
+    pairs, grace = 3000, 1.0
+    local, wire = wire_to(tiny_spec(coordinator={"forget_after_s": grace, "durable": False, "lease_s": 120.0}))
+    keeper = wire.join("keeper")
+    seconds_per_500 = []
+    started = time.monotonic()
+    for block in range(pairs // 500):
+        block_started = time.monotonic()
+        for i in range(500):
+            worker = wire.join(f"churn-{block}-{i}")
+            wire.call("Leave", pb.LeaveRequest(**wire.creds(worker), reason="churn"))
+        seconds_per_500.append(time.monotonic() - block_started)
+    elapsed = time.monotonic() - started
+    status = wire.call("GetStatus", pb.GetStatusRequest())
+    assert elapsed < 20.0 and seconds_per_500[-1] < 3 * seconds_per_500[0] + 1.0, seconds_per_500
+    assert len(status.workers) <= 1 + STATUS_ENDED_WORKERS and status.ByteSize() < 32 * 1024, status.ByteSize()
+    assert status.workers[0].worker_id == keeper and status.workers[0].state == pb.WORKER_STATE_ACTIVE
+    assert all(w.state == pb.WORKER_STATE_LEFT for w in status.workers[1:])
+    wait_for(lambda: len(local.service.workers) == 1, 10 * grace + 5, "the ended memberships to be forgotten")
+    forgotten = wire.refusal("Heartbeat", pb.HeartbeatRequest(**wire.creds(worker)))
+    assert forgotten.code() == grpc.StatusCode.NOT_FOUND
+    assert sql(local.state_dir, "SELECT kind, COUNT(*) FROM events GROUP BY kind ORDER BY kind") == [
+        ("join", pairs + 1), ("leave", pairs)]
+
+
+def test_live_tokens_per_second_counts_from_the_first_pull(tmp_path: Any) -> None:
+    now = [1000.0]
+    coordinator = SwarmCoordinator(tiny_spec(), StateStore(tmp_path, durable=False), clock=lambda: now[0])
+    try:
+        worker = creds(coordinator.join(pb.JoinRequest(worker_name="a")))
+        list(coordinator.pull(pb.PullParametersRequest(**worker)))
+        now[0] = 1010.0
+        coordinator.report_metrics(pb.ReportMetricsRequest(**worker, metrics=[step_metric(1, tokens=1000)]))
+        now[0] = 1011.0
+        status = coordinator.status()
+        assert status.total_tokens == 1000 and status.tokens_per_second == pytest.approx(1000 / 11)
+    finally:
+        coordinator.close()
+
+
+def test_training_rows_past_a_finite_runs_last_round_are_not_kept(tmp_path) -> None:
+    """A worker that pulled the final version before it heard the run finished trains a round no round can
+    take: its training rows (version >= run.rounds) are not stored; a pull's digest row (no tokens) is."""
+    coordinator = SwarmCoordinator(tiny_spec(run={"rounds": 1}), StateStore(tmp_path))
+    try:
+        member = coordinator.join(pb.JoinRequest(worker_name="a"))
+        rows = [pb.Metric(version=0, step=1, loss=3.0, tokens=8), pb.Metric(version=1, step=6, loss=2.5, tokens=8),
+                pb.Metric(version=1, step=5, loss=math.nan, tokens=0, param_sha256="ab")]
+        assert coordinator.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows)).stored == 2
+        assert sql(tmp_path, "SELECT version, tokens FROM metrics ORDER BY step") == [(0, 8), (1, 0)]
+        assert coordinator.total_tokens == 8
+    finally:
+        coordinator.close()

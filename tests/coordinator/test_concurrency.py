@@ -1,0 +1,271 @@
+"""Bounded concurrency on a real coordinator over loopback: stalled streams, long-poll floods, capped
+calls, and a health service that answers through all of it and says NOT_SERVING when rounds cannot close."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rcswarm.cli import coordinator as coordinator_cli
+from rcswarm.coordinator import (
+    DEFAULT_MAX_CALLS,
+    CallLimits,
+    RunningCoordinator,
+    SwarmCoordinator,
+    parse_max_calls,
+)
+from rcswarm.coordinator.guards import KIND_OF_METHOD, SERVICE_NAME, RpcKind
+from rcswarm.coordinator.server import TickRecord, decide_health
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from rcswarm.state.store import StateStore
+from rcswarm.sync import tensor_stream
+from tests.helpers.coordinator import LocalCoordinator
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.waiting import wait_for
+
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.fixture
+def channel(start_coordinator) -> Iterator[tuple]:
+    """A raw channel factory to a coordinator: yields `open(local)`; every channel is closed at teardown."""
+    opened: list[grpc.Channel] = []
+
+    def open_channel(local) -> grpc.Channel:
+        opened.append(grpc.insecure_channel(local.target))
+        return opened[-1]
+
+    yield open_channel
+    for ch in opened:
+        ch.close()
+
+
+def health_status(ch: grpc.Channel, timeout: float = 2.0) -> int:
+    """The Coordinator service's health, from a Check with `timeout`."""
+    request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+    return health_pb2_grpc.HealthStub(ch).Check(request, timeout=timeout).status
+
+
+def assert_membership_answers(stub: pb_grpc.CoordinatorStub, ch: grpc.Channel, member: pb.JoinResponse) -> None:
+    """A heartbeat, a join, a status and a health check each answer within 2 s."""
+    beat = pb.HeartbeatRequest(worker_id=member.worker_id, worker_secret=member.worker_secret)
+    assert stub.Heartbeat(beat, timeout=2, metadata=AUTH).version == 0
+    assert stub.Join(pb.JoinRequest(worker_name="late", device="cpu", pid=1), timeout=2, metadata=AUTH).worker_id
+    assert stub.GetStatus(pb.GetStatusRequest(), timeout=2, metadata=AUTH).version == 0
+    assert health_status(ch) == SERVING
+
+
+def outcomes(calls: list, timeout: float) -> list[grpc.RpcError | object]:
+    """Each call's exception or result, all within `timeout` seconds from now."""
+    deadline = time.monotonic() + timeout
+    results = []
+    for call in calls:
+        error = call.exception(timeout=max(deadline - time.monotonic(), 0.01))
+        results.append(error if error is not None else call.result(timeout=0.01))
+    return results
+
+
+def test_stalled_push_streams_are_cancelled_while_membership_is_answered(start_coordinator, channel):
+    idle_s = 1.5
+    local = start_coordinator(tiny_spec(), limits=CallLimits(stream_idle_s=idle_s))
+    ch = channel(local)
+    stub = pb_grpc.CoordinatorStub(ch)
+    member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=5, metadata=AUTH)
+    release = threading.Event()
+
+    def silent() -> Iterator[pb.PushUpdateRequest]:
+        release.wait(30.0)
+        yield from ()
+
+    started = time.monotonic()
+    try:
+        calls = [stub.PushUpdate.future(silent(), timeout=30, metadata=AUTH) for _ in range(200)]
+        time.sleep(0.3)
+        assert_membership_answers(stub, ch, member)
+        errors = outcomes(calls, timeout=idle_s + 5.0)
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+    codes = Counter(e.code() for e in errors)
+    assert set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
+    assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] >= 150 and codes[grpc.StatusCode.DEADLINE_EXCEEDED] >= 1, codes
+    refused = next(e for e in errors if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert "16 push calls" in refused.details() and "--max-calls push=16" in refused.details()
+    idle = next(e for e in errors if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert "stream_idle_s" in idle.details()
+    assert elapsed < idle_s + 4.0
+    # The cancelled streams gave their threads and slots back: a real push goes through.
+    client = local.client()
+    client.pull(member, member.run_id)
+    deltas = {name: torch.full(shape, 1e-3) for name, shape in local.service.shapes.items()}
+    header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=member.run_id, version=0)
+    meta = pb.UpdateMeta(
+        worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=0, tokens=128, inner_steps=1
+    )
+    assert client.push(meta, header, chunks).accepted
+    client.close()
+
+
+def test_a_long_poll_flood_leaves_heartbeats_status_and_health_answered(start_coordinator, channel):
+    max_wait_s = 4.0
+    local = start_coordinator(tiny_spec(coordinator={"lease_s": 30.0, "max_wait_s": max_wait_s}))
+    ch = channel(local)
+    stub = pb_grpc.CoordinatorStub(ch)
+    member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=5, metadata=AUTH)
+    poll = pb.AwaitVersionRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, min_version=1, wait_ms=60_000)
+    calls = [stub.AwaitVersion.future(poll, timeout=60, metadata=AUTH) for _ in range(300)]
+    time.sleep(0.3)
+    assert_membership_answers(stub, ch, member)
+    results = outcomes(calls, timeout=max_wait_s + 5.0)
+    refused = [r for r in results if isinstance(r, grpc.RpcError)]
+    assert {e.code() for e in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert "64 long_poll calls" in refused[0].details()
+    answered = [r for r in results if not isinstance(r, grpc.RpcError)]
+    assert 1 <= len(answered) <= 64 + 10 and all(r.version == 0 for r in answered)
+
+
+def test_a_pull_whose_client_stops_reading_is_cancelled(start_coordinator, channel):
+    # base10m: 39 MB of fp32, far beyond what flow control lets the server send to a client that reads nothing.
+    local = start_coordinator(tiny_spec(model={"preset": "base10m"}, coordinator={"durable": False}),
+                              limits=CallLimits(stream_idle_s=1.0))
+    ch = channel(local)
+    stub = pb_grpc.CoordinatorStub(ch)
+    member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=5, metadata=AUTH)
+    request = pb.PullParametersRequest(worker_id=member.worker_id, worker_secret=member.worker_secret)
+    responses = stub.PullParameters(request, timeout=30, metadata=AUTH)
+    assert next(responses).HasField("header")
+    time.sleep(2.5)
+    with pytest.raises(grpc.RpcError) as excinfo:
+        for _ in responses:
+            pass
+    assert excinfo.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "PullParameters: the client read no message for 1 s (stream_idle_s)" in excinfo.value.details()
+    assert_membership_answers(stub, ch, member)
+
+
+def test_the_server_never_waits_past_a_calls_cap(start_coordinator, channel, monkeypatch):
+    cap_s = 1.0
+    for name in ("AwaitVersion", "PushUpdate"):
+        kind = KIND_OF_METHOD[name]
+        monkeypatch.setitem(KIND_OF_METHOD, name, RpcKind(kind.name, kind.methods, cap_s))
+    local = start_coordinator(tiny_spec(coordinator={"lease_s": 60.0, "max_wait_s": 30.0}),
+                              limits=CallLimits(stream_idle_s=20.0))
+    ch = channel(local)
+    stub = pb_grpc.CoordinatorStub(ch)
+    member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=5, metadata=AUTH)
+    # A long poll with a day-long deadline returns at the cap, not at max_wait_s.
+    started = time.monotonic()
+    poll = pb.AwaitVersionRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, min_version=1, wait_ms=60_000)
+    assert stub.AwaitVersion(poll, timeout=86_400, metadata=AUTH).version == 0
+    assert time.monotonic() - started < cap_s + 1.0
+    # A push that sends its meta and then nothing (but for less than stream_idle_s) is cut at the cap.
+    release = threading.Event()
+
+    def meta_then_pause() -> Iterator[pb.PushUpdateRequest]:
+        meta = pb.UpdateMeta(worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=0, tokens=1)
+        yield pb.PushUpdateRequest(meta=meta)
+        release.wait(10.0)
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(grpc.RpcError) as excinfo:
+            stub.PushUpdate(meta_then_pause(), timeout=10, metadata=AUTH)
+    finally:
+        release.set()
+    assert excinfo.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "longest the coordinator serves one push call" in excinfo.value.details()
+    assert time.monotonic() - started < cap_s + 2.0
+
+
+class FailingStore(StateStore):
+    """A real store whose commits fail (disk full) while `failing` is set."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.failing = threading.Event()
+
+    def commit_version(self, *args, **kwargs):
+        if self.failing.is_set():
+            raise OSError(28, "No space left on device")
+        return super().commit_version(*args, **kwargs)
+
+
+def test_health_says_not_serving_while_rounds_cannot_close(tmp_path, channel):
+    spec = tiny_spec(sync={"round_deadline_s": 0.5, "max_update_norm": 100.0})
+    store = FailingStore(tmp_path / "state", spec.coordinator.keep_checkpoints, spec.coordinator.durable)
+    running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN).start()
+    try:
+        local = LocalCoordinator(running, tmp_path / "state")
+        ch = channel(local)
+        client = local.client()
+        a = client.join("a", "cpu", 1)
+        client.join("b", "cpu", 1)
+        client.pull(a, a.run_id)
+        assert health_status(ch) == SERVING
+        store.failing.set()
+        deltas = {name: torch.full(shape, 1e-3) for name, shape in running.coordinator.shapes.items()}
+        header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=a.run_id, version=0)
+        meta = pb.UpdateMeta(worker_id=a.worker_id, worker_secret=a.worker_secret, base_version=0, tokens=128, inner_steps=1)
+        client.push(meta, header, chunks)
+        wait_for(lambda: health_status(ch) == NOT_SERVING, 5.0, "NOT_SERVING once the round's close fails")
+        assert client.status().version == 0
+        store.failing.clear()
+        wait_for(lambda: health_status(ch) == SERVING, 5.0, "SERVING once the round closed")
+        assert client.status().version == 1
+        client.close()
+    finally:
+        store.failing.clear()
+        running.stop(grace=0.5)
+
+
+def test_decide_health():
+    assert decide_health(10.0, TickRecord(9.8), stall_s=60.0) == (True, "ticks complete")
+    serving, reason = decide_health(10.0, TickRecord(9.8, "OSError: disk full"), stall_s=60.0)
+    assert not serving and "OSError: disk full" in reason
+    serving, reason = decide_health(100.0, TickRecord(30.0), stall_s=60.0)
+    assert not serving and "70.0 s" in reason and "60 s" in reason
+
+
+def test_call_limits_come_from_the_run_spec_and_the_command_line_overrides_them():
+    spec = tiny_spec(coordinator={"max_calls": {"push": 2, "long_poll": 100}, "stream_idle_s": 4.0, "health_stall_s": 30.0})
+    base = ["--config", "RUN.toml", "--state-dir", "state"]
+    limits, stall_s = coordinator_cli.serving_limits(coordinator_cli.parse_args(base), spec)
+    assert limits.max_calls == {**DEFAULT_MAX_CALLS, "push": 2, "long_poll": 100}
+    assert (limits.stream_idle_s, stall_s) == (4.0, 30.0)
+    args = coordinator_cli.parse_args([*base, "--max-calls", "push=5", "--stream-idle-s", "2", "--health-stall-s", "9"])
+    limits, stall_s = coordinator_cli.serving_limits(args, spec)
+    assert (limits.max_calls["push"], limits.max_calls["long_poll"], limits.stream_idle_s, stall_s) == (5, 100, 2.0, 9.0)
+    with pytest.raises(ValueError, match="'polls'.*unknown RPC kind"):
+        coordinator_cli.serving_limits(coordinator_cli.parse_args(base),
+                                       tiny_spec(coordinator={"max_calls": {"polls": 3}}))
+    with pytest.raises(ValueError, match="coordinator.max_calls.push = 0"):
+        tiny_spec(coordinator={"max_calls": {"push": 0}})
+
+
+def test_call_limits_validate_themselves():
+    limits = CallLimits(parse_max_calls(["long_poll=8", "push = 2"]), stream_idle_s=3.0)
+    assert limits.max_calls["long_poll"] == 8 and limits.max_calls["push"] == 2
+    assert limits.threads == sum(limits.max_calls.values()) + limits.headroom
+    with pytest.raises(ValueError, match="'polls'.*unknown RPC kind.*long_poll"):
+        CallLimits(parse_max_calls(["polls=3"]))
+    with pytest.raises(ValueError, match="expected KIND=N"):
+        parse_max_calls(["push"])
+    with pytest.raises(ValueError, match=r"max_calls\['pull'\] = 0: expected an integer >= 1"):
+        CallLimits(parse_max_calls(["pull=0"]))
+    with pytest.raises(ValueError, match="lacks query"):
+        CallLimits({k: v for k, v in DEFAULT_MAX_CALLS.items() if k != "query"})
+    with pytest.raises(ValueError, match="stream_idle_s = nan"):
+        CallLimits(stream_idle_s=math.nan)
+    with pytest.raises(ValueError, match="headroom = 0"):
+        CallLimits(headroom=0)

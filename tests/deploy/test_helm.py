@@ -1,0 +1,596 @@
+"""The Kubernetes deployment, checked offline: helm/rcswarm rendered by real Helm code, every object
+validated against real schemas, and the images of docker/ checked as far as no Docker engine allows.
+
+* Helm: `helm-python-sdk` binds the Helm v4 Go SDK (no helm binary). Its C ABI's render takes the
+  options `helm template` has (`api_versions`, `kube_version`); the Python wrapper does not pass them
+  on, so `render` calls the ABI function itself, as the wrapper does.
+* Kubernetes kinds: `kubernetes-validate`'s strict schemas (unknown fields refused) of Kubernetes
+  1.27, the chart's floor, and of the newest version it bundles.
+* Custom resources: the RayCluster and ServiceMonitor CRDs' openAPIV3Schema vendored in
+  tests/deploy/k8s_schemas/ (see its README), made strict the way the API server's strict field validation is.
+* The generated join token's survival across an upgrade: Helm's cluster-aware render reads the
+  Secret back through `lookup` from a stand-in API server on 127.0.0.1 that serves that one Secret.
+* Images: the Dockerfiles parsed by BuildKit's own parser (the `dockerfile` package), their COPY
+  sources, entry point, pins and stages; the HEALTHCHECK script against a real gRPC health server.
+
+Each dependency is in the `dev` extra; a test whose package is missing skips and names it.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import shlex
+import threading
+import tomllib
+from functools import cache
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from tests.helpers.deploy import (
+    CHART,
+    COORDINATOR_SERVICE,
+    DOCKER,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    SCHEMAS,
+    load_healthcheck,
+    need,
+    objects,
+    render,
+    scenario_values,
+    strict_custom_schema,
+)
+
+SCENARIOS = ("default", "gpu", "external-tls", "existing-secret", "servicemonitor", "ray")
+# API groups a scenario's cluster serves beyond Kubernetes' own (helm template --api-versions).
+SCENARIO_APIS = {"ray": ["ray.io/v1"], "servicemonitor": ["monitoring.coreos.com/v1"]}
+CUSTOM_SCHEMAS = {
+    ("ray.io/v1", "RayCluster"): SCHEMAS / "kuberay" / "raycluster-v1.schema.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS / "prometheus-operator" / "servicemonitor-v1.schema.json",
+}
+STATE_DIR_FLAG = "--state-dir"
+
+
+@pytest.fixture(scope="module")
+def helm():
+    return need("helm_python", "helm-python-sdk")
+
+
+@pytest.fixture(scope="module")
+def chart(helm):
+    loaded = helm.Chart.load(CHART)
+    yield loaded
+    loaded.close()
+
+
+def render_scenario(chart, name: str) -> list[dict[str, Any]]:
+    return objects(render(chart, scenario_values(name), SCENARIO_APIS.get(name, [])))
+
+
+def one(found: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [o for o in found if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in matches]}"
+    return matches[0]
+
+
+def pod_specs(found: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(owner, pod spec) of every pod template: StatefulSets, Deployments and the RayCluster's groups."""
+    specs = []
+    for obj in found:
+        if obj["kind"] in ("StatefulSet", "Deployment"):
+            specs.append((obj["metadata"]["name"], obj["spec"]["template"]["spec"]))
+        elif obj["kind"] == "RayCluster":
+            specs.append(("ray head", obj["spec"]["headGroupSpec"]["template"]["spec"]))
+            specs += [(f"ray {g['groupName']}", g["template"]["spec"]) for g in obj["spec"]["workerGroupSpecs"]]
+    return specs
+
+
+def coordinator_container(found: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = one(found, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def worker_container(found: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = one(found, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def flag(args: list[str], name: str) -> str:
+    """The value after `name` in an argument list."""
+    assert name in args, f"{name} not in {args}"
+    return args[args.index(name) + 1]
+
+
+def test_chart_metadata_matches_the_package(chart):
+    meta = chart.metadata
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert meta["apiVersion"] == "v2"
+    assert meta["appVersion"] == project["version"], "Chart.yaml's appVersion must be pyproject's version"
+    # Built-in gRPC probes are GA from 1.27.
+    assert meta["kubeVersion"] == ">= 1.27.0-0"
+
+
+def schema_node(schema: dict[str, Any], path: list[str]) -> dict[str, Any] | None:
+    """The values.schema.json node of a dotted values path ($refs followed); None past a leaf."""
+    node = schema
+    for key in path:
+        while "$ref" in node:
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[1]]
+        if "properties" not in node:
+            return None
+        node = node["properties"][key]
+    while "$ref" in node:
+        node = schema["$defs"][node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def test_every_value_is_commented_and_in_the_schema():
+    """values.yaml: each value the schema declares exists there, and each leaf has a comment line right above it."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    parents: list[tuple[int, str]] = []
+    checked = 0
+    for number, line in enumerate(lines):
+        match = re.match(r"^( *)([A-Za-z][\w.-]*):", line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        parents = [(i, k) for i, k in parents if i < indent]
+        path = [k for _, k in parents] + [match.group(2)]
+        parent = schema_node(schema, path[:-1])
+        parents.append((indent, match.group(2)))
+        if parent is None or "properties" not in parent or any(parent is d for d in schema["$defs"].values()):
+            continue  # inside a leaf, or a Kubernetes structure ($defs: resources, image) described as a whole
+        assert match.group(2) in parent["properties"], f"values.yaml line {number + 1}: {'.'.join(path)} is not in the schema"
+        if "properties" not in schema_node(schema, path):
+            assert lines[number - 1].strip().startswith("#"), f"values.yaml line {number + 1}: {'.'.join(path)} has no comment"
+            checked += 1
+    assert checked > 60
+
+
+@pytest.mark.parametrize("scenario", ["default", "gpu", "external-tls", "existing-secret"])
+def test_lint_is_clean(helm, scenario):
+    """`helm lint --strict` on the chart: no warning or error (lint cannot declare extra APIs, hence
+    no Ray or ServiceMonitor scenario here)."""
+    report = helm.lint(CHART, scenario_values(scenario), strict=True, namespace=NAMESPACE, kube_version="v1.27.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems and not report["errors"], (problems, report["errors"])
+
+
+def validate_custom(obj: dict[str, Any]) -> None:
+    jsonschema = need("jsonschema", "jsonschema")
+    body = {k: v for k, v in obj.items() if k != "metadata"}
+    jsonschema.Draft7Validator(strict_custom_schema(CUSTOM_SCHEMAS[(obj["apiVersion"], obj["kind"])])).validate(body)
+
+
+@pytest.fixture(scope="module")
+def k8s_validate():
+    """kubernetes_validate.validate with its schema files read once (it reads them on every call)."""
+    kv = need("kubernetes_validate.utils", "kubernetes-validate")
+    original = kv.schema_contents
+    kv.schema_contents = cache(original)
+    yield kv
+    kv.schema_contents = original
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_rendered_object_is_valid(chart, k8s_validate, scenario):
+    """Strictly valid against Kubernetes 1.27 and the newest bundled version; custom resources against their CRDs."""
+    found = render_scenario(chart, scenario)
+    assert {"StatefulSet", "Service", "ConfigMap"} <= {o["kind"] for o in found}
+    for version in ("1.27", k8s_validate.latest_version()):
+        for obj in found:
+            where = f"{obj['kind']} {obj['metadata']['name']} against {version}"
+            if (obj["apiVersion"], obj["kind"]) in CUSTOM_SCHEMAS:
+                validate_custom(obj)
+                continue
+            try:
+                k8s_validate.validate(obj, version, strict=True)
+            except k8s_validate.ValidationError as exc:
+                pytest.fail(f"{where}: {'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def test_the_strict_custom_schema_refuses_an_unknown_field(chart):
+    """The RayCluster check can fail: a misspelt field of the rendered object is refused."""
+    jsonschema = need("jsonschema", "jsonschema")
+    cluster = copy.deepcopy(one(render_scenario(chart, "ray"), "RayCluster"))
+    cluster["spec"]["workerGroupSpecs"][0]["replica"] = 2
+    with pytest.raises(jsonschema.ValidationError, match="replica"):
+        validate_custom(cluster)
+
+
+def test_each_scenario_renders_its_objects(chart):
+    kinds = {name: sorted(o["kind"] for o in render_scenario(chart, name)) for name in SCENARIOS}
+    assert kinds["default"] == ["ConfigMap", "Deployment", "Secret", "Service", "Service", "StatefulSet"]
+    assert kinds["external-tls"].count("Service") == 3 and "Ingress" in kinds["external-tls"]
+    assert "Secret" not in kinds["existing-secret"]
+    assert "ServiceMonitor" in kinds["servicemonitor"]
+    assert "RayCluster" in kinds["ray"] and "Deployment" not in kinds["ray"]
+
+
+BAD_VALUES = [
+    ({"workers": {"replicas": -1}}, "at '/workers/replicas': minimum: got -1, want 0"),
+    ({"workers": {"gpus": 1.5}}, "at '/workers/gpus': got number, want integer"),
+    ({"coordinator": {"persistence": {"size": "20"}}}, "at '/coordinator/persistence/size': '20' does not match pattern"),
+    ({"coordinator": {"replicas": 2}}, "at '/coordinator': additional properties 'replicas' not allowed"),
+    ({"workers": {"replica": 3}}, "at '/workers': additional properties 'replica' not allowed"),
+    ({"coordinator": {"ingress": {"enabled": True}}}, "at '/coordinator/ingress/tlsSecretName': minLength: got 0, want 1"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES, ids=lambda v: json.dumps(v) if isinstance(v, dict) else "")
+def test_bad_values_are_refused_by_the_schema(helm, chart, values, message):
+    with pytest.raises(helm.HelmValuesError) as refused:
+        render(chart, values)
+    assert "values don't meet the specifications of the schema" in str(refused.value)
+    assert message in str(refused.value)
+
+
+BAD_COMBINATIONS = [
+    ({"ray": {"enabled": True}}, [], "ray.enabled needs the KubeRay operator: this cluster does not serve the ray.io/v1 API"),
+    ({"serviceMonitor": {"enabled": True}}, [], "serviceMonitor.enabled needs the Prometheus Operator"),
+    ({"coordinator": {"external": {"enabled": True}}}, [], "coordinator.external.enabled exposes the coordinator outside the cluster: set tls.enabled=true"),
+    ({"tls": {"enabled": True}}, [], "tls.enabled needs tls.secretName"),
+]
+
+
+@pytest.mark.parametrize(("values", "apis", "message"), BAD_COMBINATIONS, ids=lambda v: json.dumps(v) if isinstance(v, dict) else "")
+def test_bad_combinations_fail_the_render_with_a_message(helm, chart, values, apis, message):
+    with pytest.raises(helm.HelmRenderError) as refused:
+        render(chart, values, apis)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_exactly_one_coordinator_in_a_statefulset(chart, scenario):
+    found = render_scenario(chart, scenario)
+    statefulset = one(found, "StatefulSet")
+    assert statefulset["spec"]["replicas"] == 1
+    assert statefulset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert all(o["spec"]["template"]["spec"]["containers"][0]["name"] != "coordinator"
+               for o in found if o["kind"] == "Deployment")
+
+
+def test_state_dir_is_the_retained_volume(chart):
+    found = render_scenario(chart, "default")
+    statefulset = one(found, "StatefulSet")
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert statefulset["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    container = coordinator_container(found)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts[flag(container["args"], STATE_DIR_FLAG)] == claim["metadata"]["name"]
+    assert "PersistentVolumeClaim" not in {o["kind"] for o in found}, "a templated PVC would be deleted on uninstall"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_token_comes_only_from_a_secret(chart, scenario):
+    rendered = render(chart, scenario_values(scenario), SCENARIO_APIS.get(scenario, []))
+    found = objects(rendered)
+    secret_name, key = ("swarm-join-token", "join-token") if scenario == "existing-secret" else (f"{RELEASE}-rcswarm-token", "token")
+    specs = pod_specs(found)
+    assert specs
+    for owner, spec in specs:
+        for container in spec["containers"]:
+            assert not any(a.startswith("--token") for a in container.get("args", [])), owner
+            (token,) = [e for e in container["env"] if e["name"] == "RCSWARM_TOKEN"]
+            assert token == {"name": "RCSWARM_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name, "key": key}}}, owner
+    secrets = [o for o in found if o["kind"] == "Secret"]
+    if scenario == "existing-secret":
+        assert not secrets
+        return
+    (secret,) = secrets
+    value = secret["data"]["token"]
+    assert len(base64.b64decode(value)) == 48
+    text = "\n".join(rendered.values())
+    assert text.count(value) == 1 and base64.b64decode(value).decode() not in text
+
+
+def test_each_render_without_a_cluster_makes_a_new_token(chart):
+    """What the GitOps caveat is about: without `lookup` results every render draws a new token."""
+    tokens = {one(objects(render(chart)), "Secret")["data"]["token"] for _ in range(2)}
+    assert len(tokens) == 2
+
+
+class SecretServer(BaseHTTPRequestHandler):
+    """A stand-in Kubernetes API server holding one Secret, for Helm's `lookup` (GET only)."""
+
+    secret: ClassVar[dict[str, Any]] = {}
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        name = self.secret["metadata"]["name"]
+        if path == "/api/v1":
+            body = {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                {"name": "secrets", "singularName": "secret", "namespaced": True, "kind": "Secret", "verbs": ["get"]}]}
+            self.reply(200, body)
+        elif path == f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}":
+            self.reply(200, self.secret)
+        else:
+            self.reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
+
+    def reply(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_generated_token_is_kept_across_an_upgrade(helm, chart):
+    """An upgrade renders with the cluster: `lookup` finds the release's Secret and the token stays."""
+    kept = base64.b64encode(b"the-token-of-the-first-install").decode()
+    handler = type("Handler", (SecretServer,), {"secret": {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": {"token": kept},
+        "metadata": {"name": f"{RELEASE}-rcswarm-token", "namespace": NAMESPACE}}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    kubeconfig = json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "local",
+        "clusters": [{"name": "local", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "u", "namespace": NAMESPACE}}],
+        "users": [{"name": "u", "user": {"token": "unused"}}],
+    })
+    try:
+        with helm.Config(kubeconfig_content=kubeconfig, namespace=NAMESPACE) as config:
+            rendered = config.render(chart, name=RELEASE, namespace=NAMESPACE, is_upgrade=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert one(objects(rendered), "Secret")["data"]["token"] == kept
+
+
+@pytest.mark.parametrize(("scenario", "port"), [("default", 50051), ("external-tls", 50052)])
+def test_probes_ask_the_health_service(chart, scenario, port):
+    """gRPC probes: startup and readiness on the coordinator's service, liveness on the server's ("");
+    with TLS on the plaintext --health-port, without it on the main port (then --insecure)."""
+    from rcswarm.coordinator.guards import SERVICE_NAME
+
+    assert SERVICE_NAME == COORDINATOR_SERVICE
+    container = coordinator_container(render_scenario(chart, scenario))
+    for probe, service in (("startupProbe", SERVICE_NAME), ("readinessProbe", SERVICE_NAME), ("livenessProbe", "")):
+        assert container[probe]["grpc"] == {"port": port, "service": service}, probe
+    args = container["args"]
+    if scenario == "default":
+        assert "--insecure" in args and "--health-port" not in args and "--tls-cert" not in args
+    else:
+        assert flag(args, "--health-port") == str(port) and "--insecure" not in args
+        assert port in {p["containerPort"] for p in container["ports"]}
+
+
+def test_the_config_checksum_restarts_only_the_coordinator(chart):
+    def annotations(values):
+        found = objects(render(chart, values))
+        return (one(found, "StatefulSet")["spec"]["template"]["metadata"]["annotations"]["checksum/run-config"],
+                one(found, "Deployment")["spec"]["template"])
+
+    base, workers = annotations(None)
+    again, _ = annotations(None)
+    longer, workers_after = annotations({"runConfig": "[run]\nname = \"k8s-demo\"\nrounds = 2000\n"})
+    assert base == again and base != longer
+    assert re.fullmatch(r"[0-9a-f]{64}", base)
+    assert workers == workers_after, "a new run config must not restart the workers (they re-join the coordinator)"
+
+
+def test_the_shipped_run_config_is_a_valid_run_spec(chart):
+    from rcswarm.config.runspec import RunSpec
+
+    configmap = one(objects(render(chart)), "ConfigMap")
+    spec = RunSpec.from_dict(tomllib.loads(configmap["data"]["run.toml"]))
+    assert spec.run.name == "k8s-demo" and spec.model.name == "lstm_lm"
+
+
+def test_worker_threads_follow_the_cpu_limit(chart):
+    container = worker_container(render_scenario(chart, "default"))
+    assert flag(container["args"], "--threads") == "$(CPU_LIMIT)"
+    (limit,) = [e for e in container["env"] if e["name"] == "CPU_LIMIT"]
+    assert limit["valueFrom"]["resourceFieldRef"] == {"containerName": container["name"], "resource": "limits.cpu", "divisor": "1"}
+    fixed = worker_container(objects(render(chart, {"workers": {"threads": 3}})))
+    assert flag(fixed["args"], "--threads") == "3"
+
+
+def test_gpu_workers(chart):
+    cpu = worker_container(render_scenario(chart, "default"))
+    found = render_scenario(chart, "gpu")
+    gpu = worker_container(found)
+    spec = one(found, "Deployment")["spec"]
+    assert "nvidia.com/gpu" not in cpu["resources"]["limits"] and cpu["image"] == "rcswarm:0.1.0-cpu"
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 1 and gpu["image"] == "rcswarm:0.1.0-cuda"
+    assert flag(gpu["args"], "--device") == "cuda"
+    assert spec["replicas"] == 4 and spec["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert spec["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= 30
+
+
+def test_tls_reaches_every_client(chart):
+    """With TLS, in-cluster workers trust the CA and present their client certificate; the
+    external Service and the Ingress carry only gRPC."""
+    found = render_scenario(chart, "external-tls")
+    args = worker_container(found)["args"]
+    assert flag(args, "--tls-ca") == "/etc/rcswarm/tls-ca/ca.crt"
+    assert flag(args, "--tls-cert") == "/etc/rcswarm/tls-client/tls.crt"
+    assert flag(coordinator_container(found)["args"], "--tls-client-ca") == "/etc/rcswarm/tls-ca/ca.crt"
+    external = one(found, "Service", f"{RELEASE}-rcswarm-coordinator-external")
+    assert external["spec"]["type"] == "LoadBalancer"
+    assert [(p["port"], p["appProtocol"]) for p in external["spec"]["ports"]] == [(443, "grpc")]
+    ingress = one(found, "Ingress")
+    assert ingress["spec"]["tls"][0]["secretName"] == "swarm-example-org-tls"
+    assert ingress["spec"]["rules"][0]["http"]["paths"][0]["path"] == f"/{COORDINATOR_SERVICE}"
+
+
+def test_servicemonitor_scrapes_with_the_token(chart):
+    found = render_scenario(chart, "servicemonitor")
+    (endpoint,) = one(found, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": f"{RELEASE}-rcswarm-token", "key": "token"}}
+    service = one(found, "Service", f"{RELEASE}-rcswarm-coordinator")
+    assert "http" in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_ray_head_launches_the_workers(chart):
+    cluster = one(render_scenario(chart, "ray"), "RayCluster")
+    assert cluster["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
+    (head,) = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    script = head["args"][0]
+    launch = shlex.split(re.search(r"exec (rcswarm launch ray [^)]*)\)", script).group(1))
+    assert launch[:5] == ["rcswarm", "launch", "ray", "--address", "auto"]
+    assert flag(launch, "--coordinator") == f"{RELEASE}-rcswarm-coordinator.{NAMESPACE}.svc:50051"
+    assert (flag(launch, "--workers"), flag(launch, "--gpus-per-worker")) == ("4", "1")
+    assert script.rstrip().endswith("exec $KUBERAY_GEN_RAY_START_CMD")
+    (group,) = cluster["spec"]["workerGroupSpecs"]
+    assert group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+
+
+def test_notes_tell_how_to_reach_the_run(chart):
+    notes = render(chart)["rcswarm/templates/NOTES.txt"]
+    assert f"kubectl port-forward -n {NAMESPACE} svc/{RELEASE}-rcswarm-coordinator 50051" in notes
+    assert "rcswarm status --coordinator localhost:50051" in notes
+    assert "auth.existingSecret" in notes
+
+
+def test_the_cli_accepts_the_chart_arguments(chart):
+    """The arguments the chart passes are ones `rcswarm coordinator` and `rcswarm worker` parse."""
+    from rcswarm.cli import coordinator as coordinator_cli
+    from rcswarm.worker import worker
+
+    for scenario in ("default", "external-tls"):
+        found = render_scenario(chart, scenario)
+        coordinator_args = coordinator_container(found)["args"]
+        assert coordinator_args[0] == "coordinator"
+        parsed = coordinator_cli.parse_args(coordinator_args[1:])  # a flag the parser lacks exits 2: the test fails
+        assert parsed.host == "0.0.0.0" and parsed.port == 50051
+        # --insecure without TLS, the plaintext --health-port for the probes with it (#14): parsed, not skipped.
+        assert (parsed.insecure, parsed.health_port) == ((True, None) if scenario == "default" else (False, 50052))
+        worker_args = [a.replace("$(CPU_LIMIT)", "2").replace("$(POD_NAME)", "w-0") for a in worker_container(found)["args"]]
+        assert worker_args[0] == "worker"
+        assert worker.parse_args(worker_args[1:]).threads == 2
+
+
+INSTRUCTIONS = {"FROM", "ARG", "ENV", "RUN", "COPY", "WORKDIR", "USER", "ENTRYPOINT", "CMD", "HEALTHCHECK", "EXPOSE", "LABEL"}
+COMPILERS = re.compile(r"\b(gcc|g\+\+|clang|cc|build-essential|make|cmake|nvcc)\b")
+
+
+def stages(path: Path) -> list[dict[str, Any]]:
+    """The Dockerfile's stages as BuildKit parses them: name, base, instructions; plus global ARGs."""
+    dockerfile = need("dockerfile", "dockerfile")
+    parsed = dockerfile.parse_file(str(path))
+    unknown = {c.cmd for c in parsed} - INSTRUCTIONS
+    assert not unknown, f"{path.name}: unexpected instructions {unknown}"
+    found: list[dict[str, Any]] = [{"name": "(global)", "base": "", "commands": []}]
+    for command in parsed:
+        if command.cmd == "FROM":
+            value = command.value
+            found.append({"name": value[2] if len(value) == 3 else "", "base": value[0], "commands": []})
+        else:
+            found[-1]["commands"].append(command)
+    return found
+
+
+def arg_default(path: Path, name: str) -> str:
+    for stage in stages(path):
+        for command in stage["commands"]:
+            if command.cmd == "ARG" and command.value[0].startswith(f"{name}="):
+                return command.value[0].split("=", 1)[1]
+    raise AssertionError(f"{path.name} has no ARG {name}")
+
+
+def final_stages(path: Path) -> list[dict[str, Any]]:
+    """Stages an image can be built from: every stage but the global one and `build`."""
+    return [s for s in stages(path)[1:] if s["name"] != "build"]
+
+
+def torch_pin() -> str:
+    match = re.search(r"^TORCH_PIN \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert match, "the Makefile's TORCH_PIN"
+    return match.group(1)
+
+
+def package_folders() -> set[str]:
+    """Top-level folders that install as rcswarm.<folder> (setup.py's rule)."""
+    return {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"}
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.cuda"])
+def test_dockerfile_copies_what_exists_and_what_the_wheel_needs(name):
+    path = DOCKER / name
+    ignore = (DOCKER / f"{name}.dockerignore").read_text().splitlines()
+    kept = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    sources = []
+    for stage in stages(path):
+        for command in stage["commands"]:
+            if command.cmd == "COPY" and not any(f.startswith("--from=") for f in command.flags):
+                sources += [s.rstrip("/") for s in command.value[:-1]]
+    for source in sources:
+        assert (ROOT / source).exists(), f"{name}: COPY {source} does not exist"
+        assert source in kept, f"{name}: COPY {source} is excluded by {name}.dockerignore"
+    assert package_folders() <= set(sources), f"{name} misses package folders {package_folders() - set(sources)}"
+    assert {"pyproject.toml", "setup.py", tomllib.loads((ROOT / 'pyproject.toml').read_text())["project"]["readme"]} <= set(sources)
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.cuda"])
+def test_images_run_rcswarm_as_a_user_without_compilers(name):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["rcswarm"] == "rcswarm.cli.main:main"
+    path = DOCKER / name
+    for stage in final_stages(path):
+        if stage["base"] != "runtime":
+            assert stage["base"].startswith("${") and "-devel" not in arg_default(path, stage["base"][2:-1])
+        commands = {c.cmd: c for c in stage["commands"]}
+        for command in stage["commands"]:
+            if command.cmd == "RUN":
+                assert not COMPILERS.search(command.value[0]), f"{name}: {command.original}"
+        if stage["name"] == "runtime":
+            assert commands["ENTRYPOINT"].json and commands["ENTRYPOINT"].value == ("rcswarm",)
+            assert commands["USER"].value[0].split(":")[0] == "10001"
+            assert any(c.cmd == "COPY" and "--from=build" in c.flags for c in stage["commands"])
+
+
+def test_pinned_versions_agree():
+    """torch: the Makefile's pin is what both images install; Python: the CPU base satisfies requires-python."""
+    pin = torch_pin()
+    assert arg_default(DOCKER / "Dockerfile.cpu", "TORCH_VERSION") == pin
+    assert arg_default(DOCKER / "Dockerfile.cuda", "TORCH_VERSION") == pin
+    cuda_base = arg_default(DOCKER / "Dockerfile.cuda", "PYTORCH_IMAGE")
+    assert re.fullmatch(rf"pytorch/pytorch:{re.escape(pin)}-cuda[0-9.]+-cudnn[0-9]+-runtime", cuda_base), cuda_base
+    python = re.fullmatch(r"python:(\d+)\.(\d+)-slim-\w+", arg_default(DOCKER / "Dockerfile.cpu", "PYTHON_IMAGE"))
+    floor = re.fullmatch(r">=(\d+)\.(\d+)", tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    assert python and floor and tuple(map(int, python.groups())) >= tuple(map(int, floor.groups()))
+
+
+def test_the_chart_uses_the_images_the_dockerfiles_build(chart):
+    """Tags: <appVersion>-coordinator is the CPU Dockerfile's `coordinator` stage, the one with the HEALTHCHECK."""
+    coordinator = coordinator_container(render_scenario(chart, "default"))
+    assert coordinator["image"] == f"rcswarm:{chart.metadata['appVersion']}-coordinator"
+    (stage,) = [s for s in stages(DOCKER / "Dockerfile.cpu") if s["name"] == "coordinator"]
+    (check,) = [c for c in stage["commands"] if c.cmd == "HEALTHCHECK"]
+    assert check.value[0] == "CMD" and check.value[-1] == "/opt/rcswarm/healthcheck.py"
+    port = int(re.search(r":(\d+)$", next(c for c in stage["commands"] if c.cmd == "ENV").value[1]).group(1))
+    assert port == coordinator["ports"][0]["containerPort"]
+    assert not [c for s in stages(DOCKER / "Dockerfile.cuda") for c in s["commands"] if c.cmd == "HEALTHCHECK"]
+
+
+def test_healthcheck_script_fails_without_a_server(health_server):
+    _, address = health_server
+    host, port = address.rsplit(":", 1)
+    healthy, seen = load_healthcheck().check(f"{host}:{int(port) + 1 if int(port) < 65535 else 1}", COORDINATOR_SERVICE, 1.0)
+    assert not healthy and seen.split(":")[0] in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+def test_readme_files_reference_the_vendored_sources():
+    readme = (SCHEMAS / "README.md").read_text()
+    for path in CUSTOM_SCHEMAS.values():
+        assert path.relative_to(SCHEMAS).as_posix() in readme
+        assert (path.parent / "LICENSE").is_file()

@@ -1,0 +1,132 @@
+"""The README cannot drift from the CLI: every `rcswarm ...` command in its shell blocks parses with
+the real parsers (configs it names are loaded and validated), every `make` target exists, and the
+two set-up commands open it. Commands that need a running coordinator are parsed, not run."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rcswarm.cli import bench, data, dht, fit, launch, main, run, status
+from rcswarm.cli import coordinator as coordinator_cli
+from rcswarm.config.runspec import RunSpec
+from rcswarm.worker import worker
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+SHELL_KEYWORDS = {"do", "then", "else", "time", "nohup", "exec"}
+
+
+def shell_blocks(text: str) -> list[str]:
+    return re.findall(r"```sh\n(.*?)```", text, flags=re.DOTALL)
+
+
+def commands(block: str) -> Iterator[list[str]]:
+    """Each simple command of a shell block as words: continuations joined, comments dropped, lines split at
+    `;`, `&`, `&&` and `|`, leading keywords (`do`, `time`, ...) removed; `$VAR` and `$i` stay literal."""
+    for line in block.replace("\\\n", " ").splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split, lexer.commenters = True, "#"
+        current: list[str] = []
+        for token in [*lexer, ";"]:
+            if set(token) <= set(";&|"):
+                while current and current[0] in SHELL_KEYWORDS:
+                    current.pop(0)
+                if current:
+                    yield current
+                current = []
+            else:
+                current.append(token)
+
+
+def readme_commands(program: str) -> list[list[str]]:
+    return [words for block in shell_blocks(README.read_text()) for words in commands(block) if words[0] == program]
+
+
+def _examples_config(path: str) -> Path | None:
+    """A config the README names that ships in the repository (examples/...), else None."""
+    return ROOT / path if path.startswith("examples/") else None
+
+
+def parse(words: list[str]) -> argparse.Namespace | int:
+    """Parse an `rcswarm ...` command line with the command's real parser; raise on a usage error."""
+    command, argv = words[1], words[2:]
+    if command in ("--version", "-V", "--help"):
+        return main.main([command])
+    parsers = {"fit": fit.parser, "status": status.parser, "dht": dht.parser}
+    if command in parsers:
+        return parsers[command]().parse_args(argv)
+    if command == "run":
+        args = run.parse_args(argv)
+        assert not isinstance(args, int), words
+        if args.config is not None:
+            assert _examples_config(str(args.config)) is not None, f"{words}: name a config under examples/"
+            args.config = ROOT / args.config
+        run.load_spec(args)  # the config loads and validates, with the overrides applied
+        return args
+    if command == "launch":
+        assert argv[0] == "ray", words
+        return launch.parser().parse_args(argv[1:])
+    if command == "data":
+        assert argv[0] == "frames", words
+        return data.parser().parse_args(argv[1:])
+    if command == "bench":
+        assert argv[0] == "diag", words
+        args = bench.parse_args(argv[1:])
+        assert not isinstance(args, int), words
+        return args
+    if command == "coordinator":
+        args = coordinator_cli.parse_args(argv)
+        config = _examples_config(args.config)
+        assert config is not None, f"{words}: name a config under examples/"
+        RunSpec.from_toml(config)
+        return args
+    if command == "worker":
+        return worker.parse_args(argv)
+    raise AssertionError(f"the README runs an unknown command: {' '.join(words)}")
+
+
+def test_the_two_setup_commands_open_the_readme():
+    first = shell_blocks(README.read_text())[0]
+    assert [words for words in commands(first)] == [["make", "demo"], ["make", "test"]]
+
+
+def test_the_readme_shows_every_command_and_the_manual_flow():
+    shown = {words[1] for words in readme_commands("rcswarm")}
+    assert {"run", "status", "fit", "data", "bench", "coordinator", "worker", "launch", "dht"} <= shown
+    workers = [words for words in readme_commands("rcswarm") if words[1] == "worker"]
+    assert workers and any("--threads" in words for words in workers), "the manual flow shows --threads"
+    coordinators = [words for words in readme_commands("rcswarm") if words[1] == "coordinator"]
+    assert coordinators and any("--http-port" in words for words in coordinators)
+
+
+@pytest.mark.parametrize("words", readme_commands("rcswarm"), ids=lambda words: " ".join(words[1:4]))
+def test_every_rcswarm_command_in_the_readme_parses(words: list[str], capsys: pytest.CaptureFixture[str]):
+    try:
+        result = parse(words)
+    except SystemExit:
+        raise AssertionError(f"{' '.join(words)}: usage error {capsys.readouterr().err.strip()}") from None
+    assert result == 0 or isinstance(result, argparse.Namespace), words
+
+
+def test_every_make_target_in_the_readme_exists():
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.MULTILINE))
+    used = [words[1] for words in readme_commands("make")]
+    assert used and set(used) <= targets, set(used) - targets
+
+
+def test_every_file_the_readme_names_exists():
+    named = set(re.findall(r"\b((?:examples|docs|cli|tests)/[\w./-]+\.(?:toml|md|py|png))", README.read_text()))
+    assert named and not [path for path in named if not (ROOT / path).exists()]
+
+
+def test_a_drifted_command_is_caught():
+    with pytest.raises(SystemExit):
+        parse(["rcswarm", "worker", "--coordinator", "127.0.0.1:50051", "--thread-count", "1"])
+    with pytest.raises(ValueError, match="does not exist"):
+        parse(["rcswarm", "run", "examples/no_such.toml"])

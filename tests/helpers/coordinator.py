@@ -1,0 +1,67 @@
+"""In-process coordinators on loopback (real gRPC, port 0) for tests, and what calls to them need."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.server import RunningCoordinator
+from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.state.store import StateStore
+from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+from tests.helpers.specs import TOKEN
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclasses.dataclass
+class LocalCoordinator:
+    running: RunningCoordinator
+    state_dir: Path
+
+    @property
+    def port(self) -> int:
+        return self.running.port
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.running.port}"
+
+    @property
+    def service(self) -> SwarmCoordinator:
+        return self.running.coordinator
+
+    def client(self, token: str = TOKEN) -> CoordinatorClient:
+        return CoordinatorClient(self.target, token, retry=RetryPolicy(max_elapsed_s=5.0))
+
+
+@pytest.fixture
+def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., LocalCoordinator]]:
+    """Start in-process coordinators (real gRPC on loopback, port 0); all stopped at teardown."""
+    started: list[LocalCoordinator] = []
+
+    def start(spec: RunSpec, state_dir: Path | None = None, **kwargs: Any) -> LocalCoordinator:
+        state_dir = state_dir or tmp_path / f"state{len(started)}"
+        store = StateStore(state_dir, spec.coordinator.keep_checkpoints, spec.coordinator.durable)
+        running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN, **kwargs).start()
+        local = LocalCoordinator(running, state_dir)
+        started.append(local)
+        return local
+
+    yield start
+    for local in started:
+        local.running.stop(grace=0.5)
+
+
+def creds(member: Any) -> dict[str, Any]:
+    """The worker_id and worker_secret fields of a request made for `member` (a JoinResponse, or an Identity)."""
+    return {"worker_id": member.worker_id, "worker_secret": member.worker_secret}

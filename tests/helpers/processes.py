@@ -1,0 +1,57 @@
+"""Processes for the tests under tests/swarm/: worker and coordinator commands, their environment and logs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from tests.helpers.specs import TOKEN
+from tests.helpers.waiting import wait_for
+
+
+def worker_env(threads: int = 1) -> dict[str, str]:
+    return {**os.environ, "RCSWARM_TOKEN": TOKEN, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start `python -m rcswarm.worker` processes; any still alive at teardown are killed."""
+    procs: list[subprocess.Popen] = []
+
+    def spawn(target: str, name: str, *extra: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rcswarm.worker", "--coordinator", target, "--name", name, "--threads", "1", *extra],
+            env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
+        )
+        proc.log_path = tmp_path / f"{name}.log"  # type: ignore[attr-defined]
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def logs_of(procs: list[subprocess.Popen]) -> str:
+    return "\n".join(f"--- {Path(p.log_path).stem} ---\n{Path(p.log_path).read_text(errors='replace')[-3000:]}" for p in procs)
+
+
+def start_coordinator_process(config, state_dir, port, log_path) -> subprocess.Popen:
+    port_file = state_dir.parent / "port.json"
+    port_file.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config), "--state-dir", str(state_dir),
+         "--port", str(port), "--port-file", str(port_file)],
+        env=worker_env(), stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
+    )
+    wait_for(port_file.exists, 60, "the coordinator to serve")
+    return proc

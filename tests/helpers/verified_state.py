@@ -1,0 +1,39 @@
+"""A run committed up to version VERSIONS through the real coordinator and store, for the verified-state tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.sync import tensor_stream
+from tests.helpers.specs import tiny_spec
+
+VERSIONS = 3
+
+
+def spec() -> RunSpec:
+    return tiny_spec(run={"rounds": 10}, coordinator={"keep_checkpoints": 3})
+
+
+def open_coordinator(state_dir: Path) -> SwarmCoordinator:
+    run_spec = spec()
+    return SwarmCoordinator(run_spec, StateStore(state_dir, run_spec.coordinator.keep_checkpoints, durable=False))
+
+
+def committed_run(state_dir: Path) -> dict[int, bytes]:
+    """A run committed up to version VERSIONS through the real coordinator and store; each version's digest."""
+    coordinator = open_coordinator(state_dir)
+    digests = {0: coordinator.param_sha256}
+    try:
+        for version in range(1, VERSIONS + 1):
+            params = {name: tensor + 0.01 * version for name, tensor in coordinator.params.items()}
+            digest = tensor_stream.params_sha256(params)
+            record = RoundRecord(version - 1, 0.0, 1.0, 1, 64, "test", 0.1, digest.hex())
+            coordinator.store.commit_version(coordinator.run_id, version, params, {"outer_momentum": coordinator.momentum},
+                                             record)
+            digests[version] = digest
+    finally:
+        coordinator.close()
+    return digests

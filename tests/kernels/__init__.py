@@ -1,0 +1,1 @@
+"""Tests of kernels/: scans, the RWKV product and SGSA against their references (Triton's interpreter: tests/swarm/)."""

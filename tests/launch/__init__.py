@@ -1,0 +1,1 @@
+"""Tests of `rcswarm launch ray` without Ray: plans, usage errors, the KubeRay manifests' commands."""

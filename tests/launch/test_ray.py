@@ -1,0 +1,153 @@
+"""`rcswarm launch ray` (issue #16) without Ray: the plan's checks, pending reasons, a worker actor without its
+token, usage errors, and the KubeRay manifests' launch commands parsed by the command's own parser.
+
+The tests on a real local Ray instance are tests/swarm/test_ray.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rcswarm.cli import launch
+from rcswarm.protos.wire import TOKEN_ENV
+from tests.helpers.waiting import wait_for
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"workers": -1}, "--workers -1: expected an integer >= 0"),
+    ({"gpus_per_worker": -0.5}, "--gpus-per-worker -0.5: expected a number >= 0"),
+    ({"gpus_per_worker": 1.5}, "--gpus-per-worker 1.5: above 1 it must be a whole number of GPUs"),
+    ({"cpus_per_worker": 0.0}, "--cpus-per-worker 0.0: expected a number > 0"),
+    ({"namespace": "my ns"}, "--namespace 'my ns': expected letters"),
+    ({"coordinator": "nohost"}, "--coordinator 'nohost': expected HOST:PORT"),
+    ({"tls_ca": "ca.crt"}, "--tls-ca 'ca.crt': expected an absolute path"),
+])
+def test_a_bad_plan_is_refused_naming_the_flag(fields, message):
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(".", r"\.")):
+        launch.LaunchPlan(**{"coordinator": "c:1", "workers": 2, **fields})
+
+
+def test_the_plan_carries_no_token_and_threads_follow_the_cpus():
+    plan = launch.LaunchPlan(coordinator="c:1", workers=2, cpus_per_worker=2.5, gpus_per_worker=0.5)
+    config = plan.worker_config(1)
+    assert config.name == "rcswarm-worker-1" and config.threads == 3
+    assert "token" not in json.dumps(plan.__dict__) and "token" not in json.dumps(config.__dict__)
+    assert plan.demand() == {"CPU": 2.5, "GPU": 0.5}
+    assert launch.LaunchPlan(coordinator="c:1", workers=1, gpus_per_worker=0).demand() == {"CPU": 1.0}
+
+
+def test_pending_reason_tells_infeasible_from_busy():
+    nodes = [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},
+             {"Alive": True, "Resources": {"CPU": 16.0}}]
+    infeasible = launch.pending_reason({"CPU": 4.0, "GPU": 4.0}, nodes, {"CPU": 20.0, "GPU": 2.0})
+    assert infeasible.startswith("infeasible: no node of the cluster has 4 GPU, 4 CPU (the largest has 2 GPU, 8 CPU)")
+    busy = launch.pending_reason({"CPU": 4.0, "GPU": 1.0}, nodes, {"CPU": 3.0})
+    assert busy == "waiting for 1 GPU, 4 CPU free on one node (free in the whole cluster now: 3 CPU)"
+
+
+def test_a_worker_actor_without_the_token_on_its_node_reports_why_and_stays_up(monkeypatch):
+    """The token comes only from the node's environment: without it the actor's worker does not start and
+    says so (state failed, exit 2), instead of exiting into a restart loop."""
+    from dataclasses import asdict
+
+    from rcswarm.worker.ray_worker import FAILED, RayWorker, RayWorkerConfig
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    actor = RayWorker(asdict(RayWorkerConfig(coordinator="127.0.0.1:9", name="w", device="cpu")))
+    state, code, problem = wait_for(lambda: actor.outcome()[0] == FAILED and actor.outcome(), 30, "the refusal")
+    assert code == 2 and problem.startswith(f"no join token on this Ray node: set ${TOKEN_ENV}")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["ray", "--workers", "2"], "--coordinator HOST:PORT is required (or --with-coordinator)"),
+    (["ray", "--coordinator", "c:1"], "--workers N is required to launch (or --status / --stop)"),
+    (["ray", "--coordinator", "c:1", "--workers", "1", "--with-coordinator"], "--coordinator and --with-coordinator"),
+    (["ray", "--with-coordinator", "--workers", "1"], "--with-coordinator needs --config RUN.toml and --state-dir DIR"),
+    (["ray", "--coordinator", "c:1", "--workers", "1", "--cpus-per-worker", "nan"], "--cpus-per-worker nan"),
+    (["kubernetes"], "unknown target 'kubernetes': expected `ray`"),
+])
+def test_usage_errors_exit_2_with_one_line(argv, message, capsys):
+    assert launch.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+MUTUAL_TLS = {"tls": {"enabled": True, "secretName": "coordinator-tls",
+                      "mutual": {"enabled": True, "clientSecretName": "worker-client-tls"}}}
+
+
+RAYJOB = Path(__file__).resolve().parents[2] / "helm" / "kuberay" / "rayjob.yaml"
+
+
+def parsed_launch(argv: list[str]):
+    """`rcswarm launch ray ARGS` parsed and checked as the command would."""
+    assert argv[:3] == ["rcswarm", "launch", "ray"], argv
+    args = launch.parser().parse_args(argv[3:])
+    assert launch.check_arguments(args) is None, argv
+    return args
+
+
+def mounted(path: str, pod_spec: dict) -> bool:
+    """Whether `path` lies under a volume mount of the pod's first container."""
+    mounts = pod_spec["containers"][0].get("volumeMounts", [])
+    return any(path.startswith(m["mountPath"].rstrip("/") + "/") for m in mounts)
+
+
+@pytest.mark.parametrize("values", ["plain", "mutual-tls"])
+def test_the_charts_ray_head_runs_a_launch_this_command_accepts(values):
+    """The RayCluster's head calls `rcswarm launch ray` with arguments its parser takes, and every TLS
+    file it names is mounted on the Ray worker pods, where the actors read it."""
+    import shlex
+
+    from tests.helpers.deploy import CHART, objects, render, scenario_values
+
+    helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (pip install -e '.[dev]')")
+    chart = helm_python.Chart.load(CHART)
+    try:
+        found = objects(render(chart, {**scenario_values("ray"), **(MUTUAL_TLS if values == "mutual-tls" else {})},
+                               ["ray.io/v1"]))
+    finally:
+        chart.close()
+    (cluster,) = [o for o in found if o["kind"] == "RayCluster"]
+    script = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["args"][0]
+    args = parsed_launch(shlex.split(script.split("exec ", 1)[1].split(")", 1)[0]))
+    assert (args.workers, args.gpus_per_worker, args.cpus_per_worker, args.namespace) == (4, 1.0, 3.0, "demo-rcswarm")
+    assert not args.detach, "the head's launcher follows the run (and removes the actors when it ends)"
+    files = [f for f in (args.tls_ca, args.tls_cert, args.tls_key) if f]
+    assert len(files) == (3 if values == "mutual-tls" else 0)
+    (worker_pod,) = [g["template"]["spec"] for g in cluster["spec"]["workerGroupSpecs"]]
+    assert all(mounted(f, worker_pod) for f in files), (files, worker_pod["containers"][0].get("volumeMounts"))
+
+
+def test_the_rayjob_manifest_is_a_valid_kuberay_rayjob():
+    """helm/kuberay/rayjob.yaml: strictly valid against KubeRay's RayJob CRD; its entrypoint is a launch this
+    command accepts that fits the worker group's GPUs; the token only from a Secret, on every Ray pod."""
+    import shlex
+
+    from tests.helpers.deploy import SCHEMAS, need, strict_custom_schema
+
+    yaml, jsonschema = need("yaml", "PyYAML"), need("jsonschema", "jsonschema")
+    job = yaml.safe_load(RAYJOB.read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    schema = strict_custom_schema(SCHEMAS / "kuberay" / "rayjob-v1.schema.json")
+    jsonschema.Draft7Validator(schema).validate({k: v for k, v in job.items() if k != "metadata"})
+    misspelt = {**job["spec"], "shutdownAfterJobFinish": True}
+    with pytest.raises(jsonschema.ValidationError, match="shutdownAfterJobFinish"):
+        jsonschema.Draft7Validator(schema).validate({**job, "spec": misspelt})
+
+    spec = job["spec"]
+    args = parsed_launch(shlex.split(spec["entrypoint"]))
+    assert args.address == "auto" and not args.detach and "runtimeEnvYAML" not in spec
+    (group,) = spec["rayClusterSpec"]["workerGroupSpecs"]
+    gpus_per_pod = int(group["rayStartParams"]["num-gpus"])
+    assert group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == gpus_per_pod
+    assert args.workers * args.gpus_per_worker <= group["maxReplicas"] * gpus_per_pod
+    assert args.gpus_per_worker <= gpus_per_pod, "a worker actor must fit on one Ray pod"
+    pods = [spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"], group["template"]["spec"]]
+    for pod in pods:
+        (token,) = [e for e in pod["containers"][0]["env"] if e["name"] == TOKEN_ENV]
+        assert set(token) == {"name", "valueFrom"} and "secretKeyRef" in token["valueFrom"]
+    assert TOKEN_ENV not in spec["entrypoint"] and "--token" not in spec["entrypoint"]

@@ -1,0 +1,1 @@
+"""Tests of models/: the registry and the model families."""

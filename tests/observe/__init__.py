@@ -1,0 +1,1 @@
+"""Tests of observe/: the dashboard, fits, the mirrored swarm view."""

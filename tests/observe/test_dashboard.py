@@ -1,0 +1,375 @@
+"""The HTTP dashboard, /metrics and `rcswarm status` against a real in-process coordinator."""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rcswarm.cli import status as status_cli
+from tests.helpers.dashboard import ALPHA_INF, LENGTHS, STEPS, assert_png_not_blank, feed, get, true_loss
+from tests.helpers.specs import TOKEN, tiny_spec
+
+
+def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
+    status, content_type, body = get(swarm.base)
+    assert status == 200 and content_type.startswith("text/html")
+    page = body.decode()
+    for length in LENGTHS:
+        assert f"gpu-{length}" in page
+    fit = json.loads(get(swarm.base + "api/status")[2])["fits"]["fit"]
+    assert f"α∞ = {fit['alpha_inf']:.4f}" in page
+    assert abs(fit["alpha_inf"] - ALPHA_INF) < 0.05
+    assert "wall-time crossovers" in page and "32 → 64" in page
+    for plot in ("loss_step", "loss_time", "alpha"):
+        assert f'src="/plot/{plot}.png"' in page
+    assert "assigned L × batch" in page and "<td>32 × 4</td>" in page and "fixed: L 32 × batch 4" in page
+    workers = json.loads(get(swarm.base + "api/status")[2])["workers"]
+    assert {(w["assignment"]["seq_len"], w["assignment"]["batch_size"]) for w in workers} == {(32, 4)}
+
+
+def test_plots_are_nonblank_pngs(swarm: Any) -> None:
+    for plot in ("loss_step", "loss_time", "alpha"):
+        status, content_type, body = get(swarm.base + f"plot/{plot}.png")
+        assert status == 200 and content_type == "image/png"
+        assert_png_not_blank(body)
+
+
+def test_too_few_lengths_says_so(start_coordinator: Any) -> None:
+    local = start_coordinator(tiny_spec(), http_port=0)
+    feed(local.service, (32, 64))
+    base = local.running.dashboard.url
+    page = get(base)[2].decode()
+    assert "not enough lengths for a fit" in page and "α∞ =" not in page
+    # One line says what a fit needs; no empty α panel, no crossover table; the loss plots stay.
+    assert page.count("not enough lengths for a fit") == 1 and "[sweep] seq_lens" in page
+    assert 'src="/plot/alpha.png"' not in page and "crossovers" not in page
+    assert 'src="/plot/loss_step.png"' in page and 'src="/plot/loss_time.png"' in page
+    data = json.loads(get(base + "api/status")[2])
+    assert data["fits"]["fit"] is None and "not enough lengths" in data["fits"]["message"]
+    assert_png_not_blank(get(base + "plot/alpha.png")[2])
+    assert_png_not_blank(get(base + "plot/loss_step.png")[2])
+
+
+def test_api_status_and_metrics(swarm: Any) -> None:
+    data = json.loads(get(swarm.base + "api/status")[2])
+    assert data["run_id"] == swarm.service.run_id and data["version"] == 0 and data["run_state"] == "running"
+    assert data["total_tokens"] == sum(4 * length * len(STEPS) for length in LENGTHS)
+    by_name = {w["name"]: w for w in data["workers"]}
+    assert set(by_name) == {f"gpu-{length}" for length in LENGTHS}
+    w = by_name["gpu-64"]
+    assert w["state"] == "active" and w["seq_len"] == 64 and w["last_step"] == STEPS[-1]
+    assert w["tokens"] == 4 * 64 * len(STEPS) and w["bytes_received"] == 2000 * STEPS[-1]
+    assert w["tokens_per_second"] == pytest.approx(4 * 64 * len(STEPS) / ((STEPS[-1] - STEPS[0]) * 64 / 1000.0))
+    assert w["loss"] == pytest.approx(true_loss(STEPS[-1], 64))
+    assert data["rounds"][-1]["open"] is True and data["rounds"][-1]["version"] == 0
+    assert [c["length_short"] for c in data["fits"]["fit"]["crossovers"]] == list(LENGTHS[:-1])
+
+    first = json.loads(get(swarm.base + "api/metrics?since=0&limit=100")[2])
+    assert first["count"] == 100 and first["more"] is True
+    assert first["rows"][0]["rowid"] == 1 and first["next_since"] == 100
+    assert {"worker_id", "step", "seq_len", "loss", "wall_time", "bytes_sent"} <= set(first["rows"][0])
+    rest = json.loads(get(swarm.base + f"api/metrics?since={first['next_since']}&limit=10000")[2])
+    assert rest["count"] == len(LENGTHS) * len(STEPS) - 100 and rest["more"] is False
+    assert rest["rows"][0]["rowid"] == 101
+    empty = json.loads(get(swarm.base + f"api/metrics?since={rest['next_since']}")[2])
+    assert empty["count"] == 0 and empty["next_since"] == rest["next_since"]
+
+
+def test_prometheus_metrics(swarm: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, content_type, body = get(swarm.base + "metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    expected = {
+        "rcswarm_version", "rcswarm_workers_active", "rcswarm_workers", "rcswarm_loss", "rcswarm_tokens",
+        "rcswarm_tokens_per_second", "rcswarm_worker_loss", "rcswarm_worker_tokens", "rcswarm_worker_bytes_sent",
+        "rcswarm_worker_bytes_received", "rcswarm_worker_seconds_since_heartbeat", "rcswarm_worker_tokens_per_second",
+        "rcswarm_rounds_closed", "rcswarm_round_duration_seconds", "rcswarm_fit_alpha_inf",
+    }
+    assert expected <= set(families), expected - set(families)
+    run = swarm.service.run_id
+
+    def samples(name: str) -> list[Any]:
+        return families[name].samples
+
+    assert [(s.labels, s.value) for s in samples("rcswarm_version")] == [({"run_id": run}, 0.0)]
+    assert samples("rcswarm_workers_active")[0].value == len(LENGTHS)
+    assert families["rcswarm_tokens"].type == "counter"
+    assert samples("rcswarm_tokens")[0].name == "rcswarm_tokens_total"
+    assert samples("rcswarm_tokens")[0].value == sum(4 * length * len(STEPS) for length in LENGTHS)
+    losses = {s.labels["name"]: s for s in samples("rcswarm_worker_loss")}
+    assert set(losses) == {f"gpu-{length}" for length in LENGTHS}
+    sample = losses["gpu-128"]
+    assert sample.labels == {"run_id": run, "worker_id": swarm.workers[128], "name": "gpu-128"}
+    assert sample.value == pytest.approx(true_loss(STEPS[-1], 128))
+    sent = {s.labels["worker_id"]: s.value for s in samples("rcswarm_worker_bytes_sent")}
+    assert sent[swarm.workers[32]] == 1000 * STEPS[-1]
+    assert families["rcswarm_round_duration_seconds"].type == "histogram"
+    assert abs(samples("rcswarm_fit_alpha_inf")[0].value - ALPHA_INF) < 0.05
+
+
+NOT_FOUND = ["nope", "plot/other.png", "api", "api/status/x", "plot/alpha.svg", "metrics/x", "plot/.png"]
+BAD_QUERIES = [
+    ("api/metrics?since=abc", "since='abc': expected an integer"),
+    ("api/metrics?since=-1", "since=-1"),
+    ("api/metrics?limit=0", "limit=0"),
+    ("api/metrics?limit=1000000", "limit=1000000"),
+    ("api/metrics?since=1&since=2", "given 2 times"),
+    ("api/metrics?colour=red", "unknown query parameter"),
+    ("api/status?x=1", "unknown query parameter"),
+    ("plot/alpha.png?v=x", "expected an integer"),
+    ("api/metrics?since", "malformed query string"),
+    ("api/metrics?since=", "since='': expected an integer"),
+]
+
+
+def test_unknown_paths_are_404_and_bad_queries_400(swarm: Any) -> None:
+    for path in NOT_FOUND:
+        status, content_type, body = get(swarm.base + path)
+        assert (status, content_type) == (404, "application/json"), path
+        assert "error" in json.loads(body)
+    for query, words in BAD_QUERIES:
+        status, _, body = get(swarm.base + query)
+        assert status == 400, query
+        assert words in json.loads(body)["error"], (query, body)
+
+
+def test_post_is_refused(swarm: Any) -> None:
+    request = urllib.request.Request(swarm.base + "api/status", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=10)
+    assert error.value.code == 405
+
+
+def test_dashboard_is_off_by_default(start_coordinator: Any) -> None:
+    local = start_coordinator(tiny_spec())
+    assert local.running.dashboard is None
+
+
+def test_status_cli_prints_workers_and_fit(swarm: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code = status_cli.main(["--coordinator", swarm.target, "--token", TOKEN, "--state-dir", str(swarm.state_dir)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert swarm.service.run_id in out
+    for length in LENGTHS:
+        assert f"gpu-{length}" in out
+    assert "active" in out and "α∞" in out and "32 → 64" in out
+
+
+def test_status_cli_token_from_env_and_errors(swarm: Any, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RCSWARM_TOKEN", TOKEN)
+    assert status_cli.main(["--coordinator", swarm.target, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == swarm.service.run_id
+    assert status_cli.main(["--coordinator", swarm.target, "--token", "wrong"]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    monkeypatch.delenv("RCSWARM_TOKEN")
+    assert status_cli.main(["--coordinator", swarm.target]) == 2
+    assert "token is required" in capsys.readouterr().err
+
+
+def test_rcswarm_status_is_a_command() -> None:
+    from rcswarm.cli import main as cli
+
+    assert cli.COMMANDS["status"][0] == "rcswarm.cli.status"
+
+
+def test_dashboard_binds_ipv6_loopback(start_coordinator: Any) -> None:
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+    try:
+        local = start_coordinator(tiny_spec(), http_port=0, http_host="::1")
+    except RuntimeError as error:
+        pytest.skip(f"cannot bind ::1 here: {error}")
+    assert local.running.dashboard.url.startswith("http://[::1]:")
+    assert get(local.running.dashboard.url + "healthz")[0] == 200
+
+
+def test_concurrent_requests_and_idle_connections_time_out(swarm: Any) -> None:
+    import socket
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rcswarm.observe.dashboard import Dashboard
+
+    paths = ["", "api/status", "metrics", "plot/loss_step.png", "plot/loss_time.png", "plot/alpha.png"] * 3
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda p: get(swarm.base + p)[0], paths))
+    assert statuses == [200] * len(paths)
+
+    short = Dashboard(swarm.service, request_timeout_s=0.5).start()
+    try:
+        with socket.create_connection(("127.0.0.1", short.port), timeout=10) as idle:
+            started = time.monotonic()
+            assert idle.recv(1024) == b""  # the server gave up on a client that sent nothing
+            assert time.monotonic() - started < 5
+        assert get(short.url + "healthz")[0] == 200
+    finally:
+        short.stop()
+
+
+def test_fit_report_explains_missing_fits() -> None:
+    from rcswarm.observe.analysis import fit_step_means
+
+    disjoint = [(length, step + offset, true_loss(step, length), step * length / 1000.0)
+                for offset, length in ((0, 32), (100, 64), (200, 128)) for step in range(1, 20)]
+    report = fit_step_means(disjoint)
+    assert report.analysis is None and report.message.startswith("no fit: common step range")
+    single = [(32, 5, 1.0, 1.0)] + [(length, step, 1.0, float(step)) for length in (64, 128) for step in (1, 2, 3)]
+    report = fit_step_means(single)
+    assert report.analysis is None and "L=32 has fewer than 2 steps" in report.message
+    assert [c.length for c in report.curves] == [64, 128]
+    frozen = [(length, step, true_loss(step, length), 10.0 - 0.1 * step if length == 32 else step * 0.1)
+              for length in (32, 64, 128) for step in range(1, 30)]
+    report = fit_step_means(frozen)
+    assert report.analysis is None and "wall time does not increase" in report.message
+
+
+def test_sweep_api_lists_every_run_with_its_length_and_metrics(sweep: Any) -> None:
+    status, content_type, body = get(sweep.base + "api/status")
+    assert status == 200 and content_type == "application/json"
+    data = json.loads(body)
+    assert data["kind"] == "sweep" and data["run_id"] == "test" and data["run_state"] == "running"
+    runs = data["runs"]
+    assert [r["seq_len"] for r in runs] == list(LENGTHS)
+    assert [r["run_id"] for r in runs] == [run.run_id for run in sweep.coordinator.runs]
+    for run in runs:
+        length = run["seq_len"]
+        assert run["batch_size"] == 4 and run["version"] == 0 and run["active_workers"] == 1
+        assert run["workers"] == [{"worker_id": sweep.workers[length], "name": sweep.names[length]}]
+        assert run["total_tokens"] == 4 * length * len(STEPS)
+        assert run["latest_loss"] == pytest.approx(true_loss(STEPS[-1], length))
+        metrics = run["metrics"]
+        assert metrics["steps"] == len(STEPS) and metrics["last_step"] == STEPS[-1] and metrics["seq_lens"] == [length]
+        assert metrics["last_loss"] == pytest.approx(true_loss(STEPS[-1], length))
+        assert metrics["seconds"] == pytest.approx((STEPS[-1] - STEPS[0]) * length / 1000.0)
+    by_worker = {w["worker_id"]: w for w in data["workers"]}
+    for run in runs:
+        w = by_worker[sweep.workers[run["seq_len"]]]
+        assert (w["run_id"], w["run_seq_len"], w["state"], w["seq_len"]) == (run["run_id"], run["seq_len"], "active",
+                                                                          run["seq_len"])
+    assert {r["run_id"] for r in data["rounds"]} == {r["run_id"] for r in runs}
+    fit = data["fits"]["fit"]
+    assert data["fits"]["lengths"] == list(LENGTHS)
+    assert abs(fit["alpha_inf"] - ALPHA_INF) < 0.05
+    assert [c["length_short"] for c in fit["crossovers"]] == list(LENGTHS[:-1])
+    assert all(c["predicted_s"] is not None for c in fit["crossovers"])
+
+
+def test_sweep_metrics_rows_are_per_run(sweep: Any) -> None:
+    run = sweep.coordinator.runs[1]
+    page = json.loads(get(sweep.base + f"api/metrics?run={run.run_id}&since=0&limit=10000")[2])
+    assert page["count"] == len(STEPS) and page["more"] is False
+    assert {(r["run_id"], r["seq_len"]) for r in page["rows"]} == {(run.run_id, LENGTHS[1])}
+    status, _, body = get(sweep.base + "api/metrics?since=0")
+    assert status == 400 and "add run=" in json.loads(body)["error"]
+    status, _, body = get(sweep.base + "api/metrics?run=nope")
+    assert status == 400 and "run='nope': no such run" in json.loads(body)["error"]
+
+
+def test_sweep_prometheus_metrics_carry_every_run(sweep: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, content_type, body = get(sweep.base + "metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    run_of = {run.spec.data.seq_len: run.run_id for run in sweep.coordinator.runs}
+    lengths = {s.labels["run_id"]: s.value for s in families["rcswarm_run_seq_len"].samples}
+    assert lengths == {run_id: float(length) for length, run_id in run_of.items()}
+    versions = {s.labels["run_id"]: s.value for s in families["rcswarm_version"].samples}
+    assert versions == {run_id: 0.0 for run_id in run_of.values()}
+    tokens = {s.labels["run_id"]: s.value for s in families["rcswarm_tokens"].samples}
+    assert tokens == {run_of[length]: 4 * length * len(STEPS) for length in LENGTHS}
+    losses = {(s.labels["run_id"], s.labels["worker_id"], s.labels["name"]): s.value
+              for s in families["rcswarm_worker_loss"].samples}
+    assert set(losses) == {(run_of[length], sweep.workers[length], sweep.names[length]) for length in LENGTHS}
+    for length in LENGTHS:
+        assert losses[run_of[length], sweep.workers[length], sweep.names[length]] == pytest.approx(true_loss(STEPS[-1], length))
+    active = {s.labels["run_id"]: s.value for s in families["rcswarm_workers_active"].samples}
+    assert active == {run_id: 1.0 for run_id in run_of.values()}
+    histograms = {s.labels["run_id"] for s in families["rcswarm_round_duration_seconds"].samples}
+    assert histograms == set(run_of.values())
+    [alpha] = families["rcswarm_fit_alpha_inf"].samples
+    assert alpha.labels == {"run_id": "test"} and abs(alpha.value - ALPHA_INF) < 0.05
+
+
+def test_sweep_page_shows_runs_workers_fit_and_plots(sweep: Any) -> None:
+    status, content_type, body = get(sweep.base)
+    assert status == 200 and content_type.startswith("text/html")
+    page = body.decode()
+    assert "rcswarm sweep test" in page
+    for run in sweep.coordinator.runs:
+        assert f"<td>{run.run_id}</td><td>{run.spec.data.seq_len}</td><td>4</td>" in page
+    for length in LENGTHS:
+        assert sweep.names[length] in page and sweep.workers[length] in page
+    fit = json.loads(get(sweep.base + "api/status")[2])["fits"]["fit"]
+    assert f"α∞ = {fit['alpha_inf']:.4f}" in page
+    assert "32 → 64" in page and "predicted (Eq. 11)" in page
+    for plot in ("loss_step", "loss_time", "alpha"):
+        assert f'src="/plot/{plot}.png"' in page
+        status, content_type, png = get(sweep.base + f"plot/{plot}.png")
+        assert (status, content_type) == (200, "image/png")
+        assert_png_not_blank(png)
+
+
+def test_sweep_page_without_metrics_explains_the_missing_fit(tmp_path: Path) -> None:
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import SweepCoordinator
+
+    base = tiny_spec()
+    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16]}})
+    running = RunningCoordinator(SweepCoordinator(spec, tmp_path / "state"), TOKEN, http_port=0).start()
+    try:
+        url = running.dashboard.url
+        page = get(url)[2].decode()
+        assert "not enough lengths for a fit" in page and "no workers have joined" in page
+        data = json.loads(get(url + "api/status")[2])
+        assert [(r["seq_len"], r["metrics"]["steps"], r["workers"]) for r in data["runs"]] == [(8, 0, []), (16, 0, [])]
+        assert_png_not_blank(get(url + "plot/loss_step.png")[2])
+    finally:
+        running.stop(grace=0.5)
+
+
+def test_status_cli_prints_the_sweep_fit_from_its_state_dir(sweep: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code = status_cli.main(["--coordinator", sweep.target, "--token", TOKEN, "--state-dir", str(sweep.state_dir)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "runs of the sweep" in out and "α∞" in out and "32 → 64" in out and "0.30" in out
+    for run in sweep.coordinator.runs:
+        assert run.run_id in out
+    code = status_cli.main(["--coordinator", sweep.target, "--token", TOKEN,
+                            "--state-dir", str(sweep.state_dir / sweep.coordinator.runs[0].store.state_dir.name)])
+    assert code == 2
+    assert "no state dir below it holds run(s)" in capsys.readouterr().err
+
+
+def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path: Path) -> None:
+    from rcswarm.state.store import StateStore
+
+    store = StateStore(tmp_path / "state")
+    try:
+        # A worker that moved here from another run: its own step counter is at 500, its own clock at 900 s.
+        rows = [("run", "w", 2, 499, 16, 2, math.nan, 0, 899.0, 0.0, 0.0, 0, 0, "digest", 95.0)]
+        for version in (2, 3):
+            for k in range(4):
+                own = 500 + 4 * (version - 2) + k
+                rows.append(("run", "w", version, own, 16, 2, 1.0 / own, 32, 900.0 + own, 0.0, 0.0, 0, 0, "",
+                             100.0 + 10 * version + k))
+        store.add_metrics(rows)
+        means = store.run_step_means(4)
+    finally:
+        store.close()
+    assert [step for _, step, _, _ in means] == list(range(9, 17))
+    assert [t for _, _, _, t in means] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
+    assert {length for length, _, _, _ in means} == {16} and means[0][2] == pytest.approx(1.0 / 500)
+    with pytest.raises(ValueError, match="inner_steps=0"):
+        store.run_step_means(0)

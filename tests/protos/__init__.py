@@ -1,0 +1,1 @@
+"""Tests of protos/: the committed stubs match the .proto, which follows the house rules."""

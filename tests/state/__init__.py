@@ -1,0 +1,1 @@
+"""Tests of state/: verified checkpoints, the store under dashboard load."""

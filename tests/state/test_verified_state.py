@@ -1,0 +1,161 @@
+"""Verified state at start (issue 13, finding 5): a restarted coordinator serves only parameters
+whose digest and version match what was recorded at commit; otherwise it falls back to the newest
+kept checkpoint that verifies, or refuses to start with a message naming the file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import struct
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from rcswarm.sync import tensor_stream
+from tests.conftest import sql
+from tests.helpers.verified_state import VERSIONS, committed_run, open_coordinator, spec
+
+
+def checkpoint(state_dir: Path, version: int) -> Path:
+    return state_dir / "checkpoints" / f"v{version:08d}.safetensors"
+
+
+def parameter_span(path: Path) -> tuple[int, int]:
+    """The byte range of the first parameter's data (not the optimizer state's) in a safetensors file."""
+    data = path.read_bytes()
+    (header_size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + header_size])
+    name = next(key for key in sorted(header) if key != "__metadata__" and "/" not in key)
+    start, end = header[name]["data_offsets"]
+    return 8 + header_size + start, 8 + header_size + end
+
+
+def run_id_of(state_dir: Path) -> str:
+    return sql(state_dir, "SELECT value FROM run_state WHERE key = 'run_id'")[0][0]
+
+
+def edit_sql(state_dir: Path, statement: str) -> None:
+    """One write to a state dir's database, as an operator with the sqlite3 shell would make it."""
+    with closing(sqlite3.connect(state_dir / "state.sqlite", isolation_level=None)) as connection:
+        connection.execute(statement)
+
+
+def fallback_reasons(state_dir: Path) -> list[str]:
+    return [reason for (reason,) in sql(state_dir, "SELECT reason FROM events WHERE kind = 'fallback'")]
+
+
+def assert_resumed(state_dir: Path, version: int, digests: dict[int, bytes]) -> None:
+    coordinator = open_coordinator(state_dir)
+    try:
+        assert coordinator.version == version
+        assert coordinator.param_sha256 == digests[version]
+        assert tensor_stream.params_sha256(coordinator.params) == digests[version]
+    finally:
+        coordinator.close()
+
+
+def test_a_clean_restart_resumes_at_the_committed_version(tmp_path: Path) -> None:
+    digests = committed_run(tmp_path)
+    # A crash after the file of version 4 was renamed into place but before SQLite committed it.
+    save_file(load_file(str(checkpoint(tmp_path, VERSIONS))), str(checkpoint(tmp_path, VERSIONS + 1)),
+              metadata={"version": str(VERSIONS + 1)})
+    assert_resumed(tmp_path, VERSIONS, digests)
+    assert fallback_reasons(tmp_path) == []
+    assert not checkpoint(tmp_path, VERSIONS + 1).exists()
+
+
+def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous_version(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    digests = committed_run(tmp_path)
+    path = checkpoint(tmp_path, VERSIONS)
+    data = bytearray(path.read_bytes())
+    start, end = parameter_span(path)
+    middle = (start + end) // 2
+    for index in range(middle, middle + 64):
+        data[index] ^= 0x01  # the lowest mantissa bit: still finite, another digest
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="rcswarm.coordinator"):
+        assert_resumed(tmp_path, VERSIONS - 1, digests)
+    [reason] = fallback_reasons(tmp_path)
+    assert path.name in reason and "SHA-256" in reason and f"resuming at version {VERSIONS - 1}" in reason
+    assert any("SHA-256" in record.getMessage() for record in caplog.records if record.levelno == logging.WARNING)
+    assert sql(tmp_path, "SELECT value FROM run_state WHERE key = 'version'") == [(str(VERSIONS - 1),)]
+    assert path.with_name(path.name + ".rejected").exists()
+
+
+def test_a_nan_in_a_well_formed_newest_checkpoint_falls_back(tmp_path: Path) -> None:
+    digests = committed_run(tmp_path)
+    path = checkpoint(tmp_path, VERSIONS)
+    tensors = load_file(str(path))
+    name = next(key for key in sorted(tensors) if "/" not in key)
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(path), metadata={"run_id": run_id_of(tmp_path), "version": str(VERSIONS)})
+    assert_resumed(tmp_path, VERSIONS - 1, digests)
+    [reason] = fallback_reasons(tmp_path)
+    assert path.name in reason and "non-finite" in reason and name in reason
+
+
+def test_a_truncated_newest_checkpoint_falls_back(tmp_path: Path) -> None:
+    digests = committed_run(tmp_path)
+    path = checkpoint(tmp_path, VERSIONS)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    assert_resumed(tmp_path, VERSIONS - 1, digests)
+    [reason] = fallback_reasons(tmp_path)
+    assert path.name in reason and "truncated" in reason
+
+
+def test_an_edited_run_state_version_resumes_at_the_checkpoints_own_version(tmp_path: Path) -> None:
+    digests = committed_run(tmp_path)
+    edit_sql(tmp_path, "UPDATE run_state SET value = '7' WHERE key = 'version'")
+    assert_resumed(tmp_path, VERSIONS, digests)
+    [reason] = fallback_reasons(tmp_path)
+    assert "run_state.version = '7'" in reason and checkpoint(tmp_path, VERSIONS).name in reason
+
+
+def test_no_verified_checkpoint_refuses_to_start_naming_the_files(tmp_path: Path) -> None:
+    committed_run(tmp_path)
+    paths = sorted((tmp_path / "checkpoints").glob("v*.safetensors"))
+    assert len(paths) == 4
+    for path in paths:
+        path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError, match="no checkpoint verifies") as refused:
+        open_coordinator(tmp_path)
+    for path in paths:
+        assert path.name in str(refused.value)
+    assert fallback_reasons(tmp_path) == []
+
+
+def test_the_served_parameters_are_the_verified_ones(tmp_path: Path, start_coordinator) -> None:
+    digests = committed_run(tmp_path / "state")
+    path = checkpoint(tmp_path / "state", VERSIONS)
+    tensors = load_file(str(path))
+    for key in tensors:
+        if "/" not in key:
+            tensors[key] = tensors[key] * 2.0
+    save_file(tensors, str(path), metadata={"run_id": run_id_of(tmp_path / "state"),
+                                            "version": str(VERSIONS)})
+    local = start_coordinator(spec(), tmp_path / "state")
+    client = local.client()
+    try:
+        joined = client.join("probe", "cpu", 1)
+        version, params = client.pull(joined, joined.run_id)
+    finally:
+        client.close()
+    assert version == VERSIONS - 1
+    assert tensor_stream.params_sha256(params) == digests[VERSIONS - 1]
+    assert torch.isfinite(torch.cat([p.reshape(-1) for p in params.values()])).all()
+
+
+def test_a_state_dir_from_before_the_ledger_is_verified_from_its_rounds(tmp_path: Path) -> None:
+    digests = committed_run(tmp_path)
+    edit_sql(tmp_path, "DELETE FROM checkpoints")
+    edit_sql(tmp_path, "PRAGMA user_version = 0")
+    assert_resumed(tmp_path, VERSIONS, digests)
+    assert fallback_reasons(tmp_path) == []
+    assert [v for (v,) in sql(tmp_path, "SELECT version FROM checkpoints ORDER BY version")] == list(range(1, VERSIONS + 1))

@@ -1,0 +1,400 @@
+"""`rcswarm launch ray` (issue #16) on a real local Ray instance, bound to loopback only.
+
+The Ray instance is started here with fake GPUs (`num_cpus=2, num_gpus=2`: Ray gives each actor
+its own CUDA_VISIBLE_DEVICES; the workers train on the CPU), `_node_ip_address="127.0.0.1"` and
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, without which Ray announces and binds the host's non-loopback
+address; a test asserts that no listening socket of its Ray processes is on another address. The
+coordinator is the in-process one of conftest (real gRPC on 127.0.0.1), outside Ray as in
+production, and every `rcswarm launch ray` is a real command in its own process, a new Ray driver
+each time. The default suite runs one Ray scenario; the longer ones are `wide` (pytest --wide).
+Every test leaves no actor behind; the module shuts its Ray instance down and kills what is left
+of its processes by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rcswarm.cli import launch
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import TOKEN_ENV
+from tests.conftest import sql
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.waiting import wait_for
+
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", TOKEN_ENV: TOKEN, "RAY_USAGE_STATS_ENABLED": "0"}
+LOOPBACK = {"127.0.0.1", "::1"}
+
+
+# ---- a real Ray instance -----------------------------------------------------------------------
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _address(hex_address: str) -> str:
+    """The text form of an address of /proc/net/tcp{,6} (little-endian 32-bit words)."""
+    import ipaddress
+
+    raw = bytes.fromhex(hex_address)
+    address = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
+def listening_addresses(pids: set[int]) -> dict[str, set[int]]:
+    """address -> pids with a listening TCP socket on it, for these processes (Linux /proc)."""
+    owner: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    owner[target[8:-1]] = pid
+        except OSError:
+            continue
+    found: dict[str, set[int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in owner:  # LISTEN
+                found.setdefault(_address(fields[1].split(":")[0]), set()).add(owner[fields[9]])
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray instance on loopback with 2 CPUs and 2 fake GPUs; its GCS address."""
+    if sys.platform != "linux":
+        pytest.skip("the loopback check reads /proc")
+    saved = {key: os.environ.get(key) for key in RAY_ENV}
+    os.environ.update(RAY_ENV)
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[dev]')")
+    from ray._private import ray_constants
+
+    assert not ray_constants.ENABLE_RAY_CLUSTER, "ray was imported before RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was set"
+    temp_dir = tempfile.mkdtemp(prefix="rcsray-")
+    context = ray.init(num_cpus=2, num_gpus=2, _node_ip_address="127.0.0.1", include_dashboard=False,
+                       namespace="rcswarm-tests", _temp_dir=temp_dir, log_to_driver=False)
+    try:
+        yield context.address_info["gcs_address"]
+    finally:
+        processes = descendants(os.getpid())
+        ray.shutdown()
+        for pid in processes:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def namespace(ray_cluster, request):
+    """A fresh Ray namespace per test; whatever the test left in it is removed at teardown."""
+    name = f"t-{request.node.name[:40].replace('[', '-').replace(']', '')}-{os.getpid()}"
+    yield name
+    for line in launch.stop_all(name):
+        print(line)
+
+
+def rcswarm_launch(address: str, namespace: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`rcswarm launch ray` as its own process: a new Ray driver."""
+    return subprocess.run(
+        [sys.executable, "-m", "rcswarm.cli.main", "launch", "ray", "--address", address, "--namespace", namespace, *args],
+        capture_output=True, text=True, timeout=timeout, env=os.environ.copy(),
+    )
+
+
+def status_of(address: str, namespace: str) -> dict:
+    result = rcswarm_launch(address, namespace, "--status", "--json", timeout=60)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def worker_digests(state_dir) -> dict[int, set[str]]:
+    digests: dict[int, set[str]] = {}
+    for version, digest in sql(state_dir, "SELECT version, param_sha256 FROM metrics WHERE param_sha256 != ''"):
+        digests.setdefault(version, set()).add(digest)
+    return digests
+
+
+def events(state_dir, kind: str) -> list[tuple[str, str]]:
+    return sql(state_dir, "SELECT worker_id, reason FROM events WHERE kind = ? ORDER BY time", (kind,))
+
+
+def active_ids(local) -> set[str]:
+    return {w.worker_id for w in local.client().status().workers if w.state == pb.WORKER_STATE_ACTIVE}
+
+
+LAUNCH_TWO = ("--workers", "2", "--gpus-per-worker", "1", "--cpus-per-worker", "1", "--device", "cpu")
+
+
+@pytest.mark.slow
+def test_two_ray_actors_train_in_lockstep_and_leave_on_stop(ray_cluster, namespace, start_coordinator):
+    spec = tiny_spec(run={"rounds": 1000}, inner={"steps": 4}, sync={"codec": "fp32", "min_reports": 2})
+    local = start_coordinator(spec)
+    version0 = local.service.param_sha256.hex()
+    started = rcswarm_launch(ray_cluster, namespace, "--coordinator", local.target, *LAUNCH_TWO,
+                             "--detach", "--start-timeout-s", "120")
+    assert started.returncode == 0, started.stdout + started.stderr
+    wait_for(lambda: local.service.version >= 3, 120, "three rounds")
+
+    # A new driver finds the detached actors: two, alive, each with its own fake GPU and a membership.
+    status = status_of(ray_cluster, namespace)
+    assert TOKEN not in json.dumps(status)
+    workers = status["workers"]
+    assert [w["name"] for w in workers] == ["rcswarm-worker-0", "rcswarm-worker-1"]
+    assert {w["ray_state"] for w in workers} == {"ALIVE"}
+    infos = [w["info"] for w in workers]
+    assert sorted(i["cuda_visible_devices"] for i in infos) == ["0", "1"]
+    assert {i["state"] for i in infos} == {"training"} and {i["device"] for i in infos} == {"cpu"}
+    assert {i["worker_id"] for i in infos} == active_ids(local)
+
+    # Ray's processes listen on loopback only.
+    listening = listening_addresses(descendants(os.getpid()))
+    assert listening and set(listening) <= LOOPBACK, listening
+
+    stopped = rcswarm_launch(ray_cluster, namespace, "--stop", timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert stopped.stdout.count("left the swarm") == 2, stopped.stdout
+    left = {worker_id for worker_id, _ in events(local.state_dir, "leave")}
+    assert left == {i["worker_id"] for i in infos}
+    assert launch.named_actors(namespace) == []
+
+    # Every replica equals the coordinator's parameters after each pull, bit for bit.
+    expected = {0: version0, **dict(sql(local.state_dir, "SELECT version + 1, param_sha256 FROM rounds"))}
+    reported = worker_digests(local.state_dir)
+    for version in range(3):
+        assert reported[version] == {expected[version]}, f"version {version}: {reported[version]} vs {expected[version]}"
+
+
+# ---- the wide suite: failures, drivers that go away, scaling, resources ------------------------
+
+
+def rows(address: str, namespace: str) -> dict[str, dict]:
+    return {w["name"]: w for w in status_of(address, namespace)["workers"]}
+
+
+def joined_rows(address: str, namespace: str, count: int) -> dict[str, dict] | None:
+    """The namespace's worker rows once `count` of them are alive and hold a membership, else None."""
+    found = rows(address, namespace)
+    good = {n: w for n, w in found.items() if w["ray_state"] == "ALIVE" and w["info"] and w["info"]["worker_id"]}
+    return good if len(good) == count == len(found) else None
+
+
+def replicas_agree(local, version0: str) -> None:
+    expected = {0: version0, **dict(sql(local.state_dir, "SELECT version + 1, param_sha256 FROM rounds"))}
+    for version, digests in worker_digests(local.state_dir).items():
+        assert digests == {expected[version]}, f"version {version}: {digests} vs {expected[version]}"
+
+
+ROUNDS = 30
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_killed_actors_come_back_rejoin_and_the_run_completes(ray_cluster, namespace, start_coordinator):
+    """One actor killed through Ray (restartable), another's process SIGKILLed: Ray restarts both, each
+    joins again under a new id, the dead memberships are evicted, and the run completes bit for bit."""
+    import ray
+
+    spec = tiny_spec(run={"rounds": ROUNDS}, inner={"steps": 4}, coordinator={"lease_s": 5.0},
+                     sync={"codec": "fp32", "min_reports": 2, "round_deadline_s": 60.0})
+    local = start_coordinator(spec)
+    version0 = local.service.param_sha256.hex()
+    started = rcswarm_launch(ray_cluster, namespace, "--coordinator", local.target, *LAUNCH_TWO, "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    wait_for(lambda: local.service.version >= 2, 120, "two rounds")
+    # Rounds of the tiny model take a fraction of a second: this driver asks the actors itself.
+    handles = [ray.get_actor(f"rcswarm-worker-{i}", namespace=namespace) for i in range(2)]
+    before = ray.get([h.info.remote() for h in handles], timeout=30)
+    old_ids = {info["worker_id"] for info in before}
+    ray.kill(handles[0], no_restart=False)
+    os.kill(before[1]["pid"], signal.SIGKILL)
+    assert len(old_ids) == 2 and local.service.version < ROUNDS
+
+    # min_reports = 2: no round closes until both are back, so the run cannot finish without them.
+    new_ids = wait_for(lambda: len(ids := {i for i, _ in events(local.state_dir, "join")} - old_ids) == 2 and ids,
+                       150, "two new joins")
+    wait_for(lambda: old_ids <= {i for i, _ in events(local.state_dir, "evict")}, 60, "both evictions")
+    after = rows(ray_cluster, namespace)
+    assert {n: (w["ray_state"], w["restarts"]) for n, w in after.items()} == {
+        "rcswarm-worker-0": ("ALIVE", 1), "rcswarm-worker-1": ("ALIVE", 1)}
+    assert all(w["info"]["reconstructed"] for w in after.values())
+    assert {w["info"]["pid"] for w in after.values()}.isdisjoint(info["pid"] for info in before)
+    assert {w["info"]["worker_id"] for w in after.values()} <= new_ids | {""}
+
+    # A following launcher (the same plan keeps the supervisor) sees the run finish and removes the actors.
+    followed = rcswarm_launch(ray_cluster, namespace, "--coordinator", local.target, *LAUNCH_TWO, timeout=300)
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert "every worker's run has ended" in followed.stdout
+    assert local.service.version == ROUNDS
+    assert launch.named_actors(namespace) == []
+    replicas_agree(local, version0)
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_detached_workers_outlive_their_driver(ray_cluster, namespace, start_coordinator):
+    """The launcher's process is SIGKILLed: its detached actors train on, a new driver's --status finds
+    them under the same memberships, and --stop makes each Leave."""
+    spec = tiny_spec(run={"rounds": 1000}, inner={"steps": 4}, sync={"codec": "fp32", "min_reports": 2})
+    local = start_coordinator(spec)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "rcswarm.cli.main", "launch", "ray", "--address", ray_cluster, "--namespace", namespace,
+         "--coordinator", local.target, *LAUNCH_TWO], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: len(active_ids(local)) == 2, 120, "two workers to join")
+        ids = active_ids(local)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=10)
+    version = local.service.version
+    wait_for(lambda: local.service.version >= version + 2, 120, "two more rounds without the driver")
+
+    found = joined_rows(ray_cluster, namespace, 2)
+    assert found is not None and {w["info"]["worker_id"] for w in found.values()} == ids
+    assert {w["restarts"] for w in found.values()} == {0}
+    stopped = rcswarm_launch(ray_cluster, namespace, "--stop", timeout=120)
+    assert stopped.returncode == 0 and stopped.stdout.count("left the swarm") == 2, stopped.stdout + stopped.stderr
+    assert {i for i, _ in events(local.state_dir, "leave")} == ids
+    assert launch.named_actors(namespace) == []
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_scaling_from_one_to_three_workers_and_back(ray_cluster, namespace, start_coordinator):
+    """--workers 1, then 3, then 1 again while the run goes on: the kept actor keeps its membership, the new
+    ones join and report in the same rounds, the retired ones Leave."""
+    spec = tiny_spec(run={"rounds": 1000}, inner={"steps": 4}, sync={"codec": "fp32"})
+    local = start_coordinator(spec)
+    shape = ("--gpus-per-worker", "0.5", "--cpus-per-worker", "0.5", "--device", "cpu", "--detach")
+
+    def scale(count: int) -> None:
+        result = rcswarm_launch(ray_cluster, namespace, "--coordinator", local.target, "--workers", str(count), *shape)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    scale(1)
+    first = active_ids(local)
+    wait_for(lambda: local.service.version >= 1, 120, "a round with one worker")
+    scale(3)
+    wait_for(lambda: len(active_ids(local)) == 3, 120, "three workers")
+    assert first < active_ids(local), "the first worker kept its membership"
+    three = active_ids(local)
+    wait_for(lambda: sql(local.state_dir, "SELECT COUNT(*) FROM rounds WHERE reports = 3")[0][0] >= 1, 120,
+             "a round with three reports")
+    scale(1)
+    assert active_ids(local) == first
+    assert {i for i, _ in events(local.state_dir, "leave")} == three - first
+    assert [n for n in launch.named_actors(namespace) if launch.worker_index(n) is not None] == ["rcswarm-worker-0"]
+    version = local.service.version
+    wait_for(lambda: local.service.version >= version + 1, 120, "a round with one worker again")
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_actors_waiting_for_resources_are_reported_with_the_reason(ray_cluster, namespace):
+    """A third 1-GPU actor on 2 GPUs waits for one to free; a 3-GPU actor fits no node: both say so, and a
+    plan of another shape replaces the actors made for the old one."""
+    nobody = "127.0.0.1:9"  # the workers keep joining; the launcher reports what Ray has not started
+    common = ("--coordinator", nobody, "--cpus-per-worker", "0.5", "--device", "cpu", "--detach", "--start-timeout-s", "10")
+    busy = rcswarm_launch(ray_cluster, namespace, "--workers", "3", "--gpus-per-worker", "1", *common)
+    assert busy.returncode == 1 and "not every worker joined" in busy.stderr, busy.stdout + busy.stderr
+    assert "pending: waiting for 1 GPU, 0.5 CPU free on one node" in busy.stdout, busy.stdout
+    found = rows(ray_cluster, namespace)
+    assert found["rcswarm-worker-2"]["ray_state"] == "PENDING_CREATION"
+    assert found["rcswarm-worker-0"]["info"]["state"] == "training" and not found["rcswarm-worker-0"]["info"]["worker_id"]
+
+    infeasible = rcswarm_launch(ray_cluster, namespace, "--workers", "1", "--gpus-per-worker", "3", *common)
+    assert infeasible.returncode == 1, infeasible.stdout + infeasible.stderr
+    assert "pending: infeasible: no node of the cluster has 3 GPU, 0.5 CPU (the largest has 2 GPU, 2 CPU)" in infeasible.stdout
+    assert [n for n in launch.named_actors(namespace) if launch.worker_index(n) is not None] == ["rcswarm-worker-0"]
+
+
+def test_ray_is_imported_only_by_the_launcher_and_the_actor_and_only_inside_functions():
+    """The `ray` extra is optional: no module of the package imports Ray at import time, and only two use it."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    packages = {p.parent.name for p in root.glob("*/__init__.py")} - {"tests"}
+    users, top_level = set(), []
+    for path in sorted(p for package in packages for p in (root / package).rglob("*.py")):
+        relative = path.relative_to(root)
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n == "ray" or n.startswith("ray.") for n in names):
+                users.add(str(relative))
+                if node in tree.body:
+                    top_level.append(str(relative))
+    assert users == {"cli/launch.py", "worker/ray_worker.py"} and not top_level, (users, top_level)
+    probe = "import sys, rcswarm.cli.main, rcswarm.cli.launch; assert 'ray' not in sys.modules, 'ray imported'"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_a_coordinator_actor_on_the_head_serves_the_workers(ray_cluster, namespace, tmp_path):
+    """--with-coordinator: the coordinator runs as an actor on the head node with the state dir given, the
+    workers join it, and --stop ends the workers (they Leave) and then the coordinator."""
+    import re
+
+    from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+    from tests.helpers.specs import write_spec
+
+    config = write_spec(tiny_spec(run={"rounds": 1000}, inner={"steps": 4}, sync={"codec": "fp32"}), tmp_path / "run.toml")
+    state_dir = tmp_path / "state"
+    started = rcswarm_launch(
+        ray_cluster, namespace, "--with-coordinator", "--config", str(config), "--state-dir", str(state_dir),
+        "--coordinator-host", "127.0.0.1", "--coordinator-port", "0", "--coordinator-cpus", "0", *LAUNCH_TWO, "--detach",
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    address = re.search(r"coordinator actor serving on (\S+)", started.stdout).group(1)
+    assert address.startswith("127.0.0.1:")
+    client = CoordinatorClient(address, TOKEN, retry=RetryPolicy(max_elapsed_s=10.0))
+    try:
+        wait_for(lambda: client.status().version >= 2, 120, "two rounds")
+        ids = {w.worker_id for w in client.status().workers if w.state == pb.WORKER_STATE_ACTIVE}
+    finally:
+        client.close()
+    status = status_of(ray_cluster, namespace)
+    coordinator_pid = status["coordinator_actor"]["pid"]
+    assert status["coordinator_actor"]["address"] == address and {w["info"]["worker_id"] for w in status["workers"]} == ids
+
+    stopped = rcswarm_launch(ray_cluster, namespace, "--stop", timeout=120)
+    assert stopped.returncode == 0 and stopped.stdout.count("left the swarm") == 2, stopped.stdout + stopped.stderr
+    assert "rcswarm-coordinator: stopped" in stopped.stdout
+    assert not Path(f"/proc/{coordinator_pid}").exists(), "the coordinator process outlived --stop"
+    assert {i for i, _ in events(state_dir, "leave")} == ids
+    assert launch.named_actors(namespace) == []

@@ -1,0 +1,129 @@
+"""The Triton kernels under Triton's interpreter on the CPU, each in a subprocess: TRITON_INTERPRET=1 must be set
+before triton is imported and must not leak into the test process (kernels/rwkv_product, kernels/sgsa)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.kernels import SGSA_CHILD_ENV
+
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+SGSA_TESTS = Path(__file__).resolve().parents[1] / "kernels" / "test_sgsa.py"
+
+
+TRITON_SCRIPT = """
+import json, sys
+import torch
+from rcswarm.kernels.rwkv_product import rwkv_product_naive
+from rcswarm.kernels.rwkv_product.triton_kernel import rwkv_product_triton
+
+
+def compare(batch, length, heads, d_k, d_v, chunk, with_state, w_shift, dtype_name):
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(length * 31 + d_k)
+    kappa = torch.nn.functional.normalize(torch.randn(batch, length, heads, d_k, generator=g, dtype=dtype), dim=-1)
+    inputs = {
+        "r": torch.randn(batch, length, heads, d_k, generator=g, dtype=dtype),
+        "w_raw": torch.randn(batch, length, heads, d_k, generator=g, dtype=dtype) + w_shift,
+        "k": torch.randn(batch, length, heads, d_k, generator=g, dtype=dtype) / d_k**0.5,
+        "v": torch.randn(batch, length, heads, d_v, generator=g, dtype=dtype),
+        "a": -kappa,
+        "b": kappa * torch.rand(batch, length, heads, d_k, generator=g, dtype=dtype),
+    }
+    if with_state:
+        inputs["initial_state"] = torch.randn(batch, heads, d_v, d_k, generator=g, dtype=dtype)
+    y_cotangent = torch.randn(batch, length, heads, d_v, generator=g, dtype=dtype)
+    s_cotangent = torch.randn(batch, heads, d_v, d_k, generator=g, dtype=dtype)
+    results = []
+    for run in (rwkv_product_naive, lambda *xs: rwkv_product_triton(*xs, chunk_size=chunk)):
+        leaves = {name: x.clone().requires_grad_(True) for name, x in inputs.items()}
+        y, state = run(*leaves.values()) if with_state else run(*leaves.values(), None)
+        grads = torch.autograd.grad((y * y_cotangent).sum() + (state * s_cotangent).sum(), list(leaves.values()))
+        results.append({"y": y, "final_state": state, **dict(zip(leaves, grads))})
+    reference, got = results
+    return {
+        name: {
+            "error": float((got[name] - reference[name]).norm() / reference[name].norm()),
+            "finite": bool(torch.isfinite(got[name]).all()),
+            "dtype": str(got[name].dtype),
+        }
+        for name in reference
+    }
+
+
+torch.set_num_threads(1)
+reports = [compare(*case) for case in json.loads(sys.argv[1])]
+x = torch.zeros(1, 2, 1, 2)
+try:
+    rwkv_product_triton(x, x, x, x, x, x, None, chunk_size=0)
+    bad_chunk = "no error"
+except ValueError as error:
+    bad_chunk = str(error)
+print(json.dumps({"reports": reports, "bad_chunk": bad_chunk}))
+"""
+
+
+TRITON_CASES = [
+    # (batch, length, heads, d_k, d_v, chunk, with initial state, w_raw shift, dtype, tolerance):
+    # T off the chunk grid with several heads, T below one chunk, d not a power of two with
+    # d_v split over two row blocks (partial sums), strong decay, float64.
+    (2, 11, 3, 8, 8, 4, True, 0.0, "float32", 1e-4),
+    (1, 5, 2, 16, 8, 8, False, 0.0, "float32", 1e-4),
+    (1, 9, 2, 6, 40, 4, True, 0.0, "float32", 1e-4),
+    (1, 7, 1, 4, 4, 3, True, 4.0, "float32", 1e-4),
+    (2, 10, 2, 5, 3, 4, True, 0.0, "float64", 1e-10),
+]
+
+
+@pytest.fixture(scope="module")
+def triton_interpreter_run() -> dict:
+    """All TRITON_CASES in one subprocess with TRITON_INTERPRET=1 (the variable must be set before
+    triton is imported and must not leak into this process; one process keeps the import cost
+    to one). Skips when triton is not installed."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    cases = [list(case[:-1]) for case in TRITON_CASES]
+    completed = subprocess.run(
+        [sys.executable, "-c", TRITON_SCRIPT, json.dumps(cases)],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("index", range(len(TRITON_CASES)))
+def test_triton_interpreter_matches_naive(triton_interpreter_run: dict, index: int) -> None:
+    """The Triton kernels under the interpreter on CPU tensors: forward, final state and every
+    gradient against autograd through the naive loop."""
+    *shape, dtype_name, tolerance = TRITON_CASES[index]
+    report = triton_interpreter_run["reports"][index]
+    expected = {"y", "final_state", "r", "w_raw", "k", "v", "a", "b"} | ({"initial_state"} if shape[6] else set())
+    assert set(report) == expected
+    for name, entry in report.items():
+        assert entry["finite"], name
+        assert entry["dtype"] == f"torch.{dtype_name}", name
+        assert entry["error"] <= tolerance, (name, entry)
+
+
+def test_triton_bad_chunk_raises(triton_interpreter_run: dict) -> None:
+    assert "chunk_size=0" in triton_interpreter_run["bad_chunk"]
+
+
+@pytest.mark.skipif(not TRITON_INSTALLED, reason="triton is not installed")
+def test_triton_kernels_in_interpreter() -> None:
+    """Runs tests/kernels/test_sgsa.py's `test_triton_child_*` tests in a pytest subprocess with TRITON_INTERPRET=1,
+    which must be set before triton is imported; this process never imports triton."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", SGSA_CHILD_ENV: "1"}
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(SGSA_TESTS), "-k",
+               "triton_child"]
+    result = subprocess.run(command, check=False, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout

@@ -1,0 +1,1 @@
+"""Tests of sync/: codecs and error feedback, tensor payloads, the outer step."""

@@ -1,0 +1,1 @@
+"""Tests of train/: streaming BPTT, checkpoint schedules, core checkpointing."""

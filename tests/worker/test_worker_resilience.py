@@ -1,0 +1,230 @@
+"""Workers ride out stalls and refuse hostile pulls: real gRPC servers on loopback, real processes.
+
+Covers issue 13's findings 1 (a worker exited on any DEADLINE_EXCEEDED) and 7 (a pull header
+made the worker allocate what it claimed), and the rules the worker follows: which statuses
+are retried, re-joined or fatal; a finished update survives a stall and a re-join; only a
+refused token, a refused spec or spent patience end a worker, each with one ERROR line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import tracemalloc
+from concurrent import futures
+from typing import Iterator
+
+import grpc
+import pytest
+import torch
+
+from rcswarm.models import registry
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from rcswarm.sync import tensor_stream
+from rcswarm.worker.client import Action, CoordinatorClient, Identity, RetriesExhausted, RetryPolicy, Timeouts, classify
+from rcswarm.worker.worker import Worker
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.worker import FaultBeforeFirstPush, _options, run_until
+
+# What a hostile header claims: 2^26 float32 values, 256 MiB, for one tensor.
+HUGE = 1 << 26
+# Python-level memory a refused pull may use, far below what the header claims.
+PEAK_BOUND = 64 << 20
+# The membership the hostile server hands out.
+HOSTILE_MEMBER = Identity("h1", b"h" * 32)
+
+
+def test_classify_sorts_every_status_code():
+    transient = {
+        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+    }
+    for code in grpc.StatusCode:
+        action, reason = classify(code)
+        assert reason, code
+        if code in transient:
+            assert action is Action.RETRY, code
+        elif code == grpc.StatusCode.NOT_FOUND:
+            assert action is Action.REJOIN
+        else:
+            assert action is Action.FATAL, code
+    assert "token" in classify(grpc.StatusCode.UNAUTHENTICATED)[1]
+
+
+def test_worker_options_name_a_bad_patience():
+    with pytest.raises(ValueError, match="--patience-s 0"):
+        _options("127.0.0.1:1", patience_s=0)
+    with pytest.raises(ValueError, match="--rpc-timeout-s -1"):
+        _options("127.0.0.1:1", rpc_timeout_s=-1)
+
+
+class Hostile(pb_grpc.CoordinatorServicer):
+    """A server speaking the real wire: joins like a coordinator, then serves bad pulls or stalls.
+
+    `header` is what PullParameters sends (and nothing after it); `stall_s` delays the first
+    `stalls` heartbeats; `spec_json` is the run spec Join serves. Handlers run on gRPC's threads.
+    """
+
+    def __init__(self, spec_json: str, header: pb.TensorHeader | None = None, stall_s: float = 0.0, stalls: int = 0):
+        self.spec_json, self.header, self.stall_s = spec_json, header, stall_s
+        self.stalls_left = stalls
+        self.pulls = 0
+        self.lock = threading.Lock()
+
+    def Join(self, request, context):
+        return pb.JoinResponse(
+            worker_id=HOSTILE_MEMBER.worker_id, worker_secret=HOSTILE_MEMBER.worker_secret, run_id="hostile",
+            run_spec_json=self.spec_json, lease_seconds=10.0,
+        )
+
+    def Heartbeat(self, request, context):
+        with self.lock:
+            stall, self.stalls_left = self.stalls_left > 0, self.stalls_left - 1
+        if stall:
+            time.sleep(self.stall_s)
+        return pb.HeartbeatResponse(version=0, lease_seconds=10.0)
+
+    def Leave(self, request, context):
+        return pb.LeaveResponse()
+
+    def PullParameters(self, request, context) -> Iterator[pb.PullParametersResponse]:
+        with self.lock:
+            self.pulls += 1
+        yield pb.PullParametersResponse(header=self.header)
+
+
+@contextlib.contextmanager
+def serve(servicer: Hostile) -> Iterator[str]:
+    """Serve `servicer` on a loopback port; its HOST:PORT."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=0.2).wait(timeout=5)
+
+
+def model_shapes() -> dict[str, tuple[int, ...]]:
+    spec = tiny_spec()
+    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def hostile_header(shapes: dict[str, tuple[int, ...]], how: str) -> pb.TensorHeader:
+    """A self-consistent fp32 header (sizes, CRC count) that claims a 256 MiB tensor."""
+    claimed = dict(shapes)
+    if how == "huge shape":
+        claimed[next(iter(shapes))] = (HUGE,)
+    else:
+        claimed["extra.weight"] = (HUGE,)
+    infos = [pb.TensorInfo(name=n, dtype=pb.DTYPE_FLOAT32, shape=s, num_bytes=4 * int(torch.Size(s).numel())) for n, s in claimed.items()]
+    total = sum(info.num_bytes for info in infos)
+    chunk = tensor_stream.MAX_CHUNK_SIZE
+    return pb.TensorHeader(
+        run_id="hostile", version=1, codec=pb.CODEC_FP32, tensors=infos, total_bytes=total, chunk_size=chunk,
+        chunk_crc32=[0] * -(-total // chunk),
+    )
+
+
+@pytest.mark.parametrize("how", ["huge shape", "extra tensor"])
+def test_a_hostile_pull_header_is_refused_before_allocation(how):
+    shapes = model_shapes()
+    with serve(Hostile(tiny_spec().to_json(), hostile_header(shapes, how))) as target:
+        client = CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=2.0))
+        tracemalloc.start()
+        try:
+            with pytest.raises(tensor_stream.PayloadError) as refused:
+                client.pull(HOSTILE_MEMBER, "hostile", expected=shapes)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            client.close()
+    assert peak < PEAK_BOUND, f"{peak / 2**20:.0f} MiB allocated for a refused pull"
+    named = next(iter(shapes)) if how == "huge shape" else "extra.weight"
+    assert refused.value.tensor == named and named in str(refused.value)
+
+
+class MeasuredPulls(Worker):
+    """The real worker, tracing the Python memory its pulls allocate (from its first pull on: the
+    model and data are built before, untraced)."""
+
+    peak = 0
+
+    def _pull(self) -> int:
+        if not tracemalloc.is_tracing():
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        try:
+            return super()._pull()
+        finally:
+            self.peak = max(self.peak, tracemalloc.get_traced_memory()[1] - before)
+
+
+def test_the_worker_refuses_a_hostile_pull_repulls_then_gives_up(caplog):
+    shapes = model_shapes()
+    hostile = Hostile(tiny_spec().to_json(), hostile_header(shapes, "huge shape"))
+    with serve(hostile) as target:
+        worker = MeasuredPulls(_options(target, patience_s=1.5, rpc_timeout_s=2.0))
+        try:
+            with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+                code = worker.run()
+        finally:
+            tracemalloc.stop()
+    assert code == 1
+    assert 0 < worker.peak < PEAK_BOUND, f"{worker.peak / 2**20:.0f} MiB allocated for refused pulls"
+    assert hostile.pulls >= 2, "a refused pull is retried"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "gives up" in errors[0] and f"expected {shapes[next(iter(shapes))]}" in errors[0], errors
+
+
+def test_a_spec_the_worker_cannot_build_ends_it_with_its_reason(caplog):
+    spec = tiny_spec().to_dict()
+    spec["model"]["preset"] = "no-such-preset"
+    with serve(Hostile(json.dumps(spec))) as target:
+        with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+            code = Worker(_options(target, patience_s=2.0)).run()
+    assert code == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "cannot train this run" in errors[0] and "no-such-preset" in errors[0], errors
+
+
+def test_deadline_exceeded_is_retried_within_the_patience():
+    hostile = Hostile(tiny_spec().to_json(), stall_s=1.0, stalls=2)
+    with serve(hostile) as target:
+        client = CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=10.0), timeouts=Timeouts(unary_s=0.3))
+        assert client.heartbeat(HOSTILE_MEMBER).lease_seconds == 10.0
+        client.close()
+        impatient = CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=0.5), timeouts=Timeouts(unary_s=0.3))
+        hostile.stalls_left = 100
+        started = time.monotonic()
+        with pytest.raises(RetriesExhausted, match="DEADLINE_EXCEEDED") as gave_up:
+            impatient.heartbeat(HOSTILE_MEMBER)
+        impatient.close()
+        hostile.stalls_left = 0
+    assert time.monotonic() - started < 3.0 and "patience 0.5s" in str(gave_up.value)
+
+
+def test_an_update_outlives_a_rejoin_while_it_is_current(start_coordinator, caplog):
+    local = start_coordinator(tiny_spec(run={"rounds": 0, "workers": 1}, inner={"steps": 3}))
+    client = local.client()
+
+    def forget(worker: Worker) -> None:
+        client.leave(worker.identity, "forgotten")
+
+    worker = FaultBeforeFirstPush(_options(local.target, patience_s=10.0), forget)
+    with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+        code = run_until(worker, lambda w: len(w.pushes) >= 2, 60)
+    assert code == 0
+    (version, delivered), _ = worker.pushes[:2]
+    assert delivered and worker.pushes[1][0] == version + 1, worker.pushes
+    assert any("joining again to deliver the update" in r.getMessage() for r in caplog.records)
+    rounds = {r.version: r for r in client.status().rounds}
+    assert rounds[version].reports == 1 and rounds[version].closed_at > 0
+    client.close()
