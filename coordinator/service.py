@@ -68,7 +68,8 @@ from rcswarm.coordinator import curriculum as curricula
 from rcswarm.models import registry
 from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.state.records import RoundRecord
+from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer, tensor_stream
 
@@ -221,6 +222,8 @@ class OpenRound:
     late: dict[str, LateUpdate] = field(default_factory=dict)
     # A time-boxed round's budget in seconds (0: step-boxed).
     budget_s: float = 0.0
+    # The most inner steps an on-time update reported (UpdateMeta.inner_steps, at most the round's step cap).
+    steps: int = 0
 
     def view(self) -> decisions.RoundView:
         return decisions.RoundView(self.version, self.opened_at, frozenset(self.reports), self.budget_s)
@@ -828,6 +831,8 @@ class SwarmCoordinator:
         if lateness.staleness == 0:
             self.round.reports[worker.worker_id] = aggregation.Update(worker.worker_id, meta.tokens, norm, deltas)
             worker.base_version = self.version + 1
+            cap = self.spec.sync.step_cap(self.spec.inner.steps)
+            self.round.steps = max(self.round.steps, min(meta.inner_steps, cap))
         else:
             weighted = max(1, round(meta.tokens * lateness.weight))
             update = aggregation.Update(worker.worker_id, weighted, norm, deltas)
@@ -1185,7 +1190,7 @@ class SwarmCoordinator:
             version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
             tokens=sum(trained), close_reason=close.reason + late_summary(late), update_norm=norm,
             param_sha256="", clipped=result.clipped, dropped=close.round.dropped + result.dropped,
-            aggregation=result.summary,
+            aggregation=result.summary, steps=close.round.steps,
         )
         keep = self.spec.sync.reference_rounds
         history = (*close.history, result.accepted_norms)[-keep:] if keep else ()

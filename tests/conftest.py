@@ -6,12 +6,11 @@ import dataclasses
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from rcswarm.state.store import StateStore
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
 TOKEN = "test-token-0123456789"
+T = TypeVar("T")
 
 # Tests run small models, where one intra-op thread is fastest and immune to oversubscription
 # when other processes (worker subprocesses, a parallel build) share the two cores.
@@ -145,16 +145,14 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return float((value - reference).abs().max() / scale)
 
 
-def sql(state_dir: Path, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows of one SQL statement on a state dir's state.sqlite, through a plain read-only connection.
-
-    Tests may look into the tables directly; the package reads them only through StateStore's named reads.
-    """
-    connection = sqlite3.connect(f"{(Path(state_dir) / 'state.sqlite').resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+def read_state(state_dir: Path, read: Callable[[StateStore], T]) -> T:
+    """What `read` reads from a state dir through the store's named reads, on a read-only store opened for it
+    (a live coordinator may keep writing the state dir meanwhile)."""
+    store = StateStore.open_read_only(state_dir)
     try:
-        return connection.execute(statement, params).fetchall()
+        return read(store)
     finally:
-        connection.close()
+        store.close()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

@@ -19,7 +19,9 @@ from safetensors.torch import save_file
 from rcswarm.coordinator import aggregation
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.state.store import RECYCLED_CHECKPOINT, RoundRecord, StateStore, write_checkpoint
+from rcswarm.state.checkpoints import RECYCLED_CHECKPOINT, write_checkpoint
+from rcswarm.state.records import RoundRecord
+from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer, tensor_stream
 from tests.conftest import tiny_spec

@@ -23,7 +23,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
-from tests.conftest import TOKEN, sql, tiny_spec
+from tests.conftest import TOKEN, read_state, tiny_spec
 from tests.test_bounded_data import Wire
 from tests.test_close_commit import encoded_payload
 from tests.test_close_speed import assert_bit_identical
@@ -189,9 +189,9 @@ def test_the_reference_norms_and_flag_events_enter_the_commits_transaction(tmp_p
         rounds = store.recent_rounds(2)
     assert [tuple(norms) for norms in history] == list(coordinator._norm_history) and len(history) == 2
     assert sorted(r.clipped for r in rounds) == [0, 1]
-    events = sql(store.state_dir, "SELECT worker_id, kind, reason FROM events WHERE kind = 'clipped'")
-    assert [(worker, kind) for worker, kind, _ in events] == [(workers[2], "clipped")]
-    assert events[0][2].startswith("round 0: norm ")
+    events = read_state(store.state_dir, lambda stored: stored.events("clipped"))
+    assert [(e.worker_id, e.kind) for e in events] == [(workers[2], "clipped")]
+    assert events[0].reason.startswith("round 0: norm ")
 
 
 @pytest.mark.parametrize("codec", [pb.CODEC_FP32, pb.CODEC_BF16, pb.CODEC_INT8_BLOCK])

@@ -34,7 +34,7 @@ from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import tensor_stream
-from tests.conftest import TOKEN, logs_of, sql, tiny_spec, wait_for, worker_env
+from tests.conftest import TOKEN, logs_of, read_state, tiny_spec, wait_for, worker_env
 from tests.test_bounded_data import Wire
 from tests.test_round_close import SlowCommitStore
 from tests.test_rpc_guards import push, small_deltas
@@ -102,9 +102,11 @@ def applied_share(status: pb.GetStatusResponse) -> float:
 
 def tokens_per_update(state_dir: Path, worker_id: str) -> list[int]:
     """Tokens the worker trained from each version it trained from (one update each)."""
-    rows = sql(state_dir, "SELECT version, SUM(tokens) FROM metrics WHERE worker_id = ? AND tokens > 0 "
-                          "GROUP BY version ORDER BY version", (worker_id,))
-    return [tokens for _, tokens in rows]
+    tokens: dict[int, int] = {}
+    for row in read_state(state_dir, lambda store: store.metric_rows()):
+        if row.worker_id == worker_id and row.tokens > 0:
+            tokens[row.version] = tokens.get(row.version, 0) + row.tokens
+    return [total for _, total in sorted(tokens.items())]
 
 
 def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coordinator, tmp_path):
@@ -180,7 +182,7 @@ def test_a_stale_by_one_update_is_merged_with_its_weight_and_an_older_one_refuse
     assert status.applied_tokens == 300
     closed = [r for r in status.rounds if r.version == 1 and r.closed_at]
     assert "merged 1 late update" in closed[0].close_reason and "stale by 1" in closed[0].close_reason
-    assert sql(local.state_dir, "SELECT worker_id FROM events WHERE kind = 'late'") == [(c.worker_id,)]
+    assert [e.worker_id for e in read_state(local.state_dir, lambda store: store.events("late"))] == [c.worker_id]
     # `rcswarm status` shows tokens trained against applied and each worker's late / stale / clipped / dropped.
     console = Console(record=True, width=400)
     report(status, console)
@@ -222,7 +224,7 @@ def test_a_late_update_goes_through_the_robust_aggregation(start_coordinator):
     closed = [r for r in status.rounds if r.version == 1 and r.closed_at]
     assert closed[0].clipped == 1 and "merged 1 late update" in closed[0].close_reason
     assert {w.worker_id: w.clipped_updates for w in status.workers} == {a.worker_id: 0, c.worker_id: 1}
-    assert sql(local.state_dir, "SELECT worker_id, kind FROM events WHERE kind = 'clipped'") == [(c.worker_id, "clipped")]
+    assert [e.worker_id for e in read_state(local.state_dir, lambda store: store.events("clipped"))] == [c.worker_id]
     client.close()
 
 

@@ -38,7 +38,7 @@ from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
 from rcswarm.worker.client import Action, CoordinatorClient, Identity, RetryPolicy, classify
 from rcswarm.worker.worker import Worker, WorkerOptions
-from tests.conftest import TOKEN, free_port, logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
+from tests.conftest import TOKEN, free_port, logs_of, read_state, tiny_spec, wait_for, worker_env, write_spec
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 WORKER_RPCS = ("Heartbeat", "Leave", "PullParameters", "AwaitVersion", "PushUpdate", "ReportMetrics")
@@ -121,7 +121,7 @@ def test_another_workers_id_is_refused_and_the_victim_is_unaffected(pair: Any, r
     status = stub.GetStatus(pb.GetStatusRequest(), timeout=10, metadata=AUTH)
     assert {w.worker_id: w.state for w in status.workers}[a.worker_id] == pb.WORKER_STATE_ACTIVE
     assert status.rounds[-1].reports == 0 and status.version == 0
-    assert sql(local.state_dir, "SELECT COUNT(*) FROM metrics WHERE worker_id = ?", (a.worker_id,)) == [(0,)]
+    assert [r for r in read_state(local.state_dir, lambda store: store.metric_rows()) if r.worker_id == a.worker_id] == []
     # A's own update lands and counts (no ALREADY_EXISTS), and B's own closes the round.
     pushed = worker_call(stub, "PushUpdate", a.worker_id, a.worker_secret, local)
     assert pushed.accepted and pushed.reports == 1
@@ -234,7 +234,7 @@ def test_secrets_never_show_in_status_dashboard_sqlite_or_logs(start_coordinator
     assert a.worker_id.encode() in dashboard
     channel.close()
     stored = b"".join(path.read_bytes() for path in local.state_dir.rglob("*") if path.is_file())
-    assert len(sql(local.state_dir, "SELECT * FROM events")) == 3
+    assert len(read_state(local.state_dir, lambda store: store.events())) == 3
     assert "refused Heartbeat for worker " + a.worker_id in caplog.text
     places = {"GetStatus": status.SerializeToString() + str(status).encode(), "/api/status": dashboard,
               "the state dir (SQLite, checkpoints)": stored, "the logs": caplog.text.encode()}

@@ -41,7 +41,7 @@ from rcswarm.protos.transport import is_loopback_host, plaintext_warning
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy
-from tests.conftest import TOKEN, logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
+from tests.conftest import TOKEN, logs_of, read_state, tiny_spec, wait_for, worker_env, write_spec
 
 LOOPBACK = ["127.0.0.1", "127.0.0.53", "127.255.255.254", "::1", "[::1]", "localhost", "LOCALHOST", "localhost.",
             "::ffff:127.0.0.1", " 127.0.0.1 "]
@@ -299,7 +299,7 @@ def test_self_signed_quick_start_end_to_end_with_mutual_tls(tmp_path: Path) -> N
                                       env=worker_env(), stdout=worker_log, stderr=subprocess.STDOUT)
         worker.log_path = tmp_path / "worker.log"  # type: ignore[attr-defined]
         assert worker.wait(timeout=120) == 0, logs_of([worker]) + log_path.read_text()
-        rounds = sql(tmp_path / "state", "SELECT version FROM rounds ORDER BY version")
+        rounds = [r.version for r in read_state(tmp_path / "state", lambda store: store.rounds())]
         assert len(rounds) >= 2, rounds
     finally:
         if worker is not None and worker.poll() is None:
