@@ -283,14 +283,14 @@ def run_step_means(store: Any, inner_steps: int) -> list[StepMean]:
     are averaged together."""
     steps = run_steps(store, inner_steps)
     sums = store.run_step_sums()
+    if sums.first_received is None:
+        return []
     merged: dict[tuple[int, int], list[float]] = {}
     for length, version, k, loss_sum, seconds_sum, n in sums.rows:
         total = merged.setdefault((length, steps.run_step(version, k)), [0.0, 0.0, 0])
         total[0] += loss_sum
         total[1] += seconds_sum
         total[2] += n
-    if sums.first_received is None:
-        return []
     return [(float(length), float(step), loss / n, seconds / n - sums.first_received)
             for (length, step), (loss, seconds, n) in sorted(merged.items())]
 
