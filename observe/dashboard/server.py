@@ -276,7 +276,7 @@ is_loopback = is_loopback_host
 
 
 class OneRun:
-    """A single run as the group of one the dashboard shows: its `runs`, `sweep`, `run_id` and `status()`."""
+    """A single run as the group of one the dashboard shows: its `runs`, `sweep`, `run_id`, `status()` and `close()`."""
 
     sweep = False
 
@@ -284,6 +284,11 @@ class OneRun:
         self.runs = [run]
         self.run_id = run.run_id
         self.status = run.status
+
+    def close(self) -> None:
+        """Close the run (its store), as a coordinator's group closes its runs; once the dashboard has stopped."""
+        for run in self.runs:
+            run.close()
 
 
 class Dashboard:
