@@ -586,7 +586,8 @@ def time_coordinator_steps(args: argparse.Namespace, work: Path, n: int) -> dict
     from rcswarm.config.runspec import OuterSection
     from rcswarm.models import registry
     from rcswarm.protos.v1 import coordinator_pb2 as pb
-    from rcswarm.state.store import RoundRecord, StateStore
+    from rcswarm.state.records import RoundRecord
+    from rcswarm.state.store import StateStore
     from rcswarm.sync import outer, tensor_stream
 
     model = registry.build_model("lstm_lm", args.preset, seed=0)

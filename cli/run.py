@@ -55,7 +55,8 @@ from rcswarm.observe.fits import fit_power_law
 from rcswarm.observe.report import summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
-from rcswarm.state.store import StateStore, split_checkpoint
+from rcswarm.state.checkpoints import split_checkpoint
+from rcswarm.state.store import StateStore
 from rcswarm.train.inner import make_sampler, masked_cross_entropy
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 

@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from rcswarm.protos.transport import ClientTLS, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV
+from rcswarm.state.errors import StoreError
 
 STATES = {number: name.removeprefix("WORKER_STATE_").lower() for name, number in pb.WorkerState.items()}
 RUN_STATES = {number: name.removeprefix("RUN_STATE_").lower() for name, number in pb.RunState.items()}
@@ -276,7 +276,7 @@ def main_mirrored(args: argparse.Namespace) -> int:
         return usage_error("rcswarm status", f"--stale-s {args.stale_s}: expected a positive number of seconds")
     try:
         status, polled = mirrored(args.state_dir, stale_s)
-    except (OSError, sqlite3.Error, ValueError) as error:
+    except (OSError, StoreError, ValueError) as error:
         return usage_error("rcswarm status", f"--state-dir {args.state_dir}: {error}")
     return show(args, status, f"mirrored by `rcswarm dht` (no coordinator); its last poll {polled:.0f} s ago; "
                               f"a peer is active while its records advanced within {stale_s:g} s")
@@ -293,7 +293,7 @@ def show(args: argparse.Namespace, status: pb.GetStatusResponse, note: str = "")
     if args.state_dir is not None:
         try:
             fits, totals = read_fits(args.state_dir, status)
-        except (OSError, sqlite3.Error, ValueError) as error:
+        except (OSError, StoreError, ValueError) as error:
             return usage_error("rcswarm status", f"--state-dir {args.state_dir}: {error}")
     console = Console()
     if not console.is_terminal:

@@ -409,7 +409,8 @@ class CurriculumSection:
 
     policy "fixed" (default), one of:
       * `schedule` rows [from_step, seq_len, batch_size], from_step ascending and the first 0:
-        every worker training from global version v uses the row in force at step v × inner.steps;
+        every worker training from global version v uses the row in force at the run step v starts
+        after (config/run_step.py: the steps the run's rounds trained before v; v × inner.steps when step-boxed);
       * `worker_seq_lens`: workers of one run train different lengths; a joining worker gets the
         length furthest below its share of the active workers (a length listed k times has k
         shares; ties: the earlier in the list), i.e. round-robin in join order while nobody leaves;

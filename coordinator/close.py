@@ -46,7 +46,8 @@ from rcswarm.coordinator.records import (
     SpareBuffers,
 )
 from rcswarm.coordinator.resume import optimizer_state
-from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.state.records import RoundRecord
+from rcswarm.state.store import StateStore
 from rcswarm.sync import outer, tensor_stream
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ class RoundCloser:
             version=version, opened_at=close.round.opened_at, closed_at=close.decided_at, reports=len(reports),
             tokens=sum(trained), close_reason=close.reason + late_summary(late), update_norm=norm,
             param_sha256="", clipped=result.clipped, dropped=close.round.dropped + result.dropped,
-            aggregation=result.summary,
+            aggregation=result.summary, steps=close.round.steps,
         )
         keep = spec.sync.reference_rounds
         history = (*close.history, result.accepted_norms)[-keep:] if keep else ()

@@ -3,7 +3,8 @@
 The coordinator is the one source of truth; workers follow the assignment it sends in
 JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round boundary.
 
-* Fixed schedule (`curriculum.schedule`): the row in force at step version × inner.steps.
+* Fixed schedule (`curriculum.schedule`): the row in force at the run step the version starts after
+  (the steps the run's rounds trained before it, `analysis.run_steps`).
 * Heterogeneous workers (`curriculum.worker_seq_lens`): a joining worker gets the length
   furthest below its share of the active workers (a length listed k times has k shares), ties
   to the earlier in the list (`decide_worker_length`).
@@ -270,6 +271,8 @@ class CurriculumTracker:
             raise RuntimeError(f"state dir {store.state_dir}: curriculum rung {self.state.rung} is off the ladder {section.seq_lens}")
         # worker_id -> the cumulative compute seconds of its last metric: a step's cost is the difference.
         self._last_compute: dict[str, float] = {}
+        # (version, the run steps trained before it) of the last fixed-schedule lookup.
+        self._steps_before: tuple[int, int] | None = None
 
     def run_assignment(self, version: int) -> Assignment:
         """What the run trains from `version` on; seq_len 0 when it is per worker."""
@@ -279,7 +282,9 @@ class CurriculumTracker:
             return Assignment(length, section.batch_for(length, data.batch_size),
                               f"adaptive rung {self.state.rung} of {section.seq_lens}: {self.state.reason}")
         if section.schedule:
-            step = version * self.spec.inner.steps
+            if self._steps_before is None or self._steps_before[0] != version:
+                self._steps_before = (version, analysis.run_steps(self.store, self.spec.inner.steps).before(version))
+            step = self._steps_before[1]
             length, batch = section.at(step, (data.seq_len, data.batch_size))
             return Assignment(length, batch, f"curriculum.schedule at step {step} (version {version})")
         if section.worker_seq_lens:

@@ -214,6 +214,8 @@ class UpdateIntake:
         if lateness.staleness == 0:
             run.round.reports[worker.worker_id] = aggregation.Update(worker.worker_id, meta.tokens, norm, deltas)
             worker.base_version = run.version + 1
+            cap = run.spec.sync.step_cap(run.spec.inner.steps)
+            run.round.steps = max(run.round.steps, min(meta.inner_steps, cap))
         else:
             weighted = max(1, round(meta.tokens * lateness.weight))
             update = aggregation.Update(worker.worker_id, weighted, norm, deltas)

@@ -25,7 +25,7 @@ import grpc
 from rcswarm.coordinator import aggregation, decisions
 from rcswarm.coordinator import curriculum as curricula
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.state.store import RoundRecord
+from rcswarm.state.records import RoundRecord
 from rcswarm.sync import outer, tensor_stream
 
 # A worker's seconds per step are the median of its last this many measured steps.
@@ -165,6 +165,8 @@ class OpenRound:
     late: dict[str, LateUpdate] = field(default_factory=dict)
     # A time-boxed round's budget in seconds (0: step-boxed).
     budget_s: float = 0.0
+    # The most inner steps an on-time update reported (UpdateMeta.inner_steps, at most the round's step cap).
+    steps: int = 0
 
     def view(self) -> decisions.RoundView:
         return decisions.RoundView(self.version, self.opened_at, frozenset(self.reports), self.budget_s)

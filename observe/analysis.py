@@ -12,11 +12,15 @@ the `rcswarm fit` and `rcswarm status` commands call this module.
 
 A live run's curves come from its store's named reads (`step_means`) on one of two clocks:
 each worker's own step and wall time (`Clock.WORKER`, a single run's, where workers never
-move), or the run's own step, version × inner.steps + the step within the round, and the
-time since its first metric on the coordinator's clock (`Clock.RUN`, a sweep's: a worker
-that moves between runs keeps its counters). `fit_step_means` turns such rows into curves
-and a fit when at least 3 lengths allow one; `worker_totals` the per-worker reads into totals.
-This module holds no SQL: it takes rows and the store's reads.
+move), or the run's own step and the time since its first metric on the coordinator's clock
+(`Clock.RUN`, a sweep's: a worker that moves between runs keeps its counters). The run step is
+owned here: `run_steps(store, inner_steps)` is the run's counter (config/run_step.py `RunSteps`)
+with the steps each closed round recorded, so a row trained from version v at step k within its
+round is at Σ_{u<v} steps_u + k + 1, for time-boxed and adaptive rounds too; state dirs read with
+`read_state_dirs` (`rcswarm fit RUN_DIR`), the sweep's curves and the coordinator's fixed
+curriculum schedule all count with it. `fit_step_means` turns such rows into curves and a fit
+when at least 3 lengths allow one; `worker_totals` the per-worker reads into totals. This module
+holds no SQL: it takes rows and the store's reads.
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ import enum
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rcswarm.config.run_step import RunSteps
 from rcswarm.observe.fits import (
     AlphaPoint,
     AlphaScheduleFit,
@@ -172,12 +177,12 @@ def read_metrics(path: Path, columns: Columns) -> list[Row]:
 def read_state_dirs(path: Path) -> list[Row]:
     """Rows from every coordinator state dir (state.sqlite) below `path`, e.g. a `rcswarm run` directory.
 
-    A row's step is the run's own: version × inner.steps + the step within the round; its
-    time counts from the run's first metric, on the coordinator's clock.
+    A row's step is the run's own (`run_steps`): the steps its rounds trained before its version
+    plus its step within the round; its time counts from the run's first metric, on the
+    coordinator's clock.
     """
-    import sqlite3
-
     from rcswarm.config.runspec import RunSpec
+    from rcswarm.state.errors import StoreError
     from rcswarm.state.store import StateStore
 
     databases = sorted(path.rglob("state.sqlite"))
@@ -187,19 +192,19 @@ def read_state_dirs(path: Path) -> list[Row]:
     for database in databases:
         try:
             store = StateStore.open_read_only(database.parent)
-        except sqlite3.Error as error:
-            raise MetricsFileError(f"{database}: {error}") from None
+        except StoreError as error:
+            raise MetricsFileError(str(error)) from None
         try:
             identity = store.run_identity()
             if identity is None:
                 raise MetricsFileError(f"{database}: not a coordinator state (no spec_json or run_id)")
             run_id, spec_json = identity
-            steps = RunSpec.from_json(spec_json).inner.steps
+            steps = run_steps(store, RunSpec.from_json(spec_json).inner.steps)
             for line, (_, version, k, seq_len, loss, t) in enumerate(store.training_rows(), start=1):
-                rows.append(Row(run=run_id, step=float(version * steps + k + 1), length=float(seq_len),
+                rows.append(Row(run=run_id, step=float(steps.run_step(version, k)), length=float(seq_len),
                                 loss=float(loss), time=float(t), line=line))
-        except sqlite3.Error as error:
-            raise MetricsFileError(f"{database}: {error}") from None
+        except StoreError as error:
+            raise MetricsFileError(str(error)) from None
         finally:
             store.close()
     if not rows:
@@ -262,13 +267,38 @@ class Clock(enum.Enum):
     """Whose step counter and clock place a live run's metric on its length's curve."""
 
     WORKER = "worker"  # each worker's own step and wall_time: valid while workers never move between runs
-    RUN = "run"  # the run's own step (version × inner.steps + k + 1), coordinator seconds since its first metric
+    RUN = "run"  # the run's own step (`run_steps`), coordinator seconds since its first metric
+
+
+def run_steps(store: Any, inner_steps: int) -> RunSteps:
+    """The run step of the run a store holds: its `inner_steps` and the steps each closed round recorded
+    (`StateStore.round_steps`); a round that recorded none counts `inner_steps` (config/run_step.py)."""
+    counter = RunSteps(inner_steps)  # ValueError for a bad inner_steps before the store is read
+    return replace(counter, recorded=store.round_steps())
+
+
+def run_step_means(store: Any, inner_steps: int) -> list[StepMean]:
+    """(seq_len, run step, mean loss, mean seconds since the run's first training row) on the run's own clock,
+    from the store's sums per (seq_len, version, step within the round); sums that land on one run step
+    are averaged together."""
+    steps = run_steps(store, inner_steps)
+    sums = store.run_step_sums()
+    if sums.first_received is None:
+        return []
+    merged: dict[tuple[int, int], list[float]] = {}
+    for length, version, k, loss_sum, seconds_sum, n in sums.rows:
+        total = merged.setdefault((length, steps.run_step(version, k)), [0.0, 0.0, 0])
+        total[0] += loss_sum
+        total[1] += seconds_sum
+        total[2] += n
+    return [(float(length), float(step), loss / n, seconds / n - sums.first_received)
+            for (length, step), (loss, seconds, n) in sorted(merged.items())]
 
 
 def step_means(store: Any, clock: Clock, run_id: str, inner_steps: int) -> list[StepMean]:
     """One run's (seq_len, step, mean loss, mean seconds) from its store's reads, on `clock`."""
     if clock is Clock.RUN:
-        return store.run_step_means(inner_steps)
+        return run_step_means(store, inner_steps)
     return [
         (float(length), float(step), float(loss), float(wall))
         for length, step, loss, wall in store.worker_step_means(run_id)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import sqlite3
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -30,15 +27,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "wide" in item.keywords:
             item.add_marker(skip)
-
-
-def sql(state_dir: Path, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows of one SQL statement on a state dir's state.sqlite, through a plain read-only connection.
-
-    Tests may look into the tables directly; the package reads them only through StateStore's named reads.
-    """
-    connection = sqlite3.connect(f"{(Path(state_dir) / 'state.sqlite').resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
-    try:
-        return connection.execute(statement, params).fetchall()
-    finally:
-        connection.close()

@@ -49,6 +49,7 @@ import grpc
 import torch
 from safetensors.torch import save_file
 
+from rcswarm.config.run_step import RunSteps
 from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -81,8 +82,9 @@ def process_age_s() -> float:
 
 
 def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
-    """(seq_len, batch) of the round from `version`: the `curriculum.schedule` row in force at step version × inner.steps."""
-    return spec.curriculum.at(version * spec.inner.steps, (spec.data.seq_len, spec.data.batch_size))
+    """(seq_len, batch) of the round from `version`: the `curriculum.schedule` row in force at the run step the
+    version starts after; every hivemind round trains inner.steps (config/run_step.py)."""
+    return spec.curriculum.at(RunSteps(spec.inner.steps).before(version), (spec.data.seq_len, spec.data.batch_size))
 
 
 class HivemindWorker:

@@ -26,8 +26,8 @@ ROUNDS_SHOWN = 20
 CLOCK_NOTES = {
     "worker": "Steps and times in the fit and plots below are the workers' own: each worker's step counter and "
               "wall time.",
-    "run": "Steps and times in the fit and plots below are each run's own: step = version × inner steps + step "
-           "in the round, time from the run's first metric.",
+    "run": "Steps and times in the fit and plots below are each run's own: step = the steps its rounds trained "
+           "before the version + step in the round, time from the run's first metric.",
 }
 
 

@@ -287,6 +287,11 @@ class OneRun:
         self.status = run.status
         self.close = run.close
 
+    def close(self) -> None:
+        """Close the run (its store), as a coordinator's group closes its runs; once the dashboard has stopped."""
+        for run in self.runs:
+            run.close()
+
 
 class Dashboard:
     """The HTTP dashboard of a live coordinator's runs, served from a background thread.

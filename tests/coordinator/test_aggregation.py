@@ -25,13 +25,14 @@ from rcswarm.coordinator.aggregation import AggregationOptions, Update
 from rcswarm.models import registry
 from rcswarm.observe.dashboard import render, views
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.state.records import RoundRecord
+from rcswarm.state.store import StateStore
 from rcswarm.sync import outer, tensor_stream
 from rcswarm.train.inner import make_inner_optimizer, train_step
 from rcswarm.worker.worker import Worker, WorkerOptions
-from tests.conftest import sql
 from tests.helpers.coordinator import creds
 from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
 SHAPES = {"a": (3, 5), "b": (7,), "c": ()}
@@ -386,9 +387,9 @@ def test_tokens_above_the_assignment_are_refused_naming_claim_and_bound(tmp_path
         assert refusal(lambda: push(coordinator, a, deltas_of(coordinator, 1e-3), 161))[1].startswith(
             "tokens = 161 exceed the 160 allowed: batch 2 × seq_len 16")
         assert push(coordinator, a, deltas_of(coordinator, 1e-3), 160).accepted
-        rows = sql(tmp_path, "SELECT worker_id, kind, reason FROM events WHERE kind = 'dropped'")
-        assert [(w, k) for w, k, _ in rows] == [(a.worker_id, "dropped")] * 2 and "round 0: tokens = 641" in rows[0][2]
-        assert sql(tmp_path, "SELECT version, dropped FROM rounds") == [(0, 1)]
+        rows = read_state(tmp_path, lambda store: store.events("dropped"))
+        assert [(e.worker_id, e.kind) for e in rows] == [(a.worker_id, "dropped")] * 2 and "round 0: tokens = 641" in rows[0].reason
+        assert [(r.version, r.dropped) for r in read_state(tmp_path, lambda store: store.rounds())] == [(0, 1)]
         status = coordinator.status()
         worker = next(w for w in status.workers if w.worker_id == a.worker_id)
         assert (worker.dropped_updates, worker.outlier_rounds) == (2, 2) and "tokens = 161" in worker.outlier
@@ -424,8 +425,8 @@ def test_flagged_updates_are_recorded_per_round_and_worker_and_shown(tmp_path):
         assert closed.aggregation.startswith("clipped_mean: reference norm") and "1 of 3 flagged" in closed.aggregation
         big = next(w for w in status.workers if w.worker_id == ids[2])
         assert (big.clipped_updates, big.outlier_rounds) == (1, 1) and big.outlier.startswith("round 0: clipped: norm")
-        events = sql(tmp_path, "SELECT worker_id, kind FROM events WHERE kind IN ('clipped', 'dropped')")
-        assert events == [(ids[2], "clipped")]
+        events = read_state(tmp_path, lambda store: store.events("clipped", "dropped"))
+        assert [(e.worker_id, e.kind) for e in events] == [(ids[2], "clipped")]
         assert coordinator.store.recent_rounds(5)[0].clipped == 1
         # `rcswarm status` and the dashboard show it.
         console = Console(file=io.StringIO(), width=400)
@@ -458,10 +459,10 @@ def test_a_dropped_direction_is_recorded_and_counts_towards_eviction(tmp_path):
         closed = status.rounds[-2]
         assert (closed.version, closed.clipped, closed.dropped) == (0, 0, 1)
         assert closed.aggregation.startswith("clipped_mean: reference norm") and "direction: 1 of 4 dropped" in closed.aggregation
-        events = sql(tmp_path, "SELECT worker_id, kind, reason FROM events WHERE kind IN ('dropped', 'clipped', 'evict')")
-        assert [(w, k) for w, k, _ in events] == [(flip_id, "dropped"), (flip_id, "evict")]
-        assert events[0][2].startswith("round 0: direction: cosine >= sync.min_cosine = 0 with 0 of the other 3 updates")
-        assert events[1][2].startswith("evicted: outlier in 1 of its last 1 rounds (dropped in round 0)")
+        events = read_state(tmp_path, lambda store: store.events("dropped", "clipped", "evict"))
+        assert [(e.worker_id, e.kind) for e in events] == [(flip_id, "dropped"), (flip_id, "evict")]
+        assert events[0].reason.startswith("round 0: direction: cosine >= sync.min_cosine = 0 with 0 of the other 3 updates")
+        assert events[1].reason.startswith("evicted: outlier in 1 of its last 1 rounds (dropped in round 0)")
         worker = next(w for w in status.workers if w.worker_id == flip_id)
         assert worker.dropped_updates == 1 and worker.outlier.startswith("round 0: dropped: direction:")
     finally:
@@ -478,7 +479,7 @@ def test_an_update_over_the_automatic_norm_bound_is_dropped_with_its_reason(tmp_
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert message.startswith("update rejected: global L2 norm") and "the automatic sync.max_update_norm" in message
         assert f"{bound:.4g}" in message and "AdamW" in message
-        assert sql(tmp_path, "SELECT kind FROM events WHERE worker_id = ?", (worker_id,))[-1] == ("dropped",)
+        assert [e.kind for e in read_state(tmp_path, lambda store: store.events()) if e.worker_id == worker_id][-1] == "dropped"
     finally:
         coordinator.close()
 
@@ -505,6 +506,7 @@ def test_a_state_dir_from_before_the_counts_gets_them(tmp_path):
     db.close()
     reader = StateStore.open_read_only(tmp_path)
     assert reader.recent_rounds(5) == [RoundRecord(0, 0.0, 1.0, 2, 64, "old", 0.5, "ab", 0, 0, "")]
+    assert reader.round_steps() == {}  # no steps recorded: the run step counts inner.steps for its rounds
     reader.close()
     store = StateStore(tmp_path)
     try:
@@ -536,9 +538,10 @@ def test_honest_workers_are_never_refused_across_assignment_changes(start_coordi
         for w in workers:
             w.stop.set()
     wait_for(lambda: local.service.version == 6, 10, "the last round")
-    assert sql(local.state_dir, "SELECT COUNT(*) FROM events WHERE kind IN ('dropped', 'clipped', 'evict')") == [(0,)]
-    assert sql(local.state_dir, "SELECT SUM(clipped), SUM(dropped) FROM rounds") == [(0, 0)]
-    summaries = [row[0] for row in sql(local.state_dir, "SELECT aggregation FROM rounds")]
+    assert read_state(local.state_dir, lambda store: store.events("dropped", "clipped", "evict")) == []
+    rounds = read_state(local.state_dir, lambda store: store.rounds())
+    assert (sum(r.clipped for r in rounds), sum(r.dropped for r in rounds)) == (0, 0)
+    summaries = [r.aggregation for r in rounds]
     assert len(summaries) == 6 and all("direction: 0 of 3 dropped" in summary for summary in summaries)
-    lengths = sql(local.state_dir, "SELECT DISTINCT seq_len FROM metrics WHERE tokens > 0 ORDER BY seq_len")
-    assert lengths == [(8,), (16,), (32,)]
+    lengths = {row.seq_len for row in read_state(local.state_dir, lambda store: store.metric_rows()) if row.tokens > 0}
+    assert sorted(lengths) == [8, 16, 32]

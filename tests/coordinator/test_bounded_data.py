@@ -23,9 +23,9 @@ from rcswarm.coordinator import SwarmCoordinator, decisions
 from rcswarm.coordinator.records import STATUS_ENDED_WORKERS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from tests.conftest import sql
 from tests.helpers.coordinator import creds
 from tests.helpers.specs import tiny_spec
+from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 from tests.helpers.wire import Wire
 
@@ -68,7 +68,7 @@ def test_metrics_from_unknown_left_or_evicted_workers_are_refused(wire_to: Any) 
                          for w in wire.call("GetStatus", pb.GetStatusRequest()).workers), 10, "the eviction")
     evicted = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(silent), metrics=[step_metric(1)]))
     assert evicted.code() == grpc.StatusCode.NOT_FOUND and "evicted" in evicted.details()
-    assert sql(local.state_dir, "SELECT worker_id, step FROM metrics") == [(left, 1)]
+    assert [(r.worker_id, r.step) for r in read_state(local.state_dir, lambda store: store.metric_rows())] == [(left, 1)]
 
 
 @pytest.mark.parametrize(("field", "value", "shown"), [
@@ -89,7 +89,7 @@ def test_an_out_of_range_metric_is_refused_whole_and_status_still_answers(
     refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(
         **wire.creds(worker), metrics=[step_metric(1), step_metric(2, **{field: value})]))
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and shown in refused.details(), refused.details()
-    assert sql(local.state_dir, "SELECT COUNT(*) FROM metrics") == [(0,)]
+    assert read_state(local.state_dir, lambda store: store.metric_rows()) == []
     assert wire.report(worker, [step_metric(1, tokens=10**9), step_metric(2, loss=math.nan, tokens=0)]).stored == 2
     status = wire.call("GetStatus", pb.GetStatusRequest())
     assert status.total_tokens == 10**9
@@ -108,12 +108,13 @@ def test_a_metrics_flood_is_capped_per_worker_and_round(wire_to: Any) -> None:
     for _ in range(20):
         wire.refusal("ReportMetrics", pb.ReportMetricsRequest(**wire.creds(worker), metrics=[step_metric(k) for k in range(1000)]))
     assert wire.report(worker, [step_metric(k) for k in range(20)]).stored == 20
-    assert sql(local.state_dir, "SELECT COUNT(*) FROM metrics") == [(50,)]
+    assert len(read_state(local.state_dir, lambda store: store.metric_rows())) == 50
     # The next round counts afresh.
     assert wire.push_zero(worker, header).accepted
     wire.call("AwaitVersion", pb.AwaitVersionRequest(**wire.creds(worker), min_version=1, wait_ms=5000))
     assert wire.report(worker, [step_metric(k, version=1) for k in range(50)]).stored == 50
-    assert sql(local.state_dir, "SELECT version, COUNT(*) FROM metrics GROUP BY version") == [(0, 50), (1, 50)]
+    versions = [r.version for r in read_state(local.state_dir, lambda store: store.metric_rows())]
+    assert (versions.count(0), versions.count(1), len(versions)) == (50, 50, 100)
 
 
 def test_the_metric_cap_defaults_to_ten_rounds_of_steps_and_keys_are_checked() -> None:
@@ -156,8 +157,8 @@ def test_join_leave_churn_stays_fast_status_small_and_history_kept(wire_to: Any)
     wait_for(lambda: len(local.service.workers) == 1, 10 * grace + 5, "the ended memberships to be forgotten")
     forgotten = wire.refusal("Heartbeat", pb.HeartbeatRequest(**wire.creds(worker)))
     assert forgotten.code() == grpc.StatusCode.NOT_FOUND
-    assert sql(local.state_dir, "SELECT kind, COUNT(*) FROM events GROUP BY kind ORDER BY kind") == [
-        ("join", pairs + 1), ("leave", pairs)]
+    kinds = [e.kind for e in read_state(local.state_dir, lambda store: store.events())]
+    assert sorted((kind, kinds.count(kind)) for kind in set(kinds)) == [("join", pairs + 1), ("leave", pairs)]
 
 
 def test_live_tokens_per_second_counts_from_the_first_pull(tmp_path: Any) -> None:
@@ -184,7 +185,8 @@ def test_training_rows_past_a_finite_runs_last_round_are_not_kept(tmp_path) -> N
         rows = [pb.Metric(version=0, step=1, loss=3.0, tokens=8), pb.Metric(version=1, step=6, loss=2.5, tokens=8),
                 pb.Metric(version=1, step=5, loss=math.nan, tokens=0, param_sha256="ab")]
         assert coordinator.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows)).stored == 2
-        assert sql(tmp_path, "SELECT version, tokens FROM metrics ORDER BY step") == [(0, 8), (1, 0)]
+        stored = sorted(read_state(tmp_path, lambda store: store.metric_rows()), key=lambda row: row.step)
+        assert [(r.version, r.tokens) for r in stored] == [(0, 8), (1, 0)]
         assert coordinator.total_tokens == 8
     finally:
         coordinator.close()

@@ -18,7 +18,9 @@ from safetensors.torch import save_file
 
 from rcswarm.coordinator import SwarmCoordinator, aggregation
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.state.store import RECYCLED_CHECKPOINT, RoundRecord, StateStore, write_checkpoint
+from rcswarm.state.checkpoints import RECYCLED_CHECKPOINT, write_checkpoint
+from rcswarm.state.records import RoundRecord
+from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer, tensor_stream
 from tests.helpers.close import SHAPES, assert_bit_identical, encoded_payload, random_tensors, serving_tiny_int8

@@ -23,9 +23,9 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
-from tests.conftest import sql
 from tests.helpers.close import assert_bit_identical, encoded_payload
 from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.state import read_state
 from tests.helpers.wire import Wire
 
 ROUNDS = 4
@@ -197,9 +197,9 @@ def test_the_reference_norms_and_flag_events_enter_the_commits_transaction(tmp_p
         rounds = store.recent_rounds(2)
     assert [tuple(norms) for norms in history] == list(coordinator.closer.norm_history) and len(history) == 2
     assert sorted(r.clipped for r in rounds) == [0, 1]
-    events = sql(store.state_dir, "SELECT worker_id, kind, reason FROM events WHERE kind = 'clipped'")
-    assert [(worker, kind) for worker, kind, _ in events] == [(workers[2], "clipped")]
-    assert events[0][2].startswith("round 0: norm ")
+    events = read_state(store.state_dir, lambda stored: stored.events("clipped"))
+    assert [(e.worker_id, e.kind) for e in events] == [(workers[2], "clipped")]
+    assert events[0].reason.startswith("round 0: norm ")
 
 
 @pytest.mark.parametrize("codec", [pb.CODEC_FP32, pb.CODEC_BF16, pb.CODEC_INT8_BLOCK])

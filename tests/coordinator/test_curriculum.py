@@ -20,9 +20,9 @@ from rcswarm.observe.fits import AlphaScheduleFit
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
-from tests.conftest import sql
 from tests.helpers.coordinator import creds
 from tests.helpers.specs import tiny_spec
+from tests.helpers.state import read_state
 
 
 def law(alpha_inf: float, tau: float) -> curricula.Law:
@@ -261,8 +261,8 @@ def test_an_adaptive_decision_is_persisted_and_survives_a_restart(tmp_path):
         assert (after.seq_len, after.batch_size, after.rung, after.reason) == (8, 2, 1, status.reason)
         assert after.budget_seconds == 500.0
         assert restarted.join(pb.JoinRequest(worker_name="b")).assignment.seq_len == 8
-        events = sql(restarted.store.state_dir, "SELECT reason FROM events WHERE kind = 'curriculum'")
-        assert len(events) == 1 and "lengthens" in events[0][0]
+        events = read_state(restarted.store.state_dir, lambda store: store.events("curriculum"))
+        assert len(events) == 1 and "lengthens" in events[0].reason
     finally:
         restarted.close()
 

@@ -19,9 +19,9 @@ from rcswarm.cli.status import report
 from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator, decisions
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import tensor_stream
-from tests.conftest import sql
 from tests.helpers.close import SlowCommitStore
 from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 from tests.helpers.wire import Wire, push, small_deltas
 
@@ -63,7 +63,7 @@ def test_a_stale_by_one_update_is_merged_with_its_weight_and_an_older_one_refuse
     assert status.applied_tokens == 300
     closed = [r for r in status.rounds if r.version == 1 and r.closed_at]
     assert "merged 1 late update" in closed[0].close_reason and "stale by 1" in closed[0].close_reason
-    assert sql(local.state_dir, "SELECT worker_id FROM events WHERE kind = 'late'") == [(c.worker_id,)]
+    assert [e.worker_id for e in read_state(local.state_dir, lambda store: store.events("late"))] == [c.worker_id]
     # `rcswarm status` shows tokens trained against applied and each worker's late / stale / clipped / dropped.
     console = Console(record=True, width=400)
     report(status, console)
@@ -105,7 +105,7 @@ def test_a_late_update_goes_through_the_robust_aggregation(start_coordinator):
     closed = [r for r in status.rounds if r.version == 1 and r.closed_at]
     assert closed[0].clipped == 1 and "merged 1 late update" in closed[0].close_reason
     assert {w.worker_id: w.clipped_updates for w in status.workers} == {a.worker_id: 0, c.worker_id: 1}
-    assert sql(local.state_dir, "SELECT worker_id, kind FROM events WHERE kind = 'clipped'") == [(c.worker_id, "clipped")]
+    assert [e.worker_id for e in read_state(local.state_dir, lambda store: store.events("clipped"))] == [c.worker_id]
     client.close()
 
 

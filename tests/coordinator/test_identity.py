@@ -35,8 +35,8 @@ from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
 from rcswarm.worker.client import Action, Identity, classify
 from rcswarm.worker.worker import Worker, WorkerOptions
-from tests.conftest import sql
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec
+from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 from tests.helpers.wire import refused
 
@@ -115,7 +115,7 @@ def test_another_workers_id_is_refused_and_the_victim_is_unaffected(pair: Any, r
     status = stub.GetStatus(pb.GetStatusRequest(), timeout=10, metadata=AUTH)
     assert {w.worker_id: w.state for w in status.workers}[a.worker_id] == pb.WORKER_STATE_ACTIVE
     assert status.rounds[-1].reports == 0 and status.version == 0
-    assert sql(local.state_dir, "SELECT COUNT(*) FROM metrics WHERE worker_id = ?", (a.worker_id,)) == [(0,)]
+    assert [r for r in read_state(local.state_dir, lambda store: store.metric_rows()) if r.worker_id == a.worker_id] == []
     # A's own update lands and counts (no ALREADY_EXISTS), and B's own closes the round.
     pushed = worker_call(stub, "PushUpdate", a.worker_id, a.worker_secret, local)
     assert pushed.accepted and pushed.reports == 1
@@ -228,7 +228,7 @@ def test_secrets_never_show_in_status_dashboard_sqlite_or_logs(start_coordinator
     assert a.worker_id.encode() in dashboard
     channel.close()
     stored = b"".join(path.read_bytes() for path in local.state_dir.rglob("*") if path.is_file())
-    assert len(sql(local.state_dir, "SELECT * FROM events")) == 3
+    assert len(read_state(local.state_dir, lambda store: store.events())) == 3
     assert "refused Heartbeat for worker " + a.worker_id in caplog.text
     places = {"GetStatus": status.SerializeToString() + str(status).encode(), "/api/status": dashboard,
               "the state dir (SQLite, checkpoints)": stored, "the logs": caplog.text.encode()}

@@ -60,8 +60,8 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.train.inner import make_sampler, masked_cross_entropy
 from rcswarm.worker.worker import Worker, WorkerOptions
-from tests.conftest import sql
 from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -193,8 +193,8 @@ def run_swarm(start: Callable[..., Any], spec: RunSpec, attack: str | None) -> S
     thetas = [{k: t for k, t in theta.items() if "/" not in k} for theta in thetas]
     return SwarmRun(
         thetas=thetas, losses=[held_out_loss(spec, theta, batches) for theta in thetas],
-        events=sql(local.state_dir, "SELECT worker_id, kind, reason FROM events ORDER BY rowid"),
-        rounds=sql(local.state_dir, "SELECT version, clipped, dropped, aggregation FROM rounds ORDER BY version"),
+        events=[(e.worker_id, e.kind, e.reason) for e in read_state(local.state_dir, lambda store: store.events())],
+        rounds=[(r.version, r.clipped, r.dropped, r.aggregation) for r in read_state(local.state_dir, lambda store: store.rounds())],
         exit_codes=codes,
     )
 

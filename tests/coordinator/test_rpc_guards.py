@@ -13,8 +13,8 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.sync import codec, tensor_stream
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy
-from tests.conftest import sql
 from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.state import read_state
 from tests.helpers.wire import push, small_deltas
 
 
@@ -172,7 +172,7 @@ def test_stale_future_duplicate_and_tokenless_updates(swarm):
     # Lost work is visible per worker: counted in GetStatus (the dashboard and `rcswarm status` show it), an event.
     counts = {w.worker_id: w.stale_updates for w in client.status().workers}
     assert counts == {a.worker_id: 0, b.worker_id: 0, late.worker_id: 1}
-    assert sql(local.state_dir, "SELECT worker_id, kind FROM events WHERE kind = 'stale'") == [(late.worker_id, "stale")]
+    assert [e.worker_id for e in read_state(local.state_dir, lambda store: store.events("stale"))] == [late.worker_id]
 
 
 def test_an_accepted_round_moves_the_parameters_by_the_outer_step(swarm):

@@ -3,7 +3,8 @@
 Every import of an `rcswarm.<folder>` module, at the top of a file or inside a function, is an
 arrow between top-level folders; each folder may point only at the folders listed for it below.
 The table has no cycle, so neither has the tree. Beside the arrows: no module imports a `*_cli`
-module, and no SQL statement is written outside the store (state/).
+module, and no SQL statement is written and no `sqlite3` imported outside the store (state/): other
+folders use its named reads and catch its StoreError.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ ALLOWED = {
     "worker": {"kernels", "models", "data", "protos", "config", "sync", "train"},
     "cli": {"kernels", "models", "data", "protos", "config", "sync", "train", "state", "observe", "coordinator", "worker"},
 }
-STORE = ROOT / "state" / "store.py"
+STORE = ROOT / "state"
 SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+(OR\s+\w+\s+)?INTO|CREATE\s+(TABLE|INDEX)|DELETE\s+FROM|UPDATE\s+\w+\s+SET)\b",
                  re.DOTALL)
 
@@ -82,19 +83,26 @@ def test_no_module_imports_a_cli_module() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_sql_lives_in_the_store_alone() -> None:
-    wrong = []
-    for path in package_files():
-        if path == STORE:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL.search(node.value):
-                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.strip()[:60]!r}")
-    assert not wrong, "SQL outside state/store.py:\n" + "\n".join(wrong)
+def sql_outside_the_store(path: Path) -> list[str]:
+    """SQL strings and sqlite3 imports in a file, each as "line: what"."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = [f"{line}: imports {module}" for line, module in imported_modules(tree) if module.split(".")[0] == "sqlite3"]
+    found += [f"{node.lineno}: {node.value.strip()[:60]!r}" for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL.search(node.value)]
+    return found
+
+
+def test_sql_and_sqlite3_live_in_the_store_alone() -> None:
+    wrong = [f"{path.relative_to(ROOT)}:{found}" for path in package_files() if STORE not in path.parents
+             for found in sql_outside_the_store(path)]
+    assert not wrong, "SQL or sqlite3 outside state/:\n" + "\n".join(wrong)
 
 
 def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from rcswarm.worker.worker import main\n    return 'SELECT x FROM metrics'\n")
     assert arrows(bad) == [(2, "worker"), (2, "worker")]
+    bad.write_text("import sqlite3\nfrom sqlite3 import Error\nQUERY = 'DELETE FROM events'\n")
+    assert sql_outside_the_store(bad) == ["1: imports sqlite3", "2: imports sqlite3", "2: imports sqlite3.Error",
+                                          "3: 'DELETE FROM events'"]
     assert SQL.search("SELECT x FROM metrics WHERE y = ?") and not SQL.search("select the fastest path from them")

@@ -15,7 +15,8 @@ import torch
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.state.records import RoundRecord
+from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer, tensor_stream
 from tests.helpers.specs import TOKEN, tiny_spec

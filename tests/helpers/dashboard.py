@@ -95,7 +95,8 @@ SWEEP_T0 = 1_000_000.0
 def sweep(tmp_path: Path) -> Any:
     """A sweep over LENGTHS behind real gRPC and the HTTP dashboard; one client per run reports every step.
 
-    A run's step is version × inner.steps + the step within the round and its time counts from its
+    A run's step is the steps its rounds trained before the version (none here: every row is at version 0)
+    + the step within the round and its time counts from its
     first metric on the coordinator's clock, so each step is reported at SWEEP_T0 + step · L / 1000 s.
     """
     from types import SimpleNamespace

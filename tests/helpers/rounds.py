@@ -3,24 +3,26 @@ reported them and as the coordinator made them, and the mean training loss of ea
 
 from __future__ import annotations
 
-from tests.conftest import sql
+from tests.helpers.state import read_state
 
 
 def worker_digests(state_dir) -> dict[int, set[str]]:
     """version -> the parameter digests workers reported right after pulling it."""
-    rows = sql(state_dir, "SELECT version, param_sha256 FROM metrics WHERE param_sha256 != ''")
     digests: dict[int, set[str]] = {}
-    for version, digest in rows:
-        digests.setdefault(version, set()).add(digest)
+    for row in read_state(state_dir, lambda store: store.metric_rows()):
+        if row.param_sha256:
+            digests.setdefault(row.version, set()).add(row.param_sha256)
     return digests
 
 
 def coordinator_digests(state_dir) -> dict[int, str]:
     """version -> digest of the global parameters of that version (from the rounds that made them)."""
-    rows = sql(state_dir, "SELECT version + 1, param_sha256 FROM rounds")
-    return dict(rows)
+    return {r.version + 1: r.param_sha256 for r in read_state(state_dir, lambda store: store.rounds())}
 
 
 def round_losses(state_dir) -> list[float]:
-    rows = sql(state_dir, "SELECT version, AVG(loss) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version")
-    return [loss for _, loss in rows]
+    losses: dict[int, list[float]] = {}
+    for row in read_state(state_dir, lambda store: store.metric_rows()):
+        if row.tokens > 0 and row.loss is not None:
+            losses.setdefault(row.version, []).append(row.loss)
+    return [sum(values) / len(values) for _, values in sorted(losses.items())]

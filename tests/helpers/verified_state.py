@@ -6,7 +6,8 @@ from pathlib import Path
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import SwarmCoordinator
-from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.state.records import RoundRecord
+from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
 from tests.helpers.specs import tiny_spec
 

@@ -353,6 +353,7 @@ def test_status_cli_prints_the_sweep_fit_from_its_state_dir(sweep: Any, capsys: 
 
 
 def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path: Path) -> None:
+    from rcswarm.observe.analysis import run_step_means
     from rcswarm.state.store import StateStore
 
     store = StateStore(tmp_path / "state")
@@ -365,11 +366,11 @@ def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path:
                 rows.append(("run", "w", version, own, 16, 2, 1.0 / own, 32, 900.0 + own, 0.0, 0.0, 0, 0, "",
                              100.0 + 10 * version + k))
         store.add_metrics(rows)
-        means = store.run_step_means(4)
+        means = run_step_means(store, 4)
     finally:
         store.close()
     assert [step for _, step, _, _ in means] == list(range(9, 17))
     assert [t for _, _, _, t in means] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
     assert {length for length, _, _, _ in means} == {16} and means[0][2] == pytest.approx(1.0 / 500)
     with pytest.raises(ValueError, match="inner_steps=0"):
-        store.run_step_means(0)
+        run_step_means(store, 0)

@@ -13,11 +13,12 @@ import pytest
 
 from rcswarm.coordinator import SwarmCoordinator
 from rcswarm.observe.dashboard import Dashboard
-from rcswarm.state.store import RoundRecord, StateStore
+from rcswarm.state.records import MetricRow, RoundRecord
+from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
-from tests.conftest import sql
 from tests.helpers.dashboard import metric_rows
 from tests.helpers.specs import tiny_spec
+from tests.helpers.state import read_state
 
 ROWS = 500_000
 BATCH = 50_000
@@ -108,12 +109,20 @@ def test_the_aggregates_match_the_metric_rows_they_summarise(tmp_path: Path) -> 
         means = store.worker_step_means("run")
     finally:
         store.close()
-    raw = sql(tmp_path, "SELECT worker_id, TOTAL(MAX(tokens, 0)), MAX(bytes_sent), COUNT(*), MAX(step) FROM metrics "
-                        "GROUP BY worker_id")
-    for worker_id, tokens, sent, count, step in raw:
+    every = read_state(tmp_path, lambda store: store.metric_rows())
+    by_worker: dict[str, list[MetricRow]] = {}
+    for r in every:
+        by_worker.setdefault(r.worker_id, []).append(r)
+    for worker_id, mine in by_worker.items():
+        tokens, sent, count, step = (sum(max(r.tokens, 0) for r in mine), max(r.bytes_sent for r in mine), len(mine),
+                                     max(r.step for r in mine))
         assert totals[worker_id].tokens == min(int(tokens), 2**63 - 1) and usage[worker_id].tokens == totals[worker_id].tokens
         assert (totals[worker_id].bytes_sent, totals[worker_id].rows, totals[worker_id].last_step) == (sent, count, step)
-    expected = sql(tmp_path, "SELECT seq_len, step, AVG(loss), AVG(wall_time) FROM metrics WHERE loss > 0 AND seq_len > 0 "
-                             "AND step > 0 AND run_id = 'run' GROUP BY seq_len, step ORDER BY seq_len, step")
+    chosen: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for r in every:
+        if r.loss is not None and r.loss > 0 and r.seq_len > 0 and r.step > 0 and r.run_id == "run":
+            chosen.setdefault((r.seq_len, r.step), []).append((r.loss, r.wall_time))
+    expected = [(*key, sum(loss for loss, _ in pairs) / len(pairs), sum(wall for _, wall in pairs) / len(pairs))
+                for key, pairs in sorted(chosen.items())]
     assert [row[:2] for row in means] == [row[:2] for row in expected]
     assert [value for row in means for value in row[2:]] == pytest.approx([value for row in expected for value in row[2:]])

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rcswarm.sync import tensor_stream
-from tests.conftest import sql
+from tests.helpers.state import read_state
 from tests.helpers.verified_state import VERSIONS, committed_run, open_coordinator, spec
 
 
@@ -35,7 +35,7 @@ def parameter_span(path: Path) -> tuple[int, int]:
 
 
 def run_id_of(state_dir: Path) -> str:
-    return sql(state_dir, "SELECT value FROM run_state WHERE key = 'run_id'")[0][0]
+    return read_state(state_dir, lambda store: store.get("run_id"))
 
 
 def edit_sql(state_dir: Path, statement: str) -> None:
@@ -45,7 +45,7 @@ def edit_sql(state_dir: Path, statement: str) -> None:
 
 
 def fallback_reasons(state_dir: Path) -> list[str]:
-    return [reason for (reason,) in sql(state_dir, "SELECT reason FROM events WHERE kind = 'fallback'")]
+    return [event.reason for event in read_state(state_dir, lambda store: store.events("fallback"))]
 
 
 def assert_resumed(state_dir: Path, version: int, digests: dict[int, bytes]) -> None:
@@ -84,7 +84,7 @@ def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous_versio
     [reason] = fallback_reasons(tmp_path)
     assert path.name in reason and "SHA-256" in reason and f"resuming at version {VERSIONS - 1}" in reason
     assert any("SHA-256" in record.getMessage() for record in caplog.records if record.levelno == logging.WARNING)
-    assert sql(tmp_path, "SELECT value FROM run_state WHERE key = 'version'") == [(str(VERSIONS - 1),)]
+    assert read_state(tmp_path, lambda store: store.get("version")) == str(VERSIONS - 1)
     assert path.with_name(path.name + ".rejected").exists()
 
 
@@ -158,4 +158,4 @@ def test_a_state_dir_from_before_the_ledger_is_verified_from_its_rounds(tmp_path
     edit_sql(tmp_path, "PRAGMA user_version = 0")
     assert_resumed(tmp_path, VERSIONS, digests)
     assert fallback_reasons(tmp_path) == []
-    assert [v for (v,) in sql(tmp_path, "SELECT version FROM checkpoints ORDER BY version")] == list(range(1, VERSIONS + 1))
+    assert [entry.version for entry in read_state(tmp_path, lambda store: store.ledger())] == list(range(1, VERSIONS + 1))

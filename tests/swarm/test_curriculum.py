@@ -6,10 +6,10 @@ import pytest
 
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.state.store import StateStore
-from tests.conftest import sql
 from tests.helpers.processes import logs_of
 from tests.helpers.rounds import coordinator_digests, round_losses, worker_digests
 from tests.helpers.specs import tiny_spec
+from tests.helpers.state import read_state
 
 
 @pytest.mark.slow
@@ -25,12 +25,13 @@ def test_workers_of_one_run_train_their_assigned_lengths(start_coordinator, spaw
     assert status.version == 4 and status.curriculum.seq_len == 0
     assert sorted(w.assignment.seq_len for w in status.workers) == [4, 8]
     store = local.service.store
-    trained = sql(store.state_dir, "SELECT worker_id, seq_len, batch, tokens FROM metrics WHERE tokens > 0")
+    trained = [(r.worker_id, r.seq_len, r.batch, r.tokens) for r in read_state(store.state_dir, lambda s: s.metric_rows())
+               if r.tokens > 0]
     per_worker = {w.worker_id: w.assignment.seq_len for w in status.workers}
     assert {(worker, length) for worker, length, _, _ in trained} == set(per_worker.items())
     assert all(tokens == 4 * length for _, length, _, tokens in trained)
     # Each round's weight is the tokens each worker trained: 8 steps × batch 4 × (4 + 8).
-    assert [tokens for (tokens,) in sql(store.state_dir, "SELECT tokens FROM rounds ORDER BY version")] == [8 * 4 * 12] * 4
+    assert [r.tokens for r in read_state(store.state_dir, lambda s: s.rounds())] == [8 * 4 * 12] * 4
     reported = worker_digests(local.state_dir)
     expected = {0: version0, **coordinator_digests(local.state_dir)}
     assert all(reported[v] == {expected[v]} for v in range(4)), (reported, expected)
@@ -47,12 +48,16 @@ def test_an_adaptive_run_lengthens_after_measured_rounds(start_coordinator, spaw
     for proc in procs:
         assert proc.wait(timeout=180) == 0, logs_of(procs)
     store = local.service.store
-    by_version = sql(store.state_dir, "SELECT version, MIN(seq_len), MAX(seq_len) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version")
+    lengths_of: dict[int, list[int]] = {}
+    for row in read_state(store.state_dir, lambda s: s.metric_rows()):
+        if row.tokens > 0:
+            lengths_of.setdefault(row.version, []).append(row.seq_len)
+    by_version = [(version, min(found), max(found)) for version, found in sorted(lengths_of.items())]
     lengths = [low for _, low, _ in by_version]
     assert all(low == high for _, low, high in by_version), by_version
     assert lengths[0] == 4 and lengths == sorted(lengths) and len(set(lengths)) >= 2, by_version
-    decisions = sql(store.state_dir, "SELECT reason FROM events WHERE kind = 'curriculum'")
-    assert any("lengthens L = 4 -> 8" in reason for (reason,) in decisions), decisions
+    decisions = [event.reason for event in read_state(store.state_dir, lambda s: s.events("curriculum"))]
+    assert any("lengthens L = 4 -> 8" in reason for reason in decisions), decisions
     status = local.client().status().curriculum
     assert status.policy == "adaptive" and status.seq_len >= lengths[-1] and 4 in status.seconds_per_step
     local.running.stop(grace=0.5)

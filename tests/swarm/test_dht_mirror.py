@@ -23,10 +23,10 @@ from rcswarm.cli import dht as dht_cli
 from rcswarm.cli import fit as fit_cli
 from rcswarm.cli import status as status_cli
 from rcswarm.observe import mirror_view as mv
-from tests.conftest import sql
 from tests.helpers.coordinator import free_port
 from tests.helpers.dht_mirror import RUN, law_rows, metrics, spec
 from tests.helpers.specs import write_spec
+from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
 # ---- a real DHT -----------------------------------------------------------------------------------
@@ -89,12 +89,12 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         assert publish(peers[0], "another-run", hs.METRICS_KEY, {"run": "other", "name": "x", "rows": law_rows(8, 3)})
 
         def mirrored() -> Any:
-            rows = sql(state, f"SELECT value FROM run_state WHERE key = '{mv.VIEW_KEY}'")
-            view = json.loads(rows[0][0]) if rows else {"peers": []}
+            stored = read_state(state, lambda store: store.get(mv.VIEW_KEY))
+            view = json.loads(stored) if stored is not None else {"peers": []}
             return len(view["peers"]) == 3 and all(p["version"] >= 1 and p["step"] == 120 for p in view["peers"]) and view
         view = wait_for(mirrored, 60, "the mirror's view of 3 peers")
         assert view["version"] == 2
-        assert sql(state, "SELECT COUNT(*) FROM metrics")[0][0] == 3 * 120
+        assert len(read_state(state, lambda store: store.metric_rows())) == 3 * 120
 
         capsys.readouterr()  # the bootstrap peer's multiaddrs
         assert status_cli.main(["--state-dir", str(state), "--json"]) == 0
@@ -133,10 +133,10 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         again = DhtCommand([*args, "--initial-peers", *hs.visible_maddrs(peers[0])])
         wait_for(maddrs.is_file, 60, "the restarted bootstrap peer")
         assert publish(peers[0], str(peers[0].peer_id), hs.METRICS_KEY, metrics("a", law_rows(32, 130, 2)))
-        wait_for(lambda: sql(state, "SELECT COUNT(*) FROM metrics")[0][0] >= 3 * 120 + 10, 60, "the restarted mirror")
+        wait_for(lambda: len(read_state(state, lambda store: store.metric_rows())) >= 3 * 120 + 10, 60, "the restarted mirror")
         time.sleep(1.0)  # a few more polls
         assert again.close() == 0
-        assert sql(state, "SELECT COUNT(*) FROM metrics")[0][0] == 3 * 120 + 10
+        assert len(read_state(state, lambda store: store.metric_rows())) == 3 * 120 + 10
         # Two more runs at other lengths, mirrored beside it (a run keeps one length): `rcswarm fit` over all three.
         for seq_len in (8, 128):
             other = dataclasses.replace(spec(), run=dataclasses.replace(spec().run, name=f"{RUN}-{seq_len}"))

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import sql
 from tests.helpers.processes import logs_of, worker_env
 from tests.helpers.rounds import coordinator_digests, round_losses, worker_digests
 from tests.helpers.specs import tiny_spec
+from tests.helpers.state import read_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,9 +94,11 @@ def applied_share(status: pb.GetStatusResponse) -> float:
 
 def tokens_per_update(state_dir: Path, worker_id: str) -> list[int]:
     """Tokens the worker trained from each version it trained from (one update each)."""
-    rows = sql(state_dir, "SELECT version, SUM(tokens) FROM metrics WHERE worker_id = ? AND tokens > 0 "
-                          "GROUP BY version ORDER BY version", (worker_id,))
-    return [tokens for _, tokens in rows]
+    tokens: dict[int, int] = {}
+    for row in read_state(state_dir, lambda store: store.metric_rows()):
+        if row.worker_id == worker_id and row.tokens > 0:
+            tokens[row.version] = tokens.get(row.version, 0) + row.tokens
+    return [total for _, total in sorted(tokens.items())]
 
 
 def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coordinator, tmp_path):

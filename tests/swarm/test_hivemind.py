@@ -27,10 +27,10 @@ from rcswarm.coordinator.resume import initial_parameters
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer
 from rcswarm.worker import worker as worker_cli
-from tests.conftest import sql
 from tests.helpers.hivemind import PATIENT, REPLICA_TOLERANCE_PER_ROUND, RULES, assert_replicas_agree, hivemind_spec
 from tests.helpers.processes import logs_of, worker_env
 from tests.helpers.specs import tiny_spec, write_spec
+from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
 hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
@@ -229,8 +229,10 @@ def test_three_peers_train_average_and_agree(swarm: Any) -> None:
     # The bootstrap peer mirrored every training row of every worker into a state dir.
     state = peers.tmp / "state"
     want = len(names) * spec.run.rounds * spec.inner.steps
-    wait_for(lambda: sql(state, "SELECT COUNT(*) FROM metrics WHERE tokens > 0")[0][0] >= want, 20, "the mirror")
-    rows = sql(state, "SELECT worker_id, COUNT(*), MAX(version) FROM metrics GROUP BY worker_id ORDER BY worker_id")
+    wait_for(lambda: sum(r.tokens > 0 for r in read_state(state, lambda store: store.metric_rows())) >= want, 20, "the mirror")
+    every = read_state(state, lambda store: store.metric_rows())
+    rows = [(w, sum(r.worker_id == w for r in every), max(r.version for r in every if r.worker_id == w))
+            for w in sorted({r.worker_id for r in every})]
     assert [(w.split("@")[0], n, v) for w, n, v in rows] == [(name, 25, 4) for name in names]
 
 
@@ -435,7 +437,7 @@ def test_rcswarm_run_trains_a_local_hivemind_swarm(tmp_path: Path, no_new_p2pd: 
     assert summary["replica_max_abs_difference"] <= 3 * REPLICA_TOLERANCE_PER_ROUND
     assert (run_dir / "final.safetensors").is_file()
     # The bootstrap peer mirrored every training row, however its polls fell against the rounds.
-    assert sql(run_dir / "state", "SELECT COUNT(*) FROM metrics WHERE tokens > 0")[0][0] == 2 * 3 * 5
+    assert sum(row.tokens > 0 for row in read_state(run_dir / "state", lambda store: store.metric_rows())) == 2 * 3 * 5
 
 
 @pytest.mark.slow

@@ -24,10 +24,10 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from tests.conftest import sql
 from tests.helpers.coordinator import creds
 from tests.helpers.processes import worker_env
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec
+from tests.helpers.state import read_state
 
 pytest.importorskip("rcswarm.worker.hivemind_sync")
 from rcswarm.worker import hivemind_sync as hs  # noqa: E402
@@ -53,8 +53,7 @@ def round_rows(version: int, seq_len: int, step: int, compute: float) -> list[pb
 
 
 def curriculum_events(coordinator: SwarmCoordinator) -> list[str]:
-    return [reason for (reason,) in sql(coordinator.store.state_dir, "SELECT reason FROM events WHERE kind = 'curriculum' "
-                                        "ORDER BY rowid")]
+    return [event.reason for event in read_state(coordinator.store.state_dir, lambda store: store.events("curriculum"))]
 
 
 def test_reported_versions_take_the_curriculum_step_of_each_round_once(tmp_path: Path) -> None:
@@ -202,11 +201,11 @@ def test_hivemind_workers_climb_the_coordinators_ladder_while_averaging_peer_to_
         assert [h["version"] for h in history] == [1, 2, 3, 4, 5] and not any(h["skipped"] for h in history), history
         # 8 up to the round the decision followed, 16 from a later round boundary on, and never back.
         assert lengths == sorted(lengths) and lengths[lengthened] == 8 and lengths[-1] == 16, (lengthened, history)
-    trained = sql(coordinator.state_dir, "SELECT DISTINCT seq_len FROM metrics WHERE tokens > 0 ORDER BY seq_len")
-    assert trained == [(8,), (16,)]
+    trained = {row.seq_len for row in read_state(coordinator.state_dir, lambda store: store.metric_rows()) if row.tokens > 0}
+    assert sorted(trained) == [8, 16]
     # The coordinator closed no round and received no tensor: its θ is still version 0, no round row exists.
     assert service.version == 0 and service.applied_tokens == 0
-    assert sql(coordinator.state_dir, "SELECT COUNT(*) FROM rounds")[0][0] == 0
+    assert read_state(coordinator.state_dir, lambda store: store.rounds()) == []
     assert_replicas_agree(peers, ["a", "b"], 5 * REPLICA_TOLERANCE_PER_ROUND)
 
 
@@ -225,9 +224,8 @@ def test_rcswarm_run_starts_a_coordinator_for_an_adaptive_hivemind_swarm(tmp_pat
     assert summary["outcome"] == "completed" and summary["rounds"] == 5 and len(summary["peers"]) == 2, summary
     # The coordinator's state dir: every worker's rows, the decisions, no round closed there.
     state = run_dir / "state"
-    assert sql(state, "SELECT DISTINCT seq_len FROM metrics WHERE tokens > 0 ORDER BY seq_len") == [(8,), (16,)]
-    assert any("lengthens L = 8 -> 16" in reason for (reason,) in sql(state, "SELECT reason FROM events "
-                                                                     "WHERE kind = 'curriculum'"))
-    assert sql(state, "SELECT COUNT(*) FROM rounds")[0][0] == 0
+    assert sorted({row.seq_len for row in read_state(state, lambda store: store.metric_rows()) if row.tokens > 0}) == [8, 16]
+    assert any("lengthens L = 8 -> 16" in event.reason for event in read_state(state, lambda store: store.events("curriculum")))
+    assert read_state(state, lambda store: store.rounds()) == []
     processes = json.loads((run_dir / "processes.json").read_text())
     assert processes["coordinator"] is not None and len(processes["workers"]) == 2

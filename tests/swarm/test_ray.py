@@ -27,8 +27,8 @@ import pytest
 from rcswarm.cli import launch
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
-from tests.conftest import sql
 from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", TOKEN_ENV: TOKEN, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -142,13 +142,15 @@ def status_of(address: str, namespace: str) -> dict:
 
 def worker_digests(state_dir) -> dict[int, set[str]]:
     digests: dict[int, set[str]] = {}
-    for version, digest in sql(state_dir, "SELECT version, param_sha256 FROM metrics WHERE param_sha256 != ''"):
-        digests.setdefault(version, set()).add(digest)
+    for row in read_state(state_dir, lambda store: store.metric_rows()):
+        if row.param_sha256:
+            digests.setdefault(row.version, set()).add(row.param_sha256)
     return digests
 
 
 def events(state_dir, kind: str) -> list[tuple[str, str]]:
-    return sql(state_dir, "SELECT worker_id, reason FROM events WHERE kind = ? ORDER BY time", (kind,))
+    found = sorted(read_state(state_dir, lambda store: store.events(kind)), key=lambda event: event.time)
+    return [(event.worker_id, event.reason) for event in found]
 
 
 def active_ids(local) -> set[str]:
@@ -191,7 +193,7 @@ def test_two_ray_actors_train_in_lockstep_and_leave_on_stop(ray_cluster, namespa
     assert launch.named_actors(namespace) == []
 
     # Every replica equals the coordinator's parameters after each pull, bit for bit.
-    expected = {0: version0, **dict(sql(local.state_dir, "SELECT version + 1, param_sha256 FROM rounds"))}
+    expected = {0: version0, **{r.version + 1: r.param_sha256 for r in read_state(local.state_dir, lambda store: store.rounds())}}
     reported = worker_digests(local.state_dir)
     for version in range(3):
         assert reported[version] == {expected[version]}, f"version {version}: {reported[version]} vs {expected[version]}"
@@ -212,7 +214,7 @@ def joined_rows(address: str, namespace: str, count: int) -> dict[str, dict] | N
 
 
 def replicas_agree(local, version0: str) -> None:
-    expected = {0: version0, **dict(sql(local.state_dir, "SELECT version + 1, param_sha256 FROM rounds"))}
+    expected = {0: version0, **{r.version + 1: r.param_sha256 for r in read_state(local.state_dir, lambda store: store.rounds())}}
     for version, digests in worker_digests(local.state_dir).items():
         assert digests == {expected[version]}, f"version {version}: {digests} vs {expected[version]}"
 
@@ -311,7 +313,7 @@ def test_scaling_from_one_to_three_workers_and_back(ray_cluster, namespace, star
     wait_for(lambda: len(active_ids(local)) == 3, 120, "three workers")
     assert first < active_ids(local), "the first worker kept its membership"
     three = active_ids(local)
-    wait_for(lambda: sql(local.state_dir, "SELECT COUNT(*) FROM rounds WHERE reports = 3")[0][0] >= 1, 120,
+    wait_for(lambda: any(r.reports == 3 for r in read_state(local.state_dir, lambda store: store.rounds())), 120,
              "a round with three reports")
     scale(1)
     assert active_ids(local) == first

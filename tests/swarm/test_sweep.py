@@ -12,9 +12,9 @@ from rcswarm.cli import status as status_cli
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.sweep import SweepCoordinator, run_state_dir
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.conftest import sql
 from tests.helpers.processes import logs_of
 from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.state import read_state
 
 
 def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
@@ -39,8 +39,8 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
         running.stop(grace=0.5)
     for index, run_spec in enumerate(spec.sweep_runs()):
         state_dir = run_state_dir(tmp_path / "state", index, run_spec)
-        seq_lens = {row[0] for row in sql(state_dir, "SELECT DISTINCT seq_len FROM metrics WHERE tokens > 0")}
-        assigned = sql(state_dir, "SELECT COUNT(*) FROM events WHERE kind = 'assign'")[0][0]
+        seq_lens = {row.seq_len for row in read_state(state_dir, lambda store: store.metric_rows()) if row.tokens > 0}
+        assigned = len(read_state(state_dir, lambda store: store.events("assign")))
         assert seq_lens == {run_spec.data.seq_len}
         assert assigned >= 1
     # Workers whose run finished first moved to the other run (a REASSIGNED membership).
@@ -82,7 +82,9 @@ def test_a_fixed_curriculum_changes_length_and_batch_by_step(start_coordinator, 
     local = start_coordinator(spec)
     worker = spawn_worker(local.target, "learner")
     assert worker.wait(timeout=180) == 0, logs_of([worker])
-    rows = sql(
-        local.state_dir, "SELECT version, seq_len, batch, MIN(tokens), MAX(tokens) FROM metrics WHERE tokens > 0 GROUP BY version ORDER BY version"
-    )
+    tokens: dict[tuple[int, int, int], list[int]] = {}
+    for row in read_state(local.state_dir, lambda store: store.metric_rows()):
+        if row.tokens > 0:
+            tokens.setdefault((row.version, row.seq_len, row.batch), []).append(row.tokens)
+    rows = [(*key, min(trained), max(trained)) for key, trained in sorted(tokens.items())]
     assert rows == [(0, 16, 4, 64, 64), (1, 16, 4, 64, 64), (2, 32, 2, 64, 64), (3, 32, 2, 64, 64)]

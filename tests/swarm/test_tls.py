@@ -20,9 +20,9 @@ from rcswarm.coordinator import TLSFiles
 from rcswarm.coordinator.tls import (
     ensure_quick_start,
 )
-from tests.conftest import sql
 from tests.helpers.processes import logs_of, worker_env
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec
+from tests.helpers.state import read_state
 from tests.helpers.tls import QUICK_NAMES, health_check, request
 from tests.helpers.waiting import wait_for
 
@@ -79,7 +79,7 @@ def test_self_signed_quick_start_end_to_end_with_mutual_tls(tmp_path: Path) -> N
                                       env=worker_env(), stdout=worker_log, stderr=subprocess.STDOUT)
         worker.log_path = tmp_path / "worker.log"  # type: ignore[attr-defined]
         assert worker.wait(timeout=120) == 0, logs_of([worker]) + log_path.read_text()
-        rounds = sql(tmp_path / "state", "SELECT version FROM rounds ORDER BY version")
+        rounds = [r.version for r in read_state(tmp_path / "state", lambda store: store.rounds())]
         assert len(rounds) >= 2, rounds
     finally:
         if worker is not None and worker.poll() is None:

@@ -1,0 +1,165 @@
+"""Checkpoint files of a state dir: safetensors files of a version's parameters and optimizer state.
+
+`write_checkpoint` writes one straight from the tensors' memory (a header, then each tensor's bytes,
+no intermediate copy) and can digest the parameters in the same pass; `split_checkpoint` separates a
+file's parameters from its optimizer state groups ("<group>/<name>"); `verify_checkpoint` checks a
+file against its entry in the store's `checkpoints` ledger (a readable, complete safetensors file, the
+version in its metadata, the run's parameter names, finite values, the digest). `StateStore`
+(state/store.py) commits, prunes and loads them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from rcswarm.sync import tensor_stream
+
+# A pruned checkpoint file kept for the next commit to overwrite in place: writing into a file's cached
+# pages is several times faster than allocating new ones (docs/PERFORMANCE.md, the round close at scale).
+RECYCLED_CHECKPOINT = ".recycled.safetensors"
+
+# Optimizer state is stored beside the parameters as "<group>/<parameter name>";
+# parameter names never contain "/".
+STATE_SEPARATOR = "/"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A verified version: its parameters, optimizer state and the digest they were checked against."""
+
+    version: int
+    params: dict[str, torch.Tensor]
+    # group ("outer_momentum", "broadcast_residual", ...) -> name -> tensor
+    state: dict[str, dict[str, torch.Tensor]]
+    # params_sha256 of `params` in the run's parameter order (run_state.param_names).
+    param_sha256: bytes = b""
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """A committed version as the `checkpoints` ledger records it: its file and its parameters' digest (hex)."""
+
+    version: int
+    file: str
+    param_sha256: str
+
+
+def split_checkpoint(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """Separate a checkpoint's parameters from its optimizer state groups."""
+    params: dict[str, torch.Tensor] = {}
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        group, sep, name = key.partition(STATE_SEPARATOR)
+        if sep:
+            state.setdefault(group, {})[name] = tensor
+        else:
+            params[key] = tensor
+    return params, state
+
+
+# safetensors' dtype names of the tensors a checkpoint holds.
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+    torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}
+
+
+def _raw_bytes(key: str, tensor: torch.Tensor) -> memoryview:
+    """The little-endian bytes of a CPU tensor as safetensors stores them: a view, no copy when contiguous."""
+    if tensor.dtype not in SAFETENSORS_DTYPES:
+        raise ValueError(f"checkpoint tensor {key!r} has dtype {tensor.dtype}: expected one of "
+                         f"{', '.join(str(d) for d in SAFETENSORS_DTYPES)}")
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # [numel]
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    """os.write until every byte of `data` is written."""
+    while data.nbytes:
+        data = data[os.write(fd, data):]
+
+
+def write_checkpoint(
+    path: Path, params: Mapping[str, torch.Tensor], state: Mapping[str, Mapping[str, torch.Tensor]],
+    metadata: Mapping[str, str], digest: bool,
+) -> bytes | None:
+    """Write a safetensors file of `params` then each state group's tensors ("<group>/<name>") straight from
+    the tensors' memory: a header, then each tensor's bytes by one write each, no intermediate copy (not
+    fsynced: the caller does). An existing file at `path` is overwritten in place and cut to size, so the
+    pages it has in the page cache are reused instead of allocated afresh. With `digest`, returns `tensor_stream.params_sha256(params)` computed over
+    the same bytes in the same pass (params must be float32), else None.
+    """
+    if sys.byteorder != "little":
+        raise RuntimeError("safetensors files are little-endian; this host is big-endian")
+    parts = [(key, _raw_bytes(key, tensor), tensor) for key, tensor in params.items()]
+    for group, named in state.items():
+        parts.extend((f"{group}{STATE_SEPARATOR}{k}", _raw_bytes(f"{group}/{k}", v), v) for k, v in named.items())
+    entries: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for key, data, tensor in parts:
+        entries[key] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + data.nbytes]}
+        offset += data.nbytes
+    header = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    header += b" " * (-len(header) % 8)
+    sha = hashlib.sha256() if digest else None
+    if sha is not None and any(tensor.dtype != torch.float32 for tensor in params.values()):
+        raise ValueError(f"checkpoint parameters must be float32 to be digested, got {sorted({str(t.dtype) for t in params.values()})}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        _write_all(fd, memoryview(struct.pack("<Q", len(header)) + header))
+        for index, (key, data, _) in enumerate(parts):
+            if sha is not None and index < len(params):
+                sha.update(key.encode("utf-8"))
+                sha.update(b"\0")
+                sha.update(data)
+            _write_all(fd, data)
+        os.ftruncate(fd, 8 + len(header) + offset)
+    finally:
+        os.close(fd)
+    return None if sha is None else sha.digest()
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory: the rename of a file into it is durable after this."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def verify_checkpoint(path: Path, entry: LedgerEntry, names: list[str], run_id: str) -> tuple[Checkpoint | None, str]:
+    """The checkpoint in `path` when it verifies against its ledger `entry` and the run's parameter `names`
+    (in the run's order) and `run_id`, else None and what is wrong."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    except (OSError, SafetensorError) as error:
+        return None, f"unreadable or truncated safetensors file ({error})"
+    if metadata.get("version") != str(entry.version) or metadata.get("run_id", run_id) != run_id:
+        return None, (f"its metadata says run {metadata.get('run_id')!r} version {metadata.get('version')!r}, "
+                      f"the ledger run {run_id!r} version {entry.version}")
+    params, state = split_checkpoint(tensors)
+    if sorted(params) != sorted(names):
+        return None, f"holds parameters {sorted(params)}, expected the run's {sorted(names)}"
+    bad = [key for key, tensor in tensors.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        return None, f"non-finite values (NaN or Inf) in {', '.join(sorted(bad))}"
+    ordered = {key: params[key] for key in names}
+    digest = tensor_stream.params_sha256(ordered)
+    if digest.hex() != entry.param_sha256:
+        return None, f"parameters' SHA-256 {digest.hex()} differs from the {entry.param_sha256} recorded at commit"
+    return Checkpoint(version=entry.version, params=ordered, state=state, param_sha256=digest), ""

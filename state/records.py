@@ -1,0 +1,92 @@
+"""What the store's reads and writes carry: a round's record, per-worker aggregates, events, metric rows,
+and the sums the run's own step is computed from (state/store.py makes and takes them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from rcswarm.state.schema import METRIC_COLUMNS
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """One worker's metric rows of a run, aggregated: totals, wall-time span, and its newest row."""
+
+    worker_id: str
+    tokens: int
+    bytes_sent: int
+    bytes_received: int
+    first_wall_time: float
+    last_wall_time: float
+    rows: int
+    last_step: int
+    last_seq_len: int
+    last_loss: float | None
+
+
+@dataclass(frozen=True)
+class WorkerUsage:
+    """One worker's cumulative counters over all its metric rows."""
+
+    worker_id: str
+    bytes_sent: int
+    bytes_received: int
+    sync_seconds: float
+    compute_seconds: float
+    tokens: int
+    first_received_at: float
+    last_received_at: float
+
+
+@dataclass(frozen=True)
+class RoundsSummary:
+    """The closed rounds: how many, the first and last version, the earliest opening time (None: no round)."""
+
+    count: int
+    first_version: int
+    last_version: int
+    first_opened_at: float | None
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One closed round as the `rounds` table records it: from version `version` to version + 1."""
+
+    version: int
+    opened_at: float
+    closed_at: float
+    reports: int
+    tokens: int
+    close_reason: str
+    update_norm: float
+    param_sha256: str
+    # Updates the aggregation flagged (clipped, or trimmed in most coordinates), updates refused
+    # for this round's version (norm or token bound), and what the aggregation did.
+    clipped: int = 0
+    dropped: int = 0
+    aggregation: str = ""
+    # The most inner steps among the round's updates trained from its version; 0: not recorded.
+    steps: int = 0
+
+
+class Event(NamedTuple):
+    """One row of the `events` table: what happened (kind), to whom (worker_id, "" for the run), why, when."""
+
+    time: float
+    worker_id: str
+    kind: str
+    reason: str
+
+
+# One metric row as a worker reported it (METRIC_COLUMNS).
+MetricRow = NamedTuple("MetricRow", [(name, Any) for name in METRIC_COLUMNS])
+
+
+@dataclass(frozen=True)
+class RunStepSums:
+    """Loss and coordinator seconds summed per (seq_len, version, k: the step within the round, from 0), with the
+    number of rows each sums, and the coordinator's time of the run's first training row (None: no row yet)."""
+
+    first_received: float | None
+    rows: list[tuple[int, int, int, float, float, int]]  # (seq_len, version, k, loss sum, seconds sum, n)

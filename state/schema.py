@@ -1,0 +1,168 @@
+"""The store's SQL: the schema, what an older state dir is brought up to date with, the aggregate
+statements `StateStore.add_metrics` runs in the transaction of the rows it inserts, and the statements
+of the named reads that the store's methods do not spell inline.
+
+Only state/ holds SQL (tests/test_structure.py checks it); state/store.py runs these statements.
+"""
+
+from __future__ import annotations
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS run_state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (
+    version INTEGER PRIMARY KEY, opened_at REAL, closed_at REAL, reports INTEGER,
+    tokens INTEGER, close_reason TEXT, update_norm REAL, param_sha256 TEXT, checkpoint TEXT,
+    clipped INTEGER DEFAULT 0, dropped INTEGER DEFAULT 0, aggregation TEXT DEFAULT '', steps INTEGER DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS events (
+    time REAL, worker_id TEXT, kind TEXT, reason TEXT
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id TEXT, worker_id TEXT, version INTEGER, step INTEGER, seq_len INTEGER, batch INTEGER,
+    loss REAL, tokens INTEGER, wall_time REAL, compute_seconds REAL, sync_seconds REAL,
+    bytes_sent INTEGER, bytes_received INTEGER, param_sha256 TEXT, received_at REAL
+);
+CREATE INDEX IF NOT EXISTS metrics_by_version ON metrics (version);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    version INTEGER PRIMARY KEY, file TEXT NOT NULL, param_sha256 TEXT NOT NULL, committed_at REAL
+);
+CREATE TABLE IF NOT EXISTS worker_totals (
+    run_id TEXT, worker_id TEXT, tokens INTEGER, bytes_sent INTEGER, bytes_received INTEGER,
+    sync_seconds REAL, compute_seconds REAL, first_wall REAL, last_wall REAL, first_received REAL,
+    last_received REAL, row_count INTEGER, newest INTEGER, PRIMARY KEY (run_id, worker_id)
+);
+CREATE TABLE IF NOT EXISTS worker_step_sums (
+    run_id TEXT, seq_len INTEGER, step INTEGER, loss_sum REAL, wall_sum REAL, n INTEGER,
+    PRIMARY KEY (run_id, seq_len, step)
+);
+CREATE TABLE IF NOT EXISTS round_first_steps (
+    worker_id TEXT, version INTEGER, first_step INTEGER, first_received REAL, PRIMARY KEY (worker_id, version)
+);
+CREATE TABLE IF NOT EXISTS run_step_sums (
+    seq_len INTEGER, version INTEGER, k INTEGER, loss_sum REAL, t_sum REAL, n INTEGER,
+    PRIMARY KEY (seq_len, version, k)
+);
+"""
+
+# PRAGMA user_version of a state dir whose aggregate tables and ledger are complete; an older
+# one is brought up to date when a coordinator opens it for writing.
+SCHEMA_VERSION = 1
+INT64_MAX = 2**63 - 1
+# Columns of `rounds` added after its first release (the aggregation's per-round counts, the steps the
+# round trained), with their declarations; a state dir written before them gets them at its next open
+# for writing, and reads them as their defaults (0: steps not recorded) until then.
+ROUND_COLUMNS_ADDED = {
+    "clipped": "INTEGER DEFAULT 0", "dropped": "INTEGER DEFAULT 0", "aggregation": "TEXT DEFAULT ''",
+    "steps": "INTEGER DEFAULT 0",
+}
+ROUND_COLUMNS = ("version", "opened_at", "closed_at", "reports", "tokens", "close_reason", "update_norm", "param_sha256")
+
+
+def _keep(function: str, column: str) -> str:
+    """An upsert's `column = function(old, new)` that ignores a NULL on either side."""
+    return f"{column} = COALESCE({function}({column}, excluded.{column}), {column}, excluded.{column})"
+
+
+def _saturated_sum(expression: str) -> str:
+    """SUM without SQLite's integer-overflow error: a float total clamped to int64."""
+    return f"CAST(MIN(TOTAL({expression}), {INT64_MAX}) AS INTEGER)"
+
+
+# The aggregates over the metric rows with rowid > ?, added to the tables the reads use. Each
+# runs in add_metrics' transaction, right after the rows are inserted.
+AGGREGATE_WORKER_TOTALS = f"""
+INSERT INTO worker_totals
+SELECT run_id, worker_id, {_saturated_sum("MAX(tokens, 0)")}, MAX(bytes_sent), MAX(bytes_received),
+       MAX(sync_seconds), MAX(compute_seconds), MIN(wall_time), MAX(wall_time), MIN(received_at),
+       MAX(received_at), COUNT(*), MAX(rowid)
+FROM metrics WHERE rowid > ? GROUP BY run_id, worker_id
+ON CONFLICT (run_id, worker_id) DO UPDATE SET
+    tokens = CAST(MIN(tokens + excluded.tokens, {INT64_MAX}) AS INTEGER), {_keep("MAX", "bytes_sent")},
+    {_keep("MAX", "bytes_received")}, {_keep("MAX", "sync_seconds")}, {_keep("MAX", "compute_seconds")},
+    {_keep("MIN", "first_wall")}, {_keep("MAX", "last_wall")}, {_keep("MIN", "first_received")},
+    {_keep("MAX", "last_received")}, row_count = row_count + excluded.row_count, newest = excluded.newest
+"""
+
+# Loss and wall time per (seq_len, worker step), the workers' clock.
+AGGREGATE_WORKER_STEPS = """
+INSERT INTO worker_step_sums
+SELECT run_id, seq_len, step, TOTAL(loss), TOTAL(wall_time), COUNT(*) FROM metrics
+WHERE rowid > ? AND loss > 0 AND seq_len > 0 AND step > 0 AND wall_time IS NOT NULL GROUP BY run_id, seq_len, step
+ON CONFLICT (run_id, seq_len, step) DO UPDATE SET
+    loss_sum = loss_sum + excluded.loss_sum, wall_sum = wall_sum + excluded.wall_sum, n = n + excluded.n
+"""
+
+# A training row (tokens > 0, a loss) counts its step within the round, k, from the smallest
+# step its worker reported for that version, and its time from the run's first training row.
+TRAINING_FILTER = "tokens > 0 AND loss IS NOT NULL"
+
+AGGREGATE_ROUND_FIRST_STEPS = f"""
+INSERT INTO round_first_steps
+SELECT worker_id, version, MIN(step), MIN(received_at) FROM metrics
+WHERE rowid > ? AND {TRAINING_FILTER} GROUP BY worker_id, version
+ON CONFLICT (worker_id, version) DO UPDATE SET {_keep("MIN", "first_step")}, {_keep("MIN", "first_received")}
+"""
+
+# Loss and coordinator time per (seq_len, version, k), the run's clock; rows of a round that
+# arrive after a row with a smaller step keep the k they were counted with.
+AGGREGATE_RUN_STEPS = """
+INSERT INTO run_step_sums
+SELECT m.seq_len, m.version, m.step - f.first_step AS k, TOTAL(m.loss), TOTAL(m.received_at), COUNT(*)
+FROM metrics AS m JOIN round_first_steps AS f ON f.worker_id = m.worker_id AND f.version = m.version
+WHERE m.rowid > ? AND m.tokens > 0 AND m.loss > 0 AND m.seq_len > 0
+GROUP BY m.seq_len, m.version, k
+ON CONFLICT (seq_len, version, k) DO UPDATE SET
+    loss_sum = loss_sum + excluded.loss_sum, t_sum = t_sum + excluded.t_sum, n = n + excluded.n
+"""
+
+AGGREGATES = (AGGREGATE_WORKER_TOTALS, AGGREGATE_WORKER_STEPS, AGGREGATE_ROUND_FIRST_STEPS, AGGREGATE_RUN_STEPS)
+
+# Ledger rows for state dirs written before the ledger: each round's record names the checkpoint
+# of the version it produced and that version's digest.
+LEDGER_FROM_ROUNDS = """
+INSERT OR IGNORE INTO checkpoints SELECT version + 1, checkpoint, param_sha256, closed_at FROM rounds
+WHERE checkpoint IS NOT NULL AND param_sha256 IS NOT NULL
+"""
+
+METRIC_COLUMNS = (
+    "run_id", "worker_id", "version", "step", "seq_len", "batch", "loss", "tokens", "wall_time",
+    "compute_seconds", "sync_seconds", "bytes_sent", "bytes_received", "param_sha256", "received_at",
+)
+
+
+# A worker's totals over its metric rows and its newest row, for one run.
+WORKER_TOTALS = """
+SELECT t.worker_id, t.tokens, t.bytes_sent, t.bytes_received, t.first_wall, t.last_wall, t.row_count, m.step, m.seq_len, m.loss
+FROM worker_totals AS t LEFT JOIN metrics AS m ON m.rowid = t.newest WHERE t.run_id = ? ORDER BY t.worker_id
+"""
+
+# Training rows on the run's own clock: k is the step within the round (from 0), t the seconds since
+# the run's first metric on the coordinator's clock. A full scan, for commands that read a state dir.
+TRAINING_ROWS = f"""
+SELECT worker_id, version, step - MIN(step) OVER (PARTITION BY worker_id, version) AS k,
+       seq_len, loss, received_at - MIN(received_at) OVER () AS t
+FROM metrics WHERE {TRAINING_FILTER} ORDER BY received_at
+"""
+
+# Loss and coordinator time summed per (seq_len, version, k), with the time of the run's first training
+# row: what observe/ places on the run's own step (config/run_step.py) and averages.
+RUN_STEP_SUMS = (
+    "SELECT seq_len, version, k, loss_sum, t_sum, n, (SELECT MIN(first_received) FROM round_first_steps) "
+    "FROM run_step_sums ORDER BY seq_len, version, k"
+)
+
+# The steps each closed round recorded (0: not recorded, e.g. written before `rounds.steps` existed).
+ROUND_STEPS = "SELECT version, steps FROM rounds WHERE steps > 0 ORDER BY version"
+
+# Mean loss and wall time per (seq_len, worker step) of one run.
+WORKER_STEP_MEANS = (
+    "SELECT seq_len, step, loss_sum / n, wall_sum / n FROM worker_step_sums WHERE run_id = ? ORDER BY seq_len, step"
+)
+
+# Per worker: cumulative counters (their maxima are totals), tokens, first and last arrival.
+WORKER_USAGE = (
+    "SELECT worker_id, MAX(bytes_sent), MAX(bytes_received), MAX(sync_seconds), MAX(compute_seconds), "
+    f"{_saturated_sum('tokens')}, MIN(first_received), MAX(last_received) FROM worker_totals GROUP BY worker_id"
+)
+
+METRIC_PAGE_COLUMNS = ("rowid", *METRIC_COLUMNS)

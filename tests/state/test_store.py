@@ -1,0 +1,56 @@
+"""The store's own error (issue #27): a state.sqlite the store cannot use leaves it as a StoreError naming the
+file, which the commands turn into their usage error; nothing outside state/ sees sqlite3."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rcswarm.cli.fit import main as fit_main
+from rcswarm.cli.status import main as status_main
+from rcswarm.observe.analysis import MetricsFileError, read_state_dirs
+from rcswarm.state.errors import StoreError
+from rcswarm.state.store import StateStore
+
+
+def test_a_file_that_is_not_a_database_is_a_store_error_naming_it(tmp_path: Path) -> None:
+    database = tmp_path / "state.sqlite"
+    database.write_bytes(b"not a database, but long enough to be read as one's header" * 4)
+    with pytest.raises(StoreError, match=re.escape(f"{database}: cannot open it for reading: file is not a database")):
+        StateStore.open_read_only(tmp_path)
+    with pytest.raises(StoreError, match=re.escape(f"{database}: cannot open it for writing: file is not a database")):
+        StateStore(tmp_path)
+    with pytest.raises(MetricsFileError, match=re.escape(f"{database}: cannot open it for reading")):
+        read_state_dirs(tmp_path)
+
+
+def test_a_database_without_the_stores_tables_is_a_store_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "state.sqlite").write_bytes(b"")  # an empty SQLite database: no tables
+    store = StateStore.open_read_only(tmp_path / "run")
+    try:
+        with pytest.raises(StoreError, match="cannot read it: no such table: run_state") as raised:
+            store.run_identity()
+        assert raised.value.__cause__ is not None and str(tmp_path / "run" / "state.sqlite") in str(raised.value)
+    finally:
+        store.close()
+    assert fit_main([str(tmp_path), "--out", str(tmp_path / "fit.png")]) == 2
+    assert "no such table: run_state" in capsys.readouterr().err
+    assert status_main(["--state-dir", str(tmp_path / "run")]) == 2
+    assert "--state-dir" in capsys.readouterr().err
+
+
+def test_named_reads_of_a_new_state_dir(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    try:
+        store.add_event("w1", "join", "a: admitted", now=5.0)
+        store.add_event("", "curriculum", "round 0: stays", now=6.0)
+        assert [(e.kind, e.worker_id) for e in store.events()] == [("join", "w1"), ("curriculum", "")]
+        assert [e.reason for e in store.events("curriculum")] == ["round 0: stays"] and store.events("x") == []
+        assert store.rounds() == [] and store.round_steps() == {} and store.ledger() == [] and store.metric_rows() == []
+        sums = store.run_step_sums()
+        assert (sums.first_received, sums.rows) == (None, [])
+    finally:
+        store.close()
