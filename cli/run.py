@@ -49,20 +49,20 @@ from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.sweep import run_state_dirs
-from rcswarm.models import registry
 from rcswarm.observe.analysis import FitReport, analyse, length_curves, read_state_dirs
 from rcswarm.observe.fits import fit_power_law
 from rcswarm.observe.report import summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.store import StateStore, split_checkpoint
-from rcswarm.train.inner import make_sampler, masked_cross_entropy
+from rcswarm.train.round import RoundTrainer
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.5
 EVAL_BATCHES = 8
+EVAL_SEED = 12345
 
 
 class Swarm:
@@ -239,17 +239,12 @@ def watch(
 
 
 def evaluate(spec: RunSpec, params: dict[str, torch.Tensor] | None) -> float:
-    """Mean cross-entropy on the held-out split (the same batches for any params)."""
-    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
+    """Mean cross-entropy on the held-out split (the same batches for any params), on the CPU."""
+    trainer = RoundTrainer(torch.device("cpu"))
+    model = trainer.build(spec, model_seed=spec.run.seed)
     if params is not None:
         model.load_state_dict(params, strict=False)
-    sampler = make_sampler(spec.data, seed=12345, split="val", model_config=model.config)
-    losses = []
-    with torch.no_grad():
-        for _ in range(EVAL_BATCHES):
-            inputs, targets = sampler.next_batch()  # [B, T], [B, T]
-            losses.append(masked_cross_entropy(model(inputs), targets).item())  # logits [B, T, V]
-    return sum(losses) / len(losses)
+    return trainer.held_out_loss(EVAL_BATCHES, seed=EVAL_SEED)
 
 
 @dataclass(frozen=True)

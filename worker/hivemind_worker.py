@@ -31,7 +31,6 @@ worker after its current step.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import logging
@@ -50,12 +49,12 @@ import torch
 from safetensors.torch import save_file
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.models import registry
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.sync import codec as codecs
 from rcswarm.sync.outer import outer_step
-from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
+from rcswarm.train.inner import worker_data_seed
+from rcswarm.train.round import RoundTrainer, StepRow
 from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker.client import RetriesExhausted
 from rcswarm.worker.hivemind_control import ControlPlane
@@ -111,29 +110,25 @@ class HivemindWorker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.device = torch.device(device)
         self.stop = stop or threading.Event()
-        model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
-        self.model = model.to(self.device)
+        # The model (θ_0 from the run's seed), its inner optimizer and data stream, the step count, compute seconds.
+        self.trainer = RoundTrainer(self.device)
+        self.model = self.trainer.build(spec, model_seed=spec.run.seed)
         self.names = [name for name, _ in self.model.named_parameters()]
         self.shapes = [tuple(p.shape) for _, p in self.model.named_parameters()]
         self.momentum = [torch.zeros(shape) for shape in self.shapes]
-        self.optimizer = make_inner_optimizer(self.model, spec.inner)
         self.codec = codecs.codec_from_name(spec.sync.codec)
         self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
         self.version = 0
-        self.step = 0
-        self.started = time.perf_counter()
-        self.compute_seconds = self.sync_seconds = 0.0
+        self.sync_seconds = 0.0
         self.history: list[dict[str, Any]] = []
         self.recent_rows: deque[list[float]] = deque(maxlen=hs.MAX_METRIC_ROWS)
         self._published: dict[str, Any] | None = None  # the digest of this peer's current version, once stored
         self._snapshot: tuple[int, list[torch.Tensor]] = (0, self._params() + self.momentum)
         self.peer: hs.HivemindPeer | None = None
-        self.sampler: Any = None
-        self._data: tuple[int, int] = (0, 0)
         self._startup_s = 0.0  # from process start until this peer was ready: the first round's matchmaking window
 
     def _params(self) -> list[torch.Tensor]:
-        return [p.detach().to("cpu", copy=True) for p in self.model.parameters()]
+        return list(self.trainer.snapshot().values())
 
     def state(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
         version, tensors = self._snapshot
@@ -192,31 +187,17 @@ class HivemindWorker:
     def _follow_assignment(self) -> None:
         """At a round boundary: switch the sampler to this round's (seq_len, batch) when it differs."""
         seq_len, batch, why = self._assigned()
-        if (seq_len, batch) != self._data:
-            self._data = (seq_len, batch)
-            data = dataclasses.replace(self.spec.data, seq_len=seq_len, batch_size=batch)
-            self.sampler = make_sampler(data, self.data_seed + self.version, model_config=self.model.config)
+        if self.trainer.follow(seq_len, batch, self.data_seed + self.version):
             log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.name, self.version, seq_len, batch, why)
 
-    def _train(self) -> tuple[int, list[list[float]]]:
-        """H inner steps; (tokens, metric rows)."""
-        inner, tokens, rows = self.spec.inner, 0, []
-        for _ in range(inner.steps):
-            if self.stop.is_set():
-                break
-            result = inner_step(self.model, self.optimizer, self.sampler, inner.grad_clip, self.device,
-                                inner.bptt_chunk, inner.memory_budget_mb)
-            self.step += 1
-            tokens += result.tokens
-            self.compute_seconds += result.seconds
-            rows.append([float(self.version), float(self.step), float(result.loss), float(result.tokens),
-                         time.perf_counter() - self.started, self.compute_seconds, self.sync_seconds,
-                         float(self._data[0]), float(self._data[1])])
-        return tokens, rows
+    def _row(self, row: StepRow) -> list[float]:
+        """The row as the DHT records carry it: version, step, loss, tokens, wall, compute, sync, seq_len, batch."""
+        return [float(row.version), float(row.step), float(row.loss), float(row.tokens), row.wall_time,
+                row.compute_seconds, self.sync_seconds, float(row.seq_len), float(row.batch)]
 
     def pseudo_gradient(self, base: list[torch.Tensor]) -> list[torch.Tensor]:
         """Δ = θ_v − θ_local as the codec delivers it (with the error-feedback residual); a hook for tests."""
-        deltas = {name: b - p.detach().cpu() for name, b, p in zip(self.names, base, self.model.parameters())}
+        deltas = self.trainer.delta(dict(zip(self.names, base)))
         if self.error_feedback is None:
             return list(deltas.values())
         _, sent = self.error_feedback.compress_decoded(deltas, self.codec, self.spec.sync.block_size, consume=True)
@@ -226,7 +207,8 @@ class HivemindWorker:
         self._follow_assignment()
         base = self._params()
         trained = time.monotonic()
-        tokens, rows = self._train()
+        result = self.trainer.train(self.version, self.spec.inner.steps, stop=self.stop)
+        tokens, rows = result.tokens, [self._row(row) for row in result.rows]
         self.peer.timer.train_s = time.monotonic() - trained
         if self.stop.is_set():
             return
@@ -253,7 +235,7 @@ class HivemindWorker:
         self.history.append({
             "version": self.version, "loss": sum(r[2] for r in rows) / max(len(rows), 1), "group": group,
             "skipped": problem, "drift": measured, "allreduce_s": result.seconds if result else None,
-            "seq_len": self._data[0], "batch": self._data[1],
+            "seq_len": self.trainer.data.seq_len, "batch": self.trainer.data.batch_size,
         })
         log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
                  self.history[-1]["loss"], measured, self.peer.timer.describe())
@@ -308,10 +290,9 @@ class HivemindWorker:
         self._published = mine
         self.recent_rows.extend(rows)
         if self.control is not None:
-            self.control.report([self._metric(row) for row in rows] + [pb.Metric(
-                version=self.version, step=self.step, seq_len=self._data[0], batch=self._data[1], loss=float("nan"),
-                tokens=0, wall_time=time.perf_counter() - self.started, compute_seconds=self.compute_seconds,
-                sync_seconds=self.sync_seconds, param_sha256=mine["sha256"])])
+            self.control.report([self._metric(row) for row in rows]
+                                + [self._metric(self._row(self.trainer.row(self.version, float("nan"), 0)),
+                                                param_sha256=mine["sha256"])])
         self.peer.publish(hs.METRICS_KEY, {"run": run, "name": self.name, "rows": list(self.recent_rows)})
         others = self._group_digests(group)
         same = [hs.drift(mine, r) for r in others.values() if r["version"] == self.version]
@@ -321,10 +302,10 @@ class HivemindWorker:
         return max(same, default=0.0)
 
     @staticmethod
-    def _metric(row: list[float]) -> pb.Metric:
+    def _metric(row: list[float], **fields: str) -> pb.Metric:
         version, step, loss, tokens, wall, compute, sync, seq_len, batch = row
         return pb.Metric(version=int(version), step=int(step), seq_len=int(seq_len), batch=int(batch), loss=loss,
-                         tokens=int(tokens), wall_time=wall, compute_seconds=compute, sync_seconds=sync)
+                         tokens=int(tokens), wall_time=wall, compute_seconds=compute, sync_seconds=sync, **fields)
 
     def _resync(self, why: str) -> None:
         """Load (version, θ, momentum) from the highest-version peer; keep training from the local state without one."""
@@ -343,9 +324,7 @@ class HivemindWorker:
         self.peer.set_state_version(self.version)
 
     def _load(self, tensors: list[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for param, tensor in zip(self.model.parameters(), tensors):
-                param.copy_(tensor)
+        self.trainer.load(dict(zip(self.names, tensors)))
 
     def _write_out(self) -> None:
         if self.out is None:

@@ -23,7 +23,6 @@ finishes the current step, sends Leave and exits 0.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import logging
 import os
@@ -39,13 +38,13 @@ import grpc
 import torch
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.models import registry
 from rcswarm.protos.transport import ClientTLS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
-from rcswarm.train.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, worker_data_seed
+from rcswarm.train.inner import StepResult, worker_data_seed
+from rcswarm.train.round import RoundTrainer, StepRow, resolve_device
 from rcswarm.worker.client import (
     CoordinatorClient,
     Identity,
@@ -102,15 +101,6 @@ class WorkerOptions:
                 raise ValueError(f"{flag} {value}: expected a number of seconds > 0")
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name!r}: CUDA is not available on this machine")
-    return device
-
-
 def _is(err: BaseException, code: grpc.StatusCode) -> bool:
     return isinstance(err, grpc.RpcError) and err.code() == code
 
@@ -126,18 +116,16 @@ class Worker:
             retry=RetryPolicy(max_elapsed_s=options.patience_s),
             timeouts=Timeouts(unary_s=options.rpc_timeout_s, transfer_s=options.transfer_timeout_s), stop=self.stop,
         )
-        self.started = time.perf_counter()
-        self.compute_seconds = 0.0
-        self.schedule = ""  # the core checkpointing schedule of the latest step, logged when it changes
+        # The model, its inner optimizer and data stream, the step count and compute seconds (built at the join).
+        self.trainer = RoundTrainer(self.device)
         self.sync_seconds = 0.0
-        self.step = 0
         # Inner steps of the round being pushed (its assignment's count, or what its time budget allowed).
         self.round_steps = 0
         self.finished = False
         # This membership's id and worker secret, replaced whole by each join (the heartbeat thread reads it).
         self.identity = Identity()
         self.lease_s = 10.0
-        self.model: torch.nn.Module | None = None
+        self.spec: RunSpec | None = None
         self._pending: list[pb.Metric] = []
         # (version, parameters) pulled last, bit for bit: lets the coordinator send a delta.
         self._held: tuple[int, dict[str, torch.Tensor]] | None = None
@@ -146,6 +134,16 @@ class Worker:
         self._assignment_owner = ""  # the worker_id (membership) the held assignment came with
         self._assignment_lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The run's model (None before the first join)."""
+        return self.trainer.model
+
+    @property
+    def step(self) -> int:
+        """Inner steps trained so far, over every run this process joined."""
+        return self.trainer.step
 
     @property
     def worker_id(self) -> str:
@@ -212,14 +210,13 @@ class Worker:
         return response.version
 
     def _build(self, spec: RunSpec, data_seed: int) -> None:
-        self.model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides).to(self.device)
-        self.optimizer = make_inner_optimizer(self.model, spec.inner)
+        self.trainer.build(spec)
         self.data_seed = worker_data_seed(spec.run.seed, data_seed)
         assignment = self._assignment
-        self.data = spec.data
+        seq_len, batch = spec.data.seq_len, spec.data.batch_size
         if assignment is not None and assignment.seq_len > 0 and assignment.batch_size > 0:
-            self.data = dataclasses.replace(spec.data, seq_len=assignment.seq_len, batch_size=assignment.batch_size)
-        self.sampler = make_sampler(self.data, self.data_seed, model_config=self.model.config)
+            seq_len, batch = assignment.seq_len, assignment.batch_size
+        self.trainer.follow(seq_len, batch, self.data_seed)
         self.codec = codecs.codec_from_name(spec.sync.codec)
         self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
 
@@ -263,9 +260,7 @@ class Worker:
         seq_len, batch = (assignment.seq_len, assignment.batch_size) if assignment is not None else (data.seq_len, data.batch_size)
         if seq_len < 1 or batch < 1:
             raise RuntimeError(f"the coordinator assigned seq_len {seq_len}, batch {batch}: expected positive sizes")
-        if (seq_len, batch) != (self.data.seq_len, self.data.batch_size):
-            self.data = dataclasses.replace(data, seq_len=seq_len, batch_size=batch)
-            self.sampler = make_sampler(self.data, self.data_seed + version, model_config=self.model.config)
+        if self.trainer.follow(seq_len, batch, self.data_seed + version):
             why = assignment.reason if assignment is not None else "the run spec"
             log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.worker_id, version, seq_len, batch, why)
         return assignment
@@ -282,56 +277,34 @@ class Worker:
         version = self._pull()
         steps, budget = self._pace(self._follow_assignment(version))
         self.sync_seconds += time.perf_counter() - sync_started
-        base = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+        base = self.trainer.snapshot()
         self._held = (version, base)
-        trained = self._train(version, steps, budget)
-        if trained is None:
+        trained = self.trainer.train(version, steps, budget_s=budget, stop=self.stop, step=self._train_step,
+                                     on_schedule=self._log_schedule)
+        self._pending.extend(self._metric(row) for row in trained.rows)
+        if trained.stopped:
             return
         sync_started = time.perf_counter()
-        tokens, self.round_steps = trained
-        accepted = self._push(version, base, tokens)
+        self.round_steps = trained.steps
+        accepted = self._push(version, base, trained.tokens)
         self._flush_metrics()
         if accepted:
             self._await(version + 1)
         self.sync_seconds += time.perf_counter() - sync_started
 
-    def _train(self, version: int, steps: int, budget: float) -> tuple[int, int] | None:
-        """Train from `version`: `steps` inner steps, or with a time budget > 0 until `budget` seconds have
-        passed since the first step began (the current step finishes), at least one and at most `steps`.
-        (tokens, steps) trained; None when a stop was requested."""
-        started = time.perf_counter()
-        tokens = done = 0
-        while done < steps:
-            if self.stop.is_set():
-                return None
-            if budget > 0 and done > 0 and time.perf_counter() - started >= budget:
-                break
-            step_started = time.perf_counter()
-            result = self._train_step()
-            if result.schedule != self.schedule:
-                self.schedule = result.schedule
-                log.info("%s: core checkpointing at L=%d: %s", self.worker_id, self.data.seq_len, result.schedule)
-            self.step += 1
-            done += 1
-            tokens += result.tokens
-            self.compute_seconds += time.perf_counter() - step_started
-            self._pending.append(self._metric(version, loss=result.loss, tokens=result.tokens))
-        return tokens, done
-
     def _train_step(self) -> StepResult:
         """One inner step on the next batch (a test subclass slows it down to model a slower device)."""
-        inner = self.spec.inner
-        return inner_step(
-            self.model, self.optimizer, self.sampler, inner.grad_clip, self.device, inner.bptt_chunk,
-            inner.memory_budget_mb,
-        )
+        return self.trainer.inner_step()
 
-    def _metric(self, version: int, **fields) -> pb.Metric:
+    def _log_schedule(self, schedule: str) -> None:
+        log.info("%s: core checkpointing at L=%d: %s", self.worker_id, self.trainer.data.seq_len, schedule)
+
+    def _metric(self, row: StepRow, **fields) -> pb.Metric:
+        """The row as the coordinator records it, with this worker's sync seconds and bytes so far."""
         return pb.Metric(
-            version=version, step=self.step, seq_len=self.data.seq_len, batch=self.data.batch_size,
-            wall_time=time.perf_counter() - self.started, compute_seconds=self.compute_seconds,
-            sync_seconds=self.sync_seconds, bytes_sent=self.client.bytes_sent,
-            bytes_received=self.client.bytes_received, **fields,
+            version=row.version, step=row.step, seq_len=row.seq_len, batch=row.batch, loss=row.loss, tokens=row.tokens,
+            wall_time=row.wall_time, compute_seconds=row.compute_seconds, sync_seconds=self.sync_seconds,
+            bytes_sent=self.client.bytes_sent, bytes_received=self.client.bytes_received, **fields,
         )
 
     def _pull(self) -> int:
@@ -340,17 +313,15 @@ class Worker:
         expected = {name: tuple(p.shape) for name, p in params.items()}
         pull = functools.partial(self.client.pull, expected=expected, repull=True)
         version, tensors = self._call(pull, self.identity, self.run_id, self._held)
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                params[name].copy_(tensor)
+        self.trainer.load(tensors)
         digest = tensor_stream.params_sha256({k: p.detach().cpu() for k, p in params.items()}).hex()
-        self._pending.append(self._metric(version, loss=float("nan"), tokens=0, param_sha256=digest))
+        self._pending.append(self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest))
         log.info("%s pulled version %d (sha256 %s)", self.worker_id, version, digest[:12])
         return version
 
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
         """Encode and deliver Δ; False when it was stale (dropped, residual restored)."""
-        deltas = {name: base[name] - p.detach().cpu() for name, p in self.model.named_parameters()}
+        deltas = self.trainer.delta(base)
         block = self.spec.sync.block_size
         if self.error_feedback is not None:
             saved = self.error_feedback.snapshot()
