@@ -13,11 +13,8 @@ from torch import Tensor, nn
 from rcswarm.models import registry
 from rcswarm.models.frame import FrameActionModel
 from rcswarm.models.protocols import StepModel
-from rcswarm.train.bptt.streaming import (
-    HostPager,
-    plain_backward,
-    streaming_backward,
-)
+from rcswarm.train.bptt.paged import HostPager
+from rcswarm.train.bptt.streaming import plain_backward, streaming_backward
 
 RTOL = 1e-10
 BATCH = 2
