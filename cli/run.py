@@ -56,7 +56,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.store import StateStore, split_checkpoint
 from rcswarm.train.round import RoundTrainer
-from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+from rcswarm.worker import CoordinatorClient, RetryPolicy
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -108,7 +108,7 @@ class Swarm:
         threads = max(1, (os.cpu_count() or 1) // self.n_workers)
         for rank in range(self.n_workers):
             self.workers.append(self._spawn(
-                ["-m", "rcswarm.worker", "--coordinator", f"127.0.0.1:{port}", "--name", f"worker-{rank}",
+                ["-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{port}", "--name", f"worker-{rank}",
                  "--threads", str(threads)],
                 f"worker-{rank}.log",
             ))

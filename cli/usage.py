@@ -3,8 +3,7 @@
 A usage error (an unknown flag, a bad value, an unreadable or invalid config or input file) prints
 one line, `<command>: <what is wrong>`, on stderr and exits 2; `--help` exits 0; a failure while
 running (a coordinator that cannot be reached, a training process that died) exits 1.
-`rcswarm coordinator` and `rcswarm worker`, whose entry points live beside their servers, follow
-the same rule.
+`rcswarm coordinator`, whose entry point lives beside its server, follows the same rule.
 """
 
 from __future__ import annotations

@@ -396,7 +396,7 @@ def sweep(tmp_path: Path) -> Any:
     from rcswarm.config.runspec import RunSpec
     from rcswarm.coordinator.server import RunningCoordinator
     from rcswarm.coordinator.sweep import SweepCoordinator
-    from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+    from rcswarm.worker import CoordinatorClient, RetryPolicy
 
     base = tiny_spec(coordinator={"lease_s": 1000.0, "max_wait_s": 2.0})
     spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": list(LENGTHS)}})

@@ -512,8 +512,8 @@ def test_notes_tell_how_to_reach_the_run(chart):
 
 def test_the_cli_accepts_the_chart_arguments(chart):
     """The arguments the chart passes are ones `rcswarm coordinator` and `rcswarm worker` parse."""
+    from rcswarm.cli import worker
     from rcswarm.coordinator import server
-    from rcswarm.worker import worker
 
     if "--health-port" not in _flags(server):
         pytest.skip("rcswarm coordinator has no --health-port/--insecure yet: they arrive with the TLS work of #14")

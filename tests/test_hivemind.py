@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 import torch
 
+from rcswarm.cli import worker as worker_cli
 from rcswarm.config.runspec import HivemindSection, OuterSection, RunSpec
 from rcswarm.coordinator.service import initial_parameters
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer
-from rcswarm.worker import worker as worker_cli
 from tests.conftest import logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
 
 hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
@@ -413,7 +413,8 @@ def test_averaging_equals_the_coordinators_round_within_codec_error(no_new_p2pd:
 CHEAT = """
 import sys
 import torch
-from rcswarm.worker import hivemind_worker, worker
+from rcswarm.cli import worker
+from rcswarm.worker import hivemind_worker
 
 MODE = {mode!r}
 
@@ -498,8 +499,8 @@ STALL = """
 import os
 import signal
 import sys
+from rcswarm.cli import worker
 from rcswarm.worker import hivemind_sync as hs
-from rcswarm.worker import worker
 
 averager_pid, waits = [], []
 start, wait_for_group = hs.HivemindPeer.__init__, hs._wait_for_group

@@ -27,9 +27,8 @@ from rcswarm.state.store import StateStore
 from tests.conftest import TOKEN, creds, sql, tiny_spec, worker_env, write_spec
 
 pytest.importorskip("rcswarm.worker.hivemind_sync")
+from rcswarm.worker import ControlPlane, HivemindWorker  # noqa: E402
 from rcswarm.worker import hivemind_sync as hs  # noqa: E402
-from rcswarm.worker.hivemind_control import ControlPlane  # noqa: E402
-from rcswarm.worker.hivemind_worker import HivemindWorker  # noqa: E402
 from tests import test_hivemind  # noqa: E402
 from tests.test_hivemind import PATIENT, REPLICA_TOLERANCE_PER_ROUND, assert_replicas_agree, hivemind_spec  # noqa: E402
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts
+from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts
 from tests.conftest import TOKEN, tiny_spec
 
 PATIENCE_S = 1.5

@@ -59,7 +59,7 @@ from safetensors.torch import load_file
 from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.train.inner import make_sampler, masked_cross_entropy
-from rcswarm.worker.worker import Worker, WorkerOptions
+from rcswarm.worker import Worker, WorkerOptions
 from tests.conftest import TOKEN, sql, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
@@ -92,7 +92,7 @@ class MaliciousWorker(Worker):
     """
 
     def __init__(self, options: WorkerOptions, attack: str, go: threading.Event) -> None:
-        super().__init__(options)
+        super().__init__(options, TOKEN)
         self.attack, self.go = attack, go
 
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
@@ -153,7 +153,7 @@ def run_swarm(start: Callable[..., Any], spec: RunSpec, attack: str | None) -> S
     first, then 4 honest workers; every thread is joined at the end."""
     local = start(spec)
     go = threading.Event()
-    options = dict(coordinator=local.target, token=TOKEN, device="cpu", patience_s=30.0)
+    options = dict(coordinator=local.target, device="cpu", patience_s=30.0)
     codes: dict[str, int] = {}
     threads = []
 
@@ -171,7 +171,7 @@ def run_swarm(start: Callable[..., Any], spec: RunSpec, attack: str | None) -> S
             launch(MaliciousWorker(WorkerOptions(name="malicious", **options), attack, go))
             wait_for(lambda: len(client.status().workers) == 1, 30, "the malicious worker to join")
         for index in range(HONEST):
-            launch(Worker(WorkerOptions(name=f"honest{index}", **options)))
+            launch(Worker(WorkerOptions(name=f"honest{index}", **options), TOKEN))
         wait_for(lambda: len(client.status().workers) == HONEST + 1, 60, "every worker to join")
         go.set()
         for thread, worker in threads:

@@ -20,13 +20,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from rcswarm.cli import launch
+from rcswarm.launch import LaunchPlan, named_actors, pending_reason, stop_all, worker_index
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.worker import WorkerOptions
 from tests.conftest import TOKEN, sql, tiny_spec, wait_for
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", TOKEN_ENV: TOKEN, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -46,37 +49,37 @@ LOOPBACK = {"127.0.0.1", "::1"}
     ({"tls_ca": "ca.crt"}, "--tls-ca 'ca.crt': expected an absolute path"),
 ])
 def test_a_bad_plan_is_refused_naming_the_flag(fields, message):
+    worker = {k: Path(v) if k.startswith("tls_") else v for k, v in fields.items() if k in ("coordinator", "tls_ca")}
+    plan = {k: v for k, v in fields.items() if k not in worker}
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(".", r"\.")):
-        launch.LaunchPlan(**{"coordinator": "c:1", "workers": 2, **fields})
+        LaunchPlan(WorkerOptions(**{"coordinator": "c:1", **worker}), **{"workers": 2, **plan})
 
 
 def test_the_plan_carries_no_token_and_threads_follow_the_cpus():
-    plan = launch.LaunchPlan(coordinator="c:1", workers=2, cpus_per_worker=2.5, gpus_per_worker=0.5)
+    plan = LaunchPlan(WorkerOptions("c:1"), workers=2, cpus_per_worker=2.5, gpus_per_worker=0.5)
     config = plan.worker_config(1)
-    assert config.name == "rcswarm-worker-1" and config.threads == 3
-    assert "token" not in json.dumps(plan.__dict__) and "token" not in json.dumps(config.__dict__)
+    assert config.name == "rcswarm-worker-1" and config.worker.threads == 3
+    assert "token" not in json.dumps(asdict(plan), default=str) and "token" not in json.dumps(asdict(config), default=str)
     assert plan.demand() == {"CPU": 2.5, "GPU": 0.5}
-    assert launch.LaunchPlan(coordinator="c:1", workers=1, gpus_per_worker=0).demand() == {"CPU": 1.0}
+    assert LaunchPlan(WorkerOptions("c:1"), workers=1, gpus_per_worker=0).demand() == {"CPU": 1.0}
 
 
 def test_pending_reason_tells_infeasible_from_busy():
     nodes = [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},
              {"Alive": True, "Resources": {"CPU": 16.0}}]
-    infeasible = launch.pending_reason({"CPU": 4.0, "GPU": 4.0}, nodes, {"CPU": 20.0, "GPU": 2.0})
+    infeasible = pending_reason({"CPU": 4.0, "GPU": 4.0}, nodes, {"CPU": 20.0, "GPU": 2.0})
     assert infeasible.startswith("infeasible: no node of the cluster has 4 GPU, 4 CPU (the largest has 2 GPU, 8 CPU)")
-    busy = launch.pending_reason({"CPU": 4.0, "GPU": 1.0}, nodes, {"CPU": 3.0})
+    busy = pending_reason({"CPU": 4.0, "GPU": 1.0}, nodes, {"CPU": 3.0})
     assert busy == "waiting for 1 GPU, 4 CPU free on one node (free in the whole cluster now: 3 CPU)"
 
 
 def test_a_worker_actor_without_the_token_on_its_node_reports_why_and_stays_up(monkeypatch):
     """The token comes only from the node's environment: without it the actor's worker does not start and
     says so (state failed, exit 2), instead of exiting into a restart loop."""
-    from dataclasses import asdict
-
-    from rcswarm.worker.ray_worker import FAILED, RayWorker, RayWorkerConfig
+    from rcswarm.worker import FAILED, RayWorker, RayWorkerConfig
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
-    actor = RayWorker(asdict(RayWorkerConfig(coordinator="127.0.0.1:9", name="w", device="cpu")))
+    actor = RayWorker(asdict(RayWorkerConfig(WorkerOptions("127.0.0.1:9", name="w", device="cpu", threads=1))))
     state, code, problem = wait_for(lambda: actor.outcome()[0] == FAILED and actor.outcome(), 30, "the refusal")
     assert code == 2 and problem.startswith(f"no join token on this Ray node: set ${TOKEN_ENV}")
 
@@ -134,7 +137,7 @@ def test_the_charts_ray_head_runs_a_launch_this_command_accepts(values):
     args = parsed_launch(shlex.split(script.split("exec ", 1)[1].split(")", 1)[0]))
     assert (args.workers, args.gpus_per_worker, args.cpus_per_worker, args.namespace) == (4, 1.0, 3.0, "demo-rcswarm")
     assert not args.detach, "the head's launcher follows the run (and removes the actors when it ends)"
-    files = [f for f in (args.tls_ca, args.tls_cert, args.tls_key) if f]
+    files = [str(f) for f in (args.tls_ca, args.tls_cert, args.tls_key) if f]
     assert len(files) == (3 if values == "mutual-tls" else 0)
     (worker_pod,) = [g["template"]["spec"] for g in cluster["spec"]["workerGroupSpecs"]]
     assert all(mounted(f, worker_pod) for f in files), (files, worker_pod["containers"][0].get("volumeMounts"))
@@ -258,7 +261,7 @@ def namespace(ray_cluster, request):
     """A fresh Ray namespace per test; whatever the test left in it is removed at teardown."""
     name = f"t-{request.node.name[:40].replace('[', '-').replace(']', '')}-{os.getpid()}"
     yield name
-    for line in launch.stop_all(name):
+    for line in stop_all(name):
         print(line)
 
 
@@ -324,7 +327,7 @@ def test_two_ray_actors_train_in_lockstep_and_leave_on_stop(ray_cluster, namespa
     assert stopped.stdout.count("left the swarm") == 2, stopped.stdout
     left = {worker_id for worker_id, _ in events(local.state_dir, "leave")}
     assert left == {i["worker_id"] for i in infos}
-    assert launch.named_actors(namespace) == []
+    assert named_actors(namespace) == []
 
     # Every replica equals the coordinator's parameters after each pull, bit for bit.
     expected = {0: version0, **dict(sql(local.state_dir, "SELECT version + 1, param_sha256 FROM rounds"))}
@@ -394,7 +397,7 @@ def test_killed_actors_come_back_rejoin_and_the_run_completes(ray_cluster, names
     assert followed.returncode == 0, followed.stdout + followed.stderr
     assert "every worker's run has ended" in followed.stdout
     assert local.service.version == ROUNDS
-    assert launch.named_actors(namespace) == []
+    assert named_actors(namespace) == []
     replicas_agree(local, version0)
 
 
@@ -424,7 +427,7 @@ def test_detached_workers_outlive_their_driver(ray_cluster, namespace, start_coo
     stopped = rcswarm_launch(ray_cluster, namespace, "--stop", timeout=120)
     assert stopped.returncode == 0 and stopped.stdout.count("left the swarm") == 2, stopped.stdout + stopped.stderr
     assert {i for i, _ in events(local.state_dir, "leave")} == ids
-    assert launch.named_actors(namespace) == []
+    assert named_actors(namespace) == []
 
 
 @pytest.mark.slow
@@ -452,7 +455,7 @@ def test_scaling_from_one_to_three_workers_and_back(ray_cluster, namespace, star
     scale(1)
     assert active_ids(local) == first
     assert {i for i, _ in events(local.state_dir, "leave")} == three - first
-    assert [n for n in launch.named_actors(namespace) if launch.worker_index(n) is not None] == ["rcswarm-worker-0"]
+    assert [n for n in named_actors(namespace) if worker_index(n) is not None] == ["rcswarm-worker-0"]
     version = local.service.version
     wait_for(lambda: local.service.version >= version + 1, 120, "a round with one worker again")
 
@@ -474,11 +477,12 @@ def test_actors_waiting_for_resources_are_reported_with_the_reason(ray_cluster, 
     infeasible = rcswarm_launch(ray_cluster, namespace, "--workers", "1", "--gpus-per-worker", "3", *common)
     assert infeasible.returncode == 1, infeasible.stdout + infeasible.stderr
     assert "pending: infeasible: no node of the cluster has 3 GPU, 0.5 CPU (the largest has 2 GPU, 2 CPU)" in infeasible.stdout
-    assert [n for n in launch.named_actors(namespace) if launch.worker_index(n) is not None] == ["rcswarm-worker-0"]
+    assert [n for n in named_actors(namespace) if worker_index(n) is not None] == ["rcswarm-worker-0"]
 
 
 def test_ray_is_imported_only_by_the_launcher_and_the_actor_and_only_inside_functions():
-    """The `ray` extra is optional: no module of the package imports Ray at import time, and only two use it."""
+    """The `ray` extra is optional: no module of the package imports Ray at import time, and only the control plane
+    (launch/) and the actor (worker/ray_worker.py) use it."""
     import ast
 
     root = Path(__file__).resolve().parents[1]
@@ -494,7 +498,8 @@ def test_ray_is_imported_only_by_the_launcher_and_the_actor_and_only_inside_func
                 users.add(str(relative))
                 if node in tree.body:
                     top_level.append(str(relative))
-    assert users == {"cli/launch.py", "worker/ray_worker.py"} and not top_level, (users, top_level)
+    assert "worker/ray_worker.py" in users and any(u.startswith("launch/") for u in users), users
+    assert all(u.startswith("launch/") or u == "worker/ray_worker.py" for u in users) and not top_level, (users, top_level)
     probe = "import sys, rcswarm.cli.main, rcswarm.cli.launch; assert 'ray' not in sys.modules, 'ray imported'"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
 
@@ -506,7 +511,7 @@ def test_a_coordinator_actor_on_the_head_serves_the_workers(ray_cluster, namespa
     workers join it, and --stop ends the workers (they Leave) and then the coordinator."""
     import re
 
-    from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+    from rcswarm.worker import CoordinatorClient, RetryPolicy
     from tests.conftest import write_spec
 
     config = write_spec(tiny_spec(run={"rounds": 1000}, inner={"steps": 4}, sync={"codec": "fp32"}), tmp_path / "run.toml")
@@ -533,4 +538,4 @@ def test_a_coordinator_actor_on_the_head_serves_the_workers(ray_cluster, namespa
     assert "rcswarm-coordinator: stopped" in stopped.stdout
     assert not Path(f"/proc/{coordinator_pid}").exists(), "the coordinator process outlived --stop"
     assert {i for i, _ in events(state_dir, "leave")} == ids
-    assert launch.named_actors(namespace) == []
+    assert named_actors(namespace) == []

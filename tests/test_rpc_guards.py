@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.sync import codec, tensor_stream
-from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy
+from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy
 from tests.conftest import TOKEN, sql, tiny_spec
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,9 @@ ALLOWED = {
     "observe": {"state", "config", "protos"},
     "coordinator": {"models", "protos", "config", "sync", "state", "observe"},
     "worker": {"kernels", "models", "data", "protos", "config", "sync", "train"},
-    "cli": {"kernels", "models", "data", "protos", "config", "sync", "train", "state", "observe", "coordinator", "worker"},
+    "launch": {"worker", "config", "protos"},
+    "cli": {"kernels", "models", "data", "protos", "config", "sync", "train", "state", "observe", "coordinator",
+            "worker", "launch"},
 }
 STORE = ROOT / "state" / "store.py"
 SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+(OR\s+\w+\s+)?INTO|CREATE\s+(TABLE|INDEX)|DELETE\s+FROM|UPDATE\s+\w+\s+SET)\b",
@@ -109,3 +113,15 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
     bad.write_text("def f():\n    from rcswarm.worker.worker import main\n    return 'SELECT x FROM metrics'\n")
     assert arrows(bad) == [(2, "worker"), (2, "worker")]
     assert SQL.search("SELECT x FROM metrics WHERE y = ?") and not SQL.search("select the fastest path from them")
+
+
+def test_the_worker_facade_names_what_it_serves_and_loads_nothing_heavy() -> None:
+    """`rcswarm.worker` lists its public names; `import rcswarm.worker` imports no torch, grpc, hivemind or Ray."""
+    import rcswarm.worker as facade
+
+    assert set(facade.__all__) == {*facade._HOME_OF, "hivemind_sync"}
+    for name in set(facade.__all__) - {"hivemind_sync", "HivemindWorker"}:  # hivemind is an optional extra
+        assert getattr(facade, name) is not None, name
+    probe = ("import sys, rcswarm.worker; heavy = {'torch', 'grpc', 'hivemind', 'ray'} & set(sys.modules); "
+             "assert not heavy, heavy")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0

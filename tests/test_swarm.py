@@ -14,7 +14,7 @@ import pytest
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+from rcswarm.worker import CoordinatorClient, RetryPolicy
 from tests.conftest import TOKEN, free_port, logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
 
 pytestmark = pytest.mark.slow

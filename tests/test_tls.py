@@ -40,7 +40,7 @@ from rcswarm.observe.dashboard.auth import COOKIE, SESSION_S, SessionAuth, decid
 from rcswarm.protos.transport import is_loopback_host, plaintext_warning
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy
+from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy
 from tests.conftest import TOKEN, logs_of, sql, tiny_spec, wait_for, worker_env, write_spec
 
 LOOPBACK = ["127.0.0.1", "127.0.0.53", "127.255.255.254", "::1", "[::1]", "localhost", "LOCALHOST", "localhost.",
@@ -295,7 +295,7 @@ def test_self_signed_quick_start_end_to_end_with_mutual_tls(tmp_path: Path) -> N
         assert request(info["http_port"], "GET", "/api/status", {"Authorization": f"Bearer {TOKEN}"}, ca=ca)[0] == 200
 
         with open(tmp_path / "worker.log", "wb") as worker_log:
-            worker = subprocess.Popen([sys.executable, "-m", *command[1:], "--name", "w0", "--threads", "1"],
+            worker = subprocess.Popen([sys.executable, "-m", "rcswarm.cli", *command[1:], "--name", "w0", "--threads", "1"],
                                       env=worker_env(), stdout=worker_log, stderr=subprocess.STDOUT)
         worker.log_path = tmp_path / "worker.log"  # type: ignore[attr-defined]
         assert worker.wait(timeout=120) == 0, logs_of([worker]) + log_path.read_text()
@@ -315,7 +315,7 @@ def test_a_worker_with_the_wrong_ca_gives_up_with_a_clear_message(start_coordina
     local = start_coordinator(tiny_spec(), tls=TLSFiles(quick.cert, quick.key))
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.worker", "--coordinator", f"127.0.0.1:{local.port}", "--tls-ca",
+        [sys.executable, "-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{local.port}", "--tls-ca",
          str(stranger.ca), "--patience-s", "2", "--name", "lost", "--threads", "1"],
         env=worker_env(), capture_output=True, text=True, timeout=90,
     )

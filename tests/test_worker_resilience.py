@@ -28,8 +28,17 @@ from rcswarm.models import registry
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.sync import tensor_stream
-from rcswarm.worker.client import Action, CoordinatorClient, Identity, RetriesExhausted, RetryPolicy, Timeouts, classify
-from rcswarm.worker.worker import Worker, WorkerOptions
+from rcswarm.worker import (
+    Action,
+    CoordinatorClient,
+    Identity,
+    RetriesExhausted,
+    RetryPolicy,
+    Timeouts,
+    Worker,
+    WorkerOptions,
+    classify,
+)
 from tests.conftest import TOKEN, free_port, logs_of, tiny_spec, wait_for, write_spec
 from tests.test_swarm import start_coordinator_process
 
@@ -60,7 +69,7 @@ def test_classify_sorts_every_status_code():
 
 
 def _options(target: str, **overrides) -> WorkerOptions:
-    return WorkerOptions(coordinator=target, token=TOKEN, device="cpu", name="victim", threads=1, **overrides)
+    return WorkerOptions(coordinator=target, device="cpu", name="victim", threads=1, **overrides)
 
 
 def test_worker_options_name_a_bad_patience():
@@ -179,7 +188,7 @@ def test_the_worker_refuses_a_hostile_pull_repulls_then_gives_up(caplog):
     shapes = model_shapes()
     hostile = Hostile(tiny_spec().to_json(), hostile_header(shapes, "huge shape"))
     with serve(hostile) as target:
-        worker = MeasuredPulls(_options(target, patience_s=1.5, rpc_timeout_s=2.0))
+        worker = MeasuredPulls(_options(target, patience_s=1.5, rpc_timeout_s=2.0), TOKEN)
         try:
             with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
                 code = worker.run()
@@ -197,7 +206,7 @@ def test_a_spec_the_worker_cannot_build_ends_it_with_its_reason(caplog):
     spec["model"]["preset"] = "no-such-preset"
     with serve(Hostile(json.dumps(spec))) as target:
         with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
-            code = Worker(_options(target, patience_s=2.0)).run()
+            code = Worker(_options(target, patience_s=2.0), TOKEN).run()
     assert code == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "cannot train this run" in errors[0] and "no-such-preset" in errors[0], errors
@@ -234,7 +243,7 @@ class FaultBeforeFirstPush(Worker):
     records every push as (base version, delivered)."""
 
     def __init__(self, options: WorkerOptions, fault) -> None:
-        super().__init__(options)
+        super().__init__(options, TOKEN)
         self.fault = fault
         self.pushes: list[tuple[int, bool]] = []
 

@@ -2,63 +2,54 @@
 
     rcswarm worker --backend hivemind (--config RUN.toml | --coordinator HOST:PORT --token T)
                    [--initial-peers MADDR ...] [--client-mode] [--host-maddrs MADDR ...]
-                   [--announce-maddrs MADDR ...] [--identity-path F] [--out DIR]
+                   [--announce-maddrs MADDR ...] [--identity-path F] [--out DIR]     (cli/worker.py)
 
-Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm
-already trains, loads (version, θ, outer momentum) from the peer with the highest version. A
-round from version v: H inner steps on the run's fixed schedule (`curriculum.schedule`, else
-`data.seq_len` × `data.batch_size`) or, under `curriculum.worker_seq_lens` or the adaptive policy,
-on the length the coordinator assigned this worker or the run's current rung (its
-TrainingAssignment, taken at round boundaries; Δ̄ is weighted by tokens, so groupmates may train
-different lengths, as they briefly do around a rung change); Δ = θ_v − θ_local, plus the error-feedback residual, as the
-codec sends it; `HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm);
-the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ hivemind.trust_factor (4) × ‖Δ‖) and then
-θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (sync/outer.py). Without a group
-the peer steps with its own Δ; a refused Δ̄ skips the step (θ_{v+1} = θ_v). A peer whose group
-was at a higher version, or whose digest is off the highest-version majority's by more than the
-tolerance (hivemind.drift_tolerance), re-syncs from peers, judged once its round's group has published
-its digests (or hivemind.settle_s passed); at the last version, which no later round repairs, a peer
-checks once more and serves its state a few seconds longer (hivemind.state_grace_s). The rules in force are logged at start-up. Each
-round's digest and the newest metric rows go to the DHT (worker/hivemind_sync.py), where
-`rcswarm dht --state-dir` mirrors them. With `--out DIR` the final θ goes to
-DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator` the
-worker also joins a coordinator for the control plane only (the run spec, a data seed,
-heartbeats, metrics and Leave on a thread of its own, worker/hivemind_control.py): training
-never waits for the coordinator, and goes on while it is down. SIGTERM or SIGINT ends the
-worker after its current step.
+Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm already
+trains, loads (version, θ, outer momentum) from the peer with the highest version. A round from version v: H
+inner steps (the `RoundTrainer`'s, train/round.py) on the run's fixed schedule (`curriculum.schedule`, else
+`data.seq_len` × `data.batch_size`) or, under `curriculum.worker_seq_lens` or the adaptive policy, on the
+length the coordinator assigned this worker or the run's current rung (its TrainingAssignment, taken at round
+boundaries; Δ̄ is weighted by tokens, so groupmates may train different lengths, as they briefly do around a
+rung change); Δ = θ_v − θ_local, plus the error-feedback residual, as the codec sends it;
+`HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm); the group's Δ̄ is checked
+(`trust_problem`: finite, norm ≤ hivemind.trust_factor (4) × ‖Δ‖) and then θ_{v+1}, b = outer_step(θ_v, b, Δ̄)
+— the coordinator's step (sync/outer.py). Without a group the peer steps with its own Δ; a refused Δ̄ skips
+the step (θ_{v+1} = θ_v). A peer whose group was at a higher version, or whose digest is off the
+highest-version majority's by more than the tolerance (hivemind.drift_tolerance), re-syncs from peers, judged
+once its round's group has published its digests (or hivemind.settle_s passed); at the last version, which no
+later round repairs, a peer checks once more and serves its state a few seconds longer
+(hivemind.state_grace_s). The rules in force are logged at start-up. Each round's digest and the newest metric
+rows go to the DHT (worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR`
+the final θ goes to DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator`
+the worker also joins a coordinator for the control plane only (the run spec, a data seed, heartbeats, metrics
+and Leave on a thread of its own, worker/hivemind_control.py): training never waits for the coordinator, and
+goes on while it is down. SIGTERM or SIGINT ends the worker after its current step.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-import grpc
 import torch
 from safetensors.torch import save_file
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.sync import codec as codecs
 from rcswarm.sync.outer import outer_step
 from rcswarm.train.inner import worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow
 from rcswarm.worker import hivemind_sync as hs
-from rcswarm.worker.client import RetriesExhausted
 from rcswarm.worker.hivemind_control import ControlPlane
-from rcswarm.worker.worker import auto_threads
 
 log = logging.getLogger("rcswarm.worker")
 # A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up. A constant, not a
@@ -335,52 +326,3 @@ class HivemindWorker:
         summary = {"name": self.name, "version": self.version, "history": self.history,
                    "peer_id": self.peer.peer_id if self.peer else ""}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-
-
-def main(args: argparse.Namespace) -> int:
-    """`rcswarm worker --backend hivemind ...` after argparse (the usage convention of cli/usage.py)."""
-    control, data_seed = None, None
-    try:
-        if args.config is None and args.coordinator is None:
-            raise ValueError("--backend hivemind needs --config RUN.toml (the run spec every peer trains) "
-                             "or --coordinator HOST:PORT (which serves it)")
-        spec = RunSpec.from_toml(args.config) if args.config is not None else None
-        options = hs.HivemindOptions(
-            initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
-            announce_maddrs=tuple(args.announce_maddrs), client_mode=args.client_mode, identity_path=args.identity_path,
-        )
-        threads, why = (args.threads, "--threads") if args.threads else auto_threads()
-        torch.set_num_threads(threads)
-        log.info("torch threads: %d (%s)", threads, why)
-        device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-        name = args.name or f"{socket.gethostname()}-{os.getpid()}"
-        if args.coordinator is not None:
-            token = args.token or os.environ.get(TOKEN_ENV, "")
-            if not token:
-                raise ValueError(f"a join token is required with --coordinator (--token or ${TOKEN_ENV})")
-            control = ControlPlane(args.coordinator, token, name, device, patience_s=args.patience_s,
-                                   rpc_timeout_s=args.rpc_timeout_s, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
-                                   tls_key=args.tls_key)
-    except (ValueError, OSError) as exc:
-        print(f"rcswarm worker: {exc}", file=sys.stderr)
-        return 2
-    if control is not None:
-        try:
-            joined = control.join()
-            spec = RunSpec.from_json(joined.run_spec_json)
-        except (grpc.RpcError, RetriesExhausted, ValueError) as exc:
-            log.error("%s cannot join %s: %s", name, args.coordinator, exc)
-            control.client.close()
-            return 1
-        data_seed = worker_data_seed(spec.run.seed, joined.data_seed)
-        control.start()  # beats from now on: building the model and the peer may outlast the lease
-    try:
-        worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control, data_seed=data_seed)
-    except ValueError as exc:
-        print(f"rcswarm worker: {exc}", file=sys.stderr)
-        if control is not None:
-            control.close("refused")
-        return 2
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop.set())
-    return worker.run()

@@ -1,7 +1,7 @@
 """A swarm worker: join, pull, train its round's inner steps, push the pseudo-gradient, repeat.
 
     rcswarm worker --coordinator HOST:PORT --token T [--device auto] [--tls-ca CA [--tls-cert C --tls-key K]]
-    rcswarm worker --backend hivemind --config RUN.toml --initial-peers MADDR ...   (worker/hivemind_worker.py)
+    (the command line is cli/worker.py; the hivemind backend's loop is worker/hivemind_worker.py)
 
 One round as the worker sees it: pull version v (checked against its SHA-256), switch to the
 (sequence length, batch) the coordinator assigns for v if it differs, keep a copy θ_v, train as the
@@ -16,31 +16,25 @@ and sent on every later call of that membership; a re-join replaces it. Stalls, 
 capacity limits and broken streams are retried by the client for `--patience-s` seconds
 (`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
 coordinator does not take this worker's secret for its id), a refused request, a run spec this
-worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1; a finished run exits 0. SIGTERM or SIGINT
-finishes the current step, sends Leave and exits 0.
+worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1;
+a finished run exits 0. A stop (SIGTERM or SIGINT in `rcswarm worker`) finishes the current step, sends
+Leave and exits 0. What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import os
-import signal
 import socket
-import sys
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import torch
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.protos.transport import ClientTLS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 from rcswarm.train.inner import StepResult, worker_data_seed
@@ -54,6 +48,7 @@ from rcswarm.worker.client import (
     Timeouts,
     classify,
 )
+from rcswarm.worker.options import WorkerOptions
 
 log = logging.getLogger("rcswarm.worker")
 AWAIT_WAIT_S = 2.0
@@ -69,50 +64,26 @@ class SpecRefused(RuntimeError):
     """The run spec the coordinator served cannot be built by this worker."""
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    """The `rcswarm worker` flags, validated."""
-
-    coordinator: str
-    token: str
-    device: str = "auto"
-    name: str = ""
-    threads: int = 0
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    patience_s: float = 300.0
-    rpc_timeout_s: float = 10.0
-    transfer_timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if not self.token:
-            raise ValueError(f"a join token is required (--token or ${TOKEN_ENV})")
-        if ":" not in self.coordinator:
-            raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT")
-        ClientTLS.from_flags(self.tls_ca, self.tls_cert, self.tls_key)
-        if self.threads < 0:
-            raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = the cores divided by the workers on this host)")
-        for flag, value in (
-            ("--patience-s", self.patience_s), ("--rpc-timeout-s", self.rpc_timeout_s),
-            ("--transfer-timeout-s", self.transfer_timeout_s),
-        ):
-            if not value > 0:
-                raise ValueError(f"{flag} {value}: expected a number of seconds > 0")
-
-
 def _is(err: BaseException, code: grpc.StatusCode) -> bool:
     return isinstance(err, grpc.RpcError) and err.code() == code
 
 
 class Worker:
-    def __init__(self, options: WorkerOptions, stop: threading.Event | None = None) -> None:
+    """One worker process's loop at a coordinator (the module docstring). `token` is the join token, kept beside
+    the options (never in them); `stop`, when set, ends the loop after the current step.
+
+    Threads: `run` and everything it calls run on the caller's thread; the heartbeat thread reads `identity`
+    (replaced whole by each join) and keeps the newest assignment under `_assignment_lock`, which
+    `_follow_assignment` reads under it too.
+    """
+
+    def __init__(self, options: WorkerOptions, token: str, stop: threading.Event | None = None) -> None:
         self.options = options
         self.stop = stop or threading.Event()
         self.device = resolve_device(options.device)
         self.name = options.name or f"{socket.gethostname()}-{os.getpid()}"
         self.client = CoordinatorClient(
-            options.coordinator, options.token, tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key,
+            options.coordinator, token, tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key,
             retry=RetryPolicy(max_elapsed_s=options.patience_s),
             timeouts=Timeouts(unary_s=options.rpc_timeout_s, transfer_s=options.transfer_timeout_s), stop=self.stop,
         )
@@ -420,109 +391,3 @@ class Worker:
             log.warning("leave failed: %s", exc)
         finally:
             self.client.close()
-
-
-def is_worker_command(argv: list[str]) -> bool:
-    """Whether a process's argv runs an rcswarm worker (`rcswarm worker`, `python -m rcswarm.worker`)."""
-    for index, arg in enumerate(argv):
-        if arg == "rcswarm.worker":
-            return True
-        if os.path.basename(arg) == "rcswarm" and argv[index + 1:index + 2] == ["worker"]:
-            return True
-    return False
-
-
-def workers_on_host() -> int:
-    """rcswarm worker processes running on this machine, this one included (Linux /proc; 1 elsewhere)."""
-    count = 0
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        count += is_worker_command(argv)
-    return max(count, 1)
-
-
-def auto_threads() -> tuple[int, str]:
-    """(threads, why): the cores this process may use divided by the workers on this host, at least 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = workers_on_host()
-    return max(1, cores // workers), f"{cores} cores / {workers} workers on this host"
-
-
-def add_hivemind_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `rcswarm worker --backend hivemind` (worker/hivemind_worker.py; hivemind is imported only there)."""
-    group = parser.add_argument_group("hivemind backend (--backend hivemind)")
-    group.add_argument("--config", type=Path, help="RUN.toml with [sync] backend = \"hivemind\" (no coordinator)")
-    group.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
-                       help="multiaddrs of running peers, e.g. the one `rcswarm dht` prints")
-    group.add_argument("--client-mode", action="store_true",
-                       help="dial out only (behind NAT); still averages, serves no state")
-    group.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], metavar="MADDR",
-                       help="multiaddrs to listen on (default: %(default)s)")
-    group.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
-                       help="multiaddrs other peers should dial (default: what libp2p observes)")
-    group.add_argument("--identity-path", type=Path, help="private key file: a stable peer id (created if missing)")
-    group.add_argument("--out", type=Path, help="write final.safetensors and summary.json here at the end")
-
-
-def parser() -> argparse.ArgumentParser:
-    """The `rcswarm worker` command line."""
-    parser = argparse.ArgumentParser(prog="rcswarm worker", description="Join an rcswarm coordinator and train.")
-    parser.add_argument("--backend", choices=("coordinator", "hivemind"), default="coordinator",
-                        help="sync backend: through a coordinator (default) or peer to peer with hivemind")
-    parser.add_argument("--coordinator", help="HOST:PORT of the coordinator (required with --backend coordinator)")
-    parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
-    parser.add_argument("--device", default="auto",
-                        help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ... (default: auto)")
-    parser.add_argument("--name", default="", help="name shown in the coordinator's status (default: the worker id)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (default 0: this machine's cores divided by the rcswarm workers running on it)")
-    parser.add_argument("--tls-ca", type=Path, help="PEM CA certificate that signed the coordinator's; enables TLS")
-    parser.add_argument("--tls-cert", type=Path, help="PEM client certificate, for a coordinator with --tls-client-ca")
-    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    parser.add_argument(
-        "--patience-s", type=float, default=300.0,
-        help="retry a stalled, restarting or busy coordinator this long per call before giving up (default: %(default)s)",
-    )
-    parser.add_argument("--max-unavailable-s", type=float, dest="patience_s", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    parser.add_argument("--rpc-timeout-s", type=float, default=10.0,
-                        help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
-    parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
-                        help="deadline of one parameter pull or update push (default: %(default)s)")
-    add_hivemind_arguments(parser)
-    return parser
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The parsed `rcswarm worker` command line (argparse exits 0 after --help, 2 on a usage error)."""
-    return parser().parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
-    args = parse_args(argv)
-    if args.backend == "hivemind":
-        from rcswarm.worker import hivemind_worker
-
-        return hivemind_worker.main(args)
-    if args.coordinator is None:
-        print("rcswarm worker: --coordinator HOST:PORT is required (or --backend hivemind)", file=sys.stderr)
-        return 2
-    try:
-        options = WorkerOptions(
-            coordinator=args.coordinator, token=args.token or os.environ.get(TOKEN_ENV, ""), device=args.device,
-            name=args.name, threads=args.threads, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            patience_s=args.patience_s, rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
-        )
-        threads, why = (options.threads, "--threads") if options.threads else auto_threads()
-        torch.set_num_threads(threads)
-        log.info("torch threads: %d (%s)", threads, why)
-        worker = Worker(options)
-    except ValueError as exc:
-        print(f"rcswarm worker: {exc}", file=sys.stderr)
-        return 2
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop.set())
-    return worker.run()
