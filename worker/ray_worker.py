@@ -2,9 +2,9 @@
 
 `RayWorker` is a plain class; the launcher (launch/actors.py) makes it a detached, named Ray actor
 with `num_gpus`/`num_cpus` and `max_restarts=-1`. Its constructor builds the ordinary `Worker`
-from the `WorkerOptions` of its `RayWorkerConfig` and runs its loop on a thread, so the actor answers `info()` and `stop()`
-while it trains. Ray sets `CUDA_VISIBLE_DEVICES` to the actor's own GPUs, so `--device auto`
-finds its GPU as `cuda:0`.
+from the `WorkerOptions` of its `RayWorkerConfig` and runs its loop on a thread, so the actor
+answers `info()` and `stop()` while it trains. Ray sets `CUDA_VISIBLE_DEVICES` to the actor's own
+GPUs, so `--device auto` finds its GPU as `cuda:0`.
 
 The join token is read here, from the environment of the Ray node (`RCSWARM_TOKEN`, a Kubernetes
 Secret on KubeRay), never passed as an argument: actor arguments and a job's runtime_env are
