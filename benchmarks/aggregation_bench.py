@@ -59,7 +59,7 @@ from rcswarm.models import registry
 from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
 from rcswarm.train.inner import make_sampler, masked_cross_entropy
-from rcswarm.worker.worker import Worker, WorkerOptions
+from rcswarm.worker import Worker, WorkerOptions
 
 TOKEN = "aggregation-bench-token"
 METHODS = ("mean", "clipped_mean", "trimmed_mean", "centered_clip")
@@ -290,7 +290,7 @@ def honest_run(spec: RunSpec, state_dir: Path) -> tuple[list[float], tuple[int, 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     count = spec.run.workers
-    workers = [Worker(WorkerOptions(f"127.0.0.1:{running.port}", TOKEN, device="cpu", name=f"w{i}")) for i in range(count)]
+    workers = [Worker(WorkerOptions(f"127.0.0.1:{running.port}", device="cpu", name=f"w{i}"), TOKEN) for i in range(count)]
     codes: dict[str, int] = {}
     threads = [threading.Thread(target=lambda w=w: codes.__setitem__(w.name, w.run())) for w in workers]
     try:

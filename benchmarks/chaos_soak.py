@@ -56,7 +56,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.store import StateStore
-from rcswarm.worker.client import CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts
+from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts
 
 TOKEN = "chaos-soak-token-0123456789"
 HOST = "127.0.0.1"
@@ -348,7 +348,7 @@ class Soak:
     def _worker(self, index: int) -> Child:
         o = self.options
         return Child(f"w{index}", [
-            sys.executable, "-m", "rcswarm.worker", "--coordinator", f"{HOST}:{self.proxy.port}", "--name", f"w{index}",
+            sys.executable, "-m", "rcswarm.cli", "worker", "--coordinator", f"{HOST}:{self.proxy.port}", "--name", f"w{index}",
             "--threads", "1", "--patience-s", str(o.patience_s), "--rpc-timeout-s", str(o.rpc_timeout_s),
             "--transfer-timeout-s", "30",
         ], self.work / f"w{index}.log", self._env)

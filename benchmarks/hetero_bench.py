@@ -41,7 +41,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+from rcswarm.worker import CoordinatorClient, RetryPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hetero-bench-token-0123456789"

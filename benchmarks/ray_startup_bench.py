@@ -6,7 +6,7 @@
 Each repeat serves a fresh run from a coordinator in this process (`RunningCoordinator`, gRPC on
 127.0.0.1, a fresh state dir: the same in both paths, started before the clock) and measures:
 
-* **processes** (what `rcswarm run` does after its coordinator is up): N `python -m rcswarm.worker`
+* **processes** (what `rcswarm run` does after its coordinator is up): N `python -m rcswarm.cli worker`
   processes are spawned; seconds until every worker has joined, and until the first round closed
   (version 1).
 * **ray**: a local Ray instance is started (`ray.init(num_cpus=2·N, num_gpus=N)`, loopback only,
@@ -84,7 +84,7 @@ def processes(spec: RunSpec, folder: Path, workers: int) -> dict[str, float]:
     running = serve(spec, folder / "state-processes")
     target = f"127.0.0.1:{running.port}"
     started = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "rcswarm.worker", "--coordinator", target, "--name", f"w{i}",
+    procs = [subprocess.Popen([sys.executable, "-m", "rcswarm.cli", "worker", "--coordinator", target, "--name", f"w{i}",
                                "--threads", "1", "--device", "cpu"], env=env(), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for i in range(workers)]
     try:

@@ -16,7 +16,7 @@ optimizer):
 * ``paged``: ``streaming_backward(model, window, k)``, streaming BPTT as before issue #19: k
   frame heads recomputed at a time, the LSTM core's saved tensors (O(L)) paged to host memory;
 * ``all``, ``uniform``, ``binomial``, ``binomial-log``: ``streaming_backward(model, window, k,
-  checkpoints=CheckpointPlan(...))``, core checkpointing (``rcswarm.train.bptt.streaming``)
+  checkpoints=CheckpointPlan(...))``, core checkpointing (``rcswarm.train.bptt.checkpointed``)
   with the schedule of that name: every segment boundary's core state kept; checkpoints every
   round(√n) boundaries; the binomial (revolve) schedule with ``--slots`` stored states; the
   binomial schedule with ceil(log2 n) stored states; n = ceil(L / S) segments of S = 8 k
@@ -191,7 +191,7 @@ def typing_source(config: Any, params: dict[str, Any]) -> Any:
 
 def checkpoint_plan(params: dict[str, Any]) -> Any:
     """The CheckpointPlan of a checkpointed method, or None for plain and paged."""
-    from rcswarm.train.bptt.streaming import CheckpointPlan
+    from rcswarm.train.bptt.checkpointed import CheckpointPlan
 
     method, place = params["method"], params["embeddings"]
     if method in ("plain", "paged"):

@@ -140,7 +140,7 @@ def rcswarm_worker(rank: int, cfg: dict[str, Any], barrier: Any, out: Any) -> No
         from rcswarm.protos.v1 import coordinator_pb2 as pb
         from rcswarm.sync import codec as codecs
         from rcswarm.sync import tensor_stream
-        from rcswarm.worker.client import CoordinatorClient, RetryPolicy, Timeouts
+        from rcswarm.worker import CoordinatorClient, RetryPolicy, Timeouts
 
         codec = codecs.codec_from_name(cfg["codec"])
         sid = os.getsid(0)

@@ -18,7 +18,7 @@ import sys
 COMMANDS = {
     "run": ("rcswarm.cli.run", "start a coordinator and N workers on this machine and train"),
     "coordinator": ("rcswarm.cli.coordinator", "serve a run: membership, rounds, outer optimizer, metrics"),
-    "worker": ("rcswarm.worker.worker", "join a coordinator and train"),
+    "worker": ("rcswarm.cli.worker", "join a coordinator and train"),
     "bench": ("rcswarm.cli.main", "benchmarks on this machine: `rcswarm bench diag ...`"),
     "fit": ("rcswarm.cli.fit", "fit scaling laws to recorded metrics and plot them"),
     "data": ("rcswarm.cli.data", "build training data: `rcswarm data frames --repo PATH --out DIR`"),

@@ -49,7 +49,6 @@ from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import run_state_dirs
-from rcswarm.models import registry
 from rcswarm.observe.analysis import FitReport, analyse, length_curves, read_state_dirs
 from rcswarm.observe.fits import fit_power_law
 from rcswarm.observe.report import summarize
@@ -57,13 +56,14 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.checkpoints import split_checkpoint
 from rcswarm.state.store import StateStore
-from rcswarm.train.inner import make_sampler, masked_cross_entropy
-from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+from rcswarm.train.round import RoundTrainer
+from rcswarm.worker import CoordinatorClient, RetryPolicy
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.5
 EVAL_BATCHES = 8
+EVAL_SEED = 12345
 
 
 class Swarm:
@@ -109,7 +109,7 @@ class Swarm:
         threads = max(1, (os.cpu_count() or 1) // self.n_workers)
         for rank in range(self.n_workers):
             self.workers.append(self._spawn(
-                ["-m", "rcswarm.worker", "--coordinator", f"127.0.0.1:{port}", "--name", f"worker-{rank}",
+                ["-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{port}", "--name", f"worker-{rank}",
                  "--threads", str(threads)],
                 f"worker-{rank}.log",
             ))
@@ -240,17 +240,12 @@ def watch(
 
 
 def evaluate(spec: RunSpec, params: dict[str, torch.Tensor] | None) -> float:
-    """Mean cross-entropy on the held-out split (the same batches for any params)."""
-    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
+    """Mean cross-entropy on the held-out split (the same batches for any params), on the CPU."""
+    trainer = RoundTrainer(torch.device("cpu"))
+    model = trainer.build(spec, model_seed=spec.run.seed)
     if params is not None:
         model.load_state_dict(params, strict=False)
-    sampler = make_sampler(spec.data, seed=12345, split="val", model_config=model.config)
-    losses = []
-    with torch.no_grad():
-        for _ in range(EVAL_BATCHES):
-            inputs, targets = sampler.next_batch()  # [B, T], [B, T]
-            losses.append(masked_cross_entropy(model(inputs), targets).item())  # logits [B, T, V]
-    return sum(losses) / len(losses)
+    return trainer.held_out_loss(EVAL_BATCHES, seed=EVAL_SEED)
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,8 @@ class HivemindSwarm(Swarm):
         control = ["--coordinator", coordinator] if coordinator else []
         for rank in range(self.n_workers):
             self.workers.append(self._spawn(
-                ["-m", "rcswarm.worker", "--backend", "hivemind", "--config", str(self.run_dir / "run.toml"), *control,
-                 "--initial-peers", *maddrs, "--host-maddrs", LOOPBACK, "--name", f"worker-{rank}",
+                ["-m", "rcswarm.cli", "worker", "--backend", "hivemind", "--config", str(self.run_dir / "run.toml"),
+                 *control, "--initial-peers", *maddrs, "--host-maddrs", LOOPBACK, "--name", f"worker-{rank}",
                  "--threads", str(threads), "--out", str(self.run_dir / "peers" / f"worker-{rank}")],
                 f"worker-{rank}.log",
             ))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,13 +29,14 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
+from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
 from rcswarm.protos.transport import ClientTLS, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, TOKEN_ENV
+from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
 from rcswarm.state.errors import StoreError
 
 STATES = {number: name.removeprefix("WORKER_STATE_").lower() for name, number in pb.WorkerState.items()}
@@ -206,12 +206,7 @@ def read_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[FitReport,
 
 def parser() -> argparse.ArgumentParser:
     result = new_parser("rcswarm status", "print a coordinator's run, workers, rounds and fits")
-    result.add_argument("--coordinator", default=None,
-                        help="HOST:PORT of the coordinator's gRPC server (without it: --state-dir of a mirrored swarm)")
-    result.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
-    result.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate; enables TLS")
-    result.add_argument("--tls-cert", type=Path, default=None, help="PEM client certificate (mutual TLS)")
-    result.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    add_client_flags(result, "HOST:PORT of the coordinator's gRPC server (without it: --state-dir of a mirrored swarm)")
     result.add_argument("--timeout", type=float, default=10.0, help="deadline of the call in seconds")
     result.add_argument("--state-dir", type=Path, default=None,
                         help="the coordinator's state directory on this machine: also print the scaling-law fit; "
@@ -245,14 +240,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return main_mirrored(args)
     if args.stale_s is not None:
         return usage_error("rcswarm status", "--stale-s is for a mirrored swarm: give --state-dir without --coordinator")
-    token = args.token or os.environ.get(TOKEN_ENV, "")
-    if not token:
-        return usage_error("rcswarm status", f"a token is required (--token or ${TOKEN_ENV})")
+    try:
+        token = client_token(args)
+    except ValueError as error:
+        return usage_error("rcswarm status", str(error))
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         return usage_error("rcswarm status", f"--timeout {args.timeout}: expected a positive number of seconds")
     try:
-        status = fetch_status(args.coordinator, token, ClientTLS.from_flags(args.tls_ca, args.tls_cert, args.tls_key),
-                              args.timeout)
+        client = client_options(args)
+        status = fetch_status(client.coordinator, token, client.tls(), args.timeout)
     except ValueError as error:
         return usage_error("rcswarm status", str(error))
     except grpc.RpcError as error:

@@ -3,7 +3,7 @@
 A usage error (an unknown flag, a bad value, an unreadable or invalid config or input file) prints
 one line, `<command>: <what is wrong>`, on stderr and exits 2; `--help` exits 0; a failure while
 running (a coordinator that cannot be reached, a training process that died) exits 1.
-`rcswarm worker`, whose entry point lives beside its loop, follows the same rule.
+Every command's entry point lives in cli/ (`rcswarm coordinator` and `rcswarm worker` included).
 """
 
 from __future__ import annotations

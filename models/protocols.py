@@ -13,7 +13,7 @@ activation memory flat in the window length:
   function of the whole embedding sequence.
 
 `SegmentStepModel` adds the hook core checkpointing needs (streaming BPTT with a
-`CheckpointPlan`), which runs the core one segment of k steps at a time, keeps
+`rcswarm.train.bptt.checkpointed.CheckpointPlan`), which runs the core one segment of k steps at a time, keeps
 its state only at some segment boundaries and runs segments again from there:
 
 - `core_segment(embeddings [B, T, D], targets [B, T] | None, state)` ->

@@ -27,7 +27,9 @@ from rcswarm.data.frames import FrameWindowSpec, GitFrameSource, TensorWindow, T
 from rcswarm.data.frames.git_editor import N_STYLES as GIT_FRAME_STYLES
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
 from rcswarm.models.protocols import SegmentStepModel, StepModel
-from rcswarm.train.bptt.streaming import CheckpointPlan, StreamingStats, streaming_backward
+from rcswarm.train.bptt.checkpointed import CheckpointPlan
+from rcswarm.train.bptt.stats import StreamingStats
+from rcswarm.train.bptt.streaming import streaming_backward
 
 VAL_SEED_OFFSET = 1 << 40
 MIB = 1 << 20

@@ -2,65 +2,55 @@
 
     rcswarm worker --backend hivemind (--config RUN.toml | --coordinator HOST:PORT --token T)
                    [--initial-peers MADDR ...] [--client-mode] [--host-maddrs MADDR ...]
-                   [--announce-maddrs MADDR ...] [--identity-path F] [--out DIR]
+                   [--announce-maddrs MADDR ...] [--identity-path F] [--out DIR]     (cli/worker.py)
 
-Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm
-already trains, loads (version, θ, outer momentum) from the peer with the highest version. A
-round from version v: H inner steps on the run's fixed schedule (`curriculum.schedule`, else
-`data.seq_len` × `data.batch_size`) or, under `curriculum.worker_seq_lens` or the adaptive policy,
-on the length the coordinator assigned this worker or the run's current rung (its
-TrainingAssignment, taken at round boundaries; Δ̄ is weighted by tokens, so groupmates may train
-different lengths, as they briefly do around a rung change); Δ = θ_v − θ_local, plus the error-feedback residual, as the
-codec sends it; `HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm);
-the group's Δ̄ is checked (`trust_problem`: finite, norm ≤ hivemind.trust_factor (4) × ‖Δ‖) and then
-θ_{v+1}, b = outer_step(θ_v, b, Δ̄) — the coordinator's step (sync/outer.py). Without a group
-the peer steps with its own Δ; a refused Δ̄ skips the step (θ_{v+1} = θ_v). A peer whose group
-was at a higher version, or whose digest is off the highest-version majority's by more than the
-tolerance (hivemind.drift_tolerance), re-syncs from peers, judged once its round's group has published
-its digests (or hivemind.settle_s passed); at the last version, which no later round repairs, a peer
-checks once more and serves its state a few seconds longer (hivemind.state_grace_s). The rules in force are logged at start-up. Each
-round's digest and the newest metric rows go to the DHT (worker/hivemind_sync.py), where
-`rcswarm dht --state-dir` mirrors them. With `--out DIR` the final θ goes to
-DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator` the
-worker also joins a coordinator for the control plane only (the run spec, a data seed,
-heartbeats, metrics and Leave on a thread of its own, worker/hivemind_control.py): training
-never waits for the coordinator, and goes on while it is down. SIGTERM or SIGINT ends the
-worker after its current step.
+Every peer builds θ_0 from the run's seed (so a fresh swarm starts from one θ_0) or, when a swarm already
+trains, loads (version, θ, outer momentum) from the peer with the highest version. A round from version v: H
+inner steps (the `RoundTrainer`'s, train/round.py) on the run's fixed schedule (`curriculum.schedule`, else
+`data.seq_len` × `data.batch_size`) or, under `curriculum.worker_seq_lens` or the adaptive policy, on the
+length the coordinator assigned this worker or the run's current rung (its TrainingAssignment, taken at round
+boundaries; Δ̄ is weighted by tokens, so groupmates may train different lengths, as they briefly do around a
+rung change); Δ = θ_v − θ_local, plus the error-feedback residual, as the codec sends it;
+`HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm); the group's Δ̄ is checked
+(`trust_problem`: finite, norm ≤ hivemind.trust_factor (4) × ‖Δ‖) and then θ_{v+1}, b = outer_step(θ_v, b, Δ̄)
+— the coordinator's step (sync/outer.py). Without a group the peer steps with its own Δ; a refused Δ̄ skips
+the step (θ_{v+1} = θ_v). A peer whose group was at a higher version, or whose digest is off the
+highest-version majority's by more than the tolerance (hivemind.drift_tolerance), re-syncs from peers, judged
+once its round's group has published its digests (or hivemind.settle_s passed); at the last version, which no
+later round repairs, a peer checks once more and serves its state a few seconds longer
+(hivemind.state_grace_s). The rules in force are logged at start-up. Each round's digest and the newest metric
+rows go to the DHT (worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR`
+the final θ goes to DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator`
+the worker also joins a coordinator for the control plane only (the run spec, a data seed, heartbeats, metrics
+and Leave on a thread of its own, worker/hivemind_control.py): training never waits for the coordinator, and
+goes on while it is down. SIGTERM or SIGINT ends the worker after its current step.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import hashlib
 import json
 import logging
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-import grpc
 import torch
 from safetensors.torch import save_file
 
 from rcswarm.config.run_step import RunSteps
 from rcswarm.config.runspec import RunSpec
-from rcswarm.models import registry
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.sync import codec as codecs
 from rcswarm.sync.outer import outer_step
-from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
+from rcswarm.train.inner import worker_data_seed
+from rcswarm.train.round import RoundTrainer, StepRow
 from rcswarm.worker import hivemind_sync as hs
-from rcswarm.worker.client import RetriesExhausted
 from rcswarm.worker.hivemind_control import ControlPlane
-from rcswarm.worker.worker import auto_threads
 
 log = logging.getLogger("rcswarm.worker")
 # A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up. A constant, not a
@@ -113,29 +103,25 @@ class HivemindWorker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.device = torch.device(device)
         self.stop = stop or threading.Event()
-        model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
-        self.model = model.to(self.device)
+        # The model (θ_0 from the run's seed), its inner optimizer and data stream, the step count, compute seconds.
+        self.trainer = RoundTrainer(self.device)
+        self.model = self.trainer.build(spec, model_seed=spec.run.seed)
         self.names = [name for name, _ in self.model.named_parameters()]
         self.shapes = [tuple(p.shape) for _, p in self.model.named_parameters()]
         self.momentum = [torch.zeros(shape) for shape in self.shapes]
-        self.optimizer = make_inner_optimizer(self.model, spec.inner)
         self.codec = codecs.codec_from_name(spec.sync.codec)
         self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
         self.version = 0
-        self.step = 0
-        self.started = time.perf_counter()
-        self.compute_seconds = self.sync_seconds = 0.0
+        self.sync_seconds = 0.0
         self.history: list[dict[str, Any]] = []
         self.recent_rows: deque[list[float]] = deque(maxlen=hs.MAX_METRIC_ROWS)
         self._published: dict[str, Any] | None = None  # the digest of this peer's current version, once stored
         self._snapshot: tuple[int, list[torch.Tensor]] = (0, self._params() + self.momentum)
         self.peer: hs.HivemindPeer | None = None
-        self.sampler: Any = None
-        self._data: tuple[int, int] = (0, 0)
         self._startup_s = 0.0  # from process start until this peer was ready: the first round's matchmaking window
 
     def _params(self) -> list[torch.Tensor]:
-        return [p.detach().to("cpu", copy=True) for p in self.model.parameters()]
+        return list(self.trainer.snapshot().values())
 
     def state(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
         version, tensors = self._snapshot
@@ -194,31 +180,17 @@ class HivemindWorker:
     def _follow_assignment(self) -> None:
         """At a round boundary: switch the sampler to this round's (seq_len, batch) when it differs."""
         seq_len, batch, why = self._assigned()
-        if (seq_len, batch) != self._data:
-            self._data = (seq_len, batch)
-            data = dataclasses.replace(self.spec.data, seq_len=seq_len, batch_size=batch)
-            self.sampler = make_sampler(data, self.data_seed + self.version, model_config=self.model.config)
+        if self.trainer.follow(seq_len, batch, self.data_seed + self.version):
             log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.name, self.version, seq_len, batch, why)
 
-    def _train(self) -> tuple[int, list[list[float]]]:
-        """H inner steps; (tokens, metric rows)."""
-        inner, tokens, rows = self.spec.inner, 0, []
-        for _ in range(inner.steps):
-            if self.stop.is_set():
-                break
-            result = inner_step(self.model, self.optimizer, self.sampler, inner.grad_clip, self.device,
-                                inner.bptt_chunk, inner.memory_budget_mb)
-            self.step += 1
-            tokens += result.tokens
-            self.compute_seconds += result.seconds
-            rows.append([float(self.version), float(self.step), float(result.loss), float(result.tokens),
-                         time.perf_counter() - self.started, self.compute_seconds, self.sync_seconds,
-                         float(self._data[0]), float(self._data[1])])
-        return tokens, rows
+    def _row(self, row: StepRow) -> list[float]:
+        """The row as the DHT records carry it: version, step, loss, tokens, wall, compute, sync, seq_len, batch."""
+        return [float(row.version), float(row.step), float(row.loss), float(row.tokens), row.wall_time,
+                row.compute_seconds, self.sync_seconds, float(row.seq_len), float(row.batch)]
 
     def pseudo_gradient(self, base: list[torch.Tensor]) -> list[torch.Tensor]:
         """Δ = θ_v − θ_local as the codec delivers it (with the error-feedback residual); a hook for tests."""
-        deltas = {name: b - p.detach().cpu() for name, b, p in zip(self.names, base, self.model.parameters())}
+        deltas = self.trainer.delta(dict(zip(self.names, base)))
         if self.error_feedback is None:
             return list(deltas.values())
         _, sent = self.error_feedback.compress_decoded(deltas, self.codec, self.spec.sync.block_size, consume=True)
@@ -228,7 +200,8 @@ class HivemindWorker:
         self._follow_assignment()
         base = self._params()
         trained = time.monotonic()
-        tokens, rows = self._train()
+        result = self.trainer.train(self.version, self.spec.inner.steps, stop=self.stop)
+        tokens, rows = result.tokens, [self._row(row) for row in result.rows]
         self.peer.timer.train_s = time.monotonic() - trained
         if self.stop.is_set():
             return
@@ -255,7 +228,7 @@ class HivemindWorker:
         self.history.append({
             "version": self.version, "loss": sum(r[2] for r in rows) / max(len(rows), 1), "group": group,
             "skipped": problem, "drift": measured, "allreduce_s": result.seconds if result else None,
-            "seq_len": self._data[0], "batch": self._data[1],
+            "seq_len": self.trainer.data.seq_len, "batch": self.trainer.data.batch_size,
         })
         log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
                  self.history[-1]["loss"], measured, self.peer.timer.describe())
@@ -310,10 +283,9 @@ class HivemindWorker:
         self._published = mine
         self.recent_rows.extend(rows)
         if self.control is not None:
-            self.control.report([self._metric(row) for row in rows] + [pb.Metric(
-                version=self.version, step=self.step, seq_len=self._data[0], batch=self._data[1], loss=float("nan"),
-                tokens=0, wall_time=time.perf_counter() - self.started, compute_seconds=self.compute_seconds,
-                sync_seconds=self.sync_seconds, param_sha256=mine["sha256"])])
+            self.control.report([self._metric(row) for row in rows]
+                                + [self._metric(self._row(self.trainer.row(self.version, float("nan"), 0)),
+                                                param_sha256=mine["sha256"])])
         self.peer.publish(hs.METRICS_KEY, {"run": run, "name": self.name, "rows": list(self.recent_rows)})
         others = self._group_digests(group)
         same = [hs.drift(mine, r) for r in others.values() if r["version"] == self.version]
@@ -323,10 +295,10 @@ class HivemindWorker:
         return max(same, default=0.0)
 
     @staticmethod
-    def _metric(row: list[float]) -> pb.Metric:
+    def _metric(row: list[float], **fields: str) -> pb.Metric:
         version, step, loss, tokens, wall, compute, sync, seq_len, batch = row
         return pb.Metric(version=int(version), step=int(step), seq_len=int(seq_len), batch=int(batch), loss=loss,
-                         tokens=int(tokens), wall_time=wall, compute_seconds=compute, sync_seconds=sync)
+                         tokens=int(tokens), wall_time=wall, compute_seconds=compute, sync_seconds=sync, **fields)
 
     def _resync(self, why: str) -> None:
         """Load (version, θ, momentum) from the highest-version peer; keep training from the local state without one."""
@@ -345,9 +317,7 @@ class HivemindWorker:
         self.peer.set_state_version(self.version)
 
     def _load(self, tensors: list[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for param, tensor in zip(self.model.parameters(), tensors):
-                param.copy_(tensor)
+        self.trainer.load(dict(zip(self.names, tensors)))
 
     def _write_out(self) -> None:
         if self.out is None:
@@ -358,52 +328,3 @@ class HivemindWorker:
         summary = {"name": self.name, "version": self.version, "history": self.history,
                    "peer_id": self.peer.peer_id if self.peer else ""}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-
-
-def main(args: argparse.Namespace) -> int:
-    """`rcswarm worker --backend hivemind ...` after argparse (the usage convention of cli/usage.py)."""
-    control, data_seed = None, None
-    try:
-        if args.config is None and args.coordinator is None:
-            raise ValueError("--backend hivemind needs --config RUN.toml (the run spec every peer trains) "
-                             "or --coordinator HOST:PORT (which serves it)")
-        spec = RunSpec.from_toml(args.config) if args.config is not None else None
-        options = hs.HivemindOptions(
-            initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
-            announce_maddrs=tuple(args.announce_maddrs), client_mode=args.client_mode, identity_path=args.identity_path,
-        )
-        threads, why = (args.threads, "--threads") if args.threads else auto_threads()
-        torch.set_num_threads(threads)
-        log.info("torch threads: %d (%s)", threads, why)
-        device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-        name = args.name or f"{socket.gethostname()}-{os.getpid()}"
-        if args.coordinator is not None:
-            token = args.token or os.environ.get(TOKEN_ENV, "")
-            if not token:
-                raise ValueError(f"a join token is required with --coordinator (--token or ${TOKEN_ENV})")
-            control = ControlPlane(args.coordinator, token, name, device, patience_s=args.patience_s,
-                                   rpc_timeout_s=args.rpc_timeout_s, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
-                                   tls_key=args.tls_key)
-    except (ValueError, OSError) as exc:
-        print(f"rcswarm worker: {exc}", file=sys.stderr)
-        return 2
-    if control is not None:
-        try:
-            joined = control.join()
-            spec = RunSpec.from_json(joined.run_spec_json)
-        except (grpc.RpcError, RetriesExhausted, ValueError) as exc:
-            log.error("%s cannot join %s: %s", name, args.coordinator, exc)
-            control.client.close()
-            return 1
-        data_seed = worker_data_seed(spec.run.seed, joined.data_seed)
-        control.start()  # beats from now on: building the model and the peer may outlast the lease
-    try:
-        worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control, data_seed=data_seed)
-    except ValueError as exc:
-        print(f"rcswarm worker: {exc}", file=sys.stderr)
-        if control is not None:
-            control.close("refused")
-        return 2
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop.set())
-    return worker.run()

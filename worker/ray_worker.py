@@ -1,10 +1,10 @@
 """One rcswarm worker inside a Ray actor (`rcswarm launch ray`, issue #16).
 
-`RayWorker` is a plain class; the launcher (`cli/launch.py`) makes it a detached, named Ray actor
+`RayWorker` is a plain class; the launcher (launch/actors.py) makes it a detached, named Ray actor
 with `num_gpus`/`num_cpus` and `max_restarts=-1`. Its constructor builds the ordinary `Worker`
-from `RayWorkerConfig` and runs its loop on a thread, so the actor answers `info()` and `stop()`
-while it trains. Ray sets `CUDA_VISIBLE_DEVICES` to the actor's own GPUs, so `--device auto`
-finds its GPU as `cuda:0`.
+from the `WorkerOptions` of its `RayWorkerConfig` and runs its loop on a thread, so the actor
+answers `info()` and `stop()` while it trains. Ray sets `CUDA_VISIBLE_DEVICES` to the actor's own
+GPUs, so `--device auto` finds its GPU as `cuda:0`.
 
 The join token is read here, from the environment of the Ray node (`RCSWARM_TOKEN`, a Kubernetes
 Secret on KubeRay), never passed as an argument: actor arguments and a job's runtime_env are
@@ -29,9 +29,9 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.worker.options import WorkerOptions
 
 log = logging.getLogger("rcswarm.worker.ray")
 
@@ -41,43 +41,26 @@ STARTING, TRAINING, FINISHED, STOPPED, FAILED = "starting", "training", "finishe
 
 @dataclass(frozen=True)
 class RayWorkerConfig:
-    """What one worker actor needs, without the token: it travels through Ray as the actor's argument.
+    """What one worker actor needs: the worker's options (no token: they travel through Ray as the actor's
+    argument) and the Ray resources the actor was made with, kept so that the launcher sees an actor of
+    another shape than its plan's (and replaces it)."""
 
-    `num_gpus` and `num_cpus` are the Ray resources the actor was made with, kept here so that the
-    launcher sees an actor of another shape than its plan's (and replaces it).
-    """
-
-    coordinator: str
-    name: str
+    worker: WorkerOptions
     num_gpus: float = 0.0
     num_cpus: float = 1.0
-    device: str = "auto"
-    threads: int = 1
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    patience_s: float = 300.0
-    rpc_timeout_s: float = 10.0
-    transfer_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if ":" not in self.coordinator:
-            raise ValueError(f"coordinator {self.coordinator!r}: expected HOST:PORT")
-        if self.threads < 1:
-            raise ValueError(f"threads {self.threads}: expected >= 1")
+        if self.worker.threads < 1:
+            raise ValueError(f"threads {self.worker.threads}: expected >= 1")
 
-    def options(self, token: str):
-        """The `WorkerOptions` of this config with the node's token (ValueError naming what is wrong)."""
-        from rcswarm.worker.worker import WorkerOptions
+    @property
+    def name(self) -> str:
+        return self.worker.name
 
-        def path(value: str) -> Path | None:
-            return Path(value) if value else None
-
-        return WorkerOptions(
-            coordinator=self.coordinator, token=token, device=self.device, name=self.name, threads=self.threads,
-            tls_ca=path(self.tls_ca), tls_cert=path(self.tls_cert), tls_key=path(self.tls_key),
-            patience_s=self.patience_s, rpc_timeout_s=self.rpc_timeout_s, transfer_timeout_s=self.transfer_timeout_s,
-        )
+    @classmethod
+    def from_dict(cls, fields: dict) -> RayWorkerConfig:
+        """The config of `dataclasses.asdict(config)`, as it arrives through Ray, validated again."""
+        return cls(**{**fields, "worker": WorkerOptions.from_dict(fields["worker"])})
 
 
 class RayWorker:
@@ -85,7 +68,7 @@ class RayWorker:
 
     def __init__(self, config: dict) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
-        self.config = RayWorkerConfig(**config)
+        self.config = RayWorkerConfig.from_dict(config)
         self.started_at = time.time()
         self._lock = threading.Lock()
         self._state, self._exit_code, self._problem = STARTING, None, ""
@@ -104,9 +87,8 @@ class RayWorker:
             if not token:
                 raise ValueError(f"no join token on this Ray node: set ${TOKEN_ENV} in the environment of "
                                  f"`ray start` (a Kubernetes Secret on KubeRay); it is never passed through Ray")
-            options = self.config.options(token)
-            torch.set_num_threads(self.config.threads)
-            self.worker = Worker(options, stop=self._stop)
+            torch.set_num_threads(self.config.worker.threads)
+            self.worker = Worker(self.config.worker, token, stop=self._stop)
         except ValueError as exc:
             log.error("%s cannot start: %s", self.config.name, exc)
             self._finish(FAILED, 2, str(exc))
@@ -147,7 +129,7 @@ class RayWorker:
             "problem": problem,
             "worker_id": worker.worker_id if worker is not None else "",
             "step": worker.step if worker is not None else 0,
-            "device": str(worker.device) if worker is not None else self.config.device,
+            "device": str(worker.device) if worker is not None else self.config.worker.device,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "pid": os.getpid(),

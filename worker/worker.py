@@ -1,7 +1,7 @@
 """A swarm worker: join, pull, train its round's inner steps, push the pseudo-gradient, repeat.
 
     rcswarm worker --coordinator HOST:PORT --token T [--device auto] [--tls-ca CA [--tls-cert C --tls-key K]]
-    rcswarm worker --backend hivemind --config RUN.toml --initial-peers MADDR ...   (worker/hivemind_worker.py)
+    (the command line is cli/worker.py; the hivemind backend's loop is worker/hivemind_worker.py)
 
 One round as the worker sees it: pull version v (checked against its SHA-256), switch to the
 (sequence length, batch) the coordinator assigns for v if it differs, keep a copy θ_v, train as the
@@ -16,36 +16,29 @@ and sent on every later call of that membership; a re-join replaces it. Stalls, 
 capacity limits and broken streams are retried by the client for `--patience-s` seconds
 (`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
 coordinator does not take this worker's secret for its id), a refused request, a run spec this
-worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1; a finished run exits 0. SIGTERM or SIGINT
-finishes the current step, sends Leave and exits 0.
+worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1;
+a finished run exits 0. A stop (SIGTERM or SIGINT in `rcswarm worker`) finishes the current step, sends
+Leave and exits 0. What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import functools
 import logging
 import os
-import signal
 import socket
-import sys
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import torch
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.models import registry
-from rcswarm.protos.transport import ClientTLS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
-from rcswarm.train.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, worker_data_seed
+from rcswarm.train.inner import StepResult, worker_data_seed
+from rcswarm.train.round import RoundTrainer, StepRow, resolve_device
 from rcswarm.worker.client import (
     CoordinatorClient,
     Identity,
@@ -55,6 +48,7 @@ from rcswarm.worker.client import (
     Timeouts,
     classify,
 )
+from rcswarm.worker.options import WorkerOptions
 
 log = logging.getLogger("rcswarm.worker")
 AWAIT_WAIT_S = 2.0
@@ -70,74 +64,39 @@ class SpecRefused(RuntimeError):
     """The run spec the coordinator served cannot be built by this worker."""
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    """The `rcswarm worker` flags, validated."""
-
-    coordinator: str
-    token: str
-    device: str = "auto"
-    name: str = ""
-    threads: int = 0
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    patience_s: float = 300.0
-    rpc_timeout_s: float = 10.0
-    transfer_timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if not self.token:
-            raise ValueError(f"a join token is required (--token or ${TOKEN_ENV})")
-        if ":" not in self.coordinator:
-            raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT")
-        ClientTLS.from_flags(self.tls_ca, self.tls_cert, self.tls_key)
-        if self.threads < 0:
-            raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = the cores divided by the workers on this host)")
-        for flag, value in (
-            ("--patience-s", self.patience_s), ("--rpc-timeout-s", self.rpc_timeout_s),
-            ("--transfer-timeout-s", self.transfer_timeout_s),
-        ):
-            if not value > 0:
-                raise ValueError(f"{flag} {value}: expected a number of seconds > 0")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name!r}: CUDA is not available on this machine")
-    return device
-
-
 def _is(err: BaseException, code: grpc.StatusCode) -> bool:
     return isinstance(err, grpc.RpcError) and err.code() == code
 
 
 class Worker:
-    def __init__(self, options: WorkerOptions, stop: threading.Event | None = None) -> None:
+    """One worker process's loop at a coordinator (the module docstring). `token` is the join token, kept beside
+    the options (never in them); `stop`, when set, ends the loop after the current step.
+
+    Threads: `run` and everything it calls run on the caller's thread; the heartbeat thread reads `identity`
+    (replaced whole by each join) and keeps the newest assignment under `_assignment_lock`, which
+    `_follow_assignment` reads under it too.
+    """
+
+    def __init__(self, options: WorkerOptions, token: str, stop: threading.Event | None = None) -> None:
         self.options = options
         self.stop = stop or threading.Event()
         self.device = resolve_device(options.device)
         self.name = options.name or f"{socket.gethostname()}-{os.getpid()}"
         self.client = CoordinatorClient(
-            options.coordinator, options.token, tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key,
+            options.coordinator, token, tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key,
             retry=RetryPolicy(max_elapsed_s=options.patience_s),
             timeouts=Timeouts(unary_s=options.rpc_timeout_s, transfer_s=options.transfer_timeout_s), stop=self.stop,
         )
-        self.started = time.perf_counter()
-        self.compute_seconds = 0.0
-        self.schedule = ""  # the core checkpointing schedule of the latest step, logged when it changes
+        # The model, its inner optimizer and data stream, the step count and compute seconds (built at the join).
+        self.trainer = RoundTrainer(self.device)
         self.sync_seconds = 0.0
-        self.step = 0
         # Inner steps of the round being pushed (its assignment's count, or what its time budget allowed).
         self.round_steps = 0
         self.finished = False
         # This membership's id and worker secret, replaced whole by each join (the heartbeat thread reads it).
         self.identity = Identity()
         self.lease_s = 10.0
-        self.model: torch.nn.Module | None = None
+        self.spec: RunSpec | None = None
         self._pending: list[pb.Metric] = []
         # (version, parameters) pulled last, bit for bit: lets the coordinator send a delta.
         self._held: tuple[int, dict[str, torch.Tensor]] | None = None
@@ -146,6 +105,16 @@ class Worker:
         self._assignment_owner = ""  # the worker_id (membership) the held assignment came with
         self._assignment_lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The run's model (None before the first join)."""
+        return self.trainer.model
+
+    @property
+    def step(self) -> int:
+        """Inner steps trained so far, over every run this process joined."""
+        return self.trainer.step
 
     @property
     def worker_id(self) -> str:
@@ -212,14 +181,13 @@ class Worker:
         return response.version
 
     def _build(self, spec: RunSpec, data_seed: int) -> None:
-        self.model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides).to(self.device)
-        self.optimizer = make_inner_optimizer(self.model, spec.inner)
+        self.trainer.build(spec)
         self.data_seed = worker_data_seed(spec.run.seed, data_seed)
         assignment = self._assignment
-        self.data = spec.data
+        seq_len, batch = spec.data.seq_len, spec.data.batch_size
         if assignment is not None and assignment.seq_len > 0 and assignment.batch_size > 0:
-            self.data = dataclasses.replace(spec.data, seq_len=assignment.seq_len, batch_size=assignment.batch_size)
-        self.sampler = make_sampler(self.data, self.data_seed, model_config=self.model.config)
+            seq_len, batch = assignment.seq_len, assignment.batch_size
+        self.trainer.follow(seq_len, batch, self.data_seed)
         self.codec = codecs.codec_from_name(spec.sync.codec)
         self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
 
@@ -263,9 +231,7 @@ class Worker:
         seq_len, batch = (assignment.seq_len, assignment.batch_size) if assignment is not None else (data.seq_len, data.batch_size)
         if seq_len < 1 or batch < 1:
             raise RuntimeError(f"the coordinator assigned seq_len {seq_len}, batch {batch}: expected positive sizes")
-        if (seq_len, batch) != (self.data.seq_len, self.data.batch_size):
-            self.data = dataclasses.replace(data, seq_len=seq_len, batch_size=batch)
-            self.sampler = make_sampler(self.data, self.data_seed + version, model_config=self.model.config)
+        if self.trainer.follow(seq_len, batch, self.data_seed + version):
             why = assignment.reason if assignment is not None else "the run spec"
             log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.worker_id, version, seq_len, batch, why)
         return assignment
@@ -282,56 +248,34 @@ class Worker:
         version = self._pull()
         steps, budget = self._pace(self._follow_assignment(version))
         self.sync_seconds += time.perf_counter() - sync_started
-        base = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+        base = self.trainer.snapshot()
         self._held = (version, base)
-        trained = self._train(version, steps, budget)
-        if trained is None:
+        trained = self.trainer.train(version, steps, budget_s=budget, stop=self.stop, step=self._train_step,
+                                     on_schedule=self._log_schedule)
+        self._pending.extend(self._metric(row) for row in trained.rows)
+        if trained.stopped:
             return
         sync_started = time.perf_counter()
-        tokens, self.round_steps = trained
-        accepted = self._push(version, base, tokens)
+        self.round_steps = trained.steps
+        accepted = self._push(version, base, trained.tokens)
         self._flush_metrics()
         if accepted:
             self._await(version + 1)
         self.sync_seconds += time.perf_counter() - sync_started
 
-    def _train(self, version: int, steps: int, budget: float) -> tuple[int, int] | None:
-        """Train from `version`: `steps` inner steps, or with a time budget > 0 until `budget` seconds have
-        passed since the first step began (the current step finishes), at least one and at most `steps`.
-        (tokens, steps) trained; None when a stop was requested."""
-        started = time.perf_counter()
-        tokens = done = 0
-        while done < steps:
-            if self.stop.is_set():
-                return None
-            if budget > 0 and done > 0 and time.perf_counter() - started >= budget:
-                break
-            step_started = time.perf_counter()
-            result = self._train_step()
-            if result.schedule != self.schedule:
-                self.schedule = result.schedule
-                log.info("%s: core checkpointing at L=%d: %s", self.worker_id, self.data.seq_len, result.schedule)
-            self.step += 1
-            done += 1
-            tokens += result.tokens
-            self.compute_seconds += time.perf_counter() - step_started
-            self._pending.append(self._metric(version, loss=result.loss, tokens=result.tokens))
-        return tokens, done
-
     def _train_step(self) -> StepResult:
         """One inner step on the next batch (a test subclass slows it down to model a slower device)."""
-        inner = self.spec.inner
-        return inner_step(
-            self.model, self.optimizer, self.sampler, inner.grad_clip, self.device, inner.bptt_chunk,
-            inner.memory_budget_mb,
-        )
+        return self.trainer.inner_step()
 
-    def _metric(self, version: int, **fields) -> pb.Metric:
+    def _log_schedule(self, schedule: str) -> None:
+        log.info("%s: core checkpointing at L=%d: %s", self.worker_id, self.trainer.data.seq_len, schedule)
+
+    def _metric(self, row: StepRow, **fields) -> pb.Metric:
+        """The row as the coordinator records it, with this worker's sync seconds and bytes so far."""
         return pb.Metric(
-            version=version, step=self.step, seq_len=self.data.seq_len, batch=self.data.batch_size,
-            wall_time=time.perf_counter() - self.started, compute_seconds=self.compute_seconds,
-            sync_seconds=self.sync_seconds, bytes_sent=self.client.bytes_sent,
-            bytes_received=self.client.bytes_received, **fields,
+            version=row.version, step=row.step, seq_len=row.seq_len, batch=row.batch, loss=row.loss, tokens=row.tokens,
+            wall_time=row.wall_time, compute_seconds=row.compute_seconds, sync_seconds=self.sync_seconds,
+            bytes_sent=self.client.bytes_sent, bytes_received=self.client.bytes_received, **fields,
         )
 
     def _pull(self) -> int:
@@ -340,17 +284,15 @@ class Worker:
         expected = {name: tuple(p.shape) for name, p in params.items()}
         pull = functools.partial(self.client.pull, expected=expected, repull=True)
         version, tensors = self._call(pull, self.identity, self.run_id, self._held)
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                params[name].copy_(tensor)
+        self.trainer.load(tensors)
         digest = tensor_stream.params_sha256({k: p.detach().cpu() for k, p in params.items()}).hex()
-        self._pending.append(self._metric(version, loss=float("nan"), tokens=0, param_sha256=digest))
+        self._pending.append(self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest))
         log.info("%s pulled version %d (sha256 %s)", self.worker_id, version, digest[:12])
         return version
 
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
         """Encode and deliver Δ; False when it was stale (dropped, residual restored)."""
-        deltas = {name: base[name] - p.detach().cpu() for name, p in self.model.named_parameters()}
+        deltas = self.trainer.delta(base)
         block = self.spec.sync.block_size
         if self.error_feedback is not None:
             saved = self.error_feedback.snapshot()
@@ -449,109 +391,3 @@ class Worker:
             log.warning("leave failed: %s", exc)
         finally:
             self.client.close()
-
-
-def is_worker_command(argv: list[str]) -> bool:
-    """Whether a process's argv runs an rcswarm worker (`rcswarm worker`, `python -m rcswarm.worker`)."""
-    for index, arg in enumerate(argv):
-        if arg == "rcswarm.worker":
-            return True
-        if os.path.basename(arg) == "rcswarm" and argv[index + 1:index + 2] == ["worker"]:
-            return True
-    return False
-
-
-def workers_on_host() -> int:
-    """rcswarm worker processes running on this machine, this one included (Linux /proc; 1 elsewhere)."""
-    count = 0
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        count += is_worker_command(argv)
-    return max(count, 1)
-
-
-def auto_threads() -> tuple[int, str]:
-    """(threads, why): the cores this process may use divided by the workers on this host, at least 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = workers_on_host()
-    return max(1, cores // workers), f"{cores} cores / {workers} workers on this host"
-
-
-def add_hivemind_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `rcswarm worker --backend hivemind` (worker/hivemind_worker.py; hivemind is imported only there)."""
-    group = parser.add_argument_group("hivemind backend (--backend hivemind)")
-    group.add_argument("--config", type=Path, help="RUN.toml with [sync] backend = \"hivemind\" (no coordinator)")
-    group.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
-                       help="multiaddrs of running peers, e.g. the one `rcswarm dht` prints")
-    group.add_argument("--client-mode", action="store_true",
-                       help="dial out only (behind NAT); still averages, serves no state")
-    group.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], metavar="MADDR",
-                       help="multiaddrs to listen on (default: %(default)s)")
-    group.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
-                       help="multiaddrs other peers should dial (default: what libp2p observes)")
-    group.add_argument("--identity-path", type=Path, help="private key file: a stable peer id (created if missing)")
-    group.add_argument("--out", type=Path, help="write final.safetensors and summary.json here at the end")
-
-
-def parser() -> argparse.ArgumentParser:
-    """The `rcswarm worker` command line."""
-    parser = argparse.ArgumentParser(prog="rcswarm worker", description="Join an rcswarm coordinator and train.")
-    parser.add_argument("--backend", choices=("coordinator", "hivemind"), default="coordinator",
-                        help="sync backend: through a coordinator (default) or peer to peer with hivemind")
-    parser.add_argument("--coordinator", help="HOST:PORT of the coordinator (required with --backend coordinator)")
-    parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
-    parser.add_argument("--device", default="auto",
-                        help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ... (default: auto)")
-    parser.add_argument("--name", default="", help="name shown in the coordinator's status (default: the worker id)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (default 0: this machine's cores divided by the rcswarm workers running on it)")
-    parser.add_argument("--tls-ca", type=Path, help="PEM CA certificate that signed the coordinator's; enables TLS")
-    parser.add_argument("--tls-cert", type=Path, help="PEM client certificate, for a coordinator with --tls-client-ca")
-    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    parser.add_argument(
-        "--patience-s", type=float, default=300.0,
-        help="retry a stalled, restarting or busy coordinator this long per call before giving up (default: %(default)s)",
-    )
-    parser.add_argument("--max-unavailable-s", type=float, dest="patience_s", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    parser.add_argument("--rpc-timeout-s", type=float, default=10.0,
-                        help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
-    parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
-                        help="deadline of one parameter pull or update push (default: %(default)s)")
-    add_hivemind_arguments(parser)
-    return parser
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The parsed `rcswarm worker` command line (argparse exits 0 after --help, 2 on a usage error)."""
-    return parser().parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
-    args = parse_args(argv)
-    if args.backend == "hivemind":
-        from rcswarm.worker import hivemind_worker
-
-        return hivemind_worker.main(args)
-    if args.coordinator is None:
-        print("rcswarm worker: --coordinator HOST:PORT is required (or --backend hivemind)", file=sys.stderr)
-        return 2
-    try:
-        options = WorkerOptions(
-            coordinator=args.coordinator, token=args.token or os.environ.get(TOKEN_ENV, ""), device=args.device,
-            name=args.name, threads=args.threads, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            patience_s=args.patience_s, rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
-        )
-        threads, why = (options.threads, "--threads") if options.threads else auto_threads()
-        torch.set_num_threads(threads)
-        log.info("torch threads: %d (%s)", threads, why)
-        worker = Worker(options)
-    except ValueError as exc:
-        print(f"rcswarm worker: {exc}", file=sys.stderr)
-        return 2
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop.set())
-    return worker.run()

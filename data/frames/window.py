@@ -26,7 +26,7 @@ A batch need not be materialized: `FrameWindow` is the lazy form of one batch,
 B windows of L steps served a chunk of steps at a time (`chunk(start, stop)`),
 so a window of 10^5 frames is never held at once (a tiny-preset batch of 8
 such windows would take 1.6 GB as int64). Streaming BPTT with core
-checkpointing (`rcswarm.train.bptt.streaming`) reads it twice per chunk: once
+checkpointing (`rcswarm.train.bptt.checkpointed`) reads it twice per chunk: once
 in its forward sweep and once in the backward pass. Sources that can render or
 decode any stretch of their stream offer `next_window()` beside `next_batch()`;
 `next_batch()` is `next_window()` read whole, so both draw the same windows from

@@ -17,7 +17,8 @@ The model implements `rcswarm.models.protocols.SegmentStepModel`, the halves the
 streaming backward pass (`rcswarm.train.bptt.streaming`) needs: `encode` (frame
 head, per step), `core` / `core_loss` (main model over the embeddings) and
 `core_segment` (the main model over one segment from a carried state: the hook
-core checkpointing recomputes segments with). `forward` is `core(encode(frames))`.
+core checkpointing, `rcswarm.train.bptt.checkpointed`, recomputes segments with). `forward` is
+`core(encode(frames))`.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.cli import bench, coordinator, data, dht, fit, launch, main, run, status
-from rcswarm.worker import worker
+from rcswarm.cli import bench, coordinator, data, dht, fit, launch, main, run, status, worker
 
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "run": run.parser,
@@ -73,7 +72,8 @@ def test_fit_on_a_missing_path_says_it_does_not_exist(tmp_path: Path, capsys: py
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    (["/usr/bin/python3", "-m", "rcswarm.worker", "--coordinator", "h:1"], True),
+    (["/usr/bin/python3", "-m", "rcswarm.cli", "worker", "--coordinator", "h:1"], True),
+    (["/usr/bin/python3", "-m", "rcswarm.cli.main", "worker", "--coordinator", "h:1"], True),
     (["/venv/bin/rcswarm", "worker", "--coordinator", "h:1"], True),
     (["/venv/bin/rcswarm", "coordinator", "--config", "worker"], False),
     (["/usr/bin/python3", "-m", "rcswarm.cli", "coordinator"], False),

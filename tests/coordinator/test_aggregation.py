@@ -29,7 +29,7 @@ from rcswarm.state.records import RoundRecord
 from rcswarm.state.store import StateStore
 from rcswarm.sync import outer, tensor_stream
 from rcswarm.train.inner import make_inner_optimizer, train_step
-from rcswarm.worker.worker import Worker, WorkerOptions
+from rcswarm.worker import Worker, WorkerOptions
 from tests.helpers.coordinator import creds
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.state import read_state
@@ -526,7 +526,7 @@ def test_honest_workers_are_never_refused_across_assignment_changes(start_coordi
                      sync={"min_reports": 3}, curriculum={"schedule": [[0, 16, 4], [6, 32, 2], [12, 8, 8]]})
     local = start_coordinator(spec)
     codes: dict[str, int] = {}
-    workers = [Worker(WorkerOptions(local.target, TOKEN, device="cpu", name=f"h{i}", patience_s=30.0)) for i in range(3)]
+    workers = [Worker(WorkerOptions(local.target, device="cpu", name=f"h{i}", patience_s=30.0), TOKEN) for i in range(3)]
     threads = [threading.Thread(target=lambda w=w: codes.__setitem__(w.name, w.run())) for w in workers]
     for thread in threads:
         thread.start()

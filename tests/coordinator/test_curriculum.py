@@ -107,7 +107,7 @@ def test_a_cost_measured_off_the_ladder_is_ignored():
 
 
 def test_a_late_answer_of_a_previous_membership_does_not_change_the_assignment():
-    from rcswarm.worker.worker import Worker
+    from rcswarm.worker import Worker
 
     worker = Worker.__new__(Worker)
     worker._assignment_lock = threading.Lock()

@@ -33,8 +33,8 @@ from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
 from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
+from rcswarm.worker import Worker, WorkerOptions
 from rcswarm.worker.client import Action, Identity, classify
-from rcswarm.worker.worker import Worker, WorkerOptions
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
@@ -243,7 +243,7 @@ class RecordingWorker(Worker):
     """The real worker, recording the identity of each of its joins and the rounds it pushed."""
 
     def __init__(self, options: WorkerOptions) -> None:
-        super().__init__(options)
+        super().__init__(options, TOKEN)
         self.identities: list[Identity] = []
         self.pushed = 0
 
@@ -266,7 +266,7 @@ def run_in_thread(worker: Worker) -> tuple[threading.Thread, list[int]]:
 
 
 def options(target: str, **overrides: Any) -> WorkerOptions:
-    return WorkerOptions(coordinator=target, token=TOKEN, device="cpu", name="identity", threads=1, **overrides)
+    return WorkerOptions(coordinator=target, device="cpu", name="identity", threads=1, **overrides)
 
 
 def start_running(spec: Any, state_dir: Path, port: int = 0) -> RunningCoordinator:
@@ -314,7 +314,7 @@ class ForgetfulWorker(Worker):
 def test_a_refused_identity_ends_the_worker_with_its_own_message(start_coordinator: Any, caplog: Any) -> None:
     local = start_coordinator(tiny_spec(run={"rounds": 0}))
     with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
-        code = ForgetfulWorker(options(local.target, patience_s=5.0)).run()
+        code = ForgetfulWorker(options(local.target, patience_s=5.0), TOKEN).run()
     assert code == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "PERMISSION_DENIED" in errors[0], errors

@@ -59,7 +59,7 @@ from safetensors.torch import load_file
 from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.train.inner import make_sampler, masked_cross_entropy
-from rcswarm.worker.worker import Worker, WorkerOptions
+from rcswarm.worker import Worker, WorkerOptions
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
@@ -94,7 +94,7 @@ class MaliciousWorker(Worker):
     """
 
     def __init__(self, options: WorkerOptions, attack: str, go: threading.Event) -> None:
-        super().__init__(options)
+        super().__init__(options, TOKEN)
         self.attack, self.go = attack, go
 
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
@@ -155,7 +155,7 @@ def run_swarm(start: Callable[..., Any], spec: RunSpec, attack: str | None) -> S
     first, then 4 honest workers; every thread is joined at the end."""
     local = start(spec)
     go = threading.Event()
-    options = dict(coordinator=local.target, token=TOKEN, device="cpu", patience_s=30.0)
+    options = dict(coordinator=local.target, device="cpu", patience_s=30.0)
     codes: dict[str, int] = {}
     threads = []
 
@@ -173,7 +173,7 @@ def run_swarm(start: Callable[..., Any], spec: RunSpec, attack: str | None) -> S
             launch(MaliciousWorker(WorkerOptions(name="malicious", **options), attack, go))
             wait_for(lambda: len(client.status().workers) == 1, 30, "the malicious worker to join")
         for index in range(HONEST):
-            launch(Worker(WorkerOptions(name=f"honest{index}", **options)))
+            launch(Worker(WorkerOptions(name=f"honest{index}", **options), TOKEN))
         wait_for(lambda: len(client.status().workers) == HONEST + 1, 60, "every worker to join")
         go.set()
         for thread, worker in threads:

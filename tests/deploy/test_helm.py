@@ -464,7 +464,7 @@ def test_notes_tell_how_to_reach_the_run(chart):
 def test_the_cli_accepts_the_chart_arguments(chart):
     """The arguments the chart passes are ones `rcswarm coordinator` and `rcswarm worker` parse."""
     from rcswarm.cli import coordinator as coordinator_cli
-    from rcswarm.worker import worker
+    from rcswarm.cli import worker
 
     for scenario in ("default", "external-tls"):
         found = render_scenario(chart, scenario)

@@ -42,6 +42,12 @@ def modules_named(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    """Whether an `if` tests `TYPE_CHECKING` (or `typing.TYPE_CHECKING`)."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def top_level_imports(tree: ast.Module) -> list[str]:
     """The modules a module imports when it is imported (not those imported inside its functions)."""
     found, todo = [], list(tree.body)
@@ -51,6 +57,8 @@ def top_level_imports(tree: ast.Module) -> list[str]:
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module is not None:
             found += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo += node.orelse  # `if TYPE_CHECKING:` runs only under a type checker
         elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             todo += [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
     return found

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.cli import bench, data, dht, fit, launch, main, run, status
+from rcswarm.cli import bench, data, dht, fit, launch, main, run, status, worker
 from rcswarm.cli import coordinator as coordinator_cli
 from rcswarm.config.runspec import RunSpec
-from rcswarm.worker import worker
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

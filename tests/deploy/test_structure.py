@@ -32,7 +32,9 @@ ALLOWED = {
     "observe": {"state", "config", "protos"},
     "coordinator": {"models", "protos", "config", "sync", "state", "observe"},
     "worker": {"kernels", "models", "data", "protos", "config", "sync", "train"},
-    "cli": {"kernels", "models", "data", "protos", "config", "sync", "train", "state", "observe", "coordinator", "worker"},
+    "launch": {"worker", "config", "protos"},
+    "cli": {"kernels", "models", "data", "protos", "config", "sync", "train", "state", "observe", "coordinator",
+            "worker", "launch"},
 }
 STORE = ROOT / "state"
 SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+(OR\s+\w+\s+)?INTO|CREATE\s+(TABLE|INDEX)|DELETE\s+FROM|UPDATE\s+\w+\s+SET)\b",

@@ -20,14 +20,14 @@ import torch
 
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.train.inner import StepResult
-from rcswarm.worker.worker import Worker, WorkerOptions
+from rcswarm.worker import Worker, WorkerOptions
 
 
 class PacedWorker(Worker):
     """The real worker, each inner step padded to `factor` × max(its time, `floor_s`)."""
 
-    def __init__(self, options: WorkerOptions, factor: float, floor_s: float) -> None:
-        super().__init__(options)
+    def __init__(self, options: WorkerOptions, token: str, factor: float, floor_s: float) -> None:
+        super().__init__(options, token)
         self.factor, self.floor_s = factor, floor_s
 
     def _train_step(self) -> StepResult:
@@ -48,9 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    options = WorkerOptions(coordinator=args.coordinator, token=os.environ.get(TOKEN_ENV, ""), name=args.name,
-                            threads=args.threads, device="cpu")
-    return PacedWorker(options, args.factor, args.floor_s).run()
+    options = WorkerOptions(coordinator=args.coordinator, name=args.name, threads=args.threads, device="cpu")
+    return PacedWorker(options, os.environ.get(TOKEN_ENV, ""), args.factor, args.floor_s).run()
 
 
 if __name__ == "__main__":

@@ -21,13 +21,13 @@ def worker_env(threads: int = 1) -> dict[str, str]:
 
 @pytest.fixture
 def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
-    """Start `python -m rcswarm.worker` processes; any still alive at teardown are killed."""
+    """Start `python -m rcswarm.cli worker` processes; any still alive at teardown are killed."""
     procs: list[subprocess.Popen] = []
 
     def spawn(target: str, name: str, *extra: str) -> subprocess.Popen:
         log = open(tmp_path / f"{name}.log", "wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rcswarm.worker", "--coordinator", target, "--name", name, "--threads", "1", *extra],
+            [sys.executable, "-m", "rcswarm.cli", "worker", "--coordinator", target, "--name", name, "--threads", "1", *extra],
             env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
         )
         proc.log_path = tmp_path / f"{name}.log"  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""Workers in the test process: options with the test token, a worker that faults before its first push, and
+"""Workers in the test process: their options (the token is passed beside them), a worker that faults before its first push, and
 running a worker on a thread until a condition holds."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import threading
 
 import torch
 
-from rcswarm.worker.worker import Worker, WorkerOptions
+from rcswarm.worker import Worker, WorkerOptions
 from tests.helpers.specs import TOKEN
 from tests.helpers.waiting import wait_for
 
 
 def _options(target: str, **overrides) -> WorkerOptions:
-    return WorkerOptions(coordinator=target, token=TOKEN, device="cpu", name="victim", threads=1, **overrides)
+    return WorkerOptions(coordinator=target, device="cpu", name="victim", threads=1, **overrides)
 
 
 class FaultBeforeFirstPush(Worker):
@@ -21,7 +21,7 @@ class FaultBeforeFirstPush(Worker):
     records every push as (base version, delivered)."""
 
     def __init__(self, options: WorkerOptions, fault) -> None:
-        super().__init__(options)
+        super().__init__(options, TOKEN)
         self.fault = fault
         self.pushes: list[tuple[int, bool]] = []
 

@@ -7,12 +7,15 @@ The tests on a real local Ray instance are tests/swarm/test_ray.py.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from rcswarm.cli import launch
+from rcswarm.launch import LaunchPlan, pending_reason
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.worker import WorkerOptions
 from tests.helpers.waiting import wait_for
 
 
@@ -26,37 +29,37 @@ from tests.helpers.waiting import wait_for
     ({"tls_ca": "ca.crt"}, "--tls-ca 'ca.crt': expected an absolute path"),
 ])
 def test_a_bad_plan_is_refused_naming_the_flag(fields, message):
+    worker = {k: Path(v) if k.startswith("tls_") else v for k, v in fields.items() if k in ("coordinator", "tls_ca")}
+    plan = {k: v for k, v in fields.items() if k not in worker}
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(".", r"\.")):
-        launch.LaunchPlan(**{"coordinator": "c:1", "workers": 2, **fields})
+        LaunchPlan(WorkerOptions(**{"coordinator": "c:1", **worker}), **{"workers": 2, **plan})
 
 
 def test_the_plan_carries_no_token_and_threads_follow_the_cpus():
-    plan = launch.LaunchPlan(coordinator="c:1", workers=2, cpus_per_worker=2.5, gpus_per_worker=0.5)
+    plan = LaunchPlan(WorkerOptions("c:1"), workers=2, cpus_per_worker=2.5, gpus_per_worker=0.5)
     config = plan.worker_config(1)
-    assert config.name == "rcswarm-worker-1" and config.threads == 3
-    assert "token" not in json.dumps(plan.__dict__) and "token" not in json.dumps(config.__dict__)
+    assert config.name == "rcswarm-worker-1" and config.worker.threads == 3
+    assert "token" not in json.dumps(asdict(plan), default=str) and "token" not in json.dumps(asdict(config), default=str)
     assert plan.demand() == {"CPU": 2.5, "GPU": 0.5}
-    assert launch.LaunchPlan(coordinator="c:1", workers=1, gpus_per_worker=0).demand() == {"CPU": 1.0}
+    assert LaunchPlan(WorkerOptions("c:1"), workers=1, gpus_per_worker=0).demand() == {"CPU": 1.0}
 
 
 def test_pending_reason_tells_infeasible_from_busy():
     nodes = [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},
              {"Alive": True, "Resources": {"CPU": 16.0}}]
-    infeasible = launch.pending_reason({"CPU": 4.0, "GPU": 4.0}, nodes, {"CPU": 20.0, "GPU": 2.0})
+    infeasible = pending_reason({"CPU": 4.0, "GPU": 4.0}, nodes, {"CPU": 20.0, "GPU": 2.0})
     assert infeasible.startswith("infeasible: no node of the cluster has 4 GPU, 4 CPU (the largest has 2 GPU, 8 CPU)")
-    busy = launch.pending_reason({"CPU": 4.0, "GPU": 1.0}, nodes, {"CPU": 3.0})
+    busy = pending_reason({"CPU": 4.0, "GPU": 1.0}, nodes, {"CPU": 3.0})
     assert busy == "waiting for 1 GPU, 4 CPU free on one node (free in the whole cluster now: 3 CPU)"
 
 
 def test_a_worker_actor_without_the_token_on_its_node_reports_why_and_stays_up(monkeypatch):
     """The token comes only from the node's environment: without it the actor's worker does not start and
     says so (state failed, exit 2), instead of exiting into a restart loop."""
-    from dataclasses import asdict
-
-    from rcswarm.worker.ray_worker import FAILED, RayWorker, RayWorkerConfig
+    from rcswarm.worker import FAILED, RayWorker, RayWorkerConfig
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
-    actor = RayWorker(asdict(RayWorkerConfig(coordinator="127.0.0.1:9", name="w", device="cpu")))
+    actor = RayWorker(asdict(RayWorkerConfig(WorkerOptions("127.0.0.1:9", name="w", device="cpu", threads=1))))
     state, code, problem = wait_for(lambda: actor.outcome()[0] == FAILED and actor.outcome(), 30, "the refusal")
     assert code == 2 and problem.startswith(f"no join token on this Ray node: set ${TOKEN_ENV}")
 
@@ -116,7 +119,7 @@ def test_the_charts_ray_head_runs_a_launch_this_command_accepts(values):
     args = parsed_launch(shlex.split(script.split("exec ", 1)[1].split(")", 1)[0]))
     assert (args.workers, args.gpus_per_worker, args.cpus_per_worker, args.namespace) == (4, 1.0, 3.0, "demo-rcswarm")
     assert not args.detach, "the head's launcher follows the run (and removes the actors when it ends)"
-    files = [f for f in (args.tls_ca, args.tls_cert, args.tls_key) if f]
+    files = [str(f) for f in (args.tls_ca, args.tls_cert, args.tls_key) if f]
     assert len(files) == (3 if values == "mutual-tls" else 0)
     (worker_pod,) = [g["template"]["spec"] for g in cluster["spec"]["workerGroupSpecs"]]
     assert all(mounted(f, worker_pod) for f in files), (files, worker_pod["containers"][0].get("volumeMounts"))

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 import torch
 
+from rcswarm.cli import worker as worker_cli
 from rcswarm.config.runspec import HivemindSection, OuterSection, RunSpec
 from rcswarm.coordinator.resume import initial_parameters
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer
-from rcswarm.worker import worker as worker_cli
 from tests.helpers.hivemind import PATIENT, REPLICA_TOLERANCE_PER_ROUND, RULES, assert_replicas_agree, hivemind_spec
 from tests.helpers.processes import logs_of, worker_env
 from tests.helpers.specs import tiny_spec, write_spec
@@ -274,7 +274,8 @@ def test_averaging_equals_the_coordinators_round_within_codec_error(no_new_p2pd:
 CHEAT = """
 import sys
 import torch
-from rcswarm.worker import hivemind_worker, worker
+from rcswarm.cli import worker
+from rcswarm.worker import hivemind_worker
 
 MODE = {mode!r}
 
@@ -359,8 +360,8 @@ STALL = """
 import os
 import signal
 import sys
+from rcswarm.cli import worker
 from rcswarm.worker import hivemind_sync as hs
-from rcswarm.worker import worker
 
 averager_pid, waits = [], []
 start, wait_for_group = hs.HivemindPeer.__init__, hs._wait_for_group

@@ -30,9 +30,8 @@ from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 from tests.helpers.state import read_state
 
 pytest.importorskip("rcswarm.worker.hivemind_sync")
+from rcswarm.worker import ControlPlane, HivemindWorker  # noqa: E402
 from rcswarm.worker import hivemind_sync as hs  # noqa: E402
-from rcswarm.worker.hivemind_control import ControlPlane  # noqa: E402
-from rcswarm.worker.hivemind_worker import HivemindWorker  # noqa: E402
 from tests.helpers.hivemind import PATIENT, REPLICA_TOLERANCE_PER_ROUND, assert_replicas_agree, hivemind_spec  # noqa: E402
 
 # A law under which the next rung is ahead a few steps into training (α∞ = 2, τ = 1 step), as in test_curriculum.
@@ -159,7 +158,8 @@ def test_an_adaptive_hivemind_worker_needs_a_coordinator_and_trains_its_rung(sta
         worker = HivemindWorker(spec, options, name="a", control=control, data_seed=1)
         assert worker._assigned()[:2] == (4, 4)
         worker._follow_assignment()
-        assert worker._data == (4, 4) and worker.sampler is not None
+        data = worker.trainer.data
+        assert (data.seq_len, data.batch_size) == (4, 4) and worker.trainer.sampler is not None
         control.report(round_rows(0, 4, 0, 0.0))
         control._beat()  # the heartbeat, then the rows: round 0 is decided at their report
         assert local.service.curriculum.decided_version == 0 and worker._assigned()[:2] == (4, 4)
@@ -171,7 +171,7 @@ def test_an_adaptive_hivemind_worker_needs_a_coordinator_and_trains_its_rung(sta
         seq_len, batch, why = worker._assigned()
         assert (seq_len, batch) == (8, 4) and "adaptive rung 1 of [4, 8, 16]: lengthens L = 4 -> 8" in why
         worker._follow_assignment()
-        assert worker._data == (8, 4)
+        assert (worker.trainer.data.seq_len, worker.trainer.data.batch_size) == (8, 4)
     finally:
         control.close("finished")
 

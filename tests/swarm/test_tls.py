@@ -75,7 +75,7 @@ def test_self_signed_quick_start_end_to_end_with_mutual_tls(tmp_path: Path) -> N
         assert request(info["http_port"], "GET", "/api/status", {"Authorization": f"Bearer {TOKEN}"}, ca=ca)[0] == 200
 
         with open(tmp_path / "worker.log", "wb") as worker_log:
-            worker = subprocess.Popen([sys.executable, "-m", *command[1:], "--name", "w0", "--threads", "1"],
+            worker = subprocess.Popen([sys.executable, "-m", "rcswarm.cli", *command[1:], "--name", "w0", "--threads", "1"],
                                       env=worker_env(), stdout=worker_log, stderr=subprocess.STDOUT)
         worker.log_path = tmp_path / "worker.log"  # type: ignore[attr-defined]
         assert worker.wait(timeout=120) == 0, logs_of([worker]) + log_path.read_text()
@@ -95,7 +95,7 @@ def test_a_worker_with_the_wrong_ca_gives_up_with_a_clear_message(start_coordina
     local = start_coordinator(tiny_spec(), tls=TLSFiles(quick.cert, quick.key))
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "rcswarm.worker", "--coordinator", f"127.0.0.1:{local.port}", "--tls-ca",
+        [sys.executable, "-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{local.port}", "--tls-ca",
          str(stranger.ca), "--patience-s", "2", "--name", "lost", "--threads", "1"],
         env=worker_env(), capture_output=True, text=True, timeout=90,
     )

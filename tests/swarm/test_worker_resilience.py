@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from rcswarm.worker import Worker
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
-from rcswarm.worker.worker import Worker
 from tests.helpers.coordinator import free_port
 from tests.helpers.processes import logs_of, start_coordinator_process
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec

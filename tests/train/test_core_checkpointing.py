@@ -16,9 +16,10 @@ from rcswarm.data.frames import FrameWindowSpec, TensorWindow, TypingConfig, Typ
 from rcswarm.models import registry
 from rcswarm.models.frame import FrameActionModel
 from rcswarm.models.protocols import CoreState, SegmentStepModel
+from rcswarm.train.bptt.checkpointed import CheckpointPlan
 from rcswarm.train.bptt.schedule import Schedule, binomial, store_all, uniform
 from rcswarm.train.bptt.segment_store import EmbeddingStore, HostCopies, Prefetcher, StateStash
-from rcswarm.train.bptt.streaming import CheckpointPlan, plain_backward, streaming_backward
+from rcswarm.train.bptt.streaming import plain_backward, streaming_backward
 from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler
 from tests.helpers.bptt import (
     BATCH,

@@ -11,11 +11,8 @@ from torch import Tensor, nn
 from rcswarm.models import registry
 from rcswarm.models.frame import FrameActionModel
 from rcswarm.models.protocols import StepModel
-from rcswarm.train.bptt.streaming import (
-    HostPager,
-    plain_backward,
-    streaming_backward,
-)
+from rcswarm.train.bptt.paged import HostPager
+from rcswarm.train.bptt.streaming import plain_backward, streaming_backward
 from tests.helpers.bptt import DropoutStepModel, SavedBytes, _assert_close, _batch, _grads, _plain
 
 

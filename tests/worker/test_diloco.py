@@ -6,7 +6,7 @@ import torch
 
 from rcswarm.models import registry
 from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
-from rcswarm.worker.worker import Worker, WorkerOptions
+from rcswarm.worker import Worker, WorkerOptions
 from tests.helpers.specs import TOKEN, tiny_spec
 
 
@@ -25,7 +25,7 @@ def test_one_worker_with_lr_one_and_no_momentum_is_plain_local_training(start_co
         run={"rounds": 3}, inner={"steps": 7}, outer={"lr": 1.0, "momentum": 0.0}, sync={"codec": "fp32"}
     )
     local = start_coordinator(spec)
-    worker = Worker(WorkerOptions(coordinator=local.target, token=TOKEN, device="cpu", name="solo"))
+    worker = Worker(WorkerOptions(coordinator=local.target, device="cpu", name="solo"), TOKEN)
     thread = threading.Thread(target=worker.run)
     thread.start()
     thread.join(timeout=120)

@@ -25,8 +25,8 @@ from rcswarm.models import registry
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.sync import tensor_stream
+from rcswarm.worker import Worker
 from rcswarm.worker.client import Action, CoordinatorClient, Identity, RetriesExhausted, RetryPolicy, Timeouts, classify
-from rcswarm.worker.worker import Worker
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.worker import FaultBeforeFirstPush, _options, run_until
 
@@ -171,7 +171,7 @@ def test_the_worker_refuses_a_hostile_pull_repulls_then_gives_up(caplog):
     shapes = model_shapes()
     hostile = Hostile(tiny_spec().to_json(), hostile_header(shapes, "huge shape"))
     with serve(hostile) as target:
-        worker = MeasuredPulls(_options(target, patience_s=1.5, rpc_timeout_s=2.0))
+        worker = MeasuredPulls(_options(target, patience_s=1.5, rpc_timeout_s=2.0), TOKEN)
         try:
             with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
                 code = worker.run()
@@ -189,7 +189,7 @@ def test_a_spec_the_worker_cannot_build_ends_it_with_its_reason(caplog):
     spec["model"]["preset"] = "no-such-preset"
     with serve(Hostile(json.dumps(spec))) as target:
         with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
-            code = Worker(_options(target, patience_s=2.0)).run()
+            code = Worker(_options(target, patience_s=2.0), TOKEN).run()
     assert code == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "cannot train this run" in errors[0] and "no-such-preset" in errors[0], errors

@@ -1,6 +1,6 @@
 """Checkpoint schedules for reversing a chain of segments: store-all, uniform (√n) and binomial (revolve).
 
-Streaming BPTT with core checkpointing (`rcswarm.train.bptt.streaming`) treats a window
+Streaming BPTT with core checkpointing (`rcswarm.train.bptt.checkpointed`) treats a window
 of L steps as a chain of n = ceil(L / k) segments. Segment i maps the core's state at
 boundary i to the state at boundary i + 1; the state at boundary 0 is the initial (zero)
 state and costs nothing to keep. Reversing the chain means running the backward pass of

@@ -2,7 +2,7 @@
 
 - `HostCopies`: copies between a CUDA device and pinned host buffers on a side stream (one
   per device), device-to-host after the current stream's work, host-to-device with an event
-  the consumer waits on. `HostPager` (streaming_bptt) and the stores below use it. No GPU was
+  the consumer waits on. `HostPager` (bptt/paged.py) and the stores below use it. No GPU was
   available where this was written: the CUDA branches run only on a CUDA model, and their
   test (tests/train/test_streaming_bptt.py) skips without a GPU.
 - `Prefetcher`: runs loads (window chunks, embedding reads) ahead of their use on one
@@ -121,7 +121,7 @@ class Prefetcher:
             self._pool.shutdown(wait=True)
 
 
-def _bytes_of(tensor: Tensor) -> int:
+def bytes_of(tensor: Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
@@ -151,7 +151,7 @@ class EmbeddingStore:
         return index * self._slot_bytes
 
     def put(self, index: int, embeddings: Tensor) -> None:
-        nbytes = _bytes_of(embeddings)
+        nbytes = bytes_of(embeddings)
         self.stored_bytes += nbytes
         if self._file is None:
             self._host[index] = self._copies.to_host(embeddings) if self._cuda else embeddings
@@ -252,7 +252,7 @@ class StateStash:
         self._copies.copied |= self._cuda
         self._slot_of[boundary] = slot
         self.stored += 1
-        self.stored_bytes += sum(_bytes_of(t) for t in state)
+        self.stored_bytes += sum(bytes_of(t) for t in state)
         self.peak_stored = max(self.peak_stored, self.stored)
         self.peak_bytes = max(self.peak_bytes, self.stored_bytes)
 
@@ -275,4 +275,4 @@ class StateStash:
         self._in_flight.pop(boundary, None)
         self._free.append(slot)
         self.stored -= 1
-        self.stored_bytes -= sum(_bytes_of(buffer[slot]) for buffer in self._pool)
+        self.stored_bytes -= sum(bytes_of(buffer[slot]) for buffer in self._pool)

@@ -1,0 +1,192 @@
+"""`rcswarm worker`: join a coordinator and train (worker/worker.py), or train peer to peer (worker/hivemind_worker.py).
+
+    rcswarm worker --coordinator HOST:PORT --token T [--device auto] [--tls-ca CA [--tls-cert C --tls-key K]]
+    rcswarm worker --backend hivemind (--config RUN.toml | --coordinator HOST:PORT --token T)
+                   [--initial-peers MADDR ...] [--client-mode] [--host-maddrs MADDR ...]
+                   [--announce-maddrs MADDR ...] [--identity-path F] [--out DIR]
+
+The command's flags (the client flags of cli/client_flags.py among them), its usage errors (one line
+on stderr, exit 2) and the process around the worker loop: torch threads (`--threads`, else this
+machine's cores divided by the rcswarm workers running on it), SIGTERM and SIGINT (the worker
+finishes its current step, then leaves). The loop's own exit status is the command's: 0 when the run
+finished or the worker was stopped, 1 when it had to give up (one ERROR line says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+import torch
+
+from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
+from rcswarm.cli.usage import usage_error
+from rcswarm.config.runspec import RunSpec
+from rcswarm.train.inner import worker_data_seed
+from rcswarm.train.round import resolve_device
+from rcswarm.worker import Worker, WorkerOptions
+
+PROG = "rcswarm worker"
+log = logging.getLogger("rcswarm.worker")
+# `python -m MODULE worker ...` runs the `rcswarm` command too.
+COMMAND_MODULES = ("rcswarm.cli", "rcswarm.cli.main")
+
+
+def is_worker_command(argv: list[str]) -> bool:
+    """Whether a process's argv runs an rcswarm worker: `rcswarm worker`, `python -m rcswarm.cli worker`
+    (or `rcswarm.cli.main worker`)."""
+    for index, arg in enumerate(argv):
+        if argv[index + 1:index + 2] == ["worker"] and (os.path.basename(arg) == "rcswarm" or arg in COMMAND_MODULES):
+            return True
+    return False
+
+
+def workers_on_host() -> int:
+    """rcswarm worker processes running on this machine, this one included (Linux /proc; 1 elsewhere)."""
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        count += is_worker_command(argv)
+    return max(count, 1)
+
+
+def auto_threads() -> tuple[int, str]:
+    """(threads, why): the cores this process may use divided by the workers on this host, at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = workers_on_host()
+    return max(1, cores // workers), f"{cores} cores / {workers} workers on this host"
+
+
+def set_threads(threads: int) -> None:
+    """torch's CPU threads: `threads`, or with 0 this worker's share of the host's cores (`auto_threads`)."""
+    threads, why = (threads, "--threads") if threads else auto_threads()
+    torch.set_num_threads(threads)
+    log.info("torch threads: %d (%s)", threads, why)
+
+
+def add_hivemind_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `rcswarm worker --backend hivemind` (worker/hivemind_worker.py; hivemind is imported only there)."""
+    group = parser.add_argument_group("hivemind backend (--backend hivemind)")
+    group.add_argument("--config", type=Path, help="RUN.toml with [sync] backend = \"hivemind\" (no coordinator)")
+    group.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
+                       help="multiaddrs of running peers, e.g. the one `rcswarm dht` prints")
+    group.add_argument("--client-mode", action="store_true",
+                       help="dial out only (behind NAT); still averages, serves no state")
+    group.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], metavar="MADDR",
+                       help="multiaddrs to listen on (default: %(default)s)")
+    group.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
+                       help="multiaddrs other peers should dial (default: what libp2p observes)")
+    group.add_argument("--identity-path", type=Path, help="private key file: a stable peer id (created if missing)")
+    group.add_argument("--out", type=Path, help="write final.safetensors and summary.json here at the end")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `rcswarm worker` command line."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Join an rcswarm coordinator and train.")
+    parser.add_argument("--backend", choices=("coordinator", "hivemind"), default="coordinator",
+                        help="sync backend: through a coordinator (default) or peer to peer with hivemind")
+    add_client_flags(parser, "HOST:PORT of the coordinator (required with --backend coordinator)")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ... (default: auto)")
+    parser.add_argument("--name", default="", help="name shown in the coordinator's status (default: the worker id)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default 0: this machine's cores divided by the rcswarm workers "
+                             "running on it)")
+    parser.add_argument(
+        "--patience-s", type=float, default=300.0,
+        help="retry a stalled, restarting or busy coordinator this long per call before giving up "
+             "(default: %(default)s)",
+    )
+    parser.add_argument("--max-unavailable-s", type=float, dest="patience_s", default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--rpc-timeout-s", type=float, default=10.0,
+                        help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
+    parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
+                        help="deadline of one parameter pull or update push (default: %(default)s)")
+    add_hivemind_arguments(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed `rcswarm worker` command line (argparse exits 0 after --help, 2 on a usage error)."""
+    return parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    args = parse_args(argv)
+    if args.backend == "hivemind":
+        return main_hivemind(args)
+    if args.coordinator is None:
+        return usage_error(PROG, "--coordinator HOST:PORT is required (or --backend hivemind)")
+    try:
+        token = client_token(args)
+        options = client_options(
+            args, WorkerOptions, device=args.device, name=args.name, threads=args.threads, patience_s=args.patience_s,
+            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
+        )
+        set_threads(options.threads)
+        worker = Worker(options, token)
+    except ValueError as exc:
+        return usage_error(PROG, str(exc))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop.set())
+    return worker.run()
+
+
+def main_hivemind(args: argparse.Namespace) -> int:
+    """`rcswarm worker --backend hivemind ...`: a peer of a hivemind swarm, with a coordinator as its control plane
+    when `--coordinator` is given (hivemind is imported only now)."""
+    from rcswarm.worker import ControlPlane, RetriesExhausted, hivemind_sync
+
+    control, data_seed = None, None
+    try:
+        if args.config is None and args.coordinator is None:
+            raise ValueError("--backend hivemind needs --config RUN.toml (the run spec every peer trains) "
+                             "or --coordinator HOST:PORT (which serves it)")
+        spec = RunSpec.from_toml(args.config) if args.config is not None else None
+        options = hivemind_sync.HivemindOptions(
+            initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
+            announce_maddrs=tuple(args.announce_maddrs), client_mode=args.client_mode, identity_path=args.identity_path,
+        )
+        set_threads(args.threads)
+        device = str(resolve_device(args.device))
+        name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+        if args.coordinator is not None:
+            client, token = client_options(args), client_token(args)
+            control = ControlPlane(client.coordinator, token, name, device, patience_s=args.patience_s,
+                                   rpc_timeout_s=args.rpc_timeout_s, tls_ca=client.tls_ca, tls_cert=client.tls_cert,
+                                   tls_key=client.tls_key)
+    except (ValueError, OSError) as exc:
+        return usage_error(PROG, str(exc))
+    if control is not None:
+        try:
+            joined = control.join()
+            spec = RunSpec.from_json(joined.run_spec_json)
+        except (grpc.RpcError, RetriesExhausted, ValueError) as exc:
+            log.error("%s cannot join %s: %s", name, args.coordinator, exc)
+            control.client.close()
+            return 1
+        data_seed = worker_data_seed(spec.run.seed, joined.data_seed)
+        control.start()  # beats from now on: building the model and the peer may outlast the lease
+    from rcswarm.worker import HivemindWorker  # looked up now: a test may have replaced it in its module
+
+    try:
+        worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control,
+                                data_seed=data_seed)
+    except ValueError as exc:
+        status = usage_error(PROG, str(exc))
+        if control is not None:
+            control.close("refused")
+        return status
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop.set())
+    return worker.run()

@@ -1,0 +1,143 @@
+"""The supervisor of `rcswarm launch ray`: a detached actor that keeps the plan's worker actors running.
+
+`Supervisor` reconciles every RECONCILE_S: it starts the missing `rcswarm-worker-<i>` for i < N (at
+most once per RECREATE_BACKOFF_S per slot), replaces one made for another plan, and retires those
+with i >= N (each Leaves, then is killed). `ensure_supervisor` keeps the one that runs this plan, or
+replaces it, so a restarted supervisor never goes back to an old count.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import asdict
+
+from rcswarm.launch.actors import (
+    CALL_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    call,
+    describe_stop,
+    gcs_record,
+    lookup,
+    named_actors,
+    retire,
+    start_worker,
+    wait,
+)
+from rcswarm.launch.plan import SUPERVISOR, WORKER_PREFIX, LaunchPlan, worker_index
+
+log = logging.getLogger("rcswarm.launch")
+RECONCILE_S = 1.0
+RECREATE_BACKOFF_S = 30.0
+
+
+class Supervisor:
+    """The detached actor reconciling the plan's worker count with the worker actors that exist.
+
+    Threads: the reconcile loop runs on its own thread; `plan`, `events` and `halt` run on Ray's
+    task threads (max_concurrency > 1). `_lock` guards `_events`; the other fields belong to the loop.
+    """
+
+    def __init__(self, plan: dict) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
+        self._plan = LaunchPlan.from_dict(plan)
+        self._lock = threading.Lock()
+        self._events: deque[str] = deque(maxlen=50)
+        self._retry_at: dict[int, float] = {}
+        self._known: dict[int, str] = {}  # worker index -> actor id last seen (a dead one's record names its cause)
+        self._checked: set[str] = set()  # actor ids whose worker config matches the plan
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
+        self._thread.start()
+
+    def _event(self, text: str) -> None:
+        log.info("%s", text)
+        with self._lock:
+            self._events.append(f"{time.strftime('%H:%M:%S')} {text}")
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive a failed round of calls
+                self._event(f"reconcile failed: {type(exc).__name__}: {exc}")
+            self._stop.wait(RECONCILE_S)
+
+    def reconcile(self) -> None:
+        plan = self._plan
+        existing = {worker_index(n): n for n in named_actors(plan.namespace) if worker_index(n) is not None}
+        for index in range(plan.workers):
+            if self._stop.is_set():
+                return
+            handle = lookup(existing[index], plan.namespace) if index in existing else None
+            if handle is not None:
+                self._keep(index, handle)
+                continue
+            if time.monotonic() < self._retry_at.get(index, 0.0):
+                continue
+            self._retry_at[index] = time.monotonic() + RECREATE_BACKOFF_S
+            self._note_death(index)
+            handle = start_worker(plan, index)
+            self._known[index] = handle._actor_id.hex()
+            self._event(f"started {WORKER_PREFIX}{index}")
+        for index, name in sorted(existing.items()):
+            handle = lookup(name, plan.namespace) if index >= plan.workers else None
+            if handle is not None and not self._stop.is_set():
+                report = retire(handle)
+                self._event(f"retired {name} (--workers {plan.workers}): {describe_stop(report)}")
+
+    def _keep(self, index: int, handle) -> None:
+        """An existing worker actor: replace it once when it was made for another plan (coordinator, device...)."""
+        actor_id = handle._actor_id.hex()
+        self._known[index] = actor_id
+        if actor_id in self._checked or gcs_record(handle).get("State") != "ALIVE":
+            return
+        info = call(handle, "info")
+        if info is None:
+            return
+        if info["config"] == asdict(self._plan.worker_config(index)):
+            self._checked.add(actor_id)
+            return
+        report = retire(handle)
+        self._event(f"replaced {WORKER_PREFIX}{index}, made for another plan: {describe_stop(report)}")
+
+    def _note_death(self, index: int) -> None:
+        """Record why the actor last started for this slot is gone (killed for good, or failed at creation)."""
+        from ray._private import state
+
+        actor_id = self._known.pop(index, None)
+        record = state.actors(actor_id=actor_id) if actor_id else {}
+        if record:
+            cause = str(record.get("DeathCause", "")).strip().replace("\n", " ")[:300]
+            self._event(f"{WORKER_PREFIX}{index} is gone ({record.get('State')}): {cause or 'no cause recorded'}")
+
+    def plan(self) -> dict:
+        return asdict(self._plan)
+
+    def events(self) -> list[str]:
+        with self._lock:
+            return list(self._events)
+
+    def halt(self) -> None:
+        """Stop reconciling (before the supervisor is killed, so it starts nothing meanwhile)."""
+        self._stop.set()
+        self._thread.join(timeout=STOP_TIMEOUT_S)
+
+
+def ensure_supervisor(plan: LaunchPlan):
+    """The supervisor of this plan: kept when it already runs it, else the old one is replaced."""
+    import ray
+
+    existing = lookup(SUPERVISOR, plan.namespace)
+    if existing is not None:
+        if call(existing, "plan") == asdict(plan):
+            return existing
+        call(existing, "halt", timeout_s=STOP_TIMEOUT_S + CALL_TIMEOUT_S)
+        ray.kill(existing, no_restart=True)
+        wait(lambda: lookup(SUPERVISOR, plan.namespace) is None, CALL_TIMEOUT_S)
+    return ray.remote(Supervisor).options(
+        name=SUPERVISOR, namespace=plan.namespace, lifetime="detached", get_if_exists=True, max_restarts=-1,
+        num_cpus=0, max_concurrency=4,
+    ).remote(asdict(plan))

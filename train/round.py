@@ -1,0 +1,177 @@
+"""What one round trains: the local trainer every backend shares (`RoundTrainer`).
+
+A worker's round, whatever carries θ between workers: start from θ_v (`snapshot` keeps the
+base), switch the data stream to the round's (sequence length, batch) when it differs
+(`follow`), run the round's inner steps (`train`: `steps` of them, or with a time budget > 0
+until the budget is used, finishing the current step), and hand the backend
+Δ = θ_v − θ_local (`delta`). The trainer owns the model on its device, the inner optimizer,
+the data stream, the run-long step count and the compute seconds, and produces one `StepRow`
+per inner step; the backends keep what is theirs: the coordinator backend (worker/worker.py)
+pulls θ_v and pushes Δ over the wire, the hivemind backend (worker/hivemind_worker.py)
+averages Δ peer to peer and applies the outer step, and each stamps its own sync time and
+bytes on the rows it reports. `held_out_loss` is the launcher's evaluation (cli/run.py).
+
+Single-threaded: one training thread calls every method; a backend's other threads (the
+heartbeat, Ray's `info`) only read `step`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rcswarm.config.runspec import DataSection, RunSpec
+from rcswarm.models import registry
+from rcswarm.train.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, masked_cross_entropy
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device of `--device NAME`: "auto" is CUDA when present, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name!r}: CUDA is not available on this machine")
+    return device
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One metric row: a training step (loss, scored tokens) or a mark such as a pull (loss NaN, 0 tokens).
+
+    `step` is the trainer's run-long step count, `wall_time` seconds since the trainer started,
+    `compute_seconds` the inner steps' seconds so far; the backend adds its sync seconds and bytes.
+    """
+
+    version: int
+    step: int
+    loss: float
+    tokens: int
+    seq_len: int
+    batch: int
+    wall_time: float
+    compute_seconds: float
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """The inner steps of one round: their scored tokens, their count, their rows, and whether a stop cut it short."""
+
+    tokens: int
+    steps: int
+    rows: tuple[StepRow, ...]
+    stopped: bool
+
+
+class RoundTrainer:
+    """A worker's local trainer: the run's model on `device`, its inner optimizer, the data stream, the counters.
+
+    `build` makes the model and optimizer of a run (again for a new run; the step count and the
+    compute seconds go on), `follow` chooses the data stream, `train` runs one round's inner steps.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.started = time.perf_counter()
+        self.step = 0
+        self.compute_seconds = 0.0
+        self.schedule = ""  # the core checkpointing schedule of the latest step ("" without it)
+        self.spec: RunSpec | None = None
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.data: DataSection | None = None
+        self.sampler = None
+
+    def build(self, spec: RunSpec, model_seed: int | None = None) -> nn.Module:
+        """The run's model on the device (initialized from `model_seed`, else the global RNG) and its inner
+        optimizer; the data stream waits for `follow`."""
+        model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=model_seed)
+        self.spec, self.model = spec, model.to(self.device)
+        self.optimizer = make_inner_optimizer(self.model, spec.inner)
+        self.data = self.sampler = None
+        return self.model
+
+    def follow(self, seq_len: int, batch: int, seed: int) -> bool:
+        """Train on windows of `seq_len` × `batch` from now on: a fresh stream of the run's data from `seed`
+        when they differ from the current ones (or there is no stream yet). Whether it switched."""
+        if self.data is not None and (seq_len, batch) == (self.data.seq_len, self.data.batch_size):
+            return False
+        self.data = dataclasses.replace(self.spec.data, seq_len=seq_len, batch_size=batch)
+        self.sampler = make_sampler(self.data, seed, model_config=self.model.config)
+        return True
+
+    def inner_step(self) -> StepResult:
+        """One inner step on the stream's next batch, as `[inner]` says (streaming BPTT, core checkpointing)."""
+        inner = self.spec.inner
+        return inner_step(self.model, self.optimizer, self.sampler, inner.grad_clip, self.device, inner.bptt_chunk,
+                          inner.memory_budget_mb)
+
+    def row(self, version: int, loss: float, tokens: int) -> StepRow:
+        """A metric row stamped now: the current step, window, wall time and compute seconds."""
+        return StepRow(version, self.step, loss, tokens, self.data.seq_len, self.data.batch_size,
+                       time.perf_counter() - self.started, self.compute_seconds)
+
+    def train(
+        self, version: int, steps: int, *, budget_s: float = 0.0, stop: threading.Event | None = None,
+        step: Callable[[], StepResult] | None = None, on_schedule: Callable[[str], None] | None = None,
+    ) -> RoundResult:
+        """The inner steps of the round from `version`: `steps` of them or, with `budget_s` > 0, until `budget_s`
+        seconds have passed since the first began (the current step finishes): at least one, at most `steps`.
+
+        A set `stop` ends the round before its next step (`stopped`). `step` runs one inner step (default
+        `inner_step`; a backend may pace it); its seconds count as compute. `on_schedule` hears each change of
+        the core checkpointing schedule.
+        """
+        step = step or self.inner_step
+        started = time.perf_counter()
+        rows: list[StepRow] = []
+        tokens, stopped = 0, False
+        while len(rows) < steps:
+            if stop is not None and stop.is_set():
+                stopped = True
+                break
+            if budget_s > 0 and rows and time.perf_counter() - started >= budget_s:
+                break
+            step_started = time.perf_counter()
+            result = step()
+            if result.schedule != self.schedule:
+                self.schedule = result.schedule
+                if on_schedule is not None:
+                    on_schedule(result.schedule)
+            self.step += 1
+            tokens += result.tokens
+            self.compute_seconds += time.perf_counter() - step_started
+            rows.append(self.row(version, result.loss, result.tokens))
+        return RoundResult(tokens, len(rows), tuple(rows), stopped)
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """θ by parameter name, copied to the CPU: a round's base θ_v."""
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+
+    def delta(self, base: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Δ = θ_v − θ_local by parameter name, on the CPU (`base` is θ_v, as `snapshot` returned it)."""
+        return {name: base[name] - p.detach().cpu() for name, p in self.model.named_parameters()}
+
+    def load(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy the named tensors into the model's parameters (in place, on its device)."""
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                params[name].copy_(tensor)
+
+    def held_out_loss(self, batches: int, seed: int) -> float:
+        """Mean cross-entropy of the model on `batches` batches of the run's held-out split (stream `seed`)."""
+        sampler = make_sampler(self.spec.data, seed=seed, split="val", model_config=self.model.config)
+        losses = []
+        with torch.no_grad():
+            for _ in range(batches):
+                inputs, targets = sampler.next_batch()  # [B, T, ...], [B, T]
+                logits = self.model(inputs.to(self.device))  # [B, T, V]
+                losses.append(masked_cross_entropy(logits, targets.to(self.device)).item())
+        return sum(losses) / len(losses)
