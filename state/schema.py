@@ -2,7 +2,7 @@
 statements `StateStore.add_metrics` runs in the transaction of the rows it inserts, and the statements
 of the named reads that the store's methods do not spell inline.
 
-Only state/ holds SQL (tests/test_structure.py checks it); state/store.py runs these statements.
+Only state/ holds SQL (tests/deploy/test_structure.py checks it); state/store.py runs these statements.
 """
 
 from __future__ import annotations

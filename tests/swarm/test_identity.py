@@ -21,7 +21,7 @@ from tests.helpers.wire import refused
 
 
 def coordinator_with_token_file(tmp_path: Path, token_file: Path) -> tuple[subprocess.Popen, str, Path]:
-    """A real `python -m rcswarm.coordinator --token-file` process on a free port: (process, target, log)."""
+    """A real `python -m rcswarm.cli coordinator --token-file` process on a free port: (process, target, log)."""
     config = write_spec(tiny_spec(run={"rounds": 0, "workers": 1}, inner={"steps": 3}), tmp_path / "run.toml")
     port, log_path, port_file = free_port(), tmp_path / "coordinator.log", tmp_path / "port.json"
     env = {k: v for k, v in worker_env().items() if k != "RCSWARM_TOKEN"}

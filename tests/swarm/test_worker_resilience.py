@@ -43,7 +43,7 @@ def stall(pid: int, seconds: float):
 
 @pytest.fixture
 def coordinator_process(tmp_path: Path, request):
-    """A real `python -m rcswarm.coordinator` process for one worker; (process, target, client, log).
+    """A real `python -m rcswarm.cli coordinator` process for one worker; (process, target, client, log).
 
     The run spec is the tiny one with 3 inner steps and the tables given by indirect parametrization.
     """
