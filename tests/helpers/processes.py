@@ -41,6 +41,22 @@ def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
             proc.wait(timeout=10)
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn_paced(target: str, name: str, factor: float, floor_s: float, log_dir: Path) -> subprocess.Popen:
+    """A `tests.helpers.paced_worker` process (one torch thread) whose steps take factor × max(t, floor_s)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.paced_worker", "--factor", str(factor), "--floor-s", str(floor_s),
+         "--coordinator", target, "--name", name, "--threads", "1"],
+        env=worker_env(1), cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+    )
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    return proc
+
+
 def logs_of(procs: list[subprocess.Popen]) -> str:
     return "\n".join(f"--- {Path(p.log_path).stem} ---\n{Path(p.log_path).read_text(errors='replace')[-3000:]}" for p in procs)
 

@@ -12,19 +12,16 @@ machine). Over 10 rounds of the tiny LSTM:
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.helpers.processes import logs_of, worker_env
+from tests.helpers.processes import logs_of, spawn_paced
 from tests.helpers.rounds import coordinator_digests, round_losses, worker_digests
 from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 ROUNDS = 10
@@ -52,23 +49,10 @@ def pair_spec(**sync: Any):
     )
 
 
-def spawn_paced(target: str, name: str, factor: float, tmp_path: Path) -> subprocess.Popen:
-    """A `tests.helpers.paced_worker` process (one torch thread) whose steps take factor × max(t, FLOOR_S)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    log_path = tmp_path / f"{name}.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.paced_worker", "--factor", str(factor), "--floor-s", str(FLOOR_S),
-         "--coordinator", target, "--name", name, "--threads", "1"],
-        env=worker_env(1), cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
-    )
-    proc.log_path = log_path  # type: ignore[attr-defined]
-    return proc
-
-
 def run_pair(start_coordinator, tmp_path: Path, **sync: Any) -> tuple[pb.GetStatusResponse, Path]:
     """Run 10 rounds with a fast and a slow worker process; the final status and the state dir."""
     local = start_coordinator(pair_spec(**sync), tmp_path / "state")
-    procs = [spawn_paced(local.target, "fast", 1.0, tmp_path), spawn_paced(local.target, "slow", SLOW_FACTOR, tmp_path)]
+    procs = [spawn_paced(local.target, "fast", 1.0, FLOOR_S, tmp_path), spawn_paced(local.target, "slow", SLOW_FACTOR, FLOOR_S, tmp_path)]
     try:
         for proc in procs:
             assert proc.wait(timeout=120) == 0, logs_of(procs)
