@@ -76,7 +76,7 @@ class SwarmCoordinator:
     Threads. gRPC handler threads, many at once, call the RPC methods (`join`, `heartbeat`,
     `leave`, `pull`, `await_version`, `push`, `report_metrics`, `status`); the server's ticker
     thread calls `tick`; a `RunGroup` (sweep.py) also calls `owns_credential`, `knows`,
-    `active_workers`, `reassign` and `summary` from handler threads, and the dashboard's thread
+    `active_workers`, `membership_state`, `reassign` and `summary` from handler threads, and the dashboard's thread
     `status` and `summary`. The constructor runs before any of them, `close` after all have stopped.
 
     Locks. One lock, `_lock`, guards all mutable state: the membership table, the open round,
@@ -111,7 +111,8 @@ class SwarmCoordinator:
                                                                               none while it streams
       report_metrics                           handlers                       takes (member), none (values), takes
                                                                               (count), none (rows)
-      owns_credential, knows, active_workers   any thread (a RunGroup)        takes
+      owns_credential, knows, active_workers,  any thread (a RunGroup)        takes
+        membership_state
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
         finished
@@ -418,15 +419,22 @@ class SwarmCoordinator:
         )
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
-        """Store a batch of metrics, all or none (handler thread). Takes `_lock` to check the worker and its
+        """Store a batch of metrics, all or none (handler thread): rows of this run only (`request.run_id`, when
+        given) and of versions it served. Takes `_lock` to check the worker and its
         secret, checks the values without it (so only a member makes the coordinator read a large batch),
         takes it again for the membership, the per-round cap, the totals and the curriculum's measurements
         (with sync.backend = "hivemind" also the curriculum steps of the rounds the swarm closed since the last
         report, `_follow_peer_rounds`), and writes the rows after releasing it."""
         require_secret("ReportMetrics", request.worker_id, request.worker_secret)
+        if request.run_id and request.run_id != self.run_id:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"ReportMetrics: {len(request.metrics)} rows trained for run {request.run_id!r} sent by worker "
+                f"{request.worker_id!r} of run {self.run_id!r}: a run stores only its own rows"
+            ))
         with self._lock:
             self._reporter(request.worker_id, request.worker_secret)
-        check_metrics(request.metrics)
+            served = self.version if self.spec.sync.backend != "hivemind" else None
+        check_metrics(request.metrics, served)
         now = self.clock()
         # Training past a finite run's last round (a worker that pulled the final version before it heard the
         # run finished) belongs to no round: those rows are not kept, and `stored` says how many were.
@@ -538,6 +546,12 @@ class SwarmCoordinator:
         """Whether `worker_id` joined this run and is still in memory, active or not (any thread; takes `_lock`)."""
         with self._lock:
             return worker_id in self.workers
+
+    def membership_state(self, worker_id: str) -> int:
+        """Membership `worker_id`'s state, WORKER_STATE_UNSPECIFIED when not in memory (any thread; takes `_lock`)."""
+        with self._lock:
+            worker = self.workers.get(worker_id)
+            return pb.WORKER_STATE_UNSPECIFIED if worker is None else worker.state
 
     def active_workers(self) -> int:
         """The number of active workers (any thread; takes `_lock`)."""

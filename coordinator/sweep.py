@@ -7,7 +7,10 @@ of one, which answers exactly as its run), `<state-dir>/run<i>-L<L>` for a sweep
 routes every RPC to the run its worker belongs to and schedules a sweep's workers across runs:
 
 * Join assigns a worker to the unfinished run with the fewest active workers (equal share
-  of wall time by default), `decide_assignment`.
+  of wall time by default), `decide_assignment`; a worker joining again after a restart or an
+  eviction names the run it trained for (JoinRequest.run_id) and goes back there while that run is
+  unfinished and has room, unless the sweep itself moved it off that run (its previous membership
+  is REASSIGNED there), so its round's update and metric rows still find their run.
 * At a round boundary (right after a worker's update is accepted, or when its run has
   finished its rounds) `decide_move` may move it: the worker's membership in its run ends
   with state REASSIGNED, its next call gets NOT_FOUND, and it joins again, landing on the
@@ -52,13 +55,19 @@ class RunLoad:
     name: str
     active: int
     finished: bool
+    full: bool = False
 
 
-def decide_assignment(loads: Sequence[RunLoad]) -> tuple[int | None, str]:
-    """The run a joining worker goes to: the unfinished one with the fewest active workers."""
+def decide_assignment(loads: Sequence[RunLoad], returning: int | None = None) -> tuple[int | None, str]:
+    """The run a joining worker goes to: back to `returning` (the run it trained for, when it may go back)
+    while that run is unfinished and not full, else the unfinished run with the fewest active workers."""
     candidates = [load for load in loads if not load.finished]
     if not candidates:
         return None, "every run of the sweep has finished"
+    if returning is not None:
+        back = loads[returning]
+        if not (back.finished or back.full):
+            return back.index, f"back to {back.name}, the run it trained for ({back.active} active workers)"
     best = min(candidates, key=lambda load: (load.active, load.index))
     return best.index, f"assigned to {best.name} ({best.active} active workers, the fewest among unfinished runs)"
 
@@ -153,7 +162,12 @@ class RunGroup:
 
     def _loads(self) -> list[RunLoad]:
         """Every run's load (takes each run's lock in turn)."""
-        return [RunLoad(i, run.spec.run.name, run.active_workers(), run.finished) for i, run in enumerate(self.runs)]
+        loads = []
+        for i, run in enumerate(self.runs):
+            active = run.active_workers()
+            full = active >= run.spec.coordinator.max_workers
+            loads.append(RunLoad(i, run.spec.run.name, active, run.finished, full))
+        return loads
 
     def owns_credential(self, worker_id: str, secret: bytes) -> bool:
         """Whether some run has `worker_id` as an active member with the worker secret `secret` (a handler
@@ -173,12 +187,21 @@ class RunGroup:
         """The state workers hear: finished once every run is (any thread)."""
         return pb.RUN_STATE_FINISHED if self.finished else pb.RUN_STATE_RUNNING
 
-    def _place(self) -> tuple[int, str]:
+    def _returning(self, request: pb.JoinRequest) -> int | None:
+        """The run a re-joining worker may go back to (group lock held; takes each run's lock in turn): the one
+        whose id it names, unless that run moved it off (its previous membership there is REASSIGNED)."""
+        for index, run in enumerate(self.runs):
+            if request.run_id and run.run_id == request.run_id:
+                moved = run.membership_state(request.previous_worker_id) == pb.WORKER_STATE_REASSIGNED
+                return None if moved else index
+        return None
+
+    def _place(self, request: pb.JoinRequest) -> tuple[int, str]:
         """The run a joining worker goes to and why (group lock held). A group of one sends every join
         to its run, whose admission alone decides (reason ""); a sweep refuses once every run finished."""
         if not self.sweep:
             return 0, ""
-        index, reason = decide_assignment(self._loads())
+        index, reason = decide_assignment(self._loads(), self._returning(request))
         if index is None:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {reason}")
         return index, reason
@@ -199,7 +222,7 @@ class RunGroup:
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
         """Admit a worker to the run `_place` picks (handler thread; takes the group lock, then the run's)."""
         with self._lock:
-            index, reason = self._place()
+            index, reason = self._place(request)
             response = self.runs[index].join(request)
         if reason:
             self.runs[index].store.add_event(response.worker_id, "assign", reason)

@@ -279,9 +279,11 @@ class CoordinatorClient:
         method = getattr(self.stub, name)
         return self._with_retry(name, lambda: method(request, timeout=timeout or self.timeouts.unary_s, metadata=self.metadata))
 
-    def join(self, name: str, device: str, pid: int) -> pb.JoinResponse:
-        """Ask to join the swarm."""
-        return self._unary("Join", pb.JoinRequest(worker_name=name, device=device, pid=pid))
+    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: str = "") -> pb.JoinResponse:
+        """Ask to join the swarm; a re-join names the run it trained for (`run_id`) and its membership there
+        (`previous`), so that a sweep sends it back to that run."""
+        request = pb.JoinRequest(worker_name=name, device=device, pid=pid, run_id=run_id, previous_worker_id=previous)
+        return self._unary("Join", request)
 
     def heartbeat(self, member: Member) -> pb.HeartbeatResponse:
         """Renew `member`'s lease."""
@@ -299,9 +301,10 @@ class CoordinatorClient:
         )
         return self._unary("AwaitVersion", request, timeout=wait_s + self.timeouts.unary_s)
 
-    def report_metrics(self, member: Member, metrics: list[pb.Metric]) -> None:
-        """Send a batch of `member`'s per-step metrics."""
-        request = pb.ReportMetricsRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, metrics=metrics)
+    def report_metrics(self, member: Member, metrics: list[pb.Metric], run_id: str) -> None:
+        """Send a batch of `member`'s per-step metrics, trained for run `run_id` (a run refuses another run's rows)."""
+        request = pb.ReportMetricsRequest(worker_id=member.worker_id, worker_secret=member.worker_secret,
+                                          metrics=metrics, run_id=run_id)
         self._unary("ReportMetrics", request)
 
     def status(self) -> pb.GetStatusResponse:

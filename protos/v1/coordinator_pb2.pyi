@@ -94,14 +94,18 @@ class TensorChunk(_message.Message):
     def __init__(self, index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("worker_name", "device", "pid")
+    __slots__ = ("worker_name", "device", "pid", "run_id", "previous_worker_id")
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     worker_name: str
     device: str
     pid: int
-    def __init__(self, worker_name: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    run_id: str
+    previous_worker_id: str
+    def __init__(self, worker_name: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ..., run_id: _Optional[str] = ..., previous_worker_id: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("worker_id", "run_id", "run_spec_json", "version", "lease_seconds", "data_seed", "assignment", "worker_secret")
@@ -282,14 +286,16 @@ class Metric(_message.Message):
     def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch: _Optional[int] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., wall_time: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., param_sha256: _Optional[str] = ...) -> None: ...
 
 class ReportMetricsRequest(_message.Message):
-    __slots__ = ("worker_id", "metrics", "worker_secret")
+    __slots__ = ("worker_id", "metrics", "worker_secret", "run_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     metrics: _containers.RepeatedCompositeFieldContainer[Metric]
     worker_secret: bytes
-    def __init__(self, worker_id: _Optional[str] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
+    run_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., worker_secret: _Optional[bytes] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
     __slots__ = ("stored",)
