@@ -44,6 +44,7 @@ from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.lock import StateDirLock
 from rcswarm.state.store import StateStore
 
 
@@ -99,8 +100,58 @@ def run_state_dirs(spec: RunSpec, state_dir: Path) -> list[tuple[RunSpec, Path]]
     return [(run, run_state_dir(Path(state_dir), index, run)) for index, run in enumerate(spec.sweep_runs())]
 
 
+def held_runs(state_dir: Path) -> list[str]:
+    """The runs a state dir holds, by where their state.sqlite is: "." (a single run's, the state dir itself) and
+    each run<i>-L<L> below it (a sweep's)."""
+    state_dir = Path(state_dir)
+    held = ["."] if (state_dir / "state.sqlite").is_file() else []
+    return held + sorted(db.parent.name for db in state_dir.glob("run*-L*/state.sqlite"))
+
+
+def _described(runs: Sequence[str]) -> str:
+    """Runs as `held_runs` names them, in words."""
+    if list(runs) == ["."]:
+        return "one run (state.sqlite in the state dir itself)"
+    return f"a sweep's runs {', '.join(runs)}"
+
+
+def layout_problem(spec: RunSpec, state_dir: Path) -> str | None:
+    """Why `spec` cannot resume `state_dir`: the config describes other runs than the state dir holds (a sweep's
+    lengths, or a sweep against a single run); None for a new state dir or the same runs (whose specs `resume`
+    then compares key by key)."""
+    held = held_runs(state_dir)
+    wanted = ["." if path == Path(state_dir) else path.name for _, path in run_state_dirs(spec, state_dir)]
+    if not held or held == wanted:
+        return None
+    changes = ""
+    if "." not in held + wanted:
+        gone = ", ".join(run for run in held if run not in wanted) or "none"
+        new = ", ".join(run for run in wanted if run not in held) or "none"
+        changes = f" (not in the config: {gone}; new in the config: {new})"
+    return (f"state dir {state_dir} holds {_described(held)}, but the config describes {_described(wanted)}{changes}; "
+            "use a new --state-dir, or the config the state dir was made with")
+
+
+def lock_state_dirs(spec: RunSpec, state_dir: Path) -> list[StateDirLock]:
+    """Lock the state dir and each run's (`run_state_dirs`) for this process, so that no second coordinator opens
+    any of them; StateDirBusy (nothing left locked) when another process holds one."""
+    locks: list[StateDirLock] = []
+    try:
+        for path in dict.fromkeys([Path(state_dir), *(path for _, path in run_state_dirs(spec, state_dir))]):
+            locks.append(StateDirLock.acquire(path))
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
+
+
 def build_runs(spec: RunSpec, state_dir: Path, clock: Callable[[], float] = time.time) -> list[SwarmCoordinator]:
-    """The coordinators of `spec.sweep_runs()` in their state dirs (`run_state_dirs`)."""
+    """The coordinators of `spec.sweep_runs()` in their state dirs (`run_state_dirs`); ValueError when the state dir
+    holds other runs than `spec` describes (`layout_problem`)."""
+    problem = layout_problem(spec, state_dir)
+    if problem is not None:
+        raise ValueError(problem)
     runs = []
     for index, (run_spec, run_dir) in enumerate(run_state_dirs(spec, state_dir)):
         prefix = f"r{index}" if spec.is_sweep else ""
@@ -154,6 +205,10 @@ class RunGroup:
     def finished(self) -> bool:
         """Whether every run finished (any thread)."""
         return all(run.finished for run in self.runs)
+
+    def versions_text(self) -> str:
+        """Every run with its version, for log lines: "run R at version V, ..." (any thread)."""
+        return ", ".join(f"run {run.run_id} at version {run.shown_version}" for run in self.runs)
 
     def close(self) -> None:
         """Close every run's store; once the server and the ticker have stopped."""

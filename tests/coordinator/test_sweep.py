@@ -104,3 +104,24 @@ def test_a_run_refuses_metric_rows_of_another_run_and_of_versions_it_has_not_ser
     stored = sweep.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=[own], run_id=member.run_id)).stored
     assert stored == 1
     sweep.close()
+
+
+def test_a_state_dir_that_holds_other_runs_than_the_config_describes_is_refused(tmp_path):
+    from rcswarm.coordinator.sweep import layout_problem, open_group
+
+    single = tiny_spec()
+    sweep = single.from_dict({**single.to_dict(), "sweep": {"seq_lens": [8, 16]}})
+    other = single.from_dict({**single.to_dict(), "sweep": {"seq_lens": [8, 32]}})
+    assert layout_problem(sweep, tmp_path / "new") is None
+    open_group(sweep, tmp_path / "sweep").close()
+    assert layout_problem(sweep, tmp_path / "sweep") is None
+    assert layout_problem(single, tmp_path / "sweep") == (
+        f"state dir {tmp_path / 'sweep'} holds a sweep's runs run0-L8, run1-L16, but the config describes one run "
+        "(state.sqlite in the state dir itself); use a new --state-dir, or the config the state dir was made with")
+    assert "(not in the config: run1-L16; new in the config: run1-L32)" in layout_problem(other, tmp_path / "sweep")
+    with pytest.raises(ValueError, match="holds a sweep's runs"):
+        open_group(single, tmp_path / "sweep")
+    assert not (tmp_path / "sweep" / "state.sqlite").exists()
+    open_group(single, tmp_path / "single").close()
+    assert "holds one run (state.sqlite in the state dir itself), but the config describes a sweep's runs run0-L8" \
+        in layout_problem(sweep, tmp_path / "single")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 
 from rcswarm.coordinator.sweep import run_state_dir
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 from tests.helpers.coordinator import free_port
-from tests.helpers.processes import logs_of, start_coordinator_process
+from tests.helpers.processes import logs_of, start_coordinator_process, worker_env
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
@@ -50,3 +51,44 @@ def test_a_sweep_restarted_by_sigint_keeps_each_runs_rows_and_its_workers(tmp_pa
     command = [sys.executable, "-m", "rcswarm.cli", "fit", str(state_dir), "--out", str(tmp_path / "fit.png")]
     fitted = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert fitted.returncode == 0 and "skipped" not in fitted.stderr, fitted.stdout + fitted.stderr
+
+
+def _coordinator(config, state_dir, port) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config), "--state-dir", str(state_dir),
+               "--port", str(port)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=worker_env())
+
+
+def test_a_second_coordinator_is_refused_on_a_held_state_dir_a_port_in_use_and_a_config_of_other_runs(tmp_path):
+    single = tiny_spec(run={"rounds": 0})
+    sweep = single.from_dict({**single.to_dict(), "sweep": {"seq_lens": [8, 16]}})
+    sweep_config, single_config = write_spec(sweep, tmp_path / "sweep.toml"), write_spec(single, tmp_path / "run.toml")
+    state_dir, port = tmp_path / "state", free_port()
+    first = start_coordinator_process(sweep_config, state_dir, port, tmp_path / "coordinator.log")
+    client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, retry=RetryPolicy(max_elapsed_s=30.0))
+    try:
+        holder = f"pid {first.pid} on {socket.gethostname()}, serving on 127.0.0.1:{port}"
+        busy = _coordinator(sweep_config, state_dir, free_port())
+        assert (busy.returncode, busy.stderr) == (1, (
+            f"rcswarm coordinator: state dir {state_dir} is in use by another coordinator ({holder}); "
+            "stop it first, or give this one another --state-dir\n")), busy.stderr
+        # Each run's own state dir is held too.
+        inner = _coordinator(single_config, state_dir / "run0-L8", free_port())
+        assert inner.returncode == 1 and f"state dir {state_dir / 'run0-L8'} is in use" in inner.stderr, inner.stderr
+        # The port is the first coordinator's alone (no SO_REUSEPORT): one line, and every status call reaches it.
+        taken = _coordinator(single_config, tmp_path / "elsewhere", port)
+        assert (taken.returncode, taken.stderr) == (1, (
+            f"rcswarm coordinator: could not bind 127.0.0.1:{port}: Address already in use "
+            "(another coordinator, or another program, uses it)\n")), taken.stderr
+        assert {client.status().run_id for _ in range(6)} == {"test"}
+    finally:
+        client.close()
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=30) == 0
+    # A restart with a config of other runs than the state dir holds is refused before anything is created.
+    other = _coordinator(single_config, state_dir, free_port())
+    assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr
+    assert f"state dir {state_dir} holds a sweep's runs run0-L8, run1-L16, but the config describes one run" \
+        in other.stderr
+    assert not (state_dir / "state.sqlite").exists()
+    assert "stopping: run test-L8-" in (tmp_path / "coordinator.log").read_text()
