@@ -27,7 +27,6 @@ The limits are records.py's.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
@@ -51,8 +50,6 @@ from rcswarm.sync import tensor_stream
 
 if TYPE_CHECKING:
     from rcswarm.coordinator.service import SwarmCoordinator
-
-log = logging.getLogger("rcswarm.coordinator")
 
 
 def first_part(requests: Iterator[pb.PushUpdateRequest], part: str) -> pb.PushUpdateRequest:
@@ -193,7 +190,7 @@ class UpdateIntake:
         """Count and record a stale update of `worker`, then refuse it with FAILED_PRECONDITION (lock held)."""
         worker.stale_updates += 1
         self.run.store.add_event(worker.worker_id, "stale", message, self.run.clock())
-        log.info("%s (%s): %s", worker.worker_id, worker.name, message)
+        self.run.log.info("%s (%s): %s", worker.worker_id, worker.name, message)
         raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, message)
 
     def refuse_outlier(self, worker: WorkerRecord, message: str) -> NoReturn:
@@ -206,7 +203,7 @@ class UpdateIntake:
             worker.note_round(version, "dropped", message, run.outliers.window)
             run.round.dropped += 1
             run.store.add_event(worker.worker_id, "dropped", f"round {version}: {message}", run.clock())
-            log.warning("round %d: update of %s dropped: %s", version, worker.worker_id, message)
+            self.run.log.warning("round %d: update of %s dropped: %s", version, worker.worker_id, message)
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     def record(
@@ -230,7 +227,7 @@ class UpdateIntake:
             if worker.pulled_version < run.version:
                 worker.base_version = run.version + 1
             run.store.add_event(worker.worker_id, "late", lateness.reason, run.clock())
-            log.info("%s (%s): %s", worker.worker_id, worker.name, lateness.reason)
+            self.run.log.info("%s (%s): %s", worker.worker_id, worker.name, lateness.reason)
         worker.accepted_version = meta.base_version
         worker.last_seen = run.clock()
 

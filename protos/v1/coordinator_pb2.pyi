@@ -308,7 +308,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates", "late_updates", "trained_tokens", "applied_tokens", "step_seconds")
+    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates", "late_updates", "trained_tokens", "applied_tokens", "step_seconds", "run_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +326,7 @@ class WorkerStatus(_message.Message):
     TRAINED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     name: str
     state: WorkerState
@@ -343,10 +344,11 @@ class WorkerStatus(_message.Message):
     trained_tokens: int
     applied_tokens: int
     step_seconds: float
-    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ..., late_updates: _Optional[int] = ..., trained_tokens: _Optional[int] = ..., applied_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    run_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ..., late_updates: _Optional[int] = ..., trained_tokens: _Optional[int] = ..., applied_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
-    __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm", "clipped", "dropped", "aggregation")
+    __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm", "clipped", "dropped", "aggregation", "run_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +359,7 @@ class RoundStatus(_message.Message):
     CLIPPED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     version: int
     reports: int
     tokens: int
@@ -367,7 +370,8 @@ class RoundStatus(_message.Message):
     clipped: int
     dropped: int
     aggregation: str
-    def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace")

@@ -54,8 +54,8 @@ def test_a_sweep_restarted_by_sigint_keeps_each_runs_rows_and_its_workers(tmp_pa
 
 
 def _coordinator(config, state_dir, port) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config), "--state-dir", str(state_dir),
-               "--port", str(port)]
+    command = [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config),
+               "--state-dir", str(state_dir), "--port", str(port)]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, env=worker_env())
 
 
