@@ -33,7 +33,7 @@ from rcswarm.cli.client_flags import add_client_flags, client_options, client_to
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
-from rcswarm.protos.transport import ClientTLS, open_channel
+from rcswarm.protos.transport import ClientTLS, not_grpc_problem, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
@@ -295,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = error.code() if hasattr(error, "code") else None
         details = error.details() if hasattr(error, "details") else str(error)
         name = code.name if code is not None else "ERROR"
-        print(f"rcswarm status: {args.coordinator}: {name}: {details}", file=sys.stderr)
+        found = not_grpc_problem(args.coordinator, code, details or "")
+        print(f"rcswarm status: {found or f'{args.coordinator}: {name}: {details}'}", file=sys.stderr)
         return 1
     return show(args, status)
 

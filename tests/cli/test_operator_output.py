@@ -1,5 +1,5 @@
-"""`rcswarm status` as an operator reads it (issue #33): a sweep's runs with their own versions, a run column,
-tables within 100 columns; and a round's log line naming its run."""
+"""What an operator reads (issue #33): `rcswarm status` of a sweep (each run's version, a run column, tables within
+100 columns), a round's log line naming its run, the bootstrap peer's multiaddr in one piece."""
 
 from __future__ import annotations
 
@@ -48,3 +48,13 @@ def test_a_sweeps_status_names_each_runs_version_and_fits_100_columns(tmp_path, 
     # The round's log line names its run and stays short.
     (closed,) = [r.getMessage() for r in caplog.records if "round 0 closed" in r.getMessage()]
     assert closed.startswith(f"run {sweep.runs[0].run_id}: round 0 closed, version 1 served: ") and len(closed) < 200
+
+
+def test_the_bootstrap_multiaddr_is_printed_whole_on_a_narrow_console(tmp_path):
+    from rcswarm.cli.run_hivemind import print_bootstrap
+
+    maddr = "/ip4/127.0.0.1/tcp/41235/p2p/12D3KooWQ2hDpxRyDszYbiUGc5VqWmsBwFBhdhKm7ZmwKK9kLvbz"
+    printed = io.StringIO()
+    print_bootstrap(Console(file=printed, width=80), [maddr], tmp_path / "maddrs.txt")
+    (line,) = printed.getvalue().splitlines()
+    assert line == f"bootstrap peer (in {tmp_path / 'maddrs.txt'}): --initial-peers {maddr}"

@@ -1,4 +1,5 @@
-"""The operator's day (issue #33): a coordinator restarted on its state dir keeps every run's data clean."""
+"""The operator's day (issue #33): a coordinator restarted on its state dir keeps every run's data clean; one
+coordinator per state dir and port; the usual mistakes end at once with one line saying what was found."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from rcswarm.coordinator.sweep import run_state_dir
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
@@ -92,3 +94,26 @@ def test_a_second_coordinator_is_refused_on_a_held_state_dir_a_port_in_use_and_a
         in other.stderr
     assert not (state_dir / "state.sqlite").exists()
     assert "stopping: run test-L8-" in (tmp_path / "coordinator.log").read_text()
+
+
+def test_a_worker_given_the_dashboards_port_or_a_url_or_a_config_it_ignores_ends_at_once(start_coordinator,
+                                                                                         spawn_worker):
+    local = start_coordinator(tiny_spec(run={"rounds": 0}), http_port=0)
+    dashboard = f"127.0.0.1:{local.running.dashboard.port}"
+    started = time.monotonic()
+    lost = spawn_worker(dashboard, "lost")
+    url = spawn_worker(f"http://{local.target}", "url")
+    configured = spawn_worker(local.target, "configured", "--config", "run.toml")
+    assert [lost.wait(timeout=60), url.wait(timeout=60), configured.wait(timeout=60)] == [1, 2, 2]
+    assert time.monotonic() - started < 60  # not the 300 s of patience
+    errors = [line for line in lost.log_path.read_text().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"{dashboard} answered, but not as a gRPC server" in errors[0], errors
+    assert "retrying" not in lost.log_path.read_text()
+    assert url.log_path.read_text().strip() == (
+        f"rcswarm worker: --coordinator 'http://{local.target}': http:// is a URL scheme, but the coordinator speaks "
+        f"gRPC, not HTTP: expected HOST:PORT (e.g. {local.target})")
+    assert "--config: only with --backend hivemind" in configured.log_path.read_text()
+    status = subprocess.run([sys.executable, "-m", "rcswarm.cli", "status", "--coordinator", dashboard],
+                            capture_output=True, text=True, timeout=60, env=worker_env())
+    assert status.returncode == 1 and status.stderr.startswith(f"rcswarm status: {dashboard} answered, but not as a "
+                                                               "gRPC server"), status.stderr
