@@ -62,7 +62,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus-per-worker", type=float, default=None,
                         help="GPUs of each worker actor (default 1; 0: CPU workers, as --cpu-only)")
     parser.add_argument("--cpu-only", action="store_true",
-                        help="CPU workers, for a cluster without GPUs (one machine, say): no GPU per actor, --device cpu")
+                        help="CPU workers, for a cluster without GPUs (one machine, say): no GPU per actor, "
+                             "--device cpu")
     parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs of each worker actor")
     parser.add_argument("--device", default="auto", help="worker device: auto (the actor's GPU when it has one), cpu, cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: --cpus-per-worker rounded up)")

@@ -160,7 +160,8 @@ def test_the_by_hand_commands_run_in_the_venv():
 
 def test_the_one_machine_ray_recipe_launches_cpu_workers():
     (block,) = [block for block in shell_blocks(README.read_text()) if "ray start" in block]
-    launches = [words for words in commands(block) if words[:3] == ["rcswarm", "launch", "ray"] and "--workers" in words]
+    launches = [words for words in commands(block)
+                if words[:3] == ["rcswarm", "launch", "ray"] and "--workers" in words]
     (args,) = [launch.parser().parse_args(words[3:]) for words in launches]
     assert launch.check_arguments(args) is None
     plan = launch.plan_of(args, args.coordinator)

@@ -54,7 +54,7 @@ def test_a_killed_worker_is_dropped_at_the_round_deadline(start_coordinator, spa
     # The worker that dies hangs right before its push of a round (from version 1 on) and is killed there: its
     # update of that round never lands, however the kill falls (a kill timed from outside raced its push).
     doomed = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.hanging_worker", "--hang-from", "1", "--marker", str(marker),
+        [sys.executable, "-m", "tests.helpers.paced_worker", "--hang-from", "1", "--marker", str(marker),
          "--coordinator", local.target, "--name", "doomed"],
         env=worker_env(), stdout=open(tmp_path / "doomed.log", "wb"), stderr=subprocess.STDOUT,
     )
