@@ -359,11 +359,11 @@ class Worker:
                     return False
                 continue
             if response.staleness > 0:
-                log.info("%s: the update of version %d (%d steps) was merged late into round %d, weight %.3f",
-                         self.worker_id, version, steps, response.round_version, response.staleness_weight)
+                log.info("%s: the update of version %d (%d steps) was merged late into round %d of %s, weight %.3f",
+                         self.worker_id, version, steps, response.round_version, self.run_id, response.staleness_weight)
             else:
-                log.info("%s pushed round %d (%d steps, %d reports so far)", self.worker_id, response.round_version,
-                         steps, response.reports)
+                log.info("%s pushed round %d of %s (%d steps, %d reports so far)", self.worker_id,
+                         response.round_version, self.run_id, steps, response.reports)
             return True
         log.warning("%s: the update of version %d was refused %d times after re-joins; dropped", self.name, version, MAX_PUSH_REJOINS + 1)
         return False
