@@ -20,7 +20,7 @@ naming both versions). A push for a round that is closing waits for the close an
 
 Metrics: the rows of the run the request names (`ReportMetricsRequest.run_id`; another run's are refused with
 FAILED_PRECONDITION, never stored here), at most MAX_METRICS_PER_REQUEST rows a request, each in range
-(`metric_problem`, checked without the lock) and of a version the run served, at most
+(`metric_problem`, checked without the lock; rows of a version the run has not served are not stored), at most
 `coordinator.max_metrics_per_round` rows per worker and version (`count_metric_rows`, RESOURCE_EXHAUSTED).
 The limits are records.py's.
 """
@@ -84,15 +84,12 @@ def metric_problem(index: int, metric: pb.Metric) -> str | None:
     return None
 
 
-def check_metrics(metrics: Sequence[pb.Metric], served: int | None = None) -> None:
-    """Refuse a batch of too many metric rows or one with a row out of range, all of it (INVALID_ARGUMENT; no lock):
-    with `served` (the run's version), also a row of a version the run has not served yet."""
+def check_metrics(metrics: Sequence[pb.Metric]) -> None:
+    """Refuse a batch of too many metric rows or one with a row out of range, all of it (INVALID_ARGUMENT; no lock)."""
     if len(metrics) > MAX_METRICS_PER_REQUEST:
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(metrics)} metrics in one request: at most {MAX_METRICS_PER_REQUEST}")
     for index, metric in enumerate(metrics):
         problem = metric_problem(index, metric)
-        if problem is None and served is not None and metric.version > served:
-            problem = f"metrics[{index}].version = {metric.version}: this run has served versions up to {served}"
         if problem is not None:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"metrics refused: {problem}")
 

@@ -432,26 +432,29 @@ class SwarmCoordinator:
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
         """Store a batch of metrics, all or none (handler thread): rows of this run only (`request.run_id`, when
-        given) and of versions it served. Takes `_lock` to check the worker and its
+        given; another run's are refused). Takes `_lock` to check the worker and its
         secret, checks the values without it (so only a member makes the coordinator read a large batch),
         takes it again for the membership, the per-round cap, the totals and the curriculum's measurements
         (with sync.backend = "hivemind" also the curriculum steps of the rounds the swarm closed since the last
         report, `_follow_peer_rounds`), and writes the rows after releasing it."""
         require_secret("ReportMetrics", request.worker_id, request.worker_secret)
+        with self._lock:
+            self._reporter(request.worker_id, request.worker_secret)
+            # The versions this run served (the workers' own, peer to peer, with the hivemind backend).
+            served = self.version if self.spec.sync.backend != "hivemind" else INT64_MAX
         if request.run_id and request.run_id != self.run_id:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, (
                 f"ReportMetrics: {len(request.metrics)} rows trained for run {request.run_id!r} sent by worker "
                 f"{request.worker_id!r} of run {self.run_id!r}: a run stores only its own rows"
             ))
-        with self._lock:
-            self._reporter(request.worker_id, request.worker_secret)
-            served = self.version if self.spec.sync.backend != "hivemind" else None
-        check_metrics(request.metrics, served)
+        check_metrics(request.metrics)
         now = self.clock()
-        # Training past a finite run's last round (a worker that pulled the final version before it heard the
-        # run finished) belongs to no round: those rows are not kept, and `stored` says how many were.
+        # Rows no round of this run can take are not kept, and `stored` says how many were: training past a finite
+        # run's last round (a worker that pulled the final version before it heard the run finished), and rows of a
+        # version this run has not served (a coordinator that resumed from an older checkpoint, or a confused client).
         last = self.spec.run.rounds
-        metrics = [m for m in request.metrics if not (last > 0 and m.version >= last and m.tokens > 0)]
+        metrics = [m for m in request.metrics
+                   if not ((last > 0 and m.version >= last and m.tokens > 0) or m.version > served)]
         with self._lock:
             worker = self._reporter(request.worker_id, request.worker_secret)
             self.intake.count_metric_rows(worker, len(request.metrics))

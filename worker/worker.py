@@ -14,8 +14,8 @@ restarted) re-joins, naming the run it trained for (a sweep sends it back there 
 workers), and a finished update whose base version is still current after the re-join is pushed again.
 Metric rows go to the run they were trained for or nowhere (`_join`, `_flush_previous`). Each join
 returns a worker secret, kept in memory only (`Identity`) and sent on every later call of that
-membership; a re-join replaces it. Stalls, restarts,
-capacity limits and broken streams are retried by the client for `--patience-s` seconds
+membership; a re-join replaces it. Stalls, restarts, capacity limits and broken streams are
+retried by the client for `--patience-s` seconds
 (`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
 coordinator does not take this worker's secret for its id), a refused request, a run spec this
 worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1;
