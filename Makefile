@@ -1,34 +1,49 @@
 # Set-up and entry points. `make demo` and `make test` are the two commands a fresh machine needs.
 #
-# The virtual environment gets the CPU build torch==2.13.0 unless it can already import a
-# torch (for example a CUDA build, with VENV_FLAGS=--system-site-packages), which is kept.
+# The virtual environment gets torch==2.13.0 unless it can already import a torch (for example a
+# CUDA build, with VENV_FLAGS=--system-site-packages), which is kept. From PyPI that is the CUDA
+# build on Linux (with NVIDIA's libraries and the triton it requires); on a machine without an
+# NVIDIA GPU, TORCH_INDEX=https://download.pytorch.org/whl/cpu installs the CPU build instead.
 
 PYTHON ?= python3
 VENV ?= .venv
 VENV_FLAGS ?=
 TORCH_PIN ?= torch==2.13.0
+TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rcswarm-installed
 DEV_STAMP := $(VENV)/.rcswarm-dev-installed
+# triton (about 1 GB: a GPU compiler) joins the developer's install only where it can run, a machine whose
+# nvidia-smi lists a GPU (TRITON=auto), or when asked: TRITON=1 (its kernels' interpreter tests then run on the
+# CPU; without triton they skip). TRITON=0: never. `make install-triton` adds it to an existing venv.
+TRITON ?= auto
 
-.PHONY: install install-dev demo test test-all bench protos clean
+.PHONY: install install-dev install-triton demo test test-all bench protos clean
 
 # The user's install: rcswarm and its run-time dependencies (no test tools, no triton).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=70.1"
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_PIN)"
 	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 
-# The developer's install: the test tools and triton (its kernels are tested under the interpreter).
+# The developer's install: the test tools, and triton where it can run (TRITON above).
 $(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev]"
+	@if [ "$(TRITON)" = 1 ] || { [ "$(TRITON)" = auto ] && nvidia-smi -L >/dev/null 2>&1; }; then \
+		$(PY) -m pip install --quiet -e ".[triton]"; \
+	else \
+		echo "triton not installed (no NVIDIA GPU here; make install-triton adds it for its interpreter tests)"; \
+	fi
 	touch $(DEV_STAMP)
 
 install: $(STAMP)
 
 install-dev: $(DEV_STAMP)
+
+install-triton: $(DEV_STAMP)
+	$(PY) -m pip install --quiet -e ".[triton]"
 
 demo: install
 	$(VENV)/bin/rcswarm run $(RUN)

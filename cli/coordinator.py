@@ -34,6 +34,8 @@ from rcswarm.coordinator import (
     CallLimits,
     JoinTokens,
     RunningCoordinator,
+    layout_problem,
+    lock_state_dirs,
     open_group,
     parse_max_calls,
 )
@@ -206,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             spec = RunSpec.from_toml(args.config)
             limits, stall_s = serving_limits(args, spec)
             tls, quick = _tls_files(args)
+            layout = layout_problem(spec, args.state_dir)
+            if layout is not None:
+                raise ValueError(layout)
+            # One coordinator per state dir, for this process's life (StateDirBusy, a RuntimeError, names the holder).
+            locks = lock_state_dirs(spec, args.state_dir)
             coordinator = open_group(spec, args.state_dir)
             http_required = True if args.http_token_required else False if args.http_insecure else None
             running = RunningCoordinator(
@@ -220,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     if problem is not None:
         return usage_error(PROG, problem)
-    log.info("run %s serving on %s at version %d", coordinator.run_id, host_port(args.host, running.port),
-             coordinator.version)
+    address = host_port(args.host, running.port)
+    for lock in locks:
+        lock.announce(address)
+    log.info("serving on %s: %s", address, coordinator.versions_text())
     _log_security(args, running, quick)
     if args.port_file:
         partial = args.port_file.with_suffix(".partial")
@@ -238,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
     while not stop.wait(1.0):
         pass
-    log.info("stopping at version %d", coordinator.version)
+    log.info("stopping: %s", coordinator.versions_text())
     running.stop()
+    for lock in locks:
+        lock.release()
     return 0

@@ -12,7 +12,9 @@ steps, the schedule α(s) = α∞(1 − e^(−s/τ)) with its R² and per-doubli
 each pair of neighbouring lengths the observed and the predicted (Eq. 11) wall-time crossover.
 Observed crossovers and the wall-time plot use each length's losses smoothed by a centred
 moving average over `--smooth` steps (1: raw); the fits use the raw losses.
-A malformed file is reported with its name and line number, exit code 2.
+A malformed file is reported with its name and line number, exit code 2. In state dirs, a run's training rows
+at a length the run never assigns (another run's, reported there by a re-join before issue #33) are left out,
+with one line per run naming its table, the rows' workers, versions and lengths.
 """
 
 from __future__ import annotations
@@ -135,14 +137,15 @@ def parser() -> argparse.ArgumentParser:
     return result
 
 
-def read_rows(path: Path, columns: Columns) -> list:
-    """The metric rows of a metrics file, a state.sqlite, or every state dir below a directory."""
+def read_rows(path: Path, columns: Columns, skipped: list[str] | None = None) -> list:
+    """The metric rows of a metrics file, a state.sqlite, or every state dir below a directory; `skipped` gets a line
+    per run whose rows at a length it never assigns were left out (`read_state_dirs`)."""
     if not path.exists():
         raise MetricsFileError(f"{path}: no such file or directory (expected a metrics file or a run directory)")
     if path.is_dir():
-        return read_state_dirs(path)
+        return read_state_dirs(path, skipped)
     if path.name == "state.sqlite":
-        return read_state_dirs(path.parent)
+        return read_state_dirs(path.parent, skipped)
     return read_metrics(path, columns)
 
 
@@ -151,21 +154,29 @@ def default_plot_path(metrics: Path) -> Path:
     return metrics / "fit.png" if metrics.is_dir() else metrics.with_name(f"{metrics.stem}.fit.png")
 
 
+def _print_skipped(skipped: list[str]) -> None:
+    for note in skipped:
+        print(f"rcswarm fit: {note}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_or_status(parser(), argv)
     if isinstance(args, int):
         return args
     columns = Columns(step=args.step_column, length=args.length_column, loss=args.loss_column,
                       time=args.time_column, run=args.run_column)
+    skipped: list[str] = []
     try:
-        rows = read_rows(args.metrics, columns)
+        rows = read_rows(args.metrics, columns, skipped)
         curves = length_curves(args.metrics, rows)
         analysis = analyse(curves, args.smooth)
     except ValueError as error:
         message = str(error) if isinstance(error, MetricsFileError) else f"{args.metrics}: {error}"
         if "at least 3 distinct" in message:
             message += "; a fit needs runs at several sequence lengths: train a sweep (e.g. `make demo`, or [sweep] seq_lens in RUN.toml)"
+        _print_skipped(skipped)
         return usage_error("rcswarm fit", message)
+    _print_skipped(skipped)
     report(analysis, Console())
     out = args.out or default_plot_path(args.metrics)
     try:

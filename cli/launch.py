@@ -1,6 +1,6 @@
 """`rcswarm launch ray`: rcswarm workers as Ray actors on an existing Ray cluster (issue #16).
 
-    rcswarm launch ray --address auto --coordinator HOST:PORT --workers N [--gpus-per-worker G]
+    rcswarm launch ray --address auto --coordinator HOST:PORT --workers N [--gpus-per-worker G | --cpu-only]
                        [--cpus-per-worker C] [--namespace NAME] [--device auto] [--tls-ca F] [--detach]
     rcswarm launch ray --address auto --namespace NAME --with-coordinator --config RUN.toml --state-dir DIR ...
     rcswarm launch ray --address auto --namespace NAME --status [--json]
@@ -59,7 +59,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="with --status: print JSON")
     add_client_flags(parser, "HOST:PORT of the coordinator the workers join", token=False, files_on="every Ray node")
     parser.add_argument("--workers", type=int, default=None, help="worker actors to keep running")
-    parser.add_argument("--gpus-per-worker", type=float, default=1.0, help="GPUs of each worker actor (0: CPU workers)")
+    parser.add_argument("--gpus-per-worker", type=float, default=None,
+                        help="GPUs of each worker actor (default 1; 0: CPU workers, as --cpu-only)")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="CPU workers, for a cluster without GPUs (one machine, say): no GPU per actor, "
+                             "--device cpu")
     parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs of each worker actor")
     parser.add_argument("--device", default="auto", help="worker device: auto (the actor's GPU when it has one), cpu, cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: --cpus-per-worker rounded up)")
@@ -87,9 +91,16 @@ def plan_of(args: argparse.Namespace, coordinator: str) -> LaunchPlan:
     """The plan of the command line (ValueError naming the flag that is wrong)."""
     if args.workers is None:
         raise ValueError("--workers N is required to launch (or --status / --stop)")
-    worker = client_options(args, WorkerOptions, coordinator=coordinator, device=args.device, threads=args.threads,
+    gpus, device = (1.0 if args.gpus_per_worker is None else args.gpus_per_worker), args.device
+    if args.cpu_only:
+        if gpus and args.gpus_per_worker is not None:
+            raise ValueError(f"--cpu-only and --gpus-per-worker {args.gpus_per_worker:g}: give one of them")
+        if device not in ("auto", "cpu"):
+            raise ValueError(f"--cpu-only and --device {device}: CPU workers train on the CPU")
+        gpus, device = 0.0, "cpu"
+    worker = client_options(args, WorkerOptions, coordinator=coordinator, device=device, threads=args.threads,
                             patience_s=args.patience_s)
-    return LaunchPlan(worker=worker, workers=args.workers, gpus_per_worker=args.gpus_per_worker,
+    return LaunchPlan(worker=worker, workers=args.workers, gpus_per_worker=gpus,
                       cpus_per_worker=args.cpus_per_worker, namespace=args.namespace)
 
 

@@ -364,12 +364,15 @@ def fit_law(console: Console, run_dir: Path) -> dict | None:
 
     Returns the fit's summary (`FitReport.summary`) with the plot's path, or None when no fit is possible.
     """
+    skipped: list[str] = []
     try:
-        curves = length_curves(run_dir, read_state_dirs(run_dir))
+        curves = length_curves(run_dir, read_state_dirs(run_dir, skipped))
         analysis = analyse(curves)
     except ValueError as error:
         console.print(f"no fit of α(s) and the crossovers: {error}")
         return None
+    for note in skipped:
+        console.print(f"fit: {note}")
     report_fit(analysis, console)
     plot = run_dir / "fit.png"
     plot_fit(analysis, plot)

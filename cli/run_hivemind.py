@@ -55,9 +55,14 @@ class HivemindSwarm(Swarm):
     def services(self) -> list[subprocess.Popen]:
         return [p for p in (self.coordinator, self.bootstrap) if p is not None]
 
+    @property
+    def maddrs_file(self) -> Path:
+        """Where the bootstrap peer writes its multiaddrs, one per line."""
+        return self.run_dir / "maddrs.txt"
+
     def start_bootstrap(self, mirror: bool) -> list[str]:
         """Start `rcswarm dht` (mirroring the metrics into RUN_DIR/state with `mirror`); its multiaddrs."""
-        maddrs = self.run_dir / "maddrs.txt"
+        maddrs = self.maddrs_file
         state = ["--config", str(self.run_dir / "run.toml"), "--state-dir", str(self.run_dir / "state")] if mirror else []
         self.bootstrap = self._spawn(
             ["-m", "rcswarm.cli", "dht", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs), *state], "dht.log",
@@ -129,6 +134,12 @@ def summarize(spec: RunSpec, run_dir: Path, workers: int) -> dict:
     return result
 
 
+def print_bootstrap(console: Console, maddrs: list[str], written: Path) -> None:
+    """The bootstrap peer's multiaddrs on one line that is never wrapped (a copied address must be whole), and
+    the file that holds them."""
+    console.print(f"bootstrap peer (in {written}): --initial-peers {' '.join(maddrs)}", soft_wrap=True)
+
+
 def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console, stop: threading.Event) -> int:
     """Run the swarm and print its summary; the exit status (0 completed or at the budget, 1 failed, 130 interrupted)."""
     swarm = HivemindSwarm(spec, run_dir, spec.run.workers)
@@ -142,11 +153,12 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
             target = f"127.0.0.1:{port}"
             console.print(f"rcswarm run {spec.run.name}: a hivemind swarm of {spec.run.workers} workers and a coordinator "
                           f"on {target} as its control plane ({why}); run directory {run_dir}")
-            console.print(f"bootstrap peer {' '.join(maddrs)}; dashboard http://127.0.0.1:{http_port}/; logs in {swarm.logs}")
+            console.print(f"dashboard http://127.0.0.1:{http_port}/; logs in {swarm.logs}")
         else:
             console.print(f"rcswarm run {spec.run.name}: a hivemind swarm of {spec.run.workers} workers, no coordinator; "
                           f"run directory {run_dir}")
-            console.print(f"bootstrap peer {' '.join(maddrs)} (metrics mirrored into {run_dir / 'state'}); logs in {swarm.logs}")
+            console.print(f"metrics mirrored into {run_dir / 'state'}; logs in {swarm.logs}")
+        print_bootstrap(console, maddrs, swarm.maddrs_file)
         swarm.start_peers(maddrs, target)
         swarm.write_process_table()
         deadline = time.monotonic() + minutes * 60.0 if minutes else math.inf

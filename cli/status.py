@@ -33,12 +33,14 @@ from rcswarm.cli.client_flags import add_client_flags, client_options, client_to
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
-from rcswarm.protos.transport import ClientTLS, open_channel
+from rcswarm.protos.transport import ClientTLS, not_grpc_problem, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
 from rcswarm.state.errors import StoreError
 
+# Columns of the tables when the output is not a terminal (a terminal's own width applies there).
+REPORT_WIDTH = 100
 STATES = {number: name.removeprefix("WORKER_STATE_").lower() for name, number in pb.WorkerState.items()}
 RUN_STATES = {number: name.removeprefix("RUN_STATE_").lower() for name, number in pb.RunState.items()}
 
@@ -54,14 +56,26 @@ def _num(value: float, spec: str = ".4g") -> str:
     return "–" if not math.isfinite(value) else format(value, spec)
 
 
+def _run_labels(status: pb.GetStatusResponse) -> dict[str, str]:
+    """A sweep's run ids by their short label, "L=<seq_len>" (the lengths tell a sweep's runs apart); {} for one run."""
+    return {r.run_id: f"L={r.seq_len}" for r in status.runs}
+
+
 def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | None = None,
            totals: dict[str, WorkerTotals] | None = None) -> None:
-    run = Table(title=f"run {status.run_id}")
+    """The status as tables that fit the console's width (100 columns when not a terminal): the run (or the
+    sweep, with one row per run), its workers, what happened to their updates, its recent rounds, the fit."""
+    labels = _run_labels(status)
+    run = Table(title=f"{'sweep' if status.runs else 'run'} {status.run_id}")
     run.add_column("field")
     run.add_column("value", justify="right")
     active = sum(1 for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE)
     run.add_row("state", RUN_STATES.get(status.run_state, "unknown"))
-    run.add_row("version", f"{status.version} / {status.target_rounds or '∞'}")
+    if status.runs:
+        versions = (f"{labels[r.run_id]}: {r.version} / {r.target_rounds or '∞'}" for r in status.runs)
+        run.add_row("versions", ", ".join(versions))
+    else:
+        run.add_row("version", f"{status.version} / {status.target_rounds or '∞'}")
     run.add_row("workers active", f"{active} of {len(status.workers)}")
     run.add_row("latest loss", _num(status.latest_loss))
     run.add_row("tokens trained", str(status.total_tokens))
@@ -77,45 +91,15 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
 
     if status.runs:
         sweep = Table(title="runs of the sweep")
-        for name in ("run", "seq_len", "batch", "state", "version", "active workers", "loss", "tokens", "tokens/s"):
-            sweep.add_column(name, justify="left" if name in ("run", "state") else "right")
+        for name in ("run", "L × batch", "state", "version", "active workers", "loss", "tokens", "tokens/s"):
+            sweep.add_column(name, justify="left" if name in ("run", "state") else "right", no_wrap=name == "run")
         for r in status.runs:
-            sweep.add_row(r.run_id, str(r.seq_len), str(r.batch_size), RUN_STATES.get(r.run_state, "unknown"),
+            sweep.add_row(r.run_id, f"{r.seq_len} × {r.batch_size}", RUN_STATES.get(r.run_state, "unknown"),
                           f"{r.version} / {r.target_rounds or '∞'}", str(r.active_workers), _num(r.latest_loss),
                           str(r.total_tokens), _num(r.tokens_per_second))
         console.print(sweep)
-
-    workers = Table(title="workers")
-    extra = ("tokens/s", "loss", "seq_len") if totals is not None else ()
-    for name in ("name", "id", "state", "device", "base version", "since heartbeat (s)", "assigned L × batch",
-                 *extra, "late / stale / clipped / dropped", "tokens trained / applied", "s/step", "reason"):
-        workers.add_column(name, justify="left" if name in ("name", "id", "state", "device", "reason") else "right",
-                           no_wrap=name in ("name", "id"))
-    for w in status.workers:
-        cells = []
-        if totals is not None:
-            t = totals.get(w.worker_id)
-            cells = ["–", "–", "–"] if t is None else [_num(t.tokens_per_second), _num(t.last_loss), str(t.last_seq_len)]
-        assigned = f"{w.assignment.seq_len} × {w.assignment.batch_size}" if w.HasField("assignment") else "–"
-        workers.add_row(w.name, w.worker_id, STATES.get(w.state, "unknown"), w.device, str(w.base_version),
-                        f"{w.seconds_since_heartbeat:.1f}", assigned, *cells,
-                        f"{w.late_updates} / {w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}",
-                        f"{w.trained_tokens} / {w.applied_tokens}", _num(w.step_seconds) if w.step_seconds else "–",
-                        _worker_reason(w))
-    if not status.workers:
-        workers.caption = "no workers have joined"
-    console.print(workers)
-
-    rounds = Table(title="rounds (newest last)")
-    for name in ("version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm", "clipped",
-                 "dropped"):
-        rounds.add_column(name, justify="left" if name == "close reason" else "right")
-    for r in status.rounds:
-        closed = r.closed_at > 0
-        rounds.add_row(str(r.version), "closed" if closed else "open", str(r.reports), str(r.tokens),
-                       f"{r.closed_at - r.opened_at:.3g}" if closed else "–", r.close_reason,
-                       _num(r.update_norm) if closed else "–", str(r.clipped) if closed else "–", str(r.dropped))
-    console.print(rounds)
+    _workers(status, console, labels, totals)
+    _rounds(status, console, labels)
     newest = next((r for r in reversed(status.rounds) if r.closed_at > 0 and r.aggregation), None)
     if newest is not None:
         console.print(f"aggregation of round {newest.version}: {newest.aggregation}")
@@ -143,6 +127,62 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
                       "none" if pair.observed is None else f"{pair.observed:.4g}",
                       "none" if pair.predicted is None else f"{pair.predicted.time:.4g}")
     console.print(cross)
+
+
+def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, str],
+             totals: dict[str, WorkerTotals] | None) -> None:
+    """Two tables that fit 100 columns: the workers (a run column for a sweep), then what each worker's updates
+    became, with tokens/s and loss from the store when `totals` is given (every worker; else only those with a
+    late, stale, clipped or dropped update or an ended or flagged membership)."""
+    workers = Table(title="workers")
+    for name in ("worker", *(["run"] if labels else []), "state", "device", "L × B", "base v", "seen (s)",
+                 "tokens trained / applied", "s/step"):
+        # A long name folds; an id (r0w12-0123abcd) fits.
+        width = {"min_width": 13, "max_width": 24} if name == "worker" else {}
+        workers.add_column(name, justify="left" if name in ("worker", "run", "state", "device") else "right",
+                           overflow="fold", **width)
+    for w in status.workers:
+        assigned = f"{w.assignment.seq_len} × {w.assignment.batch_size}" if w.HasField("assignment") else "–"
+        workers.add_row(f"{w.name}\n{w.worker_id}", *([labels.get(w.run_id, "–")] if labels else []),
+                        STATES.get(w.state, "unknown"), w.device, assigned, str(w.base_version),
+                        f"{w.seconds_since_heartbeat:.1f}", f"{w.trained_tokens} / {w.applied_tokens}",
+                        _num(w.step_seconds) if w.step_seconds else "–")
+    if not status.workers:
+        workers.caption = "no workers have joined"
+    console.print(workers)
+    noted = [w for w in status.workers if totals is not None or _worker_reason(w) or w.late_updates
+             or w.stale_updates or w.clipped_updates or w.dropped_updates]
+    if not noted:
+        return
+    updates = Table(title="workers' updates and memberships")
+    for name in ("worker", *(["tokens/s", "loss"] if totals is not None else []), "late / stale / clipped / dropped",
+                 "reason"):
+        updates.add_column(name, justify="left" if name in ("worker", "reason") else "right", no_wrap=name == "worker")
+    for w in noted:
+        measured = []
+        if totals is not None:
+            t = totals.get(w.worker_id)
+            measured = ["–", "–"] if t is None else [_num(t.tokens_per_second), _num(t.last_loss)]
+        updates.add_row(w.worker_id, *measured,
+                        f"{w.late_updates} / {w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}",
+                        _worker_reason(w))
+    console.print(updates)
+
+
+def _rounds(status: pb.GetStatusResponse, console: Console, labels: dict[str, str]) -> None:
+    """The recent rounds (each run's for a sweep, with a run column), newest last."""
+    rounds = Table(title="rounds (newest last)")
+    for name in (*(["run"] if labels else []), "version", "state", "reports", "tokens", "seconds", "update norm",
+                 "clipped / dropped", "close reason"):
+        rounds.add_column(name, justify="left" if name in ("run", "close reason") else "right")
+    for r in status.rounds:
+        closed = r.closed_at > 0
+        seconds = f"{r.closed_at - r.opened_at:.3g}" if closed else "–"
+        rounds.add_row(*([labels.get(r.run_id, "–")] if labels else []), str(r.version),
+                       "closed" if closed else "open", str(r.reports), str(r.tokens), seconds,
+                       _num(r.update_norm) if closed else "–", f"{r.clipped if closed else '–'} / {r.dropped}",
+                       r.close_reason)
+    console.print(rounds)
 
 
 def _worker_reason(worker: pb.WorkerStatus) -> str:
@@ -255,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = error.code() if hasattr(error, "code") else None
         details = error.details() if hasattr(error, "details") else str(error)
         name = code.name if code is not None else "ERROR"
-        print(f"rcswarm status: {args.coordinator}: {name}: {details}", file=sys.stderr)
+        found = not_grpc_problem(args.coordinator, code, details or "")
+        print(f"rcswarm status: {found or f'{args.coordinator}: {name}: {details}'}", file=sys.stderr)
         return 1
     return show(args, status)
 
@@ -293,7 +334,7 @@ def show(args: argparse.Namespace, status: pb.GetStatusResponse, note: str = "")
             return usage_error("rcswarm status", f"--state-dir {args.state_dir}: {error}")
     console = Console()
     if not console.is_terminal:
-        console = Console(width=max(console.width, 160))  # piped or captured: do not wrap ids at 80 columns
+        console = Console(width=REPORT_WIDTH)  # piped or captured: the width tables are laid out for
     report(status, console, fits, totals)
     if note:
         console.print(note)

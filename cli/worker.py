@@ -72,20 +72,34 @@ def set_threads(threads: int) -> None:
     log.info("torch threads: %d (%s)", threads, why)
 
 
-def add_hivemind_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `rcswarm worker --backend hivemind` (worker/hivemind_worker.py; hivemind is imported only there)."""
+def add_hivemind_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The flags of `rcswarm worker --backend hivemind` (worker/hivemind_worker.py; hivemind is imported only there);
+    their actions, which the coordinator backend refuses (`unused_hivemind_flags`)."""
     group = parser.add_argument_group("hivemind backend (--backend hivemind)")
-    group.add_argument("--config", type=Path, help="RUN.toml with [sync] backend = \"hivemind\" (no coordinator)")
-    group.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
-                       help="multiaddrs of running peers, e.g. the one `rcswarm dht` prints")
-    group.add_argument("--client-mode", action="store_true",
-                       help="dial out only (behind NAT); still averages, serves no state")
-    group.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], metavar="MADDR",
-                       help="multiaddrs to listen on (default: %(default)s)")
-    group.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
-                       help="multiaddrs other peers should dial (default: what libp2p observes)")
-    group.add_argument("--identity-path", type=Path, help="private key file: a stable peer id (created if missing)")
-    group.add_argument("--out", type=Path, help="write final.safetensors and summary.json here at the end")
+    return [
+        group.add_argument("--config", type=Path, help="RUN.toml with [sync] backend = \"hivemind\" (no coordinator)"),
+        group.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
+                           help="multiaddrs of running peers, e.g. the one `rcswarm dht` prints"),
+        group.add_argument("--client-mode", action="store_true",
+                           help="dial out only (behind NAT); still averages, serves no state"),
+        group.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], metavar="MADDR",
+                           help="multiaddrs to listen on (default: %(default)s)"),
+        group.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
+                           help="multiaddrs other peers should dial (default: what libp2p observes)"),
+        group.add_argument("--identity-path", type=Path,
+                           help="private key file: a stable peer id (created if missing)"),
+        group.add_argument("--out", type=Path, help="write final.safetensors and summary.json here at the end"),
+    ]
+
+
+def unused_hivemind_flags(args: argparse.Namespace) -> str | None:
+    """With the coordinator backend, the hivemind backend's flags that were given, where they would do nothing."""
+    actions = add_hivemind_arguments(argparse.ArgumentParser(add_help=False))
+    given = [action.option_strings[0] for action in actions if getattr(args, action.dest) != action.default]
+    if args.backend != "coordinator" or not given:
+        return None
+    why = "; the coordinator serves the run spec, so --config has no effect" if "--config" in given else ""
+    return f"{', '.join(given)}: only with --backend hivemind, not with the coordinator backend{why}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -127,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         return main_hivemind(args)
     if args.coordinator is None:
         return usage_error(PROG, "--coordinator HOST:PORT is required (or --backend hivemind)")
+    unused = unused_hivemind_flags(args)
+    if unused is not None:
+        return usage_error(PROG, unused)
     try:
         token = client_token(args)
         options = client_options(

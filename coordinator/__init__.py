@@ -24,7 +24,8 @@ import importlib
 
 __all__ = [
     "SwarmCoordinator", "Refusal",  # one run
-    "RunGroup", "SweepCoordinator", "open_group", "run_state_dirs",  # a run or a sweep
+    # a run or a sweep, its state dirs
+    "RunGroup", "SweepCoordinator", "open_group", "run_state_dirs", "layout_problem", "lock_state_dirs",
     "RunningCoordinator", "CallLimits", "DEFAULT_MAX_CALLS", "parse_max_calls", "TLSFiles", "JoinTokens",  # serving
     "aggregation", "curriculum", "decisions", "tls",  # modules
 ]
@@ -32,6 +33,7 @@ __all__ = [
 _WHERE = {
     "SwarmCoordinator": "service", "Refusal": "records",
     "RunGroup": "sweep", "SweepCoordinator": "sweep", "open_group": "sweep", "run_state_dirs": "sweep",
+    "layout_problem": "sweep", "lock_state_dirs": "sweep",
     "RunningCoordinator": "server", "CallLimits": "guards", "DEFAULT_MAX_CALLS": "guards", "parse_max_calls": "guards",
     "TLSFiles": "tls", "JoinTokens": "tokens",
     "aggregation": None, "curriculum": None, "decisions": None, "tls": None,

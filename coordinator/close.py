@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 import time
 from collections.abc import Iterator
@@ -52,8 +51,6 @@ from rcswarm.sync import outer, tensor_stream
 
 if TYPE_CHECKING:
     from rcswarm.coordinator.service import SwarmCoordinator
-
-log = logging.getLogger("rcswarm.coordinator")
 
 
 class Stopwatch:
@@ -229,7 +226,7 @@ class RoundCloser:
             record = dataclasses.replace(record, param_sha256=sha.hex())
             for o in result.outcomes:
                 if o.action == "dropped":
-                    log.warning("round %d: update of %s dropped: %s", version, o.worker_id, o.reason)
+                    run.log.warning("round %d: update of %s dropped: %s", version, o.worker_id, o.reason)
         with watch.piece("norm bound"):
             norm_bound = update_norm_bound(spec, params)
         with watch.piece("step payload"):
@@ -269,14 +266,15 @@ class RoundCloser:
                 worker.note_round(version, o.action if o.flagged else "", o.reason, run.outliers.window)
         run._evict_outliers(run.clock())
         run._version_changed.notify_all()
+        # One short line per round, naming its run; the close's pieces and the aggregation's account at DEBUG (the
+        # rounds table and `rcswarm status` keep the latter).
+        run.log.info("round %d closed, version %d served: %s; %d reports, %d tokens, %.3f s", version, version + 1,
+                     close.reason.removeprefix(f"round {version}: "), closed.record.reports, closed.record.tokens,
+                     sum(closed.seconds.values()))
         pieces = ", ".join(f"{name} {seconds:.3f}" for name, seconds in closed.seconds.items())
-        log.info(
-            "round %d closed (%s): version %d served, %d reports, %d tokens, %.3fs (%s); %s", version, close.reason,
-            version + 1, closed.record.reports, closed.record.tokens, sum(closed.seconds.values()), pieces,
-            closed.record.aggregation,
-        )
+        run.log.debug("round %d: close pieces (s): %s; %s", version, pieces, closed.record.aggregation)
         try:
             run.tracker.advance(close.decided_at, version)
         except Exception:
             # The version is committed and served; a failed curriculum step keeps the current L.
-            log.exception("round %d: the curriculum decision failed; L stays", version)
+            run.log.exception("round %d: the curriculum decision failed; L stays", version)

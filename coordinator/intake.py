@@ -18,14 +18,15 @@ Late updates (issue #15): an update trained from a version this membership pulle
 updates with its tokens weighted by the staleness weight; an older one is refused (FAILED_PRECONDITION
 naming both versions). A push for a round that is closing waits for the close and then arrives late.
 
-Metrics: at most MAX_METRICS_PER_REQUEST rows a request, each in range (`metric_problem`, checked without
-the lock), at most `coordinator.max_metrics_per_round` rows per worker and version (`count_metric_rows`,
-RESOURCE_EXHAUSTED). The limits are records.py's.
+Metrics: the rows of the run the request names (`ReportMetricsRequest.run_id`; another run's are refused with
+FAILED_PRECONDITION, never stored here), at most MAX_METRICS_PER_REQUEST rows a request, each in range
+(`metric_problem`, checked without the lock; rows of a version the run has not served are not stored), at most
+`coordinator.max_metrics_per_round` rows per worker and version (`count_metric_rows`, RESOURCE_EXHAUSTED).
+The limits are records.py's.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
@@ -49,8 +50,6 @@ from rcswarm.sync import tensor_stream
 
 if TYPE_CHECKING:
     from rcswarm.coordinator.service import SwarmCoordinator
-
-log = logging.getLogger("rcswarm.coordinator")
 
 
 def first_part(requests: Iterator[pb.PushUpdateRequest], part: str) -> pb.PushUpdateRequest:
@@ -188,7 +187,7 @@ class UpdateIntake:
         """Count and record a stale update of `worker`, then refuse it with FAILED_PRECONDITION (lock held)."""
         worker.stale_updates += 1
         self.run.store.add_event(worker.worker_id, "stale", message, self.run.clock())
-        log.info("%s (%s): %s", worker.worker_id, worker.name, message)
+        self.run.log.info("%s (%s): %s", worker.worker_id, worker.name, message)
         raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, message)
 
     def refuse_outlier(self, worker: WorkerRecord, message: str) -> NoReturn:
@@ -201,7 +200,7 @@ class UpdateIntake:
             worker.note_round(version, "dropped", message, run.outliers.window)
             run.round.dropped += 1
             run.store.add_event(worker.worker_id, "dropped", f"round {version}: {message}", run.clock())
-            log.warning("round %d: update of %s dropped: %s", version, worker.worker_id, message)
+            self.run.log.warning("round %d: update of %s dropped: %s", version, worker.worker_id, message)
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     def record(
@@ -225,7 +224,7 @@ class UpdateIntake:
             if worker.pulled_version < run.version:
                 worker.base_version = run.version + 1
             run.store.add_event(worker.worker_id, "late", lateness.reason, run.clock())
-            log.info("%s (%s): %s", worker.worker_id, worker.name, lateness.reason)
+            self.run.log.info("%s (%s): %s", worker.worker_id, worker.name, lateness.reason)
         worker.accepted_version = meta.base_version
         worker.last_seen = run.clock()
 

@@ -18,6 +18,7 @@ cannot close rounds: its ticker's latest tick raised, or no tick has completed f
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,9 @@ log = logging.getLogger("rcswarm.coordinator")
 TICK_S = 0.2
 # Threads (and calls at once) of the plaintext health-only server of --health-port.
 HEALTH_THREADS = 4
+# gRPC servers set SO_REUSEPORT by default, so a second server on a port in use would bind and share its calls;
+# a coordinator's ports are its own, and a port in use is a bind failure.
+EXCLUSIVE_PORT = (("grpc.so_reuseport", 0),)
 
 
 def _handled(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -167,7 +171,7 @@ class RunningCoordinator:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.limits.threads, thread_name_prefix="rpc"),
             interceptors=[GuardInterceptor(tokens, CallGate(self.limits, self.watchdog), self.group.owns_credential)],
-            options=list(MESSAGE_SIZE_OPTIONS),
+            options=[*MESSAGE_SIZE_OPTIONS, *EXCLUSIVE_PORT],
         )
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.group), self.server)
         self.health = health.HealthServicer()
@@ -180,7 +184,7 @@ class RunningCoordinator:
         if health_port is not None:
             self.health_server = grpc.server(
                 futures.ThreadPoolExecutor(max_workers=HEALTH_THREADS, thread_name_prefix="health"),
-                maximum_concurrent_rpcs=HEALTH_THREADS,
+                maximum_concurrent_rpcs=HEALTH_THREADS, options=list(EXCLUSIVE_PORT),
             )
             health_pb2_grpc.add_HealthServicer_to_server(HealthChecks(self.health), self.health_server)
             try:
@@ -275,8 +279,32 @@ class RunningCoordinator:
         self.group.close()
 
 
+def port_in_use(host: str, port: int) -> str | None:
+    """Why `host`:`port` cannot be bound, found by binding it once with a plain socket as gRPC would (SO_REUSEADDR,
+    not SO_REUSEPORT), or None when it can (or for port 0, or a host this check cannot resolve: gRPC says then)."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, IndexError):
+        return None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def _bind(server: grpc.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Add a listening port (TLS with `credentials`) and return it; RuntimeError naming the address when it cannot."""
+    """Add a listening port (TLS with `credentials`) and return it; RuntimeError naming the address when it cannot
+    (a port in use is found before gRPC tries, so the refusal is one line)."""
+    host, _, port = address.rpartition(":")
+    problem = port_in_use(host, int(port))
+    if problem is not None:
+        raise RuntimeError(f"could not bind {address}: {problem} (another coordinator, or another program, uses it)")
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:

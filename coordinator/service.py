@@ -66,6 +66,14 @@ from rcswarm.sync import tensor_stream
 log = logging.getLogger("rcswarm.coordinator")
 
 
+class RunLog(logging.LoggerAdapter):
+    """The coordinator's logger for one run: every line names its run ("run R: ..."), a sweep's several runs
+    logging into one process."""
+
+    def process(self, msg: object, kwargs: dict) -> tuple[str, dict]:
+        return f"run {self.extra['run_id']}: {msg}", kwargs
+
+
 class SwarmCoordinator:
     """One run's coordinator: membership, the open round, θ, the outer momentum and the version.
 
@@ -76,7 +84,7 @@ class SwarmCoordinator:
     Threads. gRPC handler threads, many at once, call the RPC methods (`join`, `heartbeat`,
     `leave`, `pull`, `await_version`, `push`, `report_metrics`, `status`); the server's ticker
     thread calls `tick`; a `RunGroup` (sweep.py) also calls `owns_credential`, `knows`,
-    `active_workers`, `reassign` and `summary` from handler threads, and the dashboard's thread
+    `active_workers`, `membership_state`, `reassign` and `summary` from handler threads, and the dashboard's thread
     `status` and `summary`. The constructor runs before any of them, `close` after all have stopped.
 
     Locks. One lock, `_lock`, guards all mutable state: the membership table, the open round,
@@ -111,7 +119,8 @@ class SwarmCoordinator:
                                                                               none while it streams
       report_metrics                           handlers                       takes (member), none (values), takes
                                                                               (count), none (rows)
-      owns_credential, knows, active_workers   any thread (a RunGroup)        takes
+      owns_credential, knows, active_workers,  any thread (a RunGroup)        takes
+        membership_state
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
         finished
@@ -170,6 +179,8 @@ class SwarmCoordinator:
             resumed.run_id, resumed.params, resumed.momentum, resumed.version
         )
         self.shapes = {name: tuple(t.shape) for name, t in self.params.items()}
+        # Every log line of this run (its rounds, memberships and refusals) names it.
+        self.log = RunLog(log, {"run_id": self.run_id})
         self.outliers = decisions.OutlierOptions(spec.sync.outlier_evict_after, spec.sync.outlier_window)
         self.closer = RoundCloser(self)
         self.intake = UpdateIntake(self)
@@ -237,7 +248,8 @@ class SwarmCoordinator:
     def _owned(self, what: str, worker: WorkerRecord, secret: bytes) -> WorkerRecord:
         """`worker` if `secret` is its worker secret; PERMISSION_DENIED otherwise (lock held)."""
         if not worker.owns(secret):
-            log.warning("refused %s for worker %s (%s): the worker secret is not its own", what, worker.worker_id, worker.name)
+            self.log.warning("refused %s for worker %s (%s): the worker secret is not its own", what, worker.worker_id,
+                             worker.name)
             raise Refusal(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{what} refused: the worker secret is not the one worker {worker.worker_id!r} got at its join",
@@ -279,7 +291,8 @@ class SwarmCoordinator:
             worker.assigned = self.tracker.assign_worker(worker_id, active, now)
             self.workers[worker_id] = self._active[worker_id] = worker
             self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
-            log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version, decision.reason)
+            self.log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version,
+                          decision.reason)
             return pb.JoinResponse(
                 worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
                 lease_seconds=self.membership.lease_s, data_seed=self._joins, assignment=self._assignment(worker),
@@ -312,7 +325,7 @@ class SwarmCoordinator:
         del self._active[worker.worker_id]
         self._ended[worker.worker_id] = worker
         self.store.add_event(worker.worker_id, kind, reason, now)
-        log.info("%s: %s (%s) at version %d: %s", kind, worker.worker_id, worker.name, self.version, reason)
+        self.log.info("%s: %s (%s) at version %d: %s", kind, worker.worker_id, worker.name, self.version, reason)
 
     def _active_views(self) -> list[decisions.WorkerView]:
         """Views of the active memberships, the only ones admission, eviction and round closing count (lock held)."""
@@ -418,7 +431,8 @@ class SwarmCoordinator:
         )
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
-        """Store a batch of metrics, all or none (handler thread). Takes `_lock` to check the worker and its
+        """Store a batch of metrics, all or none (handler thread): rows of this run only (`request.run_id`, when
+        given; another run's are refused). Takes `_lock` to check the worker and its
         secret, checks the values without it (so only a member makes the coordinator read a large batch),
         takes it again for the membership, the per-round cap, the totals and the curriculum's measurements
         (with sync.backend = "hivemind" also the curriculum steps of the rounds the swarm closed since the last
@@ -426,12 +440,21 @@ class SwarmCoordinator:
         require_secret("ReportMetrics", request.worker_id, request.worker_secret)
         with self._lock:
             self._reporter(request.worker_id, request.worker_secret)
+            # The versions this run served (the workers' own, peer to peer, with the hivemind backend).
+            served = self.version if self.spec.sync.backend != "hivemind" else INT64_MAX
+        if request.run_id and request.run_id != self.run_id:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"ReportMetrics: {len(request.metrics)} rows trained for run {request.run_id!r} sent by worker "
+                f"{request.worker_id!r} of run {self.run_id!r}: a run stores only its own rows"
+            ))
         check_metrics(request.metrics)
         now = self.clock()
-        # Training past a finite run's last round (a worker that pulled the final version before it heard the
-        # run finished) belongs to no round: those rows are not kept, and `stored` says how many were.
+        # Rows no round of this run can take are not kept, and `stored` says how many were: training past a finite
+        # run's last round (a worker that pulled the final version before it heard the run finished), and rows of a
+        # version this run has not served (a coordinator that resumed from an older checkpoint, or a confused client).
         last = self.spec.run.rounds
-        metrics = [m for m in request.metrics if not (last > 0 and m.version >= last and m.tokens > 0)]
+        metrics = [m for m in request.metrics
+                   if not ((last > 0 and m.version >= last and m.tokens > 0) or m.version > served)]
         with self._lock:
             worker = self._reporter(request.worker_id, request.worker_secret)
             self.intake.count_metric_rows(worker, len(request.metrics))
@@ -467,7 +490,7 @@ class SwarmCoordinator:
             self.tracker.start(now)
             self.tracker.advance_through(now, first, self.peer_version - 1)
         except Exception:
-            log.exception("rounds %d..%d of the hivemind swarm: the curriculum decision failed; L stays", first,
+            self.log.exception("rounds %d..%d of the hivemind swarm: the curriculum decision failed; L stays", first,
                           self.peer_version - 1)
 
     def _reporter(self, worker_id: str, secret: bytes) -> WorkerRecord:
@@ -502,18 +525,19 @@ class SwarmCoordinator:
                     dropped_updates=w.dropped_updates, outlier_rounds=sum(1 for _, flag in w.recent if flag),
                     outlier=w.outlier, late_updates=w.late_updates, trained_tokens=min(w.trained_tokens, INT64_MAX),
                     applied_tokens=min(w.applied_tokens, INT64_MAX), step_seconds=w.step_seconds() or 0.0,
+                    run_id=self.run_id,
                 )
             current = self.round
             open_round = pb.RoundStatus(
                 version=current.version, reports=len(current.reports) + len(current.late),
                 tokens=sum(u.tokens for u in current.reports.values()) + sum(late.tokens for late in current.late.values()),
-                opened_at=current.opened_at, dropped=current.dropped,
+                opened_at=current.opened_at, dropped=current.dropped, run_id=self.run_id,
             )
         for r in self.store.recent_rounds(STATUS_ROUNDS):
             response.rounds.add(
                 version=r.version, reports=r.reports, tokens=r.tokens, opened_at=r.opened_at, closed_at=r.closed_at,
                 close_reason=r.close_reason, update_norm=r.update_norm, clipped=r.clipped, dropped=r.dropped,
-                aggregation=r.aggregation,
+                aggregation=r.aggregation, run_id=self.run_id,
             )
         response.rounds.append(open_round)
         return response
@@ -538,6 +562,12 @@ class SwarmCoordinator:
         """Whether `worker_id` joined this run and is still in memory, active or not (any thread; takes `_lock`)."""
         with self._lock:
             return worker_id in self.workers
+
+    def membership_state(self, worker_id: str) -> int:
+        """Membership `worker_id`'s state, WORKER_STATE_UNSPECIFIED when not in memory (any thread; takes `_lock`)."""
+        with self._lock:
+            worker = self.workers.get(worker_id)
+            return pb.WORKER_STATE_UNSPECIFIED if worker is None else worker.state
 
     def active_workers(self) -> int:
         """The number of active workers (any thread; takes `_lock`)."""
@@ -568,7 +598,7 @@ class SwarmCoordinator:
             for worker_id, _ in forgotten:
                 del self._ended[worker_id], self.workers[worker_id]
             if forgotten:
-                log.debug("forgot %d ended memberships (%s)", len(forgotten), forgotten[-1][1])
+                self.log.debug("forgot %d ended memberships (%s)", len(forgotten), forgotten[-1][1])
             close = self.closer.begin()
         self.closer.finish(close)
 

@@ -7,7 +7,10 @@ of one, which answers exactly as its run), `<state-dir>/run<i>-L<L>` for a sweep
 routes every RPC to the run its worker belongs to and schedules a sweep's workers across runs:
 
 * Join assigns a worker to the unfinished run with the fewest active workers (equal share
-  of wall time by default), `decide_assignment`.
+  of wall time by default), `decide_assignment`; a worker joining again after a restart or an
+  eviction names the run it trained for (JoinRequest.run_id) and goes back there while that run is
+  unfinished and has room, unless the sweep itself moved it off that run (its previous membership
+  is REASSIGNED there), so its round's update and metric rows still find their run.
 * At a round boundary (right after a worker's update is accepted, or when its run has
   finished its rounds) `decide_move` may move it: the worker's membership in its run ends
   with state REASSIGNED, its next call gets NOT_FOUND, and it joins again, landing on the
@@ -41,6 +44,7 @@ from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.lock import StateDirLock
 from rcswarm.state.store import StateStore
 
 
@@ -52,13 +56,19 @@ class RunLoad:
     name: str
     active: int
     finished: bool
+    full: bool = False
 
 
-def decide_assignment(loads: Sequence[RunLoad]) -> tuple[int | None, str]:
-    """The run a joining worker goes to: the unfinished one with the fewest active workers."""
+def decide_assignment(loads: Sequence[RunLoad], returning: int | None = None) -> tuple[int | None, str]:
+    """The run a joining worker goes to: back to `returning` (the run it trained for, when it may go back)
+    while that run is unfinished and not full, else the unfinished run with the fewest active workers."""
     candidates = [load for load in loads if not load.finished]
     if not candidates:
         return None, "every run of the sweep has finished"
+    if returning is not None:
+        back = loads[returning]
+        if not (back.finished or back.full):
+            return back.index, f"back to {back.name}, the run it trained for ({back.active} active workers)"
     best = min(candidates, key=lambda load: (load.active, load.index))
     return best.index, f"assigned to {best.name} ({best.active} active workers, the fewest among unfinished runs)"
 
@@ -90,8 +100,58 @@ def run_state_dirs(spec: RunSpec, state_dir: Path) -> list[tuple[RunSpec, Path]]
     return [(run, run_state_dir(Path(state_dir), index, run)) for index, run in enumerate(spec.sweep_runs())]
 
 
+def held_runs(state_dir: Path) -> list[str]:
+    """The runs a state dir holds, by where their state.sqlite is: "." (a single run's, the state dir itself) and
+    each run<i>-L<L> below it (a sweep's)."""
+    state_dir = Path(state_dir)
+    held = ["."] if (state_dir / "state.sqlite").is_file() else []
+    return held + sorted(db.parent.name for db in state_dir.glob("run*-L*/state.sqlite"))
+
+
+def _described(runs: Sequence[str]) -> str:
+    """Runs as `held_runs` names them, in words."""
+    if list(runs) == ["."]:
+        return "one run (state.sqlite in the state dir itself)"
+    return f"a sweep's runs {', '.join(runs)}"
+
+
+def layout_problem(spec: RunSpec, state_dir: Path) -> str | None:
+    """Why `spec` cannot resume `state_dir`: the config describes other runs than the state dir holds (a sweep's
+    lengths, or a sweep against a single run); None for a new state dir or the same runs (whose specs `resume`
+    then compares key by key)."""
+    held = held_runs(state_dir)
+    wanted = ["." if path == Path(state_dir) else path.name for _, path in run_state_dirs(spec, state_dir)]
+    if not held or held == wanted:
+        return None
+    changes = ""
+    if "." not in held + wanted:
+        gone = ", ".join(run for run in held if run not in wanted) or "none"
+        new = ", ".join(run for run in wanted if run not in held) or "none"
+        changes = f" (not in the config: {gone}; new in the config: {new})"
+    return (f"state dir {state_dir} holds {_described(held)}, but the config describes {_described(wanted)}{changes}; "
+            "use a new --state-dir, or the config the state dir was made with")
+
+
+def lock_state_dirs(spec: RunSpec, state_dir: Path) -> list[StateDirLock]:
+    """Lock the state dir and each run's (`run_state_dirs`) for this process, so that no second coordinator opens
+    any of them; StateDirBusy (nothing left locked) when another process holds one."""
+    locks: list[StateDirLock] = []
+    try:
+        for path in dict.fromkeys([Path(state_dir), *(path for _, path in run_state_dirs(spec, state_dir))]):
+            locks.append(StateDirLock.acquire(path))
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
+
+
 def build_runs(spec: RunSpec, state_dir: Path, clock: Callable[[], float] = time.time) -> list[SwarmCoordinator]:
-    """The coordinators of `spec.sweep_runs()` in their state dirs (`run_state_dirs`)."""
+    """The coordinators of `spec.sweep_runs()` in their state dirs (`run_state_dirs`); ValueError when the state dir
+    holds other runs than `spec` describes (`layout_problem`)."""
+    problem = layout_problem(spec, state_dir)
+    if problem is not None:
+        raise ValueError(problem)
     runs = []
     for index, (run_spec, run_dir) in enumerate(run_state_dirs(spec, state_dir)):
         prefix = f"r{index}" if spec.is_sweep else ""
@@ -146,6 +206,10 @@ class RunGroup:
         """Whether every run finished (any thread)."""
         return all(run.finished for run in self.runs)
 
+    def versions_text(self) -> str:
+        """Every run with its version, for log lines: "run R at version V, ..." (any thread)."""
+        return ", ".join(f"run {run.run_id} at version {run.shown_version}" for run in self.runs)
+
     def close(self) -> None:
         """Close every run's store; once the server and the ticker have stopped."""
         for run in self.runs:
@@ -153,7 +217,12 @@ class RunGroup:
 
     def _loads(self) -> list[RunLoad]:
         """Every run's load (takes each run's lock in turn)."""
-        return [RunLoad(i, run.spec.run.name, run.active_workers(), run.finished) for i, run in enumerate(self.runs)]
+        loads = []
+        for i, run in enumerate(self.runs):
+            active = run.active_workers()
+            full = active >= run.spec.coordinator.max_workers
+            loads.append(RunLoad(i, run.spec.run.name, active, run.finished, full))
+        return loads
 
     def owns_credential(self, worker_id: str, secret: bytes) -> bool:
         """Whether some run has `worker_id` as an active member with the worker secret `secret` (a handler
@@ -173,12 +242,21 @@ class RunGroup:
         """The state workers hear: finished once every run is (any thread)."""
         return pb.RUN_STATE_FINISHED if self.finished else pb.RUN_STATE_RUNNING
 
-    def _place(self) -> tuple[int, str]:
+    def _returning(self, request: pb.JoinRequest) -> int | None:
+        """The run a re-joining worker may go back to (group lock held; takes each run's lock in turn): the one
+        whose id it names, unless that run moved it off (its previous membership there is REASSIGNED)."""
+        for index, run in enumerate(self.runs):
+            if request.run_id and run.run_id == request.run_id:
+                moved = run.membership_state(request.previous_worker_id) == pb.WORKER_STATE_REASSIGNED
+                return None if moved else index
+        return None
+
+    def _place(self, request: pb.JoinRequest) -> tuple[int, str]:
         """The run a joining worker goes to and why (group lock held). A group of one sends every join
         to its run, whose admission alone decides (reason ""); a sweep refuses once every run finished."""
         if not self.sweep:
             return 0, ""
-        index, reason = decide_assignment(self._loads())
+        index, reason = decide_assignment(self._loads(), self._returning(request))
         if index is None:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {reason}")
         return index, reason
@@ -199,7 +277,7 @@ class RunGroup:
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
         """Admit a worker to the run `_place` picks (handler thread; takes the group lock, then the run's)."""
         with self._lock:
-            index, reason = self._place()
+            index, reason = self._place(request)
             response = self.runs[index].join(request)
         if reason:
             self.runs[index].store.add_event(response.worker_id, "assign", reason)

@@ -72,12 +72,14 @@ class Columns:
 
 @dataclass(frozen=True)
 class Row:
+    """One metric row; `where` says where it was read ("line 12" of a file, a training row of a state dir's table)."""
+
     run: str
     step: float
     length: float
     loss: float
     time: float
-    line: int
+    where: str
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def read_metrics(path: Path, columns: Columns) -> list[Row]:
                 length=_number(path, line, record, columns.length),
                 loss=_number(path, line, record, columns.loss),
                 time=_number(path, line, record, columns.time),
-                line=line,
+                where=f"line {line}",
             ))
     except OSError as error:
         raise MetricsFileError(f"{path}: cannot be read: {error.strerror}") from None
@@ -174,12 +176,34 @@ def read_metrics(path: Path, columns: Columns) -> list[Row]:
     return rows
 
 
-def read_state_dirs(path: Path) -> list[Row]:
+def run_lengths(spec: Any) -> set[int] | None:
+    """The sequence lengths run `spec` (a RunSpec) ever assigns: data.seq_len, the fixed schedule's, the
+    per-worker ones and the adaptive ladder; None when a diagnostic task sets its own lengths."""
+    if spec.data.source == "diag":
+        return None
+    curriculum = spec.curriculum
+    schedule = (row[1] for row in curriculum.schedule)
+    return {spec.data.seq_len, *schedule, *curriculum.worker_seq_lens, *curriculum.seq_lens}
+
+
+def stray_note(run_id: str, database: Path, strays: Sequence[tuple[str, int, int]]) -> str:
+    """What was skipped of run `run_id`'s metrics table: its (worker, version, seq_len) training rows at lengths
+    the run never assigns (pure)."""
+    lengths = ", ".join(str(length) for length in sorted({length for _, _, length in strays}))
+    workers = ", ".join(sorted({worker for worker, _, _ in strays}))
+    versions = sorted({version for _, version, _ in strays})
+    span = f"version {versions[0]}" if len(versions) == 1 else f"versions {versions[0]}–{versions[-1]}"
+    return (f"run {run_id!r} ({database}, table metrics): skipped {len(strays)} training rows at seq_len {lengths}, "
+            f"a length this run never assigns (worker {workers}, {span}): trained for another run, left out")
+
+
+def read_state_dirs(path: Path, skipped: list[str] | None = None) -> list[Row]:
     """Rows from every coordinator state dir (state.sqlite) below `path`, e.g. a `rcswarm run` directory.
 
     A row's step is the run's own (`run_steps`): the steps its rounds trained before its version
     plus its step within the round; its time counts from the run's first metric, on the
-    coordinator's clock.
+    coordinator's clock. Rows at a length the run never assigns (`run_lengths`) were trained for another
+    run: they are left out, and `skipped` gets one line per run naming them (`stray_note`).
     """
     from rcswarm.config.runspec import RunSpec
     from rcswarm.state.errors import StoreError
@@ -199,10 +223,18 @@ def read_state_dirs(path: Path) -> list[Row]:
             if identity is None:
                 raise MetricsFileError(f"{database}: not a coordinator state (no spec_json or run_id)")
             run_id, spec_json = identity
-            steps = run_steps(store, RunSpec.from_json(spec_json).inner.steps)
-            for line, (_, version, k, seq_len, loss, t) in enumerate(store.training_rows(), start=1):
+            spec = RunSpec.from_json(spec_json)
+            steps, lengths = run_steps(store, spec.inner.steps), run_lengths(spec)
+            strays = []
+            for number, (worker, version, k, seq_len, loss, t) in enumerate(store.training_rows(), start=1):
+                if lengths is not None and seq_len not in lengths:
+                    strays.append((worker, version, seq_len))
+                    continue
+                where = f"{database} table metrics, training row {number} (worker {worker}, version {version})"
                 rows.append(Row(run=run_id, step=float(steps.run_step(version, k)), length=float(seq_len),
-                                loss=float(loss), time=float(t), line=line))
+                                loss=float(loss), time=float(t), where=where))
+            if strays and skipped is not None:
+                skipped.append(stray_note(run_id, database, strays))
         except StoreError as error:
             raise MetricsFileError(str(error)) from None
         finally:
@@ -219,11 +251,11 @@ def length_curves(path: Path, rows: Sequence[Row]) -> list[LengthCurve]:
         first = run_length.setdefault(row.run, row)
         if first.length != row.length:
             raise MetricsFileError(
-                f"{path}: line {row.line}: run {row.run!r} has length {row.length:g}, "
-                f"expected {first.length:g} as on line {first.line}"
+                f"{path}: {row.where}: run {row.run!r} has length {row.length:g}, "
+                f"expected {first.length:g} as at {first.where}"
             )
         if row.loss <= 0:
-            raise MetricsFileError(f"{path}: line {row.line}: loss {row.loss!r}: expected a positive value")
+            raise MetricsFileError(f"{path}: {row.where}: loss {row.loss!r}: expected a positive value")
     curves = []
     for length in sorted({row.length for row in rows}):
         chosen = [row for row in rows if row.length == length]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ import grpc
 log = logging.getLogger("rcswarm.transport")
 
 LOCALHOST_NAMES = ("localhost", "localhost.")
+# gRPC's own target scheme written with "//" (dns://AUTHORITY/HOST:PORT); any other "scheme://" is a URL.
+GRPC_URL_SCHEMES = ("dns",)
 
 
 def _strip_brackets(host: str) -> str:
@@ -69,6 +72,26 @@ def target_host(target: str) -> str | None:
     if target.startswith("["):
         return target[1:target.find("]")] if "]" in target else target
     return target.rsplit(":", 1)[0] if target.count(":") == 1 else target
+
+
+def target_problem(target: str) -> str | None:
+    """Why `target` is not an address a gRPC client dials (pure): a URL scheme such as http:// or https://, which
+    gRPC would take for a host name and retry forever; None for HOST:PORT and gRPC's own targets."""
+    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
+    if match is None or match.group(1).lower() in GRPC_URL_SCHEMES:
+        return None
+    return (f"--coordinator {target!r}: {match.group(1)}:// is a URL scheme, but the coordinator speaks gRPC, "
+            f"not HTTP: expected HOST:PORT (e.g. {target[match.end():].split('/', 1)[0] or '127.0.0.1:50051'})")
+
+
+def not_grpc_problem(target: str, code: grpc.StatusCode, details: str) -> str | None:
+    """What answered at `target` when it is not a gRPC server, from a failed call's status (pure): gRPC reports a
+    peer that does not speak HTTP/2, e.g. an HTTP/1 server such as the coordinator's dashboard, as UNAVAILABLE,
+    which a client would retry, though no retry changes it. None for every other failure."""
+    if code != grpc.StatusCode.UNAVAILABLE or "Failed parsing HTTP/2" not in details:
+        return None
+    return (f"{target} answered, but not as a gRPC server (its first bytes are not HTTP/2): an HTTP server, such as "
+            "the coordinator's dashboard (--http-port), is on that port; give the coordinator's gRPC port (--port)")
 
 
 def plaintext_warning(target: str) -> str | None:

@@ -9,7 +9,8 @@ loopback (protos/transport.py). `classify` sorts each gRPC status into retry (th
 stalled, restarting, at capacity, or a stream broke), rejoin (it no longer knows this worker) or
 fatal (it refused the request, the join token or this worker's identity). Transient failures are
 retried with jittered exponential backoff until the stop event is set or the coordinator has not
-answered any call of this client for `RetryPolicy.max_elapsed_s`, the patience: the silence counts
+answered any call of this client for `RetryPolicy.max_elapsed_s`, the patience (but a peer that is not a
+gRPC server, such as an HTTP server on that port, ends the call at once: `NotACoordinator`): the silence counts
 from the first failure after its last answer (a reply, or a refusal), whichever thread made the
 call, so a long push retried while heartbeats are answered goes on, and calls that fail one after
 another share one patience instead of each starting its own. Anything else is raised to the caller
@@ -31,7 +32,7 @@ from typing import Callable, Iterator, Mapping, Protocol, TypeVar
 import grpc
 import torch
 
-from rcswarm.protos.transport import ClientTLS, open_channel
+from rcswarm.protos.transport import ClientTLS, not_grpc_problem, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
@@ -43,6 +44,12 @@ T = TypeVar("T")
 
 class RetriesExhausted(RuntimeError):
     """The coordinator kept failing transiently for longer than the retry policy's patience."""
+
+
+class NotACoordinator(RetriesExhausted):
+    """What answered at the target is not a gRPC server (`transport.not_grpc_problem`): given up at once, since no
+    retry changes it. A RetriesExhausted, so that every caller that gives up on an unreachable coordinator gives
+    up on this too."""
 
 
 class Stopped(RuntimeError):
@@ -208,6 +215,7 @@ class CoordinatorClient:
         tls_key: Path | None = None, retry: RetryPolicy = RetryPolicy(), timeouts: Timeouts = Timeouts(),
         stop: threading.Event | None = None,
     ) -> None:
+        self.target = target
         self.channel = open_channel(target, ClientTLS.from_flags(tls_ca, tls_cert, tls_key), list(MESSAGE_SIZE_OPTIONS))
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),)
@@ -250,6 +258,9 @@ class CoordinatorClient:
                 if action is not Action.RETRY:
                     self._answered()
                     raise
+                problem = not_grpc_problem(self.target, err.code(), err.details() or "")
+                if problem is not None:
+                    raise NotACoordinator(f"{what}: {problem}") from None
                 self._pause(what, f"{err.code().name}: {err.details()} ({reason})", next(backoffs), err)
             except BadPayload as exc:
                 self._pause(what, f"a bad payload ({exc})", next(backoffs), exc)
@@ -279,9 +290,11 @@ class CoordinatorClient:
         method = getattr(self.stub, name)
         return self._with_retry(name, lambda: method(request, timeout=timeout or self.timeouts.unary_s, metadata=self.metadata))
 
-    def join(self, name: str, device: str, pid: int) -> pb.JoinResponse:
-        """Ask to join the swarm."""
-        return self._unary("Join", pb.JoinRequest(worker_name=name, device=device, pid=pid))
+    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: str = "") -> pb.JoinResponse:
+        """Ask to join the swarm; a re-join names the run it trained for (`run_id`) and its membership there
+        (`previous`), so that a sweep sends it back to that run."""
+        request = pb.JoinRequest(worker_name=name, device=device, pid=pid, run_id=run_id, previous_worker_id=previous)
+        return self._unary("Join", request)
 
     def heartbeat(self, member: Member) -> pb.HeartbeatResponse:
         """Renew `member`'s lease."""
@@ -299,9 +312,10 @@ class CoordinatorClient:
         )
         return self._unary("AwaitVersion", request, timeout=wait_s + self.timeouts.unary_s)
 
-    def report_metrics(self, member: Member, metrics: list[pb.Metric]) -> None:
-        """Send a batch of `member`'s per-step metrics."""
-        request = pb.ReportMetricsRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, metrics=metrics)
+    def report_metrics(self, member: Member, metrics: list[pb.Metric], run_id: str) -> None:
+        """Send a batch of `member`'s per-step metrics, trained for run `run_id` (a run refuses another run's rows)."""
+        request = pb.ReportMetricsRequest(worker_id=member.worker_id, worker_secret=member.worker_secret,
+                                          metrics=metrics, run_id=run_id)
         self._unary("ReportMetrics", request)
 
     def status(self) -> pb.GetStatusResponse:

@@ -44,6 +44,7 @@ class ControlPlane:
         self.client = CoordinatorClient(target, token, retry=RetryPolicy(max_elapsed_s=patience_s),
                                         timeouts=Timeouts(unary_s=rpc_timeout_s), stop=self.stop, **tls)
         self.identity = Identity()
+        self.run_id = ""
         self.lease_s = 10.0
         self._pending: deque[pb.Metric] = deque(maxlen=MAX_PENDING)
         self._lock = threading.Lock()
@@ -52,9 +53,10 @@ class ControlPlane:
         self.joins = 0
 
     def join(self) -> pb.JoinResponse:
-        """Join (retried within the patience); the response carries the run spec and the data seed."""
-        response = self.client.join(self.name, self.device, os.getpid())
-        self.identity, self.lease_s = Identity.of(response), response.lease_seconds
+        """Join (retried within the patience); the response carries the run spec and the data seed. A re-join names
+        the run it joined before, where a sweep sends it back."""
+        response = self.client.join(self.name, self.device, os.getpid(), self.run_id, self.identity.worker_id)
+        self.identity, self.lease_s, self.run_id = Identity.of(response), response.lease_seconds, response.run_id
         self.joins += 1
         self._note(response)
         log.info("%s joined %s as %s (control plane only; averaging peer to peer)", self.name, response.run_id,
@@ -108,7 +110,7 @@ class ControlPlane:
                 batch = [self._pending[i] for i in range(min(BATCH, len(self._pending)))]
             if not batch:
                 return
-            self.client.report_metrics(self.identity, batch)
+            self.client.report_metrics(self.identity, batch, self.run_id)
             with self._lock:
                 for _ in batch:
                     self._pending.popleft()
@@ -122,9 +124,10 @@ class ControlPlane:
             with self._lock:
                 batch = list(self._pending)[:BATCH]
             if batch:
-                self.client.stub.ReportMetrics(
-                    pb.ReportMetricsRequest(worker_id=self.identity.worker_id, worker_secret=self.identity.worker_secret,
-                                            metrics=batch), timeout=self.client.timeouts.unary_s, metadata=self.client.metadata)
+                request = pb.ReportMetricsRequest(worker_id=self.identity.worker_id, run_id=self.run_id,
+                                                  worker_secret=self.identity.worker_secret, metrics=batch)
+                timeout = self.client.timeouts.unary_s
+                self.client.stub.ReportMetrics(request, timeout=timeout, metadata=self.client.metadata)
             self.client.leave(self.identity, reason)
         except grpc.RpcError as exc:
             log.warning("%s: leave failed: %s", self.name, exc.code().name)

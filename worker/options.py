@@ -31,6 +31,11 @@ class ClientOptions:
     tls_key: Path | None = None
 
     def __post_init__(self) -> None:
+        from rcswarm.protos.transport import target_problem  # grpc, only once a client is made
+
+        problem = target_problem(self.coordinator)
+        if problem is not None:
+            raise ValueError(problem)
         if ":" not in self.coordinator:
             raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT")
         self.tls()

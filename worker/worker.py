@@ -10,10 +10,12 @@ used, finishing the current step), push Δ = θ_v − θ_local compressed by the
 feedback when enabled) with the tokens and steps it trained, report the round's metrics, then wait
 for version v+1. A late push is merged by the coordinator with a staleness weight (the answer says
 so); a stale one (FAILED_PRECONDITION) drops Δ and re-syncs; NOT_FOUND (evicted, or the coordinator
-restarted) re-joins, and a finished update whose base version is still current after the
-re-join is pushed again. Each join returns a worker secret, kept in memory only (`Identity`)
-and sent on every later call of that membership; a re-join replaces it. Stalls, restarts,
-capacity limits and broken streams are retried by the client for `--patience-s` seconds
+restarted) re-joins, naming the run it trained for (a sweep sends it back there while that run wants
+workers), and a finished update whose base version is still current after the re-join is pushed again.
+Metric rows go to the run they were trained for or nowhere (`_join`, `_flush_previous`). Each join
+returns a worker secret, kept in memory only (`Identity`) and sent on every later call of that
+membership; a re-join replaces it. Stalls, restarts, capacity limits and broken streams are
+retried by the client for `--patience-s` seconds
 (`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
 coordinator does not take this worker's secret for its id), a refused request, a run spec this
 worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1;
@@ -97,7 +99,10 @@ class Worker:
         self.identity = Identity()
         self.lease_s = 10.0
         self.spec: RunSpec | None = None
+        self.run_id = ""
+        # Metric rows not yet stored, all trained for run `_pending_run` (a run stores only its own rows).
         self._pending: list[pb.Metric] = []
+        self._pending_run = ""
         # (version, parameters) pulled last, bit for bit: lets the coordinator send a delta.
         self._held: tuple[int, dict[str, torch.Tensor]] | None = None
         # The coordinator's newest assignment (highest version), set from any response that carries one.
@@ -148,9 +153,18 @@ class Worker:
         return 0
 
     def _join(self) -> int | None:
-        """Join the swarm (building the model when the spec is new); the version it serves, None when finished."""
+        """Join the swarm (building the model when the spec is new); the version it serves, None when finished.
+
+        A re-join first delivers the rows still pending under the membership they were trained in (a run that
+        moved this worker still takes them), names the run it trained for, so that a sweep sends it back there
+        when it may, and drops the rows that are left when it lands in another run: they belong to no other run.
+        """
+        previous = self.identity
+        if previous.worker_id:
+            self._flush_previous(previous)
         try:
-            response = self.client.join(self.name, str(self.device), os.getpid())
+            run_id = self.run_id if previous.worker_id else ""
+            response = self.client.join(self.name, str(self.device), os.getpid(), run_id, previous.worker_id)
         except grpc.RpcError as err:
             if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
                 log.info("%s: %s", self.name, err.details())
@@ -163,6 +177,10 @@ class Worker:
             raise SpecRefused(f"the run spec of {response.run_id} is invalid here: {exc}") from exc
         self.identity = Identity.of(response)
         self.run_id, self.lease_s = response.run_id, response.lease_seconds
+        if self._pending and self._pending_run != self.run_id:
+            log.warning("%s: %d metric rows trained for run %s dropped: that run no longer knows this worker, "
+                        "which now trains %s", self.name, len(self._pending), self._pending_run, self.run_id)
+            self._pending = []
         self._held = None
         if self._heartbeat is None:
             # Beat from now on: building the model and loading the data may outlast the lease.
@@ -252,7 +270,7 @@ class Worker:
         self._held = (version, base)
         trained = self.trainer.train(version, steps, budget_s=budget, stop=self.stop, step=self._train_step,
                                      on_schedule=self._log_schedule)
-        self._pending.extend(self._metric(row) for row in trained.rows)
+        self._keep([self._metric(row) for row in trained.rows])
         if trained.stopped:
             return
         sync_started = time.perf_counter()
@@ -286,7 +304,7 @@ class Worker:
         version, tensors = self._call(pull, self.identity, self.run_id, self._held)
         self.trainer.load(tensors)
         digest = tensor_stream.params_sha256({k: p.detach().cpu() for k, p in params.items()}).hex()
-        self._pending.append(self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest))
+        self._keep([self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest)])
         log.info("%s pulled version %d (sha256 %s)", self.worker_id, version, digest[:12])
         return version
 
@@ -341,11 +359,11 @@ class Worker:
                     return False
                 continue
             if response.staleness > 0:
-                log.info("%s: the update of version %d (%d steps) was merged late into round %d, weight %.3f",
-                         self.worker_id, version, steps, response.round_version, response.staleness_weight)
+                log.info("%s: the update of version %d (%d steps) was merged late into round %d of %s, weight %.3f",
+                         self.worker_id, version, steps, response.round_version, self.run_id, response.staleness_weight)
             else:
-                log.info("%s pushed round %d (%d steps, %d reports so far)", self.worker_id, response.round_version,
-                         steps, response.reports)
+                log.info("%s pushed round %d of %s (%d steps, %d reports so far)", self.worker_id,
+                         response.round_version, self.run_id, steps, response.reports)
             return True
         log.warning("%s: the update of version %d was refused %d times after re-joins; dropped", self.name, version, MAX_PUSH_REJOINS + 1)
         return False
@@ -361,12 +379,30 @@ class Worker:
             if response.version >= min_version:
                 return
 
+    def _keep(self, rows: list[pb.Metric]) -> None:
+        """Rows trained now, for the current membership's run, to send with the next report."""
+        self._pending.extend(rows)
+        self._pending_run = self.run_id
+
     def _flush_metrics(self) -> None:
         """Send the pending metrics (kept when the call fails), unless the worker holds no membership."""
         identity = self.identity
         if self._pending and identity.worker_id:
-            self._call(self.client.report_metrics, identity, self._pending)
+            self._call(self.client.report_metrics, identity, self._pending, self._pending_run)
             self._pending = []
+
+    def _flush_previous(self, previous: Identity) -> None:
+        """Before a re-join: the pending rows under the membership that trained them; kept when the coordinator no
+        longer knows it (NOT_FOUND: restarted, or evicted)."""
+        if not self._pending:
+            return
+        try:
+            self.client.report_metrics(previous, self._pending, self._pending_run)
+        except grpc.RpcError as err:
+            if not _is(err, grpc.StatusCode.NOT_FOUND):
+                raise
+            return
+        self._pending = []
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(max(self.lease_s / 3.0, 0.2)):

@@ -94,14 +94,18 @@ class TensorChunk(_message.Message):
     def __init__(self, index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("worker_name", "device", "pid")
+    __slots__ = ("worker_name", "device", "pid", "run_id", "previous_worker_id")
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     worker_name: str
     device: str
     pid: int
-    def __init__(self, worker_name: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    run_id: str
+    previous_worker_id: str
+    def __init__(self, worker_name: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ..., run_id: _Optional[str] = ..., previous_worker_id: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("worker_id", "run_id", "run_spec_json", "version", "lease_seconds", "data_seed", "assignment", "worker_secret")
@@ -282,14 +286,16 @@ class Metric(_message.Message):
     def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch: _Optional[int] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., wall_time: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., param_sha256: _Optional[str] = ...) -> None: ...
 
 class ReportMetricsRequest(_message.Message):
-    __slots__ = ("worker_id", "metrics", "worker_secret")
+    __slots__ = ("worker_id", "metrics", "worker_secret", "run_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     metrics: _containers.RepeatedCompositeFieldContainer[Metric]
     worker_secret: bytes
-    def __init__(self, worker_id: _Optional[str] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., worker_secret: _Optional[bytes] = ...) -> None: ...
+    run_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., worker_secret: _Optional[bytes] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
     __slots__ = ("stored",)
@@ -302,7 +308,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates", "late_updates", "trained_tokens", "applied_tokens", "step_seconds")
+    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates", "late_updates", "trained_tokens", "applied_tokens", "step_seconds", "run_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +326,7 @@ class WorkerStatus(_message.Message):
     TRAINED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     name: str
     state: WorkerState
@@ -337,10 +344,11 @@ class WorkerStatus(_message.Message):
     trained_tokens: int
     applied_tokens: int
     step_seconds: float
-    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ..., late_updates: _Optional[int] = ..., trained_tokens: _Optional[int] = ..., applied_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    run_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ..., late_updates: _Optional[int] = ..., trained_tokens: _Optional[int] = ..., applied_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
-    __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm", "clipped", "dropped", "aggregation")
+    __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm", "clipped", "dropped", "aggregation", "run_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -351,6 +359,7 @@ class RoundStatus(_message.Message):
     CLIPPED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     version: int
     reports: int
     tokens: int
@@ -361,7 +370,8 @@ class RoundStatus(_message.Message):
     clipped: int
     dropped: int
     aggregation: str
-    def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace")

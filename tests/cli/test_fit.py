@@ -118,7 +118,8 @@ def test_fit_reads_a_run_directory_of_state_dirs(tmp_path, capsys):
 
     for length in (2, 4, 8, 16):
         store = StateStore(tmp_path / "run" / "state" / f"run-L{length}")
-        store.set_many({"spec_json": RunSpec.from_dict({"inner": {"steps": 10}}).to_json(), "run_id": f"r{length}"})
+        spec = RunSpec.from_dict({"inner": {"steps": 10}, "data": {"seq_len": length}})
+        store.set_many({"spec_json": spec.to_json(), "run_id": f"r{length}"})
         rows = []
         for version in range(30):
             for k in range(10):
@@ -126,8 +127,18 @@ def test_fit_reads_a_run_directory_of_state_dirs(tmp_path, capsys):
                 loss = 5.4 * length ** (-0.3 * (1 - math.exp(-step / 120)))
                 rows.append((f"r{length}", "w", version, 100 + step, length, 8, loss, 64, 0.0, 0.0, 0.0, 0, 0, "",
                              0.01 * length * step))
+        if length == 4:
+            # A round of the L = 2 run that a re-joining worker reported here (issue #33): 11 rows at L = 2.
+            rows += [(f"r{length}", "r1w5-stray", 12, 500 + k, 2, 8, 9.0, 16, 0.0, 0.0, 0.0, 0, 0, "", 5.0 + k)
+                     for k in range(11)]
         store.add_metrics(rows)
         store.close()
     assert fit_main([str(tmp_path / "run"), "--out", str(tmp_path / "fit.png")]) == 0
-    assert "α∞" in capsys.readouterr().out and (tmp_path / "fit.png").stat().st_size > 1000
+    printed = capsys.readouterr()
+    assert "α∞" in printed.out and (tmp_path / "fit.png").stat().st_size > 1000
+    # The stray rows are named (run, table, workers, version, length) and left out; no "line" of a directory.
+    (note,) = printed.err.splitlines()
+    assert "run 'r4'" in note and "run-L4/state.sqlite, table metrics" in note
+    assert "11 training rows at seq_len 2" in note
+    assert "r1w5-stray" in note and "version 12" in note and "line" not in note
     assert fit_main([str(tmp_path / "empty-dir-that-does-not-exist"), "--out", str(tmp_path / "x.png")]) == 2

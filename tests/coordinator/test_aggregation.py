@@ -30,7 +30,7 @@ from rcswarm.state.store import StateStore
 from rcswarm.sync import outer, tensor_stream
 from rcswarm.train.inner import make_inner_optimizer, train_step
 from rcswarm.worker import Worker, WorkerOptions
-from tests.helpers.coordinator import creds
+from tests.helpers.coordinator import deltas_of, push
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
@@ -349,18 +349,6 @@ def test_outlier_evictions_need_k_flags_in_the_last_m_rounds():
     assert evicted == [("a", "outlier in 2 of its last 3 rounds (clipped in round 1, dropped in round 3); "
                              "sync.outlier_evict_after = 2 of sync.outlier_window = 3")]
     assert decisions.decide_outlier_evictions(views, decisions.OutlierOptions(0, 3)) == []
-
-
-def deltas_of(coordinator: SwarmCoordinator, value: float) -> dict[str, torch.Tensor]:
-    return {name: torch.full(shape, value) for name, shape in coordinator.shapes.items()}
-
-
-def push(coordinator: SwarmCoordinator, member: pb.JoinResponse, deltas: dict[str, torch.Tensor], tokens: int) -> pb.PushUpdateResponse:
-    header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=coordinator.run_id,
-                                                 version=coordinator.version)
-    meta = pb.UpdateMeta(**creds(member), base_version=coordinator.version, tokens=tokens)
-    return coordinator.push(iter([pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header),
-                                  *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
 
 
 def refusal(call) -> tuple[grpc.StatusCode, str]:

@@ -23,7 +23,7 @@ from rcswarm.coordinator import SwarmCoordinator, decisions
 from rcswarm.coordinator.records import STATUS_ENDED_WORKERS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from tests.helpers.coordinator import creds
+from tests.helpers.coordinator import creds, deltas_of, push
 from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
@@ -182,6 +182,8 @@ def test_training_rows_past_a_finite_runs_last_round_are_not_kept(tmp_path) -> N
     coordinator = SwarmCoordinator(tiny_spec(run={"rounds": 1}), StateStore(tmp_path))
     try:
         member = coordinator.join(pb.JoinRequest(worker_name="a"))
+        push(coordinator, member, deltas_of(coordinator, 1e-3), 8)
+        assert coordinator.version == 1
         rows = [pb.Metric(version=0, step=1, loss=3.0, tokens=8), pb.Metric(version=1, step=6, loss=2.5, tokens=8),
                 pb.Metric(version=1, step=5, loss=math.nan, tokens=0, param_sha256="ab")]
         assert coordinator.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows)).stored == 2

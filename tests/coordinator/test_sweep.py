@@ -43,3 +43,83 @@ def test_curriculum_schedules_are_validated():
         RunSpec.from_dict({"curriculum": {"schedule": [[0, 16, 4], [0, 32, 2]]}})
     with pytest.raises(ValueError, match="curriculum.schedule"):
         RunSpec.from_dict({"curriculum": {"schedule": [[0, 16]]}})
+
+
+def test_a_returning_worker_goes_back_to_its_run_while_it_is_unfinished_and_has_room():
+    index, reason = decide_assignment(loads((2, False), (0, False)), returning=0)
+    assert index == 0 and reason.startswith("back to L0")
+    assert decide_assignment(loads((1, True), (0, False), (3, False)), returning=0)[0] == 1
+    full = [RunLoad(0, "L0", 4, False, full=True), RunLoad(1, "L1", 1, False)]
+    assert decide_assignment(full, returning=0)[0] == 1
+
+
+def _sweep(state_dir):
+    base = tiny_spec(run={"rounds": 5})
+    return SweepCoordinator(base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16]}}), state_dir)
+
+
+def test_a_restarted_sweep_sends_each_worker_back_to_its_run_but_not_one_it_moved(tmp_path):
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    sweep = _sweep(tmp_path)
+    first, second = (sweep.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b"))
+    assert [first.run_id, second.run_id] == [run.run_id for run in sweep.runs]
+    sweep.close()
+    restarted = _sweep(tmp_path)
+    # The L = 16 worker comes back first; both runs are empty, and it still lands on its own run.
+    back = restarted.join(pb.JoinRequest(worker_name="b", run_id=second.run_id, previous_worker_id=second.worker_id))
+    assert back.run_id == second.run_id
+    assert "back to" in restarted.runs[1].store.events("assign")[-1].reason
+    # A worker the sweep moved off a run (REASSIGNED there) is placed afresh, not sent back.
+    other = restarted.join(pb.JoinRequest(worker_name="c"))
+    assert other.run_id == restarted.runs[0].run_id
+    restarted.runs[0].reassign(other.worker_id, "reassigned: rebalancing")
+    again = restarted.join(pb.JoinRequest(worker_name="c", run_id=other.run_id, previous_worker_id=other.worker_id))
+    assert again.run_id == restarted.runs[0].run_id
+    assert "back to" not in restarted.runs[0].store.events("assign")[-1].reason
+    restarted.close()
+
+
+def test_a_run_refuses_metric_rows_of_another_run_and_keeps_none_of_versions_it_has_not_served(tmp_path):
+    import grpc
+
+    from rcswarm.coordinator.records import Refusal
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from tests.helpers.coordinator import creds
+
+    sweep = _sweep(tmp_path)
+    member = sweep.join(pb.JoinRequest(worker_name="a"))
+    other_run = sweep.runs[1].run_id
+    row = pb.Metric(version=0, step=1, seq_len=16, batch=4, loss=3.0, tokens=64)
+    with pytest.raises(Refusal) as refused:
+        sweep.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=[row], run_id=other_run))
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert other_run in refused.value.message and member.run_id in refused.value.message
+    assert sweep.runs[0].store.metric_rows() == [] and sweep.runs[1].store.metric_rows() == []
+    # A row of a version the run has not served (it is at 0) belongs to no round of it: not stored.
+    own, future = (pb.Metric(version=v, step=1, seq_len=8, batch=4, loss=3.0, tokens=32) for v in (0, 3))
+    request = pb.ReportMetricsRequest(**creds(member), metrics=[own, future], run_id=member.run_id)
+    assert sweep.report_metrics(request).stored == 1
+    assert [row.version for row in sweep.runs[0].store.metric_rows()] == [0] and sweep.runs[1].store.metric_rows() == []
+    sweep.close()
+
+
+def test_a_state_dir_that_holds_other_runs_than_the_config_describes_is_refused(tmp_path):
+    from rcswarm.coordinator.sweep import layout_problem, open_group
+
+    single = tiny_spec()
+    sweep = single.from_dict({**single.to_dict(), "sweep": {"seq_lens": [8, 16]}})
+    other = single.from_dict({**single.to_dict(), "sweep": {"seq_lens": [8, 32]}})
+    assert layout_problem(sweep, tmp_path / "new") is None
+    open_group(sweep, tmp_path / "sweep").close()
+    assert layout_problem(sweep, tmp_path / "sweep") is None
+    assert layout_problem(single, tmp_path / "sweep") == (
+        f"state dir {tmp_path / 'sweep'} holds a sweep's runs run0-L8, run1-L16, but the config describes one run "
+        "(state.sqlite in the state dir itself); use a new --state-dir, or the config the state dir was made with")
+    assert "(not in the config: run1-L16; new in the config: run1-L32)" in layout_problem(other, tmp_path / "sweep")
+    with pytest.raises(ValueError, match="holds a sweep's runs"):
+        open_group(single, tmp_path / "sweep")
+    assert not (tmp_path / "sweep" / "state.sqlite").exists()
+    open_group(single, tmp_path / "single").close()
+    assert "holds one run (state.sqlite in the state dir itself), but the config describes a sweep's runs run0-L8" \
+        in layout_problem(sweep, tmp_path / "single")

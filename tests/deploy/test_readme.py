@@ -129,3 +129,53 @@ def test_a_drifted_command_is_caught():
         parse(["rcswarm", "worker", "--coordinator", "127.0.0.1:50051", "--thread-count", "1"])
     with pytest.raises(ValueError, match="does not exist"):
         parse(["rcswarm", "run", "examples/no_such.toml"])
+
+
+def _sections(text: str) -> dict[str, str]:
+    """The README's `## ` sections by heading."""
+    parts = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def _activates_first(block: str) -> bool:
+    """Whether a shell block activates the venv `make` installs before its first `rcswarm` command (issue #33: the
+    by-hand commands work as written, not only in a shell that has `rcswarm` on its PATH)."""
+    venv = re.search(r"^VENV \?= (\S+)$", (ROOT / "Makefile").read_text(), flags=re.MULTILINE).group(1)
+    for words in commands(block):
+        if words[:2] in ([".", f"{venv}/bin/activate"], ["source", f"{venv}/bin/activate"]):
+            return True
+        if words[0] == "rcswarm":
+            return False
+    return True
+
+
+def test_the_by_hand_commands_run_in_the_venv():
+    sections = _sections(README.read_text())
+    by_hand = [block for block in shell_blocks(sections[next(s for s in sections if s.startswith("By hand"))])]
+    one_machine_ray = [block for block in shell_blocks(README.read_text()) if "ray start" in block]
+    assert len(by_hand) == 2 and len(one_machine_ray) == 1
+    assert all(_activates_first(block) for block in by_hand + one_machine_ray)
+    assert not _activates_first("rcswarm status --coordinator 127.0.0.1:50051\n. .venv/bin/activate\n")
+
+
+def test_the_one_machine_ray_recipe_launches_cpu_workers():
+    (block,) = [block for block in shell_blocks(README.read_text()) if "ray start" in block]
+    launches = [words for words in commands(block)
+                if words[:3] == ["rcswarm", "launch", "ray"] and "--workers" in words]
+    (args,) = [launch.parser().parse_args(words[3:]) for words in launches]
+    assert launch.check_arguments(args) is None
+    plan = launch.plan_of(args, args.coordinator)
+    assert (plan.gpus_per_worker, plan.worker.device) == (0.0, "cpu")
+
+
+def test_the_docs_give_commands_without_machine_paths():
+    """No author's checkout or temporary directory in a command of the README or docs/ (a placeholder or a
+    variable instead)."""
+    found = []
+    for path in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        code = re.findall(r"```(?:sh|bash|text)?\n(.*?)```", text, flags=re.DOTALL)
+        code += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.DOTALL))
+        found += [f"{path.name}: {line.strip()}" for block in code for line in block.splitlines()
+                  if re.search(r"(?<![\w$}])/(?:work|tmp|home|root)/", line)]
+    assert not found, "\n".join(found)

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
+from rcswarm.sync import tensor_stream
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 from tests.helpers.specs import TOKEN
 
@@ -65,3 +68,18 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., LocalCoordinator
 def creds(member: Any) -> dict[str, Any]:
     """The worker_id and worker_secret fields of a request made for `member` (a JoinResponse, or an Identity)."""
     return {"worker_id": member.worker_id, "worker_secret": member.worker_secret}
+
+
+def deltas_of(coordinator: SwarmCoordinator, value: float) -> dict[str, torch.Tensor]:
+    """An update of `value` in every coordinate of the run's parameters."""
+    return {name: torch.full(shape, value) for name, shape in coordinator.shapes.items()}
+
+
+def push(coordinator: SwarmCoordinator, member: pb.JoinResponse, deltas: dict[str, torch.Tensor],
+         tokens: int) -> pb.PushUpdateResponse:
+    """`member`'s update `deltas` (fp32) from the current version, through the coordinator's push."""
+    header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=coordinator.run_id,
+                                                 version=coordinator.version)
+    meta = pb.UpdateMeta(**creds(member), base_version=coordinator.version, tokens=tokens)
+    return coordinator.push(iter([pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header),
+                                  *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))

@@ -123,7 +123,7 @@ def sweep(tmp_path: Path) -> Any:
                 client.report_metrics(joined, [pb.Metric(
                     version=0, step=step, seq_len=length, batch=4, loss=true_loss(step, length), tokens=4 * length,
                     wall_time=step * length / 1000.0, compute_seconds=step * length / 1200.0, sync_seconds=0.01 * step,
-                    bytes_sent=1000 * step, bytes_received=2000 * step)])
+                    bytes_sent=1000 * step, bytes_received=2000 * step)], joined.run_id)
         clock.now = SWEEP_T0 + STEPS[-1] * max(LENGTHS) / 1000.0 + 1.0
         yield SimpleNamespace(coordinator=coordinator, running=running, base=running.dashboard.url, workers=workers,
                               names={length: f"gpu-{i}" for i, length in enumerate(workers)},

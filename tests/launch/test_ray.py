@@ -154,3 +154,14 @@ def test_the_rayjob_manifest_is_a_valid_kuberay_rayjob():
         (token,) = [e for e in pod["containers"][0]["env"] if e["name"] == TOKEN_ENV]
         assert set(token) == {"name", "valueFrom"} and "secretKeyRef" in token["valueFrom"]
     assert TOKEN_ENV not in spec["entrypoint"] and "--token" not in spec["entrypoint"]
+
+
+def test_cpu_only_workers_need_no_gpu_and_train_on_the_cpu():
+    """Issue #33: a cluster without GPUs (one machine) is launched with --cpu-only, not --gpus-per-worker 0."""
+    common = ["--coordinator", "127.0.0.1:50051", "--workers", "2"]
+    plan = launch.plan_of(launch.parser().parse_args([*common, "--cpu-only"]), "127.0.0.1:50051")
+    assert (plan.gpus_per_worker, plan.worker.device, plan.demand()) == (0.0, "cpu", {"CPU": 1.0})
+    assert launch.plan_of(launch.parser().parse_args(common), "127.0.0.1:50051").gpus_per_worker == 1.0
+    for extra, problem in ((["--gpus-per-worker", "1"], "--cpu-only and --gpus-per-worker 1: give one of them"),
+                           (["--device", "cuda"], "--cpu-only and --device cuda: CPU workers train on the CPU")):
+        assert launch.check_arguments(launch.parser().parse_args([*common, "--cpu-only", *extra])) == problem

@@ -12,34 +12,29 @@ from rcswarm.cli import status as status_cli
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.sweep import SweepCoordinator, run_state_dir
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.helpers.processes import logs_of, spawn_paced
+from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+from tests.helpers.processes import logs_of
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
-# The paced worker's least seconds per inner step: its run's 3 rounds of 4 steps take at least 24 s.
-SLOW_STEP_S = 2.0
-
 
 def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
-    base = tiny_spec(run={"rounds": 3}, inner={"steps": 4})
+    base = tiny_spec(run={"rounds": 3}, inner={"steps": 4}, coordinator={"lease_s": 120.0})
     spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16], "batch_sizes": [2, 32]}})
     sweep = SweepCoordinator(spec, tmp_path / "state")
     running = RunningCoordinator(sweep, TOKEN, http_port=0).start()
-    target = f"127.0.0.1:{running.port}"
-
-    def joined(count: int) -> bool:
-        return sum(w.state == pb.WORKER_STATE_ACTIVE for w in sweep.status().workers) >= count
-
+    client = CoordinatorClient(f"127.0.0.1:{running.port}", TOKEN, retry=RetryPolicy(max_elapsed_s=30.0))
     try:
-        # Joins go to the emptiest run (ties to the first), so joining one at a time places fast w0 and w2
-        # in the L = 8 run and the paced w1 (each step at least SLOW_STEP_S) alone in the L = 16 run: the
-        # L = 8 run finishes first whatever the machine's load, and its workers move to the L = 16 run.
-        procs = [spawn_worker(target, "w0")]
-        wait_for(lambda: joined(1), 120, "w0 to join")
-        procs.append(spawn_paced(target, "w1", 1.0, SLOW_STEP_S, tmp_path))
-        wait_for(lambda: joined(2), 120, "w1 to join")
-        procs.append(spawn_worker(target, "w2"))
+        # The L = 16 run finishes last, whatever the machine's load: a member that never trains holds its rounds
+        # until the L = 8 run has finished and its workers moved (the second of two joins lands on L = 16).
+        placeholder, holder = client.join("placeholder", "cpu", 1), client.join("holder", "cpu", 1)
+        assert holder.run_id == sweep.runs[1].run_id
+        client.leave(placeholder, "placed the holder")
+        procs = [spawn_worker(f"127.0.0.1:{running.port}", f"w{i}") for i in range(3)]
+        wait_for(lambda: any(w.state == pb.WORKER_STATE_REASSIGNED for w in sweep.status().workers), 240,
+                 "a worker of the finished L = 8 run to move")
+        client.leave(holder, "the L = 8 run finished")
         for proc in procs:
             assert proc.wait(timeout=240) == 0, logs_of(procs)
         status = sweep.status()
@@ -51,6 +46,7 @@ def test_a_sweep_trains_every_length_and_moves_workers(tmp_path, spawn_worker):
         with urllib.request.urlopen(running.dashboard.url + "api/status", timeout=20) as response:
             dashboard = json.loads(response.read())
     finally:
+        client.close()
         running.stop(grace=0.5)
     for index, run_spec in enumerate(spec.sweep_runs()):
         state_dir = run_state_dir(tmp_path / "state", index, run_spec)

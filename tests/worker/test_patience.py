@@ -75,3 +75,30 @@ def test_calls_that_fail_one_after_another_share_one_patience(start_coordinator)
         client.join("third", "cpu", 3)
     assert time.monotonic() - started < 0.5, "the second call started a patience of its own"
     client.close()
+
+
+def test_a_url_scheme_or_an_http_server_is_a_permanent_error_not_retried(start_coordinator):
+    """Issue #33: `--coordinator http://HOST:PORT` is refused before any channel opens; the coordinator's dashboard
+    port given as its gRPC port ends the first call at once (not after the patience), saying what answered."""
+    import grpc
+
+    from rcswarm.protos.transport import not_grpc_problem, target_problem
+    from rcswarm.worker import WorkerOptions
+    from rcswarm.worker.client import NotACoordinator
+
+    assert target_problem("127.0.0.1:50051") is None and target_problem("dns:///coordinator:50051") is None
+    with pytest.raises(ValueError, match=r"--coordinator 'http://10.0.0.5:50051': http:// is a URL scheme, .*"
+                                         r"expected HOST:PORT \(e.g. 10.0.0.5:50051\)"):
+        WorkerOptions(coordinator="http://10.0.0.5:50051")
+    assert not_grpc_problem("h:1", grpc.StatusCode.UNAVAILABLE, "Connection refused") is None
+    local = start_coordinator(tiny_spec(run={"rounds": 0}), http_port=0)
+    dashboard = f"127.0.0.1:{local.running.dashboard.port}"
+    client = CoordinatorClient(dashboard, TOKEN, retry=RetryPolicy(max_elapsed_s=300.0), timeouts=Timeouts(unary_s=5.0))
+    started = time.monotonic()
+    with pytest.raises(NotACoordinator) as refused:
+        client.join("lost", "cpu", 1)
+    client.close()
+    assert time.monotonic() - started < 10
+    assert str(refused.value) == (
+        f"Join: {dashboard} answered, but not as a gRPC server (its first bytes are not HTTP/2): an HTTP server, "
+        "such as the coordinator's dashboard (--http-port), is on that port; give the coordinator's gRPC port (--port)")

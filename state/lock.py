@@ -1,0 +1,83 @@
+"""One coordinator per state dir: an exclusive lock held for the coordinator process's life.
+
+`StateDirLock.acquire(state_dir)` takes an exclusive, non-blocking `flock` on `<state_dir>/coordinator.lock`
+and writes the holder into it (JSON: pid, host, start time, and once it serves, its address, `announce`).
+A second coordinator on the same state dir gets `StateDirBusy` naming the holder's pid and address. The
+kernel drops the lock when the holder's process ends, however it ends (SIGKILL included), so a stale lock
+never blocks a restart; the file stays (its content is only read while it is locked). Linux and other
+POSIX systems (fcntl).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+LOCK_NAME = "coordinator.lock"
+
+
+class StateDirBusy(RuntimeError):
+    """Another process holds the state dir's lock; the message names it."""
+
+
+class StateDirLock:
+    """The held lock of one state dir (`acquire`); `release` (or the process's end) gives it up. Not thread-safe:
+    the coordinator's main thread acquires, announces and releases it."""
+
+    def __init__(self, path: Path, handle: int) -> None:
+        self.path = path
+        self._fd: int | None = handle
+        self._holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "address": ""}
+
+    @classmethod
+    def acquire(cls, state_dir: Path) -> StateDirLock:
+        """Lock `state_dir` (created if missing) for this process; StateDirBusy when another process holds it."""
+        state_dir = Path(state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        path = state_dir / LOCK_NAME
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(handle)
+            raise StateDirBusy(f"state dir {state_dir} is in use by another coordinator ({holder_text(path)}); "
+                               "stop it first, or give this one another --state-dir") from None
+        lock = cls(path, handle)
+        lock._write()
+        return lock
+
+    def announce(self, address: str) -> None:
+        """Record the address the holder serves on, for a coordinator that finds the state dir locked."""
+        self._holder["address"] = address
+        self._write()
+
+    def _write(self) -> None:
+        if self._fd is None:
+            return
+        data = json.dumps(self._holder).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+
+    def release(self) -> None:
+        """Give the lock up (idempotent)."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def holder_text(path: Path) -> str:
+    """Who holds the lock at `path`, as its file says: "pid N on HOST, serving on ADDRESS" (or what is known)."""
+    try:
+        holder = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        holder = {}
+    if not isinstance(holder, dict) or "pid" not in holder:
+        return "its pid is not written yet"
+    where = f" on {holder['host']}" if holder.get("host") else ""
+    serving = f", serving on {holder['address']}" if holder.get("address") else ", not serving yet"
+    return f"pid {holder['pid']}{where}{serving}"
