@@ -9,8 +9,9 @@ whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires
 [coordinator] keys set the call limits and the health stall time, which `--max-calls`,
 `--stream-idle-s` and `--health-stall-s` override (`serving_limits`); `--token-file` is re-read when it
 changes and on SIGHUP. Errors follow cli/usage.py: a usage error prints one line
-`rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; a failure to
-serve (a port in use) exits 1.
+`rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; so does a state
+dir that cannot be opened or written (a full disk: `StoreError` or `OSError`, one line, no traceback);
+a failure to serve (a port in use) exits 1.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from rcswarm.coordinator.tls import (
 )
 from rcswarm.protos.transport import host_port, is_loopback_host
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.state.errors import StoreError
 
 log = logging.getLogger("rcswarm.coordinator")
 PROG = "rcswarm coordinator"
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
                 health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
             ).start()
-        except ValueError as exc:
+        except (ValueError, StoreError, OSError) as exc:
             problem = str(exc)
         except RuntimeError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
