@@ -356,8 +356,14 @@ class CoordinatorSection:
     # loss). false keeps the atomic rename and survives a crash of the process only.
     durable: bool = True
     # Metric rows one worker may report while one version is current; more are refused.
-    # 0 = the larger of 1000 and 10 × (inner.steps + 1) (see RunSpec.metric_rows_per_round).
+    # 0 = the larger of 64 and 4 × (inner.steps + 2) (see RunSpec.metric_rows_per_round).
     max_metrics_per_round: int = 0
+    # Metric rows per second one worker's budget refills with (at most max_metrics_per_round at once); 0 = no
+    # budget over time. An honest worker writes one row per inner step and one per pull.
+    metric_rows_per_s: float = 256.0
+    # Metric rows the state dir keeps; beyond it the oldest rows are deleted (the dashboard's curves and totals
+    # come from aggregates that keep them). 0 = no limit.
+    max_metric_rows: int = 4_000_000
     # Seconds a worker that left or was evicted stays in memory (and in GetStatus); SQLite keeps it.
     forget_after_s: float = 300.0
     # Calls of one kind (membership, query, long_poll, pull, push) the server runs at once; beyond
@@ -379,6 +385,10 @@ class CoordinatorSection:
             _fail("coordinator.keep_checkpoints", self.keep_checkpoints, "an integer >= 0")
         if self.max_metrics_per_round < 0:
             _fail("coordinator.max_metrics_per_round", self.max_metrics_per_round, "an integer >= 0 (0 = automatic)")
+        if not (math.isfinite(self.metric_rows_per_s) and self.metric_rows_per_s >= 0):
+            _fail("coordinator.metric_rows_per_s", self.metric_rows_per_s, "a number of rows per second >= 0 (0 = no budget)")
+        if self.max_metric_rows < 0:
+            _fail("coordinator.max_metric_rows", self.max_metric_rows, "an integer >= 0 (0 = no limit)")
 
 
 @dataclass(frozen=True)
@@ -534,9 +544,10 @@ class RunSpec:
 
     def metric_rows_per_round(self) -> int:
         """The metric rows a worker may report per round: coordinator.max_metrics_per_round, or when 0
-        the larger of 1000 and 10 × (steps + 1) (a worker reports one row per step and one per pull), steps
-        the most a round allows (`SyncSection.step_cap`)."""
-        return self.coordinator.max_metrics_per_round or max(1000, 10 * (self.sync.step_cap(self.inner.steps) + 1))
+        the larger of 64 and 4 × (steps + 2) (a worker reports one row per step and one per pull: steps + 1;
+        4 × leaves room for a late round's rows and a retried report), steps the most a round allows
+        (`SyncSection.step_cap`)."""
+        return self.coordinator.max_metrics_per_round or max(64, 4 * (self.sync.step_cap(self.inner.steps) + 2))
 
     def sweep_runs(self) -> list[RunSpec]:
         """The runs of a sweep (this spec alone if it is not one), each with its own L and batch."""

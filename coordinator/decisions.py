@@ -24,6 +24,7 @@ delayed outer gradients.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -124,6 +125,26 @@ class Pace:
 class StalenessOptions:
     max_staleness: int
     exponent: float
+
+
+@dataclass(frozen=True)
+class MetricOptions:
+    # Rows one worker may store while one version is current (coordinator.max_metrics_per_round, resolved).
+    per_round: int
+    # Rows per second a worker's time budget refills with (coordinator.metric_rows_per_s; 0 = no time budget),
+    # up to `per_round` rows.
+    rows_per_s: float
+
+
+@dataclass(frozen=True)
+class MetricBudget:
+    """A worker's metric rows: those counted at the version current when it last reported (`version`,
+    `in_round`), and its time budget: `left` rows at time `at` (None before its first report: a full budget)."""
+
+    version: int = -1
+    in_round: int = 0
+    left: float = 0.0
+    at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -302,3 +323,33 @@ def _time_pace(step_seconds: Mapping[str, float], options: PaceOptions) -> Pace:
             why = (f"sync.min_steps = {options.min_steps} of the slowest worker {slowest} at "
                    f"{step_seconds[slowest]:.3f}s/step (> sync.round_seconds = {options.round_seconds:g})")
     return Pace(budget, options.step_cap, (), f"time-boxed: {budget:.2f}s a round ({why}), at most {options.step_cap} steps")
+
+
+def decide_metric_rows(
+    now: float, version: int, budget: MetricBudget, rows: int, options: MetricOptions
+) -> tuple[Decision, MetricBudget]:
+    """Whether a worker may store `rows` more metric rows at `version`, and its budget afterwards: at most
+    `per_round` rows while one version is current, and a token bucket over time, `rows_per_s` rows a second up
+    to `per_round` at once, so that rounds closing fast do not multiply what one worker stores. A refusal leaves
+    the budget as it was (refilled to `now`)."""
+    in_round = budget.in_round if budget.version == version else 0
+    left = float(options.per_round) if budget.at is None else min(
+        float(options.per_round), budget.left + max(now - budget.at, 0.0) * options.rows_per_s)
+    refilled = MetricBudget(version, in_round, left, now)
+    if in_round + rows > options.per_round:
+        return Decision(False, (f"reported {in_round} metric rows at version {version}; {rows} more exceed "
+                                f"coordinator.max_metrics_per_round = {options.per_round}")), refilled
+    if options.rows_per_s > 0 and rows > left:
+        wait = (rows - left) / options.rows_per_s
+        return Decision(False, (f"{rows} metric rows exceed the {int(left)} its time budget holds now "
+                                f"(coordinator.metric_rows_per_s = {options.rows_per_s:g}, at most "
+                                f"{options.per_round} at once); retry in {wait:.1f} s")), refilled
+    return Decision(True, f"{rows} rows stored"), dataclasses.replace(
+        refilled, in_round=in_round + rows, left=left - rows if options.rows_per_s > 0 else left)
+
+
+def refund_metric_rows(budget: MetricBudget, version: int, rows: int, options: MetricOptions) -> MetricBudget:
+    """The budget after `rows` counted at `version` were not stored after all (the store refused them)."""
+    in_round = max(budget.in_round - rows, 0) if budget.version == version else budget.in_round
+    left = min(float(options.per_round), budget.left + rows) if options.rows_per_s > 0 else budget.left
+    return dataclasses.replace(budget, in_round=in_round, left=left)

@@ -17,6 +17,7 @@ cannot close rounds: its ticker's latest tick raised, or no tick has completed f
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -37,6 +38,7 @@ from rcswarm.coordinator.tokens import JoinTokens
 from rcswarm.protos.transport import host_port
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
+from rcswarm.state.errors import StoreError
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -45,12 +47,29 @@ TICK_S = 0.2
 HEALTH_THREADS = 4
 
 
+# errno values of a write refused for want of space: no space left, quota exceeded, file too large.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def storage_refusal(method: str, error: StoreError | OSError) -> Refusal:
+    """The status a call gets when the state dir could not be written (a handler thread): RESOURCE_EXHAUSTED
+    when the disk is full, else UNAVAILABLE, both retried by workers; logged as one WARNING line, no traceback."""
+    full = error.full if isinstance(error, StoreError) else error.errno in DISK_FULL_ERRNOS
+    log.warning("%s refused: the state dir could not be written: %s", method, error)
+    what = "the coordinator's disk is full" if full else "the coordinator could not write its state"
+    return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
+                   f"{method} refused: {what} ({error}); retry later")
+
+
 def _handled(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Map Refusal to the gRPC status it names."""
+    """Map Refusal to the gRPC status it names, and a state dir that cannot be written to `storage_refusal`'s."""
     def unary(self: CoordinatorServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
         except Refusal as refusal:
+            context.abort(refusal.code, refusal.message)
+        except (StoreError, OSError) as error:
+            refusal = storage_refusal(method.__name__, error)
             context.abort(refusal.code, refusal.message)
     return unary
 
@@ -77,6 +96,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             yield from self.c.pull(request)
         except Refusal as refusal:
+            context.abort(refusal.code, refusal.message)
+        except (StoreError, OSError) as error:
+            refusal = storage_refusal("PullParameters", error)
             context.abort(refusal.code, refusal.message)
 
     @_handled

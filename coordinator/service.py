@@ -21,8 +21,9 @@ measured seconds per step: the compute seconds between consecutive metric rows, 
 last STEP_SAMPLES). Per worker the coordinator counts tokens trained (its metrics), tokens applied
 (its updates an outer step used), late updates merged and stale updates refused; GetStatus reports them.
 
-What the coordinator keeps in memory is bounded: metric values are range-checked and each
-worker's metric rows per round capped (intake.py); ended memberships are forgotten after
+What the coordinator keeps is bounded: metric values are range-checked (a row's tokens at most one step's)
+and each worker's metric rows budgeted per round and over time (intake.py), the metrics table keeps the
+newest `coordinator.max_metric_rows` rows (state/store.py); ended memberships are forgotten after
 `coordinator.forget_after_s` (SQLite keeps their history); GetStatus lists the active workers
 and only the most recent ended ones.
 """
@@ -149,7 +150,7 @@ class SwarmCoordinator:
         self.membership = decisions.MembershipOptions(
             spec.coordinator.lease_s, spec.coordinator.max_workers, spec.coordinator.forget_after_s
         )
-        self.metrics_per_round = spec.metric_rows_per_round()
+        self.metric_options = decisions.MetricOptions(spec.metric_rows_per_round(), spec.coordinator.metric_rows_per_s)
         sync = spec.sync
         self.round_options = decisions.RoundOptions(
             sync.round_deadline_s, sync.min_reports, sync.max_staleness, sync.round == "steps" and sync.adaptive_steps
@@ -419,14 +420,17 @@ class SwarmCoordinator:
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
         """Store a batch of metrics, all or none (handler thread). Takes `_lock` to check the worker and its
-        secret, checks the values without it (so only a member makes the coordinator read a large batch),
-        takes it again for the membership, the per-round cap, the totals and the curriculum's measurements
-        (with sync.backend = "hivemind" also the curriculum steps of the rounds the swarm closed since the last
-        report, `_follow_peer_rounds`), and writes the rows after releasing it."""
+        secret, checks the values without it (so only a member makes the coordinator read a large batch; a row's
+        tokens at most one step's), takes it again for the membership and the worker's budget
+        (`intake.count_metric_rows`), writes the rows after releasing it (a refused write gives the rows back to
+        the budget), then takes it a third time for the totals and the curriculum's measurements (with
+        sync.backend = "hivemind" also the curriculum steps of the rounds the swarm closed since the last report,
+        `_follow_peer_rounds`): nothing is counted that was not stored."""
         require_secret("ReportMetrics", request.worker_id, request.worker_secret)
         with self._lock:
             self._reporter(request.worker_id, request.worker_secret)
-        check_metrics(request.metrics)
+            step_tokens = self.intake.step_token_bound()
+        check_metrics(request.metrics, step_tokens)
         now = self.clock()
         # Training past a finite run's last round (a worker that pulled the final version before it heard the
         # run finished) belongs to no round: those rows are not kept, and `stored` says how many were.
@@ -434,7 +438,19 @@ class SwarmCoordinator:
         metrics = [m for m in request.metrics if not (last > 0 and m.version >= last and m.tokens > 0)]
         with self._lock:
             worker = self._reporter(request.worker_id, request.worker_secret)
-            self.intake.count_metric_rows(worker, len(request.metrics))
+            counted_at = self.intake.count_metric_rows(worker, len(request.metrics))
+        rows = [
+            (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
+             m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
+            for m in metrics
+        ]
+        try:
+            stored = self.store.add_metrics(rows, self.spec.coordinator.max_metric_rows)
+        except BaseException:
+            with self._lock:
+                self.intake.refund_metric_rows(worker, counted_at, len(request.metrics))
+            raise
+        with self._lock:
             reported = self.peer_version
             for metric in metrics:
                 self.peer_version = max(self.peer_version, metric.version)
@@ -447,12 +463,7 @@ class SwarmCoordinator:
                 self._decide_pace()
             if self.spec.sync.backend == "hivemind" and self.peer_version > reported:
                 self._follow_peer_rounds(now, reported)
-        rows = (
-            (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
-             m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
-            for m in metrics
-        )
-        return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
+        return pb.ReportMetricsResponse(stored=stored)
 
     def _follow_peer_rounds(self, now: float, reported: int) -> None:
         """sync.backend = "hivemind": the workers' reported version grew from `reported` to `peer_version`, so the

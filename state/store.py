@@ -29,6 +29,10 @@ ledger recorded `rest_sha256` (an older state dir) is checked over θ only, and 
 verifies, logs a WARNING, records an event of kind `fallback` naming each file and what was
 wrong, and makes that version current; when none verifies it raises ValueError naming them.
 
+The metrics table is bounded: `add_metrics(rows, keep_rows)` deletes the oldest rows beyond the newest
+`keep_rows` (`coordinator.max_metric_rows`) in the transaction that inserts. Row ids only grow, so
+"the newest" is a rowid range and the delete touches only the rows it removes.
+
 Reads never wait for the writer: the database is in WAL mode and every named read goes
 through a second, read-only connection with its own lock, so a slow read (the dashboard,
 `rcswarm status`) never holds the lock `commit_version` and `add_event` take. The reads the
@@ -144,7 +148,8 @@ class StateStore:
         try:
             yield
         except sqlite3.Error as error:
-            raise StoreError(f"{self.db_path}: {failed}: {error}") from error
+            full = getattr(error, "sqlite_errorname", "") == "SQLITE_FULL"
+            raise StoreError(f"{self.db_path}: {failed}: {error}", full=full) from error
 
     def _connect_read_only(self, timeout_s: float) -> sqlite3.Connection:
         return sqlite3.connect(f"{self.db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s,
@@ -211,9 +216,17 @@ class StateStore:
 
     @contextlib.contextmanager
     def _writer(self, failed: str = "cannot write it") -> Iterator[sqlite3.Connection]:
-        """The writer connection under `_lock`; its sqlite3 errors leave as StoreError saying what `failed`."""
+        """The writer connection under `_lock`; its sqlite3 errors leave as StoreError saying what `failed`. A
+        transaction an error left open is rolled back (SQLite itself rolls back some, e.g. on a full disk), so
+        nothing is half-applied and the next write starts clean."""
         with self._lock, self._errors(failed):
-            yield self._db
+            try:
+                yield self._db
+            except BaseException:
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         with self._lock:
@@ -396,19 +409,19 @@ class StateStore:
                 "INSERT INTO events VALUES (?, ?, ?, ?)", (time.time() if now is None else now, worker_id, kind, reason)
             )
 
-    def add_metrics(self, rows: Iterable[tuple[Any, ...]]) -> int:
-        """Insert metric rows (METRIC_COLUMNS each) and fold them into the aggregate tables, in one transaction."""
+    def add_metrics(self, rows: Iterable[tuple[Any, ...]], keep_rows: int = 0) -> int:
+        """Insert metric rows (METRIC_COLUMNS each) and fold them into the aggregate tables, in one transaction;
+        with `keep_rows` > 0 the same transaction deletes the oldest rows beyond the newest `keep_rows` (the
+        aggregates keep what they counted; SQLite reuses the freed pages, so the file stops growing)."""
         rows = list(rows)
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
-            try:
-                before = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM metrics").fetchone()[0]
-                db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
-                for statement in AGGREGATES:
-                    db.execute(statement, (before,))
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            before = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM metrics").fetchone()[0]
+            db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
+            for statement in AGGREGATES:
+                db.execute(statement, (before,))
+            if keep_rows > 0 and before + len(rows) > keep_rows:
+                db.execute("DELETE FROM metrics WHERE rowid <= ?", (before + len(rows) - keep_rows,))
             db.execute("COMMIT")
         return len(rows)
 
