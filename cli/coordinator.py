@@ -34,6 +34,7 @@ from rcswarm.coordinator import (
     DEFAULT_MAX_CALLS,
     CallLimits,
     JoinTokens,
+    LivenessClock,
     RunningCoordinator,
     open_group,
     parse_max_calls,
@@ -208,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = RunSpec.from_toml(args.config)
             limits, stall_s = serving_limits(args, spec)
             tls, quick = _tls_files(args)
-            coordinator = open_group(spec, args.state_dir)
+            clock = LivenessClock().start()
+            coordinator = open_group(spec, args.state_dir, clock)
             http_required = True if args.http_token_required else False if args.http_insecure else None
             running = RunningCoordinator(
                 coordinator, tokens, args.host, args.port, tls, limits, stall_s,
@@ -242,4 +244,5 @@ def main(argv: list[str] | None = None) -> int:
         pass
     log.info("stopping at version %d", coordinator.version)
     running.stop()
+    clock.stop()
     return 0

@@ -41,6 +41,9 @@ class MembershipOptions:
     max_workers: int
     # Seconds an ended membership (left, evicted, reassigned) is kept in memory.
     forget_after_s: float = 300.0
+    # After the coordinator itself stalled (liveness.py), a member not heard since has lease_s plus this long
+    # from the resume: its calls failed while the coordinator was frozen and may be waiting out their backoff.
+    stall_grace_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -170,14 +173,25 @@ def decide_admission(
 
 
 def decide_evictions(
-    now: float, workers: Iterable[WorkerView], options: MembershipOptions
+    now: float, workers: Iterable[WorkerView], options: MembershipOptions, resumed_at: float | None = None
 ) -> list[tuple[str, str]]:
-    """The (worker_id, reason) pairs of active workers whose lease has expired."""
+    """The (worker_id, reason) pairs of active workers whose lease has expired. `now` and `last_seen` are on the
+    coordinator's own clock (liveness.py: its stalls are not counted). `resumed_at`: when the coordinator last
+    resumed from a stall; a worker not heard since has lease_s + stall_grace_s from then."""
     evicted = []
     for worker in workers:
         silent = now - worker.last_seen
-        if worker.active and silent > options.lease_s:
-            evicted.append((worker.worker_id, f"lease expired: no heartbeat for {silent:.1f}s > lease {options.lease_s:.1f}s"))
+        if not worker.active or silent <= options.lease_s:
+            continue
+        if resumed_at is not None and worker.last_seen < resumed_at:
+            since = now - resumed_at
+            if since <= options.lease_s + options.stall_grace_s:
+                continue
+            evicted.append((worker.worker_id, (
+                f"lease expired: no heartbeat for {since:.1f}s since the coordinator resumed from a stall > lease "
+                f"{options.lease_s:.1f}s + grace {options.stall_grace_s:.1f}s")))
+            continue
+        evicted.append((worker.worker_id, f"lease expired: no heartbeat for {silent:.1f}s > lease {options.lease_s:.1f}s"))
     return evicted
 
 

@@ -46,6 +46,7 @@ from rcswarm.coordinator import curriculum as curricula
 from rcswarm.coordinator import decisions
 from rcswarm.coordinator.close import RoundCloser
 from rcswarm.coordinator.intake import UpdateIntake, check_metrics, first_part, receive_update, require_secret
+from rcswarm.coordinator.liveness import LivenessClock
 from rcswarm.coordinator.records import (
     INT64_MAX,
     PULL_ATTEMPTS,
@@ -140,11 +141,16 @@ class SwarmCoordinator:
     def __init__(
         self, spec: RunSpec, store: StateStore, clock: Callable[[], float] = time.time, worker_prefix: str = ""
     ) -> None:
-        """Resume the run committed in `store`, or start it at version 0; the caller then serves it."""
+        """Resume the run committed in `store`, or start it at version 0; the caller then serves it. `clock` gives
+        the time of leases, round deadlines and records: a process serving workers passes a started
+        `LivenessClock` (liveness.py), whose stalls `tick` gives members a grace for; tests pass a fake."""
         self.spec = spec
         self.worker_prefix = worker_prefix
         self.store = store
         self.clock = clock
+        # The stalls of a LivenessClock `tick` has seen, and when the coordinator resumed from the latest (its clock).
+        self._stalls_seen = 0
+        self._resumed_at: float | None = None
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
         self.membership = decisions.MembershipOptions(
@@ -572,7 +578,9 @@ class SwarmCoordinator:
         due (the ticker thread, every TICK_S; takes `_lock`, and closes a round as `RoundCloser.finish` says)."""
         with self._lock:
             now = self.clock()
-            for worker_id, reason in decisions.decide_evictions(now, self._active_views(), self.membership):
+            self._note_stall(now)
+            for worker_id, reason in decisions.decide_evictions(now, self._active_views(), self.membership,
+                                                                self._resumed_at):
                 self._end_membership(self._active[worker_id], pb.WORKER_STATE_EVICTED, "evict", f"evicted: {reason}", now)
             self._evict_outliers(now)
             forgotten = decisions.decide_forgetting(now, (w.view() for w in self._ended.values()), self.membership)
@@ -582,6 +590,17 @@ class SwarmCoordinator:
                 log.debug("forgot %d ended memberships (%s)", len(forgotten), forgotten[-1][1])
             close = self.closer.begin()
         self.closer.finish(close)
+
+    def _note_stall(self, now: float) -> None:
+        """With a LivenessClock: if it saw a stall since the last tick, the coordinator resumed now; members not
+        heard since get a grace (`decisions.decide_evictions`), and the stall is an event (lock held)."""
+        if not isinstance(self.clock, LivenessClock):
+            return
+        beat = self.clock.stalls
+        if beat.stalls > self._stalls_seen:
+            self._stalls_seen, self._resumed_at = beat.stalls, now
+            grace = self.membership.lease_s + self.membership.stall_grace_s
+            self.store.add_event("", "stall", f"{beat.reason}; members not heard since have {grace:.1f} s", now)
 
     def _evict_outliers(self, now: float) -> None:
         """End the membership of every active worker `decide_outlier_evictions` names (lock held)."""
