@@ -195,7 +195,9 @@ def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits,
     served = spec.coordinator
     idle_s = served.stream_idle_s if args.stream_idle_s is None else args.stream_idle_s
     stall_s = served.health_stall_s if args.health_stall_s is None else args.health_stall_s
-    return CallLimits(parse_max_calls(args.max_calls, served.max_calls), idle_s), stall_s
+    limits = CallLimits(parse_max_calls(args.max_calls, served.max_calls), idle_s,
+                        per_worker=served.max_calls_per_worker, per_peer=served.max_calls_per_peer)
+    return limits, stall_s
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -370,17 +370,30 @@ class CoordinatorSection:
     # it a call is refused with RESOURCE_EXHAUSTED. A kind not listed keeps its default
     # (32, 16, 64, 16, 16); `rcswarm coordinator --max-calls KIND=N` overrides both.
     max_calls: dict[str, int] = field(default_factory=dict)
+    # Fair share: calls of one kind one worker runs at once, and calls of one kind from one peer host without
+    # a worker's credential (Join, GetStatus; a kind not listed: half of its max_calls). Every active worker's
+    # first call of a kind is admitted even when the kind is at max_calls (a reserve of max_workers per kind).
+    max_calls_per_worker: int = 2
+    max_calls_per_peer: dict[str, int] = field(default_factory=dict)
     # A stream that carries no message for this long is cancelled (--stream-idle-s overrides).
     stream_idle_s: float = 10.0
     # Health says NOT_SERVING when no coordinator tick completed for this long (--health-stall-s overrides).
     health_stall_s: float = 60.0
+    # Health also says NOT_SERVING while updates wait in a round that is open for more than this many round
+    # deadlines (sync.round_deadline_s, plus a time-boxed round's budget) without closing.
+    health_round_deadlines: float = 3.0
 
     def __post_init__(self) -> None:
         _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s", "forget_after_s", "stream_idle_s",
                         "health_stall_s")
-        for kind, limit in self.max_calls.items():
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                _fail(f"coordinator.max_calls.{kind}", limit, "an integer >= 1")
+        for table in ("max_calls", "max_calls_per_peer"):
+            for kind, limit in getattr(self, table).items():
+                if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                    _fail(f"coordinator.{table}.{kind}", limit, "an integer >= 1")
+        if isinstance(self.max_calls_per_worker, bool) or self.max_calls_per_worker < 1:
+            _fail("coordinator.max_calls_per_worker", self.max_calls_per_worker, "an integer >= 1")
+        if not (math.isfinite(self.health_round_deadlines) and self.health_round_deadlines >= 1):
+            _fail("coordinator.health_round_deadlines", self.health_round_deadlines, "a number >= 1")
         if self.keep_checkpoints < 0:
             _fail("coordinator.keep_checkpoints", self.keep_checkpoints, "an integer >= 0")
         if self.max_metrics_per_round < 0:

@@ -367,3 +367,29 @@ def refund_metric_rows(budget: MetricBudget, version: int, rows: int, options: M
     in_round = max(budget.in_round - rows, 0) if budget.version == version else budget.in_round
     left = min(float(options.per_round), budget.left + rows) if options.rows_per_s > 0 else budget.left
     return dataclasses.replace(budget, in_round=in_round, left=left)
+
+
+@dataclass(frozen=True)
+class RoundProgress:
+    """A run's open round as the health service sees it: seconds since it opened (the previous close, or the
+    first pull after a start), its deadline (sync.round_deadline_s plus a time-boxed round's budget), the
+    updates waiting in it, and coordinator.health_round_deadlines."""
+
+    run_id: str
+    open_s: float
+    deadline_s: float
+    reports: int
+    multiple: float
+
+
+def decide_progress(rounds: Iterable[RoundProgress]) -> Decision:
+    """Whether rounds close (pure): not when updates wait in a round that has been open for more than
+    `multiple` round deadlines (a close that fails or hangs, pushes that cannot land); an idle round is fine."""
+    for r in rounds:
+        limit = r.multiple * r.deadline_s
+        if r.reports > 0 and r.open_s > limit:
+            return Decision(False, (
+                f"run {r.run_id}: {r.reports} update{'s' if r.reports != 1 else ''} waiting in a round open for "
+                f"{r.open_s:.1f} s, more than coordinator.health_round_deadlines = {r.multiple:g} × its deadline "
+                f"{r.deadline_s:g} s: no round closes"))
+    return Decision(True, "rounds close")

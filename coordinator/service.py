@@ -151,6 +151,9 @@ class SwarmCoordinator:
         # The stalls of a LivenessClock `tick` has seen, and when the coordinator resumed from the latest (its clock).
         self._stalls_seen = 0
         self._resumed_at: float | None = None
+        # Told (worker_id, reason) when a membership is left or evicted, under `_lock`: the server's call gate
+        # ends that worker's calls still running (guards.py `CallGate.end_worker`). None: nobody is told.
+        self.on_membership_end: Callable[[str, str], None] | None = None
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
         self.membership = decisions.MembershipOptions(
@@ -318,6 +321,9 @@ class SwarmCoordinator:
         worker.active, worker.state, worker.reason, worker.ended_at = False, state, reason, now
         del self._active[worker.worker_id]
         self._ended[worker.worker_id] = worker
+        self._version_changed.notify_all()
+        if self.on_membership_end is not None and state != pb.WORKER_STATE_REASSIGNED:
+            self.on_membership_end(worker.worker_id, reason)
         self.store.add_event(worker.worker_id, kind, reason, now)
         log.info("%s: %s (%s) at version %d: %s", kind, worker.worker_id, worker.name, self.version, reason)
 
@@ -384,13 +390,14 @@ class SwarmCoordinator:
 
     def await_version(self, request: pb.AwaitVersionRequest, time_remaining: float) -> pb.AwaitVersionResponse:
         """Long poll until the version reaches `min_version` (handler thread; takes `_lock` and waits on
-        `_version_changed`, which releases it while waiting), at most `coordinator.max_wait_s`."""
+        `_version_changed`, which releases it while waiting), at most `coordinator.max_wait_s`, or until the
+        membership ends (`_end_membership` wakes the waiters)."""
         wait_s = min(max(request.wait_ms, 0) / 1000.0, self.spec.coordinator.max_wait_s, max(time_remaining - 0.2, 0.0))
         deadline = time.monotonic() + wait_s
         with self._lock:
             worker = self._authenticated("AwaitVersion", request.worker_id, request.worker_secret)
             worker.last_seen = self.clock()
-            while self.version < request.min_version and not self.finished:
+            while self.version < request.min_version and not self.finished and worker.active:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -540,6 +547,17 @@ class SwarmCoordinator:
         that ended last, oldest first, so the reply stays far below the message limit."""
         ended = list(itertools.islice(reversed(self._ended.values()), STATUS_ENDED_WORKERS))
         return [*self._active.values(), *reversed(ended)]
+
+    def round_progress(self) -> decisions.RoundProgress:
+        """The open round as the health service judges it (`decisions.decide_progress`; the health thread;
+        takes `_lock`). A round nobody pulled yet has been open for 0 s."""
+        with self._lock:
+            current = self.round
+            open_s = self.clock() - current.opened_at if current.started else 0.0
+            return decisions.RoundProgress(
+                self.run_id, open_s, self.spec.sync.round_deadline_s + current.budget_s,
+                len(current.reports) + len(current.late), self.spec.coordinator.health_round_deadlines,
+            )
 
     def close(self) -> None:
         """Close the store; once the server and the ticker have stopped (no lock)."""
