@@ -168,11 +168,16 @@ def test_the_server_never_waits_past_a_calls_cap(start_coordinator, channel, mon
     ch = channel(local)
     stub = pb_grpc.CoordinatorStub(ch)
     member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=5, metadata=AUTH)
-    # A long poll with a day-long deadline returns at the cap, not at max_wait_s.
+    # A long poll with a 364-day deadline returns at the cap, not at max_wait_s.
     started = time.monotonic()
     poll = pb.AwaitVersionRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, min_version=1, wait_ms=60_000)
-    assert stub.AwaitVersion(poll, timeout=86_400, metadata=AUTH).version == 0
+    assert stub.AwaitVersion(poll, timeout=364 * 86_400, metadata=AUTH).version == 0
     assert time.monotonic() - started < cap_s + 1.0
+    # Beyond 365 days (NO_DEADLINE_S) the coordinator counts a deadline as none and refuses the call.
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.AwaitVersion(poll, timeout=366 * 86_400, metadata=AUTH)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "calls to the coordinator must set a deadline"
     # A push that sends its meta and then nothing (but for less than stream_idle_s) is cut at the cap.
     release = threading.Event()
 
