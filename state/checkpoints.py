@@ -9,10 +9,12 @@ and loads them.
 
 Two digests cover every byte of a checkpoint (issue #31). `param_sha256` is the parameters' digest
 pulls carry (`tensor_stream.params_sha256`: each name, a NUL byte and its float32 bytes, in pull order);
-`rest_sha256` (`rest_digest`) is the SHA-256 of everything else in the file, in file order: the 8-byte
-header length, the header (metadata, every tensor's name, dtype, shape and offsets) and the bytes of
-every optimizer state tensor (the outer momentum, the broadcast residual, any other group). A ledger
-entry written before `rest_sha256` existed has none: its file is checked over θ (and for finite state)
+`rest_blake3` (`rest_digest`) is the BLAKE3 digest of everything else in the file, in file order: the
+8-byte header length, the header (metadata, every tensor's name, dtype, shape and offsets) and the bytes
+of every optimizer state tensor (the outer momentum, the broadcast residual, any other group). BLAKE3,
+a cryptographic hash, because the state is twice θ's size and SHA-256 over it doubled the commit's
+time at 100 M parameters (docs/RELIABILITY.md); it runs on its own thread beside the write. A ledger
+entry written before `rest_blake3` existed has none: its file is checked over θ (and for finite state)
 only, as before; every commit since records both.
 """
 
@@ -23,11 +25,13 @@ import json
 import os
 import struct
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import blake3
 import torch
 from safetensors import SafetensorError, safe_open
 
@@ -62,12 +66,12 @@ class LedgerEntry:
     version: int
     file: str
     param_sha256: str
-    rest_sha256: str | None = None
+    rest_blake3: str | None = None
 
 
 @dataclass(frozen=True)
 class Digests:
-    """What `write_checkpoint` computed in its pass: the parameters' digest (None unless asked) and `rest_sha256`."""
+    """What `write_checkpoint` computed in its pass: the parameters' digest (None unless asked) and `rest_blake3`."""
 
     params: bytes | None
     rest: bytes
@@ -115,7 +119,7 @@ def write_checkpoint(
     """Write a safetensors file of `params` then each state group's tensors ("<group>/<name>") straight from
     the tensors' memory: a header, then each tensor's bytes by one write each, no intermediate copy (not
     fsynced: the caller does). An existing file at `path` is overwritten in place and cut to size, so the
-    pages it has in the page cache are reused instead of allocated afresh. Returns the file's `rest_sha256`
+    pages it has in the page cache are reused instead of allocated afresh. Returns the file's `rest_blake3`
     and, with `digest`, `tensor_stream.params_sha256(params)` (params must be float32), both computed over
     the same bytes in the same pass.
     """
@@ -136,14 +140,17 @@ def write_checkpoint(
     if sha is not None and any(tensor.dtype != torch.float32 for tensor in params.values()):
         raise ValueError(f"checkpoint parameters must be float32 to be digested, got {sorted({str(t.dtype) for t in params.values()})}")
     head = struct.pack("<Q", len(header)) + header
-    rest = hashlib.sha256(head)
+    # The rest digest runs on its own thread over the same memory while this one writes and digests the
+    # parameters: blake3, hashlib and os.write release the GIL, so the passes overlap.
+    rest = blake3.blake3(head)
+    hashing = threading.Thread(target=lambda: [rest.update(data) for _, data, _ in parts[len(params):]],
+                               name="rest-digest", daemon=True)
+    hashing.start()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         _write_all(fd, memoryview(head))
         for index, (key, data, _) in enumerate(parts):
-            if index >= len(params):
-                rest.update(data)
-            elif sha is not None:
+            if sha is not None and index < len(params):
                 sha.update(key.encode("utf-8"))
                 sha.update(b"\0")
                 sha.update(data)
@@ -151,6 +158,7 @@ def write_checkpoint(
         os.ftruncate(fd, 8 + len(header) + offset)
     finally:
         os.close(fd)
+        hashing.join()
     return Digests(None if sha is None else sha.digest(), rest.digest())
 
 
@@ -175,9 +183,9 @@ def _read_head(path: Path) -> tuple[bytes, dict[str, Any]]:
 
 
 def rest_digest(head: bytes, header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], params: set[str]) -> bytes:
-    """`rest_sha256` of a loaded checkpoint: SHA-256 of `head` (the stored header length and header) and of every
+    """`rest_blake3` of a loaded checkpoint: BLAKE3 of `head` (the stored header length and header) and of every
     tensor that is not a parameter, in the order of its data offsets (as `write_checkpoint` computes it)."""
-    rest = hashlib.sha256(head)
+    rest = blake3.blake3(head)
     others = sorted((key for key in tensors if key not in params), key=lambda key: header[key]["data_offsets"][0])
     for key in others:
         rest.update(_raw_bytes(key, tensors[key]))
@@ -216,10 +224,10 @@ def verify_checkpoint(path: Path, entry: LedgerEntry, names: list[str], run_id: 
     digest = tensor_stream.params_sha256(ordered)
     if digest.hex() != entry.param_sha256:
         return None, f"parameters' SHA-256 {digest.hex()} differs from the {entry.param_sha256} recorded at commit"
-    if entry.rest_sha256 is not None:
+    if entry.rest_blake3 is not None:
         rest = rest_digest(head, header, tensors, set(params)).hex()
-        if rest != entry.rest_sha256:
+        if rest != entry.rest_blake3:
             groups = ", ".join(sorted(state)) or "none"
-            return None, (f"SHA-256 of its header and optimizer state ({groups}) {rest} differs from the "
-                          f"{entry.rest_sha256} recorded at commit")
+            return None, (f"BLAKE3 digest of its header and optimizer state ({groups}) {rest} differs from the "
+                          f"{entry.rest_blake3} recorded at commit")
     return Checkpoint(version=entry.version, params=ordered, state=state, param_sha256=digest), ""

@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS metrics (
 );
 CREATE INDEX IF NOT EXISTS metrics_by_version ON metrics (version);
 CREATE TABLE IF NOT EXISTS checkpoints (
-    version INTEGER PRIMARY KEY, file TEXT NOT NULL, param_sha256 TEXT NOT NULL, committed_at REAL, rest_sha256 TEXT
+    version INTEGER PRIMARY KEY, file TEXT NOT NULL, param_sha256 TEXT NOT NULL, committed_at REAL, rest_blake3 TEXT
 );
 CREATE TABLE IF NOT EXISTS worker_totals (
     run_id TEXT, worker_id TEXT, tokens INTEGER, bytes_sent INTEGER, bytes_received INTEGER,
@@ -58,7 +58,7 @@ ROUND_COLUMNS_ADDED = {
 # The ledger's digest of everything in a checkpoint file but its parameters' bytes (state/checkpoints.py), added
 # after its first release: a state dir written before it gets the column at its next open for writing, NULL
 # for the versions committed before (verified over θ only).
-LEDGER_COLUMNS_ADDED = {"rest_sha256": "TEXT"}
+LEDGER_COLUMNS_ADDED = {"rest_blake3": "TEXT"}
 ROUND_COLUMNS = ("version", "opened_at", "closed_at", "reports", "tokens", "close_reason", "update_norm", "param_sha256")
 
 

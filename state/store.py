@@ -23,9 +23,9 @@ inner steps among its updates trained from its version), which the run step coun
 
 Verified state: `load_current` serves nothing it has not verified. It reads the committed
 checkpoint and checks it against the ledger (`checkpoints.verify_checkpoint`: the parameters'
-digest and `rest_sha256`, the digest of the header and every optimizer state tensor, so every
+digest and `rest_blake3`, the digest of the header and every optimizer state tensor, so every
 byte the outer step loads) and against `run_state.version`. A version committed before the
-ledger recorded `rest_sha256` (an older state dir) is checked over θ only, and logged as such. When that fails it falls back to the newest kept checkpoint that
+ledger recorded `rest_blake3` (an older state dir) is checked over θ only, and logged as such. When that fails it falls back to the newest kept checkpoint that
 verifies, logs a WARNING, records an event of kind `fallback` naming each file and what was
 wrong, and makes that version current; when none verifies it raises ValueError naming them.
 
@@ -297,7 +297,7 @@ class StateStore:
             )
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
                            [(now, worker_id, kind, reason) for worker_id, kind, reason, now in events])
-            db.execute("INSERT OR REPLACE INTO checkpoints (version, file, param_sha256, committed_at, rest_sha256) "
+            db.execute("INSERT OR REPLACE INTO checkpoints (version, file, param_sha256, committed_at, rest_blake3) "
                        "VALUES (?, ?, ?, ?, ?)", (version, name, digest, time.time(), computed.rest.hex()))
             if round_record is not None:
                 r = round_record
@@ -371,7 +371,7 @@ class StateStore:
             if (entry.file, str(entry.version)) != (name, claimed):
                 problems.append(f"run_state.version = {claimed!r}, checkpoint = {name!r}, but the newest checkpoint that "
                                 f"verifies is {entry.file} (version {entry.version})")
-            if entry.rest_sha256 is None:
+            if entry.rest_blake3 is None:
                 log.info("state dir %s: %s was committed before the ledger recorded the digest of its optimizer state: "
                          "verified over its parameters only (every commit from now on records both)", self.state_dir,
                          entry.file)
@@ -452,10 +452,10 @@ class StateStore:
         return [Event(*row) for row in rows]
 
     def ledger(self) -> list[LedgerEntry]:
-        """The committed versions the `checkpoints` ledger records, oldest first (`rest_sha256` None where it
+        """The committed versions the `checkpoints` ledger records, oldest first (`rest_blake3` None where it
         was not recorded, or where an older state dir opened read-only lacks the column)."""
         present = {row[1] for row in self._read("PRAGMA table_info(checkpoints)")}
-        rest = "rest_sha256" if "rest_sha256" in present else "NULL"
+        rest = "rest_blake3" if "rest_blake3" in present else "NULL"
         rows = self._read(f"SELECT version, file, param_sha256, {rest} FROM checkpoints ORDER BY version")
         return [LedgerEntry(*row) for row in rows]
 

@@ -32,6 +32,7 @@ from rcswarm.sync import tensor_stream
 from tests.helpers.coordinator import LocalCoordinator
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.waiting import wait_for
+from tests.helpers.wire import push, small_deltas
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -341,18 +342,15 @@ def test_health_says_not_serving_with_its_reason_while_updates_wait_and_no_round
         a = client.join("a", "cpu", 1)
         client.pull(a, a.run_id)
         store.hanging.set()
-        deltas = {name: torch.full(shape, 1e-3) for name, shape in running.coordinator.shapes.items()}
-        header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=a.run_id, version=0)
-        meta = pb.UpdateMeta(worker_id=a.worker_id, worker_secret=a.worker_secret, base_version=0, tokens=128, inner_steps=1)
         # The push's close hangs in its commit on the push's own thread; the ticker goes on ticking.
-        pushed = threading.Thread(target=lambda: client.push(meta, header, chunks), daemon=True)
+        pushed = threading.Thread(target=push, args=(client, a, small_deltas(local)), daemon=True)
         pushed.start()
         wait_for(lambda: health_status(ch) == NOT_SERVING, 10.0, "NOT_SERVING while the update waits")
         assert "1 update waiting in a round open for" in running.health_reason
         assert "coordinator.health_round_deadlines = 3 × its deadline 0.5 s" in running.health_reason
         store.released.set()
-        wait_for(lambda: health_status(ch) == SERVING, 10.0, "SERVING once the round closed")
-        assert client.status().version == 1
+        wait_for(lambda: client.status().version == 1 and health_status(ch) == SERVING, 10.0,
+                 "SERVING once the round closed")
         client.close()
     finally:
         store.released.set()

@@ -240,10 +240,10 @@ def test_flipped_optimizer_state_in_every_checkpoint_refuses_to_start(tmp_path: 
 def test_a_ledger_from_before_the_state_digest_is_verified_over_theta_and_upgraded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # A state dir written before the ledger had rest_sha256: the column does not exist.
+    # A state dir written before the ledger had rest_blake3: the column does not exist.
     digests = committed_run(tmp_path)
-    edit_sql(tmp_path, "ALTER TABLE checkpoints DROP COLUMN rest_sha256")
-    assert [entry.rest_sha256 for entry in read_state(tmp_path, lambda store: store.ledger())] == [None] * (VERSIONS + 1)
+    edit_sql(tmp_path, "ALTER TABLE checkpoints DROP COLUMN rest_blake3")
+    assert [entry.rest_blake3 for entry in read_state(tmp_path, lambda store: store.ledger())] == [None] * (VERSIONS + 1)
     with caplog.at_level(logging.INFO, logger="rcswarm.state.store"):
         assert_resumed(tmp_path, VERSIONS, digests)
     assert any("verified over its parameters only" in record.getMessage() for record in caplog.records)
@@ -256,6 +256,6 @@ def test_a_ledger_from_before_the_state_digest_is_verified_over_theta_and_upgrad
     finally:
         coordinator.close()
     newest = read_state(tmp_path, lambda store: store.ledger())[-1]
-    assert newest.version == VERSIONS + 1 and newest.rest_sha256 is not None and len(newest.rest_sha256) == 64
+    assert newest.version == VERSIONS + 1 and newest.rest_blake3 is not None and len(newest.rest_blake3) == 64
     flip_bytes(checkpoint(tmp_path, VERSIONS + 1), "outer_momentum")
     assert_resumed(tmp_path, VERSIONS, digests)
