@@ -114,6 +114,7 @@ class SwarmCoordinator:
       report_metrics                           handlers                       takes (member), none (values), takes
                                                                               (count), none (rows)
       owns_credential, knows, active_workers   any thread (a RunGroup)        takes
+      round_progress                           the server's health thread     takes
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
         finished
@@ -128,6 +129,9 @@ class SwarmCoordinator:
       closer.finish                            that caller, lock released     none; takes it to publish the close
                                                                               or to undo a failed one
       closer.compute                           `closer.finish`                none; one close at a time (`under_way`)
+
+    `on_membership_end` (the server's `CallGate.end_worker`) is called from `_end_membership`, lock held; it
+    takes only the gate's own lock.
 
     Membership. `workers` holds every membership still in memory, `_active` the active ones (all
     that admission, eviction and round closing look at) and `_ended` the ended ones in the order
