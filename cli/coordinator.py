@@ -9,8 +9,9 @@ whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires
 [coordinator] keys set the call limits and the health stall time, which `--max-calls`,
 `--stream-idle-s` and `--health-stall-s` override (`serving_limits`); `--token-file` is re-read when it
 changes and on SIGHUP. Errors follow cli/usage.py: a usage error prints one line
-`rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; a failure to
-serve (a port in use) exits 1.
+`rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; so does a state
+dir that cannot be opened or written (a full disk: `StoreError` or `OSError`, one line, no traceback);
+a failure to serve (a port in use) exits 1.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rcswarm.coordinator import (
     DEFAULT_MAX_CALLS,
     CallLimits,
     JoinTokens,
+    LivenessClock,
     RunningCoordinator,
     layout_problem,
     lock_state_dirs,
@@ -50,6 +52,7 @@ from rcswarm.coordinator.tls import (
 )
 from rcswarm.protos.transport import host_port, is_loopback_host
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.state.errors import StoreError
 
 log = logging.getLogger("rcswarm.coordinator")
 PROG = "rcswarm coordinator"
@@ -194,7 +197,9 @@ def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits,
     served = spec.coordinator
     idle_s = served.stream_idle_s if args.stream_idle_s is None else args.stream_idle_s
     stall_s = served.health_stall_s if args.health_stall_s is None else args.health_stall_s
-    return CallLimits(parse_max_calls(args.max_calls, served.max_calls), idle_s), stall_s
+    limits = CallLimits(parse_max_calls(args.max_calls, served.max_calls), idle_s,
+                        per_worker=served.max_calls_per_worker, per_peer=served.max_calls_per_peer)
+    return limits, stall_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,14 +218,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(layout)
             # One coordinator per state dir, for this process's life (StateDirBusy, a RuntimeError, names the holder).
             locks = lock_state_dirs(spec, args.state_dir)
-            coordinator = open_group(spec, args.state_dir)
+            clock = LivenessClock().start()
+            coordinator = open_group(spec, args.state_dir, clock)
             http_required = True if args.http_token_required else False if args.http_insecure else None
             running = RunningCoordinator(
                 coordinator, tokens, args.host, args.port, tls, limits, stall_s,
                 http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
                 health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
             ).start()
-        except ValueError as exc:
+        except (ValueError, StoreError, OSError) as exc:
             problem = str(exc)
         except RuntimeError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
@@ -249,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     log.info("stopping: %s", coordinator.versions_text())
     running.stop()
+    clock.stop()
     for lock in locks:
         lock.release()
     return 0

@@ -356,29 +356,52 @@ class CoordinatorSection:
     # loss). false keeps the atomic rename and survives a crash of the process only.
     durable: bool = True
     # Metric rows one worker may report while one version is current; more are refused.
-    # 0 = the larger of 1000 and 10 × (inner.steps + 1) (see RunSpec.metric_rows_per_round).
+    # 0 = the larger of 64 and 4 × (inner.steps + 2) (see RunSpec.metric_rows_per_round).
     max_metrics_per_round: int = 0
+    # Metric rows per second one worker's budget refills with (at most max_metrics_per_round at once); 0 = no
+    # budget over time. An honest worker writes one row per inner step and one per pull.
+    metric_rows_per_s: float = 256.0
+    # Metric rows the state dir keeps; beyond it the oldest rows are deleted (the dashboard's curves and totals
+    # come from aggregates that keep them). 0 = no limit.
+    max_metric_rows: int = 4_000_000
     # Seconds a worker that left or was evicted stays in memory (and in GetStatus); SQLite keeps it.
     forget_after_s: float = 300.0
     # Calls of one kind (membership, query, long_poll, pull, push) the server runs at once; beyond
     # it a call is refused with RESOURCE_EXHAUSTED. A kind not listed keeps its default
     # (32, 16, 64, 16, 16); `rcswarm coordinator --max-calls KIND=N` overrides both.
     max_calls: dict[str, int] = field(default_factory=dict)
+    # Fair share: calls of one kind one worker runs at once, and calls of one kind from one peer host without
+    # a worker's credential (Join, GetStatus; a kind not listed: half of its max_calls). Every active worker's
+    # first call of a kind is admitted even when the kind is at max_calls (a reserve of max_workers per kind).
+    max_calls_per_worker: int = 2
+    max_calls_per_peer: dict[str, int] = field(default_factory=dict)
     # A stream that carries no message for this long is cancelled (--stream-idle-s overrides).
     stream_idle_s: float = 10.0
     # Health says NOT_SERVING when no coordinator tick completed for this long (--health-stall-s overrides).
     health_stall_s: float = 60.0
+    # Health also says NOT_SERVING while updates wait in a round that is open for more than this many round
+    # deadlines (sync.round_deadline_s, plus a time-boxed round's budget) without closing.
+    health_round_deadlines: float = 3.0
 
     def __post_init__(self) -> None:
         _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s", "forget_after_s", "stream_idle_s",
                         "health_stall_s")
-        for kind, limit in self.max_calls.items():
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                _fail(f"coordinator.max_calls.{kind}", limit, "an integer >= 1")
+        for table in ("max_calls", "max_calls_per_peer"):
+            for kind, limit in getattr(self, table).items():
+                if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                    _fail(f"coordinator.{table}.{kind}", limit, "an integer >= 1")
+        if isinstance(self.max_calls_per_worker, bool) or self.max_calls_per_worker < 1:
+            _fail("coordinator.max_calls_per_worker", self.max_calls_per_worker, "an integer >= 1")
+        if not (math.isfinite(self.health_round_deadlines) and self.health_round_deadlines >= 1):
+            _fail("coordinator.health_round_deadlines", self.health_round_deadlines, "a number >= 1")
         if self.keep_checkpoints < 0:
             _fail("coordinator.keep_checkpoints", self.keep_checkpoints, "an integer >= 0")
         if self.max_metrics_per_round < 0:
             _fail("coordinator.max_metrics_per_round", self.max_metrics_per_round, "an integer >= 0 (0 = automatic)")
+        if not (math.isfinite(self.metric_rows_per_s) and self.metric_rows_per_s >= 0):
+            _fail("coordinator.metric_rows_per_s", self.metric_rows_per_s, "a number of rows per second >= 0 (0 = no budget)")
+        if self.max_metric_rows < 0:
+            _fail("coordinator.max_metric_rows", self.max_metric_rows, "an integer >= 0 (0 = no limit)")
 
 
 @dataclass(frozen=True)
@@ -534,9 +557,10 @@ class RunSpec:
 
     def metric_rows_per_round(self) -> int:
         """The metric rows a worker may report per round: coordinator.max_metrics_per_round, or when 0
-        the larger of 1000 and 10 × (steps + 1) (a worker reports one row per step and one per pull), steps
-        the most a round allows (`SyncSection.step_cap`)."""
-        return self.coordinator.max_metrics_per_round or max(1000, 10 * (self.sync.step_cap(self.inner.steps) + 1))
+        the larger of 64 and 4 × (steps + 2) (a worker reports one row per step and one per pull: steps + 1;
+        4 × leaves room for a late round's rows and a retried report), steps the most a round allows
+        (`SyncSection.step_cap`)."""
+        return self.coordinator.max_metrics_per_round or max(64, 4 * (self.sync.step_cap(self.inner.steps) + 2))
 
     def sweep_runs(self) -> list[RunSpec]:
         """The runs of a sweep (this spec alone if it is not one), each with its own L and batch."""

@@ -6,6 +6,7 @@
     intake.py       UpdateIntake: every reason a push or a metrics report is refused
     close.py        RoundCloser: the round close, from a round's updates to the next version served
     decisions.py    the pure decisions: admit, evict, forget, close a round, pace, staleness
+    liveness.py     LivenessClock: leases and deadlines on monotonic time that skips the coordinator's own stalls
     curriculum.py   CurriculumTracker: each worker's sequence length and batch, the adaptive ladder
     aggregation.py  bounded influence: the robust aggregators and the automatic norm bound
     sweep.py        RunGroup (open_group): a sweep's runs or one run, the interface the server and dashboard use
@@ -27,6 +28,7 @@ __all__ = [
     # a run or a sweep, its state dirs
     "RunGroup", "SweepCoordinator", "open_group", "run_state_dirs", "layout_problem", "lock_state_dirs",
     "RunningCoordinator", "CallLimits", "DEFAULT_MAX_CALLS", "parse_max_calls", "TLSFiles", "JoinTokens",  # serving
+    "LivenessClock",
     "aggregation", "curriculum", "decisions", "tls",  # modules
 ]
 # The module of this package that defines each name of `__all__`; None for a module itself.
@@ -35,7 +37,7 @@ _WHERE = {
     "RunGroup": "sweep", "SweepCoordinator": "sweep", "open_group": "sweep", "run_state_dirs": "sweep",
     "layout_problem": "sweep", "lock_state_dirs": "sweep",
     "RunningCoordinator": "server", "CallLimits": "guards", "DEFAULT_MAX_CALLS": "guards", "parse_max_calls": "guards",
-    "TLSFiles": "tls", "JoinTokens": "tokens",
+    "TLSFiles": "tls", "JoinTokens": "tokens", "LivenessClock": "liveness",
     "aggregation": None, "curriculum": None, "decisions": None, "tls": None,
 }
 

@@ -24,6 +24,7 @@ delayed outer gradients.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -40,6 +41,9 @@ class MembershipOptions:
     max_workers: int
     # Seconds an ended membership (left, evicted, reassigned) is kept in memory.
     forget_after_s: float = 300.0
+    # After the coordinator itself stalled (liveness.py), a member not heard since has lease_s plus this long
+    # from the resume: its calls failed while the coordinator was frozen and may be waiting out their backoff.
+    stall_grace_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,26 @@ class StalenessOptions:
 
 
 @dataclass(frozen=True)
+class MetricOptions:
+    # Rows one worker may store while one version is current (coordinator.max_metrics_per_round, resolved).
+    per_round: int
+    # Rows per second a worker's time budget refills with (coordinator.metric_rows_per_s; 0 = no time budget),
+    # up to `per_round` rows.
+    rows_per_s: float
+
+
+@dataclass(frozen=True)
+class MetricBudget:
+    """A worker's metric rows: those counted at the version current when it last reported (`version`,
+    `in_round`), and its time budget: `left` rows at time `at` (None before its first report: a full budget)."""
+
+    version: int = -1
+    in_round: int = 0
+    left: float = 0.0
+    at: float | None = None
+
+
+@dataclass(frozen=True)
 class Lateness:
     """Whether an update is merged: its staleness in versions, its weight w(s) and why."""
 
@@ -149,14 +173,25 @@ def decide_admission(
 
 
 def decide_evictions(
-    now: float, workers: Iterable[WorkerView], options: MembershipOptions
+    now: float, workers: Iterable[WorkerView], options: MembershipOptions, resumed_at: float | None = None
 ) -> list[tuple[str, str]]:
-    """The (worker_id, reason) pairs of active workers whose lease has expired."""
+    """The (worker_id, reason) pairs of active workers whose lease has expired. `now` and `last_seen` are on the
+    coordinator's own clock (liveness.py: its stalls are not counted). `resumed_at`: when the coordinator last
+    resumed from a stall; a worker not heard since has lease_s + stall_grace_s from then."""
     evicted = []
     for worker in workers:
         silent = now - worker.last_seen
-        if worker.active and silent > options.lease_s:
-            evicted.append((worker.worker_id, f"lease expired: no heartbeat for {silent:.1f}s > lease {options.lease_s:.1f}s"))
+        if not worker.active or silent <= options.lease_s:
+            continue
+        if resumed_at is not None and worker.last_seen < resumed_at:
+            since = now - resumed_at
+            if since <= options.lease_s + options.stall_grace_s:
+                continue
+            evicted.append((worker.worker_id, (
+                f"lease expired: no heartbeat for {since:.1f}s since the coordinator resumed from a stall > lease "
+                f"{options.lease_s:.1f}s + grace {options.stall_grace_s:.1f}s")))
+            continue
+        evicted.append((worker.worker_id, f"lease expired: no heartbeat for {silent:.1f}s > lease {options.lease_s:.1f}s"))
     return evicted
 
 
@@ -302,3 +337,59 @@ def _time_pace(step_seconds: Mapping[str, float], options: PaceOptions) -> Pace:
             why = (f"sync.min_steps = {options.min_steps} of the slowest worker {slowest} at "
                    f"{step_seconds[slowest]:.3f}s/step (> sync.round_seconds = {options.round_seconds:g})")
     return Pace(budget, options.step_cap, (), f"time-boxed: {budget:.2f}s a round ({why}), at most {options.step_cap} steps")
+
+
+def decide_metric_rows(
+    now: float, version: int, budget: MetricBudget, rows: int, options: MetricOptions
+) -> tuple[Decision, MetricBudget]:
+    """Whether a worker may store `rows` more metric rows at `version`, and its budget afterwards: at most
+    `per_round` rows while one version is current, and a token bucket over time, `rows_per_s` rows a second up
+    to `per_round` at once, so that rounds closing fast do not multiply what one worker stores. A refusal leaves
+    the budget as it was (refilled to `now`)."""
+    in_round = budget.in_round if budget.version == version else 0
+    left = float(options.per_round) if budget.at is None else min(
+        float(options.per_round), budget.left + max(now - budget.at, 0.0) * options.rows_per_s)
+    refilled = MetricBudget(version, in_round, left, now)
+    if in_round + rows > options.per_round:
+        return Decision(False, (f"reported {in_round} metric rows at version {version}; {rows} more exceed "
+                                f"coordinator.max_metrics_per_round = {options.per_round}")), refilled
+    if options.rows_per_s > 0 and rows > left:
+        wait = (rows - left) / options.rows_per_s
+        return Decision(False, (f"{rows} metric rows exceed the {int(left)} its time budget holds now "
+                                f"(coordinator.metric_rows_per_s = {options.rows_per_s:g}, at most "
+                                f"{options.per_round} at once); retry in {wait:.1f} s")), refilled
+    return Decision(True, f"{rows} rows stored"), dataclasses.replace(
+        refilled, in_round=in_round + rows, left=left - rows if options.rows_per_s > 0 else left)
+
+
+def refund_metric_rows(budget: MetricBudget, version: int, rows: int, options: MetricOptions) -> MetricBudget:
+    """The budget after `rows` counted at `version` were not stored after all (the store refused them)."""
+    in_round = max(budget.in_round - rows, 0) if budget.version == version else budget.in_round
+    left = min(float(options.per_round), budget.left + rows) if options.rows_per_s > 0 else budget.left
+    return dataclasses.replace(budget, in_round=in_round, left=left)
+
+
+@dataclass(frozen=True)
+class RoundProgress:
+    """A run's open round as the health service sees it: seconds since it opened (the previous close, or the
+    first pull after a start), its deadline (sync.round_deadline_s plus a time-boxed round's budget), the
+    updates waiting in it, and coordinator.health_round_deadlines."""
+
+    run_id: str
+    open_s: float
+    deadline_s: float
+    reports: int
+    multiple: float
+
+
+def decide_progress(rounds: Iterable[RoundProgress]) -> Decision:
+    """Whether rounds close (pure): not when updates wait in a round that has been open for more than
+    `multiple` round deadlines (a close that fails or hangs, pushes that cannot land); an idle round is fine."""
+    for r in rounds:
+        limit = r.multiple * r.deadline_s
+        if r.reports > 0 and r.open_s > limit:
+            return Decision(False, (
+                f"run {r.run_id}: {r.reports} update{'s' if r.reports != 1 else ''} waiting in a round open for "
+                f"{r.open_s:.1f} s, more than coordinator.health_round_deadlines = {r.multiple:g} × its deadline "
+                f"{r.deadline_s:g} s: no round closes"))
+    return Decision(True, "rounds close")

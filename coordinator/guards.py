@@ -12,8 +12,18 @@ limit of calls running at once, beyond which a call is refused at once with RESO
 longest time the server spends on one call whatever deadline the client sent; a stream that carries no
 message for `stream_idle_s` in either direction is cancelled with DEADLINE_EXCEEDED (`CallWatchdog`).
 `CallLimits` holds the limits; the thread pool (server.py) has `headroom` threads beyond the sum of the
-kind limits, so calls that hold a thread (long polls, streams) never take the last one: refusals and
-the health service always find a thread.
+kind limits and the reserve, so calls that hold a thread (long polls, streams) never take the last one:
+refusals and the health service always find a thread.
+
+Fair share (issue #31). Every call counts against a caller (`identify`): an active worker, by its id
+when the call carries that worker's own secret (in the request, or for PushUpdate in the metadata), or
+else the peer host it comes from (Join, GetStatus, a call whose credential does not check out). A worker
+runs at most `per_worker` calls of a kind at once, a peer host at most `per_peer` (half of the kind's
+limit unless set); and an active worker with no call of a kind running always gets one, beyond the
+kind's limit, from a reserve of `reserve` (the run's `coordinator.max_workers`) per kind
+(`decide_slot`, pure). Memberships are at most max_workers, and the calls of one that ends are cancelled
+at once (`CallGate.end_worker`), so the reserve always has a slot for every member: one worker, or all
+the workers one join token may create, can hold the kind's shared slots but never a member's own.
 """
 
 from __future__ import annotations
@@ -75,40 +85,96 @@ CREDENTIAL_METADATA_METHODS = frozenset({"PushUpdate"})
 DEFAULT_MAX_CALLS = {"membership": 32, "query": 16, "long_poll": 64, "pull": 16, "push": 16}
 
 
+def _check_count(name: str, value: Any, least: int) -> None:
+    """ValueError naming `name` unless `value` is an integer >= `least`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} = {value!r}: expected an integer >= {least}")
+
+
 @dataclass(frozen=True)
 class CallLimits:
     """Bounded concurrency of the Coordinator service.
 
     `max_calls[kind]` calls of each kind of `RPC_KINDS` run at once, the next is refused with
-    RESOURCE_EXHAUSTED; a stream that carries no message for `stream_idle_s` is cancelled; the
-    thread pool has `headroom` threads beyond the sum of the kind limits, for the health
-    service and for refusals.
+    RESOURCE_EXHAUSTED; one worker runs at most `per_worker` calls of a kind, one peer host (anonymous
+    calls) at most `per_peer[kind]` (default half of `max_calls[kind]`); an active worker's first call of a
+    kind is admitted beyond the limit from a reserve of `reserve` per kind (the module docstring); a stream
+    that carries no message for `stream_idle_s` is cancelled; the thread pool has `headroom` threads beyond
+    the sum of the kind limits and the reserves, for the health service and for refusals.
     """
 
     max_calls: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_MAX_CALLS))
     stream_idle_s: float = 10.0
     headroom: int = 16
+    per_worker: int = 2
+    per_peer: Mapping[str, int] = field(default_factory=dict)
+    reserve: int = 64
 
     def __post_init__(self) -> None:
         """Refuse an unknown or missing kind, a limit below 1, a non-positive idle time or headroom."""
         known = [kind.name for kind in RPC_KINDS]
-        for name, limit in self.max_calls.items():
-            if name not in known:
-                raise ValueError(f"max_calls[{name!r}]: unknown RPC kind; expected one of {', '.join(known)}")
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise ValueError(f"max_calls[{name!r}] = {limit!r}: expected an integer >= 1")
+        for table in ("max_calls", "per_peer"):
+            for name, limit in getattr(self, table).items():
+                if name not in known:
+                    raise ValueError(f"{table}[{name!r}]: unknown RPC kind; expected one of {', '.join(known)}")
+                _check_count(f"{table}[{name!r}]", limit, 1)
         missing = [name for name in known if name not in self.max_calls]
         if missing:
             raise ValueError(f"max_calls lacks {', '.join(missing)}: expected a limit for every RPC kind")
         if not self.stream_idle_s > 0:
             raise ValueError(f"stream_idle_s = {self.stream_idle_s!r}: expected a number of seconds > 0")
-        if isinstance(self.headroom, bool) or not isinstance(self.headroom, int) or self.headroom < 1:
-            raise ValueError(f"headroom = {self.headroom!r}: expected an integer >= 1")
+        _check_count("headroom", self.headroom, 1)
+        _check_count("per_worker", self.per_worker, 1)
+        _check_count("reserve", self.reserve, 0)
+
+    def peer_limit(self, kind: str) -> int:
+        """The calls of `kind` one peer host may run at once: `per_peer[kind]`, else half the kind's limit."""
+        return self.per_peer.get(kind) or max(1, self.max_calls[kind] // 2)
 
     @property
     def threads(self) -> int:
-        """The RPC thread pool's size: every kind at its limit, plus the headroom."""
-        return sum(self.max_calls.values()) + self.headroom
+        """The RPC thread pool's size: every kind at its limit and its reserve, plus the headroom."""
+        return sum(self.max_calls.values()) + self.reserve * len(RPC_KINDS) + self.headroom
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a call counts against: an active worker (`member`, keyed by its id) or a peer host."""
+
+    key: str
+    member: bool
+
+    @property
+    def shown(self) -> str:
+        """The caller as a refusal names it."""
+        return f"worker {self.key}" if self.member else f"peer {self.key}"
+
+
+@dataclass(frozen=True)
+class SlotsHeld:
+    """A kind's calls running now: all of them, those admitted from the reserve, and the caller's own."""
+
+    total: int
+    reserved: int
+    caller: int
+
+
+def decide_slot(kind: str, caller: Caller, held: SlotsHeld, limits: CallLimits) -> tuple[str | None, str]:
+    """Whether a call of `kind` from `caller` runs (pure): "shared" (within the kind's limit), "reserved" (an
+    active worker's first call of the kind, beyond it), or None (refused), and why."""
+    own = limits.per_worker if caller.member else limits.peer_limit(kind)
+    if held.caller >= own:
+        key = "coordinator.max_calls_per_worker" if caller.member else "coordinator.max_calls_per_peer"
+        return None, (f"{caller.shown} already has {held.caller} {kind} calls running, the most one "
+                      f"{'worker' if caller.member else 'peer'} may run at once ({key} = {own}); retry with backoff")
+    limit = limits.max_calls[kind]
+    if held.total < limit:
+        return "shared", f"{kind} call {held.total + 1} of {limit}"
+    if caller.member and held.caller == 0 and held.reserved < limits.reserve:
+        return "reserved", f"{caller.shown}'s own {kind} call, beyond the limit of {limit}"
+    methods = ", ".join(next(k.methods for k in RPC_KINDS if k.name == kind))
+    return None, (f"coordinator busy: {limit} {kind} calls ({methods}) already running, the limit "
+                  f"(--max-calls {kind}={limit}); retry with backoff")
 
 
 def parse_max_calls(values: list[str], configured: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -226,49 +292,64 @@ class _CappedContext:
         return getattr(self._context, name)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Admission:
-    """One admitted call: its kind's slot, its watchdog entry (or None) and the context its handler sees."""
+    """One admitted call: its kind and caller, whether it came from the reserve, its watchdog entry (or None)
+    and the context its handler sees."""
 
-    slot: threading.Semaphore
-    watchdog: CallWatchdog
+    gate: CallGate
+    kind: str
+    caller: Caller
+    reserved: bool
     handle: int | None
     context: _CappedContext
+    # The handler thread serving it (threading.get_ident()).
+    thread: int = 0
+    released: bool = False
 
     def close(self) -> None:
-        """Give the slot back and forget the watchdog entry (the handler's thread, once, when it ends)."""
+        """Forget the watchdog entry and give the slot back (the handler's thread when it ends; once)."""
         if self.handle is not None:
-            self.watchdog.unwatch(self.handle)
-        self.slot.release()
+            self.gate.watchdog.unwatch(self.handle)
+        self.gate.release(self)
 
 
 class CallGate:
-    """Admission and time bounds of Coordinator calls: a slot of the call's kind, its cap, idle streams.
+    """Admission and time bounds of Coordinator calls: a slot of the call's kind for its caller (`decide_slot`),
+    its cap, idle streams, and the end of a member's calls when its membership ends.
 
-    Threads: every method runs on gRPC handler threads; a kind's slots are a semaphore
-    (non-blocking acquire, so a call beyond the limit is refused at once), the watchdog takes its own lock.
+    Threads: `admit`, `release` and `end_worker` run on gRPC handler threads (`end_worker` also on the ticker's,
+    under a run's lock: it takes `_lock` after it, never the other way round); the counts are guarded by
+    `_lock`, which is never held while calling out; the watchdog takes its own lock.
     """
 
     def __init__(self, limits: CallLimits, watchdog: CallWatchdog) -> None:
         self.limits = limits
         self.watchdog = watchdog
-        self._slots = {kind.name: threading.BoundedSemaphore(limits.max_calls[kind.name]) for kind in RPC_KINDS}
+        self._lock = threading.Lock()
+        self._total = dict.fromkeys(limits.max_calls, 0)
+        self._reserved = dict.fromkeys(limits.max_calls, 0)
+        # (kind, caller) -> its calls running; caller -> its admissions (to end a member's calls).
+        self._held: dict[tuple[str, Caller], int] = {}
+        self._calls: dict[Caller, set[_Admission]] = {}
         served = set(pb.DESCRIPTOR.services_by_name["Coordinator"].methods_by_name)
         unbounded = sorted(served - set(KIND_OF_METHOD))
         if unbounded:
             raise RuntimeError(f"RPCs without a kind in RPC_KINDS: {', '.join(unbounded)}")
 
-    def admit(self, method: str, context: grpc.ServicerContext) -> _Admission:
-        """Take a slot of `method`'s kind and watch the call's cap; abort with RESOURCE_EXHAUSTED when none is free."""
+    def admit(self, method: str, context: grpc.ServicerContext, caller: Caller) -> _Admission:
+        """Take a slot of `method`'s kind for `caller` and watch the call's cap; abort with RESOURCE_EXHAUSTED
+        when `decide_slot` refuses."""
         kind = KIND_OF_METHOD[method]
-        limit = self.limits.max_calls[kind.name]
-        slot = self._slots[kind.name]
-        if not slot.acquire(blocking=False):
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"coordinator busy: {limit} {kind.name} calls ({', '.join(kind.methods)}) already running, "
-                f"the limit (--max-calls {kind.name}={limit}); retry with backoff",
-            )
+        with self._lock:
+            held = SlotsHeld(self._total[kind.name], self._reserved[kind.name], self._held.get((kind.name, caller), 0))
+            slot, reason = decide_slot(kind.name, caller, held, self.limits)
+            if slot is not None:
+                self._total[kind.name] += 1
+                self._reserved[kind.name] += slot == "reserved"
+                self._held[(kind.name, caller)] = held.caller + 1
+        if slot is None:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
         deadline = time.monotonic() + kind.max_call_s
         handle = None
         if context.time_remaining() > kind.max_call_s:
@@ -276,7 +357,46 @@ class CallGate:
                 context, deadline, grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"{method} ran for {kind.max_call_s:.0f} s, the longest the coordinator serves one {kind.name} call",
             )
-        return _Admission(slot, self.watchdog, handle, _CappedContext(context, deadline))
+        admission = _Admission(self, kind.name, caller, slot == "reserved", handle, _CappedContext(context, deadline),
+                               threading.get_ident())
+        with self._lock:
+            self._calls.setdefault(caller, set()).add(admission)
+        return admission
+
+    def release(self, admission: _Admission) -> None:
+        """Give an admission's slot back, once (its handler's end, or `end_worker`)."""
+        with self._lock:
+            if admission.released:
+                return
+            admission.released = True
+            self._total[admission.kind] -= 1
+            self._reserved[admission.kind] -= admission.reserved
+            key = (admission.kind, admission.caller)
+            self._held[key] -= 1
+            if not self._held[key]:
+                del self._held[key]
+            calls = self._calls.get(admission.caller)
+            if calls is not None:
+                calls.discard(admission)
+                if not calls:
+                    del self._calls[admission.caller]
+
+    def end_worker(self, worker_id: str, reason: str) -> None:
+        """A membership ended (left or evicted): cancel its calls still running with NOT_FOUND and give their
+        slots back now, so that a member's reserve slot is never held by one that is gone. The call on the thread
+        that ended it (its Leave, or a push whose close evicted it) answers as it would have."""
+        here = threading.get_ident()
+        with self._lock:
+            calls = [a for a in self._calls.get(Caller(worker_id, True), ()) if a.thread != here]
+        for admission in calls:
+            _cancel(admission.context, grpc.StatusCode.NOT_FOUND,
+                    f"worker {worker_id!r} is no longer a member ({reason}); join again")
+            admission.close()
+
+    def running(self, kind: str) -> tuple[int, int]:
+        """(calls of `kind` running, of them from the reserve): for tests and benchmarks."""
+        with self._lock:
+            return self._total[kind], self._reserved[kind]
 
     def _idle_watch(self, context: grpc.ServicerContext, message: str) -> int:
         """Watch the next message of a stream for `stream_idle_s`."""
@@ -314,12 +434,22 @@ class CallGate:
                 self.watchdog.unwatch(handle)
 
 
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path"): what
+    anonymous calls are counted by."""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return address.rpartition(":")[0].strip("[]") or address
+    return peer
+
+
 def _guarded(
     behavior: Callable[..., Any], handler: grpc.RpcMethodHandler, method: str, gate: CallGate,
-    authorized: Callable[[], bool],
+    authorized: Callable[[], bool], identify: Callable[[Any], str],
 ) -> Callable[..., Any]:
-    """`behavior` behind the credential and deadline checks, its kind's slot and cap, and idle-stream bounds.
-    `authorized` runs on the handler thread before the call takes a slot."""
+    """`behavior` behind the credential and deadline checks, its kind's slot for its caller and cap, and
+    idle-stream bounds. `authorized` and `identify` (the request -> the active worker's id it carries with that
+    worker's own secret, or "") run on the handler thread before the call takes a slot."""
     def admit(request: Any, context: grpc.ServicerContext) -> tuple[Any, _Admission]:
         if not authorized():
             if method in CREDENTIAL_METADATA_METHODS:
@@ -330,7 +460,9 @@ def _guarded(
         remaining = context.time_remaining()
         if remaining is None or remaining > NO_DEADLINE_S:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "calls to the coordinator must set a deadline")
-        admission = gate.admit(method, context)
+        worker_id = identify(None if handler.request_streaming else request)
+        caller = Caller(worker_id, True) if worker_id else Caller(peer_host(context.peer()), False)
+        admission = gate.admit(method, context, caller)
         if handler.request_streaming:
             request = gate.idle_bounded_requests(request, context, method)
         return request, admission
@@ -377,17 +509,31 @@ class GuardInterceptor(grpc.ServerInterceptor):
         method = details.method.rsplit("/", 1)[-1]
         metadata = dict(details.invocation_metadata or ())
         presented = str(metadata.get("authorization", "")).encode()
+        credential = (str(metadata.get(WORKER_ID_METADATA, "")), metadata.get(WORKER_SECRET_METADATA, b""))
         if method in CREDENTIAL_METADATA_METHODS:
-            credential = (str(metadata.get(WORKER_ID_METADATA, "")), metadata.get(WORKER_SECRET_METADATA, b""))
             authorized = partial(self._credential_or_token, presented, *credential)
         else:
             token_ok = method in WORKER_METHODS or self._tokens.accepts(presented)
             authorized = partial(bool, token_ok)
+        identify = partial(self._member_id, method, *credential)
         kind = "unary_unary" if not handler.request_streaming else "stream_unary"
         if handler.response_streaming:
             kind = "unary_stream" if not handler.request_streaming else "stream_stream"
-        wrapped = _guarded(getattr(handler, kind), handler, method, self._gate, authorized)
+        wrapped = _guarded(getattr(handler, kind), handler, method, self._gate, authorized, identify)
         return handler._replace(**{kind: wrapped})
+
+    def _member_id(self, method: str, metadata_id: str, metadata_secret: Any, request: Any) -> str:
+        """The active worker a call counts against: the id it carries (the request's, or for PushUpdate the
+        metadata's) when it carries that worker's own secret, else "" (handler thread; takes the runs' locks)."""
+        if method not in WORKER_METHODS or self._owns_credential is None:
+            return ""
+        if method in CREDENTIAL_METADATA_METHODS:
+            worker_id, secret = metadata_id, metadata_secret
+        else:
+            worker_id, secret = request.worker_id, request.worker_secret
+        if not worker_id or not isinstance(secret, bytes) or not secret:
+            return ""
+        return worker_id if self._owns_credential(worker_id, secret) else ""
 
     def _credential_or_token(self, presented: bytes, worker_id: str, secret: Any) -> bool:
         """Whether a call presents an accepted join token or an active worker's own id and secret (handler thread)."""

@@ -20,9 +20,10 @@ naming both versions). A push for a round that is closing waits for the close an
 
 Metrics: the rows of the run the request names (`ReportMetricsRequest.run_id`; another run's are refused with
 FAILED_PRECONDITION, never stored here), at most MAX_METRICS_PER_REQUEST rows a request, each in range
-(`metric_problem`, checked without the lock; rows of a version the run has not served are not stored), at most
-`coordinator.max_metrics_per_round` rows per worker and version (`count_metric_rows`, RESOURCE_EXHAUSTED).
-The limits are records.py's.
+(`metric_problem`, checked without the lock; its tokens at most one step's, `step_token_bound`; rows of a
+version the run has not served are not stored), and per worker at most `coordinator.max_metrics_per_round`
+rows while one version is current and `coordinator.metric_rows_per_s` over time (`count_metric_rows`,
+`decisions.decide_metric_rows`, RESOURCE_EXHAUSTED). The limits are records.py's.
 """
 
 from __future__ import annotations
@@ -67,12 +68,16 @@ def require_secret(what: str, worker_id: str, secret: bytes) -> None:
         raise Refusal(grpc.StatusCode.UNAUTHENTICATED, f"{what} for worker {worker_id!r} carries no worker secret; join first")
 
 
-def metric_problem(index: int, metric: pb.Metric) -> str | None:
-    """Why `metrics[index]` of a ReportMetrics request is out of range, or None when it is not."""
+def metric_problem(index: int, metric: pb.Metric, step_tokens: tuple[int, str] | None = None) -> str | None:
+    """Why `metrics[index]` of a ReportMetrics request is out of range, or None when it is not; `step_tokens`
+    (the most tokens one step trains, and why) bounds its tokens."""
     for name, limit in METRIC_LIMITS.items():
         value = getattr(metric, name)
         if not 0 <= value <= limit:
             return f"metrics[{index}].{name} = {value} is out of range: expected 0..{limit}"
+    if step_tokens is not None and metric.tokens > step_tokens[0]:
+        return (f"metrics[{index}].tokens = {metric.tokens} is out of range: one step trains at most "
+                f"{step_tokens[0]} ({step_tokens[1]})")
     for name in METRIC_SECONDS:
         value = getattr(metric, name)
         if not (math.isfinite(value) and value >= 0):
@@ -84,12 +89,12 @@ def metric_problem(index: int, metric: pb.Metric) -> str | None:
     return None
 
 
-def check_metrics(metrics: Sequence[pb.Metric]) -> None:
+def check_metrics(metrics: Sequence[pb.Metric], step_tokens: tuple[int, str] | None = None) -> None:
     """Refuse a batch of too many metric rows or one with a row out of range, all of it (INVALID_ARGUMENT; no lock)."""
     if len(metrics) > MAX_METRICS_PER_REQUEST:
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(metrics)} metrics in one request: at most {MAX_METRICS_PER_REQUEST}")
     for index, metric in enumerate(metrics):
-        problem = metric_problem(index, metric)
+        problem = metric_problem(index, metric, step_tokens)
         if problem is not None:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"metrics refused: {problem}")
 
@@ -168,7 +173,21 @@ class UpdateIntake:
         under its previous membership's length.
         """
         run = self.run
-        steps, data, section = run.spec.sync.step_cap(run.spec.inner.steps), run.spec.data, run.spec.curriculum
+        steps = run.spec.sync.step_cap(run.spec.inner.steps)
+        batch, seq_len, where = self._largest_step()
+        cap = "inner.steps" if run.spec.sync.round == "steps" else "sync.max_steps"
+        return batch * seq_len * steps, f"batch {batch} × seq_len {seq_len} × {cap} {steps} of {where}; sync.bound_tokens = true"
+
+    def step_token_bound(self) -> tuple[int, str]:
+        """The most tokens one inner step trains at the current version (`token_bound` without the steps), and
+        why: the bound on a metric row's tokens (lock held)."""
+        batch, seq_len, where = self._largest_step()
+        return batch * seq_len, f"batch {batch} × seq_len {seq_len} of {where}"
+
+    def _largest_step(self) -> tuple[int, int, str]:
+        """(batch, seq_len, where from) of the largest step a worker trains at the current version (lock held)."""
+        run = self.run
+        data, section = run.spec.data, run.spec.curriculum
         if section.worker_seq_lens:
             options = [(length, section.batch_for(length, data.batch_size)) for length in section.worker_seq_lens]
             seq_len, batch = max(options, key=lambda option: option[0] * option[1])
@@ -178,10 +197,7 @@ class UpdateIntake:
             seq_len, batch = current.seq_len, current.batch_size
             where = f"the assignment at version {run.version}"
         diag = ' (data.source = "diag": data.seq_len bounds the scored positions of a sequence)' if data.source == "diag" else ""
-        cap = "inner.steps" if run.spec.sync.round == "steps" else "sync.max_steps"
-        return batch * seq_len * steps, (
-            f"batch {batch} × seq_len {seq_len} × {cap} {steps} of {where}{diag}; sync.bound_tokens = true"
-        )
+        return batch, seq_len, where + diag
 
     def refuse_stale(self, worker: WorkerRecord, message: str) -> NoReturn:
         """Count and record a stale update of `worker`, then refuse it with FAILED_PRECONDITION (lock held)."""
@@ -228,15 +244,17 @@ class UpdateIntake:
         worker.accepted_version = meta.base_version
         worker.last_seen = run.clock()
 
-    def count_metric_rows(self, worker: WorkerRecord, rows: int) -> None:
-        """Count `rows` against the worker's cap for the current version, or refuse them all (lock held)."""
+    def count_metric_rows(self, worker: WorkerRecord, rows: int) -> int:
+        """Count `rows` against the worker's budget (`decisions.decide_metric_rows`) at the current version, or
+        refuse them all with RESOURCE_EXHAUSTED (lock held); the version they were counted at."""
         run = self.run
-        if worker.metrics_version != run.shown_version:
-            worker.metrics_version, worker.metrics_in_round = run.shown_version, 0
-        if worker.metrics_in_round + rows > run.metrics_per_round:
-            raise Refusal(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"worker {worker.worker_id} reported {worker.metrics_in_round} metric rows at version {run.version}; "
-                f"{rows} more exceed coordinator.max_metrics_per_round = {run.metrics_per_round}",
-            )
-        worker.metrics_in_round += rows
+        version = run.shown_version
+        decision, worker.metric_budget = decisions.decide_metric_rows(
+            run.clock(), version, worker.metric_budget, rows, run.metric_options)
+        if not decision.ok:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"worker {worker.worker_id} {decision.reason}")
+        return version
+
+    def refund_metric_rows(self, worker: WorkerRecord, version: int, rows: int) -> None:
+        """Give back `rows` counted at `version` that the store did not take (lock held)."""
+        worker.metric_budget = decisions.refund_metric_rows(worker.metric_budget, version, rows, self.run.metric_options)

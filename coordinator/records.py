@@ -83,9 +83,8 @@ class WorkerRecord:
     assigned: curricula.Assignment | None = None
     # When the membership ended (left, evicted, reassigned); None while active.
     ended_at: float | None = None
-    # The version current when its metric rows were last counted, and how many it reported then.
-    metrics_version: int = -1
-    metrics_in_round: int = 0
+    # Its metric rows counted at the current version and its time budget (`decisions.decide_metric_rows`).
+    metric_budget: decisions.MetricBudget = field(default_factory=decisions.MetricBudget)
     # Its updates the aggregation flagged, and those refused for their norm or tokens.
     clipped_updates: int = 0
     dropped_updates: int = 0

@@ -12,11 +12,14 @@ The health service (Check; Watch is not served) is exempt from the token, the de
 the kind limits, so load balancers and Kubernetes probes can reach it, also in plaintext on
 `--health-port` when the main port speaks TLS. It reports NOT_SERVING while the coordinator
 cannot close rounds: its ticker's latest tick raised, or no tick has completed for
-`health_stall_s` (`decide_health`).
+`health_stall_s` (`decide_health`), or updates wait in a round open for more than
+`coordinator.health_round_deadlines` round deadlines (`decisions.decide_progress`); the log says why.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import logging
 import socket
 import threading
@@ -29,6 +32,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from rcswarm.coordinator import decisions
 from rcswarm.coordinator.guards import SERVICE_NAME, CallGate, CallLimits, CallWatchdog, GuardInterceptor
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
@@ -38,6 +42,7 @@ from rcswarm.coordinator.tokens import JoinTokens
 from rcswarm.protos.transport import host_port
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
+from rcswarm.state.errors import StoreError
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -49,12 +54,29 @@ HEALTH_THREADS = 4
 EXCLUSIVE_PORT = (("grpc.so_reuseport", 0),)
 
 
+# errno values of a write refused for want of space: no space left, quota exceeded, file too large.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def storage_refusal(method: str, error: StoreError | OSError) -> Refusal:
+    """The status a call gets when the state dir could not be written (a handler thread): RESOURCE_EXHAUSTED
+    when the disk is full, else UNAVAILABLE, both retried by workers; logged as one WARNING line, no traceback."""
+    full = error.full if isinstance(error, StoreError) else error.errno in DISK_FULL_ERRNOS
+    log.warning("%s refused: the state dir could not be written: %s", method, error)
+    what = "the coordinator's disk is full" if full else "the coordinator could not write its state"
+    return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
+                   f"{method} refused: {what} ({error}); retry later")
+
+
 def _handled(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Map Refusal to the gRPC status it names."""
+    """Map Refusal to the gRPC status it names, and a state dir that cannot be written to `storage_refusal`'s."""
     def unary(self: CoordinatorServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
         except Refusal as refusal:
+            context.abort(refusal.code, refusal.message)
+        except (StoreError, OSError) as error:
+            refusal = storage_refusal(method.__name__, error)
             context.abort(refusal.code, refusal.message)
     return unary
 
@@ -81,6 +103,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             yield from self.c.pull(request)
         except Refusal as refusal:
+            context.abort(refusal.code, refusal.message)
+        except (StoreError, OSError) as error:
+            refusal = storage_refusal("PullParameters", error)
             context.abort(refusal.code, refusal.message)
 
     @_handled
@@ -165,12 +190,17 @@ class RunningCoordinator:
             raise ValueError(HTTP_TLS_NEEDS_TLS)
         self.coordinator = coordinator
         self.group = RunGroup.of(coordinator)
-        self.limits = limits or CallLimits()
+        # Every member's own slot of each kind comes from a reserve of the swarm's coordinator.max_workers.
+        reserve = sum(run.spec.coordinator.max_workers for run in self.group.runs)
+        self.limits = dataclasses.replace(limits or CallLimits(), reserve=reserve)
         self.health_stall_s = health_stall_s
         self.watchdog = CallWatchdog()
+        self.gate = CallGate(self.limits, self.watchdog)
+        for run in self.group.runs:
+            run.on_membership_end = self.gate.end_worker
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.limits.threads, thread_name_prefix="rpc"),
-            interceptors=[GuardInterceptor(tokens, CallGate(self.limits, self.watchdog), self.group.owns_credential)],
+            interceptors=[GuardInterceptor(tokens, self.gate, self.group.owns_credential)],
             options=[*MESSAGE_SIZE_OPTIONS, *EXCLUSIVE_PORT],
         )
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.group), self.server)
@@ -194,6 +224,8 @@ class RunningCoordinator:
                 raise
         self._stop = threading.Event()
         self._tick_record = TickRecord(time.monotonic())
+        # Why health says what it says (the health thread replaces it every TICK_S).
+        self.health_reason = "starting"
         self._ticker = threading.Thread(target=self._tick_loop, name="ticker", daemon=True)
         self._health_thread = threading.Thread(target=self._health_loop, name="health", daemon=True)
         # The optional HTTP dashboard (observe/dashboard.py); None unless http_port is given.
@@ -249,10 +281,15 @@ class RunningCoordinator:
                 self._tick_record = TickRecord(time.monotonic())
 
     def _health_loop(self) -> None:
-        """The health thread: every TICK_S, `decide_health` on the ticker's record; logs and reports each change."""
+        """The health thread: every TICK_S, `decide_health` on the ticker's record, then `decisions.decide_progress`
+        on every run's open round; logs and reports each change."""
         serving = True
         while not self._stop.wait(TICK_S):
             now_serving, reason = decide_health(time.monotonic(), self._tick_record, self.health_stall_s)
+            if now_serving:
+                progress = decisions.decide_progress(run.round_progress() for run in self.group.runs)
+                now_serving, reason = progress.ok, progress.reason
+            self.health_reason = reason
             if now_serving != serving:
                 serving = now_serving
                 if serving:

@@ -21,8 +21,9 @@ measured seconds per step: the compute seconds between consecutive metric rows, 
 last STEP_SAMPLES). Per worker the coordinator counts tokens trained (its metrics), tokens applied
 (its updates an outer step used), late updates merged and stale updates refused; GetStatus reports them.
 
-What the coordinator keeps in memory is bounded: metric values are range-checked and each
-worker's metric rows per round capped (intake.py); ended memberships are forgotten after
+What the coordinator keeps is bounded: metric values are range-checked (a row's tokens at most one step's)
+and each worker's metric rows budgeted per round and over time (intake.py), the metrics table keeps the
+newest `coordinator.max_metric_rows` rows (state/store.py); ended memberships are forgotten after
 `coordinator.forget_after_s` (SQLite keeps their history); GetStatus lists the active workers
 and only the most recent ended ones.
 """
@@ -45,6 +46,7 @@ from rcswarm.coordinator import curriculum as curricula
 from rcswarm.coordinator import decisions
 from rcswarm.coordinator.close import RoundCloser
 from rcswarm.coordinator.intake import UpdateIntake, check_metrics, first_part, receive_update, require_secret
+from rcswarm.coordinator.liveness import LivenessClock
 from rcswarm.coordinator.records import (
     INT64_MAX,
     PULL_ATTEMPTS,
@@ -121,6 +123,7 @@ class SwarmCoordinator:
                                                                               (count), none (rows)
       owns_credential, knows, active_workers,  any thread (a RunGroup)        takes
         membership_state
+      round_progress                           the server's health thread     takes
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
         finished
@@ -136,6 +139,9 @@ class SwarmCoordinator:
                                                                               or to undo a failed one
       closer.compute                           `closer.finish`                none; one close at a time (`under_way`)
 
+    `on_membership_end` (the server's `CallGate.end_worker`) is called from `_end_membership`, lock held; it
+    takes only the gate's own lock.
+
     Membership. `workers` holds every membership still in memory, `_active` the active ones (all
     that admission, eviction and round closing look at) and `_ended` the ended ones in the order
     they ended; `tick` forgets those ended longer than `coordinator.forget_after_s` ago.
@@ -148,17 +154,25 @@ class SwarmCoordinator:
     def __init__(
         self, spec: RunSpec, store: StateStore, clock: Callable[[], float] = time.time, worker_prefix: str = ""
     ) -> None:
-        """Resume the run committed in `store`, or start it at version 0; the caller then serves it."""
+        """Resume the run committed in `store`, or start it at version 0; the caller then serves it. `clock` gives
+        the time of leases, round deadlines and records: a process serving workers passes a started
+        `LivenessClock` (liveness.py), whose stalls `tick` gives members a grace for; tests pass a fake."""
         self.spec = spec
         self.worker_prefix = worker_prefix
         self.store = store
         self.clock = clock
+        # The stalls of a LivenessClock `tick` has seen, and when the coordinator resumed from the latest (its clock).
+        self._stalls_seen = 0
+        self._resumed_at: float | None = None
+        # Told (worker_id, reason) when a membership is left or evicted, under `_lock`: the server's call gate
+        # ends that worker's calls still running (guards.py `CallGate.end_worker`). None: nobody is told.
+        self.on_membership_end: Callable[[str, str], None] | None = None
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
         self.membership = decisions.MembershipOptions(
             spec.coordinator.lease_s, spec.coordinator.max_workers, spec.coordinator.forget_after_s
         )
-        self.metrics_per_round = spec.metric_rows_per_round()
+        self.metric_options = decisions.MetricOptions(spec.metric_rows_per_round(), spec.coordinator.metric_rows_per_s)
         sync = spec.sync
         self.round_options = decisions.RoundOptions(
             sync.round_deadline_s, sync.min_reports, sync.max_staleness, sync.round == "steps" and sync.adaptive_steps
@@ -324,6 +338,9 @@ class SwarmCoordinator:
         worker.active, worker.state, worker.reason, worker.ended_at = False, state, reason, now
         del self._active[worker.worker_id]
         self._ended[worker.worker_id] = worker
+        self._version_changed.notify_all()
+        if self.on_membership_end is not None and state != pb.WORKER_STATE_REASSIGNED:
+            self.on_membership_end(worker.worker_id, reason)
         self.store.add_event(worker.worker_id, kind, reason, now)
         self.log.info("%s: %s (%s) at version %d: %s", kind, worker.worker_id, worker.name, self.version, reason)
 
@@ -390,13 +407,14 @@ class SwarmCoordinator:
 
     def await_version(self, request: pb.AwaitVersionRequest, time_remaining: float) -> pb.AwaitVersionResponse:
         """Long poll until the version reaches `min_version` (handler thread; takes `_lock` and waits on
-        `_version_changed`, which releases it while waiting), at most `coordinator.max_wait_s`."""
+        `_version_changed`, which releases it while waiting), at most `coordinator.max_wait_s`, or until the
+        membership ends (`_end_membership` wakes the waiters)."""
         wait_s = min(max(request.wait_ms, 0) / 1000.0, self.spec.coordinator.max_wait_s, max(time_remaining - 0.2, 0.0))
         deadline = time.monotonic() + wait_s
         with self._lock:
             worker = self._authenticated("AwaitVersion", request.worker_id, request.worker_secret)
             worker.last_seen = self.clock()
-            while self.version < request.min_version and not self.finished:
+            while self.version < request.min_version and not self.finished and worker.active:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -432,14 +450,17 @@ class SwarmCoordinator:
 
     def report_metrics(self, request: pb.ReportMetricsRequest) -> pb.ReportMetricsResponse:
         """Store a batch of metrics, all or none (handler thread): rows of this run only (`request.run_id`, when
-        given; another run's are refused). Takes `_lock` to check the worker and its
-        secret, checks the values without it (so only a member makes the coordinator read a large batch),
-        takes it again for the membership, the per-round cap, the totals and the curriculum's measurements
-        (with sync.backend = "hivemind" also the curriculum steps of the rounds the swarm closed since the last
-        report, `_follow_peer_rounds`), and writes the rows after releasing it."""
+        given; another run's are refused). Takes `_lock` to check the worker and its secret, checks the values
+        without it (so only a member makes the coordinator read a large batch; a row's tokens at most one step's),
+        takes it again for the membership and the worker's budget (`intake.count_metric_rows`), writes the rows
+        after releasing it (a refused write gives the rows back to the budget), then takes it a third time for the
+        totals and the curriculum's measurements (with sync.backend = "hivemind" also the curriculum steps of the
+        rounds the swarm closed since the last report, `_follow_peer_rounds`): nothing is counted that was not
+        stored."""
         require_secret("ReportMetrics", request.worker_id, request.worker_secret)
         with self._lock:
             self._reporter(request.worker_id, request.worker_secret)
+            step_tokens = self.intake.step_token_bound()
             # The versions this run served (the workers' own, peer to peer, with the hivemind backend).
             served = self.version if self.spec.sync.backend != "hivemind" else INT64_MAX
         if request.run_id and request.run_id != self.run_id:
@@ -447,7 +468,7 @@ class SwarmCoordinator:
                 f"ReportMetrics: {len(request.metrics)} rows trained for run {request.run_id!r} sent by worker "
                 f"{request.worker_id!r} of run {self.run_id!r}: a run stores only its own rows"
             ))
-        check_metrics(request.metrics)
+        check_metrics(request.metrics, step_tokens)
         now = self.clock()
         # Rows no round of this run can take are not kept, and `stored` says how many were: training past a finite
         # run's last round (a worker that pulled the final version before it heard the run finished), and rows of a
@@ -457,7 +478,19 @@ class SwarmCoordinator:
                    if not ((last > 0 and m.version >= last and m.tokens > 0) or m.version > served)]
         with self._lock:
             worker = self._reporter(request.worker_id, request.worker_secret)
-            self.intake.count_metric_rows(worker, len(request.metrics))
+            counted_at = self.intake.count_metric_rows(worker, len(request.metrics))
+        rows = [
+            (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
+             m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
+            for m in metrics
+        ]
+        try:
+            stored = self.store.add_metrics(rows, self.spec.coordinator.max_metric_rows)
+        except BaseException:
+            with self._lock:
+                self.intake.refund_metric_rows(worker, counted_at, len(request.metrics))
+            raise
+        with self._lock:
             reported = self.peer_version
             for metric in metrics:
                 self.peer_version = max(self.peer_version, metric.version)
@@ -470,12 +503,7 @@ class SwarmCoordinator:
                 self._decide_pace()
             if self.spec.sync.backend == "hivemind" and self.peer_version > reported:
                 self._follow_peer_rounds(now, reported)
-        rows = (
-            (self.run_id, request.worker_id, m.version, m.step, m.seq_len, m.batch, m.loss, m.tokens, m.wall_time,
-             m.compute_seconds, m.sync_seconds, m.bytes_sent, m.bytes_received, m.param_sha256, now)
-            for m in metrics
-        )
-        return pb.ReportMetricsResponse(stored=self.store.add_metrics(rows))
+        return pb.ReportMetricsResponse(stored=stored)
 
     def _follow_peer_rounds(self, now: float, reported: int) -> None:
         """sync.backend = "hivemind": the workers' reported version grew from `reported` to `peer_version`, so the
@@ -548,6 +576,17 @@ class SwarmCoordinator:
         ended = list(itertools.islice(reversed(self._ended.values()), STATUS_ENDED_WORKERS))
         return [*self._active.values(), *reversed(ended)]
 
+    def round_progress(self) -> decisions.RoundProgress:
+        """The open round as the health service judges it (`decisions.decide_progress`; the health thread;
+        takes `_lock`). A round nobody pulled yet has been open for 0 s."""
+        with self._lock:
+            current = self.round
+            open_s = self.clock() - current.opened_at if current.started else 0.0
+            return decisions.RoundProgress(
+                self.run_id, open_s, self.spec.sync.round_deadline_s + current.budget_s,
+                len(current.reports) + len(current.late), self.spec.coordinator.health_round_deadlines,
+            )
+
     def close(self) -> None:
         """Close the store; once the server and the ticker have stopped (no lock)."""
         self.store.close()
@@ -591,7 +630,9 @@ class SwarmCoordinator:
         due (the ticker thread, every TICK_S; takes `_lock`, and closes a round as `RoundCloser.finish` says)."""
         with self._lock:
             now = self.clock()
-            for worker_id, reason in decisions.decide_evictions(now, self._active_views(), self.membership):
+            self._note_stall(now)
+            for worker_id, reason in decisions.decide_evictions(now, self._active_views(), self.membership,
+                                                                self._resumed_at):
                 self._end_membership(self._active[worker_id], pb.WORKER_STATE_EVICTED, "evict", f"evicted: {reason}", now)
             self._evict_outliers(now)
             forgotten = decisions.decide_forgetting(now, (w.view() for w in self._ended.values()), self.membership)
@@ -601,6 +642,17 @@ class SwarmCoordinator:
                 self.log.debug("forgot %d ended memberships (%s)", len(forgotten), forgotten[-1][1])
             close = self.closer.begin()
         self.closer.finish(close)
+
+    def _note_stall(self, now: float) -> None:
+        """With a LivenessClock: if it saw a stall since the last tick, the coordinator resumed now; members not
+        heard since get a grace (`decisions.decide_evictions`), and the stall is an event (lock held)."""
+        if not isinstance(self.clock, LivenessClock):
+            return
+        beat = self.clock.stalls
+        if beat.stalls > self._stalls_seen:
+            self._stalls_seen, self._resumed_at = beat.stalls, now
+            grace = self.membership.lease_s + self.membership.stall_grace_s
+            self.store.add_event("", "stall", f"{beat.reason}; members not heard since have {grace:.1f} s", now)
 
     def _evict_outliers(self, now: float) -> None:
         """End the membership of every active worker `decide_outlier_evictions` names (lock held)."""

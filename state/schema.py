@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS metrics (
 );
 CREATE INDEX IF NOT EXISTS metrics_by_version ON metrics (version);
 CREATE TABLE IF NOT EXISTS checkpoints (
-    version INTEGER PRIMARY KEY, file TEXT NOT NULL, param_sha256 TEXT NOT NULL, committed_at REAL
+    version INTEGER PRIMARY KEY, file TEXT NOT NULL, param_sha256 TEXT NOT NULL, committed_at REAL, rest_blake3 TEXT
 );
 CREATE TABLE IF NOT EXISTS worker_totals (
     run_id TEXT, worker_id TEXT, tokens INTEGER, bytes_sent INTEGER, bytes_received INTEGER,
@@ -55,6 +55,10 @@ ROUND_COLUMNS_ADDED = {
     "clipped": "INTEGER DEFAULT 0", "dropped": "INTEGER DEFAULT 0", "aggregation": "TEXT DEFAULT ''",
     "steps": "INTEGER DEFAULT 0",
 }
+# The ledger's digest of everything in a checkpoint file but its parameters' bytes (state/checkpoints.py), added
+# after its first release: a state dir written before it gets the column at its next open for writing, NULL
+# for the versions committed before (verified over θ only).
+LEDGER_COLUMNS_ADDED = {"rest_blake3": "TEXT"}
 ROUND_COLUMNS = ("version", "opened_at", "closed_at", "reports", "tokens", "close_reason", "update_norm", "param_sha256")
 
 
@@ -120,8 +124,8 @@ AGGREGATES = (AGGREGATE_WORKER_TOTALS, AGGREGATE_WORKER_STEPS, AGGREGATE_ROUND_F
 # Ledger rows for state dirs written before the ledger: each round's record names the checkpoint
 # of the version it produced and that version's digest.
 LEDGER_FROM_ROUNDS = """
-INSERT OR IGNORE INTO checkpoints SELECT version + 1, checkpoint, param_sha256, closed_at FROM rounds
-WHERE checkpoint IS NOT NULL AND param_sha256 IS NOT NULL
+INSERT OR IGNORE INTO checkpoints (version, file, param_sha256, committed_at)
+SELECT version + 1, checkpoint, param_sha256, closed_at FROM rounds WHERE checkpoint IS NOT NULL AND param_sha256 IS NOT NULL
 """
 
 METRIC_COLUMNS = (

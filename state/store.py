@@ -22,10 +22,16 @@ inner steps among its updates trained from its version), which the run step coun
 (config/run_step.py).
 
 Verified state: `load_current` serves nothing it has not verified. It reads the committed
-checkpoint and checks it against the ledger (`checkpoints.verify_checkpoint`) and against
-`run_state.version`. When that fails it falls back to the newest kept checkpoint that
+checkpoint and checks it against the ledger (`checkpoints.verify_checkpoint`: the parameters'
+digest and `rest_blake3`, the digest of the header and every optimizer state tensor, so every
+byte the outer step loads) and against `run_state.version`. A version committed before the
+ledger recorded `rest_blake3` (an older state dir) is checked over θ only, and logged as such. When that fails it falls back to the newest kept checkpoint that
 verifies, logs a WARNING, records an event of kind `fallback` naming each file and what was
 wrong, and makes that version current; when none verifies it raises ValueError naming them.
+
+The metrics table is bounded: `add_metrics(rows, keep_rows)` deletes the oldest rows beyond the newest
+`keep_rows` (`coordinator.max_metric_rows`) in the transaction that inserts. Row ids only grow, so
+"the newest" is a rowid range and the delete touches only the rows it removes.
 
 Reads never wait for the writer: the database is in WAL mode and every named read goes
 through a second, read-only connection with its own lock, so a slow read (the dashboard,
@@ -71,6 +77,7 @@ from rcswarm.state.records import (
 )
 from rcswarm.state.schema import (
     AGGREGATES,
+    LEDGER_COLUMNS_ADDED,
     LEDGER_FROM_ROUNDS,
     METRIC_COLUMNS,
     METRIC_PAGE_COLUMNS,
@@ -113,8 +120,9 @@ class StateStore:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
                 self._db.executescript(SCHEMA)
+                self._add_columns("checkpoints", LEDGER_COLUMNS_ADDED)
                 self._upgrade()
-                self._add_round_columns()
+                self._add_columns("rounds", ROUND_COLUMNS_ADDED)
                 self._reader = self._connect_read_only(timeout_s=5.0)
             except BaseException:
                 self._db.close()
@@ -140,7 +148,8 @@ class StateStore:
         try:
             yield
         except sqlite3.Error as error:
-            raise StoreError(f"{self.db_path}: {failed}: {error}") from error
+            full = getattr(error, "sqlite_errorname", "") == "SQLITE_FULL"
+            raise StoreError(f"{self.db_path}: {failed}: {error}", full=full) from error
 
     def _connect_read_only(self, timeout_s: float) -> sqlite3.Connection:
         return sqlite3.connect(f"{self.db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s,
@@ -157,12 +166,12 @@ class StateStore:
         self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self._db.execute("COMMIT")
 
-    def _add_round_columns(self) -> None:
-        """Constructor only: add the `rounds` columns of ROUND_COLUMNS_ADDED a state dir lacks."""
-        present = {row[1] for row in self._db.execute("PRAGMA table_info(rounds)")}
-        for column, declaration in ROUND_COLUMNS_ADDED.items():
+    def _add_columns(self, table: str, added: Mapping[str, str]) -> None:
+        """Constructor only: add the columns of `added` (name -> declaration) that `table` lacks in this state dir."""
+        present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+        for column, declaration in added.items():
             if column not in present:
-                self._db.execute(f"ALTER TABLE rounds ADD COLUMN {column} {declaration}")
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
     def _rounds_present(self) -> frozenset[str]:
         """The columns of `rounds` in this state dir (an old one opened read-only may lack the added ones)."""
@@ -207,9 +216,17 @@ class StateStore:
 
     @contextlib.contextmanager
     def _writer(self, failed: str = "cannot write it") -> Iterator[sqlite3.Connection]:
-        """The writer connection under `_lock`; its sqlite3 errors leave as StoreError saying what `failed`."""
+        """The writer connection under `_lock`; its sqlite3 errors leave as StoreError saying what `failed`. A
+        transaction an error left open is rolled back (SQLite itself rolls back some, e.g. on a full disk), so
+        nothing is half-applied and the next write starts clean."""
         with self._lock, self._errors(failed):
-            yield self._db
+            try:
+                yield self._db
+            except BaseException:
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         with self._lock:
@@ -261,7 +278,7 @@ class StateStore:
             os.replace(self.checkpoint_dir / RECYCLED_CHECKPOINT, partial)
         computed = write_checkpoint(partial, params, state, {"run_id": run_id, "version": str(version)},
                                     digest=given is None)
-        digest = given if computed is None else computed.hex()
+        digest = given if computed.params is None else computed.params.hex()
         if round_record is not None:
             round_record = dataclasses.replace(round_record, param_sha256=digest)
         written = time.perf_counter()
@@ -280,7 +297,8 @@ class StateStore:
             )
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
                            [(now, worker_id, kind, reason) for worker_id, kind, reason, now in events])
-            db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?)", (version, name, digest, time.time()))
+            db.execute("INSERT OR REPLACE INTO checkpoints (version, file, param_sha256, committed_at, rest_blake3) "
+                       "VALUES (?, ?, ?, ?, ?)", (version, name, digest, time.time(), computed.rest.hex()))
             if round_record is not None:
                 r = round_record
                 marks = ", ".join("?" * (len(ROUND_COLUMNS) + 1 + len(ROUND_COLUMNS_ADDED)))
@@ -292,7 +310,7 @@ class StateStore:
                 )
             db.execute("COMMIT")
         self._prune_checkpoints(keep=name)
-        self.last_commit_seconds = {"write + digest" if computed is not None else "write": written - started,
+        self.last_commit_seconds = {"write + digest" if computed.params is not None else "write": written - started,
                                     "fsync": synced - written, "sqlite": time.perf_counter() - synced}
 
     def committed_digest(self, version: int) -> bytes:
@@ -353,6 +371,10 @@ class StateStore:
             if (entry.file, str(entry.version)) != (name, claimed):
                 problems.append(f"run_state.version = {claimed!r}, checkpoint = {name!r}, but the newest checkpoint that "
                                 f"verifies is {entry.file} (version {entry.version})")
+            if entry.rest_blake3 is None:
+                log.info("state dir %s: %s was committed before the ledger recorded the digest of its optimizer state: "
+                         "verified over its parameters only (every commit from now on records both)", self.state_dir,
+                         entry.file)
             if problems:
                 self._fall_back(entry, problems)
             self._prune_checkpoints(keep=entry.file)
@@ -387,19 +409,19 @@ class StateStore:
                 "INSERT INTO events VALUES (?, ?, ?, ?)", (time.time() if now is None else now, worker_id, kind, reason)
             )
 
-    def add_metrics(self, rows: Iterable[tuple[Any, ...]]) -> int:
-        """Insert metric rows (METRIC_COLUMNS each) and fold them into the aggregate tables, in one transaction."""
+    def add_metrics(self, rows: Iterable[tuple[Any, ...]], keep_rows: int = 0) -> int:
+        """Insert metric rows (METRIC_COLUMNS each) and fold them into the aggregate tables, in one transaction;
+        with `keep_rows` > 0 the same transaction deletes the oldest rows beyond the newest `keep_rows` (the
+        aggregates keep what they counted; SQLite reuses the freed pages, so the file stops growing)."""
         rows = list(rows)
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
-            try:
-                before = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM metrics").fetchone()[0]
-                db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
-                for statement in AGGREGATES:
-                    db.execute(statement, (before,))
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            before = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM metrics").fetchone()[0]
+            db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
+            for statement in AGGREGATES:
+                db.execute(statement, (before,))
+            if keep_rows > 0 and before + len(rows) > keep_rows:
+                db.execute("DELETE FROM metrics WHERE rowid <= ?", (before + len(rows) - keep_rows,))
             db.execute("COMMIT")
         return len(rows)
 
@@ -430,8 +452,11 @@ class StateStore:
         return [Event(*row) for row in rows]
 
     def ledger(self) -> list[LedgerEntry]:
-        """The committed versions the `checkpoints` ledger records, oldest first."""
-        rows = self._read("SELECT version, file, param_sha256 FROM checkpoints ORDER BY version")
+        """The committed versions the `checkpoints` ledger records, oldest first (`rest_blake3` None where it
+        was not recorded, or where an older state dir opened read-only lacks the column)."""
+        present = {row[1] for row in self._read("PRAGMA table_info(checkpoints)")}
+        rest = "rest_blake3" if "rest_blake3" in present else "NULL"
+        rows = self._read(f"SELECT version, file, param_sha256, {rest} FROM checkpoints ORDER BY version")
         return [LedgerEntry(*row) for row in rows]
 
     def run_identity(self) -> tuple[str, str] | None:

@@ -27,8 +27,8 @@ from rcswarm.worker.client import CoordinatorClient, Identity, RetriesExhausted,
 
 log = logging.getLogger("rcswarm.worker")
 MAX_PENDING = 10_000
-# Rows per ReportMetrics call: below coordinator.max_metrics_per_round, so a backlog after an outage gets through.
-BATCH = 200
+# Rows per ReportMetrics call: below coordinator.max_metrics_per_round (at least 64), so a backlog after an outage gets through.
+BATCH = 48
 
 
 class ControlPlane:

@@ -9,6 +9,7 @@ churn stays fast and GetStatus stays small; the live tokens/s counts from the fi
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 import urllib.request
@@ -19,12 +20,12 @@ import grpc
 import pytest
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator import SwarmCoordinator, decisions
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator, decisions
 from rcswarm.coordinator.records import STATUS_ENDED_WORKERS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from tests.helpers.coordinator import creds, deltas_of, push
-from tests.helpers.specs import tiny_spec
+from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 from tests.helpers.wire import Wire
@@ -80,6 +81,9 @@ def test_metrics_from_unknown_left_or_evicted_workers_are_refused(wire_to: Any) 
     ("compute_seconds", math.nan, "metrics[1].compute_seconds = nan"),
     ("loss", -math.inf, "metrics[1].loss = -inf"),
     ("param_sha256", "ab" * 100, "metrics[1].param_sha256 has 200 characters"),
+    # tiny_spec: batch 4 × seq_len 32 = 128 tokens a step.
+    ("tokens", 129, "metrics[1].tokens = 129 is out of range: one step trains at most 128 (batch 4 × seq_len 32 of "
+                    "the assignment at version 0)"),
 ])
 def test_an_out_of_range_metric_is_refused_whole_and_status_still_answers(
     wire_to: Any, field: str, value: Any, shown: str
@@ -90,15 +94,16 @@ def test_an_out_of_range_metric_is_refused_whole_and_status_still_answers(
         **wire.creds(worker), metrics=[step_metric(1), step_metric(2, **{field: value})]))
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and shown in refused.details(), refused.details()
     assert read_state(local.state_dir, lambda store: store.metric_rows()) == []
-    assert wire.report(worker, [step_metric(1, tokens=10**9), step_metric(2, loss=math.nan, tokens=0)]).stored == 2
+    assert wire.report(worker, [step_metric(1, tokens=128), step_metric(2, loss=math.nan, tokens=0)]).stored == 2
     status = wire.call("GetStatus", pb.GetStatusRequest())
-    assert status.total_tokens == 10**9
+    assert status.total_tokens == 128
     with urllib.request.urlopen(local.running.dashboard.url + "api/status", timeout=20) as response:
-        assert response.status == 200 and json.loads(response.read())["total_tokens"] == 10**9
+        assert response.status == 200 and json.loads(response.read())["total_tokens"] == 128
 
 
 def test_a_metrics_flood_is_capped_per_worker_and_round(wire_to: Any) -> None:
-    local, wire = wire_to(tiny_spec(sync={"codec": "fp32"}, coordinator={"max_metrics_per_round": 50}))
+    local, wire = wire_to(tiny_spec(sync={"codec": "fp32"},
+                                    coordinator={"max_metrics_per_round": 50, "metric_rows_per_s": 0}))
     worker = wire.join("flooder")
     header = wire.pull(worker)
     assert wire.report(worker, [step_metric(k) for k in range(30)]).stored == 30
@@ -117,9 +122,16 @@ def test_a_metrics_flood_is_capped_per_worker_and_round(wire_to: Any) -> None:
     assert (versions.count(0), versions.count(1), len(versions)) == (50, 50, 100)
 
 
-def test_the_metric_cap_defaults_to_ten_rounds_of_steps_and_keys_are_checked() -> None:
-    assert RunSpec().metric_rows_per_round() == 1000
-    assert RunSpec.from_dict({"inner": {"steps": 500}}).metric_rows_per_round() == 5010
+def test_the_metric_cap_defaults_to_four_rounds_of_steps_and_keys_are_checked() -> None:
+    # An honest worker writes inner.steps + 1 rows a version (one a step, one a pull).
+    assert RunSpec().metric_rows_per_round() == 4 * (25 + 2)
+    assert RunSpec.from_dict({"inner": {"steps": 5}}).metric_rows_per_round() == 64
+    assert RunSpec.from_dict({"inner": {"steps": 500}}).metric_rows_per_round() == 2008
+    assert (RunSpec().coordinator.metric_rows_per_s, RunSpec().coordinator.max_metric_rows) == (256.0, 4_000_000)
+    with pytest.raises(ValueError, match=r"coordinator.metric_rows_per_s = -1"):
+        RunSpec.from_dict({"coordinator": {"metric_rows_per_s": -1}})
+    with pytest.raises(ValueError, match=r"coordinator.max_metric_rows = -3"):
+        RunSpec.from_dict({"coordinator": {"max_metric_rows": -3}})
     assert RunSpec.from_dict({"coordinator": {"max_metrics_per_round": 7}}).metric_rows_per_round() == 7
     with pytest.raises(ValueError, match=r"coordinator.max_metrics_per_round = -1"):
         RunSpec.from_dict({"coordinator": {"max_metrics_per_round": -1}})
@@ -168,7 +180,7 @@ def test_live_tokens_per_second_counts_from_the_first_pull(tmp_path: Any) -> Non
         worker = creds(coordinator.join(pb.JoinRequest(worker_name="a")))
         list(coordinator.pull(pb.PullParametersRequest(**worker)))
         now[0] = 1010.0
-        coordinator.report_metrics(pb.ReportMetricsRequest(**worker, metrics=[step_metric(1, tokens=1000)]))
+        coordinator.report_metrics(pb.ReportMetricsRequest(**worker, metrics=[step_metric(k, tokens=100) for k in range(10)]))
         now[0] = 1011.0
         status = coordinator.status()
         assert status.total_tokens == 1000 and status.tokens_per_second == pytest.approx(1000 / 11)
@@ -192,3 +204,112 @@ def test_training_rows_past_a_finite_runs_last_round_are_not_kept(tmp_path) -> N
         assert coordinator.total_tokens == 8
     finally:
         coordinator.close()
+
+
+class FullDiskStore(StateStore):
+    """A real store whose database may not grow once `fill` ran: SQLite's own SQLITE_FULL ("database or disk is
+    full", through `PRAGMA max_page_count`), what a full disk gives the coordinator's writes."""
+
+    def fill(self) -> None:
+        with self._writer() as db:
+            pages = db.execute("PRAGMA page_count").fetchone()[0]
+            db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_metrics_refused_on_a_full_disk_reach_the_worker_as_resource_exhausted_and_log_one_line(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 3 refusals of 398 rows each: the rows the store refused go back to the budget, or the third would meet the cap.
+    spec = tiny_spec(coordinator={"max_metrics_per_round": 1000, "metric_rows_per_s": 0})
+    store = FullDiskStore(tmp_path / "state", spec.coordinator.keep_checkpoints, durable=False)
+    running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN).start()
+    wire = Wire(f"127.0.0.1:{running.port}")
+    try:
+        worker = wire.join("w")
+        assert wire.report(worker, [step_metric(1)]).stored == 1
+        store.fill()
+        with caplog.at_level(logging.WARNING):
+            refusals = [wire.refusal("ReportMetrics", pb.ReportMetricsRequest(
+                **wire.creds(worker), metrics=[step_metric(k) for k in range(2, 400)])) for _ in range(3)]
+        for refused in refusals:
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+            assert "disk is full" in refused.details() and "retry later" in refused.details()
+        lines = [r for r in caplog.records if "ReportMetrics refused" in r.getMessage()]
+        assert len(lines) == 3 and all(r.exc_info is None and "\n" not in r.getMessage() for r in lines)
+        assert not [r for r in caplog.records if r.exc_info is not None]
+        # Nothing was half-stored, and the coordinator answers on.
+        assert wire.call("Heartbeat", pb.HeartbeatRequest(**wire.creds(worker))).version == 0
+    finally:
+        wire.close()
+        running.stop(grace=0.5)
+    assert len(read_state(tmp_path / "state", lambda s: s.metric_rows())) == 1
+
+
+def test_decide_metric_rows_caps_a_version_and_budgets_time() -> None:
+    options = decisions.MetricOptions(per_round=20, rows_per_s=5.0)
+    ok, budget = decisions.decide_metric_rows(100.0, 3, decisions.MetricBudget(), 15, options)
+    assert ok.ok and (budget.version, budget.in_round, budget.left, budget.at) == (3, 15, 5.0, 100.0)
+    refused, budget = decisions.decide_metric_rows(100.5, 3, budget, 6, options)
+    assert not refused.ok and "reported 15 metric rows at version 3; 6 more exceed coordinator.max_metrics_per_round = 20" in refused.reason
+    # A new version: the per-version count starts afresh, the time budget does not (7.5 rows after 0.5 s).
+    refused, budget = decisions.decide_metric_rows(100.5, 4, budget, 10, options)
+    assert not refused.ok and "10 metric rows exceed the 7 its time budget holds now" in refused.reason
+    assert "coordinator.metric_rows_per_s = 5" in refused.reason and "retry in 0.5 s" in refused.reason
+    ok, budget = decisions.decide_metric_rows(101.0, 4, budget, 10, options)
+    assert ok.ok and budget.left == 0.0 and budget.in_round == 10
+    # Refilled at most to per_round, however long the worker was silent.
+    ok, budget = decisions.decide_metric_rows(10_000.0, 5, budget, 20, options)
+    assert ok.ok and budget.left == 0.0
+    assert decisions.refund_metric_rows(budget, 5, 20, options) == decisions.MetricBudget(5, 0, 20.0, 10_000.0)
+    # Without a time budget only the per-version cap applies.
+    plain = decisions.MetricOptions(per_round=20, rows_per_s=0.0)
+    for version in range(100):
+        ok, _ = decisions.decide_metric_rows(100.0, version, decisions.MetricBudget(), 20, plain)
+        assert ok.ok
+
+
+def test_the_metrics_table_keeps_its_newest_rows_and_the_aggregates_keep_every_row(tmp_path: Any) -> None:
+    store = StateStore(tmp_path, durable=False)
+    try:
+        def row(worker: str, step: int) -> tuple[Any, ...]:
+            return ("run", worker, 0, step, 32, 4, 3.0, 128, 0.1 * step, 0.1 * step, 0.0, 0, 0, "", 1000.0 + step)
+
+        for start in range(0, 1000, 100):
+            store.add_metrics([row(f"w{k % 3}", start + k) for k in range(100)], keep_rows=250)
+        kept = store.metric_rows()
+        assert len(kept) == 250 and [r.step for r in kept] == list(range(750, 1000))
+        totals = {w.worker_id: (w.tokens, w.rows) for w in store.worker_rows("run")}
+        assert sum(tokens for tokens, _ in totals.values()) == 1000 * 128 and sum(n for _, n in totals.values()) == 1000
+    finally:
+        store.close()
+
+
+def test_a_metrics_flood_from_many_identities_while_rounds_close_fast_stays_within_the_budgets(wire_to: Any) -> None:
+    # The issue's attack: identities of one token report as much as they may and close rounds as fast as they can
+    # (each pushes a zero update), so a per-version cap alone would reset every round.
+    rate, keep = 50.0, 600
+    local, wire = wire_to(tiny_spec(run={"rounds": 0}, sync={"codec": "fp32", "round_deadline_s": 60.0},
+                                    coordinator={"lease_s": 30.0, "metric_rows_per_s": rate, "max_metric_rows": keep}))
+    names = [wire.join(f"flood{k}") for k in range(8)]
+    per_round = local.service.metric_options.per_round
+    stored = dict.fromkeys(names, 0)
+    started = time.monotonic()
+    rounds = 0
+    while time.monotonic() - started < 3.0:
+        headers = {name: wire.pull(name) for name in names}
+        for name in names:
+            request = pb.ReportMetricsRequest(**wire.creds(name), metrics=[step_metric(k) for k in range(per_round)])
+            try:
+                stored[name] += wire.call("ReportMetrics", request).stored
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+            wire.push_zero(name, headers[name])
+        rounds += 1
+    elapsed = time.monotonic() - started
+    assert rounds >= 3
+    for name in names:
+        assert stored[name] <= per_round + rate * elapsed, (stored[name], elapsed)
+    rows = read_state(local.state_dir, lambda store: store.metric_rows())
+    assert len(rows) <= keep
+    # Without the time budget each identity would have stored per_round rows every round.
+    assert sum(stored.values()) < 0.5 * 8 * per_round * rounds, (stored, rounds)

@@ -135,8 +135,8 @@ def test_the_streamed_checkpoint_holds_what_save_file_holds_and_digests_in_the_s
     state = {"outer_momentum": {name: t.t() if t.dim() == 2 else t for name, t in random_tensors(generator).items()},
              "counts": {"steps": torch.arange(5), "half": torch.randn(3, generator=generator).bfloat16()}}
     ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
-    digest = write_checkpoint(ours, params, state, {"run_id": "r", "version": "3"}, digest=True)
-    assert digest == tensor_stream.params_sha256(params)
+    digests = write_checkpoint(ours, params, state, {"run_id": "r", "version": "3"}, digest=True)
+    assert digests.params == tensor_stream.params_sha256(params)
     flat = {**params, **{f"{g}/{k}": v.contiguous() for g, named in state.items() for k, v in named.items()}}
     save_file(flat, str(theirs), metadata={"run_id": "r", "version": "3"})
     loaded = []
@@ -146,7 +146,7 @@ def test_the_streamed_checkpoint_holds_what_save_file_holds_and_digests_in_the_s
     assert loaded[0][0] == loaded[1][0] and sorted(loaded[0][1]) == sorted(loaded[1][1])
     for key, tensor in loaded[1][1].items():
         assert tensor.dtype == loaded[0][1][key].dtype and torch.equal(tensor, loaded[0][1][key]), key
-    assert write_checkpoint(tmp_path / "plain", params, {}, {}, digest=False) is None
+    assert write_checkpoint(tmp_path / "plain", params, {}, {}, digest=False).params is None
     with pytest.raises(ValueError, match="dtype torch.complex64"):
         write_checkpoint(tmp_path / "bad", {"c": torch.zeros(2, dtype=torch.complex64)}, {}, {}, digest=False)
 

@@ -20,9 +20,10 @@ from rcswarm.coordinator import (
     CallLimits,
     RunningCoordinator,
     SwarmCoordinator,
+    decisions,
     parse_max_calls,
 )
-from rcswarm.coordinator.guards import KIND_OF_METHOD, SERVICE_NAME, RpcKind
+from rcswarm.coordinator.guards import KIND_OF_METHOD, SERVICE_NAME, Caller, RpcKind, SlotsHeld, decide_slot
 from rcswarm.coordinator.server import TickRecord, decide_health
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
@@ -31,6 +32,7 @@ from rcswarm.sync import tensor_stream
 from tests.helpers.coordinator import LocalCoordinator
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.waiting import wait_for
+from tests.helpers.wire import push, small_deltas
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -101,7 +103,9 @@ def test_stalled_push_streams_are_cancelled_while_membership_is_answered(start_c
     assert set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
     assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] >= 150 and codes[grpc.StatusCode.DEADLINE_EXCEEDED] >= 1, codes
     refused = next(e for e in errors if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED)
-    assert "16 push calls" in refused.details() and "--max-calls push=16" in refused.details()
+    # Token-only streams count against the peer host they come from: at most half of the 16 push slots.
+    assert "peer 127.0.0.1 already has 8 push calls running" in refused.details()
+    assert "coordinator.max_calls_per_peer = 8" in refused.details()
     idle = next(e for e in errors if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED)
     assert "stream_idle_s" in idle.details()
     assert elapsed < idle_s + 4.0
@@ -130,9 +134,10 @@ def test_a_long_poll_flood_leaves_heartbeats_status_and_health_answered(start_co
     results = outcomes(calls, timeout=max_wait_s + 5.0)
     refused = [r for r in results if isinstance(r, grpc.RpcError)]
     assert {e.code() for e in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
-    assert "64 long_poll calls" in refused[0].details()
+    # One worker runs at most 2 long polls at once (coordinator.max_calls_per_worker).
+    assert f"worker {member.worker_id} already has 2 long_poll calls running" in refused[0].details()
     answered = [r for r in results if not isinstance(r, grpc.RpcError)]
-    assert 1 <= len(answered) <= 64 + 10 and all(r.version == 0 for r in answered)
+    assert 2 <= len(answered) <= 2 + 10 and all(r.version == 0 for r in answered)
 
 
 def test_a_pull_whose_client_stops_reading_is_cancelled(start_coordinator, channel):
@@ -164,11 +169,16 @@ def test_the_server_never_waits_past_a_calls_cap(start_coordinator, channel, mon
     ch = channel(local)
     stub = pb_grpc.CoordinatorStub(ch)
     member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=5, metadata=AUTH)
-    # A long poll with a day-long deadline returns at the cap, not at max_wait_s.
+    # A long poll with a 364-day deadline returns at the cap, not at max_wait_s.
     started = time.monotonic()
     poll = pb.AwaitVersionRequest(worker_id=member.worker_id, worker_secret=member.worker_secret, min_version=1, wait_ms=60_000)
-    assert stub.AwaitVersion(poll, timeout=86_400, metadata=AUTH).version == 0
+    assert stub.AwaitVersion(poll, timeout=364 * 86_400, metadata=AUTH).version == 0
     assert time.monotonic() - started < cap_s + 1.0
+    # Beyond 365 days (NO_DEADLINE_S) the coordinator counts a deadline as none and refuses the call.
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.AwaitVersion(poll, timeout=366 * 86_400, metadata=AUTH)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "calls to the coordinator must set a deadline"
     # A push that sends its meta and then nothing (but for less than stream_idle_s) is cut at the cap.
     release = threading.Event()
 
@@ -256,7 +266,7 @@ def test_call_limits_come_from_the_run_spec_and_the_command_line_overrides_them(
 def test_call_limits_validate_themselves():
     limits = CallLimits(parse_max_calls(["long_poll=8", "push = 2"]), stream_idle_s=3.0)
     assert limits.max_calls["long_poll"] == 8 and limits.max_calls["push"] == 2
-    assert limits.threads == sum(limits.max_calls.values()) + limits.headroom
+    assert limits.threads == sum(limits.max_calls.values()) + 5 * limits.reserve + limits.headroom
     with pytest.raises(ValueError, match="'polls'.*unknown RPC kind.*long_poll"):
         CallLimits(parse_max_calls(["polls=3"]))
     with pytest.raises(ValueError, match="expected KIND=N"):
@@ -269,3 +279,81 @@ def test_call_limits_validate_themselves():
         CallLimits(stream_idle_s=math.nan)
     with pytest.raises(ValueError, match="headroom = 0"):
         CallLimits(headroom=0)
+
+
+def test_decide_slot_caps_each_caller_and_keeps_a_members_own_slot() -> None:
+    limits = CallLimits(parse_max_calls(["push=4"]), per_worker=2, reserve=3)
+    member, peer = Caller("w1-ab", True), Caller("10.0.0.7", False)
+    assert decide_slot("push", member, SlotsHeld(0, 0, 0), limits)[0] == "shared"
+    slot, reason = decide_slot("push", member, SlotsHeld(3, 0, 2), limits)
+    assert slot is None and "worker w1-ab already has 2 push calls running" in reason
+    assert "coordinator.max_calls_per_worker = 2" in reason
+    # A peer host (anonymous calls) gets at most half of the kind's limit.
+    slot, reason = decide_slot("push", peer, SlotsHeld(2, 0, 2), limits)
+    assert slot is None and "peer 10.0.0.7 already has 2 push calls" in reason and "max_calls_per_peer = 2" in reason
+    # The kind is full: a member with no call of it gets its own from the reserve; a second call, a peer, or a
+    # full reserve do not.
+    assert decide_slot("push", member, SlotsHeld(4, 0, 0), limits)[0] == "reserved"
+    for caller, held in ((member, SlotsHeld(4, 0, 1)), (peer, SlotsHeld(4, 0, 0)), (member, SlotsHeld(7, 3, 0))):
+        slot, reason = decide_slot("push", caller, held, limits)
+        assert slot is None and "coordinator busy: 4 push calls (PushUpdate) already running" in reason, (caller, held)
+    assert CallLimits(per_peer={"query": 3}).peer_limit("query") == 3 and CallLimits().peer_limit("membership") == 16
+    with pytest.raises(ValueError, match=r"per_peer\['pulls'\]: unknown RPC kind"):
+        CallLimits(per_peer={"pulls": 1})
+    with pytest.raises(ValueError, match="per_worker = 0: expected an integer >= 1"):
+        CallLimits(per_worker=0)
+
+
+def test_decide_progress_says_not_serving_when_updates_wait_past_the_deadlines() -> None:
+    idle = decisions.RoundProgress("r", open_s=500.0, deadline_s=5.0, reports=0, multiple=3.0)
+    young = decisions.RoundProgress("r", open_s=14.0, deadline_s=5.0, reports=2, multiple=3.0)
+    assert decisions.decide_progress([idle, young]) == decisions.Decision(True, "rounds close")
+    stuck = decisions.RoundProgress("r2", open_s=16.0, deadline_s=5.0, reports=2, multiple=3.0)
+    decision = decisions.decide_progress([idle, stuck])
+    assert not decision.ok and decision.reason == (
+        "run r2: 2 updates waiting in a round open for 16.0 s, more than coordinator.health_round_deadlines = 3 × "
+        "its deadline 5 s: no round closes")
+
+
+class HangingStore(StateStore):
+    """A real store whose commits block (a hung disk) while `hanging` is set: no error, no tick fails."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hanging = threading.Event()
+        self.released = threading.Event()
+
+    def commit_version(self, *args, **kwargs):
+        if self.hanging.is_set():
+            self.released.wait(30.0)
+        return super().commit_version(*args, **kwargs)
+
+
+def test_health_says_not_serving_with_its_reason_while_updates_wait_and_no_round_closes(tmp_path, channel):
+    spec = tiny_spec(sync={"round_deadline_s": 0.5, "max_update_norm": 100.0},
+                     coordinator={"health_round_deadlines": 3.0})
+    store = HangingStore(tmp_path / "state", spec.coordinator.keep_checkpoints, spec.coordinator.durable)
+    running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN).start()
+    pushed = None
+    try:
+        local = LocalCoordinator(running, tmp_path / "state")
+        ch = channel(local)
+        client = local.client()
+        a = client.join("a", "cpu", 1)
+        client.pull(a, a.run_id)
+        store.hanging.set()
+        # The push's close hangs in its commit on the push's own thread; the ticker goes on ticking.
+        pushed = threading.Thread(target=push, args=(client, a, small_deltas(local)), daemon=True)
+        pushed.start()
+        wait_for(lambda: health_status(ch) == NOT_SERVING, 10.0, "NOT_SERVING while the update waits")
+        assert "1 update waiting in a round open for" in running.health_reason
+        assert "coordinator.health_round_deadlines = 3 × its deadline 0.5 s" in running.health_reason
+        store.released.set()
+        wait_for(lambda: client.status().version == 1 and health_status(ch) == SERVING, 10.0,
+                 "SERVING once the round closed")
+        client.close()
+    finally:
+        store.released.set()
+        running.stop(grace=0.5)
+        if pushed is not None:
+            pushed.join(timeout=10)

@@ -104,14 +104,14 @@ def test_join_returns_a_fresh_32_byte_secret_per_membership(pair: Any) -> None:
 def test_another_workers_id_is_refused_and_the_victim_is_unaffected(pair: Any, rpc: str) -> None:
     local, stub, a, b = pair
     victim = local.service.workers[a.worker_id]
-    before = (victim.last_seen, victim.base_version, victim.active, victim.metrics_in_round)
+    before = (victim.last_seen, victim.base_version, victim.active, victim.metric_budget)
     time.sleep(0.01)
     error = refused(lambda: worker_call(stub, rpc, a.worker_id, b.worker_secret, local))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error.details()
     assert rpc in error.details() and a.worker_id in error.details()
     assert not any(form.decode("latin-1") in error.details() for s in (a.worker_secret, b.worker_secret) for form in shown(s))
     # Nothing changed for A: still a member, its lease not renewed, no report or metric rows in its name.
-    assert (victim.last_seen, victim.base_version, victim.active, victim.metrics_in_round) == before
+    assert (victim.last_seen, victim.base_version, victim.active, victim.metric_budget) == before
     status = stub.GetStatus(pb.GetStatusRequest(), timeout=10, metadata=AUTH)
     assert {w.worker_id: w.state for w in status.workers}[a.worker_id] == pb.WORKER_STATE_ACTIVE
     assert status.rounds[-1].reports == 0 and status.version == 0

@@ -1,8 +1,13 @@
-"""A run committed up to version VERSIONS through the real coordinator and store, for the verified-state tests."""
+"""A run committed up to version VERSIONS through the real coordinator and store, for the verified-state tests.
+
+Each version's checkpoint holds every kind of state a coordinator loads: θ, the outer momentum and a
+broadcast residual, each different from version to version (`state_of`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import SwarmCoordinator
@@ -23,6 +28,12 @@ def open_coordinator(state_dir: Path) -> SwarmCoordinator:
     return SwarmCoordinator(run_spec, StateStore(state_dir, run_spec.coordinator.keep_checkpoints, durable=False))
 
 
+def state_of(params: dict[str, torch.Tensor], version: int) -> dict[str, dict[str, torch.Tensor]]:
+    """The optimizer state committed with version `version`'s parameters: momentum and a broadcast residual."""
+    return {"outer_momentum": {name: 0.1 * tensor + version for name, tensor in params.items()},
+            "broadcast_residual": {name: 1e-3 * tensor - 1e-4 * version for name, tensor in params.items()}}
+
+
 def committed_run(state_dir: Path) -> dict[int, bytes]:
     """A run committed up to version VERSIONS through the real coordinator and store; each version's digest."""
     coordinator = open_coordinator(state_dir)
@@ -32,8 +43,7 @@ def committed_run(state_dir: Path) -> dict[int, bytes]:
             params = {name: tensor + 0.01 * version for name, tensor in coordinator.params.items()}
             digest = tensor_stream.params_sha256(params)
             record = RoundRecord(version - 1, 0.0, 1.0, 1, 64, "test", 0.1, digest.hex())
-            coordinator.store.commit_version(coordinator.run_id, version, params, {"outer_momentum": coordinator.momentum},
-                                             record)
+            coordinator.store.commit_version(coordinator.run_id, version, params, state_of(params, version), record)
             digests[version] = digest
     finally:
         coordinator.close()

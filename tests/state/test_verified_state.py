@@ -17,21 +17,38 @@ from safetensors.torch import load_file, save_file
 
 from rcswarm.sync import tensor_stream
 from tests.helpers.state import read_state
-from tests.helpers.verified_state import VERSIONS, committed_run, open_coordinator, spec
+from tests.helpers.verified_state import VERSIONS, committed_run, open_coordinator, spec, state_of
 
 
 def checkpoint(state_dir: Path, version: int) -> Path:
     return state_dir / "checkpoints" / f"v{version:08d}.safetensors"
 
 
-def parameter_span(path: Path) -> tuple[int, int]:
-    """The byte range of the first parameter's data (not the optimizer state's) in a safetensors file."""
+def tensor_span(path: Path, group: str = "") -> tuple[str, int, int]:
+    """The key and byte range in the file of the first tensor of a safetensors checkpoint's state `group`
+    ("": the parameters)."""
     data = path.read_bytes()
     (header_size,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + header_size])
-    name = next(key for key in sorted(header) if key != "__metadata__" and "/" not in key)
-    start, end = header[name]["data_offsets"]
-    return 8 + header_size + start, 8 + header_size + end
+    key = next(key for key in sorted(header) if key != "__metadata__" and key.rpartition("/")[0] == group)
+    start, end = header[key]["data_offsets"]
+    return key, 8 + header_size + start, 8 + header_size + end
+
+
+def flip_bytes(path: Path, group: str = "") -> str:
+    """Flip the lowest bit of 64 bytes in the middle of the first tensor of `group` (values stay finite); its key."""
+    data = bytearray(path.read_bytes())
+    key, start, end = tensor_span(path, group)
+    middle = (start + end) // 2
+    for index in range(middle, middle + 64):
+        data[index] ^= 0x01
+    path.write_bytes(bytes(data))
+    return key
+
+
+def parameter_span(path: Path) -> tuple[int, int]:
+    """The byte range of the first parameter's data (not the optimizer state's) in a safetensors file."""
+    return tensor_span(path)[1:]
 
 
 def run_id_of(state_dir: Path) -> str:
@@ -159,3 +176,86 @@ def test_a_state_dir_from_before_the_ledger_is_verified_from_its_rounds(tmp_path
     assert_resumed(tmp_path, VERSIONS, digests)
     assert fallback_reasons(tmp_path) == []
     assert [entry.version for entry in read_state(tmp_path, lambda store: store.ledger())] == list(range(1, VERSIONS + 1))
+
+
+def assert_state_of(state_dir: Path, version: int) -> None:
+    """A coordinator opened on `state_dir` resumes at `version` with exactly that version's momentum and
+    broadcast residual (what the helper committed)."""
+    coordinator = open_coordinator(state_dir)
+    try:
+        assert coordinator.version == version
+        want = state_of(coordinator.params, version)
+        for name, tensor in coordinator.momentum.items():
+            assert torch.equal(tensor, want["outer_momentum"][name]), name
+        residual = coordinator.broadcast_feedback.snapshot()
+        assert sorted(residual) == sorted(want["broadcast_residual"])
+        for name, tensor in residual.items():
+            assert torch.equal(tensor, want["broadcast_residual"][name]), name
+    finally:
+        coordinator.close()
+
+
+@pytest.mark.parametrize("group", ["outer_momentum", "broadcast_residual"])
+def test_flipped_bytes_in_the_optimizer_state_fall_back_to_the_previous_version(tmp_path: Path, group: str) -> None:
+    digests = committed_run(tmp_path)
+    path = checkpoint(tmp_path, VERSIONS)
+    key = flip_bytes(path, group)
+    assert key.startswith(f"{group}/")
+    assert_resumed(tmp_path, VERSIONS - 1, digests)
+    assert_state_of(tmp_path, VERSIONS - 1)
+    [reason] = fallback_reasons(tmp_path)
+    assert path.name in reason and "header and optimizer state" in reason and "differs from the" in reason
+    assert path.with_name(path.name + ".rejected").exists()
+
+
+def test_an_edited_header_falls_back(tmp_path: Path) -> None:
+    # A momentum tensor's dtype changed from F32 to I32 in the header (same length, so the file still parses):
+    # the same bytes would load as integers, which no finite check looks at.
+    digests = committed_run(tmp_path)
+    path = checkpoint(tmp_path, VERSIONS)
+    data = path.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = data[8:8 + size].decode()
+    key = tensor_span(path, "outer_momentum")[0]
+    at = header.index(f'"{key}":{{"dtype":"F32"')
+    edited = header[:at] + header[at:].replace('"F32"', '"I32"', 1)
+    path.write_bytes(data[:8] + edited.encode() + data[8 + size:])
+    assert_resumed(tmp_path, VERSIONS - 1, digests)
+    [reason] = fallback_reasons(tmp_path)
+    assert path.name in reason and "header and optimizer state" in reason
+
+
+def test_flipped_optimizer_state_in_every_checkpoint_refuses_to_start(tmp_path: Path) -> None:
+    committed_run(tmp_path)
+    paths = sorted((tmp_path / "checkpoints").glob("v*.safetensors"))
+    for path in paths:
+        flip_bytes(path, "outer_momentum")
+    with pytest.raises(ValueError, match="no checkpoint verifies, refusing to serve unverified parameters") as refused:
+        open_coordinator(tmp_path)
+    for path in paths:
+        assert path.name in str(refused.value)
+    assert str(refused.value).count("header and optimizer state") == len(paths)
+
+
+def test_a_ledger_from_before_the_state_digest_is_verified_over_theta_and_upgraded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A state dir written before the ledger had rest_blake3: the column does not exist.
+    digests = committed_run(tmp_path)
+    edit_sql(tmp_path, "ALTER TABLE checkpoints DROP COLUMN rest_blake3")
+    assert [entry.rest_blake3 for entry in read_state(tmp_path, lambda store: store.ledger())] == [None] * (VERSIONS + 1)
+    with caplog.at_level(logging.INFO, logger="rcswarm.state.store"):
+        assert_resumed(tmp_path, VERSIONS, digests)
+    assert any("verified over its parameters only" in record.getMessage() for record in caplog.records)
+    assert_state_of(tmp_path, VERSIONS)
+    # The first commit after the upgrade records the full digest, and that version is checked over every byte.
+    coordinator = open_coordinator(tmp_path)
+    try:
+        params = {name: tensor + 1.0 for name, tensor in coordinator.params.items()}
+        coordinator.store.commit_version(coordinator.run_id, VERSIONS + 1, params, state_of(params, VERSIONS + 1), None)
+    finally:
+        coordinator.close()
+    newest = read_state(tmp_path, lambda store: store.ledger())[-1]
+    assert newest.version == VERSIONS + 1 and newest.rest_blake3 is not None and len(newest.rest_blake3) == 64
+    flip_bytes(checkpoint(tmp_path, VERSIONS + 1), "outer_momentum")
+    assert_resumed(tmp_path, VERSIONS, digests)

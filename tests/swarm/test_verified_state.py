@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,23 @@ def test_the_coordinator_command_refuses_unverified_state_and_exits_2(tmp_path: 
     assert result.returncode == 2, result.stderr
     assert "rcswarm coordinator: state dir" in result.stderr and "no checkpoint verifies" in result.stderr
     assert f"v{VERSIONS:08d}.safetensors" in result.stderr
+
+
+def _no_file_growth() -> None:
+    """In the child before exec: no file may grow (writes beyond size 0 fail with EFBIG), as on a full disk."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+
+
+def test_a_restart_that_cannot_write_its_state_dir_exits_2_with_one_line(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    committed_run(state_dir)
+    config = write_spec(spec(), tmp_path / "run.toml")
+    result = subprocess.run(
+        [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config), "--state-dir", str(state_dir),
+         "--port", "0", "--token", TOKEN],
+        env=worker_env(), capture_output=True, text=True, timeout=120, preexec_fn=_no_file_growth,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("rcswarm coordinator: ")]
+    assert str(state_dir) in line, line

@@ -1,0 +1,60 @@
+"""A coordinator process frozen past the lease (SIGSTOP) evicts nobody at SIGCONT (issue #31, finding 4): its
+leases run on its own liveness clock (coordinator/liveness.py), so the workers keep their memberships and the
+updates they finished meanwhile are merged into the round that was open."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+from tests.helpers.coordinator import free_port
+from tests.helpers.processes import logs_of, start_coordinator_process
+from tests.helpers.specs import TOKEN, tiny_spec, write_spec
+from tests.helpers.state import read_state
+from tests.helpers.waiting import wait_for
+
+LEASE_S = 3.0
+STOP_S = 10.0
+FAST = ("--rpc-timeout-s", "1", "--transfer-timeout-s", "3", "--patience-s", "60")
+
+
+@pytest.mark.slow
+def test_a_sigstopped_coordinator_keeps_its_members_and_merges_their_updates(tmp_path: Path, spawn_worker) -> None:
+    spec = tiny_spec(run={"rounds": 0, "workers": 2}, inner={"steps": 3},
+                     coordinator={"lease_s": LEASE_S, "max_wait_s": 1.0}, sync={"round_deadline_s": 60.0})
+    config = write_spec(spec, tmp_path / "run.toml")
+    port = free_port()
+    coordinator = start_coordinator_process(config, tmp_path / "state", port, tmp_path / "coordinator.log")
+    client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, retry=RetryPolicy(max_elapsed_s=30.0))
+    workers = [spawn_worker(f"127.0.0.1:{port}", name, *FAST) for name in ("a", "b")]
+    try:
+        wait_for(lambda: client.status().version >= 2, 120, "two rounds", interval=0.1)
+        members = {w.worker_id for w in client.status().workers}
+        assert len(members) == 2
+        coordinator.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(STOP_S)  # more than 3 leases; both workers finish their round meanwhile and wait to push
+        finally:
+            coordinator.send_signal(signal.SIGCONT)
+        resumed_at = client.status().version
+        wait_for(lambda: client.status().version >= resumed_at + 2, 60, "two more rounds", interval=0.1)
+        status = client.status()
+        assert {w.worker_id for w in status.workers} == members, logs_of(workers)
+        events = read_state(tmp_path / "state", lambda store: store.events("evict", "stale", "stall"))
+        assert [e.kind for e in events] == ["stall"], events
+        assert "did not run for" in events[0].reason and "not counted against leases" in events[0].reason
+        # The round open across the stop closed with both workers' updates, as did every round after it.
+        rounds = read_state(tmp_path / "state", lambda store: store.rounds())
+        assert all(r.reports == 2 for r in rounds if r.version >= resumed_at - 1), [(r.version, r.reports) for r in rounds]
+        for worker in workers:
+            assert worker.poll() is None, logs_of(workers)
+            assert "join again" not in Path(worker.log_path).read_text(), logs_of(workers)
+    finally:
+        client.close()
+        coordinator.send_signal(signal.SIGCONT)
+        coordinator.send_signal(signal.SIGTERM)
+        coordinator.wait(timeout=30)
