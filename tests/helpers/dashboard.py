@@ -22,6 +22,8 @@ LENGTHS = (32, 64, 128, 256)
 
 
 STEPS = range(1, 121)
+# Every step's row is reported at version 0: the per-version cap must hold them all.
+FEED_CAP = {"max_metrics_per_round": len(STEPS)}
 
 
 ALPHA_INF, TAU = 0.3, 40.0
@@ -31,6 +33,12 @@ def true_loss(step: int, length: int) -> float:
     """A power law in L whose exponent grows as α∞(1 − e^(−s/τ)), times a slow decay in s."""
     alpha = ALPHA_INF * (1.0 - math.exp(-step / TAU))
     return 3.0 * step ** -0.2 * length ** -alpha
+
+
+def feed_spec(lengths: tuple[int, ...] = LENGTHS) -> Any:
+    """The run `feed` reports into: each joined worker assigned its own length (a row's tokens are bounded by the
+    largest assignment's step) and room for every step's row at version 0."""
+    return tiny_spec(coordinator=FEED_CAP, curriculum={"worker_seq_lens": list(lengths)})
 
 
 def feed(service: Any, lengths: tuple[int, ...] = LENGTHS) -> dict[int, str]:
@@ -60,7 +68,7 @@ def get(url: str) -> tuple[int, str, bytes]:
 
 @pytest.fixture
 def swarm(start_coordinator: Any) -> Any:
-    local = start_coordinator(tiny_spec(), http_port=0)
+    local = start_coordinator(feed_spec(), http_port=0)
     workers = feed(local.service)
     local.base = local.running.dashboard.url  # type: ignore[attr-defined]
     local.workers = workers  # type: ignore[attr-defined]
@@ -106,7 +114,7 @@ def sweep(tmp_path: Path) -> Any:
     from rcswarm.coordinator.sweep import SweepCoordinator
     from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 
-    base = tiny_spec(coordinator={"lease_s": 1000.0, "max_wait_s": 2.0})
+    base = tiny_spec(coordinator={"lease_s": 1000.0, "max_wait_s": 2.0, **FEED_CAP})
     spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": list(LENGTHS)}})
     clock = Clock(SWEEP_T0)
     coordinator = SweepCoordinator(spec, tmp_path / "state", clock=clock)

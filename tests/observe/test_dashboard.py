@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rcswarm.cli import status as status_cli
-from tests.helpers.dashboard import ALPHA_INF, LENGTHS, STEPS, assert_png_not_blank, feed, get, true_loss
+from tests.helpers.dashboard import ALPHA_INF, LENGTHS, STEPS, assert_png_not_blank, feed, feed_spec, get, true_loss
 from tests.helpers.specs import TOKEN, tiny_spec
 
 
@@ -28,9 +28,10 @@ def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
     assert "wall-time crossovers" in page and "32 → 64" in page
     for plot in ("loss_step", "loss_time", "alpha"):
         assert f'src="/plot/{plot}.png"' in page
-    assert "assigned L × batch" in page and "<td>32 × 4</td>" in page and "fixed: L 32 × batch 4" in page
+    assert "assigned L × batch" in page and all(f"<td>{length} × 4</td>" in page for length in LENGTHS)
+    assert "fixed: L per worker" in page
     workers = json.loads(get(swarm.base + "api/status")[2])["workers"]
-    assert {(w["assignment"]["seq_len"], w["assignment"]["batch_size"]) for w in workers} == {(32, 4)}
+    assert {(w["assignment"]["seq_len"], w["assignment"]["batch_size"]) for w in workers} == {(n, 4) for n in LENGTHS}
 
 
 def test_plots_are_nonblank_pngs(swarm: Any) -> None:
@@ -41,7 +42,7 @@ def test_plots_are_nonblank_pngs(swarm: Any) -> None:
 
 
 def test_too_few_lengths_says_so(start_coordinator: Any) -> None:
-    local = start_coordinator(tiny_spec(), http_port=0)
+    local = start_coordinator(feed_spec((32, 64)), http_port=0)
     feed(local.service, (32, 64))
     base = local.running.dashboard.url
     page = get(base)[2].decode()
