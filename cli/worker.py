@@ -111,6 +111,9 @@ def parser() -> argparse.ArgumentParser:
                         help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
     parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
                         help="deadline of one parameter pull or update push (default: %(default)s)")
+    parser.add_argument("--max-params", type=int, default=0,
+                        help="refuse a run spec whose model has more parameters (default 0: what the device's memory "
+                             "holds at 32 bytes of training state per parameter)")
     add_hivemind_arguments(parser)
     return parser
 
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         token = client_token(args)
         options = client_options(
             args, WorkerOptions, device=args.device, name=args.name, threads=args.threads, patience_s=args.patience_s,
-            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
+            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s, max_params=args.max_params,
         )
         set_threads(options.threads)
         worker = Worker(options, token)
@@ -181,7 +184,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
 
     try:
         worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control,
-                                data_seed=data_seed)
+                                data_seed=data_seed, max_params=args.max_params)
     except ValueError as exc:
         status = usage_error(PROG, str(exc))
         if control is not None:

@@ -191,6 +191,17 @@ def build_model(
     return model
 
 
+def parameter_count_of(name: str, preset: str, overrides: Mapping[str, Any] | None = None) -> int:
+    """`parameter_count` of `build_model(name, preset, overrides)`, counted without allocating the parameters:
+    the model is built on the meta device (shapes only) with the caller's RNG state left untouched.
+    ValueError as `make_config` raises it."""
+    entry = get(name)
+    config = make_config(name, preset, overrides)
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = entry.build(config)
+    return parameter_count(model)
+
+
 def _check_contract(entry: ModelEntry, model: nn.Module) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(

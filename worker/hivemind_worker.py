@@ -51,6 +51,7 @@ from rcswarm.train.inner import worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow
 from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker.hivemind_control import ControlPlane
+from rcswarm.worker.limits import ModelLimit
 
 log = logging.getLogger("rcswarm.worker")
 # A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up. A constant, not a
@@ -86,7 +87,7 @@ class HivemindWorker:
 
     def __init__(self, spec: RunSpec, options: hs.HivemindOptions, *, name: str = "", device: str = "cpu",
                  out: Path | None = None, stop: threading.Event | None = None, control: ControlPlane | None = None,
-                 data_seed: int | None = None) -> None:
+                 data_seed: int | None = None, max_params: int = 0) -> None:
         if spec.sync.backend != "hivemind":
             raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
         if spec.is_sweep:
@@ -98,6 +99,9 @@ class HivemindWorker:
         if spec.curriculum.adaptive and control is None:
             raise ValueError(f'curriculum.policy = "adaptive" (seq_lens {spec.curriculum.seq_lens}): a hivemind worker '
                              "needs --coordinator HOST:PORT, which decides the run's rung from the workers' metrics")
+        too_large = ModelLimit.of(device, max_params).problem(spec)
+        if too_large:
+            raise ValueError(f"the run spec of {spec.run.name} is refused before allocating: {too_large}")
         self.spec, self.options, self.out, self.control = spec, options, out, control
         self.data_seed = data_seed
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"

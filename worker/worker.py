@@ -16,7 +16,8 @@ and sent on every later call of that membership; a re-join replaces it. Stalls, 
 capacity limits and broken streams are retried by the client for `--patience-s` seconds
 (`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
 coordinator does not take this worker's secret for its id), a refused request, a run spec this
-worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1;
+worker cannot build or whose model is above its limit (`--max-params`, worker/limits.py: counted before
+anything is allocated), spent patience or a run of refused payloads end the worker, with one ERROR line saying why and exit status 1;
 a finished run exits 0. A stop (SIGTERM or SIGINT in `rcswarm worker`) finishes the current step, sends
 Leave and exits 0. What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
 """
@@ -40,6 +41,7 @@ from rcswarm.sync import tensor_stream
 from rcswarm.train.inner import StepResult, worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow, resolve_device
 from rcswarm.worker.client import (
+    Action,
     CoordinatorClient,
     Identity,
     RetriesExhausted,
@@ -48,12 +50,15 @@ from rcswarm.worker.client import (
     Timeouts,
     classify,
 )
+from rcswarm.worker.limits import ModelLimit
 from rcswarm.worker.options import WorkerOptions
 
 log = logging.getLogger("rcswarm.worker")
 AWAIT_WAIT_S = 2.0
 # How often one finished update is pushed again after re-joins before it is dropped.
 MAX_PUSH_REJOINS = 3
+# Metric rows kept while ReportMetrics fails transiently (the newest; a few rounds' worth).
+MAX_PENDING_METRICS = 4096
 
 
 class Rejoin(Exception):
@@ -81,6 +86,8 @@ class Worker:
         self.options = options
         self.stop = stop or threading.Event()
         self.device = resolve_device(options.device)
+        # The most parameters a run spec may ask this worker to build (checked before building, worker/limits.py).
+        self.limit = ModelLimit.of(str(self.device), options.max_params)
         self.name = options.name or f"{socket.gethostname()}-{os.getpid()}"
         self.client = CoordinatorClient(
             options.coordinator, token, tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key,
@@ -172,6 +179,12 @@ class Worker:
             self._assignment = response.assignment if response.HasField("assignment") else None
             self._assignment_owner = response.worker_id
         if self.model is None or spec != self.spec:
+            try:
+                too_large = self.limit.problem(spec)
+            except (ValueError, KeyError) as exc:
+                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+            if too_large:
+                raise SpecRefused(f"the run spec of {response.run_id} is refused before allocating: {too_large}")
             self.spec = spec
             try:
                 self._build(spec, response.data_seed)
@@ -362,11 +375,29 @@ class Worker:
                 return
 
     def _flush_metrics(self) -> None:
-        """Send the pending metrics (kept when the call fails), unless the worker holds no membership."""
+        """Send the pending metrics, unless the worker holds no membership; one attempt (training never waits
+        on metrics). A transient failure keeps the rows for the next report (the newest MAX_PENDING_METRICS), a
+        refusal drops them: one WARNING line either way, without a traceback. NOT_FOUND re-joins."""
         identity = self.identity
-        if self._pending and identity.worker_id:
-            self._call(self.client.report_metrics, identity, self._pending)
-            self._pending = []
+        if not (self._pending and identity.worker_id):
+            return
+        try:
+            self.client.report_metrics(identity, self._pending)
+        except grpc.RpcError as err:
+            action, reason = classify(err.code())
+            if action is Action.REJOIN:
+                raise Rejoin(err.details()) from err
+            rows = len(self._pending)
+            if action is Action.RETRY:
+                self._pending = self._pending[-MAX_PENDING_METRICS:]
+                fate = f"{len(self._pending)} kept for the next report" + (
+                    f", {rows - len(self._pending)} oldest dropped" if rows > len(self._pending) else "")
+            else:
+                self._pending, fate = [], "dropped"
+            log.warning("%s: ReportMetrics failed: %s: %s (%s); %d metric rows %s", self.worker_id,
+                        err.code().name, err.details(), reason, rows, fate)
+            return
+        self._pending = []
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(max(self.lease_s / 3.0, 0.2)):
