@@ -38,7 +38,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
-from rcswarm.train.inner import StepResult, worker_data_seed
+from rcswarm.train.inner import StepResult, preload_data, worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow, resolve_device
 from rcswarm.worker.client import (
     Action,
@@ -51,7 +51,9 @@ from rcswarm.worker.client import (
     classify,
 )
 from rcswarm.worker.limits import ModelLimit
+from rcswarm.worker.membership import Membership, end_previous, remove_membership, write_membership
 from rcswarm.worker.options import WorkerOptions
+from rcswarm.worker.startup import StartupMarks
 
 log = logging.getLogger("rcswarm.worker")
 AWAIT_WAIT_S = 2.0
@@ -82,8 +84,14 @@ class Worker:
     `_follow_assignment` reads under it too.
     """
 
-    def __init__(self, options: WorkerOptions, token: str, stop: threading.Event | None = None) -> None:
+    def __init__(self, options: WorkerOptions, token: str, stop: threading.Event | None = None,
+                 previous: Membership | None = None) -> None:
+        """`previous`: the membership of the process this one replaces, already ended (the command ends it before
+        importing torch); without it, a `membership_file` is read and its membership ended when `run` starts."""
+        self.startup = StartupMarks()
+        self.startup.mark("imports")
         self.options = options
+        self._previous = previous
         self.stop = stop or threading.Event()
         self.device = resolve_device(options.device)
         # The most parameters a run spec may ask this worker to build (checked before building, worker/limits.py).
@@ -104,6 +112,7 @@ class Worker:
         self.identity = Identity()
         self.lease_s = 10.0
         self.spec: RunSpec | None = None
+        self.data_seed: int | None = None  # None until the data stream of the current run started
         self._pending: list[pb.Metric] = []
         # (version, parameters) pulled last, bit for bit: lets the coordinator send a delta.
         self._held: tuple[int, dict[str, torch.Tensor]] | None = None
@@ -131,6 +140,7 @@ class Worker:
     def run(self) -> int:
         """Train until the run finishes or a stop is requested; returns the exit code."""
         try:
+            self._take_over()
             self._join()
             while not self.stop.is_set() and not self.finished:
                 try:
@@ -154,6 +164,28 @@ class Worker:
             self._leave()
         return 0
 
+    def _take_over(self) -> None:
+        """With a membership file: end the membership of the process this one replaces (unless the command did) and
+        build that run's model and load its data now, before joining makes the open round wait for this worker."""
+        path = self.options.membership_file
+        previous = self._previous
+        if previous is None and path is not None:
+            previous = end_previous(path, self.options.coordinator, self.options.tls(), self.options.rpc_timeout_s)
+        if previous is None:
+            return
+        try:
+            spec = RunSpec.from_json(previous.run_spec_json)
+            too_large = self.limit.problem(spec)
+        except (ValueError, KeyError) as exc:
+            log.info("%s: the previous membership's run spec is not built ahead (%s)", self.name, exc)
+            return
+        if too_large:
+            return  # refused at the join, with its reason
+        self.spec = spec
+        self._build_model(spec)
+        preload_data(spec.data)
+        self.startup.mark("built ahead")
+
     def _join(self) -> int | None:
         """Join the swarm (building the model when the spec is new); the version it serves, None when finished."""
         try:
@@ -170,6 +202,11 @@ class Worker:
             raise SpecRefused(f"the run spec of {response.run_id} is invalid here: {exc}") from exc
         self.identity = Identity.of(response)
         self.run_id, self.lease_s = response.run_id, response.lease_seconds
+        if self.options.membership_file is not None:
+            write_membership(self.options.membership_file, Membership(
+                self.options.coordinator, response.run_id, response.worker_id, response.worker_secret,
+                response.run_spec_json))
+        self.startup.mark("joined")
         self._held = None
         if self._heartbeat is None:
             # Beat from now on: building the model and loading the data may outlast the lease.
@@ -185,24 +222,34 @@ class Worker:
                 raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
             if too_large:
                 raise SpecRefused(f"the run spec of {response.run_id} is refused before allocating: {too_large}")
-            self.spec = spec
+            self.spec, self.data_seed = spec, None
             try:
-                self._build(spec, response.data_seed)
+                self._build_model(spec)
             except (ValueError, KeyError) as exc:
                 raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+        if self.data_seed is None:
+            try:
+                self._start_data(spec, response.data_seed)
+            except (ValueError, KeyError) as exc:
+                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+            self.startup.mark("model and data")
         log.info("%s joined %s as %s at version %d", self.name, self.run_id, self.worker_id, response.version)
         return response.version
 
-    def _build(self, spec: RunSpec, data_seed: int) -> None:
+    def _build_model(self, spec: RunSpec) -> None:
+        """The run's model, inner optimizer and codec (the data stream waits for the join's data seed)."""
         self.trainer.build(spec)
+        self.codec = codecs.codec_from_name(spec.sync.codec)
+        self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
+
+    def _start_data(self, spec: RunSpec, data_seed: int) -> None:
+        """The data stream of this membership's data seed, at its assignment's (seq_len, batch)."""
         self.data_seed = worker_data_seed(spec.run.seed, data_seed)
         assignment = self._assignment
         seq_len, batch = spec.data.seq_len, spec.data.batch_size
         if assignment is not None and assignment.seq_len > 0 and assignment.batch_size > 0:
             seq_len, batch = assignment.seq_len, assignment.batch_size
         self.trainer.follow(seq_len, batch, self.data_seed)
-        self.codec = codecs.codec_from_name(spec.sync.codec)
-        self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
 
     def _call(self, fn, *args):
         """Run an RPC, turning NOT_FOUND into Rejoin."""
@@ -263,6 +310,10 @@ class Worker:
         self.sync_seconds += time.perf_counter() - sync_started
         base = self.trainer.snapshot()
         self._held = (version, base)
+        if not self.startup.reported:
+            self.startup.mark("pulled")
+            self.startup.reported = True
+            log.info("%s trains version %d, %s", self.worker_id, version, self.startup.describe())
         trained = self.trainer.train(version, steps, budget_s=budget, stop=self.stop, step=self._train_step,
                                      on_schedule=self._log_schedule)
         self._pending.extend(self._metric(row) for row in trained.rows)
@@ -418,6 +469,8 @@ class Worker:
             self._flush_metrics()
             self.client.leave(self.identity, "finished" if self.finished else "stopped")
             log.info("%s left the swarm", self.worker_id)
+            if self.options.membership_file is not None:
+                remove_membership(self.options.membership_file)
         except (grpc.RpcError, Rejoin, RetriesExhausted, Stopped) as exc:
             log.warning("leave failed: %s", exc)
         finally:

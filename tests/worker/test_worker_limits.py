@@ -69,6 +69,17 @@ def test_the_parameter_count_needs_no_allocation() -> None:
     assert huge > 10**10 and peak < PEAK_BOUND, (huge, peak)
 
 
+def test_the_count_on_the_meta_device_is_the_built_models_for_every_small_preset() -> None:
+    checked = 0
+    for name in registry.list_models():
+        for preset in registry.get(name).presets:
+            count = registry.parameter_count_of(name, preset)
+            if count <= 3_000_000:  # the larger presets are the same code at other sizes
+                assert count == registry.parameter_count(registry.build_model(name, preset, seed=0)), (name, preset)
+                checked += 1
+    assert checked >= 15
+
+
 def test_the_default_limit_is_what_the_devices_memory_holds() -> None:
     limit = ModelLimit.of("cpu")
     assert limit.max_params == host_memory_bytes() // TRAINING_BYTES_PER_PARAMETER
