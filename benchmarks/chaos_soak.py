@@ -848,28 +848,35 @@ def judge(soak: Soak, final_pulls: dict[str, tuple[int, str]], exit_codes: dict[
     )
 
 
-def plot_goodput(verdict: Verdict, series: list[tuple[float, int, int]], faults: list[tuple[float, str]],
-                 path: Path) -> None:
-    """Applied tokens over the soak's time, the chaos phases shaded and each fault marked (a PNG at `path`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4.2))
+def draw_goodput(ax: Any, windows: list[Window], series: list[tuple[float, int, int]],
+                 faults: list[tuple[float, str]], title: str) -> None:
+    """Applied tokens over the soak's time on `ax`, the chaos phases shaded and each worker SIGKILL marked."""
     if series:
         ax.plot([t for t, _, _ in series], [tokens / 1e6 for _, _, tokens in series], lw=1.2, color="C0",
                 label="tokens applied to θ")
-    for index, window in enumerate(w for w in verdict.windows if w.kind == "chaos"):
+    for index, window in enumerate(w for w in windows if w.kind == "chaos"):
         ax.axvspan(window.start_s, window.end_s, color="C3", alpha=0.12, label="chaos phase" if index == 0 else None)
     kills = [t for t, kind in faults if kind == "worker_kill"]
     if kills:
         ax.plot(kills, [0.0] * len(kills), "|", color="C3", ms=12, label="worker SIGKILL (restarted at once)")
     ax.set_xlabel("seconds since the start")
     ax.set_ylabel("applied tokens (millions)")
-    ax.set_title(f"goodput {verdict.goodput:.3f}: {verdict.workers} workers, {verdict.tally.worker_kills} SIGKILLs")
+    ax.set_title(title)
     ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
+
+
+def plot_goodput(verdict: Verdict, series: list[tuple[float, int, int]], faults: list[tuple[float, str]],
+                 path: Path) -> None:
+    """`draw_goodput` of one soak as a PNG at `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    draw_goodput(ax, verdict.windows, series, faults, f"goodput {verdict.goodput:.3f}: {verdict.workers} workers, "
+                                                      f"{verdict.tally.worker_kills} SIGKILLs")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -17,6 +17,7 @@ import argparse
 import datetime
 import os
 import re
+import resource
 import signal
 import socket
 import statistics
@@ -57,11 +58,17 @@ def stamp_of(line: str) -> float | None:
     return datetime.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    """Seconds a command takes from its start to its exit."""
-    started = time.perf_counter()
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of every child process reaped so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(argv: list[str], env: dict[str, str]) -> dict[str, float]:
+    """Seconds a command takes from its start to its exit, and its CPU seconds."""
+    started, cpu = time.perf_counter(), children_cpu_s()
     subprocess.run(argv, env=env, check=True, capture_output=True, timeout=TIMEOUT_S)
-    return time.perf_counter() - started
+    return {"exit": time.perf_counter() - started, "CPU s": children_cpu_s() - cpu}
 
 
 def worker_run(target: str, env: dict[str, str], log: Path, extra: list[str]) -> dict[str, float]:
@@ -69,7 +76,7 @@ def worker_run(target: str, env: dict[str, str], log: Path, extra: list[str]) ->
     own account of the start-up ("trains version V, S s after its process started (...)")."""
     argv = [sys.executable, "-m", "rcswarm.cli", "worker", "--coordinator", target, "--threads", "1",
             "--name", log.stem, *extra]
-    started = time.time()
+    started, cpu = time.time(), children_cpu_s()
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -85,7 +92,7 @@ def worker_run(target: str, env: dict[str, str], log: Path, extra: list[str]) ->
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-    found: dict[str, float] = {}
+    found: dict[str, float] = {"CPU s": children_cpu_s() - cpu}
     for line in log.read_text(errors="replace").splitlines():
         at = stamp_of(line)
         for name, marker in EVENTS.items():
@@ -111,6 +118,23 @@ def killed_membership(target: str, env: dict[str, str], log: Path, membership: P
     proc.wait(timeout=10)
 
 
+def start_coordinator(work: Path, config: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """A coordinator process of the run in `work`, once it serves; (process, HOST:PORT)."""
+    work.mkdir(parents=True)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config),
+         "--state-dir", str(work / "state"), "--host", HOST, "--port", str(port),
+         "--port-file", str(work / "port.json")],
+        env=env, stdout=open(work / "coordinator.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (work / "port.json").exists():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"the coordinator in {work} did not start")
+        time.sleep(0.05)
+    return proc, f"{HOST}:{port}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="worker_startup_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -124,28 +148,23 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, TOKEN_ENV: TOKEN, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     before_env = {**env, "PYTHONPATH": f"{args.before}{os.pathsep}{env.get('PYTHONPATH', '')}"} if args.before else None
     config = work / "run.toml"
-    config.write_text(RunSpec.from_dict(SPEC).to_toml())
-    port = free_port()
-    coordinator = subprocess.Popen(
-        [sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config),
-         "--state-dir", str(work / "state"), "--host", HOST, "--port", str(port),
-         "--port-file", str(work / "port.json")],
-        env=env, stdout=open(work / "coordinator.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    target = f"{HOST}:{port}"
+    RunSpec.from_dict(SPEC)  # valid here; written with only its own keys, which the other tree reads as well
+    config.write_text("".join(f"[{table}]\n" + "".join(f"{key} = {value!r}\n".replace("'", '"')
+                                                        for key, value in values.items()) + "\n"
+                              for table, values in SPEC.items()))
+    # One coordinator per tree: a run spec names every key of its tree, which an older worker refuses.
+    coordinators = {"this": start_coordinator(work / "this", config, env)}
+    if before_env is not None:
+        coordinators["before"] = start_coordinator(work / "before", config, before_env)
+    target = coordinators["this"][1]
     rows: dict[str, list[dict[str, float]]] = {}
     load = [os.getloadavg()[0]]
     try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not (work / "port.json").exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError("the coordinator did not start")
-            time.sleep(0.05)
         for repeat in range(args.repeats):
-            rows.setdefault("python -c pass", []).append({"exit": timed([sys.executable, "-c", "pass"], env)})
-            rows.setdefault("python -c 'import torch'", []).append(
-                {"exit": timed([sys.executable, "-c", "import torch"], env)})
+            rows.setdefault("python -c pass", []).append(timed([sys.executable, "-c", "pass"], env))
+            rows.setdefault("python -c 'import torch'", []).append(timed([sys.executable, "-c", "import torch"], env))
             if before_env is not None:
-                before = worker_run(target, before_env, work / f"b{repeat}.log", [])
+                before = worker_run(coordinators["before"][1], before_env, work / f"b{repeat}.log", [])
                 rows.setdefault("worker, before", []).append(before)
             rows.setdefault("worker, this tree", []).append(worker_run(target, env, work / f"a{repeat}.log", []))
             if args.membership:
@@ -156,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
             load.append(os.getloadavg()[0])
             print(f"worker_startup_bench: repeat {repeat + 1} of {args.repeats} done", file=sys.stderr, flush=True)
     finally:
-        coordinator.send_signal(signal.SIGTERM)
-        coordinator.wait(timeout=30)
-    columns = ["exit", *EVENTS, "own account"]
-    print(f"median seconds from the process's start over {args.repeats} runs; load average (1 min) "
+        for proc, _ in coordinators.values():
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    columns = ["exit", *EVENTS, "own account", "CPU s"]
+    print("CPU s: the process's CPU seconds, to its exit (a worker's: after its first push and Leave); the rest: "
+          "median seconds from the process's start")
+    print(f"over {args.repeats} runs; load average (1 min) "
           f"{min(load):.1f}-{max(load):.1f}; {os.cpu_count()} CPUs")
     print("| process | " + " | ".join(columns) + " |")
     print("| --- |" + " --- |" * len(columns))
