@@ -90,6 +90,23 @@ class SoakOptions:
     patience_s: float = 300.0
     rpc_timeout_s: float = 3.0
     settle_s: float = 120.0
+    # Which kinds of ACTIONS the driver takes (comma-separated), and how: at exactly every action_every_s
+    # (fixed_period, the first at the chaos' start) instead of exponential gaps; a killed worker started again as
+    # soon as it is reaped (restart_at_once: a supervisor, as `rcswarm launch ray` or a Kubernetes Deployment
+    # restarts it) instead of after 0.2 s-worker_pause_s; the chaos ends after max_faults actions (0: no limit).
+    actions: str = ",".join(ACTIONS)
+    fixed_period: bool = False
+    restart_at_once: bool = False
+    max_faults: int = 0
+    # Goodput (issue #31): goodput_cycles > 0 replaces the one chaos phase by cycles of a fault-free phase and a
+    # chaos phase of phase_s each, then gap_s without faults that neither counts; goodput = the tokens the
+    # outer steps applied during the chaos phases / those applied during the fault-free ones.
+    goodput_cycles: int = 0
+    phase_s: float = 60.0
+    gap_s: float = 10.0
+    # Each worker keeps its membership in a file (`rcswarm worker --membership-file`), so that its restart ends
+    # the killed process's membership at once instead of the round waiting a lease for it.
+    membership_files: bool = False
 
     def __post_init__(self) -> None:
         for name in ("minutes", "lease_s", "round_deadline_s", "action_every_s", "worker_pause_s",
@@ -101,11 +118,22 @@ class SoakOptions:
             raise ValueError(f"--workers {self.workers}: expected 1..16")
         if self.inner_steps < 1:
             raise ValueError(f"--inner-steps {self.inner_steps}: expected an integer >= 1")
+        unknown = sorted(set(self.action_kinds()) - set(ACTIONS))
+        if unknown or not self.action_kinds():
+            raise ValueError(f"--actions {self.actions!r}: expected a comma-separated subset of {', '.join(ACTIONS)}")
+        for name in ("max_faults", "goodput_cycles"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected an integer >= 0")
+        if not (self.phase_s > 0 and self.gap_s >= 0):
+            raise ValueError(f"--phase-s {self.phase_s}, --gap-s {self.gap_s}: expected > 0 and >= 0")
         # A stopped or restarting coordinator must come back within one call's patience, or the
         # workers would give up by design rather than by a fault.
         if self.coordinator_pause_s + START_TIMEOUT_S >= self.patience_s:
             raise ValueError(f"--patience-s {self.patience_s}: expected more than --coordinator-pause-s "
                              f"{self.coordinator_pause_s} + the {START_TIMEOUT_S:g} s a restart may take")
+
+    def action_kinds(self) -> tuple[str, ...]:
+        return tuple(kind for kind in self.actions.split(",") if kind)
 
     def spec(self) -> RunSpec:
         """The run: tiny LSTM on short windows, rounds until stopped, leases shorter than a worker's stop."""
@@ -310,6 +338,26 @@ class Tally:
     polls: int = 0
     failures: list[str] = field(default_factory=list)
 
+    @property
+    def faults(self) -> int:
+        """Faults injected: every kill, stop, cut, refusal window and delay window."""
+        return (self.worker_kills + self.worker_stops + self.coordinator_kills + self.coordinator_stops
+                + self.proxy_cuts + self.proxy_refusals + self.proxy_delays)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One phase of a goodput soak: its kind ("calm" or "chaos"), when it ran (seconds since the soak's start),
+    the tokens the outer steps applied and the versions made during it, and the faults injected."""
+
+    kind: str
+    cycle: int
+    start_s: float
+    end_s: float
+    tokens: int
+    versions: int
+    faults: int
+
 
 class Soak:
     """The swarm, the proxy and the driver's schedule. Only the driver's thread calls it."""
@@ -322,7 +370,12 @@ class Soak:
         self.port_file = work / "port.json"
         self.events: list[tuple[float, int, str, Callable[[], None]]] = []
         self._event_seq = 0
-        self._untried = self.rng.sample(ACTIONS, len(ACTIONS))
+        self.allowed = options.action_kinds()
+        self._untried = self.rng.sample(self.allowed, len(self.allowed))
+        # (seconds since the start, version, applied tokens) of every GetStatus answered; (seconds, kind) of faults.
+        self.series: list[tuple[float, int, int]] = []
+        self.fault_times: list[tuple[float, str]] = []
+        self.windows: list[Window] = []
         self.busy: set[str] = set()
         self.last_version = -1
         self.announced_before_kill = -1
@@ -340,7 +393,8 @@ class Soak:
         self.workers: list[Child] = []
         self._env = env
         self._stopped = False
-        self._started_at = time.monotonic()
+        self._started_at = self.began = time.monotonic()
+        self.load_at_start = os.getloadavg()[0]
         self.coordinator_up_at: float | None = None
         self.client = CoordinatorClient(f"{HOST}:{self.coordinator_port}", TOKEN,
                                         retry=RetryPolicy(max_elapsed_s=0.01), timeouts=Timeouts(unary_s=2.0))
@@ -351,6 +405,7 @@ class Soak:
             sys.executable, "-m", "rcswarm.cli", "worker", "--coordinator", f"{HOST}:{self.proxy.port}", "--name", f"w{index}",
             "--threads", "1", "--patience-s", str(o.patience_s), "--rpc-timeout-s", str(o.rpc_timeout_s),
             "--transfer-timeout-s", "30",
+            *(["--membership-file", str(self.work / f"w{index}.membership")] if o.membership_files else []),
         ], self.work / f"w{index}.log", self._env)
 
     def start(self) -> None:
@@ -406,12 +461,15 @@ class Soak:
         soak of a few minutes exercises each; then kinds are drawn at random (worker actions twice
         as likely as the others).
         """
-        possible = [kind for kind in ACTIONS if self._possible(kind)]
+        possible = [kind for kind in self.allowed if self._possible(kind)]
+        if not possible:
+            return
         untried = [kind for kind in self._untried if kind in possible]
         kind = untried[0] if untried else self.rng.choice(
             [k for k in possible for _ in range(2 if k.startswith("worker") else 1)])
         if kind in self._untried:
             self._untried.remove(kind)
+        self.fault_times.append((time.monotonic() - self.began, kind))
         getattr(self, f"_{kind}")()
 
     def _idle_workers(self) -> list[Child]:
@@ -435,8 +493,8 @@ class Soak:
         worker.kill()
         self.tally.worker_kills += 1
         self.busy.add(worker.name)
-        self._schedule(self._pause_s(self.options.worker_pause_s), f"restart {worker.name}",
-                       lambda: self._restart_worker(worker))
+        delay = 0.0 if self.options.restart_at_once else self._pause_s(self.options.worker_pause_s)
+        self._schedule(delay, f"restart {worker.name}", lambda: self._restart_worker(worker))
 
     def _restart_worker(self, worker: Child) -> None:
         worker.start()
@@ -522,6 +580,7 @@ class Soak:
             self.tally.failures.append(f"GetStatus went back from version {self.last_version} to {status.version}")
         self.last_version = max(self.last_version, status.version)
         self._note_digest(status.version, status.param_sha256, "GetStatus")
+        self.series.append((time.monotonic() - self.began, status.version, status.applied_tokens))
         return status
 
     def _note_digest(self, version: int, digest: str, source: str) -> None:
@@ -530,18 +589,24 @@ class Soak:
             self.tally.failures.append(f"{source} reports digest {digest[:16]} for version {version}, "
                                        f"{known[:16]} was reported before")
 
-    def run_chaos(self, seconds: float, progress: Callable[[str], None]) -> None:
-        """Random actions every ~`action_every_s` for `seconds`, polling status and watching processes."""
+    def _gap(self) -> float:
+        every = self.options.action_every_s
+        return every if self.options.fixed_period else self.rng.expovariate(1.0 / every)
+
+    def run_chaos(self, seconds: float, progress: Callable[[str], None], act: bool = True) -> None:
+        """Actions every ~`action_every_s` for `seconds` (none without `act`, or once `max_faults` were injected),
+        polling status and watching processes."""
         end = time.monotonic() + seconds
-        next_action = time.monotonic() + self.rng.expovariate(1.0 / self.options.action_every_s)
+        next_action = time.monotonic() + (0.0 if self.options.fixed_period else self._gap())
         next_poll = next_progress = time.monotonic()
+        limit = self.options.max_faults
         while time.monotonic() < end:
             self._run_due_events()
             self._watch_processes()
             now = time.monotonic()
-            if now >= next_action:
+            if act and now >= next_action and not (limit and self.tally.faults >= limit):
                 self._chaos_action()
-                next_action = now + self.rng.expovariate(1.0 / self.options.action_every_s)
+                next_action = now + self._gap()
             if now >= next_poll:
                 self.poll_status()
                 next_poll = now + POLL_INTERVAL_S
@@ -552,9 +617,40 @@ class Soak:
 
     def _progress_line(self, left_s: float) -> str:
         t = self.tally
-        return (f"{left_s:6.0f}s left  version {self.last_version}  worker kills {t.worker_kills} stops {t.worker_stops}  "
+        return (f"{left_s:6.0f}s left  version {self.last_version}  faults {t.faults}  "
+                f"worker kills {t.worker_kills} stops {t.worker_stops}  "
                 f"coordinator kills {t.coordinator_kills} stops {t.coordinator_stops}  proxy cuts {t.proxy_cuts} "
                 f"refusals {t.proxy_refusals} delays {t.proxy_delays}  gave up {t.workers_gave_up}")
+
+    def applied_now(self, timeout_s: float = START_TIMEOUT_S) -> pb.GetStatusResponse:
+        """GetStatus, retried until the coordinator answers (at most `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._run_due_events()
+            self._watch_processes()
+            status = self.poll_status()
+            if status is not None:
+                return status
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"GetStatus unanswered for {timeout_s:g}s")
+            time.sleep(TICK_S)
+
+    def run_goodput(self, progress: Callable[[str], None]) -> None:
+        """`goodput_cycles` × (a fault-free phase, a chaos phase, a gap), each phase's applied tokens measured."""
+        o = self.options
+        for cycle in range(o.goodput_cycles):
+            for kind in ("calm", "chaos"):
+                first, faults = self.applied_now(), self.tally.faults
+                started = time.monotonic() - self.began
+                self.run_chaos(o.phase_s, lambda line: progress(f"cycle {cycle + 1} {kind}: {line}"),
+                               act=kind == "chaos")
+                last = self.applied_now()
+                self.windows.append(Window(kind, cycle, started, time.monotonic() - self.began,
+                                           last.applied_tokens - first.applied_tokens, last.version - first.version,
+                                           self.tally.faults - faults))
+                progress(f"cycle {cycle + 1} {kind}: {self.windows[-1].tokens} tokens applied in "
+                         f"{self.windows[-1].end_s - started:.1f}s, {self.windows[-1].versions} versions")
+            self.run_chaos(o.gap_s, progress, act=False)
 
     def calm(self) -> None:
         """End the chaos: run every pending restart and resume at once, and wait for the coordinator."""
@@ -653,6 +749,15 @@ class Verdict:
     replicas_identical: bool
     final_pulls: dict[str, tuple[int, str]]
     exit_codes: dict[str, int | None]
+    windows: list[Window] = field(default_factory=list)
+    load_average: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def goodput(self) -> float | None:
+        """Tokens applied during the chaos phases / during the fault-free ones (None without a goodput soak)."""
+        calm = sum(w.tokens for w in self.windows if w.kind == "calm")
+        chaos = sum(w.tokens for w in self.windows if w.kind == "chaos")
+        return chaos / calm if calm else None
 
     @property
     def ok(self) -> bool:
@@ -663,8 +768,10 @@ class Verdict:
     def table(self) -> str:
         t = self.tally
         rows = [
-            ("minutes of chaos (seed)", f"{self.minutes:g} ({self.seed})"),
+            ("minutes of chaos (seed)", f"{self.minutes:g} ({self.seed})" if not self.windows else
+             f"{sum(w.end_s - w.start_s for w in self.windows if w.kind == 'chaos') / 60:.1f} ({self.seed})"),
             ("workers", self.workers),
+            ("faults injected", t.faults),
             ("rounds completed", self.rounds_completed),
             ("coordinator restarts after SIGKILL", t.coordinator_kills),
             ("coordinator SIGSTOP/SIGCONT", t.coordinator_stops),
@@ -681,9 +788,32 @@ class Verdict:
                                                   f"({self.replicas_checked} workers)"),
             ("workers that gave up", t.workers_gave_up),
             ("coordinator exits on its own", t.coordinator_crashes),
+            ("load average (1 min) at the start, at the end",
+             f"{self.load_average[0]:.1f}, {self.load_average[1]:.1f}"),
             ("verdict", "PASS" if self.ok else "FAIL"),
         ]
+        if self.goodput is not None:
+            rows.insert(-1, ("goodput (applied tokens, chaos ÷ fault-free)", f"{self.goodput:.3f}"))
         lines = ["| check | value |", "| --- | --- |"] + [f"| {name} | {value} |" for name, value in rows]
+        return "\n".join(lines)
+
+    def goodput_table(self) -> str:
+        """Per cycle: the tokens applied in its fault-free and its chaos phase, their ratio and the faults."""
+        lines = ["| cycle | fault-free: tokens (versions) | chaos: tokens (versions) | faults | ratio |",
+                 "| --- | --- | --- | --- | --- |"]
+        for cycle in sorted({w.cycle for w in self.windows}):
+            calm = [w for w in self.windows if w.cycle == cycle and w.kind == "calm"]
+            chaos = [w for w in self.windows if w.cycle == cycle and w.kind == "chaos"]
+            if not (calm and chaos):
+                continue
+            ratio = chaos[0].tokens / calm[0].tokens if calm[0].tokens else float("nan")
+            lines.append(f"| {cycle + 1} | {calm[0].tokens:,} ({calm[0].versions}) | {chaos[0].tokens:,} "
+                         f"({chaos[0].versions}) | {chaos[0].faults} | {ratio:.3f} |")
+        calm = [w for w in self.windows if w.kind == "calm"]
+        chaos = [w for w in self.windows if w.kind == "chaos"]
+        lines.append(f"| all | {sum(w.tokens for w in calm):,} ({sum(w.versions for w in calm)}) | "
+                     f"{sum(w.tokens for w in chaos):,} ({sum(w.versions for w in chaos)}) | "
+                     f"{sum(w.faults for w in chaos)} | {self.goodput or float('nan'):.3f} |")
         return "\n".join(lines)
 
 
@@ -713,29 +843,69 @@ def judge(soak: Soak, final_pulls: dict[str, tuple[int, str]], exit_codes: dict[
         rounds_completed=len(versions), tally=soak.tally,
         versions_monotonic=contiguous and soak.tally.status_regressions == 0,
         committed_versions_lost=lost, digest_mismatches=mismatches, replicas_checked=len(final_pulls),
-        replicas_identical=identical, final_pulls=final_pulls, exit_codes=exit_codes,
+        replicas_identical=identical, final_pulls=final_pulls, exit_codes=exit_codes, windows=list(soak.windows),
+        load_average=(soak.load_at_start, os.getloadavg()[0]),
     )
 
 
-def parse_args(argv: list[str] | None) -> tuple[SoakOptions, Path | None, Path | None]:
+def draw_goodput(ax: Any, windows: list[Window], series: list[tuple[float, int, int]],
+                 faults: list[tuple[float, str]], title: str) -> None:
+    """Applied tokens over the soak's time on `ax`, the chaos phases shaded and each worker SIGKILL marked."""
+    if series:
+        ax.plot([t for t, _, _ in series], [tokens / 1e6 for _, _, tokens in series], lw=1.2, color="C0",
+                label="tokens applied to θ")
+    for index, window in enumerate(w for w in windows if w.kind == "chaos"):
+        ax.axvspan(window.start_s, window.end_s, color="C3", alpha=0.12, label="chaos phase" if index == 0 else None)
+    kills = [t for t, kind in faults if kind == "worker_kill"]
+    if kills:
+        ax.plot(kills, [0.0] * len(kills), "|", color="C3", ms=12, label="worker SIGKILL (restarted at once)")
+    ax.set_xlabel("seconds since the start")
+    ax.set_ylabel("applied tokens (millions)")
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    ax.grid(alpha=0.3)
+
+
+def plot_goodput(verdict: Verdict, series: list[tuple[float, int, int]], faults: list[tuple[float, str]],
+                 path: Path) -> None:
+    """`draw_goodput` of one soak as a PNG at `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    draw_goodput(ax, verdict.windows, series, faults, f"goodput {verdict.goodput:.3f}: {verdict.workers} workers, "
+                                                      f"{verdict.tally.worker_kills} SIGKILLs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> tuple[SoakOptions, Path | None, Path | None, Path | None]:
     """The command line, as validated SoakOptions (ValueError names the flag and value)."""
     defaults = SoakOptions()
     parser = argparse.ArgumentParser(prog="chaos_soak", description=__doc__.split("\n\n")[0])
     for name, value in asdict(defaults).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value,
-                            help=f"(default {value})")
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value, help=f"(default {value})")
+        else:
+            parser.add_argument(flag, type=type(value), default=value, help=f"(default {value})")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep logs and state here (default: a temp dir, "
                                                                       "removed when the soak passes)")
     parser.add_argument("--json", type=Path, default=None, help="also write the verdict here as JSON")
+    parser.add_argument("--plot", type=Path, default=None, help="with --goodput-cycles: the applied tokens over time "
+                                                                  "as a PNG")
     args = parser.parse_args(argv)
     options = SoakOptions(**{name: getattr(args, name) for name in asdict(defaults)})
-    return options, args.work_dir, args.json
+    return options, args.work_dir, args.json, args.plot
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the soak; print progress and the verdict's table; 0 when every check holds."""
     try:
-        options, work_dir, json_path = parse_args(argv)
+        options, work_dir, json_path, plot_path = parse_args(argv)
     except ValueError as exc:
         print(f"chaos_soak: {exc}", file=sys.stderr)
         return 2
@@ -752,7 +922,10 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"work dir {work}; {options.workers} workers; {options.minutes:g} min; seed {options.seed}")
     try:
         soak.start()
-        soak.run_chaos(options.minutes * 60.0, progress)
+        if options.goodput_cycles:
+            soak.run_goodput(progress)
+        else:
+            soak.run_chaos(options.minutes * 60.0, progress)
         progress("chaos over; settling until every worker pulls a newer version")
         soak.calm()
         final_pulls = soak.settle()
@@ -767,10 +940,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     verdict = judge(soak, final_pulls, exit_codes)
     print(verdict.table(), flush=True)
+    if verdict.windows:
+        print(verdict.goodput_table(), flush=True)
+        if plot_path is not None:
+            plot_goodput(verdict, soak.series, soak.fault_times, plot_path)
     for failure in verdict.tally.failures:
         print(f"chaos_soak: {failure}", file=sys.stderr)
     if json_path is not None:
-        json_path.write_text(json.dumps({**asdict(verdict), "ok": verdict.ok}, indent=1, default=str))
+        extra = {"ok": verdict.ok, "goodput": verdict.goodput, "series": soak.series, "fault_times": soak.fault_times}
+        json_path.write_text(json.dumps({**asdict(verdict), **extra}, indent=1, default=str))
     if verdict.ok and work_dir is None:
         shutil.rmtree(work, ignore_errors=True)
     elif not verdict.ok:

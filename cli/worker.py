@@ -21,15 +21,10 @@ import signal
 import socket
 from pathlib import Path
 
-import grpc
-import torch
-
 from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
 from rcswarm.cli.usage import usage_error
 from rcswarm.config.runspec import RunSpec
-from rcswarm.train.inner import worker_data_seed
-from rcswarm.train.round import resolve_device
-from rcswarm.worker import Worker, WorkerOptions
+from rcswarm.worker.options import WorkerOptions
 
 PROG = "rcswarm worker"
 log = logging.getLogger("rcswarm.worker")
@@ -67,6 +62,8 @@ def auto_threads() -> tuple[int, str]:
 
 def set_threads(threads: int) -> None:
     """torch's CPU threads: `threads`, or with 0 this worker's share of the host's cores (`auto_threads`)."""
+    import torch
+
     threads, why = (threads, "--threads") if threads else auto_threads()
     torch.set_num_threads(threads)
     log.info("torch threads: %d (%s)", threads, why)
@@ -125,6 +122,13 @@ def parser() -> argparse.ArgumentParser:
                         help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
     parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
                         help="deadline of one parameter pull or update push (default: %(default)s)")
+    parser.add_argument("--membership-file", type=Path, default=None, metavar="PATH",
+                        help="keep this worker's membership (its id and secret, mode 0600) here, so that the process "
+                             "started after this one was killed ends it at once and trains sooner (give it a private "
+                             "directory; default: none, the secret stays in memory)")
+    parser.add_argument("--max-params", type=int, default=0,
+                        help="refuse a run spec whose model has more parameters (default 0: what the device's memory "
+                             "holds at 32 bytes of training state per parameter)")
     add_hivemind_arguments(parser)
     return parser
 
@@ -148,10 +152,22 @@ def main(argv: list[str] | None = None) -> int:
         token = client_token(args)
         options = client_options(
             args, WorkerOptions, device=args.device, name=args.name, threads=args.threads, patience_s=args.patience_s,
-            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
+            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s, max_params=args.max_params,
+            membership_file=args.membership_file,
         )
+        tls = options.tls()
+    except ValueError as exc:
+        return usage_error(PROG, str(exc))
+    previous = None
+    if options.membership_file is not None:  # before torch is imported: the round stops waiting for the killed one
+        from rcswarm.worker.membership import end_previous
+
+        previous = end_previous(options.membership_file, options.coordinator, tls, options.rpc_timeout_s)
+    from rcswarm.worker.worker import Worker
+
+    try:
         set_threads(options.threads)
-        worker = Worker(options, token)
+        worker = Worker(options, token, previous=previous)
     except ValueError as exc:
         return usage_error(PROG, str(exc))
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -162,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
 def main_hivemind(args: argparse.Namespace) -> int:
     """`rcswarm worker --backend hivemind ...`: a peer of a hivemind swarm, with a coordinator as its control plane
     when `--coordinator` is given (hivemind is imported only now)."""
+    import grpc
+
+    from rcswarm.train.inner import worker_data_seed
+    from rcswarm.train.round import resolve_device
     from rcswarm.worker import ControlPlane, RetriesExhausted, hivemind_sync
 
     control, data_seed = None, None
@@ -198,7 +218,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
 
     try:
         worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control,
-                                data_seed=data_seed)
+                                data_seed=data_seed, max_params=args.max_params)
     except ValueError as exc:
         status = usage_error(PROG, str(exc))
         if control is not None:

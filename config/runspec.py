@@ -299,6 +299,9 @@ class HivemindSection:
     # token-weighted mean is at most the largest honest norm, so 4 leaves room for groupmates whose
     # honest Δ is larger than this peer's.
     trust_factor: float = 4.0
+    # ... and when its cosine with this peer's own Δ is below min_cosine (issue #31: a groupmate pulling the other
+    # way; with weights bounded by the run's batch × seq_len × inner.steps). -1 turns the direction check off.
+    min_cosine: float = 0.0
     # A peer farther than this from the highest-version majority (in units of one round's step,
     # `hivemind_sync.drift`) re-syncs. int8 codec error is ~0.01 step per round, a missed round ≈ 1.
     drift_tolerance: float = 0.25
@@ -325,6 +328,8 @@ class HivemindSection:
     def __post_init__(self) -> None:
         if not self.trust_factor > 1.0:
             _fail("hivemind.trust_factor", self.trust_factor, "a number > 1 (a multiple of the local update's norm)")
+        if not -1.0 <= self.min_cosine < 1.0:
+            _fail("hivemind.min_cosine", self.min_cosine, "a cosine in [-1, 1) (-1: no direction check)")
         if not self.timeout_factor >= 1.0:
             _fail("hivemind.timeout_factor", self.timeout_factor, "a number >= 1 (a multiple of measured times)")
         if not 1 <= self.timer_window <= 1000:

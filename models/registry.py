@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 _BUILTIN_MODULES: tuple[str, ...] = (
     "rcswarm.models.lstm_lm",
@@ -189,6 +190,35 @@ def build_model(
             model = entry.build(config)
     _check_contract(entry, model)
     return model
+
+
+# Tensor methods that fill a tensor with random values (what initializers call).
+_RANDOM_FILLS = frozenset({
+    "normal_", "uniform_", "random_", "exponential_", "bernoulli_", "log_normal_", "cauchy_", "geometric_", "erfinv_",
+})
+
+
+class _SkipInitialization(TorchFunctionMode):
+    """`torch.nn.init` and the random fills return their tensor untouched: on the meta device only shapes count,
+    and the meta kernels of the random fills are Python references whose first call imports torch._dynamo
+    (seconds of a worker's start-up)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", "") == "torch.nn.init" or getattr(func, "__name__", "") in _RANDOM_FILLS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+def parameter_count_of(name: str, preset: str, overrides: Mapping[str, Any] | None = None) -> int:
+    """`parameter_count` of `build_model(name, preset, overrides)`, counted without allocating the parameters:
+    the model is built on the meta device (shapes only), its initialization skipped, the caller's RNG state
+    left untouched. ValueError as `make_config` raises it."""
+    entry = get(name)
+    config = make_config(name, preset, overrides)
+    with torch.random.fork_rng(devices=[]), torch.device("meta"), _SkipInitialization():
+        model = entry.build(config)
+    return parameter_count(model)
 
 
 def _check_contract(entry: ModelEntry, model: nn.Module) -> None:

@@ -12,27 +12,32 @@ optimizer step the worker and the bench share.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.adamw import adamw
+from torch.optim.sgd import sgd
 
 from rcswarm.config.runspec import DataSection, InnerSection
 from rcswarm.data.diagnostics import IGNORE_INDEX, DiagnosticTask, make_task
-from rcswarm.data.frames import FrameWindowSpec, GitFrameSource, TensorWindow, TypingConfig, TypingFrameSource
-from rcswarm.data.frames.git_editor import N_STYLES as GIT_FRAME_STYLES
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
 from rcswarm.models.protocols import SegmentStepModel, StepModel
 from rcswarm.train.bptt.checkpointed import CheckpointPlan
 from rcswarm.train.bptt.stats import StreamingStats
 from rcswarm.train.bptt.streaming import streaming_backward
 
+if TYPE_CHECKING:  # the frame sources are imported when a run trains on frames (a worker's start-up, issue #31)
+    from rcswarm.data.frames import GitFrameSource, TypingFrameSource
+
 VAL_SEED_OFFSET = 1 << 40
 MIB = 1 << 20
+ADAMW_EPS = 1e-8  # torch.optim.AdamW's default
 T = TypeVar("T")
 
 
@@ -49,13 +54,52 @@ class StepResult:
     schedule: str = ""
 
 
-def make_inner_optimizer(model: nn.Module, inner: InnerSection) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if inner.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=inner.lr, betas=(inner.beta1, inner.beta2), weight_decay=inner.weight_decay)
-    if inner.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=inner.lr, weight_decay=inner.weight_decay)
-    raise ValueError(f"inner.optimizer = {inner.optimizer!r}: expected 'adamw' or 'sgd'")
+class InnerOptimizer:
+    """The inner optimizer of `inner.optimizer`: AdamW (betas, weight decay, eps 1e-8) or plain SGD (no momentum)
+    over the given parameters, run by torch's functional kernels (`torch.optim.adamw.adamw`,
+    `torch.optim.sgd.sgd`) on the state torch.optim.AdamW and SGD keep, so the arithmetic is theirs bit for bit
+    (tests/train/test_inner_optimizer.py). Not their classes: `torch.optim.Optimizer`'s first call imports
+    torch._dynamo, 1.4–2.4 s of a worker's start-up on a 2-core host, paid after it joined, while its first
+    round waited for it (issue #31, docs/RELIABILITY.md "Start-up").
+    """
+
+    def __init__(self, params: list[nn.Parameter], inner: InnerSection) -> None:
+        if inner.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"inner.optimizer = {inner.optimizer!r}: expected 'adamw' or 'sgd'")
+        self.params, self.inner = params, inner
+        # Per parameter with a gradient so far: its step count (a float scalar on the CPU) and AdamW's two moments.
+        self.steps: dict[nn.Parameter, torch.Tensor] = {}
+        self.moments: dict[nn.Parameter, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every gradient (`set_to_none`, as the inner step always asks)."""
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One update of the parameters that have a gradient."""
+        params = [p for p in self.params if p.grad is not None]
+        grads = [p.grad for p in params]
+        inner = self.inner
+        if inner.optimizer == "sgd":
+            sgd(params, grads, [None] * len(params), weight_decay=inner.weight_decay, momentum=0.0, lr=inner.lr,
+                dampening=0.0, nesterov=False, maximize=False)
+            return
+        scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        for p in params:
+            if p not in self.steps:
+                self.steps[p] = torch.tensor(0.0, dtype=scalar)
+                self.moments[p] = (torch.zeros_like(p, memory_format=torch.preserve_format),
+                                   torch.zeros_like(p, memory_format=torch.preserve_format))
+        adamw(params, grads, [self.moments[p][0] for p in params], [self.moments[p][1] for p in params], [],
+              [self.steps[p] for p in params], amsgrad=False, beta1=inner.beta1, beta2=inner.beta2, lr=inner.lr,
+              weight_decay=inner.weight_decay, eps=ADAMW_EPS, maximize=False)
+
+
+def make_inner_optimizer(model: nn.Module, inner: InnerSection) -> InnerOptimizer:
+    """The inner optimizer of `inner` over the model's trainable parameters."""
+    return InnerOptimizer([p for p in model.parameters() if p.requires_grad], inner)
 
 
 class DiagnosticSampler:
@@ -84,6 +128,8 @@ def make_task_from(data: DataSection) -> DiagnosticTask:
 
 def make_typing_source(data: DataSection, seed: int, split: str, model_config: Any) -> TypingFrameSource:
     """Typing frames shaped for the frame model whose config is `model_config`."""
+    from rcswarm.data.frames import FrameWindowSpec, TypingConfig, TypingFrameSource
+
     geometry = ("rows", "cols", "char_vocab", "action_vocab")
     if model_config is None or not all(hasattr(model_config, name) for name in geometry):
         raise ValueError(f'data.source = "typing" needs a frame model (config fields {geometry}); got {model_config!r}')
@@ -94,6 +140,9 @@ def make_typing_source(data: DataSection, seed: int, split: str, model_config: A
 
 def make_git_source(data: DataSection, seed: int, split: str, model_config: Any) -> GitFrameSource:
     """Windows of a `rcswarm data frames` dataset for the frame model whose config is `model_config`."""
+    from rcswarm.data.frames import FrameWindowSpec, GitFrameSource
+    from rcswarm.data.frames.git_editor import N_STYLES as GIT_FRAME_STYLES
+
     dataset = data.task_config.get("dataset")
     if not dataset:
         raise ValueError('data.source = "git" needs [data.task_config] dataset = "DIR" (made by `rcswarm data frames`)')
@@ -124,11 +173,23 @@ def make_sampler(
         return make_typing_source(data, seed, split, model_config)
     if data.source == "git":
         return make_git_source(data, seed, split, model_config)
-    corpus = load_stdlib_corpus(data.max_bytes or None)
+    corpus = _stdlib_corpus(data.max_bytes or None)
     return ByteWindowSampler(
         corpus=corpus, seq_len=data.seq_len, batch_size=data.batch_size, seed=seed, split=split,
         val_fraction=data.val_fraction,
     )
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_corpus(max_bytes: int | None) -> bytes:
+    """The text corpus, read once per process (a walk of the standard library: 0.1–0.2 s) for every stream."""
+    return load_stdlib_corpus(max_bytes)
+
+
+def preload_data(data: DataSection) -> None:
+    """Read what the data streams of `data` share (the text corpus) ahead of `make_sampler`."""
+    if data.source == "stdlib":
+        _stdlib_corpus(data.max_bytes or None)
 
 
 def worker_data_seed(run_seed: int, data_seed: int) -> int:
@@ -159,7 +220,7 @@ def backward_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
 
 
 def _optimizer_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, backward: Callable[[], T]
+    model: nn.Module, optimizer: InnerOptimizer | torch.optim.Optimizer, grad_clip: float, backward: Callable[[], T]
 ) -> T:
     """Zero the gradients, run `backward` (which accumulates them), clip, step; what `backward` returned."""
     optimizer.zero_grad(set_to_none=True)
@@ -171,7 +232,7 @@ def _optimizer_step(
 
 
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
+    model: nn.Module, optimizer: InnerOptimizer | torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
     grad_clip: float, bptt_chunk: int = 0,
 ) -> float:
     """One optimizer step on the batch (inputs [B, T, ...], targets [B, T]): gradients, clipping, step; the loss."""
@@ -186,8 +247,8 @@ def checkpoint_plan(memory_budget_mb: float) -> CheckpointPlan | None:
 
 
 def checkpointed_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any, grad_clip: float, bptt_chunk: int,
-    plan: CheckpointPlan,
+    model: nn.Module, optimizer: InnerOptimizer | torch.optim.Optimizer, sampler: Any, grad_clip: float,
+    bptt_chunk: int, plan: CheckpointPlan,
 ) -> tuple[float, StreamingStats]:
     """One optimizer step with core checkpointing on the sampler's next window (lazy where it can be)."""
     if not isinstance(model, SegmentStepModel):
@@ -195,6 +256,8 @@ def checkpointed_step(
             f"inner.memory_budget_mb > 0 needs a model with encode(), core_loss() and core_segment(); "
             f"got {type(model).__name__}"
         )
+    from rcswarm.data.frames import TensorWindow
+
     window = sampler.next_window() if hasattr(sampler, "next_window") else TensorWindow(*sampler.next_batch())
     return _optimizer_step(
         model, optimizer, grad_clip, lambda: streaming_backward(model, window, bptt_chunk, checkpoints=plan)
@@ -202,7 +265,7 @@ def checkpointed_step(
 
 
 def inner_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any, grad_clip: float,
+    model: nn.Module, optimizer: InnerOptimizer | torch.optim.Optimizer, sampler: Any, grad_clip: float,
     device: torch.device, bptt_chunk: int = 0, memory_budget_mb: float = 0.0,
 ) -> StepResult:
     """One `train_step` on the sampler's next batch, on `device`, timed, with the scored tokens counted.

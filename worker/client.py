@@ -13,9 +13,11 @@ answered any call of this client for `RetryPolicy.max_elapsed_s`, the patience (
 gRPC server, such as an HTTP server on that port, ends the call at once: `NotACoordinator`): the silence counts
 from the first failure after its last answer (a reply, or a refusal), whichever thread made the
 call, so a long push retried while heartbeats are answered goes on, and calls that fail one after
-another share one patience instead of each starting its own. Anything else is raised to the caller
-as `grpc.RpcError`. A pull is checked against the parameter names and shapes the caller
-expects before any buffer is allocated.
+another share one patience instead of each starting its own. A refused payload (a pull that fails its
+checks) is an answer, so it cannot count as silence: a pull gives up after
+`RetryPolicy.max_refused_payloads` refused payloads in a row instead, however often other calls are
+answered meanwhile. Anything else is raised to the caller as `grpc.RpcError`. A pull is checked against
+the parameter names and shapes the caller expects before any buffer is allocated.
 """
 
 from __future__ import annotations
@@ -123,12 +125,14 @@ class Identity:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Jittered exponential backoff, retried until the coordinator has not answered for `max_elapsed_s` (the patience)."""
+    """Jittered exponential backoff, retried until the coordinator has not answered for `max_elapsed_s` (the
+    patience), or a pull's payload was refused `max_refused_payloads` times in a row."""
 
     initial_backoff_s: float = 0.2
     max_backoff_s: float = 5.0
     multiplier: float = 2.0
     max_elapsed_s: float = 300.0
+    max_refused_payloads: int = 8
 
     def __post_init__(self) -> None:
         if not 0 < self.initial_backoff_s <= self.max_backoff_s:
@@ -138,6 +142,8 @@ class RetryPolicy:
             )
         if self.multiplier < 1 or self.max_elapsed_s <= 0:
             raise ValueError(f"multiplier = {self.multiplier}, max_elapsed_s = {self.max_elapsed_s}: expected >= 1 and > 0")
+        if self.max_refused_payloads < 1:
+            raise ValueError(f"max_refused_payloads = {self.max_refused_payloads}: expected >= 1")
 
     def backoffs(self, rng: random.Random) -> Iterator[float]:
         """Full-jitter exponential backoff: uniform(0, min(max, initial * multiplier^k))."""
@@ -250,6 +256,7 @@ class CoordinatorClient:
     def _with_retry(self, what: str, attempt: Callable[[], T]) -> T:
         """attempt() until it returns, retrying transient failures until the coordinator was silent for the patience."""
         backoffs = self.retry.backoffs(self._rng)
+        refused, first_refused = 0, 0.0
         while True:
             try:
                 result = attempt()
@@ -263,7 +270,16 @@ class CoordinatorClient:
                     raise NotACoordinator(f"{what}: {problem}") from None
                 self._pause(what, f"{err.code().name}: {err.details()} ({reason})", next(backoffs), err)
             except BadPayload as exc:
-                self._pause(what, f"a bad payload ({exc})", next(backoffs), exc)
+                # The coordinator answered, with something this worker refuses: not silence, counted on its own.
+                self._answered()
+                refused, first_refused = refused + 1, first_refused or time.monotonic()
+                if refused >= self.retry.max_refused_payloads:
+                    raise RetriesExhausted(
+                        f"{what}: refused {refused} payloads in a row over {time.monotonic() - first_refused:.1f}s "
+                        f"(max_refused_payloads {self.retry.max_refused_payloads}); last: {exc}"
+                    ) from exc
+                self._pause(what, f"a bad payload ({exc}; {refused} of {self.retry.max_refused_payloads} refused "
+                                  "in a row)", next(backoffs), exc)
             else:
                 self._answered()
                 return result
@@ -313,10 +329,18 @@ class CoordinatorClient:
         return self._unary("AwaitVersion", request, timeout=wait_s + self.timeouts.unary_s)
 
     def report_metrics(self, member: Member, metrics: list[pb.Metric], run_id: str) -> None:
-        """Send a batch of `member`'s per-step metrics, trained for run `run_id` (a run refuses another run's rows)."""
+        """Send a batch of `member`'s per-step metrics, trained for run `run_id` (a run refuses another run's rows):
+        one attempt, not retried (metrics are best effort: the caller keeps or drops the rows of a failed one and
+        tries again later), raising grpc.RpcError."""
         request = pb.ReportMetricsRequest(worker_id=member.worker_id, worker_secret=member.worker_secret,
                                           metrics=metrics, run_id=run_id)
-        self._unary("ReportMetrics", request)
+        try:
+            self.stub.ReportMetrics(request, timeout=self.timeouts.unary_s, metadata=self.metadata)
+        except grpc.RpcError as err:
+            if classify(err.code())[0] is not Action.RETRY:
+                self._answered()
+            raise
+        self._answered()
 
     def status(self) -> pb.GetStatusResponse:
         """The coordinator's status of the run (or sweep)."""

@@ -40,6 +40,7 @@ and the rest of rcswarm imports those only when `sync.backend = "hivemind"` is c
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import statistics
@@ -49,7 +50,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import hivemind
 import pydantic.v1 as pydantic
@@ -58,8 +59,10 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import CompressionBase, CompressionInfo, NoCompression
 from hivemind.compression import serialization as hm_serialization
 from hivemind.dht.schema import SchemaValidator
-from hivemind.proto import runtime_pb2
+from hivemind.p2p import P2PContext
+from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import get_dht_time
+from hivemind.utils.timed_storage import MAX_DHT_TIME_DISCREPANCY_SECONDS
 
 from rcswarm.config.runspec import HivemindSection
 from rcswarm.sync import codec as codecs
@@ -241,15 +244,28 @@ def global_norm(tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) ->
     return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in values))
 
 
+def cosine(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    """cos(a, b) of two lists of tensors as one vector each (float64; 0 when either is zero)."""
+    dot = sum(float((x.detach().double() * y.detach().double()).sum()) for x, y in zip(a, b))
+    norms = global_norm(a) * global_norm(b)
+    return dot / norms if norms > 0 else 0.0
+
+
 def trust_problem(average: Sequence[torch.Tensor], local: Sequence[torch.Tensor],
-                  factor: float = HivemindSection.trust_factor) -> str:
-    """Why the averaged Δ̄ must not be applied ("" when it may): non-finite, or norm above factor × ‖Δ_local‖."""
+                  factor: float = HivemindSection.trust_factor, min_cosine: float = HivemindSection.min_cosine) -> str:
+    """Why the averaged Δ̄ must not be applied ("" when it may): non-finite, norm above factor × ‖Δ_local‖, or
+    pointing away from this peer's own Δ (cosine below min_cosine: an honest group's token-weighted mean holds this
+    peer's Δ among its terms, so it points the same way unless a groupmate pulls the other way)."""
     for index, tensor in enumerate(average):
         if not codecs.all_finite(tensor):
             return f"the averaged update has non-finite values (tensor {index})"
     norm, bound = global_norm(average), factor * global_norm(local)
     if norm > bound:
         return f"the averaged update's norm {norm:.4g} exceeds {factor:g} × the local update's ({bound:.4g})"
+    agreement = cosine(average, local)
+    if min_cosine > -1.0 and agreement < min_cosine:
+        return (f"the averaged update points away from the local one (cosine {agreement:.3f} < hivemind.min_cosine "
+                f"{min_cosine:g})")
     return ""
 
 
@@ -326,11 +342,81 @@ class HivemindOptions:
                    announce_maddrs=(), **kwargs)
 
 
+class PeerRefused(RuntimeError):
+    """This peer cannot take part in the swarm (its clock, its reachability); the message is one line."""
+
+
+@dataclass(frozen=True)
+class ClockSample:
+    """One ping of an initial peer: its DHT time and this peer's before and after (seconds since the epoch)."""
+
+    peer: str
+    sent: float
+    remote: float
+    received: float
+    available: bool
+
+    @property
+    def skew_s(self) -> float:
+        """This peer's clock minus the other's, estimated at the round trip's midpoint."""
+        return (self.sent + self.received) / 2.0 - self.remote
+
+
+def clock_problem(samples: Sequence[ClockSample], limit_s: float = MAX_DHT_TIME_DISCREPANCY_SECONDS) -> str:
+    """Why this peer must not join ("" when it may): its clock is off an initial peer's by more than hivemind accepts
+    (the peer's time outside [sent − limit, received + limit], hivemind's rule), named with the skew."""
+    for sample in samples:
+        if sample.remote < sample.sent - limit_s or sample.remote > sample.received + limit_s:
+            skew = sample.skew_s
+            return (f"this peer's clock is {abs(skew):,.1f} s {'ahead of' if skew > 0 else 'behind'} peer "
+                    f"{sample.peer}'s (a {1e3 * (sample.received - sample.sent):.0f} ms round trip): hivemind needs "
+                    f"every peer's clock within {limit_s:g} s of the others' (\"local time must be within {limit_s:g} "
+                    "seconds\"); synchronize the clocks (NTP, chrony; docs/DEPLOY.md) and start again")
+    return ""
+
+
+async def _ping_initial_peers(peers: Sequence[str], timeout_s: float, _dht: Any, node: Any) -> list[ClockSample]:
+    """In the DHT's process: ping each initial peer once, asking it to dial back (`validate`)."""
+    from hivemind.p2p import PeerID
+    from hivemind.proto import dht_pb2
+    from hivemind.utils.multiaddr import Multiaddr
+
+    samples = []
+    for address in peers:
+        peer = PeerID.from_base58(Multiaddr(address)["p2p"])
+        request = dht_pb2.PingRequest(peer=node.protocol.node_info, validate=True)
+        sent = get_dht_time()
+        try:
+            response = await node.protocol.get_stub(peer).rpc_ping(request, timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - an unreachable peer is hivemind's bootstrap's to report
+            continue
+        samples.append(ClockSample(str(peer), sent, response.dht_time, get_dht_time(), response.available))
+    return samples
+
+
+def check_peer(dht: hivemind.DHT, options: HivemindOptions, timeout_s: float = 10.0) -> str:
+    """Why this freshly started peer must not join ("" when it may): a clock off the initial peers' (hivemind's DHT
+    is started not strict so that this one line says so, naming the skew, instead of a traceback), or, for a peer
+    not in client mode, an initial peer that cannot dial it back."""
+    if not options.initial_peers:
+        return ""
+    samples = dht.run_coroutine(functools.partial(_ping_initial_peers, list(options.initial_peers), timeout_s))
+    problem = clock_problem(samples)
+    if problem:
+        return problem
+    unreachable = [s.peer for s in samples if not s.available]
+    if unreachable and not options.client_mode and len(unreachable) == len(samples):
+        return (f"no initial peer can dial this peer back ({', '.join(unreachable)}): behind NAT use --client-mode, "
+                "or give the addresses others reach it at with --announce-maddrs")
+    return ""
+
+
 def start_dht(options: HivemindOptions) -> hivemind.DHT:
-    """A DHT node (and its p2pd) with rcswarm's record validator; no relays, no NAT traversal."""
+    """A DHT node (and its p2pd) with rcswarm's record validator; no relays, no NAT traversal. Not strict: a clock or
+    reachability problem is `check_peer`'s to report, in one line."""
     kwargs: dict[str, Any] = dict(
         host_maddrs=list(options.host_maddrs), client_mode=options.client_mode, use_relay=False,
-        use_auto_relay=False, auto_nat=False, nat_port_map=False,
+        use_auto_relay=False, auto_nat=False, nat_port_map=False, strict=False,
     )
     if options.announce_maddrs:
         kwargs["announce_maddrs"] = list(options.announce_maddrs)
@@ -345,9 +431,11 @@ def visible_maddrs(dht: hivemind.DHT) -> list[str]:
 
 
 class _StateAverager(DecentralizedAverager):
-    """An averager whose state for late joiners comes from `state_fn` (called in this process)."""
+    """An averager whose state for late joiners comes from `state_fn` (called in this process), and whose reducer
+    counts each groupmate's weight at most `_weight_bound` (set before each step, `set_weight_bound`)."""
 
     state_fn: Any = None
+    _weight_bound: float = math.inf
 
     def get_current_state(self):
         return self.state_fn()
@@ -360,6 +448,36 @@ class _StateAverager(DecentralizedAverager):
     def set_timeouts(self, allreduce_s: float, sender_s: float, reducer_s: float) -> None:
         """Hand the timeouts to the averager process (its control pipe keeps them ahead of the next `step`)."""
         self._outer_pipe.send(("_set_timeouts", [], dict(allreduce_s=allreduce_s, sender_s=sender_s, reducer_s=reducer_s)))
+
+    async def _set_weight_bound(self, bound: float) -> None:
+        self._weight_bound = bound
+
+    def set_weight_bound(self, bound: float) -> None:
+        """The most weight (tokens) this peer's reducer counts for any groupmate's parts, from the next step on."""
+        self._outer_pipe.send(("_set_weight_bound", [], dict(bound=bound)))
+
+    async def rpc_aggregate_part(
+        self, stream: AsyncIterator[averaging_pb2.AveragingData], context: P2PContext
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        """A groupmate's parts, each with the weight it claims (its tokens), reduced by hivemind with that weight
+        bounded to [0, `_weight_bound`] first: the weight is the sender's word, and without a bound one peer
+        claiming 1,000× the tokens outweighs every honest groupmate (issue #31). One WARNING per bounded stream."""
+        bound, sender = self._weight_bound, context.remote_id
+
+        async def bounded():
+            warned = False
+            async for message in stream:
+                claimed = message.weight
+                if not 0.0 <= claimed <= bound:
+                    message.weight = bound if claimed > bound else 0.0
+                    if not warned:
+                        log.warning("peer %s claimed the weight %.6g for its parts: counted as %.6g (the run's "
+                                    "batch × seq_len × inner.steps)", sender, claimed, message.weight)
+                        warned = True
+                yield message
+
+        async for reply in super().rpc_aggregate_part(bounded(), context):
+            yield reply
 
 
 @dataclass
@@ -388,6 +506,10 @@ class HivemindPeer:
         self.run, self.options, self.rules = run, options, rules
         self.timer = RoundTimer(options.matchmaking_s, rules)
         self.dht = start_dht(options)
+        problem = check_peer(self.dht, options)
+        if problem:
+            self.dht.shutdown()
+            raise PeerRefused(problem)
         buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
         try:
             self.averager = _StateAverager(
@@ -439,10 +561,12 @@ class HivemindPeer:
         return None
 
     def average(self, deltas: Sequence[torch.Tensor], tokens: int, gather: dict[str, Any],
-                window_s: float | None = None) -> Averaged | None:
+                window_s: float | None = None, max_tokens: float = math.inf) -> Averaged | None:
         """Average `deltas` with a group, weighted by `tokens`; None when no group formed or the all-reduce failed.
 
         `window_s`: how long a group may take to assemble once this peer looks (default: the matchmaking time).
+        `max_tokens`: the most tokens a round of this run trains; this peer's weight and, in the parts it reduces,
+        every groupmate's are counted at most that.
         """
         with self.averager.get_tensors() as buffers:
             for buffer, delta in zip(buffers, deltas):
@@ -450,8 +574,10 @@ class HivemindPeer:
         window = max(window_s or 0.0, self.options.matchmaking_s)
         timeout = window + self.timer.step_timeout()
         self.averager.set_timeouts(self.timer.allreduce_timeout(), self.timer.sender_timeout(), self.timer.reducer_timeout())
+        self.averager.set_weight_bound(float(max_tokens))
         started = time.monotonic()
-        control = self.averager.step(gather=gather, weight=float(max(tokens, 1)), timeout=timeout, wait=False,
+        weight = float(min(max(tokens, 1), max_tokens))
+        control = self.averager.step(gather=gather, weight=weight, timeout=timeout, wait=False,
                                      scheduled_time=get_dht_time() + window)
         formed = _wait_for_group(control, started + timeout)
         try:

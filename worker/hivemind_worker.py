@@ -11,8 +11,10 @@ inner steps (the `RoundTrainer`'s, train/round.py) on the run's fixed schedule (
 length the coordinator assigned this worker or the run's current rung (its TrainingAssignment, taken at round
 boundaries; Δ̄ is weighted by tokens, so groupmates may train different lengths, as they briefly do around a
 rung change); Δ = θ_v − θ_local, plus the error-feedback residual, as the codec sends it;
-`HivemindPeer.average` with weight = tokens, gathering (version, tokens, norm); the group's Δ̄ is checked
-(`trust_problem`: finite, norm ≤ hivemind.trust_factor (4) × ‖Δ‖) and then θ_{v+1}, b = outer_step(θ_v, b, Δ̄)
+`HivemindPeer.average` with weight = tokens, each peer's weight counted at most the run's batch × seq_len ×
+inner.steps (`round_token_bound`, by every reducer), gathering (version, tokens, norm); the group's Δ̄ is checked
+(`trust_problem`: finite, norm ≤ hivemind.trust_factor (4) × ‖Δ‖, cosine with Δ ≥ hivemind.min_cosine (0)) and
+then θ_{v+1}, b = outer_step(θ_v, b, Δ̄)
 — the coordinator's step (sync/outer.py). Without a group the peer steps with its own Δ; a refused Δ̄ skips
 the step (θ_{v+1} = θ_v). A peer whose group was at a higher version, or whose digest is off the
 highest-version majority's by more than the tolerance (hivemind.drift_tolerance), re-syncs from peers, judged
@@ -31,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -51,6 +54,8 @@ from rcswarm.train.inner import worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow
 from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker.hivemind_control import ControlPlane
+from rcswarm.worker.limits import ModelLimit
+from rcswarm.worker.startup import process_age_s
 
 log = logging.getLogger("rcswarm.worker")
 # A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up. A constant, not a
@@ -61,20 +66,27 @@ log = logging.getLogger("rcswarm.worker")
 FIRST_WINDOW_FRACTION = 0.3
 
 
-def process_age_s() -> float:
-    """Seconds since this process started (Linux /proc; 0.0 where that is unreadable)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
-
-
 def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
     """(seq_len, batch) of the round from `version`: the `curriculum.schedule` row in force at the run step the
     version starts after; every hivemind round trains inner.steps (config/run_step.py)."""
     return spec.curriculum.at(RunSteps(spec.inner.steps).before(version), (spec.data.seq_len, spec.data.batch_size))
+
+
+def round_token_bound(spec: RunSpec, version: int) -> float:
+    """The most tokens an honest peer trains in the round from `version`: batch × seq_len × inner.steps of the run's
+    largest assignment around it (the schedule's rows at `version` and the next, as groupmates may be a version
+    apart; the largest length of curriculum.worker_seq_lens or of the adaptive ladder, as their peers train
+    different lengths), the bound the coordinator backend puts on a push's tokens (`sync.bound_tokens`; without it,
+    none)."""
+    if not spec.sync.bound_tokens:
+        return math.inf
+    section, data = spec.curriculum, spec.data
+    lengths = section.worker_seq_lens or section.seq_lens
+    if lengths:
+        windows = [length * section.batch_for(length, data.batch_size) for length in lengths]
+    else:
+        windows = [seq_len * batch for seq_len, batch in (schedule_for(spec, version), schedule_for(spec, version + 1))]
+    return float(max(windows) * spec.inner.steps)
 
 
 class HivemindWorker:
@@ -86,7 +98,7 @@ class HivemindWorker:
 
     def __init__(self, spec: RunSpec, options: hs.HivemindOptions, *, name: str = "", device: str = "cpu",
                  out: Path | None = None, stop: threading.Event | None = None, control: ControlPlane | None = None,
-                 data_seed: int | None = None) -> None:
+                 data_seed: int | None = None, max_params: int = 0) -> None:
         if spec.sync.backend != "hivemind":
             raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
         if spec.is_sweep:
@@ -98,6 +110,9 @@ class HivemindWorker:
         if spec.curriculum.adaptive and control is None:
             raise ValueError(f'curriculum.policy = "adaptive" (seq_lens {spec.curriculum.seq_lens}): a hivemind worker '
                              "needs --coordinator HOST:PORT, which decides the run's rung from the workers' metrics")
+        too_large = ModelLimit.of(device, max_params).problem(spec)
+        if too_large:
+            raise ValueError(f"the run spec of {spec.run.name} is refused before allocating: {too_large}")
         self.spec, self.options, self.out, self.control = spec, options, out, control
         self.data_seed = data_seed
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
@@ -147,6 +162,9 @@ class HivemindWorker:
                 self._round()
             if self.version >= self.spec.run.rounds and not self.stop.is_set():
                 self._settle()
+        except hs.PeerRefused as exc:
+            log.error("%s cannot join the swarm: %s", self.name, exc)
+            return 1
         finally:
             if self.peer is not None:
                 self._write_out()
@@ -214,7 +232,8 @@ class HivemindWorker:
             return
         gather = {"version": self.version, "tokens": tokens, "norm": hs.global_norm(deltas)}
         window = FIRST_WINDOW_FRACTION * self._startup_s if self.version == 0 else None
-        result = self.peer.average(deltas, tokens, gather, window_s=window)
+        bound = round_token_bound(self.spec, self.version)
+        result = self.peer.average(deltas, tokens, gather, window_s=window, max_tokens=bound)
         if result is not None and result.group_version > self.version:
             self._resync(f"the group was at version {result.group_version}")
             return
@@ -235,7 +254,8 @@ class HivemindWorker:
 
     def _step(self, base: list[torch.Tensor], deltas: list[torch.Tensor], averaged: list[torch.Tensor]) -> str:
         """θ_{v+1}, b = outer_step(θ_v, b, Δ̄) into the model, or θ_v again when Δ̄ fails the trust check (the reason)."""
-        problem = hs.trust_problem(averaged, deltas, self.spec.hivemind.trust_factor)
+        rules = self.spec.hivemind
+        problem = hs.trust_problem(averaged, deltas, rules.trust_factor, rules.min_cosine)
         if problem:
             log.warning("%s: round %d skipped locally: %s", self.name, self.version, problem)
             self._load(base)

@@ -51,7 +51,9 @@ class ClientOptions:
 @dataclass(frozen=True)
 class WorkerOptions(ClientOptions):
     """The options of one worker process (the `rcswarm worker` flags), validated: its coordinator and TLS files
-    (`ClientOptions`), its device, name, torch threads (0: its share of the machine's cores) and patience."""
+    (`ClientOptions`), its device, name, torch threads (0: its share of the machine's cores), patience, the most
+    model parameters it builds (0: what its device's memory holds, worker/limits.py) and the file its membership is
+    handed to its successor in (None: none, worker/membership.py)."""
 
     device: str = "auto"
     name: str = ""
@@ -59,11 +61,15 @@ class WorkerOptions(ClientOptions):
     patience_s: float = 300.0
     rpc_timeout_s: float = 10.0
     transfer_timeout_s: float = 300.0
+    max_params: int = 0
+    membership_file: Path | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.threads < 0:
             raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = the worker's share of the cores)")
+        if self.max_params < 0:
+            raise ValueError(f"--max-params {self.max_params}: expected >= 0 (0 = what the device's memory holds)")
         for flag, value in (
             ("--patience-s", self.patience_s), ("--rpc-timeout-s", self.rpc_timeout_s),
             ("--transfer-timeout-s", self.transfer_timeout_s),
@@ -74,5 +80,5 @@ class WorkerOptions(ClientOptions):
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> WorkerOptions:
         """The options of `dataclasses.asdict(options)` (how they travel through Ray), validated again."""
-        paths = {"tls_ca", "tls_cert", "tls_key"}
+        paths = {"tls_ca", "tls_cert", "tls_key", "membership_file"}
         return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in fields.items()})

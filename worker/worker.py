@@ -18,7 +18,8 @@ membership; a re-join replaces it. Stalls, restarts, capacity limits and broken 
 retried by the client for `--patience-s` seconds
 (`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
 coordinator does not take this worker's secret for its id), a refused request, a run spec this
-worker cannot build or spent patience end the worker, with one ERROR line saying why and exit status 1;
+worker cannot build or whose model is above its limit (`--max-params`, worker/limits.py: counted before
+anything is allocated), spent patience or a run of refused payloads end the worker, with one ERROR line saying why and exit status 1;
 a finished run exits 0. A stop (SIGTERM or SIGINT in `rcswarm worker`) finishes the current step, sends
 Leave and exits 0. What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
 """
@@ -39,9 +40,10 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
-from rcswarm.train.inner import StepResult, worker_data_seed
+from rcswarm.train.inner import StepResult, preload_data, worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow, resolve_device
 from rcswarm.worker.client import (
+    Action,
     CoordinatorClient,
     Identity,
     RetriesExhausted,
@@ -50,12 +52,17 @@ from rcswarm.worker.client import (
     Timeouts,
     classify,
 )
+from rcswarm.worker.limits import ModelLimit
+from rcswarm.worker.membership import Membership, end_previous, remove_membership, write_membership
 from rcswarm.worker.options import WorkerOptions
+from rcswarm.worker.startup import StartupMarks
 
 log = logging.getLogger("rcswarm.worker")
 AWAIT_WAIT_S = 2.0
 # How often one finished update is pushed again after re-joins before it is dropped.
 MAX_PUSH_REJOINS = 3
+# Metric rows kept while ReportMetrics fails transiently (the newest; a few rounds' worth).
+MAX_PENDING_METRICS = 4096
 
 
 class Rejoin(Exception):
@@ -79,10 +86,18 @@ class Worker:
     `_follow_assignment` reads under it too.
     """
 
-    def __init__(self, options: WorkerOptions, token: str, stop: threading.Event | None = None) -> None:
+    def __init__(self, options: WorkerOptions, token: str, stop: threading.Event | None = None,
+                 previous: Membership | None = None) -> None:
+        """`previous`: the membership of the process this one replaces, already ended (the command ends it before
+        importing torch); without it, a `membership_file` is read and its membership ended when `run` starts."""
+        self.startup = StartupMarks()
+        self.startup.mark("imports")
         self.options = options
+        self._previous = previous
         self.stop = stop or threading.Event()
         self.device = resolve_device(options.device)
+        # The most parameters a run spec may ask this worker to build (checked before building, worker/limits.py).
+        self.limit = ModelLimit.of(str(self.device), options.max_params)
         self.name = options.name or f"{socket.gethostname()}-{os.getpid()}"
         self.client = CoordinatorClient(
             options.coordinator, token, tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key,
@@ -100,6 +115,7 @@ class Worker:
         self.lease_s = 10.0
         self.spec: RunSpec | None = None
         self.run_id = ""
+        self.data_seed: int | None = None  # None until the data stream of the current run started
         # Metric rows not yet stored, all trained for run `_pending_run` (a run stores only its own rows).
         self._pending: list[pb.Metric] = []
         self._pending_run = ""
@@ -129,6 +145,7 @@ class Worker:
     def run(self) -> int:
         """Train until the run finishes or a stop is requested; returns the exit code."""
         try:
+            self._take_over()
             self._join()
             while not self.stop.is_set() and not self.finished:
                 try:
@@ -151,6 +168,28 @@ class Worker:
         finally:
             self._leave()
         return 0
+
+    def _take_over(self) -> None:
+        """With a membership file: end the membership of the process this one replaces (unless the command did) and
+        build that run's model and load its data now, before joining makes the open round wait for this worker."""
+        path = self.options.membership_file
+        previous = self._previous
+        if previous is None and path is not None:
+            previous = end_previous(path, self.options.coordinator, self.options.tls(), self.options.rpc_timeout_s)
+        if previous is None:
+            return
+        try:
+            spec = RunSpec.from_json(previous.run_spec_json)
+            too_large = self.limit.problem(spec)
+        except (ValueError, KeyError) as exc:
+            log.info("%s: the previous membership's run spec is not built ahead (%s)", self.name, exc)
+            return
+        if too_large:
+            return  # refused at the join, with its reason
+        self.spec = spec
+        self._build_model(spec)
+        preload_data(spec.data)
+        self.startup.mark("built ahead")
 
     def _join(self) -> int | None:
         """Join the swarm (building the model when the spec is new); the version it serves, None when finished.
@@ -181,6 +220,11 @@ class Worker:
             log.warning("%s: %d metric rows trained for run %s dropped: that run no longer knows this worker, "
                         "which now trains %s", self.name, len(self._pending), self._pending_run, self.run_id)
             self._pending = []
+        if self.options.membership_file is not None:
+            write_membership(self.options.membership_file, Membership(
+                self.options.coordinator, response.run_id, response.worker_id, response.worker_secret,
+                response.run_spec_json))
+        self.startup.mark("joined")
         self._held = None
         if self._heartbeat is None:
             # Beat from now on: building the model and loading the data may outlast the lease.
@@ -190,24 +234,40 @@ class Worker:
             self._assignment = response.assignment if response.HasField("assignment") else None
             self._assignment_owner = response.worker_id
         if self.model is None or spec != self.spec:
-            self.spec = spec
             try:
-                self._build(spec, response.data_seed)
+                too_large = self.limit.problem(spec)
             except (ValueError, KeyError) as exc:
                 raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+            if too_large:
+                raise SpecRefused(f"the run spec of {response.run_id} is refused before allocating: {too_large}")
+            self.spec, self.data_seed = spec, None
+            try:
+                self._build_model(spec)
+            except (ValueError, KeyError) as exc:
+                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+        if self.data_seed is None:
+            try:
+                self._start_data(spec, response.data_seed)
+            except (ValueError, KeyError) as exc:
+                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+            self.startup.mark("model and data")
         log.info("%s joined %s as %s at version %d", self.name, self.run_id, self.worker_id, response.version)
         return response.version
 
-    def _build(self, spec: RunSpec, data_seed: int) -> None:
+    def _build_model(self, spec: RunSpec) -> None:
+        """The run's model, inner optimizer and codec (the data stream waits for the join's data seed)."""
         self.trainer.build(spec)
+        self.codec = codecs.codec_from_name(spec.sync.codec)
+        self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
+
+    def _start_data(self, spec: RunSpec, data_seed: int) -> None:
+        """The data stream of this membership's data seed, at its assignment's (seq_len, batch)."""
         self.data_seed = worker_data_seed(spec.run.seed, data_seed)
         assignment = self._assignment
         seq_len, batch = spec.data.seq_len, spec.data.batch_size
         if assignment is not None and assignment.seq_len > 0 and assignment.batch_size > 0:
             seq_len, batch = assignment.seq_len, assignment.batch_size
         self.trainer.follow(seq_len, batch, self.data_seed)
-        self.codec = codecs.codec_from_name(spec.sync.codec)
-        self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
 
     def _call(self, fn, *args):
         """Run an RPC, turning NOT_FOUND into Rejoin."""
@@ -268,6 +328,10 @@ class Worker:
         self.sync_seconds += time.perf_counter() - sync_started
         base = self.trainer.snapshot()
         self._held = (version, base)
+        if not self.startup.reported:
+            self.startup.mark("pulled")
+            self.startup.reported = True
+            log.info("%s trains version %d, %s", self.worker_id, version, self.startup.describe())
         trained = self.trainer.train(version, steps, budget_s=budget, stop=self.stop, step=self._train_step,
                                      on_schedule=self._log_schedule)
         self._keep([self._metric(row) for row in trained.rows])
@@ -385,21 +449,39 @@ class Worker:
         self._pending_run = self.run_id
 
     def _flush_metrics(self) -> None:
-        """Send the pending metrics (kept when the call fails), unless the worker holds no membership."""
+        """Send the pending metrics, unless the worker holds no membership; one attempt (training never waits
+        on metrics). A transient failure keeps the rows for the next report (the newest MAX_PENDING_METRICS), a
+        refusal drops them: one WARNING line either way, without a traceback. NOT_FOUND re-joins."""
         identity = self.identity
-        if self._pending and identity.worker_id:
-            self._call(self.client.report_metrics, identity, self._pending, self._pending_run)
-            self._pending = []
+        if not (self._pending and identity.worker_id):
+            return
+        try:
+            self.client.report_metrics(identity, self._pending, self._pending_run)
+        except grpc.RpcError as err:
+            action, reason = classify(err.code())
+            if action is Action.REJOIN:
+                raise Rejoin(err.details()) from err
+            rows = len(self._pending)
+            if action is Action.RETRY:
+                self._pending = self._pending[-MAX_PENDING_METRICS:]
+                fate = f"{len(self._pending)} kept for the next report" + (
+                    f", {rows - len(self._pending)} oldest dropped" if rows > len(self._pending) else "")
+            else:
+                self._pending, fate = [], "dropped"
+            log.warning("%s: ReportMetrics failed: %s: %s (%s); %d metric rows %s", self.worker_id,
+                        err.code().name, err.details(), reason, rows, fate)
+            return
+        self._pending = []
 
     def _flush_previous(self, previous: Identity) -> None:
         """Before a re-join: the pending rows under the membership that trained them; kept when the coordinator no
-        longer knows it (NOT_FOUND: restarted, or evicted)."""
+        longer knows it (NOT_FOUND: restarted, or evicted) or did not answer (one attempt, as every report)."""
         if not self._pending:
             return
         try:
             self.client.report_metrics(previous, self._pending, self._pending_run)
         except grpc.RpcError as err:
-            if not _is(err, grpc.StatusCode.NOT_FOUND):
+            if classify(err.code())[0] is Action.FATAL:
                 raise
             return
         self._pending = []
@@ -423,6 +505,8 @@ class Worker:
             self._flush_metrics()
             self.client.leave(self.identity, "finished" if self.finished else "stopped")
             log.info("%s left the swarm", self.worker_id)
+            if self.options.membership_file is not None:
+                remove_membership(self.options.membership_file)
         except (grpc.RpcError, Rejoin, RetriesExhausted, Stopped) as exc:
             log.warning("leave failed: %s", exc)
         finally:

@@ -11,36 +11,30 @@
   in the `.rcf` frame format (docs/FRAME_FORMAT.md), loaded by `GitFrameSource`.
 
 Nothing here imports the rest of rcswarm; frames follow the frame model's cell
-convention (char id = code point mod char_vocab, small style ids) by contract.
+convention (char id = code point mod char_vocab, small style ids) by contract. Each name below loads its
+module on first use.
 """
 
-from rcswarm.data.frames.action_tokenizer import ActionTokenizer
-from rcswarm.data.frames.frame_codec import FrameFormatError, FrameReader, FrameWriter
-from rcswarm.data.frames.git_editor import Editor, ReplayError
-from rcswarm.data.frames.git_frames import GitFrameSource, build_git_frames
-from rcswarm.data.frames.git_replay import ReplayStats, replay
-from rcswarm.data.frames.typed_text import (
-    COMPACT_CHARSET,
-    N_STYLES,
-    PRINTABLE_CHARSET,
-    STYLE_CURSOR,
-    STYLE_EMPTY,
-    STYLE_STATUS,
-    STYLE_TEXT,
-    TypingConfig,
-    TypingDocument,
-    TypingFrameSource,
-    TypingVocab,
-    load_typing_documents,
-)
-from rcswarm.data.frames.window import (
-    FrameBatch,
-    FrameWindow,
-    FrameWindowSource,
-    FrameWindowSpec,
-    TensorWindow,
-    check_frame_batch,
-)
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {
+    "rcswarm.data.frames.action_tokenizer": ("ActionTokenizer",),
+    "rcswarm.data.frames.frame_codec": ("FrameFormatError", "FrameReader", "FrameWriter"),
+    "rcswarm.data.frames.git_editor": ("Editor", "ReplayError"),
+    "rcswarm.data.frames.git_frames": ("GitFrameSource", "build_git_frames"),
+    "rcswarm.data.frames.git_replay": ("ReplayStats", "replay"),
+    "rcswarm.data.frames.typed_text": (
+        "COMPACT_CHARSET", "N_STYLES", "PRINTABLE_CHARSET", "STYLE_CURSOR", "STYLE_EMPTY", "STYLE_STATUS", "STYLE_TEXT",
+        "TypingConfig", "TypingDocument", "TypingFrameSource", "TypingVocab", "load_typing_documents",
+    ),
+    "rcswarm.data.frames.window": (
+        "FrameBatch", "FrameWindow", "FrameWindowSource", "FrameWindowSpec", "TensorWindow", "check_frame_batch",
+    ),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "COMPACT_CHARSET",
@@ -72,3 +66,45 @@ __all__ = [
     "load_typing_documents",
     "replay",
 ]
+
+if TYPE_CHECKING:
+    from rcswarm.data.frames.action_tokenizer import ActionTokenizer
+    from rcswarm.data.frames.frame_codec import FrameFormatError, FrameReader, FrameWriter
+    from rcswarm.data.frames.git_editor import Editor, ReplayError
+    from rcswarm.data.frames.git_frames import GitFrameSource, build_git_frames
+    from rcswarm.data.frames.git_replay import ReplayStats, replay
+    from rcswarm.data.frames.typed_text import (
+        COMPACT_CHARSET,
+        N_STYLES,
+        PRINTABLE_CHARSET,
+        STYLE_CURSOR,
+        STYLE_EMPTY,
+        STYLE_STATUS,
+        STYLE_TEXT,
+        TypingConfig,
+        TypingDocument,
+        TypingFrameSource,
+        TypingVocab,
+        load_typing_documents,
+    )
+    from rcswarm.data.frames.window import (
+        FrameBatch,
+        FrameWindow,
+        FrameWindowSource,
+        FrameWindowSpec,
+        TensorWindow,
+        check_frame_batch,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """A name of `__all__`, from its module, imported on first use: a worker training on text imports
+    `rcswarm.data.frames.window` (streaming BPTT's interface) without the editor, the replay or the typing
+    source (0.2–0.3 s of its start-up, issue #31)."""
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_HOME_OF[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

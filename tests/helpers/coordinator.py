@@ -52,10 +52,12 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., LocalCoordinator
     """Start in-process coordinators (real gRPC on loopback, port 0); all stopped at teardown."""
     started: list[LocalCoordinator] = []
 
-    def start(spec: RunSpec, state_dir: Path | None = None, **kwargs: Any) -> LocalCoordinator:
+    def start(spec: RunSpec, state_dir: Path | None = None, service: type[SwarmCoordinator] = SwarmCoordinator,
+              **kwargs: Any) -> LocalCoordinator:
+        """`service`: the coordinator class (a test's subclass of the real one)."""
         state_dir = state_dir or tmp_path / f"state{len(started)}"
         store = StateStore(state_dir, spec.coordinator.keep_checkpoints, spec.coordinator.durable)
-        running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN, **kwargs).start()
+        running = RunningCoordinator(service(spec, store), TOKEN, **kwargs).start()
         local = LocalCoordinator(running, state_dir)
         started.append(local)
         return local

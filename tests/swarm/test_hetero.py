@@ -22,8 +22,6 @@ from tests.helpers.rounds import coordinator_digests, round_losses, worker_diges
 from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
 
-
-
 ROUNDS = 10
 
 

@@ -1,0 +1,50 @@
+"""The membership file (`--membership-file`, worker/membership.py): written private, read back, refused when
+malformed, and the Leave of what it records against a real coordinator on loopback."""
+
+from __future__ import annotations
+
+import logging
+import stat
+from pathlib import Path
+
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.worker.membership import Membership, end_membership, end_previous, read_membership, write_membership
+from tests.helpers.specs import tiny_spec
+
+
+def test_a_membership_file_is_private_and_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "membership.json"
+    member = Membership("127.0.0.1:1", "run", "w1-abc", b"\x01" * 32, tiny_spec().to_json())
+    write_membership(path, member)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_membership(path) == member
+    assert "01" * 32 not in repr(member)
+    assert [p.name for p in tmp_path.iterdir()] == ["membership.json"]  # no partial file left
+    assert read_membership(tmp_path / "absent.json") is None
+
+
+def test_a_malformed_membership_file_is_ignored_with_one_line(tmp_path: Path, caplog) -> None:
+    path = tmp_path / "membership.json"
+    for text in ("not json", '{"coordinator": "x"}', '{"coordinator": "x", "run_id": "r", "worker_id": "w", '
+                 '"worker_secret": "zz", "run_spec_json": "{}"}'):
+        path.write_text(text)
+        with caplog.at_level(logging.WARNING, logger="rcswarm.worker"):
+            assert read_membership(path) is None
+    assert len(caplog.records) == 3 and all("ignored" in r.getMessage() for r in caplog.records)
+
+
+def test_the_previous_membership_is_ended_at_its_coordinator_only(start_coordinator, tmp_path: Path) -> None:
+    local = start_coordinator(tiny_spec(run={"rounds": 0}, coordinator={"lease_s": 60.0}))
+    client = local.client()
+    joined = client.join("killed", "cpu", 1)
+    member = Membership(local.target, joined.run_id, joined.worker_id, joined.worker_secret, joined.run_spec_json)
+    assert "not ended" in end_membership(member, "127.0.0.1:1", None, 2.0)
+    path = tmp_path / "membership.json"
+    write_membership(path, member)
+    assert end_previous(path, local.target, None, 5.0) == member
+    assert not path.exists()
+    states = {w.worker_id: w.state for w in client.status().workers}
+    assert states[joined.worker_id] != pb.WORKER_STATE_ACTIVE
+    # A second try (the membership already ended) is refused by the coordinator and said so, not raised.
+    assert "was not ended: NOT_FOUND" in end_membership(member, local.target, None, 5.0)
+    client.close()

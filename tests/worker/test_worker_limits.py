@@ -1,0 +1,199 @@
+"""The worker's own limits (issue #31, point 5, and point 7's worker side): real coordinators on loopback whose
+subclasses serve what a hostile or broken coordinator would, and the real worker.
+
+* A Join answering a run spec whose model is far above what the worker may build: refused before anything is
+  allocated, one ERROR line naming both numbers (before: a 14.4 GB tensor, a raw RuntimeError or the OOM killer).
+* A coordinator that answers every heartbeat but serves a payload the worker refuses: the worker gives up after a
+  run of refused payloads (before: heartbeats kept resetting its patience, so it re-pulled forever).
+* A coordinator refusing ReportMetrics (a full disk, a metrics budget): one WARNING line per report and training
+  goes on (before: RESOURCE_EXHAUSTED was retried while heartbeats were answered, forever; a refusal ended it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import tracemalloc
+
+import grpc
+import pytest
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.records import Refusal
+from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.models import registry
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.worker import Worker
+from rcswarm.worker.client import RetriesExhausted
+from rcswarm.worker.limits import TRAINING_BYTES_PER_PARAMETER, ModelLimit, host_memory_bytes
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.worker import _options, run_until
+
+# The issue's hostile spec: d_model 30000, 8 layers of the demo's LSTM.
+HUGE_OVERRIDES = {"d_model": 30000, "n_layers": 8}
+# Python-level memory a refused spec may cost, far below one layer of the model it names.
+PEAK_BOUND = 64 << 20
+
+
+def huge_spec_json(spec: RunSpec) -> str:
+    raw = spec.to_dict()
+    raw["model"]["overrides"] = {**raw["model"].get("overrides", {}), **HUGE_OVERRIDES}
+    return RunSpec.from_dict(raw).to_json()
+
+
+class HugeSpecCoordinator(SwarmCoordinator):
+    """The real coordinator, whose Join serves a run spec naming a model of tens of billions of parameters."""
+
+    def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        response = super().join(request)
+        response.run_spec_json = huge_spec_json(self.spec)
+        return response
+
+
+def errors_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_the_parameter_count_needs_no_allocation() -> None:
+    spec = tiny_spec()
+    built = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides)
+    assert registry.parameter_count_of(spec.model.name, spec.model.preset, spec.model.overrides) == sum(
+        p.numel() for p in built.parameters())
+    tracemalloc.start()
+    try:
+        huge = registry.parameter_count_of(spec.model.name, spec.model.preset, HUGE_OVERRIDES)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert huge > 10**10 and peak < PEAK_BOUND, (huge, peak)
+
+
+def test_the_count_on_the_meta_device_is_the_built_models_for_every_small_preset() -> None:
+    checked = 0
+    for name in registry.list_models():
+        for preset in registry.get(name).presets:
+            count = registry.parameter_count_of(name, preset)
+            if count <= 3_000_000:  # the larger presets are the same code at other sizes
+                assert count == registry.parameter_count(registry.build_model(name, preset, seed=0)), (name, preset)
+                checked += 1
+    assert checked >= 15
+
+
+def test_the_default_limit_is_what_the_devices_memory_holds() -> None:
+    limit = ModelLimit.of("cpu")
+    assert limit.max_params == host_memory_bytes() // TRAINING_BYTES_PER_PARAMETER
+    assert "GiB of cpu memory" in limit.source and "--max-params" in limit.source
+    assert ModelLimit.of("cpu", 1000) == ModelLimit(1000, "--max-params")
+    with pytest.raises(ValueError, match="--max-params -1: expected >= 0"):
+        _options("127.0.0.1:1", max_params=-1)
+
+
+def test_a_join_serving_a_huge_model_is_refused_before_allocation(start_coordinator, caplog) -> None:
+    local = start_coordinator(tiny_spec(run={"rounds": 0}), service=HugeSpecCoordinator)
+    worker = Worker(_options(local.target, patience_s=5.0), TOKEN)
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+            code = worker.run()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 1 and worker.model is None
+    assert peak < PEAK_BOUND, f"{peak / 2**20:.0f} MiB allocated for a refused spec"
+    spec = tiny_spec()
+    count = registry.parameter_count_of(spec.model.name, spec.model.preset, HUGE_OVERRIDES)
+    errors = errors_of(caplog)
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    assert "refused before allocating" in errors[0] and f"{count:,} parameters" in errors[0], errors
+    assert f"limit of {worker.limit.max_params:,}" in errors[0] and "GiB of cpu memory" in errors[0], errors
+
+
+def test_max_params_sets_the_limit(start_coordinator, caplog) -> None:
+    spec = tiny_spec(run={"rounds": 0})
+    count = registry.parameter_count_of(spec.model.name, spec.model.preset, spec.model.overrides)
+    local = start_coordinator(spec)
+    with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+        code = Worker(_options(local.target, patience_s=5.0, max_params=count - 1), TOKEN).run()
+    errors = errors_of(caplog)
+    assert code == 1 and len(errors) == 1, errors
+    assert f"has {count:,} parameters" in errors[0] and f"limit of {count - 1:,} (--max-params)" in errors[0], errors
+    # At the limit it trains.
+    worker = Worker(_options(local.target, patience_s=5.0, max_params=count), TOKEN)
+    assert run_until(worker, lambda w: w.step >= 1, 60) == 0
+
+
+class CorruptPulls(SwarmCoordinator):
+    """The real coordinator, answering every call, but flipping one byte of every pulled chunk (its CRC fails)."""
+
+    pulls = 0
+
+    def pull(self, request):
+        type(self).pulls += 1
+        for message in super().pull(request):
+            if message.WhichOneof("part") == "chunk":
+                corrupt = pb.PullParametersResponse()
+                corrupt.CopyFrom(message)  # the served messages are shared: corrupt a copy
+                data = bytearray(corrupt.chunk.data)
+                data[len(data) // 2] ^= 0xFF
+                corrupt.chunk.data = bytes(data)
+                message = corrupt
+            yield message
+
+
+def test_refused_payloads_end_the_worker_while_heartbeats_are_answered(start_coordinator, caplog) -> None:
+    # Heartbeats every 0.2 s, a patience of 2 s: before, each answered heartbeat restarted the patience.
+    local = start_coordinator(tiny_spec(run={"rounds": 0}, coordinator={"lease_s": 0.6}), service=CorruptPulls)
+    CorruptPulls.pulls = 0
+    worker = Worker(_options(local.target, patience_s=2.0), TOKEN)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+        thread.start()
+        thread.join(timeout=60)
+    alive = thread.is_alive()
+    worker.stop.set()
+    thread.join(timeout=30)
+    assert not alive, f"the worker still re-pulls after {time.monotonic() - started:.0f}s ({CorruptPulls.pulls} pulls)"
+    assert result == [1]
+    policy = worker.client.retry
+    assert CorruptPulls.pulls == policy.max_refused_payloads
+    errors = errors_of(caplog)
+    assert len(errors) == 1 and f"refused {policy.max_refused_payloads} payloads in a row" in errors[0], errors
+    assert "CRC" in errors[0], errors
+
+
+class RefusedMetrics(SwarmCoordinator):
+    """The real coordinator, whose ReportMetrics refuses every batch with `code` (as a full disk would)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    refused = 0
+
+    def report_metrics(self, request):
+        type(self).refused += 1
+        raise Refusal(self.code, "cannot store metrics: database or disk is full")
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT])
+def test_a_refused_report_metrics_is_one_line_and_training_goes_on(start_coordinator, caplog, code) -> None:
+    RefusedMetrics.code, RefusedMetrics.refused = code, 0
+    local = start_coordinator(tiny_spec(run={"rounds": 0}, inner={"steps": 2}), service=RefusedMetrics)
+    worker = Worker(_options(local.target, patience_s=30.0), TOKEN)
+    with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+        code_ = run_until(worker, lambda w: RefusedMetrics.refused >= 3, 60)
+    assert code_ == 0 and worker.step >= 6
+    warnings = [r for r in caplog.records if "ReportMetrics failed" in r.getMessage()]
+    assert len(warnings) >= 3 and all(r.exc_info is None and "\n" not in r.getMessage() for r in warnings)
+    text = warnings[0].getMessage()
+    assert code.name in text and "disk is full" in text
+    assert ("kept for the next report" if code == grpc.StatusCode.RESOURCE_EXHAUSTED else "dropped") in text
+    assert not errors_of(caplog)
+
+
+def test_a_refused_pull_policy_is_validated() -> None:
+    from rcswarm.worker.client import RetryPolicy
+
+    with pytest.raises(ValueError, match="max_refused_payloads = 0"):
+        RetryPolicy(max_refused_payloads=0)
+    assert issubclass(RetriesExhausted, RuntimeError)
