@@ -52,11 +52,13 @@ def test_synthetic_metrics_are_fitted_and_plotted(tmp_path, capsys, rows, suffix
     assert main([str(metrics), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     printed = capsys.readouterr().out
-    alpha_inf = float(re.search(r"α∞\s*│\s*([0-9.]+)", printed).group(1))
-    tau = float(re.search(r"τ \(steps\)\s*│\s*([0-9.]+)", printed).group(1))
+    alpha_inf = float(re.search(r"α∞ \[90% interval\]\s*│\s*([0-9.]+) \[", printed).group(1))
+    tau = float(re.search(r"τ \(steps\) \[90% interval\]\s*│\s*([0-9.]+) \[", printed).group(1))
     assert alpha_inf == pytest.approx(0.308, rel=0.1)
     assert tau == pytest.approx(720, rel=0.1)
-    assert "2 → 4" in printed and "Eq. 11" in printed
+    assert "2 → 4" in printed and "Eq. 11" in printed and "not enough data" not in printed
+    # 4 → 8 and 8 → 16 cross after the plateau and the first tenth of the time: observed, beside the prediction.
+    assert re.search(r"4 → 8 │ +[0-9.]+ s │ +[0-9.]+ s \(steps", printed), printed
 
 
 def test_custom_column_names(tmp_path, capsys, rows):

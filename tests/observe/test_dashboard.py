@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from rcswarm.cli import status as status_cli
+from rcswarm.observe.dashboard.render import PLOTS
 from tests.helpers.dashboard import ALPHA_INF, LENGTHS, STEPS, assert_png_not_blank, feed, get, true_loss
 from tests.helpers.specs import TOKEN, tiny_spec
 
@@ -23,10 +24,15 @@ def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
     for length in LENGTHS:
         assert f"gpu-{length}" in page
     fit = json.loads(get(swarm.base + "api/status")[2])["fits"]["fit"]
-    assert f"α∞ = {fit['alpha_inf']:.4f}" in page
+    # α∞ with its interval, τ, R² and the verdict stand together; this law's data identify it.
+    assert f"<td>{fit['alpha_inf']:.4f} [{fit['alpha_inf_low']:.4f}, {fit['alpha_inf_high']:.4f}]</td>" in page
+    assert f"<td>{fit['r_squared']:.4f}</td>" in page and "no caveats" in page and "not enough data" not in page
+    assert fit["valid"] and fit["caveats"] == [] and fit["alpha_inf_low"] <= fit["alpha_inf"] <= fit["alpha_inf_high"]
     assert abs(fit["alpha_inf"] - ALPHA_INF) < 0.05
-    assert "wall-time crossovers" in page and "32 → 64" in page
-    for plot in ("loss_step", "loss_time", "alpha"):
+    assert "wall-time crossovers" in page and "32 → 64" in page and "counted once both curves" in page
+    for plot in ("loss_step", "loss_time"):
+        assert f'src="/plot/{plot}.png?smoothing=0.9"' in page
+    for plot in ("alpha", "law"):
         assert f'src="/plot/{plot}.png"' in page
     assert "assigned L × batch" in page and "<td>32 × 4</td>" in page and "fixed: L 32 × batch 4" in page
     workers = json.loads(get(swarm.base + "api/status")[2])["workers"]
@@ -34,10 +40,18 @@ def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
 
 
 def test_plots_are_nonblank_pngs(swarm: Any) -> None:
-    for plot in ("loss_step", "loss_time", "alpha"):
+    for plot in ("loss_step", "loss_time", "alpha", "law"):
         status, content_type, body = get(swarm.base + f"plot/{plot}.png")
         assert status == 200 and content_type == "image/png"
         assert_png_not_blank(body)
+    # The TensorBoard smoothing weight is one of the page's choices: 0 draws the raw curve alone.
+    raw = get(swarm.base + "plot/loss_time.png?smoothing=0")[2]
+    assert_png_not_blank(raw) is not None and raw != get(swarm.base + "plot/loss_time.png?smoothing=0.99")[2]
+    for bad in ("0.5", "1", "abc"):
+        status, _, body = get(swarm.base + f"plot/loss_time.png?smoothing={bad}")
+        assert status == 400 and b"expected one of 0, 0.6, 0.8, 0.9, 0.95, 0.99" in body
+    page = get(swarm.base + "?smoothing=0.99")[2].decode()
+    assert 'src="/plot/loss_step.png?smoothing=0.99"' in page and "<b>0.99</b>" in page
 
 
 def test_too_few_lengths_says_so(start_coordinator: Any) -> None:
@@ -49,7 +63,7 @@ def test_too_few_lengths_says_so(start_coordinator: Any) -> None:
     # One line says what a fit needs; no empty α panel, no crossover table; the loss plots stay.
     assert page.count("not enough lengths for a fit") == 1 and "[sweep] seq_lens" in page
     assert 'src="/plot/alpha.png"' not in page and "crossovers" not in page
-    assert 'src="/plot/loss_step.png"' in page and 'src="/plot/loss_time.png"' in page
+    assert 'src="/plot/loss_step.png?' in page and 'src="/plot/loss_time.png?' in page
     data = json.loads(get(base + "api/status")[2])
     assert data["fits"]["fit"] is None and "not enough lengths" in data["fits"]["message"]
     assert_png_not_blank(get(base + "plot/alpha.png")[2])
@@ -312,10 +326,12 @@ def test_sweep_page_shows_runs_workers_fit_and_plots(sweep: Any) -> None:
     for length in LENGTHS:
         assert sweep.names[length] in page and sweep.workers[length] in page
     fit = json.loads(get(sweep.base + "api/status")[2])["fits"]["fit"]
-    assert f"α∞ = {fit['alpha_inf']:.4f}" in page
+    assert f"<td>{fit['alpha_inf']:.4f} [" in page and fit["valid"]
     assert "32 → 64" in page and "predicted (Eq. 11)" in page
-    for plot in ("loss_step", "loss_time", "alpha"):
-        assert f'src="/plot/{plot}.png"' in page
+    # A sweep's runs each have their own version: the overview names them all, not one number.
+    assert "versions</td><td>L=32: 0, L=64: 0, L=128: 0, L=256: 0 of 3</td>" in page
+    for plot in PLOTS:
+        assert f'src="/plot/{plot}.png' in page
         status, content_type, png = get(sweep.base + f"plot/{plot}.png")
         assert (status, content_type) == (200, "image/png")
         assert_png_not_blank(png)
