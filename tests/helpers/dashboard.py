@@ -33,8 +33,8 @@ def true_loss(step: int, length: int) -> float:
     return 3.0 * step ** -0.2 * length ** -alpha
 
 
-def feed(service: Any, lengths: tuple[int, ...] = LENGTHS) -> dict[int, str]:
-    """One joined worker per length, each reporting every step through report_metrics."""
+def feed(service: Any, lengths: tuple[int, ...] = LENGTHS, steps: range = STEPS) -> dict[int, str]:
+    """One joined worker per length, each reporting every step (of `steps`) through report_metrics."""
     workers = {}
     for length in lengths:
         joined = service.join(pb.JoinRequest(worker_name=f"gpu-{length}", device="cpu", pid=1))
@@ -43,7 +43,7 @@ def feed(service: Any, lengths: tuple[int, ...] = LENGTHS) -> dict[int, str]:
             pb.Metric(version=0, step=step, seq_len=length, batch=4, loss=true_loss(step, length), tokens=4 * length,
                       wall_time=step * length / 1000.0, compute_seconds=step * length / 1200.0,
                       sync_seconds=0.01 * step, bytes_sent=1000 * step, bytes_received=2000 * step)
-            for step in STEPS
+            for step in steps
         ]
         stored = service.report_metrics(pb.ReportMetricsRequest(**creds(joined), metrics=metrics))
         assert stored.stored == len(metrics)

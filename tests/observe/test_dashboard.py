@@ -390,3 +390,49 @@ def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path:
     assert {length for length, _, _, _ in means} == {16} and means[0][2] == pytest.approx(1.0 / 500)
     with pytest.raises(ValueError, match="inner_steps=0"):
         run_step_means(store, 0)
+
+
+def test_a_fit_from_a_handful_of_steps_shows_not_enough_data(start_coordinator: Any) -> None:
+    """30 steps per length: the data rule leaves α∞ and τ unidentified, so the page, the JSON and /metrics
+    say so, and no predicted crossover is shown."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    local = start_coordinator(tiny_spec(), http_port=0)
+    feed(local.service, (32, 64, 128), steps=range(1, 31))
+    base = local.running.dashboard.url
+    fit = json.loads(get(base + "api/status")[2])["fits"]["fit"]
+    assert not fit["valid"] and not fit["alpha_inf_identified"] and not fit["tau_identified"]
+    assert fit["caveats"][0].startswith("too few recorded steps in the steps all lengths share [1, 30]")
+    page = get(base)[2].decode()
+    assert f"<td>not enough data (fitted {fit['alpha_inf']:.4f} [" in page
+    assert "<li>too few recorded steps" in page and "The data identify the fit" not in page
+    assert "not enough data (the fit has caveats)" in page
+    families = {f.name: f for f in text_string_to_metric_families(get(base + "metrics")[2].decode())}
+    assert [sample.value for sample in families["rcswarm_fit_valid"].samples] == [0.0]
+    assert_png_not_blank(get(base + "plot/alpha.png")[2])
+
+
+def test_a_sweep_with_idle_lengths_names_them_instead_of_asking_for_a_sweep(tmp_path: Path) -> None:
+    from rcswarm.config.runspec import RunSpec
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import SweepCoordinator
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+
+    base = tiny_spec()
+    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16, 32]}})
+    running = RunningCoordinator(SweepCoordinator(spec, tmp_path / "state"), TOKEN, http_port=0).start()
+    client = CoordinatorClient(f"127.0.0.1:{running.port}", TOKEN, retry=RetryPolicy(max_elapsed_s=5.0))
+    try:
+        joined = client.join("only", "cpu", 1)
+        length = RunSpec.from_json(joined.run_spec_json).data.seq_len
+        client.report_metrics(joined, [pb.Metric(version=0, step=step, seq_len=length, batch=4,
+                                                 loss=true_loss(step, length), tokens=4 * length, wall_time=step)
+                                       for step in range(1, 20)])
+        page = get(running.dashboard.url)[2].decode()
+        idle = ", ".join(str(x) for x in (8, 16, 32) if x != length)
+        assert f"not enough data yet: the sweep&#x27;s L = {idle} have fewer than 2 steps of metrics" in page
+        assert "train a sweep" not in page and "[sweep] seq_lens" not in page
+    finally:
+        client.close()
+        running.stop(grace=0.5)
