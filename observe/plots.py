@@ -114,30 +114,32 @@ def empty_panel(axes: Any, message: str) -> None:
     axes.set_yticks([])
 
 
-def _with_positive(curves: Sequence[LengthCurve], field: str) -> list[tuple[LengthCurve, np.ndarray]]:
-    """Each curve with data at a positive step (or time), and the mask of those points."""
-    chosen = []
+def _loss_curves(axes: Any, curves: Sequence[LengthCurve], field: str, smoother: Smoother) -> list[tuple[Any, Any]]:
+    """Each length's losses against its `field` ("steps" or "times") where that is positive, raw (faint) and
+    smoothed (solid, labelled L=...): [(curve, its smoothed line)]; "no metrics yet" when there is none."""
+    drawn = []
     for curve in curves:
-        keep = getattr(curve, field) > 0
+        x = getattr(curve, field)
+        keep = x > 0
         if np.any(keep):
-            chosen.append((curve, keep))
-    return chosen
+            raw, = axes.plot(x[keep], curve.losses[keep], **RAW)
+            drawn.append((curve, axes.plot(x[keep], smoother(curve.losses)[keep], color=raw.get_color(),
+                                           label=f"L={curve.length:g}", **SMOOTHED)[0]))
+    if not drawn:
+        empty_panel(axes, "no metrics yet")
+    return drawn
 
 
 def draw_loss_step(axes: Any, curves: Sequence[LengthCurve], analysis: Analysis | None, smoother: Smoother,
                    smooth_label: str) -> None:
     """Loss against step per length (raw faint, smoothed solid) with the fitted A(s)·L^(−α(s)) dashed."""
-    chosen = _with_positive(curves, "steps")
-    if not chosen:
-        empty_panel(axes, "no metrics yet")
+    drawn = _loss_curves(axes, curves, "steps", smoother)
+    if not drawn:
         return
-    amplitude = amplitude_from_points(analysis.points) if analysis is not None else None
-    matched = np.array([p.step for p in analysis.points]) if analysis is not None else np.empty(0)
-    for curve, keep in chosen:
-        line, = axes.plot(curve.steps[keep], curve.losses[keep], **RAW)
-        axes.plot(curve.steps[keep], smoother(curve.losses)[keep], color=line.get_color(), label=f"L={curve.length:g}",
-                  **SMOOTHED)
-        if analysis is not None and amplitude is not None:
+    if analysis is not None:
+        amplitude = amplitude_from_points(analysis.points)
+        matched = np.array([p.step for p in analysis.points])
+        for curve, line in drawn:
             fitted = [math.exp(amplitude(s) - analysis.schedule.alpha(s) * math.log(curve.length)) for s in matched]
             _fit_line(axes, matched, fitted, line.get_color())
     axes.set(xscale="log", yscale="log", xlabel="step", ylabel="loss",
@@ -170,15 +172,10 @@ def _crossover_lines(axes: Any, analysis: Analysis, low: float, high: float) -> 
 def draw_loss_time(axes: Any, curves: Sequence[LengthCurve], analysis: Analysis | None, smoother: Smoother,
                    smooth_label: str) -> None:
     """Loss against wall time per length (raw faint, smoothed solid) with the labelled crossovers."""
-    chosen = _with_positive(curves, "times")
-    if not chosen:
-        empty_panel(axes, "no metrics yet")
+    drawn = _loss_curves(axes, curves, "times", smoother)
+    if not drawn:
         return
-    handles = []
-    for curve, keep in chosen:
-        line, = axes.plot(curve.times[keep], curve.losses[keep], **RAW)
-        handles.append(axes.plot(curve.times[keep], smoother(curve.losses)[keep], color=line.get_color(),
-                                 label=f"L={curve.length:g}", **SMOOTHED)[0])
+    handles = [line for _, line in drawn]
     axes.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="loss",
              title=f"loss vs wall time ({smooth_label})")
     if analysis is not None:
