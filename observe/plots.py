@@ -180,7 +180,12 @@ def draw_loss_time(axes: Any, curves: Sequence[LengthCurve], analysis: Analysis 
              title=f"loss vs wall time ({smooth_label})")
     if analysis is not None:
         low, high = axes.get_xlim()
-        handles += _crossover_lines(axes, analysis, low, high)
+        marks = _crossover_lines(axes, analysis, low, high)
+        if not marks:
+            predicted = "" if analysis.valid else "; none predicted: the fit has caveats"
+            axes.text(0.02, 0.03, f"no crossover observed under the rule{predicted}", transform=axes.transAxes,
+                      fontsize="x-small", color="0.35", va="bottom", ha="left")
+        handles += marks
         axes.set_xlim(low, high)
     readable_log_axes(axes)
     axes.legend(handles=handles, fontsize="small")
