@@ -176,19 +176,19 @@ def _fit_section(fits: dict[str, Any], kind: str, smoothing: float) -> str:
 {verdict}</div>
 {_table("wall-time crossovers (longer L below shorter L from then on)", ("L short → long", "observed",
         "predicted (Eq. 11)"), crossover_rows(fit), "no pairs", caption=CROSSOVER_RULE.format(smooth=fit["smooth"]))}
-{_smoothing_links(smoothing)}
+{_smoothing_links(smoothing, crossovers=True)}
 <div class=plots>
 {"".join(_plot_img(name, smoothing) for name in PLOTS)}
 </div>"""
 
 
-def _smoothing_links(smoothing: float) -> str:
+def _smoothing_links(smoothing: float, crossovers: bool = False) -> str:
     """The TensorBoard smoothing weights to choose from, the current one in bold."""
     links = " · ".join(f"<b>{w:g}</b>" if w == smoothing else f'<a href="/?smoothing={w:g}">{w:g}</a>'
                        for w in SMOOTHING_CHOICES)
+    rule = " Crossovers use the centred means of the rule above." if crossovers else ""
     return (f"<p class=muted>Curves: raw (faint) and smoothed as TensorBoard does, an exponential moving average "
-            f"with weight w (debiased at the start; 0: raw): w = {links}. Crossovers use the centred means "
-            "of the rule above.</p>")
+            f"with weight w (debiased at the start; 0: raw): w = {links}.{rule}</p>")
 
 
 NEEDED_FOR_FIT = "to fit the loss against the trained length, train a sweep ([sweep] seq_lens in RUN.toml, as make demo does)"
