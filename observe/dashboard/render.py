@@ -119,8 +119,10 @@ def _cell(value: Any) -> str:
     return value.html() if isinstance(value, Cell) else f"<td>{html.escape(str(value))}</td>"
 
 
-def _table(title: str, head: Sequence[str], rows: Sequence[Sequence[Any]], empty: str, caption: str = "") -> str:
-    """A titled table in a box that scrolls sideways by itself when the window is narrower than the table."""
+def _table(title: str, head: Sequence[str], rows: Sequence[Sequence[Any]], empty: str, caption: str = "",
+           text_columns: Sequence[int] = ()) -> str:
+    """A titled table in a box that scrolls sideways by itself when the window is narrower than the table; the
+    cells of `text_columns` (indices) are prose, left-aligned and wrapped."""
     parts = [f"<h2>{html.escape(title)}</h2>"]
     if not rows:
         parts.append(f"<p class=muted>{html.escape(empty)}</p>")
@@ -130,7 +132,8 @@ def _table(title: str, head: Sequence[str], rows: Sequence[Sequence[Any]], empty
         parts.append(f"<caption>{html.escape(caption)}</caption>")
     parts.append("<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr></thead><tbody>")
     for row in rows:
-        parts.append("<tr>" + "".join(_cell(cell) for cell in row) + "</tr>")
+        parts.append("<tr>" + "".join(_cell(Cell(cell, css="text") if i in text_columns and not isinstance(cell, Cell)
+                                            else cell) for i, cell in enumerate(row)) + "</tr>")
     parts.append("</tbody></table></div>")
     return "\n".join(parts)
 
@@ -302,8 +305,8 @@ def _round_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
     newest = sorted(data["rounds"], key=lambda r: -(r["closed_at"] or math.inf))[:ROUNDS_SHOWN]
     return [
         (r["run_id"], r["version"], "open" if r["open"] else "closed", r["reports"], r["tokens"],
-         _fmt(r["duration_s"], ".3g"), Cell(r["close_reason"], css="text"), _fmt(r["update_norm"]), r["clipped"],
-         r["dropped"], Cell(r["aggregation"] or "–", css="text"))
+         _fmt(r["duration_s"], ".3g"), r["close_reason"], _fmt(r["update_norm"]), r["clipped"], r["dropped"],
+         r["aggregation"] or "–")
         for r in newest
     ]
 
@@ -321,6 +324,6 @@ def render_page(data: dict[str, Any], refresh_s: int, smoothing: float = DEFAULT
 {_fit_section(data["fits"], data["kind"], smoothing)}
 {_table(f"rounds (open, then newest closed; {ROUNDS_SHOWN} at most)",
         ("run", "version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm", "clipped",
-         "dropped", "aggregation"), _round_rows(data), "no rounds")}"""
+         "dropped", "aggregation"), _round_rows(data), "no rounds", text_columns=(6, 10))}"""
     first = quote(data["runs"][0]["run_id"], safe="") if data["runs"] else ""
     return _document(title, refresh_s, body, f"/api/metrics?run={first}&since=0")
