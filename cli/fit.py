@@ -7,11 +7,16 @@
 Rows come from a CSV file with a header or from one JSON object per line (the coordinator's
 metrics table, exported). Rows are grouped by sequence length (each run must keep one length);
 a length's loss and wall time at a step are the means over its rows at that step. Printed: per
-length its runs, final loss and measured seconds per step; the power law loss(L | s) at matched
-steps, the schedule α(s) = α∞(1 − e^(−s/τ)) with its R² and per-doubling improvement; and for
-each pair of neighbouring lengths the observed and the predicted (Eq. 11) wall-time crossover.
-Observed crossovers and the wall-time plot use each length's losses smoothed by a centred
-moving average over `--smooth` steps (1: raw); the fits use the raw losses.
+length its runs, final loss and measured seconds per step; the schedule α(s) = α∞(1 − e^(−s/τ))
+of the power law loss(L | s) at matched steps, with the 90% intervals of α∞ and τ, its R² and
+per-doubling improvement, or "not enough data" and the caveats when the data do not identify it
+(`observe/analysis.py`); and for each pair of neighbouring lengths the observed and the predicted
+(Eq. 11) wall-time crossover, under the stated crossover rule. Observed crossovers and the
+wall-time plot use each length's losses smoothed by a centred moving average over `--smooth`
+steps (1: raw); the fits use the raw losses. The plot (`observe/plots.py`) has four panels: loss
+against step with the fit, α(s), loss against wall time with the labelled crossovers, and the
+law across lengths: the held-out loss of the final parameters against L when RUN_DIR has the
+summary.json of `rcswarm run`, else the training loss at the last matched step.
 A malformed file is reported with its name and line number, exit code 2. In state dirs, a run's training rows
 at a length the run never assigns (another run's, reported there by a re-join before issue #33) are left out,
 with one line per run naming its table, the rows' workers, versions and lengths.
@@ -20,31 +25,34 @@ with one line per run naming its table, the rows' workers, versions and lengths.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.observe.analysis import (
+    CROSSOVER_RULE,
     DEFAULT_SMOOTH_STEPS,
+    NOT_ENOUGH_DATA,
     Analysis,
     Columns,
+    LengthLaw,
     MetricsFileError,
     analyse,
+    crossover_rows,
+    fit_rows,
+    fit_summary,
+    held_out_law,
+    law_at_last_step,
     length_curves,
     read_metrics,
     read_state_dirs,
+    state_dir_lengths,
 )
-from rcswarm.observe.fits import amplitude_from_points, per_doubling, smooth_losses
-
-
-def _seconds(value: float | None) -> str:
-    return "none" if value is None else f"{value:.4g} s"
+from rcswarm.observe.fits import smooth_losses
 
 
 def report(analysis: Analysis, console: Console) -> None:
@@ -57,66 +65,46 @@ def report(analysis: Analysis, console: Console) -> None:
             f"{curve.seconds_per_step:.4g}",
         )
     console.print(lengths)
-    schedule = analysis.schedule
+    summary = fit_summary(analysis)
     last = analysis.points[-1]
     fit = Table(title="loss(L | s) ≈ A(s)·L^(−α(s)),  α(s) = α∞·(1 − e^(−s/τ))")
     fit.add_column("quantity")
     fit.add_column("value", justify="right")
-    fit.add_row("α∞", f"{schedule.alpha_inf:.4f}")
-    fit.add_row("τ (steps)", f"{schedule.tau:.1f}")
-    fit.add_row("R² of α(s) fit", f"{schedule.r_squared:.4f}")
-    fit.add_row("per doubling at α∞", f"{schedule.per_doubling:.4f} ({1 - schedule.per_doubling:.1%} lower loss)")
+    for quantity, value in fit_rows(summary):
+        fit.add_row(quantity, value)
     fit.add_row(f"α at step {last.step:g}", f"{last.alpha:.4f} (A {last.amplitude:.3f}, R² {last.r_squared:.3f})")
-    fit.add_row(f"per doubling at step {last.step:g}", f"{per_doubling(last.alpha):.4f}")
     console.print(fit)
-    cross = Table(title=f"wall-time crossover: longer L below shorter L from then on ({analysis.smooth}-step mean)")
-    for name in ("L short → long", "observed", "predicted (Eq. 11)", "predicted steps short / long"):
+    for caveat in analysis.caveats:
+        console.print(f"{NOT_ENOUGH_DATA}: {caveat}", style="bold red")
+    cross = Table(title="wall-time crossovers: longer L below shorter L from then on")
+    for name in ("L short → long", "observed", "predicted (Eq. 11)"):
         cross.add_column(name, justify="right")
-    for pair in analysis.crossovers:
-        predicted = pair.predicted
-        cross.add_row(
-            f"{pair.length_short:g} → {pair.length_long:g}", _seconds(pair.observed),
-            _seconds(None if predicted is None else predicted.time),
-            "-" if predicted is None else f"{predicted.step_short:.0f} / {predicted.step_long:.0f}",
-        )
+    for row in crossover_rows(summary):
+        cross.add_row(*row)
     console.print(cross)
+    console.print(f"crossovers: {CROSSOVER_RULE.format(smooth=analysis.smooth)}", style="dim")
 
 
-def plot(analysis: Analysis, out: Path) -> None:
-    import matplotlib
+def plot(analysis: Analysis, out: Path, law: LengthLaw | None = None) -> None:
+    """fit.png: loss vs step, α(s), loss vs wall time and the law across lengths (`law`, else the training loss
+    at the last matched step); see `observe/plots.py`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from rcswarm.observe.plots import draw_alpha, draw_law, draw_loss_step, draw_loss_time
 
-    schedule = analysis.schedule
-    log_amplitude = amplitude_from_points(analysis.points)
-    figure, (by_step, alphas, by_time) = plt.subplots(1, 3, figsize=(16, 4.8))
-    matched = np.array([p.step for p in analysis.points])
-    for curve in analysis.curves:
-        line, = by_step.plot(curve.steps, curve.losses, alpha=0.6, label=f"L={curve.length:g}")
-        fitted = [math.exp(log_amplitude(s) - schedule.alpha(s) * math.log(curve.length)) for s in matched]
-        by_step.plot(matched, fitted, "--", color=line.get_color())
-        by_time.plot(curve.times, curve.losses, color=line.get_color(), alpha=0.2, linewidth=0.5)
-        by_time.plot(curve.times, smooth_losses(curve.losses, analysis.smooth), color=line.get_color(),
-                     label=f"L={curve.length:g}")
-    by_step.set(xscale="log", yscale="log", xlabel="step", ylabel="loss", title="loss vs step (dashed: fit)")
-    by_step.legend()
-    alphas.plot(matched, [p.alpha for p in analysis.points], "o", label="α(s) at matched steps")
-    grid = np.linspace(0.0, matched.max(), 200)
-    alphas.plot(grid, [schedule.alpha(s) for s in grid], "-",
-                label=f"α∞={schedule.alpha_inf:.3f}, τ={schedule.tau:.0f}")
-    alphas.set(xlabel="step", ylabel="α(s)", title="scaling exponent")
-    alphas.legend()
-    for pair in analysis.crossovers:
-        if pair.observed is not None:
-            by_time.axvline(pair.observed, color="grey", linestyle=":", linewidth=1)
-    by_time.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="loss",
-                title=f"loss vs wall time ({analysis.smooth}-step mean; dotted: crossovers)")
-    by_time.legend()
+    figure = Figure(figsize=(14, 10), dpi=100)
+    FigureCanvasAgg(figure)
+    (by_step, alphas), (by_time, by_length) = figure.subplots(2, 2)
+    label = f"{analysis.smooth}-step mean"
+    smoother = lambda losses: smooth_losses(losses, analysis.smooth)  # noqa: E731
+    draw_loss_step(by_step, analysis.curves, analysis, smoother, label)
+    draw_alpha(alphas, analysis)
+    draw_loss_time(by_time, analysis.curves, analysis, smoother, label)
+    draw_law(by_length, law if law is not None else law_at_last_step(analysis))
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
+    figure.savefig(out)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -149,6 +137,19 @@ def read_rows(path: Path, columns: Columns, skipped: list[str] | None = None) ->
     return read_metrics(path, columns)
 
 
+def too_few_lengths(metrics: Path) -> str:
+    """What a fit with fewer than 3 lengths needs: a sweep still training (its state dirs name lengths without
+    metrics) needs time; anything else runs at more lengths."""
+    if metrics.is_dir():
+        trained = {row.length for row in read_state_dirs(metrics)}
+        idle = sorted(set(state_dir_lengths(metrics)) - trained)
+        if idle:
+            return (f"{NOT_ENOUGH_DATA}: the runs at L = {', '.join(f'{x:g}' for x in idle)} below {metrics} have no "
+                    "training metrics yet (a fit needs 3 lengths with data: let them train)")
+    return ("a fit needs runs at several sequence lengths: train a sweep (e.g. `make demo`, or [sweep] seq_lens in "
+            "RUN.toml)")
+
+
 def default_plot_path(metrics: Path) -> Path:
     """fit.png in a run directory, or beside a metrics file."""
     return metrics / "fit.png" if metrics.is_dir() else metrics.with_name(f"{metrics.stem}.fit.png")
@@ -173,14 +174,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         message = str(error) if isinstance(error, MetricsFileError) else f"{args.metrics}: {error}"
         if "at least 3 distinct" in message:
-            message += "; a fit needs runs at several sequence lengths: train a sweep (e.g. `make demo`, or [sweep] seq_lens in RUN.toml)"
+            message += "; " + too_few_lengths(args.metrics)
         _print_skipped(skipped)
         return usage_error("rcswarm fit", message)
     _print_skipped(skipped)
     report(analysis, Console())
     out = args.out or default_plot_path(args.metrics)
     try:
-        plot(analysis, out)
+        plot(analysis, out, held_out_law(args.metrics) if args.metrics.is_dir() else None)
     except OSError as error:
         return usage_error("rcswarm fit", f"{out}: cannot write the plot: {error.strerror}")
     print(f"plot written to {out}")

@@ -16,6 +16,7 @@ workers' last reported training losses ("—" until one exists), tokens/s counts
 tokens of all workers since the run began serving; the summary's train loss is the mean loss
 of all steps of the first and of the last completed round, its held-out loss the evaluation of
 the initial and of the final parameters on held-out batches, and notes under its table say so.
+A fit the data do not identify is followed by "not enough data" and its caveats (`observe/analysis.py`).
 """
 
 from __future__ import annotations
@@ -49,8 +50,15 @@ from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import run_state_dirs
-from rcswarm.observe.analysis import FitReport, analyse, length_curves, read_state_dirs
-from rcswarm.observe.fits import fit_power_law
+from rcswarm.observe.analysis import (
+    NOT_ENOUGH_DATA,
+    FitReport,
+    LengthLaw,
+    analyse,
+    length_curves,
+    length_law,
+    read_state_dirs,
+)
 from rcswarm.observe.report import summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
@@ -359,8 +367,9 @@ def outcome(rows: list[dict], spec: RunSpec, *, interrupted: bool, out_of_time: 
     return Outcome("completed", f"completed {done} rounds", 0)
 
 
-def fit_law(console: Console, run_dir: Path) -> dict | None:
-    """A sweep's law as `rcswarm fit RUN_DIR` fits it: α(s) at matched steps, the Eq. 11 crossovers, fit.png.
+def fit_law(console: Console, run_dir: Path, held_out: LengthLaw | None = None) -> dict | None:
+    """A sweep's law as `rcswarm fit RUN_DIR` fits it: α(s) at matched steps, the Eq. 11 crossovers, fit.png
+    (whose law panel is `held_out`, the held-out losses against L, when there is one).
 
     Returns the fit's summary (`FitReport.summary`) with the plot's path, or None when no fit is possible.
     """
@@ -375,7 +384,7 @@ def fit_law(console: Console, run_dir: Path) -> dict | None:
         console.print(f"fit: {note}")
     report_fit(analysis, console)
     plot = run_dir / "fit.png"
-    plot_fit(analysis, plot)
+    plot_fit(analysis, plot, held_out)
     console.print(f"plot of the fit: {plot}   (again, or on another run: rcswarm fit {run_dir})")
     return {**FitReport(curves, analysis, "").summary(), "plot": plot.name}
 
@@ -400,14 +409,19 @@ def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dic
         console.print(note, style="dim")
     ending = {"outcome": ended.kind, "outcome_message": ended.message}
     sweep: dict = {"runs": rows, **ending}
+    held_out = None
     if len(rows) >= 3 and all(r["rounds"] > 0 for r in rows):
-        fit = fit_power_law([r["seq_len"] for r in rows], [r["val_loss_final"] for r in rows])
-        sweep["fit"] = dataclasses.asdict(fit)
+        held_out = length_law("held-out loss of the final parameters", [r["seq_len"] for r in rows],
+                              [r["val_loss_final"] for r in rows])
+        fit = held_out.fit
+        sweep["fit"] = {**dataclasses.asdict(fit), "caveats": fit.caveats()}
         console.print(f"held-out loss of the final parameters ≈ {fit.amplitude:.3f} · L^-{fit.alpha:.4f} "
                       f"(R² {fit.r_squared:.3f}; α 90% interval [{fit.alpha_low:.3f}, {fit.alpha_high:.3f}]; "
                       f"×{fit.per_doubling:.3f} per doubling of L)")
+        for caveat in fit.caveats():
+            console.print(f"{NOT_ENOUGH_DATA} for α of the held-out loss: {caveat}", style="bold red")
     if spec.is_sweep:
-        sweep["law"] = fit_law(console, run_dir)
+        sweep["law"] = fit_law(console, run_dir, held_out)
     document = sweep if spec.is_sweep else {**rows[0], **ending}
     (run_dir / "summary.json").write_text(json.dumps(document, indent=2, default=_json))
     console.print(ended.message)

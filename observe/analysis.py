@@ -10,6 +10,18 @@ each length's losses smoothed by a centred moving average over `smooth` steps (1
 fits the raw losses. `observe/fits.py` holds the math; the curriculum, the dashboard and
 the `rcswarm fit` and `rcswarm status` commands call this module.
 
+An analysis says whether its data identify the fit: `Analysis.caveats` (empty when they do;
+`valid`) joins the data's own rule (every length needs MIN_STEPS_PER_LENGTH recorded steps in
+the common step range) to the schedule's (`AlphaScheduleFit.caveats`), each naming the
+parameters it leaves unidentified; whoever shows the fit shows "not enough data" and the caveats
+in place of those parameters (`fit_rows`), and predicted crossovers only for a fit with none.
+An observed crossover counts only under CROSSOVER_RULE: after both curves have left their initial
+plateau and the first tenth of the time, and beyond the noise of their gap
+(`fits.observed_crossover`); `PairCrossover` says why there is none. `LengthLaw` is
+loss ≈ A·L^(−α) across lengths at one point: the held-out losses at the end of a launch
+(`held_out_law`, from its summary.json) or the training losses at the last matched step
+(`law_at_last_step`).
+
 A live run's curves come from its store's named reads (`step_means`) on one of two clocks:
 each worker's own step and wall time (`Clock.WORKER`, a single run's, where workers never
 move), or the run's own step and the time since its first metric on the coordinator's clock
@@ -39,19 +51,33 @@ import numpy as np
 
 from rcswarm.config.run_step import RunSteps
 from rcswarm.observe.fits import (
+    EARLY_FRACTION,
+    NOISE_SIGMAS,
+    PLATEAU_DROP,
+    SCHEDULE_PARAMETERS,
     AlphaPoint,
     AlphaScheduleFit,
+    Caveat,
     Crossover,
+    PowerLawFit,
     amplitude_from_points,
+    counting_start,
     fit_alpha_over_steps,
     fit_alpha_schedule,
+    fit_power_law,
+    gap_noise,
     observed_crossover,
+    plateau_end,
     predicted_crossover,
     seconds_per_step,
     smooth_losses,
 )
 
 DEFAULT_SMOOTH_STEPS = 25
+# A fit needs at least this many recorded steps of every length inside the steps all lengths share
+# (a DiLoCo round of 10 inner steps records 10): fewer are a handful of rounds, not a curve.
+MIN_STEPS_PER_LENGTH = 100
+NOT_ENOUGH_DATA = "not enough data"
 
 # (seq_len, step, mean loss, mean seconds) of one length at one step.
 StepMean = tuple[float, float, float, float]
@@ -96,10 +122,17 @@ class LengthCurve:
 
 @dataclass(frozen=True)
 class PairCrossover:
+    """A pair of neighbouring lengths: the observed crossover (None with `observed_note` saying why: see
+    `fits.observed_crossover`, counted from `counted_from`, the end of both curves' initial plateau) and the
+    one Eq. 11 predicts from the fit (`predicted_note`: "" or that it lies beyond the recorded time)."""
+
     length_short: float
     length_long: float
     observed: float | None
     predicted: Crossover | None
+    observed_note: str = ""
+    predicted_note: str = ""
+    counted_from: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +142,16 @@ class Analysis:
     schedule: AlphaScheduleFit
     crossovers: list[PairCrossover]
     smooth: int
+    caveats: tuple[Caveat, ...] = ()
+
+    @property
+    def valid(self) -> bool:
+        """True when the data identify the fit: no caveats."""
+        return not self.caveats
+
+    def identified(self, parameter: str) -> bool:
+        """True when no caveat leaves `parameter` (of SCHEDULE_PARAMETERS) unidentified."""
+        return not any(parameter in caveat.parameters for caveat in self.caveats)
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -244,6 +287,30 @@ def read_state_dirs(path: Path, skipped: list[str] | None = None) -> list[Row]:
     return rows
 
 
+def state_dir_lengths(path: Path) -> list[float]:
+    """The sequence length each coordinator state dir below `path` trains (its spec's), metrics or not: a
+    sweep's lengths, to name those still without data."""
+    from rcswarm.config.runspec import RunSpec
+    from rcswarm.state.errors import StoreError
+    from rcswarm.state.store import StateStore
+
+    lengths = []
+    for database in sorted(path.rglob("state.sqlite")):
+        try:
+            store = StateStore.open_read_only(database.parent)
+        except StoreError:
+            continue
+        try:
+            identity = store.run_identity()
+            if identity is not None:
+                lengths.append(float(RunSpec.from_json(identity[1]).data.seq_len))
+        except (StoreError, ValueError):
+            continue
+        finally:
+            store.close()
+    return lengths
+
+
 def length_curves(path: Path, rows: Sequence[Row]) -> list[LengthCurve]:
     """Group rows by sequence length (a run must keep one), averaging loss and time per step."""
     run_length: dict[str, Row] = {}
@@ -273,26 +340,103 @@ def length_curves(path: Path, rows: Sequence[Row]) -> list[LengthCurve]:
     return curves
 
 
-def analyse(curves: Sequence[LengthCurve], smooth: int = DEFAULT_SMOOTH_STEPS) -> Analysis:
-    """Power law at matched steps, the α(s) schedule, and neighbouring-length crossovers.
+def data_caveats(curves: Sequence[LengthCurve]) -> list[Caveat]:
+    """The data's own rule: each length's recorded steps inside the step range all lengths share, at least
+    MIN_STEPS_PER_LENGTH."""
+    first = max(float(c.steps[0]) for c in curves)
+    last = min(float(c.steps[-1]) for c in curves)
+    short = [(c.length, int(np.count_nonzero((c.steps >= first) & (c.steps <= last)))) for c in curves]
+    short = [(length, count) for length, count in short if count < MIN_STEPS_PER_LENGTH]
+    if not short:
+        return []
+    counts = ", ".join(f"L={length:g}: {count}" for length, count in short)
+    return [Caveat(f"too few recorded steps in the steps all lengths share [{first:g}, {last:g}] ({counts}; "
+                   f"{MIN_STEPS_PER_LENGTH} needed)", SCHEDULE_PARAMETERS)]
 
-    Crossovers are observed on the losses smoothed over `smooth` steps (see `smooth_losses`).
+
+def pair_crossover(short: LengthCurve, long: LengthCurve, smooth: int, predicted: Crossover | None) -> PairCrossover:
+    """The observed crossover of two neighbouring lengths under the crossover rule (`fits.plateau_end`,
+    `fits.counting_start`, `fits.gap_noise`) on losses smoothed over `smooth` steps, beside the predicted one."""
+    smoothed_short, smoothed_long = smooth_losses(short.losses, smooth), smooth_losses(long.losses, smooth)
+    ends = {curve.length: plateau_end(curve.times, smoothed)
+            for curve, smoothed in ((short, smoothed_short), (long, smoothed_long))}
+    first = max(float(short.times[0]), float(long.times[0]))
+    recorded = min(float(short.times[-1]), float(long.times[-1]))
+    predicted_note = ("" if predicted is None or predicted.time <= recorded
+                      else f"beyond the {recorded:.3g} s recorded")
+    waiting = [length for length, end in ends.items() if end is None]
+    if waiting:
+        note = (f"L={', '.join(f'{length:g}' for length in waiting)} has not left its initial plateau "
+                f"(not yet {PLATEAU_DROP:.0%} below its start)")
+        return PairCrossover(short.length, long.length, None, predicted, note, predicted_note)
+    counted_from = counting_start([end for end in ends.values() if end is not None], first, recorded)
+    observed = observed_crossover(short.times, smoothed_short, long.times, smoothed_long, counted_from=counted_from,
+                                  noise=gap_noise(short.losses, long.losses, smooth))
+    return PairCrossover(short.length, long.length, observed.time, predicted, observed.note, predicted_note,
+                         counted_from)
+
+
+def analyse(curves: Sequence[LengthCurve], smooth: int = DEFAULT_SMOOTH_STEPS) -> Analysis:
+    """Power law at matched steps, the α(s) schedule, neighbouring-length crossovers, and the caveats.
+
+    Crossovers are observed on the losses smoothed over `smooth` steps (see `smooth_losses`) under
+    the crossover rule (`pair_crossover`).
     """
     points = fit_alpha_over_steps({curve.length: (curve.steps, curve.losses) for curve in curves})
     schedule = fit_alpha_schedule([p.step for p in points], [p.alpha for p in points])
     log_amplitude = amplitude_from_points(points)
-    crossovers = []
-    for short, long in pairwise(curves):
-        crossovers.append(PairCrossover(
-            length_short=short.length, length_long=long.length,
-            observed=observed_crossover(short.times, smooth_losses(short.losses, smooth),
-                                        long.times, smooth_losses(long.losses, smooth)),
-            predicted=predicted_crossover(
-                schedule, short.length, short.seconds_per_step, long.length, long.seconds_per_step,
-                log_amplitude=log_amplitude,
-            ),
+    crossovers = [
+        pair_crossover(short, long, smooth, predicted_crossover(
+            schedule, short.length, short.seconds_per_step, long.length, long.seconds_per_step,
+            log_amplitude=log_amplitude,
         ))
-    return Analysis(curves=list(curves), points=points, schedule=schedule, crossovers=crossovers, smooth=smooth)
+        for short, long in pairwise(curves)
+    ]
+    caveats = (*data_caveats(curves), *schedule.caveats())
+    return Analysis(curves=list(curves), points=points, schedule=schedule, crossovers=crossovers, smooth=smooth,
+                    caveats=caveats)
+
+
+@dataclass(frozen=True)
+class LengthLaw:
+    """loss ≈ A·L^(−α) across the lengths at one point of training: `what` the losses are, and the fit."""
+
+    what: str
+    lengths: tuple[float, ...]
+    losses: tuple[float, ...]
+    fit: PowerLawFit
+
+
+def length_law(what: str, lengths: Sequence[float], losses: Sequence[float]) -> LengthLaw:
+    """Fit loss ≈ A·L^(−α) to one loss per length (ValueError with fewer than 3 lengths)."""
+    return LengthLaw(what, tuple(map(float, lengths)), tuple(map(float, losses)), fit_power_law(lengths, losses))
+
+
+def held_out_law(run_dir: Path) -> LengthLaw | None:
+    """The held-out loss of each run's final parameters against L, from a launch's summary.json (`rcswarm run`
+    writes it); None without one, or with fewer than 3 trained runs."""
+    try:
+        document = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    runs = document.get("runs") if isinstance(document, dict) else None
+    if not isinstance(runs, list):
+        return None
+    pairs = [(r.get("seq_len"), r.get("val_loss_final")) for r in runs if isinstance(r, dict) and r.get("rounds")]
+    pairs = [(float(length), float(loss)) for length, loss in pairs
+             if isinstance(length, (int, float)) and isinstance(loss, (int, float)) and loss > 0]
+    if len({length for length, _ in pairs}) < 3:
+        return None
+    return length_law("held-out loss of the final parameters", *zip(*pairs))
+
+
+def law_at_last_step(analysis: Analysis) -> LengthLaw:
+    """Each length's training loss (smoothed over the analysis's `smooth` steps) at the last matched step."""
+    step = analysis.points[-1].step
+    losses = [math.exp(float(np.interp(step, c.steps, np.log(smooth_losses(c.losses, analysis.smooth)))))
+              for c in analysis.curves]
+    return length_law(f"training loss at step {step:.0f} ({analysis.smooth}-step mean)",
+                      [c.length for c in analysis.curves], losses)
 
 
 class Clock(enum.Enum):
@@ -338,6 +482,76 @@ def step_means(store: Any, clock: Clock, run_id: str, inner_steps: int) -> list[
     ]
 
 
+def fit_summary(analysis: Analysis) -> dict[str, Any]:
+    """The fit as plain data (the dashboard's JSON, summary.json's `law`). `valid` is False when the data do
+    not identify it and `caveats` says why: show "not enough data" then, not the numbers (`fit_rows`)."""
+    s = analysis.schedule
+    return {
+        "valid": analysis.valid, "caveats": [caveat.text for caveat in analysis.caveats],
+        "alpha_inf_identified": analysis.identified("alpha_inf"), "tau_identified": analysis.identified("tau"),
+        "alpha_inf": s.alpha_inf, "alpha_inf_low": s.alpha_inf_low, "alpha_inf_high": s.alpha_inf_high,
+        "tau": s.tau, "tau_low": s.tau_low, "tau_high": s.tau_high, "r_squared": s.r_squared,
+        "per_doubling": s.per_doubling, "first_step": s.first_step, "last_step": s.last_step,
+        "smooth": analysis.smooth,
+        "points": [{"step": p.step, "alpha": p.alpha, "amplitude": p.amplitude, "r_squared": p.r_squared}
+                   for p in analysis.points],
+        "crossovers": [
+            {"length_short": c.length_short, "length_long": c.length_long, "observed_s": c.observed,
+             "observed_note": c.observed_note, "counted_from_s": c.counted_from,
+             "predicted_s": None if c.predicted is None else c.predicted.time,
+             "predicted_step_short": None if c.predicted is None else c.predicted.step_short,
+             "predicted_step_long": None if c.predicted is None else c.predicted.step_long,
+             "predicted_note": c.predicted_note}
+            for c in analysis.crossovers
+        ],
+    }
+
+
+CROSSOVER_RULE = (f"observed on {{smooth}}-step means, counted once both curves are {PLATEAU_DROP:.0%} below their "
+                  f"start and after the first {EARLY_FRACTION:.0%} of the common time, and only when the longer L "
+                  f"ends below by more than {NOISE_SIGMAS:g}σ of the gap's noise; predicted by Eq. 11 from the fit, "
+                  "shown only when the fit has no caveats")
+
+
+def _interval(value: float, low: float, high: float, spec: str) -> str:
+    return f"{value:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def fit_rows(fit: dict[str, Any]) -> list[tuple[str, str]]:
+    """(quantity, text) rows of a `fit_summary`: α∞ and τ with their intervals, R², the improvement per
+    doubling, the steps fitted; where a caveat leaves a parameter unidentified "not enough data" stands
+    where its number would, the fitted value following in parentheses, marked as such."""
+    alpha_inf = _interval(fit["alpha_inf"], fit["alpha_inf_low"], fit["alpha_inf_high"], ".4f")
+    tau = _interval(fit["tau"], fit["tau_low"], fit["tau_high"], ".4g")
+    doubling = fit["per_doubling"]
+    if fit["alpha_inf_identified"]:
+        rows = [("α∞ [90% interval]", alpha_inf),
+                ("per doubling at α∞", f"×{doubling:.4f} ({1 - doubling:.1%} lower loss)")]
+    else:
+        rows = [("α∞ [90% interval]", f"{NOT_ENOUGH_DATA} (fitted {alpha_inf})"),
+                ("per doubling at α∞", NOT_ENOUGH_DATA)]
+    rows.insert(1, ("τ (steps) [90% interval]", tau if fit["tau_identified"] else f"{NOT_ENOUGH_DATA} (fitted {tau})"))
+    return [*rows, ("R² of α(s) fit", f"{fit['r_squared']:.4f}"),
+            ("steps fitted", f"{fit['first_step']:.4g} to {fit['last_step']:.4g}")]
+
+
+def crossover_rows(fit: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(pair, observed, predicted) text of each crossover of a `fit_summary`: a time, or why there is none."""
+    rows = []
+    for c in fit["crossovers"]:
+        observed = f"{c['observed_s']:.3g} s" if c["observed_s"] is not None else f"none: {c['observed_note']}"
+        if not fit["valid"]:
+            predicted = f"{NOT_ENOUGH_DATA} (the fit has caveats)"
+        elif c["predicted_s"] is None:
+            predicted = "none predicted"
+        else:
+            note = f"; {c['predicted_note']}" if c["predicted_note"] else ""
+            predicted = (f"{c['predicted_s']:.3g} s (steps {c['predicted_step_short']:.0f} / "
+                         f"{c['predicted_step_long']:.0f}){note}")
+        rows.append((f"{c['length_short']:g} → {c['length_long']:g}", observed, predicted))
+    return rows
+
+
 @dataclass(frozen=True)
 class FitReport:
     """The curves per seq_len and, when at least 3 lengths allow it, the fitted schedule."""
@@ -347,27 +561,9 @@ class FitReport:
     message: str  # why there is no fit ("" when there is one)
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "lengths": [c.length for c in self.curves],
-            "fit": None,
-            "message": self.message,
-        }
-        if self.analysis is not None:
-            s = self.analysis.schedule
-            out["fit"] = {
-                "alpha_inf": s.alpha_inf, "tau": s.tau, "r_squared": s.r_squared,
-                "per_doubling": s.per_doubling,
-                "points": [{"step": p.step, "alpha": p.alpha, "amplitude": p.amplitude, "r_squared": p.r_squared}
-                           for p in self.analysis.points],
-                "crossovers": [
-                    {"length_short": c.length_short, "length_long": c.length_long, "observed_s": c.observed,
-                     "predicted_s": None if c.predicted is None else c.predicted.time,
-                     "predicted_step_short": None if c.predicted is None else c.predicted.step_short,
-                     "predicted_step_long": None if c.predicted is None else c.predicted.step_long}
-                    for c in self.analysis.crossovers
-                ],
-            }
-        return out
+        """The lengths with curves, the fit (`fit_summary`, None without one) and the message saying why not."""
+        return {"lengths": [c.length for c in self.curves],
+                "fit": None if self.analysis is None else fit_summary(self.analysis), "message": self.message}
 
 
 def _merge_step_means(rows: Iterable[Sequence[Any]]) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -387,10 +583,12 @@ def _merge_step_means(rows: Iterable[Sequence[Any]]) -> dict[float, tuple[np.nda
     return by_length
 
 
-def fit_step_means(rows: Iterable[Sequence[Any]]) -> FitReport:
+def fit_step_means(rows: Iterable[Sequence[Any]], lengths: Sequence[float] = ()) -> FitReport:
     """Curves per seq_len from (seq_len, step, mean loss, mean seconds) rows, and the fit when possible.
 
-    Rows from several runs may repeat a (seq_len, step): those are averaged.
+    Rows from several runs may repeat a (seq_len, step): those are averaged. `lengths` are a sweep's
+    lengths: without a fit the message then names those that have no curve yet (a sweep still training
+    needs time, not a new sweep).
     """
     curves, skipped = [], []
     for length, (steps, losses, times) in _merge_step_means(rows).items():
@@ -402,16 +600,26 @@ def fit_step_means(rows: Iterable[Sequence[Any]]) -> FitReport:
                 continue
             rate = math.nan
         curves.append(LengthCurve(length=length, runs=(), steps=steps, losses=losses, times=times, seconds_per_step=rate))
-    lengths = len(curves)
-    if lengths < 3:
+    count = len(curves)
+    if count < 3:
+        swept = sorted(set(map(float, lengths)))
+        idle = [length for length in swept if length not in {c.length for c in curves}]
+        if 0 < len(swept) < 3:
+            return FitReport(curves, None, f"not enough lengths for a fit: the sweep trains {len(swept)} "
+                                           f"(L = {', '.join(f'{x:g}' for x in swept)}), a fit needs at least 3")
+        if idle:
+            names = ", ".join(f"{x:g}" for x in idle)
+            return FitReport(curves, None, f"{NOT_ENOUGH_DATA} yet: the sweep's L = {names} "
+                                           f"{'has' if len(idle) == 1 else 'have'} fewer than 2 steps of metrics, "
+                                           "and a fit needs 3 lengths with data")
         note = f" ({'; '.join(skipped)})" if skipped else ""
-        return FitReport(curves, None, f"not enough lengths for a fit: {lengths} distinct seq_len with 2+ steps, "
+        return FitReport(curves, None, f"not enough lengths for a fit: {count} distinct seq_len with 2+ steps, "
                                        f"need at least 3{note}")
     # The crossovers need each length's measured seconds per step: lengths without one are left out.
     curves_for_fit = [c for c in curves if c.seconds_per_step > 0]
     if len(curves_for_fit) < 3:
         return FitReport(curves, None, "not enough lengths for a fit: wall time does not increase with step "
-                                       f"for {lengths - len(curves_for_fit)} of {lengths} lengths")
+                                       f"for {count - len(curves_for_fit)} of {count} lengths")
     try:
         analysis = analyse(curves_for_fit)
     except ValueError as error:

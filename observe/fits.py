@@ -10,7 +10,13 @@ Section 10.5.1: fitted at many matched steps (`fit_alpha_over_steps`), the expon
 at wall time t has taken s = t / c_L steps, c_L its measured seconds per step (γt/L when
 c_L = L/γ); `predicted_crossover` finds when the longer length's predicted loss stays below
 the shorter's, `observed_crossover` the same on recorded curves (after `smooth_losses`, a
-centred moving average over steps, since one step's loss is noisy).
+centred moving average over steps, since one step's loss is noisy; `ema_smooth` is the
+dashboard's display smoothing, TensorBoard's debiased exponential moving average).
+
+Every fit says whether its data identify it (`caveats`, empty when they do): the rules are the
+constants below and docs/RESULTS.md ("When a fit is not identified") lists them. An observed
+crossover counts only after both curves have left their initial plateau and only where the gap
+between them is larger than its noise (`observed_crossover`, `plateau_end`, `gap_noise`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+# The rules of `caveats`: a fit whose data break one of them is shown as "not enough data".
+# R² below these: the points do not follow the fitted curve closely enough to read its parameters.
+MIN_LAW_R_SQUARED = 0.8  # loss ≈ A·L^(−α) across lengths
+MIN_SCHEDULE_R_SQUARED = 0.7  # α(s) = α∞(1 − e^(−s/τ)) across matched steps
+CONFIDENCE = 0.9  # the bootstrap intervals' coverage
+RESAMPLES = 400  # bootstrap resamples of the α(s) schedule (fit_power_law takes its own count)
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,17 @@ class PowerLawFit:
     def predict(self, length: float) -> float:
         return self.amplitude * length ** (-self.alpha)
 
+    def caveats(self) -> list[str]:
+        """Why the points do not identify α (empty when they do): an interval wider than α, or a low R²."""
+        out = []
+        if not (self.alpha_high - self.alpha_low <= abs(self.alpha)):
+            out.append(f"α's {CONFIDENCE:.0%} interval [{self.alpha_low:.3g}, {self.alpha_high:.3g}] is wider than "
+                       f"α = {self.alpha:.3g}")
+        if not self.r_squared >= MIN_LAW_R_SQUARED:
+            out.append(f"R² = {self.r_squared:.2f} is below {MIN_LAW_R_SQUARED:g}: the losses do not fall as a power "
+                       "law in L")
+        return out
+
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     """Least-squares y = a + b x; returns (a, b, R²)."""
@@ -50,10 +74,8 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return float(a), float(b), r_squared
 
 
-def fit_power_law(
-    lengths: Sequence[float], losses: Sequence[float], *, confidence: float = 0.9, resamples: int = 2000, seed: int = 0
-) -> PowerLawFit:
-    """Fit loss ≈ A · L^(−α) over at least 3 distinct positive lengths."""
+def _power_law_points(lengths: Sequence[float], losses: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(log L, log loss) of at least 3 distinct positive lengths with positive finite losses."""
     x_raw, y_raw = np.asarray(lengths, dtype=float), np.asarray(losses, dtype=float)
     if x_raw.shape != y_raw.shape or x_raw.ndim != 1:
         raise ValueError(f"lengths {x_raw.shape} and losses {y_raw.shape}: expected two 1-D sequences of one length")
@@ -61,31 +83,91 @@ def fit_power_law(
         raise ValueError(f"lengths {list(x_raw)}: expected at least 3 distinct values")
     if not (np.all(x_raw > 0) and np.all(y_raw > 0) and np.all(np.isfinite(y_raw))):
         raise ValueError(f"lengths {list(x_raw)} and losses {list(y_raw)}: expected positive finite values")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence={confidence}: expected a number in (0, 1)")
-    x, y = np.log(x_raw), np.log(y_raw)
-    intercept, slope, r_squared = _line(x, y)
+    return np.log(x_raw), np.log(y_raw)
+
+
+def _bootstrap_lines(x: np.ndarray, y: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """[k, 2] (intercept, slope) of the lines fitted to resamples of the points drawn with replacement (those
+    with at least 2 distinct x), deterministic by seed."""
     rng = np.random.default_rng(seed)
-    alphas = []
+    lines = []
     for _ in range(resamples):
         pick = rng.integers(0, len(x), len(x))
         if len(np.unique(x[pick])) >= 2:
-            alphas.append(-_line(x[pick], y[pick])[1])
+            lines.append(_line(x[pick], y[pick])[:2])
+    return np.array(lines, dtype=float).reshape(-1, 2)
+
+
+def fit_power_law(
+    lengths: Sequence[float], losses: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = 2000,
+    seed: int = 0,
+) -> PowerLawFit:
+    """Fit loss ≈ A · L^(−α) over at least 3 distinct positive lengths."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence}: expected a number in (0, 1)")
+    x, y = _power_law_points(lengths, losses)
+    intercept, slope, r_squared = _line(x, y)
+    alphas = -_bootstrap_lines(x, y, resamples, seed)[:, 1]
     tail = (1.0 - confidence) / 2.0
-    low, high = (np.quantile(alphas, [tail, 1.0 - tail]) if alphas else (math.nan, math.nan))
+    low, high = (np.quantile(alphas, [tail, 1.0 - tail]) if len(alphas) else (math.nan, math.nan))
     return PowerLawFit(
         amplitude=math.exp(intercept), alpha=-slope, r_squared=r_squared,
         alpha_low=float(low), alpha_high=float(high), points=len(x),
     )
 
 
+def power_law_band(
+    lengths: Sequence[float], losses: Sequence[float], at: Sequence[float], *, confidence: float = CONFIDENCE,
+    resamples: int = 2000, seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pointwise `confidence` band of the fitted A·L^(−α) at the lengths `at`: (low, high), each [len(at)],
+    from the same bootstrap resamples as `fit_power_law` with the same seed."""
+    x, y = _power_law_points(lengths, losses)
+    lines = _bootstrap_lines(x, y, resamples, seed)  # [k, 2]
+    log_at = np.log(np.asarray(at, dtype=float))  # [m]
+    if not len(lines):
+        nan = np.full(log_at.shape, math.nan)
+        return nan, nan
+    predicted = lines[:, :1] + lines[:, 1:] * log_at[None, :]  # [k, m]
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(predicted, [tail, 1.0 - tail], axis=0)  # [m] each
+    return np.exp(low), np.exp(high)
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """Why the data do not identify a fit: the reason, and the parameters it leaves unidentified (of
+    SCHEDULE_PARAMETERS)."""
+
+    text: str
+    parameters: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+SCHEDULE_PARAMETERS = ("alpha_inf", "tau")
+
+
 @dataclass(frozen=True)
 class AlphaScheduleFit:
-    """α(s) = α∞ · (1 − e^(−s/τ)) fitted by least squares (Section 10.5.1, Eq. 9)."""
+    """α(s) = α∞ · (1 − e^(−s/τ)) fitted by least squares (Section 10.5.1, Eq. 9).
+
+    From `fit_alpha_schedule` it also holds the bootstrap intervals of α∞ and τ, the steps its points
+    spanned and whether τ ended at the edge of its search range; a law given by hand has none of those
+    (NaN) and no caveats.
+    """
 
     alpha_inf: float
     tau: float
     r_squared: float
+    alpha_inf_low: float = math.nan
+    alpha_inf_high: float = math.nan
+    tau_low: float = math.nan
+    tau_high: float = math.nan
+    first_step: float = math.nan
+    last_step: float = math.nan
+    tau_at_bound: bool = False
 
     def alpha(self, step: float) -> float:
         return self.alpha_inf * (1.0 - math.exp(-step / self.tau))
@@ -94,6 +176,34 @@ class AlphaScheduleFit:
     def per_doubling(self) -> float:
         """Loss ratio per doubling of L at the plateau: 2^(−α∞)."""
         return per_doubling(self.alpha_inf)
+
+    def caveats(self) -> list[Caveat]:
+        """Why the fitted points do not identify α∞ or τ (empty when they do, or for a law given by hand):
+        τ beyond the last fitted step (α(s) has not levelled off, so α∞ is an extrapolation; the search
+        range's upper edge is beyond it too) or R² below MIN_SCHEDULE_R_SQUARED (neither parameter); τ
+        below the first fitted step (α(s) is flat over the data, so τ is only bounded; so is the lower
+        edge) or τ's interval wider than τ (τ); α∞'s interval wider than α∞ (α∞)."""
+        if math.isnan(self.last_step):
+            return []
+        both, tau, alpha_inf = SCHEDULE_PARAMETERS, ("tau",), ("alpha_inf",)
+        out = []
+        edge = " (at the edge of its search range)" if self.tau_at_bound else ""
+        if self.tau > self.last_step:
+            out.append(Caveat(f"τ = {self.tau:.3g} steps{edge} lies beyond the data's last common step "
+                              f"{self.last_step:.3g}: α(s) has not levelled off, so α∞ is an extrapolation", both))
+        elif self.tau < self.first_step:
+            out.append(Caveat(f"τ = {self.tau:.3g} steps{edge} lies below the first matched step "
+                              f"{self.first_step:.3g}: α(s) is flat over the data, so τ is only bounded", tau))
+        if not (self.alpha_inf_high - self.alpha_inf_low <= abs(self.alpha_inf)):
+            out.append(Caveat(f"α∞'s {CONFIDENCE:.0%} interval [{self.alpha_inf_low:.3g}, "
+                              f"{self.alpha_inf_high:.3g}] is wider than α∞ = {self.alpha_inf:.3g}", alpha_inf))
+        if not (self.tau_high - self.tau_low <= self.tau):
+            out.append(Caveat(f"τ's {CONFIDENCE:.0%} interval [{self.tau_low:.3g}, {self.tau_high:.3g}] is wider "
+                              f"than τ = {self.tau:.3g}", tau))
+        if not self.r_squared >= MIN_SCHEDULE_R_SQUARED:
+            out.append(Caveat(f"R² = {self.r_squared:.2f} of α(s) is below {MIN_SCHEDULE_R_SQUARED:g}: α(s) does "
+                              "not follow α∞(1 − e^(−s/τ)) closely", both))
+        return out
 
 
 @dataclass(frozen=True)
@@ -130,12 +240,54 @@ def _schedule_residual(steps: np.ndarray, alphas: np.ndarray, log_tau: float) ->
     return float(residual @ residual), alpha_inf
 
 
-def fit_alpha_schedule(steps: Sequence[float], alphas: Sequence[float], *, grid: int = 400) -> AlphaScheduleFit:
+def _schedule_profile(steps: np.ndarray, alphas: np.ndarray, log_taus: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """`_schedule_residual` weighted, at every log τ of a grid, for k weightings of the points at once:
+    [k, g] sums of squared residuals, α∞ in closed form (Σ w·b·α / Σ w·b²) at each τ."""
+    basis = -np.expm1(-steps[None, :] / np.exp(log_taus)[:, None])  # [g, n]
+    cross = weights @ (basis * alphas[None, :]).T  # [k, g]: Σ w·b·α
+    norm = weights @ (basis * basis).T  # [k, g]: Σ w·b²
+    return (weights @ (alphas * alphas))[:, None] - cross * cross / norm  # [k, g]
+
+
+def _bootstrap_schedules(steps: np.ndarray, alphas: np.ndarray, log_taus: np.ndarray, resamples: int,
+                         seed: int) -> np.ndarray:
+    """[k, 2] (α∞, τ) fitted to `resamples` bootstrap resamples of the points (those with 3+ distinct steps),
+    deterministic by seed, all at once: a resample is a weight per point (how often it was drawn), the
+    weighted sum of squared residuals is profiled over the grid of log τ (α∞ in closed form), and each
+    resample's best grid point is refined by the vertex of the parabola through it and its neighbours."""
+    counts = np.random.default_rng(seed).multinomial(len(steps), np.full(len(steps), 1.0 / len(steps)),
+                                                     size=resamples).astype(float)  # [r, n]
+    distinct = np.unique(steps, return_inverse=True)[1].reshape(-1)  # [n]
+    drawn = np.zeros((resamples, distinct.max() + 1))  # [r, u]
+    np.add.at(drawn.T, distinct, counts.T)
+    counts = counts[np.count_nonzero(drawn, axis=1) >= 3]  # [k, n]
+    errors = _schedule_profile(steps, alphas, log_taus, counts)  # [k, g]
+    rows = np.arange(len(counts))
+    argmin = np.argmin(errors, axis=1)  # [k]
+    best = np.clip(argmin, 1, len(log_taus) - 2)  # [k]
+    low, middle, high = errors[rows, best - 1], errors[rows, best], errors[rows, best + 1]  # [k] each
+    curvature = low - 2.0 * middle + high
+    step = log_taus[1] - log_taus[0]
+    shift = np.where(curvature > 0, 0.5 * step * (low - high) / np.where(curvature > 0, curvature, 1.0), 0.0)
+    at_end = np.isin(argmin, (0, len(log_taus) - 1))
+    refined_log_tau = log_taus[best] + np.clip(shift, -step, step)  # [k]
+    log_tau = np.where(at_end, log_taus[argmin], refined_log_tau)  # [k]
+    refined = -np.expm1(-steps[None, :] / np.exp(log_tau)[:, None])  # [k, n]
+    alpha_inf = (counts * refined * alphas).sum(axis=1) / (counts * refined * refined).sum(axis=1)  # [k]
+    return np.stack([alpha_inf, np.exp(log_tau)], axis=1)
+
+
+def fit_alpha_schedule(
+    steps: Sequence[float], alphas: Sequence[float], *, grid: int = 400, resamples: int = RESAMPLES, seed: int = 0,
+) -> AlphaScheduleFit:
     """Fit α(s) = α∞ (1 − e^(−s/τ)) to at least 3 points at distinct positive steps.
 
     The sum of squared residuals is profiled over τ: α∞ is solved in closed form for each τ,
     log τ is searched on a grid spanning [min(s)/100, 100·max(s)], and the best bracket is
-    refined by golden-section search. R² is 1 − SSE/SST of α against its mean.
+    refined by golden-section search. R² is 1 − SSE/SST of α against its mean. The CONFIDENCE
+    intervals of α∞ and τ come from `resamples` bootstrap resamples of the points
+    (`_bootstrap_schedules`, deterministic by seed), widened to hold the fit itself; τ's best grid
+    point at either end of the grid is `tau_at_bound`.
     """
     s, a = np.asarray(steps, dtype=float), np.asarray(alphas, dtype=float)
     if s.shape != a.shape or s.ndim != 1:
@@ -146,8 +298,8 @@ def fit_alpha_schedule(steps: Sequence[float], alphas: Sequence[float], *, grid:
         raise ValueError(f"steps {list(s)} and alphas {list(a)}: expected positive finite steps and finite alphas")
     if grid < 3:
         raise ValueError(f"grid={grid}: expected at least 3 points")
-    log_taus = np.linspace(math.log(s.min() / 100.0), math.log(s.max() * 100.0), grid)
-    errors = [_schedule_residual(s, a, value)[0] for value in log_taus]
+    log_taus = np.linspace(math.log(s.min() / 100.0), math.log(s.max() * 100.0), grid)  # [grid]
+    errors = _schedule_profile(s, a, log_taus, np.ones((1, len(s))))[0]  # [grid]
     best = int(np.argmin(errors))
     low, high = log_taus[max(best - 1, 0)], log_taus[min(best + 1, grid - 1)]
     ratio = (math.sqrt(5.0) - 1.0) / 2.0
@@ -163,7 +315,20 @@ def fit_alpha_schedule(steps: Sequence[float], alphas: Sequence[float], *, grid:
     error, alpha_inf = _schedule_residual(s, a, log_tau)
     total = float(((a - a.mean()) ** 2).sum())
     r_squared = 1.0 - error / total if total > 0 else 1.0
-    return AlphaScheduleFit(alpha_inf=alpha_inf, tau=math.exp(log_tau), r_squared=r_squared)
+    resampled = _bootstrap_schedules(s, a, log_taus, resamples, seed)  # [k, 2]
+    bounds = np.full((2, 2), math.nan)  # [low/high, α∞/τ]
+    if len(resampled):
+        tail = (1.0 - CONFIDENCE) / 2.0
+        bounds = np.quantile(resampled, [tail, 1.0 - tail], axis=0)
+        # Resamples of exact data land within the parabola's refinement of the fit, not on it: hold it.
+        estimate = np.array([alpha_inf, math.exp(log_tau)])  # [2]
+        bounds = np.stack([np.minimum(bounds[0], estimate), np.maximum(bounds[1], estimate)])
+    return AlphaScheduleFit(
+        alpha_inf=alpha_inf, tau=math.exp(log_tau), r_squared=r_squared,
+        alpha_inf_low=float(bounds[0, 0]), alpha_inf_high=float(bounds[1, 0]),
+        tau_low=float(bounds[0, 1]), tau_high=float(bounds[1, 1]),
+        first_step=float(s.min()), last_step=float(s.max()), tau_at_bound=best in (0, grid - 1),
+    )
 
 
 def _curve(name: str, xs: Sequence[float], ys: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -235,32 +400,117 @@ def smooth_losses(losses: Sequence[float], window: int) -> np.ndarray:
     return (sums[high] - sums[low]) / (high - low)
 
 
+def ema_smooth(values: Sequence[float], weight: float) -> np.ndarray:
+    """TensorBoard's scalar smoothing: an exponential moving average with smoothing weight w in [0, 1),
+    debiased by 1 − w^k after k values so that the start is not pulled towards zero (0: the raw values).
+
+    last_k = w · last_(k−1) + (1 − w) · x_k and smoothed_k = last_k / (1 − w^k), after TensorBoard's
+    scalar dashboard; it trails (a larger w lags more), so it is for display: crossovers use the
+    centred `smooth_losses`.
+    """
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < 1:
+        raise ValueError(f"smoothing weight {weight!r}: expected a number in [0, 1)")
+    values = np.asarray(values, dtype=np.float64)  # [n]
+    if values.ndim != 1:
+        raise ValueError(f"values of shape {values.shape}: expected one dimension")
+    out = np.empty_like(values)  # [n]
+    last = 0.0
+    for index, value in enumerate(values):
+        last = weight * last + (1.0 - weight) * value
+        out[index] = last / (1.0 - weight ** (index + 1))
+    return out
+
+
+# The crossover rule: a crossing counts only once both curves have left their initial plateau, i.e.
+# from the time both smoothed losses stay below (1 − PLATEAU_DROP) of their first smoothed value, and
+# not within the first EARLY_FRACTION of the common time range (`counting_start`); and only when the
+# longer run ends below the shorter by more than the gap's noise, NOISE_SIGMAS standard deviations
+# of the difference of two smoothed values (`gap_noise`).
+PLATEAU_DROP = 0.1
+EARLY_FRACTION = 0.1
+NOISE_SIGMAS = 2.0
+
+
+def plateau_end(times: Sequence[float], smoothed: Sequence[float], drop: float = PLATEAU_DROP) -> float | None:
+    """The time from which a smoothed loss curve (in step order) stays below (1 − drop) × its first value; None
+    while it has not got there for good."""
+    t, y = np.asarray(times, dtype=float), np.asarray(smoothed, dtype=float)
+    if t.shape != y.shape or t.ndim != 1 or len(t) < 1:
+        raise ValueError(f"times {t.shape} and losses {y.shape}: expected two non-empty 1-D sequences of one length")
+    if not 0 < drop < 1:
+        raise ValueError(f"drop={drop}: expected a fraction in (0, 1)")
+    above = np.nonzero(y >= (1.0 - drop) * y[0])[0]
+    last = int(above[-1])
+    return None if last == len(y) - 1 else float(t[last + 1])
+
+
+def counting_start(plateau_ends: Sequence[float], first: float, last: float) -> float:
+    """Where crossovers start to count on a common time range [first, last]: after every curve's plateau end
+    and after the first EARLY_FRACTION of the range."""
+    return max(*plateau_ends, first + EARLY_FRACTION * (last - first))
+
+
+def step_noise(losses: Sequence[float]) -> float:
+    """The standard deviation of one step's loss about its trend, from the median absolute deviation of the
+    differences between neighbouring steps (robust to the trend and to outliers): 1.4826 · MAD / √2."""
+    differences = np.diff(np.asarray(losses, dtype=float))  # [n - 1]
+    if len(differences) == 0:
+        return 0.0
+    return 1.4826 * float(np.median(np.abs(differences - np.median(differences)))) / math.sqrt(2.0)
+
+
+def gap_noise(losses_short: Sequence[float], losses_long: Sequence[float], window: int) -> float:
+    """NOISE_SIGMAS standard deviations of the difference of two `window`-step means of the raw losses, each
+    step's noise being `step_noise` (steps taken as independent)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window={window!r}: expected a positive number of steps")
+    variance = step_noise(losses_short) ** 2 + step_noise(losses_long) ** 2
+    return NOISE_SIGMAS * math.sqrt(variance / window)
+
+
+@dataclass(frozen=True)
+class ObservedCrossover:
+    """When the longer run's loss went below the shorter's for good (None: not observed), and why not."""
+
+    time: float | None
+    note: str  # "" with a time; otherwise why there is none
+
+
 def observed_crossover(
     times_short: Sequence[float], losses_short: Sequence[float],
     times_long: Sequence[float], losses_long: Sequence[float],
-) -> float | None:
-    """The time after which the longer run's loss stays below the shorter run's, over their common range.
+    *, counted_from: float | None = None, noise: float = 0.0,
+) -> ObservedCrossover:
+    """The time after which the longer run's loss stays below the shorter run's, over their common range
+    from `counted_from` on (`counting_start`).
 
-    Both curves are interpolated onto the union of their times inside the common range. If the
-    longer run ends above (or level with) the shorter one there is no crossover (None); if it is
-    below throughout, the start of the common range is returned; otherwise the last sign change
-    of the difference, located by linear interpolation.
+    Both curves are interpolated onto the union of their times inside that range. Unless the longer
+    run ends below the shorter one by more than `noise` there is no crossover; if it is below
+    throughout the range, none is observed either (the crossing, if any, came before counting began);
+    otherwise it is the last sign change of the difference, located by linear interpolation.
     """
     t_short, y_short = _curve("shorter run", times_short, losses_short)
     t_long, y_long = _curve("longer run", times_long, losses_long)
     first, last = max(t_short[0], t_long[0]), min(t_short[-1], t_long[-1])
     if not first < last:
         raise ValueError(f"times [{first}, {last}]: expected the two runs' times to overlap")
-    grid = np.unique(np.concatenate([t_short, t_long, [first, last]]))
-    grid = grid[(grid >= first) & (grid <= last)]
+    if not (math.isfinite(noise) and noise >= 0):
+        raise ValueError(f"noise={noise}: expected a finite number >= 0")
+    start = first if counted_from is None else max(first, counted_from)
+    if not start < last:
+        return ObservedCrossover(None, f"counting starts at {start:.3g} s, after the common time range ends")
+    grid = np.unique(np.concatenate([t_short, t_long, [start, last]]))
+    grid = grid[(grid >= start) & (grid <= last)]
     gap = np.interp(grid, t_long, y_long) - np.interp(grid, t_short, y_short)
     if gap[-1] >= 0:
-        return None
+        return ObservedCrossover(None, "the longer L ends above")
+    if gap[-1] >= -noise:
+        return ObservedCrossover(None, f"the longer L ends below by {-gap[-1]:.2g}, within the noise {noise:.2g}")
     above = np.nonzero(gap >= 0)[0]
     if len(above) == 0:
-        return float(grid[0])
+        return ObservedCrossover(None, f"the longer L is below from {start:.3g} s on, where counting starts")
     i = int(above[-1])
-    return float(grid[i] + (grid[i + 1] - grid[i]) * gap[i] / (gap[i] - gap[i + 1]))
+    return ObservedCrossover(float(grid[i] + (grid[i + 1] - grid[i]) * gap[i] / (gap[i] - gap[i + 1])), "")
 
 
 def _log_loss_at(schedule: AlphaScheduleFit, log_amplitude: Callable[[float], float], step: float, length: float) -> float:

@@ -132,6 +132,10 @@ class CoordinatorCollector:
         yield runs["last_round"]
         fits = source.fits()
         g = GaugeMetricFamily("rcswarm_fit_alpha_inf", "Fitted α∞ of α(s) = α∞(1 − e^(−s/τ)) (absent without a fit)", labels=["run_id"])
+        valid = GaugeMetricFamily("rcswarm_fit_valid", "1 when the data identify the fit (no caveats), 0 when they do "
+                                  "not: read α∞ only where this is 1 (absent without a fit)", labels=["run_id"])
         if fits.analysis is not None:
             g.add_metric([source.fit_label], fits.analysis.schedule.alpha_inf)
+            valid.add_metric([source.fit_label], float(fits.analysis.valid))
         yield g
+        yield valid

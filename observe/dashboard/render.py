@@ -1,14 +1,17 @@
 """The dashboard's HTML page and PNG plots, rendered from the view dicts (`views.py`) and the fit.
 
 One page over a list of runs: the run or sweep, its runs, every worker with its run, the fit
-(α(s), crossovers and the three plots), and the rounds. No JavaScript; the page refreshes
-itself. Plots use object-oriented matplotlib (no pyplot state), one render at a time.
+(α(s) with its intervals, R² and caveats, the crossovers under their rule, and the four plots of
+`observe/plots.py`), and the rounds. No JavaScript; the page refreshes itself. It fits the window
+from about 1,000 px wide: tables wrap their cells and scroll inside their own box, never the page.
+Curves are drawn raw (faint) and smoothed as TensorBoard smooths them (`fits.ema_smooth`, a
+debiased exponential moving average with the weight `?smoothing=` picks among SMOOTHING_CHOICES).
+Plots use object-oriented matplotlib (no pyplot state), one render at a time.
 """
 
 from __future__ import annotations
 
 import html
-import io
 import math
 import threading
 import time
@@ -16,13 +19,22 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-import numpy as np
+from rcswarm.observe.analysis import (
+    CROSSOVER_RULE,
+    NOT_ENOUGH_DATA,
+    FitReport,
+    crossover_rows,
+    fit_rows,
+    law_at_last_step,
+)
+from rcswarm.observe.fits import ema_smooth
+from rcswarm.observe.plots import draw_alpha, draw_law, draw_loss_step, draw_loss_time, empty_panel
 
-from rcswarm.observe.analysis import FitReport
-from rcswarm.observe.fits import amplitude_from_points
-
-PLOTS = ("loss_step", "loss_time", "alpha")
+PLOTS = ("loss_step", "loss_time", "alpha", "law")
 ROUNDS_SHOWN = 20
+# The TensorBoard smoothing weights the page offers (`?smoothing=`), and the one it starts with.
+SMOOTHING_CHOICES = (0.0, 0.6, 0.8, 0.9, 0.95, 0.99)
+DEFAULT_SMOOTHING = 0.9
 CLOCK_NOTES = {
     "worker": "Steps and times in the fit and plots below are the workers' own: each worker's step counter and "
               "wall time.",
@@ -41,132 +53,43 @@ def _figure() -> tuple[Any, Any]:
 
 
 def _png(figure: Any) -> bytes:
+    import io
+
     buffer = io.BytesIO()
     figure.tight_layout()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()
 
 
-def _empty(axes: Any, message: str) -> None:
-    axes.text(0.5, 0.5, message, ha="center", va="center", wrap=True, transform=axes.transAxes)
-    axes.set_xticks([])
-    axes.set_yticks([])
-
-
-# A log axis gets at most about MAX_TICK_LABELS labels, and fewer than MIN_TICK_LABELS only when even
-# tenths of a decade do not give them.
-MAX_TICK_LABELS = 7
-MIN_TICK_LABELS = 3
-
-
-def _roundness(mantissa: float) -> int:
-    """0 for 1, 1 for 2 and 5, 2 for the other digits, 3 for halves (2.5), 4 for tenths (1.2): lower is rounder."""
-    if mantissa == 1:
-        return 0
-    if mantissa in (2, 5):
-        return 1
-    if mantissa == int(mantissa):
-        return 2
-    return 3 if mantissa * 2 == int(mantissa * 2) else 4
-
-
-def log_ticks(low: float, high: float) -> list[float]:
-    """Tick positions for a log axis over [low, high] (0 < low < high): numbers m·10^k (m in steps of 0.1), the
-    roundest first (`_roundness`, admitting less round ones only while fewer than MIN_TICK_LABELS are kept),
-    each kept only if at least 1/MAX_TICK_LABELS of the axis away from every tick already kept, so that no
-    two labels crowd each other however many decades the axis spans (or however few)."""
-    span = math.log10(high / low)
-    candidates = sorted(
-        (_roundness(m), value)
-        for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
-        for m in (round(1 + k / 10, 1) for k in range(90))
-        if low <= (value := float(f"{m}e{e}")) <= high
-    )
-    kept: list[float] = []
-    for position, (rank, value) in enumerate(candidates):
-        if position and rank != candidates[position - 1][0] and len(kept) >= MIN_TICK_LABELS:
-            break
-        if all(abs(math.log10(value / other)) >= span / MAX_TICK_LABELS for other in kept):
-            kept.append(value)
-    if len(kept) < 2:  # narrower than a tenth of its decade: three ticks, rounded to the fewest digits that differ
-        inner = [low * (high / low) ** (i / 4) for i in (1, 2, 3)]
-        digits = next((d for d in range(3, 16) if len({f"{v:.{d}g}" for v in inner}) == 3), 16)
-        kept = [float(f"{v:.{digits}g}") for v in inner]
-    return sorted(kept)
-
-
-def _readable_log_axes(axes: Any) -> None:
-    """Both log axes of `axes` (already plotted) labelled as plain numbers ("20", "0.5", never "2×10^1") at
-    `log_ticks` of the view, minor ticks unlabelled: no overlapping labels from under a decade to many."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
-
-    for axis, (low, high) in ((axes.xaxis, axes.get_xlim()), (axes.yaxis, axes.get_ylim())):
-        axis.set_major_locator(FixedLocator(log_ticks(min(low, high), max(low, high))))
-        axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.15g}"))
-        axis.set_minor_formatter(NullFormatter())
-
-
 # matplotlib's text layout (mathtext tick labels on log axes) is not thread-safe: one render at a time.
 _RENDER_LOCK = threading.Lock()
 
 
-def render_plot(name: str, report: FitReport) -> bytes:
+def render_plot(name: str, report: FitReport, smoothing: float = DEFAULT_SMOOTHING) -> bytes:
     """One of PLOTS as PNG bytes (object-oriented matplotlib, no pyplot state; serialized across threads)."""
     if name not in PLOTS:
         raise KeyError(name)
     with _RENDER_LOCK:
-        return _png(plot_figure(name, report))
+        return _png(plot_figure(name, report, smoothing))
 
 
-def plot_figure(name: str, report: FitReport) -> Any:
+def plot_figure(name: str, report: FitReport, smoothing: float = DEFAULT_SMOOTHING) -> Any:
     """The matplotlib Figure of one of PLOTS (callers other than `render_plot` must serialize themselves)."""
     figure, axes = _figure()
     analysis = report.analysis
-    positive = [c for c in report.curves if np.any(c.steps > 0)]
+    label = f"smoothing {smoothing:g}"
+    smoother = lambda losses: ema_smooth(losses, smoothing)  # noqa: E731
     if name == "loss_step":
-        if not positive:
-            _empty(axes, "no metrics yet")
-        else:
-            amplitude = amplitude_from_points(analysis.points) if analysis else None
-            matched = np.array([p.step for p in analysis.points]) if analysis else None
-            for curve in positive:
-                keep = curve.steps > 0
-                line, = axes.plot(curve.steps[keep], curve.losses[keep], alpha=0.7, label=f"L={curve.length:g}")
-                if analysis is not None and amplitude is not None and matched is not None:
-                    fitted = [math.exp(amplitude(s) - analysis.schedule.alpha(s) * math.log(curve.length)) for s in matched]
-                    axes.plot(matched, fitted, "--", color=line.get_color())
-            axes.set(xscale="log", yscale="log", xlabel="step", ylabel="loss",
-                     title="loss vs step" + (" (dashed: fit)" if analysis else ""))
-            _readable_log_axes(axes)
-            axes.legend(fontsize="small")
+        draw_loss_step(axes, report.curves, analysis, smoother, label)
     elif name == "loss_time":
-        timed = [c for c in report.curves if np.any(c.times > 0)]
-        if not timed:
-            _empty(axes, "no metrics yet")
-        else:
-            for curve in timed:
-                keep = curve.times > 0
-                axes.plot(curve.times[keep], curve.losses[keep], label=f"L={curve.length:g}")
-            if analysis is not None:
-                for pair in analysis.crossovers:
-                    if pair.observed is not None and pair.observed > 0:
-                        axes.axvline(pair.observed, color="grey", linestyle=":", linewidth=1)
-            axes.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="loss",
-                     title="loss vs wall time" + (" (dotted: observed crossovers)" if analysis else ""))
-            _readable_log_axes(axes)
-            axes.legend(fontsize="small")
+        draw_loss_time(axes, report.curves, analysis, smoother, label)
     elif name == "alpha":
+        draw_alpha(axes, analysis, report.message or "no fit")
+    elif name == "law":
         if analysis is None:
-            _empty(axes, report.message or "no fit")
+            empty_panel(axes, report.message or "no fit")
         else:
-            schedule = analysis.schedule
-            matched = np.array([p.step for p in analysis.points])
-            axes.plot(matched, [p.alpha for p in analysis.points], "o", label="α(s) at matched steps")
-            grid = np.linspace(0.0, float(matched.max()), 200)
-            axes.plot(grid, [schedule.alpha(s) for s in grid], "-",
-                      label=f"α∞={schedule.alpha_inf:.3f}, τ={schedule.tau:.3g}")
-            axes.set(xlabel="step", ylabel="α(s)", title="scaling exponent α(s) = α∞(1 − e^(−s/τ))")
-            axes.legend(fontsize="small")
+            draw_law(axes, law_at_last_step(analysis))
     else:
         raise KeyError(name)
     return figure
@@ -180,68 +103,111 @@ def _fmt(value: Any, spec: str = ".4g") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else str(value)
 
 
-def _table(title: str, head: Sequence[str], rows: Sequence[Sequence[Any]], empty: str) -> str:
+class Cell:
+    """A table cell with more than its text: a tooltip (`title`) and a CSS class."""
+
+    def __init__(self, text: Any, title: str = "", css: str = "") -> None:
+        self.text, self.title, self.css = text, title, css
+
+    def html(self) -> str:
+        title = f' title="{html.escape(self.title)}"' if self.title else ""
+        css = f' class="{self.css}"' if self.css else ""
+        return f"<td{css}{title}>{html.escape(str(self.text))}</td>"
+
+
+def _cell(value: Any) -> str:
+    return value.html() if isinstance(value, Cell) else f"<td>{html.escape(str(value))}</td>"
+
+
+def _table(title: str, head: Sequence[str], rows: Sequence[Sequence[Any]], empty: str, caption: str = "",
+           text_columns: Sequence[int] = ()) -> str:
+    """A titled table in a box that scrolls sideways by itself when the window is narrower than the table; the
+    cells of `text_columns` (indices) are prose, left-aligned and wrapped."""
     parts = [f"<h2>{html.escape(title)}</h2>"]
     if not rows:
         parts.append(f"<p class=muted>{html.escape(empty)}</p>")
         return "\n".join(parts)
-    parts.append("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr></thead><tbody>")
+    parts.append("<div class=scroll><table>")
+    if caption:
+        parts.append(f"<caption>{html.escape(caption)}</caption>")
+    parts.append("<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr></thead><tbody>")
     for row in rows:
-        parts.append("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>")
-    parts.append("</tbody></table>")
+        parts.append("<tr>" + "".join(_cell(Cell(cell, css="text") if i in text_columns and not isinstance(cell, Cell)
+                                            else cell) for i, cell in enumerate(row)) + "</tr>")
+    parts.append("</tbody></table></div>")
     return "\n".join(parts)
 
 
 STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; background: #fff; }
-table { border-collapse: collapse; margin-bottom: 1em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; font-size: 0.9em; }
+.scroll { overflow-x: auto; max-width: 100%; margin-bottom: 1em; }
+table { border-collapse: collapse; }
+caption { caption-side: bottom; text-align: left; color: #777; font-size: 0.85em; padding-top: 0.3em; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: right; font-size: 0.85em; }
 th { background: #eef; }
+td.text { text-align: left; max-width: 28em; }
 .muted { color: #777; }
-.plots img { border: 1px solid #ddd; margin: 0.3em; max-width: 100%; }
-.fit { font-size: 1.1em; background: #f4f8ee; padding: 0.5em; border: 1px solid #cdb; display: inline-block; }
+.plots img { border: 1px solid #ddd; margin: 0.3em; max-width: 100%; height: auto; }
+.fit { background: #f4f8ee; padding: 0.3em 0.6em; border: 1px solid #cdb; display: inline-block; max-width: 100%; }
+.fit table { margin: 0.3em 0; }
+.caveat { color: #a00; }
 """
 
 
-def _fit_section(fits: dict[str, Any]) -> str:
-    """With a fit: the fitted α(s), the crossover table (observed and Eq. 11) and the three plots. Without one:
-    the one line saying what a fit needs, and the loss plots alone."""
+def _fit_section(fits: dict[str, Any], kind: str, smoothing: float) -> str:
+    """With a fit: α∞ and τ with their intervals, R² and the caveats (`analysis.fit_rows`: "not enough data"
+    where a caveat leaves a parameter unidentified), the crossovers under their rule, and the four plots.
+    Without one: the line saying why (and, for a single run, what a fit needs), and the loss plots alone."""
     fit = fits["fit"]
     if fit is None:
+        needed = f"; {NEEDED_FOR_FIT}" if kind == "run" else ""
         return f"""<h2>scaling law: loss(L | s) ≈ A(s)·L^(−α(s))</h2>
-<p class=muted>{html.escape(fits['message'])}; {html.escape(NEEDED_FOR_FIT)}</p>
+<p class=muted>{html.escape(fits['message'])}{html.escape(needed)}</p>
+{_smoothing_links(smoothing)}
 <div class=plots>
-{_plot_img("loss_step")}
-{_plot_img("loss_time")}
+{_plot_img("loss_step", smoothing)}
+{_plot_img("loss_time", smoothing)}
 </div>"""
-    crossing = [
-        (f"{c['length_short']:g} → {c['length_long']:g}", _fmt(c["observed_s"]) + (" s" if c["observed_s"] else ""),
-         _fmt(c["predicted_s"]) + (" s" if c["predicted_s"] else ""),
-         "–" if c["predicted_s"] is None else f"{c['predicted_step_short']:.0f} / {c['predicted_step_long']:.0f}")
-        for c in fit["crossovers"]
-    ]
+    quantities = "".join(f"<tr><th>{html.escape(name)}</th><td>{html.escape(value)}</td></tr>"
+                         for name, value in fit_rows(fit))
+    caveats = "".join(f"<li>{html.escape(text)}</li>" for text in fit["caveats"])
+    verdict = ("<p>The data identify the fit: no caveats.</p>" if fit["valid"] else
+               f"<div class=caveat><p>{html.escape(NOT_ENOUGH_DATA)}: the data do not identify what is marked so, "
+               f"because</p><ul>{caveats}</ul></div>")
     return f"""<h2>scaling law: loss(L | s) ≈ A(s)·L^(−α(s)), α(s) = α∞·(1 − e^(−s/τ))</h2>
-<p class=fit>α∞ = {fit['alpha_inf']:.4f}, τ = {fit['tau']:.4g} steps, R² = {fit['r_squared']:.4f}; per doubling of L at α∞:
-×{fit['per_doubling']:.4f} ({1 - fit['per_doubling']:.1%} lower loss)</p>
-{_table("wall-time crossovers (longer L below shorter L from then on)",
-        ("L short → long", "observed", "predicted (Eq. 11)", "predicted steps short / long"), crossing, "no pairs")}
+<div class=fit><table>{quantities}</table>
+{verdict}</div>
+{_table("wall-time crossovers (longer L below shorter L from then on)", ("L short → long", "observed",
+        "predicted (Eq. 11)"), crossover_rows(fit), "no pairs", caption=CROSSOVER_RULE.format(smooth=fit["smooth"]))}
+{_smoothing_links(smoothing, crossovers=True)}
 <div class=plots>
-{"".join(_plot_img(name) for name in PLOTS)}
+{"".join(_plot_img(name, smoothing) for name in PLOTS)}
 </div>"""
+
+
+def _smoothing_links(smoothing: float, crossovers: bool = False) -> str:
+    """The TensorBoard smoothing weights to choose from, the current one in bold."""
+    links = " · ".join(f"<b>{w:g}</b>" if w == smoothing else f'<a href="/?smoothing={w:g}">{w:g}</a>'
+                       for w in SMOOTHING_CHOICES)
+    rule = " Crossovers use the centred means of the rule above." if crossovers else ""
+    return (f"<p class=muted>Curves: raw (faint) and smoothed as TensorBoard does, an exponential moving average "
+            f"with weight w (debiased at the start; 0: raw): w = {links}.{rule}</p>")
 
 
 NEEDED_FOR_FIT = "to fit the loss against the trained length, train a sweep ([sweep] seq_lens in RUN.toml, as make demo does)"
 PLOT_ALTS = {"loss_step": "loss against step per seq_len", "loss_time": "loss against wall time per seq_len",
-             "alpha": "alpha(s) and its fit"}
+             "alpha": "alpha(s) and its fit", "law": "loss against L at the last matched step, and its fit"}
 
 
-def _plot_img(name: str) -> str:
-    return f'<img src="/plot/{name}.png" alt="{PLOT_ALTS[name]}" width="640" height="440">'
+def _plot_img(name: str, smoothing: float) -> str:
+    query = f"?smoothing={smoothing:g}" if name in ("loss_step", "loss_time") else ""
+    return f'<img src="/plot/{name}.png{query}" alt="{PLOT_ALTS[name]}" width="640" height="440">'
 
 
 def _document(title: str, refresh_s: int, body: str, metrics_link: str) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{int(refresh_s)}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title><style>{STYLE}</style></head>
 <body>
 {body}
@@ -266,17 +232,26 @@ def _assignment_cell(worker: dict[str, Any]) -> str:
     return "–" if assignment is None else f"{assignment['seq_len']} × {assignment['batch_size']}"
 
 
+def _versions(data: dict[str, Any]) -> str:
+    """A run's version of its target; a sweep's runs each at their own version ("L=2: 155, L=16: 36 of 100")."""
+    if data["kind"] != "sweep":
+        return f"{data['version']} / {data['target_rounds'] or '∞'}"
+    targets = {r["target_rounds"] for r in data["runs"]}
+    target = f" of {targets.pop() or '∞'}" if len(targets) == 1 else ""
+    return ", ".join(f"L={r['seq_len']}: {r['version']}" for r in data["runs"]) + target
+
+
 def _overview_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The run's or sweep's fields: state, runs, version (a sweep's lowest), workers, loss, tokens, curriculum."""
+    """The run's or sweep's fields: state, runs, version (per run for a sweep), workers, loss, tokens, curriculum."""
     lengths = ", ".join(f"{x:g}" for x in data["fits"]["lengths"]) or "none yet"
     return [
         (data["kind"], data["run_id"]), ("state", data["run_state"]), ("runs", len(data["runs"])),
-        ("version", f"{data['version']} / {data['target_rounds'] or '∞'}"),
+        ("versions" if data["kind"] == "sweep" else "version", _versions(data)),
         ("workers active", sum(1 for w in data["workers"] if w["state"] == "active")),
         ("latest loss", _fmt(data["latest_loss"])), ("tokens", data["total_tokens"]),
         ("tokens applied", data.get("applied_tokens", 0)), ("pace", data.get("pace") or "–"),
         ("tokens/s", _fmt(data["tokens_per_second"])), ("seq_len with data", lengths),
-        ("curriculum", _curriculum_cell(data.get("curriculum"))),
+        ("curriculum", Cell(_curriculum_cell(data.get("curriculum")), css="text")),
     ]
 
 
@@ -285,21 +260,33 @@ def _run_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
         (r["run_id"], r["seq_len"], r["batch_size"], r["run_state"], f"{r['version']} / {r['target_rounds'] or '∞'}",
          ", ".join(w["name"] for w in r["workers"]) or "–", _fmt(r["tokens_per_second"]), r["total_tokens"],
          _fmt(r["latest_loss"]), _fmt(r["metrics"]["last_step"], ".0f"), _fmt(r["metrics"]["last_loss"]),
-         (r["param_sha256"] or "")[:16] + "…")
+         Cell((r["param_sha256"] or "")[:12] + "…", title=r["param_sha256"] or ""))
         for r in data["runs"]
     ]
 
 
+WORKER_COLUMNS = ("name", "run", "L", "state", "device", "base version", "heartbeat (s ago)", "assigned L × batch",
+                  "steps × s/step", "tokens/s", "tokens trained / applied", "loss @ step", "MB sent / received",
+                  "updates late / stale / clipped / dropped", "outlier flag; reason")
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:.3g}"
+
+
 def _worker_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Active workers first, then by run; a worker no longer active shows no run."""
+    """Active workers first, then by run; a worker no longer active shows no run. The id is the name's tooltip
+    (and in /api/status); late updates were merged, stale ones refused."""
     ordered = sorted(data["workers"], key=lambda w: (w["state"] != "active", w["run_index"]))
     return [
-        (w["name"], w["worker_id"], w["run_id"] if w["state"] == "active" else "–", _fmt(w["run_seq_len"], "d"),
-         w["state"], w["device"], w["base_version"], _fmt(w["seconds_since_heartbeat"], ".1f"), _assignment_cell(w),
-         _fmt(w["tokens_per_second"], ".4g"), w["tokens"], _fmt(w["loss"]), _fmt(w["seq_len"], "d"),
-         _fmt(w["last_step"], "d"), w["bytes_sent"], w["bytes_received"],
+        (Cell(w["name"], title=f"worker id {w['worker_id']}"), w["run_id"] if w["state"] == "active" else "–",
+         _fmt(w["run_seq_len"], "d"), w["state"], w["device"], w["base_version"],
+         _fmt(w["seconds_since_heartbeat"], ".1f"), _assignment_cell(w), _pace_cell(w),
+         _fmt(w["tokens_per_second"], ".4g"), f"{w['trained_tokens']} / {w['applied_tokens']}",
+         f"{_fmt(w['loss'])} @ {_fmt(w['last_step'], 'd')}",
+         f"{_megabytes(w['bytes_sent'])} / {_megabytes(w['bytes_received'])}",
          f"{w['late_updates']} / {w['stale_updates']} / {w['clipped_updates']} / {w['dropped_updates']}",
-         f"{w['trained_tokens']} / {w['applied_tokens']}", _pace_cell(w), w["outlier"] or "–", w["reason"])
+         Cell("; ".join(part for part in (w["outlier"], w["reason"]) if part) or "–", css="text"))
         for w in ordered
     ]
 
@@ -324,22 +311,19 @@ def _round_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
     ]
 
 
-def render_page(data: dict[str, Any], refresh_s: int) -> str:
+def render_page(data: dict[str, Any], refresh_s: int, smoothing: float = DEFAULT_SMOOTHING) -> str:
     """The page of a run or a sweep (`views.status_dict`): overview, runs, workers, fit and plots, rounds."""
     title = f"rcswarm {data['kind']} {data['run_id']}"
     body = f"""<h1>{html.escape(title)}</h1>
 {_table(data["kind"], ("field", "value"), _overview_rows(data), "")}
 {_table("runs", ("run", "L", "batch", "state", "version", "workers assigned", "tokens/s", "tokens", "latest loss",
                  "step", "loss at step", "θ sha256"), _run_rows(data), "no runs")}
-{_table("workers (memberships; a worker moved to another run joins it under a new id)",
-        ("name", "id", "assigned run", "L", "state", "device", "base version", "since heartbeat (s)",
-         "assigned L × batch", "tokens/s", "tokens", "loss", "seq_len", "step", "bytes sent", "bytes received",
-         "updates late (merged) / stale (refused) / clipped / dropped", "tokens trained / applied",
-         "steps × s/step", "latest outlier flag", "reason"), _worker_rows(data), "no workers have joined")}
+{_table("workers (memberships; a worker moved to another run joins it under a new id)", WORKER_COLUMNS,
+        _worker_rows(data), "no workers have joined")}
 <p class=muted>{html.escape(CLOCK_NOTES[data["clock"]])}</p>
-{_fit_section(data["fits"])}
+{_fit_section(data["fits"], data["kind"], smoothing)}
 {_table(f"rounds (open, then newest closed; {ROUNDS_SHOWN} at most)",
         ("run", "version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm", "clipped",
-         "dropped", "aggregation"), _round_rows(data), "no rounds")}"""
+         "dropped", "aggregation"), _round_rows(data), "no rounds", text_columns=(6, 10))}"""
     first = quote(data["runs"][0]["run_id"], safe="") if data["runs"] else ""
     return _document(title, refresh_s, body, f"/api/metrics?run={first}&since=0")

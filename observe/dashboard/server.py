@@ -5,11 +5,14 @@
 
 Endpoints (GET only but the login form's POST; everything is rendered on the server, no JavaScript):
 
-    /                      HTML: the run or sweep, its runs (L, batch, version, workers assigned,
-                           tokens/s, loss), workers, rounds, fits, crossovers and the three plots
-    /plot/loss_step.png    loss against step per seq_len, log axes, with the fitted curves
-    /plot/loss_time.png    loss against wall time per seq_len, log axes, observed crossovers
-    /plot/alpha.png        α(s) at matched steps with the fitted α∞(1 − e^(−s/τ))
+    /[?smoothing=W]        HTML: the run or sweep, its runs (L, batch, version, workers assigned,
+                           tokens/s, loss), workers, rounds, the fit with its intervals, R² and
+                           caveats, the crossovers and the four plots (W: the curves' TensorBoard
+                           smoothing weight, one of render.SMOOTHING_CHOICES)
+    /plot/loss_step.png[?smoothing=W]  loss against step per seq_len, log axes, with the fitted curves
+    /plot/loss_time.png[?smoothing=W]  loss against wall time per seq_len, log axes, labelled crossovers
+    /plot/alpha.png        α(s) at matched steps with the fitted α∞(1 − e^(−s/τ)) and its caveats
+    /plot/law.png          loss against L at the last matched step with the fitted A·L^(−α) and its band
     /api/status            JSON: GetStatus plus `runs` (one entry per run), per-worker totals, each
                            worker's and round's run, and the fit summary
     /api/metrics?since=ROWID[&limit=N][&run=RUN_ID]   JSON: one run's metric rows with rowid > ROWID,
@@ -44,6 +47,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import socket
 import ssl
 import sys
@@ -59,7 +63,7 @@ from urllib.parse import parse_qs, urlsplit
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
 from rcswarm.observe.dashboard.auth import MAX_LOGIN_BYTES, SessionAuth, login_page
 from rcswarm.observe.dashboard.prometheus import CollectorSource, CoordinatorCollector
-from rcswarm.observe.dashboard.render import PLOTS, render_page, render_plot
+from rcswarm.observe.dashboard.render import DEFAULT_SMOOTHING, PLOTS, SMOOTHING_CHOICES, render_page, render_plot
 from rcswarm.observe.dashboard.views import RunView, metrics_page, presentation, read_run, status_dict
 from rcswarm.protos.transport import host_port, is_loopback_host
 
@@ -123,6 +127,20 @@ def _str_param(params: dict[str, list[str]], name: str) -> str | None:
     if len(values) > 1:
         raise BadRequest(f"{name}: given {len(values)} times, expected once")
     return values[0]
+
+
+def _smoothing_param(params: dict[str, list[str]]) -> float:
+    """`smoothing=W`: one of SMOOTHING_CHOICES (DEFAULT_SMOOTHING when absent)."""
+    text = _str_param(params, "smoothing")
+    if text is None:
+        return DEFAULT_SMOOTHING
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if value not in SMOOTHING_CHOICES:
+        raise BadRequest(f"smoothing={text!r}: expected one of {', '.join(f'{w:g}' for w in SMOOTHING_CHOICES)}")
+    return value
 
 
 def _only(params: dict[str, list[str]], allowed: Sequence[str]) -> None:
@@ -400,7 +418,8 @@ class Dashboard:
 
     def _build_curves(self) -> tuple[list[list[StepMean]], FitReport]:
         means = [step_means(run.store, self.clock, run.run_id, run.spec.inner.steps) for run in self.runs]
-        return means, fit_step_means(itertools.chain.from_iterable(means))
+        lengths = [run.spec.data.seq_len for run in self.runs] if self.coordinator.sweep else []
+        return means, fit_step_means(itertools.chain.from_iterable(means), lengths)
 
     def curves(self) -> tuple[list[list[StepMean]], FitReport]:
         """Per run its mean loss and time per (seq_len, step) on the dashboard's clock, and the fits over them."""
@@ -416,8 +435,8 @@ class Dashboard:
     def views(self) -> list[RunView]:
         return [read_run(index, run, totals) for index, (run, totals) in enumerate(zip(self.runs, self.totals()))]
 
-    def plot(self, name: str) -> bytes:
-        return self._refreshed(f"plot:{name}", lambda: render_plot(name, self.fits()))
+    def plot(self, name: str, smoothing: float = DEFAULT_SMOOTHING) -> bytes:
+        return self._refreshed(f"plot:{name}:{smoothing:g}", lambda: render_plot(name, self.fits(), smoothing))
 
     def status_data(self) -> dict[str, Any]:
         status = self.coordinator.status()
@@ -457,8 +476,8 @@ class Dashboard:
 
     def handle(self, path: str, params: dict[str, list[str]]) -> tuple[int, bytes, str]:
         if path in PAGE_PATHS:
-            _only(params, ())
-            page = render_page(self.status_data(), self.refresh_s)
+            _only(params, ("smoothing",))
+            page = render_page(self.status_data(), self.refresh_s, _smoothing_param(params))
             return 200, page.encode(), "text/html; charset=utf-8"
         if path == "/api/status":
             _only(params, ())
@@ -475,9 +494,9 @@ class Dashboard:
             name = path[len("/plot/"):-len(".png")]
             if name not in PLOTS:
                 raise NotFound(f"no plot {name!r}: expected one of {', '.join(PLOTS)}")
-            _only(params, ("v",))
+            _only(params, ("v", "smoothing"))
             _int_param(params, "v", 0, 0, 2**62)  # cache buster, ignored
-            return 200, self.plot(name), "image/png"
+            return 200, self.plot(name, _smoothing_param(params)), "image/png"
         if path == "/metrics":
             _only(params, ())
             from prometheus_client import CONTENT_TYPE_LATEST

@@ -81,3 +81,23 @@ def test_a_run_without_a_closed_round_reports_no_train_loss(tmp_path: Path):
         store.close()
     assert summary.rounds == 0 and summary.tokens == 160
     assert math.isnan(summary.first_round_loss) and math.isnan(summary.last_round_loss)
+
+
+def test_the_summary_says_when_the_held_out_law_is_not_identified(tmp_path: Path):
+    """Held-out losses that barely fall with L: the law is printed with its caveats, and summary.json keeps them."""
+    import json
+
+    from rich.console import Console
+
+    spec = demo_spec()
+    rows = [{**_row(5), "seq_len": length, "val_loss_final": loss}
+            for length, loss in zip(spec.sweep.seq_lens, (2.40, 2.41, 2.38, 2.40))]
+    console = Console(record=True, width=200)
+    ended = run.Outcome("budget", "stopped at the 3-minute budget", 0)
+    run.print_summary(console, tmp_path, spec, rows, ended)
+    text = console.export_text()
+    assert "held-out loss of the final parameters ≈" in text
+    assert "not enough data for α of the held-out loss: α's 90% interval" in text
+    assert "no fit of α(s) and the crossovers" in text  # the state dirs hold no metrics
+    fit = json.loads((tmp_path / "summary.json").read_text())["fit"]
+    assert fit["caveats"][0].startswith("α's 90% interval") and fit["caveats"][1].startswith("R² = ")

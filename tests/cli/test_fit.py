@@ -52,11 +52,13 @@ def test_synthetic_metrics_are_fitted_and_plotted(tmp_path, capsys, rows, suffix
     assert main([str(metrics), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     printed = capsys.readouterr().out
-    alpha_inf = float(re.search(r"α∞\s*│\s*([0-9.]+)", printed).group(1))
-    tau = float(re.search(r"τ \(steps\)\s*│\s*([0-9.]+)", printed).group(1))
+    alpha_inf = float(re.search(r"α∞ \[90% interval\]\s*│\s*([0-9.]+) \[", printed).group(1))
+    tau = float(re.search(r"τ \(steps\) \[90% interval\]\s*│\s*([0-9.]+) \[", printed).group(1))
     assert alpha_inf == pytest.approx(0.308, rel=0.1)
     assert tau == pytest.approx(720, rel=0.1)
-    assert "2 → 4" in printed and "Eq. 11" in printed
+    assert "2 → 4" in printed and "Eq. 11" in printed and "not enough data" not in printed
+    # 4 → 8 and 8 → 16 cross after the plateau and the first tenth of the time: observed, beside the prediction.
+    assert re.search(r"4 → 8 │ +[0-9.]+ s │ +[0-9.]+ s \(steps", printed), printed
 
 
 def test_custom_column_names(tmp_path, capsys, rows):
@@ -142,3 +144,68 @@ def test_fit_reads_a_run_directory_of_state_dirs(tmp_path, capsys):
     assert "11 training rows at seq_len 2" in note
     assert "r1w5-stray" in note and "version 12" in note and "line" not in note
     assert fit_main([str(tmp_path / "empty-dir-that-does-not-exist"), "--out", str(tmp_path / "x.png")]) == 2
+
+
+def test_a_fit_the_data_do_not_identify_prints_not_enough_data(tmp_path, capsys, rows):
+    """Every length cut to its first 1,000 steps, recorded every 25th (40 steps each): the caveats replace the
+    numbers, and no crossover is predicted from the fit."""
+    metrics = tmp_path / "metrics.csv"
+    write_csv(metrics, [row for row in rows if row["step"] <= 1000])
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"α∞ \[90% interval\]\s*│\s*not enough data \(fitted", printed), printed
+    assert "not enough data: too few recorded steps" in printed
+    assert "not enough data (the fit" in printed  # a table cell: rich may wrap the rest
+
+
+def test_fit_png_has_the_law_panel_and_plain_tick_labels(tmp_path, rows):
+    """Four panels; the law's x axis reads 2, 4, 8, 16 and no axis of the figure uses a 10^k label."""
+    from matplotlib.figure import Figure
+
+    from rcswarm.cli import fit as fit_cli
+    from rcswarm.observe.analysis import Columns, analyse, length_curves, read_metrics
+
+    metrics = tmp_path / "metrics.csv"
+    write_csv(metrics, rows)
+    analysis = analyse(length_curves(metrics, read_metrics(metrics, Columns("step", "seq_len", "loss", "wall_time",
+                                                                             "run_id"))))
+    figures = []
+    real_savefig = Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        figures.append(figure)
+        return real_savefig(figure, *args, **kwargs)
+
+    Figure.savefig = keep
+    try:
+        fit_cli.plot(analysis, tmp_path / "fit.png")
+    finally:
+        Figure.savefig = real_savefig
+    (figure,) = figures
+    by_step, alphas, by_time, law = figure.axes
+    assert law.get_xlabel() == "trained sequence length L" and law.get_title().startswith("training loss at step")
+    assert [label.get_text() for label in law.get_xticklabels()] == ["2", "4", "8", "16"]
+    for axes in (by_step, by_time, law):
+        for label in [*axes.get_xticklabels(), *axes.get_yticklabels()]:
+            assert "10^" not in label.get_text() and "times" not in label.get_text(), label.get_text()
+    # Observed crossovers are labelled with their pair, predicted ones marked as predicted.
+    texts = [text.get_text() for text in by_time.texts]
+    assert any(text.strip() == "4→8" for text in texts) and any(text.strip() == "4→8 predicted" for text in texts)
+
+
+def test_a_sweep_dir_with_idle_lengths_names_them(tmp_path, capsys):
+    from rcswarm.config.runspec import RunSpec
+    from rcswarm.state.store import StateStore
+
+    for length in (2, 4, 8):
+        store = StateStore(tmp_path / "run" / "state" / f"run-L{length}")
+        spec = RunSpec.from_dict({"inner": {"steps": 10}, "data": {"seq_len": length}})
+        store.set_many({"spec_json": spec.to_json(), "run_id": f"r{length}"})
+        if length == 2:
+            store.add_metrics([(f"r{length}", "w", 0, step, length, 8, 3.0 / step, 64, 0.0, 0.0, 0.0, 0, 0, "",
+                                float(step)) for step in range(1, 11)])
+        store.close()
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "fit.png")]) == 2
+    error = capsys.readouterr().err
+    assert "the runs at L = 4, 8 below" in error and "have no training metrics yet" in error
+    assert "train a sweep" not in error

@@ -41,8 +41,8 @@ def feed_spec(lengths: tuple[int, ...] = LENGTHS) -> Any:
     return tiny_spec(coordinator=FEED_CAP, curriculum={"worker_seq_lens": list(lengths)})
 
 
-def feed(service: Any, lengths: tuple[int, ...] = LENGTHS) -> dict[int, str]:
-    """One joined worker per length, each reporting every step through report_metrics."""
+def feed(service: Any, lengths: tuple[int, ...] = LENGTHS, steps: range = STEPS) -> dict[int, str]:
+    """One joined worker per length, each reporting every step (of `steps`) through report_metrics."""
     workers = {}
     for length in lengths:
         joined = service.join(pb.JoinRequest(worker_name=f"gpu-{length}", device="cpu", pid=1))
@@ -51,7 +51,7 @@ def feed(service: Any, lengths: tuple[int, ...] = LENGTHS) -> dict[int, str]:
             pb.Metric(version=0, step=step, seq_len=length, batch=4, loss=true_loss(step, length), tokens=4 * length,
                       wall_time=step * length / 1000.0, compute_seconds=step * length / 1200.0,
                       sync_seconds=0.01 * step, bytes_sent=1000 * step, bytes_received=2000 * step)
-            for step in STEPS
+            for step in steps
         ]
         stored = service.report_metrics(pb.ReportMetricsRequest(**creds(joined), metrics=metrics))
         assert stored.stored == len(metrics)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from rcswarm.cli import status as status_cli
+from rcswarm.observe.dashboard.render import PLOTS
 from tests.helpers.dashboard import ALPHA_INF, LENGTHS, STEPS, assert_png_not_blank, feed, feed_spec, get, true_loss
 from tests.helpers.specs import TOKEN, tiny_spec
 
@@ -23,10 +24,15 @@ def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
     for length in LENGTHS:
         assert f"gpu-{length}" in page
     fit = json.loads(get(swarm.base + "api/status")[2])["fits"]["fit"]
-    assert f"α∞ = {fit['alpha_inf']:.4f}" in page
+    # α∞ with its interval, τ, R² and the verdict stand together; this law's data identify it.
+    assert f"<td>{fit['alpha_inf']:.4f} [{fit['alpha_inf_low']:.4f}, {fit['alpha_inf_high']:.4f}]</td>" in page
+    assert f"<td>{fit['r_squared']:.4f}</td>" in page and "no caveats" in page and "not enough data" not in page
+    assert fit["valid"] and fit["caveats"] == [] and fit["alpha_inf_low"] <= fit["alpha_inf"] <= fit["alpha_inf_high"]
     assert abs(fit["alpha_inf"] - ALPHA_INF) < 0.05
-    assert "wall-time crossovers" in page and "32 → 64" in page
-    for plot in ("loss_step", "loss_time", "alpha"):
+    assert "wall-time crossovers" in page and "32 → 64" in page and "counted once both curves" in page
+    for plot in ("loss_step", "loss_time"):
+        assert f'src="/plot/{plot}.png?smoothing=0.9"' in page
+    for plot in ("alpha", "law"):
         assert f'src="/plot/{plot}.png"' in page
     assert "assigned L × batch" in page and all(f"<td>{length} × 4</td>" in page for length in LENGTHS)
     assert "fixed: L per worker" in page
@@ -35,10 +41,18 @@ def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
 
 
 def test_plots_are_nonblank_pngs(swarm: Any) -> None:
-    for plot in ("loss_step", "loss_time", "alpha"):
+    for plot in ("loss_step", "loss_time", "alpha", "law"):
         status, content_type, body = get(swarm.base + f"plot/{plot}.png")
         assert status == 200 and content_type == "image/png"
         assert_png_not_blank(body)
+    # The TensorBoard smoothing weight is one of the page's choices: 0 draws the raw curve alone.
+    raw = get(swarm.base + "plot/loss_time.png?smoothing=0")[2]
+    assert_png_not_blank(raw) is not None and raw != get(swarm.base + "plot/loss_time.png?smoothing=0.99")[2]
+    for bad in ("0.5", "1", "abc"):
+        status, _, body = get(swarm.base + f"plot/loss_time.png?smoothing={bad}")
+        assert status == 400 and b"expected one of 0, 0.6, 0.8, 0.9, 0.95, 0.99" in body
+    page = get(swarm.base + "?smoothing=0.99")[2].decode()
+    assert 'src="/plot/loss_step.png?smoothing=0.99"' in page and "<b>0.99</b>" in page
 
 
 def test_too_few_lengths_says_so(start_coordinator: Any) -> None:
@@ -50,7 +64,7 @@ def test_too_few_lengths_says_so(start_coordinator: Any) -> None:
     # One line says what a fit needs; no empty α panel, no crossover table; the loss plots stay.
     assert page.count("not enough lengths for a fit") == 1 and "[sweep] seq_lens" in page
     assert 'src="/plot/alpha.png"' not in page and "crossovers" not in page
-    assert 'src="/plot/loss_step.png"' in page and 'src="/plot/loss_time.png"' in page
+    assert 'src="/plot/loss_step.png?' in page and 'src="/plot/loss_time.png?' in page
     data = json.loads(get(base + "api/status")[2])
     assert data["fits"]["fit"] is None and "not enough lengths" in data["fits"]["message"]
     assert_png_not_blank(get(base + "plot/alpha.png")[2])
@@ -313,10 +327,12 @@ def test_sweep_page_shows_runs_workers_fit_and_plots(sweep: Any) -> None:
     for length in LENGTHS:
         assert sweep.names[length] in page and sweep.workers[length] in page
     fit = json.loads(get(sweep.base + "api/status")[2])["fits"]["fit"]
-    assert f"α∞ = {fit['alpha_inf']:.4f}" in page
+    assert f"<td>{fit['alpha_inf']:.4f} [" in page and fit["valid"]
     assert "32 → 64" in page and "predicted (Eq. 11)" in page
-    for plot in ("loss_step", "loss_time", "alpha"):
-        assert f'src="/plot/{plot}.png"' in page
+    # A sweep's runs each have their own version: the overview names them all, not one number.
+    assert "versions</td><td>L=32: 0, L=64: 0, L=128: 0, L=256: 0 of 3</td>" in page
+    for plot in PLOTS:
+        assert f'src="/plot/{plot}.png' in page
         status, content_type, png = get(sweep.base + f"plot/{plot}.png")
         assert (status, content_type) == (200, "image/png")
         assert_png_not_blank(png)
@@ -375,3 +391,49 @@ def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path:
     assert {length for length, _, _, _ in means} == {16} and means[0][2] == pytest.approx(1.0 / 500)
     with pytest.raises(ValueError, match="inner_steps=0"):
         run_step_means(store, 0)
+
+
+def test_a_fit_from_a_handful_of_steps_shows_not_enough_data(start_coordinator: Any) -> None:
+    """30 steps per length: the data rule leaves α∞ and τ unidentified, so the page, the JSON and /metrics
+    say so, and no predicted crossover is shown."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    local = start_coordinator(feed_spec((32, 64, 128)), http_port=0)
+    feed(local.service, (32, 64, 128), steps=range(1, 31))
+    base = local.running.dashboard.url
+    fit = json.loads(get(base + "api/status")[2])["fits"]["fit"]
+    assert not fit["valid"] and not fit["alpha_inf_identified"] and not fit["tau_identified"]
+    assert fit["caveats"][0].startswith("too few recorded steps in the steps all lengths share [1, 30]")
+    page = get(base)[2].decode()
+    assert f"<td>not enough data (fitted {fit['alpha_inf']:.4f} [" in page
+    assert "<li>too few recorded steps" in page and "The data identify the fit" not in page
+    assert "not enough data (the fit has caveats)" in page
+    families = {f.name: f for f in text_string_to_metric_families(get(base + "metrics")[2].decode())}
+    assert [sample.value for sample in families["rcswarm_fit_valid"].samples] == [0.0]
+    assert_png_not_blank(get(base + "plot/alpha.png")[2])
+
+
+def test_a_sweep_with_idle_lengths_names_them_instead_of_asking_for_a_sweep(tmp_path: Path) -> None:
+    from rcswarm.config.runspec import RunSpec
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import SweepCoordinator
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+
+    base = tiny_spec()
+    spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16, 32]}})
+    running = RunningCoordinator(SweepCoordinator(spec, tmp_path / "state"), TOKEN, http_port=0).start()
+    client = CoordinatorClient(f"127.0.0.1:{running.port}", TOKEN, retry=RetryPolicy(max_elapsed_s=5.0))
+    try:
+        joined = client.join("only", "cpu", 1)
+        length = RunSpec.from_json(joined.run_spec_json).data.seq_len
+        client.report_metrics(joined, [pb.Metric(version=0, step=step, seq_len=length, batch=4,
+                                                 loss=true_loss(step, length), tokens=4 * length, wall_time=step)
+                                       for step in range(1, 20)], joined.run_id)
+        page = get(running.dashboard.url)[2].decode()
+        idle = ", ".join(str(x) for x in (8, 16, 32) if x != length)
+        assert f"not enough data yet: the sweep&#x27;s L = {idle} have fewer than 2 steps of metrics" in page
+        assert "train a sweep" not in page and "[sweep] seq_lens" not in page
+    finally:
+        client.close()
+        running.stop(grace=0.5)

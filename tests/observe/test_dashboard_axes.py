@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from rcswarm.observe.analysis import FitReport, LengthCurve
-from rcswarm.observe.dashboard.render import MAX_TICK_LABELS, log_ticks, plot_figure
+from rcswarm.observe.dashboard.render import plot_figure
+from rcswarm.observe.plots import MAX_TICK_LABELS, log_ticks
 
 # Wall-time spans a run's curves can cover: seconds of a short run, minutes, a narrow late window, hours.
 SPANS = [(0.5, 3.0), (20.0, 200.0), (100.0, 130.0), (1.0, 1e4), (0.01, 5000.0), (2.31, 2.35)]

@@ -11,6 +11,7 @@ from rcswarm.observe.fits import (
     fit_power_law,
     observed_crossover,
     per_doubling,
+    power_law_band,
     predicted_crossover,
     seconds_per_step,
 )
@@ -98,9 +99,20 @@ def test_alpha_over_steps_interpolates_at_given_steps():
 def test_observed_crossover_on_hand_made_curves():
     short = ([0, 10, 20, 30], [3.0, 2.0, 1.8, 1.7])
     long_ = ([0, 10, 20, 30], [4.0, 2.2, 1.6, 1.4])
-    assert observed_crossover(*short, *long_) == pytest.approx(10 + 10 * 0.2 / 0.4)
-    assert observed_crossover(*short, [0, 30], [5.0, 1.9]) is None
-    assert observed_crossover(*short, [5, 30], [1.0, 1.0]) == 5
+    assert observed_crossover(*short, *long_).time == pytest.approx(10 + 10 * 0.2 / 0.4)
+    above = observed_crossover(*short, [0, 30], [5.0, 1.9])
+    assert above.time is None and above.note == "the longer L ends above"
+    # Below throughout the counted range: no crossover is observed (it came before counting began, if at all).
+    below = observed_crossover(*short, [5, 30], [1.0, 1.0])
+    assert below.time is None and "below from 5 s on" in below.note
+    # A crossing before `counted_from` is not counted; one after it is.
+    assert "below from 16 s on" in observed_crossover(*short, *long_, counted_from=16).note
+    assert observed_crossover(*short, *long_, counted_from=14).time == pytest.approx(15)
+    # Ending below by less than the noise is no crossover; by more, it is.
+    assert "within the noise 0.31" in observed_crossover(*short, *long_, noise=0.31).note
+    assert observed_crossover(*short, *long_, noise=0.29).time == pytest.approx(15)
+    with pytest.raises(ValueError, match="noise"):
+        observed_crossover(*short, *long_, noise=-1.0)
 
 
 def test_predicted_crossover_follows_eq_11():
@@ -127,7 +139,7 @@ def test_predicted_crossover_on_the_synthetic_law_matches_the_observed_one():
     schedule = fit_alpha_schedule([p.step for p in points], [p.alpha for p in points])
     steps, short = runs[2]
     _, long_ = runs[4]
-    observed = observed_crossover(steps * 0.1, short, steps * 0.2, long_)
+    observed = observed_crossover(steps * 0.1, short, steps * 0.2, long_).time
     cross = predicted_crossover(schedule, 2, 0.1, 4, 0.2, log_amplitude=amplitude_from_points(points))
     assert observed is not None and cross is not None
     assert cross.time == pytest.approx(observed, rel=0.15)
@@ -169,9 +181,90 @@ def test_smoothing_removes_a_noise_crossover_but_keeps_the_real_one():
     long_ = 1.9 + 3.0 / steps
     wiggle = np.where(np.arange(400) % 2 == 0, 0.3, -0.3)
     noisy_long = long_ + wiggle
-    raw = observed_crossover(steps, short, steps, noisy_long)
+    raw = observed_crossover(steps, short, steps, noisy_long).time
     from rcswarm.observe.fits import smooth_losses
 
-    smoothed = observed_crossover(steps, short, steps, smooth_losses(noisy_long, 2))
+    smoothed = observed_crossover(steps, short, steps, smooth_losses(noisy_long, 2)).time
     assert smoothed == pytest.approx(20.0, abs=1.0)
     assert raw is None or raw > 300
+
+
+def test_an_exact_law_has_no_caveats_and_a_tight_band():
+    lengths = [2, 4, 8, 16]
+    losses = [5.5 * length ** -0.3 for length in lengths]
+    fit = fit_power_law(lengths, losses)
+    assert fit.caveats() == []
+    low, high = power_law_band(lengths, losses, [2, 5, 16])
+    assert low == pytest.approx([fit.predict(x) for x in (2, 5, 16)], rel=1e-9)
+    assert high == pytest.approx(low, rel=1e-9)
+    steps = np.linspace(50, 4000, 30)
+    schedule = fit_alpha_schedule(steps, 0.308 * (1 - np.exp(-steps / 720)))
+    assert schedule.caveats() == [] and schedule.first_step == 50 and schedule.last_step == 4000
+    # The resamples are fitted on the grid alone (τ within 3.5%): their intervals hug the exact values.
+    assert schedule.alpha_inf_low == pytest.approx(0.308, rel=0.01)
+    assert schedule.tau_high == pytest.approx(720, rel=0.05)
+
+
+def test_noisy_law_band_brackets_the_truth_and_says_when_alpha_is_not_identified():
+    rng = np.random.default_rng(3)
+    lengths = np.repeat([2, 4, 8, 16], 5)
+    losses = 5.2 * lengths ** -0.25 * np.exp(rng.normal(0, 0.02, lengths.shape))
+    low, high = power_law_band(lengths, losses, [2, 16])
+    assert np.all(low < 5.2 * np.array([2, 16]) ** -0.25) and np.all(5.2 * np.array([2, 16]) ** -0.25 < high)
+    # Three lengths whose losses hardly fall: α's interval is wider than α, and R² is low.
+    flat = fit_power_law([2, 4, 8], [2.0, 1.97, 2.01])
+    assert [c[:16] for c in flat.caveats()] == ["α's 90% interval", "R² = 0.06 is bel"]
+
+
+def test_a_schedule_that_has_not_levelled_off_does_not_identify_alpha_inf():
+    """α(s) still rising linearly at the last step: τ lies beyond the data, α∞ is an extrapolation."""
+    steps = np.linspace(10, 300, 30)
+    rng = np.random.default_rng(0)
+    alphas = 0.3 * (1 - np.exp(-steps / 3000)) + rng.normal(0, 0.002, steps.shape)
+    fit = fit_alpha_schedule(steps, alphas)
+    caveats = fit.caveats()
+    assert caveats and "beyond the data's last common step 300" in caveats[0].text
+    assert caveats[0].parameters == ("alpha_inf", "tau") and fit.tau > 300
+
+
+def test_a_flat_schedule_leaves_tau_bounded_and_noise_widens_the_intervals():
+    steps = np.linspace(100, 1000, 30)
+    flat = fit_alpha_schedule(steps, np.full(30, 0.2) + np.random.default_rng(1).normal(0, 1e-3, 30))
+    assert any("below the first matched step" in c.text and c.parameters == ("tau",) for c in flat.caveats())
+    noisy = fit_alpha_schedule(steps, 0.2 * (1 - np.exp(-steps / 300)) + np.random.default_rng(2).normal(0, 0.05, 30))
+    texts = [c.text for c in noisy.caveats()]
+    assert any(text.startswith("τ's 90% interval") for text in texts), texts
+    assert any(text.startswith("R² = ") for text in texts), texts
+    # A law given by hand (the curriculum's configured one) has no intervals and no caveats.
+    assert AlphaScheduleFit(0.3, 100.0, float("nan")).caveats() == []
+
+
+def test_ema_smooth_is_tensorboards_debiased_moving_average():
+    from rcswarm.observe.fits import ema_smooth
+
+    values = [4.0, 2.0, 3.0]
+    assert ema_smooth(values, 0.0).tolist() == values
+    # last = 0.6·last + 0.4·x, divided by 1 − 0.6^k: 4, (0.96 + 0.8) / 0.64, ...
+    expected, last = [], 0.0
+    for k, value in enumerate(values, start=1):
+        last = 0.6 * last + 0.4 * value
+        expected.append(last / (1 - 0.6 ** k))
+    assert ema_smooth(values, 0.6).tolist() == pytest.approx(expected)
+    assert expected[0] == pytest.approx(4.0) and expected[1] == pytest.approx(1.76 / 0.64)
+    assert ema_smooth([2.5] * 50, 0.99).tolist() == pytest.approx([2.5] * 50)
+    for weight in (1.0, -0.1, "0.5", True):
+        with pytest.raises(ValueError, match="smoothing weight"):
+            ema_smooth(values, weight)
+
+
+def test_the_plateau_ends_when_the_loss_stays_ten_percent_below_its_start():
+    from rcswarm.observe.fits import counting_start, gap_noise, plateau_end, step_noise
+
+    times = [0, 1, 2, 3, 4, 5]
+    assert plateau_end(times, [5.0, 4.9, 4.4, 4.6, 4.0, 3.0]) == 4  # 4.6 > 4.5 at t=3: back above
+    assert plateau_end(times, [5.0, 4.9, 4.8, 4.7, 4.6, 4.6]) is None
+    assert counting_start([4.0, 2.0], 0.0, 100.0) == 10.0 and counting_start([40.0], 0.0, 100.0) == 40.0
+    # Gaussian noise of σ = 0.1 about a falling trend: the trend does not count, the noise does.
+    noisy = np.linspace(3, 2, 4000) + np.random.default_rng(0).normal(0, 0.1, 4000)
+    assert step_noise(noisy) == pytest.approx(0.1, rel=0.05)
+    assert gap_noise(noisy, noisy, 25) == pytest.approx(2 * np.sqrt(2) * step_noise(noisy) / 5)

@@ -1,5 +1,5 @@
-"""The dashboard with real processes: headless Chromium renders its pages; `rcswarm coordinator --http-port 0`
-serves it."""
+"""The dashboard with real processes: headless Chromium renders its pages (and measures that they fit the window
+at common widths); `rcswarm coordinator --http-port 0` serves it."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 from tests.helpers import dashboard
+from tests.helpers.browser import CHROMIUM, Browser
 from tests.helpers.dashboard import assert_png_not_blank, get
 from tests.helpers.specs import tiny_spec
 
 # The dashboard's fixtures (a coordinator fed metrics, a sweep), in place of tests/swarm/conftest.py's hivemind `swarm`.
 swarm, sweep = dashboard.swarm, dashboard.sweep
-
-CHROMIUM = "/usr/bin/chromium"
+needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                    reason=f"{CHROMIUM} is not installed (apt-get install -y chromium)")
 
 
 def chromium(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess:
@@ -39,7 +40,7 @@ def chromium(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess:
         shutil.rmtree(tmp_path / "profile", ignore_errors=True)
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+@needs_chromium
 def test_headless_browser_renders_the_page(swarm: Any, tmp_path: Path) -> None:
     shot = tmp_path / "page.png"
     result = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,900", swarm.base)
@@ -98,11 +99,11 @@ def test_coordinator_cli_serves_the_dashboard(tmp_path: Path) -> None:
     assert "dashboard on http://127.0.0.1:" in (tmp_path / "coordinator.log").read_text()
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+@needs_chromium
 def test_headless_browser_renders_the_sweep_page(sweep: Any, tmp_path: Path) -> None:
     dom = chromium(tmp_path, "--dump-dom", sweep.base).stdout.decode()
     fit = json.loads(get(sweep.base + "api/status")[2])["fits"]["fit"]
-    assert f"α∞ = {fit['alpha_inf']:.4f}" in dom, dom[-2000:]
+    assert f"<td>{fit['alpha_inf']:.4f} [" in dom, dom[-2000:]
     shot = tmp_path / "page.png"
     result = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,2600", sweep.base)
     assert shot.exists(), f"chromium exited {result.returncode} without a screenshot:\n{result.stderr.decode()[-2000:]}"
@@ -126,3 +127,37 @@ def test_coordinator_cli_serves_a_sweep_dashboard(tmp_path: Path) -> None:
         assert "rcswarm sweep test" in get(base_url)[2].decode()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_the_sweep_page_fits_common_window_widths(sweep: Any, tmp_path: Path, width: int) -> None:
+    """Measured in the browser: nothing passes the window's right edge, and no table needs to scroll inside its
+    own box. The screenshot is the whole page at that width."""
+    with Browser() as browser:
+        page = browser.page(sweep.base, width)
+        layout = page.overflow()
+        shot = page.screenshot(tmp_path / f"sweep-{width}.png")
+    assert layout["width"] == width and layout["scrollWidth"] <= width, layout
+    assert layout["over"] == [] and layout["scrolled"] == [], layout
+    image = assert_png_not_blank(shot.read_bytes(), min_size=(width, 2000))
+    assert image.shape[1] == width
+
+
+@needs_chromium
+def test_a_table_too_wide_for_the_window_scrolls_inside_its_box(sweep: Any) -> None:
+    """A worker named with 128 characters and no space (the longest name a join keeps) widens the tables that
+    show it past a 1,024 px window: they scroll inside their own boxes and the page does not."""
+    from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+    from tests.helpers.specs import TOKEN
+
+    client = CoordinatorClient(sweep.target, TOKEN, retry=RetryPolicy(max_elapsed_s=5.0))
+    try:
+        client.join("node-" + "x" * 123, "cpu", 1)
+    finally:
+        client.close()
+    with Browser() as browser:
+        layout = browser.page(sweep.base, 1024).overflow()
+    assert layout["scrollWidth"] <= 1024 and layout["over"] == [], layout
+    # The tables that show the name scroll: the workers, and the runs (their workers assigned).
+    assert sorted(title.split(" ")[0] for title in layout["scrolled"]) == ["runs", "workers"], layout
