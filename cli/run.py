@@ -110,7 +110,7 @@ class Swarm:
         for rank in range(self.n_workers):
             self.workers.append(self._spawn(
                 ["-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{port}", "--name", f"worker-{rank}",
-                 "--threads", str(threads)],
+                 "--threads", str(threads), "--state-dir", str(self.run_dir / "workers" / f"worker-{rank}")],
                 f"worker-{rank}.log",
             ))
 

@@ -111,6 +111,9 @@ def parser() -> argparse.ArgumentParser:
                         help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
     parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
                         help="deadline of one parameter pull or update push (default: %(default)s)")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="keep this worker's error-feedback residual here (rewritten after each delivered "
+                             "update), so a restarted worker resumes what it has not sent yet (default: memory only)")
     add_hivemind_arguments(parser)
     return parser
 
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         token = client_token(args)
         options = client_options(
             args, WorkerOptions, device=args.device, name=args.name, threads=args.threads, patience_s=args.patience_s,
-            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s,
+            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s, state_dir=args.state_dir,
         )
         set_threads(options.threads)
         worker = Worker(options, token)

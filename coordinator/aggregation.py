@@ -112,7 +112,7 @@ import torch
 from rcswarm.config.runspec import InnerSection, SyncSection
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
-from rcswarm.sync import outer
+from rcswarm.sync import outer, tensor_stream
 
 Tensors = dict[str, torch.Tensor]
 
@@ -143,7 +143,7 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
 
     def __init__(self, header: pb.TensorHeader, payload: bytes | bytearray) -> None:
         """Index the payload's tensors by the (already validated) header; copies nothing."""
-        self._codec, self._block_size = header.codec, header.block_size
+        self._format = tensor_stream.header_format(header)
         self._payload = memoryview(payload)
         self._parts: dict[str, tuple[tuple[int, ...], int, int]] = {}
         offset = 0
@@ -183,10 +183,10 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
             return self._last[1]
         shape, start, stop = self._parts[name]
         if self._scratch is None:
-            tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size)  # [*shape]
+            tensor = codecs.decode(self._payload[start:stop], self._format, shape)  # [*shape]
         else:
             into = self._scratch[: math.prod(shape)]  # [numel]
-            tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size, out=into)
+            tensor = codecs.decode(self._payload[start:stop], self._format, shape, out=into)
         self._last = (name, tensor)
         return tensor
 

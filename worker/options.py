@@ -54,6 +54,8 @@ class WorkerOptions(ClientOptions):
     patience_s: float = 300.0
     rpc_timeout_s: float = 10.0
     transfer_timeout_s: float = 300.0
+    # Where the worker keeps its error-feedback residual across restarts (issue #28); None: in memory only.
+    state_dir: Path | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -69,5 +71,5 @@ class WorkerOptions(ClientOptions):
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> WorkerOptions:
         """The options of `dataclasses.asdict(options)` (how they travel through Ray), validated again."""
-        paths = {"tls_ca", "tls_cert", "tls_key"}
+        paths = {"tls_ca", "tls_cert", "tls_key", "state_dir"}
         return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in fields.items()})
