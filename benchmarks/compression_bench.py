@@ -11,8 +11,8 @@ Table 1 (`payload`): for each model preset, the bytes one worker pushes (its upd
 (the compressed step) per round, their ratio to fp32, and the seconds to encode and to decode, scaled to 100 M
 parameters, for int8 and the sparse codec side by side in one process. The tensors have the model's shapes (built
 on the meta device: nothing is trained) and random normal values; payload sizes depend on the shapes alone. Times
-are medians of `--repeats` calls taking turns (so load from other processes falls on both codecs alike), one
-torch thread.
+are CPU seconds of this process (`time.process_time`, one torch thread: what the codec costs, not what other
+processes on a shared machine take from it), medians of `--repeats` turns that alternate the codecs.
 
 Table 2 and the grids (`quality`): a one-process simulation of a coordinator run with the project's real parts:
 `RoundTrainer` (the worker's inner steps, model, data and AdamW), `codec.ErrorFeedback` with the run's
@@ -31,7 +31,6 @@ the coordinator's 100 Mbit/s link, one after another (the coordinator's link car
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -184,36 +183,40 @@ def simulate(config: SimConfig, eval_batches: int, points: int = 10) -> dict[str
     }
 
 
+SPARSE_DEFAULTS = {"density": 0.02, "value_bits": 2, "decay": 0.95}
+
+
+def _codecs(codecs_: tuple[str, ...], outer_step: str, h: int, steps: int, workers: int = 2) -> list[SimConfig]:
+    return [SimConfig(codec, outer_step, h, workers, steps=steps, **(SPARSE_DEFAULTS if codec == "sparse" else {}))
+            for codec in codecs_]
+
+
 def grid(name: str, steps: int, seeds: list[int]) -> list[SimConfig]:
-    """The configurations of one grid (`--grid`)."""
-    sparse = {"density": 0.02, "value_bits": 2, "decay": 0.95}
+    """The configurations of one grid (`--grid`), most telling first."""
+    every = ("fp32", "int8", "sparse")
     if name == "outer":
-        # Most telling first: today's default and plain averaging for every codec at H = 10 and 50; then the other
-        # learning rates (fp32 and sparse); then H = 200 (at least 10 rounds).
-        configs = [SimConfig(codec, outer_step, h, steps=steps, **(sparse if codec == "sparse" else {}))
-                   for h in (10, 50) for outer_step in ("nesterov-0.7", "sgd-1.0") for codec in ("fp32", "int8", "sparse")]
-        configs += [SimConfig(codec, outer_step, h, steps=steps, **(sparse if codec == "sparse" else {}))
-                    for h in (10, 50) for outer_step in ("nesterov-0.3", "sgd-0.7") for codec in ("fp32", "sparse")]
-        configs += [SimConfig(codec, outer_step, 200, steps=max(steps, 2000), **(sparse if codec == "sparse" else {}))
-                    for outer_step in ("nesterov-0.7", "sgd-1.0") for codec in ("fp32", "int8", "sparse")]
-        return [dataclasses_replace(c, seed=s) for c in configs for s in seeds]
-    if name == "sparse":
-        base = SimConfig("sparse", "sgd-1.0", 10, steps=steps, **sparse)
-        variants = [
-            base, dataclasses_replace(base, density=0.01), dataclasses_replace(base, density=0.03),
-            dataclasses_replace(base, value_bits=1), dataclasses_replace(base, value_bits=4),
-            dataclasses_replace(base, decay=1.0), dataclasses_replace(base, decay=0.9),
-            dataclasses_replace(base, coord_decay=1.0), dataclasses_replace(base, down="fp32"),
-        ]
-        return [dataclasses_replace(c, seed=s) for c in variants for s in seeds]
-    if name == "table2":
-        configs = []
-        for workers, h in itertools.product((2, 4), (10, 50)):
-            configs.append(SimConfig("fp32", "sgd-1.0", h, workers, steps=steps))
-            configs.append(SimConfig("int8", "sgd-1.0", h, workers, steps=steps))
-            configs.append(SimConfig("sparse", "sgd-1.0", h, workers, steps=steps, **sparse))
-        return [dataclasses_replace(c, seed=s) for c in configs for s in seeds]
-    raise ValueError(f"--grid {name!r}: expected outer, sparse or table2")
+        # Today's default and plain averaging for every codec at H = 10 and 50; other learning rates against int8;
+        # H = 200 (at least 10 rounds).
+        configs = [c for h in (10, 50) for o in ("nesterov-0.7", "sgd-1.0") for c in _codecs(every, o, h, steps)]
+        configs += [c for h in (10, 50) for o in ("nesterov-0.3", "sgd-0.7") for c in _codecs(("int8", "sparse"), o, h, steps)]
+        configs += [c for o in ("nesterov-0.7", "sgd-1.0") for c in _codecs(("int8", "sparse"), o, 200, max(steps, 2000))]
+    elif name == "sparse":
+        base = SimConfig("sparse", "sgd-1.0", 10, steps=steps, **SPARSE_DEFAULTS)
+        configs = [base] + [dataclasses_replace(base, **change) for change in (
+            {"density": 0.01}, {"density": 0.03}, {"value_bits": 4}, {"decay": 1.0}, {"decay": 0.9},
+            {"coord_decay": 1.0}, {"down": "fp32"}, {"value_bits": 1})]
+    elif name == "table2":
+        configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
+    elif name == "all":
+        # The order the bench ran them in: what the defaults are chosen from first.
+        first = [c for h in (10, 50) for o in ("sgd-1.0", "nesterov-0.7") for c in _codecs(every, o, h, steps)]
+        four = [c for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, 4)]
+        rest = [c for c in grid("sparse", steps, [0]) + grid("outer", steps, [0]) if c not in first]
+        seeded = [dataclasses_replace(c, seed=1) for h in (10, 50) for c in _codecs(("int8", "sparse"), "sgd-1.0", h, steps)]
+        return first + four + rest + seeded
+    else:
+        raise ValueError(f"--grid {name!r}: expected outer, sparse, table2 or all")
+    return [dataclasses_replace(c, seed=s) for c in configs for s in seeds]
 
 
 def dataclasses_replace(config: SimConfig, **changes: Any) -> SimConfig:
@@ -228,14 +231,28 @@ def done_keys(path: Path) -> set[str]:
     return {json.loads(line)["key"] for line in path.read_text().splitlines() if line.strip()}
 
 
+def claim(directory: Path | None, key: str) -> bool:
+    """Whether this process may run `key`: it creates the claim file (O_EXCL), or no claims are kept."""
+    if directory is None:
+        return True
+    directory.mkdir(parents=True, exist_ok=True)
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
+    try:
+        os.close(os.open(directory / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 def run_quality(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     configs = grid(args.grid, args.steps, args.seeds)
     index, count = (int(x) for x in args.shard.split("/"))
     configs = configs[index::count]
     out = Path(args.out)
+    claims = Path(args.claims) if args.claims else None
     for config in configs:
-        if config.key in done_keys(out):
+        if config.key in done_keys(out) or not claim(claims, config.key):
             continue
         started = time.perf_counter()
         record = simulate(config, args.eval_batches)
@@ -271,37 +288,28 @@ def model_shapes(name: str, preset: str) -> dict[str, tuple[int, ...]]:
     return {n: tuple(p.shape) for n, p in model.named_parameters()}
 
 
-def median_time(call, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def payload_rows(formats: dict[str, codecs.WireFormat], repeats: int) -> Iterator[dict[str, Any]]:
+    """Per model preset and codec: payload bytes, and CPU seconds (`time.process_time`, one thread) to encode and to
+    decode every tensor, medians of `repeats` turns that alternate the codecs."""
     for name, preset in PAYLOAD_MODELS:
         shapes = model_shapes(name, preset)
         parameters = sum(math.prod(s) for s in shapes.values())
         generator = torch.Generator().manual_seed(0)
         tensors = {n: torch.randn(s, generator=generator) * 1e-3 for n, s in shapes.items()}
         fp32 = 4 * parameters
-        times: dict[str, list[float]] = {label: [] for label in formats for _ in (0,)}
-        encode_s = {label: [] for label in formats}
-        decode_s = {label: [] for label in formats}
+        encode_s: dict[str, list[float]] = {label: [] for label in formats}
+        decode_s: dict[str, list[float]] = {label: [] for label in formats}
         sizes = {}
         for _ in range(repeats):
             for label, fmt in formats.items():
-                started = time.perf_counter()
+                started = time.process_time()
                 encoded = {n: codecs.encode(t, fmt) for n, t in tensors.items()}
-                middle = time.perf_counter()
+                middle = time.process_time()
                 for n, data in encoded.items():
                     codecs.decode(data, fmt, shapes[n])
                 encode_s[label].append(middle - started)
-                decode_s[label].append(time.perf_counter() - middle)
+                decode_s[label].append(time.process_time() - middle)
                 sizes[label] = sum(len(d) for d in encoded.values())
-        del times
         scale = 1e8 / parameters
         for label in formats:
             yield {"model": f"{name} {preset}", "parameters": parameters, "codec": label, "bytes": sizes[label],
@@ -392,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     payload.add_argument("--density", type=float, default=0.02)
     payload.add_argument("--value-bits", type=int, default=2)
     quality = commands.add_parser("quality", help="Table 2 and the grids: simulated training at equal tokens")
-    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "table2"))
+    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "table2", "all"))
+    quality.add_argument("--claims", default="", help="a directory of claim files: processes sharing it split the grid")
     quality.add_argument("--out", required=True)
     quality.add_argument("--steps", type=int, default=1500, help="inner steps per worker (equal tokens)")
     quality.add_argument("--seeds", type=int, nargs="+", default=[0])

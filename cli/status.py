@@ -32,6 +32,7 @@ from rich.table import Table
 from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
+from rcswarm.observe import traffic
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
 from rcswarm.protos.transport import ClientTLS, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -69,6 +70,9 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     if status.pace:
         run.add_row("pace", status.pace)
     run.add_row("tokens/s", _num(status.tokens_per_second))
+    if status.fp32_bytes:
+        run.add_row("traffic per worker per round", traffic.describe(
+            status.fp32_bytes, status.bytes_up_per_round, status.bytes_down_per_round))
     if status.param_sha256:
         run.add_row("θ sha256", status.param_sha256[:16] + "…")
     if status.HasField("curriculum"):
@@ -88,7 +92,8 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     workers = Table(title="workers")
     extra = ("tokens/s", "loss", "seq_len") if totals is not None else ()
     for name in ("name", "id", "state", "device", "base version", "since heartbeat (s)", "assigned L × batch",
-                 *extra, "late / stale / clipped / dropped", "tokens trained / applied", "s/step", "reason"):
+                 *extra, "late / stale / clipped / dropped", "tokens trained / applied", "s/step",
+                 "last up / down", "reason"):
         workers.add_column(name, justify="left" if name in ("name", "id", "state", "device", "reason") else "right",
                            no_wrap=name in ("name", "id"))
     for w in status.workers:
@@ -101,7 +106,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
                         f"{w.seconds_since_heartbeat:.1f}", assigned, *cells,
                         f"{w.late_updates} / {w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}",
                         f"{w.trained_tokens} / {w.applied_tokens}", _num(w.step_seconds) if w.step_seconds else "–",
-                        _worker_reason(w))
+                        f"{traffic.size(w.round_bytes_up)} / {traffic.size(w.round_bytes_down)}", _worker_reason(w))
     if not status.workers:
         workers.caption = "no workers have joined"
     console.print(workers)
