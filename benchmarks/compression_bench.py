@@ -85,28 +85,39 @@ class SimConfig:
     down: str = "same"
     seq_len: int = 16
     batch: int = 16
+    aggregation: str = "clipped_mean"
+    # "lm": the LM sweep's model (lstm_lm small on stdlib bytes); "frame": the frame sweep's (frame tiny, typing).
+    model: str = "lm"
 
     @property
     def key(self) -> str:
         sparse = f" d{self.density:g} b{self.value_bits}" if self.codec == "sparse" else ""
         lowbit = f" b{self.value_bits}" if self.codec == "lowbit" else ""
         decay = f" ef{self.decay:g}" + (f"/{self.coord_decay:g}" if self.coord_decay is not None else "")
-        return (f"{self.codec}{sparse}{lowbit}{decay} down={self.down} {self.outer} H{self.inner_steps} "
+        method = "" if self.aggregation == "clipped_mean" else f" {self.aggregation}"
+        model = "" if self.model == "lm" else f" {self.model}"
+        return (f"{self.codec}{sparse}{lowbit}{decay} down={self.down} {self.outer}{method}{model} H{self.inner_steps} "
                 f"W{self.workers} s{self.seed} n{self.steps}")
 
     def spec(self) -> RunSpec:
-        sync: dict[str, Any] = {"codec": self.codec, "error_decay": self.decay, "min_reports": self.workers}
+        sync: dict[str, Any] = {"codec": self.codec, "error_decay": self.decay, "min_reports": self.workers,
+                                "aggregation": self.aggregation}
         if self.codec in ("sparse", "lowbit"):
             sync["value_bits"] = self.value_bits
         if self.codec == "sparse":
             sync["density"] = self.density
+        if self.model == "frame":  # examples/frame_sweep.toml's model, task and inner step
+            model = {"name": "frame", "preset": "tiny"}
+            data = {"source": "typing", "seq_len": self.seq_len, "batch_size": self.batch,
+                    "task_config": {"n_documents": 16}}
+            inner = {"lr": 0.003, "steps": self.inner_steps, "weight_decay": 0.0, "bptt_chunk": 4}
+        else:  # examples/lm_sweep.toml's
+            model = {"name": "lstm_lm", "preset": "small"}
+            data = {"source": "stdlib", "seq_len": self.seq_len, "batch_size": self.batch}
+            inner = {"lr": 0.003, "steps": self.inner_steps}
         return RunSpec.from_dict({
             "run": {"name": "compression-bench", "seed": self.seed, "workers": self.workers},
-            "model": {"name": "lstm_lm", "preset": "small"},
-            "data": {"source": "stdlib", "seq_len": self.seq_len, "batch_size": self.batch},
-            "inner": {"lr": 0.003, "steps": self.inner_steps},
-            "outer": OUTER_STEPS[self.outer],
-            "sync": sync,
+            "model": model, "data": data, "inner": inner, "outer": OUTER_STEPS[self.outer], "sync": sync,
         })
 
 
@@ -140,7 +151,7 @@ def simulate(config: SimConfig, eval_batches: int, points: int = 10) -> dict[str
     previous = None
     curve = [(0, 0, held_out(evaluator, theta, EVAL_BATCHES), 0, 0)]
     up = down_bytes = tokens = clipped = dropped = 0
-    worst_norm_ratio, step_seconds = 0.0, []
+    worst_norm_ratio, step_seconds, scores = 0.0, [], []
     every = max(1, rounds // points)
     for version in range(rounds):
         updates = []
@@ -160,6 +171,7 @@ def simulate(config: SimConfig, eval_batches: int, points: int = 10) -> dict[str
             updates.append(aggregation.Update(f"w{index}", result.tokens, norm, received))
         combined = aggregation.aggregate(updates, options, [n for norms in history for n in norms], previous)
         clipped, dropped = clipped + combined.clipped, dropped + combined.dropped
+        scores += [s for s in combined.scores if s is not None]
         keep = spec.sync.reference_rounds
         history = (*history, combined.accepted_norms)[-keep:] if keep else ()
         previous = combined.average if options.method == "centered_clip" else None
@@ -180,6 +192,7 @@ def simulate(config: SimConfig, eval_batches: int, points: int = 10) -> dict[str
         "ratio_up": fp32 * rounds * config.workers / max(up, 1), "ratio_down": fp32 * rounds * config.workers / max(down_bytes, 1),
         "clipped": clipped, "dropped": dropped, "worst_norm_over_bound": worst_norm_ratio,
         "step_s": statistics.median(step_seconds), "residual_norm": broadcast.residual_norm(),
+        "scores": [min(scores), statistics.median(scores)] if scores else None,
     }
 
 
@@ -211,9 +224,13 @@ def grid(name: str, steps: int, seeds: list[int]) -> list[SimConfig]:
         # The order the bench ran them in: what the defaults are chosen from first.
         first = [c for h in (10, 50) for o in ("sgd-1.0", "nesterov-0.7") for c in _codecs(every, o, h, steps)]
         four = [c for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, 4)]
-        rest = [c for c in grid("sparse", steps, [0]) + grid("outer", steps, [0]) if c not in first]
+        robust = [dataclasses_replace(c, aggregation=method) for method in ("trimmed_mean", "centered_clip")
+                  for c in _codecs(("int8", "sparse"), "sgd-1.0", 10, steps, 4)]
+        rest = [c for c in grid("sparse", steps, [0]) + robust + grid("outer", steps, [0]) if c not in first]
         seeded = [dataclasses_replace(c, seed=1) for h in (10, 50) for c in _codecs(("int8", "sparse"), "sgd-1.0", h, steps)]
-        return first + four + rest + seeded
+        frame = [dataclasses_replace(c, model="frame", seq_len=8, batch=8) for o in ("sgd-1.0", "nesterov-0.7")
+                 for c in _codecs(("int8", "sparse"), o, 10, 1000)]
+        return first + four + rest + seeded + frame
     else:
         raise ValueError(f"--grid {name!r}: expected outer, sparse, table2 or all")
     return [dataclasses_replace(c, seed=s) for c in configs for s in seeds]

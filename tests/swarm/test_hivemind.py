@@ -76,6 +76,20 @@ def test_rcswarm_codecs_travel_as_hivemind_compression(codec: str) -> None:
         hs.compression_for("fp8", 64)
 
 
+@pytest.mark.parametrize("bits", codecs.LOWBIT_VALUE_BITS)
+def test_the_lowbit_codec_travels_as_hivemind_compression_with_its_bits(bits: int) -> None:
+    torch.manual_seed(1)
+    tensor = torch.randn(1000) * 3  # [1000]
+    fmt = codecs.WireFormat(codecs.codec_from_name("lowbit"), 64, 0, bits)
+    message = hs.compression_for("lowbit", 64, bits).compress(tensor, hs.CompressionInfo.from_tensor(tensor))
+    decoded = deserialize_torch_tensor(message)  # hivemind's own table decodes it, whatever bits it registered
+    assert torch.equal(decoded, codecs.decode(codecs.encode(tensor, fmt), fmt, (1000,)))
+    assert len(message.buffer) == 5 + codecs.encoded_size(1000, fmt) < 1000 * (bits + 1) / 8
+    message.buffer = message.buffer[:4] + bytes([3]) + message.buffer[5:]
+    with pytest.raises(ValueError, match="value_bits in"):
+        deserialize_torch_tensor(message)
+
+
 def _record(field: str, subkey: str, value: Any) -> DHTRecord:
     key = DHTID.generate(source=f"{hs.RECORD_PREFIX}_{field}").to_bytes()
     dumps = DHTProtocol.serializer.dumps
