@@ -139,6 +139,15 @@ def register_codecs(block_size: int = codecs.DEFAULT_BLOCK_SIZE) -> None:
         hm_serialization._BASE_COMPRESSION_TYPES[slot] = RcswarmCompression(codec, block_size, kind, bits)
 
 
+def use_in_replies(compression: CompressionBase) -> None:
+    """Encode this process's all-reduce replies with `compression` too: a reducer compresses the averaged part it
+    sends back with the instance hivemind's table holds for the part's compression type (not the averager's), so
+    the table must hold the run's block size and bits (`register_codecs` put defaults there)."""
+    if isinstance(compression, RcswarmCompression):
+        slot = runtime_pb2.CompressionType.Name(compression.compression_type)
+        hm_serialization._BASE_COMPRESSION_TYPES[slot] = compression
+
+
 def compression_for(codec: str, block_size: int, value_bits: int = 0) -> CompressionBase:
     """The hivemind compression of `sync.codec` (lowbit: at `value_bits`)."""
     if codec == "fp32":
@@ -408,12 +417,14 @@ class HivemindPeer:
         self.timer = RoundTimer(options.matchmaking_s, rules)
         self.dht = start_dht(options)
         buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
+        compression = compression_for(codec, block_size, value_bits)
+        use_in_replies(compression)
         try:
             self.averager = _StateAverager(
                 buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
                 target_group_size=target_group_size,
                 min_matchmaking_time=options.matchmaking_s, request_timeout=max(1.0, options.matchmaking_s / 2),
-                allreduce_timeout=rules.initial_allreduce_s, compression=compression_for(codec, block_size, value_bits),
+                allreduce_timeout=rules.initial_allreduce_s, compression=compression,
                 state_compression=NoCompression(), declare_state_period=rules.state_declare_s,
                 client_mode=options.client_mode, allow_state_sharing=not options.client_mode,
             )
