@@ -221,16 +221,22 @@ def grid(name: str, steps: int, seeds: list[int]) -> list[SimConfig]:
     elif name == "table2":
         configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
     elif name == "all":
-        # The order the bench ran them in: what the defaults are chosen from first.
+        # The order the bench ran them in, most needed first (a shared machine decides how far it gets).
         first = [c for h in (10, 50) for o in ("sgd-1.0", "nesterov-0.7") for c in _codecs(every, o, h, steps)]
-        four = [c for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, 4)]
-        robust = [dataclasses_replace(c, aggregation=method) for method in ("trimmed_mean", "centered_clip")
-                  for c in _codecs(("int8", "sparse"), "sgd-1.0", 10, steps, 4)]
-        rest = [c for c in grid("sparse", steps, [0]) + robust + grid("outer", steps, [0]) if c not in first]
+        four = [c for h in (10, 50) for c in _codecs(("int8", "sparse", "fp32"), "sgd-1.0", h, steps, 4)]
+        h200 = [c for o in ("sgd-1.0", "nesterov-0.7") for c in _codecs(("int8", "sparse"), o, 200, max(steps, 2000))]
+        base = SimConfig("sparse", "sgd-1.0", 10, steps=steps, **SPARSE_DEFAULTS)
+        knobs = [dataclasses_replace(base, **change) for change in (
+            {"decay": 1.0}, {"coord_decay": 1.0}, {"down": "fp32"}, {"density": 0.01}, {"value_bits": 4},
+            {"density": 0.03}, {"decay": 0.9}, {"value_bits": 1})]
+        rates = [c for o in ("sgd-0.7", "nesterov-0.3") for c in _codecs(("int8", "sparse"), o, 10, steps)]
         seeded = [dataclasses_replace(c, seed=1) for h in (10, 50) for c in _codecs(("int8", "sparse"), "sgd-1.0", h, steps)]
         frame = [dataclasses_replace(c, model="frame", seq_len=8, batch=8) for o in ("sgd-1.0", "nesterov-0.7")
                  for c in _codecs(("int8", "sparse"), o, 10, 1000)]
-        return first + four + rest + seeded + frame
+        robust = [dataclasses_replace(c, aggregation=method) for method in ("trimmed_mean", "centered_clip")
+                  for c in _codecs(("int8", "sparse"), "sgd-1.0", 10, steps, 4)]
+        ordered = first + four + h200 + knobs + rates + seeded + frame + robust
+        return ordered + [c for c in grid("outer", steps, [0]) if c not in ordered]
     else:
         raise ValueError(f"--grid {name!r}: expected outer, sparse, table2 or all")
     return [dataclasses_replace(c, seed=s) for c in configs for s in seeds]

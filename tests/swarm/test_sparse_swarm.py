@@ -14,6 +14,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.helpers.processes import logs_of
 from tests.helpers.rounds import coordinator_digests, round_losses, worker_digests
 from tests.helpers.specs import tiny_spec
+from tests.helpers.state import read_state
 
 pytestmark = pytest.mark.slow
 
@@ -46,3 +47,12 @@ def test_three_sparse_workers_train_and_every_replica_is_the_coordinators_theta(
         assert 0 < worker.round_bytes_up < status.fp32_bytes / 10
         assert 0 < worker.round_bytes_down < status.fp32_bytes / 10
     assert all((tmp_path / f"w{i}" / "error_feedback.safetensors").is_file() for i in range(3))
+    # Each worker pulled θ in full once (its join, fp32), then only sparse steps: its bytes received after each pull.
+    pulls: dict[str, list[int]] = {}
+    for row in read_state(local.state_dir, lambda store: store.metric_rows()):
+        if row.param_sha256:
+            pulls.setdefault(row.worker_id, []).append(row.bytes_received)
+    for worker_id, received in pulls.items():
+        steps = [b - a for a, b in zip(received, received[1:])]
+        assert received[0] > status.fp32_bytes and len(steps) == ROUNDS - 1, (worker_id, received)
+        assert all(0 < step < status.fp32_bytes / 10 for step in steps), (worker_id, steps)
