@@ -50,6 +50,7 @@ from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import run_state_dirs
+from rcswarm.observe import traffic
 from rcswarm.observe.analysis import (
     NOT_ENOUGH_DATA,
     FitReport,
@@ -118,7 +119,7 @@ class Swarm:
         for rank in range(self.n_workers):
             self.workers.append(self._spawn(
                 ["-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{port}", "--name", f"worker-{rank}",
-                 "--threads", str(threads)],
+                 "--threads", str(threads), "--state-dir", str(self.run_dir / "workers" / f"worker-{rank}")],
                 f"worker-{rank}.log",
             ))
 
@@ -295,7 +296,10 @@ def summarize_run(local: LocalRun) -> dict:
     finally:
         store.close()
     final = export_final(local.state_dir, local.final)
+    fp32 = 4 * sum(t.numel() for t in final.values()) if final else 0
     return {"seq_len": local.spec.data.seq_len, "batch_size": local.spec.data.batch_size, **dataclasses.asdict(summary),
+            "fp32_bytes": fp32, "ratio_up": traffic.ratio(fp32, summary.bytes_up_per_worker_round),
+            "ratio_down": traffic.ratio(fp32, summary.bytes_down_per_worker_round),
             "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final)}
 
 
@@ -323,6 +327,7 @@ SUMMARY_COLUMNS = (
     ("tok/s³", lambda r: f"{r['tokens_per_second']:,.0f}"),
     ("sync⁴", lambda r: "—" if not math.isfinite(r["sync_share"]) else f"{r['sync_share']:.1%}"),
     ("MB/\nround⁵", lambda r: f"{(r['bytes_sent_per_round'] + r['bytes_received_per_round']) / 1e6:.2f}"),
+    ("× below\nfp32⁶", lambda r: " / ".join(f"{x:.3g}" if math.isfinite(x) else "–" for x in (r["ratio_up"], r["ratio_down"]))),
     ("wall\ntime", lambda r: f"{r['wall_seconds']:.0f} s"),
 )
 SUMMARY_NOTES = (
@@ -331,6 +336,8 @@ SUMMARY_NOTES = (
     "³ training tokens of all workers per second of the run's wall time (first round opened → last metric)",
     "⁴ share of wall time synchronizing: mean over workers of sync / (sync + compute) seconds",
     "⁵ megabytes all workers sent (pushes) and received (pulls) per round, together",
+    ("⁶ θ's float32 bytes over one worker's bytes per round, up (its update) / down (its pull; the first, full, "
+     "pull included)"),
 )
 
 

@@ -32,6 +32,7 @@ from rich.table import Table
 from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
+from rcswarm.observe import traffic
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
 from rcswarm.protos.transport import ClientTLS, not_grpc_problem, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -83,6 +84,9 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     if status.pace:
         run.add_row("pace", status.pace)
     run.add_row("tokens/s", _num(status.tokens_per_second))
+    if status.fp32_bytes:
+        run.add_row("traffic per worker per round", traffic.describe(
+            status.fp32_bytes, status.bytes_up_per_round, status.bytes_down_per_round))
     if status.param_sha256:
         run.add_row("θ sha256", status.param_sha256[:16] + "…")
     if status.HasField("curriculum"):
@@ -136,7 +140,7 @@ def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, s
     late, stale, clipped or dropped update or an ended or flagged membership)."""
     workers = Table(title="workers")
     for name in ("worker", *(["run"] if labels else []), "state", "device", "L × B", "base v", "seen (s)",
-                 "tokens trained / applied", "s/step"):
+                 "tokens trained / applied", "s/step", "last up / down"):
         # A long name folds; an id (r0w12-0123abcd) fits.
         width = {"min_width": 13, "max_width": 24} if name == "worker" else {}
         workers.add_column(name, justify="left" if name in ("worker", "run", "state", "device") else "right",
@@ -146,7 +150,8 @@ def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, s
         workers.add_row(f"{w.name}\n{w.worker_id}", *([labels.get(w.run_id, "–")] if labels else []),
                         STATES.get(w.state, "unknown"), w.device, assigned, str(w.base_version),
                         f"{w.seconds_since_heartbeat:.1f}", f"{w.trained_tokens} / {w.applied_tokens}",
-                        _num(w.step_seconds) if w.step_seconds else "–")
+                        _num(w.step_seconds) if w.step_seconds else "–",
+                        f"{traffic.size(w.round_bytes_up)} / {traffic.size(w.round_bytes_down)}")
     if not status.workers:
         workers.caption = "no workers have joined"
     console.print(workers)

@@ -129,6 +129,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-params", type=int, default=0,
                         help="refuse a run spec whose model has more parameters (default 0: what the device's memory "
                              "holds at 32 bytes of training state per parameter)")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="keep this worker's error-feedback residual here (rewritten after each delivered "
+                             "update), so a restarted worker resumes what it has not sent yet (default: memory only)")
     add_hivemind_arguments(parser)
     return parser
 
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         options = client_options(
             args, WorkerOptions, device=args.device, name=args.name, threads=args.threads, patience_s=args.patience_s,
             rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s, max_params=args.max_params,
-            membership_file=args.membership_file,
+            membership_file=args.membership_file, state_dir=args.state_dir,
         )
         tls = options.tls()
     except ValueError as exc:

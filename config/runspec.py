@@ -20,7 +20,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-CODECS = ("fp32", "bf16", "int8")
+CODECS = ("fp32", "bf16", "int8", "sparse", "lowbit")
+# What each sync backend's wire can carry: hivemind's all-reduce averages dense parts in its reducers, where
+# a sparse update's entries would be summed into a dense part and cut again without error feedback.
+BACKEND_CODECS = {"coordinator": CODECS, "hivemind": ("fp32", "bf16", "int8", "lowbit")}
 INNER_OPTIMIZERS = ("adamw", "sgd")
 DATA_SOURCES = ("stdlib", "diag", "typing", "git")
 CURRICULUM_POLICIES = ("fixed", "adaptive")
@@ -191,6 +194,13 @@ class SyncSection:
       (workers average peer to peer with hivemind, worker/hivemind_sync.py; the coordinator's
       aggregation options above do not apply there).
 
+    Codecs (sync/codec.py; issue #28): `codec` is "fp32", "bf16", "int8" (blocks of `block_size`),
+    "lowbit" (blockwise absmax at `value_bits` = 2 or 4 bits, blocks of `block_size`) or "sparse" (per
+    chunk of `sparse_chunk` values the `density` × chunk largest in magnitude, at `value_bits` = 1..8
+    bits each). The coordinator backend carries all five in both directions; hivemind's all-reduce all
+    but "sparse" (`BACKEND_CODECS`). `error_decay` β: the workers' and the coordinator's error feedback
+    carry β × what was not sent into the next round (1 = all of it; SparseLoCo uses 0.95).
+
     Heterogeneous swarms (issue #15; decisions.decide_pace and decide_staleness have the rules):
     * `round`: "steps" (every worker trains inner.steps steps, or with `adaptive_steps` its own
       count from its measured speed so that all finish together) or "time" (every worker trains
@@ -205,6 +215,12 @@ class SyncSection:
     codec: str = "int8"
     block_size: int = 256
     error_feedback: bool = True
+    # codec = "sparse": the fraction of each chunk of sparse_chunk values sent; "sparse" and "lowbit": bits per value.
+    density: float = 0.02
+    value_bits: int = 2
+    sparse_chunk: int = 4096
+    # Error feedback's decay β (workers and coordinator): the next round carries β × what was not sent.
+    error_decay: float = 1.0
     # A round closes at this many seconds after it opened if at least one worker reported.
     round_deadline_s: float = 120.0
     # Before its deadline a round closes only once at least this many workers reported.
@@ -245,6 +261,7 @@ class SyncSection:
             _fail("sync.codec", self.codec, f"one of {CODECS}")
         if not 1 <= self.block_size <= 1 << 16:
             _fail("sync.block_size", self.block_size, "an integer between 1 and 65536")
+        self._check_codec()
         _check_positive(self, "sync", "round_deadline_s", "min_reports", "centered_clip_tau")
         if not self.clip_factor >= 1.0:
             _fail("sync.clip_factor", self.clip_factor, "a number >= 1 (a multiple of the reference norm)")
@@ -265,6 +282,26 @@ class SyncSection:
         if not 0 <= self.outlier_evict_after <= self.outlier_window:
             _fail("sync.outlier_evict_after", self.outlier_evict_after,
                   f"an integer between 0 (never) and sync.outlier_window = {self.outlier_window}")
+
+    def _check_codec(self) -> None:
+        """The codec's own keys, and whether the backend's wire carries it."""
+        if not (math.isfinite(self.density) and 0.0 < self.density <= 1.0):
+            _fail("sync.density", self.density, "a fraction in (0, 1] of each chunk's values")
+        if not 2 <= self.sparse_chunk <= 1 << 16:
+            _fail("sync.sparse_chunk", self.sparse_chunk, "an integer between 2 and 65536")
+        if not 1 <= self.value_bits <= 8:
+            _fail("sync.value_bits", self.value_bits, "an integer between 1 and 8")
+        if self.codec == "lowbit" and self.value_bits not in (2, 4):
+            _fail("sync.value_bits", self.value_bits, '2 or 4 with sync.codec = "lowbit" (codes that tile a byte)')
+        if not (math.isfinite(self.error_decay) and 0.0 <= self.error_decay <= 1.0):
+            _fail("sync.error_decay", self.error_decay, "a number in [0, 1] (1 = carry all that was not sent)")
+        if self.codec == "sparse" and not self.error_feedback:
+            _fail("sync.error_feedback", self.error_feedback,
+                  'true with sync.codec = "sparse" (without it every entry not sent is lost)')
+        carried = BACKEND_CODECS.get(self.backend, CODECS)
+        if self.codec not in carried:
+            _fail("sync.codec", self.codec, f"one of {carried} with sync.backend = {self.backend!r}: its all-reduce "
+                  "averages dense parts, where sparse entries would be summed and cut again without error feedback")
 
     def _check_pace(self) -> None:
         """The heterogeneous-swarm keys (round, budgets, staleness)."""

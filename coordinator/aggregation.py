@@ -89,6 +89,25 @@ docs/PERFORMANCE.md has the cost of each and the loss of an honest run under eac
 `automatic_norm_bound` is the default hard bound `sync.max_update_norm = 0`: twice the most
 an honest worker's inner optimizer can move θ in inner.steps steps.
 
+Sparse updates (`sync.codec = "sparse"`, issue #28). Every rule here reads an update decoded to a
+dense float32 tensor: the entries a worker sent, zero elsewhere (`EncodedDeltas` decodes the sparse
+payload like any other), so each applies unchanged; what changes is what the data look like.
+* The hard norm bound and clipped_mean see the decoded update's norm: a poisoned update with huge
+  values at a few indices has a huge norm and is refused at the push, or (bound lifted) scaled to
+  c·R like a dense one; one worker still moves Δ̄ by at most (n_i / Σ n)·c·R. An honest sparse update
+  carries its error-feedback residual too (what earlier rounds did not send); the bench's largest
+  honest ‖Δ‖ was a small fraction of the automatic bound (docs/PERFORMANCE.md, "Compression").
+* The direction check's cosines are between sparse vectors: honest workers' kept entries overlap
+  (large coordinates of one round's pseudo-gradients are shared), so their scores stay positive, but
+  lower than dense ones. An update whose entries no honest update sent has cosine 0 with all of
+  them: it is not dropped (a drop needs a score below `min_cosine` = 0) and clipping bounds it, as
+  tests/coordinator/test_sparse_wire.py shows; a sign flip of an honest sparse update still scores
+  the negative of the original's and is dropped.
+* trimmed_mean trims per coordinate over all n updates, zeros included: a coordinate that fewer
+  than k + 1 workers sent keeps only zeros after the trim, so on sparse updates it keeps the
+  coordinates several workers agree on and drops most of the rest (the bench gives its cost).
+* centered_clip measures distances between dense decoded vectors and clips as before.
+
 Memory: every aggregator runs slice by slice through float64 buffers of about
 `outer.AVERAGE_SLICE` elements (trimmed_mean and the direction check: AVERAGE_SLICE / n
 coordinates of n updates); centered_clip keeps its centre v as full-size float32 tensors (the
@@ -112,7 +131,7 @@ import torch
 from rcswarm.config.runspec import InnerSection, SyncSection
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
-from rcswarm.sync import outer
+from rcswarm.sync import outer, tensor_stream
 
 Tensors = dict[str, torch.Tensor]
 
@@ -143,7 +162,7 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
 
     def __init__(self, header: pb.TensorHeader, payload: bytes | bytearray) -> None:
         """Index the payload's tensors by the (already validated) header; copies nothing."""
-        self._codec, self._block_size = header.codec, header.block_size
+        self._format = tensor_stream.header_format(header)
         self._payload = memoryview(payload)
         self._parts: dict[str, tuple[tuple[int, ...], int, int]] = {}
         offset = 0
@@ -183,10 +202,10 @@ class EncodedDeltas(Mapping[str, torch.Tensor]):
             return self._last[1]
         shape, start, stop = self._parts[name]
         if self._scratch is None:
-            tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size)  # [*shape]
+            tensor = codecs.decode(self._payload[start:stop], self._format, shape)  # [*shape]
         else:
             into = self._scratch[: math.prod(shape)]  # [numel]
-            tensor = codecs.decode(self._payload[start:stop], self._codec, shape, self._block_size, out=into)
+            tensor = codecs.decode(self._payload[start:stop], self._format, shape, out=into)
         self._last = (name, tensor)
         return tensor
 

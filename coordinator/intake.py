@@ -47,6 +47,7 @@ from rcswarm.coordinator.records import (
     WorkerRecord,
 )
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 
 if TYPE_CHECKING:
@@ -101,21 +102,26 @@ def check_metrics(metrics: Sequence[pb.Metric], step_tokens: tuple[int, str] | N
 
 def receive_update(
     header: pb.TensorHeader, requests: Iterator[pb.PushUpdateRequest], shapes: dict[str, tuple[int, ...]],
-    run_id: str, version: int,
-) -> tuple[aggregation.EncodedDeltas, float]:
-    """Reassemble and validate a pseudo-gradient of the run's `shapes`; it, held encoded until the close, and its
-    global L2 norm (without the lock: nothing here touches shared state)."""
+    run_id: str, version: int, wire_format: codecs.WireFormat | None = None,
+) -> tuple[aggregation.EncodedDeltas, float, int]:
+    """Reassemble and validate a pseudo-gradient of the run's `shapes` (a sparse or low-bit one in the run's
+    `wire_format`); it, held encoded until the close, its global L2 norm and the bytes of its header and chunk
+    messages (without the lock: nothing here touches shared state)."""
+    size = pb.PushUpdateRequest(header=header).ByteSize()
     try:
-        receiver = tensor_stream.PayloadReceiver(header, expected=shapes, run_id=run_id, version=version)
+        receiver = tensor_stream.PayloadReceiver(
+            header, expected=shapes, run_id=run_id, version=version, expected_format=wire_format
+        )
         for message in requests:
             if message.WhichOneof("part") != "chunk":
                 raise tensor_stream.PayloadError(f"expected a chunk message, got {message.WhichOneof('part')}")
             receiver.add(message.chunk)
+            size += message.ByteSize()
         deltas, payload = receiver.finish_encoded()
         tensor_stream.check_finite(deltas)
     except tensor_stream.PayloadError as exc:
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"update rejected: {exc}") from None
-    return aggregation.EncodedDeltas(header, payload), tensor_stream.global_norm(deltas)
+    return aggregation.EncodedDeltas(header, payload), tensor_stream.global_norm(deltas), size
 
 
 class UpdateIntake:

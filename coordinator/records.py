@@ -106,6 +106,9 @@ class WorkerRecord:
     # Seconds of its recent inner steps, and its cumulative compute seconds at its last metric row.
     step_samples: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
     last_compute: float | None = None
+    # Bytes of its last update as received and of its last pull as served (0 before one).
+    round_bytes_up: int = 0
+    round_bytes_down: int = 0
 
     def step_seconds(self) -> float | None:
         """Its measured seconds per inner step (the median of its recent steps), None before any."""
@@ -254,6 +257,40 @@ class ClosedRound:
 def pull_payload(params: outer.Tensors, run_id: str, version: int, sha256: bytes) -> Payload:
     """The fp32 payload of the full θ of `version` (no lock: a pure function of its inputs)."""
     return tensor_stream.build_payload(params, codec=pb.CODEC_FP32, run_id=run_id, version=version, content_sha256=sha256)
+
+
+@dataclass
+class Traffic:
+    """Bytes of the updates a coordinator received and the pulls it served, for GetStatus (issue #28).
+
+    `fp32_bytes`: θ's tensors in float32, what one update or one pull moves uncompressed (the ratio's base).
+    Per worker per round is per update and per pull: each worker pushes once and pulls once a round (a full
+    pull after a join or a missed round counts where it happened). Every method: the coordinator's `_lock` held.
+    """
+
+    fp32_bytes: int
+    up_bytes: int = 0
+    updates: int = 0
+    down_bytes: int = 0
+    pulls: int = 0
+
+    def count_up(self, worker: WorkerRecord | None, size: int) -> None:
+        """An accepted update of `size` message bytes (lock held)."""
+        self.up_bytes, self.updates = self.up_bytes + size, self.updates + 1
+        if worker is not None:
+            worker.round_bytes_up = size
+
+    def count_down(self, worker: WorkerRecord | None, size: int) -> None:
+        """A pull streamed in full, `size` message bytes (lock held)."""
+        self.down_bytes, self.pulls = self.down_bytes + size, self.pulls + 1
+        if worker is not None:
+            worker.round_bytes_down = size
+
+    def fill(self, response: pb.GetStatusResponse) -> None:
+        """Set the run's traffic fields of a GetStatus reply (lock held)."""
+        response.fp32_bytes = self.fp32_bytes
+        response.bytes_up_per_round = self.up_bytes / self.updates if self.updates else 0.0
+        response.bytes_down_per_round = self.down_bytes / self.pulls if self.pulls else 0.0
 
 
 class LazyPullPayload:

@@ -56,6 +56,7 @@ from rcswarm.coordinator.records import (
     LazyPullPayload,
     OpenRound,
     Refusal,
+    Traffic,
     WorkerRecord,
 )
 from rcswarm.coordinator.resume import resume
@@ -185,7 +186,9 @@ class SwarmCoordinator:
         # How much each worker trains from the current version; decided again at each close and metric report.
         self.pace = decisions.decide_pace({}, self.pace_options)
         self.codec = codecs.codec_from_name(spec.sync.codec)
-        self.broadcast_feedback = codecs.ErrorFeedback()
+        # The codec with its parameters: what the compressed step is sent in and a sparse update must carry.
+        self.wire_format = codecs.WireFormat.from_sync(spec.sync)
+        self.broadcast_feedback = codecs.ErrorFeedback(spec.sync.error_decay)
         # (from_version, header, chunks) of the compressed step to the current version.
         self._delta_payload: tuple[int, pb.TensorHeader, list[pb.TensorChunk]] | None = None
         resumed = resume(spec, store, self.broadcast_feedback, self.codec)
@@ -218,6 +221,8 @@ class SwarmCoordinator:
         self.tracker = curricula.CurriculumTracker(spec, store)
         self.param_sha256 = tensor_stream.params_sha256(self.params)
         self._pull_payload = LazyPullPayload(self.params, self.run_id, self.version, self.param_sha256)
+        # Bytes of updates received and pulls served (issue #28), for GetStatus.
+        self.traffic = Traffic(4 * sum(t.numel() for t in self.params.values()))
 
     @property
     def curriculum(self) -> curricula.CurriculumState:
@@ -365,9 +370,15 @@ class SwarmCoordinator:
                           f"version {self.version} changed {PULL_ATTEMPTS} times while the pull read it; pull again")
         if payload is not None:
             header, chunks = payload
-        yield pb.PullParametersResponse(header=header)
+        message = pb.PullParametersResponse(header=header)
+        served = message.ByteSize()
+        yield message
         for chunk in chunks:
-            yield pb.PullParametersResponse(chunk=chunk)
+            message = pb.PullParametersResponse(chunk=chunk)
+            served += message.ByteSize()
+            yield message
+        with self._lock:
+            self.traffic.count_down(self.workers.get(request.worker_id), served)
 
     def _pick_payload(
         self, request: pb.PullParametersRequest
@@ -432,13 +443,14 @@ class SwarmCoordinator:
             self.intake.check_meta(self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret), meta)
             bound, why = self.closer.norm_bound
         header = first_part(requests, "header").header
-        deltas, norm = receive_update(header, requests, self.shapes, self.run_id, meta.base_version)
+        deltas, norm, size = receive_update(header, requests, self.shapes, self.run_id, meta.base_version, self.wire_format)
         with self._lock:
             worker = self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret)
             lateness = self.intake.check_meta(worker, meta)
             if norm > bound:
                 self.intake.refuse_outlier(worker, f"update rejected: global L2 norm {norm:.4g} exceeds {why}")
             self.intake.record(worker, meta, lateness, norm, deltas)
+            self.traffic.count_up(worker, size + pb.PushUpdateRequest(meta=meta).ByteSize())
             reports = len(self.round.reports) + len(self.round.late)
             round_version = self.round.version
             close = self.closer.begin()
@@ -545,6 +557,7 @@ class SwarmCoordinator:
                 curriculum=self.tracker.status(now, self.shown_version), applied_tokens=min(self.applied_tokens, INT64_MAX),
                 pace=self.pace.reason,
             )
+            self.traffic.fill(response)
             for w in self._listed_workers():
                 response.workers.add(
                     worker_id=w.worker_id, name=w.name, state=w.state, base_version=w.base_version,
@@ -554,6 +567,7 @@ class SwarmCoordinator:
                     outlier=w.outlier, late_updates=w.late_updates, trained_tokens=min(w.trained_tokens, INT64_MAX),
                     applied_tokens=min(w.applied_tokens, INT64_MAX), step_seconds=w.step_seconds() or 0.0,
                     run_id=self.run_id,
+                    round_bytes_up=w.round_bytes_up, round_bytes_down=w.round_bytes_down,
                 )
             current = self.round
             open_round = pb.RoundStatus(

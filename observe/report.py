@@ -28,6 +28,10 @@ class RunSummary:
     bytes_received_per_round: float
     sync_share: float
     wall_seconds: float
+    # Issue #28: the bytes one worker sent (its updates) and received (its pulls, the first full one included)
+    # per update the rounds applied: per worker per round.
+    bytes_up_per_worker_round: float = 0.0
+    bytes_down_per_worker_round: float = 0.0
 
 
 def _mean_loss(store: StateStore, version: int) -> float:
@@ -56,4 +60,6 @@ def summarize(store: StateStore) -> RunSummary:
         bytes_received_per_round=sum(w.bytes_received for w in per_worker) / max(rounds.count, 1),
         sync_share=sum(shares) / len(shares) if shares else math.nan,
         wall_seconds=wall,
+        bytes_up_per_worker_round=sum(w.bytes_sent for w in per_worker) / max(rounds.reports, 1),
+        bytes_down_per_worker_round=sum(w.bytes_received for w in per_worker) / max(rounds.reports, 1),
     )

@@ -41,12 +41,14 @@ class WorkerUsage:
 
 @dataclass(frozen=True)
 class RoundsSummary:
-    """The closed rounds: how many, the first and last version, the earliest opening time (None: no round)."""
+    """The closed rounds: how many, the first and last version, the earliest opening time (None: no round), and
+    the updates they applied (their reports, together)."""
 
     count: int
     first_version: int
     last_version: int
     first_opened_at: float | None
+    reports: int = 0
 
 
 @dataclass(frozen=True)

@@ -514,8 +514,9 @@ class StateStore:
         return self._read(TRAINING_ROWS)
 
     def rounds_summary(self) -> RoundsSummary:
-        count, first, last, opened = self._read("SELECT COUNT(*), MIN(version), MAX(version), MIN(opened_at) FROM rounds")[0]
-        return RoundsSummary(count or 0, first or 0, last or 0, opened)
+        count, first, last, opened, reports = self._read(
+            "SELECT COUNT(*), MIN(version), MAX(version), MIN(opened_at), SUM(reports) FROM rounds")[0]
+        return RoundsSummary(count or 0, first or 0, last or 0, opened, reports or 0)
 
     def mean_training_loss(self, version: int) -> float | None:
         """The mean loss of the training steps (tokens > 0) trained from `version`; None without any."""

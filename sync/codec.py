@@ -19,15 +19,41 @@ Every codec turns a CPU float32 tensor into a flat little-endian byte string and
   small that ``absmax / 127`` underflows to 0 (absmax below about 1e-43) decode to zeros.
   Encoding rejects non-finite values, and decoding rejects non-finite or negative scales.
 
+* ``CODEC_SPARSE`` (issue #28): the flattened tensor is cut into chunks of ``block_size``
+  elements (the last may be short: ``n`` elements keep ``ceil(keep * n / block_size)``). Of each
+  chunk the ``keep`` entries largest in magnitude are sent: their chunk-local offsets in strictly
+  increasing order, packed at ``w = (block_size - 1).bit_length()`` bits each, and their values at
+  ``value_bits`` = b bits each: a sign bit and ``b - 1`` magnitude bits. A chunk's two float32
+  scales ``lo`` and ``hi`` are the smallest and largest kept magnitude; with ``L = 2**(b-1)`` levels
+  of width ``(hi - lo) / L`` a kept value decodes to ``±(lo + (q + 1/2) (hi - lo) / L)``, so per kept
+  entry ``|x - x_hat| <= (hi - lo) / 2**b`` (plus float32 rounding), and every entry not kept
+  decodes to 0. Layout: all scales (``lo, hi`` per chunk, in order), then the packed offsets, then
+  the packed values, each bit stream least significant bit first and padded with zero bits to a
+  byte. The size depends on the shape and the format alone (``encoded_size``), so a receiver
+  checks it before it allocates. Decoding refuses offsets out of the chunk or not strictly
+  increasing (a duplicate), non-finite, negative or inverted (``lo > hi``) scales, and non-zero
+  padding.
+* ``CODEC_LOWBIT_BLOCK``: ``CODEC_INT8_BLOCK`` at ``value_bits`` = b in {2, 4} bits: per block
+  ``scale = absmax / Q`` with ``Q = 2**(b-1) - 1`` and ``q = clamp(round(x / scale), -Q, Q)``
+  stored as ``q + Q`` in b bits (2 bits: ternary, 4 bits: 15 levels), so
+  ``|x - x_hat| <= absmax / (2 Q)``. Layout: all scales, then the codes packed 8 / b to a byte,
+  least significant first. The dense low-bit codec hivemind's all-reduce can carry (sparse
+  entries do not survive its reducers' averaging); decoding refuses the unused code ``2 Q + 1``.
+
+A codec and every parameter its bytes depend on is a ``WireFormat``; the functions below take one
+where they take a codec (a bare ``pb.Codec`` value plus ``block_size`` names the dense codecs).
+
 ``ErrorFeedback`` keeps, per tensor name, what the lossy codecs dropped and adds it to the
 next round's delta, so that over many rounds the receiver sees the sum of the true deltas up
-to one bounded residual.
+to one bounded residual. With a ``decay`` β < 1 (SparseLoCo's error feedback, arXiv:2508.15706)
+the residual kept is β times what was not sent: old unsent mass fades instead of piling up.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,17 +61,96 @@ import torch
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 DEFAULT_BLOCK_SIZE = 256
+# CODEC_SPARSE's default chunk (sync.sparse_chunk): 12-bit offsets.
+DEFAULT_SPARSE_CHUNK = 4096
 
 CODEC_NAMES: dict[str, int] = {
     "fp32": pb.CODEC_FP32,
     "bf16": pb.CODEC_BF16,
     "int8": pb.CODEC_INT8_BLOCK,
+    "sparse": pb.CODEC_SPARSE,
+    "lowbit": pb.CODEC_LOWBIT_BLOCK,
 }
 
 _KNOWN_CODECS = frozenset(CODEC_NAMES.values())
 _INT8_MAX = 127.0
 # Blocks quantized per slice of the int8 encoder.
 _QUANTIZE_ROWS = 4096
+# The largest chunk or block of any codec (offsets of a sparse chunk fit 16 bits).
+MAX_BLOCK_SIZE = 1 << 16
+# CODEC_LOWBIT_BLOCK's widths: codes that tile a byte.
+LOWBIT_VALUE_BITS = (2, 4)
+# Values a bit stream is packed or unpacked in at once (bounds the bit-per-byte temporaries).
+_PACK_SLICE = 1 << 20
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """A codec and every parameter its bytes depend on: what a payload's header names and a receiver checks.
+
+    ``block_size``: elements per block (int8, lowbit) or per chunk (sparse); ignored by fp32 and bf16.
+    ``keep``: CODEC_SPARSE's entries kept per full chunk (1..block_size); 0 for the others.
+    ``value_bits``: bits per value of CODEC_SPARSE (1..8) and CODEC_LOWBIT_BLOCK (2 or 4); 0 for the others.
+    """
+
+    codec: int
+    block_size: int = DEFAULT_BLOCK_SIZE
+    keep: int = 0
+    value_bits: int = 0
+
+    def __post_init__(self) -> None:
+        if self.codec not in _KNOWN_CODECS:
+            raise ValueError(f"{codec_label(self.codec)} is not supported; expected one of {sorted(_KNOWN_CODECS)}")
+        if self.codec in (pb.CODEC_INT8_BLOCK, pb.CODEC_SPARSE, pb.CODEC_LOWBIT_BLOCK) and not (
+            0 < self.block_size <= MAX_BLOCK_SIZE
+        ):
+            raise ValueError(f"{codec_label(self.codec)} needs block_size in 1..{MAX_BLOCK_SIZE}, got {self.block_size}")
+        if self.codec == pb.CODEC_SPARSE:
+            if not 1 <= self.keep <= self.block_size:
+                raise ValueError(f"CODEC_SPARSE keeps 1..block_size = {self.block_size} entries per chunk, got {self.keep}")
+            if not 1 <= self.value_bits <= 8:
+                raise ValueError(f"CODEC_SPARSE needs value_bits in 1..8, got {self.value_bits}")
+        elif self.codec == pb.CODEC_LOWBIT_BLOCK:
+            if self.value_bits not in LOWBIT_VALUE_BITS or self.keep:
+                raise ValueError(f"CODEC_LOWBIT_BLOCK needs value_bits in {LOWBIT_VALUE_BITS} and keep 0, got "
+                                 f"value_bits {self.value_bits}, keep {self.keep}")
+        elif self.keep or self.value_bits:
+            raise ValueError(f"{codec_label(self.codec)} takes no keep or value_bits, got {self.keep}, {self.value_bits}")
+
+    @classmethod
+    def of(cls, codec: int | WireFormat, block_size: int = DEFAULT_BLOCK_SIZE) -> WireFormat:
+        """`codec` itself when it is a format; else the format of a dense codec with `block_size` (the sparse and
+        low-bit codecs need their other parameters: ValueError)."""
+        return codec if isinstance(codec, WireFormat) else cls(int(codec), block_size)
+
+    @classmethod
+    def from_sync(cls, sync) -> WireFormat:
+        """The format of a run spec's [sync] table (`codec`, `block_size`, `sparse_chunk`, `density`, `value_bits`)."""
+        codec = codec_from_name(sync.codec)
+        if codec == pb.CODEC_SPARSE:
+            return cls(codec, sync.sparse_chunk, sparse_keep(sync.density, sync.sparse_chunk), sync.value_bits)
+        if codec == pb.CODEC_LOWBIT_BLOCK:
+            return cls(codec, sync.block_size, 0, sync.value_bits)
+        return cls(codec, sync.block_size)
+
+    @property
+    def lossless(self) -> bool:
+        return self.codec == pb.CODEC_FP32
+
+    def describe(self) -> str:
+        """For logs and messages, e.g. ``CODEC_SPARSE (4): 82 of 4096 per chunk, 2-bit values``."""
+        if self.codec == pb.CODEC_SPARSE:
+            return f"{codec_label(self.codec)}: {self.keep} of {self.block_size} per chunk, {self.value_bits}-bit values"
+        if self.codec == pb.CODEC_LOWBIT_BLOCK:
+            return f"{codec_label(self.codec)}: {self.value_bits}-bit values, blocks of {self.block_size}"
+        if self.codec == pb.CODEC_INT8_BLOCK:
+            return f"{codec_label(self.codec)}: blocks of {self.block_size}"
+        return codec_label(self.codec)
+
+
+def sparse_keep(density: float, chunk: int) -> int:
+    """Entries a sparse chunk of `chunk` elements keeps at `density`: round(density × chunk), at least 1."""
+    return min(chunk, max(1, round(density * chunk)))
 
 
 def codec_label(codec: int) -> str:
@@ -65,27 +170,45 @@ def codec_from_name(name: str) -> int:
     return codec
 
 
-def _check_codec(codec: int, block_size: int) -> None:
-    if codec not in _KNOWN_CODECS:
-        raise ValueError(f"{codec_label(codec)} is not supported; expected one of {sorted(_KNOWN_CODECS)}")
-    if codec == pb.CODEC_INT8_BLOCK and block_size <= 0:
+def _check_codec(codec: int | WireFormat, block_size: int) -> WireFormat:
+    """The format `codec` names with `block_size` (`WireFormat.of`); ValueError for one that is not valid."""
+    if not isinstance(codec, WireFormat) and codec == pb.CODEC_INT8_BLOCK and block_size <= 0:
         raise ValueError(f"CODEC_INT8_BLOCK needs block_size > 0, got {block_size}")
+    return WireFormat.of(codec, block_size)
 
 
 def _num_blocks(numel: int, block_size: int) -> int:
     return -(-numel // block_size)
 
 
-def encoded_size(numel: int, codec: int, block_size: int) -> int:
+def _sparse_counts(numel: int, fmt: WireFormat) -> tuple[int, int, int]:
+    """(full chunks, elements of the short last chunk, entries it keeps) of a sparse tensor of `numel` elements."""
+    full, rest = divmod(numel, fmt.block_size)
+    return full, rest, -(-fmt.keep * rest // fmt.block_size)
+
+
+def offset_bits(chunk: int) -> int:
+    """Bits of one chunk-local offset of CODEC_SPARSE: (chunk − 1).bit_length(), at least 1."""
+    return max(1, (chunk - 1).bit_length())
+
+
+def encoded_size(numel: int, codec: int | WireFormat, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """Bytes that ``encode`` produces for a tensor of ``numel`` elements."""
-    _check_codec(codec, block_size)
+    fmt = _check_codec(codec, block_size)
     if numel < 0:
         raise ValueError(f"numel must be >= 0, got {numel}")
-    if codec == pb.CODEC_FP32:
+    if fmt.codec == pb.CODEC_FP32:
         return 4 * numel
-    if codec == pb.CODEC_BF16:
+    if fmt.codec == pb.CODEC_BF16:
         return 2 * numel
-    return 4 * _num_blocks(numel, block_size) + numel
+    if fmt.codec == pb.CODEC_SPARSE:
+        full, rest, kept_last = _sparse_counts(numel, fmt)
+        kept = full * fmt.keep + kept_last
+        chunks = full + (1 if rest else 0)
+        return 8 * chunks + -(-kept * offset_bits(fmt.block_size) // 8) + -(-kept * fmt.value_bits // 8)
+    if fmt.codec == pb.CODEC_LOWBIT_BLOCK:
+        return 4 * _num_blocks(numel, fmt.block_size) + -(-numel * fmt.value_bits // 8)
+    return 4 * _num_blocks(numel, fmt.block_size) + numel
 
 
 def _flat_cpu_float32(tensor: torch.Tensor) -> torch.Tensor:
@@ -112,8 +235,8 @@ def _encode_bf16(flat: torch.Tensor) -> bytes:
     return bits.numpy().astype("<i2", copy=False).tobytes()
 
 
-def _block_scales(flat: torch.Tensor, block_size: int) -> torch.Tensor:
-    """float32 absmax / 127 of each block, the last block possibly short."""
+def _block_scales(flat: torch.Tensor, block_size: int, levels: float = _INT8_MAX) -> torch.Tensor:
+    """float32 absmax / `levels` of each block, the last block possibly short."""
     numel = flat.numel()
     full = numel // block_size
     parts = []
@@ -124,11 +247,13 @@ def _block_scales(flat: torch.Tensor, block_size: int) -> torch.Tensor:
         lo, hi = torch.aminmax(flat[full * block_size :])  # scalars
         parts.append(torch.maximum(hi, -lo).reshape(1))
     absmax = torch.cat(parts) if parts else flat.new_zeros(0)  # [num_blocks]
-    return absmax / _INT8_MAX
+    return absmax / levels
 
 
-def _quantize_into(values: torch.Tensor, divisor: torch.Tensor, out: torch.Tensor) -> None:
-    """out = clamp(round(values / divisor), -127, 127) as int8; shapes broadcast.
+def _quantize_into(
+    values: torch.Tensor, divisor: torch.Tensor, out: torch.Tensor, levels: float = _INT8_MAX, offset: float = 0.0,
+) -> None:
+    """out = clamp(round(values / divisor), -levels, levels) + offset, in out's dtype; shapes broadcast.
 
     Element-wise, so 2-d inputs run `_QUANTIZE_ROWS` blocks at a time through one float32 buffer
     instead of a full-size temporary; every element sees the same operations.
@@ -136,16 +261,16 @@ def _quantize_into(values: torch.Tensor, divisor: torch.Tensor, out: torch.Tenso
     rows = values.shape[0] if values.dim() == 2 else 0
     if rows <= _QUANTIZE_ROWS:
         q = values / divisor
-        q.round_().clamp_(-_INT8_MAX, _INT8_MAX)
-        out.copy_(q)
+        q.round_().clamp_(-levels, levels)
+        out.copy_(q.add_(offset) if offset else q)
         return
     buffer = torch.empty(_QUANTIZE_ROWS, values.shape[1], dtype=torch.float32)  # [_QUANTIZE_ROWS, block_size]
     for start in range(0, rows, _QUANTIZE_ROWS):
         stop = min(start + _QUANTIZE_ROWS, rows)
         q = buffer[: stop - start]  # [rows in slice, block_size]
         torch.div(values[start:stop], divisor[start:stop], out=q)
-        q.round_().clamp_(-_INT8_MAX, _INT8_MAX)
-        out[start:stop].copy_(q)
+        q.round_().clamp_(-levels, levels)
+        out[start:stop].copy_(q.add_(offset) if offset else q)
 
 
 def _encode_int8_block(flat: torch.Tensor, block_size: int) -> bytes:
@@ -171,15 +296,142 @@ def _encode_int8_block(flat: torch.Tensor, block_size: int) -> bytes:
     return out.numpy().tobytes()
 
 
-def encode(tensor: torch.Tensor, codec: int, block_size: int) -> bytes:
-    """Encode a float32 tensor of any shape (moved to CPU, made contiguous) with ``codec``."""
-    _check_codec(codec, block_size)
+def _lowbit_levels(value_bits: int) -> int:
+    """Q of CODEC_LOWBIT_BLOCK: codes −Q..Q stored as 0..2Q."""
+    return (1 << (value_bits - 1)) - 1
+
+
+def _pack_codes(codes: np.ndarray, width: int) -> np.ndarray:
+    """Codes of `width` bits (2 or 4: 8 / width to a byte, the first in the least significant bits) as bytes."""
+    per_byte = 8 // width
+    padded = -(-codes.size // per_byte) * per_byte
+    if padded != codes.size:
+        codes = np.concatenate([codes, np.zeros(padded - codes.size, dtype=np.uint8)])
+    grouped = codes.reshape(-1, per_byte)  # [bytes, per_byte]
+    out = grouped[:, 0].copy()  # [bytes]
+    for j in range(1, per_byte):
+        out |= grouped[:, j] << (width * j)
+    return out
+
+
+def _unpack_codes(packed: np.ndarray, count: int, width: int) -> np.ndarray:
+    """`_pack_codes`'s codes back, uint8 [count]."""
+    per_byte = 8 // width
+    mask = (1 << width) - 1
+    out = np.empty((packed.size, per_byte), dtype=np.uint8)  # [bytes, per_byte]
+    for j in range(per_byte):
+        np.bitwise_and(packed >> (width * j), mask, out=out[:, j])
+    return out.reshape(-1)[:count]
+
+
+def _encode_lowbit_block(flat: torch.Tensor, fmt: WireFormat) -> bytes:
+    numel, block_size = flat.numel(), fmt.block_size
+    levels = _lowbit_levels(fmt.value_bits)
+    scales = _block_scales(flat, block_size, float(levels))  # [num_blocks]
+    if not bool(torch.isfinite(scales).all()):
+        bad = int((~torch.isfinite(scales)).sum())
+        raise ValueError(f"CODEC_LOWBIT_BLOCK cannot encode non-finite values ({bad} blocks hold NaN or Inf)")
+    codes = torch.empty(numel, dtype=torch.uint8)  # [numel] q + Q
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))  # [num_blocks]
+    full = numel // block_size
+    if full:
+        _quantize_into(flat[: full * block_size].view(full, block_size), divisor[:full].unsqueeze(1),
+                       codes[: full * block_size].view(full, block_size), float(levels), float(levels))
+    if numel > full * block_size:
+        _quantize_into(flat[full * block_size:], divisor[-1], codes[full * block_size:], float(levels), float(levels))
+    packed = _pack_codes(codes.numpy(), fmt.value_bits)
+    return scales.numpy().astype("<f4", copy=False).tobytes() + packed.tobytes()
+
+
+def _pack_bits(values: np.ndarray, width: int) -> bytes:
+    """Unsigned integers below 2**width (width <= 16) as one bit stream, least significant bit first, padded with
+    zero bits to a byte; `_PACK_SLICE` values at a time (a multiple of 8, so every slice ends on a byte)."""
+    pieces = []
+    for start in range(0, values.size, _PACK_SLICE):
+        part = values[start:start + _PACK_SLICE].astype("<u2")  # [slice]
+        bits = np.unpackbits(part.view(np.uint8).reshape(-1, 2), axis=1, bitorder="little")  # [slice, 16]
+        pieces.append(np.packbits(bits[:, :width].reshape(-1), bitorder="little").tobytes())
+    return b"".join(pieces)
+
+
+def _unpack_bits(buf: memoryview, count: int, width: int, what: str) -> np.ndarray:
+    """`_pack_bits`'s `count` values (uint16) from `buf`, which holds exactly their bytes; ValueError for
+    non-zero padding bits (`what` names the stream)."""
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    tail = count * width % 8
+    if tail and raw.size and int(raw[-1]) >> tail:
+        raise ValueError(f"{what}: the padding bits of the last byte are not zero")
+    out = np.empty(count, dtype=np.uint16)  # [count]
+    step = _PACK_SLICE
+    for start in range(0, count, step):
+        stop = min(start + step, count)
+        first_bit = start * width  # a multiple of 8: `step` is
+        bits = np.unpackbits(raw[first_bit // 8:], count=(stop - start) * width, bitorder="little")
+        wide = np.zeros((stop - start, 16), dtype=np.uint8)  # [slice, 16]
+        wide[:, :width] = bits.reshape(stop - start, width)
+        out[start:stop] = np.packbits(wide, axis=1, bitorder="little").view("<u2").reshape(-1)
+    return out
+
+
+def _top_entries(rows: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets [r, keep] in increasing order, their values [r, keep]) of the `keep` entries of each row of
+    `rows` [r, n] largest in magnitude (ties: torch.topk's choice)."""
+    _, offsets = torch.topk(rows.abs(), keep, dim=1, sorted=False)  # [r, keep]
+    offsets, _ = torch.sort(offsets, dim=1)
+    return offsets, torch.gather(rows, 1, offsets)
+
+
+def _encode_sparse(flat: torch.Tensor, fmt: WireFormat) -> bytes:
+    if not all_finite(flat):
+        bad = int((~torch.isfinite(flat)).sum())
+        raise ValueError(f"CODEC_SPARSE cannot encode non-finite values ({bad} of {flat.numel()})")
+    numel, chunk = flat.numel(), fmt.block_size
+    full, rest, kept_last = _sparse_counts(numel, fmt)
+    offsets, values = [], []
+    if full:
+        o, v = _top_entries(flat[: full * chunk].view(full, chunk), fmt.keep)  # [full, keep] each
+        offsets.append(o.reshape(-1))
+        values.append(v)
+    if rest:
+        o, v = _top_entries(flat[full * chunk:].view(1, rest), kept_last)  # [1, kept_last] each
+        offsets.append(o.reshape(-1))
+        values.append(v)
+    if not offsets:
+        return b""
+    magnitudes = [v.abs() for v in values]  # [chunks in part, kept] each
+    lo = torch.cat([m.amin(dim=1) for m in magnitudes])  # [chunks]
+    hi = torch.cat([m.amax(dim=1) for m in magnitudes])  # [chunks]
+    levels = 1 << (fmt.value_bits - 1)
+    width = (hi - lo) / levels  # [chunks]
+    divisor = torch.where(width > 0, width, torch.ones_like(width))  # [chunks]
+    codes = []
+    start = 0
+    for v, m in zip(values, magnitudes):
+        rows = v.shape[0]
+        q = ((m - lo[start:start + rows, None]) / divisor[start:start + rows, None]).floor_().clamp_(0, levels - 1)
+        q = q.to(torch.uint8) | ((v < 0).to(torch.uint8) << (fmt.value_bits - 1))  # [rows, kept]
+        codes.append(q.reshape(-1))
+        start += rows
+    scales = torch.stack([lo, hi], dim=1)  # [chunks, 2]
+    return (scales.numpy().astype("<f4", copy=False).tobytes()
+            + _pack_bits(torch.cat(offsets).numpy(), offset_bits(chunk))
+            + _pack_bits(torch.cat(codes).numpy(), fmt.value_bits))
+
+
+def encode(tensor: torch.Tensor, codec: int | WireFormat, block_size: int = DEFAULT_BLOCK_SIZE) -> bytes:
+    """Encode a float32 tensor of any shape (moved to CPU, made contiguous) with ``codec`` (a `WireFormat`, or a
+    dense codec with ``block_size``)."""
+    fmt = _check_codec(codec, block_size)
     flat = _flat_cpu_float32(tensor)  # [numel]
-    if codec == pb.CODEC_FP32:
+    if fmt.codec == pb.CODEC_FP32:
         return _encode_fp32(flat)
-    if codec == pb.CODEC_BF16:
+    if fmt.codec == pb.CODEC_BF16:
         return _encode_bf16(flat)
-    return _encode_int8_block(flat, block_size)
+    if fmt.codec == pb.CODEC_SPARSE:
+        return _encode_sparse(flat, fmt)
+    if fmt.codec == pb.CODEC_LOWBIT_BLOCK:
+        return _encode_lowbit_block(flat, fmt)
+    return _encode_int8_block(flat, fmt.block_size)
 
 
 def _decode_fp32(buf: memoryview, numel: int, into: np.ndarray | None = None) -> np.ndarray:
@@ -222,22 +474,101 @@ def _decode_int8_block(buf: memoryview, numel: int, block_size: int, into: np.nd
     return out
 
 
+def _decode_lowbit_block(buf: memoryview, numel: int, fmt: WireFormat, into: np.ndarray | None = None) -> np.ndarray:
+    num_blocks = _num_blocks(numel, fmt.block_size)
+    scales = np.frombuffer(buf, dtype="<f4", count=num_blocks).astype(np.float32)  # [num_blocks]
+    if not (np.isfinite(scales).all() and (scales >= 0).all()):
+        bad = int(np.count_nonzero(~(np.isfinite(scales) & (scales >= 0))))
+        raise ValueError(f"CODEC_LOWBIT_BLOCK payload has {bad} non-finite or negative block scales")
+    levels = _lowbit_levels(fmt.value_bits)
+    packed = np.frombuffer(buf, dtype=np.uint8, offset=4 * num_blocks)
+    tail = numel * fmt.value_bits % 8
+    if tail and packed.size and int(packed[-1]) >> tail:
+        raise ValueError("CODEC_LOWBIT_BLOCK payload: the padding bits of the last byte are not zero")
+    codes = _unpack_codes(packed, numel, fmt.value_bits)  # [numel] q + Q
+    if numel and int(codes.max()) > 2 * levels:
+        bad = int(np.count_nonzero(codes > 2 * levels))
+        raise ValueError(f"CODEC_LOWBIT_BLOCK payload has {bad} codes above {2 * levels} (values beyond ±{levels})")
+    out = np.empty(numel, dtype=np.float32) if into is None else into  # [numel]
+    np.subtract(codes, np.float32(levels), out=out, casting="unsafe")
+    full = numel // fmt.block_size
+    if full:
+        out[: full * fmt.block_size].reshape(full, fmt.block_size)[:] *= scales[:full, None]
+    if numel > full * fmt.block_size:
+        out[full * fmt.block_size:] *= scales[-1]
+    return out
+
+
+def _check_sparse_offsets(offsets: np.ndarray, chunks: int, kept: int, length: int, first: int) -> None:
+    """Offsets [chunks, kept] of chunks of `length` elements: strictly increasing per chunk and below `length`
+    (`first`: the index of the first of these chunks, for the message)."""
+    if not offsets.size:
+        return
+    if kept > 1:
+        steps = np.diff(offsets.astype(np.int32), axis=1)  # [chunks, kept - 1]
+        if not (steps > 0).all():
+            row = int(np.nonzero((steps <= 0).any(axis=1))[0][0])
+            raise ValueError(f"CODEC_SPARSE payload: chunk {first + row} has duplicate or unordered offsets "
+                             f"{offsets[row].tolist()[:8]}...; expected strictly increasing")
+    top = offsets[:, -1]  # [chunks] the largest of each chunk
+    if int(top.max()) >= length:
+        row = int(np.nonzero(top >= length)[0][0])
+        raise ValueError(f"CODEC_SPARSE payload: chunk {first + row} has offset {int(top[row])}, out of its "
+                         f"{length} elements")
+
+
+def _decode_sparse(buf: memoryview, numel: int, fmt: WireFormat, into: np.ndarray | None = None) -> np.ndarray:
+    chunk, bits = fmt.block_size, fmt.value_bits
+    full, rest, kept_last = _sparse_counts(numel, fmt)
+    chunks, kept = full + (1 if rest else 0), full * fmt.keep + kept_last
+    scales = np.frombuffer(buf, dtype="<f4", count=2 * chunks).astype(np.float32).reshape(chunks, 2)  # [chunks, 2]
+    lo, hi = scales[:, 0], scales[:, 1]  # [chunks] each
+    good = np.isfinite(lo) & np.isfinite(hi) & (lo >= 0) & (lo <= hi)
+    if not good.all():
+        row = int(np.nonzero(~good)[0][0])
+        raise ValueError(f"CODEC_SPARSE payload has {int(np.count_nonzero(~good))} chunks with bad scales (chunk {row}: "
+                         f"lo {lo[row]!r}, hi {hi[row]!r}); expected finite 0 <= lo <= hi")
+    width_bits = offset_bits(chunk)
+    offset_bytes = -(-kept * width_bits // 8)
+    start = 8 * chunks
+    offsets = _unpack_bits(buf[start:start + offset_bytes], kept, width_bits, "CODEC_SPARSE offsets")  # [kept]
+    codes = _unpack_bits(buf[start + offset_bytes:], kept, bits, "CODEC_SPARSE values")  # [kept]
+    _check_sparse_offsets(offsets[: full * fmt.keep].reshape(full, fmt.keep), full, fmt.keep, chunk, 0)
+    _check_sparse_offsets(offsets[full * fmt.keep:].reshape(-1, kept_last) if rest else offsets[:0].reshape(0, 1),
+                          1 if rest else 0, kept_last, rest, full)
+    levels = 1 << (bits - 1)
+    row_of = np.concatenate([np.repeat(np.arange(full, dtype=np.int64), fmt.keep),
+                             np.full(kept_last, full, dtype=np.int64)])  # [kept] the chunk of each entry
+    width = (hi - lo) / np.float32(levels)  # [chunks]
+    magnitude = (codes & (levels - 1)).astype(np.float32)  # [kept]
+    magnitude += np.float32(0.5)
+    magnitude *= width[row_of]
+    magnitude += lo[row_of]
+    values = np.where(codes >> (bits - 1) != 0, -magnitude, magnitude)  # [kept]
+    out = np.zeros(numel, dtype=np.float32) if into is None else into  # [numel]
+    if into is not None:
+        out.fill(0.0)
+    out[row_of * chunk + offsets] = values
+    return out
+
+
 def decode(
-    data: bytes | bytearray | memoryview, codec: int, shape: tuple[int, ...], block_size: int,
-    out: torch.Tensor | None = None,
+    data: bytes | bytearray | memoryview, codec: int | WireFormat, shape: tuple[int, ...],
+    block_size: int = DEFAULT_BLOCK_SIZE, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode ``encode``'s bytes into a fresh float32 tensor of ``shape``, or into ``out`` (a contiguous float32
-    CPU tensor of as many elements, returned viewed as ``shape``): the same values without fresh memory."""
-    _check_codec(codec, block_size)
+    CPU tensor of as many elements, returned viewed as ``shape``): the same values without fresh memory.
+    ValueError, with nothing written into ``out``, for bytes the codec refuses (module docstring)."""
+    fmt = _check_codec(codec, block_size)
     shape = tuple(int(d) for d in shape)
     if any(d < 0 for d in shape):
         raise ValueError(f"shape must have non-negative dimensions, got {shape}")
     numel = math.prod(shape)
     buf = memoryview(data).cast("B")
-    expected = encoded_size(numel, codec, block_size)
+    expected = encoded_size(numel, fmt)
     if buf.nbytes != expected:
         raise ValueError(
-            f"{codec_label(codec)} payload for shape {shape}: expected {expected} bytes, got {buf.nbytes}"
+            f"{codec_label(fmt.codec)} payload for shape {shape}: expected {expected} bytes, got {buf.nbytes}"
         )
     into = None
     if out is not None:
@@ -245,36 +576,50 @@ def decode(
             raise ValueError(f"out must be a contiguous float32 CPU tensor of {numel} elements, got {out.dtype} "
                              f"{tuple(out.shape)} on {out.device}")
         into = out.view(-1).numpy()  # [numel]
-    if codec == pb.CODEC_FP32:
+    if fmt.codec == pb.CODEC_FP32:
         values = _decode_fp32(buf, numel, into)
-    elif codec == pb.CODEC_BF16:
+    elif fmt.codec == pb.CODEC_BF16:
         values = _decode_bf16(buf, numel, into)
+    elif fmt.codec == pb.CODEC_SPARSE:
+        values = _decode_sparse(buf, numel, fmt, into)
+    elif fmt.codec == pb.CODEC_LOWBIT_BLOCK:
+        values = _decode_lowbit_block(buf, numel, fmt, into)
     else:
-        values = _decode_int8_block(buf, numel, block_size, into)
+        values = _decode_int8_block(buf, numel, fmt.block_size, into)
     return torch.from_numpy(values).reshape(shape) if out is None else out.view(shape)
 
 
-def _combine(delta: torch.Tensor, residual: torch.Tensor | None, consume: bool) -> torch.Tensor:
-    """``delta + residual`` (``delta`` without one) in a fresh tensor, or in ``delta``'s own buffer when
-    the caller gave it up (``consume``, contiguous); the same values either way."""
+def _combine(delta: torch.Tensor, residual: torch.Tensor | None, consume: bool, decay: float = 1.0) -> torch.Tensor:
+    """``delta + decay · residual`` (``delta`` without one) in a fresh tensor, or in ``delta``'s own buffer when
+    the caller gave it up (``consume``, contiguous); the same values either way (with decay 1, a plain sum)."""
+    if residual is None:
+        return delta if consume and delta.is_contiguous() else delta.clone()
     if not (consume and delta.is_contiguous()):
-        return delta + residual if residual is not None else delta.clone()
-    return delta.add_(residual) if residual is not None else delta
+        return delta + residual if decay == 1.0 else torch.add(delta, residual, alpha=decay)
+    return delta.add_(residual) if decay == 1.0 else delta.add_(residual, alpha=decay)
 
 
 class ErrorFeedback:
-    """Per-tensor residuals that carry a lossy codec's rounding error into the next round.
+    """Per-tensor residuals that carry a lossy codec's error (and a sparse codec's unsent entries) into the next round.
 
-    Each round sends ``c = delta + residual`` and keeps ``residual = c - decode(encode(c))``,
-    exactly what the receiver did not get. Summed over rounds, what the receiver decoded
-    equals the sum of the true deltas minus the current residual.
+    Each round sends ``c = delta + β · residual`` and keeps ``residual = c - decode(encode(c))``,
+    exactly what the receiver did not get. With ``decay`` β = 1 (the default), summed over rounds, what the
+    receiver decoded equals the sum of the true deltas minus the current residual; with β < 1 the unsent part
+    of each round fades by β per round (SparseLoCo's accumulator, module docstring).
+
+    Threads: one owner at a time (a worker's loop; the coordinator's closing thread), no lock.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, decay: float = 1.0) -> None:
+        if not (math.isfinite(decay) and 0.0 <= decay <= 1.0):
+            raise ValueError(f"error feedback decay = {decay!r}: expected a number in [0, 1]")
+        self.decay = decay
         self._residuals: dict[str, torch.Tensor] = {}
 
-    def compress(self, deltas: dict[str, torch.Tensor], codec: int, block_size: int) -> dict[str, bytes]:
-        """Encode ``delta + residual`` per name and update the residuals; same order as ``deltas``.
+    def compress(
+        self, deltas: dict[str, torch.Tensor], codec: int | WireFormat, block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> dict[str, bytes]:
+        """Encode ``delta + β · residual`` per name and update the residuals; same order as ``deltas``.
 
         The residuals change only if every tensor encodes; a non-finite input raises
         ValueError and leaves them as they were.
@@ -282,8 +627,8 @@ class ErrorFeedback:
         return self.compress_decoded(deltas, codec, block_size)[0]
 
     def compress_decoded(
-        self, deltas: dict[str, torch.Tensor], codec: int, block_size: int, *, consume: bool = False,
-        into: Mapping[str, torch.Tensor] | None = None,
+        self, deltas: dict[str, torch.Tensor], codec: int | WireFormat, block_size: int = DEFAULT_BLOCK_SIZE, *,
+        consume: bool = False, into: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[dict[str, bytes], dict[str, torch.Tensor]]:
         """``compress``, and also what the receiver decodes from each payload (float32, same shapes).
 
@@ -293,20 +638,19 @@ class ErrorFeedback:
         codec decodes into ``into[name]`` where one is given (a float32 buffer of the same shape the caller
         gave up) instead of a fresh tensor.
         """
-        _check_codec(codec, block_size)
+        fmt = _check_codec(codec, block_size)
         payloads: dict[str, bytes] = {}
         received: dict[str, torch.Tensor] = {}
         updated: dict[str, torch.Tensor] = {}
         for name, delta in deltas.items():
             payloads[name], received[name], updated[name] = self._compress_one(
-                name, delta, codec, block_size, consume, None if into is None else into.get(name)
+                name, delta, fmt, consume, None if into is None else into.get(name)
             )
         self._residuals.update(updated)
         return payloads, received
 
     def _compress_one(
-        self, name: str, delta: torch.Tensor, codec: int, block_size: int, consume: bool = False,
-        into: torch.Tensor | None = None,
+        self, name: str, delta: torch.Tensor, fmt: WireFormat, consume: bool = False, into: torch.Tensor | None = None,
     ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
         """(payload, decoded payload, new residual) of one tensor; the residual reuses the combined buffer."""
         if delta.dtype != torch.float32:
@@ -317,15 +661,15 @@ class ErrorFeedback:
             raise ValueError(
                 f"delta {name!r}: shape {tuple(delta.shape)} differs from its residual's {tuple(residual.shape)}"
             )
-        combined = _combine(delta, residual, consume)  # [*shape]
+        combined = _combine(delta, residual, consume, self.decay)  # [*shape]
         if not all_finite(combined):
             bad = int((~torch.isfinite(combined)).sum())
             raise ValueError(f"delta {name!r} has {bad} non-finite values")
-        payload = encode(combined, codec, block_size)
-        if codec == pb.CODEC_FP32:
+        payload = encode(combined, fmt)
+        if fmt.lossless:
             return payload, combined, torch.zeros_like(combined)
         usable = into is not None and into.shape == combined.shape and into.dtype == torch.float32 and into.is_contiguous()
-        received = decode(payload, codec, tuple(combined.shape), block_size, out=into if usable else None)  # [*shape]
+        received = decode(payload, fmt, tuple(combined.shape), out=into if usable else None)  # [*shape]
         return payload, received, combined.sub_(received)
 
     def residual(self, name: str) -> torch.Tensor | None:

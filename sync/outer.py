@@ -157,7 +157,7 @@ def _average_one(
 def compressed_step(
     params: Mapping[str, torch.Tensor],
     target: Mapping[str, torch.Tensor],
-    codec: int,
+    codec: int | codecs.WireFormat,
     block_size: int,
     error_feedback: codecs.ErrorFeedback,
     *,

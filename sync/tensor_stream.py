@@ -7,6 +7,12 @@ SHA-256 of the float32 tensors it describes. ``PayloadReceiver`` checks the head
 what the receiver expects before it allocates anything, then checks every chunk as it
 arrives, so a malformed or hostile stream fails early with a ``PayloadError`` that says what
 was found and what was expected.
+
+The header names the codec's whole format (`WireFormat`: codec, block size, and for the sparse and
+low-bit codecs `sparse_keep` and `value_bits`), and every codec's size is a function of the shape and the
+format alone, so the sparse codec's payload, however few entries it carries, is framed like the others:
+each tensor's `num_bytes` must equal `encoded_size` before anything is allocated, and what the bytes
+hold (offsets, scales, codes) is checked when the tensors are decoded, before any is returned.
 """
 
 from __future__ import annotations
@@ -19,7 +25,15 @@ from collections.abc import Collection, Mapping
 import torch
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.sync.codec import CODEC_NAMES, DEFAULT_BLOCK_SIZE, codec_label, decode, encode, encoded_size
+from rcswarm.sync.codec import (
+    CODEC_NAMES,
+    DEFAULT_BLOCK_SIZE,
+    WireFormat,
+    codec_label,
+    decode,
+    encode,
+    encoded_size,
+)
 
 MAX_CHUNK_SIZE = 1 << 20
 SHA256_SIZE = 32
@@ -67,7 +81,7 @@ def _check_chunk_size(chunk_size: int) -> None:
 
 def _encoded_parts(
     tensors: Mapping[str, torch.Tensor],
-    codec: int,
+    codec: WireFormat,
     block_size: int,
     encoded: Mapping[str, bytes] | None,
 ) -> list[bytes]:
@@ -88,7 +102,7 @@ def _encoded_parts(
         if len(part) != expected:
             raise ValueError(
                 f"tensor {name!r}: encoded bytes have {len(part)} bytes, "
-                f"expected {expected} for {codec_label(codec)} and shape {tuple(tensor.shape)}"
+                f"expected {expected} for {codec.describe()} and shape {tuple(tensor.shape)}"
             )
         parts.append(part)
     return parts
@@ -107,7 +121,7 @@ def _cut_chunks(blob: bytes, chunk_size: int) -> list[pb.TensorChunk]:
 def build_payload(
     tensors: Mapping[str, torch.Tensor],
     *,
-    codec: int,
+    codec: int | WireFormat,
     run_id: str,
     version: int,
     block_size: int = DEFAULT_BLOCK_SIZE,
@@ -115,24 +129,27 @@ def build_payload(
     encoded: Mapping[str, bytes] | None = None,
     content_sha256: bytes = b"",
 ) -> tuple[pb.TensorHeader, list[pb.TensorChunk]]:
-    """The header and chunks that carry ``tensors`` encoded with ``codec``.
+    """The header and chunks that carry ``tensors`` encoded with ``codec`` (a `WireFormat`, or a dense codec with
+    ``block_size``).
 
     ``encoded`` supplies already-encoded bytes (e.g. ``ErrorFeedback.compress``'s output) for
     every tensor; the shapes still come from ``tensors``. ``content_sha256`` is empty or the
     32-byte ``params_sha256`` of the tensors the receiver should decode.
     """
     _check_chunk_size(chunk_size)
-    encoded_size(0, codec, block_size)  # raises ValueError for an unknown codec or a bad block_size
+    fmt = WireFormat.of(codec, block_size)  # ValueError for an unknown codec or bad parameters
     if len(content_sha256) not in (0, SHA256_SIZE):
         raise ValueError(f"content_sha256 must be empty or {SHA256_SIZE} bytes, got {len(content_sha256)}")
-    parts = _encoded_parts(tensors, codec, block_size, encoded)
+    parts = _encoded_parts(tensors, fmt, fmt.block_size, encoded)
     blob = b"".join(parts)
     chunks = _cut_chunks(blob, chunk_size)
     header = pb.TensorHeader(
         run_id=run_id,
         version=version,
-        codec=codec,
-        block_size=block_size,
+        codec=fmt.codec,
+        block_size=fmt.block_size,
+        sparse_keep=fmt.keep,
+        value_bits=fmt.value_bits,
         tensors=[
             pb.TensorInfo(name=name, dtype=pb.DTYPE_FLOAT32, shape=tuple(tensor.shape), num_bytes=len(part))
             for (name, tensor), part in zip(tensors.items(), parts)
@@ -145,29 +162,43 @@ def build_payload(
     return header, chunks
 
 
+def header_format(header: pb.TensorHeader) -> WireFormat:
+    """The `WireFormat` a header names; PayloadError for an unknown codec or parameters it does not take."""
+    if header.codec not in _KNOWN_CODECS:
+        raise PayloadError(f"header codec is {codec_label(header.codec)}; expected one of {sorted(_KNOWN_CODECS)}")
+    dense = header.codec in (pb.CODEC_FP32, pb.CODEC_BF16)
+    try:
+        return WireFormat(header.codec, header.block_size if not dense else DEFAULT_BLOCK_SIZE,
+                          header.sparse_keep, header.value_bits)
+    except ValueError as exc:
+        raise PayloadError(f"header block_size is {header.block_size} (sparse_keep {header.sparse_keep}, value_bits "
+                           f"{header.value_bits}): {exc}") from None
+
+
 def _check_header_identity(
     header: pb.TensorHeader,
     run_id: str | None,
     version: int | None,
     allowed_codecs: Collection[int] | None,
-) -> None:
-    if header.codec not in _KNOWN_CODECS:
-        raise PayloadError(f"header codec is {codec_label(header.codec)}; expected one of {sorted(_KNOWN_CODECS)}")
+    expected_format: WireFormat | None = None,
+) -> WireFormat:
+    fmt = header_format(header)
     if allowed_codecs is not None and header.codec not in allowed_codecs:
         allowed = ", ".join(codec_label(c) for c in allowed_codecs)
         raise PayloadError(f"header codec {codec_label(header.codec)} is not allowed; expected one of {allowed}")
+    if expected_format is not None and fmt.codec == expected_format.codec and fmt.value_bits and fmt != expected_format:
+        raise PayloadError(f"header format is {fmt.describe()}; this run's is {expected_format.describe()}")
     if run_id is not None and header.run_id != run_id:
         raise PayloadError(f"header run_id is {header.run_id!r}; expected {run_id!r}")
     if version is not None and header.version != version:
         raise PayloadError(f"header version is {header.version}; expected {version}")
-    if header.codec == pb.CODEC_INT8_BLOCK and header.block_size <= 0:
-        raise PayloadError(f"header block_size is {header.block_size}; CODEC_INT8_BLOCK needs block_size > 0")
     if not 0 < header.chunk_size <= MAX_CHUNK_SIZE:
         raise PayloadError(f"header chunk_size is {header.chunk_size}; expected a value in (0, {MAX_CHUNK_SIZE}]")
     if len(header.content_sha256) not in (0, SHA256_SIZE):
         raise PayloadError(
             f"header content_sha256 has {len(header.content_sha256)} bytes; expected 0 or {SHA256_SIZE}"
         )
+    return fmt
 
 
 def _check_tensor_infos(header: pb.TensorHeader) -> None:
@@ -212,14 +243,14 @@ def _check_expected(header: pb.TensorHeader, expected: Mapping[str, tuple[int, .
             raise PayloadError(f"tensor {info.name!r} has shape {got}; expected {want_shape}", tensor=info.name)
 
 
-def _check_sizes(header: pb.TensorHeader) -> None:
+def _check_sizes(header: pb.TensorHeader, fmt: WireFormat) -> None:
     total = 0
     for info in header.tensors:
-        want = encoded_size(math.prod(info.shape), header.codec, header.block_size)
+        want = encoded_size(math.prod(info.shape), fmt)
         if info.num_bytes != want:
             raise PayloadError(
                 f"tensor {info.name!r} has num_bytes {info.num_bytes}; expected {want} "
-                f"for shape {tuple(info.shape)} and {codec_label(header.codec)}",
+                f"for shape {tuple(info.shape)} and {fmt.describe()}",
                 tensor=info.name,
             )
         total += want
@@ -237,9 +268,10 @@ class PayloadReceiver:
     """Validates a header, then reassembles and checks its chunks as they stream in.
 
     ``expected`` maps each tensor name, in order, to its shape; the header must list exactly
-    these. ``run_id``, ``version`` and ``allowed_codecs`` are checked when given, and
-    ``max_total_bytes`` bounds the buffer a header may ask for. Every check on the header
-    runs before the receive buffer is allocated.
+    these. ``run_id``, ``version`` and ``allowed_codecs`` are checked when given, a sparse or low-bit
+    header of ``expected_format``'s codec must carry its parameters (the run's density and bits), and ``max_total_bytes`` bounds the
+    buffer a header may ask for. Every check on the header runs before the receive buffer is
+    allocated.
     """
 
     def __init__(
@@ -251,15 +283,17 @@ class PayloadReceiver:
         version: int | None = None,
         allowed_codecs: Collection[int] | None = None,
         max_total_bytes: int | None = None,
+        expected_format: WireFormat | None = None,
     ) -> None:
-        _check_header_identity(header, run_id, version, allowed_codecs)
+        fmt = _check_header_identity(header, run_id, version, allowed_codecs, expected_format)
         _check_tensor_infos(header)
         if expected is not None:
             _check_expected(header, expected)
-        _check_sizes(header)
+        _check_sizes(header, fmt)
         if max_total_bytes is not None and header.total_bytes > max_total_bytes:
             raise PayloadError(f"header total_bytes is {header.total_bytes}; at most {max_total_bytes} are accepted")
         self._header = header
+        self._format = fmt
         self._num_chunks = len(header.chunk_crc32)
         self._next_index = 0
         self._buffer: bytearray | None = bytearray(header.total_bytes)
@@ -268,6 +302,11 @@ class PayloadReceiver:
     @property
     def header(self) -> pb.TensorHeader:
         return self._header
+
+    @property
+    def format(self) -> WireFormat:
+        """The codec and parameters the header names (checked)."""
+        return self._format
 
     @property
     def bytes_received(self) -> int:
@@ -332,7 +371,7 @@ class PayloadReceiver:
         for info in header.tensors:
             part = buffer[offset : offset + info.num_bytes]
             try:
-                tensors[info.name] = decode(part, header.codec, tuple(info.shape), header.block_size)
+                tensors[info.name] = decode(part, self._format, tuple(info.shape))
             except ValueError as exc:
                 raise PayloadError(f"tensor {info.name!r}: {exc}", tensor=info.name) from exc
             offset += info.num_bytes

@@ -38,6 +38,7 @@ from rcswarm.protos.transport import ClientTLS, not_grpc_problem, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
+from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 
 log = logging.getLogger("rcswarm.worker")
@@ -184,20 +185,21 @@ def apply_delta(
 
 
 def receive_pull(
-    responses: Iterator[pb.PullParametersResponse], run_id: str, expected: Mapping[str, tuple[int, ...]] | None
+    responses: Iterator[pb.PullParametersResponse], run_id: str, expected: Mapping[str, tuple[int, ...]] | None,
+    wire_format: codecs.WireFormat | None = None,
 ) -> tuple[pb.TensorHeader, dict[str, torch.Tensor], int]:
     """(header, decoded tensors, message bytes) of one PullParameters stream.
 
-    The header is checked against `expected` (names and shapes in order) before the receive
-    buffer is allocated; a stream that ends before its header or its last chunk is a
-    PayloadError.
+    The header is checked against `expected` (names and shapes in order) and a sparse or low-bit step against
+    the run's `wire_format` before the receive buffer is allocated; a stream that ends before its header or its
+    last chunk is a PayloadError.
     """
     first = next(responses, None)
     if first is None:
         raise tensor_stream.PayloadError("PullParameters: the stream ended before its header")
     if first.WhichOneof("part") != "header":
         raise tensor_stream.PayloadError(f"PullParameters: expected a header first, got {first.WhichOneof('part')}")
-    receiver = tensor_stream.PayloadReceiver(first.header, expected=expected, run_id=run_id)
+    receiver = tensor_stream.PayloadReceiver(first.header, expected=expected, run_id=run_id, expected_format=wire_format)
     received = first.ByteSize()
     for message in responses:
         if message.WhichOneof("part") != "chunk":
@@ -349,6 +351,7 @@ class CoordinatorClient:
     def pull(
         self, member: Member, run_id: str, have: tuple[int, Mapping[str, torch.Tensor]] | None = None, *,
         expected: Mapping[str, tuple[int, ...]] | None = None, repull: bool = False,
+        wire_format: codecs.WireFormat | None = None,
     ) -> tuple[int, dict[str, torch.Tensor]]:
         """The newest global parameters: (version, tensors), checked against the header's checksums.
 
@@ -367,7 +370,7 @@ class CoordinatorClient:
                 request.have_version = held[0][0]
             responses = self.stub.PullParameters(request, timeout=self.timeouts.transfer_s, metadata=self.metadata)
             try:
-                header, tensors, received = receive_pull(responses, run_id, expected)
+                header, tensors, received = receive_pull(responses, run_id, expected, wire_format)
                 if header.HasField("delta_from_version"):
                     tensors = apply_delta(header, tensors, held[0])
             except tensor_stream.PayloadError as exc:

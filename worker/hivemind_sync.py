@@ -6,10 +6,14 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
 (version, tokens, norm); what comes back is Δ̄ = Σ n_i Δ_i / Σ n_i of the group, checked by
 `trust_problem` before the shared outer step (sync/outer.py).
 
-* **Codecs**: `sync.codec` means the same as with the coordinator. rcswarm's bf16 and int8
-  blockwise codecs (sync/codec.py) are hivemind compression classes, registered in hivemind's
-  deserializer table under the ids FLOAT16 and BLOCKWISE_8BIT (every rcswarm peer does the same
-  when it imports this module); fp32 is hivemind's NONE. Each message carries its block size.
+* **Codecs**: `sync.codec` means the same as with the coordinator. rcswarm's bf16, int8 and
+  lowbit blockwise codecs (sync/codec.py) are hivemind compression classes, registered in
+  hivemind's deserializer table under the ids FLOAT16, BLOCKWISE_8BIT and UNIFORM_8BIT (every
+  rcswarm peer does the same when it imports this module); fp32 is hivemind's NONE. Each message
+  carries its block size (lowbit: and its value bits). The sparse codec is refused at config time
+  (`BACKEND_CODECS`): the all-reduce's reducers average dense parts and would cut the sum again
+  without error feedback, so the most this backend carries is lowbit: 2 or 4 bits a value, the
+  worker's error feedback on its Δ, both directions of the all-reduce compressed.
 * **State for late joiners**: the averager serves (version, θ, outer momentum) as its state,
   declared every `hivemind.state_declare_s` with its version as priority; `load_state` retries
   `load_state_from_peers` within a timeout and refuses a state of other names or shapes.
@@ -65,6 +69,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.timed_storage import MAX_DHT_TIME_DISCREPANCY_SECONDS
 
 from rcswarm.config.runspec import HivemindSection
+from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 
@@ -86,14 +91,19 @@ MAX_METRIC_ROWS = 256
 
 
 class RcswarmCompression(CompressionBase):
-    """One of rcswarm's lossy codecs as a hivemind compression: a 4-byte block size, then the codec's bytes."""
+    """One of rcswarm's lossy codecs as a hivemind compression: a 4-byte block size (lowbit: and one byte of value
+    bits), then the codec's bytes."""
 
-    def __init__(self, codec: int, block_size: int, compression_type: int) -> None:
+    def __init__(self, codec: int, block_size: int, compression_type: int, value_bits: int = 0) -> None:
         self.codec, self.block_size, self.compression_type = codec, block_size, compression_type
+        self.format = codecs.WireFormat(codec, block_size, 0, value_bits)
 
     def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
         flat = tensor.detach().to("cpu", torch.float32)  # [*shape]
-        payload = struct.pack("<I", self.block_size) + codecs.encode(flat, self.codec, self.block_size)
+        prefix = struct.pack("<I", self.block_size)
+        if self.codec == pb.CODEC_LOWBIT_BLOCK:
+            prefix += struct.pack("<B", self.format.value_bits)
+        payload = prefix + codecs.encode(flat, self.format)
         return runtime_pb2.Tensor(
             compression=self.compression_type, buffer=payload, size=tensor.shape, dtype="float32",
             requires_grad=tensor.requires_grad,
@@ -107,32 +117,49 @@ class RcswarmCompression(CompressionBase):
         (block_size,) = struct.unpack_from("<I", buffer)
         if not 1 <= block_size <= 1 << 16:
             raise ValueError(f"block size {block_size}: expected 1..65536")
-        shape = tuple(serialized_tensor.size)
-        return codecs.decode(memoryview(buffer)[4:], self.codec, shape, block_size)
+        shape, start, value_bits = tuple(serialized_tensor.size), 4, 0
+        if self.codec == pb.CODEC_LOWBIT_BLOCK:
+            if len(buffer) < 5:
+                raise ValueError(f"a lowbit tensor of {len(buffer)} bytes: expected its value bits after the block size")
+            (value_bits,), start = struct.unpack_from("<B", buffer, 4), 5
+        fmt = codecs.WireFormat(self.codec, block_size, 0, value_bits)  # ValueError for bits it does not take
+        return codecs.decode(memoryview(buffer)[start:], fmt, shape)
 
     def estimate_compression_ratio(self, info: CompressionInfo) -> float:
         numel = max(info.descriptor.numel(), 1)
-        return codecs.encoded_size(numel, self.codec, self.block_size) / (4.0 * numel)
+        return codecs.encoded_size(numel, self.format) / (4.0 * numel)
 
 
-_SLOTS = {"bf16": "FLOAT16", "int8": "BLOCKWISE_8BIT"}
+_SLOTS = {"bf16": "FLOAT16", "int8": "BLOCKWISE_8BIT", "lowbit": "UNIFORM_8BIT"}
 
 
 def register_codecs(block_size: int = codecs.DEFAULT_BLOCK_SIZE) -> None:
-    """Make hivemind's deserializer decode rcswarm's bf16 and int8 messages (process-wide, idempotent)."""
+    """Make hivemind's deserializer decode rcswarm's bf16, int8 and lowbit messages (process-wide, idempotent)."""
     for name, slot in _SLOTS.items():
         kind = runtime_pb2.CompressionType.Value(slot)
-        hm_serialization._BASE_COMPRESSION_TYPES[slot] = RcswarmCompression(codecs.codec_from_name(name), block_size, kind)
+        codec = codecs.codec_from_name(name)
+        bits = codecs.LOWBIT_VALUE_BITS[0] if codec == pb.CODEC_LOWBIT_BLOCK else 0
+        hm_serialization._BASE_COMPRESSION_TYPES[slot] = RcswarmCompression(codec, block_size, kind, bits)
 
 
-def compression_for(codec: str, block_size: int) -> CompressionBase:
-    """The hivemind compression of `sync.codec`."""
+def use_in_replies(compression: CompressionBase) -> None:
+    """Encode this process's all-reduce replies with `compression` too: a reducer compresses the averaged part it
+    sends back with the instance hivemind's table holds for the part's compression type (not the averager's), so
+    the table must hold the run's block size and bits (`register_codecs` put defaults there)."""
+    if isinstance(compression, RcswarmCompression):
+        slot = runtime_pb2.CompressionType.Name(compression.compression_type)
+        hm_serialization._BASE_COMPRESSION_TYPES[slot] = compression
+
+
+def compression_for(codec: str, block_size: int, value_bits: int = 0) -> CompressionBase:
+    """The hivemind compression of `sync.codec` (lowbit: at `value_bits`)."""
     if codec == "fp32":
         return NoCompression()
     if codec not in _SLOTS:
         raise ValueError(f"sync.codec = {codec!r}: expected one of ('fp32', {', '.join(map(repr, _SLOTS))})")
     kind = runtime_pb2.CompressionType.Value(_SLOTS[codec])
-    return RcswarmCompression(codecs.codec_from_name(codec), block_size, kind)
+    wire = codecs.codec_from_name(codec)
+    return RcswarmCompression(wire, block_size, kind, value_bits if wire == pb.CODEC_LOWBIT_BLOCK else 0)
 
 
 register_codecs()
@@ -502,7 +529,8 @@ class HivemindPeer:
 
     def __init__(self, run: str, shapes: Sequence[tuple[int, ...]], codec: str, block_size: int,
                  options: HivemindOptions, state_fn: Any, min_group_size: int = 2,
-                 target_group_size: int | None = None, rules: HivemindSection = HivemindSection()) -> None:
+                 target_group_size: int | None = None, rules: HivemindSection = HivemindSection(),
+                 value_bits: int = 0) -> None:
         self.run, self.options, self.rules = run, options, rules
         self.timer = RoundTimer(options.matchmaking_s, rules)
         self.dht = start_dht(options)
@@ -511,12 +539,14 @@ class HivemindPeer:
             self.dht.shutdown()
             raise PeerRefused(problem)
         buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
+        compression = compression_for(codec, block_size, value_bits)
+        use_in_replies(compression)
         try:
             self.averager = _StateAverager(
                 buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
                 target_group_size=target_group_size,
                 min_matchmaking_time=options.matchmaking_s, request_timeout=max(1.0, options.matchmaking_s / 2),
-                allreduce_timeout=rules.initial_allreduce_s, compression=compression_for(codec, block_size),
+                allreduce_timeout=rules.initial_allreduce_s, compression=compression,
                 state_compression=NoCompression(), declare_state_period=rules.state_declare_s,
                 client_mode=options.client_mode, allow_state_sharing=not options.client_mode,
             )

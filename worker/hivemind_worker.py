@@ -124,8 +124,8 @@ class HivemindWorker:
         self.names = [name for name, _ in self.model.named_parameters()]
         self.shapes = [tuple(p.shape) for _, p in self.model.named_parameters()]
         self.momentum = [torch.zeros(shape) for shape in self.shapes]
-        self.codec = codecs.codec_from_name(spec.sync.codec)
-        self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
+        self.codec = codecs.WireFormat.from_sync(spec.sync)
+        self.error_feedback = codecs.ErrorFeedback(spec.sync.error_decay) if spec.sync.error_feedback else None
         self.version = 0
         self.sync_seconds = 0.0
         self.history: list[dict[str, Any]] = []
@@ -147,7 +147,8 @@ class HivemindWorker:
         try:
             log.info("%s: hivemind rules: %s", self.name, self.spec.hivemind.describe())
             self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
-                                        self.spec.sync.block_size, self.options, self.state, rules=self.spec.hivemind)
+                                        self.spec.sync.block_size, self.options, self.state, rules=self.spec.hivemind,
+                                        value_bits=self.spec.sync.value_bits)
             self._startup_s = process_age_s()
             log.info("%s: ready %.1fs after its start; first matchmaking window %.1fs", self.name, self._startup_s,
                      max(FIRST_WINDOW_FRACTION * self._startup_s, self.options.matchmaking_s))
@@ -211,7 +212,7 @@ class HivemindWorker:
         deltas = self.trainer.delta(dict(zip(self.names, base)))
         if self.error_feedback is None:
             return list(deltas.values())
-        _, sent = self.error_feedback.compress_decoded(deltas, self.codec, self.spec.sync.block_size, consume=True)
+        _, sent = self.error_feedback.compress_decoded(deltas, self.codec, consume=True)
         return [sent[name] for name in self.names]
 
     def _round(self) -> None:

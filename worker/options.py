@@ -63,6 +63,8 @@ class WorkerOptions(ClientOptions):
     transfer_timeout_s: float = 300.0
     max_params: int = 0
     membership_file: Path | None = None
+    # Where the worker keeps its error-feedback residual across restarts (issue #28); None: in memory only.
+    state_dir: Path | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,5 +82,5 @@ class WorkerOptions(ClientOptions):
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> WorkerOptions:
         """The options of `dataclasses.asdict(options)` (how they travel through Ray), validated again."""
-        paths = {"tls_ca", "tls_cert", "tls_key", "membership_file"}
+        paths = {"tls_ca", "tls_cert", "tls_key", "membership_file", "state_dir"}
         return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in fields.items()})

@@ -40,6 +40,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
+from rcswarm.sync.feedback_state import load_feedback, save_feedback
 from rcswarm.train.inner import StepResult, preload_data, worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow, resolve_device
 from rcswarm.worker.client import (
@@ -257,17 +258,33 @@ class Worker:
     def _build_model(self, spec: RunSpec) -> None:
         """The run's model, inner optimizer and codec (the data stream waits for the join's data seed)."""
         self.trainer.build(spec)
-        self.codec = codecs.codec_from_name(spec.sync.codec)
-        self.error_feedback = codecs.ErrorFeedback() if spec.sync.error_feedback else None
+        self.codec = codecs.WireFormat.from_sync(spec.sync)
+        self.error_feedback = codecs.ErrorFeedback(spec.sync.error_decay) if spec.sync.error_feedback else None
 
     def _start_data(self, spec: RunSpec, data_seed: int) -> None:
-        """The data stream of this membership's data seed, at its assignment's (seq_len, batch)."""
+        """The data stream of this membership's data seed, at its assignment's (seq_len, batch); the error-feedback
+        residual saved for this run (`_resume_feedback`)."""
         self.data_seed = worker_data_seed(spec.run.seed, data_seed)
         assignment = self._assignment
         seq_len, batch = spec.data.seq_len, spec.data.batch_size
         if assignment is not None and assignment.seq_len > 0 and assignment.batch_size > 0:
             seq_len, batch = assignment.seq_len, assignment.batch_size
         self.trainer.follow(seq_len, batch, self.data_seed)
+        self._resume_feedback()
+
+    def _resume_feedback(self) -> None:
+        """With --state-dir: take the error-feedback residual a previous process of this worker saved for this run
+        (`sync.feedback_state`), so a restart keeps what it has not sent yet; else start from zero, saying why."""
+        if self.error_feedback is None or self.options.state_dir is None:
+            return
+        shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+        residuals, why = load_feedback(self.options.state_dir, self.run_id, self.codec, self.error_feedback.decay, shapes)
+        if residuals is None:
+            log.info("%s: error feedback starts from zero: %s", self.name, why)
+            return
+        self.error_feedback.restore(residuals)
+        log.info("%s: resumed the error feedback of %s (residual norm %.4g)", self.name, self.run_id,
+                 self.error_feedback.residual_norm())
 
     def _call(self, fn, *args):
         """Run an RPC, turning NOT_FOUND into Rejoin."""
@@ -364,7 +381,7 @@ class Worker:
         """Pull θ_v into the model; a payload that disagrees with the model's shapes is refused and pulled again."""
         params = dict(self.model.named_parameters())
         expected = {name: tuple(p.shape) for name, p in params.items()}
-        pull = functools.partial(self.client.pull, expected=expected, repull=True)
+        pull = functools.partial(self.client.pull, expected=expected, repull=True, wire_format=self.codec)
         version, tensors = self._call(pull, self.identity, self.run_id, self._held)
         self.trainer.load(tensors)
         digest = tensor_stream.params_sha256({k: p.detach().cpu() for k, p in params.items()}).hex()
@@ -390,6 +407,8 @@ class Worker:
         finally:
             if not delivered and self.error_feedback is not None:
                 self.error_feedback.restore(saved)
+        if delivered and self.error_feedback is not None and self.options.state_dir is not None:
+            save_feedback(self.options.state_dir, self.run_id, self.codec, self.error_feedback)
         return delivered
 
     def _deliver(self, version: int, tokens: int, header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> bool:

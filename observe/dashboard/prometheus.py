@@ -56,6 +56,9 @@ class CoordinatorCollector:
             "loss": ("rcswarm_loss", "Mean of the workers' latest training loss"),
             "tps": ("rcswarm_tokens_per_second", "Tokens per second since the first metric"),
             "last_round": ("rcswarm_last_round_duration_seconds", "Duration of the newest closed round"),
+            "fp32": ("rcswarm_fp32_bytes", "Bytes of the parameters in float32: one uncompressed update or pull"),
+            "bytes_up": ("rcswarm_bytes_up_per_worker_round", "Mean bytes of one worker's update (messages received)"),
+            "bytes_down": ("rcswarm_bytes_down_per_worker_round", "Mean bytes of one worker's pull (messages served)"),
         }
         runs = {key: GaugeMetricFamily(name, doc, labels=["run_id"]) for key, (name, doc) in run_gauges.items()}
         workers_by_state = GaugeMetricFamily("rcswarm_workers", "Workers known to the coordinator by state",
@@ -80,7 +83,12 @@ class CoordinatorCollector:
             "applied": CounterMetricFamily("rcswarm_worker_tokens_applied", "Tokens of the worker's updates the outer steps applied", labels=labels),
             "late": CounterMetricFamily("rcswarm_worker_updates_late", "The worker's late updates merged with a staleness weight", labels=labels),
             "stale": CounterMetricFamily("rcswarm_worker_updates_stale", "The worker's updates refused as stale (work lost)", labels=labels),
+            "round_up": GaugeMetricFamily("rcswarm_worker_round_bytes_up", "Bytes of the worker's last update", labels=labels),
+            "round_down": GaugeMetricFamily("rcswarm_worker_round_bytes_down", "Bytes of the worker's last pull", labels=labels),
         }
+        ratios = GaugeMetricFamily("rcswarm_traffic_ratio_to_fp32",
+                                   "fp32 bytes over the mean bytes per worker per round (100 = 100x less traffic)",
+                                   labels=["run_id", "direction"])
         for view in source.views():
             status, run = view.status, view.status.run_id
             by_state = {name: 0 for name in ("active", "left", "evicted")}
@@ -91,13 +99,17 @@ class CoordinatorCollector:
                 "version": status.version, "target": status.target_rounds,
                 "finished": 1.0 if status.run_state == pb.RUN_STATE_FINISHED else 0.0,
                 "seq_len": view.summary.seq_len, "batch": view.summary.batch_size, "active": by_state["active"],
-                "loss": status.latest_loss, "tps": status.tokens_per_second,
+                "loss": status.latest_loss, "tps": status.tokens_per_second, "fp32": status.fp32_bytes,
+                "bytes_up": status.bytes_up_per_round, "bytes_down": status.bytes_down_per_round,
             }
             for key, value in values.items():
                 runs[key].add_metric([run], value)
             for name, count in sorted(by_state.items()):
                 workers_by_state.add_metric([run, name], count)
             tokens.add_metric([run], status.total_tokens)
+            for direction, moved in (("up", status.bytes_up_per_round), ("down", status.bytes_down_per_round)):
+                if moved > 0 and status.fp32_bytes > 0:
+                    ratios.add_metric([run, direction], status.fp32_bytes / moved)
             applied.add_metric([run], status.applied_tokens)
             for w in status.workers:
                 key = [run, w.worker_id, w.name]
@@ -108,6 +120,8 @@ class CoordinatorCollector:
                 worker_families["applied"].add_metric(key, w.applied_tokens)
                 worker_families["late"].add_metric(key, w.late_updates)
                 worker_families["stale"].add_metric(key, w.stale_updates)
+                worker_families["round_up"].add_metric(key, w.round_bytes_up)
+                worker_families["round_down"].add_metric(key, w.round_bytes_down)
                 if t is not None:
                     worker_families["loss"].add_metric(key, t.last_loss)
                     worker_families["tps"].add_metric(key, t.tokens_per_second)
@@ -124,6 +138,7 @@ class CoordinatorCollector:
                 runs["last_round"].add_metric([run], durations[-1])
         yield from (runs[key] for key in run_gauges if key != "last_round")
         yield workers_by_state
+        yield ratios
         yield tokens
         yield applied
         yield from worker_families.values()

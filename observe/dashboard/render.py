@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
+from rcswarm.observe import traffic
 from rcswarm.observe.analysis import (
     CROSSOVER_RULE,
     NOT_ENOUGH_DATA,
@@ -252,7 +253,19 @@ def _overview_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:
         ("tokens applied", data.get("applied_tokens", 0)), ("pace", data.get("pace") or "–"),
         ("tokens/s", _fmt(data["tokens_per_second"])), ("seq_len with data", lengths),
         ("curriculum", Cell(_curriculum_cell(data.get("curriculum")), css="text")),
+        ("traffic per worker per round", Cell(_traffic_cell(data["runs"]), css="text")),
     ]
+
+
+def _traffic_cell(runs: list[dict[str, Any]]) -> str:
+    """Each run's mean bytes per worker per round, up and down, with the ratio to fp32 (issue #28)."""
+    cells = []
+    for r in runs:
+        t = r.get("traffic") or {}
+        line = traffic.describe(t.get("fp32_bytes") or 0, t.get("bytes_up_per_round") or 0,
+                                t.get("bytes_down_per_round") or 0)
+        cells.append(line if len(runs) == 1 else f"L={r['seq_len']}: {line}")
+    return "; ".join(cells) or "–"
 
 
 def _run_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:

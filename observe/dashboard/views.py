@@ -15,6 +15,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from rcswarm.observe import traffic
 from rcswarm.observe.analysis import Clock, FitReport, StepMean, WorkerTotals
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
@@ -81,7 +82,17 @@ def worker_dict(w: pb.WorkerStatus, totals: dict[str, WorkerTotals]) -> dict[str
         "step_seconds": w.step_seconds or None,
         "inner_steps": w.assignment.inner_steps if w.HasField("assignment") else None,
         "round_seconds": w.assignment.round_seconds if w.HasField("assignment") else None,
+        # Issue #28: the bytes of its last update and of its last pull.
+        "round_bytes_up": w.round_bytes_up, "round_bytes_down": w.round_bytes_down,
     }
+
+
+def traffic_dict(status: pb.GetStatusResponse) -> dict[str, Any]:
+    """A run's mean bytes per worker per round, up and down, with their ratios to fp32 (issue #28)."""
+    return {"fp32_bytes": status.fp32_bytes, "bytes_up_per_round": status.bytes_up_per_round,
+            "bytes_down_per_round": status.bytes_down_per_round,
+            "ratio_up": traffic.ratio(status.fp32_bytes, status.bytes_up_per_round),
+            "ratio_down": traffic.ratio(status.fp32_bytes, status.bytes_down_per_round)}
 
 
 def round_dict(r: pb.RoundStatus) -> dict[str, Any]:
@@ -103,6 +114,7 @@ def run_dict(view: RunView, means: Sequence[StepMean]) -> dict[str, Any]:
         "workers": [{"worker_id": w.worker_id, "name": w.name} for w in assigned],
         "tokens_per_second": s.tokens_per_second, "latest_loss": s.latest_loss, "total_tokens": s.total_tokens,
         "param_sha256": view.status.param_sha256, "state_dir": str(view.coordinator.store.state_dir),
+        "traffic": traffic_dict(view.status),
         "metrics": {
             "steps": len(means), "last_step": last[1] if last else None, "last_loss": last[2] if last else None,
             "seconds": last[3] if last else None,

@@ -13,6 +13,8 @@ class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CODEC_FP32: _ClassVar[Codec]
     CODEC_BF16: _ClassVar[Codec]
     CODEC_INT8_BLOCK: _ClassVar[Codec]
+    CODEC_SPARSE: _ClassVar[Codec]
+    CODEC_LOWBIT_BLOCK: _ClassVar[Codec]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -36,6 +38,8 @@ CODEC_UNSPECIFIED: Codec
 CODEC_FP32: Codec
 CODEC_BF16: Codec
 CODEC_INT8_BLOCK: Codec
+CODEC_SPARSE: Codec
+CODEC_LOWBIT_BLOCK: Codec
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 RUN_STATE_UNSPECIFIED: RunState
@@ -60,7 +64,7 @@ class TensorInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., num_bytes: _Optional[int] = ...) -> None: ...
 
 class TensorHeader(_message.Message):
-    __slots__ = ("run_id", "version", "codec", "tensors", "total_bytes", "chunk_size", "chunk_crc32", "content_sha256", "block_size", "delta_from_version", "result_sha256")
+    __slots__ = ("run_id", "version", "codec", "tensors", "total_bytes", "chunk_size", "chunk_crc32", "content_sha256", "block_size", "delta_from_version", "result_sha256", "sparse_keep", "value_bits")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +76,8 @@ class TensorHeader(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     DELTA_FROM_VERSION_FIELD_NUMBER: _ClassVar[int]
     RESULT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_KEEP_FIELD_NUMBER: _ClassVar[int]
+    VALUE_BITS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     codec: Codec
@@ -83,7 +89,9 @@ class TensorHeader(_message.Message):
     block_size: int
     delta_from_version: int
     result_sha256: bytes
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_crc32: _Optional[_Iterable[int]] = ..., content_sha256: _Optional[bytes] = ..., block_size: _Optional[int] = ..., delta_from_version: _Optional[int] = ..., result_sha256: _Optional[bytes] = ...) -> None: ...
+    sparse_keep: int
+    value_bits: int
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_crc32: _Optional[_Iterable[int]] = ..., content_sha256: _Optional[bytes] = ..., block_size: _Optional[int] = ..., delta_from_version: _Optional[int] = ..., result_sha256: _Optional[bytes] = ..., sparse_keep: _Optional[int] = ..., value_bits: _Optional[int] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("index", "data")
@@ -308,7 +316,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates", "late_updates", "trained_tokens", "applied_tokens", "step_seconds", "run_id")
+    __slots__ = ("worker_id", "name", "state", "base_version", "seconds_since_heartbeat", "device", "reason", "assignment", "clipped_updates", "dropped_updates", "outlier_rounds", "outlier", "stale_updates", "late_updates", "trained_tokens", "applied_tokens", "step_seconds", "run_id", "round_bytes_up", "round_bytes_down")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +335,8 @@ class WorkerStatus(_message.Message):
     APPLIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_BYTES_UP_FIELD_NUMBER: _ClassVar[int]
+    ROUND_BYTES_DOWN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     name: str
     state: WorkerState
@@ -345,7 +355,9 @@ class WorkerStatus(_message.Message):
     applied_tokens: int
     step_seconds: float
     run_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ..., late_updates: _Optional[int] = ..., trained_tokens: _Optional[int] = ..., applied_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., run_id: _Optional[str] = ...) -> None: ...
+    round_bytes_up: int
+    round_bytes_down: int
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., base_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., assignment: _Optional[_Union[TrainingAssignment, _Mapping]] = ..., clipped_updates: _Optional[int] = ..., dropped_updates: _Optional[int] = ..., outlier_rounds: _Optional[int] = ..., outlier: _Optional[str] = ..., stale_updates: _Optional[int] = ..., late_updates: _Optional[int] = ..., trained_tokens: _Optional[int] = ..., applied_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., run_id: _Optional[str] = ..., round_bytes_up: _Optional[int] = ..., round_bytes_down: _Optional[int] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
     __slots__ = ("version", "reports", "tokens", "opened_at", "closed_at", "close_reason", "update_norm", "clipped", "dropped", "aggregation", "run_id")
@@ -374,7 +386,7 @@ class RoundStatus(_message.Message):
     def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace", "fp32_bytes", "bytes_up_per_round", "bytes_down_per_round")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -389,6 +401,9 @@ class GetStatusResponse(_message.Message):
     CURRICULUM_FIELD_NUMBER: _ClassVar[int]
     APPLIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PACE_FIELD_NUMBER: _ClassVar[int]
+    FP32_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_UP_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DOWN_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -403,7 +418,10 @@ class GetStatusResponse(_message.Message):
     curriculum: CurriculumStatus
     applied_tokens: int
     pace: str
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., applied_tokens: _Optional[int] = ..., pace: _Optional[str] = ...) -> None: ...
+    fp32_bytes: int
+    bytes_up_per_round: float
+    bytes_down_per_round: float
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., applied_tokens: _Optional[int] = ..., pace: _Optional[str] = ..., fp32_bytes: _Optional[int] = ..., bytes_up_per_round: _Optional[float] = ..., bytes_down_per_round: _Optional[float] = ...) -> None: ...
 
 class CurriculumStatus(_message.Message):
     __slots__ = ("policy", "seq_len", "batch_size", "reason", "ladder", "rung", "seconds_per_step", "budget_seconds", "elapsed_seconds", "decided_version", "law")

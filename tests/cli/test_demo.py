@@ -24,7 +24,7 @@ def _row(rounds: int, first: float = 3.2, last: float = 2.9) -> dict:
     return {"seq_len": 8, "batch_size": 4, "rounds": rounds, "workers": 1, "first_round_loss": first,
             "last_round_loss": last, "val_loss_initial": 5.5, "val_loss_final": 3.0, "tokens": 0,
             "tokens_per_second": 0.0, "bytes_sent_per_round": 0.0, "bytes_received_per_round": 0.0,
-            "sync_share": math.nan, "wall_seconds": 0.0}
+            "sync_share": math.nan, "wall_seconds": 0.0, "ratio_up": math.nan, "ratio_down": math.nan}
 
 
 def _cells(row: dict) -> dict[str, str]:

@@ -34,6 +34,14 @@ def test_defaults_round_trip_through_json_and_toml(tmp_path):
         ({"curriculum": {"policy": "adaptive", "seq_lens": [8, 8], "alpha_inf": 0.3, "tau": 100.0}},
          "curriculum.seq_lens = [8, 8]"),
         ({"curriculum": {"budget_seconds": 0}}, "curriculum.budget_seconds = 0.0"),
+        ({"sync": {"density": 0.0}}, "sync.density = 0.0"),
+        ({"sync": {"density": 1.5}}, "sync.density = 1.5"),
+        ({"sync": {"value_bits": 9}}, "sync.value_bits = 9"),
+        ({"sync": {"codec": "lowbit", "value_bits": 3}}, "sync.value_bits = 3"),
+        ({"sync": {"sparse_chunk": 1}}, "sync.sparse_chunk = 1"),
+        ({"sync": {"error_decay": 1.01}}, "sync.error_decay = 1.01"),
+        ({"sync": {"codec": "sparse", "error_feedback": False}}, "sync.error_feedback = False"),
+        ({"sync": {"codec": "sparse", "backend": "hivemind"}}, "with sync.backend = 'hivemind': its all-reduce"),
     ],
 )
 def test_bad_configs_name_the_key_and_value(data, fragment):
@@ -169,3 +177,14 @@ def test_every_hivemind_rule_is_documented():
     for field in dataclasses.fields(HivemindSection):
         assert f"\n{field.name} = {field.default!r}" in example, field.name
         assert f"`hivemind.{field.name}`" in deploy, field.name
+
+
+def test_each_codec_key_makes_the_wire_format_it_names():
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from rcswarm.sync.codec import WireFormat
+
+    sparse = RunSpec.from_dict({"sync": {"codec": "sparse", "density": 0.015, "value_bits": 3, "sparse_chunk": 1000}})
+    assert WireFormat.from_sync(sparse.sync) == WireFormat(pb.CODEC_SPARSE, 1000, 15, 3)
+    lowbit = RunSpec.from_dict({"sync": {"codec": "lowbit", "value_bits": 4, "block_size": 64, "backend": "hivemind"}})
+    assert WireFormat.from_sync(lowbit.sync) == WireFormat(pb.CODEC_LOWBIT_BLOCK, 64, 0, 4)
+    assert WireFormat.from_sync(RunSpec().sync) == WireFormat(pb.CODEC_INT8_BLOCK, 256)

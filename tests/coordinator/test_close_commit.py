@@ -72,7 +72,7 @@ def test_the_mean_decodes_each_held_tensor_once_and_holds_one_per_update(monkeyp
     calls: list[tuple[int, ...]] = []
     real = codecs.decode
 
-    def counting(data: Any, codec: int, shape: tuple[int, ...], block: int) -> torch.Tensor:
+    def counting(data: Any, codec: Any, shape: tuple[int, ...], block: int = codecs.DEFAULT_BLOCK_SIZE) -> torch.Tensor:
         calls.append(tuple(shape))
         return real(data, codec, shape, block)
 

@@ -1,0 +1,36 @@
+"""Traffic per worker per round and its ratio to fp32 (issue #28), worded once for `rcswarm status`, the dashboard
+and the run summary.
+
+`fp32_bytes` is θ's tensors in float32, what one update or one pull moves uncompressed; a ratio is fp32_bytes over
+the bytes that moved (message bytes, headers included), so 100 means a hundred times less traffic than fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def ratio(fp32_bytes: float, moved: float) -> float:
+    """fp32_bytes / moved (NaN when nothing moved or the base is unknown)."""
+    return fp32_bytes / moved if moved > 0 and fp32_bytes > 0 else math.nan
+
+
+def size(value: float) -> str:
+    """Bytes in B, kB or MB (decimal), three significant digits."""
+    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def one_way(fp32_bytes: float, moved: float) -> str:
+    """`12.3 kB (105× below fp32)`, or `–` before anything moved."""
+    if moved <= 0:
+        return "–"
+    times = ratio(fp32_bytes, moved)
+    return f"{size(moved)} ({times:.3g}× below fp32)" if math.isfinite(times) else size(moved)
+
+
+def describe(fp32_bytes: float, up: float, down: float) -> str:
+    """Both directions of one worker's round: `up 12.3 kB (105× below fp32), down 11.9 kB (108× below fp32)`."""
+    return f"up {one_way(fp32_bytes, up)}, down {one_way(fp32_bytes, down)}"

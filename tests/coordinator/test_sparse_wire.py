@@ -1,0 +1,199 @@
+"""The sparse codec on the real wire (issue #28): a coordinator on loopback, workers speaking gRPC.
+
+Both directions are sparse: a worker pushes its update sparse and pulls the round's step sparse (the coordinator's
+error feedback on it), rebuilt bit for bit; every malformed sparse payload is refused with INVALID_ARGUMENT before
+anything is recorded; a poisoned sparse update (huge values at a few indices) is refused by the norm bound, and
+with that bound lifted moves θ no more than one clipped worker's share.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any
+
+import grpc
+import pytest
+import torch
+
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.sync import codec, tensor_stream
+from tests.helpers.sparse import malformed
+from tests.helpers.specs import tiny_spec
+
+SPARSE = {"codec": "sparse", "sparse_chunk": 100, "density": 0.05, "value_bits": 2}
+FORMAT = codec.WireFormat(pb.CODEC_SPARSE, 100, 5, 2)
+TARGET = "embed.weight"  # 8192 elements: 81 chunks of 100 and one of 92
+
+
+def honest_deltas(shapes: dict[str, tuple[int, ...]], index: int) -> dict[str, torch.Tensor]:
+    """Updates that share a direction: g + noise, g the same for every worker, noise per worker."""
+    common = torch.Generator().manual_seed(100)
+    own = torch.Generator().manual_seed(200 + index)
+    return {name: 1e-3 * torch.randn(shape, generator=common) + 4e-4 * torch.randn(shape, generator=own)
+            for name, shape in shapes.items()}
+
+
+def sparse_push(client, member, deltas: dict[str, torch.Tensor], *, version: int = 0, encoded=None, corrupt=None):
+    """Push `deltas` in the run's sparse format (or `encoded` bytes), with the header or chunks changed by `corrupt`."""
+    encoded = encoded or codec.ErrorFeedback().compress(deltas, FORMAT)
+    header, chunks = tensor_stream.build_payload(deltas, codec=FORMAT, run_id=member.run_id, version=version,
+                                                 encoded=encoded)
+    if corrupt:
+        corrupt(header, chunks)
+    meta = pb.UpdateMeta(worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=version,
+                         tokens=128, inner_steps=1)
+    return client.push(meta, header, chunks)
+
+
+def joined(local, names: list[str]) -> tuple[Any, list[Any], dict[str, torch.Tensor]]:
+    """A client, members that pulled version 0, and θ_0."""
+    client = local.client()
+    members = []
+    theta = None
+    for name in names:
+        member = client.join(name, "cpu", 1)
+        _, theta = client.pull(member, member.run_id)
+        members.append(member)
+    return client, members, theta
+
+
+def test_both_directions_are_sparse_and_replicas_rebuild_theta_bit_for_bit(start_coordinator) -> None:
+    local = start_coordinator(tiny_spec(sync=SPARSE))
+    client, (a, b), theta0 = joined(local, ["a", "b"])
+    full_pull = client.bytes_received / 2
+    shapes = local.service.shapes
+    sent_before = client.bytes_sent
+    sparse_push(client, a, honest_deltas(shapes, 0))
+    push_bytes = client.bytes_sent - sent_before
+    sparse_push(client, b, honest_deltas(shapes, 1))
+    before = client.bytes_received
+    version, rebuilt = client.pull(a, a.run_id, have=(0, theta0), wire_format=FORMAT)
+    step_bytes = client.bytes_received - before
+    assert version == 1
+    _, full = client.pull(b, b.run_id)
+    assert all(torch.equal(rebuilt[k], full[k]) for k in full), "a replica differs from the coordinator's θ"
+    assert tensor_stream.params_sha256(rebuilt).hex() == client.status().param_sha256
+    parameters = sum(t.numel() for t in theta0.values())
+    # Up and down: far below fp32 (the tiny model's 15 small tensors each carry 8 bytes of scales per chunk and
+    # the header names every tensor, so the ratio is smaller than a large model's).
+    assert push_bytes < 4 * parameters / 10 and step_bytes < 4 * parameters / 10
+    assert full_pull > 4 * parameters
+    status = client.status()
+    assert status.fp32_bytes == 4 * parameters
+    by_id = {w.worker_id: w for w in status.workers}
+    assert by_id[a.worker_id].round_bytes_up == push_bytes and by_id[a.worker_id].round_bytes_down == step_bytes
+    assert 0 < status.bytes_up_per_round < 4 * parameters / 10
+    client.close()
+
+
+def _payload_corruption(corrupt_bytes):
+    """Corrupt TARGET's bytes inside the payload and recompute the chunks' CRCs (the codec's check must catch it)."""
+    def corrupt(header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> None:
+        blob = b"".join(c.data for c in chunks)
+        offset = 0
+        for info in header.tensors:
+            if info.name == TARGET:
+                part = corrupt_bytes(blob[offset:offset + info.num_bytes])
+                assert len(part) == info.num_bytes
+                blob = blob[:offset] + part + blob[offset + info.num_bytes:]
+                break
+            offset += info.num_bytes
+        size = header.chunk_size
+        for index, chunk in enumerate(chunks):
+            chunk.data = blob[index * size:(index + 1) * size]
+        del header.chunk_crc32[:]
+        header.chunk_crc32.extend(zlib.crc32(c.data) for c in chunks)
+    return corrupt
+
+
+def _header_field(field: str, value: int):
+    def corrupt(header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> None:
+        setattr(header, field, value)
+    return corrupt
+
+
+def _num_bytes(header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> None:
+    header.tensors[0].num_bytes += 1
+
+
+BAD = [
+    *[(name, _payload_corruption(corrupt), fragment) for name, corrupt, fragment in malformed(FORMAT, 8192)],
+    ("another density (sparse_keep)", _header_field("sparse_keep", 6), "this run's is CODEC_SPARSE"),
+    ("other value bits", _header_field("value_bits", 4), "this run's is CODEC_SPARSE"),
+    ("no entries kept", _header_field("sparse_keep", 0), "keeps 1..block_size"),
+    ("a tensor's byte count", _num_bytes, "num_bytes"),
+]
+
+
+@pytest.mark.parametrize("name, corrupt, fragment", BAD, ids=[b[0] for b in BAD])
+def test_every_malformed_sparse_payload_is_refused_on_the_wire_and_nothing_is_applied(
+    start_coordinator, name, corrupt, fragment,
+) -> None:
+    local = start_coordinator(tiny_spec(sync=SPARSE))
+    client, (a, b), _ = joined(local, ["a", "b"])
+    before = client.status()
+    deltas = honest_deltas(local.service.shapes, 0)
+    with pytest.raises(grpc.RpcError) as refused:
+        sparse_push(client, a, deltas, corrupt=corrupt)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert fragment in refused.value.details()
+    after = client.status()
+    assert (after.version, after.param_sha256, after.rounds[-1].reports) == (0, before.param_sha256, 0)
+    # The round goes on: the same worker's valid update is taken, and both close it.
+    assert sparse_push(client, a, deltas).accepted
+    sparse_push(client, b, honest_deltas(local.service.shapes, 1))
+    assert client.status().version == 1
+    client.close()
+
+
+def attack_deltas(shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """A poisoned sparse update: zero but for one chunk of TARGET whose kept entries are all 1e3."""
+    deltas = {name: torch.zeros(shape) for name, shape in shapes.items()}
+    deltas[TARGET].view(-1)[300:300 + FORMAT.keep] = 1e3
+    return deltas
+
+
+def one_round(start_coordinator, sync: dict[str, Any], attacker: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
+    """θ_0 and θ_1 of a round of 3 honest sparse updates (and the attacker's, pushed first), and the last status."""
+    local = start_coordinator(tiny_spec(sync={**SPARSE, **sync}))
+    names = ["honest0", "honest1", "honest2"] + (["attacker"] if attacker else [])
+    client, members, theta0 = joined(local, names)
+    refusal = None
+    if attacker:
+        try:
+            sparse_push(client, members[-1], attack_deltas(local.service.shapes))
+        except grpc.RpcError as exc:
+            refusal = exc
+            client.leave(members[-1], "refused")
+    for index, member in enumerate(members[:3]):
+        sparse_push(client, member, honest_deltas(local.service.shapes, index))
+    _, theta1 = client.pull(members[0], members[0].run_id)
+    status = client.status()
+    client.close()
+    return theta0, theta1, (status, refusal)
+
+
+def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(torch.sum((a[k].double() - b[k].double()) ** 2)) for k in a))
+
+
+def test_a_poisoned_sparse_update_is_refused_or_bounded(start_coordinator) -> None:
+    theta0, honest, (status, _) = one_round(start_coordinator, {}, attacker=False)
+    assert status.version == 1 and status.rounds[-2].dropped == 0, "the direction check dropped an honest sparse update"
+    honest_step = distance(honest, theta0)
+    # Default bounds: the automatic norm bound refuses it at the push (INVALID_ARGUMENT), θ_1 is the honest one.
+    _, defended, (_, refusal) = one_round(start_coordinator, {}, attacker=True)
+    assert refusal is not None and refusal.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "global L2 norm" in refusal.details()
+    assert distance(defended, honest) == 0.0
+    # The hard bound lifted: clipped_mean (or the direction check) bounds it to one worker's clipped share.
+    _, clipped, (status, refusal) = one_round(start_coordinator, {"max_update_norm": 1e9}, attacker=True)
+    assert refusal is None
+    attacker = next(w for w in status.workers if w.name == "attacker")
+    assert attacker.clipped_updates + attacker.dropped_updates == 1
+    assert distance(clipped, honest) <= 3.0 * honest_step
+    # Undefended (mean, no hard bound, no direction check) the same update moves θ thousands of honest steps.
+    _, undefended, _ = one_round(start_coordinator, {"max_update_norm": 1e9, "aggregation": "mean", "min_cosine": -1.0},
+                                 attacker=True)
+    assert distance(undefended, honest) > 100 * honest_step

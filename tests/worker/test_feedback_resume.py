@@ -1,0 +1,69 @@
+"""A restarted worker resumes its error feedback (issue #28): real workers in this process, a real coordinator on
+loopback. With `--state-dir` the residual is saved after each delivered update and taken back by the next worker
+process of the same run, format and decay; any other file is ignored with its reason."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from rcswarm.sync.feedback_state import FEEDBACK_FILE, load_feedback
+from rcswarm.worker import Worker
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.worker import _options, run_until
+
+SPARSE = {"codec": "sparse", "sparse_chunk": 256, "density": 0.05, "value_bits": 2, "error_decay": 0.95}
+
+
+class Recording(Worker):
+    """The real worker, counting its delivered pushes and keeping the residual it had right after its join."""
+
+    def __init__(self, options) -> None:
+        super().__init__(options, TOKEN)
+        self.delivered = 0
+        self.at_join: dict[str, torch.Tensor] | None = None
+
+    def _resume_feedback(self) -> None:
+        super()._resume_feedback()
+        self.at_join = self.error_feedback.snapshot()
+
+    def _push(self, version, base, tokens) -> bool:
+        delivered = super()._push(version, base, tokens)
+        self.delivered += delivered
+        return delivered
+
+
+def test_a_restarted_worker_resumes_its_error_feedback(start_coordinator, tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="rcswarm.worker")
+    local = start_coordinator(tiny_spec(run={"rounds": 50}, inner={"steps": 2}, sync=SPARSE))
+    state_dir = tmp_path / "worker"
+    first = Recording(_options(local.target, state_dir=state_dir))
+    assert run_until(first, lambda w: w.delivered >= 2, 60) == 0
+    kept = first.error_feedback.snapshot()
+    assert kept and first.error_feedback.residual_norm() > 0
+    saved, why = load_feedback(state_dir, first.run_id, first.codec, 0.95, local.service.shapes)
+    assert why == "" and all(torch.equal(saved[k], kept[k]) for k in kept), "the file is not the last residual"
+    # A new worker process of the same run starts from the saved residual, bit for bit.
+    second = Recording(_options(local.target, state_dir=state_dir))
+    assert run_until(second, lambda w: w.delivered >= 1, 60) == 0
+    assert second.at_join is not None and all(torch.equal(second.at_join[k], kept[k]) for k in kept)
+    assert "resumed the error feedback of" in caplog.text
+    # Without a state dir a worker starts from zero.
+    third = Recording(_options(local.target))
+    assert run_until(third, lambda w: w.delivered >= 1, 60) == 0
+    assert third.at_join == {}
+
+
+def test_a_residual_of_another_run_or_setting_is_not_taken(start_coordinator, tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="rcswarm.worker")
+    state_dir = tmp_path / "worker"
+    first = start_coordinator(tiny_spec(run={"rounds": 50}, inner={"steps": 2}, sync=SPARSE))
+    assert run_until(Recording(_options(first.target, state_dir=state_dir)), lambda w: w.delivered >= 1, 60) == 0
+    assert (state_dir / FEEDBACK_FILE).is_file()
+    other = start_coordinator(tiny_spec(run={"rounds": 50, "name": "other"}, inner={"steps": 2},
+                                        sync={**SPARSE, "error_decay": 0.9}))
+    worker = Recording(_options(other.target, state_dir=state_dir))
+    assert run_until(worker, lambda w: w.delivered >= 1, 60) == 0
+    assert worker.at_join == {}
+    assert "is another run's or setting's: run_id" in caplog.text and "decay '0.95' (this run: '0.9')" in caplog.text
