@@ -17,7 +17,7 @@ convention (char id = code point mod char_vocab, small style ids) by contract.
 from rcswarm.data.frames.action_tokenizer import ActionTokenizer
 from rcswarm.data.frames.frame_codec import FrameFormatError, FrameReader, FrameWriter
 from rcswarm.data.frames.git_editor import Editor, ReplayError
-from rcswarm.data.frames.git_frames import GitFrameSource, build_git_frames
+from rcswarm.data.frames.git_frames import GitFrameSource, RepoInput, build_git_dataset, build_git_frames
 from rcswarm.data.frames.git_replay import ReplayStats, replay
 from rcswarm.data.frames.typed_text import (
     COMPACT_CHARSET,
@@ -62,11 +62,13 @@ __all__ = [
     "GitFrameSource",
     "ReplayError",
     "ReplayStats",
+    "RepoInput",
     "TensorWindow",
     "TypingConfig",
     "TypingDocument",
     "TypingFrameSource",
     "TypingVocab",
+    "build_git_dataset",
     "build_git_frames",
     "check_frame_batch",
     "load_typing_documents",
