@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rcswarm-installed
 DEV_STAMP := $(VENV)/.rcswarm-dev-installed
 
-.PHONY: install install-dev demo test test-all bench protos clean
+.PHONY: install install-dev demo test test-all bench gpu-check protos clean
 
 # The user's install: rcswarm and its run-time dependencies (no test tools, no triton).
 $(STAMP): pyproject.toml
@@ -44,6 +44,13 @@ test-all: install-dev
 bench: install-dev
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	$(PY) benchmarks/sync_bench.py
+
+# The GPU check (issue #32, docs/PERFORMANCE.md): the Triton kernels compiled and checked, their timings beside
+# flash-linear-attention (the gpu extra) and SDPA, streaming BPTT at 10^6 frames, a 2-worker swarm on the GPU.
+# Without CUDA it says so and exits 0. A CUDA torch already installed is kept (VENV_FLAGS=--system-site-packages).
+gpu-check: install
+	$(PY) -m pip install --quiet -e ".[gpu]"
+	$(VENV)/bin/rcswarm bench gpu
 
 protos: install-dev
 	$(PY) -m rcswarm.protos.generate
