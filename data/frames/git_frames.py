@@ -201,25 +201,10 @@ def _head(path: Path) -> str:
         return ""
 
 
-def build_git_frames(
-    repo: str | Path,
-    out: str | Path,
-    rows: int = 48,
-    cols: int = 160,
-    vocab_size: int = 4096,
-    block_frames: int = 256,
-    frames_per_shard: int = 1 << 20,
-    max_file_bytes: int = 256 * 1024,
-    max_commits: int | None = None,
-    progress: bool = True,
-    console=None,
-    commit_messages: bool = False,
-) -> dict:
-    """Convert `repo`'s first-parent history into a dataset at `out`; returns the summary dict."""
-    return build_git_dataset(
-        [RepoInput(repo_name(repo), Path(repo))], out, rows, cols, vocab_size, block_frames, frames_per_shard,
-        max_file_bytes, max_commits, progress, console, commit_messages,
-    )
+def build_git_frames(repo: str | Path, out: str | Path, *args, **options) -> dict:
+    """Convert `repo`'s first-parent history into a dataset at `out` (the other arguments as
+    `build_git_dataset`'s: rows, cols, vocab_size, ...); returns the summary dict."""
+    return build_git_dataset([RepoInput(repo_name(repo), Path(repo))], out, *args, **options)
 
 
 def build_git_dataset(

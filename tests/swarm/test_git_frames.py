@@ -20,7 +20,7 @@ from rcswarm.data.frames.git_frames import GitFrameSource, build_git_frames
 from rcswarm.data.frames.git_replay import replay
 from rcswarm.data.frames.window import FrameWindowSource, FrameWindowSpec, check_frame_batch
 from tests.helpers.data import COLS, ROWS, _assert_chunks_make_the_batch
-from tests.helpers.git_repo import _commit, _git, make_repo
+from tests.helpers.git_repo import _commit, _git, make_repo, make_second_repo
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git not on PATH")
 
@@ -269,23 +269,10 @@ def test_git_window_chunks_are_the_batch_of_the_same_seed(tmp_path) -> None:
         _assert_chunks_make_the_batch(window, eager.next_batch(), 11)
 
 
-def _second_repo(root: Path) -> Path:
-    """A second, different history: a few commits of a small Go-like file."""
-    repo = root / "other"
-    repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "config", "user.email", "t@example.com")
-    _git(repo, "config", "user.name", "t")
-    for i in range(4):
-        (repo / "main.go").write_text("package main\n\n" + "".join(f"func f{j}() int {{ return {j} }}\n" for j in range(i * 8)))
-        _commit(repo, f"step {i}")
-    return repo
-
-
 def test_several_histories_make_one_dataset_with_a_held_out_one(repo, tmp_path):
     from rcswarm.data.frames.git_frames import RepoInput, build_git_dataset, dataset_shards, held_out_repos
 
-    other = _second_repo(tmp_path)
+    other = make_second_repo(tmp_path)
     out = tmp_path / "both"
     summary = build_git_dataset([RepoInput("demo", repo), RepoInput("other", other, held_out=True)], out, ROWS, COLS,
                                 vocab_size=300, block_frames=32, frames_per_shard=1500, progress=False)
@@ -320,7 +307,7 @@ def test_several_histories_make_one_dataset_with_a_held_out_one(repo, tmp_path):
 def test_the_cli_takes_several_histories_and_a_held_out_name(repo, tmp_path, capsys):
     from rcswarm.cli.main import main
 
-    other = _second_repo(tmp_path)
+    other = make_second_repo(tmp_path)
     out = tmp_path / "cli-two"
     assert main(["data", "frames", "--repo", f"a={repo}", "--repo", str(other), "--held-out", "other", "--out", str(out),
                  "--rows", str(ROWS), "--cols", str(COLS), "--vocab-size", "280", "--no-progress"]) == 0
@@ -353,7 +340,7 @@ def test_the_dataset_script_rebuilds_from_names_paths_and_pinned_commits(repo, t
     # A mirror directory laid out as owner+name/repo stands in for GitHub.
     mirrors = tmp_path / "mirrors"
     (mirrors / "someone+other").mkdir(parents=True)
-    subprocess.run(["git", "clone", "-q", "--bare", str(_second_repo(tmp_path)), str(mirrors / "someone+other" / "repo")],
+    subprocess.run(["git", "clone", "-q", "--bare", str(make_second_repo(tmp_path)), str(mirrors / "someone+other" / "repo")],
                    check=True, capture_output=True)
     first_two = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "HEAD"], capture_output=True, text=True,
                                check=True).stdout.split()[1]
