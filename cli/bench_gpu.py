@@ -12,7 +12,8 @@ on screen, the goals of the issue read out under it, and a JSON file with every 
 correctness check fails or a part raises (missed speed goals are reported, not failed), else 0.
 
 Without a CUDA device it prints one line saying so and exits 0. `--device cpu` runs the parts on the CPU
-instead (kernels only under TRITON_INTERPRET=1; timings are skipped): a test of the plumbing, not a measurement.
+instead (kernels and timings, with tiny shapes, only under TRITON_INTERPRET=1): a test of the plumbing, not a
+measurement.
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ def run_parts(args: argparse.Namespace, device: torch.device, console: Console) 
             elif part == "timings":
                 if device.type == "cuda":
                     rows += kernels.time_kernels(device, peak, tuple(cfg["rwkv_lengths"]), tuple(cfg["sgsa_lengths"]))
+                elif interpreter:  # tiny shapes and a wall clock: the rows' plumbing, not a measurement
+                    rows += kernels.time_rwkv(device, None, (16,), batch=1, heads=1, d=8)
+                    rows += kernels.time_sgsa(device, None, (64,), 1, 2, 1, 16, 16, 8)
                 else:
                     rows.append(Row("timings", "kernel timings", "not run", "needs CUDA (do_bench)", SKIPPED))
             elif part == "bptt":
