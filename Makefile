@@ -18,7 +18,7 @@ DEV_STAMP := $(VENV)/.rcswarm-dev-installed
 # CPU; without triton they skip). TRITON=0: never. `make install-triton` adds it to an existing venv.
 TRITON ?= auto
 
-.PHONY: install install-dev install-triton demo test test-all bench protos clean
+.PHONY: install install-dev install-triton demo test test-all bench gpu-check protos clean
 
 # The user's install: rcswarm and its run-time dependencies (no test tools, no triton).
 $(STAMP): pyproject.toml
@@ -59,6 +59,13 @@ test-all: install-dev
 bench: install-dev
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	$(PY) benchmarks/sync_bench.py
+
+# The GPU check (issue #32, docs/PERFORMANCE.md): the Triton kernels compiled and checked, their timings beside
+# flash-linear-attention (the gpu extra) and SDPA, streaming BPTT at 10^6 frames, a 2-worker swarm on the GPU.
+# Without CUDA it says so and exits 0. A CUDA torch already installed is kept (VENV_FLAGS=--system-site-packages).
+gpu-check: install
+	$(PY) -m pip install --quiet -e ".[gpu]"
+	$(VENV)/bin/rcswarm bench gpu
 
 protos: install-dev
 	$(PY) -m rcswarm.protos.generate

@@ -1,19 +1,26 @@
-"""`rcswarm data frames --repo PATH --out DIR [--rows 48 --cols 160 ...]`: git history -> frame dataset.
+"""`rcswarm data frames --repo [NAME=]PATH ... --out DIR [--held-out NAME] [--rows 48 --cols 160 ...]`.
 
-Bad arguments or values exit 2 with a message on stderr; a history that cannot be replayed exits 1.
+Git histories -> one frame dataset. `--repo` may be given several times (the name defaults to the
+directory's); `--held-out NAME` puts that history into the held-out split. Bad arguments or values
+exit 2 with a message on stderr; a history that cannot be replayed exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 
 
 def parser() -> argparse.ArgumentParser:
     p = new_parser("rcswarm data frames", "Replay a git history as editor frames and actions.")
-    p.add_argument("--repo", required=True, help="path of a git repository (a clone, or a bare git directory)")
+    p.add_argument("--repo", required=True, action="append",
+                   help="[NAME=]PATH of a git repository (a clone, or a bare git directory); repeat for several "
+                        "histories in one dataset (NAME defaults to the directory's name)")
+    p.add_argument("--held-out", action="append", default=[], metavar="NAME",
+                   help="hold this history out (split 'val': not trained on, not seen by the tokenizer); repeatable")
     p.add_argument("--out", required=True, help="directory to write the frame dataset into")
     p.add_argument("--rows", type=int, default=48, help="editor screen height in text rows")
     p.add_argument("--cols", type=int, default=160, help="editor screen width in characters")
@@ -27,6 +34,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def repo_inputs(repos: list[str], held_out: list[str]) -> list:
+    """`RepoInput`s of `--repo [NAME=]PATH` values and `--held-out NAME`s; ValueError naming what does not fit."""
+    from rcswarm.data.frames.git_frames import RepoInput, repo_name
+
+    inputs = []
+    for text in repos:
+        name, sep, path = text.partition("=")
+        if not sep:
+            name, path = repo_name(text), text
+        inputs.append(RepoInput(name, Path(path), held_out=name in held_out))
+    unknown = sorted(set(held_out) - {r.name for r in inputs})
+    if unknown:
+        raise ValueError(f"--held-out {unknown}: expected names of --repo histories {[r.name for r in inputs]}")
+    return inputs
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] != "frames":
@@ -38,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(args, int):
         return args
     from rcswarm.data.frames.git_editor import ReplayError
-    from rcswarm.data.frames.git_frames import build_git_frames, print_summary
+    from rcswarm.data.frames.git_frames import build_git_dataset, print_summary
 
     try:
-        summary = build_git_frames(
-            args.repo, args.out, args.rows, args.cols, args.vocab_size, args.block_frames,
+        summary = build_git_dataset(
+            repo_inputs(args.repo, args.held_out), args.out, args.rows, args.cols, args.vocab_size, args.block_frames,
             args.frames_per_shard, args.max_file_bytes, args.max_commits, progress=not args.no_progress,
             commit_messages=args.commit_messages,
         )

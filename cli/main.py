@@ -4,6 +4,7 @@
     rcswarm coordinator --config RUN.toml --state-dir DIR --port P
     rcswarm worker --coordinator HOST:PORT --token T [--device auto]
     rcswarm bench diag --task maze --models lstm transformer --budget-minutes 5
+    rcswarm bench gpu [--parts kernels timings bptt swarm]   the GPU check (one line and exit 0 without CUDA)
     rcswarm launch ray --address auto --coordinator HOST:PORT --workers N   workers as Ray actors
     rcswarm dht --host-maddrs /ip4/0.0.0.0/tcp/31337 [--config RUN.toml --state-dir DIR]   hivemind bootstrap peer
 
@@ -19,14 +20,14 @@ COMMANDS = {
     "run": ("rcswarm.cli.run", "start a coordinator and N workers on this machine and train"),
     "coordinator": ("rcswarm.cli.coordinator", "serve a run: membership, rounds, outer optimizer, metrics"),
     "worker": ("rcswarm.cli.worker", "join a coordinator and train"),
-    "bench": ("rcswarm.cli.main", "benchmarks on this machine: `rcswarm bench diag ...`"),
+    "bench": ("rcswarm.cli.main", "benchmarks on this machine: `rcswarm bench diag ...`, `rcswarm bench gpu`"),
     "fit": ("rcswarm.cli.fit", "fit scaling laws to recorded metrics and plot them"),
     "data": ("rcswarm.cli.data", "build training data: `rcswarm data frames --repo PATH --out DIR`"),
     "status": ("rcswarm.cli.status", "print a coordinator's runs, workers, rounds and fits"),
     "launch": ("rcswarm.cli.launch", "workers on a cluster manager: `rcswarm launch ray --address auto ...`"),
     "dht": ("rcswarm.cli.dht", "a bootstrap peer of a hivemind swarm (sync.backend = \"hivemind\"), mirroring its metrics"),
 }
-BENCHES = {"diag": "rcswarm.cli.bench"}
+BENCHES = {"diag": "rcswarm.cli.bench", "gpu": "rcswarm.cli.bench_gpu"}
 
 
 def usage() -> str:

@@ -25,6 +25,7 @@ CODECS = ("fp32", "bf16", "int8", "sparse", "lowbit")
 # a sparse update's entries would be summed into a dense part and cut again without error feedback.
 BACKEND_CODECS = {"coordinator": CODECS, "hivemind": ("fp32", "bf16", "int8", "lowbit")}
 INNER_OPTIMIZERS = ("adamw", "sgd")
+PRECISIONS = ("fp32", "bf16")
 DATA_SOURCES = ("stdlib", "diag", "typing", "git")
 CURRICULUM_POLICIES = ("fixed", "adaptive")
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean", "centered_clip")
@@ -133,8 +134,13 @@ class InnerSection:
     # embeddings kept across a window; the worker picks the schedule (every state, else
     # binomial) and spills embeddings to disk beyond it. 0 = page the core's saved tensors.
     memory_budget_mb: float = 0.0
+    # "bf16": the inner steps' forward and backward run under torch.autocast(bfloat16) on the
+    # worker's device (CUDA, or the CPU); parameters, gradients and the optimizer stay float32.
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            _fail("inner.precision", self.precision, f"one of {PRECISIONS}")
         if self.optimizer not in INNER_OPTIMIZERS:
             _fail("inner.optimizer", self.optimizer, f"one of {INNER_OPTIMIZERS}")
         _check_positive(self, "inner", "lr", "steps")

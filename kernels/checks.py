@@ -1,4 +1,5 @@
-"""Input validation shared by the kernels: readable tensor descriptions and common checks."""
+"""Input validation shared by the kernels: readable tensor descriptions and common checks; the comparison of a
+kernel's result with its reference (`relative_error`, used by the tests and by `rcswarm bench gpu`)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,11 @@ def check_float_tensors(named: Mapping[str, object], dims: int, layout: str) -> 
                 f"{name}={describe(tensor)} on {tensor.device}: expected {reference_name}'s dtype and device "
                 f"({describe(reference)} on {reference.device})"
             )
+
+
+def relative_error(value: Tensor, reference: Tensor) -> float:
+    """max |value - reference| / max(max |reference|, tiny), computed in float64: how kernels are compared with
+    their references."""
+    value, reference = value.double(), reference.double()
+    scale = reference.abs().max().clamp_min(1e-300)
+    return float((value - reference).abs().max() / scale)

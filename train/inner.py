@@ -12,6 +12,7 @@ optimizer step the worker and the bench share.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -139,7 +140,10 @@ def make_typing_source(data: DataSection, seed: int, split: str, model_config: A
 
 
 def make_git_source(data: DataSection, seed: int, split: str, model_config: Any) -> GitFrameSource:
-    """Windows of a `rcswarm data frames` dataset for the frame model whose config is `model_config`."""
+    """Windows of a `rcswarm data frames` dataset for the frame model whose config is `model_config`.
+
+    Split "train" reads the training histories, "val" the held-out ones (`GitFrameSource`'s `split`).
+    """
     from rcswarm.data.frames import FrameWindowSpec, GitFrameSource
     from rcswarm.data.frames.git_editor import N_STYLES as GIT_FRAME_STYLES
 
@@ -148,7 +152,7 @@ def make_git_source(data: DataSection, seed: int, split: str, model_config: Any)
         raise ValueError('data.source = "git" needs [data.task_config] dataset = "DIR" (made by `rcswarm data frames`)')
     window_seed = seed + (VAL_SEED_OFFSET if split == "val" else 0)
     source = GitFrameSource(dataset, FrameWindowSpec(data.batch_size, data.seq_len, window_seed),
-                            char_vocab=model_config.char_vocab)
+                            char_vocab=model_config.char_vocab, split=split)
     fits = (
         source.geometry == (model_config.rows, model_config.cols)
         and source.action_vocab_size <= model_config.action_vocab
@@ -264,24 +268,37 @@ def checkpointed_step(
     )
 
 
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The context an inner step runs in: torch.autocast(bfloat16) on `device` for "bf16", nothing for "fp32"."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    raise ValueError(f"inner.precision = {precision!r}: expected 'fp32' or 'bf16'")
+
+
 def inner_step(
     model: nn.Module, optimizer: InnerOptimizer | torch.optim.Optimizer, sampler: Any, grad_clip: float,
-    device: torch.device, bptt_chunk: int = 0, memory_budget_mb: float = 0.0,
+    device: torch.device, bptt_chunk: int = 0, memory_budget_mb: float = 0.0, precision: str = "fp32",
 ) -> StepResult:
     """One `train_step` on the sampler's next batch, on `device`, timed, with the scored tokens counted.
 
     Streaming BPTT (`bptt_chunk` > 0) leaves the inputs on the host; it moves each chunk itself.
-    With `memory_budget_mb` > 0 it checkpoints the core (`checkpointed_step`).
+    With `memory_budget_mb` > 0 it checkpoints the core (`checkpointed_step`). With `precision`
+    "bf16" the forward and backward passes (recomputations included) run under `autocast`; the
+    clipping and the optimizer step see the float32 gradients either way.
     """
     started = time.perf_counter()
     plan = checkpoint_plan(memory_budget_mb) if bptt_chunk > 0 else None
     if plan is not None:
-        loss_value, stats = checkpointed_step(model, optimizer, sampler, grad_clip, bptt_chunk, plan)
+        with autocast(device, precision):
+            loss_value, stats = checkpointed_step(model, optimizer, sampler, grad_clip, bptt_chunk, plan)
         return StepResult(loss_value, stats.scored, time.perf_counter() - started, stats.schedule)
     inputs, targets = sampler.next_batch()  # [B, T, ...], [B, T]
     targets = targets.to(device)
     if bptt_chunk <= 0:
         inputs = inputs.to(device)
-    loss_value = train_step(model, optimizer, inputs, targets, grad_clip, bptt_chunk)
+    with autocast(device, precision):
+        loss_value = train_step(model, optimizer, inputs, targets, grad_clip, bptt_chunk)
     scored = int((targets != IGNORE_INDEX).sum())
     return StepResult(loss=loss_value, tokens=scored, seconds=time.perf_counter() - started)

@@ -107,10 +107,10 @@ class RoundTrainer:
         return True
 
     def inner_step(self) -> StepResult:
-        """One inner step on the stream's next batch, as `[inner]` says (streaming BPTT, core checkpointing)."""
+        """One inner step on the stream's next batch, as `[inner]` says (streaming BPTT, core checkpointing, precision)."""
         inner = self.spec.inner
         return inner_step(self.model, self.optimizer, self.sampler, inner.grad_clip, self.device, inner.bptt_chunk,
-                          inner.memory_budget_mb)
+                          inner.memory_budget_mb, inner.precision)
 
     def row(self, version: int, loss: float, tokens: int) -> StepRow:
         """A metric row stamped now: the current step, window, wall time and compute seconds."""

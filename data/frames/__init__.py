@@ -24,7 +24,7 @@ _HOMES = {
     "rcswarm.data.frames.action_tokenizer": ("ActionTokenizer",),
     "rcswarm.data.frames.frame_codec": ("FrameFormatError", "FrameReader", "FrameWriter"),
     "rcswarm.data.frames.git_editor": ("Editor", "ReplayError"),
-    "rcswarm.data.frames.git_frames": ("GitFrameSource", "build_git_frames"),
+    "rcswarm.data.frames.git_frames": ("GitFrameSource", "RepoInput", "build_git_dataset", "build_git_frames"),
     "rcswarm.data.frames.git_replay": ("ReplayStats", "replay"),
     "rcswarm.data.frames.typed_text": (
         "COMPACT_CHARSET", "N_STYLES", "PRINTABLE_CHARSET", "STYLE_CURSOR", "STYLE_EMPTY", "STYLE_STATUS", "STYLE_TEXT",
@@ -56,11 +56,13 @@ __all__ = [
     "GitFrameSource",
     "ReplayError",
     "ReplayStats",
+    "RepoInput",
     "TensorWindow",
     "TypingConfig",
     "TypingDocument",
     "TypingFrameSource",
     "TypingVocab",
+    "build_git_dataset",
     "build_git_frames",
     "check_frame_batch",
     "load_typing_documents",
@@ -71,7 +73,7 @@ if TYPE_CHECKING:
     from rcswarm.data.frames.action_tokenizer import ActionTokenizer
     from rcswarm.data.frames.frame_codec import FrameFormatError, FrameReader, FrameWriter
     from rcswarm.data.frames.git_editor import Editor, ReplayError
-    from rcswarm.data.frames.git_frames import GitFrameSource, build_git_frames
+    from rcswarm.data.frames.git_frames import GitFrameSource, RepoInput, build_git_dataset, build_git_frames
     from rcswarm.data.frames.git_replay import ReplayStats, replay
     from rcswarm.data.frames.typed_text import (
         COMPACT_CHARSET,

@@ -1,4 +1,8 @@
-"""Git-history frame datasets: `build_git_frames` (repository -> shards + manifest) and `GitFrameSource`.
+"""Git-history frame datasets: `build_git_dataset` (histories -> shards + manifest) and `GitFrameSource`.
+
+`build_git_frames` converts one repository; `build_git_dataset` several into one dataset, some of
+them held out (`RepoInput.held_out`: split "val", never trained on, and the action tokenizer is
+trained on the other histories' actions only).
 
 Layout of a dataset directory (all little-endian, no pickle):
 
@@ -11,7 +15,9 @@ Layout of a dataset directory (all little-endian, no pickle):
 
 The stream of one repository is cut into shards of at most `frames_per_shard`
 frames; the editor state continues across shards (every shard's first block
-is a key frame, so shards decode independently).
+is a key frame, so shards decode independently). Each history starts in a fresh
+editor and its own shard; the manifest's `repos` lists every history (name, path,
+the HEAD it was replayed up to, split) and every shard names its `repo` and `split`.
 
 `GitFrameSource` implements `FrameWindowSource`: a window is L consecutive
 tokens of one shard from a seeded uniform offset; `actions[b, t]` is token t
@@ -32,6 +38,7 @@ import json
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +53,7 @@ from rcswarm.data.frames.action_tokenizer import (
 )
 from rcswarm.data.frames.frame_codec import FrameReader, FrameWriter
 from rcswarm.data.frames.git_editor import CONTROL_SEQUENCES, CONTROLS, N_STYLES
-from rcswarm.data.frames.git_replay import ReplayStats, replay
+from rcswarm.data.frames.git_replay import Git, ReplayStats, replay
 from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec, check_chunk
 
 MANIFEST = "manifest.json"
@@ -59,13 +66,18 @@ class _ShardSink:
         self.shards: list[dict] = []
         self.writer: FrameWriter | None = None
         self.raw_bytes = 0
+        self.repo, self.split = "", "train"
+
+    def begin(self, repo: str, split: str) -> None:
+        """The shards opened from now on hold history `repo` of split `split`."""
+        self.repo, self.split = repo, split
 
     def _open(self) -> None:
         name = f"shard-{len(self.shards):05d}"
         self.writer = FrameWriter(self.out / f"{name}.rcf", self.rows, self.cols, self.block_frames, N_STYLES)
         self.afile = open(self.out / f"{name}.actions.u32", "wb")  # noqa: SIM115 - closed in _close_shard
         self.abuf: list[int] = []
-        self.shards.append({"name": name, "frames": 0})
+        self.shards.append({"name": name, "frames": 0, "repo": self.repo, "split": self.split})
 
     def _next(self, action: int) -> FrameWriter:
         if self.writer is None or self.writer.n_frames + self.writer.pending >= self.per_shard:
@@ -107,8 +119,96 @@ def _actions(out: Path, name: str) -> np.ndarray:
     return np.fromfile(out / f"{name}.actions.u32", dtype="<u4")
 
 
-def build_git_frames(
-    repo: str | Path,
+SUMMARY_COUNTS = ("commits", "files", "skipped_binary", "skipped_oversized", "skipped_other", "actions")
+TRAIN, VAL = "train", "val"
+SPLITS = (TRAIN, VAL)
+
+
+@dataclass(frozen=True)
+class RepoInput:
+    """One history of a dataset: its `name` in the manifest, the `path` of a clone (or bare git directory),
+    and whether it is held out (split "val": never trained on, never seen by the tokenizer)."""
+
+    name: str
+    path: Path
+    held_out: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
+            raise ValueError(f"repository name {self.name!r}: expected letters, digits, '-', '_' or '.'")
+
+    @property
+    def split(self) -> str:
+        return VAL if self.held_out else TRAIN
+
+
+def repo_name(path: str | Path) -> str:
+    """A repository's default name: its directory's name without `.git` (the parent's for `.../NAME/.git`)."""
+    path = Path(path).resolve()
+    name = path.parent.name if path.name == ".git" else path.name
+    return name.removesuffix(".git") or "repo"
+
+
+def _replay_repo(repo: RepoInput, sink: _ShardSink, rows: int, cols: int, max_file_bytes: int,
+                 max_commits: int | None, commit_messages: bool, progress: bool, console) -> ReplayStats:
+    """Replay one history into `sink` (its shards start fresh: none straddles two histories)."""
+    sink.begin(repo.name, repo.split)
+    stats = ReplayStats()
+    if not progress:
+        replay(str(repo.path), sink, rows, cols, max_file_bytes, max_commits, stats, None, commit_messages)
+        sink.close()
+        return stats
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(
+        TextColumn(f"[bold]{repo.name}[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("commits"),
+        TextColumn("{task.fields[actions]:,} actions"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=console, transient=False,
+    )
+    task = bar.add_task("replay", total=None, actions=0)
+
+    def on_commit(i: int, total: int, s: ReplayStats) -> None:
+        bar.update(task, completed=i, total=total, actions=s.actions)
+
+    count = [0]
+
+    class CountingSink:
+        def write_rows(self, row_cp, row_st, damage, action: int, scroll=None) -> None:
+            sink.write_rows(row_cp, row_st, damage, action, scroll)
+            count[0] += 1
+            if not count[0] & 0x1FFF:  # large commits: keep the action count moving
+                bar.update(task, actions=count[0])
+
+    with bar:
+        replay(str(repo.path), CountingSink(), rows, cols, max_file_bytes, max_commits, stats, on_commit,
+               commit_messages)
+    sink.close()
+    return stats
+
+
+def _head(path: Path) -> str:
+    """The commit a history was replayed up to (HEAD), or "" where git cannot say."""
+    try:
+        return Git(str(path)).run("rev-parse", "HEAD").decode().strip()
+    except RuntimeError:
+        return ""
+
+
+def build_git_frames(repo: str | Path, out: str | Path, *args, **options) -> dict:
+    """Convert `repo`'s first-parent history into a dataset at `out` (the other arguments as
+    `build_git_dataset`'s: rows, cols, vocab_size, ...); returns the summary dict."""
+    return build_git_dataset([RepoInput(repo_name(repo), Path(repo))], out, *args, **options)
+
+
+def build_git_dataset(
+    repos: Sequence[RepoInput],
     out: str | Path,
     rows: int = 48,
     cols: int = 160,
@@ -121,80 +221,69 @@ def build_git_frames(
     console=None,
     commit_messages: bool = False,
 ) -> dict:
-    """Convert `repo`'s first-parent history into a dataset at `out`; returns the summary dict."""
+    """Convert several histories into one dataset at `out`, the held-out ones as split "val".
+
+    Each history is replayed from a fresh editor into its own shards (`max_commits` applies to each);
+    the action tokenizer is trained on the training histories' actions only, then encodes every shard.
+    Returns the summary: totals over all histories, and per history under "repos".
+    """
+    repos = list(repos)
+    names = [r.name for r in repos]
+    if not repos or len(set(names)) != len(names):
+        raise ValueError(f"repositories {names}: expected at least one, with distinct names")
+    if all(r.held_out for r in repos):
+        raise ValueError(f"repositories {names}: every one is held out; expected at least one to train on")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     sink = _ShardSink(out, rows, cols, block_frames, frames_per_shard)
-    stats = ReplayStats()
     t0 = time.perf_counter()
     c0 = _cpu()
-    if progress:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        bar = Progress(
-            TextColumn("[bold]frames[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("commits"),
-            TextColumn("{task.fields[actions]:,} actions"), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=console, transient=False,
-        )
-        task = bar.add_task("replay", total=None, actions=0)
-
-        def on_commit(i: int, total: int, s: ReplayStats) -> None:
-            bar.update(task, completed=i, total=total, actions=s.actions)
-
-        count = [0]
-
-        class CountingSink:
-            def write_rows(self, row_cp, row_st, damage, action: int, scroll=None) -> None:
-                sink.write_rows(row_cp, row_st, damage, action, scroll)
-                count[0] += 1
-                if not count[0] & 0x1FFF:  # large commits: keep the action count moving
-                    bar.update(task, actions=count[0])
-
-        with bar:
-            replay(str(repo), CountingSink(), rows, cols, max_file_bytes, max_commits, stats, on_commit, commit_messages)
-    else:
-        replay(str(repo), sink, rows, cols, max_file_bytes, max_commits, stats, None, commit_messages)
-    sink.close()
+    per_repo = []
+    for repo in repos:
+        started = time.perf_counter()
+        stats = _replay_repo(repo, sink, rows, cols, max_file_bytes, max_commits, commit_messages, progress, console)
+        per_repo.append({"name": repo.name, "path": str(Path(repo.path).resolve()), "head": _head(repo.path),
+                         "split": repo.split, **{key: getattr(stats, key) for key in SUMMARY_COUNTS},
+                         "replay_seconds": time.perf_counter() - started})
     t_replay = time.perf_counter() - t0
     c_replay = _cpu() - c0
 
     def texts():
         for sh in sink.shards:
+            if sh["split"] != TRAIN:
+                continue
             text = actions_to_text(_actions(out, sh["name"]).tolist())
             for _, chunk in chunk_text(text):
                 yield chunk
 
     tok = ActionTokenizer.train(texts(), vocab_size)
     tok.save(out / "tokenizer.json")
-    n_tokens = 0
     for sh in sink.shards:
         ids, starts = encode_stream(tok, _actions(out, sh["name"]).astype(np.int64))
         np.save(out / f"{sh['name']}.tokens.npy", ids, allow_pickle=False)
         np.save(out / f"{sh['name']}.starts.npy", starts, allow_pickle=False)
         sh["tokens"] = len(ids)
-        n_tokens += len(ids)
+    for entry in per_repo:
+        mine = [sh for sh in sink.shards if sh["repo"] == entry["name"]]
+        entry.update(frames=sum(sh["frames"] for sh in mine), tokens=sum(sh["tokens"] for sh in mine))
     compressed = sum((out / f"{sh['name']}.rcf").stat().st_size for sh in sink.shards)
+    actions = sum(r["actions"] for r in per_repo)
     elapsed = time.perf_counter() - t0
     summary = {
-        "commits": stats.commits, "files": stats.files, "skipped_binary": stats.skipped_binary,
-        "skipped_oversized": stats.skipped_oversized, "skipped_other": stats.skipped_other,
-        "actions": stats.actions, "frames": sum(sh["frames"] for sh in sink.shards), "tokens": n_tokens,
+        **{key: sum(r[key] for r in per_repo) for key in SUMMARY_COUNTS},
+        "frames": sum(sh["frames"] for sh in sink.shards), "tokens": sum(sh["tokens"] for sh in sink.shards),
         "raw_bytes": sink.raw_bytes, "compressed_bytes": compressed,
         "ratio": sink.raw_bytes / compressed if compressed else 0.0,
         "replay_seconds": t_replay, "seconds": elapsed,
-        "actions_per_second": stats.actions / t_replay if t_replay > 0 else 0.0,
+        "actions_per_second": actions / t_replay if t_replay > 0 else 0.0,
         "replay_cpu_seconds": c_replay,
-        "actions_per_cpu_second": stats.actions / c_replay if c_replay > 0 else 0.0,
+        "actions_per_cpu_second": actions / c_replay if c_replay > 0 else 0.0,
+        "repos": per_repo,
     }
     manifest = {
-        "format": "rcswarm-git-frames", "version": 2, "repo": str(Path(repo).resolve()),
+        "format": "rcswarm-git-frames", "version": 2,
+        **({"repo": per_repo[0]["path"]} if len(per_repo) == 1 else {}),
+        "repos": [{key: r[key] for key in ("name", "path", "head", "split")} for r in per_repo],
         "rows": rows, "cols": cols, "n_styles": N_STYLES, "block_frames": block_frames,
         "tokenizer": "tokenizer.json", "action_vocab_size": tok.vocab_size,
         "controls": {name: CONTROL_SEQUENCES[name] for name in CONTROLS},
@@ -211,7 +300,7 @@ def print_summary(summary: dict, console=None) -> None:
     table = Table(title="git frames")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("commits", "files", "skipped_binary", "skipped_oversized", "skipped_other", "actions", "frames", "tokens"):
+    for key in (*SUMMARY_COUNTS, "frames", "tokens"):
         table.add_row(key, f"{summary[key]:,}")
     table.add_row("raw bytes (5 B/cell)", f"{summary['raw_bytes']:,}")
     table.add_row("compressed bytes", f"{summary['compressed_bytes']:,}")
@@ -219,13 +308,45 @@ def print_summary(summary: dict, console=None) -> None:
     table.add_row("actions/s (replay+encode)", f"{summary['actions_per_second']:,.0f}")
     table.add_row("actions per CPU second", f"{summary['actions_per_cpu_second']:,.0f}")
     table.add_row("seconds", f"{summary['seconds']:.2f}")
-    (console or Console()).print(table)
+    console = console or Console()
+    console.print(table)
+    repos = summary.get("repos", [])
+    if len(repos) > 1:
+        per_repo = Table(title="histories")
+        for column in ("name", "split", "head", "commits", "files", "frames", "tokens"):
+            per_repo.add_column(column, justify="left" if column in ("name", "split", "head") else "right")
+        for r in repos:
+            per_repo.add_row(r["name"], r["split"], r["head"][:10], *(f"{r[key]:,}" for key in
+                                                                      ("commits", "files", "frames", "tokens")))
+        console.print(per_repo)
+
+
+def held_out_repos(manifest: dict) -> list[str]:
+    """The names of a dataset's held-out histories (split "val"); [] for one built without any."""
+    return [r["name"] for r in manifest.get("repos", []) if r.get("split") == VAL]
+
+
+def dataset_shards(manifest: dict, split: str | None) -> list[dict]:
+    """The shards a split reads: None every shard; "train" the training histories' shards; "val" the held-out
+    histories' shards, or, in a dataset without a held-out history, every shard (held-out windows are then
+    other windows of the same histories, drawn from another seed)."""
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split={split!r}: expected one of {SPLITS} or None")
+    shards = manifest["shards"]
+    if split is None or (split == VAL and not held_out_repos(manifest)):
+        return list(shards)
+    return [s for s in shards if s.get("split", TRAIN) == split]
 
 
 class GitFrameSource:
-    """A `FrameWindowSource` over a built dataset directory (see the module docstring)."""
+    """A `FrameWindowSource` over a built dataset directory (see the module docstring).
 
-    def __init__(self, root: str | Path, spec: FrameWindowSpec, char_vocab: int = 8192, max_open: int = 4) -> None:
+    `split` picks the shards (`dataset_shards`): "train" never reads a held-out history, "val" reads
+    only the held-out ones (where the dataset has any); None reads all.
+    """
+
+    def __init__(self, root: str | Path, spec: FrameWindowSpec, char_vocab: int = 8192, max_open: int = 4,
+                 split: str | None = None) -> None:
         self.root = Path(root)
         self.spec = spec
         self.char_vocab = char_vocab
@@ -233,9 +354,12 @@ class GitFrameSource:
         self.manifest = m
         self._geometry = (int(m["rows"]), int(m["cols"]))
         self._vocab = int(m["action_vocab_size"])
-        self.shards = [s for s in m["shards"] if s.get("tokens", 0) >= spec.window]
+        self.split = split
+        shards = dataset_shards(m, split)
+        self.shards = [s for s in shards if s.get("tokens", 0) >= spec.window]
         if not self.shards:
-            raise ValueError(f"{self.root}: no shard has {spec.window} tokens (window longer than the data)")
+            where = f"split {split!r} ({len(shards)} shards)" if split else "no shard"
+            raise ValueError(f"{self.root}: {where}: no shard has {spec.window} tokens (window longer than the data)")
         w = np.array([s["tokens"] - spec.window + 1 for s in self.shards], np.float64)
         self.weights = w / w.sum()
         self.rng = np.random.default_rng(spec.seed)

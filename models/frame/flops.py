@@ -178,3 +178,28 @@ def window_flops(config: FrameModelConfig, batch: int, n_frames: int) -> int:
     """Forward FLOPs of one training window: the frame head on all B x L frames plus the main model."""
     per_frame_batch = estimate_flops(config, batch, n_frames)
     return n_frames * per_frame_batch.frame_head + per_frame_batch.main
+
+
+def training_step_flops(config: FrameModelConfig, batch: int, n_frames: int, *, streaming: bool = True,
+                        core_recompute: bool = False) -> int:
+    """FLOPs of one training step (forward and backward) on B windows of L frames, from `window_flops`' parts.
+
+    The backward pass counts twice the forward (the usual convention). Plain autograd: 3x the forward of
+    everything. Streaming BPTT (Section 10.3): the frame head runs forward without gradients, again with
+    gradients (the recomputation) and backward, 4x its forward; the main model 3x, or 4x when core
+    checkpointing runs its segments again (at least once each; a binomial schedule with few slots more).
+    """
+    per_frame_batch = estimate_flops(config, batch, n_frames)
+    head = n_frames * per_frame_batch.frame_head
+    if not streaming:
+        return 3 * (head + per_frame_batch.main)
+    return 4 * head + (4 if core_recompute else 3) * per_frame_batch.main
+
+
+def step_seconds(flops: int, peak_flops: float, utilization: float) -> float:
+    """Seconds for `flops` at `utilization` (model FLOPs utilization, in (0, 1]) of a device's `peak_flops`."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"utilization={utilization!r}: expected a fraction in (0, 1]")
+    if not peak_flops > 0:
+        raise ValueError(f"peak_flops={peak_flops!r}: expected a positive FLOP/s")
+    return flops / (peak_flops * utilization)

@@ -370,3 +370,25 @@ def test_decoder_rejects_malformed_blocks():
         with pytest.raises(FrameFormatError) as err:
             decode_block(raw, 1, rows, cols)
         assert why == "past the end" or why in str(err.value), (why, str(err.value))
+
+
+def test_splits_of_a_manifest_and_repository_names(tmp_path):
+    from pathlib import Path
+
+    from rcswarm.data.frames.git_frames import RepoInput, dataset_shards, held_out_repos, repo_name
+
+    shards = [{"name": "shard-00000", "repo": "a", "split": "train"}, {"name": "shard-00001", "repo": "b", "split": "val"}]
+    both = {"repos": [{"name": "a", "split": "train"}, {"name": "b", "split": "val"}], "shards": shards}
+    assert held_out_repos(both) == ["b"]
+    assert [s["name"] for s in dataset_shards(both, "train")] == ["shard-00000"]
+    assert [s["name"] for s in dataset_shards(both, "val")] == ["shard-00001"]
+    assert dataset_shards(both, None) == shards
+    # A dataset of one history (or one made before histories were named): "val" reads every shard.
+    old = {"shards": [{"name": "shard-00000", "frames": 5}]}
+    assert held_out_repos(old) == [] and dataset_shards(old, "val") == dataset_shards(old, "train") == old["shards"]
+    with pytest.raises(ValueError, match="split='dev'"):
+        dataset_shards(both, "dev")
+    assert repo_name(tmp_path / "proj.git") == "proj" and repo_name(tmp_path / "proj" / ".git") == "proj"
+    assert RepoInput("x", Path("."), held_out=True).split == "val"
+    with pytest.raises(ValueError, match="repository name 'a b'"):
+        RepoInput("a b", Path("."))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rcswarm.cli import bench, data, dht, fit, launch, main, run, status, worker
+from rcswarm.cli import bench, bench_gpu, data, dht, fit, launch, main, run, status, worker
 from rcswarm.cli import coordinator as coordinator_cli
 from rcswarm.config.runspec import RunSpec
 
@@ -75,7 +75,9 @@ def parse(words: list[str]) -> argparse.Namespace | int:
         assert argv[0] == "frames", words
         return data.parser().parse_args(argv[1:])
     if command == "bench":
-        assert argv[0] == "diag", words
+        assert argv[0] in ("diag", "gpu"), words
+        if argv[0] == "gpu":
+            return bench_gpu.parser().parse_args(argv[1:])
         args = bench.parse_args(argv[1:])
         assert not isinstance(args, int), words
         return args

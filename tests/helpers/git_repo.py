@@ -18,13 +18,27 @@ def _commit(repo: Path, msg: str) -> None:
     _git(repo, "commit", "-q", "--allow-empty", "-m", msg)
 
 
-def make_repo(root: Path) -> Path:
-    repo = root / "repo"
+def _init(repo: Path) -> Path:
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "config", "user.email", "t@example.com")
     _git(repo, "config", "user.name", "t")
     _git(repo, "config", "core.autocrlf", "false")
+    return repo
+
+
+def make_second_repo(root: Path) -> Path:
+    """Another, different history (a multi-repository dataset's second one): four commits of a growing Go file."""
+    repo = _init(root / "other")
+    for i in range(4):
+        (repo / "main.go").write_text("package main\n\n" + "".join(f"func f{j}() int {{ return {j} }}\n"
+                                                                    for j in range(i * 8)))
+        _commit(repo, f"step {i}")
+    return repo
+
+
+def make_repo(root: Path) -> Path:
+    repo = _init(root / "repo")
     w = lambda p, data: (repo / p).parent.mkdir(parents=True, exist_ok=True) or (repo / p).write_bytes(
         data if isinstance(data, bytes) else data.encode("utf-8")
     )

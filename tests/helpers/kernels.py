@@ -6,12 +6,8 @@ subprocess with TRITON_INTERPRET=1 and SGSA_CHILD_ENV=1 (the variable must be se
 
 from __future__ import annotations
 
-import torch
+from rcswarm.kernels.checks import relative_error
 
 SGSA_CHILD_ENV = "RCSWARM_SGSA_TRITON_CHILD"
 
-
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """max |value - reference| / max(max |reference|, tiny): the kernels' comparison with their references."""
-    scale = reference.abs().max().clamp_min(1e-300)
-    return float((value - reference).abs().max() / scale)
+__all__ = ["SGSA_CHILD_ENV", "relative_error"]

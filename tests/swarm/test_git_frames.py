@@ -20,7 +20,7 @@ from rcswarm.data.frames.git_frames import GitFrameSource, build_git_frames
 from rcswarm.data.frames.git_replay import replay
 from rcswarm.data.frames.window import FrameWindowSource, FrameWindowSpec, check_frame_batch
 from tests.helpers.data import COLS, ROWS, _assert_chunks_make_the_batch
-from tests.helpers.git_repo import _commit, _git, make_repo
+from tests.helpers.git_repo import _commit, _git, make_repo, make_second_repo
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git not on PATH")
 
@@ -267,3 +267,92 @@ def test_git_window_chunks_are_the_batch_of_the_same_seed(tmp_path) -> None:
         window = lazy.next_window()
         assert isinstance(window, FrameWindow) and window.length == 90
         _assert_chunks_make_the_batch(window, eager.next_batch(), 11)
+
+
+def test_several_histories_make_one_dataset_with_a_held_out_one(repo, tmp_path):
+    from rcswarm.data.frames.git_frames import RepoInput, build_git_dataset, dataset_shards, held_out_repos
+
+    other = make_second_repo(tmp_path)
+    out = tmp_path / "both"
+    summary = build_git_dataset([RepoInput("demo", repo), RepoInput("other", other, held_out=True)], out, ROWS, COLS,
+                                vocab_size=300, block_frames=32, frames_per_shard=1500, progress=False)
+    m = json.loads((out / "manifest.json").read_text())
+    head = subprocess.run(["git", "-C", str(other), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert [(r["name"], r["split"]) for r in m["repos"]] == [("demo", "train"), ("other", "val")]
+    assert m["repos"][1]["head"] == head and "repo" not in m
+    assert held_out_repos(m) == ["other"]
+    by_repo = {r["name"]: r for r in summary["repos"]}
+    assert by_repo["other"]["commits"] == 4 and by_repo["demo"]["commits"] == 7
+    assert summary["frames"] == sum(r["frames"] for r in summary["repos"]) == sum(s["frames"] for s in m["shards"])
+    # Each history has its own shards, each shard names its history and split.
+    assert [s["repo"] for s in m["shards"]] == sorted(s["repo"] for s in m["shards"])
+    assert {(s["repo"], s["split"]) for s in m["shards"]} == {("demo", "train"), ("other", "val")}
+    assert sum(s["frames"] for s in m["shards"] if s["repo"] == "other") == by_repo["other"]["frames"]
+    # The tokenizer never saw the held-out history: it is the tokenizer of the training history alone.
+    alone = tmp_path / "alone"
+    build_git_frames(repo, alone, ROWS, COLS, vocab_size=300, block_frames=32, frames_per_shard=1500, progress=False)
+    assert (out / "tokenizer.json").read_text() == (alone / "tokenizer.json").read_text()
+    # The splits read their own shards; "val" windows come from the held-out history only.
+    spec = FrameWindowSpec(batch_size=4, window=16, seed=3)
+    train, val = GitFrameSource(out, spec, split="train"), GitFrameSource(out, spec, split="val")
+    assert {s["repo"] for s in train.shards} == {"demo"} and {s["repo"] for s in val.shards} == {"other"}
+    assert [s["name"] for s in val.shards] == [s["name"] for s in dataset_shards(m, "val")]
+    check_frame_batch(val, spec, val.next_batch())
+    assert len(GitFrameSource(out, spec).shards) == len(m["shards"])  # no split: every shard
+    with pytest.raises(ValueError, match="split='test'"):
+        GitFrameSource(out, spec, split="test")
+
+
+def test_the_cli_takes_several_histories_and_a_held_out_name(repo, tmp_path, capsys):
+    from rcswarm.cli.main import main
+
+    other = make_second_repo(tmp_path)
+    out = tmp_path / "cli-two"
+    assert main(["data", "frames", "--repo", f"a={repo}", "--repo", str(other), "--held-out", "other", "--out", str(out),
+                 "--rows", str(ROWS), "--cols", str(COLS), "--vocab-size", "280", "--no-progress"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert [(r["name"], r["split"]) for r in m["repos"]] == [("a", "train"), ("other", "val")]
+    assert "histories" in capsys.readouterr().out
+    assert main(["data", "frames", "--repo", str(repo), "--held-out", "nope", "--out", str(tmp_path / "x"),
+                 "--no-progress"]) == 2
+    assert "--held-out ['nope']" in capsys.readouterr().err
+    assert main(["data", "frames", "--repo", str(repo), "--held-out", "repo", "--out", str(tmp_path / "y"),
+                 "--no-progress"]) == 2
+    assert "every one is held out" in capsys.readouterr().err
+
+
+def test_the_dataset_script_rebuilds_from_names_paths_and_pinned_commits(repo, tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "git_dataset.py"
+    module_spec = importlib.util.spec_from_file_location("git_dataset", path)
+    script = importlib.util.module_from_spec(module_spec)
+    monkeypatch.setitem(sys.modules, "git_dataset", script)  # its dataclasses look their module up
+    module_spec.loader.exec_module(script)
+
+    assert script.parse_spec("pallets/itsdangerous@abc123") == script.RepoSpec(
+        "itsdangerous", "https://github.com/pallets/itsdangerous", "abc123", slug="pallets/itsdangerous")
+    assert script.parse_spec("https://example.org/x/tool.git") == script.RepoSpec("tool", "https://example.org/x/tool.git")
+    with pytest.raises(ValueError, match="not owner/name"):
+        script.parse_spec("no-such-path-or-name")
+    # A mirror directory laid out as owner+name/repo stands in for GitHub.
+    mirrors = tmp_path / "mirrors"
+    (mirrors / "someone+other").mkdir(parents=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(make_second_repo(tmp_path)), str(mirrors / "someone+other" / "repo")],
+                   check=True, capture_output=True)
+    first_two = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "HEAD"], capture_output=True, text=True,
+                               check=True).stdout.split()[1]
+    out = tmp_path / "script-out"
+    rc = script.main([f"{repo}@{first_two}", "someone/other", "--mirror", str(mirrors), "--cache", str(tmp_path / "cache"),
+                      "--held-out", "other", "--out", str(out), "--rows", str(ROWS), "--cols", str(COLS), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    sources = json.loads((out / "sources.json").read_text())
+    assert sources[0]["head"] == first_two and sources[1]["cloned_from"] == str(mirrors / "someone+other" / "repo")
+    m = json.loads((out / "manifest.json").read_text())
+    assert [(r["name"], r["split"], r["head"]) for r in m["repos"]] == [
+        ("repo", "train", first_two), ("other", "val", sources[1]["head"])]
+    assert m["summary"]["repos"][0]["commits"] == 2  # replayed up to the pinned commit
+    assert script.main([str(repo), "--held-out", "absent", "--out", str(tmp_path / "z"), "--cache", str(tmp_path / "c2"),
+                        "--no-progress"]) == 2
