@@ -142,10 +142,17 @@ def stop_all(namespace: str) -> list[str]:
 
 
 def joined(status: dict[str, Any], wanted: int) -> bool:
-    """Every wanted worker actor runs and holds a membership (or its run already ended)."""
+    """Every wanted worker actor runs the current plan and holds a membership (or its run already ended): an actor
+    made for another plan, ending while the supervisor replaces it, is not one of them."""
+    plan = LaunchPlan.from_dict(status["plan"]) if status.get("plan") else None
     rows = [r for r in status["rows"] if worker_index(r.name) < wanted]
+
+    def current(row: ActorRow) -> bool:
+        return plan is None or row.info["config"] == asdict(plan.worker_config(worker_index(row.name)))
+
     return len(rows) == wanted and all(
-        r.info is not None and (r.info["worker_id"] or r.info["state"] not in (STARTING, TRAINING)) for r in rows)
+        r.info is not None and current(r) and (r.info["worker_id"] or r.info["state"] not in (STARTING, TRAINING))
+        for r in rows)
 
 
 def ended(status: dict[str, Any], wanted: int) -> bool:
