@@ -1,0 +1,62 @@
+"""Overlapped rounds in real swarms (`[sync] overlap`, issue #29): worker processes train while a round travels."""
+
+from __future__ import annotations
+
+import signal
+
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from tests.helpers.processes import logs_of
+from tests.helpers.rounds import coordinator_digests, round_losses, worker_digests
+from tests.helpers.specs import tiny_spec
+from tests.helpers.waiting import wait_for
+
+
+def _merges(proc) -> int:
+    return proc.log_path.read_text(errors="replace").count(" merged version ")
+
+
+def test_two_overlapped_workers_train_and_their_bases_are_the_coordinators(start_coordinator, spawn_worker):
+    spec = tiny_spec(run={"rounds": 4}, inner={"steps": 8}, sync={"codec": "int8", "min_reports": 2, "overlap": True})
+    local = start_coordinator(spec)
+    version0 = local.service.param_sha256.hex()
+    procs = [spawn_worker(local.target, f"w{i}") for i in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=180) == 0, logs_of(procs)
+    status = local.client().status()
+    assert status.version == 4 and status.run_state == pb.RUN_STATE_FINISHED
+    assert [r.reports for r in status.rounds if r.closed_at] == [2, 2, 2, 2]
+    # Versions 1..3 reached each worker by the overlapped merge (version 4 finished the run).
+    assert [_merges(proc) for proc in procs] == [3, 3], logs_of(procs)
+    # The base each worker merged onto is the coordinator's θ_v bit for bit (the int8 pull is checked against its
+    # SHA-256): the replicas differ from θ_v only by the local progress made since their push.
+    reported = worker_digests(local.state_dir)
+    expected = {0: version0, **coordinator_digests(local.state_dir)}
+    for version in range(4):
+        assert reported[version] == {expected[version]}, f"version {version}: {reported[version]} vs {expected[version]}"
+    losses = round_losses(local.state_dir)
+    assert losses[-1] < losses[0] - 0.3, losses
+
+
+def test_a_worker_killed_during_an_overlapped_round_is_survived(start_coordinator, spawn_worker):
+    spec = tiny_spec(run={"rounds": 6}, inner={"steps": 8}, coordinator={"lease_s": 120.0},
+                     sync={"codec": "int8", "min_reports": 2, "round_deadline_s": 6.0, "overlap": True})
+    local = start_coordinator(spec)
+    survivor, doomed = spawn_worker(local.target, "survivor"), spawn_worker(local.target, "doomed")
+    # From its first push on an overlapped worker is always in an overlapped round: training or on the wire.
+    wait_for(lambda: _merges(doomed) >= 1, 120, "the doomed worker's first merge")
+    killed_at = local.client().status().version
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait(timeout=10)
+    assert survivor.wait(timeout=180) == 0, logs_of([survivor])
+    status = local.client().status()
+    assert status.version == 6 and status.run_state == pb.RUN_STATE_FINISHED
+    rounds = [r for r in status.rounds if r.closed_at]
+    summary = [(r.version, r.reports, r.close_reason) for r in rounds]
+    # A round after the kill waited until its deadline and closed with the survivor's update alone.
+    after = [r for r in rounds if r.version > killed_at]
+    assert after and all(r.reports == 1 for r in after[1:]), summary
+    assert any("deadline" in r.close_reason for r in after), summary
+    expected = coordinator_digests(local.state_dir)
+    reported = worker_digests(local.state_dir)
+    for version in range(killed_at + 1, 6):
+        assert expected[version] in reported[version], (version, summary)
