@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import signal
 
+from rcswarm.observe.report import summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.helpers.processes import logs_of
 from tests.helpers.rounds import coordinator_digests, round_losses, worker_digests
 from tests.helpers.specs import tiny_spec
+from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
 
@@ -25,6 +27,9 @@ def test_two_overlapped_workers_train_and_their_bases_are_the_coordinators(start
     status = local.client().status()
     assert status.version == 4 and status.run_state == pb.RUN_STATE_FINISHED
     assert [r.reports for r in status.rounds if r.closed_at] == [2, 2, 2, 2]
+    # Compute utilization (issue #29): per membership in GetStatus, per run in the store's summary.
+    assert all(0 < w.utilization <= 1 for w in status.workers) and 0 < status.utilization <= 1, status.workers
+    assert 0 < read_state(local.state_dir, summarize).utilization <= 1
     # Versions 1..3 reached each worker by the overlapped merge (version 4 finished the run).
     assert [_merges(proc) for proc in procs] == [3, 3], logs_of(procs)
     # The base each worker merged onto is the coordinator's θ_v bit for bit (the int8 pull is checked against its
