@@ -29,7 +29,8 @@ from typing import Any
 HOST = "127.0.0.1"
 CONNECT_TIMEOUT_S = 5.0
 PUMP_BYTES = 1 << 16
-# A direction runs ahead of its link by at most this much before its reader sleeps (fewer, longer sleeps).
+# A direction's reader sleeps once it is this far ahead of its link (fewer, longer sleeps), and a direction that fell
+# behind its link's schedule catches up at most this much (a token bucket of BURST_S seconds of bytes).
 BURST_S = 0.004
 
 
@@ -176,7 +177,8 @@ class LinkProxy:
                 if not chunk:
                     break
                 now = time.monotonic()
-                sent = max(now, busy_until) + (8 * len(chunk) / link.bandwidth_bps if link.bandwidth_bps > 0 else 0.0)
+                # A token bucket of BURST_S: a link behind its schedule (an oversleep, a slow loop) catches up that much.
+                sent = max(busy_until, now - BURST_S) + (8 * len(chunk) / link.bandwidth_bps if link.bandwidth_bps > 0 else 0.0)
                 busy_until = sent
                 jitter = self._random.uniform(-link.jitter_s, link.jitter_s) if link.jitter_s > 0 else 0.0
                 arrives_last = max(arrives_last, sent + link.rtt_s / 2 + jitter + self._current_delay())
