@@ -181,7 +181,8 @@ class LinkProxy:
                 sent = max(busy_until, now - BURST_S) + (8 * len(chunk) / link.bandwidth_bps if link.bandwidth_bps > 0 else 0.0)
                 busy_until = sent
                 jitter = self._random.uniform(-link.jitter_s, link.jitter_s) if link.jitter_s > 0 else 0.0
-                arrives_last = max(arrives_last, sent + link.rtt_s / 2 + jitter + self._current_delay())
+                # Never before it was read plus the one-way latency (the bucket's credit is bandwidth, not time).
+                arrives_last = max(arrives_last, max(sent, now) + link.rtt_s / 2 + jitter + self._current_delay())
                 in_flight.put_nowait((arrives_last, chunk))
                 if busy_until - now > BURST_S:
                     await asyncio.sleep(busy_until - now)
@@ -202,11 +203,19 @@ class LinkProxy:
             writer.write(chunk)
             await writer.drain()
 
+    async def _cancel_all(self) -> None:
+        """Cancel the connections' tasks and wait for them, so that none is pending when the loop stops."""
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def close(self) -> None:
         """Stop listening, cut every connection and stop the loop's thread."""
         if self._server is not None:
             self._server.close()
             self.cut()
+            self._call(self._cancel_all())
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=CONNECT_TIMEOUT_S)
