@@ -3,41 +3,38 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 from rcswarm.observe.report import summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from tests.helpers.processes import logs_of
-from tests.helpers.rounds import coordinator_digests, round_losses, worker_digests
-from tests.helpers.specs import tiny_spec
+from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+from tests.helpers.coordinator import free_port
+from tests.helpers.processes import logs_of, start_coordinator_process, train_to_the_end
+from tests.helpers.rounds import assert_bases_match, coordinator_digests, round_losses, worker_digests
+from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
 
-def _merges(proc) -> int:
-    return proc.log_path.read_text(errors="replace").count(" merged version ")
+def _merges(log_path: Path) -> int:
+    return log_path.read_text(errors="replace").count(" merged version ")
 
 
-def test_two_overlapped_workers_train_and_their_bases_are_the_coordinators(start_coordinator, spawn_worker):
+def test_two_overlapped_workers_train_and_their_bases_are_the_coordinators(start_coordinator, spawn_worker, tmp_path):
     spec = tiny_spec(run={"rounds": 4}, inner={"steps": 8}, sync={"codec": "int8", "min_reports": 2, "overlap": True})
     local = start_coordinator(spec)
     version0 = local.service.param_sha256.hex()
-    procs = [spawn_worker(local.target, f"w{i}") for i in range(2)]
-    for proc in procs:
-        assert proc.wait(timeout=180) == 0, logs_of(procs)
-    status = local.client().status()
+    status = train_to_the_end(local, spawn_worker, 2)
     assert status.version == 4 and status.run_state == pb.RUN_STATE_FINISHED
     assert [r.reports for r in status.rounds if r.closed_at] == [2, 2, 2, 2]
     # Compute utilization (issue #29): per membership in GetStatus, per run in the store's summary.
     assert all(0 < w.utilization <= 1 for w in status.workers) and 0 < status.utilization <= 1, status.workers
     assert 0 < read_state(local.state_dir, summarize).utilization <= 1
     # Versions 1..3 reached each worker by the overlapped merge (version 4 finished the run).
-    assert [_merges(proc) for proc in procs] == [3, 3], logs_of(procs)
+    assert [_merges(tmp_path / f"w{i}.log") for i in range(2)] == [3, 3]
     # The base each worker merged onto is the coordinator's θ_v bit for bit (the int8 pull is checked against its
     # SHA-256): the replicas differ from θ_v only by the local progress made since their push.
-    reported = worker_digests(local.state_dir)
-    expected = {0: version0, **coordinator_digests(local.state_dir)}
-    for version in range(4):
-        assert reported[version] == {expected[version]}, f"version {version}: {reported[version]} vs {expected[version]}"
+    assert_bases_match(local.state_dir, version0, 4)
     losses = round_losses(local.state_dir)
     assert losses[-1] < losses[0] - 0.3, losses
 
@@ -48,7 +45,7 @@ def test_a_worker_killed_during_an_overlapped_round_is_survived(start_coordinato
     local = start_coordinator(spec)
     survivor, doomed = spawn_worker(local.target, "survivor"), spawn_worker(local.target, "doomed")
     # From its first push on an overlapped worker is always in an overlapped round: training or on the wire.
-    wait_for(lambda: _merges(doomed) >= 1, 120, "the doomed worker's first merge")
+    wait_for(lambda: _merges(doomed.log_path) >= 1, 120, "the doomed worker's first merge")
     killed_at = local.client().status().version
     doomed.send_signal(signal.SIGKILL)
     doomed.wait(timeout=10)
@@ -65,3 +62,32 @@ def test_a_worker_killed_during_an_overlapped_round_is_survived(start_coordinato
     reported = worker_digests(local.state_dir)
     for version in range(killed_at + 1, 6):
         assert expected[version] in reported[version], (version, summary)
+
+
+def test_overlapped_workers_ride_out_a_coordinator_restart(tmp_path, spawn_worker):
+    # The exchange thread meets NOT_FOUND (the restarted coordinator knows no one): the training thread joins again,
+    # pulls afresh and overlaps again.
+    spec = tiny_spec(run={"rounds": 12}, inner={"steps": 40}, sync={"min_reports": 2, "overlap": True})
+    config = write_spec(spec, tmp_path / "run.toml")
+    state_dir, port = tmp_path / "state", free_port()
+    log_path = tmp_path / "coordinator.log"
+    coordinator = start_coordinator_process(config, state_dir, port, log_path)
+    client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, retry=RetryPolicy(max_elapsed_s=60.0))
+    try:
+        procs = [spawn_worker(f"127.0.0.1:{port}", f"w{i}") for i in range(2)]
+        wait_for(lambda: client.status().version >= 2, 120, "two rounds", interval=0.02)
+        coordinator.send_signal(signal.SIGKILL)
+        coordinator.wait(timeout=10)
+        coordinator = start_coordinator_process(config, state_dir, port, log_path)
+        for proc in procs:
+            assert proc.wait(timeout=240) == 0, logs_of(procs) + log_path.read_text()
+        final = client.status()
+        assert final.version == 12 and final.run_state == pb.RUN_STATE_FINISHED
+        reported, expected = worker_digests(state_dir), coordinator_digests(state_dir)
+        assert all(reported[v] == {expected[v]} for v in range(1, 12) if v in reported)
+        assert [_merges(tmp_path / f"w{i}.log") > 0 for i in range(2)] == [True, True]
+        assert all("joining again" in (tmp_path / f"w{i}.log").read_text() for i in range(2)), logs_of(procs)
+    finally:
+        client.close()
+        coordinator.send_signal(signal.SIGTERM)
+        coordinator.wait(timeout=30)
