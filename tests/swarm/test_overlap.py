@@ -91,3 +91,23 @@ def test_overlapped_workers_ride_out_a_coordinator_restart(tmp_path, spawn_worke
         client.close()
         coordinator.send_signal(signal.SIGTERM)
         coordinator.wait(timeout=30)
+
+
+def test_a_late_joiner_overlaps_too(start_coordinator, spawn_worker, tmp_path):
+    # An unbounded run, stopped once the late joiner merged twice: the run cannot end before it joined.
+    spec = tiny_spec(run={"rounds": 0}, inner={"steps": 20}, sync={"codec": "int8", "min_reports": 2, "overlap": True})
+    local = start_coordinator(spec)
+    procs = [spawn_worker(local.target, f"w{i}") for i in range(2)]
+    wait_for(lambda: local.client().status().version >= 2, 120, "two rounds")
+    joined_after = local.client().status().version
+    procs.append(spawn_worker(local.target, "late"))
+    wait_for(lambda: _merges(tmp_path / "late.log") >= 2, 120, "the late joiner's second merge")
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0, logs_of(procs)
+    rounds = [r for r in local.client().status().rounds if r.closed_at]
+    # The late joiner pulled θ in full, then reported to the rounds after its join as the others did.
+    assert max(r.reports for r in rounds if r.version > joined_after) == 3, [(r.version, r.reports) for r in rounds]
+    reported, expected = worker_digests(local.state_dir), coordinator_digests(local.state_dir)
+    assert all(reported[v] == {expected[v]} for v in expected if v in reported)
