@@ -1,6 +1,6 @@
 """Several goodput soaks (`chaos_soak.py --goodput-cycles N --json F`) in one figure, one panel each.
 
-    python benchmarks/goodput_plot.py --out docs/img/goodput.png "before=a.json" "after=b.json"
+    python benchmarks/goodput_plot.py --out docs/img/goodput_churn.png "before=a.json" "after=b.json"
 """
 
 from __future__ import annotations

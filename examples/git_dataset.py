@@ -1,7 +1,7 @@
 """Rebuild the multi-repository git-frames dataset of docs/RESULTS.md from repository names.
 
     python examples/git_dataset.py --out runs/git-frames-5          # the default set, 8 x 24 frames, 300 tokens
-    python examples/git_dataset.py --mirror /work/.mirror --out runs/git-frames-5   # from local mirrors
+    python examples/git_dataset.py --mirror MIRRORS_DIR --out runs/git-frames-5   # from local mirrors
     python examples/git_dataset.py psf/requests@v2.32.3 ./some/clone https://host/x.git --held-out x --out DIR
 
 Each repository is `owner/name[@commit]` (cloned from https://github.com/owner/name, or from a local

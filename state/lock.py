@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
 from pathlib import Path
+
+log = logging.getLogger("rcswarm.state")
 
 LOCK_NAME = "coordinator.lock"
 
@@ -47,13 +50,20 @@ class StateDirLock:
             raise StateDirBusy(f"state dir {state_dir} is in use by another coordinator ({holder_text(path)}); "
                                "stop it first, or give this one another --state-dir") from None
         lock = cls(path, handle)
-        lock._write()
+        try:
+            lock._write()
+        except OSError as exc:  # a full disk: the one-line refusal names the state dir
+            lock.release()
+            raise OSError(exc.errno, f"state dir {state_dir}: cannot write its lock file {LOCK_NAME} ({exc.strerror})") from None
         return lock
 
     def announce(self, address: str) -> None:
         """Record the address the holder serves on, for a coordinator that finds the state dir locked."""
         self._holder["address"] = address
-        self._write()
+        try:
+            self._write()
+        except OSError as exc:  # the address is a courtesy to the next coordinator, never a reason to stop serving
+            log.warning("state dir lock %s: the address not recorded (%s)", self.path, exc)
 
     def _write(self) -> None:
         if self._fd is None:

@@ -298,7 +298,7 @@ class Worker:
             write_membership(self.options.membership_file, Membership(
                 self.options.coordinator, response.run_id, response.worker_id, response.worker_secret,
                 response.run_spec_json))
-        self.startup.mark("joined")
+        self.startup.mark("join")
         self._held = None
         if self._heartbeat is None:
             # Beat from now on: building the model and loading the data may outlast the lease.
@@ -628,15 +628,23 @@ class Worker:
         self._pending.extend(rows)
         self._pending_run = self.run_id
 
+    def _report_batch(self) -> list[pb.Metric]:
+        """The oldest pending rows, at most what the run takes from a worker at one version
+        (`RunSpec.metric_rows_per_round`): a larger batch would be refused whole, every time."""
+        cap = self.spec.metric_rows_per_round() if self.spec is not None else len(self._pending)
+        return self._pending[:cap]
+
     def _flush_metrics(self) -> None:
-        """Send the pending metrics, unless the worker holds no membership; one attempt (training never waits
-        on metrics). A transient failure keeps the rows for the next report (the newest MAX_PENDING_METRICS), a
-        refusal drops them: one WARNING line either way, without a traceback. NOT_FOUND re-joins."""
+        """Send the oldest pending metrics (`_report_batch`), unless the worker holds no membership; one attempt
+        (training never waits on metrics). A transient failure (the coordinator's time budget among them) keeps the
+        rows for the next report (the newest MAX_PENDING_METRICS), a refusal drops them: one WARNING line either
+        way, without a traceback. NOT_FOUND re-joins."""
         identity = self.identity
         if not (self._pending and identity.worker_id):
             return
+        batch = self._report_batch()
         try:
-            self.client.report_metrics(identity, self._pending, self._pending_run)
+            self.client.report_metrics(identity, batch, self._pending_run)
         except grpc.RpcError as err:
             action, reason = classify(err.code())
             if action is Action.REJOIN:
@@ -647,24 +655,26 @@ class Worker:
                 fate = f"{len(self._pending)} kept for the next report" + (
                     f", {rows - len(self._pending)} oldest dropped" if rows > len(self._pending) else "")
             else:
-                self._pending, fate = [], "dropped"
-            log.warning("%s: ReportMetrics failed: %s: %s (%s); %d metric rows %s", self.worker_id,
+                self._pending, fate = self._pending[len(batch):], f"{len(batch)} dropped"
+            log.warning("%s: ReportMetrics failed: %s: %s (%s); of %d metric rows %s", self.worker_id,
                         err.code().name, err.details(), reason, rows, fate)
             return
-        self._pending = []
+        self._pending = self._pending[len(batch):]
 
     def _flush_previous(self, previous: Identity) -> None:
-        """Before a re-join: the pending rows under the membership that trained them; kept when the coordinator no
-        longer knows it (NOT_FOUND: restarted, or evicted) or did not answer (one attempt, as every report)."""
+        """Before a re-join: the oldest pending rows (`_report_batch`) under the membership that trained them; kept
+        when the coordinator no longer knows it (NOT_FOUND: restarted, or evicted) or did not answer (one attempt, as
+        every report)."""
         if not self._pending:
             return
+        batch = self._report_batch()
         try:
-            self.client.report_metrics(previous, self._pending, self._pending_run)
+            self.client.report_metrics(previous, batch, self._pending_run)
         except grpc.RpcError as err:
             if classify(err.code())[0] is Action.FATAL:
                 raise
             return
-        self._pending = []
+        self._pending = self._pending[len(batch):]
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(max(self.lease_s / 3.0, 0.2)):

@@ -127,7 +127,7 @@ def test_the_metric_cap_defaults_to_four_rounds_of_steps_and_keys_are_checked() 
     assert RunSpec().metric_rows_per_round() == 4 * (25 + 2)
     assert RunSpec.from_dict({"inner": {"steps": 5}}).metric_rows_per_round() == 64
     assert RunSpec.from_dict({"inner": {"steps": 500}}).metric_rows_per_round() == 2008
-    assert (RunSpec().coordinator.metric_rows_per_s, RunSpec().coordinator.max_metric_rows) == (256.0, 4_000_000)
+    assert (RunSpec().coordinator.metric_rows_per_s, RunSpec().coordinator.max_metric_rows) == (1024.0, 4_000_000)
     with pytest.raises(ValueError, match=r"coordinator.metric_rows_per_s = -1"):
         RunSpec.from_dict({"coordinator": {"metric_rows_per_s": -1}})
     with pytest.raises(ValueError, match=r"coordinator.max_metric_rows = -3"):

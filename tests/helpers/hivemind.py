@@ -152,7 +152,9 @@ def assert_replicas_agree(swarm: Swarm, names: list[str], tolerance: float, drif
         worst = max(worst, max(float((other[k] - first[k]).abs().max()) for k in first))
     assert all(torch.isfinite(t).all() for name in names for t in swarm.params(name).values())
     assert worst <= tolerance, f"replicas differ by {worst:.3g} > {tolerance:g}"
-    assert not drift or all(swarm.summary(name)["history"][-1]["drift"] <= RULES.drift_tolerance for name in names)
+    drifts = {name: [h["drift"] for h in swarm.summary(name)["history"]] for name in names}
+    assert not drift or all(d[-1] <= RULES.drift_tolerance for d in drifts.values()), (
+        f"drift per version {drifts} above {RULES.drift_tolerance:g} at the last version\n{logs_of(swarm.procs)}")
     return worst
 
 

@@ -139,7 +139,8 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         assert len(read_state(state, lambda store: store.metric_rows())) == 3 * 120 + 10
         # Two more runs at other lengths, mirrored beside it (a run keeps one length): `rcswarm fit` over all three.
         for seq_len in (8, 128):
-            other = dataclasses.replace(spec(), run=dataclasses.replace(spec().run, name=f"{RUN}-{seq_len}"))
+            other = dataclasses.replace(spec(), run=dataclasses.replace(spec().run, name=f"{RUN}-{seq_len}"),
+                                        data=dataclasses.replace(spec().data, seq_len=seq_len))
             record = {**metrics("a", law_rows(seq_len, 120)), "run": other.run.name}
             assert publish(peers[1], f"p-{seq_len}", hs.METRICS_KEY, record)
             mirror = dht_cli.Mirror(other, tmp_path / "runs" / other.run.name)

@@ -230,7 +230,7 @@ def test_three_peers_train_average_and_agree(swarm: Any) -> None:
     peers.wait(workers, timeout=180)
     for proc in workers:
         text = Path(proc.log_path).read_text()
-        assert "hivemind rules: trust_factor 5, drift_tolerance 0.25," in text and "all-reduce timeout 160.0s" in text
+        assert "hivemind rules: trust_factor 5, min_cosine 0, drift_tolerance 0.25," in text and "all-reduce timeout 160.0s" in text
     summaries = [peers.summary(name) for name in names]
     for summary in summaries:
         history = summary["history"]

@@ -19,8 +19,10 @@ from tests.helpers.waiting import wait_for
 
 
 def test_a_sweep_restarted_by_sigint_keeps_each_runs_rows_and_its_workers(tmp_path, spawn_worker):
-    base = tiny_spec(run={"rounds": 10}, inner={"steps": 20}, coordinator={"lease_s": 30.0})
-    # The same tokens per step at every length, so the runs keep pace (one worker each) and none finishes early.
+    # Time-boxed rounds, so the runs keep pace (one worker each, a round 0.5 s at every length) and none finishes
+    # before every worker re-joined after the restart (a worker's backoff can take seconds).
+    base = tiny_spec(run={"rounds": 20}, inner={"steps": 20}, coordinator={"lease_s": 30.0},
+                     sync={"round": "time", "round_seconds": 0.5})
     spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [4, 8, 16], "batch_sizes": [8, 4, 2]}})
     config, state_dir, port = write_spec(spec, tmp_path / "sweep.toml"), tmp_path / "state", free_port()
     log_path = tmp_path / "coordinator.log"
