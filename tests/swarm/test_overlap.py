@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from rcswarm.observe.report import summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
@@ -20,8 +22,12 @@ def _merges(log_path: Path) -> int:
     return log_path.read_text(errors="replace").count(" merged version ")
 
 
-def test_two_overlapped_workers_train_and_their_bases_are_the_coordinators(start_coordinator, spawn_worker, tmp_path):
-    spec = tiny_spec(run={"rounds": 4}, inner={"steps": 8}, sync={"codec": "int8", "min_reports": 2, "overlap": True})
+@pytest.mark.parametrize("codec", ["int8", "sparse"])
+def test_two_overlapped_workers_train_and_their_bases_are_the_coordinators(start_coordinator, spawn_worker, tmp_path,
+                                                                            codec):
+    # Both directions compressed: the pull is the coordinator's compressed step from the held θ_v (sparse: its top
+    # entries per chunk, the rest in the coordinator's residual), with error feedback on both sides.
+    spec = tiny_spec(run={"rounds": 4}, inner={"steps": 8}, sync={"codec": codec, "min_reports": 2, "overlap": True})
     local = start_coordinator(spec)
     version0 = local.service.param_sha256.hex()
     status = train_to_the_end(local, spawn_worker, 2)
