@@ -155,7 +155,10 @@ class Worker:
 
     Threads: `run` and everything it calls run on the caller's thread; the heartbeat thread reads `identity`
     (replaced whole by each join) and keeps the newest assignment under `_assignment_lock`, which
-    `_follow_assignment` reads under it too.
+    `_follow_assignment` reads under it too. With overlap, an `Exchange` thread runs `_exchange` (push, metrics,
+    await, pull) while the training thread trains: no lock, a hand-over instead: while it runs, only it touches
+    `_pending`, the error feedback, `_held` and the client's transfers, and the training thread touches only the
+    model, its optimizer and the rows it keeps locally; `Exchange.wait` hands the result (or the exception) back.
     """
 
     def __init__(self, options: WorkerOptions, token: str, stop: threading.Event | None = None,
