@@ -32,7 +32,6 @@ Every child runs in its own session and its process group is killed on exit, err
 from __future__ import annotations
 
 import argparse
-import asyncio
 import atexit
 import heapq
 import json
@@ -44,7 +43,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -58,6 +56,9 @@ from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.store import StateStore
 from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy, Timeouts
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from link_proxy import LinkProxy  # noqa: E402  (benchmarks/ is no package: the proxy is its sibling)
+
 TOKEN = "chaos-soak-token-0123456789"
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 120.0
@@ -66,7 +67,6 @@ POLL_INTERVAL_S = 0.5
 TICK_S = 0.05
 PROGRESS_EVERY_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
-PUMP_BYTES = 1 << 16
 # What the driver can do; each names a method `_<kind>` of Soak.
 ACTIONS = ("worker_kill", "worker_stop", "coordinator_kill", "coordinator_stop", "proxy_cut", "proxy_refuse", "proxy_delay")
 
@@ -216,108 +216,6 @@ class Child:
             return ""
 
 
-class ChaosProxy:
-    """A loopback TCP proxy to `upstream_port` that cuts, refuses and delays connections on command.
-
-    The proxy runs an asyncio loop on its own thread; `cut`, `refuse_for`, `delay_for` and `close`
-    are called from the driver's thread and hand their work to that loop. The window ends are
-    written under `_lock` and read by the loop under it; the connections and the `refused` count
-    are touched only on the loop's thread (the driver reads `refused` once the soak is over).
-    """
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = 0
-        self.refused = 0
-        self._lock = threading.Lock()
-        self._refuse_until = 0.0
-        self._delay_until = 0.0
-        self._delay_s = 0.0
-        self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
-        self._loop = asyncio.new_event_loop()
-        self._server: asyncio.AbstractServer | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy", daemon=True)
-
-    def start(self) -> int:
-        """Listen on a free loopback port; returns it."""
-        self._thread.start()
-        self._server = self._call(asyncio.start_server(self._accept, HOST, 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
-
-    def _call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=CONNECT_TIMEOUT_S)
-
-    def cut(self) -> int:
-        """Abort every open connection (both sides); the number cut."""
-        return self._call(self._cut())
-
-    async def _cut(self) -> int:
-        links, self._links = self._links, set()
-        for client, upstream in links:
-            client.transport.abort()
-            upstream.transport.abort()
-        return len(links)
-
-    def refuse_for(self, seconds: float) -> None:
-        """Close every new connection at once for `seconds`."""
-        with self._lock:
-            self._refuse_until = time.monotonic() + seconds
-
-    def delay_for(self, seconds: float, delay_s: float) -> None:
-        """Hold every chunk `delay_s` before forwarding it, for `seconds`."""
-        with self._lock:
-            self._delay_until, self._delay_s = time.monotonic() + seconds, delay_s
-
-    def _current_delay(self) -> float:
-        with self._lock:
-            return self._delay_s if time.monotonic() < self._delay_until else 0.0
-
-    def _refusing(self) -> bool:
-        with self._lock:
-            return time.monotonic() < self._refuse_until
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._refusing():
-            self.refused += 1
-            writer.transport.abort()
-            return
-        try:
-            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(HOST, self.upstream_port),
-                                                          CONNECT_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError):
-            writer.transport.abort()
-            return
-        link = (writer, up_writer)
-        self._links.add(link)
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True)
-        self._links.discard(link)
-        writer.transport.abort()
-        up_writer.transport.abort()
-
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Copy bytes one way until EOF or an error, holding each chunk while a delay window is open."""
-        while True:
-            chunk = await reader.read(PUMP_BYTES)
-            if not chunk:
-                writer.transport.abort()
-                return
-            delay = self._current_delay()
-            if delay:
-                await asyncio.sleep(delay)
-            writer.write(chunk)
-            await writer.drain()
-
-    def close(self) -> None:
-        """Stop listening, cut every connection and stop the loop's thread."""
-        if self._server is not None:
-            self._server.close()
-            self.cut()
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=CONNECT_TIMEOUT_S)
-
-
 @dataclass
 class Tally:
     """What the driver did and saw."""
@@ -389,7 +287,7 @@ class Soak:
             "--state-dir", str(self.state_dir),
             "--host", HOST, "--port", str(self.coordinator_port), "--port-file", str(self.port_file),
         ], work / "coordinator.log", env)
-        self.proxy = ChaosProxy(self.coordinator_port)
+        self.proxy = LinkProxy(self.coordinator_port)
         self.workers: list[Child] = []
         self._env = env
         self._stopped = False

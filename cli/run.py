@@ -325,7 +325,8 @@ SUMMARY_COLUMNS = (
     ("train loss¹\nfirst → last", _train_loss),
     ("held-out loss²\ninitial → final", _held_out_loss),
     ("tok/s³", lambda r: f"{r['tokens_per_second']:,.0f}"),
-    ("sync⁴", lambda r: "—" if not math.isfinite(r["sync_share"]) else f"{r['sync_share']:.1%}"),
+    ("sync /\nbusy⁴", lambda r: " / ".join("—" if not math.isfinite(r.get(key, math.nan)) else f"{r[key]:.1%}"
+                                            for key in ("sync_share", "utilization"))),
     ("MB/\nround⁵", lambda r: f"{(r['bytes_sent_per_round'] + r['bytes_received_per_round']) / 1e6:.2f}"),
     ("× below\nfp32⁶", lambda r: " / ".join(f"{x:.3g}" if math.isfinite(x) else "–" for x in (r["ratio_up"], r["ratio_down"]))),
     ("wall\ntime", lambda r: f"{r['wall_seconds']:.0f} s"),
@@ -334,7 +335,8 @@ SUMMARY_NOTES = (
     "¹ mean training loss of all steps of the first and of the last completed round",
     f"² cross-entropy of the initial and of the final parameters on {EVAL_BATCHES} held-out batches",
     "³ training tokens of all workers per second of the run's wall time (first round opened → last metric)",
-    "⁴ share of wall time synchronizing: mean over workers of sync / (sync + compute) seconds",
+    ("⁴ share of wall time synchronizing: mean over workers of sync / (sync + compute) seconds; busy: their mean "
+     "compute utilization, inner-step seconds over wall seconds from their first pull to their last row"),
     "⁵ megabytes all workers sent (pushes) and received (pulls) per round, together",
     ("⁶ θ's float32 bytes over one worker's bytes per round, up (its update) / down (its pull; the first, full, "
      "pull included)"),

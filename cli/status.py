@@ -140,7 +140,7 @@ def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, s
     late, stale, clipped or dropped update or an ended or flagged membership)."""
     workers = Table(title="workers")
     for name in ("worker", *(["run"] if labels else []), "state", "device", "L × B", "base v", "seen (s)",
-                 "tokens trained / applied", "s/step", "last up / down"):
+                 "tokens trained / applied", "s/step\nutil", "last up / down"):
         # A long name folds; an id (r0w12-0123abcd) fits.
         width = {"min_width": 13, "max_width": 24} if name == "worker" else {}
         workers.add_column(name, justify="left" if name in ("worker", "run", "state", "device") else "right",
@@ -150,7 +150,8 @@ def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, s
         workers.add_row(f"{w.name}\n{w.worker_id}", *([labels.get(w.run_id, "–")] if labels else []),
                         STATES.get(w.state, "unknown"), w.device, assigned, str(w.base_version),
                         f"{w.seconds_since_heartbeat:.1f}", f"{w.trained_tokens} / {w.applied_tokens}",
-                        _num(w.step_seconds) if w.step_seconds else "–",
+                        (_num(w.step_seconds) if w.step_seconds else "–") + "\n"
+                        + (f"{w.utilization:.0%}" if w.utilization else "–"),
                         f"{traffic.size(w.round_bytes_up)} / {traffic.size(w.round_bytes_down)}")
     if not status.workers:
         workers.caption = "no workers have joined"

@@ -216,6 +216,10 @@ class SyncSection:
     * `max_staleness`: an update trained from a version at most this many versions old (from a
       version this worker pulled) is merged into the open round with its tokens weighted by
       (1 + staleness)^(−`staleness_exponent`); older ones are refused. 0 = refuse every late update.
+
+    `overlap` (issue #29; coordinator backend only): after pushing Δ a worker goes on training from its
+    local θ while the round closes and θ_{v+1} travels, then merges θ ← θ_{v+1} + (θ_local − θ_pushed)
+    (docs/ARCHITECTURE.md, "Overlapped rounds"); false = push, wait for v+1, pull, train.
     """
 
     codec: str = "int8"
@@ -258,11 +262,17 @@ class SyncSection:
     max_staleness: int = 1
     staleness_exponent: float = 0.5
     backend: str = "coordinator"
+    # Train on while a round travels and closes; merge θ_{v+1} with the progress made since the push.
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         self._check_pace()
         if self.backend not in SYNC_BACKENDS:
             _fail("sync.backend", self.backend, f"one of {SYNC_BACKENDS}")
+        if not isinstance(self.overlap, bool):
+            _fail("sync.overlap", self.overlap, "true or false")
+        if self.overlap and self.backend != "coordinator":
+            _fail("sync.overlap", self.overlap, 'false with sync.backend = "hivemind" (overlap is the coordinator backend\'s)')
         if self.codec not in CODECS:
             _fail("sync.codec", self.codec, f"one of {CODECS}")
         if not 1 <= self.block_size <= 1 << 16:

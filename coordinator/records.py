@@ -109,6 +109,9 @@ class WorkerRecord:
     # Bytes of its last update as received and of its last pull as served (0 before one).
     round_bytes_up: int = 0
     round_bytes_down: int = 0
+    # (wall time, compute seconds) of its first and its latest metric row, the worker's clock (issue #29).
+    first_mark: tuple[float, float] | None = None
+    last_mark: tuple[float, float] | None = None
 
     def step_seconds(self) -> float | None:
         """Its measured seconds per inner step (the median of its recent steps), None before any."""
@@ -120,6 +123,20 @@ class WorkerRecord:
         if metric.tokens > 0 and self.last_compute is not None and metric.compute_seconds >= self.last_compute:
             self.step_samples.append(metric.compute_seconds - self.last_compute)
         self.last_compute = metric.compute_seconds
+        if math.isfinite(metric.wall_time) and math.isfinite(metric.compute_seconds):
+            mark = (metric.wall_time, metric.compute_seconds)
+            if self.first_mark is None:
+                self.first_mark = mark
+            if self.last_mark is None or mark[0] >= self.last_mark[0]:
+                self.last_mark = mark
+
+    def utilization(self) -> float | None:
+        """The share of its wall time between its first and latest metric row spent in inner steps (compute seconds
+        over wall seconds, the worker's clock; capped at 1), None before a span."""
+        if self.first_mark is None or self.last_mark is None or self.last_mark[0] <= self.first_mark[0]:
+            return None
+        compute = self.last_mark[1] - self.first_mark[1]
+        return min(max(compute / (self.last_mark[0] - self.first_mark[0]), 0.0), 1.0)
 
     def owns(self, secret: bytes) -> bool:
         """Whether `secret` is this membership's worker secret (constant-time compare of the digests)."""

@@ -558,7 +558,11 @@ class SwarmCoordinator:
                 pace=self.pace.reason,
             )
             self.traffic.fill(response)
+            utilizations = []
             for w in self._listed_workers():
+                utilization = w.utilization()
+                if utilization is not None:
+                    utilizations.append(utilization)
                 response.workers.add(
                     worker_id=w.worker_id, name=w.name, state=w.state, base_version=w.base_version,
                     seconds_since_heartbeat=now - w.last_seen, device=w.device, reason=w.reason,
@@ -568,7 +572,9 @@ class SwarmCoordinator:
                     applied_tokens=min(w.applied_tokens, INT64_MAX), step_seconds=w.step_seconds() or 0.0,
                     run_id=self.run_id,
                     round_bytes_up=w.round_bytes_up, round_bytes_down=w.round_bytes_down,
+                    utilization=utilization or 0.0,
                 )
+            response.utilization = sum(utilizations) / len(utilizations) if utilizations else 0.0
             current = self.round
             open_round = pb.RoundStatus(
                 version=current.version, reports=len(current.reports) + len(current.late),

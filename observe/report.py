@@ -32,6 +32,8 @@ class RunSummary:
     # per update the rounds applied: per worker per round.
     bytes_up_per_worker_round: float = 0.0
     bytes_down_per_worker_round: float = 0.0
+    # Issue #29: the workers' mean compute utilization (`WorkerUsage.utilization`), NaN without one.
+    utilization: float = math.nan
 
 
 def _mean_loss(store: StateStore, version: int) -> float:
@@ -49,6 +51,7 @@ def summarize(store: StateStore) -> RunSummary:
     shares = [w.sync_seconds / (w.sync_seconds + w.compute_seconds) for w in per_worker
               if w.sync_seconds + w.compute_seconds > 0]
     wall = ended - min(started, rounds.first_opened_at or started)
+    utilizations = [w.utilization for w in per_worker if math.isfinite(w.utilization)]
     return RunSummary(
         rounds=rounds.count,
         workers=len(per_worker),
@@ -62,4 +65,5 @@ def summarize(store: StateStore) -> RunSummary:
         wall_seconds=wall,
         bytes_up_per_worker_round=sum(w.bytes_sent for w in per_worker) / max(rounds.reports, 1),
         bytes_down_per_worker_round=sum(w.bytes_received for w in per_worker) / max(rounds.reports, 1),
+        utilization=sum(utilizations) / len(utilizations) if utilizations else math.nan,
     )

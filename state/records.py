@@ -37,6 +37,17 @@ class WorkerUsage:
     tokens: int
     first_received_at: float
     last_received_at: float
+    # The worker's wall clock (seconds since its trainer started) at its first and last row (issue #29).
+    first_wall_time: float = 0.0
+    last_wall_time: float = 0.0
+
+    @property
+    def utilization(self) -> float:
+        """The share of its wall time from its first row (its first pull) to its last spent in inner steps
+        (forward, backward, optimizer), NaN without a span; its compute seconds count from its process's start,
+        so a membership joined again by a process that trained before reads high (capped at 1)."""
+        span = self.last_wall_time - self.first_wall_time
+        return min(self.compute_seconds / span, 1.0) if span > 0 else float("nan")
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,8 @@ WORKER_STEP_MEANS = (
 # Per worker: cumulative counters (their maxima are totals), tokens, first and last arrival.
 WORKER_USAGE = (
     "SELECT worker_id, MAX(bytes_sent), MAX(bytes_received), MAX(sync_seconds), MAX(compute_seconds), "
-    f"{_saturated_sum('tokens')}, MIN(first_received), MAX(last_received) FROM worker_totals GROUP BY worker_id"
+    f"{_saturated_sum('tokens')}, MIN(first_received), MAX(last_received), MIN(first_wall), MAX(last_wall) "
+    "FROM worker_totals GROUP BY worker_id"
 )
 
 METRIC_PAGE_COLUMNS = ("rowid", *METRIC_COLUMNS)

@@ -491,10 +491,13 @@ class StateStore:
         ]
 
     def worker_usage(self) -> list[WorkerUsage]:
-        """Per worker over all metric rows: the maxima of its cumulative counters, its tokens, first and last arrival."""
+        """Per worker over all metric rows: the maxima of its cumulative counters, its tokens, first and last arrival,
+        the first and last of its own wall clock."""
         return [
-            WorkerUsage(worker_id, sent or 0, received or 0, sync or 0.0, compute or 0.0, tokens or 0, first, last)
-            for worker_id, sent, received, sync, compute, tokens, first, last in self._read_aggregates(WORKER_USAGE)
+            WorkerUsage(worker_id, sent or 0, received or 0, sync or 0.0, compute or 0.0, tokens or 0, first, last,
+                        first_wall or 0.0, last_wall or 0.0)
+            for worker_id, sent, received, sync, compute, tokens, first, last, first_wall, last_wall
+            in self._read_aggregates(WORKER_USAGE)
         ]
 
     def worker_step_means(self, run_id: str) -> list[tuple[Any, ...]]:

@@ -158,6 +158,14 @@ class RoundTrainer:
         """Δ = θ_v − θ_local by parameter name, on the CPU (`base` is θ_v, as `snapshot` returned it)."""
         return {name: base[name] - p.detach().cpu() for name, p in self.model.named_parameters()}
 
+    def rebase(self, new_base: Mapping[str, torch.Tensor], old_base: Mapping[str, torch.Tensor]) -> None:
+        """Keep the progress made since `old_base` on top of `new_base`: θ ← new_base + (θ − old_base), per parameter
+        in its dtype (the overlapped round's merge, `[sync] overlap`; docs/ARCHITECTURE.md "Overlapped rounds")."""
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                local = p.detach().cpu()
+                p.copy_(new_base[name].to(local.dtype) + (local - old_base[name]))
+
     def load(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy the named tensors into the model's parameters (in place, on its device)."""
         params = dict(self.model.named_parameters())

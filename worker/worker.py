@@ -22,6 +22,14 @@ worker cannot build or whose model is above its limit (`--max-params`, worker/li
 anything is allocated), spent patience or a run of refused payloads end the worker, with one ERROR line saying why and exit status 1;
 a finished run exits 0. A stop (SIGTERM or SIGINT in `rcswarm worker`) finishes the current step, sends
 Leave and exits 0. What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
+
+With `[sync] overlap = true` (issue #29) the wire leaves the training thread: after H steps the worker
+snapshots θ_pushed, hands Δ to an `Exchange` thread (push, metrics, await v+1, pull θ_{v+1} into a buffer)
+and trains the next round's steps from θ_local meanwhile; at the first step boundary after θ_{v+1} landed it
+merges θ ← θ_{v+1} + (θ_local − θ_pushed) (`RoundTrainer.rebase`) and the steps trained since the push
+count toward the round it pushes next (Δ = θ_{v+1} − θ_local at its end). It waits only when a whole
+round's steps are done before θ_{v+1} arrived. A re-join during an overlapped round drops the update in
+flight (the next round pulls afresh); a stale update is dropped and its residual restored as without overlap.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import grpc
 import torch
@@ -42,7 +51,7 @@ from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 from rcswarm.sync.feedback_state import load_feedback, save_feedback
 from rcswarm.train.inner import StepResult, preload_data, worker_data_seed
-from rcswarm.train.round import RoundTrainer, StepRow, resolve_device
+from rcswarm.train.round import RoundResult, RoundTrainer, StepRow, resolve_device
 from rcswarm.worker.client import (
     Action,
     CoordinatorClient,
@@ -78,13 +87,78 @@ def _is(err: BaseException, code: grpc.StatusCode) -> bool:
     return isinstance(err, grpc.RpcError) and err.code() == code
 
 
+class _Either:
+    """Set when either event is (the `stop` a round's training checks before each step)."""
+
+    def __init__(self, first: threading.Event, second: threading.Event) -> None:
+        self.first, self.second = first, second
+
+    def is_set(self) -> bool:
+        return self.first.is_set() or self.second.is_set()
+
+
+class Exchange:
+    """One overlapped round's wire work on its own thread (`Worker._exchange`): `done` is set when it ended,
+    `wait` gives its result or raises what it raised."""
+
+    def __init__(self, work, name: str) -> None:
+        self.done = threading.Event()
+        self._result = None
+        self._error: BaseException | None = None
+        self._work = work
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._work()
+        except BaseException as exc:  # handed to the training thread by `wait`
+            self._error = exc
+        finally:
+            self.done.set()
+
+    def wait(self, poll_s: float = 1.0):
+        """The work's result once it ended (the client bounds it: deadlines, retries within the patience, stop)."""
+        while not self.done.wait(poll_s):
+            pass
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """The overlapped round on the wire: its exchange, θ_pushed (CPU copies), its version and its pace."""
+
+    exchange: Exchange
+    pushed: dict[str, torch.Tensor]
+    version: int
+    steps: int
+    budget_s: float
+
+
+@dataclass(frozen=True)
+class Early:
+    """The steps an overlapped round trained before its base θ_{v+1} arrived: tokens, count, seconds."""
+
+    tokens: int
+    steps: int
+    seconds: float
+
+
 class Worker:
     """One worker process's loop at a coordinator (the module docstring). `token` is the join token, kept beside
     the options (never in them); `stop`, when set, ends the loop after the current step.
 
     Threads: `run` and everything it calls run on the caller's thread; the heartbeat thread reads `identity`
     (replaced whole by each join) and keeps the newest assignment under `_assignment_lock`, which
-    `_follow_assignment` reads under it too.
+    `_follow_assignment` reads under it too. With overlap, an `Exchange` thread runs `_exchange` (push, metrics,
+    await, pull) while the training thread trains: no lock, a hand-over instead: while it runs, only it touches
+    `_pending`, the error feedback, `_held` and the client's transfers, and the training thread touches only the
+    model, its optimizer and the rows it keeps locally; `Exchange.wait` hands the result (or the exception) back.
     """
 
     def __init__(self, options: WorkerOptions, token: str, stop: threading.Event | None = None,
@@ -127,6 +201,8 @@ class Worker:
         self._assignment_owner = ""  # the worker_id (membership) the held assignment came with
         self._assignment_lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
+        # Overlap: the round on the wire (its exchange, θ_pushed, its version and pace), None when nothing travels.
+        self._inflight: InFlight | None = None
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -339,6 +415,9 @@ class Worker:
         return assignment.inner_steps, max(assignment.round_seconds, 0.0)
 
     def _round(self) -> None:
+        if self.spec.sync.overlap:
+            self._overlapped_round()
+            return
         sync_started = time.perf_counter()
         version = self._pull()
         steps, budget = self._pace(self._follow_assignment(version))
@@ -362,6 +441,80 @@ class Worker:
             self._await(version + 1)
         self.sync_seconds += time.perf_counter() - sync_started
 
+    def _overlapped_round(self) -> None:
+        """One round with `[sync] overlap` (the module docstring): start from the merge of the round in flight (or a
+        pull when none travels), train what is left of the round's steps, hand Δ to a new exchange and return; the
+        next call trains while it travels."""
+        started = self._merge_inflight()
+        if started is None:
+            return
+        version, base, early = started
+        steps, budget = self._pace(self._follow_assignment(version))
+        if not self.startup.reported:
+            self.startup.mark("pulled")
+            self.startup.reported = True
+            log.info("%s trains version %d, %s", self.worker_id, version, self.startup.describe())
+        left_s = budget - early.seconds if budget > 0 else 0.0
+        trained = RoundResult(0, 0, (), False)
+        if steps > early.steps and (budget <= 0 or left_s > 0 or early.steps == 0):
+            trained = self.trainer.train(version, steps - early.steps, budget_s=max(left_s, 0.0), stop=self.stop,
+                                         step=self._train_step, on_schedule=self._log_schedule)
+        self._keep([self._metric(row) for row in trained.rows])
+        if trained.stopped:
+            return
+        self.round_steps = early.steps + trained.steps
+        deltas = self.trainer.delta(base)
+        pushed = self.trainer.snapshot()
+        tokens = early.tokens + trained.tokens
+        exchange = Exchange(functools.partial(self._exchange, version, deltas, tokens), f"exchange-{version}")
+        self._inflight = InFlight(exchange, pushed, version, steps, budget)
+
+    def _exchange(self, version: int, deltas: dict[str, torch.Tensor], tokens: int) -> tuple[int, dict, str] | None:
+        """The wire's side of an overlapped round, on the exchange thread: push Δ (no re-join here: NOT_FOUND raises
+        Rejoin to the training thread), report the metrics kept so far, await v+1 and pull it into a buffer;
+        (version, θ, its SHA-256), or None when the run finished or a stop came."""
+        accepted = self._push_deltas(version, deltas, tokens, rejoin=False)
+        self._flush_metrics()
+        if accepted:
+            self._await(version + 1)
+        if self.finished or self.stop.is_set():
+            return None
+        return self._fetch()
+
+    def _merge_inflight(self) -> tuple[int, dict[str, torch.Tensor], Early] | None:
+        """The start of an overlapped round: train the next round's steps while the round in flight travels (at most
+        that round's steps and budget), wait for its θ_{v+1} and merge it (None when the run finished or a stop
+        came). Without a round in flight: pull θ_v (blocking)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            sync_started = time.perf_counter()
+            version = self._pull()
+            self.sync_seconds += time.perf_counter() - sync_started
+            base = self.trainer.snapshot()
+            self._held = (version, base)
+            return version, base, Early(0, 0, 0.0)
+        exchange = inflight.exchange
+        early_started = time.perf_counter()
+        early = self.trainer.train(inflight.version + 1, inflight.steps, budget_s=inflight.budget_s,
+                                   stop=_Either(self.stop, exchange.done), step=self._train_step,
+                                   on_schedule=self._log_schedule)
+        early_seconds = time.perf_counter() - early_started
+        sync_started = time.perf_counter()
+        try:
+            fetched = exchange.wait()
+        finally:
+            self.sync_seconds += time.perf_counter() - sync_started
+            self._keep([self._metric(row) for row in early.rows])
+        if fetched is None or self.stop.is_set():
+            return None
+        version, tensors, digest = fetched
+        self.trainer.rebase(tensors, inflight.pushed)
+        self._held = (version, tensors)
+        self._keep([self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest)])
+        log.info("%s merged version %d (sha256 %s) with %d steps trained since the push", self.worker_id, version,
+                 digest[:12], early.steps)
+        return version, tensors, Early(early.tokens, early.steps, early_seconds)
+
     def _train_step(self) -> StepResult:
         """One inner step on the next batch (a test subclass slows it down to model a slower device)."""
         return self.trainer.inner_step()
@@ -377,21 +530,29 @@ class Worker:
             bytes_sent=self.client.bytes_sent, bytes_received=self.client.bytes_received, **fields,
         )
 
-    def _pull(self) -> int:
-        """Pull θ_v into the model; a payload that disagrees with the model's shapes is refused and pulled again."""
-        params = dict(self.model.named_parameters())
-        expected = {name: tuple(p.shape) for name, p in params.items()}
+    def _fetch(self) -> tuple[int, dict[str, torch.Tensor], str]:
+        """Pull the newest θ into a buffer: (version, θ on the CPU, its SHA-256); a payload that disagrees with the
+        model's shapes is refused and pulled again."""
+        expected = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
         pull = functools.partial(self.client.pull, expected=expected, repull=True, wire_format=self.codec)
         version, tensors = self._call(pull, self.identity, self.run_id, self._held)
+        tensors = {name: tensor.detach().cpu() for name, tensor in tensors.items()}
+        return version, tensors, tensor_stream.params_sha256(tensors).hex()
+
+    def _pull(self) -> int:
+        """Pull θ_v into the model (`_fetch`)."""
+        version, tensors, digest = self._fetch()
         self.trainer.load(tensors)
-        digest = tensor_stream.params_sha256({k: p.detach().cpu() for k, p in params.items()}).hex()
         self._keep([self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest)])
         log.info("%s pulled version %d (sha256 %s)", self.worker_id, version, digest[:12])
         return version
 
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
-        """Encode and deliver Δ; False when it was stale (dropped, residual restored)."""
-        deltas = self.trainer.delta(base)
+        """Encode and deliver Δ = θ_v − θ_local; False when it was stale (dropped, residual restored)."""
+        return self._push_deltas(version, self.trainer.delta(base), tokens)
+
+    def _push_deltas(self, version: int, deltas: dict[str, torch.Tensor], tokens: int, rejoin: bool = True) -> bool:
+        """Encode and deliver `deltas`; False when it was stale (dropped, residual restored)."""
         block = self.spec.sync.block_size
         if self.error_feedback is not None:
             saved = self.error_feedback.snapshot()
@@ -403,7 +564,7 @@ class Worker:
         )
         delivered = False
         try:
-            delivered = self._deliver(version, tokens, header, chunks)
+            delivered = self._deliver(version, tokens, header, chunks, rejoin)
         finally:
             if not delivered and self.error_feedback is not None:
                 self.error_feedback.restore(saved)
@@ -411,7 +572,8 @@ class Worker:
             save_feedback(self.options.state_dir, self.run_id, self.codec, self.error_feedback)
         return delivered
 
-    def _deliver(self, version: int, tokens: int, header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> bool:
+    def _deliver(self, version: int, tokens: int, header: pb.TensorHeader, chunks: list[pb.TensorChunk],
+                 rejoin: bool = True) -> bool:
         """Push one update until it lands; False when it is stale.
 
         Transient failures are retried by the client (the update is kept meanwhile). On NOT_FOUND
@@ -435,6 +597,8 @@ class Worker:
                     return False
                 if not _is(err, grpc.StatusCode.NOT_FOUND):
                     raise
+                if not rejoin:
+                    raise Rejoin(err.details()) from err
                 run_id = self.run_id
                 log.warning("%s; joining again to deliver the update of version %d", err.details(), version)
                 if self._join() != version or self.run_id != run_id:
@@ -528,6 +692,8 @@ class Worker:
 
     def _leave(self) -> None:
         self.stop.set()
+        if self._inflight is not None:
+            self._inflight.exchange.join(self.options.rpc_timeout_s)
         if not self.worker_id:
             return
         try:

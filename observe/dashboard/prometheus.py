@@ -59,6 +59,7 @@ class CoordinatorCollector:
             "fp32": ("rcswarm_fp32_bytes", "Bytes of the parameters in float32: one uncompressed update or pull"),
             "bytes_up": ("rcswarm_bytes_up_per_worker_round", "Mean bytes of one worker's update (messages received)"),
             "bytes_down": ("rcswarm_bytes_down_per_worker_round", "Mean bytes of one worker's pull (messages served)"),
+            "utilization": ("rcswarm_utilization", "Mean share of the workers' wall time spent in inner steps"),
         }
         runs = {key: GaugeMetricFamily(name, doc, labels=["run_id"]) for key, (name, doc) in run_gauges.items()}
         workers_by_state = GaugeMetricFamily("rcswarm_workers", "Workers known to the coordinator by state",
@@ -85,6 +86,8 @@ class CoordinatorCollector:
             "stale": CounterMetricFamily("rcswarm_worker_updates_stale", "The worker's updates refused as stale (work lost)", labels=labels),
             "round_up": GaugeMetricFamily("rcswarm_worker_round_bytes_up", "Bytes of the worker's last update", labels=labels),
             "round_down": GaugeMetricFamily("rcswarm_worker_round_bytes_down", "Bytes of the worker's last pull", labels=labels),
+            "utilization": GaugeMetricFamily("rcswarm_worker_utilization",
+                                             "Share of the worker's wall time spent in inner steps", labels=labels),
         }
         ratios = GaugeMetricFamily("rcswarm_traffic_ratio_to_fp32",
                                    "fp32 bytes over the mean bytes per worker per round (100 = 100x less traffic)",
@@ -101,6 +104,7 @@ class CoordinatorCollector:
                 "seq_len": view.summary.seq_len, "batch": view.summary.batch_size, "active": by_state["active"],
                 "loss": status.latest_loss, "tps": status.tokens_per_second, "fp32": status.fp32_bytes,
                 "bytes_up": status.bytes_up_per_round, "bytes_down": status.bytes_down_per_round,
+                "utilization": status.utilization,
             }
             for key, value in values.items():
                 runs[key].add_metric([run], value)
@@ -122,6 +126,7 @@ class CoordinatorCollector:
                 worker_families["stale"].add_metric(key, w.stale_updates)
                 worker_families["round_up"].add_metric(key, w.round_bytes_up)
                 worker_families["round_down"].add_metric(key, w.round_bytes_down)
+                worker_families["utilization"].add_metric(key, w.utilization)
                 if t is not None:
                     worker_families["loss"].add_metric(key, t.last_loss)
                     worker_families["tps"].add_metric(key, t.tokens_per_second)

@@ -305,12 +305,14 @@ def _worker_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
 
 
 def _pace_cell(worker: dict[str, Any]) -> str:
-    """A worker's assigned steps (or its time budget) and its measured seconds per step."""
+    """A worker's assigned steps (or its time budget), its measured seconds per step and its compute utilization."""
     seconds = _fmt(worker.get("step_seconds"), ".3g")
+    utilization = worker.get("utilization")
+    busy = f", {utilization:.0%} busy" if utilization else ""
     if worker.get("round_seconds"):
-        return f"{worker['round_seconds']:.3g} s budget, {seconds} s/step"
+        return f"{worker['round_seconds']:.3g} s budget, {seconds} s/step{busy}"
     steps = worker.get("inner_steps")
-    return f"{steps if steps else '–'} × {seconds} s"
+    return f"{steps if steps else '–'} × {seconds} s{busy}"
 
 
 def _round_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:

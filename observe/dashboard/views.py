@@ -84,6 +84,8 @@ def worker_dict(w: pb.WorkerStatus, totals: dict[str, WorkerTotals]) -> dict[str
         "round_seconds": w.assignment.round_seconds if w.HasField("assignment") else None,
         # Issue #28: the bytes of its last update and of its last pull.
         "round_bytes_up": w.round_bytes_up, "round_bytes_down": w.round_bytes_down,
+        # Issue #29: the share of its wall time in inner steps.
+        "utilization": w.utilization or None,
     }
 
 
@@ -114,7 +116,7 @@ def run_dict(view: RunView, means: Sequence[StepMean]) -> dict[str, Any]:
         "workers": [{"worker_id": w.worker_id, "name": w.name} for w in assigned],
         "tokens_per_second": s.tokens_per_second, "latest_loss": s.latest_loss, "total_tokens": s.total_tokens,
         "param_sha256": view.status.param_sha256, "state_dir": str(view.coordinator.store.state_dir),
-        "traffic": traffic_dict(view.status),
+        "traffic": traffic_dict(view.status), "utilization": view.status.utilization or None,
         "metrics": {
             "steps": len(means), "last_step": last[1] if last else None, "last_loss": last[2] if last else None,
             "seconds": last[3] if last else None,

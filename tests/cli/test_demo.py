@@ -38,7 +38,7 @@ def test_summary_shows_a_trend_only_where_there_is_one():
     none = _cells(_row(0, first=math.nan, last=math.nan))
     assert none["train loss¹"] == "— (no round completed)"
     assert none["held-out loss²"] == "5.500 (untrained: no round completed)"
-    assert none["sync⁴"] == "—" and not any("nan" in cell for cell in none.values())
+    assert none["sync /"] == "— / —" and not any("nan" in cell for cell in none.values())
 
 
 def test_progress_labels_its_loss_and_shows_a_dash_until_one_exists():

@@ -71,3 +71,12 @@ def start_coordinator_process(config, state_dir, port, log_path) -> subprocess.P
     )
     wait_for(port_file.exists, 60, "the coordinator to serve")
     return proc
+
+
+def train_to_the_end(local, spawn_worker, workers: int, timeout: float = 180.0):
+    """Spawn `workers` worker processes (w0, w1, ...) at the coordinator `local`, wait until each exited 0 (the run
+    finished) and return the coordinator's status."""
+    procs = [spawn_worker(local.target, f"w{i}") for i in range(workers)]
+    for proc in procs:
+        assert proc.wait(timeout=timeout) == 0, logs_of(procs)
+    return local.client().status()

@@ -26,3 +26,12 @@ def round_losses(state_dir) -> list[float]:
         if row.tokens > 0 and row.loss is not None:
             losses.setdefault(row.version, []).append(row.loss)
     return [sum(values) / len(values) for _, values in sorted(losses.items())]
+
+
+def assert_bases_match(state_dir, version0: str, versions: int) -> None:
+    """Every digest a worker reported right after pulling (or merging onto) version v < `versions` is the
+    coordinator's θ_v, bit for bit (`version0`: θ_0's)."""
+    reported = worker_digests(state_dir)
+    expected = {0: version0, **coordinator_digests(state_dir)}
+    for version in range(versions):
+        assert reported[version] == {expected[version]}, f"version {version}: {reported[version]} vs {expected[version]}"

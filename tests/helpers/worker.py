@@ -1,5 +1,5 @@
-"""Workers in the test process: their options (the token is passed beside them), a worker that faults before its first push, and
-running a worker on a thread until a condition holds."""
+"""Workers in the test process: their options (the token is passed beside them), a worker that faults before its first push,
+running a worker on a thread until a condition holds, and the plain local training one worker's DiLoCo reduces to."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import threading
 
 import torch
 
+from rcswarm.models import registry
+from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 from rcswarm.worker import Worker, WorkerOptions
 from tests.helpers.specs import TOKEN
 from tests.helpers.waiting import wait_for
@@ -45,3 +47,14 @@ def run_until(worker: Worker, done, timeout: float) -> int:
         thread.join(timeout=30)
     assert result, "the worker did not stop"
     return result[0]
+
+
+def local_training(spec, steps: int) -> dict[str, torch.Tensor]:
+    """θ after `steps` inner steps of plain local training from the run's initial θ, on the data stream of the first
+    worker to join (data_seed 1)."""
+    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
+    optimizer = make_inner_optimizer(model, spec.inner)
+    sampler = make_sampler(spec.data, worker_data_seed(spec.run.seed, 1))
+    for _ in range(steps):
+        inner_step(model, optimizer, sampler, spec.inner.grad_clip, torch.device("cpu"))
+    return {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -16,8 +16,8 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 from tests.helpers.coordinator import free_port
-from tests.helpers.processes import logs_of, start_coordinator_process, worker_env
-from tests.helpers.rounds import coordinator_digests, round_losses, worker_digests
+from tests.helpers.processes import logs_of, start_coordinator_process, train_to_the_end, worker_env
+from tests.helpers.rounds import assert_bases_match, coordinator_digests, round_losses, worker_digests
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 from tests.helpers.waiting import wait_for
 
@@ -28,18 +28,12 @@ def test_three_workers_train_in_lockstep(start_coordinator, spawn_worker):
     spec = tiny_spec(run={"rounds": 4}, inner={"steps": 8}, sync={"codec": "int8", "min_reports": 3})
     local = start_coordinator(spec)
     version0 = local.service.param_sha256.hex()
-    procs = [spawn_worker(local.target, f"w{i}") for i in range(3)]
-    for proc in procs:
-        assert proc.wait(timeout=180) == 0, logs_of(procs)
-    status = local.client().status()
+    status = train_to_the_end(local, spawn_worker, 3)
     assert status.version == 4 and status.run_state == pb.RUN_STATE_FINISHED
     assert all(w.state == pb.WORKER_STATE_LEFT for w in status.workers)
     assert [r.reports for r in status.rounds if r.closed_at] == [3, 3, 3, 3]
     # Every worker's parameters after each pull equal the coordinator's, bit for bit.
-    reported = worker_digests(local.state_dir)
-    expected = {0: version0, **coordinator_digests(local.state_dir)}
-    for version in range(4):
-        assert reported[version] == {expected[version]}, f"version {version}: {reported[version]} vs {expected[version]}"
+    assert_bases_match(local.state_dir, version0, 4)
     losses = round_losses(local.state_dir)
     assert losses[-1] < losses[0] - 0.3, losses
 

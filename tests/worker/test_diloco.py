@@ -5,19 +5,9 @@ import threading
 import torch
 
 from rcswarm.models import registry
-from rcswarm.train.inner import inner_step, make_inner_optimizer, make_sampler, worker_data_seed
 from rcswarm.worker import Worker, WorkerOptions
 from tests.helpers.specs import TOKEN, tiny_spec
-
-
-def local_training(spec, steps: int) -> dict[str, torch.Tensor]:
-    model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=spec.run.seed)
-    optimizer = make_inner_optimizer(model, spec.inner)
-    # The first worker to join gets data_seed 1.
-    sampler = make_sampler(spec.data, worker_data_seed(spec.run.seed, 1))
-    for _ in range(steps):
-        inner_step(model, optimizer, sampler, spec.inner.grad_clip, torch.device("cpu"))
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+from tests.helpers.worker import local_training
 
 
 def test_one_worker_with_lr_one_and_no_momentum_is_plain_local_training(start_coordinator):

@@ -1,0 +1,157 @@
+"""Overlapped rounds against blocking ones through a slow link (issue #29): utilization, wall time, held-out loss.
+
+    python benchmarks/overlap_bench.py [--workers 2] [--rounds 12] [--steps 20] [--links 100,1000] [--rtt-ms 50]
+                                       [--codecs int8,sparse] [--preset tiny] [--out R.json]
+
+For each (link, codec, overlap off/on): a coordinator in this process (`RunningCoordinator`, a fresh state dir), a
+`LinkProxy` (benchmarks/link_proxy.py) in front of it giving every connection its own `--links` Mbit/s link with
+`--rtt-ms` RTT (± 10 % jitter), and `--workers` `rcswarm worker` processes (one torch thread each) connecting through
+the proxy. Every configuration trains the same `--rounds` rounds of `--steps` inner steps per worker from the same
+seed (θ_0, data seeds), so equal tokens; `[sync] min_reports` = the workers, so every round waits for all. The
+table gives per configuration: the wall time from the first round's opening to the last round's close, the
+workers' mean compute utilization (inner-step seconds over wall seconds from their first pull to their last row,
+`WorkerUsage.utilization`), their sync share (seconds the training thread waited on the wire over sync + compute),
+and the held-out loss of the final θ (cli/run.py `evaluate`); then the ratios on/off. The machine and its load
+average are printed first: on a shared machine the worker processes compete for cores with other work.
+Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rcswarm.cli.run import evaluate
+from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
+from rcswarm.observe.report import summarize
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.store import StateStore
+from rcswarm.worker import CoordinatorClient, RetryPolicy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from link_proxy import Link, LinkProxy  # noqa: E402  (benchmarks/ is no package: the proxy is its sibling)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "overlap-bench-token-0123456789"
+RUN_TIMEOUT_S = 600.0
+
+
+def bench_spec(args: argparse.Namespace, codec: str, overlap: bool) -> RunSpec:
+    """The benchmark's run: lstm_lm `--preset`, windows of 64 × 8 bytes, `--rounds` rounds of `--steps` steps."""
+    return RunSpec.from_dict({
+        "run": {"name": "overlap", "rounds": args.rounds, "workers": args.workers, "seed": args.seed},
+        "model": {"name": "lstm_lm", "preset": args.preset},
+        "data": {"seq_len": 64, "batch_size": 8, "max_bytes": 2_000_000},
+        "inner": {"steps": args.steps, "lr": 3e-3},
+        "sync": {"codec": codec, "min_reports": args.workers, "overlap": overlap, "round_deadline_s": 120.0},
+        "coordinator": {"lease_s": 30.0, "max_wait_s": 2.0, "durable": False},
+    })
+
+
+def run_config(args: argparse.Namespace, link: Link, codec: str, overlap: bool, work: Path) -> dict:
+    """One configuration run to its last round; its measurements."""
+    key = f"{link.bandwidth_bps / 1e6:g}M-{codec}-{'on' if overlap else 'off'}"
+    spec = bench_spec(args, codec, overlap)
+    state_dir = work / f"state-{key}"
+    running = RunningCoordinator(SwarmCoordinator(spec, StateStore(state_dir, 2, durable=False)), TOKEN).start()
+    proxy = LinkProxy(running.port, link=link, seed=args.seed)
+    proxy.start()
+    env = {**os.environ, "RCSWARM_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{proxy.port}", "--name", f"w{i}",
+         "--threads", "1"], cwd=ROOT, env=env, stdout=open(work / f"{key}-w{i}.log", "wb"), stderr=subprocess.STDOUT,
+    ) for i in range(args.workers)]
+    client = CoordinatorClient(f"127.0.0.1:{running.port}", TOKEN, retry=RetryPolicy(max_elapsed_s=30.0))
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while client.status().run_state != pb.RUN_STATE_FINISHED:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{key}: the run did not finish within {RUN_TIMEOUT_S:g} s")
+            time.sleep(0.2)
+        status = client.status()
+        for proc in procs:
+            proc.wait(timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+        client.close()
+        proc_params = {name: theta.clone() for name, theta in running.coordinator.params.items()}
+        running.stop(grace=1.0)
+        proxy.close()
+    store = StateStore.open_read_only(state_dir)
+    try:
+        summary = summarize(store)
+    finally:
+        store.close()
+    rounds = [r for r in status.rounds if r.closed_at]
+    wall = max(r.closed_at for r in rounds) - min(r.opened_at for r in rounds)
+    return {"key": key, "link_mbit": link.bandwidth_bps / 1e6, "rtt_ms": link.rtt_s * 1e3, "codec": codec,
+            "overlap": overlap, "rounds": len(rounds), "wall_s": wall, "utilization": summary.utilization,
+            "sync_share": summary.sync_share, "tokens": summary.tokens, "held_out": evaluate(spec, proc_params),
+            "bytes_up_per_worker_round": summary.bytes_up_per_worker_round}
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| link | codec | overlap | wall (s) | utilization | sync share | held-out loss | tokens |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        lines.append(f"| {r['link_mbit']:g} Mbit/s, {r['rtt_ms']:g} ms | {r['codec']} | {'on' if r['overlap'] else 'off'} "
+                     f"| {r['wall_s']:.1f} | {r['utilization']:.1%} | {r['sync_share']:.1%} | {r['held_out']:.4f} "
+                     f"| {r['tokens']} |")
+    by_key = {(r["link_mbit"], r["codec"], r["overlap"]): r for r in results}
+    lines += ["", "| link | codec | wall on/off | held-out on − off (%) |", "| --- | --- | ---: | ---: |"]
+    for (mbit, codec, overlap), on in by_key.items():
+        off = by_key.get((mbit, codec, False))
+        if overlap and off is not None:
+            lines.append(f"| {mbit:g} Mbit/s | {codec} | {on['wall_s'] / off['wall_s']:.2f} "
+                         f"| {100 * (on['held_out'] - off['held_out']) / off['held_out']:+.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="overlap_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--links", default="100,1000", help="Mbit/s per connection, comma-separated")
+    parser.add_argument("--rtt-ms", type=float, default=50.0)
+    parser.add_argument("--codecs", default="int8")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if args.workers < 1 or args.rounds < 1 or args.steps < 1 or args.rtt_ms < 0:
+        parser.error("--workers, --rounds and --steps must be >= 1 and --rtt-ms >= 0")
+    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.workers} workers × 1 torch thread, "
+          f"lstm_lm {args.preset}, {args.rounds} rounds × {args.steps} steps", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="overlap-bench-") as tmp:
+        for mbit in (float(x) for x in args.links.split(",")):
+            rtt = args.rtt_ms / 1e3
+            link = Link(bandwidth_bps=mbit * 1e6, rtt_s=rtt, jitter_s=0.1 * rtt / 2)
+            for codec in args.codecs.split(","):
+                for overlap in (False, True):
+                    result = run_config(args, link, codec, overlap, Path(tmp))
+                    print(json.dumps(result), flush=True)
+                    results.append(result)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(table(results))
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
