@@ -1,0 +1,163 @@
+"""Forecasts of a run's final loss: the saturating law L(x) = E + A·x^(−β) fitted to its closed rounds.
+
+x is the round (a version v's loss is the mean training loss of the steps trained from θ_v, placed at
+x = v + 1); a run's budget is its `[run] rounds`, so the forecast of its final loss is the law at
+x = rounds, and `rounds_to` the round at which it reaches a target. The loss forecast is the
+*training* loss (the steps' mean loss, measured on batches the run has not trained on yet, so an
+unbiased estimate of the loss on fresh data of the training distribution); a held-out loss along the
+way is not measured (the launcher measures it once, at the end).
+
+The fit: for a fixed β the law is linear in (E, A), so E and A are solved in closed form (least squares,
+held at A ≥ 0 and E ≥ 0: a loss in nats does not rise with training and is not negative) and β is the
+best point of a log grid (`BETAS`). The interval is a bootstrap over rounds: `RESAMPLES` resamples of
+the rounds drawn with replacement (a weight per round, all resamples fitted at once), each refitted
+the same way, and the CONFIDENCE quantiles of their forecasts. Rounds are taken as independent given
+the law; their noise is mostly the sampling of batches, which is independent between rounds, but a
+systematic misfit of the law is not in the interval (docs/RESULTS.md measures the coverage).
+
+Below a minimum the answer is "not enough data" (`Forecast.note`), never a number: fewer than
+MIN_ROUNDS usable rounds, or a horizon more than MAX_EXTRAPOLATION times beyond the last round.
+Rows that are not finite positive losses (a diverged step, a garbage metric) are left out and counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rcswarm.observe.fits import CONFIDENCE
+
+MIN_ROUNDS = 6  # usable rounds before any forecast
+MAX_EXTRAPOLATION = 10.0  # the horizon may lie at most this many times beyond the last round fitted
+MAX_LOSS = 1e4  # a loss above this is a garbage metric, not a point of the curve
+RESAMPLES = 300
+BETAS = np.geomspace(0.02, 4.0, 160)  # [g] the grid of β
+
+
+class NotEnoughData(ValueError):
+    """The rounds do not support a forecast; the message says why."""
+
+
+@dataclass(frozen=True)
+class SaturatingFit:
+    """L(x) = E + A·x^(−β), with the bootstrap resamples' parameters (`resampled`, [k, 3]: E, A, β)."""
+
+    floor: float  # E
+    amplitude: float  # A
+    beta: float
+    points: int
+    last_x: float
+    resampled: np.ndarray = field(repr=False, compare=False)
+
+    def predict(self, x: float) -> float:
+        return self.floor + self.amplitude * x ** (-self.beta)
+
+    def band(self, x: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
+        """The `confidence` interval of the law at x over the bootstrap resamples."""
+        e, a, b = self.resampled.T  # [k] each
+        values = e + a * x ** (-b)  # [k]
+        tail = (1.0 - confidence) / 2.0
+        low, high = np.quantile(values, [tail, 1.0 - tail])
+        return float(min(low, self.predict(x))), float(max(high, self.predict(x)))
+
+    def rounds_to(self, target: float, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+        """(x, low, high) at which the law reaches `target` (inf: never, the floor E is above it)."""
+        def reach(e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            gap = target - e
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                x = np.where(gap > 0, (a / np.where(gap > 0, gap, 1.0)) ** (1.0 / b), np.inf)
+            return np.maximum(x, 1.0)
+        point = float(reach(np.array([self.floor]), np.array([self.amplitude]), np.array([self.beta]))[0])
+        values = reach(*self.resampled.T)  # [k], inf where a resample's floor is above the target
+        tail = (1.0 - confidence) / 2.0
+        low, high = np.quantile(values, [tail, 1.0 - tail], method="inverted_cdf")
+        return point, float(min(low, point)), float(max(high, point))
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The loss the law predicts at x = `at` with its interval, or why there is none (`note`, NaN values)."""
+
+    at: float
+    loss: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
+    points: int = 0
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.note
+
+
+def usable_points(xs: Sequence[float], losses: Sequence[float]) -> tuple[np.ndarray, np.ndarray, int]:
+    """The (x, loss) pairs with a finite x ≥ 1 and a finite loss in (0, MAX_LOSS], and how many were left out."""
+    try:
+        x = np.asarray(xs, dtype=float).reshape(-1)
+        y = np.asarray(losses, dtype=float).reshape(-1)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"rounds and losses: expected numbers ({error})") from None
+    if x.shape != y.shape:
+        raise ValueError(f"rounds {x.shape} and losses {y.shape}: expected one loss per round")
+    keep = np.isfinite(x) & np.isfinite(y) & (x >= 1) & (y > 0) & (y <= MAX_LOSS)
+    return x[keep], y[keep], int(len(x) - keep.sum())
+
+
+def _fit_grid(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[k, 3] (E, A, β) of the weighted least-squares fit for each of k weightings ([k, n]) of the points."""
+    basis = x[None, :] ** (-BETAS[:, None])  # [g, n]
+    sw = weights.sum(axis=1)[:, None]  # [k, 1]
+    sb = weights @ basis.T  # [k, g]
+    sbb = weights @ (basis * basis).T  # [k, g]
+    sy = (weights @ y)[:, None]  # [k, 1]
+    sby = weights @ (basis * y[None, :]).T  # [k, g]
+    syy = (weights @ (y * y))[:, None]  # [k, 1]
+    det = sw * sbb - sb * sb  # [k, g]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(det > 0, (sw * sby - sb * sy) / np.where(det > 0, det, 1.0), 0.0)
+        e = (sy - a * sb) / sw
+        # The constraints: A < 0 → a flat line at the mean; E < 0 → through the origin.
+        flat = a < 0
+        a, e = np.where(flat, 0.0, a), np.where(flat, sy / sw, e)
+        origin = e < 0
+        a, e = np.where(origin, sby / np.where(sbb > 0, sbb, 1.0), a), np.where(origin, 0.0, e)
+    sse = syy - 2 * e * sy - 2 * a * sby + e * e * sw + 2 * e * a * sb + a * a * sbb  # [k, g]
+    sse = np.where(np.isfinite(sse), sse, np.inf)
+    best = np.argmin(sse, axis=1)  # [k]
+    rows = np.arange(len(weights))
+    return np.stack([e[rows, best], a[rows, best], BETAS[best]], axis=1)
+
+
+def fit_saturating(xs: Sequence[float], losses: Sequence[float], *, resamples: int = RESAMPLES,
+                   seed: int = 0) -> SaturatingFit:
+    """Fit L(x) = E + A·x^(−β) to the usable points; NotEnoughData below MIN_ROUNDS distinct rounds."""
+    x, y, dropped = usable_points(xs, losses)
+    distinct = len(np.unique(x))
+    if distinct < MIN_ROUNDS:
+        left = f" ({dropped} rows left out: not finite positive losses)" if dropped else ""
+        raise NotEnoughData(f"not enough data: {distinct} usable rounds{left}, a forecast needs {MIN_ROUNDS}")
+    e, a, b = _fit_grid(x, y, np.ones((1, len(x))))[0]
+    counts = np.random.default_rng(seed).multinomial(len(x), np.full(len(x), 1.0 / len(x)), size=resamples)
+    counts = counts[(counts > 0).sum(axis=1) >= 3].astype(float)  # [k, n], resamples of 3+ distinct rounds
+    resampled = _fit_grid(x, y, counts) if len(counts) else np.array([[e, a, b]])
+    return SaturatingFit(float(e), float(a), float(b), len(x), float(x.max()), resampled)
+
+
+def forecast_at(xs: Sequence[float], losses: Sequence[float], horizon: float, *, confidence: float = CONFIDENCE,
+                resamples: int = RESAMPLES, seed: int = 0) -> Forecast:
+    """The loss at x = horizon with its interval, or a Forecast whose note says why not (never raises on data)."""
+    if not (math.isfinite(horizon) and horizon >= 1):
+        return Forecast(horizon, note=f"no budget to forecast at (horizon {horizon}): set [run] rounds")
+    try:
+        fit = fit_saturating(xs, losses, resamples=resamples, seed=seed)
+    except NotEnoughData as reason:
+        return Forecast(horizon, note=str(reason))
+    if horizon > MAX_EXTRAPOLATION * fit.last_x:
+        return Forecast(horizon, points=fit.points,
+                        note=f"not enough data: round {fit.last_x:g} is more than {MAX_EXTRAPOLATION:g}× short of "
+                             f"the budget's {horizon:g}")
+    low, high = fit.band(horizon, confidence)
+    return Forecast(horizon, fit.predict(horizon), low, high, fit.points)
