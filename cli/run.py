@@ -60,7 +60,7 @@ from rcswarm.observe.analysis import (
     length_law,
     read_state_dirs,
 )
-from rcswarm.observe.report import summarize
+from rcswarm.observe.report import forecast_rows, prune_rows, summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.checkpoints import split_checkpoint
@@ -293,6 +293,7 @@ def summarize_run(local: LocalRun) -> dict:
     store = StateStore.open_read_only(local.state_dir)
     try:
         summary = summarize(store)
+        forecasts, pruning, stopped = forecast_rows(store), prune_rows(store), store.get("stopped")
     finally:
         store.close()
     final = export_final(local.state_dir, local.final)
@@ -300,7 +301,8 @@ def summarize_run(local: LocalRun) -> dict:
     return {"seq_len": local.spec.data.seq_len, "batch_size": local.spec.data.batch_size, **dataclasses.asdict(summary),
             "fp32_bytes": fp32, "ratio_up": traffic.ratio(fp32, summary.bytes_up_per_worker_round),
             "ratio_down": traffic.ratio(fp32, summary.bytes_down_per_worker_round),
-            "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final)}
+            "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final),
+            "forecasts": forecasts, "pruning": pruning, "stopped": stopped}
 
 
 def _train_loss(r: dict) -> str:

@@ -87,6 +87,10 @@ class Forecast:
     high: float = math.nan
     points: int = 0
     note: str = ""
+    # The round at which the law reaches the target loss asked for, with its interval (NaN: none asked; inf: never).
+    target_round: float = math.nan
+    target_low: float = math.nan
+    target_high: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -146,9 +150,10 @@ def fit_saturating(xs: Sequence[float], losses: Sequence[float], *, resamples: i
     return SaturatingFit(float(e), float(a), float(b), len(x), float(x.max()), resampled)
 
 
-def forecast_at(xs: Sequence[float], losses: Sequence[float], horizon: float, *, confidence: float = CONFIDENCE,
-                resamples: int = RESAMPLES, seed: int = 0) -> Forecast:
-    """The loss at x = horizon with its interval, or a Forecast whose note says why not (never raises on data)."""
+def forecast_at(xs: Sequence[float], losses: Sequence[float], horizon: float, *, target: float = math.nan,
+                confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = 0) -> Forecast:
+    """The loss at x = horizon with its interval (and with a positive `target`, the round it is reached at), or a
+    Forecast whose note says why not: it raises only on malformed input, never on what the losses are."""
     if not (math.isfinite(horizon) and horizon >= 1):
         return Forecast(horizon, note=f"no budget to forecast at (horizon {horizon}): set [run] rounds")
     try:
@@ -160,4 +165,5 @@ def forecast_at(xs: Sequence[float], losses: Sequence[float], horizon: float, *,
                         note=f"not enough data: round {fit.last_x:g} is more than {MAX_EXTRAPOLATION:g}× short of "
                              f"the budget's {horizon:g}")
     low, high = fit.band(horizon, confidence)
-    return Forecast(horizon, fit.predict(horizon), low, high, fit.points)
+    reach = fit.rounds_to(target, confidence) if target > 0 else (math.nan,) * 3
+    return Forecast(horizon, fit.predict(horizon), low, high, fit.points, "", *reach)

@@ -97,3 +97,11 @@ def test_malformed_input_is_a_value_error_naming_it() -> None:
 def test_the_same_seed_gives_the_same_interval() -> None:
     x, y = curve(1.2, 2.5, 0.6, 30, 0.02, seed=4)
     assert forecast_at(x, y, 90, seed=7) == forecast_at(x, y, 90, seed=7)
+
+
+def test_a_forecast_with_a_target_says_when_it_is_reached() -> None:
+    x, y = curve(1.0, 2.0, 0.5, 30, 0.005, seed=5)
+    forecast = forecast_at(x, y, 100, target=1.25)
+    assert forecast.target_low <= forecast.target_round <= forecast.target_high
+    assert forecast.target_round == pytest.approx(64, rel=0.2)
+    assert math.isnan(forecast_at(x, y, 100).target_round)
