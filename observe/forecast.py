@@ -63,6 +63,16 @@ class SaturatingFit:
         low, high = np.quantile(values, [tail, 1.0 - tail])
         return float(min(low, self.predict(x))), float(max(high, self.predict(x)))
 
+    def band_over(self, xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
+        """The pointwise `confidence` band of the law at every x of `xs`: (low, high), each [m]."""
+        x = np.asarray(xs, dtype=float)  # [m]
+        e, a, b = (column[:, None] for column in self.resampled.T)  # [k, 1] each
+        values = e + a * x[None, :] ** (-b)  # [k, m]
+        tail = (1.0 - confidence) / 2.0
+        low, high = np.quantile(values, [tail, 1.0 - tail], axis=0)  # [m] each
+        point = self.floor + self.amplitude * x ** (-self.beta)
+        return np.minimum(low, point), np.maximum(high, point)
+
     def rounds_to(self, target: float, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
         """(x, low, high) at which the law reaches `target` (inf: never, the floor E is above it)."""
         def reach(e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -167,3 +177,49 @@ def forecast_at(xs: Sequence[float], losses: Sequence[float], horizon: float, *,
     low, high = fit.band(horizon, confidence)
     reach = fit.rounds_to(target, confidence) if target > 0 else (math.nan,) * 3
     return Forecast(horizon, fit.predict(horizon), low, high, fit.points, "", *reach)
+
+
+@dataclass(frozen=True)
+class ForecastCurve:
+    """One run as the dashboard's forecast panel draws it: its round losses, and the law from its first round to
+    its budget with the band (empty with a `note` when the rounds do not support a fit)."""
+
+    label: str
+    xs: np.ndarray  # [n] rounds (v + 1)
+    losses: np.ndarray  # [n]
+    horizon: float
+    law_x: np.ndarray  # [m]
+    law: np.ndarray  # [m]
+    low: np.ndarray  # [m]
+    high: np.ndarray  # [m]
+    note: str = ""
+
+
+def forecast_curve(label: str, round_losses: Sequence[tuple[int, float]], horizon: float,
+                   points: int = 60) -> ForecastCurve:
+    """A run's ForecastCurve from its (version, mean loss) rounds and its budget's round (`horizon`)."""
+    xs, losses, _ = usable_points([v + 1 for v, _ in round_losses], [loss for _, loss in round_losses])
+    empty = np.zeros(0)
+    try:
+        fit = fit_saturating(xs, losses)
+    except NotEnoughData as reason:
+        return ForecastCurve(label, xs, losses, horizon, empty, empty, empty, empty, str(reason))
+    end = max(horizon, fit.last_x) if math.isfinite(horizon) and horizon >= 1 else fit.last_x
+    law_x = np.geomspace(1.0, end, points)  # [m]
+    low, high = fit.band_over(law_x)
+    return ForecastCurve(label, xs, losses, horizon, law_x, np.array([fit.predict(x) for x in law_x]), low, high)
+
+
+def describe(loss: float, low: float, high: float, at_round: int, note: str = "", stopped: str = "",
+             target_loss: float = math.nan, target_seconds: float = math.nan) -> str:
+    """A forecast in words, as `rcswarm status`, `rcswarm fit` and the dashboard show it: "1.234 [1.2, 1.3] at round
+    40; 1.3 at 812 s", or the note saying why there is none, or why a sweep stopped the run."""
+    if stopped:
+        return f"pruned: {stopped}"
+    if note:
+        return note
+    text = f"{loss:.4g} [{low:.4g}, {high:.4g}] at round {at_round}"
+    if math.isfinite(target_loss) and target_loss > 0:
+        reach = "never (above the law's floor)" if target_seconds == math.inf else f"at {target_seconds:.0f} s"
+        text += f"; {target_loss:.4g} {reach}" if math.isfinite(target_seconds) or target_seconds == math.inf else ""
+    return text

@@ -539,11 +539,13 @@ class StateStore:
             db.execute(f"INSERT OR REPLACE INTO forecasts VALUES ({', '.join('?' * len(FORECAST_COLUMNS))})",
                        dataclasses.astuple(record))
 
-    def forecasts(self) -> list[ForecastRecord]:
-        """Every stored forecast, oldest first (none for a state dir written before issue #30, opened read-only)."""
+    def forecasts(self, newest_only: bool = False) -> list[ForecastRecord]:
+        """Every stored forecast, oldest first, or the newest alone (none for a state dir written before issue #30,
+        opened read-only)."""
         if not self._read(HAS_FORECASTS)[0][0]:
             return []
-        rows = self._read(f"SELECT {', '.join(FORECAST_COLUMNS)} FROM forecasts ORDER BY version")
+        order = "version DESC LIMIT 1" if newest_only else "version"
+        rows = self._read(f"SELECT {', '.join(FORECAST_COLUMNS)} FROM forecasts ORDER BY {order}")
         return [ForecastRecord(*(float("nan") if value is None else value for value in row)) for row in rows]
 
     def round_losses(self) -> list[tuple[int, float]]:

@@ -10,10 +10,13 @@ import pytest
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.forecasts import PruneOptions, RunView, decide_prune, forecast_record
+from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.sweep import SweepCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import ForecastRecord
-from tests.helpers.coordinator import creds, deltas_of, push
+from tests.helpers.coordinator import creds
+from tests.helpers.dashboard import Clock
+from tests.helpers.forecasts import ROUNDS, good_loss, pruned_sweep, pruning_spec
 from tests.helpers.specs import tiny_spec
 
 OPTIONS = PruneOptions(True, (0.25, 0.5), 40)
@@ -72,49 +75,16 @@ def test_forecast_record_fits_complete_rounds_and_turns_rounds_into_seconds():
     assert "not enough data" in early.note and math.isnan(early.loss)  # versions 0..3 only: 4 rounds
 
 
-def _spec(**sweep: object) -> RunSpec:
-    base = tiny_spec(run={"rounds": 16}, sync={"min_reports": 1})
-    return RunSpec.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16], **sweep}})
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _train_round(run, member: pb.JoinResponse, loss: float, clock: FakeClock) -> None:
-    """One real round of `member` in `run`: its metric rows of the current version, then its update."""
-    version = run.version
-    rows = [pb.Metric(version=version, step=version * 5 + k, seq_len=run.spec.data.seq_len, batch=4, loss=loss,
-                      tokens=4 * run.spec.data.seq_len, wall_time=float(version), compute_seconds=float(version))
-            for k in range(1, 4)]
-    assert run.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows, run_id=member.run_id)).stored == 3
-    push(run, member, deltas_of(run, 0.0), tokens=128)
-    clock.now += 1.0
-    run.tick()
-    assert run.version == version + 1
-
-
 def test_a_sweep_prunes_its_losing_length_moves_its_worker_and_keeps_its_rounds_and_forecasts(tmp_path):
-    clock = FakeClock()
-    sweep = SweepCoordinator(_spec(prune=True, prune_at=[0.5]), tmp_path, clock)
-    good, bad = (sweep.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b"))
-    assert [good.run_id, bad.run_id] == [run.run_id for run in sweep.runs]
-    for round_ in range(8):
-        x = round_ + 1.0
-        _train_round(sweep.runs[0], good, 1.0 + 2.0 * x ** -0.5, clock)
-        _train_round(sweep.runs[1], bad, 2.0 + 2.0 * x ** -0.5, clock)
-        sweep.tick()
+    clock = Clock(1000.0)
+    sweep, good, bad = pruned_sweep(tmp_path, clock)
     assert sweep.runs[1].stopped and "pruned" in sweep.runs[1].stopped and sweep.runs[1].finished
     assert not sweep.runs[0].finished and sweep.prune_done == 1
     status = sweep.status()
     assert status.runs[1].forecast.stopped == sweep.runs[1].stopped
-    assert status.runs[0].forecast.loss == pytest.approx(1.0 + 2.0 * 16 ** -0.5, abs=0.02)
+    assert status.runs[0].forecast.loss == pytest.approx(good_loss(ROUNDS), abs=0.02)
     # The pruned run's worker is told to join again, and lands on the run still going.
-    with pytest.raises(Exception, match="its run finished"):
+    with pytest.raises(Refusal, match="its run finished"):
         sweep.heartbeat(pb.HeartbeatRequest(**creds(bad)))
     moved = sweep.join(pb.JoinRequest(worker_name="b", run_id=bad.run_id, previous_worker_id=bad.worker_id))
     assert moved.run_id == good.run_id
@@ -126,7 +96,7 @@ def test_a_sweep_prunes_its_losing_length_moves_its_worker_and_keeps_its_rounds_
     forecasts = [run.store.forecasts() for run in sweep.runs]
     sweep.close()
     # A restarted coordinator has the forecasts, the stop and the decisions made.
-    restarted = SweepCoordinator(_spec(prune=True, prune_at=[0.5]), tmp_path, clock)
+    restarted = SweepCoordinator(pruning_spec(prune=True, prune_at=[0.5]), tmp_path, clock)
     assert repr([run.store.forecasts() for run in restarted.runs]) == repr(forecasts)  # NaN where not enough data
     assert restarted.runs[1].finished and restarted.prune_done == 1
     assert repr(restarted.latest[0]) == repr(forecasts[0][-1]) and forecasts[0][-1].note == ""
@@ -139,7 +109,7 @@ def test_a_sweep_prunes_its_losing_length_moves_its_worker_and_keeps_its_rounds_
 ])
 def test_prune_keys_are_validated(sweep, match):
     with pytest.raises(ValueError, match=match):
-        _spec(**sweep)
+        pruning_spec(**sweep)
     with pytest.raises(ValueError, match="run.target_loss"):
         tiny_spec(run={"target_loss": -1.0})
     with pytest.raises(ValueError, match="sweep.prune"):
