@@ -1,17 +1,20 @@
 """What the forecast tests share (issue #30): a two-length sweep with pruning, driven through real rounds in-process
-(metric rows of a known law, then an update per round), on a settable clock."""
+(metric rows of a known law, then an update per round), on a settable clock; `served`: that sweep behind its
+dashboard (a fixture)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.sweep import SweepCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.helpers.coordinator import creds, deltas_of, push
 from tests.helpers.dashboard import Clock
-from tests.helpers.specs import tiny_spec
+from tests.helpers.specs import TOKEN, tiny_spec
 
 ROUNDS = 16
 
@@ -55,3 +58,14 @@ def pruned_sweep(state_dir: Path, clock: Clock, rounds: int = 8) -> tuple[SweepC
         train_round(sweep.runs[1], bad, bad_loss(round_ + 1.0), clock)
         sweep.tick()
     return sweep, good, bad
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Any:
+    """The pruned sweep of `pruned_sweep` (in tmp_path/state) served with its dashboard: (sweep, dashboard URL)."""
+    from rcswarm.coordinator.server import RunningCoordinator
+
+    sweep, _, _ = pruned_sweep(tmp_path / "state", Clock(1000.0))
+    running = RunningCoordinator(sweep, TOKEN, http_port=0).start()
+    yield sweep, running.dashboard.url
+    running.stop(grace=0.5)

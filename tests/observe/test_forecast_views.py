@@ -7,18 +7,8 @@ import json
 
 import pytest
 
-from rcswarm.coordinator.server import RunningCoordinator
-from tests.helpers.dashboard import Clock, assert_png_not_blank, get
-from tests.helpers.forecasts import ROUNDS, good_loss, pruned_sweep
-from tests.helpers.specs import TOKEN
-
-
-@pytest.fixture
-def served(tmp_path):
-    sweep, _, _ = pruned_sweep(tmp_path / "state", Clock(1000.0))
-    running = RunningCoordinator(sweep, TOKEN, http_port=0).start()
-    yield sweep, running.dashboard.url
-    running.stop(grace=0.5)
+from tests.helpers.dashboard import assert_png_not_blank, get
+from tests.helpers.forecasts import ROUNDS, good_loss
 
 
 def test_the_dashboard_shows_each_runs_forecast_its_band_and_the_pruning(served):
