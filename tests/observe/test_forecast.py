@@ -73,7 +73,7 @@ def test_malformed_and_extreme_losses_are_left_out(bad: float) -> None:
     y_bad = y.copy()
     y_bad[[3, 17, 29]] = bad
     dirty = forecast_at(x, y_bad, 80)
-    assert dirty.ok and dirty.points == 37
+    assert dirty.ok and dirty.points == 36  # 40 rounds, the first and the 3 bad ones left out
     assert dirty.loss == pytest.approx(clean.loss, abs=0.02)
     y_all_bad = np.full_like(y, bad)
     assert "not enough data" in forecast_at(x, y_all_bad, 80).note
