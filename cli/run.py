@@ -370,10 +370,13 @@ def outcome(rows: list[dict], spec: RunSpec, *, interrupted: bool, out_of_time: 
                                       "every process was shut down", 130)
     if out_of_time and not failed:
         return Outcome("budget", f"stopped at the {minutes:g}-minute budget after {done} rounds", 0)
-    if failed or min(r["rounds"] for r in rows) < spec.run.rounds:
+    # A length the sweep pruned ([sweep] prune, issue #30) ended by design before the rounds budget.
+    pruned = [r for r in rows if r.get("stopped")]
+    if failed or min((r["rounds"] for r in rows if not r.get("stopped")), default=0) < spec.run.rounds:
         return Outcome("failed", f"the run did not complete: {done} of {target} rounds; worker exit codes "
                                  f"{exit_codes}; see {logs}", 1)
-    return Outcome("completed", f"completed {done} rounds", 0)
+    note = "; pruned: " + ", ".join(f"L={r['seq_len']} after {r['rounds']:,}" for r in pruned) if pruned else ""
+    return Outcome("completed", f"completed {done} rounds{note}", 0)
 
 
 def fit_law(console: Console, run_dir: Path, held_out: LengthLaw | None = None) -> dict | None:
