@@ -522,6 +522,10 @@ class CurriculumSection:
     tau: float = 0.0
     amplitude: float = 1.0
     law_from: str = ""
+    # Issue #30, adaptive only: also lengthen once the current rung's forecast (the law E + A·x^(−β) fitted to
+    # its own rounds) gains less than this many nats over the rest of the budget at its measured pace, even at
+    # its interval's optimistic end (0 = off).
+    forecast_gain: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in CURRICULUM_POLICIES:
@@ -541,9 +545,13 @@ class CurriculumSection:
                 _fail(f"curriculum.{name}", getattr(self, name), "a number >= 0")
         if self.schedule and self.worker_seq_lens:
             _fail("curriculum.worker_seq_lens", self.worker_seq_lens, "empty when curriculum.schedule is given")
+        if not (math.isfinite(self.forecast_gain) and self.forecast_gain >= 0):
+            _fail("curriculum.forecast_gain", self.forecast_gain, "a finite number of nats >= 0 (0 = off)")
         if self.policy == "fixed":
             if self.seq_lens:
                 _fail("curriculum.seq_lens", self.seq_lens, 'empty unless curriculum.policy = "adaptive"')
+            if self.forecast_gain:
+                _fail("curriculum.forecast_gain", self.forecast_gain, '0 unless curriculum.policy = "adaptive"')
             return
         if self.schedule:
             _fail("curriculum.schedule", self.schedule, 'empty with curriculum.policy = "adaptive"')

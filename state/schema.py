@@ -183,4 +183,6 @@ FORECAST_COLUMNS = (
 )
 ROUND_LOSSES = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_sum) AS loss_sum, SUM(n) AS n " \
     "FROM run_step_sums GROUP BY version) WHERE n > 0 ORDER BY version"
+ROUND_LOSSES_AT = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_sum) AS loss_sum, SUM(n) AS n " \
+    "FROM run_step_sums WHERE seq_len = ? GROUP BY version) WHERE n > 0 ORDER BY version"
 HAS_FORECASTS = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'forecasts'"

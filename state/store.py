@@ -87,6 +87,7 @@ from rcswarm.state.schema import (
     ROUND_COLUMNS,
     ROUND_COLUMNS_ADDED,
     ROUND_LOSSES,
+    ROUND_LOSSES_AT,
     ROUND_STEPS,
     RUN_STEP_SUMS,
     SCHEMA,
@@ -548,6 +549,9 @@ class StateStore:
         rows = self._read(f"SELECT {', '.join(FORECAST_COLUMNS)} FROM forecasts ORDER BY {order}")
         return [ForecastRecord(*(float("nan") if value is None else value for value in row)) for row in rows]
 
-    def round_losses(self) -> list[tuple[int, float]]:
-        """(version, mean loss of the training steps trained from it) of every version with training rows."""
-        return [(int(version), float(loss)) for version, loss in self._read_aggregates(ROUND_LOSSES)]
+    def round_losses(self, seq_len: int | None = None) -> list[tuple[int, float]]:
+        """(version, mean loss of the training steps trained from it) of every version with training rows (only
+        the rows at `seq_len` when given)."""
+        rows = self._read_aggregates(ROUND_LOSSES) if seq_len is None else self._read_aggregates(ROUND_LOSSES_AT,
+                                                                                                 (seq_len,))
+        return [(int(version), float(loss)) for version, loss in rows]
