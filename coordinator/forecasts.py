@@ -11,7 +11,7 @@ returning a `PruneDecision` with a reason for every run: at each fraction of the
 `[sweep] prune_at`, once every run still in the sweep has closed that many rounds, a run whose forecast
 interval lies wholly above the best run's interval (its low above the best's high) is stopped, at most
 half of the runs still in at each fraction (successive halving's bound) and never the last one. A run
-without a forecast (not enough data) is kept. The group applies it (coordinator/sweep.py).
+without a forecast (not enough data), or one that has completed its rounds, is kept. The group applies it (coordinator/sweep.py).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
         return PruneDecision(done, now, (), tuple((run.index, f"{where}: no run has a forecast yet; all kept")
                                                   for run in alive))
     best = min(forecasts, key=lambda run: (run.forecast.loss, run.index))
-    worse = sorted((run for run in forecasts if run.forecast.low > best.forecast.high),
+    worse = sorted((run for run in forecasts if run.forecast.low > best.forecast.high and run.version < options.rounds),
                    key=lambda run: (-run.forecast.loss, run.index))
     stop = worse[: len(alive) // 2]
     reasons = []
@@ -106,6 +106,8 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
         elif run.forecast is None or run.forecast.note:
             note = run.forecast.note if run.forecast is not None else "no forecast yet"
             reasons.append((run.index, f"{where}: {run.name} kept: {note}"))
+        elif run.version >= options.rounds:
+            reasons.append((run.index, f"{where}: {run.name} kept: it has completed its {options.rounds} rounds"))
         elif run in stop:
             reasons.append((run.index, f"{where}: {run.name} pruned: its forecast {_interval(run.forecast)} lies above "
                                        f"{best.name}'s {_interval(best.forecast)}"))

@@ -55,6 +55,12 @@ def test_overlapping_intervals_and_runs_without_forecasts_are_kept():
     assert none.stop == () and all("all kept" in reason for _, reason in none.reasons)
 
 
+def test_a_run_that_completed_its_rounds_is_not_pruned():
+    done = [RunView(0, "L=8", 20, False, record(1.0, 0.9, 1.1)), RunView(1, "L=16", 40, False, record(2.0, 1.9, 2.1))]
+    decision = decide_prune(0.0, done, OPTIONS, 0)
+    assert decision.stop == () and "completed its 40 rounds" in dict(decision.reasons)[1]
+
+
 def test_at_most_half_of_the_runs_still_in_are_pruned_at_once_and_stopped_runs_do_not_count():
     four = views(record(1.0, 0.95, 1.05), record(2.0, 1.9, 2.1), record(3.0, 2.9, 3.1), record(4.0, 3.9, 4.1))
     decision = decide_prune(0.0, four, OPTIONS, 0)
