@@ -11,7 +11,8 @@ returning a `PruneDecision` with a reason for every run: at each fraction of the
 `[sweep] prune_at`, once every run still in the sweep has closed that many rounds, a run whose forecast
 interval lies wholly above the best run's interval (its low above the best's high) is stopped, at most
 half of the runs still in at each fraction (successive halving's bound) and never the last one. A run
-without a forecast (not enough data), or one that has completed its rounds, is kept. The group applies it (coordinator/sweep.py).
+without a forecast (not enough data), or one that has completed its rounds, is kept. The group applies it
+(coordinator/sweep.py).
 """
 
 from __future__ import annotations

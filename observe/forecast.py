@@ -3,8 +3,8 @@
 x is the round (a version v's loss is the mean training loss of the steps trained from θ_v, placed at
 x = v + 1); a run's budget is its `[run] rounds`, so the forecast of its final loss is the law at
 x = rounds, and `rounds_to` the round at which it reaches a target. The loss forecast is the
-*training* loss (the steps' mean loss, measured on batches the run has not trained on yet, so an
-unbiased estimate of the loss on fresh data of the training distribution); a held-out loss along the
+*training* loss (the steps' mean loss, each measured on a batch before the step trains on it: close to the loss on
+fresh data of the training distribution); a held-out loss along the
 way is not measured (the launcher measures it once, at the end).
 
 The fit: for a fixed β the law is linear in (E, A), so E and A are solved in closed form (least squares,
@@ -16,7 +16,8 @@ the law; their noise is mostly the sampling of batches, which is independent bet
 systematic misfit of the law is not in the interval (docs/RESULTS.md measures the coverage).
 
 The first round is left out (FIRST_ROUND). Below a minimum the answer is "not enough data" (`Forecast.note`),
-never a number: fewer than MIN_ROUNDS usable rounds, or a horizon more than MAX_EXTRAPOLATION times beyond the last round.
+never a number: fewer than MIN_ROUNDS usable rounds, or a horizon more than MAX_EXTRAPOLATION times beyond the
+last round.
 Rows that are not finite positive losses (a diverged step, a garbage metric) are left out and counted.
 """
 
