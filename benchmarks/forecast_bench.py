@@ -1,6 +1,6 @@
 """Forecast error, interval coverage and pruning, replayed on recorded sweeps (issue #30).
 
-    python benchmarks/forecast_bench.py RUN_DIR [RUN_DIR ...] [--fraction 0.3] [--json out.json]
+    python benchmarks/forecast_bench.py RUN_DIR [RUN_DIR ...] [--fraction 0.3] [--json out.json] [--plot out.png]
     python benchmarks/forecast_bench.py --synthetic
 
 For each run of each RUN_DIR (what `rcswarm run` made: summary.json and state/run<i>-L<L>/state.sqlite, read
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from rcswarm.coordinator.forecasts import PruneOptions, RunView, decide_prune, forecast_record
-from rcswarm.observe.forecast import forecast_at
+from rcswarm.observe.forecast import forecast_at, forecast_curve
 from rcswarm.state.store import StateStore
 
 TAIL_ROUNDS = 3
@@ -110,6 +110,33 @@ def prune_replay(run_dir: Path) -> dict:
             "reasons": reasons}
 
 
+def plot(run_dir: Path, fraction: float, out: Path) -> None:
+    """The forecast panel of the dashboard for `run_dir`'s lengths as made at `fraction` of the wall time, with the
+    rounds that came after it (grey): what the forecast had to predict."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from rcswarm.observe.plots import draw_forecast
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    curves, later = [], []
+    for index, run in enumerate(summary.get("runs", [summary])):
+        losses, rounds = read_run(run_dir / "state" / f"run{index}-L{run['seq_len']}")
+        start, end = rounds[0][1], rounds[-1][2]
+        version = sum(1 for _, _, closed in rounds if closed <= start + fraction * (end - start))
+        curves.append(forecast_curve(f"L={run['seq_len']}", [(v, y) for v, y in losses if v <= version - 2],
+                                     float(len(rounds))))
+        later += [(v + 1, y) for v, y in losses if v > version - 2]
+    figure = Figure(figsize=(6.4, 4.4), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    axes.plot([x for x, _ in later], [y for _, y in later], ".", ms=2, color="0.7", label="rounds after the forecast")
+    draw_forecast(axes, curves)
+    axes.set_title(f"{run_dir.name}: forecasts made at {fraction:.0%} of the wall time", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(out)
+
+
 def synthetic() -> list[dict]:
     rows = []
     for e, a, beta, noise in ((1.2, 2.5, 0.6, 0.02), (1.8, 1.0, 0.3, 0.02), (1.0, 3.0, 1.0, 0.05),
@@ -130,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fraction", type=float, default=0.3)
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path, help="the forecast panel of the first RUN_DIR, with what came after")
     args = parser.parse_args(argv)
     out: dict = {}
     if args.synthetic:
@@ -172,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             pruned = ", ".join(f"{k}: {v:.0%}" for k, v in p["pruned"].items()) or "none"
             print(f"| {p['run_dir']} | L={p['winner']} | L={p['named']} | {pruned} | {p['worker_seconds_ratio']:.2f} |")
         out["runs"], out["pruning"] = rows, prunes
+    if args.plot and args.run_dirs:
+        plot(args.run_dirs[0], args.fraction, args.plot)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=lambda v: None))
     if not (args.synthetic or args.run_dirs):
