@@ -53,6 +53,8 @@ from rcswarm.observe.analysis import (
     state_dir_lengths,
 )
 from rcswarm.observe.fits import smooth_losses
+from rcswarm.observe.forecast import describe
+from rcswarm.state.errors import StoreError
 
 
 def report(analysis: Analysis, console: Console) -> None:
@@ -160,6 +162,34 @@ def _print_skipped(skipped: list[str]) -> None:
         print(f"rcswarm fit: {note}", file=sys.stderr)
 
 
+def forecast_report(path: Path, console: Console) -> None:
+    """Issue #30: per run state dir in `path` (a run directory, a state dir or a state.sqlite), the newest forecast
+    of its final training loss the coordinator stored, with its interval, or why there is none."""
+    if path.name == "state.sqlite":
+        path = path.parent
+    databases = sorted(path.rglob("state.sqlite")) if path.is_dir() else []
+    if not databases:
+        return
+    from rcswarm.state.store import StateStore  # torch with it: only for state dirs
+
+    table = Table(title="forecasts of each run's final training loss: L = E + A·round^(−β), 90% bootstrap interval")
+    table.add_column("state dir")
+    table.add_column("forecast made at round", justify="right")
+    table.add_column("forecast")
+    for database in databases:
+        store = StateStore.open_read_only(database.parent)
+        try:
+            newest, stopped = store.forecasts(newest_only=True), store.get("stopped") or ""
+        finally:
+            store.close()
+        if newest:
+            r = newest[0]
+            table.add_row(str(database.parent.relative_to(path)), str(r.version),
+                          describe(r.loss, r.low, r.high, r.at_round, r.note, stopped, r.target_loss, r.target_seconds))
+    if table.row_count:
+        console.print(table)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_or_status(parser(), argv)
     if isinstance(args, int):
@@ -167,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns = Columns(step=args.step_column, length=args.length_column, loss=args.loss_column,
                       time=args.time_column, run=args.run_column)
     skipped: list[str] = []
+    try:
+        forecast_report(args.metrics, Console())
+    except (StoreError, ValueError) as error:
+        print(f"rcswarm fit: no forecasts: {error}", file=sys.stderr)
     try:
         rows = read_rows(args.metrics, columns, skipped)
         curves = length_curves(args.metrics, rows)

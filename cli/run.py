@@ -60,7 +60,7 @@ from rcswarm.observe.analysis import (
     length_law,
     read_state_dirs,
 )
-from rcswarm.observe.report import summarize
+from rcswarm.observe.report import forecast_rows, prune_rows, summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.checkpoints import split_checkpoint
@@ -293,6 +293,7 @@ def summarize_run(local: LocalRun) -> dict:
     store = StateStore.open_read_only(local.state_dir)
     try:
         summary = summarize(store)
+        forecasts, pruning, stopped = forecast_rows(store), prune_rows(store), store.get("stopped")
     finally:
         store.close()
     final = export_final(local.state_dir, local.final)
@@ -300,7 +301,8 @@ def summarize_run(local: LocalRun) -> dict:
     return {"seq_len": local.spec.data.seq_len, "batch_size": local.spec.data.batch_size, **dataclasses.asdict(summary),
             "fp32_bytes": fp32, "ratio_up": traffic.ratio(fp32, summary.bytes_up_per_worker_round),
             "ratio_down": traffic.ratio(fp32, summary.bytes_down_per_worker_round),
-            "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final)}
+            "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final),
+            "forecasts": forecasts, "pruning": pruning, "stopped": stopped}
 
 
 def _train_loss(r: dict) -> str:
@@ -370,10 +372,13 @@ def outcome(rows: list[dict], spec: RunSpec, *, interrupted: bool, out_of_time: 
                                       "every process was shut down", 130)
     if out_of_time and not failed:
         return Outcome("budget", f"stopped at the {minutes:g}-minute budget after {done} rounds", 0)
-    if failed or min(r["rounds"] for r in rows) < spec.run.rounds:
+    # A length the sweep pruned ([sweep] prune, issue #30) ended by design before the rounds budget.
+    pruned = [r for r in rows if r.get("stopped")]
+    if failed or min((r["rounds"] for r in rows if not r.get("stopped")), default=0) < spec.run.rounds:
         return Outcome("failed", f"the run did not complete: {done} of {target} rounds; worker exit codes "
                                  f"{exit_codes}; see {logs}", 1)
-    return Outcome("completed", f"completed {done} rounds", 0)
+    note = "; pruned: " + ", ".join(f"L={r['seq_len']} after {r['rounds']:,}" for r in pruned) if pruned else ""
+    return Outcome("completed", f"completed {done} rounds{note}", 0)
 
 
 def fit_law(console: Console, run_dir: Path, held_out: LengthLaw | None = None) -> dict | None:

@@ -34,6 +34,7 @@ from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.observe import traffic
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
+from rcswarm.observe.forecast import describe
 from rcswarm.protos.transport import ClientTLS, not_grpc_problem, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
@@ -55,6 +56,12 @@ def fetch_status(target: str, token: str, tls: ClientTLS | None, timeout_s: floa
 
 def _num(value: float, spec: str = ".4g") -> str:
     return "–" if not math.isfinite(value) else format(value, spec)
+
+
+def forecast_cell(forecast: pb.ForecastStatus) -> str:
+    """A run's newest forecast (issue #30) in words."""
+    return describe(forecast.loss, forecast.low, forecast.high, forecast.at_round, forecast.note, forecast.stopped,
+                    forecast.target_loss, forecast.target_seconds)
 
 
 def _run_labels(status: pb.GetStatusResponse) -> dict[str, str]:
@@ -91,16 +98,21 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
         run.add_row("θ sha256", status.param_sha256[:16] + "…")
     if status.HasField("curriculum"):
         _curriculum_rows(run, status.curriculum)
+    if status.HasField("forecast"):
+        run.add_row("forecast of the final training loss (90%)", forecast_cell(status.forecast))
     console.print(run)
 
     if status.runs:
         sweep = Table(title="runs of the sweep")
-        for name in ("run", "L × batch", "state", "version", "active workers", "loss", "tokens", "tokens/s"):
-            sweep.add_column(name, justify="left" if name in ("run", "state") else "right", no_wrap=name == "run")
+        for name in ("run", "L × batch", "state", "version", "active workers", "loss", "tokens", "tokens/s",
+                     "forecast (90%)"):
+            sweep.add_column(name, justify="left" if name in ("run", "state", "forecast (90%)") else "right",
+                             no_wrap=name == "run")
         for r in status.runs:
             sweep.add_row(r.run_id, f"{r.seq_len} × {r.batch_size}", RUN_STATES.get(r.run_state, "unknown"),
                           f"{r.version} / {r.target_rounds or '∞'}", str(r.active_workers), _num(r.latest_loss),
-                          str(r.total_tokens), _num(r.tokens_per_second))
+                          str(r.total_tokens), _num(r.tokens_per_second),
+                          forecast_cell(r.forecast) if r.HasField("forecast") else "–")
         console.print(sweep)
     _workers(status, console, labels, totals)
     _rounds(status, console, labels)

@@ -56,6 +56,8 @@ class RunSection:
     rounds: int = 40
     # Worker processes `rcswarm run` starts on this machine.
     workers: int = 2
+    # A loss whose wall time the forecasts predict (issue #30; 0 = none).
+    target_loss: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
@@ -64,6 +66,8 @@ class RunSection:
             _fail("run.rounds", self.rounds, "an integer >= 0 (0 = until stopped)")
         if not 1 <= self.workers <= 64:
             _fail("run.workers", self.workers, "an integer between 1 and 64")
+        if not (math.isfinite(self.target_loss) and self.target_loss >= 0):
+            _fail("run.target_loss", self.target_loss, "a finite loss >= 0 (0 = none)")
 
 
 @dataclass(frozen=True)
@@ -475,6 +479,10 @@ class SweepSection:
     seq_lens: list[int] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     constant_tokens: bool = False
+    # Issue #30: stop a length whose forecast is confidently worse than the best's, at these fractions of
+    # run.rounds, and move its workers to the others (coordinator/forecasts.py, decide_prune).
+    prune: bool = False
+    prune_at: list[float] = field(default_factory=lambda: [0.25, 0.5])
 
     def __post_init__(self) -> None:
         if any(length < 1 for length in self.seq_lens) or len(set(self.seq_lens)) != len(self.seq_lens):
@@ -483,6 +491,11 @@ class SweepSection:
             _fail("sweep.batch_sizes", self.batch_sizes, f"{len(self.seq_lens)} positive integers, one per length")
         if self.batch_sizes and self.constant_tokens:
             _fail("sweep.constant_tokens", self.constant_tokens, "false when sweep.batch_sizes is given")
+        fractions = self.prune_at
+        if not fractions or not all(0 < f < 1 for f in fractions) or any(a >= b for a, b in pairwise(fractions)):
+            _fail("sweep.prune_at", fractions, "increasing fractions of run.rounds in (0, 1)")
+        if self.prune and len(self.seq_lens) < 2:
+            _fail("sweep.prune", self.prune, "false unless sweep.seq_lens names 2 or more lengths")
 
 
 @dataclass(frozen=True)
@@ -520,6 +533,10 @@ class CurriculumSection:
     tau: float = 0.0
     amplitude: float = 1.0
     law_from: str = ""
+    # Issue #30, adaptive only: also lengthen once the current rung's forecast (the law E + A·x^(−β) fitted to
+    # its own rounds) gains less than this many nats over the rest of the budget at its measured pace, even at
+    # its interval's optimistic end (0 = off).
+    forecast_gain: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in CURRICULUM_POLICIES:
@@ -539,9 +556,13 @@ class CurriculumSection:
                 _fail(f"curriculum.{name}", getattr(self, name), "a number >= 0")
         if self.schedule and self.worker_seq_lens:
             _fail("curriculum.worker_seq_lens", self.worker_seq_lens, "empty when curriculum.schedule is given")
+        if not (math.isfinite(self.forecast_gain) and self.forecast_gain >= 0):
+            _fail("curriculum.forecast_gain", self.forecast_gain, "a finite number of nats >= 0 (0 = off)")
         if self.policy == "fixed":
             if self.seq_lens:
                 _fail("curriculum.seq_lens", self.seq_lens, 'empty unless curriculum.policy = "adaptive"')
+            if self.forecast_gain:
+                _fail("curriculum.forecast_gain", self.forecast_gain, '0 unless curriculum.policy = "adaptive"')
             return
         if self.schedule:
             _fail("curriculum.schedule", self.schedule, 'empty with curriculum.policy = "adaptive"')
@@ -593,6 +614,8 @@ class RunSpec:
         varied = "seq_lens" if curriculum.adaptive else "worker_seq_lens" if curriculum.worker_seq_lens else ""
         if varied and self.is_sweep:
             _fail("sweep.seq_lens", self.sweep.seq_lens, f"empty when curriculum.{varied} is given")
+        if self.sweep.prune and self.run.rounds == 0:
+            _fail("sweep.prune", self.sweep.prune, "false with run.rounds = 0 (it prunes at fractions of the rounds)")
         if varied and self.data.source == "diag":
             _fail(f"curriculum.{varied}", getattr(curriculum, varied), 'empty with data.source = "diag" (the task sets its lengths)')
         if self.sync.min_steps > self.sync.step_cap(self.inner.steps):

@@ -15,7 +15,8 @@ JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round bou
   α(s) = α∞(1 − e^(−s/τ)) (Eq. 8, 9, 11 with s = t / c_L, c_L the measured seconds per step).
   It lengthens once the crossover that `fits.predicted_crossover` predicts lies within the
   budget and the run's wall time has reached it: from then on the longer length is predicted
-  to be ahead.
+  to be ahead. With `curriculum.forecast_gain` > 0 it also lengthens once the current rung has saturated
+  by its own forecast (`decide_saturation`, issue #30).
 
 The decisions are pure functions of (now, state, options) returning a Decision with a reason;
 `CurriculumState` is what the coordinator persists (JSON in its state store) so the current
@@ -38,7 +39,7 @@ import numpy as np
 
 from rcswarm.config.runspec import CurriculumSection, RunSpec
 from rcswarm.coordinator.decisions import Decision
-from rcswarm.observe import analysis, fits
+from rcswarm.observe import analysis, fits, forecast
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 
@@ -102,6 +103,8 @@ class CurriculumState:
     costs: Mapping[int, tuple[float, int]] = field(default_factory=dict)
     reason: str = "starting at the first rung of curriculum.seq_lens"
     decided_version: int = -1
+    # The first version trained at the current rung (issue #30: the rounds its forecast is fitted to).
+    rung_version: int = 0
 
     def seconds_per_step(self) -> dict[int, float]:
         return {length: seconds / steps for length, (seconds, steps) in sorted(self.costs.items()) if steps > 0}
@@ -113,7 +116,7 @@ class CurriculumState:
     def to_json(self) -> str:
         return json.dumps({
             "rung": self.rung, "started_at": self.started_at, "reason": self.reason,
-            "decided_version": self.decided_version,
+            "decided_version": self.decided_version, "rung_version": self.rung_version,
             "costs": {str(length): list(cost) for length, cost in self.costs.items()},
         }, sort_keys=True)
 
@@ -122,7 +125,7 @@ class CurriculumState:
         data = json.loads(text)
         return cls(
             rung=int(data["rung"]), started_at=data["started_at"], reason=str(data["reason"]),
-            decided_version=int(data["decided_version"]),
+            decided_version=int(data["decided_version"]), rung_version=int(data.get("rung_version", 0)),
             costs={int(length): (float(seconds), int(steps)) for length, (seconds, steps) in data["costs"].items()},
         )
 
@@ -135,6 +138,10 @@ class AdaptiveOptions:
     # Tokens per inner step (L × batch) at each rung, what an unmeasured cost is extrapolated in;
     # empty: proportional to L (a constant batch).
     tokens_per_step: tuple[int, ...] = ()
+    # Issue #30: curriculum.forecast_gain (0: off) and the inner steps of a round, what turns the measured seconds
+    # per step into the rounds left in the budget.
+    forecast_gain: float = 0.0
+    inner_steps: int = 1
 
     def tokens_at(self, seq_len: int) -> int:
         if not self.tokens_per_step:
@@ -216,6 +223,45 @@ def decide_lengthening(now: float, state: CurriculumState, options: AdaptiveOpti
     )
 
 
+def decide_saturation(now: float, state: CurriculumState, options: AdaptiveOptions,
+                       rung_losses: Sequence[tuple[int, float]]) -> Decision:
+    """Issue #30: lengthen once the current rung has saturated by its own forecast. ok = lengthen.
+
+    `rung_losses` are (round at the rung from 1, mean training loss) of its complete rounds. The law
+    E + A·x^(−β) fitted to them (observe/forecast.py) predicts the loss at the round the rest of the budget
+    reaches at the rung's measured pace (its seconds per step × `inner_steps`, compute only, so the rounds left
+    are if anything overcounted and the rule lengthens late); the gain from the last round to it, taken at the
+    interval's optimistic end (the fit now minus the band's low end), below `forecast_gain` nats lengthens.
+    """
+    lengths = options.seq_lens
+    current = lengths[state.rung]
+    if options.forecast_gain <= 0:
+        return Decision(False, "curriculum.forecast_gain = 0: no forecast rule")
+    if state.rung + 1 >= len(lengths) or state.started_at is None:
+        return Decision(False, f"stays at L = {current}: the last rung, or training has not started")
+    left = options.budget_seconds - (now - state.started_at)
+    cost = state.seconds_per_step().get(current)
+    if left <= 0 or cost is None or not cost > 0:
+        return Decision(False, f"stays at L = {current}: no budget left or no cost measured at L = {current}")
+    try:
+        fit = forecast.fit_saturating([x for x, _ in rung_losses], [loss for _, loss in rung_losses])
+    except forecast.NotEnoughData as reason:
+        return Decision(False, f"stays at L = {current}: its forecast has {reason}")
+    horizon = fit.last_x + left / (cost * options.inner_steps)
+    if horizon > forecast.MAX_EXTRAPOLATION * fit.last_x:
+        return Decision(False, f"stays at L = {current}: the budget's round {horizon:.0f} is more than "
+                               f"{forecast.MAX_EXTRAPOLATION:g}× beyond its round {fit.last_x:g}, too far to forecast")
+    low, _ = fit.band(horizon)
+    gain = fit.predict(fit.last_x) - low
+    what = (f"the forecast at L = {current} gains at most {gain:.4f} nats from round {fit.last_x:g} to round "
+            f"{horizon:.0f}, the end of the budget at {cost:.4g} s/step")
+    if gain < options.forecast_gain:
+        return Decision(True, f"lengthens L = {current} -> {lengths[state.rung + 1]}: {what}, below "
+                              f"curriculum.forecast_gain = {options.forecast_gain:g}")
+    return Decision(False, f"stays at L = {current}: {what}, not below curriculum.forecast_gain = "
+                           f"{options.forecast_gain:g}")
+
+
 def decide_worker_length(active_lengths: Sequence[int], worker_seq_lens: Sequence[int]) -> tuple[int, str]:
     """The length a joining worker trains: the one furthest below its share of the active workers.
 
@@ -249,7 +295,8 @@ def adaptive_options(spec: RunSpec) -> AdaptiveOptions:
     law = law_of(section)
     tokens = tuple(length * section.batch_for(length, spec.data.batch_size) for length in section.seq_lens)
     log.info("adaptive curriculum over L = %s, law %s", section.seq_lens, law.source)
-    return AdaptiveOptions(tuple(section.seq_lens), section.budget_seconds, law, tokens)
+    return AdaptiveOptions(tuple(section.seq_lens), section.budget_seconds, law, tokens, section.forecast_gain,
+                           spec.inner.steps)
 
 
 class CurriculumTracker:
@@ -342,12 +389,25 @@ class CurriculumTracker:
         if self.adaptive is None:
             return
         decision = decide_lengthening(now, self.state, self.adaptive)
+        if not decision.ok and self.adaptive.forecast_gain > 0:
+            saturated = decide_saturation(now, self.state, self.adaptive, self._rung_losses(closed_version))
+            decision = saturated if saturated.ok else Decision(False, f"{decision.reason}; {saturated.reason}")
+        rung_version = closed_version + 1 if decision.ok else self.state.rung_version
         self.state = replace(
             self.state, rung=self.state.rung + int(decision.ok), reason=decision.reason, decided_version=closed_version,
+            rung_version=rung_version,
         )
         self._save()
         self.store.add_event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
         log.log(logging.INFO if decision.ok else logging.DEBUG, "round %d: curriculum %s", closed_version, decision.reason)
+
+    def _rung_losses(self, closed_version: int) -> list[tuple[int, float]]:
+        """(round at the current rung from 1, mean training loss) of its rounds whose rows are complete (trained from
+        versions before `closed_version`: the rows of the round just closed may still be arriving)."""
+        first = self.state.rung_version
+        length = self.spec.curriculum.seq_lens[self.state.rung]
+        return [(version - first + 1, loss) for version, loss in self.store.round_losses(length)
+                if first <= version < closed_version]
 
     def advance_through(self, now: float, first: int, last: int) -> None:
         """Rounds `first` .. `last` closed at once (a hivemind swarm's, learned from its workers' metrics): `advance`

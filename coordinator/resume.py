@@ -24,7 +24,8 @@ from rcswarm.sync import outer
 
 # Spec keys a restart on an existing state dir may change; any other change is refused.
 RESTART_MUTABLE = (
-    "run.rounds", "run.workers", "coordinator.", "sync.round_deadline_s", "curriculum.budget_seconds",
+    "run.rounds", "run.workers", "run.target_loss", "coordinator.", "sync.round_deadline_s",
+    "curriculum.budget_seconds", "curriculum.forecast_gain",
     # The coordinator's own defences against outliers; workers do not depend on them.
     "sync.max_update_norm", "sync.bound_tokens", "sync.aggregation", "sync.clip_factor", "sync.trim_fraction",
     "sync.centered_clip", "sync.reference_rounds", "sync.outlier_", "sync.min_cosine",

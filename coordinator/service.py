@@ -113,6 +113,7 @@ class SwarmCoordinator:
       await_version                            handlers                       takes; waits on `_version_changed`
       leave                                    handlers                       takes; then a due close
       reassign                                 handlers, through a RunGroup   takes; then a due close
+      stop                                     the ticker, through a RunGroup takes (after writing the store)
       tick                                     the ticker thread              takes; then a due close
       push                                     handlers                       takes (meta), none (payload), takes
                                                                               (record; may wait on `_version_changed`);
@@ -127,7 +128,7 @@ class SwarmCoordinator:
       round_progress                           the server's health thread     takes
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
-        finished
+        finished, stopped
       close                                    the owner, all others stopped  none
       _pick_payload                            `pull`                         takes
       every other method named _...            the lock's holder              held (`_wait_for_close` waits on
@@ -219,6 +220,8 @@ class SwarmCoordinator:
         self.applied_tokens = 0
         self._serving_since: float | None = None
         self.tracker = curricula.CurriculumTracker(spec, store)
+        # Why a sweep stopped this run before its budget (`[sweep] prune`, issue #30); None while it goes on.
+        self.stopped: str | None = store.get("stopped")
         self.param_sha256 = tensor_stream.params_sha256(self.params)
         self._pull_payload = LazyPullPayload(self.params, self.run_id, self.version, self.param_sha256)
         # Bytes of updates received and pulls served (issue #28), for GetStatus.
@@ -241,8 +244,8 @@ class SwarmCoordinator:
 
     @property
     def finished(self) -> bool:
-        """Whether the run committed its last round (any thread, with or without the lock)."""
-        return self.spec.run.rounds > 0 and self.shown_version >= self.spec.run.rounds
+        """Whether the run committed its last round or was stopped (any thread, with or without the lock)."""
+        return self.stopped is not None or (self.spec.run.rounds > 0 and self.shown_version >= self.spec.run.rounds)
 
     def _run_state(self) -> int:
         """The run's state for a reply (lock held)."""
@@ -640,6 +643,16 @@ class SwarmCoordinator:
             self._end_membership(self._member(worker_id), pb.WORKER_STATE_REASSIGNED, "reassign", reason)
             close = self.closer.begin()
         self.closer.finish(close)
+
+    def stop(self, reason: str) -> None:
+        """End the run before its budget because its sweep pruned it: it counts as finished from now on (and after a
+        restart), its long polls wake, and its workers move on as a finished run's do (the ticker, through a
+        RunGroup; writes the store, then takes `_lock`). Its closed rounds and metric rows stay."""
+        self.store.set_many({"stopped": reason})
+        self.store.add_event("", "prune", reason, self.clock())
+        with self._lock:
+            self.stopped = reason
+            self._version_changed.notify_all()
 
     def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
         """This run in one line, from `status` when the caller already has it (else takes `_lock` via `status`)."""

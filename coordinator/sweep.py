@@ -16,6 +16,10 @@ routes every RPC to the run its worker belongs to and schedules a sweep's worker
   with state REASSIGNED, its next call gets NOT_FOUND, and it joins again, landing on the
   emptiest run. Its accepted update stays in the round it was sent to.
 * The sweep is finished when every run is; only then do workers hear RUN_STATE_FINISHED.
+* Forecasts (issue #30): the ticker refits each run's law when its version changes (`forecasts.forecast_record`,
+  stored in its state dir, so they survive a restart); with `[sweep] prune` it then applies `decide_prune`:
+  a pruned run is stopped (`SwarmCoordinator.stop`, finished from then on), so its workers move as a
+  finished run's do, and every run's reason is a `prune` event in its store.
 
 Identity: a worker id names one membership of one run (a sweep's ids carry the run's prefix),
 so the group routes a call by its id and the run checks its worker secret (`SwarmCoordinator.
@@ -40,11 +44,13 @@ from pathlib import Path
 import grpc
 
 from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator import forecasts
 from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.lock import StateDirLock
+from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore
 
 
@@ -172,7 +178,8 @@ class RunGroup:
     decisions, so two joins never both count a run as the emptiest; it is taken before a run's
     own lock (the group calls `join` and `active_workers` of its runs while holding it) and
     never while a run's lock is held. Every other method routes the call to its run without
-    the group's lock; the run takes its own (see SwarmCoordinator).
+    the group's lock; the run takes its own (see SwarmCoordinator). The forecasts (`_forecast`, `_prune`) are
+    the ticker's alone: it replaces `latest[i]` whole, which `status` reads as a snapshot from any thread.
     """
 
     def __init__(self, spec: RunSpec, runs: Sequence[SwarmCoordinator]) -> None:
@@ -185,6 +192,12 @@ class RunGroup:
         # A sweep's group places workers among its runs and reports their aggregate; a group of one is its run.
         self.sweep = spec.is_sweep
         self._lock = threading.Lock()
+        # Each run's newest forecast (restored from its store) and the version it was made at.
+        self.latest: list[ForecastRecord | None] = [(run.store.forecasts() or [None])[-1] for run in self.runs]
+        self._forecast_at = [-1 if record is None else record.version for record in self.latest]
+        self.prune_options = forecasts.PruneOptions(spec.sweep.prune, tuple(spec.sweep.prune_at), spec.run.rounds)
+        # How many of `prune_at`'s fractions were decided (each run's store keeps the count).
+        self.prune_done = max(int(run.store.get("prune_done") or 0) for run in self.runs)
 
     @classmethod
     def of(cls, coordinator: SwarmCoordinator | RunGroup) -> RunGroup:
@@ -322,7 +335,9 @@ class RunGroup:
     def status(self) -> pb.GetStatusResponse:
         """A group of one's run status; a sweep's aggregate with one RunSummary per run (any thread; takes each run's lock in turn)."""
         if not self.sweep:
-            return self.runs[0].status()
+            response = self.runs[0].status()
+            response.forecast.CopyFrom(forecasts.forecast_status(self.latest[0], self.runs[0].stopped))
+            return response
         statuses = [run.status() for run in self.runs]
         losses = [s.latest_loss for s in statuses if math.isfinite(s.latest_loss)]
         response = pb.GetStatusResponse(
@@ -332,16 +347,50 @@ class RunGroup:
             total_tokens=sum(s.total_tokens for s in statuses), applied_tokens=sum(s.applied_tokens for s in statuses),
             pace=statuses[0].pace,
         )
-        for run, status in zip(self.runs, statuses, strict=True):
+        for index, (run, status) in enumerate(zip(self.runs, statuses, strict=True)):
             response.workers.extend(status.workers)
             response.rounds.extend(status.rounds[-3:])
             response.runs.append(run.summary(status))
+            response.runs[-1].forecast.CopyFrom(forecasts.forecast_status(self.latest[index], run.stopped))
         return response
 
     def tick(self) -> None:
-        """Evictions and deadlines in every run (the ticker thread)."""
+        """Evictions and deadlines in every run, then forecasts and pruning (the ticker thread)."""
         for run in self.runs:
             run.tick()
+        self._forecast()
+        self._prune()
+
+    def _forecast(self) -> None:
+        """Refit the law of every run whose version changed since its last forecast, and store it (the ticker)."""
+        for index, run in enumerate(self.runs):
+            version = run.version
+            if version == self._forecast_at[index] or run.spec.sync.backend == "hivemind":
+                continue
+            self._forecast_at[index] = version
+            record = forecasts.forecast_record(
+                version, run.clock(), run.store.rounds_summary().first_opened_at, run.spec.run.rounds,
+                run.store.round_losses(), run.spec.run.target_loss, seed=version,
+            )
+            run.store.add_forecast(record)
+            self.latest[index] = record
+
+    def _prune(self) -> None:
+        """Apply `decide_prune` when a fraction of the budget is due: stop its losers, record every reason (the
+        ticker)."""
+        views = [forecasts.RunView(i, f"L={run.spec.data.seq_len}", run.version, run.stopped is not None,
+                                   self.latest[i]) for i, run in enumerate(self.runs)]
+        decision = forecasts.decide_prune(self.runs[0].clock(), views, self.prune_options, self.prune_done)
+        if decision is None:
+            return
+        for index, reason in decision.reasons:
+            if index in decision.stop:
+                self.runs[index].stop(reason)
+            else:
+                self.runs[index].store.add_event("", "prune", reason, decision.now)
+        self.prune_done = decision.checkpoint + 1
+        for run in self.runs:
+            run.store.set_many({"prune_done": str(self.prune_done)})
 
 
 class SweepCoordinator(RunGroup):

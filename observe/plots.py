@@ -22,6 +22,7 @@ import numpy as np
 
 from rcswarm.observe.analysis import NOT_ENOUGH_DATA, Analysis, LengthCurve, LengthLaw
 from rcswarm.observe.fits import CONFIDENCE, amplitude_from_points, power_law_band
+from rcswarm.observe.forecast import ForecastCurve
 
 # A log axis gets at most about MAX_TICK_LABELS labels, and fewer than MIN_TICK_LABELS only when even
 # tenths of a decade do not give them.
@@ -241,3 +242,30 @@ def draw_law(axes: Any, law: LengthLaw | None, message: str = "no fit across len
     readable_log_axes(axes, x_ticks=sorted(set(law.lengths)))
     axes.legend(fontsize="small", loc="upper right")
     _caveat(axes, law.fit.caveats())
+
+
+def draw_forecast(axes: Any, curves: Sequence[ForecastCurve]) -> None:
+    """Issue #30: each run's mean training loss per round, the law E + A·x^(−β) fitted to it continued to the end of
+    its budget (dashed), and the bootstrap band ahead of the last round (shaded)."""
+    if not curves or all(len(c.xs) == 0 for c in curves):
+        empty_panel(axes, "no closed rounds yet")
+        return
+    notes = []
+    for index, curve in enumerate(curves):
+        color = f"C{index % 10}"
+        axes.plot(curve.xs, curve.losses, "o", ms=3, color=color, label=curve.label)
+        if curve.note:
+            notes.append(f"{curve.label} ({curve.note.removeprefix('not enough data: ').replace(': ', ', ')})")
+            continue
+        axes.plot(curve.law_x, curve.law, "--", color=color, lw=1)
+        ahead = curve.law_x >= (curve.xs.max() if len(curve.xs) else 1.0)
+        axes.fill_between(curve.law_x[ahead], curve.low[ahead], curve.high[ahead], color=color, alpha=0.2, lw=0)
+        if math.isfinite(curve.horizon):
+            axes.axvline(curve.horizon, color="0.6", lw=0.8, ls=":")
+    axes.set_xscale("log")
+    axes.set_xlabel("round")
+    axes.set_ylabel("mean training loss of the round")
+    axes.set_title("forecast: L = E + A·round^(−β), 90% band to the budget")
+    axes.legend(fontsize=8)
+    if notes:
+        _caveat(axes, notes)

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from rcswarm.state.store import StateStore
 
+# What the forecasts forecast (issue #30): the mean training loss of a round's steps, not a held-out loss.
+FORECAST_LOSS_KIND = "train"
+
 
 @dataclass(frozen=True)
 class RunSummary:
@@ -67,3 +70,25 @@ def summarize(store: StateStore) -> RunSummary:
         bytes_down_per_worker_round=sum(w.bytes_received for w in per_worker) / max(rounds.reports, 1),
         utilization=sum(utilizations) / len(utilizations) if utilizations else math.nan,
     )
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def forecast_rows(store: StateStore) -> list[dict]:
+    """The run's forecasts as summary.json lists them (issue #30): when each was made (`at_seconds` from the run's
+    first round), the loss forecast for the end of the budget (`predicted_val_loss`, the training loss: see
+    `loss_kind`) with its interval, or the note saying why there was none; non-finite numbers as null."""
+    return [
+        {"at_seconds": _finite(r.at_seconds), "made_at_version": r.version, "at_round": r.at_round,
+         "predicted_val_loss": _finite(r.loss), "low": _finite(r.low), "high": _finite(r.high),
+         "loss_kind": FORECAST_LOSS_KIND, "target_loss": _finite(r.target_loss),
+         "target_seconds": _finite(r.target_seconds), "note": r.note}
+        for r in store.forecasts()
+    ]
+
+
+def prune_rows(store: StateStore) -> list[dict]:
+    """Every pruning decision about the run with its reason, oldest first (issue #30)."""
+    return [{"time": event.time, "reason": event.reason} for event in store.events("prune")]

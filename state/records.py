@@ -10,6 +10,26 @@ from rcswarm.state.schema import METRIC_COLUMNS
 
 
 @dataclass(frozen=True)
+class ForecastRecord:
+    """A forecast made when the run reached `version` (issue #30): the loss at round `at_round` (the budget)
+    with its interval, and the seconds from the run's start at which `target_loss` is reached (NaN: no target,
+    inf: never); NaN values and a `note` when the rounds did not support one."""
+
+    version: int
+    made_at: float
+    at_seconds: float
+    at_round: int
+    loss: float
+    low: float
+    high: float
+    target_loss: float
+    target_seconds: float
+    target_low_s: float
+    target_high_s: float
+    note: str
+
+
+@dataclass(frozen=True)
 class WorkerRow:
     """One worker's metric rows of a run, aggregated: totals, wall-time span, and its newest row."""
 

@@ -42,6 +42,10 @@ CREATE TABLE IF NOT EXISTS run_step_sums (
     seq_len INTEGER, version INTEGER, k INTEGER, loss_sum REAL, t_sum REAL, n INTEGER,
     PRIMARY KEY (seq_len, version, k)
 );
+CREATE TABLE IF NOT EXISTS forecasts (
+    version INTEGER PRIMARY KEY, made_at REAL, at_seconds REAL, at_round INTEGER, loss REAL, low REAL, high REAL,
+    target_loss REAL, target_seconds REAL, target_low_s REAL, target_high_s REAL, note TEXT
+);
 """
 
 # PRAGMA user_version of a state dir whose aggregate tables and ledger are complete; an older
@@ -171,3 +175,15 @@ WORKER_USAGE = (
 )
 
 METRIC_PAGE_COLUMNS = ("rowid", *METRIC_COLUMNS)
+
+# Issue #30: the forecasts made as rounds closed (one per version the run had reached), and the mean training
+# loss of the steps trained from each version, what they are fitted to.
+FORECAST_COLUMNS = (
+    "version", "made_at", "at_seconds", "at_round", "loss", "low", "high", "target_loss", "target_seconds",
+    "target_low_s", "target_high_s", "note",
+)
+ROUND_LOSSES = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_sum) AS loss_sum, SUM(n) AS n " \
+    "FROM run_step_sums GROUP BY version) WHERE n > 0 ORDER BY version"
+ROUND_LOSSES_AT = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_sum) AS loss_sum, SUM(n) AS n " \
+    "FROM run_step_sums WHERE seq_len = ? GROUP BY version) WHERE n > 0 ORDER BY version"
+HAS_FORECASTS = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'forecasts'"

@@ -68,6 +68,7 @@ from rcswarm.state.checkpoints import (
 from rcswarm.state.errors import StoreError
 from rcswarm.state.records import (
     Event,
+    ForecastRecord,
     MetricRow,
     RoundRecord,
     RoundsSummary,
@@ -77,12 +78,16 @@ from rcswarm.state.records import (
 )
 from rcswarm.state.schema import (
     AGGREGATES,
+    FORECAST_COLUMNS,
+    HAS_FORECASTS,
     LEDGER_COLUMNS_ADDED,
     LEDGER_FROM_ROUNDS,
     METRIC_COLUMNS,
     METRIC_PAGE_COLUMNS,
     ROUND_COLUMNS,
     ROUND_COLUMNS_ADDED,
+    ROUND_LOSSES,
+    ROUND_LOSSES_AT,
     ROUND_STEPS,
     RUN_STEP_SUMS,
     SCHEMA,
@@ -102,12 +107,12 @@ class StateStore:
 
     Threads and locks. `_lock` guards the writer connection: `get`, `set_many`,
     `commit_version` (its SQLite transaction; the file is written before the lock is taken),
-    `committed_digest`, `load_current` (but for its read of the ledger), `add_event`, `add_metrics`
-    and `close` take it. `_read_lock` guards the read-only connection that every named read uses
+    `committed_digest`, `load_current` (but for its read of the ledger), `add_event`, `add_metrics`,
+    `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
     (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
     `worker_step_means`, `run_step_sums`, `training_rows`, `rounds_summary`, `mean_training_loss`,
-    `round_durations`), so a read never waits for a write, nor a write for a read. Any thread
+    `round_durations`, `round_losses`, `forecasts`), so a read never waits for a write, nor a write for a read. Any thread
     may call any method; the two locks are never held together, except by `close`.
     """
 
@@ -531,3 +536,25 @@ class StateStore:
         rows = self._read("SELECT closed_at - opened_at FROM rounds WHERE closed_at IS NOT NULL AND opened_at IS NOT NULL "
                           "ORDER BY version")
         return [row[0] for row in rows if row[0] is not None]
+
+    def add_forecast(self, record: ForecastRecord) -> None:
+        """Store the forecast made at `record.version` (replacing one made at the same version)."""
+        with self._writer() as db:
+            db.execute(f"INSERT OR REPLACE INTO forecasts VALUES ({', '.join('?' * len(FORECAST_COLUMNS))})",
+                       dataclasses.astuple(record))
+
+    def forecasts(self, newest_only: bool = False) -> list[ForecastRecord]:
+        """Every stored forecast, oldest first, or the newest alone (none for a state dir written before issue #30,
+        opened read-only)."""
+        if not self._read(HAS_FORECASTS)[0][0]:
+            return []
+        order = "version DESC LIMIT 1" if newest_only else "version"
+        rows = self._read(f"SELECT {', '.join(FORECAST_COLUMNS)} FROM forecasts ORDER BY {order}")
+        return [ForecastRecord(*(float("nan") if value is None else value for value in row)) for row in rows]
+
+    def round_losses(self, seq_len: int | None = None) -> list[tuple[int, float]]:
+        """(version, mean loss of the training steps trained from it) of every version with training rows (only
+        the rows at `seq_len` when given)."""
+        rows = self._read_aggregates(ROUND_LOSSES) if seq_len is None else self._read_aggregates(ROUND_LOSSES_AT,
+                                                                                                 (seq_len,))
+        return [(int(version), float(loss)) for version, loss in rows]

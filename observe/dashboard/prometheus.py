@@ -60,6 +60,13 @@ class CoordinatorCollector:
             "bytes_up": ("rcswarm_bytes_up_per_worker_round", "Mean bytes of one worker's update (messages received)"),
             "bytes_down": ("rcswarm_bytes_down_per_worker_round", "Mean bytes of one worker's pull (messages served)"),
             "utilization": ("rcswarm_utilization", "Mean share of the workers' wall time spent in inner steps"),
+            # Issue #30: the newest forecast of the run's final training loss (absent while there is none).
+            "forecast": ("rcswarm_forecast_loss", "Forecast of the training loss at the end of the rounds budget"),
+            "forecast_low": ("rcswarm_forecast_loss_low", "Low end of the forecast's 90% bootstrap interval"),
+            "forecast_high": ("rcswarm_forecast_loss_high", "High end of the forecast's 90% bootstrap interval"),
+            "target_s": ("rcswarm_forecast_target_seconds",
+                         "Forecast seconds from the run's first round to [run] target_loss (absent: none or never)"),
+            "pruned": ("rcswarm_run_pruned", "1 when the sweep stopped this run before its budget ([sweep] prune)"),
         }
         runs = {key: GaugeMetricFamily(name, doc, labels=["run_id"]) for key, (name, doc) in run_gauges.items()}
         workers_by_state = GaugeMetricFamily("rcswarm_workers", "Workers known to the coordinator by state",
@@ -106,6 +113,12 @@ class CoordinatorCollector:
                 "bytes_up": status.bytes_up_per_round, "bytes_down": status.bytes_down_per_round,
                 "utilization": status.utilization,
             }
+            newest = view.coordinator.store.forecasts(newest_only=True)
+            values["pruned"] = 1.0 if getattr(view.coordinator, "stopped", None) else 0.0
+            if newest and not newest[0].note:
+                values |= {"forecast": newest[0].loss, "forecast_low": newest[0].low, "forecast_high": newest[0].high}
+                if math.isfinite(newest[0].target_seconds):
+                    values["target_s"] = newest[0].target_seconds
             for key, value in values.items():
                 runs[key].add_metric([run], value)
             for name, count in sorted(by_state.items()):

@@ -29,9 +29,13 @@ from rcswarm.observe.analysis import (
     law_at_last_step,
 )
 from rcswarm.observe.fits import ema_smooth
-from rcswarm.observe.plots import draw_alpha, draw_law, draw_loss_step, draw_loss_time, empty_panel
+from rcswarm.observe.forecast import ForecastCurve, describe
+from rcswarm.observe.plots import draw_alpha, draw_forecast, draw_law, draw_loss_step, draw_loss_time, empty_panel
 
 PLOTS = ("loss_step", "loss_time", "alpha", "law")
+# Issue #30: the forecast panel, drawn from each run's rounds rather than the fit's curves (`render_forecast`).
+FORECAST_PLOT = "forecast"
+FORECAST_ALT = "each run's training loss per round, the fitted law to the end of its budget and the band ahead"
 ROUNDS_SHOWN = 20
 # The TensorBoard smoothing weights the page offers (`?smoothing=`), and the one it starts with.
 SMOOTHING_CHOICES = (0.0, 0.6, 0.8, 0.9, 0.95, 0.99)
@@ -72,6 +76,14 @@ def render_plot(name: str, report: FitReport, smoothing: float = DEFAULT_SMOOTHI
         raise KeyError(name)
     with _RENDER_LOCK:
         return _png(plot_figure(name, report, smoothing))
+
+
+def render_forecast(curves: Sequence[ForecastCurve]) -> bytes:
+    """The forecast panel (issue #30) as PNG bytes: each run's rounds, its law to the budget and the band ahead."""
+    with _RENDER_LOCK:
+        figure, axes = _figure()
+        draw_forecast(axes, curves)
+        return _png(figure)
 
 
 def plot_figure(name: str, report: FitReport, smoothing: float = DEFAULT_SMOOTHING) -> Any:
@@ -268,12 +280,21 @@ def _traffic_cell(runs: list[dict[str, Any]]) -> str:
     return "; ".join(cells) or "–"
 
 
+def forecast_text(forecast: dict[str, Any] | None) -> str:
+    """A run's newest forecast in words (issue #30, `forecast.describe`; its JSON has null for NaN)."""
+    if forecast is None:
+        return "–"
+    number = {key: math.nan if forecast[key] is None else forecast[key]
+              for key in ("loss", "low", "high", "target_loss", "target_seconds")}
+    return describe(at_round=forecast["at_round"], note=forecast["note"], stopped=forecast["stopped"] or "", **number)
+
+
 def _run_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
     return [
         (r["run_id"], r["seq_len"], r["batch_size"], r["run_state"], f"{r['version']} / {r['target_rounds'] or '∞'}",
          ", ".join(w["name"] for w in r["workers"]) or "–", _fmt(r["tokens_per_second"]), r["total_tokens"],
          _fmt(r["latest_loss"]), _fmt(r["metrics"]["last_step"], ".0f"), _fmt(r["metrics"]["last_loss"]),
-         Cell((r["param_sha256"] or "")[:12] + "…", title=r["param_sha256"] or ""))
+         forecast_text(r.get("forecast")), Cell((r["param_sha256"] or "")[:12] + "…", title=r["param_sha256"] or ""))
         for r in data["runs"]
     ]
 
@@ -332,7 +353,9 @@ def render_page(data: dict[str, Any], refresh_s: int, smoothing: float = DEFAULT
     body = f"""<h1>{html.escape(title)}</h1>
 {_table(data["kind"], ("field", "value"), _overview_rows(data), "")}
 {_table("runs", ("run", "L", "batch", "state", "version", "workers assigned", "tokens/s", "tokens", "latest loss",
-                 "step", "loss at step", "θ sha256"), _run_rows(data), "no runs")}
+                 "step", "loss at step", "forecast of the final training loss (90%)", "θ sha256"), _run_rows(data),
+        "no runs", text_columns=(11,))}
+<div class=plots><img src="/plot/forecast.png" alt="{FORECAST_ALT}" width="640" height="440"></div>
 {_table("workers (memberships; a worker moved to another run joins it under a new id)", WORKER_COLUMNS,
         _worker_rows(data), "no workers have joined")}
 <p class=muted>{html.escape(CLOCK_NOTES[data["clock"]])}</p>

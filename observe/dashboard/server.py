@@ -13,6 +13,7 @@ Endpoints (GET only but the login form's POST; everything is rendered on the ser
     /plot/loss_time.png[?smoothing=W]  loss against wall time per seq_len, log axes, labelled crossovers
     /plot/alpha.png        α(s) at matched steps with the fitted α∞(1 − e^(−s/τ)) and its caveats
     /plot/law.png          loss against L at the last matched step with the fitted A·L^(−α) and its band
+    /plot/forecast.png     each run's training loss per round, the law E + A·x^(−β) to its budget, the band ahead
     /api/status            JSON: GetStatus plus `runs` (one entry per run), per-worker totals, each
                            worker's and round's run, and the fit summary
     /api/metrics?since=ROWID[&limit=N][&run=RUN_ID]   JSON: one run's metric rows with rowid > ROWID,
@@ -63,8 +64,17 @@ from urllib.parse import parse_qs, urlsplit
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
 from rcswarm.observe.dashboard.auth import MAX_LOGIN_BYTES, SessionAuth, login_page
 from rcswarm.observe.dashboard.prometheus import CollectorSource, CoordinatorCollector
-from rcswarm.observe.dashboard.render import DEFAULT_SMOOTHING, PLOTS, SMOOTHING_CHOICES, render_page, render_plot
+from rcswarm.observe.dashboard.render import (
+    DEFAULT_SMOOTHING,
+    FORECAST_PLOT,
+    PLOTS,
+    SMOOTHING_CHOICES,
+    render_forecast,
+    render_page,
+    render_plot,
+)
 from rcswarm.observe.dashboard.views import RunView, metrics_page, presentation, read_run, status_dict
+from rcswarm.observe.forecast import ForecastCurve, forecast_curve
 from rcswarm.protos.transport import host_port, is_loopback_host
 
 log = logging.getLogger("rcswarm.dashboard")
@@ -438,6 +448,11 @@ class Dashboard:
     def plot(self, name: str, smoothing: float = DEFAULT_SMOOTHING) -> bytes:
         return self._refreshed(f"plot:{name}:{smoothing:g}", lambda: render_plot(name, self.fits(), smoothing))
 
+    def forecast_curves(self) -> list[ForecastCurve]:
+        """Per run: its round losses and the law fitted to them up to its budget, with the band (issue #30)."""
+        return [forecast_curve(f"L={run.spec.data.seq_len}", run.store.round_losses(), float(run.spec.run.rounds))
+                for run in self.runs]
+
     def status_data(self) -> dict[str, Any]:
         status = self.coordinator.status()
         means, fits = self.curves()
@@ -490,6 +505,10 @@ class Dashboard:
             run_id = _str_param(params, "run")
             body = json.dumps(self.metrics_page(since, limit, run_id), allow_nan=False)
             return 200, body.encode(), "application/json"
+        if path == f"/plot/{FORECAST_PLOT}.png":
+            _only(params, ("v",))
+            _int_param(params, "v", 0, 0, 2**62)  # cache buster, ignored
+            return 200, self._refreshed("plot:forecast", lambda: render_forecast(self.forecast_curves())), "image/png"
         if path.startswith("/plot/") and path.endswith(".png"):
             name = path[len("/plot/"):-len(".png")]
             if name not in PLOTS:

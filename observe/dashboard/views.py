@@ -104,8 +104,21 @@ def round_dict(r: pb.RoundStatus) -> dict[str, Any]:
             "clipped": r.clipped, "dropped": r.dropped, "aggregation": r.aggregation}
 
 
+def forecast_dict(view: RunView) -> dict[str, Any] | None:
+    """The run's newest forecast of its final loss (issue #30; the training loss) from its store, and why a sweep
+    stopped it; None before its first."""
+    newest = view.coordinator.store.forecasts(newest_only=True)
+    if not newest:
+        return None
+    r = newest[0]
+    return {"made_at_version": r.version, "at_seconds": r.at_seconds, "at_round": r.at_round, "loss": r.loss,
+            "low": r.low, "high": r.high, "loss_kind": "train", "note": r.note, "target_loss": r.target_loss,
+            "target_seconds": r.target_seconds, "target_low_s": r.target_low_s, "target_high_s": r.target_high_s,
+            "stopped": getattr(view.coordinator, "stopped", None)}
+
+
 def run_dict(view: RunView, means: Sequence[StepMean]) -> dict[str, Any]:
-    """One run: its summary, the workers assigned to it, and its metrics on the shown clock's steps."""
+    """One run: its summary, the workers assigned to it, its metrics on the shown clock's steps, its forecast."""
     s = view.summary
     assigned = [w for w in view.status.workers if w.state == pb.WORKER_STATE_ACTIVE]
     last = max(means, key=lambda row: row[1]) if means else None
@@ -117,6 +130,7 @@ def run_dict(view: RunView, means: Sequence[StepMean]) -> dict[str, Any]:
         "tokens_per_second": s.tokens_per_second, "latest_loss": s.latest_loss, "total_tokens": s.total_tokens,
         "param_sha256": view.status.param_sha256, "state_dir": str(view.coordinator.store.state_dir),
         "traffic": traffic_dict(view.status), "utilization": view.status.utilization or None,
+        "forecast": forecast_dict(view),
         "metrics": {
             "steps": len(means), "last_step": last[1] if last else None, "last_loss": last[2] if last else None,
             "seconds": last[3] if last else None,

@@ -388,7 +388,7 @@ class RoundStatus(_message.Message):
     def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace", "fp32_bytes", "bytes_up_per_round", "bytes_down_per_round", "utilization")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace", "fp32_bytes", "bytes_up_per_round", "bytes_down_per_round", "utilization", "forecast")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -407,6 +407,7 @@ class GetStatusResponse(_message.Message):
     BYTES_UP_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     BYTES_DOWN_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -425,7 +426,34 @@ class GetStatusResponse(_message.Message):
     bytes_up_per_round: float
     bytes_down_per_round: float
     utilization: float
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., applied_tokens: _Optional[int] = ..., pace: _Optional[str] = ..., fp32_bytes: _Optional[int] = ..., bytes_up_per_round: _Optional[float] = ..., bytes_down_per_round: _Optional[float] = ..., utilization: _Optional[float] = ...) -> None: ...
+    forecast: ForecastStatus
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., applied_tokens: _Optional[int] = ..., pace: _Optional[str] = ..., fp32_bytes: _Optional[int] = ..., bytes_up_per_round: _Optional[float] = ..., bytes_down_per_round: _Optional[float] = ..., utilization: _Optional[float] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ...) -> None: ...
+
+class ForecastStatus(_message.Message):
+    __slots__ = ("made_at_version", "at_round", "loss", "low", "high", "note", "target_loss", "target_seconds", "target_low_s", "target_high_s", "stopped")
+    MADE_AT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LOW_S_FIELD_NUMBER: _ClassVar[int]
+    TARGET_HIGH_S_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    made_at_version: int
+    at_round: int
+    loss: float
+    low: float
+    high: float
+    note: str
+    target_loss: float
+    target_seconds: float
+    target_low_s: float
+    target_high_s: float
+    stopped: str
+    def __init__(self, made_at_version: _Optional[int] = ..., at_round: _Optional[int] = ..., loss: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., note: _Optional[str] = ..., target_loss: _Optional[float] = ..., target_seconds: _Optional[float] = ..., target_low_s: _Optional[float] = ..., target_high_s: _Optional[float] = ..., stopped: _Optional[str] = ...) -> None: ...
 
 class CurriculumStatus(_message.Message):
     __slots__ = ("policy", "seq_len", "batch_size", "reason", "ladder", "rung", "seconds_per_step", "budget_seconds", "elapsed_seconds", "decided_version", "law")
@@ -461,7 +489,7 @@ class CurriculumStatus(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., ladder: _Optional[_Iterable[int]] = ..., rung: _Optional[int] = ..., seconds_per_step: _Optional[_Mapping[int, float]] = ..., budget_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decided_version: _Optional[int] = ..., law: _Optional[str] = ...) -> None: ...
 
 class RunSummary(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "seq_len", "batch_size", "active_workers", "latest_loss", "total_tokens", "tokens_per_second", "curriculum")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "seq_len", "batch_size", "active_workers", "latest_loss", "total_tokens", "tokens_per_second", "curriculum", "forecast")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -473,6 +501,7 @@ class RunSummary(_message.Message):
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     CURRICULUM_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -484,4 +513,5 @@ class RunSummary(_message.Message):
     total_tokens: int
     tokens_per_second: float
     curriculum: CurriculumStatus
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., active_workers: _Optional[int] = ..., latest_loss: _Optional[float] = ..., total_tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ...) -> None: ...
+    forecast: ForecastStatus
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., active_workers: _Optional[int] = ..., latest_loss: _Optional[float] = ..., total_tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ...) -> None: ...

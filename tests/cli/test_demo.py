@@ -65,6 +65,16 @@ def test_the_outcome_says_what_really_happened(tmp_path: Path):
     single = run.outcome([_row(1)], spec, interrupted=True, out_of_time=False, minutes=None, exit_codes=[0],
                          logs=logs)
     assert f"interrupted after 1 of {spec.run.rounds:,} rounds" in single.message
+    # Issue #30: lengths the sweep pruned ended before the budget by design; the rest completed it.
+    full = spec.run.rounds
+    pruned_rows = [{**row, "rounds": full if i >= 2 else 5, "stopped": "pruned" if i < 2 else None}
+                   for i, row in enumerate(rows)]
+    pruned = run.outcome(pruned_rows, spec, interrupted=False, out_of_time=False, minutes=None, exit_codes=[0] * 4,
+                         logs=logs)
+    assert (pruned.kind, pruned.status) == ("completed", 0) and "pruned: L=2 after 5, L=4 after 5" in pruned.message
+    short = [{**row, "stopped": None} for row in pruned_rows]
+    assert run.outcome(short, spec, interrupted=False, out_of_time=False, minutes=None, exit_codes=[0] * 4,
+                       logs=logs).kind == "failed"
 
 
 def test_a_run_without_a_closed_round_reports_no_train_loss(tmp_path: Path):

@@ -211,12 +211,27 @@ def test_each_scenario_renders_its_objects(chart):
     assert kinds["default"] == ["ConfigMap", "Deployment", "Secret", "Service", "Service", "StatefulSet"]
     assert kinds["external-tls"].count("Service") == 3 and "Ingress" in kinds["external-tls"]
     assert "Secret" not in kinds["existing-secret"]
-    assert "ServiceMonitor" in kinds["servicemonitor"]
+    assert "ServiceMonitor" in kinds["servicemonitor"] and kinds["servicemonitor"].count("ConfigMap") == 2
     assert "RayCluster" in kinds["ray"] and "Deployment" not in kinds["ray"]
+
+
+def test_the_grafana_board_is_a_configmap_for_the_dashboard_sidecar(chart):
+    """Issue #30: behind grafanaDashboard.enabled, the board of dashboards/rcswarm.json, whole, in a ConfigMap labelled
+    grafana_dashboard: "1" as kube-prometheus-stack's sidecar expects (the queries are tests/observe/test_grafana.py's)."""
+    assert not [o for o in render_scenario(chart, "default") if o["metadata"]["name"].endswith("-grafana-dashboard")]
+    board = one(render_scenario(chart, "servicemonitor"), "ConfigMap", f"{RELEASE}-rcswarm-grafana-dashboard")
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert board["metadata"]["namespace"] == NAMESPACE and board["metadata"]["annotations"] == {"grafana_folder": "rcswarm"}
+    assert json.loads(board["data"]["rcswarm.json"]) == json.loads((CHART / "dashboards" / "rcswarm.json").read_text())
+    elsewhere = objects(render(chart, {"grafanaDashboard": {"enabled": True, "namespace": "monitoring",
+                                                            "label": "dashboards", "labelValue": "rcswarm"}}))
+    moved = one(elsewhere, "ConfigMap", f"{RELEASE}-rcswarm-grafana-dashboard")
+    assert moved["metadata"]["namespace"] == "monitoring" and moved["metadata"]["labels"]["dashboards"] == "rcswarm"
 
 
 BAD_VALUES = [
     ({"workers": {"replicas": -1}}, "at '/workers/replicas': minimum: got -1, want 0"),
+    ({"grafanaDashboard": {"label": "no spaces"}}, "at '/grafanaDashboard/label': 'no spaces' does not match pattern"),
     ({"workers": {"gpus": 1.5}}, "at '/workers/gpus': got number, want integer"),
     ({"coordinator": {"persistence": {"size": "20"}}}, "at '/coordinator/persistence/size': '20' does not match pattern"),
     ({"coordinator": {"replicas": 2}}, "at '/coordinator': additional properties 'replicas' not allowed"),

@@ -84,6 +84,11 @@ def test_rcswarm_run_runs_a_local_sweep_and_fits_it(tmp_path):
     assert [r["seq_len"] for r in summary["runs"]] == [4, 8, 16]
     assert all(r["rounds"] == 2 for r in summary["runs"])
     assert "alpha" in summary["fit"] and "L^-" in result.stdout
+    # Issue #30: each run's forecasts as the coordinator made them (2 rounds: "not enough data", values null).
+    for r in summary["runs"]:
+        assert r["forecasts"] and r["pruning"] == [] and r["stopped"] is None
+        assert all({"at_seconds", "predicted_val_loss", "low", "high"} <= set(f) for f in r["forecasts"])
+        assert all(f["predicted_val_loss"] is None and "not enough data" in f["note"] for f in r["forecasts"])
     assert all((tmp_path / "run" / f"final-L{length}.safetensors").exists() for length in (4, 8, 16))
 
 

@@ -1,0 +1,133 @@
+"""Forecasts of each run's final loss as its rounds close, and the sweep's pruning on them (issue #30).
+
+`forecast_record` turns a run's round losses into the forecast stored at its version (observe/forecast.py
+fits the law; this adds the run's clock: the seconds since its first round opened, and its measured seconds
+per round to turn "the round the target is reached at" into wall time). Only rounds whose metric rows are
+complete are fitted: those trained from versions up to the current one minus 2 (the rows of the round that
+just closed are still arriving when its close is seen).
+
+`decide_prune` is the sweep's rule, a pure function of (now, the runs as `RunView`s, `PruneOptions`)
+returning a `PruneDecision` with a reason for every run: at each fraction of the budget in
+`[sweep] prune_at`, once every run still in the sweep has closed that many rounds, a run whose forecast
+interval lies wholly above the best run's interval (its low above the best's high) is stopped, at most
+half of the runs still in at each fraction (successive halving's bound) and never the last one. A run
+without a forecast (not enough data), or one that has completed its rounds, is kept. The group applies it
+(coordinator/sweep.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rcswarm.observe.forecast import forecast_at
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.records import ForecastRecord
+
+# The rounds whose metric rows may still be arriving when a close is seen: the newest `ROWS_LAG` versions.
+ROWS_LAG = 2
+
+
+def forecast_record(version: int, now: float, started_at: float | None, rounds: int,
+                    round_losses: Sequence[tuple[int, float]], target_loss: float = 0.0,
+                    seed: int = 0) -> ForecastRecord:
+    """The forecast of a run at `version` (pure): its loss at round `rounds` (the budget), x = v + 1 for the steps
+    trained from version v, fitted to the versions up to `version` − ROWS_LAG."""
+    complete = [(v + 1, loss) for v, loss in round_losses if v <= version - ROWS_LAG]
+    forecast = forecast_at([x for x, _ in complete], [loss for _, loss in complete], float(rounds),
+                           target=target_loss, seed=seed)
+    elapsed = now - started_at if started_at is not None else math.nan
+    per_round = elapsed / version if version > 0 and elapsed > 0 else math.nan
+    return ForecastRecord(
+        version=version, made_at=now, at_seconds=elapsed, at_round=rounds, loss=forecast.loss, low=forecast.low,
+        high=forecast.high, target_loss=target_loss if target_loss > 0 else math.nan,
+        target_seconds=forecast.target_round * per_round, target_low_s=forecast.target_low * per_round,
+        target_high_s=forecast.target_high * per_round, note=forecast.note,
+    )
+
+
+@dataclass(frozen=True)
+class PruneOptions:
+    """`[sweep] prune` and `prune_at`: the fractions of the rounds budget at which losers are stopped."""
+
+    enabled: bool
+    fractions: tuple[float, ...]
+    rounds: int
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run of the sweep as pruning sees it: its name, version, whether it was stopped, its newest forecast."""
+
+    index: int
+    name: str
+    version: int
+    stopped: bool
+    forecast: ForecastRecord | None
+
+
+@dataclass(frozen=True)
+class PruneDecision:
+    """What a fraction of the budget decided: the runs to stop and every run's reason."""
+
+    checkpoint: int  # index into PruneOptions.fractions
+    now: float
+    stop: tuple[int, ...]
+    reasons: tuple[tuple[int, str], ...]
+
+
+def _interval(record: ForecastRecord) -> str:
+    return f"{record.loss:.4f} [{record.low:.4f}, {record.high:.4f}]"
+
+
+def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, done: int) -> PruneDecision | None:
+    """The decision at the next fraction of the budget (`done` of them were decided before), or None while it is
+    not due: pruning off, every fraction decided, or a run still in the sweep short of that fraction's rounds."""
+    if not options.enabled or done >= len(options.fractions) or options.rounds <= 0:
+        return None
+    fraction = options.fractions[done]
+    due_round = math.ceil(fraction * options.rounds)
+    alive = [run for run in runs if not run.stopped]
+    if not alive or any(run.version < due_round for run in alive):
+        return None
+    where = f"at {fraction:.0%} of the budget (round {due_round})"
+    forecasts = [run for run in alive if run.forecast is not None and not run.forecast.note]
+    if not forecasts:
+        return PruneDecision(done, now, (), tuple((run.index, f"{where}: no run has a forecast yet; all kept")
+                                                  for run in alive))
+    best = min(forecasts, key=lambda run: (run.forecast.loss, run.index))
+    worse = sorted((run for run in forecasts if run.forecast.low > best.forecast.high and run.version < options.rounds),
+                   key=lambda run: (-run.forecast.loss, run.index))
+    stop = worse[: len(alive) // 2]
+    reasons = []
+    for run in alive:
+        if run is best:
+            reasons.append((run.index, f"{where}: {run.name} has the best forecast {_interval(run.forecast)}; kept"))
+        elif run.forecast is None or run.forecast.note:
+            note = run.forecast.note if run.forecast is not None else "no forecast yet"
+            reasons.append((run.index, f"{where}: {run.name} kept: {note}"))
+        elif run.version >= options.rounds:
+            reasons.append((run.index, f"{where}: {run.name} kept: it has completed its {options.rounds} rounds"))
+        elif run in stop:
+            reasons.append((run.index, f"{where}: {run.name} pruned: its forecast {_interval(run.forecast)} lies above "
+                                       f"{best.name}'s {_interval(best.forecast)}"))
+        elif run in worse:
+            reasons.append((run.index, f"{where}: {run.name} kept: confidently worse than {best.name}, but at most "
+                                       f"half of the {len(alive)} runs are pruned at once"))
+        else:
+            reasons.append((run.index, f"{where}: {run.name} kept: its forecast {_interval(run.forecast)} overlaps "
+                                       f"{best.name}'s {_interval(best.forecast)}"))
+    return PruneDecision(done, now, tuple(run.index for run in stop), tuple(reasons))
+
+
+def forecast_status(record: ForecastRecord | None, stopped: str | None) -> pb.ForecastStatus:
+    """A run's newest forecast for GetStatus (an empty one with a note before its first)."""
+    if record is None:
+        return pb.ForecastStatus(note="no forecast yet", stopped=stopped or "", loss=math.nan, low=math.nan,
+                                 high=math.nan, target_seconds=math.nan, target_low_s=math.nan, target_high_s=math.nan)
+    return pb.ForecastStatus(
+        made_at_version=record.version, at_round=record.at_round, loss=record.loss, low=record.low, high=record.high,
+        note=record.note, target_loss=record.target_loss, target_seconds=record.target_seconds,
+        target_low_s=record.target_low_s, target_high_s=record.target_high_s, stopped=stopped or "",
+    )

@@ -1,0 +1,122 @@
+"""Forecasts per run and the sweep's pruning (coordinator/forecasts.py, RunGroup): the pure decision with a fake
+clock, the forecast record, and a real in-process sweep whose losing length is pruned at a fraction of the
+budget, its worker moved, with its rounds and metric rows kept and its forecasts surviving a restart."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.forecasts import PruneOptions, RunView, decide_prune, forecast_record
+from rcswarm.coordinator.records import Refusal
+from rcswarm.coordinator.sweep import SweepCoordinator
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.records import ForecastRecord
+from tests.helpers.coordinator import creds
+from tests.helpers.dashboard import Clock
+from tests.helpers.forecasts import ROUNDS, good_loss, pruned_sweep, pruning_spec
+from tests.helpers.specs import tiny_spec
+
+OPTIONS = PruneOptions(True, (0.25, 0.5), 40)
+
+
+def record(loss: float, low: float, high: float, note: str = "") -> ForecastRecord:
+    return ForecastRecord(10, 0.0, 1.0, 40, loss, low, high, math.nan, math.nan, math.nan, math.nan, note)
+
+
+def views(*forecasts: ForecastRecord | None, version: int = 10, stopped: tuple[int, ...] = ()) -> list[RunView]:
+    return [RunView(i, f"L={8 << i}", version, i in stopped, f) for i, f in enumerate(forecasts)]
+
+
+def test_prune_waits_for_every_run_to_reach_the_fraction():
+    runs = views(record(1.0, 0.9, 1.1), record(2.0, 1.9, 2.1))
+    assert decide_prune(0.0, runs[:1] + [RunView(1, "L=16", 9, False, runs[1].forecast)], OPTIONS, 0) is None
+    assert decide_prune(0.0, runs, PruneOptions(False, (0.25,), 40), 0) is None
+    assert decide_prune(0.0, runs, OPTIONS, 2) is None  # every fraction decided
+
+
+def test_prune_stops_a_confidently_worse_run_and_says_why_for_every_run():
+    decision = decide_prune(5.0, views(record(1.0, 0.9, 1.1), record(2.0, 1.9, 2.1)), OPTIONS, 0)
+    assert decision is not None and decision.stop == (1,) and decision.now == 5.0 and decision.checkpoint == 0
+    reasons = dict(decision.reasons)
+    assert "best forecast" in reasons[0] and "pruned" in reasons[1] and "at 25% of the budget (round 10)" in reasons[1]
+
+
+def test_overlapping_intervals_and_runs_without_forecasts_are_kept():
+    overlap = decide_prune(0.0, views(record(1.0, 0.9, 1.1), record(1.15, 1.05, 1.3)), OPTIONS, 0)
+    assert overlap.stop == () and "overlaps" in dict(overlap.reasons)[1]
+    short = record(math.nan, math.nan, math.nan, "not enough data: 3 usable rounds")
+    missing = decide_prune(0.0, views(record(1.0, 0.9, 1.1), None, short), OPTIONS, 0)
+    assert missing.stop == ()
+    assert "no forecast yet" in dict(missing.reasons)[1] and "not enough data" in dict(missing.reasons)[2]
+    none = decide_prune(0.0, views(None, None), OPTIONS, 0)
+    assert none.stop == () and all("all kept" in reason for _, reason in none.reasons)
+
+
+def test_a_run_that_completed_its_rounds_is_not_pruned():
+    done = [RunView(0, "L=8", 20, False, record(1.0, 0.9, 1.1)), RunView(1, "L=16", 40, False, record(2.0, 1.9, 2.1))]
+    decision = decide_prune(0.0, done, OPTIONS, 0)
+    assert decision.stop == () and "completed its 40 rounds" in dict(decision.reasons)[1]
+
+
+def test_at_most_half_of_the_runs_still_in_are_pruned_at_once_and_stopped_runs_do_not_count():
+    four = views(record(1.0, 0.95, 1.05), record(2.0, 1.9, 2.1), record(3.0, 2.9, 3.1), record(4.0, 3.9, 4.1))
+    decision = decide_prune(0.0, four, OPTIONS, 0)
+    assert decision.stop == (3, 2)  # the worst first
+    assert "at most half" in dict(decision.reasons)[1]
+    later = decide_prune(0.0, views(*(run.forecast for run in four), version=20, stopped=(2, 3)), OPTIONS, 1)
+    assert later.stop == (1,) and {index for index, _ in later.reasons} == {0, 1}
+
+
+def test_forecast_record_fits_complete_rounds_and_turns_rounds_into_seconds():
+    losses = [(v, 1.0 + 2.0 * (v + 1) ** -0.5) for v in range(20)]
+    made = forecast_record(20, now=1200.0, started_at=1000.0, rounds=40, round_losses=losses, target_loss=1.3)
+    assert made.note == "" and made.low <= made.loss <= made.high
+    assert made.loss == pytest.approx(1.0 + 2.0 * 40 ** -0.5, abs=0.01)
+    # 10 s per round; the law reaches 1.3 at x = (2 / 0.3)^2 ≈ 44.4 rounds.
+    assert made.target_seconds == pytest.approx(444, rel=0.1)
+    early = forecast_record(5, now=1050.0, started_at=1000.0, rounds=40, round_losses=losses)
+    assert "not enough data" in early.note and math.isnan(early.loss)  # versions 0..3 only: 4 rounds
+
+
+def test_a_sweep_prunes_its_losing_length_moves_its_worker_and_keeps_its_rounds_and_forecasts(tmp_path):
+    clock = Clock(1000.0)
+    sweep, good, bad = pruned_sweep(tmp_path, clock)
+    assert sweep.runs[1].stopped and "pruned" in sweep.runs[1].stopped and sweep.runs[1].finished
+    assert not sweep.runs[0].finished and sweep.prune_done == 1
+    status = sweep.status()
+    assert status.runs[1].forecast.stopped == sweep.runs[1].stopped
+    assert status.runs[0].forecast.loss == pytest.approx(good_loss(ROUNDS), abs=0.02)
+    # The pruned run's worker is told to join again, and lands on the run still going.
+    with pytest.raises(Refusal, match="its run finished"):
+        sweep.heartbeat(pb.HeartbeatRequest(**creds(bad)))
+    moved = sweep.join(pb.JoinRequest(worker_name="b", run_id=bad.run_id, previous_worker_id=bad.worker_id))
+    assert moved.run_id == good.run_id
+    # Nothing of the pruned run was lost: its 8 rounds, its 24 metric rows, and every run's reason.
+    pruned_store = sweep.runs[1].store
+    assert len(pruned_store.rounds()) == 8 and len(pruned_store.metric_rows()) == 24
+    assert [e.reason for e in pruned_store.events("prune")] == [sweep.runs[1].stopped]
+    assert "best forecast" in sweep.runs[0].store.events("prune")[0].reason
+    forecasts = [run.store.forecasts() for run in sweep.runs]
+    sweep.close()
+    # A restarted coordinator has the forecasts, the stop and the decisions made.
+    restarted = SweepCoordinator(pruning_spec(prune=True, prune_at=[0.5]), tmp_path, clock)
+    assert repr([run.store.forecasts() for run in restarted.runs]) == repr(forecasts)  # NaN where not enough data
+    assert restarted.runs[1].finished and restarted.prune_done == 1
+    assert repr(restarted.latest[0]) == repr(forecasts[0][-1]) and forecasts[0][-1].note == ""
+    restarted.close()
+
+
+@pytest.mark.parametrize(("sweep", "match"), [
+    ({"prune_at": [0.5, 0.25]}, "sweep.prune_at"), ({"prune_at": [1.0]}, "sweep.prune_at"),
+    ({"prune_at": []}, "sweep.prune_at"), ({"prune": True, "seq_lens": [8]}, "sweep.prune"),
+])
+def test_prune_keys_are_validated(sweep, match):
+    with pytest.raises(ValueError, match=match):
+        pruning_spec(**sweep)
+    with pytest.raises(ValueError, match="run.target_loss"):
+        tiny_spec(run={"target_loss": -1.0})
+    with pytest.raises(ValueError, match="sweep.prune"):
+        RunSpec.from_dict({**tiny_spec(run={"rounds": 0}).to_dict(), "sweep": {"seq_lens": [8, 16], "prune": True}})
