@@ -107,8 +107,8 @@ class MaliciousWorker(Worker):
                 p.copy_(base[name] - factor * honest)
         return super()._push(version, base, tokens)
 
-    def _deliver(self, version: int, tokens: int, header: Any, chunks: Any) -> bool:
-        return super()._deliver(version, 10**12 if self.attack == "claim" else tokens, header, chunks)
+    def _deliver(self, version: int, tokens: int, header: Any, chunks: Any, rejoin: bool = True) -> bool:
+        return super()._deliver(version, 10**12 if self.attack == "claim" else tokens, header, chunks, rejoin)
 
 
 @dataclasses.dataclass

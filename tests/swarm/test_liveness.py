@@ -32,7 +32,10 @@ def test_a_sigstopped_coordinator_keeps_its_members_and_merges_their_updates(tmp
     client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, retry=RetryPolicy(max_elapsed_s=30.0))
     workers = [spawn_worker(f"127.0.0.1:{port}", name, *FAST) for name in ("a", "b")]
     try:
-        wait_for(lambda: client.status().version >= 2, 120, "two rounds", interval=0.1)
+        # Both members joined (one may start seconds after the other), then two rounds of both closed.
+        wait_for(lambda: len(client.status().workers) == 2, 120, "both workers", interval=0.1)
+        joined_at = client.status().version
+        wait_for(lambda: client.status().version >= joined_at + 2, 120, "two rounds of both", interval=0.1)
         members = {w.worker_id for w in client.status().workers}
         assert len(members) == 2
         coordinator.send_signal(signal.SIGSTOP)
@@ -44,6 +47,9 @@ def test_a_sigstopped_coordinator_keeps_its_members_and_merges_their_updates(tmp
         wait_for(lambda: client.status().version >= resumed_at + 2, 60, "two more rounds", interval=0.1)
         status = client.status()
         assert {w.worker_id for w in status.workers} == members, logs_of(workers)
+        # The stall is an event at the ticker's first tick after it (every 0.2 s); rounds closed by pushes can
+        # come sooner, so wait for the tick rather than for the rounds alone.
+        wait_for(lambda: read_state(tmp_path / "state", lambda store: store.events("stall")), 10, "the stall event")
         events = read_state(tmp_path / "state", lambda store: store.events("evict", "stale", "stall"))
         assert [e.kind for e in events] == ["stall"], events
         assert "did not run for" in events[0].reason and "not counted against leases" in events[0].reason
