@@ -492,8 +492,8 @@ class Soak:
         return every if self.options.fixed_period else self.rng.expovariate(1.0 / every)
 
     def run_chaos(self, seconds: float, progress: Callable[[str], None], act: bool = True) -> None:
-        """Actions every ~`action_every_s` for `seconds` (none without `act`, or once `max_faults` were injected),
-        polling status and watching processes."""
+        """Actions every ~`action_every_s` for `seconds` (none without `act`), polling status and watching
+        processes; with `max_faults`, it ends once that many were injected and undone."""
         end = time.monotonic() + seconds
         next_action = time.monotonic() + (0.0 if self.options.fixed_period else self._gap())
         next_poll = next_progress = time.monotonic()
@@ -501,6 +501,8 @@ class Soak:
         while time.monotonic() < end:
             self._run_due_events()
             self._watch_processes()
+            if act and limit and self.tally.faults >= limit and not self.events:
+                return  # the chaos is over once every fault injected has been undone (restarts, SIGCONTs)
             now = time.monotonic()
             if act and now >= next_action and not (limit and self.tally.faults >= limit):
                 self._chaos_action()
