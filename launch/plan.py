@@ -73,6 +73,10 @@ class LaunchPlan:
                                       threads=self.worker.threads or max(1, math.ceil(self.cpus_per_worker)))
         return RayWorkerConfig(worker=options, num_gpus=self.gpus_per_worker, num_cpus=self.cpus_per_worker)
 
+    def made(self, index: int, info: dict[str, Any]) -> bool:
+        """Whether worker actor `index`, whose `info()` this is, was made for this plan (its config is this plan's)."""
+        return info["config"] == dataclasses.asdict(self.worker_config(index))
+
 
 def resources(values: dict[str, float]) -> str:
     """Ray resources for people: "1 GPU, 2 CPU"."""

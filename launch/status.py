@@ -147,12 +147,9 @@ def joined(status: dict[str, Any], wanted: int) -> bool:
     plan = LaunchPlan.from_dict(status["plan"]) if status.get("plan") else None
     rows = [r for r in status["rows"] if worker_index(r.name) < wanted]
 
-    def current(row: ActorRow) -> bool:
-        return plan is None or row.info["config"] == asdict(plan.worker_config(worker_index(row.name)))
-
     return len(rows) == wanted and all(
-        r.info is not None and current(r) and (r.info["worker_id"] or r.info["state"] not in (STARTING, TRAINING))
-        for r in rows)
+        r.info is not None and (plan is None or plan.made(worker_index(r.name), r.info))
+        and (r.info["worker_id"] or r.info["state"] not in (STARTING, TRAINING)) for r in rows)
 
 
 def ended(status: dict[str, Any], wanted: int) -> bool:

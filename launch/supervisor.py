@@ -97,7 +97,7 @@ class Supervisor:
         info = call(handle, "info")
         if info is None:
             return
-        if info["config"] == asdict(self._plan.worker_config(index)):
+        if self._plan.made(index, info):
             self._checked.add(actor_id)
             return
         report = retire(handle)
