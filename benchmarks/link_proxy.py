@@ -210,10 +210,15 @@ class LinkProxy:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _close_server(self) -> None:
+        assert self._server is not None
+        self._server.close()
+
     def close(self) -> None:
         """Stop listening, cut every connection and stop the loop's thread."""
         if self._server is not None:
-            self._server.close()
+            # asyncio's Server is not thread-safe: close it on its loop (a connection ending there races with it).
+            self._call(self._close_server())
             self.cut()
             self._call(self._cancel_all())
         if self._thread.is_alive():
