@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import statistics
 import struct
 import time
@@ -57,6 +58,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import hivemind
+import hivemind.averaging.averager as hm_averager_module
+import hivemind.dht.dht as hm_dht_module
 import pydantic.v1 as pydantic
 import torch
 from hivemind.averaging import DecentralizedAverager
@@ -369,6 +372,11 @@ class HivemindOptions:
                    announce_maddrs=(), **kwargs)
 
 
+class PeerDied(RuntimeError):
+    """This peer's DHT or averager process has exited (`HivemindPeer.failure`): its worker must exit, for its
+    supervisor to start it again, rather than train on alone."""
+
+
 class PeerRefused(RuntimeError):
     """This peer cannot take part in the swarm (its clock, its reachability); the message is one line."""
 
@@ -438,6 +446,34 @@ def check_peer(dht: hivemind.DHT, options: HivemindOptions, timeout_s: float = 1
     return ""
 
 
+def keep_command_pipe_blocking(module: Any, fd: int) -> None:
+    """In a hivemind child process (the DHT's or the averager's), before its `run`: put its command pipe back in
+    blocking mode as its event loop starts.
+
+    `run` registers the pipe with its uvloop loop (`add_reader`, libuv's uv_poll_init), which makes the fd
+    non-blocking. Python's Connection writes a message over 16 KiB as two writes, header then body; a `recv`
+    between them (the parent stopped, paused or slow) fails with EAGAIN after consuming the header, the next
+    `recv` reads the body as a header and the process dies (learning-at-home/hivemind#660; seen in the hivemind
+    soak, issue #31). Blocking again, `poll()` still says when a message begins and `recv()` waits for its end.
+    `module` is hivemind's module whose `switch_to_uvloop` that `run` calls; replaced in this process only."""
+    make_loop = module.switch_to_uvloop
+
+    def loop_with_blocking_pipe() -> Any:
+        loop = make_loop()
+        loop.call_soon(os.set_blocking, fd, True)  # runs once the loop starts: after `run`'s add_reader
+        return loop
+
+    module.switch_to_uvloop = loop_with_blocking_pipe
+
+
+class _DHT(hivemind.DHT):
+    """hivemind's DHT whose command pipe stays blocking in its process (`keep_command_pipe_blocking`)."""
+
+    def run(self) -> None:
+        keep_command_pipe_blocking(hm_dht_module, self._inner_pipe.fileno())
+        super().run()
+
+
 def start_dht(options: HivemindOptions) -> hivemind.DHT:
     """A DHT node (and its p2pd) with rcswarm's record validator; no relays, no NAT traversal. Not strict: a clock or
     reachability problem is `check_peer`'s to report, in one line."""
@@ -449,8 +485,8 @@ def start_dht(options: HivemindOptions) -> hivemind.DHT:
         kwargs["announce_maddrs"] = list(options.announce_maddrs)
     if options.identity_path is not None:
         kwargs["identity_path"] = str(options.identity_path)
-    return hivemind.DHT(initial_peers=list(options.initial_peers), start=True,
-                        record_validators=[record_validator()], **kwargs)
+    return _DHT(initial_peers=list(options.initial_peers), start=True,
+                record_validators=[record_validator()], **kwargs)
 
 
 def visible_maddrs(dht: hivemind.DHT) -> list[str]:
@@ -463,6 +499,10 @@ class _StateAverager(DecentralizedAverager):
 
     state_fn: Any = None
     _weight_bound: float = math.inf
+
+    def run(self) -> None:
+        keep_command_pipe_blocking(hm_averager_module, self._inner_pipe.fileno())
+        super().run()
 
     def get_current_state(self):
         return self.state_fn()
@@ -634,6 +674,13 @@ class HivemindPeer:
     def records(self, key: str, run: str) -> dict[str, dict[str, Any]]:
         """Every valid record under `key` for `run`, by peer id (this peer's included)."""
         return read_records(self.dht, key, run)
+
+    def failure(self) -> str:
+        """Why this peer can take no further part ("" while it can): its DHT or averager process has exited."""
+        for what, process in (("DHT", self.dht), ("averager", self.averager)):
+            if not process.is_alive():
+                return f"its hivemind {what} process (pid {process.pid}) exited with code {process.exitcode}"
+        return ""
 
     def shutdown(self) -> None:
         """Stop the averager, then the DHT (which stops its p2pd)."""

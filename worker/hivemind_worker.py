@@ -166,6 +166,10 @@ class HivemindWorker:
         except hs.PeerRefused as exc:
             log.error("%s cannot join the swarm: %s", self.name, exc)
             return 1
+        except hs.PeerDied as exc:
+            log.error("%s leaves the swarm at version %d: %s; exits for its supervisor to start it again",
+                      self.name, self.version, exc)
+            return 1
         finally:
             if self.peer is not None:
                 self._write_out()
@@ -216,6 +220,9 @@ class HivemindWorker:
         return [sent[name] for name in self.names]
 
     def _round(self) -> None:
+        failure = self.peer.failure()
+        if failure:
+            raise hs.PeerDied(failure)
         self._follow_assignment()
         base = self._params()
         trained = time.monotonic()

@@ -1,0 +1,93 @@
+"""A hivemind peer's own processes (its DHT and averager): a command the worker writes in two parts reaches them
+whole (hivemind#660, issue #31), and a worker whose DHT process died exits instead of training on alone."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from rcswarm.worker import hivemind_sync as hs
+from rcswarm.worker.hivemind_worker import HivemindWorker
+from tests.helpers.hivemind import hivemind_spec
+
+pytest.importorskip("hivemind")
+
+from hivemind.utils import get_dht_time  # noqa: E402
+
+HEADER_BYTES = 4  # multiprocessing.Connection's length prefix
+PAUSE_S = 0.5
+
+
+def pause_after_each_header(pipe: Any) -> None:
+    """Make `pipe` (a process's command pipe, the writing end) stop between a message's header and its body, as a
+    worker paused (SIGSTOP) or descheduled mid-send does: Connection writes a message over 16 KiB in these two
+    parts, and the reader used to fail on the second (EAGAIN) and die on the next."""
+    send = pipe._send
+
+    def send_then_pause(buf: Any, write: Any = os.write) -> None:
+        send(buf, write)
+        if len(buf) == HEADER_BYTES:
+            time.sleep(PAUSE_S)
+
+    pipe._send = send_then_pause
+
+
+def test_a_dht_command_split_by_a_pause_reaches_the_dht_whole(no_new_p2pd: None) -> None:
+    dht = hs.start_dht(hs.HivemindOptions.loopback())
+    try:
+        pause_after_each_header(dht._outer_pipe)
+        value = b"r" * 40_000  # over 16 KiB: header and body are two writes
+        for attempt in range(3):
+            stored = dht.store(f"probe-{attempt}", value, get_dht_time() + 60, return_future=True)
+            assert stored.result(timeout=30) is True, "the DHT refused or lost a command sent in two parts"
+        found = dht.get("probe-2", latest=True, return_future=True).result(timeout=30)
+        assert found is not None and found.value == value
+        assert dht.is_alive()
+    finally:
+        dht.shutdown()
+
+
+class DHTKilledAtVersionOne(HivemindWorker):
+    """The real hivemind worker, whose DHT process is killed (as by the OOM killer) before its second round."""
+
+    def _round(self) -> None:
+        if self.version == 1 and self.peer.dht.is_alive():
+            os.kill(self.peer.dht.pid, signal.SIGKILL)
+            self.peer.dht.join(timeout=10)
+        super()._round()
+
+
+def test_a_worker_whose_dht_process_died_exits_for_its_supervisor(no_new_p2pd: None,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    # Short all-reduce timeouts: alone, its first round waits for a group that never forms.
+    spec = hivemind_spec(run={"name": "hm", "rounds": 5}, hivemind={"initial_allreduce_s": 2.0, "min_allreduce_s": 1.0})
+    worker = DHTKilledAtVersionOne(spec, hs.HivemindOptions.loopback(matchmaking_s=1.0), name="alone")
+    with caplog.at_level(logging.ERROR):
+        code = worker.run()
+    assert code == 1 and worker.version == 1
+    assert "alone leaves the swarm at version 1: its hivemind DHT process" in caplog.text
+    assert "exited with code -9" in caplog.text
+
+
+def nonblocking(pid: int, fd: int) -> bool:
+    """Whether process `pid`'s file descriptor `fd` is in non-blocking mode (its flags in /proc, octal)."""
+    for line in open(f"/proc/{pid}/fdinfo/{fd}").read().splitlines():
+        if line.startswith("flags:"):
+            return bool(int(line.split()[1], 8) & os.O_NONBLOCK)
+    raise AssertionError(f"no flags in /proc/{pid}/fdinfo/{fd}")
+
+
+def test_the_dht_and_averager_processes_read_their_commands_blocking(no_new_p2pd: None) -> None:
+    state = ({"run": "b", "version": 0}, [])
+    peer = hs.HivemindPeer("b", [(8,)], "fp32", 256, hs.HivemindOptions.loopback(), lambda: state)
+    try:
+        for process in (peer.dht, peer.averager):
+            assert not nonblocking(process.pid, process._inner_pipe.fileno()), type(process).__name__
+        assert peer.failure() == ""
+    finally:
+        peer.shutdown()
