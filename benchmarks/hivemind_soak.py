@@ -10,8 +10,9 @@ sender and reducer timeouts; it falls behind and re-syncs). One peer is always l
 every peer ends on the majority's state; then every peer runs to `run.rounds` and writes its final θ.
 
 Checks: every peer finished (exit 0 at the last version); no peer gave up on its own; at the last version each
-peer's measured drift from the others (`hivemind_sync.drift`, in units of one round's step) is within
-`hivemind.drift_tolerance`; every θ finite; the loss fell. Reported: the largest |θ_a − θ_b| between two peers.
+peer's drift from the others (`hivemind_sync.drift`, in units of one round's step), measured once the group settled
+on one replica (`settled_drift`, `HivemindWorker._settle`), is within `hivemind.drift_tolerance`; every θ finite;
+the loss fell. Reported: the largest |θ_a − θ_b| between two peers.
 
     python benchmarks/hivemind_soak.py --minutes 10 --peers 4 --rounds 400 --seed 1
 """
@@ -270,7 +271,7 @@ def judge(soak: HivemindSoak, load_at_start: float) -> HivemindVerdict:
         finished[peer.name] = summary["version"]
         history = summary["history"]
         if history:
-            drifts[peer.name] = float(history[-1]["drift"])
+            drifts[peer.name] = float(history[-1].get("settled_drift", history[-1]["drift"]))
             losses.append((history[0]["loss"], history[-1]["loss"]))
     names = sorted(params)
     worst = 0.0

@@ -1,4 +1,4 @@
-"""Rebuild the multi-repository git-frames dataset of docs/RESULTS.md from repository names.
+"""Rebuild the git-frames dataset of docs/RESULTS.md (the CPU miniature, issue #32) from repository names.
 
     python examples/git_dataset.py --out runs/git-frames-5          # the default set, 8 x 24 frames, 300 tokens
     python examples/git_dataset.py --mirror MIRRORS_DIR --out runs/git-frames-5   # from local mirrors
@@ -14,7 +14,8 @@ tokenizer, trained on the training histories only) with the `--held-out` histori
 split, and `sources.json` in the dataset records what was cloned from where at which commit.
 
 Without repositories it builds the default set: five public histories of four languages and sizes
-(C, Go, Python, Rust, Python), pinned to the commits the results were made from, the last held out.
+(C, Go, Python, Rust, Python), pinned to the commits docs/RESULTS.md's CPU miniature was built from, the last
+held out.
 Nothing fetched is committed to this repository; `--cache` and `--out` belong outside it or under a
 git-ignored directory (the defaults are under runs/, which git ignores).
 """

@@ -269,6 +269,24 @@ def resync_reason(mine_id: str, mine: Mapping[str, Any], records: Mapping[str, M
     return ""
 
 
+def final_reference(mine_id: str, mine: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]],
+                    tolerance: float = HivemindSection.drift_tolerance) -> str:
+    """The peer whose replica a group ends on at the last version: the one with the most peers within `tolerance`
+    of it (itself included), the smallest id among equals. `records` are the other peers' digests at `mine`'s
+    version; every peer that sees the same digests names the same peer."""
+    digests = {mine_id: mine, **records}
+    neighbours = {pid: sum(drift(r, other) <= tolerance for other in digests.values()) for pid, r in digests.items()}
+    return min(digests, key=lambda pid: (-neighbours[pid], pid))
+
+
+def same_replica(record: Mapping[str, Any], reference: Mapping[str, Any]) -> bool:
+    """Whether `record` (the digest of a loaded state) is the replica `reference` published: its sha256, and the
+    sketch that was judged against the group's (so a peer cannot publish one θ's sketch and serve another θ)."""
+    close = all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for key in ("sums", "norms")
+                for a, b in zip(record[key], reference[key]))
+    return record["sha256"] == reference["sha256"] and close
+
+
 def global_norm(tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> float:
     values = tensors.values() if isinstance(tensors, Mapping) else tensors
     return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in values))
@@ -602,8 +620,9 @@ class HivemindPeer:
     def peer_id(self) -> str:
         return str(self.dht.peer_id)
 
-    def set_state_version(self, version: int, shareable: bool = True) -> None:
-        """Declare this peer's state at `version` (priority: higher versions are loaded first)."""
+    def set_state_version(self, version: float, shareable: bool = True) -> None:
+        """Declare this peer's state at `version` (priority: higher versions are loaded first; a fraction above a
+        version marks the replica a group ends on, `HivemindWorker._settle`)."""
         self.averager.state_sharing_priority = float(version)
         self.averager.allow_state_sharing = shareable and not self.options.client_mode
 

@@ -64,6 +64,9 @@ log = logging.getLogger("rcswarm.worker")
 # three peers launched at once, four runs: start-ups 13-15 s ready within 1.8 s, 0.14 of a start-up at
 # most; 16-19 s within 0.5 s); 0.3 leaves twice that.
 FIRST_WINDOW_FRACTION = 0.3
+# What the group's reference replica adds to its declared version at the last one (`_settle`): above every peer's
+# version, so a peer loading state reaches it first, and below the next version.
+FINAL_PRIORITY = 0.5
 
 
 def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
@@ -275,18 +278,74 @@ class HivemindWorker:
         return ""
 
     def _settle(self) -> None:
-        """At the last version, which no later round repairs: wait up to hivemind.settle_s for the last group's
-        digests, re-sync when off the majority, then serve the state hivemind.state_grace_s longer for a peer
-        that re-syncs."""
+        """At the last version, which no later round repairs, the group ends on one replica: every peer waits up
+        to hivemind.settle_s for the last group's digests, and they name the same reference (`final_reference`:
+        the replica with the most peers within the drift tolerance). The reference declares its state above the
+        version and waits for the others; each other peer whose θ differs loads the reference's state (checked
+        against its digest, `same_replica`). Replicas that each applied a differently compressed Δ̄ drift apart
+        by the codec's error round after round (a random walk the re-sync rule lets grow to the tolerance); this
+        makes the run's result one θ. The drift measured after it is the history's `settled_drift`; then each
+        serves its state hivemind.state_grace_s longer for a peer still loading."""
         mine = self._published
         if mine is None or mine["version"] != self.version:
             return
+        rules = self.spec.hivemind
         others = {peer: r for peer, r in self._group_digests(self.history[-1]["group"]).items()
                   if r["version"] == self.version}
-        reason = hs.resync_reason(self.peer.peer_id, mine, others, self.spec.hivemind.drift_tolerance)
-        if reason:
-            self._resync(f"at the last version: {reason}")
-        self.stop.wait(self.spec.hivemind.state_grace_s)
+        reference = hs.final_reference(self.peer.peer_id, mine, others, rules.drift_tolerance)
+        if reference == self.peer.peer_id:
+            settled = self._serve_final(mine, set(others))
+        else:
+            settled = self._load_final(mine, others[reference])
+        self.history[-1]["settled_drift"] = settled
+        self.stop.wait(rules.state_grace_s)
+
+    def _serve_final(self, mine: dict[str, Any], others: set[str]) -> float:
+        """As the reference: declare this state above the version, wait until the group's other peers published
+        this θ (or hivemind.settle_s passed); the largest drift of theirs left from it."""
+        self.peer.set_state_version(self.version + FINAL_PRIORITY)
+        deadline = time.monotonic() + self.spec.hivemind.settle_s
+        while True:
+            records = {peer: r for peer, r in self.peer.records(hs.DIGEST_KEY, self.spec.run.name).items()
+                       if peer in others and r["version"] == self.version}
+            settled = len(records) == len(others) and all(r["sha256"] == mine["sha256"] for r in records.values())
+            if settled or time.monotonic() >= deadline or self.stop.is_set():
+                break
+            time.sleep(0.2)
+        log.info("%s: the group ends on this replica (%d of %d others hold it)", self.name,
+                 sum(r["sha256"] == mine["sha256"] for r in records.values()), len(others))
+        return max((hs.drift(mine, r) for r in records.values()), default=0.0)
+
+    def _load_final(self, mine: dict[str, Any], reference: dict[str, Any]) -> float:
+        """Load the reference's state unless this θ is it (retried within hivemind.settle_s: a load may reach
+        another peer first); the drift left from the reference."""
+        if mine["sha256"] == reference["sha256"]:
+            return 0.0
+        run, count = self.spec.run.name, len(self.names)
+        self.peer.set_state_version(self.version, shareable=False)  # the reference is the one state declared
+        deadline = time.monotonic() + self.spec.hivemind.settle_s
+        try:
+            while time.monotonic() < deadline and not self.stop.is_set():
+                loaded = self.peer.load_state(self.names, self.shapes, max(1.0, deadline - time.monotonic()))
+                if loaded is not None and loaded[0] == self.version:
+                    params = dict(zip(self.names, loaded[1][:count]))
+                    record = {**hs.digest_record(run, self.version, params), "steps": reference["steps"]}
+                    if hs.same_replica(record, reference):
+                        self._load(loaded[1][:count])
+                        self.momentum = [t.clone() for t in loaded[1][count:]]
+                        self._snapshot = (self.version, self._params() + [m.clone() for m in self.momentum])
+                        self._published = record
+                        self.peer.publish(hs.DIGEST_KEY, record)
+                        log.info("%s: ends on the group's reference replica (drift %.3g from it before)",
+                                 self.name, hs.drift(mine, reference))
+                        return 0.0
+                time.sleep(0.5)
+        finally:
+            self.peer.set_state_version(self.version)
+        left = hs.drift(mine, reference)
+        log.warning("%s: the reference replica was not loaded within %gs; ends on its own (drift %.3g from it)",
+                    self.name, self.spec.hivemind.settle_s, left)
+        return left
 
     def _group_digests(self, group: int) -> dict[str, dict[str, Any]]:
         """The other peers' digest records by peer id, once the `group` − 1 others of this version's group have

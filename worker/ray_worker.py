@@ -10,10 +10,12 @@ The join token is read here, from the environment of the Ray node (`RCSWARM_TOKE
 Secret on KubeRay), never passed as an argument: actor arguments and a job's runtime_env are
 recorded by Ray's GCS and shown by its dashboard.
 
-A restarted actor (its process died; Ray runs the constructor again) is a new process with no
-membership: it joins as a new worker, and the coordinator evicts the dead one when its lease runs
-out. A run that finishes, a refused token or a spec this node cannot build end the loop; the actor
-then stays alive and reports the outcome (`state`, `exit_code`) instead of exiting, so Ray does not
+A restarted actor (its process died; Ray runs the constructor again) is a new process: it joins as a
+new worker. Each actor keeps a membership file on its node (`worker/membership.py`, in a private
+directory per user and coordinator, `membership_file`), so a successor started on the same node ends
+the dead process's membership at once instead of the open round waiting out its lease; one started on
+another node finds no file, and the coordinator evicts the dead membership when its lease runs out.
+A run that finishes, a refused token or a spec this node cannot build end the loop; the actor then stays alive and reports the outcome (`state`, `exit_code`) instead of exiting, so Ray does not
 restart it into the same refusal.
 
 Threads: the worker loop runs on its own thread ("rcswarm-worker"); `info` and `stop` run on Ray's
@@ -23,12 +25,15 @@ task threads (the actor is created with `max_concurrency` > 1). `_lock` guards `
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
+import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.worker.options import WorkerOptions
@@ -63,6 +68,17 @@ class RayWorkerConfig:
         return cls(**{**fields, "worker": WorkerOptions.from_dict(fields["worker"])})
 
 
+def membership_file(options: WorkerOptions) -> Path:
+    """Where the actor `options.name` keeps its membership on this node: a directory of mode 0700 per user and
+    coordinator under the temporary directory (the file holds the worker secret; another coordinator's actor of
+    the same name never reads it)."""
+    user = Path(tempfile.gettempdir()) / f"rcswarm-ray-{os.getuid()}"
+    directory = user / hashlib.sha256(options.coordinator.encode()).hexdigest()[:16]
+    for folder in (user, directory):
+        folder.mkdir(mode=0o700, exist_ok=True)
+    return directory / f"{options.name}.membership.json"
+
+
 class RayWorker:
     """A worker training on its own thread inside a Ray actor; `info()` for status, `stop()` to Leave."""
 
@@ -88,7 +104,10 @@ class RayWorker:
                 raise ValueError(f"no join token on this Ray node: set ${TOKEN_ENV} in the environment of "
                                  f"`ray start` (a Kubernetes Secret on KubeRay); it is never passed through Ray")
             torch.set_num_threads(self.config.worker.threads)
-            self.worker = Worker(self.config.worker, token, stop=self._stop)
+            options = self.config.worker
+            if options.membership_file is None:
+                options = replace(options, membership_file=membership_file(options))
+            self.worker = Worker(options, token, stop=self._stop)
         except ValueError as exc:
             log.error("%s cannot start: %s", self.config.name, exc)
             self._finish(FAILED, 2, str(exc))

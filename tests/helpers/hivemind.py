@@ -143,7 +143,8 @@ def swarm(tmp_path: Path, no_new_p2pd: None) -> Iterator[Any]:
 
 def assert_replicas_agree(swarm: Swarm, names: list[str], tolerance: float, drift: bool = True) -> float:
     """The largest |θ_a − θ_b| between the named peers' final parameters, asserted ≤ tolerance and finite;
-    with `drift`, the drift each measured at its last version (against every peer) is within the re-sync tolerance."""
+    with `drift`, the drift each measured at its last version (against every peer; once the group settled on one
+    replica, `settled_drift`) is within the re-sync tolerance."""
     first = swarm.params(names[0])
     worst = 0.0
     for name in names[1:]:
@@ -152,7 +153,7 @@ def assert_replicas_agree(swarm: Swarm, names: list[str], tolerance: float, drif
         worst = max(worst, max(float((other[k] - first[k]).abs().max()) for k in first))
     assert all(torch.isfinite(t).all() for name in names for t in swarm.params(name).values())
     assert worst <= tolerance, f"replicas differ by {worst:.3g} > {tolerance:g}"
-    drifts = {name: [h["drift"] for h in swarm.summary(name)["history"]] for name in names}
+    drifts = {name: [h.get("settled_drift", h["drift"]) for h in swarm.summary(name)["history"]] for name in names}
     assert not drift or all(d[-1] <= RULES.drift_tolerance for d in drifts.values()), (
         f"drift per version {drifts} above {RULES.drift_tolerance:g} at the last version\n{logs_of(swarm.procs)}")
     return worst

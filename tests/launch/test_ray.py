@@ -64,6 +64,25 @@ def test_a_worker_actor_without_the_token_on_its_node_reports_why_and_stays_up(m
     assert code == 2 and problem.startswith(f"no join token on this Ray node: set ${TOKEN_ENV}")
 
 
+def test_each_worker_actor_keeps_its_membership_in_a_private_directory_per_coordinator(monkeypatch, tmp_path):
+    """A restarted actor finds its predecessor's membership file on the node (worker/ray_worker.py); the file holds
+    the worker secret, so its directories are the user's alone, and another coordinator's actor of the same name
+    has another file."""
+    import stat
+    import tempfile
+
+    from rcswarm.worker.ray_worker import membership_file
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = membership_file(WorkerOptions("127.0.0.1:7000", name="rcswarm-worker-0"))
+    assert first == membership_file(WorkerOptions("127.0.0.1:7000", name="rcswarm-worker-0"))
+    assert first.name == "rcswarm-worker-0.membership.json" and not first.exists()
+    for folder in (first.parent, first.parent.parent):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and tmp_path in folder.parents
+    assert membership_file(WorkerOptions("127.0.0.1:7001", name="rcswarm-worker-0")).parent != first.parent
+    assert membership_file(WorkerOptions("127.0.0.1:7000", name="rcswarm-worker-1")) != first
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["ray", "--workers", "2"], "--coordinator HOST:PORT is required (or --with-coordinator)"),
     (["ray", "--coordinator", "c:1"], "--workers N is required to launch (or --status / --stop)"),

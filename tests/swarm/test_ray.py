@@ -227,8 +227,9 @@ ROUNDS = 200
 @pytest.mark.slow
 @pytest.mark.wide
 def test_killed_actors_come_back_rejoin_and_the_run_completes(ray_cluster, namespace, start_coordinator):
-    """One actor killed through Ray (restartable), another's process SIGKILLed: Ray restarts both, each
-    joins again under a new id, the dead memberships are evicted, and the run completes bit for bit."""
+    """One actor killed through Ray (restartable), another's process SIGKILLed: Ray restarts both, each ends
+    its predecessor's membership from the membership file on the node (no lease to wait out), joins again
+    under a new id, and the run completes bit for bit."""
     import ray
 
     spec = tiny_spec(run={"rounds": ROUNDS}, inner={"steps": 4}, coordinator={"lease_s": 5.0},
@@ -249,7 +250,10 @@ def test_killed_actors_come_back_rejoin_and_the_run_completes(ray_cluster, names
     # min_reports = 2: no round closes until both are back, so the run cannot finish without them.
     new_ids = wait_for(lambda: len(ids := {i for i, _ in events(local.state_dir, "join")} - old_ids) == 2 and ids,
                        150, "two new joins")
-    wait_for(lambda: old_ids <= {i for i, _ in events(local.state_dir, "evict")}, 60, "both evictions")
+    ended = wait_for(lambda: old_ids <= {i for i, _ in events(local.state_dir, "leave")} and dict(
+        events(local.state_dir, "leave")), 60, "both old memberships ended by their successors")
+    assert all("restarted: ended by the process that replaced it" in ended[i] for i in old_ids), ended
+    assert not old_ids & {i for i, _ in events(local.state_dir, "evict")}
     after = rows(ray_cluster, namespace)
     assert {n: (w["ray_state"], w["restarts"]) for n, w in after.items()} == {
         "rcswarm-worker-0": ("ALIVE", 1), "rcswarm-worker-1": ("ALIVE", 1)}
