@@ -6,7 +6,7 @@
 Each round the coordinator's own close pieces run on the round's updates: `aggregation.aggregate` (the
 direction check, then clipped_mean against the reference norm R of this round's and the last
 `sync.reference_rounds` rounds' accepted norms, the history kept as `RoundCloser` keeps it) and
-`outer.outer_step` (Nesterov, η = 0.7, μ = 0.9, the defaults). Honest updates are synthetic and the same in
+`outer.outer_step` (Nesterov, η = 0.7, μ = 0.9: the defaults until issue #28; the momentum is what couples rounds). Honest updates are synthetic and the same in
 both runs: each is a shared drift direction u plus the worker's own noise (cosine with u about 0.7), norm 1
 ± 10 %, 2 × 10⁴ parameters; they do not depend on θ, so the two runs differ only by what the attacker adds.
 The attacker pushes, every round, the largest update nothing flags: 0.99 × min(clip_factor × R, the hard
@@ -75,7 +75,7 @@ def run(updates: list[list[dict[str, torch.Tensor]]], attack: str | None, refere
         steer: torch.Tensor) -> tuple[list[float], torch.Tensor]:
     """Outer steps' norms of one run (attack None: honest only), and its last θ."""
     options = aggregation.AggregationOptions()
-    outer_options = OuterSection()
+    outer_options = OuterSection(lr=0.7, momentum=0.9, nesterov=True)
     params = {"w": torch.zeros(PARAMETERS)}
     momentum = {"w": torch.zeros(PARAMETERS)}
     history: list[tuple[float, ...]] = []

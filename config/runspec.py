@@ -165,11 +165,16 @@ class InnerSection:
 
 @dataclass(frozen=True)
 class OuterSection:
-    """The coordinator's outer optimizer: SGD with Nesterov momentum on averaged deltas."""
+    """The outer optimizer on averaged deltas: SGD, with (Nesterov) momentum when `momentum` > 0.
 
-    lr: float = 0.7
-    momentum: float = 0.9
-    nesterov: bool = True
+    The default is plain averaging (lr 1, no momentum), chosen from the outer-step grid of issue #28
+    (benchmarks/compression_bench.py, docs/PERFORMANCE.md "Compression"): within 1% of the best step for fp32
+    and int8 at H = 10 and 50, and the only one under which the sparse codec trains; DiLoCo's Nesterov step
+    (lr 0.7, momentum 0.9) ended 2-10% worse dense and diverged with the sparse codec there."""
+
+    lr: float = 1.0
+    momentum: float = 0.0
+    nesterov: bool = False
 
     def __post_init__(self) -> None:
         _check_positive(self, "outer", "lr")

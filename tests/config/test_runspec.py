@@ -188,3 +188,14 @@ def test_each_codec_key_makes_the_wire_format_it_names():
     lowbit = RunSpec.from_dict({"sync": {"codec": "lowbit", "value_bits": 4, "block_size": 64, "backend": "hivemind"}})
     assert WireFormat.from_sync(lowbit.sync) == WireFormat(pb.CODEC_LOWBIT_BLOCK, 64, 0, 4)
     assert WireFormat.from_sync(RunSpec().sync) == WireFormat(pb.CODEC_INT8_BLOCK, 256)
+
+
+
+def test_the_default_outer_step_is_plain_averaging():
+    """Chosen from the outer-step grid (docs/PERFORMANCE.md "Compression"): SGD, lr 1, no momentum was within 1% of
+    the best step for fp32 and int8 at H = 10 and 50, and the only one under which the sparse codec trains (the old
+    default, Nesterov 0.7 / 0.9, ended 2-10% worse dense and diverged sparse). A config's own [outer] keys win."""
+    default = RunSpec().outer
+    assert (default.lr, default.momentum, default.nesterov) == (1.0, 0.0, False)
+    given = RunSpec.from_dict({"sync": {"codec": "sparse"}, "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": True}})
+    assert (given.outer.lr, given.outer.momentum, given.outer.nesterov) == (0.7, 0.9, True)

@@ -180,9 +180,11 @@ def test_an_accepted_round_moves_the_parameters_by_the_outer_step(swarm):
     before = {k: v.clone() for k, v in local.service.params.items()}
     push(client, a, small_deltas(local, 1e-3), tokens=100)
     push(client, b, small_deltas(local, 5e-3), tokens=300)
-    # Δ̄ = (100·1e-3 + 300·5e-3)/400 = 4e-3; Nesterov from zero momentum: θ − 0.7·(1 + 0.9)·Δ̄.
+    # Δ̄ = (100·1e-3 + 300·5e-3)/400 = 4e-3; the default outer step (plain averaging, lr 1): θ − Δ̄.
+    outer = local.service.spec.outer
+    assert (outer.lr, outer.momentum) == (1.0, 0.0)
     for name, theta in local.service.params.items():
-        torch.testing.assert_close(theta, before[name] - 0.7 * 1.9 * 4e-3, rtol=0, atol=1e-6)
+        torch.testing.assert_close(theta, before[name] - 4e-3, rtol=0, atol=1e-6)
     version, pulled = client.pull(a, a.run_id)
     assert version == 1
     assert tensor_stream.params_sha256(pulled).hex() == client.status().param_sha256
