@@ -4,7 +4,7 @@ training at equal tokens under each codec and outer step.
     python benchmarks/compression_bench.py payload                        # Table 1: bytes and seconds per codec
     python benchmarks/compression_bench.py quality --grid outer --out R.jsonl [--shard 0/2]   # the outer-step grid
     python benchmarks/compression_bench.py quality --grid table2 --out R.jsonl                # Table 2
-    python benchmarks/compression_bench.py quality --grid sparse --out R.jsonl                # density, bits, decay
+    python benchmarks/compression_bench.py quality --grid sparse --out R.jsonl [--sparse-h 50]   # density, bits, decay
     python benchmarks/compression_bench.py report R.jsonl [--plot docs/img/compression_quality.png]
 
 Table 1 (`payload`): for each model preset, the bytes one worker pushes (its update in the run's codec) and pulls
@@ -204,8 +204,8 @@ def _codecs(codecs_: tuple[str, ...], outer_step: str, h: int, steps: int, worke
             for codec in codecs_]
 
 
-def grid(name: str, steps: int, seeds: list[int]) -> list[SimConfig]:
-    """The configurations of one grid (`--grid`), most telling first."""
+def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[SimConfig]:
+    """The configurations of one grid (`--grid`), most telling first; the sparse grid's knobs at H = `sparse_h`."""
     every = ("fp32", "int8", "sparse")
     if name == "outer":
         # Today's default and plain averaging for every codec at H = 10 and 50; other learning rates against int8;
@@ -214,10 +214,10 @@ def grid(name: str, steps: int, seeds: list[int]) -> list[SimConfig]:
         configs += [c for h in (10, 50) for o in ("nesterov-0.3", "sgd-0.7") for c in _codecs(("int8", "sparse"), o, h, steps)]
         configs += [c for o in ("nesterov-0.7", "sgd-1.0") for c in _codecs(("int8", "sparse"), o, 200, max(steps, 2000))]
     elif name == "sparse":
-        base = SimConfig("sparse", "sgd-1.0", 10, steps=steps, **SPARSE_DEFAULTS)
+        base = SimConfig("sparse", "sgd-1.0", sparse_h, steps=steps, **SPARSE_DEFAULTS)
         configs = [base] + [dataclasses_replace(base, **change) for change in (
-            {"density": 0.01}, {"density": 0.03}, {"value_bits": 4}, {"decay": 1.0}, {"decay": 0.9},
-            {"coord_decay": 1.0}, {"down": "fp32"}, {"value_bits": 1})]
+            {"decay": 1.0}, {"density": 0.03}, {"down": "fp32"}, {"value_bits": 4}, {"coord_decay": 1.0},
+            {"density": 0.01}, {"decay": 0.9}, {"value_bits": 1})]
     elif name == "table2":
         configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
     elif name == "all":
@@ -269,7 +269,7 @@ def claim(directory: Path | None, key: str) -> bool:
 
 def run_quality(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
-    configs = grid(args.grid, args.steps, args.seeds)
+    configs = grid(args.grid, args.steps, args.seeds, args.sparse_h)
     index, count = (int(x) for x in args.shard.split("/"))
     configs = configs[index::count]
     out = Path(args.out)
@@ -401,7 +401,7 @@ def plot(records: list[dict[str, Any]], path: Path, step_s: float) -> None:
             tokens = [p[1] for p in curve]
             loss = [p[2] for p in curve]
             seconds = [p[0] * h * step_s + workers * (p[3] + p[4]) / LINK_BYTES_PER_S for p in curve]
-            label = f"{c['codec']} ({r['ratio_up']:.0f}×)"
+            label = f"{c['codec']} {c['outer']} ({r['ratio_up']:.0f}×)"
             axes[0][column].plot(tokens, loss, label=label)
             axes[1][column].plot(seconds, loss, label=label)
         axes[0][column].set_title(f"H = {h}, {workers} workers")
@@ -430,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     quality.add_argument("--seeds", type=int, nargs="+", default=[0])
     quality.add_argument("--shard", default="0/1", help="I/N: run every N-th configuration from the I-th")
     quality.add_argument("--eval-batches", type=int, default=64)
+    quality.add_argument("--sparse-h", type=int, default=10, help="H of the sparse grid's configurations")
     report = commands.add_parser("report", help="the tables (markdown) and the plot of quality records")
     report.add_argument("records", nargs="+")
     report.add_argument("--plot", default="")

@@ -34,6 +34,7 @@ def test_a_stale_by_one_update_is_merged_with_its_weight_and_an_older_one_refuse
         run={"rounds": 6},
         sync={"codec": "fp32", "aggregation": "mean", "min_cosine": -1.0, "max_update_norm": 100.0,
               "round_deadline_s": 0.5},
+        outer={"lr": 0.7, "momentum": 0.9, "nesterov": True},  # the momentum carries round 0 into round 1
     )
     local = start_coordinator(spec)
     client = local.client()

@@ -69,13 +69,16 @@ pytestmark = pytest.mark.slow
 ROUNDS = 20
 HONEST = 4
 OLD_DEFAULTS = {"aggregation": "mean", "max_update_norm": 1e4, "bound_tokens": False, "min_cosine": -1.0}
+# The outer step of those days (DiLoCo's Nesterov; plain averaging is the default since issue #28).
+OLD_OUTER = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
 CHECK_OFF = {"min_cosine": -1.0}
 FACTORS = {"scale": 1e3, "flip": -1.0, "scaled_flip": -1.9, "claim": -1.0}
 
 
-def poisoning_spec(**sync: Any) -> RunSpec:
+def poisoning_spec(outer: dict[str, Any] | None = None, **sync: Any) -> RunSpec:
     """The tiny LSTM, 2 inner steps of 2 × 16 bytes, fp32 updates, every round waiting for the 4 honest workers."""
     return tiny_spec(
+        outer=outer or {},
         run={"rounds": ROUNDS, "workers": HONEST + 1},
         data={"seq_len": 16, "batch_size": 2, "max_bytes": 300_000},
         inner={"steps": 2, "lr": 1e-2},
@@ -256,8 +259,8 @@ def test_the_default_keeps_a_scaled_or_overclaimed_update_out_and_theta_on_the_h
 
 @pytest.mark.parametrize("attack", ["scale", "claim"])
 def test_mean_with_the_old_defaults_diverges_under_the_same_attack(swarms, attack):
-    honest = swarms(poisoning_spec(), None)
-    run = swarms(poisoning_spec(**OLD_DEFAULTS), attack)
+    honest = swarms(poisoning_spec(OLD_OUTER), None)
+    run = swarms(poisoning_spec(OLD_OUTER, **OLD_DEFAULTS), attack)
     assert late_loss(run) > 5 * honest.losses[0], run.losses
     assert max(run.ratios(honest)) > 20
     assert not [e for e in run.events if e[1] in ("dropped", "clipped")]
