@@ -331,9 +331,7 @@ class HivemindWorker:
                     params = dict(zip(self.names, loaded[1][:count]))
                     record = {**hs.digest_record(run, self.version, params), "steps": reference["steps"]}
                     if hs.same_replica(record, reference):
-                        self._load(loaded[1][:count])
-                        self.momentum = [t.clone() for t in loaded[1][count:]]
-                        self._snapshot = (self.version, self._params() + [m.clone() for m in self.momentum])
+                        self._adopt(loaded[1])
                         self._published = record
                         self.peer.publish(hs.DIGEST_KEY, record)
                         log.info("%s: ends on the group's reference replica (drift %.3g from it before)",
@@ -396,12 +394,17 @@ class HivemindWorker:
             log.warning("%s: no peer served its state; training on from version %d", self.name, self.version)
         else:
             self.version, tensors = loaded
-            count = len(self.names)
-            self._load(tensors[:count])
-            self.momentum = [t.clone() for t in tensors[count:]]
-            self._snapshot = (self.version, self._params() + [m.clone() for m in self.momentum])
+            self._adopt(tensors)
             log.info("%s loaded version %d from peers", self.name, self.version)
         self.peer.set_state_version(self.version)
+
+    def _adopt(self, tensors: list[torch.Tensor]) -> None:
+        """Take a peer's state as this one's: θ tensors, then the outer momentum (the state's order), and the
+        snapshot served to others."""
+        count = len(self.names)
+        self._load(tensors[:count])
+        self.momentum = [t.clone() for t in tensors[count:]]
+        self._snapshot = (self.version, self._params() + [m.clone() for m in self.momentum])
 
     def _load(self, tensors: list[torch.Tensor]) -> None:
         self.trainer.load(dict(zip(self.names, tensors)))
