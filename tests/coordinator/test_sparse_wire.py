@@ -17,45 +17,9 @@ import pytest
 import torch
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.sync import codec, tensor_stream
-from tests.helpers.sparse import malformed
+from rcswarm.sync import tensor_stream
+from tests.helpers.sparse import FORMAT, SPARSE, TARGET, honest_deltas, joined, malformed, sparse_push
 from tests.helpers.specs import tiny_spec
-
-SPARSE = {"codec": "sparse", "sparse_chunk": 100, "density": 0.05, "value_bits": 2}
-FORMAT = codec.WireFormat(pb.CODEC_SPARSE, 100, 5, 2)
-TARGET = "embed.weight"  # 8192 elements: 81 chunks of 100 and one of 92
-
-
-def honest_deltas(shapes: dict[str, tuple[int, ...]], index: int) -> dict[str, torch.Tensor]:
-    """Updates that share a direction: g + noise, g the same for every worker, noise per worker."""
-    common = torch.Generator().manual_seed(100)
-    own = torch.Generator().manual_seed(200 + index)
-    return {name: 1e-3 * torch.randn(shape, generator=common) + 4e-4 * torch.randn(shape, generator=own)
-            for name, shape in shapes.items()}
-
-
-def sparse_push(client, member, deltas: dict[str, torch.Tensor], *, version: int = 0, encoded=None, corrupt=None):
-    """Push `deltas` in the run's sparse format (or `encoded` bytes), with the header or chunks changed by `corrupt`."""
-    encoded = encoded or codec.ErrorFeedback().compress(deltas, FORMAT)
-    header, chunks = tensor_stream.build_payload(deltas, codec=FORMAT, run_id=member.run_id, version=version,
-                                                 encoded=encoded)
-    if corrupt:
-        corrupt(header, chunks)
-    meta = pb.UpdateMeta(worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=version,
-                         tokens=128, inner_steps=1)
-    return client.push(meta, header, chunks)
-
-
-def joined(local, names: list[str]) -> tuple[Any, list[Any], dict[str, torch.Tensor]]:
-    """A client, members that pulled version 0, and θ_0."""
-    client = local.client()
-    members = []
-    theta = None
-    for name in names:
-        member = client.join(name, "cpu", 1)
-        _, theta = client.pull(member, member.run_id)
-        members.append(member)
-    return client, members, theta
 
 
 def test_both_directions_are_sparse_and_replicas_rebuild_theta_bit_for_bit(start_coordinator) -> None:
