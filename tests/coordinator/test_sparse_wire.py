@@ -3,7 +3,8 @@
 Both directions are sparse: a worker pushes its update sparse and pulls the round's step sparse (the coordinator's
 error feedback on it), rebuilt bit for bit; every malformed sparse payload is refused with INVALID_ARGUMENT before
 anything is recorded; a poisoned sparse update (huge values at a few indices) is refused by the norm bound, and
-with that bound lifted moves θ no more than one clipped worker's share.
+with that bound lifted moves θ no more than one clipped worker's share; trimmed_mean and centered_clip, with the
+direction check off too, keep θ near the honest round's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.sync import tensor_stream
+from rcswarm.sync import codec, tensor_stream
 from tests.helpers.sparse import FORMAT, SPARSE, TARGET, honest_deltas, joined, malformed, sparse_push
 from tests.helpers.specs import tiny_spec
 
@@ -161,3 +162,32 @@ def test_a_poisoned_sparse_update_is_refused_or_bounded(start_coordinator) -> No
     _, undefended, _ = one_round(start_coordinator, {"max_update_norm": 1e9, "aggregation": "mean", "min_cosine": -1.0},
                                  attacker=True)
     assert distance(undefended, honest) > 100 * honest_step
+
+
+@pytest.mark.parametrize("aggregation", ["trimmed_mean", "centered_clip"])
+def test_a_poisoned_sparse_update_is_bounded_by_the_robust_aggregators_alone(start_coordinator, aggregation) -> None:
+    """The hard bound lifted and the direction check off: trimmed_mean drops the poisoned entries (each is the
+    largest value of its coordinate) and centered_clip clips the update's distance to the centre to τ, so θ_1 stays
+    near the honest θ_1 of the same aggregator; the plain mean moves it thousands of honest steps (test above)."""
+    sync = {"max_update_norm": 1e9, "aggregation": aggregation, "min_cosine": -1.0}
+    theta0, honest, (status, _) = one_round(start_coordinator, sync, attacker=False)
+    assert status.version == 1
+    honest_step = distance(honest, theta0)
+    _, attacked, (status, refusal) = one_round(start_coordinator, sync, attacker=True)
+    assert refusal is None and status.version == 1
+    assert status.rounds[-2].aggregation.startswith(aggregation)
+    assert distance(attacked, honest) <= 2.0 * honest_step
+    largest = max(float((attacked[k] - theta0[k]).abs().max()) for k in theta0)  # the mean's: 1e3 / 4
+    largest_honest = max(float((honest[k] - theta0[k]).abs().max()) for k in theta0)
+    if aggregation == "trimmed_mean":
+        # Each poisoned entry is its coordinate's largest value and trimmed: no coordinate moves beyond honest sizes.
+        assert largest <= 2.0 * largest_honest
+        return
+    # centered_clip bounds the attacker's pull in L2, not per coordinate: 3 iterations at weight 1/4 and τ = R, the
+    # median norm (at most the largest honest one), so on its 5 coordinates at most 3/4 of an honest update's norm.
+    attacker = next(w for w in status.workers if w.name == "attacker")
+    assert attacker.clipped_updates == 1
+    shapes = {k: tuple(t.shape) for k, t in theta0.items()}
+    decoded = [codec.ErrorFeedback().compress_decoded(honest_deltas(shapes, i), FORMAT)[1] for i in range(3)]
+    honest_norm = max(math.sqrt(sum(float(torch.sum(t.double() ** 2)) for t in d.values())) for d in decoded)
+    assert largest <= 0.75 * honest_norm + largest_honest
