@@ -340,8 +340,8 @@ SUMMARY_NOTES = (
     ("⁴ share of wall time synchronizing: mean over workers of sync / (sync + compute) seconds; busy: their mean "
      "compute utilization, inner-step seconds over wall seconds from their first pull to their last row"),
     "⁵ megabytes all workers sent (pushes) and received (pulls) per round, together",
-    ("⁶ θ's float32 bytes over one worker's bytes per round, up (its update) / down (its pull; the first, full, "
-     "pull included)"),
+    ("⁶ θ's float32 bytes over one worker's bytes per round, up (its update) / down (its pull of the round's step; "
+     "full pulls of θ, a worker's first included, are summary.json's full_pull_bytes)"),
 )
 
 

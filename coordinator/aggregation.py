@@ -105,8 +105,15 @@ payload like any other), so each applies unchanged; what changes is what the dat
   the negative of the original's and is dropped.
 * trimmed_mean trims per coordinate over all n updates, zeros included: a coordinate that fewer
   than k + 1 workers sent keeps only zeros after the trim, so on sparse updates it keeps the
-  coordinates several workers agree on and drops most of the rest (the bench gives its cost).
-* centered_clip measures distances between dense decoded vectors and clips as before.
+  coordinates several workers agree on and drops most of the rest (the bench gives its cost). A
+  poisoned entry is the largest (or smallest) value of its coordinate and is trimmed with k ≥ 1;
+  the attacker's zeros elsewhere stay within the honest values' range after the trim.
+* centered_clip measures distances between dense decoded vectors and clips as before: it bounds a
+  worker's pull in L2 (w_i τ per iteration), not per coordinate, so a poisoned sparse update moves
+  its few coordinates by up to `centered_clip_iterations` · w_i · τ each, the bound, not more.
+Both are attacked with the hard bound lifted and the direction check off in
+tests/coordinator/test_sparse_wire.py (`..._bounded_by_the_robust_aggregators_alone`): θ_1 stays within
+2 honest steps of the honest round's (the plain mean: thousands).
 
 Memory: every aggregator runs slice by slice through float64 buffers of about
 `outer.AVERAGE_SLICE` elements (trimmed_mean and the direction check: AVERAGE_SLICE / n

@@ -281,8 +281,10 @@ class Traffic:
     """Bytes of the updates a coordinator received and the pulls it served, for GetStatus (issue #28).
 
     `fp32_bytes`: θ's tensors in float32, what one update or one pull moves uncompressed (the ratio's base).
-    Per worker per round is per update and per pull: each worker pushes once and pulls once a round (a full
-    pull after a join or a missed round counts where it happened). Every method: the coordinator's `_lock` held.
+    Per worker per round is per update and per pull of a round's step: each worker pushes once and pulls the step
+    once a round. A full pull of θ (after a join or a missed round: float32 whatever the codec) is counted apart,
+    in `full_pull_bytes` and `full_pulls`, so that the downlink's mean is the steady state (observe/traffic.py).
+    Every method: the coordinator's `_lock` held.
     """
 
     fp32_bytes: int
@@ -290,6 +292,8 @@ class Traffic:
     updates: int = 0
     down_bytes: int = 0
     pulls: int = 0
+    full_pull_bytes: int = 0
+    full_pulls: int = 0
 
     def count_up(self, worker: WorkerRecord | None, size: int) -> None:
         """An accepted update of `size` message bytes (lock held)."""
@@ -297,14 +301,17 @@ class Traffic:
         if worker is not None:
             worker.round_bytes_up = size
 
-    def count_down(self, worker: WorkerRecord | None, size: int) -> None:
-        """A pull streamed in full, `size` message bytes (lock held)."""
-        self.down_bytes, self.pulls = self.down_bytes + size, self.pulls + 1
+    def count_down(self, worker: WorkerRecord | None, size: int, full: bool) -> None:
+        """A pull streamed in full, `size` message bytes: θ itself when `full`, else a round's step (lock held)."""
+        if full:
+            self.full_pull_bytes, self.full_pulls = self.full_pull_bytes + size, self.full_pulls + 1
+        else:
+            self.down_bytes, self.pulls = self.down_bytes + size, self.pulls + 1
         if worker is not None:
             worker.round_bytes_down = size
 
     def fill(self, response: pb.GetStatusResponse) -> None:
-        """Set the run's traffic fields of a GetStatus reply (lock held)."""
+        """Set the run's traffic fields of a GetStatus reply (lock held); the downlink's is the steps' mean."""
         response.fp32_bytes = self.fp32_bytes
         response.bytes_up_per_round = self.up_bytes / self.updates if self.updates else 0.0
         response.bytes_down_per_round = self.down_bytes / self.pulls if self.pulls else 0.0

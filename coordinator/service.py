@@ -60,6 +60,7 @@ from rcswarm.coordinator.records import (
     WorkerRecord,
 )
 from rcswarm.coordinator.resume import resume
+from rcswarm.observe import traffic
 from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
@@ -224,8 +225,10 @@ class SwarmCoordinator:
         self.stopped: str | None = store.get("stopped")
         self.param_sha256 = tensor_stream.params_sha256(self.params)
         self._pull_payload = LazyPullPayload(self.params, self.run_id, self.version, self.param_sha256)
-        # Bytes of updates received and pulls served (issue #28), for GetStatus.
-        self.traffic = Traffic(4 * sum(t.numel() for t in self.params.values()))
+        # Bytes of updates received and pulls served (issue #28), for GetStatus; the full pulls of earlier lives too.
+        full_bytes, full_count = traffic.full_pulls(store.get(traffic.FULL_PULLS_KEY))
+        self.traffic = Traffic(4 * sum(t.numel() for t in self.params.values()), full_pull_bytes=full_bytes,
+                               full_pulls=full_count)
 
     @property
     def curriculum(self) -> curricula.CurriculumState:
@@ -381,7 +384,10 @@ class SwarmCoordinator:
             served += message.ByteSize()
             yield message
         with self._lock:
-            self.traffic.count_down(self.workers.get(request.worker_id), served)
+            self.traffic.count_down(self.workers.get(request.worker_id), served, full=payload is not None)
+            if payload is not None:
+                self.store.set_many({traffic.FULL_PULLS_KEY: traffic.full_pulls_value(self.traffic.full_pull_bytes,
+                                                                                       self.traffic.full_pulls)})
 
     def _pick_payload(
         self, request: pb.PullParametersRequest

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rcswarm.observe import traffic
 from rcswarm.state.store import StateStore
 
 # What the forecasts forecast (issue #30): the mean training loss of a round's steps, not a held-out loss.
@@ -31,10 +32,13 @@ class RunSummary:
     bytes_received_per_round: float
     sync_share: float
     wall_seconds: float
-    # Issue #28: the bytes one worker sent (its updates) and received (its pulls, the first full one included)
-    # per update the rounds applied: per worker per round.
+    # Issue #28: the bytes one worker sent (its updates) and received (its pulls of the rounds' steps) per update
+    # the rounds applied: per worker per round, the steady state. The full pulls of θ (a worker's first, one after a
+    # missed round; float32 whatever the codec) are left out of it and counted here: total bytes and pulls.
     bytes_up_per_worker_round: float = 0.0
     bytes_down_per_worker_round: float = 0.0
+    full_pull_bytes: int = 0
+    full_pulls: int = 0
     # Issue #29: the workers' mean compute utilization (`WorkerUsage.utilization`), NaN without one.
     utilization: float = math.nan
 
@@ -55,6 +59,8 @@ def summarize(store: StateStore) -> RunSummary:
               if w.sync_seconds + w.compute_seconds > 0]
     wall = ended - min(started, rounds.first_opened_at or started)
     utilizations = [w.utilization for w in per_worker if math.isfinite(w.utilization)]
+    full_bytes, full_count = traffic.full_pulls(store.get(traffic.FULL_PULLS_KEY))
+    received = sum(w.bytes_received for w in per_worker)
     return RunSummary(
         rounds=rounds.count,
         workers=len(per_worker),
@@ -67,7 +73,9 @@ def summarize(store: StateStore) -> RunSummary:
         sync_share=sum(shares) / len(shares) if shares else math.nan,
         wall_seconds=wall,
         bytes_up_per_worker_round=sum(w.bytes_sent for w in per_worker) / max(rounds.reports, 1),
-        bytes_down_per_worker_round=sum(w.bytes_received for w in per_worker) / max(rounds.reports, 1),
+        bytes_down_per_worker_round=max(received - full_bytes, 0) / max(rounds.reports, 1),
+        full_pull_bytes=full_bytes,
+        full_pulls=full_count,
         utilization=sum(utilizations) / len(utilizations) if utilizations else math.nan,
     )
 

@@ -3,11 +3,32 @@ and the run summary.
 
 `fp32_bytes` is θ's tensors in float32, what one update or one pull moves uncompressed; a ratio is fp32_bytes over
 the bytes that moved (message bytes, headers included), so 100 means a hundred times less traffic than fp32.
+
+The downlink's figure is the steady state: the pulls of a round's step. A full pull of θ (a worker's first, or one
+after a missed round) moves θ in float32 whatever the codec; the coordinator counts those apart and keeps their
+total in its store under `FULL_PULLS_KEY`, so that the run summary can take them out of the workers' byte counters.
 """
 
 from __future__ import annotations
 
+import json
 import math
+
+# The run_state key of the full pulls a coordinator served: {"bytes": total message bytes, "pulls": count}.
+FULL_PULLS_KEY = "traffic.full_pulls"
+
+
+def full_pulls(stored: str | None) -> tuple[int, int]:
+    """(bytes, pulls) of the full pulls from `FULL_PULLS_KEY`'s stored value ((0, 0) when unset)."""
+    if not stored:
+        return 0, 0
+    value = json.loads(stored)
+    return int(value["bytes"]), int(value["pulls"])
+
+
+def full_pulls_value(size: int, pulls: int) -> str:
+    """`FULL_PULLS_KEY`'s value for `size` bytes over `pulls` full pulls."""
+    return json.dumps({"bytes": size, "pulls": pulls})
 
 
 def ratio(fp32_bytes: float, moved: float) -> float:

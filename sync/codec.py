@@ -343,6 +343,13 @@ def _encode_lowbit_block(flat: torch.Tensor, fmt: WireFormat) -> bytes:
     return scales.numpy().astype("<f4", copy=False).tobytes() + packed.tobytes()
 
 
+def _bit_positions(start: int, count: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(byte, shift) of values start..start+count of a `width`-bit stream: value i begins at bit i·width, i.e. at
+    bit `shift` of byte `byte`, and with width <= 16 ends within that byte and the next two."""
+    bit = np.arange(start, start + count, dtype=np.int64) * width  # [count]
+    return bit >> 3, (bit & 7).astype(np.uint32)
+
+
 def _pack_bits(values: np.ndarray, width: int) -> bytes:
     """Unsigned integers below 2**width (width <= 16) as one bit stream, least significant bit first, padded with
     zero bits to a byte; `_PACK_SLICE` values at a time (a multiple of 8, so every slice ends on a byte)."""
@@ -356,64 +363,87 @@ def _pack_bits(values: np.ndarray, width: int) -> bytes:
 
 def _unpack_bits(buf: memoryview, count: int, width: int, what: str) -> np.ndarray:
     """`_pack_bits`'s `count` values (uint16) from `buf`, which holds exactly their bytes; ValueError for
-    non-zero padding bits (`what` names the stream)."""
+    non-zero padding bits (`what` names the stream). Each value is read from the three bytes it begins in."""
     raw = np.frombuffer(buf, dtype=np.uint8)
     tail = count * width % 8
     if tail and raw.size and int(raw[-1]) >> tail:
         raise ValueError(f"{what}: the padding bits of the last byte are not zero")
+    padded = np.concatenate([raw, np.zeros(2, dtype=np.uint8)])  # [bytes + 2]
     out = np.empty(count, dtype=np.uint16)  # [count]
-    step = _PACK_SLICE
-    for start in range(0, count, step):
-        stop = min(start + step, count)
-        first_bit = start * width  # a multiple of 8: `step` is
-        bits = np.unpackbits(raw[first_bit // 8:], count=(stop - start) * width, bitorder="little")
-        wide = np.zeros((stop - start, 16), dtype=np.uint8)  # [slice, 16]
-        wide[:, :width] = bits.reshape(stop - start, width)
-        out[start:stop] = np.packbits(wide, axis=1, bitorder="little").view("<u2").reshape(-1)
+    mask = np.uint32((1 << width) - 1)
+    for start in range(0, count, _PACK_SLICE):
+        stop = min(start + _PACK_SLICE, count)
+        byte, shift = _bit_positions(start, stop - start, width)  # [slice] each
+        word = padded[byte].astype(np.uint32)  # [slice] the three bytes each value begins in
+        word |= padded[byte + 1].astype(np.uint32) << np.uint32(8)
+        word |= padded[byte + 2].astype(np.uint32) << np.uint32(16)
+        word >>= shift
+        word &= mask
+        out[start:stop] = word
     return out
+
+
+def _sparse_groups(length: int, keep: int) -> int:
+    """Entries per group of `_top_entries`'s two-stage selection in rows of `length` keeping `keep`: the largest
+    power of two dividing `length` with at least 4 · keep groups; 1 (a plain top-k) where none above 1 fits."""
+    group = 1
+    while length % (2 * group) == 0 and length // (2 * group) >= 4 * keep:
+        group *= 2
+    return group
 
 
 def _top_entries(rows: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(offsets [r, keep] in increasing order, their values [r, keep]) of the `keep` entries of each row of
-    `rows` [r, n] largest in magnitude (ties: torch.topk's choice)."""
-    _, offsets = torch.topk(rows.abs(), keep, dim=1, sorted=False)  # [r, keep]
+    `rows` [r, n] largest in magnitude (ties: any of the tied entries). A NaN counts as the largest magnitude.
+
+    Where the rows split into groups (`_sparse_groups`), two stages select the same set at a fraction of a plain
+    top-k's cost: row entry a · m + j belongs to group j of m (a strided view, so each group's largest magnitude is
+    a maximum over `group` contiguous rows of m); the `keep` groups with the largest maxima hold every entry of the
+    row's top `keep` (an entry outside them has `keep` group maxima at least as large, one per group, above it),
+    so the top `keep` of those groups' `keep · group` entries is the row's.
+    """
+    r, n = rows.shape
+    group = _sparse_groups(n, keep)
+    if group == 1:
+        _, offsets = torch.topk(rows.abs(), keep, dim=1, sorted=False)  # [r, keep]
+    else:
+        m = n // group
+        strided = rows.view(r, group, m)  # entry a · m + j at [a, j]
+        peak = torch.maximum(strided.amax(dim=1), strided.amin(dim=1).neg_())  # [r, m] largest magnitude per group
+        _, groups = torch.topk(peak, keep, dim=1, sorted=False)  # [r, keep] the groups j kept
+        candidates = torch.gather(strided, 2, groups.unsqueeze(1).expand(r, group, keep)).abs_()  # [r, group, keep]
+        _, best = torch.topk(candidates.view(r, group * keep), keep, dim=1, sorted=False)  # [r, keep] a · keep + i
+        offsets = torch.div(best, keep, rounding_mode="floor").mul_(m).add_(torch.gather(groups, 1, best % keep))
     offsets, _ = torch.sort(offsets, dim=1)
     return offsets, torch.gather(rows, 1, offsets)
 
 
 def _encode_sparse(flat: torch.Tensor, fmt: WireFormat) -> bytes:
-    if not all_finite(flat):
-        bad = int((~torch.isfinite(flat)).sum())
-        raise ValueError(f"CODEC_SPARSE cannot encode non-finite values ({bad} of {flat.numel()})")
     numel, chunk = flat.numel(), fmt.block_size
     full, rest, kept_last = _sparse_counts(numel, fmt)
-    offsets, values = [], []
+    parts = []  # (offsets [chunks in part, kept], values [chunks in part, kept])
     if full:
-        o, v = _top_entries(flat[: full * chunk].view(full, chunk), fmt.keep)  # [full, keep] each
-        offsets.append(o.reshape(-1))
-        values.append(v)
+        parts.append(_top_entries(flat[: full * chunk].view(full, chunk), fmt.keep))
     if rest:
-        o, v = _top_entries(flat[full * chunk:].view(1, rest), kept_last)  # [1, kept_last] each
-        offsets.append(o.reshape(-1))
-        values.append(v)
-    if not offsets:
+        parts.append(_top_entries(flat[full * chunk:].view(1, rest), kept_last))
+    if not parts:
         return b""
-    magnitudes = [v.abs() for v in values]  # [chunks in part, kept] each
-    lo = torch.cat([m.amin(dim=1) for m in magnitudes])  # [chunks]
-    hi = torch.cat([m.amax(dim=1) for m in magnitudes])  # [chunks]
     levels = 1 << (fmt.value_bits - 1)
-    width = (hi - lo) / levels  # [chunks]
-    divisor = torch.where(width > 0, width, torch.ones_like(width))  # [chunks]
-    codes = []
-    start = 0
-    for v, m in zip(values, magnitudes):
-        rows = v.shape[0]
-        q = ((m - lo[start:start + rows, None]) / divisor[start:start + rows, None]).floor_().clamp_(0, levels - 1)
-        q = q.to(torch.uint8) | ((v < 0).to(torch.uint8) << (fmt.value_bits - 1))  # [rows, kept]
-        codes.append(q.reshape(-1))
-        start += rows
-    scales = torch.stack([lo, hi], dim=1)  # [chunks, 2]
-    return (scales.numpy().astype("<f4", copy=False).tobytes()
+    scales, offsets, codes = [], [], []
+    for o, v in parts:
+        magnitude = v.abs()  # [rows, kept]
+        lo, hi = torch.aminmax(magnitude, dim=1)  # [rows] each
+        # A non-finite entry (NaN counts as the largest magnitude) is always kept, so the kept values show it.
+        if not bool(torch.isfinite(hi).all()):
+            bad = int((~torch.isfinite(flat)).sum())
+            raise ValueError(f"CODEC_SPARSE cannot encode non-finite values ({bad} of {numel})")
+        width = (hi - lo) / levels  # [rows]
+        divisor = torch.where(width > 0, width, torch.ones_like(width))  # [rows]
+        q = magnitude.sub_(lo[:, None]).div_(divisor[:, None]).floor_().clamp_(0, levels - 1)  # [rows, kept]
+        codes.append((q.to(torch.uint8) | ((v < 0).to(torch.uint8) << (fmt.value_bits - 1))).reshape(-1))
+        offsets.append(o.reshape(-1))
+        scales.append(torch.stack([lo, hi], dim=1))  # [rows, 2]
+    return (torch.cat(scales).numpy().astype("<f4", copy=False).tobytes()
             + _pack_bits(torch.cat(offsets).numpy(), offset_bits(chunk))
             + _pack_bits(torch.cat(codes).numpy(), fmt.value_bits))
 

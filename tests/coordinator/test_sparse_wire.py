@@ -3,7 +3,8 @@
 Both directions are sparse: a worker pushes its update sparse and pulls the round's step sparse (the coordinator's
 error feedback on it), rebuilt bit for bit; every malformed sparse payload is refused with INVALID_ARGUMENT before
 anything is recorded; a poisoned sparse update (huge values at a few indices) is refused by the norm bound, and
-with that bound lifted moves θ no more than one clipped worker's share.
+with that bound lifted moves θ no more than one clipped worker's share; trimmed_mean and centered_clip, with the
+direction check off too, keep θ near the honest round's.
 """
 
 from __future__ import annotations
@@ -18,44 +19,8 @@ import torch
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec, tensor_stream
-from tests.helpers.sparse import malformed
+from tests.helpers.sparse import FORMAT, SPARSE, TARGET, honest_deltas, joined, malformed, sparse_push
 from tests.helpers.specs import tiny_spec
-
-SPARSE = {"codec": "sparse", "sparse_chunk": 100, "density": 0.05, "value_bits": 2}
-FORMAT = codec.WireFormat(pb.CODEC_SPARSE, 100, 5, 2)
-TARGET = "embed.weight"  # 8192 elements: 81 chunks of 100 and one of 92
-
-
-def honest_deltas(shapes: dict[str, tuple[int, ...]], index: int) -> dict[str, torch.Tensor]:
-    """Updates that share a direction: g + noise, g the same for every worker, noise per worker."""
-    common = torch.Generator().manual_seed(100)
-    own = torch.Generator().manual_seed(200 + index)
-    return {name: 1e-3 * torch.randn(shape, generator=common) + 4e-4 * torch.randn(shape, generator=own)
-            for name, shape in shapes.items()}
-
-
-def sparse_push(client, member, deltas: dict[str, torch.Tensor], *, version: int = 0, encoded=None, corrupt=None):
-    """Push `deltas` in the run's sparse format (or `encoded` bytes), with the header or chunks changed by `corrupt`."""
-    encoded = encoded or codec.ErrorFeedback().compress(deltas, FORMAT)
-    header, chunks = tensor_stream.build_payload(deltas, codec=FORMAT, run_id=member.run_id, version=version,
-                                                 encoded=encoded)
-    if corrupt:
-        corrupt(header, chunks)
-    meta = pb.UpdateMeta(worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=version,
-                         tokens=128, inner_steps=1)
-    return client.push(meta, header, chunks)
-
-
-def joined(local, names: list[str]) -> tuple[Any, list[Any], dict[str, torch.Tensor]]:
-    """A client, members that pulled version 0, and θ_0."""
-    client = local.client()
-    members = []
-    theta = None
-    for name in names:
-        member = client.join(name, "cpu", 1)
-        _, theta = client.pull(member, member.run_id)
-        members.append(member)
-    return client, members, theta
 
 
 def test_both_directions_are_sparse_and_replicas_rebuild_theta_bit_for_bit(start_coordinator) -> None:
@@ -197,3 +162,32 @@ def test_a_poisoned_sparse_update_is_refused_or_bounded(start_coordinator) -> No
     _, undefended, _ = one_round(start_coordinator, {"max_update_norm": 1e9, "aggregation": "mean", "min_cosine": -1.0},
                                  attacker=True)
     assert distance(undefended, honest) > 100 * honest_step
+
+
+@pytest.mark.parametrize("aggregation", ["trimmed_mean", "centered_clip"])
+def test_a_poisoned_sparse_update_is_bounded_by_the_robust_aggregators_alone(start_coordinator, aggregation) -> None:
+    """The hard bound lifted and the direction check off: trimmed_mean drops the poisoned entries (each is the
+    largest value of its coordinate) and centered_clip clips the update's distance to the centre to τ, so θ_1 stays
+    near the honest θ_1 of the same aggregator; the plain mean moves it thousands of honest steps (test above)."""
+    sync = {"max_update_norm": 1e9, "aggregation": aggregation, "min_cosine": -1.0}
+    theta0, honest, (status, _) = one_round(start_coordinator, sync, attacker=False)
+    assert status.version == 1
+    honest_step = distance(honest, theta0)
+    _, attacked, (status, refusal) = one_round(start_coordinator, sync, attacker=True)
+    assert refusal is None and status.version == 1
+    assert status.rounds[-2].aggregation.startswith(aggregation)
+    assert distance(attacked, honest) <= 2.0 * honest_step
+    largest = max(float((attacked[k] - theta0[k]).abs().max()) for k in theta0)  # the mean's: 1e3 / 4
+    largest_honest = max(float((honest[k] - theta0[k]).abs().max()) for k in theta0)
+    if aggregation == "trimmed_mean":
+        # Each poisoned entry is its coordinate's largest value and trimmed: no coordinate moves beyond honest sizes.
+        assert largest <= 2.0 * largest_honest
+        return
+    # centered_clip bounds the attacker's pull in L2, not per coordinate: 3 iterations at weight 1/4 and τ = R, the
+    # median norm (at most the largest honest one), so on its 5 coordinates at most 3/4 of an honest update's norm.
+    attacker = next(w for w in status.workers if w.name == "attacker")
+    assert attacker.clipped_updates == 1
+    shapes = {k: tuple(t.shape) for k, t in theta0.items()}
+    decoded = [codec.ErrorFeedback().compress_decoded(honest_deltas(shapes, i), FORMAT)[1] for i in range(3)]
+    honest_norm = max(math.sqrt(sum(float(torch.sum(t.double() ** 2)) for t in d.values())) for d in decoded)
+    assert largest <= 0.75 * honest_norm + largest_honest

@@ -1,5 +1,6 @@
 """Malformed CODEC_SPARSE payloads (issue #28): each corruption of a valid tensor's bytes, for the codec's tests and the
-wire's. A corruption takes the tensor's encoded bytes and returns bad ones; its fragment is in the refusal."""
+wire's. A corruption takes the tensor's encoded bytes and returns bad ones; its fragment is in the refusal. And a
+sparse run's members on the real wire: joined clients, honest updates and sparse pushes."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
-from rcswarm.sync import codec
+from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.sync import codec, tensor_stream
 
 Corrupt = Callable[[bytes], bytes]
 
@@ -87,3 +91,42 @@ def malformed(fmt: codec.WireFormat, numel: int) -> list[tuple[str, Corrupt, str
         ("lo above hi", scale(0, 1e30), "bad scales"),
         ("non-zero padding", padding, "padding bits"),
     ]
+
+
+# ---- a sparse run on the real wire (tests/coordinator/test_sparse_wire.py, tests/observe/test_traffic_views.py) ----
+
+SPARSE = {"codec": "sparse", "sparse_chunk": 100, "density": 0.05, "value_bits": 2}
+FORMAT = codec.WireFormat(pb.CODEC_SPARSE, 100, 5, 2)
+TARGET = "embed.weight"  # 8192 elements: 81 chunks of 100 and one of 92
+
+
+def honest_deltas(shapes: dict[str, tuple[int, ...]], index: int) -> dict[str, torch.Tensor]:
+    """Updates that share a direction: g + noise, g the same for every worker, noise per worker."""
+    common = torch.Generator().manual_seed(100)
+    own = torch.Generator().manual_seed(200 + index)
+    return {name: 1e-3 * torch.randn(shape, generator=common) + 4e-4 * torch.randn(shape, generator=own)
+            for name, shape in shapes.items()}
+
+
+def sparse_push(client, member, deltas: dict[str, torch.Tensor], *, version: int = 0, encoded=None, corrupt=None):
+    """Push `deltas` in the run's sparse format (or `encoded` bytes), with the header or chunks changed by `corrupt`."""
+    encoded = encoded or codec.ErrorFeedback().compress(deltas, FORMAT)
+    header, chunks = tensor_stream.build_payload(deltas, codec=FORMAT, run_id=member.run_id, version=version,
+                                                 encoded=encoded)
+    if corrupt:
+        corrupt(header, chunks)
+    meta = pb.UpdateMeta(worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=version,
+                         tokens=128, inner_steps=1)
+    return client.push(meta, header, chunks)
+
+
+def joined(local, names: list[str]) -> tuple[Any, list[Any], dict[str, torch.Tensor]]:
+    """A client, members that pulled version 0, and θ_0."""
+    client = local.client()
+    members = []
+    theta = None
+    for name in names:
+        member = client.join(name, "cpu", 1)
+        _, theta = client.pull(member, member.run_id)
+        members.append(member)
+    return client, members, theta

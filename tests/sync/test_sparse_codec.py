@@ -116,6 +116,43 @@ def test_sparse_encode_rejects_non_finite_values() -> None:
             codec.encode(x, SPARSE)
 
 
+@pytest.mark.parametrize("chunk, keep", [(4096, 82), (4096, 41), (4096, 123), (65536, 655), (1024, 1), (96, 3)])
+def test_sparse_two_stage_selection_is_the_plain_top_k(chunk: int, keep: int) -> None:
+    """The grouped selection (`_sparse_groups` > 1 for every case here) keeps each chunk's top-k set exactly."""
+    assert codec._sparse_groups(chunk, keep) > 1
+    x = _distinct((5 * chunk + chunk // 3,), seed=chunk + keep)
+    fmt = codec.WireFormat(pb.CODEC_SPARSE, chunk, keep, 3)
+    decoded = codec.decode(codec.encode(x, fmt), fmt, x.shape)
+    for start, part in _chunks(x, chunk):
+        top = set(torch.topk(part.abs(), _kept(fmt, part.numel())).indices.tolist())
+        assert set(torch.nonzero(decoded[start:start + part.numel()]).reshape(-1).tolist()) == top
+
+
+@pytest.mark.parametrize("where", ["one in a full chunk", "a whole full chunk", "the short last chunk"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_sparse_encode_rejects_non_finite_values_wherever_they_are(where: str, bad: float) -> None:
+    """Non-finite entries are found among the kept ones (NaN ranks as the largest magnitude), grouped or not."""
+    x = torch.randn(3 * 4096 + 100)
+    if where == "one in a full chunk":
+        x[4096 + 777] = bad
+    elif where == "a whole full chunk":
+        x[4096:8192] = bad
+    else:
+        x[-3] = bad
+    with pytest.raises(ValueError, match="CODEC_SPARSE cannot encode non-finite values"):
+        codec.encode(x, SPARSE)
+
+
+@pytest.mark.parametrize("width", range(1, 17))
+def test_bit_streams_round_trip_at_every_width(width: int) -> None:
+    gen = torch.Generator().manual_seed(width)
+    for count in (0, 1, 7, 8, 9, 1001):
+        values = torch.randint(0, 1 << width, (count,), generator=gen).numpy().astype("uint16")
+        packed = codec._pack_bits(values, width)
+        assert len(packed) == -(-count * width // 8)
+        assert (codec._unpack_bits(memoryview(packed), count, width, "test") == values).all()
+
+
 MALFORMED_FORMAT = codec.WireFormat(pb.CODEC_SPARSE, 100, 4, 2)  # 7-bit offsets: 100..127 fit and are out of range
 MALFORMED = [
     *malformed(MALFORMED_FORMAT, 205),
