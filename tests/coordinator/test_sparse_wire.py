@@ -20,11 +20,14 @@ import torch
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec, tensor_stream
 from tests.helpers.sparse import FORMAT, SPARSE, TARGET, honest_deltas, joined, malformed, sparse_push
+
+# These members speak the wire without heartbeats: a lease far beyond a test's length under any load.
+LONG_LEASE = {"lease_s": 300.0}
 from tests.helpers.specs import tiny_spec
 
 
 def test_both_directions_are_sparse_and_replicas_rebuild_theta_bit_for_bit(start_coordinator) -> None:
-    local = start_coordinator(tiny_spec(sync=SPARSE))
+    local = start_coordinator(tiny_spec(sync=SPARSE, coordinator=LONG_LEASE))
     client, (a, b), theta0 = joined(local, ["a", "b"])
     full_pull = client.bytes_received / 2
     shapes = local.service.shapes
@@ -95,7 +98,7 @@ BAD = [
 def test_every_malformed_sparse_payload_is_refused_on_the_wire_and_nothing_is_applied(
     start_coordinator, name, corrupt, fragment,
 ) -> None:
-    local = start_coordinator(tiny_spec(sync=SPARSE))
+    local = start_coordinator(tiny_spec(sync=SPARSE, coordinator=LONG_LEASE))
     client, (a, b), _ = joined(local, ["a", "b"])
     before = client.status()
     deltas = honest_deltas(local.service.shapes, 0)
@@ -121,7 +124,7 @@ def attack_deltas(shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]
 
 def one_round(start_coordinator, sync: dict[str, Any], attacker: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
     """θ_0 and θ_1 of a round of 3 honest sparse updates (and the attacker's, pushed first), and the last status."""
-    local = start_coordinator(tiny_spec(sync={**SPARSE, **sync}))
+    local = start_coordinator(tiny_spec(sync={**SPARSE, **sync}, coordinator=LONG_LEASE))
     names = ["honest0", "honest1", "honest2"] + (["attacker"] if attacker else [])
     client, members, theta0 = joined(local, names)
     refusal = None
