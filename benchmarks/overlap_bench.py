@@ -1,7 +1,8 @@
 """Overlapped rounds against blocking ones through a slow link (issue #29): utilization, wall time, held-out loss.
 
     python benchmarks/overlap_bench.py [--workers 2] [--rounds 12] [--steps 20] [--links 100,1000] [--rtt-ms 50]
-                                       [--codecs int8,sparse] [--preset tiny] [--on-extra 0.5] [--out R.json]
+                                       [--codecs int8,sparse] [--model lm|frame] [--preset tiny] [--on-extra 0.5]
+                                       [--out R.json]
 
 For each (link, codec, overlap off/on): a coordinator in this process (`RunningCoordinator`, a fresh state dir), a
 `LinkProxy` (benchmarks/link_proxy.py) in front of it giving every connection its own `--links` Mbit/s link with
@@ -50,15 +51,26 @@ RUN_TIMEOUT_S = 600.0
 POLL_S = 0.01
 
 
+MODELS = {
+    # The byte LSTM of the LM sweep on the stdlib text, windows of 64 × 8 bytes.
+    "lm": lambda args: {"model": {"name": "lstm_lm", "preset": args.preset},
+                        "data": {"seq_len": 64, "batch_size": 8, "max_bytes": 2_000_000},
+                        "inner": {"steps": args.steps, "lr": 3e-3}},
+    # The frame-based action model on the typing task (examples/frame_sweep.toml's data), 16 frames × 8.
+    "frame": lambda args: {"model": {"name": "frame", "preset": args.preset},
+                           "data": {"source": "typing", "seq_len": 16, "batch_size": 8,
+                                    "task_config": {"n_documents": 16}},
+                           "inner": {"steps": args.steps, "lr": 3e-3, "weight_decay": 0.0, "bptt_chunk": 4}},
+}
+
+
 def bench_spec(args: argparse.Namespace, codec: str, overlap: bool) -> RunSpec:
-    """The benchmark's run: lstm_lm `--preset`, windows of 64 × 8 bytes, `--rounds` rounds of `--steps` steps (with
+    """The benchmark's run: `--model` (`MODELS`) at `--preset`, `--rounds` rounds of `--steps` steps (with
     overlap on, `--on-extra` more, so that the time it takes to reach the off run's final loss can be read)."""
     rounds = args.rounds + (round(args.on_extra * args.rounds) if overlap else 0)
     return RunSpec.from_dict({
         "run": {"name": "overlap", "rounds": rounds, "workers": args.workers, "seed": args.seed},
-        "model": {"name": "lstm_lm", "preset": args.preset},
-        "data": {"seq_len": 64, "batch_size": 8, "max_bytes": 2_000_000},
-        "inner": {"steps": args.steps, "lr": 3e-3},
+        **MODELS[args.model](args),
         "sync": {"codec": codec, "min_reports": args.workers, "overlap": overlap, "round_deadline_s": 120.0},
         "coordinator": {"lease_s": 30.0, "max_wait_s": 2.0, "durable": False},
     })
@@ -155,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--model", choices=sorted(MODELS), default="lm")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--links", default="100,1000", help="Mbit/s per connection, comma-separated")
     parser.add_argument("--rtt-ms", type=float, default=50.0)
@@ -168,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers, --rounds and --steps must be >= 1, --rtt-ms and --on-extra >= 0")
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.workers} workers × 1 torch thread, "
-          f"lstm_lm {args.preset}, {args.rounds} rounds × {args.steps} steps", flush=True)
+          f"{args.model} {args.preset}, {args.rounds} rounds × {args.steps} steps", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="overlap-bench-") as tmp:
         for mbit in (float(x) for x in args.links.split(",")):
