@@ -38,9 +38,7 @@ from rcswarm.cli.run import evaluate
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator
 from rcswarm.observe.report import summarize
-from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from rcswarm.worker import CoordinatorClient, RetryPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from link_proxy import Link, LinkProxy  # noqa: E402  (benchmarks/ is no package: the proxy is its sibling)
@@ -89,7 +87,6 @@ def run_config(args: argparse.Namespace, link: Link, codec: str, overlap: bool, 
         [sys.executable, "-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{proxy.port}", "--name", f"w{i}",
          "--threads", "1"], cwd=ROOT, env=env, stdout=open(work / f"{key}-w{i}.log", "wb"), stderr=subprocess.STDOUT,
     ) for i in range(args.workers)]
-    client = CoordinatorClient(f"127.0.0.1:{running.port}", TOKEN, retry=RetryPolicy(max_elapsed_s=30.0))
     versions: dict[int, dict] = {}
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -97,7 +94,6 @@ def run_config(args: argparse.Namespace, link: Link, codec: str, overlap: bool, 
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{key}: the run did not finish within {RUN_TIMEOUT_S:g} s")
             time.sleep(POLL_S)
-        status = client.status()
         for proc in procs:
             proc.wait(timeout=60)
     finally:
@@ -105,16 +101,15 @@ def run_config(args: argparse.Namespace, link: Link, codec: str, overlap: bool, 
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
-        client.close()
         proc_params = {name: theta.clone() for name, theta in running.coordinator.params.items()}
         running.stop(grace=1.0)
         proxy.close()
     store = StateStore.open_read_only(state_dir)
     try:
         summary = summarize(store)
+        rounds = store.rounds()  # every closed round (GetStatus lists the latest 20 only)
     finally:
         store.close()
-    rounds = [r for r in status.rounds if r.closed_at]
     start = min(r.opened_at for r in rounds)
     # θ_k is what round k − 1 closed to: (seconds from the first round's opening, held-out loss) per version.
     closed = {r.version + 1: r.closed_at - start for r in rounds}
