@@ -133,8 +133,16 @@ def snapshot_versions(coordinator: SwarmCoordinator, versions: dict[int, dict], 
 
 
 def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
-    """Seconds until the held-out loss first reached `target` (None if it never did)."""
-    return next((seconds for seconds, loss in curve if loss <= target), None)
+    """Seconds until the held-out loss first reached `target`, linear between the two versions around it (None if it
+    never did)."""
+    before = None
+    for seconds, loss in curve:
+        if loss <= target:
+            if before is None:
+                return seconds
+            return before[0] + (seconds - before[0]) * (before[1] - target) / (before[1] - loss)
+        before = (seconds, loss)
+    return None
 
 
 def table(results: list[dict]) -> str:
@@ -150,8 +158,8 @@ def table(results: list[dict]) -> str:
     for (mbit, codec, overlap), on in by_key.items():
         off = by_key.get((mbit, codec, False))
         if overlap and off is not None:
-            reached = time_to(on["curve"], off["held_out"])
-            to_loss = f"{reached / off['wall_s']:.2f}" if reached is not None else f"not within {on['rounds']} rounds"
+            reached, own = time_to(on["curve"], off["held_out"]), time_to(off["curve"], off["held_out"])
+            to_loss = f"{reached / own:.2f}" if reached is not None else f"not within {on['rounds']} rounds"
             lines.append(f"| {mbit:g} Mbit/s | {codec} | {on['wall_s'] / off['wall_s']:.2f} "
                          f"| {100 * (on['held_out'] - off['held_out']) / off['held_out']:+.2f} | {to_loss} |")
     return "\n".join(lines)
