@@ -28,8 +28,10 @@ snapshots θ_pushed, hands Δ to an `Exchange` thread (push, metrics, await v+1,
 and trains the next round's steps from θ_local meanwhile; at the first step boundary after θ_{v+1} landed it
 merges θ ← θ_{v+1} + (θ_local − θ_pushed) (`RoundTrainer.rebase`) and the steps trained since the push
 count toward the round it pushes next (Δ = θ_{v+1} − θ_local at its end). It waits only when a whole
-round's steps are done before θ_{v+1} arrived. A re-join during an overlapped round drops the update in
-flight (the next round pulls afresh); a stale update is dropped and its residual restored as without overlap.
+round's steps are done before θ_{v+1} arrived. NOT_FOUND on the exchange thread (evicted, or the coordinator
+restarted) is handed to the training thread, which joins again and finishes the exchange as the blocking path
+does: the update in flight is pushed again while its base version is current, and the merge keeps the steps
+trained since the push; a stale update is dropped and its residual restored as without overlap.
 """
 
 from __future__ import annotations
@@ -77,6 +79,16 @@ MAX_PENDING_METRICS = 4096
 
 class Rejoin(Exception):
     """The coordinator no longer knows this worker (evicted or restarted)."""
+
+
+class ExchangeRejoin(Rejoin):
+    """NOT_FOUND met on an exchange thread, which may not join (a join may rebuild the model the training thread
+    uses): the training thread joins and finishes the exchange (`Worker._finish_exchange`). `delivered`: whether
+    the push had landed before."""
+
+    def __init__(self, details: str, delivered: bool) -> None:
+        super().__init__(details)
+        self.delivered = delivered
 
 
 class SpecRefused(RuntimeError):
@@ -131,13 +143,16 @@ class Exchange:
 
 @dataclass(frozen=True)
 class InFlight:
-    """The overlapped round on the wire: its exchange, θ_pushed (CPU copies), its version and its pace."""
+    """The overlapped round on the wire: its exchange, θ_pushed (CPU copies), its version and its pace, and the
+    update it carries (Δ and its tokens: pushed again after a re-join)."""
 
     exchange: Exchange
     pushed: dict[str, torch.Tensor]
     version: int
     steps: int
     budget_s: float
+    deltas: dict[str, torch.Tensor]
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -467,19 +482,50 @@ class Worker:
         pushed = self.trainer.snapshot()
         tokens = early.tokens + trained.tokens
         exchange = Exchange(functools.partial(self._exchange, version, deltas, tokens), f"exchange-{version}")
-        self._inflight = InFlight(exchange, pushed, version, steps, budget)
+        self._inflight = InFlight(exchange, pushed, version, steps, budget, deltas, tokens)
 
     def _exchange(self, version: int, deltas: dict[str, torch.Tensor], tokens: int) -> tuple[int, dict, str] | None:
         """The wire's side of an overlapped round, on the exchange thread: push Δ (no re-join here: NOT_FOUND raises
-        Rejoin to the training thread), report the metrics kept so far, await v+1 and pull it into a buffer;
+        ExchangeRejoin to the training thread), report the metrics kept so far, await v+1 and pull it into a buffer;
         (version, θ, its SHA-256), or None when the run finished or a stop came."""
-        accepted = self._push_deltas(version, deltas, tokens, rejoin=False)
-        self._flush_metrics()
+        try:
+            accepted = self._push_deltas(version, deltas, tokens, rejoin=False)
+        except Rejoin as exc:
+            raise ExchangeRejoin(str(exc), delivered=False) from exc
+        try:
+            self._flush_metrics()
+            return self._fetch_next(version, accepted)
+        except Rejoin as exc:
+            raise ExchangeRejoin(str(exc), delivered=accepted) from exc
+
+    def _fetch_next(self, version: int, accepted: bool) -> tuple[int, dict, str] | None:
+        """After the push of `version`'s update: await v+1 if it was accepted, then pull the newest θ into a buffer
+        (`_fetch`); None when the run finished or a stop came."""
         if accepted:
             self._await(version + 1)
         if self.finished or self.stop.is_set():
             return None
         return self._fetch()
+
+    def _finish_exchange(self, inflight: InFlight, rejoin: ExchangeRejoin) -> tuple[int, dict, str] | None:
+        """The exchange met NOT_FOUND (evicted, or the coordinator restarted): join again here and finish it, as the
+        blocking path does (`_deliver`): an update not yet delivered is pushed again while the run and its version
+        are still its base (else dropped, its residual restored), and v+1 is awaited once it is accepted; the newest
+        θ is pulled for the merge. An update delivered before the NOT_FOUND is not awaited (a restarted coordinator
+        may have lost it with its open round): the merge takes whatever version is current. None when the run finished, a stop came or the join moved this worker to another run (the next round
+        pulls afresh)."""
+        run_id = self.run_id
+        log.warning("%s; joining again to finish the round in flight (version %d)", rejoin, inflight.version)
+        version = self._join()
+        if self.finished or self.run_id != run_id:
+            return None
+        accepted = False
+        if not rejoin.delivered and version == inflight.version:
+            accepted = self._push_deltas(inflight.version, inflight.deltas, inflight.tokens)
+        elif not rejoin.delivered:
+            log.warning("%s: the update of version %d is stale after the re-join (version %s); dropped", self.name,
+                        inflight.version, version)
+        return self._fetch_next(inflight.version, accepted)
 
     def _merge_inflight(self) -> tuple[int, dict[str, torch.Tensor], Early] | None:
         """The start of an overlapped round: train the next round's steps while the round in flight travels (at most
@@ -502,9 +548,17 @@ class Worker:
         sync_started = time.perf_counter()
         try:
             fetched = exchange.wait()
+        except ExchangeRejoin as rejoin:
+            fetched = rejoin
         finally:
             self.sync_seconds += time.perf_counter() - sync_started
             self._keep([self._metric(row) for row in early.rows])
+        if isinstance(fetched, ExchangeRejoin):
+            sync_started = time.perf_counter()
+            try:
+                fetched = self._finish_exchange(inflight, fetched)
+            finally:
+                self.sync_seconds += time.perf_counter() - sync_started
         if fetched is None or self.stop.is_set():
             return None
         version, tensors, digest = fetched

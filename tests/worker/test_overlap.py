@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 import torch
 
 from rcswarm.config.runspec import RunSpec, SyncSection
@@ -84,3 +85,50 @@ def test_one_overlapped_worker_with_lr_one_and_no_momentum_is_plain_local_traini
         torch.testing.assert_close(theta, expected[name], rtol=0, atol=1e-5)
     initial = registry.build_model("lstm_lm", "tiny", seed=spec.run.seed).state_dict()
     assert any(not torch.equal(theta, initial[name]) for name, theta in local.service.params.items())
+
+
+class EvictedDuringAnExchange(Worker):
+    """A real worker whose first overlapped exchange loses its membership (its own Leave on the real wire, as an
+    eviction or a coordinator restart would): before its push (`when` = "push") or after it landed ("await")."""
+
+    def __init__(self, *args, when: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.when, self.evicted = when, False
+
+    def _evict(self, when: str) -> None:
+        if self.when == when and not self.evicted and threading.current_thread().name.startswith("exchange"):
+            self.evicted = True
+            self.client.leave(self.identity, "evicted by the test")
+
+    def _push_deltas(self, *args, **kwargs) -> bool:
+        self._evict("push")
+        return super()._push_deltas(*args, **kwargs)
+
+    def _fetch_next(self, version: int, accepted: bool):
+        self._evict("await")
+        return super()._fetch_next(version, accepted)
+
+
+@pytest.mark.parametrize("when", ["push", "await"])
+def test_not_found_on_the_exchange_thread_loses_neither_the_update_nor_the_steps_since(start_coordinator, caplog,
+                                                                                       when):
+    # NOT_FOUND on the exchange thread: the training thread joins again and finishes the exchange (the update is
+    # pushed again under the new membership when it had not landed). With one worker, lr 1 and no momentum the
+    # result is plain local training of every step: an update or a step lost would show in θ.
+    spec = tiny_spec(run={"rounds": 3}, inner={"steps": 7}, outer={"lr": 1.0, "momentum": 0.0},
+                     sync={"codec": "fp32", "overlap": True})
+    local = start_coordinator(spec)
+    worker = EvictedDuringAnExchange(WorkerOptions(coordinator=local.target, device="cpu", name="solo"), TOKEN,
+                                     when=when)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level("INFO", logger="rcswarm.worker"):
+        thread.start()
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+    messages = [r.getMessage() for r in caplog.records]
+    assert worker.evicted and any("joining again to finish the round in flight" in m for m in messages), messages
+    assert local.service.version == 3
+    assert len([m for m in messages if "merged version" in m]) == 2, messages
+    expected = local_training(spec, steps=3 * 7)
+    for name, theta in local.service.params.items():
+        torch.testing.assert_close(theta, expected[name], rtol=0, atol=1e-5)
