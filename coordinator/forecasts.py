@@ -1,8 +1,9 @@
 """Forecasts of each run's final loss as its rounds close, and the sweep's pruning on them (issue #30).
 
-`forecast_record` turns a run's round losses into the forecast stored at its version (observe/forecast.py
-fits the law; this adds the run's clock: the seconds since its first round opened, and its measured seconds
-per round to turn "the round the target is reached at" into wall time). Only rounds whose metric rows are
+`forecast_record` turns a run's losses into the forecast stored at its version (observe/forecast.py
+fits the law; of the held-out losses measured along the way, `[run] eval_every`, once they support a fit, else of
+the round training losses; this adds the run's clock: the seconds since its first round opened, and its measured
+seconds per round to turn "the round the target is reached at" into wall time). Only rounds whose metric rows are
 complete are fitted: those trained from versions up to the current one minus 2 (the rows of the round that
 just closed are still arriving when its close is seen).
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from rcswarm.observe.forecast import forecast_at
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import ForecastRecord
+from rcswarm.state.store import StateStore
 
 # The rounds whose metric rows may still be arriving when a close is seen: the newest `ROWS_LAG` versions.
 ROWS_LAG = 2
@@ -31,19 +33,24 @@ ROWS_LAG = 2
 
 def forecast_record(version: int, now: float, started_at: float | None, rounds: int,
                     round_losses: Sequence[tuple[int, float]], target_loss: float = 0.0,
-                    seed: int = 0) -> ForecastRecord:
-    """The forecast of a run at `version` (pure): its loss at round `rounds` (the budget), x = v + 1 for the steps
-    trained from version v, fitted to the versions up to `version` − ROWS_LAG."""
-    complete = [(v + 1, loss) for v, loss in round_losses if v <= version - ROWS_LAG]
-    forecast = forecast_at([x for x, _ in complete], [loss for _, loss in complete], float(rounds),
-                           target=target_loss, seed=seed)
+                    seed: int = 0, held_out: Sequence[tuple[int, float]] = ()) -> ForecastRecord:
+    """The forecast of a run at `version` (pure): its loss at round `rounds` (the budget). Of the held-out loss when
+    the losses measured along the way (`held_out`: (v, loss of θ_v), x = v) support one; else of the training loss,
+    x = v + 1 for the steps trained from version v, fitted to the versions up to `version` − ROWS_LAG."""
+    measured = [(v, loss) for v, loss in held_out if v <= version]
+    forecast, basis = forecast_at([x for x, _ in measured], [loss for _, loss in measured], float(rounds),
+                                  target=target_loss, seed=seed), "held-out"
+    if not forecast.ok:
+        complete = [(v + 1, loss) for v, loss in round_losses if v <= version - ROWS_LAG]
+        forecast, basis = forecast_at([x for x, _ in complete], [loss for _, loss in complete], float(rounds),
+                                      target=target_loss, seed=seed), "training"
     elapsed = now - started_at if started_at is not None else math.nan
     per_round = elapsed / version if version > 0 and elapsed > 0 else math.nan
     return ForecastRecord(
         version=version, made_at=now, at_seconds=elapsed, at_round=rounds, loss=forecast.loss, low=forecast.low,
         high=forecast.high, target_loss=target_loss if target_loss > 0 else math.nan,
         target_seconds=forecast.target_round * per_round, target_low_s=forecast.target_low * per_round,
-        target_high_s=forecast.target_high * per_round, note=forecast.note,
+        target_high_s=forecast.target_high * per_round, note=forecast.note, basis=basis,
     )
 
 
@@ -130,4 +137,11 @@ def forecast_status(record: ForecastRecord | None, stopped: str | None) -> pb.Fo
         made_at_version=record.version, at_round=record.at_round, loss=record.loss, low=record.low, high=record.high,
         note=record.note, target_loss=record.target_loss, target_seconds=record.target_seconds,
         target_low_s=record.target_low_s, target_high_s=record.target_high_s, stopped=stopped or "",
+        basis=record.basis,
     )
+
+
+def newest_held_out(store: StateStore) -> tuple[float, int]:
+    """(loss, version) of the run's newest held-out loss measured along the way; (NaN, −1) before any."""
+    newest = store.held_out_losses(newest_only=True)
+    return (newest[0].loss, newest[0].version) if newest else (math.nan, -1)
