@@ -94,7 +94,7 @@ def prune_replay(run_dir: Path) -> dict:
         for index, (losses, rounds) in enumerate(data):
             made, _ = forecast_by(losses, rounds, fraction, horizon=len(rounds))
             views.append(RunView(index, f"L={runs[index]['seq_len']}", 1, index in stopped_at, made))
-        decision = decide_prune(0.0, views, PruneOptions(True, PRUNE_AT, 1), done)
+        decision = decide_prune(0.0, views, PruneOptions(True, PRUNE_AT, 2), done)
         if decision is None:
             continue
         for index in decision.stop:
