@@ -9,8 +9,9 @@ just closed are still arriving when its close is seen).
 
 `decide_prune` is the sweep's rule, a pure function of (now, the runs as `RunView`s, `PruneOptions`)
 returning a `PruneDecision` with a reason for every run: at each fraction of the budget in
-`[sweep] prune_at`, once every run still in the sweep has closed that many rounds, a run whose forecast
-interval lies wholly above the best run's interval (its low above the best's high) is stopped, at most
+`[sweep] prune_at`, once every run still in the sweep has closed that many rounds, a run whose forecast is
+above the best run's at 90 % confidence (`confidently_worse`: the intervals narrowed to what the difference's
+one-sided test needs, and apart) is stopped, at most
 half of the runs still in at each fraction (successive halving's bound) and never the last one. A run
 without a forecast (not enough data), or one that has completed its rounds, is kept. The group applies it
 (coordinator/sweep.py).
@@ -21,12 +22,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
+from rcswarm.observe.fits import CONFIDENCE
 from rcswarm.observe.forecast import forecast_at
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore
 
+# A forecast interval's half-width narrowed to the one whose disjointness from another's says the difference of two
+# equally spread normal forecasts is positive at CONFIDENCE, one-sided: z(CONFIDENCE) / (√2 · z((1 + CONFIDENCE) / 2)),
+# 0.551 at 90 %.
+NARROW = NormalDist().inv_cdf(CONFIDENCE) / (math.sqrt(2) * NormalDist().inv_cdf((1 + CONFIDENCE) / 2))
 # The rounds whose metric rows may still be arriving when a close is seen: the newest `ROWS_LAG` versions.
 ROWS_LAG = 2
 
@@ -84,6 +91,14 @@ class PruneDecision:
     reasons: tuple[tuple[int, str], ...]
 
 
+def confidently_worse(run: ForecastRecord, best: ForecastRecord) -> bool:
+    """Whether `run`'s final loss is above `best`'s at CONFIDENCE (one-sided): the two forecasts taken as independent
+    normals whose CONFIDENCE intervals are the stored ones, each interval's half-width narrowed by NARROW (its low end
+    for `run`, its high end for `best`), and the narrowed ends apart. With equal spreads that is the difference's
+    one-sided test at CONFIDENCE; with unequal ones a stricter test (σ₁ + σ₂ ≥ √(σ₁² + σ₂²))."""
+    return run.loss - NARROW * (run.loss - run.low) > best.loss + NARROW * (best.high - best.loss)
+
+
 def _interval(record: ForecastRecord) -> str:
     return f"{record.loss:.4f} [{record.low:.4f}, {record.high:.4f}]"
 
@@ -104,8 +119,8 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
         return PruneDecision(done, now, (), tuple((run.index, f"{where}: no run has a forecast yet; all kept")
                                                   for run in alive))
     best = min(forecasts, key=lambda run: (run.forecast.loss, run.index))
-    worse = sorted((run for run in forecasts if run.forecast.low > best.forecast.high and run.version < options.rounds),
-                   key=lambda run: (-run.forecast.loss, run.index))
+    worse = sorted((run for run in forecasts if confidently_worse(run.forecast, best.forecast)
+                    and run.version < options.rounds), key=lambda run: (-run.forecast.loss, run.index))
     stop = worse[: len(alive) // 2]
     reasons = []
     for run in alive:
@@ -117,14 +132,14 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
         elif run.version >= options.rounds:
             reasons.append((run.index, f"{where}: {run.name} kept: it has completed its {options.rounds} rounds"))
         elif run in stop:
-            reasons.append((run.index, f"{where}: {run.name} pruned: its forecast {_interval(run.forecast)} lies above "
-                                       f"{best.name}'s {_interval(best.forecast)}"))
+            reasons.append((run.index, f"{where}: {run.name} pruned: its forecast {_interval(run.forecast)} is above "
+                                       f"{best.name}'s {_interval(best.forecast)} at {CONFIDENCE:.0%} confidence"))
         elif run in worse:
             reasons.append((run.index, f"{where}: {run.name} kept: confidently worse than {best.name}, but at most "
                                        f"half of the {len(alive)} runs are pruned at once"))
         else:
-            reasons.append((run.index, f"{where}: {run.name} kept: its forecast {_interval(run.forecast)} overlaps "
-                                       f"{best.name}'s {_interval(best.forecast)}"))
+            reasons.append((run.index, f"{where}: {run.name} kept: its forecast {_interval(run.forecast)} is not above "
+                                       f"{best.name}'s {_interval(best.forecast)} at {CONFIDENCE:.0%} confidence"))
     return PruneDecision(done, now, tuple(run.index for run in stop), tuple(reasons))
 
 
