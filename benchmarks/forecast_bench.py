@@ -7,7 +7,8 @@ For each run of each RUN_DIR (what `rcswarm run` made: summary.json and state/ru
 only) the forecast is made the way the coordinator makes it (`coordinator.forecasts.forecast_record`) from the
 rounds closed by `--fraction` of the run's wall time, for its last round R, and compared with
 
-* the final training loss: the mean training loss of its last 3 rounds (the forecast is of the training loss);
+* the final training loss: the mean training loss of its last 3 rounds (the sweeps recorded so far predate the
+  held-out loss along the way, `[run] eval_every`, so the replay forecasts the training loss);
 * the held-out loss of its final parameters (summary.json's val_loss_final), which the forecast does not claim
   to predict: the gap between the two is in the table.
 
