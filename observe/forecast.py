@@ -42,8 +42,8 @@ RESAMPLES = 300
 # Round x's weight in the fit, (x / last x)^WEIGHT_POWER: the rounds nearest the horizon count most (the law describes
 # where the curve goes; its start bends differently). docs/RESULTS.md: median error 0.069 → 0.056 at 30 %.
 WEIGHT_POWER = 2.0
-# The bootstrap resamples the residuals in blocks of n / BLOCKS consecutive rounds, so a stretch of rounds above or below
-# the law (the misfit) moves a resample's fit as it moved the data's: coverage 56 % → 80 % at 30 % (docs/RESULTS.md).
+# The bootstrap resamples the residuals in blocks of n / BLOCKS consecutive rounds, so a stretch of rounds above or
+# below the law (the misfit) moves a resample's fit as it moved the data's: coverage 56 % → 80 % at 30 % (docs/RESULTS.md).
 BLOCKS = 3
 BETAS = np.geomspace(0.02, 4.0, 160)  # [g] the grid of β
 

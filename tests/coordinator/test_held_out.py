@@ -116,3 +116,33 @@ def test_a_forecast_falls_back_to_the_training_loss_while_the_held_out_losses_ar
 def test_bad_eval_keys_are_refused_with_the_key_and_what_was_expected(run, match):
     with pytest.raises(ValueError, match=match):
         tiny_spec(run=run)
+
+
+def test_status_and_metrics_show_the_newest_held_out_loss(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+    from rich.console import Console
+
+    from rcswarm.cli import status as status_cli
+    from rcswarm.coordinator.server import RunningCoordinator
+    from tests.helpers.dashboard import get
+    from tests.helpers.specs import TOKEN
+
+    clock = Clock(1000.0)
+    group = open_group(spec(), tmp_path, clock)
+    member = group.join(pb.JoinRequest(worker_name="a"))
+    run_rounds(group, member, clock, 14)
+    console = Console(width=200, record=True)
+    status_cli.report(group.status(), console)
+    shown = console.export_text()
+    assert "held-out loss (along the way)" in shown and f"{val_loss(12):.4g} (θ_12)" in shown
+    assert "forecast of the final held-out loss (90%)" in shown and "held-out: " in shown
+    running = RunningCoordinator(group, TOKEN, http_port=0).start()
+    try:
+        metrics = get(running.dashboard.url + "metrics")[2].decode()
+        families = {f.name: f for f in text_string_to_metric_families(metrics)}
+        page = get(running.dashboard.url)[2].decode()
+    finally:
+        running.stop(grace=0.5)
+    assert [s.value for s in families["rcswarm_val_loss"].samples] == pytest.approx([val_loss(12)])
+    assert [s.value for s in families["rcswarm_val_loss_version"].samples] == [12.0]
+    assert "held-out: " in page
