@@ -116,8 +116,8 @@ class StateStore:
     (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
     `worker_step_means`, `run_step_sums`, `training_rows`, `rounds_summary`, `mean_training_loss`,
-    `round_durations`, `round_losses`, `forecasts`), so a read never waits for a write, nor a write for a read. Any thread
-    may call any method; the two locks are never held together, except by `close`.
+    `round_durations`, `round_losses`, `forecasts`, `held_out_losses`), so a read never waits for a write, nor a
+    write for a read. Any thread may call any method; the two locks are never held together, except by `close`.
     """
 
     def __init__(self, state_dir: str | Path, keep_checkpoints: int = 2, durable: bool = True) -> None:
