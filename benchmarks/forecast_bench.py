@@ -97,13 +97,17 @@ def replay(run_dir: Path, fraction: float) -> list[dict]:
         paced, _ = forecast_by(losses, rounds, fraction, horizon=max(1.0, version / fraction))
         # With held-out losses measured along the way: the coordinator's held-out forecast for the final θ
         # (version = the last round), against the launcher's held-out loss of it.
-        held, _ = forecast_by(losses, rounds, fraction, horizon=final_round, held_out=read_held_out(state_dir))
+        measured = read_held_out(state_dir)
+        held, _ = forecast_by(losses, rounds, fraction, horizon=final_round, held_out=measured)
+        # The last measurement along the way when it is of the final θ or the one before: the same fixed set as the
+        # forecast's points (the launcher's final evaluation uses 8 batches, of which that set is the first few).
+        same_set = measured[-1][1] if measured and measured[-1][0] >= final_round - 1 else None
         rows.append({
             "run_dir": run_dir.name, "seq_len": run["seq_len"], "rounds": final_round, "at_round": version,
             "forecast": made.loss, "low": made.low, "high": made.high, "note": made.note, "train_final": truth,
             "val_final": run.get("val_loss_final"), "pace_forecast": paced.loss,
             "held_out_forecast": held.loss if held.basis == "held-out" else None, "held_out_low": held.low,
-            "held_out_high": held.high,
+            "held_out_high": held.high, "held_out_same_set": same_set,
         })
     return rows
 
@@ -220,14 +224,27 @@ def main(argv: list[str] | None = None) -> int:
             if held:
                 errors = [abs(r["held_out_forecast"] - r["val_final"]) for r in held]
                 inside = sum(r["held_out_low"] <= r["val_final"] <= r["held_out_high"] for r in held)
-                print("\n| run | L | held-out forecast [90%] | held-out final | \\|error\\| | covered |\n| --- | --- | --- | --- "
-                      "| --- | --- |")
+                print("\n| run | L | held-out forecast [90%] | held-out final (8 batches) | \\|error\\| | covered | "
+                      "last along the way (same set) | \\|error\\| | covered |")
+                print("| --- " * 9 + "|")
+                same = [r for r in held if r["held_out_same_set"] is not None]
                 for r in held:
+                    cells = ["–", "–", "–"]
+                    if r["held_out_same_set"] is not None:
+                        truth = r["held_out_same_set"]
+                        cells = [f"{truth:.3f}", f"{abs(r['held_out_forecast'] - truth):.3f}",
+                                 "yes" if r["held_out_low"] <= truth <= r["held_out_high"] else "no"]
                     print(f"| {r['run_dir']} | {r['seq_len']} | {r['held_out_forecast']:.3f} [{r['held_out_low']:.3f}, "
                           f"{r['held_out_high']:.3f}] | {r['val_final']:.3f} | {abs(r['held_out_forecast'] - r['val_final']):.3f} "
-                          f"| {'yes' if r['held_out_low'] <= r['val_final'] <= r['held_out_high'] else 'no'} |")
+                          f"| {'yes' if r['held_out_low'] <= r['val_final'] <= r['held_out_high'] else 'no'} | "
+                          + " | ".join(cells) + " |")
                 print(f"held-out forecasts: {len(held)}; median |forecast − held-out final| {np.median(errors):.4f}; "
                       f"coverage {inside}/{len(held)}")
+                if same:
+                    near = [abs(r["held_out_forecast"] - r["held_out_same_set"]) for r in same]
+                    within = sum(r["held_out_low"] <= r["held_out_same_set"] <= r["held_out_high"] for r in same)
+                    print(f"against the last measurement along the way (same set): median error {np.median(near):.4f}, "
+                          f"coverage {within}/{len(same)}")
             print(f"\nforecasts made: {len(made)} of {len(rows)}; median |forecast − final train| {np.median(train):.4f}; "
                   f"coverage {cover}/{len(made)} ({cover / len(made):.0%}); median |forecast − held-out final| "
                   f"{np.median(val):.4f}; with the pace's horizon: median error {np.median(pace):.4f}")
