@@ -7,9 +7,12 @@ For each run of each RUN_DIR (what `rcswarm run` made: summary.json and state/ru
 only) the forecast is made the way the coordinator makes it (`coordinator.forecasts.forecast_record`) from the
 rounds closed by `--fraction` of the run's wall time, for its last round R, and compared with
 
-* the final training loss: the mean training loss of its last 3 rounds (the forecast is of the training loss);
-* the held-out loss of its final parameters (summary.json's val_loss_final), which the forecast does not claim
-  to predict: the gap between the two is in the table.
+* the final training loss: the mean training loss of its last 3 rounds (the sweeps recorded so far predate the
+  held-out loss along the way, `[run] eval_every`, so the replay forecasts the training loss);
+* the held-out loss of its final parameters (summary.json's val_loss_final), which the training-loss forecast
+  does not claim to predict: the gap between the two is in the table. Where the run measured its held-out loss
+  along the way, the held-out forecast (the coordinator's, made from the losses measured by the fraction) is
+  compared with it in a table of its own.
 
 The horizon is the run's real last round (as with a `[run] rounds` budget, which the coordinator forecasts
 for); "pace" also shows the forecast for the round the run's pace at the fraction extrapolates to (what a
@@ -50,21 +53,39 @@ def read_run(state_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, 
         store.close()
 
 
+def state_dir_of(run_dir: Path, summary: dict, index: int) -> Path:
+    """The state dir of run `index` of what `rcswarm run` recorded in `run_dir`: state/ for a single run,
+    state/run<i>-L<L> for a sweep's."""
+    if "runs" not in summary:
+        return run_dir / "state"
+    return run_dir / "state" / f"run{index}-L{summary['runs'][index]['seq_len']}"
+
+
+def read_held_out(state_dir: Path) -> list[tuple[int, float]]:
+    """(version, held-out loss of θ_v) measured along the way (`[run] eval_every`; none in older state dirs)."""
+    store = StateStore.open_read_only(state_dir)
+    try:
+        return [(r.version, r.loss) for r in store.held_out_losses()]
+    finally:
+        store.close()
+
+
 def forecast_by(losses: list[tuple[int, float]], rounds: list[tuple[int, float, float]], fraction: float,
-                horizon: float | None = None):
-    """The coordinator's forecast from the rounds closed by `fraction` of the run's wall time."""
+                horizon: float | None = None, held_out: list[tuple[int, float]] = ()):
+    """The coordinator's forecast from the rounds closed (and the held-out losses measured) by `fraction` of the
+    run's wall time."""
     start, end = rounds[0][1], rounds[-1][2]
     cut = start + fraction * (end - start)
     version = sum(1 for _, _, closed in rounds if closed <= cut)
     last = len(rounds) if horizon is None else horizon
-    return forecast_record(version, cut, start, round(last), losses), version
+    return forecast_record(version, cut, start, round(last), losses, held_out=held_out), version
 
 
 def replay(run_dir: Path, fraction: float) -> list[dict]:
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = []
     for index, run in enumerate(summary.get("runs", [summary])):
-        state_dir = run_dir / "state" / f"run{index}-L{run['seq_len']}"
+        state_dir = state_dir_of(run_dir, summary, index)
         losses, rounds = read_run(state_dir)
         if len(rounds) < 10:
             continue
@@ -74,10 +95,19 @@ def replay(run_dir: Path, fraction: float) -> list[dict]:
         truth = float(np.mean(tail))
         made, version = forecast_by(losses, rounds, fraction, horizon=final_round - (TAIL_ROUNDS - 1) / 2)
         paced, _ = forecast_by(losses, rounds, fraction, horizon=max(1.0, version / fraction))
+        # With held-out losses measured along the way: the coordinator's held-out forecast for the final θ
+        # (version = the last round), against the launcher's held-out loss of it.
+        measured = read_held_out(state_dir)
+        held, _ = forecast_by(losses, rounds, fraction, horizon=final_round, held_out=measured)
+        # The last measurement along the way when it is of the final θ or the one before: the same fixed set as the
+        # forecast's points (the launcher's final evaluation uses 8 batches, of which that set is the first few).
+        same_set = measured[-1][1] if measured and measured[-1][0] >= final_round - 1 else None
         rows.append({
             "run_dir": run_dir.name, "seq_len": run["seq_len"], "rounds": final_round, "at_round": version,
             "forecast": made.loss, "low": made.low, "high": made.high, "note": made.note, "train_final": truth,
             "val_final": run.get("val_loss_final"), "pace_forecast": paced.loss,
+            "held_out_forecast": held.loss if held.basis == "held-out" else None, "held_out_low": held.low,
+            "held_out_high": held.high, "held_out_same_set": same_set,
         })
     return rows
 
@@ -86,7 +116,7 @@ def prune_replay(run_dir: Path) -> dict:
     """decide_prune at PRUNE_AT of the wall time; the winner kept and the worker-seconds spent."""
     summary = json.loads((run_dir / "summary.json").read_text())
     runs = summary.get("runs", [summary])
-    data = [read_run(run_dir / "state" / f"run{i}-L{r['seq_len']}") for i, r in enumerate(runs)]
+    data = [read_run(state_dir_of(run_dir, summary, i)) for i in range(len(runs))]
     stopped_at: dict[int, float] = {}
     reasons = []
     for done, fraction in enumerate(PRUNE_AT):
@@ -94,7 +124,7 @@ def prune_replay(run_dir: Path) -> dict:
         for index, (losses, rounds) in enumerate(data):
             made, _ = forecast_by(losses, rounds, fraction, horizon=len(rounds))
             views.append(RunView(index, f"L={runs[index]['seq_len']}", 1, index in stopped_at, made))
-        decision = decide_prune(0.0, views, PruneOptions(True, PRUNE_AT, 1), done)
+        decision = decide_prune(0.0, views, PruneOptions(True, PRUNE_AT, 2), done)
         if decision is None:
             continue
         for index in decision.stop:
@@ -121,7 +151,7 @@ def plot(run_dir: Path, fraction: float, out: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     curves, later = [], []
     for index, run in enumerate(summary.get("runs", [summary])):
-        losses, rounds = read_run(run_dir / "state" / f"run{index}-L{run['seq_len']}")
+        losses, rounds = read_run(state_dir_of(run_dir, summary, index))
         start, end = rounds[0][1], rounds[-1][2]
         version = sum(1 for _, _, closed in rounds if closed <= start + fraction * (end - start))
         curves.append(forecast_curve(f"L={run['seq_len']}", [(v, y) for v, y in losses if v <= version - 2],
@@ -190,6 +220,31 @@ def main(argv: list[str] | None = None) -> int:
             val = [abs(r["forecast"] - r["val_final"]) for r in made if r["val_final"] is not None]
             pace = [abs(r["pace_forecast"] - r["train_final"]) for r in made if math.isfinite(r["pace_forecast"])]
             cover = sum(r["low"] <= r["train_final"] <= r["high"] for r in made)
+            held = [r for r in made if r["held_out_forecast"] is not None and r["val_final"] is not None]
+            if held:
+                errors = [abs(r["held_out_forecast"] - r["val_final"]) for r in held]
+                inside = sum(r["held_out_low"] <= r["val_final"] <= r["held_out_high"] for r in held)
+                print("\n| run | L | held-out forecast [90%] | held-out final (8 batches) | \\|error\\| | covered | "
+                      "last along the way (same set) | \\|error\\| | covered |")
+                print("| --- " * 9 + "|")
+                same = [r for r in held if r["held_out_same_set"] is not None]
+                for r in held:
+                    cells = ["–", "–", "–"]
+                    if r["held_out_same_set"] is not None:
+                        truth = r["held_out_same_set"]
+                        cells = [f"{truth:.3f}", f"{abs(r['held_out_forecast'] - truth):.3f}",
+                                 "yes" if r["held_out_low"] <= truth <= r["held_out_high"] else "no"]
+                    print(f"| {r['run_dir']} | {r['seq_len']} | {r['held_out_forecast']:.3f} [{r['held_out_low']:.3f}, "
+                          f"{r['held_out_high']:.3f}] | {r['val_final']:.3f} | {abs(r['held_out_forecast'] - r['val_final']):.3f} "
+                          f"| {'yes' if r['held_out_low'] <= r['val_final'] <= r['held_out_high'] else 'no'} | "
+                          + " | ".join(cells) + " |")
+                print(f"held-out forecasts: {len(held)}; median |forecast − held-out final| {np.median(errors):.4f}; "
+                      f"coverage {inside}/{len(held)}")
+                if same:
+                    near = [abs(r["held_out_forecast"] - r["held_out_same_set"]) for r in same]
+                    within = sum(r["held_out_low"] <= r["held_out_same_set"] <= r["held_out_high"] for r in same)
+                    print(f"against the last measurement along the way (same set): median error {np.median(near):.4f}, "
+                          f"coverage {within}/{len(same)}")
             print(f"\nforecasts made: {len(made)} of {len(rows)}; median |forecast − final train| {np.median(train):.4f}; "
                   f"coverage {cover}/{len(made)} ({cover / len(made):.0%}); median |forecast − held-out final| "
                   f"{np.median(val):.4f}; with the pace's horizon: median error {np.median(pace):.4f}")

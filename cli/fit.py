@@ -164,17 +164,20 @@ def _print_skipped(skipped: list[str]) -> None:
 
 def forecast_report(path: Path, console: Console) -> None:
     """Issue #30: per run state dir in `path` (a run directory, a state dir or a state.sqlite), the newest forecast
-    of its final training loss the coordinator stored, with its interval, or why there is none."""
+    of its final loss the coordinator stored (held-out or training: `loss_kind`), with its interval, or why there is
+    none."""
     if path.name == "state.sqlite":
         path = path.parent
     databases = sorted(path.rglob("state.sqlite")) if path.is_dir() else []
     if not databases:
         return
-    from rcswarm.state.store import StateStore  # torch with it: only for state dirs
+    from rcswarm.observe.report import loss_kind  # state/ and torch with it: only for state dirs
+    from rcswarm.state.store import StateStore
 
-    table = Table(title="forecasts of each run's final training loss: L = E + A·round^(−β), 90% bootstrap interval")
+    table = Table(title="forecasts of each run's final loss: L = E + A·round^(−β), 90% block-bootstrap interval")
     table.add_column("state dir")
     table.add_column("forecast made at round", justify="right")
+    table.add_column("of the loss")
     table.add_column("forecast")
     for database in databases:
         store = StateStore.open_read_only(database.parent)
@@ -184,7 +187,7 @@ def forecast_report(path: Path, console: Console) -> None:
             store.close()
         if newest:
             r = newest[0]
-            table.add_row(str(database.parent.relative_to(path)), str(r.version),
+            table.add_row(str(database.parent.relative_to(path)), str(r.version), loss_kind(r),
                           describe(r.loss, r.low, r.high, r.at_round, r.note, stopped, r.target_loss, r.target_seconds))
     if table.row_count:
         console.print(table)

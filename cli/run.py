@@ -60,19 +60,19 @@ from rcswarm.observe.analysis import (
     length_law,
     read_state_dirs,
 )
-from rcswarm.observe.report import forecast_rows, prune_rows, summarize
+from rcswarm.observe.report import forecast_rows, held_out_rows, prune_rows, summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.checkpoints import split_checkpoint
 from rcswarm.state.store import StateStore
-from rcswarm.train.round import RoundTrainer
+from rcswarm.train.round import HELD_OUT_SEED, RoundTrainer
 from rcswarm.worker import CoordinatorClient, RetryPolicy
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.5
 EVAL_BATCHES = 8
-EVAL_SEED = 12345
+EVAL_SEED = HELD_OUT_SEED
 
 
 class Swarm:
@@ -294,6 +294,7 @@ def summarize_run(local: LocalRun) -> dict:
     try:
         summary = summarize(store)
         forecasts, pruning, stopped = forecast_rows(store), prune_rows(store), store.get("stopped")
+        val_losses = held_out_rows(store)
     finally:
         store.close()
     final = export_final(local.state_dir, local.final)
@@ -302,7 +303,7 @@ def summarize_run(local: LocalRun) -> dict:
             "fp32_bytes": fp32, "ratio_up": traffic.ratio(fp32, summary.bytes_up_per_worker_round),
             "ratio_down": traffic.ratio(fp32, summary.bytes_down_per_worker_round),
             "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final),
-            "forecasts": forecasts, "pruning": pruning, "stopped": stopped}
+            "val_losses": val_losses, "forecasts": forecasts, "pruning": pruning, "stopped": stopped}
 
 
 def _train_loss(r: dict) -> str:

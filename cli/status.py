@@ -58,10 +58,16 @@ def _num(value: float, spec: str = ".4g") -> str:
     return "–" if not math.isfinite(value) else format(value, spec)
 
 
+def held_out_cell(loss: float, version: int) -> str:
+    """A run's newest held-out loss measured along the way (issue #30) and the version it was of."""
+    return f"{loss:.4g} (θ_{version})"
+
+
 def forecast_cell(forecast: pb.ForecastStatus) -> str:
-    """A run's newest forecast (issue #30) in words."""
-    return describe(forecast.loss, forecast.low, forecast.high, forecast.at_round, forecast.note, forecast.stopped,
-                    forecast.target_loss, forecast.target_seconds)
+    """A run's newest forecast (issue #30) in words, with what it was fitted to when that is the held-out loss."""
+    prefix = "held-out: " if forecast.basis == "held-out" and not forecast.note else ""
+    return prefix + describe(forecast.loss, forecast.low, forecast.high, forecast.at_round, forecast.note,
+                             forecast.stopped, forecast.target_loss, forecast.target_seconds)
 
 
 def _run_labels(status: pb.GetStatusResponse) -> dict[str, str]:
@@ -98,20 +104,24 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
         run.add_row("θ sha256", status.param_sha256[:16] + "…")
     if status.HasField("curriculum"):
         _curriculum_rows(run, status.curriculum)
+    if status.val_loss > 0:
+        run.add_row("held-out loss (along the way)", held_out_cell(status.val_loss, status.val_version))
     if status.HasField("forecast"):
-        run.add_row("forecast of the final training loss (90%)", forecast_cell(status.forecast))
+        run.add_row(f"forecast of the final {status.forecast.basis or 'training'} loss (90%)",
+                    forecast_cell(status.forecast))
     console.print(run)
 
     if status.runs:
         sweep = Table(title="runs of the sweep")
-        for name in ("run", "L × batch", "state", "version", "active workers", "loss", "tokens", "tokens/s",
-                     "forecast (90%)"):
+        for name in ("run", "L × batch", "state", "version", "active workers", "loss", "held-out", "tokens",
+                     "tokens/s", "forecast (90%)"):
             sweep.add_column(name, justify="left" if name in ("run", "state", "forecast (90%)") else "right",
                              no_wrap=name == "run")
         for r in status.runs:
             sweep.add_row(r.run_id, f"{r.seq_len} × {r.batch_size}", RUN_STATES.get(r.run_state, "unknown"),
                           f"{r.version} / {r.target_rounds or '∞'}", str(r.active_workers), _num(r.latest_loss),
-                          str(r.total_tokens), _num(r.tokens_per_second),
+                          held_out_cell(r.val_loss, r.val_version) if r.val_loss > 0 else "–", str(r.total_tokens),
+                          _num(r.tokens_per_second),
                           forecast_cell(r.forecast) if r.HasField("forecast") else "–")
         console.print(sweep)
     _workers(status, console, labels, totals)

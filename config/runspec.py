@@ -33,6 +33,7 @@ SYNC_BACKENDS = ("coordinator", "hivemind")
 ROUND_KINDS = ("steps", "time")
 # The most versions a late update may lag behind (sync.max_staleness).
 MAX_STALENESS_LIMIT = 16
+MAX_EVAL_BATCHES = 64  # [run] eval_batches: a small held-out set, a few batches
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -58,6 +59,10 @@ class RunSection:
     workers: int = 2
     # A loss whose wall time the forecasts predict (issue #30; 0 = none).
     target_loss: float = 0.0
+    # Held-out loss along the way (issue #30): every `eval_every` versions (0 = off) each worker measures the
+    # θ_v it pulled on the first `eval_batches` batches of the held-out split (a fixed set) and reports it.
+    eval_every: int = 0
+    eval_batches: int = 2
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
@@ -68,6 +73,11 @@ class RunSection:
             _fail("run.workers", self.workers, "an integer between 1 and 64")
         if not (math.isfinite(self.target_loss) and self.target_loss >= 0):
             _fail("run.target_loss", self.target_loss, "a finite loss >= 0 (0 = none)")
+        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
+            _fail("run.eval_every", self.eval_every, "an integer number of versions >= 0 (0 = off)")
+        if (isinstance(self.eval_batches, bool) or not isinstance(self.eval_batches, int)
+                or not 1 <= self.eval_batches <= MAX_EVAL_BATCHES):
+            _fail("run.eval_batches", self.eval_batches, f"an integer between 1 and {MAX_EVAL_BATCHES}")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round bou
   It lengthens once the crossover that `fits.predicted_crossover` predicts lies within the
   budget and the run's wall time has reached it: from then on the longer length is predicted
   to be ahead. With `curriculum.forecast_gain` > 0 it also lengthens once the current rung has saturated
-  by its own forecast (`decide_saturation`, issue #30).
+  by its own forecast (`decide_saturation`, issue #30). Where workers' paces differ, `decide_worker_lengthening`
+  (issue #30) decides the same per worker on its own rung and measured costs (a slower worker reaches the
+  crossover later in wall time); it is a pure rule, not yet applied by the tracker (one rung per run today).
 
 The decisions are pure functions of (now, state, options) returning a Decision with a reason;
 `CurriculumState` is what the coordinator persists (JSON in its state store) so the current
@@ -260,6 +262,55 @@ def decide_saturation(now: float, state: CurriculumState, options: AdaptiveOptio
                               f"curriculum.forecast_gain = {options.forecast_gain:g}")
     return Decision(False, f"stays at L = {current}: {what}, not below curriculum.forecast_gain = "
                            f"{options.forecast_gain:g}")
+
+
+@dataclass(frozen=True)
+class WorkerPace:
+    """A worker as the per-worker rule sees it (issue #30): its rung of the ladder and its own measured costs,
+    seq_len -> (compute seconds, inner steps) over its steps at that length."""
+
+    worker_id: str
+    rung: int
+    costs: Mapping[int, tuple[float, int]]
+
+
+# Paces closer than this ratio (slowest / fastest seconds per step at a length) count as equal: one run-wide rung.
+PACE_SPREAD = 1.25
+
+
+def decide_worker_lengthening(now: float, state: CurriculumState, options: AdaptiveOptions,
+                              workers: Sequence[WorkerPace]) -> dict[str, Decision]:
+    """Issue #30: per worker where paces differ, whether it lengthens (ok) from its own rung, with a reason.
+
+    Eq. 11's crossover is in wall time through s = t / c_L, so a worker k times slower than another reaches the
+    same step, and the crossover, k times later: the run-wide rule (`decide_lengthening` on every worker's costs
+    summed) lengthens a slow worker too early and a fast one too late. Each worker is decided by the same rule on
+    its own rung and its own measured seconds per step (a length it has not trained extrapolated from its own as
+    the run's are), the run's start and budget. A worker without a measurement at its rung takes the run's costs,
+    and where every worker's pace at a length lies within PACE_SPREAD of the others' the paces count as equal:
+    the run-wide decision applies to every worker (one rung, as before).
+    """
+    paces: dict[int, list[float]] = {}
+    for worker in workers:
+        for length, (seconds, steps) in worker.costs.items():
+            if steps > 0 and seconds > 0:
+                paces.setdefault(length, []).append(seconds / steps)
+    spread = max((max(p) / min(p) for p in paces.values() if len(p) >= 2), default=1.0)
+    if spread < PACE_SPREAD:
+        shared = decide_lengthening(now, state, options)
+        why = (f"paces within {PACE_SPREAD:g}× of each other (slowest/fastest {spread:.3g}): the run-wide rule: "
+               f"{shared.reason}")
+        return {worker.worker_id: Decision(shared.ok, why) for worker in workers}
+    decisions = {}
+    for worker in workers:
+        own = {length: cost for length, cost in worker.costs.items() if cost[1] > 0 and cost[0] > 0}
+        current = options.seq_lens[min(worker.rung, len(options.seq_lens) - 1)]
+        costs, whose = (own, "its own") if current in own else (state.costs, "the run's (none of its own at its rung)")
+        decision = decide_lengthening(now, replace(state, rung=worker.rung, costs=costs), options)
+        decisions[worker.worker_id] = Decision(
+            decision.ok, f"worker {worker.worker_id} (paces differ up to {spread:.3g}×; {whose} costs): "
+                         f"{decision.reason}")
+    return decisions
 
 
 def decide_worker_length(active_lengths: Sequence[int], worker_seq_lens: Sequence[int]) -> tuple[int, str]:

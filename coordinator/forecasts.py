@@ -1,15 +1,17 @@
 """Forecasts of each run's final loss as its rounds close, and the sweep's pruning on them (issue #30).
 
-`forecast_record` turns a run's round losses into the forecast stored at its version (observe/forecast.py
-fits the law; this adds the run's clock: the seconds since its first round opened, and its measured seconds
-per round to turn "the round the target is reached at" into wall time). Only rounds whose metric rows are
+`forecast_record` turns a run's losses into the forecast stored at its version (observe/forecast.py
+fits the law; of the held-out losses measured along the way, `[run] eval_every`, once they support a fit, else of
+the round training losses; this adds the run's clock: the seconds since its first round opened, and its measured
+seconds per round to turn "the round the target is reached at" into wall time). Only rounds whose metric rows are
 complete are fitted: those trained from versions up to the current one minus 2 (the rows of the round that
 just closed are still arriving when its close is seen).
 
 `decide_prune` is the sweep's rule, a pure function of (now, the runs as `RunView`s, `PruneOptions`)
 returning a `PruneDecision` with a reason for every run: at each fraction of the budget in
-`[sweep] prune_at`, once every run still in the sweep has closed that many rounds, a run whose forecast
-interval lies wholly above the best run's interval (its low above the best's high) is stopped, at most
+`[sweep] prune_at`, once every run still in the sweep has closed that many rounds, a run whose forecast is
+above the best run's at 90 % confidence (`confidently_worse`: the intervals narrowed to what the difference's
+one-sided test needs, and apart) is stopped, at most
 half of the runs still in at each fraction (successive halving's bound) and never the last one. A run
 without a forecast (not enough data), or one that has completed its rounds, is kept. The group applies it
 (coordinator/sweep.py).
@@ -20,30 +22,42 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
+from rcswarm.observe.fits import CONFIDENCE
 from rcswarm.observe.forecast import forecast_at
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import ForecastRecord
+from rcswarm.state.store import StateStore
 
+# A forecast interval's half-width narrowed to the one whose disjointness from another's says the difference of two
+# equally spread normal forecasts is positive at CONFIDENCE, one-sided: z(CONFIDENCE) / (√2 · z((1 + CONFIDENCE) / 2)),
+# 0.551 at 90 %.
+NARROW = NormalDist().inv_cdf(CONFIDENCE) / (math.sqrt(2) * NormalDist().inv_cdf((1 + CONFIDENCE) / 2))
 # The rounds whose metric rows may still be arriving when a close is seen: the newest `ROWS_LAG` versions.
 ROWS_LAG = 2
 
 
 def forecast_record(version: int, now: float, started_at: float | None, rounds: int,
                     round_losses: Sequence[tuple[int, float]], target_loss: float = 0.0,
-                    seed: int = 0) -> ForecastRecord:
-    """The forecast of a run at `version` (pure): its loss at round `rounds` (the budget), x = v + 1 for the steps
-    trained from version v, fitted to the versions up to `version` − ROWS_LAG."""
-    complete = [(v + 1, loss) for v, loss in round_losses if v <= version - ROWS_LAG]
-    forecast = forecast_at([x for x, _ in complete], [loss for _, loss in complete], float(rounds),
-                           target=target_loss, seed=seed)
+                    seed: int = 0, held_out: Sequence[tuple[int, float]] = ()) -> ForecastRecord:
+    """The forecast of a run at `version` (pure): its loss at round `rounds` (the budget). Of the held-out loss when
+    the losses measured along the way (`held_out`: (v, loss of θ_v), x = v) support one; else of the training loss,
+    x = v + 1 for the steps trained from version v, fitted to the versions up to `version` − ROWS_LAG."""
+    measured = [(v, loss) for v, loss in held_out if v <= version]
+    forecast, basis = forecast_at([x for x, _ in measured], [loss for _, loss in measured], float(rounds),
+                                  target=target_loss, seed=seed), "held-out"
+    if not forecast.ok:
+        complete = [(v + 1, loss) for v, loss in round_losses if v <= version - ROWS_LAG]
+        forecast, basis = forecast_at([x for x, _ in complete], [loss for _, loss in complete], float(rounds),
+                                      target=target_loss, seed=seed), "training"
     elapsed = now - started_at if started_at is not None else math.nan
     per_round = elapsed / version if version > 0 and elapsed > 0 else math.nan
     return ForecastRecord(
         version=version, made_at=now, at_seconds=elapsed, at_round=rounds, loss=forecast.loss, low=forecast.low,
         high=forecast.high, target_loss=target_loss if target_loss > 0 else math.nan,
         target_seconds=forecast.target_round * per_round, target_low_s=forecast.target_low * per_round,
-        target_high_s=forecast.target_high * per_round, note=forecast.note,
+        target_high_s=forecast.target_high * per_round, note=forecast.note, basis=basis,
     )
 
 
@@ -77,6 +91,14 @@ class PruneDecision:
     reasons: tuple[tuple[int, str], ...]
 
 
+def confidently_worse(run: ForecastRecord, best: ForecastRecord) -> bool:
+    """Whether `run`'s final loss is above `best`'s at CONFIDENCE (one-sided): the two forecasts taken as independent
+    normals whose CONFIDENCE intervals are the stored ones, each interval's half-width narrowed by NARROW (its low end
+    for `run`, its high end for `best`), and the narrowed ends apart. With equal spreads that is the difference's
+    one-sided test at CONFIDENCE; with unequal ones a stricter test (σ₁ + σ₂ ≥ √(σ₁² + σ₂²))."""
+    return run.loss - NARROW * (run.loss - run.low) > best.loss + NARROW * (best.high - best.loss)
+
+
 def _interval(record: ForecastRecord) -> str:
     return f"{record.loss:.4f} [{record.low:.4f}, {record.high:.4f}]"
 
@@ -97,8 +119,8 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
         return PruneDecision(done, now, (), tuple((run.index, f"{where}: no run has a forecast yet; all kept")
                                                   for run in alive))
     best = min(forecasts, key=lambda run: (run.forecast.loss, run.index))
-    worse = sorted((run for run in forecasts if run.forecast.low > best.forecast.high and run.version < options.rounds),
-                   key=lambda run: (-run.forecast.loss, run.index))
+    worse = sorted((run for run in forecasts if confidently_worse(run.forecast, best.forecast)
+                    and run.version < options.rounds), key=lambda run: (-run.forecast.loss, run.index))
     stop = worse[: len(alive) // 2]
     reasons = []
     for run in alive:
@@ -110,14 +132,14 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
         elif run.version >= options.rounds:
             reasons.append((run.index, f"{where}: {run.name} kept: it has completed its {options.rounds} rounds"))
         elif run in stop:
-            reasons.append((run.index, f"{where}: {run.name} pruned: its forecast {_interval(run.forecast)} lies above "
-                                       f"{best.name}'s {_interval(best.forecast)}"))
+            reasons.append((run.index, f"{where}: {run.name} pruned: its forecast {_interval(run.forecast)} is above "
+                                       f"{best.name}'s {_interval(best.forecast)} at {CONFIDENCE:.0%} confidence"))
         elif run in worse:
             reasons.append((run.index, f"{where}: {run.name} kept: confidently worse than {best.name}, but at most "
                                        f"half of the {len(alive)} runs are pruned at once"))
         else:
-            reasons.append((run.index, f"{where}: {run.name} kept: its forecast {_interval(run.forecast)} overlaps "
-                                       f"{best.name}'s {_interval(best.forecast)}"))
+            reasons.append((run.index, f"{where}: {run.name} kept: its forecast {_interval(run.forecast)} is not above "
+                                       f"{best.name}'s {_interval(best.forecast)} at {CONFIDENCE:.0%} confidence"))
     return PruneDecision(done, now, tuple(run.index for run in stop), tuple(reasons))
 
 
@@ -130,4 +152,11 @@ def forecast_status(record: ForecastRecord | None, stopped: str | None) -> pb.Fo
         made_at_version=record.version, at_round=record.at_round, loss=record.loss, low=record.low, high=record.high,
         note=record.note, target_loss=record.target_loss, target_seconds=record.target_seconds,
         target_low_s=record.target_low_s, target_high_s=record.target_high_s, stopped=stopped or "",
+        basis=record.basis,
     )
+
+
+def newest_held_out(store: StateStore) -> tuple[float, int]:
+    """(loss, version) of the run's newest held-out loss measured along the way; (NaN, −1) before any."""
+    newest = store.held_out_losses(newest_only=True)
+    return (newest[0].loss, newest[0].version) if newest else (math.nan, -1)

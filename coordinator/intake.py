@@ -47,6 +47,7 @@ from rcswarm.coordinator.records import (
     WorkerRecord,
 )
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import MAX_VAL_LOSS
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 
@@ -85,6 +86,11 @@ def metric_problem(index: int, metric: pb.Metric, step_tokens: tuple[int, str] |
             return f"metrics[{index}].{name} = {value!r} is out of range: expected a finite number >= 0"
     if math.isinf(metric.loss):
         return f"metrics[{index}].loss = {metric.loss!r} is out of range: expected a finite number, or NaN for none"
+    if not (metric.val_loss == 0 or 0 < metric.val_loss <= MAX_VAL_LOSS):
+        return (f"metrics[{index}].val_loss = {metric.val_loss!r} is out of range: expected a held-out loss in "
+                f"(0, {MAX_VAL_LOSS:g}], or 0 for none")
+    if not (math.isfinite(metric.val_seconds) and metric.val_seconds >= 0):
+        return f"metrics[{index}].val_seconds = {metric.val_seconds!r} is out of range: expected a finite number >= 0"
     if len(metric.param_sha256) > MAX_SHA256_HEX:
         return f"metrics[{index}].param_sha256 has {len(metric.param_sha256)} characters: expected at most {MAX_SHA256_HEX}"
     return None

@@ -24,7 +24,7 @@ from rcswarm.sync import outer
 
 # Spec keys a restart on an existing state dir may change; any other change is refused.
 RESTART_MUTABLE = (
-    "run.rounds", "run.workers", "run.target_loss", "coordinator.", "sync.round_deadline_s",
+    "run.rounds", "run.workers", "run.target_loss", "run.eval_every", "coordinator.", "sync.round_deadline_s",
     "curriculum.budget_seconds", "curriculum.forecast_gain",
     # The coordinator's own defences against outliers; workers do not depend on them.
     "sync.max_update_norm", "sync.bound_tokens", "sync.aggregation", "sync.clip_factor", "sync.trim_fraction",

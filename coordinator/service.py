@@ -506,7 +506,10 @@ class SwarmCoordinator:
             for m in metrics
         ]
         try:
-            stored = self.store.add_metrics(rows, self.spec.coordinator.max_metric_rows)
+            # The held-out losses measured along the way ([run] eval_every) ride on pull rows; the first is kept.
+            held_out = [(m.version, m.val_loss, m.val_seconds, request.worker_id, now)
+                        for m in metrics if m.val_loss > 0]
+            stored = self.store.add_metrics(rows, self.spec.coordinator.max_metric_rows, held_out)
         except BaseException:
             with self._lock:
                 self.intake.refund_metric_rows(worker, counted_at, len(request.metrics))

@@ -337,6 +337,7 @@ class RunGroup:
         if not self.sweep:
             response = self.runs[0].status()
             response.forecast.CopyFrom(forecasts.forecast_status(self.latest[0], self.runs[0].stopped))
+            response.val_loss, response.val_version = forecasts.newest_held_out(self.runs[0].store)
             return response
         statuses = [run.status() for run in self.runs]
         losses = [s.latest_loss for s in statuses if math.isfinite(s.latest_loss)]
@@ -352,6 +353,7 @@ class RunGroup:
             response.rounds.extend(status.rounds[-3:])
             response.runs.append(run.summary(status))
             response.runs[-1].forecast.CopyFrom(forecasts.forecast_status(self.latest[index], run.stopped))
+            response.runs[-1].val_loss, response.runs[-1].val_version = forecasts.newest_held_out(run.store)
         return response
 
     def tick(self) -> None:
@@ -371,6 +373,7 @@ class RunGroup:
             record = forecasts.forecast_record(
                 version, run.clock(), run.store.rounds_summary().first_opened_at, run.spec.run.rounds,
                 run.store.round_losses(), run.spec.run.target_loss, seed=version,
+                held_out=[(record.version, record.loss) for record in run.store.held_out_losses()],
             )
             run.store.add_forecast(record)
             self.latest[index] = record

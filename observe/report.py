@@ -12,10 +12,14 @@ import math
 from dataclasses import dataclass
 
 from rcswarm.observe import traffic
+from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore
 
-# What the forecasts forecast (issue #30): the mean training loss of a round's steps, not a held-out loss.
-FORECAST_LOSS_KIND = "train"
+
+def loss_kind(record: ForecastRecord) -> str:
+    """What a forecast forecasts (issue #30): "held-out" when the law was fitted to the held-out losses measured along
+    the way (`[run] eval_every`), else "train" (the mean training loss of a round's steps)."""
+    return "held-out" if record.basis == "held-out" else "train"
 
 
 @dataclass(frozen=True)
@@ -86,15 +90,24 @@ def _finite(value: float) -> float | None:
 
 def forecast_rows(store: StateStore) -> list[dict]:
     """The run's forecasts as summary.json lists them (issue #30): when each was made (`at_seconds` from the run's
-    first round), the loss forecast for the end of the budget (`predicted_val_loss`, the training loss: see
+    first round), the loss forecast for the end of the budget (`predicted_val_loss`, the held-out or the training loss:
     `loss_kind`) with its interval, or the note saying why there was none; non-finite numbers as null."""
     return [
         {"at_seconds": _finite(r.at_seconds), "made_at_version": r.version, "at_round": r.at_round,
          "predicted_val_loss": _finite(r.loss), "low": _finite(r.low), "high": _finite(r.high),
-         "loss_kind": FORECAST_LOSS_KIND, "target_loss": _finite(r.target_loss),
+         "loss_kind": loss_kind(r), "target_loss": _finite(r.target_loss),
          "target_seconds": _finite(r.target_seconds), "note": r.note}
         for r in store.forecasts()
     ]
+
+
+def held_out_rows(store: StateStore) -> list[dict]:
+    """The held-out losses measured along the way as summary.json lists them (`val_losses`, issue #30): the version
+    whose θ was measured, the loss, the seconds it took, seconds from the run's first round (null before it)."""
+    first = store.rounds_summary().first_opened_at
+    return [{"version": r.version, "val_loss": r.loss, "seconds": r.seconds,
+             "at_seconds": _finite(r.recorded_at - first) if first is not None else None}
+            for r in store.held_out_losses()]
 
 
 def prune_rows(store: StateStore) -> list[dict]:

@@ -23,3 +23,7 @@ MESSAGE_SIZE_OPTIONS = (
 # server can refuse it before the stream takes a slot (the meta message in the stream stays the authority).
 WORKER_ID_METADATA = "rcswarm-worker-id"
 WORKER_SECRET_METADATA = "rcswarm-worker-secret-bin"
+
+# The largest held-out loss a worker reports on a pull's row (Metric.val_loss, issue #30): the coordinator refuses a
+# larger one, and a worker does not send one (a diverged θ is no point of the curve).
+MAX_VAL_LOSS = 1e4

@@ -27,6 +27,19 @@ class ForecastRecord:
     target_low_s: float
     target_high_s: float
     note: str
+    # What the law was fitted to: "held-out" (the losses measured along the way, [run] eval_every) or "training".
+    basis: str = "training"
+
+
+@dataclass(frozen=True)
+class HeldOutRecord:
+    """The held-out loss of θ_`version` measured along the way (issue #30): its `seconds`, who measured it, when."""
+
+    version: int
+    loss: float
+    seconds: float
+    worker_id: str
+    recorded_at: float
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,9 @@ CREATE TABLE IF NOT EXISTS forecasts (
     version INTEGER PRIMARY KEY, made_at REAL, at_seconds REAL, at_round INTEGER, loss REAL, low REAL, high REAL,
     target_loss REAL, target_seconds REAL, target_low_s REAL, target_high_s REAL, note TEXT
 );
+CREATE TABLE IF NOT EXISTS held_out (
+    version INTEGER PRIMARY KEY, loss REAL, seconds REAL, worker_id TEXT, recorded_at REAL
+);
 """
 
 # PRAGMA user_version of a state dir whose aggregate tables and ledger are complete; an older
@@ -182,8 +185,13 @@ FORECAST_COLUMNS = (
     "version", "made_at", "at_seconds", "at_round", "loss", "low", "high", "target_loss", "target_seconds",
     "target_low_s", "target_high_s", "note",
 )
+# Added after the forecasts' first release: what the law was fitted to ("held-out" or "training").
+FORECAST_COLUMNS_ADDED = {"basis": "TEXT DEFAULT 'training'"}
 ROUND_LOSSES = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_sum) AS loss_sum, SUM(n) AS n " \
     "FROM run_step_sums GROUP BY version) WHERE n > 0 ORDER BY version"
 ROUND_LOSSES_AT = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_sum) AS loss_sum, SUM(n) AS n " \
     "FROM run_step_sums WHERE seq_len = ? GROUP BY version) WHERE n > 0 ORDER BY version"
 HAS_FORECASTS = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'forecasts'"
+# Issue #30: the held-out loss of θ_v measured along the way ([run] eval_every), a version's first report.
+HELD_OUT_COLUMNS = ("version", "loss", "seconds", "worker_id", "recorded_at")
+HAS_HELD_OUT = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'held_out'"

@@ -69,6 +69,7 @@ from rcswarm.state.errors import StoreError
 from rcswarm.state.records import (
     Event,
     ForecastRecord,
+    HeldOutRecord,
     MetricRow,
     RoundRecord,
     RoundsSummary,
@@ -79,7 +80,10 @@ from rcswarm.state.records import (
 from rcswarm.state.schema import (
     AGGREGATES,
     FORECAST_COLUMNS,
+    FORECAST_COLUMNS_ADDED,
     HAS_FORECASTS,
+    HAS_HELD_OUT,
+    HELD_OUT_COLUMNS,
     LEDGER_COLUMNS_ADDED,
     LEDGER_FROM_ROUNDS,
     METRIC_COLUMNS,
@@ -112,8 +116,8 @@ class StateStore:
     (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
     `worker_step_means`, `run_step_sums`, `training_rows`, `rounds_summary`, `mean_training_loss`,
-    `round_durations`, `round_losses`, `forecasts`), so a read never waits for a write, nor a write for a read. Any thread
-    may call any method; the two locks are never held together, except by `close`.
+    `round_durations`, `round_losses`, `forecasts`, `held_out_losses`), so a read never waits for a write, nor a
+    write for a read. Any thread may call any method; the two locks are never held together, except by `close`.
     """
 
     def __init__(self, state_dir: str | Path, keep_checkpoints: int = 2, durable: bool = True) -> None:
@@ -128,6 +132,7 @@ class StateStore:
                 self._add_columns("checkpoints", LEDGER_COLUMNS_ADDED)
                 self._upgrade()
                 self._add_columns("rounds", ROUND_COLUMNS_ADDED)
+                self._add_columns("forecasts", FORECAST_COLUMNS_ADDED)
                 self._reader = self._connect_read_only(timeout_s=5.0)
             except BaseException:
                 self._db.close()
@@ -414,15 +419,19 @@ class StateStore:
                 "INSERT INTO events VALUES (?, ?, ?, ?)", (time.time() if now is None else now, worker_id, kind, reason)
             )
 
-    def add_metrics(self, rows: Iterable[tuple[Any, ...]], keep_rows: int = 0) -> int:
+    def add_metrics(self, rows: Iterable[tuple[Any, ...]], keep_rows: int = 0,
+                    held_out: Iterable[tuple[Any, ...]] = ()) -> int:
         """Insert metric rows (METRIC_COLUMNS each) and fold them into the aggregate tables, in one transaction;
         with `keep_rows` > 0 the same transaction deletes the oldest rows beyond the newest `keep_rows` (the
-        aggregates keep what they counted; SQLite reuses the freed pages, so the file stops growing)."""
+        aggregates keep what they counted; SQLite reuses the freed pages, so the file stops growing). `held_out`:
+        the held-out losses the rows carried (HELD_OUT_COLUMNS each; a version's first is kept), in the same one."""
         rows = list(rows)
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
             before = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM metrics").fetchone()[0]
             db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
+            db.executemany(f"INSERT OR IGNORE INTO held_out VALUES ({', '.join('?' * len(HELD_OUT_COLUMNS))})",
+                           list(held_out))
             for statement in AGGREGATES:
                 db.execute(statement, (before,))
             if keep_rows > 0 and before + len(rows) > keep_rows:
@@ -540,7 +549,9 @@ class StateStore:
     def add_forecast(self, record: ForecastRecord) -> None:
         """Store the forecast made at `record.version` (replacing one made at the same version)."""
         with self._writer() as db:
-            db.execute(f"INSERT OR REPLACE INTO forecasts VALUES ({', '.join('?' * len(FORECAST_COLUMNS))})",
+            columns = (*FORECAST_COLUMNS, *FORECAST_COLUMNS_ADDED)
+            marks = ", ".join("?" * len(columns))
+            db.execute(f"INSERT OR REPLACE INTO forecasts ({', '.join(columns)}) VALUES ({marks})",
                        dataclasses.astuple(record))
 
     def forecasts(self, newest_only: bool = False) -> list[ForecastRecord]:
@@ -549,8 +560,19 @@ class StateStore:
         if not self._read(HAS_FORECASTS)[0][0]:
             return []
         order = "version DESC LIMIT 1" if newest_only else "version"
-        rows = self._read(f"SELECT {', '.join(FORECAST_COLUMNS)} FROM forecasts ORDER BY {order}")
+        present = {row[1] for row in self._read("PRAGMA table_info(forecasts)")}
+        added = [c if c in present else "'training'" for c in FORECAST_COLUMNS_ADDED]  # an old dir, read-only
+        rows = self._read(f"SELECT {', '.join((*FORECAST_COLUMNS, *added))} FROM forecasts ORDER BY {order}")
         return [ForecastRecord(*(float("nan") if value is None else value for value in row)) for row in rows]
+
+    def held_out_losses(self, newest_only: bool = False) -> list[HeldOutRecord]:
+        """The held-out losses measured along the way (`[run] eval_every`, issue #30), one per version, oldest first,
+        or the newest alone (none for a state dir written before them, opened read-only)."""
+        if not self._read(HAS_HELD_OUT)[0][0]:
+            return []
+        order = "version DESC LIMIT 1" if newest_only else "version"
+        rows = self._read(f"SELECT {', '.join(HELD_OUT_COLUMNS)} FROM held_out ORDER BY {order}")
+        return [HeldOutRecord(*row) for row in rows]
 
     def round_losses(self, seq_len: int | None = None) -> list[tuple[int, float]]:
         """(version, mean loss of the training steps trained from it) of every version with training rows (only

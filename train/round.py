@@ -9,7 +9,9 @@ the data stream, the run-long step count and the compute seconds, and produces o
 per inner step; the backends keep what is theirs: the coordinator backend (worker/worker.py)
 pulls θ_v and pushes Δ over the wire, the hivemind backend (worker/hivemind_worker.py)
 averages Δ peer to peer and applies the outer step, and each stamps its own sync time and
-bytes on the rows it reports. `held_out_loss` is the launcher's evaluation (cli/run.py).
+bytes on the rows it reports. `held_out_loss` is the launcher's evaluation (cli/run.py) and the worker's
+held-out loss along the way (`[run] eval_every`, issue #30): the first batches of one fixed stream of the
+held-out split (HELD_OUT_SEED), drawn once and kept.
 
 Single-threaded: one training thread calls every method; a backend's other threads (the
 heartbeat, Ray's `info`) only read `step`.
@@ -29,6 +31,9 @@ from torch import nn
 from rcswarm.config.runspec import DataSection, RunSpec
 from rcswarm.models import registry
 from rcswarm.train.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, masked_cross_entropy
+
+# The stream of the held-out split every held-out loss is measured on: its first batches are the fixed held-out set.
+HELD_OUT_SEED = 12345
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,6 +92,7 @@ class RoundTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.data: DataSection | None = None
         self.sampler = None
+        self._held_out: tuple[int, list] | None = None  # (batches, [(inputs, targets)]) of the held-out set
 
     def build(self, spec: RunSpec, model_seed: int | None = None) -> nn.Module:
         """The run's model on the device (initialized from `model_seed`, else the global RNG) and its inner
@@ -94,7 +100,7 @@ class RoundTrainer:
         model = registry.build_model(spec.model.name, spec.model.preset, spec.model.overrides, seed=model_seed)
         self.spec, self.model = spec, model.to(self.device)
         self.optimizer = make_inner_optimizer(self.model, spec.inner)
-        self.data = self.sampler = None
+        self.data = self.sampler = self._held_out = None
         return self.model
 
     def follow(self, seq_len: int, batch: int, seed: int) -> bool:
@@ -173,13 +179,28 @@ class RoundTrainer:
             for name, tensor in tensors.items():
                 params[name].copy_(tensor)
 
-    def held_out_loss(self, batches: int, seed: int) -> float:
-        """Mean cross-entropy of the model on `batches` batches of the run's held-out split (stream `seed`)."""
-        sampler = make_sampler(self.spec.data, seed=seed, split="val", model_config=self.model.config)
+    def held_out_loss(self, batches: int, seed: int = HELD_OUT_SEED,
+                      params: Mapping[str, torch.Tensor] | None = None) -> float:
+        """Mean cross-entropy of the model (at `params`, θ by name, when given; its own parameters are put back
+        after) on the first `batches` batches of the run's held-out split (stream `seed`); the batches of the
+        default stream are drawn once and kept."""
+        if seed == HELD_OUT_SEED and self._held_out is not None and self._held_out[0] >= batches:
+            held_out = self._held_out[1][:batches]
+        else:
+            sampler = make_sampler(self.spec.data, seed=seed, split="val", model_config=self.model.config)
+            held_out = [sampler.next_batch() for _ in range(batches)]  # [(inputs [B, T, ...], targets [B, T])]
+            if seed == HELD_OUT_SEED:
+                self._held_out = (batches, held_out)
+        own = self.snapshot() if params is not None else None
+        if params is not None:
+            self.load(params)
         losses = []
-        with torch.no_grad():
-            for _ in range(batches):
-                inputs, targets = sampler.next_batch()  # [B, T, ...], [B, T]
-                logits = self.model(inputs.to(self.device))  # [B, T, V]
-                losses.append(masked_cross_entropy(logits, targets.to(self.device)).item())
+        try:
+            with torch.no_grad():
+                for inputs, targets in held_out:
+                    logits = self.model(inputs.to(self.device))  # [B, T, V]
+                    losses.append(masked_cross_entropy(logits, targets.to(self.device)).item())
+        finally:
+            if own is not None:
+                self.load(own)
         return sum(losses) / len(losses)

@@ -49,6 +49,7 @@ import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import MAX_VAL_LOSS
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 from rcswarm.sync.feedback_state import load_feedback, save_feedback
@@ -564,7 +565,8 @@ class Worker:
         version, tensors, digest = fetched
         self.trainer.rebase(tensors, inflight.pushed)
         self._held = (version, tensors)
-        self._keep([self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest)])
+        self._keep([self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest,
+                                 **self._held_out(version, tensors))])
         log.info("%s merged version %d (sha256 %s) with %d steps trained since the push", self.worker_id, version,
                  digest[:12], early.steps)
         return version, tensors, Early(early.tokens, early.steps, early_seconds)
@@ -597,9 +599,23 @@ class Worker:
         """Pull θ_v into the model (`_fetch`)."""
         version, tensors, digest = self._fetch()
         self.trainer.load(tensors)
-        self._keep([self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest)])
+        self._keep([self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest,
+                                 **self._held_out(version))])
         log.info("%s pulled version %d (sha256 %s)", self.worker_id, version, digest[:12])
         return version
+
+    def _held_out(self, version: int, params: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+        """With `[run] eval_every` = k > 0 and k dividing `version`: the held-out loss of θ_v (the model, or `params`
+        when the model holds more than θ_v) and its seconds, as the pull row's fields (issue #30); else none."""
+        every = self.spec.run.eval_every
+        if every <= 0 or version % every:
+            return {}
+        started = time.perf_counter()
+        loss = self.trainer.held_out_loss(self.spec.run.eval_batches, params=params)
+        if not 0 < loss <= MAX_VAL_LOSS:  # a diverged θ: no point of the curve (and NaN fails this too)
+            log.warning("%s: held-out loss of version %d is %r: not reported", self.worker_id, version, loss)
+            return {}
+        return {"val_loss": loss, "val_seconds": time.perf_counter() - started}
 
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
         """Encode and deliver Δ = θ_v − θ_local; False when it was stale (dropped, residual restored)."""

@@ -60,8 +60,12 @@ class CoordinatorCollector:
             "bytes_up": ("rcswarm_bytes_up_per_worker_round", "Mean bytes of one worker's update (messages received)"),
             "bytes_down": ("rcswarm_bytes_down_per_worker_round", "Mean bytes of one worker's pull (messages served)"),
             "utilization": ("rcswarm_utilization", "Mean share of the workers' wall time spent in inner steps"),
-            # Issue #30: the newest forecast of the run's final training loss (absent while there is none).
-            "forecast": ("rcswarm_forecast_loss", "Forecast of the training loss at the end of the rounds budget"),
+            # Issue #30: the newest forecast of the run's final loss (absent while there is none): of the held-out
+            # loss once the losses measured along the way support one ([run] eval_every), else of the training loss.
+            "forecast": ("rcswarm_forecast_loss", "Forecast of the loss at the end of the rounds budget (held-out "
+                                                  "where measured along the way, else training)"),
+            "val_loss": ("rcswarm_val_loss", "Newest held-out loss measured along the way ([run] eval_every)"),
+            "val_version": ("rcswarm_val_loss_version", "The version whose θ the newest held-out loss measured"),
             "forecast_low": ("rcswarm_forecast_loss_low", "Low end of the forecast's 90% bootstrap interval"),
             "forecast_high": ("rcswarm_forecast_loss_high", "High end of the forecast's 90% bootstrap interval"),
             "target_s": ("rcswarm_forecast_target_seconds",
@@ -114,6 +118,9 @@ class CoordinatorCollector:
                 "utilization": status.utilization,
             }
             newest = view.coordinator.store.forecasts(newest_only=True)
+            held_out = view.coordinator.store.held_out_losses(newest_only=True)
+            if held_out:
+                values |= {"val_loss": held_out[0].loss, "val_version": held_out[0].version}
             values["pruned"] = 1.0 if getattr(view.coordinator, "stopped", None) else 0.0
             if newest and not newest[0].note:
                 values |= {"forecast": newest[0].loss, "forecast_low": newest[0].low, "forecast_high": newest[0].high}

@@ -286,7 +286,9 @@ def forecast_text(forecast: dict[str, Any] | None) -> str:
         return "–"
     number = {key: math.nan if forecast[key] is None else forecast[key]
               for key in ("loss", "low", "high", "target_loss", "target_seconds")}
-    return describe(at_round=forecast["at_round"], note=forecast["note"], stopped=forecast["stopped"] or "", **number)
+    held_out = "held-out: " if forecast.get("loss_kind") == "held-out" and not forecast["note"] else ""
+    return held_out + describe(at_round=forecast["at_round"], note=forecast["note"], stopped=forecast["stopped"] or "",
+                               **number)
 
 
 def _run_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -353,7 +355,7 @@ def render_page(data: dict[str, Any], refresh_s: int, smoothing: float = DEFAULT
     body = f"""<h1>{html.escape(title)}</h1>
 {_table(data["kind"], ("field", "value"), _overview_rows(data), "")}
 {_table("runs", ("run", "L", "batch", "state", "version", "workers assigned", "tokens/s", "tokens", "latest loss",
-                 "step", "loss at step", "forecast of the final training loss (90%)", "θ sha256"), _run_rows(data),
+                 "step", "loss at step", "forecast of the final loss (90%)", "θ sha256"), _run_rows(data),
         "no runs", text_columns=(11,))}
 <div class=plots><img src="/plot/forecast.png" alt="{FORECAST_ALT}" width="640" height="440"></div>
 {_table("workers (memberships; a worker moved to another run joins it under a new id)", WORKER_COLUMNS,

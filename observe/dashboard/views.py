@@ -17,6 +17,7 @@ from google.protobuf import json_format
 
 from rcswarm.observe import traffic
 from rcswarm.observe.analysis import Clock, FitReport, StepMean, WorkerTotals
+from rcswarm.observe.report import loss_kind
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 
@@ -105,14 +106,14 @@ def round_dict(r: pb.RoundStatus) -> dict[str, Any]:
 
 
 def forecast_dict(view: RunView) -> dict[str, Any] | None:
-    """The run's newest forecast of its final loss (issue #30; the training loss) from its store, and why a sweep
-    stopped it; None before its first."""
+    """The run's newest forecast of its final loss (issue #30; held-out or training, `loss_kind`) from its store, and
+    why a sweep stopped it; None before its first."""
     newest = view.coordinator.store.forecasts(newest_only=True)
     if not newest:
         return None
     r = newest[0]
     return {"made_at_version": r.version, "at_seconds": r.at_seconds, "at_round": r.at_round, "loss": r.loss,
-            "low": r.low, "high": r.high, "loss_kind": "train", "note": r.note, "target_loss": r.target_loss,
+            "low": r.low, "high": r.high, "loss_kind": loss_kind(r), "note": r.note, "target_loss": r.target_loss,
             "target_seconds": r.target_seconds, "target_low_s": r.target_low_s, "target_high_s": r.target_high_s,
             "stopped": getattr(view.coordinator, "stopped", None)}
 

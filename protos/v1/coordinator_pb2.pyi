@@ -266,7 +266,7 @@ class PushUpdateResponse(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., round_version: _Optional[int] = ..., reports: _Optional[int] = ..., staleness: _Optional[int] = ..., staleness_weight: _Optional[float] = ...) -> None: ...
 
 class Metric(_message.Message):
-    __slots__ = ("version", "step", "seq_len", "batch", "loss", "tokens", "wall_time", "compute_seconds", "sync_seconds", "bytes_sent", "bytes_received", "param_sha256")
+    __slots__ = ("version", "step", "seq_len", "batch", "loss", "tokens", "wall_time", "compute_seconds", "sync_seconds", "bytes_sent", "bytes_received", "param_sha256", "val_loss", "val_seconds")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +279,8 @@ class Metric(_message.Message):
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     PARAM_SHA256_FIELD_NUMBER: _ClassVar[int]
+    VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    VAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     version: int
     step: int
     seq_len: int
@@ -291,7 +293,9 @@ class Metric(_message.Message):
     bytes_sent: int
     bytes_received: int
     param_sha256: str
-    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch: _Optional[int] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., wall_time: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., param_sha256: _Optional[str] = ...) -> None: ...
+    val_loss: float
+    val_seconds: float
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch: _Optional[int] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., wall_time: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., param_sha256: _Optional[str] = ..., val_loss: _Optional[float] = ..., val_seconds: _Optional[float] = ...) -> None: ...
 
 class ReportMetricsRequest(_message.Message):
     __slots__ = ("worker_id", "metrics", "worker_secret", "run_id")
@@ -388,7 +392,7 @@ class RoundStatus(_message.Message):
     def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace", "fp32_bytes", "bytes_up_per_round", "bytes_down_per_round", "utilization", "forecast")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace", "fp32_bytes", "bytes_up_per_round", "bytes_down_per_round", "utilization", "forecast", "val_loss", "val_version")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -408,6 +412,8 @@ class GetStatusResponse(_message.Message):
     BYTES_DOWN_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     FORECAST_FIELD_NUMBER: _ClassVar[int]
+    VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    VAL_VERSION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -427,10 +433,12 @@ class GetStatusResponse(_message.Message):
     bytes_down_per_round: float
     utilization: float
     forecast: ForecastStatus
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., applied_tokens: _Optional[int] = ..., pace: _Optional[str] = ..., fp32_bytes: _Optional[int] = ..., bytes_up_per_round: _Optional[float] = ..., bytes_down_per_round: _Optional[float] = ..., utilization: _Optional[float] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ...) -> None: ...
+    val_loss: float
+    val_version: int
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., applied_tokens: _Optional[int] = ..., pace: _Optional[str] = ..., fp32_bytes: _Optional[int] = ..., bytes_up_per_round: _Optional[float] = ..., bytes_down_per_round: _Optional[float] = ..., utilization: _Optional[float] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ..., val_loss: _Optional[float] = ..., val_version: _Optional[int] = ...) -> None: ...
 
 class ForecastStatus(_message.Message):
-    __slots__ = ("made_at_version", "at_round", "loss", "low", "high", "note", "target_loss", "target_seconds", "target_low_s", "target_high_s", "stopped")
+    __slots__ = ("made_at_version", "at_round", "loss", "low", "high", "note", "target_loss", "target_seconds", "target_low_s", "target_high_s", "stopped", "basis")
     MADE_AT_VERSION_FIELD_NUMBER: _ClassVar[int]
     AT_ROUND_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -442,6 +450,7 @@ class ForecastStatus(_message.Message):
     TARGET_LOW_S_FIELD_NUMBER: _ClassVar[int]
     TARGET_HIGH_S_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
+    BASIS_FIELD_NUMBER: _ClassVar[int]
     made_at_version: int
     at_round: int
     loss: float
@@ -453,7 +462,8 @@ class ForecastStatus(_message.Message):
     target_low_s: float
     target_high_s: float
     stopped: str
-    def __init__(self, made_at_version: _Optional[int] = ..., at_round: _Optional[int] = ..., loss: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., note: _Optional[str] = ..., target_loss: _Optional[float] = ..., target_seconds: _Optional[float] = ..., target_low_s: _Optional[float] = ..., target_high_s: _Optional[float] = ..., stopped: _Optional[str] = ...) -> None: ...
+    basis: str
+    def __init__(self, made_at_version: _Optional[int] = ..., at_round: _Optional[int] = ..., loss: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., note: _Optional[str] = ..., target_loss: _Optional[float] = ..., target_seconds: _Optional[float] = ..., target_low_s: _Optional[float] = ..., target_high_s: _Optional[float] = ..., stopped: _Optional[str] = ..., basis: _Optional[str] = ...) -> None: ...
 
 class CurriculumStatus(_message.Message):
     __slots__ = ("policy", "seq_len", "batch_size", "reason", "ladder", "rung", "seconds_per_step", "budget_seconds", "elapsed_seconds", "decided_version", "law")
@@ -489,7 +499,7 @@ class CurriculumStatus(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., ladder: _Optional[_Iterable[int]] = ..., rung: _Optional[int] = ..., seconds_per_step: _Optional[_Mapping[int, float]] = ..., budget_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decided_version: _Optional[int] = ..., law: _Optional[str] = ...) -> None: ...
 
 class RunSummary(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "seq_len", "batch_size", "active_workers", "latest_loss", "total_tokens", "tokens_per_second", "curriculum", "forecast")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "seq_len", "batch_size", "active_workers", "latest_loss", "total_tokens", "tokens_per_second", "curriculum", "forecast", "val_loss", "val_version")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -502,6 +512,8 @@ class RunSummary(_message.Message):
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     CURRICULUM_FIELD_NUMBER: _ClassVar[int]
     FORECAST_FIELD_NUMBER: _ClassVar[int]
+    VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    VAL_VERSION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -514,4 +526,6 @@ class RunSummary(_message.Message):
     tokens_per_second: float
     curriculum: CurriculumStatus
     forecast: ForecastStatus
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., active_workers: _Optional[int] = ..., latest_loss: _Optional[float] = ..., total_tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ...) -> None: ...
+    val_loss: float
+    val_version: int
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., active_workers: _Optional[int] = ..., latest_loss: _Optional[float] = ..., total_tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ..., val_loss: _Optional[float] = ..., val_version: _Optional[int] = ...) -> None: ...

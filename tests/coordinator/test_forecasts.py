@@ -45,8 +45,11 @@ def test_prune_stops_a_confidently_worse_run_and_says_why_for_every_run():
 
 
 def test_overlapping_intervals_and_runs_without_forecasts_are_kept():
-    overlap = decide_prune(0.0, views(record(1.0, 0.9, 1.1), record(1.15, 1.05, 1.3)), OPTIONS, 0)
-    assert overlap.stop == () and "overlaps" in dict(overlap.reasons)[1]
+    overlap = decide_prune(0.0, views(record(1.0, 0.9, 1.1), record(1.08, 0.98, 1.2)), OPTIONS, 0)
+    assert overlap.stop == () and "is not above" in dict(overlap.reasons)[1]
+    # Intervals that overlap but whose difference is positive at 90 % (0.15 apart, each σ ≈ 0.061): pruned.
+    apart = decide_prune(0.0, views(record(1.0, 0.9, 1.1), record(1.15, 1.05, 1.3)), OPTIONS, 0)
+    assert apart.stop == (1,) and "at 90% confidence" in dict(apart.reasons)[1]
     short = record(math.nan, math.nan, math.nan, "not enough data: 3 usable rounds")
     missing = decide_prune(0.0, views(record(1.0, 0.9, 1.1), None, short), OPTIONS, 0)
     assert missing.stop == ()

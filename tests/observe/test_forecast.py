@@ -41,8 +41,10 @@ def test_forecast_at_30_percent_of_the_budget_lands_near_the_final_loss_and_its_
         assert forecast.low <= forecast.loss <= forecast.high
         errors.append(abs(forecast.loss - truth))
         covered += forecast.low <= truth <= forecast.high
-    assert float(np.median(errors)) < 0.02
-    assert covered >= 7
+    # Weighting the rounds near the horizon (WEIGHT_POWER) costs accuracy on a curve that follows the law exactly
+    # (median 0.011 unweighted, 0.021 weighted here) for accuracy on recorded curves (docs/RESULTS.md).
+    assert float(np.median(errors)) < 0.025
+    assert covered >= 8
 
 
 def test_time_to_a_target_loss() -> None:

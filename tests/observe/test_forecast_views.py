@@ -19,7 +19,7 @@ def test_the_dashboard_shows_each_runs_forecast_its_band_and_the_pruning(served)
     assert good["at_round"] == ROUNDS and good["loss_kind"] == "train" and good["stopped"] is None
     assert "pruned" in bad["stopped"]
     page = get(base)[2].decode()
-    assert "forecast of the final training loss" in page and "/plot/forecast.png" in page and "pruned: " in page
+    assert "forecast of the final loss (90%)" in page and "/plot/forecast.png" in page and "pruned: " in page
     code, content_type, png = get(base + "plot/forecast.png")
     assert code == 200 and content_type == "image/png"
     assert_png_not_blank(png)
