@@ -60,6 +60,7 @@ from rcswarm.observe.analysis import (
     length_law,
     read_state_dirs,
 )
+from rcswarm.observe.forecast import was_pruned
 from rcswarm.observe.report import forecast_rows, held_out_rows, prune_rows, summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
@@ -371,10 +372,12 @@ def outcome(rows: list[dict], spec: RunSpec, *, interrupted: bool, out_of_time: 
     if interrupted:
         return Outcome("interrupted", f"stopped by a signal: interrupted after {done} of {target} rounds; "
                                       "every process was shut down", 130)
-    if out_of_time and not failed:
-        return Outcome("budget", f"stopped at the {minutes:g}-minute budget after {done} rounds", 0)
+    # The coordinator ends a run at [run] minutes (which --minutes sets) when that comes before the launcher's deadline.
+    ended_at_budget = any(r.get("stopped") and not was_pruned(r["stopped"]) for r in rows)
+    if (out_of_time or ended_at_budget) and not failed:
+        return Outcome("budget", f"stopped at the {minutes or spec.run.minutes:g}-minute budget after {done} rounds", 0)
     # A length the sweep pruned ([sweep] prune, issue #30) ended by design before the rounds budget.
-    pruned = [r for r in rows if r.get("stopped")]
+    pruned = [r for r in rows if was_pruned(r.get("stopped"))]
     if failed or min((r["rounds"] for r in rows if not r.get("stopped")), default=0) < spec.run.rounds:
         return Outcome("failed", f"the run did not complete: {done} of {target} rounds; worker exit codes "
                                  f"{exit_codes}; see {logs}", 1)
@@ -475,6 +478,10 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
         run = dataclasses.replace(run, workers=args.workers)
     if args.rounds is not None:
         run = dataclasses.replace(run, rounds=args.rounds)
+    minutes = budget_minutes(args)
+    if minutes is not None:
+        # The coordinator knows the budget too: its forecasts are of the loss at its end (issue #30).
+        run = dataclasses.replace(run, minutes=minutes)
     runs = len(spec.sweep.seq_lens) or 1
     sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers // runs))
     if run.rounds == 0:

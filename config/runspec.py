@@ -57,6 +57,10 @@ class RunSection:
     rounds: int = 40
     # Worker processes `rcswarm run` starts on this machine.
     workers: int = 2
+    # A wall-time budget in minutes from the run's first round (issue #30; 0 = none): the coordinator ends the run when
+    # it is used (as run.rounds does), forecasts the loss at its end and prunes at fractions of it. `rcswarm run
+    # --minutes` sets it.
+    minutes: float = 0.0
     # A loss whose wall time the forecasts predict (issue #30; 0 = none).
     target_loss: float = 0.0
     # Held-out loss along the way (issue #30): every `eval_every` versions (0 = off) each worker measures the
@@ -71,6 +75,9 @@ class RunSection:
             _fail("run.rounds", self.rounds, "an integer >= 0 (0 = until stopped)")
         if not 1 <= self.workers <= 64:
             _fail("run.workers", self.workers, "an integer between 1 and 64")
+        if isinstance(self.minutes, bool) or not (isinstance(self.minutes, (int, float)) and math.isfinite(self.minutes)
+                                                  and self.minutes >= 0):
+            _fail("run.minutes", self.minutes, "a finite number of minutes >= 0 (0 = none)")
         if not (math.isfinite(self.target_loss) and self.target_loss >= 0):
             _fail("run.target_loss", self.target_loss, "a finite loss >= 0 (0 = none)")
         if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
@@ -494,8 +501,9 @@ class SweepSection:
     seq_lens: list[int] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     constant_tokens: bool = False
-    # Issue #30: stop a length whose forecast is confidently worse than the best's, at these fractions of
-    # run.rounds, and move its workers to the others (coordinator/forecasts.py, decide_prune).
+    # Issue #30: stop a length whose forecast is confidently worse than the best's, at these fractions of the
+    # budget (run.rounds, else run.minutes), and move its workers to the others (coordinator/forecasts.py,
+    # decide_prune).
     prune: bool = False
     prune_at: list[float] = field(default_factory=lambda: [0.25, 0.5])
 
@@ -508,7 +516,7 @@ class SweepSection:
             _fail("sweep.constant_tokens", self.constant_tokens, "false when sweep.batch_sizes is given")
         fractions = self.prune_at
         if not fractions or not all(0 < f < 1 for f in fractions) or any(a >= b for a, b in pairwise(fractions)):
-            _fail("sweep.prune_at", fractions, "increasing fractions of run.rounds in (0, 1)")
+            _fail("sweep.prune_at", fractions, "increasing fractions of the budget (run.rounds, else run.minutes) in (0, 1)")
         if self.prune and len(self.seq_lens) < 2:
             _fail("sweep.prune", self.prune, "false unless sweep.seq_lens names 2 or more lengths")
 
@@ -629,8 +637,9 @@ class RunSpec:
         varied = "seq_lens" if curriculum.adaptive else "worker_seq_lens" if curriculum.worker_seq_lens else ""
         if varied and self.is_sweep:
             _fail("sweep.seq_lens", self.sweep.seq_lens, f"empty when curriculum.{varied} is given")
-        if self.sweep.prune and self.run.rounds == 0:
-            _fail("sweep.prune", self.sweep.prune, "false with run.rounds = 0 (it prunes at fractions of the rounds)")
+        if self.sweep.prune and self.run.rounds == 0 and self.run.minutes == 0:
+            _fail("sweep.prune", self.sweep.prune, "false without a budget: run.rounds = 0 and run.minutes = 0 (it "
+                                                   "prunes at fractions of the rounds, or of the minutes)")
         if varied and self.data.source == "diag":
             _fail(f"curriculum.{varied}", getattr(curriculum, varied), 'empty with data.source = "diag" (the task sets its lengths)')
         if self.sync.min_steps > self.sync.step_cap(self.inner.steps):

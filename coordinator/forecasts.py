@@ -9,12 +9,16 @@ just closed are still arriving when its close is seen).
 
 `decide_prune` is the sweep's rule, a pure function of (now, the runs as `RunView`s, `PruneOptions`)
 returning a `PruneDecision` with a reason for every run: at each fraction of the budget in
-`[sweep] prune_at`, once every run still in the sweep has closed that many rounds, a run whose forecast is
+`[sweep] prune_at` (of run.rounds, or of run.minutes' wall time: whichever every run still in the sweep reached
+first), a run whose forecast is
 above the best run's at 90 % confidence (`confidently_worse`: the intervals narrowed to what the difference's
 one-sided test needs, and apart) is stopped, at most
 half of the runs still in at each fraction (successive halving's bound) and never the last one. A run
 without a forecast (not enough data), or one that has completed its rounds, is kept. The group applies it
 (coordinator/sweep.py).
+
+`decide_budget_end` is the wall-time budget's rule (`[run] minutes`), pure in (now, the run's first round's
+opening, the budget): the reason to end the run once it is used; the group ends it as a pruned run is ended.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from rcswarm.observe.fits import CONFIDENCE
-from rcswarm.observe.forecast import forecast_at
+from rcswarm.observe.forecast import BUDGET_ENDED, forecast_at
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore
@@ -38,23 +42,37 @@ NARROW = NormalDist().inv_cdf(CONFIDENCE) / (math.sqrt(2) * NormalDist().inv_cdf
 ROWS_LAG = 2
 
 
+def budget_round(version: int, elapsed: float, rounds: int, budget_s: float = 0.0) -> int:
+    """The round at which the run's budget ends (pure): `rounds`, or with a wall-time budget of `budget_s` seconds the
+    last round its pace so far (`version` rounds in `elapsed` seconds) completes by then, whichever comes first; 0
+    with neither (a run until stopped, or a time budget before its first round closed)."""
+    if budget_s <= 0:
+        return max(rounds, 0)
+    if not (version > 0 and elapsed > 0):
+        return 0
+    paced = math.floor(version * budget_s / elapsed)
+    return min(rounds, paced) if rounds > 0 else paced
+
+
 def forecast_record(version: int, now: float, started_at: float | None, rounds: int,
                     round_losses: Sequence[tuple[int, float]], target_loss: float = 0.0,
-                    seed: int = 0, held_out: Sequence[tuple[int, float]] = ()) -> ForecastRecord:
-    """The forecast of a run at `version` (pure): its loss at round `rounds` (the budget). Of the held-out loss when
-    the losses measured along the way (`held_out`: (v, loss of θ_v), x = v) support one; else of the training loss,
-    x = v + 1 for the steps trained from version v, fitted to the versions up to `version` − ROWS_LAG."""
+                    seed: int = 0, held_out: Sequence[tuple[int, float]] = (), budget_s: float = 0.0) -> ForecastRecord:
+    """The forecast of a run at `version` (pure): its loss at the end of its budget (`budget_round`: round `rounds`,
+    or the round its pace reaches at `budget_s` seconds from `started_at`). Of the held-out loss when the losses
+    measured along the way (`held_out`: (v, loss of θ_v), x = v) support one; else of the training loss, x = v + 1
+    for the steps trained from version v, fitted to the versions up to `version` − ROWS_LAG."""
+    elapsed = now - started_at if started_at is not None else math.nan
+    horizon = budget_round(version, elapsed, rounds, budget_s)
     measured = [(v, loss) for v, loss in held_out if v <= version]
-    forecast, basis = forecast_at([x for x, _ in measured], [loss for _, loss in measured], float(rounds),
+    forecast, basis = forecast_at([x for x, _ in measured], [loss for _, loss in measured], float(horizon),
                                   target=target_loss, seed=seed), "held-out"
     if not forecast.ok:
         complete = [(v + 1, loss) for v, loss in round_losses if v <= version - ROWS_LAG]
-        forecast, basis = forecast_at([x for x, _ in complete], [loss for _, loss in complete], float(rounds),
+        forecast, basis = forecast_at([x for x, _ in complete], [loss for _, loss in complete], float(horizon),
                                       target=target_loss, seed=seed), "training"
-    elapsed = now - started_at if started_at is not None else math.nan
     per_round = elapsed / version if version > 0 and elapsed > 0 else math.nan
     return ForecastRecord(
-        version=version, made_at=now, at_seconds=elapsed, at_round=rounds, loss=forecast.loss, low=forecast.low,
+        version=version, made_at=now, at_seconds=elapsed, at_round=horizon, loss=forecast.loss, low=forecast.low,
         high=forecast.high, target_loss=target_loss if target_loss > 0 else math.nan,
         target_seconds=forecast.target_round * per_round, target_low_s=forecast.target_low * per_round,
         target_high_s=forecast.target_high * per_round, note=forecast.note, basis=basis,
@@ -63,22 +81,38 @@ def forecast_record(version: int, now: float, started_at: float | None, rounds: 
 
 @dataclass(frozen=True)
 class PruneOptions:
-    """`[sweep] prune` and `prune_at`: the fractions of the rounds budget at which losers are stopped."""
+    """`[sweep] prune` and `prune_at`: the fractions of the budget at which losers are stopped: of `rounds` or of
+    `seconds` (`[run] minutes`' wall time), whichever comes first; 0 = that budget is not set."""
 
     enabled: bool
     fractions: tuple[float, ...]
     rounds: int
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
 class RunView:
-    """A run of the sweep as pruning sees it: its name, version, whether it was stopped, its newest forecast."""
+    """A run of the sweep as pruning sees it: its name, version, whether it was stopped, its newest forecast, and the
+    seconds since its first round opened (NaN before one closed)."""
 
     index: int
     name: str
     version: int
     stopped: bool
     forecast: ForecastRecord | None
+    elapsed: float = math.nan
+
+
+def _due(fraction: float, alive: Sequence[RunView], options: PruneOptions) -> str | None:
+    """Where the budget's `fraction` is, once every run still in has reached it (None before): that fraction of
+    `rounds` or of `seconds`, whichever every run reached first."""
+    due_round = math.ceil(fraction * options.rounds)
+    if options.rounds > 0 and all(run.version >= due_round for run in alive):
+        return f"round {due_round}"
+    due_s = fraction * options.seconds
+    if options.seconds > 0 and all(run.elapsed >= due_s for run in alive):
+        return f"{due_s:.0f} s"
+    return None
 
 
 @dataclass(frozen=True)
@@ -103,24 +137,29 @@ def _interval(record: ForecastRecord) -> str:
     return f"{record.loss:.4f} [{record.low:.4f}, {record.high:.4f}]"
 
 
+def _completed(run: RunView, options: PruneOptions) -> bool:
+    """Whether `run` has completed its rounds budget (a time budget ends every run at once: never early)."""
+    return options.rounds > 0 and run.version >= options.rounds
+
+
 def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, done: int) -> PruneDecision | None:
     """The decision at the next fraction of the budget (`done` of them were decided before), or None while it is
     not due: pruning off, every fraction decided, or a run still in the sweep short of that fraction's rounds."""
-    if not options.enabled or done >= len(options.fractions) or options.rounds <= 0:
+    if not options.enabled or done >= len(options.fractions) or (options.rounds <= 0 and options.seconds <= 0):
         return None
     fraction = options.fractions[done]
-    due_round = math.ceil(fraction * options.rounds)
     alive = [run for run in runs if not run.stopped]
-    if not alive or any(run.version < due_round for run in alive):
+    due = _due(fraction, alive, options) if alive else None
+    if due is None:
         return None
-    where = f"at {fraction:.0%} of the budget (round {due_round})"
+    where = f"at {fraction:.0%} of the budget ({due})"
     forecasts = [run for run in alive if run.forecast is not None and not run.forecast.note]
     if not forecasts:
         return PruneDecision(done, now, (), tuple((run.index, f"{where}: no run has a forecast yet; all kept")
                                                   for run in alive))
     best = min(forecasts, key=lambda run: (run.forecast.loss, run.index))
     worse = sorted((run for run in forecasts if confidently_worse(run.forecast, best.forecast)
-                    and run.version < options.rounds), key=lambda run: (-run.forecast.loss, run.index))
+                    and not _completed(run, options)), key=lambda run: (-run.forecast.loss, run.index))
     stop = worse[: len(alive) // 2]
     reasons = []
     for run in alive:
@@ -129,7 +168,7 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
         elif run.forecast is None or run.forecast.note:
             note = run.forecast.note if run.forecast is not None else "no forecast yet"
             reasons.append((run.index, f"{where}: {run.name} kept: {note}"))
-        elif run.version >= options.rounds:
+        elif _completed(run, options):
             reasons.append((run.index, f"{where}: {run.name} kept: it has completed its {options.rounds} rounds"))
         elif run in stop:
             reasons.append((run.index, f"{where}: {run.name} pruned: its forecast {_interval(run.forecast)} is above "
@@ -160,3 +199,11 @@ def newest_held_out(store: StateStore) -> tuple[float, int]:
     """(loss, version) of the run's newest held-out loss measured along the way; (NaN, −1) before any."""
     newest = store.held_out_losses(newest_only=True)
     return (newest[0].loss, newest[0].version) if newest else (math.nan, -1)
+
+
+def decide_budget_end(now: float, started_at: float | None, budget_s: float) -> str | None:
+    """The reason to end a run whose wall-time budget (`budget_s` seconds from its first round's opening,
+    `started_at`) is used, or None: no budget, no round closed yet, or time left."""
+    if budget_s <= 0 or started_at is None or now - started_at < budget_s:
+        return None
+    return f"{BUDGET_ENDED} of {budget_s / 60:g} minutes ({now - started_at:.0f} s since its first round opened)"

@@ -653,12 +653,13 @@ class SwarmCoordinator:
             close = self.closer.begin()
         self.closer.finish(close)
 
-    def stop(self, reason: str) -> None:
-        """End the run before its budget because its sweep pruned it: it counts as finished from now on (and after a
-        restart), its long polls wake, and its workers move on as a finished run's do (the ticker, through a
-        RunGroup; writes the store, then takes `_lock`). Its closed rounds and metric rows stay."""
+    def stop(self, reason: str, kind: str = "prune") -> None:
+        """End the run before its rounds: its sweep pruned it (`kind` "prune") or its wall-time budget is used
+        ("budget"). It counts as finished from now on (and after a restart), its long polls wake, and its workers move
+        on as a finished run's do (the ticker, through a RunGroup; writes the store, then takes `_lock`). Its closed
+        rounds and metric rows stay."""
         self.store.set_many({"stopped": reason})
-        self.store.add_event("", "prune", reason, self.clock())
+        self.store.add_event("", kind, reason, self.clock())
         with self._lock:
             self.stopped = reason
             self._version_changed.notify_all()

@@ -195,7 +195,10 @@ class RunGroup:
         # Each run's newest forecast (restored from its store) and the version it was made at.
         self.latest: list[ForecastRecord | None] = [(run.store.forecasts() or [None])[-1] for run in self.runs]
         self._forecast_at = [-1 if record is None else record.version for record in self.latest]
-        self.prune_options = forecasts.PruneOptions(spec.sweep.prune, tuple(spec.sweep.prune_at), spec.run.rounds)
+        self.prune_options = forecasts.PruneOptions(spec.sweep.prune, tuple(spec.sweep.prune_at), spec.run.rounds,
+                                                    spec.run.minutes * 60.0)
+        # Each run's first round's opening once one closed (it never changes after): the wall-time budget's clock.
+        self._started_at: list[float | None] = [None] * len(self.runs)
         # How many of `prune_at`'s fractions were decided (each run's store keeps the count).
         self.prune_done = max(int(run.store.get("prune_done") or 0) for run in self.runs)
 
@@ -362,6 +365,25 @@ class RunGroup:
             run.tick()
         self._forecast()
         self._prune()
+        self._end_spent_budgets()
+
+    def _started(self, index: int) -> float | None:
+        """Run `index`'s first round's opening (read from its store until a round closed; the ticker)."""
+        if self._started_at[index] is None:
+            self._started_at[index] = self.runs[index].store.rounds_summary().first_opened_at
+        return self._started_at[index]
+
+    def _end_spent_budgets(self) -> None:
+        """End every run still going whose wall-time budget (`[run] minutes`) is used (the ticker)."""
+        budget_s = self.spec.run.minutes * 60.0
+        if budget_s <= 0:
+            return
+        for index, run in enumerate(self.runs):
+            if run.finished:
+                continue
+            reason = forecasts.decide_budget_end(run.clock(), self._started(index), budget_s)
+            if reason is not None:
+                run.stop(reason, kind="budget")
 
     def _forecast(self) -> None:
         """Refit the law of every run whose version changed since its last forecast, and store it (the ticker)."""
@@ -371,9 +393,10 @@ class RunGroup:
                 continue
             self._forecast_at[index] = version
             record = forecasts.forecast_record(
-                version, run.clock(), run.store.rounds_summary().first_opened_at, run.spec.run.rounds,
+                version, run.clock(), self._started(index), run.spec.run.rounds,
                 run.store.round_losses(), run.spec.run.target_loss, seed=version,
                 held_out=[(record.version, record.loss) for record in run.store.held_out_losses()],
+                budget_s=run.spec.run.minutes * 60.0,
             )
             run.store.add_forecast(record)
             self.latest[index] = record
@@ -381,9 +404,11 @@ class RunGroup:
     def _prune(self) -> None:
         """Apply `decide_prune` when a fraction of the budget is due: stop its losers, record every reason (the
         ticker)."""
+        now = self.runs[0].clock()
         views = [forecasts.RunView(i, f"L={run.spec.data.seq_len}", run.version, run.stopped is not None,
-                                   self.latest[i]) for i, run in enumerate(self.runs)]
-        decision = forecasts.decide_prune(self.runs[0].clock(), views, self.prune_options, self.prune_done)
+                                   self.latest[i], _since(now, self._started(i)))
+                 for i, run in enumerate(self.runs)]
+        decision = forecasts.decide_prune(now, views, self.prune_options, self.prune_done)
         if decision is None:
             return
         for index, reason in decision.reasons:
@@ -394,6 +419,11 @@ class RunGroup:
         self.prune_done = decision.checkpoint + 1
         for run in self.runs:
             run.store.set_many({"prune_done": str(self.prune_done)})
+
+
+def _since(now: float, started_at: float | None) -> float:
+    """Seconds from `started_at` to `now`; NaN when it is not known yet."""
+    return math.nan if started_at is None else now - started_at
 
 
 class SweepCoordinator(RunGroup):

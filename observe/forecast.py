@@ -189,7 +189,8 @@ def forecast_at(xs: Sequence[float], losses: Sequence[float], horizon: float, *,
     """The loss at x = horizon with its interval (and with a positive `target`, the round it is reached at), or a
     Forecast whose note says why not: it raises only on malformed input, never on what the losses are."""
     if not (math.isfinite(horizon) and horizon >= 1):
-        return Forecast(horizon, note=f"no budget to forecast at (horizon {horizon}): set [run] rounds")
+        return Forecast(horizon, note=f"no budget to forecast at (horizon {horizon:g}): [run] rounds or minutes sets "
+                                      f"one (minutes once a round closed)")
     try:
         fit = fit_saturating(xs, losses, resamples=resamples, seed=seed)
     except NotEnoughData as reason:
@@ -234,12 +235,22 @@ def forecast_curve(label: str, round_losses: Sequence[tuple[int, float]], horizo
     return ForecastCurve(label, xs, losses, horizon, law_x, np.array([fit.predict(x) for x in law_x]), low, high)
 
 
+# How the reason of a run ended at its wall-time budget (`[run] minutes`, coordinator/forecasts.py) begins: such a run
+# was not pruned.
+BUDGET_ENDED = "ended at its wall-time budget"
+
+
+def was_pruned(stopped: str | None) -> bool:
+    """Whether a run stopped for `stopped` (its stored reason) was pruned by its sweep, not ended at its budget."""
+    return bool(stopped) and not stopped.startswith(BUDGET_ENDED)
+
+
 def describe(loss: float, low: float, high: float, at_round: int, note: str = "", stopped: str = "",
              target_loss: float = math.nan, target_seconds: float = math.nan) -> str:
     """A forecast in words, as `rcswarm status`, `rcswarm fit` and the dashboard show it: "1.234 [1.2, 1.3] at round
     40; 1.3 at 812 s", or the note saying why there is none, or why a sweep stopped the run."""
     if stopped:
-        return f"pruned: {stopped}"
+        return f"pruned: {stopped}" if was_pruned(stopped) else stopped
     if note:
         return note
     text = f"{loss:.4g} [{low:.4g}, {high:.4g}] at round {at_round}"

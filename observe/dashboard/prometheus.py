@@ -14,6 +14,7 @@ from typing import Any
 
 from rcswarm.observe.analysis import FitReport
 from rcswarm.observe.dashboard.views import STATE_NAMES, RunView
+from rcswarm.observe.forecast import was_pruned
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 
 ROUND_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -121,7 +122,7 @@ class CoordinatorCollector:
             held_out = view.coordinator.store.held_out_losses(newest_only=True)
             if held_out:
                 values |= {"val_loss": held_out[0].loss, "val_version": held_out[0].version}
-            values["pruned"] = 1.0 if getattr(view.coordinator, "stopped", None) else 0.0
+            values["pruned"] = 1.0 if was_pruned(getattr(view.coordinator, "stopped", None)) else 0.0
             if newest and not newest[0].note:
                 values |= {"forecast": newest[0].loss, "forecast_low": newest[0].low, "forecast_high": newest[0].high}
                 if math.isfinite(newest[0].target_seconds):

@@ -3,11 +3,13 @@ the dashboard's URL and labelled progress, fits the law and plots it; every numb
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 from rcswarm.cli import run
 from rcswarm.cli.demo import DEMO_MINUTES, demo_spec
+from rcswarm.observe.forecast import BUDGET_ENDED
 
 
 def test_the_demo_is_a_sweep_of_at_least_three_lengths_under_a_budget():
@@ -15,9 +17,13 @@ def test_the_demo_is_a_sweep_of_at_least_three_lengths_under_a_budget():
     assert spec.is_sweep and len(spec.sweep.seq_lens) >= 3
     assert spec.run.workers == len(spec.sweep.seq_lens)  # one worker per length: equal shares of wall time
     args = run.parse_args([])
-    assert run.load_spec(args) == spec and run.budget_minutes(args) == DEMO_MINUTES <= 4
+    assert run.budget_minutes(args) == DEMO_MINUTES <= 4
+    # The coordinator knows the budget too ([run] minutes: its forecasts are of the loss at the budget's end).
+    assert run.load_spec(args) == dataclasses.replace(spec, run=dataclasses.replace(spec.run, minutes=DEMO_MINUTES))
     assert run.budget_minutes(run.parse_args(["--minutes", "1.5"])) == 1.5
+    assert run.load_spec(run.parse_args(["--minutes", "1.5"])).run.minutes == 1.5
     assert run.budget_minutes(run.parse_args(["examples/run.toml"])) is None
+    assert run.load_spec(run.parse_args(["examples/run.toml"])).run.minutes == 0
 
 
 def _row(rounds: int, first: float = 3.2, last: float = 2.9) -> dict:
@@ -75,6 +81,11 @@ def test_the_outcome_says_what_really_happened(tmp_path: Path):
     short = [{**row, "stopped": None} for row in pruned_rows]
     assert run.outcome(short, spec, interrupted=False, out_of_time=False, minutes=None, exit_codes=[0] * 4,
                        logs=logs).kind == "failed"
+    # The coordinator ended the runs at [run] minutes before the launcher's deadline: the budget, not a failure.
+    at_budget = [{**row, "stopped": f"{BUDGET_ENDED} of 3 minutes (181 s since its first round opened)"} for row in rows]
+    timed = run.outcome(at_budget, spec, interrupted=False, out_of_time=False, minutes=3.0, exit_codes=[0] * 4,
+                        logs=logs)
+    assert (timed.kind, timed.status) == ("budget", 0) and "3-minute budget after 12 (L=2)" in timed.message
 
 
 def test_a_run_without_a_closed_round_reports_no_train_loss(tmp_path: Path):

@@ -9,14 +9,22 @@ import math
 import pytest
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.forecasts import PruneOptions, RunView, decide_prune, forecast_record
+from rcswarm.coordinator.forecasts import (
+    PruneOptions,
+    RunView,
+    budget_round,
+    decide_budget_end,
+    decide_prune,
+    forecast_record,
+)
 from rcswarm.coordinator.records import Refusal
-from rcswarm.coordinator.sweep import SweepCoordinator
+from rcswarm.coordinator.sweep import SweepCoordinator, open_group
+from rcswarm.observe.forecast import BUDGET_ENDED, describe
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import ForecastRecord
 from tests.helpers.coordinator import creds
 from tests.helpers.dashboard import Clock
-from tests.helpers.forecasts import ROUNDS, good_loss, pruned_sweep, pruning_spec
+from tests.helpers.forecasts import ROUNDS, good_loss, pruned_sweep, pruning_spec, train_round
 from tests.helpers.specs import tiny_spec
 
 OPTIONS = PruneOptions(True, (0.25, 0.5), 40)
@@ -123,3 +131,79 @@ def test_prune_keys_are_validated(sweep, match):
         tiny_spec(run={"target_loss": -1.0})
     with pytest.raises(ValueError, match="sweep.prune"):
         RunSpec.from_dict({**tiny_spec(run={"rounds": 0}).to_dict(), "sweep": {"seq_lens": [8, 16], "prune": True}})
+
+
+def test_the_budget_round_is_the_rounds_or_where_the_pace_reaches_the_minutes():
+    assert budget_round(10, 100.0, 40) == 40 and budget_round(10, 100.0, 0) == 0
+    # 10 rounds in 100 s: a 600 s budget ends at round 60, unless the rounds end first.
+    assert budget_round(10, 100.0, 0, 600.0) == 60 and budget_round(10, 100.0, 40, 600.0) == 40
+    assert budget_round(10, 100.0, 80, 605.0) == 60  # the last round completed by then
+    assert budget_round(0, 0.0, 40, 600.0) == 0  # no pace before a round closed
+
+
+def test_a_forecast_under_a_minutes_budget_is_of_the_round_the_pace_reaches():
+    losses = [(v, 1.0 + 2.0 * (v + 1) ** -0.5) for v in range(20)]
+    # 20 rounds in 200 s; a 6-minute budget: round 36.
+    made = forecast_record(20, now=1200.0, started_at=1000.0, rounds=0, round_losses=losses, budget_s=360.0)
+    assert made.at_round == 36 and made.note == ""
+    assert made.loss == pytest.approx(1.0 + 2.0 * 36 ** -0.5, abs=0.01)
+    unbounded = forecast_record(20, now=1200.0, started_at=1000.0, rounds=0, round_losses=losses)
+    assert "no budget to forecast at" in unbounded.note and "[run] rounds or minutes" in unbounded.note
+
+
+def test_prune_at_fractions_of_a_minutes_budget():
+    timed = PruneOptions(True, (0.25, 0.5), 0, 400.0)
+    good, bad = record(1.0, 0.9, 1.1), record(2.0, 1.9, 2.1)
+    early = [RunView(0, "L=8", 3, False, good, 120.0), RunView(1, "L=16", 2, False, bad, 99.0)]
+    assert decide_prune(0.0, early, timed, 0) is None  # L=16 has not reached 25 % of 400 s
+    due = [RunView(0, "L=8", 3, False, good, 120.0), RunView(1, "L=16", 2, False, bad, 100.0)]
+    decision = decide_prune(0.0, due, timed, 0)
+    assert decision.stop == (1,) and "at 25% of the budget (100 s)" in dict(decision.reasons)[1]
+    unknown = [RunView(0, "L=8", 3, False, good, 120.0), RunView(1, "L=16", 0, False, bad)]  # no round closed
+    assert decide_prune(0.0, unknown, timed, 0) is None
+    # With both budgets, whichever fraction every run reached first.
+    both = PruneOptions(True, (0.25,), 40, 4000.0)
+    assert decide_prune(0.0, views(good, bad), both, 0).stop == (1,)  # round 10 of 40 reached, 1000 s not
+
+
+def test_the_budget_end_decision():
+    assert decide_budget_end(1000.0, None, 60.0) is None  # no round closed yet
+    assert decide_budget_end(1059.0, 1000.0, 60.0) is None and decide_budget_end(1059.0, 1000.0, 0.0) is None
+    reason = decide_budget_end(1060.0, 1000.0, 60.0)
+    assert reason.startswith(BUDGET_ENDED) and "1 minutes" in reason and "60 s" in reason
+    assert describe(math.nan, math.nan, math.nan, 0, stopped=reason) == reason  # not "pruned"
+
+
+def test_a_run_ends_at_its_minutes_budget_and_stays_ended_after_a_restart(tmp_path):
+    clock = Clock(1000.0)
+    spec = tiny_spec(run={"rounds": 0, "minutes": 0.1}, sync={"min_reports": 1})  # 6 s; a round takes 1 s here
+    group = open_group(spec, tmp_path, clock)
+    run = group.runs[0]
+    member = group.join(pb.JoinRequest(worker_name="a"))
+    for round_ in range(5):
+        train_round(run, member, good_loss(round_ + 1.0), clock)
+        group.tick()
+    assert not run.finished and group.status().run_state == pb.RUN_STATE_RUNNING
+    train_round(run, member, good_loss(6.0), clock)
+    group.tick()
+    assert run.finished and run.stopped.startswith(BUDGET_ENDED) and group.status().run_state == pb.RUN_STATE_FINISHED
+    assert [e.reason for e in run.store.events("budget")] == [run.stopped] and not run.store.events("prune")
+    # Its forecasts were of the round the pace reached at the budget, and its rounds stay.
+    assert {record.at_round for record in run.store.forecasts() if record.version >= 1} <= {6}
+    assert len(run.store.rounds()) == 6
+    assert group.heartbeat(pb.HeartbeatRequest(**creds(member))).run_state == pb.RUN_STATE_FINISHED
+    group.close()
+    restarted = open_group(spec, tmp_path, clock)
+    assert restarted.runs[0].finished and restarted.runs[0].stopped == run.stopped
+    restarted.close()
+
+
+def test_minutes_is_validated_and_prune_needs_a_budget():
+    for bad in (-1.0, math.inf, math.nan, True):
+        with pytest.raises(ValueError, match="run.minutes"):
+            tiny_spec(run={"minutes": bad})
+    with pytest.raises(ValueError, match="run.minutes = 0"):
+        RunSpec.from_dict({**tiny_spec(run={"rounds": 0}).to_dict(), "sweep": {"seq_lens": [8, 16], "prune": True}})
+    timed = RunSpec.from_dict({**tiny_spec(run={"rounds": 0, "minutes": 5.0}).to_dict(),
+                               "sweep": {"seq_lens": [8, 16], "prune": True}})
+    assert timed.run.minutes == 5.0 and timed.sweep.prune

@@ -65,7 +65,7 @@ def test_not_enough_data_below_the_minimum_instead_of_a_number() -> None:
     x, y = curve(1.2, 2.5, 0.6, 8, 0.02, seed=0)
     far = forecast_at(x, y, 8 * MAX_EXTRAPOLATION + 1)
     assert not far.ok and "short of the budget" in far.note
-    assert not forecast_at(x, y, 0).ok and "set [run] rounds" in forecast_at(x, y, 0).note
+    assert not forecast_at(x, y, 0).ok and "[run] rounds or minutes" in forecast_at(x, y, 0).note
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 0.0, 1e30])
