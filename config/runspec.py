@@ -33,6 +33,11 @@ SYNC_BACKENDS = ("coordinator", "hivemind")
 ROUND_KINDS = ("steps", "time")
 # The most versions a late update may lag behind (sync.max_staleness).
 MAX_STALENESS_LIMIT = 16
+# The sparse codec's held-out loss over fp32's at equal tokens, by H = inner.steps (issue #28; docs/PERFORMANCE.md
+# "Compression": lstm_lm small, 2 workers, plain averaging, density 0.02, 2-bit values, error_decay 0.95, seed 0).
+# It matched fp32 up to SPARSE_MATCHED_H; above, `RunSpec.cautions` names the measured penalty.
+SPARSE_MATCHED_H = 10
+SPARSE_PENALTY_BY_H = ((20, 0.020), (50, 0.073), (200, 0.31))
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -637,6 +642,22 @@ class RunSpec:
             if value != f.default:
                 _fail(f"hivemind.{f.name}", value,
                       f'the default ({f.default!r}) unless sync.backend = "hivemind" (sync.backend is {self.sync.backend!r})')
+
+    def cautions(self) -> list[str]:
+        """Settings that are valid but were measured to cost loss (issue #28, docs/PERFORMANCE.md "Compression"), one
+        sentence each; the coordinator logs them as warnings when it starts. Empty when none applies."""
+        notes = []
+        if self.sync.codec == "sparse" and self.inner.steps > SPARSE_MATCHED_H:
+            measured = ", ".join(f"+{penalty:.1%} at H = {h}" for h, penalty in SPARSE_PENALTY_BY_H)
+            notes.append(f'sync.codec = "sparse" with inner.steps = {self.inner.steps}: the sparse codec matched fp32 '
+                         f"only up to H = {SPARSE_MATCHED_H} inner steps per round; above, its held-out loss was worse "
+                         f"({measured}; density 0.02, 2 bits). Use inner.steps <= {SPARSE_MATCHED_H}, or int8 "
+                         "(within 0.3 % of fp32 up to H = 200)")
+        if self.sync.codec == "sparse" and self.outer.momentum > 0:
+            notes.append(f'sync.codec = "sparse" with outer.momentum = {self.outer.momentum}: the sparse codec diverged '
+                         "under a momentum outer step (held-out 3.81 against 1.64 with plain averaging at H = 10): the "
+                         "momentum re-applies the error feedback's delayed mass; use outer.momentum = 0")
+        return notes
 
     @property
     def is_sweep(self) -> bool:
