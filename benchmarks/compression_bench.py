@@ -239,7 +239,8 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
             {"density": 0.02 * sparse_h / 10}, {"down_density": 0.04})]
         configs += [dataclasses_replace(c, seed=1) for c in _codecs(every, "sgd-1.0", 10, steps)]
         configs += _codecs(every, "sgd-1.0", 10, steps, 4)
-        configs += [dataclasses_replace(c, model="frame", seq_len=8, batch=8) for c in _codecs(every, "sgd-1.0", 10, 1000)]
+        configs += [dataclasses_replace(c, model="frame", seq_len=8, batch=8)
+                    for c in _codecs(every, "sgd-1.0", 10, 1000)]
         configs += [dataclasses_replace(base, density=0.02 * math.sqrt(sparse_h / 10)),
                     dataclasses_replace(base, density=0.02 * sparse_h / 10, down_density=0.02),
                     SimConfig("sparse", "sgd-1.0", 10, steps=steps, **{**SPARSE_DEFAULTS, "decay": 1.0})]
@@ -431,7 +432,8 @@ def plot(records: list[dict[str, Any]], path: Path, step_s: float) -> None:
             tokens = [p[1] for p in curve]
             loss = [p[2] for p in curve]
             seconds = [p[0] * h * step_s + workers * (p[3] + p[4]) / LINK_BYTES_PER_S for p in curve]
-            label = f"{SimConfig(**c).key.split(' ef')[0]} {c['outer']} ({r['ratio_up']:.0f}× / {r['ratio_down']:.0f}×)"
+            name = SimConfig(**c).key.split(" ef")[0]
+            label = f"{name} {c['outer']} ({r['ratio_up']:.0f}× / {r['ratio_down']:.0f}×)"
             axes[0][column].plot(tokens, loss, label=label)
             axes[1][column].plot(seconds, loss, label=label)
         axes[0][column].set_title(f"{'lstm_lm small' if model == 'lm' else 'frame tiny'}, H = {h}, {workers} workers")

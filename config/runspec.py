@@ -654,8 +654,8 @@ class RunSpec:
                          f"({measured}; density 0.02, 2 bits). Use inner.steps <= {SPARSE_MATCHED_H}, or int8 "
                          "(within 0.3 % of fp32 up to H = 200)")
         if self.sync.codec == "sparse" and self.outer.momentum > 0:
-            notes.append(f'sync.codec = "sparse" with outer.momentum = {self.outer.momentum}: the sparse codec diverged '
-                         "under a momentum outer step (held-out 3.81 against 1.64 with plain averaging at H = 10): the "
+            notes.append(f'sync.codec = "sparse" with outer.momentum = {self.outer.momentum}: the sparse codec '
+                         "diverged under a momentum outer step (held-out 3.81 against 1.64 with plain averaging at H = 10): the "
                          "momentum re-applies the error feedback's delayed mass; use outer.momentum = 0")
         return notes
 
