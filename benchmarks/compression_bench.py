@@ -237,7 +237,7 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
         base = SimConfig("sparse", "sgd-1.0", sparse_h, steps=steps, **SPARSE_DEFAULTS)
         configs = [dataclasses_replace(base, **change) for change in (
             {"density": 0.02 * sparse_h / 10}, {"down_density": 0.04})]
-        configs += [dataclasses_replace(c, seed=1) for c in _codecs(every, "sgd-1.0", 10, steps)]
+        configs += [dataclasses_replace(c, seed=1) for c in _codecs(("sparse", "fp32", "int8"), "sgd-1.0", 10, steps)]
         configs += _codecs(every, "sgd-1.0", 10, steps, 4)
         configs += [dataclasses_replace(c, model="frame", seq_len=8, batch=8)
                     for c in _codecs(every, "sgd-1.0", 10, 1000)]
