@@ -8,6 +8,7 @@ training at equal tokens under each codec and outer step.
     python benchmarks/compression_bench.py quality --grid onset --out R.jsonl              # H = 20 and 30
     python benchmarks/compression_bench.py quality --grid followup --sparse-h 20 --out R.jsonl   # variants, seed 1,
                                                                                  # 4 workers, frame model
+    python benchmarks/compression_bench.py quality --grid downlink --out R.jsonl     # 4 workers, denser downlinks
     python benchmarks/compression_bench.py report R.jsonl [--plot P.png] [--outer sgd-1.0] [--plot-h P.png]
 
 Table 1 (`payload`): for each model preset, the bytes one worker pushes (its update in the run's codec) and pulls
@@ -245,6 +246,11 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
                     dataclasses_replace(base, density=0.02 * sparse_h / 10, down_density=0.02),
                     SimConfig("sparse", "sgd-1.0", 10, steps=steps, **{**SPARSE_DEFAULTS, "decay": 1.0})]
         return configs
+    elif name == "downlink":
+        # With N workers the round's step holds up to N × density of each chunk: sparse at H = 10 and 4 workers with
+        # the downlink at 2× and 4× the uplink's density.
+        base = SimConfig("sparse", "sgd-1.0", 10, 4, steps=steps, **SPARSE_DEFAULTS)
+        configs = [dataclasses_replace(base, down_density=d) for d in (0.08, 0.04)]
     elif name == "table2":
         configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
     elif name == "all":
@@ -265,7 +271,7 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
         ordered = first + four + h200 + knobs + rates + seeded + frame + robust
         return ordered + [c for c in grid("outer", steps, [0]) if c not in ordered]
     else:
-        raise ValueError(f"--grid {name!r}: expected outer, sparse, onset, followup, table2 or all")
+        raise ValueError(f"--grid {name!r}: expected outer, sparse, onset, followup, downlink, table2 or all")
     return [dataclasses_replace(c, seed=s) for c in configs for s in seeds]
 
 
@@ -500,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     payload.add_argument("--density", type=float, default=0.02)
     payload.add_argument("--value-bits", type=int, default=2)
     quality = commands.add_parser("quality", help="Table 2 and the grids: simulated training at equal tokens")
-    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "table2", "all"))
+    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "table2", "all"))
     quality.add_argument("--claims", default="", help="a directory of claim files: processes sharing it split the grid")
     quality.add_argument("--out", required=True)
     quality.add_argument("--steps", type=int, default=1500, help="inner steps per worker (equal tokens)")
