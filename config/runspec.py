@@ -38,6 +38,10 @@ MAX_STALENESS_LIMIT = 16
 # It matched fp32 up to SPARSE_MATCHED_H; above, `RunSpec.cautions` names the measured penalty (H = 200: against int8,
 # the only dense codec run there with plain averaging).
 SPARSE_MATCHED_H = 10
+# ... and with 2 workers: with 4 at H = 10 it lost SPARSE_PENALTY_4_WORKERS (the step of N workers holds up to
+# N × density of each chunk; the downlink sends density of it).
+SPARSE_MATCHED_WORKERS = 2
+SPARSE_PENALTY_4_WORKERS = 0.021
 SPARSE_PENALTY_BY_H = ((20, 0.020), (30, 0.036), (50, 0.073), (200, 0.31))
 
 
@@ -658,6 +662,11 @@ class RunSpec:
                          f"({measured}; density 0.02, 2 bits). Use inner.steps <= {SPARSE_MATCHED_H}, a density "
                          "growing with H (0.04 at H = 20: +0.5%, 55x below fp32 instead of 108x), or int8 "
                          "(within 0.3% of fp32 at H = 10 to 50)")
+        if self.sync.codec == "sparse" and self.run.workers > SPARSE_MATCHED_WORKERS:
+            notes.append(f'sync.codec = "sparse" with run.workers = {self.run.workers}: the sparse codec matched fp32 '
+                         f"with {SPARSE_MATCHED_WORKERS} workers; with 4 at H = 10 its held-out loss was "
+                         f"+{SPARSE_PENALTY_4_WORKERS:.1%} (int8: even): the round's step holds up to N x sync.density "
+                         "of each chunk and the downlink sends sync.density of it")
         if self.sync.codec == "sparse" and self.outer.momentum > 0:
             notes.append(f'sync.codec = "sparse" with outer.momentum = {self.outer.momentum}: the sparse codec '
                          "diverged under a momentum outer step (held-out 3.81 against 1.64 with plain averaging at "
