@@ -481,13 +481,13 @@ def plot_by_h(records: list[dict[str, Any]], path: Path) -> None:
         if len(variants) < 2:
             continue
         ratios = [2 / (1 / r["ratio_up"] + 1 / r["ratio_down"]) for r in variants]
-        right.scatter(ratios, [r["final_loss"] for r in variants], label=f"sparse variants, H = {h}")
+        dots = right.scatter(ratios, [r["final_loss"] for r in variants], label=f"sparse variants, H = {h}")
         for r, ratio in zip(variants, ratios):
             label = SimConfig(**r["config"]).key.split(" sgd-1.0")[0].replace(" down=same", "").removeprefix("sparse ")
             right.annotate(label, (ratio, r["final_loss"]), fontsize=6)
         dense = [r["final_loss"] for r in base if r["config"]["codec"] == "fp32" and r["config"]["inner_steps"] == h]
         if dense:
-            right.axhline(dense[0], linestyle=":", linewidth=1, label=f"fp32, H = {h}")
+            right.axhline(dense[0], linestyle=":", linewidth=1, color=dots.get_facecolor()[0], label=f"fp32, H = {h}")
     right.axvline(100, color="grey", linewidth=0.8)
     right.set_xscale("log")
     right.set_xlabel("× below fp32, up and down together")

@@ -666,7 +666,8 @@ class RunSpec:
             notes.append(f'sync.codec = "sparse" with run.workers = {self.run.workers}: the sparse codec matched fp32 '
                          f"with {SPARSE_MATCHED_WORKERS} workers; with 4 at H = 10 its held-out loss was "
                          f"+{SPARSE_PENALTY_4_WORKERS:.1%} (int8: even): the round's step holds up to N x sync.density "
-                         "of each chunk and the downlink sends sync.density of it")
+                         "of each chunk and the downlink sends sync.density of it (a downlink 4x denser, not a key "
+                         "today, removed it in the simulation)")
         if self.sync.codec == "sparse" and self.outer.momentum > 0:
             notes.append(f'sync.codec = "sparse" with outer.momentum = {self.outer.momentum}: the sparse codec '
                          "diverged under a momentum outer step (held-out 3.81 against 1.64 with plain averaging at "
