@@ -5,7 +5,11 @@ training at equal tokens under each codec and outer step.
     python benchmarks/compression_bench.py quality --grid outer --out R.jsonl [--shard 0/2]   # the outer-step grid
     python benchmarks/compression_bench.py quality --grid table2 --out R.jsonl                # Table 2
     python benchmarks/compression_bench.py quality --grid sparse --out R.jsonl [--sparse-h 50]   # density, bits, decay
-    python benchmarks/compression_bench.py report R.jsonl [--plot docs/img/compression_quality.png]
+    python benchmarks/compression_bench.py quality --grid onset --out R.jsonl              # H = 20 and 30
+    python benchmarks/compression_bench.py quality --grid followup --sparse-h 20 --out R.jsonl   # variants, seed 1,
+                                                                                 # 4 workers, frame model
+    python benchmarks/compression_bench.py quality --grid downlink --out R.jsonl     # 4 workers, denser downlinks
+    python benchmarks/compression_bench.py report R.jsonl [--plot P.png] [--outer sgd-1.0] [--plot-h P.png]
 
 Table 1 (`payload`): for each model preset, the bytes one worker pushes (its update in the run's codec) and pulls
 (the compressed step) per round, their ratio to fp32, and the seconds to encode and to decode, scaled to 100 M
@@ -83,6 +87,8 @@ class SimConfig:
     coord_decay: float | None = None
     # The step's codec: "same" (the run's, as the coordinator sends it), or "fp32" (a dense downlink, for reference).
     down: str = "same"
+    # The sparse downlink's density when it differs from the uplink's (None: the same; only with down = "same").
+    down_density: float | None = None
     seq_len: int = 16
     batch: int = 16
     aggregation: str = "clipped_mean"
@@ -92,6 +98,7 @@ class SimConfig:
     @property
     def key(self) -> str:
         sparse = f" d{self.density:g} b{self.value_bits}" if self.codec == "sparse" else ""
+        sparse += f" dd{self.down_density:g}" if self.down_density is not None else ""
         lowbit = f" b{self.value_bits}" if self.codec == "lowbit" else ""
         decay = f" ef{self.decay:g}" + (f"/{self.coord_decay:g}" if self.coord_decay is not None else "")
         method = "" if self.aggregation == "clipped_mean" else f" {self.aggregation}"
@@ -132,6 +139,9 @@ def simulate(config: SimConfig, eval_batches: int, points: int = 10) -> dict[str
     spec = config.spec()
     fmt = codecs.WireFormat.from_sync(spec.sync)
     down = fmt if config.down == "same" else codecs.WireFormat.of(codecs.codec_from_name(config.down))
+    if config.down_density is not None:
+        down = codecs.WireFormat(fmt.codec, fmt.block_size, codecs.sparse_keep(config.down_density, fmt.block_size),
+                                 fmt.value_bits)
     rounds = config.steps // config.inner_steps
     trainers = []
     for index in range(config.workers):
@@ -218,6 +228,29 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
         configs = [base] + [dataclasses_replace(base, **change) for change in (
             {"decay": 1.0}, {"density": 0.03}, {"down": "fp32"}, {"value_bits": 4}, {"coord_decay": 1.0},
             {"density": 0.01}, {"decay": 0.9}, {"value_bits": 1})]
+    elif name == "onset":
+        # Where the sparse penalty starts: every codec at H = 20 and 30, sparse and fp32 first.
+        configs = [c for h in (20, 30) for c in _codecs(("sparse", "fp32", "int8"), "sgd-1.0", h, steps)]
+        configs = sorted(configs, key=lambda c: (c.codec == "int8", c.inner_steps))
+    elif name == "followup":
+        # At H = `sparse_h`: a density growing with H (the bytes per inner step of H = 10's d 0.02) and a downlink
+        # twice as dense as the uplink; then seed 1, 4 workers and the frame model at H = 10.
+        base = SimConfig("sparse", "sgd-1.0", sparse_h, steps=steps, **SPARSE_DEFAULTS)
+        configs = [dataclasses_replace(base, **change) for change in (
+            {"density": 0.02 * sparse_h / 10}, {"down_density": 0.04})]
+        configs += [dataclasses_replace(c, seed=1) for c in _codecs(("sparse", "fp32", "int8"), "sgd-1.0", 10, steps)]
+        configs += _codecs(every, "sgd-1.0", 10, steps, 4)
+        configs += [dataclasses_replace(c, model="frame", seq_len=8, batch=8)
+                    for c in _codecs(every, "sgd-1.0", 10, 1000)]
+        configs += [dataclasses_replace(base, density=0.02 * math.sqrt(sparse_h / 10)),
+                    dataclasses_replace(base, density=0.02 * sparse_h / 10, down_density=0.02),
+                    SimConfig("sparse", "sgd-1.0", 10, steps=steps, **{**SPARSE_DEFAULTS, "decay": 1.0})]
+        return configs
+    elif name == "downlink":
+        # With N workers the round's step holds up to N × density of each chunk: sparse at H = 10 and 4 workers with
+        # the downlink at 2× and 4× the uplink's density.
+        base = SimConfig("sparse", "sgd-1.0", 10, 4, steps=steps, **SPARSE_DEFAULTS)
+        configs = [dataclasses_replace(base, down_density=d) for d in (0.08, 0.04)]
     elif name == "table2":
         configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
     elif name == "all":
@@ -238,7 +271,7 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
         ordered = first + four + h200 + knobs + rates + seeded + frame + robust
         return ordered + [c for c in grid("outer", steps, [0]) if c not in ordered]
     else:
-        raise ValueError(f"--grid {name!r}: expected outer, sparse, table2 or all")
+        raise ValueError(f"--grid {name!r}: expected outer, sparse, onset, followup, downlink, table2 or all")
     return [dataclasses_replace(c, seed=s) for c in configs for s in seeds]
 
 
@@ -379,37 +412,87 @@ def run_report(args: argparse.Namespace) -> int:
               f"{sum(r['clipped'] for r in rs)}, {sum(r['dropped'] for r in rs)} | "
               f"{max(r['worst_norm_over_bound'] for r in rs):.3f} |")
     if args.plot:
-        plot(records, Path(args.plot), step_s)
+        shown = [r for r in records if not args.outer or r["config"]["outer"] == args.outer]
+        plot(shown, Path(args.plot), step_s)
+    if args.plot_h:
+        plot_by_h(records, Path(args.plot_h))
     return 0
 
 
 def plot(records: list[dict[str, Any]], path: Path, step_s: float) -> None:
-    """Loss vs tokens and vs simulated time at 100 Mbit/s, one panel pair per (H, workers), seed 0."""
+    """Loss vs tokens and vs simulated time at 100 Mbit/s, one panel pair per (model, H, workers), seed 0."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = sorted({(r["config"]["inner_steps"], r["config"]["workers"]) for r in records})
+    cells = sorted({(r["config"].get("model", "lm"), r["config"]["inner_steps"], r["config"]["workers"])
+                    for r in records}, key=lambda cell: (cell[0] != "lm", cell[2], cell[1]))
     fig, axes = plt.subplots(2, len(cells), figsize=(4.2 * len(cells), 7), squeeze=False)
-    for column, (h, workers) in enumerate(cells):
+    for column, (model, h, workers) in enumerate(cells):
         for r in records:
             c = r["config"]
-            if (c["inner_steps"], c["workers"], c["seed"]) != (h, workers, 0):
+            if (c.get("model", "lm"), c["inner_steps"], c["workers"], c["seed"]) != (model, h, workers, 0):
                 continue
             curve = r["curve"]
             tokens = [p[1] for p in curve]
             loss = [p[2] for p in curve]
             seconds = [p[0] * h * step_s + workers * (p[3] + p[4]) / LINK_BYTES_PER_S for p in curve]
-            label = f"{c['codec']} {c['outer']} ({r['ratio_up']:.0f}×)"
+            name = SimConfig(**c).key.split(" ef")[0]
+            label = f"{name} {c['outer']} ({r['ratio_up']:.0f}× / {r['ratio_down']:.0f}×)"
             axes[0][column].plot(tokens, loss, label=label)
             axes[1][column].plot(seconds, loss, label=label)
-        axes[0][column].set_title(f"H = {h}, {workers} workers")
+        axes[0][column].set_title(f"{'lstm_lm small' if model == 'lm' else 'frame tiny'}, H = {h}, {workers} workers")
         axes[0][column].set_xlabel("tokens (all workers)")
         axes[1][column].set_xlabel("simulated seconds at 100 Mbit/s")
         for row in (0, 1):
             axes[row][column].set_ylabel("held-out loss")
             axes[row][column].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def plot_by_h(records: list[dict[str, Any]], path: Path) -> None:
+    """Final held-out loss against H per codec (lstm_lm, plain averaging, 2 workers, seed 0; sparse at its defaults),
+    and the sparse variants' loss against their traffic ratio (the mean of up and down) beside fp32 at their H."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = [r for r in records if r["config"]["outer"] == "sgd-1.0" and r["config"]["workers"] == 2
+            and r["config"]["seed"] == 0 and r["config"].get("model", "lm") == "lm"
+            and r["config"].get("aggregation", "clipped_mean") == "clipped_mean"]
+    defaults = {**SPARSE_DEFAULTS, "down": "same", "down_density": None, "coord_decay": None}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for codec in ("fp32", "int8", "sparse"):
+        points = sorted((r["config"]["inner_steps"], r["final_loss"]) for r in base if r["config"]["codec"] == codec
+                        and (codec != "sparse" or all(r["config"].get(k) == v for k, v in defaults.items())))
+        if points:
+            left.plot([h for h, _ in points], [loss for _, loss in points], marker="o", label=codec)
+    left.set_xscale("log")
+    left.set_xlabel("H (inner steps per round; equal tokens)")
+    left.set_ylabel("final held-out loss")
+    left.set_title("the sparse penalty by H (sparse: d 0.02, 2 bits, EF 0.95)")
+    left.legend()
+    for h in sorted({r["config"]["inner_steps"] for r in base if r["config"]["codec"] == "sparse"}):
+        variants = [r for r in base if r["config"]["codec"] == "sparse" and r["config"]["inner_steps"] == h]
+        if len(variants) < 2:
+            continue
+        ratios = [2 / (1 / r["ratio_up"] + 1 / r["ratio_down"]) for r in variants]
+        dots = right.scatter(ratios, [r["final_loss"] for r in variants], label=f"sparse variants, H = {h}")
+        for r, ratio in zip(variants, ratios):
+            label = SimConfig(**r["config"]).key.split(" sgd-1.0")[0].replace(" down=same", "").removeprefix("sparse ")
+            right.annotate(label, (ratio, r["final_loss"]), fontsize=6)
+        dense = [r["final_loss"] for r in base if r["config"]["codec"] == "fp32" and r["config"]["inner_steps"] == h]
+        if dense:
+            right.axhline(dense[0], linestyle=":", linewidth=1, color=dots.get_facecolor()[0], label=f"fp32, H = {h}")
+    right.axvline(100, color="grey", linewidth=0.8)
+    right.set_xscale("log")
+    right.set_xlabel("× below fp32, up and down together")
+    right.set_ylabel("final held-out loss")
+    right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
@@ -423,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     payload.add_argument("--density", type=float, default=0.02)
     payload.add_argument("--value-bits", type=int, default=2)
     quality = commands.add_parser("quality", help="Table 2 and the grids: simulated training at equal tokens")
-    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "table2", "all"))
+    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "table2", "all"))
     quality.add_argument("--claims", default="", help="a directory of claim files: processes sharing it split the grid")
     quality.add_argument("--out", required=True)
     quality.add_argument("--steps", type=int, default=1500, help="inner steps per worker (equal tokens)")
@@ -434,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     report = commands.add_parser("report", help="the tables (markdown) and the plot of quality records")
     report.add_argument("records", nargs="+")
     report.add_argument("--plot", default="")
+    report.add_argument("--outer", default="", help="plot only this outer step's records (e.g. sgd-1.0)")
+    report.add_argument("--plot-h", default="", help="a plot of the final loss against H and of the sparse variants")
     report.add_argument("--step-s", type=float, default=0.0, help="nominal seconds per inner step (0: median)")
     args = parser.parse_args(argv)
     return {"payload": run_payload, "quality": run_quality, "report": run_report}[args.command](args)

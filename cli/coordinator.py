@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         lock.announce(address)
     log.info("serving on %s: %s", address, coordinator.versions_text())
     _log_security(args, running, quick)
+    for caution in spec.cautions():
+        log.warning("%s", caution)
     if args.port_file:
         partial = args.port_file.with_suffix(".partial")
         info: dict[str, Any] = {"port": running.port, "run_id": coordinator.run_id}

@@ -528,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"rcswarm run {spec.run.name}: {what}{budget}; run directory {run_dir}")
         console.print(f"coordinator on 127.0.0.1:{port}; starting {spec.run.workers} workers; logs in {swarm.logs}")
         console.print(f"dashboard: http://127.0.0.1:{http_port}/  (live plots and fits while the run lasts)")
+        for caution in spec.cautions():
+            console.print(f"caution: {caution}", style="yellow")
         swarm.start_workers(port)
         swarm.write_process_table()
         client = CoordinatorClient(f"127.0.0.1:{port}", swarm.token, retry=RetryPolicy(max_elapsed_s=10.0))

@@ -34,6 +34,16 @@ ROUND_KINDS = ("steps", "time")
 # The most versions a late update may lag behind (sync.max_staleness).
 MAX_STALENESS_LIMIT = 16
 MAX_EVAL_BATCHES = 64  # [run] eval_batches: a small held-out set, a few batches
+# The sparse codec's held-out loss over fp32's at equal tokens, by H = inner.steps (issue #28; docs/PERFORMANCE.md
+# "Compression": lstm_lm small, 2 workers, plain averaging, density 0.02, 2-bit values, error_decay 0.95, seed 0).
+# It matched fp32 up to SPARSE_MATCHED_H; above, `RunSpec.cautions` names the measured penalty (H = 200: against int8,
+# the only dense codec run there with plain averaging).
+SPARSE_MATCHED_H = 10
+# ... and with 2 workers: with 4 at H = 10 it lost SPARSE_PENALTY_4_WORKERS (the step of N workers holds up to
+# N × density of each chunk; the downlink sends density of it).
+SPARSE_MATCHED_WORKERS = 2
+SPARSE_PENALTY_4_WORKERS = 0.021
+SPARSE_PENALTY_BY_H = ((20, 0.020), (30, 0.036), (50, 0.073), (200, 0.31))
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
@@ -231,7 +241,10 @@ class SyncSection:
     chunk of `sparse_chunk` values the `density` × chunk largest in magnitude, at `value_bits` = 1..8
     bits each). The coordinator backend carries all five in both directions; hivemind's all-reduce all
     but "sparse" (`BACKEND_CODECS`). `error_decay` β: the workers' and the coordinator's error feedback
-    carry β × what was not sent into the next round (1 = all of it; SparseLoCo uses 0.95).
+    carry β × what was not sent into the next round (1 = all of it; SparseLoCo uses 0.95). Measured
+    (docs/PERFORMANCE.md "Compression"): "sparse" matched fp32 up to inner.steps = 10 and lost 2-31% above, and
+    diverged under outer momentum; such configs are valid, and `RunSpec.cautions` (logged by the coordinator at
+    start) says so.
 
     Heterogeneous swarms (issue #15; decisions.decide_pace and decide_staleness have the rules):
     * `round`: "steps" (every worker trains inner.steps steps, or with `adaptive_steps` its own
@@ -656,6 +669,29 @@ class RunSpec:
             if value != f.default:
                 _fail(f"hivemind.{f.name}", value,
                       f'the default ({f.default!r}) unless sync.backend = "hivemind" (sync.backend is {self.sync.backend!r})')
+
+    def cautions(self) -> list[str]:
+        """Settings that are valid but were measured to cost loss (issue #28, docs/PERFORMANCE.md "Compression"), one
+        sentence each; the coordinator logs them as warnings when it starts. Empty when none applies."""
+        notes = []
+        if self.sync.codec == "sparse" and self.inner.steps > SPARSE_MATCHED_H:
+            measured = ", ".join(f"+{penalty:.1%} at H = {h}" for h, penalty in SPARSE_PENALTY_BY_H)
+            notes.append(f'sync.codec = "sparse" with inner.steps = {self.inner.steps}: the sparse codec matched fp32 '
+                         f"only up to H = {SPARSE_MATCHED_H} inner steps per round; above, its held-out loss was worse "
+                         f"({measured}; density 0.02, 2 bits). Use inner.steps <= {SPARSE_MATCHED_H}, a density "
+                         "growing with H (0.04 at H = 20: +0.5%, 55x below fp32 instead of 108x), or int8 "
+                         "(within 0.3% of fp32 at H = 10 to 50)")
+        if self.sync.codec == "sparse" and self.run.workers > SPARSE_MATCHED_WORKERS:
+            notes.append(f'sync.codec = "sparse" with run.workers = {self.run.workers}: the sparse codec matched fp32 '
+                         f"with {SPARSE_MATCHED_WORKERS} workers; with 4 at H = 10 its held-out loss was "
+                         f"+{SPARSE_PENALTY_4_WORKERS:.1%} (int8: even): the round's step holds up to N x sync.density "
+                         "of each chunk and the downlink sends sync.density of it (a downlink 4x denser, not a key "
+                         "today, removed it in the simulation)")
+        if self.sync.codec == "sparse" and self.outer.momentum > 0:
+            notes.append(f'sync.codec = "sparse" with outer.momentum = {self.outer.momentum}: the sparse codec '
+                         "diverged under a momentum outer step (held-out 3.81 against 1.64 with plain averaging at "
+                         "H = 10): the momentum re-applies the error feedback's delayed mass; use outer.momentum = 0")
+        return notes
 
     @property
     def is_sweep(self) -> bool:
