@@ -201,20 +201,26 @@ def test_the_default_outer_step_is_plain_averaging():
     assert (given.outer.lr, given.outer.momentum, given.outer.nesterov) == (0.7, 0.9, True)
 
 
+# The sparse settings every quality measurement used (docs/PERFORMANCE.md "Compression"), error feedback decaying.
+SPARSE = {"codec": "sparse", "error_decay": 0.95}
+
+
 def test_sparse_settings_measured_to_cost_loss_validate_with_a_caution():
     """The sparse codec matched fp32 only up to H = 10 with 2 workers and diverged under outer momentum
     (docs/PERFORMANCE.md "Compression"): such a config is valid, and `cautions` (logged by the coordinator) names the key, its value and
     the measured penalty; the defaults and int8 at any H get none."""
     assert RunSpec().cautions() == []
-    assert RunSpec.from_dict({"sync": {"codec": "sparse"}, "inner": {"steps": 10}}).cautions() == []
+    (no_decay,) = RunSpec.from_dict({"sync": {"codec": "sparse"}, "inner": {"steps": 10}}).cautions()
+    assert "sync.error_decay = 1.0" in no_decay and "0.95" in no_decay
+    assert RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 10}}).cautions() == []
     assert RunSpec.from_dict({"inner": {"steps": 200}, "outer": {"momentum": 0.9, "nesterov": True}}).cautions() == []
-    (long_rounds,) = RunSpec.from_dict({"sync": {"codec": "sparse"}, "inner": {"steps": 20}}).cautions()
+    (long_rounds,) = RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 20}}).cautions()
     assert "inner.steps = 20" in long_rounds and "+2.0% at H = 20" in long_rounds and "up to H = 10" in long_rounds
-    (momentum,) = RunSpec.from_dict({"sync": {"codec": "sparse"}, "inner": {"steps": 10},
+    (momentum,) = RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 10},
                                      "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": True}}).cautions()
     assert "outer.momentum = 0.9" in momentum and "diverged" in momentum
-    (crowd,) = RunSpec.from_dict({"sync": {"codec": "sparse"}, "run": {"workers": 4},
+    (crowd,) = RunSpec.from_dict({"sync": SPARSE, "run": {"workers": 4},
                                   "inner": {"steps": 10}}).cautions()
     assert "run.workers = 4" in crowd and "+2.1%" in crowd
-    assert len(RunSpec.from_dict({"sync": {"codec": "sparse"}, "inner": {"steps": 50}, "run": {"workers": 3},
+    assert len(RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 50}, "run": {"workers": 3},
                                   "outer": {"momentum": 0.5}}).cautions()) == 3
