@@ -5,7 +5,8 @@ step take three times the fast worker's (both padded to a floor so the ratio hol
 machine). Over 10 rounds of the tiny LSTM:
 
 * time-boxed rounds apply >= 99% of the tokens both trained, the slow worker's updates carry about a
-  third of the fast one's tokens, replicas stay bit-identical and the loss falls;
+  third of the fast one's tokens, replicas stay bit-identical and the loss falls, blocking or overlapped
+  (`[sync] overlap`, issue #29);
 * step-boxed rounds as before (a round deadline the slow worker misses, late updates refused) lose
   the slow worker's work, and adaptive step counts do not.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from tests.helpers.processes import logs_of, spawn_paced
@@ -83,8 +86,11 @@ def tokens_per_update(state_dir: Path, worker_id: str) -> list[int]:
     return [total for _, total in sorted(tokens.items())]
 
 
-def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coordinator, tmp_path):
-    status, state_dir = run_pair(start_coordinator, tmp_path, round="time", round_seconds=1.0)
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
+def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coordinator, tmp_path, overlap):
+    # Overlapped (issue #29): each worker's next round starts on its own time budget while its push travels, and the
+    # steps trained before the merge count toward it: the same shares, bases and falling loss.
+    status, state_dir = run_pair(start_coordinator, tmp_path, round="time", round_seconds=1.0, overlap=overlap)
     workers = by_name(status)
     assert applied_share(status) >= 0.99, (status.applied_tokens, status.total_tokens)
     for worker in workers.values():

@@ -246,17 +246,23 @@ def test_three_peers_train_average_and_agree(swarm: Any) -> None:
     peers = swarm(spec)
     names = ["a", "b", "c"]
     workers = [peers.worker(name) for name in names]
-    peers.wait(workers, timeout=180)
-    for proc in workers:
-        text = Path(proc.log_path).read_text()
+    # Room for one all-reduce whose link stays silent for its whole sender timeout (160 s), a stall seen in about one
+    # run in four on this 2-core VM (docs/RELIABILITY.md, "The three-peer test"): the peers must survive it.
+    peers.wait(workers, timeout=420)
+    logs = {name: Path(proc.log_path).read_text() for name, proc in zip(names, workers)}
+    for text in logs.values():
         assert "hivemind rules: trust_factor 5, min_cosine 0, drift_tolerance 0.25," in text and "all-reduce timeout 160.0s" in text
     summaries = [peers.summary(name) for name in names]
-    for summary in summaries:
+    for name, summary in zip(names, summaries):
         history = summary["history"]
         assert [h["version"] for h in history] == [1, 2, 3, 4, 5] and summary["version"] == 5
-        assert all(h["group"] == 3 and not h["skipped"] for h in history), history
+        # Every round averaged in the whole group but at most one (the stall above: a partial group or a round
+        # skipped locally, survived).
+        assert sum(h["group"] != 3 or bool(h["skipped"]) for h in history) <= 1, history
         assert history[-1]["loss"] < history[0]["loss"] - 0.5, history  # the loss falls
-        assert all(h["drift"] <= RULES.drift_tolerance for h in history), history
+        # A replica further from its group than the tolerance re-syncs from its peers (the rule, `_publish`).
+        drifted = [h["version"] for h in history if h["drift"] > RULES.drift_tolerance]
+        assert not drifted or "re-syncs from peers" in logs[name], [(h["version"], h["drift"]) for h in history]
     # At the last version the group settles on one replica (`_settle`): the three end bit-identical.
     worst = assert_replicas_agree(peers, names, 0.0)
     assert all(s["history"][-1]["settled_drift"] == 0.0 for s in summaries)
