@@ -472,15 +472,26 @@ def test_a_peer_stalled_mid_all_reduce_is_dropped_by_the_sender_and_reducer_time
     """c's averager stops (SIGSTOP: its p2pd keeps the streams open, so only timeouts help) once its second
     round's all-reduce began: a and b drop it within hivemind's sender/reducer timeouts and finish that
     all-reduce instead of failing their step (which the averager's fixed 60 s timeout made them do)."""
-    peers = swarm(hivemind_spec(run={"name": "hm", "rounds": 4}))
+    spec = hivemind_spec(run={"name": "hm", "rounds": 4})
     script = tmp_path / "stall.py"
     script.write_text(STALL)
-    honest = [peers.worker("a"), peers.worker("b")]
-    stalled = peers.worker("c", script=script)
-    try:
-        peers.wait(honest, timeout=240)
-    finally:
-        os.killpg(stalled.pid, signal.SIGKILL)
+    # The scenario needs c to average its first round with a and b, then stall in the next group it joins. The
+    # known stall of a fresh swarm's first all-reduce on this VM (docs/RELIABILITY.md, "The three-peer test") can
+    # tear c's first round instead: c falls behind and re-syncs, or logs nothing more while a and b finish (both
+    # seen on 2026-11-26, once in CI). Then, and only then (c's log has no first round in the group of 3), the
+    # scenario starts once more in a fresh swarm; a second miss, or any other failure, fails the test.
+    for attempt in (1, 2):
+        peers = swarm(spec, f"attempt{attempt}")
+        honest = [peers.worker("a"), peers.worker("b")]
+        stalled = peers.worker("c", script=script)
+        try:
+            peers.wait(honest, timeout=240)
+        finally:
+            os.killpg(stalled.pid, signal.SIGKILL)
+        if "c: version 1 (group of 3," in Path(stalled.log_path).read_text():
+            break
+        peers.stop()
+    assert "c: version 1 (group of 3," in Path(stalled.log_path).read_text(), logs_of([stalled])
     assert "stalled mid-all-reduce" in Path(stalled.log_path).read_text(), logs_of([stalled])
     for proc, name in zip(honest, ("a", "b")):
         history = peers.summary(name)["history"]
