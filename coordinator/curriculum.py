@@ -16,15 +16,25 @@ JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round bou
   It lengthens once the crossover that `fits.predicted_crossover` predicts lies within the
   budget and the run's wall time has reached it: from then on the longer length is predicted
   to be ahead. With `curriculum.forecast_gain` > 0 it also lengthens once the current rung has saturated
-  by its own forecast (`decide_saturation`, issue #30). Where workers' paces differ, `decide_worker_lengthening`
-  (issue #30) decides the same per worker on its own rung and measured costs (a slower worker reaches the
-  crossover later in wall time); it is a pure rule, not yet applied by the tracker (one rung per run today).
+  by its own forecast (`decide_saturation`, issue #30).
+* Per worker where paces differ (issue #30): a slower worker reaches Eq. 11's crossover later in wall time, so
+  when two or more active workers have measured costs and their seconds per step at some length differ by
+  PACE_SPREAD or more, `decide_worker_lengthening` decides each on its own rung and its own measured costs, and
+  each worker's assignment is its own rung. Otherwise the run-wide rule above decides the run's rung (equal paces:
+  one rung, as before). The run's rung (`CurriculumState.rung`, what GetStatus reports) is then the lowest rung a
+  decided worker trains, and a worker not decided yet (one joining mid-run) trains it: its pace is unknown, and
+  starting low costs a fast newcomer at most one round per rung to catch up (once it has measured a step it is
+  decided on its own pace, one rung per round close), where starting high would lengthen a slow one before its
+  own crossover. A worker is never shortened: a
+  run-wide lengthening lifts the active workers below the new rung and leaves those above it. A worker that joins
+  again naming its previous membership (after an eviction or a coordinator restart) resumes its own rung and costs.
+  The forecast rule (`forecast_gain`) acts on the run-wide path only (its rounds mix every worker's rows).
 
 The decisions are pure functions of (now, state, options) returning a Decision with a reason;
 `CurriculumState` is what the coordinator persists (JSON in its state store) so the current
-rung, the measured costs and the last decision survive a restart. `CurriculumTracker` is one
-run's curriculum inside the coordinator: it holds that state and the adaptive options, answers
-what a worker trains, measures each length's cost from the workers' metrics, applies and
+rung, the measured costs, each worker's own rung and costs, and the last decision survive a restart (a state
+stored before the per-worker rungs loads with none). `CurriculumTracker` is one run's curriculum inside the
+coordinator: it holds that state and the adaptive options, answers what a worker trains, measures each length's cost from the workers' metrics, applies and
 records the adaptive decision at a round close, and resumes from the stored state.
 """
 
@@ -411,8 +421,10 @@ class CurriculumTracker:
     """One run's curriculum: what each worker trains, the measured costs, the adaptive ladder.
 
     It owns the persisted `CurriculumState` (under CURRICULUM_KEY in the run's store) and the
-    adaptive options, and records its decisions in the store's `events`. It holds no lock of its
-    own: `SwarmCoordinator` calls every method with its lock held (or from its constructor).
+    adaptive options, and records its decisions in the store's `events`: one run-wide row per decided round, plus
+    one row of the worker's own for each per-worker lengthening (a worker that stays adds no row). It holds no lock
+    of its own: `SwarmCoordinator` calls every method with its lock held (or from its constructor), and passes
+    `advance` the ids of its active memberships read under that lock (the tracker keeps no membership table).
     """
 
     def __init__(self, spec: RunSpec, store: StateStore) -> None:

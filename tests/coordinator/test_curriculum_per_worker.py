@@ -210,3 +210,13 @@ def test_a_state_stored_before_per_worker_rungs_still_loads(store):
                                                       decided_version=7, rung_version=5)
     assert tracker.assignment(8, None, "w1").seq_len == 8
     assert curricula.CurriculumState.from_json(tracker.state.to_json()) == tracker.state
+
+
+def test_beyond_the_cap_the_oldest_ended_memberships_are_forgotten(store, monkeypatch):
+    monkeypatch.setattr(curricula, "MAX_REMEMBERED_WORKERS", 2)
+    swarm = Swarm(tracker_of(store), {"gone": 0.3, "fast": 0.1, "slow": 0.3})
+    swarm.round()
+    assert list(swarm.tracker.state.workers) == ["gone", "fast", "slow"]  # all three active: none dropped
+    del swarm.paces["gone"]
+    swarm.round()
+    assert list(swarm.tracker.state.workers) == ["fast", "slow"]
