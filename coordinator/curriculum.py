@@ -25,17 +25,18 @@ JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round bou
   decided worker trains, and a worker not decided yet (one joining mid-run) trains it: its pace is unknown, and
   starting low costs a fast newcomer at most one round per rung to catch up (once it has measured a step it is
   decided on its own pace, one rung per round close), where starting high would lengthen a slow one before its
-  own crossover. A worker is never shortened: a
-  run-wide lengthening lifts the active workers below the new rung and leaves those above it. A worker that joins
-  again naming its previous membership (after an eviction or a coordinator restart) resumes its own rung and costs.
+  own crossover. A worker is never shortened: a run-wide lengthening lifts the active workers below the new rung
+  and leaves those above it. A worker that joins again naming its previous membership (after an eviction or a
+  coordinator restart) resumes its own rung and costs.
   The forecast rule (`forecast_gain`) acts on the run-wide path only (its rounds mix every worker's rows).
 
 The decisions are pure functions of (now, state, options) returning a Decision with a reason;
 `CurriculumState` is what the coordinator persists (JSON in its state store) so the current
 rung, the measured costs, each worker's own rung and costs, and the last decision survive a restart (a state
 stored before the per-worker rungs loads with none). `CurriculumTracker` is one run's curriculum inside the
-coordinator: it holds that state and the adaptive options, answers what a worker trains, measures each length's cost from the workers' metrics, applies and
-records the adaptive decision at a round close, and resumes from the stored state.
+coordinator: it holds that state and the adaptive options, answers what a worker trains, measures each length's
+cost from the workers' metrics, applies and records the adaptive decision at a round close, and resumes from the
+stored state.
 """
 
 from __future__ import annotations
@@ -436,6 +437,11 @@ class CurriculumTracker:
         self.state = CurriculumState.from_json(stored) if stored else CurriculumState()
         if section.adaptive and not 0 <= self.state.rung < len(section.seq_lens):
             raise RuntimeError(f"state dir {store.state_dir}: curriculum rung {self.state.rung} is off the ladder {section.seq_lens}")
+        off = {key: own.rung for key, own in self.state.workers.items()
+               if own.rung is not None and not 0 <= own.rung < len(section.seq_lens)}
+        if section.adaptive and off:
+            raise RuntimeError(f"state dir {store.state_dir}: workers' curriculum rungs {off} are off the ladder "
+                               f"{section.seq_lens}")
         # worker_id -> the cumulative compute seconds of its last metric: a step's cost is the difference.
         self._last_compute: dict[str, float] = {}
         # (version, the run steps trained before it) of the last fixed-schedule lookup.
@@ -610,9 +616,9 @@ class CurriculumTracker:
         excess = len(self.state.workers) - MAX_REMEMBERED_WORKERS
         if excess <= 0:
             return
-        ended = [worker_id for worker_id in self.state.workers if worker_id not in active][:excess]
+        ended = set([key for key in self.state.workers if key not in active][:excess])
         self.state = replace(self.state, workers={key: value for key, value in self.state.workers.items()
-                                                  if key not in set(ended)})
+                                                  if key not in ended})
 
     def _rung_losses(self, closed_version: int) -> list[tuple[int, float]]:
         """(round at the current rung from 1, mean training loss) of its rounds whose rows are complete (trained from

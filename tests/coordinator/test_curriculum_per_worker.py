@@ -220,3 +220,10 @@ def test_beyond_the_cap_the_oldest_ended_memberships_are_forgotten(store, monkey
     del swarm.paces["gone"]
     swarm.round()
     assert list(swarm.tracker.state.workers) == ["fast", "slow"]
+
+
+def test_a_stored_worker_rung_off_the_ladder_is_refused(store):
+    stored = curricula.CurriculumState(workers={"w1": curricula.WorkerCurriculum(rung=5, costs={4: (1.0, 10)})})
+    store.set_many({curricula.CURRICULUM_KEY: stored.to_json()})
+    with pytest.raises(RuntimeError, match=r"workers' curriculum rungs \{'w1': 5\} are off the ladder \[4, 8, 16\]"):
+        tracker_of(store)
