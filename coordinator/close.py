@@ -275,7 +275,7 @@ class RoundCloser:
         pieces = ", ".join(f"{name} {seconds:.3f}" for name, seconds in closed.seconds.items())
         run.log.debug("round %d: close pieces (s): %s; %s", version, pieces, closed.record.aggregation)
         try:
-            run.tracker.advance(close.decided_at, version)
+            run.tracker.advance(close.decided_at, version, list(run._active))
         except Exception:
             # The version is committed and served; a failed curriculum step keeps the current L.
             run.log.exception("round %d: the curriculum decision failed; L stays", version)

@@ -16,16 +16,27 @@ JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round bou
   It lengthens once the crossover that `fits.predicted_crossover` predicts lies within the
   budget and the run's wall time has reached it: from then on the longer length is predicted
   to be ahead. With `curriculum.forecast_gain` > 0 it also lengthens once the current rung has saturated
-  by its own forecast (`decide_saturation`, issue #30). Where workers' paces differ, `decide_worker_lengthening`
-  (issue #30) decides the same per worker on its own rung and measured costs (a slower worker reaches the
-  crossover later in wall time); it is a pure rule, not yet applied by the tracker (one rung per run today).
+  by its own forecast (`decide_saturation`, issue #30).
+* Per worker where paces differ (issue #30): a slower worker reaches Eq. 11's crossover later in wall time, so
+  when two or more active workers have measured costs and their seconds per step at some length differ by
+  PACE_SPREAD or more, `decide_worker_lengthening` decides each on its own rung and its own measured costs, and
+  each worker's assignment is its own rung. Otherwise the run-wide rule above decides the run's rung (equal paces:
+  one rung, as before). The run's rung (`CurriculumState.rung`, what GetStatus reports) is then the lowest rung a
+  decided worker trains, and a worker not decided yet (one joining mid-run) trains it: its pace is unknown, and
+  starting low costs a fast newcomer at most one round per rung to catch up (once it has measured a step it is
+  decided on its own pace, one rung per round close), where starting high would lengthen a slow one before its
+  own crossover. A worker is never shortened: a run-wide lengthening lifts the active workers below the new rung
+  and leaves those above it. A worker that joins again naming its previous membership (after an eviction or a
+  coordinator restart) resumes its own rung and costs.
+  The forecast rule (`forecast_gain`) acts on the run-wide path only (its rounds mix every worker's rows).
 
 The decisions are pure functions of (now, state, options) returning a Decision with a reason;
 `CurriculumState` is what the coordinator persists (JSON in its state store) so the current
-rung, the measured costs and the last decision survive a restart. `CurriculumTracker` is one
-run's curriculum inside the coordinator: it holds that state and the adaptive options, answers
-what a worker trains, measures each length's cost from the workers' metrics, applies and
-records the adaptive decision at a round close, and resumes from the stored state.
+rung, the measured costs, each worker's own rung and costs, and the last decision survive a restart (a state
+stored before the per-worker rungs loads with none). `CurriculumTracker` is one run's curriculum inside the
+coordinator: it holds that state and the adaptive options, answers what a worker trains, measures each length's
+cost from the workers' metrics, applies and records the adaptive decision at a round close, and resumes from the
+stored state.
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -47,6 +58,9 @@ from rcswarm.state.store import StateStore
 
 # The run_state key holding the curriculum's state (CurriculumState as JSON).
 CURRICULUM_KEY = "curriculum_state"
+# Per-worker entries kept in that state (issue #30): beyond this many, those of the oldest ended memberships are
+# dropped at a round close (a re-join names its previous membership and resumes its rung from its entry).
+MAX_REMEMBERED_WORKERS = 256
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -94,10 +108,38 @@ def law_of(curriculum: CurriculumSection) -> Law:
     return fitted_law(curriculum.law_from) if curriculum.law_from else configured_law(curriculum)
 
 
+def _costs_json(costs: Mapping[int, tuple[float, int]]) -> dict[str, list[float | int]]:
+    return {str(length): list(cost) for length, cost in costs.items()}
+
+
+def _costs_from_json(data: Mapping[str, Sequence[float]]) -> dict[int, tuple[float, int]]:
+    return {int(length): (float(seconds), int(steps)) for length, (seconds, steps) in data.items()}
+
+
+def _add_cost(costs: Mapping[int, tuple[float, int]], seq_len: int, seconds: float,
+              steps: int) -> dict[int, tuple[float, int]]:
+    old_seconds, old_steps = costs.get(seq_len, (0.0, 0))
+    return {**costs, seq_len: (old_seconds + seconds, old_steps + steps)}
+
+
+@dataclass(frozen=True)
+class WorkerCurriculum:
+    """One worker's part of the adaptive curriculum (issue #30), keyed by its worker id in `CurriculumState.workers`."""
+
+    # Its rung once the per-worker rule has decided it; None: it trains the run's rung.
+    rung: int | None = None
+    # seq_len -> (compute seconds, inner steps) over its own measured steps.
+    costs: Mapping[int, tuple[float, int]] = field(default_factory=dict)
+    # Its last per-worker decision's reason ("" before one).
+    reason: str = ""
+
+
 @dataclass(frozen=True)
 class CurriculumState:
     """The adaptive curriculum's persistent state."""
 
+    # The run's rung: while the workers' paces are equal, the rung every worker trains; once a round close decided
+    # them per worker, the lowest rung a decided worker trains (where a joining worker starts).
     rung: int = 0
     # When training started (the first pull), on the coordinator's clock; None before.
     started_at: float | None = None
@@ -107,28 +149,48 @@ class CurriculumState:
     decided_version: int = -1
     # The first version trained at the current rung (issue #30: the rounds its forecast is fitted to).
     rung_version: int = 0
+    # Issue #30: worker id -> its own rung and costs (adaptive policy only; the oldest ended memberships' are dropped
+    # beyond MAX_REMEMBERED_WORKERS).
+    workers: Mapping[str, WorkerCurriculum] = field(default_factory=dict)
 
     def seconds_per_step(self) -> dict[int, float]:
         return {length: seconds / steps for length, (seconds, steps) in sorted(self.costs.items()) if steps > 0}
 
-    def measured(self, seq_len: int, seconds: float, steps: int = 1) -> CurriculumState:
-        old_seconds, old_steps = self.costs.get(seq_len, (0.0, 0))
-        return replace(self, costs={**self.costs, seq_len: (old_seconds + seconds, old_steps + steps)})
+    def measured(self, seq_len: int, seconds: float, steps: int = 1, worker_id: str = "") -> CurriculumState:
+        """The run's cost at `seq_len` plus these steps, and with a `worker_id` that worker's own cost too."""
+        workers = self.workers
+        if worker_id:
+            own = workers.get(worker_id, WorkerCurriculum())
+            workers = {**workers, worker_id: replace(own, costs=_add_cost(own.costs, seq_len, seconds, steps))}
+        return replace(self, costs=_add_cost(self.costs, seq_len, seconds, steps), workers=workers)
+
+    def rung_of(self, worker_id: str) -> int:
+        """The rung `worker_id` trains: its own once decided, else the run's."""
+        own = self.workers.get(worker_id)
+        return self.rung if own is None or own.rung is None else own.rung
 
     def to_json(self) -> str:
         return json.dumps({
             "rung": self.rung, "started_at": self.started_at, "reason": self.reason,
             "decided_version": self.decided_version, "rung_version": self.rung_version,
-            "costs": {str(length): list(cost) for length, cost in self.costs.items()},
+            "costs": _costs_json(self.costs),
+            "workers": {worker_id: {"rung": own.rung, "costs": _costs_json(own.costs), "reason": own.reason}
+                        for worker_id, own in self.workers.items()},
         }, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> CurriculumState:
+        """The stored state; one stored before issue #30's per-worker rungs (no "workers") loads with none."""
         data = json.loads(text)
+        workers = {
+            str(worker_id): WorkerCurriculum(None if own["rung"] is None else int(own["rung"]),
+                                             _costs_from_json(own["costs"]), str(own["reason"]))
+            for worker_id, own in data.get("workers", {}).items()
+        }
         return cls(
             rung=int(data["rung"]), started_at=data["started_at"], reason=str(data["reason"]),
             decided_version=int(data["decided_version"]), rung_version=int(data.get("rung_version", 0)),
-            costs={int(length): (float(seconds), int(steps)) for length, (seconds, steps) in data["costs"].items()},
+            costs=_costs_from_json(data["costs"]), workers=workers,
         )
 
 
@@ -278,6 +340,17 @@ class WorkerPace:
 PACE_SPREAD = 1.25
 
 
+def pace_spread(workers: Sequence[WorkerPace]) -> float:
+    """The largest ratio of the slowest to the fastest worker's seconds per step at one length (1.0 when no length
+    has two workers' measurements)."""
+    paces: dict[int, list[float]] = {}
+    for worker in workers:
+        for length, (seconds, steps) in worker.costs.items():
+            if steps > 0 and seconds > 0:
+                paces.setdefault(length, []).append(seconds / steps)
+    return max((max(p) / min(p) for p in paces.values() if len(p) >= 2), default=1.0)
+
+
 def decide_worker_lengthening(now: float, state: CurriculumState, options: AdaptiveOptions,
                               workers: Sequence[WorkerPace]) -> dict[str, Decision]:
     """Issue #30: per worker where paces differ, whether it lengthens (ok) from its own rung, with a reason.
@@ -290,12 +363,7 @@ def decide_worker_lengthening(now: float, state: CurriculumState, options: Adapt
     and where every worker's pace at a length lies within PACE_SPREAD of the others' the paces count as equal:
     the run-wide decision applies to every worker (one rung, as before).
     """
-    paces: dict[int, list[float]] = {}
-    for worker in workers:
-        for length, (seconds, steps) in worker.costs.items():
-            if steps > 0 and seconds > 0:
-                paces.setdefault(length, []).append(seconds / steps)
-    spread = max((max(p) / min(p) for p in paces.values() if len(p) >= 2), default=1.0)
+    spread = pace_spread(workers)
     if spread < PACE_SPREAD:
         shared = decide_lengthening(now, state, options)
         why = (f"paces within {PACE_SPREAD:g}× of each other (slowest/fastest {spread:.3g}): the run-wide rule: "
@@ -354,8 +422,10 @@ class CurriculumTracker:
     """One run's curriculum: what each worker trains, the measured costs, the adaptive ladder.
 
     It owns the persisted `CurriculumState` (under CURRICULUM_KEY in the run's store) and the
-    adaptive options, and records its decisions in the store's `events`. It holds no lock of its
-    own: `SwarmCoordinator` calls every method with its lock held (or from its constructor).
+    adaptive options, and records its decisions in the store's `events`: one run-wide row per decided round, plus
+    one row of the worker's own for each per-worker lengthening (a worker that stays adds no row). It holds no lock
+    of its own: `SwarmCoordinator` calls every method with its lock held (or from its constructor), and passes
+    `advance` the ids of its active memberships read under that lock (the tracker keeps no membership table).
     """
 
     def __init__(self, spec: RunSpec, store: StateStore) -> None:
@@ -367,18 +437,27 @@ class CurriculumTracker:
         self.state = CurriculumState.from_json(stored) if stored else CurriculumState()
         if section.adaptive and not 0 <= self.state.rung < len(section.seq_lens):
             raise RuntimeError(f"state dir {store.state_dir}: curriculum rung {self.state.rung} is off the ladder {section.seq_lens}")
+        off = {key: own.rung for key, own in self.state.workers.items()
+               if own.rung is not None and not 0 <= own.rung < len(section.seq_lens)}
+        if section.adaptive and off:
+            raise RuntimeError(f"state dir {store.state_dir}: workers' curriculum rungs {off} are off the ladder "
+                               f"{section.seq_lens}")
         # worker_id -> the cumulative compute seconds of its last metric: a step's cost is the difference.
         self._last_compute: dict[str, float] = {}
         # (version, the run steps trained before it) of the last fixed-schedule lookup.
         self._steps_before: tuple[int, int] | None = None
 
+    def _rung_assignment(self, rung: int, reason: str) -> Assignment:
+        section = self.spec.curriculum
+        length = section.seq_lens[rung]
+        return Assignment(length, section.batch_for(length, self.spec.data.batch_size),
+                          f"adaptive rung {rung} of {section.seq_lens}: {reason}")
+
     def run_assignment(self, version: int) -> Assignment:
         """What the run trains from `version` on; seq_len 0 when it is per worker."""
         section, data = self.spec.curriculum, self.spec.data
         if section.adaptive:
-            length = section.seq_lens[self.state.rung]
-            return Assignment(length, section.batch_for(length, data.batch_size),
-                              f"adaptive rung {self.state.rung} of {section.seq_lens}: {self.state.reason}")
+            return self._rung_assignment(self.state.rung, self.state.reason)
         if section.schedule:
             if self._steps_before is None or self._steps_before[0] != version:
                 self._steps_before = (version, analysis.run_steps(self.store, self.spec.inner.steps).before(version))
@@ -389,10 +468,39 @@ class CurriculumTracker:
             return Assignment(0, 0, f"curriculum.worker_seq_lens = {section.worker_seq_lens}: assigned per worker at join")
         return Assignment(data.seq_len, data.batch_size, "data.seq_len and data.batch_size (no curriculum)")
 
-    def assignment(self, version: int, own: Assignment | None) -> pb.TrainingAssignment:
-        """What a worker trains from `version`: its `own` assignment if it has one, else the run's."""
-        chosen = own or self.run_assignment(version)
+    def worker_assignment(self, version: int, worker_id: str) -> Assignment:
+        """What `worker_id` trains from `version`: under the adaptive policy its own rung once the per-worker rule
+        decided it (issue #30), else the run's assignment."""
+        own = self.state.workers.get(worker_id) if self.adaptive is not None else None
+        if own is None or own.rung is None:
+            return self.run_assignment(version)
+        return self._rung_assignment(own.rung, f"this worker's own pace: {own.reason}")
+
+    def assignment(self, version: int, own: Assignment | None, worker_id: str = "") -> pb.TrainingAssignment:
+        """What a worker trains from `version`: its `own` assignment if it has one, else `worker_assignment`."""
+        chosen = own or self.worker_assignment(version, worker_id)
         return pb.TrainingAssignment(seq_len=chosen.seq_len, batch_size=chosen.batch_size, reason=chosen.reason, version=version)
+
+    def largest_assignment(self, version: int) -> Assignment:
+        """The assignment with the most tokens per step a worker may train at `version`: the run's, or under the
+        adaptive policy the largest of the run's rung and every worker's own (an ended membership's too: its
+        worker may push the update it trained there after a re-join)."""
+        run = self.run_assignment(version)
+        if self.adaptive is None:
+            return run
+        rungs = [own.rung for own in self.state.workers.values() if own.rung is not None and own.rung != self.state.rung]
+        choices = [run, *(self._rung_assignment(rung, "a worker's own rung") for rung in set(rungs))]
+        return max(choices, key=lambda choice: choice.seq_len * choice.batch_size)
+
+    def rejoin(self, worker_id: str, previous_worker_id: str) -> None:
+        """A worker joined again naming its ended membership `previous_worker_id` (after an eviction or a coordinator
+        restart): under the adaptive policy its entry (own rung and costs) moves to `worker_id`."""
+        own = self.state.workers.get(previous_worker_id) if previous_worker_id and self.adaptive is not None else None
+        if own is None or previous_worker_id == worker_id:
+            return
+        workers = {key: value for key, value in self.state.workers.items() if key != previous_worker_id}
+        self.state = replace(self.state, workers={**workers, worker_id: own})
+        self._save()
 
     def assign_worker(self, worker_id: str, active_lengths: Sequence[int], now: float) -> Assignment | None:
         """A joining worker's own length under curriculum.worker_seq_lens, recorded as an event; else None."""
@@ -410,13 +518,15 @@ class CurriculumTracker:
             self._save()
 
     def measure(self, worker_id: str, metric: pb.Metric) -> None:
-        """Add a training step's compute seconds to the cost of its length."""
+        """Add a training step's compute seconds to the cost of its length: the run's, and under the adaptive
+        policy the worker's own too (issue #30)."""
         last = self._last_compute.get(worker_id)
         # Under the adaptive policy only the ladder's lengths are costed (an older worker may report another).
         on_ladder = self.adaptive is None or metric.seq_len in self.adaptive.seq_lens
         if (on_ladder and metric.tokens > 0 and metric.seq_len > 0 and last is not None
                 and 0 <= metric.compute_seconds - last < math.inf):
-            self.state = self.state.measured(metric.seq_len, metric.compute_seconds - last)
+            own = worker_id if self.adaptive is not None else ""
+            self.state = self.state.measured(metric.seq_len, metric.compute_seconds - last, worker_id=own)
         if math.isfinite(metric.compute_seconds):
             self._last_compute[worker_id] = metric.compute_seconds
 
@@ -435,22 +545,80 @@ class CurriculumTracker:
         status.seconds_per_step.update(self.state.seconds_per_step())
         return status
 
-    def advance(self, now: float, closed_version: int) -> None:
-        """At a round close: the adaptive decision, applied from the new version on, saved and recorded as an event."""
+    def advance(self, now: float, closed_version: int, active: Collection[str] = ()) -> None:
+        """At a round close: the adaptive decision, applied from the new version on, saved and recorded as events.
+
+        `active` are the worker ids of the active memberships. When two or more of them have measured costs and
+        their paces differ (`pace_spread` ≥ PACE_SPREAD), each is decided on its own rung and costs
+        (`decide_worker_lengthening`; issue #30); otherwise the run-wide rule decides the run's rung."""
         if self.adaptive is None:
             return
+        paces = [WorkerPace(worker_id, self.state.rung_of(worker_id), own.costs) for worker_id in active
+                 if (own := self.state.workers.get(worker_id)) is not None and own.costs]
+        spread = pace_spread(paces)
+        if len(paces) >= 2 and spread >= PACE_SPREAD:
+            self._advance_per_worker(now, closed_version, paces, spread)
+        else:
+            self._advance_run_wide(now, closed_version, active)
+        self._forget_ended(active)
+        self._save()
+
+    def _advance_run_wide(self, now: float, closed_version: int, active: Collection[str]) -> None:
+        """The run-wide rule (Eq. 11 on the run's summed costs, then the forecast rule) on the run's rung; a
+        lengthening lifts every active worker whose own rung lies below the new one (none is ever shortened)."""
+        assert self.adaptive is not None
         decision = decide_lengthening(now, self.state, self.adaptive)
         if not decision.ok and self.adaptive.forecast_gain > 0:
             saturated = decide_saturation(now, self.state, self.adaptive, self._rung_losses(closed_version))
             decision = saturated if saturated.ok else Decision(False, f"{decision.reason}; {saturated.reason}")
-        rung_version = closed_version + 1 if decision.ok else self.state.rung_version
+        rung = self.state.rung + int(decision.ok)
+        workers = dict(self.state.workers)
+        for worker_id in active:
+            own = workers.get(worker_id)
+            if decision.ok and own is not None and own.rung is not None and own.rung < rung:
+                workers[worker_id] = replace(own, rung=rung, reason=decision.reason)
         self.state = replace(
-            self.state, rung=self.state.rung + int(decision.ok), reason=decision.reason, decided_version=closed_version,
-            rung_version=rung_version,
+            self.state, rung=rung, reason=decision.reason, decided_version=closed_version,
+            rung_version=closed_version + 1 if decision.ok else self.state.rung_version, workers=workers,
         )
-        self._save()
         self.store.add_event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
         log.log(logging.INFO if decision.ok else logging.DEBUG, "round %d: curriculum %s", closed_version, decision.reason)
+
+    def _advance_per_worker(self, now: float, closed_version: int, paces: Sequence[WorkerPace], spread: float) -> None:
+        """Each worker of `paces` decided on its own rung and costs; each lengthening is an event of its worker, the
+        round one run-wide event; the run's rung becomes the lowest a decided worker trains."""
+        assert self.adaptive is not None
+        decisions = decide_worker_lengthening(now, self.state, self.adaptive, paces)
+        workers = dict(self.state.workers)
+        for pace in paces:
+            decision = decisions[pace.worker_id]
+            workers[pace.worker_id] = replace(workers[pace.worker_id], rung=pace.rung + int(decision.ok),
+                                              reason=decision.reason)
+            if decision.ok:
+                self.store.add_event(pace.worker_id, "curriculum", f"round {closed_version}: {decision.reason}", now)
+                log.info("round %d: curriculum %s", closed_version, decision.reason)
+        rungs = [workers[pace.worker_id].rung for pace in paces]
+        rung = min(rung for rung in rungs if rung is not None)
+        lengths = self.adaptive.seq_lens
+        by_length = {lengths[r]: rungs.count(r) for r in sorted({r for r in rungs if r is not None})}
+        lengthened = sum(decision.ok for decision in decisions.values())
+        reason = (f"per worker, paces differ up to {spread:.3g}×: {lengthened} of {len(paces)} lengthened, workers by "
+                  f"L {by_length}; the run's rung is the lowest they train, L = {lengths[rung]}")
+        self.state = replace(
+            self.state, rung=rung, reason=reason, decided_version=closed_version, workers=workers,
+            rung_version=closed_version + 1 if rung != self.state.rung else self.state.rung_version,
+        )
+        self.store.add_event("", "curriculum", f"round {closed_version}: {reason}", now)
+        log.debug("round %d: curriculum %s", closed_version, reason)
+
+    def _forget_ended(self, active: Collection[str]) -> None:
+        """Beyond MAX_REMEMBERED_WORKERS entries, drop the oldest of workers not in `active`."""
+        excess = len(self.state.workers) - MAX_REMEMBERED_WORKERS
+        if excess <= 0:
+            return
+        ended = set([key for key in self.state.workers if key not in active][:excess])
+        self.state = replace(self.state, workers={key: value for key, value in self.state.workers.items()
+                                                  if key not in ended})
 
     def _rung_losses(self, closed_version: int) -> list[tuple[int, float]]:
         """(round at the current rung from 1, mean training loss) of its rounds whose rows are complete (trained from
@@ -460,17 +628,21 @@ class CurriculumTracker:
         return [(version - first + 1, loss) for version, loss in self.store.round_losses(length)
                 if first <= version < closed_version]
 
-    def advance_through(self, now: float, first: int, last: int) -> None:
+    def advance_through(self, now: float, first: int, last: int, active: Collection[str] = ()) -> None:
         """Rounds `first` .. `last` closed at once (a hivemind swarm's, learned from its workers' metrics): `advance`
-        for each while the ladder climbs; once a decision stays, the rounds after it would repeat it (the same
-        now, state and options), so one decision at `last` stands for them (at most rungs + 1 decisions)."""
+        for each while a rung climbs (the run's or a worker's); once no rung moves, the rounds after it would repeat
+        the decision (the same now, state and options), so one decision at `last` stands for them (at most
+        rungs × workers + 1 decisions)."""
         version = first
         while True:
-            rung = self.state.rung
-            self.advance(now, version)
+            rungs = self._rungs()
+            self.advance(now, version, active)
             if version >= last:
                 return
-            version = version + 1 if self.state.rung != rung else last
+            version = version + 1 if self._rungs() != rungs else last
+
+    def _rungs(self) -> tuple[int, dict[str, int | None]]:
+        return self.state.rung, {worker_id: own.rung for worker_id, own in self.state.workers.items()}
 
     def _save(self) -> None:
         self.store.set_many({CURRICULUM_KEY: self.state.to_json()})

@@ -179,8 +179,9 @@ class UpdateIntake:
     def token_bound(self) -> tuple[int, str]:
         """The most tokens an update to the current version may claim, and why (lock held).
 
-        batch × seq_len × steps of the assignment workers train under at this version (steps: inner.steps,
-        or sync.max_steps for time-boxed rounds, `SyncSection.step_cap`); with curriculum.worker_seq_lens
+        batch × seq_len × steps of the largest assignment workers train under at this version
+        (`CurriculumTracker.largest_assignment`: the adaptive curriculum's workers may train rungs of their own;
+        steps: inner.steps, or sync.max_steps for time-boxed rounds, `SyncSection.step_cap`); with curriculum.worker_seq_lens
         the largest listed one's, because a worker that joins again mid-round pushes the update it trained
         under its previous membership's length.
         """
@@ -205,7 +206,7 @@ class UpdateIntake:
             seq_len, batch = max(options, key=lambda option: option[0] * option[1])
             where = "the largest assignment of curriculum.worker_seq_lens"
         else:
-            current = run.tracker.run_assignment(run.version)
+            current = run.tracker.largest_assignment(run.version)
             seq_len, batch = current.seq_len, current.batch_size
             where = f"the assignment at version {run.version}"
         diag = ' (data.source = "diag": data.seq_len bounds the scored positions of a sequence)' if data.source == "diag" else ""

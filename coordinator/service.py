@@ -283,7 +283,7 @@ class SwarmCoordinator:
 
     def _assignment(self, worker: WorkerRecord) -> pb.TrainingAssignment:
         """What `worker` trains from the current version, with its pace (lock held)."""
-        assignment = self.tracker.assignment(self.shown_version, worker.assigned)
+        assignment = self.tracker.assignment(self.shown_version, worker.assigned, worker.worker_id)
         assignment.inner_steps = self.pace.steps_for(worker.worker_id)
         assignment.round_seconds = self.pace.round_seconds
         return assignment
@@ -314,6 +314,8 @@ class SwarmCoordinator:
             )
             active = [w.assigned.seq_len for w in self._active.values() if w.assigned is not None]
             worker.assigned = self.tracker.assign_worker(worker_id, active, now)
+            if request.previous_worker_id not in self._active:
+                self.tracker.rejoin(worker_id, request.previous_worker_id)
             self.workers[worker_id] = self._active[worker_id] = worker
             self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
             self.log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version,
@@ -540,7 +542,7 @@ class SwarmCoordinator:
             return
         try:
             self.tracker.start(now)
-            self.tracker.advance_through(now, first, self.peer_version - 1)
+            self.tracker.advance_through(now, first, self.peer_version - 1, list(self._active))
         except Exception:
             self.log.exception("rounds %d..%d of the hivemind swarm: the curriculum decision failed; L stays", first,
                           self.peer_version - 1)

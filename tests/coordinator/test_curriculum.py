@@ -267,6 +267,44 @@ def test_an_adaptive_decision_is_persisted_and_survives_a_restart(tmp_path):
         restarted.close()
 
 
+def test_workers_of_different_paces_train_their_own_rungs_through_a_restart(tmp_path):
+    """Issue #30 through the coordinator: a round close decides each worker on its own pace, each heartbeat carries
+    the worker's own length, the token bound admits the longer one's update, and a re-join after a restart naming
+    its previous membership resumes its rung while a newcomer starts at the run's (the lowest a worker trains)."""
+    spec = tiny_spec(sync={"codec": "fp32"}, inner={"steps": 5}, data={"batch_size": 4}, curriculum={
+        "policy": "adaptive", "seq_lens": [4, 8, 16], "alpha_inf": 0.3, "tau": 100.0, "budget_seconds": 1000.0})
+    now = [1000.0]
+    coordinator = SwarmCoordinator(spec, StateStore(tmp_path), clock=lambda: now[0])
+    try:
+        fast, slow = (coordinator.join(pb.JoinRequest(worker_name=name)) for name in ("fast", "slow"))
+        for member, pace in ((fast, 0.1), (slow, 0.3)):
+            list(coordinator.pull(pb.PullParametersRequest(**creds(member))))
+            rows = [pb.Metric(version=0, seq_len=4, batch=4, tokens=0, compute_seconds=0.0, loss=math.nan)]
+            rows += [pb.Metric(version=0, step=k, seq_len=4, batch=4, tokens=16, compute_seconds=pace * k, loss=5.0)
+                     for k in range(1, 6)]
+            coordinator.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows))
+        # 20 s in: past the fast worker's crossover (13.9 s at 0.1 s/step), before the slow one's (41.6 s at 0.3).
+        now[0] = 1020.0
+        _push_zero(coordinator, fast, 0, 80)
+        _push_zero(coordinator, slow, 0, 80)
+        lengths = [coordinator.heartbeat(pb.HeartbeatRequest(**creds(m))).assignment.seq_len for m in (fast, slow)]
+        assert lengths == [8, 4]
+        status = coordinator.status()
+        assert (status.curriculum.rung, status.curriculum.seq_len) == (0, 4)
+        assert sorted(w.assignment.seq_len for w in status.workers) == [4, 8]
+        list(coordinator.pull(pb.PullParametersRequest(**creds(fast))))
+        assert _push_zero(coordinator, fast, 1, 8 * 4 * 5).accepted
+    finally:
+        coordinator.close()
+    restarted = SwarmCoordinator(spec, StateStore(tmp_path), clock=lambda: now[0])
+    try:
+        back = restarted.join(pb.JoinRequest(worker_name="fast", previous_worker_id=fast.worker_id))
+        newcomer = restarted.join(pb.JoinRequest(worker_name="new"))
+        assert (back.assignment.seq_len, newcomer.assignment.seq_len) == (8, 4)
+    finally:
+        restarted.close()
+
+
 def test_extrapolation_through_three_lengths_is_the_least_squares_line():
     lengths = [2, 4, 8]
     costs = {length: 0.1 + 0.05 * length for length in lengths}

@@ -86,7 +86,7 @@ def test_reported_versions_take_the_curriculum_step_of_each_round_once(tmp_path:
         assert all("stays at L = 8: no seconds per step measured at L = 8" in e for e in events[2:])
         assert (coordinator.curriculum.rung, coordinator.curriculum.decided_version) == (1, 5)
         # A round's failed decision is logged and L stays; the rows are stored all the same.
-        def failing(now: float, version: int) -> None:
+        def failing(now: float, version: int, active: object = ()) -> None:
             raise RuntimeError(f"no decision at round {version}")
 
         coordinator.tracker.advance = failing
