@@ -18,10 +18,11 @@ measurement moves by a few hundredths of a nat from version to version). A run's
 smoothed curve's last point, and its wall time that point's time. The best fixed length is the fixed run with the
 lowest final loss; for every run the table gives the wall time at which its smoothed curve first reaches that loss
 (linear between two measurements; "not reached" otherwise) and the ratio to the best fixed run's wall time (the
-issue's goal: ≤ 0.7 for the curriculum). Beside it, each run's rounds, inner steps, the workers' compute seconds
-(summed) and the seconds the held-out measurements took (every worker measures each θ_v it pulls; the time
-axis includes them): on a shared machine every run shares the load, so these tell load from method. `--replay`
-recomputes the table from recorded run dirs (`bench.json` in each names its role; else the run's spec). Not
+issue's goal: ≤ 0.7 for the curriculum). Beside it, each run's rounds, inner steps per worker, the workers' compute
+seconds (summed), the seconds the held-out measurements took (per worker: every worker measures each θ_v it pulls,
+and the time axis includes them) and the launcher's evaluation of the final θ (8 batches of the same windows): on a
+shared machine every run shares the load, so these tell load from method. `--replay` recomputes the table from
+recorded run dirs (`bench.json` in each names its role; else the run's spec). Not
 part of the test suite.
 """
 
@@ -64,6 +65,7 @@ class RunCurve:
     eval_s: float
     wall_s: float  # the first round's opening to the last round's close
     rungs: list[tuple[int, float]] = field(default_factory=list)  # (L, seconds it started), the curriculum's
+    launcher_final: float = float("nan")  # the launcher's evaluation of the final θ (summary.json, 8 batches)
 
     @property
     def final(self) -> tuple[float, float]:
@@ -119,6 +121,7 @@ def read_run(run_dir: Path) -> RunCurve:
     adaptive = spec.curriculum.policy == "adaptive"
     fixed = int(role.get("fixed", 0 if adaptive else spec.data.seq_len))
     label = role.get("label", f"fixed L = {fixed}" if fixed else "curriculum")
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     store = StateStore.open_read_only(run_dir / "state")
     try:
         rounds = store.rounds()
@@ -136,7 +139,8 @@ def read_run(run_dir: Path) -> RunCurve:
         steps = sum(store.round_steps().values())
         return RunCurve(label, spec.run.seed, fixed, smooth([(t, loss) for t, _, loss in raw]), raw, len(rounds),
                         steps, sum(u.compute_seconds for u in usage), sum(r.seconds for r in held),
-                        rounds[-1].closed_at - start if rounds else 0.0, rungs)
+                        rounds[-1].closed_at - start if rounds else 0.0, rungs,
+                        summary.get("val_loss_final", float("nan")))
     finally:
         store.close()
 
@@ -156,21 +160,23 @@ def compare(runs: list[RunCurve]) -> list[dict]:
                          "target": best.final[1] if best else None, "reach_s": reach,
                          "ratio": reach / best.final[0] if reach is not None and best else None,
                          "rounds": run.rounds, "steps": run.steps, "compute_s": run.compute_s, "eval_s": run.eval_s,
-                         "points": len(run.raw), "rungs": run.rungs})
+                         "points": len(run.raw), "rungs": run.rungs,
+                         "launcher_final": run.launcher_final})
     return rows
 
 
 def table(rows: list[dict]) -> str:
     lines = [("| seed | run | final held-out loss | at (s) | time to the best fixed's final | ratio | rounds | steps per worker "
-              "| compute s (workers) | held-out s | rungs started at (s) |"),
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+              "| compute s (workers) | held-out s (per worker) | final θ, launcher | rungs started at (s) |"),
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         best = " (best fixed)" if r["fixed"] and r["fixed"] == r["best_fixed"] else ""
         reach = "not reached" if r["reach_s"] is None else f"{r['reach_s']:.0f}"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
         rungs = ", ".join(f"{length}: {t:.0f}" for length, t in r["rungs"])
         lines.append(f"| {r['seed']} | {r['run']}{best} | {r['final_loss']:.3f} | {r['wall_s']:.0f} | {reach} | {ratio} "
-                     f"| {r['rounds']} | {r['steps']} | {r['compute_s']:.0f} | {r['eval_s']:.0f} | {rungs} |")
+                     f"| {r['rounds']} | {r['steps']} | {r['compute_s']:.0f} | {r['eval_s']:.0f} | {r['launcher_final']:.3f} "
+                     f"| {rungs} |")
     return "\n".join(lines)
 
 
