@@ -77,8 +77,8 @@ def run_configs(base: dict, minutes: float, seed: int, eval_every: int, eval_bat
     """(label, fixed length or 0, the config as a dict) of every run of one seed: each rung fixed, then the
     curriculum per forecast gain."""
     ladder = list(base["curriculum"]["seq_lens"])
-    run = {**base.get("run", {}), "seed": seed, "rounds": ROUNDS, "eval_every": eval_every, "eval_batches": eval_batches,
-           "eval_seq_len": max(ladder)}
+    run = {**base.get("run", {}), "seed": seed, "rounds": ROUNDS, "eval_every": eval_every,
+           "eval_batches": eval_batches, "eval_seq_len": max(ladder)}
     configs = []
     for length in ladder:
         fixed = {**base, "run": {**run, "name": f"fixed{length}"}, "data": {**base.get("data", {}), "seq_len": length}}
@@ -166,17 +166,17 @@ def compare(runs: list[RunCurve]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [("| seed | run | final held-out loss | at (s) | time to the best fixed's final | ratio | rounds | steps per worker "
-              "| compute s (workers) | held-out s (per worker) | final θ, launcher | rungs started at (s) |"),
+    lines = [("| seed | run | final held-out loss | at (s) | time to the best fixed's final | ratio | rounds "
+              "| steps per worker | compute s (workers) | held-out s (per worker) | final θ, launcher | rungs started at (s) |"),
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         best = " (best fixed)" if r["fixed"] and r["fixed"] == r["best_fixed"] else ""
         reach = "not reached" if r["reach_s"] is None else f"{r['reach_s']:.0f}"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
         rungs = ", ".join(f"{length}: {t:.0f}" for length, t in r["rungs"])
-        lines.append(f"| {r['seed']} | {r['run']}{best} | {r['final_loss']:.3f} | {r['wall_s']:.0f} | {reach} | {ratio} "
-                     f"| {r['rounds']} | {r['steps']} | {r['compute_s']:.0f} | {r['eval_s']:.0f} | {r['launcher_final']:.3f} "
-                     f"| {rungs} |")
+        lines.append(f"| {r['seed']} | {r['run']}{best} | {r['final_loss']:.3f} | {r['wall_s']:.0f} | {reach} "
+                     f"| {ratio} | {r['rounds']} | {r['steps']} | {r['compute_s']:.0f} | {r['eval_s']:.0f} "
+                     f"| {r['launcher_final']:.3f} | {rungs} |")
     return "\n".join(lines)
 
 
