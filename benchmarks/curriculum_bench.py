@@ -167,7 +167,8 @@ def compare(runs: list[RunCurve]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     lines = [("| seed | run | final held-out loss | at (s) | time to the best fixed's final | ratio | rounds "
-              "| steps per worker | compute s (workers) | held-out s (per worker) | final θ, launcher | rungs started at (s) |"),
+              "| steps per worker | compute s (workers) | held-out s (per worker) | final θ, launcher "
+              "| rungs started at (s) |"),
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         best = " (best fixed)" if r["fixed"] and r["fixed"] == r["best_fixed"] else ""
