@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -47,6 +49,7 @@ from rcswarm.state.store import StateStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOOTH = 3  # measurements in the trailing mean of the held-out curve
+GOAL = 0.7  # the issue's: wall time to the best fixed length's final loss, over that length's wall time
 ROUNDS = 100_000  # more than any run reaches: the budget (`--minutes`) ends every run
 
 
@@ -150,7 +153,7 @@ def compare(runs: list[RunCurve]) -> list[dict]:
     ratio to that run's wall time."""
     rows = []
     for seed in sorted({r.seed for r in runs}):
-        mine = [r for r in runs if r.seed == seed and r.curve]
+        mine = sorted((r for r in runs if r.seed == seed and r.curve), key=lambda r: (not r.fixed, r.fixed, r.label))
         fixed = [r for r in mine if r.fixed]
         best = min(fixed, key=lambda r: r.final[1]) if fixed else None
         for run in mine:
@@ -181,6 +184,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def verdicts(rows: list[dict]) -> list[str]:
+    """Per curriculum variant over the seeds: its ratios, their median, and how many met the goal."""
+    lines = []
+    for label in dict.fromkeys(r["run"] for r in rows if not r["fixed"]):
+        ratios = [r["ratio"] for r in rows if r["run"] == label]
+        reached = sorted(x for x in ratios if x is not None)
+        median = statistics.median([math.inf if x is None else x for x in ratios]) if ratios else math.nan
+        lines.append(f"{label}: ratios {', '.join('not reached' if x is None else f'{x:.2f}' for x in ratios)}; "
+                     f"median {median:.2f}; ≤ {GOAL} in {sum(x <= GOAL for x in reached)} of {len(ratios)} seeds")
+    return lines
+
+
 def plot(runs: list[RunCurve], rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -189,7 +204,7 @@ def plot(runs: list[RunCurve], rows: list[dict], path: Path) -> None:
     seeds = sorted({r.seed for r in runs})
     fig, axes = plt.subplots(1, len(seeds), figsize=(6.5 * len(seeds), 4.5), squeeze=False, sharey=True)
     for ax, seed in zip(axes[0], seeds):
-        for run in (r for r in runs if r.seed == seed):
+        for run in sorted((r for r in runs if r.seed == seed), key=lambda r: (not r.fixed, r.fixed, r.label)):
             style = "-" if run.fixed else "--"
             line, = ax.plot([t for t, _ in run.curve], [loss for _, loss in run.curve], style, label=run.label)
             ax.plot([t for t, _, _ in run.raw], [loss for _, _, loss in run.raw], ".", color=line.get_color(),
@@ -242,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [read_run(d) for d in dirs]
     rows = compare(runs)
     print(table(rows))
+    print("\n".join(verdicts(rows)))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "runs": [asdict(r) for r in runs]}, indent=1))
     if args.plot:
