@@ -192,7 +192,7 @@ def verdicts(rows: list[dict]) -> list[str]:
         reached = sorted(x for x in ratios if x is not None)
         median = statistics.median([math.inf if x is None else x for x in ratios]) if ratios else math.nan
         lines.append(f"{label}: ratios {', '.join('not reached' if x is None else f'{x:.2f}' for x in ratios)}; "
-                     f"median {median:.2f}; ≤ {GOAL} in {sum(x <= GOAL for x in reached)} of {len(ratios)} seeds")
+                     f"median {'not reached' if median == math.inf else f'{median:.2f}'}; ≤ {GOAL} in {sum(x <= GOAL for x in reached)} of {len(ratios)} seeds")
     return lines
 
 
