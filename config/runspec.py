@@ -77,6 +77,9 @@ class RunSection:
     # θ_v it pulled on the first `eval_batches` batches of the held-out split (a fixed set) and reports it.
     eval_every: int = 0
     eval_batches: int = 2
+    # The window length of that held-out set and of the launcher's final evaluation (0 = data.seq_len): one value
+    # across runs at different lengths (a sweep, a curriculum) puts every held-out curve on the same windows.
+    eval_seq_len: int = 0
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
@@ -95,6 +98,8 @@ class RunSection:
         if (isinstance(self.eval_batches, bool) or not isinstance(self.eval_batches, int)
                 or not 1 <= self.eval_batches <= MAX_EVAL_BATCHES):
             _fail("run.eval_batches", self.eval_batches, f"an integer between 1 and {MAX_EVAL_BATCHES}")
+        if isinstance(self.eval_seq_len, bool) or not isinstance(self.eval_seq_len, int) or self.eval_seq_len < 0:
+            _fail("run.eval_seq_len", self.eval_seq_len, "an integer window length >= 0 (0 = data.seq_len)")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ pulls θ_v and pushes Δ over the wire, the hivemind backend (worker/hivemind_wo
 averages Δ peer to peer and applies the outer step, and each stamps its own sync time and
 bytes on the rows it reports. `held_out_loss` is the launcher's evaluation (cli/run.py) and the worker's
 held-out loss along the way (`[run] eval_every`, issue #30): the first batches of one fixed stream of the
-held-out split (HELD_OUT_SEED), drawn once and kept.
+held-out split (HELD_OUT_SEED), drawn once and kept, in windows of `[run] eval_seq_len` (else data.seq_len).
 
 Single-threaded: one training thread calls every method; a backend's other threads (the
 heartbeat, Ray's `info`) only read `step`.
@@ -182,12 +182,16 @@ class RoundTrainer:
     def held_out_loss(self, batches: int, seed: int = HELD_OUT_SEED,
                       params: Mapping[str, torch.Tensor] | None = None) -> float:
         """Mean cross-entropy of the model (at `params`, θ by name, when given; its own parameters are put back
-        after) on the first `batches` batches of the run's held-out split (stream `seed`); the batches of the
-        default stream are drawn once and kept."""
+        after) on the first `batches` batches of the run's held-out split (stream `seed`) in windows of
+        `[run] eval_seq_len` (0: data.seq_len), data.batch_size each; the batches of the default stream are drawn once
+        and kept."""
         if seed == HELD_OUT_SEED and self._held_out is not None and self._held_out[0] >= batches:
             held_out = self._held_out[1][:batches]
         else:
-            sampler = make_sampler(self.spec.data, seed=seed, split="val", model_config=self.model.config)
+            data = self.spec.data
+            if self.spec.run.eval_seq_len:
+                data = dataclasses.replace(data, seq_len=self.spec.run.eval_seq_len)
+            sampler = make_sampler(data, seed=seed, split="val", model_config=self.model.config)
             held_out = [sampler.next_batch() for _ in range(batches)]  # [(inputs [B, T, ...], targets [B, T])]
             if seed == HELD_OUT_SEED:
                 self._held_out = (batches, held_out)

@@ -1,6 +1,6 @@
 """The held-out loss measured along the way (`[run] eval_every`, issue #30): pull rows carrying it are recorded (a
 version's first), refused out of range with nothing stored, shown in the status, fitted by the forecasts once
-they support a fit, and kept across a coordinator restart; bad config keys are refused with a message."""
+they support a fit, and kept across a coordinator restart (whose eval_seq_len may not change); bad config keys are refused with a message."""
 
 from __future__ import annotations
 
@@ -70,6 +70,8 @@ def test_held_out_losses_are_recorded_shown_forecast_and_survive_a_restart(tmp_p
     forecasts = group.runs[0].store.forecasts()
     assert forecasts[0].basis == "training" and forecasts[-1].basis == "held-out"
     group.close()
+    with pytest.raises(ValueError, match=r"run\.eval_seq_len"):  # its windows may not: the curve would mix two sets
+        open_group(spec(eval_seq_len=64), tmp_path, clock)
     restarted = open_group(spec(eval_every=4), tmp_path, clock)  # eval_every may change on a restart
     assert restarted.runs[0].store.held_out_losses() == held
     again = restarted.status()
@@ -112,6 +114,8 @@ def test_a_forecast_falls_back_to_the_training_loss_while_the_held_out_losses_ar
     ({"eval_every": -1}, "run.eval_every = -1"), ({"eval_every": True}, "run.eval_every = True"),
     ({"eval_every": 2.5}, "run.eval_every = 2.5"), ({"eval_batches": 0}, "run.eval_batches = 0"),
     ({"eval_batches": 65}, "between 1 and 64"), ({"eval_batches": "4"}, "run.eval_batches = '4'"),
+    ({"eval_seq_len": -1}, r"run.eval_seq_len = -1 .*>= 0 \(0 = data.seq_len\)"),
+    ({"eval_seq_len": True}, "run.eval_seq_len = True"), ({"eval_seq_len": 64.0}, "run.eval_seq_len = 64.0"),
 ])
 def test_bad_eval_keys_are_refused_with_the_key_and_what_was_expected(run, match):
     with pytest.raises(ValueError, match=match):

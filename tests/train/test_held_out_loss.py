@@ -1,6 +1,7 @@
 """RoundTrainer.held_out_loss (issue #30): the fixed held-out set (the first batches of one stream of the held-out
 split, drawn once), the loss at given parameters without changing the model's own, and the same number the
-launcher's final evaluation gives for the same θ."""
+launcher's final evaluation gives for the same θ; with `[run] eval_seq_len` the same windows whatever length a run
+trains."""
 
 from __future__ import annotations
 
@@ -29,3 +30,22 @@ def test_held_out_loss_at_given_parameters_leaves_the_model_as_it_was():
     fresh.build(spec, model_seed=0)
     assert fresh.held_out_loss(2) == initial
     assert fresh.held_out_loss(8) != initial
+
+
+def test_runs_at_different_lengths_with_one_eval_seq_len_measure_the_same_windows():
+    def trainer_at(seq_len: int, eval_seq_len: int) -> RoundTrainer:
+        spec = tiny_spec(data={"seq_len": seq_len}, run={"eval_seq_len": eval_seq_len})
+        trainer = RoundTrainer(torch.device("cpu"))
+        trainer.build(spec, model_seed=0)
+        trainer.follow(seq_len, spec.data.batch_size, seed=1)
+        return trainer
+
+    short, long = trainer_at(16, 48), trainer_at(64, 48)
+    theta = short.snapshot()
+    assert short.held_out_loss(2, params=theta) == long.held_out_loss(2, params=theta)
+    assert [tuple(t.shape) for t, _ in short._held_out[1]] == [(4, 48)] * 2  # [B, eval_seq_len]
+    for _ in range(3):  # training at its own length does not move the windows
+        short.inner_step()
+    assert short.held_out_loss(2, params=theta) == long.held_out_loss(2, params=theta)
+    # Without it each run measures its own data.seq_len: other windows, another number for the same θ.
+    assert trainer_at(16, 0).held_out_loss(2, params=theta) != trainer_at(64, 0).held_out_loss(2, params=theta)

@@ -1,0 +1,269 @@
+"""The adaptive curriculum against fixed lengths (issue #30): wall time to the best fixed length's final held-out loss.
+
+    nice -n 19 python benchmarks/curriculum_bench.py [--config examples/adaptive_curriculum.toml] [--minutes 3]
+        [--seeds 0] [--eval-every 4] [--eval-batches 4] [--gains 0,0.05] [--out DIR] [--json R.json] [--plot P.png]
+    python benchmarks/curriculum_bench.py --replay RUN_DIR [RUN_DIR ...] [--json R.json] [--plot P.png]
+
+From one config with an adaptive `[curriculum]` (its `seq_lens` the ladder), per seed: one run at each fixed length
+L of the ladder (`policy = "fixed"`, `[data] seq_len = L`) and one adaptive run per `--gains` value
+(`curriculum.forecast_gain`; 0 = the Eq. 11 rule alone), each started with `rcswarm run CONFIG --minutes M --run-dir
+DIR` (a real coordinator and worker processes, one run after the other) with the same model, batch, workers, seed
+and budget (`curriculum.budget_seconds` = the budget; `run.rounds` = 100,000, so the budget ends every run). Every run
+measures the held-out loss along the way (`[run] eval_every`, `eval_batches`) on windows of the longest rung
+(`[run] eval_seq_len`), so all curves are on the same held-out set.
+
+Each run's curve is read from its state dir: (wall time at which θ_v was made — the close of round v − 1, from the
+first round's opening —, held-out loss of θ_v), smoothed by a trailing mean of `SMOOTH` measurements (one
+measurement moves by a few hundredths of a nat from version to version). A run's final held-out loss is the
+smoothed curve's last point, and its wall time that point's time. The best fixed length is the fixed run with the
+lowest final loss; for every run the table gives the wall time at which its smoothed curve first reaches that loss
+(linear between two measurements; "not reached" otherwise) and the ratio to the best fixed run's wall time (the
+issue's goal: ≤ 0.7 for the curriculum). Beside it, each run's rounds, inner steps per worker, the workers' compute
+seconds (summed), the seconds the held-out measurements took (per worker: every worker measures each θ_v it pulls,
+and the time axis includes them) and the launcher's evaluation of the final θ (8 batches of the same windows): on a
+shared machine every run shares the load, so these tell load from method. `--replay` recomputes the table from
+recorded run dirs (`bench.json` in each names its role; else the run's spec). Not
+part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overlap_bench import time_to  # benchmarks/ is no package: the crossing rule is its sibling's
+
+from rcswarm.config.runspec import RunSpec
+from rcswarm.state.store import StateStore
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOOTH = 3  # measurements in the trailing mean of the held-out curve
+GOAL = 0.7  # the issue's: wall time to the best fixed length's final loss, over that length's wall time
+ROUNDS = 100_000  # more than any run reaches: the budget (`--minutes`) ends every run
+
+
+@dataclass
+class RunCurve:
+    """One run's held-out curve and what it cost."""
+
+    label: str
+    seed: int
+    fixed: int  # the fixed length, 0 for the curriculum
+    curve: list[tuple[float, float]]  # (seconds from the first round's opening, held-out loss of θ_v), smoothed
+    raw: list[tuple[float, int, float]]  # (seconds, version, held-out loss) as measured
+    rounds: int
+    steps: int
+    compute_s: float
+    eval_s: float
+    wall_s: float  # the first round's opening to the last round's close
+    rungs: list[tuple[int, float]] = field(default_factory=list)  # (L, seconds it started), the curriculum's
+    launcher_final: float = float("nan")  # the launcher's evaluation of the final θ (summary.json, 8 batches)
+
+    @property
+    def final(self) -> tuple[float, float]:
+        return self.curve[-1] if self.curve else (float("nan"), float("nan"))
+
+
+def run_configs(base: dict, minutes: float, seed: int, eval_every: int, eval_batches: int,
+                gains: list[float]) -> list[tuple[str, int, dict]]:
+    """(label, fixed length or 0, the config as a dict) of every run of one seed: each rung fixed, then the
+    curriculum per forecast gain."""
+    ladder = list(base["curriculum"]["seq_lens"])
+    run = {**base.get("run", {}), "seed": seed, "rounds": ROUNDS, "eval_every": eval_every,
+           "eval_batches": eval_batches, "eval_seq_len": max(ladder)}
+    configs = []
+    for length in ladder:
+        fixed = {**base, "run": {**run, "name": f"fixed{length}"}, "data": {**base.get("data", {}), "seq_len": length}}
+        fixed.pop("curriculum")
+        configs.append((f"fixed L = {length}", length, fixed))
+    for gain in gains:
+        curriculum = {**base["curriculum"], "budget_seconds": minutes * 60.0, "forecast_gain": gain}
+        name = "adaptive" if not gain else f"adaptive-g{gain:g}"
+        label = "curriculum, Eq. 11" if not gain else f"curriculum, Eq. 11 + forecast_gain {gain:g}"
+        configs.append((label, 0, {**base, "run": {**run, "name": name}, "curriculum": curriculum}))
+    return configs
+
+
+def launch(label: str, fixed: int, config: dict, minutes: float, run_dir: Path) -> None:
+    """One `rcswarm run` of `config` for `minutes` into `run_dir` (its role in bench.json beside it)."""
+    run_dir.mkdir(parents=True, exist_ok=False)
+    path = run_dir.with_suffix(".toml")
+    path.write_text(RunSpec.from_dict(config).to_toml())
+    (run_dir / "bench.json").write_text(json.dumps({"label": label, "fixed": fixed}))
+    started = time.monotonic()
+    with open(run_dir.with_suffix(".log"), "wb") as log:
+        subprocess.run([sys.executable, "-m", "rcswarm.cli", "run", str(path), "--minutes", f"{minutes:g}",
+                        "--run-dir", str(run_dir)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                       timeout=minutes * 60.0 + 600.0, check=False)
+    print(f"  {label}: {time.monotonic() - started:.0f} s ({run_dir})", flush=True)
+
+
+def smooth(points: list[tuple[float, float]], width: int = SMOOTH) -> list[tuple[float, float]]:
+    """The trailing mean of `width` losses at each point's time (from the width-th point on)."""
+    return [(points[i][0], sum(loss for _, loss in points[i - width + 1:i + 1]) / width)
+            for i in range(width - 1, len(points))]
+
+
+def read_run(run_dir: Path) -> RunCurve:
+    """A recorded run's curve and costs from its state dir."""
+    spec = RunSpec.from_toml(run_dir / "run.toml") if (run_dir / "run.toml").exists() else None
+    role = json.loads((run_dir / "bench.json").read_text()) if (run_dir / "bench.json").exists() else {}
+    if spec is None:
+        spec = RunSpec.from_toml(run_dir.with_suffix(".toml"))
+    adaptive = spec.curriculum.policy == "adaptive"
+    fixed = int(role.get("fixed", 0 if adaptive else spec.data.seq_len))
+    label = role.get("label", f"fixed L = {fixed}" if fixed else "curriculum")
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    store = StateStore.open_read_only(run_dir / "state")
+    try:
+        rounds = store.rounds()
+        made = {r.version + 1: r.closed_at for r in rounds}  # θ_{v+1} is made when round v closes
+        start = rounds[0].opened_at if rounds else 0.0
+        made[rounds[0].version if rounds else 0] = start
+        held = store.held_out_losses()
+        raw = [(made[r.version] - start, r.version, r.loss) for r in held if r.version in made]
+        usage = store.worker_usage()
+        rungs = []
+        for length in spec.curriculum.seq_lens if adaptive else []:
+            versions = [v for v, _ in store.round_losses(length)]
+            if versions:
+                rungs.append((length, made.get(min(versions), start) - start))
+        steps = sum(store.round_steps().values())
+        return RunCurve(label, spec.run.seed, fixed, smooth([(t, loss) for t, _, loss in raw]), raw, len(rounds),
+                        steps, sum(u.compute_seconds for u in usage), sum(r.seconds for r in held),
+                        rounds[-1].closed_at - start if rounds else 0.0, rungs,
+                        summary.get("val_loss_final", float("nan")))
+    finally:
+        store.close()
+
+
+def compare(runs: list[RunCurve]) -> list[dict]:
+    """Per run: final loss and wall time, and the wall time to the best fixed run's final loss of its seed with the
+    ratio to that run's wall time."""
+    rows = []
+    for seed in sorted({r.seed for r in runs}):
+        mine = sorted((r for r in runs if r.seed == seed and r.curve), key=lambda r: (not r.fixed, r.fixed, r.label))
+        fixed = [r for r in mine if r.fixed]
+        best = min(fixed, key=lambda r: r.final[1]) if fixed else None
+        for run in mine:
+            reach = time_to(run.curve, best.final[1]) if best else None
+            rows.append({"seed": seed, "run": run.label, "fixed": run.fixed, "final_loss": run.final[1],
+                         "wall_s": run.final[0], "best_fixed": best.fixed if best else None,
+                         "target": best.final[1] if best else None, "reach_s": reach,
+                         "ratio": reach / best.final[0] if reach is not None and best else None,
+                         "rounds": run.rounds, "steps": run.steps, "compute_s": run.compute_s, "eval_s": run.eval_s,
+                         "points": len(run.raw), "rungs": run.rungs,
+                         "launcher_final": run.launcher_final})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [("| seed | run | final held-out loss | at (s) | time to the best fixed's final | ratio | rounds "
+              "| steps per worker | compute s (workers) | held-out s (per worker) | final θ, launcher "
+              "| rungs started at (s) |"),
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        best = " (best fixed)" if r["fixed"] and r["fixed"] == r["best_fixed"] else ""
+        reach = "not reached" if r["reach_s"] is None else f"{r['reach_s']:.0f}"
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        rungs = ", ".join(f"{length}: {t:.0f}" for length, t in r["rungs"])
+        lines.append(f"| {r['seed']} | {r['run']}{best} | {r['final_loss']:.3f} | {r['wall_s']:.0f} | {reach} "
+                     f"| {ratio} | {r['rounds']} | {r['steps']} | {r['compute_s']:.0f} | {r['eval_s']:.0f} "
+                     f"| {r['launcher_final']:.3f} | {rungs} |")
+    return "\n".join(lines)
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """Per curriculum variant over the seeds: its ratios, their median, and how many met the goal."""
+    lines = []
+    for label in dict.fromkeys(r["run"] for r in rows if not r["fixed"]):
+        ratios = [r["ratio"] for r in rows if r["run"] == label]
+        reached = sorted(x for x in ratios if x is not None)
+        median = statistics.median([math.inf if x is None else x for x in ratios]) if ratios else math.nan
+        lines.append(f"{label}: ratios {', '.join('not reached' if x is None else f'{x:.2f}' for x in ratios)}; "
+                     f"median {'not reached' if median == math.inf else f'{median:.2f}'}; ≤ {GOAL} in {sum(x <= GOAL for x in reached)} of {len(ratios)} seeds")
+    return lines
+
+
+def plot(runs: list[RunCurve], rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = sorted({r.seed for r in runs})
+    fig, axes = plt.subplots(1, len(seeds), figsize=(6.5 * len(seeds), 4.5), squeeze=False, sharey=True)
+    for ax, seed in zip(axes[0], seeds):
+        for run in sorted((r for r in runs if r.seed == seed), key=lambda r: (not r.fixed, r.fixed, r.label)):
+            style = "-" if run.fixed else "--"
+            line, = ax.plot([t for t, _ in run.curve], [loss for _, loss in run.curve], style, label=run.label)
+            ax.plot([t for t, _, _ in run.raw], [loss for _, _, loss in run.raw], ".", color=line.get_color(),
+                    alpha=0.25, markersize=3)
+        target = next((r["target"] for r in rows if r["seed"] == seed and r["target"] is not None), None)
+        if target is not None:
+            ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_title(f"seed {seed}")
+        ax.set_xlabel("wall time from the first round (s)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"held-out loss (trailing mean of {SMOOTH}; dots: measured)")
+    axes[0][0].legend(fontsize=8)
+    lows = [loss for r in runs for _, loss in r.curve]
+    if lows:
+        axes[0][0].set_ylim(min(lows) - 0.05, min(lows) + 1.0)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(ROOT / "examples" / "adaptive_curriculum.toml"))
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--eval-batches", type=int, default=4)
+    parser.add_argument("--gains", default="0", help="curriculum.forecast_gain of each adaptive run (0: Eq. 11 only)")
+    parser.add_argument("--out", default="curriculum-bench", help="directory of the run dirs")
+    parser.add_argument("--replay", nargs="+", metavar="RUN_DIR", help="recompute the table from recorded run dirs")
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    args = parser.parse_args(argv)
+    print(f"{platform.node()}: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.replay:
+        dirs = [Path(d) for d in args.replay]
+    else:
+        with open(args.config, "rb") as handle:
+            base = tomllib.load(handle)
+        if base.get("curriculum", {}).get("policy") != "adaptive":
+            raise SystemExit(f"{args.config}: expected an adaptive [curriculum] whose seq_lens are the ladder")
+        out, dirs = Path(args.out), []
+        for seed in (int(s) for s in args.seeds.split(",")):
+            configs = run_configs(base, args.minutes, seed, args.eval_every, args.eval_batches,
+                                  [float(g) for g in args.gains.split(",")])
+            for label, fixed, config in configs:
+                dirs.append(out / f"s{seed}-{config['run']['name']}")
+                launch(label, fixed, config, args.minutes, dirs[-1])
+                print(f"    load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    runs = [read_run(d) for d in dirs]
+    rows = compare(runs)
+    print(table(rows))
+    print("\n".join(verdicts(rows)))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "runs": [asdict(r) for r in runs]}, indent=1))
+    if args.plot:
+        plot(runs, rows, Path(args.plot))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
