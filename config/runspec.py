@@ -39,11 +39,12 @@ MAX_EVAL_BATCHES = 64  # [run] eval_batches: a small held-out set, a few batches
 # It matched fp32 up to SPARSE_MATCHED_H; above, `RunSpec.cautions` names the measured penalty (H = 200: against int8,
 # the only dense codec run there with plain averaging).
 SPARSE_MATCHED_H = 10
-# ... and with 2 workers: with 4 at H = 10 it lost SPARSE_PENALTY_4_WORKERS (the step of N workers holds up to
-# N × density of each chunk; the downlink sends density of it).
+# ... and with 2 workers: with 4 at H = 10 it lost SPARSE_PENALTY_4_WORKERS over int8 (seeds 0 and 1; the step of N
+# workers holds up to N × density of each chunk; the downlink sends density of it). A downlink at run.workers ×
+# density (sync.downlink_density = 0.08) ended at SPARSE_DENSE_DOWNLINK_OVER_INT8, the step 28× below fp32 instead of 108×.
 SPARSE_MATCHED_WORKERS = 2
-SPARSE_PENALTY_4_WORKERS = 0.021
-# A downlink at run.workers × density (sync.downlink_density) removed it; at 4 workers the step went down 28× below fp32.
+SPARSE_PENALTY_4_WORKERS = (0.021, 0.012)
+SPARSE_DENSE_DOWNLINK_OVER_INT8 = (0.0004, -0.0066)
 SPARSE_DENSE_DOWNLINK_RATIO = 28
 SPARSE_PENALTY_BY_H = ((20, 0.020), (30, 0.036), (50, 0.073), (200, 0.31))
 
@@ -704,10 +705,11 @@ class RunSpec:
             notes.append(f'sync.codec = "sparse" with run.workers = {self.run.workers} and sync.downlink_density = '
                          f"{self.sync.downlink_density:g} (the step at {self.sync.step_density:g}): the sparse codec "
                          f"matched fp32 with {SPARSE_MATCHED_WORKERS} workers; with 4 at H = 10 its held-out loss was "
-                         f"+{SPARSE_PENALTY_4_WORKERS:.1%} (int8: even): the round's step holds up to N x sync.density "
-                         "of each chunk and the downlink sends sync.downlink_density of it. Set sync.downlink_density "
-                         f"= {dense_enough:g} (run.workers x sync.density: +0.0% at 4 workers, the downlink "
-                         f"{SPARSE_DENSE_DOWNLINK_RATIO}x below fp32 instead of 108x)")
+                         f"{' and '.join(f'+{p:.1%}' for p in SPARSE_PENALTY_4_WORKERS)} over int8 (2 seeds): the round's "
+                         "step holds up to N x sync.density of each chunk and the downlink sends sync.downlink_density "
+                         f"of it. Set sync.downlink_density = {dense_enough:g} (run.workers x sync.density: "
+                         f"{' and '.join(f'{p:+.1%}' for p in SPARSE_DENSE_DOWNLINK_OVER_INT8)} over int8 at 4 workers, "
+                         f"the downlink {SPARSE_DENSE_DOWNLINK_RATIO}x below fp32 instead of 108x)")
         if self.sync.codec == "sparse" and self.sync.error_feedback and self.sync.error_decay == 1.0:
             notes.append('sync.codec = "sparse" with sync.error_decay = 1.0: every sparse measurement used 0.95 (as '
                          "SparseLoCo does); without decay the held-out loss was 3.7% worse at H = 50 (1.8517 against "
