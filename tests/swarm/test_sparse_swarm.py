@@ -10,6 +10,8 @@ every worker's parameters after each pull equal the coordinator's bit for bit (o
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -55,6 +57,6 @@ def test_three_sparse_workers_train_and_every_replica_is_the_coordinators_theta(
         if row.param_sha256:
             pulls.setdefault(row.worker_id, []).append(row.bytes_received)
     for worker_id, received in pulls.items():
-        steps = [b - a for a, b in zip(received, received[1:])]
+        steps = [b - a for a, b in pairwise(received)]
         assert received[0] > status.fp32_bytes and len(steps) == ROUNDS - 1, (worker_id, received)
         assert all(0 < step < status.fp32_bytes / 10 for step in steps), (worker_id, steps)
