@@ -9,6 +9,7 @@ training at equal tokens under each codec and outer step.
     python benchmarks/compression_bench.py quality --grid followup --sparse-h 20 --out R.jsonl   # variants, seed 1,
                                                                                  # 4 workers, frame model
     python benchmarks/compression_bench.py quality --grid downlink --out R.jsonl     # 4 workers, denser downlinks
+    python benchmarks/compression_bench.py quality --grid downlink-key --out R.jsonl  # sync.downlink_density, 4 workers
     python benchmarks/compression_bench.py report R.jsonl [--plot P.png] [--outer sgd-1.0] [--plot-h P.png]
 
 Table 1 (`payload`): for each model preset, the bytes one worker pushes (its update in the run's codec) and pulls
@@ -87,7 +88,7 @@ class SimConfig:
     coord_decay: float | None = None
     # The step's codec: "same" (the run's, as the coordinator sends it), or "fp32" (a dense downlink, for reference).
     down: str = "same"
-    # The sparse downlink's density when it differs from the uplink's (None: the same; only with down = "same").
+    # sync.downlink_density when it differs from the uplink's (None: the same; only with down = "same").
     down_density: float | None = None
     seq_len: int = 16
     batch: int = 16
@@ -113,6 +114,7 @@ class SimConfig:
             sync["value_bits"] = self.value_bits
         if self.codec == "sparse":
             sync["density"] = self.density
+            sync["downlink_density"] = self.down_density or 0.0
         if self.model == "frame":  # examples/frame_sweep.toml's model, task and inner step
             model = {"name": "frame", "preset": "tiny"}
             data = {"source": "typing", "seq_len": self.seq_len, "batch_size": self.batch,
@@ -138,10 +140,8 @@ def simulate(config: SimConfig, eval_batches: int, points: int = 10) -> dict[str
     """Train `config` in one process (module docstring); its record: curve, final loss, bytes, flags, norms."""
     spec = config.spec()
     fmt = codecs.WireFormat.from_sync(spec.sync)
-    down = fmt if config.down == "same" else codecs.WireFormat.of(codecs.codec_from_name(config.down))
-    if config.down_density is not None:
-        down = codecs.WireFormat(fmt.codec, fmt.block_size, codecs.sparse_keep(config.down_density, fmt.block_size),
-                                 fmt.value_bits)
+    down = codecs.WireFormat.from_sync(spec.sync, downlink=True) if config.down == "same" else codecs.WireFormat.of(
+        codecs.codec_from_name(config.down))
     rounds = config.steps // config.inner_steps
     trainers = []
     for index in range(config.workers):
@@ -251,6 +251,16 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
         # the downlink at 2× and 4× the uplink's density.
         base = SimConfig("sparse", "sgd-1.0", 10, 4, steps=steps, **SPARSE_DEFAULTS)
         configs = [dataclasses_replace(base, down_density=d) for d in (0.08, 0.04)]
+    elif name == "downlink-key":
+        # sync.downlink_density with 4 workers: a lower uplink density under a downlink of 0.02 (≥ 100× both ways),
+        # then the downlink at 1×, 2× and 4× the uplink's density against int8 on seed 1 at H = 10 and at H = 50.
+        base = SimConfig("sparse", "sgd-1.0", 10, 4, steps=steps, **SPARSE_DEFAULTS)
+        configs = [dataclasses_replace(base, density=d, down_density=0.02) for d in (0.01, 0.005)]
+        for h, seed in ((10, 1), (50, 0), (50, 1)):
+            configs += [c for c in _codecs(("int8",), "sgd-1.0", h, steps, 4)] + [
+                dataclasses_replace(base, inner_steps=h, down_density=d) for d in (None, 0.08, 0.04)]
+            configs[-4:] = [dataclasses_replace(c, seed=seed) for c in configs[-4:]]
+        return configs
     elif name == "table2":
         configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
     elif name == "all":
@@ -506,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     payload.add_argument("--density", type=float, default=0.02)
     payload.add_argument("--value-bits", type=int, default=2)
     quality = commands.add_parser("quality", help="Table 2 and the grids: simulated training at equal tokens")
-    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "table2", "all"))
+    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "downlink-key", "table2",
+                                                          "all"))
     quality.add_argument("--claims", default="", help="a directory of claim files: processes sharing it split the grid")
     quality.add_argument("--out", required=True)
     quality.add_argument("--steps", type=int, default=1500, help="inner steps per worker (equal tokens)")

@@ -39,10 +39,13 @@ MAX_EVAL_BATCHES = 64  # [run] eval_batches: a small held-out set, a few batches
 # It matched fp32 up to SPARSE_MATCHED_H; above, `RunSpec.cautions` names the measured penalty (H = 200: against int8,
 # the only dense codec run there with plain averaging).
 SPARSE_MATCHED_H = 10
-# ... and with 2 workers: with 4 at H = 10 it lost SPARSE_PENALTY_4_WORKERS (the step of N workers holds up to
-# N × density of each chunk; the downlink sends density of it).
+# ... and with 2 workers: with 4 at H = 10 it lost SPARSE_PENALTY_4_WORKERS over int8 (seeds 0 and 1; the step of N
+# workers holds up to N × density of each chunk; the downlink sends density of it). A downlink at run.workers ×
+# density (sync.downlink_density = 0.08) ended at SPARSE_DENSE_DOWNLINK_OVER_INT8, the step 28× below fp32 instead of 108×.
 SPARSE_MATCHED_WORKERS = 2
-SPARSE_PENALTY_4_WORKERS = 0.021
+SPARSE_PENALTY_4_WORKERS = (0.021, 0.012)
+SPARSE_DENSE_DOWNLINK_OVER_INT8 = (0.0004, -0.0067)
+SPARSE_DENSE_DOWNLINK_RATIO = 28
 SPARSE_PENALTY_BY_H = ((20, 0.020), (30, 0.036), (50, 0.073), (200, 0.31))
 
 
@@ -244,7 +247,8 @@ class SyncSection:
     Codecs (sync/codec.py; issue #28): `codec` is "fp32", "bf16", "int8" (blocks of `block_size`),
     "lowbit" (blockwise absmax at `value_bits` = 2 or 4 bits, blocks of `block_size`) or "sparse" (per
     chunk of `sparse_chunk` values the `density` × chunk largest in magnitude, at `value_bits` = 1..8
-    bits each). The coordinator backend carries all five in both directions; hivemind's all-reduce all
+    bits each; the coordinator sends the round's step at `downlink_density`, 0 = `density`). The
+    coordinator backend carries all five in both directions; hivemind's all-reduce all
     but "sparse" (`BACKEND_CODECS`). `error_decay` β: the workers' and the coordinator's error feedback
     carry β × what was not sent into the next round (1 = all of it; SparseLoCo uses 0.95). Measured
     (docs/PERFORMANCE.md "Compression"): "sparse" matched fp32 up to inner.steps = 10 and lost 2-31% above, and
@@ -271,6 +275,9 @@ class SyncSection:
     error_feedback: bool = True
     # codec = "sparse": the fraction of each chunk of sparse_chunk values sent; "sparse" and "lowbit": bits per value.
     density: float = 0.02
+    # codec = "sparse": the fraction of each chunk of the round's step the coordinator sends (the downlink); 0 = density.
+    # The step of N workers holds up to N × density of each chunk (docs/PERFORMANCE.md "Compression").
+    downlink_density: float = 0.0
     value_bits: int = 2
     sparse_chunk: int = 4096
     # Error feedback's decay β (workers and coordinator): the next round carries β × what was not sent.
@@ -343,10 +350,21 @@ class SyncSection:
             _fail("sync.outlier_evict_after", self.outlier_evict_after,
                   f"an integer between 0 (never) and sync.outlier_window = {self.outlier_window}")
 
+    @property
+    def step_density(self) -> float:
+        """The fraction of each chunk of the round's step the coordinator sends: downlink_density, or density if 0."""
+        return self.downlink_density or self.density
+
     def _check_codec(self) -> None:
         """The codec's own keys, and whether the backend's wire carries it."""
         if not (math.isfinite(self.density) and 0.0 < self.density <= 1.0):
             _fail("sync.density", self.density, "a fraction in (0, 1] of each chunk's values")
+        if not (math.isfinite(self.downlink_density) and 0.0 <= self.downlink_density <= 1.0):
+            _fail("sync.downlink_density", self.downlink_density,
+                  "a fraction in (0, 1] of each chunk of the round's step, or 0 (= sync.density)")
+        if self.downlink_density and self.codec != "sparse":
+            _fail("sync.downlink_density", self.downlink_density,
+                  f'0 unless sync.codec = "sparse" (the {self.codec} step goes down in the run\'s codec)')
         if not 2 <= self.sparse_chunk <= 1 << 16:
             _fail("sync.sparse_chunk", self.sparse_chunk, "an integer between 2 and 65536")
         if not 1 <= self.value_bits <= 8:
@@ -686,12 +704,17 @@ class RunSpec:
                          f"({measured}; density 0.02, 2 bits). Use inner.steps <= {SPARSE_MATCHED_H}, a density "
                          "growing with H (0.04 at H = 20: +0.5%, 55x below fp32 instead of 108x), or int8 "
                          "(within 0.3% of fp32 at H = 10 to 50)")
-        if self.sync.codec == "sparse" and self.run.workers > SPARSE_MATCHED_WORKERS:
-            notes.append(f'sync.codec = "sparse" with run.workers = {self.run.workers}: the sparse codec matched fp32 '
-                         f"with {SPARSE_MATCHED_WORKERS} workers; with 4 at H = 10 its held-out loss was "
-                         f"+{SPARSE_PENALTY_4_WORKERS:.1%} (int8: even): the round's step holds up to N x sync.density "
-                         "of each chunk and the downlink sends sync.density of it (a downlink 4x denser, not a key "
-                         "today, removed it in the simulation)")
+        dense_enough = min(1.0, self.run.workers * self.sync.density)
+        if (self.sync.codec == "sparse" and self.run.workers > SPARSE_MATCHED_WORKERS
+                and self.sync.step_density < dense_enough * (1 - 1e-9)):
+            notes.append(f'sync.codec = "sparse" with run.workers = {self.run.workers} and sync.downlink_density = '
+                         f"{self.sync.downlink_density:g} (the step at {self.sync.step_density:g}): the sparse codec "
+                         f"matched fp32 with {SPARSE_MATCHED_WORKERS} workers; with 4 at H = 10 its held-out loss was "
+                         f"{' and '.join(f'+{p:.1%}' for p in SPARSE_PENALTY_4_WORKERS)} over int8 (2 seeds): the round's "
+                         "step holds up to N x sync.density of each chunk and the downlink sends sync.downlink_density "
+                         f"of it. Set sync.downlink_density = {dense_enough:g} (run.workers x sync.density: "
+                         f"{' and '.join(f'{p:+.1%}' for p in SPARSE_DENSE_DOWNLINK_OVER_INT8)} over int8 at 4 workers, "
+                         f"the downlink {SPARSE_DENSE_DOWNLINK_RATIO}x below fp32 instead of 108x)")
         if self.sync.codec == "sparse" and self.sync.error_feedback and self.sync.error_decay == 1.0:
             notes.append('sync.codec = "sparse" with sync.error_decay = 1.0: every sparse measurement used 0.95 (as '
                          "SparseLoCo does); without decay the held-out loss was 3.7% worse at H = 50 (1.8517 against "

@@ -204,7 +204,7 @@ class RoundCloser:
             )
         with watch.piece("compressed step"):
             params, encoded_step = outer.compressed_step(
-                close.params, target, run.wire_format, block, feedback, consume_target=True,
+                close.params, target, run.step_format, block, feedback, consume_target=True,
                 spare_params=None if close.spare is None else close.spare.released_params(),
             )
         record = RoundRecord(
@@ -231,7 +231,7 @@ class RoundCloser:
             norm_bound = update_norm_bound(spec, params)
         with watch.piece("step payload"):
             header, chunks = tensor_stream.build_payload(
-                params, codec=run.wire_format, run_id=run.run_id, version=version + 1, block_size=block,
+                params, codec=run.step_format, run_id=run.run_id, version=version + 1, block_size=block,
                 encoded=encoded_step,
             )
             header.delta_from_version = version

@@ -188,8 +188,10 @@ class SwarmCoordinator:
         # How much each worker trains from the current version; decided again at each close and metric report.
         self.pace = decisions.decide_pace({}, self.pace_options)
         self.codec = codecs.codec_from_name(spec.sync.codec)
-        # The codec with its parameters: what the compressed step is sent in and a sparse update must carry.
+        # The codec with its parameters: what a sparse update must carry, and what the compressed step is sent in
+        # (sparse: at sync.downlink_density).
         self.wire_format = codecs.WireFormat.from_sync(spec.sync)
+        self.step_format = codecs.WireFormat.from_sync(spec.sync, downlink=True)
         self.broadcast_feedback = codecs.ErrorFeedback(spec.sync.error_decay)
         # (from_version, header, chunks) of the compressed step to the current version.
         self._delta_payload: tuple[int, pb.TensorHeader, list[pb.TensorChunk]] | None = None

@@ -124,11 +124,13 @@ class WireFormat:
         return codec if isinstance(codec, WireFormat) else cls(int(codec), block_size)
 
     @classmethod
-    def from_sync(cls, sync) -> WireFormat:
-        """The format of a run spec's [sync] table (`codec`, `block_size`, `sparse_chunk`, `density`, `value_bits`)."""
+    def from_sync(cls, sync, downlink: bool = False) -> WireFormat:
+        """The format of a run spec's [sync] table (`codec`, `block_size`, `sparse_chunk`, `density`, `value_bits`):
+        the workers' updates', or with `downlink` the round's step's (sparse: at `step_density`)."""
         codec = codec_from_name(sync.codec)
         if codec == pb.CODEC_SPARSE:
-            return cls(codec, sync.sparse_chunk, sparse_keep(sync.density, sync.sparse_chunk), sync.value_bits)
+            density = sync.step_density if downlink else sync.density
+            return cls(codec, sync.sparse_chunk, sparse_keep(density, sync.sparse_chunk), sync.value_bits)
         if codec == pb.CODEC_LOWBIT_BLOCK:
             return cls(codec, sync.block_size, 0, sync.value_bits)
         return cls(codec, sync.block_size)

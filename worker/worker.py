@@ -351,6 +351,8 @@ class Worker:
         """The run's model, inner optimizer and codec (the data stream waits for the join's data seed)."""
         self.trainer.build(spec)
         self.codec = codecs.WireFormat.from_sync(spec.sync)
+        # The round's step's format (sparse: at sync.downlink_density): what a pulled step's header must carry.
+        self.step_codec = codecs.WireFormat.from_sync(spec.sync, downlink=True)
         self.error_feedback = codecs.ErrorFeedback(spec.sync.error_decay) if spec.sync.error_feedback else None
 
     def _start_data(self, spec: RunSpec, data_seed: int) -> None:
@@ -590,7 +592,7 @@ class Worker:
         """Pull the newest θ into a buffer: (version, θ on the CPU, its SHA-256); a payload that disagrees with the
         model's shapes is refused and pulled again."""
         expected = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
-        pull = functools.partial(self.client.pull, expected=expected, repull=True, wire_format=self.codec)
+        pull = functools.partial(self.client.pull, expected=expected, repull=True, wire_format=self.step_codec)
         version, tensors = self._call(pull, self.identity, self.run_id, self._held)
         tensors = {name: tensor.detach().cpu() for name, tensor in tensors.items()}
         return version, tensors, tensor_stream.params_sha256(tensors).hex()

@@ -37,6 +37,10 @@ def test_defaults_round_trip_through_json_and_toml(tmp_path):
         ({"sync": {"density": 0.0}}, "sync.density = 0.0"),
         ({"sync": {"density": 1.5}}, "sync.density = 1.5"),
         ({"sync": {"value_bits": 9}}, "sync.value_bits = 9"),
+        ({"sync": {"codec": "sparse", "downlink_density": 1.5}}, "sync.downlink_density = 1.5"),
+        ({"sync": {"codec": "sparse", "downlink_density": -0.1}}, "sync.downlink_density = -0.1"),
+        ({"sync": {"codec": "sparse", "downlink_density": True}}, "sync.downlink_density = True"),
+        ({"sync": {"codec": "int8", "downlink_density": 0.08}}, 'sync.downlink_density = 0.08 is invalid: expected 0 unless'),
         ({"sync": {"codec": "lowbit", "value_bits": 3}}, "sync.value_bits = 3"),
         ({"sync": {"sparse_chunk": 1}}, "sync.sparse_chunk = 1"),
         ({"sync": {"error_decay": 1.01}}, "sync.error_decay = 1.01"),
@@ -188,6 +192,11 @@ def test_each_codec_key_makes_the_wire_format_it_names():
     lowbit = RunSpec.from_dict({"sync": {"codec": "lowbit", "value_bits": 4, "block_size": 64, "backend": "hivemind"}})
     assert WireFormat.from_sync(lowbit.sync) == WireFormat(pb.CODEC_LOWBIT_BLOCK, 64, 0, 4)
     assert WireFormat.from_sync(RunSpec().sync) == WireFormat(pb.CODEC_INT8_BLOCK, 256)
+    # The round's step: at sync.downlink_density, or at sync.density when it is 0 (the default).
+    assert WireFormat.from_sync(sparse.sync, downlink=True) == WireFormat.from_sync(sparse.sync)
+    denser = RunSpec.from_dict({"sync": {"codec": "sparse", "density": 0.015, "downlink_density": 0.06}})
+    assert WireFormat.from_sync(denser.sync).keep == 61 and WireFormat.from_sync(denser.sync, downlink=True).keep == 246
+    assert WireFormat.from_sync(RunSpec().sync, downlink=True) == WireFormat(pb.CODEC_INT8_BLOCK, 256)
 
 
 
@@ -221,6 +230,11 @@ def test_sparse_settings_measured_to_cost_loss_validate_with_a_caution():
     assert "outer.momentum = 0.9" in momentum and "diverged" in momentum
     (crowd,) = RunSpec.from_dict({"sync": SPARSE, "run": {"workers": 4},
                                   "inner": {"steps": 10}}).cautions()
-    assert "run.workers = 4" in crowd and "+2.1%" in crowd
+    assert "run.workers = 4" in crowd and "+2.1%" in crowd and "sync.downlink_density = 0.08" in crowd
+    # A downlink at run.workers × density (measured to remove the penalty) or denser: no caution; half of it: one.
+    for workers, downlink, notes in ((4, 0.08, 0), (3, 0.06, 0), (64, 1.0, 0), (4, 0.04, 1)):
+        sync = {**SPARSE, "downlink_density": downlink}
+        spec = RunSpec.from_dict({"sync": sync, "run": {"workers": workers}, "inner": {"steps": 10}})
+        assert len(spec.cautions()) == notes, (workers, downlink)
     assert len(RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 50}, "run": {"workers": 3},
                                   "outer": {"momentum": 0.5}}).cautions()) == 3

@@ -19,15 +19,21 @@ import torch
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec, tensor_stream
+from rcswarm.worker.client import receive_pull
 from tests.helpers.sparse import FORMAT, SPARSE, TARGET, honest_deltas, joined, malformed, sparse_push
 
 # These members speak the wire without heartbeats: a lease far beyond a test's length under any load.
 LONG_LEASE = {"lease_s": 300.0}
 from tests.helpers.specs import tiny_spec
 
+# The round's step at sync.downlink_density: 0 = the uplink's density (5 of each 100), 0.2 = 4 × denser (20 of 100).
+DOWNLINKS = {"the downlink at density": (0.0, FORMAT), "a downlink 4x denser": (0.2, codec.WireFormat(pb.CODEC_SPARSE, 100, 20, 2))}
 
-def test_both_directions_are_sparse_and_replicas_rebuild_theta_bit_for_bit(start_coordinator) -> None:
-    local = start_coordinator(tiny_spec(sync=SPARSE, coordinator=LONG_LEASE))
+
+@pytest.mark.parametrize("downlink, step_format", DOWNLINKS.values(), ids=DOWNLINKS)
+def test_both_directions_are_sparse_and_replicas_rebuild_theta_bit_for_bit(start_coordinator, downlink, step_format) -> None:
+    local = start_coordinator(tiny_spec(sync={**SPARSE, "downlink_density": downlink}, coordinator=LONG_LEASE))
+    assert codec.WireFormat.from_sync(local.service.spec.sync, downlink=True) == step_format
     client, (a, b), theta0 = joined(local, ["a", "b"])
     full_pull = client.bytes_received / 2
     shapes = local.service.shapes
@@ -35,10 +41,17 @@ def test_both_directions_are_sparse_and_replicas_rebuild_theta_bit_for_bit(start
     sparse_push(client, a, honest_deltas(shapes, 0))
     push_bytes = client.bytes_sent - sent_before
     sparse_push(client, b, honest_deltas(shapes, 1))
+    if step_format != FORMAT:
+        # The step carries the downlink's parameters: a receiver expecting the uplink's refuses it before allocating.
+        with pytest.raises(tensor_stream.PayloadError, match=r"20 of 100 per chunk.*this run.s is CODEC_SPARSE \(4\): 5 of 100"):
+            client.pull(a, a.run_id, have=(0, theta0), wire_format=FORMAT)
     before = client.bytes_received
-    version, rebuilt = client.pull(a, a.run_id, have=(0, theta0), wire_format=FORMAT)
+    version, rebuilt = client.pull(a, a.run_id, have=(0, theta0), wire_format=step_format)
     step_bytes = client.bytes_received - before
     assert version == 1
+    # The step moves its format's bytes: the encoded tensors plus the header and framing (under 2 kB here).
+    encoded = sum(codec.encoded_size(t.numel(), step_format) for t in theta0.values())
+    assert encoded < step_bytes < encoded + 2048
     _, full = client.pull(b, b.run_id)
     assert all(torch.equal(rebuilt[k], full[k]) for k in full), "a replica differs from the coordinator's θ"
     assert tensor_stream.params_sha256(rebuilt).hex() == client.status().param_sha256
@@ -52,7 +65,22 @@ def test_both_directions_are_sparse_and_replicas_rebuild_theta_bit_for_bit(start
     by_id = {w.worker_id: w for w in status.workers}
     assert by_id[a.worker_id].round_bytes_up == push_bytes and by_id[a.worker_id].round_bytes_down == step_bytes
     assert 0 < status.bytes_up_per_round < 4 * parameters / 10
+    assert status.bytes_down_per_round == step_bytes  # the one step pulled (the joins' pulls are full ones)
     client.close()
+
+
+@pytest.mark.parametrize("name, corrupt, fragment", malformed(DOWNLINKS["a downlink 4x denser"][1], 8192),
+                         ids=[m[0] for m in malformed(DOWNLINKS["a downlink 4x denser"][1], 8192)])
+def test_a_malformed_step_at_the_downlink_density_is_refused_by_the_workers_receive(name, corrupt, fragment) -> None:
+    """The worker's receive of a step in the downlink's format (tensor bytes corrupted, the chunks' CRCs recomputed)
+    refuses it: the decode's checks hold at that format as at the uplink's (the pull test above has the good step)."""
+    step_format = DOWNLINKS["a downlink 4x denser"][1]
+    step = {TARGET: 1e-3 * torch.randn(8192, generator=torch.Generator().manual_seed(5))}
+    header, chunks = tensor_stream.build_payload(step, codec=step_format, run_id="run", version=1)
+    _payload_corruption(corrupt)(header, chunks)
+    responses = iter([pb.PullParametersResponse(header=header), *(pb.PullParametersResponse(chunk=c) for c in chunks)])
+    with pytest.raises(tensor_stream.PayloadError, match=fragment):
+        receive_pull(responses, "run", {TARGET: (8192,)}, step_format)
 
 
 def _payload_corruption(corrupt_bytes):
