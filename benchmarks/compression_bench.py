@@ -2,6 +2,7 @@
 training at equal tokens under each codec and outer step.
 
     python benchmarks/compression_bench.py payload                        # Table 1: bytes and seconds per codec
+    python benchmarks/compression_bench.py ratios                         # sparse settings' ratios, offsets coded
     python benchmarks/compression_bench.py quality --grid outer --out R.jsonl [--shard 0/2]   # the outer-step grid
     python benchmarks/compression_bench.py quality --grid table2 --out R.jsonl                # Table 2
     python benchmarks/compression_bench.py quality --grid sparse --out R.jsonl [--sparse-h 50]   # density, bits, decay
@@ -399,6 +400,32 @@ def run_payload(args: argparse.Namespace) -> int:
     return 0
 
 
+def offsets_in_full_size(numel: int, fmt: codecs.WireFormat) -> int:
+    """Bytes of a sparse tensor with its offsets written in full (`offset_bits`, the layout before the Elias–Fano
+    code): for the ratios of the measurements made with it."""
+    full, rest = divmod(numel, fmt.block_size)
+    kept = full * fmt.keep + -(-fmt.keep * rest // fmt.block_size)
+    chunks = full + (1 if rest else 0)
+    return 8 * chunks + -(-kept * codecs.offset_bits(fmt.block_size) // 8) + -(-kept * fmt.value_bits // 8)
+
+
+def run_ratios(args: argparse.Namespace) -> int:
+    """Per sparse setting: × below fp32 of one model's update, offsets Elias–Fano coded and written in full."""
+    name, preset = args.model.split(":")
+    shapes = [math.prod(s) for s in model_shapes(name, preset).values()]
+    print(f"# {name} {preset}: {sum(shapes):,} parameters in {len(shapes)} tensors; chunks of {args.chunk}")
+    print("| density | value bits | kept per chunk | × below fp32 | offsets in full (before) | bytes, coded / in full |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for density in args.densities:
+        for bits in args.value_bits:
+            fmt = codecs.WireFormat(pb.CODEC_SPARSE, args.chunk, codecs.sparse_keep(density, args.chunk), bits)
+            coded = sum(codecs.encoded_size(n, fmt) for n in shapes)
+            in_full = sum(offsets_in_full_size(n, fmt) for n in shapes)
+            print(f"| {density:g} | {bits} | {fmt.keep} | {4 * sum(shapes) / coded:.1f} | {4 * sum(shapes) / in_full:.1f} "
+                  f"| {coded / in_full:.3f} |")
+    return 0
+
+
 # ---- report ------------------------------------------------------------------------------------------------
 
 def run_report(args: argparse.Namespace) -> int:
@@ -515,6 +542,12 @@ def main(argv: list[str] | None = None) -> int:
     payload.add_argument("--repeats", type=int, default=3)
     payload.add_argument("--density", type=float, default=0.02)
     payload.add_argument("--value-bits", type=int, default=2)
+    ratios = commands.add_parser("ratios", help="sparse settings' ratios to fp32, offsets coded and in full")
+    ratios.add_argument("--model", default="lstm_lm:small", help="NAME:PRESET")
+    ratios.add_argument("--chunk", type=int, default=codecs.DEFAULT_SPARSE_CHUNK)
+    ratios.add_argument("--densities", type=float, nargs="+",
+                        default=[0.005, 0.01, 0.02, 0.03, 0.034, 0.04, 0.05, 0.08])
+    ratios.add_argument("--value-bits", type=int, nargs="+", default=[1, 2, 4])
     quality = commands.add_parser("quality", help="Table 2 and the grids: simulated training at equal tokens")
     quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "downlink-key", "table2",
                                                           "all"))
@@ -532,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--plot-h", default="", help="a plot of the final loss against H and of the sparse variants")
     report.add_argument("--step-s", type=float, default=0.0, help="nominal seconds per inner step (0: median)")
     args = parser.parse_args(argv)
-    return {"payload": run_payload, "quality": run_quality, "report": run_report}[args.command](args)
+    return {"payload": run_payload, "ratios": run_ratios, "quality": run_quality,
+            "report": run_report}[args.command](args)
 
 
 if __name__ == "__main__":

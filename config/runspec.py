@@ -41,11 +41,13 @@ MAX_EVAL_BATCHES = 64  # [run] eval_batches: a small held-out set, a few batches
 SPARSE_MATCHED_H = 10
 # ... and with 2 workers: with 4 at H = 10 it lost SPARSE_PENALTY_4_WORKERS over int8 (seeds 0 and 1; the step of N
 # workers holds up to N × density of each chunk; the downlink sends density of it). A downlink at run.workers ×
-# density (sync.downlink_density = 0.08) ended at SPARSE_DENSE_DOWNLINK_OVER_INT8, the step 28× below fp32 instead of 108×.
+# density (sync.downlink_density = 0.08) ended at SPARSE_DENSE_DOWNLINK_OVER_INT8, the step
+# SPARSE_DENSE_DOWNLINK_RATIO× below fp32 instead of SPARSE_DEFAULT_RATIO× (with the Elias–Fano offsets, sync/codec.py).
 SPARSE_MATCHED_WORKERS = 2
 SPARSE_PENALTY_4_WORKERS = (0.021, 0.012)
 SPARSE_DENSE_DOWNLINK_OVER_INT8 = (0.0004, -0.0067)
-SPARSE_DENSE_DOWNLINK_RATIO = 28
+SPARSE_DENSE_DOWNLINK_RATIO = 51
+SPARSE_DEFAULT_RATIO = 154  # density 0.02, 2-bit values, chunks of 4096
 SPARSE_PENALTY_BY_H = ((20, 0.020), (30, 0.036), (50, 0.073), (200, 0.31))
 
 
@@ -702,7 +704,8 @@ class RunSpec:
             notes.append(f'sync.codec = "sparse" with inner.steps = {self.inner.steps}: the sparse codec matched fp32 '
                          f"only up to H = {SPARSE_MATCHED_H} inner steps per round; above, its held-out loss was worse "
                          f"({measured}; density 0.02, 2 bits). Use inner.steps <= {SPARSE_MATCHED_H}, a density "
-                         "growing with H (0.04 at H = 20: +0.5%, 55x below fp32 instead of 108x), or int8 "
+                         "growing with H (0.04 at H = 20: +0.5%, 89x below fp32 instead of "
+                         f"{SPARSE_DEFAULT_RATIO}x), or int8 "
                          "(within 0.3% of fp32 at H = 10 to 50)")
         dense_enough = min(1.0, self.run.workers * self.sync.density)
         if (self.sync.codec == "sparse" and self.run.workers > SPARSE_MATCHED_WORKERS
@@ -714,7 +717,7 @@ class RunSpec:
                          "step holds up to N x sync.density of each chunk and the downlink sends sync.downlink_density "
                          f"of it. Set sync.downlink_density = {dense_enough:g} (run.workers x sync.density: "
                          f"{' and '.join(f'{p:+.1%}' for p in SPARSE_DENSE_DOWNLINK_OVER_INT8)} over int8 at 4 workers, "
-                         f"the downlink {SPARSE_DENSE_DOWNLINK_RATIO}x below fp32 instead of 108x)")
+                         f"the downlink {SPARSE_DENSE_DOWNLINK_RATIO}x below fp32 instead of {SPARSE_DEFAULT_RATIO}x)")
         if self.sync.codec == "sparse" and self.sync.error_feedback and self.sync.error_decay == 1.0:
             notes.append('sync.codec = "sparse" with sync.error_decay = 1.0: every sparse measurement used 0.95 (as '
                          "SparseLoCo does); without decay the held-out loss was 3.7% worse at H = 50 (1.8517 against "

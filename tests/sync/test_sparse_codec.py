@@ -73,30 +73,51 @@ def test_sparse_layout_scales_offsets_values() -> None:
     data = codec.encode(x, fmt)
     lo0, hi0, lo1, hi1 = struct.unpack_from("<4f", data)
     assert (lo0, hi0, lo1, hi1) == (1.0, 4.0, 3.0, 3.0)
-    # Offsets at 3 bits, least significant first: chunk 0 keeps 1 and 4, chunk 1 keeps 0.
-    offsets = int.from_bytes(data[16:18], "little")
-    assert [(offsets >> (3 * i)) & 7 for i in range(3)] == [1, 4, 0]
+    # Offsets, Elias–Fano at l = 1 (2·l + 2 + ceil(8 / 2**l) = 8 bits a full chunk, as at l = 2: the smaller l):
+    # chunk 0 keeps 1 and 4, chunk 1 keeps 0. Low bits, 1 each, least significant first: 1, 0, 0.
+    assert codec.offset_low_bits(8, 2) == 1
+    assert data[16] == 0b001
+    # Bitmaps: chunk 0's 2 + 4 bits with ones at h_i + i = (1 >> 1) + 0 and (4 >> 1) + 1; chunk 1's 1 + 1 bits, a
+    # one at 0 (bit 6 of the stream).
+    assert data[17] == 0b0100_1001
     # Values at 2 bits: sign, then the level of (|x| − lo) / ((hi − lo) / 2).
     codes = data[18]
     assert [(codes >> (2 * i)) & 3 for i in range(3)] == [0b11, 0b00, 0b00]
     assert codec.decode(data, fmt, (9,)).tolist() == [0, -3.25, 0, 0, 1.75, 0, 0, 0, 3.0]
 
 
-def test_sparse_default_is_more_than_100_times_below_fp32() -> None:
-    fmt = codec.WireFormat(pb.CODEC_SPARSE, codec.DEFAULT_SPARSE_CHUNK, codec.sparse_keep(0.02, 4096), 2)
-    numel = 1_000_000
-    assert 4 * numel / codec.encoded_size(numel, fmt) > 100
-
-
-@pytest.mark.parametrize("chunk, keep", [(4096, 82), (4096, 4096), (100, 1), (2, 2)])
+@pytest.mark.parametrize("chunk, keep", [(4096, 82), (4096, 4096), (100, 1), (2, 2), (100, 4), (37, 5)])
 def test_sparse_encoded_size_formula(chunk: int, keep: int) -> None:
     fmt = codec.WireFormat(pb.CODEC_SPARSE, chunk, keep, 3)
-    width = codec.offset_bits(chunk)
+    low = codec.offset_low_bits(chunk, keep)
     for numel in (0, 1, chunk - 1, chunk, chunk + 1, 5 * chunk + 7):
         full, rest = divmod(numel, chunk)
-        kept = full * keep + -(-keep * rest // chunk)
-        chunks = full + (rest > 0)
-        assert codec.encoded_size(numel, fmt) == 8 * chunks + math.ceil(kept * width / 8) + math.ceil(kept * 3 / 8)
+        kept_last = -(-keep * rest // chunk)
+        kept, chunks = full * keep + kept_last, full + (rest > 0)
+        bitmaps = full * (keep + math.ceil(chunk / 2**low)) + (kept_last + math.ceil(rest / 2**low) if rest else 0)
+        assert codec.encoded_size(numel, fmt) == (8 * chunks + math.ceil(kept * low / 8) + math.ceil(bitmaps / 8)
+                                                  + math.ceil(kept * 3 / 8))
+
+
+@pytest.mark.parametrize("chunk, keep", [(4096, 82), (4096, 41), (4096, 164), (65536, 655), (100, 4), (37, 5), (8, 8)])
+def test_sparse_offsets_cost_no_more_than_written_in_full_and_far_less_when_sparse(chunk: int, keep: int) -> None:
+    """The split is the shortest full chunk over every split, so within Elias–Fano's bound of 2 + ceil(log2(n / k))
+    bits an offset, and never above the full width plus the bitmap's one bit an entry."""
+    low = codec.offset_low_bits(chunk, keep)
+    coded = keep * low + codec.high_bits(chunk, keep, low)
+    assert coded == min(keep * split + codec.high_bits(chunk, keep, split) for split in range(20))
+    assert coded <= keep * (2 + math.ceil(math.log2(chunk / keep)))
+    assert coded <= keep * (codec.offset_bits(chunk) + 1)
+
+
+def test_sparse_default_density_is_150_times_below_fp32() -> None:
+    """82 of 4,096 at 2 bits: 8 bytes of scales and 82 × (5 + 1 + 2) + 128 bits of offsets and values a chunk
+    (7.6 bits an offset instead of 12 written in full)."""
+    fmt = codec.WireFormat(pb.CODEC_SPARSE, codec.DEFAULT_SPARSE_CHUNK, codec.sparse_keep(0.02, 4096), 2)
+    assert codec.offset_low_bits(4096, 82) == 5
+    scales, low_bits, bitmaps, values = 100 * 8, 100 * 82 * 5 // 8, 100 * (82 + 128) // 8, 100 * 82 * 2 // 8
+    assert codec.encoded_size(4096 * 100, fmt) == scales + low_bits + bitmaps + values
+    assert 4 * 4096 / (8 + (82 * 8 + 128) / 8) == pytest.approx(154.5, abs=0.1)
 
 
 def test_sparse_all_zero_and_constant_chunks() -> None:
