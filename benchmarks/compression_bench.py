@@ -11,6 +11,7 @@ training at equal tokens under each codec and outer step.
                                                                                  # 4 workers, frame model
     python benchmarks/compression_bench.py quality --grid downlink --out R.jsonl     # 4 workers, denser downlinks
     python benchmarks/compression_bench.py quality --grid downlink-key --out R.jsonl  # sync.downlink_density, 4 workers
+    python benchmarks/compression_bench.py quality --grid at-100x --out R.jsonl       # the densest ≥ 100x settings
     python benchmarks/compression_bench.py report R.jsonl [--plot P.png] [--outer sgd-1.0] [--plot-h P.png]
 
 Table 1 (`payload`): for each model preset, the bytes one worker pushes (its update in the run's codec) and pulls
@@ -262,6 +263,12 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
                 dataclasses_replace(base, inner_steps=h, down_density=d) for d in (None, 0.08, 0.04)]
             configs[-4:] = [dataclasses_replace(c, seed=seed) for c in configs[-4:]]
         return configs
+    elif name == "at-100x":
+        # With the Elias–Fano offsets d 0.034 is the densest 2-bit setting ≥ 100× below fp32 (`ratios`): the
+        # 4-worker downlink at it (seeds 0 and 1), and 2 workers at H = 20 with it both ways.
+        base = SimConfig("sparse", "sgd-1.0", 10, 4, steps=steps, **SPARSE_DEFAULTS)
+        configs = [dataclasses_replace(base, down_density=0.034, seed=seed) for seed in (0, 1)]
+        return configs + [SimConfig("sparse", "sgd-1.0", 20, steps=steps, **{**SPARSE_DEFAULTS, "density": 0.034})]
     elif name == "table2":
         configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
     elif name == "all":
@@ -549,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
                         default=[0.005, 0.01, 0.02, 0.03, 0.034, 0.04, 0.05, 0.08])
     ratios.add_argument("--value-bits", type=int, nargs="+", default=[1, 2, 4])
     quality = commands.add_parser("quality", help="Table 2 and the grids: simulated training at equal tokens")
-    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "downlink-key", "table2",
+    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "downlink-key", "at-100x", "table2",
                                                           "all"))
     quality.add_argument("--claims", default="", help="a directory of claim files: processes sharing it split the grid")
     quality.add_argument("--out", required=True)
