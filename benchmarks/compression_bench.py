@@ -264,10 +264,12 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
             configs[-4:] = [dataclasses_replace(c, seed=seed) for c in configs[-4:]]
         return configs
     elif name == "at-100x":
-        # With the Elias–Fano offsets d 0.034 is the densest 2-bit setting ≥ 100× below fp32 (`ratios`): the
-        # 4-worker downlink at it (seeds 0 and 1), and 2 workers at H = 20 with it both ways.
+        # With the Elias–Fano offsets the densest settings ≥ 100× below fp32 (`ratios`) are d 0.04 at 1-bit values
+        # and d 0.034 at 2 bits: the 4-worker downlink at each (1-bit values both ways for the first: 170× up),
+        # seeds 0 and 1; then 2 workers at H = 20 with d 0.034 both ways.
         base = SimConfig("sparse", "sgd-1.0", 10, 4, steps=steps, **SPARSE_DEFAULTS)
-        configs = [dataclasses_replace(base, down_density=0.034, seed=seed) for seed in (0, 1)]
+        configs = [dataclasses_replace(base, **change, seed=seed) for seed in (0, 1) for change in (
+            {"value_bits": 1, "down_density": 0.04}, {"down_density": 0.034})]
         return configs + [SimConfig("sparse", "sgd-1.0", 20, steps=steps, **{**SPARSE_DEFAULTS, "density": 0.034})]
     elif name == "table2":
         configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
