@@ -12,6 +12,7 @@ training at equal tokens under each codec and outer step.
     python benchmarks/compression_bench.py quality --grid downlink --out R.jsonl     # 4 workers, denser downlinks
     python benchmarks/compression_bench.py quality --grid downlink-key --out R.jsonl  # sync.downlink_density, 4 workers
     python benchmarks/compression_bench.py quality --grid at-100x --out R.jsonl       # the densest ≥ 100x settings
+    python benchmarks/compression_bench.py quality --grid one-bit --out R.jsonl       # 1-bit values, 2 workers
     python benchmarks/compression_bench.py report R.jsonl [--plot P.png] [--outer sgd-1.0] [--plot-h P.png]
 
 Table 1 (`payload`): for each model preset, the bytes one worker pushes (its update in the run's codec) and pulls
@@ -271,6 +272,11 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
         configs = [dataclasses_replace(base, **change, seed=seed) for seed in (0, 1) for change in (
             {"value_bits": 1, "down_density": 0.04}, {"down_density": 0.034})]
         return configs + [SimConfig("sparse", "sgd-1.0", 20, steps=steps, **{**SPARSE_DEFAULTS, "density": 0.034})]
+    elif name == "one-bit":
+        # 1-bit values (a sign; the chunk's mid magnitude) against the 2-bit rows at H = 10 with 2 workers.
+        configs = [SimConfig("sparse", "sgd-1.0", 10, steps=steps, **{**SPARSE_DEFAULTS, "value_bits": 1}, seed=seed)
+                   for seed in (0, 1)]
+        return configs
     elif name == "table2":
         configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
     elif name == "all":
@@ -558,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=[0.005, 0.01, 0.02, 0.03, 0.034, 0.04, 0.05, 0.08])
     ratios.add_argument("--value-bits", type=int, nargs="+", default=[1, 2, 4])
     quality = commands.add_parser("quality", help="Table 2 and the grids: simulated training at equal tokens")
-    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "downlink-key", "at-100x", "table2",
+    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "downlink-key", "at-100x", "one-bit",
+                                                          "table2",
                                                           "all"))
     quality.add_argument("--claims", default="", help="a directory of claim files: processes sharing it split the grid")
     quality.add_argument("--out", required=True)

@@ -48,6 +48,11 @@ SPARSE_PENALTY_4_WORKERS = (0.021, 0.012)
 SPARSE_DENSE_DOWNLINK_OVER_INT8 = (0.0004, -0.0067)
 SPARSE_DENSE_DOWNLINK_RATIO = 51
 SPARSE_DEFAULT_RATIO = 154  # density 0.02, 2-bit values, chunks of 4096
+# ... or, ≥ 100× below fp32 both ways, 1-bit values with the step at SPARSE_ONE_BIT_DOWNLINK: SPARSE_ONE_BIT_OVER_INT8
+# with 4 workers (seeds 0 and 1, H = 10; the uplink 170×, the downlink 100× below fp32).
+SPARSE_ONE_BIT_DOWNLINK = 0.04
+SPARSE_ONE_BIT_OVER_INT8 = (0.0055, -0.0045)
+SPARSE_ONE_BIT_MAX_WORKERS = 4
 SPARSE_PENALTY_BY_H = ((20, 0.020), (30, 0.036), (50, 0.073), (200, 0.31))
 
 
@@ -708,7 +713,9 @@ class RunSpec:
                          f"{SPARSE_DEFAULT_RATIO}x), or int8 "
                          "(within 0.3% of fp32 at H = 10 to 50)")
         dense_enough = min(1.0, self.run.workers * self.sync.density)
-        if (self.sync.codec == "sparse" and self.run.workers > SPARSE_MATCHED_WORKERS
+        one_bit_measured = (self.sync.value_bits == 1 and self.run.workers <= SPARSE_ONE_BIT_MAX_WORKERS
+                            and self.sync.step_density >= SPARSE_ONE_BIT_DOWNLINK * (1 - 1e-9))
+        if (self.sync.codec == "sparse" and self.run.workers > SPARSE_MATCHED_WORKERS and not one_bit_measured
                 and self.sync.step_density < dense_enough * (1 - 1e-9)):
             notes.append(f'sync.codec = "sparse" with run.workers = {self.run.workers} and sync.downlink_density = '
                          f"{self.sync.downlink_density:g} (the step at {self.sync.step_density:g}): the sparse codec "
@@ -717,7 +724,10 @@ class RunSpec:
                          "step holds up to N x sync.density of each chunk and the downlink sends sync.downlink_density "
                          f"of it. Set sync.downlink_density = {dense_enough:g} (run.workers x sync.density: "
                          f"{' and '.join(f'{p:+.1%}' for p in SPARSE_DENSE_DOWNLINK_OVER_INT8)} over int8 at 4 workers, "
-                         f"the downlink {SPARSE_DENSE_DOWNLINK_RATIO}x below fp32 instead of {SPARSE_DEFAULT_RATIO}x)")
+                         f"the downlink {SPARSE_DENSE_DOWNLINK_RATIO}x below fp32 instead of {SPARSE_DEFAULT_RATIO}x), "
+                         f"or, >= 100x below fp32 both ways, sync.value_bits = 1 with sync.downlink_density = "
+                         f"{SPARSE_ONE_BIT_DOWNLINK:g} (up to {SPARSE_ONE_BIT_MAX_WORKERS} workers: "
+                         f"{' and '.join(f'{p:+.2%}' for p in SPARSE_ONE_BIT_OVER_INT8)} over int8 at 4)")
         if self.sync.codec == "sparse" and self.sync.error_feedback and self.sync.error_decay == 1.0:
             notes.append('sync.codec = "sparse" with sync.error_decay = 1.0: every sparse measurement used 0.95 (as '
                          "SparseLoCo does); without decay the held-out loss was 3.7% worse at H = 50 (1.8517 against "
