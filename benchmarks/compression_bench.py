@@ -271,7 +271,10 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
         base = SimConfig("sparse", "sgd-1.0", 10, 4, steps=steps, **SPARSE_DEFAULTS)
         configs = [dataclasses_replace(base, **change, seed=seed) for seed in (0, 1) for change in (
             {"value_bits": 1, "down_density": 0.04}, {"down_density": 0.034})]
-        return configs + [SimConfig("sparse", "sgd-1.0", 20, steps=steps, **{**SPARSE_DEFAULTS, "density": 0.034})]
+        configs += [SimConfig("sparse", "sgd-1.0", 20, steps=steps, **{**SPARSE_DEFAULTS, "density": 0.034})]
+        # A third seed of the 1-bit setting, beside int8's.
+        return configs + [dataclasses_replace(c, seed=2) for c in (
+            configs[0], *_codecs(("int8",), "sgd-1.0", 10, steps, 4))]
     elif name == "one-bit":
         # 1-bit values (a sign; the chunk's mid magnitude) against the 2-bit rows at H = 10 with 2 workers.
         configs = [SimConfig("sparse", "sgd-1.0", 10, steps=steps, **{**SPARSE_DEFAULTS, "value_bits": 1}, seed=seed)

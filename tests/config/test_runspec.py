@@ -231,7 +231,7 @@ def test_sparse_settings_measured_to_cost_loss_validate_with_a_caution():
     (crowd,) = RunSpec.from_dict({"sync": SPARSE, "run": {"workers": 4},
                                   "inner": {"steps": 10}}).cautions()
     assert "run.workers = 4" in crowd and "+2.1%" in crowd and "sync.downlink_density = 0.08" in crowd
-    assert "sync.value_bits = 1 with sync.downlink_density = 0.04" in crowd and "+0.55% and -0.45%" in crowd
+    assert "sync.value_bits = 1 with sync.downlink_density = 0.04" in crowd and "+0.55%, -0.45%, -0.32%" in crowd
     # A downlink at run.workers × density (measured to remove the penalty) or denser: no caution; half of it: one;
     # 1-bit values with the downlink at 0.04 (measured within 0.55 % with 4 workers) up to 4 workers: none.
     for workers, downlink, bits, notes in ((4, 0.08, 2, 0), (3, 0.06, 2, 0), (64, 1.0, 2, 0), (4, 0.04, 2, 1),
