@@ -1,12 +1,15 @@
 """The adaptive curriculum against fixed lengths (issue #30): wall time to the best fixed length's final held-out loss.
 
     nice -n 19 python benchmarks/curriculum_bench.py [--config examples/adaptive_curriculum.toml] [--minutes 3]
-        [--seeds 0] [--eval-every 4] [--eval-batches 4] [--gains 0,0.05] [--out DIR] [--json R.json] [--plot P.png]
+        [--seeds 0] [--eval-every 4] [--eval-batches 4] [--gains 0,0.05] [--law-from RUNS_DIR]
+        [--configured-law-gains 0] [--out DIR] [--json R.json] [--plot P.png]
     python benchmarks/curriculum_bench.py --replay RUN_DIR [RUN_DIR ...] [--json R.json] [--plot P.png]
 
 From one config with an adaptive `[curriculum]` (its `seq_lens` the ladder), per seed: one run at each fixed length
 L of the ladder (`policy = "fixed"`, `[data] seq_len = L`) and one adaptive run per `--gains` value
-(`curriculum.forecast_gain`; 0 = the Eq. 11 rule alone), each started with `rcswarm run CONFIG --minutes M --run-dir
+(`curriculum.forecast_gain`; 0 = the Eq. 11 rule alone; with `--law-from` the law is fitted to that directory's run
+dirs, e.g. another seed's fixed-length runs, instead of the config's, and `--configured-law-gains` adds curricula with
+the config's own law beside them), each started with `rcswarm run CONFIG --minutes M --run-dir
 DIR` (a real coordinator and worker processes, one run after the other) with the same model, batch, workers, seed
 and budget (`curriculum.budget_seconds` = the budget; `run.rounds` = 100,000, so the budget ends every run). Every run
 measures the held-out loss along the way (`[run] eval_every`, `eval_batches`) on windows of the longest rung
@@ -76,9 +79,11 @@ class RunCurve:
 
 
 def run_configs(base: dict, minutes: float, seed: int, eval_every: int, eval_batches: int,
-                gains: list[float]) -> list[tuple[str, int, dict]]:
+                gains: list[float], law_from: str = "",
+                configured_gains: list[float] | None = None) -> list[tuple[str, int, dict]]:
     """(label, fixed length or 0, the config as a dict) of every run of one seed: each rung fixed, then the
-    curriculum per forecast gain."""
+    curriculum per forecast gain of `gains` (with `law_from`: the law fitted there instead of the config's), then
+    per gain of `configured_gains` one with the config's own law."""
     ladder = list(base["curriculum"]["seq_lens"])
     run = {**base.get("run", {}), "seed": seed, "rounds": ROUNDS, "eval_every": eval_every,
            "eval_batches": eval_batches, "eval_seq_len": max(ladder)}
@@ -87,10 +92,12 @@ def run_configs(base: dict, minutes: float, seed: int, eval_every: int, eval_bat
         fixed = {**base, "run": {**run, "name": f"fixed{length}"}, "data": {**base.get("data", {}), "seq_len": length}}
         fixed.pop("curriculum")
         configs.append((f"fixed L = {length}", length, fixed))
-    for gain in gains:
-        curriculum = {**base["curriculum"], "budget_seconds": minutes * 60.0, "forecast_gain": gain}
-        name = "adaptive" if not gain else f"adaptive-g{gain:g}"
-        label = "curriculum, Eq. 11" if not gain else f"curriculum, Eq. 11 + forecast_gain {gain:g}"
+    fitted = {"law_from": str(Path(law_from).resolve()), "alpha_inf": 0.0, "tau": 0.0} if law_from else {}
+    variants = [(gain, fitted) for gain in gains] + [(gain, {}) for gain in (configured_gains or []) if fitted]
+    for gain, law in variants:
+        curriculum = {**base["curriculum"], "budget_seconds": minutes * 60.0, "forecast_gain": gain, **law}
+        name = "adaptive" + ("-fit" if law else "") + (f"-g{gain:g}" if gain else "")
+        label = "curriculum" + (" (fitted law)" if law else "") + ", Eq. 11" + (f" + forecast_gain {gain:g}" if gain else "")
         configs.append((label, 0, {**base, "run": {**run, "name": name}, "curriculum": curriculum}))
     return configs
 
@@ -233,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--gains", default="0", help="curriculum.forecast_gain of each adaptive run (0: Eq. 11 only)")
+    parser.add_argument("--law-from", default="", help="curriculum.law_from of the --gains curricula: a directory of "
+                        "fixed-length run dirs (or a metrics file) to fit the law to; default: the config's law")
+    parser.add_argument("--configured-law-gains", default="", help="with --law-from: also one curriculum per gain "
+                        "with the config's own law (the control)")
     parser.add_argument("--out", default="curriculum-bench", help="directory of the run dirs")
     parser.add_argument("--replay", nargs="+", metavar="RUN_DIR", help="recompute the table from recorded run dirs")
     parser.add_argument("--json")
@@ -249,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         out, dirs = Path(args.out), []
         for seed in (int(s) for s in args.seeds.split(",")):
             configs = run_configs(base, args.minutes, seed, args.eval_every, args.eval_batches,
-                                  [float(g) for g in args.gains.split(",")])
+                                  [float(g) for g in args.gains.split(",")], args.law_from,
+                                  [float(g) for g in args.configured_law_gains.split(",") if g])
             for label, fixed, config in configs:
                 dirs.append(out / f"s{seed}-{config['run']['name']}")
                 launch(label, fixed, config, args.minutes, dirs[-1])
