@@ -281,25 +281,33 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 
 def plot(runs: list[RunCurve], rows: list[dict], path: Path) -> None:
+    """Per seed the held-out curves against wall time and, where the runs have one, against the step clock below."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     seeds = sorted({r.seed for r in runs})
-    fig, axes = plt.subplots(1, len(seeds), figsize=(6.5 * len(seeds), 4.5), squeeze=False, sharey=True)
-    for ax, seed in zip(axes[0], seeds):
-        for run in sorted((r for r in runs if r.seed == seed), key=lambda r: (not r.fixed, r.fixed, r.label)):
-            style = "-" if run.fixed else "--"
-            line, = ax.plot([t for t, _ in run.curve], [loss for _, loss in run.curve], style, label=run.label)
-            ax.plot([t for t, _, _ in run.raw], [loss for _, _, loss in run.raw], ".", color=line.get_color(),
-                    alpha=0.25, markersize=3)
-        target = next((r["target"] for r in rows if r["seed"] == seed and r["target"] is not None), None)
-        if target is not None:
-            ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
-        ax.set_title(f"seed {seed}")
-        ax.set_xlabel("wall time from the first round (s)")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"held-out loss (trailing mean of {SMOOTH}; dots: measured)")
+    clocks = [("curve", "wall time from the first round (s)")]
+    if any(r.step_curve for r in runs):
+        clocks.append(("step_curve", "step clock: steps × CPU seconds per step of their L (s)"))
+    fig, axes = plt.subplots(len(clocks), len(seeds), figsize=(6.5 * len(seeds), 4.5 * len(clocks)), squeeze=False,
+                             sharey=True)
+    for row, (attribute, xlabel) in enumerate(clocks):
+        for ax, seed in zip(axes[row], seeds):
+            for run in sorted((r for r in runs if r.seed == seed), key=lambda r: (not r.fixed, r.fixed, r.label)):
+                curve = getattr(run, attribute)
+                style = "-" if run.fixed else "--"
+                line, = ax.plot([t for t, _ in curve], [loss for _, loss in curve], style, label=run.label)
+                if attribute == "curve":
+                    ax.plot([t for t, _, _ in run.raw], [loss for _, _, loss in run.raw], ".", color=line.get_color(),
+                            alpha=0.25, markersize=3)
+            target = next((r["target"] for r in rows if r["seed"] == seed and r["target"] is not None), None)
+            if target is not None:
+                ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
+            ax.set_title(f"seed {seed}")
+            ax.set_xlabel(xlabel)
+            ax.grid(alpha=0.3)
+        axes[row][0].set_ylabel(f"held-out loss (trailing mean of {SMOOTH})" + ("; dots: measured" if row == 0 else ""))
     axes[0][0].legend(fontsize=8)
     lows = [loss for r in runs for _, loss in r.curve]
     if lows:
