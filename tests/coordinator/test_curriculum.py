@@ -160,6 +160,42 @@ def test_the_law_is_fitted_from_a_metrics_file(tmp_path):
         curricula.fitted_law(tmp_path / "missing.csv")
 
 
+def _write_run_dir(run_dir, spec: RunSpec, rows: list[tuple[int, int, float]]) -> None:
+    """A coordinator state dir under `run_dir` holding `spec` and one worker's training rows (version, step, loss)."""
+    store = StateStore(run_dir / "state")
+    try:
+        store.set_many({"run_id": run_dir.name, "spec_json": spec.to_json()})
+        length, batch = spec.data.seq_len, spec.data.batch_size
+        store.add_metrics([(run_dir.name, "w", version, step, length, batch, loss, length * batch, 0.01 * step,
+                            0.01 * step, 0.0, 0, 0, "", 100.0 + 0.01 * step * length) for version, step, loss in rows])
+    finally:
+        store.close()
+
+
+def test_the_law_is_fitted_from_a_directory_of_fixed_length_run_dirs(tmp_path):
+    """law_from = a directory holding one run dir per fixed length (issue #30's benchmark: one seed's fixed runs) fits
+    one law across them; a curriculum's run dir among them (several lengths in one run) is a clear error."""
+    alpha_inf, tau, inner = 0.3, 50.0, 5
+    for length in (2, 4, 8):
+        rows = [((step - 1) // inner, step, 3.0 * length ** (-alpha_inf * (1 - math.exp(-step / tau))))
+                for step in range(1, 400)]
+        _write_run_dir(tmp_path / "sweep" / f"fixed{length}",
+                       tiny_spec(data={"seq_len": length}, inner={"steps": inner}), rows)
+    fitted = curricula.fitted_law(tmp_path / "sweep")
+    assert fitted.schedule.alpha_inf == pytest.approx(alpha_inf, rel=0.05)
+    assert fitted.schedule.tau == pytest.approx(tau, rel=0.1)
+    adaptive = RunSpec.from_dict({**tiny_spec(data={"seq_len": 2}, inner={"steps": inner}).to_dict(), "curriculum": {
+        "policy": "adaptive", "seq_lens": [2, 4], "alpha_inf": 0.3, "tau": 50.0}})
+    _write_run_dir(tmp_path / "sweep" / "adaptive", adaptive, [(0, 1, 2.0), (0, 2, 1.9)])
+    store = StateStore(tmp_path / "sweep" / "adaptive" / "state")
+    try:
+        store.add_metrics([("adaptive", "w", 1, 3, 4, 4, 1.8, 16, 0.03, 0.03, 0.0, 0, 0, "", 200.0)])
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match=r"curriculum.law_from = .*sweep.* run 'adaptive' has length 4, expected 2"):
+        curricula.fitted_law(tmp_path / "sweep")
+
+
 @pytest.mark.parametrize(
     "table, fragment",
     [
