@@ -464,16 +464,16 @@ def _encode_offsets(offsets: list[np.ndarray], lengths: list[int], low: int) -> 
 def _encode_sparse(flat: torch.Tensor, fmt: WireFormat) -> bytes:
     numel, chunk = flat.numel(), fmt.block_size
     full, rest, kept_last = _sparse_counts(numel, fmt)
-    parts = []  # (offsets [chunks in part, kept], values [chunks in part, kept])
+    parts = []  # (elements per chunk, offsets [chunks in part, kept], values [chunks in part, kept])
     if full:
-        parts.append(_top_entries(flat[: full * chunk].view(full, chunk), fmt.keep))
+        parts.append((chunk, *_top_entries(flat[: full * chunk].view(full, chunk), fmt.keep)))
     if rest:
-        parts.append(_top_entries(flat[full * chunk:].view(1, rest), kept_last))
+        parts.append((rest, *_top_entries(flat[full * chunk:].view(1, rest), kept_last)))
     if not parts:
         return b""
     levels = 1 << (fmt.value_bits - 1)
     scales, codes = [], []
-    for _, v in parts:
+    for _, _, v in parts:
         magnitude = v.abs()  # [rows, kept]
         lo, hi = torch.aminmax(magnitude, dim=1)  # [rows] each
         # A non-finite entry (NaN counts as the largest magnitude) is always kept, so the kept values show it.
@@ -485,9 +485,9 @@ def _encode_sparse(flat: torch.Tensor, fmt: WireFormat) -> bytes:
         q = magnitude.sub_(lo[:, None]).div_(divisor[:, None]).floor_().clamp_(0, levels - 1)  # [rows, kept]
         codes.append((q.to(torch.uint8) | ((v < 0).to(torch.uint8) << (fmt.value_bits - 1))).reshape(-1))
         scales.append(torch.stack([lo, hi], dim=1))  # [rows, 2]
-    lengths = [chunk] * (1 if full else 0) + [rest] * (1 if rest else 0)
     return (torch.cat(scales).numpy().astype("<f4", copy=False).tobytes()
-            + _encode_offsets([o.numpy() for o, _ in parts], lengths, offset_low_bits(chunk, fmt.keep))
+            + _encode_offsets([o.numpy() for _, o, _ in parts], [n for n, _, _ in parts],
+                              offset_low_bits(chunk, fmt.keep))
             + _pack_bits(torch.cat(codes).numpy(), fmt.value_bits))
 
 
