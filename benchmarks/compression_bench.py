@@ -13,7 +13,9 @@ training at equal tokens under each codec and outer step.
     python benchmarks/compression_bench.py quality --grid downlink-key --out R.jsonl  # sync.downlink_density, 4 workers
     python benchmarks/compression_bench.py quality --grid at-100x --out R.jsonl       # the densest ≥ 100x settings
     python benchmarks/compression_bench.py quality --grid one-bit --out R.jsonl       # 1-bit values, 2 workers
-    python benchmarks/compression_bench.py report R.jsonl [--plot P.png] [--outer sgd-1.0] [--plot-h P.png]
+    python benchmarks/compression_bench.py quality --grid rounds --out R.jsonl        # the frame model and H = 50,
+                                                                                 # 3-4x the rounds
+    python benchmarks/compression_bench.py report R.jsonl [--plot P.png [--every-seed]] [--outer sgd-1.0] [--plot-h P.png]
 
 Table 1 (`payload`): for each model preset, the bytes one worker pushes (its update in the run's codec) and pulls
 (the compressed step) per round, their ratio to fp32, and the seconds to encode and to decode, scaled to 100 M
@@ -210,6 +212,8 @@ def simulate(config: SimConfig, eval_batches: int, points: int = 10) -> dict[str
 
 
 SPARSE_DEFAULTS = {"density": 0.02, "value_bits": 2, "decay": 0.95}
+GRIDS = ("outer", "sparse", "onset", "followup", "downlink", "downlink-key", "at-100x", "one-bit", "rounds", "table2",
+         "all")
 
 
 def _codecs(codecs_: tuple[str, ...], outer_step: str, h: int, steps: int, workers: int = 2) -> list[SimConfig]:
@@ -280,6 +284,20 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
         configs = [SimConfig("sparse", "sgd-1.0", 10, steps=steps, **{**SPARSE_DEFAULTS, "value_bits": 1}, seed=seed)
                    for seed in (0, 1)]
         return configs
+    elif name == "rounds":
+        # Is the penalty a matter of rounds? The frame model at H = 10 over 3,000 inner steps (300 rounds; its
+        # followup rows had 100) and the LM at H = 50 over 6,000 (120 rounds; 30 before), int8 beside the sparse
+        # default, seeds 0 and 1; then 4 workers at H = 50 over 6,000, int8 beside the 4-worker setting ≥ 100× both
+        # ways (1-bit values, the step at d 0.04).
+        frame = [dataclasses_replace(c, model="frame", seq_len=8, batch=8, seed=seed) for seed in (0, 1)
+                 for c in _codecs(("int8", "sparse"), "sgd-1.0", 10, 3000)]
+        h50 = [dataclasses_replace(c, seed=seed) for seed in (0, 1) for c in _codecs(("int8", "sparse"), "sgd-1.0", 50, 6000)]
+        four = _codecs(("int8", "sparse"), "sgd-1.0", 50, 6000, 4)
+        four[1] = dataclasses_replace(four[1], value_bits=1, down_density=0.04)
+        # Last, the frame model run long enough to leave its fast descent (its curves at 3,000 steps still fell
+        # 0.2-0.3 a tenth, and the seeds disagreed in sign), seed 0.
+        longer = [dataclasses_replace(c, steps=8000) for c in frame[:2]]
+        return frame[:2] + h50[:2] + frame[2:] + h50[2:] + four + longer
     elif name == "table2":
         configs = [c for workers in (2, 4) for h in (10, 50) for c in _codecs(every, "sgd-1.0", h, steps, workers)]
     elif name == "all":
@@ -300,7 +318,7 @@ def grid(name: str, steps: int, seeds: list[int], sparse_h: int = 10) -> list[Si
         ordered = first + four + h200 + knobs + rates + seeded + frame + robust
         return ordered + [c for c in grid("outer", steps, [0]) if c not in ordered]
     else:
-        raise ValueError(f"--grid {name!r}: expected outer, sparse, onset, followup, downlink, table2 or all")
+        raise ValueError(f"--grid {name!r}: expected one of {', '.join(GRIDS)}")
     return [dataclasses_replace(c, seed=s) for c in configs for s in seeds]
 
 
@@ -468,36 +486,40 @@ def run_report(args: argparse.Namespace) -> int:
               f"{max(r['worst_norm_over_bound'] for r in rs):.3f} |")
     if args.plot:
         shown = [r for r in records if not args.outer or r["config"]["outer"] == args.outer]
-        plot(shown, Path(args.plot), step_s)
+        plot(shown, Path(args.plot), step_s, args.every_seed)
     if args.plot_h:
         plot_by_h(records, Path(args.plot_h))
     return 0
 
 
-def plot(records: list[dict[str, Any]], path: Path, step_s: float) -> None:
-    """Loss vs tokens and vs simulated time at 100 Mbit/s, one panel pair per (model, H, workers), seed 0."""
+def plot(records: list[dict[str, Any]], path: Path, step_s: float, every_seed: bool = False) -> None:
+    """Loss vs tokens and vs simulated time at 100 Mbit/s, one panel pair per (model, H, workers), seed 0 (with
+    `every_seed`, one per (model, H, workers, seed))."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = sorted({(r["config"].get("model", "lm"), r["config"]["inner_steps"], r["config"]["workers"])
-                    for r in records}, key=lambda cell: (cell[0] != "lm", cell[2], cell[1]))
+    def cell_of(c: dict[str, Any]) -> tuple[str, int, int, int]:
+        return c.get("model", "lm"), c["inner_steps"], c["workers"], c["seed"] if every_seed else 0
+
+    cells = sorted({cell_of(r["config"]) for r in records}, key=lambda cell: (cell[0] != "lm", cell[2], cell[1], cell[3]))
     fig, axes = plt.subplots(2, len(cells), figsize=(4.2 * len(cells), 7), squeeze=False)
-    for column, (model, h, workers) in enumerate(cells):
+    for column, (model, h, workers, seed) in enumerate(cells):
         for r in records:
             c = r["config"]
-            if (c.get("model", "lm"), c["inner_steps"], c["workers"], c["seed"]) != (model, h, workers, 0):
+            if (*cell_of(c)[:3], c["seed"]) != (model, h, workers, seed):
                 continue
             curve = r["curve"]
             tokens = [p[1] for p in curve]
             loss = [p[2] for p in curve]
             seconds = [p[0] * h * step_s + workers * (p[3] + p[4]) / LINK_BYTES_PER_S for p in curve]
-            name = SimConfig(**c).key.split(" ef")[0]
+            name = SimConfig(**c).key.split(" ef")[0] + (f", {c['steps']} steps" if every_seed else "")
             label = f"{name} {c['outer']} ({r['ratio_up']:.0f}× / {r['ratio_down']:.0f}×)"
             axes[0][column].plot(tokens, loss, label=label)
             axes[1][column].plot(seconds, loss, label=label)
-        axes[0][column].set_title(f"{'lstm_lm small' if model == 'lm' else 'frame tiny'}, H = {h}, {workers} workers")
+        seeded = f", seed {seed}" if every_seed else ""
+        axes[0][column].set_title(f"{'lstm_lm small' if model == 'lm' else 'frame tiny'}, H = {h}, {workers} workers{seeded}")
         axes[0][column].set_xlabel("tokens (all workers)")
         axes[1][column].set_xlabel("simulated seconds at 100 Mbit/s")
         for row in (0, 1):
@@ -567,9 +589,7 @@ def main(argv: list[str] | None = None) -> int:
                         default=[0.005, 0.01, 0.02, 0.03, 0.034, 0.04, 0.05, 0.08])
     ratios.add_argument("--value-bits", type=int, nargs="+", default=[1, 2, 4])
     quality = commands.add_parser("quality", help="Table 2 and the grids: simulated training at equal tokens")
-    quality.add_argument("--grid", required=True, choices=("outer", "sparse", "onset", "followup", "downlink", "downlink-key", "at-100x", "one-bit",
-                                                          "table2",
-                                                          "all"))
+    quality.add_argument("--grid", required=True, choices=GRIDS)
     quality.add_argument("--claims", default="", help="a directory of claim files: processes sharing it split the grid")
     quality.add_argument("--out", required=True)
     quality.add_argument("--steps", type=int, default=1500, help="inner steps per worker (equal tokens)")
@@ -580,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     report = commands.add_parser("report", help="the tables (markdown) and the plot of quality records")
     report.add_argument("records", nargs="+")
     report.add_argument("--plot", default="")
+    report.add_argument("--every-seed", action="store_true", help="--plot: a panel pair per seed (and steps in the labels)")
     report.add_argument("--outer", default="", help="plot only this outer step's records (e.g. sgd-1.0)")
     report.add_argument("--plot-h", default="", help="a plot of the final loss against H and of the sparse variants")
     report.add_argument("--step-s", type=float, default=0.0, help="nominal seconds per inner step (0: median)")

@@ -215,21 +215,31 @@ SPARSE = {"codec": "sparse", "error_decay": 0.95}
 
 
 def test_sparse_settings_measured_to_cost_loss_validate_with_a_caution():
-    """The sparse codec matched fp32 only up to H = 10 with 2 workers and diverged under outer momentum
+    """The sparse codec lagged the dense codecs in its first rounds (caught up by round 60 at H = 10, after 120 at
+    H = 50), with more than 2 workers unless the downlink was denser, and diverged under outer momentum
     (docs/PERFORMANCE.md "Compression"): such a config is valid, and `cautions` (logged by the coordinator) names the key, its value and
     the measured penalty; the defaults and int8 at any H get none."""
     assert RunSpec().cautions() == []
-    (no_decay,) = RunSpec.from_dict({"sync": {"codec": "sparse"}, "inner": {"steps": 10}}).cautions()
+    long_enough = {"steps": 10}
+    (no_decay,) = RunSpec.from_dict({"sync": {"codec": "sparse"}, "inner": long_enough, "run": {"rounds": 60}}).cautions()
     assert "sync.error_decay = 1.0" in no_decay and "0.95" in no_decay
-    assert RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 10}}).cautions() == []
+    assert RunSpec.from_dict({"sync": SPARSE, "inner": long_enough, "run": {"rounds": 60}}).cautions() == []
     assert RunSpec.from_dict({"inner": {"steps": 200}, "outer": {"momentum": 0.9, "nesterov": True}}).cautions() == []
-    (long_rounds,) = RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 20}}).cautions()
-    assert "inner.steps = 20" in long_rounds and "+2.0% at H = 20" in long_rounds and "up to H = 10" in long_rounds
-    (momentum,) = RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 10},
+    # Too few rounds for H: the lag measured; enough rounds, or a run until stopped (rounds = 0): none.
+    for steps, rounds, notes in ((10, 59, 1), (10, 60, 0), (10, 0, 0), (20, 119, 1), (50, 120, 0), (50, 1000, 0),
+                                 (51, 1000, 1), (200, 0, 1)):
+        spec = RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": steps}, "run": {"rounds": rounds}})
+        assert len(spec.cautions()) == notes, (steps, rounds)
+    (short,) = RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 20}}).cautions()
+    assert "run.rounds = 40 at inner.steps = 20" in short and "+2.0% after 75 rounds of H = 20" in short
+    assert "Run at least 120 rounds" in short and "+0.24%, +0.47%" in short
+    (unmeasured,) = RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 100}, "run": {"rounds": 500}}).cautions()
+    assert "inner.steps = 100" in unmeasured and "measured up to H = 50" in unmeasured and "+31.0%" in unmeasured
+    (momentum,) = RunSpec.from_dict({"sync": SPARSE, "inner": long_enough, "run": {"rounds": 60},
                                      "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": True}}).cautions()
     assert "outer.momentum = 0.9" in momentum and "diverged" in momentum
-    (crowd,) = RunSpec.from_dict({"sync": SPARSE, "run": {"workers": 4},
-                                  "inner": {"steps": 10}}).cautions()
+    (crowd,) = RunSpec.from_dict({"sync": SPARSE, "run": {"workers": 4, "rounds": 60},
+                                  "inner": long_enough}).cautions()
     assert "run.workers = 4" in crowd and "+2.1%" in crowd and "sync.downlink_density = 0.08" in crowd
     assert "sync.value_bits = 1 with sync.downlink_density = 0.04" in crowd and "+0.55%, -0.45%, -0.32%" in crowd
     # A downlink at run.workers × density (measured to remove the penalty) or denser: no caution; half of it: one;
@@ -237,7 +247,7 @@ def test_sparse_settings_measured_to_cost_loss_validate_with_a_caution():
     for workers, downlink, bits, notes in ((4, 0.08, 2, 0), (3, 0.06, 2, 0), (64, 1.0, 2, 0), (4, 0.04, 2, 1),
                                            (4, 0.04, 1, 0), (3, 0.05, 1, 0), (4, 0.03, 1, 1), (8, 0.04, 1, 1)):
         sync = {**SPARSE, "downlink_density": downlink, "value_bits": bits}
-        spec = RunSpec.from_dict({"sync": sync, "run": {"workers": workers}, "inner": {"steps": 10}})
+        spec = RunSpec.from_dict({"sync": sync, "run": {"workers": workers, "rounds": 60}, "inner": long_enough})
         assert len(spec.cautions()) == notes, (workers, downlink, bits)
     assert len(RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 50}, "run": {"workers": 3},
                                   "outer": {"momentum": 0.5}}).cautions()) == 3
