@@ -230,6 +230,13 @@ def test_sparse_settings_measured_to_cost_loss_validate_with_a_caution():
                                  (51, 1000, 1), (200, 0, 1)):
         spec = RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": steps}, "run": {"rounds": rounds}})
         assert len(spec.cautions()) == notes, (steps, rounds)
+    # More than 2 workers at H > 10: 240 rounds (4 workers at H = 50 caught up between 120 and 240).
+    one_bit = {**SPARSE, "value_bits": 1, "downlink_density": 0.04}
+    for workers, steps, rounds, notes in ((4, 50, 120, 1), (4, 50, 240, 0), (3, 20, 239, 1), (4, 10, 60, 0), (2, 50, 120, 0)):
+        spec = RunSpec.from_dict({"sync": one_bit, "inner": {"steps": steps}, "run": {"workers": workers, "rounds": rounds}})
+        assert len(spec.cautions()) == notes, (workers, steps, rounds)
+    (crowd_rounds,) = RunSpec.from_dict({"sync": one_bit, "inner": {"steps": 50}, "run": {"workers": 4, "rounds": 200}}).cautions()
+    assert "Run at least 240 rounds" in crowd_rounds and "between 120 and 240 rounds" in crowd_rounds
     (short,) = RunSpec.from_dict({"sync": SPARSE, "inner": {"steps": 20}}).cautions()
     assert "run.rounds = 40 at inner.steps = 20" in short and "+2.0% after 75 rounds of H = 20" in short
     assert "Run at least 120 rounds" in short and "+0.24%, +0.47%" in short
