@@ -765,7 +765,7 @@ class RunSpec:
         return [f'sync.codec = "sparse" with run.rounds = {rounds} at inner.steps = {h}: the sparse codec lags the dense '
                 f"codecs in its first rounds (error feedback delivers late what top-k leaves out: {lag}; density 0.02, "
                 f"2 bits) and {caught_up}"
-                + (f"; with 4 workers at H = 50 it took between 120 and {SPARSE_CROWD_CATCH_UP_ROUNDS} rounds" if crowd else "")
+                + (f"; with 4 workers at H = 50 it took between {SPARSE_CATCH_UP_ROUNDS[1][1]} and {SPARSE_CROWD_CATCH_UP_ROUNDS} rounds" if crowd else "")
                 + f". Run at least {needed} rounds, or use int8 (within 0.3% of fp32 at H = 10 to 50)"]
 
     @property
