@@ -184,6 +184,43 @@ def test_the_worker_refuses_a_hostile_pull_repulls_then_gives_up(caplog):
     assert len(errors) == 1 and "gives up" in errors[0] and f"expected {shapes[next(iter(shapes))]}" in errors[0], errors
 
 
+class BlockedBeats(Hostile):
+    """Hostile pulls, a lease of 0.3 s and heartbeats that hang until `release` is set (at most 30 s)."""
+
+    def __init__(self, spec_json: str, header: pb.TensorHeader) -> None:
+        super().__init__(spec_json, header)
+        self.release = threading.Event()
+        self.beats = 0
+
+    def Join(self, request, context):
+        response = super().Join(request, context)
+        response.lease_seconds = 0.3
+        return response
+
+    def Heartbeat(self, request, context):
+        with self.lock:
+            self.beats += 1
+        self.release.wait(30)
+        return pb.HeartbeatResponse(version=0, lease_seconds=0.3)
+
+
+def test_the_heartbeat_thread_has_ended_when_the_worker_returns():
+    # A beat still in flight on a daemon thread when the process exits aborted a worker after a clean leave
+    # (SIGABRT, "terminate called without an active exception"): run() now returns only once the thread ended.
+    hostile = BlockedBeats(tiny_spec().to_json(), hostile_header(model_shapes(), "huge shape"))
+    with serve(hostile) as target:
+        worker = Worker(_options(target, patience_s=1.5, rpc_timeout_s=10.0), TOKEN)
+        try:
+            started = time.monotonic()
+            assert worker.run() == 1
+            took = time.monotonic() - started
+            assert hostile.beats >= 1, "a beat was in flight when the worker gave up"
+            assert worker._heartbeat is not None and not worker._heartbeat.is_alive()
+            assert took < 8.0, f"{took:.1f}s: the beat in flight is cancelled, not waited out to its 10 s deadline"
+        finally:
+            hostile.release.set()
+
+
 def test_a_spec_the_worker_cannot_build_ends_it_with_its_reason(caplog):
     spec = tiny_spec().to_dict()
     spec["model"]["preset"] = "no-such-preset"
