@@ -28,6 +28,12 @@ shared machine every run shares the load, so these tell load from method. `--rep
 recorded run dirs (`bench.json` in each names its role; else the run's spec). Not
 part of the test suite.
 
+A second table reads the goal at its own time, GOAL × the best fixed run's wall time T: each fixed length's curve
+falls to its end, so at GOAL × T every one of them is still above the target (the best fixed run's final loss). The
+lowest of them there (the envelope: the best any one length has reached by that time) says how far below every fixed
+length a curriculum must be at that time to meet the goal, a gain that can come only from changing the length during
+training; beside it, each curriculum's own loss there.
+
 On a shared machine the load moves between runs run one after the other (issue #30's second round: 202 rounds of
 fixed L = 32 at load 2–3, 41–71 rounds of a curriculum at load 7–8 in the same 180 s), so wall time also compares
 loads. With `--step-costs` (written by `--calibrate STEPS`: CPU seconds per step at each rung, one thread, this
@@ -280,6 +286,47 @@ def verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
+def loss_at(curve: list[tuple[float, float]], seconds: float) -> float | None:
+    """The curve's last loss at or before `seconds` (None before its first point)."""
+    return next((loss for t, loss in reversed(curve) if t <= seconds), None)
+
+
+def at_goal(runs: list[RunCurve]) -> list[dict]:
+    """Per seed, what the goal asks at GOAL × the best fixed run's wall time T: the best fixed run's final loss must
+    be reached by then, and every fixed length's curve is still above it there (each falls to its end), so the
+    lowest of them (the envelope) says by how much a curriculum has to beat every fixed length at that time; beside
+    it each curriculum's own loss there."""
+    rows = []
+    for seed in sorted({r.seed for r in runs}):
+        fixed = [r for r in runs if r.seed == seed and r.fixed and r.curve]
+        if not fixed:
+            continue
+        best = min(fixed, key=lambda r: r.final[1])
+        seconds = GOAL * best.final[0]
+        by_fixed = {r.fixed: loss_at(r.curve, seconds) for r in fixed}
+        envelope = min((loss for loss in by_fixed.values() if loss is not None), default=None)
+        curricula = {r.label: loss_at(r.curve, seconds) for r in runs if r.seed == seed and not r.fixed and r.curve}
+        rows.append({"seed": seed, "at_s": seconds, "target": best.final[1], "best_fixed": best.fixed,
+                     "fixed": by_fixed, "envelope": envelope, "curricula": curricula})
+    return rows
+
+
+def at_goal_table(rows: list[dict]) -> str:
+    """One line per seed: the fixed lengths' envelope at GOAL × T, the drop it lacks, and each curriculum there."""
+    def fmt(loss: float | None) -> str:
+        return "—" if loss is None else f"{loss:.3f}"
+    lines = [f"| seed | at {GOAL} × T (s) | best fixed's final (target) | lowest fixed length there (envelope) "
+             "| envelope − target | curricula there (− target) |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        lowest = min((length for length, loss in r["fixed"].items() if loss == r["envelope"]), default=None)
+        lack = "" if r["envelope"] is None else f"{r['envelope'] - r['target']:+.3f}"
+        curricula = "; ".join(f"{label}: {fmt(loss)}" + ("" if loss is None else f" ({loss - r['target']:+.3f})")
+                              for label, loss in r["curricula"].items())
+        lines.append(f"| {r['seed']} | {r['at_s']:.0f} | {r['target']:.3f} (L = {r['best_fixed']}) "
+                     f"| {fmt(r['envelope'])} (L = {lowest}) | {lack} | {curricula} |")
+    return "\n".join(lines)
+
+
 def plot(runs: list[RunCurve], rows: list[dict], path: Path) -> None:
     """Per seed the held-out curves against wall time and, where the runs have one, against the step clock below."""
     import matplotlib
@@ -367,10 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         costs = {int(length): float(cost) for length, cost in json.loads(Path(args.step_costs).read_text()).items()}
     runs = [read_run(d, costs) for d in dirs]
     rows = compare(runs)
+    goal_rows = at_goal(runs)
     print(table(rows))
     print("\n".join(verdicts(rows)))
+    print(f"\nAt {GOAL} × the best fixed run's wall time T (trailing means of {SMOOTH}):")
+    print(at_goal_table(goal_rows))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "runs": [asdict(r) for r in runs]}, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": rows, "at_goal": goal_rows, "runs": [asdict(r) for r in runs]},
+                                              indent=1))
     if args.plot:
         plot(runs, rows, Path(args.plot))
     return 0
