@@ -766,17 +766,17 @@ class Worker:
         self.stop.set()
         if self._inflight is not None:
             self._inflight.exchange.join(self.options.rpc_timeout_s)
-        if not self.worker_id:
-            return
         try:
-            self._flush_metrics()
-            self.client.leave(self.identity, "finished" if self.finished else "stopped")
-            log.info("%s left the swarm", self.worker_id)
-            if self.options.membership_file is not None:
-                remove_membership(self.options.membership_file)
+            if self.worker_id:
+                self._flush_metrics()
+                self.client.leave(self.identity, "finished" if self.finished else "stopped")
+                log.info("%s left the swarm", self.worker_id)
+                if self.options.membership_file is not None:
+                    remove_membership(self.options.membership_file)
         except (grpc.RpcError, Rejoin, RetriesExhausted, Stopped) as exc:
             log.warning("leave failed: %s", exc)
         finally:
+            # Also without a membership (a run that finished under a re-join): the heartbeat thread may still beat.
             self.client.close()
             self._end_threads()
 
