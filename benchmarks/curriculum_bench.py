@@ -304,10 +304,11 @@ def at_goal(runs: list[RunCurve]) -> list[dict]:
         best = min(fixed, key=lambda r: r.final[1])
         seconds = GOAL * best.final[0]
         by_fixed = {r.fixed: loss_at(r.curve, seconds) for r in fixed}
-        envelope = min((loss for loss in by_fixed.values() if loss is not None), default=None)
+        envelope, lowest = min(((loss, length) for length, loss in by_fixed.items() if loss is not None),
+                               default=(None, None))
         curricula = {r.label: loss_at(r.curve, seconds) for r in runs if r.seed == seed and not r.fixed and r.curve}
         rows.append({"seed": seed, "at_s": seconds, "target": best.final[1], "best_fixed": best.fixed,
-                     "fixed": by_fixed, "envelope": envelope, "curricula": curricula})
+                     "fixed": by_fixed, "envelope": envelope, "envelope_fixed": lowest, "curricula": curricula})
     return rows
 
 
@@ -318,12 +319,11 @@ def at_goal_table(rows: list[dict]) -> str:
     lines = [f"| seed | at {GOAL} × T (s) | best fixed's final (target) | lowest fixed length there (envelope) "
              "| envelope − target | curricula there (− target) |", "| --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
-        lowest = min((length for length, loss in r["fixed"].items() if loss == r["envelope"]), default=None)
         lack = "" if r["envelope"] is None else f"{r['envelope'] - r['target']:+.3f}"
         curricula = "; ".join(f"{label}: {fmt(loss)}" + ("" if loss is None else f" ({loss - r['target']:+.3f})")
                               for label, loss in r["curricula"].items())
         lines.append(f"| {r['seed']} | {r['at_s']:.0f} | {r['target']:.3f} (L = {r['best_fixed']}) "
-                     f"| {fmt(r['envelope'])} (L = {lowest}) | {lack} | {curricula} |")
+                     f"| {fmt(r['envelope'])} (L = {r['envelope_fixed']}) | {lack} | {curricula} |")
     return "\n".join(lines)
 
 
