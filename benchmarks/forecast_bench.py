@@ -1,6 +1,7 @@
 """Forecast error, interval coverage and pruning, replayed on recorded sweeps (issue #30).
 
-    python benchmarks/forecast_bench.py RUN_DIR [RUN_DIR ...] [--fraction 0.3] [--json out.json] [--plot out.png]
+    python benchmarks/forecast_bench.py RUN_DIR [RUN_DIR ...] [--fraction 0.3] [--final-batches N] [--json out.json]
+                                        [--plot out.png]
     python benchmarks/forecast_bench.py --synthetic
 
 For each run of each RUN_DIR (what `rcswarm run` made: summary.json and state/run<i>-L<L>/state.sqlite, read
@@ -13,6 +14,10 @@ rounds closed by `--fraction` of the run's wall time, for its last round R, and 
   does not claim to predict: the gap between the two is in the table. Where the run measured its held-out loss
   along the way, the held-out forecast (the coordinator's, made from the losses measured by the fraction) is
   compared with it in a table of its own.
+
+`--final-batches N` also measures each run's final parameters (final[-L<L>].safetensors) on N batches of a stream of
+the held-out split that nothing along the way reads (FINAL_SEED): a reference far larger than the launcher's 8
+batches, against which the held-out forecast of a fixed or a rotating set (`[run] eval_set`) is compared.
 
 The horizon is the run's real last round (as with a `[run] rounds` budget, which the coordinator forecasts
 for); "pace" also shows the forecast for the round the run's pace at the fraction extrapolates to (what a
@@ -35,13 +40,35 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
+from safetensors.torch import load_file
 
+from rcswarm.cli.run import local_runs
+from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.forecasts import PruneOptions, RunView, decide_prune, forecast_record
 from rcswarm.observe.forecast import forecast_at, forecast_curve
 from rcswarm.state.store import StateStore
+from rcswarm.train.round import HELD_OUT_SEED, RoundTrainer
 
 TAIL_ROUNDS = 3
 PRUNE_AT = (0.25, 0.5)
+# The stream of the large final reference: neither the fixed set's (HELD_OUT_SEED) nor a rotating one's (above it).
+FINAL_SEED = HELD_OUT_SEED - 1
+
+
+def large_finals(run_dir: Path, batches: int) -> dict[int, tuple[float, float]]:
+    """By sequence length, each run's final parameters' loss on `batches` batches of FINAL_SEED's held-out stream,
+    and on the fixed set along the way (`[run] eval_batches` of HELD_OUT_SEED's; what a perfect forecast of that
+    set would predict, whatever the run measured)."""
+    spec = RunSpec.from_toml(run_dir / "run.toml")
+    finals = {}
+    for local in local_runs(run_dir, spec):
+        trainer = RoundTrainer(torch.device("cpu"))
+        trainer.build(local.spec, model_seed=local.spec.run.seed)
+        trainer.load(load_file(str(local.final)))
+        finals[local.spec.data.seq_len] = (trainer.held_out_loss(batches, seed=FINAL_SEED),
+                                           trainer.held_out_loss(local.spec.run.eval_batches))
+    return finals
 
 
 def read_run(state_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float, float]]]:
@@ -81,8 +108,9 @@ def forecast_by(losses: list[tuple[int, float]], rounds: list[tuple[int, float, 
     return forecast_record(version, cut, start, round(last), losses, held_out=held_out), version
 
 
-def replay(run_dir: Path, fraction: float) -> list[dict]:
+def replay(run_dir: Path, fraction: float, final_batches: int = 0) -> list[dict]:
     summary = json.loads((run_dir / "summary.json").read_text())
+    large = large_finals(run_dir, final_batches) if final_batches else {}
     rows = []
     for index, run in enumerate(summary.get("runs", [summary])):
         state_dir = state_dir_of(run_dir, summary, index)
@@ -99,15 +127,18 @@ def replay(run_dir: Path, fraction: float) -> list[dict]:
         # (version = the last round), against the launcher's held-out loss of it.
         measured = read_held_out(state_dir)
         held, _ = forecast_by(losses, rounds, fraction, horizon=final_round, held_out=measured)
-        # The last measurement along the way when it is of the final θ or the one before: the same fixed set as the
-        # forecast's points (the launcher's final evaluation uses 8 batches, of which that set is the first few).
-        same_set = measured[-1][1] if measured and measured[-1][0] >= final_round - 1 else None
+        # The last measurement along the way when it is of the final θ or the one before: with a fixed set the same
+        # batches as the forecast's points (the launcher's final evaluation uses 8 batches, of which that set is the
+        # first few); with a rotating one a single draw of its own.
+        last_measured = measured[-1][1] if measured and measured[-1][0] >= final_round - 1 else None
         rows.append({
             "run_dir": run_dir.name, "seq_len": run["seq_len"], "rounds": final_round, "at_round": version,
             "forecast": made.loss, "low": made.low, "high": made.high, "note": made.note, "train_final": truth,
             "val_final": run.get("val_loss_final"), "pace_forecast": paced.loss,
             "held_out_forecast": held.loss if held.basis == "held-out" else None, "held_out_low": held.low,
-            "held_out_high": held.high, "held_out_same_set": same_set,
+            "held_out_high": held.high, "held_out_last_measured": last_measured,
+            "val_large_final": large[run["seq_len"]][0] if large else None,
+            "fixed_set_final": large[run["seq_len"]][1] if large else None,
         })
     return rows
 
@@ -181,6 +212,43 @@ def synthetic() -> list[dict]:
     return rows
 
 
+# The held-out forecast's references, (column, row key): the launcher's final evaluation, the large one of
+# --final-batches, the last measurement along the way.
+def _held_out_references(final_batches: int) -> list[tuple[str, str]]:
+    references = [("launcher's final (8 batches)", "val_final")]
+    if final_batches:
+        references.append((f"large final ({final_batches} batches)", "val_large_final"))
+    return references + [("last along the way", "held_out_last_measured")]
+
+
+def print_held_out(held: list[dict], final_batches: int) -> None:
+    """The held-out forecasts against each reference: a row per run, then the median error and the coverage."""
+    references = _held_out_references(final_batches)
+    print("\n| run | L | held-out forecast [90%] | " + " | ".join(f"{name} | \\|error\\| | covered"
+                                                            for name, _ in references) + " |")
+    print("| --- " * (3 + 3 * len(references)) + "|")
+    for r in held:
+        cells = []
+        for _, key in references:
+            truth = r[key]
+            cells += (["–"] * 3 if truth is None else
+                      [f"{truth:.3f}", f"{abs(r['held_out_forecast'] - truth):.3f}",
+                       "yes" if r["held_out_low"] <= truth <= r["held_out_high"] else "no"])
+        print(f"| {r['run_dir']} | {r['seq_len']} | {r['held_out_forecast']:.3f} [{r['held_out_low']:.3f}, "
+              f"{r['held_out_high']:.3f}] | " + " | ".join(cells) + " |")
+    for name, key in references:
+        known = [r for r in held if r[key] is not None]
+        if known:
+            errors = [abs(r["held_out_forecast"] - r[key]) for r in known]
+            inside = sum(r["held_out_low"] <= r[key] <= r["held_out_high"] for r in known)
+            print(f"held-out forecast against {name}: median |error| {np.median(errors):.4f}, "
+                  f"coverage {inside}/{len(known)}")
+    offsets = [abs(r["fixed_set_final"] - r["val_large_final"]) for r in held if r["fixed_set_final"] is not None]
+    if offsets:
+        print(f"the fixed set's reading of the final θ against the large final: median |offset| "
+              f"{np.median(offsets):.4f} (max {max(offsets):.4f}), the error of a perfect forecast of the fixed set")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dirs", nargs="*", type=Path)
@@ -188,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path, help="the forecast panel of the first RUN_DIR, with what came after")
+    parser.add_argument("--final-batches", type=int, default=0,
+                        help="also measure each run's final parameters on this many held-out batches (FINAL_SEED)")
     args = parser.parse_args(argv)
     out: dict = {}
     if args.synthetic:
@@ -202,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"all: median error {np.median(errors):.4f}, coverage {sum(covered)}/{len(covered)}")
         out["synthetic"] = rows
     if args.run_dirs:
-        rows = [row for run_dir in args.run_dirs for row in replay(run_dir, args.fraction)]
+        rows = [row for run_dir in args.run_dirs for row in replay(run_dir, args.fraction, args.final_batches)]
         print(f"\n| run | L | rounds | forecast at round | forecast [90%] | final train (last {TAIL_ROUNDS}) | "
               "|error| | covered | held-out final | pace forecast |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -222,29 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             cover = sum(r["low"] <= r["train_final"] <= r["high"] for r in made)
             held = [r for r in made if r["held_out_forecast"] is not None and r["val_final"] is not None]
             if held:
-                errors = [abs(r["held_out_forecast"] - r["val_final"]) for r in held]
-                inside = sum(r["held_out_low"] <= r["val_final"] <= r["held_out_high"] for r in held)
-                print("\n| run | L | held-out forecast [90%] | held-out final (8 batches) | \\|error\\| | covered | "
-                      "last along the way (same set) | \\|error\\| | covered |")
-                print("| --- " * 9 + "|")
-                same = [r for r in held if r["held_out_same_set"] is not None]
-                for r in held:
-                    cells = ["–", "–", "–"]
-                    if r["held_out_same_set"] is not None:
-                        truth = r["held_out_same_set"]
-                        cells = [f"{truth:.3f}", f"{abs(r['held_out_forecast'] - truth):.3f}",
-                                 "yes" if r["held_out_low"] <= truth <= r["held_out_high"] else "no"]
-                    print(f"| {r['run_dir']} | {r['seq_len']} | {r['held_out_forecast']:.3f} [{r['held_out_low']:.3f}, "
-                          f"{r['held_out_high']:.3f}] | {r['val_final']:.3f} | {abs(r['held_out_forecast'] - r['val_final']):.3f} "
-                          f"| {'yes' if r['held_out_low'] <= r['val_final'] <= r['held_out_high'] else 'no'} | "
-                          + " | ".join(cells) + " |")
-                print(f"held-out forecasts: {len(held)}; median |forecast − held-out final| {np.median(errors):.4f}; "
-                      f"coverage {inside}/{len(held)}")
-                if same:
-                    near = [abs(r["held_out_forecast"] - r["held_out_same_set"]) for r in same]
-                    within = sum(r["held_out_low"] <= r["held_out_same_set"] <= r["held_out_high"] for r in same)
-                    print(f"against the last measurement along the way (same set): median error {np.median(near):.4f}, "
-                          f"coverage {within}/{len(same)}")
+                print_held_out(held, args.final_batches)
             print(f"\nforecasts made: {len(made)} of {len(rows)}; median |forecast − final train| {np.median(train):.4f}; "
                   f"coverage {cover}/{len(made)} ({cover / len(made):.0%}); median |forecast − held-out final| "
                   f"{np.median(val):.4f}; with the pace's horizon: median error {np.median(pace):.4f}")

@@ -34,6 +34,7 @@ ROUND_KINDS = ("steps", "time")
 # The most versions a late update may lag behind (sync.max_staleness).
 MAX_STALENESS_LIMIT = 16
 MAX_EVAL_BATCHES = 64  # [run] eval_batches: a small held-out set, a few batches
+EVAL_SETS = ("fixed", "rotating")  # [run] eval_set
 # The sparse codec lags the dense codecs in its first rounds (error feedback delivers late what top-k leaves out) and
 # then catches up (issue #28; docs/PERFORMANCE.md "Compression": lstm_lm small, 2 workers, plain averaging, density
 # 0.02, 2-bit values, error_decay 0.95). SPARSE_CATCH_UP_ROUNDS: (H, the rounds after which it was within 0.5 % of
@@ -94,9 +95,14 @@ class RunSection:
     # A loss whose wall time the forecasts predict (issue #30; 0 = none).
     target_loss: float = 0.0
     # Held-out loss along the way (issue #30): every `eval_every` versions (0 = off) each worker measures the
-    # θ_v it pulled on the first `eval_batches` batches of the held-out split (a fixed set) and reports it.
+    # θ_v it pulled on `eval_batches` batches of the held-out split and reports it.
     eval_every: int = 0
     eval_batches: int = 2
+    # Which batches (EVAL_SETS): "fixed", the split's first `eval_batches` batches at every version (smooth curves;
+    # but a set this small reads off the split's loss by its own sampling error, an offset no forecast can know), or
+    # "rotating", version v's own batches (every worker measuring θ_v draws the same ones), so that error is
+    # independent from one point to the next and a fit of the curve averages it out.
+    eval_set: str = "fixed"
     # The window length of that held-out set and of the launcher's final evaluation (0 = data.seq_len): one value
     # across runs at different lengths (a sweep, a curriculum) puts every held-out curve on the same windows.
     eval_seq_len: int = 0
@@ -118,6 +124,8 @@ class RunSection:
         if (isinstance(self.eval_batches, bool) or not isinstance(self.eval_batches, int)
                 or not 1 <= self.eval_batches <= MAX_EVAL_BATCHES):
             _fail("run.eval_batches", self.eval_batches, f"an integer between 1 and {MAX_EVAL_BATCHES}")
+        if self.eval_set not in EVAL_SETS:
+            _fail("run.eval_set", self.eval_set, f"one of {', '.join(map(repr, EVAL_SETS))}")
         if isinstance(self.eval_seq_len, bool) or not isinstance(self.eval_seq_len, int) or self.eval_seq_len < 0:
             _fail("run.eval_seq_len", self.eval_seq_len, "an integer window length >= 0 (0 = data.seq_len)")
 

@@ -11,7 +11,8 @@ pulls θ_v and pushes Δ over the wire, the hivemind backend (worker/hivemind_wo
 averages Δ peer to peer and applies the outer step, and each stamps its own sync time and
 bytes on the rows it reports. `held_out_loss` is the launcher's evaluation (cli/run.py) and the worker's
 held-out loss along the way (`[run] eval_every`, issue #30): the first batches of one fixed stream of the
-held-out split (HELD_OUT_SEED), drawn once and kept, in windows of `[run] eval_seq_len` (else data.seq_len).
+held-out split (HELD_OUT_SEED), drawn once and kept, or with `[run] eval_set = "rotating"` the stream of the
+version measured (`held_out_seed`), in windows of `[run] eval_seq_len` (else data.seq_len).
 
 Single-threaded: one training thread calls every method; a backend's other threads (the
 heartbeat, Ray's `info`) only read `step`.
@@ -34,6 +35,14 @@ from rcswarm.train.inner import StepResult, inner_step, make_inner_optimizer, ma
 
 # The stream of the held-out split every held-out loss is measured on: its first batches are the fixed held-out set.
 HELD_OUT_SEED = 12345
+
+
+def held_out_seed(eval_set: str, version: int) -> int:
+    """The held-out stream θ_v is measured on along the way: HELD_OUT_SEED's (the fixed set) for `[run] eval_set =
+    "fixed"`, else version v's own, HELD_OUT_SEED + 1 + v (the same for every worker that measures θ_v, never the
+    fixed set's)."""
+    assert eval_set in ("fixed", "rotating") and version >= 0, (eval_set, version)
+    return HELD_OUT_SEED if eval_set == "fixed" else HELD_OUT_SEED + 1 + version
 
 
 def resolve_device(name: str) -> torch.device:

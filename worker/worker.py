@@ -54,7 +54,7 @@ from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 from rcswarm.sync.feedback_state import load_feedback, save_feedback
 from rcswarm.train.inner import StepResult, preload_data, worker_data_seed
-from rcswarm.train.round import RoundResult, RoundTrainer, StepRow, resolve_device
+from rcswarm.train.round import RoundResult, RoundTrainer, StepRow, held_out_seed, resolve_device
 from rcswarm.worker.client import (
     Action,
     CoordinatorClient,
@@ -613,7 +613,8 @@ class Worker:
         if every <= 0 or version % every:
             return {}
         started = time.perf_counter()
-        loss = self.trainer.held_out_loss(self.spec.run.eval_batches, params=params)
+        run = self.spec.run
+        loss = self.trainer.held_out_loss(run.eval_batches, seed=held_out_seed(run.eval_set, version), params=params)
         if not 0 < loss <= MAX_VAL_LOSS:  # a diverged θ: no point of the curve (and NaN fails this too)
             log.warning("%s: held-out loss of version %d is %r: not reported", self.worker_id, version, loss)
             return {}

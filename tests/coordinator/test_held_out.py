@@ -72,6 +72,8 @@ def test_held_out_losses_are_recorded_shown_forecast_and_survive_a_restart(tmp_p
     group.close()
     with pytest.raises(ValueError, match=r"run\.eval_seq_len"):  # its windows may not: the curve would mix two sets
         open_group(spec(eval_seq_len=64), tmp_path, clock)
+    with pytest.raises(ValueError, match=r"run\.eval_set"):  # nor its batches
+        open_group(spec(eval_set="rotating"), tmp_path, clock)
     restarted = open_group(spec(eval_every=4), tmp_path, clock)  # eval_every may change on a restart
     assert restarted.runs[0].store.held_out_losses() == held
     again = restarted.status()
@@ -116,6 +118,7 @@ def test_a_forecast_falls_back_to_the_training_loss_while_the_held_out_losses_ar
     ({"eval_batches": 65}, "between 1 and 64"), ({"eval_batches": "4"}, "run.eval_batches = '4'"),
     ({"eval_seq_len": -1}, r"run.eval_seq_len = -1 .*>= 0 \(0 = data.seq_len\)"),
     ({"eval_seq_len": True}, "run.eval_seq_len = True"), ({"eval_seq_len": 64.0}, "run.eval_seq_len = 64.0"),
+    ({"eval_set": "random"}, "run.eval_set = 'random'.*'fixed', 'rotating'"),
 ])
 def test_bad_eval_keys_are_refused_with_the_key_and_what_was_expected(run, match):
     with pytest.raises(ValueError, match=match):

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -304,19 +305,22 @@ def test_three_peers_train_with_the_4_bit_lowbit_codec(swarm: Any) -> None:
     went out at the table's default 2 bits and replicas drifted by 0.7-1.8 steps a round. Drift is in units of one
     outer step: these figures are the Nesterov step's (η 0.7, μ 0.9), pinned here; under today's default, plain
     averaging, a step is smaller than Nesterov's and the same codec error a larger share of it (one run: a drift
-    of 0.6 or more at some version, so more re-syncs)."""
+    of 0.6 or more at some version, so more re-syncs). The bounds: the median drift below 0.45 (the 2-bit regression
+    sat at 0.7 and above every round) and none at 1.0 (a tail of 0.6 was seen once in a run at these settings)."""
     spec = hivemind_spec(run={"name": "hm", "rounds": 4}, hivemind=PATIENT,
                          sync={"backend": "hivemind", "codec": "lowbit", "value_bits": 4},
                          outer={"lr": 0.7, "momentum": 0.9, "nesterov": True})
     peers = swarm(spec)
     names = ["a", "b", "c"]
     peers.wait([peers.worker(name) for name in names], timeout=240)
+    drifts = []
     for name in names:
         history = peers.summary(name)["history"]
         assert peers.summary(name)["version"] == 4 and history[-1]["loss"] < history[0]["loss"] - 0.3, history
-        assert all(h["drift"] is None or h["drift"] < 0.6 for h in history), history
+        drifts += [h["drift"] for h in history if h["drift"] is not None]
+    assert drifts and statistics.median(drifts) < 0.45 and max(drifts) < 1.0, drifts
     worst = assert_replicas_agree(peers, names, 4 * 20 * REPLICA_TOLERANCE_PER_ROUND, drift=False)
-    print(f"lowbit 4-bit replicas: max |Δθ| {worst:.3g}")
+    print(f"lowbit 4-bit replicas: max |Δθ| {worst:.3g}, drift per round {sorted(drifts)}")
 
 
 @pytest.mark.slow

@@ -1,13 +1,13 @@
 """RoundTrainer.held_out_loss (issue #30): the fixed held-out set (the first batches of one stream of the held-out
 split, drawn once), the loss at given parameters without changing the model's own, and the same number the
 launcher's final evaluation gives for the same θ; with `[run] eval_seq_len` the same windows whatever length a run
-trains."""
+trains; with `[run] eval_set = "rotating"` each version's own batches."""
 
 from __future__ import annotations
 
 import torch
 
-from rcswarm.train.round import RoundTrainer
+from rcswarm.train.round import HELD_OUT_SEED, RoundTrainer, held_out_seed
 from tests.helpers.specs import tiny_spec
 
 
@@ -49,3 +49,22 @@ def test_runs_at_different_lengths_with_one_eval_seq_len_measure_the_same_window
     assert short.held_out_loss(2, params=theta) == long.held_out_loss(2, params=theta)
     # Without it each run measures its own data.seq_len: other windows, another number for the same θ.
     assert trainer_at(16, 0).held_out_loss(2, params=theta) != trainer_at(64, 0).held_out_loss(2, params=theta)
+
+
+def test_a_rotating_set_measures_each_version_on_its_own_batches_the_same_for_every_trainer():
+    spec = tiny_spec(run={"eval_set": "rotating"})
+    seeds = [held_out_seed("rotating", v) for v in range(50)]
+    assert len(set(seeds)) == 50 and HELD_OUT_SEED not in seeds  # never the fixed set (the launcher's stream)
+    assert held_out_seed("fixed", 7) == HELD_OUT_SEED
+
+    def loss_of_version(version: int) -> float:
+        trainer = RoundTrainer(torch.device("cpu"))
+        trainer.build(spec, model_seed=0)
+        return trainer.held_out_loss(2, seed=held_out_seed(spec.run.eval_set, version))
+
+    assert loss_of_version(3) == loss_of_version(3)  # two workers measuring θ_3: the same batches, bit for bit
+    losses = [loss_of_version(v) for v in range(4)]
+    assert len(set(losses)) == 4  # the same θ on other batches: another number each version
+    fixed = RoundTrainer(torch.device("cpu"))
+    fixed.build(spec, model_seed=0)
+    assert fixed.held_out_loss(2) not in losses
