@@ -11,16 +11,22 @@ from rcswarm.worker import Worker, WorkerOptions
 from tests.helpers.specs import TOKEN, tiny_spec
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_worker_reports_the_held_out_loss_of_every_kth_version_it_pulls(start_coordinator, overlap):
-    spec = tiny_spec(run={"rounds": 5, "eval_every": 2, "eval_batches": 2}, inner={"steps": 3},
-                     sync={"codec": "fp32", "overlap": overlap, "min_reports": 1})
+def run_one_worker(start_coordinator, spec):
+    """A real coordinator for `spec` and one real worker that trains its 5 rounds; both, once it has returned."""
     local = start_coordinator(spec)
     worker = Worker(WorkerOptions(coordinator=local.target, device="cpu", name="solo"), TOKEN)
     thread = threading.Thread(target=worker.run)
     thread.start()
     thread.join(timeout=120)
     assert not thread.is_alive() and local.service.version == 5
+    return local, worker
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_worker_reports_the_held_out_loss_of_every_kth_version_it_pulls(start_coordinator, overlap):
+    spec = tiny_spec(run={"rounds": 5, "eval_every": 2, "eval_batches": 2}, inner={"steps": 3},
+                     sync={"codec": "fp32", "overlap": overlap, "min_reports": 1})
+    local, worker = run_one_worker(start_coordinator, spec)
     held = local.service.store.held_out_losses()
     assert [r.version for r in held] == [0, 2, 4]
     assert all(r.seconds > 0 and r.worker_id == worker.worker_id for r in held)
@@ -34,12 +40,7 @@ def test_a_worker_reports_the_held_out_loss_of_every_kth_version_it_pulls(start_
 def test_with_a_rotating_set_a_worker_measures_each_version_on_that_versions_batches(start_coordinator):
     spec = tiny_spec(run={"rounds": 5, "eval_every": 2, "eval_batches": 2, "eval_set": "rotating"},
                      inner={"steps": 3}, sync={"codec": "fp32", "min_reports": 1})
-    local = start_coordinator(spec)
-    worker = Worker(WorkerOptions(coordinator=local.target, device="cpu", name="solo"), TOKEN)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    thread.join(timeout=120)
-    assert not thread.is_alive() and local.service.version == 5
+    local, worker = run_one_worker(start_coordinator, spec)
     held = local.service.store.held_out_losses()
     assert [r.version for r in held] == [0, 2, 4]
     initial = RoundTrainer(torch.device("cpu"))
