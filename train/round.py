@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rcswarm.config.runspec import DataSection, RunSpec
+from rcswarm.config.runspec import EVAL_SETS, DataSection, RunSpec
 from rcswarm.models import registry
 from rcswarm.train.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, masked_cross_entropy
 
@@ -41,7 +41,7 @@ def held_out_seed(eval_set: str, version: int) -> int:
     """The held-out stream θ_v is measured on along the way: HELD_OUT_SEED's (the fixed set) for `[run] eval_set =
     "fixed"`, else version v's own, HELD_OUT_SEED + 1 + v (the same for every worker that measures θ_v, never the
     fixed set's)."""
-    assert eval_set in ("fixed", "rotating") and version >= 0, (eval_set, version)
+    assert eval_set in EVAL_SETS and version >= 0, (eval_set, version)
     return HELD_OUT_SEED if eval_set == "fixed" else HELD_OUT_SEED + 1 + version
 
 
