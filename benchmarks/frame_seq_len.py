@@ -59,7 +59,7 @@ def write_plot(rows: list[dict[str, float]], fit, path: Path) -> None:
     figure, axis = plt.subplots(figsize=(5.5, 4))
     axis.loglog(lengths, [r["loss"] for r in rows], "o", label="loss at the matched step")
     axis.loglog(lengths, [fit.predict(x) for x in lengths], "-",
-                label=f"{fit.amplitude:.2f}·L^-{fit.alpha:.3f} (R² {fit.r_squared:.3f})")
+                label=f"{fit.formula()} (R² {fit.r_squared:.3f})")
     axis.set(xlabel="trained sequence length L (frames)", ylabel="cross-entropy", title="typing frames: loss vs L")
     axis.grid(alpha=0.3, which="both")
     axis.legend(fontsize=8)
@@ -94,7 +94,7 @@ def main() -> None:
         table.add_row(str(r["length"]), f"{r['first_loss']:.3f}", f"{r['loss']:.3f}", f"{fit.predict(r['length']):.3f}",
                       f"{r['seconds_per_step']:.3f}")
     console.print(table)
-    console.print(f"loss ≈ {fit.amplitude:.3f} · L^-{fit.alpha:.4f}; R² = {fit.r_squared:.4f}; "
+    console.print(f"loss ≈ {fit.formula(4)}; R² = {fit.r_squared:.4f}; "
                   f"α 90% bootstrap interval [{fit.alpha_low:.4f}, {fit.alpha_high:.4f}]; per doubling ×{fit.per_doubling:.4f}")
     write_plot(rows, fit, args.plot)
     console.print(f"plot: {args.plot}")

@@ -433,7 +433,7 @@ def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dic
                               [r["val_loss_final"] for r in rows])
         fit = held_out.fit
         sweep["fit"] = {**dataclasses.asdict(fit), "caveats": fit.caveats()}
-        console.print(f"held-out loss of the final parameters ≈ {fit.amplitude:.3f} · L^-{fit.alpha:.4f} "
+        console.print(f"held-out loss of the final parameters ≈ {fit.formula(4)} "
                       f"(R² {fit.r_squared:.3f}; α 90% interval [{fit.alpha_low:.3f}, {fit.alpha_high:.3f}]; "
                       f"×{fit.per_doubling:.3f} per doubling of L)")
         for caveat in fit.caveats():

@@ -52,6 +52,11 @@ class PowerLawFit:
     def predict(self, length: float) -> float:
         return self.amplitude * length ** (-self.alpha)
 
+    def formula(self, digits: int = 3) -> str:
+        """"A·L^(−α)" with the numbers, signed as they fall: a negative α (loss rising with L) reads L^(+|α|)."""
+        sign = "−" if self.alpha >= 0 else "+"
+        return f"{self.amplitude:.{digits}g}·L^({sign}{abs(self.alpha):.{digits}f})"
+
     def caveats(self) -> list[str]:
         """Why the points do not identify α (empty when they do): an interval wider than α, or a low R²."""
         out = []

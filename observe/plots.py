@@ -221,7 +221,7 @@ def draw_alpha(axes: Any, analysis: Analysis | None, message: str = "no fit") ->
 
 def law_text(law: LengthLaw) -> str:
     fit = law.fit
-    return (f"{law.what}: ≈ {fit.amplitude:.3g}·L^(−{fit.alpha:.3f}), R² {fit.r_squared:.2f}, "
+    return (f"{law.what}: ≈ {fit.formula()}, R² {fit.r_squared:.2f}, "
             f"α {CONFIDENCE:.0%} interval [{fit.alpha_low:.3f}, {fit.alpha_high:.3f}]")
 
 

@@ -27,6 +27,15 @@ def test_exact_power_law_is_recovered():
     assert fit.predict(64) == pytest.approx(5.5 * 64 ** -0.3)
 
 
+def test_the_formula_reads_the_sign_of_alpha():
+    lengths = [16, 128, 512]
+    falling = fit_power_law(lengths, [2.66 * length ** -0.0788 for length in lengths])
+    rising = fit_power_law(lengths, [2.66 * length ** 0.0788 for length in lengths])
+    assert falling.formula() == "2.66·L^(−0.079)"
+    assert rising.formula() == "2.66·L^(+0.079)"  # the loss rises with L: never "L^(−-0.079)"
+    assert rising.formula(4) == "2.66·L^(+0.0788)"
+
+
 def test_noisy_law_gives_an_interval_around_the_truth():
     rng = np.random.default_rng(1)
     lengths = np.repeat([2, 4, 8, 16], 5)

@@ -83,7 +83,7 @@ def test_rcswarm_run_runs_a_local_sweep_and_fits_it(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [r["seq_len"] for r in summary["runs"]] == [4, 8, 16]
     assert all(r["rounds"] == 2 for r in summary["runs"])
-    assert "alpha" in summary["fit"] and "L^-" in result.stdout
+    assert "alpha" in summary["fit"] and "·L^(" in result.stdout
     # Issue #30: each run's forecasts as the coordinator made them (2 rounds: "not enough data", values null).
     for r in summary["runs"]:
         assert r["forecasts"] and r["pruning"] == [] and r["stopped"] is None
