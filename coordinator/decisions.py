@@ -172,6 +172,12 @@ def decide_admission(
     return Decision(True, f"admitted as worker {active + 1} of at most {options.max_workers}")
 
 
+def place_retry_s(options: MembershipOptions) -> float:
+    """How long a worker refused for want of a place waits before it asks again: a third of the lease (a place
+    frees at the latest a lease after its holder was last heard), between 1 and 10 seconds."""
+    return min(10.0, max(1.0, options.lease_s / 3))
+
+
 def decide_evictions(
     now: float, workers: Iterable[WorkerView], options: MembershipOptions, resumed_at: float | None = None
 ) -> list[tuple[str, str]]:

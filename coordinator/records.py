@@ -56,12 +56,14 @@ Payload = tuple[pb.TensorHeader, list[pb.TensorChunk]]
 
 
 class Refusal(Exception):
-    """A refused RPC: the status code and the message the caller sees."""
+    """A refused RPC: the status code and the message the caller sees; `place_retry_s` > 0 for a join refused
+    because every place is taken, sent as the PLACE_RETRY_KEY trailer (when to ask again)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, place_retry_s: float = 0.0) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.place_retry_s = place_retry_s
 
 
 @dataclass

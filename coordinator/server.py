@@ -39,7 +39,7 @@ from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.sweep import RunGroup
 from rcswarm.coordinator.tls import HTTP_TLS_NEEDS_TLS, TLSFiles, bind_problem
 from rcswarm.coordinator.tokens import JoinTokens
-from rcswarm.protos.transport import host_port
+from rcswarm.protos.transport import PLACE_RETRY_KEY, host_port
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
 from rcswarm.state.errors import StoreError
@@ -68,16 +68,24 @@ def storage_refusal(method: str, error: StoreError | OSError) -> Refusal:
                    f"{method} refused: {what} ({error}); retry later")
 
 
+def abort(context: grpc.ServicerContext, refusal: Refusal) -> None:
+    """End the call with `refusal`'s status and message, and a join refused for want of a place with the
+    PLACE_RETRY_KEY trailer (a handler thread; raises, as context.abort does)."""
+    if refusal.place_retry_s > 0:
+        context.set_trailing_metadata(((PLACE_RETRY_KEY, str(round(refusal.place_retry_s * 1000))),))
+    context.abort(refusal.code, refusal.message)
+
+
 def _handled(method: Callable[..., Any]) -> Callable[..., Any]:
     """Map Refusal to the gRPC status it names, and a state dir that cannot be written to `storage_refusal`'s."""
     def unary(self: CoordinatorServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
         except Refusal as refusal:
-            context.abort(refusal.code, refusal.message)
+            abort(context, refusal)
         except (StoreError, OSError) as error:
             refusal = storage_refusal(method.__name__, error)
-            context.abort(refusal.code, refusal.message)
+            abort(context, refusal)
     return unary
 
 
@@ -103,10 +111,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             yield from self.c.pull(request)
         except Refusal as refusal:
-            context.abort(refusal.code, refusal.message)
+            abort(context, refusal)
         except (StoreError, OSError) as error:
             refusal = storage_refusal("PullParameters", error)
-            context.abort(refusal.code, refusal.message)
+            abort(context, refusal)
 
     @_handled
     def AwaitVersion(self, request, context):

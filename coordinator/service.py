@@ -305,8 +305,10 @@ class SwarmCoordinator:
             now = self.clock()
             decision = decisions.decide_admission(now, self._active_views(), self.finished, self.membership)
             if not decision.ok:
-                code = grpc.StatusCode.FAILED_PRECONDITION if self.finished else grpc.StatusCode.RESOURCE_EXHAUSTED
-                raise Refusal(code, f"join refused: {decision.reason}")
+                if self.finished:
+                    raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {decision.reason}")
+                raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"join refused: {decision.reason}",
+                              place_retry_s=decisions.place_retry_s(self.membership))
             self._joins += 1
             worker_id = f"{self.worker_prefix}w{self._joins}-{secrets.token_hex(4)}"
             name = request.worker_name[:128] or worker_id

@@ -6,8 +6,9 @@ outer optimizer, rounds and state directory: the state dir itself for a single r
 of one, which answers exactly as its run), `<state-dir>/run<i>-L<L>` for a sweep. The group
 routes every RPC to the run its worker belongs to and schedules a sweep's workers across runs:
 
-* Join assigns a worker to the unfinished run with the fewest active workers (equal share
-  of wall time by default), `decide_assignment`; a worker joining again after a restart or an
+* Join assigns a worker to the unfinished run with room that has the fewest active workers (equal
+  share of wall time by default), `decide_assignment`; with every unfinished run full the join is refused
+  RESOURCE_EXHAUSTED with the place-retry trailer, and the worker waits for a place; a worker joining again after a restart or an
   eviction names the run it trained for (JoinRequest.run_id) and goes back there while that run is
   unfinished and has room, unless the sweep itself moved it off that run (its previous membership
   is REASSIGNED there), so its round's update and metric rows still find their run.
@@ -44,7 +45,7 @@ from pathlib import Path
 import grpc
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator import forecasts
+from rcswarm.coordinator import decisions, forecasts
 from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
@@ -67,10 +68,15 @@ class RunLoad:
 
 def decide_assignment(loads: Sequence[RunLoad], returning: int | None = None) -> tuple[int | None, str]:
     """The run a joining worker goes to: back to `returning` (the run it trained for, when it may go back)
-    while that run is unfinished and not full, else the unfinished run with the fewest active workers."""
-    candidates = [load for load in loads if not load.finished]
-    if not candidates:
+    while that run is unfinished and not full, else the unfinished run with room that has the fewest active
+    workers; None when every run finished or every unfinished run is full (the reason says which)."""
+    unfinished = [load for load in loads if not load.finished]
+    if not unfinished:
         return None, "every run of the sweep has finished"
+    candidates = [load for load in unfinished if not load.full]
+    if not candidates:
+        taken = ", ".join(f"{load.name} ({load.active} active)" for load in unfinished)
+        return None, f"every unfinished run of the sweep is full: {taken}"
     if returning is not None:
         back = loads[returning]
         if not (back.finished or back.full):
@@ -273,8 +279,11 @@ class RunGroup:
         if not self.sweep:
             return 0, ""
         index, reason = decide_assignment(self._loads(), self._returning(request))
-        if index is None:
+        if index is None and self.finished:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {reason}")
+        if index is None:
+            wait_s = min(decisions.place_retry_s(run.membership) for run in self.runs)
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"join refused: {reason}", place_retry_s=wait_s)
         return index, reason
 
     def _maybe_move(self, worker_id: str, index: int) -> None:

@@ -24,6 +24,10 @@ log = logging.getLogger("rcswarm.transport")
 LOCALHOST_NAMES = ("localhost", "localhost.")
 # gRPC's own target scheme written with "//" (dns://AUTHORITY/HOST:PORT); any other "scheme://" is a URL.
 GRPC_URL_SCHEMES = ("dns",)
+# The trailing-metadata key of a Join refused RESOURCE_EXHAUSTED because every place is taken: milliseconds until
+# the worker asks again. A worker that reads it waits for a place (the coordinator answered) instead of counting
+# the refusal against its patience; without it, RESOURCE_EXHAUSTED is a busy coordinator, retried with backoff.
+PLACE_RETRY_KEY = "rcswarm-place-retry-ms"
 
 
 def _strip_brackets(host: str) -> str:

@@ -16,7 +16,11 @@ call, so a long push retried while heartbeats are answered goes on, and calls th
 another share one patience instead of each starting its own. A refused payload (a pull that fails its
 checks) is an answer, so it cannot count as silence: a pull gives up after
 `RetryPolicy.max_refused_payloads` refused payloads in a row instead, however often other calls are
-answered meanwhile. Anything else is raised to the caller as `grpc.RpcError`. A pull is checked against
+answered meanwhile. A join refused because every place is taken (RESOURCE_EXHAUSTED with the coordinator's
+PLACE_RETRY_KEY trailer) is an answer too: the worker waits for a place, asking again when the trailer says,
+one WARNING when it starts waiting and one INFO line a minute after, until a place frees, the run finishes
+(FAILED_PRECONDITION), the stop event is set, or the coordinator goes silent for the patience. Anything else
+is raised to the caller as `grpc.RpcError`. A pull is checked against
 the parameter names and shapes the caller expects before any buffer is allocated.
 """
 
@@ -34,7 +38,7 @@ from typing import Callable, Iterator, Mapping, Protocol, TypeVar
 import grpc
 import torch
 
-from rcswarm.protos.transport import ClientTLS, not_grpc_problem, open_channel
+from rcswarm.protos.transport import PLACE_RETRY_KEY, ClientTLS, not_grpc_problem, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
@@ -80,6 +84,29 @@ _TRANSIENT = {
     grpc.StatusCode.INTERNAL: "the stream broke",
     grpc.StatusCode.UNKNOWN: "the coordinator failed the call",
 }
+
+
+# The longest a worker waits between two asks for a place, whatever the coordinator's trailer says.
+MAX_PLACE_RETRY_S = 60.0
+# A worker waiting for a place says so again once this long has passed since it last said so.
+PLACE_REMINDER_S = 60.0
+
+
+def place_retry_s(err: grpc.RpcError) -> float | None:
+    """Seconds until the next ask for a place when `err` is a join refused for want of one (RESOURCE_EXHAUSTED
+    with a PLACE_RETRY_KEY trailer holding a positive number of milliseconds, capped at MAX_PLACE_RETRY_S),
+    else None: a RESOURCE_EXHAUSTED without it is a busy coordinator, retried with backoff."""
+    if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    trailers = getattr(err, "trailing_metadata", lambda: None)() or ()
+    for key, value in trailers:
+        if key == PLACE_RETRY_KEY:
+            try:
+                seconds = float(value) / 1000
+            except (TypeError, ValueError):
+                return None
+            return min(seconds, MAX_PLACE_RETRY_S) if seconds > 0 else None
+    return None
 
 
 def classify(code: grpc.StatusCode) -> tuple[Action, str]:
@@ -152,6 +179,14 @@ class RetryPolicy:
         while True:
             yield rng.uniform(0.0, ceiling)
             ceiling = min(self.max_backoff_s, ceiling * self.multiplier)
+
+
+@dataclass
+class PlaceWait:
+    """One call's wait for a place: when it started and when the worker last said so (monotonic; None before)."""
+
+    since: float | None = None
+    said_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -259,10 +294,16 @@ class CoordinatorClient:
         """attempt() until it returns, retrying transient failures until the coordinator was silent for the patience."""
         backoffs = self.retry.backoffs(self._rng)
         refused, first_refused = 0, 0.0
+        waiting = PlaceWait()
         while True:
             try:
                 result = attempt()
             except grpc.RpcError as err:
+                wait_s = place_retry_s(err)
+                if wait_s is not None:
+                    self._answered()
+                    self._wait_for_place(what, err.details() or "", wait_s, waiting, err)
+                    continue
                 action, reason = classify(err.code())
                 if action is not Action.RETRY:
                     self._answered()
@@ -285,6 +326,20 @@ class CoordinatorClient:
             else:
                 self._answered()
                 return result
+
+    def _wait_for_place(self, what: str, refusal: str, wait_s: float, waiting: PlaceWait, cause: Exception) -> None:
+        """Wait about `wait_s` (jittered down to half, so that spares do not ask in step) before asking for a place
+        again; says so when the wait starts and once a PLACE_REMINDER_S after. Raises Stopped when the stop
+        event is set."""
+        now = time.monotonic()
+        if waiting.since is None:
+            waiting.since = waiting.said_at = now
+            log.warning("%s: %s; waiting for a place, asking again about every %.0fs", what, refusal, wait_s)
+        elif now - waiting.said_at >= PLACE_REMINDER_S:
+            waiting.said_at = now
+            log.info("%s: still waiting for a place after %.0fs: %s", what, now - waiting.since, refusal)
+        if self.stop.wait(self._rng.uniform(wait_s / 2, wait_s)):
+            raise Stopped(what) from cause
 
     def _pause(self, what: str, problem: str, delay: float, cause: Exception) -> None:
         """Wait `delay` (at most what is left of the patience) before the next attempt.

@@ -53,9 +53,38 @@ def test_a_returning_worker_goes_back_to_its_run_while_it_is_unfinished_and_has_
     assert decide_assignment(full, returning=0)[0] == 1
 
 
-def _sweep(state_dir):
-    base = tiny_spec(run={"rounds": 5})
+def test_with_every_unfinished_run_full_no_run_is_assigned_and_the_reason_names_them():
+    both_full = [RunLoad(0, "L8", 1, False, full=True), RunLoad(1, "L16", 0, True), RunLoad(2, "L32", 1, False, full=True)]
+    index, reason = decide_assignment(both_full, returning=0)
+    assert index is None and reason == "every unfinished run of the sweep is full: L8 (1 active), L32 (1 active)"
+    # A full run is never picked over one with room, even when it has fewer workers (runs with their own caps).
+    assert decide_assignment([RunLoad(0, "L8", 0, False, full=True), RunLoad(1, "L16", 3, False)])[0] == 1
+
+
+def _sweep(state_dir, **coordinator):
+    base = tiny_spec(run={"rounds": 5}, coordinator=coordinator)
     return SweepCoordinator(base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16]}}), state_dir)
+
+
+def test_a_full_sweep_refuses_a_join_with_when_to_ask_again_and_a_finished_one_without(tmp_path):
+    import grpc
+
+    from rcswarm.coordinator.records import Refusal
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    sweep = _sweep(tmp_path, max_workers=1, lease_s=6.0)
+    for name in ("a", "b"):
+        sweep.join(pb.JoinRequest(worker_name=name))
+    with pytest.raises(Refusal) as refused:
+        sweep.join(pb.JoinRequest(worker_name="spare"))
+    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.value.place_retry_s == 2.0
+    assert "every unfinished run of the sweep is full: " in refused.value.message
+    for run in sweep.runs:
+        run.stop("the test ends the sweep")
+    with pytest.raises(Refusal) as finished:
+        sweep.join(pb.JoinRequest(worker_name="late"))
+    assert finished.value.code == grpc.StatusCode.FAILED_PRECONDITION and finished.value.place_retry_s == 0
+    sweep.close()
 
 
 def test_a_restarted_sweep_sends_each_worker_back_to_its_run_but_not_one_it_moved(tmp_path):

@@ -122,7 +122,7 @@ def test_sigterm_leaves_cleanly(start_coordinator, spawn_worker):
     assert worker.state == pb.WORKER_STATE_LEFT and "stopped" in worker.reason
 
 
-def test_joining_a_finished_run_exits_cleanly_and_a_full_swarm_refuses(start_coordinator, spawn_worker):
+def test_joining_a_finished_run_exits_cleanly_and_a_spare_waits_for_a_place(start_coordinator, spawn_worker):
     local = start_coordinator(tiny_spec(run={"rounds": 1}, coordinator={"max_workers": 1}))
     first = spawn_worker(local.target, "first")
     assert first.wait(timeout=120) == 0, logs_of([first])
@@ -130,12 +130,19 @@ def test_joining_a_finished_run_exits_cleanly_and_a_full_swarm_refuses(start_coo
     assert late.wait(timeout=60) == 0, logs_of([late])
     assert "finished" in Path(late.log_path).read_text()
 
-    busy = start_coordinator(tiny_spec(run={"rounds": 0}, coordinator={"max_workers": 1}))
+    # A full swarm: the spare waits for a place past its patience (the coordinator answers), and takes the place
+    # once its holder has not been heard for a lease.
+    busy = start_coordinator(tiny_spec(run={"rounds": 0}, coordinator={"max_workers": 1, "lease_s": 4.0}))
     holder = busy.client()
     holder.join("holder", "cpu", 1)
-    refused = spawn_worker(busy.target, "refused", "--patience-s", "2")
-    assert refused.wait(timeout=60) == 1
-    assert "RESOURCE_EXHAUSTED" in Path(refused.log_path).read_text() and "max_workers=1" in Path(refused.log_path).read_text()
+    spare = spawn_worker(busy.target, "spare", "--patience-s", "2")
+    wait_for(lambda: "waiting for a place" in Path(spare.log_path).read_text(), 60, "the spare to wait for a place")
+    wait_for(lambda: holder.status().total_tokens > 0, 120, "the spare to take the place and train")
+    spare.send_signal(signal.SIGTERM)
+    assert spare.wait(timeout=30) == 0, logs_of([spare])
+    log_text = Path(spare.log_path).read_text()
+    assert log_text.count("waiting for a place") == 1 and "max_workers=1" in log_text, log_text
+    assert "gave up" not in log_text
     holder.close()
 
 
