@@ -18,7 +18,7 @@ DEV_STAMP := $(VENV)/.rcswarm-dev-installed
 # CPU; without triton they skip). TRITON=0: never. `make install-triton` adds it to an existing venv.
 TRITON ?= auto
 
-.PHONY: install install-dev install-triton demo test test-all bench gpu-check protos clean
+.PHONY: install install-dev install-triton demo test test-all bench gpu-check wheelhouse protos clean
 
 # The user's install: rcswarm and its run-time dependencies (no test tools, no triton).
 $(STAMP): pyproject.toml
@@ -67,8 +67,24 @@ gpu-check: install
 	$(PY) -m pip install --quiet -e ".[gpu]"
 	$(VENV)/bin/rcswarm bench gpu
 
+# The GPU check on a box without a package index whose python3 already has a CUDA torch and triton (a CUDA
+# image): rcswarm's wheel and the wheels such an image usually lacks, for its Python (WHEEL_PYTHON) on x86-64
+# Linux, with benchmarks/gpu_check_offline.sh as gpu-check.sh. Copy wheelhouse/ there and run
+# `sh wheelhouse/gpu-check.sh --quick --budget-minutes 9` (any `rcswarm bench gpu` arguments).
+WHEEL_PYTHON ?= 3.12
+OFFLINE_WHEELS ?= grpcio==1.85.1 grpcio-health-checking==1.85.1 protobuf==7.35.1 blake3 cryptography cffi pycparser fla-core
+MANYLINUX := $(foreach n,2_17 2_24 2_27 2_28 2_31 2_34,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64
+
+wheelhouse: install
+	rm -rf wheelhouse && mkdir wheelhouse
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir wheelhouse .
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp \
+		$(MANYLINUX) --dest wheelhouse $(OFFLINE_WHEELS)
+	cp benchmarks/gpu_check_offline.sh wheelhouse/gpu-check.sh
+	@du -sh wheelhouse
+
 protos: install-dev
 	$(PY) -m rcswarm.protos.generate
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info runs
+	rm -rf $(VENV) build dist *.egg-info runs wheelhouse

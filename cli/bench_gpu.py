@@ -4,12 +4,15 @@
     rcswarm bench gpu --parts kernels timings          # (a) and (b) only
     rcswarm bench gpu --parts bptt --bptt-presets tiny --bptt-lengths 32768 100000
     rcswarm bench gpu --quick                          # shorter (b) and (c), 2 swarm rounds
+    rcswarm bench gpu --quick --budget-minutes 9       # never past 9 minutes: what fits, then the table
 
 Parts: (a) `kernels`, the Triton kernels against their references, forward and every gradient, fp32 and bf16;
 (b) `timings`, rwkv_product and SGSA beside flash-linear-attention's chunk_rwkv7 and SDPA; (c) `bptt`,
 streaming BPTT peak memory and frames/s at long windows; (d) `swarm`, a 2-worker swarm on the GPU. One table
 on screen, the goals of the issue read out under it, and a JSON file with every number. Exit status 1 when a
-correctness check fails or a part raises (missed speed goals are reported, not failed), else 0.
+correctness check fails or a part raises (missed speed goals are reported, not failed), else 0. The JSON is
+written after every part and every (c) configuration, so a check cut off by its machine keeps what it measured;
+`--budget-minutes` ends it in time by itself (a part not started for it is a SKIPPED row).
 
 Without a CUDA device it prints one line saying so and exits 0. `--device cpu` runs the parts on the CPU
 instead (kernels and timings, with tiny shapes, only under TRITON_INTERPRET=1): a test of the plumbing, not a
@@ -20,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import math
 import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,7 @@ import torch
 from rich.console import Console
 
 from rcswarm.cli.gpu_check.report import (
+    BUDGET_SPENT,
     ERROR,
     PARTS,
     SKIPPED,
@@ -44,6 +50,10 @@ from rcswarm.cli.gpu_check.report import (
 )
 from rcswarm.cli.usage import new_parser, parse_or_status
 from rcswarm.kernels.triton_probe import triton_available
+
+# A part is started only with at least this many seconds of the check's budget left; (d)'s longest run.
+MIN_PART_S = 30.0
+SWARM_TIMEOUT_S = 480.0
 
 FULL = {"bptt_lengths": [32768, 100_000, 1_000_000], "bptt_presets": ["tiny", "small"], "swarm_rounds": 3,
         "rwkv_lengths": [4096, 32768], "sgsa_lengths": [4096, 16384]}
@@ -67,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plain-max", type=int, default=32768, help="longest window plain autograd is tried on in (c)")
     p.add_argument("--bptt-timeout", type=float, default=300.0, help="seconds each (c) configuration may take")
     p.add_argument("--swarm-rounds", type=int, default=None, help="rounds of the swarm in (d) (default 3)")
+    p.add_argument("--budget-minutes", type=float, default=None,
+                   help="wall-time budget of the whole check: a part (or a (c) configuration) is not started once "
+                        "too little of it is left, and (c) and (d) are cut off at its end; the JSON is written after "
+                        "every part either way (default: none)")
     return p
 
 
@@ -92,13 +106,26 @@ def environment(device: torch.device) -> dict[str, Any]:
         "device": str(device), "device_name": name, "peak": None if peak is None else peak.__dict__,
         "memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None,
         "torch": torch.__version__, "cuda": torch.version.cuda, "triton": _version("triton"),
-        "flash_linear_attention": _version("flash-linear-attention") or _version("fla-core"),
+        "flash_linear_attention": _version("fla-core") or _version("flash-linear-attention"),
         "python": platform.python_version(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
 
-def run_parts(args: argparse.Namespace, device: torch.device, console: Console) -> list[Row]:
-    """Every requested part; a part that raises becomes an error row and the others still run."""
+def deadline_of(budget_minutes: float | None, started: float) -> float | None:
+    """The check's deadline on time.monotonic() from `--budget-minutes` (None: no budget); ValueError for a
+    budget that is not positive."""
+    if budget_minutes is None:
+        return None
+    if not budget_minutes > 0:
+        raise ValueError(f"--budget-minutes {budget_minutes}: expected a number of minutes > 0")
+    return started + 60.0 * budget_minutes
+
+
+def run_parts(args: argparse.Namespace, device: torch.device, console: Console,
+              save: Callable[[list[Row]], None] = lambda rows: None, deadline: float | None = None) -> list[Row]:
+    """Every requested part, in the order asked; a part that raises becomes an error row and the others still run.
+    `save` gets the rows so far after every part and every (c) configuration; a part with under MIN_PART_S of
+    the budget left (`deadline`, time.monotonic()) is not started, and (c) and (d) end by the deadline."""
     from rcswarm.cli.gpu_check import bptt, kernels, swarm
 
     cfg = settings(args)
@@ -106,7 +133,17 @@ def run_parts(args: argparse.Namespace, device: torch.device, console: Console) 
     interpreter = device.type == "cpu" and triton_available() and os.environ.get("TRITON_INTERPRET") == "1"
     rows: list[Row] = []
     for part in args.parts:
+        left = math.inf if deadline is None else deadline - time.monotonic()
+        if left < MIN_PART_S:
+            rows.append(Row(part, part, "not run", BUDGET_SPENT, SKIPPED))
+            save(rows)
+            continue
         console.print(f"[bold]{part}[/] ...")
+
+        def on_row(row: Row) -> None:
+            console.print(f"  {row.name}: {row.value}")
+            save(rows + [row])
+
         try:
             if part == "kernels":
                 if device.type == "cuda":
@@ -129,11 +166,12 @@ def run_parts(args: argparse.Namespace, device: torch.device, console: Console) 
             elif part == "bptt":
                 rows += bptt.measure_bptt(device.type, tuple(cfg["bptt_presets"]), tuple(cfg["bptt_lengths"]),
                                           args.plain_max, args.bptt_chunk, timeout=args.bptt_timeout, peak=peak,
-                                          on_row=lambda row: console.print(f"  {row.name}: {row.value}"))
+                                          on_row=on_row, deadline=deadline)
             else:
-                rows.append(swarm.run_swarm(device.type, cfg["swarm_rounds"]))
+                rows.append(swarm.run_swarm(device.type, cfg["swarm_rounds"], timeout=min(SWARM_TIMEOUT_S, left)))
         except Exception as error:  # noqa: BLE001 - one part's failure is reported, the others still run
             rows.append(Row(part, f"{part} raised", type(error).__name__, str(error)[:500], ERROR))
+        save(rows)
     return rows
 
 
@@ -148,12 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("rcswarm bench gpu: --device cuda, but CUDA is not available on this machine", file=sys.stderr)
         return 2
+    try:
+        deadline = deadline_of(args.budget_minutes, time.monotonic())
+    except ValueError as error:
+        print(f"rcswarm bench gpu: {error}", file=sys.stderr)
+        return 2
     device = torch.device("cpu" if args.device == "cpu" else "cuda")
     console = Console()
     env = environment(device)
     console.print(f"rcswarm bench gpu on {env['device_name']} ({env['device']}); torch {env['torch']}, "
                   f"triton {env['triton']}, flash-linear-attention {env['flash_linear_attention']}")
-    rows = run_parts(args, device, console)
+    rows = run_parts(args, device, console, lambda so_far: write_json(document(so_far, env), args.out), deadline)
     render_table(rows, f"rcswarm bench gpu — {env['device_name']}", console)
     for goal in goals(rows):
         console.print(goal.line())

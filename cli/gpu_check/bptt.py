@@ -20,6 +20,7 @@ child reports the process's peak resident set size instead (not comparable; test
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import subprocess
@@ -30,11 +31,13 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from rcswarm.cli.gpu_check.report import ERROR, INFO, SKIPPED, CardPeak, Row, fraction
+from rcswarm.cli.gpu_check.report import BUDGET_SPENT, ERROR, INFO, SKIPPED, CardPeak, Row, fraction
 from rcswarm.data.frames.window import check_chunk
 
 METHODS = ("plain", "paged", "binomial")
 WARMUP_FRAMES = 1024
+# A configuration is started only with at least this many seconds of the check's budget left.
+MIN_CONFIG_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -177,11 +180,18 @@ def plan(presets: tuple[str, ...], lengths: tuple[int, ...], device: str, plain_
 def measure_bptt(device: str, presets: tuple[str, ...] = ("tiny", "small"),
                  lengths: tuple[int, ...] = (32768, 100_000, 1_000_000), plain_max: int = 32768, k: int = 128,
                  budget_mib: float = 64.0, timeout: float = 300.0, peak: CardPeak | None = None,
-                 on_row=None) -> list[Row]:
-    """Part (c): every configuration of `plan`, each in its own child process."""
+                 on_row=None, deadline: float | None = None) -> list[Row]:
+    """Part (c): every configuration of `plan`, each in its own child process for at most `timeout` s and never
+    past `deadline` (time.monotonic(); the check's budget): a configuration with under MIN_CONFIG_S left is not
+    started (a SKIPPED row says so)."""
     rows = []
     for config in plan(presets, lengths, device, plain_max, k, budget_mib):
-        rows.append(row_of(config, spawn(config, timeout), peak))
+        left = math.inf if deadline is None else deadline - time.monotonic()
+        if left < MIN_CONFIG_S:
+            rows.append(Row("bptt", f"{config.preset} {config.method} L={config.length:,}", "not run",
+                            BUDGET_SPENT, SKIPPED, {**asdict(config)}))
+        else:
+            rows.append(row_of(config, spawn(config, min(timeout, left)), peak))
         if on_row is not None:
             on_row(rows[-1])
     return rows

@@ -28,6 +28,8 @@ from typing import Any
 PASS, FAIL, INFO, SKIPPED, ERROR = "pass", "fail", "info", "skipped", "error"
 STATUSES = (PASS, FAIL, INFO, SKIPPED, ERROR)
 PARTS = ("kernels", "timings", "bptt", "swarm")
+# The detail of a part or configuration the check's time budget (`rcswarm bench gpu --budget-minutes`) left out.
+BUDGET_SPENT = "not started: the check's time budget (--budget-minutes) was spent"
 
 
 @dataclass(frozen=True)

@@ -179,3 +179,40 @@ def test_training_step_flops_follow_appendix_j():
     assert step_seconds(989e12, 989e12, 0.5) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="utilization=0"):
         step_seconds(1, 1.0, 0)
+
+
+def test_a_spent_budget_starts_nothing_and_the_json_holds_every_row_so_far(tmp_path, capsys):
+    """--budget-minutes: a part (or a (c) configuration) with too little of the budget left is not started, a
+    SKIPPED row says so, and the JSON is written after every part (a check its machine cuts off keeps its rows)."""
+    import time
+
+    from rcswarm.cli.bench_gpu import deadline_of
+    from rcswarm.cli.gpu_check.bptt import measure_bptt
+
+    out = tmp_path / "check.json"
+    assert bench_gpu(["--device", "cpu", "--budget-minutes", "0", "--out", str(out)]) == 2
+    assert "--budget-minutes 0.0: expected a number of minutes > 0" in capsys.readouterr().err and not out.exists()
+    assert deadline_of(None, 5.0) is None and deadline_of(1.5, 5.0) == 95.0
+    # 6 ms of budget: not one part starts; every part's row says why, and the check exits 0 (nothing failed).
+    assert bench_gpu(["--device", "cpu", "--budget-minutes", "0.0001", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["part"], row["status"], row["detail"]) for row in rows] == [
+        (part, report.SKIPPED, report.BUDGET_SPENT) for part in report.PARTS]
+    # (c) past its deadline: no child is started, one SKIPPED row per configuration, each handed on as it comes.
+    seen: list[Row] = []
+    started = time.monotonic()
+    skipped = measure_bptt("cpu", ("tiny",), (64, 128), plain_max=64, on_row=seen.append, deadline=started - 1)
+    assert time.monotonic() - started < 1.0 and seen == skipped and len(skipped) == 5
+    assert all(row.status == report.SKIPPED and row.detail == report.BUDGET_SPENT for row in skipped)
+
+
+def test_the_json_is_written_after_every_part(monkeypatch):
+    import io
+
+    from rcswarm.cli.bench_gpu import parser, run_parts
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # both parts then answer "not run" at once on the CPU
+    saved: list[int] = []
+    args = parser().parse_args(["--device", "cpu", "--parts", "timings", "kernels"])
+    rows = run_parts(args, torch.device("cpu"), Console(file=io.StringIO()), lambda so_far: saved.append(len(so_far)))
+    assert saved == [1, 2] and [row.part for row in rows] == ["timings", "kernels"]

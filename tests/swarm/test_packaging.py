@@ -1,5 +1,9 @@
-"""The wheel installs nothing but the `rcswarm` package (plus its dist-info) and the CLI, and every package folder."""
+"""The wheel installs nothing but the `rcswarm` package (plus its dist-info) and the CLI, and every package folder;
+the offline GPU check's script (benchmarks/gpu_check_offline.sh, `make wheelhouse`) installs it beside a Python's own
+packages and runs the check from there."""
 
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -34,3 +38,29 @@ def test_wheel_top_level_names(tmp_path):
     assert not any(name.startswith("rcswarm/tests/") for name in names)
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     assert "rcswarm = rcswarm.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_the_offline_gpu_check_installs_the_wheelhouse_aside_and_runs_from_it(tmp_path):
+    """`sh wheelhouse/gpu-check.sh`: the wheels go to RCSWARM_SITE with pip --no-index, and `rcswarm bench gpu`
+    runs from there (here: no CUDA, so its one line and exit 0). This Python stands in for a CUDA image's."""
+    import torch
+
+    house = tmp_path / "wheelhouse"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(house), str(ROOT)], check=True, capture_output=True, timeout=300)
+    shutil.copy(ROOT / "benchmarks" / "gpu_check_offline.sh", house / "gpu-check.sh")
+    python_dir = Path(sys.executable).parent  # `python3` first on the PATH is this one, as the image's is there
+    assert (python_dir / "python3").exists(), f"no python3 beside {sys.executable}"
+    site = tmp_path / "site"
+    env = {**os.environ, "PATH": f"{python_dir}:{os.environ['PATH']}", "RCSWARM_SITE": str(site),
+           "PIP_NO_INDEX": "1"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(["sh", str(house / "gpu-check.sh"), "--out", str(tmp_path / "check.json")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (site / "rcswarm" / "cli" / "bench_gpu.py").exists()
+    if not torch.cuda.is_available():
+        assert proc.stdout.startswith("rcswarm bench gpu: no CUDA device here"), proc.stdout
+    where = subprocess.run([str(python_dir / "python3"), "-c", "import rcswarm.cli.bench_gpu as m; print(m.__file__)"],
+                           env={**env, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120)
+    assert where.stdout.strip() == str(site / "rcswarm" / "cli" / "bench_gpu.py"), where
