@@ -91,6 +91,8 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     else:
         run.add_row("version", f"{status.version} / {status.target_rounds or '∞'}")
     run.add_row("workers active", f"{active} of {len(status.workers)}")
+    if status.waiting_for_place:
+        run.add_row("waiting for a place", str(status.waiting_for_place))
     run.add_row("latest loss", _num(status.latest_loss))
     run.add_row("tokens trained", str(status.total_tokens))
     run.add_row("tokens applied", str(status.applied_tokens))

@@ -17,7 +17,7 @@ import math
 import statistics
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import grpc
@@ -64,6 +64,38 @@ class Refusal(Exception):
         self.code = code
         self.message = message
         self.place_retry_s = place_retry_s
+
+
+class Waiting:
+    """Workers refused a place lately (a join refused for want of one): each worker name with the time until which
+    it counts as waiting, three of its ask-again intervals after its last ask; at most `limit` names, the longest
+    silent forgotten first, so a flood of names costs bounded memory. Any thread: every method takes `_lock`, held
+    for the dict's update only."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def asked(self, name: str, now: float, retry_s: float) -> None:
+        """`name` was refused a place at `now` and told to ask again after `retry_s`."""
+        with self._lock:
+            self._until.pop(name, None)
+            self._until[name] = now + 3 * retry_s
+            while len(self._until) > self.limit:
+                self._until.popitem(last=False)
+
+    def seated(self, name: str) -> None:
+        """`name` joined: it waits no longer."""
+        with self._lock:
+            self._until.pop(name, None)
+
+    def count(self, now: float) -> int:
+        """How many names still count as waiting at `now` (the others are forgotten)."""
+        with self._lock:
+            for name in [name for name, until in self._until.items() if until <= now]:
+                del self._until[name]
+            return len(self._until)
 
 
 @dataclass

@@ -47,7 +47,7 @@ import grpc
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import decisions, forecasts
 from rcswarm.coordinator.intake import first_part, require_secret
-from rcswarm.coordinator.records import Refusal
+from rcswarm.coordinator.records import Refusal, Waiting
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.lock import StateDirLock
@@ -180,7 +180,8 @@ class RunGroup:
     aggregate status with one RunSummary per run.
 
     Threads and locks: the RPC methods are called from gRPC handler threads, `tick` from the
-    server's ticker thread, `status` also from the dashboard's. `_lock` orders joins and move
+    server's ticker thread, `status` also from the dashboard's. `waiting` (the workers refused a place lately)
+    has its own lock, a leaf: taken last (a join holds the group's), nothing taken while it is held. `_lock` orders joins and move
     decisions, so two joins never both count a run as the emptiest; it is taken before a run's
     own lock (the group calls `join` and `active_workers` of its runs while holding it) and
     never while a run's lock is held. Every other method routes the call to its run without
@@ -198,6 +199,8 @@ class RunGroup:
         # A sweep's group places workers among its runs and reports their aggregate; a group of one is its run.
         self.sweep = spec.is_sweep
         self._lock = threading.Lock()
+        # Workers refused a place lately (their joins; any thread, its own lock), for `status`.
+        self.waiting = Waiting()
         # Each run's newest forecast (restored from its store) and the version it was made at.
         self.latest: list[ForecastRecord | None] = [(run.store.forecasts() or [None])[-1] for run in self.runs]
         self._forecast_at = [-1 if record is None else record.version for record in self.latest]
@@ -300,10 +303,18 @@ class RunGroup:
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r}: its run finished; join again")
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
-        """Admit a worker to the run `_place` picks (handler thread; takes the group lock, then the run's)."""
+        """Admit a worker to the run `_place` picks (handler thread; takes the group lock, then the run's); a join
+        refused for want of a place counts its worker as waiting (`waiting`, its own lock)."""
+        name = request.worker_name[:128]
         with self._lock:
-            index, reason = self._place(request)
-            response = self.runs[index].join(request)
+            try:
+                index, reason = self._place(request)
+                response = self.runs[index].join(request)
+            except Refusal as refusal:
+                if refusal.place_retry_s > 0:
+                    self.waiting.asked(name, time.monotonic(), refusal.place_retry_s)
+                raise
+        self.waiting.seated(name)
         if reason:
             self.runs[index].store.add_event(response.worker_id, "assign", reason)
         return response
@@ -350,6 +361,7 @@ class RunGroup:
             response = self.runs[0].status()
             response.forecast.CopyFrom(forecasts.forecast_status(self.latest[0], self.runs[0].stopped))
             response.val_loss, response.val_version = forecasts.newest_held_out(self.runs[0].store)
+            response.waiting_for_place = self.waiting.count(time.monotonic())
             return response
         statuses = [run.status() for run in self.runs]
         losses = [s.latest_loss for s in statuses if math.isfinite(s.latest_loss)]
@@ -358,7 +370,7 @@ class RunGroup:
             target_rounds=self.spec.run.rounds, latest_loss=sum(losses) / len(losses) if losses else math.nan,
             tokens_per_second=sum(s.tokens_per_second for s in statuses),
             total_tokens=sum(s.total_tokens for s in statuses), applied_tokens=sum(s.applied_tokens for s in statuses),
-            pace=statuses[0].pace,
+            pace=statuses[0].pace, waiting_for_place=self.waiting.count(time.monotonic()),
         )
         for index, (run, status) in enumerate(zip(self.runs, statuses, strict=True)):
             response.workers.extend(status.workers)

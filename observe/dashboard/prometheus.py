@@ -28,6 +28,8 @@ class CollectorSource:
     round_durations: Callable[[RunView], Sequence[float]]
     fits: Callable[[], FitReport]
     fit_label: str  # the run_id the fit is labelled with: the run's, or the sweep's name
+    # Workers waiting for a place (GetStatusResponse.waiting_for_place), labelled with fit_label.
+    waiting: Callable[[], int] = lambda: 0
 
 
 class CoordinatorCollector:
@@ -171,6 +173,11 @@ class CoordinatorCollector:
         yield closed
         yield histogram
         yield runs["last_round"]
+        waiting = GaugeMetricFamily("rcswarm_workers_waiting_for_place",
+                                    "Workers refused a place lately (every place taken) that still ask for one",
+                                    labels=["run_id"])
+        waiting.add_metric([source.fit_label], source.waiting())
+        yield waiting
         fits = source.fits()
         g = GaugeMetricFamily("rcswarm_fit_alpha_inf", "Fitted α∞ of α(s) = α∞(1 − e^(−s/τ)) (absent without a fit)", labels=["run_id"])
         valid = GaugeMetricFamily("rcswarm_fit_valid", "1 when the data identify the fit (no caveats), 0 when they do "

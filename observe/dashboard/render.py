@@ -261,6 +261,7 @@ def _overview_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:
         (data["kind"], data["run_id"]), ("state", data["run_state"]), ("runs", len(data["runs"])),
         ("versions" if data["kind"] == "sweep" else "version", _versions(data)),
         ("workers active", sum(1 for w in data["workers"] if w["state"] == "active")),
+        ("waiting for a place", data.get("waiting_for_place", 0)),
         ("latest loss", _fmt(data["latest_loss"])), ("tokens", data["total_tokens"]),
         ("tokens applied", data.get("applied_tokens", 0)), ("pace", data.get("pace") or "–"),
         ("tokens/s", _fmt(data["tokens_per_second"])), ("seq_len with data", lengths),

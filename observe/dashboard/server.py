@@ -476,7 +476,12 @@ class Dashboard:
 
     def collector_source(self) -> CollectorSource:
         return CollectorSource(views=self.views, round_durations=lambda view: view.coordinator.store.round_durations(),
-                               fits=self.fits, fit_label=self.coordinator.run_id)
+                               fits=self.fits, fit_label=self.coordinator.run_id, waiting=self.waiting_for_place)
+
+    def waiting_for_place(self) -> int:
+        """Workers waiting for a place: a coordinator's group counts them; a bare run or a mirror has none to count."""
+        waiting = getattr(self.coordinator, "waiting", None)
+        return 0 if waiting is None else waiting.count(time.monotonic())
 
     def prometheus(self) -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest

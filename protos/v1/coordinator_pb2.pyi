@@ -392,7 +392,7 @@ class RoundStatus(_message.Message):
     def __init__(self, version: _Optional[int] = ..., reports: _Optional[int] = ..., tokens: _Optional[int] = ..., opened_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., close_reason: _Optional[str] = ..., update_norm: _Optional[float] = ..., clipped: _Optional[int] = ..., dropped: _Optional[int] = ..., aggregation: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace", "fp32_bytes", "bytes_up_per_round", "bytes_down_per_round", "utilization", "forecast", "val_loss", "val_version")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "workers", "rounds", "latest_loss", "tokens_per_second", "param_sha256", "total_tokens", "runs", "curriculum", "applied_tokens", "pace", "fp32_bytes", "bytes_up_per_round", "bytes_down_per_round", "utilization", "forecast", "val_loss", "val_version", "waiting_for_place")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -414,6 +414,7 @@ class GetStatusResponse(_message.Message):
     FORECAST_FIELD_NUMBER: _ClassVar[int]
     VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     VAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_PLACE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -435,7 +436,8 @@ class GetStatusResponse(_message.Message):
     forecast: ForecastStatus
     val_loss: float
     val_version: int
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., applied_tokens: _Optional[int] = ..., pace: _Optional[str] = ..., fp32_bytes: _Optional[int] = ..., bytes_up_per_round: _Optional[float] = ..., bytes_down_per_round: _Optional[float] = ..., utilization: _Optional[float] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ..., val_loss: _Optional[float] = ..., val_version: _Optional[int] = ...) -> None: ...
+    waiting_for_place: int
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundStatus, _Mapping]]] = ..., latest_loss: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., param_sha256: _Optional[str] = ..., total_tokens: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., applied_tokens: _Optional[int] = ..., pace: _Optional[str] = ..., fp32_bytes: _Optional[int] = ..., bytes_up_per_round: _Optional[float] = ..., bytes_down_per_round: _Optional[float] = ..., utilization: _Optional[float] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ..., val_loss: _Optional[float] = ..., val_version: _Optional[int] = ..., waiting_for_place: _Optional[int] = ...) -> None: ...
 
 class ForecastStatus(_message.Message):
     __slots__ = ("made_at_version", "at_round", "loss", "low", "high", "note", "target_loss", "target_seconds", "target_low_s", "target_high_s", "stopped", "basis")

@@ -79,6 +79,7 @@ def test_a_full_sweep_refuses_a_join_with_when_to_ask_again_and_a_finished_one_w
         sweep.join(pb.JoinRequest(worker_name="spare"))
     assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.value.place_retry_s == 2.0
     assert "every unfinished run of the sweep is full: " in refused.value.message
+    assert sweep.status().waiting_for_place == 1
     for run in sweep.runs:
         run.stop("the test ends the sweep")
     with pytest.raises(Refusal) as finished:
@@ -152,3 +153,15 @@ def test_a_state_dir_that_holds_other_runs_than_the_config_describes_is_refused(
     open_group(single, tmp_path / "single").close()
     assert "holds one run (state.sqlite in the state dir itself), but the config describes a sweep's runs run0-L8" \
         in layout_problem(sweep, tmp_path / "single")
+
+
+def test_the_waiting_ledger_forgets_the_silent_and_holds_at_most_its_limit():
+    from rcswarm.coordinator.records import Waiting
+
+    waiting = Waiting(limit=3)
+    for i, name in enumerate(("a", "b", "c", "d")):
+        waiting.asked(name, now=float(i), retry_s=1.0)  # each counts until now + 3
+    assert waiting.count(now=3.5) == 3  # "a" fell out at the limit, not by its time
+    waiting.asked("b", now=4.0, retry_s=1.0)  # asking again renews it
+    waiting.seated("c")
+    assert waiting.count(now=6.5) == 1 and waiting.count(now=7.0) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -439,3 +440,38 @@ def test_a_sweep_with_idle_lengths_names_them_instead_of_asking_for_a_sweep(tmp_
     finally:
         client.close()
         running.stop(grace=0.5)
+
+
+def test_workers_waiting_for_a_place_are_counted_on_every_surface(start_coordinator: Any,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Spares refused a place show in GetStatus, the page, /metrics and `rcswarm status`; one that joins or stops
+    asking (three of its ask-again intervals) drops out of the count."""
+    import grpc
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    local = start_coordinator(tiny_spec(run={"rounds": 0}, coordinator={"max_workers": 1, "lease_s": 3.0}), http_port=0)
+    base = f"http://127.0.0.1:{local.running.dashboard.port}/"
+    client = local.client()
+    seat = client.join("holder", "cpu", 1)
+    for name in ("spare-a", "spare-b", "spare-a"):
+        with pytest.raises(grpc.RpcError):
+            client.stub.Join(pb.JoinRequest(worker_name=name, device="cpu", pid=2), timeout=5.0,
+                             metadata=client.metadata)
+    assert client.status().waiting_for_place == 2
+    assert "<td>waiting for a place</td><td>2</td>" in get(base)[2].decode()
+    families = {f.name: f for f in text_string_to_metric_families(get(base + "metrics")[2].decode())}
+    (sample,) = families["rcswarm_workers_waiting_for_place"].samples
+    assert sample.value == 2 and sample.labels == {"run_id": local.running.coordinator.run_id}
+    assert status_cli.main(["--coordinator", local.target, "--token", TOKEN]) == 0
+    assert "waiting for a place" in capsys.readouterr().out
+    # spare-a takes the place once the holder has left; spare-b, which stopped asking, is forgotten after 3 s.
+    client.leave(seat, "the test frees the place")
+    client.stub.Join(pb.JoinRequest(worker_name="spare-a", device="cpu", pid=2), timeout=5.0, metadata=client.metadata)
+    assert client.status().waiting_for_place == 1
+    forgotten_by = time.monotonic() + 10
+    while client.status().waiting_for_place and time.monotonic() < forgotten_by:
+        time.sleep(0.2)
+    assert client.status().waiting_for_place == 0
+    client.close()

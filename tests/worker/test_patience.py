@@ -152,10 +152,12 @@ def test_a_spare_waits_for_a_place_past_its_patience_says_so_once_and_joins_when
         joiner, outcome = joining(spare, "spare", 2)
         joiner.join(timeout=3 * PATIENCE_S)
         assert joiner.is_alive() and not outcome, f"the spare stopped waiting for a place: {outcome}"
+        assert holder.status().waiting_for_place == 1
         stop_beating()
         holder.leave(seat, "the test frees the place")
         joiner.join(timeout=10.0)
     assert not joiner.is_alive() and outcome and outcome[0].worker_id, outcome
+    assert holder.status().waiting_for_place == 0
     said = [r for r in caplog.records if "waiting for a place" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in said]
     assert "the swarm is full: 1 active of max_workers=1" in said[0].getMessage()
