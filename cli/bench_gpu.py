@@ -8,7 +8,8 @@
 
 Parts: (a) `kernels`, the Triton kernels against their references, forward and every gradient, fp32 and bf16;
 (b) `timings`, rwkv_product and SGSA beside flash-linear-attention's chunk_rwkv7 and SDPA; (c) `bptt`,
-streaming BPTT peak memory and frames/s at long windows; (d) `swarm`, a 2-worker swarm on the GPU. One table
+streaming BPTT's gradients against plain autograd (float64; the pager, checkpointing's host copies and prefetches),
+then its peak memory and frames/s at long windows; (d) `swarm`, a 2-worker swarm on the GPU. One table
 on screen, the goals of the issue read out under it, and a JSON file with every number. Exit status 1 when a
 correctness check fails or a part raises (missed speed goals are reported, not failed), else 0. The JSON is
 written after every part and every (c) configuration, so a check cut off by its machine keeps what it measured;
@@ -67,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: CUDA when present, else say so and exit 0; cpu: run on the CPU (tests of the plumbing)")
     p.add_argument("--out", type=Path, default=Path("runs/gpu-check.json"), help="the JSON file (default runs/gpu-check.json)")
-    p.add_argument("--quick", action="store_true", help="shorter timings, bptt at 32K and 10^5 (tiny), 2 swarm rounds")
+    p.add_argument("--quick", action="store_true", help="shorter timings (without fla's fp32 agreement row), bptt at "
+                   "32K and 10^5 (tiny), 2 swarm rounds")
     p.add_argument("--rwkv-lengths", type=int, nargs="+", default=None, help="T of the RWKV timings (default 4096 32768)")
     p.add_argument("--sgsa-lengths", type=int, nargs="+", default=None, help="T of the SGSA timings (default 4096 16384)")
     p.add_argument("--bptt-presets", nargs="+", default=None, help="frame presets of (c) (default tiny small)")
@@ -157,13 +159,17 @@ def run_parts(args: argparse.Namespace, device: torch.device, console: Console,
                                     "CPU) and triton", SKIPPED))
             elif part == "timings":
                 if device.type == "cuda":
-                    rows += kernels.time_kernels(device, peak, tuple(cfg["rwkv_lengths"]), tuple(cfg["sgsa_lengths"]))
+                    rows += kernels.time_kernels(device, peak, tuple(cfg["rwkv_lengths"]), tuple(cfg["sgsa_lengths"]),
+                                                 agreement=not args.quick)
                 elif interpreter:  # tiny shapes and a wall clock: the rows' plumbing, not a measurement
                     rows += kernels.time_rwkv(device, None, (16,), batch=1, heads=1, d=8)
                     rows += kernels.time_sgsa(device, None, (64,), 1, 2, 1, 16, 16, 8)
                 else:
                     rows.append(Row("timings", "kernel timings", "not run", "needs CUDA (do_bench)", SKIPPED))
             elif part == "bptt":
+                for row in bptt.check_gradients(device.type):
+                    on_row(row)
+                    rows.append(row)
                 rows += bptt.measure_bptt(device.type, tuple(cfg["bptt_presets"]), tuple(cfg["bptt_lengths"]),
                                           args.plain_max, args.bptt_chunk, timeout=args.bptt_timeout, peak=peak,
                                           on_row=on_row, deadline=deadline)

@@ -26,18 +26,22 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
 
-from rcswarm.cli.gpu_check.report import BUDGET_SPENT, ERROR, INFO, SKIPPED, CardPeak, Row, fraction
+from rcswarm.cli.gpu_check.report import BUDGET_SPENT, ERROR, FAIL, INFO, PASS, SKIPPED, CardPeak, Row, fraction
 from rcswarm.data.frames.window import check_chunk
 
 METHODS = ("plain", "paged", "binomial")
 WARMUP_FRAMES = 1024
 # A configuration is started only with at least this many seconds of the check's budget left.
 MIN_CONFIG_S = 20.0
+# The gradient check of (c): frames per window (off the chunk grid) and the float64 tolerance.
+GRAD_CHECK_FRAMES = 331
+GRAD_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,39 @@ def row_of(config: BpttConfig, result: dict, peak: CardPeak | None = None) -> Ro
               + f"; loss {result['loss']:.3f}; {result['schedule']}")
     return Row("bptt", name, f"{result['frames_per_second']:,.0f} frames/s", detail, INFO,
                {**result, "utilization": utilization})
+
+
+def check_gradients(device: str, length: int = GRAD_CHECK_FRAMES, k: int = 32) -> list[Row]:
+    """(c)'s correctness rows: every parameter's gradient after streaming BPTT (the pager; binomial checkpointing
+    with 2 slots and read-ahead 3, embeddings in memory and on disk: every host copy and prefetch) against plain
+    autograd, the tiny preset in float64 on `device`, 2 windows of `length` frames (off the chunk grid); error =
+    max |Δ| / max |reference| over all parameters, at most GRAD_TOLERANCE."""
+    from rcswarm.kernels.checks import relative_error
+    from rcswarm.models import registry
+    from rcswarm.train.bptt.checkpointed import CheckpointPlan
+    from rcswarm.train.bptt.streaming import plain_backward, streaming_backward
+
+    model = registry.build_model("frame", "tiny", seed=0).double().to(torch.device(device))
+    c = model.config
+    window = SyntheticWindow(2, length, c.rows, c.cols, c.char_vocab, c.n_styles, c.action_vocab)
+
+    def grads(backward: Callable[[], object]) -> list[Tensor]:
+        model.zero_grad(set_to_none=True)
+        backward()
+        return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+    want = grads(lambda: plain_backward(model, window.chunk(0, length), k))
+    methods = {"paged": None, **{f"binomial, embeddings in {where}": CheckpointPlan(
+        "binomial", slots=2, embeddings=where, segment_steps=4 * k) for where in ("memory", "disk")}}
+    rows = []
+    for name, checkpoints in methods.items():
+        got = grads(lambda checkpoints=checkpoints: streaming_backward(model, window, k, prefetch=3,
+                                                                        checkpoints=checkpoints))
+        error = max(relative_error(g, w) for g, w in zip(got, want, strict=True)) if len(got) == len(want) else math.inf
+        rows.append(Row("bptt", f"gradients: {name} vs plain (float64, L={length})", f"{error:.1e}",
+                        f"every parameter's gradient; tolerance {GRAD_TOLERANCE:g}",
+                        PASS if error <= GRAD_TOLERANCE else FAIL, {"method": name, "error": error, "length": length}))
+    return rows
 
 
 def plan(presets: tuple[str, ...], lengths: tuple[int, ...], device: str, plain_max: int, k: int,

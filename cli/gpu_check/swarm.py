@@ -10,9 +10,12 @@ finite losses and the held-out loss of the final parameters is below the initial
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +24,9 @@ from pathlib import Path
 from rcswarm.cli.gpu_check.report import ERROR, FAIL, PASS, Row
 
 JOINED = re.compile(r"join: (worker-\d+) \(([^)]*)\) as ")
+# Seconds `rcswarm run` gets to stop its processes (its own budget ends the run this long before the timeout).
+STOP_GRACE_S = 30.0
+MIN_RUN_MINUTES = 0.5
 
 
 def swarm_config(rounds: int, precision: str, seq_len: int = 256, batch: int = 8) -> str:
@@ -76,6 +82,26 @@ def judge(summary: dict, devices: dict[str, str], expected_device: str, rounds: 
                {"summary": summary, "devices": devices, "expected_device": expected_device})
 
 
+def stop(proc: subprocess.Popen, process_table: Path) -> None:
+    """End `rcswarm run` (SIGTERM: it stops its coordinator and workers), and after STOP_GRACE_S kill it and every
+    process its table lists (they run in sessions of their own, beyond the launcher's signals)."""
+    proc.terminate()
+    try:
+        proc.communicate(timeout=STOP_GRACE_S)
+        return
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    try:
+        table = json.loads(process_table.read_text())
+    except (OSError, ValueError):
+        table = {}
+    for pid in [table.get("coordinator"), *table.get("workers", [])]:
+        if isinstance(pid, int):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    proc.communicate()
+
+
 def run_swarm(expected_device: str, rounds: int = 3, timeout: float = 480.0, keep: Path | None = None) -> Row:
     """Part (d): write the config, run `rcswarm run` to completion (at most `timeout` s), judge the result."""
     precision = "bf16" if expected_device == "cuda" else "fp32"
@@ -86,15 +112,21 @@ def run_swarm(expected_device: str, rounds: int = 3, timeout: float = 480.0, kee
         config = root / "swarm.toml"
         config.write_text(swarm_config(rounds, precision, **window))
         run_dir = root / "run"
+        # The launcher's own budget ends the run (every process) STOP_GRACE_S before the timeout; past the timeout
+        # it is stopped, and what it started is killed: a swarm left training would skew the parts after it.
+        minutes = max(MIN_RUN_MINUTES, (timeout - STOP_GRACE_S) / 60)
+        proc = subprocess.Popen([sys.executable, "-m", "rcswarm.cli", "run", str(config), "--run-dir", str(run_dir),
+                                 "--minutes", f"{minutes:.3f}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
         try:
-            proc = subprocess.run([sys.executable, "-m", "rcswarm.cli", "run", str(config), "--run-dir", str(run_dir)],
-                                  capture_output=True, text=True, timeout=timeout, check=False)
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stop(proc, run_dir / "processes.json")
             return Row("swarm", "2-worker swarm, tiny frame model", "not finished", f"timed out after {timeout:g} s",
                        ERROR)
         summary_path = run_dir / "summary.json"
         if not summary_path.exists():
-            tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+            tail = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
             return Row("swarm", "2-worker swarm, tiny frame model", "failed", f"exit {proc.returncode}: {tail}", ERROR)
         log = (run_dir / "logs" / "coordinator.log").read_text(errors="replace")
         return judge(json.loads(summary_path.read_text()), joined_devices(log), expected_device, rounds)

@@ -42,6 +42,11 @@ def test_the_bptt_part_measures_each_configuration_in_a_child(tmp_path, capsys):
     assert bench_gpu(["--device", "cpu", "--parts", "bptt", "--bptt-presets", "tiny", "--bptt-lengths", "40",
                       "--plain-max", "40", "--bptt-chunk", "4", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
+    # First the gradient check (float64, against plain autograd), then the measurements.
+    checks, rows = rows[:3], rows[3:]
+    assert [r["data"]["method"] for r in checks] == ["paged", "binomial, embeddings in memory",
+                                                     "binomial, embeddings in disk"]
+    assert all(r["status"] == "pass" and r["data"]["error"] <= 1e-9 for r in checks), checks
     assert [(r["data"]["method"], r["data"]["length"]) for r in rows] == [("plain", 40), ("paged", 40), ("binomial", 40)]
     for r in rows:
         assert r["status"] == "info" and r["data"]["frames_per_second"] > 0 and r["data"]["peak_rss_bytes"] > 0

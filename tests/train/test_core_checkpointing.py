@@ -396,3 +396,19 @@ def test_cuda_checkpointing_pages_to_host_and_keeps_gradients_exact() -> None:
         _, stats = streaming_backward(cuda_model, batch, 2, prefetch=3, checkpoints=plan)
         assert stats.copied_to_host and stats.stored_states == 2
         _assert_close(_grads(cuda_model), want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA stash needs a GPU")
+def test_a_cuda_state_restored_at_once_is_the_one_just_stored() -> None:
+    """A state put and prefetched at once (the binomial schedule's `store b, advance, turn, restore b` with
+    read-ahead) comes back as stored, never as the slot's previous state: the copy into the pinned slot and the
+    copy back run in order (both on the side stream). 64 MiB states, so that a copy takes long enough to race."""
+    device = torch.device("cuda")
+    stash = StateStash(device, HostCopies(), slots=1)
+    for i in range(12):
+        state = torch.full((4096, 4096), float(i), device=device)
+        stash.put(i, (state,))
+        stash.prefetch(i)
+        (restored,) = stash.get(i)
+        assert torch.equal(restored, torch.full_like(restored, float(i))), f"state {i} came back stale"
+        stash.drop(i)

@@ -16,8 +16,8 @@
   evicts it otherwise). Its prefetch asks the kernel to read ahead
   (posix_fadvise WILLNEED), then loads through the `Prefetcher`.
 - `StateStash`: the checkpointed core states at segment boundaries, copied into slots
-  allocated once (on CUDA in pinned host memory, copied back when restored, prefetched
-  when the schedule's restore is near). It counts stored states and bytes and their peaks.
+  allocated once (on CUDA in pinned host memory, written and copied back on the side stream, so a
+  restore never reads a slot before its copy landed; prefetched when the schedule's restore is near). It counts stored states and bytes and their peaks.
 """
 
 from __future__ import annotations
@@ -48,9 +48,15 @@ class HostCopies:
 
     def to_host(self, tensor: Tensor) -> Tensor:
         """A pinned host copy of CUDA `tensor`, made on the side stream after the current stream's work."""
+        return self.copy_to_host(torch.empty_like(tensor, device="cpu", pin_memory=True), tensor)
+
+    def copy_to_host(self, host: Tensor, tensor: Tensor) -> Tensor:
+        """Copy CUDA `tensor` into the pinned `host` on the side stream after the current stream's work; `host`.
+
+        On the side stream, so a later `start_to_device` of `host` (same stream) reads it only once written, and
+        a copy from `host` still in flight finishes before `host` is written again."""
         stream = self.side_stream(tensor.device)
         stream.wait_stream(torch.cuda.current_stream(tensor.device))
-        host = torch.empty_like(tensor, device="cpu", pin_memory=True)
         with torch.cuda.stream(stream):
             host.copy_(tensor, non_blocking=True)
         tensor.record_stream(stream)
@@ -248,8 +254,10 @@ class StateStash:
             raise ValueError(f"storing boundary {boundary}: all {self.slots} slots are taken")
         slot = self._free.pop()
         for buffer, tensor in zip(self._pool, state, strict=True):
-            buffer[slot].copy_(tensor, non_blocking=self._cuda)
-        self._copies.copied |= self._cuda
+            if self._cuda:  # on the side stream, which also copies the slot back: never read before it is written
+                self._copies.copy_to_host(buffer[slot], tensor)
+            else:
+                buffer[slot].copy_(tensor)
         self._slot_of[boundary] = slot
         self.stored += 1
         self.stored_bytes += sum(bytes_of(t) for t in state)
