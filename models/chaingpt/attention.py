@@ -78,5 +78,7 @@ class SGSA(nn.Module):
         v = self._split(self.value(x), self.kv_heads)  # [B, H_kv, T, d_h]
         q = apply_rope(q, self.inverse_frequencies)  # [B, H_q, T, d_h]
         k = apply_rope(k, self.inverse_frequencies)  # [B, H_kv, T, d_h]
+        # CUDA autocast runs rms_norm in float32 and the value projection in bf16: one dtype, v's, for the kernel.
+        q, k = q.to(v.dtype), k.to(v.dtype)
         attended = sgsa_attention(q, k, v, self.window, self.anchor_stride, naive=self.naive)  # [B, H_q, T, d_h]
         return self.output(attended.transpose(1, 2).reshape(batch, length, -1))

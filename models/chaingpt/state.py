@@ -34,12 +34,15 @@ LoRA added to V^0 instead of RWKV-7's value-residual interpolation.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rcswarm.kernels.rwkv_product import rwkv_product_substeps
 from rcswarm.models.chaingpt.config import ChainGPTConfig
+from rcswarm.models.precision import in_float32
 
 MIX_NAMES = ("r", "w", "k", "v", "a", "g")
 
@@ -155,9 +158,9 @@ class RWKVProduct(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         batch, length, d = h.shape  # [B, T, D]
         inputs = self.substep_inputs(h)
-        y, _ = rwkv_product_substeps(
+        y, _ = in_float32(  # the kernel takes one dtype; under autocast its inputs come in bf16 and float32
+            partial(rwkv_product_substeps, chunk_size=self.chunk_size, naive=self.naive),
             inputs["r"], inputs["w_raw"], inputs["k"], inputs["v"], inputs["a"], inputs["b"],
-            chunk_size=self.chunk_size, naive=self.naive,
         )  # [B, T, H, d_h]
         normed = self.norm(y.reshape(batch * length, d)).view(batch, length, d)  # [B, T, D]
         k_last, v_last = inputs["k"][:, :, -1], inputs["v"][:, :, -1]  # [B, T, H, d_h]

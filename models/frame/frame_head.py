@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from rcswarm.models.frame.config import FrameModelConfig
 from rcswarm.models.frame.layers import TransformerBlock, init_lstm_
 from rcswarm.models.init import init_norm
+from rcswarm.models.precision import in_float32
 
 CHAR = 0
 STYLE = 1
@@ -103,5 +104,5 @@ class FrameHead(nn.Module):
             x = pool_pairs(block(x))  # [N, T_{s+1}, D]
         for block in self.post_pool_blocks:
             x = block(x)  # [N, T_P, D]
-        _, (h, _) = self.reduce(self.norm(x))  # h: [1, N, D]
+        _, (h, _) = in_float32(self.reduce, self.norm(x))  # h: [1, N, D]; float32 under autocast too
         return h[0]  # [N, D]

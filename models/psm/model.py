@@ -108,7 +108,7 @@ class TransformerPSM(nn.Module):
             state = mixed[:, c:]  # [N, c, D]
         else:
             state = self.compress(mixed.transpose(1, 2)).transpose(1, 2)  # [N, c, D]
-        return state.reshape(*lead, c, d)
+        return state.reshape(*lead, c, d).to(earlier.dtype)  # the scan's dtype (autocast makes `compress` bf16)
 
     def infer(self, state: Tensor, chunk: Tensor) -> Tensor:
         """Logits of a (possibly partial) chunk: state [N, c, D], chunk [N, m <= c, D] -> [N, m, V]."""

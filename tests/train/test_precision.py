@@ -1,6 +1,8 @@
-"""`[inner] precision = "bf16"`: the inner step under torch.autocast(bfloat16), here on the CPU (the same code path a
-CUDA worker takes; no GPU on this machine): plain autograd, paged streaming BPTT and core checkpointing give finite
-float32 gradients that agree with each other to bf16 rounding and with the float32 step to a few percent."""
+"""`[inner] precision = "bf16"`: the inner step under torch.autocast(bfloat16), here on the CPU (the same code a
+CUDA worker runs, but not the same autocast policy: CUDA's runs norms in float32 and cuDNN RNNs in float16, emulated
+or guarded below; no GPU on this machine): plain autograd, paged streaming BPTT and core checkpointing give finite
+float32 gradients that agree with each other to bf16 rounding and with the float32 step to a few percent; every
+model family takes a bf16 step; every LSTM runs in float32 outside autocast."""
 
 from __future__ import annotations
 
@@ -63,3 +65,71 @@ def test_precision_is_validated_and_fp32_is_no_autocast() -> None:
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     with pytest.raises(ValueError, match="inner.precision = 'int4'"):
         autocast(torch.device("cpu"), "int4")
+
+
+class TokenBatches:
+    """Random tokens below the model's vocabulary, 2 windows of 32 (the sampler protocol inner_step reads)."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+        self.generator = torch.Generator().manual_seed(0)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.randint(0, self.vocab, (2, 33), generator=self.generator)
+        return tokens[:, :-1], tokens[:, 1:]  # [B, T], [B, T]
+
+
+def _bf16_token_step(name: str, preset: str) -> tuple[torch.nn.Module, float]:
+    """The model after one bf16 inner step on random tokens below its vocabulary, and the step's loss."""
+    model = registry.build_model(name, preset, seed=0)
+    vocab = next(m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    spec = RunSpec.from_dict({"model": {"name": name, "preset": preset}, "inner": {"precision": "bf16"}})
+    result = inner_step(model, make_inner_optimizer(model, spec.inner), TokenBatches(vocab), 1.0, torch.device("cpu"),
+                        0, 0.0, "bf16")
+    return model, result.loss
+
+
+BF16_MODELS = [(name, "tiny") for name in registry.list_models() if name != "frame"] + [("psm", "mqar")]
+
+
+@pytest.mark.parametrize(("name", "preset"), BF16_MODELS)
+def test_every_token_model_takes_a_bf16_step(name: str, preset: str) -> None:
+    """One inner step of each token model under bf16 autocast on bytes: finite loss and float32 gradients (the
+    recurrence kernel and the scans get operands of one dtype: autocast hands them bf16 and float32 mixed)."""
+    model, loss = _bf16_token_step(name, preset)
+    assert math.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 and bool(torch.isfinite(g).all()) for g in grads)
+
+
+@pytest.mark.parametrize("name", ["frame", "lstm_lm", "lstm"])
+def test_lstms_run_in_float32_outside_autocast(name: str) -> None:
+    """Every nn.LSTM runs with autocast off on float32 input under bf16 autocast: on CUDA, autocast would run a
+    cuDNN RNN in float16 whatever dtype it was given (models/precision.py)."""
+    model = registry.build_model(name, "tiny", seed=0)
+    seen: list[tuple[bool, torch.dtype]] = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.LSTM):
+            module.register_forward_pre_hook(
+                lambda _, args: seen.append((torch.is_autocast_enabled("cpu"), args[0].dtype)))
+    source = "typing" if name == "frame" else "stdlib"
+    spec = RunSpec.from_dict({
+        "model": {"name": name, "preset": "tiny"},
+        "data": {"source": source, "seq_len": 16, "batch_size": 2,
+                 **({"task_config": {"n_documents": 4}} if name == "frame" else {"max_bytes": 200_000})},
+        "inner": {"precision": "bf16"},
+    })
+    sampler = make_sampler(spec.data, seed=1, model_config=model.config)
+    result = inner_step(model, make_inner_optimizer(model, spec.inner), sampler, 1.0, torch.device("cpu"), 0, 0.0,
+                        "bf16")
+    assert math.isfinite(result.loss) and seen and set(seen) == {(False, torch.float32)}, seen
+
+
+def test_chaingpt_takes_a_bf16_step_under_cuda_autocast_policy_for_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA autocast runs rms_norm in float32 (CPU autocast leaves it alone), so SGSA's q and k arrive in float32
+    beside a bf16 v; emulated here by an rms_norm that returns float32, the step still runs (one dtype, v's)."""
+    import torch.nn.functional as F
+
+    honest = F.rms_norm
+    monkeypatch.setattr(F, "rms_norm", lambda *args, **kwargs: honest(*args, **kwargs).float())
+    assert math.isfinite(_bf16_token_step("chaingpt", "tiny")[1])
