@@ -38,6 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rcswarm.kernels.rwkv_product.checks import check_chunk_size, check_inputs
+from rcswarm.kernels.triton_probe import on_tensor_device
 
 DEFAULT_TRITON_CHUNK = 32
 
@@ -176,6 +177,7 @@ class _RWKVTriton(torch.autograd.Function):
     """`_forward_kernel` and `_backward_kernel` as one autograd node (first derivatives only)."""
 
     @staticmethod
+    @on_tensor_device
     def forward(ctx, r, w_raw, k, v, a, b, initial, chunk):
         batch, length, heads, d_k = r.shape
         d_v = v.shape[-1]
@@ -199,6 +201,7 @@ class _RWKVTriton(torch.autograd.Function):
         return y, final
 
     @staticmethod
+    @on_tensor_device
     def backward(ctx, d_y, d_final):
         r, w_raw, k, v, a, b, checkpoints = ctx.saved_tensors
         batch, length, heads, d_k = r.shape

@@ -37,6 +37,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rcswarm.kernels.sgsa.checks import check_inputs
+from rcswarm.kernels.triton_probe import on_tensor_device
 
 
 @triton.jit
@@ -307,6 +308,7 @@ def _anchor_rows(x: Tensor, anchor_stride: int, anchors: int) -> Tensor:
 
 class _TritonAttention(torch.autograd.Function):
     @staticmethod
+    @on_tensor_device
     def forward(
         ctx,
         q: Tensor,
@@ -343,6 +345,7 @@ class _TritonAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @on_tensor_device
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         scaled, k, v, anchor_keys, anchor_values, out, lse = ctx.saved_tensors
         window, anchor_stride, scale, block_m, block_n, anchor_split, anchors = ctx.settings
