@@ -16,19 +16,22 @@ from rcswarm.models import registry
 from rcswarm.train.inner import autocast, inner_step, make_inner_optimizer, make_sampler
 
 MODES = {"plain": (0, 0.0), "paged": (4, 0.0), "checkpointed": (4, 0.003)}
+# The devices the steps run on: the CPU, and CUDA where there is one (its autocast policy is the one that matters).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _grads_after_one_step(mode: str, precision: str) -> tuple[float, dict[str, torch.Tensor], torch.nn.Module]:
+def _grads_after_one_step(mode: str, precision: str, device: str = "cpu",
+                          ) -> tuple[float, dict[str, torch.Tensor], torch.nn.Module]:
     bptt_chunk, budget = MODES[mode]
     spec = RunSpec.from_dict({
         "model": {"name": "frame", "preset": "tiny"},
         "data": {"source": "typing", "seq_len": 24, "batch_size": 2, "task_config": {"n_documents": 4}},
         "inner": {"bptt_chunk": bptt_chunk, "memory_budget_mb": budget, "precision": precision, "lr": 1e-12},
     })
-    model = registry.build_model("frame", "tiny", seed=0)
+    model = registry.build_model("frame", "tiny", seed=0).to(device)
     sampler = make_sampler(spec.data, seed=1, model_config=model.config)
     optimizer = make_inner_optimizer(model, spec.inner)
-    result = inner_step(model, optimizer, sampler, 0.0, torch.device("cpu"), bptt_chunk, budget, precision)
+    result = inner_step(model, optimizer, sampler, 0.0, torch.device(device), bptt_chunk, budget, precision)
     assert result.tokens == 48 and math.isfinite(result.loss)
     return result.loss, {name: p.grad.clone() for name, p in model.named_parameters()}, model
 
@@ -41,16 +44,17 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def test_bf16_steps_agree_across_bptt_modes_and_with_float32() -> None:
-    reference_loss, reference, _ = _grads_after_one_step("plain", "fp32")
-    plain_loss, plain, model = _grads_after_one_step("plain", "bf16")
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_steps_agree_across_bptt_modes_and_with_float32(device: str) -> None:
+    reference_loss, reference, _ = _grads_after_one_step("plain", "fp32", device)
+    plain_loss, plain, model = _grads_after_one_step("plain", "bf16", device)
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
     assert all(torch.isfinite(g).all() for g in plain.values())
     assert plain_loss != reference_loss  # bf16 really ran
     assert abs(plain_loss - reference_loss) < 0.02 * reference_loss
     assert _relative(flat(plain), flat(reference)) < 0.03  # measured 0.006
     for mode in ("paged", "checkpointed"):
-        loss, grads, _ = _grads_after_one_step(mode, "bf16")
+        loss, grads, _ = _grads_after_one_step(mode, "bf16", device)
         assert abs(loss - plain_loss) < 1e-2 * plain_loss, mode
         assert _relative(flat(grads), flat(plain)) < 0.01, mode  # measured 0.0015
 
@@ -79,12 +83,12 @@ class TokenBatches:
         return tokens[:, :-1], tokens[:, 1:]  # [B, T], [B, T]
 
 
-def _bf16_token_step(name: str, preset: str) -> tuple[torch.nn.Module, float]:
+def _bf16_token_step(name: str, preset: str, device: str = "cpu") -> tuple[torch.nn.Module, float]:
     """The model after one bf16 inner step on random tokens below its vocabulary, and the step's loss."""
-    model = registry.build_model(name, preset, seed=0)
+    model = registry.build_model(name, preset, seed=0).to(device)
     vocab = next(m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding))
     spec = RunSpec.from_dict({"model": {"name": name, "preset": preset}, "inner": {"precision": "bf16"}})
-    result = inner_step(model, make_inner_optimizer(model, spec.inner), TokenBatches(vocab), 1.0, torch.device("cpu"),
+    result = inner_step(model, make_inner_optimizer(model, spec.inner), TokenBatches(vocab), 1.0, torch.device(device),
                         0, 0.0, "bf16")
     return model, result.loss
 
@@ -92,26 +96,28 @@ def _bf16_token_step(name: str, preset: str) -> tuple[torch.nn.Module, float]:
 BF16_MODELS = [(name, "tiny") for name in registry.list_models() if name != "frame"] + [("psm", "mqar")]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("name", "preset"), BF16_MODELS)
-def test_every_token_model_takes_a_bf16_step(name: str, preset: str) -> None:
+def test_every_token_model_takes_a_bf16_step(name: str, preset: str, device: str) -> None:
     """One inner step of each token model under bf16 autocast on bytes: finite loss and float32 gradients (the
     recurrence kernel and the scans get operands of one dtype: autocast hands them bf16 and float32 mixed)."""
-    model, loss = _bf16_token_step(name, preset)
+    model, loss = _bf16_token_step(name, preset, device)
     assert math.isfinite(loss)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(g.dtype == torch.float32 and bool(torch.isfinite(g).all()) for g in grads)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["frame", "lstm_lm", "lstm"])
-def test_lstms_run_in_float32_outside_autocast(name: str) -> None:
+def test_lstms_run_in_float32_outside_autocast(name: str, device: str) -> None:
     """Every nn.LSTM runs with autocast off on float32 input under bf16 autocast: on CUDA, autocast would run a
     cuDNN RNN in float16 whatever dtype it was given (models/precision.py)."""
-    model = registry.build_model(name, "tiny", seed=0)
+    model = registry.build_model(name, "tiny", seed=0).to(device)
     seen: list[tuple[bool, torch.dtype]] = []
     for module in model.modules():
         if isinstance(module, torch.nn.LSTM):
             module.register_forward_pre_hook(
-                lambda _, args: seen.append((torch.is_autocast_enabled("cpu"), args[0].dtype)))
+                lambda _, args: seen.append((torch.is_autocast_enabled(device), args[0].dtype)))
     source = "typing" if name == "frame" else "stdlib"
     spec = RunSpec.from_dict({
         "model": {"name": name, "preset": "tiny"},
@@ -120,7 +126,7 @@ def test_lstms_run_in_float32_outside_autocast(name: str) -> None:
         "inner": {"precision": "bf16"},
     })
     sampler = make_sampler(spec.data, seed=1, model_config=model.config)
-    result = inner_step(model, make_inner_optimizer(model, spec.inner), sampler, 1.0, torch.device("cpu"), 0, 0.0,
+    result = inner_step(model, make_inner_optimizer(model, spec.inner), sampler, 1.0, torch.device(device), 0, 0.0,
                         "bf16")
     assert math.isfinite(result.loss) and seen and set(seen) == {(False, torch.float32)}, seen
 
