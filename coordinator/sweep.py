@@ -8,7 +8,8 @@ routes every RPC to the run its worker belongs to and schedules a sweep's worker
 
 * Join assigns a worker to the unfinished run with room that has the fewest active workers (equal
   share of wall time by default), `decide_assignment`; with every unfinished run full the join is refused
-  RESOURCE_EXHAUSTED with the place-retry trailer, and the worker waits for a place; a worker joining again after a restart or an
+  RESOURCE_EXHAUSTED with the place-retry trailer, and the worker waits for a place (`waiting` counts it);
+  a worker joining again after a restart or an
   eviction names the run it trained for (JoinRequest.run_id) and goes back there while that run is
   unfinished and has room, unless the sweep itself moved it off that run (its previous membership
   is REASSIGNED there), so its round's update and metric rows still find their run.
@@ -180,12 +181,12 @@ class RunGroup:
     aggregate status with one RunSummary per run.
 
     Threads and locks: the RPC methods are called from gRPC handler threads, `tick` from the
-    server's ticker thread, `status` also from the dashboard's. `waiting` (the workers refused a place lately)
-    has its own lock, a leaf: taken last (a join holds the group's), nothing taken while it is held. `_lock` orders joins and move
-    decisions, so two joins never both count a run as the emptiest; it is taken before a run's
-    own lock (the group calls `join` and `active_workers` of its runs while holding it) and
-    never while a run's lock is held. Every other method routes the call to its run without
-    the group's lock; the run takes its own (see SwarmCoordinator). The forecasts (`_forecast`, `_prune`) are
+    server's ticker thread, `status` also from the dashboard's. `waiting` (the workers refused a place
+    lately) has its own lock, a leaf: taken last (a join holds the group's), nothing taken while it is
+    held. `_lock` orders joins and move decisions, so two joins never both count a run as the
+    emptiest; it is taken before a run's own lock (the group calls `join` and `active_workers` of
+    its runs while holding it) and never while a run's lock is held. Every other method routes the
+    call to its run without the group's lock; the run takes its own (see SwarmCoordinator). The forecasts (`_forecast`, `_prune`) are
     the ticker's alone: it replaces `latest[i]` whole, which `status` reads as a snapshot from any thread.
     """
 

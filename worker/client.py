@@ -18,7 +18,7 @@ checks) is an answer, so it cannot count as silence: a pull gives up after
 `RetryPolicy.max_refused_payloads` refused payloads in a row instead, however often other calls are
 answered meanwhile. A join refused because every place is taken (RESOURCE_EXHAUSTED with the coordinator's
 PLACE_RETRY_KEY trailer) is an answer too: the worker waits for a place, asking again when the trailer says,
-one WARNING when it starts waiting and one INFO line a minute after, until a place frees, the run finishes
+one WARNING when it starts waiting, then one INFO line a minute, until a place frees, the run finishes
 (FAILED_PRECONDITION), the stop event is set, or the coordinator goes silent for the patience. Anything else
 is raised to the caller as `grpc.RpcError`. A pull is checked against
 the parameter names and shapes the caller expects before any buffer is allocated.
@@ -329,7 +329,7 @@ class CoordinatorClient:
 
     def _wait_for_place(self, what: str, refusal: str, wait_s: float, waiting: PlaceWait, cause: Exception) -> None:
         """Wait about `wait_s` (jittered down to half, so that spares do not ask in step) before asking for a place
-        again; says so when the wait starts and once a PLACE_REMINDER_S after. Raises Stopped when the stop
+        again; says so when the wait starts, then once every PLACE_REMINDER_S. Raises Stopped when the stop
         event is set."""
         now = time.monotonic()
         if waiting.since is None:

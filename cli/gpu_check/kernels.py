@@ -302,8 +302,8 @@ def time_rwkv(device: torch.device, peak: CardPeak | None, lengths: tuple[int, .
         try:
             kernels["fla chunk_rwkv7"] = fla_rwkv7()
         except Exception as error:  # noqa: BLE001 - the baseline is missing; rwkv_product and SGSA are still timed
-            rows.append(Row("timings", "fla chunk_rwkv7", "not importable", f"{type(error).__name__}: {str(error)[:300]}",
-                            SKIPPED, {"kernel": "fla chunk_rwkv7"}))
+            rows.append(Row("timings", "fla chunk_rwkv7", "not importable",
+                            f"{type(error).__name__}: {str(error)[:300]}", SKIPPED, {"kernel": "fla chunk_rwkv7"}))
         if agreement and "fla chunk_rwkv7" in kernels:
             try:
                 rows.append(fla_agreement(device))
