@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import math
 import os
 import platform
 import sys
@@ -47,14 +46,14 @@ from rcswarm.cli.gpu_check.report import (
     exit_status,
     goals,
     render_table,
+    seconds_left,
     write_json,
 )
 from rcswarm.cli.usage import new_parser, parse_or_status
 from rcswarm.kernels.triton_probe import triton_available
 
-# A part is started only with at least this many seconds of the check's budget left; (d)'s longest run.
+# A part is started only with at least this many seconds of the check's budget left.
 MIN_PART_S = 30.0
-SWARM_TIMEOUT_S = 480.0
 
 FULL = {"bptt_lengths": [32768, 100_000, 1_000_000], "bptt_presets": ["tiny", "small"], "swarm_rounds": 3,
         "rwkv_lengths": [4096, 32768], "sgsa_lengths": [4096, 16384]}
@@ -135,7 +134,7 @@ def run_parts(args: argparse.Namespace, device: torch.device, console: Console,
     interpreter = device.type == "cpu" and triton_available() and os.environ.get("TRITON_INTERPRET") == "1"
     rows: list[Row] = []
     for part in args.parts:
-        left = math.inf if deadline is None else deadline - time.monotonic()
+        left = seconds_left(deadline)
         if left < MIN_PART_S:
             rows.append(Row(part, part, "not run", BUDGET_SPENT, SKIPPED))
             save(rows)
@@ -174,7 +173,7 @@ def run_parts(args: argparse.Namespace, device: torch.device, console: Console,
                                           args.plain_max, args.bptt_chunk, timeout=args.bptt_timeout, peak=peak,
                                           on_row=on_row, deadline=deadline)
             else:
-                rows.append(swarm.run_swarm(device.type, cfg["swarm_rounds"], timeout=min(SWARM_TIMEOUT_S, left)))
+                rows.append(swarm.run_swarm(device.type, cfg["swarm_rounds"], timeout=min(swarm.TIMEOUT_S, left)))
         except Exception as error:  # noqa: BLE001 - one part's failure is reported, the others still run
             rows.append(Row(part, f"{part} raised", type(error).__name__, str(error)[:500], ERROR))
         save(rows)

@@ -32,7 +32,18 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from rcswarm.cli.gpu_check.report import BUDGET_SPENT, ERROR, FAIL, INFO, PASS, SKIPPED, CardPeak, Row, fraction
+from rcswarm.cli.gpu_check.report import (
+    BUDGET_SPENT,
+    ERROR,
+    FAIL,
+    INFO,
+    PASS,
+    SKIPPED,
+    CardPeak,
+    Row,
+    fraction,
+    seconds_left,
+)
 from rcswarm.data.frames.window import check_chunk
 
 METHODS = ("plain", "paged", "binomial")
@@ -223,7 +234,7 @@ def measure_bptt(device: str, presets: tuple[str, ...] = ("tiny", "small"),
     started (a SKIPPED row says so)."""
     rows = []
     for config in plan(presets, lengths, device, plain_max, k, budget_mib):
-        left = math.inf if deadline is None else deadline - time.monotonic()
+        left = seconds_left(deadline)
         if left < MIN_CONFIG_S:
             rows.append(Row("bptt", f"{config.preset} {config.method} L={config.length:,}", "not run",
                             BUDGET_SPENT, SKIPPED, {**asdict(config)}))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,11 @@ STATUSES = (PASS, FAIL, INFO, SKIPPED, ERROR)
 PARTS = ("kernels", "timings", "bptt", "swarm")
 # The detail of a part or configuration the check's time budget (`rcswarm bench gpu --budget-minutes`) left out.
 BUDGET_SPENT = "not started: the check's time budget (--budget-minutes) was spent"
+
+
+def seconds_left(deadline: float | None) -> float:
+    """Seconds until `deadline` (time.monotonic()); infinite without one."""
+    return math.inf if deadline is None else deadline - time.monotonic()
 
 
 @dataclass(frozen=True)

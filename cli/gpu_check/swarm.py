@@ -26,6 +26,8 @@ from rcswarm.cli.gpu_check.report import ERROR, FAIL, PASS, Row
 JOINED = re.compile(r"join: (worker-\d+) \(([^)]*)\) as ")
 # Seconds `rcswarm run` gets to stop its processes (its own budget ends the run this long before the timeout).
 STOP_GRACE_S = 30.0
+# The longest (d) runs: `rcswarm run` to completion.
+TIMEOUT_S = 480.0
 MIN_RUN_MINUTES = 0.5
 
 
@@ -102,7 +104,7 @@ def stop(proc: subprocess.Popen, process_table: Path) -> None:
     proc.communicate()
 
 
-def run_swarm(expected_device: str, rounds: int = 3, timeout: float = 480.0, keep: Path | None = None) -> Row:
+def run_swarm(expected_device: str, rounds: int = 3, timeout: float = TIMEOUT_S, keep: Path | None = None) -> Row:
     """Part (d): write the config, run `rcswarm run` to completion (at most `timeout` s), judge the result."""
     precision = "bf16" if expected_device == "cuda" else "fp32"
     window = {"seq_len": 256, "batch": 8} if expected_device == "cuda" else {"seq_len": 32, "batch": 4}
