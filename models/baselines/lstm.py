@@ -27,7 +27,7 @@ from rcswarm.models.baselines.common import (
 )
 from rcswarm.models.baselines.config import LSTMConfig
 from rcswarm.models.init import init_linear
-from rcswarm.models.precision import in_float32
+from rcswarm.models.lstm_run import run_lstm
 
 
 @dataclass
@@ -98,10 +98,10 @@ class LSTMModel(nn.Module):
         check_inputs(inputs)
         x = self.embed(inputs)  # [B, T, D]
         if state is None:
-            h, _ = in_float32(self.lstm, x)  # [B, T, D]; float32 under autocast too
+            h, _ = run_lstm(self.lstm, x)  # [B, T, D]; float32 under autocast, in pieces
         else:
             check_state_batch(state.batch_size, inputs)
-            h, (state.h, state.c) = in_float32(self.lstm, x, (state.h, state.c))  # [B, T, D]
+            h, (state.h, state.c) = run_lstm(self.lstm, x, (state.h, state.c))  # [B, T, D]
         return self.head(self.dropout(h))  # [B, T, out_dim]
 
     def step(self, tokens: Tensor, state: LSTMState) -> Tensor:

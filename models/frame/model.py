@@ -30,7 +30,7 @@ from rcswarm.models.frame.config import FrameModelConfig
 from rcswarm.models.frame.frame_head import FrameHead
 from rcswarm.models.frame.layers import MLP, init_lstm_
 from rcswarm.models.init import INIT_STD, init_linear, init_norm
-from rcswarm.models.precision import in_float32
+from rcswarm.models.lstm_run import run_lstm
 from rcswarm.models.protocols import CoreState
 
 LSTMState = tuple[Tensor, Tensor]
@@ -58,7 +58,7 @@ class MainLayer(nn.Module):
         self.mlp.reset_parameters(out_std)
 
     def forward(self, x: Tensor, state: LSTMState | None) -> tuple[Tensor, LSTMState]:
-        h, new_state = in_float32(self.lstm, self.norm_lstm(x), state)  # h: [B, L, H]; float32 under autocast too
+        h, new_state = run_lstm(self.lstm, self.norm_lstm(x), state)  # h: [B, L, H]; float32, in pieces
         if self.proj is not None:
             h = self.proj(h)  # [B, L, D]
         x = x + h  # [B, L, D]

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rcswarm.models.lstm_lm.config import ResidualLSTMConfig
-from rcswarm.models.precision import in_float32
+from rcswarm.models.lstm_run import run_lstm
 
 LSTMState = tuple[Tensor, Tensor]
 """(h, c) of one single-layer nn.LSTM, each [1, B, D]."""
@@ -41,7 +41,7 @@ class ResidualLSTMBlock(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, state: LSTMState | None = None) -> tuple[Tensor, LSTMState]:
-        h, new_state = in_float32(self.lstm, self.norm_lstm(x), state)  # [B, T, D]; float32 under autocast too
+        h, new_state = run_lstm(self.lstm, self.norm_lstm(x), state)  # [B, T, D]; float32, in pieces
         x = x + self.dropout(h)  # [B, T, D]
         m = self.mlp_out(F.gelu(self.mlp_in(self.norm_mlp(x))))  # [B, T, D]
         x = x + self.dropout(m)  # [B, T, D]

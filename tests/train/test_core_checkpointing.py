@@ -412,3 +412,14 @@ def test_a_cuda_state_restored_at_once_is_the_one_just_stored() -> None:
         (restored,) = stash.get(i)
         assert torch.equal(restored, torch.full_like(restored, float(i))), f"state {i} came back stale"
         stash.drop(i)
+
+
+def test_cuda_and_cuda_n_of_the_current_device_share_one_side_stream(monkeypatch) -> None:
+    """The copy into a pinned slot (keyed by the tensor's device, "cuda:0") and the copy back (the stash's device,
+    "cuda") must run on one stream, or the copy back can overtake the copy in (seen on an H100: a stale state).
+    CUDA's streams are stood in for here, so it runs without a GPU."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
+    copies = HostCopies()
+    assert copies.side_stream(torch.device("cuda")) is copies.side_stream(torch.device("cuda:0"))
+    assert copies.side_stream(torch.device("cuda:1")) is not copies.side_stream(torch.device("cuda:0"))

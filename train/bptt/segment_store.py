@@ -40,6 +40,10 @@ class HostCopies:
         self.copied = False
 
     def side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The one side stream of `device`: "cuda" and "cuda:N" of the current device are the same device, so the
+        same stream (two streams would let a copy back from a slot overtake the copy into it)."""
+        if device.index is None:
+            device = torch.device(device.type, torch.cuda.current_device())
         stream = self._streams.get(device)
         if stream is None:
             stream = torch.cuda.Stream(device=device)
