@@ -123,10 +123,12 @@ def deadline_of(budget_minutes: float | None, started: float) -> float | None:
 
 
 def run_parts(args: argparse.Namespace, device: torch.device, console: Console,
-              save: Callable[[list[Row]], None] = lambda rows: None, deadline: float | None = None) -> list[Row]:
+              save: Callable[[list[Row]], None] = lambda rows: None, deadline: float | None = None,
+              part_seconds: dict[str, float] | None = None) -> list[Row]:
     """Every requested part, in the order asked; a part that raises becomes an error row and the others still run.
     `save` gets the rows so far after every part and every (c) configuration; a part with under MIN_PART_S of
-    the budget left (`deadline`, time.monotonic()) is not started, and (c) and (d) end by the deadline."""
+    the budget left (`deadline`, time.monotonic()) is not started, and (c) and (d) end by the deadline. Each part's
+    wall seconds go to `part_seconds` (before its rows are saved) and on screen."""
     from rcswarm.cli.gpu_check import bptt, kernels, swarm
 
     cfg = settings(args)
@@ -140,6 +142,7 @@ def run_parts(args: argparse.Namespace, device: torch.device, console: Console,
             save(rows)
             continue
         console.print(f"[bold]{part}[/] ...")
+        started = time.monotonic()
 
         def on_row(row: Row) -> None:
             console.print(f"  {row.name}: {row.value}")
@@ -176,6 +179,10 @@ def run_parts(args: argparse.Namespace, device: torch.device, console: Console,
                 rows.append(swarm.run_swarm(device.type, cfg["swarm_rounds"], timeout=min(swarm.TIMEOUT_S, left)))
         except Exception as error:  # noqa: BLE001 - one part's failure is reported, the others still run
             rows.append(Row(part, f"{part} raised", type(error).__name__, str(error)[:500], ERROR))
+        elapsed = time.monotonic() - started
+        if part_seconds is not None:
+            part_seconds[part] = round(elapsed, 1)
+        console.print(f"  {part}: {elapsed:.0f} s")
         save(rows)
     return rows
 
@@ -201,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(device)
     console.print(f"rcswarm bench gpu on {env['device_name']} ({env['device']}); torch {env['torch']}, "
                   f"triton {env['triton']}, flash-linear-attention {env['flash_linear_attention']}")
-    rows = run_parts(args, device, console, lambda so_far: write_json(document(so_far, env), args.out), deadline)
+    env["part_seconds"] = {}
+    rows = run_parts(args, device, console, lambda so_far: write_json(document(so_far, env), args.out), deadline,
+                     env["part_seconds"])
     render_table(rows, f"rcswarm bench gpu — {env['device_name']}", console)
     for goal in goals(rows):
         console.print(goal.line())

@@ -163,9 +163,22 @@ def _backward_kernel(
     tl.store(dinit_ptr + state_base + tile, grad.to(dinit_ptr.dtype.element_ty), mask=tile_ok)
 
 
-def _blocks(d_k: int, d_v: int) -> tuple[int, int]:
-    """(BLOCK_K, BLOCK_V): the next power of two of d_k; rows per program at most 32."""
-    return triton.next_power_of_2(d_k), min(triton.next_power_of_2(d_v), 32)
+# Rows of the state per program unless asked otherwise (`block_v`): the grid is B·H·⌈d_v / BLOCK_V⌉ programs.
+DEFAULT_BLOCK_V = 32
+
+
+def _blocks(d_k: int, d_v: int, block_v: int | None = None) -> tuple[int, int]:
+    """(BLOCK_K, BLOCK_V): the next power of two of d_k; rows per program `block_v` (default DEFAULT_BLOCK_V), at most
+    the next power of two of d_v."""
+    return triton.next_power_of_2(d_k), min(triton.next_power_of_2(d_v), block_v or DEFAULT_BLOCK_V)
+
+
+def check_block_v(block_v: int | None) -> None:
+    """ValueError unless `block_v` is None or a power of two from 1 to 128."""
+    if block_v is None:
+        return
+    if isinstance(block_v, bool) or not isinstance(block_v, int) or not 1 <= block_v <= 128 or block_v & (block_v - 1):
+        raise ValueError(f"block_v={block_v!r}: expected a power of two from 1 to 128 (rows of the state per program)")
 
 
 def _accumulator(dtype: torch.dtype):
@@ -178,11 +191,11 @@ class _RWKVTriton(torch.autograd.Function):
 
     @staticmethod
     @on_tensor_device
-    def forward(ctx, r, w_raw, k, v, a, b, initial, chunk):
+    def forward(ctx, r, w_raw, k, v, a, b, initial, chunk, rows_per_program):
         batch, length, heads, d_k = r.shape
         d_v = v.shape[-1]
         r, w_raw, k, v, a, b = (x.contiguous() for x in (r, w_raw, k, v, a, b))
-        block_k, block_v = _blocks(d_k, d_v)
+        block_k, block_v = _blocks(d_k, d_v, rows_per_program)
         chunks = triton.cdiv(length, chunk)
         work = torch.float64 if r.dtype == torch.float64 else torch.float32
         y = torch.empty_like(v)  # [B, T, H, d_v]
@@ -197,7 +210,7 @@ class _RWKVTriton(torch.autograd.Function):
             HAS_INIT=has_init, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, ACC=_accumulator(r.dtype),
         )
         ctx.save_for_backward(r, w_raw, k, v, a, b, checkpoints)
-        ctx.chunk, ctx.has_init = chunk, has_init
+        ctx.chunk, ctx.has_init, ctx.block_v = chunk, has_init, block_v
         return y, final
 
     @staticmethod
@@ -207,7 +220,7 @@ class _RWKVTriton(torch.autograd.Function):
         batch, length, heads, d_k = r.shape
         d_v = v.shape[-1]
         chunk = ctx.chunk
-        block_k, block_v = _blocks(d_k, d_v)
+        block_k, block_v = _blocks(d_k, d_v, ctx.block_v)
         chunks = checkpoints.shape[1]
         blocks_v = triton.cdiv(d_v, block_v)
         work = checkpoints.dtype
@@ -229,7 +242,7 @@ class _RWKVTriton(torch.autograd.Function):
             HAS_DFINAL=has_dfinal, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, ACC=_accumulator(r.dtype),
         )
         d_r, d_w, d_k_out, d_a, d_b = (p.sum(0).to(r.dtype) for p in partials)
-        return d_r, d_w, d_k_out, d_v_out, d_a, d_b, (d_initial if ctx.has_init else None), None
+        return d_r, d_w, d_k_out, d_v_out, d_a, d_b, (d_initial if ctx.has_init else None), None, None
 
 
 def rwkv_product_triton(
@@ -241,11 +254,14 @@ def rwkv_product_triton(
     b: Tensor,
     initial_state: Tensor | None = None,
     chunk_size: int = DEFAULT_TRITON_CHUNK,
+    block_v: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Outputs y [B, T, H, d_v] and the final state [B, H, d_v, d_k] by the Triton kernels.
 
-    `chunk_size` is the checkpoint interval (state memory B·H·⌈T / chunk⌉·d_v·d_k).
+    `chunk_size` is the checkpoint interval (state memory B·H·⌈T / chunk⌉·d_v·d_k); `block_v` the state rows per
+    program (default DEFAULT_BLOCK_V; fewer make more programs, and more partial sums in the backward pass).
     """
     check_inputs(r, w_raw, k, v, a, b, initial_state)
     check_chunk_size(chunk_size)
-    return _RWKVTriton.apply(r, w_raw, k, v, a, b, initial_state, chunk_size)
+    check_block_v(block_v)
+    return _RWKVTriton.apply(r, w_raw, k, v, a, b, initial_state, chunk_size, block_v)

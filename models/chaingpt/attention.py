@@ -71,14 +71,20 @@ class SGSA(nn.Module):
         """[B, T, heads·d_h] -> [B, heads, T, d_h]."""
         return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
 
+    def _norm(self, heads: Tensor, weight: Tensor) -> Tensor:
+        """QK-norm of [B, H, T, d_h] with the weight in the input's dtype: under bf16 autocast the projections
+        arrive in bf16, and a float32 weight beside them keeps PyTorch off its fused kernel (seen on an H100)."""
+        return F.rms_norm(heads, (self.head_dim,), weight.to(heads.dtype), self.eps)
+
     def forward(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape  # [B, T, D]
-        q = F.rms_norm(self._split(self.query(x), self.q_heads), (self.head_dim,), self.q_norm, self.eps)
-        k = F.rms_norm(self._split(self.key(x), self.kv_heads), (self.head_dim,), self.k_norm, self.eps)
+        q = self._norm(self._split(self.query(x), self.q_heads), self.q_norm)  # [B, H_q, T, d_h]
+        k = self._norm(self._split(self.key(x), self.kv_heads), self.k_norm)  # [B, H_kv, T, d_h]
         v = self._split(self.value(x), self.kv_heads)  # [B, H_kv, T, d_h]
         q = apply_rope(q, self.inverse_frequencies)  # [B, H_q, T, d_h]
         k = apply_rope(k, self.inverse_frequencies)  # [B, H_kv, T, d_h]
-        # CUDA autocast runs rms_norm in float32 and the value projection in bf16: one dtype, v's, for the kernel.
+        # Where CUDA autocast runs rms_norm in float32 (some versions' policy), q, k come in float32 beside a bf16 v:
+        # one dtype, v's, for the kernel.
         q, k = q.to(v.dtype), k.to(v.dtype)
         attended = sgsa_attention(q, k, v, self.window, self.anchor_stride, naive=self.naive)  # [B, H_q, T, d_h]
         return self.output(attended.transpose(1, 2).reshape(batch, length, -1))

@@ -214,8 +214,11 @@ def test_the_json_is_written_after_every_part(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # both parts then answer "not run" at once on the CPU
     saved: list[int] = []
     args = parser().parse_args(["--device", "cpu", "--parts", "timings", "kernels"])
-    rows = run_parts(args, torch.device("cpu"), Console(file=io.StringIO()), lambda so_far: saved.append(len(so_far)))
+    seconds: dict[str, float] = {}
+    rows = run_parts(args, torch.device("cpu"), Console(file=io.StringIO()), lambda so_far: saved.append(len(so_far)),
+                     part_seconds=seconds)
     assert saved == [1, 2] and [row.part for row in rows] == ["timings", "kernels"]
+    assert list(seconds) == ["timings", "kernels"] and all(0 <= s < 60 for s in seconds.values())
 
 
 def test_the_gradient_check_fails_a_streaming_gradient_that_is_off(monkeypatch):

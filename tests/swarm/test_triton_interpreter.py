@@ -25,7 +25,7 @@ from rcswarm.kernels.rwkv_product import rwkv_product_naive
 from rcswarm.kernels.rwkv_product.triton_kernel import rwkv_product_triton
 
 
-def compare(batch, length, heads, d_k, d_v, chunk, with_state, w_shift, dtype_name):
+def compare(batch, length, heads, d_k, d_v, chunk, with_state, w_shift, block_v, dtype_name):
     dtype = getattr(torch, dtype_name)
     g = torch.Generator().manual_seed(length * 31 + d_k)
     kappa = torch.nn.functional.normalize(torch.randn(batch, length, heads, d_k, generator=g, dtype=dtype), dim=-1)
@@ -42,7 +42,7 @@ def compare(batch, length, heads, d_k, d_v, chunk, with_state, w_shift, dtype_na
     y_cotangent = torch.randn(batch, length, heads, d_v, generator=g, dtype=dtype)
     s_cotangent = torch.randn(batch, heads, d_v, d_k, generator=g, dtype=dtype)
     results = []
-    for run in (rwkv_product_naive, lambda *xs: rwkv_product_triton(*xs, chunk_size=chunk)):
+    for run in (rwkv_product_naive, lambda *xs: rwkv_product_triton(*xs, chunk_size=chunk, block_v=block_v)):
         leaves = {name: x.clone().requires_grad_(True) for name, x in inputs.items()}
         y, state = run(*leaves.values()) if with_state else run(*leaves.values(), None)
         grads = torch.autograd.grad((y * y_cotangent).sum() + (state * s_cotangent).sum(), list(leaves.values()))
@@ -66,19 +66,27 @@ try:
     bad_chunk = "no error"
 except ValueError as error:
     bad_chunk = str(error)
-print(json.dumps({"reports": reports, "bad_chunk": bad_chunk}))
+try:
+    rwkv_product_triton(x, x, x, x, x, x, None, block_v=12)
+    bad_block = "no error"
+except ValueError as error:
+    bad_block = str(error)
+print(json.dumps({"reports": reports, "bad_chunk": bad_chunk, "bad_block": bad_block}))
 """
 
 
 TRITON_CASES = [
-    # (batch, length, heads, d_k, d_v, chunk, with initial state, w_raw shift, dtype, tolerance):
+    # (batch, length, heads, d_k, d_v, chunk, with initial state, w_raw shift, block_v, dtype, tolerance):
     # T off the chunk grid with several heads, T below one chunk, d not a power of two with
-    # d_v split over two row blocks (partial sums), strong decay, float64.
-    (2, 11, 3, 8, 8, 4, True, 0.0, "float32", 1e-4),
-    (1, 5, 2, 16, 8, 8, False, 0.0, "float32", 1e-4),
-    (1, 9, 2, 6, 40, 4, True, 0.0, "float32", 1e-4),
-    (1, 7, 1, 4, 4, 3, True, 4.0, "float32", 1e-4),
-    (2, 10, 2, 5, 3, 4, True, 0.0, "float64", 1e-10),
+    # d_v split over two row blocks (partial sums), strong decay, float64; fewer rows per program
+    # (5 row blocks of 8, the last one ragged at d_v = 37; one row per program).
+    (2, 11, 3, 8, 8, 4, True, 0.0, None, "float32", 1e-4),
+    (1, 5, 2, 16, 8, 8, False, 0.0, None, "float32", 1e-4),
+    (1, 9, 2, 6, 40, 4, True, 0.0, None, "float32", 1e-4),
+    (1, 7, 1, 4, 4, 3, True, 4.0, None, "float32", 1e-4),
+    (2, 10, 2, 5, 3, 4, True, 0.0, None, "float64", 1e-10),
+    (1, 9, 2, 6, 37, 4, True, 0.0, 8, "float32", 1e-4),
+    (2, 6, 1, 4, 3, 4, False, 0.0, 1, "float64", 1e-10),
 ]
 
 
@@ -114,6 +122,10 @@ def test_triton_interpreter_matches_naive(triton_interpreter_run: dict, index: i
 
 def test_triton_bad_chunk_raises(triton_interpreter_run: dict) -> None:
     assert "chunk_size=0" in triton_interpreter_run["bad_chunk"]
+
+
+def test_triton_bad_block_v_raises(triton_interpreter_run: dict) -> None:
+    assert "block_v=12" in triton_interpreter_run["bad_block"] and "power of two" in triton_interpreter_run["bad_block"]
 
 
 @pytest.mark.skipif(not TRITON_INSTALLED, reason="triton is not installed")

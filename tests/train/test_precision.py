@@ -139,3 +139,19 @@ def test_chaingpt_takes_a_bf16_step_under_cuda_autocast_policy_for_norms(monkeyp
     honest = F.rms_norm
     monkeypatch.setattr(F, "rms_norm", lambda *args, **kwargs: honest(*args, **kwargs).float())
     assert math.isfinite(_bf16_token_step("chaingpt", "tiny")[1])
+
+
+def test_chaingpt_qk_norm_gets_its_weight_in_the_inputs_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under bf16 autocast q and k come out of their projections in bf16; a float32 norm weight beside them keeps
+    PyTorch off its fused rms_norm kernel (its warning on an H100, torch 2.11), so the weight comes in their dtype."""
+    import torch.nn.functional as F
+
+    honest, seen = F.rms_norm, []
+
+    def recording(x, shape, weight=None, eps=None):
+        seen.append((x.dtype, None if weight is None else weight.dtype))
+        return honest(x, shape, weight, eps)
+
+    monkeypatch.setattr(F, "rms_norm", recording)
+    assert math.isfinite(_bf16_token_step("chaingpt", "tiny")[1])
+    assert seen and all(weight == x for x, weight in seen) and (torch.bfloat16, torch.bfloat16) in seen, seen
