@@ -69,8 +69,9 @@ gpu-check: install
 
 # The GPU check on a box without a package index whose python3 already has a CUDA torch and triton (a CUDA
 # image): rcswarm's wheel and the wheels such an image usually lacks, for its Python (WHEEL_PYTHON) on x86-64
-# Linux, with benchmarks/gpu_check_offline.sh as gpu-check.sh. Copy wheelhouse/ there and run
-# `sh wheelhouse/gpu-check.sh --quick --budget-minutes 9` (any `rcswarm bench gpu` arguments).
+# Linux, with benchmarks/gpu_check_offline.sh as gpu-check.sh and benchmarks/gpu_lease.sh as lease.sh. Copy
+# wheelhouse/ there and run `sh wheelhouse/lease.sh 7` from the repository's root (the check within 7 minutes, then
+# the CUDA-only tests), or `sh wheelhouse/gpu-check.sh --quick --budget-minutes 9` (any `rcswarm bench gpu` arguments).
 WHEEL_PYTHON ?= 3.12
 OFFLINE_WHEELS ?= grpcio==1.85.1 grpcio-health-checking==1.85.1 protobuf==7.35.1 blake3 cryptography cffi pycparser fla-core
 MANYLINUX := $(foreach n,2_17 2_24 2_27 2_28 2_31 2_34,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64
@@ -81,6 +82,7 @@ wheelhouse: install
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp \
 		$(MANYLINUX) --dest wheelhouse $(OFFLINE_WHEELS)
 	cp benchmarks/gpu_check_offline.sh wheelhouse/gpu-check.sh
+	cp benchmarks/gpu_lease.sh wheelhouse/lease.sh
 	@du -sh wheelhouse
 
 protos: install-dev

@@ -64,3 +64,13 @@ def test_the_offline_gpu_check_installs_the_wheelhouse_aside_and_runs_from_it(tm
     where = subprocess.run([str(python_dir / "python3"), "-c", "import rcswarm.cli.bench_gpu as m; print(m.__file__)"],
                            env={**env, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120)
     assert where.stdout.strip() == str(site / "rcswarm" / "cli" / "bench_gpu.py"), where
+    # lease.sh (a lent GPU's one call): the check, then the CUDA-only tests, each with its log under $OUT.
+    shutil.copy(ROOT / "benchmarks" / "gpu_lease.sh", house / "lease.sh")
+    out = tmp_path / "out"
+    out.mkdir()
+    lease = subprocess.run(["sh", str(house / "lease.sh"), "1"], env={**env, "OUT": str(out)}, cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert lease.returncode == 0, lease.stdout + lease.stderr
+    assert "check exit 0" in lease.stdout and "cuda tests exit 0" in lease.stdout, lease.stdout
+    assert {path.name for path in out.iterdir()} >= {"check.log", "pytest.log"}
+    assert " passed" in (out / "pytest.log").read_text()  # the CPU test of the side streams is among them
