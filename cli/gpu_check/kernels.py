@@ -295,8 +295,8 @@ RWKV_BLOCK_V = 16
 
 def time_rwkv(device: torch.device, peak: CardPeak | None, lengths: tuple[int, ...] = (4096, 32768),
               batch: int = 4, heads: int = 16, d: int = 64, agreement: bool = True) -> list[Row]:
-    """rwkv_product's Triton kernels (as dispatched, and with RWKV_BLOCK_V rows per program), its chunked PyTorch
-    path (in float32) and (when installed and importable) fla's chunk_rwkv7, forward and forward + backward; with `agreement`,
+    """rwkv_product's Triton kernels (as dispatched, and with RWKV_BLOCK_V rows per program), its chunked path (in
+    float32; batched PyTorch products, the chunk-to-chunk scan one Triton launch) and (when installed and importable) fla's chunk_rwkv7, forward and forward + backward; with `agreement`,
     also fla's distance from the naive loop (fp32: its own compile and autotune)."""
     from rcswarm.kernels.rwkv_product.chunked import rwkv_product_chunked
     from rcswarm.kernels.rwkv_product.triton_kernel import rwkv_product_triton
@@ -308,7 +308,7 @@ def time_rwkv(device: torch.device, peak: CardPeak | None, lengths: tuple[int, .
         f"rwkv_product triton BLOCK_V={RWKV_BLOCK_V}": lambda r, w_raw, k, v, a, b: rwkv_product_triton(
             r, w_raw, k, v, a, b, None, block_v=RWKV_BLOCK_V),
         # in float32, as the models run it (`in_float32`; its triangular solve has no bf16 kernel), the casts timed too
-        "rwkv_product chunked (torch, fp32)": lambda r, w_raw, k, v, a, b: rwkv_product_chunked(
+        "rwkv_product chunked fp32": lambda r, w_raw, k, v, a, b: rwkv_product_chunked(
             *(x.float() for x in (r, w_raw, k, v, a, b))),
     }
     if fla_available():

@@ -48,9 +48,9 @@ chunk size is therefore safe.
 Layout and work. The sequence is cut into N = ⌈T / C⌉ chunks (a ragged tail padded with
 identity steps, λ = 0 and a = b = k = v = r = 0, which leave the state unchanged) and laid out
 chunk-major, P = N·B·H pieces [P, C, d], so every chunk-local quantity above is one batched
-product or elementwise op over all chunks at once. Only S_{n+1} = S_n A_n + F_n runs as a
-loop over the N chunks (one [B·H] batch of d_v × d_k by d_k × d_k products per chunk, on
-contiguous slices). Per step the forward costs about 4C·d_k (decay blocks) + 2C·d (solve,
+product or elementwise op over all chunks at once. Only S_{n+1} = S_n A_n + F_n runs in
+sequence over the N chunks (`state_scan.py`: one [B·H] batch of d_v × d_k by d_k × d_k products
+per chunk, on contiguous slices; on CUDA one Triton launch for all of them). Per step the forward costs about 4C·d_k (decay blocks) + 2C·d (solve,
 intra-chunk outputs) + 4·d_v·d_k (A, F, the read of S_0) + d_v·d_k²/C (the loop)
 multiply-adds, about 2.4× the recurrence's own 4.5·d_v·d_k at C = 32, d = 64.
 
@@ -76,6 +76,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from rcswarm.kernels.rwkv_product.checks import check_chunk_size, check_inputs
+from rcswarm.kernels.rwkv_product.state_scan import state_scan_
 
 DEFAULT_CHUNK_SIZE = 32
 
@@ -181,15 +182,12 @@ def _chunk_forward(
     read = torch.baddbmm(r_tilde, q[:, :, :size], w)  # [P, C, d_k]
     transition = w.transpose(-1, -2) @ bk_hat[:, :size]  # [P, d_k, d_k]
     transition.diagonal(dim1=-2, dim2=-1).add_(g_last[:, 0].exp())
-    offset = uv.transpose(-1, -2) @ bk_hat  # [P, d_v, d_k]
 
-    states = offset.new_empty(chunks + 1, heads, *offset.shape[1:])  # [N+1, BH, d_v, d_k]
+    states = rc.new_empty(chunks + 1, heads, d_v, d_k)  # [N+1, BH, d_v, d_k]
     states[0] = initial
-    per_chunk_t = transition.view(chunks, heads, d_k, d_k)
-    per_chunk_f = offset.view(chunks, heads, *offset.shape[1:])
-    for n in range(chunks):
-        torch.baddbmm(per_chunk_f[n], states[n], per_chunk_t[n], out=states[n + 1])
-    starts = states[:-1].view(pieces, *offset.shape[1:])  # [P, d_v, d_k]
+    torch.bmm(uv.transpose(-1, -2), bk_hat, out=states[1:].view(pieces, d_v, d_k))  # F_n, the offsets
+    state_scan_(states, transition.view(chunks, heads, d_k, d_k))  # S_{n+1} = S_n A_n + F_n
+    starts = states[:-1].view(pieces, d_v, d_k)  # [P, d_v, d_k]
     y.baddbmm_(read, starts.transpose(-1, -2))
     saved = {
         "ac": ac, "rc": rc, "bc": bc, "kc": kc, "vc": vc, "g": g, "g_before": g_before, "g_last": g_last,
@@ -223,9 +221,7 @@ def _chunk_backward(
     grads = torch.empty_like(states)  # [N+1, BH, d_v, d_k], dL/dS_n in total
     grads[chunks] = d_final
     torch.bmm(d_y.transpose(-1, -2), sv["read"], out=grads[:chunks].view(pieces, d_v, d_k))
-    per_chunk_t = transition.view(chunks, heads, d_k, d_k).transpose(-1, -2)
-    for n in range(chunks - 1, -1, -1):
-        grads[n].baddbmm_(grads[n + 1], per_chunk_t[n])
+    state_scan_(grads, transition.view(chunks, heads, d_k, d_k), reverse=True)  # G_n = dS_n + G_{n+1} A_nᵀ
     d_offset = grads[1:].view(pieces, d_v, d_k)  # [P, d_v, d_k], G_{n+1}
     d_transition = starts.transpose(-1, -2) @ d_offset  # [P, d_k, d_k]
 

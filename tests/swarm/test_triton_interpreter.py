@@ -128,6 +128,58 @@ def test_triton_bad_block_v_raises(triton_interpreter_run: dict) -> None:
     assert "block_v=12" in triton_interpreter_run["bad_block"] and "power of two" in triton_interpreter_run["bad_block"]
 
 
+SCAN_SCRIPT = """
+import json
+import torch
+from rcswarm.kernels.rwkv_product import chunked, rwkv_product_chunked, rwkv_product_naive
+from rcswarm.kernels.rwkv_product.state_scan import state_scan_naive_
+from rcswarm.kernels.rwkv_product.state_scan_triton import state_scan_triton_
+
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+errors = {}
+for chunks, heads, d_v, d_k in ((5, 3, 40, 24), (3, 2, 16, 16), (1, 1, 7, 5)):
+    x = torch.randn(chunks + 1, heads, d_v, d_k, generator=g)
+    m = torch.randn(chunks, heads, d_k, d_k, generator=g) / d_k**0.5
+    for reverse in (False, True):
+        want = state_scan_naive_(x.clone(), m, reverse)
+        got = state_scan_triton_(x.clone(), m, reverse)
+        errors[f"scan N={chunks} BH={heads} d_v={d_v} d_k={d_k} reverse={reverse}"] = float(
+            (got - want).abs().max() / want.abs().max())
+# The chunked path with the kernel as its scan (as on CUDA), forward and every gradient against the naive loop.
+chunked.state_scan_ = lambda x, m, reverse=False: state_scan_triton_(x, m.contiguous(), reverse)
+batch, length, heads, d = 2, 37, 2, 24
+kappa = torch.nn.functional.normalize(torch.randn(batch, length, heads, d, generator=g), dim=-1)
+inputs = {"r": torch.randn(batch, length, heads, d, generator=g), "w_raw": torch.randn(batch, length, heads, d, generator=g),
+          "k": torch.randn(batch, length, heads, d, generator=g) / d**0.5, "v": torch.randn(batch, length, heads, d, generator=g),
+          "a": -kappa, "b": kappa * torch.rand(batch, length, heads, d, generator=g),
+          "initial_state": torch.randn(batch, heads, d, d, generator=g)}
+results = []
+for run in (rwkv_product_naive, lambda *xs: rwkv_product_chunked(*xs, chunk_size=8)):
+    leaves = {name: x.clone().requires_grad_(True) for name, x in inputs.items()}
+    y, state = run(*leaves.values())
+    grads = torch.autograd.grad(y.square().sum() + state.sin().sum(), list(leaves.values()))
+    results.append({"y": y, "final_state": state, **dict(zip(leaves, grads))})
+for name in results[0]:
+    want, got = results[0][name].detach(), results[1][name].detach()
+    errors[f"chunked {name}"] = float((got - want).norm() / want.norm())
+print(json.dumps(errors))
+"""
+
+
+@pytest.mark.skipif(not TRITON_INSTALLED, reason="triton is not installed")
+def test_the_state_scan_kernel_matches_the_loop_and_carries_the_chunked_path() -> None:
+    """kernels/rwkv_product/state_scan_triton.py under the interpreter: forward and reverse scans against the loop
+    (ragged d_v, d_k, one chunk), and the chunked path run with it as its scan against the naive recurrence."""
+    completed = subprocess.run([sys.executable, "-c", SCAN_SCRIPT], env={**os.environ, "TRITON_INTERPRET": "1"},
+                               capture_output=True, text=True, timeout=600, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    errors = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert len(errors) == 6 + 9, errors
+    for name, error in errors.items():
+        assert error <= (1e-5 if name.startswith("scan") else 1e-4), (name, error)
+
+
 @pytest.mark.skipif(not TRITON_INSTALLED, reason="triton is not installed")
 def test_triton_kernels_in_interpreter() -> None:
     """Runs tests/kernels/test_sgsa.py's `test_triton_child_*` tests in a pytest subprocess with TRITON_INTERPRET=1,
