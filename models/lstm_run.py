@@ -31,6 +31,7 @@ def run_lstm(
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """`lstm(x, state)` for a batch-first `lstm` and `x` [B, T, D_in], in float32 under autocast and in pieces of
     `piece_steps(B, hidden)` steps: (outputs [B, T, H], (h, c) each [layers, B, H])."""
+    assert lstm.batch_first and not lstm.bidirectional, "pieces along dim 1 need a batch-first, forward-only LSTM"
     steps = piece_steps(x.shape[0], lstm.hidden_size)
     if x.shape[1] <= steps:
         return in_float32(lstm, x, state)

@@ -291,13 +291,16 @@ def _timing_row(kernel: str, length: int, tokens: int, backward: bool, seconds: 
 # The Triton kernel's rows per program in its second timing row: the default 32 gives B·H·2 = 128 programs at
 # d_v = 64 on the H100's 132 SMs, one each (2026-11-27: 0.17x fla's fwd+bwd); 16 gives 256 (measured next lease).
 RWKV_BLOCK_V = 16
+# The chunked path's row: bf16 inputs, float32 inside (no byte count: its traffic is not the bf16 one of the others).
+CHUNKED_FP32 = "rwkv_product chunked (fp32 inside)"
 
 
 def time_rwkv(device: torch.device, peak: CardPeak | None, lengths: tuple[int, ...] = (4096, 32768),
               batch: int = 4, heads: int = 16, d: int = 64, agreement: bool = True) -> list[Row]:
     """rwkv_product's Triton kernels (as dispatched, and with RWKV_BLOCK_V rows per program), its chunked path (in
-    float32; batched PyTorch products, the chunk-to-chunk scan one Triton launch) and (when installed and importable) fla's chunk_rwkv7, forward and forward + backward; with `agreement`,
-    also fla's distance from the naive loop (fp32: its own compile and autotune)."""
+    float32; batched PyTorch products, the chunk-to-chunk scan one Triton launch) and (when installed and
+    importable) fla's chunk_rwkv7, forward and forward + backward; with `agreement`, also fla's distance from the
+    naive loop (fp32: its own compile and autotune)."""
     from rcswarm.kernels.rwkv_product.chunked import rwkv_product_chunked
     from rcswarm.kernels.rwkv_product.triton_kernel import rwkv_product_triton
 
@@ -308,7 +311,7 @@ def time_rwkv(device: torch.device, peak: CardPeak | None, lengths: tuple[int, .
         f"rwkv_product triton BLOCK_V={RWKV_BLOCK_V}": lambda r, w_raw, k, v, a, b: rwkv_product_triton(
             r, w_raw, k, v, a, b, None, block_v=RWKV_BLOCK_V),
         # in float32, as the models run it (`in_float32`; its triangular solve has no bf16 kernel), the casts timed too
-        "rwkv_product chunked fp32": lambda r, w_raw, k, v, a, b: rwkv_product_chunked(
+        CHUNKED_FP32: lambda r, w_raw, k, v, a, b: rwkv_product_chunked(
             *(x.float() for x in (r, w_raw, k, v, a, b))),
     }
     if fla_available():
@@ -334,9 +337,9 @@ def time_rwkv(device: torch.device, peak: CardPeak | None, lengths: tuple[int, .
         for name, run in kernels.items():
             for backward in (False, True):
                 leaves = {n: x.clone().requires_grad_(backward) for n, x in inputs.items()}
+                moved = None if name == CHUNKED_FP32 else rwkv_bytes(batch, length, heads, d, d, 2, backward)
                 rows.append(_measured(bench, _step(run, leaves, backward), name, length, batch * length, backward,
-                                      rwkv_flops(batch, length, heads, d, d, backward),
-                                      rwkv_bytes(batch, length, heads, d, d, 2, backward), peak, shape))
+                                      rwkv_flops(batch, length, heads, d, d, backward), moved, peak, shape))
     return rows
 
 
@@ -347,7 +350,7 @@ def _measured(bench: Callable, step: Callable[[], None], kernel: str, length: in
     try:
         seconds = bench(step)
     except Exception as error:  # noqa: BLE001 - reported in the table; the next measurement still runs
-        ours = kernel.startswith(("rwkv_product", "sgsa triton"))
+        ours = kernel in ("rwkv_product triton", "sgsa triton")  # as dispatched; variants and baselines: skipped
         return Row("timings", f"{kernel} {'fwd+bwd' if backward else 'fwd'} T={length:,} bf16", "failed",
                    f"{type(error).__name__}: {str(error)[:300]}", ERROR if ours else SKIPPED,
                    {"kernel": kernel, "length": length, "backward": backward})

@@ -50,9 +50,10 @@ identity steps, λ = 0 and a = b = k = v = r = 0, which leave the state unchange
 chunk-major, P = N·B·H pieces [P, C, d], so every chunk-local quantity above is one batched
 product or elementwise op over all chunks at once. Only S_{n+1} = S_n A_n + F_n runs in
 sequence over the N chunks (`state_scan.py`: one [B·H] batch of d_v × d_k by d_k × d_k products
-per chunk, on contiguous slices; on CUDA one Triton launch for all of them). Per step the forward costs about 4C·d_k (decay blocks) + 2C·d (solve,
-intra-chunk outputs) + 4·d_v·d_k (A, F, the read of S_0) + d_v·d_k²/C (the loop)
-multiply-adds, about 2.4× the recurrence's own 4.5·d_v·d_k at C = 32, d = 64.
+per chunk, on contiguous slices; on CUDA one Triton launch for all of them). Per step the
+forward costs about 4C·d_k (decay blocks) + 2C·d (solve, intra-chunk outputs) + 4·d_v·d_k
+(A, F, the read of S_0) + d_v·d_k²/C (the scan) multiply-adds, about 2.4× the recurrence's own
+4.5·d_v·d_k at C = 32, d = 64.
 
 Backward (`_chunk_backward`, hand-written, a torch.autograd.Function): the reverse loop
 G_n = dS_n + G_{n+1} A_nᵀ (G_N = d final state, dS_n = dY_nᵀ (R̃ + Q^{rb} W) from the reads of

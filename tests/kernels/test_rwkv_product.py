@@ -7,6 +7,7 @@ import importlib.util
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -431,3 +432,43 @@ def test_dispatcher_keeps_cpu_tensors_off_triton() -> None:
     y_chunked, state_chunked = rwkv_product_chunked(**inputs, chunk_size=4)
     assert torch.equal(y, y_chunked) and torch.equal(state, state_chunked)
     assert triton_available() == (importlib.util.find_spec("triton") is not None)
+
+
+CUDA_TRITON = torch.cuda.is_available() and triton_available()
+
+
+@pytest.mark.skipif(not CUDA_TRITON, reason="the compiled state scan needs a GPU and triton")
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cuda_state_scan_kernel_matches_the_loop(reverse: bool) -> None:
+    """The chunked path's state scan compiled for the GPU (`state_scan_triton.py`) against the loop, float32, ragged
+    d_v and d_k, 300 chunks."""
+    from rcswarm.kernels.rwkv_product.state_scan import state_scan_, state_scan_naive_
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(301, 6, 40, 24, device="cuda", generator=g)  # [N+1, BH, d_v, d_k]
+    m = torch.randn(300, 6, 24, 24, device="cuda", generator=g) * 0.2  # [N, BH, d_k, d_k]
+    want = state_scan_naive_(x.clone().double(), m.double(), reverse)
+    got = state_scan_(x.clone(), m, reverse)
+    assert (got.double() - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+@pytest.mark.skipif(not CUDA_TRITON, reason="the chunked path's compiled scan needs a GPU and triton")
+def test_cuda_chunked_path_matches_naive_forward_and_grads() -> None:
+    """The chunked path on CUDA (its scan the Triton kernel), float32, against the naive loop in float64."""
+    torch.manual_seed(0)
+    batch, length, heads, d = 2, 300, 3, 32
+    kappa = F.normalize(torch.randn(batch, length, heads, d, dtype=torch.float64), dim=-1)
+    inputs = {"r": torch.randn(batch, length, heads, d, dtype=torch.float64),
+              "w_raw": torch.randn(batch, length, heads, d, dtype=torch.float64),
+              "k": torch.randn(batch, length, heads, d, dtype=torch.float64) / d**0.5,
+              "v": torch.randn(batch, length, heads, d, dtype=torch.float64),
+              "a": -kappa, "b": kappa * torch.rand(batch, length, heads, d, dtype=torch.float64),
+              "initial_state": torch.randn(batch, heads, d, d, dtype=torch.float64)}
+    results = []
+    for run, device, dtype in ((rwkv_product_naive, "cpu", torch.float64), (rwkv_product_chunked, "cuda", torch.float32)):
+        leaves = {name: x.to(device, dtype, copy=True).requires_grad_(True) for name, x in inputs.items()}
+        y, state = run(*leaves.values())
+        grads = torch.autograd.grad(y.square().sum() + state.sin().sum(), list(leaves.values()))
+        results.append([t.detach().double().cpu() for t in (y, state, *grads)])
+    for want, got in zip(*results, strict=True):
+        assert (got - want).norm() <= 1e-4 * want.norm()

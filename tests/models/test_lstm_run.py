@@ -66,3 +66,24 @@ def test_the_frame_model_runs_its_main_lstm_in_pieces(monkeypatch) -> None:
     pieces = model.core(embeddings)
     assert len(calls) == n_layers + 3 * n_layers  # 40 steps = 16 + 16 + 8
     torch.testing.assert_close(pieces, whole, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's LSTM needs a GPU")
+def test_cuda_pieces_give_the_outputs_and_gradients_of_one_cudnn_call(monkeypatch) -> None:
+    """On cuDNN (float32, TF32 off) pieces of 32 steps against one call over 70: outputs, state and every gradient."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(input_size=8, hidden_size=16, num_layers=2, batch_first=True).cuda()
+    x = torch.randn(3, 70, 8, device="cuda", requires_grad=True)  # [B, T, D]
+
+    def run(steps: int) -> list[torch.Tensor]:
+        monkeypatch.setattr(lstm_run, "PIECE_STEPS", steps)
+        lstm.zero_grad()
+        x.grad = None
+        out, (h, c) = run_lstm(lstm, x)
+        (out.square().sum() + h.sum() + c.sum()).backward()
+        return [out.detach(), h.detach(), c.detach(), x.grad.clone(), *(p.grad.clone() for p in lstm.parameters())]
+
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        whole, pieces = run(1000), run(32)
+    for want, got in zip(whole, pieces, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

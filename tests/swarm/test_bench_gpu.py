@@ -32,7 +32,7 @@ def test_the_kernel_part_runs_the_triton_kernels_under_the_interpreter(tmp_path)
     timings = [r for r in rows if r["part"] == "timings"]
     assert timings[0]["status"] == "skipped" and timings[0]["data"]["kernel"] == "fla chunk_rwkv7"  # not installed
     measured = {(r["data"]["kernel"], r["data"]["backward"]): r["data"] for r in timings[1:]}
-    ours = ("rwkv_product triton", "rwkv_product triton BLOCK_V=16", "rwkv_product chunked fp32", "sgsa triton")
+    ours = ("rwkv_product triton", "rwkv_product triton BLOCK_V=16", "rwkv_product chunked (fp32 inside)", "sgsa triton")
     assert set(measured) == {(k, b) for k in (*ours, "sdpa causal") for b in (0, 1)}
     assert all(d["seconds"] > 0 and d["tokens_per_second"] > 0 and d["flop_fraction"] is None for d in measured.values())
     assert measured[("rwkv_product triton", True)]["flops"] == 3 * 9 * 16 * 8 * 8  # B 1, T 16, H 1, d 8

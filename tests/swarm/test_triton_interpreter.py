@@ -150,9 +150,9 @@ for chunks, heads, d_v, d_k in ((5, 3, 40, 24), (3, 2, 16, 16), (1, 1, 7, 5)):
 chunked.state_scan_ = lambda x, m, reverse=False: state_scan_triton_(x, m.contiguous(), reverse)
 batch, length, heads, d = 2, 37, 2, 24
 kappa = torch.nn.functional.normalize(torch.randn(batch, length, heads, d, generator=g), dim=-1)
-inputs = {"r": torch.randn(batch, length, heads, d, generator=g), "w_raw": torch.randn(batch, length, heads, d, generator=g),
-          "k": torch.randn(batch, length, heads, d, generator=g) / d**0.5, "v": torch.randn(batch, length, heads, d, generator=g),
-          "a": -kappa, "b": kappa * torch.rand(batch, length, heads, d, generator=g),
+shape = (batch, length, heads, d)
+inputs = {"r": torch.randn(*shape, generator=g), "w_raw": torch.randn(*shape, generator=g),
+          "k": torch.randn(*shape, generator=g) / d**0.5, "v": torch.randn(*shape, generator=g), "a": -kappa, "b": kappa * torch.rand(batch, length, heads, d, generator=g),
           "initial_state": torch.randn(batch, heads, d, d, generator=g)}
 results = []
 for run in (rwkv_product_naive, lambda *xs: rwkv_product_chunked(*xs, chunk_size=8)):
