@@ -126,7 +126,7 @@ class StateStore:
         with self._errors("cannot open it for writing"):
             self._db = sqlite3.connect(self.db_path, check_same_thread=False, isolation_level=None)
             try:
-                self._db.execute("PRAGMA journal_mode=WAL")
+                self._set_wal()
                 self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
                 self._db.executescript(SCHEMA)
                 self._add_columns("checkpoints", LEDGER_COLUMNS_ADDED)
@@ -165,11 +165,29 @@ class StateStore:
         return sqlite3.connect(f"{self.db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s,
                                check_same_thread=False, isolation_level=None)
 
+    def _set_wal(self, timeout_s: float = 10.0) -> None:
+        """Constructor only: WAL journaling. Switching a new database to WAL needs it alone; another process opening
+        the same fresh state dir at that moment gets "database is locked" at once (no busy wait), so ask again
+        until `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
     def _upgrade(self) -> None:
-        """Constructor only: build the ledger and the aggregates of a state dir written before they existed."""
+        """Constructor only: build the ledger and the aggregates of a state dir written before they existed (once,
+        whoever opens the state dir first: the version is read again inside the write transaction)."""
         if self._db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
             return
         self._db.execute("BEGIN IMMEDIATE")
+        if self._db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+            self._db.execute("COMMIT")
+            return
         self._db.execute(LEDGER_FROM_ROUNDS)
         for statement in AGGREGATES:
             self._db.execute(statement, (0,))
@@ -177,11 +195,21 @@ class StateStore:
         self._db.execute("COMMIT")
 
     def _add_columns(self, table: str, added: Mapping[str, str]) -> None:
-        """Constructor only: add the columns of `added` (name -> declaration) that `table` lacks in this state dir."""
-        present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-        for column, declaration in added.items():
-            if column not in present:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        """Constructor only: add the columns of `added` (name -> declaration) that `table` lacks in this state dir.
+        The columns present are read inside the write transaction, so two processes opening a fresh state dir at
+        once (a coordinator starting, `rcswarm status` beside it) do not both add a column."""
+        if set(added) <= {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for column, declaration in added.items():
+                if column not in present:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _rounds_present(self) -> frozenset[str]:
         """The columns of `rounds` in this state dir (an old one opened read-only may lack the added ones)."""

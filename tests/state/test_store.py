@@ -54,3 +54,31 @@ def test_named_reads_of_a_new_state_dir(tmp_path: Path) -> None:
         assert (sums.first_received, sums.rows) == (None, [])
     finally:
         store.close()
+
+
+def test_openers_of_a_fresh_state_dir_at_once_all_open_it(tmp_path: Path) -> None:
+    """A coordinator creating its state dir while `rcswarm status` (or a test) opens it: every opener gets the
+    store, none "duplicate column name" (both adding a column) or "database is locked" (the switch to WAL).
+    Seen in the default suite (test_ctrl_c_stops_every_process); here 6 openers at once on 20 fresh dirs."""
+    import threading
+
+    for trial in range(20):
+        state_dir = tmp_path / f"state{trial}"
+        barrier, failed = threading.Barrier(6), []
+
+        def open_it() -> None:
+            barrier.wait(timeout=30)
+            try:
+                StateStore(state_dir).close()
+            except StoreError as error:
+                failed.append(str(error))
+
+        threads = [threading.Thread(target=open_it) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not failed, failed
+    store = StateStore(tmp_path / "state0")
+    assert store.forecasts() == [] and store.rounds() == []
+    store.close()

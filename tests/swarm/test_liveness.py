@@ -24,8 +24,10 @@ FAST = ("--rpc-timeout-s", "1", "--transfer-timeout-s", "3", "--patience-s", "60
 
 @pytest.mark.slow
 def test_a_sigstopped_coordinator_keeps_its_members_and_merges_their_updates(tmp_path: Path, spawn_worker) -> None:
+    # max_wait_s: a round waits 5 s after its first report for the other (at 1 s a worker lagging on a loaded
+    # 2-core machine closed a round with one report, failing the assertion on reports below).
     spec = tiny_spec(run={"rounds": 0, "workers": 2}, inner={"steps": 3},
-                     coordinator={"lease_s": LEASE_S, "max_wait_s": 1.0}, sync={"round_deadline_s": 60.0})
+                     coordinator={"lease_s": LEASE_S, "max_wait_s": 5.0}, sync={"round_deadline_s": 60.0})
     config = write_spec(spec, tmp_path / "run.toml")
     port = free_port()
     coordinator = start_coordinator_process(config, tmp_path / "state", port, tmp_path / "coordinator.log")
