@@ -75,7 +75,9 @@ def test_a_sigstopped_coordinator_is_ridden_out(coordinator_process, spawn_worke
     wait_for(lambda: client.status().version >= before + 3, 30, "rounds to resume after the stall", interval=0.05)
     assert worker.poll() is None, logs_of([worker])
     log = Path(worker.log_path).read_text()
-    assert "DEADLINE_EXCEEDED" in log and "retrying" in log, log[-3000:]
+    # Which call meets the stall depends on timing: a retried one ("retrying"), or ReportMetrics, whose rows are
+    # kept for the next report (seen once: the pull after it was answered just as the coordinator resumed).
+    assert "DEADLINE_EXCEEDED" in log and ("retrying" in log or "kept for the next report" in log), log[-3000:]
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, logs_of([worker])
 
