@@ -626,15 +626,20 @@ class HivemindPeer:
         self.averager.state_sharing_priority = float(version)
         self.averager.allow_state_sharing = shareable and not self.options.client_mode
 
-    def newest_declared_version(self) -> int:
-        """The highest version another averager of this run declares for its state (0 when none does)."""
+    def declared_versions(self) -> list[float | None]:
+        """The version each other live averager of this run declares for its state, None for one that declares it
+        does not serve it now (a peer loading a state, `set_state_version(shareable=False)`, or declaring
+        anything but a number). A declaration lives hivemind.state_declare_s: a peer that exited drops out."""
         found = self.dht.get(f"{RECORD_PREFIX}_{self.run}.all_averagers", latest=True)
         if found is None or not isinstance(found.value, dict):
-            return 0
+            return []
         mine = self.averager.peer_id.to_bytes()
-        versions = [item.value for key, item in found.value.items()
-                    if key != mine and isinstance(getattr(item, "value", None), (int, float))]
-        return int(max(versions, default=0))
+        values = [getattr(item, "value", None) for key, item in found.value.items() if key != mine]
+        return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values]
+
+    def newest_declared_version(self) -> int:
+        """The highest version another averager of this run declares for its state (0 when none does)."""
+        return int(max((v for v in self.declared_versions() if v is not None), default=0))
 
     def load_state(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
                    timeout_s: float) -> tuple[int, list[torch.Tensor]] | None:

@@ -19,8 +19,9 @@ then θ_{v+1}, b = outer_step(θ_v, b, Δ̄)
 the step (θ_{v+1} = θ_v). A peer whose group was at a higher version, or whose digest is off the
 highest-version majority's by more than the tolerance (hivemind.drift_tolerance), re-syncs from peers, judged
 once its round's group has published its digests (or hivemind.settle_s passed); at the last version, which no
-later round repairs, a peer checks once more and serves its state a few seconds longer
-(hivemind.state_grace_s). The rules in force are logged at start-up. Each round's digest and the newest metric
+later round repairs, the group ends on one replica (`_settle`), and each peer serves its state a few seconds
+longer (hivemind.state_grace_s), then on while a live peer of the run is still behind, up to its all-reduce
+timeout (one whose round ended after the group finished re-syncs from it at once and ends at the last version). The rules in force are logged at start-up. Each round's digest and the newest metric
 rows go to the DHT (worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR`
 the final θ goes to DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator`
 the worker also joins a coordinator for the control plane only (the run spec, a data seed, heartbeats, metrics
@@ -298,7 +299,32 @@ class HivemindWorker:
         else:
             settled = self._load_final(mine, others[reference])
         self.history[-1]["settled_drift"] = settled
-        self.stop.wait(rules.state_grace_s)
+        self._serve_late_peers()
+
+    def _serve_late_peers(self) -> None:
+        """Serve the final state hivemind.state_grace_s, then on while another live peer of the run declares an
+        earlier version or none (one whose all-reduce ended after this group finished, or that is loading a
+        state), up to the longer of hivemind.settle_s and this peer's all-reduce timeout (about the longest a
+        groupmate's late all-reduce lasts): such a peer re-syncs from it and ends at the last version, where
+        without it it would find nobody and train the run's last rounds alone, each waiting its whole step
+        timeout for a group."""
+        rules = self.spec.hivemind
+        if self.stop.wait(rules.state_grace_s):
+            return
+        longest = max(rules.settle_s, self.peer.timer.allreduce_timeout())
+        deadline, late = time.monotonic() + longest, self._late_peers()
+        if late:
+            log.info("%s: serves its final state up to %.0fs more for %d peer(s) behind version %d", self.name,
+                     longest, late, self.version)
+        while late and time.monotonic() < deadline and not self.stop.wait(0.5):
+            late = self._late_peers()
+        if late:
+            log.warning("%s: %d peer(s) still behind version %d after %.0fs; ends", self.name, late, self.version,
+                        longest)
+
+    def _late_peers(self) -> int:
+        """How many other live peers of the run declare a version below this one's, or none."""
+        return sum(v is None or v < self.version for v in self.peer.declared_versions())
 
     def _serve_final(self, mine: dict[str, Any], others: set[str]) -> float:
         """As the reference: declare this state above the version, wait until the group's other peers published
@@ -348,13 +374,16 @@ class HivemindWorker:
     def _group_digests(self, group: int) -> dict[str, dict[str, Any]]:
         """The other peers' digest records by peer id, once the `group` − 1 others of this version's group have
         published theirs or hivemind.settle_s passed: judged on part of its group, a peer could see one drifted
-        groupmate (a cheat stepping alone) as large a cluster as its own and re-sync from it."""
+        groupmate (a cheat stepping alone) as large a cluster as its own and re-sync from it. At once when another
+        peer is already past this version: this one is behind and re-syncs whatever its group publishes (waiting,
+        a peer whose all-reduce ended after the others finished the run missed their last state)."""
         deadline = time.monotonic() + self.spec.hivemind.settle_s
         while True:
             others = {peer: r for peer, r in self.peer.records(hs.DIGEST_KEY, self.spec.run.name).items()
                       if peer != self.peer.peer_id}
             level = sum(r["version"] == self.version for r in others.values())
-            if level >= group - 1 or time.monotonic() >= deadline or self.stop.is_set():
+            behind = any(r["version"] > self.version for r in others.values())
+            if level >= group - 1 or behind or time.monotonic() >= deadline or self.stop.is_set():
                 return others
             time.sleep(0.2)
 

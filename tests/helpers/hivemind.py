@@ -169,6 +169,24 @@ def swarm(tmp_path: Path, no_new_p2pd: None) -> Iterator[Any]:
         each.stop()
 
 
+def run_whole(make: Callable[..., Swarm], spec: RunSpec, names: list[str], timeout: float) -> tuple[Swarm, list[subprocess.Popen]]:
+    """Start the workers `names` in a swarm from `make` (the `swarm` fixture) and wait for them; when the known stall
+    of a fresh swarm's first all-reduce strikes (`Swarm.first_rounds_torn`, checked while they run and at the end),
+    start the scenario once more in a fresh swarm. A second occurrence, or any other failure, is the test's to
+    fail. Returns the swarm of the attempt that counts and its workers."""
+    for attempt in (1, 2):
+        peers = make(spec, f"attempt{attempt}")
+        workers = [peers.worker(name) for name in names]
+        try:
+            peers.wait(workers, timeout=timeout, abandon=lambda: attempt == 1 and peers.first_rounds_torn(names))
+        except Abandoned:
+            peers.stop()
+            continue
+        if attempt == 2 or not peers.first_rounds_torn(names):
+            break
+    return peers, workers
+
+
 def assert_replicas_agree(swarm: Swarm, names: list[str], tolerance: float, drift: bool = True) -> float:
     """The largest |θ_a − θ_b| between the named peers' final parameters, asserted ≤ tolerance and finite;
     with `drift`, the drift each measured at its last version (against every peer; once the group settled on one
