@@ -56,7 +56,6 @@ from rcswarm.train.round import RoundTrainer, StepRow
 from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker.hivemind_control import ControlPlane
 from rcswarm.worker.limits import ModelLimit
-from rcswarm.worker.startup import process_age_s
 
 log = logging.getLogger("rcswarm.worker")
 # A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up. A constant, not a
@@ -98,11 +97,17 @@ class HivemindWorker:
 
     `_snapshot`, the (version, θ, momentum) served to late joiners, is replaced whole after each
     round, so `state()` needs no lock.
+
+    `started`: the time.monotonic() its start-up began, from which the first round's matchmaking window is
+    measured (FIRST_WINDOW_FRACTION of the seconds until the peer is ready). `rcswarm worker` passes its process's
+    start (imports included); by default the worker's construction, so a worker built in a long-lived process
+    (a notebook, a test, a host program) does not wait a fraction of that process's age for its first group.
     """
 
     def __init__(self, spec: RunSpec, options: hs.HivemindOptions, *, name: str = "", device: str = "cpu",
                  out: Path | None = None, stop: threading.Event | None = None, control: ControlPlane | None = None,
-                 data_seed: int | None = None, max_params: int = 0) -> None:
+                 data_seed: int | None = None, max_params: int = 0, started: float | None = None) -> None:
+        self._started = time.monotonic() if started is None else started
         if spec.sync.backend != "hivemind":
             raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
         if spec.is_sweep:
@@ -137,7 +142,7 @@ class HivemindWorker:
         self._published: dict[str, Any] | None = None  # the digest of this peer's current version, once stored
         self._snapshot: tuple[int, list[torch.Tensor]] = (0, self._params() + self.momentum)
         self.peer: hs.HivemindPeer | None = None
-        self._startup_s = 0.0  # from process start until this peer was ready: the first round's matchmaking window
+        self._startup_s = 0.0  # from `started` until this peer was ready: the first round's matchmaking window
 
     def _params(self) -> list[torch.Tensor]:
         return list(self.trainer.snapshot().values())
@@ -153,7 +158,7 @@ class HivemindWorker:
             self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
                                         self.spec.sync.block_size, self.options, self.state, rules=self.spec.hivemind,
                                         value_bits=self.spec.sync.value_bits)
-            self._startup_s = process_age_s()
+            self._startup_s = time.monotonic() - self._started
             log.info("%s: ready %.1fs after its start; first matchmaking window %.1fs", self.name, self._startup_s,
                      max(FIRST_WINDOW_FRACTION * self._startup_s, self.options.matchmaking_s))
             if self.data_seed is None:  # without a coordinator's data seed, one from the peer id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from rcswarm.worker import hivemind_sync as hs
+from rcswarm.worker import hivemind_worker, startup
 from rcswarm.worker.hivemind_worker import HivemindWorker
 from tests.helpers.hivemind import hivemind_spec
 
@@ -62,14 +64,21 @@ class DHTKilledAtVersionOne(HivemindWorker):
         super()._round()
 
 
-def test_a_worker_whose_dht_process_died_exits_for_its_supervisor(no_new_p2pd: None,
+def test_a_worker_whose_dht_process_died_exits_for_its_supervisor(no_new_p2pd: None, monkeypatch: pytest.MonkeyPatch,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    # Short all-reduce timeouts: alone, its first round waits for a group that never forms.
+    # Short all-reduce timeouts: alone, its first round waits for a group that never forms. Built in a process 1,000 s
+    # old, as this test's is late in a suite: the first matchmaking window is a fraction of the worker's own
+    # start-up, not of its host process's age (it was, and this test took 204 s in the default suite).
+    monkeypatch.setattr(startup, "process_age_s", lambda: 1000.0)
+    monkeypatch.setattr(hivemind_worker, "process_age_s", lambda: 1000.0, raising=False)
     spec = hivemind_spec(run={"name": "hm", "rounds": 5}, hivemind={"initial_allreduce_s": 2.0, "min_allreduce_s": 1.0})
     worker = DHTKilledAtVersionOne(spec, hs.HivemindOptions.loopback(matchmaking_s=1.0), name="alone")
-    with caplog.at_level(logging.ERROR):
+    with caplog.at_level(logging.INFO):
         code = worker.run()
     assert code == 1 and worker.version == 1
+    ready_s, window_s = map(float, re.search(r"alone: ready ([\d.]+)s after its start; first matchmaking window "
+                                             r"([\d.]+)s", caplog.text).groups())
+    assert ready_s < 60.0 and window_s <= max(0.3 * ready_s, 1.0) + 0.1, caplog.text
     assert "alone leaves the swarm at version 1: its hivemind DHT process" in caplog.text
     assert "exited with code -9" in caplog.text
 
