@@ -309,21 +309,28 @@ class HivemindWorker:
     def _serve_late_peers(self) -> None:
         """Serve the final state hivemind.state_grace_s, then on while another live peer of the run declares an
         earlier version or none (one whose all-reduce ended after this group finished, or that is loading a
-        state), up to the longer of hivemind.settle_s and this peer's all-reduce timeout (about the longest a
-        groupmate's late all-reduce lasts): such a peer re-syncs from it and ends at the last version, where
-        without it it would find nobody and train the run's last rounds alone, each waiting its whole step
-        timeout for a group."""
+        state) and state_grace_s after the last one was seen, up to the longer of hivemind.settle_s and this
+        peer's all-reduce timeout (about the longest a groupmate's late all-reduce lasts): such a peer re-syncs
+        from it and ends at the last version, where without it it would find nobody and train the run's last
+        rounds alone, each waiting its whole step timeout for a group."""
         rules = self.spec.hivemind
         if self.stop.wait(rules.state_grace_s):
             return
+        late = self._late_peers()
+        if not late:
+            return
         longest = max(rules.settle_s, self.peer.timer.allreduce_timeout())
-        deadline, late = time.monotonic() + longest, self._late_peers()
-        if late:
-            log.info("%s: serves its final state up to %.0fs more for %d peer(s) behind version %d", self.name,
-                     longest, late, self.version)
-        while late and time.monotonic() < deadline and not self.stop.wait(0.5):
+        log.info("%s: serves its final state up to %.0fs more for %d peer(s) behind version %d", self.name, longest,
+                 late, self.version)
+        # A loading peer declares "none" once (hivemind's declaration lives state_declare_s): serve on
+        # state_grace_s after the last late peer was seen, for a load still under way.
+        deadline = seen = time.monotonic()
+        deadline += longest
+        while time.monotonic() < deadline and time.monotonic() - seen < rules.state_grace_s and not self.stop.wait(0.5):
             late = self._late_peers()
-        if late:
+            if late:
+                seen = time.monotonic()
+        if late and time.monotonic() >= deadline:
             log.warning("%s: %d peer(s) still behind version %d after %.0fs; ends", self.name, late, self.version,
                         longest)
 
