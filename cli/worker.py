@@ -19,14 +19,13 @@ import logging
 import os
 import signal
 import socket
-import time
 from pathlib import Path
 
 from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
 from rcswarm.cli.usage import usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.worker.options import WorkerOptions
-from rcswarm.worker.startup import process_age_s
+from rcswarm.worker.startup import process_started
 
 PROG = "rcswarm worker"
 log = logging.getLogger("rcswarm.worker")
@@ -224,7 +223,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
     try:
         worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control,
                                 data_seed=data_seed, max_params=args.max_params,
-                                started=time.monotonic() - process_age_s())
+                                started=process_started())
     except ValueError as exc:
         status = usage_error(PROG, str(exc))
         if control is not None:

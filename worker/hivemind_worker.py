@@ -20,9 +20,9 @@ the step (θ_{v+1} = θ_v). A peer whose group was at a higher version, or whose
 highest-version majority's by more than the tolerance (hivemind.drift_tolerance), re-syncs from peers, judged
 once its round's group has published its digests (or hivemind.settle_s passed); at the last version, which no
 later round repairs, the group ends on one replica (`_settle`), and each peer serves its state a few seconds
-longer (hivemind.state_grace_s), then on while a live peer of the run is still behind, up to its all-reduce
-timeout (one whose round ended after the group finished re-syncs from it at once and ends at the last version). The rules in force are logged at start-up. Each round's digest and the newest metric
-rows go to the DHT (worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR`
+longer (hivemind.state_grace_s), then on while a live peer of the run is still behind, up to an all-reduce
+timeout (one whose round ended after the group finished re-syncs from it at once and ends at the last
+version). The rules in force are logged at start-up. Each round's digest and the newest metric rows go to the DHT (worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR`
 the final θ goes to DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator`
 the worker also joins a coordinator for the control plane only (the run spec, a data seed, heartbeats, metrics
 and Leave on a thread of its own, worker/hivemind_control.py): training never waits for the coordinator, and
@@ -308,31 +308,38 @@ class HivemindWorker:
 
     def _serve_late_peers(self) -> None:
         """Serve the final state hivemind.state_grace_s, then on while another live peer of the run declares an
-        earlier version or none (one whose all-reduce ended after this group finished, or that is loading a
-        state) and state_grace_s after the last one was seen, up to the longer of hivemind.settle_s and this
-        peer's all-reduce timeout (about the longest a groupmate's late all-reduce lasts): such a peer re-syncs
-        from it and ends at the last version, where without it it would find nobody and train the run's last
-        rounds alone, each waiting its whole step timeout for a group."""
+        earlier version or none (one whose all-reduce ended after this group finished, or that began loading a
+        state), up to the longest all-reduce of the run (hivemind.initial_allreduce_s for a first round, this
+        peer's all-reduce timeout, at least hivemind.settle_s): such a peer re-syncs from it and ends at the last
+        version, where without it it would find nobody and train the run's last rounds alone, each waiting its
+        whole step timeout for a group. A peer that began loading declares "none" once, which lives
+        hivemind.state_declare_s: the state is served on state_grace_s (at least that) after the last late peer
+        was seen, so a load that takes longer than both may still lose its server."""
         rules = self.spec.hivemind
         if self.stop.wait(rules.state_grace_s):
             return
         late = self._late_peers()
         if not late:
             return
-        longest = max(rules.settle_s, self.peer.timer.allreduce_timeout())
+        longest = max(rules.settle_s, rules.initial_allreduce_s, self.peer.timer.allreduce_timeout())
         log.info("%s: serves its final state up to %.0fs more for %d peer(s) behind version %d", self.name, longest,
                  late, self.version)
-        # A loading peer declares "none" once (hivemind's declaration lives state_declare_s): serve on
-        # state_grace_s after the last late peer was seen, for a load still under way.
-        deadline = seen = time.monotonic()
-        deadline += longest
-        while time.monotonic() < deadline and time.monotonic() - seen < rules.state_grace_s and not self.stop.wait(0.5):
+        late = self._serve_while_late(time.monotonic() + longest, max(rules.state_grace_s, rules.state_declare_s + 0.5))
+        if late:
+            log.warning("%s: %d peer(s) still behind version %d after %.0fs; ends", self.name, late, self.version,
+                        longest)
+
+    def _serve_while_late(self, deadline: float, linger_s: float) -> int:
+        """Wait until no late peer was seen for `linger_s`, `deadline` (time.monotonic) passed, or a stop; the late
+        peers seen last (0 unless the deadline cut the wait)."""
+        seen = time.monotonic()
+        while time.monotonic() < deadline and not self.stop.wait(0.5):
             late = self._late_peers()
             if late:
                 seen = time.monotonic()
-        if late and time.monotonic() >= deadline:
-            log.warning("%s: %d peer(s) still behind version %d after %.0fs; ends", self.name, late, self.version,
-                        longest)
+            elif time.monotonic() - seen >= linger_s:
+                return 0
+        return self._late_peers() if not self.stop.is_set() else 0
 
     def _late_peers(self) -> int:
         """How many other live peers of the run declare a version below this one's, or none."""

@@ -23,12 +23,17 @@ def process_age_s() -> float:
     return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def process_started() -> float:
+    """time.monotonic() when this process started (from `process_age_s`)."""
+    return time.monotonic() - process_age_s()
+
+
 class StartupMarks:
     """The process's age at the end of each stage of a worker's start-up (one thread: the worker's loop)."""
 
     def __init__(self) -> None:
         # The process's age now, against time.monotonic(): /proc's clock ticks are 10 ms.
-        self._origin = time.monotonic() - process_age_s()
+        self._origin = process_started()
         self.marks: list[tuple[str, float]] = []
         self.reported = False
 

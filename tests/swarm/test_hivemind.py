@@ -541,10 +541,10 @@ def test_a_peer_whose_all_reduce_ends_after_the_run_loads_the_final_replica(swar
     """The known stall of a first all-reduce (docs/RELIABILITY.md, "the three-peer test") as CI met it on
     2026-11-27: c's all-reduce in a group of 3 ends only after a and b finished the run. Before, c waited
     hivemind.settle_s for digests of a version the others had left, found nobody to load from (they served their
-    state 3 s) and trained the last rounds alone, each waiting its whole step timeout for a group (past the test's
+    state 3 s) and trained the last rounds alone, each waiting its whole step timeout for a group (past that test's
     240 s). Now it sees them past its version and re-syncs at once, they serve their state on while it declares an
     earlier one, and c ends at the last version on their replica. c's all-reduce here ends 8 s after their last
-    digests, past their grace (3 s); c re-syncs within 3 s of it (waiting for its group's digests it took settle_s,
+    digests, past their grace (3 s); c re-syncs within 5 s of it (waiting for its group's digests it took settle_s,
     10 s)."""
     rounds = 3
     spec = hivemind_spec(run={"name": "hm", "rounds": rounds}, hivemind=PATIENT)
@@ -558,7 +558,7 @@ def test_a_peer_whose_all_reduce_ends_after_the_run_loads_the_final_replica(swar
     assert "the first all-reduce ends late" in text and f"c loaded version {rounds} from peers" in text, timelines([late])
     assert "no peer served its state" not in text, timelines([late])
     ended, resynced = (logged_at(text, line) for line in ("the first all-reduce ends late", "c re-syncs from peers: behind"))
-    assert 0.0 <= resynced - ended < 3.0, timelines([late])
+    assert 0.0 <= resynced - ended < 5.0, timelines([late])
     assert peers.summary("c")["version"] == rounds
     served = [Path(proc.log_path).read_text() for proc in honest]
     assert any(f"peer(s) behind version {rounds}" in log for log in served), timelines(honest)

@@ -70,7 +70,7 @@ def test_a_worker_whose_dht_process_died_exits_for_its_supervisor(no_new_p2pd: N
     # old, as this test's is late in a suite: the first matchmaking window is a fraction of the worker's own
     # start-up, not of its host process's age (it was, and this test took 204 s in the default suite).
     monkeypatch.setattr(startup, "process_age_s", lambda: 1000.0)
-    monkeypatch.setattr(hivemind_worker, "process_age_s", lambda: 1000.0, raising=False)
+    monkeypatch.setattr(hivemind_worker, "process_age_s", lambda: 1000.0, raising=False)  # the name it once used
     spec = hivemind_spec(run={"name": "hm", "rounds": 5}, hivemind={"initial_allreduce_s": 2.0, "min_allreduce_s": 1.0})
     worker = DHTKilledAtVersionOne(spec, hs.HivemindOptions.loopback(matchmaking_s=1.0), name="alone")
     with caplog.at_level(logging.INFO):
@@ -78,7 +78,7 @@ def test_a_worker_whose_dht_process_died_exits_for_its_supervisor(no_new_p2pd: N
     assert code == 1 and worker.version == 1
     ready_s, window_s = map(float, re.search(r"alone: ready ([\d.]+)s after its start; first matchmaking window "
                                              r"([\d.]+)s", caplog.text).groups())
-    assert ready_s < 60.0 and window_s <= max(0.3 * ready_s, 1.0) + 0.1, caplog.text
+    assert ready_s < 60.0 and window_s < 20.0, caplog.text  # from the process's age: 1,000 s and 300 s
     assert "alone leaves the swarm at version 1: its hivemind DHT process" in caplog.text
     assert "exited with code -9" in caplog.text
 
