@@ -119,17 +119,17 @@ class Swarm:
                         raise AssertionError(f"a peer did not finish in {timeout:.0f}s\n{logs_of(self.procs)}") from None
             assert proc.returncode == 0, logs_of(self.procs)
 
-    def first_rounds_torn(self, names: list[str]) -> bool:
+    def first_rounds_torn(self, names: list[str], torn_drift: float = 2 * RULES.drift_tolerance) -> bool:
         """Whether one of a peer's first two rounds averaged in less than the whole group of `names`, or tore (a drift
-        above twice the tolerance: a part of the average missing): the known stall of a fresh swarm's first
-        all-reduce on this VM (docs/RELIABILITY.md, "the three-peer test"), which leaves the stalled peer in a
-        partial or torn first group or, tens of seconds late, outside the next round's group."""
+        above `torn_drift`, by default twice the tolerance: a part of the average missing): the known stall of a
+        fresh swarm's first all-reduce on this VM (docs/RELIABILITY.md, "the three-peer test"), which leaves the
+        stalled peer in a partial or torn first group or, tens of seconds late, outside the next round's group."""
         whole = len(names)
         for name in names:
             log = self.tmp / f"{name}.log"
             text = log.read_text(errors="replace") if log.is_file() else ""
             for group, drift in re.findall(r": version [12] \(group of (\d+), loss [^,]*, drift ([^)]*)\)", text):
-                if int(group) < whole or float(drift) > 2 * RULES.drift_tolerance:
+                if int(group) < whole or float(drift) > torn_drift:
                     return True
         return False
 
@@ -169,20 +169,21 @@ def swarm(tmp_path: Path, no_new_p2pd: None) -> Iterator[Any]:
         each.stop()
 
 
-def run_whole(make: Callable[..., Swarm], spec: RunSpec, names: list[str], timeout: float) -> tuple[Swarm, list[subprocess.Popen]]:
+def run_whole(make: Callable[..., Swarm], spec: RunSpec, names: list[str], timeout: float,
+              torn_drift: float = 2 * RULES.drift_tolerance) -> tuple[Swarm, list[subprocess.Popen]]:
     """Start the workers `names` in a swarm from `make` (the `swarm` fixture) and wait for them; when the known stall
-    of a fresh swarm's first all-reduce strikes (`Swarm.first_rounds_torn`, checked while they run and at the end),
-    start the scenario once more in a fresh swarm. A second occurrence, or any other failure, is the test's to
-    fail. Returns the swarm of the attempt that counts and its workers."""
+    of a fresh swarm's first all-reduce strikes (`Swarm.first_rounds_torn` with `torn_drift`, checked while they
+    run and at the end), start the scenario once more in a fresh swarm. A second occurrence, or any other failure,
+    is the test's to fail. Returns the swarm of the attempt that counts and its workers."""
     for attempt in (1, 2):
         peers = make(spec, f"attempt{attempt}")
         workers = [peers.worker(name) for name in names]
         try:
-            peers.wait(workers, timeout=timeout, abandon=lambda: attempt == 1 and peers.first_rounds_torn(names))
+            peers.wait(workers, timeout=timeout, abandon=lambda: attempt == 1 and peers.first_rounds_torn(names, torn_drift))
         except Abandoned:
             peers.stop()
             continue
-        if attempt == 2 or not peers.first_rounds_torn(names):
+        if attempt == 2 or not peers.first_rounds_torn(names, torn_drift):
             break
     return peers, workers
 

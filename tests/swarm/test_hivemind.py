@@ -305,7 +305,8 @@ def test_three_peers_train_with_the_4_bit_lowbit_codec(swarm: Any) -> None:
     names = ["a", "b", "c"]
     # The known stall of a fresh swarm's first all-reduce (as in the three-peer test above) left one peer 60 s late
     # in its first round in CI on 2026-11-27, behind a run whose others had finished: the scenario starts once more.
-    peers, _ = run_whole(swarm, spec, names, 240)
+    # Torn here is a drift above 1.0 (the bound below): 4-bit drift alone reached 0.71 in a first round.
+    peers, _ = run_whole(swarm, spec, names, 240, torn_drift=1.0)
     drifts = []
     for name in names:
         history = peers.summary(name)["history"]
