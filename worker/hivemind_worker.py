@@ -22,8 +22,9 @@ once its round's group has published its digests (or hivemind.settle_s passed); 
 later round repairs, the group ends on one replica (`_settle`), and each peer serves its state a few seconds
 longer (hivemind.state_grace_s), then on while a live peer of the run is still behind, up to an all-reduce
 timeout (one whose round ended after the group finished re-syncs from it at once and ends at the last
-version). The rules in force are logged at start-up. Each round's digest and the newest metric rows go to the DHT (worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR`
-the final θ goes to DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator`
+version). The rules in force are logged at start-up. Each round's digest and the newest metric rows go to the
+DHT (worker/hivemind_sync.py), where `rcswarm dht --state-dir` mirrors them. With `--out DIR` the final θ goes
+to DIR/final.safetensors and the per-round history to DIR/summary.json. With `--coordinator`
 the worker also joins a coordinator for the control plane only (the run spec, a data seed, heartbeats, metrics
 and Leave on a thread of its own, worker/hivemind_control.py): training never waits for the coordinator, and
 goes on while it is down. SIGTERM or SIGINT ends the worker after its current step.
@@ -324,14 +325,15 @@ class HivemindWorker:
         longest = max(rules.settle_s, rules.initial_allreduce_s, self.peer.timer.allreduce_timeout())
         log.info("%s: serves its final state up to %.0fs more for %d peer(s) behind version %d", self.name, longest,
                  late, self.version)
-        late = self._serve_while_late(time.monotonic() + longest, max(rules.state_grace_s, rules.state_declare_s + 0.5))
+        linger_s = max(rules.state_grace_s, rules.state_declare_s + 0.5)
+        late = self._serve_while_late(late, time.monotonic() + longest, linger_s)
         if late:
             log.warning("%s: %d peer(s) still behind version %d after %.0fs; ends", self.name, late, self.version,
                         longest)
 
-    def _serve_while_late(self, deadline: float, linger_s: float) -> int:
-        """Wait until no late peer was seen for `linger_s`, `deadline` (time.monotonic) passed, or a stop; the late
-        peers seen last (0 unless the deadline cut the wait)."""
+    def _serve_while_late(self, late: int, deadline: float, linger_s: float) -> int:
+        """Wait, `late` peers seen now, until none was seen for `linger_s`, `deadline` (time.monotonic) passed, or a
+        stop; the late peers seen last (0 unless the deadline cut the wait)."""
         seen = time.monotonic()
         while time.monotonic() < deadline and not self.stop.wait(0.5):
             late = self._late_peers()
@@ -339,7 +341,7 @@ class HivemindWorker:
                 seen = time.monotonic()
             elif time.monotonic() - seen >= linger_s:
                 return 0
-        return self._late_peers() if not self.stop.is_set() else 0
+        return 0 if self.stop.is_set() else late
 
     def _late_peers(self) -> int:
         """How many other live peers of the run declare a version below this one's, or none."""

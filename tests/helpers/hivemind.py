@@ -178,8 +178,11 @@ def run_whole(make: Callable[..., Swarm], spec: RunSpec, names: list[str], timeo
     for attempt in (1, 2):
         peers = make(spec, f"attempt{attempt}")
         workers = [peers.worker(name) for name in names]
+        def torn() -> bool:
+            return attempt == 1 and peers.first_rounds_torn(names, torn_drift)
+
         try:
-            peers.wait(workers, timeout=timeout, abandon=lambda: attempt == 1 and peers.first_rounds_torn(names, torn_drift))
+            peers.wait(workers, timeout=timeout, abandon=torn)
         except Abandoned:
             peers.stop()
             continue

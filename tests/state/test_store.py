@@ -4,6 +4,7 @@ file, which the commands turn into their usage error; nothing outside state/ see
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -60,8 +61,6 @@ def test_openers_of_a_fresh_state_dir_at_once_all_open_it(tmp_path: Path) -> Non
     """A coordinator creating its state dir while `rcswarm status` (or a test) opens it: every opener gets the
     store, none "duplicate column name" (both adding a column) or "database is locked" (the switch to WAL).
     Seen in the default suite (test_ctrl_c_stops_every_process); here 6 openers at once on 20 fresh dirs."""
-    import threading
-
     for trial in range(20):
         state_dir = tmp_path / f"state{trial}"
         barrier, failed = threading.Barrier(6), []

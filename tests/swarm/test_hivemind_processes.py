@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rcswarm.worker import hivemind_sync as hs
-from rcswarm.worker import hivemind_worker, startup
+from rcswarm.worker import startup
 from rcswarm.worker.hivemind_worker import HivemindWorker
 from tests.helpers.hivemind import hivemind_spec
 
@@ -70,7 +70,6 @@ def test_a_worker_whose_dht_process_died_exits_for_its_supervisor(no_new_p2pd: N
     # old, as this test's is late in a suite: the first matchmaking window is a fraction of the worker's own
     # start-up, not of its host process's age (it was, and this test took 204 s in the default suite).
     monkeypatch.setattr(startup, "process_age_s", lambda: 1000.0)
-    monkeypatch.setattr(hivemind_worker, "process_age_s", lambda: 1000.0, raising=False)  # the name it once used
     spec = hivemind_spec(run={"name": "hm", "rounds": 5}, hivemind={"initial_allreduce_s": 2.0, "min_allreduce_s": 1.0})
     worker = DHTKilledAtVersionOne(spec, hs.HivemindOptions.loopback(matchmaking_s=1.0), name="alone")
     with caplog.at_level(logging.INFO):
