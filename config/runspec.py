@@ -455,6 +455,12 @@ class HivemindSection:
     min_allreduce_s: float = 20.0
     # The all-reduce timeout before any all-reduce was measured.
     initial_allreduce_s: float = 60.0
+    # How long a peer waits for a would-be leader's answer, and past its matchmaking window for the group's start
+    # (hivemind's request_timeout; at least half the window). A follower that gives up while its leader still counts
+    # it is a ghost in the leader's group, whose all-reduce then waits its sender timeout for parts that never come
+    # (docs/RELIABILITY.md, "the first-round stall"): 1 s, before, was too short for a loaded host. Longer only
+    # delays the rare matchmaking deadlock hivemind breaks with it (two peers asking each other at once).
+    request_timeout_s: float = 5.0
     # How often a peer declares its state for late joiners (hivemind's default, 30 s, made
     # `load_state_from_peers` find nobody for that long).
     state_declare_s: float = 2.0
@@ -474,7 +480,8 @@ class HivemindSection:
             _fail("hivemind.timeout_factor", self.timeout_factor, "a number >= 1 (a multiple of measured times)")
         if not 1 <= self.timer_window <= 1000:
             _fail("hivemind.timer_window", self.timer_window, "an integer between 1 and 1000 (all-reduces)")
-        _check_positive(self, "hivemind", "drift_tolerance", "min_allreduce_s", "state_declare_s", "record_ttl_s")
+        _check_positive(self, "hivemind", "drift_tolerance", "min_allreduce_s", "request_timeout_s", "state_declare_s",
+                        "record_ttl_s")
         if not self.initial_allreduce_s >= self.min_allreduce_s:
             _fail("hivemind.initial_allreduce_s", self.initial_allreduce_s,
                   f"seconds >= hivemind.min_allreduce_s = {self.min_allreduce_s}")

@@ -32,7 +32,9 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   group is derived from its own round: `hivemind.timeout_factor` × the seconds it trained (a groupmate
   slower than that is left to the next round); the worker may widen a step's matchmaking window
   (`average(window_s=…)`: a fresh swarm's first round, from the peer's measured start-up).
-  The derived values are logged.
+  The derived values are logged. Matchmaking's request timeout (`hivemind.request_timeout_s`, 5 s) is
+  longer than hivemind advises (below the window): a follower that gives up on a leader still counting it
+  leaves a ghost in that leader's group (`request_timeout`).
 * **Rules**: the run spec's [hivemind] table (`HivemindSection`, config/runspec.py) holds the
   operator's choices above (trust factor, drift tolerance, timeout factor and window, all-reduce
   floor and initial timeout, state declare period, record TTL); `HivemindPeer`, `RoundTimer`,
@@ -511,6 +513,27 @@ def visible_maddrs(dht: hivemind.DHT) -> list[str]:
     return [str(addr) for addr in dht.get_visible_maddrs()]
 
 
+def request_timeout(options: HivemindOptions, rules: HivemindSection) -> float:
+    """hivemind's matchmaking request timeout: how long a follower waits for a would-be leader's answer and, past
+    its window, for the group's start. When it gives up, the leader (busy, or starved of CPU) may already count it:
+    the leader's group then all-reduces with a ghost whose parts never come, each reducer waits its sender timeout
+    (a quarter of the all-reduce timeout, 15 s in a first round) and ends with a part missing, while the ghost looks
+    for another group until its own step times out (60 s and more). Seen in fresh swarms' first rounds on a loaded
+    host with the 1 s of before; `hivemind.request_timeout_s` (5 s), at least half the matchmaking window."""
+    return max(rules.request_timeout_s, options.matchmaking_s / 2)
+
+
+class _QuietRequestTimeoutAdvice(logging.Filter):
+    """Drops hivemind's start-up advice to keep request_timeout below min_matchmaking_time: rcswarm keeps it longer
+    on purpose (`request_timeout`), and its own start-up line says how long."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "request_timeout smaller than min_matchmaking_time" not in record.getMessage()
+
+
+logging.getLogger("hivemind.averaging.matchmaking").addFilter(_QuietRequestTimeoutAdvice())
+
+
 class _StateAverager(DecentralizedAverager):
     """An averager whose state for late joiners comes from `state_fn` (called in this process), and whose reducer
     counts each groupmate's weight at most `_weight_bound` (set before each step, `set_weight_bound`)."""
@@ -603,7 +626,7 @@ class HivemindPeer:
             self.averager = _StateAverager(
                 buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
                 target_group_size=target_group_size,
-                min_matchmaking_time=options.matchmaking_s, request_timeout=max(1.0, options.matchmaking_s / 2),
+                min_matchmaking_time=options.matchmaking_s, request_timeout=request_timeout(options, rules),
                 allreduce_timeout=rules.initial_allreduce_s, compression=compression,
                 state_compression=NoCompression(), declare_state_period=rules.state_declare_s,
                 client_mode=options.client_mode, allow_state_sharing=not options.client_mode,
@@ -613,8 +636,8 @@ class HivemindPeer:
         except BaseException:
             self.dht.shutdown()
             raise
-        log.info("hivemind peer %s of %s listening on %s; %s", self.peer_id, run, " ".join(visible_maddrs(self.dht)),
-                 self.timer.describe())
+        log.info("hivemind peer %s of %s listening on %s; matchmaking request timeout %.1fs; %s", self.peer_id, run,
+                 " ".join(visible_maddrs(self.dht)), request_timeout(options, rules), self.timer.describe())
 
     @property
     def peer_id(self) -> str:
