@@ -457,8 +457,8 @@ class HivemindSection:
     initial_allreduce_s: float = 60.0
     # How long a peer waits for a would-be leader's answer, and past its matchmaking window for the group's start
     # (hivemind's request_timeout; at least half the window). A follower that gives up while its leader still counts
-    # it is a ghost in the leader's group, whose all-reduce then waits its sender timeout for parts that never come
-    # (docs/RELIABILITY.md, "the first-round stall"): 1 s, before, was too short for a loaded host. Longer only
+    # it may be a ghost in the leader's group, whose all-reduce then waits its sender timeout for parts that never
+    # come (docs/RELIABILITY.md, "a ghost follower"): 1 s, before, was too short for a loaded host. Longer only
     # delays the rare matchmaking deadlock hivemind breaks with it (two peers asking each other at once).
     request_timeout_s: float = 5.0
     # How often a peer declares its state for late joiners (hivemind's default, 30 s, made

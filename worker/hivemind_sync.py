@@ -33,12 +33,12 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   slower than that is left to the next round); the worker may widen a step's matchmaking window
   (`average(window_s=…)`: a fresh swarm's first round, from the peer's measured start-up).
   The derived values are logged. Matchmaking's request timeout (`hivemind.request_timeout_s`, 5 s) is
-  longer than hivemind advises (below the window): a follower that gives up on a leader still counting it
-  leaves a ghost in that leader's group (`request_timeout`).
+  longer than hivemind advises (below the window): a follower that gives up on a starved leader may be
+  counted in that leader's group all the same, a ghost (`request_timeout`).
 * **Rules**: the run spec's [hivemind] table (`HivemindSection`, config/runspec.py) holds the
   operator's choices above (trust factor, drift tolerance, timeout factor and window, all-reduce
-  floor and initial timeout, state declare period, record TTL); `HivemindPeer`, `RoundTimer`,
-  `trust_problem` and `resync_reason` take them as arguments.
+  floor and initial timeout, matchmaking request timeout, state declare period, record TTL);
+  `HivemindPeer`, `RoundTimer`, `trust_problem` and `resync_reason` take them as arguments.
 
 hivemind is imported only here; worker/hivemind_worker.py and `rcswarm dht` import this module,
 and the rest of rcswarm imports those only when `sync.backend = "hivemind"` is chosen.
@@ -515,11 +515,13 @@ def visible_maddrs(dht: hivemind.DHT) -> list[str]:
 
 def request_timeout(options: HivemindOptions, rules: HivemindSection) -> float:
     """hivemind's matchmaking request timeout: how long a follower waits for a would-be leader's answer and, past
-    its window, for the group's start. When it gives up, the leader (busy, or starved of CPU) may already count it:
-    the leader's group then all-reduces with a ghost whose parts never come, each reducer waits its sender timeout
-    (a quarter of the all-reduce timeout, 15 s in a first round) and ends with a part missing, while the ghost looks
-    for another group until its own step times out (60 s and more). Seen in fresh swarms' first rounds on a loaded
-    host with the 1 s of before; `hivemind.request_timeout_s` (5 s), at least half the matchmaking window."""
+    its window, for the group's start. A leader drops a follower whose request stream closed when its event loop
+    reads the close; a leader starved of CPU past the follower's timeout wakes to its expired matchmaking timer first
+    and assembles the group with the follower in it: a ghost, whose parts never come. Each reducer then waits its
+    sender timeout (a quarter of the all-reduce timeout, 15 s in a first round) and ends with a part missing, while
+    the ghost looks for another group until its own step times out (60 s and more). Seen in fresh swarms' first
+    rounds on a loaded host with the 1 s of before; `hivemind.request_timeout_s` (5 s), at least half the matchmaking
+    window. It narrows the window, not closes it: a leader starved longer still leaves a ghost."""
     return max(rules.request_timeout_s, options.matchmaking_s / 2)
 
 
@@ -627,6 +629,10 @@ class HivemindPeer:
                 buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
                 target_group_size=target_group_size,
                 min_matchmaking_time=options.matchmaking_s, request_timeout=request_timeout(options, rules),
+                # A state download's wait between chunks before a silent donor is left for the next, as it was
+                # (hivemind takes the request timeout when none is given; the sender and reducer timeouts this also
+                # defaults are set before every step, `set_timeouts`).
+                next_chunk_timeout=max(1.0, options.matchmaking_s / 2),
                 allreduce_timeout=rules.initial_allreduce_s, compression=compression,
                 state_compression=NoCompression(), declare_state_period=rules.state_declare_s,
                 client_mode=options.client_mode, allow_state_sharing=not options.client_mode,
@@ -669,7 +675,11 @@ class HivemindPeer:
         """(version, θ tensors + momentum tensors) from the highest-priority peer, retried within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            loaded = self.averager.load_state_from_peers(timeout=max(1.0, deadline - time.monotonic()))
+            attempt_s = max(1.0, deadline - time.monotonic())
+            try:
+                loaded = self.averager.load_state_from_peers(timeout=attempt_s)
+            except TimeoutError:  # this attempt outlasted the time left (donors silent between chunks): no state yet
+                loaded = None
             problem, state = _check_state(loaded, self.run, names, shapes)
             if not problem:
                 return state

@@ -124,6 +124,7 @@ HIVEMIND = {"sync": {"backend": "hivemind"}}
         ("min_allreduce_s", 0.5, 0.0, "a positive number"),
         ("initial_allreduce_s", 20.0, 19.0, "seconds >= hivemind.min_allreduce_s = 20.0"),
         ("request_timeout_s", 0.5, 0.0, "a positive number"),
+        ("request_timeout_s", 60.0, float("inf"), "a finite number"),
         ("state_declare_s", 0.5, -1.0, "a positive number"),
         ("record_ttl_s", 30.0, 0.0, "a positive number"),
         ("settle_s", 0.0, -1.0, "seconds >= 0"),
