@@ -536,6 +536,20 @@ class _QuietRequestTimeoutAdvice(logging.Filter):
 logging.getLogger("hivemind.averaging.matchmaking").addFilter(_QuietRequestTimeoutAdvice())
 
 
+def renew_torch_thread_pool() -> None:
+    """In a process forked from one that used torch's CPU thread pool (the averager, forked from a worker that
+    trained): have torch rebuild that pool now, on this one thread, before hivemind's executor threads exist.
+
+    After a fork torch replaces the inherited pool at its next use, and the replacement is not safe against a second
+    thread using the pool meanwhile: each new thread's first parallel op sets its thread count through the pool, and
+    a thread that came between the old pool's release and the new one's creation failed with "pool INTERNAL ASSERT
+    FAILED ... Invalid thread pool!". In the averager that was an executor thread compressing a part for one
+    groupmate in a fresh swarm's first all-reduce (the first use of its threads): the stream to that groupmate ended
+    unsent, its reducer waited the sender timeout for the parts ("Reducer: received 66.7% of input tensors") and the
+    sender waited for that reducer's results: one link lost both ways (docs/RELIABILITY.md, "the pool")."""
+    torch.set_num_threads(torch.get_num_threads())
+
+
 class _StateAverager(DecentralizedAverager):
     """An averager whose state for late joiners comes from `state_fn` (called in this process), and whose reducer
     counts each groupmate's weight at most `_weight_bound` (set before each step, `set_weight_bound`)."""
@@ -545,6 +559,7 @@ class _StateAverager(DecentralizedAverager):
 
     def run(self) -> None:
         keep_command_pipe_blocking(hm_averager_module, self._inner_pipe.fileno())
+        renew_torch_thread_pool()
         super().run()
 
     def get_current_state(self):

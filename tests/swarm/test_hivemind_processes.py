@@ -1,5 +1,6 @@
 """A hivemind peer's own processes (its DHT and averager): a command the worker writes in two parts reaches them
-whole (hivemind#660, issue #31), and a worker whose DHT process died exits instead of training on alone."""
+whole (hivemind#660, issue #31), a worker whose DHT process died exits instead of training on alone, and the averager
+renews torch's thread pool before its threads start (the first all-reduce's "Invalid thread pool!")."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,5 +100,30 @@ def test_the_dht_and_averager_processes_read_their_commands_blocking(no_new_p2pd
         for process in (peer.dht, peer.averager):
             assert not nonblocking(process.pid, process._inner_pipe.fileno()), type(process).__name__
         assert peer.failure() == ""
+    finally:
+        peer.shutdown()
+
+
+def test_the_averager_renews_torchs_thread_pool_in_its_own_process_before_its_threads(
+        no_new_p2pd: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`renew_torch_thread_pool` runs in the averager's process (forked from this one, which used torch's pool) while
+    that process has one thread. The race it closes, a second thread's first parallel op meeting torch's half-replaced
+    pool ("Invalid thread pool!" in a compressing executor thread of a first all-reduce, docs/RELIABILITY.md), did not
+    happen on demand here (0 of 200 forked children with 16 threads starting together), so this checks where and
+    when the renewal runs."""
+    marker = tmp_path / "renewed"
+    renew = hs.renew_torch_thread_pool
+
+    def renew_and_mark() -> None:
+        renew()
+        marker.write_text(f"{os.getpid()} {threading.active_count()}")
+
+    monkeypatch.setattr(hs, "renew_torch_thread_pool", renew_and_mark)
+    state = ({"run": "t", "version": 0}, [])
+    peer = hs.HivemindPeer("t", [(8,)], "fp32", 256, hs.HivemindOptions.loopback(), lambda: state)
+    try:
+        pid, threads = (int(word) for word in marker.read_text().split())
+        assert pid == peer.averager.pid != os.getpid()
+        assert threads == 1
     finally:
         peer.shutdown()
