@@ -540,8 +540,8 @@ def renew_torch_thread_pool() -> None:
     """In a process forked from one that used torch's CPU thread pool (the averager, forked from a worker that
     trained): have torch rebuild that pool now, on this one thread, before hivemind's executor threads exist.
 
-    After a fork torch replaces the inherited pool at its next use, and the replacement is not safe against a second
-    thread using the pool meanwhile: each new thread's first parallel op sets its thread count through the pool, and
+    After a fork torch replaces the inherited pool at its next use, and (as we read torch's pthreadpool code) the
+    replacement is not safe against a second thread using the pool meanwhile: each new thread's first parallel op sets its thread count through the pool, and
     a thread that came between the old pool's release and the new one's creation failed with "pool INTERNAL ASSERT
     FAILED ... Invalid thread pool!". In the averager that was an executor thread compressing a part for one
     groupmate in a fresh swarm's first all-reduce (the first use of its threads): the stream to that groupmate ended
