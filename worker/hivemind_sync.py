@@ -637,13 +637,14 @@ class HivemindPeer:
             self.dht.shutdown()
             raise PeerRefused(problem)
         buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
+        matchmaking_timeout = request_timeout(options, rules)
         compression = compression_for(codec, block_size, value_bits)
         use_in_replies(compression)
         try:
             self.averager = _StateAverager(
                 buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
                 target_group_size=target_group_size,
-                min_matchmaking_time=options.matchmaking_s, request_timeout=request_timeout(options, rules),
+                min_matchmaking_time=options.matchmaking_s, request_timeout=matchmaking_timeout,
                 # A state download's wait between chunks before a silent donor is left for the next, as it was
                 # (hivemind takes the request timeout when none is given; the sender and reducer timeouts this also
                 # defaults are set before every step, `set_timeouts`).
@@ -658,7 +659,7 @@ class HivemindPeer:
             self.dht.shutdown()
             raise
         log.info("hivemind peer %s of %s listening on %s; matchmaking request timeout %.1fs; %s", self.peer_id, run,
-                 " ".join(visible_maddrs(self.dht)), request_timeout(options, rules), self.timer.describe())
+                 " ".join(visible_maddrs(self.dht)), matchmaking_timeout, self.timer.describe())
 
     @property
     def peer_id(self) -> str:
