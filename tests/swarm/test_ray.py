@@ -8,7 +8,8 @@ coordinator is the in-process one of conftest (real gRPC on 127.0.0.1), outside 
 production, and every `rcswarm launch ray` is a real command in its own process, a new Ray driver
 each time. The default suite runs one Ray scenario; the longer ones are `wide` (pytest --wide).
 Every test leaves no actor behind; the module shuts its Ray instance down and kills what is left
-of its processes by pid.
+of the processes started since `ray.init` by pid, sparing torch's shared-memory manager of this
+process (killing it made this process abort at exit, freeing a tensor hivemind had shared).
 """
 
 from __future__ import annotations
@@ -55,6 +56,33 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a killed child of this process stays in /proc, a zombie, until it is reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def shm_managers(pids: set[int]) -> set[int]:
+    """torch's shared-memory managers among `pids`: this process's (started by hivemind's file_system sharing) must
+    outlive the Ray instance, or freeing a shared tensor later aborts this process ("Broken pipe" in a destructor)."""
+    return {pid for pid in pids if _command(pid).startswith("torch_shm_manager")}
+
+
+def rays_processes(pids: set[int]) -> set[int]:
+    """What to kill when the Ray instance is shut down: the processes started since `ray.init`, less torch's shm
+    manager (a process of this one that may first be needed meanwhile)."""
+    return pids - shm_managers(pids)
+
+
 def _address(hex_address: str) -> str:
     """The text form of an address of /proc/net/tcp{,6} (little-endian 32-bit words)."""
     import ipaddress
@@ -97,12 +125,14 @@ def ray_cluster():
 
     assert not ray_constants.ENABLE_RAY_CLUSTER, "ray was imported before RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was set"
     temp_dir = tempfile.mkdtemp(prefix="rcsray-")
+    before = descendants(os.getpid())
+    managers = shm_managers(before)
     context = ray.init(num_cpus=2, num_gpus=2, _node_ip_address="127.0.0.1", include_dashboard=False,
                        namespace="rcswarm-tests", _temp_dir=temp_dir, log_to_driver=False)
     try:
         yield context.address_info["gcs_address"]
     finally:
-        processes = descendants(os.getpid())
+        processes = rays_processes(descendants(os.getpid()) - before)
         ray.shutdown()
         for pid in processes:
             try:
@@ -115,6 +145,8 @@ def ray_cluster():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        wait_for(lambda: not any(map(running, processes)), 10.0, "the Ray instance's processes to end")
+        assert all(map(running, managers)), "torch's shared-memory manager was killed"
 
 
 @pytest.fixture
