@@ -31,7 +31,8 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   the others finish), to the averager process before each step. How long a peer waits for its
   group is derived from its own round: `hivemind.timeout_factor` × the seconds it trained (a groupmate
   slower than that is left to the next round); the worker may widen a step's matchmaking window
-  (`average(window_s=…)`: a fresh swarm's first round, from the peer's measured start-up).
+  (`average(window_s=…)`: a fresh swarm's first round, from the peer's measured start-up), and a peer
+  with nobody to average with ends its step soon after its window (`average(alone=…)`).
   The derived values are logged. Matchmaking's request timeout (`hivemind.request_timeout_s`, 5 s) is
   longer than hivemind advises (below the window): a follower that gives up on a starved leader may be
   counted in that leader's group all the same, a ghost (`request_timeout`).
@@ -54,7 +55,7 @@ import statistics
 import struct
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -637,7 +638,7 @@ class HivemindPeer:
             self.dht.shutdown()
             raise PeerRefused(problem)
         buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
-        matchmaking_timeout = request_timeout(options, rules)
+        self.request_timeout_s = matchmaking_timeout = request_timeout(options, rules)
         compression = compression_for(codec, block_size, value_bits)
         use_in_replies(compression)
         try:
@@ -704,12 +705,16 @@ class HivemindPeer:
         return None
 
     def average(self, deltas: Sequence[torch.Tensor], tokens: int, gather: dict[str, Any],
-                window_s: float | None = None, max_tokens: float = math.inf) -> Averaged | None:
+                window_s: float | None = None, max_tokens: float = math.inf,
+                alone: Callable[[], bool] | None = None) -> Averaged | None:
         """Average `deltas` with a group, weighted by `tokens`; None when no group formed or the all-reduce failed.
 
         `window_s`: how long a group may take to assemble once this peer looks (default: the matchmaking time).
         `max_tokens`: the most tokens a round of this run trains; this peer's weight and, in the parts it reduces,
         every groupmate's are counted at most that.
+        `alone`: asked once, when no group has begun its all-reduce by the end of the window plus the request
+        timeout (a group that formed at the window's end has begun by then): True ends the step there, instead of
+        looking on for the step timeout, which a peer with nobody to average with spent every round.
         """
         with self.averager.get_tensors() as buffers:
             for buffer, delta in zip(buffers, deltas):
@@ -722,7 +727,13 @@ class HivemindPeer:
         weight = float(min(max(tokens, 1), max_tokens))
         control = self.averager.step(gather=gather, weight=weight, timeout=timeout, wait=False,
                                      scheduled_time=get_dht_time() + window)
-        formed = _wait_for_group(control, started + timeout)
+        ask_at = started + window + self.request_timeout_s if alone is not None else math.inf
+        formed = _wait_for_group(control, started + timeout, ask_at, alone or (lambda: False))
+        if formed is None and not control.done() and time.monotonic() < started + timeout:
+            control.cancel()
+            log.info("no other peer of the run to average with: the step ends after %.1fs (window %.1fs), not at "
+                     "its step timeout %.1fs", time.monotonic() - started, window, timeout)
+            return None
         try:
             result = control.result(timeout=max(0.1, started + timeout - time.monotonic()))
         except Exception as exc:  # hivemind raises its own errors, timeouts and cancellations alike
@@ -763,11 +774,17 @@ class HivemindPeer:
             self.dht.shutdown()
 
 
-def _wait_for_group(control: Any, deadline: float) -> float | None:
-    """When (time.monotonic) the step's group began its all-reduce: None if the step ended or `deadline` passed first."""
+def _wait_for_group(control: Any, deadline: float, ask_at: float = math.inf,
+                    alone: Callable[[], bool] = lambda: False) -> float | None:
+    """When (time.monotonic) the step's group began its all-reduce: None if the step ended or `deadline` passed first,
+    or, asked once at `ask_at` while no group has begun, `alone()` said this peer has nobody to average with."""
     while time.monotonic() < deadline and not control.done():
         if control.began_allreduce:
             return time.monotonic()
+        if time.monotonic() >= ask_at:
+            ask_at = math.inf
+            if alone() and not control.began_allreduce:
+                return None
         time.sleep(0.01)
     return None
 

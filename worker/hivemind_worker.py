@@ -251,7 +251,7 @@ class HivemindWorker:
         gather = {"version": self.version, "tokens": tokens, "norm": hs.global_norm(deltas)}
         window = FIRST_WINDOW_FRACTION * self._startup_s if self.version == 0 else None
         bound = round_token_bound(self.spec, self.version)
-        result = self.peer.average(deltas, tokens, gather, window_s=window, max_tokens=bound)
+        result = self.peer.average(deltas, tokens, gather, window_s=window, max_tokens=bound, alone=self._alone)
         if result is not None and result.group_version > self.version:
             self._resync(f"the group was at version {result.group_version}")
             return
@@ -269,6 +269,17 @@ class HivemindWorker:
         })
         log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
                  self.history[-1]["loss"], measured, self.peer.timer.describe())
+
+    def _alone(self) -> bool:
+        """Whether no other peer of the run may average this version with this one: no other averager declares its
+        state (every peer not in client mode does, each hivemind.state_declare_s) and no other peer's digest is of
+        this version or the one before (a peer in client mode, which declares nothing, publishes one a round; one
+        still training its round to this version has published the one before). A peer alone then ends its step
+        soon after its window (`HivemindPeer.average`) instead of looking for a group until its step timeout."""
+        if self.peer.declared_versions():
+            return False
+        digests = self.peer.records(hs.DIGEST_KEY, self.spec.run.name)
+        return not any(r["version"] >= self.version - 1 for peer, r in digests.items() if peer != self.peer.peer_id)
 
     def _step(self, base: list[torch.Tensor], deltas: list[torch.Tensor], averaged: list[torch.Tensor]) -> str:
         """θ_{v+1}, b = outer_step(θ_v, b, Δ̄) into the model, or θ_v again when Δ̄ fails the trust check (the reason)."""

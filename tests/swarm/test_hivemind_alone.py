@@ -1,0 +1,101 @@
+"""A peer with nobody to average with ends its averaging step soon after its window, not at its step timeout.
+
+Alone (a first peer waiting for others, the last one of a run), a peer used to look for a group until its step
+timeout every round: the window, twice the matchmaking time, 3 × its training time and the all-reduce timeout (60 s
+before one is measured). `HivemindPeer.average(alone=...)` asks once, when no group has begun by the end of the window
+plus the request timeout, and the worker's `_alone` answers from the DHT: no other averager of the run declares its
+state and no other peer's digest is of this version or the one before. Real hivemind peers on loopback.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from rcswarm.config.runspec import HivemindSection
+from tests.helpers.hivemind import hivemind_spec
+from tests.helpers.waiting import wait_for
+
+hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
+from rcswarm.worker.hivemind_worker import HivemindWorker  # noqa: E402
+
+SHAPES = [(16, 8), (32,)]
+WINDOW_S = 2.0
+STATE = ({"run": "hm", "version": 0}, [])
+
+
+def _deltas() -> list[torch.Tensor]:
+    return [torch.ones(shape) for shape in SHAPES]
+
+
+def _peer(seed: Any, rules: HivemindSection = HivemindSection()) -> Any:
+    return hs.HivemindPeer("hm", SHAPES, "int8", 64, hs.HivemindOptions.loopback(hs.visible_maddrs(seed)),
+                           lambda: STATE, rules=rules)
+
+
+@pytest.mark.slow
+def test_a_lone_peer_ends_its_step_after_its_window_and_one_that_is_not_alone_looks_on(no_new_p2pd: None) -> None:
+    # A short all-reduce timeout, so that the step that looks on ends within the test: its step timeout
+    # (window + twice the matchmaking time + the all-reduce timeout) is still well past the lone step's end.
+    rules = HivemindSection(initial_allreduce_s=12.0, min_allreduce_s=12.0)
+    seed = hs.start_dht(hs.HivemindOptions.loopback())
+    asked: list[float] = []
+    try:
+        peer = _peer(seed, rules)
+        try:
+            ends_at = WINDOW_S + peer.timer.step_timeout()
+            for answer in (True, False):
+                started = time.monotonic()
+
+                def alone(answer: bool = answer) -> bool:
+                    asked.append(time.monotonic() - started)
+                    return answer
+
+                result = peer.average(_deltas(), 100, {"version": 0}, window_s=WINDOW_S, alone=alone)
+                assert result is None
+                seconds = time.monotonic() - started
+                assert asked, "the step never asked whether its peer is alone"
+                if answer:
+                    lone_s = seconds
+                    assert WINDOW_S + peer.request_timeout_s <= asked[0] < WINDOW_S + peer.request_timeout_s + 1.0
+                    assert seconds < WINDOW_S + peer.request_timeout_s + 3.0, f"the lone step took {seconds:.1f}s"
+                else:
+                    assert seconds >= ends_at - 1.0, f"a peer told it is not alone gave up after {seconds:.1f}s"
+            assert len(asked) == 2
+            assert ends_at - lone_s > 10.0  # what a lone round saves here (60 s more under the default rules)
+        finally:
+            peer.shutdown()
+    finally:
+        seed.shutdown()
+
+
+@pytest.mark.slow
+def test_a_peer_is_alone_until_another_averager_declares_or_another_digest_is_recent(no_new_p2pd: None) -> None:
+    seed = hs.start_dht(hs.HivemindOptions.loopback())
+    peers: list[Any] = []
+    try:
+        peers.append(_peer(seed))
+        worker = object.__new__(HivemindWorker)  # only what `_alone` reads: its peer, spec and version
+        worker.peer, worker.spec, worker.version = peers[0], hivemind_spec(), 3
+        params = {"w": torch.zeros(4)}
+        assert worker._alone()
+        # A digest of two versions back (a peer that left): still alone. One of the version before: not.
+        assert hs.store_record(peers[0].dht, "gone", hs.DIGEST_KEY, hs.digest_record("hm", 1, params), 60.0)
+        assert worker._alone()
+        assert hs.store_record(peers[0].dht, "client", hs.DIGEST_KEY, hs.digest_record("hm", 2, params), 60.0)
+        assert not worker._alone()
+        # Another run's digest does not count; another averager of this run does (its declaration).
+        other = HivemindWorker.__new__(HivemindWorker)
+        other.peer, other.spec, other.version = peers[0], hivemind_spec(run={"name": "other"}), 3
+        assert other._alone()
+        peers.append(_peer(seed))
+        wait_for(lambda: peers[0].declared_versions(), 20.0, "the second averager's declaration")
+        worker.version = 10  # past every digest: the declaration alone says it is not alone
+        assert not worker._alone()
+    finally:
+        for peer in peers:
+            peer.shutdown()
+        seed.shutdown()
