@@ -168,6 +168,8 @@ class HivemindWorker:
             newest = self.peer.newest_declared_version()
             if newest > 0:  # a swarm past θ_0 trains; at version 0 every peer holds θ_0 from the seed already
                 self._resync(f"joining a swarm at version {newest}")
+            else:
+                self._publish_loaded()
             self.peer.set_state_version(self.version)
             while not self.stop.is_set() and self.version < self.spec.run.rounds:
                 self._round()
@@ -271,15 +273,30 @@ class HivemindWorker:
                  self.history[-1]["loss"], measured, self.peer.timer.describe())
 
     def _alone(self) -> bool:
-        """Whether no other peer of the run may average this version with this one: no other averager declares its
-        state (every peer not in client mode does, each hivemind.state_declare_s) and no other peer's digest is of
-        this version or the one before (a peer in client mode, which declares nothing, publishes one a round; one
-        still training its round to this version has published the one before). A peer alone then ends its step
-        soon after its window (`HivemindPeer.average`) instead of looking for a group until its step timeout."""
-        if self.peer.declared_versions():
-            return False
+        """Whether no other peer of the run may average this version with this one, read for
+        hivemind.state_declare_s and a half (a declaration is renewed as it expires, so one read may fall between
+        two): no other averager declares its state (every peer not in client mode does) and no other peer's digest
+        is within one version of this one (a peer in client mode, which declares nothing, publishes one on its
+        start, after a re-sync and each round; one still training its round to this version has published the
+        one before; peers that finished the run, far ahead, do not count). A peer alone then ends its step soon
+        after its window (`HivemindPeer.average`) instead of looking for a group until its step timeout."""
+        deadline = time.monotonic() + self.spec.hivemind.state_declare_s + 0.5
+        while not (self.peer.declared_versions() or self._digest_near()):
+            if time.monotonic() >= deadline or self.stop.is_set():
+                return True
+            time.sleep(0.25)
+        return False
+
+    def _digest_near(self) -> bool:
+        """Whether another peer's digest is within one version of this peer's."""
         digests = self.peer.records(hs.DIGEST_KEY, self.spec.run.name)
-        return not any(r["version"] >= self.version - 1 for peer, r in digests.items() if peer != self.peer.peer_id)
+        return any(abs(r["version"] - self.version) <= 1 for peer, r in digests.items() if peer != self.peer.peer_id)
+
+    def _publish_loaded(self) -> None:
+        """Store the digest of the state this peer starts from (θ_0, or a state it loaded): a client-mode peer is
+        then seen by `_alone` before its first round ends."""
+        params = dict(zip(self.names, self._params()))
+        self.peer.publish(hs.DIGEST_KEY, hs.digest_record(self.spec.run.name, self.version, params))
 
     def _step(self, base: list[torch.Tensor], deltas: list[torch.Tensor], averaged: list[torch.Tensor]) -> str:
         """θ_{v+1}, b = outer_step(θ_v, b, Δ̄) into the model, or θ_v again when Δ̄ fails the trust check (the reason)."""
@@ -457,6 +474,7 @@ class HivemindWorker:
             self.version, tensors = loaded
             self._adopt(tensors)
             log.info("%s loaded version %d from peers", self.name, self.version)
+            self._publish_loaded()
         self.peer.set_state_version(self.version)
 
     def _adopt(self, tensors: list[torch.Tensor]) -> None:

@@ -451,8 +451,8 @@ def init(self, *args, **kwargs):
     start(self, *args, **kwargs)
     averager_pid.append(self.averager.pid)
 
-def wait(control, deadline):
-    formed = wait_for_group(control, deadline)
+def wait(control, deadline, *rest):
+    formed = wait_for_group(control, deadline, *rest)
     waits.append(formed)
     if len(waits) == 2 and formed is not None:  # the second round's group formed: stop sending and reducing
         print("stalled mid-all-reduce", flush=True)

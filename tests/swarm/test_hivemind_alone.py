@@ -4,11 +4,12 @@ Alone (a first peer waiting for others, the last one of a run), a peer used to l
 timeout every round: the window, twice the matchmaking time, 3 × its training time and the all-reduce timeout (60 s
 before one is measured). `HivemindPeer.average(alone=...)` asks once, when no group has begun by the end of the window
 plus the request timeout, and the worker's `_alone` answers from the DHT: no other averager of the run declares its
-state and no other peer's digest is of this version or the one before. Real hivemind peers on loopback.
+state and no other peer's digest is within one version of this one. Real hivemind peers on loopback.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -78,18 +79,22 @@ def test_a_peer_is_alone_until_another_averager_declares_or_another_digest_is_re
     peers: list[Any] = []
     try:
         peers.append(_peer(seed))
-        worker = object.__new__(HivemindWorker)  # only what `_alone` reads: its peer, spec and version
-        worker.peer, worker.spec, worker.version = peers[0], hivemind_spec(), 3
+        worker = object.__new__(HivemindWorker)  # only what `_alone` reads: its peer, spec, version and stop
+        worker.peer, worker.spec, worker.version, worker.stop = peers[0], hivemind_spec(), 3, threading.Event()
         params = {"w": torch.zeros(4)}
+        started = time.monotonic()
         assert worker._alone()
-        # A digest of two versions back (a peer that left): still alone. One of the version before: not.
+        assert time.monotonic() - started >= worker.spec.hivemind.state_declare_s  # read across a renewal
+        # A digest two versions back (a peer that left) or far ahead (one that finished the run): still alone.
         assert hs.store_record(peers[0].dht, "gone", hs.DIGEST_KEY, hs.digest_record("hm", 1, params), 60.0)
+        assert hs.store_record(peers[0].dht, "done", hs.DIGEST_KEY, hs.digest_record("hm", 8, params), 60.0)
         assert worker._alone()
+        # One of the version before (a client-mode peer still training its round to this one): not alone.
         assert hs.store_record(peers[0].dht, "client", hs.DIGEST_KEY, hs.digest_record("hm", 2, params), 60.0)
         assert not worker._alone()
         # Another run's digest does not count; another averager of this run does (its declaration).
-        other = HivemindWorker.__new__(HivemindWorker)
-        other.peer, other.spec, other.version = peers[0], hivemind_spec(run={"name": "other"}), 3
+        other = object.__new__(HivemindWorker)
+        other.peer, other.spec, other.version, other.stop = peers[0], hivemind_spec(run={"name": "other"}), 3, worker.stop
         assert other._alone()
         peers.append(_peer(seed))
         wait_for(lambda: peers[0].declared_versions(), 20.0, "the second averager's declaration")

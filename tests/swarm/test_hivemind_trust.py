@@ -109,9 +109,9 @@ from rcswarm.worker import hivemind_worker
 average = hs.HivemindPeer.average
 
 
-def claim(self, deltas, tokens, gather, window_s=None, max_tokens=math.inf):
+def claim(self, deltas, tokens, gather, window_s=None, max_tokens=math.inf, **rest):
     # 1,000 times its tokens, and no bound on anyone's weight in the parts it reduces itself.
-    return average(self, deltas, tokens * 1000, {**gather, "tokens": tokens * 1000}, window_s, math.inf)
+    return average(self, deltas, tokens * 1000, {**gather, "tokens": tokens * 1000}, window_s, math.inf, **rest)
 
 
 class Cheat(hivemind_worker.HivemindWorker):
