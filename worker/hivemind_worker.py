@@ -169,7 +169,7 @@ class HivemindWorker:
             if newest > 0:  # a swarm past θ_0 trains; at version 0 every peer holds θ_0 from the seed already
                 self._resync(f"joining a swarm at version {newest}")
             else:
-                self._publish_loaded()
+                self._publish_start()
             self.peer.set_state_version(self.version)
             while not self.stop.is_set() and self.version < self.spec.run.rounds:
                 self._round()
@@ -277,8 +277,9 @@ class HivemindWorker:
         hivemind.state_declare_s and a half (a declaration is renewed as it expires, so one read may fall between
         two): no other averager declares its state (every peer not in client mode does) and no other peer's digest
         is within one version of this one (a peer in client mode, which declares nothing, publishes one on its
-        start, after a re-sync and each round; one still training its round to this version has published the
-        one before; peers that finished the run, far ahead, do not count). A peer alone then ends its step soon
+        start in a fresh swarm and each round; one still training its round to this version has published the
+        one before; peers that finished the run, far ahead, do not count). A client-mode peer that joined or
+        re-synced is seen once its first round from there ends. A peer alone then ends its step soon
         after its window (`HivemindPeer.average`) instead of looking for a group until its step timeout."""
         deadline = time.monotonic() + self.spec.hivemind.state_declare_s + 0.5
         while not (self.peer.declared_versions() or self._digest_near()):
@@ -292,9 +293,11 @@ class HivemindWorker:
         digests = self.peer.records(hs.DIGEST_KEY, self.spec.run.name)
         return any(abs(r["version"] - self.version) <= 1 for peer, r in digests.items() if peer != self.peer.peer_id)
 
-    def _publish_loaded(self) -> None:
-        """Store the digest of the state this peer starts from (θ_0, or a state it loaded): a client-mode peer is
-        then seen by `_alone` before its first round ends."""
+    def _publish_start(self) -> None:
+        """Store the digest of θ_0, which a peer of a fresh swarm starts from: a client-mode peer is then seen by
+        `_alone` before its first round ends. Only at version 0, where every peer holds the same θ_0 and no drift
+        is judged: a loaded state published as this peer's own would count as one more vote for the replica it
+        was copied from (`resync_reason`, `final_reference`)."""
         params = dict(zip(self.names, self._params()))
         self.peer.publish(hs.DIGEST_KEY, hs.digest_record(self.spec.run.name, self.version, params))
 
@@ -474,7 +477,6 @@ class HivemindWorker:
             self.version, tensors = loaded
             self._adopt(tensors)
             log.info("%s loaded version %d from peers", self.name, self.version)
-            self._publish_loaded()
         self.peer.set_state_version(self.version)
 
     def _adopt(self, tensors: list[torch.Tensor]) -> None:
