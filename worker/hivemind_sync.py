@@ -638,14 +638,14 @@ class HivemindPeer:
             self.dht.shutdown()
             raise PeerRefused(problem)
         buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
-        self.request_timeout_s = matchmaking_timeout = request_timeout(options, rules)
+        self.request_timeout_s = request_timeout(options, rules)
         compression = compression_for(codec, block_size, value_bits)
         use_in_replies(compression)
         try:
             self.averager = _StateAverager(
                 buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
                 target_group_size=target_group_size,
-                min_matchmaking_time=options.matchmaking_s, request_timeout=matchmaking_timeout,
+                min_matchmaking_time=options.matchmaking_s, request_timeout=self.request_timeout_s,
                 # A state download's wait between chunks before a silent donor is left for the next, as it was
                 # (hivemind takes the request timeout when none is given; the sender and reducer timeouts this also
                 # defaults are set before every step, `set_timeouts`).
@@ -660,7 +660,7 @@ class HivemindPeer:
             self.dht.shutdown()
             raise
         log.info("hivemind peer %s of %s listening on %s; matchmaking request timeout %.1fs; %s", self.peer_id, run,
-                 " ".join(visible_maddrs(self.dht)), matchmaking_timeout, self.timer.describe())
+                 " ".join(visible_maddrs(self.dht)), self.request_timeout_s, self.timer.describe())
 
     @property
     def peer_id(self) -> str:
@@ -727,8 +727,7 @@ class HivemindPeer:
         weight = float(min(max(tokens, 1), max_tokens))
         control = self.averager.step(gather=gather, weight=weight, timeout=timeout, wait=False,
                                      scheduled_time=get_dht_time() + window)
-        ask_at = started + window + self.request_timeout_s if alone is not None else math.inf
-        formed = _wait_for_group(control, started + timeout, ask_at, alone or (lambda: False))
+        formed = _wait_for_group(control, started + timeout, started + window + self.request_timeout_s, alone)
         if formed is None and not control.done() and time.monotonic() < started + timeout:
             control.cancel()
             log.info("no other peer of the run to average with: the step ends after %.1fs (window %.1fs), not at "
@@ -775,13 +774,13 @@ class HivemindPeer:
 
 
 def _wait_for_group(control: Any, deadline: float, ask_at: float = math.inf,
-                    alone: Callable[[], bool] = lambda: False) -> float | None:
+                    alone: Callable[[], bool] | None = None) -> float | None:
     """When (time.monotonic) the step's group began its all-reduce: None if the step ended or `deadline` passed first,
     or, asked once at `ask_at` while no group has begun, `alone()` said this peer has nobody to average with."""
     while time.monotonic() < deadline and not control.done():
         if control.began_allreduce:
             return time.monotonic()
-        if time.monotonic() >= ask_at:
+        if alone is not None and time.monotonic() >= ask_at:
             ask_at = math.inf
             if alone() and not control.began_allreduce:
                 return None
