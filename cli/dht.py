@@ -32,6 +32,7 @@ from typing import Any
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.state.lock import StateDirBusy, StateDirLock
 
 log = logging.getLogger("rcswarm.dht")
 
@@ -64,14 +65,28 @@ def parser() -> argparse.ArgumentParser:
 
 class Mirror:
     """Appends the metric rows of the DHT's records that it has not written yet and stores the swarm's view
-    (one thread). A restarted mirror resumes after the newest step its stored view holds per peer."""
+    (one thread). A restarted mirror resumes after the newest step its stored view holds per peer. It holds the
+    state dir's lock (state/lock.py, role "mirror") while it lives, and takes only a state dir of its own:
+    ValueError for a coordinator's (one with checkpoints) or another run's, StateDirBusy for one in use."""
 
     def __init__(self, spec: RunSpec, state_dir: Path) -> None:
+        self.lock = StateDirLock.acquire(state_dir, role="mirror")
+        try:
+            self._open(spec, state_dir)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _open(self, spec: RunSpec, state_dir: Path) -> None:
         from rcswarm.observe.mirror_view import VIEW_KEY, SwarmView
         from rcswarm.state.store import StateStore
 
         self.spec = spec
         self.store = StateStore(state_dir)
+        problem = _not_a_mirror_dir(self.store, spec)
+        if problem:
+            self.store.close()
+            raise ValueError(f"state dir {state_dir} {problem}; give the mirror a state dir of its own")
         self.run_id = self.store.get("run_id") or spec.run.name
         stored = self.store.get(VIEW_KEY)
         self.view = (SwarmView.from_json(stored, str(self.store.db_path)) if stored is not None
@@ -115,6 +130,19 @@ class Mirror:
 
     def close(self) -> None:
         self.store.close()
+        self.lock.release()
+
+
+def _not_a_mirror_dir(store: Any, spec: RunSpec) -> str | None:
+    """Why the opened state dir is not one this run's mirror may write (a coordinator's, another run's), or None."""
+    if store.get("checkpoint") is not None:
+        return "holds a coordinator's run (its checkpoints)"
+    stored = store.get("spec_json")
+    if stored is not None:
+        name = RunSpec.from_json(stored).run.name
+        if name != spec.run.name:
+            return f"mirrors run {name!r}, not {spec.run.name!r}"
+    return None
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
@@ -181,22 +209,22 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
 
         options = hs.HivemindOptions(initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
                                      announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path)
-    except (ValueError, OSError) as exc:
+        mirror = Mirror(spec, args.state_dir) if spec is not None else None
+    except (ValueError, OSError, StateDirBusy) as exc:
         return usage_error("rcswarm dht", str(exc))
     if stop is None:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    dht = hs.start_dht(options)
-    mirror = dashboard = None
+    dht = dashboard = None
     try:
+        dht = hs.start_dht(options)
         maddrs = hs.visible_maddrs(dht)
         for maddr in maddrs:
             print(maddr, flush=True)
         if args.maddrs_file is not None:
             args.maddrs_file.write_text("".join(f"{m}\n" for m in maddrs))
         log.info("bootstrap peer %s up; workers: --initial-peers %s", dht.peer_id, " ".join(maddrs))
-        mirror = Mirror(spec, args.state_dir) if spec is not None else None
         dashboard = start_dashboard(args) if args.http_port is not None else None
         while not stop.wait(args.poll_s if mirror is not None else 1.0):
             if mirror is not None:
@@ -211,7 +239,8 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
             dashboard.coordinator.close()
         if mirror is not None:
             mirror.close()
-        dht.shutdown()
+        if dht is not None:
+            dht.shutdown()
     return 0
 
 

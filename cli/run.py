@@ -42,7 +42,6 @@ from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from safetensors.torch import load_file, save_file
 
 from rcswarm.cli.demo import DEMO_MINUTES, demo_spec
 from rcswarm.cli.fit import plot as plot_fit
@@ -64,8 +63,8 @@ from rcswarm.observe.forecast import was_pruned
 from rcswarm.observe.report import forecast_rows, held_out_rows, prune_rows, summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
-from rcswarm.state.checkpoints import split_checkpoint
 from rcswarm.state.store import StateStore
+from rcswarm.sync.files import save_tensors
 from rcswarm.train.round import HELD_OUT_SEED, RoundTrainer
 from rcswarm.worker import CoordinatorClient, RetryPolicy
 
@@ -276,17 +275,20 @@ def local_runs(run_dir: Path, spec: RunSpec) -> list[LocalRun]:
 
 
 def export_final(state_dir: Path, out: Path) -> dict[str, torch.Tensor] | None:
-    """Write the run's newest checkpoint's parameters to `out`; None when it has none."""
+    """Write the parameters of the run's newest checkpoint that verifies against its ledger (the one a restart would
+    serve, `StateStore.newest_verified`) to `out`, atomically; None when the run committed none."""
     store = StateStore.open_read_only(state_dir)
     try:
-        path = store.checkpoint_path()
+        if store.get("checkpoint") is None:
+            return None
+        entry, checkpoint, problems = store.newest_verified()
     finally:
         store.close()
-    if path is None:
-        return None
-    params, _ = split_checkpoint(load_file(str(path)))
-    save_file(params, str(out), metadata={"source": path.name})
-    return params
+    if problems:
+        print(f"rcswarm run: state dir {state_dir}: exporting version {entry.version} from {entry.file}: "
+              + "; ".join(problems), file=sys.stderr)
+    save_tensors(checkpoint.params, out, {"source": entry.file, "version": str(entry.version)})
+    return checkpoint.params
 
 
 def summarize_run(local: LocalRun) -> dict:

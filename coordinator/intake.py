@@ -110,13 +110,16 @@ def receive_update(
     header: pb.TensorHeader, requests: Iterator[pb.PushUpdateRequest], shapes: dict[str, tuple[int, ...]],
     run_id: str, version: int, wire_format: codecs.WireFormat | None = None,
 ) -> tuple[aggregation.EncodedDeltas, float, int]:
-    """Reassemble and validate a pseudo-gradient of the run's `shapes` (a sparse or low-bit one in the run's
-    `wire_format`); it, held encoded until the close, its global L2 norm and the bytes of its header and chunk
-    messages (without the lock: nothing here touches shared state)."""
+    """Reassemble and validate a pseudo-gradient of the run's `shapes` in the run's `wire_format` (its codec and,
+    for int8, sparse and low-bit, its block, density and bits: every worker encodes in it, and another format could
+    ask for several times the memory the run plans per update before any chunk arrives); it, held encoded until
+    the close, its global L2 norm and the bytes of its header and chunk messages (without the lock: nothing here
+    touches shared state)."""
     size = pb.PushUpdateRequest(header=header).ByteSize()
+    allowed = None if wire_format is None else (wire_format.codec,)
     try:
         receiver = tensor_stream.PayloadReceiver(
-            header, expected=shapes, run_id=run_id, version=version, expected_format=wire_format
+            header, expected=shapes, run_id=run_id, version=version, allowed_codecs=allowed, expected_format=wire_format
         )
         for message in requests:
             if message.WhichOneof("part") != "chunk":
@@ -143,13 +146,18 @@ class UpdateIntake:
         assignment allows; else whether it is on time or late and its weight (lock held; may wait for a
         close, releasing it). A worker's update for a round it already delivered to is a
         duplicate (ALREADY_EXISTS: "it landed") even once that round closed: a push whose answer was
-        lost is retried, and "stale" would make the worker keep the error-feedback residual it sent.
+        lost is retried, and "stale" would make the worker keep the error-feedback residual it sent. One from an
+        older version than its last accepted update's is refused as stale: replayed, it would count twice.
         A push for a closing round waits for the close (at most coordinator.max_wait_s) when late
         updates are merged, and then arrives late."""
         run = self.run
         if meta.base_version == worker.accepted_version:
             raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
                           f"worker {worker.worker_id} already delivered its update for round {meta.base_version}")
+        if meta.base_version < worker.accepted_version:
+            self.refuse_stale(worker, f"update from version {meta.base_version} after this worker's update from "
+                                      f"version {worker.accepted_version} was taken: a worker's updates come from "
+                                      "ever newer versions; pull and re-sync")
         if meta.base_version > run.version:
             raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT,

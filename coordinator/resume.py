@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -72,10 +73,21 @@ def optimizer_state(momentum: outer.Tensors, feedback: codecs.ErrorFeedback, cod
     return state
 
 
+def _check_restart(spec: RunSpec, stored: RunSpec, state_dir: Path) -> None:
+    """ValueError when `spec` differs from the state dir's `stored` spec in a key a restart may not change."""
+    changed = [k for k in spec_differences(stored, spec) if not k.startswith(RESTART_MUTABLE)]
+    if changed:
+        raise ValueError(f"state dir {state_dir} holds a run whose spec differs in {changed}; "
+                         "use a new state dir or the original config")
+
+
 def resume(spec: RunSpec, store: StateStore, feedback: codecs.ErrorFeedback, codec: int) -> Resumed:
     """Constructor only: θ, momentum and version from the last committed checkpoint, whose broadcast residual goes
     into `feedback`; or a new run, committed at version 0. ValueError for a state dir of a run whose spec differs
-    in a key a restart may not change; RuntimeError for a checkpoint without the run's parameters."""
+    in a key a restart may not change (checked before anything in the state dir changes: loading prunes old
+    checkpoints by the new spec's keep_checkpoints); RuntimeError for a checkpoint without the run's parameters."""
+    if store.get("checkpoint") is not None:
+        _check_restart(spec, RunSpec.from_json(store.get("spec_json") or "{}"), store.state_dir)
     checkpoint = store.load_current()
     if checkpoint is None:
         run_id = f"{spec.run.name}-{secrets.token_hex(4)}"
@@ -84,13 +96,6 @@ def resume(spec: RunSpec, store: StateStore, feedback: codecs.ErrorFeedback, cod
         store.set_many({"spec_json": spec.to_json(), "param_names": json.dumps(list(params))})
         store.commit_version(run_id, 0, params, optimizer_state(momentum, feedback, codec), None)
         return Resumed(run_id, params, momentum, 0)
-    stored = RunSpec.from_json(store.get("spec_json") or "{}")
-    changed = [k for k in spec_differences(stored, spec) if not k.startswith(RESTART_MUTABLE)]
-    if changed:
-        raise ValueError(
-            f"state dir {store.state_dir} holds a run whose spec differs in {changed}; "
-            "use a new state dir or the original config"
-        )
     store.set_many({"spec_json": spec.to_json()})
     run_id = store.get("run_id") or ""
     names = json.loads(store.get("param_names") or "[]")

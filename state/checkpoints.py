@@ -207,7 +207,9 @@ def verify_checkpoint(path: Path, entry: LedgerEntry, names: list[str], run_id: 
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            # Copies: safetensors maps the file, and the store rewrites a pruned checkpoint's file in place for a
+            # later version (`.recycled`), which would change a view of it under the run.
+            tensors = {key: handle.get_tensor(key).clone() for key in handle.keys()}
         head, header = _read_head(path)
     except (OSError, SafetensorError, ValueError) as error:
         return None, f"unreadable or truncated safetensors file ({error})"

@@ -1,8 +1,9 @@
-"""One coordinator per state dir: an exclusive lock held for the coordinator process's life.
+"""One writer per state dir: an exclusive lock held for the writing process's life.
 
 `StateDirLock.acquire(state_dir)` takes an exclusive, non-blocking `flock` on `<state_dir>/coordinator.lock`
-and writes the holder into it (JSON: pid, host, start time, and once it serves, its address, `announce`).
-A second coordinator on the same state dir gets `StateDirBusy` naming the holder's pid and address. The
+and writes the holder into it (JSON: its role, pid, host, start time, and once it serves, its address,
+`announce`). The writers are a coordinator and `rcswarm dht`'s mirror of a hivemind swarm (role "mirror").
+A second writer on the same state dir gets `StateDirBusy` naming the holder's role, pid and address. The
 kernel drops the lock when the holder's process ends, however it ends (SIGKILL included), so a stale lock
 never blocks a restart; the file stays (its content is only read while it is locked). Linux and other
 POSIX systems (fcntl).
@@ -31,14 +32,16 @@ class StateDirLock:
     """The held lock of one state dir (`acquire`); `release` (or the process's end) gives it up. Not thread-safe:
     the coordinator's main thread acquires, announces and releases it."""
 
-    def __init__(self, path: Path, handle: int) -> None:
+    def __init__(self, path: Path, handle: int, role: str) -> None:
         self.path = path
         self._fd: int | None = handle
-        self._holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "address": ""}
+        self._holder = {"role": role, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                        "address": ""}
 
     @classmethod
-    def acquire(cls, state_dir: Path) -> StateDirLock:
-        """Lock `state_dir` (created if missing) for this process; StateDirBusy when another process holds it."""
+    def acquire(cls, state_dir: Path, role: str = "coordinator") -> StateDirLock:
+        """Lock `state_dir` (created if missing) for this process, a `role` ("coordinator" or "mirror");
+        StateDirBusy when another process holds it."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         path = state_dir / LOCK_NAME
@@ -47,9 +50,9 @@ class StateDirLock:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(handle)
-            raise StateDirBusy(f"state dir {state_dir} is in use by another coordinator ({holder_text(path)}); "
+            raise StateDirBusy(f"state dir {state_dir} is in use by another {holder_role(path)} ({holder_text(path)}); "
                                "stop it first, or give this one another --state-dir") from None
-        lock = cls(path, handle)
+        lock = cls(path, handle, role)
         try:
             lock._write()
         except OSError as exc:  # a full disk: the one-line refusal names the state dir
@@ -80,14 +83,29 @@ class StateDirLock:
             self._fd = None
 
 
-def holder_text(path: Path) -> str:
-    """Who holds the lock at `path`, as its file says: "pid N on HOST, serving on ADDRESS" (or what is known)."""
+def _holder(path: Path) -> dict:
+    """The lock file's JSON, {} when it cannot be read."""
     try:
         holder = json.loads(path.read_text() or "{}")
     except (OSError, ValueError):
-        holder = {}
-    if not isinstance(holder, dict) or "pid" not in holder:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def holder_role(path: Path) -> str:
+    """The holder's role as the lock file says ("coordinator" where it does not say: files written before roles)."""
+    role = _holder(path).get("role")
+    return role if role in ("coordinator", "mirror") else "coordinator"
+
+
+def holder_text(path: Path) -> str:
+    """Who holds the lock at `path`, as its file says: "pid N on HOST, serving on ADDRESS" (or what is known)."""
+    holder = _holder(path)
+    if "pid" not in holder:
         return "its pid is not written yet"
     where = f" on {holder['host']}" if holder.get("host") else ""
-    serving = f", serving on {holder['address']}" if holder.get("address") else ", not serving yet"
+    if holder.get("role") == "mirror":
+        serving = ""
+    else:
+        serving = f", serving on {holder['address']}" if holder.get("address") else ", not serving yet"
     return f"pid {holder['pid']}{where}{serving}"

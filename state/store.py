@@ -386,9 +386,25 @@ class StateStore:
         that version current and sets the files that failed aside as `<name>.rejected`. Raises
         ValueError naming every file and what is wrong with it when none verifies.
         """
+        if self.get("checkpoint") is None:
+            return None
+        entry, checkpoint, problems = self.newest_verified()
+        if entry.rest_blake3 is None:
+            log.info("state dir %s: %s was committed before the ledger recorded the digest of its optimizer state: "
+                     "verified over its parameters only (every commit from now on records both)", self.state_dir,
+                     entry.file)
+        if problems:
+            self._fall_back(entry, problems)
+        self._prune_checkpoints(keep=entry.file)
+        return checkpoint
+
+    def newest_verified(self) -> tuple[LedgerEntry, Checkpoint, list[str]]:
+        """The newest kept checkpoint that verifies against the ledger, its entry, and what is wrong with the committed
+        one where it is not that (empty when the committed version verifies); reads only. ValueError naming every
+        file and what is wrong with it when none verifies, or when the state dir holds no run."""
         name = self.get("checkpoint")
         if name is None:
-            return None
+            raise ValueError(f"state dir {self.state_dir} holds no committed checkpoint")
         claimed = self.get("version")
         run_id = self.get("run_id") or ""
         names = json.loads(self.get("param_names") or "[]")
@@ -409,14 +425,7 @@ class StateStore:
             if (entry.file, str(entry.version)) != (name, claimed):
                 problems.append(f"run_state.version = {claimed!r}, checkpoint = {name!r}, but the newest checkpoint that "
                                 f"verifies is {entry.file} (version {entry.version})")
-            if entry.rest_blake3 is None:
-                log.info("state dir %s: %s was committed before the ledger recorded the digest of its optimizer state: "
-                         "verified over its parameters only (every commit from now on records both)", self.state_dir,
-                         entry.file)
-            if problems:
-                self._fall_back(entry, problems)
-            self._prune_checkpoints(keep=entry.file)
-            return checkpoint
+            return entry, checkpoint, problems
         raise ValueError(f"state dir {self.state_dir}: no checkpoint verifies, refusing to serve unverified parameters: "
                          + "; ".join(problems or [f"the checkpoints ledger is empty though run_state names {name}"]))
 
@@ -436,10 +445,6 @@ class StateStore:
             path = self.checkpoint_dir / file
             if path.exists():
                 os.replace(path, path.with_name(f"{file}.rejected"))
-
-    def checkpoint_path(self) -> Path | None:
-        name = self.get("checkpoint")
-        return None if name is None else self.checkpoint_dir / name
 
     def add_event(self, worker_id: str, kind: str, reason: str, now: float | None = None) -> None:
         with self._writer() as db:

@@ -10,15 +10,14 @@ safetensors holds raw tensors and a JSON header: nothing is unpickled.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from rcswarm.sync.codec import ErrorFeedback, WireFormat
+from rcswarm.sync.files import save_tensors
 
 FEEDBACK_FILE = "error_feedback.safetensors"
 
@@ -30,14 +29,8 @@ def _metadata(run_id: str, fmt: WireFormat, decay: float) -> dict[str, str]:
 def save_feedback(directory: Path, run_id: str, fmt: WireFormat, feedback: ErrorFeedback) -> Path:
     """Write `feedback`'s residuals to `directory`/FEEDBACK_FILE atomically (the directory is created); its path."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / FEEDBACK_FILE
-    temporary = directory / f".{FEEDBACK_FILE}.{os.getpid()}.tmp"
     residuals = {name: tensor.contiguous() for name, tensor in feedback.snapshot().items()}
-    save_file(residuals, str(temporary), metadata=_metadata(run_id, fmt, feedback.decay))
-    with open(temporary, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    return path
+    return save_tensors(residuals, directory / FEEDBACK_FILE, _metadata(run_id, fmt, feedback.decay))
 
 
 def load_feedback(

@@ -39,6 +39,8 @@ MAX_CHUNK_SIZE = 1 << 20
 SHA256_SIZE = 32
 
 _KNOWN_CODECS = frozenset(CODEC_NAMES.values())
+# Codecs whose bytes follow from the codec alone (no block, density or bits in the header).
+_DENSE_CODECS = (pb.CODEC_FP32, pb.CODEC_BF16)
 
 
 class PayloadError(ValueError):
@@ -166,7 +168,7 @@ def header_format(header: pb.TensorHeader) -> WireFormat:
     """The `WireFormat` a header names; PayloadError for an unknown codec or parameters it does not take."""
     if header.codec not in _KNOWN_CODECS:
         raise PayloadError(f"header codec is {codec_label(header.codec)}; expected one of {sorted(_KNOWN_CODECS)}")
-    dense = header.codec in (pb.CODEC_FP32, pb.CODEC_BF16)
+    dense = header.codec in _DENSE_CODECS
     try:
         return WireFormat(header.codec, header.block_size if not dense else DEFAULT_BLOCK_SIZE,
                           header.sparse_keep, header.value_bits)
@@ -186,7 +188,7 @@ def _check_header_identity(
     if allowed_codecs is not None and header.codec not in allowed_codecs:
         allowed = ", ".join(codec_label(c) for c in allowed_codecs)
         raise PayloadError(f"header codec {codec_label(header.codec)} is not allowed; expected one of {allowed}")
-    if expected_format is not None and fmt.codec == expected_format.codec and fmt.value_bits and fmt != expected_format:
+    if expected_format is not None and fmt.codec == expected_format.codec and fmt.codec not in _DENSE_CODECS and fmt != expected_format:
         raise PayloadError(f"header format is {fmt.describe()}; this run's is {expected_format.describe()}")
     if run_id is not None and header.run_id != run_id:
         raise PayloadError(f"header run_id is {header.run_id!r}; expected {run_id!r}")
@@ -268,8 +270,9 @@ class PayloadReceiver:
     """Validates a header, then reassembles and checks its chunks as they stream in.
 
     ``expected`` maps each tensor name, in order, to its shape; the header must list exactly
-    these. ``run_id``, ``version`` and ``allowed_codecs`` are checked when given, a sparse or low-bit
-    header of ``expected_format``'s codec must carry its parameters (the run's density and bits), and ``max_total_bytes`` bounds the
+    these. ``run_id``, ``version`` and ``allowed_codecs`` are checked when given, an int8, sparse or low-bit
+    header of ``expected_format``'s codec must carry its parameters (the run's block, density and bits), and
+    ``max_total_bytes`` bounds the
     buffer a header may ask for. Every check on the header runs before the receive buffer is
     allocated.
     """

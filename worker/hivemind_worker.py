@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from rcswarm.config.run_step import RunSteps
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
+from rcswarm.sync.files import save_tensors
 from rcswarm.sync.outer import outer_step
 from rcswarm.train.inner import worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow
@@ -494,8 +494,8 @@ class HivemindWorker:
         if self.out is None:
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        save_file({name: p.detach().cpu().contiguous() for name, p in self.model.named_parameters()},
-                  str(self.out / "final.safetensors"))
+        save_tensors({name: p.detach().cpu().contiguous() for name, p in self.model.named_parameters()},
+                     self.out / "final.safetensors")
         summary = {"name": self.name, "version": self.version, "history": self.history,
                    "peer_id": self.peer.peer_id if self.peer else ""}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rcswarm.cli import coordinator as coordinator_cli
@@ -28,7 +27,6 @@ from rcswarm.coordinator.server import TickRecord, decide_health
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.state.store import StateStore
-from rcswarm.sync import tensor_stream
 from tests.helpers.coordinator import LocalCoordinator
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.waiting import wait_for
@@ -112,12 +110,7 @@ def test_stalled_push_streams_are_cancelled_while_membership_is_answered(start_c
     # The cancelled streams gave their threads and slots back: a real push goes through.
     client = local.client()
     client.pull(member, member.run_id)
-    deltas = {name: torch.full(shape, 1e-3) for name, shape in local.service.shapes.items()}
-    header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=member.run_id, version=0)
-    meta = pb.UpdateMeta(
-        worker_id=member.worker_id, worker_secret=member.worker_secret, base_version=0, tokens=128, inner_steps=1
-    )
-    assert client.push(meta, header, chunks).accepted
+    assert push(client, member, small_deltas(local)).accepted
     client.close()
 
 
@@ -224,10 +217,7 @@ def test_health_says_not_serving_while_rounds_cannot_close(tmp_path, channel):
         client.pull(a, a.run_id)
         assert health_status(ch) == SERVING
         store.failing.set()
-        deltas = {name: torch.full(shape, 1e-3) for name, shape in running.coordinator.shapes.items()}
-        header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=a.run_id, version=0)
-        meta = pb.UpdateMeta(worker_id=a.worker_id, worker_secret=a.worker_secret, base_version=0, tokens=128, inner_steps=1)
-        client.push(meta, header, chunks)
+        push(client, a, small_deltas(local))
         wait_for(lambda: health_status(ch) == NOT_SERVING, 5.0, "NOT_SERVING once the round's close fails")
         assert client.status().version == 0
         store.failing.clear()

@@ -22,16 +22,30 @@ def status_code(excinfo: pytest.ExceptionInfo) -> grpc.StatusCode:
     return excinfo.value.code()
 
 
-@pytest.fixture
-def swarm(start_coordinator):
-    """A coordinator and two joined workers that pulled version 0."""
-    local = start_coordinator(tiny_spec(sync={"max_update_norm": 100.0}))
+def _swarm(start_coordinator, codec_name):
+    """A coordinator of a run in `codec_name` and two joined workers that pulled version 0."""
+    local = start_coordinator(tiny_spec(sync={"max_update_norm": 100.0, "codec": codec_name}))
     client = local.client()
     members = []
     for name in ("a", "b"):
         joined = client.join(name, "cpu", 1)
         client.pull(joined, joined.run_id)
         members.append(joined)
+    return local, client, members
+
+
+@pytest.fixture
+def swarm(start_coordinator):
+    """An fp32 run (updates carry any float, NaN included) and two workers that pulled version 0."""
+    local, client, members = _swarm(start_coordinator, "fp32")
+    yield local, client, members
+    client.close()
+
+
+@pytest.fixture
+def int8_swarm(start_coordinator):
+    """An int8 run (the default codec) and two workers that pulled version 0."""
+    local, client, members = _swarm(start_coordinator, "int8")
     yield local, client, members
     client.close()
 
@@ -175,6 +189,36 @@ def test_stale_future_duplicate_and_tokenless_updates(swarm):
     assert [e.worker_id for e in read_state(local.state_dir, lambda store: store.events("stale"))] == [late.worker_id]
 
 
+def test_an_update_from_an_older_version_than_the_last_taken_is_a_refused_replay(start_coordinator):
+    """A worker whose round-0 update was applied, which then delivers to round 1, must not get the round-0 update
+    in again as a late one (one worker, two updates in a round: with two honest peers it would outvote one)."""
+    local = start_coordinator(tiny_spec(sync={"codec": "fp32", "max_update_norm": 100.0, "max_staleness": 2}))
+    client = local.client()
+    try:
+        a, b = (client.join(name, "cpu", 1) for name in ("a", "b"))
+        for member in (a, b):
+            client.pull(member, member.run_id)
+            assert push(client, member, small_deltas(local)).accepted
+        assert client.status().version == 1
+        client.pull(b, b.run_id)
+        assert push(client, a, small_deltas(local, 2e-3), version=1).accepted
+        with pytest.raises(grpc.RpcError) as replay:
+            push(client, a, small_deltas(local), version=0)
+        assert status_code(replay) == grpc.StatusCode.FAILED_PRECONDITION
+        assert "update from version 0 after this worker's update from version 1 was taken" in replay.value.details()
+        status = client.status()
+        assert status.version == 1 and status.rounds[-1].reports == 1
+        assert {w.worker_id: w.stale_updates for w in status.workers}[a.worker_id] == 1
+        # Round 1 closes with one update of each worker: θ moved by a's 2e-3 and b's 1e-3, not by a second 1e-3.
+        before = {k: v.clone() for k, v in local.service.params.items()}
+        assert push(client, b, small_deltas(local), version=1).accepted
+        assert client.status().version == 2
+        for name, theta in local.service.params.items():
+            torch.testing.assert_close(theta, before[name] - 1.5e-3, rtol=0, atol=1e-6)
+    finally:
+        client.close()
+
+
 def test_an_accepted_round_moves_the_parameters_by_the_outer_step(swarm):
     local, client, (a, b) = swarm
     before = {k: v.clone() for k, v in local.service.params.items()}
@@ -190,9 +234,31 @@ def test_an_accepted_round_moves_the_parameters_by_the_outer_step(swarm):
     assert tensor_stream.params_sha256(pulled).hex() == client.status().param_sha256
 
 
-def test_int8_updates_are_accepted(swarm):
-    local, client, (a, _) = swarm
-    assert push(client, a, small_deltas(local), codec_id=codec.codec_from_name("int8")).accepted
+def test_int8_updates_are_accepted(int8_swarm):
+    local, client, (a, _) = int8_swarm
+    assert push(client, a, small_deltas(local)).accepted
+
+
+@pytest.mark.parametrize(("run_codec", "sent", "fragment"), [
+    # fp32 into an int8 run asks for 4× the bytes the run plans per update; sparse with block 1, keep 1 for 9.25×.
+    ("int8", codec.WireFormat(pb.CODEC_FP32), "header codec CODEC_FP32 (1) is not allowed; expected one of CODEC_INT8_BLOCK"),
+    ("int8", codec.WireFormat(pb.CODEC_SPARSE, 1, 1, 8), "header codec CODEC_SPARSE (4) is not allowed"),
+    # The run's codec with a smaller block: 5 bytes a value at block 1.
+    ("int8", codec.WireFormat(pb.CODEC_INT8_BLOCK, 1), "header format is CODEC_INT8_BLOCK (3): blocks of 1; this run's is"),
+    ("fp32", codec.WireFormat(pb.CODEC_INT8_BLOCK), "expected one of CODEC_FP32"),
+])
+def test_an_update_in_another_format_than_the_runs_is_refused(start_coordinator, run_codec, sent, fragment):
+    local, client, (a, b) = _swarm(start_coordinator, run_codec)
+    try:
+        with pytest.raises(grpc.RpcError) as excinfo:
+            push(client, a, small_deltas(local), codec_id=sent)
+        assert status_code(excinfo) == grpc.StatusCode.INVALID_ARGUMENT
+        assert fragment in excinfo.value.details()
+        assert client.status().rounds[-1].reports == 0
+        # The same worker's update in the run's format is taken.
+        assert push(client, a, small_deltas(local)).accepted
+    finally:
+        client.close()
 
 
 def test_tls(start_coordinator, tmp_path):
@@ -210,8 +276,8 @@ def test_tls(start_coordinator, tmp_path):
     plain.close()
 
 
-def test_a_worker_holding_the_previous_version_pulls_the_compressed_step(swarm):
-    local, client, (a, b) = swarm
+def test_a_worker_holding_the_previous_version_pulls_the_compressed_step(int8_swarm):
+    local, client, (a, b) = int8_swarm
     _, held = client.pull(a, a.run_id)
     full_bytes = client.bytes_received
     push(client, a, small_deltas(local, 1e-3))

@@ -79,8 +79,8 @@ def deltas_of(coordinator: SwarmCoordinator, value: float) -> dict[str, torch.Te
 
 def push(coordinator: SwarmCoordinator, member: pb.JoinResponse, deltas: dict[str, torch.Tensor],
          tokens: int) -> pb.PushUpdateResponse:
-    """`member`'s update `deltas` (fp32) from the current version, through the coordinator's push."""
-    header, chunks = tensor_stream.build_payload(deltas, codec=pb.CODEC_FP32, run_id=coordinator.run_id,
+    """`member`'s update `deltas` from the current version in the run's format, through the coordinator's push."""
+    header, chunks = tensor_stream.build_payload(deltas, codec=coordinator.wire_format, run_id=coordinator.run_id,
                                                  version=coordinator.version)
     meta = pb.UpdateMeta(**creds(member), base_version=coordinator.version, tokens=tokens)
     return coordinator.push(iter([pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header),

@@ -8,11 +8,17 @@ import grpc
 import pytest
 import torch
 
+from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
-from rcswarm.sync import tensor_stream
+from rcswarm.sync import codec, tensor_stream
 from tests.helpers.specs import TOKEN
+
+
+def run_format(run_spec_json: str) -> codec.WireFormat:
+    """The wire format a worker of the run a Join answered pushes its updates in (the coordinator takes no other)."""
+    return codec.WireFormat.from_sync(RunSpec.from_json(run_spec_json).sync)
 
 
 class Wire:
@@ -24,6 +30,7 @@ class Wire:
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),)
         self.secrets: dict[str, bytes] = {}
+        self.format: codec.WireFormat | None = None
 
     def creds(self, worker_id: str) -> dict[str, Any]:
         """The worker_id and worker_secret fields of a request for a worker this wire joined."""
@@ -43,6 +50,7 @@ class Wire:
         """A new worker id (its secret kept for `creds`)."""
         joined = self.call("Join", pb.JoinRequest(worker_name=name, device="cpu", pid=1))
         self.secrets[joined.worker_id] = joined.worker_secret
+        self.format = run_format(joined.run_spec_json)
         return joined.worker_id
 
     def pull(self, worker_id: str, timeout: float = 30.0) -> pb.TensorHeader:
@@ -52,9 +60,9 @@ class Wire:
         return responses[0].header
 
     def push_zero(self, worker_id: str, header: pb.TensorHeader, tokens: int = 1) -> pb.PushUpdateResponse:
-        """Push a zero update trained from the version of a pull `header`."""
+        """Push a zero update trained from the version of a pull `header`, in the run's format."""
         zeros = {t.name: torch.zeros(tuple(t.shape)) for t in header.tensors}
-        update, chunks = tensor_stream.build_payload(zeros, codec=pb.CODEC_FP32, run_id=header.run_id, version=header.version)
+        update, chunks = tensor_stream.build_payload(zeros, codec=self.format, run_id=header.run_id, version=header.version)
         meta = pb.UpdateMeta(**self.creds(worker_id), base_version=header.version, tokens=tokens)
         messages = [pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=update),
                     *(pb.PushUpdateRequest(chunk=c) for c in chunks)]
@@ -71,8 +79,10 @@ def small_deltas(local, value: float = 1e-3) -> dict[str, torch.Tensor]:
     return {name: torch.full(shape, value) for name, shape in local.service.shapes.items()}
 
 
-def push(client, member, deltas, *, version=0, tokens=128, codec_id=pb.CODEC_FP32, corrupt=None):
-    header, chunks = tensor_stream.build_payload(deltas, codec=codec_id, run_id=member.run_id, version=version)
+def push(client, member, deltas, *, version=0, tokens=128, codec_id=None, corrupt=None):
+    """`member`'s update `deltas` from `version` through `client`, in the run's format unless `codec_id` names another."""
+    fmt = run_format(member.run_spec_json) if codec_id is None else codec.WireFormat.of(codec_id)
+    header, chunks = tensor_stream.build_payload(deltas, codec=fmt, run_id=member.run_id, version=version)
     if corrupt:
         corrupt(header, chunks)
     meta = pb.UpdateMeta(

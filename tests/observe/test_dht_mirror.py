@@ -6,6 +6,7 @@ with two real DHT peers on 127.0.0.1 is tests/swarm/test_dht_mirror.py.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,11 @@ from rcswarm.cli import dht as dht_cli
 from rcswarm.cli import status as status_cli
 from rcswarm.observe import mirror_view as mv
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.lock import StateDirBusy, StateDirLock
 from rcswarm.state.store import StateStore
 from tests.helpers.dht_mirror import RUN, law_rows, metrics, spec
 from tests.helpers.specs import write_spec
+from tests.helpers.verified_state import committed_run
 
 
 def digest(version: int) -> dict[str, Any]:
@@ -95,6 +98,37 @@ def test_getstatus_from_a_mirrored_store(tmp_path: Path) -> None:
     assert workers["a"].trained_tokens == 5 * 4 * 32 and status.total_tokens == 5 * 4 * (32 + 64)
     assert status.latest_loss == pytest.approx(law_rows(32, 5)[-1][2])  # the active peers' latest loss
     assert workers["a"].step_seconds == pytest.approx(0.32)
+
+
+def test_a_mirror_holds_its_state_dir_and_takes_no_coordinators_or_other_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The mirror writes its state dir alone: a second mirror or a coordinator on it is refused while it lives; it
+    refuses a coordinator's state dir (whose spec and metrics it would overwrite and mix) and another run's."""
+    mirror = dht_cli.Mirror(spec(), tmp_path / "state")
+    try:
+        with pytest.raises(StateDirBusy, match=r"is in use by another mirror \(pid \d+ on [^,]+\); stop it first"):
+            dht_cli.Mirror(spec(), tmp_path / "state")
+        with pytest.raises(StateDirBusy, match="is in use by another mirror"):
+            StateDirLock.acquire(tmp_path / "state")
+    finally:
+        mirror.close()
+    dht_cli.Mirror(spec(), tmp_path / "state").close()  # released on close
+    other = dataclasses.replace(spec(), run=dataclasses.replace(spec().run, name="another"))
+    with pytest.raises(ValueError, match=f"mirrors run '{RUN}', not 'another'; give the mirror a state dir of its own"):
+        dht_cli.Mirror(other, tmp_path / "state")
+    committed_run(tmp_path / "coordinator")
+    store = StateStore.open_read_only(tmp_path / "coordinator")
+    before = (store.get("spec_json"), len(store.metric_rows()))
+    store.close()
+    # The command refuses it before it starts a DHT peer, and changes nothing there.
+    config = write_spec(spec(), tmp_path / "run.toml")
+    assert dht_cli.main(["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--config", str(config),
+                         "--state-dir", str(tmp_path / "coordinator")]) == 2
+    assert "holds a coordinator's run (its checkpoints); give the mirror a state dir of its own" in capsys.readouterr().err
+    store = StateStore.open_read_only(tmp_path / "coordinator")
+    assert (store.get("spec_json"), len(store.metric_rows())) == before
+    store.close()
+    StateDirLock.acquire(tmp_path / "coordinator").release()  # the refused mirror left no lock behind
 
 
 def test_status_without_state_names_the_path_and_what_was_expected(tmp_path: Path,

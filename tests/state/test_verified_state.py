@@ -13,9 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from rcswarm.cli.run import export_final
+from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
+from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.verified_state import VERSIONS, committed_run, open_coordinator, spec, state_of
 
@@ -85,6 +90,19 @@ def test_a_clean_restart_resumes_at_the_committed_version(tmp_path: Path) -> Non
     assert not checkpoint(tmp_path, VERSIONS + 1).exists()
 
 
+def test_a_refused_config_changes_nothing_in_the_state_dir(tmp_path: Path) -> None:
+    """A restart with a config that may not resume the run (another inner.lr) is refused before the state dir
+    changes: its keep_checkpoints = 0 would otherwise have pruned the kept versions the run falls back to."""
+    digests = committed_run(tmp_path)
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert len(before) == VERSIONS + 1
+    wrong = tiny_spec(run={"rounds": 10}, inner={"lr": 3e-2}, coordinator={"keep_checkpoints": 0})
+    with pytest.raises(ValueError, match=r"holds a run whose spec differs in \['inner.lr'\]"):
+        SwarmCoordinator(wrong, StateStore(tmp_path, wrong.coordinator.keep_checkpoints, durable=False))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+    assert_resumed(tmp_path, VERSIONS, digests)
+
+
 def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous_version(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -103,6 +121,44 @@ def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous_versio
     assert any("SHA-256" in record.getMessage() for record in caplog.records if record.levelno == logging.WARNING)
     assert read_state(tmp_path, lambda store: store.get("version")) == str(VERSIONS - 1)
     assert path.with_name(path.name + ".rejected").exists()
+
+
+def test_the_exported_final_parameters_are_the_newest_that_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rcswarm run`'s export reads what a restart would serve, not the committed file as it is: with the newest
+    checkpoint's bytes flipped, version VERSIONS - 1 (and says so), the state dir untouched (it opens it read-only)."""
+    digests = committed_run(tmp_path)
+    out = tmp_path / "final.safetensors"
+    exported = export_final(tmp_path, out)
+    assert tensor_stream.params_sha256(exported) == digests[VERSIONS]
+    written = load_file(str(out))
+    assert tensor_stream.params_sha256({name: written[name] for name in exported}) == digests[VERSIONS]
+    flip_bytes(checkpoint(tmp_path, VERSIONS))
+    exported = export_final(tmp_path, out)
+    assert tensor_stream.params_sha256(exported) == digests[VERSIONS - 1]
+    with safe_open(str(out), framework="pt") as handle:
+        assert handle.metadata() == {"source": checkpoint(tmp_path, VERSIONS - 1).name, "version": str(VERSIONS - 1)}
+    assert f"exporting version {VERSIONS - 1}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
+    assert read_state(tmp_path, lambda store: store.get("version")) == str(VERSIONS)  # no fallback written
+
+
+def test_loaded_tensors_do_not_change_when_their_file_is_recycled(tmp_path: Path) -> None:
+    """The store rewrites a pruned checkpoint's file in place for a later version (`.recycled`): what a restart
+    loaded from it must not be a view of that file (safetensors maps files), or θ would change under the run."""
+    committed_run(tmp_path)
+    store = StateStore(tmp_path, keep_checkpoints=0, durable=False)
+    try:
+        loaded = store.load_current()
+        kept = {name: tensor.clone() for name, tensor in loaded.params.items()}
+        kept_state = {group: {k: t.clone() for k, t in tensors.items()} for group, tensors in loaded.state.items()}
+        run_id = store.get("run_id")
+        for version in range(VERSIONS + 1, VERSIONS + 4):
+            params = {name: torch.full_like(tensor, float(version)) for name, tensor in kept.items()}
+            store.commit_version(run_id, version, params, state_of(params, version), None)
+    finally:
+        store.close()
+    assert all(torch.equal(loaded.params[name], kept[name]) for name in kept)
+    assert all(torch.equal(loaded.state[g][k], kept_state[g][k]) for g in kept_state for k in kept_state[g])
 
 
 def test_a_nan_in_a_well_formed_newest_checkpoint_falls_back(tmp_path: Path) -> None:
