@@ -29,7 +29,9 @@ or the session cookie /login sets; the page's 401 carries the login form. With `
 dashboard serves HTTPS with the coordinator's certificate (and the cookie is marked Secure).
 
 Unknown paths answer 404, bad query values 400 with a message. Every connection has a
-socket timeout; the server runs in daemon threads and never reaches outside the host.
+socket timeout and a deadline for its whole life, and at most MAX_CONNECTIONS are served at once; a
+dashboard bound to loopback answers only requests naming a loopback host (DNS rebinding: 421). The
+server runs in daemon threads and never reaches outside the host.
 The dashboard works on a list of runs (a single run is a list of one): the views are
 `views.py`, the page and plots `render.py`, the Prometheus collector `prometheus.py`, the
 fits `observe/analysis.py` over the stores' named reads. Those go through each store's
@@ -80,6 +82,13 @@ from rcswarm.protos.transport import host_port, is_loopback_host
 log = logging.getLogger("rcswarm.dashboard")
 
 REQUEST_TIMEOUT_S = 10.0
+# A connection's whole life (TLS handshake, request, answer) and how many are served at once: a client that
+# trickles its request a byte at a time, or opens connections by the thousand, holds neither a thread nor a
+# file descriptor of the coordinator's process for long (the timeout above bounds each read only).
+REQUEST_DEADLINE_S = 60.0
+MAX_CONNECTIONS = 64
+# What a log line keeps of a request's path (escaped: a path is the client's bytes).
+LOGGED_PATH_CHARS = 200
 METRICS_PAGE_DEFAULT = 1000
 METRICS_PAGE_MAX = 10_000
 # Curves of more step means than this are refreshed in the background instead of per request, at most
@@ -121,6 +130,8 @@ def _int_param(params: dict[str, list[str]], name: str, default: int, low: int, 
     if len(values) > 1:
         raise BadRequest(f"{name}: given {len(values)} times, expected once")
     text = values[0].strip()
+    if not text.isascii():
+        raise BadRequest(f"{name}={values[0]!r}: expected an integer in ASCII digits")
     try:
         value = int(text)
     except ValueError:
@@ -153,6 +164,19 @@ def _smoothing_param(params: dict[str, list[str]]) -> float:
     return value
 
 
+def _logged(path: str) -> str:
+    """A request path as a log line may hold it: at most LOGGED_PATH_CHARS, control and non-ASCII bytes escaped."""
+    return ascii(path[:LOGGED_PATH_CHARS] + ("…" if len(path) > LOGGED_PATH_CHARS else ""))
+
+
+def host_header_name(value: str) -> str:
+    """The host of a Host header ("name:port", "[v6]:port", or either without the port)."""
+    value = value.strip()
+    if value.startswith("["):
+        return value[:value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
 def _only(params: dict[str, list[str]], allowed: Sequence[str]) -> None:
     unknown = sorted(set(params) - set(allowed))
     if unknown:
@@ -166,13 +190,47 @@ class _Handler(BaseHTTPRequestHandler):
     dashboard: Dashboard
 
     def setup(self) -> None:
-        """The stream setup (with the socket timeout), then the TLS handshake on this request's thread."""
-        super().setup()
-        if isinstance(self.connection, ssl.SSLSocket):
-            self.connection.do_handshake()
+        """The connection's deadline (REQUEST_DEADLINE_S: past it the socket is shut, which ends any read or
+        write), the stream setup (with the socket timeout), then the TLS handshake on this request's thread."""
+        self._deadline = threading.Timer(self.dashboard.request_deadline_s, self._expire)
+        self._deadline.daemon = True
+        self._deadline.start()
+        try:
+            super().setup()
+            if isinstance(self.connection, ssl.SSLSocket):
+                self.connection.do_handshake()
+        except BaseException:
+            self._deadline.cancel()  # `finish` is not called when `setup` fails
+            raise
+
+    def _expire(self) -> None:
+        log.info("dashboard: the connection from %s passed its %.0f s deadline: closed", self.client_address[0],
+                 self.dashboard.request_deadline_s)
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        log.debug("%s %s", self.address_string(), ascii(format % args))
+
+    def _host_refused(self) -> bool:
+        """On a loopback dashboard, a Host header naming another host (a page of another site whose name was
+        rebound to 127.0.0.1 in the browser): True after answering 421. Without a Host header, or on a
+        dashboard bound elsewhere, False."""
+        host = self.headers.get("Host")
+        if not self.dashboard.loopback or host is None or is_loopback_host(host_header_name(host)):
+            return False
+        log.info("dashboard: %s %s from %s for host %s refused (not a loopback name)", self.command,
+                 _logged(self.path), self.address_string(), _logged(host))
+        self._error(HTTPStatus.MISDIRECTED_REQUEST,
+                    f"Host {host[:LOGGED_PATH_CHARS]!r} is not this dashboard's: it serves loopback names only "
+                    f"(open {self.dashboard.url})")
+        return True
 
     def _send(self, status: int, body: bytes, content_type: str, extra: Sequence[tuple[str, str]] = ()) -> None:
         self.send_response(status)
@@ -206,14 +264,15 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.dashboard.auth
         if auth is None or path in OPEN_PATHS or auth.authorized(self.headers):
             return True
-        log.info("dashboard: %s %s from %s without a valid token or session", self.command, path, self.address_string())
+        log.info("dashboard: %s %s from %s without a valid token or session", self.command, _logged(path),
+                 self.address_string())
         self._unauthorized(path, "Authentication required: send Authorization: Bearer <join token>, or log in.")
         return False
 
     def do_GET(self) -> None:
         try:
             parts = urlsplit(self.path)
-            if not self._guarded(parts.path):
+            if self._host_refused() or not self._guarded(parts.path):
                 return
             if parts.path == "/login" and self.dashboard.auth is not None:
                 self._send(HTTPStatus.OK, login_page("Log in with the swarm's join token."), "text/html; charset=utf-8")
@@ -231,7 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             pass
         except Exception:
-            log.exception("dashboard request %s failed", self.path)
+            log.exception("dashboard request %s failed", _logged(self.path))
             try:
                 self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error; see the coordinator's log")
             except OSError:
@@ -246,6 +305,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         """POST /login with `token=<join token>` (a form): a session cookie and a redirect to the page."""
         auth = self.dashboard.auth
+        if self._host_refused():
+            return
         if auth is None or urlsplit(self.path).path != "/login":
             self._not_allowed()
             return
@@ -274,10 +335,35 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most `max_connections` at once: a connection past that is closed at once."""
+
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
     ssl_context: ssl.SSLContext | None = None
+    max_connections = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.info("dashboard: %d connections open already: the one from %s closed", self.max_connections,
+                     client_address[0])
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def get_request(self) -> tuple[socket.socket, Any]:
         """Accept a connection; with TLS, wrap it and leave the handshake to the request's thread."""
@@ -336,9 +422,13 @@ class Dashboard:
     def __init__(
         self, coordinator: Any, host: str = "127.0.0.1", port: int = 0, refresh_s: int = 10,
         request_timeout_s: float = REQUEST_TIMEOUT_S, auth: SessionAuth | None = None,
-        ssl_context: ssl.SSLContext | None = None,
+        ssl_context: ssl.SSLContext | None = None, request_deadline_s: float = REQUEST_DEADLINE_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.auth = auth
+        self.request_deadline_s = request_deadline_s
+        # Bound to loopback: requests must name a loopback host (`_Handler._host_refused`).
+        self.loopback = is_loopback_host(host)
         self.scheme = "https" if ssl_context is not None else "http"
         self.coordinator = coordinator if hasattr(coordinator, "runs") else OneRun(coordinator)
         self.runs: list[Any] = list(self.coordinator.runs)
@@ -351,6 +441,7 @@ class Dashboard:
         self._refreshing: set[str] = set()
         handler = type("DashboardHandler", (_Handler,), {"dashboard": self, "timeout": request_timeout_s})
         server_cls = _Server6 if ":" in host else _Server
+        server_cls = type(server_cls.__name__, (server_cls,), {"max_connections": max_connections})
         self.server = server_cls((host, port), handler)
         self.server.ssl_context = ssl_context
         self.host = host

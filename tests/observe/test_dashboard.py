@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -145,6 +146,7 @@ BAD_QUERIES = [
     ("plot/alpha.png?v=x", "expected an integer"),
     ("api/metrics?since", "malformed query string"),
     ("api/metrics?since=", "since='': expected an integer"),
+    ("api/metrics?limit=%D9%A3", "expected an integer in ASCII digits"),  # an Arabic-Indic 3, which int() takes
 ]
 
 
@@ -233,6 +235,90 @@ def test_concurrent_requests_and_idle_connections_time_out(swarm: Any) -> None:
         assert get(short.url + "healthz")[0] == 200
     finally:
         short.stop()
+
+
+def _closed_within(connection: Any, seconds: float, trickle: bytes = b"") -> float | None:
+    """Seconds until the server closes `connection` (None if it is open after `seconds`), sending `trickle` a byte
+    every 0.2 s meanwhile: a client that never lets a read time out."""
+    import select
+
+    started = time.monotonic()
+    for index in itertools.count():
+        if index < len(trickle):
+            try:
+                connection.sendall(trickle[index:index + 1])
+            except OSError:
+                return time.monotonic() - started
+        readable, _, _ = select.select([connection], [], [], 0.2)
+        if readable:
+            try:
+                if connection.recv(4096) == b"":
+                    return time.monotonic() - started
+            except OSError:
+                return time.monotonic() - started
+        if time.monotonic() - started > seconds:
+            return None
+    return None
+
+
+def test_a_trickling_client_meets_its_deadline_and_connections_are_capped(swarm: Any) -> None:
+    """Slow clients (one header byte now and then: every read comes in under the socket timeout) are closed at the
+    connection's deadline, and connections past the cap are closed at once: neither holds the coordinator's
+    threads or file descriptors, and the dashboard answers again once they are gone."""
+    import socket
+
+    from rcswarm.observe.dashboard import Dashboard
+
+    short = Dashboard(swarm.service, request_timeout_s=5.0, request_deadline_s=1.5, max_connections=3).start()
+    try:
+        with socket.create_connection(("127.0.0.1", short.port), timeout=10) as slow:
+            took = _closed_within(slow, 8.0, b"GET /api/status HTTP/1.0\r\nX-Slow: " + b"a" * 100)
+        assert took is not None and 1.3 < took < 4.0, took
+        held = [socket.create_connection(("127.0.0.1", short.port), timeout=10) for _ in range(3)]
+        try:
+            time.sleep(0.5)  # accepted: they hold the 3 places
+            with socket.create_connection(("127.0.0.1", short.port), timeout=10) as extra:
+                took = _closed_within(extra, 1.0)
+            assert took is not None and took < 1.0, took
+        finally:
+            for connection in held:
+                connection.close()
+        time.sleep(0.3)
+        assert get(short.url + "healthz")[0] == 200
+    finally:
+        short.stop()
+
+
+def test_a_loopback_dashboard_answers_loopback_host_names_only(swarm: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """DNS rebinding: a page of another site whose name now points at 127.0.0.1 sends its own Host; refused (421)
+    before anything is read, and the path, the client's bytes, is logged escaped."""
+    import http.client
+    import logging
+    import socket
+
+    port = int(swarm.base.rstrip("/").rsplit(":", 1)[1])
+
+    def status_for(host: str | None) -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            connection.putrequest("GET", "/api/status", skip_host=True)
+            if host is not None:
+                connection.putheader("Host", host)
+            connection.endheaders()
+            return connection.getresponse().status
+        finally:
+            connection.close()
+
+    for host in ("127.0.0.1", f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", None):
+        assert status_for(host) == 200, host
+    for host in (f"attacker.example:{port}", "attacker.example", f"10.0.0.1:{port}"):
+        assert status_for(host) == 421, host
+    with caplog.at_level(logging.INFO, logger="rcswarm.dashboard"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.sendall(b"GET /x\x1b[2Jcleared HTTP/1.0\r\nHost: attacker.example\r\n\r\n")
+            assert raw.recv(4096).startswith(b"HTTP/1.0 421")
+    lines = [record.getMessage() for record in caplog.records if "attacker.example" in record.getMessage()]
+    assert lines and all("\x1b" not in line and "\\x1b" in line for line in lines), lines
 
 
 def test_fit_report_explains_missing_fits() -> None:
