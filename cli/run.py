@@ -66,7 +66,7 @@ from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.store import StateStore
 from rcswarm.sync.files import save_tensors
 from rcswarm.train.round import HELD_OUT_SEED, RoundTrainer
-from rcswarm.worker import CoordinatorClient, RetryPolicy
+from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -130,6 +130,10 @@ class Swarm:
 
     def workers_running(self) -> int:
         return sum(1 for p in self.workers if p.poll() is None)
+
+    def coordinator_exited(self) -> bool:
+        """Whether the coordinator's process ended (it serves until the launcher stops it)."""
+        return self.coordinator is not None and self.coordinator.poll() is not None
 
     def services(self) -> list[subprocess.Popen]:
         """The processes `stop` ends after the workers: the coordinator."""
@@ -227,7 +231,9 @@ def watch(
     swarm: Swarm, client: CoordinatorClient, rounds: int, console: Console, stop: threading.Event,
     deadline: float = math.inf,
 ) -> bool:
-    """Show progress until the run finishes, every worker exits, a stop is requested, or the deadline.
+    """Show progress until the run finishes, every worker exits, the coordinator exits, a stop is requested, or the
+    deadline. A coordinator that does not answer for a while (stalled, or busy closing a large round) is waited out,
+    as the workers wait it out: the progress shows the last status meanwhile.
 
     Returns True when the wall-time deadline (time.monotonic()) ended the watch.
     """
@@ -241,9 +247,9 @@ def watch(
                 return True
             try:
                 view.show(client.status(), now)
-            except grpc.RpcError:
-                continue
-            if swarm.workers_running() == 0:
+            except (grpc.RpcError, RetriesExhausted):
+                pass
+            if swarm.workers_running() == 0 or swarm.coordinator_exited():
                 return False
     return False
 
@@ -367,13 +373,17 @@ def rounds_done(rows: list[dict]) -> str:
 
 
 def outcome(rows: list[dict], spec: RunSpec, *, interrupted: bool, out_of_time: bool, minutes: float | None,
-            exit_codes: list[int | None], logs: Path) -> Outcome:
-    """What really happened: interrupted after N of M rounds, stopped at the budget, failed, or completed."""
+            exit_codes: list[int | None], logs: Path, coordinator_code: int | None = None) -> Outcome:
+    """What really happened: interrupted after N of M rounds, stopped at the budget, failed, or completed.
+    `coordinator_code`: the coordinator's exit status when it ended before the launcher stopped it (None: it ran on)."""
     done, target = rounds_done(rows), f"{spec.run.rounds:,}"
     failed = [code for code in exit_codes if code not in (0, -signal.SIGTERM)]
     if interrupted:
         return Outcome("interrupted", f"stopped by a signal: interrupted after {done} of {target} rounds; "
                                       "every process was shut down", 130)
+    if coordinator_code is not None:
+        return Outcome("failed", f"the coordinator exited with status {coordinator_code} after {done} of {target} "
+                                 f"rounds; see {logs / 'coordinator.log'}", 1)
     # The coordinator ends a run at [run] minutes (which --minutes sets) when that comes before the launcher's deadline.
     ended_at_budget = any(r.get("stopped") and not was_pruned(r["stopped"]) for r in rows)
     if (out_of_time or ended_at_budget) and not failed:
@@ -523,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     interrupted = out_of_time = False
+    coordinator_code = None
     try:
         port, http_port = swarm.start_coordinator()
         what = f"a sweep over L = {', '.join(map(str, spec.sweep.seq_lens))}" if spec.is_sweep else "one run"
@@ -541,12 +552,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             client.close()
         interrupted = stop.is_set()
+        coordinator_code = swarm.coordinator.poll()
     finally:
         swarm.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     rows = [summarize_run(local) for local in local_runs(run_dir, spec)]
     ended = outcome(rows, spec, interrupted=interrupted, out_of_time=out_of_time, minutes=minutes,
-                    exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs)
+                    exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs, coordinator_code=coordinator_code)
     print_summary(console, run_dir, spec, rows, ended)
     return ended.status

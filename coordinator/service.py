@@ -320,6 +320,7 @@ class SwarmCoordinator:
             worker.assigned = self.tracker.assign_worker(worker_id, active, now)
             if request.previous_worker_id not in self._active:
                 self.tracker.rejoin(worker_id, request.previous_worker_id)
+                self._carry_over(worker, self.workers.get(request.previous_worker_id))
             self.workers[worker_id] = self._active[worker_id] = worker
             self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
             self.log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version,
@@ -329,6 +330,19 @@ class SwarmCoordinator:
                 lease_seconds=self.membership.lease_s, data_seed=self._joins, assignment=self._assignment(worker),
                 worker_secret=secret,
             )
+
+    def _carry_over(self, worker: WorkerRecord, ended: WorkerRecord | None) -> None:
+        """A re-join naming its ended membership (`ended`, still in memory): the new one takes over the versions it
+        last delivered, pulled and trains from (lock held). An update whose push landed but whose answer was lost
+        before the eviction is then a duplicate when pushed again under the new id (ALREADY_EXISTS, not a second
+        copy in the round, which does not wait for the new membership either), and one trained from the pulled
+        version may still be merged late. The name is the joiner's claim: taking over another ended membership's
+        versions only refuses the joiner's own updates or lets it be late."""
+        if ended is None:
+            return
+        worker.accepted_version = ended.accepted_version
+        worker.pulled_version = ended.pulled_version
+        worker.base_version = max(worker.base_version, ended.base_version)
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         """Renew a lease (handler thread; takes `_lock`)."""

@@ -512,22 +512,20 @@ class Worker:
 
     def _finish_exchange(self, inflight: InFlight, rejoin: ExchangeRejoin) -> tuple[int, dict, str] | None:
         """The exchange met NOT_FOUND (evicted, or the coordinator restarted): join again here and finish it, as the
-        blocking path does (`_deliver`): an update not yet delivered is pushed again while the run and its version
-        are still its base (else dropped, its residual restored), and v+1 is awaited once it is accepted; the newest
+        blocking path does (`_deliver`): an update not yet delivered is pushed again while the worker is in the same
+        run (the coordinator says whether it landed before, is merged late or is stale: then it is dropped, its
+        residual restored), and v+1 is awaited once it is accepted; the newest
         θ is pulled for the merge. An update delivered before the NOT_FOUND is not awaited (a restarted coordinator
         may have lost it with its open round): the merge takes whatever version is current. None when the run finished, a stop came or the join moved this worker to another run (the next round
         pulls afresh)."""
         run_id = self.run_id
         log.warning("%s; joining again to finish the round in flight (version %d)", rejoin, inflight.version)
-        version = self._join()
+        self._join()
         if self.finished or self.run_id != run_id:
             return None
         accepted = False
-        if not rejoin.delivered and version == inflight.version:
+        if not rejoin.delivered:
             accepted = self._push_deltas(inflight.version, inflight.deltas, inflight.tokens)
-        elif not rejoin.delivered:
-            log.warning("%s: the update of version %d is stale after the re-join (version %s); dropped", self.name,
-                        inflight.version, version)
         return self._fetch_next(inflight.version, accepted)
 
     def _merge_inflight(self) -> tuple[int, dict[str, torch.Tensor], Early] | None:
@@ -625,11 +623,15 @@ class Worker:
         return self._push_deltas(version, self.trainer.delta(base), tokens)
 
     def _push_deltas(self, version: int, deltas: dict[str, torch.Tensor], tokens: int, rejoin: bool = True) -> bool:
-        """Encode and deliver `deltas`; False when it was stale (dropped, residual restored)."""
+        """Encode and deliver `deltas`; False when it was stale (dropped, residual restored).
+
+        The residual restored is the one this push compressed with: a re-join on the way that moved the worker to
+        another run built that run's own (`_prepare`), which keeps what it loaded."""
         block = self.spec.sync.block_size
-        if self.error_feedback is not None:
-            saved = self.error_feedback.snapshot()
-            encoded = self.error_feedback.compress(deltas, self.codec, block)
+        feedback = self.error_feedback
+        if feedback is not None:
+            saved = feedback.snapshot()
+            encoded = feedback.compress(deltas, self.codec, block)
         else:
             saved, encoded = None, None
         header, chunks = tensor_stream.build_payload(
@@ -639,8 +641,8 @@ class Worker:
         try:
             delivered = self._deliver(version, tokens, header, chunks, rejoin)
         finally:
-            if not delivered and self.error_feedback is not None:
-                self.error_feedback.restore(saved)
+            if not delivered and feedback is not None and feedback is self.error_feedback:
+                feedback.restore(saved)
         if delivered and self.error_feedback is not None and self.options.state_dir is not None:
             save_feedback(self.options.state_dir, self.run_id, self.codec, self.error_feedback)
         return delivered
@@ -650,8 +652,10 @@ class Worker:
         """Push one update until it lands; False when it is stale.
 
         Transient failures are retried by the client (the update is kept meanwhile). On NOT_FOUND
-        the worker joins again and pushes the same update under its new id while the run and its
-        version are still the update's base; ALREADY_EXISTS means an earlier attempt landed.
+        the worker joins again (naming the membership that ended) and, while it is in the same run, pushes the
+        same update under its new id, even when the version moved: the coordinator, which carries the ended
+        membership's last delivered and pulled versions over to the new one, says whether an earlier attempt
+        landed (ALREADY_EXISTS), the update is merged late, or it is stale.
         """
         steps = self.round_steps
         for _ in range(MAX_PUSH_REJOINS + 1):
@@ -674,8 +678,9 @@ class Worker:
                     raise Rejoin(err.details()) from err
                 run_id = self.run_id
                 log.warning("%s; joining again to deliver the update of version %d", err.details(), version)
-                if self._join() != version or self.run_id != run_id:
-                    log.warning("%s: the update of version %d is stale after the re-join; dropped", self.name, version)
+                if self._join() is None or self.run_id != run_id:
+                    log.warning("%s: the update of version %d is for a run this worker no longer trains after the "
+                                "re-join; dropped", self.name, version)
                     return False
                 continue
             if response.staleness > 0:

@@ -24,10 +24,13 @@ import torch
 from rcswarm.models import registry
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 from rcswarm.worker import Worker
 from rcswarm.worker.client import Action, CoordinatorClient, Identity, RetriesExhausted, RetryPolicy, Timeouts, classify
 from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.waiting import wait_for
+from tests.helpers.wire import push
 from tests.helpers.worker import FaultBeforeFirstPush, _options, run_until
 
 # What a hostile header claims: 2^26 float32 values, 256 MiB, for one tensor.
@@ -265,3 +268,137 @@ def test_an_update_outlives_a_rejoin_while_it_is_current(start_coordinator, capl
     rounds = {r.version: r for r in client.status().rounds}
     assert rounds[version].reports == 1 and rounds[version].closed_at > 0
     client.close()
+
+
+class _AnswerLost(grpc.RpcError):
+    """What the client sees when a push landed and its answer did not come back in time."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return "Deadline Exceeded (the answer was lost)"
+
+
+class LandedThenEvicted(Worker):
+    """The real worker whose first push lands, after which its membership is evicted (its lease ran out while it was
+    cut off; `meanwhile` may close the round too) and the push's answer is lost: the client retries, meets
+    NOT_FOUND, and the worker joins again. Records (base version, delivered, the residual at the end is the one
+    its compression left: not the one from before the push, whose part the coordinator already has)."""
+
+    def __init__(self, options, service, meanwhile) -> None:
+        super().__init__(options, TOKEN)
+        self.service, self.meanwhile = service, meanwhile
+        self.pushes: list[tuple[int, bool, bool]] = []
+
+    def _push_deltas(self, version, deltas, tokens, rejoin=True):
+        feedback = self.error_feedback
+        compress, compressed = feedback.compress, {}
+
+        def recording(*args, **kwargs):
+            encoded = compress(*args, **kwargs)
+            compressed.update(feedback.snapshot())  # what this push leaves out: the residual to keep once it lands
+            return encoded
+
+        feedback.compress = recording
+        if not self.pushes:
+            self._lose_the_answer()
+        try:
+            delivered = super()._push_deltas(version, deltas, tokens, rejoin)
+        finally:
+            feedback.compress = compress
+        end = feedback.snapshot()
+        kept = bool(compressed) and end.keys() == compressed.keys() and all(torch.equal(end[k], compressed[k]) for k in end)
+        self.pushes.append((version, delivered, kept))
+        return delivered
+
+    def _lose_the_answer(self) -> None:
+        real = self.client.stub.PushUpdate
+
+        def once(messages, **kwargs):
+            self.client.stub.PushUpdate = real
+            real(messages, **kwargs)  # it lands
+            with self.service._lock:
+                member = self.service._active[self.identity.worker_id]
+                self.service._end_membership(member, pb.WORKER_STATE_EVICTED, "evict", "evicted: its lease ran out")
+            self.meanwhile()
+            raise _AnswerLost()
+
+        self.client.stub.PushUpdate = once
+
+
+@pytest.mark.parametrize("round_closes", [False, True], ids=["round-open", "round-closed"])
+def test_a_push_that_landed_before_an_eviction_counts_once(start_coordinator, round_closes, caplog):
+    """The push's answer is lost and the worker is evicted before its retry: it joins again naming the ended
+    membership, whose versions the new one takes over, and its second push of the same update is a duplicate
+    (ALREADY_EXISTS): one report of it in the round, and its residual is not put back to be sent again. Before, the
+    open round counted it twice (a new id), and a closed one made the worker restore the residual it had sent."""
+    local = start_coordinator(tiny_spec(run={"rounds": 0, "workers": 2}, inner={"steps": 2},
+                                        sync={"round_deadline_s": 60.0, "codec": "int8", "error_feedback": True}))
+    client = local.client()
+    bystander = client.join("bystander", "cpu", 1)
+    client.pull(bystander, bystander.run_id)
+    beating = threading.Event()
+    threading.Thread(target=lambda: [client.heartbeat(bystander) for _ in iter(lambda: beating.wait(1.0), True)],
+                     daemon=True).start()
+
+    def bystander_pushes() -> None:
+        push(client, bystander, {n: torch.zeros(s) for n, s in local.service.shapes.items()}, tokens=10)
+
+    worker = LandedThenEvicted(_options(local.target, patience_s=10.0), local.service,
+                               bystander_pushes if round_closes else lambda: None)
+    try:
+        with caplog.at_level(logging.INFO, logger="rcswarm.worker"):
+            code = run_until(worker, lambda w: len(w.pushes) >= 1, 60)
+        assert code == 0
+        version, delivered, kept = worker.pushes[0]
+        assert (version, delivered, kept) == (0, True, True), worker.pushes
+        assert any("joining again to deliver the update" in r.getMessage() for r in caplog.records)
+        if not round_closes:
+            assert client.status().version == 0  # the round waits for the bystander, not for the new membership
+            bystander_pushes()
+        wait_for(lambda: client.status().version >= 1, 30, "round 0's close")
+        round_zero = next(r for r in client.status().rounds if r.version == 0)
+        assert round_zero.reports == 2, round_zero  # the worker's update once, the bystander's
+    finally:
+        beating.set()
+        client.close()
+
+
+class MovedToAnotherRun(Worker):
+    """The real worker whose first push ends with a re-join that put it into another run, as a sweep or a coordinator
+    serving a new run on the same address does: that run's error feedback (here holding a residual it loaded) replaces
+    the old one, and the push reports the update dropped."""
+
+    def __init__(self, options) -> None:
+        super().__init__(options, TOKEN)
+        self.loaded: dict[str, torch.Tensor] = {}
+        self.results: list[tuple[bool, dict[str, torch.Tensor]]] = []
+
+    def _deliver(self, version, tokens, header, chunks, rejoin=True):
+        if not self.results:
+            # The other run's residual as it loaded it (the same model here, so that training goes on).
+            self.loaded = {name: torch.full(tuple(t.shape), 1e-4) for name, t in self.model.named_parameters()}
+            moved = codecs.ErrorFeedback(self.error_feedback.decay)
+            moved.restore(self.loaded)
+            self.error_feedback = moved
+            return False
+        return super()._deliver(version, tokens, header, chunks, rejoin)
+
+    def _push_deltas(self, version, deltas, tokens, rejoin=True):
+        delivered = super()._push_deltas(version, deltas, tokens, rejoin)
+        self.results.append((delivered, self.error_feedback.snapshot()))
+        return delivered
+
+
+def test_a_dropped_update_restores_its_residual_into_its_own_run_only(start_coordinator):
+    """The residual put back after a dropped push is the old run's: it goes into the error feedback it came from, not
+    into the one of the run the worker moved to (a leak of one run's updates into another, or, with other shapes, a
+    ValueError at its next push that ended the worker with a traceback)."""
+    local = start_coordinator(tiny_spec(run={"rounds": 0, "workers": 1}, inner={"steps": 2},
+                                        sync={"codec": "int8", "error_feedback": True}))
+    worker = MovedToAnotherRun(_options(local.target, patience_s=10.0))
+    assert run_until(worker, lambda w: len(w.results) >= 1, 60) == 0
+    delivered, residuals = worker.results[0]
+    assert delivered is False and residuals.keys() == worker.loaded.keys()
+    assert all(torch.equal(residuals[name], worker.loaded[name]) for name in residuals)
