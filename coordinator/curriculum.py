@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rcswarm.config.run_step import RunSteps
 from rcswarm.config.runspec import CurriculumSection, RunSpec
 from rcswarm.coordinator.decisions import Decision
 from rcswarm.observe import analysis, fits, forecast
@@ -132,6 +133,10 @@ class WorkerCurriculum:
     costs: Mapping[int, tuple[float, int]] = field(default_factory=dict)
     # Its last per-worker decision's reason ("" before one).
     reason: str = ""
+
+
+def _tokens_per_step(assignment: Assignment) -> int:
+    return assignment.seq_len * assignment.batch_size
 
 
 @dataclass(frozen=True)
@@ -444,8 +449,9 @@ class CurriculumTracker:
                                f"{section.seq_lens}")
         # worker_id -> the cumulative compute seconds of its last metric: a step's cost is the difference.
         self._last_compute: dict[str, float] = {}
-        # (version, the run steps trained before it) of the last fixed-schedule lookup.
-        self._steps_before: tuple[int, int] | None = None
+        # (the newest version asked, the run's steps as the store held them then) of the fixed-schedule lookups: the
+        # rounds before that version are closed, so their steps answer every older version too.
+        self._run_steps: tuple[int, RunSteps] | None = None
 
     def _rung_assignment(self, rung: int, reason: str) -> Assignment:
         section = self.spec.curriculum
@@ -459,9 +465,9 @@ class CurriculumTracker:
         if section.adaptive:
             return self._rung_assignment(self.state.rung, self.state.reason)
         if section.schedule:
-            if self._steps_before is None or self._steps_before[0] != version:
-                self._steps_before = (version, analysis.run_steps(self.store, self.spec.inner.steps).before(version))
-            step = self._steps_before[1]
+            if self._run_steps is None or self._run_steps[0] < version:
+                self._run_steps = (version, analysis.run_steps(self.store, self.spec.inner.steps))
+            step = self._run_steps[1].before(version)
             length, batch = section.at(step, (data.seq_len, data.batch_size))
             return Assignment(length, batch, f"curriculum.schedule at step {step} (version {version})")
         if section.worker_seq_lens:
@@ -481,16 +487,21 @@ class CurriculumTracker:
         chosen = own or self.worker_assignment(version, worker_id)
         return pb.TrainingAssignment(seq_len=chosen.seq_len, batch_size=chosen.batch_size, reason=chosen.reason, version=version)
 
-    def largest_assignment(self, version: int) -> Assignment:
-        """The assignment with the most tokens per step a worker may train at `version`: the run's, or under the
-        adaptive policy the largest of the run's rung and every worker's own (an ended membership's too: its
-        worker may push the update it trained there after a re-join)."""
-        run = self.run_assignment(version)
+    def largest_assignment(self, version: int, since: int | None = None) -> Assignment:
+        """The assignment with the most tokens per step a worker may have trained from any version of `since` ..
+        `version` (`since` None: `version` alone; a late update was trained from an older version, under its
+        assignment): the run's, or under the adaptive policy the largest of the run's rung and every worker's own (an
+        ended membership's too: its worker may push the update it trained there after a re-join), each as it is now
+        or up to `version - since` rungs lower (a rung rises by at most one a close and never falls)."""
+        since = version if since is None else max(0, min(since, version))
         if self.adaptive is None:
-            return run
-        rungs = [own.rung for own in self.state.workers.values() if own.rung is not None and own.rung != self.state.rung]
-        choices = [run, *(self._rung_assignment(rung, "a worker's own rung") for rung in set(rungs))]
-        return max(choices, key=lambda choice: choice.seq_len * choice.batch_size)
+            return max((self.run_assignment(v) for v in range(since, version + 1)), key=_tokens_per_step)
+        back = version - since
+        rungs = {own.rung for own in self.state.workers.values() if own.rung is not None} | {self.state.rung}
+        earlier = {max(0, rung - k) for rung in rungs for k in range(back + 1)} - {self.state.rung}
+        choices = [self.run_assignment(version), *(self._rung_assignment(rung, "a worker's own rung, or one trained "
+                                                                          f"since version {since}") for rung in earlier)]
+        return max(choices, key=_tokens_per_step)
 
     def rejoin(self, worker_id: str, previous_worker_id: str) -> None:
         """A worker joined again naming its ended membership `previous_worker_id` (after an eviction or a coordinator

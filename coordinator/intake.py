@@ -179,15 +179,16 @@ class UpdateIntake:
         if not 0 < meta.tokens <= MAX_TOKENS_PER_UPDATE:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"tokens = {meta.tokens}: expected 1..{MAX_TOKENS_PER_UPDATE}")
         if run.spec.sync.bound_tokens:
-            allowed, why = self.token_bound()
+            allowed, why = self.token_bound(meta.base_version)
             if meta.tokens > allowed:
                 self.refuse_outlier(worker, f"tokens = {meta.tokens} exceed the {allowed} allowed: {why}")
         return lateness
 
-    def token_bound(self) -> tuple[int, str]:
-        """The most tokens an update to the current version may claim, and why (lock held).
+    def token_bound(self, since: int | None = None) -> tuple[int, str]:
+        """The most tokens an update to the current version trained from version `since` (None: the current one) may
+        claim, and why (lock held).
 
-        batch × seq_len × steps of the largest assignment workers train under at this version
+        batch × seq_len × steps of the largest assignment workers train under at any version from `since` to this one
         (`CurriculumTracker.largest_assignment`: the adaptive curriculum's workers may train rungs of their own;
         steps: inner.steps, or sync.max_steps for time-boxed rounds, `SyncSection.step_cap`); with curriculum.worker_seq_lens
         the largest listed one's, because a worker that joins again mid-round pushes the update it trained
@@ -195,18 +196,21 @@ class UpdateIntake:
         """
         run = self.run
         steps = run.spec.sync.step_cap(run.spec.inner.steps)
-        batch, seq_len, where = self._largest_step()
+        batch, seq_len, where = self._largest_step(since)
         cap = "inner.steps" if run.spec.sync.round == "steps" else "sync.max_steps"
         return batch * seq_len * steps, f"batch {batch} × seq_len {seq_len} × {cap} {steps} of {where}; sync.bound_tokens = true"
 
     def step_token_bound(self) -> tuple[int, str]:
-        """The most tokens one inner step trains at the current version (`token_bound` without the steps), and
-        why: the bound on a metric row's tokens (lock held)."""
-        batch, seq_len, where = self._largest_step()
+        """The most tokens one inner step trained from a version a late update may still come from (`token_bound`
+        without the steps), and why: the bound on a metric row's tokens (lock held; a worker reports a round's rows
+        after its push, so after the close)."""
+        run = self.run
+        batch, seq_len, where = self._largest_step(run.version - run.staleness.max_staleness - 1)
         return batch * seq_len, f"batch {batch} × seq_len {seq_len} of {where}"
 
-    def _largest_step(self) -> tuple[int, int, str]:
-        """(batch, seq_len, where from) of the largest step a worker trains at the current version (lock held)."""
+    def _largest_step(self, since: int | None = None) -> tuple[int, int, str]:
+        """(batch, seq_len, where from) of the largest step a worker trains from any version of `since` (None: the
+        current one) to the current one (lock held)."""
         run = self.run
         data, section = run.spec.data, run.spec.curriculum
         if section.worker_seq_lens:
@@ -214,9 +218,11 @@ class UpdateIntake:
             seq_len, batch = max(options, key=lambda option: option[0] * option[1])
             where = "the largest assignment of curriculum.worker_seq_lens"
         else:
-            current = run.tracker.largest_assignment(run.version)
+            since = run.version if since is None else max(0, min(since, run.version))
+            current = run.tracker.largest_assignment(run.version, since)
             seq_len, batch = current.seq_len, current.batch_size
-            where = f"the assignment at version {run.version}"
+            where = (f"the assignment at version {run.version}" if since == run.version
+                     else f"the largest assignment of versions {since}..{run.version}")
         diag = ' (data.source = "diag": data.seq_len bounds the scored positions of a sequence)' if data.source == "diag" else ""
         return batch, seq_len, where + diag
 

@@ -382,12 +382,18 @@ class RunGroup:
         return response
 
     def tick(self) -> None:
-        """Evictions and deadlines in every run, then forecasts and pruning (the ticker thread)."""
-        for run in self.runs:
-            run.tick()
-        self._forecast()
-        self._prune()
-        self._end_spent_budgets()
+        """Evictions and deadlines in every run, then forecasts and pruning (the ticker thread). Each step runs
+        whatever the others did: a run whose close keeps failing (its own state dir cannot be written) stops neither
+        the other runs' deadlines and evictions nor the sweep's budget; the first error is raised once all ran, for
+        the server's health record."""
+        errors: list[BaseException] = []
+        for step in [*(run.tick for run in self.runs), self._forecast, self._prune, self._end_spent_budgets]:
+            try:
+                step()
+            except Exception as error:  # the others still run; raised below
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
     def _started(self, index: int) -> float | None:
         """Run `index`'s first round's opening (read from its store until a round closed; the ticker)."""

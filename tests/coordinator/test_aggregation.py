@@ -386,6 +386,39 @@ def test_tokens_above_the_assignment_are_refused_naming_claim_and_bound(tmp_path
         coordinator.close()
 
 
+def test_a_late_update_is_bounded_by_the_assignment_it_trained_under(tmp_path):
+    """A worker's update from version 0 that arrives after round 0 closed at its deadline (merged late) claims what
+    version 0's assignment trains (batch 8 × 32 × 5): version 1's smaller one (batch 2 × 64) must not refuse it as
+    an outlier, which also ended the worker (INVALID_ARGUMENT is fatal to it). Its metric rows likewise."""
+    now = [1000.0]
+    spec = tiny_spec(sync={"codec": "fp32", "round_deadline_s": 1.0, "max_update_norm": 100.0}, inner={"steps": 5},
+                     curriculum={"schedule": [[0, 32, 8], [5, 64, 2]]})
+    coordinator = SwarmCoordinator(spec, StateStore(tmp_path), clock=lambda: now[0])
+    try:
+        a, b, c = (coordinator.join(pb.JoinRequest(worker_name=n)) for n in ("a", "b", "c"))
+        for member in (a, b, c):
+            for _ in coordinator.pull(pb.PullParametersRequest(worker_id=member.worker_id,
+                                                               worker_secret=member.worker_secret)):
+                pass
+        trained = 8 * 32 * 5
+        assert push(coordinator, a, deltas_of(coordinator, 1e-3), trained).accepted
+        now[0] += 2.0
+        coordinator.tick()  # the deadline closes round 0 while b still trains
+        assert coordinator.version == 1 and coordinator.intake.token_bound()[0] == 2 * 64 * 5
+        late = push(coordinator, b, deltas_of(coordinator, 1e-3), trained, version=0)
+        assert late.accepted and late.staleness == 1
+        assert coordinator.workers[b.worker_id].dropped_updates == 0
+        # Still bounded: more than version 0's assignment is refused, naming the versions it covers.
+        code, message = refusal(lambda: push(coordinator, c, deltas_of(coordinator, 1e-3), trained + 1, version=0))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert message.startswith(f"tokens = {trained + 1} exceed the {trained} allowed: batch 8 × seq_len 32 × "
+                                  "inner.steps 5 of the largest assignment of versions 0..1"), message
+        # A metric row trained at version 0 (batch 8 × 32 tokens) is within the rows' bound at version 1.
+        assert coordinator.intake.step_token_bound()[0] == 8 * 32
+    finally:
+        coordinator.close()
+
+
 def test_heterogeneous_lengths_bound_by_the_largest_assignment(tmp_path):
     spec = tiny_spec(sync={"codec": "fp32"}, inner={"steps": 2}, curriculum={"worker_seq_lens": [8, 32]})
     coordinator = SwarmCoordinator(spec, StateStore(tmp_path))

@@ -165,3 +165,42 @@ def test_the_waiting_ledger_forgets_the_silent_and_holds_at_most_its_limit():
     waiting.asked("b", now=4.0, retry_s=1.0)  # asking again renews it
     waiting.seated("c")
     assert waiting.count(now=6.5) == 1 and waiting.count(now=7.0) == 0
+
+
+def test_a_run_whose_close_keeps_failing_stops_no_other_runs_ticks(tmp_path):
+    """Run 0's state dir cannot be written (every commit raises): the sweep's tick still closes run 1's round at its
+    deadline and evicts its silent worker at its lease, and raises run 0's error for the health record. Before, the
+    first run's error ended the tick, so run 1 waited for its dead worker for good."""
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from tests.helpers.coordinator import deltas_of, push
+
+    now = [1000.0]
+    spec = tiny_spec(sweep={"seq_lens": [16, 32]}, run={"rounds": 5},
+                     sync={"codec": "fp32", "round_deadline_s": 1.0, "max_update_norm": 100.0},
+                     coordinator={"lease_s": 5.0, "max_wait_s": 0.5})
+    group = SweepCoordinator(spec, tmp_path, lambda: now[0])
+    try:
+        broken, healthy = group.runs
+        members = [group.join(pb.JoinRequest(worker_name=name, device="cpu", pid=1)) for name in "abcd"]
+        owned = {run: [m for m in members if run.knows(m.worker_id)] for run in group.runs}
+        for run, mine in owned.items():
+            for member in mine:
+                for _ in run.pull(pb.PullParametersRequest(worker_id=member.worker_id, worker_secret=member.worker_secret)):
+                    pass
+
+        def eio(*args, **kwargs):
+            raise OSError(5, "Input/output error")
+
+        broken.store.commit_version = eio
+        for run, mine in owned.items():
+            push(run, mine[0], deltas_of(run, 1e-3), 100)  # one report each; the other worker still trains
+        now[0] += 2.0  # both rounds past their deadline
+        with pytest.raises(OSError, match="Input/output error"):
+            group.tick()
+        assert (broken.version, healthy.version) == (0, 1)
+        now[0] += 10.0  # every lease expired
+        with pytest.raises(OSError):
+            group.tick()
+        assert healthy.active_workers() == 0
+    finally:
+        group.close()

@@ -78,10 +78,12 @@ def deltas_of(coordinator: SwarmCoordinator, value: float) -> dict[str, torch.Te
 
 
 def push(coordinator: SwarmCoordinator, member: pb.JoinResponse, deltas: dict[str, torch.Tensor],
-         tokens: int) -> pb.PushUpdateResponse:
-    """`member`'s update `deltas` from the current version in the run's format, through the coordinator's push."""
+         tokens: int, version: int | None = None) -> pb.PushUpdateResponse:
+    """`member`'s update `deltas` from `version` (None: the current one) in the run's format, through the
+    coordinator's push."""
+    version = coordinator.version if version is None else version
     header, chunks = tensor_stream.build_payload(deltas, codec=coordinator.wire_format, run_id=coordinator.run_id,
-                                                 version=coordinator.version)
-    meta = pb.UpdateMeta(**creds(member), base_version=coordinator.version, tokens=tokens)
+                                                 version=version)
+    meta = pb.UpdateMeta(**creds(member), base_version=version, tokens=tokens)
     return coordinator.push(iter([pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header),
                                   *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
