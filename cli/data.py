@@ -2,7 +2,8 @@
 
 Git histories -> one frame dataset. `--repo` may be given several times (the name defaults to the
 directory's); `--held-out NAME` puts that history into the held-out split. Bad arguments or values
-exit 2 with a message on stderr; a history that cannot be replayed exits 1.
+(a count flag below its least value: `FLAG_MINIMUMS`) exit 2 with a message on stderr naming the flag and
+the value; a history that cannot be replayed exits 1.
 """
 
 from __future__ import annotations
@@ -34,6 +35,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# The least value of each count flag (`--max-commits` may also be left out: every commit).
+FLAG_MINIMUMS = {"--vocab-size": 256, "--block-frames": 1, "--frames-per-shard": 1, "--max-file-bytes": 0,
+                 "--max-commits": 1}
+
+
+def flag_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a count flag's value, naming the flag and the value; None when nothing is."""
+    for flag, least in FLAG_MINIMUMS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and value < least:
+            return f"{flag} {value}: expected an integer >= {least}"
+    if args.block_frames > 0xFFFF:
+        return f"--block-frames {args.block_frames}: expected an integer <= 65535"
+    return None
+
+
 def repo_inputs(repos: list[str], held_out: list[str]) -> list:
     """`RepoInput`s of `--repo [NAME=]PATH` values and `--held-out NAME`s; ValueError naming what does not fit."""
     from rcswarm.data.frames.git_frames import RepoInput, repo_name
@@ -60,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_or_status(parser(), argv[1:])
     if isinstance(args, int):
         return args
+    problem = flag_problem(args)
+    if problem:
+        return usage_error("rcswarm data frames", problem)
     from rcswarm.data.frames.git_editor import ReplayError
     from rcswarm.data.frames.git_frames import build_git_dataset, print_summary
 

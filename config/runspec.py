@@ -173,11 +173,26 @@ class DataSection:
             _fail("data.source", self.source, f"one of {DATA_SOURCES}")
         if (self.source == "diag") != bool(self.task):
             _fail("data.task", self.task, 'a task name with source = "diag", and none otherwise')
+        if self.source == "git":
+            self._check_git_task_config()
         _check_positive(self, "data", "seq_len", "batch_size")
         if self.max_bytes < 0:
             _fail("data.max_bytes", self.max_bytes, "an integer >= 0 (0 = all)")
         if not 0.0 < self.val_fraction < 0.5:
             _fail("data.val_fraction", self.val_fraction, "a number in (0, 0.5)")
+
+    def _check_git_task_config(self) -> None:
+        """source "git" reads one key, [data.task_config] dataset: a non-empty path (checked here, where the
+        coordinator refuses the config; whether it holds a dataset is checked where a worker opens it)."""
+        if not isinstance(self.task_config, dict):
+            _fail("data.task_config", self.task_config, 'a table with dataset = "DIR" with source = "git"')
+        dataset = self.task_config.get("dataset")
+        if not isinstance(dataset, str) or not dataset.strip():
+            _fail("data.task_config.dataset", dataset,
+                  'the path of a dataset made by `rcswarm data frames` (a non-empty string) with source = "git"')
+        unknown = sorted(set(self.task_config) - {"dataset"})
+        if unknown:
+            _fail("data.task_config", self.task_config, f'only the key "dataset" with source = "git" (not {unknown})')
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ is checksummed (CRC-32); a truncated or corrupted file raises
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import struct
 import zlib
@@ -33,6 +34,12 @@ TRAILER = struct.Struct("<QIQI4s")  # index offset, n blocks, n frames, index cr
 
 class FrameFormatError(ValueError):
     """The frame file is truncated, corrupted, or not a frame file."""
+
+
+def max_raw_len(count: int, rows: int, cols: int) -> int:
+    """The most raw bytes a block of `count` frames of rows x cols can hold: every varint at its longest
+    (10 bytes), a scroll in every frame and every cell of every row changed (4 bytes of text, 1 of style)."""
+    return 3 * 10 + count * (10 + 6 * 10 + rows * (6 * 10 + 5 * cols))
 
 
 def _varint(n: int, out: bytearray) -> None:
@@ -377,6 +384,8 @@ class FrameReader:
                 f"{self.path}: frame format version {version} is not supported (this reader reads version "
                 f"{VERSION}); rebuild the dataset with `rcswarm data frames`"
             )
+        if not (rows and cols and bf):
+            raise FrameFormatError(f"{self.path}: geometry {rows}x{cols}, {bf} frames a block: expected each >= 1")
         self.rows, self.cols, self.block_frames, self.n_styles = rows, cols, bf, n_styles
         size = self.f.seek(0, 2)
         if size < HEADER_SIZE + TRAILER.size:
@@ -392,9 +401,30 @@ class FrameReader:
         if zlib.crc32(index) != crc:
             raise FrameFormatError(f"{self.path}: index checksum mismatch (corrupted)")
         self.index = [INDEX_ENTRY.unpack_from(index, k * INDEX_ENTRY.size) for k in range(n_blocks)]
+        self._check_index(n_frames, offset)
         self.n_frames = n_frames
+        self._data_end = offset
+        self._firsts = [first for _, first, _ in self.index]
         self._cache: OrderedDict[int, tuple[tuple[np.ndarray, np.ndarray], np.ndarray]] = OrderedDict()
         self._cache_blocks = cache_blocks
+
+    def _check_index(self, n_frames: int, data_end: int) -> None:
+        """FrameFormatError unless the blocks hold frames 0 .. n_frames - 1 in order, every one but the last
+        `block_frames` of them (the last 1 .. block_frames), at ascending offsets between header and index
+        (the trailer's n_frames has no checksum of its own)."""
+        frame, end = 0, HEADER_SIZE
+        for b, (offset, first, count) in enumerate(self.index):
+            last = b == len(self.index) - 1
+            if first != frame or not (1 <= count <= self.block_frames) or (count != self.block_frames and not last):
+                raise FrameFormatError(
+                    f"{self.path}: index entry {b} holds frames {first}..{first + count - 1}: expected "
+                    f"{'1 to ' if last else ''}{self.block_frames} frames from frame {frame}")
+            if not end <= offset <= data_end - BLOCK_HEADER.size:
+                raise FrameFormatError(f"{self.path}: index entry {b} at offset {offset}: expected {end}.."
+                                       f"{data_end - BLOCK_HEADER.size} (corrupted)")
+            frame, end = frame + count, offset + BLOCK_HEADER.size
+        if frame != n_frames:
+            raise FrameFormatError(f"{self.path}: the trailer says {n_frames} frames, the index holds {frame} (corrupted)")
 
     def __len__(self) -> int:
         return self.n_frames
@@ -414,14 +444,16 @@ class FrameReader:
         magic, first2, count2, raw_len, comp_len, raw_crc, comp_crc = BLOCK_HEADER.unpack(head)
         if magic != BLOCK_MAGIC or first2 != first or count2 != count:
             raise FrameFormatError(f"{self.path}: block {b} header corrupted")
+        room = self._data_end - offset - BLOCK_HEADER.size
+        if comp_len > room or raw_len > max_raw_len(count, self.rows, self.cols):
+            raise FrameFormatError(
+                f"{self.path}: block {b} claims {comp_len} compressed and {raw_len} raw bytes: expected at most "
+                f"{room} and {max_raw_len(count, self.rows, self.cols)} (corrupted)")
         comp = self.f.read(comp_len)
         if len(comp) != comp_len or zlib.crc32(comp) != comp_crc:
             raise FrameFormatError(f"{self.path}: block {b} (frames {first}..{first + count - 1}) checksum mismatch (corrupted)")
-        try:
-            raw = zlib.decompress(comp)
-        except zlib.error as e:
-            raise FrameFormatError(f"{self.path}: block {b} does not decompress: {e}") from None
-        if len(raw) != raw_len or zlib.crc32(raw) != raw_crc:
+        raw = self._inflate(b, comp, raw_len)
+        if zlib.crc32(raw) != raw_crc:
             raise FrameFormatError(f"{self.path}: block {b} decompressed checksum mismatch (corrupted)")
         try:
             cps, sts, actions = decode_block(raw, count, self.rows, self.cols)
@@ -433,12 +465,25 @@ class FrameReader:
             self._cache.popitem(last=False)
         return frames, actions
 
+    def _inflate(self, b: int, comp: bytes, raw_len: int) -> bytes:
+        """`comp` inflated, never to more than raw_len + 1 bytes: FrameFormatError unless it is one zlib
+        stream of exactly raw_len bytes (a small block cannot claim a large one, a zlib bomb)."""
+        inflater = zlib.decompressobj()
+        try:
+            raw = inflater.decompress(comp, raw_len + 1)
+        except zlib.error as e:
+            raise FrameFormatError(f"{self.path}: block {b} does not decompress: {e}") from None
+        if len(raw) != raw_len or not inflater.eof or inflater.unused_data:
+            more = "more than" if len(raw) > raw_len else f"{len(raw)} bytes, not"
+            raise FrameFormatError(f"{self.path}: block {b} decompresses to {more} its {raw_len} raw bytes (corrupted)")
+        return raw
+
     def _locate(self, i: int) -> tuple[int, int]:
         if not 0 <= i < self.n_frames:
             raise IndexError(f"frame {i} out of range [0, {self.n_frames})")
         b = i // self.block_frames
         if b >= len(self.index) or not (self.index[b][1] <= i < self.index[b][1] + self.index[b][2]):
-            b = next(k for k, (_, first, cnt) in enumerate(self.index) if first <= i < first + cnt)
+            b = bisect.bisect_right(self._firsts, i) - 1  # the index is contiguous (_check_index)
         return b, i - self.index[b][1]
 
     def frame(self, i: int) -> np.ndarray:

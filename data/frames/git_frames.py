@@ -13,6 +13,11 @@ Layout of a dataset directory (all little-endian, no pickle):
     shard-00000.tokens.npy      uint32 token ids of the shard's action stream
     shard-00000.starts.npy      int64, index of each token's first action (= its frame)
 
+A build writes into a temporary directory inside `out` (`.build-*`) and publishes only when everything is
+written: the old manifest is removed first, the files are moved into place, and the new manifest is moved in
+last, so an interrupted build leaves either the previous dataset whole or a directory without a manifest
+(which does not load), never a manifest beside another build's shards.
+
 The stream of one repository is cut into shards of at most `frames_per_shard`
 frames; the editor state continues across shards (every shard's first block
 is a key frame, so shards decode independently). Each history starts in a fresh
@@ -30,12 +35,21 @@ shard readers (each caching two decoded blocks) are open, so memory does not
 grow with the repository. `next_window()` gives the next batch lazily
 (`GitWindow`, a `FrameWindow`): only the chunk asked for is decoded, so a window
 of 10^5 frames is never held at once.
+
+The loader checks what it reads before serving it (a ValueError naming the file and what was expected):
+the manifest's geometry, vocabulary and shards (names `shard-NNNNN`, counts), and, once per shard when it is
+first opened, that the token ids and starts are 1-D integer arrays of the manifest's length, the ids in
+0 .. action_vocab_size - 1, the starts non-decreasing in 0 .. frames - 1, and that the `.rcf` file has the
+manifest's geometry and frame count; each batch's styles are checked against `N_STYLES`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -53,10 +67,13 @@ from rcswarm.data.frames.action_tokenizer import (
 )
 from rcswarm.data.frames.frame_codec import FrameReader, FrameWriter
 from rcswarm.data.frames.git_editor import CONTROL_SEQUENCES, CONTROLS, N_STYLES
-from rcswarm.data.frames.git_replay import Git, ReplayStats, replay
+from rcswarm.data.frames.git_replay import Git, ReplayStats, check_limits, replay
 from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec, check_chunk
 
 MANIFEST = "manifest.json"
+FORMAT = "rcswarm-git-frames"
+SHARD_NAME = re.compile(r"shard-\d{5}")
+SHARD_FILES = re.compile(r"shard-\d{5}\.(rcf|actions\.u32|tokens\.npy|starts\.npy)")
 
 
 class _ShardSink:
@@ -119,7 +136,8 @@ def _actions(out: Path, name: str) -> np.ndarray:
     return np.fromfile(out / f"{name}.actions.u32", dtype="<u4")
 
 
-SUMMARY_COUNTS = ("commits", "files", "skipped_binary", "skipped_oversized", "skipped_other", "actions")
+SUMMARY_COUNTS = ("commits", "files", "skipped_binary", "skipped_oversized", "skipped_other", "skipped_name",
+                  "actions")
 TRAIN, VAL = "train", "val"
 SPLITS = (TRAIN, VAL)
 
@@ -233,8 +251,33 @@ def build_git_dataset(
         raise ValueError(f"repositories {names}: expected at least one, with distinct names")
     if all(r.held_out for r in repos):
         raise ValueError(f"repositories {names}: every one is held out; expected at least one to train on")
+    check_build_options(vocab_size, block_frames, frames_per_shard, max_file_bytes, max_commits)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
+    try:
+        summary, manifest = _build(repos, staging, rows, cols, vocab_size, block_frames, frames_per_shard,
+                                   max_file_bytes, max_commits, progress, console, commit_messages)
+        _publish(staging, out, manifest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return summary
+
+
+def check_build_options(vocab_size: int, block_frames: int, frames_per_shard: int, max_file_bytes: int,
+                        max_commits: int | None) -> None:
+    """ValueError, naming the value, for an option `build_git_dataset` cannot build with (before any replay)."""
+    for name, value, low, high in (("vocab_size", vocab_size, 256, None), ("block_frames", block_frames, 1, 0xFFFF),
+                                   ("frames_per_shard", frames_per_shard, 1, None)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+            raise ValueError(f"{name}={value!r}: expected an integer in {low}..{high or 'any'}")
+    check_limits(max_file_bytes, max_commits)
+
+
+def _build(repos: list[RepoInput], out: Path, rows: int, cols: int, vocab_size: int, block_frames: int,
+           frames_per_shard: int, max_file_bytes: int, max_commits: int | None, progress: bool, console,
+           commit_messages: bool) -> tuple[dict, dict]:
+    """Replay, train the tokenizer and encode every shard into `out` (the staging directory): (summary, manifest)."""
     sink = _ShardSink(out, rows, cols, block_frames, frames_per_shard)
     t0 = time.perf_counter()
     c0 = _cpu()
@@ -281,7 +324,7 @@ def build_git_dataset(
         "repos": per_repo,
     }
     manifest = {
-        "format": "rcswarm-git-frames", "version": 2,
+        "format": FORMAT, "version": 2,
         **({"repo": per_repo[0]["path"]} if len(per_repo) == 1 else {}),
         "repos": [{key: r[key] for key in ("name", "path", "head", "split")} for r in per_repo],
         "rows": rows, "cols": cols, "n_styles": N_STYLES, "block_frames": block_frames,
@@ -289,8 +332,25 @@ def build_git_dataset(
         "controls": {name: CONTROL_SEQUENCES[name] for name in CONTROLS},
         "shards": sink.shards, "summary": summary,
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    return summary
+    return summary, manifest
+
+
+def _publish(staging: Path, out: Path, manifest: dict) -> None:
+    """Move a finished build from `staging` into `out`, the manifest last.
+
+    The old manifest goes first: from then until the new one is in place the directory has none and does
+    not load, so no mix of two builds ever does. Shard files of an earlier build that this one does not
+    have are removed; other files in `out` are left alone.
+    """
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    (out / MANIFEST).unlink(missing_ok=True)
+    built = {path.name for path in staging.iterdir()}
+    for name in sorted(built - {MANIFEST}):
+        os.replace(staging / name, out / name)
+    for path in out.iterdir():
+        if SHARD_FILES.fullmatch(path.name) and path.name not in built:
+            path.unlink()
+    os.replace(staging / MANIFEST, out / MANIFEST)
 
 
 def print_summary(summary: dict, console=None) -> None:
@@ -338,6 +398,56 @@ def dataset_shards(manifest: dict, split: str | None) -> list[dict]:
     return [s for s in shards if s.get("split", TRAIN) == split]
 
 
+def _int_field(table: dict, key: str, low: int, where: str) -> int:
+    value = table.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{where}: {key} = {value!r}: expected an integer >= {low}")
+    return value
+
+
+def load_manifest(root: str | Path) -> dict:
+    """A dataset directory's manifest, checked (ValueError naming the file and what was expected): its format,
+    geometry and vocabulary, and every shard's name (`shard-NNNNN`, once each), frame and token counts and split."""
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file: expected a dataset made by `rcswarm data frames` "
+                         "(a build that did not finish leaves none)")
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable: {e}") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ValueError(f"{path}: expected a JSON object with format {FORMAT!r}")
+    for key in ("rows", "cols", "action_vocab_size"):
+        _int_field(m, key, 1, str(path))
+    shards = m.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(sh, dict) for sh in shards):
+        raise ValueError(f"{path}: shards = {shards!r}: expected a list of objects")
+    seen = set()
+    for sh in shards:
+        name = sh.get("name")
+        if not isinstance(name, str) or not SHARD_NAME.fullmatch(name) or name in seen:
+            raise ValueError(f"{path}: shard name {name!r}: expected 'shard-' and five digits, each name once")
+        seen.add(name)
+        _int_field(sh, "frames", 0, f"{path}: shard {name}")
+        _int_field(sh, "tokens", 0, f"{path}: shard {name}")
+        if sh.get("split", TRAIN) not in SPLITS:
+            raise ValueError(f"{path}: shard {name}: split = {sh.get('split')!r}: expected one of {SPLITS}")
+    return m
+
+
+def _int_array(path: Path) -> np.ndarray:
+    """A memory-mapped 1-D integer .npy array; ValueError naming the file otherwise."""
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable .npy array: {e}") from None
+    if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype.kind not in "iu":
+        raise ValueError(f"{path}: dtype {getattr(a, 'dtype', None)}, shape {getattr(a, 'shape', None)}: "
+                         "expected a 1-D array of integers")
+    return a
+
+
 class GitFrameSource:
     """A `FrameWindowSource` over a built dataset directory (see the module docstring).
 
@@ -350,7 +460,7 @@ class GitFrameSource:
         self.root = Path(root)
         self.spec = spec
         self.char_vocab = char_vocab
-        m = json.loads((self.root / MANIFEST).read_text())
+        m = load_manifest(self.root)
         self.manifest = m
         self._geometry = (int(m["rows"]), int(m["cols"]))
         self._vocab = int(m["action_vocab_size"])
@@ -379,7 +489,13 @@ class GitFrameSource:
         if k in self._readers:
             self._readers.move_to_end(k)
             return self._readers[k]
-        r = FrameReader(self.root / f"{self.shards[k]['name']}.rcf")
+        path = self.root / f"{self.shards[k]['name']}.rcf"
+        r = FrameReader(path)
+        frames = self.shards[k]["frames"]
+        if (r.rows, r.cols) != self._geometry or len(r) != frames:
+            r.close()
+            raise ValueError(f"{path}: {len(r)} frames of {r.rows}x{r.cols}: expected {frames} frames of "
+                             f"{self._geometry[0]}x{self._geometry[1]} (the manifest's)")
         self._readers[k] = r
         while len(self._readers) > self.max_open:
             self._readers.popitem(last=False)[1].close()
@@ -387,18 +503,34 @@ class GitFrameSource:
 
     def _tok(self, k: int):
         if self._tokens[k] is None:
-            name = self.shards[k]["name"]
-            self._tokens[k] = (
-                np.load(self.root / f"{name}.tokens.npy", mmap_mode="r", allow_pickle=False),
-                np.load(self.root / f"{name}.starts.npy", mmap_mode="r", allow_pickle=False),
-            )
+            self._tokens[k] = self._load_tokens(k)
         return self._tokens[k]
+
+    def _load_tokens(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shard k's token ids and starts, memory-mapped and checked once (ValueError naming the file)."""
+        shard = self.shards[k]
+        base = self.root / shard["name"]
+        ids, starts = _int_array(Path(f"{base}.tokens.npy")), _int_array(Path(f"{base}.starts.npy"))
+        n, frames = shard["tokens"], shard["frames"]
+        if len(ids) != n or len(starts) != n:
+            raise ValueError(f"{base}.tokens.npy, .starts.npy: {len(ids)} ids and {len(starts)} starts: expected "
+                             f"{n} each (the manifest's tokens)")
+        if n and not (0 <= int(ids.min()) and int(ids.max()) < self._vocab):
+            raise ValueError(f"{base}.tokens.npy: ids in {int(ids.min())}..{int(ids.max())}: expected ids in "
+                             f"0..{self._vocab - 1} (action_vocab_size)")
+        if n and not (0 <= int(starts[0]) and int(starts[-1]) < frames and not np.any(starts[1:] < starts[:-1])):
+            raise ValueError(f"{base}.starts.npy: starts from {int(starts[0])} to {int(starts[-1])}: expected "
+                             f"non-decreasing frame indices in 0..{frames - 1} (the shard's frames)")
+        return ids, starts
 
     def rows(self, k: int, offset: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """(frames [count, rows, cols, 2], token ids [count]) of shard k from token `offset`."""
         ids, starts = self._tok(k)
         reader = self._reader(k)
         frames = np.stack([reader.frame(int(s)) for s in starts[offset : offset + count]])
+        if count and int(frames[..., 1].max()) >= N_STYLES:
+            raise ValueError(f"{reader.path}: style {int(frames[..., 1].max())} in frames {int(starts[offset])}.."
+                             f"{int(starts[offset + count - 1])}: expected styles in 0..{N_STYLES - 1}")
         frames[..., 0] %= self.char_vocab
         return frames, np.asarray(ids[offset : offset + count], np.int64)
 

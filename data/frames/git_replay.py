@@ -13,12 +13,16 @@ Per commit (against its first parent; the root commit against the empty tree),
 for each changed path: a file is text when its blob has no NUL byte, decodes as
 strict UTF-8, is at most `max_file_bytes` and has no character in the
 tokenizer's reserved range U+F0000..U+F00FF; other files (binary, oversized,
-symlinks, submodules) are skipped and counted. A path that stops being text is
+symlinks, submodules) are skipped and counted. A blob's size comes from `cat-file`'s
+header: an oversized one is read and dropped in chunks, never held whole. A path that
+cannot be typed (its name is not UTF-8, or holds a character of the reserved range,
+which would read back as a control) is skipped and counted as well (`skipped_name`). A path that stops being text is
 deleted from the editor. Typing the commit subject is optional
 (`commit_messages`). Actions (see `git_editor`): deletions (select in the
 tree, DELETE_FILE), renames (select, RENAME, type the new path, ENTER), new
 files (TREE, NEW_FILE, type the path, ENTER), then edits: open the file through
-the tree, a line diff (difflib, top to bottom), inside replaced line pairs a
+the tree, a line diff (difflib after the common prefix and suffix of lines, top to
+bottom; its work is bounded by `LINE_DIFF_PAIRS`), inside replaced line pairs a
 character diff of the line contents (newline handled separately), cursor moves
 (UP/DOWN for near lines, GOTO + digits for far ones, HOME/END/LEFT/RIGHT in the
 line), typing, DELETE and KILL_LINE, then SAVE.
@@ -32,11 +36,16 @@ from __future__ import annotations
 
 import difflib
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, field
 
 from rcswarm.data.frames.git_editor import C, Editor, ReplayError
 
 RESERVED_LOW, RESERVED_HIGH = 0xF0000, 0xF00FF
+# At most this many pairs of equal lines (the sum over distinct lines of its count in the old text times its
+# count in the new one) feed difflib's line diff; past it the most repeated lines are junk (see `line_opcodes`).
+LINE_DIFF_PAIRS = 1_000_000
+BLOB_CHUNK = 1 << 20
 
 
 @dataclass
@@ -46,6 +55,7 @@ class ReplayStats:
     skipped_binary: int = 0
     skipped_oversized: int = 0
     skipped_other: int = 0
+    skipped_name: int = 0
     actions: int = 0
 
 
@@ -95,10 +105,10 @@ class Git:
             old_mode, new_mode, old_sha, new_sha, status = meta
             null = "0" * len(old_sha)
             if status[0] in "RC":
-                a, b = fields[i + 1].decode(), fields[i + 2].decode()
+                a, b = _path(fields[i + 1]), _path(fields[i + 2])
                 i += 3
             else:
-                a = b = fields[i + 1].decode()
+                a = b = _path(fields[i + 1])
                 i += 2
             out.append(Change(
                 status[0], a if status[0] != "A" else None, b if status[0] != "D" else None,
@@ -141,11 +151,11 @@ class Git:
                 i = j + 1
                 old_mode, new_mode, old_sha, new_sha, status = meta
                 j = data.index(b"\0", i)
-                a = data[i:j].decode()
+                a = _path(data[i:j])
                 i = j + 1
                 if status[0] in "RC":
                     j = data.index(b"\0", i)
-                    b2 = data[i:j].decode()
+                    b2 = _path(data[i:j])
                     i = j + 1
                 else:
                     b2 = a
@@ -159,7 +169,9 @@ class Git:
                 break
         return out
 
-    def blob(self, sha: str) -> bytes:
+    def blob(self, sha: str, max_bytes: int | None = None) -> bytes | None:
+        """The blob's bytes; None for one larger than `max_bytes` (its size read from `cat-file`'s header),
+        whose bytes are then read and dropped in chunks of `BLOB_CHUNK`, never held whole."""
         if self._cat is None:
             self._cat = subprocess.Popen(
                 ["git", "-C", self.repo, "cat-file", "--batch"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -167,11 +179,22 @@ class Git:
         assert self._cat.stdin and self._cat.stdout
         self._cat.stdin.write(sha.encode() + b"\n")
         self._cat.stdin.flush()
-        header = self._cat.stdout.readline().split()
+        out = self._cat.stdout
+        header = out.readline().split()
         if len(header) < 3:
             raise RuntimeError(f"git cat-file: object {sha} not found")
         size = int(header[2])
-        data = self._cat.stdout.read(size + 1)[:size]
+        if max_bytes is not None and size > max_bytes:
+            left = size + 1  # the content and its newline
+            while left:
+                chunk = out.read(min(left, BLOB_CHUNK))
+                if not chunk:
+                    raise RuntimeError(f"git cat-file: object {sha} ended after {size + 1 - left} of {size} bytes")
+                left -= len(chunk)
+            return None
+        data = out.read(size)
+        if len(data) != size or out.read(1) != b"\n":
+            raise RuntimeError(f"git cat-file: object {sha} ended before its {size} bytes")
         return data
 
     def close(self) -> None:
@@ -179,6 +202,18 @@ class Git:
             self._cat.stdin.close()  # type: ignore[union-attr]
             self._cat.wait()
             self._cat = None
+
+
+def _path(raw: bytes) -> str:
+    """A path git printed: UTF-8, with bytes that are not kept as lone surrogates (`typeable` refuses them)."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def typeable(path: str) -> bool:
+    """Whether `path` can be typed as actions and read back: no lone surrogate (a name that is not UTF-8)
+    and no character of the tokenizer's reserved range (which it would read back as a control)."""
+    return not any(0xD800 <= ord(ch) <= 0xDFFF or RESERVED_LOW <= ord(ch) <= RESERVED_HIGH
+                   for ch in path if ord(ch) >= 0xD800)
 
 
 def classify(data: bytes, max_file_bytes: int) -> tuple[str | None, str]:
@@ -204,6 +239,45 @@ def _keepends(text: str) -> list[str]:
     if parts[-1]:
         out.append(parts[-1])
     return out
+
+
+def _junk(a: list[str], b: list[str]):
+    """difflib's `isjunk` for a line diff of `a` into `b`: None while the pairs of equal lines are at most
+    `LINE_DIFF_PAIRS`, else membership in the most repeated lines, taken until the rest are."""
+    ca, cb = Counter(a), Counter(b)
+    pairs = sorted(((ca[x] * cb[x], x) for x in ca if x in cb), key=lambda p: p[0], reverse=True)
+    total = sum(n for n, _ in pairs)
+    junk = set()
+    for n, x in pairs:
+        if total <= LINE_DIFF_PAIRS:
+            break
+        junk.add(x)
+        total -= n
+    return junk.__contains__ if junk else None
+
+
+def line_opcodes(a: list[str], b: list[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib opcodes that turn lines `a` into `b`, in time bounded by `LINE_DIFF_PAIRS`.
+
+    The common prefix and suffix are equal blocks; the middle goes to difflib.SequenceMatcher, which loops
+    over every pair of equal lines (quadratic for a file of repeated lines), so past `LINE_DIFF_PAIRS` pairs
+    the most repeated lines are junk: they extend a match but never start one. The opcodes stay exact.
+    """
+    n = min(len(a), len(b))
+    p = 0
+    while p < n and a[p] == b[p]:
+        p += 1
+    s = 0
+    while s < n - p and a[len(a) - 1 - s] == b[len(b) - 1 - s]:
+        s += 1
+    am, bm = a[p : len(a) - s], b[p : len(b) - s]
+    ops = [("equal", 0, p, 0, p)] if p else []
+    if am or bm:
+        matcher = difflib.SequenceMatcher(_junk(am, bm), am, bm, autojunk=False)
+        ops += [(tag, i1 + p, i2 + p, j1 + p, j2 + p) for tag, i1, i2, j1, j2 in matcher.get_opcodes()]
+    if s:
+        ops.append(("equal", len(a) - s, len(a), len(b) - s, len(b)))
+    return ops
 
 
 class Planner:
@@ -293,8 +367,7 @@ class Planner:
     def edit(self, old: str, new: str) -> None:
         """Turn the open buffer's text `old` into `new`."""
         a, b = _keepends(old), _keepends(new)
-        sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
-        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        for tag, i1, i2, j1, j2 in line_opcodes(a, b):
             if tag == "equal":
                 continue
             if tag == "delete":
@@ -355,6 +428,15 @@ class Planner:
                 self.type(nc[j1:j2])
 
 
+def check_limits(max_file_bytes: int, max_commits: int | None) -> None:
+    """ValueError, naming the value, for a `max_file_bytes` below 0 or a `max_commits` (None: all) below 1."""
+    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 0:
+        raise ValueError(f"max_file_bytes={max_file_bytes!r}: expected an integer >= 0")
+    if max_commits is not None and (isinstance(max_commits, bool) or not isinstance(max_commits, int)
+                                    or max_commits < 1):
+        raise ValueError(f"max_commits={max_commits!r}: expected an integer >= 1, or None for every commit")
+
+
 @dataclass
 class CommitReport:
     sha: str
@@ -377,8 +459,10 @@ def replay(
     `on_commit(index, total, stats)` is called after each commit. With
     `commit_messages`, each commit ends with COMMIT, its subject typed (characters
     of the tokenizer's reserved range dropped), ENTER. Raises
-    `ReplayError` when the safety invariant fails.
+    `ReplayError` when the safety invariant fails, ValueError for a `max_commits` below 1
+    or a negative `max_file_bytes`.
     """
+    check_limits(max_file_bytes, max_commits)
     git = Git(repo)
     stats = stats or ReplayStats()
     editor = Editor(rows, cols)
@@ -427,7 +511,8 @@ def _replay_commit(git: Git, planner: Planner, sha: str, changes: list[Change], 
         if not mode.startswith("100"):
             stats.skipped_other += 1
             return None
-        text, why = classify(git.blob(sha_), max_bytes)
+        data = git.blob(sha_, max_bytes)
+        text, why = (None, "oversized") if data is None else classify(data, max_bytes)
         if text is None:
             if why == "oversized":
                 stats.skipped_oversized += 1
@@ -438,7 +523,11 @@ def _replay_commit(git: Git, planner: Planner, sha: str, changes: list[Change], 
     # deletions first, then renames, then additions and modifications
     order = {"D": 0, "R": 1}
     for ch in sorted(changes, key=lambda c: order.get(c.status, 2)):
-        new_text = load(ch.new_sha, ch.new_mode)
+        if ch.new_path is not None and not typeable(ch.new_path):
+            stats.skipped_name += 1  # never typed: an old path of its own is deleted or renamed away below
+            new_text = None
+        else:
+            new_text = load(ch.new_sha, ch.new_mode)
         if ch.status == "D":
             if ch.old_path in ed.files:
                 planner.delete(ch.old_path)

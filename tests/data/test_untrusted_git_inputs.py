@@ -1,0 +1,463 @@
+"""Untrusted git histories and dataset files (docs/RELIABILITY.md, "Untrusted git histories and dataset files"):
+the line diff's work is bounded, an oversized blob is never held, names that cannot be typed are skipped, a
+rebuild is published whole or not at all, a crafted dataset or `.rcf` file is refused with the file named, and
+the count flags and the [data] table are checked.
+
+No git process runs here (tests/deploy/test_layout.py): histories are held in memory (`MemoryGit`, standing in
+for `git_replay.Git`), and `Git`'s own parsing is fed the bytes git prints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+import shutil
+import struct
+import time
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rcswarm.config.runspec import DataSection
+from rcswarm.data.frames import frame_codec as fc
+from rcswarm.data.frames import git_frames, git_replay
+from rcswarm.data.frames.action_tokenizer import ActionTokenizer
+from rcswarm.data.frames.git_editor import C, Editor
+from rcswarm.data.frames.git_frames import GitFrameSource, RepoInput, build_git_dataset
+from rcswarm.data.frames.git_replay import Change, Git, Planner, ReplayStats, replay
+from rcswarm.data.frames.window import FrameWindowSpec
+from tests.helpers.data import COLS, ROWS
+
+SPEC = FrameWindowSpec(batch_size=2, window=8, seed=3)
+BAD_NAME = b"bad\xff.txt".decode("utf-8", "surrogateescape")  # a name that is not UTF-8, as the replay holds it
+RESERVED_NAME = "x\U000f000ay.txt"  # U+F000A: control 10 (TREE) in the tokenizer's text
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+class MemoryGit:
+    """A first-parent history held in memory, in place of `git_replay.Git`: one {path: bytes} snapshot per
+    commit (changes: additions, modifications, deletions, and the renames given as {commit: {old: new}})."""
+
+    def __init__(self, snapshots: list[dict[str, bytes]], renames: dict[int, dict[str, str]] | None = None) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.log: list[tuple[str, list[Change]]] = []
+        prev: dict[str, bytes] = {}
+        for k, snap in enumerate(snapshots):
+            moved = (renames or {}).get(k, {})
+            changes = [Change("R", old, new, _sha(prev[old]), self._put(snap[new]), "100644", "100644")
+                       for old, new in moved.items()]
+            for path in sorted(set(prev) | set(snap)):
+                a, b = prev.get(path), snap.get(path)
+                if a == b or path in moved or path in moved.values():
+                    continue
+                changes.append(Change("A" if a is None else "D" if b is None else "M",
+                                      None if a is None else path, None if b is None else path,
+                                      None if a is None else _sha(a), None if b is None else self._put(b),
+                                      "000000" if b is None else "100644", "000000" if a is None else "100644"))
+            self.log.append((f"{k + 1:040x}", changes))
+            prev = snap
+
+    def _put(self, data: bytes) -> str:
+        self.blobs[_sha(data)] = data
+        return _sha(data)
+
+    def first_parent_commits(self, rev: str = "HEAD") -> list[tuple[str, str | None, str]]:
+        return [(sha, self.log[k - 1][0] if k else None, f"commit {k}") for k, (sha, _) in enumerate(self.log)]
+
+    def history(self, rev: str = "HEAD", max_count: int | None = None) -> list[tuple[str, list[Change]]]:
+        return self.log[:max_count]
+
+    def changes(self, commit: str, parent: str | None) -> list[Change]:
+        return dict(self.log)[commit]
+
+    def blob(self, sha: str, max_bytes: int | None = None) -> bytes | None:
+        data = self.blobs[sha]
+        return None if max_bytes is not None and len(data) > max_bytes else data
+
+    def run(self, *args: str) -> bytes:
+        return self.log[-1][0].encode() + b"\n"  # rev-parse HEAD
+
+    def close(self) -> None:
+        pass
+
+
+def use_histories(monkeypatch, histories: dict[str, MemoryGit]) -> None:
+    """Replays and builds of the repository path P read `histories[Path(P).name]`."""
+    pick = lambda repo: histories[Path(repo).name]
+    monkeypatch.setattr(git_replay, "Git", pick)
+    monkeypatch.setattr(git_frames, "Git", pick)
+
+
+def python_history(seed: int, commits: int = 5) -> MemoryGit:
+    rng = random.Random(seed)
+    lines: list[str] = []
+    snaps = []
+    for c in range(commits):
+        for _ in range(6):
+            lines.insert(rng.randrange(len(lines) + 1), f"value_{rng.randrange(1000)} = {rng.randrange(10**6)}")
+        snaps.append({**(snaps[-1] if snaps else {}), f"m{c % 2}.py": ("\n".join(lines) + "\n").encode()})
+    return MemoryGit(snaps)
+
+
+def build(out: Path, names: tuple[str, ...] = ("a",), **options) -> dict:
+    options = {"rows": ROWS, "cols": COLS, "vocab_size": 300, "block_frames": 32, "progress": False, **options}
+    return build_git_dataset([RepoInput(n, Path("/nonexistent") / n) for n in names], out, **options)
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+
+
+# -- 1. the line diff --------------------------------------------------------------------------------------
+
+
+class NullSink:
+    def write_rows(self, *args) -> None:
+        pass
+
+
+def test_a_file_of_repeated_lines_is_diffed_in_bounded_time():
+    # 12,000 identical lines, one changed at the top and one added at the end: difflib without a bound loops
+    # over every pair of equal lines (about 14 s before the fix; the fix: well under a second)
+    n = 12_000
+    ed = Editor(ROWS, COLS)
+    p = Planner(ed, NullSink())
+    p.new_file("f.txt")
+    p.type("}\n" * n)
+    p.do(C["SAVE"])
+    new = "{\n" + "}\n" * (n - 1) + "{\n"
+    started = time.perf_counter()
+    p.edit(ed.files["f.txt"], new)
+    assert time.perf_counter() - started < 2.0
+    assert ed.text() == new
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bounded_line_diff_stays_exact(monkeypatch, seed):
+    monkeypatch.setattr(git_replay, "LINE_DIFF_PAIRS", 30)  # junk the repeated lines almost always
+    rng = random.Random(seed)
+    for _ in range(6):
+        a = [f"{rng.choice('{}x ')}\n" for _ in range(rng.randrange(0, 60))]
+        b = list(a)
+        for _ in range(rng.randrange(1, 8)):
+            k = rng.randrange(len(b) + 1)
+            if rng.random() < 0.5 and k < len(b):
+                del b[k]
+            else:
+                b.insert(k, f"{rng.choice('{}yz')}\n")
+        rebuilt = []
+        for tag, i1, i2, j1, j2 in git_replay.line_opcodes(a, b):
+            assert tag != "equal" or a[i1:i2] == b[j1:j2]
+            rebuilt += b[j1:j2]
+        assert rebuilt == b
+        ed = Editor(ROWS, COLS)
+        p = Planner(ed, NullSink())
+        p.new_file("f.txt")
+        p.type("".join(a))
+        p.do(C["SAVE"])
+        p.edit("".join(a), "".join(b))
+        assert ed.text() == "".join(b)
+
+
+# -- 2. an oversized blob ----------------------------------------------------------------------------------
+
+
+class CatFile:
+    """`git cat-file --batch`'s pipes, its answers given in advance."""
+
+    def __init__(self, answers: bytes) -> None:
+        self.stdin, self.stdout = io.BytesIO(), io.BytesIO(answers)
+
+
+def test_an_oversized_blob_is_dropped_in_chunks_not_held():
+    big = 32 << 20
+    git = Git("unused")
+    git._cat = CatFile(b"%s blob %d\n" % (b"1" * 40, big) + bytes(big) + b"\n" + b"%s blob 3\nhi\n\n" % (b"2" * 40))
+    tracemalloc.start()
+    try:
+        assert git.blob("1" * 40, max_bytes=1024) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20  # a chunk at a time (before: the 32 MiB blob read whole, then copied)
+    assert git.blob("2" * 40, max_bytes=1024) == b"hi\n"  # the stream stays in step
+    git._cat = CatFile(b"%s blob 10\nabc" % (b"3" * 40))
+    with pytest.raises(RuntimeError, match="ended"):
+        git.blob("3" * 40, max_bytes=4)
+
+
+# -- 6, 7. names that cannot be typed ----------------------------------------------------------------------
+
+
+def test_git_output_with_a_name_that_is_not_utf8_parses(monkeypatch):
+    sha, blob = "a" * 40, "b" * 40
+    raw = b"\x1e%s\0\n:000000 100644 %s %s A\0bad\xff.txt\0" % (sha.encode(), b"0" * 40, blob.encode())
+    monkeypatch.setattr(Git, "run", lambda self, *args: raw)
+    [(commit, [change])] = Git("unused").history()
+    assert commit == sha and change.new_path == BAD_NAME and not git_replay.typeable(change.new_path)
+    tree = b":000000 100644 %s %s A\0bad\xff.txt\0" % (b"0" * 40, blob.encode())
+    monkeypatch.setattr(Git, "run", lambda self, *args: tree)
+    assert [c.new_path for c in Git("unused").changes(sha, None)] == [BAD_NAME]
+
+
+def test_names_that_cannot_be_typed_are_skipped_and_counted(monkeypatch):
+    history = MemoryGit([
+        {"ok.txt": b"hello\n", BAD_NAME: b"x\n", RESERVED_NAME: b"y\n"},
+        {"ok.txt": b"hello\n", BAD_NAME: b"x2\n", RESERVED_NAME: b"y\n", "keep.txt": b"k\n"},
+        {BAD_NAME: b"x2\n", RESERVED_NAME: b"y\n", "keep.txt": b"k\n", "x\U000f0001.txt": b"hello\n"},
+    ], renames={2: {"ok.txt": "x\U000f0001.txt"}})
+    use_histories(monkeypatch, {"r": history})
+    actions: list[int] = []
+    stats = replay("r", lambda cp, st, a: actions.append(a), ROWS, COLS)
+    assert stats.commits == 3 and stats.skipped_name == 4  # added twice, changed once, renamed to once
+    assert not [a for a in actions if 0xD800 <= a <= 0xDFFF or git_replay.RESERVED_LOW <= a <= git_replay.RESERVED_HIGH]
+
+
+def test_a_dataset_of_a_history_with_such_names_round_trips(monkeypatch, tmp_path, capsys):
+    from rcswarm.cli.main import main
+
+    use_histories(monkeypatch, {"r": MemoryGit([{"ok.txt": b"hi\n", BAD_NAME: b"x\n", RESERVED_NAME: b"y\n"}])})
+    out = tmp_path / "ds"
+    assert main(["data", "frames", "--repo", "/nonexistent/r", "--out", str(out), "--no-progress",
+                 "--vocab-size", "256", "--rows", str(ROWS), "--cols", str(COLS)]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["summary"]["skipped_name"] == 2 and m["summary"]["files"] == 1
+    tok = ActionTokenizer.load(out / "tokenizer.json")
+    acts = np.fromfile(out / "shard-00000.actions.u32", "<u4").tolist()
+    assert tok.decode(tok.encode(acts)[0]) == acts
+
+
+# -- 3. a rebuild is published whole or not at all ---------------------------------------------------------
+
+
+class Interrupted(BaseException):
+    pass
+
+
+def test_an_interrupted_rebuild_leaves_the_previous_dataset_whole(monkeypatch, tmp_path):
+    use_histories(monkeypatch, {"a": python_history(0), "b": python_history(1, commits=9)})
+    out = tmp_path / "ds"
+    build(out, ("a",))
+    before = snapshot(out)
+    batch = GitFrameSource(out, SPEC).next_batch()
+
+    def interrupt(*args, **kwargs):
+        raise Interrupted("Ctrl-C while training the tokenizer")
+
+    monkeypatch.setattr(git_frames.ActionTokenizer, "train", staticmethod(interrupt))
+    with pytest.raises(Interrupted):
+        build(out, ("b",))
+    assert snapshot(out) == before  # before the fix: repo b's shard beside repo a's manifest and tokens
+    assert [p.name for p in out.iterdir() if p.name.startswith(".build-")] == []
+    again = GitFrameSource(out, SPEC).next_batch()
+    assert all(np.array_equal(x, y) for x, y in zip(batch, again))
+
+
+def test_a_rebuild_interrupted_while_publishing_does_not_load(monkeypatch, tmp_path):
+    use_histories(monkeypatch, {"a": python_history(0), "b": python_history(1, commits=9)})
+    out = tmp_path / "ds"
+    build(out, ("a",))
+    real, calls = git_frames.os.replace, []
+
+    def replace_then_stop(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise Interrupted("killed while moving the files into place")
+        real(src, dst)
+
+    monkeypatch.setattr(git_frames.os, "replace", replace_then_stop)
+    with pytest.raises(Interrupted):
+        build(out, ("b",))
+    with pytest.raises(ValueError, match=r"manifest\.json: no such file"):
+        GitFrameSource(out, SPEC)
+
+
+def test_a_rebuild_replaces_the_old_shards_and_keeps_other_files(monkeypatch, tmp_path):
+    use_histories(monkeypatch, {"a": python_history(0, commits=9), "b": python_history(1, commits=2)})
+    out = tmp_path / "ds"
+    build(out, ("a",), frames_per_shard=400)
+    (out / "notes.txt").write_text("mine")
+    assert len(json.loads((out / "manifest.json").read_text())["shards"]) > 2
+    build(out, ("b",), frames_per_shard=100_000)
+    m = json.loads((out / "manifest.json").read_text())
+    assert [s["name"] for s in m["shards"]] == ["shard-00000"] and m["repos"][0]["name"] == "b"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["manifest.json", "tokenizer.json", "notes.txt", *(f"shard-00000.{e}" for e in ("rcf", "actions.u32",
+                                                                                         "tokens.npy", "starts.npy"))])
+    GitFrameSource(out, SPEC).next_batch()
+
+
+# -- 4. crafted dataset files -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("base") / "ds"
+    with pytest.MonkeyPatch.context() as mp:
+        use_histories(mp, {"a": python_history(0)})
+        build(out, ("a",))
+    return out
+
+
+def _edit_manifest(change):
+    def mutate(d: Path) -> None:
+        m = json.loads((d / "manifest.json").read_text())
+        change(m)
+        (d / "manifest.json").write_text(json.dumps(m))
+    return mutate
+
+
+def _edit_array(suffix: str, change):
+    def mutate(d: Path) -> None:
+        np.save(d / f"shard-00000.{suffix}", change(np.load(d / f"shard-00000.{suffix}")), allow_pickle=False)
+    return mutate
+
+
+def _cut_tokens(d: Path) -> None:
+    p = d / "shard-00000.tokens.npy"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _trailer_frames(d: Path) -> None:
+    p = d / "shard-00000.rcf"
+    b = bytearray(p.read_bytes())
+    off, nb, nf, crc, end = fc.TRAILER.unpack(b[-fc.TRAILER.size :])
+    b[-fc.TRAILER.size :] = fc.TRAILER.pack(off, nb, nf + 10**6, crc, end)
+    p.write_bytes(bytes(b))
+
+
+CRAFTED = {
+    "ids past the vocabulary": (_edit_array("tokens.npy", lambda t: t * 0 + 4_000_000_000), r"tokens\.npy: ids in"),
+    "float ids": (_edit_array("tokens.npy", lambda t: t.astype(np.float64) + 0.7), r"tokens\.npy: dtype float64"),
+    "2-D ids": (_edit_array("tokens.npy", lambda t: t.reshape(1, -1)), r"tokens\.npy: .*expected a 1-D array"),
+    "a cut .npy": (_cut_tokens, r"tokens\.npy: not a readable \.npy array"),
+    "fewer tokens than the manifest says": (_edit_array("tokens.npy", lambda t: t[:20]), r"20 ids .* expected \d+"),
+    "negative starts": (_edit_array("starts.npy", lambda s: s * 0 - 1), r"starts\.npy: starts from -1"),
+    "starts past the frames": (_edit_array("starts.npy", lambda s: s * 0 + 10**9), r"starts\.npy: .*expected non-dec"),
+    "decreasing starts": (_edit_array("starts.npy", lambda s: s[::-1].copy()), r"starts\.npy: .*non-decreasing"),
+    "a manifest without rows": (_edit_manifest(lambda m: m.pop("rows")), r"manifest\.json: rows = None"),
+    "a shard name with a path": (_edit_manifest(lambda m: m["shards"][0].update(name="../base/shard-00000")),
+                                 r"manifest\.json: shard name '\.\./base/shard-00000'"),
+    "a manifest whose rows differ from the .rcf": (_edit_manifest(lambda m: m.update(rows=m["rows"] + 1)),
+                                                   r"shard-00000\.rcf: \d+ frames of 16x64: expected"),
+    "a manifest whose frames differ from the .rcf": (_edit_manifest(lambda m: m["shards"][0].update(frames=5)),
+                                                     r"starts\.npy: .*in 0\.\.4"),
+    "an .rcf trailer claiming more frames": (_trailer_frames, r"shard-00000\.rcf: the trailer says \d+ frames"),
+    "no manifest": (lambda d: (d / "manifest.json").unlink(), r"manifest\.json: no such file"),
+    "another format": (_edit_manifest(lambda m: m.update(format="x")), r"manifest\.json: expected a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_a_crafted_dataset_is_refused_naming_the_file(dataset, tmp_path, case):
+    mutate, message = CRAFTED[case]
+    d = tmp_path / "ds"
+    shutil.copytree(dataset, d)
+    mutate(d)
+    with pytest.raises(ValueError, match=message):
+        src = GitFrameSource(d, SPEC, char_vocab=256, split="train")
+        for _ in range(3):
+            src.next_batch()
+
+
+def test_an_unchanged_copy_of_the_dataset_loads(dataset, tmp_path):
+    d = tmp_path / "ds"
+    shutil.copytree(dataset, d)
+    frames, actions = GitFrameSource(d, SPEC, char_vocab=256, split="train").next_batch()
+    assert frames.shape == (2, 8, ROWS, COLS, 2) and int(actions.max()) < 300
+
+
+# -- 5. a zlib bomb in an .rcf block ------------------------------------------------------------------------
+
+
+def _rcf_with_one_block(path: Path, comp: bytes, raw_len: int, raw_crc: int, comp_len: int | None = None) -> None:
+    head = fc.HEADER.pack(fc.MAGIC, fc.VERSION, 12, 40, 64, 9)
+    f = bytearray(head + struct.pack("<I", zlib.crc32(head)))
+    offset = len(f)
+    f += fc.BLOCK_HEADER.pack(fc.BLOCK_MAGIC, 0, 1, raw_len, len(comp) if comp_len is None else comp_len,
+                              raw_crc, zlib.crc32(comp)) + comp
+    index = fc.INDEX_ENTRY.pack(offset, 0, 1)
+    at = len(f)
+    f += index + fc.TRAILER.pack(at, 1, 1, zlib.crc32(index), fc.END_MAGIC)
+    path.write_bytes(bytes(f))
+
+
+def test_a_block_that_inflates_past_its_raw_len_is_refused_without_inflating_it(tmp_path):
+    path = tmp_path / "bomb.rcf"
+    _rcf_with_one_block(path, zlib.compress(bytes(16 << 20), 9), 10, zlib.crc32(bytes(10)))
+    tracemalloc.start()
+    try:
+        with pytest.raises(fc.FrameFormatError, match="decompresses to more than its 10 raw bytes"):
+            fc.FrameReader(path).frame(0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20  # before the fix: the 16 MiB inflated whole
+
+
+def test_block_sizes_past_what_the_format_allows_are_refused(tmp_path):
+    path = tmp_path / "x.rcf"
+    comp = zlib.compress(b"abc")
+    limit = fc.max_raw_len(1, 12, 40)
+    _rcf_with_one_block(path, comp, limit + 1, 0)
+    with pytest.raises(fc.FrameFormatError, match=f"claims {len(comp)} compressed and {limit + 1} raw bytes"):
+        fc.FrameReader(path).frame(0)
+    _rcf_with_one_block(path, comp, 3, zlib.crc32(b"abc"), comp_len=1 << 31)
+    with pytest.raises(fc.FrameFormatError, match=r"claims 2147483648 compressed .* expected at most \d+ and"):
+        fc.FrameReader(path).frame(0)
+    _rcf_with_one_block(path, comp[:-2], 3, zlib.crc32(b"abc"))  # the stream's end cut off
+    with pytest.raises(fc.FrameFormatError, match="decompresses to 3 bytes, not its 3 raw bytes"):
+        fc.FrameReader(path).frame(0)
+
+
+# -- 8. count flags and the [data] table ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag, value", [("--max-commits", "-1"), ("--max-commits", "0"),
+                                         ("--frames-per-shard", "0"), ("--max-file-bytes", "-1"),
+                                         ("--block-frames", "0"), ("--vocab-size", "255")])
+def test_a_count_flag_below_its_least_value_is_a_usage_error(monkeypatch, tmp_path, capsys, flag, value):
+    from rcswarm.cli.main import main
+
+    use_histories(monkeypatch, {"r": python_history(0)})
+    out = tmp_path / "ds"
+    assert main(["data", "frames", "--repo", "/nonexistent/r", "--out", str(out), "--no-progress",
+                 "--rows", str(ROWS), "--cols", str(COLS), flag, value]) == 2
+    assert f"{flag} {value}: expected an integer >=" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option, value", [("max_commits", 0), ("max_commits", -1), ("frames_per_shard", 0),
+                                           ("max_file_bytes", -1), ("vocab_size", 100)])
+def test_build_options_are_checked_before_any_replay(monkeypatch, tmp_path, option, value):
+    use_histories(monkeypatch, {"a": python_history(0)})
+    with pytest.raises(ValueError, match=f"{option}={value}: expected an integer"):
+        build(tmp_path / "ds", ("a",), **{option: value})
+    assert not (tmp_path / "ds").exists()
+    if option in ("max_commits", "max_file_bytes"):
+        with pytest.raises(ValueError, match=f"{option}={value}"):
+            replay("a", lambda *a: None, ROWS, COLS, **{option: value})
+
+
+@pytest.mark.parametrize("task_config, message", [
+    ({}, r"data\.task_config\.dataset = None is invalid"),
+    ({"dataset": ""}, r"data\.task_config\.dataset = '' is invalid"),
+    ({"dataset": 3}, r"data\.task_config\.dataset = 3 is invalid"),
+    ({"dataset": "d", "typo": 1}, r"data\.task_config = .* only the key \"dataset\""),
+])
+def test_a_git_data_section_needs_a_dataset(task_config, message):
+    with pytest.raises(ValueError, match=message):
+        DataSection(source="git", task_config=task_config)
+    assert DataSection(source="git", task_config={"dataset": "data/git-frames"}).task_config["dataset"]
+
+
+def test_replay_stats_count_names_with_the_other_skips():
+    assert "skipped_name" in git_frames.SUMMARY_COUNTS and ReplayStats().skipped_name == 0
