@@ -290,12 +290,17 @@ class RunningCoordinator:
 
     def _health_loop(self) -> None:
         """The health thread: every TICK_S, `decide_health` on the ticker's record, then `decisions.decide_progress`
-        on every run's open round; logs and reports each change."""
+        on every run's open round; logs and reports each change. It never waits long for a run's lock: a run whose
+        lock stays held (a write under it hangs) keeps the previous status for that pass, and the ticker, which
+        needs the same lock, stops completing ticks, which `decide_health` turns into NOT_SERVING."""
         serving = True
         while not self._stop.wait(TICK_S):
             now_serving, reason = decide_health(time.monotonic(), self._tick_record, self.health_stall_s)
             if now_serving:
-                progress = decisions.decide_progress(run.round_progress() for run in self.group.runs)
+                rounds = [run.round_progress() for run in self.group.runs]
+                if any(r is None for r in rounds):
+                    continue
+                progress = decisions.decide_progress(rounds)
                 now_serving, reason = progress.ok, progress.reason
             self.health_reason = reason
             if now_serving != serving:

@@ -69,6 +69,10 @@ from rcswarm.sync import tensor_stream
 
 log = logging.getLogger("rcswarm.coordinator")
 
+# The longest the health thread waits for a run's lock (`round_progress`): every holder releases it within
+# moments unless a write under it hangs (a stalled volume), which the ticker's record then shows.
+PROGRESS_WAIT_S = 1.0
+
 
 class RunLog(logging.LoggerAdapter):
     """The coordinator's logger for one run: every line names its run ("run R: ..."), a sweep's several runs
@@ -126,7 +130,7 @@ class SwarmCoordinator:
                                                                               (count), none (rows)
       owns_credential, knows, active_workers,  any thread (a RunGroup)        takes
         membership_state
-      round_progress                           the server's health thread     takes
+      round_progress                           the server's health thread     takes (waits at most a second)
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
         finished, stopped
@@ -628,16 +632,22 @@ class SwarmCoordinator:
         ended = list(itertools.islice(reversed(self._ended.values()), STATUS_ENDED_WORKERS))
         return [*self._active.values(), *reversed(ended)]
 
-    def round_progress(self) -> decisions.RoundProgress:
+    def round_progress(self, wait_s: float = PROGRESS_WAIT_S) -> decisions.RoundProgress | None:
         """The open round as the health service judges it (`decisions.decide_progress`; the health thread;
-        takes `_lock`). A round nobody pulled yet has been open for 0 s."""
-        with self._lock:
+        takes `_lock`, waiting at most `wait_s`: None when it is held longer, so that a holder stuck in a write
+        never stops the health thread, whose tick record then says the ticker stalled). A round nobody pulled
+        yet has been open for 0 s."""
+        if not self._lock.acquire(timeout=wait_s):
+            return None
+        try:
             current = self.round
             open_s = self.clock() - current.opened_at if current.started else 0.0
             return decisions.RoundProgress(
                 self.run_id, open_s, self.spec.sync.round_deadline_s + current.budget_s,
                 len(current.reports) + len(current.late), self.spec.coordinator.health_round_deadlines,
             )
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         """Close the store; once the server and the ticker have stopped (no lock)."""

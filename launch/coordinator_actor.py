@@ -2,17 +2,22 @@
 
 A detached actor pinned to the head node runs the coordinator as its child process, which gets
 SIGTERM when the actor's process dies, so a restarted actor never runs beside an old coordinator
-on the same state dir; the coordinator resumes from its state dir. It dies with the head.
+on the same state dir; the coordinator resumes from its state dir. A coordinator that ends on its own
+(a crash, the kernel's out-of-memory killer) ends the actor's process too, so that Ray restarts the actor
+(`max_restarts=-1`) and with it the coordinator, from its state dir, on the same port (give
+`--coordinator-port` a fixed one, the default, for workers to find it again). It dies with the head.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +63,17 @@ class CoordinatorActor:
             time.sleep(0.2)
         self.port = json.loads(port_file.read_text())["port"]
         self.host = host if host not in ("0.0.0.0", "::") else ray.util.get_node_ip_address()
+        self._stopping = threading.Event()
+        threading.Thread(target=self._watch, name="coordinator-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """End the actor's process when the coordinator ends unasked: Ray restarts a dead actor, not a live one
+        whose child died."""
+        code = self.process.wait()
+        if not self._stopping.is_set():
+            print(f"rcswarm: the coordinator (pid {self.process.pid}) exited with status {code}: ending this actor "
+                  f"for Ray to restart it; its log ends:\n{self.log_tail()}", file=sys.stderr, flush=True)
+            os._exit(1)
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-2000:]
@@ -66,6 +82,7 @@ class CoordinatorActor:
         return {"address": f"{self.host}:{self.port}", "pid": self.process.pid, "exit_code": self.process.poll()}
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> dict:
+        self._stopping.set()
         if self.process.poll() is None:
             self.process.terminate()
             try:

@@ -49,7 +49,10 @@ def resolve_device(name: str) -> torch.device:
     """The torch device of `--device NAME`: "auto" is CUDA when present, else the CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name!r}: CUDA is not available on this machine")
     return device

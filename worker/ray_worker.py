@@ -88,7 +88,9 @@ class RayWorker:
         self.started_at = time.time()
         self._lock = threading.Lock()
         self._state, self._exit_code, self._problem = STARTING, None, ""
+        # `_stop` is the worker's own stop event, which it also sets as it leaves; `stop()` alone sets this.
         self._stop = threading.Event()
+        self._stop_requested = threading.Event()
         self.worker = None
         self._thread = threading.Thread(target=self._run, name="rcswarm-worker", daemon=True)
         self._thread.start()
@@ -112,14 +114,24 @@ class RayWorker:
             log.error("%s cannot start: %s", self.config.name, exc)
             self._finish(FAILED, 2, str(exc))
             return
+        except Exception as exc:  # the actor stays alive and says why (Ray would not restart a live actor)
+            log.exception("%s cannot start", self.config.name)
+            self._finish(FAILED, 1, f"{type(exc).__name__}: {exc}")
+            return
         self._set_state(TRAINING)
-        code = self.worker.run()
-        if self._stop.is_set() and not self.worker.finished:
+        try:
+            code = self.worker.run()
+        except Exception as exc:
+            log.exception("%s: the worker loop raised", self.config.name)
+            self._finish(FAILED, 1, f"{type(exc).__name__}: {exc} (see this actor's log)")
+            return
+        if self._stop_requested.is_set() and not self.worker.finished:
             self._finish(STOPPED, code, "")
         elif code == 0:
             self._finish(FINISHED, code, "")
         else:
-            self._finish(FAILED, code, "the worker loop ended with an error (see this actor's log)")
+            self._finish(FAILED, code, self.worker.exit_reason or f"the worker loop ended with exit status {code} "
+                                                                  "(see this actor's log)")
 
     def _set_state(self, state: str) -> None:
         with self._lock:
@@ -161,6 +173,7 @@ class RayWorker:
 
     def stop(self, timeout_s: float = 30.0) -> dict:
         """Stop training: the worker finishes its step, reports its metrics and Leaves; then `info()`."""
+        self._stop_requested.set()
         self._stop.set()
         self._thread.join(timeout=timeout_s)
         report = self.info()

@@ -201,6 +201,8 @@ class Worker:
         # Inner steps of the round being pushed (its assignment's count, or what its time budget allowed).
         self.round_steps = 0
         self.finished = False
+        # Why `run` returned an exit status other than 0 ("" until then).
+        self.exit_reason = ""
         # This membership's id and worker secret, replaced whole by each join (the heartbeat thread reads it).
         self.identity = Identity()
         self.lease_s = 10.0
@@ -236,7 +238,8 @@ class Worker:
         return self.identity.worker_id
 
     def run(self) -> int:
-        """Train until the run finishes or a stop is requested; returns the exit code."""
+        """Train until the run finishes or a stop is requested; returns the exit code (`exit_reason` says why
+        when it is not 0)."""
         try:
             self._take_over()
             self._join()
@@ -249,18 +252,21 @@ class Worker:
         except Stopped:
             pass
         except RetriesExhausted as exc:
-            log.error("%s gives up: %s", self.name, exc)
-            return 1
+            return self._exit(f"{self.name} gives up: {exc}")
         except SpecRefused as exc:
-            log.error("%s cannot train this run: %s", self.name, exc)
-            return 1
+            return self._exit(f"{self.name} cannot train this run: {exc}")
         except grpc.RpcError as err:
             _, reason = classify(err.code())
-            log.error("%s exits: %s: %s: %s", self.name, reason, err.code().name, err.details())
-            return 1
+            return self._exit(f"{self.name} exits: {reason}: {err.code().name}: {err.details()}")
         finally:
             self._leave()
         return 0
+
+    def _exit(self, reason: str) -> int:
+        """Log why the worker ends (one ERROR line), keep it as `exit_reason`; exit status 1."""
+        log.error("%s", reason)
+        self.exit_reason = reason
+        return 1
 
     def _take_over(self) -> None:
         """With a membership file: end the membership of the process this one replaces (unless the command did) and

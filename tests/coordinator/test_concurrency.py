@@ -229,6 +229,47 @@ def test_health_says_not_serving_while_rounds_cannot_close(tmp_path, channel):
         running.stop(grace=0.5)
 
 
+class StalledEventStore(StateStore):
+    """A real store whose event writes hang (a stalled volume) while `hanging` is set, until `release`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hanging, self.release = threading.Event(), threading.Event()
+
+    def add_event(self, *args, **kwargs) -> None:
+        if self.hanging.is_set():
+            self.release.wait(60)
+        super().add_event(*args, **kwargs)
+
+
+def test_health_says_not_serving_when_a_write_under_the_run_lock_hangs(tmp_path, channel):
+    """A Join whose event write hangs holds the run's lock: the ticker stops on it, and so did the health thread,
+    which then answered SERVING for good (Kubernetes never restarted the wedged pod). The health thread now never
+    waits long for the lock, so the stalled ticker shows: NOT_SERVING within the stall limit, SERVING after."""
+    spec = tiny_spec()
+    store = StalledEventStore(tmp_path / "state", spec.coordinator.keep_checkpoints, spec.coordinator.durable)
+    running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN, health_stall_s=2.0).start()
+    joiner = None
+    try:
+        local = LocalCoordinator(running, tmp_path / "state")
+        ch = channel(local)
+        assert health_status(ch) == SERVING
+        store.hanging.set()
+        client = local.client()
+        joiner = threading.Thread(target=lambda: client.join("w", "cpu", 1), daemon=True)
+        joiner.start()
+        wait_for(lambda: health_status(ch) == NOT_SERVING, 10.0, "NOT_SERVING while the run's lock is held")
+        assert "no tick" in running.health_reason
+        store.hanging.clear()
+        store.release.set()
+        joiner.join(10)
+        wait_for(lambda: health_status(ch) == SERVING, 10.0, "SERVING once the write returned")
+        client.close()
+    finally:
+        store.release.set()
+        running.stop(grace=0.5)
+
+
 def test_decide_health():
     assert decide_health(10.0, TickRecord(9.8), stall_s=60.0) == (True, "ticks complete")
     serving, reason = decide_health(10.0, TickRecord(9.8, "OSError: disk full"), stall_s=60.0)

@@ -253,6 +253,9 @@ BAD_COMBINATIONS = [
     ({"serviceMonitor": {"enabled": True}}, [], "serviceMonitor.enabled needs the Prometheus Operator"),
     ({"coordinator": {"external": {"enabled": True}}}, [], "coordinator.external.enabled exposes the coordinator outside the cluster: set tls.enabled=true"),
     ({"tls": {"enabled": True}}, [], "tls.enabled needs tls.secretName"),
+    # Two container ports of one number: rendered and valid before, then a crash loop (the dashboard cannot bind).
+    ({"tls": {"enabled": True, "secretName": "tls"}, "coordinator": {"dashboard": {"port": 50052}}}, [],
+     "coordinator.dashboard.port 50052 equals coordinator.healthPort"),
 ]
 
 
@@ -453,6 +456,25 @@ def test_servicemonitor_scrapes_with_the_token(chart):
     assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": f"{RELEASE}-rcswarm-token", "key": "token"}}
     service = one(found, "Service", f"{RELEASE}-rcswarm-coordinator")
     assert "http" in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_with_tls_the_dashboard_serves_https_and_is_scraped_over_it(chart):
+    """With tls.enabled the dashboard serves HTTPS with the coordinator's certificate (--http-tls), and the
+    ServiceMonitor scrapes it over HTTPS checked against the CA: the join token, its Bearer credential, never
+    crosses the pod network in the clear (before: --http-tls missing and `scheme: http`)."""
+    values = {**scenario_values("servicemonitor"), "tls": {"enabled": True, "secretName": "coordinator-tls"}}
+    found = objects(render(chart, values, SCENARIO_APIS["servicemonitor"]))
+    assert "--http-tls" in coordinator_container(found)["args"]
+    monitor = one(found, "ServiceMonitor")
+    validate_custom(monitor)
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": "coordinator-tls", "key": "ca.crt"}},
+        "serverName": f"{RELEASE}-rcswarm-coordinator.{NAMESPACE}.svc",
+    }
+    plain = objects(render(chart, scenario_values("servicemonitor"), SCENARIO_APIS["servicemonitor"]))
+    assert "--http-tls" not in coordinator_container(plain)["args"]
+    assert one(plain, "ServiceMonitor")["spec"]["endpoints"][0]["scheme"] == "http"
 
 
 def test_ray_head_launches_the_workers(chart):

@@ -440,3 +440,43 @@ def test_a_coordinator_actor_on_the_head_serves_the_workers(ray_cluster, namespa
     assert not Path(f"/proc/{coordinator_pid}").exists(), "the coordinator process outlived --stop"
     assert {i for i, _ in events(state_dir, "leave")} == ids
     assert named_actors(namespace) == []
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_a_coordinator_that_dies_under_its_actor_is_restarted_from_its_state_dir(ray_cluster, namespace, tmp_path):
+    """The coordinator, the actor's child process, is killed (a crash, the kernel's OOM killer): the actor ends its
+    own process, Ray restarts it, and a new coordinator resumes from the state dir on the same port (before, the
+    actor lived on around a dead child, which Ray never restarted, and the workers gave up)."""
+    import os
+    import signal
+    import socket
+
+    from rcswarm.worker.client import CoordinatorClient, RetryPolicy
+    from tests.helpers.specs import write_spec
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = write_spec(tiny_spec(run={"rounds": 1000}, inner={"steps": 4}, sync={"codec": "fp32"}), tmp_path / "run.toml")
+    started = rcswarm_launch(
+        ray_cluster, namespace, "--with-coordinator", "--config", str(config), "--state-dir", str(tmp_path / "state"),
+        "--coordinator-host", "127.0.0.1", "--coordinator-port", str(port), "--coordinator-cpus", "0", *LAUNCH_TWO,
+        "--detach",
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN, retry=RetryPolicy(max_elapsed_s=60.0))
+    try:
+        wait_for(lambda: client.status().version >= 2, 120, "two rounds")
+        first = status_of(ray_cluster, namespace)["coordinator_actor"]["pid"]
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: (status_of(ray_cluster, namespace).get("coordinator_actor") or {}).get("pid") not in (None, first),
+                 120, "a restarted coordinator actor")
+        resumed = client.status().version
+        assert resumed >= 2  # resumed from the state dir, not a fresh run
+        wait_for(lambda: client.status().version > resumed, 120, "rounds after the restart")
+    finally:
+        client.close()
+    stopped = rcswarm_launch(ray_cluster, namespace, "--stop", timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert named_actors(namespace) == []

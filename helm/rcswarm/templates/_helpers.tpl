@@ -180,6 +180,9 @@ what to do. Included by the coordinator's StatefulSet, which every release rende
 {{- if and .Values.coordinator.dashboard.enabled (eq (int .Values.coordinator.port) (int .Values.coordinator.dashboard.port)) -}}
 {{- fail (printf "coordinator.dashboard.port %d equals coordinator.port: the dashboard needs its own port" (int .Values.coordinator.dashboard.port)) -}}
 {{- end -}}
+{{- if and .Values.tls.enabled .Values.coordinator.dashboard.enabled (eq (int .Values.coordinator.healthPort) (int .Values.coordinator.dashboard.port)) -}}
+{{- fail (printf "coordinator.dashboard.port %d equals coordinator.healthPort: with tls.enabled the plaintext health server and the dashboard each need their own port" (int .Values.coordinator.dashboard.port)) -}}
+{{- end -}}
 {{- if and .Values.serviceMonitor.enabled (not .Values.coordinator.dashboard.enabled) -}}
 {{- fail "serviceMonitor.enabled scrapes the dashboard's /metrics: set coordinator.dashboard.enabled=true" -}}
 {{- end -}}
