@@ -71,6 +71,10 @@ def _fail(key: str, value: Any, expected: str) -> None:
     raise ValueError(f"{key} = {value!r} is invalid: expected {expected}")
 
 
+# The largest value of an int32 protobuf field.
+INT32_MAX = 2**31 - 1
+
+
 def _check_positive(obj: Any, table: str, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -716,8 +720,10 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         self._check_hivemind()
+        self._check_wire_ints()
         curriculum = self.curriculum
-        varied = "seq_lens" if curriculum.adaptive else "worker_seq_lens" if curriculum.worker_seq_lens else ""
+        varied = ("seq_lens" if curriculum.adaptive else "worker_seq_lens" if curriculum.worker_seq_lens
+                  else "schedule" if curriculum.schedule else "")
         if varied and self.is_sweep:
             _fail("sweep.seq_lens", self.sweep.seq_lens, f"empty when curriculum.{varied} is given")
         if self.sweep.prune and self.run.rounds == 0 and self.run.minutes == 0:
@@ -725,10 +731,28 @@ class RunSpec:
                                                    "prunes at fractions of the rounds, or of the minutes)")
         if varied and self.data.source == "diag":
             _fail(f"curriculum.{varied}", getattr(curriculum, varied), 'empty with data.source = "diag" (the task sets its lengths)')
+        if self.sync.min_reports > self.coordinator.max_workers:
+            _fail("sync.min_reports", self.sync.min_reports,
+                  f"at most coordinator.max_workers = {self.coordinator.max_workers} (more reports than workers never "
+                  "come: every round would wait for its deadline)")
         if self.sync.min_steps > self.sync.step_cap(self.inner.steps):
             _fail("sync.min_steps", self.sync.min_steps,
                   f"at most the steps a round allows ({self.sync.step_cap(self.inner.steps)}: inner.steps when "
                   'sync.round = "steps", else sync.max_steps)')
+
+    def _check_wire_ints(self) -> None:
+        """Lengths, batch sizes and steps travel as int32 (TrainingAssignment, UpdateMeta): larger ones are refused
+        here instead of failing every Join."""
+        curriculum = self.curriculum
+        for key, values in (
+            ("data.seq_len", [self.data.seq_len]), ("data.batch_size", [self.data.batch_size]),
+            ("inner.steps", [self.inner.steps]), ("sweep.seq_lens", list(self.sweep.seq_lens)),
+            ("curriculum.seq_lens", list(curriculum.seq_lens)),
+            ("curriculum.worker_seq_lens", list(curriculum.worker_seq_lens)),
+            ("curriculum.schedule", [value for row in curriculum.schedule for value in row[1:]]),
+        ):
+            if any(value > INT32_MAX for value in values):
+                _fail(key, values if len(values) > 1 else values[0], f"values up to {INT32_MAX} (the wire's int32)")
 
     def _check_hivemind(self) -> None:
         """[hivemind] keys apply to the hivemind backend only: set with another backend, they are refused."""
@@ -841,8 +865,10 @@ class RunSpec:
                 data = tomllib.load(handle)
         except FileNotFoundError:
             raise ValueError(f"run config {str(path)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"run config {str(path)!r} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ValueError(f"run config {str(path)!r} cannot be read: {exc.strerror or exc}") from None
         curriculum = data.get("curriculum")
         if isinstance(curriculum, dict) and isinstance(curriculum.get("law_from"), str) and curriculum["law_from"]:
             # Relative to the config file, and absolute from here on (the launcher copies the spec elsewhere).

@@ -82,10 +82,22 @@ def target_problem(target: str) -> str | None:
     """Why `target` is not an address a gRPC client dials (pure): a URL scheme such as http:// or https://, which
     gRPC would take for a host name and retry forever; None for HOST:PORT and gRPC's own targets."""
     match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
-    if match is None or match.group(1).lower() in GRPC_URL_SCHEMES:
+    if match is None:
+        return _port_problem(target)
+    if match.group(1).lower() in GRPC_URL_SCHEMES:
         return None
     return (f"--coordinator {target!r}: {match.group(1)}:// is a URL scheme, but the coordinator speaks gRPC, "
             f"not HTTP: expected HOST:PORT (e.g. {target[match.end():].split('/', 1)[0] or '127.0.0.1:50051'})")
+
+
+def _port_problem(target: str) -> str | None:
+    """Why the port of a HOST:PORT `target` is not one (gRPC dials 99999 or -5 as some other port, silently)."""
+    if ":" not in target or target.startswith(("unix:", "unix-abstract:")):
+        return None
+    port = target.rsplit(":", 1)[1]
+    if port.isascii() and port.isdigit() and 1 <= int(port) <= 65535:
+        return None
+    return f"--coordinator {target!r}: port {port!r}: expected HOST:PORT with a port in 1..65535"
 
 
 def not_grpc_problem(target: str, code: grpc.StatusCode, details: str) -> str | None:

@@ -63,6 +63,24 @@ def read_membership(path: Path) -> Membership | None:
         return None
 
 
+def membership_file_problem(path: Path) -> str | None:
+    """Why `path` cannot be this worker's membership file (it is written over and removed at the end): a
+    directory, or a file that is not a membership a worker wrote (someone's config given by mistake); None when it
+    does not exist or is one."""
+    if path.is_dir():
+        return f"--membership-file {path}: is a directory; expected a file path"
+    if not path.exists():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        raw = None
+    if not isinstance(raw, dict) or not set(FIELDS) <= set(raw):
+        return (f"--membership-file {path}: exists and is not a membership file (a JSON object with "
+                f"{', '.join(FIELDS)}): refusing to write over it and remove it; give another path")
+    return None
+
+
 def write_membership(path: Path, membership: Membership) -> None:
     """Record `membership` at `path`: a temporary file of mode 0600 beside it, renamed over it."""
     text = json.dumps({"coordinator": membership.coordinator, "run_id": membership.run_id,

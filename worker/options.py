@@ -72,6 +72,14 @@ class WorkerOptions(ClientOptions):
             raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = the worker's share of the cores)")
         if self.max_params < 0:
             raise ValueError(f"--max-params {self.max_params}: expected >= 0 (0 = what the device's memory holds)")
+        if self.membership_file is not None:
+            from rcswarm.worker.membership import membership_file_problem  # grpc, only once a client is made
+
+            problem = membership_file_problem(Path(self.membership_file))
+            if problem is not None:
+                raise ValueError(problem)
+        if self.state_dir is not None and Path(self.state_dir).exists() and not Path(self.state_dir).is_dir():
+            raise ValueError(f"--state-dir {self.state_dir}: is a file; expected a directory (created if missing)")
         for flag, value in (
             ("--patience-s", self.patience_s), ("--rpc-timeout-s", self.rpc_timeout_s),
             ("--transfer-timeout-s", self.transfer_timeout_s),

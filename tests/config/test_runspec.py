@@ -46,6 +46,15 @@ def test_defaults_round_trip_through_json_and_toml(tmp_path):
         ({"sync": {"error_decay": 1.01}}, "sync.error_decay = 1.01"),
         ({"sync": {"codec": "sparse", "error_feedback": False}}, "sync.error_feedback = False"),
         ({"sync": {"codec": "sparse", "backend": "hivemind"}}, "with sync.backend = 'hivemind': its all-reduce"),
+        # A sweep's lengths and a schedule: every run trained the schedule's length (the sweep was ignored).
+        ({"sweep": {"seq_lens": [2, 4]}, "curriculum": {"schedule": [[0, 8, 4]]}},
+         "sweep.seq_lens = [2, 4] is invalid: expected empty when curriculum.schedule is given"),
+        # Past int32 (the wire's TrainingAssignment): served, then every Join failed inside the server.
+        ({"data": {"seq_len": 10**12}}, "data.seq_len = 1000000000000 is invalid: expected values up to 2147483647"),
+        ({"inner": {"steps": 2**31}}, "inner.steps = 2147483648"),
+        # More reports than workers may join: every round waited for its deadline.
+        ({"sync": {"min_reports": 5}, "coordinator": {"max_workers": 1}},
+         "sync.min_reports = 5 is invalid: expected at most coordinator.max_workers = 1"),
     ],
 )
 def test_bad_configs_name_the_key_and_value(data, fragment):
@@ -61,6 +70,12 @@ def test_toml_errors_are_clear(tmp_path):
         RunSpec.from_toml(bad)
     with pytest.raises(ValueError, match="does not exist"):
         RunSpec.from_toml(tmp_path / "missing.toml")
+    with pytest.raises(ValueError, match="cannot be read: Is a directory"):
+        RunSpec.from_toml(tmp_path)
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe[run]")
+    with pytest.raises(ValueError, match="not valid TOML: 'utf-8' codec can't decode"):
+        RunSpec.from_toml(binary)
 
 
 def test_the_example_config_lists_the_defaults():

@@ -48,3 +48,25 @@ def test_the_previous_membership_is_ended_at_its_coordinator_only(start_coordina
     # A second try (the membership already ended) is refused by the coordinator and said so, not raised.
     assert "was not ended: NOT_FOUND" in end_membership(member, local.target, None, 5.0)
     client.close()
+
+
+def test_a_file_that_is_not_a_membership_is_never_written_over(tmp_path: Path) -> None:
+    """`--membership-file` pointing at someone's file (a config, by mistake) once had it written over with the
+    worker's secret and removed when the worker left; a directory failed at the leave with a traceback. Both are
+    refused at the start, naming the path; a missing file or one a worker wrote is taken."""
+    import pytest
+
+    from rcswarm.worker import WorkerOptions
+
+    config = tmp_path / "run.toml"
+    config.write_text('[run]\nname = "mine"\n')
+    for path, words in ((config, "exists and is not a membership file"), (tmp_path, "is a directory")):
+        with pytest.raises(ValueError, match=words):
+            WorkerOptions("127.0.0.1:50051", membership_file=path)
+    assert config.read_text() == '[run]\nname = "mine"\n'
+    WorkerOptions("127.0.0.1:50051", membership_file=tmp_path / "new.json")
+    written = tmp_path / "w.json"
+    write_membership(written, Membership("127.0.0.1:50051", "run", "w1", b"s" * 32, "{}"))
+    WorkerOptions("127.0.0.1:50051", membership_file=written)
+    with pytest.raises(ValueError, match="--state-dir .*: is a file; expected a directory"):
+        WorkerOptions("127.0.0.1:50051", state_dir=config)
