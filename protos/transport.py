@@ -95,9 +95,9 @@ def _port_problem(target: str) -> str | None:
     if ":" not in target or target.startswith(("unix:", "unix-abstract:")):
         return None
     port = target.rsplit(":", 1)[1]
-    if port.isascii() and port.isdigit() and 1 <= int(port) <= 65535:
+    if port.isascii() and port.isdigit() and int(port) <= 65535:
         return None
-    return f"--coordinator {target!r}: port {port!r}: expected HOST:PORT with a port in 1..65535"
+    return f"--coordinator {target!r}: port {port!r}: expected HOST:PORT with a port in 0..65535"
 
 
 def not_grpc_problem(target: str, code: grpc.StatusCode, details: str) -> str | None:
