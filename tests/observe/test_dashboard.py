@@ -17,6 +17,7 @@ from rcswarm.cli import status as status_cli
 from rcswarm.observe.dashboard.render import PLOTS
 from tests.helpers.dashboard import ALPHA_INF, LENGTHS, STEPS, assert_png_not_blank, feed, feed_spec, get, true_loss
 from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.waiting import wait_for
 
 
 def test_page_shows_workers_fit_and_crossovers(swarm: Any) -> None:
@@ -274,9 +275,11 @@ def test_a_trickling_client_meets_its_deadline_and_connections_are_capped(swarm:
         with socket.create_connection(("127.0.0.1", short.port), timeout=10) as slow:
             took = _closed_within(slow, 8.0, b"GET /api/status HTTP/1.0\r\nX-Slow: " + b"a" * 100)
         assert took is not None and 1.3 < took < 4.0, took
+        places = short.server._slots  # the server's BoundedSemaphore of connections
+        wait_for(lambda: places._value == 3, 10, "the slow connection's place given back")
         held = [socket.create_connection(("127.0.0.1", short.port), timeout=10) for _ in range(3)]
         try:
-            time.sleep(0.5)  # accepted: they hold the 3 places
+            wait_for(lambda: places._value == 0, 10, "the 3 connections accepted, holding every place")
             with socket.create_connection(("127.0.0.1", short.port), timeout=10) as extra:
                 took = _closed_within(extra, 1.0)
             assert took is not None and took < 1.0, took
