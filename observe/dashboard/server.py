@@ -77,7 +77,7 @@ from rcswarm.observe.dashboard.render import (
 )
 from rcswarm.observe.dashboard.views import RunView, metrics_page, presentation, read_run, status_dict
 from rcswarm.observe.forecast import ForecastCurve, forecast_curve
-from rcswarm.protos.transport import host_port, is_loopback_host
+from rcswarm.protos.transport import host_port, is_loopback_host, target_host
 
 log = logging.getLogger("rcswarm.dashboard")
 
@@ -169,14 +169,6 @@ def _logged(path: str) -> str:
     return ascii(path[:LOGGED_PATH_CHARS] + ("…" if len(path) > LOGGED_PATH_CHARS else ""))
 
 
-def host_header_name(value: str) -> str:
-    """The host of a Host header ("name:port", "[v6]:port", or either without the port)."""
-    value = value.strip()
-    if value.startswith("["):
-        return value[:value.find("]") + 1] if "]" in value else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-
-
 def _only(params: dict[str, list[str]], allowed: Sequence[str]) -> None:
     unknown = sorted(set(params) - set(allowed))
     if unknown:
@@ -223,7 +215,10 @@ class _Handler(BaseHTTPRequestHandler):
         rebound to 127.0.0.1 in the browser): True after answering 421. Without a Host header, or on a
         dashboard bound elsewhere, False."""
         host = self.headers.get("Host")
-        if not self.dashboard.loopback or host is None or is_loopback_host(host_header_name(host)):
+        if not self.dashboard.loopback or host is None:
+            return False
+        name = target_host(host.strip())  # a Host header is HOST[:PORT], as a gRPC target
+        if name is not None and is_loopback_host(name):
             return False
         log.info("dashboard: %s %s from %s for host %s refused (not a loopback name)", self.command,
                  _logged(self.path), self.address_string(), _logged(host))
