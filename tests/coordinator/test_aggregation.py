@@ -86,8 +86,13 @@ def reference_centered_clip(updates: list[Update], tau: float, iterations: int, 
     total = sum(u.tokens for u in updates)
     v = start.clone()
     for _ in range(iterations):
-        v = v + sum(u.tokens / total * (flat64(u) - v) * min(1.0, tau / float((flat64(u) - v).norm())) for u in updates)
+        v = v + sum(u.tokens / total * (flat64(u) - v) * clip_scale(tau, float((flat64(u) - v).norm())) for u in updates)
     return v
+
+
+def clip_scale(tau: float, distance: float) -> float:
+    """min(1, τ / d), and 1 at the centre itself (d = 0: nothing to scale)."""
+    return min(1.0, tau / distance) if distance > 0 else 1.0
 
 
 def flat_result(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -192,7 +197,8 @@ def test_trim_count():
 @pytest.mark.parametrize("with_start", [False, True])
 def test_centered_clip_against_its_reference(tokens, with_start):
     updates = make_updates(tokens, seed=4)
-    previous = unflat(torch.randn(sum(math.prod(s) for s in SHAPES.values()), dtype=torch.float64) * 0.3)
+    generator = torch.Generator().manual_seed(6)
+    previous = unflat(torch.randn(sum(math.prod(s) for s in SHAPES.values()), dtype=torch.float64, generator=generator) * 0.3)
     start = {k: v.float() for k, v in previous.items()} if with_start else None
     history = [u.norm for u in make_updates([1, 1, 1], seed=5)]
     options = formulas("centered_clip", tau=0.5, iterations=3)
@@ -201,6 +207,14 @@ def test_centered_clip_against_its_reference(tokens, with_start):
     v0 = flat_result(start) if start is not None else torch.zeros(sum(math.prod(s) for s in SHAPES.values()), dtype=torch.float64)
     close(result.average, reference_centered_clip(updates, tau, 3, v0))
     assert start is None or all(torch.equal(start[k], previous[k].float()) for k in SHAPES)  # the start is not touched
+
+
+def test_centered_clip_reaches_an_update_within_tau_of_its_start_without_dividing_by_zero():
+    (update,) = make_updates([7], seed=4)
+    start = {k: (v + 1e-3).float() for k, v in update.deltas.items()}  # within τ: the first step lands on the update
+    result = aggregation.aggregate([update], formulas("centered_clip", tau=0.5, iterations=3), [], start)
+    close(result.average, flat64(update))
+    assert [o.action for o in result.outcomes] == ["kept"]
 
 
 def test_centered_clip_bounds_one_worker_per_iteration():
