@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rcswarm.cli.usage import usage_error
+from rcswarm.cli.usage import output_file_problem, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import (
     DEFAULT_MAX_CALLS,
@@ -53,6 +53,7 @@ from rcswarm.coordinator.tls import (
 from rcswarm.protos.transport import host_port, is_loopback_host
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.errors import StoreError
+from rcswarm.train.inner import data_problem
 
 log = logging.getLogger("rcswarm.coordinator")
 PROG = "rcswarm coordinator"
@@ -129,6 +130,10 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     for flag, port in (("--port", args.port), ("--http-port", args.http_port), ("--health-port", args.health_port)):
         if port is not None and not 0 <= port <= 65535:
             return f"{flag} {port}: expected 0..65535"
+    if args.port_file is not None:
+        problem = output_file_problem("--port-file", args.port_file)
+        if problem is not None:
+            return problem
     if args.health_port and args.health_port == args.port:
         return f"--health-port {args.health_port}: the same as --port; expected another port"
     if args.http_port is not None:
@@ -211,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             tokens = JoinTokens.from_cli(args.token, args.token_file, os.environ.get(TOKEN_ENV, ""))
             spec = RunSpec.from_toml(args.config)
+            data = data_problem(spec)
+            if data is not None:
+                raise ValueError(data)
             limits, stall_s = serving_limits(args, spec)
             tls, quick = _tls_files(args)
             layout = layout_problem(spec, args.state_dir)
@@ -241,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     for caution in spec.cautions():
         log.warning("%s", caution)
     if args.port_file:
+        args.port_file.parent.mkdir(parents=True, exist_ok=True)
         partial = args.port_file.with_suffix(".partial")
         info: dict[str, Any] = {"port": running.port, "run_id": coordinator.run_id}
         if running.dashboard is not None:

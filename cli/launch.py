@@ -117,6 +117,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
             return "--with-coordinator needs --config RUN.toml and --state-dir DIR"
         if not args.config.is_file():
             return f"--config {str(args.config)!r}: no such file"
+        problem = config_problem(args.config)
+        if problem is not None:
+            return problem
     elif not args.coordinator:
         return "--coordinator HOST:PORT is required (or --with-coordinator)"
     for flag, value in (("--poll-s", args.poll_s), ("--start-timeout-s", args.start_timeout_s)):
@@ -129,12 +132,20 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     return None
 
 
+def config_problem(path: Path) -> str | None:
+    """Why the coordinator actor would refuse the run spec at `path` (its keys, values and data), or None."""
+    from rcswarm.config.runspec import RunSpec
+    from rcswarm.train.inner import data_problem
+
+    try:
+        return data_problem(RunSpec.from_toml(path))
+    except ValueError as exc:
+        return str(exc)
+
+
 def launch(args: argparse.Namespace) -> int:
     coordinator = args.coordinator
     if args.with_coordinator:
-        from rcswarm.config.runspec import RunSpec
-
-        RunSpec.from_toml(args.config)
         coordinator = start_coordinator(args.namespace, args.config.read_text(), args.state_dir, args.coordinator_host,
                                         args.coordinator_port, args.coordinator_arg, args.coordinator_cpus)
         print(f"coordinator actor serving on {coordinator}", flush=True)

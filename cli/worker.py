@@ -184,7 +184,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
     when `--coordinator` is given (hivemind is imported only now)."""
     import grpc
 
-    from rcswarm.train.inner import worker_data_seed
+    from rcswarm.train.inner import data_problem, worker_data_seed
     from rcswarm.train.round import resolve_device
     from rcswarm.worker import ControlPlane, RetriesExhausted, hivemind_sync
 
@@ -194,6 +194,9 @@ def main_hivemind(args: argparse.Namespace) -> int:
             raise ValueError("--backend hivemind needs --config RUN.toml (the run spec every peer trains) "
                              "or --coordinator HOST:PORT (which serves it)")
         spec = RunSpec.from_toml(args.config) if args.config is not None else None
+        problem = data_problem(spec) if spec is not None else None
+        if problem is not None:
+            raise ValueError(problem)
         options = hivemind_sync.HivemindOptions(
             initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
             announce_maddrs=tuple(args.announce_maddrs), client_mode=args.client_mode, identity_path=args.identity_path,

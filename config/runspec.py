@@ -179,6 +179,8 @@ class DataSection:
             _fail("data.task", self.task, 'a task name with source = "diag", and none otherwise')
         if self.source == "git":
             self._check_git_task_config()
+        if self.source == "stdlib" and self.task_config:
+            _fail("data.task_config", self.task_config, 'no keys with source = "stdlib" (it has no task to configure)')
         _check_positive(self, "data", "seq_len", "batch_size")
         if self.max_bytes < 0:
             _fail("data.max_bytes", self.max_bytes, "an integer >= 0 (0 = all)")

@@ -13,6 +13,7 @@ optimizer step the worker and the bench share.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from torch.optim.adamw import adamw
 from torch.optim.sgd import sgd
 
 from rcswarm.config.runspec import DataSection, InnerSection
-from rcswarm.data.diagnostics import IGNORE_INDEX, DiagnosticTask, make_task
+from rcswarm.data.diagnostics import IGNORE_INDEX, TASKS, DiagnosticTask, make_task
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
 from rcswarm.models.protocols import SegmentStepModel, StepModel
 from rcswarm.train.bptt.checkpointed import CheckpointPlan
@@ -34,9 +35,12 @@ from rcswarm.train.bptt.stats import StreamingStats
 from rcswarm.train.bptt.streaming import streaming_backward
 
 if TYPE_CHECKING:  # the frame sources are imported when a run trains on frames (a worker's start-up, issue #31)
-    from rcswarm.data.frames import GitFrameSource, TypingFrameSource
+    from rcswarm.config.runspec import RunSpec
+    from rcswarm.data.frames import GitFrameSource, TypingConfig, TypingFrameSource
 
 VAL_SEED_OFFSET = 1 << 40
+BYTE_VOCAB = 256  # the token ids of the "stdlib" byte windows
+FRAME_GEOMETRY = ("rows", "cols", "char_vocab", "action_vocab")  # the config fields frame sources are shaped by
 MIB = 1 << 20
 ADAMW_EPS = 1e-8  # torch.optim.AdamW's default
 T = TypeVar("T")
@@ -123,20 +127,75 @@ class DiagnosticSampler:
         return batch.tokens, batch.targets
 
 
-def make_task_from(data: DataSection) -> DiagnosticTask:
-    return make_task(data.task, **data.task_config)
+def make_task_from(data: DataSection, model_config: Any = None) -> DiagnosticTask:
+    """The diagnostic task `data` names, checked to fit the token model whose config is `model_config` (its
+    `vocab_size` covers the task's tokens, its logits a position its target classes; None: not checked)."""
+    if data.task not in TASKS:
+        raise ValueError(f"data.task = {data.task!r} is invalid: expected one of {sorted(TASKS)}")
+    try:
+        task = make_task(data.task, **data.task_config)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"data.task_config = {data.task_config} is invalid for task {data.task!r}: {exc}") from None
+    if model_config is None:
+        return task
+    vocab_size = _token_vocab(data, model_config)
+    classes = getattr(model_config, "num_classes", None) or vocab_size  # the model's logits per position
+    if vocab_size < task.vocab.vocab_size:
+        raise ValueError(f"data.task = {data.task!r} has {task.vocab.vocab_size} tokens: the model's vocab_size = "
+                         f"{vocab_size} is too small; expected [model.overrides] vocab_size >= {task.vocab.vocab_size}")
+    if classes < task.vocab.num_classes:
+        raise ValueError(f"data.task = {data.task!r} has {task.vocab.num_classes} target classes: the model has "
+                         f"{classes} logits a position; expected [model.overrides] num_classes (or vocab_size) "
+                         f">= {task.vocab.num_classes}")
+    return task
+
+
+def _token_vocab(data: DataSection, model_config: Any) -> int:
+    """The vocabulary of the token model whose config is `model_config`; ValueError for a frame model."""
+    vocab_size = getattr(model_config, "vocab_size", None)
+    if _is_frame_model(model_config) or not isinstance(vocab_size, int):
+        raise ValueError(f"data.source = {data.source!r} trains a token model, and {type(model_config).__name__} is not "
+                         'one: a frame model trains on data.source = "typing" or "git"')
+    return vocab_size
+
+
+def _check_byte_model(data: DataSection, model_config: Any) -> None:
+    """ValueError unless the model whose config is `model_config` (None: not checked) takes byte tokens."""
+    if model_config is not None and _token_vocab(data, model_config) < BYTE_VOCAB:
+        raise ValueError(f'data.source = "stdlib" trains on bytes: expected [model.overrides] vocab_size >= {BYTE_VOCAB}, '
+                         f"got {model_config.vocab_size}")
+
+
+def _check_frame_model(data: DataSection, model_config: Any) -> None:
+    """ValueError unless `model_config` is a frame model's (the config fields frame sources are shaped by)."""
+    if not _is_frame_model(model_config):
+        raise ValueError(f"data.source = {data.source!r} needs a frame model (config fields {FRAME_GEOMETRY}); "
+                         f"got {model_config!r}")
+
+
+def _is_frame_model(model_config: Any) -> bool:
+    return model_config is not None and all(hasattr(model_config, name) for name in FRAME_GEOMETRY)
+
+
+def typing_config_for(data: DataSection, model_config: Any) -> TypingConfig:
+    """The typing task's config for the frame model whose config is `model_config`, [data.task_config] applied."""
+    from rcswarm.data.frames import TypingConfig
+
+    _check_frame_model(data, model_config)
+    known = {f.name for f in dataclasses.fields(TypingConfig)} - set(FRAME_GEOMETRY)
+    unknown = sorted(set(data.task_config) - known)
+    if unknown:
+        raise ValueError(f"data.task_config = {data.task_config} is invalid: unknown keys {unknown} with "
+                         f'source = "typing"; expected some of {sorted(known)} (the geometry is the model\'s)')
+    return TypingConfig.fitting(*(getattr(model_config, name) for name in FRAME_GEOMETRY), **data.task_config)
 
 
 def make_typing_source(data: DataSection, seed: int, split: str, model_config: Any) -> TypingFrameSource:
     """Typing frames shaped for the frame model whose config is `model_config`."""
-    from rcswarm.data.frames import FrameWindowSpec, TypingConfig, TypingFrameSource
+    from rcswarm.data.frames import FrameWindowSpec, TypingFrameSource
 
-    geometry = ("rows", "cols", "char_vocab", "action_vocab")
-    if model_config is None or not all(hasattr(model_config, name) for name in geometry):
-        raise ValueError(f'data.source = "typing" needs a frame model (config fields {geometry}); got {model_config!r}')
-    config = TypingConfig.fitting(*(getattr(model_config, name) for name in geometry), **data.task_config)
     window_seed = seed + (VAL_SEED_OFFSET if split == "val" else 0)
-    return TypingFrameSource(config, FrameWindowSpec(data.batch_size, data.seq_len, window_seed))
+    return TypingFrameSource(typing_config_for(data, model_config), FrameWindowSpec(data.batch_size, data.seq_len, window_seed))
 
 
 def make_git_source(data: DataSection, seed: int, split: str, model_config: Any) -> GitFrameSource:
@@ -150,6 +209,7 @@ def make_git_source(data: DataSection, seed: int, split: str, model_config: Any)
     dataset = data.task_config.get("dataset")
     if not dataset:
         raise ValueError('data.source = "git" needs [data.task_config] dataset = "DIR" (made by `rcswarm data frames`)')
+    _check_frame_model(data, model_config)
     window_seed = seed + (VAL_SEED_OFFSET if split == "val" else 0)
     source = GitFrameSource(dataset, FrameWindowSpec(data.batch_size, data.seq_len, window_seed),
                             char_vocab=model_config.char_vocab, split=split)
@@ -172,16 +232,39 @@ def make_sampler(
 ) -> ByteWindowSampler | DiagnosticSampler | TypingFrameSource | GitFrameSource:
     """The training (or held-out) batch stream of `data`; frame sources take the model's geometry."""
     if data.source == "diag":
-        return DiagnosticSampler(make_task_from(data), data.batch_size, seed, split)
+        return DiagnosticSampler(make_task_from(data, model_config), data.batch_size, seed, split)
     if data.source == "typing":
         return make_typing_source(data, seed, split, model_config)
     if data.source == "git":
         return make_git_source(data, seed, split, model_config)
+    _check_byte_model(data, model_config)
     corpus = _stdlib_corpus(data.max_bytes or None)
     return ByteWindowSampler(
         corpus=corpus, seq_len=data.seq_len, batch_size=data.batch_size, seed=seed, split=split,
         val_fraction=data.val_fraction,
     )
+
+
+def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
+    """Why a worker could not build the data of `spec` for its model (None: it can), found before anything
+    starts: the diagnostic task and its config, the typing task's config, the byte vocabulary of "stdlib"; with
+    `open_dataset` (the launcher, whose workers share its disk) also the git dataset and its geometry."""
+    from rcswarm.models import registry
+
+    data = spec.data
+    try:
+        model_config = registry.make_config(spec.model.name, spec.model.preset, spec.model.overrides)
+        if data.source == "diag":
+            make_task_from(data, model_config)
+        elif data.source == "typing":
+            typing_config_for(data, model_config)
+        elif data.source == "git":
+            make_git_source(data, 0, "train", model_config) if open_dataset else _check_frame_model(data, model_config)
+        else:
+            _check_byte_model(data, model_config)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 @functools.lru_cache(maxsize=1)

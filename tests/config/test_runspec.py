@@ -55,6 +55,8 @@ def test_defaults_round_trip_through_json_and_toml(tmp_path):
         # More reports than workers may join: every round waited for its deadline.
         ({"sync": {"min_reports": 5}, "coordinator": {"max_workers": 1}},
          "sync.min_reports = 5 is invalid: expected at most coordinator.max_workers = 1"),
+        # Keys of a task the byte source does not have: accepted and silently unused.
+        ({"data": {"task_config": {"max_length": 8}}}, "data.task_config = {'max_length': 8} is invalid: expected no keys"),
     ],
 )
 def test_bad_configs_name_the_key_and_value(data, fragment):
