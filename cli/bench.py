@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
+from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.data.diagnostics import TASKS, Batch, DiagnosticTask, make_task
 from rcswarm.models import registry
@@ -224,8 +224,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace | int:
     args = parse_or_status(parser_, argv)
     if isinstance(args, int):
         return args
-    if min(args.budget_minutes, args.batch_size, args.eval_examples, args.bucket) <= 0 or args.max_steps < 0:
+    if not math.isfinite(args.budget_minutes) or min(args.budget_minutes, args.batch_size, args.eval_examples, args.bucket) <= 0 \
+            or args.max_steps < 0:
         parser_.error("--budget-minutes, --batch-size, --eval-examples and --bucket must be positive, --max-steps >= 0")
+    if args.threads < 0:
+        parser_.error(f"--threads {args.threads}: expected an integer >= 0 (0 = torch's default)")
+    problem = output_dir_problem("--out", args.out) if args.out is not None else None
+    if problem is not None:
+        parser_.error(problem)
     return args
 
 

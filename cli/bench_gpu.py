@@ -49,7 +49,7 @@ from rcswarm.cli.gpu_check.report import (
     seconds_left,
     write_json,
 )
-from rcswarm.cli.usage import new_parser, parse_or_status
+from rcswarm.cli.usage import new_parser, output_file_problem, parse_or_status
 from rcswarm.kernels.triton_probe import triton_available
 
 # A part is started only with at least this many seconds of the check's budget left.
@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         deadline = deadline_of(args.budget_minutes, time.monotonic())
+        problem = output_file_problem("--out", args.out, (".json",))
+        if problem is not None:
+            raise ValueError(problem)
     except ValueError as error:
         print(f"rcswarm bench gpu: {error}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
+from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def flag_problem(args: argparse.Namespace) -> str | None:
             return f"{flag} {value}: expected an integer >= {least}"
     if args.block_frames > 0xFFFF:
         return f"--block-frames {args.block_frames}: expected an integer <= 65535"
-    return None
+    return output_dir_problem("--out", Path(args.out))
 
 
 def repo_inputs(repos: list[str], held_out: list[str]) -> list:
@@ -60,6 +60,8 @@ def repo_inputs(repos: list[str], held_out: list[str]) -> list:
         name, sep, path = text.partition("=")
         if not sep:
             name, path = repo_name(text), text
+        if not Path(path).is_dir():
+            raise ValueError(f"--repo {text!r}: {path!r} is not a directory; expected a git repository")
         inputs.append(RepoInput(name, Path(path), held_out=name in held_out))
     unknown = sorted(set(held_out) - {r.name for r in inputs})
     if unknown:

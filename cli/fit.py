@@ -32,7 +32,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
+from rcswarm.cli.usage import new_parser, output_file_problem, parse_or_status, usage_error
 from rcswarm.observe.analysis import (
     CROSSOVER_RULE,
     DEFAULT_SMOOTH_STEPS,
@@ -55,6 +55,8 @@ from rcswarm.observe.analysis import (
 from rcswarm.observe.fits import smooth_losses
 from rcswarm.observe.forecast import describe
 from rcswarm.state.errors import StoreError
+
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # the plot's file types (matplotlib picks it by the suffix)
 
 
 def report(analysis: Analysis, console: Console) -> None:
@@ -115,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
                         help="metrics file (.csv with a header, or .jsonl), a run directory holding state.sqlite "
                              "files (e.g. what `rcswarm run` made), or one state.sqlite")
     result.add_argument("--out", type=Path, default=None,
-                        help="where to write the plot (PNG); default: fit.png in the run directory, or beside the file")
+                        help="where to write the plot (.png, .pdf or .svg); default: fit.png in the run directory, or beside the file")
     result.add_argument("--step-column", default="step", help="column holding the training step (files only)")
     result.add_argument("--length-column", default="seq_len", help="column holding the sequence length (files only)")
     result.add_argument("--loss-column", default="loss", help="column holding the training loss (files only)")
@@ -197,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_or_status(parser(), argv)
     if isinstance(args, int):
         return args
+    problem = output_file_problem("--out", args.out, PLOT_SUFFIXES) if args.out is not None else None
+    if problem is not None:
+        return usage_error("rcswarm fit", problem)
     columns = Columns(step=args.step_column, length=args.length_column, loss=args.loss_column,
                       time=args.time_column, run=args.run_column)
     skipped: list[str] = []

@@ -46,7 +46,7 @@ from rich.table import Table
 from rcswarm.cli.demo import DEMO_MINUTES, demo_spec
 from rcswarm.cli.fit import plot as plot_fit
 from rcswarm.cli.fit import report as report_fit
-from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
+from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import run_state_dirs
 from rcswarm.observe import traffic
@@ -65,6 +65,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.store import StateStore
 from rcswarm.sync.files import save_tensors
+from rcswarm.train.inner import data_problem
 from rcswarm.train.round import HELD_OUT_SEED, RoundTrainer
 from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy
 
@@ -480,6 +481,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace | int:
         return args
     if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
         parser_.error(f"--minutes must be a positive number of minutes, got {args.minutes}")
+    problem = output_dir_problem("--run-dir", args.run_dir) if args.run_dir is not None else None
+    if problem is not None:
+        return usage_error("rcswarm run", problem)
     return args
 
 
@@ -498,6 +502,9 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
     sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers // runs))
     if run.rounds == 0:
         raise ValueError("run.rounds = 0 (until stopped) is for `rcswarm coordinator`; `rcswarm run` needs a number of rounds")
+    problem = data_problem(spec, open_dataset=True)
+    if problem is not None:
+        raise ValueError(problem)
     return dataclasses.replace(spec, run=run, sync=sync)
 
 

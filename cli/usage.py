@@ -9,8 +9,10 @@ Every command's entry point lives in cli/ (`rcswarm coordinator` and `rcswarm wo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 USAGE_ERROR = 2
 
@@ -44,3 +46,29 @@ def parse_or_status(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
         return parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exit_:
         return int(exit_.code or 0)
+
+
+def output_dir_problem(flag: str, path: Path) -> str | None:
+    """Why `path` cannot be, or be made, the directory a command writes into (None: it can); checked before any
+    work, so that a file in its place fails at once with the flag named, not in a traceback at the end."""
+    return _directory_problem(flag, path, path)
+
+
+def output_file_problem(flag: str, path: Path, suffixes: Sequence[str] = ()) -> str | None:
+    """Why a command cannot write the file `path` (its directory made if missing), or None; `suffixes`: the
+    file types it can write (empty: any)."""
+    if suffixes and path.suffix.lower() not in suffixes:
+        return f"{flag} {str(path)!r}: expected a file ending in {' or '.join(suffixes)}"
+    if path.is_dir():
+        return f"{flag} {str(path)!r} is a directory; expected a file"
+    return _directory_problem(flag, path, path.parent)
+
+
+def _directory_problem(flag: str, given: Path, directory: Path) -> str | None:
+    """Why `directory` (of the flag's value `given`) cannot be, or be made, a directory to write into."""
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        return f"{flag} {str(given)!r}: {str(existing)!r} is not a directory; expected a directory to write into (made if missing)"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{flag} {str(given)!r}: {str(existing)!r} is not writable"
+    return None
