@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rcswarm.cli.usage import output_file_problem, usage_error
+from rcswarm.cli.usage import output_dir_problem, output_file_problem, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import (
     DEFAULT_MAX_CALLS,
@@ -130,10 +130,11 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     for flag, port in (("--port", args.port), ("--http-port", args.http_port), ("--health-port", args.health_port)):
         if port is not None and not 0 <= port <= 65535:
             return f"{flag} {port}: expected 0..65535"
-    if args.port_file is not None:
+    problem = output_dir_problem("--state-dir", Path(args.state_dir))
+    if problem is None and args.port_file is not None:
         problem = output_file_problem("--port-file", args.port_file)
-        if problem is not None:
-            return problem
+    if problem is not None:
+        return problem
     if args.health_port and args.health_port == args.port:
         return f"--health-port {args.health_port}: the same as --port; expected another port"
     if args.http_port is not None:

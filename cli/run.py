@@ -112,8 +112,12 @@ class Swarm:
             if self.coordinator.poll() is not None:
                 break
             time.sleep(0.1)
-        tail = (self.logs / "coordinator.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"the coordinator did not start within {START_TIMEOUT_S:.0f}s:\n{tail}")
+        tail = (self.logs / "coordinator.log").read_text(errors="replace")[-2000:].rstrip()
+        code = self.coordinator.poll()
+        if code is not None:
+            raise RuntimeError(f"the coordinator exited with code {code} at start; {self.logs / 'coordinator.log'} ends:\n{tail}")
+        raise RuntimeError(f"the coordinator did not start within {START_TIMEOUT_S:.0f}s; "
+                           f"{self.logs / 'coordinator.log'} ends:\n{tail}")
 
     def start_workers(self, port: int) -> None:
         threads = max(1, (os.cpu_count() or 1) // self.n_workers)
@@ -542,7 +546,11 @@ def main(argv: list[str] | None = None) -> int:
     interrupted = out_of_time = False
     coordinator_code = None
     try:
-        port, http_port = swarm.start_coordinator()
+        try:
+            port, http_port = swarm.start_coordinator()
+        except RuntimeError as exc:
+            print(f"rcswarm run: {exc}", file=sys.stderr)
+            return 1
         what = f"a sweep over L = {', '.join(map(str, spec.sweep.seq_lens))}" if spec.is_sweep else "one run"
         budget = f" for {minutes:g} minutes" if minutes else ""
         console.print(f"rcswarm run {spec.run.name}: {what}{budget}; run directory {run_dir}")

@@ -73,6 +73,8 @@ def _fail(key: str, value: Any, expected: str) -> None:
 
 # The largest value of an int32 protobuf field.
 INT32_MAX = 2**31 - 1
+# The kinds of coordinator calls [coordinator] max_calls and max_calls_per_peer bound (coordinator/guards.RPC_KINDS).
+CALL_KINDS = ("membership", "query", "long_poll", "pull", "push")
 
 
 def _check_positive(obj: Any, table: str, *names: str) -> None:
@@ -114,6 +116,8 @@ class RunSection:
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             _fail("run.name", self.name, "a non-empty name of letters, digits, '-', '_' or '.'")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            _fail("run.seed", self.seed, f"an integer between 0 and {2**63 - 1}")
         if self.rounds < 0:
             _fail("run.rounds", self.rounds, "an integer >= 0 (0 = until stopped)")
         if not 1 <= self.workers <= 64:
@@ -562,6 +566,8 @@ class CoordinatorSection:
                         "health_stall_s")
         for table in ("max_calls", "max_calls_per_peer"):
             for kind, limit in getattr(self, table).items():
+                if kind not in CALL_KINDS:
+                    _fail(f"coordinator.{table}", {kind: limit}, f"a kind of call among {', '.join(CALL_KINDS)}")
                 if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
                     _fail(f"coordinator.{table}.{kind}", limit, "an integer >= 1")
         if isinstance(self.max_calls_per_worker, bool) or self.max_calls_per_worker < 1:

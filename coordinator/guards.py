@@ -40,6 +40,7 @@ from typing import Any
 
 import grpc
 
+from rcswarm.config.runspec import CALL_KINDS
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.tokens import JoinTokens
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -74,6 +75,7 @@ RPC_KINDS = (
     RpcKind("pull", ("PullParameters",), 600.0),
     RpcKind("push", ("PushUpdate",), 600.0),
 )
+assert tuple(kind.name for kind in RPC_KINDS) == CALL_KINDS, "the run spec validates max_calls against CALL_KINDS"
 KIND_OF_METHOD = {method: kind for kind in RPC_KINDS for method in kind.methods}
 # A joined worker's calls, authenticated by its worker secret in the service (service.py), not by the
 # join token; every other RPC needs a join token.

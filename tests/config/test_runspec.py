@@ -55,6 +55,11 @@ def test_defaults_round_trip_through_json_and_toml(tmp_path):
         # More reports than workers may join: every round waited for its deadline.
         ({"sync": {"min_reports": 5}, "coordinator": {"max_workers": 1}},
          "sync.min_reports = 5 is invalid: expected at most coordinator.max_workers = 1"),
+        # Accepted, then refused by the coordinator at start (which `rcswarm run` reported as a timeout).
+        ({"run": {"seed": -1}}, "run.seed = -1 is invalid: expected an integer between 0 and 9223372036854775807"),
+        ({"coordinator": {"max_calls": {"pushes": 4}}},
+         "coordinator.max_calls = {'pushes': 4} is invalid: expected a kind of call among membership, query"),
+        ({"coordinator": {"max_calls_per_peer": {"join": 4}}}, "coordinator.max_calls_per_peer = {'join': 4} is invalid"),
         # Keys of a task the byte source does not have: accepted and silently unused.
         ({"data": {"task_config": {"max_length": 8}}}, "data.task_config = {'max_length': 8} is invalid: expected no keys"),
     ],

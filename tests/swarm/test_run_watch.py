@@ -38,3 +38,17 @@ def test_the_watch_waits_out_a_coordinator_that_does_not_answer_and_ends_when_it
             process.kill()
             process.wait()
     assert out_of_time is False and 3.0 < elapsed < 15.0, elapsed
+
+
+def test_a_coordinator_that_refuses_to_start_ends_the_launcher_with_its_own_message(tmp_path: Path):
+    """The coordinator's refusal at start (here: its state dir is a file) is the launcher's error line, with the
+    exit code it ended with; it was a traceback saying the coordinator "did not start within 60s"."""
+    (tmp_path / "state").write_text("not a state dir\n")
+    result = subprocess.run([sys.executable, "-m", "rcswarm.cli", "run", "--run-dir", str(tmp_path), "--rounds", "1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("rcswarm run: the coordinator exited with code 2 at start;"), result.stderr
+    state = str(tmp_path / "state")
+    assert f"rcswarm coordinator: --state-dir {state!r}: {state!r} is not a directory" in result.stderr
+    assert "Traceback" not in result.stderr and "did not start within" not in result.stderr
+    assert not (tmp_path / "logs" / "worker-0.log").exists()  # no worker was started
