@@ -491,6 +491,34 @@ def test_ray_head_launches_the_workers(chart):
     assert group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
 
 
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_pod_runs_unprivileged_on_a_read_only_root(chart, scenario):
+    """The Ray pods ran with the image's defaults (no pod or container security context) and Ray's object store
+    in a 64 MiB /dev/shm; every pod now runs as the images' user without privileges, Ray's files in emptyDirs."""
+    specs = pod_specs(render_scenario(chart, scenario))
+    assert specs
+    for owner, spec in specs:
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 10001, owner
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"], owner
+            assert context["readOnlyRootFilesystem"] is True, owner
+            assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}, owner
+        if owner.startswith("ray"):
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}, owner
+            assert {"name": "shm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"], owner
+
+
+def test_the_ray_pods_keep_the_tls_files_beside_their_own_volumes(chart):
+    values = {**scenario_values("ray"), "tls": {"enabled": True, "secretName": "coordinator-tls",
+                                                "mutual": {"enabled": True, "clientSecretName": "worker-client"}}}
+    cluster = one(objects(render(chart, values, SCENARIO_APIS["ray"])), "RayCluster")
+    for spec in (cluster["spec"]["headGroupSpec"]["template"]["spec"], cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]):
+        assert [v["name"] for v in spec["volumes"]] == ["shm", "tmp", "tls-ca", "tls-client"]
+        assert [m["name"] for m in spec["containers"][0]["volumeMounts"]] == ["shm", "tmp", "tls-ca", "tls-client"]
+
+
 def test_notes_tell_how_to_reach_the_run(chart):
     notes = render(chart)["rcswarm/templates/NOTES.txt"]
     assert f"kubectl port-forward -n {NAMESPACE} svc/{RELEASE}-rcswarm-coordinator 50051" in notes

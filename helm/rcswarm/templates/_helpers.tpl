@@ -190,3 +190,27 @@ what to do. Included by the coordinator's StatefulSet, which every release rende
 {{- fail (printf "ray.workerGroup.minReplicas %d is above ray.workerGroup.maxReplicas %d" (int .Values.ray.workerGroup.minReplicas) (int .Values.ray.workerGroup.maxReplicas)) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The volume mounts of every Ray container: /dev/shm, /tmp and the TLS client files. */}}
+{{- define "rcswarm.ray.mounts" -}}
+- name: shm
+  mountPath: /dev/shm
+- name: tmp
+  mountPath: /tmp
+{{- with (include "rcswarm.tls.clientMounts" . | trim) }}
+{{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Ray's object store lives in /dev/shm (a container's default is 64 MiB); its session, logs and HOME in /tmp. */}}
+{{- define "rcswarm.ray.volumes" -}}
+- name: shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.ray.shmSize }}
+- name: tmp
+  emptyDir: {}
+{{- with (include "rcswarm.tls.clientVolumes" . | trim) }}
+{{ . }}
+{{- end }}
+{{- end }}
