@@ -14,9 +14,11 @@ Layout of a dataset directory (all little-endian, no pickle):
     shard-00000.starts.npy      int64, index of each token's first action (= its frame)
 
 A build writes into a temporary directory inside `out` (`.build-*`) and publishes only when everything is
-written: the old manifest is removed first, the files are moved into place, and the new manifest is moved in
-last, so an interrupted build leaves either the previous dataset whole or a directory without a manifest
-(which does not load), never a manifest beside another build's shards.
+written and on disk (every file fsynced): the old manifest is removed first, the files are moved into place,
+and the new manifest is moved in last (the directory fsynced after), so an interrupted build or a crash of the
+machine leaves either the previous dataset whole or a directory without a manifest (which does not load),
+never a manifest beside another build's shards. One build at a time writes into a directory: a second is
+refused while the first holds `out/.build.lock` (an flock, released when its process ends, however it ends).
 
 The stream of one repository is cut into shards of at most `frames_per_shard`
 frames; the editor state continues across shards (every shard's first block
@@ -45,6 +47,7 @@ manifest's geometry and frame count; each batch's styles are checked against `N_
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -71,6 +74,7 @@ from rcswarm.data.frames.git_replay import Git, ReplayStats, check_limits, repla
 from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec, check_chunk
 
 MANIFEST = "manifest.json"
+BUILD_LOCK = ".build.lock"
 FORMAT = "rcswarm-git-frames"
 SHARD_NAME = re.compile(r"shard-\d{5}")
 SHARD_FILES = re.compile(r"shard-\d{5}\.(rcf|actions\.u32|tokens\.npy|starts\.npy)")
@@ -254,14 +258,44 @@ def build_git_dataset(
     check_build_options(vocab_size, block_frames, frames_per_shard, max_file_bytes, max_commits)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
-    try:
-        summary, manifest = _build(repos, staging, rows, cols, vocab_size, block_frames, frames_per_shard,
-                                   max_file_bytes, max_commits, progress, console, commit_messages)
-        _publish(staging, out, manifest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with _BuildLock(out):
+        staging = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
+        try:
+            summary, manifest = _build(repos, staging, rows, cols, vocab_size, block_frames, frames_per_shard,
+                                       max_file_bytes, max_commits, progress, console, commit_messages)
+            _publish(staging, out, manifest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return summary
+
+
+class _BuildLock:
+    """`out/.build.lock`, held exclusively (flock) for a build's life: a second build into `out` is refused
+    with the holder's pid instead of interleaving its shards with the first's."""
+
+    def __init__(self, out: Path) -> None:
+        self.path, self._file = out / BUILD_LOCK, None
+
+    def __enter__(self) -> _BuildLock:
+        handle = open(self.path, "a+")  # noqa: SIM115 - held open until __exit__
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise RuntimeError(f"{self.path.parent}: another build is writing this dataset (pid {holder}); "
+                               "wait for it to end, or build into another directory") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._file = handle
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.truncate(0)
+        self._file.close()  # closing releases the flock
 
 
 def check_build_options(vocab_size: int, block_frames: int, frames_per_shard: int, max_file_bytes: int,
@@ -343,14 +377,28 @@ def _publish(staging: Path, out: Path, manifest: dict) -> None:
     have are removed; other files in `out` are left alone.
     """
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    (out / MANIFEST).unlink(missing_ok=True)
     built = {path.name for path in staging.iterdir()}
+    for name in built:
+        _fsync(staging / name)
+    (out / MANIFEST).unlink(missing_ok=True)
+    _fsync(out)
     for name in sorted(built - {MANIFEST}):
         os.replace(staging / name, out / name)
     for path in out.iterdir():
         if SHARD_FILES.fullmatch(path.name) and path.name not in built:
             path.unlink()
+    _fsync(out)  # the files' new names are on disk before the manifest that names them
     os.replace(staging / MANIFEST, out / MANIFEST)
+    _fsync(out)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's contents, or a directory's entries, to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def print_summary(summary: dict, console=None) -> None:

@@ -226,7 +226,8 @@ def test_a_dataset_of_a_history_with_such_names_round_trips(monkeypatch, tmp_pat
 
     use_histories(monkeypatch, {"r": MemoryGit([{"ok.txt": b"hi\n", BAD_NAME: b"x\n", RESERVED_NAME: b"y\n"}])})
     out = tmp_path / "ds"
-    assert main(["data", "frames", "--repo", "/nonexistent/r", "--out", str(out), "--no-progress",
+    (tmp_path / "r").mkdir()  # the command checks the directory is there; its history is the one above
+    assert main(["data", "frames", "--repo", str(tmp_path / "r"), "--out", str(out), "--no-progress",
                  "--vocab-size", "256", "--rows", str(ROWS), "--cols", str(COLS)]) == 0
     m = json.loads((out / "manifest.json").read_text())
     assert m["summary"]["skipped_name"] == 2 and m["summary"]["files"] == 1
@@ -290,7 +291,7 @@ def test_a_rebuild_replaces_the_old_shards_and_keeps_other_files(monkeypatch, tm
     m = json.loads((out / "manifest.json").read_text())
     assert [s["name"] for s in m["shards"]] == ["shard-00000"] and m["repos"][0]["name"] == "b"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["manifest.json", "tokenizer.json", "notes.txt", *(f"shard-00000.{e}" for e in ("rcf", "actions.u32",
+        [".build.lock", "manifest.json", "tokenizer.json", "notes.txt", *(f"shard-00000.{e}" for e in ("rcf", "actions.u32",
                                                                                          "tokens.npy", "starts.npy"))])
     GitFrameSource(out, SPEC).next_batch()
 
@@ -429,7 +430,8 @@ def test_a_count_flag_below_its_least_value_is_a_usage_error(monkeypatch, tmp_pa
 
     use_histories(monkeypatch, {"r": python_history(0)})
     out = tmp_path / "ds"
-    assert main(["data", "frames", "--repo", "/nonexistent/r", "--out", str(out), "--no-progress",
+    (tmp_path / "r").mkdir()  # the command checks the directory is there; its history is the one above
+    assert main(["data", "frames", "--repo", str(tmp_path / "r"), "--out", str(out), "--no-progress",
                  "--rows", str(ROWS), "--cols", str(COLS), flag, value]) == 2
     assert f"{flag} {value}: expected an integer >=" in capsys.readouterr().err
     assert not out.exists()

@@ -356,3 +356,26 @@ def test_the_dataset_script_rebuilds_from_names_paths_and_pinned_commits(repo, t
     assert m["summary"]["repos"][0]["commits"] == 2  # replayed up to the pinned commit
     assert script.main([str(repo), "--held-out", "absent", "--out", str(tmp_path / "z"), "--cache", str(tmp_path / "c2"),
                         "--no-progress"]) == 2
+
+
+def test_a_second_build_into_a_dataset_being_built_is_refused_and_the_lock_ends_with_the_build(repo, tmp_path):
+    """Two builds into one directory moved their shards in turn, each then its manifest: a manifest beside the
+    other build's shards. A second build is refused while the first holds the lock; a build that failed frees it."""
+    import fcntl
+
+    from rcswarm.data.frames.git_frames import BUILD_LOCK, RepoInput, build_git_dataset
+
+    out = tmp_path / "dataset"
+    out.mkdir()
+    with open(out / BUILD_LOCK, "a+") as held:  # what a running build holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242")
+        held.flush()
+        with pytest.raises(RuntimeError, match=r"another build is writing this dataset \(pid 4242\)"):
+            build_git_dataset([RepoInput("r", repo)], out, ROWS, COLS, progress=False)
+    assert not (out / "manifest.json").exists()
+    with pytest.raises(RuntimeError, match="failed"):  # a build that fails (not a git repository) ...
+        build_git_dataset([RepoInput("r", tmp_path)], out, ROWS, COLS, progress=False)
+    summary = build_git_dataset([RepoInput("r", repo)], out, ROWS, COLS, progress=False)  # ... frees the lock
+    assert summary["frames"] > 0 and (out / "manifest.json").exists()
+    assert [p.name for p in out.iterdir() if p.name.startswith(".build-")] == []
