@@ -33,6 +33,7 @@ SYNC_BACKENDS = ("coordinator", "hivemind")
 ROUND_KINDS = ("steps", "time")
 # The most versions a late update may lag behind (sync.max_staleness).
 MAX_STALENESS_LIMIT = 16
+MAX_RUN_MINUTES = 1e7  # [run] minutes: about 19 years, past any run (and its rounds' horizon fits SQLite)
 MAX_EVAL_BATCHES = 64  # [run] eval_batches: a small held-out set, a few batches
 EVAL_SETS = ("fixed", "rotating")  # [run] eval_set
 # The sparse codec lags the dense codecs in its first rounds (error feedback delivers late what top-k leaves out) and
@@ -123,8 +124,8 @@ class RunSection:
         if not 1 <= self.workers <= 64:
             _fail("run.workers", self.workers, "an integer between 1 and 64")
         if isinstance(self.minutes, bool) or not (isinstance(self.minutes, (int, float)) and math.isfinite(self.minutes)
-                                                  and self.minutes >= 0):
-            _fail("run.minutes", self.minutes, "a finite number of minutes >= 0 (0 = none)")
+                                                  and 0 <= self.minutes <= MAX_RUN_MINUTES):
+            _fail("run.minutes", self.minutes, f"a number of minutes between 0 and {MAX_RUN_MINUTES:g} (0 = none)")
         if not (math.isfinite(self.target_loss) and self.target_loss >= 0):
             _fail("run.target_loss", self.target_loss, "a finite loss >= 0 (0 = none)")
         if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:

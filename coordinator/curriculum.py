@@ -265,7 +265,8 @@ def decide_lengthening(now: float, state: CurriculumState, options: AdaptiveOpti
     budget = options.budget_seconds
     if elapsed >= budget:
         return Decision(False, f"stays at L = {current}: the budget of {budget:g} s is spent ({elapsed:.1f} s elapsed)")
-    measured = {length: cost for length, cost in state.seconds_per_step().items() if length in lengths}
+    # A cost of 0 (a state saved before measure refused such steps) is no measurement: the law divides by it.
+    measured = {length: cost for length, cost in state.seconds_per_step().items() if length in lengths and cost > 0}
     if current not in measured:
         return Decision(False, f"stays at L = {current}: no seconds per step measured at L = {current} yet")
     cost_current, _ = estimate_seconds_per_step(measured, current, options.tokens_at)
@@ -535,7 +536,7 @@ class CurriculumTracker:
         # Under the adaptive policy only the ladder's lengths are costed (an older worker may report another).
         on_ladder = self.adaptive is None or metric.seq_len in self.adaptive.seq_lens
         if (on_ladder and metric.tokens > 0 and metric.seq_len > 0 and last is not None
-                and 0 <= metric.compute_seconds - last < math.inf):
+                and 0 < metric.compute_seconds - last < math.inf):  # a step of no compute time measured nothing
             own = worker_id if self.adaptive is not None else ""
             self.state = self.state.measured(metric.seq_len, metric.compute_seconds - last, worker_id=own)
         if math.isfinite(metric.compute_seconds):

@@ -42,6 +42,9 @@ NARROW = NormalDist().inv_cdf(CONFIDENCE) / (math.sqrt(2) * NormalDist().inv_cdf
 ROWS_LAG = 2
 
 
+MAX_BUDGET_ROUND = 2**62  # the horizon of a pace beyond any run (SQLite's INTEGER is 64-bit)
+
+
 def budget_round(version: int, elapsed: float, rounds: int, budget_s: float = 0.0) -> int:
     """The round at which the run's budget ends (pure): `rounds`, or with a wall-time budget of `budget_s` seconds the
     last round its pace so far (`version` rounds in `elapsed` seconds) completes by then, whichever comes first; 0
@@ -50,7 +53,7 @@ def budget_round(version: int, elapsed: float, rounds: int, budget_s: float = 0.
         return max(rounds, 0)
     if not (version > 0 and elapsed > 0):
         return 0
-    paced = math.floor(version * budget_s / elapsed)
+    paced = math.floor(min(version * budget_s / elapsed, MAX_BUDGET_ROUND))  # an int SQLite holds, even at 1 µs elapsed
     return min(rounds, paced) if rounds > 0 else paced
 
 

@@ -84,8 +84,10 @@ def metric_problem(index: int, metric: pb.Metric, step_tokens: tuple[int, str] |
         value = getattr(metric, name)
         if not (math.isfinite(value) and value >= 0):
             return f"metrics[{index}].{name} = {value!r} is out of range: expected a finite number >= 0"
-    if math.isinf(metric.loss):
-        return f"metrics[{index}].loss = {metric.loss!r} is out of range: expected a finite number, or NaN for none"
+    if math.isinf(metric.loss) or metric.loss <= 0:
+        # A loss <= 0 is no cross-entropy a step can measure, and one such row stored made every fit of the state dir
+        # (rcswarm fit, the launcher's law, curriculum.law_from) refuse it whole.
+        return f"metrics[{index}].loss = {metric.loss!r} is out of range: expected a finite number > 0, or NaN for none"
     if not (metric.val_loss == 0 or 0 < metric.val_loss <= MAX_VAL_LOSS):
         return (f"metrics[{index}].val_loss = {metric.val_loss!r} is out of range: expected a held-out loss in "
                 f"(0, {MAX_VAL_LOSS:g}], or 0 for none")

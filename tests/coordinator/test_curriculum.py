@@ -106,6 +106,23 @@ def test_a_cost_measured_off_the_ladder_is_ignored():
     assert decision.ok and "from L = [4]" in decision.reason, decision.reason
 
 
+def test_a_step_of_no_compute_time_is_no_measurement_and_a_zero_cost_does_not_raise(tmp_path):
+    """A worker whose compute_seconds did not grow costed its length 0 s/step, and the decision divided by it: every
+    round close logged a traceback and the run never lengthened."""
+    spec = tiny_spec(curriculum={"policy": "adaptive", "seq_lens": [16, 32], "alpha_inf": 0.3, "tau": 50.0,
+                                 "budget_seconds": 100.0})
+    store = StateStore(tmp_path)
+    try:
+        tracker = curricula.CurriculumTracker(spec, store)
+        for step in range(1, 5):
+            tracker.measure("w1", pb.Metric(version=0, step=step, seq_len=16, batch=4, loss=3.0, tokens=64))
+        assert tracker.state.seconds_per_step() == {}
+    finally:
+        store.close()
+    decision = curricula.decide_lengthening(10.0, measured_state(L4=(0.0, 10)), options())  # a state saved before
+    assert not decision.ok and "no seconds per step measured at L = 4 yet" in decision.reason
+
+
 def test_a_late_answer_of_a_previous_membership_does_not_change_the_assignment():
     from rcswarm.worker import Worker
 

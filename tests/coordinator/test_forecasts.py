@@ -139,6 +139,7 @@ def test_the_budget_round_is_the_rounds_or_where_the_pace_reaches_the_minutes():
     assert budget_round(10, 100.0, 0, 600.0) == 60 and budget_round(10, 100.0, 40, 600.0) == 40
     assert budget_round(10, 100.0, 80, 605.0) == 60  # the last round completed by then
     assert budget_round(0, 0.0, 40, 600.0) == 0  # no pace before a round closed
+    assert budget_round(10, 1e-300, 0, 600.0) == 2**62  # a pace past any run: bounded (it raised OverflowError)
 
 
 def test_a_forecast_under_a_minutes_budget_is_of_the_round_the_pace_reaches():
@@ -199,7 +200,7 @@ def test_a_run_ends_at_its_minutes_budget_and_stays_ended_after_a_restart(tmp_pa
 
 
 def test_minutes_is_validated_and_prune_needs_a_budget():
-    for bad in (-1.0, math.inf, math.nan, True):
+    for bad in (-1.0, math.inf, math.nan, True, 1e300):  # 1e300: accepted, then the horizon overflowed SQLite
         with pytest.raises(ValueError, match="run.minutes"):
             tiny_spec(run={"minutes": bad})
     with pytest.raises(ValueError, match="run.minutes = 0"):
