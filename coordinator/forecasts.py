@@ -160,27 +160,33 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
     if not forecasts:
         return PruneDecision(done, now, (), tuple((run.index, f"{where}: no run has a forecast yet; all kept")
                                                   for run in alive))
-    best = min(forecasts, key=lambda run: (run.forecast.loss, run.index))
-    worse = sorted((run for run in forecasts if confidently_worse(run.forecast, best.forecast)
+    # A forecast is of the held-out loss or of the training loss (its basis): only forecasts of one basis compare,
+    # or a run a round ahead, whose forecast turned held-out, looks worse by the generalization gap.
+    bests = {}
+    for run in sorted(forecasts, key=lambda run: (run.forecast.loss, run.index)):
+        bests.setdefault(run.forecast.basis, run)
+    worse = sorted((run for run in forecasts if confidently_worse(run.forecast, bests[run.forecast.basis].forecast)
                     and not _completed(run, options)), key=lambda run: (-run.forecast.loss, run.index))
     stop = worse[: len(alive) // 2]
     reasons = []
     for run in alive:
+        best = bests.get(run.forecast.basis) if run.forecast is not None else None
+        of = f"{run.forecast.basis} forecast" if len(bests) > 1 and run.forecast is not None else "forecast"
         if run is best:
-            reasons.append((run.index, f"{where}: {run.name} has the best forecast {_interval(run.forecast)}; kept"))
+            reasons.append((run.index, f"{where}: {run.name} has the best {of} {_interval(run.forecast)}; kept"))
         elif run.forecast is None or run.forecast.note:
             note = run.forecast.note if run.forecast is not None else "no forecast yet"
             reasons.append((run.index, f"{where}: {run.name} kept: {note}"))
         elif _completed(run, options):
             reasons.append((run.index, f"{where}: {run.name} kept: it has completed its {options.rounds} rounds"))
         elif run in stop:
-            reasons.append((run.index, f"{where}: {run.name} pruned: its forecast {_interval(run.forecast)} is above "
+            reasons.append((run.index, f"{where}: {run.name} pruned: its {of} {_interval(run.forecast)} is above "
                                        f"{best.name}'s {_interval(best.forecast)} at {CONFIDENCE:.0%} confidence"))
         elif run in worse:
             reasons.append((run.index, f"{where}: {run.name} kept: confidently worse than {best.name}, but at most "
                                        f"half of the {len(alive)} runs are pruned at once"))
         else:
-            reasons.append((run.index, f"{where}: {run.name} kept: its forecast {_interval(run.forecast)} is not above "
+            reasons.append((run.index, f"{where}: {run.name} kept: its {of} {_interval(run.forecast)} is not above "
                                        f"{best.name}'s {_interval(best.forecast)} at {CONFIDENCE:.0%} confidence"))
     return PruneDecision(done, now, tuple(run.index for run in stop), tuple(reasons))
 

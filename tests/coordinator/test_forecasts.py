@@ -4,6 +4,7 @@ budget, its worker moved, with its rounds and metric rows kept and its forecasts
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -64,6 +65,19 @@ def test_overlapping_intervals_and_runs_without_forecasts_are_kept():
     assert "no forecast yet" in dict(missing.reasons)[1] and "not enough data" in dict(missing.reasons)[2]
     none = decide_prune(0.0, views(None, None), OPTIONS, 0)
     assert none.stop == () and all("all kept" in reason for _, reason in none.reasons)
+
+
+def test_only_forecasts_of_one_basis_are_compared():
+    """A run whose forecast turned held-out (a round ahead) was pruned against one still forecasting its training
+    loss, for a gap that is the generalization gap, not a worse length."""
+    held_out = dataclasses.replace(record(2.54, 2.52, 2.56), basis="held-out")
+    mixed = decide_prune(0.0, views(held_out, record(2.45, 2.43, 2.48)), OPTIONS, 0)
+    assert mixed.stop == ()
+    assert dict(mixed.reasons)[0].endswith("has the best held-out forecast 2.5400 [2.5200, 2.5600]; kept")
+    assert "has the best training forecast" in dict(mixed.reasons)[1]
+    # Within one basis a confidently worse run is still pruned, whatever the other basis holds.
+    three = decide_prune(0.0, views(held_out, record(2.45, 2.43, 2.48), record(2.9, 2.85, 2.95)), OPTIONS, 0)
+    assert three.stop == (2,) and "its training forecast 2.9000" in dict(three.reasons)[2]
 
 
 def test_a_run_that_completed_its_rounds_is_not_pruned():
