@@ -36,6 +36,7 @@ the coordinator's decisions.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import threading
 import time
@@ -211,6 +212,8 @@ class RunGroup:
         self._started_at: list[float | None] = [None] * len(self.runs)
         # How many of `prune_at`'s fractions were decided (each run's store keeps the count).
         self.prune_done = max(int(run.store.get("prune_done") or 0) for run in self.runs)
+        # The `prune_done` whose decision every run has applied (-1: not checked since the start; `_apply_prune`).
+        self._prune_applied = -1
 
     @classmethod
     def of(cls, coordinator: SwarmCoordinator | RunGroup) -> RunGroup:
@@ -430,8 +433,11 @@ class RunGroup:
             self.latest[index] = record
 
     def _prune(self) -> None:
-        """Apply `decide_prune` when a fraction of the budget is due: stop its losers, record every reason (the
-        ticker)."""
+        """Apply `decide_prune` when a fraction of the budget is due: the decision is stored in every run's store
+        first (with `prune_done`), then applied run by run (`_apply_prune`), so a failed write or a crash between two
+        runs finishes that decision at the next tick or after the restart instead of deciding the fraction again
+        over the runs still in (which pruned more than half at one point) (the ticker)."""
+        self._apply_prune()
         now = self.runs[0].clock()
         views = [forecasts.RunView(i, f"L={run.spec.data.seq_len}", run.version, run.stopped is not None,
                                    self.latest[i], _since(now, self._started(i)))
@@ -439,14 +445,31 @@ class RunGroup:
         decision = forecasts.decide_prune(now, views, self.prune_options, self.prune_done)
         if decision is None:
             return
-        for index, reason in decision.reasons:
-            if index in decision.stop:
-                self.runs[index].stop(reason)
-            else:
-                self.runs[index].store.add_event("", "prune", reason, decision.now)
-        self.prune_done = decision.checkpoint + 1
+        stored = json.dumps({"checkpoint": decision.checkpoint, "now": decision.now, "stop": list(decision.stop),
+                             "reasons": [list(pair) for pair in decision.reasons]})
         for run in self.runs:
-            run.store.set_many({"prune_done": str(self.prune_done)})
+            run.store.set_many({"prune_decision": stored, "prune_done": str(decision.checkpoint + 1)})
+        self.prune_done = decision.checkpoint + 1
+        self._apply_prune()
+
+    def _apply_prune(self) -> None:
+        """Apply the newest stored pruning decision to every run that has not applied it yet: stop a loser, record a
+        kept run's reason, then mark the run's store (`prune_applied`); a no-op once every run has (the ticker)."""
+        if self._prune_applied == self.prune_done:
+            return
+        stored = [json.loads(text) for text in (run.store.get("prune_decision") for run in self.runs) if text]
+        if stored:
+            decision = max(stored, key=lambda d: d["checkpoint"])
+            mark, reasons = str(decision["checkpoint"] + 1), {index: reason for index, reason in decision["reasons"]}
+            for index, run in enumerate(self.runs):
+                if run.store.get("prune_applied") == mark or index not in reasons:
+                    continue
+                if index not in decision["stop"]:
+                    run.store.add_event("", "prune", reasons[index], decision["now"])
+                elif run.stopped is None:
+                    run.stop(reasons[index])
+                run.store.set_many({"prune_applied": mark})
+        self._prune_applied = self.prune_done
 
 
 def _since(now: float, started_at: float | None) -> float:

@@ -23,7 +23,8 @@ from rcswarm.coordinator.sweep import SweepCoordinator, open_group
 from rcswarm.observe.forecast import BUDGET_ENDED, describe
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import ForecastRecord
-from tests.helpers.coordinator import creds
+from rcswarm.sync import tensor_stream
+from tests.helpers.coordinator import creds, deltas_of
 from tests.helpers.dashboard import Clock
 from tests.helpers.forecasts import ROUNDS, good_loss, pruned_sweep, pruning_spec, train_round
 from tests.helpers.specs import tiny_spec
@@ -131,6 +132,47 @@ def test_a_sweep_prunes_its_losing_length_moves_its_worker_and_keeps_its_rounds_
     assert repr([run.store.forecasts() for run in restarted.runs]) == repr(forecasts)  # NaN where not enough data
     assert restarted.runs[1].finished and restarted.prune_done == 1
     assert repr(restarted.latest[0]) == repr(forecasts[0][-1]) and forecasts[0][-1].note == ""
+    restarted.close()
+
+
+def test_a_pruning_decision_interrupted_by_a_failed_write_is_finished_not_decided_again(tmp_path):
+    """The losers were stopped one by one and `prune_done` written last: a failed write (or a crash) between them
+    decided the same fraction again over the runs still in, pruning 3 of 4 runs at the 25% point."""
+    clock = Clock(1000.0)
+    spec = tiny_spec(sweep={"seq_lens": [4, 8, 16, 32], "prune": True, "prune_at": [0.25, 0.5]}, run={"rounds": 4},
+                     sync={"codec": "fp32", "max_update_norm": 100.0}, coordinator={"lease_s": 60.0})
+    sweep = SweepCoordinator(spec, tmp_path, clock)
+    for name in "abcd":  # one worker a run, one round each: every run at version 1, the 25% point of 4 rounds
+        member = sweep.join(pb.JoinRequest(worker_name=name))
+        run = next(r for r in sweep.runs if r.knows(member.worker_id))
+        for _ in run.pull(pb.PullParametersRequest(**creds(member))):
+            pass
+        header, chunks = tensor_stream.build_payload(deltas_of(run, 1e-3), codec=run.wire_format, run_id=run.run_id,
+                                                     version=0)
+        run.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(member), base_version=0, tokens=40)),
+                       pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
+    for index, (run, loss) in enumerate(zip(sweep.runs, (2.0, 3.2, 3.1, 3.0))):  # run 0 the best, the others worse
+        forecast = ForecastRecord(1, clock(), 10.0, 4, loss, loss - 0.01, loss + 0.01, *[math.nan] * 4, "")
+        run.store.add_forecast(forecast)
+        sweep.latest[index], sweep._forecast_at[index] = forecast, 1
+    add_event = sweep.runs[3].store.add_event
+
+    def disk_full(worker_id, kind, reason, now=None):
+        raise OSError(28, "No space left on device")
+
+    sweep.runs[3].store.add_event = disk_full
+    with pytest.raises(OSError):
+        sweep._prune()
+    sweep.runs[3].store.add_event = add_event  # space again: the next tick finishes the decision
+    sweep._prune()
+    assert [run.stopped is not None for run in sweep.runs] == [False, True, True, False] and sweep.prune_done == 1
+    events = [[e.reason for e in run.store.events("prune")] for run in sweep.runs]
+    assert [len(reasons) for reasons in events] == [1, 1, 1, 1] and "at most half" in events[3][0]
+    sweep.close()
+    restarted = SweepCoordinator(spec, tmp_path, clock)
+    restarted._prune()
+    assert [run.stopped is not None for run in restarted.runs] == [False, True, True, False]
+    assert [[e.reason for e in run.store.events("prune")] for run in restarted.runs] == events
     restarted.close()
 
 
