@@ -59,7 +59,8 @@ from rcswarm.state.store import StateStore
 
 @dataclass(frozen=True)
 class RunLoad:
-    """A run as the sweep's decisions see it: its position, name, active workers and whether it finished."""
+    """A run as the sweep's decisions see it: its position, name, active workers (with those moved toward it that
+    have not joined it yet) and whether it finished."""
 
     index: int
     name: str
@@ -89,16 +90,20 @@ def decide_assignment(loads: Sequence[RunLoad], returning: int | None = None) ->
 
 def decide_move(loads: Sequence[RunLoad], current: int) -> tuple[bool, str]:
     """At a round boundary: leave `current` if it finished, or if it has 2+ more workers than the emptiest run."""
-    here = loads[current]
-    others = [load for load in loads if not load.finished and load.index != current]
-    if not others:
+    here, emptiest = loads[current], emptiest_other(loads, current)
+    if emptiest is None:
         return False, f"{here.name}: no other unfinished run"
-    emptiest = min(others, key=lambda load: (load.active, load.index))
     if here.finished:
         return True, f"{here.name} finished its rounds; moving toward {emptiest.name}"
     if here.active - emptiest.active >= 2:
         return True, f"{here.name} has {here.active} active workers, {emptiest.name} {emptiest.active}: rebalancing"
     return False, f"{here.name}: balanced ({here.active} vs {emptiest.active})"
+
+
+def emptiest_other(loads: Sequence[RunLoad], current: int) -> RunLoad | None:
+    """The unfinished run other than `current` with the fewest workers (the first of equals), or None."""
+    others = [load for load in loads if not load.finished and load.index != current]
+    return min(others, key=lambda load: (load.active, load.index)) if others else None
 
 
 def run_state_dir(state_dir: Path, index: int, spec: RunSpec) -> Path:
@@ -212,6 +217,9 @@ class RunGroup:
         self._started_at: list[float | None] = [None] * len(self.runs)
         # How many of `prune_at`'s fractions were decided (each run's store keeps the count).
         self.prune_done = max(int(run.store.get("prune_done") or 0) for run in self.runs)
+        # Workers moved off a run toward another (worker id → (that run's index, until when it counts there)); the
+        # group lock guards it.
+        self._arriving: dict[str, tuple[int, float]] = {}
         # The `prune_done` whose decision every run has applied (-1: not checked since the start; `_apply_prune`).
         self._prune_applied = -1
 
@@ -245,10 +253,13 @@ class RunGroup:
             run.close()
 
     def _loads(self) -> list[RunLoad]:
-        """Every run's load (takes each run's lock in turn)."""
+        """Every run's load, counting the workers moved toward it that have not joined yet (group lock held; takes
+        each run's lock in turn): without them a second worker was moved off a run only to be sent back to it."""
+        now = self.runs[0].clock()
+        self._arriving = {worker: (index, until) for worker, (index, until) in self._arriving.items() if until > now}
         loads = []
         for i, run in enumerate(self.runs):
-            active = run.active_workers()
+            active = run.active_workers() + sum(1 for index, _ in self._arriving.values() if index == i)
             full = active >= run.spec.coordinator.max_workers
             loads.append(RunLoad(i, run.spec.run.name, active, run.finished, full))
         return loads
@@ -285,6 +296,7 @@ class RunGroup:
         to its run, whose admission alone decides (reason ""); a sweep refuses once every run finished."""
         if not self.sweep:
             return 0, ""
+        self._arriving.pop(request.previous_worker_id, None)  # a moved worker arriving: placed as one of the others
         index, reason = decide_assignment(self._loads(), self._returning(request))
         if index is None and self.finished:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {reason}")
@@ -296,7 +308,11 @@ class RunGroup:
     def _maybe_move(self, worker_id: str, index: int) -> None:
         """Move the worker off its run when `decide_move` says so; it then joins again (takes the group lock, then releases it)."""
         with self._lock:
-            move, reason = decide_move(self._loads(), index)
+            loads = self._loads()
+            move, reason = decide_move(loads, index)
+            target = emptiest_other(loads, index) if move else None
+            if target is not None:  # counted there until it joins, or for two leases if it never does
+                self._arriving[worker_id] = (target.index, self.runs[0].clock() + 2 * self.spec.coordinator.lease_s)
         if move:
             self.runs[index].reassign(worker_id, f"reassigned: {reason}")
 

@@ -110,6 +110,42 @@ def test_a_restarted_sweep_sends_each_worker_back_to_its_run_but_not_one_it_move
     restarted.close()
 
 
+def test_a_worker_moved_toward_a_run_counts_there_until_it_joins(tmp_path):
+    """A worker moved off a run was invisible until it joined its new one: the next push moved a second worker, and
+    the tie sent one of the two straight back (a model rebuild, a full pull and a round lost for nothing)."""
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from rcswarm.sync import tensor_stream
+    from tests.helpers.coordinator import creds, deltas_of
+
+    clock = [1000.0]
+    spec = tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 5}, sync={"codec": "fp32", "max_update_norm": 100.0},
+                     coordinator={"lease_s": 60.0})
+    sweep = SweepCoordinator(spec, tmp_path, lambda: clock[0])
+    members = [sweep.join(pb.JoinRequest(worker_name=name)) for name in "abcdef"]
+    first = sweep.runs[0]
+    on_first = [m for m in members if first.knows(m.worker_id)]
+    for member in members:
+        if not first.knows(member.worker_id):
+            sweep.leave(pb.LeaveRequest(**creds(member)))  # 3 workers on the first run, none on the second
+    for member in on_first[:2]:
+        for _ in first.pull(pb.PullParametersRequest(**creds(member))):
+            pass
+        header, chunks = tensor_stream.build_payload(deltas_of(first, 1e-3), codec=first.wire_format,
+                                                     run_id=first.run_id, version=first.version)
+        sweep.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(member), base_version=first.version, tokens=100)),
+                         pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
+    states = [first.membership_state(m.worker_id) for m in on_first[:2]]
+    assert states == [pb.WORKER_STATE_REASSIGNED, pb.WORKER_STATE_ACTIVE]  # 2 there and 1 arriving: balanced
+    moved = on_first[0]
+    again = sweep.join(pb.JoinRequest(worker_name="a", run_id=moved.run_id, previous_worker_id=moved.worker_id))
+    assert again.run_id == sweep.runs[1].run_id
+    clock[0] += 2 * 60.0 + 1  # a moved worker that never joins stops counting after two leases
+    sweep.runs[0].reassign(on_first[1].worker_id, "reassigned: test")
+    sweep._arriving[on_first[1].worker_id] = (1, clock[0] - 1)
+    assert [load.active for load in sweep._loads()] == [1, 1]
+    sweep.close()
+
+
 def test_a_run_refuses_metric_rows_of_another_run_and_keeps_none_of_versions_it_has_not_served(tmp_path):
     import grpc
 
