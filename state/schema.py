@@ -148,11 +148,16 @@ FROM worker_totals AS t LEFT JOIN metrics AS m ON m.rowid = t.newest WHERE t.run
 """
 
 # Training rows on the run's own clock: k is the step within the round (from 0), t the seconds since
-# the run's first metric on the coordinator's clock. A full scan, for commands that read a state dir.
+# the run's first training row on the coordinator's clock, both from the aggregates (round_first_steps), which
+# keep what `max_metric_rows` deleted: from the rows that survive, a partly deleted round's k and the whole time
+# axis shifted. (A state dir whose aggregates were never filled, read-only, counts from the rows.) A full scan, for
+# commands that read a state dir.
 TRAINING_ROWS = f"""
-SELECT worker_id, version, step - MIN(step) OVER (PARTITION BY worker_id, version) AS k,
-       seq_len, loss, received_at - MIN(received_at) OVER () AS t
-FROM metrics WHERE {TRAINING_FILTER} ORDER BY received_at
+SELECT m.worker_id, m.version,
+       m.step - COALESCE(f.first_step, MIN(m.step) OVER (PARTITION BY m.worker_id, m.version)) AS k, m.seq_len, m.loss,
+       m.received_at - COALESCE((SELECT MIN(first_received) FROM round_first_steps), MIN(m.received_at) OVER ()) AS t
+FROM metrics AS m LEFT JOIN round_first_steps AS f ON f.worker_id = m.worker_id AND f.version = m.version
+WHERE {TRAINING_FILTER} ORDER BY m.received_at
 """
 
 # Loss and coordinator time summed per (seq_len, version, k), with the time of the run's first training

@@ -316,3 +316,29 @@ def test_a_metrics_flood_from_many_identities_while_rounds_close_fast_stays_with
     assert len(rows) <= keep
     # Without the time budget each identity would have stored per_round rows every round.
     assert sum(stored.values()) < 0.5 * 8 * per_round * rounds, (stored, rounds)
+
+
+def test_the_fit_reads_the_same_steps_and_times_after_the_oldest_rows_are_deleted(tmp_path) -> None:
+    """`max_metric_rows` deleted a round's first rows: the fit's reader counted the step within the round and the
+    time from the rows that survived (step 5 read as the round's first, at t = 0) while the dashboard's aggregates
+    kept the truth."""
+    from rcswarm.coordinator.sweep import open_group
+    from rcswarm.observe import analysis
+
+    now = [1000.0]
+    spec = tiny_spec(run={"rounds": 0}, inner={"steps": 10}, coordinator={"max_metric_rows": 6})
+    group = open_group(spec, tmp_path, lambda: now[0])
+    member = group.join(pb.JoinRequest(worker_name="a"))
+    for _ in group.runs[0].pull(pb.PullParametersRequest(**creds(member))):
+        pass
+    for step in range(1, 11):  # one round from version 0, one report a step, 1 s apart
+        now[0] += 1.0
+        group.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=[
+            pb.Metric(version=0, step=step, seq_len=32, batch=4, loss=3.0 - 0.1 * step, tokens=128,
+                      wall_time=float(step), compute_seconds=0.1 * step)]))
+    assert [row.step for row in group.runs[0].store.metric_rows()] == [5, 6, 7, 8, 9, 10]
+    dashboard = {(step, round(loss, 6), t) for _, step, loss, t in analysis.run_step_means(group.runs[0].store, 10)}
+    group.close()
+    fit = {(row.step, round(row.loss, 6), row.time) for row in analysis.read_state_dirs(tmp_path)}
+    assert fit == {(float(step), round(3.0 - 0.1 * step, 6), step - 1.0) for step in range(5, 11)}
+    assert fit <= dashboard
