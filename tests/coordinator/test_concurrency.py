@@ -288,8 +288,9 @@ def test_call_limits_come_from_the_run_spec_and_the_command_line_overrides_them(
     limits, stall_s = coordinator_cli.serving_limits(args, spec)
     assert (limits.max_calls["push"], limits.max_calls["long_poll"], limits.stream_idle_s, stall_s) == (5, 100, 2.0, 9.0)
     with pytest.raises(ValueError, match="'polls'.*unknown RPC kind"):
-        coordinator_cli.serving_limits(coordinator_cli.parse_args(base),
-                                       tiny_spec(coordinator={"max_calls": {"polls": 3}}))
+        coordinator_cli.serving_limits(coordinator_cli.parse_args([*base, "--max-calls", "polls=3"]), spec)
+    with pytest.raises(ValueError, match=r"coordinator.max_calls = \{'polls': 3\} is invalid: expected a kind of call"):
+        tiny_spec(coordinator={"max_calls": {"polls": 3}})
     with pytest.raises(ValueError, match="coordinator.max_calls.push = 0"):
         tiny_spec(coordinator={"max_calls": {"push": 0}})
 
