@@ -10,7 +10,8 @@ checks once more and the norm bound, and `UpdateIntake.record` puts it into the 
 
 Bounded influence: an update is refused (INVALID_ARGUMENT, recorded as a `dropped` event,
 `refuse_outlier`) when its tokens exceed its assignment's batch × seq_len × inner.steps
-(`sync.bound_tokens`, `token_bound`) or its norm the hard bound (`sync.max_update_norm`, 0 =
+(`sync.bound_tokens`, `token_bound`; with `sync.overlap` the larger of its base version's assignment and the one
+before, `trained_since`) or its norm the hard bound (`sync.max_update_norm`, 0 =
 `aggregation.automatic_norm_bound`). What the close then does with the kept ones is close.py's.
 
 Late updates (issue #15): an update trained from a version this membership pulled, at most
@@ -181,10 +182,16 @@ class UpdateIntake:
         if not 0 < meta.tokens <= MAX_TOKENS_PER_UPDATE:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"tokens = {meta.tokens}: expected 1..{MAX_TOKENS_PER_UPDATE}")
         if run.spec.sync.bound_tokens:
-            allowed, why = self.token_bound(meta.base_version)
+            allowed, why = self.token_bound(self.trained_since(meta.base_version))
             if meta.tokens > allowed:
                 self.refuse_outlier(worker, f"tokens = {meta.tokens} exceed the {allowed} allowed: {why}")
         return lateness
+
+    def trained_since(self, base_version: int) -> int:
+        """The oldest version whose assignment an update from `base_version` may have trained steps under: its base,
+        or with `sync.overlap` the one before (the steps a worker trains while round v travels count toward its update
+        from v+1 but were trained under v's assignment; docs/ARCHITECTURE.md "Overlapped rounds")."""
+        return max(0, base_version - 1) if self.run.spec.sync.overlap else base_version
 
     def token_bound(self, since: int | None = None) -> tuple[int, str]:
         """The most tokens an update to the current version trained from version `since` (None: the current one) may
@@ -205,9 +212,10 @@ class UpdateIntake:
     def step_token_bound(self) -> tuple[int, str]:
         """The most tokens one inner step trained from a version a late update may still come from (`token_bound`
         without the steps), and why: the bound on a metric row's tokens (lock held; a worker reports a round's rows
-        after its push, so after the close)."""
+        after its push, so after the close; with `sync.overlap` the rows of steps trained while the previous round
+        travelled, under that round's assignment, `trained_since`)."""
         run = self.run
-        batch, seq_len, where = self._largest_step(run.version - run.staleness.max_staleness - 1)
+        batch, seq_len, where = self._largest_step(self.trained_since(run.version - run.staleness.max_staleness - 1))
         return batch * seq_len, f"batch {batch} × seq_len {seq_len} of {where}"
 
     def _largest_step(self, since: int | None = None) -> tuple[int, int, str]:

@@ -115,6 +115,11 @@ class RoundTrainer:
         self.data = self.sampler = self._held_out = None
         return self.model
 
+    def reset_optimizer(self) -> None:
+        """A fresh inner optimizer for the model: its moments and step counts dropped (after a diverged round they
+        hold non-finite values)."""
+        self.optimizer = make_inner_optimizer(self.model, self.spec.inner)
+
     def follow(self, seq_len: int, batch: int, seed: int) -> bool:
         """Train on windows of `seq_len` × `batch` from now on: a fresh stream of the run's data from `seed`
         when they differ from the current ones (or there is no stream yet). Whether it switched."""

@@ -11,7 +11,12 @@ feedback when enabled) with the tokens and steps it trained, report the round's 
 for version v+1. A late push is merged by the coordinator with a staleness weight (the answer says
 so); a stale one (FAILED_PRECONDITION) drops Δ and re-syncs; NOT_FOUND (evicted, or the coordinator
 restarted) re-joins, naming the run it trained for (a sweep sends it back there while that run wants
-workers), and a finished update whose base version is still current after the re-join is pushed again.
+workers), and a finished update whose base version is still current after the re-join is pushed again; one that
+had landed is pushed again as it was encoded while its version is current, and v+1 awaited, so that no round is
+trained twice from one version. A re-join keeps the model, its inner optimizer, the data stream and the
+error-feedback residual unless it lands in another run or the spec changed what shapes them (`rebuild_reason`). A
+round whose Δ is not finite (diverged local training) is dropped with one WARNING line, the inner optimizer starts
+afresh and θ is pulled again; MAX_DIVERGED_ROUNDS of them in a row end the worker.
 Metric rows go to the run they were trained for or nowhere (`_join`, `_flush_previous`). Each join
 returns a worker secret, kept in memory only (`Identity`) and sent on every later call of that
 membership; a re-join replaces it. Stalls, restarts, capacity limits and broken streams are
@@ -19,7 +24,7 @@ retried by the client for `--patience-s` seconds
 (`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
 coordinator does not take this worker's secret for its id), a refused request, a run spec this
 worker cannot build or whose model is above its limit (`--max-params`, worker/limits.py: counted before
-anything is allocated), spent patience or a run of refused payloads end the worker, with one ERROR line saying why and exit status 1;
+anything is allocated), spent patience, a run of refused payloads or of diverged rounds end the worker, with one ERROR line saying why and exit status 1;
 a finished run exits 0. A stop (SIGTERM or SIGINT in `rcswarm worker`) finishes the current step, sends
 Leave and exits 0. What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
 
@@ -31,7 +36,8 @@ count toward the round it pushes next (Δ = θ_{v+1} − θ_local at its end). I
 round's steps are done before θ_{v+1} arrived. NOT_FOUND on the exchange thread (evicted, or the coordinator
 restarted) is handed to the training thread, which joins again and finishes the exchange as the blocking path
 does: the update in flight is pushed again while its base version is current, and the merge keeps the steps
-trained since the push; a stale update is dropped and its residual restored as without overlap.
+trained since the push; a stale update is dropped and its residual restored as without overlap. Should the
+re-join rebuild the model, the update and the steps since the push are dropped and θ_{v+1} is loaded, not merged.
 """
 
 from __future__ import annotations
@@ -76,6 +82,10 @@ AWAIT_WAIT_S = 2.0
 MAX_PUSH_REJOINS = 3
 # Metric rows kept while ReportMetrics fails transiently (the newest; a few rounds' worth).
 MAX_PENDING_METRICS = 4096
+# Rounds in a row whose Δ is not finite (the local training diverged) before the worker gives up.
+MAX_DIVERGED_ROUNDS = 3
+# The run spec's tables that shape the model, its inner optimizer and its data stream.
+TRAINING_TABLES = ("model", "inner", "data")
 
 
 class Rejoin(Exception):
@@ -94,6 +104,40 @@ class ExchangeRejoin(Rejoin):
 
 class SpecRefused(RuntimeError):
     """The run spec the coordinator served cannot be built by this worker."""
+
+
+class Diverged(RuntimeError):
+    """A round's Δ holds non-finite values: the local training diverged (`Worker._check_finite`)."""
+
+    def __init__(self, version: int, problem: str) -> None:
+        super().__init__(f"the update of version {version} is not finite: {problem}")
+        self.version = version
+
+
+def rebuild_reason(old: RunSpec | None, new: RunSpec, same_run: bool) -> str:
+    """Why a join's run spec `new` needs the model, its inner optimizer, the data stream, the codec and the error
+    feedback built anew over those built for `old` ("" when it does not): no model yet, another run (`same_run`
+    false: its θ, optimizer state and residual are another run's), or a change to what shapes them: the tables
+    TRAINING_TABLES, `run.seed` (the data streams' seeds) or the sync wire format (codec and its parameters, error
+    feedback and its decay). What a restart may change (`coordinator/resume.RESTART_MUTABLE`: rounds, deadlines, the
+    coordinator's defences, the pacing) needs none: the worker keeps its model, optimizer state and residual."""
+    if old is None:
+        return "no model is built yet"
+    if not same_run:
+        return "the join is into another run"
+    changed = [table for table in TRAINING_TABLES if getattr(old, table) != getattr(new, table)]
+    if old.run.seed != new.run.seed:
+        changed.append("run.seed")
+    if _wire(old) != _wire(new):
+        changed.append("the sync wire format")
+    return f"the run spec changed in {', '.join(changed)}" if changed else ""
+
+
+def _wire(spec: RunSpec) -> tuple:
+    """What of `[sync]` shapes the worker's codec and error feedback: both wire formats, error feedback, its decay."""
+    sync = spec.sync
+    return (codecs.WireFormat.from_sync(sync), codecs.WireFormat.from_sync(sync, downlink=True), sync.error_feedback,
+            sync.error_decay)
 
 
 def _is(err: BaseException, code: grpc.StatusCode) -> bool:
@@ -144,8 +188,9 @@ class Exchange:
 
 @dataclass(frozen=True)
 class InFlight:
-    """The overlapped round on the wire: its exchange, θ_pushed (CPU copies), its version and its pace, and the
-    update it carries (Δ and its tokens: pushed again after a re-join)."""
+    """The overlapped round on the wire: its exchange, θ_pushed (CPU copies), its version and its pace, the
+    update it carries (Δ and its tokens: pushed again after a re-join), and the model it was trained on
+    (`Worker.builds` at the push: a join that rebuilt the model since makes θ_pushed another model's)."""
 
     exchange: Exchange
     pushed: dict[str, torch.Tensor]
@@ -154,6 +199,21 @@ class InFlight:
     budget_s: float
     deltas: dict[str, torch.Tensor]
     tokens: int
+    build: int
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One update as `Worker._push_deltas` encoded it for the wire: its base version, header and chunks, and the
+    error feedback that compressed it with its residual from before (`saved`; None without error feedback). An
+    update that landed is pushed again as it is (`Worker._deliver_again`): compressing it again would apply the
+    residual twice."""
+
+    version: int
+    header: pb.TensorHeader
+    chunks: list[pb.TensorChunk]
+    feedback: codecs.ErrorFeedback | None
+    saved: dict[str, torch.Tensor] | None
 
 
 @dataclass(frozen=True)
@@ -173,8 +233,9 @@ class Worker:
     (replaced whole by each join) and keeps the newest assignment under `_assignment_lock`, which
     `_follow_assignment` reads under it too. With overlap, an `Exchange` thread runs `_exchange` (push, metrics,
     await, pull) while the training thread trains: no lock, a hand-over instead: while it runs, only it touches
-    `_pending`, the error feedback, `_held` and the client's transfers, and the training thread touches only the
-    model, its optimizer and the rows it keeps locally; `Exchange.wait` hands the result (or the exception) back.
+    `_pending`, the error feedback, `_held`, `_encoded` and the client's transfers, and the training thread touches
+    only the model, its optimizer and the rows it keeps locally; `Exchange.wait` hands the result (or the exception)
+    back.
     """
 
     def __init__(self, options: WorkerOptions, token: str, stop: threading.Event | None = None,
@@ -221,6 +282,13 @@ class Worker:
         self._heartbeat: threading.Thread | None = None
         # Overlap: the round on the wire (its exchange, θ_pushed, its version and pace), None when nothing travels.
         self._inflight: InFlight | None = None
+        # How many times the model was built, and for which run (`_build_model`; `rebuild_reason` decides at a join).
+        self.builds = 0
+        self._built_for = ""
+        # The update `_push_deltas` encoded last (pushed again as it is after a re-join, `_finish_exchange`).
+        self._encoded: Encoded | None = None
+        # Rounds in a row whose Δ was not finite (`_diverged`).
+        self._diverged_rounds = 0
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -249,6 +317,11 @@ class Worker:
                 except Rejoin as exc:
                     log.warning("%s; joining again", exc)
                     self._join()
+                except Diverged as exc:
+                    if self._diverged_rounds >= MAX_DIVERGED_ROUNDS:
+                        return self._exit(f"{self.name} exits: the local training diverged {self._diverged_rounds} "
+                                          f"rounds in a row ({exc}); lower inner.lr or check the data")
+                    self._recover(exc)
         except Stopped:
             pass
         except RetriesExhausted as exc:
@@ -287,6 +360,7 @@ class Worker:
             return  # refused at the join, with its reason
         self.spec = spec
         self._build_model(spec)
+        self._built_for = previous.run_id
         preload_data(spec.data)
         self.startup.mark("built ahead")
 
@@ -332,7 +406,9 @@ class Worker:
         with self._assignment_lock:
             self._assignment = response.assignment if response.HasField("assignment") else None
             self._assignment_owner = response.worker_id
-        if self.model is None or spec != self.spec:
+        rebuild = rebuild_reason(self.spec if self.model is not None else None, spec,
+                                 self._built_for == response.run_id)
+        if rebuild:
             try:
                 too_large = self.limit.problem(spec)
             except (ValueError, KeyError) as exc:
@@ -340,10 +416,18 @@ class Worker:
             if too_large:
                 raise SpecRefused(f"the run spec of {response.run_id} is refused before allocating: {too_large}")
             self.spec, self.data_seed = spec, None
+            if self.builds:
+                log.info("%s: the model, inner optimizer, data stream and error feedback are built anew for %s: %s",
+                         self.name, response.run_id, rebuild)
             try:
                 self._build_model(spec)
             except (ValueError, KeyError) as exc:
                 raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+            self._built_for = response.run_id
+        elif spec != self.spec:
+            log.info("%s: the run spec of %s changed in what its model and training do not depend on; the model, "
+                     "inner optimizer and error feedback are kept", self.name, response.run_id)
+            self.spec = spec
         if self.data_seed is None:
             try:
                 self._start_data(spec, response.data_seed)
@@ -356,6 +440,7 @@ class Worker:
     def _build_model(self, spec: RunSpec) -> None:
         """The run's model, inner optimizer and codec (the data stream waits for the join's data seed)."""
         self.trainer.build(spec)
+        self.builds += 1
         self.codec = codecs.WireFormat.from_sync(spec.sync)
         # The round's step's format (sparse: at sync.downlink_density): what a pulled step's header must carry.
         self.step_codec = codecs.WireFormat.from_sync(spec.sync, downlink=True)
@@ -460,10 +545,29 @@ class Worker:
         sync_started = time.perf_counter()
         self.round_steps = trained.steps
         accepted = self._push(version, base, trained.tokens)
-        self._flush_metrics()
-        if accepted:
+        try:
+            self._flush_metrics()
+            if accepted:
+                self._await(version + 1)
+        except Rejoin as exc:
+            if not accepted:
+                raise
+            self._rejoin_after_delivery(version, trained.tokens, exc)
+        finally:
+            self.sync_seconds += time.perf_counter() - sync_started
+
+    def _rejoin_after_delivery(self, version: int, tokens: int, exc: Rejoin) -> None:
+        """The blocking path met NOT_FOUND after its update from `version` landed (evicted, or the coordinator
+        restarted): join again and, while `version` is still current in the same run, push the update again as it
+        was encoded and await v+1 (`_deliver_again`, as `_finish_exchange` does), so that the next round does not
+        train from `version` a second time (its push would be ALREADY_EXISTS and its progress and residual lost)."""
+        run_id, build = self.run_id, self.builds
+        log.warning("%s; joining again after the update of version %d landed", exc, version)
+        current = self._join()
+        if self.finished or self.run_id != run_id or self.builds != build or current is None or current > version:
+            return
+        if self._deliver_again(version, tokens):
             self._await(version + 1)
-        self.sync_seconds += time.perf_counter() - sync_started
 
     def _overlapped_round(self) -> None:
         """One round with `[sync] overlap` (the module docstring): start from the merge of the round in flight (or a
@@ -488,10 +592,11 @@ class Worker:
             return
         self.round_steps = early.steps + trained.steps
         deltas = self.trainer.delta(base)
+        self._check_finite(version, deltas)
         pushed = self.trainer.snapshot()
         tokens = early.tokens + trained.tokens
         exchange = Exchange(functools.partial(self._exchange, version, deltas, tokens), f"exchange-{version}")
-        self._inflight = InFlight(exchange, pushed, version, steps, budget, deltas, tokens)
+        self._inflight = InFlight(exchange, pushed, version, steps, budget, deltas, tokens, self.builds)
 
     def _exchange(self, version: int, deltas: dict[str, torch.Tensor], tokens: int) -> tuple[int, dict, str] | None:
         """The wire's side of an overlapped round, on the exchange thread: push Δ (no re-join here: NOT_FOUND raises
@@ -518,21 +623,52 @@ class Worker:
 
     def _finish_exchange(self, inflight: InFlight, rejoin: ExchangeRejoin) -> tuple[int, dict, str] | None:
         """The exchange met NOT_FOUND (evicted, or the coordinator restarted): join again here and finish it, as the
-        blocking path does (`_deliver`): an update not yet delivered is pushed again while the worker is in the same
-        run (the coordinator says whether it landed before, is merged late or is stale: then it is dropped, its
-        residual restored), and v+1 is awaited once it is accepted; the newest
-        θ is pulled for the merge. An update delivered before the NOT_FOUND is not awaited (a restarted coordinator
-        may have lost it with its open round): the merge takes whatever version is current. None when the run finished, a stop came or the join moved this worker to another run (the next round
-        pulls afresh)."""
+        blocking path does (`_deliver`), then pull the newest θ for the merge.
+
+        An update not yet delivered is pushed again while the worker is in the same run (the coordinator says
+        whether it landed before, is merged late or is stale: then it is dropped, its residual restored), and v+1
+        is awaited once it is accepted. An update delivered before the NOT_FOUND is pushed again as it was encoded
+        while its version is still current (`_deliver_again`): the coordinator answers ALREADY_EXISTS when it kept
+        it (an eviction; it carried the ended membership's delivered version over) or takes it (a restart lost it
+        with its open round), and v+1 is awaited: pulling θ_v again would train a second round from v, whose push
+        the coordinator then answers ALREADY_EXISTS, and its progress and residual would be lost. A join that
+        rebuilt the model (`rebuild_reason`) drops the update: it was trained on a model this worker no longer
+        has. None when the run finished, a stop came or the join moved this worker to another run (the next
+        round pulls afresh)."""
         run_id = self.run_id
         log.warning("%s; joining again to finish the round in flight (version %d)", rejoin, inflight.version)
-        self._join()
+        current = self._join()
         if self.finished or self.run_id != run_id:
             return None
         accepted = False
-        if not rejoin.delivered:
+        if self.builds != inflight.build:
+            log.warning("%s: the update of version %d was trained on a model the re-join replaced; dropped",
+                        self.worker_id, inflight.version)
+        elif not rejoin.delivered:
             accepted = self._push_deltas(inflight.version, inflight.deltas, inflight.tokens)
+        elif current is not None and current <= inflight.version:
+            accepted = self._deliver_again(inflight.version, inflight.tokens)
         return self._fetch_next(inflight.version, accepted)
+
+    def _deliver_again(self, version: int, tokens: int) -> bool:
+        """Push the update from `version`, which had landed before a NOT_FOUND, again as it was encoded (`_encoded`:
+        its residual is not applied twice); whether it is delivered. When it is not (stale, or dropped after
+        re-joins) the residual it was compressed with is put back, as `_push_deltas` does."""
+        encoded = self._encoded
+        if encoded is None or encoded.version != version:
+            log.warning("%s: the update of version %d is no longer held; version %d is not awaited",
+                        self.worker_id, version, version + 1)
+            return False
+        log.info("%s: the update of version %d landed before the membership ended and version %d is still current; "
+                 "pushed again under the new membership", self.worker_id, version, version)
+        delivered = False
+        try:
+            delivered = self._deliver(encoded.version, tokens, encoded.header, encoded.chunks)
+        finally:
+            feedback = encoded.feedback
+            if not delivered and feedback is not None and feedback is self.error_feedback:
+                feedback.restore(encoded.saved)
+        return delivered
 
     def _merge_inflight(self) -> tuple[int, dict[str, torch.Tensor], Early] | None:
         """The start of an overlapped round: train the next round's steps while the round in flight travels (at most
@@ -569,8 +705,16 @@ class Worker:
         if fetched is None or self.stop.is_set():
             return None
         version, tensors, digest = fetched
-        self.trainer.rebase(tensors, inflight.pushed)
         self._held = (version, tensors)
+        if self.builds != inflight.build:
+            # A re-join rebuilt the model: θ_pushed is another model's, and θ_{v+1} + (θ_local − θ_pushed) garbage.
+            self.trainer.load(tensors)
+            self._keep([self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest,
+                                     **self._held_out(version))])
+            log.warning("%s loaded version %d (sha256 %s): the model was built anew at the re-join, so the %d steps "
+                        "trained since the push are dropped", self.worker_id, version, digest[:12], early.steps)
+            return version, tensors, Early(0, 0, 0.0)
+        self.trainer.rebase(tensors, inflight.pushed)
         self._keep([self._metric(self.trainer.row(version, float("nan"), 0), param_sha256=digest,
                                  **self._held_out(version, tensors))])
         log.info("%s merged version %d (sha256 %s) with %d steps trained since the push", self.worker_id, version,
@@ -624,15 +768,38 @@ class Worker:
             return {}
         return {"val_loss": loss, "val_seconds": time.perf_counter() - started}
 
+    def _check_finite(self, version: int, deltas: dict[str, torch.Tensor]) -> None:
+        """Raise Diverged, counting the round in `_diverged_rounds`, when Δ holds a NaN or an infinity (it names the
+        first such tensor and how many of its values); else the count starts again from 0. Called on the training
+        thread before a Δ leaves it, and by `_push_deltas` again (on the exchange thread, for a Δ already checked)."""
+        for name, delta in deltas.items():
+            if not bool(torch.isfinite(delta).all()):
+                bad = delta.numel() - int(torch.isfinite(delta).sum())
+                self._diverged_rounds += 1
+                raise Diverged(version, f"{name!r} has {bad} non-finite values of {delta.numel()}")
+        self._diverged_rounds = 0
+
+    def _recover(self, exc: Diverged) -> None:
+        """After a round whose Δ was not finite (`Diverged`): drop the round (nothing was pushed, the error-feedback
+        residual is as before it), start the inner optimizer afresh (its moments hold the divergence too) and pull θ
+        in full at the next round, which trains the current version again; one WARNING line."""
+        self.trainer.reset_optimizer()
+        self._held = None
+        log.warning("%s: %s; the round is dropped, the inner optimizer starts afresh and θ is pulled again (%d of %d "
+                    "such rounds in a row before the worker exits)", self.worker_id or self.name, exc,
+                    self._diverged_rounds, MAX_DIVERGED_ROUNDS)
+
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
         """Encode and deliver Δ = θ_v − θ_local; False when it was stale (dropped, residual restored)."""
         return self._push_deltas(version, self.trainer.delta(base), tokens)
 
     def _push_deltas(self, version: int, deltas: dict[str, torch.Tensor], tokens: int, rejoin: bool = True) -> bool:
-        """Encode and deliver `deltas`; False when it was stale (dropped, residual restored).
+        """Encode and deliver `deltas`; False when it was stale (dropped, residual restored). A Δ that is not finite
+        raises Diverged before anything is compressed or sent (`_check_finite`).
 
         The residual restored is the one this push compressed with: a re-join on the way that moved the worker to
         another run built that run's own (`_prepare`), which keeps what it loaded."""
+        self._check_finite(version, deltas)
         block = self.spec.sync.block_size
         feedback = self.error_feedback
         if feedback is not None:
@@ -643,6 +810,7 @@ class Worker:
         header, chunks = tensor_stream.build_payload(
             deltas, codec=self.codec, run_id=self.run_id, version=version, block_size=block, encoded=encoded
         )
+        self._encoded = Encoded(version, header, chunks, feedback, saved)
         delivered = False
         try:
             delivered = self._deliver(version, tokens, header, chunks, rejoin)

@@ -433,6 +433,32 @@ def test_a_late_update_is_bounded_by_the_assignment_it_trained_under(tmp_path):
         coordinator.close()
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_an_overlapped_update_is_bounded_by_the_assignment_before_its_base_too(tmp_path, overlap):
+    """With sync.overlap the steps a worker trains while round 0 travels (under version 0's batch 8 × 32) count
+    toward its update from version 1, whose own assignment (batch 2 × 64) is smaller: the bound covers version 0's
+    too, or the honest update is refused and the worker exits. Without overlap the bound stays version 1's."""
+    spec = tiny_spec(sync={"codec": "fp32", "max_update_norm": 100.0, "overlap": overlap}, inner={"steps": 5},
+                     curriculum={"schedule": [[0, 32, 8], [5, 64, 2]]})
+    coordinator = SwarmCoordinator(spec, StateStore(tmp_path))
+    try:
+        a = coordinator.join(pb.JoinRequest(worker_name="a"))
+        for _ in coordinator.pull(pb.PullParametersRequest(worker_id=a.worker_id, worker_secret=a.worker_secret)):
+            pass
+        assert push(coordinator, a, deltas_of(coordinator, 1e-3), 8 * 32 * 5).accepted
+        wait_for(lambda: coordinator.version == 1, 10, "the close of round 0")
+        trained = 8 * 32 * 4 + 2 * 64 * 1  # four steps trained while round 0 travelled, one under version 1
+        if overlap:
+            assert push(coordinator, a, deltas_of(coordinator, 1e-3), trained, version=1).accepted
+        else:
+            code, message = refusal(lambda: push(coordinator, a, deltas_of(coordinator, 1e-3), trained, version=1))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT
+            assert message.startswith(f"tokens = {trained} exceed the {2 * 64 * 5} allowed"), message
+        assert coordinator.workers[a.worker_id].dropped_updates == (0 if overlap else 1)
+    finally:
+        coordinator.close()
+
+
 def test_heterogeneous_lengths_bound_by_the_largest_assignment(tmp_path):
     spec = tiny_spec(sync={"codec": "fp32"}, inner={"steps": 2}, curriculum={"worker_seq_lens": [8, 32]})
     coordinator = SwarmCoordinator(spec, StateStore(tmp_path))

@@ -9,6 +9,7 @@ from rcswarm.config.runspec import RunSpec, SyncSection
 from rcswarm.models import registry
 from rcswarm.train.round import RoundTrainer
 from rcswarm.worker import Worker, WorkerOptions
+from rcswarm.worker.client import Identity
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.worker import local_training
 
@@ -132,3 +133,171 @@ def test_not_found_on_the_exchange_thread_loses_neither_the_update_nor_the_steps
     expected = local_training(spec, steps=3 * 7)
     for name, theta in local.service.params.items():
         torch.testing.assert_close(theta, expected[name], rtol=0, atol=1e-5)
+
+
+class RestartedDuringAnExchange(Worker):
+    """A real worker whose coordinator is restarted on its state dir, with `respec` (a change a restart allows), just
+    before the push of its first overlapped exchange from version 1."""
+
+    def __init__(self, *args, restart, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.restart, self.restarted = restart, False
+
+    def _push_deltas(self, version, deltas, tokens, rejoin=True) -> bool:
+        if not self.restarted and version == 1 and threading.current_thread().name.startswith("exchange"):
+            self.restarted = True
+            self.restart()
+        return super()._push_deltas(version, deltas, tokens, rejoin)
+
+
+def test_a_restart_with_a_change_it_allows_keeps_the_model_optimizer_and_progress(start_coordinator, tmp_path):
+    # The restarted coordinator serves run.rounds 5 instead of 3 (RESTART_MUTABLE): the re-join keeps the model, its
+    # inner optimizer and error feedback, and the merge keeps the steps since the push. It used to rebuild the model
+    # (fresh random θ) and merge θ_new + (θ_random − θ_pushed): the next update was refused for its norm and the
+    # worker exited 1. With one worker, lr 1 and no momentum the run is plain local training of every step.
+    spec = tiny_spec(run={"rounds": 3}, inner={"steps": 4}, outer={"lr": 1.0, "momentum": 0.0},
+                     sync={"codec": "fp32", "overlap": True})
+    respec = tiny_spec(run={"rounds": 5}, inner={"steps": 4}, outer={"lr": 1.0, "momentum": 0.0},
+                       sync={"codec": "fp32", "overlap": True})
+    state_dir = tmp_path / "restarted"
+    running = [start_coordinator(spec, state_dir=state_dir)]
+    port = running[0].port
+
+    def restart() -> None:
+        running[0].running.stop(grace=0.2)
+        running.append(start_coordinator(respec, state_dir=state_dir, port=port))
+
+    worker = RestartedDuringAnExchange(WorkerOptions(coordinator=running[0].target, device="cpu", name="solo"), TOKEN,
+                                       restart=restart)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    worker.stop.set()
+    assert not thread.is_alive() and result == [0], worker.exit_reason
+    assert worker.restarted and worker.builds == 1
+    assert running[-1].service.version == 5
+    expected = local_training(spec, steps=5 * 4)
+    for name, theta in running[-1].service.params.items():
+        torch.testing.assert_close(theta, expected[name], rtol=0, atol=1e-5)
+
+
+def test_a_rejoin_that_rebuilds_the_model_loads_the_pulled_theta_instead_of_merging(start_coordinator, tmp_path,
+                                                                                     monkeypatch, caplog):
+    # Should a re-join rebuild the model (`rebuild_reason`: forced here; a change of model, inner, data or the wire
+    # format would), θ_pushed is another model's: the merge loads θ_{v+1} instead of adding θ_random − θ_pushed,
+    # drops the update trained on the replaced model and goes on; the run completes.
+    from rcswarm.worker import worker as worker_module
+
+    spec = tiny_spec(run={"rounds": 3}, inner={"steps": 4}, outer={"lr": 1.0, "momentum": 0.0},
+                     sync={"codec": "fp32", "overlap": True})
+    state_dir = tmp_path / "rebuilt"
+    running = [start_coordinator(spec, state_dir=state_dir)]
+    port = running[0].port
+    real = worker_module.rebuild_reason
+
+    def restart() -> None:
+        monkeypatch.setattr(worker_module, "rebuild_reason", lambda old, new, same: real(old, new, same) or "forced")
+        running[0].running.stop(grace=0.2)
+        running.append(start_coordinator(spec, state_dir=state_dir, port=port))
+
+    worker = RestartedDuringAnExchange(WorkerOptions(coordinator=running[0].target, device="cpu", name="solo"), TOKEN,
+                                       restart=restart)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    with caplog.at_level("INFO", logger="rcswarm.worker"):
+        thread.start()
+        thread.join(timeout=120)
+    worker.stop.set()
+    assert not thread.is_alive() and result == [0], worker.exit_reason
+    messages = [r.getMessage() for r in caplog.records]
+    assert worker.builds >= 2 and any("model was built anew at the re-join" in m for m in messages), messages
+    assert running[-1].service.version == 3
+    assert all(bool(torch.isfinite(theta).all()) for theta in running[-1].service.params.values())
+
+
+def test_an_overlapped_worker_is_not_refused_when_the_curriculum_lowers_batch_times_seq_len(start_coordinator):
+    # The steps trained while round 1 travels are trained under version 1's assignment (4 × 32) and count toward the
+    # update from version 2 (1 × 64): the coordinator's token bound covers both, or it refused the update as an
+    # outlier and the worker exited 1 (`intake.UpdateIntake.trained_since`).
+    spec = tiny_spec(run={"rounds": 4}, inner={"steps": 4}, outer={"lr": 1.0, "momentum": 0.0},
+                     sync={"codec": "fp32", "overlap": True}, curriculum={"schedule": [[0, 32, 4], [8, 64, 1]]})
+    local = start_coordinator(spec)
+    worker = Worker(WorkerOptions(coordinator=local.target, device="cpu", name="solo"), TOKEN)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    worker.stop.set()
+    assert not thread.is_alive() and result == [0], worker.exit_reason
+    assert local.service.version == 4
+    assert local.service.workers and all(w.dropped_updates == 0 for w in local.service.workers.values())
+
+
+class EvictedAfterItsPushLanded(Worker):
+    """A real worker whose membership ends (its own Leave on the real wire, as an eviction would) right after its
+    first update landed, while round 0 is still open; it records the versions it trained and encoded updates from."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.evicted, self.encoded = False, []
+
+    def _await(self, min_version: int) -> None:
+        if not self.evicted and min_version == 1:
+            self.evicted = True
+            self.client.leave(self.identity, "evicted by the test")
+        super()._await(min_version)
+
+    def _push_deltas(self, version, deltas, tokens, rejoin=True) -> bool:
+        self.encoded.append(version)
+        return super()._push_deltas(version, deltas, tokens, rejoin)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_an_update_that_landed_before_an_eviction_is_awaited_not_trained_again(start_coordinator, caplog, overlap):
+    # Round 0 stays open (a second member that never pushes) when the worker loses its membership after its update
+    # landed. It used to pull θ_0 again, train a second round from version 0 and push it: ALREADY_EXISTS (the
+    # coordinator carried the delivered version over), taken as delivered, so that round's progress and the residual
+    # it sent were lost. Now the landed update is pushed again as encoded (ALREADY_EXISTS) and version 1 awaited.
+    spec = tiny_spec(run={"rounds": 2, "workers": 2}, inner={"steps": 4}, outer={"lr": 1.0, "momentum": 0.0},
+                     sync={"codec": "int8", "overlap": overlap, "round_deadline_s": 3.0})
+    local = start_coordinator(spec)
+    holder = local.client()
+    seat = Identity.of(holder.join("holder", "cpu", 1))
+    stop_beat = threading.Event()
+
+    def beat() -> None:
+        while not stop_beat.wait(1.0):
+            holder.heartbeat(seat)
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    worker = EvictedAfterItsPushLanded(WorkerOptions(coordinator=local.target, device="cpu", name="solo"), TOKEN)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    try:
+        with caplog.at_level("INFO", logger="rcswarm.worker"):
+            thread.start()
+            thread.join(timeout=90)
+    finally:
+        worker.stop.set()
+        stop_beat.set()
+        beating.join(timeout=5)
+        holder.close()
+    assert not thread.is_alive() and result == [0], worker.exit_reason
+    messages = [r.getMessage() for r in caplog.records]
+    assert worker.evicted and any("pushed again under the new membership" in m for m in messages), messages
+    assert worker.encoded == [0, 1], worker.encoded
+    assert local.service.version == 2
+    assert local.service.applied_tokens == 2 * 4 * 4 * 32
+
+
+def test_rebuild_reason_rebuilds_for_what_shapes_training_only():
+    from rcswarm.worker.worker import rebuild_reason
+
+    spec = tiny_spec(sync={"codec": "int8", "overlap": True})
+    assert rebuild_reason(spec, tiny_spec(run={"rounds": 9}, sync={"codec": "int8", "overlap": True,
+                                                                    "round_deadline_s": 5.0}), True) == ""
+    assert rebuild_reason(None, spec, True) and rebuild_reason(spec, spec, False)
+    assert "inner" in rebuild_reason(spec, tiny_spec(inner={"lr": 1e-3}, sync={"codec": "int8", "overlap": True}), True)
+    assert "wire format" in rebuild_reason(spec, tiny_spec(sync={"codec": "fp32", "overlap": True}), True)
