@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hmac
 import logging
+import math
 import os
 import signal
 import sys
@@ -100,30 +101,58 @@ class Mirror:
 
         A row's `received_at` (the run's clock, which `rcswarm fit DIR` and a sweep's curves use) is when
         the peer trained it on the mirror's clock: `now` less how long before its record's newest row it
-        was (the worker's own clock), so the rows of one record do not share one time.
+        was (the worker's own clock), so the rows of one record do not share one time. A record whose rows
+        cannot be read as numbers of the mirror's columns is left out (logged), the others are written.
         """
         out = []
         for peer, record in sorted(records.items()):
-            worker = f"{record['name']}@{peer[-8:]}"
-            newest = max((row[4] for row in record["rows"]), default=0.0)
-            for version, step, loss, tokens, wall, compute, sync, seq_len, batch in record["rows"]:
-                if step <= self.seen.get(peer, 0.0):
-                    continue
-                self.seen[peer] = step
-                out.append((self.run_id, worker, int(version), int(step), int(seq_len), int(batch), loss, int(tokens),
-                            wall, compute, sync, 0, 0, None, now - max(0.0, newest - wall)))
+            try:
+                rows, newest_step = self._record_rows(peer, record, now)
+            except (ValueError, TypeError, KeyError, OverflowError) as error:
+                log.warning("the metrics record of peer %.80s is left out: %s", peer, error)
+                continue
+            out += rows
+            self.seen[peer] = newest_step
         return out
 
+    def _record_rows(self, peer: str, record: dict[str, Any], now: float) -> tuple[list[tuple[Any, ...]], float]:
+        """(the new rows of one peer's metrics record, the newest step written for it); ValueError, TypeError,
+        OverflowError or KeyError for a record that is not one (`rows` writes none of its rows then)."""
+        from rcswarm.observe.mirror_view import INT64_LIMIT
+
+        worker = f"{record['name']}@{peer[-8:]}"
+        newest = max((row[4] for row in record["rows"]), default=0.0)
+        seen, out = self.seen.get(peer, 0.0), []
+        for version, step, loss, tokens, wall, compute, sync, seq_len, batch in record["rows"]:
+            if step <= seen:
+                continue
+            seen = step
+            received = now - max(0.0, newest - wall)
+            if not all(math.isfinite(x) for x in (wall, compute, sync, received)):
+                raise ValueError(f"times {wall!r}, {compute!r}, {sync!r}: expected finite seconds")
+            counts = [int(version), int(step), int(seq_len), int(batch), int(tokens)]
+            if not all(abs(n) < INT64_LIMIT for n in counts):
+                raise ValueError(f"version, step, seq_len, batch, tokens {counts}: expected SQLite integers (< 2**63)")
+            out.append((self.run_id, worker, *counts[:4], loss, counts[4], wall, compute, sync, 0, 0, None, received))
+        return out, seen
+
     def poll(self, dht: Any) -> int:
-        """Read the run's records, append the new rows, store the updated view; the number of rows written."""
+        """Read the run's records, append the new rows, store the updated view; the number of rows written.
+        `read_records` leaves out records the schema refuses; a record the mirror still cannot read is left out by
+        `rows` and `update_view`."""
         from rcswarm.observe.mirror_view import VIEW_KEY, update_view
         from rcswarm.worker import hivemind_sync as hs
 
         now = time.time()
         metrics = hs.read_records(dht, hs.METRICS_KEY, self.spec.run.name)
         digests = hs.read_records(dht, hs.DIGEST_KEY, self.spec.run.name)
+        seen = dict(self.seen)
         rows = self.rows(metrics, now)
-        written = self.store.add_metrics(rows) if rows else 0
+        try:
+            written = self.store.add_metrics(rows) if rows else 0
+        except BaseException:
+            self.seen = seen  # none of these rows was written: the next poll tries them again
+            raise
         self.view = update_view(self.view, self.spec.run.name, digests, metrics, now)
         self.store.set_many({VIEW_KEY: self.view.to_json()})
         return written
@@ -131,6 +160,20 @@ class Mirror:
     def close(self) -> None:
         self.store.close()
         self.lock.release()
+
+
+def _poll(mirror: Mirror, dht: Any) -> int:
+    """`mirror.poll(dht)`, a failing poll logged and counted as 0 rows: the bootstrap peer and the next poll go on
+    (hivemind_sync.PeerDied, the DHT's process gone, is raised: nothing is left to poll)."""
+    from rcswarm.worker import hivemind_sync as hs
+
+    try:
+        return mirror.poll(dht)
+    except hs.PeerDied:
+        raise
+    except Exception as error:  # noqa: BLE001 - one bad poll must not end the bootstrap peer the swarm dials
+        log.warning("mirror poll failed, the next one goes on: %s: %s", type(error).__name__, error)
+        return 0
 
 
 def _not_a_mirror_dir(store: Any, spec: RunSpec) -> str | None:
@@ -228,11 +271,14 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
         dashboard = start_dashboard(args) if args.http_port is not None else None
         while not stop.wait(args.poll_s if mirror is not None else 1.0):
             if mirror is not None:
-                written = mirror.poll(dht)
+                written = _poll(mirror, dht)
                 if written:
                     log.info("mirrored %d metric rows into %s", written, args.state_dir)
         if mirror is not None:
-            mirror.poll(dht)
+            _poll(mirror, dht)
+    except hs.PeerDied as exc:
+        log.error("bootstrap peer stops: %s", exc)
+        return 1
     finally:
         if dashboard is not None:
             dashboard.stop()

@@ -26,6 +26,7 @@ coordinator.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +49,10 @@ STALE_FACTOR = 3.0
 MIRROR_HINT = "a state dir that `rcswarm dht --config RUN.toml --state-dir DIR` mirrors a hivemind swarm into"
 # Metric row fields (hivemind_sync.MetricsRecord): version, step, loss, tokens, wall, compute, sync, seq_len, batch.
 ROW_STEP, ROW_LOSS, ROW_WALL, ROW_SEQ_LEN = 1, 2, 4, 7
+# The view's versions and steps go into GetStatus's int64 fields, the mirrored rows' integers into SQLite's.
+INT64_LIMIT = 2**63
+
+log = logging.getLogger("rcswarm.mirror")
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,8 @@ def _newest_row(record: Mapping[str, Any] | None) -> list[float] | None:
 
 def _peer(peer_id: str, old: PeerView | None, digest: Mapping[str, Any] | None, metrics: Mapping[str, Any] | None,
           now: float) -> PeerView:
-    """`old` updated with this poll's records of the peer."""
+    """`old` updated with this poll's records of the peer; ValueError, TypeError, KeyError or OverflowError for
+    records that are not ones (`update_view` keeps `old` then)."""
     row = _newest_row(metrics)
     name = str(metrics["name"]) if metrics is not None else old.name if old is not None else "peer"
     version = int(digest["version"]) if digest is not None else old.version if old is not None else -1
@@ -114,6 +120,10 @@ def _peer(peer_id: str, old: PeerView | None, digest: Mapping[str, Any] | None, 
         int(row[ROW_SEQ_LEN]) if row is not None else 0, loss, float(row[ROW_WALL]) if row is not None else 0.0,
         first_seen=now, seen_at=now,
     )
+    if not all(-1 <= n < INT64_LIMIT for n in (fresh.version, fresh.step, fresh.seq_len)):
+        raise ValueError(f"version {fresh.version}, step {fresh.step}, seq_len {fresh.seq_len}: expected int64 counts")
+    if not math.isfinite(fresh.wall_time):
+        raise ValueError(f"time {fresh.wall_time!r}: expected a finite time")
     if old is None:
         return fresh
     if row is None:
@@ -127,11 +137,17 @@ def update_view(previous: SwarmView | None, run: str, digests: Mapping[str, Mapp
                 metrics: Mapping[str, Mapping[str, Any]], now: float) -> SwarmView:
     """The view after a poll that read `digests` and `metrics` (by peer id, hivemind_sync.read_records) (pure).
 
-    Peers whose records left the DHT keep their last state; the `MAX_PEERS` seen last are kept.
+    Peers whose records left the DHT keep their last state; the `MAX_PEERS` seen last are kept. A peer whose records
+    cannot be read (`_peer`) keeps its last state too (logged).
     """
     known = {p.peer_id: p for p in previous.peers} if previous is not None else {}
     for peer_id in sorted(set(digests) | set(metrics)):
-        known[peer_id] = _peer(peer_id, known.get(peer_id), digests.get(peer_id), metrics.get(peer_id), now)
+        try:
+            peer = _peer(peer_id, known.get(peer_id), digests.get(peer_id), metrics.get(peer_id), now)
+        except (ValueError, TypeError, KeyError, OverflowError) as error:
+            log.warning("the records of peer %.80s are left out of the swarm's view: %s", peer_id, error)
+            continue
+        known[peer_id] = peer
     peers = sorted(known.values(), key=lambda p: (-p.seen_at, p.peer_id))[:MAX_PEERS]
     version = max((p.version for p in peers), default=-1)
     return SwarmView(run, now, max(version, 0), tuple(peers))

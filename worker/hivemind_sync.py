@@ -20,7 +20,9 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
 * **Records**: every peer stores its digest per version (`DigestRecord`: SHA-256 and a
   numeric sketch of θ) and its round's metrics (`MetricsRecord`) in the DHT under
   `rcswarm_digest` / `rcswarm_metrics`, subkey = peer id. Values are msgpack (hivemind's DHT
-  serializer), never pickle, and every DHT node checks them with `record_validator()`.
+  serializer), never pickle, and every DHT node checks them with `record_validator()` (finite numbers, versions
+  below MAX_VERSION); `read_records` checks each again (a node with an older validator may serve one). The subkey is
+  the storer's word, not verified (docs/SECURITY.md). Every call into the DHT's process is bounded (`dht_result`).
 * **Drift**: `drift(a, b)` compares two sketches (per part of θ, the difference of sums over the
   part's L1 norm); `resync_reason` says whether this peer must load the state of the
   highest-version majority.
@@ -94,6 +96,15 @@ SKETCH_PARTS = 64
 # A metrics record holds a peer's newest rows, several rounds' worth, so a mirror polling slower than
 # the rounds misses none (it keeps the rows past the newest step it wrote).
 MAX_METRIC_ROWS = 256
+# A version in a record or a groupmate's gather is a plain int below this: SQLite's and protobuf's int64 hold it,
+# and a float (a state's declared priority) orders it.
+MAX_VERSION = 2**62
+# The numbers of a metric row are finite and at most this in magnitude (integers up to it are exact as floats and
+# fit the mirror's int64 columns); only the loss may be NaN (a diverged step, which the mirror shows as no loss).
+MAX_ROW_VALUE = 2.0**53
+ROW_LOSS = 2
+# How long a call into the DHT's process may take before this peer counts that process as gone (`dht_result`).
+DHT_ANSWER_S = 60.0
 
 
 class RcswarmCompression(CompressionBase):
@@ -171,15 +182,37 @@ def compression_for(codec: str, block_size: int, value_bits: int = 0) -> Compres
 register_codecs()
 
 
+# Finite floats only: hivemind's validator compares a parsed value with the received one, and a NaN passes that
+# comparison (the same float object), so NaN and inf are refused here, by the type.
+_FiniteFloat = pydantic.confloat(strict=True, allow_inf_nan=False)
+_FiniteNonNegative = pydantic.confloat(strict=True, ge=0.0, allow_inf_nan=False)
+
+
+def is_version(value: Any) -> bool:
+    """Whether `value` (msgpack from the wire) is a version: a plain int (not a bool) in [0, MAX_VERSION)."""
+    return type(value) is int and 0 <= value < MAX_VERSION
+
+
+def metric_row_problem(row: Sequence[float]) -> str:
+    """Why a metric row [version, step, loss, tokens, wall, compute, sync, seq_len, batch] is refused ("" when it is
+    not): each value finite and at most MAX_ROW_VALUE in magnitude, the loss also NaN."""
+    for index, value in enumerate(row):
+        if index == ROW_LOSS and math.isnan(value):
+            continue
+        if not (math.isfinite(value) and abs(value) <= MAX_ROW_VALUE):
+            return f"metric row value {value!r} at position {index}: expected a finite number of magnitude <= 2**53"
+    return ""
+
+
 class DigestRecord(pydantic.BaseModel):
     """One peer's parameters at one version: SHA-256 and the sketch `sketch()` computes (sums, θ norms, step norms)."""
 
     run: pydantic.constr(strict=True, max_length=200)
-    version: pydantic.conint(strict=True, ge=0)
+    version: pydantic.conint(strict=True, ge=0, lt=MAX_VERSION)
     sha256: pydantic.constr(strict=True, regex=r"^[0-9a-f]{64}$")
-    sums: pydantic.conlist(pydantic.StrictFloat, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
-    norms: pydantic.conlist(pydantic.confloat(strict=True, ge=0.0), min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
-    steps: pydantic.conlist(pydantic.confloat(strict=True, ge=0.0), min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
+    sums: pydantic.conlist(_FiniteFloat, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
+    norms: pydantic.conlist(_FiniteNonNegative, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
+    steps: pydantic.conlist(_FiniteNonNegative, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
 
     class Config:
         extra = pydantic.Extra.forbid
@@ -198,10 +231,31 @@ class MetricsRecord(pydantic.BaseModel):
     class Config:
         extra = pydantic.Extra.forbid
 
+    @pydantic.validator("rows")
+    def _rows_in_range(cls, rows: list[list[float]]) -> list[list[float]]:
+        """Every row's numbers within `metric_row_problem`'s bounds (the rows returned as they came)."""
+        for row in rows:
+            problem = metric_row_problem(row)
+            if problem:
+                raise ValueError(problem)
+        return rows
+
 
 class _Records(pydantic.BaseModel):
     digest: dict[pydantic.constr(strict=True, max_length=128), DigestRecord]
     metrics: dict[pydantic.constr(strict=True, max_length=128), MetricsRecord]
+
+
+_RECORD_SCHEMAS: dict[str, type[pydantic.BaseModel]] = {DIGEST_KEY: DigestRecord, METRICS_KEY: MetricsRecord}
+
+
+def record_problem(key: str, value: Any) -> str:
+    """Why `value` is not a valid record under `key` (DIGEST_KEY, METRICS_KEY) by the schema ("" when it is)."""
+    try:
+        _RECORD_SCHEMAS[key].parse_obj(value)
+    except pydantic.ValidationError as error:
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:3])
+    return ""
 
 
 def record_validator() -> SchemaValidator:
@@ -234,8 +288,12 @@ def drift(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
     A sum over a part is a projection of θ, so |sum_a − sum_b| estimates ‖θ_a − θ_b‖ on the part
     (up to the part's √size, as ‖step‖ does); dividing by the part's step norm (or 1e-7 × its θ norm
     when the step was 0, a skipped round) makes a missed round ≈ 1 whatever the scale of θ, and
-    codec noise a small fraction.
+    codec noise a small fraction. A sketch with a non-finite number is infinitely far from every other (and itself):
+    it must not count as agreeing with anything.
     """
+    numbers = (*a["sums"], *b["sums"], *a["norms"], *b["norms"], *a["steps"], *b["steps"])
+    if not all(math.isfinite(x) for x in numbers):
+        return math.inf
     worst = 0.0
     for sa, sb, na, nb, ta, tb in zip(a["sums"], b["sums"], a["norms"], b["norms"], a["steps"], b["steps"]):
         scale = max(ta, tb, 1e-7 * max(na, nb), 1e-30)
@@ -616,7 +674,9 @@ class Averaged:
 
     @property
     def group_version(self) -> int:
-        return max(int(g.get("version", -1)) for g in self.gathered)
+        """The highest version a groupmate gathered (-1 when none did): only a plain int in [0, MAX_VERSION) counts,
+        whatever else a groupmate sent (the gather is msgpack from the wire)."""
+        return max((g.get("version") for g in self.gathered if is_version(g.get("version"))), default=-1)
 
 
 class HivemindPeer:
@@ -668,20 +728,25 @@ class HivemindPeer:
 
     def set_state_version(self, version: float, shareable: bool = True) -> None:
         """Declare this peer's state at `version` (priority: higher versions are loaded first; a fraction above a
-        version marks the replica a group ends on, `HivemindWorker._settle`)."""
-        self.averager.state_sharing_priority = float(version)
+        version marks the replica a group ends on, `HivemindWorker._settle`). A peer in client mode serves no state:
+        hivemind refuses it a priority."""
+        if not self.options.client_mode:
+            self.averager.state_sharing_priority = float(version)
         self.averager.allow_state_sharing = shareable and not self.options.client_mode
 
     def declared_versions(self) -> list[float | None]:
         """The version each other live averager of this run declares for its state, None for one that declares it
         does not serve it now (a peer loading a state, `set_state_version(shareable=False)`, or declaring
-        anything but a number). A declaration lives hivemind.state_declare_s: a peer that exited drops out."""
-        found = self.dht.get(f"{RECORD_PREFIX}_{self.run}.all_averagers", latest=True)
+        anything but a finite number in [0, MAX_VERSION]: these declarations are outside rcswarm's record schema, any
+        node may store one). A declaration lives hivemind.state_declare_s: a peer that exited drops out."""
+        declared = f"{RECORD_PREFIX}_{self.run}.all_averagers"
+        found = dht_result(self.dht, "get", self.dht.get(declared, latest=True, return_future=True))
         if found is None or not isinstance(found.value, dict):
             return []
         mine = self.averager.peer_id.to_bytes()
         values = [getattr(item, "value", None) for key, item in found.value.items() if key != mine]
-        return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values]
+        return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_VERSION else None
+                for v in values]
 
     def newest_declared_version(self) -> int:
         """The highest version another averager of this run declares for its state (0 when none does)."""
@@ -788,21 +853,56 @@ def _wait_for_group(control: Any, deadline: float, ask_at: float = math.inf,
     return None
 
 
+def dht_result(dht: hivemind.DHT, what: str, future: Any, timeout_s: float = DHT_ANSWER_S) -> Any:
+    """The result of a call into the DHT's process (`future`, from `return_future=True`), waited for at most
+    `timeout_s`; PeerDied as soon as that process has exited (its future would never resolve) or when it did not
+    answer in time. `what` names the call in the message."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return future.result(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        except TimeoutError:
+            if future.done():  # the DHT's own operation raised a timeout: its error, not a silent process
+                raise
+        if not dht.is_alive():
+            raise PeerDied(f"its hivemind DHT process (pid {dht.pid}) exited with code {dht.exitcode} during a {what}")
+        if time.monotonic() >= deadline:
+            future.cancel()
+            raise PeerDied(f"its hivemind DHT process (pid {dht.pid}) did not answer a {what} within {timeout_s:g} s")
+
+
 def store_record(dht: hivemind.DHT, peer_id: str, key: str, value: dict[str, Any], ttl_s: float) -> bool:
     """Store `value` under `key`, subkey `peer_id`, for `ttl_s` seconds; whether the DHT accepted it."""
-    return bool(dht.store(key, value, get_dht_time() + ttl_s, subkey=peer_id))
+    future = dht.store(key, value, get_dht_time() + ttl_s, subkey=peer_id, return_future=True)
+    return bool(dht_result(dht, "store", future))
+
+
+# (key, subkey, problem) of the records `read_records` refused and logged: a record lingering for its TTL is logged
+# once.
+_REFUSED: set[tuple[str, str, str]] = set()
+_MAX_REFUSED_LOGGED = 4096
 
 
 def read_records(dht: hivemind.DHT, key: str, run: str) -> dict[str, dict[str, Any]]:
-    """The records under `key` whose run is `run`, by subkey; the validator already refused malformed ones."""
-    found = dht.get(key, latest=True)
+    """The records under `key` whose run is `run`, by subkey, each checked against the schema again (`record_problem`:
+    a DHT node with an older validator may serve a record this one refuses); a refused record is left out and logged
+    once."""
+    found = dht_result(dht, "get", dht.get(key, latest=True, return_future=True))
     if found is None or not isinstance(found.value, dict):
         return {}
     out = {}
     for subkey, item in found.value.items():
         value = getattr(item, "value", None)
-        if isinstance(value, dict) and value.get("run") == run:
+        if not isinstance(value, dict) or value.get("run") != run:
+            continue
+        problem = record_problem(key, value)
+        if not problem:
             out[str(subkey)] = value
+        elif (key, str(subkey), problem) not in _REFUSED:
+            if len(_REFUSED) >= _MAX_REFUSED_LOGGED:
+                _REFUSED.clear()
+            _REFUSED.add((key, str(subkey), problem))
+            log.warning("the %s record of subkey %.80s is left out: %s", key, str(subkey), problem)
     return out
 
 

@@ -100,6 +100,35 @@ def test_getstatus_from_a_mirrored_store(tmp_path: Path) -> None:
     assert workers["a"].step_seconds == pytest.approx(0.32)
 
 
+def test_the_mirror_leaves_out_a_record_it_cannot_read_and_writes_the_others(tmp_path: Path) -> None:
+    """Rows a DHT node with an older validator may still serve (NaN, inf, 1e300, 2**64 − 1) reach neither the store nor
+    the view; the readable records of the same poll are mirrored, and the view still serves GetStatus and JSON."""
+    def row_with(index: int, value: float) -> list[list[float]]:
+        rows = law_rows(32, 3)
+        rows[-1][index] = value
+        return rows
+
+    bad = {f"p-bad{i:05d}": metrics(f"bad{i}", row_with(index, value)) for i, (index, value) in enumerate(
+        [(1, float("nan")), (1, float("inf")), (1, 1e300), (4, float("inf")), (3, float(2**64))])}
+    records = {"p-aaaaaaaa": metrics("a", law_rows(32, 3)), **bad}
+    mirror = dht_cli.Mirror(spec(), tmp_path / "state")
+    try:
+        rows = mirror.rows(records, 100.0)
+        assert {row[1] for row in rows} == {"a@aaaaaaaa"} and len(rows) == 3
+        assert set(mirror.seen) == {"p-aaaaaaaa"}
+        assert mirror.store.add_metrics(rows) == 3
+        digests = {"p-aaaaaaaa": digest(2), "p-huge0000": digest(2**64 - 1), "p-text0000": {"run": RUN, "version": "x"}}
+        view = mv.update_view(None, RUN, digests, records, 100.0)
+        # bad0's NaN step is its newest row's; bad4's tokens are not in the view.
+        assert {p.name for p in view.peers} == {"a", "bad0", "bad4"} and view.version == 2
+        assert all(p.version < 2**63 and p.step < 2**63 for p in view.peers)
+        mirror.store.set_many({mv.VIEW_KEY: view.to_json()})
+        status = mv.mirrored_status(mirror.store, 101.0)
+        assert status.version == 2 and "a@aaaaaaaa" in {w.worker_id for w in status.workers}
+    finally:
+        mirror.close()
+
+
 def test_a_mirror_holds_its_state_dir_and_takes_no_coordinators_or_other_runs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The mirror writes its state dir alone: a second mirror or a coordinator on it is refused while it lives; it

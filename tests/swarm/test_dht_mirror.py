@@ -156,3 +156,26 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
     assert fit_cli.main([str(tmp_path / "runs"), "--out", str(tmp_path / "fit.png")]) == 0
     printed = capsys.readouterr().out
     assert "8 → 32" in printed and "32 → 128" in printed and "hm-128" in printed
+
+
+def test_a_failing_mirror_poll_is_logged_and_the_next_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    """One poll that raises (a record the mirror cannot write, a full disk) must not end the bootstrap peer; a DHT
+    process that is gone ends it (PeerDied), as nothing is left to poll."""
+    from rcswarm.worker import hivemind_sync as hs
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.errors = [OverflowError("Python int too large to convert to SQLite INTEGER")]
+
+        def poll(self, dht: Any) -> int:
+            if self.errors:
+                raise self.errors.pop()
+            return 3
+
+    mirror = Flaky()
+    assert dht_cli._poll(mirror, None) == 0
+    assert "mirror poll failed, the next one goes on: OverflowError: Python int too large" in caplog.text
+    assert dht_cli._poll(mirror, None) == 3
+    mirror.errors = [hs.PeerDied("its hivemind DHT process (pid 1) exited with code -9 during a get")]
+    with pytest.raises(hs.PeerDied):
+        dht_cli._poll(mirror, None)

@@ -1,0 +1,190 @@
+"""What a hivemind peer reads from others is checked before it is used: DHT records (finite numbers, bounded versions),
+a groupmate's gathered version, the state priorities other averagers declare, and a DHT process that stopped
+answering. Most tests here are in-process (the functions, with stand-ins for the DHT); the client-mode one and the
+killed DHT start real peers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import signal
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from rcswarm.worker import hivemind_sync as hs
+
+pytest.importorskip("hivemind")
+
+from hivemind.dht.protocol import DHTProtocol  # noqa: E402
+from hivemind.dht.routing import DHTID  # noqa: E402
+from hivemind.dht.validation import DHTRecord  # noqa: E402
+from hivemind.utils import get_dht_time  # noqa: E402
+from hivemind.utils.timed_storage import ValueWithExpiration  # noqa: E402
+
+ROW = [0.0, 1.0, 2.5, 128.0, 1.7e9, 0.1, 0.0, 32.0, 4.0]
+
+
+def _valid(key: str, value: Any) -> bool:
+    """Whether rcswarm's DHT validator accepts `value` under `key`, subkey "peer"."""
+    dumps = DHTProtocol.serializer.dumps
+    record = DHTRecord(key=DHTID.generate(source=key).to_bytes(), subkey=dumps("peer"), value=dumps(value),
+                       expiration_time=0.0)
+    return hs.record_validator().validate(record)
+
+
+def _row(index: int, value: float) -> list[float]:
+    """ROW with `value` at `index`."""
+    row = list(ROW)
+    row[index] = value
+    return row
+
+
+class _FakeDHT:
+    """A DHT stand-in for one key: `get` and `store` answer `future`; `alive` is what `is_alive` says."""
+
+    def __init__(self, value: Any = None, future: concurrent.futures.Future | None = None, alive: bool = True) -> None:
+        self.future = future or concurrent.futures.Future()
+        if future is None:
+            self.future.set_result(value)
+        self.alive, self.pid, self.exitcode = alive, 4242, None if alive else -9
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def get(self, key: str, latest: bool = False, return_future: bool = False) -> Any:
+        assert return_future, "a call into the DHT's process must not wait without a bound"
+        return self.future
+
+    def store(self, *args: Any, return_future: bool = False, **kwargs: Any) -> Any:
+        assert return_future, "a call into the DHT's process must not wait without a bound"
+        return self.future
+
+
+def _found(values: dict[Any, Any]) -> ValueWithExpiration:
+    """A dictionary value as `dht.get(latest=True)` returns it."""
+    expiration = get_dht_time() + 30
+    return ValueWithExpiration({k: ValueWithExpiration(v, expiration) for k, v in values.items()}, expiration)
+
+
+def test_records_refuse_non_finite_numbers_and_versions_beyond_int64() -> None:
+    good = hs.digest_record("hm", 3, {"w": torch.ones(40)})
+    assert _valid(hs.DIGEST_KEY, good)
+    assert _valid(hs.DIGEST_KEY, {**good, "version": hs.MAX_VERSION - 1})
+    for bad in ({**good, "version": hs.MAX_VERSION}, {**good, "version": 2**64 - 1},
+                {**good, "sums": [math.nan] * hs.SKETCH_PARTS}, {**good, "sums": [math.inf] * hs.SKETCH_PARTS},
+                {**good, "norms": [math.inf] * hs.SKETCH_PARTS}, {**good, "steps": [math.inf] * hs.SKETCH_PARTS}):
+        assert not _valid(hs.DIGEST_KEY, bad), bad
+        assert hs.record_problem(hs.DIGEST_KEY, bad)
+    assert _valid(hs.METRICS_KEY, {"run": "hm", "name": "a", "rows": [ROW]})
+    assert _valid(hs.METRICS_KEY, {"run": "hm", "name": "a", "rows": [_row(hs.ROW_LOSS, math.nan)]})  # diverged
+    for index, value in ((1, math.nan), (1, math.inf), (1, 1e300), (4, math.inf), (hs.ROW_LOSS, math.inf),
+                         (3, -1e300)):
+        metrics = {"run": "hm", "name": "a", "rows": [ROW, _row(index, value)]}
+        assert not _valid(hs.METRICS_KEY, metrics), (index, value)
+        assert f"position {index}" in hs.record_problem(hs.METRICS_KEY, metrics)
+
+
+def test_records_a_node_with_an_older_validator_serves_are_checked_again() -> None:
+    good = {"run": "hm", "name": "a", "rows": [ROW]}
+    bad = {"run": "hm", "name": "evil", "rows": [_row(1, math.inf)]}
+    dht = _FakeDHT(_found({"good": good, "evil": bad, "other-run": {**good, "run": "x"}}))
+    assert hs.read_records(dht, hs.METRICS_KEY, "hm") == {"good": good}
+
+
+def test_a_non_finite_sketch_is_far_from_every_replica_and_never_the_reference() -> None:
+    torch.manual_seed(0)
+    step = {"w": torch.randn(4096) * 1e-2}
+    theta = {"w": torch.randn(4096)}
+    a = hs.digest_record("hm", 9, theta, step)
+    b = hs.digest_record("hm", 9, {"w": theta["w"] + 1e-4 * torch.randn(4096)}, step)
+    cheat = hs.digest_record("hm", 9, {"w": theta["w"] + 5.0}, step)
+    for field in ("steps", "norms", "sums"):
+        for value in (math.inf, math.nan):
+            forged = {**cheat, field: [value] * hs.SKETCH_PARTS}
+            assert hs.drift(a, forged) == math.inf and hs.drift(forged, b) == math.inf, (field, value)
+            # "1" sorts before both honest ids: counted as agreeing with everyone, it was named the reference.
+            assert hs.final_reference("12D3KooWA", a, {"12D3KooWB": b, "1": forged}) == "12D3KooWA"
+            assert hs.final_reference("12D3KooWB", b, {"12D3KooWA": a, "1": forged}) == "12D3KooWA"
+    assert hs.drift(a, b) < 1.0
+
+
+def test_a_groupmates_gathered_version_counts_only_as_a_plain_int() -> None:
+    honest = {"version": 3, "tokens": 640, "norm": 0.5}
+    for sent in (None, "three", [3], math.inf, math.nan, 3.0, True, -1, hs.MAX_VERSION, 2**64):
+        assert hs.Averaged([], [honest, {"version": sent}], 0.0).group_version == 3, sent
+    assert hs.Averaged([], [honest, {"version": 7}], 0.0).group_version == 7
+    assert hs.Averaged([], [{"tokens": 1}], 0.0).group_version == -1
+
+
+def test_declared_state_priorities_count_only_as_finite_versions() -> None:
+    declared = {b"mine": 9.0, b"honest": 3.0, b"inf": math.inf, b"nan": math.nan, b"huge": 1e300, b"neg": -5.0,
+                b"text": "x", b"loading": None}
+    peer = types.SimpleNamespace(dht=_FakeDHT(_found(declared)), run="hm",
+                                 averager=types.SimpleNamespace(peer_id=types.SimpleNamespace(to_bytes=lambda: b"mine")))
+    peer.declared_versions = lambda: hs.HivemindPeer.declared_versions(peer)
+    assert sorted(peer.declared_versions(), key=str) == [3.0] + [None] * 6
+    assert hs.HivemindPeer.newest_declared_version(peer) == 3
+
+
+def _raised_within(seconds: float, call: Callable[[], Any]) -> BaseException | None:
+    """What `call()` raised on a daemon thread, asserting it ended within `seconds` (a hang fails, not blocks)."""
+    raised: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            call()
+            raised.append(None)
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            raised.append(error)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert raised, f"still waiting after {seconds} s"
+    return raised[0]
+
+
+def test_a_dht_call_ends_with_peer_died_when_the_process_is_gone_or_silent() -> None:
+    never = concurrent.futures.Future()
+    error = _raised_within(5.0, lambda: hs.read_records(_FakeDHT(future=never, alive=False), hs.DIGEST_KEY, "hm"))
+    assert isinstance(error, hs.PeerDied) and "DHT process (pid 4242) exited with code -9 during a get" in str(error)
+    error = _raised_within(5.0, lambda: hs.store_record(_FakeDHT(future=never, alive=False), "p", hs.DIGEST_KEY, {}, 5))
+    assert isinstance(error, hs.PeerDied) and "exited with code -9 during a store" in str(error)
+    with pytest.raises(hs.PeerDied, match="did not answer a get within 0.3 s"):
+        hs.dht_result(_FakeDHT(future=never), "get", never, timeout_s=0.3)
+    failed = concurrent.futures.Future()
+    failed.set_exception(TimeoutError("the DHT's own timeout"))
+    with pytest.raises(TimeoutError, match="the DHT's own timeout"):
+        hs.dht_result(_FakeDHT(future=failed), "get", failed)
+
+
+def test_a_killed_dht_process_ends_a_read_with_peer_died(no_new_p2pd: None) -> None:
+    dht = hs.start_dht(hs.HivemindOptions.loopback())
+    try:
+        os.kill(dht.pid, signal.SIGKILL)
+        dht.join(timeout=10)
+        error = _raised_within(10.0, lambda: hs.read_records(dht, hs.DIGEST_KEY, "hm"))
+        assert isinstance(error, hs.PeerDied) and "exited with code -9" in str(error)
+    finally:
+        dht.shutdown()
+
+
+def test_a_client_mode_peer_goes_on_past_its_first_version(no_new_p2pd: None) -> None:
+    boot = hs.start_dht(hs.HivemindOptions.loopback())
+    peer = None
+    try:
+        options = hs.HivemindOptions.loopback(hs.visible_maddrs(boot), client_mode=True)
+        peer = hs.HivemindPeer("hm", [(8,)], "fp32", 256, options, lambda: ({"run": "hm", "version": 0}, []))
+        for version, shareable in ((0, True), (1, True), (2, False), (2.5, True)):
+            peer.set_state_version(version, shareable)
+        assert not peer.averager.allow_state_sharing and peer.averager.state_sharing_priority == 0.0
+    finally:
+        if peer is not None:
+            peer.shutdown()
+        boot.shutdown()
