@@ -393,7 +393,8 @@ def _publish(staging: Path, out: Path, manifest: dict) -> None:
 
 
 def _fsync(path: Path) -> None:
-    """Flush a file's contents, or a directory's entries, to disk."""
+    """Flush a file's contents, or a directory's entries, to disk (data imports nothing of ours, so this is its own
+    twin of state/checkpoints.fsync_dir)."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)

@@ -150,6 +150,20 @@ class RestartedDuringAnExchange(Worker):
         return super()._push_deltas(version, deltas, tokens, rejoin)
 
 
+def run_restarted(target: str, restart) -> RestartedDuringAnExchange:
+    """A `RestartedDuringAnExchange` worker named "solo", run on its own thread until it ends (at most 120 s), which
+    must be with exit status 0."""
+    worker = RestartedDuringAnExchange(WorkerOptions(coordinator=target, device="cpu", name="solo"), TOKEN,
+                                       restart=restart)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    worker.stop.set()
+    assert not thread.is_alive() and result == [0], worker.exit_reason
+    return worker
+
+
 def test_a_restart_with_a_change_it_allows_keeps_the_model_optimizer_and_progress(start_coordinator, tmp_path):
     # The restarted coordinator serves run.rounds 5 instead of 3 (RESTART_MUTABLE): the re-join keeps the model, its
     # inner optimizer and error feedback, and the merge keeps the steps since the push. It used to rebuild the model
@@ -167,14 +181,7 @@ def test_a_restart_with_a_change_it_allows_keeps_the_model_optimizer_and_progres
         running[0].running.stop(grace=0.2)
         running.append(start_coordinator(respec, state_dir=state_dir, port=port))
 
-    worker = RestartedDuringAnExchange(WorkerOptions(coordinator=running[0].target, device="cpu", name="solo"), TOKEN,
-                                       restart=restart)
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
-    thread.start()
-    thread.join(timeout=120)
-    worker.stop.set()
-    assert not thread.is_alive() and result == [0], worker.exit_reason
+    worker = run_restarted(running[0].target, restart)
     assert worker.restarted and worker.builds == 1
     assert running[-1].service.version == 5
     expected = local_training(spec, steps=5 * 4)
@@ -201,15 +208,8 @@ def test_a_rejoin_that_rebuilds_the_model_loads_the_pulled_theta_instead_of_merg
         running[0].running.stop(grace=0.2)
         running.append(start_coordinator(spec, state_dir=state_dir, port=port))
 
-    worker = RestartedDuringAnExchange(WorkerOptions(coordinator=running[0].target, device="cpu", name="solo"), TOKEN,
-                                       restart=restart)
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
     with caplog.at_level("INFO", logger="rcswarm.worker"):
-        thread.start()
-        thread.join(timeout=120)
-    worker.stop.set()
-    assert not thread.is_alive() and result == [0], worker.exit_reason
+        worker = run_restarted(running[0].target, restart)
     messages = [r.getMessage() for r in caplog.records]
     assert worker.builds >= 2 and any("model was built anew at the re-join" in m for m in messages), messages
     assert running[-1].service.version == 3
