@@ -151,10 +151,13 @@ class RestartedDuringAnExchange(Worker):
 
 
 def run_restarted(target: str, restart) -> RestartedDuringAnExchange:
-    """A `RestartedDuringAnExchange` worker named "solo", run on its own thread until it ends (at most 120 s), which
-    must be with exit status 0."""
-    worker = RestartedDuringAnExchange(WorkerOptions(coordinator=target, device="cpu", name="solo"), TOKEN,
-                                       restart=restart)
+    """A `RestartedDuringAnExchange` worker named "solo", run to its end (`run_to_the_end`)."""
+    return run_to_the_end(RestartedDuringAnExchange(WorkerOptions(coordinator=target, device="cpu", name="solo"),
+                                                    TOKEN, restart=restart))
+
+
+def run_to_the_end(worker: Worker) -> Worker:
+    """Run `worker` on its own thread until it ends (at most 120 s), which must be with exit status 0."""
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
     thread.start()
@@ -223,13 +226,7 @@ def test_an_overlapped_worker_is_not_refused_when_the_curriculum_lowers_batch_ti
     spec = tiny_spec(run={"rounds": 4}, inner={"steps": 4}, outer={"lr": 1.0, "momentum": 0.0},
                      sync={"codec": "fp32", "overlap": True}, curriculum={"schedule": [[0, 32, 4], [8, 64, 1]]})
     local = start_coordinator(spec)
-    worker = Worker(WorkerOptions(coordinator=local.target, device="cpu", name="solo"), TOKEN)
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
-    thread.start()
-    thread.join(timeout=120)
-    worker.stop.set()
-    assert not thread.is_alive() and result == [0], worker.exit_reason
+    run_to_the_end(Worker(WorkerOptions(coordinator=local.target, device="cpu", name="solo"), TOKEN))
     assert local.service.version == 4
     assert local.service.workers and all(w.dropped_updates == 0 for w in local.service.workers.values())
 
