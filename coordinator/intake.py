@@ -169,6 +169,9 @@ class UpdateIntake:
         if run.round.closing and run.staleness.max_staleness > 0:
             run._wait_for_close(run.spec.coordinator.max_wait_s)
             run._member(worker.worker_id)
+        if run.stopped is not None:  # its open round never closes: an update taken now would never be applied
+            self.refuse_stale(worker, f"stale update: the run was stopped at version {run.version} ({run.stopped}); "
+                                      "join again")
         if run.finished and meta.base_version < run.version:
             self.refuse_stale(worker, f"stale update: trained from version {meta.base_version} but the run "
                                       f"finished at version {run.version}")

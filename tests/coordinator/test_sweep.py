@@ -4,6 +4,7 @@ Workers scheduled across a sweep's runs by a real coordinator are tests/swarm/te
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from rcswarm.coordinator.sweep import RunLoad, SweepCoordinator, decide_assignment, decide_move
@@ -240,3 +241,25 @@ def test_a_run_whose_close_keeps_failing_stops_no_other_runs_ticks(tmp_path):
         assert healthy.active_workers() == 0
     finally:
         group.close()
+
+
+def test_a_push_to_a_run_stopped_while_its_round_was_open_is_refused(tmp_path):
+    """It was answered `accepted` and never applied: a stopped run's open round never closes."""
+    from rcswarm.coordinator.records import Refusal
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from rcswarm.sync import tensor_stream
+    from tests.helpers.coordinator import creds, deltas_of
+
+    sweep = SweepCoordinator(tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 5},
+                                       sync={"codec": "fp32", "max_update_norm": 100.0}), tmp_path)
+    member = sweep.join(pb.JoinRequest(worker_name="a"))
+    run = sweep.runs[0]
+    for _ in run.pull(pb.PullParametersRequest(**creds(member))):
+        pass
+    run.stop("pruned: at 25% of the budget (test)")
+    header, chunks = tensor_stream.build_payload(deltas_of(run, 1e-3), codec=run.wire_format, run_id=run.run_id, version=0)
+    with pytest.raises(Refusal, match=r"the run was stopped at version 0 \(pruned: at 25% of the budget \(test\)\); join again") as refused:
+        sweep.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(member), base_version=0, tokens=40)),
+                         pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION and len(run.round.reports) == 0
+    sweep.close()
