@@ -771,7 +771,7 @@ class Worker:
     def _check_finite(self, version: int, deltas: dict[str, torch.Tensor]) -> None:
         """Raise Diverged, counting the round in `_diverged_rounds`, when Δ holds a NaN or an infinity (it names the
         first such tensor and how many of its values); else the count starts again from 0. Called on the training
-        thread before a Δ leaves it, and by `_push_deltas` again (on the exchange thread, for a Δ already checked)."""
+        thread, once a round, before its Δ leaves it (`_push`, `_overlapped_round`)."""
         for name, delta in deltas.items():
             if not bool(torch.isfinite(delta).all()):
                 bad = delta.numel() - int(torch.isfinite(delta).sum())
@@ -790,16 +790,18 @@ class Worker:
                     self._diverged_rounds, MAX_DIVERGED_ROUNDS)
 
     def _push(self, version: int, base: dict[str, torch.Tensor], tokens: int) -> bool:
-        """Encode and deliver Δ = θ_v − θ_local; False when it was stale (dropped, residual restored)."""
-        return self._push_deltas(version, self.trainer.delta(base), tokens)
+        """Encode and deliver Δ = θ_v − θ_local; False when it was stale (dropped, residual restored). A Δ that is not
+        finite raises Diverged before anything is compressed or sent (`_check_finite`)."""
+        deltas = self.trainer.delta(base)
+        self._check_finite(version, deltas)
+        return self._push_deltas(version, deltas, tokens)
 
     def _push_deltas(self, version: int, deltas: dict[str, torch.Tensor], tokens: int, rejoin: bool = True) -> bool:
-        """Encode and deliver `deltas`; False when it was stale (dropped, residual restored). A Δ that is not finite
-        raises Diverged before anything is compressed or sent (`_check_finite`).
+        """Encode and deliver `deltas` (checked finite by the caller); False when it was stale (dropped, residual
+        restored).
 
         The residual restored is the one this push compressed with: a re-join on the way that moved the worker to
         another run built that run's own (`_prepare`), which keeps what it loaded."""
-        self._check_finite(version, deltas)
         block = self.spec.sync.block_size
         feedback = self.error_feedback
         if feedback is not None:
