@@ -118,7 +118,7 @@ class Mirror:
     def _record_rows(self, peer: str, record: dict[str, Any], now: float) -> tuple[list[tuple[Any, ...]], float]:
         """(the new rows of one peer's metrics record, the newest step written for it); ValueError, TypeError,
         OverflowError or KeyError for a record that is not one (`rows` writes none of its rows then)."""
-        from rcswarm.observe.mirror_view import INT64_LIMIT
+        from rcswarm.state.schema import INT64_MAX
 
         worker = f"{record['name']}@{peer[-8:]}"
         newest = max((row[4] for row in record["rows"]), default=0.0)
@@ -131,7 +131,7 @@ class Mirror:
             if not all(math.isfinite(x) for x in (wall, compute, sync, received)):
                 raise ValueError(f"times {wall!r}, {compute!r}, {sync!r}: expected finite seconds")
             counts = [int(version), int(step), int(seq_len), int(batch), int(tokens)]
-            if not all(abs(n) < INT64_LIMIT for n in counts):
+            if not all(abs(n) <= INT64_MAX for n in counts):
                 raise ValueError(f"version, step, seq_len, batch, tokens {counts}: expected SQLite integers (< 2**63)")
             out.append((self.run_id, worker, *counts[:4], loss, counts[4], wall, compute, sync, 0, 0, None, received))
         return out, seen

@@ -38,6 +38,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.observe.analysis import worker_totals
 from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.schema import INT64_MAX
 from rcswarm.state.store import StateStore
 
 VIEW_KEY = "mirror_view"
@@ -49,8 +50,6 @@ STALE_FACTOR = 3.0
 MIRROR_HINT = "a state dir that `rcswarm dht --config RUN.toml --state-dir DIR` mirrors a hivemind swarm into"
 # Metric row fields (hivemind_sync.MetricsRecord): version, step, loss, tokens, wall, compute, sync, seq_len, batch.
 ROW_STEP, ROW_LOSS, ROW_WALL, ROW_SEQ_LEN = 1, 2, 4, 7
-# The view's versions and steps go into GetStatus's int64 fields, the mirrored rows' integers into SQLite's.
-INT64_LIMIT = 2**63
 
 log = logging.getLogger("rcswarm.mirror")
 
@@ -120,7 +119,7 @@ def _peer(peer_id: str, old: PeerView | None, digest: Mapping[str, Any] | None, 
         int(row[ROW_SEQ_LEN]) if row is not None else 0, loss, float(row[ROW_WALL]) if row is not None else 0.0,
         first_seen=now, seen_at=now,
     )
-    if not all(-1 <= n < INT64_LIMIT for n in (fresh.version, fresh.step, fresh.seq_len)):
+    if not all(-1 <= n <= INT64_MAX for n in (fresh.version, fresh.step, fresh.seq_len)):  # GetStatus's int64s
         raise ValueError(f"version {fresh.version}, step {fresh.step}, seq_len {fresh.seq_len}: expected int64 counts")
     if not math.isfinite(fresh.wall_time):
         raise ValueError(f"time {fresh.wall_time!r}: expected a finite time")
