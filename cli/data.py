@@ -3,13 +3,18 @@
 Git histories -> one frame dataset. `--repo` may be given several times (the name defaults to the
 directory's); `--held-out NAME` puts that history into the held-out split. Bad arguments or values
 (a count flag below its least value: `FLAG_MINIMUMS`) exit 2 with a message on stderr naming the flag and
-the value; a history that cannot be replayed exits 1.
+the value; a history that cannot be replayed exits 1. SIGTERM during the build exits 143 (SystemExit), so the
+build still removes its staging folder and releases its lock.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
@@ -69,6 +74,24 @@ def repo_inputs(repos: list[str], held_out: list[str]) -> list:
     return inputs
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Meanwhile SIGTERM raises SystemExit(143) (128 + 15) in the main thread instead of ending the process on the
+    spot, so that `finally` blocks run (the build's staging folder is removed); the previous handler after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] != "frames":
@@ -86,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     from rcswarm.data.frames.git_frames import build_git_dataset, print_summary
 
     try:
-        summary = build_git_dataset(
-            repo_inputs(args.repo, args.held_out), args.out, args.rows, args.cols, args.vocab_size, args.block_frames,
-            args.frames_per_shard, args.max_file_bytes, args.max_commits, progress=not args.no_progress,
-            commit_messages=args.commit_messages,
-        )
+        with sigterm_exits():
+            summary = build_git_dataset(
+                repo_inputs(args.repo, args.held_out), args.out, args.rows, args.cols, args.vocab_size,
+                args.block_frames, args.frames_per_shard, args.max_file_bytes, args.max_commits,
+                progress=not args.no_progress, commit_messages=args.commit_messages,
+            )
     except ValueError as e:
         return usage_error("rcswarm data frames", str(e))
     except (ReplayError, RuntimeError) as e:

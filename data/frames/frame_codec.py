@@ -7,7 +7,9 @@ editor's fast path); `FrameReader(path)` gives `frame(i)` ([rows, cols, 2]
 int64 (code point, style)), `frames(start, count)` and `actions(start, count)`
 with random access: only frame i's block is read and decoded. Every structure
 is checksummed (CRC-32); a truncated or corrupted file raises
-`FrameFormatError`, never returns wrong frames.
+`FrameFormatError`, never returns wrong frames. A block decodes into
+block_frames x rows x cols x 5 bytes at most, which both ends hold to
+`DECODED_BLOCK_BUDGET` (a small file cannot make the reader allocate gigabytes).
 """
 
 from __future__ import annotations
@@ -30,6 +32,30 @@ HEADER_SIZE = HEADER.size + 4  # + crc32
 BLOCK_HEADER = struct.Struct("<4sQIIIII")  # magic, first frame, n frames, raw len, comp len, raw crc, comp crc
 INDEX_ENTRY = struct.Struct("<QQI")  # offset, first frame, n frames
 TRAILER = struct.Struct("<QIQI4s")  # index offset, n blocks, n frames, index crc, magic
+MAX_SIDE = 0xFFFF  # rows, cols and block_frames are u16 fields of the header
+# The most bytes one decoded block may take: block_frames x rows x cols cells of a uint32 code point and a
+# uint8 style (`decode_block`'s arrays). The writer refuses a geometry past it and the reader refuses, at open,
+# a file whose header asks for more, so a block of 65535 unchanged frames (a few hundred bytes on disk) cannot
+# make the reader allocate gigabytes.
+DECODED_BLOCK_BUDGET = 256 << 20
+
+
+def decoded_block_bytes(block_frames: int, rows: int, cols: int) -> int:
+    """The bytes a block of `block_frames` frames of rows x cols decodes into (5 a cell)."""
+    return block_frames * rows * cols * 5
+
+
+def geometry_problem(rows: int, cols: int, block_frames: int) -> str | None:
+    """What makes a geometry unwritable or over the decode budget, naming the values; None when nothing does."""
+    for name, value in (("rows", rows), ("cols", cols), ("block_frames", block_frames)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIDE:
+            return f"{name}={value!r}: expected an integer in 1..{MAX_SIDE}"
+    size = decoded_block_bytes(block_frames, rows, cols)
+    if size > DECODED_BLOCK_BUDGET:
+        return (f"block_frames x rows x cols = {block_frames} x {rows} x {cols} decodes to {size:,} bytes a block "
+                f"(5 a cell): expected at most {DECODED_BLOCK_BUDGET:,} (DECODED_BLOCK_BUDGET; at most "
+                f"{DECODED_BLOCK_BUDGET // (5 * rows * cols)} frames a block at {rows}x{cols})")
+    return None
 
 
 class FrameFormatError(ValueError):
@@ -127,8 +153,9 @@ class FrameWriter:
     """
 
     def __init__(self, path: str | Path, rows: int, cols: int, block_frames: int = 256, n_styles: int = 16, level: int = 6) -> None:
-        if not 1 <= block_frames <= 0xFFFF:
-            raise ValueError(f"block_frames {block_frames}: expected 1..65535")
+        problem = geometry_problem(rows, cols, block_frames)
+        if problem:
+            raise ValueError(problem)
         self.path = Path(path)
         self.rows, self.cols, self.block_frames, self.level = rows, cols, block_frames, level
         self.f = open(self.path, "wb")  # noqa: SIM115 - closed by close()
@@ -386,6 +413,8 @@ class FrameReader:
             )
         if not (rows and cols and bf):
             raise FrameFormatError(f"{self.path}: geometry {rows}x{cols}, {bf} frames a block: expected each >= 1")
+        if decoded_block_bytes(bf, rows, cols) > DECODED_BLOCK_BUDGET:
+            raise FrameFormatError(f"{self.path}: {geometry_problem(rows, cols, bf)}")
         self.rows, self.cols, self.block_frames, self.n_styles = rows, cols, bf, n_styles
         size = self.f.seek(0, 2)
         if size < HEADER_SIZE + TRAILER.size:

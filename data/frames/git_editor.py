@@ -61,6 +61,7 @@ STYLE_EMPTY, STYLE_TEXT, STYLE_CURSOR, STYLE_STATUS, STYLE_TREE = 0, 1, 2, 3, 4
 STYLE_TREE_CURRENT, STYLE_TREE_SELECTED, STYLE_GUTTER, STYLE_CONTROL = 5, 6, 7, 8
 N_STYLES = 9
 TAB_WIDTH = 4
+MIN_ROWS, MIN_COLS = 3, 24  # the smallest screen the editor lays out (tree, separator, gutter, text, status line)
 SPACE = 32
 
 
@@ -116,8 +117,8 @@ class Editor:
     """
 
     def __init__(self, rows: int = 48, cols: int = 160) -> None:
-        if rows < 3 or cols < 24:
-            raise ValueError(f"geometry {rows}x{cols}: expected rows >= 3 and cols >= 24")
+        if rows < MIN_ROWS or cols < MIN_COLS:
+            raise ValueError(f"geometry {rows}x{cols}: expected rows >= {MIN_ROWS} and cols >= {MIN_COLS}")
         self.rows, self.cols = rows, cols
         self.tw = max(8, cols // 5)
         self.files: dict[str, str] = {}

@@ -4,21 +4,28 @@
 them held out (`RepoInput.held_out`: split "val", never trained on, and the action tokenizer is
 trained on the other histories' actions only).
 
-Layout of a dataset directory (all little-endian, no pickle):
+Layout of a dataset directory (all little-endian, no pickle); BUILD is the build's id (16 hex digits, random),
+named by the manifest's `build`, so no build ever writes a file another build's manifest names:
 
-    manifest.json               geometry, styles, tokenizer, shards, stats
-    tokenizer.json              the action tokenizer (`ActionTokenizer`)
-    shard-00000.rcf             frames + primitive actions (FRAME_FORMAT.md)
-    shard-00000.actions.u32     the primitive action codes again, raw uint32
-    shard-00000.tokens.npy      uint32 token ids of the shard's action stream
-    shard-00000.starts.npy      int64, index of each token's first action (= its frame)
+    manifest.json                     geometry, styles, tokenizer, shards, stats, build
+    tokenizer-BUILD.json              the action tokenizer (`ActionTokenizer`; the manifest's `tokenizer`)
+    shard-BUILD-00000.rcf             frames + primitive actions (FRAME_FORMAT.md)
+    shard-BUILD-00000.actions.u32     the primitive action codes again, raw uint32
+    shard-BUILD-00000.tokens.npy      uint32 token ids of the shard's action stream
+    shard-BUILD-00000.starts.npy      int64, index of each token's first action (= its frame)
+
+(A dataset built before build ids has no `build`, `tokenizer.json` and `shard-00000.*`; it reads the same.)
 
 A build writes into a temporary directory inside `out` (`.build-*`) and publishes only when everything is
-written and on disk (every file fsynced): the old manifest is removed first, the files are moved into place,
-and the new manifest is moved in last (the directory fsynced after), so an interrupted build or a crash of the
-machine leaves either the previous dataset whole or a directory without a manifest (which does not load),
-never a manifest beside another build's shards. One build at a time writes into a directory: a second is
-refused while the first holds `out/.build.lock` (an flock, released when its process ends, however it ends).
+written and on disk (every file fsynced): its files are moved in beside the old build's (their names are new),
+then the new manifest replaces the old one (one rename, the directory fsynced before and after), and only then
+are the files of other builds removed. An interrupted build or a crash of the machine leaves the previous
+dataset whole (and maybe files of the unfinished build, which the next build removes), never a manifest beside
+another build's shards. A reader that loaded the old manifest keeps the files it has open or mapped; one it
+opens after the old build's files are gone is refused (ValueError: the dataset was rebuilt), never served from
+the new build. One build at a time writes into a directory: a second is refused while the first holds
+`out/.build.lock` (an flock, released when its process ends, however it ends); the holder first removes the
+`.build-*` folders a killed build left.
 
 The stream of one repository is cut into shards of at most `frames_per_shard`
 frames; the editor state continues across shards (every shard's first block
@@ -39,10 +46,10 @@ grow with the repository. `next_window()` gives the next batch lazily
 of 10^5 frames is never held at once.
 
 The loader checks what it reads before serving it (a ValueError naming the file and what was expected):
-the manifest's geometry, vocabulary and shards (names `shard-NNNNN`, counts), and, once per shard when it is
-first opened, that the token ids and starts are 1-D integer arrays of the manifest's length, the ids in
-0 .. action_vocab_size - 1, the starts non-decreasing in 0 .. frames - 1, and that the `.rcf` file has the
-manifest's geometry and frame count; each batch's styles are checked against `N_STYLES`.
+the manifest's geometry, vocabulary, build, histories and shards (names `shard-BUILD-NNNNN`, counts), and,
+once per shard when it is first opened, that the token ids and starts are 1-D integer arrays of the manifest's
+length, the ids in 0 .. action_vocab_size - 1, the starts non-decreasing in 0 .. frames - 1, and that the `.rcf`
+file has the manifest's geometry and frame count; each batch's styles are checked against `N_STYLES`.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -68,21 +76,37 @@ from rcswarm.data.frames.action_tokenizer import (
     chunk_text,
     encode_stream,
 )
-from rcswarm.data.frames.frame_codec import FrameReader, FrameWriter
-from rcswarm.data.frames.git_editor import CONTROL_SEQUENCES, CONTROLS, N_STYLES
-from rcswarm.data.frames.git_replay import Git, ReplayStats, check_limits, replay
+from rcswarm.data.frames.frame_codec import MAX_SIDE, FrameReader, FrameWriter, geometry_problem
+from rcswarm.data.frames.git_editor import CONTROL_SEQUENCES, CONTROLS, MIN_COLS, MIN_ROWS, N_STYLES
+from rcswarm.data.frames.git_replay import ReplayStats, check_limits, replay
 from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec, check_chunk
 
 MANIFEST = "manifest.json"
 BUILD_LOCK = ".build.lock"
 FORMAT = "rcswarm-git-frames"
-SHARD_NAME = re.compile(r"shard-\d{5}")
-SHARD_FILES = re.compile(r"shard-\d{5}\.(rcf|actions\.u32|tokens\.npy|starts\.npy)")
+STAGING_PREFIX = ".build-"
+BUILD_ID = re.compile(r"[0-9a-f]{16}")
+# The files a build writes, of any build (and those of a dataset built before build ids): removed from `out` once
+# the manifest of another build is in place. Other files in `out` are left alone.
+BUILD_FILES = re.compile(r"(shard-([0-9a-f]{16}-)?\d{5}\.(rcf|actions\.u32|tokens\.npy|starts\.npy)"
+                         r"|tokenizer(-[0-9a-f]{16})?\.json)")
+# Shards and their token arrays count at most this many frames and tokens: exact in a float64 (the sampling
+# weights) and far inside an int64 (numpy's offsets).
+MAX_COUNT = (1 << 53) - 1
+
+
+def shard_name(build: str | None, index: int) -> str:
+    """The name of a build's `index`th shard: `shard-BUILD-NNNNN` (`shard-NNNNN` in a dataset without a build id)."""
+    return f"shard-{build}-{index:05d}" if build else f"shard-{index:05d}"
+
+
+def _shard_name_pattern(build: str | None) -> re.Pattern:
+    return re.compile(rf"shard-{build}-\d{{5}}" if build else r"shard-\d{5}")
 
 
 class _ShardSink:
-    def __init__(self, out: Path, rows: int, cols: int, block_frames: int, frames_per_shard: int) -> None:
-        self.out, self.rows, self.cols = out, rows, cols
+    def __init__(self, out: Path, build: str, rows: int, cols: int, block_frames: int, frames_per_shard: int) -> None:
+        self.out, self.build, self.rows, self.cols = out, build, rows, cols
         self.block_frames, self.per_shard = block_frames, frames_per_shard
         self.shards: list[dict] = []
         self.writer: FrameWriter | None = None
@@ -94,7 +118,7 @@ class _ShardSink:
         self.repo, self.split = repo, split
 
     def _open(self) -> None:
-        name = f"shard-{len(self.shards):05d}"
+        name = shard_name(self.build, len(self.shards))
         self.writer = FrameWriter(self.out / f"{name}.rcf", self.rows, self.cols, self.block_frames, N_STYLES)
         self.afile = open(self.out / f"{name}.actions.u32", "wb")  # noqa: SIM115 - closed in _close_shard
         self.abuf: list[int] = []
@@ -215,14 +239,6 @@ def _replay_repo(repo: RepoInput, sink: _ShardSink, rows: int, cols: int, max_fi
     return stats
 
 
-def _head(path: Path) -> str:
-    """The commit a history was replayed up to (HEAD), or "" where git cannot say."""
-    try:
-        return Git(str(path)).run("rev-parse", "HEAD").decode().strip()
-    except RuntimeError:
-        return ""
-
-
 def build_git_frames(repo: str | Path, out: str | Path, *args, **options) -> dict:
     """Convert `repo`'s first-parent history into a dataset at `out` (the other arguments as
     `build_git_dataset`'s: rows, cols, vocab_size, ...); returns the summary dict."""
@@ -255,18 +271,36 @@ def build_git_dataset(
         raise ValueError(f"repositories {names}: expected at least one, with distinct names")
     if all(r.held_out for r in repos):
         raise ValueError(f"repositories {names}: every one is held out; expected at least one to train on")
-    check_build_options(vocab_size, block_frames, frames_per_shard, max_file_bytes, max_commits)
+    check_build_options(rows, cols, vocab_size, block_frames, frames_per_shard, max_file_bytes, max_commits)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with _BuildLock(out):
-        staging = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
+        _remove_staging_left_behind(out)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
         try:
-            summary, manifest = _build(repos, staging, rows, cols, vocab_size, block_frames, frames_per_shard,
-                                       max_file_bytes, max_commits, progress, console, commit_messages)
+            summary, manifest = _build(repos, staging, _new_build_id(out), rows, cols, vocab_size, block_frames,
+                                       frames_per_shard, max_file_bytes, max_commits, progress, console,
+                                       commit_messages)
             _publish(staging, out, manifest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return summary
+
+
+def _remove_staging_left_behind(out: Path) -> None:
+    """Remove the `.build-*` folders of builds that ended without cleaning up (killed): called holding the lock,
+    so none of them belongs to a running build."""
+    for path in out.iterdir():
+        if path.name.startswith(STAGING_PREFIX) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _new_build_id(out: Path) -> str:
+    """A fresh build id: random, and named by no file in `out` (so the build overwrites none)."""
+    while True:
+        build = secrets.token_hex(8)
+        if not any(build in path.name for path in out.iterdir()):
+            return build
 
 
 class _BuildLock:
@@ -298,28 +332,35 @@ class _BuildLock:
         self._file.close()  # closing releases the flock
 
 
-def check_build_options(vocab_size: int, block_frames: int, frames_per_shard: int, max_file_bytes: int,
-                        max_commits: int | None) -> None:
-    """ValueError, naming the value, for an option `build_git_dataset` cannot build with (before any replay)."""
-    for name, value, low, high in (("vocab_size", vocab_size, 256, None), ("block_frames", block_frames, 1, 0xFFFF),
+def check_build_options(rows: int, cols: int, vocab_size: int, block_frames: int, frames_per_shard: int,
+                        max_file_bytes: int, max_commits: int | None) -> None:
+    """ValueError, naming the value, for an option `build_git_dataset` cannot build with (before any replay):
+    rows and cols from the editor's least (`MIN_ROWS`, `MIN_COLS`) to the frame format's most (65535), and a
+    block of block_frames x rows x cols within the reader's decode budget (`frame_codec.DECODED_BLOCK_BUDGET`)."""
+    for name, value, low, high in (("rows", rows, MIN_ROWS, MAX_SIDE), ("cols", cols, MIN_COLS, MAX_SIDE),
+                                   ("vocab_size", vocab_size, 256, None), ("block_frames", block_frames, 1, MAX_SIDE),
                                    ("frames_per_shard", frames_per_shard, 1, None)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
             raise ValueError(f"{name}={value!r}: expected an integer in {low}..{high or 'any'}")
+    problem = geometry_problem(rows, cols, block_frames)
+    if problem:
+        raise ValueError(problem)
     check_limits(max_file_bytes, max_commits)
 
 
-def _build(repos: list[RepoInput], out: Path, rows: int, cols: int, vocab_size: int, block_frames: int,
+def _build(repos: list[RepoInput], out: Path, build: str, rows: int, cols: int, vocab_size: int, block_frames: int,
            frames_per_shard: int, max_file_bytes: int, max_commits: int | None, progress: bool, console,
            commit_messages: bool) -> tuple[dict, dict]:
-    """Replay, train the tokenizer and encode every shard into `out` (the staging directory): (summary, manifest)."""
-    sink = _ShardSink(out, rows, cols, block_frames, frames_per_shard)
+    """Replay, train the tokenizer and encode every shard into `out` (the staging directory), every file named
+    with the build id `build`: (summary, manifest)."""
+    sink = _ShardSink(out, build, rows, cols, block_frames, frames_per_shard)
     t0 = time.perf_counter()
     c0 = _cpu()
     per_repo = []
     for repo in repos:
         started = time.perf_counter()
         stats = _replay_repo(repo, sink, rows, cols, max_file_bytes, max_commits, commit_messages, progress, console)
-        per_repo.append({"name": repo.name, "path": str(Path(repo.path).resolve()), "head": _head(repo.path),
+        per_repo.append({"name": repo.name, "path": str(Path(repo.path).resolve()), "head": stats.last_commit,
                          "split": repo.split, **{key: getattr(stats, key) for key in SUMMARY_COUNTS},
                          "replay_seconds": time.perf_counter() - started})
     t_replay = time.perf_counter() - t0
@@ -334,7 +375,8 @@ def _build(repos: list[RepoInput], out: Path, rows: int, cols: int, vocab_size: 
                 yield chunk
 
     tok = ActionTokenizer.train(texts(), vocab_size)
-    tok.save(out / "tokenizer.json")
+    tokenizer = f"tokenizer-{build}.json"
+    tok.save(out / tokenizer)
     for sh in sink.shards:
         ids, starts = encode_stream(tok, _actions(out, sh["name"]).astype(np.int64))
         np.save(out / f"{sh['name']}.tokens.npy", ids, allow_pickle=False)
@@ -358,11 +400,11 @@ def _build(repos: list[RepoInput], out: Path, rows: int, cols: int, vocab_size: 
         "repos": per_repo,
     }
     manifest = {
-        "format": FORMAT, "version": 2,
+        "format": FORMAT, "version": 2, "build": build,
         **({"repo": per_repo[0]["path"]} if len(per_repo) == 1 else {}),
         "repos": [{key: r[key] for key in ("name", "path", "head", "split")} for r in per_repo],
         "rows": rows, "cols": cols, "n_styles": N_STYLES, "block_frames": block_frames,
-        "tokenizer": "tokenizer.json", "action_vocab_size": tok.vocab_size,
+        "tokenizer": tokenizer, "action_vocab_size": tok.vocab_size,
         "controls": {name: CONTROL_SEQUENCES[name] for name in CONTROLS},
         "shards": sink.shards, "summary": summary,
     }
@@ -370,25 +412,27 @@ def _build(repos: list[RepoInput], out: Path, rows: int, cols: int, vocab_size: 
 
 
 def _publish(staging: Path, out: Path, manifest: dict) -> None:
-    """Move a finished build from `staging` into `out`, the manifest last.
+    """Move a finished build from `staging` into `out`, the manifest last, then remove the other builds' files.
 
-    The old manifest goes first: from then until the new one is in place the directory has none and does
-    not load, so no mix of two builds ever does. Shard files of an earlier build that this one does not
-    have are removed; other files in `out` are left alone.
+    The build's files have names of their own (its build id), so moving them in overwrites nothing: until the
+    new manifest replaces the old one (a rename), the old manifest and every file it names stay as they were.
+    Afterwards the files of other builds (`BUILD_FILES`: earlier builds, an interrupted one's leftovers) are
+    removed; other files in `out` are left alone.
     """
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     built = {path.name for path in staging.iterdir()}
     for name in built:
         _fsync(staging / name)
-    (out / MANIFEST).unlink(missing_ok=True)
-    _fsync(out)
     for name in sorted(built - {MANIFEST}):
+        if (out / name).exists():  # never: the build id is fresh (_new_build_id)
+            raise RuntimeError(f"{out / name}: exists; a build never overwrites a file")
         os.replace(staging / name, out / name)
-    for path in out.iterdir():
-        if SHARD_FILES.fullmatch(path.name) and path.name not in built:
-            path.unlink()
     _fsync(out)  # the files' new names are on disk before the manifest that names them
     os.replace(staging / MANIFEST, out / MANIFEST)
+    _fsync(out)
+    for path in out.iterdir():
+        if BUILD_FILES.fullmatch(path.name) and path.name not in built:
+            path.unlink()
     _fsync(out)
 
 
@@ -447,16 +491,18 @@ def dataset_shards(manifest: dict, split: str | None) -> list[dict]:
     return [s for s in shards if s.get("split", TRAIN) == split]
 
 
-def _int_field(table: dict, key: str, low: int, where: str) -> int:
+def _int_field(table: dict, key: str, low: int, where: str, high: int = MAX_COUNT) -> int:
     value = table.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{where}: {key} = {value!r}: expected an integer >= {low}")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{where}: {key} = {value!r}: expected an integer in {low}..{high}")
     return value
 
 
 def load_manifest(root: str | Path) -> dict:
     """A dataset directory's manifest, checked (ValueError naming the file and what was expected): its format,
-    geometry and vocabulary, and every shard's name (`shard-NNNNN`, once each), frame and token counts and split."""
+    geometry and vocabulary, its build id and tokenizer file, its histories (`repos`: objects with a name and a
+    split), and every shard's name (`shard-BUILD-NNNNN` of the manifest's build, or `shard-NNNNN` in a dataset
+    without one; once each), frame and token counts (0 .. `MAX_COUNT`) and split."""
     path = Path(root) / MANIFEST
     if not path.is_file():
         raise ValueError(f"{path}: no such file: expected a dataset made by `rcswarm data frames` "
@@ -467,16 +513,30 @@ def load_manifest(root: str | Path) -> dict:
         raise ValueError(f"{path}: unreadable: {e}") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise ValueError(f"{path}: expected a JSON object with format {FORMAT!r}")
-    for key in ("rows", "cols", "action_vocab_size"):
-        _int_field(m, key, 1, str(path))
+    for key in ("rows", "cols"):
+        _int_field(m, key, 1, str(path), MAX_SIDE)
+    _int_field(m, "action_vocab_size", 1, str(path))
+    build = m.get("build")
+    if "build" in m and not (isinstance(build, str) and BUILD_ID.fullmatch(build)):
+        raise ValueError(f"{path}: build = {build!r}: expected 16 hexadecimal digits")
+    tokenizer = m.get("tokenizer", "tokenizer.json")
+    if tokenizer not in ("tokenizer.json", f"tokenizer-{build}.json"):
+        raise ValueError(f"{path}: tokenizer = {tokenizer!r}: expected 'tokenizer-{build}.json' (the build's)"
+                         if build else f"{path}: tokenizer = {tokenizer!r}: expected 'tokenizer.json'")
+    repos = m.get("repos", [])
+    if not isinstance(repos, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("name"), str) and r.get("split") in SPLITS for r in repos):
+        raise ValueError(f"{path}: repos = {repos!r}: expected a list of objects, each with a name and a split "
+                         f"in {SPLITS}")
     shards = m.get("shards")
     if not isinstance(shards, list) or not all(isinstance(sh, dict) for sh in shards):
         raise ValueError(f"{path}: shards = {shards!r}: expected a list of objects")
-    seen = set()
+    seen, names = set(), _shard_name_pattern(build)
     for sh in shards:
         name = sh.get("name")
-        if not isinstance(name, str) or not SHARD_NAME.fullmatch(name) or name in seen:
-            raise ValueError(f"{path}: shard name {name!r}: expected 'shard-' and five digits, each name once")
+        if not isinstance(name, str) or not names.fullmatch(name) or name in seen:
+            expected = f"'shard-{build}-' (the build) and five digits" if build else "'shard-' and five digits"
+            raise ValueError(f"{path}: shard name {name!r}: expected {expected}, each name once")
         seen.add(name)
         _int_field(sh, "frames", 0, f"{path}: shard {name}")
         _int_field(sh, "tokens", 0, f"{path}: shard {name}")
@@ -486,9 +546,11 @@ def load_manifest(root: str | Path) -> dict:
 
 
 def _int_array(path: Path) -> np.ndarray:
-    """A memory-mapped 1-D integer .npy array; ValueError naming the file otherwise."""
+    """A memory-mapped 1-D integer .npy array; ValueError naming the file otherwise (FileNotFoundError passes)."""
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable .npy array: {e}") from None
     if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype.kind not in "iu":
@@ -502,6 +564,9 @@ class GitFrameSource:
 
     `split` picks the shards (`dataset_shards`): "train" never reads a held-out history, "val" reads
     only the held-out ones (where the dataset has any); None reads all.
+
+    The source reads the build whose manifest it loaded: a shard file it opens after a rebuild removed that
+    build's files raises a ValueError saying so (open the dataset again to read the new build).
     """
 
     def __init__(self, root: str | Path, spec: FrameWindowSpec, char_vocab: int = 8192, max_open: int = 4,
@@ -526,6 +591,18 @@ class GitFrameSource:
         self._readers: OrderedDict[int, FrameReader] = OrderedDict()
         self._tokens = [None] * len(self.shards)
 
+    def _gone(self, path: Path) -> ValueError:
+        """The error for a file of this source's build that is no longer there: the dataset was rebuilt."""
+        build = self.manifest.get("build")
+        try:
+            now = json.loads((self.root / MANIFEST).read_text()).get("build")
+        except (OSError, ValueError, AttributeError):
+            now = None
+        rebuilt = f"; the manifest now names build {now}" if now and now != build else ""
+        return ValueError(f"{path}: no such file: the dataset at {self.root} was rebuilt (or removed) after this reader "
+                          f"loaded its manifest (build {build or 'without an id'}{rebuilt}); a reader never mixes "
+                          "two builds: open the dataset again to read the new one")
+
     @property
     def geometry(self) -> tuple[int, int]:
         return self._geometry
@@ -539,7 +616,10 @@ class GitFrameSource:
             self._readers.move_to_end(k)
             return self._readers[k]
         path = self.root / f"{self.shards[k]['name']}.rcf"
-        r = FrameReader(path)
+        try:
+            r = FrameReader(path)
+        except FileNotFoundError:
+            raise self._gone(path) from None
         frames = self.shards[k]["frames"]
         if (r.rows, r.cols) != self._geometry or len(r) != frames:
             r.close()
@@ -559,7 +639,10 @@ class GitFrameSource:
         """Shard k's token ids and starts, memory-mapped and checked once (ValueError naming the file)."""
         shard = self.shards[k]
         base = self.root / shard["name"]
-        ids, starts = _int_array(Path(f"{base}.tokens.npy")), _int_array(Path(f"{base}.starts.npy"))
+        try:
+            ids, starts = _int_array(Path(f"{base}.tokens.npy")), _int_array(Path(f"{base}.starts.npy"))
+        except FileNotFoundError as e:
+            raise self._gone(Path(e.filename or f"{base}.tokens.npy")) from None
         n, frames = shard["tokens"], shard["frames"]
         if len(ids) != n or len(starts) != n:
             raise ValueError(f"{base}.tokens.npy, .starts.npy: {len(ids)} ids and {len(starts)} starts: expected "

@@ -46,6 +46,11 @@ RESERVED_LOW, RESERVED_HIGH = 0xF0000, 0xF00FF
 # count in the new one) feed difflib's line diff; past it the most repeated lines are junk (see `line_opcodes`).
 LINE_DIFF_PAIRS = 1_000_000
 BLOB_CHUNK = 1 << 20
+# Settings every git command here runs with, so that user or repository configuration cannot change what is
+# parsed: log.showSignature would print gpg's output among `git log`'s records (a signed commit's "gpg: ..." lines
+# read as a commit), log.showRoot and diff.relative would change the raw diffs, color.ui would add escapes.
+GIT_CONFIG = ("-c", "log.showRoot=true", "-c", "log.showSignature=false", "-c", "diff.relative=false",
+              "-c", "color.ui=false")
 
 
 @dataclass
@@ -57,6 +62,7 @@ class ReplayStats:
     skipped_other: int = 0
     skipped_name: int = 0
     actions: int = 0
+    last_commit: str = ""  # the SHA of the last commit replayed (the dataset's `head`: HEAD, or the --max-commits'th)
 
 
 @dataclass
@@ -78,7 +84,7 @@ class Git:
         self._cat: subprocess.Popen[bytes] | None = None
 
     def run(self, *args: str) -> bytes:
-        proc = subprocess.run(["git", "-C", self.repo, *args], capture_output=True, check=False)
+        proc = subprocess.run(["git", "-C", self.repo, *GIT_CONFIG, *args], capture_output=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
         return proc.stdout
@@ -122,10 +128,7 @@ class Git:
         The same changes as `changes(commit, parent)` per commit (`-M`, first-parent diffs of
         merges, the root commit against the empty tree) without a process per commit.
         """
-        # explicit settings, so that user configuration (log.showRoot, log.showSignature,
-        # diff.relative, color.ui) cannot change what is parsed
-        args = ["-c", "log.showRoot=true", "-c", "log.showSignature=false", "-c", "diff.relative=false",
-                "log", "--first-parent", "--reverse", "-z", "--raw", "-M", "--no-abbrev", "--no-color",
+        args = ["log", "--first-parent", "--reverse", "-z", "--raw", "-M", "--no-abbrev", "--no-color",
                 "--diff-merges=first-parent", "--format=%x1e%H"]
         data = self.run(*args, rev)  # (--reverse applies after -n, so a limit is applied while parsing)
         out: list[tuple[str, list[Change]]] = []
@@ -174,7 +177,7 @@ class Git:
         whose bytes are then read and dropped in chunks of `BLOB_CHUNK`, never held whole."""
         if self._cat is None:
             self._cat = subprocess.Popen(
-                ["git", "-C", self.repo, "cat-file", "--batch"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                ["git", "-C", self.repo, *GIT_CONFIG, "cat-file", "--batch"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
             )
         assert self._cat.stdin and self._cat.stdout
         self._cat.stdin.write(sha.encode() + b"\n")
@@ -493,6 +496,7 @@ def replay(
                     )
             stats.commits += 1
             stats.actions = planner.count
+            stats.last_commit = sha
             if on_commit is not None:
                 on_commit(index + 1, len(commits), stats)
     finally:

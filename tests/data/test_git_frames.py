@@ -1,4 +1,8 @@
-"""Git histories replayed as editor frames: replay invariant, frame format, tokenizer, loader, CLI."""
+"""Git histories replayed as editor frames: replay invariant, frame format, tokenizer, loader, CLI.
+
+One test replays a repository with `git` (the replay's own `Git`, which the rest of tests/swarm/test_git_frames.py
+exercises): a repository's configuration that changes what `git log` prints.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from rcswarm.data.frames.action_tokenizer import (
 )
 from rcswarm.data.frames.frame_codec import FrameFormatError, FrameReader, FrameWriter
 from rcswarm.data.frames.git_editor import CONTROL_BASE, C, Editor
-from rcswarm.data.frames.git_replay import Planner
+from rcswarm.data.frames.git_replay import Git, Planner, replay
 from tests.helpers.data import COLS, ROWS
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git not on PATH")
@@ -392,3 +396,35 @@ def test_splits_of_a_manifest_and_repository_names(tmp_path):
     assert RepoInput("x", Path("."), held_out=True).split == "val"
     with pytest.raises(ValueError, match="repository name 'a b'"):
         RepoInput("a b", Path("."))
+
+
+def test_a_signed_commit_with_log_show_signature_set_replays(tmp_path, monkeypatch):
+    """`git config log.showSignature true` makes `git log` run gpg on a signed commit and print its output among
+    the records; before the fix `first_parent_commits` (unlike `history`) did not turn it off and read
+    "gpg: ..." lines as commits."""
+    monkeypatch.setenv("GNUPGHOME", str(tmp_path / "gnupg"))  # gpg reads (and would create) nothing under ~
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    repo = tmp_path / "signed"
+    repo.mkdir()
+    git = Git(str(repo))
+    git.run("init", "-q")
+    (repo / "a.txt").write_text("one\n")
+    git.run("add", "a.txt")
+    git.run("-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false",
+            "commit", "-q", "-m", "one")
+    parent = git.run("rev-parse", "HEAD").decode().strip()
+    (repo / "b.txt").write_text("two\n")
+    git.run("add", "b.txt")
+    tree = git.run("write-tree").decode().strip()
+    signature = "".join(f" {line}\n" for line in ("-----BEGIN PGP SIGNATURE-----", "", "iQEzBAABCAAdFiEE", "=abcd",
+                                                   "-----END PGP SIGNATURE-----"))
+    body = (f"tree {tree}\nparent {parent}\nauthor t <t@example.com> 1700000000 +0000\n"
+            f"committer t <t@example.com> 1700000000 +0000\ngpgsig{signature}\nsigned\n")
+    (tmp_path / "commit").write_text(body)
+    signed = git.run("hash-object", "-t", "commit", "-w", str(tmp_path / "commit")).decode().strip()
+    git.run("update-ref", "HEAD", signed)
+    git.run("config", "log.showSignature", "true")
+    assert Git(str(repo)).first_parent_commits() == [(parent, None, "one"), (signed, parent, "signed")]
+    stats = replay(str(repo), lambda *a: None, ROWS, COLS)
+    assert stats.commits == 2 and stats.files == 2 and stats.last_commit == signed

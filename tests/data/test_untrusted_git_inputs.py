@@ -14,6 +14,7 @@ import io
 import json
 import random
 import shutil
+import signal
 import struct
 import time
 import tracemalloc
@@ -82,18 +83,13 @@ class MemoryGit:
         data = self.blobs[sha]
         return None if max_bytes is not None and len(data) > max_bytes else data
 
-    def run(self, *args: str) -> bytes:
-        return self.log[-1][0].encode() + b"\n"  # rev-parse HEAD
-
     def close(self) -> None:
         pass
 
 
 def use_histories(monkeypatch, histories: dict[str, MemoryGit]) -> None:
     """Replays and builds of the repository path P read `histories[Path(P).name]`."""
-    pick = lambda repo: histories[Path(repo).name]
-    monkeypatch.setattr(git_replay, "Git", pick)
-    monkeypatch.setattr(git_frames, "Git", pick)
+    monkeypatch.setattr(git_replay, "Git", lambda repo: histories[Path(repo).name])
 
 
 def python_history(seed: int, commits: int = 5) -> MemoryGit:
@@ -114,6 +110,15 @@ def build(out: Path, names: tuple[str, ...] = ("a",), **options) -> dict:
 
 def snapshot(root: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+
+
+def manifest(root: Path) -> dict:
+    return json.loads((root / "manifest.json").read_text())
+
+
+def shard_file(root: Path, suffix: str, k: int = 0) -> Path:
+    """The file `suffix` of the manifest's k-th shard (its name carries the build id)."""
+    return root / f"{manifest(root)['shards'][k]['name']}.{suffix}"
 
 
 # -- 1. the line diff --------------------------------------------------------------------------------------
@@ -229,10 +234,10 @@ def test_a_dataset_of_a_history_with_such_names_round_trips(monkeypatch, tmp_pat
     (tmp_path / "r").mkdir()  # the command checks the directory is there; its history is the one above
     assert main(["data", "frames", "--repo", str(tmp_path / "r"), "--out", str(out), "--no-progress",
                  "--vocab-size", "256", "--rows", str(ROWS), "--cols", str(COLS)]) == 0
-    m = json.loads((out / "manifest.json").read_text())
+    m = manifest(out)
     assert m["summary"]["skipped_name"] == 2 and m["summary"]["files"] == 1
-    tok = ActionTokenizer.load(out / "tokenizer.json")
-    acts = np.fromfile(out / "shard-00000.actions.u32", "<u4").tolist()
+    tok = ActionTokenizer.load(out / m["tokenizer"])
+    acts = np.fromfile(shard_file(out, "actions.u32"), "<u4").tolist()
     assert tok.decode(tok.encode(acts)[0]) == acts
 
 
@@ -262,23 +267,31 @@ def test_an_interrupted_rebuild_leaves_the_previous_dataset_whole(monkeypatch, t
     assert all(np.array_equal(x, y) for x, y in zip(batch, again))
 
 
-def test_a_rebuild_interrupted_while_publishing_does_not_load(monkeypatch, tmp_path):
+@pytest.mark.parametrize("moved", [1, 2, 5])
+def test_a_rebuild_interrupted_while_publishing_leaves_the_previous_dataset(monkeypatch, tmp_path, moved):
     use_histories(monkeypatch, {"a": python_history(0), "b": python_history(1, commits=9)})
     out = tmp_path / "ds"
     build(out, ("a",))
+    before, batch = manifest(out), GitFrameSource(out, SPEC).next_batch()
     real, calls = git_frames.os.replace, []
 
     def replace_then_stop(src, dst):
         calls.append(dst)
-        if len(calls) == 2:
+        if len(calls) > moved:
             raise Interrupted("killed while moving the files into place")
         real(src, dst)
 
-    monkeypatch.setattr(git_frames.os, "replace", replace_then_stop)
-    with pytest.raises(Interrupted):
-        build(out, ("b",))
-    with pytest.raises(ValueError, match=r"manifest\.json: no such file"):
-        GitFrameSource(out, SPEC)
+    with monkeypatch.context() as patch:
+        patch.setattr(git_frames.os, "replace", replace_then_stop)
+        with pytest.raises(Interrupted):
+            build(out, ("b",))
+    # The new build's files sit beside the old ones under names of their own; the old manifest still names the old.
+    assert manifest(out) == before and len(snapshot(out)) > len(before["shards"]) * 4 + 3
+    again = GitFrameSource(out, SPEC).next_batch()  # before the fix: no manifest (moved=1) or none that loads
+    assert all(np.array_equal(x, y) for x, y in zip(batch, again))
+    build(out, ("b",))  # the next build removes what the unfinished one left
+    names = {p.name for p in out.iterdir()} - {".build.lock", "manifest.json"}
+    assert names and all(manifest(out)["build"] in name for name in names)
 
 
 def test_a_rebuild_replaces_the_old_shards_and_keeps_other_files(monkeypatch, tmp_path):
@@ -286,14 +299,127 @@ def test_a_rebuild_replaces_the_old_shards_and_keeps_other_files(monkeypatch, tm
     out = tmp_path / "ds"
     build(out, ("a",), frames_per_shard=400)
     (out / "notes.txt").write_text("mine")
-    assert len(json.loads((out / "manifest.json").read_text())["shards"]) > 2
+    old = manifest(out)
+    assert len(old["shards"]) > 2
     build(out, ("b",), frames_per_shard=100_000)
-    m = json.loads((out / "manifest.json").read_text())
-    assert [s["name"] for s in m["shards"]] == ["shard-00000"] and m["repos"][0]["name"] == "b"
+    m = manifest(out)
+    assert m["build"] != old["build"] and git_frames.BUILD_ID.fullmatch(m["build"])
+    assert [s["name"] for s in m["shards"]] == [f"shard-{m['build']}-00000"] and m["repos"][0]["name"] == "b"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [".build.lock", "manifest.json", "tokenizer.json", "notes.txt", *(f"shard-00000.{e}" for e in ("rcf", "actions.u32",
-                                                                                         "tokens.npy", "starts.npy"))])
+        [".build.lock", "manifest.json", f"tokenizer-{m['build']}.json", "notes.txt",
+         *(f"shard-{m['build']}-00000.{e}" for e in ("rcf", "actions.u32", "tokens.npy", "starts.npy"))])
+    assert m["tokenizer"] == f"tokenizer-{m['build']}.json"
     GitFrameSource(out, SPEC).next_batch()
+
+
+def test_a_reader_of_the_old_build_never_reads_the_new_one(monkeypatch, tmp_path):
+    """The review's repro: a run reads split "train" while the dataset is rebuilt with a held-out history first.
+    Before the fix the rebuild overwrote shard-00000.* in place, and the reader, reopening shard 0's .rcf by name
+    beside its old memory-mapped tokens, served the held-out history's frames as training frames."""
+    use_histories(monkeypatch, {"a": python_history(0, commits=9), "other": python_history(7, commits=9)})
+    out = tmp_path / "ds"
+    build(out, ("a",), frames_per_shard=400)
+    src = GitFrameSource(out, SPEC, max_open=1, split="train")
+    assert len(src.shards) > 2
+    mid = src.shards[0]["tokens"] // 2  # (the first frames of both histories are alike: a new file m0.py)
+    first = src.window(0, mid)
+    src.window(1, 0)  # shard 0's reader is closed (max_open=1); its token arrays stay mapped
+    build_git_dataset([RepoInput("other", Path("/nonexistent/other"), held_out=True),
+                       RepoInput("a", Path("/nonexistent/a"))], out, ROWS, COLS, vocab_size=300, block_frames=32,
+                      frames_per_shard=400, progress=False)
+    m = manifest(out)
+    assert m["shards"][0]["repo"] == "other" and m["shards"][0]["split"] == "val"
+    with pytest.raises(ValueError, match=r"-00000\.rcf: no such file: the dataset at .* was rebuilt") as err:
+        src.window(0, mid)  # before the fix: history "other"'s (held-out) frames beside history a's tokens
+    assert f"(build {src.manifest['build']}; the manifest now names build {m['build']})" in str(err.value)
+    # A reader opened now reads the new build: "train" is history a's shards only, and a's frames are the same.
+    new = GitFrameSource(out, SPEC, max_open=1, split="train")
+    assert {s["repo"] for s in new.shards} == {"a"}
+    k = next(i for i, s in enumerate(new.shards) if s["frames"] == src.shards[0]["frames"])
+    assert all(np.array_equal(x, y) for x, y in zip(new.window(k, mid), first))
+
+
+def _to_the_names_before_build_ids(d: Path) -> None:
+    """Rename a dataset's files and manifest to the layout of datasets built before build ids."""
+    m = manifest(d)
+    build = m.pop("build")
+    for path in d.iterdir():
+        path.rename(d / path.name.replace(f"-{build}", ""))
+    m["tokenizer"] = "tokenizer.json"
+    for sh in m["shards"]:
+        sh["name"] = sh["name"].replace(f"-{build}", "")
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+def test_a_dataset_built_before_build_ids_reads_and_a_rebuild_replaces_it(monkeypatch, tmp_path):
+    use_histories(monkeypatch, {"a": python_history(0, commits=9), "b": python_history(1, commits=2)})
+    out = tmp_path / "ds"
+    build(out, ("a",), frames_per_shard=400)
+    batch = GitFrameSource(out, SPEC).next_batch()
+    _to_the_names_before_build_ids(out)
+    assert (out / "shard-00000.rcf").is_file() and (out / "tokenizer.json").is_file()
+    again = GitFrameSource(out, SPEC).next_batch()
+    assert all(np.array_equal(x, y) for x, y in zip(batch, again))
+    build(out, ("b",))
+    build_id = manifest(out)["build"]
+    assert all(build_id in p.name for p in out.iterdir() if p.name not in (".build.lock", "manifest.json"))
+
+
+def test_staging_folders_a_killed_build_left_are_removed(monkeypatch, tmp_path):
+    use_histories(monkeypatch, {"a": python_history(0)})
+    out = tmp_path / "ds"
+    (out / ".build-k1ll3d").mkdir(parents=True)
+    (out / ".build-k1ll3d" / "shard-00000.rcf").write_bytes(bytes(1000))
+    (out / ".build-notes.txt").write_text("a file, not a staging folder: left alone")
+    build(out, ("a",))
+    assert not (out / ".build-k1ll3d").exists()  # before the fix: left there for good
+    assert (out / ".build-notes.txt").is_file()
+    assert [p.name for p in out.iterdir() if p.is_dir()] == []
+
+
+class Terminated(Exception):
+    """Stands in for SIGTERM's default action (the process ends on the spot, no `finally` runs)."""
+
+
+def test_sigterm_during_a_build_exits_143_and_leaves_no_staging_folder(monkeypatch, tmp_path):
+    from rcswarm.cli.main import main
+
+    use_histories(monkeypatch, {"r": python_history(0)})
+    (tmp_path / "r").mkdir()
+    out = tmp_path / "ds"
+    staged = []
+
+    def terminate(*args, **kwargs):
+        staged.extend(p.name for p in out.iterdir() if p.name.startswith(".build-"))
+        signal.raise_signal(signal.SIGTERM)
+        raise AssertionError("SIGTERM did not interrupt the build")
+
+    def default_action(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    monkeypatch.setattr(git_frames.ActionTokenizer, "train", staticmethod(terminate))
+    previous = signal.signal(signal.SIGTERM, default_action)
+    try:
+        with pytest.raises(SystemExit) as exit_:  # before the fix: Terminated (the CLI left SIGTERM alone)
+            main(["data", "frames", "--repo", str(tmp_path / "r"), "--out", str(out), "--no-progress",
+                  "--vocab-size", "256", "--rows", str(ROWS), "--cols", str(COLS)])
+        assert exit_.value.code == 143
+        assert signal.getsignal(signal.SIGTERM) is default_action  # the CLI put the handler back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert staged and [p.name for p in out.iterdir() if p.name.startswith(".build-")] == []
+    assert not (out / "manifest.json").exists()
+
+
+def test_the_head_of_a_history_is_the_last_commit_replayed(monkeypatch, tmp_path):
+    history = python_history(0, commits=9)
+    use_histories(monkeypatch, {"a": history})
+    summary = build(tmp_path / "ds", ("a",), max_commits=3)
+    m = manifest(tmp_path / "ds")
+    third = history.log[2][0]
+    assert m["repos"][0]["head"] == summary["repos"][0]["head"] == third  # before: HEAD, commit 9
+    build(tmp_path / "all", ("a",))
+    assert manifest(tmp_path / "all")["repos"][0]["head"] == history.log[-1][0]
 
 
 # -- 4. crafted dataset files -------------------------------------------------------------------------------
@@ -318,17 +444,20 @@ def _edit_manifest(change):
 
 def _edit_array(suffix: str, change):
     def mutate(d: Path) -> None:
-        np.save(d / f"shard-00000.{suffix}", change(np.load(d / f"shard-00000.{suffix}")), allow_pickle=False)
+        path = shard_file(d, suffix)
+        array = change(np.load(path))
+        with open(path, "wb") as f:  # np.save would add ".npy" to a name that does not end with it
+            np.save(f, array, allow_pickle=False)
     return mutate
 
 
 def _cut_tokens(d: Path) -> None:
-    p = d / "shard-00000.tokens.npy"
+    p = shard_file(d, "tokens.npy")
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
 
 
 def _trailer_frames(d: Path) -> None:
-    p = d / "shard-00000.rcf"
+    p = shard_file(d, "rcf")
     b = bytearray(p.read_bytes())
     off, nb, nf, crc, end = fc.TRAILER.unpack(b[-fc.TRAILER.size :])
     b[-fc.TRAILER.size :] = fc.TRAILER.pack(off, nb, nf + 10**6, crc, end)
@@ -347,11 +476,25 @@ CRAFTED = {
     "a manifest without rows": (_edit_manifest(lambda m: m.pop("rows")), r"manifest\.json: rows = None"),
     "a shard name with a path": (_edit_manifest(lambda m: m["shards"][0].update(name="../base/shard-00000")),
                                  r"manifest\.json: shard name '\.\./base/shard-00000'"),
+    "a shard name of another build": (
+        _edit_manifest(lambda m: m["shards"][0].update(name=f"shard-{'0' * 16}-00000")),
+        r"manifest\.json: shard name 'shard-0{16}-00000': expected 'shard-[0-9a-f]{16}-' \(the build\)"),
+    "a shard name without the build": (_edit_manifest(lambda m: m["shards"][0].update(name="shard-00000")),
+                                       r"manifest\.json: shard name 'shard-00000'"),
+    "a build id that is not one": (_edit_manifest(lambda m: m.update(build="../x")), r"manifest\.json: build = '\.\./x'"),
+    "a tokenizer outside the directory": (_edit_manifest(lambda m: m.update(tokenizer="../t.json")),
+                                          r"manifest\.json: tokenizer = '\.\./t\.json'"),
     "a manifest whose rows differ from the .rcf": (_edit_manifest(lambda m: m.update(rows=m["rows"] + 1)),
-                                                   r"shard-00000\.rcf: \d+ frames of 16x64: expected"),
+                                                   r"shard-[0-9a-f]{16}-00000\.rcf: \d+ frames of 16x64: expected"),
+    "rows past the frame format": (_edit_manifest(lambda m: m.update(rows=70000)),
+                                   r"manifest\.json: rows = 70000: expected an integer in 1\.\.65535"),
     "a manifest whose frames differ from the .rcf": (_edit_manifest(lambda m: m["shards"][0].update(frames=5)),
                                                      r"starts\.npy: .*in 0\.\.4"),
-    "an .rcf trailer claiming more frames": (_trailer_frames, r"shard-00000\.rcf: the trailer says \d+ frames"),
+    "a shard of 10**30 tokens": (_edit_manifest(lambda m: m["shards"][0].update(tokens=10**30)),
+                                 (rf"manifest\.json: shard shard-[0-9a-f]{{16}}-00000: tokens = {10**30}: expected "
+                                  r"an integer in 0\.\.9007199254740991")),
+    "a history list that is null": (_edit_manifest(lambda m: m.update(repos=None)), r"manifest\.json: repos = None"),
+    "an .rcf trailer claiming more frames": (_trailer_frames, r"shard-[0-9a-f]{16}-00000\.rcf: the trailer says \d+ frames"),
     "no manifest": (lambda d: (d / "manifest.json").unlink(), r"manifest\.json: no such file"),
     "another format": (_edit_manifest(lambda m: m.update(format="x")), r"manifest\.json: expected a JSON object"),
 }
@@ -369,6 +512,16 @@ def test_a_crafted_dataset_is_refused_naming_the_file(dataset, tmp_path, case):
             src.next_batch()
 
 
+@pytest.mark.parametrize("repos", [None, "ab", [1], [{"name": "a"}], [{"name": 3, "split": "val"}], {"a": 1}])
+def test_a_malformed_history_list_is_refused_naming_the_file(dataset, tmp_path, repos):
+    d = tmp_path / "ds"
+    shutil.copytree(dataset, d)
+    _edit_manifest(lambda m: m.update(repos=repos))(d)
+    for split in ("val", "train", None):  # before the fix: TypeError or AttributeError for split "val"
+        with pytest.raises(ValueError, match=r"manifest\.json: repos = .*: expected a list of objects, each with a name"):
+            GitFrameSource(d, SPEC, split=split)
+
+
 def test_an_unchanged_copy_of_the_dataset_loads(dataset, tmp_path):
     d = tmp_path / "ds"
     shutil.copytree(dataset, d)
@@ -379,16 +532,52 @@ def test_an_unchanged_copy_of_the_dataset_loads(dataset, tmp_path):
 # -- 5. a zlib bomb in an .rcf block ------------------------------------------------------------------------
 
 
-def _rcf_with_one_block(path: Path, comp: bytes, raw_len: int, raw_crc: int, comp_len: int | None = None) -> None:
-    head = fc.HEADER.pack(fc.MAGIC, fc.VERSION, 12, 40, 64, 9)
+def _rcf_with_one_block(path: Path, comp: bytes, raw_len: int, raw_crc: int, comp_len: int | None = None,
+                        rows: int = 12, cols: int = 40, block_frames: int = 64, count: int = 1) -> None:
+    head = fc.HEADER.pack(fc.MAGIC, fc.VERSION, rows, cols, block_frames, 9)
     f = bytearray(head + struct.pack("<I", zlib.crc32(head)))
     offset = len(f)
-    f += fc.BLOCK_HEADER.pack(fc.BLOCK_MAGIC, 0, 1, raw_len, len(comp) if comp_len is None else comp_len,
+    f += fc.BLOCK_HEADER.pack(fc.BLOCK_MAGIC, 0, count, raw_len, len(comp) if comp_len is None else comp_len,
                               raw_crc, zlib.crc32(comp)) + comp
-    index = fc.INDEX_ENTRY.pack(offset, 0, 1)
+    index = fc.INDEX_ENTRY.pack(offset, 0, count)
     at = len(f)
-    f += index + fc.TRAILER.pack(at, 1, 1, zlib.crc32(index), fc.END_MAGIC)
+    f += index + fc.TRAILER.pack(at, 1, count, zlib.crc32(index), fc.END_MAGIC)
     path.write_bytes(bytes(f))
+
+
+def _rcf_of_blank_frames(path: Path, count: int, rows: int, cols: int) -> None:
+    """One block of `count` blank frames (action 0, no row changed): a few hundred bytes whatever the count."""
+    raw = bytearray()
+    for part in (bytes(count), bytes(count), b""):  # actions, operations (a head of 0 rows a frame), text
+        fc._varint(len(part), raw)
+        raw += part
+    _rcf_with_one_block(path, zlib.compress(bytes(raw), 9), len(raw), zlib.crc32(raw), rows=rows, cols=cols,
+                        block_frames=count, count=count)
+
+
+def test_a_block_past_the_decode_budget_is_refused_when_the_file_is_opened(tmp_path):
+    path = tmp_path / "wide.rcf"
+    _rcf_of_blank_frames(path, 65535, 48, 160)  # decodes to 65535 x 48 x 160 x 5 bytes = 2.3 GiB
+    assert path.stat().st_size < 1000
+    with pytest.raises(fc.FrameFormatError, match=r"wide\.rcf: block_frames x rows x cols = 65535 x 48 x 160 decodes "
+                                                  r"to 2,516,544,000 bytes a block .* at most 268,435,456"):
+        fc.FrameReader(path)  # before the fix: opened, and frame(0) peaked at 2.4 GiB
+    within = tmp_path / "ok.rcf"
+    _rcf_of_blank_frames(within, 6990, 48, 160)  # the most frames a block of 48 x 160 may hold
+    with fc.FrameReader(within) as r:
+        assert len(r) == 6990 and not r.frame(6989)[..., 1].any() and r.action(0) == 0
+
+
+def test_the_writer_and_the_build_options_keep_to_the_decode_budget(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match=r"65535 x 48 x 160 decodes to .* \(DECODED_BLOCK_BUDGET; at most 6990 frames"):
+        fc.FrameWriter(tmp_path / "w.rcf", 48, 160, block_frames=65535)
+    assert not (tmp_path / "w.rcf").exists()
+    with pytest.raises(ValueError, match=r"rows=70000: expected an integer in 1\.\.65535"):
+        fc.FrameWriter(tmp_path / "w.rcf", 70000, 160)  # before: struct.error
+    use_histories(monkeypatch, {"a": python_history(0)})
+    with pytest.raises(ValueError, match=r"6991 x 48 x 160 decodes to"):
+        build(tmp_path / "ds", ("a",), rows=48, cols=160, block_frames=6991)
+    assert not (tmp_path / "ds").exists()
 
 
 def test_a_block_that_inflates_past_its_raw_len_is_refused_without_inflating_it(tmp_path):
@@ -438,7 +627,8 @@ def test_a_count_flag_below_its_least_value_is_a_usage_error(monkeypatch, tmp_pa
 
 
 @pytest.mark.parametrize("option, value", [("max_commits", 0), ("max_commits", -1), ("frames_per_shard", 0),
-                                           ("max_file_bytes", -1), ("vocab_size", 100)])
+                                           ("max_file_bytes", -1), ("vocab_size", 100), ("rows", 2), ("rows", 70000),
+                                           ("cols", 23), ("cols", 65536), ("block_frames", 65536)])
 def test_build_options_are_checked_before_any_replay(monkeypatch, tmp_path, option, value):
     use_histories(monkeypatch, {"a": python_history(0)})
     with pytest.raises(ValueError, match=f"{option}={value}: expected an integer"):
@@ -447,6 +637,24 @@ def test_build_options_are_checked_before_any_replay(monkeypatch, tmp_path, opti
     if option in ("max_commits", "max_file_bytes"):
         with pytest.raises(ValueError, match=f"{option}={value}"):
             replay("a", lambda *a: None, ROWS, COLS, **{option: value})
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--rows", "70000", "rows=70000: expected an integer in 3..65535"),  # before the fix: struct.error
+    ("--cols", "10", "cols=10: expected an integer in 24..65535"),
+    ("--block-frames", "60000", "block_frames x rows x cols = 60000 x 48 x 160 decodes to"),
+])
+def test_a_geometry_the_format_cannot_hold_is_a_usage_error(monkeypatch, tmp_path, capsys, flag, value, message):
+    from rcswarm.cli.main import main
+
+    use_histories(monkeypatch, {"r": python_history(0)})
+    out = tmp_path / "ds"
+    (tmp_path / "r").mkdir()
+    args = ["data", "frames", "--repo", str(tmp_path / "r"), "--out", str(out), "--no-progress", flag, value]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "rcswarm data frames" in err and message in err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("task_config, message", [
