@@ -85,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--health-port", type=int, default=None,
                         help="also serve grpc.health.v1 Check in plaintext on this port of --host, for probes that "
                              "cannot speak TLS (0 = any free port; default: off)")
-    parser.add_argument("--port-file", type=Path, help="write {'port': P} here once serving")
+    parser.add_argument("--port-file", type=Path, help="write {'port': P, 'pid': this process, ...} here once serving")
     parser.add_argument("--http-port", type=int, default=None,
                         help="serve the HTTP dashboard and /metrics on this port (0 = any free port; default: off)")
     parser.add_argument("--http-host", default="127.0.0.1",
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.port_file:
         args.port_file.parent.mkdir(parents=True, exist_ok=True)
         partial = args.port_file.with_suffix(".partial")
-        info: dict[str, Any] = {"port": running.port, "run_id": coordinator.run_id}
+        info: dict[str, Any] = {"port": running.port, "run_id": coordinator.run_id, "pid": os.getpid()}
         if running.dashboard is not None:
             info["http_port"] = running.dashboard.port
         if running.health_port is not None:

@@ -99,6 +99,7 @@ class Swarm:
     def start_coordinator(self) -> tuple[int, int]:
         """Start the coordinator with its dashboard on free loopback ports; (gRPC port, dashboard port)."""
         port_file = self.run_dir / "coordinator.json"
+        port_file.unlink(missing_ok=True)  # a previous launch's, naming a port nothing serves now
         self.coordinator = self._spawn(
             ["-m", "rcswarm.cli", "coordinator", "--config", str(self.run_dir / "run.toml"), "--state-dir",
              str(self.run_dir / "state"), "--port", "0", "--port-file", str(port_file), "--http-port", "0"],
@@ -106,8 +107,8 @@ class Swarm:
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            if port_file.exists():
-                ports = json.loads(port_file.read_text())
+            ports = json.loads(port_file.read_text()) if port_file.exists() else {}
+            if ports.get("pid") == self.coordinator.pid:
                 return int(ports["port"]), int(ports["http_port"])
             if self.coordinator.poll() is not None:
                 break

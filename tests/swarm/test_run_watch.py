@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import socket
 import subprocess
 import sys
@@ -52,3 +53,21 @@ def test_a_coordinator_that_refuses_to_start_ends_the_launcher_with_its_own_mess
     assert f"rcswarm coordinator: --state-dir {state!r}: {state!r} is not a directory" in result.stderr
     assert "Traceback" not in result.stderr and "did not start within" not in result.stderr
     assert not (tmp_path / "logs" / "worker-0.log").exists()  # no worker was started
+
+
+def test_a_second_launch_in_the_same_run_dir_waits_for_its_own_coordinator(tmp_path: Path):
+    """The previous launch's coordinator.json names a port nothing serves now: `rcswarm run --run-dir X` run again
+    read it at once and sent its workers to the dead port for their whole patience (a hang). The launcher now takes
+    only the port file its own coordinator wrote (the file names the writer's pid)."""
+    stale = {"port": 1, "http_port": 2, "run_id": "old", "pid": 1}
+    (tmp_path / "coordinator.json").write_text(json.dumps(stale))
+    swarm = run.Swarm(tiny_spec(), tmp_path, 1)
+    (tmp_path / "run.toml").write_text(swarm.spec.to_toml())
+    try:
+        port, http_port = swarm.start_coordinator()
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        swarm.stop()
+    assert (port, http_port) != (1, 2)
+    assert json.loads((tmp_path / "coordinator.json").read_text())["pid"] == swarm.coordinator.pid
