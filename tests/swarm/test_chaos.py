@@ -48,7 +48,7 @@ def test_bad_soak_arguments_are_named():
     assert "--workers 0: expected 1..16" in proc.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.wide
 def test_a_swarm_survives_minutes_of_chaos(tmp_path):
     code, output, verdict = run_soak(tmp_path, "--minutes", "1.75", "--workers", "3", "--seed", "13")
     assert code == 0, output[-8000:]

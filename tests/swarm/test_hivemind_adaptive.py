@@ -176,7 +176,7 @@ def test_an_adaptive_hivemind_worker_needs_a_coordinator_and_trains_its_rung(sta
         control.close("finished")
 
 
-@pytest.mark.slow
+@pytest.mark.wide
 def test_hivemind_workers_climb_the_coordinators_ladder_while_averaging_peer_to_peer(
         swarm: Any, start_coordinator: Any, tmp_path: Path) -> None:
     """Two hivemind workers with a coordinator as their control plane: the ladder 8 -> 16 advances at a

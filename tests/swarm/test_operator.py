@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from rcswarm.coordinator.sweep import run_state_dir
 from rcswarm.worker.client import CoordinatorClient, RetryPolicy
 from tests.helpers.coordinator import free_port
@@ -18,6 +20,7 @@ from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
 
+@pytest.mark.wide
 def test_a_sweep_restarted_by_sigint_keeps_each_runs_rows_and_its_workers(tmp_path, spawn_worker):
     # Time-boxed rounds, so the runs keep pace (one worker each, a round 0.5 s at every length) and none finishes
     # before every worker re-joined after the restart (a worker's backoff can take seconds).

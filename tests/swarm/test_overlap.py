@@ -45,6 +45,7 @@ def test_two_overlapped_workers_train_and_their_bases_are_the_coordinators(start
     assert losses[-1] < losses[0] - 0.3, losses
 
 
+@pytest.mark.wide
 def test_a_worker_killed_during_an_overlapped_round_is_survived(start_coordinator, spawn_worker):
     spec = tiny_spec(run={"rounds": 6}, inner={"steps": 8}, coordinator={"lease_s": 120.0},
                      sync={"codec": "int8", "min_reports": 2, "round_deadline_s": 6.0, "overlap": True})

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.sweep import SweepCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -31,6 +33,7 @@ class SetForecasts(SweepCoordinator):
                                                     loss - 0.1, loss + 0.1, math.nan, math.nan, math.nan, math.nan, "")
 
 
+@pytest.mark.wide
 def test_pruning_moves_the_losers_worker_without_losing_a_round_or_a_metric(tmp_path, spawn_worker):
     base = tiny_spec(run={"rounds": 1000}, inner={"steps": 3}, coordinator={"lease_s": 120.0})
     spec = base.from_dict({**base.to_dict(), "sweep": {"seq_lens": [8, 16], "prune": True, "prune_at": [0.002]}})
