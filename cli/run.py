@@ -49,6 +49,7 @@ from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import run_state_dirs
+from rcswarm.coordinator.curriculum import law_of
 from rcswarm.observe import traffic
 from rcswarm.observe.analysis import (
     NOT_ENOUGH_DATA,
@@ -510,6 +511,8 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
     problem = data_problem(spec, open_dataset=True)
     if problem is not None:
         raise ValueError(problem)
+    if spec.curriculum.adaptive:
+        law_of(spec.curriculum)  # a law_from fit that cannot decide: refused before the run dir is made
     return dataclasses.replace(spec, run=run, sync=sync)
 
 

@@ -62,6 +62,10 @@ CURRICULUM_KEY = "curriculum_state"
 # Per-worker entries kept in that state (issue #30): beyond this many, those of the oldest ended memberships are
 # dropped at a round close (a re-join names its previous membership and resumes its rung from its entry).
 MAX_REMEMBERED_WORKERS = 256
+# A law fitted from `curriculum.law_from` needs α∞ at least this (besides a fit without caveats): below it a longer
+# length gains less than 0.07 % of the loss per doubling (2^(−0.001)), i.e. nothing a loss curve can show; an
+# all-equal metrics file fits α∞ ≈ 1e-16 (round-off), under which the run never lengthens.
+MIN_FITTED_ALPHA_INF = 1e-3
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -87,7 +91,15 @@ def configured_law(curriculum: CurriculumSection) -> Law:
 
 
 def fitted_law(path: str | Path) -> Law:
-    """The law fitted (as `rcswarm fit` does) to a run directory or a metrics CSV/JSON-lines file."""
+    """The law fitted (as `rcswarm fit` does) to a run directory or a metrics CSV/JSON-lines file.
+
+    The fit must decide whether a longer length ever pays, or ValueError (so `rcswarm coordinator` and `rcswarm run`
+    refuse the config before anything is served): no caveat of the fit (`analysis.Analysis.caveats`, what `rcswarm
+    fit` prints as "not enough data") may leave α∞ unidentified (too few recorded steps per length, R² of α(s) below
+    fits.MIN_SCHEDULE_R_SQUARED, τ beyond the last fitted step, α∞'s interval wider than α∞; fewer than 3 lengths
+    fail the fit itself), and α∞ must be at least MIN_FITTED_ALPHA_INF. A caveat on τ alone (its interval, or τ
+    below the first fitted step) leaves the decision's timing uncertain, not its direction: the law is used, the
+    caveat logged as a WARNING and named in its `source` (GetStatus' curriculum law)."""
     path = Path(path)
     try:
         if path.is_dir():
@@ -99,10 +111,26 @@ def fitted_law(path: str | Path) -> Law:
     except ValueError as exc:
         raise ValueError(f"curriculum.law_from = {str(path)!r} is invalid: {exc}") from None
     schedule = fitted.schedule
-    return Law(
-        schedule, fits.amplitude_from_points(fitted.points),
-        f"fitted to {path}: α∞ = {schedule.alpha_inf:.4g}, τ = {schedule.tau:.4g} steps (R² {schedule.r_squared:.3f})",
-    )
+    numbers = f"α∞ = {schedule.alpha_inf:.4g}, τ = {schedule.tau:.4g} steps (R² {schedule.r_squared:.3f})"
+    problems = [caveat.text for caveat in fitted.caveats if "alpha_inf" in caveat.parameters]
+    if not schedule.alpha_inf >= MIN_FITTED_ALPHA_INF:
+        problems.append(f"α∞ = {schedule.alpha_inf:.3g} is below {MIN_FITTED_ALPHA_INF:g}: under this law a longer "
+                        "length never overtakes a shorter one, so the run would never lengthen")
+    if problems:
+        raise ValueError(
+            f"curriculum.law_from = {str(path)!r}: the fit ({numbers}) cannot decide a lengthening: "
+            f"{'; '.join(problems)}; expected a fit whose α∞ `rcswarm fit` shows without caveats (at least "
+            f"{analysis.MIN_STEPS_PER_LENGTH} recorded steps of each of 3 or more lengths in the steps they share, "
+            f"R² of α(s) at least {fits.MIN_SCHEDULE_R_SQUARED:g}, τ within the fitted steps) and "
+            f"α∞ ≥ {MIN_FITTED_ALPHA_INF:g}; give a longer run's metrics, or curriculum.alpha_inf and curriculum.tau"
+        )
+    source = f"fitted to {path}: {numbers}"
+    uncertain = [caveat.text for caveat in fitted.caveats]  # those left leave τ alone unidentified
+    if uncertain:
+        log.warning("curriculum.law_from = %r: %s; the law is used, its crossovers' timing is uncertain",
+                    str(path), "; ".join(uncertain))
+        source += f"; {analysis.NOT_ENOUGH_DATA} for τ: {'; '.join(uncertain)}"
+    return Law(schedule, fits.amplitude_from_points(fitted.points), source)
 
 
 def law_of(curriculum: CurriculumSection) -> Law:

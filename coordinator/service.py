@@ -530,7 +530,8 @@ class SwarmCoordinator:
             for m in metrics
         ]
         try:
-            # The held-out losses measured along the way ([run] eval_every) ride on pull rows; the first is kept.
+            # The held-out losses measured along the way ([run] eval_every) ride on pull rows; the store keeps each
+            # worker's first report of a version (a few of them) and takes their median (StateStore.add_metrics).
             held_out = [(m.version, m.val_loss, m.val_seconds, request.worker_id, now)
                         for m in metrics if m.val_loss > 0]
             stored = self.store.add_metrics(rows, self.spec.coordinator.max_metric_rows, held_out)

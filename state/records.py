@@ -3,7 +3,9 @@ and the sums the run's own step is computed from (state/store.py makes and takes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from rcswarm.state.schema import METRIC_COLUMNS
@@ -33,13 +35,26 @@ class ForecastRecord:
 
 @dataclass(frozen=True)
 class HeldOutRecord:
-    """The held-out loss of θ_`version` measured along the way (issue #30): its `seconds`, who measured it, when."""
+    """The held-out loss of θ_`version` measured along the way (issue #30): its `seconds`, who measured it, when;
+    as `StateStore.held_out_losses` reads it, the median of `reports` workers' reports (`held_out_median`)."""
 
     version: int
     loss: float
     seconds: float
     worker_id: str
     recorded_at: float
+    reports: int = 1
+
+
+def held_out_median(reports: Sequence[HeldOutRecord]) -> HeldOutRecord:
+    """A version's held-out loss from its workers' reports (one version's, at least one): the median loss (of an
+    even count the mean of the middle two), so one wrong report among three moves it no further than the honest
+    ones lie apart; the seconds and worker of the middle report (the lower one of an even count), the time of the
+    first report (when θ_v was first measured), and the count."""
+    ordered = sorted(reports, key=lambda report: (report.loss, report.recorded_at, report.worker_id))
+    middle = ordered[(len(ordered) - 1) // 2]
+    return replace(middle, loss=statistics.median(report.loss for report in ordered),
+                   recorded_at=min(report.recorded_at for report in ordered), reports=len(ordered))
 
 
 @dataclass(frozen=True)

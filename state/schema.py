@@ -49,6 +49,9 @@ CREATE TABLE IF NOT EXISTS forecasts (
 CREATE TABLE IF NOT EXISTS held_out (
     version INTEGER PRIMARY KEY, loss REAL, seconds REAL, worker_id TEXT, recorded_at REAL
 );
+CREATE TABLE IF NOT EXISTS held_out_reports (
+    version INTEGER, loss REAL, seconds REAL, worker_id TEXT, recorded_at REAL, PRIMARY KEY (version, worker_id)
+);
 """
 
 # PRAGMA user_version of a state dir whose aggregate tables and ledger are complete; an older
@@ -197,6 +200,27 @@ ROUND_LOSSES = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_su
 ROUND_LOSSES_AT = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_sum) AS loss_sum, SUM(n) AS n " \
     "FROM run_step_sums WHERE seq_len = ? GROUP BY version) WHERE n > 0 ORDER BY version"
 HAS_FORECASTS = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'forecasts'"
-# Issue #30: the held-out loss of θ_v measured along the way ([run] eval_every), a version's first report.
+# Issue #30: the held-out loss of θ_v measured along the way ([run] eval_every). `held_out_reports` keeps each
+# worker's first report of a version, the first few of them (StateStore.add_metrics); `held_out` one row per
+# version, their median (records.held_out_median), rewritten in the transaction that adds a report, what the reads
+# use. A state dir written before the reports were kept holds the first report in `held_out` alone: it is copied
+# into `held_out_reports` at the next open for writing (HELD_OUT_REPORTS_FROM_FIRST) and reads as 1 report until then.
 HELD_OUT_COLUMNS = ("version", "loss", "seconds", "worker_id", "recorded_at")
+# Added with the reports: how many the row's median is of.
+HELD_OUT_COLUMNS_ADDED = {"reports": "INTEGER DEFAULT 1"}
 HAS_HELD_OUT = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'held_out'"
+# A worker's report of a version, unless it reported that version already or the version has `?` reports.
+ADD_HELD_OUT_REPORT = (
+    f"INSERT OR IGNORE INTO held_out_reports ({', '.join(HELD_OUT_COLUMNS)}) SELECT ?, ?, ?, ?, ? "
+    "WHERE (SELECT COUNT(*) FROM held_out_reports WHERE version = ?) < ?"
+)
+HELD_OUT_REPORTS_OF = f"SELECT {', '.join(HELD_OUT_COLUMNS)} FROM held_out_reports WHERE version = ?"
+MISSING_HELD_OUT_REPORTS = (
+    "SELECT EXISTS (SELECT 1 FROM held_out AS h "
+    "WHERE NOT EXISTS (SELECT 1 FROM held_out_reports AS r WHERE r.version = h.version))"
+)
+HELD_OUT_REPORTS_FROM_FIRST = (
+    f"INSERT OR IGNORE INTO held_out_reports ({', '.join(HELD_OUT_COLUMNS)}) "
+    f"SELECT {', '.join(HELD_OUT_COLUMNS)} FROM held_out AS h "
+    "WHERE NOT EXISTS (SELECT 1 FROM held_out_reports AS r WHERE r.version = h.version)"
+)

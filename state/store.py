@@ -76,18 +76,24 @@ from rcswarm.state.records import (
     RunStepSums,
     WorkerRow,
     WorkerUsage,
+    held_out_median,
 )
 from rcswarm.state.schema import (
+    ADD_HELD_OUT_REPORT,
     AGGREGATES,
     FORECAST_COLUMNS,
     FORECAST_COLUMNS_ADDED,
     HAS_FORECASTS,
     HAS_HELD_OUT,
     HELD_OUT_COLUMNS,
+    HELD_OUT_COLUMNS_ADDED,
+    HELD_OUT_REPORTS_FROM_FIRST,
+    HELD_OUT_REPORTS_OF,
     LEDGER_COLUMNS_ADDED,
     LEDGER_FROM_ROUNDS,
     METRIC_COLUMNS,
     METRIC_PAGE_COLUMNS,
+    MISSING_HELD_OUT_REPORTS,
     ROUND_COLUMNS,
     ROUND_COLUMNS_ADDED,
     ROUND_LOSSES,
@@ -104,6 +110,10 @@ from rcswarm.state.schema import (
 
 log = logging.getLogger("rcswarm.state.store")
 
+# A version's held-out loss is the median of its workers' first reports, of the first this many (`add_metrics`):
+# every worker measures the same θ_v on the same held-out batches, so honest reports agree, and the median of up to
+# 5 outvotes up to 2 wrong ones; a bound, since every worker of a large swarm may measure every kth version.
+MAX_HELD_OUT_REPORTS = 5
 
 
 class StateStore:
@@ -133,6 +143,8 @@ class StateStore:
                 self._upgrade()
                 self._add_columns("rounds", ROUND_COLUMNS_ADDED)
                 self._add_columns("forecasts", FORECAST_COLUMNS_ADDED)
+                self._add_columns("held_out", HELD_OUT_COLUMNS_ADDED)
+                self._keep_first_held_out_reports()
                 self._reader = self._connect_read_only(timeout_s=5.0)
             except BaseException:
                 self._db.close()
@@ -206,6 +218,20 @@ class StateStore:
             for column, declaration in added.items():
                 if column not in present:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _keep_first_held_out_reports(self) -> None:
+        """Constructor only: a state dir written before each worker's held-out report was kept holds a version's
+        first report in `held_out` alone; enter it among the version's reports (read again inside the write
+        transaction, like `_add_columns`), so later reports of that version take their median with it."""
+        if not self._db.execute(MISSING_HELD_OUT_REPORTS).fetchone()[0]:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute(HELD_OUT_REPORTS_FROM_FIRST)
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
@@ -457,14 +483,22 @@ class StateStore:
         """Insert metric rows (METRIC_COLUMNS each) and fold them into the aggregate tables, in one transaction;
         with `keep_rows` > 0 the same transaction deletes the oldest rows beyond the newest `keep_rows` (the
         aggregates keep what they counted; SQLite reuses the freed pages, so the file stops growing). `held_out`:
-        the held-out losses the rows carried (HELD_OUT_COLUMNS each; a version's first is kept), in the same one."""
+        the held-out losses the rows carried (HELD_OUT_COLUMNS each), in the same one: each worker's first report of
+        a version is kept, up to MAX_HELD_OUT_REPORTS of a version, and the version's row in `held_out` becomes their
+        median (`records.held_out_median`)."""
         rows = list(rows)
+        held_out = list(held_out)
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
             before = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM metrics").fetchone()[0]
             db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
-            db.executemany(f"INSERT OR IGNORE INTO held_out VALUES ({', '.join('?' * len(HELD_OUT_COLUMNS))})",
-                           list(held_out))
+            reported = {report[0] for report in held_out
+                        if db.execute(ADD_HELD_OUT_REPORT, (*report, report[0], MAX_HELD_OUT_REPORTS)).rowcount > 0}
+            columns = (*HELD_OUT_COLUMNS, *HELD_OUT_COLUMNS_ADDED)
+            for version in sorted(reported):
+                median = held_out_median([HeldOutRecord(*row) for row in db.execute(HELD_OUT_REPORTS_OF, (version,))])
+                db.execute(f"INSERT OR REPLACE INTO held_out ({', '.join(columns)}) VALUES "
+                           f"({', '.join('?' * len(columns))})", dataclasses.astuple(median))
             for statement in AGGREGATES:
                 db.execute(statement, (before,))
             if keep_rows > 0 and before + len(rows) > keep_rows:
@@ -599,12 +633,15 @@ class StateStore:
         return [ForecastRecord(*(float("nan") if value is None else value for value in row)) for row in rows]
 
     def held_out_losses(self, newest_only: bool = False) -> list[HeldOutRecord]:
-        """The held-out losses measured along the way (`[run] eval_every`, issue #30), one per version, oldest first,
-        or the newest alone (none for a state dir written before them, opened read-only)."""
+        """The held-out losses measured along the way (`[run] eval_every`, issue #30), one per version (the median of
+        its workers' reports, kept so by `add_metrics`), oldest first, or the newest alone (none for a state dir
+        written before them, opened read-only; one written before the reports were kept reads as 1 report each)."""
         if not self._read(HAS_HELD_OUT)[0][0]:
             return []
         order = "version DESC LIMIT 1" if newest_only else "version"
-        rows = self._read(f"SELECT {', '.join(HELD_OUT_COLUMNS)} FROM held_out ORDER BY {order}")
+        present = {row[1] for row in self._read("PRAGMA table_info(held_out)")}
+        added = [c if c in present else "1" for c in HELD_OUT_COLUMNS_ADDED]  # an old dir, read-only
+        rows = self._read(f"SELECT {', '.join((*HELD_OUT_COLUMNS, *added))} FROM held_out ORDER BY {order}")
         return [HeldOutRecord(*row) for row in rows]
 
     def round_losses(self, seq_len: int | None = None) -> list[tuple[int, float]]:

@@ -200,8 +200,8 @@ class RoundTrainer:
                       params: Mapping[str, torch.Tensor] | None = None) -> float:
         """Mean cross-entropy of the model (at `params`, θ by name, when given; its own parameters are put back
         after) on the first `batches` batches of the run's held-out split (stream `seed`) in windows of
-        `[run] eval_seq_len` (0: data.seq_len), data.batch_size each; the batches of the default stream are drawn once
-        and kept."""
+        `[run] eval_seq_len` (0: data.seq_len), data.batch_size each, in eval mode (no dropout; the model's mode is put
+        back after); the batches of the default stream are drawn once and kept."""
         if seed == HELD_OUT_SEED and self._held_out is not None and self._held_out[0] >= batches:
             held_out = self._held_out[1][:batches]
         else:
@@ -215,13 +215,15 @@ class RoundTrainer:
         own = self.snapshot() if params is not None else None
         if params is not None:
             self.load(params)
-        losses = []
+        losses, training = [], self.model.training
+        self.model.eval()  # no dropout: every worker's report of θ_v is the same number (the store takes their median)
         try:
             with torch.no_grad():
                 for inputs, targets in held_out:
                     logits = self.model(inputs.to(self.device))  # [B, T, V]
                     losses.append(masked_cross_entropy(logits, targets.to(self.device)).item())
         finally:
+            self.model.train(training)
             if own is not None:
                 self.load(own)
         return sum(losses) / len(losses)

@@ -158,23 +158,119 @@ def test_curriculum_state_round_trips_through_json():
     assert state.seconds_per_step() == {4: 0.025, 8: 0.1}
 
 
-def test_the_law_is_fitted_from_a_metrics_file(tmp_path):
-    alpha_inf, tau = 0.3, 50.0
-    path = tmp_path / "metrics.csv"
+def write_metrics(path, loss, steps=range(1, 400), lengths=(2, 4, 8)):
+    """A metrics CSV of one run per length: loss(length, step) at each step, 0.01 s per step per unit of length."""
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["run_id", "step", "seq_len", "loss", "wall_time"])
-        for length in (2, 4, 8):
-            for step in range(1, 400, 7):
-                alpha = alpha_inf * (1 - math.exp(-step / tau))
-                writer.writerow([f"L{length}", step, length, 3.0 * length ** (-alpha), step * 0.01 * length])
+        for length in lengths:
+            for step in steps:
+                writer.writerow([f"L{length}", step, length, loss(length, step), step * 0.01 * length])
+    return path
+
+
+def paper_law(alpha_inf: float = 0.3, tau: float = 50.0):
+    return lambda length, step: 3.0 * length ** (-alpha_inf * (1 - math.exp(-step / tau)))
+
+
+def test_the_law_is_fitted_from_a_metrics_file(tmp_path):
+    alpha_inf, tau = 0.3, 50.0
+    path = write_metrics(tmp_path / "metrics.csv", paper_law(alpha_inf, tau))
     fitted = curricula.law_of(RunSpec.from_dict({"curriculum": {
         "policy": "adaptive", "seq_lens": [2, 4], "law_from": str(path)}}).curriculum)
     assert fitted.schedule.alpha_inf == pytest.approx(alpha_inf, rel=0.05)
     assert fitted.schedule.tau == pytest.approx(tau, rel=0.1)
-    assert "fitted to" in fitted.source
+    assert "fitted to" in fitted.source and "not enough data" not in fitted.source
     with pytest.raises(ValueError, match="curriculum.law_from = .*missing.csv"):
         curricula.fitted_law(tmp_path / "missing.csv")
+
+
+_NOISE = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize(("loss", "steps", "lengths", "fragment"), [
+    # Every length has the same loss: α∞ ≈ 1e-16 (round-off), so the run would never lengthen.
+    (lambda length, step: 2.0, range(1, 400), (2, 4, 8),
+     r"α∞ = \S+ is below 0\.001: under this law a longer length never overtakes"),
+    # A steady law under which longer lengths are worse: its α∞ < 0 is identified, and it never lengthens either.
+    (lambda length, step: 3.0 * length ** (0.3 * (1 - math.exp(-step / 50))), range(1, 400), (2, 4, 8),
+     r"α∞ = -0\.3 is below 0\.001"),
+    # Noise that does not depend on the length: R² of α(s) ≈ 0.
+    (lambda length, step: 2.0 + _NOISE.normal(0, 0.01), range(1, 400), (2, 4, 8), r"R² = \S+ of α\(s\) is below 0\.7"),
+    # A clean law, but 57 recorded steps per length: a handful of rounds, not a curve.
+    (paper_law(), range(1, 400, 7), (2, 4, 8), r"too few recorded steps .*100 needed"),
+    # τ beyond the last recorded step: α(s) has not levelled off, α∞ is an extrapolation.
+    (paper_law(tau=2000.0), range(1, 400), (2, 4, 8), r"α∞ is an extrapolation"),
+], ids=["all-equal", "longer-is-worse", "no-length-dependence", "too-few-steps", "tau-beyond-the-data"])
+def test_a_law_from_fit_that_cannot_decide_is_refused_before_anything_starts(tmp_path, loss, steps, lengths, fragment):
+    """A fit `rcswarm fit` marks "not enough data" for α∞, or an α∞ under which a longer length never pays, is
+    refused when the coordinator is built (ValueError naming curriculum.law_from, the fitted numbers and what was
+    expected; `rcswarm coordinator` turns it into a usage error before it serves), not used to steer a run."""
+    path = write_metrics(tmp_path / "metrics.csv", loss, steps, lengths)
+    spec = RunSpec.from_dict({**tiny_spec().to_dict(), "curriculum": {
+        "policy": "adaptive", "seq_lens": [2, 4], "law_from": str(path)}})
+    store = StateStore(tmp_path / "state")
+    try:
+        with pytest.raises(ValueError, match=fragment) as refused:
+            SwarmCoordinator(spec, store)
+    finally:
+        store.close()
+    message = str(refused.value)
+    assert message.startswith(f"curriculum.law_from = {str(path)!r}: the fit (α∞ = ")
+    assert "τ = " in message and "R² " in message and "expected a fit whose α∞" in message
+    assert "curriculum.alpha_inf and curriculum.tau" in message
+
+
+def test_rcswarm_coordinator_refuses_an_all_equal_law_from_as_a_usage_error_before_it_serves(
+    tmp_path, monkeypatch, capsys,
+):
+    from rcswarm.cli import coordinator as coordinator_cli
+
+    def serve(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the coordinator took the law and was about to serve")
+
+    monkeypatch.setattr(coordinator_cli, "RunningCoordinator", serve)
+    path = write_metrics(tmp_path / "metrics.csv", lambda length, step: 2.0)
+    config = tmp_path / "run.toml"
+    config.write_text(RunSpec.from_dict({**tiny_spec().to_dict(), "curriculum": {
+        "policy": "adaptive", "seq_lens": [2, 4], "law_from": str(path)}}).to_toml())
+    status = coordinator_cli.main(["--config", str(config), "--state-dir", str(tmp_path / "state"), "--port", "0",
+                                   "--token", "t"])
+    assert status == 2
+    assert f"rcswarm coordinator: curriculum.law_from = {str(path)!r}: the fit (α∞ = " in capsys.readouterr().err
+
+
+def test_rcswarm_run_refuses_an_all_equal_law_from_before_it_makes_the_run_dir(tmp_path, capsys):
+    from rcswarm.cli import run as run_cli
+
+    path = write_metrics(tmp_path / "metrics.csv", lambda length, step: 2.0)
+    config = tmp_path / "run.toml"
+    config.write_text(RunSpec.from_dict({**tiny_spec().to_dict(), "curriculum": {
+        "policy": "adaptive", "seq_lens": [2, 4], "law_from": str(path)}}).to_toml())
+    status = run_cli.main([str(config), "--run-dir", str(tmp_path / "run")])
+    assert status == 2
+    assert f"curriculum.law_from = {str(path)!r}: the fit (α∞ = " in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_law_from_fit_with_fewer_than_3_lengths_is_refused(tmp_path):
+    path = write_metrics(tmp_path / "metrics.csv", paper_law(), lengths=(2, 4))
+    with pytest.raises(ValueError, match=r"curriculum.law_from = .* is invalid: .*at least 3 distinct lengths"):
+        curricula.fitted_law(path)
+
+
+def test_a_law_from_fit_uncertain_in_tau_alone_is_used_and_says_so(tmp_path, caplog):
+    """A noisy law whose τ's interval is wider than τ (docs/RESULTS.md's fitted law had such a caveat) leaves the
+    crossovers' timing uncertain but α∞ identified: the law is used, the caveat logged and named in its source
+    (GetStatus' curriculum law)."""
+    rng = np.random.default_rng(1)
+    path = write_metrics(tmp_path / "metrics.csv",
+                         lambda length, step: paper_law(tau=150.0)(length, step) * math.exp(rng.normal(0, 0.05)))
+    with caplog.at_level("WARNING", logger="rcswarm.coordinator"):
+        fitted = curricula.fitted_law(path)
+    assert fitted.schedule.alpha_inf == pytest.approx(0.3, rel=0.1)
+    assert "not enough data for τ: τ's 90% interval" in fitted.source
+    assert "the law is used" in caplog.text
 
 
 def _write_run_dir(run_dir, spec: RunSpec, rows: list[tuple[int, int, float]]) -> None:

@@ -1,6 +1,7 @@
 """The held-out loss measured along the way (`[run] eval_every`, issue #30): pull rows carrying it are recorded (a
-version's first), refused out of range with nothing stored, shown in the status, fitted by the forecasts once
-they support a fit, and kept across a coordinator restart (whose eval_seq_len may not change); bad config keys are refused with a message."""
+version's loss is the median of its workers' first reports, so one lying worker among three does not set it),
+refused out of range with nothing stored, shown in the status, fitted by the forecasts once they support a fit, and
+kept across a coordinator restart (whose eval_seq_len may not change); bad config keys are refused with a message."""
 
 from __future__ import annotations
 
@@ -54,13 +55,13 @@ def test_held_out_losses_are_recorded_shown_forecast_and_survive_a_restart(tmp_p
     group = open_group(spec(), tmp_path, clock)
     member = group.join(pb.JoinRequest(worker_name="a"))
     run_rounds(group, member, clock, 14)
-    # A second worker's measurement of a version already measured is not kept (the first is).
+    # The same worker's second measurement of a version it measured is not kept (its first is).
     late = pb.Metric(version=4, step=999, seq_len=8, batch=4, loss=math.nan, val_loss=9.0, val_seconds=0.1)
     group.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=[late], run_id=member.run_id))
     held = group.runs[0].store.held_out_losses()
     assert [r.version for r in held] == list(range(0, 14, EVERY))
     assert [r.loss for r in held] == pytest.approx([val_loss(r.version) for r in held])
-    assert all(r.seconds == 0.25 and r.worker_id == member.worker_id for r in held)
+    assert all(r.seconds == 0.25 and r.worker_id == member.worker_id and r.reports == 1 for r in held)
     status = group.status()
     assert status.val_version == 12 and status.val_loss == pytest.approx(val_loss(12))
     # v = 2..12 are 6 usable points: the forecast is of the held-out loss, near the law at the budget.
@@ -80,6 +81,47 @@ def test_held_out_losses_are_recorded_shown_forecast_and_survive_a_restart(tmp_p
     assert (again.val_version, again.val_loss, again.forecast.basis) == (12, status.val_loss, "held-out")
     assert repr(restarted.runs[0].store.forecasts()) == repr(forecasts)
     restarted.close()
+
+
+def test_the_held_out_loss_of_a_version_is_the_median_of_its_workers_reports(tmp_path):
+    """Every worker measures the same θ_v on the same held-out batches, so honest reports agree (to the last digits
+    their devices round differently); a lying or broken worker that reports first no longer sets the loss the
+    status, the forecasts and the pruning read: the median of the first MAX_HELD_OUT_REPORTS workers' first reports
+    does, kept across a restart."""
+    group = open_group(spec(), tmp_path, Clock(1000.0))
+
+    def report(name: str, loss: float) -> str:
+        member = group.join(pb.JoinRequest(worker_name=name)) if name not in members else members[name]
+        members[name] = member
+        pull = pb.Metric(version=0, step=0, seq_len=8, batch=4, loss=math.nan, tokens=0, val_loss=loss,
+                         val_seconds=0.25)
+        group.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=[pull], run_id=member.run_id))
+        return member.worker_id
+
+    def held():
+        return [(r.version, r.loss, r.reports, r.worker_id) for r in group.runs[0].store.held_out_losses()]
+
+    members: dict[str, pb.JoinResponse] = {}
+    honest = val_loss(0)
+    report("liar", 0.01)
+    assert group.status().val_loss == 0.01  # one report is all there is
+    report("a", honest)
+    assert group.status().val_loss == pytest.approx((0.01 + honest) / 2)  # two: their mean
+    b = report("b", honest + 1e-6)
+    assert group.status().val_loss == honest  # the liar among three is outvoted (it was the first report's, 0.01)
+    assert held() == [(0, honest, 3, members["a"].worker_id)]
+    report("a", 9.0)  # a worker's second report of a version is not kept
+    assert held() == [(0, honest, 3, members["a"].worker_id)]
+    group.close()
+    group = open_group(spec(), tmp_path, Clock(1000.0))
+    assert held() == [(0, honest, 3, members["a"].worker_id)]
+    members.clear()
+    report("c", honest + 2e-6)
+    report("d", 50.0)  # a second liar among five is outvoted too
+    assert held() == [(0, honest + 1e-6, 5, b)]
+    report("e", 0.02)  # a version keeps its first 5 reports
+    assert held() == [(0, honest + 1e-6, 5, b)] and group.status().val_loss == honest + 1e-6
+    group.close()
 
 
 @pytest.mark.parametrize(("fields", "match"), [

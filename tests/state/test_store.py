@@ -4,7 +4,9 @@ file, which the commands turn into their usage error; nothing outside state/ see
 from __future__ import annotations
 
 import re
+import sqlite3
 import threading
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,9 @@ from rcswarm.cli.fit import main as fit_main
 from rcswarm.cli.status import main as status_main
 from rcswarm.observe.analysis import MetricsFileError, read_state_dirs
 from rcswarm.state.errors import StoreError
+from rcswarm.state.records import HeldOutRecord
 from rcswarm.state.store import StateStore
+from tests.helpers.state import read_state
 
 
 def test_a_file_that_is_not_a_database_is_a_store_error_naming_it(tmp_path: Path) -> None:
@@ -81,3 +85,35 @@ def test_openers_of_a_fresh_state_dir_at_once_all_open_it(tmp_path: Path) -> Non
     store = StateStore(tmp_path / "state0")
     assert store.forecasts() == [] and store.rounds() == []
     store.close()
+
+
+def test_a_state_dir_written_before_the_held_out_reports_reads_as_before_and_takes_later_reports_into_the_median(
+    tmp_path: Path,
+) -> None:
+    """A state dir written when `held_out` kept a version's first report alone (no `held_out_reports`, no `reports`
+    column) reads the same, read-only; opened for writing, each version's first report joins its reports, so a
+    later one takes the median with it, not in its place."""
+    store = StateStore(tmp_path)
+    try:
+        store.add_metrics([], held_out=[(0, 5.0, 0.5, "a", 10.0), (2, 4.0, 0.5, "a", 20.0)])
+    finally:
+        store.close()
+    with closing(sqlite3.connect(tmp_path / "state.sqlite", isolation_level=None)) as connection:
+        connection.execute("DROP TABLE held_out_reports")
+        connection.execute("ALTER TABLE held_out DROP COLUMN reports")
+    first = [HeldOutRecord(0, 5.0, 0.5, "a", 10.0, 1), HeldOutRecord(2, 4.0, 0.5, "a", 20.0, 1)]
+    assert read_state(tmp_path, lambda reader: reader.held_out_losses()) == first
+    assert read_state(tmp_path, lambda reader: reader.held_out_losses(newest_only=True)) == first[1:]
+    store = StateStore(tmp_path)
+    try:
+        assert store.held_out_losses() == first
+        store.add_metrics([], held_out=[(2, 4.2, 0.25, "b", 30.0), (2, 0.1, 0.25, "liar", 31.0)])
+        assert store.held_out_losses() == [first[0], HeldOutRecord(2, 4.0, 0.5, "a", 20.0, 3)]
+    finally:
+        store.close()
+    store = StateStore(tmp_path)  # opened again: nothing copied twice
+    try:
+        store.add_metrics([], held_out=[(2, 4.1, 0.25, "c", 40.0)])
+        assert store.held_out_losses()[1] == HeldOutRecord(2, pytest.approx(4.05), 0.5, "a", 20.0, 4)
+    finally:
+        store.close()

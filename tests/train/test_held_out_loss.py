@@ -68,3 +68,17 @@ def test_a_rotating_set_measures_each_version_on_its_own_batches_the_same_for_ev
     fixed = RoundTrainer(torch.device("cpu"))
     fixed.build(spec, model_seed=0)
     assert fixed.held_out_loss(2) not in losses
+
+
+def test_a_model_with_dropout_is_measured_in_eval_mode_and_keeps_its_training_mode():
+    """Every worker's report of θ_v must be the same number (the store takes their median): with dropout the held-out
+    loss was measured in training mode, a random number above the model's loss."""
+    spec = tiny_spec(model={"name": "lstm_lm", "preset": "tiny", "overrides": {"dropout": 0.5}})
+    trainer = RoundTrainer(torch.device("cpu"))
+    trainer.build(spec, model_seed=0)
+    theta = trainer.snapshot()
+    torch.manual_seed(1)
+    first = trainer.held_out_loss(2, params=theta)
+    torch.manual_seed(2)
+    assert trainer.held_out_loss(2, params=theta) == first
+    assert trainer.model.training  # put back for the next inner step
