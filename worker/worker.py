@@ -38,6 +38,9 @@ restarted) is handed to the training thread, which joins again and finishes the 
 does: the update in flight is pushed again while its base version is current, and the merge keeps the steps
 trained since the push; a stale update is dropped and its residual restored as without overlap. Should the
 re-join rebuild the model, the update and the steps since the push are dropped and θ_{v+1} is loaded, not merged.
+
+With `--state-dir` and error feedback the residual is kept on disk for a restart (`sync/feedback_state.py`), written
+before each push as it holds once that push lands, so that a residual is never sent twice (`Worker._push_deltas`).
 """
 
 from __future__ import annotations
@@ -58,7 +61,14 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import MAX_VAL_LOSS
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
-from rcswarm.sync.feedback_state import load_feedback, save_feedback
+from rcswarm.sync.feedback_state import (
+    FEEDBACK_FILE,
+    PUSHING,
+    REFUSED,
+    load_feedback,
+    remove_feedback,
+    save_feedback,
+)
 from rcswarm.train.inner import StepResult, preload_data, worker_data_seed
 from rcswarm.train.round import RoundResult, RoundTrainer, StepRow, held_out_seed, resolve_device
 from rcswarm.worker.client import (
@@ -459,17 +469,22 @@ class Worker:
 
     def _resume_feedback(self) -> None:
         """With --state-dir: take the error-feedback residual a previous process of this worker saved for this run
-        (`sync.feedback_state`), so a restart keeps what it has not sent yet; else start from zero, saying why."""
+        (`sync.feedback_state`), so a restart keeps what it has not sent yet; else start from zero, saying why (a
+        WARNING when a file is there but another run's, setting's or model's, unreadable or not finite). The file
+        never holds a residual an update that may have landed carried (`_push_deltas`), so it is taken as it is."""
         if self.error_feedback is None or self.options.state_dir is None:
             return
         shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
         residuals, why = load_feedback(self.options.state_dir, self.run_id, self.codec, self.error_feedback.decay, shapes)
         if residuals is None:
-            log.info("%s: error feedback starts from zero: %s", self.name, why)
+            # A file that is there but not this run's, setting's or model's is dropped: a WARNING; no file: INFO.
+            there = (self.options.state_dir / FEEDBACK_FILE).exists()
+            log.log(logging.WARNING if there else logging.INFO, "%s: error feedback starts from zero: %s%s", self.name,
+                    why, "; the file is not used" if there else "")
             return
         self.error_feedback.restore(residuals)
-        log.info("%s: resumed the error feedback of %s (residual norm %.4g)", self.name, self.run_id,
-                 self.error_feedback.residual_norm())
+        log.info("%s: resumed the error feedback of %s (residual norm %.4g)%s", self.name, self.run_id,
+                 self.error_feedback.residual_norm(), f", {why}" if why else "")
 
     def _call(self, fn, *args):
         """Run an RPC, turning NOT_FOUND into Rejoin."""
@@ -668,6 +683,8 @@ class Worker:
             feedback = encoded.feedback
             if not delivered and feedback is not None and feedback is self.error_feedback:
                 feedback.restore(encoded.saved)
+        if not delivered and encoded.feedback is self.error_feedback:
+            self._save_feedback(encoded.feedback, version, REFUSED)
         return delivered
 
     def _merge_inflight(self) -> tuple[int, dict[str, torch.Tensor], Early] | None:
@@ -801,7 +818,19 @@ class Worker:
         restored).
 
         The residual restored is the one this push compressed with: a re-join on the way that moved the worker to
-        another run built that run's own (`_prepare`), which keeps what it loaded."""
+        another run built that run's own (`_prepare`), which keeps what it loaded.
+
+        With `--state-dir` the residual file (`_save_feedback`) is written before the push, holding the residual as
+        it is once this push lands, and written again with the residual put back when the push is refused (answered
+        stale, or dropped after re-joins). Why this order is the one that never sends a residual twice: the push may
+        land without the worker hearing it (the last pusher of a round is answered only once the round closed; a
+        kill, or a full disk, in that window), and a residual that a landed update carried must never be resumed.
+        So at every moment the file holds (a) the residual after the last update that may have landed, or (b) after
+        a refusal the residual put back, no update of which landed. A process that ends with the push unanswered
+        (killed, its patience spent, stopped) leaves (a): if that push did land, the restart resumes exactly what
+        is left to send; if it did not, the restart lacks what the push carried of the earlier residual (its own Δ
+        is lost with the round either way), which the resume line and docs/RELIABILITY.md state. A save that fails
+        removes the file (a restart then starts from zero, logged), never leaving an older residual behind."""
         block = self.spec.sync.block_size
         feedback = self.error_feedback
         if feedback is not None:
@@ -813,15 +842,38 @@ class Worker:
             deltas, codec=self.codec, run_id=self.run_id, version=version, block_size=block, encoded=encoded
         )
         self._encoded = Encoded(version, header, chunks, feedback, saved)
+        self._save_feedback(feedback, version, PUSHING)
         delivered = False
         try:
             delivered = self._deliver(version, tokens, header, chunks, rejoin)
         finally:
             if not delivered and feedback is not None and feedback is self.error_feedback:
                 feedback.restore(saved)
-        if delivered and self.error_feedback is not None and self.options.state_dir is not None:
-            save_feedback(self.options.state_dir, self.run_id, self.codec, self.error_feedback)
+        if not delivered and feedback is self.error_feedback:
+            self._save_feedback(feedback, version, REFUSED)
         return delivered
+
+    def _save_feedback(self, feedback: codecs.ErrorFeedback | None, version: int, held: str) -> None:
+        """With `--state-dir`: write `feedback`'s residual (this run's) to the state dir's file, saved for the update
+        from `version` (`held`: PUSHING before its push, REFUSED after it was refused). A save that fails (a full
+        disk, OSError) logs one WARNING and the worker goes on; the file is removed, since the residual it holds
+        may be one the update about to be pushed carries (a restart then starts from zero, the WARNING says what
+        it loses); should it not even be removed, the WARNING says to remove it before a restart."""
+        directory = self.options.state_dir
+        if feedback is None or directory is None:
+            return
+        try:
+            save_feedback(directory, self.run_id, self.codec, feedback, version, held)
+        except OSError as exc:
+            problem = remove_feedback(directory)
+            if problem:
+                fate = (f"it could not be removed either ({problem}): it may hold a residual the update of version "
+                        f"{version} carries; remove it before restarting this worker")
+            else:
+                fate = (f"it is removed: a restart before the next save starts from zero (residual norm "
+                        f"{feedback.residual_norm():.4g} lost)")
+            log.warning("%s: the error-feedback residual of %s could not be saved in %s (%s); %s", self.worker_id or
+                        self.name, self.run_id, directory, exc, fate)
 
     def _deliver(self, version: int, tokens: int, header: pb.TensorHeader, chunks: list[pb.TensorChunk],
                  rejoin: bool = True) -> bool:
