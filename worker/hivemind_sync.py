@@ -16,7 +16,9 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   worker's error feedback on its Δ, both directions of the all-reduce compressed.
 * **State for late joiners**: the averager serves (version, θ, outer momentum) as its state,
   declared every `hivemind.state_declare_s` with its version as priority; `load_state` retries
-  `load_state_from_peers` within a timeout and refuses a state of other names or shapes.
+  its own download (`_StateAverager.download_state`, by descending priority) within a timeout, refuses a state of
+  other names or shapes and asks a refused donor no more; a donor is read only up to the bytes and tensors this
+  run's state takes (`StateLimits`).
 * **Records**: every peer stores its digest per version (`DigestRecord`: SHA-256 and a
   numeric sketch of θ) and its round's metrics (`MetricsRecord`) in the DHT under
   `rcswarm_digest` / `rcswarm_metrics`, subkey = peer id. Values are msgpack (hivemind's DHT
@@ -49,15 +51,17 @@ and the rest of rcswarm imports those only when `sync.backend = "hivemind"` is c
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
 import os
+import random
 import statistics
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -68,12 +72,14 @@ import hivemind.dht.dht as hm_dht_module
 import pydantic.v1 as pydantic
 import torch
 from hivemind.averaging import DecentralizedAverager
-from hivemind.compression import CompressionBase, CompressionInfo, NoCompression
+from hivemind.compression import CompressionBase, CompressionInfo, NoCompression, deserialize_torch_tensor
 from hivemind.compression import serialization as hm_serialization
 from hivemind.dht.schema import SchemaValidator
-from hivemind.p2p import P2PContext
+from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
-from hivemind.utils import get_dht_time
+from hivemind.utils import MPFuture, get_dht_time
+from hivemind.utils.asyncio import aiter_with_timeout
+from hivemind.utils.streaming import STREAMING_CHUNK_SIZE_BYTES, combine_from_streaming
 from hivemind.utils.timed_storage import MAX_DHT_TIME_DISCREPANCY_SECONDS
 
 from rcswarm.config.runspec import HivemindSection
@@ -105,6 +111,15 @@ MAX_ROW_VALUE = 2.0**53
 ROW_LOSS = 2
 # How long a call into the DHT's process may take before this peer counts that process as gone (`dht_result`).
 DHT_ANSWER_S = 60.0
+# A state download (`StateLimits`) counts each message it reads as its protobuf bytes plus MESSAGE_COST (what holding
+# one costs, so a stream of empty messages is not free), and allows a state beyond its float32 values STATE_SLACK_BYTES
+# (the metadata: a few dozen bytes of msgpack from an honest donor) and PART_SLACK_BYTES a message (its framing, ~30
+# bytes, and its cost), at hivemind's chunk size: an honest donor of the same model stays well below the bound.
+MESSAGE_COST = 128
+PART_SLACK_BYTES = 256
+STATE_SLACK_BYTES = 1 << 16
+# How long past a download's own timeout this process waits for the averager's answer (a stuck averager: no state).
+DOWNLOAD_GRACE_S = 5.0
 
 
 class RcswarmCompression(CompressionBase):
@@ -609,6 +624,39 @@ def renew_torch_thread_pool() -> None:
     torch.set_num_threads(torch.get_num_threads())
 
 
+def declared_priority(value: Any) -> float | None:
+    """A state's declared priority (a peer's version) as rcswarm reads it from the DHT: a number in [0, MAX_VERSION]
+    (not a bool, NaN or inf), else None. Any node may store a declaration: it is outside rcswarm's record schema."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_VERSION:
+        return float(value)
+    return None
+
+
+@dataclass(frozen=True)
+class StateLimits:
+    """The most one donor may send for a state of this run (θ and the outer momentum, float32, uncompressed): a state
+    download stops reading a donor past `tensors` tensors or `bytes` bytes (each message counted with MESSAGE_COST)."""
+
+    tensors: int
+    bytes: int
+
+    @classmethod
+    def of(cls, shapes: Sequence[tuple[int, ...]]) -> StateLimits:
+        sizes = [4 * math.prod(shape) for shape in shapes] * 2  # θ, then the momentum
+        parts = sum(max(1, math.ceil(size / STREAMING_CHUNK_SIZE_BYTES)) for size in sizes)
+        return cls(len(sizes), sum(sizes) + STATE_SLACK_BYTES + parts * PART_SLACK_BYTES)
+
+
+@dataclass(frozen=True)
+class Download:
+    """What one `_StateAverager.download_state` got: the state (metadata, tensors) and the peer id of the donor that
+    served it (None and "" when none did), and the donors it stopped reading, past its `StateLimits`."""
+
+    state: tuple[Any, list[torch.Tensor]] | None
+    donor: str
+    dropped: tuple[str, ...] = ()
+
+
 class _StateAverager(DecentralizedAverager):
     """An averager whose state for late joiners comes from `state_fn` (called in this process), and whose reducer
     counts each groupmate's weight at most `_weight_bound` (set before each step, `set_weight_bound`)."""
@@ -662,6 +710,92 @@ class _StateAverager(DecentralizedAverager):
 
         async for reply in super().rpc_aggregate_part(bounded(), context):
             yield reply
+
+    def download_state(self, timeout_s: float, limits: StateLimits, exclude: Collection[str] = ()) -> Download:
+        """A state from the other peers declaring one, asked by descending declared priority (ties in random order),
+        leaving out the peer ids in `exclude`, within `timeout_s` (each donor silent at most `next_chunk_timeout`
+        between messages). In place of hivemind's `load_state_from_peers`, which always asks the highest declared
+        priority first whatever it served before, so one peer declaring a high version and serving a state this run
+        refuses blocked a late joiner for its whole timeout, and which buffers whatever a donor streams. Here a donor
+        is read until it passes `limits` (a WARNING naming it; the next donor is asked), and the answer names the
+        donor, for the caller to exclude it when it refuses its state (`HivemindPeer.load_state`)."""
+        future = MPFuture()
+        self._outer_pipe.send(("_download_state", [], dict(future=future, timeout_s=timeout_s, limits=limits,
+                                                            exclude=tuple(exclude))))
+        try:
+            return future.result(timeout=timeout_s + DOWNLOAD_GRACE_S)
+        except TimeoutError:  # the averager did not answer (stuck): no state this time
+            return Download(None, "")
+
+    async def _download_state(self, future: MPFuture, timeout_s: float, limits: StateLimits,
+                              exclude: tuple[str, ...]) -> None:
+        """In the averager process: `download_state`'s answer."""
+        dropped: list[str] = []
+        found = None
+        try:
+            found = await asyncio.wait_for(self._state_from_donors(limits, exclude, dropped), timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a timeout, the DHT's errors: no state this time
+            log.info("no state from peers within %.1fs: %r", timeout_s, exc)
+        if not future.done():
+            donor, state = found or ("", None)
+            future.set_result(Download(state, donor, tuple(dropped)))
+
+    async def _state_from_donors(self, limits: StateLimits, exclude: tuple[str, ...],
+                                 dropped: list[str]) -> tuple[str, tuple[Any, list[torch.Tensor]]] | None:
+        """(peer id, state) of the first donor, by declared priority, that served a state within `limits`; a donor
+        past them is added to `dropped`."""
+        declared = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
+        found = await self.dht.get(declared, latest=True, return_future=True)
+        entries = found.value if found is not None and isinstance(found.value, dict) else {}
+        order = {}
+        for key, item in entries.items():
+            priority = declared_priority(getattr(item, "value", None))
+            if priority is not None and isinstance(key, bytes) and key != self.peer_id.to_bytes():
+                peer = PeerID(key)
+                if str(peer) not in exclude:
+                    order[peer] = (priority, random.random())
+        for peer in sorted(order, key=order.__getitem__, reverse=True):
+            try:
+                state = await self._state_from(peer, limits)
+            except Exception as exc:  # noqa: BLE001 - unreachable, silent past next_chunk_timeout, a bad tensor
+                log.info("no state from peer %s: %r", peer, exc)
+                continue
+            if isinstance(state, str):
+                log.warning("stopped reading the state of peer %s: %s; asking the next donor", peer, state)
+                dropped.append(str(peer))
+            elif state is not None:
+                return str(peer), state
+        return None
+
+    async def _state_from(self, peer: PeerID, limits: StateLimits) -> tuple[Any, list[torch.Tensor]] | str | None:
+        """The (metadata, tensors) `peer` serves, None when it serves none, or what it exceeded of `limits` (a str) as
+        soon as it does: rcswarm serves its state uncompressed, so the bytes read bound what the tensors hold."""
+        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
+        stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
+        metadata, tensors, parts, received, count = None, [], [], 0, 0
+        try:
+            async for message in aiter_with_timeout(stream, self.next_chunk_timeout or self.request_timeout):
+                received += message.ByteSize() + MESSAGE_COST
+                part = message.tensor_part
+                if part.dtype or not parts:  # a tensor begins
+                    count += 1
+                    if parts:
+                        tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+                        parts = []
+                if received > limits.bytes:
+                    return f"over {limits.bytes:,} bytes ({received:,} read), the most this run's state takes"
+                if count > limits.tensors:
+                    return f"over {limits.tensors} tensors, as many as this run's state holds"
+                if part.compression != runtime_pb2.CompressionType.NONE:
+                    return f"a tensor of compression type {part.compression}, not NONE (uncompressed)"
+                if message.metadata:
+                    metadata = self.serializer.loads(message.metadata)
+                parts.append(part)
+        finally:
+            await stream.aclose()  # the donor's handler sees the stream close and stops sending
+        if parts:
+            tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+        return None if metadata is None else (metadata, tensors)
 
 
 @dataclass
@@ -744,9 +878,7 @@ class HivemindPeer:
         if found is None or not isinstance(found.value, dict):
             return []
         mine = self.averager.peer_id.to_bytes()
-        values = [getattr(item, "value", None) for key, item in found.value.items() if key != mine]
-        return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_VERSION else None
-                for v in values]
+        return [declared_priority(getattr(item, "value", None)) for key, item in found.value.items() if key != mine]
 
     def newest_declared_version(self) -> int:
         """The highest version another averager of this run declares for its state (0 when none does)."""
@@ -754,17 +886,21 @@ class HivemindPeer:
 
     def load_state(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
                    timeout_s: float) -> tuple[int, list[torch.Tensor]] | None:
-        """(version, θ tensors + momentum tensors) from the highest-priority peer, retried within `timeout_s`."""
+        """(version, θ tensors + momentum tensors) from the highest-priority peer whose state this run takes
+        (`_check_state`), retried within `timeout_s`. A donor whose state is refused, or that sent more than such a
+        state holds (`StateLimits`), is not asked again in this call: the next attempt asks the next donor at once."""
         deadline = time.monotonic() + timeout_s
+        limits, refused = StateLimits.of(shapes), set()
         while time.monotonic() < deadline:
-            attempt_s = max(1.0, deadline - time.monotonic())
-            try:
-                loaded = self.averager.load_state_from_peers(timeout=attempt_s)
-            except TimeoutError:  # this attempt outlasted the time left (donors silent between chunks): no state yet
-                loaded = None
-            problem, state = _check_state(loaded, self.run, names, shapes)
+            download = self.averager.download_state(max(1.0, deadline - time.monotonic()), limits, refused)
+            refused.update(download.dropped)
+            problem, state = _check_state(download.state, self.run, names, shapes)
             if not problem:
                 return state
+            if download.donor:
+                refused.add(download.donor)
+                log.warning("refused the state of peer %s (%s); asking the others", download.donor, problem)
+                continue
             log.info("no state from peers yet (%s); retrying", problem)
             time.sleep(0.5)
         return None

@@ -78,27 +78,3 @@ def test_a_leader_late_to_start_its_group_keeps_every_follower(no_new_p2pd: None
         assert LEADER_DELAY_S <= seconds < WINDOW_S + LEADER_DELAY_S + 8.0, f"peer {i} took {seconds:.1f}s"
         for tensor in averaged.deltas:  # the mean of 0, 1 and 2 through int8: every part came
             assert torch.allclose(tensor, torch.ones_like(tensor), atol=0.02), float((tensor - 1).abs().max())
-
-
-class _SilentDonors:
-    """Stands in for hivemind's averager in `HivemindPeer.load_state`: its first attempt outlasts the time it was
-    given, as `load_state_from_peers` does when donors fall silent between chunks (its future's TimeoutError)."""
-
-    def __init__(self, state: Any) -> None:
-        self.state, self.attempts = state, 0
-
-    def load_state_from_peers(self, timeout: float) -> Any:
-        self.attempts += 1
-        if self.attempts == 1:
-            raise TimeoutError
-        return self.state
-
-
-def test_an_attempt_to_load_a_state_that_times_out_is_retried() -> None:
-    shapes = [(3,), (2, 2)]
-    tensors = [torch.ones(shape) for shape in shapes * 2]  # θ and the outer momentum
-    peer = object.__new__(hs.HivemindPeer)  # only what load_state reads: no DHT or averager process
-    peer.run, peer.averager = "mm", _SilentDonors(({"run": "mm", "version": 4}, tensors))
-    loaded = peer.load_state(["a", "b"], shapes, timeout_s=5.0)
-    assert peer.averager.attempts == 2
-    assert loaded is not None and loaded[0] == 4

@@ -1,0 +1,195 @@
+"""A late joiner's state download (`HivemindPeer.load_state`, `_StateAverager.download_state`) against hostile donors:
+a peer declaring a higher version whose state the run refuses is asked once, and a donor streaming far more than the
+run's state holds is read only up to `StateLimits`; the joiner loads the honest donor's state either way. Real
+averagers on 127.0.0.1; the donors' misbehaviour is their state or a subclass of the real averager."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, AsyncIterator  # typing's: hivemind tells a streaming RPC by its hint's _name
+
+import pytest
+import torch
+
+from tests.helpers.waiting import wait_for
+
+hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
+from hivemind.p2p import P2PContext  # noqa: E402
+from hivemind.proto import averaging_pb2, runtime_pb2  # noqa: E402
+from hivemind.utils.streaming import STREAMING_CHUNK_SIZE_BYTES  # noqa: E402
+
+RUN = "dl"
+SHAPES = [(300,), (20, 10)]
+NAMES = ["a", "b"]
+HONEST_VERSION, HOSTILE_VERSION = 5, 9
+LOAD_S = 10.0
+# What the hostile donor of the second test streams: 256 MiB of one float32 tensor, ~67,000× this run's state (4 KB).
+FLOOD_BYTES = 256 << 20
+# More than `StateLimits` allows for SHAPES (4 KB of float32 values, 70 KB with its allowance): a joiner reads a donor
+# at most this far.
+READ_BOUND = 1 << 20
+# Sent by the donor but not read by the joiner when it stops: what the sockets and the two p2pd hold meanwhile (seen:
+# under 1 MB sent in all).
+IN_FLIGHT_BYTES = 16 << 20
+
+
+def _state(version: int, shapes: list[tuple[int, ...]], seed: int) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    return {"run": RUN, "version": version}, [torch.randn(shape, generator=generator) for shape in shapes * 2]
+
+
+class _Counted:
+    """A peer's `state_fn` that counts its calls: hivemind calls it (in this process) once per download RPC the
+    peer's averager serves."""
+
+    def __init__(self, state: tuple[dict[str, Any], list[torch.Tensor]]) -> None:
+        self.state, self.calls = state, 0
+
+    def __call__(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        self.calls += 1
+        return self.state
+
+
+class _FloodingAverager(hs._StateAverager):
+    """The real averager, except that it answers a download with this run's metadata and one float32 tensor of
+    FLOOD_BYTES, in hivemind's parts, counting the downloads it answered in `asked` and the bytes it handed to the
+    stream in `sent` (shared memory: the averager is forked from the test's process)."""
+
+    asked: Any = None
+    sent: Any = None
+
+    async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
+                                 context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
+        self.asked.value += 1
+        chunk = bytes(STREAMING_CHUNK_SIZE_BYTES)
+        first = runtime_pb2.Tensor(buffer=chunk, size=[FLOOD_BYTES // 4], dtype="float32",
+                                   chunks=FLOOD_BYTES // len(chunk), compression=runtime_pb2.CompressionType.NONE)
+        metadata = self.serializer.dumps({"run": RUN, "version": HOSTILE_VERSION})
+        yield averaging_pb2.DownloadData(tensor_part=first, metadata=metadata)
+        for _ in range(1, FLOOD_BYTES // len(chunk)):
+            self.sent.value += len(chunk)
+            yield averaging_pb2.DownloadData(tensor_part=runtime_pb2.Tensor(buffer=chunk))
+        self.sent.value += len(chunk)
+
+
+# hivemind names a peer's RPCs after its averager's class: the joiner's stub calls `_StateAverager.rpc_download_state`.
+_FloodingAverager.__name__ = hs._StateAverager.__name__
+
+
+@contextmanager
+def _peers(*donors: tuple[int, Any, type | None]) -> Iterator[tuple[Any, list[Any]]]:
+    """(joiner, donors): one peer per (version, state_fn, averager class or None for the real one), each declaring
+    its state at its version, and a joiner dialing the first; yields once the joiner sees every declaration."""
+    started: list[Any] = []
+    try:
+        for version, state_fn, averager in donors:
+            options = hs.HivemindOptions.loopback(hs.visible_maddrs(started[0].dht) if started else ())
+            with pytest.MonkeyPatch.context() as patch:
+                if averager is not None:
+                    patch.setattr(hs, "_StateAverager", averager)
+                peer = hs.HivemindPeer(RUN, SHAPES, "fp32", 256, options, state_fn)
+            started.append(peer)
+            peer.set_state_version(version)
+        joiner = hs.HivemindPeer(RUN, SHAPES, "fp32", 256, hs.HivemindOptions.loopback(hs.visible_maddrs(started[0].dht)),
+                                 lambda: _state(0, SHAPES, 0))
+        started.append(joiner)
+        joiner.set_state_version(0, shareable=False)
+        want = sorted(float(version) for version, _, _ in donors)
+        wait_for(lambda: sorted(v for v in joiner.declared_versions() if v is not None) == want, 20.0,
+                 f"the joiner to see the donors' declared versions {want}")
+        yield joiner, started[:-1]
+    finally:
+        for peer in reversed(started):
+            peer.shutdown()
+
+
+def _assert_honest(loaded: Any, honest: tuple[dict[str, Any], list[torch.Tensor]]) -> None:
+    assert loaded is not None, "the joiner loaded no state"
+    version, tensors = loaded
+    assert version == HONEST_VERSION
+    assert len(tensors) == len(honest[1]) and all(torch.equal(a, b) for a, b in zip(tensors, honest[1]))
+
+
+@pytest.mark.slow
+def test_a_refused_donor_declaring_a_higher_version_is_asked_once(no_new_p2pd: None) -> None:
+    """The hostile donor declares version 9 and serves θ and momentum of the wrong shapes (the same number of
+    values); the honest one declares 5. hivemind asks the highest priority every time: the joiner refused the same
+    state until its timeout and loaded nothing."""
+    honest = _Counted(_state(HONEST_VERSION, SHAPES, 1))
+    hostile = _Counted(_state(HOSTILE_VERSION, [(200,), (30, 10)], 2))
+    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, hostile, None)) as (joiner, _):
+        started = time.monotonic()
+        loaded = joiner.load_state(NAMES, SHAPES, LOAD_S)
+        seconds = time.monotonic() - started
+    assert hostile.calls == 1, f"the hostile donor was asked {hostile.calls} times in {seconds:.1f}s"
+    _assert_honest(loaded, honest.state)
+    assert honest.calls == 1
+    assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+
+
+@pytest.mark.slow
+def test_a_donor_streaming_far_more_than_the_state_is_read_only_up_to_the_bound(no_new_p2pd: None) -> None:
+    """The hostile donor declares version 9 and streams 256 MiB for a state of 4 KB: the joiner stops reading it past
+    `StateLimits` (the donor had sent at most that plus what the transport holds) and loads the honest state, asking
+    the hostile donor once. hivemind read all 256 MiB, every attempt, and loaded nothing."""
+    _FloodingAverager.asked, _FloodingAverager.sent = mp.Value("q", 0), mp.Value("q", 0)
+    honest = _Counted(_state(HONEST_VERSION, SHAPES, 1))
+    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, lambda: None, _FloodingAverager)) as (joiner, _):
+        started = time.monotonic()
+        loaded = joiner.load_state(NAMES, SHAPES, LOAD_S)
+        seconds = time.monotonic() - started
+    asked, sent = _FloodingAverager.asked.value, _FloodingAverager.sent.value
+    assert sent < READ_BOUND + IN_FLIGHT_BYTES, f"the hostile donor sent {sent:,} bytes, asked {asked} times"
+    assert asked == 1, f"the hostile donor was asked {asked} times in {seconds:.1f}s"
+    _assert_honest(loaded, honest.state)
+    assert honest.calls == 1
+    assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+
+
+# ---- load_state's retries, without processes ---------------------------------------------------------------------
+
+
+class _Donors:
+    """Stands in for the averager in `HivemindPeer.load_state`: answers each `download_state` with the next of
+    `answers`, recording the peers each call excluded."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers, self.excluded = list(answers), []
+
+    def download_state(self, timeout_s: float, limits: Any, exclude: Any = ()) -> Any:
+        self.excluded.append(set(exclude))
+        return self.answers.pop(0) if self.answers else hs.Download(None, "")
+
+
+def _bare_peer(averager: Any) -> Any:
+    peer = object.__new__(hs.HivemindPeer)  # only what load_state reads: no DHT or averager process
+    peer.run, peer.averager = RUN, averager
+    return peer
+
+
+def test_an_attempt_that_found_no_state_is_retried() -> None:
+    good = _state(4, SHAPES, 3)
+    peer = _bare_peer(_Donors(hs.Download(None, ""), hs.Download(good, "honest")))
+    loaded = peer.load_state(NAMES, SHAPES, timeout_s=5.0)
+    assert loaded is not None and loaded[0] == 4
+    assert peer.averager.excluded == [set(), set()]
+
+
+def test_refused_and_dropped_donors_are_excluded_from_later_attempts() -> None:
+    wrong = _state(9, [(3,), (2,)], 3)
+    good = _state(4, SHAPES, 4)
+    peer = _bare_peer(_Donors(hs.Download(wrong, "hostile", ("flood",)), hs.Download(good, "honest")))
+    loaded = peer.load_state(NAMES, SHAPES, timeout_s=5.0)
+    assert loaded is not None and loaded[0] == 4
+    assert peer.averager.excluded == [set(), {"hostile", "flood"}]
+
+
+def test_the_state_limits_are_the_float32_state_plus_a_small_allowance() -> None:
+    assert hs.StateLimits.of(SHAPES).bytes < READ_BOUND
+    limits = hs.StateLimits.of([(1000, 1000), (10,)])
+    values = 4 * 2 * (1000 * 1000 + 10)
+    assert limits.tensors == 4
+    assert values < limits.bytes < values * 1.01 + (1 << 17)
