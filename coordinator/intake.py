@@ -2,10 +2,10 @@
 
 A push (`SwarmCoordinator.push`) passes, in this order: its stream's first message must be the meta
 (`first_part`); the worker secret (service.py, `_authenticated`); `UpdateIntake.check_meta` under the lock
-(a duplicate: ALREADY_EXISTS; a version that does not exist yet, or tokens out of range:
-INVALID_ARGUMENT; a stale update: FAILED_PRECONDITION, counted and recorded as a `stale` event; tokens
-above the assignment's bound); then, without the lock, `receive_update` decodes and validates the
-payload (names, shapes, sizes, CRCs, finite values: INVALID_ARGUMENT); then under the lock again both
+(a duplicate: ALREADY_EXISTS; tokens out of range: INVALID_ARGUMENT; a stale update, or one trained from a version
+a fallback set aside: FAILED_PRECONDITION, counted and recorded as a `stale` event; a version that does not exist
+yet: FAILED_PRECONDITION; tokens above the assignment's bound); then, without the lock, `receive_update` decodes
+and validates the payload (names, shapes, sizes, CRCs, finite values: INVALID_ARGUMENT); then under the lock again both
 checks once more and the norm bound, and `UpdateIntake.record` puts it into the open round.
 
 Bounded influence: an update is refused (INVALID_ARGUMENT, recorded as a `dropped` event,
@@ -18,6 +18,14 @@ Late updates (issue #15): an update trained from a version this membership pulle
 `sync.max_staleness` versions old (`decisions.decide_staleness`), is kept in the open round's `late`
 updates with its tokens weighted by the staleness weight; an older one is refused (FAILED_PRECONDITION
 naming both versions). A push for a round that is closing waits for the close and then arrives late.
+
+Set-aside versions. A coordinator that resumed from an older verified checkpoint (state/store.py, `load_current`)
+serves that θ under a new number, past every version it committed before, and the versions above the verified one
+are set aside (`StateStore.rejected_versions`): their θ no longer exists in this run. An update trained from one is
+refused with FAILED_PRECONDITION whatever its staleness (`set_aside`): the worker drops it, pulls and trains on, and
+no update is merged into a θ whose ancestry does not hold the θ it was trained from. An update from a version that
+does not exist yet (a worker ahead of a coordinator that lost versions some other way) is FAILED_PRECONDITION too:
+the worker pulls and re-syncs, where INVALID_ARGUMENT would end it. Metric rows of a set-aside version are not stored.
 
 Metrics: the rows of the run the request names (`ReportMetricsRequest.run_id`; another run's are refused with
 FAILED_PRECONDITION, never stored here), at most MAX_METRICS_PER_REQUEST rows a request, each in range
@@ -54,6 +62,11 @@ from rcswarm.sync import tensor_stream
 
 if TYPE_CHECKING:
     from rcswarm.coordinator.service import SwarmCoordinator
+
+
+def set_aside(rejected: Sequence[tuple[int, int]], version: int) -> tuple[int, int] | None:
+    """The range of `rejected` (first, last each: the versions a fallback set aside) holding `version`, or None."""
+    return next(((first, last) for first, last in rejected if first <= version <= last), None)
 
 
 def first_part(requests: Iterator[pb.PushUpdateRequest], part: str) -> pb.PushUpdateRequest:
@@ -161,10 +174,20 @@ class UpdateIntake:
             self.refuse_stale(worker, f"update from version {meta.base_version} after this worker's update from "
                                       f"version {worker.accepted_version} was taken: a worker's updates come from "
                                       "ever newer versions; pull and re-sync")
+        rejected = set_aside(run.rejected_versions, meta.base_version)
+        if rejected is not None:
+            self.refuse_stale(worker, f"stale update: trained from version {meta.base_version}, which this run set "
+                                      f"aside when it resumed from an older verified checkpoint (versions "
+                                      f"{rejected[0]}..{rejected[1]}; the run goes on at version {run.version}): "
+                                      "pull and re-sync")
         if meta.base_version > run.version:
+            # FAILED_PRECONDITION: the worker pulls and re-syncs (INVALID_ARGUMENT would end it).
+            self.run.log.info("%s (%s): update for version %d, which does not exist yet (newest %d)",
+                              worker.worker_id, worker.name, meta.base_version, run.version)
             raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"update for version {meta.base_version} which does not exist yet (newest {run.version})",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"update for version {meta.base_version} which does not exist yet (newest {run.version}); "
+                "pull and re-sync",
             )
         if run.round.closing and run.staleness.max_staleness > 0:
             run._wait_for_close(run.spec.coordinator.max_wait_s)

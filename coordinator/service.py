@@ -45,7 +45,14 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import curriculum as curricula
 from rcswarm.coordinator import decisions
 from rcswarm.coordinator.close import RoundCloser
-from rcswarm.coordinator.intake import UpdateIntake, check_metrics, first_part, receive_update, require_secret
+from rcswarm.coordinator.intake import (
+    UpdateIntake,
+    check_metrics,
+    first_part,
+    receive_update,
+    require_secret,
+    set_aside,
+)
 from rcswarm.coordinator.liveness import LivenessClock
 from rcswarm.coordinator.records import (
     INT64_MAX,
@@ -63,6 +70,7 @@ from rcswarm.coordinator.resume import resume
 from rcswarm.observe import traffic
 from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.errors import StoreError
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
@@ -204,6 +212,9 @@ class SwarmCoordinator:
             resumed.run_id, resumed.params, resumed.momentum, resumed.version
         )
         self.shapes = {name: tuple(t.shape) for name, t in self.params.items()}
+        # The versions a fallback set aside (state/store.py `load_current`; fixed once resumed): updates trained from
+        # them are refused and their metric rows not stored (intake.py, "Set-aside versions").
+        self.rejected_versions = tuple(store.rejected_versions())
         # Every log line of this run (its rounds, memberships and refusals) names it.
         self.log = RunLog(log, {"run_id": self.run_id})
         self.outliers = decisions.OutlierOptions(spec.sync.outlier_evict_after, spec.sync.outlier_window)
@@ -235,6 +246,8 @@ class SwarmCoordinator:
         full_bytes, full_count = traffic.full_pulls(store.get(traffic.FULL_PULLS_KEY))
         self.traffic = Traffic(4 * sum(t.numel() for t in self.params.values()), full_pull_bytes=full_bytes,
                                full_pulls=full_count)
+        # Whether the last write of the full pulls' count failed (`_save_full_pulls`: warned once per failing spell).
+        self._full_pulls_unsaved = False
 
     @property
     def curriculum(self) -> curricula.CurriculumState:
@@ -410,8 +423,24 @@ class SwarmCoordinator:
         with self._lock:
             self.traffic.count_down(self.workers.get(request.worker_id), served, full=payload is not None)
             if payload is not None:
-                self.store.set_many({traffic.FULL_PULLS_KEY: traffic.full_pulls_value(self.traffic.full_pull_bytes,
-                                                                                       self.traffic.full_pulls)})
+                self._save_full_pulls()
+
+    def _save_full_pulls(self) -> None:
+        """Keep the full pulls' count in the store, best effort (lock held): the pull it counts was served, so a
+        failed write (a full disk) is one WARNING until a write succeeds again, never the pull's error; the count
+        stays in memory and the next full pull writes it."""
+        try:
+            self.store.set_many({traffic.FULL_PULLS_KEY: traffic.full_pulls_value(self.traffic.full_pull_bytes,
+                                                                                   self.traffic.full_pulls)})
+        except StoreError as error:
+            if not self._full_pulls_unsaved:
+                self.log.warning("the full pulls' count was not saved (%s); pulls are served, the count is kept in "
+                                 "memory and saved again at the next full pull", error)
+            self._full_pulls_unsaved = True
+            return
+        if self._full_pulls_unsaved:
+            self.log.info("the full pulls' count is saved again")
+            self._full_pulls_unsaved = False
 
     def _pick_payload(
         self, request: pb.PullParametersRequest
@@ -517,10 +546,12 @@ class SwarmCoordinator:
         now = self.clock()
         # Rows no round of this run can take are not kept, and `stored` says how many were: training past a finite
         # run's last round (a worker that pulled the final version before it heard the run finished), and rows of a
-        # version this run has not served (a coordinator that resumed from an older checkpoint, or a confused client).
+        # version this run has not served (a confused client), or of one a fallback set aside (their θ no longer exists
+        # in this run: a coordinator that resumed from an older checkpoint, intake.py "Set-aside versions").
         last = self.spec.run.rounds
         metrics = [m for m in request.metrics
-                   if not ((last > 0 and m.version >= last and m.tokens > 0) or m.version > served)]
+                   if not ((last > 0 and m.version >= last and m.tokens > 0) or m.version > served
+                           or set_aside(self.rejected_versions, m.version) is not None)]
         with self._lock:
             worker = self._reporter(request.worker_id, request.worker_secret)
             counted_at = self.intake.count_metric_rows(worker, len(request.metrics))

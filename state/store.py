@@ -29,6 +29,14 @@ ledger recorded `rest_blake3` (an older state dir) is checked over θ only, and 
 verifies, logs a WARNING, records an event of kind `fallback` naming each file and what was
 wrong, and makes that version current; when none verifies it raises ValueError naming them.
 
+A version number is never reused within a run. The versions above the verified one were committed, so served:
+workers hold them, trained from them, and their metric, held-out and forecast rows are keyed by them. A fallback
+records them in `run_state` (`REJECTED_VERSIONS_KEY`, the ranges set aside) in its transaction, and the verified
+θ and optimizer state are then committed again as the version after the highest ever committed (`_renumber`, an
+event of kind `renumber`): the run goes on at that number, so no version names two θs, an update trained from a set
+aside θ is never taken as on time (the coordinator refuses it, `UpdateIntake.check_meta`), and nothing keyed by
+version mixes the two. A crash between the two steps renumbers at the next start (the ranges are kept).
+
 The metrics table is bounded: `add_metrics(rows, keep_rows)` deletes the oldest rows beyond the newest
 `keep_rows` (`coordinator.max_metric_rows`) in the transaction that inserts. Row ids only grow, so
 "the newest" is a rowid range and the delete touches only the rows it removes.
@@ -56,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from rcswarm.state.checkpoints import (
     RECYCLED_CHECKPOINT,
@@ -107,8 +116,13 @@ from rcswarm.state.schema import (
     WORKER_TOTALS,
     WORKER_USAGE,
 )
+from rcswarm.sync import tensor_stream
 
 log = logging.getLogger("rcswarm.state.store")
+
+# The run_state key of the versions a fallback set aside (JSON, [[first, last], ...] in the order they were): versions
+# committed and served once, whose θ no longer exists in this run; never numbered again (`load_current`).
+REJECTED_VERSIONS_KEY = "rejected_versions"
 
 # A version's held-out loss is the median of its workers' first reports, of the first this many (`add_metrics`):
 # every worker measures the same θ_v on the same held-out batches, so honest reports agree, and the median of up to
@@ -201,10 +215,42 @@ class StateStore:
             self._db.execute("COMMIT")
             return
         self._db.execute(LEDGER_FROM_ROUNDS)
+        self._enter_committed()
         for statement in AGGREGATES:
             self._db.execute(statement, (0,))
         self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self._db.execute("COMMIT")
+
+    def _enter_committed(self) -> None:
+        """Constructor only, in `_upgrade`'s transaction: a state dir from before the ledger whose committed checkpoint
+        got no ledger row from its rounds (one still at version 0: no round produced it) gets one, with the digest of
+        the parameters the file holds now (no digest was recorded for it; `rest_blake3` NULL, so it is verified over
+        θ, its metadata and finite values, as every version committed before the ledger). A file that cannot be read
+        gets none, and `load_current` names it."""
+        stored = dict(self._db.execute(
+            "SELECT key, value FROM run_state WHERE key IN ('checkpoint', 'version', 'param_names')").fetchall())
+        name, claimed = stored.get("checkpoint"), stored.get("version")
+        if name is None or claimed is None or not claimed.isdigit():
+            return
+        if self._db.execute("SELECT 1 FROM checkpoints WHERE version = ?", (int(claimed),)).fetchone() is not None:
+            return
+        path = self.checkpoint_dir / name
+        names = json.loads(stored.get("param_names") or "[]")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                version = (handle.metadata() or {}).get("version")
+                params = {key: handle.get_tensor(key) for key in names} if version == claimed and names else None
+        except (OSError, SafetensorError, ValueError, KeyError, RuntimeError) as error:
+            log.warning("state dir %s: %s, committed before the ledger, cannot be read to enter it (%s)",
+                        self.state_dir, path, error)
+            return
+        if params is None:
+            return
+        self._db.execute("INSERT INTO checkpoints (version, file, param_sha256, committed_at) VALUES (?, ?, ?, NULL)",
+                         (int(claimed), name, tensor_stream.params_sha256(params).hex()))
+        log.info("state dir %s: %s (version %s), committed before the ledger with no round that recorded its digest, "
+                 "is entered in the ledger with the digest of its parameters as they are now", self.state_dir, name,
+                 claimed)
 
     def _add_columns(self, table: str, added: Mapping[str, str]) -> None:
         """Constructor only: add the columns of `added` (name -> declaration) that `table` lacks in this state dir.
@@ -410,7 +456,10 @@ class StateStore:
         When the committed checkpoint or `run_state.version` fails verification, falls back to
         the newest kept checkpoint that verifies: logs a WARNING, adds a `fallback` event, makes
         that version current and sets the files that failed aside as `<name>.rejected`. Raises
-        ValueError naming every file and what is wrong with it when none verifies.
+        ValueError naming every file and what is wrong with it when none verifies. When versions above
+        the verified one were committed (and so served), they are set aside (`rejected_versions`) and the
+        verified θ and state are committed again as the version after the highest ever committed
+        (`_renumber`): the checkpoint returned carries that version.
         """
         if self.get("checkpoint") is None:
             return None
@@ -421,8 +470,17 @@ class StateStore:
                      entry.file)
         if problems:
             self._fall_back(entry, problems)
+        highest = max((last for _, last in self.rejected_versions()), default=-1)
+        if entry.version < highest:
+            return self._renumber(entry, checkpoint, highest)
         self._prune_checkpoints(keep=entry.file)
         return checkpoint
+
+    def rejected_versions(self) -> list[tuple[int, int]]:
+        """The ranges of versions (first, last) a fallback set aside in this run, in the order it did: committed and
+        served once, their θ failed verification or followed one that did; no version in them is current again."""
+        stored = self.get(REJECTED_VERSIONS_KEY)
+        return [(int(first), int(last)) for first, last in json.loads(stored)] if stored else []
 
     def newest_verified(self) -> tuple[LedgerEntry, Checkpoint, list[str]]:
         """The newest kept checkpoint that verifies against the ledger, its entry, and what is wrong with the committed
@@ -456,14 +514,28 @@ class StateStore:
                          + "; ".join(problems or [f"the checkpoints ledger is empty though run_state names {name}"]))
 
     def _fall_back(self, entry: LedgerEntry, problems: list[str]) -> None:
-        """Make the verified `entry` current, set the newer files aside and say why (log, events)."""
-        reason = f"resuming at version {entry.version} from {entry.file}: " + "; ".join(problems)
+        """Make the verified `entry` current, set the newer files aside and say why (log, events). The versions
+        above it the ledger records were committed and served: their range joins `rejected_versions` in the same
+        transaction, so that `load_current` numbers the run past them even after a crash that follows."""
+        with self._writer() as db:
+            rows = db.execute("SELECT version, file FROM checkpoints WHERE version > ? ORDER BY version",
+                              (entry.version,)).fetchall()
+        newer = [file for _, file in rows]
+        rejected = self.rejected_versions()
+        if rows:
+            rejected.append((entry.version + 1, rows[-1][0]))
+        highest = max((last for _, last in rejected), default=-1)
+        reason = f"resuming at version {entry.version} from {entry.file}"
+        if entry.version < highest:
+            reason += (f" as version {highest + 1} (versions {', '.join(f'{a}..{b}' for a, b in rejected)} set aside: "
+                       "committed and served before, never numbered again)")
+        reason += ": " + "; ".join(problems)
         log.warning("state dir %s: %s", self.state_dir, reason)
         with self._writer() as db:
-            newer = [row[0] for row in db.execute("SELECT file FROM checkpoints WHERE version > ?", (entry.version,))]
             db.execute("BEGIN IMMEDIATE")
             db.executemany("INSERT OR REPLACE INTO run_state VALUES (?, ?)",
-                           [("version", str(entry.version)), ("checkpoint", entry.file)])
+                           [("version", str(entry.version)), ("checkpoint", entry.file),
+                            (REJECTED_VERSIONS_KEY, json.dumps(rejected))])
             db.execute("DELETE FROM checkpoints WHERE version > ?", (entry.version,))
             db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (time.time(), "", "fallback", reason))
             db.execute("COMMIT")
@@ -471,6 +543,21 @@ class StateStore:
             path = self.checkpoint_dir / file
             if path.exists():
                 os.replace(path, path.with_name(f"{file}.rejected"))
+
+    def _renumber(self, entry: LedgerEntry, checkpoint: Checkpoint, highest: int) -> Checkpoint:
+        """Commit the verified `checkpoint` (of `entry`) again as version `highest` + 1, the version after the highest
+        this run ever committed, with an event of kind `renumber`; that checkpoint. Its θ and optimizer state are the
+        verified tensors unchanged (the parameters' digest is the ledger's; the file's metadata names the new version),
+        so pulls serve the same θ under a number no worker holds another θ for."""
+        version = highest + 1
+        reason = (f"θ of version {entry.version} ({entry.file}) resumes as version {version}: versions "
+                  f"{', '.join(f'{a}..{b}' for a, b in self.rejected_versions())} were set aside by a fallback and "
+                  "are not reused")
+        log.warning("state dir %s: %s", self.state_dir, reason)
+        self.commit_version(self.get("run_id") or "", version, checkpoint.params, checkpoint.state, None,
+                            param_sha256=bytes.fromhex(entry.param_sha256),
+                            events=[("", "renumber", reason, time.time())])
+        return dataclasses.replace(checkpoint, version=version)
 
     def add_event(self, worker_id: str, kind: str, reason: str, now: float | None = None) -> None:
         with self._writer() as db:

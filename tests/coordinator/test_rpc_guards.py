@@ -163,7 +163,8 @@ def test_stale_future_duplicate_and_tokenless_updates(swarm):
     local, client, (a, b) = swarm
     with pytest.raises(grpc.RpcError) as future:
         push(client, a, small_deltas(local), version=5)
-    assert status_code(future) == grpc.StatusCode.INVALID_ARGUMENT
+    # FAILED_PRECONDITION: the worker pulls and re-syncs (INVALID_ARGUMENT would end it).
+    assert status_code(future) == grpc.StatusCode.FAILED_PRECONDITION and "does not exist yet" in future.value.details()
     with pytest.raises(grpc.RpcError) as no_tokens:
         push(client, a, small_deltas(local), tokens=0)
     assert status_code(no_tokens) == grpc.StatusCode.INVALID_ARGUMENT and "tokens" in no_tokens.value.details()

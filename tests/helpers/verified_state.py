@@ -5,6 +5,8 @@ broadcast residual, each different from version to version (`state_of`)."""
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import torch
@@ -48,3 +50,29 @@ def committed_run(state_dir: Path) -> dict[int, bytes]:
     finally:
         coordinator.close()
     return digests
+
+
+def checkpoint(state_dir: Path, version: int) -> Path:
+    return state_dir / "checkpoints" / f"v{version:08d}.safetensors"
+
+
+def tensor_span(path: Path, group: str = "") -> tuple[str, int, int]:
+    """The key and byte range in the file of the first tensor of a safetensors checkpoint's state `group`
+    ("": the parameters)."""
+    data = path.read_bytes()
+    (header_size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + header_size])
+    key = next(key for key in sorted(header) if key != "__metadata__" and key.rpartition("/")[0] == group)
+    start, end = header[key]["data_offsets"]
+    return key, 8 + header_size + start, 8 + header_size + end
+
+
+def flip_bytes(path: Path, group: str = "") -> str:
+    """Flip the lowest bit of 64 bytes in the middle of the first tensor of `group` (values stay finite); its key."""
+    data = bytearray(path.read_bytes())
+    key, start, end = tensor_span(path, group)
+    middle = (start + end) // 2
+    for index in range(middle, middle + 64):
+        data[index] ^= 0x01
+    path.write_bytes(bytes(data))
+    return key

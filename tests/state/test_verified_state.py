@@ -4,7 +4,6 @@ kept checkpoint that verifies, or refuses to start with a message naming the fil
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 import struct
@@ -22,33 +21,16 @@ from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
 from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
-from tests.helpers.verified_state import VERSIONS, committed_run, open_coordinator, spec, state_of
-
-
-def checkpoint(state_dir: Path, version: int) -> Path:
-    return state_dir / "checkpoints" / f"v{version:08d}.safetensors"
-
-
-def tensor_span(path: Path, group: str = "") -> tuple[str, int, int]:
-    """The key and byte range in the file of the first tensor of a safetensors checkpoint's state `group`
-    ("": the parameters)."""
-    data = path.read_bytes()
-    (header_size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_size])
-    key = next(key for key in sorted(header) if key != "__metadata__" and key.rpartition("/")[0] == group)
-    start, end = header[key]["data_offsets"]
-    return key, 8 + header_size + start, 8 + header_size + end
-
-
-def flip_bytes(path: Path, group: str = "") -> str:
-    """Flip the lowest bit of 64 bytes in the middle of the first tensor of `group` (values stay finite); its key."""
-    data = bytearray(path.read_bytes())
-    key, start, end = tensor_span(path, group)
-    middle = (start + end) // 2
-    for index in range(middle, middle + 64):
-        data[index] ^= 0x01
-    path.write_bytes(bytes(data))
-    return key
+from tests.helpers.verified_state import (
+    VERSIONS,
+    checkpoint,
+    committed_run,
+    flip_bytes,
+    open_coordinator,
+    spec,
+    state_of,
+    tensor_span,
+)
 
 
 def parameter_span(path: Path) -> tuple[int, int]:
@@ -70,12 +52,15 @@ def fallback_reasons(state_dir: Path) -> list[str]:
     return [event.reason for event in read_state(state_dir, lambda store: store.events("fallback"))]
 
 
-def assert_resumed(state_dir: Path, version: int, digests: dict[int, bytes]) -> None:
+def assert_resumed(state_dir: Path, version: int, digests: dict[int, bytes], source: int | None = None) -> None:
+    """A coordinator opened on `state_dir` serves version `version` holding the θ committed as version `source`
+    (None: `version`): a fallback to an older version numbers it past every version committed before."""
+    source = version if source is None else source
     coordinator = open_coordinator(state_dir)
     try:
         assert coordinator.version == version
-        assert coordinator.param_sha256 == digests[version]
-        assert tensor_stream.params_sha256(coordinator.params) == digests[version]
+        assert coordinator.param_sha256 == digests[source]
+        assert tensor_stream.params_sha256(coordinator.params) == digests[source]
     finally:
         coordinator.close()
 
@@ -115,11 +100,12 @@ def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous_versio
         data[index] ^= 0x01  # the lowest mantissa bit: still finite, another digest
     path.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="rcswarm.coordinator"):
-        assert_resumed(tmp_path, VERSIONS - 1, digests)
+        assert_resumed(tmp_path, VERSIONS + 1, digests, source=VERSIONS - 1)
     [reason] = fallback_reasons(tmp_path)
     assert path.name in reason and "SHA-256" in reason and f"resuming at version {VERSIONS - 1}" in reason
+    assert f"as version {VERSIONS + 1} (versions {VERSIONS}..{VERSIONS} set aside" in reason
     assert any("SHA-256" in record.getMessage() for record in caplog.records if record.levelno == logging.WARNING)
-    assert read_state(tmp_path, lambda store: store.get("version")) == str(VERSIONS - 1)
+    assert read_state(tmp_path, lambda store: store.get("version")) == str(VERSIONS + 1)
     assert path.with_name(path.name + ".rejected").exists()
 
 
@@ -168,7 +154,7 @@ def test_a_nan_in_a_well_formed_newest_checkpoint_falls_back(tmp_path: Path) -> 
     name = next(key for key in sorted(tensors) if "/" not in key)
     tensors[name].view(-1)[0] = float("nan")
     save_file(tensors, str(path), metadata={"run_id": run_id_of(tmp_path), "version": str(VERSIONS)})
-    assert_resumed(tmp_path, VERSIONS - 1, digests)
+    assert_resumed(tmp_path, VERSIONS + 1, digests, source=VERSIONS - 1)
     [reason] = fallback_reasons(tmp_path)
     assert path.name in reason and "non-finite" in reason and name in reason
 
@@ -178,7 +164,7 @@ def test_a_truncated_newest_checkpoint_falls_back(tmp_path: Path) -> None:
     path = checkpoint(tmp_path, VERSIONS)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    assert_resumed(tmp_path, VERSIONS - 1, digests)
+    assert_resumed(tmp_path, VERSIONS + 1, digests, source=VERSIONS - 1)
     [reason] = fallback_reasons(tmp_path)
     assert path.name in reason and "truncated" in reason
 
@@ -220,7 +206,7 @@ def test_the_served_parameters_are_the_verified_ones(tmp_path: Path, start_coord
         version, params = client.pull(joined, joined.run_id)
     finally:
         client.close()
-    assert version == VERSIONS - 1
+    assert version == VERSIONS + 1  # version VERSIONS - 1's θ, numbered past the version set aside
     assert tensor_stream.params_sha256(params) == digests[VERSIONS - 1]
     assert torch.isfinite(torch.cat([p.reshape(-1) for p in params.values()])).all()
 
@@ -234,13 +220,13 @@ def test_a_state_dir_from_before_the_ledger_is_verified_from_its_rounds(tmp_path
     assert [entry.version for entry in read_state(tmp_path, lambda store: store.ledger())] == list(range(1, VERSIONS + 1))
 
 
-def assert_state_of(state_dir: Path, version: int) -> None:
-    """A coordinator opened on `state_dir` resumes at `version` with exactly that version's momentum and
-    broadcast residual (what the helper committed)."""
+def assert_state_of(state_dir: Path, version: int, source: int | None = None) -> None:
+    """A coordinator opened on `state_dir` resumes at `version` with exactly the momentum and broadcast residual
+    committed with version `source` (None: `version`; what the helper committed)."""
     coordinator = open_coordinator(state_dir)
     try:
         assert coordinator.version == version
-        want = state_of(coordinator.params, version)
+        want = state_of(coordinator.params, version if source is None else source)
         for name, tensor in coordinator.momentum.items():
             assert torch.equal(tensor, want["outer_momentum"][name]), name
         residual = coordinator.broadcast_feedback.snapshot()
@@ -257,8 +243,8 @@ def test_flipped_bytes_in_the_optimizer_state_fall_back_to_the_previous_version(
     path = checkpoint(tmp_path, VERSIONS)
     key = flip_bytes(path, group)
     assert key.startswith(f"{group}/")
-    assert_resumed(tmp_path, VERSIONS - 1, digests)
-    assert_state_of(tmp_path, VERSIONS - 1)
+    assert_resumed(tmp_path, VERSIONS + 1, digests, source=VERSIONS - 1)
+    assert_state_of(tmp_path, VERSIONS + 1, source=VERSIONS - 1)
     [reason] = fallback_reasons(tmp_path)
     assert path.name in reason and "header and optimizer state" in reason and "differs from the" in reason
     assert path.with_name(path.name + ".rejected").exists()
@@ -276,7 +262,7 @@ def test_an_edited_header_falls_back(tmp_path: Path) -> None:
     at = header.index(f'"{key}":{{"dtype":"F32"')
     edited = header[:at] + header[at:].replace('"F32"', '"I32"', 1)
     path.write_bytes(data[:8] + edited.encode() + data[8 + size:])
-    assert_resumed(tmp_path, VERSIONS - 1, digests)
+    assert_resumed(tmp_path, VERSIONS + 1, digests, source=VERSIONS - 1)
     [reason] = fallback_reasons(tmp_path)
     assert path.name in reason and "header and optimizer state" in reason
 
@@ -314,4 +300,4 @@ def test_a_ledger_from_before_the_state_digest_is_verified_over_theta_and_upgrad
     newest = read_state(tmp_path, lambda store: store.ledger())[-1]
     assert newest.version == VERSIONS + 1 and newest.rest_blake3 is not None and len(newest.rest_blake3) == 64
     flip_bytes(checkpoint(tmp_path, VERSIONS + 1), "outer_momentum")
-    assert_resumed(tmp_path, VERSIONS, digests)
+    assert_resumed(tmp_path, VERSIONS + 2, digests, source=VERSIONS)
