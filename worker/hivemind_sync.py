@@ -17,8 +17,8 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
 * **State for late joiners**: the averager serves (version, θ, outer momentum) as its state,
   declared every `hivemind.state_declare_s` with its version as priority; `load_state` retries
   its own download (`_StateAverager.download_state`, by descending priority) within a timeout, refuses a state of
-  other names or shapes and asks a refused donor no more; a donor is read only up to the bytes and tensors this
-  run's state takes (`StateLimits`).
+  other names or shapes, or one its caller's check refuses (the group's final replica), and asks a refused donor
+  no more; a donor is read only up to the bytes and tensors this run's state takes (`StateLimits`).
 * **Records**: every peer stores its digest per version (`DigestRecord`: SHA-256 and a
   numeric sketch of θ) and its round's metrics (`MetricsRecord`) in the DHT under
   `rcswarm_digest` / `rcswarm_metrics`, subkey = peer id. Values are msgpack (hivemind's DHT
@@ -59,6 +59,7 @@ import os
 import random
 import statistics
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -884,17 +885,22 @@ class HivemindPeer:
         """The highest version another averager of this run declares for its state (0 when none does)."""
         return int(max((v for v in self.declared_versions() if v is not None), default=0))
 
-    def load_state(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
-                   timeout_s: float) -> tuple[int, list[torch.Tensor]] | None:
+    def load_state(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]], timeout_s: float,
+                   accept: Callable[[tuple[int, list[torch.Tensor]]], str] | None = None,
+                   stop: threading.Event | None = None) -> tuple[int, list[torch.Tensor]] | None:
         """(version, θ tensors + momentum tensors) from the highest-priority peer whose state this run takes
-        (`_check_state`), retried within `timeout_s`. A donor whose state is refused, or that sent more than such a
-        state holds (`StateLimits`), is not asked again in this call: the next attempt asks the next donor at once."""
+        (`_check_state`) and, given `accept`, that `accept` takes (it returns "" or why not: `_load_final` wants the
+        group's reference replica), retried within `timeout_s` or until `stop` is set. A donor whose state is
+        refused, or that sent more than such a state holds (`StateLimits`), is not asked again in this call: the
+        next attempt asks the next donor at once."""
         deadline = time.monotonic() + timeout_s
         limits, refused = StateLimits.of(shapes), set()
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
             download = self.averager.download_state(max(1.0, deadline - time.monotonic()), limits, refused)
             refused.update(download.dropped)
             problem, state = _check_state(download.state, self.run, names, shapes)
+            if not problem and accept is not None:
+                problem = accept(state)
             if not problem:
                 return state
             if download.donor:
@@ -902,7 +908,10 @@ class HivemindPeer:
                 log.warning("refused the state of peer %s (%s); asking the others", download.donor, problem)
                 continue
             log.info("no state from peers yet (%s); retrying", problem)
-            time.sleep(0.5)
+            if stop is not None:
+                stop.wait(0.5)
+            else:
+                time.sleep(0.5)
         return None
 
     def average(self, deltas: Sequence[torch.Tensor], tokens: int, gather: dict[str, Any],

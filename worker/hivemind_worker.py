@@ -395,29 +395,37 @@ class HivemindWorker:
         return max((hs.drift(mine, r) for r in records.values()), default=0.0)
 
     def _load_final(self, mine: dict[str, Any], reference: dict[str, Any]) -> float:
-        """Load the reference's state unless this θ is it (retried within hivemind.settle_s: a load may reach
-        another peer first); the drift left from the reference."""
+        """Load the reference's state unless this θ is it (within hivemind.settle_s: a load may reach another peer
+        first, one that serves another state, which `load_state` then asks no more); the drift left from it."""
         if mine["sha256"] == reference["sha256"]:
             return 0.0
         run, count = self.spec.run.name, len(self.names)
+        found: list[dict[str, Any]] = []
+
+        def the_reference(state: tuple[int, list[torch.Tensor]]) -> str:
+            version, tensors = state
+            if version != self.version:
+                return f"version {version}, not the group's final version {self.version}"
+            record = {**hs.digest_record(run, self.version, dict(zip(self.names, tensors[:count]))),
+                      "steps": reference["steps"]}
+            if not hs.same_replica(record, reference):
+                return f"θ {record['sha256'][:12]}, not the group's reference replica {reference['sha256'][:12]}"
+            found.append(record)
+            return ""
+
         self.peer.set_state_version(self.version, shareable=False)  # the reference is the one state declared
-        deadline = time.monotonic() + self.spec.hivemind.settle_s
         try:
-            while time.monotonic() < deadline and not self.stop.is_set():
-                loaded = self.peer.load_state(self.names, self.shapes, max(1.0, deadline - time.monotonic()))
-                if loaded is not None and loaded[0] == self.version:
-                    params = dict(zip(self.names, loaded[1][:count]))
-                    record = {**hs.digest_record(run, self.version, params), "steps": reference["steps"]}
-                    if hs.same_replica(record, reference):
-                        self._adopt(loaded[1])
-                        self._published = record
-                        self.peer.publish(hs.DIGEST_KEY, record)
-                        log.info("%s: ends on the group's reference replica (drift %.3g from it before)",
-                                 self.name, hs.drift(mine, reference))
-                        return 0.0
-                time.sleep(0.5)
+            loaded = self.peer.load_state(self.names, self.shapes, self.spec.hivemind.settle_s,
+                                          accept=the_reference, stop=self.stop)
+            if loaded is not None:
+                self._adopt(loaded[1])
+                self._published = found[-1]
+                self.peer.publish(hs.DIGEST_KEY, found[-1])
+                log.info("%s: ends on the group's reference replica (drift %.3g from it before)",
+                         self.name, hs.drift(mine, reference))
+                return 0.0
         finally:
-            self.peer.set_state_version(self.version)
+            self.peer.set_state_version(self.version)  # shareable again, serving the reference once loaded
         left = hs.drift(mine, reference)
         log.warning("%s: the reference replica was not loaded within %gs; ends on its own (drift %.3g from it)",
                     self.name, self.spec.hivemind.settle_s, left)

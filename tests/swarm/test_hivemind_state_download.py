@@ -1,11 +1,14 @@
 """A late joiner's state download (`HivemindPeer.load_state`, `_StateAverager.download_state`) against hostile donors:
 a peer declaring a higher version whose state the run refuses is asked once, and a donor streaming far more than the
 run's state holds is read only up to `StateLimits`; the joiner loads the honest donor's state either way. Real
-averagers on 127.0.0.1; the donors' misbehaviour is their state or a subclass of the real averager."""
+averagers on 127.0.0.1; the donors' misbehaviour is their state or a subclass of the real averager. Without processes:
+load_state's retries, and the group's final replica (`HivemindWorker._load_final`), which asks a donor serving
+another state once."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,12 +17,15 @@ from typing import Any, AsyncIterator  # typing's: hivemind tells a streaming RP
 import pytest
 import torch
 
+from tests.helpers.hivemind import hivemind_spec
 from tests.helpers.waiting import wait_for
 
 hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
 from hivemind.p2p import P2PContext  # noqa: E402
 from hivemind.proto import averaging_pb2, runtime_pb2  # noqa: E402
 from hivemind.utils.streaming import STREAMING_CHUNK_SIZE_BYTES  # noqa: E402
+
+from rcswarm.worker.hivemind_worker import HivemindWorker  # noqa: E402
 
 RUN = "dl"
 SHAPES = [(300,), (20, 10)]
@@ -193,3 +199,70 @@ def test_the_state_limits_are_the_float32_state_plus_a_small_allowance() -> None
     values = 4 * 2 * (1000 * 1000 + 10)
     assert limits.tensors == 4
     assert values < limits.bytes < values * 1.01 + (1 << 17)
+
+
+# ---- the group's final replica (`HivemindWorker._load_final`) ------------------------------------------------------
+
+
+class _Declared:
+    """Stands in for the averager: each `download_state` gets the state of the first donor of `donors` (by
+    declared priority, highest first) that it does not exclude, counting the downloads each donor served."""
+
+    def __init__(self, *donors: tuple[str, tuple[dict[str, Any], list[torch.Tensor]]]) -> None:
+        self.donors, self.asked = list(donors), {donor: 0 for donor, _ in donors}
+
+    def download_state(self, timeout_s: float, limits: Any, exclude: Any = ()) -> Any:
+        for donor, state in self.donors:
+            if donor not in exclude:
+                self.asked[donor] += 1
+                return hs.Download(state, donor)
+        time.sleep(min(timeout_s, 0.2))  # nobody left to ask: the real averager finds no donor either
+        return hs.Download(None, "")
+
+
+class _Trainer:
+    """What `_adopt` reads and writes of a `RoundTrainer`: θ by name."""
+
+    def __init__(self, params: dict[str, torch.Tensor]) -> None:
+        self.params = params
+
+    def load(self, params: dict[str, torch.Tensor]) -> None:
+        self.params = {name: t.clone() for name, t in params.items()}
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return dict(self.params)
+
+
+def test_the_final_replica_is_loaded_past_a_donor_serving_another_state() -> None:
+    """At the last version a peer off the group's reference replica loads it (`_load_final`). A groupmate declaring a
+    higher priority serves its own θ of the final version, which passes `_check_state` but is not the reference:
+    it is asked once and the reference is loaded from the next donor. Before, each retry asked it again and the
+    peer ended on its own θ after hivemind.settle_s."""
+    final, settle_s = 7, 3.0
+    own, other, reference = (_state(final, SHAPES, seed) for seed in (5, 6, 7))
+    averager = _Declared(("other", other), ("reference", reference))
+    peer = _bare_peer(averager)
+    declared, published = [], []
+    peer.set_state_version = lambda version, shareable=True: declared.append((version, shareable))
+    peer.publish = lambda key, value: published.append((key, value)) or True
+    worker = object.__new__(HivemindWorker)  # only what `_load_final` reads and `_adopt` writes
+    worker.spec = hivemind_spec(run={"name": RUN}, hivemind={"settle_s": settle_s})
+    worker.peer, worker.stop, worker.name, worker.version = peer, threading.Event(), "w", final
+    worker.names, worker.shapes = NAMES, SHAPES
+    worker.trainer = _Trainer(dict(zip(NAMES, own[1][:2])))
+    worker.momentum = own[1][2:]
+
+    def record(state: tuple[dict[str, Any], list[torch.Tensor]]) -> dict[str, Any]:
+        return hs.digest_record(RUN, final, dict(zip(NAMES, state[1][:2])))
+
+    started = time.monotonic()
+    left = worker._load_final(record(own), record(reference))
+    seconds = time.monotonic() - started
+    assert averager.asked == {"other": 1, "reference": 1}, f"asked {averager.asked} in {seconds:.1f}s"
+    assert left == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(worker.trainer.params.values(), reference[1][:2]))
+    assert all(torch.equal(a, b) for a, b in zip(worker.momentum, reference[1][2:]))
+    assert worker._published["sha256"] == record(reference)["sha256"]
+    assert published == [(hs.DIGEST_KEY, worker._published)]
+    assert declared == [(final, False), (final, True)]  # unshared while loading, shared again with the reference
+    assert seconds < settle_s / 2, f"the reference took {seconds:.1f}s"
