@@ -17,9 +17,14 @@ steps (1: raw); the fits use the raw losses. The plot (`observe/plots.py`) has f
 against step with the fit, α(s), loss against wall time with the labelled crossovers, and the
 law across lengths: the held-out loss of the final parameters against L when RUN_DIR has the
 summary.json of `rcswarm run`, else the training loss at the last matched step.
-A malformed file is reported with its name and line number, exit code 2. In state dirs, a run's training rows
-at a length the run never assigns (another run's, reported there by a re-join before issue #33) are left out,
-with one line per run naming its table, the rows' workers, versions and lengths.
+A malformed file is reported with its name and line number, exit code 2. A file with a `tokens` column (the
+metrics table exported) gives its training rows, as a state dir does (`analysis.is_training_row`: tokens > 0 and
+a loss); the others (a round's pull row) are left out, with a line saying how many and at which lines. A CSV may
+start with a byte order mark (Excel's). In state dirs, a run's training rows at a length the run never assigns
+(another run's, reported there by a re-join before issue #33) are left out, with one line per run naming its
+table, the rows' workers, versions and lengths. Of more than `analysis.MAX_LENGTHS` lengths the fit takes those
+with the most recorded steps and says which it left out. Run ids and paths are printed as text, never as rich
+markup.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rcswarm.cli.usage import new_parser, output_file_problem, parse_or_status, usage_error
@@ -40,6 +46,7 @@ from rcswarm.observe.analysis import (
     Analysis,
     Columns,
     LengthLaw,
+    MetricRows,
     MetricsFileError,
     analyse,
     crossover_rows,
@@ -60,12 +67,14 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # the plot's file types (matplotlib pi
 
 
 def report(analysis: Analysis, console: Console) -> None:
+    """The fit as tables; the run ids come from the file or the state dirs and are printed as text, never as rich
+    markup (`escape`)."""
     lengths = Table(title="runs by sequence length")
     for name in ("L", "runs", "last step", "final loss", "s/step"):
         lengths.add_column(name, justify="right")
     for curve in analysis.curves:
         lengths.add_row(
-            f"{curve.length:g}", ", ".join(curve.runs), f"{curve.steps[-1]:g}", f"{curve.losses[-1]:.4f}",
+            f"{curve.length:g}", escape(", ".join(curve.runs)), f"{curve.steps[-1]:g}", f"{curve.losses[-1]:.4f}",
             f"{curve.seconds_per_step:.4g}",
         )
     console.print(lengths)
@@ -129,23 +138,24 @@ def parser() -> argparse.ArgumentParser:
     return result
 
 
-def read_rows(path: Path, columns: Columns, skipped: list[str] | None = None) -> list:
+def read_rows(path: Path, columns: Columns, skipped: list[str] | None = None) -> MetricRows:
     """The metric rows of a metrics file, a state.sqlite, or every state dir below a directory; `skipped` gets a line
-    per run whose rows at a length it never assigns were left out (`read_state_dirs`)."""
+    per run whose rows at a length it never assigns were left out (`read_state_dirs`), or for a file's rows that are
+    not training rows (`read_metrics`)."""
     if not path.exists():
         raise MetricsFileError(f"{path}: no such file or directory (expected a metrics file or a run directory)")
     if path.is_dir():
         return read_state_dirs(path, skipped)
     if path.name == "state.sqlite":
         return read_state_dirs(path.parent, skipped)
-    return read_metrics(path, columns)
+    return read_metrics(path, columns, skipped)
 
 
 def too_few_lengths(metrics: Path) -> str:
     """What a fit with fewer than 3 lengths needs: a sweep still training (its state dirs name lengths without
     metrics) needs time; anything else runs at more lengths."""
     if metrics.is_dir():
-        trained = {row.length for row in read_state_dirs(metrics)}
+        trained = set(read_state_dirs(metrics).length.tolist())
         idle = sorted(set(state_dir_lengths(metrics)) - trained)
         if idle:
             return (f"{NOT_ENOUGH_DATA}: the runs at L = {', '.join(f'{x:g}' for x in idle)} below {metrics} have no "
@@ -189,8 +199,9 @@ def forecast_report(path: Path, console: Console) -> None:
             store.close()
         if newest:
             r = newest[0]
-            table.add_row(str(database.parent.relative_to(path)), str(r.version), loss_kind(r),
-                          describe(r.loss, r.low, r.high, r.at_round, r.note, stopped, r.target_loss, r.target_seconds))
+            table.add_row(escape(str(database.parent.relative_to(path))), str(r.version), loss_kind(r),
+                          escape(describe(r.loss, r.low, r.high, r.at_round, r.note, stopped, r.target_loss,
+                                          r.target_seconds)))
     if table.row_count:
         console.print(table)
 

@@ -40,6 +40,7 @@ import grpc
 import torch
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -415,10 +416,10 @@ def fit_law(console: Console, run_dir: Path, held_out: LengthLaw | None = None) 
         curves = length_curves(run_dir, read_state_dirs(run_dir, skipped))
         analysis = analyse(curves)
     except ValueError as error:
-        console.print(f"no fit of α(s) and the crossovers: {error}")
+        console.print(f"no fit of α(s) and the crossovers: {escape(str(error))}")
         return None
     for note in skipped:
-        console.print(f"fit: {note}")
+        console.print(f"fit: {escape(note)}")
     report_fit(analysis, console)
     plot = run_dir / "fit.png"
     plot_fit(analysis, plot, held_out)

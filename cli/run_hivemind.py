@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from safetensors.torch import load_file
 
 from rcswarm.cli.run import POLL_S, START_TIMEOUT_S, Outcome, Swarm, evaluate
@@ -177,7 +178,7 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
     else:
         ended = Outcome("completed", f"completed {result['rounds']} rounds", 0)
     for name, peer in result["peers"].items():
-        console.print(f"{name}: version {peer['version']}, round loss {peer['first_round_loss']:.3f} → "
+        console.print(f"{escape(name)}: version {peer['version']}, round loss {peer['first_round_loss']:.3f} → "
                       f"{peer['last_round_loss']:.3f}, {peer['skipped_rounds']} skipped, max drift {peer['max_drift']:.3g}")
     if "val_loss_final" in result:
         console.print(f"held-out loss {result['val_loss_initial']:.3f} → {result['val_loss_final']:.3f}; replicas differ "

@@ -13,6 +13,9 @@ Without `--coordinator`, `--state-dir` names a state dir `rcswarm dht --config R
 mirrors a hivemind swarm into: the same tables come from the store, read-only
 (observe/mirror_view.py `mirrored_status`: the swarm's version of the run's rounds, each peer a
 worker, active while its records advanced within `--stale-s`, else stale), with the fit as above.
+Every string GetStatus or the store carries (worker names and devices, run ids, reasons, notes) comes from a
+peer: it is printed as text, never read as rich markup (`rich.markup.escape`), so a worker named "[/]" or
+"[link=...]" shows as that.
 Exit codes: 0 ok, 1 the coordinator refused or could not be reached, 2 bad arguments (or no mirrored state).
 """
 
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import grpc
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
@@ -66,12 +70,13 @@ def held_out_cell(loss: float, version: int) -> str:
 def forecast_cell(forecast: pb.ForecastStatus) -> str:
     """A run's newest forecast (issue #30) in words, with what it was fitted to when that is the held-out loss."""
     prefix = "held-out: " if forecast.basis == "held-out" and not forecast.note else ""
-    return prefix + describe(forecast.loss, forecast.low, forecast.high, forecast.at_round, forecast.note,
-                             forecast.stopped, forecast.target_loss, forecast.target_seconds)
+    return prefix + escape(describe(forecast.loss, forecast.low, forecast.high, forecast.at_round, forecast.note,
+                             forecast.stopped, forecast.target_loss, forecast.target_seconds))
 
 
 def _run_labels(status: pb.GetStatusResponse) -> dict[str, str]:
-    """A sweep's run ids by their short label, "L=<seq_len>" (the lengths tell a sweep's runs apart); {} for one run."""
+    """A sweep's run ids by their short label, "L=<seq_len>" (the lengths tell a sweep's runs apart); {} for one run.
+    (The labels are numbers: no markup to escape.)"""
     return {r.run_id: f"L={r.seq_len}" for r in status.runs}
 
 
@@ -80,7 +85,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     """The status as tables that fit the console's width (100 columns when not a terminal): the run (or the
     sweep, with one row per run), its workers, what happened to their updates, its recent rounds, the fit."""
     labels = _run_labels(status)
-    run = Table(title=f"{'sweep' if status.runs else 'run'} {status.run_id}")
+    run = Table(title=f"{'sweep' if status.runs else 'run'} {escape(status.run_id)}")
     run.add_column("field")
     run.add_column("value", justify="right")
     active = sum(1 for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE)
@@ -97,13 +102,13 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     run.add_row("tokens trained", str(status.total_tokens))
     run.add_row("tokens applied", str(status.applied_tokens))
     if status.pace:
-        run.add_row("pace", status.pace)
+        run.add_row("pace", escape(status.pace))
     run.add_row("tokens/s", _num(status.tokens_per_second))
     if status.fp32_bytes:
         run.add_row("traffic per worker per round", traffic.describe(
             status.fp32_bytes, status.bytes_up_per_round, status.bytes_down_per_round))
     if status.param_sha256:
-        run.add_row("θ sha256", status.param_sha256[:16] + "…")
+        run.add_row("θ sha256", escape(status.param_sha256[:16]) + "…")
     if status.HasField("curriculum"):
         _curriculum_rows(run, status.curriculum)
     if status.val_loss > 0:
@@ -120,7 +125,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
             sweep.add_column(name, justify="left" if name in ("run", "state", "forecast (90%)") else "right",
                              no_wrap=name == "run")
         for r in status.runs:
-            sweep.add_row(r.run_id, f"{r.seq_len} × {r.batch_size}", RUN_STATES.get(r.run_state, "unknown"),
+            sweep.add_row(escape(r.run_id), f"{r.seq_len} × {r.batch_size}", RUN_STATES.get(r.run_state, "unknown"),
                           f"{r.version} / {r.target_rounds or '∞'}", str(r.active_workers), _num(r.latest_loss),
                           held_out_cell(r.val_loss, r.val_version) if r.val_loss > 0 else "–", str(r.total_tokens),
                           _num(r.tokens_per_second),
@@ -130,12 +135,12 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     _rounds(status, console, labels)
     newest = next((r for r in reversed(status.rounds) if r.closed_at > 0 and r.aggregation), None)
     if newest is not None:
-        console.print(f"aggregation of round {newest.version}: {newest.aggregation}")
+        console.print(f"aggregation of round {newest.version}: {escape(newest.aggregation)}")
 
     if fits is None:
         return
     if fits.analysis is None:
-        console.print(f"fit: {fits.message}")
+        console.print(f"fit: {escape(fits.message)}")
         return
     schedule = fits.analysis.schedule
     fit = Table(title="loss(L | s) ≈ A(s)·L^(−α(s)),  α(s) = α∞·(1 − e^(−s/τ))")
@@ -146,6 +151,8 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     fit.add_row("τ (steps)", f"{schedule.tau:.4g}")
     fit.add_row("R² of α(s) fit", f"{schedule.r_squared:.4f}")
     fit.add_row("per doubling at α∞", f"{schedule.per_doubling:.4f}")
+    for note in fits.analysis.notes:
+        fit.add_row("lengths left out", note)
     console.print(fit)
     cross = Table(title="wall-time crossover: longer L below shorter L from then on")
     for name in ("L short → long", "observed (s)", "predicted (s)"):
@@ -171,8 +178,8 @@ def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, s
                            overflow="fold", **width)
     for w in status.workers:
         assigned = f"{w.assignment.seq_len} × {w.assignment.batch_size}" if w.HasField("assignment") else "–"
-        workers.add_row(f"{w.name}\n{w.worker_id}", *([labels.get(w.run_id, "–")] if labels else []),
-                        STATES.get(w.state, "unknown"), w.device, assigned, str(w.base_version),
+        workers.add_row(escape(f"{w.name}\n{w.worker_id}"), *([labels.get(w.run_id, "–")] if labels else []),
+                        STATES.get(w.state, "unknown"), escape(w.device), assigned, str(w.base_version),
                         f"{w.seconds_since_heartbeat:.1f}", f"{w.trained_tokens} / {w.applied_tokens}",
                         (_num(w.step_seconds) if w.step_seconds else "–") + "\n"
                         + (f"{w.utilization:.0%}" if w.utilization else "–"),
@@ -193,9 +200,9 @@ def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, s
         if totals is not None:
             t = totals.get(w.worker_id)
             measured = ["–", "–"] if t is None else [_num(t.tokens_per_second), _num(t.last_loss)]
-        updates.add_row(w.worker_id, *measured,
+        updates.add_row(escape(w.worker_id), *measured,
                         f"{w.late_updates} / {w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}",
-                        _worker_reason(w))
+                        escape(_worker_reason(w)))
     console.print(updates)
 
 
@@ -211,7 +218,7 @@ def _rounds(status: pb.GetStatusResponse, console: Console, labels: dict[str, st
         rounds.add_row(*([labels.get(r.run_id, "–")] if labels else []), str(r.version),
                        "closed" if closed else "open", str(r.reports), str(r.tokens), seconds,
                        _num(r.update_norm) if closed else "–", f"{r.clipped if closed else '–'} / {r.dropped}",
-                       r.close_reason)
+                       escape(r.close_reason))
     console.print(rounds)
 
 
@@ -223,7 +230,7 @@ def _worker_reason(worker: pb.WorkerStatus) -> str:
 
 def _curriculum_rows(table: Table, curriculum: pb.CurriculumStatus) -> None:
     """The run's curriculum: policy, current L and batch, and for the adaptive ladder its state."""
-    table.add_row("curriculum", curriculum.policy)
+    table.add_row("curriculum", escape(curriculum.policy))
     table.add_row("L × batch", "per worker" if curriculum.seq_len == 0
                   else f"{curriculum.seq_len} × {curriculum.batch_size}")
     if curriculum.ladder:
@@ -231,9 +238,9 @@ def _curriculum_rows(table: Table, curriculum: pb.CurriculumStatus) -> None:
         measured = ", ".join(f"L={length}: {seconds:.3g}" for length, seconds in sorted(curriculum.seconds_per_step.items()))
         table.add_row("s/step measured", measured or "–")
         table.add_row("budget used", f"{curriculum.elapsed_seconds:.0f} of {curriculum.budget_seconds:.0f} s")
-        table.add_row("law", curriculum.law)
+        table.add_row("law", escape(curriculum.law))
     if curriculum.reason:
-        table.add_row("last decision", curriculum.reason)
+        table.add_row("last decision", escape(curriculum.reason))
 
 
 def _stores(state_dir: Path) -> list[Path]:
@@ -367,7 +374,7 @@ def show(args: argparse.Namespace, status: pb.GetStatusResponse, note: str = "")
         console = Console(width=REPORT_WIDTH)  # piped or captured: the width tables are laid out for
     report(status, console, fits, totals)
     if note:
-        console.print(note)
+        console.print(escape(note))
     return 0
 
 

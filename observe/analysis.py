@@ -22,17 +22,25 @@ loss ≈ A·L^(−α) across lengths at one point: the held-out losses at the en
 (`held_out_law`, from its summary.json) or the training losses at the last matched step
 (`law_at_last_step`).
 
-A live run's curves come from its store's named reads (`step_means`) on one of two clocks:
-each worker's own step and wall time (`Clock.WORKER`, a single run's, where workers never
-move), or the run's own step and the time since its first metric on the coordinator's clock
-(`Clock.RUN`, a sweep's: a worker that moves between runs keeps its counters). The run step is
+A live run's curves come from its store's named reads (`step_means`) on the run's own step and the
+time since its first metric on the coordinator's clock (`Clock.RUN`), a single run's as a sweep's: a
+worker that moves between runs keeps its counters, and one that restarts or joins late counts from
+step 1 again (`Clock.WORKER`, each worker's own step and wall time, is kept for reading those
+counters but no view uses it, see `views.presentation`). The run step is
 owned here: `run_steps(store, inner_steps)` is the run's counter (config/run_step.py `RunSteps`)
 with the steps each closed round recorded, so a row trained from version v at step k within its
 round is at Σ_{u<v} steps_u + k + 1, for time-boxed and adaptive rounds too; state dirs read with
-`read_state_dirs` (`rcswarm fit RUN_DIR`), the sweep's curves and the coordinator's fixed
+`read_state_dirs` (`rcswarm fit RUN_DIR`), the dashboard's curves and the coordinator's fixed
 curriculum schedule all count with it. `fit_step_means` turns such rows into curves and a fit
 when at least 3 lengths allow one; `worker_totals` the per-worker reads into totals. This module
 holds no SQL: it takes rows and the store's reads.
+
+A fit's work is numpy per length and at most MAX_LENGTHS lengths are fitted, those with the most
+recorded steps (`select_lengths`; `Analysis.notes` names the others, and lengths without a measured
+seconds per step), so a worker that reports rows at hundreds of lengths cannot make a fit slow. Rows
+read from files and state dirs are held column by column (`MetricRows`); a file with a `tokens`
+column (the metrics table exported) gives only its training rows (`is_training_row`, the rule of
+state/schema.py TRAINING_FILTER), naming how many others it left out.
 """
 
 from __future__ import annotations
@@ -41,8 +49,9 @@ import csv
 import enum
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -70,6 +79,7 @@ from rcswarm.observe.fits import (
     plateau_end,
     predicted_crossover,
     seconds_per_step,
+    shown,
     smooth_losses,
 )
 
@@ -78,6 +88,13 @@ DEFAULT_SMOOTH_STEPS = 25
 # (a DiLoCo round of 10 inner steps records 10): fewer are a handful of rounds, not a curve.
 MIN_STEPS_PER_LENGTH = 100
 NOT_ENOUGH_DATA = "not enough data"
+# A fit takes at most this many lengths, those with the most recorded steps (`select_lengths`): its work grows
+# with the lengths (a crossover per neighbouring pair), and a worker that reports rows at many lengths must not
+# make every fit of the run slow. A sweep or a curriculum trains a handful.
+MAX_LENGTHS = 32
+# A metrics file's column that, where a file has it (the coordinator's metrics table exported), tells training
+# rows from the others (`is_training_row`).
+TOKENS_COLUMN = "tokens"
 
 # (seq_len, step, mean loss, mean seconds) of one length at one step.
 StepMean = tuple[float, float, float, float]
@@ -106,6 +123,66 @@ class Row:
     loss: float
     time: float
     where: str
+
+
+@dataclass(frozen=True, eq=False)
+class MetricRows(Sequence[Row]):
+    """Metric rows held column by column, as `read_metrics` and `read_state_dirs` return them: no Python object
+    per row. `run` indexes `names`; the other columns are float64, [n] each. `locate(i)` says where row i was read,
+    built only when asked (an error names the row); indexing gives a `Row`."""
+
+    names: tuple[str, ...]
+    run: np.ndarray
+    step: np.ndarray
+    length: np.ndarray
+    loss: np.ndarray
+    time: np.ndarray
+    locate: Callable[[int], str] = field(repr=False)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def __getitem__(self, index: int) -> Row:  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]  # type: ignore[return-value]
+        i = range(len(self))[index]
+        return Row(run=self.names[int(self.run[i])], step=float(self.step[i]), length=float(self.length[i]),
+                   loss=float(self.loss[i]), time=float(self.time[i]), where=self.locate(i))
+
+    @classmethod
+    def of(cls, rows: Sequence[Row]) -> MetricRows:
+        """The columns of `rows` (Row objects)."""
+        names: dict[str, int] = {}
+        run = np.array([names.setdefault(row.run, len(names)) for row in rows], dtype=np.int64)
+        columns = [np.array([getattr(row, name) for row in rows], dtype=np.float64)
+                   for name in ("step", "length", "loss", "time")]
+        return cls(tuple(names), run, *columns, locate=lambda i: rows[i].where)
+
+
+class _Gathered:
+    """Metric rows as they are read, gathered into flat arrays; `rows` makes them a `MetricRows`."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, int] = {}
+        self.run = array("q")
+        self.columns = [array("d") for _ in range(4)]  # step, length, loss, time
+
+    def add(self, run: str, step: float, length: float, loss: float, time: float) -> None:
+        self.run.append(self.names.setdefault(run, len(self.names)))
+        for column, value in zip(self.columns, (step, length, loss, time)):
+            column.append(value)
+
+    def rows(self, locate: Callable[[int], str]) -> MetricRows:
+        return MetricRows(tuple(self.names), np.frombuffer(self.run, dtype=np.int64),
+                          *(np.frombuffer(column, dtype=np.float64) for column in self.columns), locate=locate)
+
+
+def is_training_row(tokens: float | None, loss: float | None) -> bool:
+    """A training row: tokens > 0 and a loss (None or NaN is none). The Python form of state/schema.py's
+    TRAINING_FILTER ("tokens > 0 AND loss IS NOT NULL", SQLite storing a NaN as NULL), which selects the rows
+    `read_state_dirs` reads; `read_metrics` applies it to an exported metrics table's rows (a round's pull row
+    has no loss and 0 tokens). tests/observe pins the two to one rule."""
+    return tokens is not None and tokens > 0 and loss is not None and not math.isnan(loss)
 
 
 @dataclass(frozen=True)
@@ -143,6 +220,8 @@ class Analysis:
     crossovers: list[PairCrossover]
     smooth: int
     caveats: tuple[Caveat, ...] = ()
+    # Lengths the data had and the fit left out, and why (`select_lengths`; no measured seconds per step).
+    notes: tuple[str, ...] = ()
 
     @property
     def valid(self) -> bool:
@@ -156,7 +235,8 @@ class Analysis:
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for each row of a CSV (header on line 1) or JSON-lines file."""
-    with path.open(newline="", encoding="utf-8") as handle:
+    # utf-8-sig: a CSV saved by Excel starts with a byte order mark, which would else prefix the first column's name.
+    with path.open(newline="", encoding="utf-8-sig") as handle:
         if path.suffix.lower() == ".csv":
             reader = csv.DictReader(handle)
             if reader.fieldnames is None:
@@ -193,30 +273,58 @@ def _number(path: Path, line: int, record: dict[str, Any], column: str) -> float
     return number
 
 
-def read_metrics(path: Path, columns: Columns) -> list[Row]:
-    """Parse every row of a metrics file; raises MetricsFileError naming the file and line."""
+def _optional_number(path: Path, line: int, record: dict[str, Any], column: str) -> float | None:
+    """A column's number, NaN allowed; None where it is missing or empty (NULL)."""
+    if record.get(column) is None or record[column] == "":
+        return None
+    value = record[column]
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise MetricsFileError(f"{path}: line {line}: column {column!r} has non-numeric value {value!r}") from None
+
+
+def _training_record(path: Path, line: int, record: dict[str, Any], columns: Columns) -> bool:
+    """Whether a record is a training row: in a file with a `tokens` column (the metrics table exported), by
+    `is_training_row`; without one, every row is."""
+    if TOKENS_COLUMN not in record:
+        return True
+    return is_training_row(_optional_number(path, line, record, TOKENS_COLUMN),
+                           _optional_number(path, line, record, columns.loss))
+
+
+def read_metrics(path: Path, columns: Columns, skipped: list[str] | None = None) -> MetricRows:
+    """Parse every training row of a metrics file; raises MetricsFileError naming the file and line. In a file
+    with a `tokens` column rows that are not training rows (`is_training_row`: tokens 0 or no loss) are left out,
+    and `skipped` gets a line saying how many and which."""
     if path.suffix.lower() not in (".csv", ".jsonl", ".json"):
         raise MetricsFileError(f"{path}: expected a .csv or .jsonl file, found suffix {path.suffix!r}")
-    rows = []
+    gathered, lines, other = _Gathered(), array("q"), array("q")
     try:
         for line, record in _records(path):
+            if not _training_record(path, line, record, columns):
+                other.append(line)
+                continue
             if columns.run not in record or record[columns.run] in (None, ""):
                 raise MetricsFileError(f"{path}: line {line}: missing column {columns.run!r}")
-            rows.append(Row(
-                run=str(record[columns.run]),
-                step=_number(path, line, record, columns.step),
-                length=_number(path, line, record, columns.length),
-                loss=_number(path, line, record, columns.loss),
-                time=_number(path, line, record, columns.time),
-                where=f"line {line}",
-            ))
+            gathered.add(str(record[columns.run]), _number(path, line, record, columns.step),
+                         _number(path, line, record, columns.length), _number(path, line, record, columns.loss),
+                         _number(path, line, record, columns.time))
+            lines.append(line)
     except OSError as error:
         raise MetricsFileError(f"{path}: cannot be read: {error.strerror}") from None
     except UnicodeDecodeError as error:
         raise MetricsFileError(f"{path}: not UTF-8 text: {error.reason}") from None
-    if not rows:
-        raise MetricsFileError(f"{path}: expected at least one row, found none")
-    return rows
+    if other and skipped is not None:
+        skipped.append(f"{path}: skipped {len(other)} rows that are not training rows ({TOKENS_COLUMN} 0 or no "
+                       f"{columns.loss!r}, as a state dir's training rows are chosen: e.g. a round's pull row) "
+                       f"at lines {shown(other)}")
+    if not lines:
+        found = f"none, and {len(other)} rows that are not" if other else "none"
+        raise MetricsFileError(f"{path}: expected at least one training row, found {found}")
+    return gathered.rows(lambda i: f"line {lines[i]}")
 
 
 def run_lengths(spec: Any) -> set[int] | None:
@@ -240,13 +348,14 @@ def stray_note(run_id: str, database: Path, strays: Sequence[tuple[str, int, int
             f"a length this run never assigns (worker {workers}, {span}): trained for another run, left out")
 
 
-def read_state_dirs(path: Path, skipped: list[str] | None = None) -> list[Row]:
+def read_state_dirs(path: Path, skipped: list[str] | None = None) -> MetricRows:
     """Rows from every coordinator state dir (state.sqlite) below `path`, e.g. a `rcswarm run` directory.
 
     A row's step is the run's own (`run_steps`): the steps its rounds trained before its version
     plus its step within the round; its time counts from the run's first metric, on the
     coordinator's clock. Rows at a length the run never assigns (`run_lengths`) were trained for another
-    run: they are left out, and `skipped` gets one line per run naming them (`stray_note`).
+    run: they are left out, and `skipped` gets one line per run naming them (`stray_note`). The rows are kept
+    column by column (`MetricRows`); where a row was read is spelled out only for an error.
     """
     from rcswarm.config.runspec import RunSpec
     from rcswarm.state.errors import StoreError
@@ -255,7 +364,9 @@ def read_state_dirs(path: Path, skipped: list[str] | None = None) -> list[Row]:
     databases = sorted(path.rglob("state.sqlite"))
     if not databases:
         raise MetricsFileError(f"{path}: no state.sqlite below this directory")
-    rows = []
+    names: dict[str, int] = {}
+    columns: list[list[np.ndarray]] = [[], [], [], [], []]  # run, step, length, loss, time; one array per state dir
+    sources: list[tuple[Path, list[str], np.ndarray]] = []  # per state dir: where its kept rows were read
     for database in databases:
         try:
             store = StateStore.open_read_only(database.parent)
@@ -268,23 +379,54 @@ def read_state_dirs(path: Path, skipped: list[str] | None = None) -> list[Row]:
             run_id, spec_json = identity
             spec = RunSpec.from_json(spec_json)
             steps, lengths = run_steps(store, spec.inner.steps), run_lengths(spec)
-            strays = []
-            for number, (worker, version, k, seq_len, loss, t) in enumerate(store.training_rows(), start=1):
-                if lengths is not None and seq_len not in lengths:
-                    strays.append((worker, version, seq_len))
-                    continue
-                where = f"{database} table metrics, training row {number} (worker {worker}, version {version})"
-                rows.append(Row(run=run_id, step=float(steps.run_step(version, k)), length=float(seq_len),
-                                loss=float(loss), time=float(t), where=where))
-            if strays and skipped is not None:
-                skipped.append(stray_note(run_id, database, strays))
+            workers, table = _training_columns(store.training_rows())
         except StoreError as error:
             raise MetricsFileError(str(error)) from None
         finally:
             store.close()
-    if not rows:
+        kept = (np.ones(len(table["seq_len"]), dtype=bool) if lengths is None
+                else np.isin(table["seq_len"], sorted(lengths)))
+        if not kept.all() and skipped is not None:
+            strays = [(workers[w], int(v), int(n)) for w, v, n in zip(
+                table["worker"][~kept], table["version"][~kept], table["seq_len"][~kept])]
+            skipped.append(stray_note(run_id, database, strays))
+        table = {name: column[kept] for name, column in table.items()}
+        versions, inverse = np.unique(table["version"], return_inverse=True)
+        # run_step(v, k) = run_step(v, 0) + k: the counter's rule, asked once per version.
+        firsts = np.array([steps.run_step(int(v), 0) for v in versions], dtype=np.float64)
+        run = np.full(len(table["k"]), names.setdefault(run_id, len(names)), dtype=np.int64)
+        for into, values in zip(columns, (run, firsts[inverse.reshape(-1)] + table["k"], table["seq_len"],
+                                          table["loss"], table["t"])):
+            into.append(values.astype(np.int64 if into is columns[0] else np.float64))
+        sources.append((database, workers, np.stack([table["number"], table["worker"], table["version"]], axis=1)))
+    if not sum(len(run) for run in columns[0]):
         raise MetricsFileError(f"{path}: the state dirs below it hold no training metrics")
-    return rows
+    starts = np.cumsum([0, *(len(run) for run in columns[0])])  # [dirs + 1]: each state dir's first row
+
+    def locate(i: int) -> str:
+        index = int(np.searchsorted(starts, i, side="right")) - 1
+        database, workers, where = sources[index]
+        number, worker, version = (int(value) for value in where[i - starts[index]])
+        return f"{database} table metrics, training row {number} (worker {workers[worker]}, version {version})"
+
+    return MetricRows(tuple(names), *(np.concatenate(parts) for parts in columns), locate=locate)
+
+
+def _training_columns(rows: Sequence[tuple[Any, ...]]) -> tuple[list[str], dict[str, np.ndarray]]:
+    """A store's `training_rows` (worker, version, k, seq_len, loss, t) as columns: the workers' names, and arrays
+    of each row's worker (an index into them), version, k, seq_len, loss, t and its number among the rows (from 1)."""
+    workers: dict[str, int] = {}
+    count = len(rows)
+    table = {
+        "worker": np.fromiter((workers.setdefault(row[0], len(workers)) for row in rows), np.int64, count),
+        "version": np.fromiter((row[1] for row in rows), np.int64, count),
+        "k": np.fromiter((row[2] for row in rows), np.float64, count),
+        "seq_len": np.fromiter((row[3] for row in rows), np.int64, count),
+        "loss": np.fromiter((row[4] for row in rows), np.float64, count),
+        "t": np.fromiter((row[5] for row in rows), np.float64, count),
+        "number": np.arange(1, count + 1, dtype=np.int64),
+    }
+    return list(workers), table
 
 
 def state_dir_lengths(path: Path) -> list[float]:
@@ -312,32 +454,50 @@ def state_dir_lengths(path: Path) -> list[float]:
 
 
 def length_curves(path: Path, rows: Sequence[Row]) -> list[LengthCurve]:
-    """Group rows by sequence length (a run must keep one), averaging loss and time per step."""
-    run_length: dict[str, Row] = {}
-    for row in rows:
-        first = run_length.setdefault(row.run, row)
-        if first.length != row.length:
-            raise MetricsFileError(
-                f"{path}: {row.where}: run {row.run!r} has length {row.length:g}, "
-                f"expected {first.length:g} as at {first.where}"
-            )
-        if row.loss <= 0:
-            raise MetricsFileError(f"{path}: {row.where}: loss {row.loss!r}: expected a positive value")
+    """Group rows (a `MetricRows`, or Row objects) by sequence length (a run must keep one), averaging loss and time
+    per step (`_merge_step_means`); a length's wall time must increase with step (`fits.seconds_per_step`)."""
+    rows = rows if isinstance(rows, MetricRows) else MetricRows.of(rows)
+    if not len(rows):
+        return []
+    _, first, run_index = np.unique(rows.run, return_index=True, return_inverse=True)
+    first_of_row = first[run_index.reshape(-1)]  # [n]: the first row of each row's run
+    moved = np.flatnonzero(rows.length != rows.length[first_of_row])
+    bad_loss = np.flatnonzero(~(rows.loss > 0))
+    if len(moved) and (not len(bad_loss) or moved[0] <= bad_loss[0]):
+        i, j = int(moved[0]), int(first_of_row[moved[0]])
+        raise MetricsFileError(
+            f"{path}: {rows.locate(i)}: run {rows.names[int(rows.run[i])]!r} has length {rows.length[i]:g}, "
+            f"expected {rows.length[j]:g} as at {rows.locate(j)}"
+        )
+    if len(bad_loss):
+        i = int(bad_loss[0])
+        raise MetricsFileError(f"{path}: {rows.locate(i)}: loss {float(rows.loss[i])!r}: expected a positive value")
+    runs_at = np.unique(np.stack([rows.length, rows.run.astype(np.float64)], axis=1), axis=0)  # [m, 2]
+    merged = _merge_step_means(np.stack([rows.length, rows.step, rows.loss, rows.time], axis=1))
     curves = []
-    for length in sorted({row.length for row in rows}):
-        chosen = [row for row in rows if row.length == length]
-        steps = np.array([row.step for row in chosen])
-        unique, inverse = np.unique(steps, return_inverse=True)
-        counts = np.bincount(inverse)
-        losses = np.bincount(inverse, weights=[row.loss for row in chosen]) / counts
-        times = np.bincount(inverse, weights=[row.time for row in chosen]) / counts
-        if len(unique) < 2:
-            raise ValueError(f"length {length:g}: expected at least 2 distinct steps, found {len(unique)}")
-        curves.append(LengthCurve(
-            length=length, runs=tuple(sorted({row.run for row in chosen})), steps=unique, losses=losses,
-            times=times, seconds_per_step=seconds_per_step(unique, times),
-        ))
+    for length, (steps, losses, times) in merged.items():
+        if len(steps) < 2:
+            raise ValueError(f"length {length:g}: expected at least 2 distinct steps, found {len(steps)}")
+        try:
+            rate = seconds_per_step(steps, times)
+        except ValueError as error:
+            raise ValueError(f"length {length:g}: {error}") from None
+        runs = sorted(rows.names[int(index)] for index in runs_at[runs_at[:, 0] == length, 1])
+        curves.append(LengthCurve(length=length, runs=tuple(runs), steps=steps, losses=losses, times=times,
+                                  seconds_per_step=rate))
     return curves
+
+
+def select_lengths(curves: Sequence[LengthCurve]) -> tuple[list[LengthCurve], str]:
+    """At most MAX_LENGTHS of `curves`: those with the most recorded steps (the shorter length first among equals),
+    in length order, and a note naming the lengths left out ("" when none is)."""
+    if len(curves) <= MAX_LENGTHS:
+        return list(curves), ""
+    ranked = sorted(curves, key=lambda curve: (-len(curve.steps), curve.length))
+    kept = sorted(ranked[:MAX_LENGTHS], key=lambda curve: curve.length)
+    left = sorted(curve.length for curve in ranked[MAX_LENGTHS:])
+    return kept, (f"{len(left)} of {len(curves)} lengths left out, L = {shown(left)}: a fit takes at most "
+                  f"{MAX_LENGTHS}, those with the most recorded steps")
 
 
 def data_caveats(curves: Sequence[LengthCurve]) -> list[Caveat]:
@@ -380,8 +540,10 @@ def analyse(curves: Sequence[LengthCurve], smooth: int = DEFAULT_SMOOTH_STEPS) -
     """Power law at matched steps, the α(s) schedule, neighbouring-length crossovers, and the caveats.
 
     Crossovers are observed on the losses smoothed over `smooth` steps (see `smooth_losses`) under
-    the crossover rule (`pair_crossover`).
+    the crossover rule (`pair_crossover`). Of more than MAX_LENGTHS lengths those with the most recorded
+    steps are fitted (`select_lengths`), and `notes` names the others.
     """
+    curves, note = select_lengths(curves)
     points = fit_alpha_over_steps({curve.length: (curve.steps, curve.losses) for curve in curves})
     schedule = fit_alpha_schedule([p.step for p in points], [p.alpha for p in points])
     log_amplitude = amplitude_from_points(points)
@@ -394,7 +556,7 @@ def analyse(curves: Sequence[LengthCurve], smooth: int = DEFAULT_SMOOTH_STEPS) -
     ]
     caveats = (*data_caveats(curves), *schedule.caveats())
     return Analysis(curves=list(curves), points=points, schedule=schedule, crossovers=crossovers, smooth=smooth,
-                    caveats=caveats)
+                    caveats=caveats, notes=(note,) if note else ())
 
 
 @dataclass(frozen=True)
@@ -442,7 +604,9 @@ def law_at_last_step(analysis: Analysis) -> LengthLaw:
 class Clock(enum.Enum):
     """Whose step counter and clock place a live run's metric on its length's curve."""
 
-    WORKER = "worker"  # each worker's own step and wall_time: valid while workers never move between runs
+    # Each worker's own step and wall_time: valid only while no worker moves, restarts or joins late (its counters
+    # start over); no view uses it (`views.presentation`).
+    WORKER = "worker"
     RUN = "run"  # the run's own step (`run_steps`), coordinator seconds since its first metric
 
 
@@ -459,16 +623,27 @@ def run_step_means(store: Any, inner_steps: int) -> list[StepMean]:
     are averaged together."""
     steps = run_steps(store, inner_steps)
     sums = store.run_step_sums()
-    if sums.first_received is None:
+    if sums.first_received is None or not sums.rows:
         return []
-    merged: dict[tuple[int, int], list[float]] = {}
-    for length, version, k, loss_sum, seconds_sum, n in sums.rows:
-        total = merged.setdefault((length, steps.run_step(version, k)), [0.0, 0.0, 0])
-        total[0] += loss_sum
-        total[1] += seconds_sum
-        total[2] += n
-    return [(float(length), float(step), loss / n, seconds / n - sums.first_received)
-            for (length, step), (loss, seconds, n) in sorted(merged.items())]
+    table = np.array(sums.rows, dtype=np.float64).reshape(-1, 6)  # [n, 6]: seq_len, version, k, loss, seconds, n
+    versions, inverse = np.unique(table[:, 1].astype(np.int64), return_inverse=True)
+    # run_step(v, k) = run_step(v, 0) + k: the counter's rule, asked once per version.
+    firsts = np.array([steps.run_step(int(v), 0) for v in versions], dtype=np.float64)
+    keys = np.stack([table[:, 0], firsts[inverse.reshape(-1)] + table[:, 2]], axis=1)  # [n, 2]: seq_len, run step
+    if _strictly_increasing(keys):  # the usual order of the sums (by seq_len, version, k): one row per run step
+        pairs, loss, seconds, n = keys, table[:, 3], table[:, 4], table[:, 5]
+    else:
+        pairs, where = np.unique(keys, axis=0, return_inverse=True)  # [m, 2] sorted; [n]
+        loss, seconds, n = (np.bincount(where.reshape(-1), weights=table[:, c], minlength=len(pairs))
+                            for c in (3, 4, 5))
+    return list(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist(), (loss / n).tolist(),
+                    (seconds / n - sums.first_received).tolist()))
+
+
+def _strictly_increasing(keys: np.ndarray) -> bool:
+    """Whether the rows of [n, 2] `keys` increase strictly in lexicographic order (so they are sorted and distinct)."""
+    first, second = keys[1:, 0] - keys[:-1, 0], keys[1:, 1] - keys[:-1, 1]
+    return bool(np.all((first > 0) | ((first == 0) & (second > 0))))
 
 
 def step_means(store: Any, clock: Clock, run_id: str, inner_steps: int) -> list[StepMean]:
@@ -492,7 +667,7 @@ def fit_summary(analysis: Analysis) -> dict[str, Any]:
         "alpha_inf": s.alpha_inf, "alpha_inf_low": s.alpha_inf_low, "alpha_inf_high": s.alpha_inf_high,
         "tau": s.tau, "tau_low": s.tau_low, "tau_high": s.tau_high, "r_squared": s.r_squared,
         "per_doubling": s.per_doubling, "first_step": s.first_step, "last_step": s.last_step,
-        "smooth": analysis.smooth,
+        "smooth": analysis.smooth, "notes": list(analysis.notes),
         "points": [{"step": p.step, "alpha": p.alpha, "amplitude": p.amplitude, "r_squared": p.r_squared}
                    for p in analysis.points],
         "crossovers": [
@@ -520,7 +695,8 @@ def _interval(value: float, low: float, high: float, spec: str) -> str:
 def fit_rows(fit: dict[str, Any]) -> list[tuple[str, str]]:
     """(quantity, text) rows of a `fit_summary`: α∞ and τ with their intervals, R², the improvement per
     doubling, the steps fitted; where a caveat leaves a parameter unidentified "not enough data" stands
-    where its number would, the fitted value following in parentheses, marked as such."""
+    where its number would, the fitted value following in parentheses, marked as such; then the lengths the fit
+    left out, if any (`Analysis.notes`)."""
     alpha_inf = _interval(fit["alpha_inf"], fit["alpha_inf_low"], fit["alpha_inf_high"], ".4f")
     tau = _interval(fit["tau"], fit["tau_low"], fit["tau_high"], ".4g")
     doubling = fit["per_doubling"]
@@ -531,8 +707,9 @@ def fit_rows(fit: dict[str, Any]) -> list[tuple[str, str]]:
         rows = [("α∞ [90% interval]", f"{NOT_ENOUGH_DATA} (fitted {alpha_inf})"),
                 ("per doubling at α∞", NOT_ENOUGH_DATA)]
     rows.insert(1, ("τ (steps) [90% interval]", tau if fit["tau_identified"] else f"{NOT_ENOUGH_DATA} (fitted {tau})"))
+    notes = [("lengths left out", note) for note in fit.get("notes", ())]
     return [*rows, ("R² of α(s) fit", f"{fit['r_squared']:.4f}"),
-            ("steps fitted", f"{fit['first_step']:.4g} to {fit['last_step']:.4g}")]
+            ("steps fitted", f"{fit['first_step']:.4g} to {fit['last_step']:.4g}"), *notes]
 
 
 def crossover_rows(fit: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -566,10 +743,15 @@ class FitReport:
                 "fit": None if self.analysis is None else fit_summary(self.analysis), "message": self.message}
 
 
-def _merge_step_means(rows: Iterable[Sequence[Any]]) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """length -> (steps, losses, seconds) sorted by step; rows of several runs at one (seq_len, step) are averaged."""
-    values = np.array([row[:4] for row in rows if row[2] is not None and row[3] is not None],
-                      dtype=np.float64).reshape(-1, 4)  # [n, 4]: seq_len, step, loss, seconds
+def _merge_step_means(
+    rows: Iterable[Sequence[Any]] | np.ndarray,
+) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """length -> (steps, losses, seconds) sorted by step, from (seq_len, step, loss, seconds) rows (or their [n, 4]
+    array); rows at one (seq_len, step), of several runs or workers, are averaged."""
+    if not isinstance(rows, np.ndarray):
+        rows = np.array([row[:4] for row in rows if row[2] is not None and row[3] is not None],
+                        dtype=np.float64)
+    values = rows.reshape(-1, 4)  # [n, 4]: seq_len, step, loss, seconds
     values = values[np.isfinite(values[:, 2]) & np.isfinite(values[:, 3])]
     pairs, inverse = np.unique(values[:, :2], axis=0, return_inverse=True)  # [m, 2] sorted by (seq_len, step); [n]
     inverse = inverse.reshape(-1)
@@ -588,18 +770,21 @@ def fit_step_means(rows: Iterable[Sequence[Any]], lengths: Sequence[float] = ())
 
     Rows from several runs may repeat a (seq_len, step): those are averaged. `lengths` are a sweep's
     lengths: without a fit the message then names those that have no curve yet (a sweep still training
-    needs time, not a new sweep).
+    needs time, not a new sweep). Of more than MAX_LENGTHS lengths the curves and the fit keep those with
+    the most recorded steps (`select_lengths`); the fit's notes name the lengths left out, as they name
+    those whose wall time does not increase with step.
     """
-    curves, skipped = [], []
+    curves, single = [], []
     for length, (steps, losses, times) in _merge_step_means(rows).items():
+        if len(steps) < 2:
+            single.append(length)
+            continue
         try:
             rate = seconds_per_step(steps, times)
         except ValueError:
-            if len(steps) < 2:
-                skipped.append(f"L={length:g} has fewer than 2 steps")
-                continue
             rate = math.nan
         curves.append(LengthCurve(length=length, runs=(), steps=steps, losses=losses, times=times, seconds_per_step=rate))
+    curves, capped = select_lengths(curves)
     count = len(curves)
     if count < 3:
         swept = sorted(set(map(float, lengths)))
@@ -612,19 +797,27 @@ def fit_step_means(rows: Iterable[Sequence[Any]], lengths: Sequence[float] = ())
             return FitReport(curves, None, f"{NOT_ENOUGH_DATA} yet: the sweep's L = {names} "
                                            f"{'has' if len(idle) == 1 else 'have'} fewer than 2 steps of metrics, "
                                            "and a fit needs 3 lengths with data")
-        note = f" ({'; '.join(skipped)})" if skipped else ""
+        note = ""
+        if single:
+            note = (f" (L={single[0]:g} has fewer than 2 steps)" if len(single) == 1
+                    else f" (L = {shown(single)} have fewer than 2 steps)")
         return FitReport(curves, None, f"not enough lengths for a fit: {count} distinct seq_len with 2+ steps, "
                                        f"need at least 3{note}")
-    # The crossovers need each length's measured seconds per step: lengths without one are left out.
+    # The crossovers need each length's measured seconds per step: lengths without one are left out, and named.
     curves_for_fit = [c for c in curves if c.seconds_per_step > 0]
+    unpaced = [c.length for c in curves if not c.seconds_per_step > 0]
     if len(curves_for_fit) < 3:
         return FitReport(curves, None, "not enough lengths for a fit: wall time does not increase with step "
-                                       f"for {count - len(curves_for_fit)} of {count} lengths")
+                                       f"for {len(unpaced)} of {count} lengths (L = {shown(unpaced)})")
     try:
         analysis = analyse(curves_for_fit)
     except ValueError as error:
         return FitReport(curves, None, f"no fit: {error}")
-    return FitReport(curves, analysis, "")
+    notes = [capped] if capped else []
+    if unpaced:
+        notes.append(f"L = {shown(unpaced)} left out: wall time does not increase with step, so there are no "
+                     "seconds per step for the crossovers")
+    return FitReport(curves, replace(analysis, notes=(*notes, *analysis.notes)), "")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,22 @@ MIN_LAW_R_SQUARED = 0.8  # loss ≈ A·L^(−α) across lengths
 MIN_SCHEDULE_R_SQUARED = 0.7  # α(s) = α∞(1 − e^(−s/τ)) across matched steps
 CONFIDENCE = 0.9  # the bootstrap intervals' coverage
 RESAMPLES = 400  # bootstrap resamples of the α(s) schedule (fit_power_law takes its own count)
+# An error message shows at most this many values of an array (a curve of 100,000 steps must not become a
+# megabyte of /api/status).
+SHOWN_VALUES = 6
+# Wall time increases with step only where the fitted rise over the recorded steps exceeds this fraction of the
+# largest time: below it, a constant wall time's least-squares slope is rounding error (4e-18), not a pace.
+MIN_RELATIVE_RISE = 1e-9
+
+
+def shown(values: Sequence[float] | np.ndarray) -> str:
+    """`values` for an error message: all of them up to SHOWN_VALUES, else the first and last few and the count."""
+    items = [float(v) for v in np.asarray(values, dtype=float).reshape(-1)]
+    if len(items) <= SHOWN_VALUES:
+        return f"[{', '.join(f'{v:g}' for v in items)}]"
+    half = SHOWN_VALUES // 2
+    return (f"[{', '.join(f'{v:g}' for v in items[:half])}, …, {', '.join(f'{v:g}' for v in items[-half:])}] "
+            f"({len(items)} values)")
 
 
 @dataclass(frozen=True)
@@ -85,9 +102,9 @@ def _power_law_points(lengths: Sequence[float], losses: Sequence[float]) -> tupl
     if x_raw.shape != y_raw.shape or x_raw.ndim != 1:
         raise ValueError(f"lengths {x_raw.shape} and losses {y_raw.shape}: expected two 1-D sequences of one length")
     if len(np.unique(x_raw)) < 3:
-        raise ValueError(f"lengths {list(x_raw)}: expected at least 3 distinct values")
+        raise ValueError(f"lengths {shown(x_raw)}: expected at least 3 distinct values")
     if not (np.all(x_raw > 0) and np.all(y_raw > 0) and np.all(np.isfinite(y_raw))):
-        raise ValueError(f"lengths {list(x_raw)} and losses {list(y_raw)}: expected positive finite values")
+        raise ValueError(f"lengths {shown(x_raw)} and losses {shown(y_raw)}: expected positive finite values")
     return np.log(x_raw), np.log(y_raw)
 
 
@@ -298,9 +315,9 @@ def fit_alpha_schedule(
     if s.shape != a.shape or s.ndim != 1:
         raise ValueError(f"steps {s.shape} and alphas {a.shape}: expected two 1-D sequences of one length")
     if len(np.unique(s)) < 3:
-        raise ValueError(f"steps {list(s)}: expected at least 3 distinct values")
+        raise ValueError(f"steps {shown(s)}: expected at least 3 distinct values")
     if not (np.all(s > 0) and np.all(np.isfinite(s)) and np.all(np.isfinite(a))):
-        raise ValueError(f"steps {list(s)} and alphas {list(a)}: expected positive finite steps and finite alphas")
+        raise ValueError(f"steps {shown(s)} and alphas {shown(a)}: expected positive finite steps and finite alphas")
     if grid < 3:
         raise ValueError(f"grid={grid}: expected at least 3 points")
     log_taus = np.linspace(math.log(s.min() / 100.0), math.log(s.max() * 100.0), grid)  # [grid]
@@ -345,7 +362,7 @@ def _curve(name: str, xs: Sequence[float], ys: Sequence[float]) -> tuple[np.ndar
         raise ValueError(f"{name}: expected finite x and positive finite losses")
     unique, inverse = np.unique(x, return_inverse=True)
     if len(unique) < 2:
-        raise ValueError(f"{name}: x {list(x)}: expected at least 2 distinct values")
+        raise ValueError(f"{name}: x {shown(x)}: expected at least 2 distinct values")
     return unique, np.bincount(inverse, weights=y) / np.bincount(inverse)
 
 
@@ -362,7 +379,7 @@ def fit_alpha_over_steps(
     are taken over the common range (starting no lower than 1/1000 of its end). Needs at least 3 distinct lengths.
     """
     if len(runs) < 3:
-        raise ValueError(f"runs with lengths {sorted(runs)}: expected at least 3 distinct lengths")
+        raise ValueError(f"runs with lengths {shown(sorted(runs))}: expected at least 3 distinct lengths")
     curves = {float(length): _curve(f"run L={length}", *curve) for length, curve in runs.items()}
     first = max(float(x[0]) for x, _ in curves.values())
     last = min(float(x[-1]) for x, _ in curves.values())
@@ -376,11 +393,11 @@ def fit_alpha_over_steps(
         matched = np.asarray(steps, dtype=float)
         outside = matched[(matched < first) | (matched > last)]
         if matched.ndim != 1 or len(outside):
-            raise ValueError(f"steps {list(outside)}: expected steps inside the common range [{first}, {last}]")
+            raise ValueError(f"steps {shown(outside)}: expected steps inside the common range [{first}, {last}]")
     lengths = list(curves)
+    losses_at = np.exp(np.stack([np.interp(matched, x, np.log(y)) for x, y in curves.values()]))  # [lengths, steps]
     points = []
-    for step in matched:
-        losses = [math.exp(float(np.interp(step, x, np.log(y)))) for x, y in curves.values()]
+    for step, losses in zip(matched, losses_at.T):
         fit = fit_power_law(lengths, losses, resamples=0)
         points.append(AlphaPoint(step=float(step), alpha=fit.alpha, amplitude=fit.amplitude, r_squared=fit.r_squared))
     return points
@@ -492,15 +509,17 @@ def observed_crossover(
     Both curves are interpolated onto the union of their times inside that range. Unless the longer
     run ends below the shorter one by more than `noise` there is no crossover; if it is below
     throughout the range, none is observed either (the crossing, if any, came before counting began);
-    otherwise it is the last sign change of the difference, located by linear interpolation.
+    otherwise it is the last sign change of the difference, located by linear interpolation. Runs whose
+    times do not overlap have no crossover to observe (the note says so).
     """
     t_short, y_short = _curve("shorter run", times_short, losses_short)
     t_long, y_long = _curve("longer run", times_long, losses_long)
     first, last = max(t_short[0], t_long[0]), min(t_short[-1], t_long[-1])
-    if not first < last:
-        raise ValueError(f"times [{first}, {last}]: expected the two runs' times to overlap")
     if not (math.isfinite(noise) and noise >= 0):
         raise ValueError(f"noise={noise}: expected a finite number >= 0")
+    if not first < last:
+        return ObservedCrossover(None, f"the two runs' times do not overlap ([{t_short[0]:.3g}, {t_short[-1]:.3g}] s "
+                                       f"and [{t_long[0]:.3g}, {t_long[-1]:.3g}] s): unobservable")
     start = first if counted_from is None else max(first, counted_from)
     if not start < last:
         return ObservedCrossover(None, f"counting starts at {start:.3g} s, after the common time range ends")
@@ -518,20 +537,36 @@ def observed_crossover(
     return ObservedCrossover(float(grid[i] + (grid[i + 1] - grid[i]) * gap[i] / (gap[i] - gap[i + 1])), "")
 
 
-def _log_loss_at(schedule: AlphaScheduleFit, log_amplitude: Callable[[float], float], step: float, length: float) -> float:
-    """log of Eq. 8: log A(s) − α(s) · log L."""
-    return log_amplitude(step) - schedule.alpha(step) * math.log(length)
-
-
 def amplitude_from_points(points: Sequence[AlphaPoint]) -> Callable[[float], float]:
-    """log A(s) interpolated linearly in log s between fitted points, held at the end values outside them."""
+    """log A(s) interpolated linearly in log s between fitted points, held at the end values outside them; takes
+    a step (a float back) or an array of steps (an array back)."""
     if not points:
         raise ValueError("points=[]: expected at least one fitted point")
     log_steps = np.log([p.step for p in points])
     log_amps = np.log([p.amplitude for p in points])
     order = np.argsort(log_steps)
     log_steps, log_amps = log_steps[order], log_amps[order]
-    return lambda step: float(np.interp(math.log(max(step, 1e-12)), log_steps, log_amps))
+    def log_amplitude(step: Any) -> Any:
+        values = np.interp(np.log(np.maximum(step, 1e-12)), log_steps, log_amps)
+        return float(values) if np.ndim(values) == 0 else values
+
+    return log_amplitude
+
+
+def _on_steps(log_amplitude: Callable[[float], float], steps: np.ndarray) -> np.ndarray:
+    """log A at every step of `steps` ([n]): one call on the array (a constant broadcasts), or one call per step
+    for a function of a single float."""
+    try:
+        values = np.asarray(log_amplitude(steps), dtype=float)  # type: ignore[arg-type]
+        return np.broadcast_to(values, steps.shape)
+    except (TypeError, ValueError):
+        return np.array([log_amplitude(float(step)) for step in steps], dtype=float)
+
+
+# The refinement of a predicted crossover: each round samples this many times inside the bracket, narrowing it
+# by as much; a dozen rounds reach a float's precision from the first grid's spacing.
+REFINE_POINTS = 64
+REFINE_ROUNDS = 12
 
 
 def predicted_crossover(
@@ -551,8 +586,10 @@ def predicted_crossover(
     measured costs when they are not exactly proportional. α(s) is the fitted schedule (Eq. 9);
     log A(s) is `log_amplitude` (constant when None, so it cancels in the comparison). The
     difference log loss(t, L_long) − log loss(t, L_short) (Eq. 13) is sampled on a log grid of t
-    up to `max_time` (default: 1000·τ·max(c)), and its last sign change is refined by bisection.
-    None when the longer run is not below at `max_time`.
+    up to `max_time` (default: 1000·τ·max(c)), all samples at once, and its last sign change is refined
+    on finer log grids inside the bracket until it is as narrow as a float allows. `log_amplitude` is
+    called on arrays of steps (`amplitude_from_points` takes them; a constant is broadcast). None when
+    the longer run is not below at `max_time`.
     """
     if not 0 < length_short < length_long:
         raise ValueError(f"lengths {length_short}, {length_long}: expected 0 < shorter < longer")
@@ -563,35 +600,51 @@ def predicted_crossover(
     if not horizon > 0:
         raise ValueError(f"max_time={max_time}: expected a positive time")
 
-    def gap(time: float) -> float:
-        return _log_loss_at(schedule, amplitude, time / seconds_per_step_long, length_long) - _log_loss_at(
-            schedule, amplitude, time / seconds_per_step_short, length_short
-        )
+    log_short, log_long = math.log(length_short), math.log(length_long)
 
-    times = np.geomspace(horizon * 1e-9, horizon, samples)
-    gaps = np.array([gap(float(t)) for t in times])
-    if gaps[-1] >= 0:
+    def gaps(times: np.ndarray) -> np.ndarray:
+        """[n] times -> [n] log loss(t, L_long) − log loss(t, L_short), each log A(s) − α(s)·log L (Eq. 8)."""
+        steps_long, steps_short = times / seconds_per_step_long, times / seconds_per_step_short
+        alpha_long = schedule.alpha_inf * -np.expm1(-steps_long / schedule.tau)
+        alpha_short = schedule.alpha_inf * -np.expm1(-steps_short / schedule.tau)
+        return ((_on_steps(amplitude, steps_long) - alpha_long * log_long)
+                - (_on_steps(amplitude, steps_short) - alpha_short * log_short))
+
+    times = np.geomspace(horizon * 1e-9, horizon, samples)  # [samples]
+    sampled = gaps(times)
+    if sampled[-1] >= 0:
         return None
-    above = np.nonzero(gaps >= 0)[0]
+    above = np.nonzero(sampled >= 0)[0]
     if len(above) == 0:
         time = float(times[0])
     else:
+        # The gap is >= 0 at `low` and < 0 at `high`: narrow the bracket to the last sign change inside it.
         low, high = float(times[above[-1]]), float(times[above[-1] + 1])
-        for _ in range(100):
-            middle = math.sqrt(low * high)
-            low, high = (middle, high) if gap(middle) >= 0 else (low, middle)
+        for _ in range(REFINE_ROUNDS):
+            if not high > low * (1.0 + 4.0 * np.finfo(float).eps):
+                break
+            inner = np.geomspace(low, high, REFINE_POINTS + 2)[1:-1]  # [REFINE_POINTS]
+            inside = np.nonzero(gaps(inner) >= 0)[0]
+            if len(inside):
+                low = float(inner[inside[-1]])
+            following = inside[-1] + 1 if len(inside) else 0
+            high = float(inner[following]) if following < len(inner) else high
         time = high
     return Crossover(time=time, step_short=time / seconds_per_step_short, step_long=time / seconds_per_step_long)
 
 
 def seconds_per_step(steps: Sequence[float], wall_times: Sequence[float]) -> float:
-    """A run's measured seconds per step: the least-squares slope of wall time against step."""
+    """A run's measured seconds per step: the least-squares slope of wall time against step, which must rise over
+    the recorded steps by more than MIN_RELATIVE_RISE of the largest time (ValueError otherwise: a constant wall
+    time has no pace, whatever sign its slope's rounding error takes)."""
     s, t = np.asarray(steps, dtype=float), np.asarray(wall_times, dtype=float)
     if s.shape != t.shape or s.ndim != 1 or len(np.unique(s)) < 2:
         raise ValueError(f"steps {s.shape} and wall times {t.shape}: expected 1-D sequences of one length, 2+ distinct steps")
     if not (np.all(np.isfinite(s)) and np.all(np.isfinite(t))):
         raise ValueError("steps and wall times: expected finite values")
     slope = float(np.polyfit(s, t, 1)[0])
-    if not slope > 0:
-        raise ValueError(f"seconds per step {slope}: expected wall time to increase with step")
+    rise = slope * float(s.max() - s.min())
+    if not rise > MIN_RELATIVE_RISE * float(np.abs(t).max()) or not slope > 0:
+        raise ValueError(f"seconds per step {slope:.3g} over wall times {shown(t)}: expected wall time to increase "
+                         "with step")
     return slope

@@ -408,8 +408,8 @@ class Dashboard:
     `coordinator` is a group of runs with `runs`, `sweep`, `run_id` and `status()` (the coordinator's
     `RunGroup`), or a single run with `spec`, `run_id`, `store`, `status()` and `summary()` (a bare
     `SwarmCoordinator`, a mirrored hivemind swarm's `mirror_view.MirrorRun`), shown as a group of one
-    (`OneRun`); its runs (each with its own store) are shown on one page. A sweep's fit and plots use each run's own steps and
-    clock, a single run's its workers' (`views.presentation`). With `auth` (a `SessionAuth`) every path
+    (`OneRun`); its runs (each with its own store) are shown on one page. The fit and plots use each run's own steps and
+    clock, a single run's too (`views.presentation`). With `auth` (a `SessionAuth`) every path
     but /healthz and /login needs the join token or a session cookie; with `ssl_context` it serves HTTPS
     (each connection's handshake on its own request thread, within the socket timeout).
     """

@@ -33,9 +33,16 @@ RUN_STATE_NAMES = _enum_names(pb.RunState, "RUN_STATE_")
 
 
 def presentation(is_sweep: bool) -> tuple[str, Clock]:
-    """The kind shown and the clock of the curves: a sweep's runs each on their own clock, since a
-    worker that moves between them keeps its counters; a single run on its workers' clocks."""
-    return ("sweep", Clock.RUN) if is_sweep else ("run", Clock.WORKER)
+    """The kind shown and the clock of the curves: each run's own (`Clock.RUN`), a single run's too.
+
+    A sweep's because a worker that moves between its runs keeps its counters. A single run was once
+    shown on its workers' clocks (`Clock.WORKER`: each worker's step and wall time, per step, since
+    its workers never move), but a worker that restarts or joins late counts from step 1 and second 0
+    again, so its rows fell among the run's first steps and bent the fit. The run step keeps what the
+    workers' steps gave, one point per step trained, for late and restarted workers too, and is what
+    `rcswarm fit` counts for the same state dir; times are when the rows arrived (a round's rows
+    arrive together), as for a sweep."""
+    return ("sweep" if is_sweep else "run"), Clock.RUN
 
 
 @dataclass(frozen=True)

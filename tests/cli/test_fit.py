@@ -209,3 +209,74 @@ def test_a_sweep_dir_with_idle_lengths_names_them(tmp_path, capsys):
     error = capsys.readouterr().err
     assert "the runs at L = 4, 8 below" in error and "have no training metrics yet" in error
     assert "train a sweep" not in error
+
+
+EXPORTED = ("run_id", "worker_id", "version", "step", "seq_len", "batch", "loss", "tokens", "wall_time")
+
+
+def exported_table(rows):
+    """The coordinator's metrics table as exported: each row with its tokens, and every 50th preceded by a round's
+    pull row (0 tokens, no loss); one training row without a loss (NaN: NULL in the table)."""
+    out = []
+    for index, row in enumerate(rows):
+        if index % 50 == 0:
+            out.append({**row, "loss": None, "tokens": 0})
+        out.append({**row, "version": 0, "batch": 4, "tokens": 4 * row["seq_len"]})
+    out[5] = {**out[5], "loss": float("nan")}
+    return out
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_an_exported_metrics_table_leaves_out_the_rows_that_are_not_training_rows(tmp_path, capsys, rows, suffix):
+    metrics = tmp_path / f"metrics.{suffix}"
+    table = exported_table(rows)
+    if suffix == "csv":
+        write_csv(metrics, table, columns=EXPORTED)
+    else:
+        metrics.write_text("".join(json.dumps(row) + "\n" for row in table))  # NaN as JSON's NaN, None as null
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 0
+    captured = capsys.readouterr()
+    skipped = len(range(0, len(rows), 50)) + 1
+    lines = "[2, 7, 53, …," if suffix == "csv" else "[1, 6, 52, …,"  # after the header line, or from line 1
+    assert f"{metrics}: skipped {skipped} rows that are not training rows (tokens 0 or no 'loss'" in captured.err
+    assert f"at lines {lines}" in captured.err and "α∞" in captured.out and "not enough data" not in captured.out
+
+
+def test_a_csv_saved_with_a_byte_order_mark_is_read(tmp_path, capsys, rows):
+    metrics = tmp_path / "metrics.csv"
+    write_csv(metrics, rows)
+    metrics.write_bytes(b"\xef\xbb\xbf" + metrics.read_bytes())  # as Excel saves "CSV UTF-8"
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 0, capsys.readouterr().err
+    assert "α∞" in capsys.readouterr().out
+
+
+def test_run_ids_are_printed_as_text_not_markup(tmp_path, capsys, rows):
+    link = "[link=https://e.example]c[/link]"
+    names = {2: "[/]", 4: link}
+    metrics = tmp_path / "metrics.csv"
+    write_csv(metrics, [{**row, "run_id": names.get(row["seq_len"], row["run_id"])} for row in rows])
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 0  # "[/]" was rich's MarkupError
+    printed = capsys.readouterr().out
+    assert " [/] │" in printed and f" {link} │" in printed, printed
+
+
+def test_a_fit_of_hundreds_of_lengths_takes_those_with_the_most_steps_and_says_so(tmp_path, capsys, rows):
+    from rcswarm.observe.analysis import MAX_LENGTHS
+
+    stray = [{"run_id": f"r{length}", "worker_id": "w", "step": step, "seq_len": length,
+              "loss": 3.0 * length ** -0.1, "wall_time": step * length / 1000.0}
+             for length in range(100, 300) for step in (25, 50)]
+    metrics = tmp_path / "metrics.csv"
+    write_csv(metrics, rows + stray)
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 0
+    printed = capsys.readouterr().out.replace("\n", " ")
+    assert "lengths left out" in printed and f"{204 - MAX_LENGTHS} of 204 lengths left out" in printed
+
+
+def test_lengths_whose_times_do_not_overlap_keep_the_fit(tmp_path, capsys, rows):
+    metrics = tmp_path / "metrics.csv"
+    write_csv(metrics, [{**row, "wall_time": row["wall_time"] + (1e5 if row["seq_len"] == 4 else 0.0)} for row in rows])
+    assert main([str(metrics), "--out", str(tmp_path / "p.png")]) == 0  # was rc 2: "expected ... times to overlap"
+    printed = capsys.readouterr().out
+    alpha_inf = float(re.search(r"α∞ \[90% interval\]\s*│\s*([0-9.]+) \[", printed).group(1))
+    assert alpha_inf == pytest.approx(0.308, rel=0.1) and "do not" in printed and "overlap" in printed

@@ -485,14 +485,12 @@ def test_run_step_means_count_the_runs_steps_on_the_coordinators_clock(tmp_path:
         run_step_means(store, 0)
 
 
-def test_a_fit_from_a_handful_of_steps_shows_not_enough_data(start_coordinator: Any) -> None:
+def test_a_fit_from_a_handful_of_steps_shows_not_enough_data(report_over_time: Any) -> None:
     """30 steps per length: the data rule leaves α∞ and τ unidentified, so the page, the JSON and /metrics
     say so, and no predicted crossover is shown."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    local = start_coordinator(feed_spec((32, 64, 128)), http_port=0)
-    feed(local.service, (32, 64, 128), steps=range(1, 31))
-    base = local.running.dashboard.url
+    base = report_over_time((32, 64, 128), range(1, 31)).base
     fit = json.loads(get(base + "api/status")[2])["fits"]["fit"]
     assert not fit["valid"] and not fit["alpha_inf_identified"] and not fit["tau_identified"]
     assert fit["caveats"][0].startswith("too few recorded steps in the steps all lengths share [1, 30]")
