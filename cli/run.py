@@ -92,18 +92,28 @@ class Swarm:
         self._log_files: list[IO[bytes]] = []
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
-        log_file = open(self.logs / log_name, "wb")
+        """Start `python args...` in its own session, its output appended to logs/`log_name` (a launch in the same
+        run directory, a resume, keeps the earlier launches' logs above a line naming this one)."""
+        log_file = open(self.logs / log_name, "ab")
+        log_file.write(f"--- rcswarm run: launched {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+        log_file.flush()
         self._log_files.append(log_file)
         return subprocess.Popen(
             [sys.executable, *args], env=self.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     def start_coordinator(self) -> tuple[int, int]:
-        """Start the coordinator with its dashboard on free loopback ports; (gRPC port, dashboard port)."""
+        """Start the coordinator with its dashboard on free loopback ports; (gRPC port, dashboard port).
+
+        The config is written as run.toml.launching and becomes run.toml once the coordinator serves: a config the
+        coordinator refuses (its state dir holds a run of another spec) leaves the run directory's run.toml, the
+        config that state dir was trained with, as it was."""
         port_file = self.run_dir / "coordinator.json"
         port_file.unlink(missing_ok=True)  # a previous launch's, naming a port nothing serves now
+        launching = self.run_dir / "run.toml.launching"
+        launching.write_text(self.spec.to_toml())
         self.coordinator = self._spawn(
-            ["-m", "rcswarm.cli", "coordinator", "--config", str(self.run_dir / "run.toml"), "--state-dir",
+            ["-m", "rcswarm.cli", "coordinator", "--config", str(launching), "--state-dir",
              str(self.run_dir / "state"), "--port", "0", "--port-file", str(port_file), "--http-port", "0"],
             "coordinator.log",
         )
@@ -111,10 +121,12 @@ class Swarm:
         while time.monotonic() < deadline:
             ports = json.loads(port_file.read_text()) if port_file.exists() else {}
             if ports.get("pid") == self.coordinator.pid:
+                os.replace(launching, self.run_dir / "run.toml")
                 return int(ports["port"]), int(ports["http_port"])
             if self.coordinator.poll() is not None:
                 break
             time.sleep(0.1)
+        launching.unlink(missing_ok=True)
         tail = (self.logs / "coordinator.log").read_text(errors="replace")[-2000:].rstrip()
         code = self.coordinator.poll()
         if code is not None:
@@ -311,12 +323,13 @@ def summarize_run(local: LocalRun) -> dict:
     try:
         summary = summarize(store)
         forecasts, pruning, stopped = forecast_rows(store), prune_rows(store), store.get("stopped")
-        val_losses = held_out_rows(store)
+        val_losses, trained = held_out_rows(store), store.trained_shapes()
     finally:
         store.close()
     final = export_final(local.state_dir, local.final)
     fp32 = 4 * sum(t.numel() for t in final.values()) if final else 0
-    return {"seq_len": local.spec.data.seq_len, "batch_size": local.spec.data.batch_size, **dataclasses.asdict(summary),
+    return {"seq_len": local.spec.data.seq_len, "batch_size": local.spec.data.batch_size,
+            "trained": [list(shape) for shape in trained], **dataclasses.asdict(summary),
             "fp32_bytes": fp32, "ratio_up": traffic.ratio(fp32, summary.bytes_up_per_worker_round),
             "ratio_down": traffic.ratio(fp32, summary.bytes_down_per_worker_round),
             "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final),
@@ -338,9 +351,16 @@ def _held_out_loss(r: dict) -> str:
     return f"{number(r['val_loss_initial'])} → {number(r['val_loss_final'])}"
 
 
+def _shapes(r: dict) -> str:
+    """The (L × batch) shapes a run trained (several under a curriculum; data.seq_len × batch_size, the config's,
+    before any training row)."""
+    shapes = r.get("trained") or [[r["seq_len"], r["batch_size"]]]
+    return ", ".join(f"{length} × {batch}" for length, batch in shapes)
+
+
 # The summary's columns: (header, cell of a run's row); SUMMARY_NOTES says what each marked number is.
 SUMMARY_COLUMNS = (
-    ("L ×\nbatch", lambda r: f"{r['seq_len']} × {r['batch_size']}"),
+    ("L ×\nbatch", lambda r: _shapes(r)),
     ("rounds", lambda r: f"{r['rounds']:,}"),
     ("train loss¹\nfirst → last", _train_loss),
     ("held-out loss²\ninitial → final", _held_out_loss),
@@ -528,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if isinstance(args, int):
         return args
-    console = Console()
+    # Not a terminal (a pipe, a log file): wide enough that no table cell is cut ("9,3…") at rich's default 80.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     try:
         spec = load_spec(args)
     except ValueError as exc:
@@ -536,13 +557,15 @@ def main(argv: list[str] | None = None) -> int:
     minutes = budget_minutes(args)
     run_dir = args.run_dir or Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.toml").write_text(spec.to_toml())
     swarm = Swarm(spec, run_dir, spec.run.workers)
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # A closed terminal or a dropped ssh session (SIGHUP) stops the run as Ctrl-C does: the workers and the
+    # coordinator run in sessions of their own and would otherwise train on with nobody to stop them.
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     if spec.sync.backend == "hivemind":
         from rcswarm.cli.run_hivemind import launch
 
+        (run_dir / "run.toml").write_text(spec.to_toml())
         try:
             return launch(spec, run_dir, minutes, console, stop)
         finally:

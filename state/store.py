@@ -684,6 +684,12 @@ class StateStore:
         """(worker_id, version, step within the round from 0, seq_len, loss, seconds since the first metric), in arrival order."""
         return self._read(TRAINING_ROWS)
 
+    def trained_shapes(self) -> list[tuple[int, int]]:
+        """The (seq_len, batch) pairs the kept training rows (tokens > 0) trained, by length: one for a run of one
+        shape, several under a curriculum."""
+        return [(int(length), int(batch)) for length, batch in
+                self._read("SELECT DISTINCT seq_len, batch FROM metrics WHERE tokens > 0 ORDER BY seq_len, batch")]
+
     def rounds_summary(self) -> RoundsSummary:
         count, first, last, opened, reports = self._read(
             "SELECT COUNT(*), MIN(version), MAX(version), MIN(opened_at), SUM(reports) FROM rounds")[0]

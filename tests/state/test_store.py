@@ -117,3 +117,17 @@ def test_a_state_dir_written_before_the_held_out_reports_reads_as_before_and_tak
         assert store.held_out_losses()[1] == HeldOutRecord(2, pytest.approx(4.05), 0.5, "a", 20.0, 4)
     finally:
         store.close()
+
+
+def test_trained_shapes_are_the_lengths_and_batches_of_the_training_rows(tmp_path):
+    """`rcswarm run`'s summary names the shapes a run trained (an adaptive curriculum's L = 32 × 8, not the
+    config's data.seq_len 256): the (seq_len, batch) of the rows with tokens, by length."""
+    store = StateStore(tmp_path / "state")
+    try:
+        def row(version: int, seq_len: int, batch: int, tokens: int) -> tuple:
+            return ("run", "w", version, 1, seq_len, batch, 2.0, tokens, 1.0, 1.0, 0.0, 0, 0, "", 100.0)
+
+        store.add_metrics([row(0, 256, 1, 0), row(0, 32, 8, 256), row(1, 64, 4, 256), row(1, 32, 8, 256)])
+        assert store.trained_shapes() == [(32, 8), (64, 4)]
+    finally:
+        store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import socket
@@ -71,3 +72,24 @@ def test_a_second_launch_in_the_same_run_dir_waits_for_its_own_coordinator(tmp_p
         swarm.stop()
     assert (port, http_port) != (1, 2)
     assert json.loads((tmp_path / "coordinator.json").read_text())["pid"] == swarm.coordinator.pid
+
+
+def test_a_refused_relaunch_keeps_the_run_dirs_config_and_logs(tmp_path: Path):
+    """A second `rcswarm run` into a run dir with a config its state dir refuses (another lr) wrote its config over
+    run.toml, the one the refusal tells the user to use, and cut the coordinator's log to the refusal: run.toml
+    becomes a launch's config only once its coordinator serves, and the logs are appended to."""
+    spec = tiny_spec(run={"rounds": 1, "workers": 1})
+    first, second = tmp_path / "first.toml", tmp_path / "second.toml"
+    first.write_text(spec.to_toml())
+    second.write_text(dataclasses.replace(spec, inner=dataclasses.replace(spec.inner, lr=0.5)).to_toml())
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "rcswarm.cli", "run", "--run-dir", str(run_dir)]
+    done = subprocess.run([*command, str(first)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    log_before = (run_dir / "logs" / "coordinator.log").read_text()
+    refused = subprocess.run([*command, str(second)], capture_output=True, text=True, timeout=180)
+    assert refused.returncode == 1 and "differs" in refused.stderr, refused.stdout + refused.stderr
+    assert (run_dir / "run.toml").read_text() == spec.to_toml()
+    assert not (run_dir / "run.toml.launching").exists()
+    log_after = (run_dir / "logs" / "coordinator.log").read_text()
+    assert log_after.startswith(log_before) and log_after.count("--- rcswarm run: launched") == 2

@@ -163,7 +163,10 @@ def test_rcswarm_run_end_to_end(tmp_path):
     assert "share of wall time synchronizing" in result.stdout
 
 
-def test_ctrl_c_stops_every_process(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "hangup"])
+def test_ctrl_c_stops_every_process(tmp_path, sig):
+    """Ctrl-C, and a closed terminal or dropped ssh session (SIGHUP: the workers and the coordinator, in sessions of
+    their own, trained on with nobody to stop them), stop every process and end with the summary."""
     spec = tiny_spec(run={"rounds": 1000, "workers": 2})
     config = write_spec(spec, tmp_path / "run.toml")
     run_dir = tmp_path / "run"
@@ -173,7 +176,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
     )
     try:
         wait_for(lambda: _round_reached(run_dir, 1), 120, "the first round")
-        launcher.send_signal(signal.SIGINT)
+        launcher.send_signal(sig)
         output, _ = launcher.communicate(timeout=90)
     finally:
         if launcher.poll() is None:
