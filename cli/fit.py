@@ -211,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(args, int):
         return args
     problem = output_file_problem("--out", args.out, PLOT_SUFFIXES) if args.out is not None else None
+    if problem is None and args.smooth < 1:
+        problem = f"--smooth {args.smooth}: expected a positive number of steps (1: raw)"
     if problem is not None:
         return usage_error("rcswarm fit", problem)
     columns = Columns(step=args.step_column, length=args.length_column, loss=args.loss_column,
@@ -228,6 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(error) if isinstance(error, MetricsFileError) else f"{args.metrics}: {error}"
         if "at least 3 distinct" in message:
             message += "; " + too_few_lengths(args.metrics)
+        if "missing column" in message:
+            message += ("; --run-column, --step-column, --length-column, --loss-column and --time-column name a "
+                        "file's columns")
         _print_skipped(skipped)
         return usage_error("rcswarm fit", message)
     _print_skipped(skipped)

@@ -280,3 +280,14 @@ def test_lengths_whose_times_do_not_overlap_keep_the_fit(tmp_path, capsys, rows)
     printed = capsys.readouterr().out
     alpha_inf = float(re.search(r"α∞ \[90% interval\]\s*│\s*([0-9.]+) \[", printed).group(1))
     assert alpha_inf == pytest.approx(0.308, rel=0.1) and "do not" in printed and "overlap" in printed
+
+
+def test_a_smooth_below_one_and_a_missing_column_are_usage_errors_naming_the_flags(tmp_path, capsys):
+    """`--smooth 0` printed the tables and then "window=0: ..."; a file without a run column named no flag."""
+    metrics = tmp_path / "m.csv"
+    metrics.write_text("step,seq_len,loss,wall_time\n1,2,3.0,0.1\n")
+    assert main([str(metrics), "--smooth", "0"]) == 2
+    assert "rcswarm fit: --smooth 0: expected a positive number of steps" in capsys.readouterr().err
+    assert main([str(metrics)]) == 2
+    err = capsys.readouterr().err
+    assert "missing column 'run_id'" in err and "--run-column" in err
