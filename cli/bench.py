@@ -90,6 +90,22 @@ def build(choice: ModelChoice, task: DiagnosticTask, seed: int) -> torch.nn.Modu
     return registry.build_model(choice.name, choice.preset, overrides, seed=seed)
 
 
+def check_models_take(choices: list[ModelChoice], tasks: dict[str, DiagnosticTask], args: argparse.Namespace) -> None:
+    """Every model, before any trains, runs a batch of each task ("training", "evaluation"): a model that cannot
+    take the task's sequences (a transformer's max_len below the maze's positions) is a ValueError naming it, where
+    it once failed after the models before it had trained their share of the budget."""
+    for choice in choices:
+        model = build(choice, tasks["training"], args.seed)
+        for what, task in tasks.items():
+            tokens = task.batch(args.batch_size, seed=args.seed).tokens  # [B, T]
+            try:
+                with torch.no_grad():
+                    model(tokens)
+            except (ValueError, RuntimeError, IndexError) as exc:
+                raise ValueError(f"model {choice.label} cannot take the {what} task's sequences ({tuple(tokens.shape)}"
+                                 f" tokens): {exc}; change the model's config (+field=value) or the task's") from None
+
+
 def train(model: torch.nn.Module, task: DiagnosticTask, args: argparse.Namespace, seconds: float, progress: Progress, label: str) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     job = progress.add_task(label, total=args.max_steps or None, info="")
@@ -241,6 +257,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     eval_task = make_task(args.task, **{**task_config, **parse_assignments(args.eval_arg, "--eval-arg")})
     key = args.group_by or DEFAULT_GROUP[args.task]
     choices = [parse_model(text) for text in args.models]
+    check_models_take(choices, {"training": task, "evaluation": eval_task}, args)
     out = args.out or Path("runs") / f"diag-{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     (out / "swarm").mkdir(parents=True, exist_ok=True)
     seconds = args.budget_minutes * 60.0 / len(choices)

@@ -44,3 +44,15 @@ def test_diag_sampler_is_deterministic_and_splits_differ():
     assert all((x == y).all() for x, y in zip(first, b.next_batch(), strict=True))
     assert not (first[0] == val.next_batch()[0]).all()
     assert not (first[0] == a.next_batch()[0]).all()
+
+
+def test_a_model_that_cannot_take_the_tasks_sequences_is_refused_before_any_trains(tmp_path, capsys):
+    """The maze's 320 positions against the tiny transformer's max_len 128: it failed after the LSTM before it had
+    trained its share of the budget; now nothing trains and nothing is written."""
+    out = tmp_path / "out"
+    code = diag_bench.main(["--task", "maze", "--models", "lstm:tiny", "transformer:tiny", "--budget-minutes", "5",
+                            "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "model transformer:tiny cannot take the training task's sequences" in err and "max_len=128" in err
+    assert not out.exists()
