@@ -8,7 +8,9 @@ The RPC carries the `authorization: Bearer <token>` metadata and a deadline. Get
 no metrics, so the scaling-law fit (α∞, τ, crossovers) is printed when `--state-dir` names
 the coordinator's state directory on this machine: every run GetStatus names (one, or a
 sweep's runs in the state dirs below it) is read through its store, opened read-only, and
-fitted as its dashboard fits it.
+fitted as its dashboard fits it, and shown in the rows `rcswarm fit` prints (observe/analysis.py
+`fit_rows`, `crossover_rows`): "not enough data" and the caveats in place of a number the data do
+not identify, and no predicted crossover from such a fit.
 Without `--coordinator`, `--state-dir` names a state dir `rcswarm dht --config RUN.toml --state-dir DIR`
 mirrors a hivemind swarm into: the same tables come from the store, read-only
 (observe/mirror_view.py `mirrored_status`: the swarm's version of the run's rounds, each peer a
@@ -37,7 +39,19 @@ from rcswarm.cli.client_flags import add_client_flags, client_options, client_to
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.observe import traffic
-from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
+from rcswarm.observe.analysis import (
+    CROSSOVER_RULE,
+    NOT_ENOUGH_DATA,
+    FitReport,
+    StepMean,
+    WorkerTotals,
+    crossover_rows,
+    fit_rows,
+    fit_step_means,
+    fit_summary,
+    step_means,
+    worker_totals,
+)
 from rcswarm.observe.forecast import describe
 from rcswarm.protos.transport import ClientTLS, not_grpc_problem, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -142,26 +156,25 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
     if fits.analysis is None:
         console.print(f"fit: {escape(fits.message)}")
         return
-    schedule = fits.analysis.schedule
+    # The rows `rcswarm fit` prints (observe/analysis.py `fit_rows`, `crossover_rows`): where a caveat leaves a
+    # number unidentified, "not enough data" stands in its place, and no crossover is predicted from such a fit.
+    summary = fit_summary(fits.analysis)
     fit = Table(title="loss(L | s) ≈ A(s)·L^(−α(s)),  α(s) = α∞·(1 − e^(−s/τ))")
     fit.add_column("quantity")
     fit.add_column("value", justify="right")
     fit.add_row("lengths", ", ".join(f"{c.length:g}" for c in fits.curves))
-    fit.add_row("α∞", f"{schedule.alpha_inf:.4f}")
-    fit.add_row("τ (steps)", f"{schedule.tau:.4g}")
-    fit.add_row("R² of α(s) fit", f"{schedule.r_squared:.4f}")
-    fit.add_row("per doubling at α∞", f"{schedule.per_doubling:.4f}")
-    for note in fits.analysis.notes:
-        fit.add_row("lengths left out", note)
+    for quantity, value in fit_rows(summary):
+        fit.add_row(quantity, escape(value))
     console.print(fit)
-    cross = Table(title="wall-time crossover: longer L below shorter L from then on")
-    for name in ("L short → long", "observed (s)", "predicted (s)"):
+    for caveat in fits.analysis.caveats:
+        console.print(f"{NOT_ENOUGH_DATA}: {escape(str(caveat))}", style="bold red")
+    cross = Table(title="wall-time crossovers: longer L below shorter L from then on")
+    for name in ("L short → long", "observed", "predicted (Eq. 11)"):
         cross.add_column(name, justify="right")
-    for pair in fits.analysis.crossovers:
-        cross.add_row(f"{pair.length_short:g} → {pair.length_long:g}",
-                      "none" if pair.observed is None else f"{pair.observed:.4g}",
-                      "none" if pair.predicted is None else f"{pair.predicted.time:.4g}")
+    for row in crossover_rows(summary):
+        cross.add_row(*(escape(text) for text in row))
     console.print(cross)
+    console.print(f"crossovers: {CROSSOVER_RULE.format(smooth=fits.analysis.smooth)}", style="dim")
 
 
 def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, str],

@@ -10,7 +10,9 @@ stalled, restarting, at capacity, or a stream broke), rejoin (it no longer knows
 fatal (it refused the request, the join token or this worker's identity). Transient failures are
 retried with jittered exponential backoff until the stop event is set or the coordinator has not
 answered any call of this client for `RetryPolicy.max_elapsed_s`, the patience (but a peer that is not a
-gRPC server, such as an HTTP server on that port, ends the call at once: `NotACoordinator`): the silence counts
+gRPC server, such as an HTTP server on that port, ends the call at once: `NotACoordinator`; so does TLS that does not
+match the coordinator's, `TLSMismatch`: a certificate --tls-ca does not verify, one that does not name the host, a
+TLS channel to a plaintext port, or a plaintext channel to a port that answers a TLS handshake): the silence counts
 from the first failure after its last answer (a reply, or a refusal), whichever thread made the
 call, so a long push retried while heartbeats are answered goes on, and calls that fail one after
 another share one patience instead of each starting its own. A refused payload (a pull that fails its
@@ -29,8 +31,12 @@ from __future__ import annotations
 import enum
 import logging
 import random
+import re
+import socket
+import ssl
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol, TypeVar
@@ -57,6 +63,11 @@ class NotACoordinator(RetriesExhausted):
     """What answered at the target is not a gRPC server (`transport.not_grpc_problem`): given up at once, since no
     retry changes it. A RetriesExhausted, so that every caller that gives up on an unreachable coordinator gives
     up on this too."""
+
+
+class TLSMismatch(RetriesExhausted):
+    """The channel's TLS settings do not match the coordinator's (`tls_problem`, `CoordinatorClient._tls_problem`):
+    given up at once, since no retry changes them. A RetriesExhausted, as NotACoordinator is."""
 
 
 class Stopped(RuntimeError):
@@ -125,6 +136,77 @@ def classify(code: grpc.StatusCode) -> tuple[Action, str]:
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return Action.FATAL, "the coordinator refused this worker's identity (its worker secret does not match its id)"
     return Action.FATAL, "the coordinator refused the request"
+
+
+# The fix of a worker whose TLS settings do not match the coordinator's.
+CA_FIX = ("pass --tls-ca with the coordinator's CA certificate (ca.pem in its --tls-self-signed directory; its log "
+          "prints the worker command)")
+# gRPC's "last error" for a connection the peer closed: the address it dialled (IPv6 URL-quoted, in brackets).
+_CLOSED_AT = re.compile(r"\b(?:ipv4|ipv6):(\S+):(\d+): Socket closed")
+# Seconds a plaintext client waits for a TLS handshake with a peer that closed its connection (`answers_tls`).
+TLS_PROBE_S = 3.0
+
+
+def tls_problem(target: str, tls_ca: Path | None, code: grpc.StatusCode, details: str) -> str | None:
+    """What is wrong with a TLS channel's settings (`tls_ca`: its CA, None for plaintext), with the fix, when a
+    failed call's status says its TLS handshake failed for good (pure); None for every other failure. Only what the
+    handshake reports counts: a certificate `tls_ca` does not verify, a certificate that does not name the host,
+    or a protocol error (SSL_ERROR_SSL, e.g. a peer that does not speak TLS); a connection closed or reset during
+    the handshake, as by a coordinator that restarts, is not one. A plaintext channel's handshake with a TLS
+    coordinator reports only "Socket closed", as a coordinator going down does: see `answers_tls`."""
+    if code != grpc.StatusCode.UNAVAILABLE or tls_ca is None:
+        return None
+    error = f"({code.name}: {details})"
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return (f"the coordinator's TLS certificate does not verify against --tls-ca {tls_ca}, so retrying cannot "
+                f"help: {CA_FIX} {error}")
+    if "Hostname Verification Check failed" in details:
+        return (f"the coordinator's TLS certificate does not name the host of --coordinator {target}: give a "
+                "name or address its certificate holds (the coordinator's log prints the worker command), or "
+                f"reissue the certificate for this one {error}")
+    if "WRONG_VERSION_NUMBER" in details:
+        return (f"{target} does not speak TLS, but --tls-ca is given: the coordinator may run without TLS (then drop "
+                "--tls-ca, --tls-cert and --tls-key), or this is not its gRPC port " + error)
+    if "SSL_ERROR_SSL" in details:
+        return f"the TLS handshake with {target} failed: check --tls-ca, --tls-cert and --tls-key {error}"
+    return None
+
+
+def closed_address(details: str) -> tuple[str, int] | None:
+    """(host, port) gRPC dialled when the peer closed the connection ("ipv4:HOST:PORT: Socket closed" in a failed
+    call's details), or None (pure)."""
+    match = _CLOSED_AT.search(details)
+    if match is None:
+        return None
+    host = urllib.parse.unquote(match.group(1))
+    return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), int(match.group(2))
+
+
+def answers_tls(address: tuple[str, int], timeout_s: float = TLS_PROBE_S) -> bool:
+    """Whether a TLS handshake with `address` completes: only whether the peer speaks TLS, so its certificate is not
+    checked and nothing is sent after the handshake. False when the connection fails, the peer closes it, or it
+    answers as a plaintext server does (a gRPC server without TLS reads the handshake as a bad HTTP/2 preface)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection(address, timeout=timeout_s) as raw, context.wrap_socket(raw):
+            return True
+    except (OSError, ValueError):  # ssl.SSLError and socket.timeout are OSErrors
+        return False
+
+
+def retry_hint(tls_ca: Path | None, tls_cert: Path | None, details: str) -> str:
+    """What else a connection the coordinator closed may mean, for the retry message: "" unless `details` is a
+    closed connection ("Socket closed"; not a handshake cut short, which a restart causes)."""
+    if closed_address(details) is None:
+        return ""
+    if tls_ca is None:
+        return f"; or it requires TLS: then {CA_FIX}"
+    if tls_cert is None:
+        return "; or it requires a client certificate (--tls-client-ca): then pass --tls-cert and --tls-key"
+    return f"; or it refuses --tls-cert {tls_cert}: then pass a client certificate its --tls-client-ca signed"
 
 
 class Member(Protocol):
@@ -259,6 +341,7 @@ class CoordinatorClient:
         stop: threading.Event | None = None,
     ) -> None:
         self.target = target
+        self.tls_ca, self.tls_cert = tls_ca, tls_cert
         self.channel = open_channel(target, ClientTLS.from_flags(tls_ca, tls_cert, tls_key), list(MESSAGE_SIZE_OPTIONS))
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),)
@@ -311,7 +394,11 @@ class CoordinatorClient:
                 problem = not_grpc_problem(self.target, err.code(), err.details() or "")
                 if problem is not None:
                     raise NotACoordinator(f"{what}: {problem}") from None
-                self._pause(what, f"{err.code().name}: {err.details()} ({reason})", next(backoffs), err)
+                problem = self._tls_problem(err.code(), err.details() or "")
+                if problem is not None:
+                    raise TLSMismatch(f"{what}: {problem}") from None
+                hint = retry_hint(self.tls_ca, self.tls_cert, err.details() or "")
+                self._pause(what, f"{err.code().name}: {err.details()} ({reason}{hint})", next(backoffs), err)
             except BadPayload as exc:
                 # The coordinator answered, with something this worker refuses: not silence, counted on its own.
                 self._answered()
@@ -326,6 +413,19 @@ class CoordinatorClient:
             else:
                 self._answered()
                 return result
+
+    def _tls_problem(self, code: grpc.StatusCode, details: str) -> str | None:
+        """`tls_problem`; on a plaintext channel whose connection the coordinator closed, also a coordinator that
+        answers a TLS handshake at that address (`answers_tls`: it requires TLS), which is told apart from one that
+        restarts only so."""
+        problem = tls_problem(self.target, self.tls_ca, code, details)
+        if problem is not None or self.tls_ca is not None or code != grpc.StatusCode.UNAVAILABLE:
+            return problem
+        address = closed_address(details)
+        if address is None or not answers_tls(address, min(TLS_PROBE_S, self.timeouts.unary_s)):
+            return None
+        return (f"{self.target} requires TLS: it closed this plaintext connection and answers a TLS handshake, so "
+                f"retrying cannot help: {CA_FIX} ({code.name}: {details})")
 
     def _wait_for_place(self, what: str, refusal: str, wait_s: float, waiting: PlaceWait, cause: Exception) -> None:
         """Wait about `wait_s` (jittered down to half, so that spares do not ask in step) before asking for a place

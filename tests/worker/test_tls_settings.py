@@ -1,0 +1,169 @@
+"""A worker whose TLS settings do not match the coordinator's ends at once, with the fix, instead of retrying for its
+patience: a CA that did not sign the coordinator's certificate, TLS against a plaintext port, plaintext against a TLS
+coordinator (told apart from a restarting one: that port answers a TLS handshake). What a restart looks like (a
+refused or closed connection) is still retried, the retry message naming TLS as a possible cause."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import pytest
+
+from rcswarm.coordinator import TLSFiles
+from rcswarm.coordinator.tls import ensure_quick_start
+from rcswarm.worker.client import (
+    CoordinatorClient,
+    RetriesExhausted,
+    RetryPolicy,
+    TLSMismatch,
+    answers_tls,
+    closed_address,
+    tls_problem,
+)
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.tls import QUICK_NAMES
+
+# Far longer than any of these tests may take: an end "at once" is not the patience running out.
+PATIENCE_S = 120.0
+
+
+def client(target: str, **tls: Any) -> CoordinatorClient:
+    return CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=PATIENCE_S), **tls)
+
+
+def join_fails(target: str, **tls: Any) -> tuple[RetriesExhausted, float]:
+    """The error a join ends with, and the seconds it took."""
+    worker = client(target, **tls)
+    started = time.monotonic()
+    try:
+        with pytest.raises(RetriesExhausted) as raised:
+            worker.join("w", "cpu", 1)
+    finally:
+        worker.close()
+    return raised.value, time.monotonic() - started
+
+
+@pytest.fixture
+def tls_coordinator(start_coordinator: Any, tmp_path: Path) -> Any:
+    quick = ensure_quick_start(tmp_path / "tls", QUICK_NAMES)
+    return start_coordinator(tiny_spec(), tls=TLSFiles(quick.cert, quick.key)), quick
+
+
+def test_a_plaintext_worker_against_a_tls_coordinator_ends_at_once_naming_tls_ca(tls_coordinator: Any) -> None:
+    local, _ = tls_coordinator
+    error, seconds = join_fails(local.target)
+    assert isinstance(error, TLSMismatch) and seconds < 10, (seconds, error)
+    text = str(error)
+    assert f"{local.target} requires TLS" in text and "pass --tls-ca with the coordinator's CA certificate" in text
+    assert "Socket closed" in text, "the gRPC error it was told from"
+    assert local.service.status().workers == []
+
+
+def test_a_ca_from_another_directory_ends_at_once(tls_coordinator: Any, tmp_path: Path) -> None:
+    local, _ = tls_coordinator
+    stranger = ensure_quick_start(tmp_path / "stranger", QUICK_NAMES)
+    error, seconds = join_fails(local.target, tls_ca=stranger.ca)
+    assert isinstance(error, TLSMismatch) and seconds < 10, (seconds, error)
+    text = str(error)
+    assert f"does not verify against --tls-ca {stranger.ca}" in text and "pass --tls-ca" in text
+    assert "CERTIFICATE_VERIFY_FAILED" in text
+
+
+def test_tls_against_a_plaintext_coordinator_ends_at_once(start_coordinator: Any, tmp_path: Path) -> None:
+    local = start_coordinator(tiny_spec())
+    quick = ensure_quick_start(tmp_path / "tls", QUICK_NAMES)
+    error, seconds = join_fails(local.target, tls_ca=quick.ca)
+    assert isinstance(error, TLSMismatch) and seconds < 10, (seconds, error)
+    assert "does not speak TLS, but --tls-ca is given" in str(error)
+
+
+def test_the_right_ca_joins(tls_coordinator: Any) -> None:
+    local, quick = tls_coordinator
+    worker = client(local.target, tls_ca=quick.ca)
+    try:
+        assert worker.join("w", "cpu", 1).worker_id
+    finally:
+        worker.close()
+
+
+@pytest.fixture
+def closing_port() -> Iterator[int]:
+    """A port that accepts connections and closes them at once, as a coordinator going down may: not TLS."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def accept() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            connection.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+
+
+def join_until_given_up(target: str, patience_s: float, caplog: pytest.LogCaptureFixture) -> RetriesExhausted:
+    """A plaintext worker's Join at `target` retried until it gives up (within `patience_s`): what it raised."""
+    worker = CoordinatorClient(target, TOKEN, retry=RetryPolicy(max_elapsed_s=patience_s))
+    try:
+        with caplog.at_level(logging.WARNING, "rcswarm.worker"), pytest.raises(RetriesExhausted) as raised:
+            worker.join("w", "cpu", 1)
+    finally:
+        worker.close()
+    return raised.value
+
+
+def test_a_closed_connection_that_is_not_tls_is_retried_with_the_hint(closing_port: int,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A restart is not a TLS problem: retried until the patience ends, the retry message naming --tls-ca."""
+    given_up = join_until_given_up(f"127.0.0.1:{closing_port}", 1.5, caplog)
+    assert not isinstance(given_up, TLSMismatch) and "gave up after" in str(given_up)
+    assert any("Socket closed" in r.message and "or it requires TLS: then pass --tls-ca" in r.message
+               for r in caplog.records), [r.message for r in caplog.records]
+    assert not answers_tls(("127.0.0.1", closing_port))
+
+
+def test_a_refused_connection_is_retried_without_a_tls_hint(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    given_up = join_until_given_up(f"127.0.0.1:{port}", 1.0, caplog)
+    assert not isinstance(given_up, TLSMismatch)
+    assert caplog.records and not any("--tls-ca" in r.message for r in caplog.records)
+
+
+def test_closed_address_reads_grpcs_last_error() -> None:
+    assert closed_address("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:4242: "
+                          "Socket closed") == ("127.0.0.1", 4242)
+    assert closed_address("last error: UNAVAILABLE: ipv6:%5B::1%5D:4242: Socket closed") == ("::1", 4242)
+    assert closed_address("last error: UNAVAILABLE: ipv4:127.0.0.1:4242: Handshake read failed (Socket closed)") is None
+    assert closed_address("last error: UNKNOWN: ipv4:127.0.0.1:4242: Failed to connect to remote host: "
+                          "Connection refused") is None
+
+
+def test_only_what_the_handshake_reports_for_good_is_a_tls_problem() -> None:
+    unavailable, ca = grpc.StatusCode.UNAVAILABLE, Path("ca.pem")
+    last = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:4242: "
+    name = last + "Custom verification check failed with error: UNAUTHENTICATED: Hostname Verification Check failed."
+    assert "does not name the host of --coordinator h:1" in tls_problem("h:1", ca, unavailable, name)
+    protocol = last + "Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:10000410:SSL routines: x"
+    assert "the TLS handshake with h:1 failed" in tls_problem("h:1", ca, unavailable, protocol)
+    # A handshake cut short (a coordinator going down), a refused connection, plaintext, another status: retried.
+    for details in (last.replace("UNKNOWN", "UNAVAILABLE") + "Handshake read failed (Socket closed)",
+                    last + "Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SYSCALL",
+                    last + "Failed to connect to remote host: Connection refused"):
+        assert tls_problem("h:1", ca, unavailable, details) is None, details
+    assert tls_problem("h:1", None, unavailable, protocol) is None
+    assert tls_problem("h:1", ca, grpc.StatusCode.DEADLINE_EXCEEDED, protocol) is None
