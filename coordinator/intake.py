@@ -38,7 +38,7 @@ rows while one version is current and `coordinator.metric_rows_per_s` over time 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 import grpc
@@ -112,12 +112,19 @@ def metric_problem(index: int, metric: pb.Metric, step_tokens: tuple[int, str] |
     return None
 
 
-def check_metrics(metrics: Sequence[pb.Metric], step_tokens: tuple[int, str] | None = None) -> None:
-    """Refuse a batch of too many metric rows or one with a row out of range, all of it (INVALID_ARGUMENT; no lock)."""
+def check_metrics(metrics: Sequence[pb.Metric], step_tokens: tuple[int, str] | None = None,
+                  lengths: Collection[int] | None = None) -> None:
+    """Refuse a batch of too many metric rows or one with a row out of range, all of it (INVALID_ARGUMENT; no lock).
+    `lengths`: the sequence lengths the run ever assigns (`analysis.run_lengths`; None: any); a training row
+    (tokens > 0) at another length was trained for no assignment of this run, and a fit would take it as a length
+    of its own (a worker reporting a few rows at each of hundreds of lengths once made every fit take seconds)."""
     if len(metrics) > MAX_METRICS_PER_REQUEST:
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(metrics)} metrics in one request: at most {MAX_METRICS_PER_REQUEST}")
     for index, metric in enumerate(metrics):
         problem = metric_problem(index, metric, step_tokens)
+        if problem is None and lengths is not None and metric.tokens > 0 and metric.seq_len not in lengths:
+            problem = (f"metrics[{index}].seq_len = {metric.seq_len}: not a length this run assigns "
+                       f"(expected one of {sorted(lengths)})")
         if problem is not None:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"metrics refused: {problem}")
 

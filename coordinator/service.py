@@ -68,6 +68,7 @@ from rcswarm.coordinator.records import (
 )
 from rcswarm.coordinator.resume import resume
 from rcswarm.observe import traffic
+from rcswarm.observe.analysis import run_lengths
 from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.errors import StoreError
@@ -215,6 +216,9 @@ class SwarmCoordinator:
         # The versions a fallback set aside (state/store.py `load_current`; fixed once resumed): updates trained from
         # them are refused and their metric rows not stored (intake.py, "Set-aside versions").
         self.rejected_versions = tuple(store.rejected_versions())
+        # The lengths this run ever assigns (None: a diagnostic task sets its own): a metric row trained at another
+        # is refused (`check_metrics`).
+        self.lengths = run_lengths(spec)
         # Every log line of this run (its rounds, memberships and refusals) names it.
         self.log = RunLog(log, {"run_id": self.run_id})
         self.outliers = decisions.OutlierOptions(spec.sync.outlier_evict_after, spec.sync.outlier_window)
@@ -542,7 +546,7 @@ class SwarmCoordinator:
                 f"ReportMetrics: {len(request.metrics)} rows trained for run {request.run_id!r} sent by worker "
                 f"{request.worker_id!r} of run {self.run_id!r}: a run stores only its own rows"
             ))
-        check_metrics(request.metrics, step_tokens)
+        check_metrics(request.metrics, step_tokens, self.lengths)
         now = self.clock()
         # Rows no round of this run can take are not kept, and `stored` says how many were: training past a finite
         # run's last round (a worker that pulled the final version before it heard the run finished), and rows of a

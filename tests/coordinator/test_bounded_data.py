@@ -21,7 +21,7 @@ import pytest
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import RunningCoordinator, SwarmCoordinator, decisions
-from rcswarm.coordinator.records import STATUS_ENDED_WORKERS
+from rcswarm.coordinator.records import STATUS_ENDED_WORKERS, Refusal
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from tests.helpers.coordinator import creds, deltas_of, push
@@ -199,12 +199,48 @@ def test_training_rows_past_a_finite_runs_last_round_are_not_kept(tmp_path) -> N
         member = coordinator.join(pb.JoinRequest(worker_name="a"))
         push(coordinator, member, deltas_of(coordinator, 1e-3), 8)
         assert coordinator.version == 1
-        rows = [pb.Metric(version=0, step=1, loss=3.0, tokens=8), pb.Metric(version=1, step=6, loss=2.5, tokens=8),
-                pb.Metric(version=1, step=5, loss=math.nan, tokens=0, param_sha256="ab")]
+        length = coordinator.spec.data.seq_len
+        rows = [pb.Metric(version=0, step=1, seq_len=length, loss=3.0, tokens=8),
+                pb.Metric(version=1, step=6, seq_len=length, loss=2.5, tokens=8),
+                pb.Metric(version=1, step=5, seq_len=length, loss=math.nan, tokens=0, param_sha256="ab")]
         assert coordinator.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows)).stored == 2
         stored = sorted(read_state(tmp_path, lambda store: store.metric_rows()), key=lambda row: row.step)
         assert [(r.version, r.tokens) for r in stored] == [(0, 8), (1, 0)]
         assert coordinator.total_tokens == 8
+    finally:
+        coordinator.close()
+
+
+def test_a_training_row_at_a_length_the_run_never_assigns_refuses_the_batch_and_stores_nothing(tmp_path) -> None:
+    """A training row (tokens > 0) at a length the run never assigns (`analysis.run_lengths`: data.seq_len and the
+    curriculum's) was trained for no assignment of this run, and every fit would take it as a length of its own: the
+    whole batch is refused (INVALID_ARGUMENT naming the row and the lengths the run assigns) and nothing of it
+    stored; rows at each length the run does assign are taken. A diagnostic task sets its own lengths: any is taken."""
+    spec = tiny_spec(curriculum={"worker_seq_lens": [8, 16]})  # lengths 8 and 16 (and data.seq_len, 32)
+    coordinator = SwarmCoordinator(spec, StateStore(tmp_path / "lengths", durable=False))
+    try:
+        member = coordinator.join(pb.JoinRequest(worker_name="a"))
+        report = creds(member)
+        assigned = [pb.Metric(version=0, step=step, seq_len=length, batch=4, loss=3.0, tokens=4 * length)
+                    for step, length in enumerate((8, 16), start=1)]
+        assert coordinator.report_metrics(pb.ReportMetricsRequest(**report, metrics=assigned)).stored == 2
+        stray = [pb.Metric(version=0, step=3, seq_len=8, batch=4, loss=3.0, tokens=32),
+                 pb.Metric(version=0, step=4, seq_len=24, batch=2, loss=3.0, tokens=48)]
+        with pytest.raises(Refusal) as refused:
+            coordinator.report_metrics(pb.ReportMetricsRequest(**report, metrics=stray))
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "metrics[1].seq_len = 24: not a length this run assigns (expected one of [8, 16, 32])" in str(refused.value)
+        assert sorted(row.step for row in coordinator.store.metric_rows()) == [1, 2]
+        assert coordinator.total_tokens == 4 * (8 + 16)
+    finally:
+        coordinator.close()
+    diag = tiny_spec(data={"source": "diag", "task": "s5", "task_config": {"max_length": 8}})
+    coordinator = SwarmCoordinator(diag, StateStore(tmp_path / "diag", durable=False))
+    try:
+        member = coordinator.join(pb.JoinRequest(worker_name="a"))
+        rows = [pb.Metric(version=0, step=step, seq_len=length, batch=4, loss=3.0, tokens=4 * length)
+                for step, length in enumerate((5, 7, 24), start=1)]
+        assert coordinator.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows)).stored == 3
     finally:
         coordinator.close()
 

@@ -112,8 +112,9 @@ def test_metric_rows_of_a_version_set_aside_are_not_stored(tmp_path) -> None:
     coordinator = open_run(tmp_path)
     try:
         member = coordinator.join(pb.JoinRequest(worker_name="a"))
-        rows = [pb.Metric(version=3, step=1, loss=3.0, tokens=8, val_loss=2.0),
-                pb.Metric(version=4, step=1, loss=2.5, tokens=8, val_loss=1.5)]
+        length = SPEC.data.seq_len
+        rows = [pb.Metric(version=3, step=1, seq_len=length, loss=3.0, tokens=8, val_loss=2.0),
+                pb.Metric(version=4, step=1, seq_len=length, loss=2.5, tokens=8, val_loss=1.5)]
         assert coordinator.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=rows)).stored == 1
     finally:
         coordinator.close()

@@ -19,6 +19,7 @@ from tests.helpers.specs import tiny_spec
 
 ROUNDS = 16
 EVERY = 2
+LENGTH = 32  # tiny_spec's data.seq_len: the one length these runs assign
 
 
 def val_loss(v: float) -> float:
@@ -35,9 +36,9 @@ def run_rounds(group, member: pb.JoinResponse, clock: Clock, rounds: int) -> Non
     run = group.runs[0]
     for _ in range(rounds):
         v = run.version
-        pull = pb.Metric(version=v, step=v * 5, seq_len=8, batch=4, loss=math.nan, tokens=0, param_sha256="ab",
+        pull = pb.Metric(version=v, step=v * 5, seq_len=LENGTH, batch=4, loss=math.nan, tokens=0, param_sha256="ab",
                          **({"val_loss": val_loss(v), "val_seconds": 0.25} if v % EVERY == 0 else {}))
-        rows = [pb.Metric(version=v, step=v * 5 + k, seq_len=8, batch=4, loss=train_loss(v + 1), tokens=32,
+        rows = [pb.Metric(version=v, step=v * 5 + k, seq_len=LENGTH, batch=4, loss=train_loss(v + 1), tokens=4 * LENGTH,
                           wall_time=float(v), compute_seconds=float(v)) for k in range(1, 4)]
         group.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=[pull, *rows], run_id=member.run_id))
         push(run, member, deltas_of(run, 0.0), tokens=128)
@@ -56,7 +57,7 @@ def test_held_out_losses_are_recorded_shown_forecast_and_survive_a_restart(tmp_p
     member = group.join(pb.JoinRequest(worker_name="a"))
     run_rounds(group, member, clock, 14)
     # The same worker's second measurement of a version it measured is not kept (its first is).
-    late = pb.Metric(version=4, step=999, seq_len=8, batch=4, loss=math.nan, val_loss=9.0, val_seconds=0.1)
+    late = pb.Metric(version=4, step=999, seq_len=LENGTH, batch=4, loss=math.nan, val_loss=9.0, val_seconds=0.1)
     group.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=[late], run_id=member.run_id))
     held = group.runs[0].store.held_out_losses()
     assert [r.version for r in held] == list(range(0, 14, EVERY))
@@ -93,7 +94,7 @@ def test_the_held_out_loss_of_a_version_is_the_median_of_its_workers_reports(tmp
     def report(name: str, loss: float) -> str:
         member = group.join(pb.JoinRequest(worker_name=name)) if name not in members else members[name]
         members[name] = member
-        pull = pb.Metric(version=0, step=0, seq_len=8, batch=4, loss=math.nan, tokens=0, val_loss=loss,
+        pull = pb.Metric(version=0, step=0, seq_len=LENGTH, batch=4, loss=math.nan, tokens=0, val_loss=loss,
                          val_seconds=0.25)
         group.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=[pull], run_id=member.run_id))
         return member.worker_id
@@ -132,8 +133,8 @@ def test_the_held_out_loss_of_a_version_is_the_median_of_its_workers_reports(tmp
 def test_a_held_out_loss_out_of_range_is_refused_and_nothing_is_stored(tmp_path, fields, match):
     group = open_group(spec(), tmp_path, Clock(1000.0))
     member = group.join(pb.JoinRequest(worker_name="a"))
-    good = pb.Metric(version=0, step=1, seq_len=8, batch=4, loss=2.0, tokens=32)
-    bad = pb.Metric(version=0, step=0, seq_len=8, batch=4, loss=math.nan, **fields)
+    good = pb.Metric(version=0, step=1, seq_len=LENGTH, batch=4, loss=2.0, tokens=4 * LENGTH)
+    bad = pb.Metric(version=0, step=0, seq_len=LENGTH, batch=4, loss=math.nan, **fields)
     with pytest.raises(Refusal, match=f"metrics\\[1\\].{match} = .* is out of range") as refused:
         group.report_metrics(pb.ReportMetricsRequest(**creds(member), metrics=[good, bad], run_id=member.run_id))
     assert refused.value.code.name == "INVALID_ARGUMENT"

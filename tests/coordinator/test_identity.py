@@ -70,7 +70,8 @@ def worker_call(stub: pb_grpc.CoordinatorStub, rpc: str, worker_id: str, secret:
         "Heartbeat": lambda: pb.HeartbeatRequest(**who),
         "Leave": lambda: pb.LeaveRequest(**who, reason="impostor"),
         "AwaitVersion": lambda: pb.AwaitVersionRequest(**who, min_version=1, wait_ms=3000),
-        "ReportMetrics": lambda: pb.ReportMetricsRequest(**who, metrics=[pb.Metric(version=0, step=1, loss=3.0, tokens=8)]),
+        "ReportMetrics": lambda: pb.ReportMetricsRequest(**who, metrics=[pb.Metric(
+            version=0, step=1, seq_len=local.service.spec.data.seq_len, loss=3.0, tokens=8)]),
     }[rpc]()
     return getattr(stub, rpc)(request, timeout=10, metadata=metadata)
 

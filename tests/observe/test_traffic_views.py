@@ -43,7 +43,7 @@ def sparse_round(start_coordinator) -> dict[str, Any]:
     for member in members:
         # Each worker's cumulative counters, as its metric rows carry them: its full pull, its push, its step pull.
         sent, received = pushed[member.worker_id], full_pulls // 2 + stepped[member.worker_id]
-        client.report_metrics(member, [pb.Metric(version=1, step=1, seq_len=8, batch=2, loss=3.0, tokens=16,
+        client.report_metrics(member, [pb.Metric(version=1, step=1, seq_len=32, batch=2, loss=3.0, tokens=16,
                                                  wall_time=1.0, bytes_sent=sent, bytes_received=received)],
                               member.run_id)
     status = client.status()
