@@ -62,7 +62,7 @@ from rcswarm.observe.analysis import (
     read_state_dirs,
 )
 from rcswarm.observe.forecast import was_pruned
-from rcswarm.observe.report import forecast_rows, held_out_rows, prune_rows, summarize
+from rcswarm.observe.report import forecast_rows, held_out_rows, prune_rows, served_note, summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.store import StateStore
@@ -374,7 +374,8 @@ SUMMARY_COLUMNS = (
 SUMMARY_NOTES = (
     "¹ mean training loss of all steps of the first and of the last completed round",
     f"² cross-entropy of the initial and of the final parameters on {EVAL_BATCHES} held-out batches",
-    "³ training tokens of all workers per second of the run's wall time (first round opened → last metric)",
+    "³ training tokens of all workers per second of the time the run was served (first round opened → last metric "
+    "of each launch: the time between launches of a resumed run is left out)",
     ("⁴ share of wall time synchronizing: mean over workers of sync / (sync + compute) seconds; busy: their mean "
      "compute utilization, inner-step seconds over wall seconds from their first pull to their last row"),
     "⁵ megabytes all workers sent (pushes) and received (pulls) per round, together",
@@ -465,6 +466,10 @@ def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dic
     console.print(table)
     for note in SUMMARY_NOTES:
         console.print(note, style="dim")
+    for row in rows:
+        resumed = served_note(row.get("served_periods", 1), row.get("idle_seconds", 0.0))
+        if resumed:
+            console.print(f"L={row['seq_len']}: {resumed}" if len(rows) > 1 else resumed, style="dim")
     ending = {"outcome": ended.kind, "outcome_message": ended.message}
     sweep: dict = {"runs": rows, **ending}
     held_out = None

@@ -2,8 +2,12 @@
 
 The train losses are the mean loss of the training steps of the first and of the last closed
 round (NaN when no round closed, so nothing pretends a trend); tokens and bytes are totals over
-every worker membership; tokens/s divides the tokens by the wall time from the first round's
-opening (or first metric) to the last metric.
+every worker membership (a membership's byte counters count what it moved in this run, cumulative:
+worker/worker.py `RunBytes`, so their maxima add up); tokens/s divides the tokens by the wall time
+the run was served: from the first round's opening (or first metric) to the last metric of each
+period the run was served (`served_periods`), summed. A run launched again on its state dir (a
+resume) was served in one period per launch: the time between launches is left out and said
+(`resumed`, `idle_seconds`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from rcswarm.observe import traffic
-from rcswarm.state.records import ForecastRecord
+from rcswarm.state.records import ForecastRecord, RoundRecord, WorkerUsage
 from rcswarm.state.store import StateStore
 
 
@@ -45,6 +49,12 @@ class RunSummary:
     full_pulls: int = 0
     # Issue #29: the workers' mean compute utilization (`WorkerUsage.utilization`), NaN without one.
     utilization: float = math.nan
+    # The periods the run was served (`served_periods`): 1 for a run served without a break, one per launch for a
+    # run resumed on its state dir (`resumed`: more than one; also a run a sweep left without any worker for a while);
+    # the seconds between them, which `wall_seconds` and `tokens_per_second` leave out.
+    served_periods: int = 0
+    resumed: bool = False
+    idle_seconds: float = 0.0
 
 
 def _mean_loss(store: StateStore, version: int) -> float:
@@ -52,16 +62,54 @@ def _mean_loss(store: StateStore, version: int) -> float:
     return math.nan if value is None else value
 
 
+def served_periods(usage: list[WorkerUsage], joined: dict[str, float],
+                   rounds: list[RoundRecord]) -> list[tuple[float, float]]:
+    """The periods the run was served, oldest first, each (start, end) on the coordinator's clock (pure).
+
+    A membership holds the run from its join (`joined`, by worker id; its first metric row without one) to its last
+    row, a closed round from its opening to its close: where these overlap the run was served without a break, and a
+    launch on the same state dir (a resume) starts a new period, its workers joining after the previous launch's
+    last row. A period is measured as the summary measured a whole run before: from its first round's opening or
+    its first metric row, whichever came first, to its last metric row; a period without a metric row (rounds only)
+    counts nothing."""
+    spans = [(min(joined.get(w.worker_id, w.first_received_at), w.first_received_at), w.last_received_at,
+              w.first_received_at, w.last_received_at) for w in usage]
+    spans += [(r.opened_at, r.closed_at if r.closed_at is not None else r.opened_at, r.opened_at, None)
+              for r in rounds if r.opened_at is not None]
+    periods: list[list] = []  # [reach start, reach end, start, end (None: no metric row yet)]
+    for reach_start, reach_end, start, end in sorted(spans, key=lambda span: span[0]):
+        if periods and reach_start <= periods[-1][1]:
+            period = periods[-1]
+            period[1], period[2] = max(period[1], reach_end), min(period[2], start)
+            if end is not None:
+                period[3] = end if period[3] is None else max(period[3], end)
+        else:
+            periods.append([reach_start, reach_end, start, end])
+    return [(start, end) for _, _, start, end in periods if end is not None]
+
+
+def served_note(periods: int, idle_seconds: float) -> str:
+    """The summary's line for a run served in several periods (a resume), "" for one."""
+    if periods <= 1:
+        return ""
+    return (f"resumed: served in {periods} periods (one per launch, or a time without workers); the "
+            f"{idle_seconds:,.0f} s between them are left out of its wall time and tokens/s")
+
+
 def summarize(store: StateStore) -> RunSummary:
-    """Totals over all workers; per-worker counters are cumulative, so their maxima are totals."""
+    """Totals over all workers: each membership's byte counters are cumulative over its rows, so their maxima add up
+    to the run's totals; the wall time is the time the run was served (`served_periods`)."""
     rounds = store.rounds_summary()
     per_worker = store.worker_usage()
     tokens = sum(w.tokens for w in per_worker)
-    started = min((w.first_received_at for w in per_worker), default=0.0)
-    ended = max((w.last_received_at for w in per_worker), default=0.0)
     shares = [w.sync_seconds / (w.sync_seconds + w.compute_seconds) for w in per_worker
               if w.sync_seconds + w.compute_seconds > 0]
-    wall = ended - min(started, rounds.first_opened_at or started)
+    joined: dict[str, float] = {}
+    for event in store.events("join"):
+        joined.setdefault(event.worker_id, event.time)
+    periods = served_periods(per_worker, joined, store.rounds() if rounds.count else [])
+    wall = sum(end - start for start, end in periods)
+    idle = (periods[-1][1] - periods[0][0]) - wall if periods else 0.0
     utilizations = [w.utilization for w in per_worker if math.isfinite(w.utilization)]
     full_bytes, full_count = traffic.full_pulls(store.get(traffic.FULL_PULLS_KEY))
     received = sum(w.bytes_received for w in per_worker)
@@ -81,6 +129,9 @@ def summarize(store: StateStore) -> RunSummary:
         full_pull_bytes=full_bytes,
         full_pulls=full_count,
         utilization=sum(utilizations) / len(utilizations) if utilizations else math.nan,
+        served_periods=len(periods),
+        resumed=len(periods) > 1,
+        idle_seconds=idle,
     )
 
 
