@@ -261,17 +261,19 @@ def _stores(state_dir: Path) -> list[Path]:
     return sorted(db.parent for db in [state_dir / "state.sqlite", *state_dir.glob("*/state.sqlite")] if db.is_file())
 
 
-def read_fits(state_dir: Path, status: pb.GetStatusResponse) -> tuple[FitReport, dict[str, WorkerTotals]]:
+def read_fits(state_dir: Path, status: pb.GetStatusResponse,
+              mirrored: bool = False) -> tuple[FitReport, dict[str, WorkerTotals]]:
     """The fit over the runs GetStatus names and every run's per-worker totals, as the dashboard shows them.
 
     Each run's state dir (the coordinator's, or one below a sweep's, coordinator/sweep.py
-    `run_state_dir`) is the one whose state.sqlite stores its run id; it is opened read-only.
+    `run_state_dir`) is the one whose state.sqlite stores its run id; it is opened read-only. `mirrored`: a hivemind
+    swarm `rcswarm dht` mirrors, whose curves count its peers' own steps (`views.presentation`).
     """
     from rcswarm.observe.dashboard.views import presentation
     from rcswarm.state.store import StateStore
 
     wanted = [run.run_id for run in status.runs] or [status.run_id]
-    _, clock = presentation(wanted != [status.run_id])
+    _, clock = presentation(wanted != [status.run_id], mirrored)
     means: list[StepMean] = []
     totals: dict[str, WorkerTotals] = {}
     found: set[str] = set()
@@ -379,7 +381,7 @@ def show(args: argparse.Namespace, status: pb.GetStatusResponse, note: str = "")
     fits, totals = None, None
     if args.state_dir is not None:
         try:
-            fits, totals = read_fits(args.state_dir, status)
+            fits, totals = read_fits(args.state_dir, status, mirrored=args.coordinator is None)
         except (OSError, StoreError, ValueError) as error:
             return usage_error("rcswarm status", f"--state-dir {args.state_dir}: {error}")
     console = Console()

@@ -217,6 +217,9 @@ class MirrorRun:
     read-only store, whose reads take the store's lock.
     """
 
+    # Its curves count the peers' own steps (`views.presentation`).
+    mirrored = True
+
     def __init__(self, state_dir: Path, stale_s: float = STALE_S, clock: Callable[[], float] = time.time) -> None:
         self.store = open_mirror(state_dir)
         try:

@@ -427,7 +427,7 @@ class Dashboard:
         self.scheme = "https" if ssl_context is not None else "http"
         self.coordinator = coordinator if hasattr(coordinator, "runs") else OneRun(coordinator)
         self.runs: list[Any] = list(self.coordinator.runs)
-        self.kind, self.clock = presentation(self.coordinator.sweep)
+        self.kind, self.clock = presentation(self.coordinator.sweep, getattr(self.runs[0], "mirrored", False))
         self.refresh_s = refresh_s
         self._cache_lock = threading.Lock()
         self._cache: dict[str, Cached] = {}

@@ -32,8 +32,10 @@ STATE_NAMES = _enum_names(pb.WorkerState, "WORKER_STATE_")
 RUN_STATE_NAMES = _enum_names(pb.RunState, "RUN_STATE_")
 
 
-def presentation(is_sweep: bool) -> tuple[str, Clock]:
-    """The kind shown and the clock of the curves: each run's own (`Clock.RUN`), a single run's too.
+def presentation(is_sweep: bool, mirrored: bool = False) -> tuple[str, Clock]:
+    """The kind shown and the clock of the curves: each run's own (`Clock.RUN`), a single run's too; a hivemind swarm
+    that `rcswarm dht` mirrors (`mirrored`) on its peers' own (`Clock.WORKER`): it has no coordinator rounds to count
+    a run step from, and its peers' versions advance peer to peer.
 
     A sweep's because a worker that moves between its runs keeps its counters. A single run was once
     shown on its workers' clocks (`Clock.WORKER`: each worker's step and wall time, per step, since
@@ -42,7 +44,7 @@ def presentation(is_sweep: bool) -> tuple[str, Clock]:
     workers' steps gave, one point per step trained, for late and restarted workers too, and is what
     `rcswarm fit` counts for the same state dir; times are when the rows arrived (a round's rows
     arrive together), as for a sweep."""
-    return ("sweep" if is_sweep else "run"), Clock.RUN
+    return ("sweep" if is_sweep else "run"), Clock.WORKER if mirrored and not is_sweep else Clock.RUN
 
 
 @dataclass(frozen=True)
