@@ -128,18 +128,14 @@ def test_the_run_summary_of_a_moved_workers_rows_counts_the_runs_traffic_once(tm
     """The rows such a worker sends, stored as the coordinator stores them, summed by `summarize`."""
     worker, wire = moved_worker(["sweep-L4", "sweep-L16"])
     try:
-        worker._join()
-        wire.bytes_received += 1_000
-        row(worker, 1)
-        wire.bytes_sent += 300
-        row(worker, 2)
-        worker._flush_metrics()
-        worker._join()
-        wire.bytes_received += 5_000
-        row(worker, 3)
-        wire.bytes_sent += 700
-        row(worker, 4)
-        worker._flush_metrics()
+        # In each run: a pull (received), a row, a push (sent), a row, the report.
+        for first_step, (received, sent) in ((1, (1_000, 300)), (3, (5_000, 700))):
+            worker._join()
+            wire.bytes_received += received
+            row(worker, first_step)
+            wire.bytes_sent += sent
+            row(worker, first_step + 1)
+            worker._flush_metrics()
     finally:
         worker.stop.set()
         worker._end_threads()
