@@ -173,8 +173,8 @@ class StateStore:
         self.durable = durable
         self.db_path = self.state_dir / "state.sqlite"
         self._lock = threading.Lock()
-        # The columns `rounds` has in this state dir, read once (`_rounds_present`).
-        self._round_columns: frozenset[str] | None = None
+        # The columns each table read so far has in this state dir, read once a table (`_present`).
+        self._columns: dict[str, frozenset[str]] = {}
         # Seconds of the last commit_version's pieces (its thread replaces the dict; readers get a snapshot).
         self.last_commit_seconds: dict[str, float] = {}
 
@@ -283,15 +283,15 @@ class StateStore:
             raise
         self._db.execute("COMMIT")
 
-    def _rounds_present(self) -> frozenset[str]:
-        """The columns of `rounds` in this state dir (an old one opened read-only may lack the added ones)."""
-        if self._round_columns is None:
-            self._round_columns = frozenset(row[1] for row in self._read("PRAGMA table_info(rounds)"))
-        return self._round_columns
+    def _present(self, table: str) -> frozenset[str]:
+        """The columns of `table` in this state dir (an old one opened read-only may lack the added ones)."""
+        if table not in self._columns:
+            self._columns[table] = frozenset(row[1] for row in self._read(f"PRAGMA table_info({table})"))
+        return self._columns[table]
 
     def _round_select(self) -> str:
         """The columns of a RoundRecord as this state dir can give them (an old one read-only: defaults)."""
-        present = self._rounds_present()
+        present = self._present("rounds")
         added = [c if c in present else ("''" if c == "aggregation" else "0") for c in ROUND_COLUMNS_ADDED]
         return ", ".join((*ROUND_COLUMNS, *added))
 
@@ -609,7 +609,7 @@ class StateStore:
     def round_steps(self) -> dict[int, int]:
         """version -> the steps its closed round trained, for the rounds that recorded them (none before
         `rounds.steps` existed, nor in a hivemind swarm's state dir, which has no rounds)."""
-        if "steps" not in self._rounds_present():
+        if "steps" not in self._present("rounds"):
             return {}
         return dict(self._read(ROUND_STEPS))
 
@@ -732,7 +732,7 @@ class StateStore:
         if not self._read(HAS_HELD_OUT)[0][0]:
             return []
         order = "version DESC LIMIT 1" if newest_only else "version"
-        present = {row[1] for row in self._read("PRAGMA table_info(held_out)")}
+        present = self._present("held_out")
         added = [c if c in present else "1" for c in HELD_OUT_COLUMNS_ADDED]  # an old dir, read-only
         rows = self._read(f"SELECT {', '.join((*HELD_OUT_COLUMNS, *added))} FROM held_out ORDER BY {order}")
         return [HeldOutRecord(*row) for row in rows]
