@@ -112,6 +112,8 @@ MAX_ROW_VALUE = 2.0**53
 ROW_LOSS = 2
 # How long a call into the DHT's process may take before this peer counts that process as gone (`dht_result`).
 DHT_ANSWER_S = 60.0
+# How long a new DHT process (and its p2pd) may take to say it is ready (`start_dht`).
+DHT_START_S = 60.0
 # A state download (`StateLimits`) counts each message it reads as its protobuf bytes plus MESSAGE_COST (what holding
 # one costs, so a stream of empty messages is not free), and allows a state beyond its float32 values STATE_SLACK_BYTES
 # (the metadata: a few dozen bytes of msgpack from an honest donor) and PART_SLACK_BYTES a message (its framing, ~30
@@ -562,11 +564,26 @@ def keep_command_pipe_blocking(module: Any, fd: int) -> None:
 
 
 class _DHT(hivemind.DHT):
-    """hivemind's DHT whose command pipe stays blocking in its process (`keep_command_pipe_blocking`)."""
+    """hivemind's DHT whose command pipe stays blocking in its process (`keep_command_pipe_blocking`), and whose
+    blocking calls from the process that started it (hivemind's `peer_id`, `get_visible_maddrs`, rcswarm's
+    `check_peer`) wait at most DHT_ANSWER_S (`dht_result`) instead of forever."""
+
+    def start(self) -> None:
+        self.starter_pid = os.getpid()
+        super().start()
 
     def run(self) -> None:
         keep_command_pipe_blocking(hm_dht_module, self._inner_pipe.fileno())
         super().run()
+
+    def run_coroutine(self, coro: Any, return_future: bool = False) -> Any:
+        future = super().run_coroutine(coro, return_future=True)
+        if return_future:
+            return future
+        if os.getpid() != getattr(self, "starter_pid", None):  # the averager's process: it cannot watch this one
+            return future.result()
+        name = getattr(getattr(coro, "func", coro), "__name__", "call").strip("_").replace("_", " ")
+        return dht_result(self, name, future, timeout_s=DHT_ANSWER_S)
 
 
 def start_dht(options: HivemindOptions) -> hivemind.DHT:
@@ -580,8 +597,16 @@ def start_dht(options: HivemindOptions) -> hivemind.DHT:
         kwargs["announce_maddrs"] = list(options.announce_maddrs)
     if options.identity_path is not None:
         kwargs["identity_path"] = str(options.identity_path)
-    return _DHT(initial_peers=list(options.initial_peers), start=True,
-                record_validators=[record_validator()], **kwargs)
+    dht = _DHT(initial_peers=list(options.initial_peers), start=False,
+               record_validators=[record_validator()], **kwargs)
+    try:
+        dht.run_in_background(await_ready=True, timeout=DHT_START_S)
+    except BaseException as exc:
+        dht.shutdown()
+        if isinstance(exc, TimeoutError):
+            raise PeerDied(f"its hivemind DHT process (pid {dht.pid}) was not ready within {DHT_START_S:g} s") from exc
+        raise
+    return dht
 
 
 def visible_maddrs(dht: hivemind.DHT) -> list[str]:

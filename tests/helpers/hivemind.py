@@ -47,11 +47,22 @@ def p2pd_pids(tag: str) -> set[int]:
 @pytest.fixture
 def no_new_p2pd(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Fails the test when a p2pd it started is still running at its end: every process the test starts
-    (workers, `rcswarm dht`, in-process peers) inherits a tag in its environment, and so do their p2pd."""
+    (workers, `rcswarm dht`, in-process peers) inherits a tag in its environment, and so do their p2pd.
+
+    At its end it also resets hivemind's MPFuture backend in the suite's process. Its locks (`_update_lock`,
+    SharedBytes') are shared with every hivemind process this one forks: a DHT process a test SIGKILLed between
+    sending an answer and releasing the lock leaves it held, and the next test's DHT could never say it was ready (CI
+    hung there for its whole 90 minutes; `start_dht` now gives up after DHT_START_S). Every peer of the test has been
+    shut down by then, so no live future is broken."""
     tag = uuid.uuid4().hex
     monkeypatch.setenv(P2PD_TAG_ENV, tag)
-    yield
-    wait_for(lambda: not p2pd_pids(tag), 15.0, "the test's p2pd processes to exit")
+    try:
+        yield
+        wait_for(lambda: not p2pd_pids(tag), 15.0, "the test's p2pd processes to exit")
+    finally:
+        from hivemind.utils import MPFuture
+
+        MPFuture.reset_backend()
 
 
 # Generous all-reduce timeouts (senders 40 s in the first round, 15 s after) for tests that check agreement,

@@ -23,7 +23,6 @@ from tests.helpers.hivemind import hivemind_spec
 pytest.importorskip("hivemind")
 
 from hivemind.utils import get_dht_time  # noqa: E402
-from hivemind.utils.mpfuture import MPFuture  # noqa: E402
 
 HEADER_BYTES = 4  # multiprocessing.Connection's length prefix
 PAUSE_S = 0.5
@@ -76,15 +75,8 @@ def test_a_worker_whose_dht_process_died_exits_for_its_supervisor(no_new_p2pd: N
     monkeypatch.setattr(startup, "process_age_s", lambda: 1000.0)
     spec = hivemind_spec(run={"name": "hm", "rounds": 5}, hivemind={"initial_allreduce_s": 2.0, "min_allreduce_s": 1.0})
     worker = DHTKilledAtVersionOne(spec, hs.HivemindOptions.loopback(matchmaking_s=1.0), name="alone")
-    try:
-        with caplog.at_level(logging.INFO):
-            code = worker.run()
-    finally:
-        # hivemind's MPFuture shares one cross-process lock (`_update_lock`) with the processes this one forks: a DHT
-        # process SIGKILLed while it held it leaves it held, and the next hivemind process this test process starts
-        # hung at its start (seen once under load). A worker process exits here (code 1), so only the suite's own
-        # process, which goes on to the next test, needs hivemind's last-resort reset.
-        MPFuture.reset_backend()
+    with caplog.at_level(logging.INFO):
+        code = worker.run()
     assert code == 1 and worker.version == 1
     ready_s, window_s = map(float, re.search(r"alone: ready ([\d.]+)s after its start; first matchmaking window "
                                              r"([\d.]+)s", caplog.text).groups())

@@ -24,7 +24,7 @@ pytest.importorskip("hivemind")
 from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 from hivemind.dht.routing import DHTID  # noqa: E402
 from hivemind.dht.validation import DHTRecord  # noqa: E402
-from hivemind.utils import get_dht_time  # noqa: E402
+from hivemind.utils import MPFuture, get_dht_time  # noqa: E402
 from hivemind.utils.timed_storage import ValueWithExpiration  # noqa: E402
 
 ROW = [0.0, 1.0, 2.5, 128.0, 1.7e9, 0.1, 0.0, 32.0, 4.0]
@@ -172,6 +172,32 @@ def test_a_killed_dht_process_ends_a_read_with_peer_died(no_new_p2pd: None) -> N
         error = _raised_within(10.0, lambda: hs.read_records(dht, hs.DIGEST_KEY, "hm"))
         assert isinstance(error, hs.PeerDied) and "exited with code -9" in str(error)
     finally:
+        dht.shutdown()
+
+
+def test_a_dht_that_never_says_it_is_ready_is_given_up(no_new_p2pd: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The lock a SIGKILLed hivemind process can leave held: the new DHT process cannot send its "ready" (CI waited
+    # for it until its 90 minutes ran out).
+    monkeypatch.setattr(hs, "DHT_START_S", 3.0)
+    held = MPFuture._update_lock
+    held.acquire()
+    try:
+        error = _raised_within(60.0, lambda: hs.start_dht(hs.HivemindOptions.loopback()))
+    finally:
+        held.release()
+    assert isinstance(error, hs.PeerDied) and "was not ready within 3 s" in str(error), error
+
+
+def test_a_blocking_call_into_a_stopped_dht_process_ends(no_new_p2pd: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    dht = hs.start_dht(hs.HivemindOptions.loopback())
+    monkeypatch.setattr(hs, "DHT_ANSWER_S", 2.0)
+    try:
+        os.kill(dht.pid, signal.SIGSTOP)
+        error = _raised_within(30.0, lambda: hs.visible_maddrs(dht))
+        assert isinstance(error, hs.PeerDied), error
+        assert "did not answer a get visible maddrs within 2 s" in str(error)
+    finally:
+        os.kill(dht.pid, signal.SIGCONT)
         dht.shutdown()
 
 
