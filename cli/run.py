@@ -384,6 +384,25 @@ SUMMARY_NOTES = (
 )
 
 
+class StopSignal(threading.Event):
+    """Set by the first of SIGINT, SIGTERM or SIGHUP, whose number it keeps: an interrupted launch exits 128 plus
+    that number (130 for Ctrl-C, 143 for SIGTERM, 129 for a closed terminal), as a shell reports a process that
+    signal ended."""
+
+    signum = 0
+
+    def handle(self, signum: int, _frame: object) -> None:
+        if not self.is_set():
+            self.signum = signum
+        self.set()
+
+    def outcome(self, done: str) -> Outcome:
+        """The interrupted launch's outcome, `done` saying how far it got."""
+        name = signal.Signals(self.signum).name if self.signum else "a signal"
+        return Outcome("interrupted", f"stopped by {name}: interrupted after {done}; every process was shut down",
+                       128 + self.signum)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How a launch ended: `kind` (completed, budget, interrupted, failed), one line saying so, the exit status."""
@@ -401,15 +420,15 @@ def rounds_done(rows: list[dict]) -> str:
     return ", ".join(f"{r['rounds']:,} (L={r['seq_len']})" for r in rows)
 
 
-def outcome(rows: list[dict], spec: RunSpec, *, interrupted: bool, out_of_time: bool, minutes: float | None,
+def outcome(rows: list[dict], spec: RunSpec, *, stop: StopSignal, out_of_time: bool, minutes: float | None,
             exit_codes: list[int | None], logs: Path, coordinator_code: int | None = None) -> Outcome:
-    """What really happened: interrupted after N of M rounds, stopped at the budget, failed, or completed.
-    `coordinator_code`: the coordinator's exit status when it ended before the launcher stopped it (None: it ran on)."""
+    """What really happened: interrupted after N of M rounds (`stop` set), stopped at the budget, failed, or
+    completed. `coordinator_code`: the coordinator's exit status when it ended before the launcher stopped it (None:
+    it ran on)."""
     done, target = rounds_done(rows), f"{spec.run.rounds:,}"
     failed = [code for code in exit_codes if code not in (0, -signal.SIGTERM)]
-    if interrupted:
-        return Outcome("interrupted", f"stopped by a signal: interrupted after {done} of {target} rounds; "
-                                      "every process was shut down", 130)
+    if stop.is_set():
+        return stop.outcome(f"{done} of {target} rounds")
     if coordinator_code is not None:
         return Outcome("failed", f"the coordinator exited with status {coordinator_code} after {done} of {target} "
                                  f"rounds; see {logs / 'coordinator.log'}", 1)
@@ -563,10 +582,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.run_dir or Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     swarm = Swarm(spec, run_dir, spec.run.workers)
-    stop = threading.Event()
+    stop = StopSignal()
     # A closed terminal or a dropped ssh session (SIGHUP) stops the run as Ctrl-C does: the workers and the
     # coordinator run in sessions of their own and would otherwise train on with nobody to stop them.
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     if spec.sync.backend == "hivemind":
         from rcswarm.cli.run_hivemind import launch
 
@@ -576,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    interrupted = out_of_time = False
+    out_of_time = False
     coordinator_code = None
     try:
         try:
@@ -599,14 +618,13 @@ def main(argv: list[str] | None = None) -> int:
             out_of_time = watch(swarm, client, spec.run.rounds, console, stop, deadline)
         finally:
             client.close()
-        interrupted = stop.is_set()
         coordinator_code = swarm.coordinator.poll()
     finally:
         swarm.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     rows = [summarize_run(local) for local in local_runs(run_dir, spec)]
-    ended = outcome(rows, spec, interrupted=interrupted, out_of_time=out_of_time, minutes=minutes,
+    ended = outcome(rows, spec, stop=stop, out_of_time=out_of_time, minutes=minutes,
                     exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs, coordinator_code=coordinator_code)
     print_summary(console, run_dir, spec, rows, ended)
     return ended.status

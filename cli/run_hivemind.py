@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.markup import escape
 from safetensors.torch import load_file
 
-from rcswarm.cli.run import POLL_S, START_TIMEOUT_S, Outcome, Swarm, evaluate
+from rcswarm.cli.run import POLL_S, START_TIMEOUT_S, Outcome, StopSignal, Swarm, evaluate
 from rcswarm.config.runspec import RunSpec
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -141,8 +141,9 @@ def print_bootstrap(console: Console, maddrs: list[str], written: Path) -> None:
     console.print(f"bootstrap peer (in {written}): --initial-peers {' '.join(maddrs)}", soft_wrap=True)
 
 
-def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console, stop: threading.Event) -> int:
-    """Run the swarm and print its summary; the exit status (0 completed or at the budget, 1 failed, 130 interrupted)."""
+def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console, stop: StopSignal) -> int:
+    """Run the swarm and print its summary; the exit status (0 completed or at the budget, 1 failed, 128 + the
+    signal's number when one stopped it)."""
     swarm = HivemindSwarm(spec, run_dir, spec.run.workers)
     out_of_time = False
     why = needs_coordinator(spec)
@@ -169,7 +170,7 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
     result = summarize(spec, run_dir, spec.run.workers)
     codes = [p.returncode for p in swarm.workers]
     if stop.is_set():
-        ended = Outcome("interrupted", f"stopped by a signal after {result['rounds']} of {spec.run.rounds} rounds", 130)
+        ended = stop.outcome(f"{result['rounds']} of {spec.run.rounds} rounds")
     elif out_of_time:
         ended = Outcome("budget", f"stopped at the {minutes:g}-minute budget after {result['rounds']} rounds", 0)
     elif result["rounds"] < spec.run.rounds or any(code != 0 for code in codes):

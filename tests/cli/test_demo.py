@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
 from pathlib import Path
 
 from rcswarm.cli import run
@@ -61,33 +62,44 @@ def test_the_outcome_says_what_really_happened(tmp_path: Path):
     def ended(**flags):
         return run.outcome(rows, spec, minutes=flags.pop("minutes", None), logs=logs, **flags)
 
-    stopped = ended(interrupted=True, out_of_time=False, exit_codes=[-15] * 4)
+    def stopped_by(*signums: int) -> run.StopSignal:
+        stop = run.StopSignal()
+        for signum in signums:
+            stop.handle(signum, None)
+        return stop
+
+    stopped = ended(stop=stopped_by(signal.SIGINT), out_of_time=False, exit_codes=[-15] * 4)
     assert stopped.status == 130 and stopped.kind == "interrupted"
-    assert f"interrupted after 12 (L=2), 9 (L=4), 5 (L=8), 3 (L=16) of {spec.run.rounds:,} rounds" in stopped.message
-    budget = ended(interrupted=False, out_of_time=True, exit_codes=[-15] * 4, minutes=3.0)
+    assert (f"stopped by SIGINT: interrupted after 12 (L=2), 9 (L=4), 5 (L=8), 3 (L=16) of {spec.run.rounds:,} rounds"
+            in stopped.message)
+    # A supervisor's SIGTERM (then a Ctrl-C while stopping): 143, as a shell reports a process SIGTERM ended.
+    terminated = ended(stop=stopped_by(signal.SIGTERM, signal.SIGINT), out_of_time=False, exit_codes=[-15] * 4)
+    assert terminated.status == 143 and "stopped by SIGTERM" in terminated.message
+    not_stopped = run.StopSignal()
+    budget = ended(stop=not_stopped, out_of_time=True, exit_codes=[-15] * 4, minutes=3.0)
     assert (budget.kind, budget.status) == ("budget", 0) and "3-minute budget" in budget.message
-    failed = ended(interrupted=False, out_of_time=False, exit_codes=[0, 1, 0, 0])
+    failed = ended(stop=not_stopped, out_of_time=False, exit_codes=[0, 1, 0, 0])
     assert (failed.kind, failed.status) == ("failed", 1) and "[0, 1, 0, 0]" in failed.message
-    single = run.outcome([_row(1)], spec, interrupted=True, out_of_time=False, minutes=None, exit_codes=[0],
+    single = run.outcome([_row(1)], spec, stop=stopped_by(signal.SIGHUP), out_of_time=False, minutes=None, exit_codes=[0],
                          logs=logs)
     assert f"interrupted after 1 of {spec.run.rounds:,} rounds" in single.message
     # Issue #30: lengths the sweep pruned ended before the budget by design; the rest completed it.
     full = spec.run.rounds
     pruned_rows = [{**row, "rounds": full if i >= 2 else 5, "stopped": "pruned" if i < 2 else None}
                    for i, row in enumerate(rows)]
-    pruned = run.outcome(pruned_rows, spec, interrupted=False, out_of_time=False, minutes=None, exit_codes=[0] * 4,
+    pruned = run.outcome(pruned_rows, spec, stop=not_stopped, out_of_time=False, minutes=None, exit_codes=[0] * 4,
                          logs=logs)
     assert (pruned.kind, pruned.status) == ("completed", 0) and "pruned: L=2 after 5, L=4 after 5" in pruned.message
     short = [{**row, "stopped": None} for row in pruned_rows]
-    assert run.outcome(short, spec, interrupted=False, out_of_time=False, minutes=None, exit_codes=[0] * 4,
+    assert run.outcome(short, spec, stop=not_stopped, out_of_time=False, minutes=None, exit_codes=[0] * 4,
                        logs=logs).kind == "failed"
     # The coordinator ended the runs at [run] minutes before the launcher's deadline: the budget, not a failure.
     at_budget = [{**row, "stopped": f"{BUDGET_ENDED} of 3 minutes (181 s since its first round opened)"} for row in rows]
-    timed = run.outcome(at_budget, spec, interrupted=False, out_of_time=False, minutes=3.0, exit_codes=[0] * 4,
+    timed = run.outcome(at_budget, spec, stop=not_stopped, out_of_time=False, minutes=3.0, exit_codes=[0] * 4,
                         logs=logs)
     assert (timed.kind, timed.status) == ("budget", 0) and "3-minute budget after 12 (L=2)" in timed.message
     # The coordinator ended before the launcher stopped it: failed, whatever the workers did after.
-    crashed = ended(interrupted=False, out_of_time=False, exit_codes=[-15] * 4, coordinator_code=1)
+    crashed = ended(stop=not_stopped, out_of_time=False, exit_codes=[-15] * 4, coordinator_code=1)
     assert (crashed.kind, crashed.status) == ("failed", 1)
     assert "the coordinator exited with status 1 after 12 (L=2)" in crashed.message and "coordinator.log" in crashed.message
 
