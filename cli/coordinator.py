@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -35,11 +36,13 @@ from rcswarm.coordinator import (
     CallLimits,
     JoinTokens,
     LivenessClock,
+    RunGroup,
     RunningCoordinator,
     layout_problem,
     lock_state_dirs,
     open_group,
     parse_max_calls,
+    run_state_dirs,
 )
 from rcswarm.coordinator.tls import (
     HTTP_TLS_NEEDS_TLS,
@@ -208,11 +211,35 @@ def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits,
     return limits, stall_s
 
 
+def new_state_dirs(spec: RunSpec, state_dir: Path) -> list[Path]:
+    """The state dir and the runs' dirs (`run_state_dirs`) that do not exist yet: what a start that fails creates."""
+    paths = [Path(state_dir), *(path for _, path in run_state_dirs(spec, state_dir))]
+    return [path for path in dict.fromkeys(paths) if not path.exists()]
+
+
+def discard_new_state(created: list[Path], coordinator: RunGroup | None, locks: list) -> None:
+    """After a start that failed (a port in use, bad TLS files): remove the state dirs it created (`created`, each
+    with the initial checkpoint and the run's config in its store), so that the next start, with its config perhaps
+    changed, does not find a run that never served. Only with every lock held (`locks`: none when another process
+    holds one, whose dirs these may be by then); the stores are closed and the locks released first."""
+    if coordinator is not None:
+        coordinator.close()
+    for lock in locks:
+        lock.release()
+    if not locks:
+        return
+    for path in created:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`rcswarm coordinator`: serve one run or a sweep until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(levelname)s %(message)s")
     args = parse_args(argv)
     problem = _argument_problem(args)
+    coordinator: RunGroup | None = None
+    locks: list = []
+    created: list[Path] = []
     if problem is None:
         try:
             tokens = JoinTokens.from_cli(args.token, args.token_file, os.environ.get(TOKEN_ENV, ""))
@@ -225,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             layout = layout_problem(spec, args.state_dir)
             if layout is not None:
                 raise ValueError(layout)
+            created = new_state_dirs(spec, args.state_dir)
             # One coordinator per state dir, for this process's life (StateDirBusy, a RuntimeError, names the holder).
             locks = lock_state_dirs(spec, args.state_dir)
             clock = LivenessClock().start()
@@ -238,9 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, StoreError, OSError) as exc:
             problem = str(exc)
         except RuntimeError as exc:
+            discard_new_state(created, coordinator, locks)
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 1
     if problem is not None:
+        discard_new_state(created, coordinator, locks)
         return usage_error(PROG, problem)
     address = host_port(args.host, running.port)
     for lock in locks:

@@ -80,8 +80,8 @@ def test_the_outcome_says_what_really_happened(tmp_path: Path):
     assert (budget.kind, budget.status) == ("budget", 0) and "3-minute budget" in budget.message
     failed = ended(stop=not_stopped, out_of_time=False, exit_codes=[0, 1, 0, 0])
     assert (failed.kind, failed.status) == ("failed", 1) and "[0, 1, 0, 0]" in failed.message
-    single = run.outcome([_row(1)], spec, stop=stopped_by(signal.SIGHUP), out_of_time=False, minutes=None, exit_codes=[0],
-                         logs=logs)
+    single = run.outcome([_row(1)], spec, stop=stopped_by(signal.SIGHUP), out_of_time=False, minutes=None,
+                         exit_codes=[0], logs=logs)
     assert f"interrupted after 1 of {spec.run.rounds:,} rounds" in single.message
     # Issue #30: lengths the sweep pruned ended before the budget by design; the rest completed it.
     full = spec.run.rounds
