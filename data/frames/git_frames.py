@@ -70,6 +70,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rcswarm.data.frames import git_replay
 from rcswarm.data.frames.action_tokenizer import (
     ActionTokenizer,
     actions_to_text,
@@ -272,19 +273,40 @@ def build_git_dataset(
     if all(r.held_out for r in repos):
         raise ValueError(f"repositories {names}: every one is held out; expected at least one to train on")
     check_build_options(rows, cols, vocab_size, block_frames, frames_per_shard, max_file_bytes, max_commits)
+    for repo in repos:
+        problem = git_replay.Git(str(repo.path)).history_problem()
+        if problem:
+            raise ValueError(f"repository {repo.name} ({repo.path}): {problem}")
     out = Path(out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    with _BuildLock(out):
-        _remove_staging_left_behind(out)
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
-        try:
-            summary, manifest = _build(repos, staging, _new_build_id(out), rows, cols, vocab_size, block_frames,
-                                       frames_per_shard, max_file_bytes, max_commits, progress, console,
-                                       commit_messages)
-            _publish(staging, out, manifest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with _BuildLock(out):
+            _remove_staging_left_behind(out)
+            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+            try:
+                summary, manifest = _build(repos, staging, _new_build_id(out), rows, cols, vocab_size, block_frames,
+                                           frames_per_shard, max_file_bytes, max_commits, progress, console,
+                                           commit_messages)
+                _publish(staging, out, manifest)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        if created:
+            _remove_if_only_the_lock(out)
+        raise
     return summary
+
+
+def _remove_if_only_the_lock(out: Path) -> None:
+    """After a failed first build into `out` (which it created): remove `out` when only the build lock is left, so
+    that a failed build leaves no dataset directory behind. A build that started since keeps its files."""
+    try:
+        if {path.name for path in out.iterdir()} == {BUILD_LOCK}:
+            (out / BUILD_LOCK).unlink()
+            out.rmdir()
+    except OSError:
+        pass
 
 
 def _remove_staging_left_behind(out: Path) -> None:

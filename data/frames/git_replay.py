@@ -89,6 +89,20 @@ class Git:
             raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
         return proc.stdout
 
+    def history_problem(self) -> str | None:
+        """Why this repository has no history to replay (not a git repository, or a HEAD that names no commit), or
+        None: asked before a build writes anything."""
+        def git(*args: str) -> subprocess.CompletedProcess[bytes]:
+            return subprocess.run(["git", "-C", self.repo, *GIT_CONFIG, *args], capture_output=True, check=False)
+
+        if git("rev-parse", "--verify", "--quiet", "HEAD^{commit}").returncode == 0:
+            return None
+        inside = git("rev-parse", "--git-dir")
+        if inside.returncode != 0:
+            said = inside.stderr.decode(errors="replace").strip().splitlines()
+            return f"not a git repository ({said[0] if said else f'git exited with {inside.returncode}'})"
+        return "its HEAD names no commit (an empty repository, or a branch with no commits yet): nothing to replay"
+
     def first_parent_commits(self, rev: str = "HEAD") -> list[tuple[str, str | None, str]]:
         """(commit, first parent or None, subject), oldest first."""
         out = self.run("log", "--first-parent", "--reverse", "-z", "--format=%H %P%x1f%s", rev)

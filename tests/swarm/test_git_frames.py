@@ -135,6 +135,21 @@ def test_cli_end_to_end(repo, tmp_path, capsys):
     assert main(["data"]) == 2
 
 
+def test_a_history_that_cannot_be_replayed_is_refused_before_anything_is_written(repo, tmp_path, capsys):
+    from rcswarm.cli.main import main
+
+    empty, plain, out = tmp_path / "empty", tmp_path / "plain", tmp_path / "ds"
+    empty.mkdir()
+    plain.mkdir()
+    _git(empty, "init", "-q")
+    for bad, said in ((empty, "its HEAD names no commit (an empty repository"), (plain, "not a git repository")):
+        # The bad one after a good one: refused before the good one is replayed, not after.
+        rc = main(["data", "frames", "--repo", str(repo), "--repo", str(bad), "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"repository {bad.name} ({bad}): {said}" in err, err  # before: git's raw error, rc 1
+        assert not out.exists()  # before: an empty directory holding .build.lock
+
+
 def test_stored_frames_equal_rendered_frames(repo, tmp_path):
     """Frames written during replay decode bit-exactly to what the editor rendered."""
     shown, actions = [], []
@@ -374,8 +389,13 @@ def test_a_second_build_into_a_dataset_being_built_is_refused_and_the_lock_ends_
         with pytest.raises(RuntimeError, match=r"another build is writing this dataset \(pid 4242\)"):
             build_git_dataset([RepoInput("r", repo)], out, ROWS, COLS, progress=False)
     assert not (out / "manifest.json").exists()
-    with pytest.raises(RuntimeError, match="failed"):  # a build that fails (not a git repository) ...
-        build_git_dataset([RepoInput("r", tmp_path)], out, ROWS, COLS, progress=False)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the tokenizer failed")
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(RuntimeError, match="failed"):  # a build that fails ...
+        patch.setattr(ActionTokenizer, "train", staticmethod(fail))
+        build_git_dataset([RepoInput("r", repo)], out, ROWS, COLS, progress=False)
     summary = build_git_dataset([RepoInput("r", repo)], out, ROWS, COLS, progress=False)  # ... frees the lock
     assert summary["frames"] > 0 and (out / "manifest.json").exists()
     assert [p.name for p in out.iterdir() if p.name.startswith(".build-")] == []
