@@ -58,6 +58,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
 from rcswarm.state.errors import StoreError
+from rcswarm.worker.client import TLS_PROBE_S, tls_settings_problem
 
 # Columns of the tables when the output is not a terminal (a terminal's own width applies there).
 REPORT_WIDTH = 100
@@ -347,7 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = error.code() if hasattr(error, "code") else None
         details = error.details() if hasattr(error, "details") else str(error)
         name = code.name if code is not None else "ERROR"
-        found = not_grpc_problem(args.coordinator, code, details or "")
+        found = not_grpc_problem(args.coordinator, code, details or "") or tls_settings_problem(
+            args.coordinator, args.tls_ca, code, details or "", min(TLS_PROBE_S, args.timeout))
         print(f"rcswarm status: {found or f'{args.coordinator}: {name}: {details}'}", file=sys.stderr)
         return 1
     return show(args, status)

@@ -197,6 +197,21 @@ def answers_tls(address: tuple[str, int], timeout_s: float = TLS_PROBE_S) -> boo
         return False
 
 
+def tls_settings_problem(target: str, tls_ca: Path | None, code: grpc.StatusCode, details: str,
+                         probe_s: float = TLS_PROBE_S) -> str | None:
+    """`tls_problem`; on a plaintext channel (`tls_ca` None) whose connection the coordinator closed, also a
+    coordinator that answers a TLS handshake at that address (`answers_tls`, waiting at most `probe_s`: it requires
+    TLS), which is told apart from one that restarts only so. None for every other failure."""
+    problem = tls_problem(target, tls_ca, code, details)
+    if problem is not None or tls_ca is not None or code != grpc.StatusCode.UNAVAILABLE:
+        return problem
+    address = closed_address(details)
+    if address is None or not answers_tls(address, probe_s):
+        return None
+    return (f"{target} requires TLS: it closed this plaintext connection and answers a TLS handshake, so "
+            f"retrying cannot help: {CA_FIX} ({code.name}: {details})")
+
+
 def retry_hint(tls_ca: Path | None, tls_cert: Path | None, details: str) -> str:
     """What else a connection the coordinator closed may mean, for the retry message: "" unless `details` is a
     closed connection ("Socket closed"; not a handshake cut short, which a restart causes)."""
@@ -415,17 +430,8 @@ class CoordinatorClient:
                 return result
 
     def _tls_problem(self, code: grpc.StatusCode, details: str) -> str | None:
-        """`tls_problem`; on a plaintext channel whose connection the coordinator closed, also a coordinator that
-        answers a TLS handshake at that address (`answers_tls`: it requires TLS), which is told apart from one that
-        restarts only so."""
-        problem = tls_problem(self.target, self.tls_ca, code, details)
-        if problem is not None or self.tls_ca is not None or code != grpc.StatusCode.UNAVAILABLE:
-            return problem
-        address = closed_address(details)
-        if address is None or not answers_tls(address, min(TLS_PROBE_S, self.timeouts.unary_s)):
-            return None
-        return (f"{self.target} requires TLS: it closed this plaintext connection and answers a TLS handshake, so "
-                f"retrying cannot help: {CA_FIX} ({code.name}: {details})")
+        """`tls_settings_problem` of this client's channel."""
+        return tls_settings_problem(self.target, self.tls_ca, code, details, min(TLS_PROBE_S, self.timeouts.unary_s))
 
     def _wait_for_place(self, what: str, refusal: str, wait_s: float, waiting: PlaceWait, cause: Exception) -> None:
         """Wait about `wait_s` (jittered down to half, so that spares do not ask in step) before asking for a place
