@@ -3,7 +3,7 @@
 The train losses are the mean loss of the training steps of the first and of the last closed
 round (NaN when no round closed, so nothing pretends a trend); tokens and bytes are totals over
 every worker membership (a membership's byte counters count what it moved in this run, cumulative:
-worker/worker.py `RunBytes`, so their maxima add up); tokens/s divides the tokens by the wall time
+worker/worker.py `RunCounters`, so their maxima add up); tokens/s divides the tokens by the wall time
 the run was served: from the first round's opening (or first metric) to the last metric of each
 period the run was served (`served_periods`), summed. A run launched again on its state dir (a
 resume) was served in one period per launch: the time between launches is left out and said

@@ -18,7 +18,7 @@ error-feedback residual unless it lands in another run or the spec changed what 
 round whose Δ is not finite (diverged local training) is dropped with one WARNING line, the inner optimizer starts
 afresh and θ is pulled again; MAX_DIVERGED_ROUNDS of them in a row end the worker.
 Metric rows go to the run they were trained for or nowhere (`_join`, `_flush_previous`), their byte counters counting
-what the membership sending them moved in that run (`RunBytes`). Each join
+what the membership sending them moved and spent in that run (`RunCounters`). Each join
 returns a worker secret, kept in memory only (`Identity`) and sent on every later call of that
 membership; a re-join replaces it. Stalls, restarts, capacity limits and broken streams are
 retried by the client for `--patience-s` seconds
@@ -125,53 +125,58 @@ class Diverged(RuntimeError):
         self.version = version
 
 
-class RunBytes:
-    """The byte counters a worker's metric rows carry (`bytes_sent`, `bytes_received`): what the membership that
-    sends them moved in its run, cumulative, so that the maxima of a run's memberships add up to what the run's
-    workers moved (`observe/report.summarize`), and a worker the sweep moved does not bring its earlier runs' bytes
-    along.
+class RunCounters:
+    """The cumulative counters a worker's metric rows carry (`COUNTERS`: bytes sent and received, compute and sync
+    seconds): what the membership that sends them moved and spent in its run, so that the maxima of a run's
+    memberships add up to what the run's workers moved and spent (`observe/report.summarize`), and a worker the
+    sweep moved does not bring its earlier runs' bytes and seconds along.
 
-    The client counts from the process's start; a row keeps its counts when it is made (`Worker._metric`), and the
-    newest row of each report also counts what moved until the report (the round's push, which no later row of that
-    run may carry: the sweep may move the worker on before its next pull). A row is sent with `base` taken off
-    (`rows`): the client's counts when the worker entered the run it trains now (its first join, or a join that
-    landed in another run: what moved before belongs to the earlier run), or after a re-join into the same run the
-    highest counts among the rows that run already stored from this worker (`delivered`): its earlier memberships'
-    maxima cover what came before, and what moved after them counts in the new membership. A worker that joins one
-    run once sends its client's counts (base 0). Rows are sent by the thread that owns `_pending` (the training
-    thread, or the exchange thread while one runs); `joined` runs at a join, when no exchange runs."""
+    The client counts bytes from the process's start, the trainer and the worker count seconds from it; a row keeps
+    its counts when it is made (`Worker._metric`), and the newest row of each report also counts what moved until
+    the report (the round's push, which no later row of that run may carry: the sweep may move the worker on before
+    its next pull). A row is sent with `base` taken off (`rows`): the counts when the worker entered the run it
+    trains now (its first join, or a join that landed in another run: what came before belongs to the earlier run),
+    or after a re-join into the same run the highest counts among the rows that run already stored from this worker
+    (`delivered`): its earlier memberships' maxima cover what came before, and what came after them counts in the
+    new membership. A worker that joins one run once sends its own counts (base 0). Rows are sent by the thread that
+    owns `_pending` (the training thread, or the exchange thread while one runs); `joined` runs at a join, when no
+    exchange runs."""
+
+    COUNTERS = ("bytes_sent", "bytes_received", "compute_seconds", "sync_seconds")
 
     def __init__(self) -> None:
-        self.base = (0, 0)  # (sent, received) taken off the rows sent now
-        self.stored = (0, 0)  # the highest client counts among the rows the current run stored from this worker
+        zero = (0,) * len(self.COUNTERS)
+        self.base: tuple[float, ...] = zero  # taken off the rows sent now, by COUNTERS
+        self.stored: tuple[float, ...] = zero  # the highest counts among the rows its run stored from this worker
 
-    def joined(self, same_run: bool, counts: tuple[int, int]) -> None:
+    def joined(self, same_run: bool, counts: tuple[float, ...]) -> None:
         """A join landed: in the run trained before (`same_run`) or in another (a first join included), with the
-        client's (sent, received) `counts` now."""
+        counts (`COUNTERS`) `counts` now."""
         if same_run:
             self.base = self.stored
         else:
-            self.base = self.stored = counts
+            self.base = self.stored = tuple(counts)
 
-    def rows(self, rows: list[pb.Metric], counts: tuple[int, int]) -> list[pb.Metric]:
-        """Copies of `rows` (which hold the client's counts when each was made) as one report sends them, the
-        client's counts being `counts` now: the newest counts `counts`, and `base` is taken off, never below 0."""
+    def rows(self, rows: list[pb.Metric], counts: tuple[float, ...]) -> list[pb.Metric]:
+        """Copies of `rows` (which hold the counts when each was made) as one report sends them, the counts being
+        `counts` now: the newest row counts `counts`, and `base` is taken off, never below 0."""
         sent: list[pb.Metric] = []
         for index, row in enumerate(rows):
             copy = pb.Metric()
             copy.CopyFrom(row)
-            up, down = row.bytes_sent, row.bytes_received
-            if index == len(rows) - 1:
-                up, down = max(up, counts[0]), max(down, counts[1])
-            copy.bytes_sent, copy.bytes_received = max(up - self.base[0], 0), max(down - self.base[1], 0)
+            for name, base, now in zip(self.COUNTERS, self.base, counts):
+                value = getattr(row, name)
+                if index == len(rows) - 1:
+                    value = max(value, now)
+                setattr(copy, name, max(value - base, 0))
             sent.append(copy)
         return sent
 
     def delivered(self, sent: list[pb.Metric]) -> None:
         """The current run stored `sent` (as `rows` made them)."""
         for row in sent:
-            self.stored = (max(self.stored[0], self.base[0] + row.bytes_sent),
-                           max(self.stored[1], self.base[1] + row.bytes_received))
+            self.stored = tuple(max(stored, base + getattr(row, name))
+                                for name, stored, base in zip(self.COUNTERS, self.stored, self.base))
 
 
 def rebuild_reason(old: RunSpec | None, new: RunSpec, same_run: bool) -> str:
@@ -333,8 +338,8 @@ class Worker:
         # Metric rows not yet stored, all trained for run `_pending_run` (a run stores only its own rows).
         self._pending: list[pb.Metric] = []
         self._pending_run = ""
-        # What the rows sent now take off the client's byte counters (`RunBytes`: bytes of this membership's run only).
-        self._bytes = RunBytes()
+        # What the rows sent now take off the byte and second counters (`RunCounters`: this membership's run only).
+        self._counters = RunCounters()
         # (version, parameters) pulled last, bit for bit: lets the coordinator send a delta.
         self._held: tuple[int, dict[str, torch.Tensor]] | None = None
         # The coordinator's newest assignment (highest version), set from any response that carries one.
@@ -451,7 +456,7 @@ class Worker:
             raise SpecRefused(f"the run spec of {response.run_id} is invalid here: {exc}") from exc
         self.identity = Identity.of(response)
         same_run = bool(self.run_id) and self.run_id == response.run_id
-        self._bytes.joined(same_run, (self.client.bytes_sent, self.client.bytes_received))
+        self._counters.joined(same_run, self._counts())
         self.run_id, self.lease_s = response.run_id, response.lease_seconds
         if self._pending and self._pending_run != self.run_id:
             log.warning("%s: %d metric rows trained for run %s dropped: that run no longer knows this worker, "
@@ -799,9 +804,14 @@ class Worker:
     def _log_schedule(self, schedule: str) -> None:
         log.info("%s: core checkpointing at L=%d: %s", self.worker_id, self.trainer.data.seq_len, schedule)
 
+    def _counts(self) -> tuple[float, ...]:
+        """The counters of `RunCounters.COUNTERS` now: the client's bytes, the trainer's compute and this worker's
+        sync seconds."""
+        return (self.client.bytes_sent, self.client.bytes_received, self.trainer.compute_seconds, self.sync_seconds)
+
     def _metric(self, row: StepRow, **fields) -> pb.Metric:
         """The row as the coordinator records it, with this worker's sync seconds and its client's byte counters so
-        far (sent with the bytes of earlier runs and memberships taken off: `RunBytes`)."""
+        far (sent with the bytes and seconds of earlier runs and memberships taken off: `RunCounters`)."""
         return pb.Metric(
             version=row.version, step=row.step, seq_len=row.seq_len, batch=row.batch, loss=row.loss, tokens=row.tokens,
             wall_time=row.wall_time, compute_seconds=row.compute_seconds, sync_seconds=self.sync_seconds,
@@ -1007,7 +1017,7 @@ class Worker:
         if not (self._pending and identity.worker_id):
             return
         batch = self._report_batch()
-        sent = self._bytes.rows(batch, (self.client.bytes_sent, self.client.bytes_received))
+        sent = self._counters.rows(batch, self._counts())
         try:
             self.client.report_metrics(identity, sent, self._pending_run)
         except grpc.RpcError as err:
@@ -1024,7 +1034,7 @@ class Worker:
             log.warning("%s: ReportMetrics failed: %s: %s (%s); of %d metric rows %s", self.worker_id,
                         err.code().name, err.details(), reason, rows, fate)
             return
-        self._bytes.delivered(sent)
+        self._counters.delivered(sent)
         self._pending = self._pending[len(batch):]
 
     def _flush_previous(self, previous: Identity) -> None:
@@ -1034,14 +1044,14 @@ class Worker:
         if not self._pending:
             return
         batch = self._report_batch()
-        sent = self._bytes.rows(batch, (self.client.bytes_sent, self.client.bytes_received))
+        sent = self._counters.rows(batch, self._counts())
         try:
             self.client.report_metrics(previous, sent, self._pending_run)
         except grpc.RpcError as err:
             if classify(err.code())[0] is Action.FATAL:
                 raise
             return
-        self._bytes.delivered(sent)
+        self._counters.delivered(sent)
         self._pending = self._pending[len(batch):]
 
     def _heartbeat_loop(self) -> None:

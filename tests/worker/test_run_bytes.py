@@ -1,4 +1,5 @@
-"""A worker's metric rows carry the bytes of the run they are stored in only, all of them (`worker.RunBytes`).
+"""A worker's metric rows carry the bytes and seconds of the run they are stored in only, all of them
+(`worker.RunCounters`).
 
 The client counts bytes from the process's start. Before, each row carried those counts as they were when it was
 made, so (1) a worker a sweep moved from one run (length) to another brought its earlier run's bytes into the next
@@ -21,7 +22,7 @@ from rcswarm.observe.report import summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.worker import Worker
-from rcswarm.worker.worker import RunBytes
+from rcswarm.worker.worker import RunCounters
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.worker import _options
 
@@ -151,18 +152,39 @@ def test_the_run_summary_of_a_moved_workers_rows_counts_the_runs_traffic_once(tm
     assert (summary.bytes_sent_per_round, summary.bytes_received_per_round) == (700, 5_000)
 
 
-def test_run_bytes_takes_off_what_an_earlier_run_or_membership_counted() -> None:
-    counts = RunBytes()
-    counts.joined(False, (0, 0))
+def test_run_counters_take_off_what_an_earlier_run_or_membership_counted() -> None:
+    counts = RunCounters()
+    counts.joined(False, (0, 0, 0.0, 0.0))
     first = counts.rows([pb.Metric(bytes_sent=0, bytes_received=100), pb.Metric(bytes_sent=0, bytes_received=100)],
-                        (10, 100))  # a push of 10 bytes after the rows were made: the newest row counts it
+                        (10, 100, 0.0, 0.0))  # a push of 10 bytes after the rows were made: the newest row counts it
     assert [(m.bytes_sent, m.bytes_received) for m in first] == [(0, 100), (10, 100)]
     counts.delivered(first)
-    counts.joined(False, (15, 120))  # another run: from the join on
-    moved = counts.rows([pb.Metric(bytes_sent=20, bytes_received=220, loss=2.5)], (20, 220))
+    counts.joined(False, (15, 120, 0.0, 0.0))  # another run: from the join on
+    moved = counts.rows([pb.Metric(bytes_sent=20, bytes_received=220, loss=2.5)], (20, 220, 0.0, 0.0))
     assert [(m.bytes_sent, m.bytes_received, m.loss) for m in moved] == [(5, 100, 2.5)]
     counts.delivered(moved)
-    counts.joined(True, (30, 300))  # the same run again: from its newest stored row on
-    again = counts.rows([pb.Metric(bytes_sent=30, bytes_received=300)], (30, 300))
+    counts.joined(True, (30, 300, 0.0, 0.0))  # the same run again: from its newest stored row on
+    again = counts.rows([pb.Metric(bytes_sent=30, bytes_received=300)], (30, 300, 0.0, 0.0))
     assert [(m.bytes_sent, m.bytes_received) for m in again] == [(10, 80)]
-    assert counts.rows([pb.Metric(bytes_sent=1, bytes_received=1)], (1, 1))[0].bytes_sent == 0  # never below 0
+    assert counts.rows([pb.Metric(bytes_sent=1, bytes_received=1)], (1, 1, 0.0, 0.0))[0].bytes_sent == 0  # never < 0
+
+
+def test_a_worker_moved_to_another_run_reports_that_runs_compute_and_sync_seconds_only() -> None:
+    """Before, the rows of a moved worker carried its compute and sync seconds from process start: in the next run its
+    compute utilization (compute seconds over the membership's wall span) and sync share counted the earlier run's."""
+    worker, wire = moved_worker(["sweep-L4", "sweep-L16"])
+    try:
+        worker._join()
+        worker.trainer.compute_seconds, worker.sync_seconds = 40.0, 10.0
+        row(worker, 1)
+        worker._flush_metrics()
+        worker._join()  # the sweep moves it on
+        worker.trainer.compute_seconds, worker.sync_seconds = 45.0, 11.0
+        row(worker, 2)
+        worker.sync_seconds = 12.5  # the round's push, after the row: the report's newest row counts it
+        worker._flush_metrics()
+    finally:
+        worker.stop.set()
+        worker._end_threads()
+    seconds = {(run, member): [(m.compute_seconds, m.sync_seconds) for m in rows] for run, member, rows in wire.stored}
+    assert seconds == {("sweep-L4", "w1"): [(40.0, 10.0)], ("sweep-L16", "w2"): [(5.0, 2.5)]}
