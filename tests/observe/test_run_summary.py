@@ -1,9 +1,9 @@
 """The run summary (`observe/report.summarize`) on state dirs written as a sweep and a resume write them.
 
 Bytes: each membership's rows carry what it moved in the run, cumulative (worker/worker.py `RunCounters`), a
-worker the sweep moved in included, so the sum of the memberships' maxima is the run's traffic. Wall time: a run launched
-again on its state dir (`rcswarm run --run-dir` twice) was served in two periods; the time between the launches
-is not wall time (before, a resumed run's 66.7 s wall time held 44 s between launches: 3,071 tok/s against ~9,300).
+worker the sweep moved in included, so the sum of the memberships' maxima is the run's traffic. Wall time: a run
+launched again on its state dir (`rcswarm run --run-dir` twice) was served in two periods; the time between the
+launches is not wall time (before, a resumed run's 66.7 s wall time held 44 s between launches: 3,071 tok/s against ~9,300).
 """
 
 from __future__ import annotations
