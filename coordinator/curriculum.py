@@ -55,6 +55,7 @@ from rcswarm.config.runspec import CurriculumSection, RunSpec
 from rcswarm.coordinator.decisions import Decision
 from rcswarm.observe import analysis, fits, forecast
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.errors import StoreError
 from rcswarm.state.store import StateStore
 
 # The run_state key holding the curriculum's state (CurriculumState as JSON).
@@ -552,10 +553,16 @@ class CurriculumTracker:
         return Assignment(length, section.batch_for(length, self.spec.data.batch_size), reason)
 
     def start(self, now: float) -> None:
-        """At a pull: the first one starts the budget's clock, saved now so a restart before the first round close keeps it."""
+        """At a pull: the first one starts the budget's clock, saved now so a restart before the first round close
+        keeps it. A failed save (a full disk) does not fail the pull: one WARNING, and the next save (a round
+        close's decision) holds the start."""
         if self.state.started_at is None:
             self.state = replace(self.state, started_at=now)
-            self._save()
+            try:
+                self._save()
+            except StoreError as exc:
+                log.warning("the curriculum's start was not saved (%s): a restart before the next round close "
+                            "starts its budget's clock again", exc)
 
     def measure(self, worker_id: str, metric: pb.Metric) -> None:
         """Add a training step's compute seconds to the cost of its length: the run's, and under the adaptive

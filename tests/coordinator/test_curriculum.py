@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import logging
 import math
 import threading
 
@@ -18,6 +19,7 @@ from rcswarm.coordinator import SwarmCoordinator
 from rcswarm.coordinator import curriculum as curricula
 from rcswarm.observe.fits import AlphaScheduleFit
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.state.errors import StoreError
 from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
 from tests.helpers.coordinator import creds
@@ -104,6 +106,29 @@ def test_a_cost_measured_off_the_ladder_is_ignored():
     opts = dataclasses.replace(options(), tokens_per_step=(16, 32, 64))
     decision = curricula.decide_lengthening(10.0, state, opts)
     assert decision.ok and "from L = [4]" in decision.reason, decision.reason
+
+
+def test_a_first_pull_on_a_full_disk_is_served_and_its_start_saved_by_the_next_save(tmp_path, caplog):
+    """The first pull saves the curriculum's start: on a full disk that write raised StoreError and failed the pull."""
+    spec = tiny_spec(curriculum={"policy": "adaptive", "seq_lens": [16, 32], "alpha_inf": 0.3, "tau": 50.0,
+                                 "budget_seconds": 100.0})
+    store = StateStore(tmp_path)
+    real = store.set_many
+
+    def full(values):
+        raise StoreError(f"{store.db_path}: cannot write it: database or disk is full", full=True)
+
+    try:
+        tracker = curricula.CurriculumTracker(spec, store)
+        store.set_many = full
+        with caplog.at_level(logging.WARNING, logger="rcswarm.coordinator"):
+            tracker.start(5.0)  # before: StoreError, out of the pull
+        assert tracker.state.started_at == 5.0 and "start was not saved" in caplog.text
+        store.set_many = real
+        tracker.advance(9.0, 0)  # a round close's decision saves the state, the start in it
+        assert curricula.CurriculumTracker(spec, store).state.started_at == 5.0
+    finally:
+        store.close()
 
 
 def test_a_step_of_no_compute_time_is_no_measurement_and_a_zero_cost_does_not_raise(tmp_path):
