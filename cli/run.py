@@ -550,6 +550,11 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
         # The coordinator knows the budget too: its forecasts are of the loss at its end (issue #30).
         run = dataclasses.replace(run, minutes=minutes)
     runs = len(spec.sweep.seq_lens) or 1
+    most = spec.coordinator.max_workers
+    if run.workers // runs > most:
+        given = "--workers" if args.workers is not None else "run.workers"
+        raise ValueError(f"{given} = {run.workers}: {run.workers // runs} workers per run is more than "
+                         f"coordinator.max_workers = {most} admits; expected at most {most * runs} workers")
     sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers // runs))
     if run.rounds == 0:
         raise ValueError("run.rounds = 0 (until stopped) is for `rcswarm coordinator`; `rcswarm run` needs a number of rounds")

@@ -8,6 +8,8 @@ import math
 import signal
 from pathlib import Path
 
+import pytest
+
 from rcswarm.cli import run
 from rcswarm.cli.demo import DEMO_MINUTES, demo_spec
 from rcswarm.observe.forecast import BUDGET_ENDED
@@ -25,6 +27,16 @@ def test_the_demo_is_a_sweep_of_at_least_three_lengths_under_a_budget():
     assert run.load_spec(run.parse_args(["--minutes", "1.5"])).run.minutes == 1.5
     assert run.budget_minutes(run.parse_args(["examples/run.toml"])) is None
     assert run.load_spec(run.parse_args(["examples/run.toml"])).run.minutes == 0
+
+
+def test_more_workers_per_run_than_the_coordinator_admits_names_workers(tmp_path: Path):
+    config = tmp_path / "run.toml"
+    config.write_text(demo_spec().from_dict({**demo_spec().to_dict(), "coordinator": {"max_workers": 2}}).to_toml())
+    runs = len(demo_spec().sweep.seq_lens)
+    with pytest.raises(ValueError) as refused:  # before: "sync.min_reports = 3 is invalid", a key nobody set
+        run.load_spec(run.parse_args([str(config), "--workers", str(3 * runs)]))
+    assert str(refused.value) == (f"--workers = {3 * runs}: 3 workers per run is more than coordinator.max_workers = 2 "
+                                  f"admits; expected at most {2 * runs} workers")
 
 
 def _row(rounds: int, first: float = 3.2, last: float = 2.9) -> dict:
