@@ -4,11 +4,12 @@ Recurrence (see `naive.py`): S_t = S_{t-1} diag(w_t) + (S_{t-1} a_t) b_tᵀ + v_
 y_t = S_t r_t, with w_t = exp(-exp(w_raw_t)). Rows below are time steps of one chunk of C
 steps, t, s ∈ {0, ..., C-1}; S_0 is the state entering the chunk.
 
-Log-space decays. λ_t = log w_t = -exp(w_raw_t) ≤ 0 and g_t = Σ_{u ≤ t} λ_u (cumulative sum
-within the chunk, g_{-1} = 0). The chunk needs the relative decays e^{g_{t-1} - g_s} (s < t)
-and e^{g_t - g_s} (s ≤ t), exponents ≤ 0. The growth factor e^{-g_s} relative to the chunk
-start, which overflows once the cumulative decay underflows, is used only where the chunk's
-decay span keeps it finite (see below); elsewhere the relative decays are formed otherwise.
+Log-space decays. λ_t = log w_t = -exp(w_raw_t) ≤ 0 (clamped at -L: "Clamped decays" below) and
+g_t = Σ_{u ≤ t} λ_u (cumulative sum within the chunk, g_{-1} = 0). The chunk needs the relative
+decays e^{g_{t-1} - g_s} (s < t) and e^{g_t - g_s} (s ≤ t), exponents ≤ 0. The growth factor
+e^{-g_s} relative to the chunk start, which overflows once the cumulative decay underflows, is
+used only where the chunk's decay span keeps it finite (see below); elsewhere the relative
+decays are formed otherwise.
 
 Pseudo-values. With z_t = S_{t-1} a_t [d_v], unrolling the diagonal part gives
 
@@ -42,8 +43,22 @@ The other chunk-heads (strong decays) are recomputed and replace the product's e
 to twice the limit factorized around the midpoint ρ = g_{C-1}/2 (factors ≤ e^{span/2}), above
 that pair by pair from the masked exponents g_{t-1} - g_s, g_t - g_s ≤ 0 ([C, C, d_k]
 elementwise). Their e^{-g_s} factors in the main product are clamped at e^{limit} first so the
-replaced entries' zero gradients never meet an infinite factor (0 · ∞). Any w_raw and any
-chunk size is therefore safe.
+replaced entries' zero gradients never meet an infinite factor (0 · ∞). Any chunk size is
+therefore safe.
+
+Clamped decays. λ is clamped at -L, L = ln(1/eps) + 4 of the arithmetic dtype (≈ 19.9 in
+float32, 40.0 in float64; `log_decay_floor`), by clamping w_raw at ln L before the exponential.
+Unclamped, one strong decay breaks the cumulative sum: with λ_0 = -e^{20} ≈ -4.9e8 the later
+steps' small λ vanish in the rounding of g (float32's spacing there is 32), so the chunk's later
+relative decays are wrong (7e-2 relative error in y in float32), and e^{w_raw} overflows at
+w_raw ≈ 88.7 (float32) into -∞ + ∞ = NaN. A clamped decay, e^λ ≤ e^{-L} < eps/50, changes the
+state by less than eps/50 of the state it decays, below the loop's own rounding. The clamp gives
+those entries zero w_raw gradient; the loop's is (dL/dw) w λ with |w λ| = |λ| e^{λ} ≤ L e^{-L}
+(4e-8 in float32, 2e-16 in float64, against up to 1/e for weak decays), below the rounding of
+the other entries. Since |g| ≤ C·L, a relative decay's exponent is exact to about |g|·eps: up
+to C·L·eps (4e-5 at C = 32 in float32) where a run of clamped steps precedes weak ones, ~1e-6
+after one strong step. Inputs in dtypes other than float32 and float64 (float16, bfloat16) are
+computed in float32 (`compute_dtype`) and the results rounded back.
 
 Layout and work. The sequence is cut into N = ⌈T / C⌉ chunks (a ragged tail padded with
 identity steps, λ = 0 and a = b = k = v = r = 0, which leave the state unchanged) and laid out
@@ -80,6 +95,18 @@ from rcswarm.kernels.rwkv_product.checks import check_chunk_size, check_inputs
 from rcswarm.kernels.rwkv_product.state_scan import state_scan_
 
 DEFAULT_CHUNK_SIZE = 32
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The chunked path's arithmetic type: float64 for float64 inputs, float32 for every other floating dtype
+    (there is no float16 / bfloat16 triangular solve on the CPU; the Triton path accumulates in float32 too)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def log_decay_floor(dtype: torch.dtype) -> float:
+    """L = ln(1 / eps) + 4 of the arithmetic dtype (≈ 19.9 for float32, 40.0 for float64): λ = log w is clamped
+    at -L, where e^λ ≤ e^{-L} < eps / 50 already (see the module docstring)."""
+    return math.log(1.0 / torch.finfo(dtype).eps) + 4.0
 
 
 def factor_limit(dtype: torch.dtype) -> float:
@@ -132,16 +159,16 @@ def _fallback_blocks(
 
 
 def _chunk_forward(
-    rc: Tensor, lam: Tensor, kc: Tensor, vc: Tensor, ac: Tensor, bc: Tensor, initial: Tensor
-) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    rc: Tensor, lam: Tensor, kc: Tensor, vc: Tensor, ac: Tensor, bc: Tensor, initial: Tensor, chunks: int
+) -> tuple[Tensor, Tensor, dict[str, Tensor | float]]:
     """The chunked form on chunk-major pieces [P, C, d] (P = N·B·H, chunk n of head p at n·BH + p).
 
-    lam: λ = log w ≤ 0 [P, C, d_k]; initial [BH, d_v, d_k]. Returns y [P, C, d_v], the final
-    state [BH, d_v, d_k] and the saved quantities of `_chunk_backward`.
+    lam: λ = log w ≤ 0 [P, C, d_k]; initial [BH, d_v, d_k]; chunks: N (given, as B·H may be 0).
+    Returns y [P, C, d_v], the final state [BH, d_v, d_k] and the saved quantities of
+    `_chunk_backward` (tensors, and the float "limit").
     """
     pieces, size, d_k = rc.shape
     heads = initial.shape[0]  # B·H
-    chunks = pieces // heads
     limit = factor_limit(rc.dtype)
     g = lam.cumsum(dim=1)  # [P, C, d_k]
     g_before = F.pad(g[:, :-1], (0, 0, 1, 0))  # [P, C, d_k], row t = g_{t-1}, g_{-1} = 0
@@ -208,14 +235,14 @@ def _mask_blocks(blocks: Tensor, size: int) -> None:
 
 
 def _chunk_backward(
-    saved: dict[str, Tensor], d_y: Tensor, d_final: Tensor
+    saved: dict[str, Tensor | float], d_y: Tensor, d_final: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients (d_r, d_λ, d_k, d_v, d_a, d_b [P, C, d], d_initial [BH, d_v, d_k]) of `_chunk_forward`."""
     sv = saved
     states, transition, inverse = sv["states"], sv["transition"], sv["inverse"]
     pieces, size, d_k = sv["rc"].shape
     heads = states.shape[1]
-    chunks = pieces // heads
+    chunks = states.shape[0] - 1
     d_v = sv["vc"].shape[-1]
     starts = states[:-1].view(pieces, d_v, d_k)  # [P, d_v, d_k]
     d_read = d_y @ starts  # [P, C, d_k]
@@ -278,24 +305,31 @@ def _chunk_backward(
 
 
 class _ChunkedRWKV(torch.autograd.Function):
-    """`_chunk_forward` with the hand-written `_chunk_backward` (first derivatives only)."""
+    """`_chunk_forward` with the hand-written `_chunk_backward` (first derivatives only).
+
+    The saved tensors go through `save_for_backward`, so autograd frees them after a backward
+    unless the graph is retained (a second backward, `gradcheck`) and checks that no saved
+    input was modified in place since; only their names and the float `limit` live on ctx.
+    """
 
     @staticmethod
-    def forward(ctx, rc, lam, kc, vc, ac, bc, initial):
-        y, final, saved = _chunk_forward(rc, lam, kc, vc, ac, bc, initial)
-        ctx.saved = saved
+    def forward(ctx, rc, lam, kc, vc, ac, bc, initial, chunks):
+        y, final, saved = _chunk_forward(rc, lam, kc, vc, ac, bc, initial, chunks)
+        ctx.limit = saved.pop("limit")
+        ctx.names = tuple(saved)
+        ctx.save_for_backward(*saved.values())
         return y, final
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_y, d_final):
-        saved = ctx.saved
-        del ctx.saved
+        saved = dict(zip(ctx.names, ctx.saved_tensors, strict=True))
+        saved["limit"] = ctx.limit
         if d_y is None:
             d_y = saved["vc"].new_zeros(saved["vc"].shape)
         if d_final is None:
             d_final = saved["states"].new_zeros(saved["states"].shape[1:])
-        return _chunk_backward(saved, d_y.contiguous(), d_final)
+        return *_chunk_backward(saved, d_y.contiguous(), d_final), None
 
 
 def rwkv_product_chunked(
@@ -308,9 +342,19 @@ def rwkv_product_chunked(
     initial_state: Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[Tensor, Tensor]:
-    """Outputs y [B, T, H, d_v] and the final state [B, H, d_v, d_k] by the chunked form."""
+    """Outputs y [B, T, H, d_v] and the final state [B, H, d_v, d_k] by the chunked form.
+
+    Arithmetic in `compute_dtype` (float32 for float16 / bfloat16 inputs: outputs and gradients
+    are the float32 results rounded to the input dtype, so they agree with the float64 loop to
+    about that dtype's resolution, ~4e-3 of the largest entry for bfloat16, ~5e-4 for float16).
+    λ = log w is clamped at -`log_decay_floor` (see the module docstring). B = 0 gives empty
+    outputs (and empty gradients).
+    """
     batch, length, heads, d_k, d_v = check_inputs(r, w_raw, k, v, a, b, initial_state)
     check_chunk_size(chunk_size)
+    dtype = r.dtype
+    work = compute_dtype(dtype)
+    r, w_raw, k, v, a, b = (x.to(work) for x in (r, w_raw, k, v, a, b))
     size = min(chunk_size, length)
     chunks = -(-length // size)
     pad = chunks * size - length
@@ -320,10 +364,12 @@ def rwkv_product_chunked(
         x = x.reshape(batch, chunks, size, heads, x.shape[-1]).permute(1, 0, 3, 2, 4)  # [N, B, H, C, d]
         return x.reshape(chunks * batch * heads, size, x.shape[-1])  # [P, C, d], P = N·B·H
 
-    state = r.new_zeros(batch, heads, d_v, d_k) if initial_state is None else initial_state
+    state = r.new_zeros(batch, heads, d_v, d_k) if initial_state is None else initial_state.to(work)
+    lam = -torch.exp(w_raw.clamp(max=math.log(log_decay_floor(work))))  # [B, T, H, d_k], -L ≤ λ ≤ 0
     y, final = _ChunkedRWKV.apply(
-        chunked(r), chunked(-torch.exp(w_raw)), chunked(k), chunked(v), chunked(a), chunked(b),
-        state.reshape(batch * heads, d_v, d_k),
+        chunked(r), chunked(lam), chunked(k), chunked(v), chunked(a), chunked(b),
+        state.reshape(batch * heads, d_v, d_k), chunks,
     )  # [P, C, d_v], [B·H, d_v, d_k]
     y = y.view(chunks, batch, heads, size, d_v).permute(1, 0, 3, 2, 4).reshape(batch, chunks * size, heads, d_v)
-    return y[:, :length], final.view(batch, heads, d_v, d_k)  # [B, T, H, d_v], [B, H, d_v, d_k]
+    y, final = y[:, :length], final.view(batch, heads, d_v, d_k)  # [B, T, H, d_v], [B, H, d_v, d_k]
+    return y.to(dtype), final.to(dtype)

@@ -47,6 +47,8 @@ def state_scan_naive_(x: Tensor, m: Tensor, reverse: bool = False) -> Tensor:
 def state_scan_(x: Tensor, m: Tensor, reverse: bool = False) -> Tensor:
     """The scan above in place on x (contiguous); the Triton kernel for float32 CUDA tensors, else the loop; x."""
     check_scan(x, m)
+    if x.numel() == 0:  # an empty batch (BH = 0): nothing to pass on, and no empty grid to launch
+        return x
     if x.dtype == torch.float32 and use_triton(x) and x.is_contiguous():
         from rcswarm.kernels.rwkv_product.state_scan_triton import state_scan_triton_
 

@@ -27,7 +27,8 @@ dv_t belongs to the program's rows; dr, dk, da, db, dw_raw are sums over all d_v
 each program writes its partial sum over its rows ([⌈d_v / BLOCK_V⌉, B, T, H, d_k]) and the
 host adds the partials. The initial state's gradient is G after the first step. Arithmetic is
 in float32 (float64 for float64 inputs); any T (the last chunk may be short), any d (blocks are
-the next power of two, masked).
+the next power of two, masked). Decays are applied step by step from w_raw, with no cumulative
+sum, so the chunked path's clamp of λ = log w (`chunked.log_decay_floor`) is not needed here.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rcswarm.kernels.rwkv_product.checks import check_chunk_size, check_inputs
+from rcswarm.kernels.rwkv_product.chunked import rwkv_product_chunked
 from rcswarm.kernels.triton_probe import on_tensor_device
 
 DEFAULT_TRITON_CHUNK = 32
@@ -264,4 +266,6 @@ def rwkv_product_triton(
     check_inputs(r, w_raw, k, v, a, b, initial_state)
     check_chunk_size(chunk_size)
     check_block_v(block_v)
+    if r.shape[0] == 0:  # an empty batch: no programs to launch; the chunked path gives the empty outputs and gradients
+        return rwkv_product_chunked(r, w_raw, k, v, a, b, initial_state, chunk_size)
     return _RWKVTriton.apply(r, w_raw, k, v, a, b, initial_state, chunk_size, block_v)

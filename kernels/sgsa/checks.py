@@ -1,7 +1,8 @@
 """Input validation shared by the SGSA kernels.
 
 Layout: q [B, H_q, T, D], k and v [B, H_kv, T, D] (v may have its own D_v), H_q a multiple of
-H_kv; query head h reads key/value head h // (H_q / H_kv). Positions are 0-based.
+H_kv; query head h reads key/value head h // (H_q / H_kv). Positions are 0-based. T, the heads,
+D and D_v must be at least 1; an empty batch (B = 0) is valid and gives an empty output.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ def check_inputs(
     batch, q_heads, length, dim = q.shape
     if length == 0:
         raise ValueError(f"q={describe(q)}: expected T >= 1")
+    if q_heads == 0 or dim == 0:
+        raise ValueError(f"q={describe(q)}: expected H_q >= 1 and D >= 1")
     if k.shape[0] != batch or k.shape[2] != length or k.shape[3] != dim:
         raise ValueError(f"k={describe(k)}: expected [B, H_kv, T, D] with B={batch}, T={length}, D={dim}")
     kv_heads = k.shape[1]
@@ -28,6 +31,8 @@ def check_inputs(
         raise ValueError(f"k={describe(k)}: expected H_kv >= 1 dividing H_q={q_heads}")
     if v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v={describe(v)}: expected [B, H_kv, T] = {list(k.shape[:3])} then D_v")
+    if v.shape[3] == 0:
+        raise ValueError(f"v={describe(v)}: expected D_v >= 1")
     for name, value in (("window", window), ("anchor_stride", anchor_stride)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: expected an int >= 1")

@@ -222,8 +222,9 @@ class _BlockedAttention(torch.autograd.Function):
                         d_flat = dscore.view(-1, columns)[:, keys:]
                         chunk_grad_q.view(-1, plan.dim).addmm_(d_flat, anchor_keys[b, h, :total])
                         grad_anchor_k[b, h, :total].addmm_(d_flat.t(), q_flat)
-        grad_k = grad_k.view(plan.batch, plan.kv_heads, -1, plan.dim)[:, :, plan.front : plan.front + plan.length]
-        grad_v = grad_v.view(plan.batch, plan.kv_heads, -1, plan.dim_v)[:, :, plan.front : plan.front + plan.length]
+        rows = span * plan.block  # r·b + N·b key positions (named, not -1: B = 0 leaves no elements to infer it)
+        grad_k = grad_k.view(plan.batch, plan.kv_heads, rows, plan.dim)[:, :, plan.front : plan.front + plan.length]
+        grad_v = grad_v.view(plan.batch, plan.kv_heads, rows, plan.dim_v)[:, :, plan.front : plan.front + plan.length]
         plan.anchor_rows(grad_k).add_(grad_anchor_k)
         plan.anchor_rows(grad_v).add_(grad_anchor_v)
         return plan.unblocked_queries(grad_q) * scale, grad_k, grad_v, None, None, None

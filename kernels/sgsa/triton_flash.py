@@ -37,6 +37,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rcswarm.kernels.sgsa.checks import check_inputs
+from rcswarm.kernels.sgsa.sparse import sgsa_sparse
 from rcswarm.kernels.triton_probe import on_tensor_device
 
 
@@ -411,4 +412,6 @@ def sgsa_triton(
             raise ValueError(f"{name}={value!r}: expected a power of two >= 16")
     if isinstance(anchor_split, bool) or not isinstance(anchor_split, int) or anchor_split < 1 or anchor_split % block_m:
         raise ValueError(f"anchor_split={anchor_split!r}: expected a positive multiple of block_m={block_m}")
+    if q.shape[0] == 0:  # an empty batch: no programs to launch; the blocked path gives the empty output and gradients
+        return sgsa_sparse(q, k, v, window, anchor_stride, scale)
     return _TritonAttention.apply(q, k, v, window, anchor_stride, scale, block_m, block_n, anchor_split)

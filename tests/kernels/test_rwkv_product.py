@@ -141,11 +141,13 @@ def test_strong_decay_underflow_is_safe(w_shift: float, strict_w_raw: bool) -> N
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float64, TOLERANCE), (torch.float32, 1e-4)])
 def test_mixed_safe_and_pairwise_chunks(dtype: torch.dtype, tolerance: float) -> None:
-    """Heads with per-step log decays of about -1, -9 and -150 (shifts 0, 2.2 and 5): with
-    chunks of 16 the chunk's decay span is ~16, ~144 and ~2400. In float32 (factor limit ~80)
-    one call mixes the main factorized product, the midpoint factorization (span ≤ 160) and
-    the pair-by-pair path; in float64 (limit ~638) the main product with factors up to e^144
-    and the pair-by-pair path. Forward and every gradient."""
+    """Heads with per-step log decays of about -1, -9 and -150 (shifts 0, 2.2 and 5), the last
+    clamped at -L (`log_decay_floor`: ≈ -19.9 in float32, -40.0 in float64): with chunks of 16
+    the chunk's decay span is ~16, ~144 and 16·L. In float32 (factor limit ~80) one call mixes
+    the main factorized product, the midpoint factorization (span ≤ 160) and the pair-by-pair
+    path (span ~319); in float64 (limit ~638) the main product with factors up to e^144 and the
+    midpoint factorization (span ~641; the pair-by-pair path in float64:
+    test_strong_decays_do_not_swallow_later_decays). Forward and every gradient."""
     inputs = make_inputs(2, 45, 3, 8, 4, seed=140)
     shift = torch.tensor([0.0, 2.2, 5.0], dtype=DTYPE)[None, None, :, None]  # [1, 1, H, 1]
     inputs["w_raw"] = inputs["w_raw"] * 0.1 + shift
@@ -472,3 +474,109 @@ def test_cuda_chunked_path_matches_naive_forward_and_grads() -> None:
         results.append([t.detach().double().cpu() for t in (y, state, *grads)])
     for want, got in zip(*results, strict=True):
         assert (got - want).norm() <= 1e-4 * want.norm()
+
+
+STRONG_CHUNK = 48
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float64, TOLERANCE), (torch.float32, FLOAT32_TOLERANCE)])
+@pytest.mark.parametrize("run", [1, 36])
+@pytest.mark.parametrize("strong", [4.0, 20.0, 90.0, 800.0])
+def test_strong_decays_do_not_swallow_later_decays(
+    dtype: torch.dtype, tolerance: float, run: int, strong: float
+) -> None:
+    """The first `run` steps of every chunk of 48 decay with w_raw = `strong` (log w = -e^{strong}), the others weakly
+    (w_raw ≈ -5). Unclamped, λ = -e^{20} in the chunk's cumulative sum swallowed the later steps' small λ (7e-2 relative
+    error in float32, 1e-8 in float64) and e^{w_raw} overflowed into NaN (w_raw = 90 in float32, 800 in float64). With λ
+    clamped at -L (`log_decay_floor`) forward and every gradient match the loop in float64 (with run = 36 the chunk's
+    span is 36·L: the pair-by-pair blocks in both dtypes). The loop's own float64 gradient at w_raw ≥ 709.8 is
+    0·∞ = NaN; its value there, e^{w_raw - e^{w_raw}}, is 0, as the loop gives at w_raw = 50, where its forward is the
+    same (w = 0), so the reference runs on w_raw clamped at 50."""
+    length = 2 * STRONG_CHUNK + 5
+    inputs = make_inputs(2, length, 2, 8, 4, seed=160)
+    inputs["w_raw"] = inputs["w_raw"] * 0.1 - 5.0
+    for start in range(0, length, STRONG_CHUNK):
+        inputs["w_raw"][:, start : start + run] = strong
+    initial = torch.randn(2, 2, 4, 8, generator=torch.Generator().manual_seed(161), dtype=DTYPE)
+    reference_inputs = {**inputs, "w_raw": inputs["w_raw"].clamp(max=50.0)}
+    y_ref, s_ref, g_ref = outputs_and_grads(call(rwkv_product_naive), reference_inputs, initial, 160)
+    low = {name: tensor.to(dtype) for name, tensor in inputs.items()}
+    y, s, g = outputs_and_grads(call(rwkv_product_chunked, chunk_size=STRONG_CHUNK), low, initial.to(dtype), 160)
+    assert relative_error(y, y_ref) <= tolerance
+    assert relative_error(s, s_ref) <= tolerance
+    for name in g_ref:
+        assert torch.isfinite(g[name]).all(), name
+        assert relative_error(g[name], g_ref[name]) <= tolerance, name
+
+
+def test_backward_twice_through_a_retained_graph_and_gradcheck() -> None:
+    """The saved tensors survive a backward with retain_graph=True (they were dropped from ctx after the first), so a
+    second backward through the same graph gives the loop's gradients, and gradcheck passes."""
+    inputs = make_inputs(1, 7, 2, 3, 2, seed=170)
+    initial = torch.randn(1, 2, 2, 3, generator=torch.Generator().manual_seed(171), dtype=DTYPE)
+    for run in (rwkv_product_naive, lambda *xs: rwkv_product_chunked(*xs, chunk_size=3)):
+        tensors = list(leaves(inputs, initial).values())
+        y, state = run(*tensors)
+        first = torch.autograd.grad(y.sum(), tensors, retain_graph=True)
+        second = torch.autograd.grad(y.square().sum() + state.square().sum(), tensors)
+        if run is rwkv_product_naive:
+            reference = (first, second)
+    for got, want in zip((*first, *second), (*reference[0], *reference[1]), strict=True):
+        assert relative_error(got, want) <= TOLERANCE
+    tensors = tuple(leaves(inputs, initial).values())
+    assert torch.autograd.gradcheck(lambda *xs: rwkv_product_chunked(*xs, chunk_size=3), tensors)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("naive_dispatch", [False, True])
+def test_low_precision_inputs_compute_in_float32(dtype: torch.dtype, naive_dispatch: bool) -> None:
+    """float16 / bfloat16 inputs on the CPU (no triangular solve there) run the chunked path in float32: outputs and
+    gradients come back in the input dtype, within half its eps (plus float32's share) of the loop in float64 on the
+    same rounded inputs and cotangents. Through `rwkv_product` (the dispatcher) and `rwkv_product_chunked`."""
+    kernel = rwkv_product if naive_dispatch else rwkv_product_chunked
+    inputs = make_inputs(2, 45, 3, 16, 8, seed=180)
+    initial = torch.randn(2, 3, 8, 16, generator=torch.Generator().manual_seed(181), dtype=DTYPE)
+    low = {name: tensor.to(dtype).requires_grad_(True) for name, tensor in {**inputs, "initial_state": initial}.items()}
+    exact = {name: tensor.detach().double().requires_grad_(True) for name, tensor in low.items()}
+    generator = torch.Generator().manual_seed(182)
+    y_cotangent = torch.randn(2, 45, 3, 8, generator=generator, dtype=DTYPE).to(dtype)
+    state_cotangent = torch.randn(2, 3, 8, 16, generator=generator, dtype=DTYPE).to(dtype)
+    y, state = kernel(**low, chunk_size=16)
+    grads = torch.autograd.grad((y * y_cotangent).sum() + (state * state_cotangent).sum(), list(low.values()))
+    y_ref, state_ref = rwkv_product_naive(**exact)
+    loss_ref = (y_ref * y_cotangent.double()).sum() + (state_ref * state_cotangent.double()).sum()
+    grads_ref = torch.autograd.grad(loss_ref, list(exact.values()))
+    tolerance = torch.finfo(dtype).eps / 2 + FLOAT32_TOLERANCE
+    assert y.dtype == dtype and state.dtype == dtype
+    assert relative_error(y.detach(), y_ref.detach()) <= tolerance
+    assert relative_error(state.detach(), state_ref.detach()) <= tolerance
+    for name, got, want in zip(low, grads, grads_ref, strict=True):
+        assert got.dtype == dtype, name
+        assert relative_error(got, want) <= tolerance, name
+
+
+def test_empty_dimensions() -> None:
+    """H = 0, d_k = 0 or d_v = 0 is refused with a ValueError naming the shape (they failed with ZeroDivisionError and
+    IndexError); an empty batch gives empty outputs and empty gradients on every path."""
+    inputs = make_inputs(1, 5, 2, 3, 4, seed=190)
+    no_heads = {name: tensor[:, :, :0] for name, tensor in inputs.items()}
+    no_keys = {**inputs, **{name: inputs[name][..., :0] for name in ("r", "w_raw", "k", "a", "b")}}
+    no_values = {**inputs, "v": inputs["v"][..., :0]}
+    kernels = (rwkv_product, rwkv_product_naive, rwkv_product_chunked)
+    for kernel in kernels:
+        for bad, message in (
+            (no_heads, r"r=tensor\[1, 5, 0, 3\].*H >= 1"),
+            (no_keys, r"r=tensor\[1, 5, 2, 0\].*d_k >= 1"),
+            (no_values, r"v=tensor\[1, 5, 2, 0\].*d_v >= 1"),
+        ):
+            with pytest.raises(ValueError, match=message):
+                kernel(**bad)
+    for kernel in (*kernels, lambda **xs: rwkv_product_chunked(**xs, chunk_size=2)):
+        tensors = leaves({name: tensor[:0] for name, tensor in inputs.items()}, torch.zeros(0, 2, 4, 3, dtype=DTYPE))
+        y, state = kernel(**tensors)
+        assert y.shape == (0, 5, 2, 4) and state.shape == (0, 2, 4, 3)
+        grads = torch.autograd.grad(y.sum() + state.sum(), list(tensors.values()))
+        assert all(grad.shape == tensor.shape for grad, tensor in zip(grads, tensors.values(), strict=True))
+    substeps = make_inputs(0, 3, 2, 3, 4, seed=191, substeps=2)
+    y, state = rwkv_product_substeps(**substeps, chunk_size=4)
+    assert y.shape == (0, 3, 2, 4) and state.shape == (0, 2, 4, 3)

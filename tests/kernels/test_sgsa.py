@@ -328,3 +328,35 @@ def test_triton_child_default_blocks_and_bad_blocks() -> None:
             sgsa_triton(q, k, v, 20, 6, **{name: value})
     with pytest.raises(ValueError, match="window"):
         sgsa_triton(q, k, v, 0, 6)
+
+
+def test_empty_dimensions() -> None:
+    """H_q = 0, D = 0 or D_v = 0 is refused with a ValueError naming the shape (they failed with ZeroDivisionError or
+    a reshape error); an empty batch gives an empty output and empty gradients (the blocked backward failed to
+    reshape)."""
+    q, k, v = make_inputs(1, 2, 1, 9, 4, 3, seed=520)
+    bad = (
+        ((q[:, :0], k, v), r"q=tensor\[1, 0, 9, 4\].*H_q >= 1"),
+        ((q[..., :0], k[..., :0], v), r"q=tensor\[1, 2, 9, 0\].*D >= 1"),
+        ((q, k, v[..., :0]), r"v=tensor\[1, 1, 9, 0\].*D_v >= 1"),
+    )
+    for function in (sgsa_naive, sgsa_sparse, sgsa_attention):
+        for tensors, message in bad:
+            with pytest.raises(ValueError, match=message):
+                function(*tensors, 3, 2)
+        empty = [tensor[:0].clone().requires_grad_(True) for tensor in (q, k, v)]
+        out = function(*empty, 3, 2)
+        assert out.shape == (0, 2, 9, 3)
+        grads = torch.autograd.grad(out.sum(), empty)
+        assert [grad.shape for grad in grads] == [tensor.shape for tensor in empty]
+
+
+@child_only
+def test_triton_child_empty_batch() -> None:
+    from rcswarm.kernels.sgsa.triton_flash import sgsa_triton
+
+    empty = [t.float()[:0].clone().requires_grad_(True) for t in make_inputs(1, 2, 1, 70, 8, 8, seed=530)]
+    out = sgsa_triton(*empty, 20, 6)
+    assert out.shape == (0, 2, 70, 8)
+    grads = torch.autograd.grad(out.sum(), empty)
+    assert [grad.shape for grad in grads] == [tensor.shape for tensor in empty]
