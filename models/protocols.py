@@ -6,9 +6,9 @@ activation memory flat in the window length:
 
 - `encode(steps [B, k, *S]) -> embeddings [B, k, D]`: embedding t depends on
   steps[:, t] only, and the call has no side effects (no running statistics).
-  It must be a deterministic function of its input and the RNG state: before
-  every chunk the CPU (and CUDA) RNG state is recorded and restored for the
-  recomputation, so dropout draws the same masks twice.
+  It must be a deterministic function of its input and the RNG state: every
+  chunk runs from a seed of its own (`train/bptt/encoder_chunks.WindowRng`),
+  seeded again for the recomputation, so dropout draws the same masks twice.
 - `core_loss(embeddings [B, L, D], targets) -> scalar loss`: any differentiable
   function of the whole embedding sequence.
 
@@ -25,7 +25,9 @@ its state only at some segment boundaries and runs segments again from there:
   or second is the batch; it must not be modified in place.
 - For every split of [0, L) into consecutive segments, chaining the states,
   `core_loss(embeddings, targets)` equals sum(loss_sum) / sum(scored) (up to
-  floating-point summation order).
+  floating-point summation order). A core with dropout may be checkpointed:
+  each segment runs from a seed of its own, the same in every run of it (its
+  masks then differ from those `core_loss` would draw over the whole window).
 
 The frame model (`rcswarm.models.frame.FrameActionModel`) implements both.
 """

@@ -18,11 +18,11 @@ from torch import Tensor
 from rcswarm.data.frames.window import FrameWindow, TensorWindow
 from rcswarm.models.protocols import CoreState, SegmentStepModel
 from rcswarm.train.bptt.encoder_chunks import (
-    RngSnapshot,
+    CORE,
+    WindowRng,
     chunk_bounds,
     encode_without_grad,
     recompute_backward,
-    rng_moved,
 )
 from rcswarm.train.bptt.schedule import (
     ADVANCE,
@@ -133,7 +133,12 @@ class CheckpointedRun:
     """One checkpointed backward pass over a window (the checkpointed mode of `rcswarm.train.bptt.streaming`).
 
     Segment i covers steps [i S, (i + 1) S) (S = `segment_steps`, a multiple of k); its
-    encoder runs in chunks of k steps, aligned with the window's chunks of k. Single-threaded
+    encoder runs in chunks of k steps, aligned with the window's chunks of k. Random numbers
+    come from `rng` (a `WindowRng`): the window's encoder chunk c from its seed ENCODE c, as
+    in the paged mode, and the core on segment i, in each of its up to three runs (the first
+    sweep, an advance from a checkpoint, the turn), from its seed CORE i, so a core with
+    dropout gets the same masks for the loss, the boundary states and the gradients. That
+    costs O(1) bytes per window, not an RNG state per chunk. Single-threaded
     apart from the `Prefetcher`'s loads (window reads, embedding reads), which touch only the
     window and the embedding file.
     """
@@ -150,7 +155,7 @@ class CheckpointedRun:
         self.prefetcher = Prefetcher(prefetch + 1, background=device.type == "cuda")
         self.states: StateStash | None = None
         self.embeddings: EmbeddingStore | None = None
-        self.rng: dict[int, list[RngSnapshot]] = {}
+        self.rng = WindowRng(device)
         self.visited = 0
         self.loss_total: Tensor | None = None
         self.scored_total: Tensor | None = None
@@ -181,13 +186,15 @@ class CheckpointedRun:
         steps, targets = self.prefetcher.take(("read", i), self._loader(i))
         return TensorWindow(steps.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True))
 
+    def _first_chunk(self, i: int) -> int:
+        """The window's index of segment i's first encoder chunk of k steps."""
+        return self.bounds(i)[0] // self.k
+
     def _encode(self, i: int, segment: TensorWindow) -> Tensor:
-        """Segment i's embeddings [B, S, D] without gradients; its RNG states kept if the encoder drew any."""
-        embeddings, _, snapshots = encode_without_grad(
-            self.model, segment, chunk_bounds(segment.length, self.k), self.device
+        """Segment i's embeddings [B, S, D] without gradients, each chunk from its seed."""
+        embeddings, _ = encode_without_grad(
+            self.model, segment, chunk_bounds(segment.length, self.k), self.device, self.rng, self._first_chunk(i)
         )
-        if rng_moved(snapshots[0], self.device):
-            self.rng[i] = snapshots
         return embeddings
 
     def _count(self, loss_sum: Tensor, scored: Tensor) -> None:
@@ -201,7 +208,7 @@ class CheckpointedRun:
         segment = self.read(i)
         self.prefetch_read(i + 1)
         embeddings = self._encode(i, segment)  # [B, S, D]
-        with torch.no_grad():
+        with torch.no_grad(), self.rng.seeded(CORE, i, first=True):
             loss_sum, scored, state = self.model.core_segment(embeddings, segment.targets, self.state)
         assert loss_sum is not None and scored is not None
         self._count(loss_sum, scored)
@@ -239,7 +246,7 @@ class CheckpointedRun:
             return
         if i > self.visited:
             raise RuntimeError(f"the schedule advanced segment {i} before segment {self.visited}")
-        with torch.no_grad():
+        with torch.no_grad(), self.rng.seeded(CORE, i, first=False):
             _, _, self.state = self.model.core_segment(self.embeddings.get(i), None, self.state)
 
     def turn(self, i: int) -> None:
@@ -260,7 +267,7 @@ class CheckpointedRun:
             embeddings = self.embeddings.get(i)
         leaf = embeddings.detach().requires_grad_()  # [B, S, D]
         state_in = None if self.state is None else tuple(t.detach().requires_grad_() for t in self.state)
-        with torch.enable_grad():
+        with torch.enable_grad(), self.rng.seeded(CORE, i, first=first):
             loss_sum, scored, state_out = self.model.core_segment(leaf, segment.targets, state_in)
         assert loss_sum is not None and scored is not None
         if first:
@@ -280,8 +287,7 @@ class CheckpointedRun:
         self.state = None
         if leaf.grad is not None:
             bounds = chunk_bounds(segment.length, self.k)
-            snapshots = self.rng.pop(i, [None] * len(bounds))
-            recompute_backward(self.model, segment, leaf.grad, bounds, snapshots, self.device)
+            recompute_backward(self.model, segment, leaf.grad, bounds, self.rng, self.device, self._first_chunk(i))
 
     def _prefetch_ahead(self, upcoming: Iterable[Action]) -> None:
         assert self.states is not None
@@ -313,6 +319,7 @@ class CheckpointedRun:
                     self.state = None if index == 0 else states.get(index)
                 elif name == FREE:
                     states.drop(index)
+            self.rng.finish()
         finally:
             self.prefetcher.close()
             if self.embeddings is not None:

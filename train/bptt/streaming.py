@@ -35,7 +35,7 @@ each) is kept only at the segment boundaries a checkpoint schedule
 binomial/revolve) chooses from a memory budget, in slots allocated once:
 
 1. Forward sweep: every segment is encoded once under `torch.no_grad()`, k
-   steps at a time (the RNG states kept if the encoder drew random numbers),
+   steps at a time (each chunk from a seed of its own, below),
    and its embeddings [B, S, D] are kept in an `EmbeddingStore` (host memory,
    or a temporary file when they do not fit the budget); the core runs on them
    from the carried state, without gradients, accumulating the summed loss and
@@ -48,7 +48,7 @@ binomial/revolve) chooses from a memory budget, in slots allocated once:
    (1 / total scored, dloss/dstate from the segment after) accumulates the
    core's parameter gradients and yields dloss/dstate at its input and
    dloss/dembeddings. Then the segment's encoder is recomputed with gradients
-   k steps at a time, last chunk first (RNG states restored), each chunk
+   k steps at a time, last chunk first (from the chunks' seeds), each chunk
    backpropagated with its share of dloss/dembeddings, as in the paged mode.
 3. Window chunks come from a `FrameWindow` (`chunk(start, stop)`), so a 10^5
    step window is never materialized. The schedule's next actions are known,
@@ -57,6 +57,16 @@ binomial/revolve) chooses from a memory budget, in slots allocated once:
    and embeddings copied back from pinned host memory on the side stream; on
    the CPU, the kernel reads the embedding file ahead (posix_fadvise) and the
    rest loads when needed (see `segment_store.Prefetcher` for why).
+
+Random numbers (dropout) in both modes: every encoder chunk, and in the
+checkpointed mode every core segment, draws from a seed of its own derived from
+one base seed per window (`encoder_chunks.WindowRng`), under
+`torch.random.fork_rng`, so each recomputation draws what the first run drew
+(the same masks) at O(1) bytes per window; the caller's generator advances by
+one draw per window that drew any. A core with dropout thus gets the same masks
+in the checkpointed mode's up to three runs of a segment; they differ from the
+masks of `core_loss` over the whole window. `plain_backward(..., chunk_steps=k)`
+seeds its chunks as the paged mode does.
 
 So the live memory is one segment's core activations (O(S)), one chunk's
 encoder activations (O(k)), the stored states the schedule allows and the
@@ -89,7 +99,7 @@ from torch import Tensor
 from rcswarm.data.frames.window import FrameWindow, TensorWindow
 from rcswarm.models.protocols import SegmentStepModel, StepModel
 from rcswarm.train.bptt.checkpointed import CheckpointedRun, CheckpointPlan
-from rcswarm.train.bptt.encoder_chunks import chunk_bounds
+from rcswarm.train.bptt.encoder_chunks import ENCODE, WindowRng, chunk_bounds
 from rcswarm.train.bptt.paged import paged_backward
 from rcswarm.train.bptt.stats import StreamingStats
 
@@ -173,13 +183,19 @@ def plain_backward(model: StepModel, batch: Batch, chunk_steps: int | None = Non
     """The reference: one autograd graph over the whole window, then `loss.backward()`.
 
     With `chunk_steps` the encoder is called on chunks of that many steps (all
-    kept in the graph), consuming the RNG as `streaming_backward` does.
+    kept in the graph), each chunk from the seed `streaming_backward` gives it,
+    so with the same k both draw the same random numbers and leave the RNG alike.
     """
     steps, targets = _check_inputs(model, batch)
     device = _model_device(model)
     n_steps = steps.shape[1]
     k = n_steps if chunk_steps is None else _check_chunk_steps("chunk_steps", chunk_steps)
-    pieces = [model.encode(steps[:, a:b].to(device)) for a, b in chunk_bounds(n_steps, k)]
+    rng = WindowRng(device)
+    pieces = []
+    for index, (a, b) in enumerate(chunk_bounds(n_steps, k)):
+        with rng.seeded(ENCODE, index, first=True):
+            pieces.append(model.encode(steps[:, a:b].to(device)))  # [B, k, D]
+    rng.finish()
     embeddings = torch.cat(pieces, dim=1)  # [B, L, D]
     loss = model.core_loss(embeddings, targets.to(device))
     loss.backward()
