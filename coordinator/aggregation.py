@@ -87,7 +87,9 @@ SGD; from +0.15 up at the benchmark's AdamW steps), and a flip's score mirrors i
 docs/PERFORMANCE.md has the cost of each and the loss of an honest run under each.
 
 `automatic_norm_bound` is the default hard bound `sync.max_update_norm = 0`: twice the most
-an honest worker's inner optimizer can move θ in inner.steps steps.
+an honest worker's inner optimizer can move θ in the most steps one round lets it train
+(`SyncSection.step_cap`: inner.steps, or sync.max_steps for time-boxed rounds; adaptive step counts
+never exceed inner.steps).
 
 Sparse updates (`sync.codec = "sparse"`, issue #28). Every rule here reads an update decoded to a
 dense float32 tensor: the entries a worker sent, zero elsewhere (`EncodedDeltas` decodes the sparse
@@ -604,8 +606,11 @@ def adam_step_bound(beta1: float, beta2: float) -> float | None:
     return max(best, scale / math.sqrt(1 - q))
 
 
-def automatic_norm_bound(inner: InnerSection, parameters: int, theta_norm: float) -> tuple[float, str]:
-    """`sync.max_update_norm = 0`: NORM_BOUND_SAFETY × the most inner.steps honest steps move θ; with why.
+def automatic_norm_bound(
+    inner: InnerSection, parameters: int, theta_norm: float, steps: int | None = None, steps_from: str = "inner.steps"
+) -> tuple[float, str]:
+    """`sync.max_update_norm = 0`: NORM_BOUND_SAFETY × the most `steps` honest steps move θ; with why. `steps`: the
+    most inner steps one round lets a worker train (None: inner.steps), named in the reason by `steps_from`.
 
     AdamW: each coordinate moves at most a·lr per step (`adam_step_bound`), so the step's L2
     norm is at most a·lr·sqrt(P); the decoupled weight decay adds lr·wd·‖θ_t‖ with
@@ -614,7 +619,11 @@ def automatic_norm_bound(inner: InnerSection, parameters: int, theta_norm: float
     The factor covers what the codec's error feedback adds to an update (at most a few
     thousandths of the previous one for int8).
     """
-    steps, lr, decay = inner.steps, inner.lr, inner.weight_decay
+    if steps is None:
+        steps = inner.steps
+    if steps < 1:
+        raise ValueError(f"automatic_norm_bound: steps = {steps}; expected the most inner steps of a round, >= 1")
+    lr, decay = inner.lr, inner.weight_decay
     if inner.optimizer == "adamw":
         a = adam_step_bound(inner.beta1, inner.beta2)
         if a is None:
@@ -628,5 +637,5 @@ def automatic_norm_bound(inner: InnerSection, parameters: int, theta_norm: float
         why = "SGD: lr × inner.grad_clip per step"
     drift = steps * per_step
     bound = NORM_BOUND_SAFETY * steps * (per_step + lr * decay * (theta_norm + drift))
-    return bound, (f"{bound:.4g} = {NORM_BOUND_SAFETY:g} × the most {steps} honest inner steps move θ "
+    return bound, (f"{bound:.4g} = {NORM_BOUND_SAFETY:g} × the most {steps} honest inner steps ({steps_from}) move θ "
                    f"({why}, weight decay at ‖θ‖ = {theta_norm:.4g}, {parameters} parameters)")

@@ -13,7 +13,9 @@ coordinator's `_lock`:
    digest in one pass and the SQLite commit (with the dropped and flagged updates' events and the
    reference norms), and the payloads of the new version (`ClosedRound`).
 3. `publish` (lock held): serve the committed version, open the next round, note how each update
-   fared, evict persistent outliers, wake the waiters of `_version_changed`, advance the curriculum.
+   fared, decide the pace, evict persistent outliers, wake the waiters of `_version_changed`, advance
+   the curriculum. The round is open before any of these can fail, and one that raises (a store
+   refusing an events row) is logged: a committed version never leaves the run behind.
 
 `finish` runs steps 2 and 3 once the caller released the lock; a failed step 2 restores the broadcast
 residual, reopens the round and wakes the waiters, so the next tick retries it. One close at a time:
@@ -27,7 +29,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -100,14 +102,18 @@ def load_norm_history(spec: RunSpec, store: StateStore) -> tuple[tuple[float, ..
 
 
 def update_norm_bound(spec: RunSpec, params: outer.Tensors) -> tuple[float, str]:
-    """The hard bound on an update's norm trained from `params`, and why (no lock: pure)."""
+    """The hard bound on an update's norm trained from `params`, and why (no lock: pure): automatic, for the most
+    steps one round lets a worker train (`SyncSection.step_cap`: inner.steps, or sync.max_steps, 10 × inner.steps by
+    default, in a time-boxed round; adaptive step counts stay within inner.steps), unless configured."""
     configured = spec.sync.max_update_norm
     if configured > 0:
         return configured, f"sync.max_update_norm = {configured:.4g}"
     # A bound needs no float64 sum: float32 norms per tensor, without full-size temporaries.
     norm = math.sqrt(sum(float(torch.linalg.vector_norm(t)) ** 2 for t in params.values()))
     parameters = sum(t.numel() for t in params.values())
-    bound, why = aggregation.automatic_norm_bound(spec.inner, parameters, norm)
+    steps = spec.sync.step_cap(spec.inner.steps)
+    steps_from = "inner.steps" if spec.sync.round == "steps" else "sync.max_steps of a time-boxed round"
+    bound, why = aggregation.automatic_norm_bound(spec.inner, parameters, norm, steps, steps_from)
     return bound, f"the automatic sync.max_update_norm {why}"
 
 
@@ -243,30 +249,37 @@ class RoundCloser:
         )
 
     def publish(self, close: RoundClose, closed: ClosedRound) -> None:
-        """Serve the committed version, open the next round, note how each update fared and evict persistent
-        outliers, wake the waiters, advance the curriculum (lock held)."""
+        """Serve the committed version and open the next round, then note how each update fared, decide the pace,
+        evict persistent outliers, wake the waiters and advance the curriculum (lock held).
+
+        The version is committed, so nothing after serving it may leave the run behind: the next round is open and
+        the close no longer under way before any step that can fail, a step that raises (the pace decision, an
+        eviction whose event row the store refuses, the curriculum) is logged and the others go on, and the waiters
+        of `_version_changed` are woken whatever happens."""
         run, version = self.run, close.round.version
         self.spare = SpareBuffers(run.momentum, close.saved_feedback, run.params, run._pull_payload)
         run.params, run.momentum, run.version = closed.params, closed.momentum, version + 1
         run.param_sha256 = closed.param_sha256
         run._pull_payload = closed.pull_payload
         run._delta_payload = (version, *closed.step_payload)
-        run._decide_pace()
         run.round = OpenRound(version + 1, run.clock(), started=True, budget_s=run.pace.round_seconds)
         self.under_way = None
-        for worker_id, tokens in closed.applied.items():
-            run.applied_tokens += tokens
-            if worker_id in run.workers:
-                run.workers[worker_id].applied_tokens += tokens
-        run.last_close_seconds = closed.seconds
         self.norm_history, self.norm_bound = closed.history, closed.norm_bound
         self.previous_average = closed.aggregate.average if self.aggregation_options.method == "centered_clip" else None
-        for o in closed.aggregate.outcomes:
-            worker = run.workers.get(o.worker_id)
-            if worker is not None:
-                worker.note_round(version, o.action if o.flagged else "", o.reason, run.outliers.window)
-        run._evict_outliers(run.clock())
-        run._version_changed.notify_all()
+        run.last_close_seconds = closed.seconds
+        try:
+            for worker_id, tokens in closed.applied.items():
+                run.applied_tokens += tokens
+                if worker_id in run.workers:
+                    run.workers[worker_id].applied_tokens += tokens
+            for o in closed.aggregate.outcomes:
+                worker = run.workers.get(o.worker_id)
+                if worker is not None:
+                    worker.note_round(version, o.action if o.flagged else "", o.reason, run.outliers.window)
+            self._carry_on(version, "the pace decision (the pace stays)", lambda: self._pace_round(run))
+            self._carry_on(version, "evicting outliers", lambda: run._evict_outliers(run.clock()))
+        finally:
+            run._version_changed.notify_all()
         # One short line per round, naming its run; the close's pieces and the aggregation's account at DEBUG (the
         # rounds table and `rcswarm status` keep the latter).
         run.log.info("round %d closed, version %d served: %s; %d reports, %d tokens, %.3f s", version, version + 1,
@@ -274,8 +287,21 @@ class RoundCloser:
                      sum(closed.seconds.values()))
         pieces = ", ".join(f"{name} {seconds:.3f}" for name, seconds in closed.seconds.items())
         run.log.debug("round %d: close pieces (s): %s; %s", version, pieces, closed.record.aggregation)
+        # The version is committed and served; a failed curriculum step keeps the current L.
+        self._carry_on(version, "the curriculum decision (L stays)",
+                       lambda: run.tracker.advance(close.decided_at, version, list(run._active)))
+
+    @staticmethod
+    def _pace_round(run: SwarmCoordinator) -> None:
+        """Decide the pace of the round a close just opened: its budget is the new pace's (lock held)."""
+        run._decide_pace()
+        run.round.budget_s = run.pace.round_seconds
+
+    def _carry_on(self, version: int, what: str, step: Callable[[], object]) -> None:
+        """Run one step of publishing round `version`'s close; one that raises is logged with what it was, and the
+        run goes on on the version already served (lock held)."""
         try:
-            run.tracker.advance(close.decided_at, version, list(run._active))
+            step()
         except Exception:
-            # The version is committed and served; a failed curriculum step keeps the current L.
-            run.log.exception("round %d: the curriculum decision failed; L stays", version)
+            self.run.log.exception("round %d: %s failed after version %d was served; the run goes on", version, what,
+                                   version + 1)

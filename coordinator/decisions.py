@@ -8,7 +8,10 @@ drive them with a fake clock.
 Heterogeneous swarms (issue #15). `decide_pace` says how much each worker trains from a version:
 step-boxed rounds of inner.steps, adaptive step counts (each worker gets the steps it does in the
 time the fastest needs for inner.steps, at least sync.min_steps), or time-boxed rounds whose budget
-is sync.round_seconds, raised so that the slowest worker still completes sync.min_steps steps.
+is sync.round_seconds, raised so that the slowest worker still completes sync.min_steps steps, but by
+at most sync.round_deadline_s: a member claiming slow steps stretches a round by no more than one
+that pulls and never pushes makes it wait (its deadline). Step times it is given are the coordinator's
+measurements (`WorkerRecord.check_steps`); one of no time, or not a number, counts as not measured.
 `decide_staleness` says whether a late update (trained from an older version than the one served)
 is merged, and with which weight: staleness s = current version − base version, merged while
 s <= sync.max_staleness with its tokens multiplied by
@@ -25,7 +28,8 @@ delayed outer gradients.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -54,7 +58,8 @@ class RoundOptions:
     # What happens to the update of a worker the deadline leaves training (for the reason only).
     max_staleness: int = 0
     # Adaptive step counts: the deadline does not leave behind a worker whose speed is not measured yet
-    # (its first round is as long as it is slow; it is paced from the next one on).
+    # (its first round is as long as it is slow; it is paced from the next one on), for one more
+    # round_deadline_s at most: a member that never reports a step is never measured.
     wait_unmeasured: bool = False
 
 
@@ -108,6 +113,13 @@ class PaceOptions:
     round_seconds: float
     min_steps: int
     adaptive_steps: bool
+    # A round's deadline after its budget (sync.round_deadline_s): a time-boxed budget grows beyond round_seconds by
+    # at most this much. inf: not capped.
+    round_deadline_s: float = math.inf
+
+    def with_deadline(self, round_deadline_s: float) -> PaceOptions:
+        """These options with the round deadline that caps how far a time-boxed budget grows."""
+        return dataclasses.replace(self, round_deadline_s=round_deadline_s)
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,25 @@ class Lateness:
     staleness: int
     weight: float
     reason: str
+
+
+def decide_place(
+    now: float, workers: Iterable[WorkerView], holders: Collection[str], version: int,
+    options: MembershipOptions, taking_over: str | None = None,
+) -> Decision:
+    """Whether a joining worker finds a place once the places held in the open round of `version` are counted: every
+    live active membership (as `decisions.decide_admission` counts them) and every other membership in `holders`,
+    those that delivered an update to the open round and ended (or whose lease lapsed) before it closed. `taking_over`:
+    the ended holder the joiner names as its previous membership, whose place it takes (not counted twice)."""
+    live = {w.worker_id for w in workers if w.active and now - w.last_seen <= options.lease_s}
+    held = set(holders) - live - ({taking_over} if taking_over else set())
+    if len(live) + len(held) >= options.max_workers:
+        return Decision(False, (
+            f"the swarm is full: {len(live)} active and {len(held)} ended memberships whose updates are in the open "
+            f"round {version}, of max_workers={options.max_workers}; their places free when round {version} closes"))
+    takes = f", taking over the place of {taking_over}, whose update is in round {version}" if taking_over else ""
+    holding = f"; {len(held)} places held by ended memberships' updates in round {version}" if held else ""
+    return Decision(True, f"admitted as worker {len(live) + 1} of at most {options.max_workers}{takes}{holding}")
 
 
 def decide_admission(
@@ -245,8 +276,9 @@ def decide_round_close(
 ) -> Decision:
     """Close when every active worker of the round's version reported (and at least
     min_reports did), or at the deadline with at least one report: `round_deadline_s` after the
-    round opened, after its budget for a time-boxed round. The reason says what the workers the
-    deadline leaves behind are doing (still training) and what becomes of their updates."""
+    round opened, after its budget for a time-boxed round (with `wait_unmeasured`, a worker whose
+    speed is not measured yet is waited for one more `round_deadline_s`). The reason says what the
+    workers the deadline leaves behind are doing (still training) and what becomes of their updates."""
     reported = len(round_.reporters)
     if reported == 0:
         return Decision(False, f"round {round_.version}: no reports yet")
@@ -256,10 +288,12 @@ def decide_round_close(
         return Decision(True, f"round {round_.version}: {budget}all {reported} active workers reported")
     deadline = round_.budget_s + options.round_deadline_s
     unmeasured = [w for w in workers if w.worker_id in waiting and not w.measured] if options.wait_unmeasured else []
-    if now - round_.opened_at >= deadline and unmeasured:
+    extended = deadline + options.round_deadline_s
+    if deadline <= now - round_.opened_at < extended and unmeasured:
         return Decision(False, (
             f"round {round_.version}: deadline {deadline:.1f}s reached; waiting for {len(unmeasured)} worker(s) "
-            "whose speed is not measured yet (sync.adaptive_steps paces them from their next round)"
+            f"whose speed is not measured yet, until {extended:.1f}s (sync.adaptive_steps paces them from their "
+            "next round)"
         ))
     if now - round_.opened_at >= deadline:
         return Decision(True, (
@@ -312,7 +346,9 @@ def decide_staleness(base_version: int, version: int, pulled: int, options: Stal
 
 def decide_pace(step_seconds: Mapping[str, float], options: PaceOptions) -> Pace:
     """How much each worker trains from the next version, from the active workers' measured seconds per
-    inner step (`step_seconds`, only those measured). See the module docstring for the three modes."""
+    inner step (`step_seconds`, only those measured; a time <= 0 or not finite counts as not measured). See the
+    module docstring for the three modes."""
+    step_seconds = {worker_id: s for worker_id, s in step_seconds.items() if 0.0 < s < math.inf}
     if options.mode == "time":
         return _time_pace(step_seconds, options)
     if not options.adaptive_steps:
@@ -333,7 +369,8 @@ def decide_pace(step_seconds: Mapping[str, float], options: PaceOptions) -> Pace
 
 
 def _time_pace(step_seconds: Mapping[str, float], options: PaceOptions) -> Pace:
-    """A time-boxed round: sync.round_seconds, or longer so that the slowest worker does sync.min_steps."""
+    """A time-boxed round: sync.round_seconds, or longer so that the slowest worker does sync.min_steps, at most
+    sync.round_seconds + sync.round_deadline_s."""
     budget, why = options.round_seconds, f"sync.round_seconds = {options.round_seconds:g}"
     if step_seconds:
         slowest = max(step_seconds, key=lambda worker_id: (step_seconds[worker_id], worker_id))
@@ -342,6 +379,11 @@ def _time_pace(step_seconds: Mapping[str, float], options: PaceOptions) -> Pace:
             budget = needed
             why = (f"sync.min_steps = {options.min_steps} of the slowest worker {slowest} at "
                    f"{step_seconds[slowest]:.3f}s/step (> sync.round_seconds = {options.round_seconds:g})")
+            limit = options.round_seconds + options.round_deadline_s
+            if budget > limit:
+                budget = limit
+                why += (f", capped at sync.round_seconds + sync.round_deadline_s = {options.round_seconds:g} + "
+                        f"{options.round_deadline_s:g}")
     return Pace(budget, options.step_cap, (), f"time-boxed: {budget:.2f}s a round ({why}), at most {options.step_cap} steps")
 
 

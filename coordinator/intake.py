@@ -2,9 +2,11 @@
 
 A push (`SwarmCoordinator.push`) passes, in this order: its stream's first message must be the meta
 (`first_part`); the worker secret (service.py, `_authenticated`); `UpdateIntake.check_meta` under the lock
-(a duplicate: ALREADY_EXISTS; tokens out of range: INVALID_ARGUMENT; a stale update, or one trained from a version
-a fallback set aside: FAILED_PRECONDITION, counted and recorded as a `stale` event; a version that does not exist
-yet: FAILED_PRECONDITION; tokens above the assignment's bound); then, without the lock, `receive_update` decodes
+(a negative base version: INVALID_ARGUMENT, before anything is recorded; a duplicate: ALREADY_EXISTS; tokens out of
+range: INVALID_ARGUMENT; a stale update, one trained from a version a fallback set aside, or one for a finished or
+stopped run: FAILED_PRECONDITION, counted and recorded as a `stale` event at most once per worker and round; a
+version that does not exist yet: FAILED_PRECONDITION; a round that already holds `coordinator.max_workers` updates of
+its kind: RESOURCE_EXHAUSTED; tokens above the assignment's bound); then, without the lock, `receive_update` decodes
 and validates the payload (names, shapes, sizes, CRCs, finite values: INVALID_ARGUMENT); then under the lock again both
 checks once more and the norm bound, and `UpdateIntake.record` puts it into the open round.
 
@@ -18,6 +20,12 @@ Late updates (issue #15): an update trained from a version this membership pulle
 `sync.max_staleness` versions old (`decisions.decide_staleness`), is kept in the open round's `late`
 updates with its tokens weighted by the staleness weight; an older one is refused (FAILED_PRECONDITION
 naming both versions). A push for a round that is closing waits for the close and then arrives late.
+
+Updates a round holds. One round holds at most `coordinator.max_workers` on-time updates and as many late ones
+(`round_room`, RESOURCE_EXHAUSTED naming the cap): one membership delivers at most one of each to a round, and
+admission (service.py, `decide_place`) counts a membership that ended with an update still in the open round as
+holding its place until that round closes, so a join-token holder can no longer put any number of updates into one
+round by joining, pushing and leaving again and again under new ids. The cap is the second line of that defence.
 
 Set-aside versions. A coordinator that resumed from an older verified checkpoint (state/store.py, `load_current`)
 serves that θ under a new number, past every version it committed before, and the versions above the verified one
@@ -67,6 +75,17 @@ if TYPE_CHECKING:
 def set_aside(rejected: Sequence[tuple[int, int]], version: int) -> tuple[int, int] | None:
     """The range of `rejected` (first, last each: the versions a fallback set aside) holding `version`, or None."""
     return next(((first, last) for first, last in rejected if first <= version <= last), None)
+
+
+def round_room(on_time: bool, held: int, max_workers: int, version: int) -> decisions.Decision:
+    """Whether the open round of `version`, which holds `held` updates of the kind of the one pushed (on time or
+    late), takes one more: at most `max_workers` (`coordinator.max_workers`) of each kind, one per place."""
+    kind = "on-time" if on_time else "late"
+    if held >= max_workers:
+        return decisions.Decision(False, (
+            f"round {version} already holds {held} {kind} updates, the cap of coordinator.max_workers = "
+            f"{max_workers}; retry once the round closed"))
+    return decisions.Decision(True, f"round {version} holds {held} {kind} updates of at most {max_workers}")
 
 
 def first_part(requests: Iterator[pb.PushUpdateRequest], part: str) -> pb.PushUpdateRequest:
@@ -158,11 +177,14 @@ def receive_update(
 
 class UpdateIntake:
     """The checks and records of one `SwarmCoordinator`'s update intake: a part of the coordinator kept in its
-    own module. It has no state of its own; every method reads and changes the run's open round, its members'
-    counts and its store's events with the run's `_lock` held, as `SwarmCoordinator`'s call contract says."""
+    own module. Every method reads and changes the run's open round, its members' counts and its store's events
+    with the run's `_lock` held, as `SwarmCoordinator`'s call contract says. Its own state, the workers whose stale
+    refusal this round already recorded (`_stale_noted`), is guarded by that same lock."""
 
     def __init__(self, run: SwarmCoordinator) -> None:
         self.run = run
+        # (version, worker ids): the round whose stale refusals were recorded, and whose (`refuse_stale`).
+        self._stale_noted: tuple[int, set[str]] = (-1, set())
 
     def check_meta(self, worker: WorkerRecord, meta: pb.UpdateMeta) -> decisions.Lateness:
         """Refuse a stale, future, duplicate or out-of-range update, or one claiming more tokens than its
@@ -172,8 +194,14 @@ class UpdateIntake:
         lost is retried, and "stale" would make the worker keep the error-feedback residual it sent. One from an
         older version than its last accepted update's is refused as stale: replayed, it would count twice.
         A push for a closing round waits for the close (at most coordinator.max_wait_s) when late
-        updates are merged, and then arrives late."""
+        updates are merged, and then arrives late. A negative base version is no version at all (INVALID_ARGUMENT,
+        before anything is recorded); a finished run's open round never closes, so no update is taken for it; a
+        round that holds `coordinator.max_workers` updates of the kind takes no more (`round_room`)."""
         run = self.run
+        if meta.base_version < 0:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"base_version = {meta.base_version}: expected a version >= 0 (the version the update was "
+                          "trained from)")
         if meta.base_version == worker.accepted_version:
             raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
                           f"worker {worker.worker_id} already delivered its update for round {meta.base_version}")
@@ -202,9 +230,10 @@ class UpdateIntake:
         if run.stopped is not None:  # its open round never closes: an update taken now would never be applied
             self.refuse_stale(worker, f"stale update: the run was stopped at version {run.version} ({run.stopped}); "
                                       "join again")
-        if run.finished and meta.base_version < run.version:
+        if run.finished:  # its open round never closes either: an update taken now would never be applied
             self.refuse_stale(worker, f"stale update: trained from version {meta.base_version} but the run "
-                                      f"finished at version {run.version}")
+                                      f"finished at version {run.version} (run.rounds = {run.spec.run.rounds}); "
+                                      "no round takes updates any more")
         lateness = decisions.decide_staleness(meta.base_version, run.version, worker.pulled_version, run.staleness)
         if not lateness.ok:
             worker.base_version = max(worker.base_version, run.version)
@@ -212,6 +241,11 @@ class UpdateIntake:
         if run.round.closing:
             self.refuse_stale(worker, f"stale update: round {run.version} is closing; pull version "
                                       f"{run.version + 1} once it is served")
+        on_time = lateness.staleness == 0
+        room = round_room(on_time, len(run.round.reports if on_time else run.round.late),
+                          run.spec.coordinator.max_workers, run.version)
+        if not room.ok:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"update refused: {room.reason}")
         if not 0 < meta.tokens <= MAX_TOKENS_PER_UPDATE:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"tokens = {meta.tokens}: expected 1..{MAX_TOKENS_PER_UPDATE}")
         if run.spec.sync.bound_tokens:
@@ -270,10 +304,19 @@ class UpdateIntake:
         return batch, seq_len, where + diag
 
     def refuse_stale(self, worker: WorkerRecord, message: str) -> NoReturn:
-        """Count and record a stale update of `worker`, then refuse it with FAILED_PRECONDITION (lock held)."""
+        """Count a stale update of `worker`, record it (a `stale` event and a log line, once per worker and round:
+        a member repeating a stale push must not grow the events table, which is never pruned), then refuse it with
+        FAILED_PRECONDITION, every time (lock held)."""
+        run = self.run
         worker.stale_updates += 1
-        self.run.store.add_event(worker.worker_id, "stale", message, self.run.clock())
-        self.run.log.info("%s (%s): %s", worker.worker_id, worker.name, message)
+        version, noted = self._stale_noted
+        if version != run.version:
+            version, noted = run.version, set()
+            self._stale_noted = (version, noted)
+        if worker.worker_id not in noted:
+            noted.add(worker.worker_id)
+            run.store.add_event(worker.worker_id, "stale", message, run.clock())
+            run.log.info("%s (%s): %s", worker.worker_id, worker.name, message)
         raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, message)
 
     def refuse_outlier(self, worker: WorkerRecord, message: str) -> NoReturn:

@@ -137,9 +137,14 @@ class WorkerRecord:
     late_updates: int = 0
     trained_tokens: int = 0
     applied_tokens: int = 0
-    # Seconds of its recent inner steps, and its cumulative compute seconds at its last metric row.
+    # Seconds of its recent inner steps (each checked against the coordinator's clock, `check_steps`), and its
+    # cumulative compute seconds at its last metric row.
     step_samples: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
     last_compute: float | None = None
+    # Seconds of the steps its rows claimed since the last `check_steps`, and when that check took some (the
+    # coordinator's clock; None: none yet, its join is the start).
+    claimed_steps: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
+    checked_at: float | None = None
     # Bytes of its last update as received and of its last pull as served (0 before one).
     round_bytes_up: int = 0
     round_bytes_down: int = 0
@@ -152,17 +157,37 @@ class WorkerRecord:
         return statistics.median(self.step_samples) if self.step_samples else None
 
     def measure(self, metric: pb.Metric) -> None:
-        """Count a metric row's tokens and, for a training step, its compute seconds (lock held)."""
+        """Count a metric row's tokens and, for a training step, the compute seconds it claims since the row before
+        (lock held). A step of no time (two rows with the same compute_seconds) or of a time that is not a finite
+        number measured nothing and is not kept; the others count once `check_steps` took them."""
         self.trained_tokens += metric.tokens
-        if metric.tokens > 0 and self.last_compute is not None and metric.compute_seconds >= self.last_compute:
-            self.step_samples.append(metric.compute_seconds - self.last_compute)
-        self.last_compute = metric.compute_seconds
+        if metric.tokens > 0 and self.last_compute is not None:
+            step = metric.compute_seconds - self.last_compute
+            if 0.0 < step < math.inf:
+                self.claimed_steps.append(step)
+        if math.isfinite(metric.compute_seconds):
+            self.last_compute = metric.compute_seconds
         if math.isfinite(metric.wall_time) and math.isfinite(metric.compute_seconds):
             mark = (metric.wall_time, metric.compute_seconds)
             if self.first_mark is None:
                 self.first_mark = mark
             if self.last_mark is None or mark[0] >= self.last_mark[0]:
                 self.last_mark = mark
+
+    def check_steps(self, now: float) -> None:
+        """Take the steps claimed since the last check into its step time, each at most the seconds the coordinator's
+        own clock saw pass since that check took steps (or since the join): no step of its rows took longer than the
+        time between its reports, whatever compute_seconds says (lock held; `now` on the coordinator's clock).
+
+        An honest step ran between its previous report and this one (give or take the time those reports spent on the
+        wire), so it stays whole; a claim of 1e9 s a step counts as the seconds that passed."""
+        if not self.claimed_steps:
+            return
+        since = now - (self.joined_at if self.checked_at is None else self.checked_at)
+        if since > 0:
+            self.step_samples.extend(min(step, since) for step in self.claimed_steps)
+        self.claimed_steps.clear()
+        self.checked_at = now
 
     def utilization(self) -> float | None:
         """The share of its wall time between its first and latest metric row spent in inner steps (compute seconds

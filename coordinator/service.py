@@ -15,6 +15,16 @@ NOT_FOUND (join again), a secret that is not this id's -> PERMISSION_DENIED, so 
 neither act for nor evict another. Memberships live in memory only: after a restart every worker
 gets NOT_FOUND and joins again with a new secret.
 
+Places. `coordinator.max_workers` bounds the memberships that take part in the open round, not only the active
+ones: a membership that ended (left, evicted, reassigned) with an update still in the open round holds its place
+until that round closes (`decide_place`). Before, one join-token holder joined, pushed and left under ever new ids
+and put any number of updates into one round (50 with max_workers = 2 in 1.6 s), enough to outvote the honest
+update in the direction check. A re-join naming that ended membership (`previous_worker_id`, still in memory) takes
+its place over: it carries over the versions it delivered (`_carry_over`), so it adds no second update to the
+round, and a worker that crashed after its push and restarts at once trains on; one that names nothing, or a spare,
+waits for the round to close (RESOURCE_EXHAUSTED with the place-retry trailer). The intake's cap (`round_room`) is
+the second line.
+
 Heterogeneous swarms (issue #15). Each worker's `TrainingAssignment` carries its pace for the version:
 its inner-step count, or a time-boxed round's budget (`decisions.decide_pace`, from the workers'
 measured seconds per step: the compute seconds between consecutive metric rows, the median of its
@@ -37,7 +47,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import grpc
 
@@ -77,6 +87,7 @@ from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 
 log = logging.getLogger("rcswarm.coordinator")
+
 
 # The longest the health thread waits for a run's lock (`round_progress`): every holder releases it within
 # moments unless a write under it hangs (a stalled volume), which the ticker's record then shows.
@@ -229,6 +240,9 @@ class SwarmCoordinator:
         self._active: dict[str, WorkerRecord] = {}
         self._ended: dict[str, WorkerRecord] = {}
         self._joins = 0
+        # (round version, update owner -> the membership holding its place): a re-join that took over the place of an
+        # ended membership holding one in that round (`_place_holders`); reset when the round changes.
+        self._place_of: tuple[int, dict[str, str]] = (-1, {})
         self.round = OpenRound(self.version, self.clock(), budget_s=self.pace.round_seconds)
         # Seconds per piece of the last close (see ClosedRound.seconds), for logs and benchmarks.
         self.last_close_seconds: dict[str, float] = {}
@@ -312,19 +326,33 @@ class SwarmCoordinator:
         return assignment
 
     def _decide_pace(self) -> None:
-        """Decide the pace again from the active workers' step times; a time-boxed open round keeps the
-        longest budget it was given (lock held)."""
-        measured = {w.worker_id: w.step_seconds() for w in self._active.values()}
-        self.pace = decisions.decide_pace({k: v for k, v in measured.items() if v is not None}, self.pace_options)
-        if self.pace.round_seconds > self.round.budget_s:
-            self.round.budget_s = self.pace.round_seconds
+        """Decide the pace again from the active workers' step times, their claimed steps checked against the
+        coordinator's clock first (`WorkerRecord.check_steps`), a time-boxed budget capped by sync.round_deadline_s; a
+        time-boxed open round keeps the longest budget it was given (lock held). A decision that raises is logged and
+        the pace stays: it never fails the metric report or the close that asked for it."""
+        try:
+            now = self.clock()
+            for worker in self._active.values():
+                worker.check_steps(now)
+            measured = {w.worker_id: w.step_seconds() for w in self._active.values()}
+            self.pace = decisions.decide_pace({k: v for k, v in measured.items() if v is not None},
+                                              self.pace_options.with_deadline(self.spec.sync.round_deadline_s))
+        except Exception:
+            self.log.exception("the pace decision failed; the pace stays: %s", self.pace.reason)
+            return
+        self.round.budget_s = max(self.round.budget_s, self.pace.round_seconds)
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
         """Admit a worker and return its new worker secret, keeping only the secret's SHA-256 (handler
         thread; takes `_lock`)."""
         with self._lock:
             now = self.clock()
-            decision = decisions.decide_admission(now, self._active_views(), self.finished, self.membership)
+            views = self._active_views()
+            decision = decisions.decide_admission(now, views, self.finished, self.membership)
+            holders = self._place_holders()
+            taking_over = self._held_place(request.previous_worker_id, holders)
+            if decision.ok and (holders or taking_over):
+                decision = decisions.decide_place(now, views, holders, self.round.version, self.membership, taking_over)
             if not decision.ok:
                 if self.finished:
                     raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {decision.reason}")
@@ -342,6 +370,11 @@ class SwarmCoordinator:
             if request.previous_worker_id not in self._active:
                 self.tracker.rejoin(worker_id, request.previous_worker_id)
                 self._carry_over(worker, self.workers.get(request.previous_worker_id))
+            if taking_over is not None:
+                places = self._place_of[1]
+                for owner in {*self.round.reports, *self.round.late}:
+                    if places.get(owner, owner) == taking_over:
+                        places[owner] = worker_id
             self.workers[worker_id] = self._active[worker_id] = worker
             self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
             self.log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version,
@@ -364,6 +397,23 @@ class SwarmCoordinator:
         worker.accepted_version = ended.accepted_version
         worker.pulled_version = ended.pulled_version
         worker.base_version = max(worker.base_version, ended.base_version)
+
+    def _place_holders(self) -> set[str]:
+        """The memberships holding a place in the open round by an update in it (lock held): each update's owner,
+        or the re-join that took its place over (`join`), active or not."""
+        version, places = self._place_of
+        if version != self.round.version:
+            places = {}
+            self._place_of = (self.round.version, places)
+        return {places.get(owner, owner) for owner in (*self.round.reports, *self.round.late)}
+
+    def _held_place(self, previous_worker_id: str, holders: Collection[str]) -> str | None:
+        """`previous_worker_id` when a re-join naming it takes over its place in the open round (lock held): an
+        ended membership still in memory (its versions are carried over, `_carry_over`) that holds one."""
+        previous = self.workers.get(previous_worker_id)
+        if previous is None or previous.active or previous_worker_id not in holders:
+            return None
+        return previous_worker_id
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         """Renew a lease (handler thread; takes `_lock`)."""

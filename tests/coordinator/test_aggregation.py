@@ -22,6 +22,7 @@ from rcswarm.cli import status as status_cli
 from rcswarm.config.runspec import InnerSection, RunSpec
 from rcswarm.coordinator import SwarmCoordinator, aggregation, decisions
 from rcswarm.coordinator.aggregation import AggregationOptions, Update
+from rcswarm.coordinator.close import update_norm_bound
 from rcswarm.models import registry
 from rcswarm.observe.dashboard import render, views
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -333,20 +334,24 @@ def test_adam_step_bound_holds_for_adversarial_gradients():
             assert abs(float(p.detach()) - before) <= bound * (1 + 1e-9)
 
 
-def test_honest_inner_steps_stay_within_half_the_automatic_norm_bound():
-    inner = InnerSection(steps=5, lr=3e-2)
+@pytest.mark.parametrize("round_kind", ["steps", "time"])
+def test_honest_inner_steps_stay_within_half_the_automatic_norm_bound(round_kind):
+    # A time-boxed round (sync.round = "time") trains up to sync.step_cap = 10 × inner.steps steps, and the bound
+    # the coordinator uses (`close.update_norm_bound`) counts them: before, it counted inner.steps only.
+    spec = tiny_spec(inner={"steps": 5, "lr": 3e-2}, sync={"round": round_kind})
+    inner, steps = spec.inner, spec.sync.step_cap(spec.inner.steps)
     model = registry.build_model("lstm_lm", "tiny", {}, seed=0)
     theta = {k: p.detach().clone() for k, p in model.named_parameters()}
     optimizer = make_inner_optimizer(model, inner)
     generator = torch.Generator().manual_seed(0)
-    for _ in range(inner.steps):
+    for _ in range(steps):
         x = torch.randint(0, 256, (4, 16), generator=generator)
         train_step(model, optimizer, x, torch.roll(x, -1, dims=1), inner.grad_clip)
     delta = {k: theta[k] - p.detach() for k, p in model.named_parameters()}
     parameters = sum(t.numel() for t in theta.values())
-    bound, why = aggregation.automatic_norm_bound(inner, parameters, tensor_stream.global_norm(theta))
+    bound, why = update_norm_bound(spec, theta)
     assert tensor_stream.global_norm(delta) <= bound / aggregation.NORM_BOUND_SAFETY
-    assert "AdamW" in why and f"{parameters} parameters" in why
+    assert "AdamW" in why and f"{parameters} parameters" in why and f"the most {steps} honest inner steps" in why
     sgd = InnerSection(optimizer="sgd", grad_clip=0.0)
     assert aggregation.automatic_norm_bound(sgd, parameters, 1.0)[0] == aggregation.FALLBACK_NORM_BOUND
 
