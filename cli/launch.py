@@ -16,11 +16,13 @@ imported here: `rcswarm launch --help` works without the `ray` extra.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import signal
 import sys
-import threading
+import time
 from pathlib import Path
 
 from rcswarm.cli.client_flags import add_client_flags, client_options
@@ -28,18 +30,21 @@ from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.launch import (
     NAMESPACE,
     NAMESPACE_RULE,
+    CoordinatorSpec,
     LaunchPlan,
     collect_status,
     connect,
     ensure_supervisor,
     follow,
+    interrupted,
     joined,
     print_status,
     resources,
     start_coordinator,
     stop_all,
-    wait,
+    stop_command,
 )
+from rcswarm.launch.coordinator_actor import FOLDER
 from rcswarm.worker import WorkerOptions
 
 PROG = "rcswarm launch ray"
@@ -49,7 +54,8 @@ RAY_EXTRA = "Ray is not installed: pip install 'rcswarm[ray]'"
 def parser() -> argparse.ArgumentParser:
     parser = new_parser(PROG, "Run rcswarm workers as detached Ray actors on an existing Ray cluster, one per "
                               "--gpus-per-worker GPUs; Ray restarts them when they die.")
-    parser.add_argument("--address", default="auto", help="the Ray cluster (ray.init address: auto, HOST:PORT, ray://...)")
+    parser.add_argument("--address", default="auto",
+                        help="the Ray cluster: auto (on a node of it) or its GCS HOST:PORT; not ray:// (Ray Client)")
     parser.add_argument("--namespace", default="rcswarm", help="Ray namespace of this swarm's actors (one per run)")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--status", action="store_true", help="print the namespace's actors, worker ids, restarts and "
@@ -75,7 +81,8 @@ def parser() -> argparse.ArgumentParser:
     coordinator.add_argument("--with-coordinator", action="store_true",
                              help="run the coordinator as a detached actor on the head node (it dies with the head)")
     coordinator.add_argument("--config", type=Path, help="RUN.toml of the run (read here, sent to the actor)")
-    coordinator.add_argument("--state-dir", default="", help="state dir on the head node's persistent storage")
+    coordinator.add_argument("--state-dir", default="",
+                             help="state dir on the head node's persistent storage (an absolute path there)")
     coordinator.add_argument("--coordinator-host", default="0.0.0.0",
                              help="address the coordinator binds on the head (a non-loopback one needs TLS or "
                                   "--coordinator-arg=--insecure)")
@@ -108,6 +115,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     """The first usage problem of a launch, or None."""
     if not NAMESPACE.match(args.namespace):
         return f"--namespace {args.namespace!r}: {NAMESPACE_RULE}"
+    if args.address.startswith("ray://"):
+        return (f"--address {args.address!r}: Ray Client (ray://) is not supported, since the launcher reads its actors' "
+                "records from Ray's GCS; run it on a node of the cluster (--address auto), give the GCS HOST:PORT "
+                "(port 6379 by default), or submit it as a Ray job")
     if args.status or args.stop:
         return None
     if args.with_coordinator:
@@ -115,11 +126,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
             return "--coordinator and --with-coordinator exclude each other"
         if args.config is None or not args.state_dir:
             return "--with-coordinator needs --config RUN.toml and --state-dir DIR"
-        if not args.config.is_file():
-            return f"--config {str(args.config)!r}: no such file"
-        problem = config_problem(args.config)
-        if problem is not None:
-            return problem
+        try:
+            coordinator_problem(coordinator_spec(args))
+        except ValueError as exc:
+            return str(exc)
     elif not args.coordinator:
         return "--coordinator HOST:PORT is required (or --with-coordinator)"
     for flag, value in (("--poll-s", args.poll_s), ("--start-timeout-s", args.start_timeout_s)):
@@ -132,39 +142,77 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     return None
 
 
-def config_problem(path: Path) -> str | None:
-    """Why the coordinator actor would refuse the run spec at `path` (its keys, values and data), or None."""
+def coordinator_spec(args: argparse.Namespace) -> CoordinatorSpec:
+    """What the coordinator actor runs (ValueError naming the flag): the run spec at --config, read and checked
+    here (its data too) and sent as text, with `curriculum.law_from` made absolute as `RunSpec.from_toml` does
+    (the actor does not run in this directory), and the coordinator flags."""
     from rcswarm.config.runspec import RunSpec
     from rcswarm.train.inner import data_problem
 
+    if not args.config.is_file():
+        raise ValueError(f"--config {str(args.config)!r}: no such file")
+    spec = RunSpec.from_toml(args.config)
+    problem = data_problem(spec)
+    if problem is not None:
+        raise ValueError(problem)
+    return CoordinatorSpec(spec.to_toml(), args.state_dir, args.coordinator_host, args.coordinator_port,
+                           tuple(args.coordinator_arg), args.coordinator_cpus)
+
+
+def coordinator_problem(spec: CoordinatorSpec) -> None:
+    """Refuse (ValueError) what `rcswarm coordinator` would refuse inside the actor before serving: an argument it
+    does not take, or plaintext gRPC on an address other than loopback (`bind_problem`)."""
+    from rcswarm.cli.coordinator import parser as coordinator_parser
+    from rcswarm.coordinator.tls import bind_problem
+
+    errors = io.StringIO()
     try:
-        return data_problem(RunSpec.from_toml(path))
-    except ValueError as exc:
-        return str(exc)
+        with contextlib.redirect_stderr(errors):
+            parsed = coordinator_parser().parse_args(spec.argv(Path(spec.state_dir) / FOLDER))
+    except SystemExit:
+        said = errors.getvalue().strip().splitlines()
+        raise ValueError(f"--coordinator-arg {' '.join(spec.extra_args)!r}: `rcswarm coordinator` refuses it: "
+                         f"{said[-1] if said else 'a bad argument'}") from None
+    problem = bind_problem(parsed.host, bool(parsed.tls_cert or parsed.tls_self_signed), parsed.insecure)
+    if problem is not None:
+        raise ValueError(problem.replace("--host", "--coordinator-host", 1)
+                         + " (`rcswarm coordinator` flags go in --coordinator-arg=FLAG, e.g. --coordinator-arg=--insecure)")
 
 
 def launch(args: argparse.Namespace) -> int:
+    from rcswarm.cli.run import StopSignal
+
     coordinator = args.coordinator
     if args.with_coordinator:
-        coordinator = start_coordinator(args.namespace, args.config.read_text(), args.state_dir, args.coordinator_host,
-                                        args.coordinator_port, args.coordinator_arg, args.coordinator_cpus)
+        coordinator = start_coordinator(args.namespace, coordinator_spec(args))
         print(f"coordinator actor serving on {coordinator}", flush=True)
     plan = plan_of(args, coordinator)
     ensure_supervisor(plan)
     print(f"{PROG}: {plan.workers} workers ({resources(plan.demand())} each) in namespace {plan.namespace}, "
           f"joining {plan.worker.coordinator}", flush=True)
+    stop = StopSignal()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop.handle)
     if not args.detach:
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        return follow(plan, args.poll_s, stop)
-    started = wait(lambda: joined(collect_status(plan.namespace), plan.workers), args.start_timeout_s, args.poll_s)
-    print_status(collect_status(plan.namespace))
-    if not started:
+        verdict = follow(plan, args.poll_s, stop)
+    else:
+        deadline = time.monotonic() + args.start_timeout_s
+        verdict = joined(collect_status(plan.namespace), plan)
+        while verdict is None and time.monotonic() < deadline and not stop.wait(args.poll_s):
+            verdict = joined(collect_status(plan.namespace), plan)
+        print_status(collect_status(plan.namespace))
+    if verdict is None and stop.is_set():
+        name = signal.Signals(stop.signum).name if stop.signum else "a signal"
+        print(interrupted(collect_status(plan.namespace), plan, args.address, name), flush=True)
+        return 128 + stop.signum
+    if verdict is None:
         print(f"{PROG}: not every worker joined within {args.start_timeout_s:g}s (see pending and problem lines); "
               "the supervisor keeps trying", file=sys.stderr)
         return 1
-    return 0
+    if verdict.status != 0 and args.detach:
+        print(f"{PROG}: {verdict.reason}; the actors stay: fix the cause, then "
+              f"{stop_command(args.address, plan.namespace)} and launch again", file=sys.stderr)
+    return verdict.status
 
 
 def main(argv: list[str] | None = None) -> int:

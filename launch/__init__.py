@@ -13,13 +13,20 @@ already handles join and leave):
   not in a loop) and retires those with i >= N (each Leaves, then is killed). Running the command
   again with another plan (`--workers 3`) replaces the supervisor, whose arguments are then the new
   plan, so a restarted supervisor never goes back to an old count.
-* The launcher then follows (status lines on every change) until every worker's run has ended, and
-  then removes the actors; with `--detach` it returns once every worker has joined. A driver that
-  exits leaves the detached actors training; `--status` and `--stop` from any later driver find them.
+* The launcher then follows (status lines on every change, and the supervisor's events) until every
+  worker's run has ended (`ended`: an actor Ray never started counts once the started ones have all
+  ended), and then removes the actors; with `--detach` it returns once every worker has joined
+  (`joined`: a failed one never does). A driver that exits leaves the detached actors training;
+  `--status` and `--stop` from any later driver find them. The supervisor replaces a worker actor made
+  for another plan, or pending with another plan's resources (`replace_reason`).
 * Actors pending for lack of resources are reported with the reason (`pending_reason`: infeasible on
   every node, or waiting for free resources), never waited on silently.
 * The coordinator runs outside Ray by default (`--coordinator`); `--with-coordinator` runs it as a
-  detached actor pinned to the head node (`CoordinatorActor`), which dies with the head.
+  detached actor pinned to the head node (`CoordinatorActor`, running a `CoordinatorSpec`), which dies
+  with the head; one that already runs other settings is refused, not silently reused.
+* Actor states come from Ray's GCS (`ray._private.state`), which Ray Client cannot reach: `ray://`
+  addresses are refused; a HOST:PORT address is probed first (`reach_problem`), since Ray retries an
+  unreachable one for minutes.
 * The join token is never an actor argument nor part of a runtime_env (Ray records both): every
   actor reads `RCSWARM_TOKEN` from its node's environment.
 
@@ -31,14 +38,33 @@ need it, here and in worker/ray_worker.py: `rcswarm launch --help` and the rest 
 without the `ray` extra.
 """
 
-from rcswarm.launch.actors import connect, named_actors, wait
-from rcswarm.launch.coordinator_actor import CoordinatorActor, start_coordinator
-from rcswarm.launch.plan import NAMESPACE, NAMESPACE_RULE, LaunchPlan, pending_reason, resources, worker_index
-from rcswarm.launch.status import collect_status, follow, joined, print_status, stop_all
-from rcswarm.launch.supervisor import Supervisor, ensure_supervisor
+from rcswarm.launch.actors import connect, named_actors, reach_problem, wait
+from rcswarm.launch.coordinator_actor import CoordinatorActor, CoordinatorSpec, settings_differ, start_coordinator
+from rcswarm.launch.plan import (
+    NAMESPACE,
+    NAMESPACE_RULE,
+    LaunchPlan,
+    pending_reason,
+    resource_problem,
+    resources,
+    worker_index,
+)
+from rcswarm.launch.status import (
+    Verdict,
+    collect_status,
+    ended,
+    follow,
+    interrupted,
+    joined,
+    print_status,
+    stop_all,
+    stop_command,
+)
+from rcswarm.launch.supervisor import Supervisor, ensure_supervisor, replace_reason
 
 __all__ = [
-    "NAMESPACE", "NAMESPACE_RULE", "CoordinatorActor", "LaunchPlan", "Supervisor", "collect_status", "connect",
-    "ensure_supervisor", "follow", "joined", "named_actors", "pending_reason", "print_status", "resources",
-    "start_coordinator", "stop_all", "wait", "worker_index",
+    "NAMESPACE", "NAMESPACE_RULE", "CoordinatorActor", "CoordinatorSpec", "LaunchPlan", "Supervisor", "Verdict",
+    "collect_status", "connect", "ended", "ensure_supervisor", "follow", "interrupted", "joined", "named_actors",
+    "pending_reason", "print_status", "reach_problem", "replace_reason", "resource_problem", "resources",
+    "settings_differ", "start_coordinator", "stop_all", "stop_command", "wait", "worker_index",
 ]

@@ -8,6 +8,7 @@ on one actor.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -18,15 +19,45 @@ from rcswarm.worker import FINISHED, RayWorker
 
 CALL_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_S = 3.0
 # Ray's actor states (GCS) before an actor first runs.
 PENDING_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION")
 
 
 def connect(address: str, namespace: str) -> None:
-    """Join the Ray cluster at `address` as a driver of `namespace` (ImportError without the `ray` extra)."""
+    """Join the Ray cluster at `address` as a driver of `namespace` (ImportError without the `ray` extra).
+
+    ConnectionError when nothing answers at a HOST:PORT address (`reach_problem`): Ray itself retries for
+    minutes, deaf to Ctrl-C."""
+    problem = reach_problem(address, PROBE_TIMEOUT_S)
+    if problem is not None:
+        raise ConnectionError(problem)
     import ray
 
     ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """(host, port) of a HOST:PORT or [V6]:PORT address (pure); None for another form (`auto`, `local`, a URL)."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or "://" in address or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def reach_problem(address: str, timeout_s: float) -> str | None:
+    """Why nothing could answer at the Ray address `address` (one TCP connection, at most `timeout_s`), or None:
+    also None for an address that is not HOST:PORT (`auto` finds the local cluster's own address)."""
+    target = split_address(address)
+    if target is None:
+        return None
+    try:
+        with socket.create_connection(target, timeout=timeout_s):
+            return None
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        return (f"nothing answers at {address} ({why} within {timeout_s:g}s); expected the GCS address of a running "
+                "Ray cluster (`ray start --head` prints it; `ray status` on a node shows it)")
 
 
 def named_actors(namespace: str) -> list[str]:
@@ -37,24 +68,61 @@ def named_actors(namespace: str) -> list[str]:
 
 
 def lookup(name: str, namespace: str):
-    """The handle of a named actor, or None when there is none (never created, or dead)."""
+    """The handle of a named actor, or None when there is none (never created, or dead).
+
+    A handle loads the actor's class from its job's function table in the GCS, which Ray deletes once the job's
+    driver has exited and its last actor is dead: an actor being killed as it is looked up (replaced by the
+    supervisor) then fails an assertion inside Ray ("Expected str or bytes, got NoneType"). It is going: None.
+    """
     import ray
 
     try:
         return ray.get_actor(name, namespace=namespace)
-    except ValueError:
+    except (ValueError, AssertionError):
         return None
 
 
 def gcs_record(handle) -> dict[str, Any]:
-    """Ray's record of an actor (State, NumRestarts, Pid, Address, DeathCause), from the GCS.
+    """Ray's record of the actor of `handle` (`actor_record`)."""
+    return actor_record(handle._actor_id.hex())
 
-    `ray._private.state.actors` is Ray's DeveloperAPI for this and needs no dashboard; the
-    public `ray.util.state` API goes through the dashboard, which a cluster may not run.
+
+def actor_record(actor_id: str) -> dict[str, Any]:
+    """Ray's record of the actor `actor_id` (hex) from the GCS: State, NumRestarts, Pid, DeathCause (text) and RequiredResources
+    (what it asked of Ray: a pending actor's own demand); {} when the GCS has none.
+
+    Read with `ray._private.state`, Ray's DeveloperAPI for the actor table, which needs no dashboard (the
+    public `ray.util.state` API goes through the dashboard, which a cluster may not run) but does not work
+    through Ray Client (`ray://`, refused by the command line).
     """
+    import ray
     from ray._private import state
+    from ray.core.generated import gcs_pb2
 
-    return state.actors(actor_id=handle._actor_id.hex()) or {}
+    raw = state.state._connect_and_get_accessor().get_actor_info(ray.ActorID(bytes.fromhex(actor_id)))
+    if raw is None:
+        return {}
+    data = gcs_pb2.ActorTableData.FromString(raw)
+    return {
+        "State": gcs_pb2.ActorTableData.ActorState.Name(data.state),
+        "NumRestarts": data.num_restarts,
+        "Pid": data.pid,
+        "DeathCause": death_cause_text(data.death_cause) if data.HasField("death_cause") else "",
+        "RequiredResources": dict(data.required_resources),
+    }
+
+
+def death_cause_text(cause) -> str:
+    """Why a dead actor died, in words (pure): the exception of a failed constructor (its last line), or Ray's
+    message for the other causes (killed, its node died, out of memory, unschedulable, runtime env)."""
+    kind = cause.WhichOneof("context")
+    if kind is None:
+        return ""
+    context = getattr(cause, kind)
+    if kind == "creation_task_failure_context":
+        lines = context.formatted_exception_string.strip().splitlines()
+        return lines[-1].strip() if lines else "its constructor raised"
+    return context.error_message.strip()
 
 
 def call(handle, method: str, *args: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:

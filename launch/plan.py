@@ -24,10 +24,19 @@ NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 NAMESPACE_RULE = "expected letters, digits, '_', '.', '-' (at most 63)"
 
 
-def _finite(flag: str, value: float, low: float, inclusive: bool) -> None:
-    ok = math.isfinite(value) and (value >= low if inclusive else value > low)
-    if not ok:
-        raise ValueError(f"{flag} {value}: expected a number {'>=' if inclusive else '>'} {low:g}")
+# Ray counts resources in units of 1/10000 (RESOURCE_UNIT_SCALING): it refuses less and truncates finer values.
+RESOURCE_UNIT = 10_000
+
+
+def resource_problem(flag: str, value: float, positive: bool) -> str | None:
+    """Why `value` is not a Ray resource quantity for `flag` (pure): not finite, below zero (or zero when `positive`),
+    or finer than Ray's 0.0001 (Ray refuses less than 0.0001 at every creation and truncates finer steps), or None."""
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        return f"{flag} {value}: expected a number {'>' if positive else '>='} 0"
+    units = value * RESOURCE_UNIT
+    if abs(units - round(units)) > 1e-6 * max(1.0, units):
+        return f"{flag} {value}: Ray counts resources in steps of 0.0001; expected at most 4 decimals"
+    return None
 
 
 @dataclass(frozen=True)
@@ -47,8 +56,11 @@ class LaunchPlan:
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or self.workers < 0:
             raise ValueError(f"--workers {self.workers}: expected an integer >= 0")
-        _finite("--gpus-per-worker", self.gpus_per_worker, 0.0, inclusive=True)
-        _finite("--cpus-per-worker", self.cpus_per_worker, 0.0, inclusive=False)
+        for flag, value, positive in (("--gpus-per-worker", self.gpus_per_worker, False),
+                                      ("--cpus-per-worker", self.cpus_per_worker, True)):
+            problem = resource_problem(flag, value, positive)
+            if problem is not None:
+                raise ValueError(problem)
         if self.gpus_per_worker > 1 and self.gpus_per_worker != int(self.gpus_per_worker):
             raise ValueError(f"--gpus-per-worker {self.gpus_per_worker:g}: above 1 it must be a whole number of GPUs")
         if not NAMESPACE.match(self.namespace):
@@ -82,6 +94,12 @@ def resources(values: dict[str, float]) -> str:
     """Ray resources for people: "1 GPU, 2 CPU"."""
     shown = [f"{values[k]:g} {k}" for k in ("GPU", "CPU") if k in values]
     return ", ".join(shown) or "nothing"
+
+
+def same_resources(a: dict[str, float], b: dict[str, float]) -> bool:
+    """Whether two resource requests are the same, to Ray's 0.0001 (a zero quantity is no request)."""
+    keys = {k for request in (a, b) for k, v in request.items() if v}
+    return all(abs(a.get(k, 0.0) - b.get(k, 0.0)) < 0.5 / RESOURCE_UNIT for k in keys)
 
 
 def pending_reason(demand: dict[str, float], nodes: list[dict[str, Any]], available: dict[str, float]) -> str:

@@ -1,8 +1,13 @@
 """What `rcswarm launch ray` shows and ends: the actors of a namespace (`collect_status`), `--stop`
-(`stop_all`), and the launcher following its workers until their run ends (`follow`)."""
+(`stop_all`), and the launcher following its workers until their run ends (`follow`).
+
+The decisions are pure functions of a status and the plan, each answering a `Verdict` (exit status and
+reason) or None to go on: `joined` (is `--detach` done), `ended` (is the followed run over); `interrupted`
+says what a launcher stopped by a signal leaves behind."""
 
 from __future__ import annotations
 
+import shlex
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -18,8 +23,8 @@ from rcswarm.launch.actors import (
     lookup,
     named_actors,
 )
-from rcswarm.launch.plan import COORDINATOR, SUPERVISOR, LaunchPlan, pending_reason, worker_index
-from rcswarm.worker import FINISHED, STARTING, TRAINING
+from rcswarm.launch.plan import COORDINATOR, SUPERVISOR, WORKER_PREFIX, LaunchPlan, pending_reason, worker_index
+from rcswarm.worker import FAILED, FINISHED, STOPPED, TRAINING
 
 PROG = "rcswarm launch ray"
 
@@ -80,8 +85,9 @@ def collect_status(namespace: str) -> dict[str, Any]:
     for name in sorted(records, key=worker_index):
         record = records[name]
         state = record.get("State", "UNKNOWN")
-        pending = (pending_reason(demand, ray.nodes(), ray.available_resources())
-                   if state in PENDING_STATES and demand else "")
+        asked = record.get("RequiredResources") or demand
+        pending = (pending_reason(asked, ray.nodes(), ray.available_resources())
+                   if state in PENDING_STATES and asked else "")
         rows.append(ActorRow(name, state, int(record.get("NumRestarts", 0)), int(record.get("Pid", 0)), infos.get(name),
                              pending))
     coordinator = lookup(COORDINATOR, namespace)
@@ -96,13 +102,21 @@ def collect_status(namespace: str) -> dict[str, Any]:
     }
 
 
+def coordinator_line(info: dict[str, Any]) -> str:
+    """The coordinator actor's `info()` for people: where it serves, its process, its log, what stopped it."""
+    code = info.get("exit_code")
+    text = (f"{info.get('address') or 'not serving'}, pid {info.get('pid')}"
+            + (f", exited with status {code}" if code is not None else "") + f"; log {info.get('log')}")
+    return text + (f"\n  problem: {info['problem']}" if info.get("problem") else "")
+
+
 def print_status(status: dict[str, Any]) -> None:
     plan = status["plan"]
     wanted = (f"{plan['workers']} wanted, coordinator {plan['worker']['coordinator']}" if plan
               else "no supervisor (nothing reconciles)")
     print(f"namespace {status['namespace']}: {len(status['rows'])} worker actors; {wanted}")
     if status["coordinator_actor"]:
-        print(f"coordinator actor: {status['coordinator_actor']}")
+        print(f"coordinator actor: {coordinator_line(status['coordinator_actor'])}")
     print(HEADER)
     for row in status["rows"]:
         print(row.line())
@@ -112,9 +126,16 @@ def print_status(status: dict[str, Any]) -> None:
 
 def stop_all(namespace: str) -> list[str]:
     """Remove every rcswarm actor of the namespace: the supervisor first (it would start them again),
-    then each worker after it Leaves, then the coordinator actor. One line per actor."""
+    then each worker after it Leaves, then the coordinator actor. One line per actor.
+
+    The workers' records are read once before the supervisor is touched: a driver that cannot read them
+    fails before it leaves the workers without a supervisor."""
     import ray
 
+    workers = {n: lookup(n, namespace) for n in named_actors(namespace) if worker_index(n) is not None}
+    for handle in workers.values():
+        if handle is not None:
+            gcs_record(handle)
     lines = []
     supervisor = lookup(SUPERVISOR, namespace)
     if supervisor is not None:
@@ -137,34 +158,95 @@ def stop_all(namespace: str) -> list[str]:
     if coordinator is not None:
         info = call(coordinator, "stop", timeout_s=STOP_TIMEOUT_S + CALL_TIMEOUT_S)
         ray.kill(coordinator, no_restart=True)
-        lines.append(f"{COORDINATOR}: stopped ({info})")
+        lines.append(f"{COORDINATOR}: stopped ({coordinator_line(info) if info else 'it did not answer; killed'})")
     return lines
 
 
-def joined(status: dict[str, Any], wanted: int) -> bool:
-    """Every wanted worker actor runs the current plan and holds a membership (or its run already ended): an actor
-    made for another plan, ending while the supervisor replaces it, is not one of them."""
-    plan = LaunchPlan.from_dict(status["plan"]) if status.get("plan") else None
-    rows = [r for r in status["rows"] if worker_index(r.name) < wanted]
+@dataclass(frozen=True)
+class Verdict:
+    """A decision of the launcher about its workers: the exit status it leads to and why, in one line."""
 
-    return len(rows) == wanted and all(
-        r.info is not None and (plan is None or plan.made(worker_index(r.name), r.info))
-        and (r.info["worker_id"] or r.info["state"] not in (STARTING, TRAINING)) for r in rows)
+    status: int
+    reason: str
 
 
-def ended(status: dict[str, Any], wanted: int) -> bool:
-    """Every wanted worker's loop has ended (the run finished, or it failed or was stopped); with none
-    wanted, once the last worker actor is gone."""
-    if wanted == 0:
-        return not status["rows"]
-    rows = [r for r in status["rows"] if worker_index(r.name) < wanted]
-    return len(rows) == wanted and all(
-        r.info is not None and r.info["state"] not in (STARTING, TRAINING) for r in rows)
+def _current(status: dict[str, Any], plan: LaunchPlan) -> dict[int, ActorRow]:
+    """The wanted slots' actors that answer and were made for `plan` (an actor of another plan is being replaced)."""
+    rows = {worker_index(r.name): r for r in status["rows"]}
+    return {i: r for i, r in rows.items() if i < plan.workers and r.info is not None and plan.made(i, r.info)}
 
 
-def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event) -> int:
-    """Print each actor's line when it changes until every worker's run ended (then remove the actors)."""
+def _failures(rows: dict[int, ActorRow]) -> str:
+    return "; ".join(f"{r.name} {r.info['state']}" + (f": {r.info['problem']}" if r.info.get("problem") else "")
+                     for _, r in sorted(rows.items()))
+
+
+def joined(status: dict[str, Any], plan: LaunchPlan) -> Verdict | None:
+    """Whether `--detach` is done (pure): every wanted worker actor runs `plan` and holds a membership, or its run
+    already finished (status 0); a worker of `plan` that failed or was stopped never joins (status 1, naming
+    it); None while some are still starting, pending or being replaced."""
+    if plan.workers == 0:
+        return Verdict(0, "no worker is wanted")
+    current = _current(status, plan)
+    failed = {i: r for i, r in current.items() if r.info["state"] in (FAILED, STOPPED)}
+    if failed:
+        return Verdict(1, f"a worker will not join: {_failures(failed)}")
+    done = [i for i, r in current.items() if r.info["state"] == FINISHED
+            or (r.info["state"] == TRAINING and r.info["worker_id"])]
+    if len(done) == plan.workers:
+        return Verdict(0, f"every worker joined ({plan.workers})")
+    return None
+
+
+def ended(status: dict[str, Any], plan: LaunchPlan) -> Verdict | None:
+    """Whether the launcher's run is over (pure): every worker actor of `plan` that started has ended (its run
+    finished, failed or was stopped) and every other wanted slot holds an actor Ray never started (pending: the
+    ended ones may hold the resources it waits for, and a run that finished needs no more workers); status 0
+    when every started worker finished. With no worker wanted, once the last worker actor is gone. None while a
+    worker trains, starts, restarts, is missing or runs another plan (the supervisor replaces it)."""
+    if plan.workers == 0:
+        return None if status["rows"] else Verdict(0, "no worker is wanted and none is left")
+    current = _current(status, plan)
+    over = {i: r for i, r in current.items() if r.info["state"] in (FINISHED, FAILED, STOPPED)}
+    pending = sorted(worker_index(r.name) for r in status["rows"]
+                     if worker_index(r.name) < plan.workers and r.ray_state in PENDING_STATES)
+    if not over or len(over) + len(pending) < plan.workers:
+        return None
+    never = f"; never started: {', '.join(f'{WORKER_PREFIX}{i}' for i in pending)}" if pending else ""
+    failed = {i: r for i, r in over.items() if r.info["state"] != FINISHED}
+    if failed:
+        return Verdict(1, f"every worker's run has ended, not every one finished: {_failures(failed)}{never}")
+    return Verdict(0, f"every worker's run has ended, each {'started ' if pending else ''}one finished{never}")
+
+
+def stop_command(address: str, namespace: str) -> str:
+    """The command that removes the namespace's actors, to print."""
+    return f"{PROG} --address {shlex.quote(address)} --namespace {namespace} --stop"
+
+
+def interrupted(status: dict[str, Any], plan: LaunchPlan, address: str, signal_name: str) -> str:
+    """What a launcher stopped by a signal leaves behind, in words (pure): the detached actors stay, so say which."""
+    rows = status["rows"]
+    states = [r.info["state"] if r.info else r.ray_state for r in rows]
+    where = f"in namespace {plan.namespace}"
+    actors = f"the {len(rows)} worker actor{'' if len(rows) == 1 else 's'}"
+    if not rows and not status.get("supervisor"):
+        return f"the launcher stops ({signal_name}); no rcswarm actor is left {where}"
+    if not rows:
+        left = f"no worker actor runs {where} yet, but its supervisor stays and starts {plan.workers}"
+    elif all(state in (FINISHED, FAILED, STOPPED) for state in states):
+        left = f"{actors} {where} have ended their runs but stay, holding their resources"
+    else:
+        training = sum(state == TRAINING for state in states)
+        left = f"{actors} {where} stay ({training} training), kept by their supervisor"
+    return f"the launcher stops ({signal_name}); {left}. Remove them with: {stop_command(address, plan.namespace)}"
+
+
+def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event) -> Verdict | None:
+    """Print each actor's line when it changes, and the supervisor's new events, until the run is over (`ended`:
+    then remove the actors and return the verdict) or `stop` is set (None: the actors stay, see `interrupted`)."""
     shown: dict[str, tuple] = {}
+    seen: set[str] = set()
     print(HEADER, flush=True)
     while not stop.wait(poll_s):
         status = collect_status(plan.namespace)
@@ -172,12 +254,14 @@ def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event) -> int:
             if shown.get(row.name) != row.key():
                 shown[row.name] = row.key()
                 print(row.line(), flush=True)
-        if ended(status, plan.workers):
-            finished = all(r.info["state"] == FINISHED for r in status["rows"] if worker_index(r.name) < plan.workers)
-            print("every worker's run has ended; removing the actors", flush=True)
+        for event in status["events"]:
+            if event not in seen:
+                seen.add(event)
+                print(f"  supervisor: {event}", flush=True)
+        verdict = ended(status, plan)
+        if verdict is not None:
+            print(f"{verdict.reason}; removing the actors", flush=True)
             for line in stop_all(plan.namespace):
                 print(line, flush=True)
-            return 0 if finished else 1
-    print(f"the launcher stops; the actors keep training. Stop them with: {PROG} --address ADDRESS "
-          f"--namespace {plan.namespace} --stop", flush=True)
-    return 130
+            return verdict
+    return None

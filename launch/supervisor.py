@@ -16,7 +16,9 @@ from dataclasses import asdict
 
 from rcswarm.launch.actors import (
     CALL_TIMEOUT_S,
+    PENDING_STATES,
     STOP_TIMEOUT_S,
+    actor_record,
     call,
     describe_stop,
     gcs_record,
@@ -26,7 +28,7 @@ from rcswarm.launch.actors import (
     start_worker,
     wait,
 )
-from rcswarm.launch.plan import SUPERVISOR, WORKER_PREFIX, LaunchPlan, worker_index
+from rcswarm.launch.plan import SUPERVISOR, WORKER_PREFIX, LaunchPlan, resources, same_resources, worker_index
 
 log = logging.getLogger("rcswarm.launch")
 RECONCILE_S = 1.0
@@ -48,6 +50,7 @@ class Supervisor:
         self._retry_at: dict[int, float] = {}
         self._known: dict[int, str] = {}  # worker index -> actor id last seen (a dead one's record names its cause)
         self._checked: set[str] = set()  # actor ids whose worker config matches the plan
+        self._started: set[str] = set()  # actor ids this supervisor created
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
         self._thread.start()
@@ -81,6 +84,7 @@ class Supervisor:
             self._note_death(index)
             handle = start_worker(plan, index)
             self._known[index] = handle._actor_id.hex()
+            self._started.add(self._known[index])
             self._event(f"started {WORKER_PREFIX}{index}")
         for index, name in sorted(existing.items()):
             handle = lookup(name, plan.namespace) if index >= plan.workers else None
@@ -89,28 +93,28 @@ class Supervisor:
                 self._event(f"retired {name} (--workers {plan.workers}): {describe_stop(report)}")
 
     def _keep(self, index: int, handle) -> None:
-        """An existing worker actor: replace it once when it was made for another plan (coordinator, device...)."""
+        """An existing worker actor: replace it once when it was made for another plan (coordinator, device...),
+        or when it waits to start with another plan's resources (`replace_reason`)."""
         actor_id = handle._actor_id.hex()
         self._known[index] = actor_id
-        if actor_id in self._checked or gcs_record(handle).get("State") != "ALIVE":
+        if actor_id in self._checked:
             return
-        info = call(handle, "info")
-        if info is None:
-            return
-        if self._plan.made(index, info):
-            self._checked.add(actor_id)
+        record = gcs_record(handle)
+        info = call(handle, "info") if record.get("State") == "ALIVE" else None
+        reason = replace_reason(self._plan, index, record, info, actor_id in self._started)
+        if reason is None:
+            if info is not None:
+                self._checked.add(actor_id)
             return
         report = retire(handle)
-        self._event(f"replaced {WORKER_PREFIX}{index}, made for another plan: {describe_stop(report)}")
+        self._event(f"replaced {WORKER_PREFIX}{index}, {reason}: {describe_stop(report)}")
 
     def _note_death(self, index: int) -> None:
         """Record why the actor last started for this slot is gone (killed for good, or failed at creation)."""
-        from ray._private import state
-
         actor_id = self._known.pop(index, None)
-        record = state.actors(actor_id=actor_id) if actor_id else {}
+        record = actor_record(actor_id) if actor_id else {}
         if record:
-            cause = str(record.get("DeathCause", "")).strip().replace("\n", " ")[:300]
+            cause = record.get("DeathCause", "").replace("\n", " ")[:300]
             self._event(f"{WORKER_PREFIX}{index} is gone ({record.get('State')}): {cause or 'no cause recorded'}")
 
     def plan(self) -> dict:
@@ -124,6 +128,26 @@ class Supervisor:
         """Stop reconciling (before the supervisor is killed, so it starts nothing meanwhile)."""
         self._stop.set()
         self._thread.join(timeout=STOP_TIMEOUT_S)
+
+
+def replace_reason(plan: LaunchPlan, index: int, record: dict, info: dict | None, started_here: bool) -> str | None:
+    """Why the supervisor of `plan` replaces worker actor `index`, or None to keep it (pure). `record` is its GCS
+    record (`gcs_record`), `info` its answer when ALIVE, `started_here` whether this supervisor created it.
+
+    A running actor made for another plan is replaced; one that has not answered yet is kept for now. A pending
+    actor (Ray has not started it) cannot say what it was made for: it is replaced when the resources it waits
+    for are not the plan's (an infeasible request waits forever), or, when Ray recorded none, unless this
+    supervisor started it."""
+    state = record.get("State")
+    if state in PENDING_STATES:
+        asked = record.get("RequiredResources")
+        if asked:
+            return None if same_resources(asked, plan.demand()) else (
+                f"waiting for {resources(asked)} where the plan asks {resources(plan.demand())}")
+        return None if started_here else "waiting to start for an earlier supervisor's plan"
+    if state != "ALIVE" or info is None or plan.made(index, info):
+        return None
+    return "made for another plan"
 
 
 def ensure_supervisor(plan: LaunchPlan):

@@ -365,7 +365,7 @@ def test_scaling_from_one_to_three_workers_and_back(ray_cluster, namespace, star
 @pytest.mark.wide
 def test_actors_waiting_for_resources_are_reported_with_the_reason(ray_cluster, namespace):
     """A third 1-GPU actor on 2 GPUs waits for one to free; a 3-GPU actor fits no node: both say so, and a
-    plan of another shape replaces the actors made for the old one."""
+    plan of another shape replaces the actors made for the old one, pending ones included."""
     nobody = "127.0.0.1:9"  # the workers keep joining; the launcher reports what Ray has not started
     common = ("--coordinator", nobody, "--cpus-per-worker", "0.5", "--device", "cpu", "--detach", "--start-timeout-s", "10")
     busy = rcswarm_launch(ray_cluster, namespace, "--workers", "3", "--gpus-per-worker", "1", *common)
@@ -379,6 +379,11 @@ def test_actors_waiting_for_resources_are_reported_with_the_reason(ray_cluster, 
     assert infeasible.returncode == 1, infeasible.stdout + infeasible.stderr
     assert "pending: infeasible: no node of the cluster has 3 GPU, 0.5 CPU (the largest has 2 GPU, 2 CPU)" in infeasible.stdout
     assert [n for n in named_actors(namespace) if worker_index(n) is not None] == ["rcswarm-worker-0"]
+
+    # Back to 1 GPU: the 3-GPU actor, pending forever, is replaced too (only running ones were).
+    feasible = rcswarm_launch(ray_cluster, namespace, "--workers", "1", "--gpus-per-worker", "1", *common)
+    assert "waiting for 3 GPU, 0.5 CPU where the plan asks 1 GPU, 0.5 CPU" in feasible.stdout, feasible.stdout + feasible.stderr
+    wait_for(lambda: rows(ray_cluster, namespace)["rcswarm-worker-0"]["ray_state"] == "ALIVE", 60, "the new actor")
 
 
 def test_ray_is_imported_only_by_the_launcher_and_the_actor_and_only_inside_functions():
@@ -480,3 +485,28 @@ def test_a_coordinator_that_dies_under_its_actor_is_restarted_from_its_state_dir
     stopped = rcswarm_launch(ray_cluster, namespace, "--stop", timeout=120)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert named_actors(namespace) == []
+
+
+@pytest.mark.slow
+def test_a_coordinator_actor_that_cannot_start_says_why_and_keeps_its_files_in_the_state_dir(tmp_path, monkeypatch):
+    """The coordinator actor's constructor, in this process (no Ray needed): a coordinator that refuses its run spec
+    leaves the actor reporting the coordinator's own line (it raised, and Ray's record of it reached the launcher
+    as a protobuf dump cut to 2000 characters with literal \\n); its run spec and log are in the state dir, and
+    nothing is left in the temporary directory (a rcswarm-coordinator-* folder leaked at every start)."""
+    from dataclasses import asdict
+
+    from rcswarm.launch import CoordinatorActor, CoordinatorSpec
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    state_dir = tmp_path / "state"
+    actor = CoordinatorActor(asdict(CoordinatorSpec("[run]\nrounds = -3\n", str(state_dir), "127.0.0.1", 0, (), 0.0)))
+    info = actor.info()
+    assert info["address"] is None and info["problem"].startswith("the coordinator exited with status 2"), info
+    assert "\nrcswarm coordinator: " in info["problem"] and "rounds" in info["problem"] and "\\n" not in info["problem"]
+    folder = state_dir / "coordinator-actor"
+    assert info["log"] == str(folder / "coordinator.log") and (folder / "run.toml").read_text() == "[run]\nrounds = -3\n"
+    assert list(temp.iterdir()) == []
+    assert actor.stop()["problem"] == info["problem"]

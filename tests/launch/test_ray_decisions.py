@@ -1,0 +1,294 @@
+"""`rcswarm launch ray`'s decisions without Ray: when a followed run is over (`ended`), when `--detach` is done
+(`joined`), which worker actors the supervisor replaces (`replace_reason`), what a stopped launcher leaves behind
+(`interrupted`), a coordinator actor's settings (`settings_differ`), the values Ray refuses, the checks made before
+connecting (`ray://`, an address nothing answers at, the coordinator's bind rule, a relative state dir or
+`law_from`), and the launcher's exit status after a signal.
+
+The tests on a real local Ray instance are tests/swarm/test_ray.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from rcswarm.cli import launch
+from rcswarm.launch import (
+    CoordinatorSpec,
+    LaunchPlan,
+    Verdict,
+    ended,
+    interrupted,
+    joined,
+    reach_problem,
+    replace_reason,
+    settings_differ,
+)
+from rcswarm.launch.actors import death_cause_text
+from rcswarm.launch.status import ActorRow
+from rcswarm.worker import FAILED, FINISHED, STOPPED, TRAINING, WorkerOptions
+from tests.helpers.specs import tiny_spec, write_spec
+
+PLAN = LaunchPlan(WorkerOptions("127.0.0.1:7000", device="cpu"), workers=3, gpus_per_worker=1.0, cpus_per_worker=0.5)
+OTHER_PLAN = replace(PLAN, worker=WorkerOptions("127.0.0.1:7001", device="cpu"))
+FINISHED_ALL = Verdict(0, "every worker's run has ended, each one finished")
+
+
+def row(index: int, state: str = TRAINING, plan: LaunchPlan = PLAN, worker_id: str = "w", problem: str = "",
+        ray_state: str = "ALIVE") -> ActorRow:
+    """Worker actor `index` as `collect_status` shows it; pending (no answer) unless `ray_state` is ALIVE."""
+    info = None if ray_state != "ALIVE" else {
+        "state": state, "worker_id": worker_id, "problem": problem, "config": asdict(plan.worker_config(index))}
+    return ActorRow(f"rcswarm-worker-{index}", ray_state, 0, 0, info)
+
+
+def pending(index: int) -> ActorRow:
+    return row(index, ray_state="PENDING_CREATION")
+
+
+def status(*rows: ActorRow, plan: LaunchPlan = PLAN, supervisor: bool = True) -> dict:
+    return {"namespace": plan.namespace, "rows": list(rows), "plan": asdict(plan), "supervisor": supervisor,
+            "events": []}
+
+
+# ---- when the followed run is over -----------------------------------------------------------------------------
+
+
+def test_an_actor_ray_never_started_does_not_keep_a_finished_run_going():
+    """3 one-GPU workers on 2 GPUs: the third waits for a GPU the finished ones hold until they are removed, so
+    it counts as ended once every started worker has ended (before, the launcher followed forever)."""
+    over = ended(status(row(0, FINISHED), row(1, FINISHED), pending(2)), PLAN)
+    assert over == Verdict(0, "every worker's run has ended, each started one finished; never started: rcswarm-worker-2")
+    failed = ended(status(row(0, FINISHED), row(1, FAILED, problem="CUDA is not available"), pending(2)), PLAN)
+    assert failed is not None and failed.status == 1
+    assert "rcswarm-worker-1 failed: CUDA is not available" in failed.reason and "rcswarm-worker-2" in failed.reason
+    assert ended(status(row(0, FINISHED), row(1, TRAINING), pending(2)), PLAN) is None
+    assert ended(status(row(0, FINISHED), row(1, FINISHED)), PLAN) is None, "a slot with no actor yet"
+    assert ended(status(pending(0), pending(1), pending(2)), PLAN) is None, "nothing started yet"
+    assert ended(status(row(0, FINISHED), row(1, STOPPED), row(2, FINISHED)), PLAN).status == 1
+
+
+def test_an_earlier_runs_finished_actor_does_not_end_a_new_run():
+    """A FINISHED actor made for another plan (an earlier run in the namespace) is being replaced: not an end."""
+    assert ended(status(*(row(i, FINISHED, plan=OTHER_PLAN) for i in range(3))), PLAN) is None
+    assert ended(status(row(0, FINISHED), row(1, FINISHED), row(2, FINISHED, plan=OTHER_PLAN)), PLAN) is None
+    assert ended(status(*(row(i, FINISHED) for i in range(3))), PLAN) == FINISHED_ALL
+
+
+def test_with_no_worker_wanted_the_run_ends_once_the_last_actor_is_gone():
+    none = replace(PLAN, workers=0)
+    assert ended(status(row(0, plan=none), plan=none), none) is None
+    assert ended(status(plan=none), none).status == 0
+
+
+# ---- when --detach is done ---------------------------------------------------------------------------------------
+
+
+def test_a_failed_or_stopped_worker_never_counts_as_joined():
+    """--device cuda on a host without CUDA: every worker fails; --detach exits 1 naming why (it said 0)."""
+    failed = joined(status(*(row(i, FAILED, worker_id="", problem="CUDA is not available") for i in range(3))), PLAN)
+    assert failed is not None and failed.status == 1 and "rcswarm-worker-0 failed: CUDA is not available" in failed.reason
+    assert joined(status(row(0), row(1), row(2, STOPPED, worker_id="")), PLAN).status == 1
+    assert joined(status(row(0), row(1), row(2, worker_id="")), PLAN) is None, "one still joining"
+    assert joined(status(row(0), row(1), pending(2)), PLAN) is None
+    assert joined(status(row(0), row(1), row(2, plan=OTHER_PLAN)), PLAN) is None, "one being replaced"
+    assert joined(status(row(0, FAILED, plan=OTHER_PLAN), row(1), row(2)), PLAN) is None, "an old plan's failure"
+    assert joined(status(row(0), row(1), row(2, FINISHED, worker_id="")), PLAN) == Verdict(0, "every worker joined (3)")
+
+
+# ---- which worker actors the supervisor replaces ----------------------------------------------------------------
+
+
+def test_a_pending_actor_waiting_for_another_plans_resources_is_replaced():
+    """After --gpus-per-worker 3 (infeasible), a launch with 1 GPU replaced only ALIVE actors: the 3-GPU one
+    waited forever. A pending actor is replaced when Ray recorded other resources, or (none recorded) when this
+    supervisor did not start it."""
+    infeasible = {"State": "PENDING_CREATION", "RequiredResources": {"CPU": 0.5, "GPU": 3.0}}
+    assert replace_reason(PLAN, 0, infeasible, None, started_here=True) == (
+        "waiting for 3 GPU, 0.5 CPU where the plan asks 1 GPU, 0.5 CPU")
+    mine = {"State": "PENDING_CREATION", "RequiredResources": {"CPU": 0.5, "GPU": 1.0}}
+    assert replace_reason(PLAN, 0, mine, None, started_here=False) is None
+    unknown = {"State": "DEPENDENCIES_UNREADY", "RequiredResources": {}}
+    assert replace_reason(PLAN, 0, unknown, None, started_here=True) is None
+    assert replace_reason(PLAN, 0, unknown, None, started_here=False) == "waiting to start for an earlier supervisor's plan"
+
+
+def test_a_running_actor_is_replaced_only_when_made_for_another_plan():
+    alive = {"State": "ALIVE", "RequiredResources": {"CPU": 0.5, "GPU": 1.0}}
+    assert replace_reason(PLAN, 1, alive, row(1, plan=OTHER_PLAN).info, started_here=False) == "made for another plan"
+    assert replace_reason(PLAN, 1, alive, row(1).info, started_here=False) is None
+    assert replace_reason(PLAN, 1, alive, None, started_here=False) is None, "not answering yet: kept for now"
+    assert replace_reason(PLAN, 1, {"State": "RESTARTING"}, None, started_here=False) is None
+
+
+# ---- what a launcher stopped by a signal says ---------------------------------------------------------------------
+
+
+def test_a_stopped_launcher_says_what_stays_and_the_real_stop_command():
+    address = "127.0.0.1:6379"
+    training = interrupted(status(row(0), row(1), pending(2)), PLAN, address, "SIGTERM")
+    assert training.startswith("the launcher stops (SIGTERM); the 3 worker actors in namespace rcswarm stay (2 training)")
+    assert training.endswith(f"rcswarm launch ray --address {address} --namespace rcswarm --stop")
+    assert "ADDRESS" not in training
+    finished = interrupted(status(*(row(i, FINISHED) for i in range(3))), PLAN, address, "SIGINT")
+    assert "have ended their runs but stay" in finished and "keep training" not in finished
+    gone = interrupted(status(supervisor=False), PLAN, address, "SIGTERM")
+    assert gone == "the launcher stops (SIGTERM); no rcswarm actor is left in namespace rcswarm"
+
+
+def test_sigterm_while_following_exits_143(monkeypatch, capsys):
+    """128 + the signal's number, as a shell reports it (it was 130 for every signal)."""
+    def follow(plan, poll_s, stop):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(10)
+
+    monkeypatch.setattr(launch, "ensure_supervisor", lambda plan: None)
+    monkeypatch.setattr(launch, "follow", follow)
+    monkeypatch.setattr(launch, "collect_status", lambda namespace: status(row(0), plan=PLAN))
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    args = launch.parser().parse_args(["--address", "127.0.0.1:6379", "--coordinator", "127.0.0.1:7000",
+                                       "--workers", "3", "--cpus-per-worker", "0.5", "--device", "cpu"])
+    try:
+        assert launch.launch(args) == 143
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    out = capsys.readouterr().out
+    assert "(SIGTERM)" in out and "--address 127.0.0.1:6379 --namespace rcswarm --stop" in out
+
+
+def test_the_follower_prints_the_supervisors_events(monkeypatch, capsys):
+    """A worker Ray refuses to create says why only in the supervisor's events: the follower prints each once."""
+    from rcswarm.launch import status as status_module
+
+    event = "12:00:00 reconcile failed: ValueError: bad resources"
+    shown = status(row(0), row(1), row(2))
+    shown["events"] = [event]
+    rounds = iter([shown, shown, status(*(row(i, FINISHED) for i in range(3)))])
+    monkeypatch.setattr(status_module, "collect_status", lambda namespace: next(rounds))
+    monkeypatch.setattr(status_module, "stop_all", lambda namespace: ["removed"])
+    assert status_module.follow(PLAN, 0.01, threading.Event()) == FINISHED_ALL
+    assert capsys.readouterr().out.count(event) == 1
+
+
+# ---- values Ray refuses, and checks before connecting -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"cpus_per_worker": 0.00001}, "--cpus-per-worker 1e-05: Ray counts resources in steps of 0.0001"),
+    ({"gpus_per_worker": 0.00015}, "--gpus-per-worker 0.00015: Ray counts resources in steps of 0.0001"),
+    ({"cpus_per_worker": float("inf")}, "--cpus-per-worker inf: expected a number > 0"),
+])
+def test_resource_quantities_ray_refuses_are_refused_naming_the_flag(fields, message):
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(".", r"\.")):
+        LaunchPlan(WorkerOptions("c:1"), workers=1, **fields)
+    assert LaunchPlan(WorkerOptions("c:1"), workers=1, cpus_per_worker=0.0001, gpus_per_worker=0.25).demand() == {
+        "CPU": 0.0001, "GPU": 0.25}
+
+
+def coordinator_args(tmp_path: Path, *extra: str):
+    config = write_spec(tiny_spec(), tmp_path / "run.toml")
+    return launch.parser().parse_args(["--with-coordinator", "--config", str(config), "--state-dir",
+                                       str(tmp_path / "state"), "--workers", "1", "--cpu-only", *extra])
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--coordinator-cpus", "nan"], "--coordinator-cpus nan: expected a number >= 0"),
+    (["--coordinator-cpus", "0.00001"], "--coordinator-cpus 1e-05: Ray counts resources in steps of 0.0001"),
+    (["--coordinator-port", "70000"], "--coordinator-port 70000: expected 0..65535"),
+    (["--state-dir", "state"], "--state-dir 'state': expected an absolute path on the head node"),
+    ([], "--coordinator-host '0.0.0.0' listens on every network interface and TLS is off"),
+    (["--coordinator-host", "127.0.0.1", "--coordinator-arg=--no-such-flag"],
+     "--coordinator-arg '--no-such-flag': `rcswarm coordinator` refuses it: "),
+])
+def test_coordinator_actor_arguments_are_checked_before_launching(tmp_path, extra, message):
+    """What the coordinator actor would refuse (Ray's precision, a port, a relative state dir, plaintext on every
+    interface, an unknown flag) is a usage error here, naming the flag, not a failure inside the actor."""
+    problem = launch.check_arguments(coordinator_args(tmp_path, *extra))
+    assert problem is not None and problem.startswith(message), problem
+    if not extra:
+        assert "--coordinator-arg=--insecure" in problem
+
+
+def test_a_plaintext_coordinator_on_every_interface_passes_with_insecure(tmp_path):
+    assert launch.check_arguments(coordinator_args(tmp_path, "--coordinator-arg=--insecure")) is None
+    assert launch.check_arguments(coordinator_args(tmp_path, "--coordinator-host", "127.0.0.1")) is None
+
+
+def test_the_coordinator_actor_gets_law_from_as_an_absolute_path(tmp_path, monkeypatch):
+    """A relative `curriculum.law_from` is relative to the config: the actor, in another directory, gets it
+    absolute (it got the file's text, and refused the path)."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    spec = tiny_spec(curriculum={"policy": "adaptive", "seq_lens": [8, 16], "law_from": "metrics.csv"})
+    config = folder / "run.toml"
+    config.write_text(spec.to_toml())
+    monkeypatch.chdir(tmp_path)
+    args = launch.parser().parse_args(["--with-coordinator", "--config", "configs/run.toml", "--state-dir",
+                                       str(tmp_path / "state"), "--workers", "1", "--cpu-only"])
+    sent = launch.coordinator_spec(args).config_text
+    assert f'law_from = "{folder / "metrics.csv"}"' in sent, sent
+
+
+def test_a_coordinator_actor_with_other_settings_is_named_not_reused():
+    wanted = CoordinatorSpec("[run]\n", "/srv/state", "127.0.0.1", 50051, ("--insecure",), 1.0)
+    assert settings_differ(wanted.settings(), wanted.settings()) is None
+    running = replace(wanted, state_dir="/srv/other", port=50052, config_text="[run]\nrounds = 2\n").settings()
+    differ = settings_differ(running, wanted.settings())
+    assert "--state-dir '/srv/other' there, '/srv/state' here" in differ and "--coordinator-port 50052 there" in differ
+    assert "--config (the run spec)" in differ and "--coordinator-host" not in differ
+    assert settings_differ(None, wanted.settings()) == "it does not report its settings"
+
+
+def test_ray_client_addresses_are_refused_up_front():
+    """Ray Client cannot read the GCS records the launcher needs: every command died in a traceback (and --stop
+    after killing the supervisor)."""
+    for command in (["--status"], ["--stop"], ["--coordinator", "c:1", "--workers", "1"]):
+        args = launch.parser().parse_args(["--address", "ray://127.0.0.1:10001", *command])
+        problem = launch.check_arguments(args)
+        assert problem is not None and problem.startswith("--address 'ray://127.0.0.1:10001': Ray Client"), problem
+
+
+def test_an_address_nothing_answers_at_fails_in_seconds(capsys):
+    """Ray retries an unreachable GCS for about 14 minutes, deaf to Ctrl-C: a TCP probe fails first, naming it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    address = f"127.0.0.1:{closed}"
+    assert reach_problem("auto", 1.0) is None
+    began = time.monotonic()
+    assert launch.main(["ray", "--address", address, "--status"]) == 1
+    assert time.monotonic() - began < 10
+    assert f"nothing answers at {address}" in capsys.readouterr().err
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert reach_problem(f"127.0.0.1:{listening.getsockname()[1]}", 3.0) is None
+
+
+class _Cause:
+    """A stand-in for Ray's ActorDeathCause message (oneof `context`)."""
+
+    def __init__(self, kind: str | None, **fields) -> None:
+        self.kind = kind
+        if kind is not None:
+            setattr(self, kind, type("Context", (), fields)())
+
+    def WhichOneof(self, _name: str) -> str | None:
+        return self.kind
+
+
+def test_a_death_cause_is_told_in_words_not_as_a_message_dump():
+    traceback = "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: no port"
+    assert death_cause_text(_Cause("creation_task_failure_context", formatted_exception_string=traceback)) == (
+        "RuntimeError: no port")
+    assert death_cause_text(_Cause("actor_died_error_context", error_message=" killed by ray.kill \n")) == (
+        "killed by ray.kill")
+    assert death_cause_text(_Cause(None)) == ""
