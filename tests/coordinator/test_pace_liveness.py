@@ -111,15 +111,21 @@ def test_an_unmeasured_worker_holds_an_adaptive_round_one_more_deadline_only():
     assert closed.ok and "deadline 5.0s reached with 1 reports; 1 worker still training" in closed.reason
 
 
-def test_a_step_of_no_time_on_the_wire_neither_fails_the_report_nor_freezes_the_run(start_coordinator):
-    spec = tiny_spec(run={"rounds": 0}, sync={"adaptive_steps": True, "round_deadline_s": 1.0},
-                     coordinator={"durable": False})
+def _honest_and_liar(start_coordinator, **sync):
+    """A run of `sync` settings (round_deadline_s 1 s) with two members, both of which pulled version 0: (the local
+    coordinator, its wire, the honest and the lying member, the honest one's pull header)."""
+    spec = tiny_spec(run={"rounds": 0}, sync={"round_deadline_s": 1.0, **sync}, coordinator={"durable": False})
     local = start_coordinator(spec)
     wire = Wire(local.target)
+    honest, liar = wire.join("honest"), wire.join("liar")
+    header = wire.pull(honest)
+    wire.pull(liar)
+    return local, wire, honest, liar, header
+
+
+def test_a_step_of_no_time_on_the_wire_neither_fails_the_report_nor_freezes_the_run(start_coordinator):
+    local, wire, honest, liar, header = _honest_and_liar(start_coordinator, adaptive_steps=True)
     try:
-        honest, liar = wire.join("honest"), wire.join("liar")
-        header = wire.pull(honest)
-        wire.pull(liar)
         # Before: UNKNOWN "float division by zero".
         assert wire.report(liar, [_row(1.0, step=0), _row(1.0, step=1)]).stored == 2
         assert wire.push_zero(honest, header, tokens=100).accepted
@@ -167,14 +173,9 @@ def test_a_failure_after_the_version_is_served_leaves_the_next_round_open(tmp_pa
 
 
 def test_a_member_claiming_slow_steps_cannot_stretch_a_time_boxed_round(start_coordinator):
-    spec = tiny_spec(run={"rounds": 0}, sync={"round": "time", "round_seconds": 1.0, "round_deadline_s": 1.0},
-                     coordinator={"durable": False})
-    local = start_coordinator(spec)
-    wire = Wire(local.target)
+    local, wire, honest, liar, header = _honest_and_liar(start_coordinator, round="time", round_seconds=1.0)
+    spec = local.service.spec
     try:
-        honest, liar = wire.join("honest"), wire.join("liar")
-        header = wire.pull(honest)
-        wire.pull(liar)
         wire.report(liar, [_row(0.0, step=0), _row(1e9, step=1)])
         with local.service._lock:
             budget = local.service.round.budget_s
