@@ -761,6 +761,12 @@ class SwarmCoordinator:
         with self._lock:
             return len(self._active)
 
+    def places_taken(self) -> int:
+        """The places of `coordinator.max_workers` taken in the open round: the active workers and the ended
+        memberships whose update is in it (`decisions.decide_place`; any thread; takes `_lock`)."""
+        with self._lock:
+            return len(self._active) + len(self._place_holders() - set(self._active))
+
     def reassign(self, worker_id: str, reason: str) -> None:
         """End a worker's membership here because a sweep moves it to another run; may close the round
         (handler thread, from a RunGroup without its lock; takes `_lock`)."""

@@ -254,13 +254,17 @@ class RunGroup:
 
     def _loads(self) -> list[RunLoad]:
         """Every run's load, counting the workers moved toward it that have not joined yet (group lock held; takes
-        each run's lock in turn): without them a second worker was moved off a run only to be sent back to it."""
+        each run's lock in turn): without them a second worker was moved off a run only to be sent back to it. A run
+        is full when its places are (`SwarmCoordinator.places_taken`)."""
         now = self.runs[0].clock()
         self._arriving = {worker: (index, until) for worker, (index, until) in self._arriving.items() if until > now}
         loads = []
         for i, run in enumerate(self.runs):
-            active = run.active_workers() + sum(1 for index, _ in self._arriving.values() if index == i)
-            full = active >= run.spec.coordinator.max_workers
+            arriving = sum(1 for index, _ in self._arriving.values() if index == i)
+            active = run.active_workers() + arriving
+            # Full counts the places ended memberships' updates hold in the open round too (`decide_place`): a join
+            # sent there would be refused until that round closes while another run has room.
+            full = run.places_taken() + arriving >= run.spec.coordinator.max_workers
             loads.append(RunLoad(i, run.spec.run.name, active, run.finished, full))
         return loads
 

@@ -263,3 +263,32 @@ def test_a_push_to_a_run_stopped_while_its_round_was_open_is_refused(tmp_path):
                          pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION and len(run.round.reports) == 0
     sweep.close()
+
+
+def test_a_run_whose_places_ended_updates_hold_is_full_for_the_sweeps_joins(tmp_path):
+    """A membership that ended with an update in its run's open round holds its place until the round closes
+    (`decide_place`); the sweep counted only active workers, so a join went to that run and was refused while the
+    other run had room."""
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from rcswarm.sync import tensor_stream
+    from tests.helpers.coordinator import creds, deltas_of
+
+    sweep = SweepCoordinator(tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 5},
+                                       coordinator={"max_workers": 2},
+                                       sync={"codec": "fp32", "max_update_norm": 100.0, "min_reports": 2}), tmp_path)
+    try:
+        first, _, third = (sweep.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b", "c"))
+        run = sweep.runs[0]
+        assert run.knows(first.worker_id) and run.knows(third.worker_id)
+        for _ in run.pull(pb.PullParametersRequest(**creds(first))):
+            pass
+        header, chunks = tensor_stream.build_payload(deltas_of(run, 1e-3), codec=run.wire_format, run_id=run.run_id,
+                                                     version=0)
+        sweep.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(first), base_version=0, tokens=40)),
+                         pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
+        sweep.leave(pb.LeaveRequest(**creds(first), reason="done"))
+        assert (run.active_workers(), run.places_taken()) == (1, 2)
+        joined = sweep.join(pb.JoinRequest(worker_name="d"))  # before: sent to L8 and refused RESOURCE_EXHAUSTED
+        assert sweep.runs[1].knows(joined.worker_id)
+    finally:
+        sweep.close()
