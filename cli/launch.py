@@ -91,6 +91,7 @@ def parser() -> argparse.ArgumentParser:
     coordinator.add_argument("--coordinator-arg", action="append", default=[], metavar="ARG",
                              help="an extra `rcswarm coordinator` argument, e.g. --coordinator-arg=--insecure "
                                   "or --coordinator-arg=--tls-cert=/certs/tls.crt (repeat for each)")
+    parser.set_defaults(coordinator_spec=None)  # `check_arguments` builds it from the flags above
     return parser
 
 
@@ -127,7 +128,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         if args.config is None or not args.state_dir:
             return "--with-coordinator needs --config RUN.toml and --state-dir DIR"
         try:
-            coordinator_problem(coordinator_spec(args))
+            args.coordinator_spec = coordinator_spec(args)  # read and checked once: `launch` sends it
+            coordinator_problem(args.coordinator_spec)
         except ValueError as exc:
             return str(exc)
     elif not args.coordinator:
@@ -184,7 +186,7 @@ def launch(args: argparse.Namespace) -> int:
 
     coordinator = args.coordinator
     if args.with_coordinator:
-        coordinator = start_coordinator(args.namespace, coordinator_spec(args))
+        coordinator = start_coordinator(args.namespace, args.coordinator_spec or coordinator_spec(args))
         print(f"coordinator actor serving on {coordinator}", flush=True)
     plan = plan_of(args, coordinator)
     ensure_supervisor(plan)

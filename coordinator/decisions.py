@@ -117,10 +117,6 @@ class PaceOptions:
     # at most this much. inf: not capped.
     round_deadline_s: float = math.inf
 
-    def with_deadline(self, round_deadline_s: float) -> PaceOptions:
-        """These options with the round deadline that caps how far a time-boxed budget grows."""
-        return dataclasses.replace(self, round_deadline_s=round_deadline_s)
-
 
 @dataclass(frozen=True)
 class Pace:

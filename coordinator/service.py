@@ -206,7 +206,7 @@ class SwarmCoordinator:
         )
         self.pace_options = decisions.PaceOptions(
             sync.round, spec.inner.steps, sync.step_cap(spec.inner.steps), sync.round_seconds, sync.min_steps,
-            sync.adaptive_steps,
+            sync.adaptive_steps, sync.round_deadline_s,
         )
         self.staleness = decisions.StalenessOptions(sync.max_staleness, sync.staleness_exponent)
         # How much each worker trains from the current version; decided again at each close and metric report.
@@ -335,8 +335,7 @@ class SwarmCoordinator:
             for worker in self._active.values():
                 worker.check_steps(now)
             measured = {w.worker_id: w.step_seconds() for w in self._active.values()}
-            self.pace = decisions.decide_pace({k: v for k, v in measured.items() if v is not None},
-                                              self.pace_options.with_deadline(self.spec.sync.round_deadline_s))
+            self.pace = decisions.decide_pace({k: v for k, v in measured.items() if v is not None}, self.pace_options)
         except Exception:
             self.log.exception("the pace decision failed; the pace stays: %s", self.pace.reason)
             return

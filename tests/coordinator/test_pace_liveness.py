@@ -89,7 +89,7 @@ def test_a_claimed_step_is_at_most_the_time_the_coordinators_clock_saw_pass():
 
 
 def test_a_time_boxed_budget_grows_by_at_most_the_round_deadline():
-    options = decisions.PaceOptions("time", **PACE).with_deadline(2.0)
+    options = decisions.PaceOptions("time", **PACE, round_deadline_s=2.0)
     grown = decisions.decide_pace({"fast": 0.05, "slow": 0.8}, options)
     assert grown.round_seconds == pytest.approx(1.6) and "capped" not in grown.reason
     capped = decisions.decide_pace({"fast": 0.05, "liar": 1e9}, options)
