@@ -264,8 +264,10 @@ class SwarmCoordinator:
         full_bytes, full_count = traffic.full_pulls(store.get(traffic.FULL_PULLS_KEY))
         self.traffic = Traffic(4 * sum(t.numel() for t in self.params.values()), full_pull_bytes=full_bytes,
                                full_pulls=full_count)
-        # Whether the last write of the full pulls' count failed (`_save_full_pulls`: warned once per failing spell).
+        # Whether the last write of the full pulls' count failed (`_save_full_pulls`) and of an event row
+        # (`_add_event_best_effort`): each warned once per failing spell.
         self._full_pulls_unsaved = False
+        self._events_unsaved = False
 
     @property
     def curriculum(self) -> curricula.CurriculumState:
@@ -357,9 +359,11 @@ class SwarmCoordinator:
                     raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {decision.reason}")
                 raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"join refused: {decision.reason}",
                               place_retry_s=decisions.place_retry_s(self.membership))
-            self._joins += 1
-            worker_id = f"{self.worker_prefix}w{self._joins}-{secrets.token_hex(4)}"
+            worker_id = f"{self.worker_prefix}w{self._joins + 1}-{secrets.token_hex(4)}"
             name = request.worker_name[:128] or worker_id
+            # The join's event row first: a failed write (a full disk) refuses the join before anything changed.
+            self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
+            self._joins += 1
             secret = secrets.token_bytes(WORKER_SECRET_BYTES)
             worker = WorkerRecord(
                 worker_id, name, request.device[:64], now, now, self.version, secret_sha256=hashlib.sha256(secret).digest()
@@ -375,7 +379,6 @@ class SwarmCoordinator:
                     if places.get(owner, owner) == taking_over:
                         places[owner] = worker_id
             self.workers[worker_id] = self._active[worker_id] = worker
-            self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
             self.log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version,
                           decision.reason)
             return pb.JoinResponse(
@@ -442,8 +445,23 @@ class SwarmCoordinator:
         self._version_changed.notify_all()
         if self.on_membership_end is not None and state != pb.WORKER_STATE_REASSIGNED:
             self.on_membership_end(worker.worker_id, reason)
-        self.store.add_event(worker.worker_id, kind, reason, now)
+        self._add_event_best_effort(worker.worker_id, kind, reason, now)
         self.log.info("%s: %s (%s) at version %d: %s", kind, worker.worker_id, worker.name, self.version, reason)
+
+    def _add_event_best_effort(self, worker_id: str, kind: str, reason: str, now: float) -> None:
+        """An events row for what already happened in memory (an ended membership, a stall), best effort (lock
+        held): a failed write (a full disk) is one WARNING until a write succeeds again, never the error of the
+        tick or call that did it, which would otherwise stop closing rounds; the log line stays."""
+        try:
+            self.store.add_event(worker_id, kind, reason, now)
+        except StoreError as error:
+            if not self._events_unsaved:
+                self.log.warning("an event was not saved (%s); events are logged only until a write succeeds", error)
+            self._events_unsaved = True
+            return
+        if self._events_unsaved:
+            self.log.info("events are saved again")
+            self._events_unsaved = False
 
     def _active_views(self) -> list[decisions.WorkerView]:
         """Views of the active memberships, the only ones admission, eviction and round closing count (lock held)."""
@@ -816,7 +834,7 @@ class SwarmCoordinator:
         if beat.stalls > self._stalls_seen:
             self._stalls_seen, self._resumed_at = beat.stalls, now
             grace = self.membership.lease_s + self.membership.stall_grace_s
-            self.store.add_event("", "stall", f"{beat.reason}; members not heard since have {grace:.1f} s", now)
+            self._add_event_best_effort("", "stall", f"{beat.reason}; members not heard since have {grace:.1f} s", now)
 
     def _evict_outliers(self, now: float) -> None:
         """End the membership of every active worker `decide_outlier_evictions` names (lock held)."""
