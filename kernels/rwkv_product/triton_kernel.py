@@ -20,7 +20,7 @@ chunk's end down to its start (z = S_{t-1} a_t, S_t recomputed from S_{t-1}):
     G   += dy_t r_tᵀ                     dr_t = S_tᵀ dy_t
     dv_t = G k_t        dk_t = Gᵀ v_t     dz = G b_t        db_t = Gᵀ z
     da_t = S_{t-1}ᵀ dz                   dw_t = Σ_j G_{j,:} ⊙ S_{t-1, j,:}
-    dw_raw_t = dw_t ⊙ w_t ⊙ (-e^{w_raw_t})
+    dw_raw_t = -dw_t ⊙ e^{w_raw_t - e^{w_raw_t}}    (= dw_t ⊙ w_t ⊙ (-e^{w_raw_t}), finite at any w_raw)
     G    = G diag(w_t) + dz a_tᵀ          (dL/dS_{t-1})
 
 dv_t belongs to the program's rows; dr, dk, da, db, dw_raw are sums over all d_v rows, so
@@ -157,7 +157,8 @@ def _backward_kernel(
             tl.store(db_ptr + out_k, tl.sum(grad * z[:, None], axis=0), mask=col_ok)
             tl.store(da_ptr + out_k, tl.sum(previous * dz[:, None], axis=0), mask=col_ok)
             d_decay = tl.sum(grad * previous, axis=0)  # [BLOCK_K]
-            tl.store(dw_ptr + out_k, -d_decay * decay * scale, mask=col_ok)
+            # dw/dw_raw = -e^{w_raw} e^{-e^{w_raw}} as one exponential: w ⊙ e^{w_raw} is 0 · ∞ = NaN at w_raw ≥ 88.7.
+            tl.store(dw_ptr + out_k, -d_decay * tl.exp(w_raw_t - scale), mask=col_ok)
             d_v_t = tl.sum(grad * k_t[None, :], axis=1)
             tl.store(dv_ptr + row_v + rows, d_v_t.to(dv_ptr.dtype.element_ty), mask=row_ok)
             grad = grad * decay[None, :] + dz[:, None] * a_t[None, :]
