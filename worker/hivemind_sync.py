@@ -23,8 +23,13 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   numeric sketch of θ) and its round's metrics (`MetricsRecord`) in the DHT under
   `rcswarm_digest` / `rcswarm_metrics`, subkey = peer id. Values are msgpack (hivemind's DHT
   serializer), never pickle, and every DHT node checks them with `record_validator()` (finite numbers, versions
-  below MAX_VERSION); `read_records` checks each again (a node with an older validator may serve one). The subkey is
-  the storer's word, not verified (docs/SECURITY.md). Every call into the DHT's process is bounded (`dht_result`).
+  below MAX_VERSION); `read_records` checks each again (a node with an older validator may serve one). Records are
+  signed: every peer has an RSA identity (`PeerIdentity`: its `--identity-path`, or a key made for the process), its
+  libp2p peer id is derived from that key, and it files its records under the subkey `<peer id>[owner:<public key>]`
+  (`owner_subkey`). hivemind's `RSASignatureValidator` on every DHT node refuses a record under such a subkey unless
+  that key signed it, and `read_records` keeps only records whose subkey's peer id is the key's (`subkey_owner`): no
+  node can store or overwrite a record under another peer's id (docs/SECURITY.md). Every call into the DHT's process
+  is bounded (`dht_result`).
 * **Drift**: `drift(a, b)` compares two sketches (per part of θ, the difference of sums over the
   part's L1 norm); `resync_reason` says whether this peer must load the state of the
   highest-version majority.
@@ -53,12 +58,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import math
 import os
 import random
+import re
+import shutil
 import statistics
 import struct
+import tempfile
 import threading
 import time
 from collections import deque
@@ -70,16 +79,20 @@ from typing import Any, AsyncIterator
 import hivemind
 import hivemind.averaging.averager as hm_averager_module
 import hivemind.dht.dht as hm_dht_module
+import multihash
 import pydantic.v1 as pydantic
 import torch
+from cryptography.hazmat.primitives import serialization
 from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import CompressionBase, CompressionInfo, NoCompression, deserialize_torch_tensor
 from hivemind.compression import serialization as hm_serialization
+from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import SchemaValidator
-from hivemind.p2p import P2PContext, PeerID
-from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.p2p import P2P, P2PContext, PeerID
+from hivemind.proto import averaging_pb2, crypto_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time
 from hivemind.utils.asyncio import aiter_with_timeout
+from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.streaming import STREAMING_CHUNK_SIZE_BYTES, combine_from_streaming
 from hivemind.utils.timed_storage import MAX_DHT_TIME_DISCREPANCY_SECONDS
 
@@ -259,9 +272,15 @@ class MetricsRecord(pydantic.BaseModel):
         return rows
 
 
+# A record's subkey: its storer's peer id and the RSA public key (OpenSSH form) the peer id is derived from, in
+# hivemind's owner marker, which makes RSASignatureValidator require that key's signature (`owner_subkey`).
+MAX_SUBKEY_CHARS = 1024
+_OWNER_SUBKEY = re.compile(r"([1-9A-HJ-NP-Za-km-z]{1,128})\[owner:(ssh-rsa [A-Za-z0-9+/]+={0,2})\]")
+
+
 class _Records(pydantic.BaseModel):
-    digest: dict[pydantic.constr(strict=True, max_length=128), DigestRecord]
-    metrics: dict[pydantic.constr(strict=True, max_length=128), MetricsRecord]
+    digest: dict[pydantic.constr(strict=True, max_length=MAX_SUBKEY_CHARS), DigestRecord]
+    metrics: dict[pydantic.constr(strict=True, max_length=MAX_SUBKEY_CHARS), MetricsRecord]
 
 
 _RECORD_SCHEMAS: dict[str, type[pydantic.BaseModel]] = {DIGEST_KEY: DigestRecord, METRICS_KEY: MetricsRecord}
@@ -458,6 +477,8 @@ class HivemindOptions:
                     raise ValueError(f"{flag} {value!r}: expected a multiaddr such as /ip4/127.0.0.1/tcp/31337/p2p/Qm...")
         if self.client_mode and not self.initial_peers:
             raise ValueError("--client-mode needs --initial-peers (a client peer cannot be dialed)")
+        if self.identity_path is not None and self.identity_path.exists():
+            read_identity(self.identity_path)  # ValueError naming the file now, not from the DHT's start
         for name in ("matchmaking_s", "join_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: expected seconds > 0")
@@ -566,7 +587,10 @@ def keep_command_pipe_blocking(module: Any, fd: int) -> None:
 class _DHT(hivemind.DHT):
     """hivemind's DHT whose command pipe stays blocking in its process (`keep_command_pipe_blocking`), and whose
     blocking calls from the process that started it (hivemind's `peer_id`, `get_visible_maddrs`, rcswarm's
-    `check_peer`) wait at most DHT_ANSWER_S (`dht_result`) instead of forever."""
+    `check_peer`) wait at most DHT_ANSWER_S (`dht_result`) instead of forever. `record_subkey`: the signed subkey
+    this peer's records go under (set by `start_dht`)."""
+
+    record_subkey = ""
 
     def start(self) -> None:
         self.starter_pid = os.getpid()
@@ -586,19 +610,109 @@ class _DHT(hivemind.DHT):
         return dht_result(self, name, future, timeout_s=DHT_ANSWER_S)
 
 
+@functools.lru_cache(maxsize=4096)
+def peer_id_of(public_key: str) -> str:
+    """The libp2p peer id (base58) of an RSA public key in OpenSSH form: the SHA-256 multihash of the key's
+    protobuf encoding (libp2p's peer-id spec, as hivemind's `PeerID.from_identity` computes it). ValueError for
+    anything but an RSA key."""
+    key = serialization.load_ssh_public_key(public_key.encode())
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
+    return PeerID(multihash.encode(hashlib.sha256(encoded).digest(), multihash.coerce_code("sha2-256"))).to_base58()
+
+
+def subkey_owner(subkey: Any) -> tuple[str, str]:
+    """(peer id, "") when `subkey` is `<peer id>[owner:<RSA key>]` with the peer id derived from that key (a record
+    under it was signed by that key: every DHT node's RSASignatureValidator checks it), else ("", why not)."""
+    match = _OWNER_SUBKEY.fullmatch(subkey) if isinstance(subkey, str) else None
+    if match is None:
+        return "", "its subkey is not <peer id>[owner:<RSA public key>]: an unsigned record"
+    try:
+        derived = peer_id_of(match.group(2))
+    except ValueError as error:
+        return "", f"its owner key is not an RSA public key ({error})"
+    if derived != match.group(1):
+        return "", f"its peer id is not its owner key's ({derived})"
+    return match.group(1), ""
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """A peer's RSA identity: the p2pd identity file `path` (libp2p's protobuf PrivateKey) and its key, which signs
+    this peer's records. `made_dir`: the private directory of a key made for this process, removed once the DHT
+    has started (`start_dht`)."""
+
+    path: Path
+    key: RSAPrivateKey
+    made_dir: Path | None = None
+
+    @classmethod
+    def of(cls, identity_path: Path | None) -> PeerIdentity:
+        """The identity at `identity_path` (created there, as hivemind does, when the file is missing), or a new one
+        in a private temporary directory when None. ValueError naming the file when it holds no RSA key."""
+        made_dir = None
+        if identity_path is None:
+            made_dir = Path(tempfile.mkdtemp(prefix="rcswarm-identity-"))
+            identity_path = made_dir / "identity.key"
+        try:
+            if not identity_path.exists():
+                P2P.generate_identity(str(identity_path))
+            return cls(identity_path, read_identity(identity_path), made_dir)
+        except BaseException:
+            if made_dir is not None:
+                shutil.rmtree(made_dir, ignore_errors=True)
+            raise
+
+    @property
+    def peer_id(self) -> str:
+        return peer_id_of(self.key.get_public_key().to_bytes().decode())
+
+    def subkey(self) -> str:
+        """The subkey this peer files its records under (`owner_subkey`)."""
+        return owner_subkey(self.peer_id, self.key.get_public_key().to_bytes().decode())
+
+    def forget_made_key(self) -> None:
+        if self.made_dir is not None:
+            shutil.rmtree(self.made_dir, ignore_errors=True)
+
+
+def read_identity(path: Path) -> RSAPrivateKey:
+    """The RSA key of the libp2p identity file `path` (protobuf PrivateKey, as hivemind writes it); ValueError naming
+    the file when it holds anything else."""
+    try:
+        stored = crypto_pb2.PrivateKey.FromString(path.read_bytes())
+        if stored.key_type != crypto_pb2.RSA:
+            raise ValueError(f"a key of type {crypto_pb2.KeyType.Name(stored.key_type)}")
+        key = RSAPrivateKey.__new__(RSAPrivateKey)
+        key.__setstate__({"_private_key": stored.data})  # the DER key, as hivemind's own pickling restores it
+    except Exception as error:
+        raise ValueError(f"--identity-path {path}: expected a libp2p RSA private key (rcswarm signs its DHT records "
+                         f"with it), got {error}") from error
+    return key
+
+
+def owner_subkey(peer_id: str, public_key: str) -> str:
+    """`<peer id>[owner:<public key>]`: hivemind's owner marker makes every node require that key's signature."""
+    marker = RSASignatureValidator.PUBLIC_KEY_FORMAT.decode().replace("_key_", public_key)
+    return f"{peer_id}{marker}"
+
+
 def start_dht(options: HivemindOptions) -> hivemind.DHT:
-    """A DHT node (and its p2pd) with rcswarm's record validator; no relays, no NAT traversal. Not strict: a clock or
-    reachability problem is `check_peer`'s to report, in one line."""
+    """A DHT node (and its p2pd) with rcswarm's record validators (the schema, and hivemind's RSA signatures with this
+    peer's identity, `PeerIdentity`); no relays, no NAT traversal. Not strict: a clock or reachability problem is
+    `check_peer`'s to report, in one line. The DHT's `record_subkey` is the subkey `store_record` files its records
+    under."""
+    identity = PeerIdentity.of(options.identity_path)
     kwargs: dict[str, Any] = dict(
         host_maddrs=list(options.host_maddrs), client_mode=options.client_mode, use_relay=False,
-        use_auto_relay=False, auto_nat=False, nat_port_map=False, strict=False,
+        use_auto_relay=False, auto_nat=False, nat_port_map=False, strict=False, identity_path=str(identity.path),
     )
+    if identity.made_dir is not None:
+        kwargs["check_if_identity_free"] = False  # a key made a moment ago is nobody else's
     if options.announce_maddrs:
         kwargs["announce_maddrs"] = list(options.announce_maddrs)
-    if options.identity_path is not None:
-        kwargs["identity_path"] = str(options.identity_path)
     dht = _DHT(initial_peers=list(options.initial_peers), start=False,
-               record_validators=[record_validator()], **kwargs)
+               record_validators=[RSASignatureValidator(identity.key), record_validator()], **kwargs)
     try:
         dht.run_in_background(await_ready=True, timeout=DHT_START_S)
     except BaseException as exc:
@@ -606,6 +720,9 @@ def start_dht(options: HivemindOptions) -> hivemind.DHT:
         if isinstance(exc, TimeoutError):
             raise PeerDied(f"its hivemind DHT process (pid {dht.pid}) was not ready within {DHT_START_S:g} s") from exc
         raise
+    finally:
+        identity.forget_made_key()  # p2pd has read it (or never will)
+    dht.record_subkey = identity.subkey()
     return dht
 
 
@@ -987,7 +1104,7 @@ class HivemindPeer:
         return Averaged(averaged, gathered, seconds)
 
     def publish(self, key: str, value: dict[str, Any]) -> bool:
-        return store_record(self.dht, self.peer_id, key, value, self.rules.record_ttl_s)
+        return store_record(self.dht, self.dht.record_subkey, key, value, self.rules.record_ttl_s)
 
     def records(self, key: str, run: str) -> dict[str, dict[str, Any]]:
         """Every valid record under `key` for `run`, by peer id (this peer's included)."""
@@ -1041,9 +1158,10 @@ def dht_result(dht: hivemind.DHT, what: str, future: Any, timeout_s: float = DHT
             raise PeerDied(f"its hivemind DHT process (pid {dht.pid}) did not answer a {what} within {timeout_s:g} s")
 
 
-def store_record(dht: hivemind.DHT, peer_id: str, key: str, value: dict[str, Any], ttl_s: float) -> bool:
-    """Store `value` under `key`, subkey `peer_id`, for `ttl_s` seconds; whether the DHT accepted it."""
-    future = dht.store(key, value, get_dht_time() + ttl_s, subkey=peer_id, return_future=True)
+def store_record(dht: hivemind.DHT, subkey: str, key: str, value: dict[str, Any], ttl_s: float) -> bool:
+    """Store `value` under `key`, `subkey` (a peer's `record_subkey`: its DHT signs the record), for `ttl_s` seconds;
+    whether the DHT accepted it."""
+    future = dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey, return_future=True)
     return bool(dht_result(dht, "store", future))
 
 
@@ -1054,9 +1172,10 @@ _MAX_REFUSED_LOGGED = 4096
 
 
 def read_records(dht: hivemind.DHT, key: str, run: str) -> dict[str, dict[str, Any]]:
-    """The records under `key` whose run is `run`, by subkey, each checked against the schema again (`record_problem`:
-    a DHT node with an older validator may serve a record this one refuses); a refused record is left out and logged
-    once."""
+    """The records under `key` whose run is `run`, by the peer id that signed them (`subkey_owner`), each checked
+    against the schema again (`record_problem`: a DHT node with an older validator may serve a record this one
+    refuses); a refused record is left out and logged once. The signatures themselves are checked by this node's
+    RSASignatureValidator on every record it stores or receives."""
     found = dht_result(dht, "get", dht.get(key, latest=True, return_future=True))
     if found is None or not isinstance(found.value, dict):
         return {}
@@ -1065,9 +1184,10 @@ def read_records(dht: hivemind.DHT, key: str, run: str) -> dict[str, dict[str, A
         value = getattr(item, "value", None)
         if not isinstance(value, dict) or value.get("run") != run:
             continue
-        problem = record_problem(key, value)
+        owner, problem = subkey_owner(subkey)
+        problem = problem or record_problem(key, value)
         if not problem:
-            out[str(subkey)] = value
+            out[owner] = value
         elif (key, str(subkey), problem) not in _REFUSED:
             if len(_REFUSED) >= _MAX_REFUSED_LOGGED:
                 _REFUSED.clear()

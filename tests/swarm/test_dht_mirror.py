@@ -76,17 +76,18 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         # Three worker peers store their records as hivemind workers do (store_record, digest_record).
         ttl_s = spec().hivemind.record_ttl_s
 
-        def publish(dht: Any, peer_id: str, key: str, value: dict[str, Any]) -> bool:
-            return hs.store_record(dht, peer_id, key, value, ttl_s)
+        def publish(dht: Any, key: str, value: dict[str, Any]) -> bool:
+            return hs.store_record(dht, dht.record_subkey, key, value, ttl_s)
 
         torch.manual_seed(0)
         theta = {"w": torch.randn(200)}
         for name, seq_len, version in (("a", 32, 2), ("b", 32, 1), ("c", 32, 2)):
             dht = hs.start_dht(hs.HivemindOptions.loopback(bootstrap))
             peers.append(dht)
-            assert publish(dht, str(dht.peer_id), hs.DIGEST_KEY, hs.digest_record(RUN, version, theta))
-            assert publish(dht, str(dht.peer_id), hs.METRICS_KEY, metrics(name, law_rows(seq_len, 120, version)))
-        assert publish(peers[0], "another-run", hs.METRICS_KEY, {"run": "other", "name": "x", "rows": law_rows(8, 3)})
+            assert publish(dht, hs.DIGEST_KEY, hs.digest_record(RUN, version, theta))
+            assert publish(dht, hs.METRICS_KEY, metrics(name, law_rows(seq_len, 120, version)))
+        peers.append(hs.start_dht(hs.HivemindOptions.loopback(bootstrap)))  # a peer of another run
+        assert publish(peers[-1], hs.METRICS_KEY, {"run": "other", "name": "x", "rows": law_rows(8, 3)})
 
         def mirrored() -> Any:
             stored = read_state(state, lambda store: store.get(mv.VIEW_KEY))
@@ -132,7 +133,7 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         maddrs.unlink()
         again = DhtCommand([*args, "--initial-peers", *hs.visible_maddrs(peers[0])])
         wait_for(maddrs.is_file, 60, "the restarted bootstrap peer")
-        assert publish(peers[0], str(peers[0].peer_id), hs.METRICS_KEY, metrics("a", law_rows(32, 130, 2)))
+        assert publish(peers[0], hs.METRICS_KEY, metrics("a", law_rows(32, 130, 2)))
         wait_for(lambda: len(read_state(state, lambda store: store.metric_rows())) >= 3 * 120 + 10, 60, "the restarted mirror")
         time.sleep(1.0)  # a few more polls
         assert again.close() == 0
@@ -142,7 +143,7 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
             other = dataclasses.replace(spec(), run=dataclasses.replace(spec().run, name=f"{RUN}-{seq_len}"),
                                         data=dataclasses.replace(spec().data, seq_len=seq_len))
             record = {**metrics("a", law_rows(seq_len, 120)), "run": other.run.name}
-            assert publish(peers[1], f"p-{seq_len}", hs.METRICS_KEY, record)
+            assert publish(peers[1], hs.METRICS_KEY, record)  # replaces its record of the run before
             mirror = dht_cli.Mirror(other, tmp_path / "runs" / other.run.name)
             try:
                 assert wait_for(lambda: mirror.poll(peers[1]), 30, f"the rows of {other.run.name}") == 120

@@ -77,6 +77,7 @@ def test_a_lone_peer_ends_its_step_after_its_window_and_one_that_is_not_alone_lo
 def test_a_peer_is_alone_until_another_averager_declares_or_another_digest_is_recent(no_new_p2pd: None) -> None:
     seed = hs.start_dht(hs.HivemindOptions.loopback())
     peers: list[Any] = []
+    others: list[Any] = []
     try:
         peers.append(_peer(seed))
         worker = object.__new__(HivemindWorker)  # only what `_alone` reads: its peer, spec, version and stop
@@ -85,12 +86,15 @@ def test_a_peer_is_alone_until_another_averager_declares_or_another_digest_is_re
         started = time.monotonic()
         assert worker._alone()
         assert time.monotonic() - started >= worker.spec.hivemind.state_declare_s  # read across a renewal
-        # A digest two versions back (a peer that left) or far ahead (one that finished the run): still alone.
-        assert hs.store_record(peers[0].dht, "gone", hs.DIGEST_KEY, hs.digest_record("hm", 1, params), 60.0)
-        assert hs.store_record(peers[0].dht, "done", hs.DIGEST_KEY, hs.digest_record("hm", 8, params), 60.0)
+        # Other peers' digests, each signed by its own node (`store_record`): two versions back (a peer that left)
+        # or far ahead (one that finished the run): still alone.
+        others = [hs.start_dht(hs.HivemindOptions.loopback(hs.visible_maddrs(seed))) for _ in range(3)]
+        for dht, version in zip(others, (1, 8)):
+            assert hs.store_record(dht, dht.record_subkey, hs.DIGEST_KEY, hs.digest_record("hm", version, params), 60.0)
         assert worker._alone()
         # One of the version before (a client-mode peer still training its round to this one): not alone.
-        assert hs.store_record(peers[0].dht, "client", hs.DIGEST_KEY, hs.digest_record("hm", 2, params), 60.0)
+        client = others[2]
+        assert hs.store_record(client, client.record_subkey, hs.DIGEST_KEY, hs.digest_record("hm", 2, params), 60.0)
         assert not worker._alone()
         # Another run's digest does not count; another averager of this run does (its declaration).
         other = object.__new__(HivemindWorker)
@@ -103,4 +107,6 @@ def test_a_peer_is_alone_until_another_averager_declares_or_another_digest_is_re
     finally:
         for peer in peers:
             peer.shutdown()
+        for dht in others:
+            dht.shutdown()
         seed.shutdown()

@@ -24,7 +24,9 @@ pytest.importorskip("hivemind")
 from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 from hivemind.dht.routing import DHTID  # noqa: E402
 from hivemind.dht.validation import DHTRecord  # noqa: E402
+from hivemind.proto import crypto_pb2  # noqa: E402
 from hivemind.utils import MPFuture, get_dht_time  # noqa: E402
+from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
 from hivemind.utils.timed_storage import ValueWithExpiration  # noqa: E402
 
 ROW = [0.0, 1.0, 2.5, 128.0, 1.7e9, 0.1, 0.0, 32.0, 4.0]
@@ -90,11 +92,54 @@ def test_records_refuse_non_finite_numbers_and_versions_beyond_int64() -> None:
         assert f"position {index}" in hs.record_problem(hs.METRICS_KEY, metrics)
 
 
+def _owner() -> tuple[str, str]:
+    """(peer id, subkey) of a new RSA identity, as a peer files its records (`owner_subkey`)."""
+    public = RSAPrivateKey().get_public_key().to_bytes().decode()
+    peer_id = hs.peer_id_of(public)
+    return peer_id, hs.owner_subkey(peer_id, public)
+
+
 def test_records_a_node_with_an_older_validator_serves_are_checked_again() -> None:
     good = {"run": "hm", "name": "a", "rows": [ROW]}
     bad = {"run": "hm", "name": "evil", "rows": [_row(1, math.inf)]}
-    dht = _FakeDHT(_found({"good": good, "evil": bad, "other-run": {**good, "run": "x"}}))
-    assert hs.read_records(dht, hs.METRICS_KEY, "hm") == {"good": good}
+    (good_id, good_subkey), (_, evil_subkey), (_, other_subkey) = _owner(), _owner(), _owner()
+    dht = _FakeDHT(_found({good_subkey: good, evil_subkey: bad, other_subkey: {**good, "run": "x"}}))
+    assert hs.read_records(dht, hs.METRICS_KEY, "hm") == {good_id: good}
+
+
+def test_records_count_only_under_the_peer_id_of_the_key_that_signed_them(no_new_p2pd: None) -> None:
+    """Real DHT nodes with rcswarm's validators (review of the eighteenth session: the subkey was the storer's word, so
+    any node could file digests under another peer's id, or hide that peer's own with a later expiration). A record
+    goes under `<peer id>[owner:<RSA key>]` signed by that key: another node's copy under a peer's subkey is refused
+    by the DHT, and one under the peer's id but its own key, or under a bare peer id, is left out by readers."""
+    digest = hs.digest_record("hm", 1, {"w": torch.ones(4)})
+    victim = hs.start_dht(hs.HivemindOptions.loopback())
+    cheat = None
+    try:
+        cheat = hs.start_dht(hs.HivemindOptions.loopback(hs.visible_maddrs(victim)))
+        victim_id, cheat_key = str(victim.peer_id), cheat.record_subkey.partition("[owner:")[2][:-1]
+        assert hs.subkey_owner(victim.record_subkey) == (victim_id, "")
+        assert hs.subkey_owner(cheat.record_subkey) == (str(cheat.peer_id), "")
+        assert hs.store_record(victim, victim.record_subkey, hs.DIGEST_KEY, digest, 30.0)
+        forged = {**digest, "version": 7}
+        assert not hs.store_record(cheat, victim.record_subkey, hs.DIGEST_KEY, forged, 3600.0)  # not its signature
+        assert hs.store_record(cheat, victim_id, hs.DIGEST_KEY, forged, 3600.0)  # unsigned: stored, never read
+        assert hs.store_record(cheat, hs.owner_subkey(victim_id, cheat_key), hs.DIGEST_KEY, forged, 3600.0)
+        for reader in (victim, cheat):
+            assert hs.read_records(reader, hs.DIGEST_KEY, "hm") == {victim_id: digest}
+    finally:
+        if cheat is not None:
+            cheat.shutdown()
+        victim.shutdown()
+
+
+def test_an_identity_file_that_holds_no_rsa_key_is_refused_by_name(tmp_path) -> None:
+    path = tmp_path / "ed25519.key"
+    path.write_bytes(crypto_pb2.PrivateKey(key_type=crypto_pb2.Ed25519, data=b"\0" * 64).SerializeToString())
+    with pytest.raises(ValueError, match=f"--identity-path {path}: expected a libp2p RSA private key.*Ed25519"):
+        hs.HivemindOptions(identity_path=path)  # what `rcswarm dht` and `rcswarm worker` build: a usage error
+    made = hs.PeerIdentity.of(tmp_path / "new.key")  # a missing file is created, as hivemind does
+    assert made.made_dir is None and hs.PeerIdentity.of(made.path).peer_id == made.peer_id
 
 
 def test_a_non_finite_sketch_is_far_from_every_replica_and_never_the_reference() -> None:
