@@ -25,10 +25,10 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
+from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import output_dir_problem, output_file_problem, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import (
@@ -289,9 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             info["health_port"] = running.health_port
         partial.write_text(json.dumps(info))
         os.replace(partial, args.port_file)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignal().install(signal.SIGTERM, signal.SIGINT)
     signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
     while not stop.wait(1.0):
         pass

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.wire import TOKEN_ENV
@@ -256,9 +257,7 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
     except (ValueError, OSError, StateDirBusy) as exc:
         return usage_error("rcswarm dht", str(exc))
     if stop is None:
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        stop = StopSignal().install(signal.SIGTERM, signal.SIGINT)
     dht = dashboard = None
     try:
         dht = hs.start_dht(options)

@@ -182,7 +182,7 @@ def coordinator_problem(spec: CoordinatorSpec) -> None:
 
 
 def launch(args: argparse.Namespace) -> int:
-    from rcswarm.cli.run import StopSignal
+    from rcswarm.cli.signals import StopSignal
 
     coordinator = args.coordinator
     if args.with_coordinator:
@@ -192,9 +192,7 @@ def launch(args: argparse.Namespace) -> int:
     ensure_supervisor(plan)
     print(f"{PROG}: {plan.workers} workers ({resources(plan.demand())} each) in namespace {plan.namespace}, "
           f"joining {plan.worker.coordinator}", flush=True)
-    stop = StopSignal()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop.handle)
+    stop = StopSignal().install(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     if not args.detach:
         verdict = follow(plan, args.poll_s, stop)
     else:

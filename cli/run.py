@@ -47,6 +47,7 @@ from rich.table import Table
 from rcswarm.cli.demo import DEMO_MINUTES, demo_spec
 from rcswarm.cli.fit import plot as plot_fit
 from rcswarm.cli.fit import report as report_fit
+from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import run_state_dirs
@@ -384,23 +385,12 @@ SUMMARY_NOTES = (
 )
 
 
-class StopSignal(threading.Event):
-    """Set by the first of SIGINT, SIGTERM or SIGHUP, whose number it keeps: an interrupted launch exits 128 plus
-    that number (130 for Ctrl-C, 143 for SIGTERM, 129 for a closed terminal), as a shell reports a process that
-    signal ended."""
-
-    signum = 0
-
-    def handle(self, signum: int, _frame: object) -> None:
-        if not self.is_set():
-            self.signum = signum
-        self.set()
-
-    def outcome(self, done: str) -> Outcome:
-        """The interrupted launch's outcome, `done` saying how far it got."""
-        name = signal.Signals(self.signum).name if self.signum else "a signal"
-        return Outcome("interrupted", f"stopped by {name}: interrupted after {done}; every process was shut down",
-                       128 + self.signum)
+def interrupted_outcome(stop: StopSignal, done: str) -> Outcome:
+    """The outcome of a launch `stop` interrupted, `done` saying how far it got: it exits 128 plus the signal's number
+    (130 for Ctrl-C, 143 for SIGTERM, 129 for a closed terminal), as a shell reports a process that signal ended."""
+    name = signal.Signals(stop.signum).name if stop.signum else "a signal"
+    return Outcome("interrupted", f"stopped by {name}: interrupted after {done}; every process was shut down",
+                   128 + stop.signum)
 
 
 @dataclass(frozen=True)
@@ -428,7 +418,7 @@ def outcome(rows: list[dict], spec: RunSpec, *, stop: StopSignal, out_of_time: b
     done, target = rounds_done(rows), f"{spec.run.rounds:,}"
     failed = [code for code in exit_codes if code not in (0, -signal.SIGTERM)]
     if stop.is_set():
-        return stop.outcome(f"{done} of {target} rounds")
+        return interrupted_outcome(stop, f"{done} of {target} rounds")
     if coordinator_code is not None:
         return Outcome("failed", f"the coordinator exited with status {coordinator_code} after {done} of {target} "
                                  f"rounds; see {logs / 'coordinator.log'}", 1)
@@ -587,10 +577,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.run_dir or Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     swarm = Swarm(spec, run_dir, spec.run.workers)
-    stop = StopSignal()
     # A closed terminal or a dropped ssh session (SIGHUP) stops the run as Ctrl-C does: the workers and the
     # coordinator run in sessions of their own and would otherwise train on with nobody to stop them.
-    previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    stop = StopSignal().install(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     if spec.sync.backend == "hivemind":
         from rcswarm.cli.run_hivemind import launch
 
@@ -598,8 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return launch(spec, run_dir, minutes, console, stop)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            stop.uninstall()
     out_of_time = False
     coordinator_code = None
     try:
@@ -626,8 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         coordinator_code = swarm.coordinator.poll()
     finally:
         swarm.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stop.uninstall()
     rows = [summarize_run(local) for local in local_runs(run_dir, spec)]
     ended = outcome(rows, spec, stop=stop, out_of_time=out_of_time, minutes=minutes,
                     exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs, coordinator_code=coordinator_code)

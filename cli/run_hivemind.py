@@ -30,7 +30,8 @@ from rich.console import Console
 from rich.markup import escape
 from safetensors.torch import load_file
 
-from rcswarm.cli.run import POLL_S, START_TIMEOUT_S, Outcome, StopSignal, Swarm, evaluate
+from rcswarm.cli.run import POLL_S, START_TIMEOUT_S, Outcome, Swarm, evaluate, interrupted_outcome
+from rcswarm.cli.signals import StopSignal
 from rcswarm.config.runspec import RunSpec
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -170,7 +171,7 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
     result = summarize(spec, run_dir, spec.run.workers)
     codes = [p.returncode for p in swarm.workers]
     if stop.is_set():
-        ended = stop.outcome(f"{result['rounds']} of {spec.run.rounds} rounds")
+        ended = interrupted_outcome(stop, f"{result['rounds']} of {spec.run.rounds} rounds")
     elif out_of_time:
         ended = Outcome("budget", f"stopped at the {minutes:g}-minute budget after {result['rounds']} rounds", 0)
     elif result["rounds"] < spec.run.rounds or any(code != 0 for code in codes):

@@ -22,6 +22,7 @@ import socket
 from pathlib import Path
 
 from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
+from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.worker.options import WorkerOptions
@@ -174,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         worker = Worker(options, token, previous=previous)
     except ValueError as exc:
         return usage_error(PROG, str(exc))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop.set())
+    StopSignal(target=worker.stop).install(signal.SIGTERM, signal.SIGINT)
     return worker.run()
 
 
@@ -232,6 +232,5 @@ def main_hivemind(args: argparse.Namespace) -> int:
         if control is not None:
             control.close("refused")
         return status
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop.set())
+    StopSignal(target=worker.stop).install(signal.SIGTERM, signal.SIGINT)
     return worker.run()
