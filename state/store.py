@@ -140,8 +140,9 @@ class StateStore:
     (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
     `worker_step_means`, `run_step_sums`, `training_rows`, `rounds_summary`, `mean_training_loss`,
-    `round_durations`, `round_losses`, `forecasts`, `held_out_losses`), so a read never waits for a write, nor a
-    write for a read. Any thread may call any method; the two locks are never held together, except by `close`.
+    `round_durations`, `round_duration_histogram`, `round_losses`, `forecasts`, `held_out_losses`), so a read
+    never waits for a write, nor a write for a read. Any thread may call any method; the two locks are never held
+    together, except by `close`.
     """
 
     def __init__(self, state_dir: str | Path, keep_checkpoints: int = 2, durable: bool = True) -> None:
@@ -705,6 +706,27 @@ class StateStore:
         rows = self._read("SELECT closed_at - opened_at FROM rounds WHERE closed_at IS NOT NULL AND opened_at IS NOT NULL "
                           "ORDER BY version")
         return [row[0] for row in rows if row[0] is not None]
+
+    def round_duration_histogram(self, edges: Sequence[float],
+                                 after: int = 0) -> tuple[int, int, float, tuple[int, ...], float | None]:
+        """The finite durations (seconds from opening to close) of the closed rounds of versions after `after` as a
+        histogram, read by one aggregate query: (the newest version of all rounds, 0 without any; how many
+        durations; their sum; how many are <= each of `edges`; the newest round's, None without any). SQLite reads
+        the rows, so a read returns O(len(edges)) values however many rounds there are, and one after a version
+        reads only the rounds after it (the version is the table's key)."""
+        infinity = float("inf")
+        bounds = tuple(float(edge) for edge in edges)
+        if not all(abs(edge) < infinity for edge in bounds) or list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"histogram edges {tuple(edges)!r}: expected finite seconds in increasing order")
+        # d: a closed round's duration; ?2 < d < ?3 drops NULL (an opening or close unknown, or NaN) and ±inf.
+        durations = ("SELECT version, d FROM (SELECT version, closed_at - opened_at AS d FROM rounds "
+                     "WHERE version > ?1 AND closed_at IS NOT NULL AND opened_at IS NOT NULL) WHERE d > ?2 AND d < ?3")
+        below = "".join(f", SUM(d <= ?{index + 4})" for index in range(len(bounds)))
+        newest = f"(SELECT d FROM ({durations}) ORDER BY version DESC LIMIT 1)"
+        through, count, total, *counts, last = self._read(
+            f"SELECT (SELECT MAX(version) FROM rounds), COUNT(d), TOTAL(d){below}, {newest} FROM ({durations})",
+            (after, -infinity, infinity, *bounds))[0]
+        return int(through or 0), int(count), float(total), tuple(int(n or 0) for n in counts), last
 
     def add_forecast(self, record: ForecastRecord) -> None:
         """Store the forecast made at `record.version` (replacing one made at the same version)."""

@@ -1,8 +1,9 @@
 """The dashboard's Prometheus `/metrics`: a prometheus_client custom collector over a data source.
 
 The source (`CollectorSource`) gives, at every scrape, each run's view (GetStatus, summary,
-per-worker totals), a run's closed-round durations from its store, and the fit over all runs
-with the name that labels it; the collector knows nothing of HTTP or of the dashboard.
+per-worker totals), a run's closed-round durations as a histogram (`RoundHistogram`: aggregates its store
+reads in SQL, never one row per round), and the fit over all runs with the name that labels it; the
+collector knows nothing of HTTP or of the dashboard.
 """
 
 from __future__ import annotations
@@ -21,11 +22,35 @@ ROUND_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 
 
 
 @dataclass(frozen=True)
+class RoundHistogram:
+    """A run's closed rounds up to version `through` as /metrics exports them: how many have a finite duration
+    (seconds from opening to close), the durations' sum, how many are <= each of ROUND_BUCKETS, and the newest
+    round's duration (None without any)."""
+
+    through: int
+    count: int
+    total: float
+    below: tuple[int, ...]
+    last: float | None
+
+    def __post_init__(self) -> None:
+        if len(self.below) != len(ROUND_BUCKETS):
+            raise ValueError(f"round histogram: {len(self.below)} bucket counts, expected one per ROUND_BUCKETS "
+                             f"edge ({len(ROUND_BUCKETS)})")
+
+    def then(self, newer: RoundHistogram) -> RoundHistogram:
+        """This histogram followed by `newer`, that of the rounds after `self.through`."""
+        return RoundHistogram(newer.through, self.count + newer.count, self.total + newer.total,
+                              tuple(a + b for a, b in zip(self.below, newer.below)),
+                              self.last if newer.last is None else newer.last)
+
+
+@dataclass(frozen=True)
 class CollectorSource:
-    """What a scrape reads: the runs' views, a run's closed-round durations, the fit and its label."""
+    """What a scrape reads: the runs' views, a run's round-duration histogram, the fit and its label."""
 
     views: Callable[[], Sequence[RunView]]
-    round_durations: Callable[[RunView], Sequence[float]]
+    round_histogram: Callable[[RunView], RoundHistogram]
     fits: Callable[[], FitReport]
     fit_label: str  # the run_id the fit is labelled with: the run's, or the sweep's name
     # Workers waiting for a place (GetStatusResponse.waiting_for_place), labelled with fit_label.
@@ -157,13 +182,13 @@ class CoordinatorCollector:
                     worker_families["tokens"].add_metric(key, t.tokens)
                     worker_families["sent"].add_metric(key, t.bytes_sent)
                     worker_families["received"].add_metric(key, t.bytes_received)
-            durations = [x for x in source.round_durations(view) if math.isfinite(x)]
-            closed.add_metric([run], len(durations))
-            buckets = [(f"{edge:g}", float(sum(1 for x in durations if x <= edge))) for edge in ROUND_BUCKETS]
-            buckets.append(("+Inf", float(len(durations))))
-            histogram.add_metric([run], buckets, sum_value=float(sum(durations)))
-            if durations:
-                runs["last_round"].add_metric([run], durations[-1])
+            durations = source.round_histogram(view)
+            closed.add_metric([run], durations.count)
+            buckets = [(f"{edge:g}", float(below)) for edge, below in zip(ROUND_BUCKETS, durations.below)]
+            buckets.append(("+Inf", float(durations.count)))
+            histogram.add_metric([run], buckets, sum_value=float(durations.total))
+            if durations.last is not None:
+                runs["last_round"].add_metric([run], durations.last)
         yield from (runs[key] for key in run_gauges if key != "last_round")
         yield workers_by_state
         yield ratios

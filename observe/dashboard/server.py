@@ -65,7 +65,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
 from rcswarm.observe.dashboard.auth import MAX_LOGIN_BYTES, SessionAuth, login_page
-from rcswarm.observe.dashboard.prometheus import CollectorSource, CoordinatorCollector
+from rcswarm.observe.dashboard.prometheus import ROUND_BUCKETS, CollectorSource, CoordinatorCollector, RoundHistogram
 from rcswarm.observe.dashboard.render import (
     DEFAULT_SMOOTHING,
     FORECAST_PLOT,
@@ -105,8 +105,9 @@ PAGE_PATHS = ("/", "/index.html")
 
 @dataclass(frozen=True)
 class Cached:
-    """A built value: the newest metric rowids it saw, when it was built (monotonic), how long that took,
-    and how many points it holds (the curves: their step means; 0 otherwise)."""
+    """A built value: the newest metric rowids it shows (those its build saw, or, for a value drawn from another
+    cached one, that one's stamp), when it was built (monotonic), how long that took, and how many points it holds
+    (the curves: their step means; 0 otherwise)."""
 
     stamp: tuple[int, ...]
     value: Any
@@ -434,6 +435,8 @@ class Dashboard:
         self._build_locks: dict[str, threading.Lock] = {}
         # Keys a background thread is rebuilding (under _cache_lock).
         self._refreshing: set[str] = set()
+        # Per store: its round-duration histogram as the last scrape read it (under _cache_lock).
+        self._round_histograms: dict[Any, RoundHistogram] = {}
         handler = type("DashboardHandler", (_Handler,), {"dashboard": self, "timeout": request_timeout_s})
         server_cls = _Server6 if ":" in host else _Server
         server_cls = type(server_cls.__name__, (server_cls,), {"max_connections": max_connections})
@@ -463,44 +466,65 @@ class Dashboard:
     def _newest_rowids(self) -> tuple[int, ...]:
         return tuple(run.store.newest_metric_rowid() for run in self.runs)
 
-    def _cached(self, key: str, build: Callable[[], Any], points: Callable[[Any], int] = lambda value: 0) -> Any:
-        """Recompute `key` only when new metric rows arrived; concurrent requests share one build (takes
-        `_cache_lock` briefly and the key's build lock around the build)."""
+    def _cached(self, key: str, build: Callable[..., Any], points: Callable[[Any], int] = lambda value: 0,
+                drawn_from: str | None = None) -> Any:
+        """Recompute `key` only when its inputs changed; concurrent requests share one build (takes `_cache_lock`
+        briefly and the key's build lock around the build). The inputs: the metric rows (their newest rowids), or,
+        for a value drawn from another cached one (`drawn_from`, built before), that value as it is cached now,
+        passed to `build` and whose stamp the drawn value keeps: it says which rows the drawing shows."""
         with self._cache_lock:
             key_lock = self._build_locks.setdefault(key, threading.Lock())
         with key_lock:
-            stamp = self._newest_rowids()
+            stamp, given = self._inputs(drawn_from)
             with self._cache_lock:
                 hit = self._cache.get(key)
                 if hit is not None and hit.stamp == stamp:
                     return hit.value
             started = time.monotonic()
-            value = build()
+            value = build(*given)
             with self._cache_lock:
                 self._cache[key] = Cached(stamp, value, time.monotonic(), time.monotonic() - started, points(value))
             return value
 
-    def _refreshed(self, key: str, build: Callable[[], Any], points: Callable[[Any], int] = lambda value: 0) -> Any:
+    def _inputs(self, drawn_from: str | None) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+        """(stamp, build arguments) of a value: the newest rowids and none, or the stamp and value of the cached
+        `drawn_from` (read together, so the stamp is that of the value the build gets)."""
+        if drawn_from is None:
+            return self._newest_rowids(), ()
+        with self._cache_lock:
+            source = self._cache[drawn_from]
+        return source.stamp, (source.value,)
+
+    def _refreshed(self, key: str, build: Callable[..., Any], points: Callable[[Any], int] = lambda value: 0,
+                   drawn_from: str | None = None) -> Any:
         """`_cached`, except that while the curves are large (`LARGE_CURVES`) a built value is served as it is
-        and rebuilt by a background thread once it is older than its refresh interval and new rows arrived."""
+        and rebuilt by a background thread once its inputs changed: rows arrived and it is older than its refresh
+        interval, or (`drawn_from`) the value it was drawn from was rebuilt since, which that value's own refresh
+        interval already spaces out."""
         with self._cache_lock:
             hit, curves = self._cache.get(key), self._cache.get("curves")
+            source = None if drawn_from is None else self._cache.get(drawn_from)
         if hit is None or curves is None or curves.points <= LARGE_CURVES:
-            return self._cached(key, build, points)
-        due = time.monotonic() - hit.built_at >= max(CURVES_REFRESH_S, CURVES_REFRESH_FACTOR * hit.took)
-        if due and self._newest_rowids() != hit.stamp:
+            return self._cached(key, build, points, drawn_from)
+        if source is not None:
+            due = source.stamp != hit.stamp
+        else:
+            due = (time.monotonic() - hit.built_at >= max(CURVES_REFRESH_S, CURVES_REFRESH_FACTOR * hit.took)
+                   and self._newest_rowids() != hit.stamp)
+        if due:
             with self._cache_lock:
                 start = key not in self._refreshing
                 self._refreshing.add(key)
             if start:
-                threading.Thread(target=self._refresh, args=(key, build, points), name=f"dashboard-{key}",
-                                 daemon=True).start()
+                threading.Thread(target=self._refresh, args=(key, build, points, drawn_from),
+                                 name=f"dashboard-{key}", daemon=True).start()
         return hit.value
 
-    def _refresh(self, key: str, build: Callable[[], Any], points: Callable[[Any], int]) -> None:
+    def _refresh(self, key: str, build: Callable[..., Any], points: Callable[[Any], int],
+                 drawn_from: str | None) -> None:
         """A background rebuild of `key` (its own thread); a failure is logged and the old value kept."""
         try:
-            self._cached(key, build, points)
+            self._cached(key, build, points, drawn_from)
         except Exception:
             log.exception("dashboard: rebuilding %s failed; serving the previous one", key)
         finally:
@@ -532,7 +556,11 @@ class Dashboard:
         return [read_run(index, run, totals) for index, (run, totals) in enumerate(zip(self.runs, self.totals()))]
 
     def plot(self, name: str, smoothing: float = DEFAULT_SMOOTHING) -> bytes:
-        return self._refreshed(f"plot:{name}:{smoothing:g}", lambda: render_plot(name, self.fits(), smoothing))
+        """The plot `name` drawn from the curves as `curves()` serves them, stamped with their stamp: redrawn once
+        they are rebuilt (large curves: by a background thread, this request starting their own rebuild when due)."""
+        self.curves()
+        return self._refreshed(f"plot:{name}:{smoothing:g}", lambda curves: render_plot(name, curves[1], smoothing),
+                               drawn_from="curves")
 
     def forecast_curves(self) -> list[ForecastCurve]:
         """Per run: its round losses and the law fitted to them up to its budget, with the band (issue #30)."""
@@ -561,8 +589,29 @@ class Dashboard:
         return metrics_page(self._run_named(run_id).store.metrics_since(since, limit), since, limit)
 
     def collector_source(self) -> CollectorSource:
-        return CollectorSource(views=self.views, round_durations=lambda view: view.coordinator.store.round_durations(),
+        return CollectorSource(views=self.views,
+                               round_histogram=lambda view: self.round_histogram(view.coordinator.store),
                                fits=self.fits, fit_label=self.coordinator.run_id, waiting=self.waiting_for_place)
+
+    def round_histogram(self, store: Any) -> RoundHistogram:
+        """`store`'s round-duration histogram: the one the last scrape read, followed by the rounds closed since
+        (rounds are only added, each at a newer version), read by one aggregate query over those alone; the whole
+        table at the first scrape, or when its newest version went back."""
+        with self._cache_lock:
+            known = self._round_histograms.get(store)
+        after = 0 if known is None else known.through
+        through, count, total, below, last = store.round_duration_histogram(ROUND_BUCKETS, after)
+        if known is None or through < known.through:
+            if after:
+                through, count, total, below, last = store.round_duration_histogram(ROUND_BUCKETS)
+            histogram = RoundHistogram(through, count, total, below, last)
+        else:
+            histogram = known.then(RoundHistogram(through, count, total, below, last))
+        with self._cache_lock:
+            newest = self._round_histograms.get(store)
+            if newest is None or newest.through <= histogram.through:
+                self._round_histograms[store] = histogram
+        return histogram
 
     def waiting_for_place(self) -> int:
         """Workers waiting for a place: a coordinator's group counts them; a bare run or a mirror has none to count."""
