@@ -48,7 +48,7 @@ from tests.helpers.deploy import (
     strict_custom_schema,
 )
 
-SCENARIOS = ("default", "gpu", "external-tls", "existing-secret", "servicemonitor", "ray")
+SCENARIOS = ("default", "gpu", "external-tls", "ingress-tls", "existing-secret", "servicemonitor", "ray")
 # API groups a scenario's cluster serves beyond Kubernetes' own (helm template --api-versions).
 SCENARIO_APIS = {"ray": ["ray.io/v1"], "servicemonitor": ["monitoring.coreos.com/v1"]}
 CUSTOM_SCHEMAS = {
@@ -155,7 +155,7 @@ def test_every_value_is_commented_and_in_the_schema():
     assert checked > 60
 
 
-@pytest.mark.parametrize("scenario", ["default", "gpu", "external-tls", "existing-secret"])
+@pytest.mark.parametrize("scenario", ["default", "gpu", "external-tls", "ingress-tls", "existing-secret"])
 def test_lint_is_clean(helm, scenario):
     """`helm lint --strict` on the chart: no warning or error (lint cannot declare extra APIs, hence
     no Ray or ServiceMonitor scenario here)."""
@@ -209,7 +209,8 @@ def test_the_strict_custom_schema_refuses_an_unknown_field(chart):
 def test_each_scenario_renders_its_objects(chart):
     kinds = {name: sorted(o["kind"] for o in render_scenario(chart, name)) for name in SCENARIOS}
     assert kinds["default"] == ["ConfigMap", "Deployment", "Secret", "Service", "Service", "StatefulSet"]
-    assert kinds["external-tls"].count("Service") == 3 and "Ingress" in kinds["external-tls"]
+    assert kinds["external-tls"].count("Service") == 3 and "Ingress" not in kinds["external-tls"]
+    assert kinds["ingress-tls"].count("Service") == 2 and "Ingress" in kinds["ingress-tls"]
     assert "Secret" not in kinds["existing-secret"]
     assert "ServiceMonitor" in kinds["servicemonitor"] and kinds["servicemonitor"].count("ConfigMap") == 2
     assert "RayCluster" in kinds["ray"] and "Deployment" not in kinds["ray"]
@@ -237,6 +238,13 @@ BAD_VALUES = [
     ({"coordinator": {"replicas": 2}}, "at '/coordinator': additional properties 'replicas' not allowed"),
     ({"workers": {"replica": 3}}, "at '/workers': additional properties 'replica' not allowed"),
     ({"coordinator": {"ingress": {"enabled": True}}}, "at '/coordinator/ingress/tlsSecretName': minLength: got 0, want 1"),
+    # A misspelt strategy type rendered, and the API server refused the Deployment.
+    ({"workers": {"strategy": {"type": "Recreat"}}}, "at '/workers/strategy/type': value must be one of 'RollingUpdate', 'Recreate'"),
+    ({"workers": {"strategy": {"rollingUpdate": {"maxUnavailabe": 1}}}},
+     "at '/workers/strategy/rollingUpdate': additional properties 'maxUnavailabe' not allowed"),
+    # Every name is the full name and a suffix; the longest must fit 63 characters (the StatefulSet 52).
+    ({"fullnameOverride": "f" * 41}, "at '/fullnameOverride': maxLength: got 41, want 40"),
+    ({"nameOverride": "n" * 41}, "at '/nameOverride': maxLength: got 41, want 40"),
 ]
 
 
@@ -256,6 +264,20 @@ BAD_COMBINATIONS = [
     # Two container ports of one number: rendered and valid before, then a crash loop (the dashboard cannot bind).
     ({"tls": {"enabled": True, "secretName": "tls"}, "coordinator": {"dashboard": {"port": 50052}}}, [],
      "coordinator.dashboard.port 50052 equals coordinator.healthPort"),
+    # The ingress controller terminates TLS: an outside worker's client certificate never reaches the coordinator.
+    ({"tls": {"enabled": True, "secretName": "tls", "mutual": {"enabled": True, "clientSecretName": "client"}},
+      "coordinator": {"ingress": {"enabled": True, "tlsSecretName": "host-tls"}}}, [],
+     "tls.mutual.enabled and coordinator.ingress.enabled cannot be combined"),
+    ({"tls": {"enabled": True, "secretName": "tls", "mutual": {"enabled": True, "clientSecretName": "client"}},
+      "coordinator": {"ingress": {"enabled": True, "tlsSecretName": "host-tls"}}}, [],
+     "Expose the coordinator with coordinator.external instead (a LoadBalancer or NodePort Service that passes TLS through"),
+    # Prometheus refuses a scrape timeout above the interval: the chart's values said so, and rendered it anyway.
+    ({"serviceMonitor": {"enabled": True, "interval": "30s", "scrapeTimeout": "1m"}, "coordinator": {"dashboard": {"enabled": True}}},
+     ["monitoring.coreos.com/v1"], "serviceMonitor.scrapeTimeout 1m is longer than serviceMonitor.interval 30s"),
+    ({"serviceMonitor": {"enabled": True, "interval": "1m30s", "scrapeTimeout": "91s"}}, ["monitoring.coreos.com/v1"],
+     "serviceMonitor.scrapeTimeout 91s is longer than serviceMonitor.interval 1m30s"),
+    ({"serviceMonitor": {"enabled": True, "interval": "500ms", "scrapeTimeout": "1s"}}, ["monitoring.coreos.com/v1"],
+     "serviceMonitor.scrapeTimeout 1s is longer than serviceMonitor.interval 500ms"),
 ]
 
 
@@ -264,6 +286,91 @@ def test_bad_combinations_fail_the_render_with_a_message(helm, chart, values, ap
     with pytest.raises(helm.HelmRenderError) as refused:
         render(chart, values, apis)
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(("interval", "timeout"), [("30s", "10s"), ("1m30s", "90s"), ("1m", "59s500ms"), ("2h", "119m"), ("1s", "500ms")])
+def test_a_scrape_timeout_within_the_interval_renders(chart, interval, timeout):
+    found = objects(render(chart, {"serviceMonitor": {"enabled": True, "interval": interval, "scrapeTimeout": timeout}},
+                           ["monitoring.coreos.com/v1"]))
+    (endpoint,) = one(found, "ServiceMonitor")["spec"]["endpoints"]
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == (interval, timeout)
+
+
+def test_the_worker_strategy_carries_rolling_update_only_with_that_type(chart, k8s_validate):
+    """Helm merges the default rollingUpdate block into `type: Recreate`; the API server refuses
+    spec.strategy.rollingUpdate beside Recreate (kubernetes-validate does not check that rule)."""
+    default = one(render_scenario(chart, "default"), "Deployment")["spec"]["strategy"]
+    assert default == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "25%"}}
+    recreate = one(objects(render(chart, {"workers": {"strategy": {"type": "Recreate"}}})), "Deployment")
+    assert recreate["spec"]["strategy"] == {"type": "Recreate"}
+    k8s_validate.validate(recreate, "1.27", strict=True)
+    custom = {"workers": {"strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}}
+    assert one(objects(render(chart, custom)), "Deployment")["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+def render_release(chart, release: str, values: dict[str, Any], api_versions: list[str]) -> dict[str, str]:
+    """`render` under another release name."""
+    from helm_python import _native
+
+    options = {"name": release, "namespace": NAMESPACE, "is_install": True, "api_versions": api_versions}
+    return json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(values), json.dumps(options)))
+
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Where NOTES.txt names an object: (kind, pattern whose group is the name).
+NOTES_NAMES = [
+    ("StatefulSet", r"coordinator (\S+) \(one pod"),
+    ("StatefulSet", r"PersistentVolumeClaim\s+state-(\S+)-0,"),
+    ("Deployment", r"worker\(s\) in Deployment (\S+?)\.\n"),
+    ("Deployment", r"deployment/(\S+) --replicas"),
+    ("Secret", r"The join token is in Secret (\S+) "),
+    ("Secret", r"kubectl get secret -n \S+ (\S+) -o jsonpath"),
+    ("Service", r"svc/(\S+) "),
+    ("Service", r"joins through Service (\S+):"),
+    ("Service", r"kubectl get svc -n \S+ (\S+) "),
+    ("RayCluster", r"RayCluster (\S+):"),
+    ("RayCluster", r"ray\.io/cluster=([^,]+),"),
+]
+
+
+@pytest.mark.parametrize("length", [33, 42, 53])
+@pytest.mark.parametrize("mutual", [False, True], ids=["ingress", "mutual"])
+def test_long_release_names_give_distinct_valid_names(chart, length, mutual):
+    """Helm allows release names of 53 characters. Every object's name stays distinct within its kind and
+    within 63 characters (a StatefulSet's within 52: its pods carry controller-revision-hash
+    "<name>-<10-character hash>"), and NOTES.txt names only objects the chart makes."""
+    release = ("team-research-longsequence-recurrent-experiment-00042" + "x" * 53)[:length]
+    values: dict[str, Any] = {
+        "tls": {"enabled": True, "secretName": "coordinator-tls",
+                "mutual": {"enabled": mutual, "clientSecretName": "client"}},
+        "coordinator": {"external": {"enabled": True}, "dashboard": {"enabled": True},
+                        # Mutual TLS cannot go through an Ingress (the chart refuses it).
+                        "ingress": {"enabled": not mutual, "host": "swarm.example.org", "tlsSecretName": "host-tls"}},
+        "serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}, "ray": {"enabled": True},
+    }
+    apis = ["ray.io/v1", "monitoring.coreos.com/v1"]
+    rendered = render_release(chart, release, values, apis)
+    names: dict[str, list[str]] = {}
+    for obj in objects(rendered):
+        names.setdefault(obj["kind"], []).append(obj["metadata"]["name"])
+    assert len(names["Service"]) == 3 and len(names["ConfigMap"]) == 2 and len(names.get("Ingress", [])) == (not mutual)
+    for kind, listed in names.items():
+        assert len(listed) == len(set(listed)), f"{kind} names collide: {listed}"
+        for name in listed:
+            assert DNS_LABEL.match(name) and len(name) <= 63, f"{kind} {name}: {len(name)} characters"
+    (statefulset,) = names["StatefulSet"]
+    assert len(statefulset) <= 52, f"{statefulset}: {len(statefulset)} characters, its pods' labels would pass 63"
+    # Another release sharing that prefix gets names of its own.
+    other = objects(render_release(chart, release[:-1] + "y", values, apis))
+    assert one(other, "StatefulSet")["metadata"]["name"] != statefulset
+    notes = rendered["rcswarm/templates/NOTES.txt"]
+    printed = set()
+    for kind, pattern in NOTES_NAMES:
+        for name in re.findall(pattern, notes):
+            assert name in names.get(kind, []), f"NOTES.txt names {kind} {name!r}; the chart makes {names.get(kind)}"
+            printed.add((kind, pattern))
+    assert len(printed) == len(NOTES_NAMES), f"NOTES.txt no longer prints {set(NOTES_NAMES) - printed}:\n{notes}"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -444,6 +551,8 @@ def test_tls_reaches_every_client(chart):
     external = one(found, "Service", f"{RELEASE}-rcswarm-coordinator-external")
     assert external["spec"]["type"] == "LoadBalancer"
     assert [(p["port"], p["appProtocol"]) for p in external["spec"]["ports"]] == [(443, "grpc")]
+    found = render_scenario(chart, "ingress-tls")
+    assert flag(worker_container(found)["args"], "--tls-ca") == "/etc/rcswarm/tls-ca/ca.crt"
     ingress = one(found, "Ingress")
     assert ingress["spec"]["tls"][0]["secretName"] == "swarm-example-org-tls"
     assert ingress["spec"]["rules"][0]["http"]["paths"][0]["path"] == f"/{COORDINATOR_SERVICE}"
@@ -524,6 +633,25 @@ def test_notes_tell_how_to_reach_the_run(chart):
     assert f"kubectl port-forward -n {NAMESPACE} svc/{RELEASE}-rcswarm-coordinator 50051" in notes
     assert "rcswarm status --coordinator localhost:50051" in notes
     assert "auth.existingSecret" in notes
+
+
+def test_notes_status_command_presents_the_client_certificate_under_mutual_tls(chart):
+    """A coordinator with tls.mutual.enabled refuses a client without a certificate, `rcswarm status` included."""
+    notes = render(chart, scenario_values("external-tls"))["rcswarm/templates/NOTES.txt"]
+    status = "rcswarm status --coordinator localhost:50051 --tls-ca ca.crt --tls-cert client.crt --tls-key client.key\n"
+    assert status in notes
+    assert "rcswarm worker --coordinator EXTERNAL_NAME:443 --tls-ca ca.crt --tls-cert client.crt --tls-key client.key\n" in notes
+    plain_tls = render(chart, scenario_values("ingress-tls"))["rcswarm/templates/NOTES.txt"]
+    assert "rcswarm status --coordinator localhost:50051 --tls-ca ca.crt\n" in plain_tls and "--tls-cert" not in plain_tls
+
+
+@pytest.mark.parametrize(("key", "jsonpath"), [("token", "{.data.token}"), ("join-token", "{.data.join-token}"),
+                                               ("join.token", r"{.data.join\.token}")])
+def test_notes_token_jsonpath_escapes_dots_in_the_key(chart, key, jsonpath):
+    """kubectl's JSONPath reads a dot as a field separator: {.data.join.token} finds nothing."""
+    values = {"auth": {"existingSecret": "swarm-join-token", "existingSecretKey": key}}
+    notes = render(chart, values)["rcswarm/templates/NOTES.txt"]
+    assert f"kubectl get secret -n {NAMESPACE} swarm-join-token -o jsonpath='{jsonpath}' | base64 -d" in notes
 
 
 def test_the_cli_accepts_the_chart_arguments(chart):

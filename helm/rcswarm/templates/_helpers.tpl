@@ -8,17 +8,32 @@ templates cannot collide with them.
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* "<release>-<chart>" (or the release alone when it already holds the chart's name), at most 63 characters. */}}
+{{/*
+"<release>-<chart>" (or the release alone when it already holds the chart's name, or fullnameOverride),
+at most 40 characters: every object's name is this base plus a suffix, and the longest ones must
+still fit: the StatefulSet "<base>-coordinator" within 52 (its pods' controller-revision-hash label,
+"<name>-<10-character hash>", within 63) and the Service "<base>-coordinator-external" within 63.
+Truncating the base rather than each suffixed name keeps the names distinct; a base over 40
+characters keeps its first 33 and ends with 6 characters of its hash, so two long release names
+sharing a prefix still get names of their own.
+*/}}
 {{- define "rcswarm.fullname" -}}
+{{- $full := "" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- $full = .Values.fullnameOverride -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
 {{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- $full = .Release.Name -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- $full = printf "%s-%s" .Release.Name $name -}}
 {{- end -}}
+{{- end -}}
+{{- $full = $full | trimSuffix "-" -}}
+{{- if le (len $full) 40 -}}
+{{- $full -}}
+{{- else -}}
+{{- printf "%s-%s" ($full | trunc 33 | trimSuffix "-") ($full | sha256sum | trunc 6) -}}
 {{- end -}}
 {{- end -}}
 
@@ -43,14 +58,34 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 app.kubernetes.io/part-of: rcswarm
 {{- end -}}
 
-{{/* Name of the coordinator's StatefulSet and of its client Service. */}}
+{{/* Name of the coordinator's StatefulSet, its client Service, Ingress and ServiceMonitor (at most 52 characters). */}}
 {{- define "rcswarm.coordinator.fullname" -}}
-{{- printf "%s-coordinator" (include "rcswarm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-coordinator" (include "rcswarm.fullname" .) -}}
 {{- end -}}
 
 {{/* Name of the headless Service that governs the StatefulSet. */}}
 {{- define "rcswarm.coordinator.headless" -}}
-{{- printf "%s-coordinator-hl" (include "rcswarm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-coordinator-hl" (include "rcswarm.fullname" .) -}}
+{{- end -}}
+
+{{/* Name of the Service that exposes the coordinator outside the cluster (coordinator.external). */}}
+{{- define "rcswarm.coordinator.external" -}}
+{{- printf "%s-coordinator-external" (include "rcswarm.fullname" .) -}}
+{{- end -}}
+
+{{/* Name of the workers' Deployment. */}}
+{{- define "rcswarm.worker.fullname" -}}
+{{- printf "%s-worker" (include "rcswarm.fullname" .) -}}
+{{- end -}}
+
+{{/* Name of the RayCluster (within 44 characters, below the 50 the chart has always kept it to). */}}
+{{- define "rcswarm.ray.fullname" -}}
+{{- printf "%s-ray" (include "rcswarm.fullname" .) -}}
+{{- end -}}
+
+{{/* Name of the ConfigMap with the Grafana board. */}}
+{{- define "rcswarm.grafanaDashboardName" -}}
+{{- printf "%s-grafana-dashboard" (include "rcswarm.fullname" .) -}}
 {{- end -}}
 
 {{/* HOST:PORT of the coordinator for in-cluster clients; a TLS certificate must name this host. */}}
@@ -60,7 +95,7 @@ app.kubernetes.io/part-of: rcswarm
 
 {{/* Name of the ConfigMap holding the RUN.toml. */}}
 {{- define "rcswarm.configName" -}}
-{{- printf "%s-run" (include "rcswarm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-run" (include "rcswarm.fullname" .) -}}
 {{- end -}}
 
 {{/* Name of the Secret holding the join token: auth.existingSecret, else the one the chart makes. */}}
@@ -68,7 +103,7 @@ app.kubernetes.io/part-of: rcswarm
 {{- if .Values.auth.existingSecret -}}
 {{- .Values.auth.existingSecret -}}
 {{- else -}}
-{{- printf "%s-token" (include "rcswarm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-token" (include "rcswarm.fullname" .) -}}
 {{- end -}}
 {{- end -}}
 
@@ -157,6 +192,17 @@ app.kubernetes.io/part-of: rcswarm
 {{- end }}
 {{- end -}}
 
+{{/* Milliseconds of a Prometheus duration such as 500ms, 10s, 1m30s or 2h (the schema checks its form). */}}
+{{- define "rcswarm.durationMs" -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 -}}
+{{- $total := int64 0 -}}
+{{- range (regexFindAll "[0-9]+(ms|[smhdwy])" (toString .) -1) -}}
+{{- $number := regexFind "^[0-9]+" . -}}
+{{- $total = add $total (mul (int64 $number) (get $units (trimPrefix $number .))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
 {{/*
 Checks across values that a JSON schema cannot state clearly; each failure names the values and
 what to do. Included by the coordinator's StatefulSet, which every release renders.
@@ -170,6 +216,9 @@ what to do. Included by the coordinator's StatefulSet, which every release rende
 {{- end -}}
 {{- if and .Values.tls.mutual.enabled (not .Values.tls.mutual.clientSecretName) -}}
 {{- fail "tls.mutual.enabled needs tls.mutual.clientSecretName: the Secret with the in-cluster workers' client certificate" -}}
+{{- end -}}
+{{- if and .Values.tls.mutual.enabled .Values.coordinator.ingress.enabled -}}
+{{- fail "tls.mutual.enabled and coordinator.ingress.enabled cannot be combined: the ingress controller terminates TLS, so an outside worker's client certificate never reaches the coordinator. Expose the coordinator with coordinator.external instead (a LoadBalancer or NodePort Service that passes TLS through to the coordinator), or set tls.mutual.enabled=false" -}}
 {{- end -}}
 {{- if and .Values.coordinator.external.enabled (not .Values.tls.enabled) -}}
 {{- fail "coordinator.external.enabled exposes the coordinator outside the cluster: set tls.enabled=true and tls.secretName, or the join token and every update cross the network in plaintext" -}}
@@ -185,6 +234,13 @@ what to do. Included by the coordinator's StatefulSet, which every release rende
 {{- end -}}
 {{- if and .Values.serviceMonitor.enabled (not .Values.coordinator.dashboard.enabled) -}}
 {{- fail "serviceMonitor.enabled scrapes the dashboard's /metrics: set coordinator.dashboard.enabled=true" -}}
+{{- end -}}
+{{- if .Values.serviceMonitor.enabled -}}
+{{- $interval := include "rcswarm.durationMs" .Values.serviceMonitor.interval | int64 -}}
+{{- $timeout := include "rcswarm.durationMs" .Values.serviceMonitor.scrapeTimeout | int64 -}}
+{{- if gt $timeout $interval -}}
+{{- fail (printf "serviceMonitor.scrapeTimeout %s is longer than serviceMonitor.interval %s: Prometheus refuses a scrape timeout above the scrape interval; lower the timeout or raise the interval" .Values.serviceMonitor.scrapeTimeout .Values.serviceMonitor.interval) -}}
+{{- end -}}
 {{- end -}}
 {{- if gt (int .Values.ray.workerGroup.minReplicas) (int .Values.ray.workerGroup.maxReplicas) -}}
 {{- fail (printf "ray.workerGroup.minReplicas %d is above ray.workerGroup.maxReplicas %d" (int .Values.ray.workerGroup.minReplicas) (int .Values.ray.workerGroup.maxReplicas)) -}}
