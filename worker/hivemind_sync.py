@@ -1201,8 +1201,9 @@ def _check_state(loaded: Any, run: str, names: Sequence[str], shapes: Sequence[t
     if loaded is None:
         return "no peer answered", None
     metadata, tensors = loaded
-    if not isinstance(metadata, dict) or metadata.get("run") != run or not isinstance(metadata.get("version"), int):
-        return f"metadata {str(metadata)[:200]!r}: expected run {run!r} and an integer version", None
+    if not isinstance(metadata, dict) or metadata.get("run") != run or not is_version(metadata.get("version")):
+        return (f"metadata {str(metadata)[:200]!r}: expected run {run!r} and a version, an integer in "
+                f"[0, {MAX_VERSION})"), None
     want = list(shapes) * 2
     got = [tuple(t.shape) for t in tensors]
     if got != want:

@@ -475,10 +475,17 @@ class HivemindWorker:
                          tokens=int(tokens), wall_time=wall, compute_seconds=compute, sync_seconds=sync, **fields)
 
     def _resync(self, why: str) -> None:
-        """Load (version, θ, momentum) from the highest-version peer; keep training from the local state without one."""
+        """Load (version, θ, momentum) from the highest-version peer, at this peer's version or later (a donor behind it
+        is refused: the peer whose digest asked for the re-sync may have left, its record outliving it); keep training
+        from the local state without one."""
         log.warning("%s re-syncs from peers: %s", self.name, why)
         self.peer.set_state_version(self.version, shareable=False)  # nobody loads a drifted state meanwhile
-        loaded = self.peer.load_state(self.names, self.shapes, self.options.join_timeout_s)
+        current = self.version
+
+        def not_behind(state: tuple[int, list[torch.Tensor]]) -> str:
+            return "" if state[0] >= current else f"its version {state[0]} is behind this peer's {current}"
+
+        loaded = self.peer.load_state(self.names, self.shapes, self.options.join_timeout_s, accept=not_behind)
         if loaded is None:
             log.warning("%s: no peer served its state; training on from version %d", self.name, self.version)
         else:

@@ -259,3 +259,48 @@ def test_a_client_mode_peer_goes_on_past_its_first_version(no_new_p2pd: None) ->
         if peer is not None:
             peer.shutdown()
         boot.shutdown()
+
+
+def test_a_downloaded_state_needs_a_version_in_range() -> None:
+    """A donor's state metadata is msgpack from the wire: its version was taken as any int (2**63 made a newcomer
+    finish the run at once with exit 0; -3 ended it with a traceback; True passed as 1) (review of the hivemind worker
+    loop, 2026-11-28). Now only a version in [0, MAX_VERSION) is taken; the loader asks the next donor."""
+    tensors = [torch.zeros(2), torch.zeros(2)]
+    for version in (2**63, hs.MAX_VERSION, -3, True, 1.0):
+        problem, state = hs._check_state(({"run": "hm", "version": version}, tensors), "hm", ["w"], [(2,)])
+        assert state is None and "expected run 'hm' and a version" in problem, version
+    assert hs._check_state(({"run": "hm", "version": 4}, tensors), "hm", ["w"], [(2,)])[1][0] == 4
+
+
+class _Donors:
+    """A HivemindPeer stand-in for `_resync`: its donors' states in the order `load_state` would ask them, each taken
+    only when `accept` takes it (as `HivemindPeer.load_state` does)."""
+
+    def __init__(self, *versions: int) -> None:
+        self.states = [(v, [torch.full((2,), float(v)), torch.zeros(2)]) for v in versions]
+        self.declared: list[tuple[float, bool]] = []
+
+    def set_state_version(self, version: float, shareable: bool = True) -> None:
+        self.declared.append((version, shareable))
+
+    def load_state(self, names: Any, shapes: Any, timeout_s: float, accept: Any = None) -> Any:
+        return next((s for s in self.states if accept is None or not accept(s)), None)
+
+
+def test_a_resync_never_moves_a_peer_back_to_an_older_version() -> None:
+    """At version 3 a peer re-syncing ("behind: version 3 < 4", the peer at 4 since gone, its record outliving it)
+    whose only donor served version 1 loaded it and trained old rounds again (review of the hivemind worker loop,
+    2026-11-28); now a state behind this peer's version is refused and it trains on; one at its version or later is
+    taken."""
+    from rcswarm.worker.hivemind_worker import HivemindWorker
+
+    adopted: list[int] = []
+    for donors, expected in (((1,), 3), ((1, 3), 3), ((2, 5), 5)):
+        worker = object.__new__(HivemindWorker)  # only what `_resync` reads and writes
+        worker.name, worker.names, worker.shapes, worker.version = "w", ["w"], [(2,)], 3
+        worker.options = hs.HivemindOptions.loopback()
+        worker.peer = _Donors(*donors)
+        worker._adopt = lambda tensors: adopted.append(int(tensors[0][0]))
+        worker._resync("behind: version 3 < 4")
+        assert worker.version == expected and worker.peer.declared[-1] == (expected, True), donors
+    assert adopted == [3, 5]
