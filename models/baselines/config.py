@@ -184,6 +184,8 @@ class RWKV7Config:
 
     def __post_init__(self) -> None:
         check_ints(self, ("vocab_size", "d_model", "n_layers", "head_dim", "mlp_ratio", "lora_rank"))
+        if self.num_classes is not None:
+            check_int(self, "num_classes")
         if self.d_model % self.head_dim:
             raise ValueError(f"RWKV7Config.d_model={self.d_model}: expected a multiple of head_dim={self.head_dim}")
         self.layer_config()
@@ -193,10 +195,12 @@ class RWKV7Config:
         return self.num_classes or self.vocab_size
 
     def layer_config(self) -> ChainGPTConfig:
-        """The ChainGPT config its layers are built from: one substep, the same head size."""
+        """The ChainGPT config its layers are built from: one substep, the same head size. RWKV7 has no attention:
+        the attention fields get fixed valid values (one query head of 2), so ChainGPT's RoPE and GQA checks never
+        refuse an RWKV head size (an odd one was refused as `ChainGPTConfig.attn_head_dim`)."""
         return ChainGPTConfig(
             vocab_size=self.vocab_size, num_classes=self.num_classes, d_model=self.d_model,
-            d_mlp=self.mlp_ratio * self.d_model, rwkv_head_dim=self.head_dim, attn_head_dim=self.head_dim,
+            d_mlp=self.mlp_ratio * self.d_model, rwkv_head_dim=self.head_dim, attn_head_dim=2, n_q_heads=1,
             n_kv_heads=1, substeps=1, lora_rank=self.lora_rank, decay_rank=self.lora_rank,
             gate_rank=2 * self.lora_rank, a_rank=self.lora_rank,
         )

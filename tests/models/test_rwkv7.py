@@ -52,3 +52,14 @@ def test_it_learns_to_copy_the_previous_token():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.6 * losses[0]
+
+
+def test_an_odd_head_size_builds_and_errors_name_rwkv7s_own_fields():
+    """RWKV7 has no attention, yet its layer config passed its head size to ChainGPT's attention fields: an odd head
+    size was refused as `ChainGPTConfig.attn_head_dim` (RoPE pairs), and num_classes = 0 was named as ChainGPTConfig's
+    (review of the models, 2026-11-28)."""
+    model = registry.build_model("rwkv7", "tiny", {"head_dim": 15, "d_model": 45}, seed=0)
+    logits = model(torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(0)))
+    assert logits.shape == (1, 9, 256) and torch.isfinite(logits).all()
+    with pytest.raises(ValueError, match=r"RWKV7Config\.num_classes=0"):
+        RWKV7Config(num_classes=0)
