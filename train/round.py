@@ -21,6 +21,7 @@ heartbeat, Ray's `info`) only read `step`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from rcswarm.config.runspec import EVAL_SETS, DataSection, RunSpec
+from rcswarm.data.diagnostics import IGNORE_INDEX
 from rcswarm.models import registry
 from rcswarm.train.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, masked_cross_entropy
 
@@ -198,7 +200,7 @@ class RoundTrainer:
 
     def held_out_loss(self, batches: int, seed: int = HELD_OUT_SEED,
                       params: Mapping[str, torch.Tensor] | None = None) -> float:
-        """Mean cross-entropy of the model (at `params`, θ by name, when given; its own parameters are put back
+        """Mean cross-entropy per scored position (batches that score more positions weigh more) of the model (at `params`, θ by name, when given; its own parameters are put back
         after) on the first `batches` batches of the run's held-out split (stream `seed`) in windows of
         `[run] eval_seq_len` (0: data.seq_len), data.batch_size each, in eval mode (no dropout; the model's mode is put
         back after); the batches of the default stream are drawn once and kept."""
@@ -215,15 +217,19 @@ class RoundTrainer:
         own = self.snapshot() if params is not None else None
         if params is not None:
             self.load(params)
-        losses, training = [], self.model.training
+        total, scored, training = 0.0, 0, self.model.training
         self.model.eval()  # no dropout: every worker's report of θ_v is the same number (the store takes their median)
         try:
             with torch.no_grad():
                 for inputs, targets in held_out:
+                    targets = targets.to(self.device)  # [B, T]
                     logits = self.model(inputs.to(self.device))  # [B, T, V]
-                    losses.append(masked_cross_entropy(logits, targets.to(self.device)).item())
+                    positions = int((targets != IGNORE_INDEX).sum())
+                    if positions:  # the batch's mean, weighted by the positions it scores
+                        total += masked_cross_entropy(logits, targets).item() * positions
+                        scored += positions
         finally:
             self.model.train(training)
             if own is not None:
                 self.load(own)
-        return sum(losses) / len(losses)
+        return total / scored if scored else math.nan

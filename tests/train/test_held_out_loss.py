@@ -82,3 +82,27 @@ def test_a_model_with_dropout_is_measured_in_eval_mode_and_keeps_its_training_mo
     torch.manual_seed(2)
     assert trainer.held_out_loss(2, params=theta) == first
     assert trainer.model.training  # put back for the next inner step
+
+
+def test_the_held_out_loss_weighs_each_scored_position_once():
+    """Diagnostic batches score different numbers of positions: the held-out loss was the mean of the batches' means
+    (5.38007 against 5.37738 per position on s5; review of the models and training loop, 2026-11-28)."""
+    import torch.nn.functional as F
+
+    from rcswarm.data.diagnostics import IGNORE_INDEX
+
+    spec = tiny_spec(model={"name": "lstm", "preset": "tiny"}, data={"source": "diag", "task": "s5"})
+    trainer = RoundTrainer(torch.device("cpu"))
+    trainer.build(spec, model_seed=0)
+    generator = torch.Generator().manual_seed(0)  # large random weights: batches' losses differ widely
+    trainer.load({name: 3 * torch.randn(p.shape, generator=generator) for name, p in trainer.snapshot().items()})
+    loss = trainer.held_out_loss(6)
+    batches = trainer._held_out[1][:6]
+    trainer.model.eval()
+    with torch.no_grad():
+        sums = [F.cross_entropy(trainer.model(inputs).flatten(0, 1).double(), targets.flatten(), reduction="sum",
+                                ignore_index=IGNORE_INDEX).item() for inputs, targets in batches]
+    counts = [int((targets != IGNORE_INDEX).sum()) for _, targets in batches]
+    per_position, mean_of_means = sum(sums) / sum(counts), sum(s / c for s, c in zip(sums, counts)) / len(counts)
+    assert abs(per_position - mean_of_means) > 1e-2, (counts, per_position, mean_of_means)  # the case it got wrong
+    assert abs(loss - per_position) < 1e-5 * per_position
