@@ -1058,7 +1058,7 @@ class HivemindPeer:
 
     def average(self, deltas: Sequence[torch.Tensor], tokens: int, gather: dict[str, Any],
                 window_s: float | None = None, max_tokens: float = math.inf,
-                alone: Callable[[], bool] | None = None) -> Averaged | None:
+                alone: Callable[[], bool] | None = None, stop: threading.Event | None = None) -> Averaged | None:
         """Average `deltas` with a group, weighted by `tokens`; None when no group formed or the all-reduce failed.
 
         `window_s`: how long a group may take to assemble once this peer looks (default: the matchmaking time).
@@ -1067,6 +1067,8 @@ class HivemindPeer:
         `alone`: asked once, when no group has begun its all-reduce by the end of the window plus the request
         timeout (a group that formed at the window's end has begun by then): True ends the step there, instead of
         looking on for the step timeout, which a peer with nobody to average with spent every round.
+        `stop`: once set (the worker was asked to stop), the step is cancelled within a poll (50 ms) and returns None,
+        in matchmaking or in the all-reduce, instead of running to its step timeout (~60 s after a SIGTERM).
         """
         with self.averager.get_tensors() as buffers:
             for buffer, delta in zip(buffers, deltas):
@@ -1079,12 +1081,18 @@ class HivemindPeer:
         weight = float(min(max(tokens, 1), max_tokens))
         control = self.averager.step(gather=gather, weight=weight, timeout=timeout, wait=False,
                                      scheduled_time=get_dht_time() + window)
-        formed = _wait_for_group(control, started + timeout, started + window + self.request_timeout_s, alone)
-        if formed is None and not control.done() and time.monotonic() < started + timeout:
+        formed = _wait_for_group(control, started + timeout, started + window + self.request_timeout_s, alone, stop)
+        stopped = stop is not None and stop.is_set()
+        if formed is None and not control.done() and time.monotonic() < started + timeout and not stopped:
             control.cancel()
             log.info("no other peer of the run to average with: the step ends after %.1fs (window %.1fs), not at "
                      "its step timeout %.1fs", time.monotonic() - started, window, timeout)
             return None
+        while stop is not None and not control.done() and time.monotonic() < started + timeout:
+            if stop.wait(0.05):
+                control.cancel()
+                log.info("stopped %.1fs into its averaging step: the step is cancelled", time.monotonic() - started)
+                return None
         try:
             result = control.result(timeout=max(0.1, started + timeout - time.monotonic()))
         except Exception as exc:  # hivemind raises its own errors, timeouts and cancellations alike
@@ -1126,10 +1134,11 @@ class HivemindPeer:
 
 
 def _wait_for_group(control: Any, deadline: float, ask_at: float = math.inf,
-                    alone: Callable[[], bool] | None = None) -> float | None:
-    """When (time.monotonic) the step's group began its all-reduce: None if the step ended or `deadline` passed first,
-    or, asked once at `ask_at` while no group has begun, `alone()` said this peer has nobody to average with."""
-    while time.monotonic() < deadline and not control.done():
+                    alone: Callable[[], bool] | None = None, stop: threading.Event | None = None) -> float | None:
+    """When (time.monotonic) the step's group began its all-reduce: None if the step ended, `deadline` passed or
+    `stop` was set first, or, asked once at `ask_at` while no group has begun, `alone()` said this peer has nobody
+    to average with."""
+    while time.monotonic() < deadline and not control.done() and not (stop is not None and stop.is_set()):
         if control.began_allreduce:
             return time.monotonic()
         if alone is not None and time.monotonic() >= ask_at:

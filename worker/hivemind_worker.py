@@ -253,7 +253,8 @@ class HivemindWorker:
         gather = {"version": self.version, "tokens": tokens, "norm": hs.global_norm(deltas)}
         window = FIRST_WINDOW_FRACTION * self._startup_s if self.version == 0 else None
         bound = round_token_bound(self.spec, self.version)
-        result = self.peer.average(deltas, tokens, gather, window_s=window, max_tokens=bound, alone=self._alone)
+        result = self.peer.average(deltas, tokens, gather, window_s=window, max_tokens=bound, alone=self._alone,
+                                   stop=self.stop)
         if result is not None and result.group_version > self.version:
             self._resync(f"the group was at version {result.group_version}")
             return

@@ -110,3 +110,24 @@ def test_a_peer_is_alone_until_another_averager_declares_or_another_digest_is_re
         for dht in others:
             dht.shutdown()
         seed.shutdown()
+
+
+def test_a_stopped_peer_cancels_its_averaging_step_at_once(no_new_p2pd: None) -> None:
+    """A worker SIGTERMed while it looked for a group (another averager of the run declared, so it was not alone) ran
+    its step to the step timeout, ~60 s, before it could exit (review of the hivemind worker loop, 2026-11-28). Given
+    the worker's stop event, `average` cancels the step within a poll once it is set."""
+    seed = hs.start_dht(hs.HivemindOptions.loopback())
+    try:
+        peer = _peer(seed)
+        try:
+            stop = threading.Event()
+            threading.Timer(1.0, stop.set).start()
+            started = time.monotonic()
+            result = peer.average(_deltas(), 100, {"version": 0}, window_s=WINDOW_S, alone=lambda: False, stop=stop)
+            seconds = time.monotonic() - started
+            assert result is None and seconds < 3.0, f"the step went on {seconds:.1f}s (step timeout " \
+                                                     f"{WINDOW_S + peer.timer.step_timeout():.0f}s)"
+        finally:
+            peer.shutdown()
+    finally:
+        seed.shutdown()
