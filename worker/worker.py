@@ -463,9 +463,8 @@ class Worker:
                         "which now trains %s", self.name, len(self._pending), self._pending_run, self.run_id)
             self._pending = []
         if self.options.membership_file is not None:
-            write_membership(self.options.membership_file, Membership(
-                self.options.coordinator, response.run_id, response.worker_id, response.worker_secret,
-                response.run_spec_json))
+            self._record_membership(Membership(self.options.coordinator, response.run_id, response.worker_id,
+                                               response.worker_secret, response.run_spec_json))
         self.startup.mark("join")
         self._held = None
         if self._heartbeat is None:
@@ -1037,6 +1036,25 @@ class Worker:
         self._counters.delivered(sent)
         self._pending = self._pending[len(batch):]
 
+    def _record_membership(self, membership: Membership | None) -> None:
+        """Write `membership` to --membership-file (None: remove it), best effort: the file only lets a restarted
+        process end this membership, so a failed write (a full disk, a removed directory) is one WARNING, the stale
+        file removed where it can be, and the worker trains on (it ended with an uncaught OSError)."""
+        path = self.options.membership_file
+        try:
+            if membership is None:
+                remove_membership(path)
+            else:
+                write_membership(path, membership)
+            return
+        except OSError as exc:
+            log.warning("%s: the membership file %s could not be %s (%s); training on without it", self.name, path,
+                        "removed" if membership is None else "written", exc)
+        try:
+            remove_membership(path)
+        except OSError:
+            pass
+
     def _flush_previous(self, previous: Identity) -> None:
         """Before a re-join: the oldest pending rows (`_report_batch`) under the membership that trained them; kept
         when the coordinator no longer knows it (NOT_FOUND: restarted, or evicted) or did not answer (one attempt, as
@@ -1075,7 +1093,7 @@ class Worker:
                 self.client.leave(self.identity, "finished" if self.finished else "stopped")
                 log.info("%s left the swarm", self.worker_id)
                 if self.options.membership_file is not None:
-                    remove_membership(self.options.membership_file)
+                    self._record_membership(None)
         except (grpc.RpcError, Rejoin, RetriesExhausted, Stopped) as exc:
             log.warning("leave failed: %s", exc)
         finally:

@@ -70,3 +70,34 @@ def test_a_file_that_is_not_a_membership_is_never_written_over(tmp_path: Path) -
     WorkerOptions("127.0.0.1:50051", membership_file=written)
     with pytest.raises(ValueError, match="--state-dir .*: is a file; expected a directory"):
         WorkerOptions("127.0.0.1:50051", state_dir=config)
+
+
+def test_a_membership_file_that_cannot_be_written_on_a_rejoin_is_a_warning(start_coordinator, tmp_path: Path,
+                                                                            caplog) -> None:
+    """The worker's own test (a subclass of the real worker against a real coordinator on loopback): the file's
+    directory goes away (a full disk or a removed volume does the same) and the worker is evicted, so its re-join writes
+    the file again. That ended the worker with an uncaught FileNotFoundError (review of the worker client,
+    2026-11-28); now one WARNING and it trains on to the end."""
+    import shutil
+
+    from rcswarm.worker import Worker, WorkerOptions
+    from tests.helpers.specs import TOKEN
+
+    class EvictedOnce(Worker):
+        evicted = False
+
+        def _push_deltas(self, *args, **kwargs):
+            if not self.evicted:
+                self.evicted = True
+                shutil.rmtree(self.options.membership_file.parent)
+                self.client.leave(self.identity, "evicted by the test")  # the push meets NOT_FOUND: join again
+            return super()._push_deltas(*args, **kwargs)
+
+    local = start_coordinator(tiny_spec(run={"rounds": 3, "workers": 1}, inner={"steps": 2}))
+    (tmp_path / "m").mkdir()
+    worker = EvictedOnce(WorkerOptions(coordinator=local.target, device="cpu", name="solo",
+                                       membership_file=tmp_path / "m" / "membership.json"), TOKEN)
+    with caplog.at_level(logging.WARNING, logger="rcswarm"):
+        assert worker.run() == 0
+    assert local.service.version == 3
+    assert any("could not be written" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
