@@ -61,7 +61,7 @@ class StopSignal(threading.Event):
     def _watch(self, read_fd: int) -> None:
         """The watcher thread: set the events at each signal's byte, until `uninstall` (or the pipe's end)."""
         try:
-            while (byte := os.read(read_fd, 1)) == _SIGNALLED:
+            while os.read(read_fd, 1) == _SIGNALLED:
                 self._set_all()
         finally:
             os.close(read_fd)

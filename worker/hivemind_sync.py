@@ -664,12 +664,16 @@ class PeerIdentity:
             raise
 
     @property
+    def public_key(self) -> str:
+        return self.key.get_public_key().to_bytes().decode()
+
+    @property
     def peer_id(self) -> str:
-        return peer_id_of(self.key.get_public_key().to_bytes().decode())
+        return peer_id_of(self.public_key)
 
     def subkey(self) -> str:
         """The subkey this peer files its records under (`owner_subkey`)."""
-        return owner_subkey(self.peer_id, self.key.get_public_key().to_bytes().decode())
+        return owner_subkey(self.peer_id, self.public_key)
 
     def forget_made_key(self) -> None:
         if self.made_dir is not None:

@@ -1050,10 +1050,11 @@ class Worker:
         except OSError as exc:
             log.warning("%s: the membership file %s could not be %s (%s); training on without it", self.name, path,
                         "removed" if membership is None else "written", exc)
-        try:
-            remove_membership(path)
-        except OSError:
-            pass
+        if membership is not None:  # a stale file would name the membership this one replaced
+            try:
+                remove_membership(path)
+            except OSError:
+                pass
 
     def _flush_previous(self, previous: Identity) -> None:
         """Before a re-join: the oldest pending rows (`_report_batch`) under the membership that trained them; kept
