@@ -31,6 +31,7 @@ from rcswarm.data.diagnostics import IGNORE_INDEX, TASKS, DiagnosticTask, make_t
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
 from rcswarm.models.protocols import SegmentStepModel, StepModel
 from rcswarm.train.bptt.checkpointed import CheckpointPlan
+from rcswarm.train.bptt.encoder_chunks import chunk_bounds
 from rcswarm.train.bptt.stats import StreamingStats
 from rcswarm.train.bptt.streaming import streaming_backward
 
@@ -160,10 +161,18 @@ def _token_vocab(data: DataSection, model_config: Any) -> int:
 
 
 def _check_byte_model(data: DataSection, model_config: Any) -> None:
-    """ValueError unless the model whose config is `model_config` (None: not checked) takes byte tokens."""
-    if model_config is not None and _token_vocab(data, model_config) < BYTE_VOCAB:
+    """ValueError unless the model whose config is `model_config` (None: not checked) takes byte tokens and has a
+    logit for every byte it is asked to predict."""
+    if model_config is None:
+        return
+    vocab_size = _token_vocab(data, model_config)
+    if vocab_size < BYTE_VOCAB:
         raise ValueError(f'data.source = "stdlib" trains on bytes: expected [model.overrides] vocab_size >= {BYTE_VOCAB}, '
                          f"got {model_config.vocab_size}")
+    num_classes = getattr(model_config, "num_classes", None)
+    if (num_classes or vocab_size) < BYTE_VOCAB:  # the model's logits per position
+        raise ValueError(f"[model.overrides] num_classes = {num_classes}: data.source = \"stdlib\" predicts the next "
+                         f"byte; expected num_classes >= {BYTE_VOCAB} (or unset: vocab_size)")
 
 
 def _check_frame_model(data: DataSection, model_config: Any) -> None:
@@ -246,9 +255,12 @@ def make_sampler(
 
 
 def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
-    """Why a worker could not build the data of `spec` for its model (None: it can), found before anything
-    starts: the diagnostic task and its config, the typing task's config, the byte vocabulary of "stdlib"; with
-    `open_dataset` (the launcher, whose workers share its disk) also the git dataset and its geometry."""
+    """Why a worker could not build the data of `spec` for its model or train it as `[inner]` says (None: it can),
+    found before anything starts: the diagnostic task and its config, the typing task's config, the byte vocabulary
+    and output classes of "stdlib", every window length the run can ask against the model's max_len, and a model
+    streaming BPTT (or core checkpointing) can train; with `open_dataset` (the launcher, whose workers share its
+    disk) also the git dataset and its geometry. Cheap: the model is not built (its class is read from the
+    registry)."""
     from rcswarm.models import registry
 
     data = spec.data
@@ -262,9 +274,76 @@ def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
             make_git_source(data, 0, "train", model_config) if open_dataset else _check_frame_model(data, model_config)
         else:
             _check_byte_model(data, model_config)
+        _check_lengths(spec, model_config)
+        _check_streaming_model(spec, model_config)
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def _asked_lengths(spec: RunSpec) -> list[tuple[str, Any, list[int]]]:
+    """The window lengths a run of `spec` can ask of its model: (key, its value, the lengths it sets) for the training
+    lengths (sweep.seq_lens in a sweep, whose runs replace data.seq_len; else the curriculum's — the adaptive ladder,
+    curriculum.worker_seq_lens or the schedule's rows — or data.seq_len without one) and the held-out windows
+    (run.eval_seq_len, else each run's data.seq_len). Empty for data.source = "diag", whose task sets its lengths."""
+    if spec.data.source == "diag":
+        return []
+    curriculum, eval_seq_len, seq_len = spec.curriculum, spec.run.eval_seq_len, spec.data.seq_len
+    asked: list[tuple[str, Any, list[int]]] = []
+    if spec.is_sweep:
+        asked.append(("sweep.seq_lens", spec.sweep.seq_lens, list(spec.sweep.seq_lens)))
+    elif curriculum.seq_lens:
+        asked.append(("curriculum.seq_lens", curriculum.seq_lens, list(curriculum.seq_lens)))
+    elif curriculum.worker_seq_lens:
+        asked.append(("curriculum.worker_seq_lens", curriculum.worker_seq_lens, list(curriculum.worker_seq_lens)))
+    elif curriculum.schedule:
+        asked.append(("curriculum.schedule", curriculum.schedule, [row[1] for row in curriculum.schedule]))
+    if not spec.is_sweep and not (asked and eval_seq_len):  # data.seq_len trains, or sizes the held-out windows
+        asked.append(("data.seq_len", seq_len, [seq_len]))
+    if eval_seq_len:
+        asked.append(("run.eval_seq_len", eval_seq_len, [eval_seq_len]))
+    return asked
+
+
+def _check_lengths(spec: RunSpec, model_config: Any) -> None:
+    """ValueError naming the key when a length the run can ask (`_asked_lengths`) exceeds the model's `max_len` (the
+    positions a model with a position table takes; models without one take any length)."""
+    max_len = getattr(model_config, "max_len", None)
+    if not isinstance(max_len, int):
+        return
+    for key, value, lengths in _asked_lengths(spec):
+        if max(lengths) > max_len:
+            raise ValueError(f"{key} = {value}: model {spec.model.name!r} takes windows of at most max_len = {max_len} "
+                             f"positions; expected lengths <= {max_len} (or [model.overrides] max_len >= {max(lengths)})")
+
+
+def _model_class(name: str, model_config: Any) -> type:
+    """The class of the models registry entry `name` builds: its builder when that is a class, else the type of a
+    model built from `model_config` on the meta device (shapes only; the caller's RNG state untouched)."""
+    from rcswarm.models import registry
+
+    build = registry.get(name).build
+    if isinstance(build, type):
+        return build
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        return type(build(model_config))
+
+
+def _check_streaming_model(spec: RunSpec, model_config: Any) -> None:
+    """ValueError naming the key when `[inner]` asks for streaming BPTT (bptt_chunk > 0) of a model that is not a
+    StepModel, or for core checkpointing (memory_budget_mb > 0) of one that is not a SegmentStepModel."""
+    inner = spec.inner
+    if inner.bptt_chunk <= 0:
+        return
+    cls = _model_class(spec.model.name, model_config)
+    if not issubclass(cls, StepModel):
+        raise ValueError(f"inner.bptt_chunk = {inner.bptt_chunk}: streaming BPTT needs a model with encode() and "
+                         f"core_loss() (a StepModel), and model {spec.model.name!r} ({cls.__name__}) is not one; "
+                         "expected inner.bptt_chunk = 0 (plain autograd) or a model such as \"frame\"")
+    if inner.memory_budget_mb > 0 and not issubclass(cls, SegmentStepModel):
+        raise ValueError(f"inner.memory_budget_mb = {inner.memory_budget_mb}: core checkpointing needs a model with "
+                         f"encode(), core_loss() and core_segment() (a SegmentStepModel), and model "
+                         f"{spec.model.name!r} ({cls.__name__}) is not one; expected inner.memory_budget_mb = 0")
 
 
 @functools.lru_cache(maxsize=1)
@@ -287,6 +366,51 @@ def worker_data_seed(run_seed: int, data_seed: int) -> int:
 def masked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of logits [B, T, V] against targets [B, T] over the positions not IGNORE_INDEX."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def loss_sum(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device, bptt_chunk: int = 0,
+) -> tuple[float, int]:
+    """The summed cross-entropy of `model` on one batch (inputs [B, L, ...], targets [B, L]) over the positions not
+    IGNORE_INDEX, and their number, without gradients: the held-out loss's terms.
+
+    A model trained in streaming chunks (`bptt_chunk` > 0 and a StepModel) is evaluated as it trains, `bptt_chunk`
+    steps at a time (`_streamed_loss_sum`): the whole window at once would keep activations growing with L where
+    its training's are flat. The value is the whole window's up to floating-point summation order. The inputs may
+    stay on the host; each chunk is moved to `device`.
+    """
+    targets = targets.to(device)  # [B, L]
+    scored = int((targets != IGNORE_INDEX).sum())
+    if not scored:
+        return 0.0, 0
+    with torch.no_grad():
+        if bptt_chunk > 0 and isinstance(model, StepModel):
+            return _streamed_loss_sum(model, inputs, targets, device, bptt_chunk, scored), scored
+        logits = model(inputs.to(device))  # [B, L, V]
+        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                                reduction="sum")
+    return total.item(), scored
+
+
+def _streamed_loss_sum(
+    model: StepModel, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device, k: int, scored: int,
+) -> float:
+    """`loss_sum` of a StepModel k steps at a time (under no_grad): each chunk of inputs [B, k, ...] is encoded on
+    its own; a SegmentStepModel's core then runs on the chunk's embeddings [B, k, D] from the state the chunk before
+    left (`core_segment`), so nothing of size O(L) is kept; a plain StepModel's core needs the whole window's
+    embeddings [B, L, D] (as the paged training keeps them) and its `core_loss`, the mean over the `scored`
+    positions."""
+    bounds = chunk_bounds(inputs.shape[1], k)
+    if not isinstance(model, SegmentStepModel):
+        embeddings = torch.cat([model.encode(inputs[:, a:b].to(device)) for a, b in bounds], dim=1)  # [B, L, D]
+        return model.core_loss(embeddings, targets).item() * scored
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    state = None
+    for a, b in bounds:
+        embeddings = model.encode(inputs[:, a:b].to(device))  # [B, k, D]
+        chunk_sum, _, state = model.core_segment(embeddings, targets[:, a:b], state)  # state: the core's after b
+        total += chunk_sum.double()
+    return total.item()
 
 
 def backward_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, bptt_chunk: int = 0) -> float:

@@ -31,9 +31,8 @@ import torch
 from torch import nn
 
 from rcswarm.config.runspec import EVAL_SETS, DataSection, RunSpec
-from rcswarm.data.diagnostics import IGNORE_INDEX
 from rcswarm.models import registry
-from rcswarm.train.inner import StepResult, inner_step, make_inner_optimizer, make_sampler, masked_cross_entropy
+from rcswarm.train.inner import StepResult, inner_step, loss_sum, make_inner_optimizer, make_sampler
 
 # The stream of the held-out split every held-out loss is measured on: its first batches are the fixed held-out set.
 HELD_OUT_SEED = 12345
@@ -200,10 +199,12 @@ class RoundTrainer:
 
     def held_out_loss(self, batches: int, seed: int = HELD_OUT_SEED,
                       params: Mapping[str, torch.Tensor] | None = None) -> float:
-        """Mean cross-entropy per scored position (batches that score more positions weigh more) of the model (at `params`, θ by name, when given; its own parameters are put back
-        after) on the first `batches` batches of the run's held-out split (stream `seed`) in windows of
-        `[run] eval_seq_len` (0: data.seq_len), data.batch_size each, in eval mode (no dropout; the model's mode is put
-        back after); the batches of the default stream are drawn once and kept."""
+        """Mean cross-entropy per scored position (batches that score more positions weigh more) of the model (at
+        `params`, θ by name, when given; its own parameters are put back after) on the first `batches` batches of the
+        run's held-out split (stream `seed`) in windows of `[run] eval_seq_len` (0: data.seq_len), data.batch_size
+        each, in eval mode (no dropout; the model's mode is put back after); the batches of the default stream are
+        drawn once and kept. A model trained with streaming BPTT (`[inner] bptt_chunk` > 0) is evaluated bptt_chunk
+        steps at a time, carrying its core's state (`loss_sum`): memory flat in the window length, as its training's."""
         if seed == HELD_OUT_SEED and self._held_out is not None and self._held_out[0] >= batches:
             held_out = self._held_out[1][:batches]
         else:
@@ -220,14 +221,10 @@ class RoundTrainer:
         total, scored, training = 0.0, 0, self.model.training
         self.model.eval()  # no dropout: every worker's report of θ_v is the same number (the store takes their median)
         try:
-            with torch.no_grad():
-                for inputs, targets in held_out:
-                    targets = targets.to(self.device)  # [B, T]
-                    logits = self.model(inputs.to(self.device))  # [B, T, V]
-                    positions = int((targets != IGNORE_INDEX).sum())
-                    if positions:  # the batch's mean, weighted by the positions it scores
-                        total += masked_cross_entropy(logits, targets).item() * positions
-                        scored += positions
+            for inputs, targets in held_out:  # inputs [B, T, ...], targets [B, T]
+                batch_sum, positions = loss_sum(self.model, inputs, targets, self.device, self.spec.inner.bptt_chunk)
+                total += batch_sum
+                scored += positions
         finally:
             self.model.train(training)
             if own is not None:

@@ -6,6 +6,8 @@ and `rcswarm run` ended in a traceback from its final evaluation, or the step fa
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rcswarm.config.runspec import RunSpec
@@ -108,3 +110,75 @@ def test_the_coordinator_and_the_launcher_refuse_it_before_writing_anything(comm
     assert status == 2
     assert f"rcswarm {command}: data.task = 'mqar' has 8192 tokens:" in capsys.readouterr().err
     assert not out.exists()
+
+
+TRANSFORMER = {"name": "transformer", "preset": "tiny"}  # max_len 128
+
+
+def spec_with(model: dict, data: dict, **tables: dict) -> RunSpec:
+    return RunSpec.from_dict({"model": model, "data": data, **tables})
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        # 10 logits for 256 byte targets: "Target 112 is out of bounds" inside the first step's loss.
+        (spec_with({"name": "lstm", "preset": "tiny", "overrides": {"num_classes": 10}}, {"source": "stdlib"}),
+         '[model.overrides] num_classes = 10: data.source = "stdlib" predicts the next byte; expected num_classes >= 256'),
+        # Windows past the position table: a ValueError inside the first step (or the first held-out loss).
+        (spec_with(TRANSFORMER, {"seq_len": 256}),
+         "data.seq_len = 256: model 'transformer' takes windows of at most max_len = 128 positions"),
+        (spec_with(TRANSFORMER, {"seq_len": 64}, run={"eval_seq_len": 200}), "run.eval_seq_len = 200: model"),
+        (spec_with(TRANSFORMER, {"seq_len": 64}, curriculum={"schedule": [[0, 64, 4], [10, 256, 2]]}),
+         "curriculum.schedule = [[0, 64, 4], [10, 256, 2]]: model 'transformer' takes windows of at most max_len = 128"),
+        (spec_with(TRANSFORMER, {"seq_len": 64}, curriculum={"worker_seq_lens": [64, 129]}),
+         "curriculum.worker_seq_lens = [64, 129]: model"),
+        (spec_with(TRANSFORMER, {"seq_len": 64}, curriculum={"policy": "adaptive", "seq_lens": [64, 512],
+                                                           "alpha_inf": 1.0, "tau": 1.0}),
+         "curriculum.seq_lens = [64, 512]: model"),
+        (spec_with(TRANSFORMER, {"seq_len": 64}, sweep={"seq_lens": [64, 512]}), "sweep.seq_lens = [64, 512]: model"),
+        # Streaming BPTT of a model without encode()/core_loss(): refused inside the first step.
+        (spec_with({"name": "lstm_lm", "preset": "tiny"}, {"seq_len": 16}, inner={"bptt_chunk": 4}),
+         "inner.bptt_chunk = 4: streaming BPTT needs a model with encode() and core_loss() (a StepModel), and model "
+         "'lstm_lm' (ResidualLSTMLM) is not one"),
+    ],
+)
+def test_a_run_that_fails_at_its_workers_first_step_is_refused_with_the_key_named(spec, expected):
+    """Each was accepted by the pre-run check and failed at every worker's first step (review of the models and
+    training loop, 2026-11-28)."""
+    problem = data_problem(spec)
+    assert problem is not None and expected in problem, problem
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        spec_with(TRANSFORMER, {"seq_len": 128}),
+        spec_with({**TRANSFORMER, "overrides": {"max_len": 256}}, {"seq_len": 256}),
+        # data.seq_len trains nothing in a sweep, nor under a curriculum with its own held-out length.
+        spec_with(TRANSFORMER, {"seq_len": 256}, sweep={"seq_lens": [64, 128]}),
+        spec_with(TRANSFORMER, {"seq_len": 256}, curriculum={"schedule": [[0, 64, 4], [10, 128, 2]]},
+                  run={"eval_seq_len": 128}),
+        spec_with(TRANSFORMER, {"source": "diag", "task": "s5", "seq_len": 256}),  # the task sets its lengths
+        spec_with({"name": "lstm", "preset": "tiny", "overrides": {"num_classes": 300}}, {"source": "stdlib"}),
+        spec_with(FRAME, {"source": "typing"}, inner={"bptt_chunk": 4, "memory_budget_mb": 8.0}),
+    ],
+)
+def test_a_run_its_workers_can_train_passes(spec):
+    assert data_problem(spec) is None
+
+
+def test_core_checkpointing_needs_a_segment_step_model(monkeypatch):
+    """memory_budget_mb > 0 of a StepModel without core_segment() failed at the first step; a builder that is not a
+    class is looked at through a model built on the meta device."""
+    from tests.helpers.bptt import DropoutStepModel
+
+    get = registry.get
+    monkeypatch.setattr(registry, "get", lambda name: dataclasses.replace(get(name), build=lambda config: DropoutStepModel()))
+    streaming = spec_with(FRAME, {"source": "typing"}, inner={"bptt_chunk": 4})
+    assert data_problem(streaming) is None
+    checkpointed = spec_with(FRAME, {"source": "typing"}, inner={"bptt_chunk": 4, "memory_budget_mb": 8.0})
+    problem = data_problem(checkpointed)
+    assert problem is not None and problem.startswith(
+        "inner.memory_budget_mb = 8.0: core checkpointing needs a model with encode(), core_loss() and core_segment() "
+        "(a SegmentStepModel), and model 'frame' (DropoutStepModel) is not one"), problem

@@ -106,3 +106,67 @@ def test_the_held_out_loss_weighs_each_scored_position_once():
     per_position, mean_of_means = sum(sums) / sum(counts), sum(s / c for s, c in zip(sums, counts)) / len(counts)
     assert abs(per_position - mean_of_means) > 1e-2, (counts, per_position, mean_of_means)  # the case it got wrong
     assert abs(loss - per_position) < 1e-5 * per_position
+
+
+def frame_trainer(bptt_chunk: int) -> RoundTrainer:
+    """The tiny frame model on typing windows of 40 frames, trained with streaming BPTT in chunks of `bptt_chunk`
+    (0: plain autograd), in float64."""
+    spec = tiny_spec(model={"name": "frame", "preset": "tiny"}, data={"source": "typing", "seq_len": 40, "batch_size": 2},
+                     inner={"bptt_chunk": bptt_chunk})
+    trainer = RoundTrainer(torch.device("cpu"))
+    trainer.build(spec, model_seed=0).double()
+    return trainer
+
+
+def test_a_streaming_model_is_evaluated_in_chunks_with_the_whole_windows_loss(monkeypatch):
+    """The held-out loss ran the whole window through the model at once: with `[inner] bptt_chunk` its memory grew with
+    L where training's is flat (frame small, L = 1024: 2.9 GiB against 531 MiB; review of the models and training
+    loop, 2026-11-28). It now runs bptt_chunk frames at a time, carrying the core's state, to the same number."""
+    whole = frame_trainer(0).held_out_loss(2)  # the whole window through forward(), as before
+    trainer = frame_trainer(8)
+    model = trainer.model
+    frames: list[int] = []
+    encode, core_segment = model.encode, model.core_segment
+
+    def recorded_encode(steps):
+        frames.append(steps.shape[1])
+        return encode(steps)
+
+    def recorded_core_segment(embeddings, targets, state):
+        frames.append(embeddings.shape[1])
+        return core_segment(embeddings, targets, state)
+
+    def whole_window(*args, **kwargs):
+        raise AssertionError("the chunked evaluation ran the model's forward over the whole window")
+
+    monkeypatch.setattr(model, "encode", recorded_encode)
+    monkeypatch.setattr(model, "core_segment", recorded_core_segment)
+    monkeypatch.setattr(model, "forward", whole_window)
+    chunked = trainer.held_out_loss(2)
+    assert frames and max(frames) == 8 and sum(frames) == 2 * 2 * 40  # 2 batches of 40 frames, encoded and run once
+    assert abs(chunked - whole) <= 1e-12 * whole, (chunked, whole)
+    assert model.training  # its training mode put back
+
+
+def test_a_step_model_without_segments_is_encoded_in_chunks_and_its_core_run_once():
+    """A StepModel without core_segment: encoded bptt_chunk steps at a time, its core over the whole window's
+    embeddings (what its paged training keeps), the same sum as one pass."""
+    import torch.nn.functional as F
+
+    from rcswarm.train.inner import loss_sum
+    from tests.helpers.bptt import DropoutStepModel
+
+    torch.manual_seed(0)
+    model = DropoutStepModel().double().eval()
+    inputs = torch.randn(2, 11, 6, dtype=torch.float64)  # [B, L, 6]
+    targets = torch.randint(0, 5, (2, 11))  # [B, L]
+    targets[0, :4] = -100  # unscored
+    encoded: list[int] = []
+    encode = model.encode
+    model.encode = lambda steps: encoded.append(steps.shape[1]) or encode(steps)
+    total, scored = loss_sum(model, inputs, targets, torch.device("cpu"), bptt_chunk=3)
+    assert encoded == [3, 3, 3, 2] and scored == 18
+    with torch.no_grad():
+        hidden, _ = model.core(encode(inputs))  # [B, L, 8]
+        want = F.cross_entropy(model.head(hidden).transpose(1, 2), targets, reduction="sum").item()
+    assert abs(total - want) <= 1e-12 * want
