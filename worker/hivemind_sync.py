@@ -17,8 +17,9 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
 * **State for late joiners**: the averager serves (version, θ, outer momentum) as its state,
   declared every `hivemind.state_declare_s` with its version as priority; `load_state` retries
   its own download (`_StateAverager.download_state`, by descending priority) within a timeout, refuses a state of
-  other names or shapes, or one its caller's check refuses (the group's final replica), and asks a refused donor
-  no more; a donor is read only up to the bytes and tensors this run's state takes (`StateLimits`).
+  other names or shapes, of another run spec (its digest, `HivemindWorker.spec_digest`, which the averagers' prefix
+  also carries: peers of another config never group with this one), of a version above what its donor declares, or
+  one its caller's check refuses (the group's final replica, a re-sync's floor), and asks a refused donor no more; a donor is read only up to the bytes and tensors this run's state takes (`StateLimits`).
 * **Records**: every peer stores its digest per version (`DigestRecord`: SHA-256 and a
   numeric sketch of θ) and its round's metrics (`MetricsRecord`) in the DHT under
   `rcswarm_digest` / `rcswarm_metrics`, subkey = peer id. Values are msgpack (hivemind's DHT
@@ -136,6 +137,12 @@ PART_SLACK_BYTES = 256
 STATE_SLACK_BYTES = 1 << 16
 # How long past a download's own timeout this process waits for the averager's answer (a stuck averager: no state).
 DOWNLOAD_GRACE_S = 5.0
+# How many versions a donor's state may be above the priority it declared, as the downloader read it: an honest donor
+# that finished a round between that read and its download serves one version more (it takes a new snapshot before
+# it declares the new version, and the declaration takes a DHT store to arrive).
+DECLARE_LAG_VERSIONS = 1
+# How many hex digits of the run spec's digest an averager's prefix carries (`averager_prefix`).
+PREFIX_DIGEST_CHARS = 16
 
 
 class RcswarmCompression(CompressionBase):
@@ -222,6 +229,24 @@ _FiniteNonNegative = pydantic.confloat(strict=True, ge=0.0, allow_inf_nan=False)
 def is_version(value: Any) -> bool:
     """Whether `value` (msgpack from the wire) is a version: a plain int (not a bool) in [0, MAX_VERSION)."""
     return type(value) is int and 0 <= value < MAX_VERSION
+
+
+def served_version_problem(version: int, declared: float | None) -> str:
+    """Why a donor's state at `version` is refused for its declared priority `declared` (None: not known), "" when it
+    is not: a donor serving a version above what it declares (more than DECLARE_LAG_VERSIONS) is lying about one of
+    them, and a state it claims to be far ahead would end the loader's run at once."""
+    if declared is None or version <= math.floor(declared) + DECLARE_LAG_VERSIONS:
+        return ""
+    return (f"it served version {version}, above the version it declares ({declared:g}; at most "
+            f"{math.floor(declared) + DECLARE_LAG_VERSIONS} is taken)")
+
+
+def averager_prefix(run: str, spec_digest: str = "") -> str:
+    """The DHT prefix of the averagers of `run` whose run spec has the digest `spec_digest` (its first
+    PREFIX_DIGEST_CHARS hex digits; none given: the run's name alone): peers of another spec never see this one's
+    groups or state declarations, so they never average together."""
+    prefix = f"{RECORD_PREFIX}_{run}"
+    return f"{prefix}_{spec_digest[:PREFIX_DIGEST_CHARS]}" if spec_digest else prefix
 
 
 def metric_row_problem(row: Sequence[float]) -> str:
@@ -796,12 +821,14 @@ class StateLimits:
 
 @dataclass(frozen=True)
 class Download:
-    """What one `_StateAverager.download_state` got: the state (metadata, tensors) and the peer id of the donor that
-    served it (None and "" when none did), and the donors it stopped reading, past its `StateLimits`."""
+    """What one `_StateAverager.download_state` got: the state (metadata, tensors), the peer id of the donor that
+    served it and the priority that donor declared (None, "" and None when none did), and the donors it stopped
+    reading, past its `StateLimits`."""
 
     state: tuple[Any, list[torch.Tensor]] | None
     donor: str
     dropped: tuple[str, ...] = ()
+    priority: float | None = None
 
 
 class _StateAverager(DecentralizedAverager):
@@ -884,13 +911,13 @@ class _StateAverager(DecentralizedAverager):
         except Exception as exc:  # noqa: BLE001 - a timeout, the DHT's errors: no state this time
             log.info("no state from peers within %.1fs: %r", timeout_s, exc)
         if not future.done():
-            donor, state = found or ("", None)
-            future.set_result(Download(state, donor, tuple(dropped)))
+            donor, priority, state = found or ("", None, None)
+            future.set_result(Download(state, donor, tuple(dropped), priority))
 
     async def _state_from_donors(self, limits: StateLimits, exclude: tuple[str, ...],
-                                 dropped: list[str]) -> tuple[str, tuple[Any, list[torch.Tensor]]] | None:
-        """(peer id, state) of the first donor, by declared priority, that served a state within `limits`; a donor
-        past them is added to `dropped`."""
+                                 dropped: list[str]) -> tuple[str, float, tuple[Any, list[torch.Tensor]]] | None:
+        """(peer id, declared priority, state) of the first donor, by declared priority, that served a state within
+        `limits`; a donor past them is added to `dropped`."""
         declared = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
         found = await self.dht.get(declared, latest=True, return_future=True)
         entries = found.value if found is not None and isinstance(found.value, dict) else {}
@@ -911,7 +938,7 @@ class _StateAverager(DecentralizedAverager):
                 log.warning("stopped reading the state of peer %s: %s; asking the next donor", peer, state)
                 dropped.append(str(peer))
             elif state is not None:
-                return str(peer), state
+                return str(peer), order[peer][0], state
         return None
 
     async def _state_from(self, peer: PeerID, limits: StateLimits) -> tuple[Any, list[torch.Tensor]] | str | None:
@@ -963,6 +990,9 @@ class Averaged:
 class HivemindPeer:
     """One DHT and one averager over Δ buffers shaped like `shapes` (one thread: the worker loop).
 
+    `spec_digest`: the digest of the run spec every peer of the swarm shares (`HivemindWorker` passes its spec's):
+    the averager's prefix carries it (`averager_prefix`), and a state whose metadata names another is refused.
+
     `state_fn()` returns (metadata dict, tensors) for a late joiner; it runs on hivemind's
     state-serving thread and must read a consistent snapshot (the worker swaps whole lists).
     """
@@ -970,8 +1000,9 @@ class HivemindPeer:
     def __init__(self, run: str, shapes: Sequence[tuple[int, ...]], codec: str, block_size: int,
                  options: HivemindOptions, state_fn: Any, min_group_size: int = 2,
                  target_group_size: int | None = None, rules: HivemindSection = HivemindSection(),
-                 value_bits: int = 0) -> None:
+                 value_bits: int = 0, spec_digest: str = "") -> None:
         self.run, self.options, self.rules = run, options, rules
+        self.spec_digest, self.prefix = spec_digest, averager_prefix(run, spec_digest)
         self.timer = RoundTimer(options.matchmaking_s, rules)
         self.dht = start_dht(options)
         problem = check_peer(self.dht, options)
@@ -984,7 +1015,7 @@ class HivemindPeer:
         use_in_replies(compression)
         try:
             self.averager = _StateAverager(
-                buffers, self.dht, start=False, prefix=f"{RECORD_PREFIX}_{run}", min_group_size=min_group_size,
+                buffers, self.dht, start=False, prefix=self.prefix, min_group_size=min_group_size,
                 target_group_size=target_group_size,
                 min_matchmaking_time=options.matchmaking_s, request_timeout=self.request_timeout_s,
                 # A state download's wait between chunks before a silent donor is left for the next, as it was
@@ -1020,7 +1051,7 @@ class HivemindPeer:
         does not serve it now (a peer loading a state, `set_state_version(shareable=False)`, or declaring
         anything but a finite number in [0, MAX_VERSION]: these declarations are outside rcswarm's record schema, any
         node may store one). A declaration lives hivemind.state_declare_s: a peer that exited drops out."""
-        declared = f"{RECORD_PREFIX}_{self.run}.all_averagers"
+        declared = f"{self.prefix}.all_averagers"
         found = dht_result(self.dht, "get", self.dht.get(declared, latest=True, return_future=True))
         if found is None or not isinstance(found.value, dict):
             return []
@@ -1035,7 +1066,8 @@ class HivemindPeer:
                    accept: Callable[[tuple[int, list[torch.Tensor]]], str] | None = None,
                    stop: threading.Event | None = None) -> tuple[int, list[torch.Tensor]] | None:
         """(version, θ tensors + momentum tensors) from the highest-priority peer whose state this run takes
-        (`_check_state`) and, given `accept`, that `accept` takes (it returns "" or why not: `_load_final` wants the
+        (`_check_state`: this peer's spec digest, if it has one, and a version at most what the donor declares,
+        `served_version_problem`) and, given `accept`, that `accept` takes (it returns "" or why not: `_load_final` wants the
         group's reference replica), retried within `timeout_s` or until `stop` is set. A donor whose state is
         refused, or that sent more than such a state holds (`StateLimits`), is not asked again in this call: the
         next attempt asks the next donor at once."""
@@ -1044,7 +1076,9 @@ class HivemindPeer:
         while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
             download = self.averager.download_state(max(1.0, deadline - time.monotonic()), limits, refused)
             refused.update(download.dropped)
-            problem, state = _check_state(download.state, self.run, names, shapes)
+            problem, state = _check_state(download.state, self.run, names, shapes, self.spec_digest)
+            if not problem:
+                problem = served_version_problem(state[0], download.priority)
             if not problem and accept is not None:
                 problem = accept(state)
             if not problem:
@@ -1209,14 +1243,19 @@ def read_records(dht: hivemind.DHT, key: str, run: str) -> dict[str, dict[str, A
     return out
 
 
-def _check_state(loaded: Any, run: str, names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> tuple[str, Any]:
-    """("", (version, tensors)) for a state that matches this run's 2 × len(names) tensors, else (problem, None)."""
+def _check_state(loaded: Any, run: str, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
+                 spec_digest: str = "") -> tuple[str, Any]:
+    """("", (version, tensors)) for a state that matches this run's 2 × len(names) tensors (and, given `spec_digest`,
+    whose metadata names that digest of the run spec), else (problem, None)."""
     if loaded is None:
         return "no peer answered", None
     metadata, tensors = loaded
     if not isinstance(metadata, dict) or metadata.get("run") != run or not is_version(metadata.get("version")):
         return (f"metadata {str(metadata)[:200]!r}: expected run {run!r} and a version, an integer in "
                 f"[0, {MAX_VERSION})"), None
+    if spec_digest and metadata.get("spec") != spec_digest:
+        return (f"the donor's run spec differs from this peer's (digest {str(metadata.get('spec'))[:64]!r}, this "
+                f"peer's {spec_digest!r}): a peer of another config is another swarm"), None
     want = list(shapes) * 2
     got = [tuple(t.shape) for t in tensors]
     if got != want:

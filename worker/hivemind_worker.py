@@ -76,6 +76,24 @@ def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
     return spec.curriculum.at(RunSteps(spec.inner.steps).before(version), (spec.data.seq_len, spec.data.batch_size))
 
 
+# Keys of the run spec that name a path on the peer's own host (each peer's config may live elsewhere): left out of
+# the spec digest the peers of a swarm compare (`spec_digest`).
+HOST_PATH_KEYS = (("curriculum", "law_from"), ("data", "task_config", "dataset"))
+
+
+def spec_digest(spec: RunSpec) -> str:
+    """SHA-256 (hex) of the run spec every peer of a swarm must share: its canonical JSON (sorted keys) less the keys
+    that name paths on a peer's own host (HOST_PATH_KEYS). A peer's name and its flags are not in the spec."""
+    canonical = spec.to_dict()
+    for *tables, key in HOST_PATH_KEYS:
+        table = canonical
+        for name in tables:
+            table = table.get(name) if isinstance(table, dict) else None
+        if isinstance(table, dict):
+            table.pop(key, None)
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
+
+
 def round_token_bound(spec: RunSpec, version: int) -> float:
     """The most tokens an honest peer trains in the round from `version`: batch × seq_len × inner.steps of the run's
     largest assignment around it (the schedule's rows at `version` and the next, as groupmates may be a version
@@ -124,6 +142,7 @@ class HivemindWorker:
         if too_large:
             raise ValueError(f"the run spec of {spec.run.name} is refused before allocating: {too_large}")
         self.spec, self.options, self.out, self.control = spec, options, out, control
+        self.spec_digest = spec_digest(spec)
         self.data_seed = data_seed
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.device = torch.device(device)
@@ -150,7 +169,7 @@ class HivemindWorker:
 
     def state(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
         version, tensors = self._snapshot
-        return {"run": self.spec.run.name, "version": version}, tensors
+        return {"run": self.spec.run.name, "version": version, "spec": self.spec_digest}, tensors
 
     def run(self) -> int:
         """Train until run.rounds versions exist or a stop is requested; returns the exit code."""
@@ -158,8 +177,10 @@ class HivemindWorker:
             log.info("%s: hivemind rules: %s", self.name, self.spec.hivemind.describe())
             self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
                                         self.spec.sync.block_size, self.options, self.state, rules=self.spec.hivemind,
-                                        value_bits=self.spec.sync.value_bits)
+                                        value_bits=self.spec.sync.value_bits, spec_digest=self.spec_digest)
             self._startup_s = time.monotonic() - self._started
+            log.info("%s: run spec digest %s (peers of another spec form another swarm)", self.name,
+                     self.spec_digest[:hs.PREFIX_DIGEST_CHARS])
             log.info("%s: ready %.1fs after its start; first matchmaking window %.1fs", self.name, self._startup_s,
                      max(FIRST_WINDOW_FRACTION * self._startup_s, self.options.matchmaking_s))
             if self.data_seed is None:  # without a coordinator's data seed, one from the peer id
@@ -169,6 +190,7 @@ class HivemindWorker:
             if newest > 0:  # a swarm past θ_0 trains; at version 0 every peer holds θ_0 from the seed already
                 self._resync(f"joining a swarm at version {newest}")
             else:
+                self._warn_other_specs()
                 self._publish_start()
             self.peer.set_state_version(self.version)
             while not self.stop.is_set() and self.version < self.spec.run.rounds:
@@ -255,8 +277,13 @@ class HivemindWorker:
         bound = round_token_bound(self.spec, self.version)
         result = self.peer.average(deltas, tokens, gather, window_s=window, max_tokens=bound, alone=self._alone,
                                    stop=self.stop)
+        if self.stop.is_set():  # the step was cancelled (or ended as the stop came): no outer step, nothing published
+            log.info("%s: stopped during round %d's averaging step; the round is not applied (θ stays at version "
+                     "%d)", self.name, self.version, self.version)
+            self._load(base)
+            return
         if result is not None and result.group_version > self.version:
-            self._resync(f"the group was at version {result.group_version}")
+            self._resync(f"the group was at version {result.group_version}", ahead=True)
             return
         problem = self._step(base, deltas, deltas if result is None else result.deltas)
         self.version += 1
@@ -293,6 +320,17 @@ class HivemindWorker:
         """Whether another peer's digest is within one version of this peer's."""
         digests = self.peer.records(hs.DIGEST_KEY, self.spec.run.name)
         return any(abs(r["version"] - self.version) <= 1 for peer, r in digests.items() if peer != self.peer.peer_id)
+
+    def _warn_other_specs(self) -> None:
+        """At the start, no averager of this run spec declaring a state: warn when peers of the run's name published
+        digests past version 0 all the same (peers of another config, whose averagers this one never meets)."""
+        others = [r["version"] for peer, r in self.peer.records(hs.DIGEST_KEY, self.spec.run.name).items()
+                  if peer != self.peer.peer_id]
+        if max(others, default=0) > 0:
+            log.warning("%s: peers of run %s published version %d, but no peer of this peer's run spec (digest %s) "
+                        "serves a state: their config differs from this one (every peer of a swarm needs the same "
+                        "run spec); this peer starts from θ_0", self.name, self.spec.run.name, max(others),
+                        self.spec_digest[:hs.PREFIX_DIGEST_CHARS])
 
     def _publish_start(self) -> None:
         """Store the digest of θ_0, which a peer of a fresh swarm starts from: a client-mode peer is then seen by
@@ -466,7 +504,7 @@ class HivemindWorker:
         same = [hs.drift(mine, r) for r in others.values() if r["version"] == self.version]
         reason = hs.resync_reason(self.peer.peer_id, mine, others, self.spec.hivemind.drift_tolerance)
         if reason:
-            self._resync(reason)
+            self._resync(reason, ahead=any(r["version"] > self.version for r in others.values()))
         return max(same, default=0.0)
 
     @staticmethod
@@ -475,20 +513,24 @@ class HivemindWorker:
         return pb.Metric(version=int(version), step=int(step), seq_len=int(seq_len), batch=int(batch), loss=loss,
                          tokens=int(tokens), wall_time=wall, compute_seconds=compute, sync_seconds=sync, **fields)
 
-    def _resync(self, why: str) -> None:
-        """Load (version, θ, momentum) from the highest-version peer, at this peer's version or later (a donor behind it
-        is refused: the peer whose digest asked for the re-sync may have left, its record outliving it); keep training
-        from the local state without one."""
+    def _resync(self, why: str, ahead: bool = False) -> None:
+        """Load (version, θ, momentum) from the highest-version peer, at this peer's version or later, and past it when
+        `ahead` (the re-sync is for being behind a peer or a group); a donor below that is refused (the peer whose
+        digest asked for the re-sync may have left, its record outliving it, and a state at or below this peer's
+        version would train old rounds again). Without such a state, or once stopped, it keeps training from the
+        local state."""
         log.warning("%s re-syncs from peers: %s", self.name, why)
         self.peer.set_state_version(self.version, shareable=False)  # nobody loads a drifted state meanwhile
-        current = self.version
+        lowest = self.version + 1 if ahead else self.version
 
         def not_behind(state: tuple[int, list[torch.Tensor]]) -> str:
-            return "" if state[0] >= current else f"its version {state[0]} is behind this peer's {current}"
+            return "" if state[0] >= lowest else f"its version {state[0]} is below {lowest}, the least this re-sync takes"
 
-        loaded = self.peer.load_state(self.names, self.shapes, self.options.join_timeout_s, accept=not_behind)
+        loaded = self.peer.load_state(self.names, self.shapes, self.options.join_timeout_s, accept=not_behind,
+                                      stop=self.stop)
         if loaded is None:
-            log.warning("%s: no peer served its state; training on from version %d", self.name, self.version)
+            log.warning("%s: no peer served a state at version %d or later within %gs; training on from version %d",
+                        self.name, lowest, self.options.join_timeout_s, self.version)
         else:
             self.version, tensors = loaded
             self._adopt(tensors)

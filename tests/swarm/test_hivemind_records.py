@@ -170,7 +170,7 @@ def test_a_groupmates_gathered_version_counts_only_as_a_plain_int() -> None:
 def test_declared_state_priorities_count_only_as_finite_versions() -> None:
     declared = {b"mine": 9.0, b"honest": 3.0, b"inf": math.inf, b"nan": math.nan, b"huge": 1e300, b"neg": -5.0,
                 b"text": "x", b"loading": None}
-    peer = types.SimpleNamespace(dht=_FakeDHT(_found(declared)), run="hm",
+    peer = types.SimpleNamespace(dht=_FakeDHT(_found(declared)), run="hm", prefix=hs.averager_prefix("hm"),
                                  averager=types.SimpleNamespace(peer_id=types.SimpleNamespace(to_bytes=lambda: b"mine")))
     peer.declared_versions = lambda: hs.HivemindPeer.declared_versions(peer)
     assert sorted(peer.declared_versions(), key=str) == [3.0] + [None] * 6
@@ -283,7 +283,7 @@ class _Donors:
     def set_state_version(self, version: float, shareable: bool = True) -> None:
         self.declared.append((version, shareable))
 
-    def load_state(self, names: Any, shapes: Any, timeout_s: float, accept: Any = None) -> Any:
+    def load_state(self, names: Any, shapes: Any, timeout_s: float, accept: Any = None, stop: Any = None) -> Any:
         return next((s for s in self.states if accept is None or not accept(s)), None)
 
 
@@ -298,7 +298,7 @@ def test_a_resync_never_moves_a_peer_back_to_an_older_version() -> None:
     for donors, expected in (((1,), 3), ((1, 3), 3), ((2, 5), 5)):
         worker = object.__new__(HivemindWorker)  # only what `_resync` reads and writes
         worker.name, worker.names, worker.shapes, worker.version = "w", ["w"], [(2,)], 3
-        worker.options = hs.HivemindOptions.loopback()
+        worker.options, worker.stop = hs.HivemindOptions.loopback(), threading.Event()
         worker.peer = _Donors(*donors)
         worker._adopt = lambda tensors: adopted.append(int(tensors[0][0]))
         worker._resync("behind: version 3 < 4")

@@ -172,7 +172,7 @@ class _Donors:
 
 def _bare_peer(averager: Any) -> Any:
     peer = object.__new__(hs.HivemindPeer)  # only what load_state reads: no DHT or averager process
-    peer.run, peer.averager = RUN, averager
+    peer.run, peer.averager, peer.spec_digest = RUN, averager, ""
     return peer
 
 
