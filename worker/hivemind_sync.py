@@ -19,9 +19,10 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   its own download (`_StateAverager.download_state`, by descending priority) within a timeout, refuses a state of
   other names or shapes, of another run spec (its digest, `HivemindWorker.spec_digest`, which the averagers' prefix
   also carries: peers of another config never group with this one), of a version above what its donor declares, or
-  one its caller's check refuses (the group's final replica, a re-sync's floor), and asks a refused donor no more; a donor is read only up to the bytes and tensors this run's state takes (`StateLimits`).
+  one its caller's check refuses (the group's final replica, a re-sync's floor), and asks a refused donor no more; a
+  donor is read only up to the bytes and tensors this run's state takes (`StateLimits`).
 * **Records**: every peer stores its digest per version (`DigestRecord`: SHA-256 and a
-  numeric sketch of θ) and its round's metrics (`MetricsRecord`) in the DHT under
+  numeric sketch of θ, and its run spec's digest: `HivemindPeer.records` counts only its own spec's) and its round's metrics (`MetricsRecord`) in the DHT under
   `rcswarm_digest` / `rcswarm_metrics`, subkey = peer id. Values are msgpack (hivemind's DHT
   serializer), never pickle, and every DHT node checks them with `record_validator()` (finite numbers, versions
   below MAX_VERSION); `read_records` checks each again (a node with an older validator may serve one). Records are
@@ -260,6 +261,10 @@ def metric_row_problem(row: Sequence[float]) -> str:
     return ""
 
 
+# A digest record's `spec`: the SHA-256 (hex) of its peer's run spec (`HivemindWorker.spec_digest`), or "" (not given).
+SPEC_DIGEST_PATTERN = r"^([0-9a-f]{64})?$"
+
+
 class DigestRecord(pydantic.BaseModel):
     """One peer's parameters at one version: SHA-256 and the sketch `sketch()` computes (sums, θ norms, step norms)."""
 
@@ -269,6 +274,7 @@ class DigestRecord(pydantic.BaseModel):
     sums: pydantic.conlist(_FiniteFloat, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
     norms: pydantic.conlist(_FiniteNonNegative, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
     steps: pydantic.conlist(_FiniteNonNegative, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
+    spec: pydantic.constr(strict=True, regex=SPEC_DIGEST_PATTERN)  # its peer's run spec digest ("": none)
 
     class Config:
         extra = pydantic.Extra.forbid
@@ -338,10 +344,11 @@ def sketch(params: Mapping[str, torch.Tensor], step: Mapping[str, torch.Tensor] 
 
 
 def digest_record(run: str, version: int, params: Mapping[str, torch.Tensor],
-                  step: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
-    """The DHT digest of θ at `version`; `step` = θ_version − θ_(version−1) as this peer applied it."""
+                  step: Mapping[str, torch.Tensor] | None = None, spec: str = "") -> dict[str, Any]:
+    """The DHT digest of θ at `version`; `step` = θ_version − θ_(version−1) as this peer applied it; `spec` the
+    digest of its peer's run spec ("": none), which tells the records of peers of another config apart."""
     sha = tensor_stream.params_sha256({k: v.detach().cpu() for k, v in params.items()}).hex()
-    return {"run": run, "version": version, "sha256": sha, **sketch(params, step)}
+    return {"run": run, "version": version, "sha256": sha, **sketch(params, step), "spec": spec}
 
 
 def drift(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -1150,11 +1157,16 @@ class HivemindPeer:
         return Averaged(averaged, gathered, seconds)
 
     def publish(self, key: str, value: dict[str, Any]) -> bool:
+        """Store `value` (a record of `key`'s schema) signed by this peer; whether the DHT accepted it."""
         return store_record(self.dht, self.dht.record_subkey, key, value, self.rules.record_ttl_s)
 
-    def records(self, key: str, run: str) -> dict[str, dict[str, Any]]:
-        """Every valid record under `key` for `run`, by peer id (this peer's included)."""
-        return read_records(self.dht, key, run)
+    def records(self, key: str, run: str, other_specs: bool = False) -> dict[str, dict[str, Any]]:
+        """Every valid record under `key` for `run`, by peer id (this peer's included), of this peer's run spec (the
+        same digest, or none on either side; metrics records carry none, so they are all of it); with `other_specs`,
+        those of every other spec instead: peers of the run's name but another config, whose replicas are not this
+        swarm's (never counted in its decisions)."""
+        found = read_records(self.dht, key, run)
+        return {peer: r for peer, r in found.items() if (r.get("spec", "") == self.spec_digest) != other_specs}
 
     def failure(self) -> str:
         """Why this peer can take no further part ("" while it can): its DHT or averager process has exited."""

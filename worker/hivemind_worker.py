@@ -324,12 +324,12 @@ class HivemindWorker:
     def _warn_other_specs(self) -> None:
         """At the start, no averager of this run spec declaring a state: warn when peers of the run's name published
         digests past version 0 all the same (peers of another config, whose averagers this one never meets)."""
-        others = [r["version"] for peer, r in self.peer.records(hs.DIGEST_KEY, self.spec.run.name).items()
-                  if peer != self.peer.peer_id]
-        if max(others, default=0) > 0:
+        others = self.peer.records(hs.DIGEST_KEY, self.spec.run.name, other_specs=True)
+        newest = max((r["version"] for r in others.values()), default=0)
+        if newest > 0:
             log.warning("%s: peers of run %s published version %d, but no peer of this peer's run spec (digest %s) "
                         "serves a state: their config differs from this one (every peer of a swarm needs the same "
-                        "run spec); this peer starts from θ_0", self.name, self.spec.run.name, max(others),
+                        "run spec); this peer starts from θ_0", self.name, self.spec.run.name, newest,
                         self.spec_digest[:hs.PREFIX_DIGEST_CHARS])
 
     def _publish_start(self) -> None:
@@ -338,7 +338,8 @@ class HivemindWorker:
         is judged: a loaded state published as this peer's own would count as one more vote for the replica it
         was copied from (`resync_reason`, `final_reference`)."""
         params = dict(zip(self.names, self._params()))
-        self.peer.publish(hs.DIGEST_KEY, hs.digest_record(self.spec.run.name, self.version, params))
+        record = hs.digest_record(self.spec.run.name, self.version, params, spec=self.spec_digest)
+        self.peer.publish(hs.DIGEST_KEY, record)
 
     def _step(self, base: list[torch.Tensor], deltas: list[torch.Tensor], averaged: list[torch.Tensor]) -> str:
         """θ_{v+1}, b = outer_step(θ_v, b, Δ̄) into the model, or θ_v again when Δ̄ fails the trust check (the reason)."""
@@ -445,7 +446,8 @@ class HivemindWorker:
             version, tensors = state
             if version != self.version:
                 return f"version {version}, not the group's final version {self.version}"
-            record = {**hs.digest_record(run, self.version, dict(zip(self.names, tensors[:count]))),
+            own = dict(zip(self.names, tensors[:count]))
+            record = {**hs.digest_record(run, self.version, own, spec=self.spec_digest),
                       "steps": reference["steps"]}
             if not hs.same_replica(record, reference):
                 return f"θ {record['sha256'][:12]}, not the group's reference replica {reference['sha256'][:12]}"
@@ -491,7 +493,8 @@ class HivemindWorker:
         group's digests, `_group_digests`). Returns the measured drift."""
         run = self.spec.run.name
         params = dict(zip(self.names, self._snapshot[1]))
-        mine = hs.digest_record(run, self.version, params, {n: p - b for n, p, b in zip(self.names, params.values(), base)})
+        step = {n: p - b for n, p, b in zip(self.names, params.values(), base)}
+        mine = hs.digest_record(run, self.version, params, step, self.spec_digest)
         self.peer.publish(hs.DIGEST_KEY, mine)
         self._published = mine
         self.recent_rows.extend(rows)

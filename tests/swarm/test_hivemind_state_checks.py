@@ -98,6 +98,14 @@ def test_peers_of_another_run_spec_never_see_each_others_state(no_new_p2pd: None
         assert other.declared_versions() == [] and other.load_state(NAMES, SHAPES, 3.0) is None
         loaded = same.load_state(NAMES, SHAPES, LOAD_S)
         assert loaded is not None and loaded[0] == 3
+        # Digest records share the run's key: each peer counts only its own spec's in its decisions.
+        for peer, version in ((started[0], 3), (other, 9)):
+            record = hs.digest_record(RUN, version, {"w": torch.ones(4)}, spec=peer.spec_digest)
+            assert peer.publish(hs.DIGEST_KEY, record)
+        wait_for(lambda: len(same.records(hs.DIGEST_KEY, RUN, other_specs=True)) == 1, 20.0, "the other's record")
+        assert [r["version"] for r in same.records(hs.DIGEST_KEY, RUN).values()] == [3]
+        assert [r["version"] for r in same.records(hs.DIGEST_KEY, RUN, other_specs=True).values()] == [9]
+        assert [r["version"] for r in other.records(hs.DIGEST_KEY, RUN).values()] == [9]
     finally:
         for peer in reversed(started):
             peer.shutdown()

@@ -248,7 +248,7 @@ def test_the_final_replica_is_loaded_past_a_donor_serving_another_state() -> Non
     worker = object.__new__(HivemindWorker)  # only what `_load_final` reads and `_adopt` writes
     worker.spec = hivemind_spec(run={"name": RUN}, hivemind={"settle_s": settle_s})
     worker.peer, worker.stop, worker.name, worker.version = peer, threading.Event(), "w", final
-    worker.names, worker.shapes = NAMES, SHAPES
+    worker.names, worker.shapes, worker.spec_digest = NAMES, SHAPES, ""
     worker.trainer = _Trainer(dict(zip(NAMES, own[1][:2])))
     worker.momentum = own[1][2:]
 
