@@ -136,6 +136,14 @@ DHT_START_S = 60.0
 MESSAGE_COST = 128
 PART_SLACK_BYTES = 256
 STATE_SLACK_BYTES = 1 << 16
+# The slowest a donor may serve its state, bytes per second (8 Mbit/s): a donor is read at most
+# `StateLimits.seconds` (its state's bytes at this rate, plus one message's timeout), then left for the next donor,
+# so one that trickles its state within the per-message timeout cannot spend a joiner's whole load on itself.
+MIN_STATE_BYTES_PER_S = 1 << 20
+# The longest message a hivemind P2P stream may carry into an rcswarm process (`bound_p2p_messages`): hivemind
+# streams tensors in parts of STREAMING_CHUNK_SIZE_BYTES (64 KiB) and keeps unary messages under its
+# DEFAULT_MAX_MSG_SIZE (4 MiB); 16 MiB leaves room for either.
+MAX_P2P_MESSAGE_BYTES = 16 << 20
 # How long past a download's own timeout this process waits for the averager's answer (a stuck averager: no state).
 DOWNLOAD_GRACE_S = 5.0
 # How many versions a donor's state may be above the priority it declared, as the downloader read it: an honest donor
@@ -205,6 +213,24 @@ def use_in_replies(compression: CompressionBase) -> None:
     if isinstance(compression, RcswarmCompression):
         slot = runtime_pb2.CompressionType.Name(compression.compression_type)
         hm_serialization._BASE_COMPRESSION_TYPES[slot] = compression
+
+
+async def _bounded_receive_raw_data(reader: asyncio.StreamReader) -> bytes:
+    """hivemind's `P2P.receive_raw_data` (one length-prefixed message of a stream), refusing a declared length over
+    MAX_P2P_MESSAGE_BYTES before reading it: hivemind's own reads whatever length the sender declares (8 bytes of
+    header), buffering it whole, so one peer could make another hold as much as it cared to send."""
+    header = await reader.readexactly(P2P.HEADER_LEN)
+    length = int.from_bytes(header, P2P.BYTEORDER)
+    if length > MAX_P2P_MESSAGE_BYTES:
+        raise ValueError(f"a P2P stream message of {length:,} bytes declared: expected at most "
+                         f"{MAX_P2P_MESSAGE_BYTES:,} (hivemind sends its tensors in parts of {STREAMING_CHUNK_SIZE_BYTES:,})")
+    return await reader.readexactly(length)
+
+
+def bound_p2p_messages() -> None:
+    """Make this process's hivemind P2P streams refuse messages over MAX_P2P_MESSAGE_BYTES (process-wide, idempotent;
+    `start_dht` calls it, so the DHT's and averagers' processes, forked after, inherit it)."""
+    P2P.receive_raw_data = staticmethod(_bounded_receive_raw_data)
 
 
 def compression_for(codec: str, block_size: int, value_bits: int = 0) -> CompressionBase:
@@ -737,7 +763,8 @@ def start_dht(options: HivemindOptions) -> hivemind.DHT:
     """A DHT node (and its p2pd) with rcswarm's record validators (the schema, and hivemind's RSA signatures with this
     peer's identity, `PeerIdentity`); no relays, no NAT traversal. Not strict: a clock or reachability problem is
     `check_peer`'s to report, in one line. The DHT's `record_subkey` is the subkey `store_record` files its records
-    under."""
+    under. It bounds this process's P2P messages first (`bound_p2p_messages`)."""
+    bound_p2p_messages()
     identity = PeerIdentity.of(options.identity_path)
     kwargs: dict[str, Any] = dict(
         host_maddrs=list(options.host_maddrs), client_mode=options.client_mode, use_relay=False,
@@ -814,10 +841,16 @@ def declared_priority(value: Any) -> float | None:
 @dataclass(frozen=True)
 class StateLimits:
     """The most one donor may send for a state of this run (θ and the outer momentum, float32, uncompressed): a state
-    download stops reading a donor past `tensors` tensors or `bytes` bytes (each message counted with MESSAGE_COST)."""
+    download stops reading a donor past `tensors` tensors or `bytes` bytes (each message counted with MESSAGE_COST),
+    or past `seconds` (a donor serving slower than MIN_STATE_BYTES_PER_S)."""
 
     tensors: int
     bytes: int
+
+    def seconds(self, message_timeout_s: float) -> float:
+        """The longest one donor may take to serve a state within these limits: `bytes` at MIN_STATE_BYTES_PER_S,
+        plus `message_timeout_s` (the wait for its first message)."""
+        return self.bytes / MIN_STATE_BYTES_PER_S + message_timeout_s
 
     @classmethod
     def of(cls, shapes: Sequence[tuple[int, ...]]) -> StateLimits:
@@ -924,7 +957,7 @@ class _StateAverager(DecentralizedAverager):
     async def _state_from_donors(self, limits: StateLimits, exclude: tuple[str, ...],
                                  dropped: list[str]) -> tuple[str, float, tuple[Any, list[torch.Tensor]]] | None:
         """(peer id, declared priority, state) of the first donor, by declared priority, that served a state within
-        `limits`; a donor past them is added to `dropped`."""
+        `limits` (its bytes, tensors and time, `StateLimits.seconds`); a donor past them is added to `dropped`."""
         declared = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
         found = await self.dht.get(declared, latest=True, return_future=True)
         entries = found.value if found is not None and isinstance(found.value, dict) else {}
@@ -935,12 +968,18 @@ class _StateAverager(DecentralizedAverager):
                 peer = PeerID(key)
                 if str(peer) not in exclude:
                     order[peer] = (priority, random.random())
+        budget_s = limits.seconds(self.next_chunk_timeout or self.request_timeout)
         for peer in sorted(order, key=order.__getitem__, reverse=True):
+            window = asyncio.timeout(budget_s)
             try:
-                state = await self._state_from(peer, limits)
+                async with window:
+                    state = await self._state_from(peer, limits)
             except Exception as exc:  # noqa: BLE001 - unreachable, silent past next_chunk_timeout, a bad tensor
-                log.info("no state from peer %s: %r", peer, exc)
-                continue
+                if not window.expired():
+                    log.info("no state from peer %s: %r", peer, exc)
+                    continue
+                state = (f"not done within {budget_s:.1f} s (the state's {limits.bytes:,} bytes at "
+                         f"{MIN_STATE_BYTES_PER_S:,} bytes/s, the slowest a donor may serve)")
             if isinstance(state, str):
                 log.warning("stopped reading the state of peer %s: %s; asking the next donor", peer, state)
                 dropped.append(str(peer))

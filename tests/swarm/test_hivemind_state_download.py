@@ -1,12 +1,14 @@
 """A late joiner's state download (`HivemindPeer.load_state`, `_StateAverager.download_state`) against hostile donors:
 a peer declaring a higher version whose state the run refuses is asked once, and a donor streaming far more than the
-run's state holds is read only up to `StateLimits`; the joiner loads the honest donor's state either way. Real
+run's state holds, or trickling it, is read only up to `StateLimits` (its bytes and time), and no P2P message over
+MAX_P2P_MESSAGE_BYTES is read; the joiner loads the honest donor's state either way. Real
 averagers on 127.0.0.1; the donors' misbehaviour is their state or a subclass of the real averager. Without processes:
 load_state's retries, and the group's final replica (`HivemindWorker._load_final`), which asks a donor serving
 another state once."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import threading
 import time
@@ -40,6 +42,8 @@ READ_BOUND = 1 << 20
 # Sent by the donor but not read by the joiner when it stops: what the sockets and the two p2pd hold meanwhile (seen:
 # under 1 MB sent in all).
 IN_FLIGHT_BYTES = 16 << 20
+# How often the trickling donor of the third test sends a part: well within the per-message timeout (1 s or more).
+TRICKLE_S = 0.2
 
 
 def _state(version: int, shapes: list[tuple[int, ...]], seed: int) -> tuple[dict[str, Any], list[torch.Tensor]]:
@@ -81,8 +85,27 @@ class _FloodingAverager(hs._StateAverager):
         self.sent.value += len(chunk)
 
 
+class _TricklingAverager(hs._StateAverager):
+    """The real averager, except that it answers a download with this run's metadata and the start of a tensor, then
+    one empty part every TRICKLE_S (within the per-message timeout, far under the state's bytes), for as long as it is
+    read, counting the downloads it answered in `asked`."""
+
+    asked: Any = None
+
+    async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
+                                 context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
+        self.asked.value += 1
+        first = runtime_pb2.Tensor(buffer=bytes(4), size=[300], dtype="float32", chunks=10**6,
+                                   compression=runtime_pb2.CompressionType.NONE)
+        metadata = self.serializer.dumps({"run": RUN, "version": HOSTILE_VERSION})
+        yield averaging_pb2.DownloadData(tensor_part=first, metadata=metadata)
+        for _ in range(int(4 * LOAD_S / TRICKLE_S)):  # bounded: past the joiner's whole load
+            await asyncio.sleep(TRICKLE_S)
+            yield averaging_pb2.DownloadData(tensor_part=runtime_pb2.Tensor(buffer=bytes(4)))
+
+
 # hivemind names a peer's RPCs after its averager's class: the joiner's stub calls `_StateAverager.rpc_download_state`.
-_FloodingAverager.__name__ = hs._StateAverager.__name__
+_FloodingAverager.__name__ = _TricklingAverager.__name__ = hs._StateAverager.__name__
 
 
 @contextmanager
@@ -153,6 +176,44 @@ def test_a_donor_streaming_far_more_than_the_state_is_read_only_up_to_the_bound(
     _assert_honest(loaded, honest.state)
     assert honest.calls == 1
     assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+
+
+@pytest.mark.slow
+def test_a_donor_trickling_its_state_is_left_for_the_next(no_new_p2pd: None) -> None:
+    """The hostile donor declares version 9 and sends a part every 0.2 s, each within the per-message timeout: the
+    joiner leaves it past `StateLimits.seconds` (its 70 KB at 1 MiB/s, plus one message's timeout) and loads the honest
+    state, asking the hostile donor once. Before, it was read until the joiner's whole load had passed: no state."""
+    _TricklingAverager.asked = mp.Value("q", 0)
+    honest = _Counted(_state(HONEST_VERSION, SHAPES, 1))
+    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, lambda: None, _TricklingAverager)) as (joiner, _):
+        started = time.monotonic()
+        loaded = joiner.load_state(NAMES, SHAPES, LOAD_S)
+        seconds = time.monotonic() - started
+    asked = _TricklingAverager.asked.value
+    assert asked == 1, f"the trickling donor was asked {asked} times in {seconds:.1f}s"
+    _assert_honest(loaded, honest.state)
+    assert honest.calls == 1
+    assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+
+
+def test_a_p2p_message_declared_over_the_bound_is_refused_before_it_is_read() -> None:
+    """hivemind's P2P layer read a stream message of whatever length its sender declared, buffering it whole: a peer
+    could make another hold as much as it cared to send. With the bound (installed by `start_dht`, which every peer's
+    DHT, averager and mirror process is started after), a longer declaration is refused at its header."""
+    hs.bound_p2p_messages()
+
+    async def receive(declared: int, sent: bytes) -> bytes:
+        reader = asyncio.StreamReader()
+        reader.feed_data(declared.to_bytes(hs.P2P.HEADER_LEN, hs.P2P.BYTEORDER) + sent)
+        reader.feed_eof()
+        return await hs.P2P.receive_raw_data(reader)
+
+    assert asyncio.run(receive(5, b"hello")) == b"hello"
+    assert asyncio.run(receive(hs.MAX_P2P_MESSAGE_BYTES, bytes(hs.MAX_P2P_MESSAGE_BYTES))) == bytes(hs.MAX_P2P_MESSAGE_BYTES)
+    with pytest.raises(ValueError, match=f"a P2P stream message of {1 << 40:,} bytes declared: expected at most"):
+        asyncio.run(receive(1 << 40, bytes(1 << 16)))
+    with pytest.raises(ValueError, match="declared: expected at most"):
+        asyncio.run(receive(hs.MAX_P2P_MESSAGE_BYTES + 1, bytes(hs.MAX_P2P_MESSAGE_BYTES + 1)))
 
 
 # ---- load_state's retries, without processes ---------------------------------------------------------------------
