@@ -477,7 +477,8 @@ class CurriculumTracker:
         if section.adaptive and off:
             raise RuntimeError(f"state dir {store.state_dir}: workers' curriculum rungs {off} are off the ladder "
                                f"{section.seq_lens}")
-        # worker_id -> the cumulative compute seconds of its last metric: a step's cost is the difference.
+        # worker_id -> the cumulative compute seconds of its last metric (a step's cost is the difference), the longest
+        # silent first; at most max(MAX_REMEMBERED_WORKERS, 2 × coordinator.max_workers) entries (`measure`).
         self._last_compute: dict[str, float] = {}
         # (the newest version asked, the run's steps as the store held them then) of the fixed-schedule lookups: the
         # rounds before that version are closed, so their steps answer every older version too.
@@ -575,7 +576,10 @@ class CurriculumTracker:
             own = worker_id if self.adaptive is not None else ""
             self.state = self.state.measured(metric.seq_len, metric.compute_seconds - last, worker_id=own)
         if math.isfinite(metric.compute_seconds):
+            self._last_compute.pop(worker_id, None)  # re-inserted: the dict runs from the longest silent reporter
             self._last_compute[worker_id] = metric.compute_seconds
+            if len(self._last_compute) > max(MAX_REMEMBERED_WORKERS, 2 * self.spec.coordinator.max_workers):
+                del self._last_compute[next(iter(self._last_compute))]  # an ended membership's, by far the likeliest
 
     def status(self, now: float, version: int) -> pb.CurriculumStatus:
         """The curriculum as GetStatus reports it at `version`."""

@@ -148,6 +148,27 @@ def test_a_step_of_no_compute_time_is_no_measurement_and_a_zero_cost_does_not_ra
     assert not decision.ok and "no seconds per step measured at L = 4 yet" in decision.reason
 
 
+def test_the_last_compute_of_ended_memberships_is_not_kept_for_ever(tmp_path):
+    """Each reporting membership left its last compute seconds behind for the coordinator's life: a join token holder
+    joining and leaving in a loop grew it without bound (review of the twentieth session). It keeps the most recent
+    reporters, at most max(MAX_REMEMBERED_WORKERS, 2 × max_workers), and a reporting worker's steps still cost."""
+    spec = tiny_spec(coordinator={"max_workers": 8})
+    store = StateStore(tmp_path)
+    try:
+        tracker = curricula.CurriculumTracker(spec, store)
+        for n in range(3 * curricula.MAX_REMEMBERED_WORKERS):
+            tracker.measure(f"w{n}", pb.Metric(version=0, step=1, seq_len=16, batch=4, loss=3.0, tokens=64,
+                                               compute_seconds=1.0))
+            if n % 7 == 0:  # one long-lived worker reports among them
+                tracker.measure("steady", pb.Metric(version=0, step=1, seq_len=16, batch=4, loss=3.0, tokens=64,
+                                                    compute_seconds=float(n + 1)))
+        assert len(tracker._last_compute) == curricula.MAX_REMEMBERED_WORKERS
+        assert "steady" in tracker._last_compute and "w0" not in tracker._last_compute
+        assert tracker.state.seconds_per_step()[16] == pytest.approx(7.0)  # each of steady's steps: 7 s more
+    finally:
+        store.close()
+
+
 def test_a_late_answer_of_a_previous_membership_does_not_change_the_assignment():
     from rcswarm.worker import Worker
 
