@@ -7,6 +7,7 @@ and `rcswarm run` ended in a traceback from its final evaluation, or the step fa
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +183,10 @@ def test_core_checkpointing_needs_a_segment_step_model(monkeypatch):
     assert problem is not None and problem.startswith(
         "inner.memory_budget_mb = 8.0: core checkpointing needs a model with encode(), core_loss() and core_segment() "
         "(a SegmentStepModel), and model 'frame' (DropoutStepModel) is not one"), problem
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml")),
+                         ids=lambda path: path.name)
+def test_every_example_config_passes_the_checks(path: Path) -> None:
+    """The configs the docs point users at are runs the checks let through (each new check is tried on them)."""
+    assert data_problem(RunSpec.from_toml(path)) is None
