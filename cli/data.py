@@ -3,7 +3,9 @@
 Git histories -> one frame dataset. `--repo` may be given several times (the name defaults to the
 directory's); `--held-out NAME` puts that history into the held-out split. Bad arguments or values
 (a count flag below its least value: `FLAG_MINIMUMS`) exit 2 with a message on stderr naming the flag and
-the value; a history that cannot be replayed exits 1. SIGTERM during the build exits 143 (SystemExit), so the
+the value; a history that cannot be replayed exits 1. An `--out` that already holds a dataset (a `manifest.json`) is
+replaced only with `--overwrite` (exit 2 naming the directory otherwise; the replacement is published whole, the old
+dataset readable until then). SIGTERM during the build exits 143 (SystemExit), so the
 build still removes its staging folder and releases its lock.
 """
 
@@ -28,6 +30,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--held-out", action="append", default=[], metavar="NAME",
                    help="hold this history out (split 'val': not trained on, not seen by the tokenizer); repeatable")
     p.add_argument("--out", required=True, help="directory to write the frame dataset into")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the dataset --out already holds (without it such a directory is refused)")
     p.add_argument("--rows", type=int, default=48, help="editor screen height in text rows")
     p.add_argument("--cols", type=int, default=160, help="editor screen width in characters")
     p.add_argument("--vocab-size", type=int, default=4096, help="size of the frame tokenizer's vocabulary")
@@ -53,7 +57,15 @@ def flag_problem(args: argparse.Namespace) -> str | None:
             return f"{flag} {value}: expected an integer >= {least}"
     if args.block_frames > 0xFFFF:
         return f"--block-frames {args.block_frames}: expected an integer <= 65535"
-    return output_dir_problem("--out", Path(args.out))
+    return output_dir_problem("--out", Path(args.out)) or existing_dataset_problem(Path(args.out), args.overwrite)
+
+
+def existing_dataset_problem(out: Path, overwrite: bool) -> str | None:
+    """Why `out` may not be written: it holds a dataset (a `manifest.json`) and `--overwrite` was not given."""
+    if overwrite or not (out / "manifest.json").exists():
+        return None
+    return (f"--out {str(out)!r} already holds a dataset ({out / 'manifest.json'}): expected a new or empty "
+            "directory; pass --overwrite to replace it")
 
 
 def repo_inputs(repos: list[str], held_out: list[str]) -> list:

@@ -40,6 +40,9 @@ DEL) in style CONTROL. Combining marks take one cell like any other character.
 from __future__ import annotations
 
 import unicodedata
+from array import array
+from bisect import bisect_right
+from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
@@ -63,6 +66,13 @@ N_STYLES = 9
 TAB_WIDTH = 4
 MIN_ROWS, MIN_COLS = 3, 24  # the smallest screen the editor lays out (tree, separator, gutter, text, status line)
 SPACE = 32
+# Lines, paths and prompts up to this many characters are laid out whole and cached (`_cells_str`); a longer one is
+# laid out a window at a time from its display columns (`_Columns`), which the editor keeps across the edits that
+# leave a prefix of the line as it was, so that typing into a line of n characters costs O(1) per action, not O(n)
+# (a 20,000-character line of JSON with one non-ASCII character took 65 s and 5.7 GB to replay before).
+SHORT_LINE = 512
+# The display columns of long lines other than the cursor's are kept for at most this many characters in all.
+LONG_COLUMNS_CHARS = 1 << 22
 
 
 def action_name(code: int) -> str:
@@ -101,6 +111,63 @@ _LINE_EDITS = frozenset(("BACKSPACE", "DELETE", "KILL_LINE"))
 
 def _fast(s: str) -> bool:
     return s.isascii() and s.isprintable()
+
+
+def _advance(col: int, ch: str) -> int:
+    """The display column after character `ch` drawn from column `col`."""
+    return col + (TAB_WIDTH - col % TAB_WIDTH if ch == "\t" else len(_char_cells(ch)))
+
+
+class _Columns:
+    """The display columns of a string's characters (`line_cells`' second list, shifted by `base`: the column the
+    string starts at), computed left to right on demand and kept across edits that leave a prefix of the string as
+    it was (`edited`). Every character takes at least one cell, so the columns rise strictly."""
+
+    __slots__ = ("s", "base", "cols")
+
+    def __init__(self, s: str, base: int = 0) -> None:
+        self.s, self.base, self.cols = s, base, array("q", [base])
+
+    def at(self, i: int) -> int:
+        """The display column of character i (i = len(s): the column after the last)."""
+        cols = self.cols
+        if i >= len(cols):
+            col = cols[-1]
+            for ch in self.s[len(cols) - 1 : i]:
+                col = _advance(col, ch)
+                cols.append(col)
+        return cols[i]
+
+    def edited(self, s: str, keep: int) -> None:
+        """The string is now `s`, whose first `keep` characters are the old string's."""
+        del self.cols[keep + 1 :]
+        self.s = s
+
+    def window(self, left: int, w: int) -> tuple[str, bytes]:
+        """(code points, styles) of the string's cells in display columns left .. left + w - 1 (`left` >= `base`;
+        fewer at the end of the string): what `_cells_str` gives, sliced, in O(w) beyond the columns kept."""
+        s, cols = self.s, self.cols
+        n = len(s)
+        while len(cols) <= n and cols[-1] <= left:
+            self.at(len(cols))
+        i = bisect_right(cols, left) - 1
+        if i >= n:
+            return "", b""
+        start, col, cps, sts = left - cols[i], cols[i], [], []
+        while i < n and col < left + w:
+            ch = s[i]
+            if ch == "\t":
+                k = TAB_WIDTH - col % TAB_WIDTH
+                cps.append(" " * k)
+                sts.append(bytes((STYLE_CONTROL,)) * k)
+                col += k
+            else:
+                for cp, st in _char_cells(ch):
+                    cps.append(chr(cp))
+                    sts.append(bytes((st,)))
+                    col += 1
+            i += 1
+        return "".join(cps)[start : start + w], b"".join(sts)[start : start + w]
 
 
 class ReplayError(RuntimeError):
@@ -153,6 +220,36 @@ class Editor:
         self._last_r = 0
         self._status_fast: tuple[str | None, bool] = (None, True)
         self._damage: set[int] = set()
+        self._cursor_cols: _Columns | None = None  # the columns of the cursor's line while it is long
+        self._prompt_cols: _Columns | None = None  # the columns of a long prompt
+        self._long_cols: OrderedDict[str, _Columns] = OrderedDict()  # of other long lines, `LONG_COLUMNS_CHARS` at most
+        self._long_chars = 0
+
+    def _edited(self, old: str, new: str, keep: int) -> None:
+        """A line changed from `old` to `new`, which keeps `old`'s first `keep` characters: the cursor line's
+        columns follow it (any other change is noticed by identity: `_columns_of` starts over)."""
+        cc = self._cursor_cols
+        if cc is not None and cc.s is old:
+            cc.edited(new, keep)
+
+    def _columns_of(self, line: str, cursor: bool) -> _Columns:
+        """The display columns of a long `line`: the cursor's line's kept ones, or those of the bounded cache."""
+        cc = self._cursor_cols
+        if cc is not None and cc.s is line:
+            return cc
+        cached = self._long_cols.get(line)
+        if cached is None:
+            cached = self._long_cols[line] = _Columns(line)
+            self._long_chars += len(line)
+            while self._long_chars > LONG_COLUMNS_CHARS and len(self._long_cols) > 1:
+                self._long_chars -= len(self._long_cols.popitem(last=False)[0])
+        else:
+            self._long_cols.move_to_end(line)
+        if not cursor:
+            return cached
+        self._cursor_cols = _Columns(line)
+        self._cursor_cols.cols = array("q", cached.cols)
+        return self._cursor_cols
 
     # -- state ---------------------------------------------------------------
     def text(self) -> str:
@@ -177,12 +274,16 @@ class Editor:
         if code < CONTROL_BASE:
             ch = chr(code)
             if self.mode == "PROMPT":
+                old = self.prompt
                 self.prompt += ch
+                if self._prompt_cols is not None and self._prompt_cols.s is old:
+                    self._prompt_cols.edited(self.prompt, len(old))
             elif self.mode == "EDIT" and self.current is not None:
                 r = self.r
                 line = self.lines[r]
                 if ch == "\n":
                     self.lines[r : r + 1] = [line[: self.c], line[self.c :]]
+                    self._edited(line, self.lines[r], self.c)
                     self.r, self.c = r + 1, 0
                     if self._dirty_from is None or r < self._dirty_from:
                         self._dirty_from = r
@@ -190,6 +291,7 @@ class Editor:
                     self._shift = (r + 2, -1) if self._shift is None else False
                 else:
                     self.lines[r] = line[: self.c] + ch + line[self.c :]
+                    self._edited(line, self.lines[r], self.c)
                     self.c += 1
                     self._dirty_lines.add(r)
             return
@@ -265,24 +367,30 @@ class Editor:
             self.mode, self.prompt_kind, self.prompt = "PROMPT", "commit", ""
 
     def _edit_line(self, name: str, lines: list[str], r: int, c: int) -> None:
+        old = lines[r]
         if name == "BACKSPACE":
             if c > 0:
-                lines[r] = lines[r][: c - 1] + lines[r][c:]
+                lines[r] = old[: c - 1] + old[c:]
+                self._edited(old, lines[r], c - 1)
                 self.c = c - 1
             elif r > 0:
-                self.c = len(lines[r - 1])
-                lines[r - 1 : r + 1] = [lines[r - 1] + lines[r]]
+                above = lines[r - 1]
+                self.c = len(above)
+                lines[r - 1 : r + 1] = [above + old]
+                self._edited(above, lines[r - 1], len(above))
                 self.r = r - 1
         elif name == "DELETE":
-            if c < len(lines[r]):
-                lines[r] = lines[r][:c] + lines[r][c + 1 :]
+            if c < len(old):
+                lines[r] = old[:c] + old[c + 1 :]
             elif r + 1 < len(lines):
-                lines[r : r + 2] = [lines[r] + lines[r + 1]]
+                lines[r : r + 2] = [old + lines[r + 1]]
+            self._edited(old, lines[r], c)
         elif name == "KILL_LINE":
             if r + 1 < len(lines):
-                lines[r : r + 2] = [lines[r][:c] + lines[r + 1]]
+                lines[r : r + 2] = [old[:c] + lines[r + 1]]
             else:
-                lines[r] = lines[r][:c]
+                lines[r] = old[:c]
+            self._edited(old, lines[r], c)
 
     def _tree(self, name: str) -> None:
         n = len(self.paths)
@@ -316,7 +424,10 @@ class Editor:
         if name == "ESC":
             self.mode = "TREE" if self.prompt_kind in ("new_file", "rename") else "EDIT"
         elif name == "BACKSPACE":
-            self.prompt = self.prompt[:-1]
+            old = self.prompt
+            self.prompt = old[:-1]
+            if self._prompt_cols is not None and self._prompt_cols.s is old:
+                self._prompt_cols.edited(self.prompt, len(self.prompt))
         elif name == "ENTER":
             kind, text = self.prompt_kind, self.prompt
             if kind == "commit":
@@ -355,7 +466,7 @@ class Editor:
         if path is None:
             cp, st = " " * tw, bytes(tw)
         else:
-            cps, sts, _ = _cells_str(path)
+            cps, sts, _ = _cells(path[:tw])  # the cells of a prefix are a prefix of the cells
             cp = cps[:tw]
             st = sts[:tw].replace(b"\x01", bytes((style,)))
             n = len(cp)
@@ -438,7 +549,12 @@ class Editor:
         elif r >= self.top + h:
             self.top = r - h + 1
         cur_line = lines[r]
-        dcol = self.c if _fast(cur_line) else _cells_str(cur_line)[2][self.c]
+        if _fast(cur_line):
+            dcol = self.c
+        elif len(cur_line) <= SHORT_LINE:
+            dcol = _cells_str(cur_line)[2][self.c]
+        else:
+            dcol = self._columns_of(cur_line, cursor=True).at(self.c)
         if dcol < self.left or dcol >= self.left + w:
             # off the view sideways: jump so the cursor is in the middle (vim's sidescroll=0)
             self.left = max(0, dcol - w // 2)
@@ -494,8 +610,14 @@ class Editor:
                 cp = num + seg + " " * (w - k)
                 st = _GUTTER[gw] + _TEXT[k] + bytes(w - k)
             else:
-                cps, sts, _ = _cells_str(s)
-                seg, sst = cps[left : left + w], sts[left : left + w]
+                if len(s) <= SHORT_LINE:
+                    cps, sts, _ = _cells_str(s)
+                    seg, sst = cps[left : left + w], sts[left : left + w]
+                elif left == 0:
+                    cps, sts, _ = _cells(s[:w])  # the cells of a prefix are a prefix of the cells
+                    seg, sst = cps[:w], sts[:w]
+                else:
+                    seg, sst = self._columns_of(s, cursor=i == r).window(left, w)
                 if seg and seg[0] == "\0":
                     seg, sst = " " + seg[1:], b"\x08" + sst[1:]
                 if len(seg) == w and sst[-1] == STYLE_TEXT and _wide(seg[-1]):
@@ -510,10 +632,7 @@ class Editor:
         # status line
         if self.mode == "PROMPT":
             label = {"goto": "line: ", "new_file": "new file: ", "rename": "rename to: ", "commit": "commit: "}[self.prompt_kind]
-            cps, sts, _ = _cells_str(label + self.prompt)
-            sts = sts.replace(b"\x01", b"\x03")
-            if len(cps) >= cols:
-                cps, sts = cps[-(cols - 1) :], sts[-(cols - 1) :]
+            cps, sts = self._prompt_cells(label)
             cps, sts = cps + " ", sts + b"\x02"
         else:
             path = self.current or "[no file]"
@@ -523,7 +642,7 @@ class Editor:
             if self._status_fast[1]:
                 cps, sts = text[:cols], _STATUS[min(len(text), cols)]
             else:
-                cps, sts, _ = _cells_str(text)
+                cps, sts, _ = _cells(text[:cols])  # the cells of a prefix are a prefix of the cells
                 cps, sts = cps[:cols], sts[:cols].replace(b"\x01", b"\x03")
         n = len(cps)
         if n < cols:
@@ -532,6 +651,28 @@ class Editor:
             self.row_cp[h], self.row_st[h] = cps, sts
             damage.add(h)
         return damage, scroll
+
+    def _prompt_cells(self, label: str) -> tuple[str, bytes]:
+        """The status line's cells of `label` + the prompt, in style STATUS, before the cursor's cell: the last
+        cols - 1 of them when they do not fit (a long prompt is laid out from its kept columns)."""
+        cols, prompt = self.cols, self.prompt
+        if len(label) + len(prompt) <= SHORT_LINE:
+            cps, sts, _ = _cells_str(label + prompt)
+            sts = sts.replace(b"\x01", b"\x03")
+            if len(cps) >= cols:
+                cps, sts = cps[-(cols - 1) :], sts[-(cols - 1) :]
+            return cps, sts
+        pc = self._prompt_cols
+        if pc is None or pc.s is not prompt or pc.base != len(label):  # labels are ASCII: one cell a character
+            pc = self._prompt_cols = _Columns(prompt, len(label))
+        total = pc.at(len(prompt))
+        if total < cols:
+            cps, sts = pc.window(len(label), total)
+            return label + cps, (b"\x03" * len(label)) + sts.replace(b"\x01", b"\x03")
+        start = total - (cols - 1)
+        head = label[start:] if start < len(label) else ""
+        cps, sts = pc.window(max(start, len(label)), total - max(start, len(label)))
+        return head + cps, (b"\x03" * len(head)) + sts.replace(b"\x01", b"\x03")
 
     def render(self) -> tuple[np.ndarray, np.ndarray]:
         """The current screen: (code points int32 [rows, cols], styles uint8 [rows, cols]), fresh arrays."""
@@ -560,9 +701,19 @@ class _Runs(dict):
 _GUTTER, _TEXT, _STATUS = _Runs(STYLE_GUTTER), _Runs(STYLE_TEXT), _Runs(STYLE_STATUS)
 
 
+def _cells(s: str) -> tuple[str, bytes, list[int]]:
+    """`_cells_str(s)`, from its cache for a string of at most `SHORT_LINE` characters (a longer one is laid out
+    without being kept: the cache holds 8,192 strings, so its size must not grow with theirs)."""
+    if len(s) <= SHORT_LINE:
+        return _cells_str(s)
+    cells, cols = line_cells(s)
+    return "".join(map(chr, (c for c, _ in cells))), bytes(st for _, st in cells), cols
+
+
 @lru_cache(maxsize=8192)
 def _cells_str(s: str) -> tuple[str, bytes, list[int]]:
-    """Line s as (code points, one char per cell; styles; display column of each char index)."""
+    """Line s as (code points, one char per cell; styles; display column of each char index); only strings of at
+    most `SHORT_LINE` characters come here (`_cells`)."""
     cells, cols = line_cells(s)
     return "".join(map(chr, (c for c, _ in cells))), bytes(st for _, st in cells), cols
 

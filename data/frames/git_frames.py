@@ -91,6 +91,13 @@ BUILD_ID = re.compile(r"[0-9a-f]{16}")
 # the manifest of another build is in place. Other files in `out` are left alone.
 BUILD_FILES = re.compile(r"(shard-([0-9a-f]{16}-)?\d{5}\.(rcf|actions\.u32|tokens\.npy|starts\.npy)"
                          r"|tokenizer(-[0-9a-f]{16})?\.json)")
+# The names of those files that carry a build id: only a build writes such a name. A name without one
+# (`tokenizer.json`, `shard-00000.rcf`) is removed only where the manifest being replaced names it (a dataset built
+# before build ids), never because of its name alone: `--out` may be a directory of other files (a model's own
+# `tokenizer.json`).
+BUILD_ID_FILES = re.compile(r"shard-[0-9a-f]{16}-\d{5}\.(rcf|actions\.u32|tokens\.npy|starts\.npy)"
+                            r"|tokenizer-[0-9a-f]{16}\.json")
+SHARD_SUFFIXES = ("rcf", "actions.u32", "tokens.npy", "starts.npy")
 # Shards and their token arrays count at most this many frames and tokens: exact in a float64 (the sampling
 # weights) and far inside an int64 (numpy's offsets).
 MAX_COUNT = (1 << 53) - 1
@@ -277,6 +284,7 @@ def build_git_dataset(
         problem = git_replay.Git(str(repo.path)).history_problem()
         if problem:
             raise ValueError(f"repository {repo.name} ({repo.path}): {problem}")
+    check_held_out_apart(repos, max_commits)
     out = Path(out)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -296,6 +304,30 @@ def build_git_dataset(
             _remove_if_only_the_lock(out)
         raise
     return summary
+
+
+def check_held_out_apart(repos: Sequence[RepoInput], max_commits: int | None) -> None:
+    """ValueError, naming both histories and a commit, when a held-out history shares a replayed commit with a
+    training one (the same repository given twice, a fork, a clone): its frames would be trained on. Asked before
+    anything is written; only the commits each replay reads count (the first `max_commits` of its first-parent
+    line)."""
+    held = [r for r in repos if r.held_out]
+    if not held:
+        return
+
+    def commits(repo: RepoInput) -> list[str]:
+        return [sha for sha, _, _ in git_replay.Git(str(repo.path)).first_parent_commits()][:max_commits]
+
+    trained: dict[str, str] = {}
+    for repo in repos:
+        if not repo.held_out:
+            trained.update((sha, repo.name) for sha in commits(repo))
+    for repo in held:
+        shared = next((sha for sha in commits(repo) if sha in trained), None)
+        if shared is not None:
+            raise ValueError(f"held-out repository {repo.name} ({repo.path}) shares commit {shared} with training "
+                             f"repository {trained[shared]}: its frames would be trained on; expected a held-out "
+                             "history with no commit of a training one (not the same repository, a fork or a clone)")
 
 
 def _remove_if_only_the_lock(out: Path) -> None:
@@ -443,6 +475,7 @@ def _publish(staging: Path, out: Path, manifest: dict) -> None:
     """
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     built = {path.name for path in staging.iterdir()}
+    owned = _files_without_build_id(out)
     for name in built:
         _fsync(staging / name)
     for name in sorted(built - {MANIFEST}):
@@ -453,9 +486,25 @@ def _publish(staging: Path, out: Path, manifest: dict) -> None:
     os.replace(staging / MANIFEST, out / MANIFEST)
     _fsync(out)
     for path in out.iterdir():
-        if BUILD_FILES.fullmatch(path.name) and path.name not in built:
+        if path.name not in built and (BUILD_ID_FILES.fullmatch(path.name) or path.name in owned):
             path.unlink()
     _fsync(out)
+
+
+def _files_without_build_id(out: Path) -> set[str]:
+    """The files of the dataset now in `out` whose names carry no build id (`BUILD_FILES` of a dataset built before
+    build ids: its `tokenizer.json` and the files of the shards its manifest names); empty where `out` holds no
+    manifest of such a dataset (no manifest, another format, a build with an id, one that cannot be read)."""
+    try:
+        old = json.loads((out / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return set()
+    if not isinstance(old, dict) or old.get("format") != FORMAT or "build" in old:
+        return set()
+    shards = old.get("shards") if isinstance(old.get("shards"), list) else []
+    names = {sh.get("name") for sh in shards if isinstance(sh, dict)}
+    files = {f"{name}.{suffix}" for name in names if isinstance(name, str) for suffix in SHARD_SUFFIXES}
+    return {name for name in ({"tokenizer.json"} | files) if BUILD_FILES.fullmatch(name)}
 
 
 def _fsync(path: Path) -> None:

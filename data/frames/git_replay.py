@@ -35,6 +35,7 @@ names the commit and path.
 from __future__ import annotations
 
 import difflib
+import os
 import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,9 +49,33 @@ LINE_DIFF_PAIRS = 1_000_000
 BLOB_CHUNK = 1 << 20
 # Settings every git command here runs with, so that user or repository configuration cannot change what is
 # parsed: log.showSignature would print gpg's output among `git log`'s records (a signed commit's "gpg: ..." lines
-# read as a commit), log.showRoot and diff.relative would change the raw diffs, color.ui would add escapes.
+# read as a commit), log.showRoot and diff.relative would change the raw diffs, color.ui would add escapes; the diffs
+# name `-O/dev/null`, so that a diff.orderFile (the user's or the repository's) cannot reorder a commit's changes.
 GIT_CONFIG = ("-c", "log.showRoot=true", "-c", "log.showSignature=false", "-c", "diff.relative=false",
-              "-c", "color.ui=false")
+              "-c", "color.ui=false", "-c", "protocol.allow=never", "-c", "core.fsmonitor=false")
+# A repository is untrusted: its own config must not run commands. Reading an object a partial clone lacks makes git
+# fetch it from the promisor remote the repository names, through a transport the repository configures
+# (`core.sshCommand`, `remote.*.uploadpack`: any command): `protocol.allow=never` refuses every transport, and
+# GIT_NO_LAZY_FETCH (git >= 2.44) turns the lazy fetch off where git knows it; a missing object is then an error.
+# The environment variables that point git at another repository or object store (set inside a git hook, or by a
+# caller's own git work) are dropped, so that `-C PATH` is the repository read.
+GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+                   "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_REPLACE_REF_BASE", "GIT_GRAFT_FILE",
+                   "GIT_SHALLOW_FILE", "GIT_PREFIX", "GIT_NO_REPLACE_OBJECTS", "GIT_QUARANTINE_PATH")
+
+
+def git_argv(repo: str, *args: str) -> list[str]:
+    """The command line of `git args` on `repo`, with the settings every git command here runs with (`GIT_CONFIG`)."""
+    return ["git", "-C", str(repo), *GIT_CONFIG, *args]
+
+
+def git_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every git command here runs in: `environ` (this process's by default) without the variables
+    that name another repository (`GIT_ENV_DROPPED`), with lazy fetches and terminal prompts off."""
+    base = dict(os.environ if environ is None else environ)
+    env = {key: value for key, value in base.items() if key not in GIT_ENV_DROPPED}
+    env.update(GIT_NO_LAZY_FETCH="1", GIT_TERMINAL_PROMPT="0")
+    return env
 
 
 @dataclass
@@ -84,7 +109,7 @@ class Git:
         self._cat: subprocess.Popen[bytes] | None = None
 
     def run(self, *args: str) -> bytes:
-        proc = subprocess.run(["git", "-C", self.repo, *GIT_CONFIG, *args], capture_output=True, check=False)
+        proc = subprocess.run(git_argv(self.repo, *args), capture_output=True, check=False, env=git_env())
         if proc.returncode != 0:
             raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
         return proc.stdout
@@ -93,7 +118,7 @@ class Git:
         """Why this repository has no history to replay (not a git repository, or a HEAD that names no commit), or
         None: asked before a build writes anything."""
         def git(*args: str) -> subprocess.CompletedProcess[bytes]:
-            return subprocess.run(["git", "-C", self.repo, *GIT_CONFIG, *args], capture_output=True, check=False)
+            return subprocess.run(git_argv(self.repo, *args), capture_output=True, check=False, env=git_env())
 
         if git("rev-parse", "--verify", "--quiet", "HEAD^{commit}").returncode == 0:
             return None
@@ -116,7 +141,7 @@ class Git:
         return result
 
     def changes(self, commit: str, parent: str | None) -> list[Change]:
-        args = ["diff-tree", "-r", "-z", "-M", "--no-commit-id"]
+        args = ["diff-tree", "-r", "-z", "-M", "-O/dev/null", "--no-commit-id"]
         args += ["--root", commit] if parent is None else [parent, commit]
         fields = self.run(*args).split(b"\0")
         out, i = [], 0
@@ -142,7 +167,7 @@ class Git:
         The same changes as `changes(commit, parent)` per commit (`-M`, first-parent diffs of
         merges, the root commit against the empty tree) without a process per commit.
         """
-        args = ["log", "--first-parent", "--reverse", "-z", "--raw", "-M", "--no-abbrev", "--no-color",
+        args = ["log", "--first-parent", "--reverse", "-z", "--raw", "-M", "-O/dev/null", "--no-abbrev", "--no-color",
                 "--diff-merges=first-parent", "--format=%x1e%H"]
         data = self.run(*args, rev)  # (--reverse applies after -n, so a limit is applied while parsing)
         out: list[tuple[str, list[Change]]] = []
@@ -191,7 +216,7 @@ class Git:
         whose bytes are then read and dropped in chunks of `BLOB_CHUNK`, never held whole."""
         if self._cat is None:
             self._cat = subprocess.Popen(
-                ["git", "-C", self.repo, *GIT_CONFIG, "cat-file", "--batch"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                git_argv(self.repo, "cat-file", "--batch"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=git_env(),
             )
         assert self._cat.stdin and self._cat.stdout
         self._cat.stdin.write(sha.encode() + b"\n")

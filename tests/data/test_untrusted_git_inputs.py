@@ -63,7 +63,10 @@ class MemoryGit:
                                       None if a is None else path, None if b is None else path,
                                       None if a is None else _sha(a), None if b is None else self._put(b),
                                       "000000" if b is None else "100644", "000000" if a is None else "100644"))
-            self.log.append((f"{k + 1:040x}", changes))
+            # a commit's id follows from its parent's and its snapshot, as git's does: histories share commits only
+            # where their snapshots agree from the first commit on
+            parent = self.log[-1][0] if self.log else ""
+            self.log.append((_sha(parent.encode() + repr(sorted(snap.items())).encode()), changes))
             prev = snap
 
     def history_problem(self) -> None:
@@ -674,3 +677,144 @@ def test_a_git_data_section_needs_a_dataset(task_config, message):
 
 def test_replay_stats_count_names_with_the_other_skips():
     assert "skipped_name" in git_frames.SUMMARY_COUNTS and ReplayStats().skipped_name == 0
+
+
+# -- 7. the twentieth session's review (docs/RELIABILITY.md, "Reviews of the twentieth session") -----------------
+
+
+def test_a_long_line_with_a_character_that_is_not_ascii_replays_in_bounded_memory():
+    """A 20,000-character line of JSON with one 'é' took 65 s and 5.7 GB to replay (each keystroke laid the whole
+    line out again, and the layout cache kept 8,192 versions of it); 4,000 characters here: 278 MiB traced before,
+    well under 16 MiB now."""
+    text = '{"k": "é' + "abcdefghi " * 400 + '"}\n'
+    ed = Editor(ROWS, COLS)
+    p = Planner(ed, NullSink())
+    p.new_file("t.json")
+    tracemalloc.start()
+    try:
+        started = time.perf_counter()
+        p.edit("", text)
+        elapsed = time.perf_counter() - started
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    p.do(C["SAVE"])
+    assert ed.files["t.json"] == text
+    assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB traced"
+    assert elapsed < 10, f"{elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_long_lines_and_prompts_are_laid_out_as_the_whole_line_layout_does(monkeypatch, seed):
+    """The editor lays out a line or prompt longer than SHORT_LINE a window at a time from the display columns it
+    keeps across edits; every screen must be the one the whole-line layout gives (tabs, wide characters, combining
+    marks and controls, scrolled sideways, long prompts cut to their tail)."""
+    from rcswarm.data.frames import git_editor
+
+    rng = random.Random(seed)
+    windowed, whole = Editor(6, 30), Editor(6, 30)
+    alphabet = ["a", "b", "x", " ", "\t", "é", "漢", "字", "\x01", "\u0301", "\n"]
+    controls = ["UP", "DOWN", "LEFT", "RIGHT", "HOME", "END", "BACKSPACE", "DELETE", "KILL_LINE", "SAVE", "GOTO",
+                "ENTER", "ESC", "COMMIT", "PGUP", "PGDN", "TREE", "NEW_FILE", "RENAME"]
+    codes = [C["NEW_FILE"], *map(ord, "f\t漢" * 3), C["ENTER"]]
+    codes += [ord(rng.choice(alphabet)) if rng.random() < 0.6 else C[rng.choice(controls)] for _ in range(1500)]
+    for step, code in enumerate(codes):
+        monkeypatch.setattr(git_editor, "SHORT_LINE", 3)
+        windowed.apply(code)
+        got = windowed.render()
+        monkeypatch.setattr(git_editor, "SHORT_LINE", 10**9)
+        whole.apply(code)
+        want = whole.render()
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), f"step {step}: {code}"
+
+
+def test_git_runs_without_lazy_fetches_transports_or_another_repository(monkeypatch):
+    """A partial clone's config ran a command of the repository's choosing: reading a blob the clone lacks fetched it
+    from `remote.origin.url` through `core.sshCommand` (the review's repro touched a file); and GIT_DIR in the
+    environment (a git hook) made `git -C REPO` read another repository."""
+    argv = git_replay.git_argv("/r", "log")
+    assert argv[:3] == ["git", "-C", "/r"] and argv[-1] == "log"
+    assert "protocol.allow=never" in argv and "core.fsmonitor=false" in argv
+    env = git_replay.git_env({"GIT_DIR": "/other/.git", "GIT_OBJECT_DIRECTORY": "/o", "HOME": "/h", "PATH": "/bin"})
+    assert env == {"HOME": "/h", "PATH": "/bin", "GIT_NO_LAZY_FETCH": "1", "GIT_TERMINAL_PROMPT": "0"}
+    seen = []
+
+    class Done:
+        returncode, stdout, stderr = 0, b"", b""
+
+    def record(args, **kwargs):
+        seen.append((args, kwargs.get("env")))
+        return Done()
+
+    monkeypatch.setenv("GIT_DIR", "/other/.git")
+    monkeypatch.setattr(git_replay.subprocess, "run", record)
+    Git("/r").run("log")
+    Git("/r").history_problem()
+    assert seen and all("protocol.allow=never" in args and env is not None and "GIT_DIR" not in env
+                        and env["GIT_NO_LAZY_FETCH"] == "1" for args, env in seen)
+    assert all("-O/dev/null" in args for args, _ in _git_commands_of_a_replay(monkeypatch))
+
+
+def _git_commands_of_a_replay(monkeypatch) -> list[tuple[list[str], dict | None]]:
+    """The git commands `Git.history` and `Git.changes` run (their output empty)."""
+    seen = []
+    monkeypatch.setattr(Git, "run", lambda self, *args: seen.append((list(args), None)) or b"")
+    Git("/r").history()
+    Git("/r").changes("a" * 40, "b" * 40)
+    return seen
+
+
+def test_a_build_into_a_directory_of_other_files_keeps_their_tokenizer_json(monkeypatch, tmp_path):
+    """`--out` a model's directory: its `tokenizer.json` (and a `shard-00001.rcf` of its own) were deleted as files
+    of an earlier build, though no manifest named them."""
+    use_histories(monkeypatch, {"a": python_history(0)})
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "tokenizer.json").write_text('{"mine": true}')
+    (out / "shard-00001.rcf").write_bytes(b"mine")
+    build(out, ("a",))
+    build(out, ("a",))
+    assert (out / "tokenizer.json").read_text() == '{"mine": true}' and (out / "shard-00001.rcf").read_bytes() == b"mine"
+    assert {p.name for p in out.iterdir() if manifest(out)["build"] not in p.name} == {
+        ".build.lock", "manifest.json", "tokenizer.json", "shard-00001.rcf"}
+    GitFrameSource(out, SPEC).next_batch()
+
+
+def test_a_held_out_history_that_shares_commits_with_a_training_one_is_refused(monkeypatch, tmp_path):
+    """The same repository given twice (`--repo a=R --repo b=R --held-out b`), or a fork, put the held-out
+    history's frames into the training split: built without a word before."""
+    same, fork = python_history(0, commits=6), python_history(0, commits=8)  # the fork: the same 6 commits, 2 more
+    use_histories(monkeypatch, {"a": same, "b": same, "c": fork, "d": python_history(1)})
+    for names in (("a", "b"), ("a", "c")):
+        out = tmp_path / "-".join(names)
+        with pytest.raises(ValueError, match=rf"held-out repository {names[1]} .* shares commit {same.log[0][0]} "
+                                             rf"with training repository {names[0]}"):
+            build_git_dataset([RepoInput(names[0], Path("/x") / names[0]),
+                               RepoInput(names[1], Path("/x") / names[1], held_out=True)], out, ROWS, COLS,
+                              vocab_size=300, progress=False)
+        assert not out.exists()
+    # histories that share no commit are built
+    build_git_dataset([RepoInput("a", Path("/x/a")), RepoInput("d", Path("/x/d"), held_out=True)], tmp_path / "ok",
+                      ROWS, COLS, vocab_size=300, progress=False)
+    assert {r["name"]: r["split"] for r in manifest(tmp_path / "ok")["repos"]} == {"a": "train", "d": "val"}
+
+
+def test_the_command_replaces_an_existing_dataset_only_with_overwrite(monkeypatch, tmp_path, capsys):
+    """`rcswarm data frames --out DIR` replaced the dataset DIR held without a word (a typo in --out lost a
+    dataset that took hours); now it is a usage error naming the directory unless --overwrite is given."""
+    from rcswarm.cli.main import main
+
+    use_histories(monkeypatch, {"r": python_history(0), "s": python_history(1)})
+    for name in ("r", "s"):
+        (tmp_path / name).mkdir()
+    out = tmp_path / "ds"
+    flags = ["--out", str(out), "--no-progress", "--vocab-size", "256", "--rows", str(ROWS), "--cols", str(COLS)]
+    assert main(["data", "frames", "--repo", str(tmp_path / "r"), *flags]) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    assert main(["data", "frames", "--repo", str(tmp_path / "s"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(out)!r} already holds a dataset" in err and "--overwrite" in err, err
+    assert snapshot(out) == before
+    assert main(["data", "frames", "--repo", str(tmp_path / "s"), *flags, "--overwrite"]) == 0
+    assert manifest(out)["repos"][0]["name"] == "s"
