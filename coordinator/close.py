@@ -10,8 +10,9 @@ coordinator's `_lock`:
    of the late ones merged into it (the direction check, then `sync.aggregation`, in sorted worker
    order), the outer Nesterov step (`sync.outer.outer_step`, the one both backends share), the
    compressed step every worker holding θ_v can rebuild bit for bit, the checkpoint written with its
-   digest in one pass and the SQLite commit (with the dropped and flagged updates' events and the
-   reference norms), and the payloads of the new version (`ClosedRound`).
+   digest in one pass and the SQLite commit (with the dropped and flagged updates' events, the
+   reference norms and the round's reporters, `close_reporters`), and the payloads of the new version
+   (`ClosedRound`).
 3. `publish` (lock held): serve the committed version, open the next round, note how each update
    fared, decide the pace, evict persistent outliers, wake the waiters of `_version_changed`, advance
    the curriculum. The round is open before any of these can fail, and one that raises (a store
@@ -29,7 +30,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -94,6 +95,22 @@ def applied_tokens(
     return applied
 
 
+def close_reporters(round_: OpenRound, places: Mapping[str, str]) -> dict[str, int]:
+    """worker_id -> the newest base version of its updates in the closing round `round_` (its on-time updates were
+    trained from the round's version, a late one from that less its staleness), for every membership whose update
+    the round counts: each update's owner and the re-join that took its place over (`places`), which carried the
+    owner's delivered version. Committed with the round (`StateStore.commit_version`), they let a restarted
+    coordinator answer such a membership's re-push "already delivered" (service.py `join`). Pure."""
+    bases = {owner: round_.version for owner in round_.reports}
+    for owner, item in round_.late.items():
+        bases[owner] = max(bases.get(owner, -1), round_.version - item.lateness.staleness)
+    for owner, base in list(bases.items()):
+        holder = places.get(owner)
+        if holder is not None and holder != owner:
+            bases[holder] = max(bases.get(holder, -1), base)
+    return bases
+
+
 def load_norm_history(spec: RunSpec, store: StateStore) -> tuple[tuple[float, ...], ...]:
     """The reference norms of the last `sync.reference_rounds` rounds, as stored (the constructor)."""
     stored = json.loads(store.get(REFERENCE_NORMS_KEY) or "[]")
@@ -156,9 +173,11 @@ class RoundCloser:
         if not decision.ok:
             return None
         run.round.closing = True
+        places_version, places = run._place_of
         self.under_way = RoundClose(
             run.round, decision.reason, now, run.params, run.momentum, run.broadcast_feedback.snapshot(),
             self.norm_history, self.previous_average, self.spare,
+            dict(places) if places_version == run.round.version else {},
         )
         return self.under_way
 
@@ -227,6 +246,7 @@ class RoundCloser:
                 run_state={REFERENCE_NORMS_KEY: json.dumps([list(norms) for norms in history])},
                 events=[(o.worker_id, o.action, f"round {version}: {o.reason}", close.decided_at)
                         for o in result.outcomes if o.flagged],
+                reporters=close_reporters(close.round, close.places),
             )
             sha = run.store.committed_digest(version + 1)
             record = dataclasses.replace(record, param_sha256=sha.hex())

@@ -18,6 +18,7 @@ import statistics
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -280,6 +281,9 @@ class RoundClose:
     previous: outer.Tensors | None = None
     # Buffers nobody reads any more, which the close writes its results into (`SpareBuffers`).
     spare: SpareBuffers | None = None
+    # update owner -> the re-join that took its place over in the round (service.py `_place_of`), when one did: both
+    # memberships are the round's reporters (`close_reporters`).
+    places: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,12 @@ round, and a worker that crashed after its push and restarts at once trains on; 
 waits for the round to close (RESOURCE_EXHAUSTED with the place-retry trailer). The intake's cap (`round_room`) is
 the second line.
 
+Updates that landed before a restart. Each committed round records its reporters, the memberships whose update it
+counted, in the transaction that commits it (close.py `close_reporters`, `StateStore.commit_version`). A re-join
+naming a membership that memory no longer holds (a restart, or one forgotten) takes over the delivered version the
+store recorded for it (`_landed`), so the re-push of an update whose answer the restart lost is ALREADY_EXISTS, not
+stale, and the worker keeps the error-feedback residual that update left instead of sending the one it carried again.
+
 Heterogeneous swarms (issue #15). Each worker's `TrainingAssignment` carries its pace for the version:
 its inner-step count, or a time-boxed round's budget (`decisions.decide_pace`, from the workers'
 measured seconds per step: the compute seconds between consecutive metric rows, the median of its
@@ -361,8 +367,12 @@ class SwarmCoordinator:
                               place_retry_s=decisions.place_retry_s(self.membership))
             worker_id = f"{self.worker_prefix}w{self._joins + 1}-{secrets.token_hex(4)}"
             name = request.worker_name[:128] or worker_id
+            landed = self._landed(request.previous_worker_id)
             # The join's event row first: a failed write (a full disk) refuses the join before anything changed.
-            self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
+            if landed is None:
+                self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
+            else:
+                self.store.add_reporter_event(worker_id, "join", f"{name}: {decision.reason}", now, landed)
             self._joins += 1
             secret = secrets.token_bytes(WORKER_SECRET_BYTES)
             worker = WorkerRecord(
@@ -373,6 +383,8 @@ class SwarmCoordinator:
             if request.previous_worker_id not in self._active:
                 self.tracker.rejoin(worker_id, request.previous_worker_id)
                 self._carry_over(worker, self.workers.get(request.previous_worker_id))
+            if landed is not None:
+                worker.accepted_version = max(worker.accepted_version, landed[1])
             if taking_over is not None:
                 places = self._place_of[1]
                 for owner in {*self.round.reports, *self.round.late}:
@@ -399,6 +411,20 @@ class SwarmCoordinator:
         worker.accepted_version = ended.accepted_version
         worker.pulled_version = ended.pulled_version
         worker.base_version = max(worker.base_version, ended.base_version)
+
+    def _landed(self, previous_worker_id: str) -> tuple[int, int] | None:
+        """(round version, base version) of the newest committed round that counted an update of the ended
+        membership a re-join names (`StateStore.reported`), or None (lock held; reads the store). The store knows it
+        where memory does not: after a coordinator restart, a worker whose update closed the last round before it
+        heard the answer joins again naming that membership and pushes the update again; it landed, so the push is
+        a duplicate (ALREADY_EXISTS) and the worker keeps the error-feedback residual left after it, where "stale"
+        made it put back the residual the landed update had carried (sent twice). The join enters the new
+        membership among that round's reporters (`StateStore.add_reporter_event`), so a second restart knows it too. As
+        with `_carry_over`, the name is the joiner's claim: another membership's round only refuses the joiner's
+        own update from that version. None for an active membership (a worker cannot take over a live one)."""
+        if not previous_worker_id or previous_worker_id in self._active:
+            return None
+        return self.store.reported(previous_worker_id)
 
     def _place_holders(self) -> set[str]:
         """The memberships holding a place in the open round by an update in it (lock held): each update's owner,

@@ -52,7 +52,20 @@ CREATE TABLE IF NOT EXISTS held_out (
 CREATE TABLE IF NOT EXISTS held_out_reports (
     version INTEGER, loss REAL, seconds REAL, worker_id TEXT, recorded_at REAL, PRIMARY KEY (version, worker_id)
 );
+CREATE TABLE IF NOT EXISTS round_reporters (
+    version INTEGER, worker_id TEXT, base_version INTEGER, PRIMARY KEY (version, worker_id)
+);
+CREATE INDEX IF NOT EXISTS round_reporters_by_worker ON round_reporters (worker_id, version);
 """
+
+# `round_reporters`: the memberships whose update a committed round counted (`version`: the round's, committed as
+# version + 1; `base_version`: the newest version an update of that membership in it was trained from), entered in
+# the transaction that commits the round (`StateStore.commit_version`), so that a coordinator restarted right after
+# a close still knows whose update landed (`StateStore.reported`). A state dir written before it gets the table at
+# its next open for writing (CREATE ... IF NOT EXISTS above) and reads as "no update known" for earlier rounds.
+# The newest REPORTER_ROUNDS rounds are kept: a re-join comes within a worker's patience of the close it missed.
+REPORTER_ROUNDS = 4096
+REPORTED = "SELECT version, base_version FROM round_reporters WHERE worker_id = ? ORDER BY version DESC LIMIT 1"
 
 # PRAGMA user_version of a state dir whose aggregate tables and ledger are complete; an older
 # one is brought up to date when a coordinator opens it for writing.

@@ -19,7 +19,9 @@ the `checkpoints` ledger. A crash between the two leaves the previous version cu
 orphan file is removed at the next start), so a restart always resumes at a complete,
 persisted version. The round's record keeps, besides its counts, the steps it trained (the most
 inner steps among its updates trained from its version), which the run step counts with
-(config/run_step.py).
+(config/run_step.py). The same transaction enters the round's reporters, the memberships whose update it counted
+(`round_reporters`, `reported`): a coordinator restarted after the commit, before a reporter heard its answer, still
+answers that reporter's re-push "already delivered" (coordinator/service.py, `join`).
 
 Verified state: `load_current` serves nothing it has not verified. It reads the committed
 checkpoint and checks it against the ledger (`checkpoints.verify_checkpoint`: the parameters'
@@ -103,6 +105,8 @@ from rcswarm.state.schema import (
     METRIC_COLUMNS,
     METRIC_PAGE_COLUMNS,
     MISSING_HELD_OUT_REPORTS,
+    REPORTED,
+    REPORTER_ROUNDS,
     ROUND_COLUMNS,
     ROUND_COLUMNS_ADDED,
     ROUND_LOSSES,
@@ -135,8 +139,8 @@ class StateStore:
 
     Threads and locks. `_lock` guards the writer connection: `get`, `set_many`,
     `commit_version` (its SQLite transaction; the file is written before the lock is taken),
-    `committed_digest`, `load_current` (but for its read of the ledger), `add_event`, `add_metrics`,
-    `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
+    `committed_digest`, `reported`, `load_current` (but for its read of the ledger), `add_event`,
+    `add_reporter_event`, `add_metrics`, `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
     (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
     `worker_step_means`, `run_step_sums`, `training_rows`, `rounds_summary`, `mean_training_loss`,
@@ -369,6 +373,7 @@ class StateStore:
         *,
         run_state: Mapping[str, str] | None = None,
         events: Sequence[tuple[str, str, str, float]] = (),
+        reporters: Mapping[str, int] | None = None,
     ) -> None:
         """Persist a version atomically: checkpoint file first, then the SQLite commit point.
 
@@ -377,8 +382,13 @@ class StateStore:
         over the tensors' memory, no copies, one fsync), and the round record gets it. It enters the
         ledger `load_current` verifies against (`committed_digest`). `run_state` (key -> value) and `events`
         ((worker_id, kind, reason, time) each, as `add_event`) enter the same SQLite transaction: one commit
-        point and one fsync for all of the close's rows.
+        point and one fsync for all of the close's rows. So do `reporters` (worker_id -> the newest base version of
+        its updates the round counted; with a round record only), the memberships whose update landed in the round
+        (`reported`), and the reporters of rounds older than the newest REPORTER_ROUNDS are deleted there.
         """
+        if reporters and round_record is None:
+            raise ValueError(f"reporters = {sorted(reporters)} given for version {version} without a round record: "
+                             "they name the round whose updates counted")
         name = f"v{version:08d}.safetensors"
         final = self.checkpoint_dir / name
         partial = self.checkpoint_dir / f".{name}.partial"
@@ -419,6 +429,10 @@ class StateStore:
                     (r.version, r.opened_at, r.closed_at, r.reports, r.tokens, r.close_reason,
                      r.update_norm, r.param_sha256, name, r.clipped, r.dropped, r.aggregation, r.steps),
                 )
+                if reporters:
+                    db.executemany("INSERT OR REPLACE INTO round_reporters VALUES (?, ?, ?)",
+                                   [(r.version, worker_id, base) for worker_id, base in sorted(reporters.items())])
+                    db.execute("DELETE FROM round_reporters WHERE version <= ?", (r.version - REPORTER_ROUNDS,))
             db.execute("COMMIT")
         self._prune_checkpoints(keep=name)
         self.last_commit_seconds = {"write + digest" if computed.params is not None else "write": written - started,
@@ -432,6 +446,17 @@ class StateStore:
         if row is None:
             raise ValueError(f"version {version} was never committed: the checkpoints ledger has no digest for it")
         return bytes.fromhex(row[0])
+
+    def reported(self, worker_id: str) -> tuple[int, int] | None:
+        """(round version, base version) of the newest committed round that counted an update of membership
+        `worker_id` (its newest base version there), or None when none of the kept rounds did (takes `_lock`: what
+        this store committed). A restarted coordinator asks it for the membership a re-join names, whose update may
+        have landed in the last round closed before the restart though its answer never reached the worker."""
+        if not worker_id:
+            return None
+        with self._writer("cannot read it") as db:
+            row = db.execute(REPORTED, (worker_id,)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
 
     def _prune_checkpoints(self, keep: str) -> None:
         """Remove files no commit recorded (orphans of a crash) and all but the newest `keep_checkpoints`
@@ -538,6 +563,8 @@ class StateStore:
                            [("version", str(entry.version)), ("checkpoint", entry.file),
                             (REJECTED_VERSIONS_KEY, json.dumps(rejected))])
             db.execute("DELETE FROM checkpoints WHERE version > ?", (entry.version,))
+            # The updates of the rounds that produced the versions set aside were in a θ this run no longer has.
+            db.execute("DELETE FROM round_reporters WHERE version >= ?", (entry.version,))
             db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (time.time(), "", "fallback", reason))
             db.execute("COMMIT")
         for file in newer:
@@ -565,6 +592,19 @@ class StateStore:
             db.execute(
                 "INSERT INTO events VALUES (?, ?, ?, ?)", (time.time() if now is None else now, worker_id, kind, reason)
             )
+
+    def add_reporter_event(self, worker_id: str, kind: str, reason: str, now: float, reported: tuple[int, int]) -> None:
+        """`add_event`, and in the same transaction membership `worker_id` entered among the reporters of a committed
+        round: `reported` = (round version, base version) of an update that round counted, which `worker_id` takes
+        over (a re-join naming the membership that delivered it, `reported`), so that a coordinator restarted later
+        knows `worker_id` delivered it too."""
+        round_version, base_version = reported
+        with self._writer() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (now, worker_id, kind, reason))
+            db.execute("INSERT OR REPLACE INTO round_reporters VALUES (?, ?, ?)",
+                       (round_version, worker_id, base_version))
+            db.execute("COMMIT")
 
     def add_metrics(self, rows: Iterable[tuple[Any, ...]], keep_rows: int = 0,
                     held_out: Iterable[tuple[Any, ...]] = ()) -> int:

@@ -946,8 +946,9 @@ class Worker:
         Transient failures are retried by the client (the update is kept meanwhile). On NOT_FOUND
         the worker joins again (naming the membership that ended) and, while it is in the same run, pushes the
         same update under its new id, even when the version moved: the coordinator, which carries the ended
-        membership's last delivered and pulled versions over to the new one, says whether an earlier attempt
-        landed (ALREADY_EXISTS), the update is merged late, or it is stale.
+        membership's last delivered and pulled versions over to the new one (after its own restart, the delivered
+        version of the rounds it committed), says whether an earlier attempt landed (ALREADY_EXISTS: the residual
+        left after it is kept), the update is merged late, or it is stale.
         """
         steps = self.round_steps
         for _ in range(MAX_PUSH_REJOINS + 1):
