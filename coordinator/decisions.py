@@ -50,6 +50,11 @@ class MembershipOptions:
     stall_grace_s: float = 10.0
 
 
+# Ended memberships kept in memory per place (`decide_forgetting`): at most this many × max_workers, the oldest
+# forgotten first even within forget_after_s.
+ENDED_KEPT_PER_PLACE = 16
+
+
 @dataclass(frozen=True)
 class RoundOptions:
     round_deadline_s: float
@@ -247,18 +252,29 @@ def decide_outlier_evictions(workers: Iterable[OutlierView], options: OutlierOpt
 
 
 def decide_forgetting(
-    now: float, ended: Iterable[WorkerView], options: MembershipOptions
+    now: float, ended: Iterable[WorkerView], options: MembershipOptions, count: int | None = None
 ) -> list[tuple[str, str]]:
-    """The (worker_id, reason) pairs of ended memberships older than `forget_after_s`.
+    """The (worker_id, reason) pairs of ended memberships older than `forget_after_s`, and of the oldest beyond the
+    newest ENDED_KEPT_PER_PLACE × max_workers whatever their age: a join token's holder joining and leaving in a loop
+    (~800 a second on 2 cores) kept ~5 KB a membership for forget_after_s (0.5 GB at 300 s).
 
-    `ended` lists ended memberships in the order they ended, so the answer is a prefix of it and
-    the scan stops at the first one still within its grace period.
+    `ended` lists ended memberships in the order they ended, `count` of them (None: counted here), so the answer is
+    a prefix of it and the scan stops at the first one still within its grace period and the cap.
     """
+    if count is None:
+        ended = list(ended)
+        count = len(ended)
+    keep = ENDED_KEPT_PER_PLACE * options.max_workers
     forgotten = []
-    for worker in ended:
-        if worker.ended_at is None or now - worker.ended_at <= options.forget_after_s:
+    for index, worker in enumerate(ended):
+        if count - index > keep:
+            forgotten.append((worker.worker_id, f"more than {keep} ended memberships kept "
+                                                f"({ENDED_KEPT_PER_PLACE} × max_workers {options.max_workers})"))
+        elif worker.ended_at is None or now - worker.ended_at <= options.forget_after_s:
             break
-        forgotten.append((worker.worker_id, f"ended {now - worker.ended_at:.1f}s ago > forget_after_s {options.forget_after_s:.1f}s"))
+        else:
+            forgotten.append((worker.worker_id,
+                              f"ended {now - worker.ended_at:.1f}s ago > forget_after_s {options.forget_after_s:.1f}s"))
     return forgotten
 
 

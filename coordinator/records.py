@@ -56,11 +56,27 @@ WORKER_SECRET_BYTES = 32
 Payload = tuple[pb.TensorHeader, list[pb.TensorChunk]]
 
 
+# The most characters of a refusal's message: it travels as the grpc-message trailer, whose metadata gRPC refuses
+# past 16 KiB (percent-encoded: up to 12 bytes a character), and it may echo what the caller sent (a worker id).
+MAX_REFUSAL_CHARS = 1000
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (newlines, escape sequences, other control characters)
+    written as its Python escape: a caller's string (a worker name, a device, a leave reason) fit for one log line,
+    an event row and a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 class Refusal(Exception):
-    """A refused RPC: the status code and the message the caller sees; `place_retry_s` > 0 for a join refused
-    because every place is taken, sent as the PLACE_RETRY_KEY trailer (when to ask again)."""
+    """A refused RPC: the status code and the message the caller sees (cut to MAX_REFUSAL_CHARS); `place_retry_s` > 0
+    for a join refused because every place is taken, sent as the PLACE_RETRY_KEY trailer (when to ask again)."""
 
     def __init__(self, code: grpc.StatusCode, message: str, place_retry_s: float = 0.0) -> None:
+        if len(message) > MAX_REFUSAL_CHARS:
+            message = f"{message[:MAX_REFUSAL_CHARS]}… ({len(message) - MAX_REFUSAL_CHARS:,} more characters)"
         super().__init__(message)
         self.code = code
         self.message = message

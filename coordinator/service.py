@@ -81,6 +81,7 @@ from rcswarm.coordinator.records import (
     Refusal,
     Traffic,
     WorkerRecord,
+    printable,
 )
 from rcswarm.coordinator.resume import resume
 from rcswarm.observe import traffic
@@ -366,7 +367,7 @@ class SwarmCoordinator:
                 raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"join refused: {decision.reason}",
                               place_retry_s=decisions.place_retry_s(self.membership))
             worker_id = f"{self.worker_prefix}w{self._joins + 1}-{secrets.token_hex(4)}"
-            name = request.worker_name[:128] or worker_id
+            name = printable(request.worker_name[:128]) or worker_id
             landed = self._landed(request.previous_worker_id)
             # The join's event row first: a failed write (a full disk) refuses the join before anything changed.
             if landed is None:
@@ -376,7 +377,7 @@ class SwarmCoordinator:
             self._joins += 1
             secret = secrets.token_bytes(WORKER_SECRET_BYTES)
             worker = WorkerRecord(
-                worker_id, name, request.device[:64], now, now, self.version, secret_sha256=hashlib.sha256(secret).digest()
+                worker_id, name, printable(request.device[:64]), now, now, self.version, secret_sha256=hashlib.sha256(secret).digest()
             )
             active = [w.assigned.seq_len for w in self._active.values() if w.assigned is not None]
             worker.assigned = self.tracker.assign_worker(worker_id, active, now)
@@ -457,7 +458,7 @@ class SwarmCoordinator:
         """End a membership at once; may close the round (handler thread; takes `_lock`)."""
         with self._lock:
             worker = self._authenticated("Leave", request.worker_id, request.worker_secret)
-            self._end_membership(worker, pb.WORKER_STATE_LEFT, "leave", f"left: {request.reason[:200] or 'no reason given'}")
+            self._end_membership(worker, pb.WORKER_STATE_LEFT, "leave", f"left: {printable(request.reason[:200]) or 'no reason given'}")
             close = self.closer.begin()
         self.closer.finish(close)
         return pb.LeaveResponse()
@@ -843,7 +844,8 @@ class SwarmCoordinator:
                                                                 self._resumed_at):
                 self._end_membership(self._active[worker_id], pb.WORKER_STATE_EVICTED, "evict", f"evicted: {reason}", now)
             self._evict_outliers(now)
-            forgotten = decisions.decide_forgetting(now, (w.view() for w in self._ended.values()), self.membership)
+            forgotten = decisions.decide_forgetting(now, (w.view() for w in self._ended.values()), self.membership,
+                                                    len(self._ended))
             for worker_id, _ in forgotten:
                 del self._ended[worker_id], self.workers[worker_id]
             if forgotten:

@@ -132,6 +132,12 @@ REJECTED_VERSIONS_KEY = "rejected_versions"
 # every worker measures the same θ_v on the same held-out batches, so honest reports agree, and the median of up to
 # 5 outvotes up to 2 wrong ones; a bound, since every worker of a large swarm may measure every kth version.
 MAX_HELD_OUT_REPORTS = 5
+# The event rows kept: once a write passes the newest MAX_EVENT_ROWS by EVENT_PRUNE_EVERY rows, that write deletes the
+# oldest beyond MAX_EVENT_ROWS (a few hundred bytes a row: ~200 MB at most). A run's own events (joins, leaves, round
+# decisions) stay far below it; a join token's holder joining and leaving in a loop (~800 a second on 2 cores)
+# grew the table without bound.
+MAX_EVENT_ROWS = 1_000_000
+EVENT_PRUNE_EVERY = 4096
 
 
 class StateStore:
@@ -588,10 +594,20 @@ class StateStore:
         return dataclasses.replace(checkpoint, version=version)
 
     def add_event(self, worker_id: str, kind: str, reason: str, now: float | None = None) -> None:
+        """Record an event row (`now`: time.time() when None); past MAX_EVENT_ROWS the oldest rows go
+        (`_prune_events`)."""
         with self._writer() as db:
-            db.execute(
+            row = db.execute(
                 "INSERT INTO events VALUES (?, ?, ?, ?)", (time.time() if now is None else now, worker_id, kind, reason)
-            )
+            ).lastrowid
+            self._prune_events(db, row)
+
+    @staticmethod
+    def _prune_events(db: sqlite3.Connection, row: int | None) -> None:
+        """After the event of rowid `row` was written: every EVENT_PRUNE_EVERY rows past MAX_EVENT_ROWS, delete the
+        rows older than the newest MAX_EVENT_ROWS (rowids only grow: nothing deletes the newest row)."""
+        if row is not None and row > MAX_EVENT_ROWS and row % EVENT_PRUNE_EVERY == 0:
+            db.execute("DELETE FROM events WHERE rowid <= ?", (row - MAX_EVENT_ROWS,))
 
     def add_reporter_event(self, worker_id: str, kind: str, reason: str, now: float, reported: tuple[int, int]) -> None:
         """`add_event`, and in the same transaction membership `worker_id` entered among the reporters of a committed
@@ -601,7 +617,8 @@ class StateStore:
         round_version, base_version = reported
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
-            db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (now, worker_id, kind, reason))
+            self._prune_events(db, db.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
+                                              (now, worker_id, kind, reason)).lastrowid)
             db.execute("INSERT OR REPLACE INTO round_reporters VALUES (?, ?, ?)",
                        (round_version, worker_id, base_version))
             db.execute("COMMIT")

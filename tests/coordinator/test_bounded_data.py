@@ -151,6 +151,58 @@ def test_ended_memberships_are_forgotten_oldest_first_after_the_grace_period() -
     assert forgotten[0][1] == "ended 100.0s ago > forget_after_s 60.0s"
 
 
+def test_ended_memberships_beyond_sixteen_a_place_are_forgotten_at_once() -> None:
+    """A join token's holder joining and leaving in a loop (~800 a second) kept each membership forget_after_s: 0.5 GB
+    of them at 300 s (review of the twentieth session). The newest 16 × max_workers stay; the oldest go at once."""
+    options = decisions.MembershipOptions(lease_s=10.0, max_workers=2, forget_after_s=60.0)
+    ended = [decisions.WorkerView(f"w{i}", 0.0, 0, False, ended_at=100.0 + i) for i in range(40)]
+    forgotten = decisions.decide_forgetting(101.0, iter(ended), options, len(ended))
+    assert [worker_id for worker_id, _ in forgotten] == [f"w{i}" for i in range(8)]
+    assert forgotten[0][1] == "more than 32 ended memberships kept (16 × max_workers 2)"
+    assert decisions.decide_forgetting(101.0, ended, options) == forgotten  # counted when not given
+    aged = decisions.decide_forgetting(165.0, ended, options)  # w0 .. w4 are also past the grace period
+    assert [worker_id for worker_id, _ in aged] == [f"w{i}" for i in range(8)]
+
+
+def test_event_rows_beyond_the_bound_are_deleted_oldest_first(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events table was never pruned: join and leave churn grew it without bound (7,208 rows in 10 s)."""
+    from rcswarm.state import store as store_module
+
+    monkeypatch.setattr(store_module, "MAX_EVENT_ROWS", 100)
+    monkeypatch.setattr(store_module, "EVENT_PRUNE_EVERY", 10)
+    store = StateStore(tmp_path, durable=False)
+    try:
+        for i in range(1000):
+            store.add_event(f"w{i}", "join", "churn", float(i))
+        kept = store.events()
+        assert 100 <= len(kept) < 110 and kept[-1].worker_id == "w999"
+        assert [int(e.worker_id[1:]) for e in kept] == list(range(1000 - len(kept), 1000))
+    finally:
+        store.close()
+
+
+def test_callers_strings_stay_one_log_line_and_long_ids_are_cut_in_refusals(wire_to: Any,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """A worker name with a newline forged a second log line (and a device's escape sequence reached the terminal),
+    and a refusal echoing a 3 MiB worker id came back RESOURCE_EXHAUSTED from gRPC's metadata limit instead of
+    NOT_FOUND (review of the twentieth session)."""
+    local, wire = wire_to(tiny_spec())
+    name, device = "x\n2026-01-01 00:00:00,000 WARNING rcswarm.coordinator forged line", "cpu\x1b[31m"
+    with caplog.at_level(logging.INFO, logger="rcswarm"):
+        worker = wire.call("Join", pb.JoinRequest(worker_name=name, device=device, pid=1)).worker_id
+    joined = [r.getMessage() for r in caplog.records if worker in r.getMessage()]
+    assert joined and all("\n" not in line and "\x1b" not in line for line in joined), joined
+    assert any(r"x\n2026-01-01" in line and r"cpu\x1b[31m" in line for line in joined), joined
+    status = {w.worker_id: w for w in wire.call("GetStatus", pb.GetStatusRequest()).workers}
+    assert (status[worker].name, status[worker].device) == (name.replace("\n", r"\n"), r"cpu\x1b[31m")
+    long_id = "w" * (3 << 20)
+    for method, request in (("Heartbeat", pb.HeartbeatRequest(worker_id=long_id, worker_secret=b"s")),
+                            ("ReportMetrics", pb.ReportMetricsRequest(worker_id=long_id, worker_secret=b"s"))):
+        refused = wire.refusal(method, request)
+        assert refused.code() == grpc.StatusCode.NOT_FOUND, (method, refused.code(), refused.details()[:200])
+        assert refused.details().endswith("more characters)") and len(refused.details()) < 1100, refused.details()[-80:]
+
+
 def test_join_leave_churn_stays_fast_status_small_and_history_kept(wire_to: Any) -> None:
     pairs, grace = 3000, 1.0
     local, wire = wire_to(tiny_spec(coordinator={"forget_after_s": grace, "durable": False, "lease_s": 120.0}))
