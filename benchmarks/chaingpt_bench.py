@@ -35,6 +35,8 @@ is measured, it and the chunked path alternate (⌊repeats / 2⌋ rounds of 3 ch
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -260,7 +262,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     console = Console(width=200)
     repeats = 1 if args.quick else args.repeats
-    console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; machine: {platform.machine()}, "
+                  f"{os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.quick:
         if "rwkv" in sections:
             peak = matmul_gflops(repeats, 1024, cpu_timed if args.cpu_time else timed)

@@ -53,6 +53,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -129,10 +130,28 @@ def launch(label: str, fixed: int, config: dict, minutes: float, run_dir: Path) 
     (run_dir / "bench.json").write_text(json.dumps({"label": label, "fixed": fixed}))
     started = time.monotonic()
     with open(run_dir.with_suffix(".log"), "wb") as log:
-        subprocess.run([sys.executable, "-m", "rcswarm.cli", "run", str(path), "--minutes", f"{minutes:g}",
-                        "--run-dir", str(run_dir)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                       timeout=minutes * 60.0 + 600.0, check=False)
+        proc = subprocess.Popen([sys.executable, "-m", "rcswarm.cli", "run", str(path), "--minutes", f"{minutes:g}",
+                                 "--run-dir", str(run_dir)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=minutes * 60.0 + 600.0)
+        except BaseException:  # the timeout, Ctrl-C, or SIGTERM (main makes it SystemExit): stop the run, then raise
+            stop_run(proc)
+            raise
     print(f"  {label}: {time.monotonic() - started:.0f} s ({run_dir})", flush=True)
+
+
+def stop_run(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGTERM an `rcswarm run` (it stops its workers, then its coordinator: they run in sessions of their own, so
+    only it can), SIGKILL it after `grace_s`. subprocess.run's timeout SIGKILLed it at once, and a benchmark ended
+    by a signal left it running: either way its coordinator and workers outlived the benchmark."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def calibrate(config: str, steps: int, warmup: int = 3) -> dict[int, float]:
@@ -386,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through launch's cleanup, as Ctrl-C goes
     print(f"{platform.node()}: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.replay:
         dirs = [Path(d) for d in args.replay]
@@ -413,6 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.step_costs:
         costs = {int(length): float(cost) for length, cost in json.loads(Path(args.step_costs).read_text()).items()}
     runs = [read_run(d, costs) for d in dirs]
+    for run, run_dir in zip(runs, dirs, strict=True):
+        if not run.curve:  # compare() leaves it out: say so, or a short run's table is silently empty
+            print(f"left out: {run_dir} ({run.label}): no held-out loss on its curve ({len(run.raw)} measured in "
+                  f"{run.rounds} rounds): run longer (--minutes) or measure more often (--eval-every)", file=sys.stderr)
     rows = compare(runs)
     goal_rows = at_goal(runs)
     print(table(rows))

@@ -19,6 +19,8 @@ Every wait has a timeout; the benchmark is not part of the test suite.
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -131,6 +133,8 @@ def measure(args: argparse.Namespace, state_dir: Path) -> None:
         coordinator.close()
     print(f"\n{args.rows:,} metric rows, {args.workers} workers ({args.rows // args.workers:,} steps each), "
           f"filled in {filled:.0f}s; rows arriving every 50 ms")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'call':>22} {'n':>5} {'median ms':>10} {'p90 ms':>10} {'max ms':>10}")
     print(f"{'/api/status, cold':>22} {1:>5} {1000 * cold:>10.1f} {1000 * cold:>10.1f} {1000 * cold:>10.1f}")
     print(summary("/api/status", warm))

@@ -106,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, default=None, help="write the plot here too")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    spec = RunSpec.from_toml(args.run_dir / "run.toml")
+    try:
+        spec = RunSpec.from_toml(args.run_dir / "run.toml")
+    except ValueError as exc:  # a missing or invalid run.toml: one line, not a traceback
+        print(f"frame_heldout_eval: {args.run_dir}: {exc}", file=sys.stderr)
+        return 2
     results = []
     for run in spec.sweep_runs():
         path = args.run_dir / f"final-L{run.data.seq_len}.safetensors"

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import time
 from pathlib import Path
 
@@ -68,7 +70,7 @@ def write_plot(rows: list[dict[str, float]], fit, path: Path) -> None:
     plt.close(figure)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--lengths", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -79,9 +81,17 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="frame heads recomputed at a time (streaming BPTT)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--plot", type=Path, default=Path("frame_seq_len.png"))
+    parser.add_argument("--plot", type=Path, default=None, help="write the plot here (default: none; it once "
+                        "went to ./frame_seq_len.png, into the checkout)")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    # The power law is fitted to the losses at the end (observe.fits needs 3 distinct lengths): a bad --lengths
+    # once failed with a traceback after every length had trained.
+    if len(set(args.lengths)) < 3 or min(args.lengths) < 1:
+        parser.error(f"--lengths {' '.join(map(str, args.lengths))}: expected at least 3 distinct lengths >= 1 "
+                     "(the power law is fitted to them)")
+    if min(args.steps, args.batch_size, args.documents, args.k, args.threads) < 1:
+        parser.error("--steps, --batch-size, --documents, --k and --threads must be >= 1")
     torch.set_num_threads(args.threads)
     console = Console()
     with Progress(console=console) as progress:
@@ -94,10 +104,14 @@ def main() -> None:
         table.add_row(str(r["length"]), f"{r['first_loss']:.3f}", f"{r['loss']:.3f}", f"{fit.predict(r['length']):.3f}",
                       f"{r['seconds_per_step']:.3f}")
     console.print(table)
+    console.print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+                  f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
+                  f"torch {torch.__version__}, {args.threads} thread(s)")
     console.print(f"loss ≈ {fit.formula(4)}; R² = {fit.r_squared:.4f}; "
                   f"α 90% bootstrap interval [{fit.alpha_low:.4f}, {fit.alpha_high:.4f}]; per doubling ×{fit.per_doubling:.4f}")
-    write_plot(rows, fit, args.plot)
-    console.print(f"plot: {args.plot}")
+    if args.plot is not None:
+        write_plot(rows, fit, args.plot)
+        console.print(f"plot: {args.plot}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "alpha": fit.alpha, "amplitude": fit.amplitude,
                                          "r_squared": fit.r_squared}, indent=2))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import tempfile
 from pathlib import Path
 
@@ -42,14 +43,19 @@ def main() -> None:
         table.add_column(column, justify="right")
     for repo in args.repos:
         with tempfile.TemporaryDirectory() as out:
-            summary = build_git_frames(repo, Path(out) / "frames", rows=args.rows, cols=args.cols,
-                                       vocab_size=args.vocab_size, max_commits=args.max_commits, console=console)
+            try:
+                summary = build_git_frames(repo, Path(out) / "frames", rows=args.rows, cols=args.cols,
+                                           vocab_size=args.vocab_size, max_commits=args.max_commits, console=console)
+            except ValueError as exc:  # not a repository, no commits: one line, not a traceback
+                raise SystemExit(f"git_frames_bench: {exc}") from None
         table.add_row(
             repo.name, f"{summary['commits']:,}", f"{summary['files']:,}", f"{summary['actions']:,}",
             f"{summary['actions_per_second']:,.0f}", f"{summary['actions_per_cpu_second']:,.0f}", f"{summary['seconds']:.1f}",
             f"{summary['raw_bytes'] / 1e6:,.1f}", f"{summary['compressed_bytes'] / 1e6:,.2f}", f"{summary['ratio']:,.0f}×",
         )
     console.print(table)
+    console.print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+                  f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

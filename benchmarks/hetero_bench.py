@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=5.0, help="seconds between parameter samples")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "hetero_loss.png")
     args = parser.parse_args(argv)
+    # SIGTERM as Ctrl-C: through run_config's finally, which stops the worker processes (else they outlive it).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for key in args.configs:

@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="overlap-on runs train this fraction more rounds (the time to the off run's loss)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    # SIGTERM as Ctrl-C: through run_config's finally, which stops the worker processes (else they outlive it).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.workers < 1 or args.rounds < 1 or args.steps < 1 or args.rtt_ms < 0 or args.on_extra < 0:
         parser.error("--workers, --rounds and --steps must be >= 1, --rtt-ms and --on-extra >= 0")
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, load average "

@@ -16,6 +16,8 @@ tokens (KV cache; PSM roots, their cached folds and the current chunk's tokens).
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import time
 from pathlib import Path
@@ -117,6 +119,9 @@ def main() -> None:
     console.print(f"parameters: gpt {params['gpt']:,} (d {args.d_model}, 4 layers, 4 heads, RoPE, KV cache); "
                   f"psm {params['psm']:,} (d {args.d_model}, 4 heads, Agg 2 + Inf 2 layers, c = {args.chunk})")
     console.print(table)
+    console.print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+                  f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
+                  f"torch {torch.__version__}")
     write_plot(results, args)
     console.print(f"plot: {args.plot}")
 

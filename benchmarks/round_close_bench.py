@@ -36,6 +36,8 @@ Every call has a deadline and every wait a timeout; the benchmark is not part of
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -246,6 +248,8 @@ def print_tables(results: list[SizeResult], args: argparse.Namespace) -> None:
     print(f"\ncodec {args.codec}, {args.workers} workers, {args.rounds} rounds after {args.warmup} unmeasured, "
           f"beat every {args.beat_ms} ms, "
           f"{torch.get_num_threads()} torch thread(s)")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, torch {torch.__version__}")
     print(f"{'size':>6} {'params':>12} {'round s':>8} {'beats':>6} {'in close':>8} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'max ms':>8} {'close p99':>9}")
     for r in results:

@@ -1,8 +1,8 @@
 """One sync round of rcswarm against hivemind's DecentralizedAverager, on loopback.
 
     pip install -e '.[dev,bench]'
-    python benchmarks/sync_bench.py                      # 2 and 4 workers, fp32/bf16/int8, hivemind (~2 min)
-    python benchmarks/sync_bench.py --quick              # smoke run: tiny model, 1 round (< 1 minute)
+    python benchmarks/sync_bench.py                      # 2 and 4 workers, fp32/bf16/int8, hivemind (minutes)
+    python benchmarks/sync_bench.py --quick              # smoke run: tiny model, 1 round, every configuration (~2 min)
     python benchmarks/sync_bench.py --workers 2 --rounds 8 --codecs fp32 int8 --json results.json
 
 The tensors are the parameter shapes of ``build_model("lstm_lm", "base10m")`` (9,772,224

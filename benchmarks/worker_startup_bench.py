@@ -18,6 +18,7 @@ import datetime
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -130,7 +131,11 @@ def start_coordinator(work: Path, config: Path, env: dict[str, str]) -> tuple[su
     deadline = time.monotonic() + TIMEOUT_S
     while not (work / "port.json").exists():
         if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError(f"the coordinator in {work} did not start")
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+            log = (work / "coordinator.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the coordinator in {work} did not start:\n{log}")
         time.sleep(0.05)
     return proc, f"{HOST}:{port}"
 
@@ -144,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         print(f"worker_startup_bench: --repeats {args.repeats}: expected >= 1", file=sys.stderr)
         return 2
+    # SIGTERM as Ctrl-C: through the finally below, which stops the coordinators (in sessions of their own).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="rcswarm-startup-"))
     env = {**os.environ, TOKEN_ENV: TOKEN, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     before_env = {**env, "PYTHONPATH": f"{args.before}{os.pathsep}{env.get('PYTHONPATH', '')}"} if args.before else None
@@ -152,14 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     config.write_text("".join(f"[{table}]\n" + "".join(f"{key} = {value!r}\n".replace("'", '"')
                                                         for key, value in values.items()) + "\n"
                               for table, values in SPEC.items()))
-    # One coordinator per tree: a run spec names every key of its tree, which an older worker refuses.
-    coordinators = {"this": start_coordinator(work / "this", config, env)}
-    if before_env is not None:
-        coordinators["before"] = start_coordinator(work / "before", config, before_env)
-    target = coordinators["this"][1]
     rows: dict[str, list[dict[str, float]]] = {}
     load = [os.getloadavg()[0]]
+    coordinators: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
+        # One coordinator per tree: a run spec names every key of its tree, which an older worker refuses.
+        coordinators["this"] = start_coordinator(work / "this", config, env)
+        if before_env is not None:
+            coordinators["before"] = start_coordinator(work / "before", config, before_env)
+        target = coordinators["this"][1]
         for repeat in range(args.repeats):
             rows.setdefault("python -c pass", []).append(timed([sys.executable, "-c", "pass"], env))
             rows.setdefault("python -c 'import torch'", []).append(timed([sys.executable, "-c", "import torch"], env))
@@ -177,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc, _ in coordinators.values():
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)  # the state dirs and logs (it was left in the temp dir)
     columns = ["exit", *EVENTS, "own account", "CPU s"]
     print("CPU s: the process's CPU seconds, to its exit (a worker's: after its first push and Leave); the rest: "
           "median seconds from the process's start")
