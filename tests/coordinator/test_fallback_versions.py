@@ -9,13 +9,11 @@ merged it on time into a θ it was not trained from. No version number names two
 from __future__ import annotations
 
 import grpc
-import pytest
 
-from rcswarm.coordinator import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from tests.helpers.coordinator import creds, deltas_of, push
+from tests.helpers.coordinator import creds, deltas_of, pull_all, push, refusal_of
 from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.verified_state import checkpoint, flip_bytes
@@ -28,15 +26,6 @@ def open_run(state_dir) -> SwarmCoordinator:
     return SwarmCoordinator(SPEC, StateStore(state_dir, SPEC.coordinator.keep_checkpoints, durable=False))
 
 
-def pull(coordinator: SwarmCoordinator, member: pb.JoinResponse) -> None:
-    for _ in coordinator.pull(pb.PullParametersRequest(**creds(member))):
-        pass
-
-
-def refused(call) -> Refusal:
-    with pytest.raises(Refusal) as info:
-        call()
-    return info.value
 
 
 class Served:
@@ -58,12 +47,12 @@ def served_up_to_version_3(state_dir, served: Served) -> None:
         served.note(coordinator)
         for round_ in range(3):
             for member in (a, b):
-                pull(coordinator, member)
+                pull_all(coordinator, member)
                 assert push(coordinator, member, deltas_of(coordinator, 1e-3 * (round_ + 1)), 64).accepted
             assert coordinator.version == round_ + 1
             served.note(coordinator)
         for member in (a, b):
-            pull(coordinator, member)
+            pull_all(coordinator, member)
     finally:
         coordinator.close()
 
@@ -80,21 +69,21 @@ def test_updates_trained_from_a_version_set_aside_are_refused_as_stale_and_no_ve
         # Repro A: worker a re-joins and pushes its update trained from θ_3: FAILED_PRECONDITION, which the
         # worker meets by dropping it and pulling (INVALID_ARGUMENT ended it).
         a = coordinator.join(pb.JoinRequest(worker_name="a"))
-        refusal = refused(lambda: push(coordinator, a, deltas_of(coordinator, 1e-3), 64, version=3))
+        refusal = refusal_of(lambda: push(coordinator, a, deltas_of(coordinator, 1e-3), 64, version=3))
         assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION, refusal.message
         assert "set aside" in refusal.message and "versions 3..3" in refusal.message
         coordinator.leave(pb.LeaveRequest(**creds(a)))
         # Repro B: worker b closes the open round alone; then a re-joins and pushes its update from θ_3 again.
         b = coordinator.join(pb.JoinRequest(worker_name="b"))
-        pull(coordinator, b)
+        pull_all(coordinator, b)
         assert push(coordinator, b, deltas_of(coordinator, 2e-3), 64).accepted
         assert coordinator.version == 5
         served.note(coordinator)
         a = coordinator.join(pb.JoinRequest(worker_name="a", previous_worker_id=a.worker_id))
-        refusal = refused(lambda: push(coordinator, a, deltas_of(coordinator, 1e-3), 64, version=3))
+        refusal = refusal_of(lambda: push(coordinator, a, deltas_of(coordinator, 1e-3), 64, version=3))
         assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION, refusal.message
         # a pulls and trains on: its update from the current version is taken.
-        pull(coordinator, a)
+        pull_all(coordinator, a)
         assert push(coordinator, a, deltas_of(coordinator, 1e-3), 64).accepted
         assert coordinator.workers[a.worker_id].stale_updates == 1
         stale = [event.reason for event in read_state(tmp_path, lambda store: store.events("stale"))]
@@ -128,7 +117,7 @@ def test_an_update_from_a_version_that_does_not_exist_yet_is_a_failed_preconditi
     coordinator = open_run(tmp_path)
     try:
         member = coordinator.join(pb.JoinRequest(worker_name="ahead"))
-        refusal = refused(lambda: push(coordinator, member, deltas_of(coordinator, 1e-3), 64, version=5))
+        refusal = refusal_of(lambda: push(coordinator, member, deltas_of(coordinator, 1e-3), 64, version=5))
         assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
         assert "update for version 5 which does not exist yet (newest 0)" in refusal.message
         assert push(coordinator, member, deltas_of(coordinator, 1e-3), 64).accepted

@@ -12,15 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import grpc
-import pytest
 
-from rcswarm.coordinator import Refusal
 from rcswarm.coordinator.close import close_reporters
 from rcswarm.coordinator.records import OpenRound
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from tests.helpers.coordinator import creds, deltas_of, push
+from tests.helpers.coordinator import creds, deltas_of, pull_all, push, refusal_of
 from tests.helpers.specs import tiny_spec
 
 SPEC = tiny_spec(run={"rounds": 20}, sync={"codec": "fp32", "max_update_norm": 100.0},
@@ -31,22 +29,13 @@ def open_run(state_dir: Path) -> SwarmCoordinator:
     return SwarmCoordinator(SPEC, StateStore(state_dir, SPEC.coordinator.keep_checkpoints, durable=False))
 
 
-def pull(coordinator: SwarmCoordinator, member: pb.JoinResponse) -> None:
-    for _ in coordinator.pull(pb.PullParametersRequest(**creds(member))):
-        pass
-
-
-def refusal_of(call) -> Refusal:
-    with pytest.raises(Refusal) as info:
-        call()
-    return info.value
 
 
 def test_a_rejoin_after_a_restart_finds_its_landed_update_already_delivered(tmp_path: Path) -> None:
     coordinator = open_run(tmp_path)
     try:
         a = coordinator.join(pb.JoinRequest(worker_name="a"))
-        pull(coordinator, a)
+        pull_all(coordinator, a)
         assert push(coordinator, a, deltas_of(coordinator, 1e-3), 64).accepted
         assert coordinator.version == 1  # the push closed round 0; its answer is what a restart would lose
     finally:
@@ -64,7 +53,7 @@ def test_a_rejoin_after_a_restart_finds_its_landed_update_already_delivered(tmp_
         assert refusal.code == grpc.StatusCode.ALREADY_EXISTS, refusal.message
         assert not restarted.round.reports and restarted.workers[again.worker_id].stale_updates == 0
         # It trains on from the version it pulls: taken.
-        pull(restarted, again)
+        pull_all(restarted, again)
         assert push(restarted, again, deltas_of(restarted, 1e-3), 64).accepted is True
         restarted.leave(pb.LeaveRequest(**creds(stranger)))
     finally:
@@ -88,7 +77,7 @@ def test_a_rejoin_between_restarts_keeps_the_update_it_took_over(tmp_path: Path)
     coordinator = open_run(tmp_path)
     try:
         a = coordinator.join(pb.JoinRequest(worker_name="a"))
-        pull(coordinator, a)
+        pull_all(coordinator, a)
         assert push(coordinator, a, deltas_of(coordinator, 1e-3), 64).accepted
     finally:
         coordinator.close()

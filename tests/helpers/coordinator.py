@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -87,3 +88,16 @@ def push(coordinator: SwarmCoordinator, member: pb.JoinResponse, deltas: dict[st
     meta = pb.UpdateMeta(**creds(member), base_version=version, tokens=tokens)
     return coordinator.push(iter([pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header),
                                   *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
+
+
+def pull_all(coordinator: SwarmCoordinator, member: pb.JoinResponse) -> None:
+    """Pull θ for `member` in process, reading and dropping every message."""
+    for _ in coordinator.pull(pb.PullParametersRequest(**creds(member))):
+        pass
+
+
+def refusal_of(call: Callable[[], Any]) -> Refusal:
+    """The Refusal `call()` raises (the test fails if it raises none)."""
+    with pytest.raises(Refusal) as info:
+        call()
+    return info.value

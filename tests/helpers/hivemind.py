@@ -227,3 +227,18 @@ def assert_replicas_agree(swarm: Swarm, names: list[str], tolerance: float, drif
 # tiny model with int8 (θ's rms 0.16): two peers, max 8e-4 after 3 rounds, 3.1e-3 after 16 (drift 0.087
 # step); three peers (2/3 of each Δ̄ arrives compressed, against 1/2), 2.1e-3 after 5 rounds.
 REPLICA_TOLERANCE_PER_ROUND = 8e-4
+
+
+class ResyncDonors:
+    """A HivemindPeer stand-in for `_resync`: its donors' states in the order `load_state` would ask them, each taken
+    only when `accept` takes it (as `HivemindPeer.load_state` does)."""
+
+    def __init__(self, *versions: int) -> None:
+        self.states = [(v, [torch.full((2,), float(v)), torch.zeros(2)]) for v in versions]
+        self.declared: list[tuple[float, bool]] = []
+
+    def set_state_version(self, version: float, shareable: bool = True) -> None:
+        self.declared.append((version, shareable))
+
+    def load_state(self, names: Any, shapes: Any, timeout_s: float, accept: Any = None, stop: Any = None) -> Any:
+        return next((s for s in self.states if accept is None or not accept(s)), None)

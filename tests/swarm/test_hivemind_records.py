@@ -29,6 +29,8 @@ from hivemind.utils import MPFuture, get_dht_time  # noqa: E402
 from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
 from hivemind.utils.timed_storage import ValueWithExpiration  # noqa: E402
 
+from tests.helpers.hivemind import ResyncDonors  # noqa: E402
+
 ROW = [0.0, 1.0, 2.5, 128.0, 1.7e9, 0.1, 0.0, 32.0, 4.0]
 
 
@@ -272,21 +274,6 @@ def test_a_downloaded_state_needs_a_version_in_range() -> None:
     assert hs._check_state(({"run": "hm", "version": 4}, tensors), "hm", ["w"], [(2,)])[1][0] == 4
 
 
-class _Donors:
-    """A HivemindPeer stand-in for `_resync`: its donors' states in the order `load_state` would ask them, each taken
-    only when `accept` takes it (as `HivemindPeer.load_state` does)."""
-
-    def __init__(self, *versions: int) -> None:
-        self.states = [(v, [torch.full((2,), float(v)), torch.zeros(2)]) for v in versions]
-        self.declared: list[tuple[float, bool]] = []
-
-    def set_state_version(self, version: float, shareable: bool = True) -> None:
-        self.declared.append((version, shareable))
-
-    def load_state(self, names: Any, shapes: Any, timeout_s: float, accept: Any = None, stop: Any = None) -> Any:
-        return next((s for s in self.states if accept is None or not accept(s)), None)
-
-
 def test_a_resync_never_moves_a_peer_back_to_an_older_version() -> None:
     """At version 3 a peer re-syncing ("behind: version 3 < 4", the peer at 4 since gone, its record outliving it)
     whose only donor served version 1 loaded it and trained old rounds again (review of the hivemind worker loop,
@@ -299,7 +286,7 @@ def test_a_resync_never_moves_a_peer_back_to_an_older_version() -> None:
         worker = object.__new__(HivemindWorker)  # only what `_resync` reads and writes
         worker.name, worker.names, worker.shapes, worker.version = "w", ["w"], [(2,)], 3
         worker.options, worker.stop = hs.HivemindOptions.loopback(), threading.Event()
-        worker.peer = _Donors(*donors)
+        worker.peer = ResyncDonors(*donors)
         worker._adopt = lambda tensors: adopted.append(int(tensors[0][0]))
         worker._resync("behind: version 3 < 4")
         assert worker.version == expected and worker.peer.declared[-1] == (expected, True), donors

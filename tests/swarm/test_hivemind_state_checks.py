@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers.hivemind import hivemind_spec
+from tests.helpers.hivemind import ResyncDonors, hivemind_spec
 from tests.helpers.waiting import wait_for
 
 hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
@@ -111,21 +111,6 @@ def test_peers_of_another_run_spec_never_see_each_others_state(no_new_p2pd: None
             peer.shutdown()
 
 
-class _Donors:
-    """A HivemindPeer stand-in for `_resync`: its donors' states in the order `load_state` would ask them, each taken
-    only when `accept` takes it (as `HivemindPeer.load_state` does)."""
-
-    def __init__(self, *versions: int) -> None:
-        self.states = [(v, [torch.full((2,), float(v)), torch.zeros(2)]) for v in versions]
-        self.declared: list[tuple[float, bool]] = []
-
-    def set_state_version(self, version: float, shareable: bool = True) -> None:
-        self.declared.append((version, shareable))
-
-    def load_state(self, names: Any, shapes: Any, timeout_s: float, accept: Any = None, stop: Any = None) -> Any:
-        return next((s for s in self.states if accept is None or not accept(s)), None)
-
-
 def test_a_resync_for_being_behind_takes_only_a_later_version() -> None:
     """Behind a peer or a group, a state at this peer's own version is no progress (the peer ahead may have left);
     a drift re-sync takes one at its version."""
@@ -134,7 +119,7 @@ def test_a_resync_for_being_behind_takes_only_a_later_version() -> None:
         worker = object.__new__(hivemind_worker.HivemindWorker)  # only what `_resync` reads and writes
         worker.name, worker.names, worker.shapes, worker.version = "w", ["w"], [(2,)], 3
         worker.options, worker.stop = hs.HivemindOptions.loopback(), threading.Event()
-        worker.peer = _Donors(*donors)
+        worker.peer = ResyncDonors(*donors)
         adopted: list[int] = []
         worker._adopt = lambda tensors, adopted=adopted: adopted.append(int(tensors[0][0]))
         worker._resync("behind: version 3 < 4", ahead=ahead)
