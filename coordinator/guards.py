@@ -15,6 +15,18 @@ message for `stream_idle_s` in either direction is cancelled with DEADLINE_EXCEE
 kind limits and the reserve, so calls that hold a thread (long polls, streams) never take the last one:
 refusals and the health service always find a thread.
 
+First messages. gRPC Python's sync server gives a call its pool thread before the call's request message has
+arrived, and its unary path waits for that message on the thread, before any interceptor's handler runs: a client
+that sends headers and nothing else held a thread for as long as it liked, with no token and no deadline (600 such
+calls took all 480 threads of a tiny run's coordinator; members were evicted). So the guard serves every
+unary-request method (of every service on the port, health Check included) as a request-streaming one: the token
+and the deadline are checked before anything is read, and the one request message is then read under
+`FirstMessages`: at most `first_message_calls` calls wait for theirs at once (`headroom` includes them), each for
+at most `first_message_s`, and a call that finds them all waiting cancels the one that has waited longest. An honest
+unary client sends its message with its headers and waits milliseconds, so neither a slow sender nor a flood of
+half-sent calls, from any number of hosts, takes more than those threads. `FirstMessageInterceptor` puts the same
+bound on the plaintext health port's server (server.py).
+
 Fair share (issue #31). Every call counts against a caller (`identify`): an active worker, by its id
 when the call carries that worker's own secret (in the request, or for PushUpdate in the metadata), or
 else the peer host it comes from (Join, GetStatus, a call whose credential does not check out). A worker
@@ -33,6 +45,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -102,18 +115,23 @@ class CallLimits:
     calls) at most `per_peer[kind]` (default half of `max_calls[kind]`); an active worker's first call of a
     kind is admitted beyond the limit from a reserve of `reserve` per kind (the module docstring); a stream
     that carries no message for `stream_idle_s` is cancelled; the thread pool has `headroom` threads beyond
-    the sum of the kind limits and the reserves, for the health service and for refusals.
+    the sum of the kind limits and the reserves: `first_message_calls` of them for unary calls waiting for their
+    request message (each at most `first_message_s`, `FirstMessages`), the rest (16 by default) for the health
+    service and for refusals.
     """
 
     max_calls: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_MAX_CALLS))
     stream_idle_s: float = 10.0
-    headroom: int = 16
+    headroom: int = 64
     per_worker: int = 2
     per_peer: Mapping[str, int] = field(default_factory=dict)
     reserve: int = 64
+    first_message_calls: int = 48
+    first_message_s: float = 5.0
 
     def __post_init__(self) -> None:
-        """Refuse an unknown or missing kind, a limit below 1, a non-positive idle time or headroom."""
+        """Refuse an unknown or missing kind, a limit below 1, a non-positive idle time or headroom, and first-message
+        limits that leave no thread of the headroom to refusals and health."""
         known = [kind.name for kind in RPC_KINDS]
         for table in ("max_calls", "per_peer"):
             for name, limit in getattr(self, table).items():
@@ -128,6 +146,12 @@ class CallLimits:
         _check_count("headroom", self.headroom, 1)
         _check_count("per_worker", self.per_worker, 1)
         _check_count("reserve", self.reserve, 0)
+        _check_count("first_message_calls", self.first_message_calls, 1)
+        if self.first_message_calls >= self.headroom:
+            raise ValueError(f"first_message_calls = {self.first_message_calls} of headroom = {self.headroom}: expected "
+                             "fewer, so that refusals and the health service keep threads of their own")
+        if not self.first_message_s > 0:
+            raise ValueError(f"first_message_s = {self.first_message_s!r}: expected a number of seconds > 0")
 
     def peer_limit(self, kind: str) -> int:
         """The calls of `kind` one peer host may run at once: `per_peer[kind]`, else half the kind's limit."""
@@ -279,6 +303,106 @@ class CallWatchdog:
                 _cancel(context, code, message)
 
 
+class FirstMessages:
+    """Unary-request calls waiting for their one request message, each on a server thread (the module docstring).
+
+    At most `capacity` wait at once: a call that finds them all waiting cancels the one that has waited longest
+    with RESOURCE_EXHAUSTED (an honest unary client sends its message with its headers, so a flood must open
+    `capacity` calls within the milliseconds its message takes to cancel it); each waits at most `wait_s`, then
+    is cancelled with DEADLINE_EXCEEDED by the watchdog.
+
+    Threads: `receive` and `waiting` run on handler threads; the table of waiting calls is guarded by `_lock`,
+    which is never held while cancelling a call or waiting for a message; the watchdog takes its own lock.
+    """
+
+    def __init__(self, capacity: int, wait_s: float, watchdog: CallWatchdog) -> None:
+        _check_count("capacity", capacity, 1)
+        if not wait_s > 0:
+            raise ValueError(f"wait_s = {wait_s!r}: expected a number of seconds > 0")
+        self.capacity = capacity
+        self.wait_s = wait_s
+        self.watchdog = watchdog
+        self._lock = threading.Lock()
+        # handle -> (context, method) of each waiting call, the longest-waiting first.
+        self._waiting: OrderedDict[int, tuple[grpc.ServicerContext, str]] = OrderedDict()
+        self._handles = itertools.count()
+
+    def waiting(self) -> int:
+        """The calls waiting for their request message now: for tests and benchmarks."""
+        with self._lock:
+            return len(self._waiting)
+
+    def _displaced(self, method: str) -> str:
+        """The refusal of a call whose place a newer one took."""
+        return (f"{method}: the request message had not arrived when {self.capacity} newer calls waited for theirs "
+                f"(the most that may wait at once); retry with backoff")
+
+    def receive(self, requests: Iterator[Any], context: grpc.ServicerContext, full_method: str) -> Any:
+        """The one request message of a unary-request call (`requests` is the call's request iterator). Aborts the
+        call when none came within `wait_s` (DEADLINE_EXCEEDED), when newer calls took its place
+        (RESOURCE_EXHAUSTED), or when the client closed without one (UNIMPLEMENTED, gRPC's own words); re-raises
+        the RpcError of a call its client cancelled."""
+        method = full_method.rsplit("/", 1)[-1]
+        with self._lock:
+            handle = next(self._handles)
+            self._waiting[handle] = (context, method)
+            displaced = [self._waiting.popitem(last=False)[1] for _ in range(len(self._waiting) - self.capacity)]
+        for other, other_method in displaced:
+            _cancel(other, grpc.StatusCode.RESOURCE_EXHAUSTED, self._displaced(other_method))
+        silence = f"{method}: the client sent no request message for {self.wait_s:g} s; the call is cancelled"
+        watch = self.watchdog.watch(context, time.monotonic() + self.wait_s, grpc.StatusCode.DEADLINE_EXCEEDED, silence)
+        cancelled: grpc.RpcError | None = None
+        try:
+            request = next(requests, None)
+        except grpc.RpcError as error:
+            request, cancelled = None, error
+        in_time = self.watchdog.unwatch(watch)
+        with self._lock:
+            kept = self._waiting.pop(handle, None) is not None
+        if not in_time:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, silence)
+        if not kept:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._displaced(method))
+        if cancelled is not None:
+            raise cancelled
+        if request is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f'"{full_method}" requires exactly one request message.')
+        return request
+
+
+def _request_streaming(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
+    """`handler` served as a request-streaming method by `behavior` (request iterator, context): on the wire a unary
+    request is the same framing, and gRPC runs a request-streaming behavior as soon as the call has a thread,
+    without waiting for the message."""
+    if handler.response_streaming:
+        return handler._replace(request_streaming=True, unary_stream=None, stream_stream=behavior)
+    return handler._replace(request_streaming=True, unary_unary=None, stream_unary=behavior)
+
+
+def first_message_bounded(handler: grpc.RpcMethodHandler, full_method: str, messages: FirstMessages) -> grpc.RpcMethodHandler:
+    """A unary-request `handler` whose request message is read under `messages` before its behavior runs (the
+    polling thread builds it; the behavior runs on a handler thread)."""
+    behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+
+    def serve(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        return behavior(messages.receive(requests, context, full_method), context)
+    return _request_streaming(handler, serve)
+
+
+class FirstMessageInterceptor(grpc.ServerInterceptor):
+    """Every unary-request method of a server behind `FirstMessages` (the health port's server, which has no other
+    guard). Runs on the server's polling thread; holds no state of its own."""
+
+    def __init__(self, messages: FirstMessages) -> None:
+        self._messages = messages
+
+    def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_streaming:
+            return handler
+        return first_message_bounded(handler, details.method, self._messages)
+
+
 class _CappedContext:
     """A handler's view of its call: the real context, with `time_remaining` cut at the call's cap."""
 
@@ -328,6 +452,8 @@ class CallGate:
     def __init__(self, limits: CallLimits, watchdog: CallWatchdog) -> None:
         self.limits = limits
         self.watchdog = watchdog
+        # Unary calls waiting for their request message (before they are identified or take a slot).
+        self.first_messages = FirstMessages(limits.first_message_calls, limits.first_message_s, watchdog)
         self._lock = threading.Lock()
         self._total = dict.fromkeys(limits.max_calls, 0)
         self._reserved = dict.fromkeys(limits.max_calls, 0)
@@ -450,9 +576,13 @@ def _guarded(
     authorized: Callable[[], bool], identify: Callable[[Any], str],
 ) -> Callable[..., Any]:
     """`behavior` behind the credential and deadline checks, its kind's slot for its caller and cap, and
-    idle-stream bounds. `authorized` and `identify` (the request -> the active worker's id it carries with that
-    worker's own secret, or "") run on the handler thread before the call takes a slot."""
-    def admit(request: Any, context: grpc.ServicerContext) -> tuple[Any, _Admission]:
+    idle-stream bounds, as a request-streaming behavior (`_request_streaming`): the checks run before anything is
+    read, then a unary method's one request message is read under `gate.first_messages`. `authorized` and
+    `identify` (the request -> the active worker's id it carries with that worker's own secret, or "") run on the
+    handler thread before the call takes a slot."""
+    full_method = f"/{SERVICE_NAME}/{method}"
+
+    def admit(requests: Iterator[Any], context: grpc.ServicerContext) -> tuple[Any, _Admission]:
         if not authorized():
             if method in CREDENTIAL_METADATA_METHODS:
                 context.abort(grpc.StatusCode.UNAUTHENTICATED,
@@ -462,24 +592,25 @@ def _guarded(
         remaining = context.time_remaining()
         if remaining is None or remaining > NO_DEADLINE_S:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "calls to the coordinator must set a deadline")
-        worker_id = identify(None if handler.request_streaming else request)
+        request = None if handler.request_streaming else gate.first_messages.receive(requests, context, full_method)
+        worker_id = identify(request)
         caller = Caller(worker_id, True) if worker_id else Caller(peer_host(context.peer()), False)
         admission = gate.admit(method, context, caller)
         if handler.request_streaming:
-            request = gate.idle_bounded_requests(request, context, method)
+            request = gate.idle_bounded_requests(requests, context, method)
         return request, admission
 
     if handler.response_streaming:
-        def stream_behavior(request: Any, context: grpc.ServicerContext) -> Any:
-            request, admission = admit(request, context)
+        def stream_behavior(requests: Any, context: grpc.ServicerContext) -> Any:
+            request, admission = admit(requests, context)
             try:
                 yield from gate.idle_bounded_responses(behavior(request, admission.context), context, method)
             finally:
                 admission.close()
         return stream_behavior
 
-    def unary_behavior(request: Any, context: grpc.ServicerContext) -> Any:
-        request, admission = admit(request, context)
+    def unary_behavior(requests: Any, context: grpc.ServicerContext) -> Any:
+        request, admission = admit(requests, context)
         try:
             return behavior(request, admission.context)
         finally:
@@ -488,7 +619,9 @@ def _guarded(
 
 
 class GuardInterceptor(grpc.ServerInterceptor):
-    """Token, deadline and `CallGate` checks on every call of the Coordinator service (the server's polling thread).
+    """Token, deadline and `CallGate` checks on every call of the Coordinator service (the server's polling thread),
+    and the first-message bound (`FirstMessages`) on every unary-request method of the server's other services
+    (health Check).
 
     The join token is checked for every method but `WORKER_METHODS`, which the service authenticates by
     the worker secret; `tokens` may be re-read from a file meanwhile (`JoinTokens` takes its own lock).
@@ -506,8 +639,12 @@ class GuardInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
-        if handler is None or not details.method.startswith(f"/{SERVICE_NAME}/"):
-            return handler
+        if handler is None:
+            return None
+        if not details.method.startswith(f"/{SERVICE_NAME}/"):
+            if handler.request_streaming:
+                return handler
+            return first_message_bounded(handler, details.method, self._gate.first_messages)
         method = details.method.rsplit("/", 1)[-1]
         metadata = dict(details.invocation_metadata or ())
         presented = str(metadata.get("authorization", "")).encode()
@@ -522,7 +659,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
         if handler.response_streaming:
             kind = "unary_stream" if not handler.request_streaming else "stream_stream"
         wrapped = _guarded(getattr(handler, kind), handler, method, self._gate, authorized, identify)
-        return handler._replace(**{kind: wrapped})
+        return _request_streaming(handler, wrapped)
 
     def _member_id(self, method: str, metadata_id: str, metadata_secret: Any, request: Any) -> str:
         """The active worker a call counts against: the id it carries (the request's, or for PushUpdate the

@@ -10,7 +10,8 @@ command line is cli/coordinator.py.
 
 The health service (Check; Watch is not served) is exempt from the token, the deadline and
 the kind limits, so load balancers and Kubernetes probes can reach it, also in plaintext on
-`--health-port` when the main port speaks TLS. It reports NOT_SERVING while the coordinator
+`--health-port` when the main port speaks TLS; on both ports its request message is read under
+`guards.FirstMessages`, so half-sent Checks never hold the threads a probe needs. It reports NOT_SERVING while the coordinator
 cannot close rounds: its ticker's latest tick raised, or no tick has completed for
 `health_stall_s` (`decide_health`), or updates wait in a round open for more than
 `coordinator.health_round_deadlines` round deadlines (`decisions.decide_progress`); the log says why.
@@ -33,7 +34,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rcswarm.coordinator import decisions
-from rcswarm.coordinator.guards import SERVICE_NAME, CallGate, CallLimits, CallWatchdog, GuardInterceptor
+from rcswarm.coordinator.guards import (
+    SERVICE_NAME,
+    CallGate,
+    CallLimits,
+    CallWatchdog,
+    FirstMessageInterceptor,
+    FirstMessages,
+    GuardInterceptor,
+)
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.sweep import RunGroup
@@ -47,8 +56,13 @@ from rcswarm.state.errors import StoreError
 log = logging.getLogger("rcswarm.coordinator")
 
 TICK_S = 0.2
-# Threads (and calls at once) of the plaintext health-only server of --health-port.
-HEALTH_THREADS = 4
+# Health Checks of the plaintext --health-port server that may wait for their request message at once
+# (guards.FirstMessages: a newer one cancels the longest-waiting), and its threads: those plus 8 for answers.
+HEALTH_WAITING = 8
+HEALTH_THREADS = HEALTH_WAITING + 8
+# Calls at once on that server, beyond which gRPC refuses on its polling thread (no thread taken): a backstop
+# for calls queued for a thread while a flood's are cancelled.
+HEALTH_MAX_CALLS = 4 * HEALTH_THREADS
 # gRPC servers set SO_REUSEPORT by default, so a second server on a port in use would bind and share its calls;
 # a coordinator's ports are its own, and a port in use is a bind failure.
 EXCLUSIVE_PORT = (("grpc.so_reuseport", 0),)
@@ -174,7 +188,9 @@ class RunningCoordinator:
 
     A non-loopback `host` needs `tls` or `insecure` (`tls.bind_problem`). With `health_port` (0 = any
     free one) a second, plaintext gRPC server on the same host serves only grpc.health.v1, from the
-    same servicer, for probes that cannot speak the main port's TLS. The dashboard (`http_port`)
+    same servicer, for probes that cannot speak the main port's TLS; its Checks wait for their request
+    message under `guards.FirstMessages` (HEALTH_WAITING at once), so half-sent calls never hold its
+    threads from a probe. The dashboard (`http_port`)
     requires the join token when `http_token_required` is True, or when it is None (the default) and
     `http_host` is not loopback (`dashboard.auth.decide_dashboard_auth`).
 
@@ -220,9 +236,11 @@ class RunningCoordinator:
         self.health_server: grpc.Server | None = None
         self.health_port: int | None = None
         if health_port is not None:
+            waiting = FirstMessages(HEALTH_WAITING, self.limits.first_message_s, self.watchdog)
             self.health_server = grpc.server(
                 futures.ThreadPoolExecutor(max_workers=HEALTH_THREADS, thread_name_prefix="health"),
-                maximum_concurrent_rpcs=HEALTH_THREADS, options=list(EXCLUSIVE_PORT),
+                interceptors=[FirstMessageInterceptor(waiting)],
+                maximum_concurrent_rpcs=HEALTH_MAX_CALLS, options=list(EXCLUSIVE_PORT),
             )
             health_pb2_grpc.add_HealthServicer_to_server(HealthChecks(self.health), self.health_server)
             try:

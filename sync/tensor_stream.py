@@ -1,5 +1,11 @@
 """Chunked tensor payloads: a TensorHeader message, then TensorChunk messages of at most 1 MiB.
 
+Chunks are at least MIN_CHUNK_SIZE (64 KiB) unless the payload takes at most MAX_SMALL_CHUNKS (64) of them:
+each chunk is a gRPC message, and a receiver pays for every message whatever it carries (the tiny model's
+100,736-byte update sent as 100,736 one-byte chunks held the coordinator for 20 s of wall time, two pushes at
+once), so a header that asks for more, smaller chunks is refused before any chunk is read. Honest senders use
+MAX_CHUNK_SIZE (`build_payload`'s default), which refuses such a cut too.
+
 The sender encodes each tensor with a codec (see ``rcswarm.sync.codec``), concatenates the
 encoded bytes in order and cuts them into chunks; the header lists every tensor's name, shape
 and encoded size, the total size, the chunk size and each chunk's CRC-32, and optionally the
@@ -36,6 +42,9 @@ from rcswarm.sync.codec import (
 )
 
 MAX_CHUNK_SIZE = 1 << 20
+# The smallest chunk of a payload cut into more than MAX_SMALL_CHUNKS chunks (the module docstring).
+MIN_CHUNK_SIZE = 1 << 16
+MAX_SMALL_CHUNKS = 64
 SHA256_SIZE = 32
 
 _KNOWN_CODECS = frozenset(CODEC_NAMES.values())
@@ -79,6 +88,16 @@ def params_sha256(tensors: Mapping[str, torch.Tensor]) -> bytes:
 def _check_chunk_size(chunk_size: int) -> None:
     if not 0 < chunk_size <= MAX_CHUNK_SIZE:
         raise ValueError(f"chunk_size must be in (0, {MAX_CHUNK_SIZE}], got {chunk_size}")
+
+
+def chunk_floor_problem(chunk_size: int, total_bytes: int) -> str | None:
+    """Why `total_bytes` may not be cut into chunks of `chunk_size` (a positive size), or None: chunks below
+    MIN_CHUNK_SIZE are allowed only while the payload takes at most MAX_SMALL_CHUNKS of them (pure)."""
+    num_chunks = -(-total_bytes // chunk_size)
+    if chunk_size >= MIN_CHUNK_SIZE or num_chunks <= MAX_SMALL_CHUNKS:
+        return None
+    return (f"chunk_size is {chunk_size}: {total_bytes} bytes in {num_chunks} chunks; expected a chunk_size of at "
+            f"least {MIN_CHUNK_SIZE} (or at most {MAX_SMALL_CHUNKS} chunks)")
 
 
 def _encoded_parts(
@@ -144,6 +163,9 @@ def build_payload(
         raise ValueError(f"content_sha256 must be empty or {SHA256_SIZE} bytes, got {len(content_sha256)}")
     parts = _encoded_parts(tensors, fmt, fmt.block_size, encoded)
     blob = b"".join(parts)
+    problem = chunk_floor_problem(chunk_size, len(blob))
+    if problem is not None:
+        raise ValueError(problem)
     chunks = _cut_chunks(blob, chunk_size)
     header = pb.TensorHeader(
         run_id=run_id,
@@ -258,6 +280,9 @@ def _check_sizes(header: pb.TensorHeader, fmt: WireFormat) -> None:
         total += want
     if header.total_bytes != total:
         raise PayloadError(f"header total_bytes is {header.total_bytes}; the tensors need {total}")
+    problem = chunk_floor_problem(header.chunk_size, total)
+    if problem is not None:
+        raise PayloadError(f"header {problem}")
     num_chunks = -(-total // header.chunk_size)
     if len(header.chunk_crc32) != num_chunks:
         raise PayloadError(
