@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--frames-per-shard", type=int, default=1 << 20, help="frames per shard file")
     p.add_argument("--max-file-bytes", type=int, default=256 * 1024, help="skip files larger than this many bytes")
     p.add_argument("--max-commits", type=int, default=None, help="replay at most this many commits (default: all)")
-    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="do not show the progress bars (replay, tokenizer training, shard encoding)")
     p.add_argument("--commit-messages", action="store_true", help="type each commit's subject after its edits")
     return p
 

@@ -21,7 +21,7 @@ spans several tokens; they all start at that character's action.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -120,8 +120,10 @@ def chunk_text(text: str, size: int = 1 << 16) -> Iterator[tuple[int, str]]:
         start = end
 
 
-def encode_stream(tok: ActionTokenizer, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids (uint32) and their first-action indices (int64) for a whole action stream, in chunks."""
+def encode_stream(tok: ActionTokenizer, actions: np.ndarray,
+                  on_chunk: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (uint32) and their first-action indices (int64) for a whole action stream, in chunks;
+    `on_chunk(n)` is told after each chunk of n actions (a progress bar)."""
     text = actions_to_text(actions.tolist())
     ids: list[int] = []
     starts: list[int] = []
@@ -129,4 +131,6 @@ def encode_stream(tok: ActionTokenizer, actions: np.ndarray) -> tuple[np.ndarray
         i, s = tok.encode_text(chunk)
         ids += i
         starts += [base + x for x in s]
+        if on_chunk is not None:
+            on_chunk(len(chunk))
     return np.asarray(ids, np.uint32), np.asarray(starts, np.int64)

@@ -64,6 +64,7 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,6 +248,56 @@ def _replay_repo(repo: RepoInput, sink: _ShardSink, rows: int, cols: int, max_fi
     return stats
 
 
+class _StageProgress:
+    """The progress of the stages after the replay (training the tokenizer, encoding the shards), one bar a stage in
+    the replay's style (`_replay_repo`): its name, a bar, done/total actions, elapsed and remaining time. Without
+    `progress` (`--no-progress`) it shows nothing."""
+
+    def __init__(self, progress: bool, console) -> None:
+        self.bar = None
+        self.totals: dict[int, int] = {}
+        if progress:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("actions"),
+                TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+            )
+
+    def __enter__(self) -> _StageProgress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def add(self, stage: str, total: int) -> int | None:
+        """A new stage's bar (None without progress)."""
+        if self.bar is None:
+            return None
+        task = self.bar.add_task(stage, total=total)
+        self.totals[task] = total
+        return task
+
+    def advance(self, task: int | None, actions: int, done: bool = False) -> None:
+        """`actions` more of `task` done (`done`: all of them)."""
+        if self.bar is None or task is None:
+            return
+        if done:
+            self.bar.update(task, completed=self.totals[task])
+        else:
+            self.bar.advance(task, actions)
+
+
 def build_git_frames(repo: str | Path, out: str | Path, *args, **options) -> dict:
     """Convert `repo`'s first-parent history into a dataset at `out` (the other arguments as
     `build_git_dataset`'s: rows, cols, vocab_size, ...); returns the summary dict."""
@@ -310,24 +361,43 @@ def check_held_out_apart(repos: Sequence[RepoInput], max_commits: int | None) ->
     """ValueError, naming both histories and a commit, when a held-out history shares a replayed commit with a
     training one (the same repository given twice, a fork, a clone): its frames would be trained on. Asked before
     anything is written; only the commits each replay reads count (the first `max_commits` of its first-parent
-    line)."""
+    line).
+
+    A commit names its first parent, so two first-parent lines that share a commit share every commit below it
+    down to the root of one of them (the older root, or a shallow clone's boundary): they share a replayed commit
+    exactly when one line's root is among the other's first `max_commits` commits. So only the roots are held,
+    and each line is streamed (`Git.first_parent_commits`, stopped at `max_commits`), never held, whatever its
+    length.
+    """
     held = [r for r in repos if r.held_out]
     if not held:
         return
 
-    def commits(repo: RepoInput) -> list[str]:
-        return [sha for sha, _, _ in git_replay.Git(str(repo.path)).first_parent_commits()][:max_commits]
+    def first_of(repo: RepoInput, limit: int | None, wanted: dict | None) -> str | None:
+        """The first of `repo`'s first `limit` commits that is in `wanted` (None: any); git stopped there."""
+        with closing(git_replay.Git(str(repo.path)).first_parent_commits(max_count=limit)) as line:
+            for sha, _, _ in line:
+                if wanted is None or sha in wanted:
+                    return sha
+        return None
 
-    trained: dict[str, str] = {}
-    for repo in repos:
-        if not repo.held_out:
-            trained.update((sha, repo.name) for sha in commits(repo))
-    for repo in held:
-        shared = next((sha for sha in commits(repo) if sha in trained), None)
+    def refuse(held_repo: RepoInput, sha: str, trained: RepoInput) -> ValueError:
+        return ValueError(f"held-out repository {held_repo.name} ({held_repo.path}) shares commit {sha} with training "
+                          f"repository {trained.name}: its frames would be trained on; expected a held-out "
+                          "history with no commit of a training one (not the same repository, a fork or a clone)")
+
+    training = [r for r in repos if not r.held_out]
+    roots = {repo.name: first_of(repo, 1, None) for repo in repos}
+    training_roots = {roots[r.name]: r for r in reversed(training)}
+    held_roots = {roots[r.name]: r for r in reversed(held)}
+    for repo in held:  # a training line's root among the held-out line's commits: the first commit they share
+        shared = first_of(repo, max_commits, training_roots)
         if shared is not None:
-            raise ValueError(f"held-out repository {repo.name} ({repo.path}) shares commit {shared} with training "
-                             f"repository {trained[shared]}: its frames would be trained on; expected a held-out "
-                             "history with no commit of a training one (not the same repository, a fork or a clone)")
+            raise refuse(repo, shared, training_roots[shared])
+    for repo in training:  # a held-out line's root among a training line's commits
+        shared = first_of(repo, max_commits, held_roots)
+        if shared is not None:
+            raise refuse(held_roots[shared], shared, repo)
 
 
 def _remove_if_only_the_lock(out: Path) -> None:
@@ -420,22 +490,31 @@ def _build(repos: list[RepoInput], out: Path, build: str, rows: int, cols: int, 
     t_replay = time.perf_counter() - t0
     c_replay = _cpu() - c0
 
-    def texts():
-        for sh in sink.shards:
-            if sh["split"] != TRAIN:
-                continue
-            text = actions_to_text(_actions(out, sh["name"]).tolist())
-            for _, chunk in chunk_text(text):
-                yield chunk
+    train_actions = sum(sh["frames"] for sh in sink.shards if sh["split"] == TRAIN)
+    all_actions = sum(sh["frames"] for sh in sink.shards)
+    with _StageProgress(progress, console) as stages:
+        learn = stages.add("tokenizer", train_actions)
 
-    tok = ActionTokenizer.train(texts(), vocab_size)
-    tokenizer = f"tokenizer-{build}.json"
-    tok.save(out / tokenizer)
-    for sh in sink.shards:
-        ids, starts = encode_stream(tok, _actions(out, sh["name"]).astype(np.int64))
-        np.save(out / f"{sh['name']}.tokens.npy", ids, allow_pickle=False)
-        np.save(out / f"{sh['name']}.starts.npy", starts, allow_pickle=False)
-        sh["tokens"] = len(ids)
+        def texts():
+            for sh in sink.shards:
+                if sh["split"] != TRAIN:
+                    continue
+                text = actions_to_text(_actions(out, sh["name"]).tolist())
+                for _, chunk in chunk_text(text):
+                    yield chunk
+                    stages.advance(learn, len(chunk))
+
+        tok = ActionTokenizer.train(texts(), vocab_size)
+        stages.advance(learn, 0, done=True)
+        tokenizer = f"tokenizer-{build}.json"
+        tok.save(out / tokenizer)
+        encode = stages.add("encode", all_actions)
+        for sh in sink.shards:
+            ids, starts = encode_stream(tok, _actions(out, sh["name"]).astype(np.int64),
+                                        on_chunk=lambda n: stages.advance(encode, n))
+            np.save(out / f"{sh['name']}.tokens.npy", ids, allow_pickle=False)
+            np.save(out / f"{sh['name']}.starts.npy", starts, allow_pickle=False)
+            sh["tokens"] = len(ids)
     for entry in per_repo:
         mine = [sh for sh in sink.shards if sh["repo"] == entry["name"]]
         entry.update(frames=sum(sh["frames"] for sh in mine), tokens=sum(sh["tokens"] for sh in mine))

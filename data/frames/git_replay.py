@@ -1,9 +1,15 @@
 """Replay a git history's first-parent line as editor actions, checking every commit.
 
-Git access uses the git command line (`git log --first-parent --reverse`, then
-every commit's changes from one `git log --raw -M --diff-merges=first-parent`
-(falling back to `git diff-tree -r -z -M` per commit), one long-lived
-`git cat-file --batch`) through
+Git access uses the git command line: `git rev-parse` pins the commit HEAD names, then one
+`git log --first-parent --reverse -z --raw -M --diff-merges=first-parent` gives every commit's changes
+(falling back, on a git without `--diff-merges`, to the commit list and `git diff-tree -r -z -M` per commit),
+and one long-lived `git cat-file --batch` the blobs (`git rev-list --count` sizes a progress bar). The log is
+streamed: read from its pipe `STREAM_CHUNK` bytes at a time and parsed record by record as it arrives
+(`parse_log`), so one commit's changes are held at a time and memory does not grow with the history; subjects
+are asked for only when they are typed. `--reverse` applies after `-n` in git, so the first `max_commits` of the
+line are taken by stopping the stream (git killed) after that many. A git that fails or is killed is a
+RuntimeError naming the repository; every wait on a git process is bounded (`GIT_IDLE_SECONDS`,
+`GIT_EXIT_SECONDS`). Git runs through
 subprocess rather than dulwich: git is already required to have a repository,
 needs no extra dependency, its rename detection (-M) is the reference one, and
 `cat-file --batch` streams blobs from one process at a rate dulwich's pure-Python
@@ -36,8 +42,12 @@ from __future__ import annotations
 
 import difflib
 import os
+import selectors
 import subprocess
+import tempfile
 from collections import Counter
+from collections.abc import Generator, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 
 from rcswarm.data.frames.git_editor import C, Editor, ReplayError
@@ -47,6 +57,15 @@ RESERVED_LOW, RESERVED_HIGH = 0xF0000, 0xF00FF
 # count in the new one) feed difflib's line diff; past it the most repeated lines are junk (see `line_opcodes`).
 LINE_DIFF_PAIRS = 1_000_000
 BLOB_CHUNK = 1 << 20
+# `git log` is read from its pipe this many bytes at a time (a bounded buffer; records are parsed as they arrive).
+STREAM_CHUNK = 1 << 16
+# A streamed git that prints nothing for this long is killed (an error naming the repository): far above what one
+# commit's diff or the walk before `--reverse`'s first record takes on a history of millions of commits.
+GIT_IDLE_SECONDS = 1800.0
+# A git that has closed its output (or was killed) is waited for at most this long.
+GIT_EXIT_SECONDS = 30.0
+# The last bytes of a failed git's stderr that its error quotes.
+STDERR_TAIL = 4096
 # Settings every git command here runs with, so that user or repository configuration cannot change what is
 # parsed: log.showSignature would print gpg's output among `git log`'s records (a signed commit's "gpg: ..." lines
 # read as a commit), log.showRoot and diff.relative would change the raw diffs, color.ui would add escapes; the diffs
@@ -101,18 +120,143 @@ class Change:
     old_mode: str = ""
 
 
+@dataclass
+class Commit:
+    """One commit of a first-parent line as `git log` printed it: its SHA, its first parent (None for the root),
+    its subject ("" unless asked for) and its changes against the first parent ([] unless asked for)."""
+
+    sha: str
+    parent: str | None
+    subject: str = ""
+    changes: list[Change] = field(default_factory=list)
+
+
+def _fields(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The NUL-terminated fields of a byte stream given in chunks, as they arrive: only the field being read is
+    buffered (a field git printed: a SHA and subject, a raw diff's status, a path). RuntimeError where the stream
+    ends inside a field (anything but newlines after the last NUL)."""
+    buf = bytearray()
+    for chunk in chunks:
+        buf += chunk
+        start = 0
+        while (end := buf.find(0, start)) >= 0:
+            yield bytes(buf[start:end])
+            start = end + 1
+        del buf[:start]
+    if buf.strip(b"\n"):
+        raise RuntimeError(f"git log: output ended inside a record ({bytes(buf[:60])!r})")
+
+
+def parse_log(chunks: Iterable[bytes]) -> Generator[Commit, None, None]:
+    """Parse, record by record as the bytes arrive, the output of `git log -z --format=%x1e%H %P[%x1f%s]
+    [--raw --no-abbrev]`: one `Commit` per record, yielded once the next record starts (or the output ends), so that
+    at most one commit's changes are held. Raw diff entries (`:modes shas status`, then one path, or two for a
+    rename or copy) become its `changes`; a path is taken by position, so any name (a newline, a leading ':')
+    parses. RuntimeError for a field that is neither."""
+    fields = _fields(chunks)
+    current: Commit | None = None
+    for raw in fields:
+        field_ = raw.lstrip(b"\n")
+        if not field_:
+            continue
+        if field_[0] == 0x1E:
+            if current is not None:
+                yield current
+            head, _, subject = field_[1:].partition(b"\x1f")
+            parts = head.decode("ascii", "replace").split()
+            if not parts:
+                raise RuntimeError(f"git log: a record without a commit ({raw[:60]!r})")
+            current = Commit(parts[0], parts[1] if len(parts) > 1 else None, subject.decode("utf-8", "replace"))
+        elif field_[0] == 0x3A and current is not None:  # ":" starts a raw entry
+            meta = field_[1:].decode("ascii", "replace").split()
+            if len(meta) != 5:
+                raise RuntimeError(f"git log: commit {current.sha}: unexpected raw entry {raw[:120]!r}")
+            old_mode, new_mode, old_sha, new_sha, status = meta
+            paths = [next(fields, None) for _ in range(2 if status[0] in "RC" else 1)]
+            if None in paths:
+                raise RuntimeError(f"git log: commit {current.sha}: output ended inside the entry {raw[:120]!r}")
+            a = _path(paths[0])
+            b = _path(paths[-1])
+            null = "0" * len(old_sha)
+            current.changes.append(Change(
+                status[0], a if status[0] != "A" else None, b if status[0] != "D" else None,
+                None if old_sha == null else old_sha, None if new_sha == null else new_sha, new_mode, old_mode,
+            ))
+        else:
+            raise RuntimeError(f"git log: unexpected record {raw[:60]!r}")
+    if current is not None:
+        yield current
+
+
 class Git:
-    """The git command line on one repository."""
+    """The git command line on one repository.
+
+    A history is read as a stream (`log`, `history`, `first_parent_commits`): `git log`'s output is parsed as it
+    arrives from a pipe, `STREAM_CHUNK` bytes at a time, and one commit is held at a time, so memory does not grow
+    with the number of commits. A git that fails, or is killed, is a RuntimeError naming the repository; a stream
+    closed early (a `max_count` reached, an exception in the consumer) closes its pipe and kills its git.
+    """
 
     def __init__(self, repo: str) -> None:
         self.repo = str(repo)
         self._cat: subprocess.Popen[bytes] | None = None
+        self._diff_merges: bool | None = None
 
     def run(self, *args: str) -> bytes:
+        """The whole output of a short `git args` (a SHA, a count); RuntimeError naming the repository if it fails."""
         proc = subprocess.run(git_argv(self.repo, *args), capture_output=True, check=False, env=git_env())
         if proc.returncode != 0:
-            raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
+            raise RuntimeError(f"git {' '.join(args)} in {self.repo} failed: "
+                               f"{proc.stderr.decode(errors='replace').strip()}")
         return proc.stdout
+
+    def stream(self, *args: str, idle_seconds: float | None = None) -> Generator[bytes, None, None]:
+        """The output of `git args`, in pieces of at most `STREAM_CHUNK` bytes as git writes them (a generator).
+
+        git's stderr goes to a temporary file (never a pipe that could fill); its last `STDERR_TAIL` bytes name
+        the failure. Every wait is bounded: a read that sees nothing for `idle_seconds` (`GIT_IDLE_SECONDS`), or a
+        git that has not exited `GIT_EXIT_SECONDS` after closing its output, is killed. A git that exits non-zero or
+        is killed is a RuntimeError naming the command and the repository. Closed early (`close()`, garbage
+        collection, an exception thrown in), the pipe is closed and git killed.
+        """
+        idle = GIT_IDLE_SECONDS if idle_seconds is None else idle_seconds
+        argv = git_argv(self.repo, *args)
+        with tempfile.TemporaryFile() as stderr:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
+                                    env=git_env())
+            assert proc.stdout is not None
+            fd = proc.stdout.fileno()
+            why = ""
+            try:
+                with selectors.DefaultSelector() as selector:
+                    selector.register(fd, selectors.EVENT_READ)
+                    while True:
+                        if not selector.select(idle):
+                            why = f"printed nothing for {idle:g} s"
+                            break
+                        data = os.read(fd, STREAM_CHUNK)
+                        if not data:
+                            break
+                        yield data
+            except BaseException:
+                _stop(proc)
+                raise
+            if why:
+                _stop(proc)
+            else:
+                proc.stdout.close()
+                try:
+                    proc.wait(timeout=GIT_EXIT_SECONDS)
+                except subprocess.TimeoutExpired:
+                    why = f"did not exit {GIT_EXIT_SECONDS:g} s after its output ended"
+                    _stop(proc)
+            if why or proc.returncode != 0:
+                stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - STDERR_TAIL))
+                said = stderr.read().decode(errors="replace").strip()
+                if not why:
+                    why = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
+                           else f"exited with status {proc.returncode}")
+                raise RuntimeError(f"git {args[0]} in {self.repo} {why}" + (f": {said}" if said else ""))
 
     def history_problem(self) -> str | None:
         """Why this repository has no history to replay (not a git repository, or a HEAD that names no commit), or
@@ -128,17 +272,70 @@ class Git:
             return f"not a git repository ({said[0] if said else f'git exited with {inside.returncode}'})"
         return "its HEAD names no commit (an empty repository, or a branch with no commits yet): nothing to replay"
 
-    def first_parent_commits(self, rev: str = "HEAD") -> list[tuple[str, str | None, str]]:
-        """(commit, first parent or None, subject), oldest first."""
-        out = self.run("log", "--first-parent", "--reverse", "-z", "--format=%H %P%x1f%s", rev)
-        result = []
-        for rec in out.decode("utf-8", errors="replace").split("\0"):
-            if not rec.strip():
-                continue
-            head, _, subject = rec.strip("\n").partition("\x1f")
-            parts = head.split()
-            result.append((parts[0], parts[1] if len(parts) > 1 else None, subject))
-        return result
+    def resolve(self, rev: str = "HEAD") -> str:
+        """The SHA of the commit `rev` names: a replay reads one fixed commit's history, even if HEAD moves."""
+        return self.run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").decode().strip()
+
+    def count(self, rev: str = "HEAD", max_count: int | None = None) -> int:
+        """How many commits `rev`'s first-parent line holds (at most `max_count`): the commits a replay reads."""
+        args = ["rev-list", "--first-parent", "--count"] + ([f"--max-count={max_count}"] if max_count else [])
+        return int(self.run(*args, rev, "--").decode().strip())
+
+    def _log(self, rev: str, max_count: int | None, subjects: bool, raw: bool) -> Generator[Commit, None, None]:
+        """The first `max_count` commits of `rev`'s first-parent line, oldest first, read as they arrive.
+
+        `git log --reverse` lists a line from its root, but applies `-n` before reversing (it would give the
+        newest commits), so the limit is applied here: the stream stops (git killed) after `max_count` commits.
+        """
+        fmt = "--format=%x1e%H %P" + ("%x1f%s" if subjects else "")
+        args = ["log", "--first-parent", "--reverse", "-z", "--no-color", fmt]
+        if raw:
+            args += ["--raw", "-M", "-O/dev/null", "--no-abbrev", "--diff-merges=first-parent"]
+        chunks = self.stream(*args, rev, "--")
+        records = parse_log(chunks)
+        try:
+            for index, commit in enumerate(records):
+                yield commit
+                if max_count is not None and index + 1 >= max_count:
+                    return
+        finally:
+            records.close()
+            chunks.close()
+
+    def first_parent_commits(self, rev: str = "HEAD", max_count: int | None = None,
+                             subjects: bool = False) -> Iterator[tuple[str, str | None, str]]:
+        """(commit, first parent or None, subject: "" unless `subjects`), oldest first, as `git log` prints them
+        (a generator: one commit held at a time; close it to stop git early)."""
+        for commit in self._log(rev, max_count, subjects, raw=False):
+            yield commit.sha, commit.parent, commit.subject
+
+    def history(self, rev: str = "HEAD", max_count: int | None = None) -> Iterator[tuple[str, list[Change]]]:
+        """(commit, changes against its first parent), oldest first, from one `git log --raw` process, parsed as
+        it arrives (a generator: one commit's changes held at a time).
+
+        The same changes as `changes(commit, parent)` per commit (`-M`, first-parent diffs of
+        merges, the root commit against the empty tree) without a process per commit.
+        """
+        for commit in self._log(rev, max_count, False, raw=True):
+            yield commit.sha, commit.changes
+
+    def diff_merges(self, rev: str = "HEAD") -> bool:
+        """Whether this git has `--diff-merges=first-parent` (git >= 2.31), which `history` needs; asked once."""
+        if self._diff_merges is None:
+            probe = subprocess.run(git_argv(self.repo, "log", "-n", "0", "--diff-merges=first-parent", rev, "--"),
+                                   capture_output=True, check=False, env=git_env(), timeout=GIT_EXIT_SECONDS)
+            self._diff_merges = probe.returncode == 0
+        return self._diff_merges
+
+    def commits(self, rev: str = "HEAD", max_count: int | None = None, subjects: bool = False) -> Iterator[Commit]:
+        """The first `max_count` commits of `rev`'s first-parent line, oldest first, each with its changes (and its
+        subject when `subjects`): from `history`'s one `git log --raw`, or, with a git without `--diff-merges`,
+        the commit list and one `diff-tree` per commit. A generator: one commit held at a time."""
+        if self.diff_merges(rev):
+            yield from self._log(rev, max_count, subjects, raw=True)
+            return
+        for sha, parent, subject in self.first_parent_commits(rev, max_count, subjects):
+            yield Commit(sha, parent, subject, self.changes(sha, parent))
 
     def changes(self, commit: str, parent: str | None) -> list[Change]:
         args = ["diff-tree", "-r", "-z", "-M", "-O/dev/null", "--no-commit-id"]
@@ -161,70 +358,27 @@ class Git:
             ))
         return out
 
-    def history(self, rev: str = "HEAD", max_count: int | None = None) -> list[tuple[str, list[Change]]]:
-        """(commit, changes against its first parent), oldest first, from one `git log --raw` process.
-
-        The same changes as `changes(commit, parent)` per commit (`-M`, first-parent diffs of
-        merges, the root commit against the empty tree) without a process per commit.
-        """
-        args = ["log", "--first-parent", "--reverse", "-z", "--raw", "-M", "-O/dev/null", "--no-abbrev", "--no-color",
-                "--diff-merges=first-parent", "--format=%x1e%H"]
-        data = self.run(*args, rev)  # (--reverse applies after -n, so a limit is applied while parsing)
-        out: list[tuple[str, list[Change]]] = []
-        i, n = 0, len(data)
-        while i < n:
-            b = data[i]
-            if b in (0, 10):  # separators between records
-                i += 1
-                continue
-            if b != 0x1E:
-                raise RuntimeError(f"git log --raw: unexpected byte {b!r} at offset {i}")
-            j = data.index(b"\0", i)
-            sha = data[i + 1 : j].decode()
-            i = j + 1
-            changes: list[Change] = []
-            while True:
-                while i < n and data[i] == 10:
-                    i += 1
-                if i >= n or data[i] != 0x3A:  # ":" starts a raw entry
-                    break
-                j = data.index(b"\0", i)
-                meta = data[i + 1 : j].decode().split()
-                i = j + 1
-                old_mode, new_mode, old_sha, new_sha, status = meta
-                j = data.index(b"\0", i)
-                a = _path(data[i:j])
-                i = j + 1
-                if status[0] in "RC":
-                    j = data.index(b"\0", i)
-                    b2 = _path(data[i:j])
-                    i = j + 1
-                else:
-                    b2 = a
-                null = "0" * len(old_sha)
-                changes.append(Change(
-                    status[0], a if status[0] != "A" else None, b2 if status[0] != "D" else None,
-                    None if old_sha == null else old_sha, None if new_sha == null else new_sha, new_mode, old_mode,
-                ))
-            out.append((sha, changes))
-            if max_count is not None and len(out) >= max_count:
-                break
-        return out
-
     def blob(self, sha: str, max_bytes: int | None = None) -> bytes | None:
         """The blob's bytes; None for one larger than `max_bytes` (its size read from `cat-file`'s header),
-        whose bytes are then read and dropped in chunks of `BLOB_CHUNK`, never held whole."""
+        whose bytes are then read and dropped in chunks of `BLOB_CHUNK`, never held whole. A `cat-file` that
+        ended (killed) is a RuntimeError naming the repository."""
         if self._cat is None:
             self._cat = subprocess.Popen(
                 git_argv(self.repo, "cat-file", "--batch"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=git_env(),
             )
         assert self._cat.stdin and self._cat.stdout
-        self._cat.stdin.write(sha.encode() + b"\n")
-        self._cat.stdin.flush()
+        try:
+            self._cat.stdin.write(sha.encode() + b"\n")
+            self._cat.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            raise RuntimeError(f"git cat-file --batch in {self.repo} ended before object {sha} was read") from None
         out = self._cat.stdout
-        header = out.readline().split()
+        line = out.readline()
+        if not line:
+            raise RuntimeError(f"git cat-file --batch in {self.repo} ended before object {sha} was read")
+        header = line.split()
         if len(header) < 3:
-            raise RuntimeError(f"git cat-file: object {sha} not found")
+            raise RuntimeError(f"git cat-file: object {sha} not found in {self.repo}")
         size = int(header[2])
         if max_bytes is not None and size > max_bytes:
             left = size + 1  # the content and its newline
@@ -240,10 +394,31 @@ class Git:
         return data
 
     def close(self) -> None:
+        """End the `cat-file` process: its input closed, waited for at most `GIT_EXIT_SECONDS`, then killed."""
         if self._cat is not None:
-            self._cat.stdin.close()  # type: ignore[union-attr]
-            self._cat.wait()
-            self._cat = None
+            cat, self._cat = self._cat, None
+            try:
+                cat.stdin.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+            try:
+                cat.wait(timeout=GIT_EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                _stop(cat)
+            cat.stdout.close()  # type: ignore[union-attr]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Close `proc`'s output pipe, kill it and wait for it (at most `GIT_EXIT_SECONDS`: a process that outlives
+    SIGKILL, stuck in the kernel, is left, never waited for without end)."""
+    if proc.stdout is not None:
+        proc.stdout.close()
+    if proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(timeout=GIT_EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _path(raw: bytes) -> str:
@@ -509,35 +684,30 @@ def replay(
     stats = stats or ReplayStats()
     editor = Editor(rows, cols)
     planner = Planner(editor, sink)
-    commits = git.first_parent_commits()
-    if max_commits is not None:
-        commits = commits[:max_commits]
     try:
-        history = git.history(max_count=len(commits))
-    except RuntimeError:  # e.g. a git without --diff-merges: one diff-tree per commit
-        history = []
-    if [h[0] for h in history] != [c[0] for c in commits]:
-        history = [(sha, git.changes(sha, parent)) for sha, parent, _ in commits]
-    try:
-        for index, ((sha, parent, subject), (_, changes)) in enumerate(zip(commits, history)):
-            expected = _replay_commit(git, planner, sha, changes, max_file_bytes, stats)
-            if commit_messages:
-                planner.do(C["COMMIT"])
-                planner.type("".join(ch for ch in subject if not RESERVED_LOW <= ord(ch) <= RESERVED_HIGH))
-                planner.do(C["ENTER"])
-            for path, text in expected.items():
-                got = editor.files.get(path)
-                if got != text:
-                    what = "missing" if got is None else ("present" if text is None else "different")
-                    raise ReplayError(
-                        f"commit {sha}: path {path!r}: editor file is {what} after replay "
-                        f"(expected {'absence' if text is None else f'{len(text)} chars'})"
-                    )
-            stats.commits += 1
-            stats.actions = planner.count
-            stats.last_commit = sha
-            if on_commit is not None:
-                on_commit(index + 1, len(commits), stats)
+        head = git.resolve("HEAD")  # one commit's history, though HEAD moves meanwhile
+        total = git.count(head, max_commits) if on_commit is not None else 0
+        with closing(git.commits(head, max_commits, subjects=commit_messages)) as commits:
+            for index, commit in enumerate(commits):
+                sha = commit.sha
+                expected = _replay_commit(git, planner, sha, commit.changes, max_file_bytes, stats)
+                if commit_messages:
+                    planner.do(C["COMMIT"])
+                    planner.type("".join(ch for ch in commit.subject if not RESERVED_LOW <= ord(ch) <= RESERVED_HIGH))
+                    planner.do(C["ENTER"])
+                for path, text in expected.items():
+                    got = editor.files.get(path)
+                    if got != text:
+                        what = "missing" if got is None else ("present" if text is None else "different")
+                        raise ReplayError(
+                            f"commit {sha}: path {path!r}: editor file is {what} after replay "
+                            f"(expected {'absence' if text is None else f'{len(text)} chars'})"
+                        )
+                stats.commits += 1
+                stats.actions = planner.count
+                stats.last_commit = sha
+                if on_commit is not None:
+                    on_commit(index + 1, max(total, index + 1), stats)
     finally:
         git.close()
     return stats

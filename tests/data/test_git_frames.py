@@ -425,6 +425,6 @@ def test_a_signed_commit_with_log_show_signature_set_replays(tmp_path, monkeypat
     signed = git.run("hash-object", "-t", "commit", "-w", str(tmp_path / "commit")).decode().strip()
     git.run("update-ref", "HEAD", signed)
     git.run("config", "log.showSignature", "true")
-    assert Git(str(repo)).first_parent_commits() == [(parent, None, "one"), (signed, parent, "signed")]
+    assert list(Git(str(repo)).first_parent_commits(subjects=True)) == [(parent, None, "one"), (signed, parent, "signed")]
     stats = replay(str(repo), lambda *a: None, ROWS, COLS)
     assert stats.commits == 2 and stats.files == 2 and stats.last_commit == signed

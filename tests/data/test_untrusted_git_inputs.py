@@ -19,6 +19,7 @@ import struct
 import time
 import tracemalloc
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from rcswarm.data.frames import git_frames, git_replay
 from rcswarm.data.frames.action_tokenizer import ActionTokenizer
 from rcswarm.data.frames.git_editor import C, Editor
 from rcswarm.data.frames.git_frames import GitFrameSource, RepoInput, build_git_dataset
-from rcswarm.data.frames.git_replay import Change, Git, Planner, ReplayStats, replay
+from rcswarm.data.frames.git_replay import Change, Commit, Git, Planner, ReplayStats, replay
 from rcswarm.data.frames.window import FrameWindowSpec
 from tests.helpers.data import COLS, ROWS
 
@@ -76,11 +77,24 @@ class MemoryGit:
         self.blobs[_sha(data)] = data
         return _sha(data)
 
-    def first_parent_commits(self, rev: str = "HEAD") -> list[tuple[str, str | None, str]]:
-        return [(sha, self.log[k - 1][0] if k else None, f"commit {k}") for k, (sha, _) in enumerate(self.log)]
+    def resolve(self, rev: str = "HEAD") -> str:
+        return self.log[-1][0]
 
-    def history(self, rev: str = "HEAD", max_count: int | None = None) -> list[tuple[str, list[Change]]]:
-        return self.log[:max_count]
+    def count(self, rev: str = "HEAD", max_count: int | None = None) -> int:
+        return len(self.log[:max_count])
+
+    def first_parent_commits(self, rev: str = "HEAD", max_count: int | None = None,
+                             subjects: bool = False) -> Iterator[tuple[str, str | None, str]]:
+        for k, (sha, _) in enumerate(self.log[:max_count]):
+            yield sha, self.log[k - 1][0] if k else None, f"commit {k}" if subjects else ""
+
+    def history(self, rev: str = "HEAD", max_count: int | None = None) -> Iterator[tuple[str, list[Change]]]:
+        yield from self.log[:max_count]
+
+    def commits(self, rev: str = "HEAD", max_count: int | None = None, subjects: bool = False) -> Iterator[Commit]:
+        for (sha, parent, subject), (_, changes) in zip(self.first_parent_commits(rev, max_count, subjects),
+                                                        self.log):
+            yield Commit(sha, parent, subject, changes)
 
     def changes(self, commit: str, parent: str | None) -> list[Change]:
         return dict(self.log)[commit]
@@ -211,8 +225,8 @@ def test_an_oversized_blob_is_dropped_in_chunks_not_held():
 def test_git_output_with_a_name_that_is_not_utf8_parses(monkeypatch):
     sha, blob = "a" * 40, "b" * 40
     raw = b"\x1e%s\0\n:000000 100644 %s %s A\0bad\xff.txt\0" % (sha.encode(), b"0" * 40, blob.encode())
-    monkeypatch.setattr(Git, "run", lambda self, *args: raw)
-    [(commit, [change])] = Git("unused").history()
+    monkeypatch.setattr(Git, "stream", lambda self, *args: (raw[i : i + 1] for i in range(len(raw))))
+    [(commit, [change])] = Git("unused").history()  # parsed as it arrives, here a byte at a time
     assert commit == sha and change.new_path == BAD_NAME and not git_replay.typeable(change.new_path)
     tree = b":000000 100644 %s %s A\0bad\xff.txt\0" % (b"0" * 40, blob.encode())
     monkeypatch.setattr(Git, "run", lambda self, *args: tree)
@@ -759,7 +773,8 @@ def _git_commands_of_a_replay(monkeypatch) -> list[tuple[list[str], dict | None]
     """The git commands `Git.history` and `Git.changes` run (their output empty)."""
     seen = []
     monkeypatch.setattr(Git, "run", lambda self, *args: seen.append((list(args), None)) or b"")
-    Git("/r").history()
+    monkeypatch.setattr(Git, "stream", lambda self, *args: seen.append((list(args), None)) or (b for b in ()))
+    assert list(Git("/r").history()) == []
     Git("/r").changes("a" * 40, "b" * 40)
     return seen
 

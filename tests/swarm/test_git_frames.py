@@ -263,12 +263,12 @@ def test_one_log_process_gives_every_commits_changes(repo):
     _git(work, "config", "color.ui", "always")
     for path in (repo, work):
         g = Git(str(path))
-        commits = g.first_parent_commits()
-        hist = g.history()
+        commits = list(g.first_parent_commits())
+        hist = list(g.history())
         assert [h[0] for h in hist] == [c[0] for c in commits]
         for (sha, parent, _), (_, changes) in zip(commits, hist):
             assert changes == g.changes(sha, parent), sha
-        assert g.history(max_count=3) == hist[:3]
+        assert list(g.history(max_count=3)) == hist[:3]
     assert any(ch.new_path == "side.txt" for ch in hist[-1][1])  # the merge's diff against its first parent
 
 
