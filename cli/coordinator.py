@@ -221,14 +221,23 @@ def discard_new_state(created: list[Path], coordinator: RunGroup | None, locks: 
     """After a start that failed (a port in use, bad TLS files): remove the state dirs it created (`created`, each
     with the initial checkpoint and the run's config in its store), so that the next start, with its config perhaps
     changed, does not find a run that never served. Only with every lock held (`locks`: none when another process
-    holds one, whose dirs these may be by then); the stores are closed and the locks released first."""
+    holds one, whose dirs these may be by then): the stores are closed, each dir is renamed aside while its lock is
+    held (a coordinator starting meanwhile finds the lock taken, or no dir and makes its own), then the locks are
+    released and the renamed dirs removed."""
     if coordinator is not None:
         coordinator.close()
+    doomed = []
+    for path in created if locks else []:
+        aside = path.with_name(f".{path.name}.discarded-{os.getpid()}")
+        try:
+            path.rename(aside)
+        except OSError:  # a mount point, gone already: removed where it is, still under its lock
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            doomed.append(aside)
     for lock in locks:
         lock.release()
-    if not locks:
-        return
-    for path in created:
+    for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
 
 

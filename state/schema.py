@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS round_reporters (
     version INTEGER, worker_id TEXT, base_version INTEGER, PRIMARY KEY (version, worker_id)
 );
 CREATE INDEX IF NOT EXISTS round_reporters_by_worker ON round_reporters (worker_id, version);
+CREATE INDEX IF NOT EXISTS checkpoints_by_file ON checkpoints (file);
 """
 
 # `round_reporters`: the memberships whose update a committed round counted (`version`: the round's, committed as
@@ -69,7 +70,12 @@ REPORTED = "SELECT version, base_version FROM round_reporters WHERE worker_id = 
 
 # PRAGMA user_version of a state dir whose aggregate tables and ledger are complete; an older
 # one is brought up to date when a coordinator opens it for writing.
-SCHEMA_VERSION = 1
+AGGREGATES_VERSION = 1
+# PRAGMA user_version a coordinator of this code leaves: raised with every change to the tables that a writer of an
+# older rcswarm would get wrong (2: `round_reporters`, the ledger's `rest_blake3`, the held-out reports), so that an
+# older writer is refused from the next raise on. A writer refuses a state dir of a higher version (written by a newer
+# rcswarm); readers read what the file has.
+SCHEMA_VERSION = 2
 INT64_MAX = 2**63 - 1
 # Columns of `rounds` added after its first release (the aggregation's per-round counts, the steps the
 # round trained), with their declarations; a state dir written before them gets them at its next open

@@ -92,6 +92,7 @@ from rcswarm.state.records import (
 from rcswarm.state.schema import (
     ADD_HELD_OUT_REPORT,
     AGGREGATES,
+    AGGREGATES_VERSION,
     FORECAST_COLUMNS,
     FORECAST_COLUMNS_ADDED,
     HAS_FORECASTS,
@@ -100,6 +101,7 @@ from rcswarm.state.schema import (
     HELD_OUT_COLUMNS_ADDED,
     HELD_OUT_REPORTS_FROM_FIRST,
     HELD_OUT_REPORTS_OF,
+    INT64_MAX,
     LEDGER_COLUMNS_ADDED,
     LEDGER_FROM_ROUNDS,
     METRIC_COLUMNS,
@@ -140,6 +142,13 @@ MAX_EVENT_ROWS = 1_000_000
 EVENT_PRUNE_EVERY = 4096
 
 
+def _checkpoint_order(path: Path) -> tuple[int, str]:
+    """A checkpoint file's place in version order: v<version>.safetensors by the number (v100000000 after
+    v99999999, where names compare the other way), other names after them."""
+    digits = path.name.removeprefix("v").removesuffix(".safetensors")
+    return (int(digits), path.name) if digits.isdigit() else (INT64_MAX, path.name)
+
+
 class StateStore:
     """One run's state dir: state.sqlite plus checkpoints/v<version>.safetensors.
 
@@ -161,6 +170,7 @@ class StateStore:
         with self._errors("cannot open it for writing"):
             self._db = sqlite3.connect(self.db_path, check_same_thread=False, isolation_level=None)
             try:
+                self._refuse_newer_schema()
                 self._set_wal()
                 self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
                 self._db.executescript(SCHEMA)
@@ -199,8 +209,26 @@ class StateStore:
             raise StoreError(f"{self.db_path}: {failed}: {error}", full=full) from error
 
     def _connect_read_only(self, timeout_s: float) -> sqlite3.Connection:
-        return sqlite3.connect(f"{self.db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s,
-                               check_same_thread=False, isolation_level=None)
+        """A read-only connection. A WAL database whose `-shm` file is gone (its last writer exited cleanly) needs to
+        create it even to read; in a state dir this process cannot write (a read-only mount, an archived run) that
+        fails, and no writer can be running there, so it is read as immutable instead (a log line says so)."""
+        uri = self.db_path.resolve().as_uri()
+
+        def connect(query: str) -> sqlite3.Connection:
+            return sqlite3.connect(f"{uri}?{query}", uri=True, timeout=timeout_s, check_same_thread=False,
+                                   isolation_level=None)
+
+        db = connect("mode=ro")
+        try:
+            db.execute("PRAGMA user_version").fetchone()  # opens the file (and its -shm) now
+            return db
+        except sqlite3.OperationalError:
+            db.close()
+            if os.access(self.state_dir, os.W_OK):
+                raise
+        log.info("state dir %s cannot be written here: read as immutable (no coordinator can be serving it)",
+                 self.state_dir)
+        return connect("mode=ro&immutable=1")
 
     def _set_wal(self, timeout_s: float = 10.0) -> None:
         """Constructor only: WAL journaling. Switching a new database to WAL needs it alone; another process opening
@@ -216,19 +244,31 @@ class StateStore:
                     raise
                 time.sleep(0.05)
 
+    def _refuse_newer_schema(self) -> None:
+        """Constructor only, before anything is written: StoreError for a state dir a newer rcswarm wrote (its
+        PRAGMA user_version above SCHEMA_VERSION), whose tables this code would write wrong."""
+        found = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if found > SCHEMA_VERSION:
+            raise StoreError(f"{self.db_path}: schema version {found}, newer than this rcswarm's {SCHEMA_VERSION}: the "
+                             "state dir was written by a newer rcswarm; serve it with that version (`rcswarm status` "
+                             "and `rcswarm fit` of this one can still read it)")
+
     def _upgrade(self) -> None:
-        """Constructor only: build the ledger and the aggregates of a state dir written before they existed (once,
-        whoever opens the state dir first: the version is read again inside the write transaction)."""
+        """Constructor only: build the ledger and the aggregates of a state dir written before they existed, and
+        mark it SCHEMA_VERSION (once, whoever opens the state dir first: the version is read again inside the write
+        transaction)."""
         if self._db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
             return
         self._db.execute("BEGIN IMMEDIATE")
-        if self._db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+        found = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if found >= SCHEMA_VERSION:
             self._db.execute("COMMIT")
             return
-        self._db.execute(LEDGER_FROM_ROUNDS)
-        self._enter_committed()
-        for statement in AGGREGATES:
-            self._db.execute(statement, (0,))
+        if found < AGGREGATES_VERSION:
+            self._db.execute(LEDGER_FROM_ROUNDS)
+            self._enter_committed()
+            for statement in AGGREGATES:
+                self._db.execute(statement, (0,))
         self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self._db.execute("COMMIT")
 
@@ -330,9 +370,10 @@ class StateStore:
 
     def _read_aggregates(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """A read of the aggregate tables; ValueError for a state dir whose tables predate them."""
-        if self._schema_version < SCHEMA_VERSION:
-            raise ValueError(f"{self.db_path}: schema version {self._schema_version}, expected {SCHEMA_VERSION}: written "
-                             "by an older coordinator; start the coordinator on this state dir once to bring it up to date")
+        if self._schema_version < AGGREGATES_VERSION:
+            raise ValueError(f"{self.db_path}: schema version {self._schema_version}, expected {AGGREGATES_VERSION} or "
+                             "later: written by an older coordinator; start the coordinator on this state dir once to "
+                             "bring it up to date")
         return self._read(sql, params)
 
     @contextlib.contextmanager
@@ -424,6 +465,7 @@ class StateStore:
             )
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
                            [(now, worker_id, kind, reason) for worker_id, kind, reason, now in events])
+            self._prune_events(db, len(events))
             db.execute("INSERT OR REPLACE INTO checkpoints (version, file, param_sha256, committed_at, rest_blake3) "
                        "VALUES (?, ?, ?, ?, ?)", (version, name, digest, time.time(), computed.rest.hex()))
             if round_record is not None:
@@ -468,7 +510,8 @@ class StateStore:
         """Remove files no commit recorded (orphans of a crash) and all but the newest `keep_checkpoints`
         besides `keep` (takes `_lock` for the ledger). The first of them becomes RECYCLED_CHECKPOINT, which the
         next commit overwrites."""
-        present = sorted(p for p in self.checkpoint_dir.glob("v*.safetensors") if p.name != keep)
+        present = sorted((p for p in self.checkpoint_dir.glob("v*.safetensors") if p.name != keep),
+                         key=_checkpoint_order)
         marks = ", ".join("?" * len(present))
         with self._writer() as db:
             recorded = {row[0] for row in db.execute(
@@ -572,6 +615,7 @@ class StateStore:
             # The updates of the rounds that produced the versions set aside were in a θ this run no longer has.
             db.execute("DELETE FROM round_reporters WHERE version >= ?", (entry.version,))
             db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (time.time(), "", "fallback", reason))
+            self._prune_events(db, 1)
             db.execute("COMMIT")
         for file in newer:
             path = self.checkpoint_dir / file
@@ -597,16 +641,20 @@ class StateStore:
         """Record an event row (`now`: time.time() when None); past MAX_EVENT_ROWS the oldest rows go
         (`_prune_events`)."""
         with self._writer() as db:
-            row = db.execute(
+            db.execute(
                 "INSERT INTO events VALUES (?, ?, ?, ?)", (time.time() if now is None else now, worker_id, kind, reason)
-            ).lastrowid
-            self._prune_events(db, row)
+            )
+            self._prune_events(db, 1)
 
     @staticmethod
-    def _prune_events(db: sqlite3.Connection, row: int | None) -> None:
-        """After the event of rowid `row` was written: every EVENT_PRUNE_EVERY rows past MAX_EVENT_ROWS, delete the
-        rows older than the newest MAX_EVENT_ROWS (rowids only grow: nothing deletes the newest row)."""
-        if row is not None and row > MAX_EVENT_ROWS and row % EVENT_PRUNE_EVERY == 0:
+    def _prune_events(db: sqlite3.Connection, written: int) -> None:
+        """After `written` event rows were inserted (the newest rowids): each time the newest rowid passes a multiple
+        of EVENT_PRUNE_EVERY beyond MAX_EVENT_ROWS, delete the rows older than the newest MAX_EVENT_ROWS (rowids
+        only grow: nothing deletes the newest row)."""
+        if written <= 0:
+            return
+        row = db.execute("SELECT MAX(rowid) FROM events").fetchone()[0] or 0
+        if row > MAX_EVENT_ROWS and row // EVENT_PRUNE_EVERY != (row - written) // EVENT_PRUNE_EVERY:
             db.execute("DELETE FROM events WHERE rowid <= ?", (row - MAX_EVENT_ROWS,))
 
     def add_reporter_event(self, worker_id: str, kind: str, reason: str, now: float, reported: tuple[int, int]) -> None:
@@ -617,8 +665,8 @@ class StateStore:
         round_version, base_version = reported
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
-            self._prune_events(db, db.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
-                                              (now, worker_id, kind, reason)).lastrowid)
+            db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (now, worker_id, kind, reason))
+            self._prune_events(db, 1)
             db.execute("INSERT OR REPLACE INTO round_reporters VALUES (?, ?, ?)",
                        (round_version, worker_id, base_version))
             db.execute("COMMIT")
