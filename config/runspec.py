@@ -74,6 +74,14 @@ def _fail(key: str, value: Any, expected: str) -> None:
 
 # The largest value of an int32 protobuf field.
 INT32_MAX = 2**31 - 1
+# Every integer key fits a 64-bit signed integer (SQLite INTEGER, protobuf int64): a larger one was accepted and then
+# overflowed where the coordinator stored or sent it.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# The longest duration a seconds key may give (MAX_RUN_MINUTES in seconds, about 19 years): waits and deadlines past
+# about 9e9 s overflow the platform's time_t (threading's waits raise OverflowError).
+MAX_SECONDS = MAX_RUN_MINUTES * 60
+# The largest multiple of measured times hivemind.timeout_factor may set (a timeout it makes stays a waitable one).
+MAX_TIMEOUT_FACTOR = 1000.0
 # The kinds of coordinator calls [coordinator] max_calls and max_calls_per_peer bound (coordinator/guards.RPC_KINDS).
 CALL_KINDS = ("membership", "query", "long_poll", "pull", "push")
 
@@ -83,6 +91,15 @@ def _check_positive(obj: Any, table: str, *names: str) -> None:
         value = getattr(obj, name)
         if not value > 0:
             _fail(f"{table}.{name}", value, "a positive number")
+
+
+def _check_seconds(obj: Any, table: str, *names: str, positive: bool = True) -> None:
+    """Each of `names` is a duration in seconds: finite, at most MAX_SECONDS, and > 0 (`positive`) or >= 0."""
+    for name in names:
+        value = getattr(obj, name)
+        if not (math.isfinite(value) and (value > 0 if positive else value >= 0) and value <= MAX_SECONDS):
+            _fail(f"{table}.{name}", value,
+                  f"a number of seconds {'>' if positive else '>='} 0 and at most {MAX_SECONDS:g}")
 
 
 @dataclass(frozen=True)
@@ -380,7 +397,8 @@ class SyncSection:
         if not 1 <= self.block_size <= 1 << 16:
             _fail("sync.block_size", self.block_size, "an integer between 1 and 65536")
         self._check_codec()
-        _check_positive(self, "sync", "round_deadline_s", "min_reports", "centered_clip_tau")
+        _check_positive(self, "sync", "min_reports", "centered_clip_tau")
+        _check_seconds(self, "sync", "round_deadline_s")
         if not self.clip_factor >= 1.0:
             _fail("sync.clip_factor", self.clip_factor, "a number >= 1 (a multiple of the reference norm)")
         if self.max_update_norm < 0:
@@ -436,7 +454,8 @@ class SyncSection:
         """The heterogeneous-swarm keys (round, budgets, staleness)."""
         if self.round not in ROUND_KINDS:
             _fail("sync.round", self.round, f"one of {ROUND_KINDS}")
-        _check_positive(self, "sync", "round_seconds", "min_steps")
+        _check_positive(self, "sync", "min_steps")
+        _check_seconds(self, "sync", "round_seconds")
         if self.max_steps < 0:
             _fail("sync.max_steps", self.max_steps, "an integer >= 0 (0 = 10 × inner.steps)")
         if not 0 <= self.max_staleness <= MAX_STALENESS_LIMIT:
@@ -502,18 +521,18 @@ class HivemindSection:
             _fail("hivemind.trust_factor", self.trust_factor, "a number > 1 (a multiple of the local update's norm)")
         if not -1.0 <= self.min_cosine < 1.0:
             _fail("hivemind.min_cosine", self.min_cosine, "a cosine in [-1, 1) (-1: no direction check)")
-        if not self.timeout_factor >= 1.0:
-            _fail("hivemind.timeout_factor", self.timeout_factor, "a number >= 1 (a multiple of measured times)")
+        if not 1.0 <= self.timeout_factor <= MAX_TIMEOUT_FACTOR:
+            _fail("hivemind.timeout_factor", self.timeout_factor,
+                  f"a number between 1 and {MAX_TIMEOUT_FACTOR:g} (a multiple of measured times)")
         if not 1 <= self.timer_window <= 1000:
             _fail("hivemind.timer_window", self.timer_window, "an integer between 1 and 1000 (all-reduces)")
-        _check_positive(self, "hivemind", "drift_tolerance", "min_allreduce_s", "request_timeout_s", "state_declare_s",
-                        "record_ttl_s")
+        _check_positive(self, "hivemind", "drift_tolerance")
+        _check_seconds(self, "hivemind", "min_allreduce_s", "initial_allreduce_s", "request_timeout_s",
+                       "state_declare_s", "record_ttl_s")
+        _check_seconds(self, "hivemind", "settle_s", "state_grace_s", positive=False)
         if not self.initial_allreduce_s >= self.min_allreduce_s:
             _fail("hivemind.initial_allreduce_s", self.initial_allreduce_s,
                   f"seconds >= hivemind.min_allreduce_s = {self.min_allreduce_s}")
-        for name in ("settle_s", "state_grace_s"):
-            if getattr(self, name) < 0:
-                _fail(f"hivemind.{name}", getattr(self, name), "seconds >= 0")
 
     def describe(self) -> str:
         """The rules as one log line: `key value, ...`."""
@@ -563,8 +582,8 @@ class CoordinatorSection:
     health_round_deadlines: float = 3.0
 
     def __post_init__(self) -> None:
-        _check_positive(self, "coordinator", "lease_s", "max_workers", "max_wait_s", "forget_after_s", "stream_idle_s",
-                        "health_stall_s")
+        _check_positive(self, "coordinator", "max_workers")
+        _check_seconds(self, "coordinator", "lease_s", "max_wait_s", "forget_after_s", "stream_idle_s", "health_stall_s")
         for table in ("max_calls", "max_calls_per_peer"):
             for kind, limit in getattr(self, table).items():
                 if kind not in CALL_KINDS:
@@ -669,7 +688,8 @@ class CurriculumSection:
             _fail("curriculum.worker_seq_lens", self.worker_seq_lens, "positive integers")
         if any(length < 1 for length in self.seq_lens) or any(b <= a for a, b in zip(self.seq_lens, self.seq_lens[1:])):
             _fail("curriculum.seq_lens", self.seq_lens, "strictly increasing positive integers")
-        _check_positive(self, "curriculum", "budget_seconds", "amplitude")
+        _check_positive(self, "curriculum", "amplitude")
+        _check_seconds(self, "curriculum", "budget_seconds")
         for name in ("alpha_inf", "tau"):
             if getattr(self, name) < 0:
                 _fail(f"curriculum.{name}", getattr(self, name), "a number >= 0")
@@ -756,6 +776,7 @@ class RunSpec:
         for key, values in (
             ("data.seq_len", [self.data.seq_len]), ("data.batch_size", [self.data.batch_size]),
             ("inner.steps", [self.inner.steps]), ("sweep.seq_lens", list(self.sweep.seq_lens)),
+            ("sweep.batch_sizes", list(self.sweep.batch_sizes)),
             ("curriculum.seq_lens", list(curriculum.seq_lens)),
             ("curriculum.worker_seq_lens", list(curriculum.worker_seq_lens)),
             ("curriculum.schedule", [value for row in curriculum.schedule for value in row[1:]]),
@@ -879,7 +900,8 @@ class RunSpec:
         except OSError as exc:
             raise ValueError(f"run config {str(path)!r} cannot be read: {exc.strerror or exc}") from None
         curriculum = data.get("curriculum")
-        if isinstance(curriculum, dict) and isinstance(curriculum.get("law_from"), str) and curriculum["law_from"]:
+        law_from = curriculum.get("law_from") if isinstance(curriculum, dict) else None
+        if isinstance(law_from, str) and law_from and _text_problem(law_from) is None:
             # Relative to the config file, and absolute from here on (the launcher copies the spec elsewhere).
             curriculum["law_from"] = str((path.parent / curriculum["law_from"]).resolve())
         return cls.from_dict(data)
@@ -901,7 +923,7 @@ class RunSpec:
     def to_toml(self) -> str:
         lines: list[str] = []
         for table, values in self.to_dict().items():
-            if ((table == "sweep" and not self.is_sweep) or (table == "curriculum" and self.curriculum == CurriculumSection())
+            if ((table == "sweep" and self.sweep == SweepSection()) or (table == "curriculum" and self.curriculum == CurriculumSection())
                     or (table == "hivemind" and self.hivemind == HivemindSection())):
                 continue
             nested = {k: v for k, v in values.items() if isinstance(v, dict)}
@@ -909,7 +931,7 @@ class RunSpec:
             lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if k not in nested]
             for key, sub in nested.items():
                 lines.append(f"\n[{table}.{key}]")
-                lines += [f"{k} = {_toml_value(v)}" for k, v in sub.items()]
+                lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in sub.items()]
             lines.append("")
         return "\n".join(lines)
 
@@ -917,13 +939,74 @@ class RunSpec:
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return _toml_string(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise ValueError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
+
+
+def _toml_key(key: str) -> str:
+    """`key` as a TOML key: bare when it may be one, else quoted."""
+    return key if key and all(c.isascii() and (c.isalnum() or c in "-_") for c in key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    """`text` as an ASCII TOML basic string: quotes and backslashes escaped, control characters, DEL and non-ASCII
+    characters as \\uXXXX, and those beyond the BMP as \\UXXXXXXXX (json.dumps wrote them as surrogate pairs, which
+    TOML refuses, and left DEL bare, which TOML refuses too)."""
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif 0x20 <= code < 0x7F:
+            out.append(char)
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def _text_problem(text: str) -> str | None:
+    """Why `text` cannot be a config string (None: it can): TOML files are UTF-8, so a lone surrogate (an undecodable
+    byte of a path, or a JSON escape) cannot be written back to one, and a NUL ends a path at the OS."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "valid Unicode text (no lone surrogates: a TOML file is UTF-8)"
+    if "\x00" in text:
+        return "text without NUL characters"
+    return None
+
+
+def _check_table_value(value: Any, key: str) -> None:
+    """A value of a free-form table ([model.overrides], [data.task_config]): one TOML can write (a string, integer,
+    number, boolean, or an array or table of them), so that the spec round-trips through JSON and TOML; the model's
+    or the task's own config checks what it means."""
+    if isinstance(value, str):
+        problem = _text_problem(value)
+        if problem is not None:
+            _fail(key, value, problem)
+    elif isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        _fail(key, value, f"an integer between {INT64_MIN} and {INT64_MAX}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_table_value(item, f"{key}[{i}]")
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            if not isinstance(name, str):
+                _fail(key, value, "a table whose keys are strings")
+            _check_table_value(item, f"{key}.{name}")
+    elif not isinstance(value, (bool, int, float)):
+        _fail(key, value, "a string, number, boolean, array or table (TOML has no null)")
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
@@ -956,6 +1039,7 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, Mapping):
             _fail(key, value, "a table")
+        _check_table_value(value, key)
         return dict(value)
     if hint is bool:
         if not isinstance(value, bool):
@@ -964,6 +1048,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             _fail(key, value, "an integer")
+        if not INT64_MIN <= value <= INT64_MAX:
+            _fail(key, value, f"an integer between {INT64_MIN} and {INT64_MAX} (64 bits)")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -972,6 +1058,9 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if hint is str:
         if not isinstance(value, str):
             _fail(key, value, "a string")
+        problem = _text_problem(value)
+        if problem is not None:
+            _fail(key, value, problem)
         return value
     assert not isinstance(hint, types.UnionType), f"unsupported field type {hint} for {key}"
     raise AssertionError(f"unsupported field type {hint} for {key}")

@@ -61,6 +61,11 @@ class FrameModelConfig:
                 f"FrameModelConfig.n_heads={self.n_heads!r}: expected a divisor of "
                 f"d_model={self.d_model}"
             )
+        if self.n_pool >= self.cols.bit_length():  # 2**n_pool > cols (and checked before computing a huge power)
+            raise ValueError(
+                f"FrameModelConfig.n_pool={self.n_pool!r}: expected at most {self.cols.bit_length() - 1} "
+                f"(2**n_pool must divide cols={self.cols}; pooling merges horizontally adjacent cells)"
+            )
         if self.cols % (2**self.n_pool) != 0:
             raise ValueError(
                 f"FrameModelConfig.cols={self.cols!r}: expected a multiple of "
