@@ -143,10 +143,13 @@ class Mirror:
         `rows` and `update_view`."""
         from rcswarm.observe.mirror_view import VIEW_KEY, update_view
         from rcswarm.worker import hivemind_sync as hs
+        from rcswarm.worker.hivemind_worker import spec_digest
 
         now = time.time()
         metrics = hs.read_records(dht, hs.METRICS_KEY, self.spec.run.name)
-        digests = hs.read_records(dht, hs.DIGEST_KEY, self.spec.run.name)
+        mine = spec_digest(self.spec)  # peers of the run's name but another config are another swarm
+        digests = {peer: record for peer, record in hs.read_records(dht, hs.DIGEST_KEY, self.spec.run.name).items()
+                   if record.get("spec", "") == mine}
         seen = dict(self.seen)
         rows = self.rows(metrics, now)
         try:

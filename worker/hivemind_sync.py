@@ -93,7 +93,6 @@ from hivemind.dht.schema import SchemaValidator
 from hivemind.p2p import P2P, P2PContext, PeerID
 from hivemind.proto import averaging_pb2, crypto_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time
-from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.streaming import STREAMING_CHUNK_SIZE_BYTES, combine_from_streaming
 from hivemind.utils.timed_storage import MAX_DHT_TIME_DISCREPANCY_SECONDS
@@ -229,8 +228,12 @@ async def _bounded_receive_raw_data(reader: asyncio.StreamReader) -> bytes:
 
 def bound_p2p_messages() -> None:
     """Make this process's hivemind P2P streams refuse messages over MAX_P2P_MESSAGE_BYTES (process-wide, idempotent;
-    `start_dht` calls it, so the DHT's and averagers' processes, forked after, inherit it)."""
+    done when this module is imported, so every process that imports it, however it was started, has it, and again
+    by `start_dht`)."""
     P2P.receive_raw_data = staticmethod(_bounded_receive_raw_data)
+
+
+bound_p2p_messages()
 
 
 def compression_for(codec: str, block_size: int, value_bits: int = 0) -> CompressionBase:
@@ -968,33 +971,58 @@ class _StateAverager(DecentralizedAverager):
                 peer = PeerID(key)
                 if str(peer) not in exclude:
                     order[peer] = (priority, random.random())
-        budget_s = limits.seconds(self.next_chunk_timeout or self.request_timeout)
         for peer in sorted(order, key=order.__getitem__, reverse=True):
-            window = asyncio.timeout(budget_s)
             try:
-                async with window:
-                    state = await self._state_from(peer, limits)
+                state = await self._state_from(peer, limits)
             except Exception as exc:  # noqa: BLE001 - unreachable, silent past next_chunk_timeout, a bad tensor
-                if not window.expired():
-                    log.info("no state from peer %s: %r", peer, exc)
-                    continue
-                state = (f"not done within {budget_s:.1f} s (the state's {limits.bytes:,} bytes at "
-                         f"{MIN_STATE_BYTES_PER_S:,} bytes/s, the slowest a donor may serve)")
+                log.info("no state from peer %s: %r", peer, exc)
+                continue
             if isinstance(state, str):
                 log.warning("stopped reading the state of peer %s: %s; asking the next donor", peer, state)
                 dropped.append(str(peer))
             elif state is not None:
-                return str(peer), order[peer][0], state
+                # Judged against the newest declaration: an honest donor moves on while another is read.
+                return str(peer), max(order[peer][0], await self._declared_by(declared, peer)), state
         return None
+
+    async def _declared_by(self, declared: str, peer: PeerID) -> float:
+        """The state version `peer` declares under the DHT key `declared` now (-1 when none can be read)."""
+        try:
+            found = await self.dht.get(declared, latest=True, return_future=True)
+        except Exception:  # noqa: BLE001 - the DHT's errors: the declaration read before stands
+            return -1.0
+        entries = found.value if found is not None and isinstance(found.value, dict) else {}
+        priority = declared_priority(getattr(entries.get(peer.to_bytes()), "value", None))
+        return -1.0 if priority is None else priority
 
     async def _state_from(self, peer: PeerID, limits: StateLimits) -> tuple[Any, list[torch.Tensor]] | str | None:
         """The (metadata, tensors) `peer` serves, None when it serves none, or what it exceeded of `limits` (a str) as
-        soon as it does: rcswarm serves its state uncompressed, so the bytes read bound what the tensors hold."""
+        soon as it does: rcswarm serves its state uncompressed, so the bytes read bound what the tensors hold. A donor
+        is read only while it keeps up MIN_STATE_BYTES_PER_S after one message's timeout (`slow_donor_problem`), and
+        each message is waited for at most until then: its pace is checked at every message and at that deadline,
+        never left to one cancellation (asyncio's wait_for of Python 3.11 drops a cancellation that meets a
+        message)."""
+        message_s = self.next_chunk_timeout or self.request_timeout
         stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
         stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
         metadata, tensors, parts, received, count = None, [], [], 0, 0
+        started = time.monotonic()
         try:
-            async for message in aiter_with_timeout(stream, self.next_chunk_timeout or self.request_timeout):
+            while True:
+                slow = slow_donor_problem(received, time.monotonic() - started, message_s, limits)
+                if slow:
+                    return slow
+                due = started + message_s + received / MIN_STATE_BYTES_PER_S  # when this pace falls behind
+                wait_s = max(0.0, min(message_s, due - time.monotonic() + 1e-3))
+                try:
+                    message = await asyncio.wait_for(stream.__anext__(), timeout=wait_s)
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:  # the stream is cancelled: never read again
+                    slow = slow_donor_problem(received, time.monotonic() - started, message_s, limits)
+                    if slow:
+                        return slow
+                    raise  # silent for a whole message timeout while ahead of the pace
                 received += message.ByteSize() + MESSAGE_COST
                 part = message.tensor_part
                 if part.dtype or not parts:  # a tensor begins
@@ -1016,6 +1044,17 @@ class _StateAverager(DecentralizedAverager):
         if parts:
             tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
         return None if metadata is None else (metadata, tensors)
+
+
+def slow_donor_problem(received: int, elapsed_s: float, message_s: float, limits: StateLimits) -> str:
+    """Why a donor that sent `received` bytes in `elapsed_s` is read no further ("" while it may go on): past one
+    message's timeout (`message_s`, its first message's allowance), it must have kept up MIN_STATE_BYTES_PER_S, until
+    the whole state is in (`limits.bytes`, which `StateLimits.seconds` takes at that pace)."""
+    owed = min(limits.bytes, MIN_STATE_BYTES_PER_S * (elapsed_s - message_s))
+    if received >= owed:
+        return ""
+    return (f"{received:,} bytes in {elapsed_s:.1f} s, under {MIN_STATE_BYTES_PER_S:,} bytes/s after the first "
+            f"{message_s:g} s (the slowest a donor may serve)")
 
 
 @dataclass
@@ -1114,11 +1153,15 @@ class HivemindPeer:
         """(version, θ tensors + momentum tensors) from the highest-priority peer whose state this run takes
         (`_check_state`: this peer's spec digest, if it has one, and a version at most what the donor declares,
         `served_version_problem`) and, given `accept`, that `accept` takes (it returns "" or why not: `_load_final` wants the
-        group's reference replica), retried within `timeout_s` or until `stop` is set. A donor whose state is
+        group's reference replica), retried within `timeout_s` (at least the time the state takes at the slowest
+        pace a donor may serve, `StateLimits.seconds`) or until `stop` is set. A donor whose state is
         refused, or that sent more than such a state holds (`StateLimits`), is not asked again in this call: the
         next attempt asks the next donor at once."""
-        deadline = time.monotonic() + timeout_s
         limits, refused = StateLimits.of(shapes), set()
+        message_s = getattr(self.averager, "next_chunk_timeout", None)  # None: a stand-in averager (tests)
+        if message_s and limits.seconds(message_s) > timeout_s:  # the state takes longer at the slowest pace
+            timeout_s = limits.seconds(message_s)
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
             download = self.averager.download_state(max(1.0, deadline - time.monotonic()), limits, refused)
             refused.update(download.dropped)
@@ -1201,9 +1244,9 @@ class HivemindPeer:
 
     def records(self, key: str, run: str, other_specs: bool = False) -> dict[str, dict[str, Any]]:
         """Every valid record under `key` for `run`, by peer id (this peer's included), of this peer's run spec (the
-        same digest, or none on either side; metrics records carry none, so they are all of it); with `other_specs`,
-        those of every other spec instead: peers of the run's name but another config, whose replicas are not this
-        swarm's (never counted in its decisions)."""
+        same digest, or none on either side: metrics records carry none, so a peer with a spec digest finds them all
+        under `other_specs`); with `other_specs`, those of every other spec instead: peers of the run's name but
+        another config, whose replicas are not this swarm's (never counted in its decisions)."""
         found = read_records(self.dht, key, run)
         return {peer: r for peer, r in found.items() if (r.get("spec", "") == self.spec_digest) != other_specs}
 

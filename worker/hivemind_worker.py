@@ -76,17 +76,21 @@ def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
     return spec.curriculum.at(RunSteps(spec.inner.steps).before(version), (spec.data.seq_len, spec.data.batch_size))
 
 
-# Keys of the run spec that name a path on the peer's own host (each peer's config may live elsewhere): left out of
-# the spec digest the peers of a swarm compare (`spec_digest`).
-HOST_PATH_KEYS = (("curriculum", "law_from"), ("data", "task_config", "dataset"))
+# Keys of the run spec left out of the spec digest the peers of a swarm compare (`spec_digest`): those that name a
+# path on the peer's own host (each peer's config may live elsewhere), and those that describe a launch rather than the
+# training (`rcswarm run --workers/--minutes` rewrite them in the spec its local peers get; the coordinator table
+# configures a control coordinator, not the averaging).
+UNHASHED_KEYS = (("curriculum", "law_from"), ("data", "task_config", "dataset"), ("run", "workers"),
+                  ("run", "minutes"), ("sync", "min_reports"), ("coordinator",))
 
 
 def spec_digest(spec: RunSpec) -> str:
     """SHA-256 (hex) of the run spec every peer of a swarm must share: its canonical JSON (sorted keys) less the keys
-    that name paths on a peer's own host (HOST_PATH_KEYS). A peer's name and its flags are not in the spec."""
+    that name paths on a peer's own host or describe a launch (UNHASHED_KEYS). A peer's name and its flags are not in
+    the spec."""
     canonical = spec.to_dict()
-    for *tables, key in HOST_PATH_KEYS:
-        table = canonical
+    for *tables, key in UNHASHED_KEYS:
+        table: Any = canonical
         for name in tables:
             table = table.get(name) if isinstance(table, dict) else None
         if isinstance(table, dict):
@@ -527,6 +531,8 @@ class HivemindWorker:
         lowest = self.version + 1 if ahead else self.version
 
         def not_behind(state: tuple[int, list[torch.Tensor]]) -> str:
+            if state[0] > self.spec.run.rounds:  # no honest peer trains past the run's end (a claim to end it at once)
+                return f"its version {state[0]} is past the run's last, run.rounds = {self.spec.run.rounds}"
             return "" if state[0] >= lowest else f"its version {state[0]} is below {lowest}, the least this re-sync takes"
 
         loaded = self.peer.load_state(self.names, self.shapes, self.options.join_timeout_s, accept=not_behind,

@@ -65,6 +65,8 @@ class DhtCommand:
 def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
+    from rcswarm.worker.hivemind_worker import spec_digest
+
     monkeypatch.setenv("RCSWARM_TOKEN", TOKEN)
     state, maddrs, port = tmp_path / "runs" / RUN, tmp_path / "maddrs.txt", free_port()
     args = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs), "--config",
@@ -80,14 +82,16 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
             return hs.store_record(dht, dht.record_subkey, key, value, ttl_s)
 
         torch.manual_seed(0)
-        theta = {"w": torch.randn(200)}
+        theta, mine = {"w": torch.randn(200)}, spec_digest(spec())
         for name, seq_len, version in (("a", 32, 2), ("b", 32, 1), ("c", 32, 2)):
             dht = hs.start_dht(hs.HivemindOptions.loopback(bootstrap))
             peers.append(dht)
-            assert publish(dht, hs.DIGEST_KEY, hs.digest_record(RUN, version, theta))
+            assert publish(dht, hs.DIGEST_KEY, hs.digest_record(RUN, version, theta, spec=mine))
             assert publish(dht, hs.METRICS_KEY, metrics(name, law_rows(seq_len, 120, version)))
         peers.append(hs.start_dht(hs.HivemindOptions.loopback(bootstrap)))  # a peer of another run
         assert publish(peers[-1], hs.METRICS_KEY, {"run": "other", "name": "x", "rows": law_rows(8, 3)})
+        # A peer of this run's name but another config: another swarm, whose version 9 the view leaves out.
+        assert publish(peers[-1], hs.DIGEST_KEY, hs.digest_record(RUN, 9, theta, spec="b" * 64))
 
         def mirrored() -> Any:
             stored = read_state(state, lambda store: store.get(mv.VIEW_KEY))

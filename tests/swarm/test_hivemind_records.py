@@ -29,7 +29,7 @@ from hivemind.utils import MPFuture, get_dht_time  # noqa: E402
 from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
 from hivemind.utils.timed_storage import ValueWithExpiration  # noqa: E402
 
-from tests.helpers.hivemind import ResyncDonors  # noqa: E402
+from tests.helpers.hivemind import ResyncDonors, hivemind_spec  # noqa: E402
 
 ROW = [0.0, 1.0, 2.5, 128.0, 1.7e9, 0.1, 0.0, 32.0, 4.0]
 
@@ -285,6 +285,7 @@ def test_a_resync_never_moves_a_peer_back_to_an_older_version() -> None:
     for donors, expected in (((1,), 3), ((1, 3), 3), ((2, 5), 5)):
         worker = object.__new__(HivemindWorker)  # only what `_resync` reads and writes
         worker.name, worker.names, worker.shapes, worker.version = "w", ["w"], [(2,)], 3
+        worker.spec = hivemind_spec(run={"rounds": 6})
         worker.options, worker.stop = hs.HivemindOptions.loopback(), threading.Event()
         worker.peer = ResyncDonors(*donors)
         worker._adopt = lambda tensors: adopted.append(int(tensors[0][0]))

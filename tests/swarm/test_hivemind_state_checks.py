@@ -72,6 +72,11 @@ def test_the_spec_digest_tells_run_configs_apart() -> None:
     other = hivemind_spec(model={"overrides": {"dropout": 0.5}}, inner={"lr": 0.5}, outer={"lr": 0.1})
     assert hivemind_worker.spec_digest(base) == hivemind_worker.spec_digest(hivemind_spec())
     assert hivemind_worker.spec_digest(base) != hivemind_worker.spec_digest(other)
+    # What a launch rewrites (`rcswarm run --workers 3 --minutes 5`) is not the training: the same swarm.
+    launched = hivemind_spec(run={"name": "hm", "rounds": 3, "workers": 3, "minutes": 5.0},
+                             sync={"backend": "hivemind", "codec": "int8", "min_reports": 3},
+                             coordinator={"lease_s": 99.0})
+    assert hivemind_worker.spec_digest(launched) == hivemind_worker.spec_digest(base)
     mine, theirs = hivemind_worker.spec_digest(base), hivemind_worker.spec_digest(other)
     metadata, tensors = _state(3, 0, theirs)
     problem, state = hs._check_state((metadata, tensors), RUN, NAMES, SHAPES, mine)
@@ -113,10 +118,13 @@ def test_peers_of_another_run_spec_never_see_each_others_state(no_new_p2pd: None
 
 def test_a_resync_for_being_behind_takes_only_a_later_version() -> None:
     """Behind a peer or a group, a state at this peer's own version is no progress (the peer ahead may have left);
-    a drift re-sync takes one at its version."""
+    a drift re-sync takes one at its version; none takes a version past the run's last (run.rounds = 6: a donor that
+    declared and served 2**62 − 1 ended a joiner's run at once)."""
     for ahead, donors, expected, taken in ((True, (3,), 3, []), (True, (3, 4), 4, [4]), (False, (3,), 3, [3]),
-                                           (False, (2,), 3, [])):
+                                           (False, (2,), 3, []), (True, (2**62 - 1, 5), 5, [5]),
+                                           (False, (7, 6), 6, [6])):
         worker = object.__new__(hivemind_worker.HivemindWorker)  # only what `_resync` reads and writes
+        worker.spec = hivemind_spec(run={"rounds": 6})
         worker.name, worker.names, worker.shapes, worker.version = "w", ["w"], [(2,)], 3
         worker.options, worker.stop = hs.HivemindOptions.loopback(), threading.Event()
         worker.peer = ResyncDonors(*donors)

@@ -44,6 +44,11 @@ READ_BOUND = 1 << 20
 IN_FLIGHT_BYTES = 16 << 20
 # How often the trickling donor of the third test sends a part: well within the per-message timeout (1 s or more).
 TRICKLE_S = 0.2
+# The bursting donor's burst: when (a little before the 1.07 s a donor of this state may take with loopback's 1 s
+# message timeout), and how many parts (~47 KB of message cost, under the state's 70 KB).
+BURST_AT_S, BURST_PARTS = 0.95, 350
+# A state of ~22 MB (θ and momentum of 2.75M float32 values): at 1 MiB/s it takes longer than a 20 s load.
+LARGE_SHAPES = [(2_750_000,)]
 
 
 def _state(version: int, shapes: list[tuple[int, ...]], seed: int) -> tuple[dict[str, Any], list[torch.Tensor]]:
@@ -104,14 +109,42 @@ class _TricklingAverager(hs._StateAverager):
             yield averaging_pb2.DownloadData(tensor_part=runtime_pb2.Tensor(buffer=bytes(4)))
 
 
+class _BurstingAverager(hs._StateAverager):
+    """`_TricklingAverager`, but with a burst of BURST_PARTS empty parts once BURST_AT_S have passed (within the state's
+    bytes), then trickling again: the burst meets the end of the time a donor of this state may take, where Python
+    3.11's wait_for drops a cancellation that arrives with a message, so a single cancellation was lost."""
+
+    asked: Any = None
+
+    async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
+                                 context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
+        self.asked.value += 1
+        started = time.monotonic()
+        first = runtime_pb2.Tensor(buffer=bytes(4), size=[300], dtype="float32", chunks=10**6,
+                                   compression=runtime_pb2.CompressionType.NONE)
+        yield averaging_pb2.DownloadData(tensor_part=first,
+                                         metadata=self.serializer.dumps({"run": RUN, "version": HOSTILE_VERSION}))
+        while time.monotonic() - started < BURST_AT_S:
+            await asyncio.sleep(TRICKLE_S)
+            yield averaging_pb2.DownloadData(tensor_part=runtime_pb2.Tensor(buffer=bytes(4)))
+        for _ in range(BURST_PARTS):
+            yield averaging_pb2.DownloadData(tensor_part=runtime_pb2.Tensor(buffer=bytes(4)))
+            await asyncio.sleep(0.001)
+        for _ in range(int(4 * LOAD_S / TRICKLE_S)):
+            await asyncio.sleep(TRICKLE_S)
+            yield averaging_pb2.DownloadData(tensor_part=runtime_pb2.Tensor(buffer=bytes(4)))
+
+
 # hivemind names a peer's RPCs after its averager's class: the joiner's stub calls `_StateAverager.rpc_download_state`.
-_FloodingAverager.__name__ = _TricklingAverager.__name__ = hs._StateAverager.__name__
+_FloodingAverager.__name__ = _TricklingAverager.__name__ = _BurstingAverager.__name__ = hs._StateAverager.__name__
 
 
 @contextmanager
-def _peers(*donors: tuple[int, Any, type | None]) -> Iterator[tuple[Any, list[Any]]]:
+def _peers(*donors: tuple[int, Any, type | None],
+           shapes: list[tuple[int, ...]] = SHAPES) -> Iterator[tuple[Any, list[Any]]]:
     """(joiner, donors): one peer per (version, state_fn, averager class or None for the real one), each declaring
-    its state at its version, and a joiner dialing the first; yields once the joiner sees every declaration."""
+    its state at its version, and a joiner dialing the first, all of a run of `shapes`; yields once the joiner sees
+    every declaration."""
     started: list[Any] = []
     try:
         for version, state_fn, averager in donors:
@@ -119,11 +152,11 @@ def _peers(*donors: tuple[int, Any, type | None]) -> Iterator[tuple[Any, list[An
             with pytest.MonkeyPatch.context() as patch:
                 if averager is not None:
                     patch.setattr(hs, "_StateAverager", averager)
-                peer = hs.HivemindPeer(RUN, SHAPES, "fp32", 256, options, state_fn)
+                peer = hs.HivemindPeer(RUN, shapes, "fp32", 256, options, state_fn)
             started.append(peer)
             peer.set_state_version(version)
-        joiner = hs.HivemindPeer(RUN, SHAPES, "fp32", 256, hs.HivemindOptions.loopback(hs.visible_maddrs(started[0].dht)),
-                                 lambda: _state(0, SHAPES, 0))
+        joiner = hs.HivemindPeer(RUN, shapes, "fp32", 256, hs.HivemindOptions.loopback(hs.visible_maddrs(started[0].dht)),
+                                 lambda: _state(0, shapes, 0))
         started.append(joiner)
         joiner.set_state_version(0, shareable=False)
         want = sorted(float(version) for version, _, _ in donors)
@@ -193,6 +226,40 @@ def test_a_donor_trickling_its_state_is_left_for_the_next(no_new_p2pd: None) -> 
     assert asked == 1, f"the trickling donor was asked {asked} times in {seconds:.1f}s"
     _assert_honest(loaded, honest.state)
     assert honest.calls == 1
+    assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+
+
+@pytest.mark.slow
+def test_a_trickling_donor_of_a_large_state_is_left_for_the_next(no_new_p2pd: None) -> None:
+    """The time a donor may take was a total, its state's bytes at 1 MiB/s: past ~20 MiB it outlasted the joiner's
+    whole load, and the trickling donor kept it from the honest one again (review of the twentieth session). A donor
+    must keep up the pace as it sends: this one is left after about one message's timeout."""
+    _TricklingAverager.asked = mp.Value("q", 0)
+    honest = _Counted(_state(HONEST_VERSION, LARGE_SHAPES, 1))
+    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, lambda: None, _TricklingAverager),
+                shapes=LARGE_SHAPES) as (joiner, _):
+        started = time.monotonic()
+        loaded = joiner.load_state(NAMES[:1], LARGE_SHAPES, LOAD_S)
+        seconds = time.monotonic() - started
+    assert _TricklingAverager.asked.value == 1
+    assert loaded is not None and loaded[0] == HONEST_VERSION, f"no honest state in {seconds:.1f}s"
+    assert all(torch.equal(a, b) for a, b in zip(loaded[1], honest.state[1]))
+    assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+
+
+@pytest.mark.slow
+def test_a_donor_bursting_as_its_time_runs_out_is_left_for_the_next(no_new_p2pd: None) -> None:
+    """A burst of parts timed for the end of a donor's time made the one cancellation that ended it get lost, and the
+    donor was read until the joiner's load had passed (3 of 3 trials: no state). Its pace is now checked at every
+    message and at each wait's end."""
+    _BurstingAverager.asked = mp.Value("q", 0)
+    honest = _Counted(_state(HONEST_VERSION, SHAPES, 1))
+    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, lambda: None, _BurstingAverager)) as (joiner, _):
+        started = time.monotonic()
+        loaded = joiner.load_state(NAMES, SHAPES, LOAD_S)
+        seconds = time.monotonic() - started
+    assert _BurstingAverager.asked.value == 1
+    _assert_honest(loaded, honest.state)
     assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
 
 
