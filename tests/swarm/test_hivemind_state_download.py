@@ -263,6 +263,41 @@ def test_a_donor_bursting_as_its_time_runs_out_is_left_for_the_next(no_new_p2pd:
     assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
 
 
+@pytest.mark.slow
+def test_a_donor_that_moved_on_while_another_was_read_is_judged_by_its_new_declaration(no_new_p2pd: None) -> None:
+    """The honest donor finishes a round every 0.3 s and declares each new version; the joiner first reads a trickling
+    donor for about a second. Judged against the declarations read before that, the honest state (three versions
+    on) was refused as "above the version it declares" and its donor asked no more: no state (review of the
+    twentieth session)."""
+    round_s, started_at = 0.3, [time.monotonic()]
+
+    def version() -> int:
+        return HONEST_VERSION + int((time.monotonic() - started_at[0]) / round_s)
+
+    theta = _state(0, SHAPES, 1)[1]
+    _TricklingAverager.asked = mp.Value("q", 0)
+    stop = threading.Event()
+    with _peers((HONEST_VERSION, lambda: ({"run": RUN, "version": version()}, theta), None),
+                (10**9, lambda: None, _TricklingAverager)) as (joiner, donors):
+        started_at[0] = time.monotonic()
+
+        def advance() -> None:
+            while not stop.wait(round_s):
+                donors[0].set_state_version(version())
+
+        advancing = threading.Thread(target=advance, daemon=True)
+        advancing.start()
+        try:
+            time.sleep(1.0)
+            loaded = joiner.load_state(NAMES, SHAPES, LOAD_S)
+        finally:
+            stop.set()
+            advancing.join(timeout=5.0)
+    assert _TricklingAverager.asked.value == 1
+    assert loaded is not None and loaded[0] > HONEST_VERSION + 3, loaded and loaded[0]
+    assert all(torch.equal(a, b) for a, b in zip(loaded[1], theta))
+
+
 def test_a_p2p_message_declared_over_the_bound_is_refused_before_it_is_read() -> None:
     """hivemind's P2P layer read a stream message of whatever length its sender declared, buffering it whole: a peer
     could make another hold as much as it cared to send. With the bound (installed by `start_dht`, which every peer's
