@@ -213,18 +213,11 @@ def _replay_repo(repo: RepoInput, sink: _ShardSink, rows: int, cols: int, max_fi
         replay(str(repo.path), sink, rows, cols, max_file_bytes, max_commits, stats, None, commit_messages)
         sink.close()
         return stats
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich import progress as rp
 
-    bar = Progress(
-        TextColumn(f"[bold]{repo.name}[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("commits"),
-        TextColumn("{task.fields[actions]:,} actions"), TimeElapsedColumn(), TimeRemainingColumn(),
+    bar = rp.Progress(
+        rp.TextColumn(f"[bold]{repo.name}[/]"), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TextColumn("commits"),
+        rp.TextColumn("{task.fields[actions]:,} actions"), rp.TimeElapsedColumn(), rp.TimeRemainingColumn(),
         console=console, transient=False,
     )
     task = bar.add_task("replay", total=None, actions=0)
@@ -257,18 +250,12 @@ class _StageProgress:
         self.bar = None
         self.totals: dict[int, int] = {}
         if progress:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from rich import progress as rp
 
-            self.bar = Progress(
-                TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("actions"),
-                TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+            self.bar = rp.Progress(
+                rp.TextColumn("[bold]{task.description}[/]"), rp.BarColumn(), rp.MofNCompleteColumn(),
+                rp.TextColumn("actions"),
+                rp.TimeElapsedColumn(), rp.TimeRemainingColumn(), console=console, transient=False,
             )
 
     def __enter__(self) -> _StageProgress:

@@ -23,6 +23,15 @@ def _params(version: int) -> dict[str, torch.Tensor]:
     return {"w": torch.full((8,), float(version))}
 
 
+def _write_version_zero(state_dir: Path) -> None:
+    """A state dir whose coordinator committed version 0 and closed it."""
+    store = StateStore(state_dir, durable=False)
+    try:
+        store.commit_version("run", 0, _params(0), {}, None)
+    finally:
+        store.close()
+
+
 def test_the_ledgers_lookup_by_file_uses_an_index(tmp_path: Path) -> None:
     store = StateStore(tmp_path, durable=False)
     try:
@@ -63,11 +72,7 @@ def test_checkpoints_are_pruned_in_version_order_past_eight_digits(tmp_path: Pat
 def test_a_state_dir_of_a_newer_rcswarm_is_refused_for_writing_and_still_read(tmp_path: Path) -> None:
     """An older writer took a newer state dir without a word and failed at its first commit, after it had started
     serving (a column count it did not know)."""
-    store = StateStore(tmp_path, durable=False)
-    try:
-        store.commit_version("run", 0, _params(0), {}, None)
-    finally:
-        store.close()
+    _write_version_zero(tmp_path)
     with closing(sqlite3.connect(tmp_path / "state.sqlite", isolation_level=None)) as connection:
         assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
@@ -82,11 +87,7 @@ def test_a_state_dir_of_a_newer_rcswarm_is_refused_for_writing_and_still_read(tm
 
 
 def test_a_state_dir_of_the_previous_schema_is_brought_up_to_date(tmp_path: Path) -> None:
-    store = StateStore(tmp_path, durable=False)
-    try:
-        store.commit_version("run", 0, _params(0), {}, None)
-    finally:
-        store.close()
+    _write_version_zero(tmp_path)
     with closing(sqlite3.connect(tmp_path / "state.sqlite", isolation_level=None)) as connection:
         connection.execute("PRAGMA user_version = 1")
     store = StateStore(tmp_path, durable=False)

@@ -175,6 +175,23 @@ def _assert_honest(loaded: Any, honest: tuple[dict[str, Any], list[torch.Tensor]
     assert len(tensors) == len(honest[1]) and all(torch.equal(a, b) for a, b in zip(tensors, honest[1]))
 
 
+def _assert_honest_at_once(loaded: Any, seconds: float, honest: _Counted) -> None:
+    """The joiner loaded the honest state, asking its donor once, within half its load's time."""
+    _assert_honest(loaded, honest.state)
+    assert honest.calls == 1
+    assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+
+
+def _load_past(hostile: type, shapes: list[tuple[int, ...]] = SHAPES) -> tuple[Any, float, _Counted]:
+    """(what the joiner loaded, its seconds, the honest donor) with an honest donor at HONEST_VERSION and one served by
+    the averager class `hostile` declaring HOSTILE_VERSION (asked first), each asked by `_peers`."""
+    honest = _Counted(_state(HONEST_VERSION, shapes, 1))
+    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, lambda: None, hostile), shapes=shapes) as (joiner, _):
+        started = time.monotonic()
+        loaded = joiner.load_state(NAMES[: len(shapes)], shapes, LOAD_S)
+        return loaded, time.monotonic() - started, honest
+
+
 @pytest.mark.slow
 def test_a_refused_donor_declaring_a_higher_version_is_asked_once(no_new_p2pd: None) -> None:
     """The hostile donor declares version 9 and serves θ and momentum of the wrong shapes (the same number of
@@ -187,9 +204,7 @@ def test_a_refused_donor_declaring_a_higher_version_is_asked_once(no_new_p2pd: N
         loaded = joiner.load_state(NAMES, SHAPES, LOAD_S)
         seconds = time.monotonic() - started
     assert hostile.calls == 1, f"the hostile donor was asked {hostile.calls} times in {seconds:.1f}s"
-    _assert_honest(loaded, honest.state)
-    assert honest.calls == 1
-    assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+    _assert_honest_at_once(loaded, seconds, honest)
 
 
 @pytest.mark.slow
@@ -198,17 +213,11 @@ def test_a_donor_streaming_far_more_than_the_state_is_read_only_up_to_the_bound(
     `StateLimits` (the donor had sent at most that plus what the transport holds) and loads the honest state, asking
     the hostile donor once. hivemind read all 256 MiB, every attempt, and loaded nothing."""
     _FloodingAverager.asked, _FloodingAverager.sent = mp.Value("q", 0), mp.Value("q", 0)
-    honest = _Counted(_state(HONEST_VERSION, SHAPES, 1))
-    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, lambda: None, _FloodingAverager)) as (joiner, _):
-        started = time.monotonic()
-        loaded = joiner.load_state(NAMES, SHAPES, LOAD_S)
-        seconds = time.monotonic() - started
+    loaded, seconds, honest = _load_past(_FloodingAverager)
     asked, sent = _FloodingAverager.asked.value, _FloodingAverager.sent.value
     assert sent < READ_BOUND + IN_FLIGHT_BYTES, f"the hostile donor sent {sent:,} bytes, asked {asked} times"
     assert asked == 1, f"the hostile donor was asked {asked} times in {seconds:.1f}s"
-    _assert_honest(loaded, honest.state)
-    assert honest.calls == 1
-    assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+    _assert_honest_at_once(loaded, seconds, honest)
 
 
 @pytest.mark.slow
@@ -217,16 +226,10 @@ def test_a_donor_trickling_its_state_is_left_for_the_next(no_new_p2pd: None) -> 
     joiner leaves it past `StateLimits.seconds` (its 70 KB at 1 MiB/s, plus one message's timeout) and loads the honest
     state, asking the hostile donor once. Before, it was read until the joiner's whole load had passed: no state."""
     _TricklingAverager.asked = mp.Value("q", 0)
-    honest = _Counted(_state(HONEST_VERSION, SHAPES, 1))
-    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, lambda: None, _TricklingAverager)) as (joiner, _):
-        started = time.monotonic()
-        loaded = joiner.load_state(NAMES, SHAPES, LOAD_S)
-        seconds = time.monotonic() - started
+    loaded, seconds, honest = _load_past(_TricklingAverager)
     asked = _TricklingAverager.asked.value
     assert asked == 1, f"the trickling donor was asked {asked} times in {seconds:.1f}s"
-    _assert_honest(loaded, honest.state)
-    assert honest.calls == 1
-    assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
+    _assert_honest_at_once(loaded, seconds, honest)
 
 
 @pytest.mark.slow
@@ -235,12 +238,7 @@ def test_a_trickling_donor_of_a_large_state_is_left_for_the_next(no_new_p2pd: No
     whole load, and the trickling donor kept it from the honest one again (review of the twentieth session). A donor
     must keep up the pace as it sends: this one is left after about one message's timeout."""
     _TricklingAverager.asked = mp.Value("q", 0)
-    honest = _Counted(_state(HONEST_VERSION, LARGE_SHAPES, 1))
-    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, lambda: None, _TricklingAverager),
-                shapes=LARGE_SHAPES) as (joiner, _):
-        started = time.monotonic()
-        loaded = joiner.load_state(NAMES[:1], LARGE_SHAPES, LOAD_S)
-        seconds = time.monotonic() - started
+    loaded, seconds, honest = _load_past(_TricklingAverager, LARGE_SHAPES)
     assert _TricklingAverager.asked.value == 1
     assert loaded is not None and loaded[0] == HONEST_VERSION, f"no honest state in {seconds:.1f}s"
     assert all(torch.equal(a, b) for a, b in zip(loaded[1], honest.state[1]))
@@ -253,11 +251,7 @@ def test_a_donor_bursting_as_its_time_runs_out_is_left_for_the_next(no_new_p2pd:
     donor was read until the joiner's load had passed (3 of 3 trials: no state). Its pace is now checked at every
     message and at each wait's end."""
     _BurstingAverager.asked = mp.Value("q", 0)
-    honest = _Counted(_state(HONEST_VERSION, SHAPES, 1))
-    with _peers((HONEST_VERSION, honest, None), (HOSTILE_VERSION, lambda: None, _BurstingAverager)) as (joiner, _):
-        started = time.monotonic()
-        loaded = joiner.load_state(NAMES, SHAPES, LOAD_S)
-        seconds = time.monotonic() - started
+    loaded, seconds, honest = _load_past(_BurstingAverager)
     assert _BurstingAverager.asked.value == 1
     _assert_honest(loaded, honest.state)
     assert seconds < LOAD_S / 2, f"the honest state took {seconds:.1f}s"
