@@ -82,8 +82,9 @@ class Mirror:
     def _open(self, spec: RunSpec, state_dir: Path) -> None:
         from rcswarm.observe.mirror_view import VIEW_KEY, SwarmView
         from rcswarm.state.store import StateStore
+        from rcswarm.worker.hivemind_worker import spec_digest
 
-        self.spec = spec
+        self.spec, self.spec_digest = spec, spec_digest(spec)  # peers of another digest are another swarm
         self.store = StateStore(state_dir)
         problem = _not_a_mirror_dir(self.store, spec)
         if problem:
@@ -143,13 +144,11 @@ class Mirror:
         `rows` and `update_view`."""
         from rcswarm.observe.mirror_view import VIEW_KEY, update_view
         from rcswarm.worker import hivemind_sync as hs
-        from rcswarm.worker.hivemind_worker import spec_digest
 
         now = time.time()
         metrics = hs.read_records(dht, hs.METRICS_KEY, self.spec.run.name)
-        mine = spec_digest(self.spec)  # peers of the run's name but another config are another swarm
         digests = {peer: record for peer, record in hs.read_records(dht, hs.DIGEST_KEY, self.spec.run.name).items()
-                   if record.get("spec", "") == mine}
+                   if record.get("spec", "") == self.spec_digest}
         seen = dict(self.seen)
         rows = self.rows(metrics, now)
         try:

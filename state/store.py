@@ -614,8 +614,7 @@ class StateStore:
             db.execute("DELETE FROM checkpoints WHERE version > ?", (entry.version,))
             # The updates of the rounds that produced the versions set aside were in a θ this run no longer has.
             db.execute("DELETE FROM round_reporters WHERE version >= ?", (entry.version,))
-            db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (time.time(), "", "fallback", reason))
-            self._prune_events(db, 1)
+            self._insert_event(db, "", "fallback", reason, time.time())
             db.execute("COMMIT")
         for file in newer:
             path = self.checkpoint_dir / file
@@ -641,10 +640,13 @@ class StateStore:
         """Record an event row (`now`: time.time() when None); past MAX_EVENT_ROWS the oldest rows go
         (`_prune_events`)."""
         with self._writer() as db:
-            db.execute(
-                "INSERT INTO events VALUES (?, ?, ?, ?)", (time.time() if now is None else now, worker_id, kind, reason)
-            )
-            self._prune_events(db, 1)
+            self._insert_event(db, worker_id, kind, reason, time.time() if now is None else now)
+
+    @classmethod
+    def _insert_event(cls, db: sqlite3.Connection, worker_id: str, kind: str, reason: str, now: float) -> None:
+        """One event row, on the writer connection (its caller's transaction, if any), then `_prune_events`."""
+        db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (now, worker_id, kind, reason))
+        cls._prune_events(db, 1)
 
     @staticmethod
     def _prune_events(db: sqlite3.Connection, written: int) -> None:
@@ -665,8 +667,7 @@ class StateStore:
         round_version, base_version = reported
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
-            db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (now, worker_id, kind, reason))
-            self._prune_events(db, 1)
+            self._insert_event(db, worker_id, kind, reason, now)
             db.execute("INSERT OR REPLACE INTO round_reporters VALUES (?, ?, ?)",
                        (round_version, worker_id, base_version))
             db.execute("COMMIT")
