@@ -12,7 +12,7 @@ recorded by Ray's GCS and shown by its dashboard.
 
 A restarted actor (its process died; Ray runs the constructor again) is a new process: it joins as a
 new worker. Each actor keeps a membership file on its node (`worker/membership.py`, in a private
-directory per user and coordinator, `membership_file`), so a successor started on the same node ends
+directory per user, named by coordinator and actor, `membership_file`), so a successor started on the same node ends
 the dead process's membership at once instead of the open round waiting out its lease; one started on
 another node finds no file, and the coordinator evicts the dead membership when its lease runs out.
 A run that finishes, a refused token or a spec this node cannot build end the loop; the actor then stays alive and reports the outcome (`state`, `exit_code`) instead of exiting, so Ray does not
@@ -69,14 +69,14 @@ class RayWorkerConfig:
 
 
 def membership_file(options: WorkerOptions) -> Path:
-    """Where the actor `options.name` keeps its membership on this node: a directory of mode 0700 per user and
-    coordinator under the temporary directory (the file holds the worker secret; another coordinator's actor of
-    the same name never reads it)."""
-    user = Path(tempfile.gettempdir()) / f"rcswarm-ray-{os.getuid()}"
-    directory = user / hashlib.sha256(options.coordinator.encode()).hexdigest()[:16]
-    for folder in (user, directory):
-        folder.mkdir(mode=0o700, exist_ok=True)
-    return directory / f"{options.name}.membership.json"
+    """Where the actor `options.name` keeps its membership on this node: a file named by its coordinator's digest and
+    its name in one directory of mode 0700 per user under the temporary directory (the file holds the worker secret;
+    another coordinator's actor of the same name never reads it). One directory for every coordinator, so a finished
+    run leaves no directory of its own behind (the worker removes its file as it leaves)."""
+    directory = Path(tempfile.gettempdir()) / f"rcswarm-ray-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    coordinator = hashlib.sha256(options.coordinator.encode()).hexdigest()[:16]
+    return directory / f"{coordinator}-{options.name}.membership.json"
 
 
 class RayWorker:

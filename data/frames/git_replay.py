@@ -21,10 +21,10 @@ strict UTF-8, is at most `max_file_bytes` and has no character in the
 tokenizer's reserved range U+F0000..U+F00FF; other files (binary, oversized,
 symlinks, submodules) are skipped and counted. A blob's size comes from `cat-file`'s
 header: an oversized one is read and dropped in chunks, never held whole. A path that
-cannot be typed (its name is not UTF-8, or holds a character of the reserved range,
-which would read back as a control) is skipped and counted as well (`skipped_name`). A path that stops being text is
+cannot be typed (its name is not UTF-8, holds a character of the reserved range,
+which would read back as a control, or is longer than MAX_PATH_CHARS) is skipped and counted as well (`skipped_name`). A path that stops being text is
 deleted from the editor. Typing the commit subject is optional
-(`commit_messages`). Actions (see `git_editor`): deletions (select in the
+(`commit_messages`; at most MAX_SUBJECT_CHARS characters of it). Actions (see `git_editor`): deletions (select in the
 tree, DELETE_FILE), renames (select, RENAME, type the new path, ENTER), new
 files (TREE, NEW_FILE, type the path, ENTER), then edits: open the file through
 the tree, a line diff (difflib after the common prefix and suffix of lines, top to
@@ -59,6 +59,16 @@ LINE_DIFF_PAIRS = 1_000_000
 BLOB_CHUNK = 1 << 20
 # `git log` is read from its pipe this many bytes at a time (a bounded buffer; records are parsed as they arrive).
 STREAM_CHUNK = 1 << 16
+# A field of `git log`'s output (a SHA with its parents and subject, a path) is kept to this many bytes; git allows
+# any length and an untrusted repository's commit message or tree entry may be megabytes. Past it the rest of the
+# field is read and dropped (`_fields`): a subject is typed cut anyway, a path that long is not typed.
+MAX_FIELD_BYTES = 1 << 16
+# The longest path typed (Linux's PATH_MAX, in characters); a longer one is skipped and counted like a name that
+# is not UTF-8 (`typeable`).
+MAX_PATH_CHARS = 4096
+# The most characters of a commit subject typed (`commit_messages`): git's advice is 50 to 72; a history's longest
+# real subjects are a few hundred. Past it the subject is cut, so that one commit cannot type megabytes of frames.
+MAX_SUBJECT_CHARS = 500
 # A streamed git that prints nothing for this long is killed (an error naming the repository): far above what one
 # commit's diff or the walk before `--reverse`'s first record takes on a history of millions of commits.
 GIT_IDLE_SECONDS = 1800.0
@@ -133,18 +143,23 @@ class Commit:
 
 def _fields(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """The NUL-terminated fields of a byte stream given in chunks, as they arrive: only the field being read is
-    buffered (a field git printed: a SHA and subject, a raw diff's status, a path). RuntimeError where the stream
-    ends inside a field (anything but newlines after the last NUL)."""
-    buf = bytearray()
+    buffered (a field git printed: a SHA and subject, a raw diff's status, a path), and of it only its first
+    MAX_FIELD_BYTES (the rest is dropped as it arrives). RuntimeError where the stream ends inside a field (anything
+    but newlines after the last NUL)."""
+    field_ = bytearray()  # the start of a field that began in an earlier chunk
     for chunk in chunks:
-        buf += chunk
         start = 0
-        while (end := buf.find(0, start)) >= 0:
-            yield bytes(buf[start:end])
+        while (end := chunk.find(0, start)) >= 0:
+            if field_:
+                field_ += chunk[start:min(end, start + MAX_FIELD_BYTES - len(field_))]
+                yield bytes(field_)
+                field_.clear()
+            else:
+                yield chunk[start:min(end, start + MAX_FIELD_BYTES)]
             start = end + 1
-        del buf[:start]
-    if buf.strip(b"\n"):
-        raise RuntimeError(f"git log: output ended inside a record ({bytes(buf[:60])!r})")
+        field_ += chunk[start:start + max(0, MAX_FIELD_BYTES - len(field_))]
+    if field_.strip(b"\n"):
+        raise RuntimeError(f"git log: output ended inside a record ({bytes(field_[:60])!r})")
 
 
 def parse_log(chunks: Iterable[bytes]) -> Generator[Commit, None, None]:
@@ -427,10 +442,17 @@ def _path(raw: bytes) -> str:
 
 
 def typeable(path: str) -> bool:
-    """Whether `path` can be typed as actions and read back: no lone surrogate (a name that is not UTF-8)
-    and no character of the tokenizer's reserved range (which it would read back as a control)."""
-    return not any(0xD800 <= ord(ch) <= 0xDFFF or RESERVED_LOW <= ord(ch) <= RESERVED_HIGH
-                   for ch in path if ord(ch) >= 0xD800)
+    """Whether `path` can be typed as actions and read back: at most MAX_PATH_CHARS characters (a longer one, or one
+    `_fields` cut, would take that many frames to type), no lone surrogate (a name that is not UTF-8) and no
+    character of the tokenizer's reserved range (which it would read back as a control)."""
+    return len(path) <= MAX_PATH_CHARS and not any(0xD800 <= ord(ch) <= 0xDFFF or RESERVED_LOW <= ord(ch) <= RESERVED_HIGH
+                                                    for ch in path if ord(ch) >= 0xD800)
+
+
+def typed_subject(subject: str) -> str:
+    """What of a commit subject is typed: its first MAX_SUBJECT_CHARS characters, less those of the tokenizer's
+    reserved range."""
+    return "".join(ch for ch in subject[:MAX_SUBJECT_CHARS] if not RESERVED_LOW <= ord(ch) <= RESERVED_HIGH)
 
 
 def classify(data: bytes, max_file_bytes: int) -> tuple[str | None, str]:
@@ -674,8 +696,8 @@ def replay(
     """Replay `repo`'s first-parent history; `sink(cp, st, action)` receives every (frame before, action).
 
     `on_commit(index, total, stats)` is called after each commit. With
-    `commit_messages`, each commit ends with COMMIT, its subject typed (characters
-    of the tokenizer's reserved range dropped), ENTER. Raises
+    `commit_messages`, each commit ends with COMMIT, its subject typed (its first
+    MAX_SUBJECT_CHARS characters, those of the tokenizer's reserved range dropped), ENTER. Raises
     `ReplayError` when the safety invariant fails, ValueError for a `max_commits` below 1
     or a negative `max_file_bytes`.
     """
@@ -693,7 +715,7 @@ def replay(
                 expected = _replay_commit(git, planner, sha, commit.changes, max_file_bytes, stats)
                 if commit_messages:
                     planner.do(C["COMMIT"])
-                    planner.type("".join(ch for ch in commit.subject if not RESERVED_LOW <= ord(ch) <= RESERVED_HIGH))
+                    planner.type(typed_subject(commit.subject))
                     planner.do(C["ENTER"])
                 for path, text in expected.items():
                     got = editor.files.get(path)

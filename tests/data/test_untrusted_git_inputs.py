@@ -261,6 +261,51 @@ def test_a_dataset_of_a_history_with_such_names_round_trips(monkeypatch, tmp_pat
     assert tok.decode(tok.encode(acts)[0]) == acts
 
 
+def test_fields_of_megabytes_are_kept_to_their_first_bytes_and_the_stream_stays_in_step(monkeypatch):
+    """An untrusted history's commit message or tree entry may be megabytes long (git allows any length): the parser
+    keeps a field's first MAX_FIELD_BYTES (before, the whole field was buffered); a path that long is not typeable."""
+    sha, parent, blob = "a" * 40, "c" * 40, "b" * 40
+    subject, path = b"s" * (4 << 20), b"p" * (4 << 20)
+    raw = (b"\x1e%s\x1f%s\0\n:000000 100644 %s %s A\0%s\0:000000 100644 %s %s A\0ok.txt\0\x1e%s %s\x1fnext\0"
+           % (sha.encode(), subject, b"0" * 40, blob.encode(), path, b"0" * 40, blob.encode(), parent.encode(),
+              sha.encode()))
+    step = git_replay.STREAM_CHUNK
+    monkeypatch.setattr(Git, "stream", lambda self, *args: (raw[i : i + step] for i in range(0, len(raw), step)))
+    tracemalloc.start()
+    try:
+        first, second = Git("unused")._log("HEAD", None, subjects=True, raw=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    assert first.sha == sha and first.subject == "s" * (git_replay.MAX_FIELD_BYTES - 42)
+    long_path, ok = first.changes
+    assert len(long_path.new_path) == git_replay.MAX_FIELD_BYTES and not git_replay.typeable(long_path.new_path)
+    assert ok.new_path == "ok.txt" and (second.sha, second.parent, second.subject) == (parent, sha, "next")
+
+
+class LongSubjects(MemoryGit):
+    """A MemoryGit whose commit subjects are 100,000 characters long."""
+
+    def first_parent_commits(self, rev: str = "HEAD", max_count: int | None = None,
+                             subjects: bool = False) -> Iterator[tuple[str, str | None, str]]:
+        for sha, parent, _ in super().first_parent_commits(rev, max_count, subjects):
+            yield sha, parent, "é" * 100_000 if subjects else ""
+
+
+def test_a_long_subject_is_typed_cut_and_a_path_past_path_max_is_skipped(monkeypatch):
+    """One commit must not type megabytes of frames: a subject is typed to MAX_SUBJECT_CHARS characters, a path
+    longer than MAX_PATH_CHARS is skipped and counted like a name that is not UTF-8."""
+    long_path = "d/" * (git_replay.MAX_PATH_CHARS // 2) + "x.txt"
+    use_histories(monkeypatch, {"r": LongSubjects([{"ok.txt": b"hi\n", long_path: b"x\n"}])})
+    actions: list[int] = []
+    stats = replay("r", lambda cp, st, a: actions.append(a), ROWS, COLS, commit_messages=True)
+    assert stats.commits == 1 and stats.skipped_name == 1 and stats.files == 1
+    typed = actions[actions.index(C["COMMIT"]) + 1 :]
+    assert typed == [ord("é")] * git_replay.MAX_SUBJECT_CHARS + [C["ENTER"]]
+    assert git_replay.typeable("d/" * (git_replay.MAX_PATH_CHARS // 2))
+
+
 # -- 3. a rebuild is published whole or not at all ---------------------------------------------------------
 
 

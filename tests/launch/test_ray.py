@@ -93,10 +93,10 @@ def test_a_worker_actor_whose_worker_ends_in_error_reports_failed_with_the_reaso
     assert (state, code) == (FAILED, 1) and problem.startswith("RuntimeError: CUDA out of memory"), problem
 
 
-def test_each_worker_actor_keeps_its_membership_in_a_private_directory_per_coordinator(monkeypatch, tmp_path):
+def test_each_worker_actor_keeps_its_membership_in_a_private_file_per_coordinator(monkeypatch, tmp_path):
     """A restarted actor finds its predecessor's membership file on the node (worker/ray_worker.py); the file holds
-    the worker secret, so its directories are the user's alone, and another coordinator's actor of the same name
-    has another file."""
+    the worker secret, so its directory is the user's alone; another coordinator's actor of the same name has another
+    file, and no coordinator leaves a directory of its own behind (one directory per user, nothing else)."""
     import stat
     import tempfile
 
@@ -105,11 +105,12 @@ def test_each_worker_actor_keeps_its_membership_in_a_private_directory_per_coord
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     first = membership_file(WorkerOptions("127.0.0.1:7000", name="rcswarm-worker-0"))
     assert first == membership_file(WorkerOptions("127.0.0.1:7000", name="rcswarm-worker-0"))
-    assert first.name == "rcswarm-worker-0.membership.json" and not first.exists()
-    for folder in (first.parent, first.parent.parent):
-        assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and tmp_path in folder.parents
-    assert membership_file(WorkerOptions("127.0.0.1:7001", name="rcswarm-worker-0")).parent != first.parent
+    assert first.name.endswith("-rcswarm-worker-0.membership.json") and not first.exists()
+    assert stat.S_IMODE(first.parent.stat().st_mode) == 0o700 and first.parent.parent == tmp_path
+    other = membership_file(WorkerOptions("127.0.0.1:7001", name="rcswarm-worker-0"))
+    assert other != first and other.parent == first.parent
     assert membership_file(WorkerOptions("127.0.0.1:7000", name="rcswarm-worker-1")) != first
+    assert list(tmp_path.rglob("*")) == [first.parent]
 
 
 @pytest.mark.parametrize(("argv", "message"), [

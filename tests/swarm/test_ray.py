@@ -28,6 +28,8 @@ import pytest
 from rcswarm.launch import named_actors, stop_all, worker_index
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.worker.options import WorkerOptions
+from rcswarm.worker.ray_worker import membership_file
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
@@ -212,6 +214,8 @@ def test_two_ray_actors_train_in_lockstep_and_leave_on_stop(ray_cluster, namespa
     assert sorted(i["cuda_visible_devices"] for i in infos) == ["0", "1"]
     assert {i["state"] for i in infos} == {"training"} and {i["device"] for i in infos} == {"cpu"}
     assert {i["worker_id"] for i in infos} == active_ids(local)
+    files = [membership_file(WorkerOptions(local.target, name=i["config"]["worker"]["name"])) for i in infos]
+    assert all(path.exists() for path in files), files
 
     # Ray's processes listen on loopback only.
     listening = listening_addresses(descendants(os.getpid()))
@@ -223,6 +227,7 @@ def test_two_ray_actors_train_in_lockstep_and_leave_on_stop(ray_cluster, namespa
     left = {worker_id for worker_id, _ in events(local.state_dir, "leave")}
     assert left == {i["worker_id"] for i in infos}
     assert named_actors(namespace) == []
+    assert not any(path.exists() for path in files), "each worker removes its membership file as it leaves"
 
     # Every replica equals the coordinator's parameters after each pull, bit for bit.
     expected = {0: version0, **{r.version + 1: r.param_sha256 for r in read_state(local.state_dir, lambda store: store.rounds())}}
