@@ -96,3 +96,19 @@ def test_frame_heldout_eval_on_a_sweep_dir_and_without_one(tmp_path):
     proc = run_script("frame_heldout_eval.py", str(tmp_path / "nowhere"))
     assert proc.returncode == 2
     assert "run.toml' does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_make_history_makes_a_history_git_imports(tmp_path):
+    """docs/PERFORMANCE.md's histories of many commits come from this generator through `git fast-import`."""
+    from rcswarm.data.frames.git_replay import replay
+
+    repo = tmp_path / "h"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=TIMEOUT_S)
+    stream = run_script("make_history.py", "30")
+    assert stream.returncode == 0, stream.stderr
+    subprocess.run(["git", "-C", str(repo), "fast-import", "--done", "--quiet"], input=stream.stdout, text=True,
+                   check=True, timeout=TIMEOUT_S)
+    subprocess.run(["git", "-C", str(repo), "reset", "-q", "--hard", "main"], check=True, timeout=TIMEOUT_S)
+    stats = replay(str(repo), lambda *frame: None, 24, 80)
+    assert stats.commits == 30 and stats.files == 33  # counter.txt in each, a note in commits 0, 10 and 20
+    assert run_script("make_history.py", "0").returncode == 2
