@@ -37,6 +37,7 @@ SMOKE = [
     ("dashboard_load_bench.py", ["--rows", "2000", "--workers", "2", "--requests", "2"], "GetStatus (status())"),
     ("frame_gpu_plan.py", ["examples/frame_git_gpu.toml"], "min/round"),
     ("psm_stream_bench.py", ["--tokens", "64", "--window", "32", "--chunk", "16", "--d-model", "64"], "gpt / psm"),
+    ("rpc_latency_bench.py", ["--calls", "20"], "flood  Heartbeat"),
 ]
 
 
