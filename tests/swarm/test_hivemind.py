@@ -433,7 +433,9 @@ def test_the_others_finish_when_a_peer_is_killed_mid_round(swarm: Any) -> None:
     for name in ("a", "b"):
         history = peers.summary(name)["history"]
         assert history[-1]["version"] == 6 and all(math.isfinite(h["loss"]) for h in history)
-        assert history[-1]["group"] == 2
+        # After the kill (at version 2 or 3) a and b average as a pair; a ghost follower (docs/RELIABILITY.md) may
+        # leave one of the last three rounds alone, as it did the stalled-peer test's last round in CI.
+        assert all(h["group"] <= 2 for h in history[-3:]) and sum(h["group"] < 2 for h in history[-3:]) <= 1, history
     assert_replicas_agree(peers, ["a", "b"], 6 * REPLICA_TOLERANCE_PER_ROUND)
 
 
