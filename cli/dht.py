@@ -147,8 +147,9 @@ class Mirror:
 
         now = time.time()
         metrics = hs.read_records(dht, hs.METRICS_KEY, self.spec.run.name)
-        digests = {peer: record for peer, record in hs.read_records(dht, hs.DIGEST_KEY, self.spec.run.name).items()
-                   if record.get("spec", "") == self.spec_digest}
+        found = hs.read_records(dht, hs.DIGEST_KEY, self.spec.run.name)
+        hs.warn_specless(found)
+        digests = {peer: record for peer, record in found.items() if record.get("spec", "") == self.spec_digest}
         seen = dict(self.seen)
         rows = self.rows(metrics, now)
         try:

@@ -22,10 +22,12 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   one its caller's check refuses (the group's final replica, a re-sync's floor), and asks a refused donor no more; a
   donor is read only up to the bytes and tensors this run's state takes (`StateLimits`).
 * **Records**: every peer stores its digest per version (`DigestRecord`: SHA-256 and a
-  numeric sketch of θ, and its run spec's digest: `HivemindPeer.records` counts only its own spec's) and its round's metrics (`MetricsRecord`) in the DHT under
-  `rcswarm_digest` / `rcswarm_metrics`, subkey = peer id. Values are msgpack (hivemind's DHT
-  serializer), never pickle, and every DHT node checks them with `record_validator()` (finite numbers, versions
-  below MAX_VERSION); `read_records` checks each again (a node with an older validator may serve one). Records are
+  numeric sketch of θ, and its run spec's digest: `HivemindPeer.records` counts only its own spec's, and warns once
+  of a peer whose records carry none, an rcswarm from before they did: `SpeclessDigestRecord`) and its round's
+  metrics (`MetricsRecord`) in the DHT under `rcswarm_digest` / `rcswarm_metrics`, subkey = peer id. Values are
+  msgpack (hivemind's DHT serializer), never pickle, and every DHT node checks them with `record_validator()`
+  (finite numbers, versions below MAX_VERSION); `read_records` checks each again (a node with an older validator
+  may serve one). Records are
   signed: every peer has an RSA identity (`PeerIdentity`: its `--identity-path`, or a key made for the process), its
   libp2p peer id is derived from that key, and it files its records under the subkey `<peer id>[owner:<public key>]`
   (`owner_subkey`). hivemind's `RSASignatureValidator` on every DHT node refuses a record under such a subkey unless
@@ -294,8 +296,9 @@ def metric_row_problem(row: Sequence[float]) -> str:
 SPEC_DIGEST_PATTERN = r"^([0-9a-f]{64})?$"
 
 
-class DigestRecord(pydantic.BaseModel):
-    """One peer's parameters at one version: SHA-256 and the sketch `sketch()` computes (sums, θ norms, step norms)."""
+class SpeclessDigestRecord(pydantic.BaseModel):
+    """A digest record of an rcswarm from before records carried `spec` (a peer not yet upgraded): kept by the DHT and
+    read, so that a peer can name it (`warn_specless`), and read as one of no spec, never counted by a peer with one."""
 
     run: pydantic.constr(strict=True, max_length=200)
     version: pydantic.conint(strict=True, ge=0, lt=MAX_VERSION)
@@ -303,10 +306,15 @@ class DigestRecord(pydantic.BaseModel):
     sums: pydantic.conlist(_FiniteFloat, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
     norms: pydantic.conlist(_FiniteNonNegative, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
     steps: pydantic.conlist(_FiniteNonNegative, min_items=SKETCH_PARTS, max_items=SKETCH_PARTS)
-    spec: pydantic.constr(strict=True, regex=SPEC_DIGEST_PATTERN)  # its peer's run spec digest ("": none)
 
     class Config:
         extra = pydantic.Extra.forbid
+
+
+class DigestRecord(SpeclessDigestRecord):
+    """One peer's parameters at one version: SHA-256 and the sketch `sketch()` computes (sums, θ norms, step norms)."""
+
+    spec: pydantic.constr(strict=True, regex=SPEC_DIGEST_PATTERN)  # its peer's run spec digest ("": none)
 
 
 class MetricsRecord(pydantic.BaseModel):
@@ -339,20 +347,27 @@ _OWNER_SUBKEY = re.compile(r"([1-9A-HJ-NP-Za-km-z]{1,128})\[owner:(ssh-rsa [A-Za
 
 
 class _Records(pydantic.BaseModel):
-    digest: dict[pydantic.constr(strict=True, max_length=MAX_SUBKEY_CHARS), DigestRecord]
+    digest: dict[pydantic.constr(strict=True, max_length=MAX_SUBKEY_CHARS), DigestRecord | SpeclessDigestRecord]
     metrics: dict[pydantic.constr(strict=True, max_length=MAX_SUBKEY_CHARS), MetricsRecord]
 
 
-_RECORD_SCHEMAS: dict[str, type[pydantic.BaseModel]] = {DIGEST_KEY: DigestRecord, METRICS_KEY: MetricsRecord}
+# The schemas of each key's records, the first the current one (a record is valid under any).
+_RECORD_SCHEMAS: dict[str, tuple[type[pydantic.BaseModel], ...]] = {
+    DIGEST_KEY: (DigestRecord, SpeclessDigestRecord), METRICS_KEY: (MetricsRecord,)}
 
 
 def record_problem(key: str, value: Any) -> str:
-    """Why `value` is not a valid record under `key` (DIGEST_KEY, METRICS_KEY) by the schema ("" when it is)."""
-    try:
-        _RECORD_SCHEMAS[key].parse_obj(value)
-    except pydantic.ValidationError as error:
-        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:3])
-    return ""
+    """Why `value` is not a valid record under `key` (DIGEST_KEY, METRICS_KEY) by the schema ("" when it is): what
+    the current schema refuses, unless an older one of the key takes it."""
+    problems = []
+    for schema in _RECORD_SCHEMAS[key]:
+        try:
+            schema.parse_obj(value)
+        except pydantic.ValidationError as error:
+            problems.append("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:3]))
+        else:
+            return ""
+    return problems[0]
 
 
 def record_validator() -> SchemaValidator:
@@ -889,6 +904,16 @@ class _StateAverager(DecentralizedAverager):
     def get_current_state(self):
         return self.state_fn()
 
+    async def _shutdown(self, timeout: float | None) -> None:
+        """hivemind's shutdown, then this process's replica of the DHT's P2P closed: hivemind leaves it open, and with
+        it its client socket (`$TMPDIR/hivemind-p2pclient-*.sock`), one file left per peer that ever ran."""
+        try:
+            await super()._shutdown(timeout)
+        finally:
+            p2p = getattr(self, "_p2p", None)
+            if p2p is not None:
+                await p2p.shutdown()
+
     async def _set_timeouts(self, allreduce_s: float, sender_s: float, reducer_s: float) -> None:
         """In the averager process, before a step queued after it: the timeouts of its all-reduce."""
         self._allreduce_timeout = allreduce_s
@@ -1246,8 +1271,11 @@ class HivemindPeer:
         """Every valid record under `key` for `run`, by peer id (this peer's included), of this peer's run spec (the
         same digest, or none on either side: metrics records carry none, so a peer with a spec digest finds them all
         under `other_specs`); with `other_specs`, those of every other spec instead: peers of the run's name but
-        another config, whose replicas are not this swarm's (never counted in its decisions)."""
+        another config, whose replicas are not this swarm's (never counted in its decisions). A digest record that
+        names no spec while this peer has one is logged once per peer (`warn_specless`)."""
         found = read_records(self.dht, key, run)
+        if key == DIGEST_KEY and self.spec_digest:
+            warn_specless(found)
         return {peer: r for peer, r in found.items() if (r.get("spec", "") == self.spec_digest) != other_specs}
 
     def failure(self) -> str:
@@ -1307,9 +1335,32 @@ def store_record(dht: hivemind.DHT, subkey: str, key: str, value: dict[str, Any]
 
 
 # (key, subkey, problem) of the records `read_records` refused and logged: a record lingering for its TTL is logged
-# once.
+# once. The peer ids `warn_specless` logged, likewise.
 _REFUSED: set[tuple[str, str, str]] = set()
+_SPECLESS: set[str] = set()
 _MAX_REFUSED_LOGGED = 4096
+
+
+def _first_time(logged: set[Any], item: Any) -> bool:
+    """Whether `item` is not yet in `logged` (then added): a line is logged once per item. `logged` is emptied when it
+    holds _MAX_REFUSED_LOGGED items, so that records under ever new subkeys repeat a line rather than grow it."""
+    if item in logged:
+        return False
+    if len(logged) >= _MAX_REFUSED_LOGGED:
+        logged.clear()
+    logged.add(item)
+    return True
+
+
+def warn_specless(records: Mapping[str, Mapping[str, Any]]) -> None:
+    """Log a WARNING, once per peer id, for each digest record of `records` (by peer id) that names no run spec digest:
+    its peer runs an rcswarm from before digest records carried one (a rolling upgrade), so a peer with a digest does
+    not count it in its decisions (`HivemindPeer.records`) and loads no state from it (`_check_state`)."""
+    for peer, record in records.items():
+        if not record.get("spec") and _first_time(_SPECLESS, peer):
+            log.warning("peer %s publishes no run spec digest in its digest records (probably an older rcswarm): it "
+                        "is not counted in this peer's decisions (re-sync, alone, the final replica) and no state is "
+                        "loaded from it; run every peer of the swarm on one rcswarm version", peer)
 
 
 def read_records(dht: hivemind.DHT, key: str, run: str) -> dict[str, dict[str, Any]]:
@@ -1329,10 +1380,7 @@ def read_records(dht: hivemind.DHT, key: str, run: str) -> dict[str, dict[str, A
         problem = problem or record_problem(key, value)
         if not problem:
             out[owner] = value
-        elif (key, str(subkey), problem) not in _REFUSED:
-            if len(_REFUSED) >= _MAX_REFUSED_LOGGED:
-                _REFUSED.clear()
-            _REFUSED.add((key, str(subkey), problem))
+        elif _first_time(_REFUSED, (key, str(subkey), problem)):
             log.warning("the %s record of subkey %.80s is left out: %s", key, str(subkey), problem)
     return out
 

@@ -32,6 +32,7 @@ goes on while it is down. SIGTERM or SIGINT ends the worker after its current st
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -40,6 +41,7 @@ import os
 import socket
 import threading
 import time
+import typing
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -48,11 +50,12 @@ import torch
 
 from rcswarm.config.run_step import RunSteps
 from rcswarm.config.runspec import RunSpec
+from rcswarm.models import registry
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
 from rcswarm.sync.files import save_tensors
 from rcswarm.sync.outer import outer_step
-from rcswarm.train.inner import worker_data_seed
+from rcswarm.train.inner import make_task_from, typing_config_for, worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow
 from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker.hivemind_control import ControlPlane
@@ -85,9 +88,20 @@ UNHASHED_KEYS = (("curriculum", "law_from"), ("data", "task_config", "dataset"),
 
 
 def spec_digest(spec: RunSpec) -> str:
-    """SHA-256 (hex) of the run spec every peer of a swarm must share: its canonical JSON (sorted keys) less the keys
-    that name paths on a peer's own host or describe a launch (UNHASHED_KEYS). A peer's name and its flags are not in
-    the spec."""
+    """SHA-256 (hex) of the run spec every peer of a swarm must share: the JSON (sorted keys) of `canonical_spec`.
+    A peer's name and its flags are not in the spec. ValueError as `canonical_spec` raises it."""
+    return hashlib.sha256(json.dumps(canonical_spec(spec), sort_keys=True).encode()).hexdigest()
+
+
+def canonical_spec(spec: RunSpec) -> dict[str, Any]:
+    """The run spec as `spec_digest` hashes it: `RunSpec.to_dict()` less UNHASHED_KEYS, its free-form tables replaced
+    by the typed configs they become, so specs that train the same model on the same task hash alike (a default
+    written out or left out, 0 or 0.0 in a float field, another preset overridden to the same config) and any other
+    value differs: [model] as its name and the family's config (`registry.make_config`: preset and overrides
+    applied), [data.task_config] as its task's config (`_typed_task_config`). Every other value is a typed RunSpec
+    field already, and [data.task_config] of "stdlib" (no keys) or "git" (its one key in UNHASHED_KEYS) holds none.
+    ValueError, as the worker's data check (`data_problem`) raises it, for overrides or a task config the model or
+    task refuses."""
     canonical = spec.to_dict()
     for *tables, key in UNHASHED_KEYS:
         table: Any = canonical
@@ -95,7 +109,36 @@ def spec_digest(spec: RunSpec) -> str:
             table = table.get(name) if isinstance(table, dict) else None
         if isinstance(table, dict):
             table.pop(key, None)
-    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
+    model_config = registry.make_config(spec.model.name, spec.model.preset, spec.model.overrides)
+    canonical["model"] = {"name": spec.model.name, "config": _declared_values(model_config)}
+    task_config = _typed_task_config(spec, model_config)
+    if task_config is not None:
+        canonical["data"]["task_config"] = _declared_values(task_config)
+    return canonical
+
+
+def _typed_task_config(spec: RunSpec, model_config: Any) -> Any:
+    """The config dataclass [data.task_config] becomes: the diagnostic task's (source "diag"), the typing task's
+    `TypingConfig` (source "typing", its geometry the model's, whose config is `model_config`); None for a source
+    without one."""
+    if spec.data.source == "diag":
+        return make_task_from(spec.data).config
+    if spec.data.source == "typing":
+        return typing_config_for(spec.data, model_config)
+    return None
+
+
+def _declared_values(config: Any) -> dict[str, Any]:
+    """The fields of the config dataclass `config`, each as its declared type holds it: an integer in a field
+    declared float (or float | None) as that float, as TOML's `0` and `0.0` set one dropout; the other values as
+    they are (the config validated them: an int field holds an int)."""
+    hints = typing.get_type_hints(type(config))
+
+    def declared(name: str, value: Any) -> Any:
+        floats = hints[name] is float or float in typing.get_args(hints[name])
+        return float(value) if floats and isinstance(value, int) and not isinstance(value, bool) else value
+
+    return {f.name: declared(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)}
 
 
 def round_token_bound(spec: RunSpec, version: int) -> float:
@@ -327,13 +370,15 @@ class HivemindWorker:
 
     def _warn_other_specs(self) -> None:
         """At the start, no averager of this run spec declaring a state: warn when peers of the run's name published
-        digests past version 0 all the same (peers of another config, whose averagers this one never meets)."""
+        digests past version 0 all the same (peers of another config or rcswarm version, whose averagers this one never
+        meets)."""
         others = self.peer.records(hs.DIGEST_KEY, self.spec.run.name, other_specs=True)
         newest = max((r["version"] for r in others.values()), default=0)
         if newest > 0:
             log.warning("%s: peers of run %s published version %d, but no peer of this peer's run spec (digest %s) "
-                        "serves a state: their config differs from this one (every peer of a swarm needs the same "
-                        "run spec); this peer starts from θ_0", self.name, self.spec.run.name, newest,
+                        "serves a state: their config differs from this one, or their rcswarm version digests it "
+                        "otherwise (every peer of a swarm needs the same run spec and rcswarm version); this peer "
+                        "starts from θ_0", self.name, self.spec.run.name, newest,
                         self.spec_digest[:hs.PREFIX_DIGEST_CHARS])
 
     def _publish_start(self) -> None:

@@ -4,10 +4,12 @@ renews torch's thread pool before its threads start (the first all-reduce's "Inv
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import re
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker import startup
 from rcswarm.worker.hivemind_worker import HivemindWorker
 from tests.helpers.hivemind import hivemind_spec
+from tests.helpers.waiting import wait_for
 
 pytest.importorskip("hivemind")
 
@@ -127,3 +130,18 @@ def test_the_averager_renews_torchs_thread_pool_in_its_own_process_before_its_th
         assert threads == 1
     finally:
         peer.shutdown()
+
+
+def test_a_peer_that_shuts_down_leaves_no_socket_files(no_new_p2pd: None) -> None:
+    """The DHT's p2pd, its client and the averager's replica of it each listen on a Unix socket in the temporary
+    directory; hivemind left the averager's (one file per peer that ever ran: CI's machine held a hundred)."""
+    pattern = str(Path(tempfile.gettempdir()) / "hivemind-*.sock")
+    before = set(glob.glob(pattern))
+    state = ({"run": "s", "version": 0}, [])
+    peer = hs.HivemindPeer("s", [(8,)], "fp32", 256, hs.HivemindOptions.loopback(), lambda: state)
+    try:
+        ours = set(glob.glob(pattern)) - before
+        assert ours, "no socket of its own while it runs"
+    finally:
+        peer.shutdown()
+    wait_for(lambda: not ours & set(glob.glob(pattern)), 10.0, f"the sockets {sorted(ours)} removed")

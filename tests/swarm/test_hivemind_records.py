@@ -6,6 +6,7 @@ killed DHT start real peers on 127.0.0.1."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import os
 import signal
@@ -133,6 +134,39 @@ def test_records_count_only_under_the_peer_id_of_the_key_that_signed_them(no_new
         if cheat is not None:
             cheat.shutdown()
         victim.shutdown()
+
+
+def test_a_digest_record_without_a_spec_digest_is_left_out_with_a_warning_naming_its_peer(
+        no_new_p2pd: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rolling upgrade: a peer of an rcswarm before digest records carried the run spec digest publishes records
+    without `spec`. A peer with a digest refused them by schema (on store and on read: "spec: field required") and
+    so counted them silently nowhere, perhaps starting from θ_0 beside a swarm it never heard of. Now the DHT
+    keeps them, the peer still counts them nowhere (not its spec), and it says so once per peer, naming it."""
+    monkeypatch.setattr(hs, "_SPECLESS", set(), raising=False)  # each peer warned of once in this test
+    ours = "a" * 64
+    older = {k: v for k, v in hs.digest_record("hm", 5, {"w": torch.ones(4)}).items() if k != "spec"}
+    assert hs.record_problem(hs.DIGEST_KEY, older) == ""
+    reader = hs.start_dht(hs.HivemindOptions.loopback())
+    old = None
+    try:
+        old = hs.start_dht(hs.HivemindOptions.loopback(hs.visible_maddrs(reader)))
+        old_id, reader_id = str(old.peer_id), str(reader.peer_id)
+        assert hs.store_record(old, old.record_subkey, hs.DIGEST_KEY, older, 30.0)
+        mine = hs.digest_record("hm", 2, {"w": torch.ones(4)}, spec=ours)
+        assert hs.store_record(reader, reader.record_subkey, hs.DIGEST_KEY, mine, 30.0)
+        peer = types.SimpleNamespace(dht=reader, spec_digest=ours)  # what `HivemindPeer.records` reads
+        with caplog.at_level("WARNING", logger="rcswarm.hivemind"):
+            assert hs.HivemindPeer.records(peer, hs.DIGEST_KEY, "hm") == {reader_id: mine}
+            assert hs.HivemindPeer.records(peer, hs.DIGEST_KEY, "hm", other_specs=True) == {old_id: older}
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings  # once per peer, however often its records are read
+        assert f"peer {old_id} publishes no run spec digest" in warnings[0]
+        assert "probably an older rcswarm" in warnings[0] and "not counted" in warnings[0]
+        assert "no state is loaded from it" in warnings[0]
+    finally:
+        if old is not None:
+            old.shutdown()
+        reader.shutdown()
 
 
 def test_an_identity_file_that_holds_no_rsa_key_is_refused_by_name(tmp_path) -> None:
