@@ -56,9 +56,11 @@ WORKER_SECRET_BYTES = 32
 Payload = tuple[pb.TensorHeader, list[pb.TensorChunk]]
 
 
-# The most characters of a refusal's message: it travels as the grpc-message trailer, whose metadata gRPC refuses
-# past 16 KiB (percent-encoded: up to 12 bytes a character), and it may echo what the caller sent (a worker id).
-MAX_REFUSAL_CHARS = 1000
+# The most UTF-8 bytes of a refusal's message: it travels as the grpc-message trailer, percent-encoded (3 characters
+# a byte past ASCII), whose metadata gRPC may refuse past 8 KiB (a soft limit: some calls then end RESOURCE_EXHAUSTED,
+# which a worker retries, instead of the refusal), and it may echo what the caller sent (a worker id). 1,000
+# characters of four-byte UTF-8, before, made 12 KB.
+MAX_REFUSAL_BYTES = 1000
 
 
 def printable(text: str) -> str:
@@ -71,12 +73,14 @@ def printable(text: str) -> str:
 
 
 class Refusal(Exception):
-    """A refused RPC: the status code and the message the caller sees (cut to MAX_REFUSAL_CHARS); `place_retry_s` > 0
-    for a join refused because every place is taken, sent as the PLACE_RETRY_KEY trailer (when to ask again)."""
+    """A refused RPC: the status code and the message the caller sees (cut to MAX_REFUSAL_BYTES of UTF-8);
+    `place_retry_s` > 0 for a join refused because every place is taken, sent as the PLACE_RETRY_KEY trailer (when to
+    ask again)."""
 
     def __init__(self, code: grpc.StatusCode, message: str, place_retry_s: float = 0.0) -> None:
-        if len(message) > MAX_REFUSAL_CHARS:
-            message = f"{message[:MAX_REFUSAL_CHARS]}… ({len(message) - MAX_REFUSAL_CHARS:,} more characters)"
+        if len(message) > MAX_REFUSAL_BYTES // 4 and len(encoded := message.encode(errors="backslashreplace")) > MAX_REFUSAL_BYTES:
+            kept = encoded[:MAX_REFUSAL_BYTES].decode(errors="ignore")  # a character cut in two is dropped
+            message = f"{kept}… ({len(message) - len(kept):,} more characters)"
         super().__init__(message)
         self.code = code
         self.message = message

@@ -772,6 +772,9 @@ class ErrorFeedback:
             return payload, combined, torch.zeros_like(combined)
         usable = into is not None and into.shape == combined.shape and into.dtype == torch.float32 and into.is_contiguous()
         received = decode(payload, fmt, tuple(combined.shape), out=into if usable else None)  # [*shape]
+        if not all_finite(received):  # bf16 rounds a finite float32 from 3.3961e38 up to ±inf
+            raise ValueError(f"delta {name!r}: {codec_label(fmt.codec)} cannot carry its largest magnitude "
+                             f"{float(combined.abs().max()):.6g} (it encodes as a non-finite value)")
         return payload, received, combined.sub_(received)
 
     def residual(self, name: str) -> torch.Tensor | None:

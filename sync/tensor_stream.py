@@ -4,7 +4,7 @@ Chunks are at least MIN_CHUNK_SIZE (64 KiB) unless the payload takes at most MAX
 each chunk is a gRPC message, and a receiver pays for every message whatever it carries (the tiny model's
 100,736-byte update sent as 100,736 one-byte chunks held the coordinator for 20 s of wall time, two pushes at
 once), so a header that asks for more, smaller chunks is refused before any chunk is read. Honest senders use
-MAX_CHUNK_SIZE (`build_payload`'s default), which refuses such a cut too.
+MAX_CHUNK_SIZE (`build_payload`'s default; a worker's update UPLOAD_CHUNK_SIZE), which refuses such a cut too.
 
 The sender encodes each tensor with a codec (see ``rcswarm.sync.codec``), concatenates the
 encoded bytes in order and cuts them into chunks; the header lists every tensor's name, shape
@@ -42,6 +42,10 @@ from rcswarm.sync.codec import (
 )
 
 MAX_CHUNK_SIZE = 1 << 20
+# The chunk a worker uploads its update in: the coordinator cancels a stream that brings no whole message for
+# `stream_idle_s` (10 s by default), so a chunk must cross the worker's uplink within it. 256 KiB needs 26 KiB/s
+# (0.21 Mbit/s); 1 MiB chunks, before, needed 0.84 Mbit/s, and a slower uplink never delivered an update.
+UPLOAD_CHUNK_SIZE = 1 << 18
 # The smallest chunk of a payload cut into more than MAX_SMALL_CHUNKS chunks (the module docstring).
 MIN_CHUNK_SIZE = 1 << 16
 MAX_SMALL_CHUNKS = 64

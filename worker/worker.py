@@ -205,6 +205,12 @@ def _wire(spec: RunSpec) -> tuple:
             sync.error_decay)
 
 
+# Statuses of a push the coordinator answered without taking the update (a definite refusal the worker does not
+# retry): the error-feedback residual is put back before the error ends the worker.
+REFUSING_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
+                            grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OUT_OF_RANGE})
+
+
 def _is(err: BaseException, code: grpc.StatusCode) -> bool:
     return isinstance(err, grpc.RpcError) and err.code() == code
 
@@ -903,19 +909,32 @@ class Worker:
         else:
             saved, encoded = None, None
         header, chunks = tensor_stream.build_payload(
-            deltas, codec=self.codec, run_id=self.run_id, version=version, block_size=block, encoded=encoded
+            deltas, codec=self.codec, run_id=self.run_id, version=version, block_size=block, encoded=encoded,
+            chunk_size=tensor_stream.UPLOAD_CHUNK_SIZE,
         )
         self._encoded = Encoded(version, header, chunks, feedback, saved)
         self._save_feedback(feedback, version, PUSHING)
         delivered = False
         try:
             delivered = self._deliver(version, tokens, header, chunks, rejoin)
+        except grpc.RpcError as err:
+            if err.code() in REFUSING_CODES:  # answered: the update was not taken, the file says so before the exit
+                self._put_back(feedback, saved, version)
+            raise
         finally:
             if not delivered and feedback is not None and feedback is self.error_feedback:
                 feedback.restore(saved)
-        if not delivered and feedback is self.error_feedback:
-            self._save_feedback(feedback, version, REFUSED)
+        if not delivered:
+            self._put_back(feedback, saved, version)
         return delivered
+
+    def _put_back(self, feedback: codecs.ErrorFeedback | None, saved: dict[str, torch.Tensor] | None,
+                  version: int) -> None:
+        """The update from `version` was not taken: `feedback` (still this worker's) back to its residual before the
+        push, in memory and in the state dir's file (saved as REFUSED)."""
+        if feedback is not None and feedback is self.error_feedback:
+            feedback.restore(saved)
+            self._save_feedback(feedback, version, REFUSED)
 
     def _save_feedback(self, feedback: codecs.ErrorFeedback | None, version: int, held: str) -> None:
         """With `--state-dir`: write `feedback`'s residual (this run's) to the state dir's file, saved for the update

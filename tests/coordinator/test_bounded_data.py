@@ -201,6 +201,13 @@ def test_callers_strings_stay_one_log_line_and_long_ids_are_cut_in_refusals(wire
         refused = wire.refusal(method, request)
         assert refused.code() == grpc.StatusCode.NOT_FOUND, (method, refused.code(), refused.details()[:200])
         assert refused.details().endswith("more characters)") and len(refused.details()) < 1100, refused.details()[-80:]
+    # Four-byte characters percent-encode to 12 bytes each: 1,000 of them (the cut by characters of before) passed
+    # gRPC's 8 KiB soft metadata limit, and about half the calls ended RESOURCE_EXHAUSTED instead of the refusal.
+    emoji_id = "\U0001f600" * 5000
+    for _ in range(10):
+        refused = wire.refusal("Heartbeat", pb.HeartbeatRequest(worker_id=emoji_id, worker_secret=b"s"))
+        assert refused.code() == grpc.StatusCode.NOT_FOUND, (refused.code(), refused.details()[:200])
+        assert len(refused.details().encode()) < 1100, len(refused.details().encode())
 
 
 def test_join_leave_churn_stays_fast_status_small_and_history_kept(wire_to: Any) -> None:

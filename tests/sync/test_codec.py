@@ -290,3 +290,16 @@ def test_error_feedback_rejects_non_finite_without_changing_state() -> None:
         feedback.compress({"a": torch.randn(10), "b": torch.full((10,), float("nan"))}, pb.CODEC_BF16, 1)
     for name, residual in before.items():
         assert torch.equal(feedback.residual(name), residual)
+
+
+def test_a_value_bf16_rounds_to_infinity_leaves_the_residuals_as_they_were() -> None:
+    """A finite float32 from 3.3961e38 up encodes as ±inf in bf16: the round is refused (ValueError naming the tensor)
+    and the residuals stay as they were; before, the residual became -inf and every later round raised."""
+    feedback = codec.ErrorFeedback()
+    feedback.compress({"w": torch.tensor([0.25, 1.0 + 2**-10])}, pb.CODEC_BF16)
+    before = feedback.snapshot()
+    with pytest.raises(ValueError, match=r"delta 'w': CODEC_BF16 \(2\) cannot carry its largest magnitude 3\.4e\+38"):
+        feedback.compress({"w": torch.tensor([3.4e38, 1.0])}, pb.CODEC_BF16)
+    assert all(torch.equal(feedback.snapshot()[k], before[k]) for k in before)
+    payloads = feedback.compress({"w": torch.zeros(2)}, pb.CODEC_BF16)  # the next round encodes
+    assert torch.isfinite(codec.decode(payloads["w"], pb.CODEC_BF16, (2,))).all()

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import logging
 
+import grpc
 import torch
 
+from rcswarm.coordinator.records import Refusal
+from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.sync.feedback_state import FEEDBACK_FILE, load_feedback
 from rcswarm.worker import Worker
 from tests.helpers.specs import TOKEN, tiny_spec
@@ -67,3 +70,48 @@ def test_a_residual_of_another_run_or_setting_is_not_taken(start_coordinator, tm
     assert run_until(worker, lambda w: w.delivered >= 1, 60) == 0
     assert worker.at_join == {}
     assert "is another run's or setting's: run_id" in caplog.text and "decay '0.95' (this run: '0.9')" in caplog.text
+
+
+class RefusesThirdPush(SwarmCoordinator):
+    """The real coordinator, refusing the third update it is pushed as an over-bound update is (INVALID_ARGUMENT),
+    after reading it whole."""
+
+    pushes = 0
+
+    def push(self, requests):
+        RefusesThirdPush.pushes += 1
+        if RefusesThirdPush.pushes == 3:
+            for _ in requests:
+                pass
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "update rejected: a test's refusal")
+        return super().push(requests)
+
+
+class KeepsResidualOnRefusal(Recording):
+    """Records the residual put back in memory when a push raises (what a restart should resume)."""
+
+    put_back: dict[str, torch.Tensor] | None = None
+
+    def _push_deltas(self, version, deltas, tokens, rejoin=True):
+        try:
+            return super()._push_deltas(version, deltas, tokens, rejoin)
+        except grpc.RpcError:
+            self.put_back = self.error_feedback.snapshot()
+            raise
+
+
+def test_a_refused_push_leaves_the_residual_put_back_in_the_file(start_coordinator, tmp_path) -> None:
+    """A push refused for good (INVALID_ARGUMENT ends the worker): the file holds the residual from before that push,
+    saved as refused; before, it kept the one saved as the push began (the residual once that update landed), which
+    a restart resumed: a refused round's part in it, the largest entries it carried lost."""
+    RefusesThirdPush.pushes = 0
+    local = start_coordinator(tiny_spec(run={"rounds": 50}, inner={"steps": 2}, sync=SPARSE), service=RefusesThirdPush)
+    state_dir = tmp_path / "worker"
+    worker = KeepsResidualOnRefusal(_options(local.target, state_dir=state_dir))
+    assert run_until(worker, lambda w: False, 60) == 1 and worker.delivered == 2
+    assert "INVALID_ARGUMENT" in worker.exit_reason or "a test's refusal" in worker.exit_reason, worker.exit_reason
+    put_back = worker.put_back
+    assert put_back and any(t.abs().sum() > 0 for t in put_back.values())
+    saved, why = load_feedback(state_dir, worker.run_id, worker.codec, 0.95, local.service.shapes)
+    assert saved is not None and all(torch.equal(saved[k], put_back[k]) for k in put_back), why
+    assert "refused" in why, why
