@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -56,24 +57,39 @@ def spec() -> RunSpec:
 
 
 class HalfSent:
-    """Header-only calls on connections of their own; `close` ends them."""
+    """Header-only calls on connections of their own (CALLS_PER_CHANNEL each), each holding its request back for at
+    most `hold_s`; `close` ends them (tests/coordinator/test_half_sent_calls.py uses it too)."""
 
-    def __init__(self, target: str) -> None:
-        self.target, self.release = target, threading.Event()
+    def __init__(self, target: str, hold_s: float = HOLD_S) -> None:
+        self.target, self.hold_s, self.release = target, hold_s, threading.Event()
         self.channels: list[grpc.Channel] = []
         self.calls: list[grpc.Future] = []
 
     def _never(self) -> Iterator[bytes]:
-        self.release.wait(HOLD_S)
+        """A request iterator that sends nothing until released (at most `hold_s`)."""
+        self.release.wait(self.hold_s)
         yield from ()
 
-    def open(self, method: str, count: int, timeout: float | None) -> None:
+    def open(self, method: str, count: int, timeout: float | None = None) -> None:
+        """`count` half-sent calls of `method` (a full path), without metadata, with `timeout` or no deadline."""
         for _ in range(count):
             if len(self.calls) % CALLS_PER_CHANNEL == 0:
                 self.channels.append(grpc.insecure_channel(self.target, options=[("grpc.use_local_subchannel_pool", 1)]))
-            call = self.channels[-1].stream_unary(f"/{SERVICE}/{method}", request_serializer=bytes,
-                                                  response_deserializer=bytes)
+            call = self.channels[-1].stream_unary(method, request_serializer=bytes, response_deserializer=bytes)
             self.calls.append(call.future(self._never(), timeout=timeout))
+
+    def codes(self, within_s: float) -> Counter:
+        """The status codes the calls ended with, each waited for at most until `within_s` from now ("open" if not)."""
+        deadline = time.monotonic() + within_s
+        codes: Counter = Counter()
+        for call in self.calls:
+            try:
+                error = call.exception(timeout=max(deadline - time.monotonic(), 0.01))
+            except grpc.FutureTimeoutError:
+                codes["open"] += 1
+                continue
+            codes[error.code() if error is not None else "answered"] += 1
+        return codes
 
     def close(self) -> None:
         self.release.set()
@@ -134,8 +150,8 @@ def main() -> int:
                   f"{'max':>8} {'calls/s':>9}   (ms)")
             for phase in ("idle", "flood"):
                 if phase == "flood":
-                    flood.open("GetStatus", count // 2, None)
-                    flood.open("Heartbeat", count - count // 2, 60.0)
+                    flood.open(f"/{SERVICE}/GetStatus", count // 2)
+                    flood.open(f"/{SERVICE}/Heartbeat", count - count // 2, 60.0)
                     time.sleep(1.0)
                 for name, (call, n) in calls.items():
                     timings(call, 1)  # warm: the first call of a channel or a method pays for more than the call

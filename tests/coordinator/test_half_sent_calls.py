@@ -4,10 +4,8 @@ cut into tiny chunks is refused on its header (guards.FirstMessages, sync/tensor
 
 from __future__ import annotations
 
-import threading
 import time
 import zlib
-from collections import Counter
 from collections.abc import Iterator
 
 import grpc
@@ -21,59 +19,18 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
 from rcswarm.sync import tensor_stream
+from tests.helpers.benchmarks import load_benchmark
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.waiting import wait_for
 from tests.helpers.wire import push, run_format, small_deltas
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 SERVING = health_pb2.HealthCheckResponse.SERVING
-# Half-sent calls per connection (each connection its own TCP socket).
-CALLS_PER_CHANNEL = 50
-# The longest any half-sent call is held open by the test.
+
+
+# The benchmark's half-sent calls (benchmarks/rpc_latency_bench.py), each held back at most this long.
+HalfSent = load_benchmark("rpc_latency_bench.py").HalfSent
 HOLD_S = 20.0
-
-
-class HalfSent:
-    """Calls that send their headers and never a message, on connections of their own; `close` ends them all."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-        self.release = threading.Event()
-        self.channels: list[grpc.Channel] = []
-        self.calls: list[grpc.Future] = []
-
-    def _never(self) -> Iterator[bytes]:
-        """A request iterator that sends nothing until released (at most HOLD_S)."""
-        self.release.wait(HOLD_S)
-        yield from ()
-
-    def open(self, method: str, count: int, timeout: float | None = None) -> None:
-        """`count` half-sent calls of `method` (a full path), without metadata, with `timeout` or no deadline."""
-        for _ in range(count):
-            if len(self.calls) % CALLS_PER_CHANNEL == 0:
-                self.channels.append(grpc.insecure_channel(self.target, options=[("grpc.use_local_subchannel_pool", 1)]))
-            call = self.channels[-1].stream_unary(method, request_serializer=bytes, response_deserializer=bytes)
-            self.calls.append(call.future(self._never(), timeout=timeout))
-
-    def codes(self, within_s: float) -> Counter:
-        """The status codes the calls ended with, each waited for at most until `within_s` from now ("open" if not)."""
-        deadline = time.monotonic() + within_s
-        codes: Counter = Counter()
-        for call in self.calls:
-            try:
-                error = call.exception(timeout=max(deadline - time.monotonic(), 0.01))
-            except grpc.FutureTimeoutError:
-                codes["open"] += 1
-                continue
-            codes[error.code() if error is not None else "answered"] += 1
-        return codes
-
-    def close(self) -> None:
-        self.release.set()
-        for call in self.calls:
-            call.cancel()
-        for channel in self.channels:
-            channel.close()
 
 
 @pytest.fixture
@@ -82,7 +39,7 @@ def half_sent() -> Iterator[type[HalfSent]]:
     made: list[HalfSent] = []
 
     def make(target: str) -> HalfSent:
-        made.append(HalfSent(target))
+        made.append(HalfSent(target, HOLD_S))
         return made[-1]
 
     yield make  # type: ignore[misc]

@@ -3,25 +3,16 @@ loopback sink that records when each byte arrived."""
 
 from __future__ import annotations
 
-import importlib.util
 import socket
-import sys
 import threading
 import time
-from pathlib import Path
 
-PROXY_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "link_proxy.py"
+from tests.helpers.benchmarks import load_benchmark
 
 
 def link_proxy_module():
     """benchmarks/link_proxy.py as a module (loaded once)."""
-    name = "rcswarm_bench_link_proxy"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PROXY_PATH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_benchmark("link_proxy.py")
 
 
 class Sink:
