@@ -50,8 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if command == "bench":
         return bench(rest)
-    module = importlib.import_module(COMMANDS[command][0])
-    return module.main(rest)
+    try:
+        module = importlib.import_module(COMMANDS[command][0])
+        return module.main(rest)
+    except KeyboardInterrupt:  # Ctrl-C before a command installs its own handler (while torch imports)
+        print("rcswarm: interrupted", file=sys.stderr)
+        return 130
 
 
 def version() -> str:

@@ -318,8 +318,23 @@ def export_final(state_dir: Path, out: Path) -> dict[str, torch.Tensor] | None:
     return checkpoint.params
 
 
-def summarize_run(local: LocalRun) -> dict:
-    """One run's totals from its store, its final parameters exported, its held-out loss before and after."""
+def held_out_losses(spec: RunSpec, final: dict[str, torch.Tensor] | None, evaluated: bool) -> dict:
+    """The held-out loss of θ_0 and of `final` (θ_0's where the run committed no parameters), or None for both with
+    the reason: not `evaluated` (the operator interrupted the summary), or data the evaluation cannot read (a
+    held-out split shorter than the windows); the summary is written either way."""
+    if not evaluated:
+        return {"val_loss_initial": None, "val_loss_final": None, "val_loss_problem": "not evaluated: interrupted"}
+    try:
+        initial = evaluate(spec, None)
+        return {"val_loss_initial": initial, "val_loss_final": initial if final is None else evaluate(spec, final),
+                "val_loss_problem": ""}
+    except ValueError as exc:
+        return {"val_loss_initial": None, "val_loss_final": None, "val_loss_problem": str(exc)}
+
+
+def summarize_run(local: LocalRun, evaluated: bool = True) -> dict:
+    """One run's totals from its store, its final parameters exported, its held-out loss before and after (unless
+    not `evaluated`)."""
     store = StateStore.open_read_only(local.state_dir)
     try:
         summary = summarize(store)
@@ -333,8 +348,7 @@ def summarize_run(local: LocalRun) -> dict:
             "trained": [list(shape) for shape in trained], **dataclasses.asdict(summary),
             "fp32_bytes": fp32, "ratio_up": traffic.ratio(fp32, summary.bytes_up_per_worker_round),
             "ratio_down": traffic.ratio(fp32, summary.bytes_down_per_worker_round),
-            "val_loss_initial": evaluate(local.spec, None), "val_loss_final": evaluate(local.spec, final),
-            "val_losses": val_losses, "forecasts": forecasts, "pruning": pruning, "stopped": stopped}
+            **held_out_losses(local.spec, final, evaluated), "val_losses": val_losses, "forecasts": forecasts, "pruning": pruning, "stopped": stopped}
 
 
 def _train_loss(r: dict) -> str:
@@ -347,6 +361,8 @@ def _train_loss(r: dict) -> str:
 
 
 def _held_out_loss(r: dict) -> str:
+    if r.get("val_loss_problem"):
+        return f"— ({r['val_loss_problem']})"
     if r["rounds"] == 0:
         return f"{number(r['val_loss_initial'])} (untrained: no round completed)"
     return f"{number(r['val_loss_initial'])} → {number(r['val_loss_final'])}"
@@ -482,7 +498,7 @@ def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dic
     ending = {"outcome": ended.kind, "outcome_message": ended.message}
     sweep: dict = {"runs": rows, **ending}
     held_out = None
-    if len(rows) >= 3 and all(r["rounds"] > 0 for r in rows):
+    if len(rows) >= 3 and all(r["rounds"] > 0 and r["val_loss_final"] is not None for r in rows):
         held_out = length_law("held-out loss of the final parameters", [r["seq_len"] for r in rows],
                               [r["val_loss_final"] for r in rows])
         fit = held_out.fit
@@ -615,7 +631,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         swarm.stop()
         stop.uninstall()
-    rows = [summarize_run(local) for local in local_runs(run_dir, spec)]
+    console.print("evaluating the held-out loss of θ_0 and of the final parameters (Ctrl-C skips it)")
+    try:
+        rows = [summarize_run(local) for local in local_runs(run_dir, spec)]
+    except KeyboardInterrupt:
+        console.print("held-out evaluation interrupted: the summary is written without it", style="yellow")
+        rows = [summarize_run(local, evaluated=False) for local in local_runs(run_dir, spec)]
     ended = outcome(rows, spec, stop=stop, out_of_time=out_of_time, minutes=minutes,
                     exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs, coordinator_code=coordinator_code)
     print_summary(console, run_dir, spec, rows, ended)

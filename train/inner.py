@@ -271,7 +271,7 @@ def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
         elif data.source == "typing":
             typing_config_for(data, model_config)
         elif data.source == "git":
-            make_git_source(data, 0, "train", model_config) if open_dataset else _check_frame_model(data, model_config)
+            _check_git_windows(spec, model_config) if open_dataset else _check_frame_model(data, model_config)
         else:
             _check_byte_model(data, model_config)
         _check_lengths(spec, model_config)
@@ -303,6 +303,22 @@ def _asked_lengths(spec: RunSpec) -> list[tuple[str, Any, list[int]]]:
     if eval_seq_len:
         asked.append(("run.eval_seq_len", eval_seq_len, [eval_seq_len]))
     return asked
+
+
+def _check_git_windows(spec: RunSpec, model_config: Any) -> None:
+    """ValueError naming the key when the git dataset cannot give a window a run of `spec` asks (`_asked_lengths`):
+    each training length of the training histories and, without run.eval_seq_len, of the held-out ones too (each
+    run's held-out windows are its own length); run.eval_seq_len of the held-out ones. A sweep whose held-out split
+    is shorter than one of its lengths passed, before, and its workers of that length died at their start."""
+    eval_seq_len = spec.run.eval_seq_len
+    for key, value, lengths in _asked_lengths(spec):
+        splits = ("val",) if key == "run.eval_seq_len" else ("train",) if eval_seq_len else ("train", "val")
+        for length in sorted(set(lengths)):
+            for split in splits:
+                try:
+                    make_git_source(dataclasses.replace(spec.data, seq_len=length), 0, split, model_config)
+                except ValueError as exc:
+                    raise ValueError(f"{key} = {value!r}: windows of {length} frames: {exc}") from None
 
 
 def _check_lengths(spec: RunSpec, model_config: Any) -> None:

@@ -878,3 +878,29 @@ def test_the_command_replaces_an_existing_dataset_only_with_overwrite(monkeypatc
     assert snapshot(out) == before
     assert main(["data", "frames", "--repo", str(tmp_path / "s"), *flags, "--overwrite"]) == 0
     assert manifest(out)["repos"][0]["name"] == "s"
+
+
+def test_the_launchers_check_opens_the_held_out_split_at_every_length_a_run_asks(monkeypatch, tmp_path):
+    """A held-out history shorter than a run's windows passed the launcher's check (it opened the training split only)
+    and each worker of that length died at its start; `rcswarm run` then ended in a traceback from its evaluation."""
+    from rcswarm.config.runspec import RunSpec
+    from rcswarm.train.inner import data_problem
+
+    use_histories(monkeypatch, {"a": python_history(0, commits=9), "b": python_history(1, commits=1)})
+    out = tmp_path / "ds"
+    build_git_dataset([RepoInput("a", Path("/nonexistent/a")), RepoInput("b", Path("/nonexistent/b"), held_out=True)],
+                      out, ROWS, COLS, vocab_size=300, block_frames=32, progress=False)
+    val_tokens = max(s["tokens"] for s in git_frames.dataset_shards(manifest(out), "val"))
+    train_tokens = max(s["tokens"] for s in git_frames.dataset_shards(manifest(out), "train"))
+    length = (val_tokens + train_tokens) // 2  # the training histories have it, the held-out one does not
+    assert val_tokens < length <= train_tokens
+
+    def spec(**run) -> RunSpec:
+        return RunSpec.from_dict({
+            "model": {"name": "frame", "preset": "small", "overrides": {"rows": ROWS, "cols": COLS}},
+            "data": {"source": "git", "seq_len": length, "task_config": {"dataset": str(out)}}, "run": run})
+
+    problem = data_problem(spec(), open_dataset=True)
+    assert problem is not None and problem.startswith(f"data.seq_len = {length}: windows of {length} frames: "), problem
+    assert "split 'val'" in problem and "window longer than the data" in problem, problem
+    assert data_problem(spec(eval_seq_len=val_tokens), open_dataset=True) is None

@@ -1,0 +1,44 @@
+"""`rcswarm run`'s held-out evaluation in its summary: data it cannot read, a run that committed nothing, and the
+operator skipping it are a reason in the summary, never a traceback without summary.json (review, 2026-11-28)."""
+
+from __future__ import annotations
+
+import torch
+
+from rcswarm.cli import run as run_cli
+from tests.helpers.specs import tiny_spec
+
+
+def test_a_held_out_split_the_evaluation_cannot_read_is_a_reason_not_a_traceback(monkeypatch) -> None:
+    def short_split(spec, params):
+        raise ValueError("ds: split 'val' (1 shards): no shard has 64 tokens (window longer than the data)")
+
+    monkeypatch.setattr(run_cli, "evaluate", short_split)
+    losses = run_cli.held_out_losses(tiny_spec(), {"w": torch.zeros(1)}, evaluated=True)
+    assert losses["val_loss_initial"] is None and losses["val_loss_final"] is None
+    assert "window longer than the data" in losses["val_loss_problem"]
+    shown = run_cli._held_out_loss({"rounds": 3, **losses})
+    assert shown.startswith("— (") and "split 'val'" in shown
+
+
+def test_a_run_without_final_parameters_is_evaluated_once_and_a_skipped_one_not_at_all(monkeypatch) -> None:
+    calls: list[object] = []
+    monkeypatch.setattr(run_cli, "evaluate", lambda spec, params: calls.append(params) or 4.5)
+    assert run_cli.held_out_losses(tiny_spec(), None, evaluated=True) == {
+        "val_loss_initial": 4.5, "val_loss_final": 4.5, "val_loss_problem": ""}
+    assert calls == [None]
+    skipped = run_cli.held_out_losses(tiny_spec(), None, evaluated=False)
+    assert skipped["val_loss_final"] is None and skipped["val_loss_problem"] == "not evaluated: interrupted"
+    assert calls == [None]
+
+
+def test_ctrl_c_before_a_command_takes_over_is_one_line_and_status_130(monkeypatch, capsys) -> None:
+    """Ctrl-C while a command's modules import (torch: a second or two) printed a KeyboardInterrupt traceback."""
+    from rcswarm.cli import main as cli_main
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main.importlib, "import_module", interrupted)
+    assert cli_main.main(["status"]) == 130
+    assert capsys.readouterr().err == "rcswarm: interrupted\n"
