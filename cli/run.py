@@ -152,6 +152,17 @@ class Swarm:
     def workers_running(self) -> int:
         return sum(1 for p in self.workers if p.poll() is None)
 
+    def worker_failures(self, reported: set[int]) -> list[str]:
+        """A line for each worker that exited with a non-zero status and is not in `reported` (its rank then added):
+        its status and its log's last line, so that a launch whose workers die says so while it waits on."""
+        lines = []
+        for rank, process in enumerate(self.workers):
+            code = process.poll()
+            if code not in (None, 0) and rank not in reported:
+                reported.add(rank)
+                lines.append(failure_line(rank, code, self.logs / f"worker-{rank}.log"))
+        return lines
+
     def coordinator_exited(self) -> bool:
         """Whether the coordinator's process ended (it serves until the launcher stops it)."""
         return self.coordinator is not None and self.coordinator.poll() is not None
@@ -248,20 +259,35 @@ class ProgressView:
                 self.printed[run.label] = (run.version, now)
 
 
+def failure_line(rank: int, code: int, log: Path) -> str:
+    """worker-`rank` exited with `code`: the last line of its `log` (read from its last 4 KiB) and where the log is."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 4096))
+            tail = handle.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        tail = []
+    last = tail[-1][:300] if tail else "(its log is empty)"
+    return f"worker-{rank} exited with status {code} while the run goes on: {last} (log: {log})"
+
+
 def watch(
     swarm: Swarm, client: CoordinatorClient, rounds: int, console: Console, stop: threading.Event,
     deadline: float = math.inf,
 ) -> bool:
     """Show progress until the run finishes, every worker exits, the coordinator exits, a stop is requested, or the
-    deadline. A coordinator that does not answer for a while (stalled, or busy closing a large round) is waited out,
+    deadline; a worker that exits with an error is named at once (its log's last line). A coordinator that does not answer for a while (stalled, or busy closing a large round) is waited out,
     as the workers wait it out: the progress shows the last status meanwhile.
 
     Returns True when the wall-time deadline (time.monotonic()) ended the watch.
     """
     console.print(PROGRESS_LEGEND, style="dim")
+    failed: set[int] = set()
     with Progress(*ProgressView.columns(), console=console, transient=False) as progress:
         view = ProgressView(progress, console, rounds, deadline - time.monotonic())
         while not stop.wait(POLL_S):
+            for line in swarm.worker_failures(failed):
+                console.print(line, style="yellow")
             now = time.monotonic()
             view.tick(deadline - now)
             if now >= deadline:

@@ -42,3 +42,14 @@ def test_ctrl_c_before_a_command_takes_over_is_one_line_and_status_130(monkeypat
     monkeypatch.setattr(cli_main.importlib, "import_module", interrupted)
     assert cli_main.main(["status"]) == 130
     assert capsys.readouterr().err == "rcswarm: interrupted\n"
+
+
+def test_a_worker_that_dies_is_named_with_its_logs_last_line(tmp_path) -> None:
+    """A sweep whose workers of one length died at their start waited for its time limit without a word."""
+    log = tmp_path / "worker-2.log"
+    log.write_text("--- rcswarm run: launched ---\n" + "x" * 5000 + "\nworker ERROR worker-2 cannot start: "
+                   "split 'val' (1 shards): no shard has 64 tokens\n\n")
+    line = run_cli.failure_line(2, 1, log)
+    assert line == (f"worker-2 exited with status 1 while the run goes on: worker ERROR worker-2 cannot start: split "
+                    f"'val' (1 shards): no shard has 64 tokens (log: {log})")
+    assert run_cli.failure_line(0, 2, tmp_path / "gone.log").endswith("(its log is empty) (log: " + str(tmp_path / "gone.log") + ")")
