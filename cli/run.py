@@ -79,6 +79,17 @@ EVAL_BATCHES = 8
 EVAL_SEED = HELD_OUT_SEED
 
 
+LAUNCH_MARK = "--- rcswarm run: launched"
+
+
+def this_launch(log: Path) -> str:
+    """What `log` holds since this launch's line (`Swarm._spawn`): a resumed run directory keeps the earlier launches'
+    output above it, which an error quoting the log's end must not show as this launch's."""
+    text = log.read_text(errors="replace")
+    start = text.rfind(LAUNCH_MARK)
+    return text[start:] if start >= 0 else text
+
+
 class Swarm:
     """The coordinator and worker processes of one local run."""
 
@@ -96,7 +107,7 @@ class Swarm:
         """Start `python args...` in its own session, its output appended to logs/`log_name` (a launch in the same
         run directory, a resume, keeps the earlier launches' logs above a line naming this one)."""
         log_file = open(self.logs / log_name, "ab")
-        log_file.write(f"--- rcswarm run: launched {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+        log_file.write(f"{LAUNCH_MARK} {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
         log_file.flush()
         self._log_files.append(log_file)
         return subprocess.Popen(
@@ -128,7 +139,7 @@ class Swarm:
                 break
             time.sleep(0.1)
         launching.unlink(missing_ok=True)
-        tail = (self.logs / "coordinator.log").read_text(errors="replace")[-2000:].rstrip()
+        tail = this_launch(self.logs / "coordinator.log")[-2000:].rstrip()
         code = self.coordinator.poll()
         if code is not None:
             raise RuntimeError(f"the coordinator exited with code {code} at start; {self.logs / 'coordinator.log'} ends:\n{tail}")

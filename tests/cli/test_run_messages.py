@@ -1,5 +1,6 @@
-"""`rcswarm run`'s held-out evaluation in its summary: data it cannot read, a run that committed nothing, and the
-operator skipping it are a reason in the summary, never a traceback without summary.json (review, 2026-11-28)."""
+"""What `rcswarm run` and `rcswarm` say when something goes wrong (review of the command line, 2026-11-28): the
+summary's held-out evaluation failing, skipped or needless, a worker that dies, Ctrl-C during the imports, a
+coordinator that refuses a resumed run directory."""
 
 from __future__ import annotations
 
@@ -53,3 +54,17 @@ def test_a_worker_that_dies_is_named_with_its_logs_last_line(tmp_path) -> None:
     assert line == (f"worker-2 exited with status 1 while the run goes on: worker ERROR worker-2 cannot start: split "
                     f"'val' (1 shards): no shard has 64 tokens (log: {log})")
     assert run_cli.failure_line(0, 2, tmp_path / "gone.log").endswith("(its log is empty) (log: " + str(tmp_path / "gone.log") + ")")
+
+
+def test_a_refused_resume_quotes_only_this_launchs_log(tmp_path) -> None:
+    """A resumed run directory's coordinator.log holds the earlier launches above this one's line; the refusal quoted
+    its last 2,000 characters, mostly the earlier launches' output, before the reason."""
+    log = tmp_path / "coordinator.log"
+    log.write_text(f"{run_cli.LAUNCH_MARK} 2026-11-28 10:00:00 ---\n" + "an earlier launch's line\n" * 200
+                   + f"{run_cli.LAUNCH_MARK} 2026-11-28 11:00:00 ---\nrcswarm coordinator: state dir holds a run "
+                   "whose spec differs in ['run.minutes']\n")
+    assert run_cli.this_launch(log) == (f"{run_cli.LAUNCH_MARK} 2026-11-28 11:00:00 ---\nrcswarm coordinator: state "
+                                        "dir holds a run whose spec differs in ['run.minutes']\n")
+    other = tmp_path / "plain.log"
+    other.write_text("no mark\n")
+    assert run_cli.this_launch(other) == "no mark\n"
