@@ -6,9 +6,9 @@
 A real coordinator (`SwarmCoordinator` behind `RunningCoordinator`, the tiny LSTM, gRPC on 127.0.0.1) and one
 member that joined it. Each phase times `--calls` Heartbeats (the call a member makes most) and a fifth as many
 GetStatus calls (the operator's), one after another on one channel, and prints their median, p90, p99 and max in
-milliseconds and the calls per second (each method's calls stop after PHASE_S). Phases: `idle`; `flood`, with as many header-only calls (their request
-message never sent, no token: half GetStatus without a deadline, half Heartbeat with 60 s) as the server has
-threads plus 50 held open on connections of their own. This measures what serving unary methods as
+milliseconds and the calls per second (each method's calls stop after PHASE_S). Phases: `idle`; `flood`, with as
+many header-only calls (their request message never sent, no token: half GetStatus without a deadline, half
+Heartbeat with 60 s) as the server has threads plus 50 held open on connections of their own. This measures what serving unary methods as
 request-streaming with a bound on the calls waiting for their message (coordinator/guards.py, `FirstMessages`)
 costs an honest call, and what it buys under the flood: run it on the code before that change for the reference
 (docs/PERFORMANCE.md). Every call has a deadline; a call that fails is counted, not retried.

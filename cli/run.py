@@ -287,8 +287,9 @@ def watch(
     deadline: float = math.inf,
 ) -> bool:
     """Show progress until the run finishes, every worker exits, the coordinator exits, a stop is requested, or the
-    deadline; a worker that exits with an error is named at once (its log's last line). A coordinator that does not answer for a while (stalled, or busy closing a large round) is waited out,
-    as the workers wait it out: the progress shows the last status meanwhile.
+    deadline; a worker that exits with an error is named at once (its log's last line). A coordinator that does not
+    answer for a while (stalled, or busy closing a large round) is waited out, as the workers wait it out: the
+    progress shows the last status meanwhile.
 
     Returns True when the wall-time deadline (time.monotonic()) ended the watch.
     """
@@ -385,7 +386,8 @@ def summarize_run(local: LocalRun, evaluated: bool = True) -> dict:
             "trained": [list(shape) for shape in trained], **dataclasses.asdict(summary),
             "fp32_bytes": fp32, "ratio_up": traffic.ratio(fp32, summary.bytes_up_per_worker_round),
             "ratio_down": traffic.ratio(fp32, summary.bytes_down_per_worker_round),
-            **held_out_losses(local.spec, final, evaluated), "val_losses": val_losses, "forecasts": forecasts, "pruning": pruning, "stopped": stopped}
+            **held_out_losses(local.spec, final, evaluated), "val_losses": val_losses, "forecasts": forecasts,
+            "pruning": pruning, "stopped": stopped}
 
 
 def _train_loss(r: dict) -> str:

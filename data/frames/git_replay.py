@@ -22,10 +22,11 @@ tokenizer's reserved range U+F0000..U+F00FF; other files (binary, oversized,
 symlinks, submodules) are skipped and counted. A blob's size comes from `cat-file`'s
 header: an oversized one is read and dropped in chunks, never held whole. A path that
 cannot be typed (its name is not UTF-8, holds a character of the reserved range,
-which would read back as a control, or is longer than MAX_PATH_CHARS) is skipped and counted as well (`skipped_name`). A path that stops being text is
-deleted from the editor. Typing the commit subject is optional
-(`commit_messages`; at most MAX_SUBJECT_CHARS characters of it). Actions (see `git_editor`): deletions (select in the
-tree, DELETE_FILE), renames (select, RENAME, type the new path, ENTER), new
+which would read back as a control, or is longer than MAX_PATH_CHARS) is skipped
+and counted as well (`skipped_name`). A path that stops being text is deleted from
+the editor. Typing the commit subject is optional (`commit_messages`; at most
+MAX_SUBJECT_CHARS characters of it). Actions (see `git_editor`): deletions (select
+in the tree, DELETE_FILE), renames (select, RENAME, type the new path, ENTER), new
 files (TREE, NEW_FILE, type the path, ENTER), then edits: open the file through
 the tree, a line diff (difflib after the common prefix and suffix of lines, top to
 bottom; its work is bounded by `LINE_DIFF_PAIRS`), inside replaced line pairs a
@@ -445,8 +446,10 @@ def typeable(path: str) -> bool:
     """Whether `path` can be typed as actions and read back: at most MAX_PATH_CHARS characters (a longer one, or one
     `_fields` cut, would take that many frames to type), no lone surrogate (a name that is not UTF-8) and no
     character of the tokenizer's reserved range (which it would read back as a control)."""
-    return len(path) <= MAX_PATH_CHARS and not any(0xD800 <= ord(ch) <= 0xDFFF or RESERVED_LOW <= ord(ch) <= RESERVED_HIGH
-                                                    for ch in path if ord(ch) >= 0xD800)
+    if len(path) > MAX_PATH_CHARS:
+        return False
+    return not any(0xD800 <= ord(ch) <= 0xDFFF or RESERVED_LOW <= ord(ch) <= RESERVED_HIGH
+                   for ch in path if ord(ch) >= 0xD800)
 
 
 def typed_subject(subject: str) -> str:

@@ -53,7 +53,8 @@ def test_a_worker_that_dies_is_named_with_its_logs_last_line(tmp_path) -> None:
     line = run_cli.failure_line(2, 1, log)
     assert line == (f"worker-2 exited with status 1 while the run goes on: worker ERROR worker-2 cannot start: split "
                     f"'val' (1 shards): no shard has 64 tokens (log: {log})")
-    assert run_cli.failure_line(0, 2, tmp_path / "gone.log").endswith("(its log is empty) (log: " + str(tmp_path / "gone.log") + ")")
+    gone = tmp_path / "gone.log"
+    assert run_cli.failure_line(0, 2, gone).endswith(f"(its log is empty) (log: {gone})")
 
 
 def test_a_refused_resume_quotes_only_this_launchs_log(tmp_path) -> None:
