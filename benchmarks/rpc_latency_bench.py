@@ -142,8 +142,7 @@ def main() -> int:
                 "GetStatus": (lambda: stub.GetStatus(pb.GetStatusRequest(), timeout=CALL_TIMEOUT_S, metadata=AUTH),
                               max(1, args.calls // 5)),
             }
-            threads = getattr(getattr(running, "limits", None), "threads", None)
-            count = (threads() if callable(threads) else threads or 64) + 50
+            count = running.limits.threads + 50
             print(f"python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs; "
                   f"flood: {count} half-sent calls", flush=True)
             print(f"{'phase':<6} {'call':<10} {'calls':>6} {'failed':>6} {'median':>8} {'p90':>8} {'p99':>8} "

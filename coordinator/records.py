@@ -78,7 +78,7 @@ class Refusal(Exception):
     ask again)."""
 
     def __init__(self, code: grpc.StatusCode, message: str, place_retry_s: float = 0.0) -> None:
-        encoded = message.encode(errors="backslashreplace") if len(message) > MAX_REFUSAL_BYTES // 4 else b""
+        encoded = message.encode(errors="backslashreplace")
         if len(encoded) > MAX_REFUSAL_BYTES:
             kept = encoded[:MAX_REFUSAL_BYTES].decode(errors="ignore")  # a character cut in two is dropped
             message = f"{kept}… ({len(message) - len(kept):,} more characters)"

@@ -914,27 +914,18 @@ class Worker:
         )
         self._encoded = Encoded(version, header, chunks, feedback, saved)
         self._save_feedback(feedback, version, PUSHING)
-        delivered = False
+        delivered, refused = False, True  # refused: the coordinator answered that the update was not taken
         try:
             delivered = self._deliver(version, tokens, header, chunks, rejoin)
-        except grpc.RpcError as err:
-            if err.code() in REFUSING_CODES:  # answered: the update was not taken, the file says so before the exit
-                self._put_back(feedback, saved, version)
+        except BaseException as err:  # a refusal raised (it ends the worker): the file says so before the exit
+            refused = isinstance(err, grpc.RpcError) and err.code() in REFUSING_CODES
             raise
         finally:
             if not delivered and feedback is not None and feedback is self.error_feedback:
                 feedback.restore(saved)
-        if not delivered:
-            self._put_back(feedback, saved, version)
+                if refused:
+                    self._save_feedback(feedback, version, REFUSED)
         return delivered
-
-    def _put_back(self, feedback: codecs.ErrorFeedback | None, saved: dict[str, torch.Tensor] | None,
-                  version: int) -> None:
-        """The update from `version` was not taken: `feedback` (still this worker's) back to its residual before the
-        push, in memory and in the state dir's file (saved as REFUSED)."""
-        if feedback is not None and feedback is self.error_feedback:
-            feedback.restore(saved)
-            self._save_feedback(feedback, version, REFUSED)
 
     def _save_feedback(self, feedback: codecs.ErrorFeedback | None, version: int, held: str) -> None:
         """With `--state-dir`: write `feedback`'s residual (this run's) to the state dir's file, saved for the update
