@@ -40,6 +40,7 @@ def test_a_sigstopped_coordinator_keeps_its_members_and_merges_their_updates(tmp
         wait_for(lambda: client.status().version >= joined_at + 2, 120, "two rounds of both", interval=0.1)
         members = {w.worker_id for w in client.status().workers}
         assert len(members) == 2
+        stopped_at = client.status().version
         coordinator.send_signal(signal.SIGSTOP)
         try:
             time.sleep(STOP_S)  # more than 3 leases; both workers finish their round meanwhile and wait to push
@@ -55,9 +56,17 @@ def test_a_sigstopped_coordinator_keeps_its_members_and_merges_their_updates(tmp
         events = read_state(tmp_path / "state", lambda store: store.events("evict", "stale", "stall"))
         assert [e.kind for e in events] == ["stall"], events
         assert "did not run for" in events[0].reason and "not counted against leases" in events[0].reason
-        # The round open across the stop closed with both workers' updates, as did every round after it.
+        # Every update finished across the stop was merged: the rounds since the stop closed with both workers'
+        # updates, but for at most one of the first two, which may close with one. A worker whose await or pull
+        # failed while the coordinator was frozen waits out its retry backoff (up to seconds) after the resume; a
+        # round closes when every worker that trained from its version reported, so the other worker can pull,
+        # train and push one tiny round alone meanwhile (CI, 2026-11-28). Its membership and updates are kept.
         rounds = read_state(tmp_path / "state", lambda store: store.rounds())
-        assert all(r.reports == 2 for r in rounds if r.version >= resumed_at - 1), [(r.version, r.reports) for r in rounds]
+        since = [r for r in rounds if r.version >= stopped_at]
+        alone = [(r.version, r.reports, r.close_reason) for r in since if r.reports != 2]
+        assert len(since) >= 2 and len(alone) <= 1, (stopped_at, alone, logs_of(workers))
+        assert all(version <= stopped_at + 1 and reports == 1 and "all 1 active workers reported" in reason
+                   for version, reports, reason in alone), (stopped_at, alone, logs_of(workers))
         for worker in workers:
             assert worker.poll() is None, logs_of(workers)
             assert "join again" not in Path(worker.log_path).read_text(), logs_of(workers)
