@@ -61,7 +61,7 @@ from rcswarm.coordinator import aggregation
 from rcswarm.models import registry
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
-from rcswarm.sync import outer, tensor_stream
+from rcswarm.sync import norm_bound, outer, tensor_stream
 from rcswarm.train.inner import worker_data_seed
 from rcswarm.train.round import RoundTrainer
 
@@ -180,7 +180,7 @@ def simulate(config: SimConfig, eval_batches: int, points: int = 10) -> dict[str
             up += sum(len(p) for p in payloads.values())
             tokens += result.tokens
             norm = tensor_stream.global_norm(received)
-            bound, _ = aggregation.automatic_norm_bound(spec.inner, parameters, math.sqrt(sum(
+            bound, _ = norm_bound.automatic_norm_bound(spec.inner, parameters, math.sqrt(sum(
                 float(torch.linalg.vector_norm(t)) ** 2 for t in theta.values())))
             worst_norm_ratio = max(worst_norm_ratio, norm / bound)
             updates.append(aggregation.Update(f"w{index}", result.tokens, norm, received))

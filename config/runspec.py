@@ -292,7 +292,7 @@ class SyncSection:
     Bounded influence (coordinator/aggregation.py has the formulas and the reasons for the defaults):
     * `max_update_norm`: the hard bound on one update's global L2 norm; a larger update is refused.
       0 = automatic: twice the most an honest worker's inner optimizer can move θ in a round's steps
-      (inner.steps; time-boxed rounds: the step cap) (`aggregation.automatic_norm_bound`), or 1e4
+      (inner.steps; time-boxed rounds: the step cap) (`sync/norm_bound.py`), or 1e4
       where no such bound exists (SGD without gradient clipping).
     * `bound_tokens`: refuse an update claiming more tokens than its assignment allows
       (batch × seq_len × inner.steps of the round it trained; for data.source = "diag", whose task

@@ -79,17 +79,15 @@ iteration (‖Δ_i − v‖ > τ); trimmed_mean: an update trimmed in more than 
 expected share 2k/n of the coordinates and all of them.
 
 Why these defaults: honest updates of one round have similar norms (AdamW moves each
-coordinate by at most ~lr per step, `adam_step_bound`), so c = 2 leaves honest rounds alone
+coordinate by at most ~lr per step, `norm_bound.adam_step_bound`), so c = 2 leaves honest rounds alone
 (bit-identical to the mean) while bounding any one worker to twice a typical update. Honest
 updates of one round also share a direction: their scores s_i were all above 0 (lowest +0.037,
 SGD; from +0.15 up at the benchmark's AdamW steps), and a flip's score mirrors its original's, so
 `min_cosine = 0` drops every measured flip and no honest update.
 docs/PERFORMANCE.md has the cost of each and the loss of an honest run under each.
 
-`automatic_norm_bound` is the default hard bound `sync.max_update_norm = 0`: twice the most
-an honest worker's inner optimizer can move θ in the most steps one round lets it train
-(`SyncSection.step_cap`: inner.steps, or sync.max_steps for time-boxed rounds; adaptive step counts
-never exceed inner.steps).
+The hard bound `sync.max_update_norm` (0 = automatic: twice the most an honest worker's inner
+optimizer can move θ in a round) is sync/norm_bound.py's, which workers compute too.
 
 Sparse updates (`sync.codec = "sparse"`, issue #28). Every rule here reads an update decoded to a
 dense float32 tensor: the entries a worker sent, zero elsewhere (`EncodedDeltas` decodes the sparse
@@ -137,19 +135,13 @@ from dataclasses import dataclass
 
 import torch
 
-from rcswarm.config.runspec import InnerSection, SyncSection
+from rcswarm.config.runspec import SyncSection
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer, tensor_stream
 
 Tensors = dict[str, torch.Tensor]
 
-# The hard bound where the inner optimizer gives none (SGD without gradient clipping): the old default.
-FALLBACK_NORM_BOUND = 1e4
-# The automatic hard bound is this many times the most an honest worker can move θ.
-NORM_BOUND_SAFETY = 2.0
-# Steps over which Adam's per-coordinate bound is maximised (it converges long before).
-ADAM_BOUND_STEPS = 10_000
 # sync.min_cosine at or below this turns the direction check off (no cosine is below -1).
 DIRECTION_OFF = -1.0
 # The fewest updates among which a majority can outvote one: the direction check's minimum.
@@ -586,56 +578,3 @@ def _step_towards(
                 x_s.copy_(flat[start:stop]).sub_(v_s)
                 sums[i] += float(torch.dot(x_s, x_s))
     return [math.sqrt(s) for s in sums]
-
-
-def adam_step_bound(beta1: float, beta2: float) -> float | None:
-    """The most one Adam(W) step moves a coordinate, in units of lr; None when unbounded (β1² >= β2).
-
-    By Cauchy–Schwarz on m_t = (1−β1) Σ_k β1^k g_{t−k} against v_t = (1−β2) Σ_k β2^k g²_{t−k},
-    |m̂_t| / sqrt(v̂_t) <= (1−β1)/sqrt(1−β2) · sqrt((1 − q^t)/(1 − q)) · sqrt(1 − β2^t)/(1 − β1^t)
-    with q = β1²/β2 (eps only lowers it); the bound is its maximum over t (1 at t = 1).
-    """
-    q = beta1 * beta1 / beta2
-    if q >= 1.0:
-        return None
-    scale = (1 - beta1) / math.sqrt(1 - beta2)
-    best = 1.0
-    for t in range(1, ADAM_BOUND_STEPS + 1):
-        value = scale * math.sqrt((1 - q**t) / (1 - q)) * math.sqrt(1 - beta2**t) / (1 - beta1**t)
-        best = max(best, value)
-    return max(best, scale / math.sqrt(1 - q))
-
-
-def automatic_norm_bound(
-    inner: InnerSection, parameters: int, theta_norm: float, steps: int | None = None, steps_from: str = "inner.steps"
-) -> tuple[float, str]:
-    """`sync.max_update_norm = 0`: NORM_BOUND_SAFETY × the most `steps` honest steps move θ; with why. `steps`: the
-    most inner steps one round lets a worker train (None: inner.steps), named in the reason by `steps_from`.
-
-    AdamW: each coordinate moves at most a·lr per step (`adam_step_bound`), so the step's L2
-    norm is at most a·lr·sqrt(P); the decoupled weight decay adds lr·wd·‖θ_t‖ with
-    ‖θ_t‖ <= ‖θ_v‖ + H·a·lr·sqrt(P). SGD: each step is lr·(g + wd·θ) with ‖g‖ <= grad_clip.
-    Without such a bound (SGD without clipping, Adam with β1² >= β2) FALLBACK_NORM_BOUND.
-    The factor covers what the codec's error feedback adds to an update (at most a few
-    thousandths of the previous one for int8).
-    """
-    if steps is None:
-        steps = inner.steps
-    if steps < 1:
-        raise ValueError(f"automatic_norm_bound: steps = {steps}; expected the most inner steps of a round, >= 1")
-    lr, decay = inner.lr, inner.weight_decay
-    if inner.optimizer == "adamw":
-        a = adam_step_bound(inner.beta1, inner.beta2)
-        if a is None:
-            return FALLBACK_NORM_BOUND, f"{FALLBACK_NORM_BOUND:g} (AdamW with beta1² >= beta2 has no step bound)"
-        per_step = a * lr * math.sqrt(parameters)
-        why = f"AdamW: {a:.3g} × lr per coordinate and step"
-    else:
-        if inner.grad_clip <= 0:
-            return FALLBACK_NORM_BOUND, f"{FALLBACK_NORM_BOUND:g} (SGD without inner.grad_clip has no step bound)"
-        per_step = lr * inner.grad_clip
-        why = "SGD: lr × inner.grad_clip per step"
-    drift = steps * per_step
-    bound = NORM_BOUND_SAFETY * steps * (per_step + lr * decay * (theta_norm + drift))
-    return bound, (f"{bound:.4g} = {NORM_BOUND_SAFETY:g} × the most {steps} honest inner steps ({steps_from}) move θ "
-                   f"({why}, weight decay at ‖θ‖ = {theta_norm:.4g}, {parameters} parameters)")

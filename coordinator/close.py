@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -51,6 +50,7 @@ from rcswarm.coordinator.resume import optimizer_state
 from rcswarm.state.records import RoundRecord
 from rcswarm.state.store import StateStore
 from rcswarm.sync import outer, tensor_stream
+from rcswarm.sync.norm_bound import update_norm_bound
 
 if TYPE_CHECKING:
     from rcswarm.coordinator.service import SwarmCoordinator
@@ -116,22 +116,6 @@ def load_norm_history(spec: RunSpec, store: StateStore) -> tuple[tuple[float, ..
     stored = json.loads(store.get(REFERENCE_NORMS_KEY) or "[]")
     history = tuple(tuple(float(n) for n in norms) for norms in stored if isinstance(norms, list))
     return history[len(history) - spec.sync.reference_rounds:] if spec.sync.reference_rounds else ()
-
-
-def update_norm_bound(spec: RunSpec, params: outer.Tensors) -> tuple[float, str]:
-    """The hard bound on an update's norm trained from `params`, and why (no lock: pure): automatic, for the most
-    steps one round lets a worker train (`SyncSection.step_cap`: inner.steps, or sync.max_steps, 10 × inner.steps by
-    default, in a time-boxed round; adaptive step counts stay within inner.steps), unless configured."""
-    configured = spec.sync.max_update_norm
-    if configured > 0:
-        return configured, f"sync.max_update_norm = {configured:.4g}"
-    # A bound needs no float64 sum: float32 norms per tensor, without full-size temporaries.
-    norm = math.sqrt(sum(float(torch.linalg.vector_norm(t)) ** 2 for t in params.values()))
-    parameters = sum(t.numel() for t in params.values())
-    steps = spec.sync.step_cap(spec.inner.steps)
-    steps_from = "inner.steps" if spec.sync.round == "steps" else "sync.max_steps of a time-boxed round"
-    bound, why = aggregation.automatic_norm_bound(spec.inner, parameters, norm, steps, steps_from)
-    return bound, f"the automatic sync.max_update_norm {why}"
 
 
 class RoundCloser:

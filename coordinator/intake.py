@@ -14,7 +14,7 @@ Bounded influence: an update is refused (INVALID_ARGUMENT, recorded as a `droppe
 `refuse_outlier`) when its tokens exceed its assignment's batch × seq_len × inner.steps
 (`sync.bound_tokens`, `token_bound`; with `sync.overlap` the larger of its base version's assignment and the one
 before, `trained_since`) or its norm the hard bound (`sync.max_update_norm`, 0 =
-`aggregation.automatic_norm_bound`). What the close then does with the kept ones is close.py's.
+`norm_bound.automatic_norm_bound`). What the close then does with the kept ones is close.py's.
 
 Late updates (issue #15): an update trained from a version this membership pulled, at most
 `sync.max_staleness` versions old (`decisions.decide_staleness`), is kept in the open round's `late`

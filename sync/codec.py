@@ -68,6 +68,10 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 DEFAULT_BLOCK_SIZE = 256
 # CODEC_SPARSE's default chunk (sync.sparse_chunk).
 DEFAULT_SPARSE_CHUNK = 4096
+# `ErrorFeedback.compress` with a norm cap: encodings tried (each scaled a little below the cap's ratio, since
+# quantization scales with its input only up to rounding); the second meets the cap for every codec here.
+MAX_NORM_ATTEMPTS = 3
+NORM_SHRINK = 0.999
 
 CODEC_NAMES: dict[str, int] = {
     "fp32": pb.CODEC_FP32,
@@ -717,20 +721,38 @@ class ErrorFeedback:
             raise ValueError(f"error feedback decay = {decay!r}: expected a number in [0, 1]")
         self.decay = decay
         self._residuals: dict[str, torch.Tensor] = {}
+        # The scale the last `compress` sent its update at (1.0: whole; below: capped by its max_norm).
+        self.last_scale = 1.0
 
     def compress(
         self, deltas: dict[str, torch.Tensor], codec: int | WireFormat, block_size: int = DEFAULT_BLOCK_SIZE,
+        max_norm: float = math.inf,
     ) -> dict[str, bytes]:
         """Encode ``delta + β · residual`` per name and update the residuals; same order as ``deltas``.
 
+        With ``max_norm`` what the receiver decodes has a global L2 norm of at most ``max_norm``: when the update
+        decodes above it, ``c`` is scaled by s < 1 before encoding (every tensor alike) and the residual keeps
+        ``c − decode(encode(s·c))``, so what is not sent now is sent later, as a sparse codec's unsent entries are.
         The residuals change only if every tensor encodes; a non-finite input raises
         ValueError and leaves them as they were.
         """
-        return self.compress_decoded(deltas, codec, block_size)[0]
+        if not max_norm > 0:
+            raise ValueError(f"error feedback max_norm = {max_norm!r}: expected a number > 0")
+        before = self.snapshot()
+        scale = 1.0
+        for _ in range(MAX_NORM_ATTEMPTS):
+            payloads, received = self.compress_decoded(deltas, codec, block_size, scale=scale)
+            norm = math.sqrt(sum(float(torch.sum(torch.square(r.to(torch.float64)))) for r in received.values()))
+            if norm <= max_norm:
+                self.last_scale = scale
+                return payloads
+            self.restore(before)
+            scale *= max_norm / norm * NORM_SHRINK
+        raise AssertionError(f"the update still decodes to norm {norm:.6g} > {max_norm:.6g} at scale {scale:.3g}")
 
     def compress_decoded(
         self, deltas: dict[str, torch.Tensor], codec: int | WireFormat, block_size: int = DEFAULT_BLOCK_SIZE, *,
-        consume: bool = False, into: Mapping[str, torch.Tensor] | None = None,
+        consume: bool = False, into: Mapping[str, torch.Tensor] | None = None, scale: float = 1.0,
     ) -> tuple[dict[str, bytes], dict[str, torch.Tensor]]:
         """``compress``, and also what the receiver decodes from each payload (float32, same shapes).
 
@@ -738,7 +760,8 @@ class ErrorFeedback:
         not decode the payloads again; they are fresh tensors the caller may keep or overwrite.
         With ``consume`` the caller gives up ``deltas``: their buffers become the new residuals. A lossy
         codec decodes into ``into[name]`` where one is given (a float32 buffer of the same shape the caller
-        gave up) instead of a fresh tensor.
+        gave up) instead of a fresh tensor. With ``scale`` < 1 what is encoded is ``scale · c`` (`compress`'s
+        norm cap); the residual is ``c`` less what is decoded either way.
         """
         fmt = _check_codec(codec, block_size)
         payloads: dict[str, bytes] = {}
@@ -746,15 +769,17 @@ class ErrorFeedback:
         updated: dict[str, torch.Tensor] = {}
         for name, delta in deltas.items():
             payloads[name], received[name], updated[name] = self._compress_one(
-                name, delta, fmt, consume, None if into is None else into.get(name)
+                name, delta, fmt, consume, None if into is None else into.get(name), scale
             )
         self._residuals.update(updated)
         return payloads, received
 
     def _compress_one(
         self, name: str, delta: torch.Tensor, fmt: WireFormat, consume: bool = False, into: torch.Tensor | None = None,
+        scale: float = 1.0,
     ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
-        """(payload, decoded payload, new residual) of one tensor; the residual reuses the combined buffer."""
+        """(payload, decoded payload, new residual) of one tensor, encoding ``scale`` × the combined tensor; the
+        residual reuses the combined buffer."""
         if delta.dtype != torch.float32:
             raise ValueError(f"delta {name!r}: expected float32, got {delta.dtype}")
         delta = delta.detach().to("cpu")
@@ -767,9 +792,10 @@ class ErrorFeedback:
         if not all_finite(combined):
             bad = int((~torch.isfinite(combined)).sum())
             raise ValueError(f"delta {name!r} has {bad} non-finite values")
-        payload = encode(combined, fmt)
+        sent = combined if scale == 1.0 else combined * scale  # [*shape]
+        payload = encode(sent, fmt)
         if fmt.lossless:
-            return payload, combined, torch.zeros_like(combined)
+            return payload, sent, torch.zeros_like(combined) if sent is combined else combined.sub_(sent)
         usable = into is not None and into.shape == combined.shape and into.dtype == torch.float32 and into.is_contiguous()
         received = decode(payload, fmt, tuple(combined.shape), out=into if usable else None)  # [*shape]
         if not all_finite(received):  # bf16 rounds a finite float32 from 3.3961e38 up to ±inf

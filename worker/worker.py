@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import socket
 import threading
@@ -70,6 +71,7 @@ from rcswarm.sync.feedback_state import (
     remove_feedback,
     save_feedback,
 )
+from rcswarm.sync.norm_bound import SEND_NORM_SHARE, update_norm_bound
 from rcswarm.train.inner import StepResult, preload_data, worker_data_seed
 from rcswarm.train.round import RoundResult, RoundTrainer, StepRow, held_out_seed, resolve_device
 from rcswarm.worker.client import (
@@ -271,6 +273,8 @@ class InFlight:
     deltas: dict[str, torch.Tensor]
     tokens: int
     build: int
+    # What Δ may decode to (`Worker._send_bound`).
+    send_bound: float
 
 
 @dataclass(frozen=True)
@@ -674,15 +678,18 @@ class Worker:
         self._check_finite(version, deltas)
         pushed = self.trainer.snapshot()
         tokens = early.tokens + trained.tokens
-        exchange = Exchange(functools.partial(self._exchange, version, deltas, tokens), f"exchange-{version}")
-        self._inflight = InFlight(exchange, pushed, version, steps, budget, deltas, tokens, self.builds)
+        send_bound = self._send_bound(base)
+        exchange = Exchange(functools.partial(self._exchange, version, deltas, tokens, send_bound), f"exchange-{version}")
+        self._inflight = InFlight(exchange, pushed, version, steps, budget, deltas, tokens, self.builds, send_bound)
 
-    def _exchange(self, version: int, deltas: dict[str, torch.Tensor], tokens: int) -> tuple[int, dict, str] | None:
+    def _exchange(
+        self, version: int, deltas: dict[str, torch.Tensor], tokens: int, send_bound: float
+    ) -> tuple[int, dict, str] | None:
         """The wire's side of an overlapped round, on the exchange thread: push Δ (no re-join here: NOT_FOUND raises
         ExchangeRejoin to the training thread), report the metrics kept so far, await v+1 and pull it into a buffer;
         (version, θ, its SHA-256), or None when the run finished or a stop came."""
         try:
-            accepted = self._push_deltas(version, deltas, tokens, rejoin=False)
+            accepted = self._push_deltas(version, deltas, tokens, send_bound, rejoin=False)
         except Rejoin as exc:
             raise ExchangeRejoin(str(exc), delivered=False) from exc
         try:
@@ -724,7 +731,7 @@ class Worker:
             log.warning("%s: the update of version %d was trained on a model the re-join replaced; dropped",
                         self.worker_id, inflight.version)
         elif not rejoin.delivered:
-            accepted = self._push_deltas(inflight.version, inflight.deltas, inflight.tokens)
+            accepted = self._push_deltas(inflight.version, inflight.deltas, inflight.tokens, inflight.send_bound)
         elif current is not None and current <= inflight.version:
             accepted = self._deliver_again(inflight.version, inflight.tokens)
         return self._fetch_next(inflight.version, accepted)
@@ -881,11 +888,22 @@ class Worker:
         finite raises Diverged before anything is compressed or sent (`_check_finite`)."""
         deltas = self.trainer.delta(base)
         self._check_finite(version, deltas)
-        return self._push_deltas(version, deltas, tokens)
+        return self._push_deltas(version, deltas, tokens, self._send_bound(base))
 
-    def _push_deltas(self, version: int, deltas: dict[str, torch.Tensor], tokens: int, rejoin: bool = True) -> bool:
-        """Encode and deliver `deltas` (checked finite by the caller); False when it was stale (dropped, residual
-        restored).
+    def _send_bound(self, base: dict[str, torch.Tensor]) -> float:
+        """The most an update trained from θ `base` may decode to: with error feedback SEND_NORM_SHARE of the hard
+        bound the coordinator holds it to (sync/norm_bound.py; the feedback keeps the rest), so that a residual
+        grown over many rounds (a sparse codec's unsent entries) never gets an honest update refused; without, no
+        cap (an honest update is under half the bound, and a capped one's rest would be lost)."""
+        if self.error_feedback is None:
+            return math.inf
+        return SEND_NORM_SHARE * update_norm_bound(self.spec, base)[0]
+
+    def _push_deltas(
+        self, version: int, deltas: dict[str, torch.Tensor], tokens: int, send_bound: float, rejoin: bool = True
+    ) -> bool:
+        """Encode and deliver `deltas` (checked finite by the caller) with error feedback's update decoding to at
+        most `send_bound` (`_send_bound`); False when it was stale (dropped, residual restored).
 
         The residual restored is the one this push compressed with: a re-join on the way that moved the worker to
         another run built that run's own (`_prepare`), which keeps what it loaded.
@@ -905,7 +923,12 @@ class Worker:
         feedback = self.error_feedback
         if feedback is not None:
             saved = feedback.snapshot()
-            encoded = feedback.compress(deltas, self.codec, block)
+            encoded = feedback.compress(deltas, self.codec, block, max_norm=send_bound)
+            if feedback.last_scale < 1.0:
+                log.info("%s: the update of version %d is scaled by %.3g to the most it may carry, norm %.4g (%g of "
+                         "the coordinator's norm bound); the error-feedback residual keeps the rest (norm %.4g)",
+                         self.worker_id, version, feedback.last_scale, send_bound, SEND_NORM_SHARE,
+                         feedback.residual_norm())
         else:
             saved, encoded = None, None
         header, chunks = tensor_stream.build_payload(

@@ -22,13 +22,13 @@ from rcswarm.cli import status as status_cli
 from rcswarm.config.runspec import InnerSection, RunSpec
 from rcswarm.coordinator import SwarmCoordinator, aggregation, decisions
 from rcswarm.coordinator.aggregation import AggregationOptions, Update
-from rcswarm.coordinator.close import update_norm_bound
 from rcswarm.models import registry
 from rcswarm.observe.dashboard import render, views
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import RoundRecord
 from rcswarm.state.store import StateStore
-from rcswarm.sync import outer, tensor_stream
+from rcswarm.sync import norm_bound, outer, tensor_stream
+from rcswarm.sync.norm_bound import update_norm_bound
 from rcswarm.train.inner import make_inner_optimizer, train_step
 from rcswarm.worker import Worker, WorkerOptions
 from tests.helpers.coordinator import deltas_of, push
@@ -320,9 +320,9 @@ def test_the_check_drops_only_a_minority_and_leaves_small_rounds_and_zero_update
 
 
 def test_adam_step_bound_holds_for_adversarial_gradients():
-    bound = aggregation.adam_step_bound(0.9, 0.95)
+    bound = norm_bound.adam_step_bound(0.9, 0.95)
     assert bound == pytest.approx(1.1644, abs=1e-3)
-    assert aggregation.adam_step_bound(0.99, 0.95) is None
+    assert norm_bound.adam_step_bound(0.99, 0.95) is None
     # Gradient sequences that push m/sqrt(v) up: a long run of small gradients, then large ones of one sign.
     for pattern in ([1e-3] * 50 + [1.0] * 50, [1.0] * 100, [(-1.0) ** t * 1e-3 for t in range(60)] + [5.0] * 40):
         p = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
@@ -350,10 +350,10 @@ def test_honest_inner_steps_stay_within_half_the_automatic_norm_bound(round_kind
     delta = {k: theta[k] - p.detach() for k, p in model.named_parameters()}
     parameters = sum(t.numel() for t in theta.values())
     bound, why = update_norm_bound(spec, theta)
-    assert tensor_stream.global_norm(delta) <= bound / aggregation.NORM_BOUND_SAFETY
+    assert tensor_stream.global_norm(delta) <= bound / norm_bound.NORM_BOUND_SAFETY
     assert "AdamW" in why and f"{parameters} parameters" in why and f"the most {steps} honest inner steps" in why
     sgd = InnerSection(optimizer="sgd", grad_clip=0.0)
-    assert aggregation.automatic_norm_bound(sgd, parameters, 1.0)[0] == aggregation.FALLBACK_NORM_BOUND
+    assert norm_bound.automatic_norm_bound(sgd, parameters, 1.0)[0] == norm_bound.FALLBACK_NORM_BOUND
 
 
 def test_outlier_evictions_need_k_flags_in_the_last_m_rounds():

@@ -293,3 +293,53 @@ def test_error_feedback_refuses_non_finite_sparse_input_and_keeps_its_residual()
     with pytest.raises(ValueError, match="non-finite"):
         feedback.compress({"w": bad}, SPARSE)
     assert torch.equal(feedback.residual("w"), before)
+
+
+
+CAPPED_FORMATS = [
+    codec.WireFormat(pb.CODEC_FP32),
+    codec.WireFormat(pb.CODEC_BF16),
+    codec.WireFormat(pb.CODEC_INT8_BLOCK, 64),
+    codec.WireFormat(pb.CODEC_LOWBIT_BLOCK, 64, 0, 2),
+    codec.WireFormat(pb.CODEC_LOWBIT_BLOCK, 64, 0, 4),
+    codec.WireFormat(pb.CODEC_SPARSE, 256, 1, 2),
+    codec.WireFormat(pb.CODEC_SPARSE, 37, 5, 8),
+]
+
+
+def _global_norm(tensors: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(t.double().square().sum()) for t in tensors.values()))
+
+
+def _holding(residual: dict[str, torch.Tensor]) -> codec.ErrorFeedback:
+    """Error feedback whose residuals are `residual` (as a worker resumes one)."""
+    feedback = codec.ErrorFeedback()
+    feedback.restore(dict(residual))
+    return feedback
+
+
+@pytest.mark.parametrize("fmt", CAPPED_FORMATS, ids=lambda f: f"{codec.codec_label(f.codec)}-{f.keep}-{f.value_bits}")
+def test_a_norm_cap_sends_at_most_the_cap_and_keeps_the_rest_in_the_residual(fmt, monkeypatch) -> None:
+    """`ErrorFeedback.compress(max_norm=...)` (a worker keeps its update under the coordinator's hard bound,
+    sync/norm_bound.py): what the receiver decodes is at most the cap, in the second encoding at the latest, and
+    decoded + new residual is what was to send (delta + residual), so nothing is lost; under the cap the payloads
+    are those of the uncapped call, bit for bit."""
+    monkeypatch.setattr(codec, "MAX_NORM_ATTEMPTS", 2)
+    gen = torch.Generator().manual_seed(31)
+    residual = {"w": torch.randn(40, 50, generator=gen) * 3.0, "b": torch.randn(333, generator=gen)}  # [40, 50], [333]
+    deltas = {"w": torch.randn(40, 50, generator=gen) * 0.1, "b": torch.randn(333, generator=gen) * 0.1}
+    uncapped = _holding(residual).compress(deltas, fmt)
+    natural = _global_norm({name: codec.decode(payload, fmt, tuple(deltas[name].shape))
+                            for name, payload in uncapped.items()})
+    capped = _holding(residual)
+    cap = natural / 4
+    payloads = capped.compress(deltas, fmt, max_norm=cap)
+    received = {name: codec.decode(payload, fmt, tuple(deltas[name].shape)) for name, payload in payloads.items()}
+    assert cap * 0.99 < _global_norm(received) <= cap
+    for name in deltas:
+        torch.testing.assert_close(received[name] + capped.residual(name), deltas[name] + residual[name],
+                                   rtol=0, atol=1e-5)
+    assert _holding(residual).compress(deltas, fmt, max_norm=natural * 1.001) == uncapped
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="max_norm"):
+            _holding(residual).compress(deltas, fmt, max_norm=bad)

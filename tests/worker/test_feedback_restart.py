@@ -170,8 +170,8 @@ def test_a_refused_push_saves_the_residual_it_puts_back(start_coordinator, tmp_p
 
         refused: tuple | None = None
 
-        def _push_deltas(self, version, deltas, tokens, rejoin=True) -> bool:
-            delivered = super()._push_deltas(version, deltas, tokens, rejoin)
+        def _push_deltas(self, version, deltas, tokens, send_bound, rejoin=True) -> bool:
+            delivered = super()._push_deltas(version, deltas, tokens, send_bound, rejoin)
             if self.refused is None and not delivered:
                 self.refused = (self.error_feedback.snapshot(), load_feedback(
                     state_dir, self.run_id, self.codec, 0.95, local.service.shapes))

@@ -143,11 +143,11 @@ class RestartedDuringAnExchange(Worker):
         super().__init__(*args, **kwargs)
         self.restart, self.restarted = restart, False
 
-    def _push_deltas(self, version, deltas, tokens, rejoin=True) -> bool:
+    def _push_deltas(self, version, deltas, tokens, send_bound, rejoin=True) -> bool:
         if not self.restarted and version == 1 and threading.current_thread().name.startswith("exchange"):
             self.restarted = True
             self.restart()
-        return super()._push_deltas(version, deltas, tokens, rejoin)
+        return super()._push_deltas(version, deltas, tokens, send_bound, rejoin)
 
 
 def run_restarted(target: str, restart) -> RestartedDuringAnExchange:
@@ -245,9 +245,9 @@ class EvictedAfterItsPushLanded(Worker):
             self.client.leave(self.identity, "evicted by the test")
         super()._await(min_version)
 
-    def _push_deltas(self, version, deltas, tokens, rejoin=True) -> bool:
+    def _push_deltas(self, version, deltas, tokens, send_bound, rejoin=True) -> bool:
         self.encoded.append(version)
-        return super()._push_deltas(version, deltas, tokens, rejoin)
+        return super()._push_deltas(version, deltas, tokens, send_bound, rejoin)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

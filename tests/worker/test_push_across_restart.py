@@ -87,9 +87,9 @@ class Counting(Worker):
         self.memberships.append(self.worker_id)
         return version
 
-    def _push_deltas(self, version, deltas, tokens, rejoin=True) -> bool:
+    def _push_deltas(self, version, deltas, tokens, send_bound, rejoin=True) -> bool:
         kept = {name: delta.detach().clone() for name, delta in deltas.items()}
-        delivered = super()._push_deltas(version, deltas, tokens, rejoin)
+        delivered = super()._push_deltas(version, deltas, tokens, send_bound, rejoin)
         self.answers.append((version, delivered))
         if delivered:
             self.sent[version] = kept

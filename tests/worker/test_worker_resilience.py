@@ -291,7 +291,7 @@ class LandedThenEvicted(Worker):
         self.service, self.meanwhile = service, meanwhile
         self.pushes: list[tuple[int, bool, bool]] = []
 
-    def _push_deltas(self, version, deltas, tokens, rejoin=True):
+    def _push_deltas(self, version, deltas, tokens, send_bound, rejoin=True):
         feedback = self.error_feedback
         compress, compressed = feedback.compress, {}
 
@@ -304,7 +304,7 @@ class LandedThenEvicted(Worker):
         if not self.pushes:
             self._lose_the_answer()
         try:
-            delivered = super()._push_deltas(version, deltas, tokens, rejoin)
+            delivered = super()._push_deltas(version, deltas, tokens, send_bound, rejoin)
         finally:
             feedback.compress = compress
         end = feedback.snapshot()
@@ -385,8 +385,8 @@ class MovedToAnotherRun(Worker):
             return False
         return super()._deliver(version, tokens, header, chunks, rejoin)
 
-    def _push_deltas(self, version, deltas, tokens, rejoin=True):
-        delivered = super()._push_deltas(version, deltas, tokens, rejoin)
+    def _push_deltas(self, version, deltas, tokens, send_bound, rejoin=True):
+        delivered = super()._push_deltas(version, deltas, tokens, send_bound, rejoin)
         self.results.append((delivered, self.error_feedback.snapshot()))
         return delivered
 
