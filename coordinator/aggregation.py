@@ -96,7 +96,8 @@ payload like any other), so each applies unchanged; what changes is what the dat
   values at a few indices has a huge norm and is refused at the push, or (bound lifted) scaled to
   c·R like a dense one; one worker still moves Δ̄ by at most (n_i / Σ n)·c·R. An honest sparse update
   carries its error-feedback residual too (what earlier rounds did not send); the bench's largest
-  honest ‖Δ‖ was a small fraction of the automatic bound (docs/PERFORMANCE.md, "Compression (issue #28)").
+  honest ‖Δ‖ was a small fraction of the automatic bound (docs/PERFORMANCE.md, "Compression (issue #28)"),
+  and a worker sends at most 0.9 of the bound, keeping the rest in its residual (sync/norm_bound.py).
 * The direction check's cosines are between sparse vectors: honest workers' kept entries overlap
   (large coordinates of one round's pseudo-gradients are shared), so their scores stay positive, but
   lower than dense ones. An update whose entries no honest update sent has cosine 0 with all of
