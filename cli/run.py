@@ -32,9 +32,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import grpc
 import torch
@@ -71,6 +72,8 @@ from rcswarm.sync.files import save_tensors
 from rcswarm.train.inner import data_problem
 from rcswarm.train.round import HELD_OUT_SEED, RoundTrainer
 from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy
+
+T = TypeVar("T")
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -370,6 +373,24 @@ def held_out_losses(spec: RunSpec, final: dict[str, torch.Tensor] | None, evalua
         return {"val_loss_initial": None, "val_loss_final": None, "val_loss_problem": str(exc)}
 
 
+def skippable_evaluation(console: Console, summarize_all: Callable[[bool], T]) -> T:
+    """`summarize_all(True)`: the summary with its held-out evaluation, unless Ctrl-C, SIGTERM or SIGHUP comes while
+    it runs (a process manager's stop, a closed terminal): then, announced, `summarize_all(False)`, without it, so
+    that summary.json is written either way. The launch's stop handlers are uninstalled by then; SIGTERM and SIGHUP
+    raise KeyboardInterrupt here as Ctrl-C does, and get their earlier handlers back after."""
+    console.print("evaluating the held-out loss of θ_0 and of the final parameters (Ctrl-C skips it)")
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        try:
+            return summarize_all(True)
+        except KeyboardInterrupt:
+            console.print("held-out evaluation interrupted: the summary is written without it", style="yellow")
+            return summarize_all(False)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def summarize_run(local: LocalRun, evaluated: bool = True) -> dict:
     """One run's totals from its store, its final parameters exported, its held-out loss before and after (unless
     not `evaluated`)."""
@@ -399,7 +420,7 @@ def _train_loss(r: dict) -> str:
     return f"{number(r['first_round_loss'])} → {number(r['last_round_loss'])}"
 
 
-def _held_out_loss(r: dict) -> str:
+def held_out_text(r: dict) -> str:
     if r.get("val_loss_problem"):
         return f"— ({r['val_loss_problem']})"
     if r["rounds"] == 0:
@@ -419,7 +440,7 @@ SUMMARY_COLUMNS = (
     ("L ×\nbatch", lambda r: _shapes(r)),
     ("rounds", lambda r: f"{r['rounds']:,}"),
     ("train loss¹\nfirst → last", _train_loss),
-    ("held-out loss²\ninitial → final", _held_out_loss),
+    ("held-out loss²\ninitial → final", held_out_text),
     ("tok/s³", lambda r: f"{r['tokens_per_second']:,.0f}"),
     ("sync /\nbusy⁴", lambda r: " / ".join("—" if not math.isfinite(r.get(key, math.nan)) else f"{r[key]:.1%}"
                                             for key in ("sync_share", "utilization"))),
@@ -670,12 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         swarm.stop()
         stop.uninstall()
-    console.print("evaluating the held-out loss of θ_0 and of the final parameters (Ctrl-C skips it)")
-    try:
-        rows = [summarize_run(local) for local in local_runs(run_dir, spec)]
-    except KeyboardInterrupt:
-        console.print("held-out evaluation interrupted: the summary is written without it", style="yellow")
-        rows = [summarize_run(local, evaluated=False) for local in local_runs(run_dir, spec)]
+    rows = skippable_evaluation(
+        console, lambda evaluated: [summarize_run(local, evaluated) for local in local_runs(run_dir, spec)])
     ended = outcome(rows, spec, stop=stop, out_of_time=out_of_time, minutes=minutes,
                     exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs, coordinator_code=coordinator_code)
     print_summary(console, run_dir, spec, rows, ended)

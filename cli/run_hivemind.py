@@ -30,7 +30,16 @@ from rich.console import Console
 from rich.markup import escape
 from safetensors.torch import load_file
 
-from rcswarm.cli.run import POLL_S, START_TIMEOUT_S, Outcome, Swarm, evaluate, interrupted_outcome
+from rcswarm.cli.run import (
+    POLL_S,
+    START_TIMEOUT_S,
+    Outcome,
+    Swarm,
+    held_out_losses,
+    held_out_text,
+    interrupted_outcome,
+    skippable_evaluation,
+)
 from rcswarm.cli.signals import StopSignal
 from rcswarm.config.runspec import RunSpec
 
@@ -108,8 +117,9 @@ def wait(swarm: HivemindSwarm, console: Console, stop: threading.Event, deadline
     return False
 
 
-def summarize(spec: RunSpec, run_dir: Path, workers: int) -> dict:
-    """Per peer its version and round losses; the replicas' largest difference; held-out loss before and after."""
+def summarize(spec: RunSpec, run_dir: Path, workers: int, evaluated: bool = True) -> dict:
+    """Per peer its version and round losses; the replicas' largest difference; held-out loss before and after
+    (`held_out_losses`: None with the reason when not `evaluated` or the evaluation cannot read the data)."""
     peers, finals = {}, {}
     for rank in range(workers):
         out = run_dir / "peers" / f"worker-{rank}"
@@ -131,8 +141,7 @@ def summarize(spec: RunSpec, run_dir: Path, workers: int) -> dict:
             (float((params[k] - first[k]).abs().max()) for params in finals.values() for k in first), default=0.0)
         if "worker-0" in finals:
             shutil.copyfile(run_dir / "peers" / "worker-0" / "final.safetensors", run_dir / "final.safetensors")
-        result["val_loss_initial"] = evaluate(spec, None)
-        result["val_loss_final"] = evaluate(spec, {k: v.to(torch.float32) for k, v in first.items()})
+        result.update(held_out_losses(spec, {k: v.to(torch.float32) for k, v in first.items()}, evaluated))
     return result
 
 
@@ -168,7 +177,7 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
         out_of_time = wait(swarm, console, stop, deadline)
     finally:
         swarm.stop()
-    result = summarize(spec, run_dir, spec.run.workers)
+    result = skippable_evaluation(console, lambda evaluated: summarize(spec, run_dir, spec.run.workers, evaluated))
     codes = [p.returncode for p in swarm.workers]
     if stop.is_set():
         ended = interrupted_outcome(stop, f"{result['rounds']} of {spec.run.rounds} rounds")
@@ -183,8 +192,8 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
         console.print(f"{escape(name)}: version {peer['version']}, round loss {peer['first_round_loss']:.3f} → "
                       f"{peer['last_round_loss']:.3f}, {peer['skipped_rounds']} skipped, max drift {peer['max_drift']:.3g}")
     if "val_loss_final" in result:
-        console.print(f"held-out loss {result['val_loss_initial']:.3f} → {result['val_loss_final']:.3f}; replicas differ "
-                      f"by at most {result['replica_max_abs_difference']:.3g}")
+        console.print(f"held-out loss {held_out_text(result)}; replicas differ by at most "
+                      f"{result['replica_max_abs_difference']:.3g}")
     (run_dir / "summary.json").write_text(json.dumps({**result, "outcome": ended.kind, "outcome_message": ended.message},
                                                      indent=2))
     console.print(ended.message)

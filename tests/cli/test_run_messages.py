@@ -4,7 +4,15 @@ coordinator that refuses a resumed run directory."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import signal
+import time
+
 import torch
+from rich.console import Console
+from safetensors.torch import save_file
 
 from rcswarm.cli import run as run_cli
 from tests.helpers.specs import tiny_spec
@@ -18,7 +26,7 @@ def test_a_held_out_split_the_evaluation_cannot_read_is_a_reason_not_a_traceback
     losses = run_cli.held_out_losses(tiny_spec(), {"w": torch.zeros(1)}, evaluated=True)
     assert losses["val_loss_initial"] is None and losses["val_loss_final"] is None
     assert "window longer than the data" in losses["val_loss_problem"]
-    shown = run_cli._held_out_loss({"rounds": 3, **losses})
+    shown = run_cli.held_out_text({"rounds": 3, **losses})
     assert shown.startswith("— (") and "split 'val'" in shown
 
 
@@ -69,3 +77,57 @@ def test_a_refused_resume_quotes_only_this_launchs_log(tmp_path) -> None:
     other = tmp_path / "plain.log"
     other.write_text("no mark\n")
     assert run_cli.this_launch(other) == "no mark\n"
+
+
+class Stopped(Exception):
+    """What this test's own SIGTERM/SIGHUP handler raises, should the evaluation leave the signal to it."""
+
+
+def test_sigterm_or_sighup_during_the_evaluation_skips_it_and_the_summary_is_written(capsys) -> None:
+    """A process manager's SIGTERM or a closed terminal's SIGHUP while the summary's held-out evaluation ran (the
+    launch's stop handlers uninstalled by then) ended `rcswarm run` without summary.json: now it skips the
+    evaluation as Ctrl-C does, and the handlers from before are back after."""
+    def stop_handler(signum, frame):
+        raise Stopped(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        before = signal.signal(sig, stop_handler)
+        try:
+            calls: list[bool] = []
+
+            def summarize_all(evaluated: bool) -> list[bool]:
+                calls.append(evaluated)
+                if evaluated:
+                    os.kill(os.getpid(), sig)
+                    time.sleep(5)  # the handler interrupts this
+                return calls
+
+            console = Console(file=io.StringIO(), width=200)
+            assert run_cli.skippable_evaluation(console, summarize_all) == [True, False]
+            assert "held-out evaluation interrupted: the summary is written without it" in console.file.getvalue()
+            assert signal.getsignal(sig) is stop_handler
+        finally:
+            signal.signal(sig, before)
+
+
+def test_a_hivemind_runs_summary_says_why_its_held_out_loss_is_missing(tmp_path, monkeypatch) -> None:
+    """The hivemind launch evaluated without `held_out_losses`: a held-out split it cannot read ended it in a
+    traceback, and Ctrl-C during the evaluation too, both without summary.json."""
+    from rcswarm.cli import run_hivemind
+
+    spec = tiny_spec(run={"workers": 1})
+    peer = tmp_path / "peers" / "worker-0"
+    peer.mkdir(parents=True)
+    (peer / "summary.json").write_text(json.dumps({"name": "worker-0", "version": 2, "history": [
+        {"loss": 5.0, "skipped": False, "drift": 0.0}, {"loss": 4.0, "skipped": False, "drift": 0.0}]}))
+    save_file({"w": torch.zeros(3)}, str(peer / "final.safetensors"))
+
+    def short_split(spec, params):
+        raise ValueError("ds: split 'val': no shard has 64 tokens")
+
+    monkeypatch.setattr(run_cli, "evaluate", short_split)
+    result = run_hivemind.summarize(spec, tmp_path, 1)
+    assert result["val_loss_final"] is None and "no shard has 64 tokens" in result["val_loss_problem"]
+    assert run_cli.held_out_text(result) == "— (ds: split 'val': no shard has 64 tokens)"
+    skipped = run_hivemind.summarize(spec, tmp_path, 1, evaluated=False)
+    assert skipped["val_loss_problem"] == "not evaluated: interrupted" and skipped["rounds"] == 2
