@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       time=args.time_column, run=args.run_column)
     skipped: list[str] = []
     try:
-        forecast_report(args.metrics, Console())
+        forecast_report(args.metrics, Console(emoji=False))
     except (StoreError, ValueError) as error:
         print(f"rcswarm fit: no forecasts: {error}", file=sys.stderr)
     try:
@@ -236,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_skipped(skipped)
         return usage_error("rcswarm fit", message)
     _print_skipped(skipped)
-    report(analysis, Console())
+    report(analysis, Console(emoji=False))
     out = args.out or default_plot_path(args.metrics)
     try:
         plot(analysis, out, held_out_law(args.metrics) if args.metrics.is_dir() else None)

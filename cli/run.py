@@ -63,6 +63,7 @@ from rcswarm.observe.analysis import (
     length_law,
     read_state_dirs,
 )
+from rcswarm.observe.dashboard.views import finite
 from rcswarm.observe.forecast import was_pruned
 from rcswarm.observe.report import forecast_rows, held_out_rows, prune_rows, served_note, summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -533,10 +534,6 @@ def fit_law(console: Console, run_dir: Path, held_out: LengthLaw | None = None) 
     return {**FitReport(curves, analysis, "").summary(), "plot": plot.name}
 
 
-def _json(value: object) -> object:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
 def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dict], ended: Outcome) -> None:
     """One row per run (a single run is a sweep of one) and notes saying what each number is; for 3+ runs
     the held-out loss ≈ A·L^(−α), and for a sweep the law of `fit_law`; then the outcome line. summary.json
@@ -571,7 +568,7 @@ def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dic
     if spec.is_sweep:
         sweep["law"] = fit_law(console, run_dir, held_out)
     document = sweep if spec.is_sweep else {**rows[0], **ending}
-    (run_dir / "summary.json").write_text(json.dumps(document, indent=2, default=_json))
+    (run_dir / "summary.json").write_text(json.dumps(finite(document), indent=2, allow_nan=False))
     console.print(ended.message)
 
 
@@ -644,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(args, int):
         return args
     # Not a terminal (a pipe, a log file): wide enough that no table cell is cut ("9,3…") at rich's default 80.
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = Console(emoji=False) if sys.stdout.isatty() else Console(width=200, emoji=False)
     try:
         spec = load_spec(args)
     except ValueError as exc:

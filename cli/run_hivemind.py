@@ -42,6 +42,7 @@ from rcswarm.cli.run import (
 )
 from rcswarm.cli.signals import StopSignal
 from rcswarm.config.runspec import RunSpec
+from rcswarm.observe.dashboard.views import finite
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 PRINT_S = 10.0
@@ -194,7 +195,7 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
     if "val_loss_final" in result:
         console.print(f"held-out loss {held_out_text(result)}; replicas differ by at most "
                       f"{result['replica_max_abs_difference']:.3g}")
-    (run_dir / "summary.json").write_text(json.dumps({**result, "outcome": ended.kind, "outcome_message": ended.message},
-                                                     indent=2))
+    (run_dir / "summary.json").write_text(json.dumps(
+        finite({**result, "outcome": ended.kind, "outcome_message": ended.message}), indent=2, allow_nan=False))
     console.print(ended.message)
     return ended.status

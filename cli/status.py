@@ -52,6 +52,7 @@ from rcswarm.observe.analysis import (
     step_means,
     worker_totals,
 )
+from rcswarm.observe.dashboard.views import message_data
 from rcswarm.observe.forecast import describe
 from rcswarm.protos.transport import ClientTLS, not_grpc_problem, open_channel
 from rcswarm.protos.v1 import coordinator_pb2 as pb
@@ -307,7 +308,7 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--stale-s", type=float, default=None,
                         help="without --coordinator: a peer whose records did not advance for this long (or 3 × its "
                              "last gap, if longer) is stale (default 60)")
-    result.add_argument("--json", action="store_true", help="print GetStatus as JSON instead of tables")
+    result.add_argument("--json", action="store_true", help="print GetStatus as JSON instead of tables (numbers as numbers, null for a missing one)")
     return result
 
 
@@ -376,9 +377,7 @@ def main_mirrored(args: argparse.Namespace) -> int:
 def show(args: argparse.Namespace, status: pb.GetStatusResponse, note: str = "") -> int:
     """Print `status` as JSON, or as tables with the fit when --state-dir is given."""
     if args.json:
-        from google.protobuf import json_format
-
-        print(json.dumps(json_format.MessageToDict(status, preserving_proto_field_name=True), indent=1))
+        print(json.dumps(message_data(status), indent=1, allow_nan=False))
         return 0
     fits, totals = None, None
     if args.state_dir is not None:
@@ -386,9 +385,10 @@ def show(args: argparse.Namespace, status: pb.GetStatusResponse, note: str = "")
             fits, totals = read_fits(args.state_dir, status, mirrored=args.coordinator is None)
         except (OSError, StoreError, ValueError) as error:
             return usage_error("rcswarm status", f"--state-dir {args.state_dir}: {error}")
-    console = Console()
+    # emoji=False: names, devices and run ids come from peers, and ":skull:" in one is text, not an emoji.
+    console = Console(emoji=False)
     if not console.is_terminal:
-        console = Console(width=REPORT_WIDTH)  # piped or captured: the width tables are laid out for
+        console = Console(width=REPORT_WIDTH, emoji=False)  # piped or captured: the width tables are laid out for
     report(status, console, fits, totals)
     if note:
         console.print(escape(note))

@@ -713,7 +713,10 @@ class SwarmCoordinator:
         state, reads the closed rounds from the store after releasing it)."""
         with self._lock:
             now = self.clock()
-            losses = [w.last_loss for w in self.workers.values() if math.isfinite(w.last_loss)]
+            # The active members' latest losses: an ended membership (kept `forget_after_s` for the status) would
+            # hold an evicted or departed worker's loss in the mean; the kept ones only once none is active.
+            losses = ([w.last_loss for w in self._active.values() if math.isfinite(w.last_loss)]
+                      or [w.last_loss for w in self.workers.values() if math.isfinite(w.last_loss)])
             elapsed = now - self._serving_since if self._serving_since is not None else 0.0
             response = pb.GetStatusResponse(
                 run_id=self.run_id, version=self.shown_version, run_state=self._run_state(), target_rounds=self.spec.run.rounds,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
 
 from rcswarm.observe import traffic
 from rcswarm.observe.analysis import Clock, FitReport, StepMean, WorkerTotals
@@ -61,6 +63,43 @@ class RunView:
 def read_run(index: int, coordinator: Any, totals: dict[str, WorkerTotals]) -> RunView:
     status = coordinator.status()
     return RunView(index, coordinator, status, coordinator.summary(status), totals)
+
+
+# MessageToDict writes these as strings (JSON numbers lose 64-bit precision in JavaScript; ours stay far below 2^53).
+_INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
+
+
+def message_data(message: Message) -> dict[str, Any]:
+    """`message` as JSON-ready data, every field present (MessageToDict's, with its field names and enum names), but
+    numbers as numbers: 64-bit integers as ints rather than strings, and NaN or infinity as null rather than
+    "NaN"/"Infinity", so that a field's type never depends on its value."""
+    data = json_format.MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return _numbers(message.DESCRIPTOR, data)
+
+
+def _numbers(descriptor: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (MessageToDict's of a `descriptor` message) with its numbers as numbers, recursively."""
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        field = descriptor.fields_by_name[name]
+        convert = _converter(field)
+        out[name] = [convert(v) for v in value] if isinstance(value, list) else convert(value)
+    return out
+
+
+def _converter(field: FieldDescriptor) -> Any:
+    """How one value of `field` (as MessageToDict wrote it) becomes a plain number, or stays as it is."""
+    if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+        entry = _converter(field.message_type.fields_by_name["value"])  # keys stay strings, as JSON's must
+        return lambda value: {key: entry(item) for key, item in value.items()}
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return lambda value: _numbers(field.message_type, value)
+    if field.type in _INT64_TYPES:
+        return int
+    if field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        return lambda value: None if isinstance(value, str) else finite(float(value))
+    return lambda value: value
 
 
 def finite(value: Any) -> Any:
@@ -156,11 +195,7 @@ def _run_labels(view: RunView) -> dict[str, Any]:
 def status_dict(kind: str, clock: Clock, status: pb.GetStatusResponse, views: Sequence[RunView],
                 means: Sequence[Sequence[StepMean]], fits: FitReport) -> dict[str, Any]:
     """GetStatus of the run or sweep with every run's data; each worker and round names its run."""
-    out = json_format.MessageToDict(status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    # MessageToDict writes int64 as strings and NaN as "NaN"; use plain numbers.
-    out["version"], out["target_rounds"], out["total_tokens"] = status.version, status.target_rounds, status.total_tokens
-    out["applied_tokens"] = status.applied_tokens
-    out["latest_loss"] = status.latest_loss
+    out = message_data(status)
     out["run_state"] = RUN_STATE_NAMES.get(status.run_state, "unknown")
     out["kind"] = kind
     out["clock"] = clock.value

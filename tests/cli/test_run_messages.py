@@ -4,8 +4,10 @@ coordinator that refuses a resumed run directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import math
 import os
 import signal
 import time
@@ -15,6 +17,8 @@ from rich.console import Console
 from safetensors.torch import save_file
 
 from rcswarm.cli import run as run_cli
+from rcswarm.observe.report import summarize
+from rcswarm.state.store import StateStore
 from tests.helpers.specs import tiny_spec
 
 
@@ -131,3 +135,26 @@ def test_a_hivemind_runs_summary_says_why_its_held_out_loss_is_missing(tmp_path,
     assert run_cli.held_out_text(result) == "— (ds: split 'val': no shard has 64 tokens)"
     skipped = run_hivemind.summarize(spec, tmp_path, 1, evaluated=False)
     assert skipped["val_loss_problem"] == "not evaluated: interrupted" and skipped["rounds"] == 2
+
+
+def test_summary_json_of_an_empty_run_is_strict_json(tmp_path) -> None:
+    """An empty or failed run's row has NaN losses and ratios; summary.json held them as bare NaN (not JSON: a CI
+    script's JSON.parse failed on exactly the runs it checks), since `default=` never sees a float. Now null."""
+    store = StateStore(tmp_path / "state")
+    store.close()
+    store = StateStore.open_read_only(tmp_path / "state")
+    try:
+        summary = summarize(store)
+    finally:
+        store.close()
+    row = {"seq_len": 32, "batch_size": 4, "trained": [], **dataclasses.asdict(summary), "fp32_bytes": 0,
+           "ratio_up": math.nan, "ratio_down": math.nan, "val_loss_initial": 5.5, "val_loss_final": None,
+           "val_loss_problem": "", "val_losses": [], "forecasts": [], "pruning": [], "stopped": None}
+    run_cli.print_summary(Console(file=io.StringIO(), width=200), tmp_path, tiny_spec(), [row],
+                          run_cli.Outcome("failed", "no round completed", 1))
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    document = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
+    assert document["first_round_loss"] is None and document["ratio_up"] is None and document["val_loss_initial"] == 5.5
