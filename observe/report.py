@@ -57,9 +57,21 @@ class RunSummary:
     idle_seconds: float = 0.0
 
 
-def _mean_loss(store: StateStore, version: int) -> float:
+def _round_loss(losses: dict[int, float], store: StateStore, version: int) -> float:
+    """The mean training loss of the steps trained from `version`: from the aggregates (`round_losses`, kept when
+    `coordinator.max_metric_rows` deleted the rows they sum), or from the rows of a state dir older than them."""
+    if losses:
+        return losses.get(version, math.nan)
     value = store.mean_training_loss(version)
     return math.nan if value is None else value
+
+
+def _round_losses(store: StateStore) -> dict[int, float]:
+    """Every version's mean training loss from the aggregates; empty for a state dir written before them."""
+    try:
+        return dict(store.round_losses())
+    except ValueError:
+        return {}
 
 
 def served_periods(usage: list[WorkerUsage], joined: dict[str, float],
@@ -111,13 +123,14 @@ def summarize(store: StateStore) -> RunSummary:
     wall = sum(end - start for start, end in periods)
     idle = (periods[-1][1] - periods[0][0]) - wall if periods else 0.0
     utilizations = [w.utilization for w in per_worker if math.isfinite(w.utilization)]
+    losses = _round_losses(store) if rounds.count else {}
     full_bytes, full_count = traffic.full_pulls(store.get(traffic.FULL_PULLS_KEY))
     received = sum(w.bytes_received for w in per_worker)
     return RunSummary(
         rounds=rounds.count,
         workers=len(per_worker),
-        first_round_loss=_mean_loss(store, rounds.first_version) if rounds.count else math.nan,
-        last_round_loss=_mean_loss(store, rounds.last_version) if rounds.count else math.nan,
+        first_round_loss=_round_loss(losses, store, rounds.first_version) if rounds.count else math.nan,
+        last_round_loss=_round_loss(losses, store, rounds.last_version) if rounds.count else math.nan,
         tokens=tokens,
         tokens_per_second=tokens / wall if wall > 0 else 0.0,
         bytes_sent_per_round=sum(w.bytes_sent for w in per_worker) / max(rounds.count, 1),

@@ -117,3 +117,24 @@ def test_served_periods_join_what_overlaps_and_measure_from_the_first_opening_to
     # Without join events a membership reaches back to its first row; rounds alone are no period.
     assert served_periods([usage("w1", 10.0, 20.0)], {}, rounds) == [(5.0, 20.0)]
     assert served_periods([], {}, rounds) == []
+
+
+def test_the_first_and_last_round_losses_survive_the_metric_rows_cap(tmp_path: Path) -> None:
+    """`coordinator.max_metric_rows` deletes the oldest raw rows (the default 4,000,000 fill in about 3 h with 8
+    workers); the summary's first-round loss read them and came out NaN ("— → 1.400"), or a biased mean of a round
+    half deleted. It reads the aggregates, which keep every round's sums."""
+    store = StateStore(tmp_path)
+    try:
+        at = 1000.0
+        for version in range(10):
+            loss = 5.0 - 0.4 * version
+            rows = [(RUN, worker, version, 5 * version + k + 1, 32, 4, loss, 128, at + k, 0.1, 0.01, 10, 10, "",
+                     at + k + 1) for worker in ("w0", "w1") for k in range(5)]
+            store.add_metrics(rows, keep_rows=30)  # the cap, scaled down: the first rounds' rows are deleted
+            close_round(store, version, at, at + 6, 2)
+            at += 7
+        assert store.mean_training_loss(0) is None  # the raw rows are gone
+        summary = summarize(store)
+    finally:
+        store.close()
+    assert summary.first_round_loss == pytest.approx(5.0) and summary.last_round_loss == pytest.approx(1.4)
