@@ -23,7 +23,9 @@ loss ≈ A·L^(−α) across lengths at one point: the held-out losses at the en
 (`law_at_last_step`).
 
 A live run's curves come from its store's named reads (`step_means`) on the run's own step and the
-time since its first metric on the coordinator's clock (`Clock.RUN`), a single run's as a sweep's: a
+time since its first metric on the coordinator's clock (`Clock.RUN`), counting only the time the run was served
+(`served_clock`: the periods the end-of-run summary counts, observe/report.py `served_periods`, so a resumed run's
+time between launches is left out of its curves and fits as of its wall time), a single run's as a sweep's: a
 worker that moves between runs keeps its counters, and one that restarts or joins late counts from
 step 1 again (`Clock.WORKER`, each worker's own step and wall time, is kept for reading those
 counters but no view uses it, see `views.presentation`). The run step is
@@ -32,7 +34,8 @@ with the steps each closed round recorded, so a row trained from version v at st
 round is at Σ_{u<v} steps_u + k + 1, for time-boxed and adaptive rounds too; state dirs read with
 `read_state_dirs` (`rcswarm fit RUN_DIR`), the dashboard's curves and the coordinator's fixed
 curriculum schedule all count with it. `fit_step_means` turns such rows into curves and a fit
-when at least 3 lengths allow one; `worker_totals` the per-worker reads into totals. This module
+when at least 3 lengths allow one (a length with a single recorded step is left out and named, in every fit:
+`fittable_lengths`); `worker_totals` the per-worker reads into totals. This module
 holds no SQL: it takes rows and the store's reads.
 
 A fit's work is numpy per length and at most MAX_LENGTHS lengths are fitted, those with the most
@@ -54,7 +57,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -92,6 +95,9 @@ NOT_ENOUGH_DATA = "not enough data"
 # with the lengths (a crossover per neighbouring pair), and a worker that reports rows at many lengths must not
 # make every fit of the run slow. A sweep or a curriculum trains a handful.
 MAX_LENGTHS = 32
+# A length's curve needs this many recorded steps to be fitted (a pace, a step range): one with fewer is left out of
+# a fit and named (`fittable_lengths`).
+MIN_CURVE_STEPS = 2
 # A metrics file's column that, where a file has it (the coordinator's metrics table exported), tells training
 # rows from the others (`is_training_row`).
 TOKENS_COLUMN = "tokens"
@@ -352,10 +358,11 @@ def read_state_dirs(path: Path, skipped: list[str] | None = None) -> MetricRows:
     """Rows from every coordinator state dir (state.sqlite) below `path`, e.g. a `rcswarm run` directory.
 
     A row's step is the run's own (`run_steps`): the steps its rounds trained before its version
-    plus its step within the round; its time counts from the run's first metric, on the
-    coordinator's clock. Rows at a length the run never assigns (`run_lengths`) were trained for another
-    run: they are left out, and `skipped` gets one line per run naming them (`stray_note`). The rows are kept
-    column by column (`MetricRows`); where a row was read is spelled out only for an error.
+    plus its step within the round; its time counts the seconds the run was served since its first training row,
+    on the coordinator's clock (`served_clock`: a resumed run's time between launches is left out). Rows at a
+    length the run never assigns (`run_lengths`) were trained for another run: they are left out, and `skipped`
+    gets one line per run naming them (`stray_note`). The rows are kept column by column (`MetricRows`); where a
+    row was read is spelled out only for an error.
     """
     from rcswarm.config.runspec import RunSpec
     from rcswarm.state.errors import StoreError
@@ -380,6 +387,8 @@ def read_state_dirs(path: Path, skipped: list[str] | None = None) -> MetricRows:
             spec = RunSpec.from_json(spec_json)
             steps, lengths = run_steps(store, spec.inner.steps), run_lengths(spec)
             workers, table = _training_columns(store.training_rows())
+            start = store.run_clock_start()
+            clock = served_clock(store)  # read after the rows: each of them lies in a period it knows
         except StoreError as error:
             raise MetricsFileError(str(error)) from None
         finally:
@@ -391,6 +400,8 @@ def read_state_dirs(path: Path, skipped: list[str] | None = None) -> MetricRows:
                 table["worker"][~kept], table["version"][~kept], table["seq_len"][~kept])]
             skipped.append(stray_note(run_id, database, strays))
         table = {name: column[kept] for name, column in table.items()}
+        if start is not None:  # t: seconds since the clock's start, the time between launches included
+            table["t"] = clock.seconds_since(start, start + table["t"])
         versions, inverse = np.unique(table["version"], return_inverse=True)
         # run_step(v, k) = run_step(v, 0) + k: the counter's rule, asked once per version.
         firsts = np.array([steps.run_step(int(v), 0) for v in versions], dtype=np.float64)
@@ -455,7 +466,9 @@ def state_dir_lengths(path: Path) -> list[float]:
 
 def length_curves(path: Path, rows: Sequence[Row]) -> list[LengthCurve]:
     """Group rows (a `MetricRows`, or Row objects) by sequence length (a run must keep one), averaging loss and time
-    per step (`_merge_step_means`); a length's wall time must increase with step (`fits.seconds_per_step`)."""
+    per step (`_merge_step_means`); a length's wall time must increase with step (`fits.seconds_per_step`). A
+    length with a single recorded step has no pace yet: its curve has that one point and seconds_per_step NaN,
+    and `analyse` leaves it out of the fit, naming it."""
     rows = rows if isinstance(rows, MetricRows) else MetricRows.of(rows)
     if not len(rows):
         return []
@@ -476,16 +489,26 @@ def length_curves(path: Path, rows: Sequence[Row]) -> list[LengthCurve]:
     merged = _merge_step_means(np.stack([rows.length, rows.step, rows.loss, rows.time], axis=1))
     curves = []
     for length, (steps, losses, times) in merged.items():
-        if len(steps) < 2:
-            raise ValueError(f"length {length:g}: expected at least 2 distinct steps, found {len(steps)}")
-        try:
-            rate = seconds_per_step(steps, times)
-        except ValueError as error:
-            raise ValueError(f"length {length:g}: {error}") from None
+        rate = math.nan  # a single step: no pace (`analyse` leaves the length out)
+        if len(steps) >= MIN_CURVE_STEPS:
+            try:
+                rate = seconds_per_step(steps, times)
+            except ValueError as error:
+                raise ValueError(f"length {length:g}: {error}") from None
         runs = sorted(rows.names[int(index)] for index in runs_at[runs_at[:, 0] == length, 1])
         curves.append(LengthCurve(length=length, runs=tuple(runs), steps=steps, losses=losses, times=times,
                                   seconds_per_step=rate))
     return curves
+
+
+def fittable_lengths(curves: Sequence[LengthCurve]) -> tuple[list[LengthCurve], str]:
+    """The curves a fit can take: those with at least MIN_CURVE_STEPS recorded steps, in their order, and a note
+    naming the lengths left out ("" when none is)."""
+    kept = [curve for curve in curves if len(curve.steps) >= MIN_CURVE_STEPS]
+    left = sorted(curve.length for curve in curves if len(curve.steps) < MIN_CURVE_STEPS)
+    if not left:
+        return kept, ""
+    return kept, f"L = {shown(left)} left out: fewer than {MIN_CURVE_STEPS} recorded steps, no curve to fit yet"
 
 
 def select_lengths(curves: Sequence[LengthCurve]) -> tuple[list[LengthCurve], str]:
@@ -540,10 +563,16 @@ def analyse(curves: Sequence[LengthCurve], smooth: int = DEFAULT_SMOOTH_STEPS) -
     """Power law at matched steps, the α(s) schedule, neighbouring-length crossovers, and the caveats.
 
     Crossovers are observed on the losses smoothed over `smooth` steps (see `smooth_losses`) under
-    the crossover rule (`pair_crossover`). Of more than MAX_LENGTHS lengths those with the most recorded
-    steps are fitted (`select_lengths`), and `notes` names the others.
+    the crossover rule (`pair_crossover`). Lengths with fewer than MIN_CURVE_STEPS recorded steps are left out
+    (`fittable_lengths`); of more than MAX_LENGTHS lengths those with the most recorded steps are fitted
+    (`select_lengths`); `notes` names the lengths left out. ValueError when fewer than 3 lengths remain (naming
+    those left out, if any).
     """
-    curves, note = select_lengths(curves)
+    curves, short = fittable_lengths(curves)
+    if short and len(curves) < 3:
+        raise ValueError(f"runs with lengths {shown([curve.length for curve in curves])}: expected at least 3 distinct "
+                         f"lengths ({short})")
+    curves, capped = select_lengths(curves)
     points = fit_alpha_over_steps({curve.length: (curve.steps, curve.losses) for curve in curves})
     schedule = fit_alpha_schedule([p.step for p in points], [p.alpha for p in points])
     log_amplitude = amplitude_from_points(points)
@@ -556,7 +585,7 @@ def analyse(curves: Sequence[LengthCurve], smooth: int = DEFAULT_SMOOTH_STEPS) -
     ]
     caveats = (*data_caveats(curves), *schedule.caveats())
     return Analysis(curves=list(curves), points=points, schedule=schedule, crossovers=crossovers, smooth=smooth,
-                    caveats=caveats, notes=(note,) if note else ())
+                    caveats=caveats, notes=tuple(note for note in (short, capped) if note))
 
 
 @dataclass(frozen=True)
@@ -607,7 +636,7 @@ class Clock(enum.Enum):
     # Each worker's own step and wall_time: valid only while no worker moves, restarts or joins late (its counters
     # start over); no view uses it (`views.presentation`).
     WORKER = "worker"
-    RUN = "run"  # the run's own step (`run_steps`), coordinator seconds since its first metric
+    RUN = "run"  # the run's own step (`run_steps`), coordinator seconds served since its first metric (`served_clock`)
 
 
 def run_steps(store: Any, inner_steps: int) -> RunSteps:
@@ -617,14 +646,100 @@ def run_steps(store: Any, inner_steps: int) -> RunSteps:
     return replace(counter, recorded=store.round_steps())
 
 
+@dataclass(frozen=True)
+class ServedClock:
+    """The run's clock with the time it was not served left out: the periods observe/report.py `served_periods`
+    finds (one per launch of a resumed run, or a time without workers), the summary's wall time, laid end to end.
+    A time inside a gap between two periods counts as the end of the period before it; the newest period has no
+    end (rows may still arrive after it was read). Without periods (a store without the aggregates' reads) every
+    second counts, as before resumes were known."""
+
+    starts: np.ndarray  # [p]: each period's start on the coordinator's clock, oldest first
+    ends: np.ndarray  # [p]: each period's end (its last metric row); the newest +inf
+    served_before: np.ndarray  # [p]: the seconds served in the periods before each one
+
+    @classmethod
+    def of(cls, periods: Sequence[tuple[float, float]]) -> ServedClock:
+        """The clock of `periods`, (start, end) each, oldest first and disjoint (`served_periods`'s; ValueError
+        for periods out of order)."""
+        bounds = np.array(periods, dtype=np.float64).reshape(-1, 2)  # [p, 2]: start, end
+        if np.any(bounds[:, 1] < bounds[:, 0]) or np.any(bounds[1:, 0] < bounds[:-1, 1]):
+            raise ValueError(f"served periods {list(periods)}: expected disjoint (start, end) pairs, oldest first")
+        lengths = bounds[:, 1] - bounds[:, 0]  # [p]
+        ends = bounds[:, 1].copy()
+        ends[-1:] = np.inf
+        return cls(bounds[:, 0].copy(), ends, np.concatenate([[0.0], np.cumsum(lengths[:-1])]))
+
+    def served(self, times: np.ndarray) -> np.ndarray:
+        """The seconds served from the first period's start to each of `times` ([n], the coordinator's clock); a
+        time before it counts back from it, and without periods every second counts from 0."""
+        times = np.asarray(times, dtype=np.float64)
+        if not len(self.starts):
+            return times.copy()
+        period = np.maximum(np.searchsorted(self.starts, times, side="right") - 1, 0)  # [n]
+        return self.served_before[period] + np.minimum(times, self.ends[period]) - self.starts[period]
+
+    def seconds_since(self, start: float, times: np.ndarray) -> np.ndarray:
+        """The seconds served from `start` to each of `times` ([n], the coordinator's clock): the run clock's
+        seconds of rows received at `times`, the clock starting at `start` (the run's first training row)."""
+        return self.served(times) - float(self.served(np.array([start]))[0])
+
+
+class _RoundTimes(NamedTuple):
+    """A round as `served_periods` reads one (`report.RoundSpan`), without building the whole record of each of a
+    long run's tens of thousands of rounds."""
+
+    opened_at: float | None
+    closed_at: float | None
+
+
+def _rounds_outside(rounds: Sequence[tuple[float | None, float | None]],
+                    periods: Sequence[tuple[float, float]]) -> list[_RoundTimes]:
+    """The rounds of `rounds` ((opened_at, closed_at) each, None where not recorded) that do not lie inside one of
+    `periods`, those the memberships alone were served in (`served_periods` without rounds), as `served_periods`
+    reads a round. A round that opens and closes inside such a period changes none of the periods `served_periods`
+    finds: it lies within its memberships' reach, so whatever it overlaps they overlap, and it opens after the
+    period's first row. What rounds add is kept: a launch's first round, opened before any row, and one that bridges
+    two memberships. A long run's tens of thousands of rounds become a handful of objects."""
+    if not rounds:
+        return []
+    times = np.array(rounds, dtype=np.float64).reshape(-1, 2)  # [r, 2]: opened_at, closed_at (NaN: None)
+    closed = np.where(np.isnan(times[:, 1]), times[:, 0], times[:, 1])  # [r]: a round not closed reaches its opening
+    inside = np.zeros(len(times), dtype=bool)  # [r]
+    if periods:
+        bounds = np.array(periods, dtype=np.float64).reshape(-1, 2)  # [p, 2]: start, end
+        period = np.searchsorted(bounds[:, 0], times[:, 0], side="right") - 1  # [r]: the last period started by then
+        inside = (period >= 0) & (closed <= bounds[np.maximum(period, 0), 1])  # NaN (no opening) is never inside
+    return [_RoundTimes(*rounds[index]) for index in np.flatnonzero(~inside).tolist()]
+
+
+def served_clock(store: Any) -> ServedClock:
+    """The served clock (`ServedClock`) of the run a store holds: observe/report.py `served_periods` over the reads
+    the end-of-run summary (`summarize`) takes its periods from, per-worker usage, each worker's first join and the
+    rounds' times (of the rounds, those that can change a period: `_rounds_outside`); without periods for a state
+    dir whose aggregates predate those reads (ValueError from the store)."""
+    from rcswarm.observe.report import first_joins, served_periods  # report loads the store (and torch)
+
+    try:
+        usage = store.worker_usage()
+    except ValueError:
+        return ServedClock.of([])
+    joined = first_joins(store)
+    rounds = _rounds_outside(store.round_times(), served_periods(usage, joined, []))
+    return ServedClock.of(served_periods(usage, joined, rounds))
+
+
 def run_step_means(store: Any, inner_steps: int) -> list[StepMean]:
-    """(seq_len, run step, mean loss, mean seconds since the run's first training row) on the run's own clock,
-    from the store's sums per (seq_len, version, step within the round); sums that land on one run step
-    are averaged together."""
+    """(seq_len, run step, mean loss, mean seconds) on the run's own clock, from the store's sums per (seq_len,
+    version, step within the round); sums that land on one run step are averaged together. The seconds are those
+    the run was served since its first training row (`served_clock`): a resumed run's time between launches is
+    left out, as the summary's wall time leaves it out. A sum whose rows straddle such a gap (a round trained on
+    both sides of a restart) is placed at its mean time, which counts as the end of the period before the gap."""
     steps = run_steps(store, inner_steps)
     sums = store.run_step_sums()
     if sums.first_received is None or not sums.rows:
         return []
+    clock = served_clock(store)  # read after the sums: each of their rows lies in a period it knows
     table = np.array(sums.rows, dtype=np.float64).reshape(-1, 6)  # [n, 6]: seq_len, version, k, loss, seconds, n
     versions, inverse = np.unique(table[:, 1].astype(np.int64), return_inverse=True)
     # run_step(v, k) = run_step(v, 0) + k: the counter's rule, asked once per version.
@@ -637,7 +752,7 @@ def run_step_means(store: Any, inner_steps: int) -> list[StepMean]:
         loss, seconds, n = (np.bincount(where.reshape(-1), weights=table[:, c], minlength=len(pairs))
                             for c in (3, 4, 5))
     return list(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist(), (loss / n).tolist(),
-                    (seconds / n - sums.first_received).tolist()))
+                    clock.seconds_since(sums.first_received, seconds / n).tolist()))
 
 
 def _strictly_increasing(keys: np.ndarray) -> bool:
@@ -770,20 +885,20 @@ def fit_step_means(rows: Iterable[Sequence[Any]], lengths: Sequence[float] = ())
 
     Rows from several runs may repeat a (seq_len, step): those are averaged. `lengths` are a sweep's
     lengths: without a fit the message then names those that have no curve yet (a sweep still training
-    needs time, not a new sweep). Of more than MAX_LENGTHS lengths the curves and the fit keep those with
-    the most recorded steps (`select_lengths`); the fit's notes name the lengths left out, as they name
-    those whose wall time does not increase with step.
+    needs time, not a new sweep). Lengths with a single step have no curve (`fittable_lengths`); of more than
+    MAX_LENGTHS lengths the curves and the fit keep those with the most recorded steps (`select_lengths`); the
+    fit's notes name the lengths left out, as they name those whose wall time does not increase with step.
     """
-    curves, single = [], []
+    every = []
     for length, (steps, losses, times) in _merge_step_means(rows).items():
-        if len(steps) < 2:
-            single.append(length)
-            continue
         try:
-            rate = seconds_per_step(steps, times)
+            rate = seconds_per_step(steps, times) if len(steps) >= MIN_CURVE_STEPS else math.nan
         except ValueError:
             rate = math.nan
-        curves.append(LengthCurve(length=length, runs=(), steps=steps, losses=losses, times=times, seconds_per_step=rate))
+        every.append(LengthCurve(length=length, runs=(), steps=steps, losses=losses, times=times,
+                                 seconds_per_step=rate))
+    curves, short = fittable_lengths(every)
+    single = [curve.length for curve in every if len(curve.steps) < MIN_CURVE_STEPS]
     curves, capped = select_lengths(curves)
     count = len(curves)
     if count < 3:
@@ -813,7 +928,7 @@ def fit_step_means(rows: Iterable[Sequence[Any]], lengths: Sequence[float] = ())
         analysis = analyse(curves_for_fit)
     except ValueError as error:
         return FitReport(curves, None, f"no fit: {error}")
-    notes = [capped] if capped else []
+    notes = [note for note in (short, capped) if note]
     if unpaced:
         notes.append(f"L = {shown(unpaced)} left out: wall time does not increase with step, so there are no "
                      "seconds per step for the crossovers")

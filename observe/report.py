@@ -13,10 +13,12 @@ resume) was served in one period per launch: the time between launches is left o
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from rcswarm.observe import traffic
-from rcswarm.state.records import ForecastRecord, RoundRecord, WorkerUsage
+from rcswarm.state.records import ForecastRecord, WorkerUsage
 from rcswarm.state.store import StateStore
 
 
@@ -74,8 +76,26 @@ def _round_losses(store: StateStore) -> dict[int, float]:
         return {}
 
 
+class RoundSpan(Protocol):
+    """What `served_periods` reads of a round: when it opened and closed (a `RoundRecord` is one)."""
+
+    @property
+    def opened_at(self) -> float | None: ...
+
+    @property
+    def closed_at(self) -> float | None: ...
+
+
+def first_joins(store: StateStore) -> dict[str, float]:
+    """Each worker id's first join, on the coordinator's clock (`served_periods`' `joined`)."""
+    joined: dict[str, float] = {}
+    for event in store.events("join"):
+        joined.setdefault(event.worker_id, event.time)
+    return joined
+
+
 def served_periods(usage: list[WorkerUsage], joined: dict[str, float],
-                   rounds: list[RoundRecord]) -> list[tuple[float, float]]:
+                   rounds: Sequence[RoundSpan]) -> list[tuple[float, float]]:
     """The periods the run was served, oldest first, each (start, end) on the coordinator's clock (pure).
 
     A membership holds the run from its join (`joined`, by worker id; its first metric row without one) to its last
@@ -116,10 +136,7 @@ def summarize(store: StateStore) -> RunSummary:
     tokens = sum(w.tokens for w in per_worker)
     shares = [w.sync_seconds / (w.sync_seconds + w.compute_seconds) for w in per_worker
               if w.sync_seconds + w.compute_seconds > 0]
-    joined: dict[str, float] = {}
-    for event in store.events("join"):
-        joined.setdefault(event.worker_id, event.time)
-    periods = served_periods(per_worker, joined, store.rounds() if rounds.count else [])
+    periods = served_periods(per_worker, first_joins(store), store.rounds() if rounds.count else [])
     wall = sum(end - start for start, end in periods)
     idle = (periods[-1][1] - periods[0][0]) - wall if periods else 0.0
     utilizations = [w.utilization for w in per_worker if math.isfinite(w.utilization)]

@@ -169,18 +169,32 @@ SELECT t.worker_id, t.tokens, t.bytes_sent, t.bytes_received, t.first_wall, t.la
 FROM worker_totals AS t LEFT JOIN metrics AS m ON m.rowid = t.newest WHERE t.run_id = ? ORDER BY t.worker_id
 """
 
-# Training rows on the run's own clock: k is the step within the round (from 0), t the seconds since
-# the run's first training row on the coordinator's clock, both from the aggregates (round_first_steps), which
-# keep what `max_metric_rows` deleted: from the rows that survive, a partly deleted round's k and the whole time
-# axis shifted. (A state dir whose aggregates were never filled, read-only, counts from the rows.) A full scan, for
-# commands that read a state dir.
+# The start of the run's clock: the coordinator's time of the run's first training row, from the aggregates
+# (round_first_steps), which keep what `max_metric_rows` deleted; a state dir whose aggregates were never filled
+# (read-only) counts from its rows. NULL without a training row. An expression, so that the training rows and
+# `StateStore.run_clock_start` share it.
+RUN_CLOCK_START = (
+    "COALESCE((SELECT MIN(first_received) FROM round_first_steps), "
+    f"(SELECT MIN(received_at) FROM metrics WHERE {TRAINING_FILTER}))"
+)
+RUN_CLOCK_START_READ = f"SELECT {RUN_CLOCK_START}"
+
+# Training rows on the run's own clock: k is the step within the round (from 0), t the coordinator's seconds since
+# RUN_CLOCK_START, k from the aggregates (round_first_steps) too: from the rows that survive `max_metric_rows`, a
+# partly deleted round's k and the whole time axis shifted. t counts every second since the start, the time between
+# a resumed run's launches included: observe/analysis.py `ServedClock` takes those out. A full scan, for commands
+# that read a state dir.
 TRAINING_ROWS = f"""
 SELECT m.worker_id, m.version,
        m.step - COALESCE(f.first_step, MIN(m.step) OVER (PARTITION BY m.worker_id, m.version)) AS k, m.seq_len, m.loss,
-       m.received_at - COALESCE((SELECT MIN(first_received) FROM round_first_steps), MIN(m.received_at) OVER ()) AS t
+       m.received_at - {RUN_CLOCK_START} AS t
 FROM metrics AS m LEFT JOIN round_first_steps AS f ON f.worker_id = m.worker_id AND f.version = m.version
 WHERE {TRAINING_FILTER} ORDER BY m.received_at
 """
+
+# When each closed round opened and closed, by version: what observe/report.py `served_periods` takes of a round,
+# without the rest of its record (a long run's tens of thousands of rounds are read on every clock).
+ROUND_TIMES = "SELECT opened_at, closed_at FROM rounds ORDER BY version"
 
 # Loss and coordinator time summed per (seq_len, version, k), with the time of the run's first training
 # row: what observe/ places on the run's own step (config/run_step.py) and averages.

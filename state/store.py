@@ -114,6 +114,8 @@ from rcswarm.state.schema import (
     ROUND_LOSSES,
     ROUND_LOSSES_AT,
     ROUND_STEPS,
+    ROUND_TIMES,
+    RUN_CLOCK_START_READ,
     RUN_STEP_SUMS,
     SCHEMA,
     SCHEMA_VERSION,
@@ -158,10 +160,10 @@ class StateStore:
     `add_reporter_event`, `add_metrics`, `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
     (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
-    `worker_step_means`, `run_step_sums`, `training_rows`, `rounds_summary`, `mean_training_loss`,
-    `round_durations`, `round_duration_histogram`, `round_losses`, `forecasts`, `held_out_losses`), so a read
-    never waits for a write, nor a write for a read. Any thread may call any method; the two locks are never held
-    together, except by `close`.
+    `worker_step_means`, `run_step_sums`, `training_rows`, `run_clock_start`, `round_times`, `rounds_summary`,
+    `mean_training_loss`, `round_durations`, `round_duration_histogram`, `round_losses`, `forecasts`,
+    `held_out_losses`), so a read never waits for a write, nor a write for a read. Any thread may call any method;
+    the two locks are never held together, except by `close`.
     """
 
     def __init__(self, state_dir: str | Path, keep_checkpoints: int = 2, durable: bool = True) -> None:
@@ -788,8 +790,18 @@ class StateStore:
         return RunStepSums(first, [row[:6] for row in rows])
 
     def training_rows(self) -> list[tuple[str, int, int, int, float, float]]:
-        """(worker_id, version, step within the round from 0, seq_len, loss, seconds since the first metric), in arrival order."""
+        """(worker_id, version, step within the round from 0, seq_len, loss, seconds since `run_clock_start`), in
+        arrival order; the seconds count the time between a resumed run's launches too (observe/ takes it out)."""
         return self._read(TRAINING_ROWS)
+
+    def run_clock_start(self) -> float | None:
+        """The coordinator's time of the run's first training row, where the run's clock (`training_rows`) starts;
+        None without a training row."""
+        return self._read(RUN_CLOCK_START_READ)[0][0]
+
+    def round_times(self) -> list[tuple[float | None, float | None]]:
+        """(opened_at, closed_at) of every closed round, oldest first: the rounds' part of when the run was served."""
+        return self._read(ROUND_TIMES)
 
     def trained_shapes(self) -> list[tuple[int, int]]:
         """The (seq_len, batch) pairs the kept training rows (tokens > 0) trained, by length: one for a run of one
