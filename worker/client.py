@@ -44,7 +44,7 @@ from typing import Callable, Iterator, Mapping, Protocol, TypeVar
 import grpc
 import torch
 
-from rcswarm.protos.transport import PLACE_RETRY_KEY, ClientTLS, not_grpc_problem, open_channel
+from rcswarm.protos.transport import PLACE_RETRY_KEY, ClientTLS, not_grpc_problem, open_channel, target_host
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
@@ -182,6 +182,14 @@ def closed_address(details: str) -> tuple[str, int] | None:
     return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), int(match.group(2))
 
 
+def _target_address(target: str) -> tuple[str, int] | None:
+    """(host, port) of a HOST:PORT gRPC target (`dns:///HOST:PORT`, `[V6]:PORT` too); None without a port (pure)."""
+    host, port = target_host(target), target.rsplit(":", 1)[-1]
+    if host is None or not (port.isascii() and port.isdigit()) or ":" not in target:
+        return None
+    return host, int(port)
+
+
 def answers_tls(address: tuple[str, int], timeout_s: float = TLS_PROBE_S) -> bool:
     """Whether a TLS handshake with `address` completes: only whether the peer speaks TLS, so its certificate is not
     checked and nothing is sent after the handshake. False when the connection fails, the peer closes it, or it
@@ -205,8 +213,10 @@ def tls_settings_problem(target: str, tls_ca: Path | None, code: grpc.StatusCode
     problem = tls_problem(target, tls_ca, code, details)
     if problem is not None or tls_ca is not None or code != grpc.StatusCode.UNAVAILABLE:
         return problem
-    address = closed_address(details)
-    if address is None or not answers_tls(address, probe_s):
+    closed, own = closed_address(details), _target_address(target)
+    # Only the coordinator the operator named is probed: the address in `details` is text the server may have
+    # written, and a worker must not dial whatever a status names (its own network, metadata endpoints).
+    if closed is None or own is None or closed[1] != own[1] or not answers_tls(own, probe_s):
         return None
     return (f"{target} requires TLS: it closed this plaintext connection and answers a TLS handshake, so "
             f"retrying cannot help: {CA_FIX} ({code.name}: {details})")

@@ -25,6 +25,7 @@ from rcswarm.worker.client import (
     answers_tls,
     closed_address,
     tls_problem,
+    tls_settings_problem,
 )
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.tls import QUICK_NAMES
@@ -174,3 +175,22 @@ def test_only_what_the_handshake_reports_for_good_is_a_tls_problem() -> None:
         assert tls_problem("h:1", ca, unavailable, details) is None, details
     assert tls_problem("h:1", None, unavailable, protocol) is None
     assert tls_problem("h:1", ca, grpc.StatusCode.DEADLINE_EXCEEDED, protocol) is None
+
+
+def test_an_address_a_status_names_is_never_dialled(tls_coordinator: Any) -> None:
+    """The TLS probe dialled the address in an UNAVAILABLE status's details, text a hostile coordinator writes: it
+    made volunteers' workers connect wherever it named, every retry (review of a hostile coordinator, 2026-11-28).
+    Only the operator's own --coordinator is probed, and only when the details name its port."""
+    local, _ = tls_coordinator  # a TLS server: a probe of it answers, so a dialled address would end the worker
+    tls_port = int(local.target.rsplit(":", 1)[1])
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        plaintext_target = f"127.0.0.1:{other.getsockname()[1]}"
+        # A status from the plaintext target naming the TLS port: nothing is dialled, no TLS verdict.
+        named = f"failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:{tls_port}: Socket closed"
+        assert tls_settings_problem(plaintext_target, None, grpc.StatusCode.UNAVAILABLE, named) is None
+        # The operator's own target, when the details name its port, is probed as before.
+        own = f"last error: UNAVAILABLE: ipv4:127.0.0.1:{tls_port}: Socket closed"
+        problem = tls_settings_problem(local.target, None, grpc.StatusCode.UNAVAILABLE, own)
+        assert problem is not None and "requires TLS" in problem
