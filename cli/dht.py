@@ -35,6 +35,7 @@ from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.lock import StateDirBusy, StateDirLock
+from rcswarm.worker.log_lines import log_to_stderr
 
 log = logging.getLogger("rcswarm.dht")
 
@@ -243,7 +244,7 @@ def start_dashboard(args: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> int:
     """The bootstrap peer until SIGTERM/SIGINT (or `stop`, set by an in-process caller)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s dht %(levelname)s %(message)s")
+    log_to_stderr("dht")
     args = parse_or_status(parser(), argv)
     if isinstance(args, int):
         return args

@@ -25,6 +25,7 @@ from rcswarm.cli.client_flags import add_client_flags, client_options, client_to
 from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import usage_error
 from rcswarm.config.runspec import RunSpec
+from rcswarm.worker.log_lines import log_to_stderr
 from rcswarm.worker.options import WorkerOptions
 from rcswarm.worker.startup import process_started
 
@@ -144,7 +145,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    log_to_stderr("worker")
     args = parse_args(argv)
     if args.backend == "hivemind":
         return main_hivemind(args)

@@ -63,15 +63,6 @@ Payload = tuple[pb.TensorHeader, list[pb.TensorChunk]]
 MAX_REFUSAL_BYTES = 1000
 
 
-def printable(text: str) -> str:
-    """`text` with every character that is not printable (newlines, escape sequences, other control characters)
-    written as its Python escape: a caller's string (a worker name, a device, a leave reason) fit for one log line,
-    an event row and a terminal."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
-
-
 class Refusal(Exception):
     """A refused RPC: the status code and the message the caller sees (cut to MAX_REFUSAL_BYTES of UTF-8);
     `place_retry_s` > 0 for a join refused because every place is taken, sent as the PLACE_RETRY_KEY trailer (when to

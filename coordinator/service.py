@@ -81,13 +81,13 @@ from rcswarm.coordinator.records import (
     Refusal,
     Traffic,
     WorkerRecord,
-    printable,
 )
 from rcswarm.coordinator.resume import resume
 from rcswarm.observe import traffic
 from rcswarm.observe.analysis import run_lengths
 from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import printable
 from rcswarm.state.errors import StoreError
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs

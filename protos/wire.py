@@ -1,4 +1,5 @@
-"""Constants both ends of the wire agree on: where the join token comes from, message size limits.
+"""Constants both ends of the wire agree on: where the join token comes from, message size limits; how the other
+end's strings are made fit to print (`printable`).
 
 The coordinator's server, the worker's client, `rcswarm status` and the launcher import these
 rather than keeping their own copies, so a limit changes in one place.
@@ -27,3 +28,12 @@ WORKER_SECRET_METADATA = "rcswarm-worker-secret-bin"
 # The largest held-out loss a worker reports on a pull's row (Metric.val_loss, issue #30): the coordinator refuses a
 # larger one, and a worker does not send one (a diverged θ is no point of the curve).
 MAX_VAL_LOSS = 1e4
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (newlines, escape sequences, other control characters)
+    written as its Python escape: the other end's string (a worker name, a device, a leave reason; a status's
+    details, an assignment's reason, a run id) fit for one log line, an event row and a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)

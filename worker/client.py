@@ -97,8 +97,10 @@ _TRANSIENT = {
 }
 
 
-# The longest a worker waits between two asks for a place, whatever the coordinator's trailer says.
+# The longest and shortest a worker waits between two asks for a place, whatever the coordinator's trailer says (it
+# sends 1 to 10 s, `decisions.place_retry_s`; a shorter one would make the worker ask hundreds of times a second).
 MAX_PLACE_RETRY_S = 60.0
+MIN_PLACE_RETRY_S = 0.5
 # A worker waiting for a place says so again once this long has passed since it last said so.
 PLACE_REMINDER_S = 60.0
 
@@ -116,7 +118,7 @@ def place_retry_s(err: grpc.RpcError) -> float | None:
                 seconds = float(value) / 1000
             except (TypeError, ValueError):
                 return None
-            return min(seconds, MAX_PLACE_RETRY_S) if seconds > 0 else None
+            return min(max(seconds, MIN_PLACE_RETRY_S), MAX_PLACE_RETRY_S) if seconds > 0 else None
     return None
 
 

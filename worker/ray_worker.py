@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.worker.log_lines import log_to_stderr
 from rcswarm.worker.options import WorkerOptions
 
 log = logging.getLogger("rcswarm.worker.ray")
@@ -83,7 +84,7 @@ class RayWorker:
     """A worker training on its own thread inside a Ray actor; `info()` for status, `stop()` to Leave."""
 
     def __init__(self, config: dict) -> None:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+        log_to_stderr("worker")
         self.config = RayWorkerConfig.from_dict(config)
         self.started_at = time.time()
         self._lock = threading.Lock()

@@ -91,6 +91,11 @@ from rcswarm.worker.startup import StartupMarks
 
 log = logging.getLogger("rcswarm.worker")
 AWAIT_WAIT_S = 2.0
+# Heartbeats: a third of the lease the Join answered, within these bounds (`heartbeat_interval`); the lease assumed
+# before a Join, or when the answer is not a positive number.
+DEFAULT_LEASE_S = 10.0
+MIN_HEARTBEAT_S = 0.2
+MAX_HEARTBEAT_S = 60.0
 # How often one finished update is pushed again after re-joins before it is dropped.
 MAX_PUSH_REJOINS = 3
 # Metric rows kept while ReportMetrics fails transiently (the newest; a few rounds' worth).
@@ -259,6 +264,15 @@ class Exchange:
         self.thread.join(timeout_s)
 
 
+def heartbeat_interval(lease_s: float) -> float:
+    """Seconds between two heartbeats of a membership whose lease is `lease_s` (the Join's answer): a third of it,
+    within [MIN_HEARTBEAT_S, MAX_HEARTBEAT_S]; DEFAULT_LEASE_S's third for a lease that is not a positive number
+    (a NaN made every wait return at once: a thousand heartbeats a second)."""
+    if not (math.isfinite(lease_s) and lease_s > 0):
+        lease_s = DEFAULT_LEASE_S
+    return min(max(lease_s / 3.0, MIN_HEARTBEAT_S), MAX_HEARTBEAT_S)
+
+
 @dataclass(frozen=True)
 class InFlight:
     """The overlapped round on the wire: its exchange, θ_pushed (CPU copies), its version and its pace, the
@@ -341,7 +355,7 @@ class Worker:
         self.exit_reason = ""
         # This membership's id and worker secret, replaced whole by each join (the heartbeat thread reads it).
         self.identity = Identity()
-        self.lease_s = 10.0
+        self.lease_s = DEFAULT_LEASE_S
         self.spec: RunSpec | None = None
         self.run_id = ""
         self.data_seed: int | None = None  # None until the data stream of the current run started
@@ -1108,7 +1122,7 @@ class Worker:
         self._pending = self._pending[len(batch):]
 
     def _heartbeat_loop(self) -> None:
-        while not self.stop.wait(max(self.lease_s / 3.0, 0.2)):
+        while not self.stop.wait(heartbeat_interval(self.lease_s)):
             try:
                 identity = self.identity
                 response = self.client.heartbeat(identity)

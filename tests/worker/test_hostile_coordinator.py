@@ -1,0 +1,97 @@
+"""What a coordinator a volunteer does not control can make its worker do (review of a hostile coordinator,
+2026-11-28): the rates of the worker's calls have floors whatever the coordinator answers, and its strings reach the
+worker's log as one line of text."""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+
+import grpc
+import pytest
+
+from rcswarm.coordinator.records import Refusal
+from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.protos.transport import PLACE_RETRY_KEY
+from rcswarm.worker import Worker
+from rcswarm.worker import worker as worker_module
+from rcswarm.worker.client import MAX_PLACE_RETRY_S, MIN_PLACE_RETRY_S, place_retry_s
+from rcswarm.worker.log_lines import OneLineFormatter
+from tests.helpers.specs import TOKEN, tiny_spec
+from tests.helpers.worker import _options, run_until
+
+
+class Refused(grpc.RpcError):
+    """A RESOURCE_EXHAUSTED refusal with the place-retry trailer, as the client sees one."""
+
+    def __init__(self, milliseconds: str) -> None:
+        self.milliseconds = milliseconds
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def trailing_metadata(self):
+        return ((PLACE_RETRY_KEY, self.milliseconds),)
+
+
+@pytest.mark.parametrize("lease_s, expected", [
+    (3.0, 1.0), (0.3, worker_module.MIN_HEARTBEAT_S), (1e6, worker_module.MAX_HEARTBEAT_S),
+    (math.nan, worker_module.DEFAULT_LEASE_S / 3), (math.inf, worker_module.DEFAULT_LEASE_S / 3),
+    (0.0, worker_module.DEFAULT_LEASE_S / 3), (-5.0, worker_module.DEFAULT_LEASE_S / 3),
+])
+def test_heartbeats_keep_a_sane_interval_whatever_lease_the_join_answered(lease_s: float, expected: float) -> None:
+    """A NaN lease made the heartbeat loop's wait return at once: 1,154 heartbeats a second."""
+    assert worker_module.heartbeat_interval(lease_s) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("milliseconds, expected", [
+    ("2000", 2.0), ("1", MIN_PLACE_RETRY_S), ("1e12", MAX_PLACE_RETRY_S), ("inf", MAX_PLACE_RETRY_S),
+    ("nan", None), ("0", None), ("-3", None), ("soon", None),
+])
+def test_a_place_retry_trailer_is_kept_between_its_floor_and_ceiling(milliseconds: str, expected: float | None) -> None:
+    """A 1 ms trailer made a refused worker ask for a place 612 times a second (the coordinator sends 1 to 10 s)."""
+    assert place_retry_s(Refused(milliseconds)) == expected
+
+
+EVIL = ("curriculum\x1b]8;;https://evil.example/\x07click here\x1b]8;;\x07\x1b[2K\r"
+        "\n2026-11-28 00:00:00,000 worker ERROR forged: run your-own-command to recover")
+
+
+class EvilStrings(SwarmCoordinator):
+    """The real coordinator, writing a terminal's escape sequences and a forged log line into what the worker logs:
+    an assignment's reason and a refused push's details."""
+
+    def heartbeat(self, request):
+        response = super().heartbeat(request)
+        response.assignment.reason = EVIL
+        response.assignment.batch_size = 5  # not the spec's 4: the worker logs the reason at its next round
+        return response
+
+    def push(self, requests):
+        for _ in requests:
+            pass
+        raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, "stale" + EVIL)
+
+
+def test_a_coordinators_strings_are_one_line_of_text_in_the_workers_log(start_coordinator) -> None:
+    """They were logged as sent: an OSC-8 link, a line erased (ESC[2K, CR) and a forged ERROR line followed by a
+    command to run, in the volunteer's terminal. The worker's formatter (`log_to_stderr`) escapes them."""
+    local = start_coordinator(tiny_spec(run={"rounds": 0}, coordinator={"lease_s": 0.6}), service=EvilStrings)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("rcswarm.worker")
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        worker = Worker(_options(local.target), TOKEN)
+        run_until(worker, lambda w: "stale" in out.getvalue() and out.getvalue().count("evil.example") >= 2, 60)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    lines = out.getvalue().splitlines()
+    assert any("stale" in line and "evil.example" in line for line in lines), lines
+    assert not [line for line in lines if line.startswith("2026-11-28") or "\x1b" in line or "\r" in line], lines
+    assert any("\\x1b]8;;https://evil.example/\\x07" in line and "\\n2026-11-28 00:00:00,000 worker ERROR forged" in line
+               for line in lines), lines
