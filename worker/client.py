@@ -334,16 +334,20 @@ def receive_pull(
 ) -> tuple[pb.TensorHeader, dict[str, torch.Tensor], int]:
     """(header, decoded tensors, message bytes) of one PullParameters stream.
 
-    The header is checked against `expected` (names and shapes in order) and a sparse or low-bit step against
-    the run's `wire_format` before the receive buffer is allocated; a stream that ends before its header or its
-    last chunk is a PayloadError.
+    The header is checked against `expected` (names and shapes in order) before the receive buffer is allocated, and
+    its codec too: the full parameters come in fp32, a step (`delta_from_version`) in the run's `wire_format` with
+    its parameters (a coordinator's fp32 run cannot make the worker take θ as block-1 sparse, 9.25 bytes a
+    parameter); a stream that ends before its header or its last chunk is a PayloadError.
     """
     first = next(responses, None)
     if first is None:
         raise tensor_stream.PayloadError("PullParameters: the stream ended before its header")
     if first.WhichOneof("part") != "header":
         raise tensor_stream.PayloadError(f"PullParameters: expected a header first, got {first.WhichOneof('part')}")
-    receiver = tensor_stream.PayloadReceiver(first.header, expected=expected, run_id=run_id, expected_format=wire_format)
+    step = first.header.HasField("delta_from_version")
+    codecs_allowed = ((wire_format.codec,) if wire_format is not None else None) if step else (pb.CODEC_FP32,)
+    receiver = tensor_stream.PayloadReceiver(first.header, expected=expected, run_id=run_id, expected_format=wire_format,
+                                             allowed_codecs=codecs_allowed)
     received = first.ByteSize()
     for message in responses:
         if message.WhichOneof("part") != "chunk":

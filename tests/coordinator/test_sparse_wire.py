@@ -77,6 +77,7 @@ def test_a_malformed_step_at_the_downlink_density_is_refused_by_the_workers_rece
     step_format = DOWNLINKS["a downlink 4x denser"][1]
     step = {TARGET: 1e-3 * torch.randn(8192, generator=torch.Generator().manual_seed(5))}
     header, chunks = tensor_stream.build_payload(step, codec=step_format, run_id="run", version=1)
+    header.delta_from_version = 0  # a step, as the coordinator serves one
     _payload_corruption(corrupt)(header, chunks)
     responses = iter([pb.PullParametersResponse(header=header), *(pb.PullParametersResponse(chunk=c) for c in chunks)])
     with pytest.raises(tensor_stream.PayloadError, match=fragment):
@@ -222,3 +223,20 @@ def test_a_poisoned_sparse_update_is_bounded_by_the_robust_aggregators_alone(sta
     decoded = [codec.ErrorFeedback().compress_decoded(honest_deltas(shapes, i), FORMAT)[1] for i in range(3)]
     honest_norm = max(math.sqrt(sum(float(torch.sum(t.double() ** 2)) for t in d.values())) for d in decoded)
     assert largest <= 0.75 * honest_norm + largest_honest
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["full parameters", "a step"])
+def test_a_pull_in_another_codec_than_the_runs_is_refused_before_allocation(step: bool) -> None:
+    """A worker took any codec a pull's header named: a hostile coordinator of an fp32 run sent θ as block-1 sparse
+    (9.25 bytes a parameter, 1.1 GB of receive buffers for 16.7 M parameters where fp32 took 133 MB; review of a
+    hostile coordinator, 2026-11-28). The full parameters come in fp32, a step in the run's step format."""
+    step_format = DOWNLINKS["a downlink 4x denser"][1]
+    # The full parameters in the run's step format (not fp32); a step in int8 at block 1 (not the step's sparse).
+    other = codec.WireFormat(pb.CODEC_INT8_BLOCK, 1) if step else step_format
+    params = {TARGET: 1e-3 * torch.randn(8192, generator=torch.Generator().manual_seed(6))}
+    header, chunks = tensor_stream.build_payload(params, codec=other, run_id="run", version=1)
+    if step:
+        header.delta_from_version = 0
+    responses = iter([pb.PullParametersResponse(header=header), *(pb.PullParametersResponse(chunk=c) for c in chunks)])
+    with pytest.raises(tensor_stream.PayloadError, match=r"header codec CODEC_\w+ \(\d\) is not allowed"):
+        receive_pull(responses, "run", {TARGET: (8192,)}, step_format)
