@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.protos.wire import TOKEN_ENV, one_token
 from rcswarm.worker import ClientOptions
 
 Options = TypeVar("Options", bound=ClientOptions)
@@ -47,7 +47,8 @@ def client_options(args: argparse.Namespace, kind: type[Options] = ClientOptions
 
 def client_token(args: argparse.Namespace) -> str:
     """--token, else $RCSWARM_TOKEN; ValueError when neither is given."""
-    token = args.token or os.environ.get(TOKEN_ENV, "")
-    if not token:
+    if args.token:
+        return one_token(args.token, "--token")
+    if not os.environ.get(TOKEN_ENV, ""):
         raise ValueError(f"a join token is required (--token or ${TOKEN_ENV})")
-    return token
+    return one_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}")

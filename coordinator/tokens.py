@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.protos.wire import TOKEN_ENV, one_token
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -120,7 +120,9 @@ class JoinTokens:
             raise ValueError("--token and --token-file exclude each other: give one")
         if token_file is not None:
             return cls.from_file(token_file)
-        return cls([token or env_token] if token or env_token else [])
+        if token:
+            return cls([one_token(token, "--token")])
+        return cls([one_token(env_token, f"${TOKEN_ENV}")] if env_token else [])
 
     def __len__(self) -> int:
         """How many tokens are accepted now (any thread)."""

@@ -10,6 +10,17 @@ from __future__ import annotations
 # The environment variable holding the join token (better than argv, which other users can read).
 TOKEN_ENV = "RCSWARM_TOKEN"
 
+
+def one_token(value: str, source: str) -> str:
+    """The join token `value` (from `source`: --token, $RCSWARM_TOKEN) without surrounding whitespace, as a token
+    file's line is read: a Secret written by `echo` or `openssl rand` ends in a newline, which the coordinator
+    accepted while every worker's metadata was refused ("Illegal header value"). ValueError naming `source`, never
+    the token, for one that is empty or holds other than printable ASCII without spaces."""
+    token = value.strip()
+    if not token or not all(33 <= ord(char) < 127 for char in token):
+        raise ValueError(f"the join token of {source}: expected one token of printable ASCII without spaces")
+    return token
+
 # Largest gRPC message either side sends or accepts; tensors travel in chunks of at most 1 MiB
 # (sync/tensor_stream.py), so this bounds a chunk plus its header with room to spare.
 MAX_MESSAGE_BYTES = 4 << 20

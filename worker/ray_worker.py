@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.protos.wire import TOKEN_ENV, one_token
 from rcswarm.worker.log_lines import log_to_stderr
 from rcswarm.worker.options import WorkerOptions
 
@@ -102,7 +102,7 @@ class RayWorker:
         from rcswarm.worker.worker import Worker
 
         try:
-            token = os.environ.get(TOKEN_ENV, "")
+            token = one_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}") if os.environ.get(TOKEN_ENV) else ""
             if not token:
                 raise ValueError(f"no join token on this Ray node: set ${TOKEN_ENV} in the environment of "
                                  f"`ray start` (a Kubernetes Secret on KubeRay); it is never passed through Ray")

@@ -10,6 +10,7 @@ hands a re-joining worker a new secret and refuses the old one; a sweep routes a
 
 from __future__ import annotations
 
+import argparse
 import base64
 import logging
 import threading
@@ -406,3 +407,24 @@ def test_the_token_file_flag_refuses_a_bad_file_or_a_second_token(tmp_path: Path
         assert coordinator_cli.main(["--config", str(config), "--state-dir", str(state_dir), "--port", "0", *flags]) == 2
         assert f"rcswarm coordinator: {message}" in capsys.readouterr().err
         assert not state_dir.exists()
+
+
+def test_a_token_from_the_environment_or_a_flag_is_read_as_a_token_files_line(tmp_path: Path, capsys: Any,
+                                                                               monkeypatch: Any) -> None:
+    """A Secret written by `echo` ends in a newline: the coordinator took "tok\\n" as its token while every worker's
+    metadata was refused ("Illegal header value") until its patience ran out (review of the Helm chart,
+    2026-11-28). Both ends strip it; a token with a space or a control character inside is refused by name."""
+    from rcswarm.cli.client_flags import client_token
+
+    monkeypatch.setenv("RCSWARM_TOKEN", "tok-1\n")
+    assert JoinTokens.from_cli(None, None, "tok-1\n").accepts(b"Bearer tok-1")
+    assert client_token(argparse.Namespace(token=None)) == "tok-1"
+    assert client_token(argparse.Namespace(token=" tok-2\r\n")) == "tok-2"
+    for bad, source in (("tok en", "--token"), ("tok\x1b", "--token")):
+        with pytest.raises(ValueError, match=f"the join token of {source}: expected one token of printable ASCII"):
+            client_token(argparse.Namespace(token=bad))
+    monkeypatch.setenv("RCSWARM_TOKEN", "two tokens\n")
+    config = write_spec(tiny_spec(), tmp_path / "run.toml")
+    assert coordinator_cli.main(["--config", str(config), "--state-dir", str(tmp_path / "state"), "--port", "0"]) == 2
+    assert "the join token of $RCSWARM_TOKEN: expected one token" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()
