@@ -546,7 +546,8 @@ class SwarmCoordinator:
         """For `pull` (takes `_lock`): the current version's full payload, or the compressed step's header and
         chunks when the worker holds the version before."""
         with self._lock:
-            self._authenticated("PullParameters", request.worker_id, request.worker_secret)
+            self._check_tensors_served(
+                "PullParameters", self._authenticated("PullParameters", request.worker_id, request.worker_secret))
             self._wait_for_close(self.spec.coordinator.max_wait_s)
             worker = self._authenticated("PullParameters", request.worker_id, request.worker_secret)
             if request.version not in (0, self.version):
@@ -565,6 +566,17 @@ class SwarmCoordinator:
             if delta is not None and request.HasField("have_version") and request.have_version == delta[0]:
                 return None, delta[1], delta[2]
             return self._pull_payload, None, []
+
+    def _check_tensors_served(self, rpc: str, worker: WorkerRecord) -> None:
+        """Refuse `rpc` (a push or a pull) of an authenticated `worker` in a run whose workers average peer to peer
+        (sync.backend = "hivemind": this coordinator is their control plane and holds no θ of theirs): a worker
+        started without --backend hivemind trained and pushed rounds that closed on their own (review of the Helm
+        chart, 2026-11-28). Reads the spec only."""
+        if self.spec.sync.backend == "hivemind":
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"{rpc} refused to {worker.name}: run {self.run_id} averages peer to peer (sync.backend = "
+                '"hivemind"): its coordinator takes no updates and serves no parameters; start the worker with '
+                "--backend hivemind --initial-peers ADDR (docs/DEPLOY.md)"))
 
     def _wait_for_close(self, limit_s: float) -> None:
         """While a close runs, wait for its publication (or failure), at most `limit_s` (lock held; waiting
@@ -600,7 +612,9 @@ class SwarmCoordinator:
         `coordinator.max_wait_s`."""
         meta = first_part(requests, "meta").meta
         with self._lock:
-            self.intake.check_meta(self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret), meta)
+            worker = self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret)
+            self._check_tensors_served("PushUpdate", worker)
+            self.intake.check_meta(worker, meta)
             bound, why = self.closer.norm_bound
         header = first_part(requests, "header").header
         deltas, norm, size = receive_update(header, requests, self.shapes, self.run_id, meta.base_version, self.wire_format)
