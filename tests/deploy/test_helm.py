@@ -56,6 +56,7 @@ CUSTOM_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS / "prometheus-operator" / "servicemonitor-v1.schema.json",
 }
 STATE_DIR_FLAG = "--state-dir"
+TOKEN_FILE = "/etc/rcswarm/token/token"
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +238,8 @@ BAD_VALUES = [
     ({"coordinator": {"persistence": {"size": "20"}}}, "at '/coordinator/persistence/size': '20' does not match pattern"),
     ({"coordinator": {"replicas": 2}}, "at '/coordinator': additional properties 'replicas' not allowed"),
     ({"workers": {"replica": 3}}, "at '/workers': additional properties 'replica' not allowed"),
+    ({"workers": {"extraVolumes": ["frames"]}}, "at '/workers/extraVolumes/0': got string, want object"),
+    ({"workers": {"extraVolumeMounts": [{"name": "frames"}]}}, "at '/workers/extraVolumeMounts/0': missing property 'mountPath'"),
     ({"coordinator": {"ingress": {"enabled": True}}}, "at '/coordinator/ingress/tlsSecretName': minLength: got 0, want 1"),
     # A misspelt strategy type rendered, and the API server refused the Deployment.
     ({"workers": {"strategy": {"type": "Recreat"}}}, "at '/workers/strategy/type': value must be one of 'RollingUpdate', 'Recreate'"),
@@ -402,9 +405,19 @@ def test_the_token_comes_only_from_a_secret(chart, scenario):
     secret_name, key = ("swarm-join-token", "join-token") if scenario == "existing-secret" else (f"{RELEASE}-rcswarm-token", "token")
     specs = pod_specs(found)
     assert specs
+    coordinator = one(found, "StatefulSet")["metadata"]["name"]
     for owner, spec in specs:
         for container in spec["containers"]:
-            assert not any(a.startswith("--token") for a in container.get("args", [])), owner
+            args = container.get("args", [])
+            if owner == coordinator:
+                # The Secret as a file the coordinator re-reads (#3 of the review): no token in its args or env.
+                assert flag(args, "--token-file") == TOKEN_FILE and "--token" not in args, owner
+                assert "RCSWARM_TOKEN" not in {e["name"] for e in container["env"]}, owner
+                volumes = {v["name"]: v for v in spec["volumes"]}
+                mount = next(m for m in container["volumeMounts"] if TOKEN_FILE.startswith(m["mountPath"] + "/"))
+                assert volumes[mount["name"]]["secret"] == {"secretName": secret_name, "items": [{"key": key, "path": "token"}]}
+                continue
+            assert not any(a.startswith("--token") for a in args), owner
             (token,) = [e for e in container["env"] if e["name"] == "RCSWARM_TOKEN"]
             assert token == {"name": "RCSWARM_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name, "key": key}}}, owner
     secrets = [o for o in found if o["kind"] == "Secret"]
@@ -556,6 +569,87 @@ def test_tls_reaches_every_client(chart):
     ingress = one(found, "Ingress")
     assert ingress["spec"]["tls"][0]["secretName"] == "swarm-example-org-tls"
     assert ingress["spec"]["rules"][0]["http"]["paths"][0]["path"] == f"/{COORDINATOR_SERVICE}"
+
+
+def strictly_valid(k8s_validate, found: list[dict[str, Any]]) -> None:
+    """Every Kubernetes object of `found` strictly valid against 1.27 and the newest bundled version."""
+    for version in ("1.27", k8s_validate.latest_version()):
+        for obj in found:
+            if (obj["apiVersion"], obj["kind"]) not in CUSTOM_SCHEMAS:
+                k8s_validate.validate(obj, version, strict=True)
+
+
+BODY_SIZE = "nginx.ingress.kubernetes.io/proxy-body-size"
+
+
+def test_the_ingress_lifts_the_request_body_limit_of_ingress_nginx(chart, k8s_validate):
+    """ingress-nginx counts a gRPC client stream against proxy-body-size (1m by default): a pushed update is
+    larger, nginx answered 413 and the run stalled at version 0. The chart sets "0" (no limit); the user's
+    annotations are kept beside it, and one of that name replaces it."""
+    found = render_scenario(chart, "ingress-tls")
+    assert one(found, "Ingress")["metadata"]["annotations"] == {
+        "nginx.ingress.kubernetes.io/backend-protocol": "GRPCS", BODY_SIZE: "0"}
+    strictly_valid(k8s_validate, found)
+    bare = {"tls": {"enabled": True, "secretName": "tls"},
+            "coordinator": {"ingress": {"enabled": True, "tlsSecretName": "host-tls"}}}
+    assert one(objects(render(chart, bare)), "Ingress")["metadata"]["annotations"] == {BODY_SIZE: "0"}
+    mine = copy.deepcopy(bare)
+    mine["coordinator"]["ingress"]["annotations"] = {BODY_SIZE: "64m", "example.org/team": "ml"}
+    ingress = one(objects(render(chart, mine)), "Ingress")
+    assert ingress["metadata"]["annotations"] == {BODY_SIZE: "64m", "example.org/team": "ml"}
+    k8s_validate.validate(ingress, "1.27", strict=True)
+
+
+def test_worker_extra_volumes_bring_a_git_dataset(chart, k8s_validate):
+    """A git dataset run (data.source = "git") needs the dataset on every worker: workers.extraVolumes and
+    workers.extraVolumeMounts reach the worker pod as written, after the chart's own; none by default."""
+    default = one(render_scenario(chart, "default"), "Deployment")["spec"]["template"]["spec"]
+    assert [v["name"] for v in default["volumes"]] == ["tmp"]
+    assert [m["name"] for m in default["containers"][0]["volumeMounts"]] == ["tmp"]
+    run_config = (ROOT / "examples" / "git_frames.toml").read_text()
+    dataset = tomllib.loads(run_config)["data"]["task_config"]["dataset"]
+    volume = {"name": "frames", "persistentVolumeClaim": {"claimName": "git-frames", "readOnly": True}}
+    mount = {"name": "frames", "mountPath": f"/tmp/{dataset}", "readOnly": True}
+    values = {**scenario_values("external-tls"), "runConfig": run_config,
+              "workers": {"extraVolumes": [volume], "extraVolumeMounts": [mount]}}
+    found = objects(render(chart, values))
+    spec = one(found, "Deployment")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert spec["volumes"][0]["name"] == "tmp" and spec["volumes"][-1] == volume
+    assert container["volumeMounts"][0]["mountPath"] == "/tmp" and container["volumeMounts"][-1] == mount
+    # The mount is where the relative dataset path lands: the worker runs in the image's WORKDIR, /tmp.
+    assert "workingDir" not in container
+    for name in ("Dockerfile.cpu", "Dockerfile.cuda"):
+        (runtime,) = [st for st in stages(DOCKER / name) if st["name"] == "runtime"]
+        assert [c.value[0] for c in runtime["commands"] if c.cmd == "WORKDIR"][-1] == "/tmp", name
+    assert "frames" not in {v["name"] for v in one(found, "StatefulSet")["spec"]["template"]["spec"]["volumes"]}
+    strictly_valid(k8s_validate, found)
+
+
+def test_the_coordinator_token_file_holds_what_it_parses_and_follows_the_secret(chart, tmp_path):
+    """The coordinator reads the Secret's key as its --token-file: the generated token (and a Secret written with
+    a trailing newline) is one token to parse_tokens, and a kubelet-style update of the volume (the ..data symlink
+    swapped) is taken without a restart."""
+    from rcswarm.cli import coordinator as coordinator_cli
+    from rcswarm.coordinator.tokens import JoinTokens, parse_tokens
+
+    found = render_scenario(chart, "default")
+    token = base64.b64decode(one(found, "Secret")["data"]["token"]).decode()
+    assert parse_tokens(token, "secret") == (token,)
+    assert parse_tokens(token + "\n", "secret") == (token,)
+    args = coordinator_cli.parse_args(coordinator_container(found)["args"][1:])
+    assert str(args.token_file) == TOKEN_FILE and args.token is None
+    # The layout the kubelet gives a Secret volume: token -> ..data/token, ..data -> a timestamped dir.
+    for version, value in (("a", token), ("b", "rotated-token\n")):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "token").write_text(value)
+    (tmp_path / "..data").symlink_to("a")
+    (tmp_path / "token").symlink_to("..data/token")
+    tokens = JoinTokens.from_file(tmp_path / "token", check_every_s=0.0)
+    assert tokens.accepts_token(token) and not tokens.accepts_token("rotated-token")
+    (tmp_path / "..data_tmp").symlink_to("b")
+    (tmp_path / "..data_tmp").replace(tmp_path / "..data")
+    assert tokens.accepts_token("rotated-token") and not tokens.accepts_token(token)
 
 
 def test_servicemonitor_scrapes_with_the_token(chart):
