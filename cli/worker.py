@@ -132,6 +132,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-params", type=int, default=0,
                         help="refuse a run spec whose model has more parameters (default 0: what the device's memory "
                              "holds at 32 bytes of training state per parameter)")
+    parser.add_argument("--max-step-tokens", type=int, default=0,
+                        help="refuse a run spec or an assignment whose step trains or evaluates more positions "
+                             "(batch × seq_len) at once (default 0: 2,097,152)")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="keep this worker's error-feedback residual here (rewritten after each delivered "
                              "update), so a restarted worker resumes what it has not sent yet (default: memory only)")
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         options = client_options(
             args, WorkerOptions, device=args.device, name=args.name, threads=args.threads, patience_s=args.patience_s,
             rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s, max_params=args.max_params,
-            membership_file=args.membership_file, state_dir=args.state_dir,
+            max_step_tokens=args.max_step_tokens, membership_file=args.membership_file, state_dir=args.state_dir,
         )
         tls = options.tls()
     except ValueError as exc:
@@ -227,6 +230,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
     try:
         worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control,
                                 data_seed=data_seed, max_params=args.max_params,
+                                max_step_tokens=args.max_step_tokens,
                                 started=process_started())
     except ValueError as exc:
         status = usage_error(PROG, str(exc))

@@ -172,7 +172,8 @@ class HivemindWorker:
 
     def __init__(self, spec: RunSpec, options: hs.HivemindOptions, *, name: str = "", device: str = "cpu",
                  out: Path | None = None, stop: threading.Event | None = None, control: ControlPlane | None = None,
-                 data_seed: int | None = None, max_params: int = 0, started: float | None = None) -> None:
+                 data_seed: int | None = None, max_params: int = 0, started: float | None = None,
+                 max_step_tokens: int = 0) -> None:
         self._started = time.monotonic() if started is None else started
         if spec.sync.backend != "hivemind":
             raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
@@ -185,7 +186,7 @@ class HivemindWorker:
         if spec.curriculum.adaptive and control is None:
             raise ValueError(f'curriculum.policy = "adaptive" (seq_lens {spec.curriculum.seq_lens}): a hivemind worker '
                              "needs --coordinator HOST:PORT, which decides the run's rung from the workers' metrics")
-        too_large = ModelLimit.of(device, max_params).problem(spec)
+        too_large = ModelLimit.of(device, max_params, max_step_tokens).problem(spec)
         if too_large:
             raise ValueError(f"the run spec of {spec.run.name} is refused before allocating: {too_large}")
         self.spec, self.options, self.out, self.control = spec, options, out, control

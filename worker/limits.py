@@ -9,6 +9,13 @@ two moments, the round's base θ_v, Δ, the error-feedback residual and a receiv
 alone would take, so a spec that asks for more than the machine has is refused before the first byte.
 The memory is the device's: a GPU's total memory, or the host's physical memory (lowered to the cgroup's
 limit in a container).
+
+The window is bounded too, coarsely: a step's positions (batch × seq_len of the spec's data, of its held-out
+windows and of every assignment the coordinator sends) at most `--max-step-tokens`, DEFAULT_MAX_STEP_TOKENS by
+default, 16 × the largest step of the shipped GPU configs; a coordinator that assigned batch 2^22 × seq_len 256
+made a worker allocate until the machine swapped (review of a hostile coordinator, 2026-11-28). What a position
+costs depends on the model (a language model's logits, a frame model's streamed states), so this bound stops the
+absurd, not every window a device cannot hold.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from pathlib import Path
 from rcswarm.config.runspec import RunSpec
 
 TRAINING_BYTES_PER_PARAMETER = 32
+DEFAULT_MAX_STEP_TOKENS = 1 << 21
 GIB = 1 << 30
 # cgroup v2, then v1: the memory a container may use ("max" or a huge number when unlimited).
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
@@ -49,26 +57,43 @@ def device_memory_bytes(device: str) -> int:
 
 @dataclass(frozen=True)
 class ModelLimit:
-    """The most parameters this worker builds, and where that number comes from."""
+    """The most parameters this worker builds, and where that number comes from; the most positions one step
+    trains or evaluates (`max_step_tokens`)."""
 
     max_params: int
     source: str
+    max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS
 
     @classmethod
-    def of(cls, device: str, max_params: int = 0) -> ModelLimit:
-        """`max_params` (--max-params) when > 0, else what `device`'s memory holds."""
+    def of(cls, device: str, max_params: int = 0, max_step_tokens: int = 0) -> ModelLimit:
+        """`max_params` (--max-params) when > 0, else what `device`'s memory holds; `max_step_tokens`
+        (--max-step-tokens) when > 0, else DEFAULT_MAX_STEP_TOKENS."""
+        step_tokens = max_step_tokens if max_step_tokens > 0 else DEFAULT_MAX_STEP_TOKENS
         if max_params > 0:
-            return cls(max_params, "--max-params")
+            return cls(max_params, "--max-params", step_tokens)
         memory = device_memory_bytes(device)
         return cls(memory // TRAINING_BYTES_PER_PARAMETER,
                    f"the {memory / GIB:.1f} GiB of {device} memory at {TRAINING_BYTES_PER_PARAMETER} bytes of training "
-                   "state per parameter; --max-params sets it")
+                   "state per parameter; --max-params sets it", step_tokens)
+
+    def window_problem(self, seq_len: int, batch: int, what: str) -> str:
+        """Why this worker does not train or evaluate `batch` windows of `seq_len` at once ("" when it may)."""
+        if seq_len * batch <= self.max_step_tokens:
+            return ""
+        return (f"{what}: batch {batch:,} × seq_len {seq_len:,} = {seq_len * batch:,} positions a step, more than "
+                f"this worker's limit of {self.max_step_tokens:,} (--max-step-tokens)")
 
     def problem(self, spec: RunSpec) -> str:
         """Why this worker does not build the spec's model ("" when it may); ValueError for a model config that
         does not build at all (an unknown name, preset or field)."""
         from rcswarm.models import registry  # torch, only once a spec is checked
 
+        data, run = spec.data, spec.run
+        for seq_len, what in ((data.seq_len, "the run spec's data"), (run.eval_seq_len or data.seq_len,
+                                                                       "the run spec's held-out windows")):
+            window = self.window_problem(seq_len, data.batch_size, what)
+            if window:
+                return window
         model = spec.model
         count = registry.parameter_count_of(model.name, model.preset, model.overrides)
         if count <= self.max_params:

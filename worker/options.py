@@ -62,6 +62,8 @@ class WorkerOptions(ClientOptions):
     rpc_timeout_s: float = 10.0
     transfer_timeout_s: float = 300.0
     max_params: int = 0
+    # The most positions (batch × seq_len) one step trains or evaluates; 0: DEFAULT_MAX_STEP_TOKENS (limits.py).
+    max_step_tokens: int = 0
     membership_file: Path | None = None
     # Where the worker keeps its error-feedback residual across restarts (issue #28); None: in memory only.
     state_dir: Path | None = None
@@ -72,6 +74,8 @@ class WorkerOptions(ClientOptions):
             raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = the worker's share of the cores)")
         if self.max_params < 0:
             raise ValueError(f"--max-params {self.max_params}: expected >= 0 (0 = what the device's memory holds)")
+        if self.max_step_tokens < 0:
+            raise ValueError(f"--max-step-tokens {self.max_step_tokens}: expected >= 0 (0 = the default limit)")
         if self.membership_file is not None:
             from rcswarm.worker.membership import membership_file_problem  # grpc, only once a client is made
 

@@ -338,7 +338,7 @@ class Worker:
         self.stop = stop or threading.Event()
         self.device = resolve_device(options.device)
         # The most parameters a run spec may ask this worker to build (checked before building, worker/limits.py).
-        self.limit = ModelLimit.of(str(self.device), options.max_params)
+        self.limit = ModelLimit.of(str(self.device), options.max_params, options.max_step_tokens)
         self.name = options.name or f"{socket.gethostname()}-{os.getpid()}"
         self.client = CoordinatorClient(
             options.coordinator, token, tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key,
@@ -608,6 +608,9 @@ class Worker:
         seq_len, batch = (assignment.seq_len, assignment.batch_size) if assignment is not None else (data.seq_len, data.batch_size)
         if seq_len < 1 or batch < 1:
             raise RuntimeError(f"the coordinator assigned seq_len {seq_len}, batch {batch}: expected positive sizes")
+        too_large = self.limit.window_problem(seq_len, batch, f"the coordinator's assignment for version {version}")
+        if too_large:
+            raise SpecRefused(f"{too_large}; refused before allocating")
         if self.trainer.follow(seq_len, batch, self.data_seed + version):
             why = assignment.reason if assignment is not None else "the run spec"
             log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.worker_id, version, seq_len, batch, why)

@@ -7,19 +7,24 @@ from __future__ import annotations
 import io
 import logging
 import math
+from pathlib import Path
 
 import grpc
 import pytest
 
+from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.transport import PLACE_RETRY_KEY
 from rcswarm.worker import Worker
 from rcswarm.worker import worker as worker_module
 from rcswarm.worker.client import MAX_PLACE_RETRY_S, MIN_PLACE_RETRY_S, place_retry_s
+from rcswarm.worker.limits import DEFAULT_MAX_STEP_TOKENS, ModelLimit
 from rcswarm.worker.log_lines import OneLineFormatter
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.worker import _options, run_until
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 class Refused(grpc.RpcError):
@@ -95,3 +100,33 @@ def test_a_coordinators_strings_are_one_line_of_text_in_the_workers_log(start_co
     assert not [line for line in lines if line.startswith("2026-11-28") or "\x1b" in line or "\r" in line], lines
     assert any("\\x1b]8;;https://evil.example/\\x07" in line and "\\n2026-11-28 00:00:00,000 worker ERROR forged" in line
                for line in lines), lines
+
+
+class HugeWindows(SwarmCoordinator):
+    """The real coordinator, assigning batch 2^12 × seq_len 2^11 (8.4 M positions a step) at every heartbeat and
+    join: before, a worker allocated until the machine swapped (batch 2^22 × seq_len 256: 8 GiB in one array)."""
+
+    def _assignment(self, worker):
+        assignment = super()._assignment(worker)
+        assignment.seq_len, assignment.batch_size = 1 << 11, 1 << 12
+        return assignment
+
+
+def test_an_assignment_over_the_step_limit_is_refused_before_allocating(start_coordinator) -> None:
+    local = start_coordinator(tiny_spec(run={"rounds": 0}), service=HugeWindows)
+    worker = Worker(_options(local.target), TOKEN)
+    assert run_until(worker, lambda w: False, 60) == 1
+    assert ("the coordinator's assignment for version 0: batch 4,096 × seq_len 2,048 = 8,388,608 positions a step, "
+            "more than this worker's limit of 2,097,152 (--max-step-tokens)") in worker.exit_reason, worker.exit_reason
+
+
+def test_a_spec_whose_windows_exceed_the_step_limit_is_refused_and_every_example_fits() -> None:
+    limit = ModelLimit(10**12, "a test", max_step_tokens=DEFAULT_MAX_STEP_TOKENS)
+    assert limit.problem(tiny_spec(data={"seq_len": 4096, "batch_size": 1024})).startswith(
+        "the run spec's data: batch 1,024 × seq_len 4,096")
+    assert "held-out windows" in limit.problem(tiny_spec(run={"eval_seq_len": 1 << 20}))
+    assert ModelLimit(10**12, "a test", max_step_tokens=100).problem(tiny_spec()) != ""
+    for path in sorted(EXAMPLES.glob("*.toml")):
+        spec = RunSpec.from_toml(path)
+        for run in spec.sweep_runs() if spec.is_sweep else [spec]:
+            assert limit.problem(run) == "", path
