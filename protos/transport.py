@@ -100,10 +100,20 @@ def _port_problem(target: str) -> str | None:
     return f"--coordinator {target!r}: port {port!r}: expected HOST:PORT with a port in 0..65535"
 
 
+# How gRPC's client reports an HTTP proxy's 413 answer (ingress-nginx's request body limit) in a call's details.
+HTTP_413 = "http2 header with status: 413"
+
+
 def not_grpc_problem(target: str, code: grpc.StatusCode, details: str) -> str | None:
     """What answered at `target` when it is not a gRPC server, from a failed call's status (pure): gRPC reports a
     peer that does not speak HTTP/2, e.g. an HTTP/1 server such as the coordinator's dashboard, as UNAVAILABLE,
-    which a client would retry, though no retry changes it. None for every other failure."""
+    and a proxy's "413 Request Entity Too Large" as UNKNOWN, both of which a client would retry, though no retry
+    changes them. None for every other failure."""
+    if HTTP_413 in details:
+        return (f"a proxy in front of {target} refused the call as too large (HTTP 413; {code.name}): gRPC streams "
+                "count against an HTTP proxy's request body limit, so no update gets through; raise the limit (for "
+                'ingress-nginx the annotation nginx.ingress.kubernetes.io/proxy-body-size: "0", which the Helm chart '
+                "sets; docs/DEPLOY.md)")
     if code != grpc.StatusCode.UNAVAILABLE or "Failed parsing HTTP/2" not in details:
         return None
     return (f"{target} answered, but not as a gRPC server (its first bytes are not HTTP/2): an HTTP server, such as "

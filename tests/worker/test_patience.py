@@ -194,3 +194,16 @@ def test_a_spare_waiting_for_a_place_stops_when_asked_and_gives_up_when_the_coor
     assert "without an answer from the coordinator" in str(outcome[0])
     for client in (holder, stopped_spare, spare):
         client.close()
+
+
+def test_a_proxys_413_is_a_permanent_error_naming_its_body_limit() -> None:
+    """ingress-nginx's default 1 MiB request body limit answered every push 413, which gRPC reports as UNKNOWN and
+    a worker retried forever behind answered heartbeats: the run sat at version 0 without a word (review of the
+    Helm chart, 2026-11-28). It is given up at once, naming the limit to raise."""
+    from rcswarm.protos.transport import not_grpc_problem
+
+    details = "Received http2 header with status: 413"
+    problem = not_grpc_problem("coordinator.example:443", grpc.StatusCode.UNKNOWN, details)
+    assert problem is not None and "HTTP 413; UNKNOWN" in problem and "proxy-body-size" in problem
+    assert not_grpc_problem("h:1", grpc.StatusCode.UNKNOWN, "Received http2 header with status: 502") is None
+    assert not_grpc_problem("h:1", grpc.StatusCode.UNKNOWN, "Exception calling application") is None
