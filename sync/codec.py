@@ -738,11 +738,15 @@ class ErrorFeedback:
         """
         if not max_norm > 0:
             raise ValueError(f"error feedback max_norm = {max_norm!r}: expected a number > 0")
+        self.last_scale = 1.0
+        if max_norm == math.inf:
+            return self.compress_decoded(deltas, codec, block_size)[0]
         before = self.snapshot()
         scale = 1.0
         for _ in range(MAX_NORM_ATTEMPTS):
             payloads, received = self.compress_decoded(deltas, codec, block_size, scale=scale)
-            norm = math.sqrt(sum(float(torch.sum(torch.square(r.to(torch.float64)))) for r in received.values()))
+            # float32 norms per tensor summed in float64: no full-size temporaries.
+            norm = math.sqrt(sum(float(torch.linalg.vector_norm(r)) ** 2 for r in received.values()))
             if norm <= max_norm:
                 self.last_scale = scale
                 return payloads
