@@ -104,11 +104,11 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         capsys.readouterr()  # the bootstrap peer's multiaddrs
         assert status_cli.main(["--state-dir", str(state), "--json"]) == 0
         status = json.loads(capsys.readouterr().out)
-        assert (status["run_id"], status["version"], status["target_rounds"]) == (RUN, "2", "3")
-        assert status["total_tokens"] == str(4 * 120 * 32 * 3)
+        assert (status["run_id"], status["version"], status["target_rounds"]) == (RUN, 2, 3)  # numbers as numbers
+        assert status["total_tokens"] == 4 * 120 * 32 * 3
         workers = {w["name"]: w for w in status["workers"]}
         assert sorted(workers) == ["a", "b", "c"] and all(w["state"] == "WORKER_STATE_ACTIVE" for w in workers.values())
-        assert (workers["a"]["base_version"], workers["b"]["base_version"]) == ("2", "1")
+        assert (workers["a"]["base_version"], workers["b"]["base_version"]) == (2, 1)
         assert status_cli.main(["--state-dir", str(state)]) == 0
         printed = capsys.readouterr().out
         for text in ("run hm", "2 / 3", "3 of 3", str(4 * 120 * 32 * 3), "a@", "mirrored by `rcswarm dht`"):
