@@ -33,6 +33,8 @@ RESTART_MUTABLE = (
     # How rounds are paced and late updates weighted: the coordinator tells workers in their assignment.
     "sync.round", "sync.min_steps", "sync.adaptive_steps", "sync.max_steps", "sync.max_staleness",
     "sync.staleness_exponent",
+    # When a round may close: `rcswarm run` raises it with --workers, which a resumed run directory may change.
+    "sync.min_reports",
 )
 
 

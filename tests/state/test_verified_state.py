@@ -4,6 +4,7 @@ kept checkpoint that verifies, or refuses to start with a message naming the fil
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 import struct
@@ -86,6 +87,19 @@ def test_a_refused_config_changes_nothing_in_the_state_dir(tmp_path: Path) -> No
         SwarmCoordinator(wrong, StateStore(tmp_path, wrong.coordinator.keep_checkpoints, durable=False))
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
     assert_resumed(tmp_path, VERSIONS, digests)
+
+
+def test_a_restart_with_another_min_reports_resumes(tmp_path: Path) -> None:
+    """`rcswarm run --workers N` on an existing run directory raises sync.min_reports with the worker count, which
+    was not a key a restart may change: the resume was refused naming a key the user never set (review of the docs,
+    2026-11-28). When a round may close is the coordinator's own pacing, and a restart may change it."""
+    digests = committed_run(tmp_path)
+    more = dataclasses.replace(spec(), sync=dataclasses.replace(spec().sync, min_reports=4))
+    coordinator = SwarmCoordinator(more, StateStore(tmp_path, more.coordinator.keep_checkpoints, durable=False))
+    try:
+        assert coordinator.version == VERSIONS and coordinator.param_sha256 == digests[VERSIONS]
+    finally:
+        coordinator.close()
 
 
 def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous_version(
