@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import tomllib
 
 import pytest
 
@@ -90,6 +91,11 @@ def test_the_example_config_lists_the_defaults():
 
     example = Path(__file__).resolve().parents[2] / "examples" / "run.toml"
     assert RunSpec.from_toml(example) == RunSpec()
+    # Every key is written out (a key left out also loads as its default: the file must still list it).
+    written = tomllib.loads(example.read_text())
+    missing = [f"{table}.{key}" for table, values in RunSpec().to_dict().items() if isinstance(values, dict)
+               for key in values if key not in written.get(table, {})]
+    assert not missing, f"examples/run.toml lacks {missing}"
 
 
 def test_a_sweep_expands_into_runs_with_their_own_lengths_and_batches():
