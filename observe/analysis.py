@@ -898,7 +898,7 @@ def fit_step_means(rows: Iterable[Sequence[Any]], lengths: Sequence[float] = ())
         every.append(LengthCurve(length=length, runs=(), steps=steps, losses=losses, times=times,
                                  seconds_per_step=rate))
     curves, short = fittable_lengths(every)
-    single = [curve.length for curve in every if len(curve.steps) < MIN_CURVE_STEPS]
+    single = sorted({curve.length for curve in every} - {curve.length for curve in curves})
     curves, capped = select_lengths(curves)
     count = len(curves)
     if count < 3:
