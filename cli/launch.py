@@ -2,6 +2,7 @@
 
     rcswarm launch ray --address auto --coordinator HOST:PORT --workers N [--gpus-per-worker G | --cpu-only]
                        [--cpus-per-worker C] [--namespace NAME] [--device auto] [--tls-ca F] [--detach]
+                       [--data-root DIR]
     rcswarm launch ray --address auto --namespace NAME --with-coordinator --config RUN.toml --state-dir DIR ...
     rcswarm launch ray --address auto --namespace NAME --status [--json]
     rcswarm launch ray --address auto --namespace NAME --stop
@@ -74,6 +75,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="worker device: auto (the actor's GPU when it has one), cpu, cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: --cpus-per-worker rounded up)")
     parser.add_argument("--patience-s", type=float, default=300.0, help="how long a worker retries an unreachable coordinator")
+    parser.add_argument("--data-root", type=Path, default=None, metavar="DIR",
+                        help="the folder on every Ray node that holds the run's git dataset (a worker reads one only "
+                             "at or under it; default: none)")
     parser.add_argument("--detach", action="store_true", help="return once every worker has joined (or --start-timeout-s)")
     parser.add_argument("--start-timeout-s", type=float, default=300.0, help="with --detach: how long to wait for the joins")
     parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between status checks while following")
@@ -107,7 +111,7 @@ def plan_of(args: argparse.Namespace, coordinator: str) -> LaunchPlan:
             raise ValueError(f"--cpu-only and --device {device}: CPU workers train on the CPU")
         gpus, device = 0.0, "cpu"
     worker = client_options(args, WorkerOptions, coordinator=coordinator, device=device, threads=args.threads,
-                            patience_s=args.patience_s)
+                            patience_s=args.patience_s, data_root=args.data_root)
     return LaunchPlan(worker=worker, workers=args.workers, gpus_per_worker=gpus,
                       cpus_per_worker=args.cpus_per_worker, namespace=args.namespace)
 
@@ -146,8 +150,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 
 def coordinator_spec(args: argparse.Namespace) -> CoordinatorSpec:
     """What the coordinator actor runs (ValueError naming the flag): the run spec at --config, read and checked
-    here (its data too) and sent as text, with `curriculum.law_from` made absolute as `RunSpec.from_toml` does
-    (the actor does not run in this directory), and the coordinator flags."""
+    here (its data too, and that a git dataset has --data-root) and sent as text, with `curriculum.law_from` made
+    absolute as `RunSpec.from_toml` does (the actor does not run in this directory), and the coordinator flags."""
     from rcswarm.config.runspec import RunSpec
     from rcswarm.train.inner import data_problem
 
@@ -157,6 +161,10 @@ def coordinator_spec(args: argparse.Namespace) -> CoordinatorSpec:
     problem = data_problem(spec)
     if problem is not None:
         raise ValueError(problem)
+    if spec.data.source == "git" and args.data_root is None:  # its workers would refuse it (worker/data_root.py)
+        raise ValueError(f"--config {str(args.config)!r} trains on the git dataset "
+                         f"{spec.data.task_config.get('dataset')!r}: give --data-root DIR, the folder that holds it on "
+                         "every Ray node")
     return CoordinatorSpec(spec.to_toml(), args.state_dir, args.coordinator_host, args.coordinator_port,
                            tuple(args.coordinator_arg), args.coordinator_cpus)
 

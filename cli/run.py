@@ -73,6 +73,7 @@ from rcswarm.sync.files import save_tensors
 from rcswarm.train.inner import data_problem
 from rcswarm.train.round import HELD_OUT_SEED, RoundTrainer
 from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy
+from rcswarm.worker.data_root import data_root_args
 
 T = TypeVar("T")
 
@@ -155,7 +156,8 @@ class Swarm:
         for rank in range(self.n_workers):
             self.workers.append(self._spawn(
                 ["-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{port}", "--name", f"worker-{rank}",
-                 "--threads", str(threads), "--state-dir", str(self.run_dir / "workers" / f"worker-{rank}")],
+                 "--threads", str(threads), "--state-dir", str(self.run_dir / "workers" / f"worker-{rank}"),
+                 *data_root_args(self.spec)],
                 f"worker-{rank}.log",
             ))
 

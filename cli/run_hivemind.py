@@ -43,6 +43,7 @@ from rcswarm.cli.run import (
 from rcswarm.cli.signals import StopSignal
 from rcswarm.config.runspec import RunSpec
 from rcswarm.observe.dashboard.views import finite
+from rcswarm.worker.data_root import data_root_args
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 PRINT_S = 10.0
@@ -97,7 +98,8 @@ class HivemindSwarm(Swarm):
             self.workers.append(self._spawn(
                 ["-m", "rcswarm.cli", "worker", "--backend", "hivemind", "--config", str(self.run_dir / "run.toml"),
                  *control, "--initial-peers", *maddrs, "--host-maddrs", LOOPBACK, "--name", f"worker-{rank}",
-                 "--threads", str(threads), "--out", str(self.run_dir / "peers" / f"worker-{rank}")],
+                 "--threads", str(threads), "--out", str(self.run_dir / "peers" / f"worker-{rank}"),
+                 *data_root_args(self.spec)],
                 f"worker-{rank}.log",
             ))
 

@@ -25,6 +25,7 @@ from rcswarm.cli.client_flags import add_client_flags, client_options, client_to
 from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import usage_error
 from rcswarm.config.runspec import RunSpec
+from rcswarm.worker.data_root import data_root_problem
 from rcswarm.worker.log_lines import log_to_stderr
 from rcswarm.worker.options import WorkerOptions
 from rcswarm.worker.startup import process_started
@@ -135,6 +136,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-step-tokens", type=int, default=0,
                         help="refuse a run spec or an assignment whose step trains or evaluates more positions "
                              "(batch × seq_len) at once (default 0: 2,097,152)")
+    parser.add_argument("--data-root", type=Path, default=None, metavar="DIR",
+                        help="read a run's git dataset only at or under DIR (the path the run spec names, absolute or "
+                             "relative to the working directory; default: none, a run on a git dataset is refused; "
+                             "with --backend hivemind --config alone, the dataset that file names)")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="keep this worker's error-feedback residual here (rewritten after each delivered "
                              "update), so a restarted worker resumes what it has not sent yet (default: memory only)")
@@ -158,11 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     if unused is not None:
         return usage_error(PROG, unused)
     try:
+        problem = data_root_problem(args.data_root)
+        if problem:
+            raise ValueError(problem)
         token = client_token(args)
         options = client_options(
             args, WorkerOptions, device=args.device, name=args.name, threads=args.threads, patience_s=args.patience_s,
             rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s, max_params=args.max_params,
             max_step_tokens=args.max_step_tokens, membership_file=args.membership_file, state_dir=args.state_dir,
+            data_root=args.data_root,
         )
         tls = options.tls()
     except ValueError as exc:
@@ -198,7 +207,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
             raise ValueError("--backend hivemind needs --config RUN.toml (the run spec every peer trains) "
                              "or --coordinator HOST:PORT (which serves it)")
         spec = RunSpec.from_toml(args.config) if args.config is not None else None
-        problem = data_problem(spec) if spec is not None else None
+        problem = data_root_problem(args.data_root) or (data_problem(spec) if spec is not None else None)
         if problem is not None:
             raise ValueError(problem)
         options = hivemind_sync.HivemindOptions(
@@ -230,7 +239,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
     try:
         worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control,
                                 data_seed=data_seed, max_params=args.max_params,
-                                max_step_tokens=args.max_step_tokens,
+                                max_step_tokens=args.max_step_tokens, data_root=args.data_root,
                                 started=process_started())
     except ValueError as exc:
         status = usage_error(PROG, str(exc))

@@ -58,6 +58,7 @@ from rcswarm.sync.outer import outer_step
 from rcswarm.train.inner import make_task_from, typing_config_for, worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow
 from rcswarm.worker import hivemind_sync as hs
+from rcswarm.worker.data_root import dataset_problem
 from rcswarm.worker.hivemind_control import ControlPlane
 from rcswarm.worker.limits import ModelLimit
 
@@ -173,7 +174,7 @@ class HivemindWorker:
     def __init__(self, spec: RunSpec, options: hs.HivemindOptions, *, name: str = "", device: str = "cpu",
                  out: Path | None = None, stop: threading.Event | None = None, control: ControlPlane | None = None,
                  data_seed: int | None = None, max_params: int = 0, started: float | None = None,
-                 max_step_tokens: int = 0) -> None:
+                 max_step_tokens: int = 0, data_root: Path | None = None) -> None:
         self._started = time.monotonic() if started is None else started
         if spec.sync.backend != "hivemind":
             raise ValueError(f"sync.backend = {spec.sync.backend!r}: a hivemind worker needs sync.backend = \"hivemind\"")
@@ -186,6 +187,10 @@ class HivemindWorker:
         if spec.curriculum.adaptive and control is None:
             raise ValueError(f'curriculum.policy = "adaptive" (seq_lens {spec.curriculum.seq_lens}): a hivemind worker '
                              "needs --coordinator HOST:PORT, which decides the run's rung from the workers' metrics")
+        # A spec a coordinator served reads a git dataset only under `data_root`; the caller's own spec is its consent.
+        unreadable = dataset_problem(spec, data_root) if control is not None else ""
+        if unreadable:
+            raise ValueError(f"the run spec of {spec.run.name} is refused: {unreadable}")
         too_large = ModelLimit.of(device, max_params, max_step_tokens).problem(spec)
         if too_large:
             raise ValueError(f"the run spec of {spec.run.name} is refused before allocating: {too_large}")

@@ -52,8 +52,9 @@ class ClientOptions:
 class WorkerOptions(ClientOptions):
     """The options of one worker process (the `rcswarm worker` flags), validated: its coordinator and TLS files
     (`ClientOptions`), its device, name, torch threads (0: its share of the machine's cores), patience, the most
-    model parameters it builds (0: what its device's memory holds, worker/limits.py) and the file its membership is
-    handed to its successor in (None: none, worker/membership.py)."""
+    model parameters it builds (0: what its device's memory holds, worker/limits.py), the file its membership is
+    handed to its successor in (None: none, worker/membership.py) and the folder it reads git datasets from (None:
+    none, worker/data_root.py)."""
 
     device: str = "auto"
     name: str = ""
@@ -67,6 +68,9 @@ class WorkerOptions(ClientOptions):
     membership_file: Path | None = None
     # Where the worker keeps its error-feedback residual across restarts (issue #28); None: in memory only.
     state_dir: Path | None = None
+    # The folder a git dataset a run spec names must lie in (worker/data_root.py; a path where the worker runs, as
+    # the TLS files are); None: the worker reads none.
+    data_root: Path | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -94,5 +98,5 @@ class WorkerOptions(ClientOptions):
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> WorkerOptions:
         """The options of `dataclasses.asdict(options)` (how they travel through Ray), validated again."""
-        paths = {"tls_ca", "tls_cert", "tls_key", "membership_file", "state_dir"}
+        paths = {"tls_ca", "tls_cert", "tls_key", "membership_file", "state_dir", "data_root"}
         return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in fields.items()})

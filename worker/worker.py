@@ -25,7 +25,7 @@ retried by the client for `--patience-s` seconds
 (`client.classify`). Only a refused join token, a refused identity (PERMISSION_DENIED: the
 coordinator does not take this worker's secret for its id), a refused request, a run spec this
 worker cannot build or whose model is above its limit (`--max-params`, worker/limits.py: counted before
-anything is allocated), spent patience, a run of refused payloads or of diverged rounds end the worker, with one ERROR line saying why and exit status 1;
+anything is allocated), a git dataset outside its `--data-root` (worker/data_root.py), spent patience, a run of refused payloads or of diverged rounds end the worker, with one ERROR line saying why and exit status 1;
 a finished run exits 0. A stop (SIGTERM or SIGINT in `rcswarm worker`) finishes the current step, sends
 Leave and exits 0. What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
 
@@ -84,6 +84,7 @@ from rcswarm.worker.client import (
     Timeouts,
     classify,
 )
+from rcswarm.worker.data_root import dataset_problem
 from rcswarm.worker.limits import ModelLimit
 from rcswarm.worker.membership import Membership, end_previous, remove_membership, write_membership
 from rcswarm.worker.options import WorkerOptions
@@ -443,11 +444,11 @@ class Worker:
             return
         try:
             spec = RunSpec.from_json(previous.run_spec_json)
-            too_large = self.limit.problem(spec)
+            refused = dataset_problem(spec, self.options.data_root) or self.limit.problem(spec)
         except (ValueError, KeyError) as exc:
             log.info("%s: the previous membership's run spec is not built ahead (%s)", self.name, exc)
             return
-        if too_large:
+        if refused:
             return  # refused at the join, with its reason
         self.spec = spec
         self._build_model(spec)
@@ -478,6 +479,9 @@ class Worker:
             spec = RunSpec.from_json(response.run_spec_json)
         except ValueError as exc:
             raise SpecRefused(f"the run spec of {response.run_id} is invalid here: {exc}") from exc
+        unreadable = dataset_problem(spec, self.options.data_root)
+        if unreadable:  # on every join: a spec changed in its dataset alone builds nothing anew
+            raise SpecRefused(f"the run spec of {response.run_id} is refused: {unreadable}")
         self.identity = Identity.of(response)
         same_run = bool(self.run_id) and self.run_id == response.run_id
         self._counters.joined(same_run, self._counts())

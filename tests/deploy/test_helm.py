@@ -240,6 +240,10 @@ BAD_VALUES = [
     ({"workers": {"replica": 3}}, "at '/workers': additional properties 'replica' not allowed"),
     ({"workers": {"extraVolumes": ["frames"]}}, "at '/workers/extraVolumes/0': got string, want object"),
     ({"workers": {"extraVolumeMounts": [{"name": "frames"}]}}, "at '/workers/extraVolumeMounts/0': missing property 'mountPath'"),
+    ({"ray": {"workerGroup": {"extraVolumes": ["frames"]}}}, "at '/ray/workerGroup/extraVolumes/0': got string, want object"),
+    # The Ray launch is one shell line: a data root with a space or a quote would split it.
+    ({"ray": {"launch": {"dataRoot": "/data/my frames"}}}, "at '/ray/launch/dataRoot': '/data/my frames' does not match pattern"),
+    ({"workers": {"dataRoot": "/data;x"}}, "at '/workers/dataRoot': '/data;x' does not match pattern"),
     ({"coordinator": {"ingress": {"enabled": True}}}, "at '/coordinator/ingress/tlsSecretName': minLength: got 0, want 1"),
     # A misspelt strategy type rendered, and the API server refused the Deployment.
     ({"workers": {"strategy": {"type": "Recreat"}}}, "at '/workers/strategy/type': value must be one of 'RollingUpdate', 'Recreate'"),
@@ -602,21 +606,27 @@ def test_the_ingress_lifts_the_request_body_limit_of_ingress_nginx(chart, k8s_va
 
 def test_worker_extra_volumes_bring_a_git_dataset(chart, k8s_validate):
     """A git dataset run (data.source = "git") needs the dataset on every worker: workers.extraVolumes and
-    workers.extraVolumeMounts reach the worker pod as written, after the chart's own; none by default."""
+    workers.extraVolumeMounts reach the worker pod as written, after the chart's own; none by default. A worker
+    reads a dataset only under its --data-root (worker/data_root.py): workers.dataRoot, none by default."""
+    from rcswarm.cli import worker
+
     default = one(render_scenario(chart, "default"), "Deployment")["spec"]["template"]["spec"]
     assert [v["name"] for v in default["volumes"]] == ["tmp"]
     assert [m["name"] for m in default["containers"][0]["volumeMounts"]] == ["tmp"]
+    assert "--data-root" not in default["containers"][0]["args"]
     run_config = (ROOT / "examples" / "git_frames.toml").read_text()
     dataset = tomllib.loads(run_config)["data"]["task_config"]["dataset"]
     volume = {"name": "frames", "persistentVolumeClaim": {"claimName": "git-frames", "readOnly": True}}
     mount = {"name": "frames", "mountPath": f"/tmp/{dataset}", "readOnly": True}
     values = {**scenario_values("external-tls"), "runConfig": run_config,
-              "workers": {"extraVolumes": [volume], "extraVolumeMounts": [mount]}}
+              "workers": {"extraVolumes": [volume], "extraVolumeMounts": [mount], "dataRoot": mount["mountPath"]}}
     found = objects(render(chart, values))
     spec = one(found, "Deployment")["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     assert spec["volumes"][0]["name"] == "tmp" and spec["volumes"][-1] == volume
     assert container["volumeMounts"][0]["mountPath"] == "/tmp" and container["volumeMounts"][-1] == mount
+    parsed = worker.parse_args([a.replace("$(CPU_LIMIT)", "2").replace("$(POD_NAME)", "w-0") for a in container["args"][1:]])
+    assert parsed.data_root == Path(f"/tmp/{dataset}")
     # The mount is where the relative dataset path lands: the worker runs in the image's WORKDIR, /tmp.
     assert "workingDir" not in container
     for name in ("Dockerfile.cpu", "Dockerfile.cuda"):
@@ -711,6 +721,36 @@ def test_every_pod_runs_unprivileged_on_a_read_only_root(chart, scenario):
             volumes = {v["name"]: v for v in spec["volumes"]}
             assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}, owner
             assert {"name": "shm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"], owner
+
+
+def test_the_ray_worker_pods_bring_a_git_dataset(chart, k8s_validate):
+    """Ray's worker actors read a git dataset on the Ray worker pods: ray.workerGroup.extraVolumes and
+    extraVolumeMounts reach those pods (not the head) after the chart's own, and ray.launch.dataRoot is the
+    launch's --data-root; none of them by default."""
+    from rcswarm.cli import launch as launch_cli
+
+    def launch_args(cluster: dict[str, Any]) -> list[str]:
+        (head,) = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+        return shlex.split(re.search(r"exec (rcswarm launch ray [^)]*)\)", head["args"][0]).group(1))
+
+    default = one(render_scenario(chart, "ray"), "RayCluster")
+    assert "--data-root" not in launch_args(default)
+    volume = {"name": "frames", "persistentVolumeClaim": {"claimName": "git-frames", "readOnly": True}}
+    mount = {"name": "frames", "mountPath": "/data/git-frames-5", "readOnly": True}
+    values = {**scenario_values("ray")}
+    values["ray"] = {**values["ray"], "workerGroup": {"extraVolumes": [volume], "extraVolumeMounts": [mount]},
+                     "launch": {"dataRoot": "/data"}}
+    found = objects(render(chart, values, SCENARIO_APIS["ray"]))
+    cluster = one(found, "RayCluster")
+    group = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert [v["name"] for v in group["volumes"]] == ["shm", "tmp", "frames"] and group["volumes"][-1] == volume
+    assert group["containers"][0]["volumeMounts"][-1] == mount
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    assert "frames" not in [v["name"] for v in head["volumes"]]
+    launch = launch_args(cluster)
+    assert flag(launch, "--data-root") == "/data"
+    assert launch_cli.parser().parse_args(launch[3:]).data_root == Path("/data")
+    strictly_valid(k8s_validate, found)
 
 
 def test_the_ray_pods_keep_the_tls_files_beside_their_own_volumes(chart):

@@ -237,6 +237,23 @@ def test_the_coordinator_actor_gets_law_from_as_an_absolute_path(tmp_path, monke
     assert f'law_from = "{folder / "metrics.csv"}"' in sent, sent
 
 
+def test_a_run_on_a_git_dataset_needs_the_data_root_its_workers_read_it_under(tmp_path):
+    """The workers read a git dataset only under --data-root (worker/data_root.py): without one, every worker actor
+    would start, join and exit; the launch is refused up front, and --data-root reaches the workers' options."""
+    spec = tiny_spec(model={"name": "frame", "preset": "tiny"},
+                     data={"source": "git", "seq_len": 8, "task_config": {"dataset": "/data/git-frames-5"}})
+    config = tmp_path / "run.toml"
+    config.write_text(spec.to_toml())
+    command = ["--with-coordinator", "--config", str(config), "--state-dir", str(tmp_path / "state"),
+               "--coordinator-host", "127.0.0.1", "--workers", "1", "--cpu-only"]
+    problem = launch.check_arguments(launch.parser().parse_args(command))
+    assert problem == (f"--config {str(config)!r} trains on the git dataset '/data/git-frames-5': give --data-root "
+                       "DIR, the folder that holds it on every Ray node"), problem
+    args = launch.parser().parse_args([*command, "--data-root", "/data"])
+    assert launch.check_arguments(args) is None
+    assert launch.plan_of(args, "127.0.0.1:50051").worker.data_root == Path("/data")
+
+
 def test_a_coordinator_actor_with_other_settings_is_named_not_reused():
     wanted = CoordinatorSpec("[run]\n", "/srv/state", "127.0.0.1", 50051, ("--insecure",), 1.0)
     assert settings_differ(wanted.settings(), wanted.settings()) is None

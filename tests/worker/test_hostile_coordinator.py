@@ -120,6 +120,27 @@ def test_an_assignment_over_the_step_limit_is_refused_before_allocating(start_co
             "more than this worker's limit of 2,097,152 (--max-step-tokens)") in worker.exit_reason, worker.exit_reason
 
 
+@pytest.mark.parametrize("data_root", [None, "public"])
+def test_a_git_dataset_outside_the_data_root_is_never_opened(start_coordinator, tmp_path, monkeypatch,
+                                                             data_root) -> None:
+    """A coordinator named the operator's own dataset (absolute, or relative to the worker's working directory) and
+    the worker trained on it; now it reads one only under --data-root (none without one) and exits naming both."""
+    (tmp_path / "private").mkdir()
+    (tmp_path / "public").mkdir()
+    opened: list[str] = []
+    monkeypatch.setattr("rcswarm.data.frames.GitFrameSource", lambda path, *a, **k: opened.append(path))
+    spec = tiny_spec(run={"rounds": 0}, model={"name": "frame", "preset": "tiny"},
+                     data={"source": "git", "seq_len": 8, "task_config": {"dataset": str(tmp_path / "private")}})
+    local = start_coordinator(spec)
+    root = tmp_path / data_root if data_root else None
+    worker = Worker(_options(local.target, data_root=root), TOKEN)
+    assert run_until(worker, lambda w: False, 60) == 1
+    assert "cannot train this run: the run spec of" in worker.exit_reason, worker.exit_reason
+    expected = f"outside this worker's data root {root}" if root else "--data-root DIR, the folder that holds it"
+    assert expected in worker.exit_reason, worker.exit_reason
+    assert opened == [] and worker.model is None
+
+
 def test_a_spec_whose_windows_exceed_the_step_limit_is_refused_and_every_example_fits() -> None:
     limit = ModelLimit(10**12, "a test", max_step_tokens=DEFAULT_MAX_STEP_TOKENS)
     assert limit.problem(tiny_spec(data={"seq_len": 4096, "batch_size": 1024})).startswith(
