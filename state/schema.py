@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS round_reporters (
     version INTEGER, worker_id TEXT, base_version INTEGER, PRIMARY KEY (version, worker_id)
 );
 CREATE INDEX IF NOT EXISTS round_reporters_by_worker ON round_reporters (worker_id, version);
+CREATE TABLE IF NOT EXISTS trained_shapes (seq_len INTEGER, batch INTEGER, PRIMARY KEY (seq_len, batch));
 CREATE INDEX IF NOT EXISTS checkpoints_by_file ON checkpoints (file);
 """
 
@@ -148,7 +149,21 @@ ON CONFLICT (seq_len, version, k) DO UPDATE SET
     loss_sum = loss_sum + excluded.loss_sum, t_sum = t_sum + excluded.t_sum, n = n + excluded.n
 """
 
-AGGREGATES = (AGGREGATE_WORKER_TOTALS, AGGREGATE_WORKER_STEPS, AGGREGATE_ROUND_FIRST_STEPS, AGGREGATE_RUN_STEPS)
+# The (seq_len, batch) shapes the training rows trained (`StateStore.trained_shapes`), kept when `max_metric_rows`
+# deletes the rows (a long curriculum's first lengths left the summary of `rcswarm run`). A row's batch is the
+# worker's word, so the table stops taking new shapes at MAX_TRAINED_SHAPES (a curriculum has a few; past it, the
+# rows that are left still name theirs).
+MAX_TRAINED_SHAPES = 256
+AGGREGATE_TRAINED_SHAPES = f"""
+INSERT OR IGNORE INTO trained_shapes
+SELECT DISTINCT seq_len, batch FROM metrics WHERE rowid > ? AND tokens > 0
+LIMIT MAX(0, {MAX_TRAINED_SHAPES} - (SELECT COUNT(*) FROM trained_shapes))
+"""
+TRAINED_SHAPES_OF_ROWS = "SELECT DISTINCT seq_len, batch FROM metrics WHERE tokens > 0"
+TRAINED_SHAPES = f"SELECT seq_len, batch FROM trained_shapes UNION {TRAINED_SHAPES_OF_ROWS}"
+
+AGGREGATES = (AGGREGATE_WORKER_TOTALS, AGGREGATE_WORKER_STEPS, AGGREGATE_ROUND_FIRST_STEPS, AGGREGATE_RUN_STEPS,
+              AGGREGATE_TRAINED_SHAPES)
 
 # Ledger rows for state dirs written before the ledger: each round's record names the checkpoint
 # of the version it produced and that version's digest.

@@ -119,6 +119,8 @@ from rcswarm.state.schema import (
     RUN_STEP_SUMS,
     SCHEMA,
     SCHEMA_VERSION,
+    TRAINED_SHAPES,
+    TRAINED_SHAPES_OF_ROWS,
     TRAINING_ROWS,
     WORKER_STEP_MEANS,
     WORKER_TOTALS,
@@ -804,10 +806,11 @@ class StateStore:
         return self._read(ROUND_TIMES)
 
     def trained_shapes(self) -> list[tuple[int, int]]:
-        """The (seq_len, batch) pairs the kept training rows (tokens > 0) trained, by length: one for a run of one
-        shape, several under a curriculum."""
-        return [(int(length), int(batch)) for length, batch in
-                self._read("SELECT DISTINCT seq_len, batch FROM metrics WHERE tokens > 0 ORDER BY seq_len, batch")]
+        """The (seq_len, batch) pairs the training rows (tokens > 0) trained, by length: one for a run of one shape,
+        several under a curriculum; from the aggregate (`trained_shapes`, which keeps what `max_metric_rows` deletes)
+        and the rows (a state dir written before it, opened read-only, has the rows only)."""
+        shapes = TRAINED_SHAPES if self._present("trained_shapes") else TRAINED_SHAPES_OF_ROWS
+        return [(int(length), int(batch)) for length, batch in self._read(f"{shapes} ORDER BY seq_len, batch")]
 
     def rounds_summary(self) -> RoundsSummary:
         count, first, last, opened, reports = self._read(

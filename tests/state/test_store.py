@@ -16,6 +16,7 @@ from rcswarm.cli.status import main as status_main
 from rcswarm.observe.analysis import MetricsFileError, read_state_dirs
 from rcswarm.state.errors import StoreError
 from rcswarm.state.records import HeldOutRecord
+from rcswarm.state.schema import MAX_TRAINED_SHAPES
 from rcswarm.state.store import StateStore
 from tests.helpers.state import read_state
 
@@ -129,5 +130,12 @@ def test_trained_shapes_are_the_lengths_and_batches_of_the_training_rows(tmp_pat
 
         store.add_metrics([row(0, 256, 1, 0), row(0, 32, 8, 256), row(1, 64, 4, 256), row(1, 32, 8, 256)])
         assert store.trained_shapes() == [(32, 8), (64, 4)]
+        # The metric cap deletes the oldest rows: the shapes they trained stay (they left the summary before).
+        store.add_metrics([row(2, 128, 2, 256)], keep_rows=1)
+        assert store.trained_shapes() == [(32, 8), (64, 4), (128, 2)]
+        # A worker's rows name their batch: past MAX_TRAINED_SHAPES the table takes no new shape, the rows still do.
+        store.add_metrics([row(3, 32, batch, 32) for batch in range(100, 100 + MAX_TRAINED_SHAPES)], keep_rows=1)
+        shapes = store.trained_shapes()
+        assert len(shapes) == MAX_TRAINED_SHAPES + 1 and {(32, 8), (64, 4), (128, 2)} <= set(shapes)
     finally:
         store.close()
