@@ -55,6 +55,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import codec as codecs
 from rcswarm.sync.files import save_tensors
 from rcswarm.sync.outer import outer_step
+from rcswarm.train.bptt.segment_store import SpillSpaceError
 from rcswarm.train.inner import make_task_from, typing_config_for, worker_data_seed
 from rcswarm.train.round import RoundTrainer, StepRow
 from rcswarm.worker import hivemind_sync as hs
@@ -256,6 +257,9 @@ class HivemindWorker:
         except hs.PeerDied as exc:
             log.error("%s leaves the swarm at version %d: %s; exits for its supervisor to start it again",
                       self.name, self.version, exc)
+            return 1
+        except SpillSpaceError as exc:
+            log.error("%s cannot train this window: %s", self.name, exc)
             return 1
         finally:
             if self.peer is not None:

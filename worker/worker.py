@@ -72,6 +72,7 @@ from rcswarm.sync.feedback_state import (
     save_feedback,
 )
 from rcswarm.sync.norm_bound import SEND_NORM_SHARE, update_norm_bound
+from rcswarm.train.bptt.segment_store import SpillSpaceError
 from rcswarm.train.inner import StepResult, preload_data, worker_data_seed
 from rcswarm.train.round import RoundResult, RoundTrainer, StepRow, held_out_seed, resolve_device
 from rcswarm.worker.client import (
@@ -420,6 +421,8 @@ class Worker:
             return self._exit(f"{self.name} gives up: {exc}")
         except SpecRefused as exc:
             return self._exit(f"{self.name} cannot train this run: {exc}")
+        except SpillSpaceError as exc:
+            return self._exit(f"{self.name} cannot train this window: {exc}")
         except grpc.RpcError as err:
             _, reason = classify(err.code())
             return self._exit(f"{self.name} exits: {reason}: {err.code().name}: {err.details()}")

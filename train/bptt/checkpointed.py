@@ -38,7 +38,14 @@ from rcswarm.train.bptt.schedule import (
     store_all,
     uniform,
 )
-from rcswarm.train.bptt.segment_store import EmbeddingStore, HostCopies, Prefetcher, StateStash, bytes_of
+from rcswarm.train.bptt.segment_store import (
+    EmbeddingStore,
+    HostCopies,
+    Prefetcher,
+    StateStash,
+    bytes_of,
+    check_spill_space,
+)
 from rcswarm.train.bptt.stats import StreamingStats
 
 EMBEDDING_PLACES = ("auto", "memory", "disk")
@@ -222,7 +229,10 @@ class CheckpointedRun:
         embeddings, state = self._first_forward(0)
         per_step = bytes_of(embeddings) / embeddings.shape[1]
         state_bytes = sum(bytes_of(t) for t in state)
-        schedule, on_disk = self.plan.resolve(self.n, state_bytes, math.ceil(per_step * self.window.length))
+        embedding_bytes = math.ceil(per_step * self.window.length)
+        schedule, on_disk = self.plan.resolve(self.n, state_bytes, embedding_bytes)
+        if on_disk:
+            check_spill_space(self.plan.spill_dir, embedding_bytes)
         trailing = tuple(embeddings.shape[2:])
         self.embeddings = EmbeddingStore(
             self.device, embeddings.dtype,

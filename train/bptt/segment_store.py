@@ -14,7 +14,8 @@
   temporary file written and read with pwrite/pread (not mmap, so the process holds only
   the segments in flight; the kernel's page cache keeps the rest while memory is free and
   evicts it otherwise). Its prefetch asks the kernel to read ahead
-  (posix_fadvise WILLNEED), then loads through the `Prefetcher`.
+  (posix_fadvise WILLNEED), then loads through the `Prefetcher`. A window's embeddings go to the file only
+  where the disk keeps SPILL_RESERVE_BYTES free beside them (`check_spill_space`).
 - `StateStash`: the checkpointed core states at segment boundaries, copied into slots
   allocated once (on CUDA in pinned host memory, written and copied back on the side stream, so a
   restore never reads a slot before its copy landed; prefetched when the schedule's restore is near). It counts stored states and bytes and their peaks.
@@ -23,6 +24,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -133,6 +135,27 @@ class Prefetcher:
 
 def bytes_of(tensor: Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+# Disk a spill leaves free: the window's embeddings go to a file only when the spill directory keeps this much
+# beside them (a coordinator's long window, up to the worker's --max-step-tokens, once filled the worker's $TMPDIR).
+SPILL_RESERVE_BYTES = 1 << 30
+
+
+class SpillSpaceError(OSError):
+    """The spill directory cannot take a window's embeddings and keep SPILL_RESERVE_BYTES free."""
+
+
+def check_spill_space(spill_dir: str | None, nbytes: int) -> None:
+    """SpillSpaceError, naming the bytes, the directory and its free space, unless `spill_dir` (None: the system's
+    temporary directory, $TMPDIR) holds `nbytes` more and keeps SPILL_RESERVE_BYTES free."""
+    directory = spill_dir or tempfile.gettempdir()
+    free = shutil.disk_usage(directory).free
+    if nbytes + SPILL_RESERVE_BYTES > free:
+        raise SpillSpaceError(
+            f"streaming BPTT would write {nbytes / 2**20:,.1f} MiB of the window's embeddings to {directory}, which has "
+            f"{free / 2**20:,.1f} MiB free (keeping {SPILL_RESERVE_BYTES / 2**20:,.0f} MiB): point TMPDIR at a larger "
+            "disk, raise [inner] memory_budget_mb, or train shorter windows")
 
 
 class EmbeddingStore:
