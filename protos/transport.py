@@ -90,14 +90,23 @@ def target_problem(target: str) -> str | None:
             f"not HTTP: expected HOST:PORT (e.g. {target[match.end():].split('/', 1)[0] or '127.0.0.1:50051'})")
 
 
+def target_port(target: str) -> int | None:
+    """The port of a gRPC target (`HOST:PORT`, `[V6]:PORT`, `dns:///HOST:PORT`) as a number; None for a target
+    without one, a unix socket, or a port that is not digits (pure)."""
+    if ":" not in target or target.startswith(("unix:", "unix-abstract:")):
+        return None
+    port = target.rsplit(":", 1)[1]
+    return int(port) if port.isascii() and port.isdigit() else None
+
+
 def _port_problem(target: str) -> str | None:
     """Why the port of a HOST:PORT `target` is not one (gRPC dials 99999 or -5 as some other port, silently)."""
     if ":" not in target or target.startswith(("unix:", "unix-abstract:")):
         return None
-    port = target.rsplit(":", 1)[1]
-    if port.isascii() and port.isdigit() and int(port) <= 65535:
+    port = target_port(target)
+    if port is not None and port <= 65535:
         return None
-    return f"--coordinator {target!r}: port {port!r}: expected HOST:PORT with a port in 0..65535"
+    return f"--coordinator {target!r}: port {target.rsplit(':', 1)[1]!r}: expected HOST:PORT with a port in 0..65535"
 
 
 # How gRPC's client reports an HTTP proxy's 413 answer (ingress-nginx's request body limit) in a call's details.

@@ -44,7 +44,14 @@ from typing import Callable, Iterator, Mapping, Protocol, TypeVar
 import grpc
 import torch
 
-from rcswarm.protos.transport import PLACE_RETRY_KEY, ClientTLS, not_grpc_problem, open_channel, target_host
+from rcswarm.protos.transport import (
+    PLACE_RETRY_KEY,
+    ClientTLS,
+    not_grpc_problem,
+    open_channel,
+    target_host,
+    target_port,
+)
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS, WORKER_ID_METADATA, WORKER_SECRET_METADATA
@@ -186,10 +193,8 @@ def closed_address(details: str) -> tuple[str, int] | None:
 
 def _target_address(target: str) -> tuple[str, int] | None:
     """(host, port) of a HOST:PORT gRPC target (`dns:///HOST:PORT`, `[V6]:PORT` too); None without a port (pure)."""
-    host, port = target_host(target), target.rsplit(":", 1)[-1]
-    if host is None or not (port.isascii() and port.isdigit()) or ":" not in target:
-        return None
-    return host, int(port)
+    host, port = target_host(target), target_port(target)
+    return None if host is None or port is None else (host, port)
 
 
 def answers_tls(address: tuple[str, int], timeout_s: float = TLS_PROBE_S) -> bool:
