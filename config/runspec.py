@@ -86,6 +86,28 @@ MAX_TIMEOUT_FACTOR = 1000.0
 CALL_KINDS = ("membership", "query", "long_poll", "pull", "push")
 
 
+# The largest learning rate, inner (AdamW's) or outer (on averaged deltas): an outer lr of 1e300 overflowed θ and
+# every round close failed; an inner one above float32's range killed the worker thread in AdamW; 1 is plain
+# averaging, DiLoCo's outer lr is 0.7 and an AdamW lr above 1 already diverges.
+MAX_LR = 10.0
+# The most inner steps H of a round (sync.max_steps: 10× it): 2**31 - 1 steps passed, overflowed the assignment's
+# int32 and every Join failed; H = 500 is DiLoCo's, and the automatic norm and token bounds grow with H.
+MAX_INNER_STEPS = 100_000
+# The smallest held-out share of the text corpus: 5e-324 left the "val" split 0 bytes and the held-out evaluation
+# ended the worker.
+MIN_VAL_FRACTION = 0.001
+# The most workers one run admits, and calls of one kind a coordinator runs at once: both size its RPC thread pool
+# (every kind at its limit plus a reserve of max_workers per kind), so 2**63 - 1 made the pool unbounded.
+MAX_WORKERS = 4096
+MAX_CALLS = 4096
+
+
+def _check_at_most(obj: Any, table: str, name: str, high: float) -> None:
+    value = getattr(obj, name)
+    if value > high:
+        _fail(f"{table}.{name}", value, f"at most {high:,g}")
+
+
 def _check_positive(obj: Any, table: str, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -93,13 +115,36 @@ def _check_positive(obj: Any, table: str, *names: str) -> None:
             _fail(f"{table}.{name}", value, "a positive number")
 
 
+# The shortest a seconds key may be where a shorter one breaks the run rather than tuning it (a review of finite
+# values the spec took, 2026-11-28; each measured with 5e-324 s or the value named):
+MIN_SECONDS = {
+    # heartbeats come every lease/3, at least 0.2 s apart: a shorter lease evicted every worker at every tick
+    # (47 joins and 93 evictions in 10 s)
+    "coordinator.lease_s": 0.5,
+    # the worker's await loop does not sleep between long polls: 125 AwaitVersion calls where 7 did
+    "coordinator.max_wait_s": 0.1,
+    # a parameter stream idle this long is cancelled: every pull ended DEADLINE_EXCEEDED at once, forever
+    "coordinator.stream_idle_s": 1.0,
+    # the ticker runs every 0.2 s: health reported NOT_SERVING at every probe, and Kubernetes restarts such a pod
+    "coordinator.health_stall_s": 1.0,
+    # the averager's declare loop spun (6,800 DHT stores in 5 s) and records expired before anyone read them
+    "hivemind.state_declare_s": 0.1,
+    "hivemind.record_ttl_s": 1.0,
+    "hivemind.min_allreduce_s": 0.5,
+    "hivemind.request_timeout_s": 0.1,
+}
+
+
 def _check_seconds(obj: Any, table: str, *names: str, positive: bool = True) -> None:
-    """Each of `names` is a duration in seconds: finite, at most MAX_SECONDS, and > 0 (`positive`) or >= 0."""
+    """Each of `names` is a duration in seconds: finite, at most MAX_SECONDS, and > 0 (`positive`) or >= 0, or at
+    least its MIN_SECONDS."""
     for name in names:
         value = getattr(obj, name)
-        if not (math.isfinite(value) and (value > 0 if positive else value >= 0) and value <= MAX_SECONDS):
-            _fail(f"{table}.{name}", value,
-                  f"a number of seconds {'>' if positive else '>='} 0 and at most {MAX_SECONDS:g}")
+        floor = MIN_SECONDS.get(f"{table}.{name}")
+        low = value >= floor if floor is not None else value > 0 if positive else value >= 0
+        if not (math.isfinite(value) and low and value <= MAX_SECONDS):
+            least = f">= {floor:g}" if floor is not None else "> 0" if positive else ">= 0"
+            _fail(f"{table}.{name}", value, f"a number of seconds {least} and at most {MAX_SECONDS:g}")
 
 
 @dataclass(frozen=True)
@@ -206,8 +251,8 @@ class DataSection:
         _check_positive(self, "data", "seq_len", "batch_size")
         if self.max_bytes < 0:
             _fail("data.max_bytes", self.max_bytes, "an integer >= 0 (0 = all)")
-        if not 0.0 < self.val_fraction < 0.5:
-            _fail("data.val_fraction", self.val_fraction, "a number in (0, 0.5)")
+        if not MIN_VAL_FRACTION <= self.val_fraction < 0.5:
+            _fail("data.val_fraction", self.val_fraction, f"a number in [{MIN_VAL_FRACTION:g}, 0.5)")
 
     def _check_git_task_config(self) -> None:
         """source "git" reads one key, [data.task_config] dataset: a non-empty path (checked here, where the
@@ -251,6 +296,8 @@ class InnerSection:
         if self.optimizer not in INNER_OPTIMIZERS:
             _fail("inner.optimizer", self.optimizer, f"one of {INNER_OPTIMIZERS}")
         _check_positive(self, "inner", "lr", "steps")
+        _check_at_most(self, "inner", "lr", MAX_LR)
+        _check_at_most(self, "inner", "steps", MAX_INNER_STEPS)
         if self.weight_decay < 0:
             _fail("inner.weight_decay", self.weight_decay, "a number >= 0")
         for name in ("beta1", "beta2"):
@@ -281,6 +328,7 @@ class OuterSection:
 
     def __post_init__(self) -> None:
         _check_positive(self, "outer", "lr")
+        _check_at_most(self, "outer", "lr", MAX_LR)
         if not 0.0 <= self.momentum < 1.0:
             _fail("outer.momentum", self.momentum, "a number in [0, 1)")
 
@@ -456,8 +504,8 @@ class SyncSection:
             _fail("sync.round", self.round, f"one of {ROUND_KINDS}")
         _check_positive(self, "sync", "min_steps")
         _check_seconds(self, "sync", "round_seconds")
-        if self.max_steps < 0:
-            _fail("sync.max_steps", self.max_steps, "an integer >= 0 (0 = 10 × inner.steps)")
+        if not 0 <= self.max_steps <= 10 * MAX_INNER_STEPS:
+            _fail("sync.max_steps", self.max_steps, f"an integer in [0, {10 * MAX_INNER_STEPS:,}] (0 = 10 × inner.steps)")
         if not 0 <= self.max_staleness <= MAX_STALENESS_LIMIT:
             _fail("sync.max_staleness", self.max_staleness, f"an integer between 0 (refuse late updates) and {MAX_STALENESS_LIMIT}")
         if not (math.isfinite(self.staleness_exponent) and 0.0 <= self.staleness_exponent <= 10.0):
@@ -583,23 +631,26 @@ class CoordinatorSection:
 
     def __post_init__(self) -> None:
         _check_positive(self, "coordinator", "max_workers")
+        _check_at_most(self, "coordinator", "max_workers", MAX_WORKERS)
         _check_seconds(self, "coordinator", "lease_s", "max_wait_s", "forget_after_s", "stream_idle_s", "health_stall_s")
         for table in ("max_calls", "max_calls_per_peer"):
             for kind, limit in getattr(self, table).items():
                 if kind not in CALL_KINDS:
                     _fail(f"coordinator.{table}", {kind: limit}, f"a kind of call among {', '.join(CALL_KINDS)}")
-                if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                    _fail(f"coordinator.{table}.{kind}", limit, "an integer >= 1")
-        if isinstance(self.max_calls_per_worker, bool) or self.max_calls_per_worker < 1:
-            _fail("coordinator.max_calls_per_worker", self.max_calls_per_worker, "an integer >= 1")
+                if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CALLS:
+                    _fail(f"coordinator.{table}.{kind}", limit, f"an integer in [1, {MAX_CALLS}]")
+        if isinstance(self.max_calls_per_worker, bool) or not 1 <= self.max_calls_per_worker <= MAX_CALLS:
+            _fail("coordinator.max_calls_per_worker", self.max_calls_per_worker, f"an integer in [1, {MAX_CALLS}]")
         if not (math.isfinite(self.health_round_deadlines) and self.health_round_deadlines >= 1):
             _fail("coordinator.health_round_deadlines", self.health_round_deadlines, "a number >= 1")
         if self.keep_checkpoints < 0:
             _fail("coordinator.keep_checkpoints", self.keep_checkpoints, "an integer >= 0")
         if self.max_metrics_per_round < 0:
             _fail("coordinator.max_metrics_per_round", self.max_metrics_per_round, "an integer >= 0 (0 = automatic)")
-        if not (math.isfinite(self.metric_rows_per_s) and self.metric_rows_per_s >= 0):
-            _fail("coordinator.metric_rows_per_s", self.metric_rows_per_s, "a number of rows per second >= 0 (0 = no budget)")
+        if not (math.isfinite(self.metric_rows_per_s) and (self.metric_rows_per_s == 0 or self.metric_rows_per_s >= 1)):
+            # Below one row a second, a worker's metrics were refused "retry in inf s" after its first batch.
+            _fail("coordinator.metric_rows_per_s", self.metric_rows_per_s,
+                  "a number of rows per second >= 1, or 0 for no budget")
         if self.max_metric_rows < 0:
             _fail("coordinator.max_metric_rows", self.max_metric_rows, "an integer >= 0 (0 = no limit)")
 
@@ -783,6 +834,13 @@ class RunSpec:
         ):
             if any(value > INT32_MAX for value in values):
                 _fail(key, values if len(values) > 1 else values[0], f"values up to {INT32_MAX} (the wire's int32)")
+        lengths = curriculum.seq_lens or curriculum.worker_seq_lens
+        for length in lengths:  # the batches constant_tokens derives (a second Join failed on one, before)
+            batch = curriculum.batch_for(length, self.data.batch_size)
+            if batch > INT32_MAX:
+                _fail("curriculum.constant_tokens", curriculum.constant_tokens,
+                      f"batches up to {INT32_MAX} (the wire's int32): data.batch_size {self.data.batch_size} × "
+                      f"{lengths[0]} / {length} is a batch of {batch:,} at length {length}")
 
     def _check_hivemind(self) -> None:
         """[hivemind] keys apply to the hivemind backend only: set with another backend, they are refused."""

@@ -53,11 +53,13 @@ from typing import Any
 
 import grpc
 
-from rcswarm.config.runspec import CALL_KINDS
+from rcswarm.config.runspec import CALL_KINDS, MAX_CALLS, MAX_SECONDS, MIN_SECONDS
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.tokens import JoinTokens
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import WORKER_ID_METADATA, WORKER_SECRET_METADATA
+
+MIN_STREAM_IDLE_S = MIN_SECONDS["coordinator.stream_idle_s"]
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -100,10 +102,11 @@ CREDENTIAL_METADATA_METHODS = frozenset({"PushUpdate"})
 DEFAULT_MAX_CALLS = {"membership": 32, "query": 16, "long_poll": 64, "pull": 16, "push": 16}
 
 
-def _check_count(name: str, value: Any, least: int) -> None:
-    """ValueError naming `name` unless `value` is an integer >= `least`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} = {value!r}: expected an integer >= {least}")
+def _check_count(name: str, value: Any, least: int, most: int | None = None) -> None:
+    """ValueError naming `name` unless `value` is an integer >= `least` (and <= `most` when given)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least or (most is not None and value > most):
+        bound = f"in [{least}, {most}]" if most is not None else f">= {least}"
+        raise ValueError(f"{name} = {value!r}: expected an integer {bound}")
 
 
 @dataclass(frozen=True)
@@ -137,12 +140,13 @@ class CallLimits:
             for name, limit in getattr(self, table).items():
                 if name not in known:
                     raise ValueError(f"{table}[{name!r}]: unknown RPC kind; expected one of {', '.join(known)}")
-                _check_count(f"{table}[{name!r}]", limit, 1)
+                _check_count(f"{table}[{name!r}]", limit, 1, MAX_CALLS)  # each sizes the RPC thread pool
         missing = [name for name in known if name not in self.max_calls]
         if missing:
             raise ValueError(f"max_calls lacks {', '.join(missing)}: expected a limit for every RPC kind")
-        if not self.stream_idle_s > 0:
-            raise ValueError(f"stream_idle_s = {self.stream_idle_s!r}: expected a number of seconds > 0")
+        if not MIN_STREAM_IDLE_S <= self.stream_idle_s <= MAX_SECONDS:
+            raise ValueError(f"stream_idle_s = {self.stream_idle_s!r}: expected a number of seconds in "
+                             f"[{MIN_STREAM_IDLE_S:g}, {MAX_SECONDS:g}] (shorter cancelled every pull at once)")
         _check_count("headroom", self.headroom, 1)
         _check_count("per_worker", self.per_worker, 1)
         _check_count("reserve", self.reserve, 0)

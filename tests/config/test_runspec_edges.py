@@ -57,6 +57,53 @@ def test_durations_past_any_wait_are_refused(data, key):
         RunSpec.from_dict(data)
 
 
+# Finite values the spec took that broke a run (a review, 2026-11-28: each was run against the real coordinator and
+# worker); each is now refused, and the value at the bound is taken.
+BROKE_A_RUN = [
+    # 2**31 steps overflowed the assignment's int32: every Join failed and left a ghost member.
+    ({"sync": {"round": "time", "max_steps": 2**31}}, "sync.max_steps = 2147483648 is invalid: expected an integer in "
+     "[0, 1,000,000]", {"sync": {"round": "time", "max_steps": 10**6}}),
+    ({"inner": {"steps": 214748365}}, "inner.steps = 214748365 is invalid: expected at most 100,000",
+     {"inner": {"steps": 100_000}}),
+    # The batch constant_tokens derives at length 1 overflowed int32 at the second Join.
+    ({"curriculum": {"worker_seq_lens": [2**31 - 1, 1], "constant_tokens": True}, "data": {"batch_size": 2}},
+     "curriculum.constant_tokens = True is invalid: expected batches up to 2147483647 (the wire's int32): "
+     "data.batch_size 2 × 2147483647 / 1 is a batch of 4,294,967,294 at length 1",
+     {"curriculum": {"worker_seq_lens": [2**30, 1], "constant_tokens": True}, "data": {"batch_size": 1}}),
+    # θ overflowed and every round close failed; AdamW's lr past float32 ended the worker's thread.
+    ({"outer": {"lr": 1e300}}, "outer.lr = 1e+300 is invalid: expected at most 10", {"outer": {"lr": 10.0}}),
+    ({"inner": {"lr": 1e39}}, "inner.lr = 1e+39 is invalid: expected at most 10", {"inner": {"lr": 10.0}}),
+    # Every pull cancelled at once; workers evicted at every tick; an await loop without a pause; health flapping.
+    ({"coordinator": {"stream_idle_s": 1e-300}}, "coordinator.stream_idle_s = 1e-300 is invalid: expected a number of "
+     "seconds >= 1", {"coordinator": {"stream_idle_s": 1.0}}),
+    ({"coordinator": {"lease_s": 5e-324}}, "coordinator.lease_s = 5e-324 is invalid: expected a number of seconds "
+     ">= 0.5", {"coordinator": {"lease_s": 0.5}}),
+    ({"coordinator": {"max_wait_s": 5e-324}}, "coordinator.max_wait_s = 5e-324 is invalid", {"coordinator": {"max_wait_s": 0.1}}),
+    ({"coordinator": {"health_stall_s": 0.1}}, "coordinator.health_stall_s = 0.1 is invalid",
+     {"coordinator": {"health_stall_s": 1.0}}),
+    # A 0-byte held-out split ended the worker; metrics refused "retry in inf s"; an unbounded RPC thread pool.
+    ({"data": {"val_fraction": 5e-324}}, "data.val_fraction = 5e-324 is invalid: expected a number in [0.001, 0.5)",
+     {"data": {"val_fraction": 0.001}}),
+    ({"coordinator": {"metric_rows_per_s": 0.5}}, "coordinator.metric_rows_per_s = 0.5 is invalid",
+     {"coordinator": {"metric_rows_per_s": 1.0}}),
+    ({"coordinator": {"max_workers": 2**62}}, "coordinator.max_workers = 4611686018427387904 is invalid: expected at "
+     "most 4,096", {"coordinator": {"max_workers": 4096}}),
+    ({"coordinator": {"max_calls": {"pull": 2**40}}}, "coordinator.max_calls.pull = 1099511627776 is invalid: expected "
+     "an integer in [1, 4096]", {"coordinator": {"max_calls": {"pull": 4096}}}),
+    # The averager's declare loop spun (6,800 DHT stores in 5 s) and its records expired before anyone read them.
+    ({**HIVEMIND, "hivemind": {"state_declare_s": 5e-324}}, "hivemind.state_declare_s = 5e-324 is invalid",
+     {**HIVEMIND, "hivemind": {"state_declare_s": 0.1}}),
+]
+
+
+@pytest.mark.parametrize("data, fragment, at_the_bound", BROKE_A_RUN, ids=[row[1].split(" =")[0] for row in BROKE_A_RUN])
+def test_finite_values_that_broke_a_run_are_refused_and_the_bound_is_taken(data, fragment, at_the_bound):
+    with pytest.raises(ValueError) as excinfo:
+        RunSpec.from_dict(data)
+    assert fragment in str(excinfo.value)
+    RunSpec.from_dict(at_the_bound)
+
+
 def test_the_longest_duration_is_accepted():
     from rcswarm.config.runspec import MAX_SECONDS
 

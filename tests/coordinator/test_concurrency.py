@@ -303,8 +303,14 @@ def test_call_limits_validate_themselves():
         CallLimits(parse_max_calls(["polls=3"]))
     with pytest.raises(ValueError, match="expected KIND=N"):
         parse_max_calls(["push"])
-    with pytest.raises(ValueError, match=r"max_calls\['pull'\] = 0: expected an integer >= 1"):
+    with pytest.raises(ValueError, match=r"max_calls\['pull'\] = 0: expected an integer in \[1, 4096\]"):
         CallLimits(parse_max_calls(["pull=0"]))
+    # Each limit sizes the RPC thread pool: --max-calls pull=10**12 made it unbounded.
+    with pytest.raises(ValueError, match=r"max_calls\['pull'\] = 1000000000000: expected an integer in \[1, 4096\]"):
+        CallLimits(parse_max_calls(["pull=1000000000000"]))
+    # --stream-idle-s 0.001 cancelled every pull at once.
+    with pytest.raises(ValueError, match=r"stream_idle_s = 0.001: expected a number of seconds in \[1, "):
+        CallLimits(stream_idle_s=0.001)
     with pytest.raises(ValueError, match="lacks query"):
         CallLimits({k: v for k, v in DEFAULT_MAX_CALLS.items() if k != "query"})
     with pytest.raises(ValueError, match="stream_idle_s = nan"):
