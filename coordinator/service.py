@@ -391,14 +391,17 @@ class SwarmCoordinator:
                 for owner in {*self.round.reports, *self.round.late}:
                     if places.get(owner, owner) == taking_over:
                         places[owner] = worker_id
-            self.workers[worker_id] = self._active[worker_id] = worker
-            self.log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version,
-                          decision.reason)
-            return pb.JoinResponse(
+            # The answer before the membership: one that cannot be built (an int32 field out of range, before the run
+            # spec bounded them) refused every Join and left an active member behind each time, holding a place.
+            response = pb.JoinResponse(
                 worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
                 lease_seconds=self.membership.lease_s, data_seed=self._joins, assignment=self._assignment(worker),
                 worker_secret=secret,
             )
+            self.workers[worker_id] = self._active[worker_id] = worker
+            self.log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version,
+                          decision.reason)
+            return response
 
     def _carry_over(self, worker: WorkerRecord, ended: WorkerRecord | None) -> None:
         """A re-join naming its ended membership (`ended`, still in memory): the new one takes over the versions it
