@@ -26,6 +26,9 @@ from rcswarm.sync import outer
 # Spec keys a restart on an existing state dir may change; any other change is refused.
 RESTART_MUTABLE = (
     "run.rounds", "run.workers", "run.target_loss", "run.eval_every", "coordinator.", "sync.round_deadline_s",
+    # The wall-time budget, as run.rounds (`rcswarm run --minutes` on a run directory): the sweep's budget end,
+    # forecasts and pruning read the restarted spec's; a fraction of the budget already pruned at stays done.
+    "run.minutes",
     "curriculum.budget_seconds", "curriculum.forecast_gain",
     # The coordinator's own defences against outliers; workers do not depend on them.
     "sync.max_update_norm", "sync.bound_tokens", "sync.aggregation", "sync.clip_factor", "sync.trim_fraction",

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from rcswarm.cli.run import export_final
+from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
@@ -100,6 +101,20 @@ def test_a_restart_with_another_min_reports_resumes(tmp_path: Path) -> None:
         assert coordinator.version == VERSIONS and coordinator.param_sha256 == digests[VERSIONS]
     finally:
         coordinator.close()
+
+
+def test_a_restart_with_another_wall_time_budget_resumes(tmp_path: Path) -> None:
+    """`rcswarm run --minutes M` on an existing run directory (a budget extended, or set) was refused naming
+    run.minutes, as run.rounds never was; the restarted coordinator keeps the run and serves the new budget."""
+    digests = committed_run(tmp_path)
+    longer = dataclasses.replace(spec(), run=dataclasses.replace(spec().run, minutes=90.0))
+    coordinator = SwarmCoordinator(longer, StateStore(tmp_path, longer.coordinator.keep_checkpoints, durable=False))
+    try:
+        assert coordinator.version == VERSIONS and coordinator.param_sha256 == digests[VERSIONS]
+        assert coordinator.spec.run.minutes == 90.0
+    finally:
+        coordinator.close()
+    assert RunSpec.from_json(read_state(tmp_path, lambda store: store.get("spec_json"))).run.minutes == 90.0
 
 
 def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous_version(
