@@ -8,8 +8,10 @@ whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires
 (coordinator/tls.py). The dashboard's token rule is observe/dashboard/auth.py. The run spec's
 [coordinator] keys set the call limits and the health stall time, which `--max-calls`,
 `--stream-idle-s` and `--health-stall-s` override (`serving_limits`); `--token-file` is re-read when it
-changes and on SIGHUP. Errors follow cli/usage.py: a usage error prints one line
-`rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; so does a state
+changes and on SIGHUP. The model the run spec names is counted on the meta device before anything is built,
+and refused above `--max-params` parameters over all the runs (default: what the host's memory holds at
+coordinator/capacity.py's bytes per parameter; `model_problem`). Errors follow cli/usage.py: a usage error prints
+one line `rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; so does a state
 dir that cannot be opened or written (a full disk: `StoreError` or `OSError`, one line, no traceback);
 a failure to serve (a port in use) exits 1.
 """
@@ -32,14 +34,17 @@ from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import output_dir_problem, output_file_problem, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import (
+    COORDINATOR_BYTES_PER_PARAMETER,
     DEFAULT_MAX_CALLS,
     CallLimits,
     JoinTokens,
     LivenessClock,
+    ParameterLimit,
     RunGroup,
     RunningCoordinator,
     layout_problem,
     lock_state_dirs,
+    model_problem,
     open_group,
     parse_max_calls,
     run_state_dirs,
@@ -109,6 +114,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--health-stall-s", type=float, default=None,
                         help="health says NOT_SERVING when no tick completed for this long (default: the run spec's "
                              "coordinator.health_stall_s, 60)")
+    parser.add_argument("--max-params", type=int, default=0, metavar="N",
+                        help="refuse a run spec whose model, times the runs of a sweep (each holds its own copy), has "
+                             "more than N parameters, counted before anything is built (default 0: what the host's "
+                             "memory holds, a container's limit counted, at "
+                             f"{COORDINATOR_BYTES_PER_PARAMETER} bytes per parameter)")
     return parser
 
 
@@ -256,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
             data = data_problem(spec)
             if data is not None:
                 raise ValueError(data)
+            too_large = model_problem(spec, ParameterLimit.of(args.max_params))
+            if too_large:
+                raise ValueError(too_large)
             limits, stall_s = serving_limits(args, spec)
             tls, quick = _tls_files(args)
             layout = layout_problem(spec, args.state_dir)

@@ -13,6 +13,7 @@
     guards.py       call admission: the join token, deadlines, per-kind limits and caps, idle streams
     server.py       RunningCoordinator: the gRPC server, health, the ticker, the dashboard, in one process
     tls.py, tokens.py  TLS files and the bind rule, the self-signed quick start; the accepted join tokens
+    capacity.py     ParameterLimit, model_problem: the bound on the model the coordinator builds, before it is built
 
 The command line, `rcswarm coordinator`, is cli/coordinator.py. The names of `__all__` are imported on
 first use (PEP 562): `import rcswarm.coordinator`, which every import of one of its modules runs first,
@@ -29,6 +30,7 @@ __all__ = [
     "RunGroup", "SweepCoordinator", "open_group", "run_state_dirs", "layout_problem", "lock_state_dirs",
     "RunningCoordinator", "CallLimits", "DEFAULT_MAX_CALLS", "parse_max_calls", "TLSFiles", "JoinTokens",  # serving
     "LivenessClock",
+    "ParameterLimit", "model_problem", "COORDINATOR_BYTES_PER_PARAMETER",  # the bound on the model it builds
     "aggregation", "curriculum", "decisions", "tls",  # modules
 ]
 # The module of this package that defines each name of `__all__`; None for a module itself.
@@ -38,6 +40,7 @@ _WHERE = {
     "layout_problem": "sweep", "lock_state_dirs": "sweep",
     "RunningCoordinator": "server", "CallLimits": "guards", "DEFAULT_MAX_CALLS": "guards", "parse_max_calls": "guards",
     "TLSFiles": "tls", "JoinTokens": "tokens", "LivenessClock": "liveness",
+    "ParameterLimit": "capacity", "model_problem": "capacity", "COORDINATOR_BYTES_PER_PARAMETER": "capacity",
     "aggregation": None, "curriculum": None, "decisions": None, "tls": None,
 }
 

@@ -8,7 +8,7 @@ two moments, the round's base θ_v, Δ, the error-feedback residual and a receiv
 (8 × 4 bytes). Activations come on top and depend on the window; the limit bounds what the parameters
 alone would take, so a spec that asks for more than the machine has is refused before the first byte.
 The memory is the device's: a GPU's total memory, or the host's physical memory (lowered to the cgroup's
-limit in a container).
+limit in a container: `models/limits.host_memory_bytes`, which the coordinator's own bound uses too).
 
 The window is bounded too, coarsely: a step's positions (batch × seq_len of the spec's data, of its held-out
 windows and of every assignment the coordinator sends) at most `--max-step-tokens`, DEFAULT_MAX_STEP_TOKENS by
@@ -20,30 +20,20 @@ absurd, not every window a device cannot hold.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from rcswarm.config.runspec import RunSpec
+from rcswarm.models.limits import (
+    GIB,
+    bounded_parameter_count,
+    counted,
+    describe_model,
+    host_memory_bytes,
+    modules_problem,
+)
 
 TRAINING_BYTES_PER_PARAMETER = 32
 DEFAULT_MAX_STEP_TOKENS = 1 << 21
-GIB = 1 << 30
-# cgroup v2, then v1: the memory a container may use ("max" or a huge number when unlimited).
-CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
-
-
-def host_memory_bytes() -> int:
-    """The host's physical memory, or the cgroup's memory limit when that is lower."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in CGROUP_LIMITS:
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
 
 
 def device_memory_bytes(device: str) -> int:
@@ -86,8 +76,6 @@ class ModelLimit:
     def problem(self, spec: RunSpec) -> str:
         """Why this worker does not build the spec's model ("" when it may); ValueError for a model config that
         does not build at all (an unknown name, preset or field)."""
-        from rcswarm.models import registry  # torch, only once a spec is checked
-
         data, run = spec.data, spec.run
         for seq_len, what in ((data.seq_len, "the run spec's data"), (run.eval_seq_len or data.seq_len,
                                                                        "the run spec's held-out windows")):
@@ -95,11 +83,12 @@ class ModelLimit:
             if window:
                 return window
         model = spec.model
-        count = registry.parameter_count_of(model.name, model.preset, model.overrides)
-        if count <= self.max_params:
+        # Stopped far past the limit: counting n_layers = 100000 in full took 70 s and 2.7 GiB (models/limits.py).
+        count = bounded_parameter_count(model.name, model.preset, model.overrides, self.max_params)
+        if count.complete and count.parameters <= self.max_params:
             return ""
-        overrides = f", overrides {dict(model.overrides)}" if model.overrides else ""
-        need = count * TRAINING_BYTES_PER_PARAMETER / GIB
-        return (f"the model ({model.name} preset {model.preset!r}{overrides}) has {count:,} parameters (about "
-                f"{need:,.1f} GiB of training state): more than this worker's limit of {self.max_params:,} "
-                f"({self.source})")
+        described = describe_model(model.name, model.preset, model.overrides)
+        need = (count.parameters if count.complete else self.max_params) * TRAINING_BYTES_PER_PARAMETER / GIB
+        return modules_problem(count, self.max_params, described, "a worker") or (
+            f"the model ({described}) has {counted(count, self.max_params)} ({'about' if count.complete else 'more than'} "
+            f"{need:,.1f} GiB of training state): more than this worker's limit of {self.max_params:,} ({self.source})")

@@ -23,10 +23,11 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.models import registry
+from rcswarm.models.limits import host_memory_bytes
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker import Worker
 from rcswarm.worker.client import RetriesExhausted
-from rcswarm.worker.limits import TRAINING_BYTES_PER_PARAMETER, ModelLimit, host_memory_bytes
+from rcswarm.worker.limits import TRAINING_BYTES_PER_PARAMETER, ModelLimit
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.worker import _options, run_until
 
@@ -101,11 +102,11 @@ def test_a_join_serving_a_huge_model_is_refused_before_allocation(start_coordina
         tracemalloc.stop()
     assert code == 1 and worker.model is None
     assert peak < PEAK_BOUND, f"{peak / 2**20:.0f} MiB allocated for a refused spec"
-    spec = tiny_spec()
-    count = registry.parameter_count_of(spec.model.name, spec.model.preset, HUGE_OVERRIDES)
     errors = errors_of(caplog)
     assert len(errors) == 1 and "\n" not in errors[0], errors
-    assert "refused before allocating" in errors[0] and f"{count:,} parameters" in errors[0], errors
+    # The count stops past twice the limit (models/limits.bounded_parameter_count): the line gives a lower bound.
+    limit = worker.limit.max_params
+    assert "refused before allocating" in errors[0] and f"has more than {limit:,} parameters" in errors[0], errors
     assert f"limit of {worker.limit.max_params:,}" in errors[0] and "GiB of cpu memory" in errors[0], errors
 
 
@@ -197,3 +198,17 @@ def test_a_refused_pull_policy_is_validated() -> None:
     with pytest.raises(ValueError, match="max_refused_payloads = 0"):
         RetryPolicy(max_refused_payloads=0)
     assert issubclass(RetriesExhausted, RuntimeError)
+
+
+def test_a_model_of_a_hundred_thousand_layers_is_refused_without_counting_it_all() -> None:
+    """Counting `n_layers = 100000` in full on the meta device took 70 s and 2.7 GiB of Python objects before the
+    refusal; the count stops past twice the limit (or at MAX_MODULES submodules)."""
+    spec = tiny_spec(model={"name": "lstm_lm", "preset": "small", "overrides": {"n_layers": 100_000}})
+    tracemalloc.start()
+    try:
+        problem = ModelLimit(10**9, "a test").problem(spec)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert problem.startswith("the model (lstm_lm preset 'small', overrides {'n_layers': 100000}) has more than "), problem
+    assert peak < 256 << 20, f"{peak / 2**20:.0f} MiB allocated counting a refused spec"  # 2.7 GiB before
