@@ -51,7 +51,7 @@ from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator import run_state_dirs
+from rcswarm.coordinator import ParameterLimit, model_problem, run_state_dirs
 from rcswarm.coordinator.curriculum import law_of
 from rcswarm.observe import traffic
 from rcswarm.observe.analysis import (
@@ -623,8 +623,8 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
     sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers // runs))
     if run.rounds == 0:
         raise ValueError("run.rounds = 0 (until stopped) is for `rcswarm coordinator`; `rcswarm run` needs a number of rounds")
-    problem = data_problem(spec, open_dataset=True)
-    if problem is not None:
+    problem = data_problem(spec, open_dataset=True) or model_problem(spec, ParameterLimit.of())
+    if problem:  # its coordinator would refuse the model: said before the run dir is made
         raise ValueError(problem)
     if spec.curriculum.adaptive:
         law_of(spec.curriculum)  # a law_from fit that cannot decide: refused before the run dir is made

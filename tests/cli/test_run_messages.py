@@ -158,3 +158,16 @@ def test_summary_json_of_an_empty_run_is_strict_json(tmp_path) -> None:
 
     document = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
     assert document["first_round_loss"] is None and document["ratio_up"] is None and document["val_loss_initial"] == 5.5
+
+
+def test_a_model_its_coordinator_would_refuse_is_refused_before_the_run_dir_is_made(tmp_path, capsys) -> None:
+    """`rcswarm run` made the run dir and its logs, started the coordinator and quoted its refusal from the log;
+    the launcher counts the model as the coordinator does (coordinator/capacity.py) and says so first."""
+    spec = tiny_spec(model={"name": "lstm_lm", "preset": "small", "overrides": {"n_layers": 100_000}}, run={"rounds": 1})
+    config = tmp_path / "run.toml"
+    config.write_text(spec.to_toml())
+    assert run_cli.main([str(config), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rcswarm run: the model (lstm_lm preset 'small', overrides {'n_layers': 100000}) has more "), err
+    assert "more than this coordinator's limit of" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
