@@ -1,5 +1,6 @@
 """`rcswarm coordinator` as a process, given a run spec whose model no host holds: it exits with the usage error's
-status and one line naming the parameter count, within seconds and without allocating the model.
+status and one line naming the parameter count, within seconds and without allocating the model (its address
+space is capped at 4 GiB).
 
 Before, `[model.overrides] n_layers = 100000` (59 billion parameters of the byte LSTM) made the coordinator allocate
 until the machine swapped. The child's address space is capped here, so code that allocates the model fails at the
@@ -21,8 +22,6 @@ from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 
 # The child's address space: about 0.7 GiB for the refusing coordinator (python, torch, grpc); the model is 221 GiB.
 ADDRESS_SPACE = 4 << 30
-# Its peak resident memory: about 270 MiB here.
-RSS_BOUND = 1 << 30
 DEADLINE_S = 120.0
 
 
@@ -46,7 +45,9 @@ def test_a_coordinator_given_a_huge_model_refuses_it_in_one_line_without_allocat
     try:
         with process.stderr:
             stderr = process.stderr.read()
-        _, status, usage = os.wait4(process.pid, 0)  # this child's own peak RSS (ru_maxrss, KiB)
+        # Not its peak RSS: a child forked from pytest (preexec_fn forks) starts its ru_maxrss at pytest's own (1.3 GiB
+        # late in the full suite). The address-space cap is the bound: allocating the model fails at it.
+        _, status, _ = os.wait4(process.pid, 0)
     finally:
         watchdog.cancel()
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4
@@ -59,6 +60,5 @@ def test_a_coordinator_given_a_huge_model_refuses_it_in_one_line_without_allocat
     if "submodules" not in lines[0]:  # on a host above about 100 GiB the count stops first at MAX_MODULES submodules
         assert "parameters (its count on the meta device stopped at " in lines[0], lines
         assert "held at 40 bytes each" in lines[0] and "GiB of host memory" in lines[0], lines
-    assert usage.ru_maxrss * 1024 < RSS_BOUND, f"{usage.ru_maxrss / 1024:.0f} MiB resident at the peak"
     assert seconds < 30, f"{seconds:.1f} s to refuse"
     assert not (tmp_path / "state").exists()

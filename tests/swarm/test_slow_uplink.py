@@ -2,7 +2,8 @@
 `stream_idle_s`, so the chunk a worker uploads in (tensor_stream.UPLOAD_CHUNK_SIZE) must cross its link within that.
 With 1 MiB chunks, before, an uplink below 0.84 Mbit/s (at the default 10 s) never delivered an update: every
 attempt was cancelled at its first chunk, and its bytes kept the heartbeats waiting until the lease ran out.
-Here the same ratio, scaled down: a real coordinator with `stream_idle_s` 0.5 s behind a 1 MiB/s loopback link."""
+Here the same ratio, scaled down: a real coordinator with `stream_idle_s` 1 s (its floor) behind a 512 KiB/s
+loopback link."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from tests.helpers.coordinator import deltas_of
 from tests.helpers.slow_link import link_proxy_module
 from tests.helpers.specs import TOKEN, tiny_spec
 
-IDLE_S = 0.5
-LINK_BYTES_PER_S = 1 << 20  # a 1 MiB chunk takes 1 s (twice IDLE_S), an upload chunk 0.25 s (half of it)
+IDLE_S = 1.0
+LINK_BYTES_PER_S = 1 << 19  # a 1 MiB chunk takes 2 s (twice IDLE_S), an upload chunk 0.5 s (half of it)
 
 
 def push_through(target: str, member: pb.JoinResponse, deltas, chunk_size: int) -> pb.PushUpdateResponse:
@@ -36,7 +37,8 @@ def push_through(target: str, member: pb.JoinResponse, deltas, chunk_size: int) 
 
 
 def test_an_update_in_upload_chunks_crosses_a_link_too_slow_for_one_mib_chunks(start_coordinator) -> None:
-    spec = tiny_spec(model={"name": "lstm_lm", "preset": "small"}, sync={"codec": "fp32"})
+    # The pushes send no heartbeat: a lease outlasting both attempts at this link's rate.
+    spec = tiny_spec(model={"name": "lstm_lm", "preset": "small"}, sync={"codec": "fp32"}, coordinator={"lease_s": 120.0})
     local = start_coordinator(spec, limits=CallLimits(stream_idle_s=IDLE_S))
     lp = link_proxy_module()
     proxy = lp.LinkProxy(local.port, lp.Link(bandwidth_bps=8 * LINK_BYTES_PER_S))
