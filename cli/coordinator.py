@@ -5,7 +5,8 @@
 The command line of the coordinator process that coordinator/server.py assembles (`RunningCoordinator`).
 A non-loopback `--host` is served only with TLS (`--tls-cert/--tls-key`, or `--tls-self-signed DIR`,
 whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires client certificates
-(coordinator/tls.py). The dashboard's token rule is observe/dashboard/auth.py. The run spec's
+(coordinator/tls.py); a renewed --tls-cert/--tls-key or --tls-client-ca is served from the next handshake
+on, without a restart. The dashboard's token rule is observe/dashboard/auth.py. The run spec's
 [coordinator] keys set the call limits and the health stall time, which `--max-calls`,
 `--stream-idle-s` and `--health-stall-s` override (`serving_limits`); `--token-file` is re-read when it
 changes and on SIGHUP. The model the run spec names is counted on the meta device before anything is built,
@@ -79,7 +80,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--token-file", type=Path, default=None,
                         help="file of accepted join tokens, one per line (# comments), re-read when it changes "
                              "and on SIGHUP; instead of --token (rotation without a restart)")
-    parser.add_argument("--tls-cert", type=Path, help="PEM certificate; with --tls-key enables TLS")
+    parser.add_argument("--tls-cert", type=Path,
+                        help="PEM certificate; with --tls-key enables TLS (both re-read when they change: renewal "
+                             "without a restart)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key")
     parser.add_argument("--tls-self-signed", type=Path, metavar="DIR",
                         help="serve TLS with a CA and server certificate made (or reused) in DIR, and log the "
@@ -161,17 +164,18 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
 
 
 def _tls_files(args: argparse.Namespace) -> tuple[TLSFiles | None, QuickStart | None]:
-    """The server's TLS files from the flags (making or reusing the quick start's), checked; ValueError names a bad one."""
+    """The server's TLS files from the flags (making or reusing the quick start's), checked; ValueError names a bad one.
+    --tls-cert/--tls-key (with --tls-client-ca) are re-read when they change; the quick start's are read once."""
     quick = None
     if args.tls_self_signed:
         names = server_names(args.host, args.tls_san, socket.gethostname())
         quick = ensure_quick_start(args.tls_self_signed, names)
-        tls = TLSFiles(quick.cert, quick.key, args.tls_client_ca)
+        tls = TLSFiles(quick.cert, quick.key, args.tls_client_ca, reload=False)
     elif args.tls_cert:
         tls = TLSFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
     else:
         return None, None
-    tls.credentials()
+    tls.read()
     return tls, quick
 
 

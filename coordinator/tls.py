@@ -15,15 +15,26 @@ refuses a key that does not belong to its certificate before gRPC would fail wit
 "Failed to bind". `TLSFiles` is the server's certificate and key (and with a client CA, mutual TLS)
 as gRPC credentials and as the dashboard's HTTPS context. `write_self_signed` writes one self-signed
 certificate for tests and benchmarks. The `cryptography` package is imported only inside these functions.
+
+Renewal without a restart: gRPC credentials of `TLSFiles` with `reload` (the default; the quick start's
+files are served as read at start) follow the files. Before every TLS handshake gRPC asks
+`CertificateReloader.fetch`, which compares the files' stamps (mtime, size, inode: `tokens.file_stamp`) with
+those last seen and reads and checks the files again only after a change; the next handshakes serve the new
+certificate, key and client CA, while connections already open keep theirs. A half-written or mismatched
+renewal (a file missing or cut short, a key not the certificate's) keeps the last good files served and logs
+one warning per distinct problem; the next change is tried again. The dashboard's HTTPS context
+(`ssl_context`) is read once, at start.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import logging
 import os
 import re
 import ssl
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +42,18 @@ from typing import Any
 
 import grpc
 
+from rcswarm.coordinator.tokens import Stamp, file_stamp
 from rcswarm.protos.transport import is_loopback_host, is_wildcard_host, read_pem
+
+log = logging.getLogger("rcswarm.coordinator")
 
 CA_DAYS = 3650
 LEAF_DAYS = 397
 RENEW_DAYS = 30
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 CLIENT_NAME = "rcswarm-worker"
+# The largest certificate, key or client CA file read (checked before reading, so a reload's work is bounded).
+MAX_PEM_BYTES = 1 << 20
 # Why --http-tls cannot serve without the coordinator's own TLS (the command line and `RunningCoordinator`).
 HTTP_TLS_NEEDS_TLS = ("--http-tls serves the dashboard with the coordinator's certificate: "
                       "add --tls-self-signed DIR or --tls-cert/--tls-key")
@@ -294,20 +310,47 @@ def _extension(cert: Any, kind: type) -> Any:
 
 def _load_pair(cert_path: Path, key_path: Path, flag: str) -> tuple[Any, Any]:
     """(certificate, private key) from PEM files; ValueError names the file that is unreadable or does not match."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-
     try:
-        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    except (OSError, ValueError) as exc:
+        cert_pem = cert_path.read_bytes()
+    except OSError as exc:
         raise ValueError(f"{flag} {cert_path}: not a readable PEM certificate ({exc})") from None
     try:
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as exc:
+        key_pem = key_path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{flag} {key_path}: not a readable, unencrypted PEM private key ({exc})") from None
+    return _parse_pair(cert_path, cert_pem, key_path, key_pem, flag)
+
+
+def _parse_pair(cert_path: Path, cert_pem: bytes, key_path: Path, key_pem: bytes, flag: str) -> tuple[Any, Any]:
+    """(first certificate, private key) of PEM bytes read from the paths; ValueError names the path whose bytes
+    do not parse, or the key that does not belong to the certificate."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    cert = _parse_certificates(cert_path, cert_pem, flag)[0]
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise ValueError(f"{flag} {key_path}: not a readable, unencrypted PEM private key ({exc})") from None
     if _public_der(key.public_key()) != _public_der(cert.public_key()):
         raise ValueError(f"{flag} {key_path}: this key does not belong to the certificate {cert_path}")
     return cert, key
+
+
+def _parse_certificates(path: Path, pem: bytes, flag: str) -> list[Any]:
+    """Every certificate of PEM bytes read from `path`, in order; ValueError names the path when there is none,
+    one does not parse, or one is cut short (a file read while it was being written)."""
+    from cryptography import x509
+
+    try:
+        certificates = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise ValueError(f"{flag} {path}: not a readable PEM certificate ({exc})") from None
+    begun = pem.count(b"-----BEGIN CERTIFICATE-----")
+    if len(certificates) < begun:
+        raise ValueError(f"{flag} {path}: {begun - len(certificates)} of its {begun} certificates are cut short "
+                         "(still being written?)")
+    return certificates
 
 
 def _public_der(public_key: Any) -> bytes:
@@ -321,23 +364,76 @@ def check_key_pair(cert_path: Path, key_path: Path) -> None:
     _load_pair(Path(cert_path), Path(key_path), "--tls-cert/--tls-key")
 
 
+def _read_pem(path: Path, flag: str) -> bytes:
+    """`read_pem`, refusing (ValueError naming the file) one larger than MAX_PEM_BYTES before reading it."""
+    stamp = file_stamp(path)
+    if stamp is not None and stamp[1] > MAX_PEM_BYTES:
+        raise ValueError(f"{flag} {path}: {stamp[1]} bytes, more than the {MAX_PEM_BYTES} a PEM file may hold here")
+    return read_pem(path, flag)
+
+
+@dataclass(frozen=True)
+class ServerPem:
+    """One read of the server's TLS files, checked: the PEM bytes gRPC serves and the leaf certificate parsed."""
+
+    cert: bytes
+    key: bytes
+    client_ca: bytes | None
+    leaf: Any
+
+    def configuration(self) -> grpc.ServerCertificateConfiguration:
+        """These bytes as the certificate configuration gRPC's dynamic credentials serve."""
+        return grpc.ssl_server_certificate_configuration([(self.key, self.cert)], root_certificates=self.client_ca)
+
+    def same_bytes(self, other: ServerPem) -> bool:
+        """Whether `other` holds the same certificate, key and client CA bytes."""
+        return (self.cert, self.key, self.client_ca) == (other.cert, other.key, other.client_ca)
+
+    def describe(self) -> str:
+        """The leaf certificate's subject and end of validity, for the log."""
+        return f"{self.leaf.subject.rfc4514_string()}, valid until {self.leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+
+
 @dataclass
 class TLSFiles:
     """The server's PEM certificate and private key, and with `client_ca` mutual TLS: every client must
-    present a certificate that CA signed, or its handshake fails."""
+    present a certificate that CA signed, or its handshake fails. With `reload` the gRPC credentials
+    follow the files when they change (`CertificateReloader`); without, they serve the files as read once."""
 
     cert: Path
     key: Path
     client_ca: Path | None = None
+    reload: bool = True
+
+    def paths(self) -> tuple[Path, ...]:
+        """The certificate, the key and the client CA when there is one."""
+        return (self.cert, self.key) if self.client_ca is None else (self.cert, self.key, self.client_ca)
+
+    def stamps(self) -> tuple[Stamp, ...]:
+        """Each path's `file_stamp`: what changes when a file is rewritten or replaced (three stat calls at most)."""
+        return tuple(file_stamp(path) for path in self.paths())
+
+    def read(self) -> ServerPem:
+        """Read and check the files once; ValueError names a file that is unreadable, too large, not PEM, cut
+        short, or a key not the certificate's."""
+        cert, key = _read_pem(self.cert, "--tls-cert"), _read_pem(self.key, "--tls-key")
+        leaf, _ = _parse_pair(self.cert, cert, self.key, key, "--tls-cert/--tls-key")
+        client_ca = None
+        if self.client_ca is not None:
+            client_ca = _read_pem(self.client_ca, "--tls-client-ca")
+            _parse_certificates(self.client_ca, client_ca, "--tls-client-ca")
+        return ServerPem(cert, key, client_ca, leaf)
 
     def credentials(self) -> grpc.ServerCredentials:
-        """gRPC server credentials; ValueError names a file that is unreadable, not PEM, or a key not the cert's."""
-        cert, key = read_pem(self.cert, "--tls-cert"), read_pem(self.key, "--tls-key")
-        check_key_pair(self.cert, self.key)
-        if self.client_ca is None:
-            return grpc.ssl_server_credentials([(key, cert)])
-        client_ca = read_pem(self.client_ca, "--tls-client-ca")
-        return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=True)
+        """gRPC server credentials, which with `reload` read the files again when they change; ValueError as `read`."""
+        required = self.client_ca is not None
+        if self.reload:
+            reloader = CertificateReloader(self)
+            return grpc.dynamic_ssl_server_credentials(reloader.initial, reloader.fetch,
+                                                       require_client_authentication=required)
+        pem = self.read()
+        return grpc.ssl_server_credentials([(pem.key, pem.cert)], root_certificates=pem.client_ca,
+                                           require_client_auth=required)
 
     def ssl_context(self) -> ssl.SSLContext:
         """The dashboard's HTTPS context: the same certificate, TLS 1.2 or newer, no client certificates."""
@@ -345,6 +441,66 @@ class TLSFiles:
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(self.cert, self.key)
         return context
+
+
+class CertificateReloader:
+    """gRPC's certificate configuration fetcher for `TLSFiles`: a renewal is served from the next handshake on.
+
+    `fetch` returns None (serve as before) while the files' stamps are those last seen; after a change it reads
+    and checks the files (`TLSFiles.read`) and returns their configuration, or, when they are bad (a renewal half
+    written: a file missing or cut short, a key not the certificate's), keeps the one served and logs a warning
+    naming the file and the problem: once per distinct problem (not per handshake) until good files are read.
+
+    Threads: gRPC calls `fetch` on its threads before every TLS handshake, several at once. `_lock` (a
+    `threading.Lock`) guards `_stamps`, `_served` and `_warned`; `fetch` only tries to take it and never waits:
+    while one handshake's thread looks at the files, the others are served as before. Under the lock the work
+    is bounded: three stat calls, and after a change reading three files of at most MAX_PEM_BYTES and parsing them.
+    """
+
+    def __init__(self, files: TLSFiles) -> None:
+        """Read and check the files now (ValueError as `TLSFiles.read`: a start with bad files is refused)."""
+        self.files = files
+        self._lock = threading.Lock()
+        self._stamps = files.stamps()
+        self._served = files.read()
+        self._warned: str | None = None
+        self.initial = self._served.configuration()
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """The configuration to serve from this handshake on, or None to keep the current one (gRPC's threads)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            stamps = self.files.stamps()
+            if stamps == self._stamps:
+                return None
+            self._stamps = stamps
+            return self._reload()
+        finally:
+            self._lock.release()
+
+    def _reload(self) -> grpc.ServerCertificateConfiguration | None:
+        """The changed files' configuration, or None when they hold what is served or are bad (`_lock` held)."""
+        try:
+            pem = self.files.read()
+        except ValueError as exc:
+            self._warn(str(exc))
+            return None
+        self._warned = None
+        if pem.same_bytes(self._served):
+            return None
+        self._served = pem
+        log.info("TLS: serving the certificate now in %s (%s) from the next handshake on", self.files.cert,
+                 pem.describe())
+        return pem.configuration()
+
+    def _warn(self, problem: str) -> None:
+        """Log `problem` unless it is the one logged last (`_lock` held)."""
+        if problem == self._warned:
+            return
+        self._warned = problem
+        log.warning("TLS certificate not reloaded: %s; still serving %s (tried again when the files change)",
+                    problem, self._served.describe())
 
 
 def _write_pair(cert_path: Path, key_path: Path, cert: Any, key: Any) -> None:
