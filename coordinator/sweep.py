@@ -321,10 +321,12 @@ class RunGroup:
             self.runs[index].reassign(worker_id, f"reassigned: {reason}")
 
     def _move_if_run_finished(self, worker_id: str, index: int) -> None:
-        """A worker of a finished run, while another run goes on, is moved and told to join again."""
-        if self.runs[index].finished and not self.finished:
+        """A worker of a finished (or stopped) run, while another run goes on, is moved and told to join again."""
+        run = self.runs[index]
+        if run.finished and not self.finished:
             self._maybe_move(worker_id, index)
-            raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r}: its run finished; join again")
+            why = f"was stopped ({run.stopped})" if run.stopped is not None else "finished"
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r}: its run {why}; join again")
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
         """Admit a worker to the run `_place` picks (handler thread; takes the group lock, then the run's); a join
@@ -368,9 +370,13 @@ class RunGroup:
         return response
 
     def push(self, requests: Iterator[pb.PushUpdateRequest]) -> pb.PushUpdateResponse:
-        """An update to the worker's run, then perhaps a move (handler thread)."""
+        """An update to the worker's run, then perhaps a move (handler thread). An update to a run that finished or
+        was stopped while others go on moves its worker before a byte more is read: refused stale instead, the worker
+        pulled, trained and pushed again in a loop, never told to join the run it should move to."""
         first = first_part(requests, "meta")
         index = self._index_of("PushUpdate", first.meta.worker_id, first.meta.worker_secret)
+        if self.runs[index].owns_credential(first.meta.worker_id, first.meta.worker_secret):  # else the run refuses it
+            self._move_if_run_finished(first.meta.worker_id, index)
         response = self.runs[index].push(itertools.chain([first], requests))
         self._maybe_move(first.meta.worker_id, index)
         return response

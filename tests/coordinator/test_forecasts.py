@@ -116,7 +116,7 @@ def test_a_sweep_prunes_its_losing_length_moves_its_worker_and_keeps_its_rounds_
     assert status.runs[1].forecast.stopped == sweep.runs[1].stopped
     assert status.runs[0].forecast.loss == pytest.approx(good_loss(ROUNDS), abs=0.02)
     # The pruned run's worker is told to join again, and lands on the run still going.
-    with pytest.raises(Refusal, match="its run finished"):
+    with pytest.raises(Refusal, match="its run was stopped"):
         sweep.heartbeat(pb.HeartbeatRequest(**creds(bad)))
     moved = sweep.join(pb.JoinRequest(worker_name="b", run_id=bad.run_id, previous_worker_id=bad.worker_id))
     assert moved.run_id == good.run_id

@@ -243,8 +243,10 @@ def test_a_run_whose_close_keeps_failing_stops_no_other_runs_ticks(tmp_path):
         group.close()
 
 
-def test_a_push_to_a_run_stopped_while_its_round_was_open_is_refused(tmp_path):
-    """It was answered `accepted` and never applied: a stopped run's open round never closes."""
+def test_a_push_to_a_run_stopped_while_its_round_was_open_moves_its_worker(tmp_path):
+    """It was answered `accepted` and never applied: a stopped run's open round never closes. Refused stale, the
+    worker pulled, trained and pushed again in a loop (2,016 pushes in 40 s in the wide suite's prune test) and never
+    joined the run it should move to: it is told to join again (NOT_FOUND), moved, and its next join lands there."""
     from rcswarm.coordinator.records import Refusal
     from rcswarm.protos.v1 import coordinator_pb2 as pb
     from rcswarm.sync import tensor_stream
@@ -258,10 +260,30 @@ def test_a_push_to_a_run_stopped_while_its_round_was_open_is_refused(tmp_path):
         pass
     run.stop("pruned: at 25% of the budget (test)")
     header, chunks = tensor_stream.build_payload(deltas_of(run, 1e-3), codec=run.wire_format, run_id=run.run_id, version=0)
-    with pytest.raises(Refusal, match=r"the run was stopped at version 0 \(pruned: at 25% of the budget \(test\)\); join again") as refused:
+    with pytest.raises(Refusal, match=r"its run was stopped \(pruned: at 25% of the budget \(test\)\); join again") as refused:
         sweep.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(member), base_version=0, tokens=40)),
                          pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
-    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION and len(run.round.reports) == 0
+    assert refused.value.code == grpc.StatusCode.NOT_FOUND and len(run.round.reports) == 0
+    assert run.membership_state(member.worker_id) == pb.WORKER_STATE_REASSIGNED
+    again = sweep.join(pb.JoinRequest(worker_name="a", run_id=member.run_id, previous_worker_id=member.worker_id))
+    assert again.run_id == sweep.runs[1].run_id
+    sweep.close()
+
+
+def test_a_push_with_a_wrong_secret_to_a_stopped_run_moves_no_one(tmp_path):
+    from rcswarm.coordinator.records import Refusal
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    sweep = SweepCoordinator(tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 5},
+                                       sync={"codec": "fp32", "max_update_norm": 100.0}), tmp_path)
+    member = sweep.join(pb.JoinRequest(worker_name="a"))
+    run = sweep.runs[0]
+    run.stop("pruned (test)")
+    with pytest.raises(Refusal) as refused:
+        sweep.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(worker_id=member.worker_id, worker_secret=b"x" * 32,
+                                                                 base_version=0, tokens=40))]))
+    assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert run.membership_state(member.worker_id) == pb.WORKER_STATE_ACTIVE
     sweep.close()
 
 
