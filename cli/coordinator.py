@@ -50,6 +50,7 @@ from rcswarm.coordinator import (
     parse_max_calls,
     run_state_dirs,
 )
+from rcswarm.coordinator.server import health_stall_problem
 from rcswarm.coordinator.tls import (
     HTTP_TLS_NEEDS_TLS,
     QuickStart,
@@ -220,6 +221,9 @@ def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits,
     served = spec.coordinator
     idle_s = served.stream_idle_s if args.stream_idle_s is None else args.stream_idle_s
     stall_s = served.health_stall_s if args.health_stall_s is None else args.health_stall_s
+    problem = health_stall_problem(stall_s)
+    if problem is not None:
+        raise ValueError(problem)
     limits = CallLimits(parse_max_calls(args.max_calls, served.max_calls), idle_s,
                         per_worker=served.max_calls_per_worker, per_peer=served.max_calls_per_peer)
     return limits, stall_s

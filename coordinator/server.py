@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from rcswarm.config.runspec import MAX_SECONDS, MIN_SECONDS
 from rcswarm.coordinator import decisions
 from rcswarm.coordinator.guards import (
     SERVICE_NAME,
@@ -102,6 +103,19 @@ def _handled(method: Callable[..., Any]) -> Callable[..., Any]:
             abort(context, refusal)
     return unary
 
+
+
+# The shortest health stall time (the spec's coordinator.health_stall_s has the same floor): below it a busy tick
+# already reads NOT_SERVING, and an orchestrator restarts a healthy coordinator.
+MIN_HEALTH_STALL_S = MIN_SECONDS["coordinator.health_stall_s"]
+
+
+def health_stall_problem(seconds: float) -> str | None:
+    """What is wrong with a health stall time (`--health-stall-s`, the server's `health_stall_s`), or None (pure)."""
+    if isinstance(seconds, (int, float)) and MIN_HEALTH_STALL_S <= seconds <= MAX_SECONDS:
+        return None
+    return (f"health_stall_s = {seconds!r}: expected a number of seconds in [{MIN_HEALTH_STALL_S:g}, {MAX_SECONDS:g}] "
+            "(shorter reads NOT_SERVING between two ticks)")
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     """The gRPC handlers: each calls one method of the run group from a handler thread."""
@@ -205,8 +219,9 @@ class RunningCoordinator:
         health_port: int | None = None, http_token_required: bool | None = None, http_tls: bool = False,
     ) -> None:
         tokens = token if isinstance(token, JoinTokens) else JoinTokens([token])
-        if not health_stall_s > 0:
-            raise ValueError(f"health_stall_s = {health_stall_s!r}: expected a number of seconds > 0")
+        problem = health_stall_problem(health_stall_s)
+        if problem is not None:
+            raise ValueError(problem)
         problem = bind_problem(host, tls is not None, insecure)
         if problem is not None:
             raise ValueError(problem)
