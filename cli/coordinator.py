@@ -64,6 +64,7 @@ from rcswarm.protos.transport import host_port, is_loopback_host
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.errors import StoreError
 from rcswarm.train.inner import data_problem
+from rcswarm.worker.data_root import data_root_args
 
 log = logging.getLogger("rcswarm.coordinator")
 PROG = "rcswarm coordinator"
@@ -180,23 +181,29 @@ def _tls_files(args: argparse.Namespace) -> tuple[TLSFiles | None, QuickStart | 
     return tls, quick
 
 
-def worker_command(args: argparse.Namespace, port: int, quick: QuickStart) -> list[str]:
-    """The `rcswarm worker` command for the quick start's CA (and its client certificate under mutual TLS)."""
+def worker_command(args: argparse.Namespace, port: int, quick: QuickStart, spec: RunSpec) -> list[str]:
+    """The `rcswarm worker` command for the quick start's CA (and its client certificate under mutual TLS), with the
+    git dataset `spec` names as its data root (a worker reads none without one)."""
     host = worker_host(args.host, args.tls_san, socket.gethostname())
     command = ["rcswarm", "worker", "--coordinator", host_port(host, port), "--tls-ca", str(quick.ca.resolve())]
     if args.tls_client_ca is not None and args.tls_client_ca.resolve() == quick.ca.resolve():
         command += ["--tls-cert", str(quick.client_cert.resolve()), "--tls-key", str(quick.client_key.resolve())]
-    return command
+    return command + data_root_args(spec)
 
 
-def _log_security(args: argparse.Namespace, running: RunningCoordinator, quick: QuickStart | None) -> None:
+def _log_security(args: argparse.Namespace, running: RunningCoordinator, quick: QuickStart | None,
+                  spec: RunSpec) -> None:
     """Log how workers connect (the quick start's exact worker command) and every opt-out of a protection."""
     if quick is not None:
         for note in quick.notes:
             log.info("--tls-self-signed: %s", note)
-        log.info("worker command: %s", shlex.join(worker_command(args, running.port, quick)))
+        log.info("worker command: %s", shlex.join(worker_command(args, running.port, quick, spec)))
         log.info("(the worker reads the join token from $%s or --token; copy %s to each worker's machine%s)",
                  TOKEN_ENV, quick.ca.name, ", with client.pem and client-key.pem" if args.tls_client_ca else "")
+        if spec.data.source == "git":
+            log.info("(the git dataset %r is opened where the worker runs: a worker on another machine needs it at "
+                     "that path there, and --data-root naming it or a folder above it)",
+                     spec.data.task_config.get("dataset"))
         if args.tls_client_ca is not None and args.tls_client_ca.resolve() != quick.ca.resolve():
             log.info("workers also need --tls-cert/--tls-key of a client certificate signed by %s", args.tls_client_ca)
     if args.insecure and not (args.tls_cert or args.tls_self_signed) and not is_loopback_host(args.host):
@@ -306,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     for lock in locks:
         lock.announce(address)
     log.info("serving on %s: %s", address, coordinator.versions_text())
-    _log_security(args, running, quick)
+    _log_security(args, running, quick, spec)
     for caution in spec.cautions():
         log.warning("%s", caution)
     if args.port_file:

@@ -212,8 +212,13 @@ def test_quick_start_without_client_ca_serves_any_tls_client(start_coordinator: 
     assert client.join("tls", "cpu", 1).worker_id
     client.close()
     args = coordinator_cli.parse_args(["--config", "c", "--state-dir", "s", "--tls-self-signed", str(quick.directory)])
-    command = coordinator_cli.worker_command(args, local.port, quick)
+    command = coordinator_cli.worker_command(args, local.port, quick, tiny_spec())
     assert command == ["rcswarm", "worker", "--coordinator", f"127.0.0.1:{local.port}", "--tls-ca", str(quick.ca.resolve())]
+    # A run on a git dataset: the command carries it as the data root (the worker reads none without one).
+    git = tiny_spec(model={"name": "frame", "preset": "tiny"},
+                    data={"source": "git", "seq_len": 8, "task_config": {"dataset": str(tmp_path / "frames")}})
+    command = coordinator_cli.worker_command(args, local.port, quick, git)
+    assert command[-2:] == ["--data-root", str((tmp_path / "frames").resolve())]
 
 
 def test_health_port_answers_in_plaintext_while_the_main_port_is_tls(start_coordinator: Any, tmp_path: Path) -> None:
