@@ -279,7 +279,7 @@ class RunningCoordinator:
             if required is None:
                 required, _ = decide_dashboard_auth(http_host, False, False)
             auth = SessionAuth(tokens.accepts_token) if required else None
-            context = tls.ssl_context() if http_tls and tls is not None else None
+            context = tls.dashboard_context() if http_tls and tls is not None else None
             try:
                 self.dashboard = Dashboard(self.group, http_host, http_port, auth=auth, ssl_context=context)
             except OSError as exc:

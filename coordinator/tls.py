@@ -22,8 +22,9 @@ files are served as read at start) follow the files. Before every TLS handshake 
 those last seen and reads and checks the files again only after a change; the next handshakes serve the new
 certificate, key and client CA, while connections already open keep theirs. A half-written or mismatched
 renewal (a file missing or cut short, a key not the certificate's) keeps the last good files served and logs
-one warning per distinct problem; the next change is tried again. The dashboard's HTTPS context
-(`ssl_context`) is read once, at start.
+one warning per distinct problem; the next change is tried again. The dashboard's HTTPS
+(`TLSFiles.dashboard_context`) follows them the same way: each accepted connection asks
+`DashboardCertificates.current` for its context, which is built again after the files changed and checked.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import os
 import re
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -442,6 +443,11 @@ class TLSFiles:
         context.load_cert_chain(self.cert, self.key)
         return context
 
+    def dashboard_context(self) -> ssl.SSLContext | Callable[[], ssl.SSLContext]:
+        """The dashboard's HTTPS: with `reload`, the function each accepted connection asks for its context
+        (`DashboardCertificates.current`); without, the context as read once (`ssl_context`)."""
+        return DashboardCertificates(self).current if self.reload else self.ssl_context()
+
 
 class CertificateReloader:
     """gRPC's certificate configuration fetcher for `TLSFiles`: a renewal is served from the next handshake on.
@@ -468,6 +474,12 @@ class CertificateReloader:
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """The configuration to serve from this handshake on, or None to keep the current one (gRPC's threads)."""
+        pem = self.renewed()
+        return pem.configuration() if pem is not None else None
+
+    def renewed(self) -> ServerPem | None:
+        """The files as read again when they changed since last seen and hold other good bytes than those served;
+        None otherwise (unchanged, the same bytes, bad, or another thread looking: any thread, never waits)."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
@@ -479,10 +491,10 @@ class CertificateReloader:
         finally:
             self._lock.release()
 
-    def _reload(self) -> grpc.ServerCertificateConfiguration | None:
-        """The changed files' configuration, or None when they hold what is served or are bad (`_lock` held)."""
+    def _reload(self) -> ServerPem | None:
+        """The changed files, or None when they hold what is served or are bad (`_lock` held)."""
         try:
-            pem = self.files.read()
+            pem = self._checked(self.files.read())
         except ValueError as exc:
             self._warn(str(exc))
             return None
@@ -490,9 +502,16 @@ class CertificateReloader:
         if pem.same_bytes(self._served):
             return None
         self._served = pem
-        log.info("TLS: serving the certificate now in %s (%s) from the next handshake on", self.files.cert,
-                 pem.describe())
-        return pem.configuration()
+        log.info("TLS: serving the certificate now in %s (%s) from the next %s on", self.files.cert,
+                 pem.describe(), self.served_to)
+        return pem
+
+    # What is served, for the log; a subclass that builds more from the files says so.
+    served_to = "handshake"
+
+    def _checked(self, pem: ServerPem) -> ServerPem:
+        """`pem` once what is served from it can be built (ValueError: it cannot); `_lock` held."""
+        return pem
 
     def _warn(self, problem: str) -> None:
         """Log `problem` unless it is the one logged last (`_lock` held)."""
@@ -501,6 +520,39 @@ class CertificateReloader:
         self._warned = problem
         log.warning("TLS certificate not reloaded: %s; still serving %s (tried again when the files change)",
                     problem, self._served.describe())
+
+
+class DashboardCertificates(CertificateReloader):
+    """The dashboard's HTTPS context, built again when the certificate files change (`current`).
+
+    `current` runs on the dashboard's accepting thread, once per connection: three stat calls, and after a change
+    reading and checking the files (`TLSFiles.read`) and loading them into a new `ssl.SSLContext`. Bad files (half
+    written, a key not the certificate's, or changed again between the check and the load) keep the context served
+    and warn as the gRPC side does. Threads: `current` takes `_lock` as `renewed` does; `_context` is replaced whole.
+    """
+
+    served_to = "dashboard connection"
+
+    def __init__(self, files: TLSFiles) -> None:
+        """Read, check and load the files now (ValueError as `TLSFiles.read`; ssl.SSLError from loading them)."""
+        super().__init__(files)
+        self._context = files.ssl_context()
+        self._loaded: ssl.SSLContext | None = None
+
+    def current(self) -> ssl.SSLContext:
+        """The context for the next connection (the dashboard's accepting thread)."""
+        if self.renewed() is not None and self._loaded is not None:
+            self._context = self._loaded
+        return self._context
+
+    def _checked(self, pem: ServerPem) -> ServerPem:
+        """`pem` once its context loaded (`_loaded`); ValueError names the files when it did not."""
+        try:
+            self._loaded = self.files.ssl_context()
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"--tls-cert {self.files.cert} / --tls-key {self.files.key}: the dashboard's HTTPS "
+                             f"could not load them ({exc})") from None
+        return pem
 
 
 def _write_pair(cert_path: Path, key_path: Path, cert: Any, key: Any) -> None:

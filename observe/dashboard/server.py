@@ -336,7 +336,8 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
-    ssl_context: ssl.SSLContext | None = None
+    # The context for the next accepted connection; None serves plain HTTP.
+    ssl_context: Callable[[], ssl.SSLContext] | None = None
     max_connections = MAX_CONNECTIONS
 
     def server_activate(self) -> None:
@@ -365,7 +366,8 @@ class _Server(ThreadingHTTPServer):
         """Accept a connection; with TLS, wrap it and leave the handshake to the request's thread."""
         connection, address = super().get_request()
         if self.ssl_context is not None:
-            connection = self.ssl_context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
+            context = self.ssl_context()
+            connection = context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
         return connection, address
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -412,13 +414,16 @@ class Dashboard:
     (`OneRun`); its runs (each with its own store) are shown on one page. The fit and plots use each run's own steps and
     clock, a single run's too (`views.presentation`). With `auth` (a `SessionAuth`) every path
     but /healthz and /login needs the join token or a session cookie; with `ssl_context` it serves HTTPS
-    (each connection's handshake on its own request thread, within the socket timeout).
+    (each connection's handshake on its own request thread, within the socket timeout): a context, or a function
+    giving each accepted connection its context (a coordinator's `DashboardCertificates.current`, which follows
+    renewed certificate files).
     """
 
     def __init__(
         self, coordinator: Any, host: str = "127.0.0.1", port: int = 0, refresh_s: int = 10,
         request_timeout_s: float = REQUEST_TIMEOUT_S, auth: SessionAuth | None = None,
-        ssl_context: ssl.SSLContext | None = None, request_deadline_s: float = REQUEST_DEADLINE_S,
+        ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
+        request_deadline_s: float = REQUEST_DEADLINE_S,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.auth = auth
@@ -441,7 +446,11 @@ class Dashboard:
         server_cls = _Server6 if ":" in host else _Server
         server_cls = type(server_cls.__name__, (server_cls,), {"max_connections": max_connections})
         self.server = server_cls((host, port), handler)
-        self.server.ssl_context = ssl_context
+        if isinstance(ssl_context, ssl.SSLContext):
+            fixed = ssl_context
+            self.server.ssl_context = lambda: fixed
+        else:
+            self.server.ssl_context = ssl_context
         self.host = host
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},

@@ -1,4 +1,5 @@
 """A renewed TLS certificate (and client CA) is served without a restart; a half-written renewal breaks nothing.
+The dashboard's HTTPS (`--http-tls`) follows the same files.
 
 Each test serves the coordinator's gRPC port on 127.0.0.1 from certificate files in tmp_path, replaces them
 the way an operator or cert-manager does (whole files, `os.replace`), and dials new channels that trust one
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +199,39 @@ def test_only_the_operators_files_are_reloaded(tmp_path: Path) -> None:
     own, _ = coordinator_cli._tls_files(coordinator_cli.parse_args(
         [*base, "--tls-cert", str(made.cert), "--tls-key", str(made.key)]))
     assert own is not None and own.reload is True
+
+
+def dashboard_certificate(port: int, ca: QuickStart) -> bytes | None:
+    """The certificate (DER) the dashboard's HTTPS presents to a new connection that trusts only `ca`; None when that
+    handshake fails."""
+    context = ssl.create_default_context(cafile=str(ca.ca))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as connection:
+                return connection.getpeercert(binary_form=True)
+    except (ssl.SSLError, OSError):
+        return None
+
+
+def test_the_dashboards_https_follows_a_renewal_and_keeps_its_certificate_through_a_half_written_one(
+        start_coordinator: Any, tmp_path: Path, authorities: tuple[QuickStart, QuickStart],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """It read its certificate once, at start: after a renewal the dashboard served the old one until a restart
+    (and, once that expired, every browser refused it)."""
+    first, second = authorities
+    files = serve_files(tmp_path / "served", first)
+    local = start_coordinator(tiny_spec(), tls=files, http_port=0, http_tls=True)
+    port = local.running.dashboard.port
+    old, new = (ssl.PEM_cert_to_DER_cert(quick.cert.read_text()) for quick in authorities)
+    assert dashboard_certificate(port, first) == old and dashboard_certificate(port, second) is None
+    with caplog.at_level(logging.INFO, logger="rcswarm.coordinator"):
+        replace_file(files.cert, second.cert.read_bytes())  # half written: the key not yet renewed
+        assert dashboard_certificate(port, first) == old, "the last good certificate is served"
+        assert dashboard_certificate(port, first) == old
+        replace_file(files.key, second.key.read_bytes())
+        assert dashboard_certificate(port, second) == new, "a new connection gets the renewed certificate"
+        assert dashboard_certificate(port, first) is None
+    mismatch = warnings_of(caplog)
+    assert len(mismatch) == 1 and "this key does not belong to the certificate" in mismatch[0], mismatch
+    switched = [r.getMessage() for r in caplog.records if "from the next dashboard connection on" in r.getMessage()]
+    assert len(switched) == 1 and str(files.cert) in switched[0], switched
