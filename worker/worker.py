@@ -651,11 +651,14 @@ class Worker:
             return
         sync_started = time.perf_counter()
         self.round_steps = trained.steps
+        run_id = self.run_id
         accepted = self._push(version, base, trained.tokens)
         try:
             self._flush_metrics()
             if accepted:
                 self._await(version + 1)
+            else:
+                self._await_past(version, run_id)
         except Rejoin as exc:
             if not accepted:
                 raise
@@ -712,21 +715,25 @@ class Worker:
         """The wire's side of an overlapped round, on the exchange thread: push Δ (no re-join here: NOT_FOUND raises
         ExchangeRejoin to the training thread), report the metrics kept so far, await v+1 and pull it into a buffer;
         (version, θ, its SHA-256), or None when the run finished or a stop came."""
+        run_id = self.run_id
         try:
             accepted = self._push_deltas(version, deltas, tokens, send_bound, rejoin=False)
         except Rejoin as exc:
             raise ExchangeRejoin(str(exc), delivered=False) from exc
         try:
             self._flush_metrics()
-            return self._fetch_next(version, accepted)
+            return self._fetch_next(version, accepted, stale_in=run_id)
         except Rejoin as exc:
             raise ExchangeRejoin(str(exc), delivered=accepted) from exc
 
-    def _fetch_next(self, version: int, accepted: bool) -> tuple[int, dict, str] | None:
-        """After the push of `version`'s update: await v+1 if it was accepted, then pull the newest θ into a buffer
-        (`_fetch`); None when the run finished or a stop came."""
+    def _fetch_next(self, version: int, accepted: bool, stale_in: str | None = None) -> tuple[int, dict, str] | None:
+        """After the push of `version`'s update: await v+1 if it was accepted, or past `version` if run `stale_in`
+        refused it stale (`_await_past`), then pull the newest θ into a buffer (`_fetch`); None when the run
+        finished or a stop came."""
         if accepted:
             self._await(version + 1)
+        elif stale_in is not None:
+            self._await_past(version, stale_in)
         if self.finished or self.stop.is_set():
             return None
         return self._fetch()
@@ -750,15 +757,16 @@ class Worker:
         current = self._join()
         if self.finished or self.run_id != run_id:
             return None
-        accepted = False
+        accepted, stale_in = False, None
         if self.builds != inflight.build:
             log.warning("%s: the update of version %d was trained on a model the re-join replaced; dropped",
                         self.worker_id, inflight.version)
         elif not rejoin.delivered:
             accepted = self._push_deltas(inflight.version, inflight.deltas, inflight.tokens, inflight.send_bound)
+            stale_in = run_id
         elif current is not None and current <= inflight.version:
             accepted = self._deliver_again(inflight.version, inflight.tokens)
-        return self._fetch_next(inflight.version, accepted)
+        return self._fetch_next(inflight.version, accepted, stale_in)
 
     def _deliver_again(self, version: int, tokens: int) -> bool:
         """Push the update from `version`, which had landed before a NOT_FOUND, again as it was encoded (`_encoded`:
@@ -1053,6 +1061,23 @@ class Worker:
                 return
             if response.version >= min_version:
                 return
+
+    def _await_past(self, version: int, run_id: str) -> None:
+        """After the update of `version` was refused stale: while the coordinator still serves `version` (its round
+        closing, or a run stopped or finished), an update trained from it again would be refused again, so wait for
+        v+1 (`_await`: it also ends at the run's finish, and a sweep's stopped run moves the worker with NOT_FOUND).
+        A newer version, or an older one (a coordinator that resumed from an older checkpoint), is pulled at once.
+        Before, the worker pulled `version` again at once and trained and pushed in a loop (2,016 refused pushes in
+        40 s from a pruned run's worker). Not after a re-join into another run (`run_id` was the update's)."""
+        if self.run_id != run_id:
+            return
+        identity = self.identity
+        response = self._call(self.client.await_version, identity, version + 1, 0.0)
+        self._note_assignment(response, identity.worker_id)
+        if response.run_state == pb.RUN_STATE_FINISHED:
+            self.finished = True
+        elif response.version == version:
+            self._await(version + 1)
 
     def _keep(self, rows: list[pb.Metric]) -> None:
         """Rows trained now, for the current membership's run, to send with the next report."""

@@ -16,6 +16,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.transport import PLACE_RETRY_KEY
+from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker import Worker
 from rcswarm.worker import worker as worker_module
 from rcswarm.worker.client import MAX_PLACE_RETRY_S, MIN_PLACE_RETRY_S, place_retry_s
@@ -77,6 +78,10 @@ class EvilStrings(SwarmCoordinator):
         for _ in requests:
             pass
         raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, "stale" + EVIL)
+
+    def await_version(self, request, time_remaining):
+        """Says the version the worker waits for is served (it is not): the worker, refused stale, trains again."""
+        return pb.AwaitVersionResponse(version=request.min_version, run_state=pb.RUN_STATE_RUNNING)
 
 
 def test_a_coordinators_strings_are_one_line_of_text_in_the_workers_log(start_coordinator) -> None:

@@ -105,9 +105,9 @@ class EvictedDuringAnExchange(Worker):
         self._evict("push")
         return super()._push_deltas(*args, **kwargs)
 
-    def _fetch_next(self, version: int, accepted: bool):
+    def _fetch_next(self, version: int, accepted: bool, stale_in: str | None = None):
         self._evict("await")
-        return super()._fetch_next(version, accepted)
+        return super()._fetch_next(version, accepted, stale_in)
 
 
 @pytest.mark.parametrize("when", ["push", "await"])

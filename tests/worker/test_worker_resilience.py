@@ -402,3 +402,36 @@ def test_a_dropped_update_restores_its_residual_into_its_own_run_only(start_coor
     delivered, residuals = worker.results[0]
     assert delivered is False and residuals.keys() == worker.loaded.keys()
     assert all(torch.equal(residuals[name], worker.loaded[name]) for name in residuals)
+
+
+class StoppedBeforeFirstPush(Worker):
+    """The real worker, whose run the coordinator stops (`stop()`) before its first push; records each push's
+    (base version, delivered)."""
+
+    def __init__(self, options, stop_run) -> None:
+        super().__init__(options, TOKEN)
+        self.stop_run = stop_run
+        self.pushes: list[tuple[int, bool]] = []
+
+    def _push_deltas(self, version, deltas, tokens, send_bound, rejoin=True) -> bool:
+        if not self.pushes:
+            self.stop_run()
+        delivered = super()._push_deltas(version, deltas, tokens, send_bound, rejoin)
+        self.pushes.append((version, delivered))
+        return delivered
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlap"])
+def test_a_worker_refused_stale_at_the_version_still_served_does_not_train_it_again(start_coordinator, overlap):
+    """Refused "stale update: the run was stopped at version v", the worker pulled v again at once, trained and pushed
+    in a loop (2,016 refused pushes in 40 s) until a heartbeat, a lease third later, said the run was over. It now
+    waits past v: a stopped run answers that it finished, and the worker ends after one push."""
+    local = start_coordinator(tiny_spec(run={"rounds": 0, "workers": 1}, inner={"steps": 2},
+                                        sync={"overlap": overlap}, coordinator={"lease_s": 60.0}))
+    worker = StoppedBeforeFirstPush(_options(local.target, patience_s=10.0),
+                                    lambda: local.service.stop("the test stops the run", kind="stop"))
+    started = time.monotonic()
+    code = run_until(worker, lambda w: len(w.pushes) >= 3, 15)
+    assert code == 0 and worker.finished, worker.exit_reason
+    assert worker.pushes == [(0, False)], worker.pushes
+    assert time.monotonic() - started < 15
