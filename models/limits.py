@@ -5,7 +5,8 @@ what it keeps per parameter (worker/limits.py, coordinator/capacity.py). `descri
 names, as both sides' refusals write it.
 
 `bounded_parameter_count`: `registry.parameter_count_of` (the model built on the meta device, shapes only) that
-stops once the parameters registered so far pass twice a limit, or the submodules registered pass `MAX_MODULES`.
+stops once the parameters registered so far pass twice a limit, the submodules registered pass `MAX_MODULES`, or
+the parameter registrations pass `MAX_TENSORS` (one module may register any number of them).
 The meta build allocates no tensor, but every module is still a Python object: the byte LSTM with
 `n_layers = 100000` took 70 s and 2.7 GiB of Python objects to count in full (review of the coordinator's bound,
 2026-11). Twice: a parameter a builder replaces (an output layer built with its own weight, then given the
@@ -29,6 +30,11 @@ CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/
 # The most submodule registrations a count follows (about 3 s and 130 MiB of Python objects on the meta device);
 # 190 × the largest shipped model's 170.
 MAX_MODULES = 1 << 15
+# The most parameter registrations a count follows: one module may register any number of them, and torch's
+# `nn.LSTM(num_layers=N)` takes time growing as N² to do so (its `__setattr__` searches a list each time): 20,000
+# layers took 27 s while registering one module (review of the coordinator's bound, 2026-11-28). 16,384
+# registrations (an LSTM of 4,096 layers) take 1.3 s here; the largest shipped preset registers 308 (53 × fewer).
+MAX_TENSORS = 1 << 14
 
 
 def host_memory_bytes() -> int:
@@ -51,12 +57,14 @@ def describe_model(name: str, preset: str, overrides: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class ModelCount:
-    """A model's parameters and submodule registrations as counted; `stopped` says why the count stopped early
-    ("parameters": past twice the limit, "modules": past the most modules; "" when it is the model's count)."""
+    """A model's parameters, submodule and parameter registrations as counted; `stopped` says why the count stopped
+    early ("parameters": past twice the limit, "modules": past the most modules, "tensors": past the most parameter
+    registrations; "" when it is the model's count)."""
 
     parameters: int
     modules: int
     stopped: str = ""
+    tensors: int = 0
 
     @property
     def complete(self) -> bool:
@@ -77,8 +85,9 @@ class _Tally:
     of other threads are not counted). A parameter counts once however many places hold it (a tied weight), and a
     place given another parameter (`head.weight = embed.weight`) no longer counts the one it held."""
 
-    def __init__(self, most_parameters: int, most_modules: int) -> None:
-        self.most_parameters, self.most_modules = most_parameters, most_modules
+    def __init__(self, most_parameters: int, most_modules: int, most_tensors: int) -> None:
+        self.most_parameters, self.most_modules, self.most_tensors = most_parameters, most_modules, most_tensors
+        self.tensors = 0
         self.thread = threading.get_ident()
         # (id of the module, name) -> (the module, its parameter there), held so that no id is reused meanwhile.
         self.places: dict[tuple[int, str], tuple[Any, Any]] = {}
@@ -102,8 +111,11 @@ class _Tally:
             self._hold(previous[1], -1)
         self.places[(id(module), name)] = (module, parameter)
         self._hold(parameter, 1)
+        self.tensors += 1
         if self.parameters > self.most_parameters:
             raise _Stopped("parameters")
+        if self.tensors > self.most_tensors:
+            raise _Stopped("tensors")
 
     def module(self, module: Any, name: str, submodule: Any) -> None:
         """A module registration hook: count it; stop the build past the most modules."""
@@ -114,7 +126,7 @@ class _Tally:
             raise _Stopped("modules")
 
     def count(self, stopped: str) -> ModelCount:
-        return ModelCount(self.parameters, self.modules, stopped)
+        return ModelCount(self.parameters, self.modules, stopped, self.tensors)
 
 
 def counted(count: ModelCount, ceiling: int) -> str:
@@ -126,25 +138,27 @@ def counted(count: ModelCount, ceiling: int) -> str:
 
 
 def modules_problem(count: ModelCount, ceiling: int, described: str, who: str) -> str:
-    """The refusal of a count that stopped at the most submodules while its parameters were within `ceiling` ("" for
-    any other count); `who`: "a coordinator", "a worker"."""
-    if count.stopped != "modules" or count.parameters > ceiling:
+    """The refusal of a count that stopped at the most submodules or parameter registrations while its parameters
+    were within `ceiling` ("" for any other count); `who`: "a coordinator", "a worker"."""
+    if count.stopped not in ("modules", "tensors") or count.parameters > ceiling:
         return ""
-    return (f"the model ({described}) has more than {count.modules - 1:,} submodules (its count on the meta device "
-            f"stopped there, at {count.parameters:,} parameters): more than {who} counts or builds "
-            "(rcswarm.models.limits.MAX_MODULES)")
+    many, bound = ((f"{count.modules - 1:,} submodules", "MAX_MODULES") if count.stopped == "modules" else
+                   (f"{count.tensors - 1:,} parameter tensors", "MAX_TENSORS"))
+    return (f"the model ({described}) has more than {many} (its count on the meta device stopped there, at "
+            f"{count.parameters:,} parameters): more than {who} counts or builds (rcswarm.models.limits.{bound})")
 
 
 def bounded_parameter_count(name: str, preset: str, overrides: Mapping[str, Any] | None, most: int,
-                            max_modules: int = MAX_MODULES) -> ModelCount:
+                            max_modules: int = MAX_MODULES, max_tensors: int = MAX_TENSORS) -> ModelCount:
     """`registry.parameter_count_of(name, preset, overrides)` when the count ends (the caller compares it with
     `most`), else where it stopped (`ModelCount.stopped`): once the parameters held passed 2 × `most` (the model has
-    more than `most`), or the submodule registrations passed `max_modules`. ValueError as `make_config` raises it."""
+    more than `most`), the submodule registrations passed `max_modules`, or the parameter registrations passed
+    `max_tensors`. ValueError as `make_config` raises it."""
     from torch.nn.modules import module as torch_module  # torch, only once a model is counted
 
     from rcswarm.models import registry
 
-    tally = _Tally(2 * most, max_modules)
+    tally = _Tally(2 * most, max_modules, max_tensors)
     hooks = [torch_module.register_module_parameter_registration_hook(tally.parameter),
              torch_module.register_module_module_registration_hook(tally.module)]
     try:
@@ -154,4 +168,4 @@ def bounded_parameter_count(name: str, preset: str, overrides: Mapping[str, Any]
     finally:
         for hook in hooks:
             hook.remove()
-    return ModelCount(count, tally.modules)
+    return ModelCount(count, tally.modules, "", tally.tensors)

@@ -84,7 +84,7 @@ def test_a_tied_parameter_is_counted_once_and_a_replaced_one_no_more(monkeypatch
     count = registry.parameter_count_of("tied", "one")
     assert count == 4 * 64_000
     # Twice the limit is the model's count: the head's own weight, replaced, no longer counts once the body is built.
-    assert bounded_parameter_count("tied", "one", None, count // 2) == limits.ModelCount(count, 3)
+    assert bounded_parameter_count("tied", "one", None, count // 2) == limits.ModelCount(count, 3, "", 4)
     assert bounded_parameter_count("tied", "one", None, count // 2 - 1).stopped == "parameters"
 
 
@@ -92,7 +92,7 @@ def test_a_huge_model_is_counted_only_until_past_the_limit_quickly_and_in_little
     started = time.monotonic()
     tracemalloc.start()
     try:
-        count = bounded_parameter_count("lstm_lm", "small", HUGE_LAYERS, 5 * 10**8)
+        count = bounded_parameter_count("lstm_lm", "small", HUGE_LAYERS, 5 * 10**8, max_tensors=10**6)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -109,6 +109,20 @@ def test_a_model_of_many_small_modules_stops_at_the_most_modules() -> None:
     assert limits.MAX_MODULES >= 100 * max(
         bounded_parameter_count(name, preset, None, 10**12).modules
         for name in registry.list_models() for preset in registry.get(name).presets)
+
+
+def test_one_module_of_many_parameter_tensors_stops_at_the_most_tensors() -> None:
+    """The `lstm` baseline is one `nn.LSTM(num_layers=N)`: one submodule, 4 N parameter registrations, each slower
+    than the last (torch's RNNBase.__setattr__ searches a list): 100,000 layers counted for minutes, 76 s to a refusal
+    at --max-params 10^8 (review of the coordinator's bound, 2026-11-28)."""
+    started = time.monotonic()
+    count = bounded_parameter_count("lstm", "tiny", HUGE_LAYERS, 10**12)
+    assert count.stopped == "tensors" and count.tensors == limits.MAX_TENSORS + 1 and count.modules == 1, count
+    assert time.monotonic() - started < 10
+    assert "more than 16,384 parameter tensors" in limits.modules_problem(count, 10**12, "lstm", "a coordinator")
+    shipped = max(bounded_parameter_count(name, preset, None, 10**12).tensors
+                  for name in registry.list_models() for preset in registry.get(name).presets)
+    assert 0 < shipped and limits.MAX_TENSORS >= 50 * shipped
 
 
 def test_a_stopped_count_leaves_no_hook_and_no_meta_device_behind() -> None:
