@@ -274,6 +274,7 @@ def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
             _check_git_windows(spec, model_config) if open_dataset else _check_frame_model(data, model_config)
         else:
             _check_byte_model(data, model_config)
+            _check_byte_splits(spec)
         _check_lengths(spec, model_config)
         _check_streaming_model(spec, model_config)
     except ValueError as exc:
@@ -319,6 +320,28 @@ def _check_git_windows(spec: RunSpec, model_config: Any) -> None:
                     make_git_source(dataclasses.replace(spec.data, seq_len=length), 0, split, model_config)
                 except ValueError as exc:
                     raise ValueError(f"{key} = {value!r}: windows of {length} frames: {exc}") from None
+
+
+def _check_byte_splits(spec: RunSpec) -> None:
+    """ValueError naming data.max_bytes and data.val_fraction when a split of a capped "stdlib" corpus (as
+    `ByteWindowSampler` cuts it, assuming the stdlib holds max_bytes) is shorter than a window the run asks of it
+    plus one byte: the held-out split its held-out windows (run.eval_seq_len, else each run's data.seq_len), the
+    training split every length the run can train (`_asked_lengths`). Before, max_bytes = 20000 with val_fraction = 0.001 left a 20-byte
+    held-out split, and the worker died at its first evaluation (review, 2026-11-28)."""
+    data = spec.data
+    if not data.max_bytes:
+        return
+    trained = [length for key, _, lengths in _asked_lengths(spec) if key != "run.eval_seq_len" for length in lengths]
+    held_out = ([spec.run.eval_seq_len] if spec.run.eval_seq_len else
+                list(spec.sweep.seq_lens) if spec.is_sweep else [data.seq_len])
+    val_bytes = int(data.max_bytes * data.val_fraction)
+    for split, size, lengths in (("held-out", val_bytes, held_out),
+                                 ("training", data.max_bytes - val_bytes, trained)):
+        if lengths and size < max(lengths) + 1:
+            raise ValueError(
+                f"data.max_bytes = {data.max_bytes} with data.val_fraction = {data.val_fraction} leaves a {split} split "
+                f"of {size} bytes, shorter than a window of {max(lengths)} positions and its next byte; expected a "
+                f"split of at least {max(lengths) + 1} bytes (raise data.max_bytes or data.val_fraction)")
 
 
 def _check_lengths(spec: RunSpec, model_config: Any) -> None:

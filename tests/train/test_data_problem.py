@@ -138,6 +138,14 @@ def spec_with(model: dict, data: dict, **tables: dict) -> RunSpec:
                                                            "alpha_inf": 1.0, "tau": 1.0}),
          "curriculum.seq_lens = [64, 512]: model"),
         (spec_with(TRANSFORMER, {"seq_len": 64}, sweep={"seq_lens": [64, 512]}), "sweep.seq_lens = [64, 512]: model"),
+        # A 20-byte held-out split: "the 'val' split has 20 bytes" at the worker's first evaluation.
+        (spec_with(LSTM, {"seq_len": 32, "max_bytes": 20000, "val_fraction": 0.001}),
+         "data.max_bytes = 20000 with data.val_fraction = 0.001 leaves a held-out split of 20 bytes, shorter than a "
+         "window of 32 positions and its next byte; expected a split of at least 33 bytes"),
+        (spec_with(LSTM, {"seq_len": 32, "max_bytes": 20000}, run={"eval_seq_len": 1000}),
+         "leaves a held-out split of 1000 bytes, shorter than a window of 1000 positions"),
+        (spec_with(LSTM, {"seq_len": 32, "max_bytes": 2000}, sweep={"seq_lens": [32, 2048]}, run={"eval_seq_len": 32}),
+         "leaves a training split of 1900 bytes, shorter than a window of 2048 positions"),
         # Streaming BPTT of a model without encode()/core_loss(): refused inside the first step.
         (spec_with({"name": "lstm_lm", "preset": "tiny"}, {"seq_len": 16}, inner={"bptt_chunk": 4}),
          "inner.bptt_chunk = 4: streaming BPTT needs a model with encode() and core_loss() (a StepModel), and model "
@@ -163,6 +171,9 @@ def test_a_run_that_fails_at_its_workers_first_step_is_refused_with_the_key_name
         spec_with(TRANSFORMER, {"source": "diag", "task": "s5", "seq_len": 256}),  # the task sets its lengths
         spec_with({"name": "lstm", "preset": "tiny", "overrides": {"num_classes": 300}}, {"source": "stdlib"}),
         spec_with(FRAME, {"source": "typing"}, inner={"bptt_chunk": 4, "memory_budget_mb": 8.0}),
+        # The held-out split takes the held-out windows only: 999 bytes hold run.eval_seq_len = 998.
+        spec_with(LSTM, {"seq_len": 32, "max_bytes": 19980}, run={"eval_seq_len": 998},
+                  curriculum={"schedule": [[0, 32, 4], [10, 4096, 1]]}),
     ],
 )
 def test_a_run_its_workers_can_train_passes(spec):
