@@ -98,8 +98,10 @@ def this_launch(log: Path) -> str:
 class Swarm:
     """The coordinator and worker processes of one local run."""
 
-    def __init__(self, spec: RunSpec, run_dir: Path, workers: int) -> None:
+    def __init__(self, spec: RunSpec, run_dir: Path, workers: int, max_params: int = 0) -> None:
         self.spec, self.run_dir, self.n_workers = spec, run_dir, workers
+        # --max-params for the coordinator and every worker (none: each takes what its memory holds).
+        self.limit_args = ["--max-params", str(max_params)] if max_params else []
         self.token = secrets.token_urlsafe(24)
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -131,7 +133,8 @@ class Swarm:
         launching.write_text(self.spec.to_toml())
         self.coordinator = self._spawn(
             ["-m", "rcswarm.cli", "coordinator", "--config", str(launching), "--state-dir",
-             str(self.run_dir / "state"), "--port", "0", "--port-file", str(port_file), "--http-port", "0"],
+             str(self.run_dir / "state"), "--port", "0", "--port-file", str(port_file), "--http-port", "0",
+             *self.limit_args],
             "coordinator.log",
         )
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -157,7 +160,7 @@ class Swarm:
             self.workers.append(self._spawn(
                 ["-m", "rcswarm.cli", "worker", "--coordinator", f"127.0.0.1:{port}", "--name", f"worker-{rank}",
                  "--threads", str(threads), "--state-dir", str(self.run_dir / "workers" / f"worker-{rank}"),
-                 *data_root_args(self.spec)],
+                 *data_root_args(self.spec), *self.limit_args],
                 f"worker-{rank}.log",
             ))
 
@@ -586,6 +589,9 @@ def parser() -> argparse.ArgumentParser:
                         help="wall-time budget: stop every process after this many minutes, however many rounds ran "
                              "(a sweep's runs then share the same training time, the comparison of loss vs wall time; "
                              f"default: none with a config, {DEMO_MINUTES:g} for the demo)")
+    parser.add_argument("--max-params", type=int, default=0, metavar="N",
+                        help="the most parameters the coordinator and each worker build (each run of a sweep holds "
+                             "its own copy at the coordinator); default 0: what each one's memory holds")
     return parser
 
 
@@ -597,6 +603,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace | int:
         return args
     if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
         parser_.error(f"--minutes must be a positive number of minutes, got {args.minutes}")
+    if args.max_params < 0:
+        return usage_error("rcswarm run", f"--max-params {args.max_params}: expected >= 0 (0: what each process's "
+                                          "memory holds)")
     problem = output_dir_problem("--run-dir", args.run_dir) if args.run_dir is not None else None
     if problem is not None:
         return usage_error("rcswarm run", problem)
@@ -623,7 +632,7 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
     sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers // runs))
     if run.rounds == 0:
         raise ValueError("run.rounds = 0 (until stopped) is for `rcswarm coordinator`; `rcswarm run` needs a number of rounds")
-    problem = data_problem(spec, open_dataset=True) or model_problem(spec, ParameterLimit.of())
+    problem = data_problem(spec, open_dataset=True) or model_problem(spec, ParameterLimit.of(args.max_params))
     if problem:  # its coordinator would refuse the model: said before the run dir is made
         raise ValueError(problem)
     if spec.curriculum.adaptive:
@@ -651,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     minutes = budget_minutes(args)
     run_dir = args.run_dir or Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    swarm = Swarm(spec, run_dir, spec.run.workers)
+    swarm = Swarm(spec, run_dir, spec.run.workers, args.max_params)
     # A closed terminal or a dropped ssh session (SIGHUP) stops the run as Ctrl-C does: the workers and the
     # coordinator run in sessions of their own and would otherwise train on with nobody to stop them.
     stop = StopSignal().install(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -660,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
 
         (run_dir / "run.toml").write_text(spec.to_toml())
         try:
-            return launch(spec, run_dir, minutes, console, stop)
+            return launch(spec, run_dir, minutes, console, stop, args.max_params)
         finally:
             stop.uninstall()
     out_of_time = False

@@ -99,7 +99,7 @@ class HivemindSwarm(Swarm):
                 ["-m", "rcswarm.cli", "worker", "--backend", "hivemind", "--config", str(self.run_dir / "run.toml"),
                  *control, "--initial-peers", *maddrs, "--host-maddrs", LOOPBACK, "--name", f"worker-{rank}",
                  "--threads", str(threads), "--out", str(self.run_dir / "peers" / f"worker-{rank}"),
-                 *data_root_args(self.spec)],
+                 *data_root_args(self.spec), *self.limit_args],
                 f"worker-{rank}.log",
             ))
 
@@ -154,10 +154,11 @@ def print_bootstrap(console: Console, maddrs: list[str], written: Path) -> None:
     console.print(f"bootstrap peer (in {written}): --initial-peers {' '.join(maddrs)}", soft_wrap=True)
 
 
-def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console, stop: StopSignal) -> int:
+def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console, stop: StopSignal,
+           max_params: int = 0) -> int:
     """Run the swarm and print its summary; the exit status (0 completed or at the budget, 1 failed, 128 + the
     signal's number when one stopped it)."""
-    swarm = HivemindSwarm(spec, run_dir, spec.run.workers)
+    swarm = HivemindSwarm(spec, run_dir, spec.run.workers, max_params)
     out_of_time = False
     why = needs_coordinator(spec)
     try:

@@ -171,3 +171,22 @@ def test_a_model_its_coordinator_would_refuse_is_refused_before_the_run_dir_is_m
     assert err.startswith("rcswarm run: the model (lstm_lm preset 'small', overrides {'n_layers': 100000}) has more "), err
     assert "more than this coordinator's limit of" in err and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_max_params_sets_the_limit_rcswarm_run_and_its_processes_hold_a_model_to(tmp_path, capsys) -> None:
+    """The refusal said "--max-params sets it", and `rcswarm run` had no such flag: a model above the host's default
+    could not be run at all. It sets the launcher's check and is passed to the coordinator and every worker."""
+    spec = tiny_spec(run={"rounds": 1})
+    config = tmp_path / "run.toml"
+    config.write_text(spec.to_toml())
+    assert run_cli.main([str(config), "--run-dir", str(tmp_path / "run"), "--max-params", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert "more than this coordinator's limit of 1,000 parameters (--max-params)" in err, err
+    assert not (tmp_path / "run").exists()
+    args = run_cli.parse_args([str(config), "--max-params", str(10**12)])
+    assert run_cli.load_spec(args).model == spec.model
+    swarm = run_cli.Swarm(spec, tmp_path / "run", 1, args.max_params)
+    assert swarm.limit_args == ["--max-params", str(10**12)]
+    assert run_cli.Swarm(spec, tmp_path / "run", 1).limit_args == []
+    assert run_cli.parse_args([str(config), "--max-params", "-1"]) == 2
+    assert "--max-params -1: expected >= 0" in capsys.readouterr().err
