@@ -77,7 +77,7 @@ def _held(count: ModelCount, ceiling: int, runs: int) -> str:
     if runs == 1:
         return f"held at {COORDINATOR_BYTES_PER_PARAMETER} bytes each ({size})"
     return (f"held by each of the sweep's {runs} runs: {'' if count.complete else 'more than '}{held:,} parameters "
-            f"at {COORDINATOR_BYTES_PER_PARAMETER} bytes each ({size})")
+            f"in all at {COORDINATOR_BYTES_PER_PARAMETER} bytes each ({size})")
 
 
 def model_problem(spec: RunSpec, limit: ParameterLimit) -> str:

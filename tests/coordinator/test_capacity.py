@@ -56,7 +56,7 @@ def test_each_run_of_a_sweep_holds_its_own_copy() -> None:
     count = count_of(spec)
     assert model_problem(spec, ParameterLimit(3 * count, "--max-params")) == ""
     problem = model_problem(spec, ParameterLimit(3 * count - 1, "--max-params"))
-    held = f"has {count:,} parameters, held by each of the sweep's 3 runs: {3 * count:,} parameters at 40 bytes each"
+    held = f"has {count:,} parameters, held by each of the sweep's 3 runs: {3 * count:,} parameters in all at 40 bytes each"
     assert held in problem, problem
     assert f"limit of {3 * count - 1:,} parameters (--max-params)" in problem, problem
 
