@@ -18,7 +18,7 @@ certificate for tests and benchmarks. The `cryptography` package is imported onl
 
 Renewal without a restart: gRPC credentials of `TLSFiles` with `reload` (the default; the quick start's
 files are served as read at start) follow the files. Before every TLS handshake gRPC asks
-`CertificateReloader.fetch`, which compares the files' stamps (mtime, size, inode: `tokens.file_stamp`) with
+`CertificateReloader.fetch`, which compares the files' stamps (mtime, size, inode, ctime: `tokens.file_stamp`) with
 those last seen and reads and checks the files again only after a change; the next handshakes serve the new
 certificate, key and client CA, while connections already open keep theirs. A half-written or mismatched
 renewal (a file missing or cut short, a key not the certificate's) keeps the last good files served and logs

@@ -31,7 +31,7 @@ log = logging.getLogger("rcswarm.coordinator")
 # The longest a changed token file goes unnoticed while calls that need a token arrive.
 CHECK_EVERY_S = 1.0
 # (mtime in ns, size, inode) of the token file, or None when it could not be read.
-Stamp = tuple[int, int, int] | None
+Stamp = tuple[int, int, int, int] | None
 
 
 def bearer(token: str) -> bytes:
@@ -67,12 +67,13 @@ def read_tokens(path: Path) -> tuple[str, ...]:
 
 
 def file_stamp(path: Path) -> Stamp:
-    """What changes when the file at `path` is rewritten or replaced; None when it cannot be stat'ed."""
+    """What changes when the file at `path` is rewritten, replaced, or its mode or owner changed (ctime: a file made
+    readable after a reload failed on its permissions is read again); None when it cannot be stat'ed."""
     try:
         info = os.stat(path)
     except OSError:
         return None
-    return info.st_mtime_ns, info.st_size, info.st_ino
+    return info.st_mtime_ns, info.st_size, info.st_ino, info.st_ctime_ns
 
 
 class JoinTokens:

@@ -235,3 +235,17 @@ def test_the_dashboards_https_follows_a_renewal_and_keeps_its_certificate_throug
     assert len(mismatch) == 1 and "this key does not belong to the certificate" in mismatch[0], mismatch
     switched = [r.getMessage() for r in caplog.records if "from the next dashboard connection on" in r.getMessage()]
     assert len(switched) == 1 and str(files.cert) in switched[0], switched
+
+
+def test_a_files_mode_change_is_a_change(tmp_path: Path) -> None:
+    """A renewal whose key the coordinator could not read (written 0600 by another user) warned, and once the
+    operator fixed the mode nothing was read again until the next content change: chmod leaves mtime, size and
+    inode as they were (review, 2026-11-28: "fetches after chmod: [None, None, None]"). The stamp holds ctime too."""
+    from rcswarm.coordinator.tokens import file_stamp
+
+    key = tmp_path / "tls.key"
+    key.write_bytes(b"key")
+    os.chmod(key, 0o000)
+    before = file_stamp(key)
+    os.chmod(key, 0o600)
+    assert file_stamp(key) != before
