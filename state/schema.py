@@ -152,13 +152,18 @@ ON CONFLICT (seq_len, version, k) DO UPDATE SET
 # The (seq_len, batch) shapes the training rows trained (`StateStore.trained_shapes`), kept when `max_metric_rows`
 # deletes the rows (a long curriculum's first lengths left the summary of `rcswarm run`). A row's batch is the
 # worker's word, so the table stops taking new shapes at MAX_TRAINED_SHAPES (a curriculum has a few; past it, the
-# rows that are left still name theirs).
+# rows that are left still name theirs). Shapes already held are left out before the LIMIT: counted in it, they took
+# the last places from new ones. A state dir written before the table gets the shapes of the rows it holds when it
+# is next opened for writing (`MISSING_TRAINED_SHAPES`, then this from rowid 0).
 MAX_TRAINED_SHAPES = 256
 AGGREGATE_TRAINED_SHAPES = f"""
 INSERT OR IGNORE INTO trained_shapes
-SELECT DISTINCT seq_len, batch FROM metrics WHERE rowid > ? AND tokens > 0
+SELECT DISTINCT m.seq_len, m.batch FROM metrics AS m WHERE m.rowid > ? AND m.tokens > 0
+AND NOT EXISTS (SELECT 1 FROM trained_shapes AS t WHERE t.seq_len = m.seq_len AND t.batch = m.batch)
 LIMIT MAX(0, {MAX_TRAINED_SHAPES} - (SELECT COUNT(*) FROM trained_shapes))
 """
+MISSING_TRAINED_SHAPES = ("SELECT NOT EXISTS (SELECT 1 FROM trained_shapes) "
+                          "AND EXISTS (SELECT 1 FROM metrics WHERE tokens > 0)")
 TRAINED_SHAPES_OF_ROWS = "SELECT DISTINCT seq_len, batch FROM metrics WHERE tokens > 0"
 TRAINED_SHAPES = f"SELECT seq_len, batch FROM trained_shapes UNION {TRAINED_SHAPES_OF_ROWS}"
 

@@ -91,6 +91,7 @@ from rcswarm.state.records import (
 )
 from rcswarm.state.schema import (
     ADD_HELD_OUT_REPORT,
+    AGGREGATE_TRAINED_SHAPES,
     AGGREGATES,
     AGGREGATES_VERSION,
     FORECAST_COLUMNS,
@@ -107,6 +108,7 @@ from rcswarm.state.schema import (
     METRIC_COLUMNS,
     METRIC_PAGE_COLUMNS,
     MISSING_HELD_OUT_REPORTS,
+    MISSING_TRAINED_SHAPES,
     REPORTED,
     REPORTER_ROUNDS,
     ROUND_COLUMNS,
@@ -184,6 +186,7 @@ class StateStore:
                 self._add_columns("forecasts", FORECAST_COLUMNS_ADDED)
                 self._add_columns("held_out", HELD_OUT_COLUMNS_ADDED)
                 self._keep_first_held_out_reports()
+                self._enter_trained_shapes()
                 self._reader = self._connect_read_only(timeout_s=5.0)
             except BaseException:
                 self._db.close()
@@ -333,6 +336,21 @@ class StateStore:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             self._db.execute(HELD_OUT_REPORTS_FROM_FIRST)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _enter_trained_shapes(self) -> None:
+        """Constructor only: a state dir written before `trained_shapes` existed gets the shapes of the training rows
+        it holds (read again inside the write transaction), or the rows `max_metric_rows` deletes later take their
+        shapes with them."""
+        if not self._db.execute(MISSING_TRAINED_SHAPES).fetchone()[0]:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if self._db.execute(MISSING_TRAINED_SHAPES).fetchone()[0]:
+                self._db.execute(AGGREGATE_TRAINED_SHAPES, (0,))
         except BaseException:
             self._db.execute("ROLLBACK")
             raise

@@ -139,3 +139,36 @@ def test_trained_shapes_are_the_lengths_and_batches_of_the_training_rows(tmp_pat
         assert len(shapes) == MAX_TRAINED_SHAPES + 1 and {(32, 8), (64, 4), (128, 2)} <= set(shapes)
     finally:
         store.close()
+
+
+def test_a_shape_already_held_takes_no_place_from_a_new_one_near_the_cap(tmp_path):
+    """The LIMIT counted the shapes already held: with one place left, rows of a known shape and a new one kept
+    only the known one (review, 2026-11-28)."""
+    def row(version: int, seq_len: int, batch: int) -> tuple:
+        return ("run", "w", version, 1, seq_len, batch, 2.0, seq_len * batch, 1.0, 1.0, 0.0, 0, 0, "", 100.0)
+
+    store = StateStore(tmp_path / "state")
+    try:
+        store.add_metrics([row(0, 32, batch) for batch in range(1, MAX_TRAINED_SHAPES)])
+        store.add_metrics([row(1, 32, 1), row(1, 4096, 7), row(1, 32, 2)], keep_rows=1)
+        assert (4096, 7) in store.trained_shapes()
+    finally:
+        store.close()
+
+
+def test_a_state_dir_from_before_the_shapes_table_gets_the_shapes_of_its_rows(tmp_path):
+    """Opened for writing, its `trained_shapes` was created empty: the rows the metric cap deleted later took their
+    shapes with them."""
+    import sqlite3
+
+    store = StateStore(tmp_path / "state")
+    store.add_metrics([("run", "w", 0, 1, 64, 4, 2.0, 256, 1.0, 1.0, 0.0, 0, 0, "", 100.0)])
+    store.close()
+    with sqlite3.connect(tmp_path / "state" / "state.sqlite") as db:
+        db.execute("DROP TABLE trained_shapes")
+    store = StateStore(tmp_path / "state")
+    try:
+        store.add_metrics([("run", "w", 1, 1, 32, 8, 2.0, 256, 1.0, 1.0, 0.0, 0, 0, "", 100.0)], keep_rows=1)
+        assert store.trained_shapes() == [(32, 8), (64, 4)]
+    finally:
+        store.close()
