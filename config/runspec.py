@@ -841,6 +841,12 @@ class RunSpec:
                 _fail("curriculum.constant_tokens", curriculum.constant_tokens,
                       f"batches up to {INT32_MAX} (the wire's int32): data.batch_size {self.data.batch_size} × "
                       f"{lengths[0]} / {length} is a batch of {batch:,} at length {length}")
+        for index, length in enumerate(self.sweep.seq_lens):  # and those the sweep's constant_tokens derives
+            batch = self._sweep_batch(index)
+            if batch > INT32_MAX:
+                _fail("sweep.constant_tokens", self.sweep.constant_tokens,
+                      f"batches up to {INT32_MAX} (the wire's int32): data.batch_size {self.data.batch_size} × "
+                      f"{self.sweep.seq_lens[0]} / {length} is a batch of {batch:,} at length {length}")
 
     def _check_hivemind(self) -> None:
         """[hivemind] keys apply to the hivemind backend only: set with another backend, they are refused."""
@@ -927,19 +933,22 @@ class RunSpec:
             return [self]
         runs = []
         for index, length in enumerate(self.sweep.seq_lens):
-            if self.sweep.batch_sizes:
-                batch = self.sweep.batch_sizes[index]
-            elif self.sweep.constant_tokens:
-                batch = max(1, round(self.data.batch_size * self.sweep.seq_lens[0] / length))
-            else:
-                batch = self.data.batch_size
             runs.append(dataclasses.replace(
                 self,
                 run=dataclasses.replace(self.run, name=f"{self.run.name}-L{length}"),
-                data=dataclasses.replace(self.data, seq_len=length, batch_size=batch),
+                data=dataclasses.replace(self.data, seq_len=length, batch_size=self._sweep_batch(index)),
                 sweep=SweepSection(),
             ))
         return runs
+
+    def _sweep_batch(self, index: int) -> int:
+        """The batch of the sweep's run `index`: sweep.batch_sizes', the one sweep.constant_tokens derives, or
+        data.batch_size."""
+        if self.sweep.batch_sizes:
+            return self.sweep.batch_sizes[index]
+        if self.sweep.constant_tokens:
+            return max(1, round(self.data.batch_size * self.sweep.seq_lens[0] / self.sweep.seq_lens[index]))
+        return self.data.batch_size
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunSpec:

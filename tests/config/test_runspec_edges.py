@@ -70,6 +70,11 @@ BROKE_A_RUN = [
      "curriculum.constant_tokens = True is invalid: expected batches up to 2147483647 (the wire's int32): "
      "data.batch_size 2 × 2147483647 / 1 is a batch of 4,294,967,294 at length 1",
      {"curriculum": {"worker_seq_lens": [2**30, 1], "constant_tokens": True}, "data": {"batch_size": 1}}),
+    # The sweep's own: refused at sweep_runs() naming data.batch_size, a key the user never set.
+    ({"sweep": {"seq_lens": [2**30, 1], "constant_tokens": True}, "data": {"batch_size": 4}},
+     "sweep.constant_tokens = True is invalid: expected batches up to 2147483647 (the wire's int32): "
+     "data.batch_size 4 × 1073741824 / 1 is a batch of 4,294,967,296 at length 1",
+     {"sweep": {"seq_lens": [2**30, 1], "constant_tokens": True}, "data": {"batch_size": 1}}),
     # θ overflowed and every round close failed; AdamW's lr past float32 ended the worker's thread.
     ({"outer": {"lr": 1e300}}, "outer.lr = 1e+300 is invalid: expected at most 10", {"outer": {"lr": 10.0}}),
     ({"inner": {"lr": 1e39}}, "inner.lr = 1e+39 is invalid: expected at most 10", {"inner": {"lr": 10.0}}),
