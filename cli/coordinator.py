@@ -6,7 +6,7 @@ The command line of the coordinator process that coordinator/server.py assembles
 A non-loopback `--host` is served only with TLS (`--tls-cert/--tls-key`, or `--tls-self-signed DIR`,
 whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires client certificates
 (coordinator/tls.py); a renewed --tls-cert/--tls-key or --tls-client-ca is served from the next handshake
-on, without a restart. The dashboard's token rule is observe/dashboard/auth.py. The run spec's
+on, without a restart (with --tls-self-signed, its files and a --tls-client-ca beside them are read once). The dashboard's token rule is observe/dashboard/auth.py. The run spec's
 [coordinator] keys set the call limits and the health stall time, which `--max-calls`,
 `--stream-idle-s` and `--health-stall-s` override (`serving_limits`); `--token-file` is re-read when it
 changes and on SIGHUP. The model the run spec names is counted on the meta device before anything is built,
