@@ -243,7 +243,10 @@ BAD_VALUES = [
     ({"ray": {"workerGroup": {"extraVolumes": ["frames"]}}}, "at '/ray/workerGroup/extraVolumes/0': got string, want object"),
     # The Ray launch is one shell line: a data root with a space or a quote would split it.
     ({"ray": {"launch": {"dataRoot": "/data/my frames"}}}, "at '/ray/launch/dataRoot': '/data/my frames' does not match pattern"),
-    ({"workers": {"dataRoot": "/data;x"}}, "at '/workers/dataRoot': '/data;x' does not match pattern"),
+    # A relative data root is resolved wherever each process runs (an actor's is not the launcher's directory).
+    ({"ray": {"launch": {"dataRoot": "data/frames"}}}, "at '/ray/launch/dataRoot': 'data/frames' does not match pattern"),
+    ({"workers": {"dataRoot": "data/frames"}}, "at '/workers/dataRoot': 'data/frames' does not match pattern"),
+    ({"workers": {"dataRoot": "/data/\nframes"}}, "at '/workers/dataRoot': '/data/\\nframes' does not match pattern"),
     ({"coordinator": {"ingress": {"enabled": True}}}, "at '/coordinator/ingress/tlsSecretName': minLength: got 0, want 1"),
     # A misspelt strategy type rendered, and the API server refused the Deployment.
     ({"workers": {"strategy": {"type": "Recreat"}}}, "at '/workers/strategy/type': value must be one of 'RollingUpdate', 'Recreate'"),
@@ -627,6 +630,10 @@ def test_worker_extra_volumes_bring_a_git_dataset(chart, k8s_validate):
     assert container["volumeMounts"][0]["mountPath"] == "/tmp" and container["volumeMounts"][-1] == mount
     parsed = worker.parse_args([a.replace("$(CPU_LIMIT)", "2").replace("$(POD_NAME)", "w-0") for a in container["args"][1:]])
     assert parsed.data_root == Path(f"/tmp/{dataset}")
+    # One argument, quoted: a path with a space or a ';' is the path (the schema refused them before).
+    odd = {**values, "workers": {**values["workers"], "dataRoot": "/data/my frames;x"}}
+    args = one(objects(render(chart, odd)), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--data-root") + 1] == "/data/my frames;x"
     # The mount is where the relative dataset path lands: the worker runs in the image's WORKDIR, /tmp.
     assert "workingDir" not in container
     for name in ("Dockerfile.cpu", "Dockerfile.cuda"):
