@@ -13,6 +13,13 @@ routes every RPC to the run its worker belongs to and schedules a sweep's worker
   eviction names the run it trained for (JoinRequest.run_id) and goes back there while that run is
   unfinished and has room, unless the sweep itself moved it off that run (its previous membership
   is REASSIGNED there), so its round's update and metric rows still find their run.
+* A worker that cannot train the run it was placed in (its model or windows above the worker's limits, its
+  dataset outside the worker's data root) leaves it and joins again naming it (JoinRequest.refused_run_ids):
+  it is placed in none of the runs it names, nor moved toward one (`refused_runs`, `without`); a join whose
+  refused runs are all the unfinished ones is refused FAILED_PRECONDITION, and the worker ends naming why.
+  A group of one refuses the join of a worker that refused its run.
+* A push to a run that finished or was stopped, while another goes on, moves its worker at once (NOT_FOUND),
+  as a heartbeat or a long poll of it does.
 * At a round boundary (right after a worker's update is accepted, or when its run has
   finished its rounds) `decide_move` may move it: the worker's membership in its run ends
   with state REASSIGNED, its next call gets NOT_FOUND, and it joins again, landing on the
@@ -35,6 +42,7 @@ the coordinator's decisions.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -43,6 +51,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -52,6 +61,7 @@ from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal, Waiting
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import MAX_REFUSED_RUNS
 from rcswarm.state.lock import StateDirLock
 from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore
@@ -86,6 +96,18 @@ def decide_assignment(loads: Sequence[RunLoad], returning: int | None = None) ->
             return back.index, f"back to {back.name}, the run it trained for ({back.active} active workers)"
     best = min(candidates, key=lambda load: (load.active, load.index))
     return best.index, f"assigned to {best.name} ({best.active} active workers, the fewest among unfinished runs)"
+
+
+def refused_runs(request: pb.JoinRequest, runs: Sequence[Any]) -> frozenset[int]:
+    """The positions of `runs` (each with a `run_id`) that the joining worker names as refused (the first
+    MAX_REFUSED_RUNS names of `request.refused_run_ids`)."""
+    named = set(request.refused_run_ids[:MAX_REFUSED_RUNS])
+    return frozenset(index for index, run in enumerate(runs) if run.run_id in named)
+
+
+def without(loads: Sequence[RunLoad], refused: frozenset[int]) -> list[RunLoad]:
+    """`loads` as a worker that refused the runs at `refused` sees them: those count as finished (it goes to none)."""
+    return [dataclasses.replace(load, finished=True) if load.index in refused else load for load in loads]
 
 
 def decide_move(loads: Sequence[RunLoad], current: int) -> tuple[bool, str]:
@@ -220,6 +242,9 @@ class RunGroup:
         # Workers moved off a run toward another (worker id → (that run's index, until when it counts there)); the
         # group lock guards it.
         self._arriving: dict[str, tuple[int, float]] = {}
+        # The runs each membership's worker refused (worker id → their positions; its join's `refused_run_ids`), so
+        # that no move sends it to one; kept while some run knows the id. The group lock guards it.
+        self._refused: dict[str, frozenset[int]] = {}
         # The `prune_done` whose decision every run has applied (-1: not checked since the start; `_apply_prune`).
         self._prune_applied = -1
 
@@ -297,12 +322,22 @@ class RunGroup:
 
     def _place(self, request: pb.JoinRequest) -> tuple[int, str]:
         """The run a joining worker goes to and why (group lock held). A group of one sends every join
-        to its run, whose admission alone decides (reason ""); a sweep refuses once every run finished."""
+        to its run, whose admission alone decides (reason ""); a sweep refuses once every run finished, or every
+        unfinished run is one the worker refused (`refused_run_ids`: it cannot train them)."""
+        refused = refused_runs(request, self.runs)
         if not self.sweep:
+            if refused:
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"join refused: this worker refused run {self.runs[0].run_id}, the only one here")
             return 0, ""
         self._arriving.pop(request.previous_worker_id, None)  # a moved worker arriving: placed as one of the others
-        index, reason = decide_assignment(self._loads(), self._returning(request))
-        if index is None and self.finished:
+        loads = without(self._loads(), refused)
+        index, reason = decide_assignment(loads, self._returning(request))
+        if index is None and refused and all(load.finished for load in loads) and not self.finished:
+            names = ", ".join(self.runs[i].spec.run.name for i in sorted(refused))
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"join refused: this worker refused {names}, and the sweep has no other unfinished run")
+        if index is None and all(load.finished for load in loads):
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {reason}")
         if index is None:
             wait_s = min(decisions.place_retry_s(run.membership) for run in self.runs)
@@ -312,7 +347,7 @@ class RunGroup:
     def _maybe_move(self, worker_id: str, index: int) -> None:
         """Move the worker off its run when `decide_move` says so; it then joins again (takes the group lock, then releases it)."""
         with self._lock:
-            loads = self._loads()
+            loads = without(self._loads(), self._refused.get(worker_id, frozenset()))
             move, reason = decide_move(loads, index)
             target = emptiest_other(loads, index) if move else None
             if target is not None:  # counted there until it joins, or for two leases if it never does
@@ -340,6 +375,11 @@ class RunGroup:
                 if refusal.place_retry_s > 0:
                     self.waiting.asked(name, time.monotonic(), refusal.place_retry_s)
                 raise
+            refused = refused_runs(request, self.runs)
+            self._refused = {worker: runs for worker, runs in self._refused.items()
+                             if any(run.knows(worker) for run in self.runs)}
+            if refused:
+                self._refused[response.worker_id] = refused
         self.waiting.seated(name)
         if reason:
             self.runs[index].store.add_event(response.worker_id, "assign", reason)

@@ -48,3 +48,7 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+# The most runs a Join names as refused by its worker (JoinRequest.refused_run_ids): a worker stops after refusing
+# this many, and a coordinator reads no more (a sweep has a handful of runs).
+MAX_REFUSED_RUNS = 64

@@ -39,7 +39,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Protocol, TypeVar
+from typing import Callable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 import grpc
 import torch
@@ -490,10 +490,13 @@ class CoordinatorClient:
         method = getattr(self.stub, name)
         return self._with_retry(name, lambda: method(request, timeout=timeout or self.timeouts.unary_s, metadata=self.metadata))
 
-    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: str = "") -> pb.JoinResponse:
+    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: str = "",
+             refused: Sequence[str] = ()) -> pb.JoinResponse:
         """Ask to join the swarm; a re-join names the run it trained for (`run_id`) and its membership there
-        (`previous`), so that a sweep sends it back to that run."""
-        request = pb.JoinRequest(worker_name=name, device=device, pid=pid, run_id=run_id, previous_worker_id=previous)
+        (`previous`), so that a sweep sends it back to that run, and every run it refused (`refused`), so that a
+        sweep places it in none of them."""
+        request = pb.JoinRequest(worker_name=name, device=device, pid=pid, run_id=run_id, previous_worker_id=previous,
+                                 refused_run_ids=list(refused))
         return self._unary("Join", request)
 
     def heartbeat(self, member: Member) -> pb.HeartbeatResponse:

@@ -60,7 +60,7 @@ import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import MAX_VAL_LOSS
+from rcswarm.protos.wire import MAX_REFUSED_RUNS, MAX_VAL_LOSS
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 from rcswarm.sync.feedback_state import (
@@ -123,7 +123,13 @@ class ExchangeRejoin(Rejoin):
 
 
 class SpecRefused(RuntimeError):
-    """The run spec the coordinator served cannot be built by this worker."""
+    """The run spec the coordinator served cannot be built by this worker. `run_id` and `member`: the run and the
+    membership the worker was placed in, when the refusal is of that run (`Worker._refuse_run` leaves it and asks a
+    sweep for another); None for a refusal of the swarm as a whole."""
+
+    def __init__(self, message: str, run_id: str | None = None, member: Identity | None = None) -> None:
+        super().__init__(message)
+        self.run_id, self.member = run_id, member
 
 
 class Diverged(RuntimeError):
@@ -382,6 +388,8 @@ class Worker:
         self._encoded: Encoded | None = None
         # Rounds in a row whose Δ was not finite (`_diverged`).
         self._diverged_rounds = 0
+        # The runs this worker refused (run id → why), named at every join so that a sweep places it in another.
+        self._refused_runs: dict[str, str] = {}
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -403,13 +411,16 @@ class Worker:
         when it is not 0)."""
         try:
             self._take_over()
-            self._join()
+            self._join_placed()
             while not self.stop.is_set() and not self.finished:
                 try:
                     self._round()
                 except Rejoin as exc:
                     log.warning("%s; joining again", exc)
-                    self._join()
+                    self._join_placed()
+                except SpecRefused as exc:
+                    self._refuse_run(exc)
+                    self._join_placed()
                 except Diverged as exc:
                     if self._diverged_rounds >= MAX_DIVERGED_ROUNDS:
                         return self._exit(f"{self.name} exits: the local training diverged {self._diverged_rounds} "
@@ -459,6 +470,39 @@ class Worker:
         preload_data(spec.data)
         self.startup.mark("built ahead")
 
+    def _join_placed(self) -> int | None:
+        """`_join`, again for as long as the run it lands in is one this worker cannot train (`_refuse_run`: left, and
+        named at the next join so that a sweep places it in another run). SpecRefused when it cannot go on: the
+        coordinator placed it in a run it refused before (a single run, or a coordinator that does not read the
+        refused runs), MAX_REFUSED_RUNS were refused, or the refusal is of the swarm as a whole."""
+        while True:
+            try:
+                return self._join()
+            except SpecRefused as exc:
+                self._refuse_run(exc)
+
+    def _refuse_run(self, exc: SpecRefused) -> None:
+        """The run `exc` names cannot be trained here (its model or windows above this worker's limits, its dataset
+        outside the data root): leave its membership, saying why, and remember it for the next join. Before, the
+        worker ended: a sweep over L up to 100,000 lost every worker whose memory held only the shorter lengths it
+        could have trained. Re-raises `exc` when it names no run, or one refused before, or MAX_REFUSED_RUNS are."""
+        if exc.run_id is None or exc.run_id in self._refused_runs or len(self._refused_runs) >= MAX_REFUSED_RUNS:
+            raise exc
+        self._refused_runs[exc.run_id] = str(exc)
+        log.warning("%s: %s; leaving run %s and asking for another", self.name, exc, exc.run_id)
+        if exc.member is not None:
+            self._leave_refused(exc.member, str(exc))
+        self.identity = Identity()
+
+    def _leave_refused(self, member: Identity, why: str = "placed in a run it refused") -> None:
+        """End the membership `member` of a run this worker refused: one attempt (its lease ends it otherwise)."""
+        if not member.worker_id:
+            return
+        try:
+            self.client.leave(member, f"refused: {why}")
+        except grpc.RpcError as err:
+            log.info("%s: the leave of %s failed (%s)", self.name, member.worker_id, err.code().name)
+
     def _join(self) -> int | None:
         """Join the swarm (building the model when the spec is new); the version it serves, None when finished.
 
@@ -471,21 +515,30 @@ class Worker:
             self._flush_previous(previous)
         try:
             run_id = self.run_id if previous.worker_id else ""
-            response = self.client.join(self.name, str(self.device), os.getpid(), run_id, previous.worker_id)
+            response = self.client.join(self.name, str(self.device), os.getpid(), run_id, previous.worker_id,
+                                        list(self._refused_runs))
         except grpc.RpcError as err:
+            if _is(err, grpc.StatusCode.FAILED_PRECONDITION) and self._refused_runs:
+                raise SpecRefused(f"{'; '.join(self._refused_runs.values())} (no other run: {err.details()})") from err
             if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
                 log.info("%s: %s", self.name, err.details())
                 self.identity, self.finished = Identity(), True
                 return None
             raise
+        member = Identity.of(response)
+        if response.run_id in self._refused_runs:  # placed again where it cannot train: nowhere else to go
+            self._leave_refused(member)
+            raise SpecRefused(f"the coordinator placed this worker in run {response.run_id} again, which it refused: "
+                              f"{self._refused_runs[response.run_id]}")
         try:
             spec = RunSpec.from_json(response.run_spec_json)
         except ValueError as exc:
-            raise SpecRefused(f"the run spec of {response.run_id} is invalid here: {exc}") from exc
+            raise SpecRefused(f"the run spec of {response.run_id} is invalid here: {exc}", response.run_id,
+                              member) from exc
         unreadable = dataset_problem(spec, self.options.data_root)
         if unreadable:  # on every join: a spec changed in its dataset alone builds nothing anew
-            raise SpecRefused(f"the run spec of {response.run_id} is refused: {unreadable}")
-        self.identity = Identity.of(response)
+            raise SpecRefused(f"the run spec of {response.run_id} is refused: {unreadable}", response.run_id, member)
+        self.identity = member
         same_run = bool(self.run_id) and self.run_id == response.run_id
         self._counters.joined(same_run, self._counts())
         self.run_id, self.lease_s = response.run_id, response.lease_seconds
@@ -511,9 +564,11 @@ class Worker:
             try:
                 too_large = self.limit.problem(spec)
             except (ValueError, KeyError) as exc:
-                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}", response.run_id,
+                                  member) from exc
             if too_large:
-                raise SpecRefused(f"the run spec of {response.run_id} is refused before allocating: {too_large}")
+                raise SpecRefused(f"the run spec of {response.run_id} is refused before allocating: {too_large}",
+                                  response.run_id, member)
             self.spec, self.data_seed = spec, None
             if self.builds:
                 log.info("%s: the model, inner optimizer, data stream and error feedback are built anew for %s: %s",
@@ -521,7 +576,8 @@ class Worker:
             try:
                 self._build_model(spec)
             except (ValueError, KeyError) as exc:
-                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}", response.run_id,
+                                  member) from exc
             self._built_for = response.run_id
         elif spec != self.spec:
             log.info("%s: the run spec of %s changed in what its model and training do not depend on; the model, "
@@ -531,7 +587,8 @@ class Worker:
             try:
                 self._start_data(spec, response.data_seed)
             except (ValueError, KeyError) as exc:
-                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}") from exc
+                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}", response.run_id,
+                                  member) from exc
             self.startup.mark("model and data")
         log.info("%s joined %s as %s at version %d", self.name, self.run_id, self.worker_id, response.version)
         return response.version
@@ -617,7 +674,7 @@ class Worker:
             raise RuntimeError(f"the coordinator assigned seq_len {seq_len}, batch {batch}: expected positive sizes")
         too_large = self.limit.window_problem(seq_len, batch, f"the coordinator's assignment for version {version}")
         if too_large:
-            raise SpecRefused(f"{too_large}; refused before allocating")
+            raise SpecRefused(f"{too_large}; refused before allocating", self.run_id, self.identity)
         if self.trainer.follow(seq_len, batch, self.data_seed + version):
             why = assignment.reason if assignment is not None else "the run spec"
             log.info("%s: from version %d: seq_len %d, batch %d (%s)", self.worker_id, version, seq_len, batch, why)

@@ -314,3 +314,48 @@ def test_a_run_whose_places_ended_updates_hold_is_full_for_the_sweeps_joins(tmp_
         assert sweep.runs[1].knows(joined.worker_id)
     finally:
         sweep.close()
+
+
+def test_a_worker_is_placed_in_no_run_it_refused_and_moved_toward_none(tmp_path):
+    """A worker that cannot train one length of a sweep (its memory holds the shorter ones) names the runs it refused
+    at its next join: before, it ended, and a sweep over L up to 100,000 lost every worker it could have used."""
+    from rcswarm.coordinator.records import Refusal
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    sweep = _sweep(tmp_path, lease_s=60.0)
+    try:
+        first, second = sweep.runs
+        busy = [sweep.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b", "c")]
+        assert sum(first.knows(m.worker_id) for m in busy) == 2  # L8 holds 2, L16 holds 1
+        # The emptiest run is L16; a worker that refused it goes to L8.
+        placed = sweep.join(pb.JoinRequest(worker_name="small", refused_run_ids=[second.run_id]))
+        assert first.knows(placed.worker_id)
+        # L8 now has 3 workers to L16's 1: a rebalancing move would send it toward L16, which it refused.
+        sweep._maybe_move(placed.worker_id, 0)
+        assert first.membership_state(placed.worker_id) == pb.WORKER_STATE_ACTIVE
+        sweep._maybe_move(busy[0].worker_id, 0)  # another worker of L8 is moved as before
+        assert first.membership_state(busy[0].worker_id) == pb.WORKER_STATE_REASSIGNED
+        with pytest.raises(Refusal) as nowhere:
+            sweep.join(pb.JoinRequest(worker_name="tiny", refused_run_ids=[first.run_id, second.run_id]))
+        assert nowhere.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "this worker refused test-L8, test-L16, and the sweep has no other unfinished run" in nowhere.value.message
+        # An unknown run id (a run of another coordinator) excludes nothing.
+        assert sweep.join(pb.JoinRequest(worker_name="d", refused_run_ids=["elsewhere"])).worker_id
+    finally:
+        sweep.close()
+
+
+def test_a_single_run_refuses_the_join_of_a_worker_that_refused_it(tmp_path):
+    from rcswarm.coordinator.records import Refusal
+    from rcswarm.coordinator.sweep import open_group
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    group = open_group(tiny_spec(), tmp_path)
+    try:
+        with pytest.raises(Refusal) as refused:
+            group.join(pb.JoinRequest(worker_name="a", refused_run_ids=[group.runs[0].run_id]))
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"this worker refused run {group.runs[0].run_id}, the only one here" in refused.value.message
+        assert group.runs[0].active_workers() == 0
+    finally:
+        group.close()

@@ -47,7 +47,8 @@ class Wire:
         self.members = 0
         self.spec_json = tiny_spec().to_json()
 
-    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: str = "") -> pb.JoinResponse:
+    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: str = "",
+             refused: tuple[str, ...] = ()) -> pb.JoinResponse:
         self.members += 1
         return pb.JoinResponse(worker_id=f"w{self.members}", worker_secret=b"s" * 32, run_id=self.joins.pop(0),
                                run_spec_json=self.spec_json, version=0, lease_seconds=3000.0, data_seed=1)

@@ -26,7 +26,7 @@ from rcswarm.models import registry
 from rcswarm.models.limits import host_memory_bytes
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker import Worker
-from rcswarm.worker.client import RetriesExhausted
+from rcswarm.worker.client import CoordinatorClient, RetriesExhausted
 from rcswarm.worker.limits import TRAINING_BYTES_PER_PARAMETER, ModelLimit
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.worker import _options, run_until
@@ -212,3 +212,42 @@ def test_a_model_of_a_hundred_thousand_layers_is_refused_without_counting_it_all
         tracemalloc.stop()
     assert problem.startswith("the model (lstm_lm preset 'small', overrides {'n_layers': 100000}) has more than "), problem
     assert peak < 256 << 20, f"{peak / 2**20:.0f} MiB allocated counting a refused spec"  # 2.7 GiB before
+
+
+def test_a_worker_that_cannot_train_one_length_of_a_sweep_trains_another(tmp_path, caplog) -> None:
+    """Placed in the L = 512 run its --max-step-tokens does not hold, the worker ended (exit 1) though the sweep's
+    L = 8 run was one it could train. It leaves that run, saying why, and joins again naming it: the sweep places it
+    at L = 8, where it trains; a join that names both runs is refused, and the worker ends naming the reasons."""
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import open_group
+
+    spec = tiny_spec(sweep={"seq_lens": [8, 512]}, run={"rounds": 2, "workers": 1}, data={"batch_size": 2},
+                     inner={"steps": 2}, coordinator={"lease_s": 60.0})
+    group = open_group(spec, tmp_path / "state")
+    running = RunningCoordinator(group, TOKEN).start()
+    try:
+        short, long = group.runs
+        target = f"127.0.0.1:{running.port}"
+        occupant = CoordinatorClient(target, TOKEN)
+        seat = occupant.join("occupant", "cpu", 1)  # L8 holds one worker: the emptiest run is L512
+        assert short.knows(seat.worker_id)
+        worker = Worker(_options(target, max_step_tokens=100), TOKEN)
+        with caplog.at_level(logging.WARNING, logger="rcswarm.worker"):
+            code = run_until(worker, lambda w: w.run_id == short.run_id and w.step >= 2, 60)
+        assert code == 0 and worker.run_id == short.run_id and worker.step >= 2, worker.exit_reason
+        refused = [r.getMessage() for r in caplog.records if "asking for another" in r.getMessage()]
+        assert len(refused) == 1 and f"leaving run {long.run_id}" in refused[0], refused
+        assert "batch 2 × seq_len 512 = 1,024 positions a step, more than this worker's limit of 100" in refused[0]
+        left = [e.reason for e in long.store.events("leave")]
+        assert len(left) == 1 and left[0].startswith("left: refused: the run spec of"), left
+
+        # Nothing it can train: the second run refused too (its limit below L8's windows), the worker ends.
+        stuck = Worker(_options(target, max_step_tokens=10), TOKEN)
+        assert run_until(stuck, lambda w: False, 60) == 1
+        assert "cannot train this run: the run spec of" in stuck.exit_reason
+        assert "(no other run: join refused: this worker refused " in stuck.exit_reason, stuck.exit_reason
+        assert "test-L512, and the sweep has no other unfinished run)" in stuck.exit_reason, stuck.exit_reason
+        occupant.leave(seat, "done")
+        occupant.close()
+    finally:
+        running.stop(grace=0.5)
