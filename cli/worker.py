@@ -25,12 +25,15 @@ from rcswarm.cli.client_flags import add_client_flags, client_options, client_to
 from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import usage_error
 from rcswarm.config.runspec import RunSpec
+from rcswarm.state.lock import StateDirBusy, StateDirLock
 from rcswarm.worker.data_root import data_root_problem
 from rcswarm.worker.log_lines import log_to_stderr
 from rcswarm.worker.options import WorkerOptions
 from rcswarm.worker.startup import process_started
 
 PROG = "rcswarm worker"
+# The membership file a worker keeps in its --state-dir when no --membership-file is given.
+MEMBERSHIP_NAME = "membership.json"
 log = logging.getLogger("rcswarm.worker")
 # `python -m MODULE worker ...` runs the `rcswarm` command too.
 COMMAND_MODULES = ("rcswarm.cli", "rcswarm.cli.main")
@@ -129,7 +132,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--membership-file", type=Path, default=None, metavar="PATH",
                         help="keep this worker's membership (its id and secret, mode 0600) here, so that the process "
                              "started after this one was killed ends it at once and trains sooner (give it a private "
-                             "directory; default: none, the secret stays in memory)")
+                             f"directory; default: {MEMBERSHIP_NAME} in --state-dir, else none: the secret stays in "
+                             "memory)")
     parser.add_argument("--max-params", type=int, default=0,
                         help="refuse a run spec whose model has more parameters (default 0: what the device's memory "
                              "holds at 32 bytes of training state per parameter)")
@@ -141,8 +145,10 @@ def parser() -> argparse.ArgumentParser:
                              "relative to the working directory; default: none, a run on a git dataset is refused; "
                              "with --backend hivemind --config alone, the dataset that file names)")
     parser.add_argument("--state-dir", type=Path, default=None,
-                        help="keep this worker's error-feedback residual here (rewritten after each delivered "
-                             "update), so a restarted worker resumes what it has not sent yet (default: memory only)")
+                        help="this worker's own directory (one worker at a time: locked while it runs): its "
+                             "error-feedback residual (rewritten after each delivered update) and its membership "
+                             "file, so a restarted worker resumes what it has not sent yet and ends its killed "
+                             "predecessor's membership at once (default: memory only)")
     add_hivemind_arguments(parser)
     return parser
 
@@ -167,14 +173,20 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             raise ValueError(problem)
         token = client_token(args)
+        membership_file = args.membership_file
+        if membership_file is None and args.state_dir is not None:
+            membership_file = args.state_dir / MEMBERSHIP_NAME
         options = client_options(
             args, WorkerOptions, device=args.device, name=args.name, threads=args.threads, patience_s=args.patience_s,
             rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s, max_params=args.max_params,
-            max_step_tokens=args.max_step_tokens, membership_file=args.membership_file, state_dir=args.state_dir,
+            max_step_tokens=args.max_step_tokens, membership_file=membership_file, state_dir=args.state_dir,
             data_root=args.data_root,
         )
         tls = options.tls()
-    except ValueError as exc:
+        # Held for the process's life (the kernel drops it however the process ends): a second worker on this state
+        # dir would end this one's membership at its start and overwrite its residual.
+        lock = StateDirLock.acquire(args.state_dir, role="worker") if args.state_dir is not None else None
+    except (ValueError, StateDirBusy, OSError) as exc:
         return usage_error(PROG, str(exc))
     previous = None
     if options.membership_file is not None:  # before torch is imported: the round stops waiting for the killed one
@@ -189,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         return usage_error(PROG, str(exc))
     StopSignal(target=worker.stop).install(signal.SIGTERM, signal.SIGINT)
-    return worker.run()
+    try:
+        return worker.run()
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def main_hivemind(args: argparse.Namespace) -> int:

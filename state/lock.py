@@ -2,7 +2,8 @@
 
 `StateDirLock.acquire(state_dir)` takes an exclusive, non-blocking `flock` on `<state_dir>/coordinator.lock`
 and writes the holder into it (JSON: its role, pid, host, start time, and once it serves, its address,
-`announce`). The writers are a coordinator and `rcswarm dht`'s mirror of a hivemind swarm (role "mirror").
+`announce`). The writers are a coordinator, `rcswarm dht`'s mirror of a hivemind swarm (role "mirror") and a
+worker in its own `--state-dir` (role "worker").
 A second writer on the same state dir gets `StateDirBusy` naming the holder's role, pid and address. The
 kernel drops the lock when the holder's process ends, however it ends (SIGKILL included), so a stale lock
 never blocks a restart; the file stays (its content is only read while it is locked). Linux and other
@@ -40,7 +41,7 @@ class StateDirLock:
 
     @classmethod
     def acquire(cls, state_dir: Path, role: str = "coordinator") -> StateDirLock:
-        """Lock `state_dir` (created if missing) for this process, a `role` ("coordinator" or "mirror");
+        """Lock `state_dir` (created if missing) for this process, a `role` ("coordinator", "mirror" or "worker");
         StateDirBusy when another process holds it."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -95,7 +96,7 @@ def _holder(path: Path) -> dict:
 def holder_role(path: Path) -> str:
     """The holder's role as the lock file says ("coordinator" where it does not say: files written before roles)."""
     role = _holder(path).get("role")
-    return role if role in ("coordinator", "mirror") else "coordinator"
+    return role if role in ("coordinator", "mirror", "worker") else "coordinator"
 
 
 def holder_text(path: Path) -> str:
@@ -104,7 +105,7 @@ def holder_text(path: Path) -> str:
     if "pid" not in holder:
         return "its pid is not written yet"
     where = f" on {holder['host']}" if holder.get("host") else ""
-    if holder.get("role") == "mirror":
+    if holder.get("role") in ("mirror", "worker"):
         serving = ""
     else:
         serving = f", serving on {holder['address']}" if holder.get("address") else ", not serving yet"

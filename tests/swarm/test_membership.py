@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker import Worker
 from tests.helpers.processes import logs_of
@@ -21,7 +23,11 @@ from tests.helpers.worker import _options
 LEASE_S, DEADLINE_S = 120.0, 240.0
 
 
-def test_a_restarted_worker_ends_its_killed_membership_and_trains(start_coordinator, spawn_worker, tmp_path: Path):
+@pytest.mark.parametrize("flag", ["--membership-file", "--state-dir"])
+def test_a_restarted_worker_ends_its_killed_membership_and_trains(start_coordinator, spawn_worker, tmp_path: Path,
+                                                                  flag: str):
+    """With --state-dir alone the membership file is kept there (membership.json), and a second worker given the same
+    state dir while the first runs is refused at once: it would have ended the first's membership at its start."""
     local = start_coordinator(tiny_spec(run={"rounds": 0}, inner={"steps": 2}, coordinator={"lease_s": LEASE_S},
                                         sync={"round_deadline_s": DEADLINE_S}))
     steady = Worker(_options(local.target, patience_s=60.0), TOKEN)
@@ -30,17 +36,23 @@ def test_a_restarted_worker_ends_its_killed_membership_and_trains(start_coordina
     client = local.client()
     membership = tmp_path / "member" / "membership.json"
     membership.parent.mkdir()
+    where = str(membership) if flag == "--membership-file" else str(membership.parent)
     try:
-        first = spawn_worker(local.target, "first", "--membership-file", str(membership))
+        first = spawn_worker(local.target, "first", flag, where)
         wait_for(lambda: "trains version" in Path(first.log_path).read_text() and client.status().version >= 3, 120,
                  "the first process to train")
         assert stat.S_IMODE(membership.stat().st_mode) == 0o600
+        if flag == "--state-dir":
+            intruder = spawn_worker(local.target, "intruder", flag, where)
+            assert intruder.wait(timeout=60) == 2, logs_of([intruder])
+            refusal = Path(intruder.log_path).read_text()
+            assert f"state dir {where} is in use by another worker (pid {first.pid} on " in refusal, refusal
         killed_id = [w.worker_id for w in client.status().workers if w.name == "first" and w.state == pb.WORKER_STATE_ACTIVE]
         first.kill()
         first.wait(timeout=10)
         stuck_at = client.status().version
         killed = time.monotonic()
-        second = spawn_worker(local.target, "second", "--membership-file", str(membership))
+        second = spawn_worker(local.target, "second", flag, where)
         # The killed membership ends when the new process starts (its Leave), and the swarm goes on training.
         wait_for(lambda: client.status().version >= stuck_at + 3, 60, "rounds after the restart")
         waited = time.monotonic() - killed
