@@ -66,9 +66,10 @@ MAX_REFUSAL_BYTES = 1000
 class Refusal(Exception):
     """A refused RPC: the status code and the message the caller sees (cut to MAX_REFUSAL_BYTES of UTF-8);
     `place_retry_s` > 0 for a join refused because every place is taken, sent as the PLACE_RETRY_KEY trailer (when to
-    ask again)."""
+    ask again); `moved` for a NOT_FOUND of a membership whose run no longer takes its updates (the MOVED_KEY
+    trailer)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, place_retry_s: float = 0.0) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, place_retry_s: float = 0.0, moved: bool = False) -> None:
         encoded = message.encode(errors="backslashreplace")
         if len(encoded) > MAX_REFUSAL_BYTES:
             kept = encoded[:MAX_REFUSAL_BYTES].decode(errors="ignore")  # a character cut in two is dropped
@@ -77,6 +78,7 @@ class Refusal(Exception):
         self.code = code
         self.message = message
         self.place_retry_s = place_retry_s
+        self.moved = moved
 
 
 class Waiting:

@@ -49,7 +49,7 @@ from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.sweep import RunGroup
 from rcswarm.coordinator.tls import HTTP_TLS_NEEDS_TLS, TLSFiles, bind_problem
 from rcswarm.coordinator.tokens import JoinTokens
-from rcswarm.protos.transport import PLACE_RETRY_KEY, host_port
+from rcswarm.protos.transport import MOVED_KEY, PLACE_RETRY_KEY, host_port
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
 from rcswarm.state.errors import StoreError
@@ -84,10 +84,13 @@ def storage_refusal(method: str, error: StoreError | OSError) -> Refusal:
 
 
 def abort(context: grpc.ServicerContext, refusal: Refusal) -> None:
-    """End the call with `refusal`'s status and message, and a join refused for want of a place with the
-    PLACE_RETRY_KEY trailer (a handler thread; raises, as context.abort does)."""
+    """End the call with `refusal`'s status and message, a join refused for want of a place with the
+    PLACE_RETRY_KEY trailer, a membership moved off its run with MOVED_KEY (a handler thread; raises, as context.abort
+    does)."""
     if refusal.place_retry_s > 0:
         context.set_trailing_metadata(((PLACE_RETRY_KEY, str(round(refusal.place_retry_s * 1000))),))
+    elif refusal.moved:
+        context.set_trailing_metadata(((MOVED_KEY, "1"),))
     context.abort(refusal.code, refusal.message)
 
 

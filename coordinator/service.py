@@ -306,7 +306,8 @@ class SwarmCoordinator:
         if worker is None:
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is unknown here; join again")
         if not worker.active:
-            raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is no longer a member ({worker.reason}); join again")
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is no longer a member ({worker.reason}); "
+                          "join again", moved=worker.state == pb.WORKER_STATE_REASSIGNED)
         return worker
 
     def _authenticated(self, what: str, worker_id: str, secret: bytes) -> WorkerRecord:

@@ -361,7 +361,7 @@ class RunGroup:
         if run.finished and not self.finished:
             self._maybe_move(worker_id, index)
             why = f"was stopped ({run.stopped})" if run.stopped is not None else "finished"
-            raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r}: its run {why}; join again")
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r}: its run {why}; join again", moved=True)
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
         """Admit a worker to the run `_place` picks (handler thread; takes the group lock, then the run's); a join

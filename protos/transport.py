@@ -28,6 +28,11 @@ GRPC_URL_SCHEMES = ("dns",)
 # the worker asks again. A worker that reads it waits for a place (the coordinator answered) instead of counting
 # the refusal against its patience; without it, RESOURCE_EXHAUSTED is a busy coordinator, retried with backoff.
 PLACE_RETRY_KEY = "rcswarm-place-retry-ms"
+# The trailing-metadata key (value "1") of a NOT_FOUND whose membership ended because its run no longer takes its
+# updates: the run finished or was stopped while the sweep goes on, or the sweep moved the worker to another run.
+# A worker told so by a heartbeat stops the round it trains (its update would be dropped) and joins again; without
+# it (an eviction), the round is finished and its update pushed after the re-join, where it may still be merged.
+MOVED_KEY = "rcswarm-moved"
 
 
 def _strip_brackets(host: str) -> str:

@@ -45,6 +45,7 @@ import grpc
 import torch
 
 from rcswarm.protos.transport import (
+    MOVED_KEY,
     PLACE_RETRY_KEY,
     ClientTLS,
     not_grpc_problem,
@@ -110,6 +111,14 @@ MAX_PLACE_RETRY_S = 60.0
 MIN_PLACE_RETRY_S = 0.5
 # A worker waiting for a place says so again once this long has passed since it last said so.
 PLACE_REMINDER_S = 60.0
+
+
+def moved(err: grpc.RpcError) -> bool:
+    """Whether `err` is a NOT_FOUND whose membership's run no longer takes its updates (the MOVED_KEY trailer)."""
+    if err.code() != grpc.StatusCode.NOT_FOUND:
+        return False
+    trailers = getattr(err, "trailing_metadata", lambda: None)() or ()
+    return any(key == MOVED_KEY and value == "1" for key, value in trailers)
 
 
 def place_retry_s(err: grpc.RpcError) -> float | None:

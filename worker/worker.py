@@ -84,6 +84,7 @@ from rcswarm.worker.client import (
     Stopped,
     Timeouts,
     classify,
+    moved,
 )
 from rcswarm.worker.data_root import dataset_problem
 from rcswarm.worker.limits import ModelLimit
@@ -231,13 +232,13 @@ def _is(err: BaseException, code: grpc.StatusCode) -> bool:
 
 
 class _Either:
-    """Set when either event is (the `stop` a round's training checks before each step)."""
+    """Set when any of the events is (the `stop` a round's training checks before each step)."""
 
-    def __init__(self, first: threading.Event, second: threading.Event) -> None:
-        self.first, self.second = first, second
+    def __init__(self, *events: threading.Event) -> None:
+        self.events = events
 
     def is_set(self) -> bool:
-        return self.first.is_set() or self.second.is_set()
+        return any(event.is_set() for event in self.events)
 
 
 class Exchange:
@@ -390,6 +391,11 @@ class Worker:
         self._diverged_rounds = 0
         # The runs this worker refused (run id → why), named at every join so that a sweep places it in another.
         self._refused_runs: dict[str, str] = {}
+        # Set by the heartbeat thread when the coordinator said this membership's run no longer takes its updates
+        # (a NOT_FOUND with the MOVED_KEY trailer: the run finished or was stopped, or the sweep moved the worker):
+        # the round in training stops and the worker joins again. Cleared at each join; `_moved_why` says why.
+        self._moved = threading.Event()
+        self._moved_why = ""
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -539,6 +545,7 @@ class Worker:
         if unreadable:  # on every join: a spec changed in its dataset alone builds nothing anew
             raise SpecRefused(f"the run spec of {response.run_id} is refused: {unreadable}", response.run_id, member)
         self.identity = member
+        self._moved.clear()
         same_run = bool(self.run_id) and self.run_id == response.run_id
         self._counters.joined(same_run, self._counts())
         self.run_id, self.lease_s = response.run_id, response.lease_seconds
@@ -701,10 +708,11 @@ class Worker:
             self.startup.mark("pulled")
             self.startup.reported = True
             log.info("%s trains version %d, %s", self.worker_id, version, self.startup.describe())
-        trained = self.trainer.train(version, steps, budget_s=budget, stop=self.stop, step=self._train_step,
-                                     on_schedule=self._log_schedule)
+        trained = self.trainer.train(version, steps, budget_s=budget, stop=_Either(self.stop, self._moved),
+                                     step=self._train_step, on_schedule=self._log_schedule)
         self._keep([self._metric(row) for row in trained.rows])
         if trained.stopped:
+            self._check_moved(version, trained.steps)
             return
         sync_started = time.perf_counter()
         self.round_steps = trained.steps
@@ -752,10 +760,12 @@ class Worker:
         left_s = budget - early.seconds if budget > 0 else 0.0
         trained = RoundResult(0, 0, (), False)
         if steps > early.steps and (budget <= 0 or left_s > 0 or early.steps == 0):
-            trained = self.trainer.train(version, steps - early.steps, budget_s=max(left_s, 0.0), stop=self.stop,
-                                         step=self._train_step, on_schedule=self._log_schedule)
+            trained = self.trainer.train(version, steps - early.steps, budget_s=max(left_s, 0.0),
+                                         stop=_Either(self.stop, self._moved), step=self._train_step,
+                                         on_schedule=self._log_schedule)
         self._keep([self._metric(row) for row in trained.rows])
         if trained.stopped:
+            self._check_moved(version, early.steps + trained.steps)
             return
         self.round_steps = early.steps + trained.steps
         deltas = self.trainer.delta(base)
@@ -862,7 +872,7 @@ class Worker:
         exchange = inflight.exchange
         early_started = time.perf_counter()
         early = self.trainer.train(inflight.version + 1, inflight.steps, budget_s=inflight.budget_s,
-                                   stop=_Either(self.stop, exchange.done), step=self._train_step,
+                                   stop=_Either(self.stop, exchange.done, self._moved), step=self._train_step,
                                    on_schedule=self._log_schedule)
         early_seconds = time.perf_counter() - early_started
         sync_started = time.perf_counter()
@@ -1215,14 +1225,27 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(heartbeat_interval(self.lease_s)):
+            identity = self.identity
             try:
-                identity = self.identity
                 response = self.client.heartbeat(identity)
                 self._note_assignment(response, identity.worker_id)
                 if response.run_state == pb.RUN_STATE_FINISHED:
                     self.finished = True
-            except (grpc.RpcError, RetriesExhausted, Stopped) as exc:
+            except grpc.RpcError as err:
+                if moved(err) and identity.worker_id and identity.worker_id == self.identity.worker_id:
+                    self._moved_why = err.details() or "moved"
+                    self._moved.set()
+                log.debug("heartbeat failed: %s", err)
+            except (RetriesExhausted, Stopped) as exc:
                 log.debug("heartbeat failed: %s", exc)
+
+    def _check_moved(self, version: int, steps: int) -> None:
+        """After a round's training stopped early: Rejoin when it stopped because the heartbeat heard that this
+        membership's run no longer takes its updates (`_moved`), so that the worker joins again without pushing.
+        Before, it trained the round to its end and pushed an update that was dropped (a pruned run's workers: up to
+        a whole round, 23 minutes of an H100 in examples/frame_git_gpu.toml)."""
+        if self._moved.is_set() and not self.stop.is_set():
+            raise Rejoin(f"{self._moved_why} (the round from version {version} stopped after {steps} steps)")
 
     def _leave(self) -> None:
         self.stop.set()

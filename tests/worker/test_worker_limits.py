@@ -251,3 +251,42 @@ def test_a_worker_that_cannot_train_one_length_of_a_sweep_trains_another(tmp_pat
         occupant.close()
     finally:
         running.stop(grace=0.5)
+
+
+def test_a_worker_whose_run_is_stopped_mid_round_stops_training_it_and_moves(tmp_path, caplog) -> None:
+    """A pruned run's worker trained its round to the end and pushed an update the run dropped: up to a whole round
+    (23 minutes of an H100 in examples/frame_git_gpu.toml). The heartbeat's NOT_FOUND now says the run no longer takes
+    its updates (the MOVED_KEY trailer): the round stops within a heartbeat and the worker joins the run going on."""
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import open_group
+
+    spec = tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 3, "workers": 1}, inner={"steps": 100_000},
+                     coordinator={"lease_s": 3.0})
+    group = open_group(spec, tmp_path / "state")
+    running = RunningCoordinator(group, TOKEN).start()
+    try:
+        first, second = group.runs
+        worker = Worker(_options(f"127.0.0.1:{running.port}"), TOKEN)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        with caplog.at_level(logging.WARNING, logger="rcswarm.worker"):
+            thread.start()
+            try:
+                deadline = time.monotonic() + 60
+                while not (worker.run_id == first.run_id and worker.step > 0) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert worker.run_id == first.run_id, worker.run_id
+                first.stop("pruned: the test")
+                stopped, deadline = time.monotonic(), time.monotonic() + 30
+                while worker.run_id != second.run_id and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                moved_after = time.monotonic() - stopped
+            finally:
+                worker.stop.set()
+                thread.join(timeout=30)
+        assert worker.run_id == second.run_id, worker.run_id
+        assert moved_after < 10, f"{moved_after:.1f} s"  # heartbeats every second at a 3 s lease
+        assert first.version == 0 and not first.round.reports  # no update of the stopped round reached it
+        lines = [r.getMessage() for r in caplog.records if "its run was stopped (pruned: the test)" in r.getMessage()]
+        assert lines and "stopped after" in lines[0], lines
+    finally:
+        running.stop(grace=0.5)
