@@ -427,6 +427,9 @@ class Worker:
                 except SpecRefused as exc:
                     self._refuse_run(exc)
                     self._join_placed()
+                except torch.OutOfMemoryError as exc:
+                    self._refuse_run(self._out_of_memory(exc))
+                    self._join_placed()
                 except Diverged as exc:
                     if self._diverged_rounds >= MAX_DIVERGED_ROUNDS:
                         return self._exit(f"{self.name} exits: the local training diverged {self._diverged_rounds} "
@@ -499,6 +502,24 @@ class Worker:
         if exc.member is not None:
             self._leave_refused(exc.member, str(exc))
         self.identity = Identity()
+
+    def _out_of_memory(self, exc: torch.OutOfMemoryError) -> SpecRefused:
+        """A round that ran out of device memory, as a refusal of its run (memory given back first): in a sweep the
+        worker then trains a length that fits. Before, the error ended the process with a traceback, and a
+        restarted one was placed in the same run again."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:  # the overlapped round on the wire ends first (its client calls are bounded)
+            try:
+                inflight.exchange.wait()
+            except Exception as error:  # its update is dropped with the run either way
+                log.info("%s: the round on the wire ended with %s", self.name, error)
+        data = self.trainer.data
+        shape = f" at seq_len {data.seq_len:,} × batch {data.batch_size:,}" if data is not None else ""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return SpecRefused(f"out of memory on {self.device} training run {self.run_id}{shape}: {first}", self.run_id,
+                           self.identity)
 
     def _leave_refused(self, member: Identity, why: str = "placed in a run it refused") -> None:
         """End the membership `member` of a run this worker refused: one attempt (its lease ends it otherwise)."""
@@ -582,7 +603,7 @@ class Worker:
                          self.name, response.run_id, rebuild)
             try:
                 self._build_model(spec)
-            except (ValueError, KeyError) as exc:
+            except (ValueError, KeyError, torch.OutOfMemoryError) as exc:
                 raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}", response.run_id,
                                   member) from exc
             self._built_for = response.run_id
@@ -593,7 +614,7 @@ class Worker:
         if self.data_seed is None:
             try:
                 self._start_data(spec, response.data_seed)
-            except (ValueError, KeyError) as exc:
+            except (ValueError, KeyError, torch.OutOfMemoryError) as exc:
                 raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}", response.run_id,
                                   member) from exc
             self.startup.mark("model and data")
@@ -871,9 +892,13 @@ class Worker:
             return version, base, Early(0, 0, 0.0)
         exchange = inflight.exchange
         early_started = time.perf_counter()
-        early = self.trainer.train(inflight.version + 1, inflight.steps, budget_s=inflight.budget_s,
-                                   stop=_Either(self.stop, exchange.done, self._moved), step=self._train_step,
-                                   on_schedule=self._log_schedule)
+        try:
+            early = self.trainer.train(inflight.version + 1, inflight.steps, budget_s=inflight.budget_s,
+                                       stop=_Either(self.stop, exchange.done, self._moved), step=self._train_step,
+                                       on_schedule=self._log_schedule)
+        except torch.OutOfMemoryError:
+            self._inflight = inflight  # its exchange still runs: `_out_of_memory` waits for it to end
+            raise
         early_seconds = time.perf_counter() - early_started
         sync_started = time.perf_counter()
         try:

@@ -18,6 +18,7 @@ import tracemalloc
 
 import grpc
 import pytest
+import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.records import Refusal
@@ -288,5 +289,50 @@ def test_a_worker_whose_run_is_stopped_mid_round_stops_training_it_and_moves(tmp
         assert first.version == 0 and not first.round.reports  # no update of the stopped round reached it
         lines = [r.getMessage() for r in caplog.records if "its run was stopped (pruned: the test)" in r.getMessage()]
         assert lines and "stopped after" in lines[0], lines
+    finally:
+        running.stop(grace=0.5)
+
+
+class OutOfMemoryAt(Worker):
+    """The real worker, whose training runs out of device memory at windows of `seq_len` (as CUDA would: a
+    torch.OutOfMemoryError from inside a step)."""
+
+    def __init__(self, options, seq_len: int) -> None:
+        super().__init__(options, TOKEN)
+        self.oom_seq_len = seq_len
+        self.ooms = 0
+
+    def _train_step(self, *args, **kwargs):
+        if self.trainer.data.seq_len == self.oom_seq_len:
+            self.ooms += 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (the test)")
+        return super()._train_step(*args, **kwargs)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlap"])
+def test_a_worker_out_of_memory_at_one_length_of_a_sweep_trains_another(tmp_path, caplog, overlap) -> None:
+    """An OutOfMemoryError ended the worker with a traceback, and a restarted one was placed in the same run again.
+    It is a refusal of that run: the worker leaves it and the sweep places it at a length that fits."""
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import open_group
+
+    spec = tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 3, "workers": 1}, inner={"steps": 2},
+                     sync={"overlap": overlap}, coordinator={"lease_s": 60.0})
+    group = open_group(spec, tmp_path / "state")
+    running = RunningCoordinator(group, TOKEN).start()
+    try:
+        short, long = group.runs
+        target = f"127.0.0.1:{running.port}"
+        occupant = CoordinatorClient(target, TOKEN)
+        seat = occupant.join("occupant", "cpu", 1)  # L8 holds one worker: the worker goes to L16 first
+        worker = OutOfMemoryAt(_options(target), 16)
+        with caplog.at_level(logging.WARNING, logger="rcswarm.worker"):
+            code = run_until(worker, lambda w: w.run_id == short.run_id and w.step >= 2, 60)
+        assert code == 0 and worker.ooms == 1 and worker.run_id == short.run_id, worker.exit_reason
+        lines = [r.getMessage() for r in caplog.records if "asking for another" in r.getMessage()]
+        assert len(lines) == 1 and f"out of memory on cpu training run {long.run_id} at seq_len 16 × batch 4" in lines[0]
+        assert "CUDA out of memory. Tried to allocate 2.00 GiB (the test)" in lines[0], lines
+        occupant.leave(seat, "done")
+        occupant.close()
     finally:
         running.stop(grace=0.5)
