@@ -61,7 +61,7 @@ from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal, Waiting
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import MAX_REFUSED_RUNS
+from rcswarm.protos.wire import MAX_REFUSED_RUNS, REFUSED_RUNS_REFUSAL
 from rcswarm.state.lock import StateDirLock
 from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore
@@ -328,7 +328,7 @@ class RunGroup:
         if not self.sweep:
             if refused:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"join refused: this worker refused run {self.runs[0].run_id}, the only one here")
+                              f"{REFUSED_RUNS_REFUSAL}run {self.runs[0].run_id}, the only one here")
             return 0, ""
         self._arriving.pop(request.previous_worker_id, None)  # a moved worker arriving: placed as one of the others
         loads = without(self._loads(), refused)
@@ -336,7 +336,7 @@ class RunGroup:
         if index is None and refused and all(load.finished for load in loads) and not self.finished:
             names = ", ".join(self.runs[i].spec.run.name for i in sorted(refused))
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"join refused: this worker refused {names}, and the sweep has no other unfinished run")
+                          f"{REFUSED_RUNS_REFUSAL}{names}, and the sweep has no other unfinished run")
         if index is None and all(load.finished for load in loads):
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"join refused: {reason}")
         if index is None:

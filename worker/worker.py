@@ -47,12 +47,14 @@ before each push as it holds once that push lands, so that a residual is never s
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import math
 import os
 import socket
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 
 import grpc
@@ -60,7 +62,7 @@ import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import MAX_REFUSED_RUNS, MAX_VAL_LOSS
+from rcswarm.protos.wire import MAX_REFUSED_RUNS, MAX_VAL_LOSS, REFUSED_RUNS_REFUSAL
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 from rcswarm.sync.feedback_state import (
@@ -273,6 +275,12 @@ class Exchange:
         self.thread.join(timeout_s)
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def heartbeat_interval(lease_s: float) -> float:
     """Seconds between two heartbeats of a membership whose lease is `lease_s` (the Join's answer): a third of it,
     within [MIN_HEARTBEAT_S, MAX_HEARTBEAT_S]; DEFAULT_LEASE_S's third for a lease that is not a positive number
@@ -396,6 +404,9 @@ class Worker:
         # the round in training stops and the worker joins again. Cleared at each join; `_moved_why` says why.
         self._moved = threading.Event()
         self._moved_why = ""
+        # Orders the heartbeat's check-and-set of `_moved` against a join's new identity and clearing of it, so a
+        # late answer about the old membership never stops the new one's round.
+        self._moved_lock = threading.Lock()
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -419,22 +430,24 @@ class Worker:
             self._take_over()
             self._join_placed()
             while not self.stop.is_set() and not self.finished:
+                refusal: SpecRefused | None = None
                 try:
                     self._round()
                 except Rejoin as exc:
                     log.warning("%s; joining again", exc)
                     self._join_placed()
                 except SpecRefused as exc:
-                    self._refuse_run(exc)
-                    self._join_placed()
+                    refusal = exc.with_traceback(None)
                 except torch.OutOfMemoryError as exc:
-                    self._refuse_run(self._out_of_memory(exc))
-                    self._join_placed()
+                    refusal = self._out_of_memory(exc)
                 except Diverged as exc:
                     if self._diverged_rounds >= MAX_DIVERGED_ROUNDS:
                         return self._exit(f"{self.name} exits: the local training diverged {self._diverged_rounds} "
                                           f"rounds in a row ({exc}); lower inner.lr or check the data")
                     self._recover(exc)
+                if refusal is not None:  # out of the handler: the failed round's frames (and tensors) are gone
+                    self._refuse_run(refusal)
+                    self._join_placed()
         except Stopped:
             pass
         except RetriesExhausted as exc:
@@ -502,11 +515,21 @@ class Worker:
         if exc.member is not None:
             self._leave_refused(exc.member, str(exc))
         self.identity = Identity()
+        self._free_device_memory()
+
+    def _free_device_memory(self) -> None:
+        """Give back what a refused run held (its failed round's tensors, once nothing refers to them) before the next
+        run's model is built: a collection, and on CUDA the allocator's cached blocks."""
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _out_of_memory(self, exc: torch.OutOfMemoryError) -> SpecRefused:
-        """A round that ran out of device memory, as a refusal of its run (memory given back first): in a sweep the
-        worker then trains a length that fits. Before, the error ended the process with a traceback, and a
-        restarted one was placed in the same run again."""
+        """A round that ran out of device memory, as a refusal of its run: in a sweep the worker then trains a length
+        that fits. Before, the error ended the process with a traceback, and a restarted one was placed in the same
+        run again. The error's frames are cleared here (they hold the failed step's tensors); the caller refuses the
+        run once out of its handler, and `_refuse_run` gives the memory back before the next run's model is built."""
+        traceback.clear_frames(exc.__traceback__)
         inflight, self._inflight = self._inflight, None
         if inflight is not None:  # the overlapped round on the wire ends first (its client calls are bounded)
             try:
@@ -515,11 +538,8 @@ class Worker:
                 log.info("%s: the round on the wire ended with %s", self.name, error)
         data = self.trainer.data
         shape = f" at seq_len {data.seq_len:,} × batch {data.batch_size:,}" if data is not None else ""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return SpecRefused(f"out of memory on {self.device} training run {self.run_id}{shape}: {first}", self.run_id,
-                           self.identity)
+        return SpecRefused(f"out of memory on {self.device} training run {self.run_id}{shape}: {first_line(exc)}",
+                           self.run_id, self.identity)
 
     def _leave_refused(self, member: Identity, why: str = "placed in a run it refused") -> None:
         """End the membership `member` of a run this worker refused: one attempt (its lease ends it otherwise)."""
@@ -545,7 +565,7 @@ class Worker:
             response = self.client.join(self.name, str(self.device), os.getpid(), run_id, previous.worker_id,
                                         list(self._refused_runs))
         except grpc.RpcError as err:
-            if _is(err, grpc.StatusCode.FAILED_PRECONDITION) and self._refused_runs:
+            if _is(err, grpc.StatusCode.FAILED_PRECONDITION) and err.details().startswith(REFUSED_RUNS_REFUSAL):
                 raise SpecRefused(f"{'; '.join(self._refused_runs.values())} (no other run: {err.details()})") from err
             if _is(err, grpc.StatusCode.FAILED_PRECONDITION):
                 log.info("%s: %s", self.name, err.details())
@@ -565,8 +585,9 @@ class Worker:
         unreadable = dataset_problem(spec, self.options.data_root)
         if unreadable:  # on every join: a spec changed in its dataset alone builds nothing anew
             raise SpecRefused(f"the run spec of {response.run_id} is refused: {unreadable}", response.run_id, member)
-        self.identity = member
-        self._moved.clear()
+        with self._moved_lock:
+            self.identity = member
+            self._moved.clear()
         same_run = bool(self.run_id) and self.run_id == response.run_id
         self._counters.joined(same_run, self._counts())
         self.run_id, self.lease_s = response.run_id, response.lease_seconds
@@ -601,11 +622,18 @@ class Worker:
             if self.builds:
                 log.info("%s: the model, inner optimizer, data stream and error feedback are built anew for %s: %s",
                          self.name, response.run_id, rebuild)
+            out_of_memory = ""
             try:
                 self._build_model(spec)
-            except (ValueError, KeyError, torch.OutOfMemoryError) as exc:
+            except (ValueError, KeyError) as exc:
                 raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}", response.run_id,
                                   member) from exc
+            except torch.OutOfMemoryError as exc:  # refused out of the handler: its frames hold the partial model
+                traceback.clear_frames(exc.__traceback__)
+                out_of_memory = first_line(exc)
+            if out_of_memory:
+                raise SpecRefused(f"cannot build the model of {response.run_id}: out of memory on {self.device}: "
+                                  f"{out_of_memory}", response.run_id, member)
             self._built_for = response.run_id
         elif spec != self.spec:
             log.info("%s: the run spec of %s changed in what its model and training do not depend on; the model, "
@@ -614,7 +642,7 @@ class Worker:
         if self.data_seed is None:
             try:
                 self._start_data(spec, response.data_seed)
-            except (ValueError, KeyError, torch.OutOfMemoryError) as exc:
+            except (ValueError, KeyError) as exc:
                 raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}", response.run_id,
                                   member) from exc
             self.startup.mark("model and data")
@@ -1161,9 +1189,9 @@ class Worker:
         A newer version, or an older one (a coordinator that resumed from an older checkpoint), is pulled at once.
         Before, the worker pulled `version` again at once and trained and pushed in a loop (2,016 refused pushes in
         40 s from a pruned run's worker). Not after a re-join into another run (`run_id` was the update's)."""
-        if self.run_id != run_id:
-            return
         identity = self.identity
+        if self.finished or not identity.worker_id or self.run_id != run_id:  # a re-join found the run over, or moved
+            return
         response = self._call(self.client.await_version, identity, version + 1, 0.0)
         self._note_assignment(response, identity.worker_id)
         if response.run_state == pb.RUN_STATE_FINISHED:
@@ -1257,9 +1285,10 @@ class Worker:
                 if response.run_state == pb.RUN_STATE_FINISHED:
                     self.finished = True
             except grpc.RpcError as err:
-                if moved(err) and identity.worker_id and identity.worker_id == self.identity.worker_id:
-                    self._moved_why = err.details() or "moved"
-                    self._moved.set()
+                with self._moved_lock:
+                    if moved(err) and identity.worker_id and identity.worker_id == self.identity.worker_id:
+                        self._moved_why = err.details() or "moved"
+                        self._moved.set()
                 log.debug("heartbeat failed: %s", err)
             except (RetriesExhausted, Stopped) as exc:
                 log.debug("heartbeat failed: %s", exc)

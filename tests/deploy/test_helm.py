@@ -247,6 +247,7 @@ BAD_VALUES = [
     ({"ray": {"launch": {"dataRoot": "data/frames"}}}, "at '/ray/launch/dataRoot': 'data/frames' does not match pattern"),
     ({"workers": {"dataRoot": "data/frames"}}, "at '/workers/dataRoot': 'data/frames' does not match pattern"),
     ({"workers": {"dataRoot": "/data/\nframes"}}, "at '/workers/dataRoot': '/data/\\nframes' does not match pattern"),
+    ({"workers": {"dataRoot": "/data/\u0085frames"}}, "at '/workers/dataRoot': "),  # a C1 control character (NEL)
     ({"coordinator": {"ingress": {"enabled": True}}}, "at '/coordinator/ingress/tlsSecretName': minLength: got 0, want 1"),
     # A misspelt strategy type rendered, and the API server refused the Deployment.
     ({"workers": {"strategy": {"type": "Recreat"}}}, "at '/workers/strategy/type': value must be one of 'RollingUpdate', 'Recreate'"),

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import tracemalloc
+import weakref
 
 import grpc
 import pytest
@@ -30,7 +31,7 @@ from rcswarm.worker import Worker
 from rcswarm.worker.client import CoordinatorClient, RetriesExhausted
 from rcswarm.worker.limits import TRAINING_BYTES_PER_PARAMETER, ModelLimit
 from tests.helpers.specs import TOKEN, tiny_spec
-from tests.helpers.worker import _options, run_until
+from tests.helpers.worker import FaultBeforeFirstPush, _options, run_until
 
 # The issue's hostile spec: d_model 30000, 8 layers of the demo's LSTM.
 HUGE_OVERRIDES = {"d_model": 30000, "n_layers": 8}
@@ -334,5 +335,105 @@ def test_a_worker_out_of_memory_at_one_length_of_a_sweep_trains_another(tmp_path
         assert "CUDA out of memory. Tried to allocate 2.00 GiB (the test)" in lines[0], lines
         occupant.leave(seat, "done")
         occupant.close()
+    finally:
+        running.stop(grace=0.5)
+
+
+class OutOfMemoryHolding(Worker):
+    """The real worker, running out of memory at windows of `seq_len` while its step holds a large tensor (the
+    round's saved activations); records whether that tensor is still alive when the next run's model is built."""
+
+    def __init__(self, options, seq_len: int) -> None:
+        super().__init__(options, TOKEN)
+        self.oom_seq_len, self.held, self.alive_at_build = seq_len, None, []
+
+    def _train_step(self, *args, **kwargs):
+        if self.trainer.data.seq_len == self.oom_seq_len and self.held is None:
+            activations = torch.empty(64 << 20, dtype=torch.uint8)
+            self.held = weakref.ref(activations)
+            raise torch.OutOfMemoryError("CUDA out of memory (the test)")
+        return super()._train_step(*args, **kwargs)
+
+    def _build_model(self, spec):
+        if self.held is not None:
+            self.alive_at_build.append(self.held() is not None)
+        return super()._build_model(spec)
+
+
+def test_the_failed_rounds_tensors_are_gone_before_the_next_runs_model_is_built(tmp_path) -> None:
+    """The run was refused inside the error's handler: its traceback held the failed step's frames, and with them
+    its activations, while the next run's model was built (on a GPU, a second out-of-memory: review, 2026-11-29)."""
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import open_group
+
+    spec = tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 3, "workers": 1}, inner={"steps": 2},
+                     coordinator={"lease_s": 60.0})
+    group = open_group(spec, tmp_path / "state")
+    running = RunningCoordinator(group, TOKEN).start()
+    try:
+        short, _ = group.runs
+        target = f"127.0.0.1:{running.port}"
+        occupant = CoordinatorClient(target, TOKEN)
+        seat = occupant.join("occupant", "cpu", 1)
+        worker = OutOfMemoryHolding(_options(target), 16)
+        assert run_until(worker, lambda w: w.run_id == short.run_id and w.step >= 2, 60) == 0, worker.exit_reason
+        assert worker.alive_at_build == [False], worker.alive_at_build
+        occupant.leave(seat, "done")
+        occupant.close()
+    finally:
+        running.stop(grace=0.5)
+
+
+def test_a_worker_that_refused_a_run_ends_with_0_when_the_sweep_ends(tmp_path) -> None:
+    """Every FAILED_PRECONDITION of a join was read as "no other run" once the worker had refused one, including
+    "every run of the sweep has finished": exit 1, "cannot train this run" (review, 2026-11-29)."""
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import open_group
+
+    spec = tiny_spec(sweep={"seq_lens": [8, 512]}, run={"rounds": 2, "workers": 1}, data={"batch_size": 2},
+                     inner={"steps": 2}, coordinator={"lease_s": 60.0})
+    group = open_group(spec, tmp_path / "state")
+    running = RunningCoordinator(group, TOKEN).start()
+    try:
+        short, long = group.runs
+        target = f"127.0.0.1:{running.port}"
+        occupant = CoordinatorClient(target, TOKEN)
+        occupant.join("occupant", "cpu", 1)
+
+        def end_the_sweep(worker: Worker) -> None:  # an eviction, and the sweep's end meanwhile
+            short.leave(pb.LeaveRequest(worker_id=worker.identity.worker_id,
+                                        worker_secret=worker.identity.worker_secret, reason="evicted (the test)"))
+            long.stop("budget (the test)", kind="budget")
+            short.stop("budget (the test)", kind="budget")
+
+        worker = FaultBeforeFirstPush(_options(target, max_step_tokens=100), end_the_sweep)
+        assert worker.run() == 0, worker.exit_reason
+        assert list(worker._refused_runs) == [long.run_id] and worker.finished
+        occupant.close()
+    finally:
+        running.stop(grace=0.5)
+
+
+def test_a_worker_whose_push_rejoin_finds_the_run_over_ends_with_0(tmp_path) -> None:
+    """Evicted before its push while the run ended: the push's re-join answered "finished" (the identity emptied),
+    and the wait past the refused version long-polled without a membership: UNAUTHENTICATED, exit 1 (review,
+    2026-11-29)."""
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import open_group
+
+    group = open_group(tiny_spec(run={"rounds": 3, "workers": 1}, inner={"steps": 2}, coordinator={"lease_s": 60.0}),
+                       tmp_path / "state")
+    running = RunningCoordinator(group, TOKEN).start()
+    try:
+        run = group.runs[0]
+
+        def end_the_run(worker: Worker) -> None:
+            run.leave(pb.LeaveRequest(worker_id=worker.identity.worker_id, worker_secret=worker.identity.worker_secret,
+                                      reason="evicted (the test)"))
+            run.stop("the run ended meanwhile (the test)", kind="budget")
+
+        worker = FaultBeforeFirstPush(_options(f"127.0.0.1:{running.port}"), end_the_run)
+        assert worker.run() == 0, worker.exit_reason
+        assert worker.finished
     finally:
         running.stop(grace=0.5)
