@@ -15,7 +15,7 @@ from dataclasses import asdict
 from typing import Any
 
 from rcswarm.launch.plan import WORKER_PREFIX, LaunchPlan
-from rcswarm.worker import FINISHED, RayWorker
+from rcswarm.worker import FAILED, FINISHED, RayWorker
 
 CALL_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 30.0
@@ -188,11 +188,17 @@ def retire(handle, timeout_s: float = STOP_TIMEOUT_S) -> dict | None:
 
 
 def describe_stop(report: dict | None) -> str:
+    """What a worker actor's stop did (its `RayWorker.stop` report), in words: it said "left the swarm" of a worker
+    that had failed or never joined, which had no membership to leave."""
     if report is None:
         return "it did not answer (not started, restarting or dead); killed"
     who = report.get("worker_id") or "no membership"
     if report.get("state") == FINISHED:
         return f"{who}: its run had finished"
+    if report.get("was") == FAILED:
+        return f"it had failed before ({report.get('problem') or 'no reason given'}); removed"
+    if not report.get("worker_id"):
+        return "it had not joined; removed"
     return f"{who} {'left the swarm' if report.get('left') else 'did not finish leaving in time'}"
 
 

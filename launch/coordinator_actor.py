@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rcswarm.launch.actors import CALL_TIMEOUT_S, STOP_TIMEOUT_S, call, gcs_record
-from rcswarm.launch.plan import COORDINATOR, resource_problem
+from rcswarm.launch.actors import CALL_TIMEOUT_S, PENDING_STATES, STOP_TIMEOUT_S, call, gcs_record
+from rcswarm.launch.plan import COORDINATOR, pending_reason, resource_problem
 
 COORDINATOR_START_S = 120.0
 FOLDER = "coordinator-actor"
@@ -184,21 +184,48 @@ class CoordinatorActor:
         return self.info()
 
 
+HEAD_RESOURCE = "node:__internal_head__"
+
+
+def head_cpu_problem(cpus: float, nodes: list[dict[str, Any]]) -> str | None:
+    """Why a coordinator actor of `cpus` CPUs can never start on the head node (pure; `nodes`: `ray.nodes()`), or
+    None. Before, it stayed PENDING_CREATION until the launcher gave up after two minutes, and was left behind."""
+    heads = [node["Resources"] for node in nodes if node.get("Alive") and HEAD_RESOURCE in node.get("Resources", {})]
+    if not heads or cpus <= heads[0].get("CPU", 0.0):
+        return None
+    return (f"--coordinator-cpus {cpus:g}: the head node, where the coordinator actor runs, has "
+            f"{heads[0].get('CPU', 0.0):g} CPUs; expected at most that")
+
+
 def start_coordinator(namespace: str, spec: CoordinatorSpec) -> str:
     """Find or create the coordinator actor on the head node; its HOST:PORT for the workers.
 
     RuntimeError when an existing one runs other settings (naming them: it is not replaced, since its
-    workers train against it), or when the coordinator does not start (the actor is then removed)."""
+    workers train against it), when the head node cannot hold it (`head_cpu_problem`), or when the coordinator does
+    not start (an actor that never started or died is then removed, saying why it waited)."""
     import ray
 
+    problem = head_cpu_problem(spec.cpus, ray.nodes())
+    if problem is not None:
+        raise RuntimeError(problem)
     handle = ray.remote(CoordinatorActor).options(
         name=COORDINATOR, namespace=namespace, lifetime="detached", get_if_exists=True, max_restarts=-1,
         num_cpus=spec.cpus, resources={"node:__internal_head__": 0.001}, max_concurrency=2,
     ).remote(asdict(spec))
     info = call(handle, "info", timeout_s=COORDINATOR_START_S + CALL_TIMEOUT_S)
     if info is None:
-        cause = gcs_record(handle).get("DeathCause", "")
-        raise RuntimeError(f"the coordinator actor did not start: {cause or 'it did not answer'}")
+        record = gcs_record(handle)
+        state = record.get("State", "")
+        if state in PENDING_STATES:
+            demand = {"CPU": spec.cpus, HEAD_RESOURCE: 0.001}
+            why = f"it was never started ({pending_reason(demand, ray.nodes(), ray.available_resources())})"
+        else:
+            why = record.get("DeathCause", "") or f"it did not answer (Ray state {state or 'unknown'})"
+        if state in (*PENDING_STATES, "DEAD"):  # nothing serves: removed, so that a corrected retry creates a new one
+            ray.kill(handle, no_restart=True)
+            raise RuntimeError(f"the coordinator actor did not start: {why}; removed")
+        raise RuntimeError(f"the coordinator actor did not start: {why}; it stays in namespace {namespace} (remove it "
+                           "with --stop)")
     differ = settings_differ(info.get("settings"), spec.settings())
     if differ is not None:
         raise RuntimeError(f"a coordinator actor already runs in namespace {namespace} ({info.get('address')}) with "

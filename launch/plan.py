@@ -66,7 +66,7 @@ class LaunchPlan:
         if not NAMESPACE.match(self.namespace):
             raise ValueError(f"--namespace {self.namespace!r}: {NAMESPACE_RULE}")
         for flag, path in (("--tls-ca", self.worker.tls_ca), ("--tls-cert", self.worker.tls_cert),
-                           ("--tls-key", self.worker.tls_key)):
+                           ("--tls-key", self.worker.tls_key), ("--data-root", self.worker.data_root)):
             if path is not None and not path.is_absolute():
                 raise ValueError(f"{flag} {str(path)!r}: expected an absolute path (it is read on every Ray node)")
 

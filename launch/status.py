@@ -219,6 +219,16 @@ def ended(status: dict[str, Any], plan: LaunchPlan) -> Verdict | None:
     return Verdict(0, f"every worker's run has ended, each {'started ' if pending else ''}one finished{never}")
 
 
+def removed(status: dict[str, Any], plan: LaunchPlan) -> Verdict | None:
+    """Whether the launcher's actors were removed from under it (pure): workers are wanted, and neither the
+    supervisor nor any worker actor is left (another driver's `--stop`, as the interrupt message advises). Before,
+    `ended` waited for worker rows that would never come, and the launcher polled for ever."""
+    if plan.workers == 0 or status["supervisor"] or status["rows"]:
+        return None
+    return Verdict(1, f"the supervisor and every worker actor of namespace {plan.namespace} are gone: removed by "
+                      "another driver (`rcswarm launch ray --stop`?) or with the Ray cluster's state")
+
+
 def stop_command(address: str, namespace: str) -> str:
     """The command that removes the namespace's actors, to print."""
     return f"{PROG} --address {shlex.quote(address)} --namespace {namespace} --stop"
@@ -247,9 +257,15 @@ def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event) -> Verdict | 
     then remove the actors and return the verdict) or `stop` is set (None: the actors stay, see `interrupted`)."""
     shown: dict[str, tuple] = {}
     seen: set[str] = set()
+    gone = 0  # polls in a row that found no actor left (`removed`): two, so that a supervisor Ray restarts is no end
     print(HEADER, flush=True)
     while not stop.wait(poll_s):
         status = collect_status(plan.namespace)
+        lost = removed(status, plan)
+        gone = gone + 1 if lost is not None else 0
+        if lost is not None and gone >= 2:
+            print(lost.reason, flush=True)
+            return lost
         for row in status["rows"]:
             if shown.get(row.name) != row.key():
                 shown[row.name] = row.key()

@@ -160,7 +160,10 @@ def ensure_supervisor(plan: LaunchPlan):
             return existing
         call(existing, "halt", timeout_s=STOP_TIMEOUT_S + CALL_TIMEOUT_S)
         ray.kill(existing, no_restart=True)
-        wait(lambda: lookup(SUPERVISOR, plan.namespace) is None, CALL_TIMEOUT_S)
+        # Its name still registered, get_if_exists would hand the dying supervisor back: no supervisor at all.
+        if not wait(lambda: lookup(SUPERVISOR, plan.namespace) is None, CALL_TIMEOUT_S):
+            raise RuntimeError(f"the supervisor of another plan in namespace {plan.namespace} was killed but its "
+                               f"name is still registered after {CALL_TIMEOUT_S:g}s; run the launch again")
     return ray.remote(Supervisor).options(
         name=SUPERVISOR, namespace=plan.namespace, lifetime="detached", get_if_exists=True, max_restarts=-1,
         num_cpus=0, max_concurrency=4,

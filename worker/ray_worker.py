@@ -16,7 +16,10 @@ directory per user, named by coordinator and actor, `membership_file`), so a suc
 the dead process's membership at once instead of the open round waiting out its lease; one started on
 another node finds no file, and the coordinator evicts the dead membership when its lease runs out.
 A run that finishes, a refused token or a spec this node cannot build end the loop; the actor then stays alive and reports the outcome (`state`, `exit_code`) instead of exiting, so Ray does not
-restart it into the same refusal.
+restart it into the same refusal. A worker that gave up on a coordinator silent or unreachable past its patience
+(`Worker.gave_up`) is started again in the same actor after `retry_delay_s` (30 s, doubling to 10 minutes), its state
+"starting" meanwhile with the reason: before, it stayed "failed" for good, holding its resources, though the
+coordinator came back (review of the Ray launcher, 2026-11-29).
 
 Threads: the worker loop runs on its own thread ("rcswarm-worker"); `info` and `stop` run on Ray's
 task threads (the actor is created with `max_concurrency` > 1). `_lock` guards `_state`,
@@ -43,6 +46,13 @@ log = logging.getLogger("rcswarm.worker.ray")
 
 # The states `info()` reports: the worker loop's, not Ray's (the launcher adds Ray's actor state).
 STARTING, TRAINING, FINISHED, STOPPED, FAILED = "starting", "training", "finished", "stopped", "failed"
+# Seconds before the first start again of a worker that gave up (`Worker.gave_up`), doubling up to the most.
+FIRST_RETRY_S, MOST_RETRY_S = 30.0, 600.0
+
+
+def retry_delay_s(retries: int) -> float:
+    """Seconds before start `retries` (1, 2, ...) of a worker that gave up: FIRST_RETRY_S doubling to MOST_RETRY_S."""
+    return min(FIRST_RETRY_S * 2 ** min(retries - 1, 32), MOST_RETRY_S)
 
 
 @dataclass(frozen=True)
@@ -89,14 +99,39 @@ class RayWorker:
         self.started_at = time.time()
         self._lock = threading.Lock()
         self._state, self._exit_code, self._problem = STARTING, None, ""
-        # `_stop` is the worker's own stop event, which it also sets as it leaves; `stop()` alone sets this.
+        # `_stop` is the current worker's own stop event, which it also sets as it leaves (a new one per start);
+        # `stop()` alone sets `_stop_requested`.
         self._stop = threading.Event()
         self._stop_requested = threading.Event()
         self.worker = None
+        self.retries = 0  # starts again after the worker gave up
         self._thread = threading.Thread(target=self._run, name="rcswarm-worker", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        """The worker loop's thread: start the worker, and again after it gave up (`_start_again`)."""
+        while self._run_once() and self._start_again():
+            pass
+
+    def _start_again(self) -> bool:
+        """After the worker gave up: wait `retry_delay_s` (state STARTING, the reason in `problem`); False when a
+        stop came meanwhile (then STOPPED)."""
+        self.retries += 1
+        delay = retry_delay_s(self.retries)
+        reason = self.worker.exit_reason if self.worker is not None else "it gave up"
+        self._finish(STARTING, None, f"{reason}; starting again in {delay:g}s (retry {self.retries})")
+        log.warning("%s: %s; starting again in %gs", self.config.name, reason, delay)
+        if self._stop_requested.wait(delay):
+            self._finish(STOPPED, None, "")
+            return False
+        self._stop = threading.Event()
+        if self._stop_requested.is_set():  # a stop between the wait and the new event
+            self._stop.set()
+        return True
+
+    def _run_once(self) -> bool:
+        """Build and run one worker; True when it gave up on a silent coordinator and no stop came (start again),
+        else False with the outcome recorded."""
         import torch
 
         from rcswarm.worker.worker import Worker
@@ -114,18 +149,20 @@ class RayWorker:
         except ValueError as exc:
             log.error("%s cannot start: %s", self.config.name, exc)
             self._finish(FAILED, 2, str(exc))
-            return
+            return False
         except Exception as exc:  # the actor stays alive and says why (Ray would not restart a live actor)
             log.exception("%s cannot start", self.config.name)
             self._finish(FAILED, 1, f"{type(exc).__name__}: {exc}")
-            return
+            return False
         self._set_state(TRAINING)
         try:
             code = self.worker.run()
         except Exception as exc:
             log.exception("%s: the worker loop raised", self.config.name)
             self._finish(FAILED, 1, f"{type(exc).__name__}: {exc} (see this actor's log)")
-            return
+            return False
+        if code != 0 and self.worker.gave_up and not self._stop_requested.is_set():
+            return True
         if self._stop_requested.is_set() and not self.worker.finished:
             self._finish(STOPPED, code, "")
         elif code == 0:
@@ -133,12 +170,13 @@ class RayWorker:
         else:
             self._finish(FAILED, code, self.worker.exit_reason or f"the worker loop ended with exit status {code} "
                                                                   "(see this actor's log)")
+        return False
 
     def _set_state(self, state: str) -> None:
         with self._lock:
             self._state = state
 
-    def _finish(self, state: str, code: int, problem: str) -> None:
+    def _finish(self, state: str, code: int | None, problem: str) -> None:
         with self._lock:
             self._state, self._exit_code, self._problem = state, code, problem
 
@@ -169,14 +207,18 @@ class RayWorker:
             "node_id": context.get_node_id(),
             "reconstructed": context.was_current_actor_reconstructed,
             "started_at": self.started_at,
+            "retries": self.retries,
             "config": asdict(self.config),
         }
 
     def stop(self, timeout_s: float = 30.0) -> dict:
-        """Stop training: the worker finishes its step, reports its metrics and Leaves; then `info()`."""
+        """Stop training: the worker finishes its step, reports its metrics and Leaves; then `info()`, with the state
+        it was in before (`was`: a worker that had failed or never joined has no membership to leave)."""
+        was, _, _ = self.outcome()
         self._stop_requested.set()
         self._stop.set()
         self._thread.join(timeout=timeout_s)
         report = self.info()
         report["left"] = not self._thread.is_alive()
+        report["was"] = was
         return report

@@ -368,8 +368,11 @@ class Worker:
         # Inner steps of the round being pushed (its assignment's count, or what its time budget allowed).
         self.round_steps = 0
         self.finished = False
-        # Why `run` returned an exit status other than 0 ("" until then).
+        # Why `run` returned an exit status other than 0 ("" until then); `gave_up`: the coordinator stayed silent or
+        # unreachable past the patience (a process supervisor may start the worker again; every other end is an
+        # answer that a new start would get again).
         self.exit_reason = ""
+        self.gave_up = False
         # This membership's id and worker secret, replaced whole by each join (the heartbeat thread reads it).
         self.identity = Identity()
         self.lease_s = DEFAULT_LEASE_S
@@ -451,6 +454,7 @@ class Worker:
         except Stopped:
             pass
         except RetriesExhausted as exc:
+            self.gave_up = True
             return self._exit(f"{self.name} gives up: {exc}")
         except SpecRefused as exc:
             return self._exit(f"{self.name} cannot train this run: {exc}")

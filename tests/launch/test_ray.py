@@ -223,3 +223,43 @@ def test_cpu_only_workers_need_no_gpu_and_train_on_the_cpu():
     for extra, problem in ((["--gpus-per-worker", "1"], "--cpu-only and --gpus-per-worker 1: give one of them"),
                            (["--device", "cuda"], "--cpu-only and --device cuda: CPU workers train on the CPU")):
         assert launch.check_arguments(launch.parser().parse_args([*common, "--cpu-only", *extra])) == problem
+
+
+def test_a_worker_actor_that_gave_up_on_a_silent_coordinator_starts_again(monkeypatch, tmp_path):
+    """Its worker gave up (the coordinator unreachable past --patience-s) and the actor stayed "failed" for good,
+    holding its resources, though the coordinator came back (review of the Ray launcher, 2026-11-29). It starts
+    again after a delay (state "starting", the reason given) and joins the coordinator once it serves."""
+    import socket
+    import tempfile
+
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.coordinator.sweep import open_group
+    from rcswarm.worker import ray_worker
+    from rcswarm.worker.ray_worker import STARTING, STOPPED, TRAINING, RayWorker, RayWorkerConfig, retry_delay_s
+    from tests.helpers.specs import TOKEN, tiny_spec
+
+    assert [retry_delay_s(n) for n in (1, 2, 3, 5, 6, 100)] == [30.0, 60.0, 120.0, 480.0, 600.0, 600.0]
+    monkeypatch.setattr(ray_worker, "FIRST_RETRY_S", 0.5)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    with socket.socket() as probe:  # a port nothing serves yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = WorkerOptions(f"127.0.0.1:{port}", name="w", device="cpu", threads=1, patience_s=0.5)
+    actor = RayWorker(asdict(RayWorkerConfig(options)))
+    running = None
+    try:
+        state, code, problem = wait_for(lambda: actor.outcome()[0] == STARTING and actor.outcome()[2]
+                                        and actor.outcome(), 30, "the actor to give up and wait")
+        assert code is None and "gives up" in problem and "starting again in 0.5s (retry 1)" in problem, problem
+        running = RunningCoordinator(open_group(tiny_spec(run={"rounds": 0}), tmp_path / "state"), TOKEN,
+                                     port=port).start()
+        wait_for(lambda: actor.outcome()[0] == TRAINING and actor.worker.worker_id, 60, "a start that joins")
+        assert actor.retries >= 1
+    finally:
+        actor._stop_requested.set()
+        actor._stop.set()
+        actor._thread.join(timeout=30)
+        if running is not None:
+            running.stop(grace=0.5)
+    assert actor.outcome()[0] == STOPPED

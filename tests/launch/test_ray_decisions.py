@@ -178,6 +178,45 @@ def test_the_follower_prints_the_supervisors_events(monkeypatch, capsys):
     assert capsys.readouterr().out.count(event) == 1
 
 
+def test_a_stop_report_says_left_only_of_a_worker_that_had_a_membership_to_leave():
+    """A worker that had failed or never joined was reported "w1-… left the swarm" / "no membership left the swarm"
+    (review of the Ray launcher, 2026-11-29)."""
+    from rcswarm.launch.actors import describe_stop
+
+    assert describe_stop({"worker_id": "w1", "state": STOPPED, "was": TRAINING, "left": True}) == "w1 left the swarm"
+    assert describe_stop({"worker_id": "w1", "state": FAILED, "was": FAILED, "left": True,
+                          "problem": "w1 gives up: AwaitVersion: gave up after 8.9s"}) == (
+        "it had failed before (w1 gives up: AwaitVersion: gave up after 8.9s); removed")
+    assert describe_stop({"worker_id": "", "state": STOPPED, "was": "starting", "left": True}) == "it had not joined; removed"
+    assert describe_stop(None).startswith("it did not answer")
+
+
+def test_a_relative_data_root_is_refused_naming_the_flag():
+    """Each actor resolved it against its own node's Ray working directory, not the launcher's (review, 2026-11-29)."""
+    with pytest.raises(ValueError, match=r"^--data-root 'data': expected an absolute path \(it is read on every Ray node\)"):
+        LaunchPlan(WorkerOptions("c:1", data_root=Path("data")), workers=1)
+    assert LaunchPlan(WorkerOptions("c:1", data_root=Path("/data")), workers=1).worker.data_root == Path("/data")
+
+
+def test_a_follower_whose_actors_another_driver_removed_ends(monkeypatch, capsys):
+    """`--stop` from another driver (what the interrupt message advises) removed every actor: `ended` waited for
+    rows that would never come, and the follower polled for ever (review of the Ray launcher, 2026-11-29). Two polls
+    in a row without the supervisor or a worker end it with status 1; one (a supervisor Ray restarts) does not."""
+    from rcswarm.launch import status as status_module
+
+    assert status_module.removed(status(supervisor=False), PLAN).status == 1
+    assert status_module.removed(status(row(0), supervisor=False), PLAN) is None
+    assert status_module.removed(status(supervisor=True), PLAN) is None
+    assert status_module.removed(status(supervisor=False, plan=replace(PLAN, workers=0)),
+                                 replace(PLAN, workers=0)) is None
+    rounds = iter([status(row(0), row(1), row(2)), status(supervisor=False), status(row(0), row(1), row(2)),
+                   status(supervisor=False), status(supervisor=False)])
+    monkeypatch.setattr(status_module, "collect_status", lambda namespace: next(rounds))
+    verdict = status_module.follow(PLAN, 0.01, threading.Event())
+    assert verdict.status == 1 and "are gone: removed by another driver" in verdict.reason
+    assert "are gone" in capsys.readouterr().out
+
+
 # ---- values Ray refuses, and checks before connecting -------------------------------------------------------------
 
 
@@ -262,6 +301,20 @@ def test_a_coordinator_actor_with_other_settings_is_named_not_reused():
     assert "--state-dir '/srv/other' there, '/srv/state' here" in differ and "--coordinator-port 50052 there" in differ
     assert "--config (the run spec)" in differ and "--coordinator-host" not in differ
     assert settings_differ(None, wanted.settings()) == "it does not report its settings"
+
+
+def test_a_coordinator_actor_the_head_node_cannot_hold_is_refused_up_front():
+    """`--coordinator-cpus 3` on a 2-CPU head: the actor stayed PENDING_CREATION, the launcher gave up after two
+    minutes without naming the flag and left the actor behind, where a corrected retry got it back (review of the Ray
+    launcher, 2026-11-29)."""
+    from rcswarm.launch.coordinator_actor import head_cpu_problem
+
+    head = {"Alive": True, "Resources": {"CPU": 2.0, "node:__internal_head__": 1.0}}
+    other = {"Alive": True, "Resources": {"CPU": 64.0}}
+    assert head_cpu_problem(3.0, [other, head]) == ("--coordinator-cpus 3: the head node, where the coordinator actor "
+                                                    "runs, has 2 CPUs; expected at most that")
+    assert head_cpu_problem(2.0, [other, head]) is None
+    assert head_cpu_problem(3.0, [other]) is None  # no head reported: Ray says why it waits
 
 
 def test_ray_client_addresses_are_refused_up_front():
