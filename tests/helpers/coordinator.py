@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 from pathlib import Path
@@ -14,6 +15,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.server import RunningCoordinator
 from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.coordinator.sweep import RunGroup, open_group
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
@@ -66,6 +68,24 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., LocalCoordinator
     yield start
     for local in started:
         local.running.stop(grace=0.5)
+
+
+@contextlib.contextmanager
+def serving(spec: RunSpec, state_dir: Path, occupied: bool = False) -> Iterator[tuple[RunGroup, str]]:
+    """`spec`'s run group (a sweep's runs, or one run) served on loopback: (group, HOST:PORT), stopped at the end.
+    With `occupied`, a bare client holds a place in the first run, so that a sweep's emptiest run is another."""
+    running = RunningCoordinator(open_group(spec, state_dir), TOKEN).start()
+    occupant = None
+    try:
+        target = f"127.0.0.1:{running.port}"
+        if occupied:
+            occupant = CoordinatorClient(target, TOKEN)
+            occupant.join("occupant", "cpu", 1)
+        yield running.group, target
+    finally:
+        if occupant is not None:
+            occupant.close()
+        running.stop(grace=0.5)
 
 
 def creds(member: Any) -> dict[str, Any]:

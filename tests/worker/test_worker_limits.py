@@ -28,8 +28,9 @@ from rcswarm.models import registry
 from rcswarm.models.limits import host_memory_bytes
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker import Worker
-from rcswarm.worker.client import CoordinatorClient, RetriesExhausted
+from rcswarm.worker.client import RetriesExhausted
 from rcswarm.worker.limits import TRAINING_BYTES_PER_PARAMETER, ModelLimit
+from tests.helpers.coordinator import serving
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.worker import FaultBeforeFirstPush, _options, run_until
 
@@ -220,19 +221,10 @@ def test_a_worker_that_cannot_train_one_length_of_a_sweep_trains_another(tmp_pat
     """Placed in the L = 512 run its --max-step-tokens does not hold, the worker ended (exit 1) though the sweep's
     L = 8 run was one it could train. It leaves that run, saying why, and joins again naming it: the sweep places it
     at L = 8, where it trains; a join that names both runs is refused, and the worker ends naming the reasons."""
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.sweep import open_group
-
     spec = tiny_spec(sweep={"seq_lens": [8, 512]}, run={"rounds": 2, "workers": 1}, data={"batch_size": 2},
                      inner={"steps": 2}, coordinator={"lease_s": 60.0})
-    group = open_group(spec, tmp_path / "state")
-    running = RunningCoordinator(group, TOKEN).start()
-    try:
+    with serving(spec, tmp_path / "state", occupied=True) as (group, target):  # the emptiest run is L512
         short, long = group.runs
-        target = f"127.0.0.1:{running.port}"
-        occupant = CoordinatorClient(target, TOKEN)
-        seat = occupant.join("occupant", "cpu", 1)  # L8 holds one worker: the emptiest run is L512
-        assert short.knows(seat.worker_id)
         worker = Worker(_options(target, max_step_tokens=100), TOKEN)
         with caplog.at_level(logging.WARNING, logger="rcswarm.worker"):
             code = run_until(worker, lambda w: w.run_id == short.run_id and w.step >= 2, 60)
@@ -249,26 +241,17 @@ def test_a_worker_that_cannot_train_one_length_of_a_sweep_trains_another(tmp_pat
         assert "cannot train this run: the run spec of" in stuck.exit_reason
         assert "(no other run: join refused: this worker refused " in stuck.exit_reason, stuck.exit_reason
         assert "test-L512, and the sweep has no other unfinished run)" in stuck.exit_reason, stuck.exit_reason
-        occupant.leave(seat, "done")
-        occupant.close()
-    finally:
-        running.stop(grace=0.5)
 
 
 def test_a_worker_whose_run_is_stopped_mid_round_stops_training_it_and_moves(tmp_path, caplog) -> None:
     """A pruned run's worker trained its round to the end and pushed an update the run dropped: up to a whole round
     (23 minutes of an H100 in examples/frame_git_gpu.toml). The heartbeat's NOT_FOUND now says the run no longer takes
     its updates (the MOVED_KEY trailer): the round stops within a heartbeat and the worker joins the run going on."""
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.sweep import open_group
-
     spec = tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 3, "workers": 1}, inner={"steps": 100_000},
                      coordinator={"lease_s": 3.0})
-    group = open_group(spec, tmp_path / "state")
-    running = RunningCoordinator(group, TOKEN).start()
-    try:
+    with serving(spec, tmp_path / "state") as (group, target):
         first, second = group.runs
-        worker = Worker(_options(f"127.0.0.1:{running.port}"), TOKEN)
+        worker = Worker(_options(target), TOKEN)
         thread = threading.Thread(target=worker.run, daemon=True)
         with caplog.at_level(logging.WARNING, logger="rcswarm.worker"):
             thread.start()
@@ -290,8 +273,6 @@ def test_a_worker_whose_run_is_stopped_mid_round_stops_training_it_and_moves(tmp
         assert first.version == 0 and not first.round.reports  # no update of the stopped round reached it
         lines = [r.getMessage() for r in caplog.records if "its run was stopped (pruned: the test)" in r.getMessage()]
         assert lines and "stopped after" in lines[0], lines
-    finally:
-        running.stop(grace=0.5)
 
 
 class OutOfMemoryAt(Worker):
@@ -314,18 +295,10 @@ class OutOfMemoryAt(Worker):
 def test_a_worker_out_of_memory_at_one_length_of_a_sweep_trains_another(tmp_path, caplog, overlap) -> None:
     """An OutOfMemoryError ended the worker with a traceback, and a restarted one was placed in the same run again.
     It is a refusal of that run: the worker leaves it and the sweep places it at a length that fits."""
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.sweep import open_group
-
     spec = tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 3, "workers": 1}, inner={"steps": 2},
                      sync={"overlap": overlap}, coordinator={"lease_s": 60.0})
-    group = open_group(spec, tmp_path / "state")
-    running = RunningCoordinator(group, TOKEN).start()
-    try:
+    with serving(spec, tmp_path / "state", occupied=True) as (group, target):  # the worker goes to L16 first
         short, long = group.runs
-        target = f"127.0.0.1:{running.port}"
-        occupant = CoordinatorClient(target, TOKEN)
-        seat = occupant.join("occupant", "cpu", 1)  # L8 holds one worker: the worker goes to L16 first
         worker = OutOfMemoryAt(_options(target), 16)
         with caplog.at_level(logging.WARNING, logger="rcswarm.worker"):
             code = run_until(worker, lambda w: w.run_id == short.run_id and w.step >= 2, 60)
@@ -333,10 +306,6 @@ def test_a_worker_out_of_memory_at_one_length_of_a_sweep_trains_another(tmp_path
         lines = [r.getMessage() for r in caplog.records if "asking for another" in r.getMessage()]
         assert len(lines) == 1 and f"out of memory on cpu training run {long.run_id} at seq_len 16 × batch 4" in lines[0]
         assert "CUDA out of memory. Tried to allocate 2.00 GiB (the test)" in lines[0], lines
-        occupant.leave(seat, "done")
-        occupant.close()
-    finally:
-        running.stop(grace=0.5)
 
 
 class OutOfMemoryHolding(Worker):
@@ -363,42 +332,22 @@ class OutOfMemoryHolding(Worker):
 def test_the_failed_rounds_tensors_are_gone_before_the_next_runs_model_is_built(tmp_path) -> None:
     """The run was refused inside the error's handler: its traceback held the failed step's frames, and with them
     its activations, while the next run's model was built (on a GPU, a second out-of-memory: review, 2026-11-29)."""
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.sweep import open_group
-
     spec = tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 3, "workers": 1}, inner={"steps": 2},
                      coordinator={"lease_s": 60.0})
-    group = open_group(spec, tmp_path / "state")
-    running = RunningCoordinator(group, TOKEN).start()
-    try:
+    with serving(spec, tmp_path / "state", occupied=True) as (group, target):
         short, _ = group.runs
-        target = f"127.0.0.1:{running.port}"
-        occupant = CoordinatorClient(target, TOKEN)
-        seat = occupant.join("occupant", "cpu", 1)
         worker = OutOfMemoryHolding(_options(target), 16)
         assert run_until(worker, lambda w: w.run_id == short.run_id and w.step >= 2, 60) == 0, worker.exit_reason
         assert worker.alive_at_build == [False], worker.alive_at_build
-        occupant.leave(seat, "done")
-        occupant.close()
-    finally:
-        running.stop(grace=0.5)
 
 
 def test_a_worker_that_refused_a_run_ends_with_0_when_the_sweep_ends(tmp_path) -> None:
     """Every FAILED_PRECONDITION of a join was read as "no other run" once the worker had refused one, including
     "every run of the sweep has finished": exit 1, "cannot train this run" (review, 2026-11-29)."""
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.sweep import open_group
-
     spec = tiny_spec(sweep={"seq_lens": [8, 512]}, run={"rounds": 2, "workers": 1}, data={"batch_size": 2},
                      inner={"steps": 2}, coordinator={"lease_s": 60.0})
-    group = open_group(spec, tmp_path / "state")
-    running = RunningCoordinator(group, TOKEN).start()
-    try:
+    with serving(spec, tmp_path / "state", occupied=True) as (group, target):
         short, long = group.runs
-        target = f"127.0.0.1:{running.port}"
-        occupant = CoordinatorClient(target, TOKEN)
-        occupant.join("occupant", "cpu", 1)
 
         def end_the_sweep(worker: Worker) -> None:  # an eviction, and the sweep's end meanwhile
             short.leave(pb.LeaveRequest(worker_id=worker.identity.worker_id,
@@ -409,22 +358,14 @@ def test_a_worker_that_refused_a_run_ends_with_0_when_the_sweep_ends(tmp_path) -
         worker = FaultBeforeFirstPush(_options(target, max_step_tokens=100), end_the_sweep)
         assert worker.run() == 0, worker.exit_reason
         assert list(worker._refused_runs) == [long.run_id] and worker.finished
-        occupant.close()
-    finally:
-        running.stop(grace=0.5)
 
 
 def test_a_worker_whose_push_rejoin_finds_the_run_over_ends_with_0(tmp_path) -> None:
     """Evicted before its push while the run ended: the push's re-join answered "finished" (the identity emptied),
     and the wait past the refused version long-polled without a membership: UNAUTHENTICATED, exit 1 (review,
     2026-11-29)."""
-    from rcswarm.coordinator.server import RunningCoordinator
-    from rcswarm.coordinator.sweep import open_group
-
-    group = open_group(tiny_spec(run={"rounds": 3, "workers": 1}, inner={"steps": 2}, coordinator={"lease_s": 60.0}),
-                       tmp_path / "state")
-    running = RunningCoordinator(group, TOKEN).start()
-    try:
+    spec = tiny_spec(run={"rounds": 3, "workers": 1}, inner={"steps": 2}, coordinator={"lease_s": 60.0})
+    with serving(spec, tmp_path / "state") as (group, target):
         run = group.runs[0]
 
         def end_the_run(worker: Worker) -> None:
@@ -432,8 +373,6 @@ def test_a_worker_whose_push_rejoin_finds_the_run_over_ends_with_0(tmp_path) -> 
                                       reason="evicted (the test)"))
             run.stop("the run ended meanwhile (the test)", kind="budget")
 
-        worker = FaultBeforeFirstPush(_options(f"127.0.0.1:{running.port}"), end_the_run)
+        worker = FaultBeforeFirstPush(_options(target), end_the_run)
         assert worker.run() == 0, worker.exit_reason
         assert worker.finished
-    finally:
-        running.stop(grace=0.5)
