@@ -50,6 +50,8 @@ from rcswarm.worker import WorkerOptions
 
 PROG = "rcswarm launch ray"
 RAY_EXTRA = "Ray is not installed: pip install 'rcswarm[ray]'"
+# The default of --start-timeout-s (another value without --detach is refused: it would do nothing).
+START_TIMEOUT_DEFAULT_S = 300.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,7 +81,8 @@ def parser() -> argparse.ArgumentParser:
                         help="the folder on every Ray node that holds the run's git dataset (a worker reads one only "
                              "at or under it; default: none)")
     parser.add_argument("--detach", action="store_true", help="return once every worker has joined (or --start-timeout-s)")
-    parser.add_argument("--start-timeout-s", type=float, default=300.0, help="with --detach: how long to wait for the joins")
+    parser.add_argument("--start-timeout-s", type=float, default=START_TIMEOUT_DEFAULT_S,
+                        help="with --detach: how long to wait for the joins")
     parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between status checks while following")
     coordinator = parser.add_argument_group("a coordinator on the Ray head (instead of --coordinator)")
     coordinator.add_argument("--with-coordinator", action="store_true",
@@ -124,8 +127,12 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return (f"--address {args.address!r}: Ray Client (ray://) is not supported, since the launcher reads its actors' "
                 "records from Ray's GCS; run it on a node of the cluster (--address auto), give the GCS HOST:PORT "
                 "(port 6379 by default), or submit it as a Ray job")
+    if args.json and not args.status:
+        return "--json: only with --status (it prints the status as JSON)"
     if args.status or args.stop:
         return None
+    if args.start_timeout_s != START_TIMEOUT_DEFAULT_S and not args.detach:
+        return "--start-timeout-s: only with --detach (a following launch waits for the run's end)"
     if args.with_coordinator:
         if args.coordinator:
             return "--coordinator and --with-coordinator exclude each other"

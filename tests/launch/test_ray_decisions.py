@@ -317,6 +317,20 @@ def test_a_coordinator_actor_the_head_node_cannot_hold_is_refused_up_front():
     assert head_cpu_problem(3.0, [other]) is None  # no head reported: Ray says why it waits
 
 
+def test_flags_that_would_do_nothing_are_refused():
+    """`--json` without `--status` and `--start-timeout-s` without `--detach` were ignored silently (review of the Ray
+    launcher, 2026-11-29)."""
+    base = ["--address", "127.0.0.1:6379"]
+    args = launch.parser().parse_args([*base, "--stop", "--json"])
+    assert launch.check_arguments(args) == "--json: only with --status (it prints the status as JSON)"
+    assert launch.check_arguments(launch.parser().parse_args([*base, "--status", "--json"])) is None
+    follow = launch.parser().parse_args([*base, "--coordinator", "c:1", "--workers", "1", "--start-timeout-s", "60"])
+    assert launch.check_arguments(follow) == "--start-timeout-s: only with --detach (a following launch waits for the run's end)"
+    detached = launch.parser().parse_args([*base, "--coordinator", "c:1", "--workers", "1", "--cpus-per-worker", "1",
+                                           "--detach", "--start-timeout-s", "60"])
+    assert launch.check_arguments(detached) is None
+
+
 def test_ray_client_addresses_are_refused_up_front():
     """Ray Client cannot read the GCS records the launcher needs: every command died in a traceback (and --stop
     after killing the supervisor)."""
