@@ -25,6 +25,7 @@ from rcswarm.launch.actors import (
     lookup,
     named_actors,
     retire,
+    retire_all,
     start_worker,
     wait,
 )
@@ -86,10 +87,10 @@ class Supervisor:
             self._known[index] = handle._actor_id.hex()
             self._started.add(self._known[index])
             self._event(f"started {WORKER_PREFIX}{index}")
-        for index, name in sorted(existing.items()):
-            handle = lookup(name, plan.namespace) if index >= plan.workers else None
-            if handle is not None and not self._stop.is_set():
-                report = retire(handle)
+        extra = {name: lookup(name, plan.namespace) for index, name in sorted(existing.items()) if index >= plan.workers}
+        extra = {name: handle for name, handle in extra.items() if handle is not None}
+        if extra and not self._stop.is_set():
+            for name, report in retire_all(extra).items():
                 self._event(f"retired {name} (--workers {plan.workers}): {describe_stop(report)}")
 
     def _keep(self, index: int, handle) -> None:
