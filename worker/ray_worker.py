@@ -154,7 +154,7 @@ class RayWorker:
             log.exception("%s cannot start", self.config.name)
             self._finish(FAILED, 1, f"{type(exc).__name__}: {exc}")
             return False
-        self._set_state(TRAINING)
+        self._finish(TRAINING, None, "")  # a start again no longer shows the reason it waited for
         try:
             code = self.worker.run()
         except Exception as exc:
@@ -171,10 +171,6 @@ class RayWorker:
             self._finish(FAILED, code, self.worker.exit_reason or f"the worker loop ended with exit status {code} "
                                                                   "(see this actor's log)")
         return False
-
-    def _set_state(self, state: str) -> None:
-        with self._lock:
-            self._state = state
 
     def _finish(self, state: str, code: int | None, problem: str) -> None:
         with self._lock:
