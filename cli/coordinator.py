@@ -6,10 +6,10 @@ The command line of the coordinator process that coordinator/server.py assembles
 A non-loopback `--host` is served only with TLS (`--tls-cert/--tls-key`, or `--tls-self-signed DIR`,
 whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires client certificates
 (coordinator/tls.py); a renewed --tls-cert/--tls-key or --tls-client-ca is served from the next handshake
-on, without a restart (with --tls-self-signed, its files and a --tls-client-ca beside them are read once). The dashboard's token rule is observe/dashboard/auth.py. The run spec's
-[coordinator] keys set the call limits and the health stall time, which `--max-calls`,
-`--stream-idle-s` and `--health-stall-s` override (`serving_limits`); `--token-file` is re-read when it
-changes and on SIGHUP. The model the run spec names is counted on the meta device before anything is built,
+on, without a restart (with --tls-self-signed, its files and a --tls-client-ca beside them are read once).
+The dashboard's token rule is observe/dashboard/auth.py. The run spec's [coordinator] keys set the call limits
+and the health stall time, which `--max-calls`, `--stream-idle-s` and `--health-stall-s` override
+(`serving_limits`); `--token-file` is re-read when it changes and on SIGHUP. The model the run spec names is counted on the meta device before anything is built,
 and refused above `--max-params` parameters over all the runs (default: what the host's memory holds at
 coordinator/capacity.py's bytes per parameter; `model_problem`). Errors follow cli/usage.py: a usage error prints
 one line `rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; so does a state

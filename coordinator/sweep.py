@@ -320,11 +320,10 @@ class RunGroup:
                 return None if moved else index
         return None
 
-    def _place(self, request: pb.JoinRequest) -> tuple[int, str]:
+    def _place(self, request: pb.JoinRequest, refused: frozenset[int]) -> tuple[int, str]:
         """The run a joining worker goes to and why (group lock held). A group of one sends every join
         to its run, whose admission alone decides (reason ""); a sweep refuses once every run finished, or every
-        unfinished run is one the worker refused (`refused_run_ids`: it cannot train them)."""
-        refused = refused_runs(request, self.runs)
+        unfinished run is one the worker refused (`refused`, its `refused_run_ids`: it cannot train them)."""
         if not self.sweep:
             if refused:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
@@ -368,14 +367,14 @@ class RunGroup:
         refused for want of a place counts its worker as waiting (`waiting`, its own lock)."""
         name = request.worker_name[:128]
         with self._lock:
+            refused = refused_runs(request, self.runs)
             try:
-                index, reason = self._place(request)
+                index, reason = self._place(request, refused)
                 response = self.runs[index].join(request)
             except Refusal as refusal:
                 if refusal.place_retry_s > 0:
                     self.waiting.asked(name, time.monotonic(), refusal.place_retry_s)
                 raise
-            refused = refused_runs(request, self.runs)
             self._refused = {worker: runs for worker, runs in self._refused.items()
                              if any(run.knows(worker) for run in self.runs)}
             if refused:

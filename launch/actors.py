@@ -178,21 +178,22 @@ def start_worker(plan: LaunchPlan, index: int):
 
 def retire(handle, timeout_s: float = STOP_TIMEOUT_S) -> dict | None:
     """Stop a worker actor (its worker Leaves) unless it never started, then kill it for good; its last report."""
-    return retire_all({"worker": handle}, timeout_s)["worker"]
+    return retire_all({"worker": handle}, timeout_s)[0].get("worker")
 
 
-def retire_all(handles: dict[str, Any], timeout_s: float = STOP_TIMEOUT_S) -> dict[str, dict | None]:
+def retire_all(handles: dict[str, Any], timeout_s: float = STOP_TIMEOUT_S) -> tuple[dict[str, dict], set[str]]:
     """`retire` for many worker actors at once (name -> handle): every stop asked together, so that scaling from 10
     workers to 1 takes one stop's time, not nine (each up to STOP_TIMEOUT_S + CALL_TIMEOUT_S, one after another on the
-    supervisor's reconcile thread, which meanwhile restarted no one). Name -> its last report (None: no answer)."""
+    supervisor's reconcile thread, which meanwhile restarted no one). (name -> last report of those that answered,
+    names of those Ray never started)."""
     import ray
 
-    started = {name: handle for name, handle in handles.items()
-               if gcs_record(handle).get("State") not in PENDING_STATES}
-    reports = ask_all(started, "stop", timeout_s, timeout_s=timeout_s + CALL_TIMEOUT_S)
+    never = {name for name, handle in handles.items() if gcs_record(handle).get("State") in PENDING_STATES}
+    reports = ask_all({name: handle for name, handle in handles.items() if name not in never}, "stop", timeout_s,
+                      timeout_s=timeout_s + CALL_TIMEOUT_S)
     for handle in handles.values():
         ray.kill(handle, no_restart=True)
-    return {name: reports.get(name) for name in handles}
+    return reports, never
 
 
 def describe_stop(report: dict | None) -> str:

@@ -22,6 +22,7 @@ from rcswarm.launch.actors import (
     gcs_record,
     lookup,
     named_actors,
+    retire_all,
 )
 from rcswarm.launch.plan import COORDINATOR, SUPERVISOR, WORKER_PREFIX, LaunchPlan, pending_reason, worker_index
 from rcswarm.worker import FAILED, FINISHED, STOPPED, TRAINING
@@ -143,17 +144,9 @@ def stop_all(namespace: str) -> list[str]:
         ray.kill(supervisor, no_restart=True)
         lines.append(f"{SUPERVISOR}: stopped")
     handles = {n: lookup(n, namespace) for n in named_actors(namespace) if worker_index(n) is not None}
-    pending = {n: h for n, h in handles.items() if h is not None and gcs_record(h).get("State") in PENDING_STATES}
-    reports = ask_all({n: h for n, h in handles.items() if h is not None and n not in pending}, "stop", STOP_TIMEOUT_S,
-                      timeout_s=STOP_TIMEOUT_S + CALL_TIMEOUT_S)
-    for name in handles:
-        if name not in pending:
-            lines.append(f"{name}: {describe_stop(reports.get(name))}")
-    for name, handle in handles.items():
-        if handle is not None:
-            ray.kill(handle, no_restart=True)
-        if name in pending:
-            lines.append(f"{name}: never started; removed")
+    reports, never = retire_all({n: h for n, h in handles.items() if h is not None})
+    lines += [f"{name}: {describe_stop(reports.get(name))}" for name in handles if name not in never]
+    lines += [f"{name}: never started; removed" for name in handles if name in never]
     coordinator = lookup(COORDINATOR, namespace)
     if coordinator is not None:
         info = call(coordinator, "stop", timeout_s=STOP_TIMEOUT_S + CALL_TIMEOUT_S)

@@ -90,8 +90,9 @@ class Supervisor:
         extra = {name: lookup(name, plan.namespace) for index, name in sorted(existing.items()) if index >= plan.workers}
         extra = {name: handle for name, handle in extra.items() if handle is not None}
         if extra and not self._stop.is_set():
-            for name, report in retire_all(extra).items():
-                self._event(f"retired {name} (--workers {plan.workers}): {describe_stop(report)}")
+            reports, _ = retire_all(extra)
+            for name in extra:
+                self._event(f"retired {name} (--workers {plan.workers}): {describe_stop(reports.get(name))}")
 
     def _keep(self, index: int, handle) -> None:
         """An existing worker actor: replace it once when it was made for another plan (coordinator, device...),

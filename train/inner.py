@@ -28,7 +28,7 @@ from torch.optim.sgd import sgd
 
 from rcswarm.config.runspec import DataSection, InnerSection
 from rcswarm.data.diagnostics import IGNORE_INDEX, TASKS, DiagnosticTask, make_task
-from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus
+from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus, split_boundary
 from rcswarm.models.protocols import SegmentStepModel, StepModel
 from rcswarm.train.bptt.checkpointed import CheckpointPlan
 from rcswarm.train.bptt.encoder_chunks import chunk_bounds
@@ -326,17 +326,16 @@ def _check_byte_splits(spec: RunSpec) -> None:
     """ValueError naming data.max_bytes and data.val_fraction when a split of a capped "stdlib" corpus (as
     `ByteWindowSampler` cuts it, assuming the stdlib holds max_bytes) is shorter than a window the run asks of it
     plus one byte: the held-out split its held-out windows (run.eval_seq_len, else each run's data.seq_len), the
-    training split every length the run can train (`_asked_lengths`). Before, max_bytes = 20000 with val_fraction = 0.001 left a 20-byte
-    held-out split, and the worker died at its first evaluation (review, 2026-11-28)."""
+    training split every length the run can train (`_asked_lengths`). Before, max_bytes = 20000 with val_fraction =
+    0.001 left a 20-byte held-out split, and the worker died at its first evaluation (review, 2026-11-28)."""
     data = spec.data
     if not data.max_bytes:
         return
     trained = [length for key, _, lengths in _asked_lengths(spec) if key != "run.eval_seq_len" for length in lengths]
     held_out = ([spec.run.eval_seq_len] if spec.run.eval_seq_len else
                 list(spec.sweep.seq_lens) if spec.is_sweep else [data.seq_len])
-    val_bytes = int(data.max_bytes * data.val_fraction)
-    for split, size, lengths in (("held-out", val_bytes, held_out),
-                                 ("training", data.max_bytes - val_bytes, trained)):
+    boundary = split_boundary(data.max_bytes, data.val_fraction)
+    for split, size, lengths in (("held-out", data.max_bytes - boundary, held_out), ("training", boundary, trained)):
         if lengths and size < max(lengths) + 1:
             raise ValueError(
                 f"data.max_bytes = {data.max_bytes} with data.val_fraction = {data.val_fraction} leaves a {split} split "

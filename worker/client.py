@@ -113,29 +113,29 @@ MIN_PLACE_RETRY_S = 0.5
 PLACE_REMINDER_S = 60.0
 
 
+def _trailer(err: grpc.RpcError, key: str) -> str | None:
+    """The value of the first trailing-metadata entry `key` of a failed call, None when it has none."""
+    trailers = getattr(err, "trailing_metadata", lambda: None)() or ()
+    return next((value for name, value in trailers if name == key), None)
+
+
 def moved(err: grpc.RpcError) -> bool:
     """Whether `err` is a NOT_FOUND whose membership's run no longer takes its updates (the MOVED_KEY trailer)."""
-    if err.code() != grpc.StatusCode.NOT_FOUND:
-        return False
-    trailers = getattr(err, "trailing_metadata", lambda: None)() or ()
-    return any(key == MOVED_KEY and value == "1" for key, value in trailers)
+    return err.code() == grpc.StatusCode.NOT_FOUND and _trailer(err, MOVED_KEY) == "1"
 
 
 def place_retry_s(err: grpc.RpcError) -> float | None:
     """Seconds until the next ask for a place when `err` is a join refused for want of one (RESOURCE_EXHAUSTED
     with a PLACE_RETRY_KEY trailer holding a positive number of milliseconds, capped at MAX_PLACE_RETRY_S),
     else None: a RESOURCE_EXHAUSTED without it is a busy coordinator, retried with backoff."""
-    if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+    value = _trailer(err, PLACE_RETRY_KEY) if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+    if value is None:
         return None
-    trailers = getattr(err, "trailing_metadata", lambda: None)() or ()
-    for key, value in trailers:
-        if key == PLACE_RETRY_KEY:
-            try:
-                seconds = float(value) / 1000
-            except (TypeError, ValueError):
-                return None
-            return min(max(seconds, MIN_PLACE_RETRY_S), MAX_PLACE_RETRY_S) if seconds > 0 else None
-    return None
+    try:
+        seconds = float(value) / 1000
+    except (TypeError, ValueError):
+        return None
+    return min(max(seconds, MIN_PLACE_RETRY_S), MAX_PLACE_RETRY_S) if seconds > 0 else None
 
 
 def classify(code: grpc.StatusCode) -> tuple[Action, str]:

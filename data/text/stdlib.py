@@ -81,6 +81,11 @@ def load_stdlib_corpus(max_bytes: int | None = None, *, root: Path | None = None
     return corpus if max_bytes is None else corpus[:max_bytes]
 
 
+
+def split_boundary(n_bytes: int, val_fraction: float) -> int:
+    """Where a corpus of `n_bytes` splits: training is [0, boundary), held-out [boundary, n_bytes)."""
+    return n_bytes - int(n_bytes * val_fraction)
+
 @dataclass
 class ByteWindowSampler:
     """Seeded random windows of a byte corpus as next-byte prediction batches.
@@ -125,7 +130,7 @@ class ByteWindowSampler:
             )
         self._data = np.frombuffer(self.corpus, dtype=np.uint8)  # [N], a view, no copy
         n = self._data.shape[0]
-        boundary = n - int(n * self.val_fraction)
+        boundary = split_boundary(n, self.val_fraction)
         self._start, self._end = (0, boundary) if self.split == "train" else (boundary, n)
         if self._end - self._start < self.seq_len + 1:
             raise ValueError(
