@@ -534,23 +534,25 @@ class CurriculumTracker:
                                                                           f"since version {since}") for rung in earlier)]
         return max(choices, key=_tokens_per_step)
 
-    def rejoin(self, worker_id: str, previous_worker_id: str) -> None:
+    def rejoin(self, worker_id: str, previous_worker_id: str) -> dict[str, str]:
         """A worker joined again naming its ended membership `previous_worker_id` (after an eviction or a coordinator
-        restart): under the adaptive policy its entry (own rung and costs) moves to `worker_id`."""
+        restart): under the adaptive policy its entry (own rung and costs) moves to `worker_id`, in memory. Returns
+        the run_state values to store with the join (`saved`; empty when nothing moved): the caller writes them in
+        the join's transaction (`StateStore.record_join`) and puts `state` back if that fails."""
         own = self.state.workers.get(previous_worker_id) if previous_worker_id and self.adaptive is not None else None
         if own is None or previous_worker_id == worker_id:
-            return
+            return {}
         workers = {key: value for key, value in self.state.workers.items() if key != previous_worker_id}
         self.state = replace(self.state, workers={**workers, worker_id: own})
-        self._save()
+        return self.saved()
 
-    def assign_worker(self, worker_id: str, active_lengths: Sequence[int], now: float) -> Assignment | None:
-        """A joining worker's own length under curriculum.worker_seq_lens, recorded as an event; else None."""
+    def worker_length(self, active_lengths: Sequence[int]) -> Assignment | None:
+        """A joining worker's own length under curriculum.worker_seq_lens (its reason is the join's "assign" event),
+        else None (pure)."""
         section = self.spec.curriculum
         if not section.worker_seq_lens:
             return None
         length, reason = decide_worker_length(active_lengths, section.worker_seq_lens)
-        self.store.add_event(worker_id, "assign", reason, now)
         return Assignment(length, section.batch_for(length, self.spec.data.batch_size), reason)
 
     def start(self, now: float) -> None:
@@ -695,5 +697,9 @@ class CurriculumTracker:
     def _rungs(self) -> tuple[int, dict[str, int | None]]:
         return self.state.rung, {worker_id: own.rung for worker_id, own in self.state.workers.items()}
 
+    def saved(self) -> dict[str, str]:
+        """The run_state values that store `state`."""
+        return {CURRICULUM_KEY: self.state.to_json()}
+
     def _save(self) -> None:
-        self.store.set_many({CURRICULUM_KEY: self.state.to_json()})
+        self.store.set_many(self.saved())

@@ -351,9 +351,10 @@ class SwarmCoordinator:
             return
         self.round.budget_s = max(self.round.budget_s, self.pace.round_seconds)
 
-    def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+    def join(self, request: pb.JoinRequest, placed: str = "") -> pb.JoinResponse:
         """Admit a worker and return its new worker secret, keeping only the secret's SHA-256 (handler
-        thread; takes `_lock`)."""
+        thread; takes `_lock`). `placed`: why a sweep placed the worker in this run, stored as an "assign" event with
+        the join's own."""
         with self._lock:
             now = self.clock()
             views = self._active_views()
@@ -370,35 +371,44 @@ class SwarmCoordinator:
             worker_id = f"{self.worker_prefix}w{self._joins + 1}-{secrets.token_hex(4)}"
             name = printable(request.worker_name[:128]) or worker_id
             landed = self._landed(request.previous_worker_id)
-            # The join's event row first: a failed write (a full disk) refuses the join before anything changed.
-            if landed is None:
-                self.store.add_event(worker_id, "join", f"{name}: {decision.reason}", now)
-            else:
-                self.store.add_reporter_event(worker_id, "join", f"{name}: {decision.reason}", now, landed)
-            self._joins += 1
             secret = secrets.token_bytes(WORKER_SECRET_BYTES)
             worker = WorkerRecord(
                 worker_id, name, printable(request.device[:64]), now, now, self.version, secret_sha256=hashlib.sha256(secret).digest()
             )
-            active = [w.assigned.seq_len for w in self._active.values() if w.assigned is not None]
-            worker.assigned = self.tracker.assign_worker(worker_id, active, now)
+            worker.assigned = self.tracker.worker_length([w.assigned.seq_len for w in self._active.values()
+                                                          if w.assigned is not None])
+            events = [("join", f"{name}: {decision.reason}")]
+            if worker.assigned is not None:
+                events.append(("assign", worker.assigned.reason))
+            if placed:
+                events.append(("assign", placed))
             if request.previous_worker_id not in self._active:
-                self.tracker.rejoin(worker_id, request.previous_worker_id)
                 self._carry_over(worker, self.workers.get(request.previous_worker_id))
             if landed is not None:
                 worker.accepted_version = max(worker.accepted_version, landed[1])
+            # Nothing changes before the answer is built and the join stored in one transaction (its events, the round
+            # it takes over, the curriculum entry it takes over): an answer that could not be built (an int32 field
+            # out of range, before the run spec bounded them) or a failed write (a full disk) refuses the join and
+            # leaves no membership, no count, no row and no moved curriculum entry behind.
+            curriculum = self.tracker.state
+            try:
+                moved = {} if request.previous_worker_id in self._active else self.tracker.rejoin(
+                    worker_id, request.previous_worker_id)
+                response = pb.JoinResponse(
+                    worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
+                    lease_seconds=self.membership.lease_s, data_seed=self._joins + 1,
+                    assignment=self._assignment(worker), worker_secret=secret,
+                )
+                self.store.record_join(worker_id, events, now, reported=landed, run_state=moved)
+            except BaseException:
+                self.tracker.state = curriculum
+                raise
+            self._joins += 1
             if taking_over is not None:
                 places = self._place_of[1]
                 for owner in {*self.round.reports, *self.round.late}:
                     if places.get(owner, owner) == taking_over:
                         places[owner] = worker_id
-            # The answer before the membership: one that cannot be built (an int32 field out of range, before the run
-            # spec bounded them) refused every Join and left an active member behind each time, holding a place.
-            response = pb.JoinResponse(
-                worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
-                lease_seconds=self.membership.lease_s, data_seed=self._joins, assignment=self._assignment(worker),
-                worker_secret=secret,
-            )
             self.workers[worker_id] = self._active[worker_id] = worker
             self.log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version,
                           decision.reason)
@@ -424,7 +434,7 @@ class SwarmCoordinator:
         heard the answer joins again naming that membership and pushes the update again; it landed, so the push is
         a duplicate (ALREADY_EXISTS) and the worker keeps the error-feedback residual left after it, where "stale"
         made it put back the residual the landed update had carried (sent twice). The join enters the new
-        membership among that round's reporters (`StateStore.add_reporter_event`), so a second restart knows it too. As
+        membership among that round's reporters (`StateStore.record_join`), so a second restart knows it too. As
         with `_carry_over`, the name is the joiner's claim: another membership's round only refuses the joiner's
         own update from that version. None for an active membership (a worker cannot take over a live one)."""
         if not previous_worker_id or previous_worker_id in self._active:

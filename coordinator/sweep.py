@@ -370,7 +370,7 @@ class RunGroup:
             refused = refused_runs(request, self.runs)
             try:
                 index, reason = self._place(request, refused)
-                response = self.runs[index].join(request)
+                response = self.runs[index].join(request, placed=reason)
             except Refusal as refusal:
                 if refusal.place_retry_s > 0:
                     self.waiting.asked(name, time.monotonic(), refusal.place_retry_s)
@@ -380,8 +380,6 @@ class RunGroup:
             if refused:
                 self._refused[response.worker_id] = refused
         self.waiting.seated(name)
-        if reason:
-            self.runs[index].store.add_event(response.worker_id, "assign", reason)
         return response
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:

@@ -161,7 +161,7 @@ class StateStore:
     Threads and locks. `_lock` guards the writer connection: `get`, `set_many`,
     `commit_version` (its SQLite transaction; the file is written before the lock is taken),
     `committed_digest`, `reported`, `load_current` (but for its read of the ledger), `add_event`,
-    `add_reporter_event`, `add_metrics`, `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
+    `record_join`, `add_metrics`, `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
     (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
     `worker_step_means`, `run_step_sums`, `training_rows`, `run_clock_start`, `round_times`, `rounds_summary`,
@@ -681,17 +681,23 @@ class StateStore:
         if row > MAX_EVENT_ROWS and row // EVENT_PRUNE_EVERY != (row - written) // EVENT_PRUNE_EVERY:
             db.execute("DELETE FROM events WHERE rowid <= ?", (row - MAX_EVENT_ROWS,))
 
-    def add_reporter_event(self, worker_id: str, kind: str, reason: str, now: float, reported: tuple[int, int]) -> None:
-        """`add_event`, and in the same transaction membership `worker_id` entered among the reporters of a committed
-        round: `reported` = (round version, base version) of an update that round counted, which `worker_id` takes
-        over (a re-join naming the membership that delivered it, `reported`), so that a coordinator restarted later
-        knows `worker_id` delivered it too."""
-        round_version, base_version = reported
+    def record_join(self, worker_id: str, events: Sequence[tuple[str, str]], now: float,
+                    reported: tuple[int, int] | None = None, run_state: Mapping[str, str] | None = None) -> None:
+        """What a join of membership `worker_id` stores, in one transaction, so that a failed write (a full disk)
+        leaves none of it: its `events` ((kind, reason) rows at `now`); with `reported` = (round version, base version)
+        of an update a committed round counted, which `worker_id` takes over (a re-join naming the membership that
+        delivered it, `reported`), `worker_id` entered among that round's reporters, so that a coordinator restarted
+        later knows `worker_id` delivered it too; and the `run_state` values the join changed (`set_many`'s)."""
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
-            self._insert_event(db, worker_id, kind, reason, now)
-            db.execute("INSERT OR REPLACE INTO round_reporters VALUES (?, ?, ?)",
-                       (round_version, worker_id, base_version))
+            for kind, reason in events:
+                self._insert_event(db, worker_id, kind, reason, now)
+            if reported is not None:
+                round_version, base_version = reported
+                db.execute("INSERT OR REPLACE INTO round_reporters VALUES (?, ?, ?)",
+                           (round_version, worker_id, base_version))
+            if run_state:
+                db.executemany("INSERT OR REPLACE INTO run_state VALUES (?, ?)", list(run_state.items()))
             db.execute("COMMIT")
 
     def add_metrics(self, rows: Iterable[tuple[Any, ...]], keep_rows: int = 0,

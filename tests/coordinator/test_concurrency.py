@@ -236,10 +236,17 @@ class StalledEventStore(StateStore):
         super().__init__(*args, **kwargs)
         self.hanging, self.release = threading.Event(), threading.Event()
 
-    def add_event(self, *args, **kwargs) -> None:
+    def _stall(self) -> None:
         if self.hanging.is_set():
             self.release.wait(60)
+
+    def add_event(self, *args, **kwargs) -> None:
+        self._stall()
         super().add_event(*args, **kwargs)
+
+    def record_join(self, *args, **kwargs) -> None:  # a join's event rows
+        self._stall()
+        super().record_join(*args, **kwargs)
 
 
 def test_health_says_not_serving_when_a_write_under_the_run_lock_hangs(tmp_path, channel):

@@ -44,7 +44,7 @@ def test_a_rounds_reporters_are_committed_with_it_and_read_back_after_a_restart(
         assert store.reported("w1-a") == (1, 1) and store.reported("w2-b") == (1, 0)
         assert store.reported("w9-none") is None and store.reported("") is None
         # A re-join taking over w1-a's delivered update is entered among round 1's reporters with its join event.
-        store.add_reporter_event("w3-c", "join", "c: admitted", 5.0, (1, 1))
+        store.record_join("w3-c", [("join", "c: admitted")], 5.0, reported=(1, 1))
         assert store.reported("w3-c") == (1, 1)
         assert [(e.worker_id, e.kind) for e in store.events()] == [("w3-c", "join")]
     finally:
