@@ -106,6 +106,22 @@ def unused_hivemind_flags(args: argparse.Namespace) -> str | None:
     return f"{', '.join(given)}: only with --backend hivemind, not with the coordinator backend{why}"
 
 
+# The coordinator backend's own flags: a hivemind peer pulls and pushes nothing through a coordinator and keeps no
+# state dir (no residual file, no membership file, no lock).
+COORDINATOR_ONLY_FLAGS = ("--transfer-timeout-s", "--membership-file", "--state-dir")
+
+
+def unused_coordinator_flags(args: argparse.Namespace) -> str | None:
+    """With the hivemind backend, the coordinator backend's flags that were given, where they would do nothing (before,
+    accepted and dropped: two peers on one --state-dir took no lock)."""
+    defaults = parser()
+    given = [flag for flag in COORDINATOR_ONLY_FLAGS
+             if getattr(args, flag[2:].replace("-", "_")) != defaults.get_default(flag[2:].replace("-", "_"))]
+    if args.backend != "hivemind" or not given:
+        return None
+    return f"{', '.join(given)}: only with the coordinator backend, not with --backend hivemind"
+
+
 def parser() -> argparse.ArgumentParser:
     """The `rcswarm worker` command line."""
     parser = argparse.ArgumentParser(prog=PROG, description="Join an rcswarm coordinator and train.")
@@ -217,6 +233,9 @@ def main_hivemind(args: argparse.Namespace) -> int:
     from rcswarm.train.round import resolve_device
     from rcswarm.worker import ControlPlane, RetriesExhausted, hivemind_sync
 
+    unused = unused_coordinator_flags(args)
+    if unused is not None:
+        return usage_error(PROG, unused)
     control, data_seed = None, None
     try:
         if args.config is None and args.coordinator is None:
@@ -250,7 +269,10 @@ def main_hivemind(args: argparse.Namespace) -> int:
             return 1
         data_seed = worker_data_seed(spec.run.seed, joined.data_seed)
         control.start()  # beats from now on: building the model and the peer may outlast the lease
+    import torch
+
     from rcswarm.worker import HivemindWorker  # looked up now: a test may have replaced it in its module
+    from rcswarm.worker.worker import first_line
 
     try:
         worker = HivemindWorker(spec, options, name=name, device=device, out=args.out, control=control,
@@ -262,5 +284,11 @@ def main_hivemind(args: argparse.Namespace) -> int:
         if control is not None:
             control.close("refused")
         return status
+    except torch.OutOfMemoryError as exc:  # one line and a Leave, not a traceback and a membership left to its lease
+        reason = f"{name} cannot train this run: out of memory on {device} building its model: {first_line(exc)}"
+        log.error("%s", reason)
+        if control is not None:
+            control.close(f"refused: {reason}")
+        return 1
     StopSignal(target=worker.stop).install(signal.SIGTERM, signal.SIGINT)
     return worker.run()

@@ -941,6 +941,23 @@ class RunSpec:
             ))
         return runs
 
+    def training_windows(self) -> list[tuple[str, int, int]]:
+        """(key, seq_len, batch) of every window a run of this spec can train: each run's of a sweep; else the
+        curriculum's (the adaptive ladder or curriculum.worker_seq_lens, at the batches constant_tokens derives, or
+        each schedule row) and data.seq_len × data.batch_size where they leave it in force (no curriculum, or before
+        the schedule's first row)."""
+        curriculum, data = self.curriculum, self.data
+        if self.is_sweep:
+            return [("sweep.seq_lens", length, self._sweep_batch(index)) for index, length in enumerate(self.sweep.seq_lens)]
+        lengths = curriculum.seq_lens or curriculum.worker_seq_lens
+        if lengths:
+            key = "curriculum.seq_lens" if curriculum.seq_lens else "curriculum.worker_seq_lens"
+            return [(key, length, curriculum.batch_for(length, data.batch_size)) for length in lengths]
+        windows = [("curriculum.schedule", seq_len, batch) for _, seq_len, batch in curriculum.schedule]
+        if not curriculum.schedule or curriculum.schedule[0][0] > 0:
+            windows.insert(0, ("data.seq_len", data.seq_len, data.batch_size))
+        return windows
+
     def _sweep_batch(self, index: int) -> int:
         """The batch of the sweep's run `index`: sweep.batch_sizes', the one sweep.constant_tokens derives, or
         data.batch_size."""

@@ -282,6 +282,12 @@ class UpdateIntake:
         after its push, so after the close; with `sync.overlap` the rows of steps trained while the previous round
         travelled, under that round's assignment, `trained_since`)."""
         run = self.run
+        if run.spec.sync.backend == "hivemind":
+            # Peers train at versions of their own, ahead of what they reported (and this run's own version stays 0):
+            # the largest window of the run at any version. Before, the assignment at version 0 bounded every row,
+            # so the first lengthening of curriculum.schedule had every later row refused.
+            key, seq_len, batch = max(run.spec.training_windows(), key=lambda window: window[1] * window[2])
+            return batch * seq_len, f"batch {batch} × seq_len {seq_len}, the run's largest window ({key})"
         batch, seq_len, where = self._largest_step(self.trained_since(run.version - run.staleness.max_staleness - 1))
         return batch * seq_len, f"batch {batch} × seq_len {seq_len} of {where}"
 

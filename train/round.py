@@ -9,7 +9,9 @@ the data stream, the run-long step count and the compute seconds, and produces o
 per inner step; the backends keep what is theirs: the coordinator backend (worker/worker.py)
 pulls θ_v and pushes Δ over the wire, the hivemind backend (worker/hivemind_worker.py)
 averages Δ peer to peer and applies the outer step, and each stamps its own sync time and
-bytes on the rows it reports. `held_out_loss` is the launcher's evaluation (cli/run.py) and the worker's
+bytes on the rows it reports. A Δ with a NaN or an infinity is the local training's divergence (`check_finite`
+raises `Diverged` before it leaves the worker); each backend drops such a round, starts the inner optimizer afresh
+(`reset_optimizer`) and ends after MAX_DIVERGED_ROUNDS in a row. `held_out_loss` is the launcher's evaluation (cli/run.py) and the worker's
 held-out loss along the way (`[run] eval_every`, issue #30): the first batches of one fixed stream of the
 held-out split (HELD_OUT_SEED), drawn once and kept, or with `[run] eval_set = "rotating"` the stream of the
 version measured (`held_out_seed`), in windows of `[run] eval_seq_len` (else data.seq_len).
@@ -36,6 +38,25 @@ from rcswarm.train.inner import StepResult, inner_step, loss_sum, make_inner_opt
 
 # The stream of the held-out split every held-out loss is measured on: its first batches are the fixed held-out set.
 HELD_OUT_SEED = 12345
+# Rounds in a row whose Δ was not finite before a worker of either backend ends (lower inner.lr or check the data).
+MAX_DIVERGED_ROUNDS = 3
+
+
+class Diverged(RuntimeError):
+    """A round's Δ holds non-finite values: the local training diverged (`check_finite`)."""
+
+    def __init__(self, version: int, problem: str) -> None:
+        super().__init__(f"the update of version {version} is not finite: {problem}")
+        self.version = version
+
+
+def check_finite(version: int, deltas: Mapping[str, torch.Tensor]) -> None:
+    """Raise Diverged naming the first tensor of Δ (the update of `version`) that holds a NaN or an infinity, and how
+    many of its values do."""
+    for name, delta in deltas.items():
+        finite = torch.isfinite(delta)
+        if not bool(finite.all()):
+            raise Diverged(version, f"{name!r} has {delta.numel() - int(finite.sum())} non-finite values of {delta.numel()}")
 
 
 def held_out_seed(eval_set: str, version: int) -> int:

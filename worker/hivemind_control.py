@@ -23,7 +23,16 @@ from collections import deque
 import grpc
 
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.worker.client import CoordinatorClient, Identity, RetriesExhausted, RetryPolicy, Stopped, Timeouts
+from rcswarm.worker.client import (
+    Action,
+    CoordinatorClient,
+    Identity,
+    RetriesExhausted,
+    RetryPolicy,
+    Stopped,
+    Timeouts,
+    classify,
+)
 
 log = logging.getLogger("rcswarm.worker")
 MAX_PENDING = 10_000
@@ -103,20 +112,35 @@ class ControlPlane:
             log.warning("%s: joining again failed (%s); retrying on the next beat", self.name, exc)
 
     def _beat(self) -> None:
-        """A heartbeat, then the pending rows in batches (each batch leaves the queue once it is stored)."""
+        """A heartbeat, then the pending rows in batches (each batch leaves the queue once it is stored, or once the
+        coordinator refused it: `_report`)."""
         self._note(self.client.heartbeat(self.identity))
         while True:
             with self._lock:
                 batch = [self._pending[i] for i in range(min(BATCH, len(self._pending)))]
             if not batch:
                 return
-            self.client.report_metrics(self.identity, batch, self.run_id)
+            self._report(batch)
             with self._lock:
                 for _ in batch:
                     self._pending.popleft()
 
+    def _report(self, batch: list[pb.Metric]) -> None:
+        """Send one batch of rows. A transient failure or NOT_FOUND raises (the batch stays for the next beat, after a
+        re-join); a refusal (INVALID_ARGUMENT, ...) returns after one WARNING, so the batch is dropped: kept at the
+        head of the queue, it was refused every beat and no later row was ever delivered."""
+        try:
+            self.client.report_metrics(self.identity, batch, self.run_id)
+        except grpc.RpcError as err:
+            action, reason = classify(err.code())
+            if action in (Action.RETRY, Action.REJOIN):
+                raise
+            log.warning("%s: ReportMetrics refused: %s: %s (%s); %d metric rows dropped", self.name,
+                        err.code().name, err.details(), reason, len(batch))
+
     def close(self, reason: str) -> None:
-        """Stop the thread, send what is pending (one try) and Leave."""
+        """Stop the thread, send what is pending (one try) and Leave (its own try: a refused or failed report does not
+        keep the membership until its lease runs out)."""
         self.stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -124,10 +148,10 @@ class ControlPlane:
             with self._lock:
                 batch = list(self._pending)[:BATCH]
             if batch:
-                request = pb.ReportMetricsRequest(worker_id=self.identity.worker_id, run_id=self.run_id,
-                                                  worker_secret=self.identity.worker_secret, metrics=batch)
-                timeout = self.client.timeouts.unary_s
-                self.client.stub.ReportMetrics(request, timeout=timeout, metadata=self.client.metadata)
+                self._report(batch)
+        except grpc.RpcError as exc:
+            log.warning("%s: the last metric rows were not delivered: %s", self.name, exc.code().name)
+        try:
             self.client.leave(self.identity, reason)
         except grpc.RpcError as exc:
             log.warning("%s: leave failed: %s", self.name, exc.code().name)

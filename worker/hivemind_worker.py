@@ -57,11 +57,12 @@ from rcswarm.sync.files import save_tensors
 from rcswarm.sync.outer import outer_step
 from rcswarm.train.bptt.segment_store import SpillSpaceError
 from rcswarm.train.inner import make_task_from, typing_config_for, worker_data_seed
-from rcswarm.train.round import RoundTrainer, StepRow
+from rcswarm.train.round import MAX_DIVERGED_ROUNDS, Diverged, RoundTrainer, StepRow, check_finite
 from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker.data_root import dataset_problem
 from rcswarm.worker.hivemind_control import ControlPlane
 from rcswarm.worker.limits import ModelLimit
+from rcswarm.worker.worker import first_line
 
 log = logging.getLogger("rcswarm.worker")
 # A fresh swarm's first matchmaking window, as a fraction of this peer's measured start-up. A constant, not a
@@ -73,6 +74,10 @@ FIRST_WINDOW_FRACTION = 0.3
 # What the group's reference replica adds to its declared version at the last one (`_settle`): above every peer's
 # version, so a peer loading state reaches it first, and below the next version.
 FINAL_PRIORITY = 0.5
+
+
+class WindowRefused(RuntimeError):
+    """The coordinator assigned a window beyond this worker's step limit (`ModelLimit.window_problem`)."""
 
 
 def schedule_for(spec: RunSpec, version: int) -> tuple[int, int]:
@@ -192,7 +197,8 @@ class HivemindWorker:
         unreadable = dataset_problem(spec, data_root) if control is not None else ""
         if unreadable:
             raise ValueError(f"the run spec of {spec.run.name} is refused: {unreadable}")
-        too_large = ModelLimit.of(device, max_params, max_step_tokens).problem(spec)
+        self.limit = ModelLimit.of(device, max_params, max_step_tokens)
+        too_large = self.limit.problem(spec)
         if too_large:
             raise ValueError(f"the run spec of {spec.run.name} is refused before allocating: {too_large}")
         self.spec, self.options, self.out, self.control = spec, options, out, control
@@ -211,6 +217,8 @@ class HivemindWorker:
         self.error_feedback = codecs.ErrorFeedback(spec.sync.error_decay) if spec.sync.error_feedback else None
         self.version = 0
         self.sync_seconds = 0.0
+        self._diverged_rounds = 0  # rounds in a row whose Δ was not finite (`_diverged`)
+        self.exit_reason, self._refused = "", False  # why `run` returned 1 (`_end`)
         self.history: list[dict[str, Any]] = []
         self.recent_rows: deque[list[float]] = deque(maxlen=hs.MAX_METRIC_ROWS)
         self._published: dict[str, Any] | None = None  # the digest of this peer's current version, once stored
@@ -226,7 +234,8 @@ class HivemindWorker:
         return {"run": self.spec.run.name, "version": version, "spec": self.spec_digest}, tensors
 
     def run(self) -> int:
-        """Train until run.rounds versions exist or a stop is requested; returns the exit code."""
+        """Train until run.rounds versions exist (run.rounds = 0: until stopped) or a stop is requested; returns the
+        exit code."""
         try:
             log.info("%s: hivemind rules: %s", self.name, self.spec.hivemind.describe())
             self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
@@ -247,28 +256,54 @@ class HivemindWorker:
                 self._warn_other_specs()
                 self._publish_start()
             self.peer.set_state_version(self.version)
-            while not self.stop.is_set() and self.version < self.spec.run.rounds:
+            while not self.stop.is_set() and not self._last_reached():
                 self._round()
-            if self.version >= self.spec.run.rounds and not self.stop.is_set():
+            if self._last_reached() and not self.stop.is_set():
                 self._settle()
         except hs.PeerRefused as exc:
-            log.error("%s cannot join the swarm: %s", self.name, exc)
-            return 1
+            return self._end(f"{self.name} cannot join the swarm: {exc}")
         except hs.PeerDied as exc:
-            log.error("%s leaves the swarm at version %d: %s; exits for its supervisor to start it again",
-                      self.name, self.version, exc)
-            return 1
+            return self._end(f"{self.name} leaves the swarm at version {self.version}: {exc}; exits for its supervisor "
+                             "to start it again")
         except SpillSpaceError as exc:
-            log.error("%s cannot train this window: %s", self.name, exc)
-            return 1
+            return self._end(f"{self.name} cannot train this window: {exc}")
+        except WindowRefused as exc:
+            return self._end(f"{self.name} cannot train this run: {exc}", refused=True)
+        except torch.OutOfMemoryError as exc:  # one line, not a traceback: the device cannot hold this run's window
+            data = self.trainer.data
+            window = f", seq_len {data.seq_len} × batch {data.batch_size}" if data is not None else ""
+            return self._end(f"{self.name} cannot train this run: out of memory on {self.device} at version "
+                             f"{self.version}{window}: {first_line(exc)}", refused=True)
+        except Diverged as exc:
+            return self._end(f"{self.name} exits: the local training diverged {self._diverged_rounds} rounds in a row "
+                             f"({exc}); lower inner.lr or check the data")
         finally:
             if self.peer is not None:
                 self._write_out()
                 self.peer.shutdown()
             if self.control is not None:
-                self.control.close("finished" if self.version >= self.spec.run.rounds else "stopped")
+                self.control.close(self._leave_reason())
         log.info("%s finished at version %d", self.name, self.version)
         return 0
+
+    def _leave_reason(self) -> str:
+        """What the Leave says: why the worker ends (`exit_reason`, "refused: ..." when it cannot train the run), or
+        that it finished or stopped."""
+        if self.exit_reason:
+            return f"refused: {self.exit_reason}" if self._refused else self.exit_reason
+        return "finished" if self._last_reached() else "stopped"
+
+    def _last_reached(self) -> bool:
+        """Whether this peer holds the run's last version (never with run.rounds = 0, a run until stopped: before,
+        such a peer trained nothing and exited 0 as finished at version 0)."""
+        return 0 < self.spec.run.rounds <= self.version
+
+    def _end(self, reason: str, refused: bool = False) -> int:
+        """Log why the worker ends (one ERROR line), keep it as `exit_reason` (`refused`: the run cannot be trained
+        here, said in the Leave); exit status 1."""
+        log.error("%s", reason)
+        self.exit_reason, self._refused = reason, refused
+        return 1
 
     def _assigned(self) -> tuple[int, int, str]:
         """(seq_len, batch, why) of the round from this version.
@@ -288,6 +323,10 @@ class HivemindWorker:
             if assignment.seq_len < 1 or assignment.batch_size < 1:
                 raise RuntimeError(f"the coordinator assigned seq_len {assignment.seq_len}, batch "
                                    f"{assignment.batch_size}: expected positive sizes")
+            too_large = self.limit.window_problem(assignment.seq_len, assignment.batch_size,
+                                                  f"the coordinator's assignment for version {self.version}")
+            if too_large:
+                raise WindowRefused(f"{too_large}; refused before allocating")
             return assignment.seq_len, assignment.batch_size, assignment.reason
         return (*schedule_for(self.spec, self.version), "the run spec")
 
@@ -303,8 +342,10 @@ class HivemindWorker:
                 row.compute_seconds, self.sync_seconds, float(row.seq_len), float(row.batch)]
 
     def pseudo_gradient(self, base: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Δ = θ_v − θ_local as the codec delivers it (with the error-feedback residual); a hook for tests."""
+        """Δ = θ_v − θ_local as the codec delivers it (with the error-feedback residual); a hook for tests. Diverged
+        when Δ is not finite, before the residual takes any of it."""
         deltas = self.trainer.delta(dict(zip(self.names, base)))
+        check_finite(self.version, deltas)
         if self.error_feedback is None:
             return list(deltas.values())
         _, sent = self.error_feedback.compress_decoded(deltas, self.codec, consume=True)
@@ -325,10 +366,10 @@ class HivemindWorker:
         started = time.perf_counter()
         try:
             deltas = self.pseudo_gradient(base)
-        except ValueError as exc:  # a non-finite Δ: nothing is sent, the round restarts from θ_v
-            log.warning("%s: round %d not averaged: %s", self.name, self.version, exc)
-            self._load(base)
+        except Diverged as exc:  # nothing is sent: its groupmates average without it
+            self._diverged(exc, base)
             return
+        self._diverged_rounds = 0
         gather = {"version": self.version, "tokens": tokens, "norm": hs.global_norm(deltas)}
         window = FIRST_WINDOW_FRACTION * self._startup_s if self.version == 0 else None
         bound = round_token_bound(self.spec, self.version)
@@ -356,6 +397,20 @@ class HivemindWorker:
         })
         log.info("%s: version %d (group of %d, loss %.4f, drift %.3g); %s", self.name, self.version, group,
                  self.history[-1]["loss"], measured, self.peer.timer.describe())
+
+    def _diverged(self, exc: Diverged, base: list[torch.Tensor]) -> None:
+        """After a round whose Δ was not finite: drop it (θ_v back, the residual as before), start the inner optimizer
+        afresh (its moments hold the divergence too, so every later round diverged again), one WARNING; re-raised
+        at the MAX_DIVERGED_ROUNDS-th in a row, which ends the worker (before: it trained forever without a version,
+        or without error feedback sent a NaN Δ that made every groupmate skip the round)."""
+        self._diverged_rounds += 1
+        if self._diverged_rounds >= MAX_DIVERGED_ROUNDS:
+            raise exc
+        self._load(base)
+        self.trainer.reset_optimizer()
+        log.warning("%s: round %d not averaged: %s; θ goes back to version %d and the inner optimizer starts afresh "
+                    "(%d of %d such rounds in a row before the worker exits)", self.name, self.version, exc,
+                    self.version, self._diverged_rounds, MAX_DIVERGED_ROUNDS)
 
     def _alone(self) -> bool:
         """Whether no other peer of the run may average this version with this one, read for
@@ -586,7 +641,7 @@ class HivemindWorker:
         lowest = self.version + 1 if ahead else self.version
 
         def not_behind(state: tuple[int, list[torch.Tensor]]) -> str:
-            if state[0] > self.spec.run.rounds:  # no honest peer trains past the run's end (a claim to end it at once)
+            if 0 < self.spec.run.rounds < state[0]:  # no honest peer trains past the run's end (a claim to end it at once)
                 return f"its version {state[0]} is past the run's last, run.rounds = {self.spec.run.rounds}"
             return "" if state[0] >= lowest else f"its version {state[0]} is below {lowest}, the least this re-sync takes"
 

@@ -149,7 +149,14 @@ def test_a_git_dataset_outside_the_data_root_is_never_opened(start_coordinator, 
 def test_a_spec_whose_windows_exceed_the_step_limit_is_refused_and_every_example_fits() -> None:
     limit = ModelLimit(10**12, "a test", max_step_tokens=DEFAULT_MAX_STEP_TOKENS)
     assert limit.problem(tiny_spec(data={"seq_len": 4096, "batch_size": 1024})).startswith(
-        "the run spec's data: batch 1,024 × seq_len 4,096")
+        "the run spec's data.seq_len = 4096: batch 1,024 × seq_len 4,096")
+    # Every window the run can train, not only data.seq_len's (a hivemind peer follows the schedule without an
+    # assignment to check; review of the hivemind path, 2026-11-29).
+    schedule = tiny_spec(curriculum={"schedule": [[0, 32, 4], [10, 65536, 512]]})
+    assert limit.problem(schedule).startswith("the run spec's curriculum.schedule = 65536: batch 512 × seq_len 65,536")
+    ladder = tiny_spec(data={"batch_size": 64}, curriculum={
+        "policy": "adaptive", "seq_lens": [4, 65536], "alpha_inf": 1.0, "tau": 1.0})
+    assert "curriculum.seq_lens = 65536: batch 64 × seq_len 65,536" in limit.problem(ladder)
     assert "held-out windows" in limit.problem(tiny_spec(run={"eval_seq_len": 1 << 20}))
     assert ModelLimit(10**12, "a test", max_step_tokens=100).problem(tiny_spec()) != ""
     for path in sorted(EXAMPLES.glob("*.toml")):

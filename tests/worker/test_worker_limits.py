@@ -49,8 +49,8 @@ def huge_spec_json(spec: RunSpec) -> str:
 class HugeSpecCoordinator(SwarmCoordinator):
     """The real coordinator, whose Join serves a run spec naming a model of tens of billions of parameters."""
 
-    def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
-        response = super().join(request)
+    def join(self, request: pb.JoinRequest, placed: str = "") -> pb.JoinResponse:
+        response = super().join(request, placed)
         response.run_spec_json = huge_spec_json(self.spec)
         return response
 
