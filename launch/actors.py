@@ -176,16 +176,11 @@ def start_worker(plan: LaunchPlan, index: int):
     ).remote(asdict(plan.worker_config(index)))
 
 
-def retire(handle, timeout_s: float = STOP_TIMEOUT_S) -> dict | None:
-    """Stop a worker actor (its worker Leaves) unless it never started, then kill it for good; its last report."""
-    return retire_all({"worker": handle}, timeout_s)[0].get("worker")
-
-
 def retire_all(handles: dict[str, Any], timeout_s: float = STOP_TIMEOUT_S) -> tuple[dict[str, dict], set[str]]:
-    """`retire` for many worker actors at once (name -> handle): every stop asked together, so that scaling from 10
-    workers to 1 takes one stop's time, not nine (each up to STOP_TIMEOUT_S + CALL_TIMEOUT_S, one after another on the
-    supervisor's reconcile thread, which meanwhile restarted no one). (name -> last report of those that answered,
-    names of those Ray never started)."""
+    """Stop worker actors (name -> handle; each worker Leaves) unless Ray never started them, then kill them for good.
+    Every stop is asked together, so that scaling from 10 workers to 1 takes one stop's time, not nine (each up to
+    STOP_TIMEOUT_S + CALL_TIMEOUT_S, one after another on the supervisor's reconcile thread, which meanwhile restarted
+    no one). (name -> last report of those that answered, names of those Ray never started)."""
     import ray
 
     never = {name for name, handle in handles.items() if gcs_record(handle).get("State") in PENDING_STATES}

@@ -11,7 +11,8 @@ What the actor runs is a `CoordinatorSpec` (checked before anything starts). The
 the port file and the coordinator's log (appended at each start) live in `coordinator-actor/` of the state
 dir, which outlives the actor: nothing is left in the head's temporary directory. A coordinator that
 does not start leaves the actor alive, reporting the problem in `info()`; `start_coordinator` then removes
-it and says why. An existing coordinator actor is reused only when it runs the same spec.
+it and says why, as it removes one that does not answer in time (`unanswered_reason`). An existing coordinator actor
+is reused only when it runs the same spec.
 """
 
 from __future__ import annotations
@@ -197,12 +198,28 @@ def head_cpu_problem(cpus: float, nodes: list[dict[str, Any]]) -> str | None:
             f"{heads[0].get('CPU', 0.0):g} CPUs; expected at most that")
 
 
+def unanswered_reason(spec: CoordinatorSpec, record: dict[str, Any], nodes: list[dict[str, Any]],
+                      available: dict[str, float]) -> str:
+    """Why the coordinator actor of `spec` did not answer within COORDINATOR_START_S + CALL_TIMEOUT_S, in words (pure;
+    `record`: its `gcs_record`, `nodes` and `available`: Ray's, for `pending_reason`): Ray never started it (naming
+    --coordinator-cpus, which sets what it waits for), it died (Ray's cause), or it runs and does not answer."""
+    state = record.get("State", "")
+    if state in PENDING_STATES:
+        waits = pending_reason({"CPU": spec.cpus, HEAD_RESOURCE: 0.001}, nodes, available, "--coordinator-cpus")
+        return f"Ray never started it on the head node ({waits})"
+    if state == "DEAD":
+        return record.get("DeathCause", "") or "it died (Ray recorded no cause)"
+    return f"it did not answer within {COORDINATOR_START_S + CALL_TIMEOUT_S:g}s (Ray state {state or 'unknown'})"
+
+
 def start_coordinator(namespace: str, spec: CoordinatorSpec) -> str:
     """Find or create the coordinator actor on the head node; its HOST:PORT for the workers.
 
     RuntimeError when an existing one runs other settings (naming them: it is not replaced, since its
     workers train against it), when the head node cannot hold it (`head_cpu_problem`), or when the coordinator does
-    not start (an actor that never started or died is then removed, saying why it waited)."""
+    not start. An actor that does not answer in time (never started, died, or alive but hung) is then removed, saying
+    why (`unanswered_reason`): it did not tell its settings, and a detached actor left behind would come back to a
+    corrected command through `get_if_exists` (before, an ALIVE one that did not answer was left in the namespace)."""
     import ray
 
     problem = head_cpu_problem(spec.cpus, ray.nodes())
@@ -214,18 +231,10 @@ def start_coordinator(namespace: str, spec: CoordinatorSpec) -> str:
     ).remote(asdict(spec))
     info = call(handle, "info", timeout_s=COORDINATOR_START_S + CALL_TIMEOUT_S)
     if info is None:
-        record = gcs_record(handle)
-        state = record.get("State", "")
-        if state in PENDING_STATES:
-            demand = {"CPU": spec.cpus, HEAD_RESOURCE: 0.001}
-            why = f"it was never started ({pending_reason(demand, ray.nodes(), ray.available_resources())})"
-        else:
-            why = record.get("DeathCause", "") or f"it did not answer (Ray state {state or 'unknown'})"
-        if state in (*PENDING_STATES, "DEAD"):  # nothing serves: removed, so that a corrected retry creates a new one
-            ray.kill(handle, no_restart=True)
-            raise RuntimeError(f"the coordinator actor did not start: {why}; removed")
-        raise RuntimeError(f"the coordinator actor did not start: {why}; it stays in namespace {namespace} (remove it "
-                           "with --stop)")
+        why = unanswered_reason(spec, gcs_record(handle), ray.nodes(), ray.available_resources())
+        ray.kill(handle, no_restart=True)
+        raise RuntimeError(f"the coordinator actor did not start: {why}; removed from namespace {namespace}, so that "
+                           "a corrected command starts a new one")
     differ = settings_differ(info.get("settings"), spec.settings())
     if differ is not None:
         raise RuntimeError(f"a coordinator actor already runs in namespace {namespace} ({info.get('address')}) with "

@@ -102,17 +102,22 @@ def same_resources(a: dict[str, float], b: dict[str, float]) -> bool:
     return all(abs(a.get(k, 0.0) - b.get(k, 0.0)) < 0.5 / RESOURCE_UNIT for k in keys)
 
 
-def pending_reason(demand: dict[str, float], nodes: list[dict[str, Any]], available: dict[str, float]) -> str:
+# The flags that set a worker actor's demand (what `pending_reason` tells to lower when no node could hold it).
+WORKER_FLAGS = "--gpus-per-worker/--cpus-per-worker"
+
+
+def pending_reason(demand: dict[str, float], nodes: list[dict[str, Any]], available: dict[str, float],
+                   flags: str = WORKER_FLAGS) -> str:
     """Why an actor asking `demand` is not running: no alive node could ever hold it, or none has it free.
 
     `nodes` are `ray.nodes()` entries (`Alive`, `Resources` = totals), `available` is
-    `ray.available_resources()` (free now, summed over the cluster).
+    `ray.available_resources()` (free now, summed over the cluster); `flags`: those that set `demand`.
     """
     totals = [node["Resources"] for node in nodes if node.get("Alive")]
     if not any(all(total.get(k, 0.0) >= v for k, v in demand.items()) for total in totals):
         largest = max(totals, key=lambda t: (t.get("GPU", 0.0), t.get("CPU", 0.0)), default={})
         return (f"infeasible: no node of the cluster has {resources(demand)} (the largest has "
-                f"{resources(largest)}); an autoscaler may add one, else lower --gpus-per-worker/--cpus-per-worker")
+                f"{resources(largest)}); an autoscaler may add one, else lower {flags}")
     return (f"waiting for {resources(demand)} free on one node (free in the whole cluster now: "
             f"{resources(available)})")
 

@@ -53,7 +53,7 @@ class ActorRow:
         """What a follower prints a new line for when it changes (not the step count)."""
         info = self.info or {}
         return (self.ray_state, self.restarts, self.worker_state(), info.get("worker_id"), self.pending,
-                info.get("problem"))
+                info.get("problem"), info.get("retries", 0))
 
     def line(self) -> str:
         info = self.info or {}
@@ -64,6 +64,10 @@ class ActorRow:
             text += f"\n{'':<20} pending: {self.pending}"
         if info.get("problem"):
             text += f"\n{'':<20} problem: {info['problem']}"
+        retries = info.get("retries", 0)
+        if retries:  # the worker started again inside its actor (`RayWorker`), which Ray's restarts do not count
+            text += (f"\n{'':<20} started again {retries} time{'' if retries == 1 else 's'} in this actor, the last "
+                     f"after: {info.get('last_retry') or 'no reason given'}")
         return text
 
 
@@ -214,12 +218,14 @@ def ended(status: dict[str, Any], plan: LaunchPlan) -> Verdict | None:
 
 def removed(status: dict[str, Any], plan: LaunchPlan) -> Verdict | None:
     """Whether the launcher's actors were removed from under it (pure): workers are wanted, and neither the
-    supervisor nor any worker actor is left (another driver's `--stop`, as the interrupt message advises). Before,
-    `ended` waited for worker rows that would never come, and the launcher polled for ever."""
-    if plan.workers == 0 or status["supervisor"] or status["rows"]:
+    supervisor nor a wanted worker actor (`rcswarm-worker-<i>`, i < N) is left (another driver's `--stop`, as the
+    interrupt message advises). Before, `ended` waited for worker rows that would never come, and the launcher polled
+    for ever; so it did while an actor of a slot beyond the plan was left, which no supervisor replaces by a wanted
+    one (review of the Ray launcher, 2026-11-29)."""
+    if plan.workers == 0 or status["supervisor"] or any(worker_index(r.name) < plan.workers for r in status["rows"]):
         return None
-    return Verdict(1, f"the supervisor and every worker actor of namespace {plan.namespace} are gone: removed by "
-                      "another driver (`rcswarm launch ray --stop`?) or with the Ray cluster's state")
+    return Verdict(1, f"the supervisor and every wanted worker actor of namespace {plan.namespace} are gone: removed "
+                      "by another driver (`rcswarm launch ray --stop`?) or with the Ray cluster's state")
 
 
 def stop_command(address: str, namespace: str) -> str:
@@ -250,7 +256,7 @@ def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event) -> Verdict | 
     then remove the actors and return the verdict) or `stop` is set (None: the actors stay, see `interrupted`)."""
     shown: dict[str, tuple] = {}
     seen: set[str] = set()
-    gone = 0  # polls in a row that found no actor left (`removed`): two, so that a supervisor Ray restarts is no end
+    gone = 0  # polls in a row that found no wanted actor left (`removed`): two, so a supervisor Ray restarts is no end
     print(HEADER, flush=True)
     while not stop.wait(poll_s):
         status = collect_status(plan.namespace)

@@ -2,8 +2,9 @@
 
 `Supervisor` reconciles every RECONCILE_S: it starts the missing `rcswarm-worker-<i>` for i < N (at
 most once per RECREATE_BACKOFF_S per slot), replaces one made for another plan, and retires those
-with i >= N (each Leaves, then is killed). `ensure_supervisor` keeps the one that runs this plan, or
-replaces it, so a restarted supervisor never goes back to an old count.
+with i >= N (each Leaves, then is killed; a round's retirements, the replaced ones included, together: `retire_all`).
+`ensure_supervisor` keeps the one that runs this plan, or replaces it, so a restarted supervisor never goes back to
+an old count.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from rcswarm.launch.actors import (
     gcs_record,
     lookup,
     named_actors,
-    retire,
     retire_all,
     start_worker,
     wait,
@@ -70,14 +70,20 @@ class Supervisor:
             self._stop.wait(RECONCILE_S)
 
     def reconcile(self) -> None:
+        """One round: start the missing wanted workers, then retire together (`retire_all`: every stop asked at once,
+        not one after another on this thread, each up to STOP_TIMEOUT_S + CALL_TIMEOUT_S) those made for another plan
+        (`_keep`) and those beyond the plan's count."""
         plan = self._plan
         existing = {worker_index(n): n for n in named_actors(plan.namespace) if worker_index(n) is not None}
+        replaced: dict[str, tuple[object, str]] = {}  # name -> (handle, why it is replaced)
         for index in range(plan.workers):
             if self._stop.is_set():
                 return
             handle = lookup(existing[index], plan.namespace) if index in existing else None
             if handle is not None:
-                self._keep(index, handle)
+                reason = self._keep(index, handle)
+                if reason is not None:
+                    replaced[existing[index]] = (handle, reason)
                 continue
             if time.monotonic() < self._retry_at.get(index, 0.0):
                 continue
@@ -88,28 +94,28 @@ class Supervisor:
             self._started.add(self._known[index])
             self._event(f"started {WORKER_PREFIX}{index}")
         extra = {name: lookup(name, plan.namespace) for index, name in sorted(existing.items()) if index >= plan.workers}
-        extra = {name: handle for name, handle in extra.items() if handle is not None}
-        if extra and not self._stop.is_set():
-            reports, _ = retire_all(extra)
-            for name in extra:
-                self._event(f"retired {name} (--workers {plan.workers}): {describe_stop(reports.get(name))}")
+        going = {**{name: handle for name, (handle, _) in replaced.items()},
+                 **{name: handle for name, handle in extra.items() if handle is not None}}
+        if going and not self._stop.is_set():
+            reports, _ = retire_all(going)
+            for name in going:
+                done = describe_stop(reports.get(name))
+                self._event(f"replaced {name}, {replaced[name][1]}: {done}" if name in replaced
+                            else f"retired {name} (--workers {plan.workers}): {done}")
 
-    def _keep(self, index: int, handle) -> None:
-        """An existing worker actor: replace it once when it was made for another plan (coordinator, device...),
-        or when it waits to start with another plan's resources (`replace_reason`)."""
+    def _keep(self, index: int, handle) -> str | None:
+        """An existing worker actor: why it is replaced (`replace_reason`: made for another plan, coordinator,
+        device..., or waiting to start with another plan's resources), or None to keep it."""
         actor_id = handle._actor_id.hex()
         self._known[index] = actor_id
         if actor_id in self._checked:
-            return
+            return None
         record = gcs_record(handle)
         info = call(handle, "info") if record.get("State") == "ALIVE" else None
         reason = replace_reason(self._plan, index, record, info, actor_id in self._started)
-        if reason is None:
-            if info is not None:
-                self._checked.add(actor_id)
-            return
-        report = retire(handle)
-        self._event(f"replaced {WORKER_PREFIX}{index}, {reason}: {describe_stop(report)}")
+        if reason is None and info is not None:
+            self._checked.add(actor_id)
+        return reason
 
     def _note_death(self, index: int) -> None:
         """Record why the actor last started for this slot is gone (killed for good, or failed at creation)."""

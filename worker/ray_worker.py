@@ -16,14 +16,19 @@ directory per user, named by coordinator and actor, `membership_file`), so a suc
 the dead process's membership at once instead of the open round waiting out its lease; one started on
 another node finds no file, and the coordinator evicts the dead membership when its lease runs out.
 A run that finishes, a refused token or a spec this node cannot build end the loop; the actor then stays alive and reports the outcome (`state`, `exit_code`) instead of exiting, so Ray does not
-restart it into the same refusal. A worker that gave up on a coordinator silent or unreachable past its patience
-(`Worker.gave_up`) is started again in the same actor after `retry_delay_s` (30 s, doubling to 10 minutes), its state
-"starting" meanwhile with the reason: before, it stayed "failed" for good, holding its resources, though the
-coordinator came back (review of the Ray launcher, 2026-11-29).
+restart it into the same refusal. The other ends are started again in the same actor after `retry_delay_s` (30 s,
+doubling to 10 minutes), its state "starting" meanwhile with the reason; `start_again_reason` decides from the kind of
+end the worker reports (`Worker.end`): a worker that gave up on a coordinator silent or unreachable past its patience
+for as long as it takes, one whose loop ended in an error a new start might not meet again (a gRPC status other than a
+refusal, training that kept diverging, an exception out of its loop) at most MAX_ERROR_RETRIES times, then "failed"
+for good. Before, each stayed "failed", holding its resources, though the coordinator came back or the error was
+passing (review of the Ray launcher, 2026-11-29). `info()` counts these starts (`retries`: Ray's restarts do not) and
+says why the last one came (`last_retry`).
 
 Threads: the worker loop runs on its own thread ("rcswarm-worker"); `info` and `stop` run on Ray's
-task threads (the actor is created with `max_concurrency` > 1). `_lock` guards `_state`,
-`_exit_code` and `_problem`; the worker's own fields are read without it (a snapshot for status).
+task threads (the actor is created with `max_concurrency` > 1). `_lock` guards `_state`, `_exit_code`, `_problem`,
+`retries` and `_last_retry`; `errors` and `_stop` are the loop thread's (`stop` sets the event it finds); the worker's
+own fields are read without it (a snapshot for status).
 """
 
 from __future__ import annotations
@@ -37,22 +42,44 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rcswarm.protos.wire import TOKEN_ENV, one_token
 from rcswarm.worker.log_lines import log_to_stderr
 from rcswarm.worker.options import WorkerOptions
 
+if TYPE_CHECKING:  # worker/worker.py loads torch and grpc: imported inside the functions that use it, so that the
+    from rcswarm.worker.worker import End  # launcher's plan (launch/plan.py imports this module) loads neither
+
 log = logging.getLogger("rcswarm.worker.ray")
 
 # The states `info()` reports: the worker loop's, not Ray's (the launcher adds Ray's actor state).
 STARTING, TRAINING, FINISHED, STOPPED, FAILED = "starting", "training", "finished", "stopped", "failed"
-# Seconds before the first start again of a worker that gave up (`Worker.gave_up`), doubling up to the most.
+# Seconds before the first start again of a worker (`start_again_reason`), doubling up to the most.
 FIRST_RETRY_S, MOST_RETRY_S = 30.0, 600.0
+# How many times a worker whose loop ended in error (`End.ERROR`) is started again in its actor before it is FAILED.
+MAX_ERROR_RETRIES = 5
 
 
 def retry_delay_s(retries: int) -> float:
-    """Seconds before start `retries` (1, 2, ...) of a worker that gave up: FIRST_RETRY_S doubling to MOST_RETRY_S."""
+    """Seconds before start `retries` (1, 2, ...) again of a worker: FIRST_RETRY_S doubling to MOST_RETRY_S."""
     return min(FIRST_RETRY_S * 2 ** min(retries - 1, 32), MOST_RETRY_S)
+
+
+def start_again_reason(end: End, reason: str, errors: int) -> str | None:
+    """Why a worker whose loop ended as `end` (`reason`: its words, `Worker.exit_reason`) is started again in its
+    actor, or None: it ended for good (pure). `errors`: its starts again after an error so far.
+
+    A coordinator silent past the patience may come back (GAVE_UP): started again for as long as it takes; an error a
+    new start might not meet again (ERROR) at most MAX_ERROR_RETRIES times; a finished run, a stop, and a refusal a
+    new start would meet again (REFUSED: the join token, a run spec this node cannot train) never."""
+    from rcswarm.worker.worker import End
+
+    if end is End.GAVE_UP:
+        return reason
+    if end is End.ERROR and errors < MAX_ERROR_RETRIES:
+        return f"{reason} (error {errors + 1} of at most {MAX_ERROR_RETRIES} started again)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -104,22 +131,27 @@ class RayWorker:
         self._stop = threading.Event()
         self._stop_requested = threading.Event()
         self.worker = None
-        self.retries = 0  # starts again after the worker gave up
+        self.retries = 0  # starts again inside this actor (`start_again_reason`)
+        self._last_retry = ""  # why the last one came
+        self.errors = 0  # of which after an error (End.ERROR), at most MAX_ERROR_RETRIES
         self._thread = threading.Thread(target=self._run, name="rcswarm-worker", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        """The worker loop's thread: start the worker, and again after it gave up (`_start_again`)."""
-        while self._run_once() and self._start_again():
+        """The worker loop's thread: start the worker, and again for as long as `_run_once` says why
+        (`_start_again`)."""
+        while (reason := self._run_once()) is not None and self._start_again(reason):
             pass
 
-    def _start_again(self) -> bool:
-        """After the worker gave up: wait `retry_delay_s` (state STARTING, the reason in `problem`); False when a
-        stop came meanwhile (then STOPPED)."""
-        self.retries += 1
-        delay = retry_delay_s(self.retries)
-        reason = self.worker.exit_reason if self.worker is not None else "it gave up"
-        self._finish(STARTING, None, f"{reason}; starting again in {delay:g}s (retry {self.retries})")
+    def _start_again(self, reason: str) -> bool:
+        """After a start that ended for `reason` (`start_again_reason`): wait `retry_delay_s` (state STARTING, the
+        reason in `problem`); False when a stop came meanwhile (then STOPPED)."""
+        with self._lock:
+            self.retries += 1
+            retries, self._last_retry = self.retries, reason
+            delay = retry_delay_s(retries)
+            self._state, self._exit_code = STARTING, None
+            self._problem = f"{reason}; starting again in {delay:g}s (retry {retries})"
         log.warning("%s: %s; starting again in %gs", self.config.name, reason, delay)
         if self._stop_requested.wait(delay):
             self._finish(STOPPED, None, "")
@@ -129,12 +161,12 @@ class RayWorker:
             self._stop.set()
         return True
 
-    def _run_once(self) -> bool:
-        """Build and run one worker; True when it gave up on a silent coordinator and no stop came (start again),
-        else False with the outcome recorded."""
+    def _run_once(self) -> str | None:
+        """Build and run one worker; why it is started again (`_ended`), else None with the outcome recorded. A
+        worker this node cannot build (no token, a device it does not have, ...) is not started again."""
         import torch
 
-        from rcswarm.worker.worker import Worker
+        from rcswarm.worker.worker import End, Worker
 
         try:
             token = one_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}") if os.environ.get(TOKEN_ENV) else ""
@@ -149,28 +181,38 @@ class RayWorker:
         except ValueError as exc:
             log.error("%s cannot start: %s", self.config.name, exc)
             self._finish(FAILED, 2, str(exc))
-            return False
+            return None
         except Exception as exc:  # the actor stays alive and says why (Ray would not restart a live actor)
             log.exception("%s cannot start", self.config.name)
             self._finish(FAILED, 1, f"{type(exc).__name__}: {exc}")
-            return False
+            return None
         self._finish(TRAINING, None, "")  # a start again no longer shows the reason it waited for
         try:
             code = self.worker.run()
         except Exception as exc:
             log.exception("%s: the worker loop raised", self.config.name)
-            self._finish(FAILED, 1, f"{type(exc).__name__}: {exc} (see this actor's log)")
-            return False
-        if code != 0 and self.worker.gave_up and not self._stop_requested.is_set():
-            return True
+            return self._ended(End.ERROR, 1, f"{type(exc).__name__}: {exc} (see this actor's log)")
         if self._stop_requested.is_set() and not self.worker.finished:
             self._finish(STOPPED, code, "")
-        elif code == 0:
+            return None
+        if code == 0:
             self._finish(FINISHED, code, "")
-        else:
-            self._finish(FAILED, code, self.worker.exit_reason or f"the worker loop ended with exit status {code} "
-                                                                  "(see this actor's log)")
-        return False
+            return None
+        # A loop that ended in error without saying how (none of Worker.run's own ends) counts as an error.
+        return self._ended(self.worker.end or End.ERROR, code, self.worker.exit_reason or (
+            f"the worker loop ended with exit status {code} (see this actor's log)"))
+
+    def _ended(self, end: End, code: int, problem: str) -> str | None:
+        """A start whose loop ended as `end` with exit status `code`: why it is started again (`start_again_reason`),
+        or None with FAILED and `problem` recorded (a refusal, too many errors, or a stop came meanwhile)."""
+        from rcswarm.worker.worker import End
+
+        reason = None if self._stop_requested.is_set() else start_again_reason(end, problem, self.errors)
+        if reason is None:
+            self._finish(FAILED, code, problem)
+        elif end is End.ERROR:
+            self.errors += 1
+        return reason
 
     def _finish(self, state: str, code: int | None, problem: str) -> None:
         with self._lock:
@@ -187,6 +229,8 @@ class RayWorker:
 
         context = ray.get_runtime_context()
         state, code, problem = self.outcome()
+        with self._lock:
+            retries, last_retry = self.retries, self._last_retry
         worker = self.worker
         return {
             "name": self.config.name,
@@ -203,7 +247,8 @@ class RayWorker:
             "node_id": context.get_node_id(),
             "reconstructed": context.was_current_actor_reconstructed,
             "started_at": self.started_at,
-            "retries": self.retries,
+            "retries": retries,
+            "last_retry": last_retry,
             "config": asdict(self.config),
         }
 

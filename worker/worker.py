@@ -28,6 +28,8 @@ worker cannot build or whose model is above its limit (`--max-params`, worker/li
 anything is allocated), a git dataset outside its `--data-root` (worker/data_root.py), spent patience, a run of refused payloads or of diverged rounds end the worker, with one ERROR line saying why and exit status 1;
 a finished run exits 0. A stop (SIGTERM or SIGINT in `rcswarm worker`) finishes the current step, sends
 Leave and exits 0. What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
+How the loop ended is typed (`Worker.end`, an `End`), so that whoever starts the worker again (the Ray actor,
+worker/ray_worker.py) decides from the kind, not from the words of `exit_reason`.
 
 With `[sync] overlap = true` (issue #29) the wire leaves the training thread: after H steps the worker
 snapshots θ_pushed, hands Δ to an `Exchange` thread (push, metrics, await v+1, pull θ_{v+1} into a buffer)
@@ -56,6 +58,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from enum import StrEnum
 
 import grpc
 import torch
@@ -76,7 +79,16 @@ from rcswarm.sync.feedback_state import (
 from rcswarm.sync.norm_bound import SEND_NORM_SHARE, update_norm_bound
 from rcswarm.train.bptt.segment_store import SpillSpaceError
 from rcswarm.train.inner import StepResult, preload_data, worker_data_seed
-from rcswarm.train.round import RoundResult, RoundTrainer, StepRow, held_out_seed, resolve_device
+from rcswarm.train.round import (
+    MAX_DIVERGED_ROUNDS,
+    Diverged,
+    RoundResult,
+    RoundTrainer,
+    StepRow,
+    check_finite,
+    held_out_seed,
+    resolve_device,
+)
 from rcswarm.worker.client import (
     Action,
     CoordinatorClient,
@@ -105,10 +117,24 @@ MAX_HEARTBEAT_S = 60.0
 MAX_PUSH_REJOINS = 3
 # Metric rows kept while ReportMetrics fails transiently (the newest; a few rounds' worth).
 MAX_PENDING_METRICS = 4096
-# Rounds in a row whose Δ is not finite (the local training diverged) before the worker gives up.
-MAX_DIVERGED_ROUNDS = 3
 # The run spec's tables that shape the model, its inner optimizer and its data stream.
 TRAINING_TABLES = ("model", "inner", "data")
+
+
+class End(StrEnum):
+    """How `Worker.run` ended (`Worker.end`; None while it runs). FINISHED: the run finished (exit 0); STOPPED: a stop
+    came (exit 0); GAVE_UP: the coordinator stayed silent or unreachable past the patience (it may come back);
+    REFUSED: an answer a new start would get again: the coordinator refused the join token, or a run spec this
+    worker cannot train (`SpecRefused`, the coordinator's refusal of the runs it refused included; a window
+    above its spill space); ERROR: any other end in error, which a new start might not meet again: another gRPC
+    status (a refused request or identity), training that kept diverging, an exception out of the loop (then
+    raised on)."""
+
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    GAVE_UP = "gave_up"
+    REFUSED = "refused"
+    ERROR = "error"
 
 
 class Rejoin(Exception):
@@ -133,14 +159,6 @@ class SpecRefused(RuntimeError):
     def __init__(self, message: str, run_id: str | None = None, member: Identity | None = None) -> None:
         super().__init__(message)
         self.run_id, self.member = run_id, member
-
-
-class Diverged(RuntimeError):
-    """A round's Δ holds non-finite values: the local training diverged (`Worker._check_finite`)."""
-
-    def __init__(self, version: int, problem: str) -> None:
-        super().__init__(f"the update of version {version} is not finite: {problem}")
-        self.version = version
 
 
 class RunCounters:
@@ -368,11 +386,10 @@ class Worker:
         # Inner steps of the round being pushed (its assignment's count, or what its time budget allowed).
         self.round_steps = 0
         self.finished = False
-        # Why `run` returned an exit status other than 0 ("" until then); `gave_up`: the coordinator stayed silent or
-        # unreachable past the patience (a process supervisor may start the worker again; every other end is an
-        # answer that a new start would get again).
+        # Why `run` returned an exit status other than 0 ("" until then), and how the loop ended (`End`, None until
+        # then): a process supervisor decides from it whether to start the worker again.
         self.exit_reason = ""
-        self.gave_up = False
+        self.end: End | None = None
         # This membership's id and worker secret, replaced whole by each join (the heartbeat thread reads it).
         self.identity = Identity()
         self.lease_s = DEFAULT_LEASE_S
@@ -412,6 +429,11 @@ class Worker:
         self._moved_lock = threading.Lock()
 
     @property
+    def gave_up(self) -> bool:
+        """Whether the loop ended because the coordinator stayed silent or unreachable past the patience."""
+        return self.end is End.GAVE_UP
+
+    @property
     def model(self) -> torch.nn.Module | None:
         """The run's model (None before the first join)."""
         return self.trainer.model
@@ -428,7 +450,7 @@ class Worker:
 
     def run(self) -> int:
         """Train until the run finishes or a stop is requested; returns the exit code (`exit_reason` says why
-        when it is not 0)."""
+        when it is not 0, `end` how it ended, set also when an exception leaves the loop)."""
         try:
             self._take_over()
             self._join_placed()
@@ -445,8 +467,9 @@ class Worker:
                     refusal = self._out_of_memory(exc)
                 except Diverged as exc:
                     if self._diverged_rounds >= MAX_DIVERGED_ROUNDS:
-                        return self._exit(f"{self.name} exits: the local training diverged {self._diverged_rounds} "
-                                          f"rounds in a row ({exc}); lower inner.lr or check the data")
+                        return self._exit(End.ERROR, f"{self.name} exits: the local training diverged "
+                                          f"{self._diverged_rounds} rounds in a row ({exc}); lower inner.lr or check "
+                                          "the data")
                     self._recover(exc)
                 if refusal is not None:  # out of the handler: the failed round's frames (and tensors) are gone
                     self._refuse_run(refusal)
@@ -454,23 +477,27 @@ class Worker:
         except Stopped:
             pass
         except RetriesExhausted as exc:
-            self.gave_up = True
-            return self._exit(f"{self.name} gives up: {exc}")
+            return self._exit(End.GAVE_UP, f"{self.name} gives up: {exc}")
         except SpecRefused as exc:
-            return self._exit(f"{self.name} cannot train this run: {exc}")
+            return self._exit(End.REFUSED, f"{self.name} cannot train this run: {exc}")
         except SpillSpaceError as exc:
-            return self._exit(f"{self.name} cannot train this window: {exc}")
+            return self._exit(End.REFUSED, f"{self.name} cannot train this window: {exc}")
         except grpc.RpcError as err:
             _, reason = classify(err.code())
-            return self._exit(f"{self.name} exits: {reason}: {err.code().name}: {err.details()}")
+            end = End.REFUSED if err.code() == grpc.StatusCode.UNAUTHENTICATED else End.ERROR
+            return self._exit(end, f"{self.name} exits: {reason}: {err.code().name}: {err.details()}")
+        except Exception:
+            self.end = End.ERROR
+            raise
         finally:
             self._leave()
+        self.end = End.FINISHED if self.finished else End.STOPPED
         return 0
 
-    def _exit(self, reason: str) -> int:
-        """Log why the worker ends (one ERROR line), keep it as `exit_reason`; exit status 1."""
+    def _exit(self, end: End, reason: str) -> int:
+        """Log why the worker ends (one ERROR line), keep it as `exit_reason` and its kind as `end`; exit status 1."""
         log.error("%s", reason)
-        self.exit_reason = reason
+        self.exit_reason, self.end = reason, end
         return 1
 
     def _take_over(self) -> None:
@@ -1022,11 +1049,11 @@ class Worker:
         """Raise Diverged, counting the round in `_diverged_rounds`, when Δ holds a NaN or an infinity (it names the
         first such tensor and how many of its values); else the count starts again from 0. Called on the training
         thread, once a round, before its Δ leaves it (`_push`, `_overlapped_round`)."""
-        for name, delta in deltas.items():
-            if not bool(torch.isfinite(delta).all()):
-                bad = delta.numel() - int(torch.isfinite(delta).sum())
-                self._diverged_rounds += 1
-                raise Diverged(version, f"{name!r} has {bad} non-finite values of {delta.numel()}")
+        try:
+            check_finite(version, deltas)
+        except Diverged:
+            self._diverged_rounds += 1
+            raise
         self._diverged_rounds = 0
 
     def _recover(self, exc: Diverged) -> None:

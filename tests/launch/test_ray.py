@@ -75,31 +75,37 @@ def test_a_worker_actor_without_the_token_on_its_node_reports_why_and_stays_up(m
 
 def test_a_worker_actor_whose_worker_ends_in_error_reports_failed_with_the_reason(monkeypatch, start_coordinator):
     """A refused token ends the worker with exit status 1: the actor reports `failed` naming the refusal (the worker's
-    own leave set the stop event it shares, which read as `stopped` without a reason); a device it cannot parse is
-    `failed` with exit 2; an exception out of the loop (say, CUDA out of memory) is `failed` naming it, not an actor
-    alive forever in `training` that Ray never restarts."""
-    from rcswarm.worker import FAILED, STOPPED, RayWorker, RayWorkerConfig
+    own leave set the stop event it shares, which read as `stopped` without a reason), and does not start it again
+    into the same refusal; a device it cannot parse is `failed` with exit 2; an exception out of the loop (say, CUDA
+    out of memory) is started again MAX_ERROR_RETRIES times, then `failed` naming it, not an actor alive forever in
+    `training` that Ray never restarts (before, it was `failed` at once, holding its resources: review of the Ray
+    launcher, 2026-11-29)."""
+    from rcswarm.worker import FAILED, STOPPED, RayWorker, RayWorkerConfig, ray_worker
     from rcswarm.worker.worker import Worker
     from tests.helpers.specs import tiny_spec
 
     local = start_coordinator(tiny_spec())
+    monkeypatch.setattr(ray_worker, "FIRST_RETRY_S", 0.05)
+    monkeypatch.setattr(ray_worker, "MAX_ERROR_RETRIES", 2)
 
-    def outcome(options: WorkerOptions) -> tuple[str, int | None, str]:
+    def outcome(options: WorkerOptions) -> tuple[str, int | None, str, int]:
         actor = RayWorker(asdict(RayWorkerConfig(options)))
-        return wait_for(lambda: actor.outcome()[0] in (FAILED, STOPPED) and actor.outcome(), 30, "the actor's end")
+        ended = wait_for(lambda: actor.outcome()[0] in (FAILED, STOPPED) and actor.outcome(), 30, "the actor's end")
+        return (*ended, actor.retries)
 
     monkeypatch.setenv(TOKEN_ENV, "not-the-token")
-    state, code, problem = outcome(WorkerOptions(local.target, name="w", device="cpu", threads=1, patience_s=5.0))
-    assert (state, code) == (FAILED, 1) and "refused the join token" in problem, problem
-    state, code, problem = outcome(WorkerOptions(local.target, name="w", device="gpu", threads=1))
-    assert (state, code, problem) == (FAILED, 2, "--device 'gpu': expected auto, cpu, cuda or cuda:N")
+    state, code, problem, retries = outcome(WorkerOptions(local.target, name="w", device="cpu", threads=1,
+                                                          patience_s=5.0))
+    assert (state, code, retries) == (FAILED, 1, 0) and "refused the join token" in problem, problem
+    state, code, problem, retries = outcome(WorkerOptions(local.target, name="w", device="gpu", threads=1))
+    assert (state, code, problem, retries) == (FAILED, 2, "--device 'gpu': expected auto, cpu, cuda or cuda:N", 0)
 
     def out_of_memory(self) -> int:
         raise RuntimeError("CUDA out of memory")
 
     monkeypatch.setattr(Worker, "run", out_of_memory)
-    state, code, problem = outcome(WorkerOptions(local.target, name="w", device="cpu", threads=1))
-    assert (state, code) == (FAILED, 1) and problem.startswith("RuntimeError: CUDA out of memory"), problem
+    state, code, problem, retries = outcome(WorkerOptions(local.target, name="w", device="cpu", threads=1))
+    assert (state, code, retries) == (FAILED, 1, 2) and problem.startswith("RuntimeError: CUDA out of memory"), problem
 
 
 def test_each_worker_actor_keeps_its_membership_in_a_private_file_per_coordinator(monkeypatch, tmp_path):

@@ -1,7 +1,9 @@
-"""`rcswarm launch ray`'s decisions without Ray: when a followed run is over (`ended`), when `--detach` is done
-(`joined`), which worker actors the supervisor replaces (`replace_reason`), what a stopped launcher leaves behind
-(`interrupted`), a coordinator actor's settings (`settings_differ`), the values Ray refuses, the checks made before
-connecting (`ray://`, an address nothing answers at, the coordinator's bind rule, a relative state dir or
+"""`rcswarm launch ray`'s decisions without Ray: when a followed run is over (`ended`, `removed`), when `--detach` is
+done (`joined`), which worker actors the supervisor replaces (`replace_reason`) and that it retires them together,
+when a worker is started again inside its actor (`start_again_reason`) and how `--status` shows it, why a coordinator
+actor did not answer (`unanswered_reason`), a supervisor whose name stays registered, what a stopped launcher leaves
+behind (`interrupted`), a coordinator actor's settings (`settings_differ`), the values Ray refuses, the checks made
+before connecting (`ray://`, an address nothing answers at, the coordinator's bind rule, a relative state dir or
 `law_from`), and the launcher's exit status after a signal.
 
 The tests on a real local Ray instance are tests/swarm/test_ray.py.
@@ -12,8 +14,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import threading
 import time
+import types
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from rcswarm.launch import (
     ended,
     interrupted,
     joined,
+    pending_reason,
     reach_problem,
     replace_reason,
     settings_differ,
@@ -35,6 +40,7 @@ from rcswarm.launch.actors import death_cause_text
 from rcswarm.launch.status import ActorRow
 from rcswarm.worker import FAILED, FINISHED, STOPPED, TRAINING, WorkerOptions
 from tests.helpers.specs import tiny_spec, write_spec
+from tests.helpers.waiting import wait_for
 
 PLAN = LaunchPlan(WorkerOptions("127.0.0.1:7000", device="cpu"), workers=3, gpus_per_worker=1.0, cpus_per_worker=0.5)
 OTHER_PLAN = replace(PLAN, worker=WorkerOptions("127.0.0.1:7001", device="cpu"))
@@ -215,6 +221,148 @@ def test_a_follower_whose_actors_another_driver_removed_ends(monkeypatch, capsys
     verdict = status_module.follow(PLAN, 0.01, threading.Event())
     assert verdict.status == 1 and "are gone: removed by another driver" in verdict.reason
     assert "are gone" in capsys.readouterr().out
+
+
+def test_a_follower_ends_once_no_wanted_worker_is_left_and_no_supervisor(monkeypatch, capsys):
+    """Without a supervisor, an actor of a slot beyond the plan (left by a larger plan, or being removed) kept the
+    follower polling for ever, though nothing would start the wanted ones again (review of the Ray launcher,
+    2026-11-29)."""
+    from rcswarm.launch import status as status_module
+
+    beyond = row(5, plan=replace(PLAN, workers=6))
+    assert status_module.removed(status(beyond, supervisor=False), PLAN).status == 1
+    assert status_module.removed(status(row(1), beyond, supervisor=False), PLAN) is None
+    assert status_module.removed(status(beyond, supervisor=True), PLAN) is None
+    rounds = iter([status(row(0), row(1), row(2)), status(beyond, supervisor=False), status(beyond, supervisor=False)])
+    monkeypatch.setattr(status_module, "collect_status", lambda namespace: next(rounds))
+    verdict = status_module.follow(PLAN, 0.01, threading.Event())
+    assert verdict.status == 1 and "every wanted worker actor of namespace rcswarm are gone" in verdict.reason
+    assert "are gone" in capsys.readouterr().out
+
+
+# ---- a worker started again inside its actor -----------------------------------------------------------------------
+
+
+def test_a_worker_is_started_again_after_an_error_a_bounded_number_of_times_and_never_after_a_refusal():
+    """A gRPC status, training that kept diverging or an exception out of the loop left the actor `failed` for good,
+    holding its resources, and Ray never restarts a live actor (review of the Ray launcher, 2026-11-29): the kind of
+    end (`Worker.end`) decides. A silent coordinator is waited for without a bound."""
+    from rcswarm.worker.ray_worker import MAX_ERROR_RETRIES, start_again_reason
+    from rcswarm.worker.worker import End
+
+    error = "w exits: the coordinator refused the request: INVALID_ARGUMENT: no"
+    assert start_again_reason(End.ERROR, error, 0) == f"{error} (error 1 of at most {MAX_ERROR_RETRIES} started again)"
+    assert start_again_reason(End.ERROR, error, MAX_ERROR_RETRIES - 1) is not None
+    assert start_again_reason(End.ERROR, error, MAX_ERROR_RETRIES) is None
+    assert start_again_reason(End.GAVE_UP, "w gives up: AwaitVersion", 100) == "w gives up: AwaitVersion"
+    for end in (End.REFUSED, End.FINISHED, End.STOPPED):
+        assert start_again_reason(end, "w cannot train this run: the run spec of r is refused", 0) is None, end
+
+
+def test_the_status_line_counts_the_starts_again_inside_the_actor():
+    """Ray's restarts column does not count them, and --status said nothing of a worker started again."""
+    info = {"state": TRAINING, "worker_id": "w2", "problem": "", "config": asdict(PLAN.worker_config(0)),
+            "retries": 2, "last_retry": "w exits: boom (error 2 of at most 5 started again)"}
+    line = ActorRow("rcswarm-worker-0", "ALIVE", 0, 0, info).line()
+    assert line.endswith("started again 2 times in this actor, the last after: w exits: boom (error 2 of at most 5 "
+                         "started again)"), line
+    once = ActorRow("rcswarm-worker-0", "ALIVE", 0, 0, {**info, "retries": 1}).line()
+    assert "started again 1 time in this actor" in once, once
+    assert "started again" not in ActorRow("rcswarm-worker-0", "ALIVE", 0, 0, {**info, "retries": 0}).line()
+    assert ActorRow("rcswarm-worker-0", "ALIVE", 0, 0, {**info, "retries": 3}).key() != ActorRow(
+        "rcswarm-worker-0", "ALIVE", 0, 0, info).key(), "a follower prints a new line for a new start"
+
+
+# ---- the supervisor's retirements and its name, the coordinator actor ----------------------------------------------
+
+
+class _Handle:
+    """A stand-in for a Ray actor handle: its name and `_actor_id`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._actor_id = types.SimpleNamespace(hex=lambda: f"id-{name}")
+
+
+def test_the_supervisor_retires_replaced_and_extra_workers_together(monkeypatch):
+    """A worker made for another plan was retired inline, one after another (each up to 40 s) before the extra ones
+    were (review of the Ray launcher, 2026-11-29): every retirement of a round is one `retire_all`. A stand-in
+    namespace (no Ray) under a real supervisor's reconcile thread."""
+    from rcswarm.launch import supervisor as module
+
+    plan = replace(PLAN, workers=2)
+    actors = {f"rcswarm-worker-{i}": _Handle(f"rcswarm-worker-{i}") for i in range(4)}
+    made_for = {"rcswarm-worker-0": OTHER_PLAN}
+    batches, alone = [], []
+
+    def retire_all(going):
+        batches.append(sorted(going))
+        for name in going:
+            actors.pop(name)
+        return {}, set()
+
+    def start_worker(_plan, index):
+        return actors.setdefault(f"rcswarm-worker-{index}", _Handle(f"rcswarm-worker-{index}"))
+
+    monkeypatch.setattr(module, "named_actors", lambda namespace: sorted(actors))
+    monkeypatch.setattr(module, "lookup", lambda name, namespace: actors.get(name))
+    monkeypatch.setattr(module, "gcs_record", lambda handle: {"State": "ALIVE"})
+    monkeypatch.setattr(module, "actor_record", lambda actor_id: {})
+    monkeypatch.setattr(module, "call", lambda handle, method, *args, **kw: {
+        "config": asdict(made_for.get(handle.name, plan).worker_config(int(handle.name.rsplit("-", 1)[1])))})
+    monkeypatch.setattr(module, "retire_all", retire_all)
+    monkeypatch.setattr(module, "retire", lambda handle: alone.append(handle.name), raising=False)
+    monkeypatch.setattr(module, "start_worker", start_worker)
+    supervisor = module.Supervisor(asdict(plan))
+    try:
+        wait_for(lambda: batches or alone, 10, "the supervisor's first retirements")
+    finally:
+        supervisor.halt()
+    assert (batches[:1], alone) == ([["rcswarm-worker-0", "rcswarm-worker-2", "rcswarm-worker-3"]], [])
+    events = supervisor.events()
+    assert any("replaced rcswarm-worker-0, made for another plan: " in e for e in events), events
+    assert sum("retired rcswarm-worker-" in e for e in events) == 2, events
+
+
+def test_a_supervisor_whose_name_stays_registered_is_an_error_not_a_silent_reuse(monkeypatch):
+    """Replacing the supervisor of another plan ignored whether the killed one's name went: `get_if_exists` then
+    handed the dying supervisor back, leaving no supervisor at all (review of the Ray launcher, 2026-11-29)."""
+    from rcswarm.launch import supervisor as module
+
+    old, created, killed = _Handle("rcswarm-supervisor"), object(), []
+    actor_class = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(remote=lambda plan: created))
+    fake_ray = types.SimpleNamespace(kill=lambda handle, no_restart: killed.append((handle, no_restart)),
+                                     remote=lambda cls: actor_class)
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    monkeypatch.setattr(module, "CALL_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(module, "lookup", lambda name, namespace: old)  # the name stays registered
+    monkeypatch.setattr(module, "call", lambda handle, method, *a, **kw: asdict(OTHER_PLAN) if method == "plan"
+                        else None)
+    with pytest.raises(RuntimeError, match=r"^the supervisor of another plan in namespace rcswarm was killed but its "
+                                           r"name is still registered after 0\.3s; run the launch again$"):
+        module.ensure_supervisor(PLAN)
+    assert killed == [(old, True)]
+    monkeypatch.setattr(module, "lookup", lambda name, namespace: None)  # gone: a new one is created
+    assert module.ensure_supervisor(PLAN) is created
+
+
+def test_a_coordinator_actor_that_does_not_answer_is_told_by_its_ray_state():
+    """Why `start_coordinator` removes a coordinator actor that did not answer: pending names the flag that sets what
+    it waits for (it said --gpus-per-worker/--cpus-per-worker, the workers' flags), dead gives Ray's cause, and one
+    alive but hung says how long it was waited for (it was left in the namespace: tests/swarm/test_ray.py)."""
+    from rcswarm.launch.coordinator_actor import unanswered_reason
+
+    spec = CoordinatorSpec("[run]\n", "/srv/state", "127.0.0.1", 50051, (), 4.0)
+    head = [{"Alive": True, "Resources": {"CPU": 2.0, "node:__internal_head__": 1.0}}]
+    pending = unanswered_reason(spec, {"State": "PENDING_CREATION"}, head, {"CPU": 1.0})
+    assert pending.startswith("Ray never started it on the head node (infeasible: no node of the cluster has 4 CPU")
+    assert pending.endswith("else lower --coordinator-cpus)"), pending
+    dead = {"State": "DEAD", "DeathCause": "killed by ray.kill"}
+    assert unanswered_reason(spec, dead, head, {}) == "killed by ray.kill"
+    assert unanswered_reason(spec, {"State": "ALIVE"}, head, {}) == "it did not answer within 130s (Ray state ALIVE)"
+    assert unanswered_reason(spec, {}, head, {}) == "it did not answer within 130s (Ray state unknown)"
+    workers = pending_reason({"CPU": 4.0}, head, {})
+    assert workers.endswith("else lower --gpus-per-worker/--cpus-per-worker"), workers
 
 
 # ---- values Ray refuses, and checks before connecting -------------------------------------------------------------

@@ -515,3 +515,42 @@ def test_a_coordinator_actor_that_cannot_start_says_why_and_keeps_its_files_in_t
     assert info["log"] == str(folder / "coordinator.log") and (folder / "run.toml").read_text() == "[run]\nrounds = -3\n"
     assert list(temp.iterdir()) == []
     assert actor.stop()["problem"] == info["problem"]
+
+
+@pytest.mark.slow
+@pytest.mark.wide
+def test_a_coordinator_actor_alive_but_deaf_is_removed_saying_why(ray_cluster, namespace, tmp_path, monkeypatch):
+    """A coordinator actor that Ray runs but that does not answer `info` within the start timeout (hung) was left in the
+    namespace, where `get_if_exists` handed it back to every corrected command (review of the Ray launcher,
+    2026-11-29): it is killed, and the error says why it waited. The timeouts are the launcher's, made short here."""
+    import time
+
+    import ray
+
+    from rcswarm.launch import CoordinatorSpec, coordinator_actor
+    from rcswarm.launch.plan import COORDINATOR
+
+    class Deaf:
+        """In the coordinator actor's name: alive, but its `info` never answers."""
+
+        def ready(self) -> bool:
+            return True
+
+        def info(self) -> dict:
+            time.sleep(3600)
+            return {}
+
+        def stop(self, timeout_s: float = 0.0) -> dict:
+            return {}
+
+    deaf = ray.remote(Deaf).options(name=COORDINATOR, namespace=namespace, lifetime="detached", num_cpus=0,
+                                    max_concurrency=2).remote()
+    assert ray.get(deaf.ready.remote(), timeout=60)
+    monkeypatch.setattr(coordinator_actor, "COORDINATOR_START_S", 0.0)
+    monkeypatch.setattr(coordinator_actor, "CALL_TIMEOUT_S", 2.0)
+    spec = CoordinatorSpec(tiny_spec().to_toml(), str(tmp_path / "state"), "127.0.0.1", 0, (), 0.0)
+    with pytest.raises(RuntimeError) as raised:
+        coordinator_actor.start_coordinator(namespace, spec)
+    assert str(raised.value) == ("the coordinator actor did not start: it did not answer within 2s (Ray state ALIVE); "
+                                 f"removed from namespace {namespace}, so that a corrected command starts a new one")
+    wait_for(lambda: COORDINATOR not in named_actors(namespace), 30, "the deaf coordinator actor's removal")
