@@ -20,6 +20,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from rcswarm.protos.wire import MAX_RUN_NAME_CHARS
+
 CODECS = ("fp32", "bf16", "int8", "sparse", "lowbit")
 # What each sync backend's wire can carry: hivemind's all-reduce averages dense parts in its reducers, where
 # a sparse update's entries would be summed into a dense part and cut again without error feedback.
@@ -179,6 +181,8 @@ class RunSection:
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             _fail("run.name", self.name, "a non-empty name of letters, digits, '-', '_' or '.'")
+        if len(self.name) > MAX_RUN_NAME_CHARS:
+            _fail("run.name", self.name, f"at most {MAX_RUN_NAME_CHARS} characters (it has {len(self.name)})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             _fail("run.seed", self.seed, f"an integer between 0 and {2**63 - 1}")
         if self.rounds < 0:
@@ -806,6 +810,10 @@ class RunSpec:
                   else "schedule" if curriculum.schedule else "")
         if varied and self.is_sweep:
             _fail("sweep.seq_lens", self.sweep.seq_lens, f"empty when curriculum.{varied} is given")
+        longest = max((f"{self.run.name}-L{length}" for length in self.sweep.seq_lens), key=len, default="")
+        if len(longest) > MAX_RUN_NAME_CHARS:
+            _fail("run.name", self.run.name, f"at most {MAX_RUN_NAME_CHARS} characters with the sweep's suffix: its run "
+                                             f"{longest!r} has {len(longest)}")
         if self.sweep.prune and self.run.rounds == 0 and self.run.minutes == 0:
             _fail("sweep.prune", self.sweep.prune, "false without a budget: run.rounds = 0 and run.minutes = 0 (it "
                                                    "prunes at fractions of the rounds, or of the minutes)")

@@ -61,7 +61,7 @@ from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal, Waiting
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import MAX_REFUSED_RUNS, REFUSED_RUNS_REFUSAL
+from rcswarm.protos.wire import MAX_REFUSED_RUNS, MAX_RUN_ID_CHARS, REFUSED_RUNS_REFUSAL
 from rcswarm.state.lock import StateDirLock
 from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore
@@ -99,10 +99,20 @@ def decide_assignment(loads: Sequence[RunLoad], returning: int | None = None) ->
 
 
 def refused_runs(request: pb.JoinRequest, runs: Sequence[Any]) -> frozenset[int]:
-    """The positions of `runs` (each with a `run_id`) that the joining worker names as refused (the first
-    MAX_REFUSED_RUNS names of `request.refused_run_ids`)."""
-    named = set(request.refused_run_ids[:MAX_REFUSED_RUNS])
-    return frozenset(index for index, run in enumerate(runs) if run.run_id in named)
+    """The positions of `runs` (each with a `run_id`) that the joining worker names as refused
+    (`request.refused_run_ids`; an id of no run here excludes nothing). INVALID_ARGUMENT for more than
+    MAX_REFUSED_RUNS names or one longer than a run id can be: before, names past the 64th were dropped unsaid."""
+    named = request.refused_run_ids
+    if len(named) > MAX_REFUSED_RUNS:
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"join refused: refused_run_ids names {len(named)} runs: "
+                                                        f"expected at most {MAX_REFUSED_RUNS}")
+    for position, run_id in enumerate(named):
+        if len(run_id) > MAX_RUN_ID_CHARS:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"join refused: refused_run_ids[{position}] has "
+                                                            f"{len(run_id)} characters: expected a run id of at most "
+                                                            f"{MAX_RUN_ID_CHARS}")
+    refused = set(named)
+    return frozenset(index for index, run in enumerate(runs) if run.run_id in refused)
 
 
 def without(loads: Sequence[RunLoad], refused: frozenset[int]) -> list[RunLoad]:
@@ -343,8 +353,9 @@ class RunGroup:
             raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"join refused: {reason}", place_retry_s=wait_s)
         return index, reason
 
-    def _maybe_move(self, worker_id: str, index: int) -> None:
-        """Move the worker off its run when `decide_move` says so; it then joins again (takes the group lock, then releases it)."""
+    def _maybe_move(self, worker_id: str, index: int) -> str:
+        """Move the worker off its run when `decide_move` says so; it then joins again (takes the group lock, then
+        releases it). Why it stays ("" when it moved)."""
         with self._lock:
             loads = without(self._loads(), self._refused.get(worker_id, frozenset()))
             move, reason = decide_move(loads, index)
@@ -353,13 +364,19 @@ class RunGroup:
                 self._arriving[worker_id] = (target.index, self.runs[0].clock() + 2 * self.spec.coordinator.lease_s)
         if move:
             self.runs[index].reassign(worker_id, f"reassigned: {reason}")
+            return ""
+        return reason
 
     def _move_if_run_finished(self, worker_id: str, index: int) -> None:
-        """A worker of a finished (or stopped) run, while another run goes on, is moved and told to join again."""
+        """A worker of a finished (or stopped) run, while another run goes on, is moved and told to join again; its
+        membership ends here even when no other run takes it (every one left is a run it refused: its join then
+        hears so), rather than staying active, its lease renewed by the heartbeats told to join again."""
         run = self.runs[index]
         if run.finished and not self.finished:
-            self._maybe_move(worker_id, index)
             why = f"was stopped ({run.stopped})" if run.stopped is not None else "finished"
+            stays = self._maybe_move(worker_id, index)
+            if stays:
+                run.reassign(worker_id, f"its run {why}, and no other run takes it: {stays}")
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r}: its run {why}; join again", moved=True)
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:

@@ -517,10 +517,22 @@ class Worker:
             return
         if refused:
             return  # refused at the join, with its reason
+        failed = ""
+        try:
+            self._build_model(spec)
+            preload_data(spec.data)
+        except (ValueError, KeyError) as exc:
+            failed = str(exc)
+        except torch.OutOfMemoryError as exc:  # said out of the handler: its frames hold the partial model
+            traceback.clear_frames(exc.__traceback__)
+            failed = f"out of memory on {self.device}: {first_line(exc)}"
+        if failed:  # the join builds it again and refuses the run, with its reason (before: a traceback)
+            self.trainer.model = self.trainer.optimizer = None
+            self._free_device_memory()
+            log.info("%s: the previous membership's run spec is not built ahead (%s)", self.name, failed)
+            return
         self.spec = spec
-        self._build_model(spec)
         self._built_for = previous.run_id
-        preload_data(spec.data)
         self.startup.mark("built ahead")
 
     def _join_placed(self) -> int | None:
@@ -545,6 +557,8 @@ class Worker:
         log.warning("%s: %s; leaving run %s and asking for another", self.name, exc, exc.run_id)
         if exc.member is not None:
             self._leave_refused(exc.member, str(exc))
+        if self.options.membership_file is not None:  # no file naming a run this worker left: a restarted process
+            self._record_membership(None)             # built it ahead again (and out of memory, raised)
         self.identity = Identity()
         self._free_device_memory()
 

@@ -345,6 +345,72 @@ def test_a_worker_is_placed_in_no_run_it_refused_and_moved_toward_none(tmp_path)
         sweep.close()
 
 
+def test_a_join_naming_too_many_or_too_long_refused_runs_is_refused_naming_the_field(tmp_path):
+    """Names past the 64th were dropped unsaid (one more name placed the worker where it had refused to go), and a
+    name of any length was read (review of the sweep's wire, 2026-11-29)."""
+    from rcswarm.coordinator.records import Refusal
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from rcswarm.protos.wire import MAX_REFUSED_RUNS, MAX_RUN_ID_CHARS
+
+    sweep = _sweep(tmp_path, lease_s=60.0)
+    try:
+        second = sweep.runs[1]
+        for named, message in (
+            ([f"junk-{i}" for i in range(MAX_REFUSED_RUNS)] + [second.run_id],
+             f"refused_run_ids names {MAX_REFUSED_RUNS + 1} runs: expected at most {MAX_REFUSED_RUNS}"),
+            (["x" * (MAX_RUN_ID_CHARS + 1)],
+             f"refused_run_ids[0] has {MAX_RUN_ID_CHARS + 1} characters: expected a run id of at most {MAX_RUN_ID_CHARS}"),
+        ):
+            with pytest.raises(Refusal) as refused:
+                sweep.join(pb.JoinRequest(worker_name="w", refused_run_ids=named))
+            assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT and message in refused.value.message
+        assert not any(run.active_workers() for run in sweep.runs)
+        # 64 names, the run's among them, still keep it out.
+        placed = sweep.join(pb.JoinRequest(worker_name="w", refused_run_ids=[
+            *(f"junk-{i}" for i in range(MAX_REFUSED_RUNS - 1)), second.run_id]))
+        assert not second.knows(placed.worker_id)
+    finally:
+        sweep.close()
+
+
+def test_run_names_are_bounded_so_that_run_ids_are():
+    from rcswarm.config.runspec import RunSpec
+    from rcswarm.protos.wire import MAX_RUN_ID_CHARS, MAX_RUN_NAME_CHARS
+
+    with pytest.raises(ValueError, match=f"run.name = 'aaa.*' is invalid: expected at most {MAX_RUN_NAME_CHARS} characters"):
+        tiny_spec(run={"name": "a" * (MAX_RUN_NAME_CHARS + 1)})
+    with pytest.raises(ValueError, match=r"with the sweep's suffix: its run 'a+-L1024' has 131"):
+        RunSpec.from_dict({"run": {"name": "a" * 125}, "sweep": {"seq_lens": [8, 1024]}})
+    longest = tiny_spec(run={"name": "a" * (MAX_RUN_NAME_CHARS - 4)}, sweep={"seq_lens": [8, 16]})
+    assert max(len(run.run.name) for run in longest.sweep_runs()) + 9 <= MAX_RUN_ID_CHARS
+
+
+def test_a_worker_of_a_finished_run_that_refused_every_other_one_has_its_membership_ended(tmp_path):
+    """Its heartbeats heard "join again" (NOT_FOUND, moved) while the membership stayed active, each renewing its
+    lease; now the membership ends there and its join hears why (review of the sweep's wire, 2026-11-29)."""
+    from rcswarm.coordinator.records import Refusal
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from tests.helpers.coordinator import creds
+
+    sweep = _sweep(tmp_path, lease_s=60.0)
+    try:
+        first, second = sweep.runs
+        member = sweep.join(pb.JoinRequest(worker_name="w", refused_run_ids=[second.run_id]))
+        assert first.knows(member.worker_id)
+        first.stop("pruned: a test")
+        with pytest.raises(Refusal) as moved:
+            sweep.heartbeat(pb.HeartbeatRequest(**creds(member)))
+        assert moved.value.code == grpc.StatusCode.NOT_FOUND and moved.value.moved
+        assert first.membership_state(member.worker_id) == pb.WORKER_STATE_REASSIGNED
+        with pytest.raises(Refusal) as nowhere:
+            sweep.join(pb.JoinRequest(worker_name="w", previous_worker_id=member.worker_id,
+                                      refused_run_ids=[second.run_id]))
+        assert nowhere.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "this worker refused test-L16, and the sweep has no other unfinished run" in nowhere.value.message
+    finally:
+        sweep.close()
+
+
 def test_a_single_run_refuses_the_join_of_a_worker_that_refused_it(tmp_path):
     from rcswarm.coordinator.records import Refusal
     from rcswarm.coordinator.sweep import open_group

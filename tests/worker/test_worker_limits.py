@@ -30,6 +30,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.worker import Worker
 from rcswarm.worker.client import RetriesExhausted
 from rcswarm.worker.limits import TRAINING_BYTES_PER_PARAMETER, ModelLimit
+from rcswarm.worker.membership import Membership, write_membership
 from tests.helpers.coordinator import serving
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.worker import FaultBeforeFirstPush, _options, run_until
@@ -376,3 +377,42 @@ def test_a_worker_whose_push_rejoin_finds_the_run_over_ends_with_0(tmp_path) -> 
         worker = FaultBeforeFirstPush(_options(target), end_the_run)
         assert worker.run() == 0, worker.exit_reason
         assert worker.finished
+
+
+class OutOfMemoryAtBuild(Worker):
+    """The real worker, whose model build runs out of device memory for windows of `seq_len`."""
+
+    def __init__(self, options, seq_len: int) -> None:
+        super().__init__(options, TOKEN)
+        self.oom_seq_len = seq_len
+
+    def _build_model(self, spec):
+        if spec.data.seq_len == self.oom_seq_len:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB (the test)")
+        return super()._build_model(spec)
+
+
+def test_a_restarted_worker_builds_no_run_ahead_that_it_refused(tmp_path) -> None:
+    """A worker that refused the last run of a sweep (out of memory building its model) kept a membership file naming
+    it; the next process built that model ahead and ended with a traceback, every other start under a supervisor
+    that starts it again (review of the sweep's wire, 2026-11-29). Now the refusal removes the file, and a build
+    ahead that fails is skipped for the join to refuse."""
+    spec = tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 5, "workers": 1}, inner={"steps": 2},
+                     coordinator={"lease_s": 60.0})
+    with serving(spec, tmp_path / "state", occupied=True) as (group, target):
+        short, long = group.runs
+        short.stop("pruned: a test")  # only L16 is left
+        membership = tmp_path / "membership.json"
+        for start in range(2):
+            worker = OutOfMemoryAtBuild(_options(target, membership_file=membership), 16)
+            assert run_until(worker, lambda w: False, 60) == 1
+            assert f"cannot build the model of {long.run_id}: out of memory on cpu" in worker.exit_reason, start
+            assert not membership.exists(), start
+        # A membership file written before the refusal (a process killed between the two): the build ahead that
+        # runs out of memory is skipped, and the join refuses the run with its reason.
+        ahead = OutOfMemoryAtBuild(_options(target, membership_file=membership), 16)
+        member = ahead.client.join("w", "cpu", 1, "", "")
+        write_membership(membership, Membership(target, member.run_id, member.worker_id, member.worker_secret,
+                                                member.run_spec_json))
+        assert run_until(ahead, lambda w: False, 60) == 1
+        assert f"cannot build the model of {long.run_id}: out of memory" in ahead.exit_reason, ahead.exit_reason
