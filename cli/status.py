@@ -136,17 +136,23 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
 
     if status.runs:
         sweep = Table(title="runs of the sweep")
-        for name in ("run", "L × batch", "state", "version", "active workers", "loss", "held-out", "tokens",
-                     "tokens/s", "forecast (90%)"):
+        for name in ("run", "L × batch", "state", "version", "active workers", "refused by", "loss", "held-out",
+                     "tokens", "tokens/s", "forecast (90%)"):
             sweep.add_column(name, justify="left" if name in ("run", "state", "forecast (90%)") else "right",
                              no_wrap=name == "run")
         for r in status.runs:
             sweep.add_row(escape(r.run_id), f"{r.seq_len} × {r.batch_size}", RUN_STATES.get(r.run_state, "unknown"),
-                          f"{r.version} / {r.target_rounds or '∞'}", str(r.active_workers), _num(r.latest_loss),
+                          f"{r.version} / {r.target_rounds or '∞'}", str(r.active_workers),
+                          str(r.refused_by) if r.refused_by else "–", _num(r.latest_loss),
                           held_out_cell(r.val_loss, r.val_version) if r.val_loss > 0 else "–", str(r.total_tokens),
                           _num(r.tokens_per_second),
                           forecast_cell(r.forecast) if r.HasField("forecast") else "–")
         console.print(sweep)
+        for r in status.runs:  # a run its workers cannot train waits for one that can: said, with why
+            if r.refused_by:
+                console.print(f"{escape(labels[r.run_id])}: refused by {r.refused_by} worker"
+                              f"{'s' if r.refused_by != 1 else ''} (since the coordinator started), the last: "
+                              f"{escape(r.last_refusal)}")
     _workers(status, console, labels, totals)
     _rounds(status, console, labels)
     newest = next((r for r in reversed(status.rounds) if r.closed_at > 0 and r.aggregation), None)

@@ -271,6 +271,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
         control.start()  # beats from now on: building the model and the peer may outlast the lease
     import torch
 
+    from rcswarm.protos.wire import REFUSED_LEAVE
     from rcswarm.worker import HivemindWorker  # looked up now: a test may have replaced it in its module
     from rcswarm.worker.worker import first_line
 
@@ -288,7 +289,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
         reason = f"{name} cannot train this run: out of memory on {device} building its model: {first_line(exc)}"
         log.error("%s", reason)
         if control is not None:
-            control.close(f"refused: {reason}")
+            control.close(f"{REFUSED_LEAVE}{reason}")
         return 1
     StopSignal(target=worker.stop).install(signal.SIGTERM, signal.SIGINT)
     return worker.run()

@@ -87,7 +87,7 @@ from rcswarm.observe import traffic
 from rcswarm.observe.analysis import run_lengths
 from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import printable
+from rcswarm.protos.wire import MAX_REFUSALS, REFUSED_LEAVE, printable
 from rcswarm.state.errors import StoreError
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
@@ -203,6 +203,9 @@ class SwarmCoordinator:
         self.on_membership_end: Callable[[str, str], None] | None = None
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
+        # Workers that left because they cannot train this run (a Leave whose reason begins REFUSED_LEAVE): name →
+        # (when, why), the newest MAX_REFUSALS (under `_lock`; `summary` counts them).
+        self.refusals: dict[str, tuple[float, str]] = {}
         self.membership = decisions.MembershipOptions(
             spec.coordinator.lease_s, spec.coordinator.max_workers, spec.coordinator.forget_after_s
         )
@@ -472,7 +475,10 @@ class SwarmCoordinator:
         """End a membership at once; may close the round (handler thread; takes `_lock`)."""
         with self._lock:
             worker = self._authenticated("Leave", request.worker_id, request.worker_secret)
-            self._end_membership(worker, pb.WORKER_STATE_LEFT, "leave", f"left: {printable(request.reason[:200]) or 'no reason given'}")
+            why = printable(request.reason[:200])
+            self._end_membership(worker, pb.WORKER_STATE_LEFT, "leave", f"left: {why or 'no reason given'}")
+            if why.startswith(REFUSED_LEAVE):
+                self._note_refusal(worker.name, why.removeprefix(REFUSED_LEAVE))
             close = self.closer.begin()
         self.closer.finish(close)
         return pb.LeaveResponse()
@@ -861,9 +867,22 @@ class SwarmCoordinator:
             self.stopped = reason
             self._version_changed.notify_all()
 
+    def _note_refusal(self, name: str, why: str) -> None:
+        """Count worker `name` among those that refused this run, with `why` (lock held); the oldest beyond
+        MAX_REFUSALS is forgotten."""
+        self.refusals.pop(name, None)
+        self.refusals[name] = (self.clock(), why)
+        if len(self.refusals) > MAX_REFUSALS:
+            del self.refusals[next(iter(self.refusals))]
+
     def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
-        """This run in one line, from `status` when the caller already has it (else takes `_lock` via `status`)."""
-        return run_summary(self.spec, status or self.status())
+        """This run in one line, from `status` when the caller already has it (else takes `_lock` via `status`), with
+        the workers that refused it (takes `_lock`)."""
+        summary = run_summary(self.spec, status or self.status())
+        with self._lock:
+            summary.refused_by = len(self.refusals)
+            summary.last_refusal = next(reversed(self.refusals.values()))[1] if self.refusals else ""
+        return summary
 
     def tick(self) -> None:
         """Evict expired workers and persistent outliers, forget long-ended ones and close the round if it is

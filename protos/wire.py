@@ -59,3 +59,8 @@ MAX_RUN_ID_CHARS = MAX_RUN_NAME_CHARS + 9
 # How a Join refused FAILED_PRECONDITION because the worker refused every run it could go to begins (the other
 # FAILED_PRECONDITION of a Join says the run or the sweep finished): that worker ends with exit 1, naming why.
 REFUSED_RUNS_REFUSAL = "join refused: this worker refused "
+# How the Leave of a worker that cannot train its run begins (its model or windows above the worker's limits, out of
+# memory): the run counts it among those that refused it (RunSummary.refused_by, last_refusal).
+REFUSED_LEAVE = "refused: "
+# The most refusing workers a run remembers (the newest kept).
+MAX_REFUSALS = 64

@@ -52,6 +52,7 @@ from rcswarm.config.run_step import RunSteps
 from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import REFUSED_LEAVE
 from rcswarm.sync import codec as codecs
 from rcswarm.sync.files import save_tensors
 from rcswarm.sync.outer import outer_step
@@ -290,7 +291,7 @@ class HivemindWorker:
         """What the Leave says: why the worker ends (`exit_reason`, "refused: ..." when it cannot train the run), or
         that it finished or stopped."""
         if self.exit_reason:
-            return f"refused: {self.exit_reason}" if self._refused else self.exit_reason
+            return f"{REFUSED_LEAVE}{self.exit_reason}" if self._refused else self.exit_reason
         return "finished" if self._last_reached() else "stopped"
 
     def _last_reached(self) -> bool:

@@ -65,7 +65,7 @@ import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import MAX_REFUSED_RUNS, MAX_VAL_LOSS, REFUSED_RUNS_REFUSAL
+from rcswarm.protos.wire import MAX_REFUSED_RUNS, MAX_VAL_LOSS, REFUSED_LEAVE, REFUSED_RUNS_REFUSAL
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 from rcswarm.sync.feedback_state import (
@@ -591,7 +591,7 @@ class Worker:
         if not member.worker_id:
             return
         try:
-            self.client.leave(member, f"refused: {why}")
+            self.client.leave(member, f"{REFUSED_LEAVE}{why}")
         except grpc.RpcError as err:
             log.info("%s: the leave of %s failed (%s)", self.name, member.worker_id, err.code().name)
 

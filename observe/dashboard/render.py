@@ -295,7 +295,9 @@ def forecast_text(forecast: dict[str, Any] | None) -> str:
 def _run_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
     return [
         (r["run_id"], r["seq_len"], r["batch_size"], r["run_state"], f"{r['version']} / {r['target_rounds'] or '∞'}",
-         ", ".join(w["name"] for w in r["workers"]) or "–", _fmt(r["tokens_per_second"]), r["total_tokens"],
+         ", ".join(w["name"] for w in r["workers"]) or "–",
+         Cell(str(r["refused_by"]), title=r["last_refusal"]) if r.get("refused_by") else "–",
+         _fmt(r["tokens_per_second"]), r["total_tokens"],
          _fmt(r["latest_loss"]), _fmt(r["metrics"]["last_step"], ".0f"), _fmt(r["metrics"]["last_loss"]),
          forecast_text(r.get("forecast")), Cell((r["param_sha256"] or "")[:12] + "…", title=r["param_sha256"] or ""))
         for r in data["runs"]
@@ -355,9 +357,9 @@ def render_page(data: dict[str, Any], refresh_s: int, smoothing: float = DEFAULT
     title = f"rcswarm {data['kind']} {data['run_id']}"
     body = f"""<h1>{html.escape(title)}</h1>
 {_table(data["kind"], ("field", "value"), _overview_rows(data), "")}
-{_table("runs", ("run", "L", "batch", "state", "version", "workers assigned", "tokens/s", "tokens", "latest loss",
-                 "step", "loss at step", "forecast of the final loss (90%)", "θ sha256"), _run_rows(data),
-        "no runs", text_columns=(11,))}
+{_table("runs", ("run", "L", "batch", "state", "version", "workers assigned", "refused by", "tokens/s", "tokens",
+                 "latest loss", "step", "loss at step", "forecast of the final loss (90%)", "θ sha256"), _run_rows(data),
+        "no runs", text_columns=(12,))}
 <div class=plots><img src="/plot/forecast.png" alt="{FORECAST_ALT}" width="640" height="440"></div>
 {_table("workers (memberships; a worker moved to another run joins it under a new id)", WORKER_COLUMNS,
         _worker_rows(data), "no workers have joined")}

@@ -174,7 +174,8 @@ def run_dict(view: RunView, means: Sequence[StepMean]) -> dict[str, Any]:
     return {
         "index": view.index, "run_id": s.run_id, "seq_len": s.seq_len, "batch_size": s.batch_size,
         "run_state": RUN_STATE_NAMES.get(s.run_state, "unknown"), "version": s.version,
-        "target_rounds": s.target_rounds, "active_workers": s.active_workers,
+        "target_rounds": s.target_rounds, "active_workers": s.active_workers, "refused_by": s.refused_by,
+        "last_refusal": s.last_refusal,
         "workers": [{"worker_id": w.worker_id, "name": w.name} for w in assigned],
         "tokens_per_second": s.tokens_per_second, "latest_loss": s.latest_loss, "total_tokens": s.total_tokens,
         "param_sha256": view.status.param_sha256, "state_dir": str(view.coordinator.store.state_dir),

@@ -503,7 +503,7 @@ class CurriculumStatus(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., ladder: _Optional[_Iterable[int]] = ..., rung: _Optional[int] = ..., seconds_per_step: _Optional[_Mapping[int, float]] = ..., budget_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decided_version: _Optional[int] = ..., law: _Optional[str] = ...) -> None: ...
 
 class RunSummary(_message.Message):
-    __slots__ = ("run_id", "version", "run_state", "target_rounds", "seq_len", "batch_size", "active_workers", "latest_loss", "total_tokens", "tokens_per_second", "curriculum", "forecast", "val_loss", "val_version")
+    __slots__ = ("run_id", "version", "run_state", "target_rounds", "seq_len", "batch_size", "active_workers", "latest_loss", "total_tokens", "tokens_per_second", "curriculum", "forecast", "val_loss", "val_version", "refused_by", "last_refusal")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -518,6 +518,8 @@ class RunSummary(_message.Message):
     FORECAST_FIELD_NUMBER: _ClassVar[int]
     VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     VAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_BY_FIELD_NUMBER: _ClassVar[int]
+    LAST_REFUSAL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     run_state: RunState
@@ -532,4 +534,6 @@ class RunSummary(_message.Message):
     forecast: ForecastStatus
     val_loss: float
     val_version: int
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., active_workers: _Optional[int] = ..., latest_loss: _Optional[float] = ..., total_tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ..., val_loss: _Optional[float] = ..., val_version: _Optional[int] = ...) -> None: ...
+    refused_by: int
+    last_refusal: str
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., run_state: _Optional[_Union[RunState, str]] = ..., target_rounds: _Optional[int] = ..., seq_len: _Optional[int] = ..., batch_size: _Optional[int] = ..., active_workers: _Optional[int] = ..., latest_loss: _Optional[float] = ..., total_tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., curriculum: _Optional[_Union[CurriculumStatus, _Mapping]] = ..., forecast: _Optional[_Union[ForecastStatus, _Mapping]] = ..., val_loss: _Optional[float] = ..., val_version: _Optional[int] = ..., refused_by: _Optional[int] = ..., last_refusal: _Optional[str] = ...) -> None: ...

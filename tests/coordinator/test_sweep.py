@@ -425,3 +425,48 @@ def test_a_single_run_refuses_the_join_of_a_worker_that_refused_it(tmp_path):
         assert group.runs[0].active_workers() == 0
     finally:
         group.close()
+
+
+def test_the_status_and_the_dashboard_say_which_runs_workers_refused_and_why(tmp_path):
+    """A length no worker can train waited for ever and nothing said so: every new worker went there first (it had
+    the fewest workers), refused it and left (review of the sweep's wire, 2026-11-29). Each run now counts the
+    workers that left refusing it, with the newest reason, in GetStatus, `rcswarm status` and the dashboard."""
+    from rich.console import Console
+
+    from rcswarm.cli import status as status_cli
+    from rcswarm.coordinator.server import RunningCoordinator
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+    from rcswarm.protos.wire import MAX_REFUSALS
+    from tests.helpers.coordinator import creds
+    from tests.helpers.dashboard import get
+    from tests.helpers.specs import TOKEN
+
+    sweep = _sweep(tmp_path, lease_s=60.0)
+    running = None
+    try:
+        short, long = sweep.runs
+        for name in ("a", "b", "a"):  # "a" refuses twice: one worker
+            member = sweep.join(pb.JoinRequest(worker_name=name, refused_run_ids=[short.run_id]))
+            assert long.knows(member.worker_id)
+            sweep.leave(pb.LeaveRequest(**creds(member), reason=f"refused: out of memory on cuda ({name})"))
+        other = sweep.join(pb.JoinRequest(worker_name="c"))
+        sweep.leave(pb.LeaveRequest(**creds(other), reason="stopped"))  # not a refusal
+        status = sweep.status()
+        by_run = {r.run_id: (r.refused_by, r.last_refusal) for r in status.runs}
+        assert by_run == {short.run_id: (0, ""), long.run_id: (2, "out of memory on cuda (a)")}
+        console = Console(width=220, record=True)
+        status_cli.report(status, console)
+        assert "L=16: refused by 2 workers (since the coordinator started), the last: out of memory on cuda (a)" \
+            in console.export_text()
+        running = RunningCoordinator(sweep, TOKEN, http_port=0).start()
+        page = get(running.dashboard.url)[2].decode()
+        assert "refused by" in page and 'title="out of memory on cuda (a)">2</td>' in page
+        with long._lock:
+            for index in range(MAX_REFUSALS + 5):  # the newest MAX_REFUSALS are kept
+                long._note_refusal(f"w{index}", "why")
+        assert long.summary().refused_by == MAX_REFUSALS
+    finally:
+        if running is not None:
+            running.stop(grace=0.5)
+        else:
+            sweep.close()
