@@ -207,7 +207,7 @@ def launch(args: argparse.Namespace) -> int:
     ensure_supervisor(plan)
     print(f"{PROG}: {plan.workers} workers ({resources(plan.demand())} each) in namespace {plan.namespace}, "
           f"joining {plan.worker.coordinator}", flush=True)
-    stop = StopSignal().install(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    stop = StopSignal(second_exits=True).install(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     if not args.detach:
         verdict = follow(plan, args.poll_s, stop)
     else:

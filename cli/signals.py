@@ -25,9 +25,12 @@ class StopSignal(threading.Event):
 
     signum = 0
 
-    def __init__(self, target: threading.Event | None = None) -> None:
+    def __init__(self, target: threading.Event | None = None, second_exits: bool = False) -> None:
         super().__init__()
         self.target = target
+        # A second signal ends the process at once (status 128 + its number), for a command whose orderly stop may
+        # itself wait (the Ray launcher's report reads the cluster): the harder stop a second Ctrl-C asks for.
+        self.second_exits = second_exits
         self._write_fd: int | None = None
         self._previous: dict[int, Callable[..., Any] | int | None] = {}
 
@@ -41,6 +44,9 @@ class StopSignal(threading.Event):
 
     def handle(self, signum: int, _frame: object) -> None:
         """The signal handler: note the first signal's number and wake the watcher (one byte, no lock)."""
+        if self.signum and self.second_exits:
+            os.write(2, f"\n{signal.Signals(signum).name} again: exiting now\n".encode())
+            os._exit(128 + signum)
         if not self.signum:
             self.signum = signum
         if self._write_fd is None:  # not installed: called directly, not from a handler

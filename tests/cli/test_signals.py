@@ -49,3 +49,19 @@ def test_a_real_signal_sets_it_and_uninstall_gives_the_earlier_handler_back() ->
     for watcher in watchers:
         watcher.join(5.0)
     assert not any(t.is_alive() for t in watchers), "the watcher thread outlived uninstall"
+
+
+def test_a_second_signal_ends_a_command_that_asks_for_it_at_once(monkeypatch, capfd) -> None:
+    """The Ray launcher's orderly stop reads the cluster (which may take its timeouts); a second Ctrl-C did nothing
+    more. With `second_exits` it ends the process at once, status 128 + the signal's number."""
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    patient, hard = StopSignal(), StopSignal(second_exits=True)
+    for stop in (patient, hard):
+        stop.handle(signal.SIGINT, None)
+        assert stop.is_set() and exits == []
+    patient.handle(signal.SIGINT, None)
+    assert exits == []
+    hard.handle(signal.SIGINT, None)
+    assert exits == [128 + signal.SIGINT]
+    assert "SIGINT again: exiting now" in capfd.readouterr().err
