@@ -124,7 +124,7 @@ def decide_move(loads: Sequence[RunLoad], current: int) -> tuple[bool, str]:
     """At a round boundary: leave `current` if it finished, or if it has 2+ more workers than the emptiest run."""
     here, emptiest = loads[current], emptiest_other(loads, current)
     if emptiest is None:
-        return False, f"{here.name}: no other unfinished run"
+        return False, f"{here.name}: no other unfinished run with room"
     if here.finished:
         return True, f"{here.name} finished its rounds; moving toward {emptiest.name}"
     if here.active - emptiest.active >= 2:
@@ -133,8 +133,9 @@ def decide_move(loads: Sequence[RunLoad], current: int) -> tuple[bool, str]:
 
 
 def emptiest_other(loads: Sequence[RunLoad], current: int) -> RunLoad | None:
-    """The unfinished run other than `current` with the fewest workers (the first of equals), or None."""
-    others = [load for load in loads if not load.finished and load.index != current]
+    """The unfinished run with room other than `current` with the fewest workers (the first of equals), or None (a
+    worker moved toward a full run was placed back where it came from)."""
+    others = [load for load in loads if not (load.finished or load.full) and load.index != current]
     return min(others, key=lambda load: (load.active, load.index)) if others else None
 
 

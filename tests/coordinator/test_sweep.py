@@ -28,6 +28,12 @@ def test_moves_happen_when_a_run_finished_or_is_unbalanced():
     assert not decide_move(loads((2, False), (1, False)), 0)[0]
     move, reason = decide_move(loads((1, False), (0, True)), 0)
     assert not move and "no other unfinished run" in reason
+    # A full run is no destination: its places are taken (review of the sweep's wire, 2026-11-29).
+    finished_here, full_there = RunLoad(0, "L0", 1, True), RunLoad(1, "L1", 0, False, full=True)
+    move, reason = decide_move([finished_here, full_there, RunLoad(2, "L2", 3, False)], 0)
+    assert move and "moving toward L2" in reason
+    move, reason = decide_move([finished_here, full_there], 0)
+    assert not move and "no other unfinished run with room" in reason
 
 
 def test_a_sweep_needs_lengths(tmp_path):
