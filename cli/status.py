@@ -151,7 +151,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
         for r in status.runs:  # a run its workers cannot train waits for one that can: said, with why
             if r.refused_by:
                 console.print(f"{escape(labels[r.run_id])}: refused by {r.refused_by} worker"
-                              f"{'s' if r.refused_by != 1 else ''} (since the coordinator started), the last: "
+                              f"{'s' if r.refused_by != 1 else ''}, the last: "
                               f"{escape(r.last_refusal)}")
     _workers(status, console, labels, totals)
     _rounds(status, console, labels)

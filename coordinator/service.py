@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import logging
 import math
 import secrets
@@ -107,6 +108,23 @@ class RunLog(logging.LoggerAdapter):
 
     def process(self, msg: object, kwargs: dict) -> tuple[str, dict]:
         return f"run {self.extra['run_id']}: {msg}", kwargs
+
+
+# The run_state key of the workers that refused the run (`SwarmCoordinator.refusals`), a JSON list of [name, when, why].
+REFUSALS_KEY = "refusals"
+
+
+def stored_refusals(stored: str | None) -> dict[str, tuple[float, str]]:
+    """The refusals REFUSALS_KEY holds, oldest first ({} when unset; entries that are not [name, when, why] are
+    skipped: a count to show, which no decision reads)."""
+    try:
+        rows = json.loads(stored) if stored else []
+    except ValueError:
+        return {}
+    if not isinstance(rows, list):
+        return {}
+    return {row[0]: (float(row[1]), row[2]) for row in rows if isinstance(row, list) and len(row) == 3
+            and isinstance(row[0], str) and isinstance(row[1], (int, float)) and isinstance(row[2], str)}
 
 
 class SwarmCoordinator:
@@ -204,8 +222,8 @@ class SwarmCoordinator:
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
         # Workers that left because they cannot train this run (a Leave whose reason begins REFUSED_LEAVE): name →
-        # (when, why), the newest MAX_REFUSALS (under `_lock`; `summary` counts them).
-        self.refusals: dict[str, tuple[float, str]] = {}
+        # (when, why), the newest MAX_REFUSALS, kept in the store too (under `_lock`; `summary` counts them).
+        self.refusals = stored_refusals(store.get(REFUSALS_KEY))
         self.membership = decisions.MembershipOptions(
             spec.coordinator.lease_s, spec.coordinator.max_workers, spec.coordinator.forget_after_s
         )
@@ -874,6 +892,11 @@ class SwarmCoordinator:
         self.refusals[name] = (self.clock(), why)
         if len(self.refusals) > MAX_REFUSALS:
             del self.refusals[next(iter(self.refusals))]
+        try:  # best effort: a count to show, not the run's state (the Leave it came with has ended the membership)
+            self.store.set_many({REFUSALS_KEY: json.dumps([[n, when, text] for n, (when, text) in self.refusals.items()])})
+        except StoreError as error:
+            self.log.warning("the refusal of %s was not saved (%s); it is counted until this coordinator stops", name,
+                             error)
 
     def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
         """This run in one line, from `status` when the caller already has it (else takes `_lock` via `status`), with

@@ -462,7 +462,7 @@ def test_the_status_and_the_dashboard_say_which_runs_workers_refused_and_why(tmp
         assert by_run == {short.run_id: (0, ""), long.run_id: (2, "out of memory on cuda (a)")}
         console = Console(width=220, record=True)
         status_cli.report(status, console)
-        assert "L=16: refused by 2 workers (since the coordinator started), the last: out of memory on cuda (a)" \
+        assert "L=16: refused by 2 workers, the last: out of memory on cuda (a)" \
             in console.export_text()
         running = RunningCoordinator(sweep, TOKEN, http_port=0).start()
         page = get(running.dashboard.url)[2].decode()
@@ -476,3 +476,18 @@ def test_the_status_and_the_dashboard_say_which_runs_workers_refused_and_why(tmp
             running.stop(grace=0.5)
         else:
             sweep.close()
+    restarted = _sweep(tmp_path, lease_s=60.0)  # a restarted coordinator counts them still
+    try:
+        summary = restarted.runs[1].summary()
+        assert (summary.refused_by, summary.last_refusal) == (MAX_REFUSALS, "why")
+        assert list(restarted.runs[1].refusals)[-1] == f"w{MAX_REFUSALS + 4}"
+    finally:
+        restarted.close()
+
+
+def test_stored_refusals_skip_what_is_not_a_refusal():
+    from rcswarm.coordinator.service import stored_refusals
+
+    assert stored_refusals(None) == {} and stored_refusals("not json") == {} and stored_refusals('{"a": 1}') == {}
+    assert stored_refusals('[["a", 1.5, "why"], ["b", "x", "why"], [1, 2, "z"], ["c", 2, "later"]]') == {
+        "a": (1.5, "why"), "c": (2.0, "later")}
