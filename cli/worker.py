@@ -283,7 +283,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
     except ValueError as exc:
         status = usage_error(PROG, str(exc))
         if control is not None:
-            control.close("refused")
+            control.close(f"{REFUSED_LEAVE}{exc}")
         return status
     except torch.OutOfMemoryError as exc:  # one line and a Leave, not a traceback and a membership left to its lease
         reason = f"{name} cannot train this run: out of memory on {device} building its model: {first_line(exc)}"

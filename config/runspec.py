@@ -20,8 +20,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from rcswarm.protos.wire import MAX_RUN_NAME_CHARS
-
+# The longest name a run has (run.name, a sweep's <name>-L<length> included) and the longest run id: the name, "-" and
+# 8 hex digits (coordinator/resume.py); a Join naming a longer refused run is refused (coordinator/sweep.py).
+MAX_RUN_NAME_CHARS = 128
+MAX_RUN_ID_CHARS = MAX_RUN_NAME_CHARS + 9
 CODECS = ("fp32", "bf16", "int8", "sparse", "lowbit")
 # What each sync backend's wire can carry: hivemind's all-reduce averages dense parts in its reducers, where
 # a sparse update's entries would be summed into a dense part and cut again without error feedback.
@@ -952,8 +954,7 @@ class RunSpec:
     def training_windows(self) -> list[tuple[str, int, int]]:
         """(key, seq_len, batch) of every window a run of this spec can train: each run's of a sweep; else the
         curriculum's (the adaptive ladder or curriculum.worker_seq_lens, at the batches constant_tokens derives, or
-        each schedule row) and data.seq_len × data.batch_size where they leave it in force (no curriculum, or before
-        the schedule's first row)."""
+        each schedule row, the first from step 0) or data.seq_len × data.batch_size without one."""
         curriculum, data = self.curriculum, self.data
         if self.is_sweep:
             return [("sweep.seq_lens", length, self._sweep_batch(index)) for index, length in enumerate(self.sweep.seq_lens)]
@@ -961,10 +962,9 @@ class RunSpec:
         if lengths:
             key = "curriculum.seq_lens" if curriculum.seq_lens else "curriculum.worker_seq_lens"
             return [(key, length, curriculum.batch_for(length, data.batch_size)) for length in lengths]
-        windows = [("curriculum.schedule", seq_len, batch) for _, seq_len, batch in curriculum.schedule]
-        if not curriculum.schedule or curriculum.schedule[0][0] > 0:
-            windows.insert(0, ("data.seq_len", data.seq_len, data.batch_size))
-        return windows
+        if curriculum.schedule:
+            return [("curriculum.schedule", seq_len, batch) for _, seq_len, batch in curriculum.schedule]
+        return [("data.seq_len", data.seq_len, data.batch_size)]
 
     def _sweep_batch(self, index: int) -> int:
         """The batch of the sweep's run `index`: sweep.batch_sizes', the one sweep.constant_tokens derives, or

@@ -55,13 +55,13 @@ from typing import Any
 
 import grpc
 
-from rcswarm.config.runspec import RunSpec
+from rcswarm.config.runspec import MAX_RUN_ID_CHARS, RunSpec
 from rcswarm.coordinator import decisions, forecasts
 from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal, Waiting
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import MAX_REFUSED_RUNS, MAX_RUN_ID_CHARS, REFUSED_RUNS_REFUSAL
+from rcswarm.protos.wire import MAX_REFUSED_RUNS, REFUSED_RUNS_REFUSAL
 from rcswarm.state.lock import StateDirLock
 from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore

@@ -218,7 +218,7 @@ def start_coordinator(namespace: str, spec: CoordinatorSpec) -> str:
     RuntimeError when an existing one runs other settings (naming them: it is not replaced, since its
     workers train against it), when the head node cannot hold it (`head_cpu_problem`), or when the coordinator does
     not start. An actor that does not answer in time (never started, died, or alive but hung) is then removed, saying
-    why (`unanswered_reason`): it did not tell its settings, and a detached actor left behind would come back to a
+    why (`unanswered_reason`), unless Ray is restarting it (its resume may outlast the wait): it did not tell its settings, and a detached actor left behind would come back to a
     corrected command through `get_if_exists` (before, an ALIVE one that did not answer was left in the namespace)."""
     import ray
 
@@ -231,7 +231,11 @@ def start_coordinator(namespace: str, spec: CoordinatorSpec) -> str:
     ).remote(asdict(spec))
     info = call(handle, "info", timeout_s=COORDINATOR_START_S + CALL_TIMEOUT_S)
     if info is None:
-        why = unanswered_reason(spec, gcs_record(handle), ray.nodes(), ray.available_resources())
+        record = gcs_record(handle)
+        why = unanswered_reason(spec, record, ray.nodes(), ray.available_resources())
+        if record.get("State") == "RESTARTING":  # Ray is bringing it back (a resumed coordinator takes its time)
+            raise RuntimeError(f"the coordinator actor did not answer: {why}; Ray is restarting it, so it stays in "
+                               f"namespace {namespace}: launch again once it serves (--status)")
         ray.kill(handle, no_restart=True)
         raise RuntimeError(f"the coordinator actor did not start: {why}; removed from namespace {namespace}, so that "
                            "a corrected command starts a new one")

@@ -52,10 +52,6 @@ def printable(text: str) -> str:
 # The most runs a Join names as refused by its worker (JoinRequest.refused_run_ids): a worker stops after refusing
 # this many, and a coordinator refuses a Join that names more (a sweep has a handful of runs).
 MAX_REFUSED_RUNS = 64
-# The longest name a run has (run.name, a sweep's run<name>-L<length> included) and the longest run id: the name, "-"
-# and 8 hex digits (coordinator/resume.py); a Join naming a longer refused run is refused.
-MAX_RUN_NAME_CHARS = 128
-MAX_RUN_ID_CHARS = MAX_RUN_NAME_CHARS + 9
 # How a Join refused FAILED_PRECONDITION because the worker refused every run it could go to begins (the other
 # FAILED_PRECONDITION of a Join says the run or the sweep finished): that worker ends with exit 1, naming why.
 REFUSED_RUNS_REFUSAL = "join refused: this worker refused "

@@ -10,9 +10,9 @@ alone would take, so a spec that asks for more than the machine has is refused b
 The memory is the device's: a GPU's total memory, or the host's physical memory (lowered to the cgroup's
 limit in a container: `models/limits.host_memory_bytes`, which the coordinator's own bound uses too).
 
-The window is bounded too, coarsely: a step's positions (batch × seq_len of every window the spec can train,
-`RunSpec.training_windows`: its data, curriculum ladder or schedule rows; of its held-out windows; and of every
-assignment the coordinator sends) at most `--max-step-tokens`, DEFAULT_MAX_STEP_TOKENS by
+The window is bounded too, coarsely: a step's positions (batch × seq_len of the windows every worker of the run
+trains, `RunSpec.training_windows`: its data or each schedule row; of its held-out windows; and of every assignment
+the coordinator sends, a per-worker length or an adaptive rung among them) at most `--max-step-tokens`, DEFAULT_MAX_STEP_TOKENS by
 default, 16 × the largest step of the shipped GPU configs; a coordinator that assigned batch 2^22 × seq_len 256
 made a worker allocate until the machine swapped (review of a hostile coordinator, 2026-11-28). What a position
 costs depends on the model (a language model's logits, a frame model's streamed states), so this bound stops the
@@ -78,7 +78,10 @@ class ModelLimit:
         """Why this worker does not build the spec's model ("" when it may); ValueError for a model config that
         does not build at all (an unknown name, preset or field)."""
         data, run = spec.data, spec.run
-        windows = [(seq_len, batch, f"the run spec's {key} = {seq_len}") for key, seq_len, batch in spec.training_windows()]
+        # The windows every worker of the run trains in turn (data.seq_len, or each schedule row); a length assigned
+        # per worker (curriculum.worker_seq_lens, the adaptive ladder) is checked when it is assigned.
+        windows = [(seq_len, batch, f"the run spec's {key} = {seq_len}") for key, seq_len, batch in spec.training_windows()
+                   if key in ("data.seq_len", "curriculum.schedule")]
         windows.append((run.eval_seq_len or data.seq_len, data.batch_size, "the run spec's held-out windows"))
         for seq_len, batch, what in windows:
             window = self.window_problem(seq_len, batch, what)

@@ -354,9 +354,10 @@ def test_a_worker_is_placed_in_no_run_it_refused_and_moved_toward_none(tmp_path)
 def test_a_join_naming_too_many_or_too_long_refused_runs_is_refused_naming_the_field(tmp_path):
     """Names past the 64th were dropped unsaid (one more name placed the worker where it had refused to go), and a
     name of any length was read (review of the sweep's wire, 2026-11-29)."""
+    from rcswarm.config.runspec import MAX_RUN_ID_CHARS
     from rcswarm.coordinator.records import Refusal
     from rcswarm.protos.v1 import coordinator_pb2 as pb
-    from rcswarm.protos.wire import MAX_REFUSED_RUNS, MAX_RUN_ID_CHARS
+    from rcswarm.protos.wire import MAX_REFUSED_RUNS
 
     sweep = _sweep(tmp_path, lease_s=60.0)
     try:
@@ -380,8 +381,7 @@ def test_a_join_naming_too_many_or_too_long_refused_runs_is_refused_naming_the_f
 
 
 def test_run_names_are_bounded_so_that_run_ids_are():
-    from rcswarm.config.runspec import RunSpec
-    from rcswarm.protos.wire import MAX_RUN_ID_CHARS, MAX_RUN_NAME_CHARS
+    from rcswarm.config.runspec import MAX_RUN_ID_CHARS, MAX_RUN_NAME_CHARS, RunSpec
 
     with pytest.raises(ValueError, match=f"run.name = 'aaa.*' is invalid: expected at most {MAX_RUN_NAME_CHARS} characters"):
         tiny_spec(run={"name": "a" * (MAX_RUN_NAME_CHARS + 1)})

@@ -293,7 +293,7 @@ def test_the_supervisor_retires_replaced_and_extra_workers_together(monkeypatch)
     plan = replace(PLAN, workers=2)
     actors = {f"rcswarm-worker-{i}": _Handle(f"rcswarm-worker-{i}") for i in range(4)}
     made_for = {"rcswarm-worker-0": OTHER_PLAN}
-    batches, alone = [], []
+    batches = []
 
     def retire_all(going):
         batches.append(sorted(going))
@@ -311,14 +311,13 @@ def test_the_supervisor_retires_replaced_and_extra_workers_together(monkeypatch)
     monkeypatch.setattr(module, "call", lambda handle, method, *args, **kw: {
         "config": asdict(made_for.get(handle.name, plan).worker_config(int(handle.name.rsplit("-", 1)[1])))})
     monkeypatch.setattr(module, "retire_all", retire_all)
-    monkeypatch.setattr(module, "retire", lambda handle: alone.append(handle.name), raising=False)
     monkeypatch.setattr(module, "start_worker", start_worker)
     supervisor = module.Supervisor(asdict(plan))
     try:
-        wait_for(lambda: batches or alone, 10, "the supervisor's first retirements")
+        wait_for(lambda: batches, 10, "the supervisor's first retirements")
     finally:
         supervisor.halt()
-    assert (batches[:1], alone) == ([["rcswarm-worker-0", "rcswarm-worker-2", "rcswarm-worker-3"]], [])
+    assert batches[:1] == [["rcswarm-worker-0", "rcswarm-worker-2", "rcswarm-worker-3"]]
     events = supervisor.events()
     assert any("replaced rcswarm-worker-0, made for another plan: " in e for e in events), events
     assert sum("retired rcswarm-worker-" in e for e in events) == 2, events
@@ -524,3 +523,26 @@ def test_a_death_cause_is_told_in_words_not_as_a_message_dump():
     assert death_cause_text(_Cause("actor_died_error_context", error_message=" killed by ray.kill \n")) == (
         "killed by ray.kill")
     assert death_cause_text(_Cause(None)) == ""
+
+
+def test_a_coordinator_actor_ray_is_restarting_is_not_removed(monkeypatch):
+    """An unanswered coordinator actor is removed, unless Ray is restarting it: a resumed coordinator may take longer
+    than the wait, and removing it then cost the run a start (review of this session's diff, 2026-11-29)."""
+    from rcswarm.launch import coordinator_actor as module
+
+    handle, killed = object(), []
+    actor_class = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(remote=lambda spec: handle))
+    head = [{"Alive": True, "Resources": {"CPU": 2.0, "node:__internal_head__": 1.0}}]
+    fake_ray = types.SimpleNamespace(kill=lambda actor, no_restart: killed.append(actor), remote=lambda cls: actor_class,
+                                     nodes=lambda: head, available_resources=lambda: {"CPU": 2.0})
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    monkeypatch.setattr(module, "call", lambda *args, **kwargs: None)  # it does not answer
+    spec = CoordinatorSpec("[run]\n", "/srv/state", "127.0.0.1", 50051, (), 1.0)
+    monkeypatch.setattr(module, "gcs_record", lambda actor: {"State": "RESTARTING"})
+    with pytest.raises(RuntimeError, match="Ray is restarting it, so it stays in namespace ns"):
+        module.start_coordinator("ns", spec)
+    assert killed == []
+    monkeypatch.setattr(module, "gcs_record", lambda actor: {"State": "ALIVE"})
+    with pytest.raises(RuntimeError, match="removed from namespace ns"):
+        module.start_coordinator("ns", spec)
+    assert killed == [handle]
