@@ -297,8 +297,7 @@ class UpdateIntake:
         run = self.run
         data, section = run.spec.data, run.spec.curriculum
         if section.worker_seq_lens:
-            options = [(length, section.batch_for(length, data.batch_size)) for length in section.worker_seq_lens]
-            seq_len, batch = max(options, key=lambda option: option[0] * option[1])
+            _, seq_len, batch = max(run.spec.training_windows(), key=lambda window: window[1] * window[2])
             where = "the largest assignment of curriculum.worker_seq_lens"
         else:
             since = run.version if since is None else max(0, min(since, run.version))
