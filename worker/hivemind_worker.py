@@ -284,7 +284,7 @@ class HivemindWorker:
                 self.peer.shutdown()
             if self.control is not None:
                 self.control.close(self._leave_reason())
-        log.info("%s finished at version %d", self.name, self.version)
+        log.info("%s %s at version %d", self.name, self._leave_reason(), self.version)
         return 0
 
     def _leave_reason(self) -> str:
