@@ -9,9 +9,10 @@ whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires
 on, without a restart (with --tls-self-signed, its files and a --tls-client-ca beside them are read once).
 The dashboard's token rule is observe/dashboard/auth.py. The run spec's [coordinator] keys set the call limits
 and the health stall time, which `--max-calls`, `--stream-idle-s` and `--health-stall-s` override
-(`serving_limits`); `--token-file` is re-read when it changes and on SIGHUP. The model the run spec names is counted on the meta device before anything is built,
-and refused above `--max-params` parameters over all the runs (default: what the host's memory holds at
-coordinator/capacity.py's bytes per parameter; `model_problem`). Errors follow cli/usage.py: a usage error prints
+(`serving_limits`); `--token-file` is re-read when it changes and on SIGHUP. The model the run spec names is counted
+on the meta device before anything is built, and refused above `--max-params` parameters over all the runs
+(default: what the host's memory holds at coordinator/capacity.py's bytes per parameter; `model_problem`). Errors
+follow cli/usage.py: a usage error prints
 one line `rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; so does a state
 dir that cannot be opened or written (a full disk: `StoreError` or `OSError`, one line, no traceback);
 a failure to serve (a port in use) exits 1.

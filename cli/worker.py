@@ -115,8 +115,8 @@ def unused_coordinator_flags(args: argparse.Namespace) -> str | None:
     """With the hivemind backend, the coordinator backend's flags that were given, where they would do nothing (before,
     accepted and dropped: two peers on one --state-dir took no lock)."""
     defaults = parser()
-    given = [flag for flag in COORDINATOR_ONLY_FLAGS
-             if getattr(args, flag[2:].replace("-", "_")) != defaults.get_default(flag[2:].replace("-", "_"))]
+    dests = {flag: flag[2:].replace("-", "_") for flag in COORDINATOR_ONLY_FLAGS}
+    given = [flag for flag, dest in dests.items() if getattr(args, dest) != defaults.get_default(dest)]
     if args.backend != "hivemind" or not given:
         return None
     return f"{', '.join(given)}: only with the coordinator backend, not with --backend hivemind"

@@ -966,6 +966,10 @@ class RunSpec:
             return [("curriculum.schedule", seq_len, batch) for _, seq_len, batch in curriculum.schedule]
         return [("data.seq_len", data.seq_len, data.batch_size)]
 
+    def largest_window(self) -> tuple[str, int, int]:
+        """The window of `training_windows` with the most positions (the first of equals)."""
+        return max(self.training_windows(), key=lambda window: window[1] * window[2])
+
     def _sweep_batch(self, index: int) -> int:
         """The batch of the sweep's run `index`: sweep.batch_sizes', the one sweep.constant_tokens derives, or
         data.batch_size."""

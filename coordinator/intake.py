@@ -286,7 +286,7 @@ class UpdateIntake:
             # Peers train at versions of their own, ahead of what they reported (and this run's own version stays 0):
             # the largest window of the run at any version. Before, the assignment at version 0 bounded every row,
             # so the first lengthening of curriculum.schedule had every later row refused.
-            key, seq_len, batch = max(run.spec.training_windows(), key=lambda window: window[1] * window[2])
+            key, seq_len, batch = run.spec.largest_window()
             return batch * seq_len, f"batch {batch} × seq_len {seq_len}, the run's largest window ({key})"
         batch, seq_len, where = self._largest_step(self.trained_since(run.version - run.staleness.max_staleness - 1))
         return batch * seq_len, f"batch {batch} × seq_len {seq_len} of {where}"
@@ -297,7 +297,7 @@ class UpdateIntake:
         run = self.run
         data, section = run.spec.data, run.spec.curriculum
         if section.worker_seq_lens:
-            _, seq_len, batch = max(run.spec.training_windows(), key=lambda window: window[1] * window[2])
+            _, seq_len, batch = run.spec.largest_window()
             where = "the largest assignment of curriculum.worker_seq_lens"
         else:
             since = run.version if since is None else max(0, min(since, run.version))

@@ -218,8 +218,9 @@ def start_coordinator(namespace: str, spec: CoordinatorSpec) -> str:
     RuntimeError when an existing one runs other settings (naming them: it is not replaced, since its
     workers train against it), when the head node cannot hold it (`head_cpu_problem`), or when the coordinator does
     not start. An actor that does not answer in time (never started, died, or alive but hung) is then removed, saying
-    why (`unanswered_reason`), unless Ray is restarting it (its resume may outlast the wait): it did not tell its settings, and a detached actor left behind would come back to a
-    corrected command through `get_if_exists` (before, an ALIVE one that did not answer was left in the namespace)."""
+    why (`unanswered_reason`), unless Ray is restarting it (its resume may outlast the wait): it did not tell its
+    settings, and a detached actor left behind would come back to a corrected command through `get_if_exists`
+    (before, an ALIVE one that did not answer was left in the namespace)."""
     import ray
 
     problem = head_cpu_problem(spec.cpus, ray.nodes())

@@ -81,10 +81,10 @@ def load_stdlib_corpus(max_bytes: int | None = None, *, root: Path | None = None
     return corpus if max_bytes is None else corpus[:max_bytes]
 
 
-
 def split_boundary(n_bytes: int, val_fraction: float) -> int:
     """Where a corpus of `n_bytes` splits: training is [0, boundary), held-out [boundary, n_bytes)."""
     return n_bytes - int(n_bytes * val_fraction)
+
 
 @dataclass
 class ByteWindowSampler:
