@@ -517,15 +517,7 @@ class Worker:
             return
         if refused:
             return  # refused at the join, with its reason
-        failed = ""
-        try:
-            self._build_model(spec)
-            preload_data(spec.data)
-        except (ValueError, KeyError) as exc:
-            failed = str(exc)
-        except torch.OutOfMemoryError as exc:  # said out of the handler: its frames hold the partial model
-            traceback.clear_frames(exc.__traceback__)
-            failed = f"out of memory on {self.device}: {first_line(exc)}"
+        failed = self._build_failure(spec, preload=True)
         if failed:  # the join builds it again and refuses the run, with its reason (before: a traceback)
             self.trainer.model = self.trainer.optimizer = None
             self._free_device_memory()
@@ -667,18 +659,9 @@ class Worker:
             if self.builds:
                 log.info("%s: the model, inner optimizer, data stream and error feedback are built anew for %s: %s",
                          self.name, response.run_id, rebuild)
-            out_of_memory = ""
-            try:
-                self._build_model(spec)
-            except (ValueError, KeyError) as exc:
-                raise SpecRefused(f"cannot build the model or data of {response.run_id}: {exc}", response.run_id,
-                                  member) from exc
-            except torch.OutOfMemoryError as exc:  # refused out of the handler: its frames hold the partial model
-                traceback.clear_frames(exc.__traceback__)
-                out_of_memory = first_line(exc)
-            if out_of_memory:
-                raise SpecRefused(f"cannot build the model of {response.run_id}: out of memory on {self.device}: "
-                                  f"{out_of_memory}", response.run_id, member)
+            failed = self._build_failure(spec)
+            if failed:
+                raise SpecRefused(f"cannot build the model of {response.run_id}: {failed}", response.run_id, member)
             self._built_for = response.run_id
         elif spec != self.spec:
             log.info("%s: the run spec of %s changed in what its model and training do not depend on; the model, "
@@ -693,6 +676,22 @@ class Worker:
             self.startup.mark("model and data")
         log.info("%s joined %s as %s at version %d", self.name, self.run_id, self.worker_id, response.version)
         return response.version
+
+    def _build_failure(self, spec: RunSpec, preload: bool = False) -> str:
+        """Build `spec`'s model (`_build_model`; with `preload`, also load its data now): "" when built, else why
+        not, in one line (a spec this process cannot build, or out of device memory). Out of memory is said out of
+        its handler, with the error's frames cleared: they hold the partial model."""
+        failed = ""
+        try:
+            self._build_model(spec)
+            if preload:
+                preload_data(spec.data)
+        except (ValueError, KeyError) as exc:
+            failed = str(exc)
+        except torch.OutOfMemoryError as exc:
+            traceback.clear_frames(exc.__traceback__)
+            failed = f"out of memory on {self.device}: {first_line(exc)}"
+        return failed
 
     def _build_model(self, spec: RunSpec) -> None:
         """The run's model, inner optimizer and codec (the data stream waits for the join's data seed)."""
