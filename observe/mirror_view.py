@@ -17,10 +17,14 @@ step from one poll's records to the next view:
 
 `peer_state` says whether a peer is active: it advanced within max(`stale_s`, `STALE_FACTOR` ×
 its gap) seconds; otherwise it is stale (listed as WORKER_STATE_LEFT with the reason "stale: ...").
-`mirrored_status` builds the GetStatusResponse `rcswarm status --state-dir` prints and the dashboard
-serves from the view and the store's per-worker totals (the mirror writes no rounds: a hivemind
-round has no central record); `MirrorRun` is the read-only run the dashboard takes in place of a
-coordinator.
+A peer whose digest reached the run's last version (0 < run.rounds <= its version) has finished,
+however recently its records advanced: WORKER_STATE_LEFT with the reason "finished: reached round
+N" (a hivemind peer trains no round past run.rounds and ends there, `HivemindWorker._last_reached`;
+it publishes no record that it ended, its Leave goes to a coordinator only, so its version is what
+says so). `mirrored_status` builds the GetStatusResponse `rcswarm status --state-dir` prints and
+the dashboard serves from the view and the store's per-worker totals (the mirror writes no rounds:
+a hivemind round has no central record); `MirrorRun` is the read-only run the dashboard takes in
+place of a coordinator.
 """
 
 from __future__ import annotations
@@ -152,8 +156,17 @@ def update_view(previous: SwarmView | None, run: str, digests: Mapping[str, Mapp
     return SwarmView(run, now, max(version, 0), tuple(peers))
 
 
-def peer_state(now: float, peer: PeerView, stale_s: float) -> tuple[int, str]:
-    """(WORKER_STATE_ACTIVE, "") while `peer` advanced recently enough, else (WORKER_STATE_LEFT, why it is stale) (pure)."""
+def finished(peer: PeerView, target_rounds: int) -> bool:
+    """Whether `peer`'s digest holds the run's last version (never with run.rounds = 0, a run until stopped)."""
+    return 0 < target_rounds <= peer.version
+
+
+def peer_state(now: float, peer: PeerView, stale_s: float, target_rounds: int = 0) -> tuple[int, str]:
+    """(WORKER_STATE_LEFT, "finished: reached round N") once `peer` holds the run's last version (`target_rounds`,
+    run.rounds; 0: unbounded, never), else (WORKER_STATE_ACTIVE, "") while it advanced recently enough, else
+    (WORKER_STATE_LEFT, why it is stale) (pure)."""
+    if finished(peer, target_rounds):
+        return pb.WORKER_STATE_LEFT, f"finished: reached round {target_rounds}"
     limit = max(stale_s, STALE_FACTOR * peer.gap_s)
     age = now - peer.seen_at
     if age <= limit:
@@ -181,31 +194,44 @@ def open_mirror(state_dir: Path) -> StateStore:
 
 
 def mirrored_status(store: StateStore, now: float, stale_s: float = STALE_S) -> pb.GetStatusResponse:
-    """GetStatus of the mirrored swarm at `now`: its version of the spec's rounds, every peer as a worker, tokens
-    from the mirrored rows; latest loss and tokens/s over the active peers (no rounds: the mirror records none)."""
+    """GetStatus of the mirrored swarm at `now` (no rounds: the mirror records none).
+
+    The run is finished once the swarm's version reached run.rounds (> 0), each peer is a worker (`peer_state`:
+    active, finished or stale). Tokens trained and applied both come from the mirrored rows (`worker_totals`): a
+    peer publishes a round's rows only after that round's outer step made its next version
+    (`HivemindWorker._publish`), so its mirrored tokens are those averaged into a version (a round whose Δ̄ its
+    trust check refused, θ kept, is counted: its records do not say). Latest loss and tokens/s are over the active
+    peers; when none is active, the loss is over every listed peer (as a coordinator's) and tokens/s over the
+    finished ones (the rate the run ended at; 0 for a swarm whose peers all went stale)."""
     run_id, spec, view = read_view(store)
     rows = {row.worker_id: row for row in store.worker_rows(run_id)}
     totals = worker_totals(rows.values())
     target = spec.run.rounds
+    tokens = min(sum(t.tokens for t in totals.values()), INT64_MAX)
     response = pb.GetStatusResponse(
         run_id=run_id, version=view.version, target_rounds=target,
         run_state=pb.RUN_STATE_FINISHED if 0 < target <= view.version else pb.RUN_STATE_RUNNING,
-        total_tokens=sum(t.tokens for t in totals.values()),
+        total_tokens=tokens, applied_tokens=tokens,
     )
-    losses: list[float] = []
-    rates = 0.0
+    active_losses: list[float] = []
+    listed_losses: list[float] = []
+    active, active_rate, finished_rate = False, 0.0, 0.0
     for peer in view.peers:
-        state, reason = peer_state(now, peer, stale_s)
+        state, reason = peer_state(now, peer, stale_s, target)
         row, total = rows.get(peer.worker_id), totals.get(peer.worker_id)
         steps = (row.last_wall_time - row.first_wall_time) / (row.rows - 1) if row is not None and row.rows > 1 else 0.0
+        trained = total.tokens if total else 0
         response.workers.add(worker_id=peer.worker_id, name=peer.name, state=state, base_version=max(peer.version, 0),
                              seconds_since_heartbeat=max(0.0, now - peer.seen_at), device="hivemind peer",
-                             reason=reason, trained_tokens=total.tokens if total else 0, step_seconds=steps)
+                             reason=reason, trained_tokens=trained, applied_tokens=trained, step_seconds=steps)
+        rate, loss = (total.tokens_per_second if total else 0.0), ([peer.loss] if peer.loss is not None else [])
+        listed_losses += loss
         if state == pb.WORKER_STATE_ACTIVE:
-            rates += total.tokens_per_second if total else 0.0
-            if peer.loss is not None:
-                losses.append(peer.loss)
-    response.tokens_per_second = rates
+            active, active_rate, active_losses = True, active_rate + rate, active_losses + loss
+        elif finished(peer, target):
+            finished_rate += rate
+    losses = active_losses if active else listed_losses
+    response.tokens_per_second = active_rate if active else finished_rate
     response.latest_loss = sum(losses) / len(losses) if losses else math.nan
     return response
 

@@ -77,8 +77,8 @@ def _mirrored_dir(tmp_path: Path) -> Path:
     try:
         records = {"p-aaaaaaaa": metrics("a", law_rows(32, 5)), "p-bbbbbbbb": metrics("b", law_rows(64, 5))}
         mirror.store.add_metrics(mirror.rows(records, 1000.0))
-        view = mv.update_view(mirror.view, RUN, {"p-aaaaaaaa": digest(2), "p-bbbbbbbb": digest(1)}, records, 1000.0)
-        view = mv.update_view(view, RUN, {"p-aaaaaaaa": digest(3)}, {}, 1100.0)
+        view = mv.update_view(mirror.view, RUN, {"p-aaaaaaaa": digest(1), "p-bbbbbbbb": digest(1)}, records, 1000.0)
+        view = mv.update_view(view, RUN, {"p-aaaaaaaa": digest(2)}, {}, 1100.0)  # below run.rounds = 3: running
         mirror.store.set_many({mv.VIEW_KEY: view.to_json()})
     finally:
         mirror.close()
@@ -91,11 +91,13 @@ def test_getstatus_from_a_mirrored_store(tmp_path: Path) -> None:
         status = mv.mirrored_status(store, now=1150.0, stale_s=60.0)
     finally:
         store.close()
-    assert (status.run_id, status.version, status.target_rounds, status.run_state) == (RUN, 3, 3, pb.RUN_STATE_FINISHED)
+    assert (status.run_id, status.version, status.target_rounds, status.run_state) == (RUN, 2, 3, pb.RUN_STATE_RUNNING)
     workers = {w.name: w for w in status.workers}
-    assert (workers["a"].state, workers["a"].base_version, workers["a"].worker_id) == (pb.WORKER_STATE_ACTIVE, 3, "a@aaaaaaaa")
+    assert (workers["a"].state, workers["a"].base_version, workers["a"].worker_id) == (pb.WORKER_STATE_ACTIVE, 2, "a@aaaaaaaa")
     assert workers["b"].state == pb.WORKER_STATE_LEFT and workers["b"].reason.startswith("stale: no new record for 150 s")
     assert workers["a"].trained_tokens == 5 * 4 * 32 and status.total_tokens == 5 * 4 * (32 + 64)
+    # A peer publishes a round's rows once its outer step made the next version: the mirrored tokens were applied.
+    assert workers["a"].applied_tokens == 5 * 4 * 32 and status.applied_tokens == status.total_tokens
     assert status.latest_loss == pytest.approx(law_rows(32, 5)[-1][2])  # the active peers' latest loss
     assert workers["a"].step_seconds == pytest.approx(0.32)
 
