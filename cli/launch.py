@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -29,14 +30,20 @@ from pathlib import Path
 from rcswarm.cli.client_flags import add_client_flags, client_options
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
 from rcswarm.launch import (
+    HEAD_LOST_STATUS,
     NAMESPACE,
     NAMESPACE_RULE,
     CoordinatorSpec,
+    HeadLost,
+    HeadOptions,
+    HeadWatch,
     LaunchPlan,
     collect_status,
     connect,
     ensure_supervisor,
     follow,
+    gcs_address,
+    head_lost_line,
     interrupted,
     joined,
     print_status,
@@ -209,7 +216,15 @@ def launch(args: argparse.Namespace) -> int:
           f"joining {plan.worker.coordinator}", flush=True)
     stop = StopSignal(second_exits=True).install(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     if not args.detach:
-        verdict = follow(plan, args.poll_s, stop)
+        try:
+            verdict = follow(plan, args.poll_s, stop, HeadWatch(HeadOptions(gcs_address(args.address))))
+        except HeadLost as lost:
+            state_dir = args.state_dir if args.with_coordinator else ""
+            command = getattr(args, "command", None) or ["rcswarm", "launch", "ray", "--address", args.address,
+                                                          "--namespace", plan.namespace, "..."]
+            print(f"{PROG}: {head_lost_line(str(lost), plan.namespace, plan.worker.coordinator, state_dir, command)}",
+                  file=sys.stderr, flush=True)
+            return exit_now(HEAD_LOST_STATUS)
     else:
         deadline = time.monotonic() + args.start_timeout_s
         verdict = joined(collect_status(plan.namespace), plan)
@@ -230,6 +245,15 @@ def launch(args: argparse.Namespace) -> int:
     return verdict.status
 
 
+def exit_now(status: int) -> int:
+    """End the process with `status` at once: after its Ray head is gone, a normal exit runs Ray's shutdown while the
+    abandoned poll's thread is still inside Ray (seen: that thread then started a new local Ray instance, 7 s more).
+    Tests replace it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -240,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_or_status(parser(), argv[1:])
     if isinstance(args, int):
         return args
+    args.command = ["rcswarm", "launch", *argv]  # what resumes this launch (`head_lost_line`)
     problem = check_arguments(args)
     if problem is not None:
         return usage_error(PROG, problem)

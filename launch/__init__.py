@@ -32,14 +32,16 @@ already handles join and leave):
 
 Rooms: plan.py (`LaunchPlan`, the actor names, pending reasons; no Ray), actors.py (find, call, start,
 retire actors), supervisor.py (`Supervisor`, `ensure_supervisor`), coordinator_actor.py
-(`CoordinatorActor`, `start_coordinator`), status.py (`collect_status`, `stop_all`, `follow`). The
+(`CoordinatorActor`, `start_coordinator`), status.py (`collect_status`, `stop_all`, `follow`), head.py (`head_lost`,
+`HeadWatch`: a follower whose Ray head is gone ends in seconds with one line, status 3). The
 command line (flags, errors, main) is cli/launch.py. Ray is imported only inside the functions that
 need it, here and in worker/ray_worker.py: `rcswarm launch --help` and the rest of rcswarm work
 without the `ray` extra.
 """
 
-from rcswarm.launch.actors import connect, named_actors, reach_problem, wait
+from rcswarm.launch.actors import connect, gcs_address, named_actors, reach_problem, wait
 from rcswarm.launch.coordinator_actor import CoordinatorActor, CoordinatorSpec, settings_differ, start_coordinator
+from rcswarm.launch.head import HEAD_LOST_STATUS, HeadLost, HeadOptions, HeadWatch, head_lost, head_lost_line
 from rcswarm.launch.plan import (
     NAMESPACE,
     NAMESPACE_RULE,
@@ -63,8 +65,9 @@ from rcswarm.launch.status import (
 from rcswarm.launch.supervisor import Supervisor, ensure_supervisor, replace_reason
 
 __all__ = [
-    "NAMESPACE", "NAMESPACE_RULE", "CoordinatorActor", "CoordinatorSpec", "LaunchPlan", "Supervisor", "Verdict",
-    "collect_status", "connect", "ended", "ensure_supervisor", "follow", "interrupted", "joined", "named_actors",
+    "HEAD_LOST_STATUS", "NAMESPACE", "NAMESPACE_RULE", "CoordinatorActor", "CoordinatorSpec", "HeadLost", "HeadOptions",
+    "HeadWatch", "LaunchPlan", "Supervisor", "Verdict", "collect_status", "connect", "ended", "ensure_supervisor",
+    "follow", "gcs_address", "head_lost", "head_lost_line", "interrupted", "joined", "named_actors",
     "pending_reason", "print_status", "reach_problem", "replace_reason", "resource_problem", "resources",
     "settings_differ", "start_coordinator", "stop_all", "stop_command", "wait", "worker_index",
 ]

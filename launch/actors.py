@@ -37,6 +37,18 @@ def connect(address: str, namespace: str) -> None:
     ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
 
 
+def gcs_address(given: str) -> str:
+    """The GCS HOST:PORT this driver is connected to (`--address auto` resolved), else `given`."""
+    import ray
+
+    if not ray.is_initialized():  # a runtime context would start a local Ray instance
+        return given
+    try:
+        return ray.get_runtime_context().gcs_address or given
+    except (AttributeError, RuntimeError):
+        return given
+
+
 def split_address(address: str) -> tuple[str, int] | None:
     """(host, port) of a HOST:PORT or [V6]:PORT address (pure); None for another form (`auto`, `local`, a URL)."""
     host, colon, port = address.rpartition(":")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from rcswarm.launch.actors import (
     named_actors,
     retire_all,
 )
+from rcswarm.launch.head import HeadWatch
 from rcswarm.launch.plan import COORDINATOR, SUPERVISOR, WORKER_PREFIX, LaunchPlan, pending_reason, worker_index
 from rcswarm.worker import FAILED, FINISHED, STOPPED, TRAINING
 
@@ -251,15 +253,23 @@ def interrupted(status: dict[str, Any], plan: LaunchPlan, address: str, signal_n
     return f"the launcher stops ({signal_name}); {left}. Remove them with: {stop_command(address, plan.namespace)}"
 
 
-def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event) -> Verdict | None:
+def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event, watch: HeadWatch | None = None) -> Verdict | None:
     """Print each actor's line when it changes, and the supervisor's new events, until the run is over (`ended`:
-    then remove the actors and return the verdict) or `stop` is set (None: the actors stay, see `interrupted`)."""
+    then remove the actors and return the verdict) or `stop` is set (None: the actors stay, see `interrupted`).
+    With `watch`, every poll runs under it: HeadLost once the Ray head answers nothing (launch/head.py), instead of
+    Ray ending the process a minute later with its own message."""
     shown: dict[str, tuple] = {}
     seen: set[str] = set()
     gone = 0  # polls in a row that found no wanted actor left (`removed`): two, so a supervisor Ray restarts is no end
+
+    def watched(poll: Callable[[], Any]) -> Any:
+        return poll() if watch is None else watch.run(poll, stop)
+
     print(HEADER, flush=True)
     while not stop.wait(poll_s):
-        status = collect_status(plan.namespace)
+        status = watched(lambda: collect_status(plan.namespace))
+        if status is None:  # stopped while a poll waited
+            return None
         lost = removed(status, plan)
         gone = gone + 1 if lost is not None else 0
         if lost is not None and gone >= 2:
@@ -276,7 +286,7 @@ def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event) -> Verdict | 
         verdict = ended(status, plan)
         if verdict is not None:
             print(f"{verdict.reason}; removing the actors", flush=True)
-            for line in stop_all(plan.namespace):
+            for line in watched(lambda: stop_all(plan.namespace)) or []:
                 print(line, flush=True)
             return verdict
     return None

@@ -151,7 +151,7 @@ def test_a_stopped_launcher_says_what_stays_and_the_real_stop_command():
 
 def test_sigterm_while_following_exits_143(monkeypatch, capsys):
     """128 + the signal's number, as a shell reports it (it was 130 for every signal)."""
-    def follow(plan, poll_s, stop):
+    def follow(plan, poll_s, stop, watch=None):
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.wait(10)
 
