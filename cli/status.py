@@ -80,6 +80,9 @@ RUN_STATES = {number: name.removeprefix("RUN_STATE_").lower() for name, number i
 # characters, its end "…", so that one very long string cannot take over the tables; `--json` has it whole.
 NAME_CHARS = 64  # names, devices, run ids: a table cell
 TEXT_CHARS = 240  # reasons, notes: a few lines under a table or in a wide cell
+# Under a mirrored swarm's workers: what "–" stands for there.
+NOT_COUNTED = ("a mirror counts no late, stale, clipped or dropped updates and no traffic per round (a coordinator "
+               "does): \"–\"")
 CUT_NOTE = ("…: a string cut to {name} characters (a name, device or run id) or {text} (a reason or note); "
             "`rcswarm status --json` has it whole")
 
@@ -227,9 +230,11 @@ def _fields(console: Console, title: str, rows: Sequence[tuple[str, str]]) -> Ta
 
 
 def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | None = None,
-           totals: dict[str, WorkerTotals] | None = None) -> None:
+           totals: dict[str, WorkerTotals] | None = None, mirrored: bool = False) -> None:
     """The status as tables that fit the console's width (100 columns when not a terminal): the run (or the
     sweep, with one row per run), its workers, what happened to their updates, its recent rounds, the fit.
+    `mirrored`: a hivemind swarm `rcswarm dht` mirrors, whose late, stale, clipped and dropped updates and traffic
+    no one counts (a coordinator does): shown as "–", with a line saying why, not as zeros.
     Numbers are never wrapped; long free text (forecasts, refusals, close reasons) is printed in lines under a
     table; a peer's string is escaped and, when very long, cut with "…" (`--json` has it whole)."""
     text = PeerText()
@@ -265,7 +270,7 @@ def report(status: pb.GetStatusResponse, console: Console, fits: FitReport | Non
 
     if status.runs:
         _sweep(status, console, labels, text)
-    _workers(status, console, labels, totals, text)
+    _workers(status, console, labels, totals, text, mirrored)
     _rounds(status, console, labels, text)
     newest = next((r for r in reversed(status.rounds) if r.closed_at > 0 and r.aggregation), None)
     if newest is not None:
@@ -326,7 +331,7 @@ def _fit(console: Console, fits: FitReport) -> None:
 
 
 def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, str],
-             totals: dict[str, WorkerTotals] | None, text: PeerText) -> None:
+             totals: dict[str, WorkerTotals] | None, text: PeerText, mirrored: bool = False) -> None:
     """The workers (a run column for a sweep) and their training, with tokens/s and loss from the store when
     `totals` is given: one table when it fits, else two. Then what each worker's updates became (every worker when
     `totals` is given; else only those with a late, stale, clipped or dropped update or an ended or flagged
@@ -350,7 +355,7 @@ def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, s
         work.append([*measured, f"{w.trained_tokens} /\n{w.applied_tokens}",
                      (_num(w.step_seconds) if w.step_seconds else "–") + "\n"
                      + (f"{w.utilization:.0%}" if w.utilization else "–"),
-                     f"{traffic.size(w.round_bytes_up)} / {traffic.size(w.round_bytes_down)}"])
+                     "–" if mirrored else f"{traffic.size(w.round_bytes_up)} / {traffic.size(w.round_bytes_down)}"])
     # A long name folds in its column (never narrower than an id, r0w12-0123abcd).
     worker = _col("worker", TEXT, min_width=14)
     _print_parts(console, "workers", [
@@ -367,8 +372,10 @@ def _workers(status: pb.GetStatusResponse, console: Console, labels: dict[str, s
             _col("worker", TEXT, min_width=14), _col("late / stale /\nclipped / dropped", NUM),
             _col("reason", TEXT, min_width=20)], [
             [text(w.worker_id, NAME_CHARS),
-             f"{w.late_updates} / {w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}",
+             "–" if mirrored else f"{w.late_updates} / {w.stale_updates} / {w.clipped_updates} / {w.dropped_updates}",
              text(_worker_reason(w))] for w in noted]))
+    if mirrored:
+        console.print(NOT_COUNTED, style="dim")
 
 
 def _rounds(status: pb.GetStatusResponse, console: Console, labels: dict[str, str], text: PeerText) -> None:
@@ -548,7 +555,7 @@ def show(args: argparse.Namespace, status: pb.GetStatusResponse, note: str = "")
     console = Console(emoji=False)
     if not console.is_terminal:
         console = Console(width=REPORT_WIDTH, emoji=False)  # piped or captured: the width tables are laid out for
-    report(status, console, fits, totals)
+    report(status, console, fits, totals, mirrored=args.coordinator is None)
     if note:
         console.print(escape(note))
     return 0

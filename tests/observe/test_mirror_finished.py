@@ -170,3 +170,14 @@ def test_an_unbounded_run_never_finishes(tmp_path: Path) -> None:
     assert gone.tokens_per_second == 0.0  # nothing trains and nothing finished: no rate
     assert gone.latest_loss == pytest.approx((_loss(32, 20) + _loss(64, 20)) / 2)  # the listed peers' latest
 
+
+
+def test_the_status_cli_shows_what_a_mirror_does_not_count_as_unknown_not_zero(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Late, stale, clipped and dropped updates and the traffic per round are a coordinator's counts: a mirrored
+    swarm's workers show "–" and a line saying why (before: "0 / 0 / 0 / 0" and "0 B / 0 B", read as none)."""
+    state_dir = _both_finished(tmp_path)
+    assert status_cli.main(["--state-dir", str(state_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "0 / 0 / 0 / 0" not in out and "0 B / 0 B" not in out, out
+    assert " ".join(status_cli.NOT_COUNTED.split()) in " ".join(out.split()), out
