@@ -12,7 +12,8 @@ retried with jittered exponential backoff until the stop event is set or the coo
 answered any call of this client for `RetryPolicy.max_elapsed_s`, the patience (but a peer that is not a
 gRPC server, such as an HTTP server on that port, ends the call at once: `NotACoordinator`; so does TLS that does not
 match the coordinator's, `TLSMismatch`: a certificate --tls-ca does not verify, one that does not name the host, a
-TLS channel to a plaintext port, or a plaintext channel to a port that answers a TLS handshake): the silence counts
+TLS channel to a plaintext port, a plaintext channel to a port that answers a TLS handshake, or a TLS channel whose
+client certificate, or its absence, the coordinator refuses after the handshake): the silence counts
 from the first failure after its last answer (a reply, or a refusal), whichever thread made the
 call, so a long push retried while heartbeats are answered goes on, and calls that fail one after
 another share one patience instead of each starting its own. A refused payload (a pull that fails its
@@ -161,8 +162,19 @@ CA_FIX = ("pass --tls-ca with the coordinator's CA certificate (ca.pem in its --
           "prints the worker command)")
 # gRPC's "last error" for a connection the peer closed: the address it dialled (IPv6 URL-quoted, in brackets).
 _CLOSED_AT = re.compile(r"\b(?:ipv4|ipv6):(\S+):(\d+): Socket closed")
-# Seconds a plaintext client waits for a TLS handshake with a peer that closed its connection (`answers_tls`).
+# Seconds a client waits for a TLS handshake with a peer that closed its connection (`answers_tls`,
+# `refuses_client_certificate`).
 TLS_PROBE_S = 3.0
+# The TLS alerts (OpenSSL's reasons) by which a server refuses the client's certificate, or its absence: TLS 1.3's
+# certificate_required, a certificate it cannot verify or will not take, and TLS 1.2's handshake_failure, which an
+# OpenSSL server sends to a client that presented none. Only a peer's alert: CERTIFICATE_VERIFY_FAILED is this side's.
+CLIENT_CERTIFICATE_ALERTS = frozenset({
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED", "SSLV3_ALERT_HANDSHAKE_FAILURE", "SSLV3_ALERT_BAD_CERTIFICATE",
+    "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED", "SSLV3_ALERT_CERTIFICATE_REVOKED", "TLSV1_ALERT_ACCESS_DENIED",
+})
+# The fix of a worker whose client certificate, or its absence, a coordinator with --tls-client-ca refuses.
+CLIENT_CERT_FIX = "pass --tls-cert and --tls-key with a client certificate the coordinator's --tls-client-ca signed"
 
 
 def tls_problem(target: str, tls_ca: Path | None, code: grpc.StatusCode, details: str) -> str | None:
@@ -221,26 +233,89 @@ def answers_tls(address: tuple[str, int], timeout_s: float = TLS_PROBE_S) -> boo
         return False
 
 
+def refused_after_handshake(handshake_done: bool, outcome: bytes | BaseException) -> bool:
+    """Whether a TLS probe's outcome says the server refused the client's certificate, or its absence (pure):
+    `handshake_done`, whether this side's handshake completed (its certificate verified against the CA, its name
+    checked); `outcome`, the first bytes read after it, or what the handshake or that read raised. A refusal is an
+    alert of CLIENT_CERTIFICATE_ALERTS (an OpenSSL server's: TLS 1.3 sends it after the client's side of the
+    handshake completed, TLS 1.2 during it), or, after a completed handshake, the connection closed before the
+    server sent anything: a gRPC server (BoringSSL) that refuses a client certificate closes without an alert,
+    while one that accepts it sends its HTTP/2 SETTINGS frame at once. A connection closed, reset or silent
+    during the handshake, as by a coordinator that restarts, is no refusal, nor is a timeout."""
+    if isinstance(outcome, ssl.SSLError) and getattr(outcome, "reason", None) in CLIENT_CERTIFICATE_ALERTS:
+        return True
+    if not handshake_done:
+        return False
+    return outcome == b"" or isinstance(outcome, (ssl.SSLEOFError, ssl.SSLZeroReturnError))
+
+
+def refuses_client_certificate(address: tuple[str, int], host: str, tls_ca: Path, tls_cert: Path | None = None,
+                               tls_key: Path | None = None, timeout_s: float = TLS_PROBE_S) -> bool:
+    """Whether the TLS server at `address` refuses this client's certificate (`tls_cert`/`tls_key`; None: none):
+    a TLS handshake as the channel makes it (the server's certificate verified against `tls_ca` for `host`, ALPN
+    h2, the client certificate presented), then one read, all within about `timeout_s`, judged by
+    `refused_after_handshake`. Nothing is sent after the handshake. False when the files cannot be loaded, the
+    connection fails, the server's certificate does not verify, or the server answers."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        context = ssl.create_default_context(cafile=str(tls_ca))
+        context.set_alpn_protocols(["h2"])
+        if tls_cert is not None and tls_key is not None:
+            # A key that needs a password is refused rather than prompted for (gRPC cannot use one either).
+            context.load_cert_chain(str(tls_cert), str(tls_key), password=lambda: b"")
+    except (OSError, ValueError):  # ssl.SSLError is an OSError
+        return False
+    handshake_done = False
+    try:
+        with socket.create_connection(address, timeout=timeout_s) as raw:
+            raw.settimeout(max(deadline - time.monotonic(), 0.05))
+            with context.wrap_socket(raw, server_hostname=host, suppress_ragged_eofs=False) as tls:
+                handshake_done = True
+                tls.settimeout(max(deadline - time.monotonic(), 0.05))
+                outcome: bytes | BaseException = tls.recv(16)
+    except (OSError, ValueError) as error:  # ssl.SSLError and socket.timeout are OSErrors
+        outcome = error
+    return refused_after_handshake(handshake_done, outcome)
+
+
 def tls_settings_problem(target: str, tls_ca: Path | None, code: grpc.StatusCode, details: str,
-                         probe_s: float = TLS_PROBE_S) -> str | None:
-    """`tls_problem`; on a plaintext channel (`tls_ca` None) whose connection the coordinator closed, also a
-    coordinator that answers a TLS handshake at that address (`answers_tls`, waiting at most `probe_s`: it requires
-    TLS), which is told apart from one that restarts only so. None for every other failure."""
+                         probe_s: float = TLS_PROBE_S, *, tls_cert: Path | None = None,
+                         tls_key: Path | None = None) -> str | None:
+    """`tls_problem`; when the coordinator closed the connection, also what a probe of that address (waiting at
+    most `probe_s`) tells apart from a coordinator that restarts: on a plaintext channel (`tls_ca` None), one that
+    answers a TLS handshake (`answers_tls`: it requires TLS); on a TLS channel, one that refuses its client
+    certificate `tls_cert`/`tls_key`, or its absence, after the handshake (`refuses_client_certificate`: it runs
+    with --tls-client-ca). None for every other failure."""
     problem = tls_problem(target, tls_ca, code, details)
-    if problem is not None or tls_ca is not None or code != grpc.StatusCode.UNAVAILABLE:
+    if problem is not None or code != grpc.StatusCode.UNAVAILABLE:
         return problem
     closed, own = closed_address(details), _target_address(target)
     # Only the coordinator the operator named is probed: the address in `details` is text the server may have
     # written, and a worker must not dial whatever a status names (its own network, metadata endpoints).
-    if closed is None or own is None or closed[1] != own[1] or not answers_tls(own, probe_s):
+    if closed is None or own is None or closed[1] != own[1]:
         return None
-    return (f"{target} requires TLS: it closed this plaintext connection and answers a TLS handshake, so "
-            f"retrying cannot help: {CA_FIX} ({code.name}: {details})")
+    error = f"({code.name}: {details})"
+    if tls_ca is None:
+        if not answers_tls(own, probe_s):
+            return None
+        return (f"{target} requires TLS: it closed this plaintext connection and answers a TLS handshake, so "
+                f"retrying cannot help: {CA_FIX} {error}")
+    if tls_cert is None or tls_key is None:
+        if not refuses_client_certificate(own, own[0], tls_ca, None, None, probe_s):
+            return None
+        return (f"{target} requires a client certificate (it runs with --tls-client-ca) and none is given: it closed "
+                f"the connection after the TLS handshake, so retrying cannot help: {CLIENT_CERT_FIX} {error}")
+    if not refuses_client_certificate(own, own[0], tls_ca, tls_cert, tls_key, probe_s):
+        return None
+    return (f"{target} refuses the client certificate --tls-cert {tls_cert}: it closed the connection after the TLS "
+            f"handshake (its --tls-client-ca did not sign that certificate, or it expired), so retrying cannot help: "
+            f"{CLIENT_CERT_FIX} {error}")
 
 
 def retry_hint(tls_ca: Path | None, tls_cert: Path | None, details: str) -> str:
     """What else a connection the coordinator closed may mean, for the retry message: "" unless `details` is a
-    closed connection ("Socket closed"; not a handshake cut short, which a restart causes)."""
+    closed connection ("Socket closed"; not a handshake cut short, which a restart causes). For what the probes of
+    `tls_settings_problem` could not tell apart: a probe that timed out, or a server that closed it another way."""
     if closed_address(details) is None:
         return ""
     if tls_ca is None:
@@ -386,7 +461,7 @@ class CoordinatorClient:
         stop: threading.Event | None = None,
     ) -> None:
         self.target = target
-        self.tls_ca, self.tls_cert = tls_ca, tls_cert
+        self.tls_ca, self.tls_cert, self.tls_key = tls_ca, tls_cert, tls_key
         self.channel = open_channel(target, ClientTLS.from_flags(tls_ca, tls_cert, tls_key), list(MESSAGE_SIZE_OPTIONS))
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),)
@@ -461,7 +536,8 @@ class CoordinatorClient:
 
     def _tls_problem(self, code: grpc.StatusCode, details: str) -> str | None:
         """`tls_settings_problem` of this client's channel."""
-        return tls_settings_problem(self.target, self.tls_ca, code, details, min(TLS_PROBE_S, self.timeouts.unary_s))
+        return tls_settings_problem(self.target, self.tls_ca, code, details, min(TLS_PROBE_S, self.timeouts.unary_s),
+                                    tls_cert=self.tls_cert, tls_key=self.tls_key)
 
     def _wait_for_place(self, what: str, refusal: str, wait_s: float, waiting: PlaceWait, cause: Exception) -> None:
         """Wait about `wait_s` (jittered down to half, so that spares do not ask in step) before asking for a place

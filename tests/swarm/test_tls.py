@@ -1,5 +1,6 @@
 """TLS with real processes: the coordinator command refuses a wildcard bind without TLS, the self-signed quick
-start end to end with mutual TLS, and a worker with the wrong CA gives up with a clear message."""
+start end to end with mutual TLS, and a worker with the wrong CA, or without the client certificate mutual TLS requires,
+gives up with a clear message."""
 
 from __future__ import annotations
 
@@ -105,4 +106,35 @@ def test_a_worker_with_the_wrong_ca_gives_up_with_a_clear_message(start_coordina
     assert len(errors) == 1, result.stderr
     # Given up at once (worker/client.py `TLSMismatch`), not after the patience: no retry changes the CA.
     assert "does not verify against --tls-ca" in errors[0] and "CERTIFICATE_VERIFY_FAILED" in errors[0], errors[0]
+    assert local.service.status().workers == []
+
+
+@pytest.mark.slow
+def test_a_worker_without_the_client_certificate_mutual_tls_requires_ends_at_once(start_coordinator: Any,
+                                                                                   tmp_path: Path) -> None:
+    """gRPC tells such a worker only "Socket closed", as a restarting coordinator: a probe tells them apart
+    (worker/client.py `refuses_client_certificate`), and the worker and `rcswarm status` print the same fix."""
+    quick = ensure_quick_start(tmp_path / "tls", QUICK_NAMES)
+    stranger = ensure_quick_start(tmp_path / "stranger", QUICK_NAMES)
+    local = start_coordinator(tiny_spec(), tls=TLSFiles(quick.cert, quick.key, client_ca=quick.ca))
+    fix = "pass --tls-cert and --tls-key with a client certificate the coordinator's --tls-client-ca signed"
+    for cert, said in ((None, f"{local.target} requires a client certificate (it runs with --tls-client-ca)"),
+                       (stranger, f"{local.target} refuses the client certificate --tls-cert {stranger.client_cert}")):
+        flags = ["--coordinator", local.target, "--tls-ca", str(quick.ca)]
+        if cert is not None:
+            flags += ["--tls-cert", str(cert.client_cert), "--tls-key", str(cert.client_key)]
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "rcswarm.cli", "worker", *flags, "--patience-s", "300",
+                                 "--name", "lost", "--threads", "1"],
+                                env=worker_env(), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1, result.stderr
+        assert time.monotonic() - started < 60, "ended at once, not after its patience"
+        errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+        assert len(errors) == 1 and said in errors[0] and fix in errors[0], result.stderr
+        status = subprocess.run([sys.executable, "-m", "rcswarm.cli", "status", *flags, "--timeout", "5"],
+                                env=worker_env(), capture_output=True, text=True, timeout=60)
+        assert status.returncode == 1, status.stderr
+        line = status.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"rcswarm status: {said}") and fix in line, status.stderr
+        assert line.split(": ", 1)[1].split(" (UNAVAILABLE")[0] in errors[0], (line, errors[0])
     assert local.service.status().workers == []
