@@ -8,12 +8,14 @@ It runs one DHT node (no averager, no training) with rcswarm's record validator 
 multiaddrs, which workers pass as `--initial-peers`; with `--identity-path` the peer id, hence the
 multiaddrs, survive restarts. With `--config` and `--state-dir` it polls the run's digest and metric
 records (worker/hivemind_sync.py) every `--poll-s` seconds, appends the metric rows it has not seen to
-the state dir's SQLite (state/store.py) and stores the swarm's view (its version, each peer's
-version, newest row and when it was last seen; observe/mirror_view.py), so `rcswarm fit DIR`,
+the state dir's SQLite (state/store.py; only the run's members' rows: peers whose digest holds this
+RUN.toml's spec digest) and stores the swarm's view (its version, each peer's version, newest row and
+when it was last seen; observe/mirror_view.py), so `rcswarm fit DIR`,
 `rcswarm status --state-dir DIR` and the dashboard work as with a coordinator. With `--http-port` it
 serves the coordinator's dashboard over that state dir, read-only, while it mirrors: loopback by
 default; elsewhere the join token ($RCSWARM_TOKEN) is required unless `--http-insecure`
-(observe/dashboard/auth.py). SIGTERM or SIGINT stops it (and its p2pd).
+(observe/dashboard/auth.py); it serves plain HTTP only, so off loopback put a TLS proxy or a tunnel
+in front. SIGTERM or SIGINT stops it (and its p2pd).
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ from rcswarm.state.lock import StateDirBusy, StateDirLock
 from rcswarm.worker.log_lines import log_to_stderr
 
 log = logging.getLogger("rcswarm.dht")
+# Peers whose ignored metrics the mirror names: at most this many a poll (the rest counted in one line), and it
+# remembers at most _MAX_IGNORED_LOGGED (peer, reason) pairs (then forgets them all, repeating a line, not growing).
+_IGNORED_NAMED_PER_POLL = 8
+_MAX_IGNORED_LOGGED = 4096
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,7 +76,10 @@ class Mirror:
     """Appends the metric rows of the DHT's records that it has not written yet and stores the swarm's view
     (one thread). A restarted mirror resumes after the newest step its stored view holds per peer. It holds the
     state dir's lock (state/lock.py, role "mirror") while it lives, and takes only a state dir of its own:
-    ValueError for a coordinator's (one with checkpoints) or another run's, StateDirBusy for one in use."""
+    ValueError for a coordinator's (one with checkpoints) or another run's, StateDirBusy for one in use.
+
+    It mirrors the members of the run alone (`members_metrics`): a peer's metrics count once its digest holds this
+    run's spec digest, in this poll or an earlier one (a version in the view)."""
 
     def __init__(self, spec: RunSpec, state_dir: Path) -> None:
         self.lock = StateDirLock.acquire(state_dir, role="mirror")
@@ -98,6 +107,9 @@ class Mirror:
         self.store.set_many({"run_id": self.run_id, "spec_json": spec.to_json(), VIEW_KEY: self.view.to_json()})
         # Per peer: the newest step written.
         self.seen: dict[str, float] = {p.peer_id: float(p.step) for p in self.view.peers}
+        # (peer, why) pairs whose ignored metrics were logged; the peers left out (told once they become members).
+        self._ignored_logged: set[tuple[str, str]] = set()
+        self._held_back: set[str] = set()
 
     def rows(self, records: dict[str, dict[str, Any]], now: float) -> list[tuple[Any, ...]]:
         """New METRIC_COLUMNS rows from metric records {peer: {run, name, rows}}.
@@ -121,9 +133,10 @@ class Mirror:
     def _record_rows(self, peer: str, record: dict[str, Any], now: float) -> tuple[list[tuple[Any, ...]], float]:
         """(the new rows of one peer's metrics record, the newest step written for it); ValueError, TypeError,
         OverflowError or KeyError for a record that is not one (`rows` writes none of its rows then)."""
+        from rcswarm.observe.mirror_view import peer_name
         from rcswarm.state.schema import INT64_MAX
 
-        worker = f"{record['name']}@{peer[-8:]}"
+        worker = f"{peer_name(record['name'])}@{peer[-8:]}"
         newest = max((row[4] for row in record["rows"]), default=0.0)
         seen, out = self.seen.get(peer, 0.0), []
         for version, step, loss, tokens, wall, compute, sync, seq_len, batch in record["rows"]:
@@ -151,6 +164,7 @@ class Mirror:
         found = hs.read_records(dht, hs.DIGEST_KEY, self.spec.run.name)
         hs.warn_specless(found)
         digests = {peer: record for peer, record in found.items() if record.get("spec", "") == self.spec_digest}
+        metrics = self.members_metrics(metrics, found, digests)
         seen = dict(self.seen)
         rows = self.rows(metrics, now)
         try:
@@ -161,6 +175,57 @@ class Mirror:
         self.view = update_view(self.view, self.spec.run.name, digests, metrics, now)
         self.store.set_many({VIEW_KEY: self.view.to_json()})
         return written
+
+    def members_metrics(self, metrics: dict[str, dict[str, Any]], found: dict[str, dict[str, Any]],
+                        digests: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The metric records of `metrics` (by peer id) whose peers are members of this run: its digest of this poll
+        holds this run's spec digest (`digests`), or, with no digest of it in this poll (`found`: every digest record
+        read, any spec), an earlier one did (a version >= 0 in the view). The others are left out, logged once per peer
+        and reason: a digest of another config under the run's name, one that names no spec (an older rcswarm), or
+        none at all. A peer whose metrics come a poll before its digest is held back, not dropped: nothing of it is
+        written or listed, its newest step written stays where it was, so the poll that reads its digest writes
+        every row its metrics record still holds (the newest round's), and one INFO line says it is mirrored now."""
+        earlier = {p.peer_id for p in self.view.peers if p.version >= 0}
+        kept: dict[str, dict[str, Any]] = {}
+        ignored: list[tuple[str, str, str]] = []
+        for peer, record in sorted(metrics.items()):
+            digest = found.get(peer)
+            if peer in digests or (digest is None and peer in earlier):
+                kept[peer] = record
+                if peer in self._held_back:
+                    self._held_back.discard(peer)
+                    log.info("peer %.80s published a digest of this run: its metrics are mirrored from now on", peer)
+                continue
+            self._held_back.add(peer)
+            if digest is None:
+                why = ("it published no digest of this run (a peer outside the swarm, or a member whose digest this "
+                       "node has not read yet: its rows are written once it has)")
+            elif not digest.get("spec"):
+                why = "its digest names no run spec (an older rcswarm): it is not counted as a member"
+            else:
+                why = (f"its digest holds another run spec ({str(digest['spec'])[:16]}..., this run's "
+                       f"{self.spec_digest[:16]}...): a peer of another config under the run name "
+                       f"{self.spec.run.name!r} is another swarm")
+            ignored.append((peer, str(record.get("name", "")), why))
+        self._log_ignored(ignored)
+        if len(self._held_back) > _MAX_IGNORED_LOGGED:
+            self._held_back.clear()
+        return kept
+
+    def _log_ignored(self, ignored: list[tuple[str, str, str]]) -> None:
+        """One WARNING per (peer, reason) not logged before, at most _IGNORED_NAMED_PER_POLL a poll, the rest of
+        this poll's new ones counted in one more line (a DHT flooded with made-up peer ids floods no log)."""
+        from rcswarm.observe.mirror_view import peer_name
+
+        new = [(peer, name, why) for peer, name, why in ignored if (peer, why) not in self._ignored_logged]
+        for peer, name, why in new[:_IGNORED_NAMED_PER_POLL]:
+            if len(self._ignored_logged) >= _MAX_IGNORED_LOGGED:
+                self._ignored_logged.clear()
+            self._ignored_logged.add((peer, why))
+            log.warning("the metrics of peer %.80s (named %r) are not mirrored: %s", peer, peer_name(name)[:80], why)
+        if len(new) > _IGNORED_NAMED_PER_POLL:
+            log.warning("the metrics of %d more peers are not mirrored either (named in later polls): they are not "
+                        "members of this run", len(new) - _IGNORED_NAMED_PER_POLL)
 
     def close(self) -> None:
         self.store.close()
@@ -221,13 +286,29 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def dashboard_auth(host: str, token_required: bool, insecure: bool) -> tuple[bool, str | None]:
+    """(whether the mirror's dashboard requires the join token, a warning for the log or None): the coordinator's rule
+    (`decide_dashboard_auth`), but `rcswarm dht` has no `--http-tls` (it serves plain HTTP only), so its warning for
+    the token over plain HTTP names what does protect it: a TLS proxy or a tunnel in front (pure; ValueError as
+    `decide_dashboard_auth` raises it)."""
+    from rcswarm.observe.dashboard.auth import decide_dashboard_auth
+
+    required, warning = decide_dashboard_auth(host, token_required, insecure)
+    if required and warning is not None:  # off loopback, the token over plain HTTP
+        warning = (f"the dashboard on {host} takes the join token over plain HTTP: anyone on the network path can "
+                   "read it and join the swarm; rcswarm dht serves no HTTPS, so put a TLS proxy (one that "
+                   "terminates HTTPS and forwards to this address) or a tunnel (ssh -L, a VPN) in front of it, "
+                   "and let clients reach it only that way")
+    return required, warning
+
+
 def start_dashboard(args: argparse.Namespace) -> Any:
     """The dashboard over the mirrored state dir (a `MirrorRun`), started; auth as the coordinator's."""
     from rcswarm.observe.dashboard import Dashboard
-    from rcswarm.observe.dashboard.auth import SessionAuth, decide_dashboard_auth
+    from rcswarm.observe.dashboard.auth import SessionAuth
     from rcswarm.observe.mirror_view import STALE_S, MirrorRun
 
-    required, warning = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
+    required, warning = dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
     if warning:
         log.warning("%s", warning)
     token = os.environ.get(TOKEN_ENV, "").encode()

@@ -6,14 +6,19 @@ rows it appends to the store, a view of the swarm: `SwarmView`, stored as JSON (
 the state dir's run_state key `VIEW_KEY` (the store's `set_many`/`get`). `update_view` is the pure
 step from one poll's records to the next view:
 
-* per peer: its name and worker id (`name@<last 8 characters of the peer id>`, as the mirrored metric
-  rows name it), the version of its digest, its newest metric row's step, seq_len, loss and time (the
-  worker's own clock), and `seen_at`, the mirror's time when its records last advanced (a new version
-  or a newer row; a record lingers in the DHT for its TTL after the peer died, so presence alone
-  says nothing), with `gap_s`, the seconds between its last two advances;
+* per peer: its name (`peer_name`: printable, at most 128 characters before escaping) and worker id
+  (`name@<last 8 characters of the peer id>`, as the mirrored metric rows name it), the version of its
+  digest, its newest metric row's step, seq_len, loss and time (the worker's own clock), and
+  `seen_at`, the mirror's time when its records last advanced (a new version or a newer row; a
+  record lingers in the DHT for its TTL after the peer died, so presence alone says nothing), with
+  `gap_s`, the seconds between its last two advances;
 * the swarm's version: the highest version any peer's digest holds, the reference hivemind peers
   re-sync to (`hivemind_sync.resync_reason`: a peer behind it loads the state);
 * at most `MAX_PEERS` peers, those seen last.
+
+Which peers' records reach `update_view` is the mirror's choice (`Mirror.poll`): the digests that hold the run's
+spec digest, and the metrics of those peers alone (a peer of another config under the same run name, or anyone on
+the open DHT with a schema-valid metrics record, is not a member of this swarm).
 
 `peer_state` says whether a peer is active: it advanced within max(`stale_s`, `STALE_FACTOR` ×
 its gap) seconds; otherwise it is stale (listed as WORKER_STATE_LEFT with the reason "stale: ...").
@@ -42,6 +47,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.observe.analysis import worker_totals
 from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
+from rcswarm.protos.wire import printable
 from rcswarm.state.schema import INT64_MAX
 from rcswarm.state.store import StateStore
 
@@ -54,8 +60,19 @@ STALE_FACTOR = 3.0
 MIRROR_HINT = "a state dir that `rcswarm dht --config RUN.toml --state-dir DIR` mirrors a hivemind swarm into"
 # Metric row fields (hivemind_sync.MetricsRecord): version, step, loss, tokens, wall, compute, sync, seq_len, batch.
 ROW_STEP, ROW_LOSS, ROW_WALL, ROW_SEQ_LEN = 1, 2, 4, 7
+# A peer's name keeps at most this many of its characters (before escaping), as a coordinator's joining worker's.
+MAX_NAME_CHARS = 128
 
 log = logging.getLogger("rcswarm.mirror")
+
+
+def peer_name(raw: Any) -> str:
+    """A peer's own name (its metrics record's `name`, any string up to the schema's 200 characters) as the mirror
+    stores and shows it: its first `MAX_NAME_CHARS` characters, each that is not printable (ESC, CR, NUL, a newline)
+    written as its Python escape (`protos.wire.printable`, as a coordinator takes a joining worker's name). Both the
+    view's `PeerView.name` and the worker id of the mirrored metric rows (cli/dht.py `Mirror`) come from it, so they
+    match; nothing raw reaches `rcswarm status --state-dir`, the dashboard or its Prometheus labels (pure)."""
+    return printable(str(raw)[:MAX_NAME_CHARS])
 
 
 @dataclass(frozen=True)
@@ -99,7 +116,8 @@ class SwarmView:
             data = json.loads(text)
             if data.get("format") != VIEW_FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, expected {VIEW_FORMAT}")
-            peers = tuple(PeerView(**peer) for peer in data["peers"])
+            # A view stored by a mirror from before `peer_name` may hold a raw name: shown printable all the same.
+            peers = tuple(PeerView(**{**peer, "name": printable(str(peer["name"]))}) for peer in data["peers"])
             return cls(str(data["run"]), float(data["polled_at"]), int(data["version"]), peers)
         except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise ValueError(f"{source}: the mirrored swarm view is malformed ({error}): expected {MIRROR_HINT}") from None
@@ -115,7 +133,7 @@ def _peer(peer_id: str, old: PeerView | None, digest: Mapping[str, Any] | None, 
     """`old` updated with this poll's records of the peer; ValueError, TypeError, KeyError or OverflowError for
     records that are not ones (`update_view` keeps `old` then)."""
     row = _newest_row(metrics)
-    name = str(metrics["name"]) if metrics is not None else old.name if old is not None else "peer"
+    name = peer_name(metrics["name"]) if metrics is not None else old.name if old is not None else "peer"
     version = int(digest["version"]) if digest is not None else old.version if old is not None else -1
     loss = row[ROW_LOSS] if row is not None and math.isfinite(row[ROW_LOSS]) else None
     fresh = PeerView(

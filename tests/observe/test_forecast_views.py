@@ -48,7 +48,7 @@ def test_rcswarm_status_and_fit_show_the_forecasts(served, tmp_path, capsys):
     console = Console(width=200, record=True)
     status.report(sweep.status(), console)
     shown = console.export_text()
-    assert "forecast (90%)" in shown and "pruned: " in shown and f"at round {ROUNDS}" in shown
+    assert "forecasts of each run's final loss (90%)" in shown and "pruned: " in shown and f"at round {ROUNDS}" in shown
     fit.forecast_report(tmp_path / "state", console)
     shown = console.export_text()
     assert "run0-L8" in shown and "run1-L16" in shown and "pruned: " in shown

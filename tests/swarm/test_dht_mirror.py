@@ -92,6 +92,9 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
         assert publish(peers[-1], hs.METRICS_KEY, {"run": "other", "name": "x", "rows": law_rows(8, 3)})
         # A peer of this run's name but another config: another swarm, whose version 9 the view leaves out.
         assert publish(peers[-1], hs.DIGEST_KEY, hs.digest_record(RUN, 9, theta, spec="b" * 64))
+        # A peer that publishes metrics of this run's name and no digest: not a member, none of its rows is mirrored.
+        peers.append(hs.start_dht(hs.HivemindOptions.loopback(bootstrap)))
+        assert publish(peers[-1], hs.METRICS_KEY, metrics("outsider", law_rows(128, 30)))
 
         def mirrored() -> Any:
             stored = read_state(state, lambda store: store.get(mv.VIEW_KEY))
@@ -148,6 +151,8 @@ def test_status_dashboard_and_fit_from_a_mirrored_swarm(tmp_path: Path, capsys: 
                                         data=dataclasses.replace(spec().data, seq_len=seq_len))
             record = {**metrics("a", law_rows(seq_len, 120)), "run": other.run.name}
             assert publish(peers[1], hs.METRICS_KEY, record)  # replaces its record of the run before
+            # A member of that run: its digest holds that run's spec digest (the mirror writes members' rows alone).
+            assert publish(peers[1], hs.DIGEST_KEY, hs.digest_record(other.run.name, 0, theta, spec=spec_digest(other)))
             mirror = dht_cli.Mirror(other, tmp_path / "runs" / other.run.name)
             try:
                 assert wait_for(lambda: mirror.poll(peers[1]), 30, f"the rows of {other.run.name}") == 120
