@@ -110,6 +110,10 @@ def parser() -> argparse.ArgumentParser:
                         help="serve the dashboard on a non-loopback --http-host without the token")
     parser.add_argument("--http-tls", action="store_true",
                         help="serve the dashboard over HTTPS with the coordinator's TLS certificate")
+    parser.add_argument("--http-plaintext", action="store_true",
+                        help="serve a dashboard that requires the token over plain HTTP on a non-loopback "
+                             "--http-host (refused otherwise): for a TLS-terminating proxy in front of it, or a "
+                             "trusted network")
     kinds = ", ".join(f"{name}={limit}" for name, limit in DEFAULT_MAX_CALLS.items())
     parser.add_argument("--max-calls", action="append", default=[], metavar="KIND=N",
                         help=f"calls of one kind running at once, beyond which a call gets RESOURCE_EXHAUSTED "
@@ -156,13 +160,20 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return problem
     if args.health_port and args.health_port == args.port:
         return f"--health-port {args.health_port}: the same as --port; expected another port"
+    if args.http_plaintext and args.http_tls:
+        return "--http-plaintext and --http-tls contradict each other: give one"
     if args.http_port is not None:
-        from rcswarm.observe.dashboard.auth import decide_dashboard_auth
+        from rcswarm.observe.dashboard.auth import dashboard_transport_problem, decide_dashboard_auth
 
         try:
-            decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
+            required, _ = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
         except ValueError as exc:
             return str(exc)
+        problem = dashboard_transport_problem(args.http_host, required, args.http_tls,
+                                              grpc_plaintext=args.insecure and not tls,
+                                              http_plaintext=args.http_plaintext)
+        if problem is not None:
+            return problem
     return bind_problem(args.host, tls, args.insecure)
 
 

@@ -7,18 +7,38 @@ rather than keeping their own copies, so a limit changes in one place.
 
 from __future__ import annotations
 
+import logging
+
 # The environment variable holding the join token (better than argv, which other users can read).
 TOKEN_ENV = "RCSWARM_TOKEN"
+
+
+# A join token shorter than this draws a WARNING (never a refusal: tests and small set-ups use short ones): the
+# token is the only secret between the network and the swarm, and the dashboard's login can be guessed at online.
+MIN_TOKEN_CHARS = 16
+
+
+def short_token_warning(token: str, source: str) -> str | None:
+    """A warning naming `source` and the token's length (never the token) when it is shorter than MIN_TOKEN_CHARS,
+    else None (pure)."""
+    if len(token) >= MIN_TOKEN_CHARS:
+        return None
+    return (f"the join token of {source} has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}: it can be "
+            "guessed; use a long random one, e.g. python -c \"import secrets; print(secrets.token_urlsafe(32))\"")
 
 
 def one_token(value: str, source: str) -> str:
     """The join token `value` (from `source`: --token, $RCSWARM_TOKEN) without surrounding whitespace, as a token
     file's line is read: a Secret written by `echo` or `openssl rand` ends in a newline, which the coordinator
     accepted while every worker's metadata was refused ("Illegal header value"). ValueError naming `source`, never
-    the token, for one that is empty or holds other than printable ASCII without spaces."""
+    the token, for one that is empty or holds other than printable ASCII without spaces; a WARNING for one shorter
+    than MIN_TOKEN_CHARS (`short_token_warning`)."""
     token = value.strip()
     if not token or not all(33 <= ord(char) < 127 for char in token):
         raise ValueError(f"the join token of {source}: expected one token of printable ASCII without spaces")
+    warning = short_token_warning(token, source)
+    if warning is not None:
+        logging.getLogger("rcswarm").warning("%s", warning)
     return token
 
 # Largest gRPC message either side sends or accepts; tensors travel in chunks of at most 1 MiB

@@ -2,23 +2,35 @@
 
 `decide_dashboard_auth(host, required, insecure)` is the pure rule: a dashboard bound to a
 non-loopback address requires the token unless the operator opts out (`--http-insecure`, with a
-warning); `--http-token-required` requires it on loopback too.
+warning); `--http-token-required` requires it on loopback too. `dashboard_transport_problem` is the
+pure rule of how the token may travel: a dashboard off loopback that requires it over plain HTTP is
+refused unless the operator says the network path is protected otherwise (`--http-plaintext`: a
+TLS-terminating proxy in front) or already plaintext (gRPC `--insecure`).
 
 `SessionAuth` checks a request. `Authorization: Bearer <token>` (what Prometheus'
-`authorization`/`bearer_token_file` sends) is compared with the join token in constant time. A
+`authorization`/`bearer_token_file` sends) is compared with the join tokens in constant time. A
 browser POSTs the token once to /login and gets the cookie `rcswarm_session`, HttpOnly and
 SameSite=Strict, whose value is `v1.<issued>.<nonce>.<HMAC-SHA256(key, "v1.<issued>.<nonce>")>`
 with `key` random per coordinator process: the cookie never holds the token, expires after
-`SESSION_S`, and every cookie is void once the coordinator restarts.
+`SESSION_S`, and every cookie is void once the coordinator restarts. The process also remembers
+which token each session logged in with (`MAX_SESSIONS` at most, the oldest forgotten first), and a
+session is valid only while that token is still accepted: a token removed from `--token-file`
+voids its sessions at the next request (the file is re-read as for gRPC), and POST /logout voids one.
+Failed token attempts (a wrong bearer token, a wrong login) are throttled per client address
+(`LoginThrottle`).
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from rcswarm.protos.transport import is_loopback_host
 
@@ -27,6 +39,16 @@ SESSION_S = 12 * 3600
 # A cookie issued up to this far "in the future" (a clock step) still counts.
 CLOCK_SKEW_S = 60
 MAX_LOGIN_BYTES = 4096
+# Sessions a process remembers (each: its nonce, issue time and the token it logged in with); past this the oldest
+# is forgotten (its browser logs in again).
+MAX_SESSIONS = 4096
+# The login throttle: failed attempts an address gets free, the delay after the next ones (doubling up to the
+# most), how long an address's failures are remembered, and how many addresses are remembered at most.
+FREE_FAILURES = 5
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 300.0
+FAILURES_FORGOTTEN_S = 3600.0
+MAX_THROTTLED_ADDRESSES = 4096
 
 
 def decide_dashboard_auth(host: str, required: bool, insecure: bool, https: bool = False) -> tuple[bool, str | None]:
@@ -49,52 +71,220 @@ def decide_dashboard_auth(host: str, required: bool, insecure: bool, https: bool
     return True, None
 
 
-class SessionAuth:
-    """Bearer and cookie checks of dashboard requests.
+def dashboard_transport_problem(host: str, required: bool, https: bool, grpc_plaintext: bool,
+                                http_plaintext: bool) -> str | None:
+    """Why a dashboard may not start as configured, in one line, or None (pure).
 
-    Threads: every method runs on the dashboard's request threads; the key is set once in
-    `__init__` and only read afterwards, so nothing is locked.
+    `required`: whether it requires the join token (`decide_dashboard_auth`). Refused: bound off loopback, requiring
+    the token, over plain HTTP (no `https`, i.e. no --http-tls): the token (a login form, a bearer header) and the
+    session cookies would cross the network in the clear, as gRPC refuses to let them without TLS
+    (`coordinator.tls.bind_problem`). Allowed anyway when the operator opts out explicitly: `http_plaintext`
+    (--http-plaintext: TLS is terminated by a proxy in front, or the network is trusted) or `grpc_plaintext` (gRPC
+    itself serves plaintext under --insecure, so the token crosses the network in the clear there already).
+    """
+    if not required or https or is_loopback_host(host) or http_plaintext or grpc_plaintext:
+        return None
+    return (f"the dashboard on {host} would take the join token over plain HTTP: add --http-tls (HTTPS with the "
+            "coordinator's certificate), or --http-plaintext if a TLS-terminating proxy is in front of it or the "
+            "network is trusted")
+
+
+class Verdict(enum.Enum):
+    """What `SessionAuth.authorize` says of a request."""
+
+    ALLOWED = "allowed"
+    # No credential, a wrong or stale cookie, or a wrong bearer token: 401.
+    DENIED = "denied"
+    # A bearer token from an address in its backoff after failed attempts: 429, the token not even compared.
+    THROTTLED = "throttled"
+
+
+@dataclass
+class _Failures:
+    count: int
+    last: float
+    blocked_until: float
+
+
+class LoginThrottle:
+    """Failed token attempts per client address, and the backoff they earn (any thread; one lock).
+
+    An address gets FREE_FAILURES failed attempts free; after each further one it must wait BACKOFF_FIRST_S,
+    doubling up to BACKOFF_MAX_S, before a token of its is compared again. An address whose last failure is
+    FAILURES_FORGOTTEN_S old starts afresh, and a success clears its record. At most `max_addresses` are
+    remembered, the one whose last failure is oldest forgotten first: memory stays bounded whatever the
+    attacker's addresses (one with more addresses than that gets its first attempts free on each, as it would
+    with that many addresses anyway).
     """
 
-    def __init__(self, check_token: Callable[[str], bool], clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = FREE_FAILURES,
+                 first_s: float = BACKOFF_FIRST_S, max_s: float = BACKOFF_MAX_S,
+                 forgotten_s: float = FAILURES_FORGOTTEN_S, max_addresses: int = MAX_THROTTLED_ADDRESSES) -> None:
+        self._clock = clock
+        self.free, self.first_s, self.max_s, self.forgotten_s = free, first_s, max_s, forgotten_s
+        self.max_addresses = max_addresses
+        self._lock = threading.Lock()
+        self._failures: OrderedDict[str, _Failures] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+    def wait_s(self, address: str) -> float:
+        """Seconds `address` must still wait before its next attempt counts (0: it may try now)."""
+        with self._lock:
+            record = self._current(address)
+            return 0.0 if record is None else max(0.0, record.blocked_until - self._clock())
+
+    def failed(self, address: str) -> float:
+        """Record a failed attempt of `address`; the seconds it must now wait (0 while within its free ones)."""
+        with self._lock:
+            now = self._clock()
+            record = self._current(address) or _Failures(0, now, now)
+            record.count += 1
+            record.last = now
+            beyond = record.count - self.free
+            wait = 0.0 if beyond <= 0 else min(self.max_s, self.first_s * 2.0 ** min(beyond - 1, 64))
+            record.blocked_until = now + wait
+            self._failures[address] = record
+            self._failures.move_to_end(address)
+            while len(self._failures) > self.max_addresses:
+                self._failures.popitem(last=False)
+            return wait
+
+    def succeeded(self, address: str) -> None:
+        with self._lock:
+            self._failures.pop(address, None)
+
+    def _current(self, address: str) -> _Failures | None:
+        """`address`'s record, dropped when it is old enough to forget (lock held)."""
+        record = self._failures.get(address)
+        if record is not None and self._clock() - record.last >= self.forgotten_s:
+            del self._failures[address]
+            return None
+        return record
+
+
+class SessionAuth:
+    """Bearer and cookie checks of dashboard requests, the sessions and the login throttle.
+
+    Threads: every method runs on the dashboard's request threads. The key is set once in `__init__` and only
+    read afterwards; the session table is guarded by `_lock` (held only around dict operations: the token check,
+    which may re-read a token file, runs outside it); the throttle has its own lock.
+    """
+
+    def __init__(self, check_token: Callable[[str], bool], clock: Callable[[], float] = time.time,
+                 throttle: LoginThrottle | None = None, max_sessions: int = MAX_SESSIONS) -> None:
         self._check_token = check_token
         self._key = secrets.token_bytes(32)
         self._clock = clock
+        self.throttle = throttle if throttle is not None else LoginThrottle()
+        self.max_sessions = max_sessions
+        self._lock = threading.Lock()
+        # nonce -> the token the session logged in with, None for one bound to no token (insertion order: the
+        # oldest first).
+        self._sessions: OrderedDict[str, str | None] = OrderedDict()
 
     def token_ok(self, presented: str) -> bool:
-        """Whether `presented` is the join token (constant time)."""
+        """Whether `presented` is an accepted join token (constant time)."""
         return bool(presented) and self._check_token(presented)
 
-    def new_cookie(self) -> str:
-        """A fresh session value: issue time, a random nonce and their HMAC under the process's key."""
-        body = f"v1.{int(self._clock())}.{secrets.token_hex(16)}"
+    def new_cookie(self, token: str | None = None) -> str:
+        """A fresh session value for a login with `token`: issue time, a random nonce and their HMAC under the
+        process's key; the session lives while `token` is accepted (and SESSION_S at most). The server always
+        names the token; without one the session is bound to none and lives its SESSION_S whatever the tokens."""
+        nonce = secrets.token_hex(16)
+        body = f"v1.{int(self._clock())}.{nonce}"
+        with self._lock:
+            self._sessions[nonce] = token
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
         return f"{body}.{self._mac(body)}"
 
-    def cookie_ok(self, value: str) -> bool:
-        """Whether `value` is a session this process issued within the last SESSION_S seconds."""
+    def _session(self, value: str) -> str | None:
+        """The nonce of `value` when it is a well-formed cookie this process issued within SESSION_S, else None."""
         body, _, mac = value.rpartition(".")
         parts = body.split(".")
         if len(parts) != 3 or parts[0] != "v1" or not parts[1].isdigit():
-            return False
+            return None
         if not hmac.compare_digest(mac.encode(), self._mac(body).encode()):
-            return False
+            return None
         age = self._clock() - int(parts[1])
-        return -CLOCK_SKEW_S <= age <= SESSION_S
+        return parts[2] if -CLOCK_SKEW_S <= age <= SESSION_S else None
+
+    def cookie_ok(self, value: str) -> bool:
+        """Whether `value` is a session this process issued within the last SESSION_S seconds, not logged out,
+        whose token is still accepted (a token removed from the token file voids its sessions)."""
+        nonce = self._session(value)
+        if nonce is None:
+            return False
+        with self._lock:
+            if nonce not in self._sessions:
+                return False
+            token = self._sessions[nonce]
+        return token is None or self.token_ok(token)
+
+    def end_session(self, value: str) -> bool:
+        """Log the session `value` out (it is void from now on); whether it was one."""
+        nonce = self._session(value)
+        if nonce is None:
+            return False
+        with self._lock:
+            if nonce not in self._sessions:
+                return False
+            del self._sessions[nonce]
+            return True
+
+    @property
+    def sessions(self) -> int:
+        """How many sessions are remembered now."""
+        return len(self._sessions)
 
     def _mac(self, body: str) -> str:
         return hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()
 
+    def authorize(self, headers: Mapping[str, str], address: str) -> Verdict:
+        """Whether a request from `address` with these headers may go on: a valid session cookie, or the bearer
+        token; a wrong bearer token counts as a failed attempt of `address`, and while `address` waits out its
+        backoff its bearer tokens are not compared at all (THROTTLED; its cookies still count)."""
+        if any(self.cookie_ok(value) for value in cookie_values(headers.get("Cookie") or "", COOKIE)):
+            return Verdict.ALLOWED
+        scheme, _, credential = (headers.get("Authorization") or "").strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return Verdict.DENIED
+        return self.attempt(credential.strip(), address)
+
+    def attempt(self, token: str, address: str) -> Verdict:
+        """A token presented by `address` (a bearer header, a login form), under the throttle."""
+        if self.throttle.wait_s(address) > 0:
+            return Verdict.THROTTLED
+        if self.token_ok(token):
+            self.throttle.succeeded(address)
+            return Verdict.ALLOWED
+        self.throttle.failed(address)
+        return Verdict.DENIED
+
     def authorized(self, headers: Mapping[str, str]) -> bool:
-        """Whether a request with these headers carries the bearer token or a valid session cookie."""
+        """Whether a request with these headers carries the bearer token or a valid session cookie (unthrottled:
+        `authorize` is what the server calls)."""
         scheme, _, credential = (headers.get("Authorization") or "").strip().partition(" ")
         if scheme.lower() == "bearer" and self.token_ok(credential.strip()):
             return True
         return any(self.cookie_ok(value) for value in cookie_values(headers.get("Cookie") or "", COOKIE))
 
-    def set_cookie_header(self, secure: bool = False) -> str:
-        """The Set-Cookie value of a new session."""
+    def has_session(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request carries a valid session cookie (the page then offers to log out)."""
+        return any(self.cookie_ok(value) for value in cookie_values(headers.get("Cookie") or "", COOKIE))
+
+    def set_cookie_header(self, secure: bool = False, token: str | None = None) -> str:
+        """The Set-Cookie value of a new session logged in with `token`."""
         flags = "; Secure" if secure else ""
-        return f"{COOKIE}={self.new_cookie()}; Path=/; Max-Age={SESSION_S}; HttpOnly; SameSite=Strict{flags}"
+        return f"{COOKIE}={self.new_cookie(token)}; Path=/; Max-Age={SESSION_S}; HttpOnly; SameSite=Strict{flags}"
+
+    @staticmethod
+    def clear_cookie_header(secure: bool = False) -> str:
+        """The Set-Cookie value that makes a browser drop its session cookie."""
+        flags = "; Secure" if secure else ""
+        return f"{COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict{flags}"
 
 
 def cookie_values(header: str, name: str) -> list[str]:

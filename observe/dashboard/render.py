@@ -164,6 +164,7 @@ td.text { text-align: left; max-width: 28em; }
 .fit { background: #f4f8ee; padding: 0.3em 0.6em; border: 1px solid #cdb; display: inline-block; max-width: 100%; }
 .fit table { margin: 0.3em 0; }
 .caveat { color: #a00; }
+.logout { float: right; }
 """
 
 
@@ -217,13 +218,17 @@ def _plot_img(name: str, smoothing: float) -> str:
     return f'<img src="/plot/{name}.png{query}" alt="{PLOT_ALTS[name]}" width="640" height="440">'
 
 
-def _document(title: str, refresh_s: int, body: str, metrics_link: str) -> str:
+LOGOUT_FORM = ('<form method="post" action="/logout" class=logout><input type="submit" value="Log out"></form>')
+
+
+def _document(title: str, refresh_s: int, body: str, metrics_link: str, logout: bool = False) -> str:
+    """The page around `body`; with `logout`, a button that ends the session (POST /logout)."""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{int(refresh_s)}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title><style>{STYLE}</style></head>
 <body>
-{body}
+{LOGOUT_FORM if logout else ""}{body}
 <p class=muted>JSON: <a href="/api/status">/api/status</a>, <a href="{metrics_link}">{html.escape(metrics_link)}</a>;
 Prometheus: <a href="/metrics">/metrics</a>. Rendered {time.strftime('%Y-%m-%d %H:%M:%S')}; refreshes every {int(refresh_s)} s.</p>
 </body></html>
@@ -352,8 +357,9 @@ def _round_rows(data: dict[str, Any]) -> list[tuple[Any, ...]]:
     ]
 
 
-def render_page(data: dict[str, Any], refresh_s: int, smoothing: float = DEFAULT_SMOOTHING) -> str:
-    """The page of a run or a sweep (`views.status_dict`): overview, runs, workers, fit and plots, rounds."""
+def render_page(data: dict[str, Any], refresh_s: int, smoothing: float = DEFAULT_SMOOTHING, logout: bool = False) -> str:
+    """The page of a run or a sweep (`views.status_dict`): overview, runs, workers, fit and plots, rounds; with
+    `logout` (a viewer logged in with a session cookie), a button to log out."""
     title = f"rcswarm {data['kind']} {data['run_id']}"
     body = f"""<h1>{html.escape(title)}</h1>
 {_table(data["kind"], ("field", "value"), _overview_rows(data), "")}
@@ -369,4 +375,4 @@ def render_page(data: dict[str, Any], refresh_s: int, smoothing: float = DEFAULT
         ("run", "version", "state", "reports", "tokens", "duration (s)", "close reason", "update norm", "clipped",
          "dropped", "aggregation"), _round_rows(data), "no rounds", text_columns=(6, 10))}"""
     first = quote(data["runs"][0]["run_id"], safe="") if data["runs"] else ""
-    return _document(title, refresh_s, body, f"/api/metrics?run={first}&since=0")
+    return _document(title, refresh_s, body, f"/api/metrics?run={first}&since=0", logout)

@@ -22,14 +22,22 @@ Endpoints (GET only but the login form's POST; everything is rendered on the ser
                            every sample labelled with its run_id, one set per run
     /healthz               "ok" (never needs the token)
     /login                 GET: a form; POST token=...: sets the session cookie (only when the token is required)
+    /logout                POST: ends the request's session and clears its cookie (only when the token is required)
 
 With the join token required (`auth.py`: by default when bound to a non-loopback address, or
 `--http-token-required`), every other path answers 401 without `Authorization: Bearer <token>`
-or the session cookie /login sets; the page's 401 carries the login form. With `--http-tls` the
-dashboard serves HTTPS with the coordinator's certificate (and the cookie is marked Secure).
+or the session cookie /login sets; the page's 401 carries the login form. A session lives while
+the token it logged in with is accepted (12 h at most), until POST /logout; an address whose token
+attempts failed too often gets 429 for a while (`auth.LoginThrottle`). With `--http-tls` the
+dashboard serves HTTPS with the coordinator's certificate (the cookie is marked Secure, and
+Strict-Transport-Security sent). Every answer carries SECURITY_HEADERS (a Content-Security-Policy
+without scripts, no framing, no Referer); the Server header names no Python version. /metrics
+answers in the format the scraper's Accept asks for (OpenMetrics, or the text format 0.0.4).
 
 Unknown paths answer 404, bad query values 400 with a message. Every connection has a
-socket timeout and a deadline for its whole life, and at most MAX_CONNECTIONS are served at once; a
+socket timeout, a deadline for its request to arrive (HEADER_DEADLINE_S) and one for its whole life
+(REQUEST_DEADLINE_S); at most MAX_CONNECTIONS are served at once, MAX_CONNECTIONS_PER_ADDRESS from
+one client address; the log lines a client can cause at will are written at most every LOG_EVERY_S. A
 dashboard bound to loopback answers only requests naming a loopback host (DNS rebinding: 421). The
 server runs in daemon threads and never reaches outside the host.
 The dashboard works on a list of runs (a single run is a list of one): the views are
@@ -64,7 +72,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
-from rcswarm.observe.dashboard.auth import MAX_LOGIN_BYTES, SessionAuth, login_page
+from rcswarm.observe.dashboard.auth import COOKIE, MAX_LOGIN_BYTES, SessionAuth, Verdict, cookie_values, login_page
 from rcswarm.observe.dashboard.prometheus import ROUND_BUCKETS, CollectorSource, CoordinatorCollector, RoundHistogram
 from rcswarm.observe.dashboard.render import (
     DEFAULT_SMOOTHING,
@@ -87,6 +95,26 @@ REQUEST_TIMEOUT_S = 10.0
 # file descriptor of the coordinator's process for long (the timeout above bounds each read only).
 REQUEST_DEADLINE_S = 60.0
 MAX_CONNECTIONS = 64
+# The request itself (TLS handshake, request line, headers and a login form's body) must arrive within this long of
+# the accept, and one client address holds at most this many connections at once: a client trickling its requests
+# (slowloris) holds few places, and each briefly, so the others' requests and probes still get theirs.
+HEADER_DEADLINE_S = 10.0
+MAX_CONNECTIONS_PER_ADDRESS = 16
+# A log line that a client can cause at will (a refused connection, a 401, a deadline) is written at most once per
+# this many seconds per kind, with the count of those left out since.
+LOG_EVERY_S = 10.0
+# Headers of every answer: no script, frame, plugin or foreign resource (the page has none: an inline <style>, its
+# own plots, its own forms), never framed, no Referer leaving the dashboard.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; form-action 'self'; "
+                           "frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = (
+    ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+    ("X-Content-Type-Options", "nosniff"),
+)
+# Under --http-tls: browsers keep to HTTPS for this host (one year; not for its subdomains, which are not ours).
+STRICT_TRANSPORT_SECURITY = "max-age=31536000"
 # What a log line keeps of a request's path (escaped: a path is the client's bytes).
 LOGGED_PATH_CHARS = 200
 METRICS_PAGE_DEFAULT = 1000
@@ -98,8 +126,8 @@ CURVES_REFRESH_S = 5.0
 CURVES_REFRESH_FACTOR = 10.0
 
 
-# Paths answered without the token even when it is required: a liveness probe and the login form.
-OPEN_PATHS = ("/healthz", "/login")
+# Paths answered without the token even when it is required: a liveness probe, the login form and logging out.
+OPEN_PATHS = ("/healthz", "/login", "/logout")
 PAGE_PATHS = ("/", "/index.html")
 
 
@@ -114,6 +142,40 @@ class Cached:
     built_at: float
     took: float
     points: int = 0
+
+
+class LogLimiter:
+    """At most one log line per `every_s` seconds per kind (any thread): `allow(kind)` is None when this line is
+    to be left out, else how many of its kind were left out since the last one written."""
+
+    def __init__(self, every_s: float = LOG_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._left_out: dict[str, int] = {}
+
+    def allow(self, kind: str) -> int | None:
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(kind)
+            if last is not None and now - last < self.every_s:
+                self._left_out[kind] = self._left_out.get(kind, 0) + 1
+                return None
+            self._last[kind] = now
+            return self._left_out.pop(kind, 0)
+
+
+def _limited_log(limiter: LogLimiter, kind: str, message: str, *args: Any) -> None:
+    """`log.info(message, *args)` unless `limiter` leaves this kind out now; a line written says how many it left
+    out since the last."""
+    left_out = limiter.allow(kind)
+    if left_out is None:
+        return
+    if left_out:
+        message += f" (and {left_out} more like it in the last %.0f s, not logged)"
+        args = (*args, limiter.every_s)
+    log.info(message, *args)
 
 
 class BadRequest(ValueError):
@@ -183,30 +245,64 @@ class _Handler(BaseHTTPRequestHandler):
     dashboard: Dashboard
 
     def setup(self) -> None:
-        """The connection's deadline (REQUEST_DEADLINE_S: past it the socket is shut, which ends any read or
-        write), the stream setup (with the socket timeout), then the TLS handshake on this request's thread."""
-        self._deadline = threading.Timer(self.dashboard.request_deadline_s, self._expire)
-        self._deadline.daemon = True
-        self._deadline.start()
+        """The connection's deadlines (past one the socket is shut, which ends any read or write): the request's
+        (HEADER_DEADLINE_S: until its line, headers and a login form's body are read) and the whole connection's
+        (REQUEST_DEADLINE_S); then the stream setup (with the socket timeout) and the TLS handshake on this
+        request's thread."""
+        self._deadline = threading.Timer(self.dashboard.request_deadline_s, self._expire,
+                                         ("connection", self.dashboard.request_deadline_s))
+        self._header_deadline = threading.Timer(self.dashboard.header_deadline_s, self._expire,
+                                                ("request", self.dashboard.header_deadline_s))
+        for timer in (self._deadline, self._header_deadline):
+            timer.daemon = True
+            timer.start()
         try:
             super().setup()
             if isinstance(self.connection, ssl.SSLSocket):
                 self.connection.do_handshake()
         except BaseException:
             self._deadline.cancel()  # `finish` is not called when `setup` fails
+            self._header_deadline.cancel()
             raise
 
-    def _expire(self) -> None:
-        log.info("dashboard: the connection from %s passed its %.0f s deadline: closed", self.client_address[0],
-                 self.dashboard.request_deadline_s)
+    def _expire(self, what: str, seconds: float) -> None:
+        _limited_log(self.dashboard.log_limiter, f"deadline:{what}",
+                     "dashboard: the %s from %s passed its %.0f s deadline: closed", what, self.client_address[0],
+                     seconds)
         try:
             self.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
 
+    def _request_read(self) -> None:
+        """The request has arrived whole: only the connection's deadline is left."""
+        self._header_deadline.cancel()
+
+    def parse_request(self) -> bool:
+        """The request line and headers as BaseHTTPRequestHandler reads them; they are all a request but a POST
+        (whose form follows) has to send."""
+        parsed = super().parse_request()
+        if parsed and self.command != "POST":
+            self._request_read()
+        return parsed
+
     def finish(self) -> None:
         self._deadline.cancel()
+        self._header_deadline.cancel()
         super().finish()
+
+    def version_string(self) -> str:
+        """The Server header: the dashboard's name, not the Python version."""
+        return self.server_version
+
+    def end_headers(self) -> None:
+        """Every answer's security headers (`SECURITY_HEADERS`; under --http-tls also Strict-Transport-Security),
+        then the blank line; BaseHTTPRequestHandler's own error answers included."""
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
+        if self.dashboard.scheme == "https":
+            self.send_header("Strict-Transport-Security", STRICT_TRANSPORT_SECURITY)
+        super().end_headers()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), ascii(format % args))
@@ -235,7 +331,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -246,22 +341,40 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.do_GET()
 
-    def _unauthorized(self, path: str, message: str) -> None:
-        """401 with a Bearer challenge: the login form for the page, a JSON error for everything else."""
-        challenge = [("WWW-Authenticate", 'Bearer realm="rcswarm"')]
+    def _unauthorized(self, path: str, message: str, status: HTTPStatus = HTTPStatus.UNAUTHORIZED,
+                      extra: Sequence[tuple[str, str]] = ()) -> None:
+        """401 with a Bearer challenge (or `status`, 429 with its Retry-After): the login form for the page, a JSON
+        error for everything else."""
+        headers = [("WWW-Authenticate", 'Bearer realm="rcswarm"'), *extra]
         if path in PAGE_PATHS or path == "/login":
-            self._send(HTTPStatus.UNAUTHORIZED, login_page(message), "text/html; charset=utf-8", challenge)
+            self._send(status, login_page(message), "text/html; charset=utf-8", headers)
             return
-        body = (json.dumps({"error": message, "status": int(HTTPStatus.UNAUTHORIZED)}) + "\n").encode()
-        self._send(HTTPStatus.UNAUTHORIZED, body, "application/json", challenge)
+        body = (json.dumps({"error": message, "status": int(status)}) + "\n").encode()
+        self._send(status, body, "application/json", headers)
+
+    def _throttled(self, path: str) -> None:
+        """429: this address failed too often; its tokens are not compared until its backoff has passed."""
+        auth = self.dashboard.auth
+        assert auth is not None
+        wait = max(1, math.ceil(auth.throttle.wait_s(self.client_address[0])))
+        _limited_log(self.dashboard.log_limiter, "throttled", "dashboard: %s %s from %s refused: too many failed "
+                     "token attempts (%d s to wait)", self.command, _logged(path), self.address_string(), wait)
+        self._unauthorized(path, f"Too many failed attempts from your address: try again in {wait} s.",
+                           HTTPStatus.TOO_MANY_REQUESTS, [("Retry-After", str(wait))])
 
     def _guarded(self, path: str) -> bool:
-        """True when the request may go on; otherwise a 401 has been sent."""
+        """True when the request may go on; otherwise a 401 (or 429, `_throttled`) has been sent."""
         auth = self.dashboard.auth
-        if auth is None or path in OPEN_PATHS or auth.authorized(self.headers):
+        if auth is None or path in OPEN_PATHS:
             return True
-        log.info("dashboard: %s %s from %s without a valid token or session", self.command, _logged(path),
-                 self.address_string())
+        verdict = auth.authorize(self.headers, self.client_address[0])
+        if verdict is Verdict.ALLOWED:
+            return True
+        if verdict is Verdict.THROTTLED:
+            self._throttled(path)
+            return False
+        _limited_log(self.dashboard.log_limiter, "unauthorized", "dashboard: %s %s from %s without a valid token or "
+                     "session", self.command, _logged(path), self.address_string())
         self._unauthorized(path, "Authentication required: send Authorization: Bearer <join token>, or log in.")
         return False
 
@@ -270,6 +383,9 @@ class _Handler(BaseHTTPRequestHandler):
             parts = urlsplit(self.path)
             if self._host_refused() or not self._guarded(parts.path):
                 return
+            if parts.path == "/logout" and self.dashboard.auth is not None:
+                self._not_allowed("POST")
+                return
             if parts.path == "/login" and self.dashboard.auth is not None:
                 self._send(HTTPStatus.OK, login_page("Log in with the swarm's join token."), "text/html; charset=utf-8")
                 return
@@ -277,7 +393,10 @@ class _Handler(BaseHTTPRequestHandler):
                 params = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query), max_num_fields=20)
             except ValueError as error:
                 raise BadRequest(f"malformed query string: {error}") from None
-            status, body, content_type = self.dashboard.handle(parts.path, params)
+            auth = self.dashboard.auth
+            session = auth is not None and parts.path in PAGE_PATHS and auth.has_session(self.headers)
+            status, body, content_type = self.dashboard.handle(parts.path, params, accept=self.headers.get("Accept") or "",
+                                                               logout=session)
             self._send(status, body, content_type)
         except BadRequest as error:
             self._error(HTTPStatus.BAD_REQUEST, str(error))
@@ -292,19 +411,25 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
 
-    def _not_allowed(self) -> None:
+    def _not_allowed(self, allow: str = "GET, HEAD") -> None:
         self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
-        self.send_header("Allow", "GET, HEAD")
+        self.send_header("Allow", allow)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
     def do_POST(self) -> None:
-        """POST /login with `token=<join token>` (a form): a session cookie and a redirect to the page."""
+        """POST /login with `token=<join token>` (a form): a session cookie and a redirect to the page; POST /logout:
+        the session ended and its cookie cleared."""
         auth = self.dashboard.auth
         if self._host_refused():
             return
-        if auth is None or urlsplit(self.path).path != "/login":
+        path = urlsplit(self.path).path
+        if auth is None or path not in ("/login", "/logout"):
+            self._request_read()
             self._not_allowed()
+            return
+        if path == "/logout":
+            self._logout(auth)
             return
         try:
             length = int(self.headers.get("Content-Length") or "-1")
@@ -320,18 +445,48 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(HTTPStatus.BAD_REQUEST, "POST /login: expected a form with token=<join token>")
             return
+        self._request_read()
         tokens = form.get("token") or [""]
-        if len(tokens) != 1 or not auth.token_ok(tokens[0]):
-            log.info("dashboard: a failed login from %s", self.address_string())
+        verdict = auth.attempt(tokens[0], self.client_address[0]) if len(tokens) == 1 else Verdict.DENIED
+        if verdict is Verdict.THROTTLED:
+            self._throttled("/login")
+            return
+        if verdict is not Verdict.ALLOWED:
+            _limited_log(self.dashboard.log_limiter, "login", "dashboard: a failed login from %s", self.address_string())
             self._unauthorized("/login", "Wrong token: try again.")
             return
-        self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", [("Location", "/"), ("Set-Cookie", auth.set_cookie_header(secure=self.dashboard.scheme == "https"))])
+        cookie = auth.set_cookie_header(secure=self.dashboard.scheme == "https", token=tokens[0])
+        self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", [("Location", "/"), ("Set-Cookie", cookie)])
+
+    def _logout(self, auth: SessionAuth) -> None:
+        """POST /logout: every session the request's cookies name is ended, the cookie cleared, and the browser sent
+        to the login form. CSRF: another site's page cannot make a browser send the SameSite=Strict cookie, so only
+        a request that carries one clears anything; one whose Origin names another site is refused outright. (The
+        page's own form sends `Origin: null`: its Referrer-Policy is no-referrer.)"""
+        self._request_read()
+        origin = (self.headers.get("Origin") or "null").strip()
+        if origin != "null" and not self._same_origin(origin):
+            self._error(HTTPStatus.FORBIDDEN, "POST /logout from another site's page: refused")
+            return
+        values = cookie_values(self.headers.get("Cookie") or "", COOKIE)
+        for value in values:
+            auth.end_session(value)
+        extra = [("Location", "/login")]
+        if values:
+            extra.append(("Set-Cookie", auth.clear_cookie_header(secure=self.dashboard.scheme == "https")))
+        self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", extra)
+
+    def _same_origin(self, origin: str) -> bool:
+        """Whether an Origin header names this dashboard as the request's Host header does (scheme included)."""
+        host = (self.headers.get("Host") or "").strip().lower()
+        return bool(host) and origin.lower() == f"{self.dashboard.scheme}://{host}"
 
     do_PUT = do_DELETE = do_PATCH = _not_allowed
 
 
 class _Server(ThreadingHTTPServer):
-    """One thread per connection, at most `max_connections` at once: a connection past that is closed at once."""
+    """One thread per connection, at most `max_connections` at once and `max_per_address` from one client address:
+    a connection past either is closed at once."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -339,28 +494,55 @@ class _Server(ThreadingHTTPServer):
     # The context for the next accepted connection; None serves plain HTTP.
     ssl_context: Callable[[], ssl.SSLContext] | None = None
     max_connections = MAX_CONNECTIONS
+    max_per_address = MAX_CONNECTIONS_PER_ADDRESS
+    log_limiter: LogLimiter
 
     def server_activate(self) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        # Connections open per client address (under _address_lock; an address with none is not kept).
+        self._address_lock = threading.Lock()
+        self._per_address: dict[str, int] = {}
         super().server_activate()
 
+    def _take(self, address: str) -> tuple[str, str] | None:
+        """A place for a connection from `address`, or (which limit refused it, why) when there is none."""
+        with self._address_lock:
+            held = self._per_address.get(address, 0)
+            if held >= self.max_per_address:
+                return "address", f"{held} connections from {address} open already"
+            if not self._slots.acquire(blocking=False):
+                return "all", f"{self.max_connections} connections open already"
+            self._per_address[address] = held + 1
+            return None
+
+    def _give_back(self, address: str) -> None:
+        with self._address_lock:
+            held = self._per_address.get(address, 0) - 1
+            if held > 0:
+                self._per_address[address] = held
+            else:
+                self._per_address.pop(address, None)
+            self._slots.release()
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            log.info("dashboard: %d connections open already: the one from %s closed", self.max_connections,
-                     client_address[0])
+        address = str(client_address[0])
+        refused = self._take(address)
+        if refused is not None:
+            kind, why = refused
+            _limited_log(self.log_limiter, f"refused:{kind}", "dashboard: %s: the one from %s closed", why, address)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give_back(address)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._give_back(str(client_address[0]))
 
     def get_request(self) -> tuple[socket.socket, Any]:
         """Accept a connection; with TLS, wrap it and leave the handshake to the request's thread."""
@@ -425,9 +607,14 @@ class Dashboard:
         ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
         request_deadline_s: float = REQUEST_DEADLINE_S,
         max_connections: int = MAX_CONNECTIONS,
+        header_deadline_s: float = HEADER_DEADLINE_S,
+        max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
+        log_every_s: float = LOG_EVERY_S,
     ) -> None:
         self.auth = auth
         self.request_deadline_s = request_deadline_s
+        self.header_deadline_s = min(header_deadline_s, request_deadline_s)
+        self.log_limiter = LogLimiter(log_every_s)
         # Bound to loopback: requests must name a loopback host (`_Handler._host_refused`).
         self.loopback = is_loopback_host(host)
         self.scheme = "https" if ssl_context is not None else "http"
@@ -444,7 +631,9 @@ class Dashboard:
         self._round_histograms: dict[Any, RoundHistogram] = {}
         handler = type("DashboardHandler", (_Handler,), {"dashboard": self, "timeout": request_timeout_s})
         server_cls = _Server6 if ":" in host else _Server
-        server_cls = type(server_cls.__name__, (server_cls,), {"max_connections": max_connections})
+        server_cls = type(server_cls.__name__, (server_cls,), {
+            "max_connections": max_connections, "max_per_address": max_connections_per_address,
+            "log_limiter": self.log_limiter})
         self.server = server_cls((host, port), handler)
         if isinstance(ssl_context, ssl.SSLContext):
             fixed = ssl_context
@@ -627,21 +816,28 @@ class Dashboard:
         waiting = getattr(self.coordinator, "waiting", None)
         return 0 if waiting is None else waiting.count(time.monotonic())
 
-    def prometheus(self) -> bytes:
-        from prometheus_client import CollectorRegistry, generate_latest
+    def prometheus(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition and its content type, in the format the scraper's Accept header asks for
+        (prometheus_client's `choose_encoder`: OpenMetrics when asked, else the text format 0.0.4)."""
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import choose_encoder
 
         if self._registry is None:
             registry = CollectorRegistry(auto_describe=False)
             registry.register(CoordinatorCollector(self.collector_source()))
             self._registry = registry
-        return generate_latest(self._registry)
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self._registry), content_type
 
     # -- routing
 
-    def handle(self, path: str, params: dict[str, list[str]]) -> tuple[int, bytes, str]:
+    def handle(self, path: str, params: dict[str, list[str]], accept: str = "",
+               logout: bool = False) -> tuple[int, bytes, str]:
+        """(status, body, content type) of a GET of `path`; `accept`: the Accept header (/metrics' format);
+        `logout`: the page offers a logout button (the request came with a session)."""
         if path in PAGE_PATHS:
             _only(params, ("smoothing",))
-            page = render_page(self.status_data(), self.refresh_s, _smoothing_param(params))
+            page = render_page(self.status_data(), self.refresh_s, _smoothing_param(params), logout=logout)
             return 200, page.encode(), "text/html; charset=utf-8"
         if path == "/api/status":
             _only(params, ())
@@ -667,9 +863,8 @@ class Dashboard:
             return 200, self.plot(name, _smoothing_param(params)), "image/png"
         if path == "/metrics":
             _only(params, ())
-            from prometheus_client import CONTENT_TYPE_LATEST
-
-            return 200, self.prometheus(), CONTENT_TYPE_LATEST
+            body, content_type = self.prometheus(accept)
+            return 200, body, content_type
         if path == "/healthz":
             return 200, b"ok\n", "text/plain; charset=utf-8"
         raise NotFound(f"no such path {path!r}: try /, /api/status, /api/metrics?since=0[&run=RUN_ID], /metrics")
