@@ -2,7 +2,8 @@
 
     rcswarm dht [--host-maddrs /ip4/0.0.0.0/tcp/31337] [--announce-maddrs MADDR ...] [--identity-path F]
                 [--initial-peers MADDR ...] [--maddrs-file F] [--config RUN.toml --state-dir DIR [--poll-s 2]
-                [--http-port P [--http-host 127.0.0.1] [--http-token-required | --http-insecure] [--stale-s 60]]]
+                [--http-port P [--http-host 127.0.0.1] [--http-token-required | --http-insecure | --http-plaintext]
+                [--stale-s 60]]]
 
 It runs one DHT node (no averager, no training) with rcswarm's record validator and prints its
 multiaddrs, which workers pass as `--initial-peers`; with `--identity-path` the peer id, hence the
@@ -14,8 +15,8 @@ when it was last seen; observe/mirror_view.py), so `rcswarm fit DIR`,
 `rcswarm status --state-dir DIR` and the dashboard work as with a coordinator. With `--http-port` it
 serves the coordinator's dashboard over that state dir, read-only, while it mirrors: loopback by
 default; elsewhere the join token ($RCSWARM_TOKEN) is required unless `--http-insecure`
-(observe/dashboard/auth.py); it serves plain HTTP only, so off loopback put a TLS proxy or a tunnel
-in front. SIGTERM or SIGINT stops it (and its p2pd).
+(observe/dashboard/auth.py); it serves plain HTTP only, so off loopback a dashboard that takes the
+token is refused unless `--http-plaintext` says a TLS proxy or a tunnel is in front. SIGTERM or SIGINT stops it (and its p2pd).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
                         help=f"require the token (${TOKEN_ENV}) on the dashboard on loopback too")
     parser.add_argument("--http-insecure", action="store_true",
                         help="serve the dashboard on a non-loopback --http-host without the token")
+    parser.add_argument("--http-plaintext", action="store_true",
+                        help="serve a dashboard that requires the token over plain HTTP on a non-loopback --http-host "
+                             "(refused otherwise: rcswarm dht serves no HTTPS): for a TLS proxy or a tunnel in front")
     parser.add_argument("--stale-s", type=float, default=None,
                         help="the dashboard lists a peer as stale when its records did not advance for this long "
                              "(or 3 × its last gap, if longer; default 60)")
@@ -266,7 +270,8 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return f"--poll-s {args.poll_s}: expected seconds > 0"
     if args.http_port is None:
         extra = [flag for flag, given in (("--stale-s", args.stale_s is not None), ("--http-insecure", args.http_insecure),
-                                          ("--http-token-required", args.http_token_required)) if given]
+                                          ("--http-token-required", args.http_token_required),
+                                          ("--http-plaintext", args.http_plaintext)) if given]
         return f"{', '.join(extra)}: only with --http-port (the dashboard)" if extra else None
     if args.state_dir is None:
         return "--http-port serves the dashboard over the mirror: add --config RUN.toml --state-dir DIR"
@@ -274,7 +279,7 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return f"--http-port {args.http_port}: expected 0..65535"
     if args.stale_s is not None and not args.stale_s > 0:
         return f"--stale-s {args.stale_s}: expected seconds > 0"
-    from rcswarm.observe.dashboard.auth import decide_dashboard_auth
+    from rcswarm.observe.dashboard.auth import dashboard_transport_problem, decide_dashboard_auth
 
     try:
         required, _ = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
@@ -283,6 +288,11 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     if required and not os.environ.get(TOKEN_ENV):
         return (f"the dashboard on {args.http_host} requires a token: set ${TOKEN_ENV} (or bind 127.0.0.1, or "
                 "--http-insecure)")
+    # The coordinator's rule (no --http-tls here: rcswarm dht serves plain HTTP only, and has no gRPC of its own).
+    if dashboard_transport_problem(args.http_host, required, False, False, args.http_plaintext) is not None:
+        return (f"the dashboard on {args.http_host} would take the join token over plain HTTP, and rcswarm dht serves "
+                "no HTTPS: put a TLS proxy or a tunnel (ssh -L, a VPN) in front and add --http-plaintext, or bind "
+                "127.0.0.1")
     return None
 
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rcswarm.protos.wire import TOKEN_ENV, one_token
+from rcswarm.protos.wire import TOKEN_ENV, one_token, short_token_warning
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -41,7 +41,8 @@ def bearer(token: str) -> bytes:
 
 def parse_tokens(text: str, source: str) -> tuple[str, ...]:
     """The tokens of a token file's text in order, without duplicates; ValueError naming `source` and the
-    line of a malformed token (never the token itself), or saying the file holds none."""
+    line of a malformed token (never the token itself), or saying the file holds none; a WARNING naming the line
+    of a token shorter than MIN_TOKEN_CHARS (`protos.wire.short_token_warning`)."""
     tokens: dict[str, None] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
@@ -49,6 +50,9 @@ def parse_tokens(text: str, source: str) -> tuple[str, ...]:
             continue
         if not all(33 <= ord(char) < 127 for char in line):
             raise ValueError(f"{source} line {number}: expected one token of printable ASCII without spaces")
+        short = short_token_warning(line, f"{source} line {number}")
+        if short is not None and line not in tokens:
+            log.warning("%s", short)
         tokens[line] = None
     if not tokens:
         raise ValueError(f"{source} holds no join token: expected one token per line (blank lines and # comments are ignored)")

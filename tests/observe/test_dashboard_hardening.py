@@ -344,6 +344,19 @@ def test_a_short_token_draws_a_warning_not_a_refusal(caplog: pytest.LogCaptureFi
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
+def test_a_short_token_in_a_token_file_draws_a_warning_naming_its_line(caplog: pytest.LogCaptureFixture) -> None:
+    """--token-file (what the chart passes) warns as --token does: the file and line, never the token; once per
+    token (before: no warning at all)."""
+    from rcswarm.coordinator.tokens import parse_tokens
+
+    long = "y" * 16
+    with caplog.at_level(logging.WARNING):
+        assert parse_tokens(f"# tokens\nabc\n{long}\nabc\n", "--token-file t.txt") == ("abc", long)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "--token-file t.txt line 2" in said[0] and "fewer than 16" in said[0], said
+    assert "abc" not in said[0]
+
+
 # -- 6. /metrics negotiates its format
 
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"

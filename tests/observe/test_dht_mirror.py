@@ -190,3 +190,21 @@ def test_dht_flags_are_checked_before_anything_starts(tmp_path: Path, capsys: py
     assert dht_cli.main(["--stale-s", "5"]) == 2
     assert "--stale-s: only with --http-port" in capsys.readouterr().err
     assert not (tmp_path / "state.sqlite").exists()
+
+
+def test_dht_refuses_the_token_over_plain_http_off_loopback(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """rcswarm dht serves no HTTPS: off loopback, a dashboard that takes the token is refused (exit 2, nothing
+    started) unless --http-plaintext says a proxy or tunnel is in front, as the coordinator's rule
+    (`dashboard_transport_problem`); before, it started with a WARNING and took the token in the clear."""
+    config = str(write_spec(spec(), tmp_path / "run.toml"))
+    monkeypatch.setenv("RCSWARM_TOKEN", "a-long-enough-join-token-0123")
+    flags = ["--config", config, "--state-dir", str(tmp_path), "--http-port", "0", "--http-host", "192.0.2.1"]
+    assert dht_cli.main(flags) == 2
+    err = capsys.readouterr().err
+    assert "would take the join token over plain HTTP" in err and "--http-plaintext" in err, err
+    assert not (tmp_path / "state.sqlite").exists()
+    assert dht_cli._argument_problem(dht_cli.parser().parse_args([*flags, "--http-plaintext"])) is None
+    assert dht_cli._argument_problem(dht_cli.parser().parse_args([*flags, "--http-insecure"])) is None
+    assert dht_cli.main(["--http-plaintext"]) == 2
+    assert "--http-plaintext: only with --http-port" in capsys.readouterr().err
