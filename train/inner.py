@@ -44,6 +44,8 @@ BYTE_VOCAB = 256  # the token ids of the "stdlib" byte windows
 FRAME_GEOMETRY = ("rows", "cols", "char_vocab", "action_vocab")  # the config fields frame sources are shaped by
 MIB = 1 << 20
 ADAMW_EPS = 1e-8  # torch.optim.AdamW's default
+MAX_TASK_BATCH_POSITIONS = 1 << 21  # a diagnostic batch's positions at most: the worker's --max-step-tokens default
+CONFIG_FAILURES = (ZeroDivisionError, OverflowError, MemoryError)  # what a task config the checks missed raises
 T = TypeVar("T")
 
 
@@ -123,9 +125,23 @@ class DiagnosticSampler:
         self._index = 0
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self.task.batch(self.batch_size, seed=self._base * 1_000_003 + self._index)
+        try:
+            batch = self.task.batch(self.batch_size, seed=self._base * 1_000_003 + self._index)
+        except CONFIG_FAILURES as exc:  # a config its checks let through: a message naming it, not a traceback
+            config = self.task.config
+            changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                       if getattr(config, f.name) != f.default}
+            raise _task_config_failure(self.task.name, changed, exc, "drawing a batch") from None
         self._index += 1
         return batch.tokens, batch.targets
+
+
+def _task_config_failure(task: str, settings: dict[str, Any], exc: BaseException, doing: str) -> ValueError:
+    """The ValueError for `exc` (one of CONFIG_FAILURES) that diagnostic task `task` raised while `doing`, naming
+    the [data.task_config] keys set (`settings`: key -> value), the ones that can have caused it."""
+    named = ", ".join(f"data.task_config.{key} = {value!r}" for key, value in sorted(settings.items()))
+    return ValueError(f"{named or 'data.task_config (its defaults)'}: task {task!r} raised {type(exc).__name__} "
+                      f"{doing} ({exc or 'no message'}); expected values the task can be built and sampled with")
 
 
 def make_task_from(data: DataSection, model_config: Any = None) -> DiagnosticTask:
@@ -137,6 +153,16 @@ def make_task_from(data: DataSection, model_config: Any = None) -> DiagnosticTas
         task = make_task(data.task, **data.task_config)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"data.task_config = {data.task_config} is invalid for task {data.task!r}: {exc}") from None
+    except CONFIG_FAILURES as exc:  # one its config's checks missed (fuzz review, 2026-11-29)
+        raise _task_config_failure(data.task, dict(data.task_config), exc, "building the task") from None
+    longest = getattr(task.config, "max_tokens", 0)
+    if data.batch_size * longest > MAX_TASK_BATCH_POSITIONS:
+        lengths = ", ".join(f"data.task_config.{key} = {getattr(task.config, key)!r}"
+                            for key in getattr(task.config, "length_fields", ()))
+        raise ValueError(
+            f"data.batch_size = {data.batch_size} with {lengths}: examples of up to {longest} tokens make "
+            f"{data.batch_size * longest} positions a batch; expected at most {MAX_TASK_BATCH_POSITIONS} "
+            "(lower data.batch_size or the task's lengths)")
     if model_config is None:
         return task
     vocab_size = _token_vocab(data, model_config)
@@ -187,7 +213,9 @@ def _is_frame_model(model_config: Any) -> bool:
 
 
 def typing_config_for(data: DataSection, model_config: Any) -> TypingConfig:
-    """The typing task's config for the frame model whose config is `model_config`, [data.task_config] applied."""
+    """The typing task's config for the frame model whose config is `model_config`, [data.task_config] applied;
+    ValueError naming [model.overrides] n_styles or char_vocab when the model cannot embed the frames' cells
+    (`_check_typing_cells`)."""
     from rcswarm.data.frames import TypingConfig
 
     _check_frame_model(data, model_config)
@@ -196,7 +224,30 @@ def typing_config_for(data: DataSection, model_config: Any) -> TypingConfig:
     if unknown:
         raise ValueError(f"data.task_config = {data.task_config} is invalid: unknown keys {unknown} with "
                          f'source = "typing"; expected some of {sorted(known)} (the geometry is the model\'s)')
-    return TypingConfig.fitting(*(getattr(model_config, name) for name in FRAME_GEOMETRY), **data.task_config)
+    config = TypingConfig.fitting(*(getattr(model_config, name) for name in FRAME_GEOMETRY), **data.task_config)
+    _check_typing_cells(config, model_config)
+    return config
+
+
+def _check_typing_cells(config: TypingConfig, model_config: Any) -> None:
+    """ValueError naming [model.overrides] n_styles or char_vocab unless the frame model whose config is
+    `model_config` embeds every cell of typing frames of `config`: a style id below n_styles (the frames use
+    N_STYLES), and a char id below char_vocab that is the character's own (the empty cell and the cursor are a space,
+    id 32; a typed character is its code point mod char_vocab, and two characters of the charset sharing an id
+    would make the frames ambiguous). Before, char_vocab = 3 or n_styles = 1 passed and the first step raised an
+    IndexError in the embedding (fuzz review, 2026-11-29); the git source checks its styles itself."""
+    from rcswarm.data.frames import N_STYLES
+
+    if model_config.n_styles < N_STYLES:
+        raise ValueError(f'[model.overrides] n_styles = {model_config.n_styles}: data.source = "typing" frames use '
+                         f"{N_STYLES} styles (empty, text, cursor, status); expected n_styles >= {N_STYLES}")
+    shown = sorted({ord(ch) for ch in config.charset if ch != "\n"} | {ord(" ")})  # what a cell can show
+    char_vocab = model_config.char_vocab
+    if char_vocab <= ord(" ") or len({code % char_vocab for code in shown}) < len(shown):
+        raise ValueError(
+            f'[model.overrides] char_vocab = {char_vocab}: data.source = "typing" types a charset of {len(shown)} '
+            f"characters with code points up to {shown[-1]} into cells of (code point mod char_vocab); expected "
+            f"char_vocab >= {shown[-1] + 1} (each character its own id)")
 
 
 def make_typing_source(data: DataSection, seed: int, split: str, model_config: Any) -> TypingFrameSource:
@@ -256,11 +307,12 @@ def make_sampler(
 
 def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
     """Why a worker could not build the data of `spec` for its model or train it as `[inner]` says (None: it can),
-    found before anything starts: the diagnostic task and its config, the typing task's config, the byte vocabulary
-    and output classes of "stdlib", every window length the run can ask against the model's max_len, and a model
-    streaming BPTT (or core checkpointing) can train; with `open_dataset` (the launcher, whose workers share its
-    disk) also the git dataset and its geometry. Cheap: the model is not built (its class is read from the
-    registry)."""
+    found before anything starts: the diagnostic task and its config, the typing task's config, documents and
+    stream length, the byte vocabulary, output classes and split sizes of "stdlib", every window length the run can
+    ask against the model's max_len, and a model streaming BPTT (or core checkpointing) can train; with
+    `open_dataset` (the launcher, whose workers share its disk) also the git dataset and its geometry. Cheap: the
+    model is not built (its class is read from the registry); the stdlib corpus and typing documents are read once
+    (0.1 s; up to ~3 s for thousands of typing documents)."""
     from rcswarm.models import registry
 
     data = spec.data
@@ -269,7 +321,7 @@ def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
         if data.source == "diag":
             make_task_from(data, model_config)
         elif data.source == "typing":
-            typing_config_for(data, model_config)
+            _check_typing_windows(spec, typing_config_for(data, model_config))
         elif data.source == "git":
             _check_git_windows(spec, model_config) if open_dataset else _check_frame_model(data, model_config)
         else:
@@ -322,25 +374,67 @@ def _check_git_windows(spec: RunSpec, model_config: Any) -> None:
                     raise ValueError(f"{key} = {value!r}: windows of {length} frames: {exc}") from None
 
 
+def _check_typing_windows(spec: RunSpec, config: TypingConfig) -> None:
+    """ValueError naming the key when a window a run of `spec` asks (`_asked_lengths`) is longer than the typing
+    stream of `config` (the documents' characters and an END each; training and held-out windows draw from the same
+    stream), or naming n_documents (or min_document_chars) when the standard library has too few documents. Before,
+    both passed and every worker died building its source (fuzz review, 2026-11-29)."""
+    steps = _typing_stream_steps(config)
+    for key, value, lengths in _asked_lengths(spec):
+        if max(lengths) > steps:
+            raise ValueError(f"{key} = {value}: windows of {max(lengths)} steps, longer than the typing stream's {steps} "
+                             f"steps (data.task_config.n_documents = {config.n_documents} documents); expected lengths "
+                             f"<= {steps} (or more documents)")
+
+
+@functools.lru_cache(maxsize=4)
+def _typing_stream_steps(config: TypingConfig) -> int:
+    """The length of the typing stream of `config` (`TypingFrameSource.n_steps`), its documents loaded once."""
+    from rcswarm.data.frames.typed_text import load_typing_documents
+
+    return sum(len(document.text) + 1 for document in load_typing_documents(config))
+
+
 def _check_byte_splits(spec: RunSpec) -> None:
-    """ValueError naming data.max_bytes and data.val_fraction when a split of a capped "stdlib" corpus (as
-    `ByteWindowSampler` cuts it, assuming the stdlib holds max_bytes) is shorter than a window the run asks of it
-    plus one byte: the held-out split its held-out windows (run.eval_seq_len, else each run's data.seq_len), the
-    training split every length the run can train (`_asked_lengths`). Before, max_bytes = 20000 with val_fraction =
-    0.001 left a 20-byte held-out split, and the worker died at its first evaluation (review, 2026-11-28)."""
-    data = spec.data
+    """ValueError naming the window's key, data.max_bytes and data.val_fraction when a split of the "stdlib" corpus
+    (as `ByteWindowSampler` cuts the corpus the worker reads, `_stdlib_corpus`: min(max_bytes, the corpus), the whole
+    corpus with max_bytes = 0) is shorter than a window the run asks of it plus one byte: the held-out split its
+    held-out windows (run.eval_seq_len, else each run's data.seq_len), the training split every length the run can
+    train (`_asked_lengths`). Before, max_bytes = 20000 with val_fraction = 0.001 left a 20-byte held-out split, and
+    the worker died at its first evaluation (review, 2026-11-28); the check assumed the corpus holds max_bytes and
+    skipped max_bytes = 0, so run.eval_seq_len = 700000 of the ~607 KB held-out split of the whole corpus (or
+    data.seq_len = 16384 with val_fraction = 0.001), or max_bytes = 20000000 of the 12 MB corpus, passed and every
+    worker died at its first held-out window (fuzz review, 2026-11-29)."""
+    data, run = spec.data, spec.run
+    corpus_bytes = len(_stdlib_corpus(data.max_bytes or None))  # what the workers' samplers cut; read once, cached
+    boundary = split_boundary(corpus_bytes, data.val_fraction)
+    if run.eval_seq_len:
+        held_out = [("run.eval_seq_len", run.eval_seq_len, [run.eval_seq_len])]
+    elif spec.is_sweep:
+        held_out = [("sweep.seq_lens", spec.sweep.seq_lens, list(spec.sweep.seq_lens))]
+    else:
+        held_out = [("data.seq_len", data.seq_len, [data.seq_len])]
+    trained = [asked for asked in _asked_lengths(spec) if asked[0] != "run.eval_seq_len"]
     if not data.max_bytes:
-        return
-    trained = [length for key, _, lengths in _asked_lengths(spec) if key != "run.eval_seq_len" for length in lengths]
-    held_out = ([spec.run.eval_seq_len] if spec.run.eval_seq_len else
-                list(spec.sweep.seq_lens) if spec.is_sweep else [data.seq_len])
-    boundary = split_boundary(data.max_bytes, data.val_fraction)
-    for split, size, lengths in (("held-out", data.max_bytes - boundary, held_out), ("training", boundary, trained)):
-        if lengths and size < max(lengths) + 1:
+        source = f"data.max_bytes = 0 (the whole corpus, {corpus_bytes} bytes)"
+    elif data.max_bytes > corpus_bytes:
+        source = f"data.max_bytes = {data.max_bytes} (the corpus holds only {corpus_bytes} bytes)"
+    else:
+        source = f"data.max_bytes = {data.max_bytes}"
+    capped = 0 < data.max_bytes < corpus_bytes
+    for split, size, asked in (("held-out", corpus_bytes - boundary, held_out), ("training", boundary, trained)):
+        for key, value, lengths in asked:
+            longest = max(lengths)
+            if size >= longest + 1:
+                continue
+            if split == "held-out":
+                fix = "raise data.max_bytes or data.val_fraction" if capped else "raise data.val_fraction"
+            else:
+                fix = "raise data.max_bytes or lower data.val_fraction" if capped else "lower data.val_fraction"
             raise ValueError(
-                f"data.max_bytes = {data.max_bytes} with data.val_fraction = {data.val_fraction} leaves a {split} split "
-                f"of {size} bytes, shorter than a window of {max(lengths)} positions and its next byte; expected a "
-                f"split of at least {max(lengths) + 1} bytes (raise data.max_bytes or data.val_fraction)")
+                f"{key} = {value}: {source} with data.val_fraction = {data.val_fraction} leaves a {split} split "
+                f"of {size} bytes, shorter than a window of {longest} positions and its next byte; expected a "
+                f"split of at least {longest + 1} bytes ({fix}, or shorten {key})")
 
 
 def _check_lengths(spec: RunSpec, model_config: Any) -> None:

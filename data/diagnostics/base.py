@@ -41,6 +41,15 @@ IGNORE_INDEX = -100
 PAD = "PAD"
 """Name of the padding token; every task's `Vocab.specials` has it."""
 
+MAX_VOCAB = 1 << 20
+"""The most input tokens (or label names, keys and values) a task config may ask for: 128 × the largest of the
+papers' (MQAR's 8192). Larger pools took minutes and gigabytes to name before the first batch (fuzz review,
+2026-11-29)."""
+
+MAX_EXAMPLE_TOKENS = 1 << 20
+"""The most tokens one example of a task config may have: thousands of times the papers' lengths (S5 to 180,
+the maze's 640, MQAR's 256). Longer examples ran out of memory, or for hours, in the sampler."""
+
 
 @dataclass(frozen=True)
 class Vocab:

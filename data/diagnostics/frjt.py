@@ -54,13 +54,15 @@ from functools import lru_cache
 import numpy as np
 
 from rcswarm.data.diagnostics.base import (
+    MAX_EXAMPLE_TOKENS,
+    MAX_VOCAB,
     PAD,
     DiagnosticTask,
     Example,
     Vocab,
     make_example,
 )
-from rcswarm.data.validation import check_bool, check_int, check_probability
+from rcswarm.data.validation import check_bool, check_int, check_probability, is_int
 
 HALT_A = -1
 """Jump target meaning "halt in state A"."""
@@ -73,6 +75,11 @@ LABEL_B = 1
 
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, "QUERY", "ADD", "JLT", "JMP", "A", "B")
 SPECIAL_IDS: dict[str, int] = {name: i for i, name in enumerate(SPECIAL_TOKENS)}
+MAX_DEPTH = 1024
+"""The deepest program a config may ask for: 32 × the paper's 32. Drawing the jumps of a program is quadratic in its
+depth (0.06 s a program at 1024 and 0.7 s at 2048; 104,857 blocks, the most MAX_EXAMPLE_TOKENS holds, never ended)."""
+BLOCK_TOKENS = 7
+"""Tokens of a block besides its ops: LBL, JLT REG NUM, T1 JMP T2 (each op adds ADD REG NUM: 3)."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +89,13 @@ class FRJTConfig:
     Defaults: depths 1..8, two registers mod 8, one op per block, a pool of
     64 label names, p_end 0.05, p_near 0.6, labels balanced to 50% A.
     `p_end` must stay below 0.5 (the paper: a jump to a block is more likely
-    than a jump to the end).
+    than a jump to the end). `p_near` must leave the near-jump law a normaliser: 1 - p_near < 1 in floats.
+    The label pool is at most MAX_VOCAB names, a program at most MAX_DEPTH blocks and an example at most
+    MAX_EXAMPLE_TOKENS tokens (`max_tokens`: max_depth × (7 + 3 × ops_per_block) + 1).
     """
+
+    length_fields = ("max_depth", "ops_per_block")
+    """The fields that set `max_tokens`."""
 
     min_depth: int = 1
     max_depth: int = 8
@@ -98,14 +110,25 @@ class FRJTConfig:
 
     def __post_init__(self) -> None:
         owner = "FRJTConfig"
-        check_int(owner, "min_depth", self.min_depth, 1)
-        check_int(owner, "label_pool", self.label_pool, 1)
-        check_int(owner, "max_depth", self.max_depth, self.min_depth, self.label_pool)
+        check_int(owner, "label_pool", self.label_pool, 1, MAX_VOCAB)
+        check_int(owner, "min_depth", self.min_depth, 1, min(self.label_pool, MAX_DEPTH))
+        check_int(owner, "max_depth", self.max_depth, self.min_depth, min(self.label_pool, MAX_DEPTH))
         check_int(owner, "num_registers", self.num_registers, 1, 64)
         check_int(owner, "modulus", self.modulus, 2, 1024)
-        check_int(owner, "ops_per_block", self.ops_per_block, 1)
+        most_ops = ((MAX_EXAMPLE_TOKENS - 1) // self.max_depth - BLOCK_TOKENS) // 3
+        if not (is_int(self.ops_per_block) and 1 <= self.ops_per_block <= most_ops):
+            raise ValueError(
+                f"{owner}.ops_per_block={self.ops_per_block!r}: expected an int in [1, {most_ops}] (examples of at "
+                f"most {MAX_EXAMPLE_TOKENS} tokens: max_depth × ({BLOCK_TOKENS} + 3 × ops_per_block) + 1, "
+                f"max_depth = {self.max_depth})"
+            )
         check_bool(owner, "shuffle_labels", self.shuffle_labels)
         check_probability(owner, "p_near", self.p_near, open_low=True)
+        if not 1.0 - self.p_near < 1.0:  # q = 1 - p_near rounds to 1: the law's normaliser 1 - q**k is 0
+            raise ValueError(
+                f"{owner}.p_near={self.p_near!r}: expected a number in (0, 1] with 1 - p_near < 1 in floats "
+                "(at least about 1.2e-16: the near-jump law's normaliser 1 - (1 - p_near)**k must not be 0)"
+            )
         check_probability(owner, "p_end", self.p_end)
         if not self.p_end < 0.5:
             raise ValueError(
@@ -114,6 +137,11 @@ class FRJTConfig:
             )
         if self.a_fraction is not None:
             check_probability(owner, "a_fraction", self.a_fraction)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens of the longest example: max_depth blocks of ops_per_block ops, then QUERY."""
+        return self.max_depth * (BLOCK_TOKENS + 3 * self.ops_per_block) + 1
 
 
 @dataclass(frozen=True)

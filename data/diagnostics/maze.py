@@ -42,6 +42,7 @@ from functools import lru_cache
 import numpy as np
 
 from rcswarm.data.diagnostics.base import (
+    MAX_EXAMPLE_TOKENS,
     PAD,
     DiagnosticTask,
     Example,
@@ -143,7 +144,13 @@ def generate_maze(size: int = 32, seed: int = 0) -> Maze:
 
 @dataclass(frozen=True)
 class MazeConfig:
-    """Maze task settings; validated on construction. Defaults: the paper's 32 x 32, p 20%, 160 moves."""
+    """Maze task settings; validated on construction. Defaults: the paper's 32 x 32, p 20%, 160 moves.
+
+    An example is 2 × num_moves tokens (`max_tokens`), at most MAX_EXAMPLE_TOKENS.
+    """
+
+    length_fields = ("num_moves",)
+    """The fields that set `max_tokens`."""
 
     size: int = 32
     maze_seed: int = 0
@@ -158,10 +165,15 @@ class MazeConfig:
         check_int(owner, "size", self.size, 2, 256)
         check_int(owner, "maze_seed", self.maze_seed, 0)
         check_int(owner, "start_cell", self.start_cell, 0, self.size * self.size - 1)
-        check_int(owner, "num_moves", self.num_moves, 1)
+        check_int(owner, "num_moves", self.num_moves, 1, MAX_EXAMPLE_TOKENS // 2)
         check_probability(owner, "p_withheld", self.p_withheld)
         check_bool(owner, "exact_depth", self.exact_depth)
         check_choice(owner, "scored", self.scored, SCORING)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens of every example: an intent and a result a move."""
+        return 2 * self.num_moves
 
 
 @dataclass(frozen=True, eq=False)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rcswarm.data.diagnostics.base import (
+    MAX_EXAMPLE_TOKENS,
+    MAX_VOCAB,
     PAD,
     DiagnosticTask,
     Example,
@@ -48,8 +50,12 @@ FIRST_DATA_ID = 2
 class MQARConfig:
     """MQAR settings; validated on construction.
 
-    Defaults: the source paper's vocab 8192 and 8 pairs, uniform queries, length 256.
+    Defaults: the source paper's vocab 8192 and 8 pairs, uniform queries, length 256. At most MAX_VOCAB
+    tokens and MAX_EXAMPLE_TOKENS positions.
     """
+
+    length_fields = ("seq_len",)
+    """The fields that set `max_tokens`."""
 
     vocab_size: int = 8192
     num_kv_pairs: int = 8
@@ -60,12 +66,17 @@ class MQARConfig:
 
     def __post_init__(self) -> None:
         owner = "MQARConfig"
-        check_int(owner, "num_kv_pairs", self.num_kv_pairs, 1)
-        check_int(owner, "vocab_size", self.vocab_size, FIRST_DATA_ID + 2 * self.num_kv_pairs)
-        check_int(owner, "seq_len", self.seq_len, 4 * self.num_kv_pairs)
+        check_int(owner, "num_kv_pairs", self.num_kv_pairs, 1, min(MAX_VOCAB - FIRST_DATA_ID, MAX_EXAMPLE_TOKENS) // 4)
+        check_int(owner, "vocab_size", self.vocab_size, FIRST_DATA_ID + 2 * self.num_kv_pairs, MAX_VOCAB)
+        check_int(owner, "seq_len", self.seq_len, 4 * self.num_kv_pairs, MAX_EXAMPLE_TOKENS)
         check_choice(owner, "placement", self.placement, PLACEMENTS)
         check_probability(owner, "power_a", self.power_a, open_low=True)
         check_choice(owner, "filler", self.filler, FILLERS)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens of every example."""
+        return self.seq_len
 
     @property
     def num_keys(self) -> int:

@@ -28,6 +28,7 @@ from itertools import permutations
 import numpy as np
 
 from rcswarm.data.diagnostics.base import (
+    MAX_EXAMPLE_TOKENS,
     PAD,
     DiagnosticTask,
     Example,
@@ -87,14 +88,23 @@ def running_products(tokens: Iterable[int]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class S5Config:
-    """S5 settings; validated on construction. Lengths are uniform in [min_length, max_length]."""
+    """S5 settings; validated on construction. Lengths are uniform in [min_length, max_length], at most
+    MAX_EXAMPLE_TOKENS."""
 
     min_length: int = 4
     max_length: int = 18
 
+    length_fields = ("max_length",)
+    """The fields that set `max_tokens`."""
+
     def __post_init__(self) -> None:
-        check_int("S5Config", "min_length", self.min_length, 1)
-        check_int("S5Config", "max_length", self.max_length, self.min_length)
+        check_int("S5Config", "min_length", self.min_length, 1, MAX_EXAMPLE_TOKENS)
+        check_int("S5Config", "max_length", self.max_length, self.min_length, MAX_EXAMPLE_TOKENS)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens of the longest example."""
+        return self.max_length
 
 
 class S5Task(DiagnosticTask[S5Config]):

@@ -176,7 +176,15 @@ class TypingConfig:
         check_int("TypingConfig", "char_vocab", self.char_vocab, 1)
         check_int("TypingConfig", "n_documents", self.n_documents, 1)
         check_int("TypingConfig", "document_seed", self.document_seed, 0)
+        # A document is at most text_rows lines of line_width characters and the newlines between them: a longer
+        # minimum left no document, and the refusal blamed n_documents (fuzz review, 2026-11-29).
         check_int("TypingConfig", "min_document_chars", self.min_document_chars, 1)
+        if self.min_document_chars > self.max_document_chars:
+            raise ValueError(
+                f"TypingConfig.min_document_chars={self.min_document_chars!r}: expected at most "
+                f"{self.max_document_chars} (the most characters a document of {self.text_rows} text rows x "
+                f"{self.line_width} columns holds)"
+            )
         _check_charset("TypingConfig", self.charset)
 
     @classmethod
@@ -207,6 +215,11 @@ class TypingConfig:
     def line_width(self) -> int:
         """Longest document line: cols - 1, leaving a cell for the cursor."""
         return self.cols - 1
+
+    @property
+    def max_document_chars(self) -> int:
+        """The most characters a document holds: text_rows full lines and the newlines between them."""
+        return self.text_rows * self.line_width + self.text_rows - 1
 
     @property
     def vocab(self) -> TypingVocab:
@@ -306,10 +319,14 @@ def load_typing_documents(config: TypingConfig) -> tuple[TypingDocument, ...]:
     """
     documents: list[TypingDocument] = []
     seen: set[str] = set()
+    short = 0
     for module, path in _stdlib_files(config.document_seed):
         for title, doc in _docstrings(module, path):
             for document in _docstring_documents(title, doc, config):
-                if len(document.text) < config.min_document_chars or document.text in seen:
+                if len(document.text) < config.min_document_chars:
+                    short += 1
+                    continue
+                if document.text in seen:
                     continue
                 seen.add(document.text)
                 documents.append(document)
@@ -317,7 +334,9 @@ def load_typing_documents(config: TypingConfig) -> tuple[TypingDocument, ...]:
                     return tuple(documents)
     raise ValueError(
         f"TypingConfig.n_documents={config.n_documents!r}: expected at most {len(documents)} "
-        f"(the documents the standard library yields for this geometry and charset)"
+        f"(the documents the standard library yields for this geometry and charset"
+        + (f"; {short} more were shorter than TypingConfig.min_document_chars={config.min_document_chars!r}"
+           if short else "") + ")"
     )
 
 
