@@ -32,6 +32,8 @@ INNER_OPTIMIZERS = ("adamw", "sgd")
 PRECISIONS = ("fp32", "bf16")
 DATA_SOURCES = ("stdlib", "diag", "typing", "git")
 CURRICULUM_POLICIES = ("fixed", "adaptive")
+# The [curriculum] keys of the adaptive policy's law and budget, refused at other than their defaults under "fixed".
+ADAPTIVE_ONLY = ("law_from", "alpha_inf", "tau", "amplitude", "budget_seconds")
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean", "centered_clip")
 SYNC_BACKENDS = ("coordinator", "hivemind")
 ROUND_KINDS = ("steps", "time")
@@ -72,8 +74,23 @@ SPARSE_ONE_BIT_OVER_INT8 = (0.0055, -0.0045, -0.0032)
 SPARSE_ONE_BIT_MAX_WORKERS = 4
 
 
+# The most characters of a value a refusal quotes: a 10^5-character run.name or data.source was echoed whole.
+MAX_SHOWN_CHARS = 200
+
+
+def _cut(text: str, size: int) -> str:
+    """`text` cut to MAX_SHOWN_CHARS characters, followed by "… (`size` characters)" when longer."""
+    return text if len(text) <= MAX_SHOWN_CHARS else f"{text[:MAX_SHOWN_CHARS]}… ({size:,} characters)"
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` for a message, cut to MAX_SHOWN_CHARS characters (and the value's length said) when longer."""
+    text = repr(value)
+    return _cut(text, len(value) if isinstance(value, str) else len(text))
+
+
 def _fail(key: str, value: Any, expected: str) -> None:
-    raise ValueError(f"{key} = {value!r} is invalid: expected {expected}")
+    raise ValueError(f"{_cut(key, len(key))} = {shown(value)} is invalid: expected {expected}")
 
 
 # The largest value of an int32 protobuf field.
@@ -94,6 +111,17 @@ CALL_KINDS = ("membership", "query", "long_poll", "pull", "push")
 # every round close failed; an inner one above float32's range killed the worker thread in AdamW; 1 is plain
 # averaging, DiLoCo's outer lr is 0.7 and an AdamW lr above 1 already diverges.
 MAX_LR = 10.0
+# The smallest learning rate, inner or outer: 5e-324 (and every rate below about 1e-9) was accepted and trained
+# nothing, since float32 θ + lr·step rounds back to θ once lr·|step| < |θ|·2^-24 (AdamW's step is about lr per
+# coordinate): below MIN_LR no coordinate of |θ| >= 2e-3 moves (the shipped inits are normal(0, 0.02) and larger).
+MIN_LR = 1e-10
+# The smallest sync.centered_clip_tau (a multiple of the reference norm R) and sync.max_update_norm other than 0 (an
+# L2 norm): 5e-324 was accepted. Each iteration of centered clipping moves the aggregate by at most τ R towards a
+# worker, so below 1e-3 even the most iterations (100) move it less than 0.1 R from where it started (the previous
+# round's aggregate) and the workers' updates are all but ignored; an update norm bound below 1e-6 refuses every
+# update that changes θ, however small the model and lr.
+MIN_CENTERED_CLIP_TAU = 1e-3
+MIN_UPDATE_NORM = 1e-6
 # The most inner steps H of a round (sync.max_steps: 10× it): 2**31 - 1 steps passed, overflowed the assignment's
 # int32 and every Join failed; H = 500 is DiLoCo's, and the automatic norm and token bounds grow with H.
 MAX_INNER_STEPS = 100_000
@@ -110,6 +138,15 @@ def _check_at_most(obj: Any, table: str, name: str, high: float) -> None:
     value = getattr(obj, name)
     if value > high:
         _fail(f"{table}.{name}", value, f"at most {high:,g}")
+
+
+def _check_lr(obj: Any, table: str) -> None:
+    """`table`.lr is a learning rate in [MIN_LR, MAX_LR]."""
+    _check_positive(obj, table, "lr")
+    _check_at_most(obj, table, "lr", MAX_LR)
+    if obj.lr < MIN_LR:
+        _fail(f"{table}.lr", obj.lr, f"at least {MIN_LR:g} (MIN_LR: below it a step rounds away in float32 θ, and "
+                                     "nothing trains)")
 
 
 def _check_positive(obj: Any, table: str, *names: str) -> None:
@@ -301,11 +338,16 @@ class InnerSection:
             _fail("inner.precision", self.precision, f"one of {PRECISIONS}")
         if self.optimizer not in INNER_OPTIMIZERS:
             _fail("inner.optimizer", self.optimizer, f"one of {INNER_OPTIMIZERS}")
-        _check_positive(self, "inner", "lr", "steps")
-        _check_at_most(self, "inner", "lr", MAX_LR)
+        _check_lr(self, "inner")
+        _check_positive(self, "inner", "steps")
         _check_at_most(self, "inner", "steps", MAX_INNER_STEPS)
-        if self.weight_decay < 0:
-            _fail("inner.weight_decay", self.weight_decay, "a number >= 0")
+        # AdamW's decoupled decay multiplies θ by 1 − lr·wd each step (SGD's adds lr·wd·θ to the step: the same
+        # factor): at lr·wd >= 1 it flips or zeroes θ, and 1e300 blew θ up while the worker blamed inner.lr.
+        if not (self.weight_decay >= 0 and self.lr * self.weight_decay < 1):
+            _fail("inner.weight_decay", self.weight_decay,
+                  f"a number >= 0 with inner.lr × inner.weight_decay < 1 (inner.lr = {self.lr:g}: below "
+                  f"{1 / self.lr:g}; each step multiplies θ by 1 − inner.lr × inner.weight_decay, which must stay in "
+                  "(0, 1])")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 _fail(f"inner.{name}", getattr(self, name), "a number in [0, 1)")
@@ -333,8 +375,7 @@ class OuterSection:
     nesterov: bool = False
 
     def __post_init__(self) -> None:
-        _check_positive(self, "outer", "lr")
-        _check_at_most(self, "outer", "lr", MAX_LR)
+        _check_lr(self, "outer")
         if not 0.0 <= self.momentum < 1.0:
             _fail("outer.momentum", self.momentum, "a number in [0, 1)")
 
@@ -451,12 +492,16 @@ class SyncSection:
         if not 1 <= self.block_size <= 1 << 16:
             _fail("sync.block_size", self.block_size, "an integer between 1 and 65536")
         self._check_codec()
-        _check_positive(self, "sync", "min_reports", "centered_clip_tau")
+        _check_positive(self, "sync", "min_reports")
+        if not self.centered_clip_tau >= MIN_CENTERED_CLIP_TAU:
+            _fail("sync.centered_clip_tau", self.centered_clip_tau,
+                  f"a multiple of the reference norm >= {MIN_CENTERED_CLIP_TAU:g} (below it the aggregate barely moves)")
         _check_seconds(self, "sync", "round_deadline_s")
         if not self.clip_factor >= 1.0:
             _fail("sync.clip_factor", self.clip_factor, "a number >= 1 (a multiple of the reference norm)")
-        if self.max_update_norm < 0:
-            _fail("sync.max_update_norm", self.max_update_norm, "a number >= 0 (0 = automatic)")
+        if not (self.max_update_norm == 0 or self.max_update_norm >= MIN_UPDATE_NORM):
+            _fail("sync.max_update_norm", self.max_update_norm,
+                  f"an L2 norm >= {MIN_UPDATE_NORM:g}, or 0 (automatic; below {MIN_UPDATE_NORM:g} every update is refused)")
         if self.aggregation not in AGGREGATIONS:
             _fail("sync.aggregation", self.aggregation, f"one of {AGGREGATIONS}")
         if not 0.0 <= self.trim_fraction < 0.5:
@@ -759,6 +804,13 @@ class CurriculumSection:
                 _fail("curriculum.seq_lens", self.seq_lens, 'empty unless curriculum.policy = "adaptive"')
             if self.forecast_gain:
                 _fail("curriculum.forecast_gain", self.forecast_gain, '0 unless curriculum.policy = "adaptive"')
+            # The law and its budget steer the adaptive policy only: set under "fixed" they were taken and ignored.
+            for name in ADAPTIVE_ONLY:
+                default = CurriculumSection.__dataclass_fields__[name].default
+                if getattr(self, name) != default:
+                    _fail(f"curriculum.{name}", getattr(self, name),
+                          f'the default ({default!r}) unless curriculum.policy = "adaptive" (only the adaptive policy '
+                          "uses it)")
             return
         if self.schedule:
             _fail("curriculum.schedule", self.schedule, 'empty with curriculum.policy = "adaptive"')
@@ -1115,7 +1167,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise ValueError(f"unknown key {key!r} in {where}; expected one of {sorted(names)}")
+        raise ValueError(f"unknown key {shown(key)} in {where}; expected one of {sorted(names)}")
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name

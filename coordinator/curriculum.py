@@ -111,6 +111,8 @@ def fitted_law(path: str | Path) -> Law:
         fitted = analysis.analyse(analysis.length_curves(path, rows))
     except ValueError as exc:
         raise ValueError(f"curriculum.law_from = {str(path)!r} is invalid: {exc}") from None
+    except OSError as exc:  # a name too long for the OS, a file this user may not read: one line, not a traceback
+        raise ValueError(f"curriculum.law_from = {str(path)!r} cannot be read: {exc.strerror or exc}") from None
     schedule = fitted.schedule
     numbers = f"α∞ = {schedule.alpha_inf:.4g}, τ = {schedule.tau:.4g} steps (R² {schedule.r_squared:.3f})"
     problems = [caveat.text for caveat in fitted.caveats if "alpha_inf" in caveat.parameters]

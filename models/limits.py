@@ -148,16 +148,36 @@ def modules_problem(count: ModelCount, ceiling: int, described: str, who: str) -
             f"{count.parameters:,} parameters): more than {who} counts or builds (rcswarm.models.limits.{bound})")
 
 
+# What torch raises where a tensor's shape does not fit its sizes (a dimension past int64: "Overflow when unpacking
+# long long", TypeError; a product of dimensions past it: "Storage size calculation overflowed", RuntimeError):
+# `[model.overrides] d_model = 2**63 - 1` (review of the specs, 2026-11), for every family.
+BUILD_OVERFLOWS = (RuntimeError, TypeError, OverflowError, MemoryError)
+# The most characters of torch's own message an overflow refusal quotes (its first line; the rest is a C++ trace).
+MAX_QUOTED_CHARS = 200
+
+
+def overflow_problem(name: str, preset: str, overrides: Mapping[str, Any], exc: BaseException) -> str:
+    """The refusal of a model whose meta-device build raised `exc` (one of BUILD_OVERFLOWS): names the overrides."""
+    said = (str(exc).splitlines() or [""])[0]
+    if len(said) > MAX_QUOTED_CHARS:
+        said = said[:MAX_QUOTED_CHARS] + "…"
+    keys = ", ".join(f"model.overrides.{key} = {value!r}"[:MAX_QUOTED_CHARS] for key, value in overrides.items())
+    return (f"the model ({describe_model(name, preset, {})}) cannot be built with {keys}: its tensors overflow "
+            f"(torch: {type(exc).__name__}: {said}); expected overrides that give sizes a tensor holds")
+
+
 def bounded_parameter_count(name: str, preset: str, overrides: Mapping[str, Any] | None, most: int,
                             max_modules: int = MAX_MODULES, max_tensors: int = MAX_TENSORS) -> ModelCount:
     """`registry.parameter_count_of(name, preset, overrides)` when the count ends (the caller compares it with
     `most`), else where it stopped (`ModelCount.stopped`): once the parameters held passed 2 × `most` (the model has
     more than `most`), the submodule registrations passed `max_modules`, or the parameter registrations passed
-    `max_tensors`. ValueError as `make_config` raises it."""
+    `max_tensors`. ValueError as `make_config` raises it, and for overrides whose tensors overflow torch's sizes
+    (`BUILD_OVERFLOWS` from the build: `overflow_problem`)."""
     from torch.nn.modules import module as torch_module  # torch, only once a model is counted
 
     from rcswarm.models import registry
 
+    registry.make_config(name, preset, overrides)  # its ValueError as it is; what follows is the build alone
     tally = _Tally(2 * most, max_modules, max_tensors)
     hooks = [torch_module.register_module_parameter_registration_hook(tally.parameter),
              torch_module.register_module_module_registration_hook(tally.module)]
@@ -165,6 +185,10 @@ def bounded_parameter_count(name: str, preset: str, overrides: Mapping[str, Any]
         count = registry.parameter_count_of(name, preset, overrides)
     except _Stopped as stop:
         return tally.count(stop.what)
+    except BUILD_OVERFLOWS as exc:
+        if not overrides:  # a shipped preset that does not build: a bug, not a config to refuse
+            raise
+        raise ValueError(overflow_problem(name, preset, overrides, exc)) from None
     finally:
         for hook in hooks:
             hook.remove()

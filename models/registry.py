@@ -123,12 +123,26 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
+# The most characters of a name a refusal quotes (a run spec's model.name of 10^5 characters was echoed whole).
+MAX_SHOWN_CHARS = 200
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)` for a message, cut to MAX_SHOWN_CHARS characters (and its length said) when longer."""
+    text = repr(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return f"{text[:MAX_SHOWN_CHARS]}… ({len(value) if isinstance(value, str) else len(text):,} characters)"
+
+
 def get(name: str) -> ModelEntry:
-    """The entry registered under `name`; ValueError listing the known names if none."""
+    """The entry registered under `name`; ValueError naming model.name (the run spec's key) and listing the known
+    names if none."""
     _load_builtin()
-    entry = _REGISTRY.get(name)
+    entry = _REGISTRY.get(name) if isinstance(name, str) else None
     if entry is None:
-        raise ValueError(f"unknown model name {name!r}: expected one of {sorted(_REGISTRY)}")
+        raise ValueError(f"model.name = {_shown(name)} is unknown: expected a registered model name, one of "
+                         f"{sorted(_REGISTRY)}")
     return entry
 
 
@@ -137,7 +151,7 @@ def _check_keys(entry: ModelEntry, values: Mapping[str, Any], what: str) -> None
     for key in values:
         if key not in valid:
             raise ValueError(
-                f"{what} of model {entry.name!r} sets unknown config field {key!r}: "
+                f"{what} of model {entry.name!r} sets unknown config field {_shown(key)}: "
                 f"expected one of {valid}"
             )
 
@@ -153,7 +167,8 @@ def make_config(name: str, preset: str, overrides: Mapping[str, Any] | None = No
     values = entry.presets.get(preset)
     if values is None:
         raise ValueError(
-            f"unknown preset {preset!r} for model {name!r}: expected one of {sorted(entry.presets)}"
+            f"model.preset = {_shown(preset)} is unknown for model {name!r}: expected one of "
+            f"{sorted(entry.presets)}"
         )
     overrides = {} if overrides is None else overrides
     if not isinstance(overrides, Mapping):

@@ -23,6 +23,16 @@ from rcswarm.models.validation import (
 SCANS = ("sequential", "parallel")
 REDUCTIONS = ("sum", "mean")
 POSITIONS = ("learned", "rope")
+# The range of the SSM's initial step sizes Δ (SSMConfig.dt_min, dt_max; drawn log-uniformly between them, the
+# dt_proj bias set to softplus⁻¹(Δ) in float32). dt_min = 5e-324 rounded Δ to 0 and the bias to −inf, dt_max = 1e300
+# overflowed Δ to inf: non-finite parameters after one step (review of the specs, 2026-11). MIN_DT keeps Δ in
+# float32's normal range (1.2e-38) with 30 orders to spare, and 4 orders below Mamba's own floor (1e-4): a smaller
+# Δ leaves exp(Δ·A) at exactly 1 in float32 (no decay at all below 2^-24 ≈ 6e-8). MAX_DT: the slowest channel
+# (A = −1) keeps exp(−Δ) of its state per step, and exp(−100) ≈ 3.7e-44 is below float32's normal range: past it
+# every channel forgets its whole state at every step, so a larger Δ is no time scale, only a gain on the input
+# Δ·x·B (Δ = 1e38 gave NaN at the first step). Mamba's default range is [1e-3, 1e-1].
+MIN_DT = 1e-8
+MAX_DT = 100.0
 
 
 @dataclass
@@ -115,7 +125,8 @@ class SSMConfig(BaselineConfig):
     expand: E / d_model, the inner width of the mixer.
     d_conv: kernel size of the causal depthwise convolution (1: none in effect).
     dt_rank: rank of the Δ projection; None means ceil(d_model / 16).
-    dt_min, dt_max: Δ is initialized log-uniformly in [dt_min, dt_max].
+    dt_min, dt_max: Δ is initialized log-uniformly in [dt_min, dt_max];
+        MIN_DT <= dt_min <= dt_max <= MAX_DT.
     scan: "sequential" (loop over time; the fastest on CPU) or "parallel"
         (prefix scan, log2(T) parallel steps; for accelerators).
     """
@@ -134,9 +145,20 @@ class SSMConfig(BaselineConfig):
         check_optional_int(self, "dt_rank")
         check_positive_float(self, "dt_min")
         check_positive_float(self, "dt_max")
+        if self.dt_min < MIN_DT:
+            raise ValueError(
+                f"SSMConfig.dt_min={self.dt_min!r}: expected >= {MIN_DT:g} (MIN_DT: a smaller initial step "
+                "size leaves the state undecayed in float32, and below 1e-45 rounds to 0)"
+            )
         if self.dt_max < self.dt_min:
             raise ValueError(
                 f"SSMConfig.dt_max={self.dt_max!r}: expected >= dt_min={self.dt_min!r}"
+            )
+        if self.dt_max > MAX_DT:
+            raise ValueError(
+                f"SSMConfig.dt_max={self.dt_max!r}: expected <= {MAX_DT:g} (MAX_DT: at a step size of "
+                f"{MAX_DT:g} every channel already forgets its state at each step; larger ones only "
+                "scale the input, and overflow float32)"
             )
         check_choice(self, "scan", SCANS)
 

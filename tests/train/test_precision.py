@@ -26,7 +26,7 @@ def _grads_after_one_step(mode: str, precision: str, device: str = "cpu",
     spec = RunSpec.from_dict({
         "model": {"name": "frame", "preset": "tiny"},
         "data": {"source": "typing", "seq_len": 24, "batch_size": 2, "task_config": {"n_documents": 4}},
-        "inner": {"bptt_chunk": bptt_chunk, "memory_budget_mb": budget, "precision": precision, "lr": 1e-12},
+        "inner": {"bptt_chunk": bptt_chunk, "memory_budget_mb": budget, "precision": precision, "lr": 1e-10},
     })
     model = registry.build_model("frame", "tiny", seed=0).to(device)
     sampler = make_sampler(spec.data, seed=1, model_config=model.config)
