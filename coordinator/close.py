@@ -174,13 +174,13 @@ class RoundCloser:
         try:
             closed = self.compute(close)
         except BaseException:
-            with run._lock:
+            with run._locked():
                 run.broadcast_feedback.restore(close.saved_feedback)
                 close.round.closing = False
                 self.under_way = None
                 run._version_changed.notify_all()
             raise
-        with run._lock:
+        with run._locked():  # writes the rows `publish` posted (evicted outliers' events) once released
             self.publish(close, closed)
 
     def compute(self, close: RoundClose) -> ClosedRound:

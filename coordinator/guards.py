@@ -40,6 +40,7 @@ the workers one join token may create, can hold the kind's shared slots but neve
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -64,6 +65,35 @@ MIN_STREAM_IDLE_S = MIN_SECONDS["coordinator.stream_idle_s"]
 log = logging.getLogger("rcswarm.coordinator")
 
 SERVICE_NAME = "rcswarm.v1.Coordinator"
+
+# The deadline (time.monotonic) of the Coordinator call the current handler thread serves, set by `_guarded` around
+# its handler (`serving_until`); unset outside a call (the ticker, the dashboard, a test calling a run directly). A
+# run bounds a handler's wait for its lock by it (`call_time_left`, `SwarmCoordinator._hold`).
+_call = threading.local()
+
+
+@contextlib.contextmanager
+def serving_until(deadline: float | None) -> Iterator[None]:
+    """The current thread serves a call whose deadline is `deadline` (time.monotonic; None: none) for the block."""
+    previous = getattr(_call, "deadline", None)
+    _call.deadline = deadline
+    try:
+        yield
+    finally:
+        _call.deadline = previous
+
+
+def call_time_left() -> float | None:
+    """Seconds left to the deadline of the call the current thread serves, or None outside a call (any thread)."""
+    deadline = getattr(_call, "deadline", None)
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _deadline_of(context: grpc.ServicerContext) -> float | None:
+    """The call's deadline on time.monotonic (its handler's view: the client's deadline cut at the call's cap), or
+    None without one (the guard refused those already)."""
+    remaining = context.time_remaining()
+    return None if remaining is None or remaining > NO_DEADLINE_S else time.monotonic() + remaining
 # A call whose remaining time exceeds this carries no real deadline (gRPC reports "infinite").
 NO_DEADLINE_S = 365 * 24 * 3600.0
 # The longest the watchdog sleeps between looks at its entries.
@@ -608,7 +638,8 @@ def _guarded(
         def stream_behavior(requests: Any, context: grpc.ServicerContext) -> Any:
             request, admission = admit(requests, context)
             try:
-                yield from gate.idle_bounded_responses(behavior(request, admission.context), context, method)
+                with serving_until(_deadline_of(admission.context)):
+                    yield from gate.idle_bounded_responses(behavior(request, admission.context), context, method)
             finally:
                 admission.close()
         return stream_behavior
@@ -616,7 +647,8 @@ def _guarded(
     def unary_behavior(requests: Any, context: grpc.ServicerContext) -> Any:
         request, admission = admit(requests, context)
         try:
-            return behavior(request, admission.context)
+            with serving_until(_deadline_of(admission.context)):
+                return behavior(request, admission.context)
         finally:
             admission.close()
     return unary_behavior
@@ -634,8 +666,8 @@ class GuardInterceptor(grpc.ServerInterceptor):
     def __init__(
         self, tokens: str | JoinTokens, gate: CallGate, owns_credential: Callable[[str, bytes], bool] | None = None,
     ) -> None:
-        """`owns_credential(worker_id, secret)` says whether an active membership has that secret (it takes the
-        coordinator's locks: called on handler threads, never on the polling thread); None refuses
+        """`owns_credential(worker_id, secret)` says whether an active membership has that secret (it takes no lock,
+        the runs' snapshots, and hashes the secret: called on handler threads, never on the polling thread); None refuses
         `CREDENTIAL_METADATA_METHODS` without a token."""
         self._tokens = tokens if isinstance(tokens, JoinTokens) else JoinTokens([tokens])
         self._gate = gate
@@ -667,7 +699,8 @@ class GuardInterceptor(grpc.ServerInterceptor):
 
     def _member_id(self, method: str, metadata_id: str, metadata_secret: Any, request: Any) -> str:
         """The active worker a call counts against: the id it carries (the request's, or for PushUpdate the
-        metadata's) when it carries that worker's own secret, else "" (handler thread; takes the runs' locks)."""
+        metadata's) when it carries that worker's own secret, else "" (handler thread; takes no lock: a run stalled on
+        its lock or its disk holds up no other run's calls here)."""
         if method not in WORKER_METHODS or self._owns_credential is None:
             return ""
         if method in CREDENTIAL_METADATA_METHODS:

@@ -177,8 +177,10 @@ def receive_update(
 
 class UpdateIntake:
     """The checks and records of one `SwarmCoordinator`'s update intake: a part of the coordinator kept in its
-    own module. Every method reads and changes the run's open round, its members' counts and its store's events
-    with the run's `_lock` held, as `SwarmCoordinator`'s call contract says. Its own state, the workers whose stale
+    own module. Every method reads and changes the run's open round and its members' counts with the run's `_lock`
+    held, as `SwarmCoordinator`'s call contract says, and posts its events rows (stale, dropped, late) to the run's
+    outbox (`SwarmCoordinator._post_event`), which the push writes once it released the lock: never a store write
+    under the lock, and best effort (a full disk is a WARNING, not the push's error). Its own state, the workers whose stale
     refusal this round already recorded (`_stale_noted`), is guarded by that same lock."""
 
     def __init__(self, run: SwarmCoordinator) -> None:
@@ -320,7 +322,7 @@ class UpdateIntake:
             self._stale_noted = (version, noted)
         if worker.worker_id not in noted:
             noted.add(worker.worker_id)
-            run.store.add_event(worker.worker_id, "stale", message, run.clock())
+            run._post_event(worker.worker_id, "stale", message, run.clock())
             run.log.info("%s (%s): %s", worker.worker_id, worker.name, message)
         raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, message)
 
@@ -333,7 +335,7 @@ class UpdateIntake:
         if first:
             worker.note_round(version, "dropped", message, run.outliers.window)
             run.round.dropped += 1
-            run.store.add_event(worker.worker_id, "dropped", f"round {version}: {message}", run.clock())
+            run._post_event(worker.worker_id, "dropped", f"round {version}: {message}", run.clock())
             self.run.log.warning("round %d: update of %s dropped: %s", version, worker.worker_id, message)
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, message)
 
@@ -357,7 +359,7 @@ class UpdateIntake:
             # It trains from the version it pulls next; until then this round does not wait for it.
             if worker.pulled_version < run.version:
                 worker.base_version = run.version + 1
-            run.store.add_event(worker.worker_id, "late", lateness.reason, run.clock())
+            run._post_event(worker.worker_id, "late", lateness.reason, run.clock())
             self.run.log.info("%s (%s): %s", worker.worker_id, worker.name, lateness.reason)
         worker.accepted_version = meta.base_version
         worker.last_seen = run.clock()

@@ -11,7 +11,9 @@ times the coordinator records (rounds, events, metrics) stay readable as dates.
 
 After a stall `SwarmCoordinator.tick` gives every member not heard since a grace period
 (`decisions.decide_evictions`' `resumed_at`): its heartbeats may have failed while the coordinator was
-frozen and be waiting out their backoff.
+frozen and be waiting out their backoff. A stall on the coordinator's own lock (a slow write under it)
+is not this clock's to see: the coordinator runs, its calls wait. `SwarmCoordinator.tick` measures it (the
+longest hold of the lock, its own wait for it) and gives the same grace (`_note_lock_stall`).
 """
 
 from __future__ import annotations
@@ -111,5 +113,17 @@ class LivenessClock:
             self._thread.join(timeout=1.0)
 
     def _run(self) -> None:
+        """The beat thread: beats every `beat_s` until stopped. A beat that raises is logged with its traceback once
+        per distinct error and the thread goes on (before, it ended and the clock froze `stall_s` past its last
+        beat for good); the beats it missed read as a stall once it beats again."""
+        failed = None
         while not self._stop.wait(self.beat_s):
-            self.beat()
+            try:
+                self.beat()
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if error != failed:
+                    log.exception("the liveness clock's beat failed; it tries again every %g s", self.beat_s)
+                failed = error
+            else:
+                failed = None

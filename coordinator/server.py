@@ -328,26 +328,39 @@ class RunningCoordinator:
         """The health thread: every TICK_S, `decide_health` on the ticker's record, then `decisions.decide_progress`
         on every run's open round; logs and reports each change. It never waits long for a run's lock: a run whose
         lock stays held (a write under it hangs) keeps the previous status for that pass, and the ticker, which
-        needs the same lock, stops completing ticks, which `decide_health` turns into NOT_SERVING."""
-        serving = True
+        needs the same lock, stops completing ticks, which `decide_health` turns into NOT_SERVING. A pass that raises
+        (a bug in a check) is NOT_SERVING with its error as the reason, logged with its traceback once per distinct
+        error, and the thread goes on: before, it ended, and health stayed at its last status for good."""
+        serving, failed = True, None
         while not self._stop.wait(TICK_S):
-            now_serving, reason = decide_health(time.monotonic(), self._tick_record, self.health_stall_s)
-            if now_serving:
-                rounds = [run.round_progress() for run in self.group.runs]
-                if any(r is None for r in rounds):
-                    continue
-                progress = decisions.decide_progress(rounds)
-                now_serving, reason = progress.ok, progress.reason
+            try:
+                now_serving, reason = decide_health(time.monotonic(), self._tick_record, self.health_stall_s)
+                if now_serving:
+                    rounds = [run.round_progress() for run in self.group.runs]
+                    if any(r is None for r in rounds):
+                        continue
+                    progress = decisions.decide_progress(rounds)
+                    now_serving, reason = progress.ok, progress.reason
+                failed = None
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if error != failed:
+                    log.exception("the health check failed; health reports NOT_SERVING until it passes")
+                failed = error
+                now_serving, reason = False, f"the health check failed: {error}"
             self.health_reason = reason
             if now_serving != serving:
+                try:
+                    self._set_health(health_pb2.HealthCheckResponse.SERVING if now_serving
+                                     else health_pb2.HealthCheckResponse.NOT_SERVING)
+                except Exception:  # the next pass tries again
+                    log.exception("health: could not report %s", "SERVING" if now_serving else "NOT_SERVING")
+                    continue
                 serving = now_serving
                 if serving:
                     log.info("health: SERVING again (%s)", reason)
                 else:
                     log.warning("health: NOT_SERVING: %s", reason)
-                self._set_health(
-                    health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-                )
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop the ticker, the health thread, the dashboard and the server (in-flight calls get `grace`

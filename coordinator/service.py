@@ -46,6 +46,7 @@ and only the most recent ended ones.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -62,6 +63,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import curriculum as curricula
 from rcswarm.coordinator import decisions
 from rcswarm.coordinator.close import RoundCloser
+from rcswarm.coordinator.guards import call_time_left
 from rcswarm.coordinator.intake import (
     UpdateIntake,
     check_metrics,
@@ -100,6 +102,15 @@ log = logging.getLogger("rcswarm.coordinator")
 # The longest the health thread waits for a run's lock (`round_progress`): every holder releases it within
 # moments unless a write under it hangs (a stalled volume), which the ticker's record then shows.
 PROGRESS_WAIT_S = 1.0
+
+# A hold of (or wait for) a run's lock longer than lease_s / LOCK_STALL_BEATS, a worker's heartbeat interval, held
+# up at least one heartbeat: the coordinator stalled on its own lock or disk, and `tick` gives the members not heard
+# since the grace of a stall (`_note_lock_stall`).
+LOCK_STALL_BEATS = 3
+
+# A handler whose wait for the run's lock is bounded by its call's deadline (`_hold`) gives up this long before it,
+# so that its UNAVAILABLE reaches the caller before the caller's own deadline does.
+LOCK_WAIT_MARGIN_S = 0.1
 
 
 class RunLog(logging.LoggerAdapter):
@@ -153,46 +164,78 @@ class SwarmCoordinator:
     lock and is called with or without this one; a `RunGroup` takes its lock before a run's, never the
     other way round.
 
+    Writes. A store write under `_lock` (a SQLite transaction and, with `durable`, an fsync) stalls every
+    call of the run for its length, so the frequent ones are never made under it: the events of ended
+    memberships (Leave, evictions, reassignments), stalls and the intake's stale, dropped and late updates,
+    the full pulls' count and the refusals are posted under the lock to an outbox (`_post`, `_post_event`)
+    and written once it is released (`flush`; `_outbox_lock`, taken without `_lock`, orders the flushes, so
+    rows are written in the order posted, and a call that posted returns after its rows were written). A
+    crash between the two loses those rows (events and counters), never a round's commit nor a join. Still
+    written under the lock: a join's one transaction (`StateStore.record_join`, with the `_landed` read
+    before it), the curriculum's saves and events (its first pull's start, a close's decision in
+    `publish`, a hivemind run's steps), all rare. A hold of the lock longer than a worker's heartbeat
+    interval (measured in `_locked`), or a wait for it that long by the ticker, counts as a stall of the
+    coordinator: `tick` gives the members not heard since the grace of a stall (`_note_lock_stall`). A
+    handler's first wait for the lock (`_hold`, `_locked(bounded=True)`) ends by its call's deadline
+    (`guards.call_time_left`): UNAVAILABLE, which workers retry; the ticker's, a close's publication and a
+    handler's later waits (after it changed something) are not bounded.
+
     The call contract, method by method: who may call it, and the lock ("takes": takes `_lock` itself,
     so call it without; "held": call it with `_lock` held; "none": never takes it). "A due close":
     `closer.begin` under the lock, then `closer.finish` after releasing it.
 
       method                                   called from                    lock
-      join, heartbeat                          gRPC handler threads           takes
-      status                                   handlers, the dashboard        takes
-      await_version                            handlers                       takes; waits on `_version_changed`
-      leave                                    handlers                       takes; then a due close
-      reassign                                 handlers, through a RunGroup   takes; then a due close
+      join                                     gRPC handler threads           takes (bounded); writes under it
+                                                                              (`record_join`, one transaction)
+      heartbeat                                gRPC handler threads           takes (bounded); no write
+      status                                   handlers, the dashboard        takes (bounded in a handler); no write
+      await_version                            handlers                       takes (bounded); waits on `_version_changed`
+      leave                                    handlers                       takes (bounded), posts; flushes; then a
+                                                                              due close
+      reassign                                 handlers, through a RunGroup   takes, posts; flushes; then a due close
       stop                                     the ticker, through a RunGroup takes (after writing the store)
-      tick                                     the ticker thread              takes; then a due close
-      push                                     handlers                       takes (meta), none (payload), takes
-                                                                              (record; may wait on `_version_changed`);
+      tick                                     the ticker thread              takes, posts; flushes without waiting
+                                                                              for another flush; then a due close
+      push                                     handlers                       takes (meta; bounded), none (payload),
+                                                                              takes (record; bounded; may wait on
+                                                                              `_version_changed`), posts; flushes;
                                                                               then a due close
       pull                                     handlers                       a generator: takes in `_pick_payload`
-                                                                              (may wait on `_version_changed`);
-                                                                              none while it streams
-      report_metrics                           handlers                       takes (member), none (values), takes
-                                                                              (count), none (rows)
-      owns_credential, knows, active_workers,  any thread (a RunGroup)        takes
-        membership_state
+                                                                              (bounded; may wait on
+                                                                              `_version_changed`); none while it
+                                                                              streams; takes (count), posts; flushes
+      report_metrics                           handlers                       takes (member; bounded), none (values),
+                                                                              takes (count; bounded), none (rows),
+                                                                              takes (totals)
+      owns_credential, knows, membership_state any thread (a RunGroup, the    none: a snapshot of one entry
+                                               server's guard)
+      active_workers, places_taken             any thread (a RunGroup)        takes
       round_progress                           the server's health thread     takes (waits at most a second)
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
         finished, stopped
-      close                                    the owner, all others stopped  none
-      _pick_payload                            `pull`                         takes
+      flush                                    any thread without `_lock`     takes `_outbox_lock`, then `_lock` only
+                                                                              to take the rows; writes without it
+      close                                    the owner, all others stopped  flushes; none besides
+      _pick_payload                            `pull`                         takes (bounded)
+      _locked, _hold, _acquire                 the methods above              take (the context managers release it)
+      _write_event, _save_full_pulls,          `flush`                        none (`_outbox_lock` held): the writes
+        _save_refusals                                                        of posted rows
       every other method named _...            the lock's holder              held (`_wait_for_close` waits on
-                                                                              `_version_changed`)
+                                                                              `_version_changed`); `_post`,
+                                                                              `_post_event`: post, never write
       intake.check_meta, token_bound,          push, report_metrics           held (`check_meta` may wait on
-        refuse_stale, refuse_outlier,                                         `_version_changed`)
-        record, count_metric_rows
-      closer.begin, closer.publish             the caller of a due close      held
+        refuse_stale, refuse_outlier,                                         `_version_changed`; the stale, dropped
+        record, count_metric_rows                                             and late events are posted)
+      closer.begin, closer.publish             the caller of a due close      held (`publish` posts; the
+                                                                              curriculum step writes under it)
       closer.finish                            that caller, lock released     none; takes it to publish the close
-                                                                              or to undo a failed one
+                                                                              or to undo a failed one, then flushes
       closer.compute                           `closer.finish`                none; one close at a time (`under_way`)
 
     `on_membership_end` (the server's `CallGate.end_worker`) is called from `_end_membership`, lock held; it
-    takes only the gate's own lock.
+    takes only the gate's own lock. Lock order: a RunGroup's lock, then `_outbox_lock`, then `_lock`, then the
+    store's; `_outbox_lock` is never taken with `_lock` held.
 
     Membership. `workers` holds every membership still in memory, `_active` the active ones (all
     that admission, eviction and round closing look at) and `_ended` the ended ones in the order
@@ -221,6 +264,14 @@ class SwarmCoordinator:
         self.on_membership_end: Callable[[str, str], None] | None = None
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
+        # The outbox: store writes posted under `_lock` ((key or None, write) in the order posted; a keyed one
+        # replaces an earlier one of its key), written by `flush` once the lock is released, in that order;
+        # `_outbox_lock` orders the flushes (taken without `_lock`, which it then takes briefly to take the rows).
+        self._outbox: list[tuple[str | None, Callable[[], None]]] = []
+        self._outbox_lock = threading.Lock()
+        self._posts = 0  # writes ever posted (under `_lock`): whether a `_locked` block posted any
+        # The longest measured hold of `_lock` since `tick` last looked (`_locked`), seconds; under `_lock`.
+        self._long_hold_s = 0.0
         # Workers that left because they cannot train this run (a Leave whose reason begins REFUSED_LEAVE): name →
         # (when, why), the newest MAX_REFUSALS, kept in the store too (under `_lock`; `summary` counts them).
         self.refusals = stored_refusals(store.get(REFUSALS_KEY))
@@ -293,7 +344,7 @@ class SwarmCoordinator:
         self.traffic = Traffic(4 * sum(t.numel() for t in self.params.values()), full_pull_bytes=full_bytes,
                                full_pulls=full_count)
         # Whether the last write of the full pulls' count failed (`_save_full_pulls`) and of an event row
-        # (`_add_event_best_effort`): each warned once per failing spell.
+        # (`_write_event`): each warned once per failing spell (both written by `flush`, under `_outbox_lock`).
         self._full_pulls_unsaved = False
         self._events_unsaved = False
 
@@ -375,8 +426,9 @@ class SwarmCoordinator:
     def join(self, request: pb.JoinRequest, placed: str = "") -> pb.JoinResponse:
         """Admit a worker and return its new worker secret, keeping only the secret's SHA-256 (handler
         thread; takes `_lock`). `placed`: why a sweep placed the worker in this run, stored as an "assign" event with
-        the join's own."""
-        with self._lock:
+        the join's own. The join's rows are written in one transaction under the lock (`StateStore.record_join`),
+        the one store write a handler makes under it; a hold longer than a heartbeat interval is noted for `tick`."""
+        with self._locked(bounded=True):
             now = self.clock()
             views = self._active_views()
             decision = decisions.decide_admission(now, views, self.finished, self.membership)
@@ -480,8 +532,8 @@ class SwarmCoordinator:
         return previous_worker_id
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
-        """Renew a lease (handler thread; takes `_lock`)."""
-        with self._lock:
+        """Renew a lease (handler thread; takes `_lock`, bounded by the call's deadline)."""
+        with self._hold():
             worker = self._authenticated("Heartbeat", request.worker_id, request.worker_secret)
             worker.last_seen = self.clock()
             return pb.HeartbeatResponse(
@@ -490,8 +542,9 @@ class SwarmCoordinator:
             )
 
     def leave(self, request: pb.LeaveRequest) -> pb.LeaveResponse:
-        """End a membership at once; may close the round (handler thread; takes `_lock`)."""
-        with self._lock:
+        """End a membership at once; may close the round (handler thread; takes `_lock`, writes its event rows after
+        releasing it, `flush`)."""
+        with self._locked(bounded=True):
             worker = self._authenticated("Leave", request.worker_id, request.worker_secret)
             why = printable(request.reason[:200])
             self._end_membership(worker, pb.WORKER_STATE_LEFT, "leave", f"left: {why or 'no reason given'}")
@@ -502,7 +555,8 @@ class SwarmCoordinator:
         return pb.LeaveResponse()
 
     def _end_membership(self, worker: WorkerRecord, state: int, kind: str, reason: str, now: float | None = None) -> None:
-        """End an active membership: record, event row, log line (lock held)."""
+        """End an active membership: record, event row (posted: written once the lock is released), log line (lock
+        held)."""
         now = self.clock() if now is None else now
         worker.active, worker.state, worker.reason, worker.ended_at = False, state, reason, now
         del self._active[worker.worker_id]
@@ -510,13 +564,96 @@ class SwarmCoordinator:
         self._version_changed.notify_all()
         if self.on_membership_end is not None and state != pb.WORKER_STATE_REASSIGNED:
             self.on_membership_end(worker.worker_id, reason)
-        self._add_event_best_effort(worker.worker_id, kind, reason, now)
+        self._post_event(worker.worker_id, kind, reason, now)
         self.log.info("%s: %s (%s) at version %d: %s", kind, worker.worker_id, worker.name, self.version, reason)
 
-    def _add_event_best_effort(self, worker_id: str, kind: str, reason: str, now: float) -> None:
-        """An events row for what already happened in memory (an ended membership, a stall), best effort (lock
-        held): a failed write (a full disk) is one WARNING until a write succeeds again, never the error of the
-        tick or call that did it, which would otherwise stop closing rounds; the log line stays."""
+    def _acquire(self, bounded: bool) -> None:
+        """Take `_lock`. `bounded` (a handler's first look, before it changed anything): within the deadline of the
+        call the thread serves (`guards.call_time_left`), less LOCK_WAIT_MARGIN_S, else refused UNAVAILABLE (workers
+        retry it), so that a handler does not stay blocked on a lock held by a slow write past the time its caller
+        gave up; without a call (the ticker, the dashboard, a test) as long as it takes."""
+        left = call_time_left() if bounded else None
+        if left is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=max(left - LOCK_WAIT_MARGIN_S, 0.0)):
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"run {self.run_id} is busy (its lock stayed held until the "
+                                                       "call's deadline: a slow write?); retry")
+
+    @contextlib.contextmanager
+    def _hold(self) -> Iterator[None]:
+        """`_lock` for a handler's first look, its wait bounded by the call's deadline (`_acquire`); nothing posted."""
+        self._acquire(bounded=True)
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def _locked(self, measure: bool = True, wait: bool = True, bounded: bool = False) -> Iterator[None]:
+        """Hold `_lock` for the block, then, once it is released, write what the block posted (`flush(wait)`), also
+        when the block raised. With `measure` (a block that never waits on `_version_changed`) a hold longer than the one
+        `tick` saw last is noted for it (`_long_hold_s`): a write under the lock (a join's, a close's curriculum
+        step) held up the heartbeats queued behind it."""
+        posted = False
+        self._acquire(bounded)
+        try:
+            taken, before = time.monotonic(), self._posts
+            try:
+                yield
+            finally:
+                posted = self._posts > before
+                if measure:
+                    self._long_hold_s = max(self._long_hold_s, time.monotonic() - taken)
+                self._lock.release()
+        finally:
+            if posted:
+                self.flush(wait)
+
+    def _post(self, key: str | None, write: Callable[[], None]) -> None:
+        """Post a store write to the outbox (lock held): `flush` runs it once the lock is released. A keyed write
+        (a run_state value) replaces an earlier one of the same key not written yet. `write` handles its own
+        failure (best effort: these are events and counters, never a round's commit or a join)."""
+        self._outbox.append((key, write))
+        self._posts += 1
+
+    def _post_event(self, worker_id: str, kind: str, reason: str, now: float) -> None:
+        """Post an events row for what already happened in memory (an ended membership, a stall, a stale, dropped
+        or late update; lock held): `_write_event` writes it once the lock is released."""
+        self._post(None, lambda: self._write_event(worker_id, kind, reason, now))
+
+    def flush(self, wait: bool = True) -> None:
+        """Write the outbox (any thread, `_lock` not held; takes `_outbox_lock`, and `_lock` only to take the rows).
+
+        Ordering: rows are written in the order they were posted under `_lock` (one flush at a time); a call that
+        posted rows and flushed with `wait` returns after they were written (or their failure logged), so a Leave's
+        event is in the store when its answer is sent. Rows written directly (a join's, a close's commit) may get
+        lower rowids than rows posted before them; each row keeps the time of its change in memory. A crash between
+        the change in memory and its flush loses the rows posted (events and counters: the full pulls' count, the
+        refusals); memberships are memory only, and nothing a round commits or a join stores goes through here.
+        Without `wait` (the ticker) a flush under way elsewhere is left to write them: it looks again when done."""
+        first = wait  # with `wait`, once at least: rows this call posted may be in the hands of a flush under way
+        while first or self._outbox:
+            first = False
+            if not self._outbox_lock.acquire(blocking=wait):
+                return
+            try:
+                with self._lock:
+                    posted, self._outbox = self._outbox, []
+                last = {key: index for index, (key, _) in enumerate(posted) if key is not None}
+                for index, (key, write) in enumerate(posted):
+                    if key is not None and last[key] != index:
+                        continue
+                    try:
+                        write()
+                    except Exception:  # a write's own failure is handled in it; this is a bug, and the rest go on
+                        self.log.exception("a posted store write failed")
+            finally:
+                self._outbox_lock.release()
+
+    def _write_event(self, worker_id: str, kind: str, reason: str, now: float) -> None:
+        """Write a posted events row, best effort (`flush`, `_outbox_lock` held): a failed write (a full disk) is one
+        WARNING until a write succeeds again, never the error of the tick or call that did it, which would otherwise
+        stop closing rounds; the log line stays."""
         try:
             self.store.add_event(worker_id, kind, reason, now)
         except StoreError as error:
@@ -556,18 +693,19 @@ class SwarmCoordinator:
             message = pb.PullParametersResponse(chunk=chunk)
             served += message.ByteSize()
             yield message
-        with self._lock:
+        with self._locked():
             self.traffic.count_down(self.workers.get(request.worker_id), served, full=payload is not None)
             if payload is not None:
-                self._save_full_pulls()
+                value = traffic.full_pulls_value(self.traffic.full_pull_bytes, self.traffic.full_pulls)
+                self._post(traffic.FULL_PULLS_KEY, lambda: self._save_full_pulls(value))
 
-    def _save_full_pulls(self) -> None:
-        """Keep the full pulls' count in the store, best effort (lock held): the pull it counts was served, so a
-        failed write (a full disk) is one WARNING until a write succeeds again, never the pull's error; the count
-        stays in memory and the next full pull writes it."""
+    def _save_full_pulls(self, value: str) -> None:
+        """Keep the full pulls' count (`value`, counted under the lock) in the store, best effort (`flush`, after
+        the pull released the lock): the pull it counts was served, so a failed write (a full disk) is one WARNING
+        until a write succeeds again, never the pull's error; the count stays in memory and the next full pull
+        writes it."""
         try:
-            self.store.set_many({traffic.FULL_PULLS_KEY: traffic.full_pulls_value(self.traffic.full_pull_bytes,
-                                                                                   self.traffic.full_pulls)})
+            self.store.set_many({traffic.FULL_PULLS_KEY: value})
         except StoreError as error:
             if not self._full_pulls_unsaved:
                 self.log.warning("the full pulls' count was not saved (%s); pulls are served, the count is kept in "
@@ -583,7 +721,7 @@ class SwarmCoordinator:
     ) -> tuple[LazyPullPayload | None, pb.TensorHeader | None, list[pb.TensorChunk]]:
         """For `pull` (takes `_lock`): the current version's full payload, or the compressed step's header and
         chunks when the worker holds the version before."""
-        with self._lock:
+        with self._hold():
             self._check_tensors_served(
                 "PullParameters", self._authenticated("PullParameters", request.worker_id, request.worker_secret))
             self._wait_for_close(self.spec.coordinator.max_wait_s)
@@ -632,7 +770,7 @@ class SwarmCoordinator:
         membership ends (`_end_membership` wakes the waiters)."""
         wait_s = min(max(request.wait_ms, 0) / 1000.0, self.spec.coordinator.max_wait_s, max(time_remaining - 0.2, 0.0))
         deadline = time.monotonic() + wait_s
-        with self._lock:
+        with self._hold():
             worker = self._authenticated("AwaitVersion", request.worker_id, request.worker_secret)
             worker.last_seen = self.clock()
             while self.version < request.min_version and not self.finished and worker.active:
@@ -649,14 +787,14 @@ class SwarmCoordinator:
         a close of its round runs it waits on `_version_changed` (releasing the lock), at most
         `coordinator.max_wait_s`."""
         meta = first_part(requests, "meta").meta
-        with self._lock:
+        with self._locked(measure=False, bounded=True):
             worker = self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret)
             self._check_tensors_served("PushUpdate", worker)
             self.intake.check_meta(worker, meta)
             bound, why = self.closer.norm_bound
         header = first_part(requests, "header").header
         deltas, norm, size = receive_update(header, requests, self.shapes, self.run_id, meta.base_version, self.wire_format)
-        with self._lock:
+        with self._locked(measure=False, bounded=True):
             worker = self._authenticated("PushUpdate", meta.worker_id, meta.worker_secret)
             lateness = self.intake.check_meta(worker, meta)
             if norm > bound:
@@ -682,7 +820,7 @@ class SwarmCoordinator:
         rounds the swarm closed since the last report, `_follow_peer_rounds`): nothing is counted that was not
         stored."""
         require_secret("ReportMetrics", request.worker_id, request.worker_secret)
-        with self._lock:
+        with self._hold():
             self._reporter(request.worker_id, request.worker_secret)
             step_tokens = self.intake.step_token_bound()
             # The versions this run served (the workers' own, peer to peer, with the hivemind backend).
@@ -702,7 +840,7 @@ class SwarmCoordinator:
         metrics = [m for m in request.metrics
                    if not ((last > 0 and m.version >= last and m.tokens > 0) or m.version > served
                            or set_aside(self.rejected_versions, m.version) is not None)]
-        with self._lock:
+        with self._hold():
             worker = self._reporter(request.worker_id, request.worker_secret)
             counted_at = self.intake.count_metric_rows(worker, len(request.metrics))
         rows = [
@@ -720,7 +858,7 @@ class SwarmCoordinator:
             with self._lock:
                 self.intake.refund_metric_rows(worker, counted_at, len(request.metrics))
             raise
-        with self._lock:
+        with self._locked():  # a hivemind run's curriculum steps write under it (`_follow_peer_rounds`): measured
             reported = self.peer_version
             for metric in metrics:
                 self.peer_version = max(self.peer_version, metric.version)
@@ -762,8 +900,9 @@ class SwarmCoordinator:
 
     def status(self) -> pb.GetStatusResponse:
         """The run's GetStatus reply (handler thread, the dashboard's thread; takes `_lock` for the live
-        state, reads the closed rounds from the store after releasing it)."""
-        with self._lock:
+        state, reads the closed rounds from the store after releasing it; a handler's wait is bounded by its call's
+        deadline)."""
+        with self._hold():
             now = self.clock()
             # The active members' latest losses: an ended membership (kept `forget_after_s` for the status) would
             # hold an evicted or departed worker's loss in the mean; the kept ones only once none is active.
@@ -835,25 +974,31 @@ class SwarmCoordinator:
             self._lock.release()
 
     def close(self) -> None:
-        """Close the store; once the server and the ticker have stopped (no lock)."""
+        """Write the outbox (`flush`), then close the store; once the server and the ticker have stopped (takes
+        `_lock` only to take the outbox's rows)."""
+        self.flush()
         self.store.close()
 
+    # The three reads below identify a caller (the server's guard, a RunGroup's routing) without `_lock`, so a run
+    # whose lock is held (a write under it) stalls no call of another run's worker: each reads one entry of `workers`
+    # (a dict lookup, atomic) and that record's fields, a snapshot that may be a moment old. Whatever the call then
+    # does, its run checks again under its lock (`_authenticated`).
+
     def owns_credential(self, worker_id: str, secret: bytes) -> bool:
-        """Whether `worker_id` is an active member whose worker secret is `secret` (any thread; takes `_lock`)."""
-        with self._lock:
-            worker = self.workers.get(worker_id)
-            return worker is not None and worker.active and worker.owns(secret)
+        """Whether `worker_id` is an active member whose worker secret is `secret` (any thread; none: a snapshot)."""
+        worker = self.workers.get(worker_id)
+        return worker is not None and worker.active and worker.owns(secret)
 
     def knows(self, worker_id: str) -> bool:
-        """Whether `worker_id` joined this run and is still in memory, active or not (any thread; takes `_lock`)."""
-        with self._lock:
-            return worker_id in self.workers
+        """Whether `worker_id` joined this run and is still in memory, active or not (any thread; none: a
+        snapshot)."""
+        return worker_id in self.workers
 
     def membership_state(self, worker_id: str) -> int:
-        """Membership `worker_id`'s state, WORKER_STATE_UNSPECIFIED when not in memory (any thread; takes `_lock`)."""
-        with self._lock:
-            worker = self.workers.get(worker_id)
-            return pb.WORKER_STATE_UNSPECIFIED if worker is None else worker.state
+        """Membership `worker_id`'s state, WORKER_STATE_UNSPECIFIED when not in memory (any thread; none: a
+        snapshot)."""
+        worker = self.workers.get(worker_id)
+        return pb.WORKER_STATE_UNSPECIFIED if worker is None else worker.state
 
     def active_workers(self) -> int:
         """The number of active workers (any thread; takes `_lock`)."""
@@ -868,8 +1013,8 @@ class SwarmCoordinator:
 
     def reassign(self, worker_id: str, reason: str) -> None:
         """End a worker's membership here because a sweep moves it to another run; may close the round
-        (handler thread, from a RunGroup without its lock; takes `_lock`)."""
-        with self._lock:
+        (handler thread, from a RunGroup without its lock; takes `_lock`, writes its event row after releasing it)."""
+        with self._locked():
             self._end_membership(self._member(worker_id), pb.WORKER_STATE_REASSIGNED, "reassign", reason)
             close = self.closer.begin()
         self.closer.finish(close)
@@ -886,14 +1031,20 @@ class SwarmCoordinator:
             self._version_changed.notify_all()
 
     def _note_refusal(self, name: str, why: str) -> None:
-        """Count worker `name` among those that refused this run, with `why` (lock held); the oldest beyond
-        MAX_REFUSALS is forgotten."""
+        """Count worker `name` among those that refused this run, with `why` (lock held; the store's copy is posted,
+        `_save_refusals`); the oldest beyond MAX_REFUSALS is forgotten."""
         self.refusals.pop(name, None)
         self.refusals[name] = (self.clock(), why)
         if len(self.refusals) > MAX_REFUSALS:
             del self.refusals[next(iter(self.refusals))]
-        try:  # best effort: a count to show, not the run's state (the Leave it came with has ended the membership)
-            self.store.set_many({REFUSALS_KEY: json.dumps([[n, when, text] for n, (when, text) in self.refusals.items()])})
+        value = json.dumps([[n, when, text] for n, (when, text) in self.refusals.items()])
+        self._post(REFUSALS_KEY, lambda: self._save_refusals(name, value))
+
+    def _save_refusals(self, name: str, value: str) -> None:
+        """Write the refusals (`value`, the newest with `name`'s) posted by `_note_refusal`, best effort (`flush`):
+        a count to show, not the run's state (the Leave it came with has ended the membership)."""
+        try:
+            self.store.set_many({REFUSALS_KEY: value})
         except StoreError as error:
             self.log.warning("the refusal of %s was not saved (%s); it is counted until this coordinator stops", name,
                              error)
@@ -909,10 +1060,17 @@ class SwarmCoordinator:
 
     def tick(self) -> None:
         """Evict expired workers and persistent outliers, forget long-ended ones and close the round if it is
-        due (the ticker thread, every TICK_S; takes `_lock`, and closes a round as `RoundCloser.finish` says)."""
-        with self._lock:
+        due (the ticker thread, every TICK_S; takes `_lock`, writes its event rows after releasing it without waiting
+        for another flush, and closes a round as `RoundCloser.finish` says). A stall of the coordinator itself, its
+        clock's (`_note_stall`) or on its own lock (`_note_lock_stall`: the ticker waited for the lock, or a holder
+        kept it, longer than a heartbeat interval), gives the members not heard since a grace first."""
+        asked = time.monotonic()
+        with self._locked(wait=False):
+            waited = time.monotonic() - asked
             now = self.clock()
             self._note_stall(now)
+            self._note_lock_stall(now, max(waited, self._long_hold_s))
+            self._long_hold_s = 0.0
             for worker_id, reason in decisions.decide_evictions(now, self._active_views(), self.membership,
                                                                 self._resumed_at):
                 self._end_membership(self._active[worker_id], pb.WORKER_STATE_EVICTED, "evict", f"evicted: {reason}", now)
@@ -935,7 +1093,19 @@ class SwarmCoordinator:
         if beat.stalls > self._stalls_seen:
             self._stalls_seen, self._resumed_at = beat.stalls, now
             grace = self.membership.lease_s + self.membership.stall_grace_s
-            self._add_event_best_effort("", "stall", f"{beat.reason}; members not heard since have {grace:.1f} s", now)
+            self._post_event("", "stall", f"{beat.reason}; members not heard since have {grace:.1f} s", now)
+
+    def _note_lock_stall(self, now: float, stalled_s: float) -> None:
+        """The ticker waited `stalled_s` for the lock, or a holder kept it that long (`_locked`; lock held): longer
+        than a worker's heartbeat interval (lease_s / LOCK_STALL_BEATS), the heartbeats queued behind it were held
+        up as by a stall of the coordinator, so the coordinator resumed now, as `_note_stall` says, whether or not
+        they or this tick took the lock first once it was released."""
+        if stalled_s <= self.membership.lease_s / LOCK_STALL_BEATS:
+            return
+        self._resumed_at = now
+        grace = self.membership.lease_s + self.membership.stall_grace_s
+        self._post_event("", "stall", f"the run's lock was held {stalled_s:.1f} s (a slow write under it); members "
+                                      f"not heard since have {grace:.1f} s", now)
 
     def _evict_outliers(self, now: float) -> None:
         """End the membership of every active worker `decide_outlier_evictions` names (lock held)."""

@@ -221,11 +221,13 @@ class RunGroup:
 
     Threads and locks: the RPC methods are called from gRPC handler threads, `tick` from the
     server's ticker thread, `status` also from the dashboard's. `waiting` (the workers refused a place
-    lately) has its own lock, a leaf: taken last (a join holds the group's), nothing taken while it is
-    held. `_lock` orders joins and move decisions, so two joins never both count a run as the
-    emptiest; it is taken before a run's own lock (the group calls `join` and `active_workers` of
-    its runs while holding it) and never while a run's lock is held. Every other method routes the
-    call to its run without the group's lock; the run takes its own (see SwarmCoordinator). The forecasts (`_forecast`, `_prune`) are
+    lately) has its own lock, a leaf: nothing taken while it is held. `_lock` orders the placements of joins and
+    move decisions, so two joins never both count a run as the emptiest (a join placed but not ended holds its
+    place, `_arriving`); it is taken before a run's own lock (the group calls `active_workers` and `places_taken`
+    of its runs while holding it), never while a run's lock is held, and never held across a store write: a run's
+    `join` (which writes under the run's lock) runs after the group lock is released. Routing a call (`_index_of`,
+    `owns_credential`) takes no lock (the runs' snapshots). Every other method routes the call to its run without
+    the group's lock; the run takes its own (see SwarmCoordinator). The forecasts (`_forecast`, `_prune`) are
     the ticker's alone: it replaces `latest[i]` whole, which `status` reads as a snapshot from any thread.
     """
 
@@ -250,9 +252,10 @@ class RunGroup:
         self._started_at: list[float | None] = [None] * len(self.runs)
         # How many of `prune_at`'s fractions were decided (each run's store keeps the count).
         self.prune_done = max(int(run.store.get("prune_done") or 0) for run in self.runs)
-        # Workers moved off a run toward another (worker id → (that run's index, until when it counts there)); the
-        # group lock guards it.
+        # Workers moved off a run toward another (worker id → (that run's index, until when it counts there)), and
+        # the joins placed in a run that have not ended ("joining N" → the same, `join`); the group lock guards it.
         self._arriving: dict[str, tuple[int, float]] = {}
+        self._joining = itertools.count()
         # The runs each membership's worker refused (worker id → their positions; its join's `refused_run_ids`), so
         # that no move sends it to one; kept while some run knows the id. The group lock guards it.
         self._refused: dict[str, frozenset[int]] = {}
@@ -306,11 +309,12 @@ class RunGroup:
 
     def owns_credential(self, worker_id: str, secret: bytes) -> bool:
         """Whether some run has `worker_id` as an active member with the worker secret `secret` (a handler
-        thread, from the server's guard; takes each run's lock in turn, not the group's)."""
+        thread, from the server's guard; takes no lock: each run's `owns_credential` reads a snapshot, so a run whose
+        lock is held, a slow write under it, stalls no call of another run's worker)."""
         return any(run.owns_credential(worker_id, secret) for run in self.runs)
 
     def _index_of(self, what: str, worker_id: str, secret: bytes) -> int:
-        """The run `worker_id` joined (takes each run's lock in turn); UNAUTHENTICATED without a worker
+        """The run `worker_id` joined (no lock: each run's `knows` reads a snapshot); UNAUTHENTICATED without a worker
         secret, NOT_FOUND if no run knows the id. The run itself checks that the secret is the id's."""
         require_secret(what, worker_id, secret)
         for index, run in enumerate(self.runs):
@@ -323,7 +327,7 @@ class RunGroup:
         return pb.RUN_STATE_FINISHED if self.finished else pb.RUN_STATE_RUNNING
 
     def _returning(self, request: pb.JoinRequest) -> int | None:
-        """The run a re-joining worker may go back to (group lock held; takes each run's lock in turn): the one
+        """The run a re-joining worker may go back to (group lock held; no run's lock, `membership_state`): the one
         whose id it names, unless that run moved it off (its previous membership there is REASSIGNED)."""
         for index, run in enumerate(self.runs):
             if request.run_id and run.run_id == request.run_id:
@@ -381,18 +385,31 @@ class RunGroup:
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r}: its run {why}; join again", moved=True)
 
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
-        """Admit a worker to the run `_place` picks (handler thread; takes the group lock, then the run's); a join
-        refused for want of a place counts its worker as waiting (`waiting`, its own lock)."""
+        """Admit a worker to the run `_place` picks (handler thread; takes the group lock to place it, then the
+        run's without the group's); a join refused for want of a place counts its worker as waiting (`waiting`, its
+        own lock). The run's join writes its store under the run's lock (`SwarmCoordinator.join`), so the group lock
+        is not held across it: a slow disk of one run does not hold up the joins placed in another. A sweep's join
+        holds its place meanwhile as a worker moving there does (`_arriving`, under a key no worker id has), so
+        that joins placed at once are still spread as if one after the other; it is dropped when the run's join ends."""
         name = request.worker_name[:128]
-        with self._lock:
+        try:
             refused = refused_runs(request, self.runs)
-            try:
+            held = f"joining {next(self._joining)}"
+            with self._lock:
                 index, reason = self._place(request, refused)
+                if self.sweep:
+                    self._arriving[held] = (index, self.runs[0].clock() + 2 * self.spec.coordinator.lease_s)
+            try:
                 response = self.runs[index].join(request, placed=reason)
-            except Refusal as refusal:
-                if refusal.place_retry_s > 0:
-                    self.waiting.asked(name, time.monotonic(), refusal.place_retry_s)
-                raise
+            finally:
+                if self.sweep:
+                    with self._lock:
+                        self._arriving.pop(held, None)
+        except Refusal as refusal:
+            if refusal.place_retry_s > 0:
+                self.waiting.asked(name, time.monotonic(), refusal.place_retry_s)
+            raise
+        with self._lock:
             self._refused = {worker: runs for worker, runs in self._refused.items()
                              if any(run.knows(worker) for run in self.runs)}
             if refused:
