@@ -43,8 +43,8 @@ BATCH = 48
 class ControlPlane:
     """One membership at a coordinator. `join` runs on the caller's thread before training; `report`
     (training thread) only appends to `_pending` and `assignment` only reads `_assignment`, both under
-    `_lock`; `_loop` (thread `control`) makes every other call and sets `_assignment` under `_lock`;
-    `close` stops it and sends Leave."""
+    `_lock`; `_loop` (thread `control`) makes every other call, and under `_lock` takes each batch it sends out of
+    `_pending` (`_beat`) and sets `_assignment`; `close` stops it and sends Leave."""
 
     def __init__(self, target: str, token: str, name: str, device: str, *, patience_s: float = 300.0,
                  rpc_timeout_s: float = 10.0, beat_s: float = 1.0, **tls: object) -> None:
@@ -112,18 +112,36 @@ class ControlPlane:
             log.warning("%s: joining again failed (%s); retrying on the next beat", self.name, exc)
 
     def _beat(self) -> None:
-        """A heartbeat, then the pending rows in batches (each batch leaves the queue once it is stored, or once the
-        coordinator refused it: `_report`)."""
+        """A heartbeat, then the pending rows in batches: each batch is taken out of the queue under `_lock` before it
+        is sent, and stays out once it is stored or the coordinator refused it (`_report`); a call that raises (a
+        transient failure or NOT_FOUND) puts it back at the head (`_put_back`). Before, the batch stayed in
+        the queue while it travelled and was popped from the left afterwards: a `report` that overflowed the queue
+        meanwhile had already dropped those rows from the left, so the pops dropped as many rows never sent
+        (review 2026-12, F5)."""
         self._note(self.client.heartbeat(self.identity))
         while True:
             with self._lock:
-                batch = [self._pending[i] for i in range(min(BATCH, len(self._pending)))]
+                batch = [self._pending.popleft() for _ in range(min(BATCH, len(self._pending)))]
             if not batch:
                 return
-            self._report(batch)
-            with self._lock:
-                for _ in batch:
-                    self._pending.popleft()
+            try:
+                self._report(batch)
+            except BaseException:
+                self._put_back(batch)
+                raise
+
+    def _put_back(self, batch: list[pb.Metric]) -> None:
+        """Return an unsent `batch` to the head of the queue, in order. Rows reported while it travelled may have
+        filled the queue: the queue drops its oldest rows past MAX_PENDING as `report` does, and those are the
+        batch's own oldest ones, so only the batch's newest rows that still fit go back (one WARNING says how many
+        were dropped)."""
+        with self._lock:
+            room = MAX_PENDING - len(self._pending)
+            kept = batch[len(batch) - room:] if room < len(batch) else batch
+            self._pending.extendleft(reversed(kept))
+        if len(kept) < len(batch):
+            log.warning("%s: %d metric rows dropped: the queue filled (%d rows) while they were sent", self.name,
+                        len(batch) - len(kept), MAX_PENDING)
 
     def _report(self, batch: list[pb.Metric]) -> None:
         """Send one batch of rows. A transient failure or NOT_FOUND raises (the batch stays for the next beat, after a

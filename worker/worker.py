@@ -281,10 +281,15 @@ class Exchange:
         finally:
             self.done.set()
 
-    def wait(self, poll_s: float = 1.0):
-        """The work's result once it ended (the client bounds it: deadlines, retries within the patience, stop)."""
+    def wait(self, stop: threading.Event | None = None, poll_s: float = 0.2):
+        """The work's result once it ended (the client bounds it: deadlines, retries within the patience, stop), or
+        Stopped within `poll_s` of `stop` being set while it still runs: the client sees a stop only between
+        attempts, so a push or pull that hangs held a stopping worker for up to its transfer deadline (300 s). The
+        work goes on on its thread; the caller keeps it as the round in flight, which `Worker._leave` waits for
+        (bounded) and ends by closing the channel, as for a stop that comes while the training thread trains."""
         while not self.done.wait(poll_s):
-            pass
+            if stop is not None and stop.is_set():
+                raise Stopped(f"{self.thread.name}: stopped while the round was on the wire")
         if self._error is not None:
             raise self._error
         return self._result
@@ -974,9 +979,12 @@ class Worker:
         early_seconds = time.perf_counter() - early_started
         sync_started = time.perf_counter()
         try:
-            fetched = exchange.wait()
+            fetched = exchange.wait(self.stop)
         except ExchangeRejoin as rejoin:
             fetched = rejoin
+        except Stopped:
+            self._inflight = inflight  # still on the wire: `_leave` waits for it (bounded), `_end_threads` joins it
+            raise
         finally:
             self.sync_seconds += time.perf_counter() - sync_started
             self._keep([self._metric(row) for row in early.rows])
@@ -1321,6 +1329,7 @@ class Worker:
         self._pending = self._pending[len(batch):]
 
     def _heartbeat_loop(self) -> None:
+        logged: set[str] = set()  # the kinds of unexpected errors logged (`_heartbeat_error`)
         while not self.stop.wait(heartbeat_interval(self.lease_s)):
             identity = self.identity
             try:
@@ -1336,6 +1345,25 @@ class Worker:
                 log.debug("heartbeat failed: %s", err)
             except (RetriesExhausted, Stopped) as exc:
                 log.debug("heartbeat failed: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive one bad beat (`_heartbeat_error`)
+                self._heartbeat_error(exc, logged)
+
+    def _heartbeat_error(self, exc: Exception, logged: set[str]) -> None:
+        """An unexpected error in one beat (neither a gRPC status nor the client's give-up or stop: a malformed
+        answer, a bug in handling one). The thread is started once per process (`_join`), so before, such an error
+        ended it for good: the lease lapsed, the coordinator evicted the worker and every later call met NOT_FOUND
+        and joined again. It keeps beating instead: one beat's error says nothing about the next, and an error that
+        does repeat before the call is made costs what it cost before (the lease lapses and the training thread's
+        calls re-join), while the worker neither exits nor floods its log. The first error of each kind is one
+        WARNING line with its traceback, later ones of that kind DEBUG lines; after the stop (the channel closing
+        under the beat) DEBUG only."""
+        kind = type(exc).__name__
+        if self.stop.is_set() or kind in logged:
+            log.debug("heartbeat failed: %s: %s", kind, exc)
+            return
+        logged.add(kind)
+        log.warning("%s: a heartbeat failed unexpectedly (%s: %s); beating on (later %s errors are logged at DEBUG)",
+                  self.name, kind, exc, kind, exc_info=exc)
 
     def _check_moved(self, version: int, steps: int) -> None:
         """After a round's training stopped early: Rejoin when it stopped because the heartbeat heard that this
