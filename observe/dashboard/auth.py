@@ -89,6 +89,10 @@ def dashboard_transport_problem(host: str, required: bool, https: bool, grpc_pla
             "network is trusted")
 
 
+# What `dict.pop` returns for a session not remembered (a session's token may be None).
+_GONE = object()
+
+
 class Verdict(enum.Enum):
     """What `SessionAuth.authorize` says of a request."""
 
@@ -226,13 +230,8 @@ class SessionAuth:
     def end_session(self, value: str) -> bool:
         """Log the session `value` out (it is void from now on); whether it was one."""
         nonce = self._session(value)
-        if nonce is None:
-            return False
         with self._lock:
-            if nonce not in self._sessions:
-                return False
-            del self._sessions[nonce]
-            return True
+            return nonce is not None and self._sessions.pop(nonce, _GONE) is not _GONE
 
     @property
     def sessions(self) -> int:
