@@ -21,6 +21,7 @@ a failure to serve (a port in use) exits 1.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -29,11 +30,13 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+from rcswarm.cli.main import interrupted_import
 from rcswarm.cli.signals import StopSignal
-from rcswarm.cli.usage import output_dir_problem, output_file_problem, usage_error
+from rcswarm.cli.usage import empty_path_problem, output_dir_problem, output_file_problem, path_arg, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import (
     COORDINATOR_BYTES_PER_PARAMETER,
@@ -80,26 +83,26 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default loopback; any other address needs TLS or --insecure)")
     parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
-    parser.add_argument("--token-file", type=Path, default=None,
+    parser.add_argument("--token-file", type=path_arg, default=None,
                         help="file of accepted join tokens, one per line (# comments), re-read when it changes "
                              "and on SIGHUP; instead of --token (rotation without a restart)")
-    parser.add_argument("--tls-cert", type=Path,
+    parser.add_argument("--tls-cert", type=path_arg,
                         help="PEM certificate; with --tls-key enables TLS (both re-read when they change: renewal "
                              "without a restart)")
-    parser.add_argument("--tls-key", type=Path, help="PEM private key")
-    parser.add_argument("--tls-self-signed", type=Path, metavar="DIR",
+    parser.add_argument("--tls-key", type=path_arg, help="PEM private key")
+    parser.add_argument("--tls-self-signed", type=path_arg, metavar="DIR",
                         help="serve TLS with a CA and server certificate made (or reused) in DIR, and log the "
                              "worker command with --tls-ca DIR/ca.pem; DIR/client.pem is a client certificate")
     parser.add_argument("--tls-san", action="append", default=[], metavar="NAME",
                         help="with --tls-self-signed: another DNS name or IP address workers dial (repeatable)")
-    parser.add_argument("--tls-client-ca", type=Path, metavar="FILE",
+    parser.add_argument("--tls-client-ca", type=path_arg, metavar="FILE",
                         help="mutual TLS: require client certificates signed by this CA (e.g. DIR/ca.pem)")
     parser.add_argument("--insecure", action="store_true",
                         help="serve plaintext gRPC on a non-loopback --host (the token crosses the network in the clear)")
     parser.add_argument("--health-port", type=int, default=None,
                         help="also serve grpc.health.v1 Check in plaintext on this port of --host, for probes that "
                              "cannot speak TLS (0 = any free port; default: off)")
-    parser.add_argument("--port-file", type=Path, help="write {'port': P, 'pid': this process, ...} here once serving")
+    parser.add_argument("--port-file", type=path_arg, help="write {'port': P, 'pid': this process, ...} here once serving")
     parser.add_argument("--http-port", type=int, default=None,
                         help="serve the HTTP dashboard and /metrics on this port (0 = any free port; default: off)")
     parser.add_argument("--http-host", default="127.0.0.1",
@@ -137,8 +140,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser().parse_args(argv)
 
 
+PATH_FLAGS = ("--config", "--state-dir", "--token-file", "--tls-cert", "--tls-key", "--tls-self-signed",
+              "--tls-client-ca", "--port-file")
+
+
+def _flag_value(args: argparse.Namespace, flag: str) -> Any:
+    return getattr(args, flag[2:].replace("-", "_"))
+
+
+def host_port_problem(host: str) -> str | None:
+    """`--host` with a port in it (127.0.0.1:5, [::1]:5, name:5): the port is --port's (pure)."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+        return None
+    except ValueError:
+        pass
+    head, sep, tail = host.rpartition(":")
+    if sep and tail.isdigit() and (head.startswith("[") and head.endswith("]") or ":" not in head):
+        return f"--host {host!r}: --host takes no port; use --port {tail}"
+    return None
+
+
 def _argument_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line's values, or None (nothing is created or bound before this)."""
+    for flag in PATH_FLAGS:  # an empty path would be the working directory
+        problem = empty_path_problem(flag, _flag_value(args, flag))
+        if problem is not None:
+            return problem
+    problem = host_port_problem(args.host)
+    if problem is not None:
+        return problem
     if bool(args.tls_cert) != bool(args.tls_key):
         return "--tls-cert and --tls-key go together"
     if args.tls_cert and args.tls_self_signed:
@@ -153,13 +185,18 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     for flag, port in (("--port", args.port), ("--http-port", args.http_port), ("--health-port", args.health_port)):
         if port is not None and not 0 <= port <= 65535:
             return f"{flag} {port}: expected 0..65535"
-    problem = output_dir_problem("--state-dir", Path(args.state_dir))
+    problem = output_dir_problem("--state-dir", args.state_dir)
     if problem is None and args.port_file is not None:
         problem = output_file_problem("--port-file", args.port_file)
+    if problem is None and args.tls_self_signed is not None:
+        problem = output_dir_problem("--tls-self-signed", args.tls_self_signed)
     if problem is not None:
         return problem
     if args.health_port and args.health_port == args.port:
         return f"--health-port {args.health_port}: the same as --port; expected another port"
+    for flag, port in (("--port", args.port), ("--health-port", args.health_port)):
+        if args.http_port and args.http_port == port:
+            return f"--http-port {args.http_port}: the same as {flag}; expected another port"
     if args.http_plaintext and args.http_tls:
         return "--http-plaintext and --http-tls contradict each other: give one"
     if args.http_port is not None:
@@ -238,6 +275,7 @@ def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits,
     """The call limits and the health stall time: the run spec's [coordinator] keys, overridden by the
     command line's --max-calls, --stream-idle-s and --health-stall-s where given."""
     served = spec.coordinator
+    _check_serving_flags(args)
     idle_s = served.stream_idle_s if args.stream_idle_s is None else args.stream_idle_s
     stall_s = served.health_stall_s if args.health_stall_s is None else args.health_stall_s
     problem = health_stall_problem(stall_s)
@@ -246,6 +284,50 @@ def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits,
     limits = CallLimits(parse_max_calls(args.max_calls, served.max_calls), idle_s,
                         per_worker=served.max_calls_per_worker, per_peer=served.max_calls_per_peer)
     return limits, stall_s
+
+
+def _check_serving_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the flag (not the run spec's key it overrides) for a bad --max-calls or --stream-idle-s, each
+    checked as CallLimits would check the key (--health-stall-s keeps the key's message, `health_stall_problem`)."""
+    for value in args.max_calls:
+        try:
+            CallLimits(parse_max_calls([value]))
+        except ValueError as exc:
+            text, name = str(exc), value.partition("=")[0].strip()
+            if text.startswith("--max-calls"):  # not KIND=N: parse_max_calls names the flag itself
+                raise
+            key = f"max_calls[{name!r}]"  # an unknown kind: "'polls': unknown RPC kind"; a bad limit: its bounds
+            reason = f"{name!r}{text[len(key):]}" if text.startswith(f"{key}:") else _reason(text)
+            raise ValueError(f"--max-calls {value!r}: {reason}") from None
+    if args.stream_idle_s is not None:
+        try:
+            CallLimits(stream_idle_s=args.stream_idle_s)
+        except ValueError as exc:
+            raise ValueError(f"--stream-idle-s {args.stream_idle_s!r}: {_reason(str(exc))}") from None
+
+
+def _reason(problem: str) -> str:
+    """`key = value: reason` -> `reason`."""
+    return problem.split(": ", 1)[1] if ": " in problem else problem
+
+
+def _os_error_problem(args: argparse.Namespace, exc: OSError) -> str:
+    """An OSError of the start-up in one line naming the flag whose path it concerns (the state dir's, a TLS or
+    token file's), with the OS's reason."""
+    if exc.filename is None:
+        return str(exc)
+    path = Path(os.fsdecode(exc.filename))
+    reason = exc.strerror or str(exc)
+    for flag in (*PATH_FLAGS[2:], "--config", "--state-dir"):
+        value = _flag_value(args, flag)
+        if value is None:
+            continue
+        given = Path(value)
+        if path == given:
+            return f"{flag} {str(value)!r}: {reason}"
+        if given in path.parents:
+            return f"{flag} {str(value)!r}: {reason}: {str(path)!r}"
+    return f"{reason}: {str(path)!r}"
 
 
 def new_state_dirs(spec: RunSpec, state_dir: Path) -> list[Path]:
@@ -278,15 +360,80 @@ def discard_new_state(created: list[Path], coordinator: RunGroup | None, locks: 
         shutil.rmtree(path, ignore_errors=True)
 
 
+class StartUpSignals:
+    """Until the coordinator serves with its stop handler installed, SIGTERM raises KeyboardInterrupt as Ctrl-C does
+    (a model build, opening the stores), so that `main` stops what started and removes a state dir it created instead
+    of the process dying at once (status -15) with it left behind; `signum` keeps the signal's number."""
+
+    signum = 0
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self._installed = False
+
+    def install(self) -> StartUpSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._interrupt)
+            self._installed = True
+        return self
+
+    def _interrupt(self, signum: int, _frame: object) -> None:
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        """The SIGTERM handler from before `install`."""
+        if self._installed:
+            self._installed = False
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+
+    def hand_over(self) -> StopSignal:
+        """The serving loop's stop handler for SIGTERM and SIGINT, installed with SIGTERM blocked meanwhile, so that
+        no SIGTERM between this handler and that one ends the process unhandled."""
+        blocked = threading.current_thread() is threading.main_thread()
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self.restore()
+            return StopSignal().install(signal.SIGTERM, signal.SIGINT)
+        finally:
+            if blocked:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _abandon(created: list[Path], coordinator: RunGroup | None, locks: list, running: RunningCoordinator | None,
+             clock: LivenessClock | None) -> None:
+    """After a start-up that failed or was stopped: stop serving if it began, and discard the state it created."""
+    if running is not None:
+        running.stop()  # closes the stores too
+        coordinator = None
+    if clock is not None:
+        clock.stop()
+    discard_new_state(created, coordinator, locks)
+
+
+def write_port_file(path: Path, info: dict[str, Any]) -> None:
+    """`info` as JSON at `path`, whole or not at all (written beside it, then renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(info))
+    os.replace(partial, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`rcswarm coordinator`: serve one run or a sweep until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(levelname)s %(message)s")
     args = parse_args(argv)
     problem = _argument_problem(args)
+    if problem is not None:
+        return usage_error(PROG, problem)
     coordinator: RunGroup | None = None
+    running: RunningCoordinator | None = None
+    clock: LivenessClock | None = None
     locks: list = []
     created: list[Path] = []
-    if problem is None:
+    start_up = StartUpSignals().install()
+    try:
         try:
             tokens = JoinTokens.from_cli(args.token, args.token_file, os.environ.get(TOKEN_ENV, ""))
             spec = RunSpec.from_toml(args.config)
@@ -312,33 +459,48 @@ def main(argv: list[str] | None = None) -> int:
                 http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
                 health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
             ).start()
-        except (ValueError, StoreError, OSError) as exc:
+        except (ValueError, StoreError) as exc:
             problem = str(exc)
+        except OSError as exc:
+            problem = _os_error_problem(args, exc)
         except RuntimeError as exc:
-            discard_new_state(created, coordinator, locks)
+            _abandon(created, coordinator, locks, running, clock)
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 1
-    if problem is not None:
-        discard_new_state(created, coordinator, locks)
-        return usage_error(PROG, problem)
-    address = host_port(args.host, running.port)
-    for lock in locks:
-        lock.announce(address)
-    log.info("serving on %s: %s", address, coordinator.versions_text())
-    _log_security(args, running, quick, spec)
-    for caution in spec.cautions():
-        log.warning("%s", caution)
-    if args.port_file:
-        args.port_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = args.port_file.with_suffix(".partial")
-        info: dict[str, Any] = {"port": running.port, "run_id": coordinator.run_id, "pid": os.getpid()}
-        if running.dashboard is not None:
-            info["http_port"] = running.dashboard.port
-        if running.health_port is not None:
-            info["health_port"] = running.health_port
-        partial.write_text(json.dumps(info))
-        os.replace(partial, args.port_file)
-    stop = StopSignal().install(signal.SIGTERM, signal.SIGINT)
+        if problem is not None:
+            _abandon(created, coordinator, locks, running, clock)
+            return usage_error(PROG, problem)
+        address = host_port(args.host, running.port)
+        for lock in locks:
+            lock.announce(address)
+        log.info("serving on %s: %s", address, coordinator.versions_text())
+        _log_security(args, running, quick, spec)
+        for caution in spec.cautions():
+            log.warning("%s", caution)
+        if args.port_file:
+            info: dict[str, Any] = {"port": running.port, "run_id": coordinator.run_id, "pid": os.getpid()}
+            if running.dashboard is not None:
+                info["http_port"] = running.dashboard.port
+            if running.health_port is not None:
+                info["health_port"] = running.health_port
+            try:
+                write_port_file(args.port_file, info)
+            except OSError as exc:  # /proc, /sys, a full disk: found only when written
+                _abandon(created, coordinator, locks, running, clock)
+                print(f"{PROG}: --port-file {str(args.port_file)!r}: cannot write it: {exc.strerror or exc}; "
+                      "stopped serving", file=sys.stderr)
+                return 1
+        stop = start_up.hand_over()
+    except BaseException as exc:
+        if not isinstance(exc, KeyboardInterrupt) and not interrupted_import(exc):
+            raise
+        _abandon(created, coordinator, locks, running, clock)
+        name = signal.Signals(start_up.signum).name if start_up.signum else "SIGINT"
+        print(f"{PROG}: stopped by {name} while starting{'; removed the new state dir' if created else ''}",
+              file=sys.stderr)
+        return 128 + (start_up.signum or signal.SIGINT)
+    finally:
+        start_up.restore()
     signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
     while not stop.wait(1.0):
         pass

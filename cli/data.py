@@ -2,7 +2,7 @@
 
 Git histories -> one frame dataset. `--repo` may be given several times (the name defaults to the
 directory's); `--held-out NAME` puts that history into the held-out split. Bad arguments or values
-(a count flag below its least value: `FLAG_MINIMUMS`) exit 2 with a message on stderr naming the flag and
+(a count flag outside its bounds: `FLAG_BOUNDS`) exit 2 with a message on stderr naming the flag and
 the value; a history that cannot be replayed exits 1. An `--out` that already holds a dataset (a `manifest.json`) is
 replaced only with `--overwrite` (exit 2 naming the directory otherwise; the replacement is published whole, the old
 dataset readable until then). SIGTERM during the build exits 143 (SystemExit), so the
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
+from rcswarm.cli.usage import empty_path_problem, new_parser, output_dir_problem, parse_or_status, usage_error
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,20 +45,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# The least value of each count flag (`--max-commits` may also be left out: every commit).
-FLAG_MINIMUMS = {"--vocab-size": 256, "--block-frames": 1, "--frames-per-shard": 1, "--max-file-bytes": 0,
-                 "--max-commits": 1}
+# The least and the most value of each count flag (`--max-commits` may also be left out: every commit): rows, cols
+# and block frames are u16 fields of the frame header (the least rows and cols: git_editor's MIN_ROWS, MIN_COLS, the
+# smallest screen the editor lays out), token ids uint32, the rest int64 counts.
+INT64_MAX = (1 << 63) - 1
+FLAG_BOUNDS = {"--rows": (3, 0xFFFF), "--cols": (24, 0xFFFF), "--vocab-size": (256, 1 << 32),
+               "--block-frames": (1, 0xFFFF), "--frames-per-shard": (1, INT64_MAX), "--max-file-bytes": (0, INT64_MAX),
+               "--max-commits": (1, INT64_MAX)}
+FLAG_MINIMUMS = {flag: least for flag, (least, _) in FLAG_BOUNDS.items()}
 
 
 def flag_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with a count flag's value, naming the flag and the value; None when nothing is."""
-    for flag, least in FLAG_MINIMUMS.items():
+    for flag, (least, most) in FLAG_BOUNDS.items():
         value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and flag in ("--rows", "--cols") and not least <= value <= most:
+            return f"{flag} {value}: expected an integer in {least}..{most}"
         if value is not None and value < least:
             return f"{flag} {value}: expected an integer >= {least}"
-    if args.block_frames > 0xFFFF:
-        return f"--block-frames {args.block_frames}: expected an integer <= 65535"
-    return output_dir_problem("--out", Path(args.out)) or existing_dataset_problem(Path(args.out), args.overwrite)
+        if value is not None and value > most:
+            return f"{flag} {value}: expected an integer <= {most}"
+    for text in args.repo:
+        problem = empty_path_problem("--repo", text.partition("=")[2] if "=" in text else text)
+        if problem is not None:
+            return problem
+    return output_dir_problem("--out", args.out) or existing_dataset_problem(Path(args.out), args.overwrite)
 
 
 def existing_dataset_problem(out: Path, overwrite: bool) -> str | None:
@@ -132,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         return usage_error("rcswarm data frames", str(e))
     except (ReplayError, RuntimeError) as e:
         print(f"rcswarm data frames: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the dataset cannot be written (a full disk, /proc): one line, no traceback
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(args.out) else ""
+        print(f"rcswarm data frames: cannot write the dataset to {str(args.out)!r}: {e.strerror or e}{where}",
+              file=sys.stderr)
         return 1
     print_summary(summary)
     return 0

@@ -38,7 +38,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rcswarm.cli.usage import new_parser, output_file_problem, parse_or_status, usage_error
+from rcswarm.cli.usage import (
+    empty_path_problem,
+    new_parser,
+    output_file_problem,
+    parse_or_status,
+    path_arg,
+    usage_error,
+)
 from rcswarm.observe.analysis import (
     CROSSOVER_RULE,
     DEFAULT_SMOOTH_STEPS,
@@ -122,10 +129,10 @@ def plot(analysis: Analysis, out: Path, law: LengthLaw | None = None) -> None:
 
 def parser() -> argparse.ArgumentParser:
     result = new_parser("rcswarm fit", "fit scaling laws to recorded metrics and plot them")
-    result.add_argument("metrics", type=Path,
+    result.add_argument("metrics", type=path_arg,
                         help="metrics file (.csv with a header, or .jsonl), a run directory holding state.sqlite "
                              "files (e.g. what `rcswarm run` made), or one state.sqlite")
-    result.add_argument("--out", type=Path, default=None,
+    result.add_argument("--out", type=path_arg, default=None,
                         help="where to write the plot (.png, .pdf or .svg); default: fit.png in the run directory, or beside the file")
     result.add_argument("--step-column", default="step", help="column holding the training step (files only)")
     result.add_argument("--length-column", default="seq_len", help="column holding the sequence length (files only)")
@@ -210,7 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_or_status(parser(), argv)
     if isinstance(args, int):
         return args
-    problem = output_file_problem("--out", args.out, PLOT_SUFFIXES) if args.out is not None else None
+    problem = empty_path_problem("METRICS", args.metrics)
+    if problem is None and args.out is not None:
+        problem = output_file_problem("--out", args.out, PLOT_SUFFIXES)
     if problem is None and args.smooth < 1:
         problem = f"--smooth {args.smooth}: expected a positive number of steps (1: raw)"
     if problem is not None:

@@ -56,6 +56,30 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before a command installs its own handler (while torch imports)
         print("rcswarm: interrupted", file=sys.stderr)
         return 130
+    except ImportError as exc:
+        if not interrupted_import(exc):
+            raise
+        print("rcswarm: interrupted", file=sys.stderr)
+        return 130
+
+
+def interrupted_import(exc: BaseException) -> bool:
+    """Whether `exc` is an ImportError raised because a Ctrl-C landed inside an import: its chain of causes and
+    contexts holds a KeyboardInterrupt (a half-imported module then fails as "cannot import name ..." or numpy's
+    "cannot load module more than once per process")."""
+    if not isinstance(exc, ImportError):
+        return False
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        pending += [current.__cause__, current.__context__]
+    return False
 
 
 def version() -> str:

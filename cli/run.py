@@ -49,7 +49,7 @@ from rcswarm.cli.demo import DEMO_MINUTES, demo_spec
 from rcswarm.cli.fit import plot as plot_fit
 from rcswarm.cli.fit import report as report_fit
 from rcswarm.cli.signals import StopSignal
-from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
+from rcswarm.cli.usage import empty_path_problem, new_parser, output_dir_problem, parse_or_status, path_arg, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import ParameterLimit, model_problem, run_state_dirs
 from rcswarm.coordinator.curriculum import law_of
@@ -579,12 +579,12 @@ def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dic
 
 def parser() -> argparse.ArgumentParser:
     parser = new_parser("rcswarm run", "Train with a local swarm: a coordinator and N workers.")
-    parser.add_argument("config", nargs="?", type=Path,
+    parser.add_argument("config", nargs="?", type=path_arg,
                         help=f"RUN.toml (default: the built-in demo, a sweep over sequence lengths for "
                              f"{DEMO_MINUTES:g} minutes; its run.toml lands in the run directory)")
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: run.workers)")
     parser.add_argument("--rounds", type=int, default=None, help="outer rounds (default: run.rounds)")
-    parser.add_argument("--run-dir", type=Path, default=None, help="where the run's files go (default: runs/<name>-<time>)")
+    parser.add_argument("--run-dir", type=path_arg, default=None, help="where the run's files go (default: runs/<name>-<time>)")
     parser.add_argument("--minutes", type=float, default=None,
                         help="wall-time budget: stop every process after this many minutes, however many rounds ran "
                              "(a sweep's runs then share the same training time, the comparison of loss vs wall time; "
@@ -606,7 +606,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace | int:
     if args.max_params < 0:
         return usage_error("rcswarm run", f"--max-params {args.max_params}: expected >= 0 (0: what each process's "
                                           "memory holds)")
-    problem = output_dir_problem("--run-dir", args.run_dir) if args.run_dir is not None else None
+    problem = empty_path_problem("RUN.toml", args.config)
+    if problem is None and args.run_dir is not None:
+        problem = output_dir_problem("--run-dir", args.run_dir)
     if problem is not None:
         return usage_error("rcswarm run", problem)
     return args
@@ -658,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         return usage_error("rcswarm run", str(exc))
     minutes = budget_minutes(args)
-    run_dir = args.run_dir or Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = args.run_dir if args.run_dir is not None else Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     swarm = Swarm(spec, run_dir, spec.run.workers, args.max_params)
     # A closed terminal or a dropped ssh session (SIGHUP) stops the run as Ctrl-C does: the workers and the

@@ -48,27 +48,61 @@ def parse_or_status(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
         return int(exit_.code or 0)
 
 
-def output_dir_problem(flag: str, path: Path) -> str | None:
+def path_arg(text: str) -> Path | str:
+    """An argparse `type` for a path flag: a Path, but an empty value stays "" (Path("") is the working directory),
+    for `empty_path_problem` to refuse it."""
+    return Path(text) if text else text
+
+
+def empty_path_problem(flag: str, value: str | os.PathLike | None) -> str | None:
+    """`--flag '': expected a path` for an empty value (it would mean the working directory), else None."""
+    if value is not None and os.fspath(value) == "":
+        return f"{flag} '': expected a path"
+    return None
+
+
+def output_dir_problem(flag: str, path: str | os.PathLike) -> str | None:
     """Why `path` cannot be, or be made, the directory a command writes into (None: it can); checked before any
-    work, so that a file in its place fails at once with the flag named, not in a traceback at the end."""
+    work, so that a file in its place fails at once with the flag named, not in a traceback at the end. An empty
+    value is refused (pass the flag's text, or `path_arg`'s value: Path("") would be the working directory)."""
+    empty = empty_path_problem(flag, path)
+    if empty is not None:
+        return empty
+    path = Path(path)
     return _directory_problem(flag, path, path)
 
 
-def output_file_problem(flag: str, path: Path, suffixes: Sequence[str] = ()) -> str | None:
+def output_file_problem(flag: str, path: str | os.PathLike, suffixes: Sequence[str] = ()) -> str | None:
     """Why a command cannot write the file `path` (its directory made if missing), or None; `suffixes`: the
     file types it can write (empty: any)."""
+    empty = empty_path_problem(flag, path)
+    if empty is not None:
+        return empty
+    path = Path(path)
     if suffixes and path.suffix.lower() not in suffixes:
         return f"{flag} {str(path)!r}: expected a file ending in {' or '.join(suffixes)}"
-    if path.is_dir():
-        return f"{flag} {str(path)!r} is a directory; expected a file"
+    try:
+        if path.is_dir():
+            return f"{flag} {str(path)!r} is a directory; expected a file"
+    except OSError as exc:  # a name too long, a parent that cannot be searched: Path.is_dir raises those
+        return _os_problem(flag, path, exc)
     return _directory_problem(flag, path, path.parent)
 
 
 def _directory_problem(flag: str, given: Path, directory: Path) -> str | None:
     """Why `directory` (of the flag's value `given`) cannot be, or be made, a directory to write into."""
-    existing = next((p for p in (directory, *directory.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        return f"{flag} {str(given)!r}: {str(existing)!r} is not a directory; expected a directory to write into (made if missing)"
+    try:
+        existing = next((p for p in (directory, *directory.parents) if p.exists()), Path("."))
+        if not existing.is_dir():
+            return (f"{flag} {str(given)!r}: {str(existing)!r} is not a directory; expected a directory to write into "
+                    "(made if missing)")
+    except OSError as exc:  # Path.exists raises all but ENOENT, ENOTDIR, EBADF, ELOOP: ENAMETOOLONG, EACCES
+        return _os_problem(flag, given, exc)
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{flag} {str(given)!r}: {str(existing)!r} is not writable"
     return None
+
+
+def _os_problem(flag: str, given: Path, exc: OSError) -> str:
+    """`--flag 'value': <the OS's reason>` for an OSError met while looking at the flag's path."""
+    return f"{flag} {str(given)!r}: {exc.strerror or exc}"

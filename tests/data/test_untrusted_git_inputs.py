@@ -705,8 +705,8 @@ def test_build_options_are_checked_before_any_replay(monkeypatch, tmp_path, opti
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--rows", "70000", "rows=70000: expected an integer in 3..65535"),  # before the fix: struct.error
-    ("--cols", "10", "cols=10: expected an integer in 24..65535"),
+    ("--rows", "70000", "--rows 70000: expected an integer in 3..65535"),  # before the fix: struct.error
+    ("--cols", "10", "--cols 10: expected an integer in 24..65535"),
     ("--block-frames", "60000", "block_frames x rows x cols = 60000 x 48 x 160 decodes to"),
 ])
 def test_a_geometry_the_format_cannot_hold_is_a_usage_error(monkeypatch, tmp_path, capsys, flag, value, message):
