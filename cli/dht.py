@@ -34,17 +34,22 @@ from pathlib import Path
 from typing import Any
 
 from rcswarm.cli.signals import StopSignal
-from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
+from rcswarm.cli.usage import new_parser, output_file_problem, parse_or_status, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.lock import StateDirBusy, StateDirLock
 from rcswarm.worker.log_lines import log_to_stderr
+from rcswarm.worker.options import seconds_problem
 
 log = logging.getLogger("rcswarm.dht")
 # Peers whose ignored metrics the mirror names: at most this many a poll (the rest counted in one line), and it
 # remembers at most _MAX_IGNORED_LOGGED (peer, reason) pairs (then forgets them all, repeating a line, not growing).
 _IGNORED_NAMED_PER_POLL = 8
 _MAX_IGNORED_LOGGED = 4096
+# The usage error of a command that needs the hivemind extra without it (as `rcswarm launch`'s RAY_EXTRA), and the
+# top-level modules whose absence means that extra is missing.
+HIVEMIND_EXTRA = "needs the hivemind extra: pip install 'rcswarm[hivemind]'"
+HIVEMIND_MODULES = ("hivemind", "multihash")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -262,12 +267,29 @@ def _not_a_mirror_dir(store: Any, spec: RunSpec) -> str | None:
     return None
 
 
+def import_hivemind_sync() -> Any:
+    """worker/hivemind_sync.py, imported now; None when the hivemind extra is not installed (HIVEMIND_EXTRA)."""
+    try:
+        from rcswarm.worker import hivemind_sync
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in HIVEMIND_MODULES:
+            raise
+        return None
+    return hivemind_sync
+
+
 def _argument_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line's values, or None (before anything starts)."""
     if (args.config is None) != (args.state_dir is None):
         return "--config and --state-dir go together (the run whose metrics to mirror, and where)"
-    if not args.poll_s > 0:
-        return f"--poll-s {args.poll_s}: expected seconds > 0"
+    for flag, seconds in (("--poll-s", args.poll_s), ("--stale-s", args.stale_s)):
+        problem = seconds_problem(flag, seconds) if seconds is not None else None
+        if problem is not None:
+            return problem
+    if args.maddrs_file is not None:
+        problem = output_file_problem("--maddrs-file", args.maddrs_file)
+        if problem is not None:
+            return problem
     if args.http_port is None:
         extra = [flag for flag, given in (("--stale-s", args.stale_s is not None), ("--http-insecure", args.http_insecure),
                                           ("--http-token-required", args.http_token_required),
@@ -277,8 +299,6 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return "--http-port serves the dashboard over the mirror: add --config RUN.toml --state-dir DIR"
     if not 0 <= args.http_port <= 65535:
         return f"--http-port {args.http_port}: expected 0..65535"
-    if args.stale_s is not None and not args.stale_s > 0:
-        return f"--stale-s {args.stale_s}: expected seconds > 0"
     from rcswarm.observe.dashboard.auth import dashboard_transport_problem, decide_dashboard_auth
 
     try:
@@ -344,7 +364,14 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
         return usage_error("rcswarm dht", problem)
     try:
         spec = RunSpec.from_toml(args.config) if args.config is not None else None
-        from rcswarm.worker import hivemind_sync as hs
+        if spec is not None and spec.sync.backend != "hivemind":
+            raise ValueError(f"--config {str(args.config)!r}: sync.backend is {spec.sync.backend!r}, not \"hivemind\": "
+                             "its workers send their metrics to the coordinator, not to the DHT, so a mirror of it would "
+                             "mirror nothing (the coordinator's state dir holds them)")
+        hs = import_hivemind_sync()
+        if hs is None:
+            return usage_error("rcswarm dht", HIVEMIND_EXTRA)
+        from hivemind.p2p import P2PDaemonError
 
         options = hs.HivemindOptions(initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
                                      announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path)
@@ -360,7 +387,12 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
         for maddr in maddrs:
             print(maddr, flush=True)
         if args.maddrs_file is not None:
-            args.maddrs_file.write_text("".join(f"{m}\n" for m in maddrs))
+            try:
+                args.maddrs_file.parent.mkdir(parents=True, exist_ok=True)  # made if missing (`output_file_problem`)
+                args.maddrs_file.write_text("".join(f"{m}\n" for m in maddrs))
+            except OSError as exc:
+                log.error("bootstrap peer stops: cannot write --maddrs-file %s: %s", args.maddrs_file, exc)
+                return 1
         log.info("bootstrap peer %s up; workers: --initial-peers %s", dht.peer_id, " ".join(maddrs))
         dashboard = start_dashboard(args) if args.http_port is not None else None
         while not stop.wait(args.poll_s if mirror is not None else 1.0):
@@ -372,6 +404,9 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
             _poll(mirror, dht)
     except hs.PeerDied as exc:
         log.error("bootstrap peer stops: %s", exc)
+        return 1
+    except P2PDaemonError as exc:  # a --host-maddrs p2pd cannot parse or listen on (a port over 65535, another host's)
+        log.error("bootstrap peer cannot start: %s", " ".join(str(exc).split()) or type(exc).__name__)
         return 1
     finally:
         if dashboard is not None:

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import io
 import json
-import math
 import os
 import signal
 import sys
@@ -54,6 +53,7 @@ from rcswarm.launch import (
 )
 from rcswarm.launch.coordinator_actor import FOLDER
 from rcswarm.worker import WorkerOptions
+from rcswarm.worker.options import device_problem, seconds_problem
 
 PROG = "rcswarm launch ray"
 RAY_EXTRA = "Ray is not installed: pip install 'rcswarm[ray]'"
@@ -114,6 +114,9 @@ def plan_of(args: argparse.Namespace, coordinator: str) -> LaunchPlan:
     if args.workers is None:
         raise ValueError("--workers N is required to launch (or --status / --stop)")
     gpus, device = (1.0 if args.gpus_per_worker is None else args.gpus_per_worker), args.device
+    problem = device_problem(device)  # its form only: the launcher need not have CUDA (the actor's node does)
+    if problem is not None:
+        raise ValueError(problem)
     if args.cpu_only:
         if gpus and args.gpus_per_worker is not None:
             raise ValueError(f"--cpu-only and --gpus-per-worker {args.gpus_per_worker:g}: give one of them")
@@ -153,8 +156,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     elif not args.coordinator:
         return "--coordinator HOST:PORT is required (or --with-coordinator)"
     for flag, value in (("--poll-s", args.poll_s), ("--start-timeout-s", args.start_timeout_s)):
-        if not (math.isfinite(value) and value > 0):
-            return f"{flag} {value}: expected a number of seconds > 0"
+        problem = seconds_problem(flag, value)
+        if problem is not None:
+            return problem
     try:
         plan_of(args, args.coordinator or "head:0")
     except ValueError as exc:

@@ -69,6 +69,7 @@ from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
 from rcswarm.state.errors import StoreError
 from rcswarm.worker.client import TLS_PROBE_S, tls_settings_problem
+from rcswarm.worker.options import seconds_problem
 
 # Columns of the tables when the output is not a terminal (a terminal's own width applies there).
 REPORT_WIDTH = 100
@@ -503,8 +504,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         token = client_token(args)
     except ValueError as error:
         return usage_error("rcswarm status", str(error))
-    if not (args.timeout > 0 and math.isfinite(args.timeout)):
-        return usage_error("rcswarm status", f"--timeout {args.timeout}: expected a positive number of seconds")
+    timeout_problem = seconds_problem("--timeout", args.timeout)  # a huge deadline overflows gRPC's: fails at once
+    if timeout_problem is not None:
+        return usage_error("rcswarm status", timeout_problem)
     try:
         client = client_options(args)
         status = fetch_status(client.coordinator, token, client.tls(), args.timeout)

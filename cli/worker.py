@@ -28,7 +28,7 @@ from rcswarm.config.runspec import RunSpec
 from rcswarm.state.lock import StateDirBusy, StateDirLock
 from rcswarm.worker.data_root import data_root_problem
 from rcswarm.worker.log_lines import log_to_stderr
-from rcswarm.worker.options import WorkerOptions
+from rcswarm.worker.options import WorkerOptions, seconds_problem, threads_problem
 from rcswarm.worker.startup import process_started
 
 PROG = "rcswarm worker"
@@ -229,13 +229,22 @@ def main_hivemind(args: argparse.Namespace) -> int:
     when `--coordinator` is given (hivemind is imported only now)."""
     import grpc
 
+    from rcswarm.cli.dht import HIVEMIND_EXTRA, import_hivemind_sync
     from rcswarm.train.inner import data_problem, worker_data_seed
     from rcswarm.train.round import resolve_device
-    from rcswarm.worker import ControlPlane, RetriesExhausted, hivemind_sync
+    from rcswarm.worker import ControlPlane, RetriesExhausted
 
     unused = unused_coordinator_flags(args)
     if unused is not None:
         return usage_error(PROG, unused)
+    problem = threads_problem(args.threads) or next(
+        filter(None, (seconds_problem(flag, value) for flag, value in (
+            ("--patience-s", args.patience_s), ("--rpc-timeout-s", args.rpc_timeout_s)))), None)
+    if problem is not None:
+        return usage_error(PROG, problem)
+    hivemind_sync = import_hivemind_sync()
+    if hivemind_sync is None:
+        return usage_error(PROG, HIVEMIND_EXTRA)
     control, data_seed = None, None
     try:
         if args.config is None and args.coordinator is None:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rcswarm.protos.wire import TOKEN_ENV, one_token, short_token_warning
+from rcswarm.protos.wire import TOKEN_ENV, long_token_problem, one_token, short_token_warning
 
 log = logging.getLogger("rcswarm.coordinator")
 
@@ -50,6 +50,9 @@ def parse_tokens(text: str, source: str) -> tuple[str, ...]:
             continue
         if not all(33 <= ord(char) < 127 for char in line):
             raise ValueError(f"{source} line {number}: expected one token of printable ASCII without spaces")
+        too_long = long_token_problem(line, f"{source} line {number}")
+        if too_long is not None:
+            raise ValueError(too_long)
         short = short_token_warning(line, f"{source} line {number}")
         if short is not None and line not in tokens:
             log.warning("%s", short)

@@ -104,8 +104,42 @@ def target_port(target: str) -> int | None:
     return int(port) if port.isascii() and port.isdigit() else None
 
 
+# gRPC's own target schemes without "//" (dns:HOST:PORT, ipv4:ADDR:PORT, ipv6:[ADDR]:PORT, unix:PATH): their
+# hosts are gRPC's to parse, only their port is checked.
+GRPC_TARGET_PREFIXES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
+
+
+def _host_problem(target: str) -> str | None:
+    """Why the host of a HOST:PORT `target` is not one gRPC dials as written: surrounding whitespace, an empty host
+    (":50051"), or an IPv6 address, or more than one colon, without brackets ("::1" is read as host ":" and port 1,
+    and gRPC dials [::1]:443; "host:1:2"); None for HOST:PORT, [V6]:PORT and gRPC's own targets."""
+    if target != target.strip():
+        return f"--coordinator {target!r}: surrounding whitespace; expected HOST:PORT"
+    if ":" not in target or target.startswith(GRPC_TARGET_PREFIXES):
+        return None
+    if target.startswith("["):
+        end = target.find("]")
+        if end < 0:
+            return f"--coordinator {target!r}: no ']' after the IPv6 address; expected [V6]:PORT"
+        if not target[1:end].strip():
+            return f"--coordinator {target!r}: empty host; expected [V6]:PORT"
+        if not target[end + 1:].startswith(":"):
+            return f"--coordinator {target!r}: expected [V6]:PORT (a port after the ']')"
+        return None
+    if target.count(":") > 1:
+        return (f"--coordinator {target!r}: more than one ':' without brackets; expected HOST:PORT, an IPv6 address "
+                "in brackets ([::1]:50051)")
+    if not target.split(":", 1)[0]:
+        return f"--coordinator {target!r}: empty host; expected HOST:PORT (e.g. 127.0.0.1{target})"
+    return None
+
+
 def _port_problem(target: str) -> str | None:
-    """Why the port of a HOST:PORT `target` is not one (gRPC dials 99999 or -5 as some other port, silently)."""
+    """Why the host (`_host_problem`) or the port of a HOST:PORT `target` is not one (gRPC dials 99999 or -5 as some
+    other port, silently)."""
+    host = _host_problem(target)
+    if host is not None:
+        return host
     if ":" not in target or target.startswith(("unix:", "unix-abstract:")):
         return None
     port = target_port(target)

@@ -16,6 +16,17 @@ TOKEN_ENV = "RCSWARM_TOKEN"
 # A join token shorter than this draws a WARNING (never a refusal: tests and small set-ups use short ones): the
 # token is the only secret between the network and the swarm, and the dashboard's login can be guessed at online.
 MIN_TOKEN_CHARS = 16
+# The longest join token: a client sends it in gRPC metadata, limited to 16 KiB in all (a longer one is refused
+# RESOURCE_EXHAUSTED, "received metadata size exceeds hard limit", on every call).
+MAX_TOKEN_CHARS = 4096
+
+
+def long_token_problem(token: str, source: str) -> str | None:
+    """Why `token` (from `source`) is too long to send, naming its length and never the token, or None (pure)."""
+    if len(token) <= MAX_TOKEN_CHARS:
+        return None
+    return (f"the join token of {source} has {len(token)} characters, more than {MAX_TOKEN_CHARS}: gRPC metadata, "
+            "which carries it, holds at most 16 KiB, so no client could send it")
 
 
 def short_token_warning(token: str, source: str) -> str | None:
@@ -31,11 +42,14 @@ def one_token(value: str, source: str) -> str:
     """The join token `value` (from `source`: --token, $RCSWARM_TOKEN) without surrounding whitespace, as a token
     file's line is read: a Secret written by `echo` or `openssl rand` ends in a newline, which the coordinator
     accepted while every worker's metadata was refused ("Illegal header value"). ValueError naming `source`, never
-    the token, for one that is empty or holds other than printable ASCII without spaces; a WARNING for one shorter
-    than MIN_TOKEN_CHARS (`short_token_warning`)."""
+    the token, for one that is empty, holds other than printable ASCII without spaces, or is longer than
+    MAX_TOKEN_CHARS (`long_token_problem`); a WARNING for one shorter than MIN_TOKEN_CHARS (`short_token_warning`)."""
     token = value.strip()
     if not token or not all(33 <= ord(char) < 127 for char in token):
         raise ValueError(f"the join token of {source}: expected one token of printable ASCII without spaces")
+    too_long = long_token_problem(token, source)
+    if too_long is not None:
+        raise ValueError(too_long)
     warning = short_token_warning(token, source)
     if warning is not None:
         logging.getLogger("rcswarm").warning("%s", warning)

@@ -68,12 +68,16 @@ def held_out_seed(eval_set: str, version: int) -> int:
 
 
 def resolve_device(name: str) -> torch.device:
-    """The torch device of `--device NAME`: "auto" is CUDA when present, else the CPU."""
+    """The torch device of `--device NAME`: "auto" is CUDA when present, else the CPU; ValueError for a name that
+    is not auto, cpu, cuda or cuda:N (torch's other types, such as mps or meta, on which rcswarm does not train: the
+    rule of worker/options.py's `device_problem`, which a launcher without torch applies) or CUDA missing."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or name != name.strip():
         raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name!r}: CUDA is not available on this machine")

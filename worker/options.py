@@ -16,9 +16,57 @@ Import-light (no torch, no grpc at import): the launcher plans workers without t
 
 from __future__ import annotations
 
+import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# The most seconds a duration flag takes (--patience-s, --rpc-timeout-s, `rcswarm status --timeout`, `rcswarm dht
+# --poll-s`, ...): 1e6 s, about 11.6 days. An infinite or huge one overflows a gRPC deadline (every call then fails
+# DEADLINE_EXCEEDED at once) or a wait's timeout (OverflowError), or retries for ever.
+MAX_SECONDS = 1e6
+# The most torch threads a worker takes: --threads at most this many, and at most THREADS_PER_CORE per core of the
+# machine that checks it, though never fewer than FEW_THREADS (a launcher may plan for Ray nodes larger than itself).
+# torch starting 100000 threads failed "can't start new thread", a traceback naming no flag.
+MAX_THREADS = 1024
+THREADS_PER_CORE = 4
+FEW_THREADS = 64
+# The --device values a worker trains on: auto, cpu, cuda, cpu:N or cuda:N (torch knows more types, e.g. mps or meta,
+# on which rcswarm does not train).
+DEVICE_FORM = re.compile(r"(cpu|cuda)(:(0|[1-9][0-9]*))?")
+
+
+def seconds_problem(flag: str, value: float) -> str | None:
+    """Why `value` is not a duration `flag` takes (pure): not a number of seconds > 0, infinite or NaN, or more than
+    MAX_SECONDS; None when it is one."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        return f"{flag} {value}: expected a finite number of seconds > 0 and at most {MAX_SECONDS:g}"
+    return None
+
+
+def device_problem(name: str) -> str | None:
+    """Why `--device NAME` is not a device a worker trains on, by its form alone (pure: no torch, so a launcher
+    without CUDA checks it too); None for auto, cpu, cuda, cpu:N, cuda:N."""
+    if name == "auto" or DEVICE_FORM.fullmatch(name):
+        return None
+    return f"--device {name!r}: expected auto, cpu, cuda or cuda:N"
+
+
+def max_threads() -> int:
+    """The most torch threads a worker takes on this machine: THREADS_PER_CORE per core (at least FEW_THREADS), at
+    most MAX_THREADS."""
+    return min(MAX_THREADS, max(FEW_THREADS, THREADS_PER_CORE * (os.cpu_count() or 1)))
+
+
+def threads_problem(threads: int) -> str | None:
+    """Why `--threads N` is not a number of torch threads (torch raises RuntimeError for too many, or "Overflow when
+    unpacking long long" past 2**63, naming no flag); None for 0 (the worker's share of the cores) .. `max_threads`."""
+    if 0 <= threads <= max_threads():
+        return None
+    return (f"--threads {threads}: expected 0..{max_threads()} (0 = the worker's share of the cores; at most "
+            f"{THREADS_PER_CORE} per core or {FEW_THREADS}, at most {MAX_THREADS})")
 
 
 @dataclass(frozen=True)
@@ -74,8 +122,9 @@ class WorkerOptions(ClientOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.threads < 0:
-            raise ValueError(f"--threads {self.threads}: expected >= 0 (0 = the worker's share of the cores)")
+        problem = threads_problem(self.threads)
+        if problem is not None:
+            raise ValueError(problem)
         if self.max_params < 0:
             raise ValueError(f"--max-params {self.max_params}: expected >= 0 (0 = what the device's memory holds)")
         if self.max_step_tokens < 0:
@@ -92,8 +141,9 @@ class WorkerOptions(ClientOptions):
             ("--patience-s", self.patience_s), ("--rpc-timeout-s", self.rpc_timeout_s),
             ("--transfer-timeout-s", self.transfer_timeout_s),
         ):
-            if not value > 0:
-                raise ValueError(f"{flag} {value}: expected a number of seconds > 0")
+            problem = seconds_problem(flag, value)
+            if problem is not None:
+                raise ValueError(problem)
 
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> WorkerOptions:

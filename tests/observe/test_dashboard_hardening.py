@@ -380,3 +380,12 @@ def test_metrics_negotiate_their_format_and_parse(swarm: Any) -> None:
     assert set(families) and any(family.samples for family in families.values())
     status, headers, _ = request(port, "GET", "/metrics", {"Accept": "text/plain;version=0.0.4"})
     assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_a_token_file_line_too_long_to_send_is_refused_naming_its_line() -> None:
+    """A token no client can send (gRPC metadata holds 16 KiB) is refused from --token-file as from --token."""
+    from rcswarm.coordinator.tokens import parse_tokens
+
+    with pytest.raises(ValueError, match=r"--token-file t\.txt line 2 has 5000 characters, more than 4096") as info:
+        parse_tokens("# tokens\n" + "z" * 5000 + "\n", "--token-file t.txt")
+    assert "zzz" not in str(info.value)
