@@ -69,6 +69,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import struct
 import tempfile
@@ -660,6 +661,14 @@ def keep_command_pipe_blocking(module: Any, fd: int) -> None:
     module.switch_to_uvloop = loop_with_blocking_pipe
 
 
+def default_sigterm() -> None:
+    """In a forked hivemind process (the DHT's, the averager's): SIGTERM ends it again. The fork inherits the handler
+    `rcswarm worker` installed in its parent (cli/signals.py), which only wakes the parent's stop, so `terminate()`,
+    with which hivemind's `shutdown` ends a process that missed its grace period (one whose p2pd a terminal's Ctrl-C
+    ended), did nothing, and the parent waited for it forever at exit (multiprocessing joins its children)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class _DHT(hivemind.DHT):
     """hivemind's DHT whose command pipe stays blocking in its process (`keep_command_pipe_blocking`), and whose
     blocking calls from the process that started it (hivemind's `peer_id`, `get_visible_maddrs`, rcswarm's
@@ -673,6 +682,7 @@ class _DHT(hivemind.DHT):
         super().start()
 
     def run(self) -> None:
+        default_sigterm()
         keep_command_pipe_blocking(hm_dht_module, self._inner_pipe.fileno())
         super().run()
 
@@ -897,9 +907,27 @@ class _StateAverager(DecentralizedAverager):
     _weight_bound: float = math.inf
 
     def run(self) -> None:
+        default_sigterm()
         keep_command_pipe_blocking(hm_averager_module, self._inner_pipe.fileno())
         renew_torch_thread_pool()
         super().run()
+
+    def run_in_background(self, await_ready: bool = True, timeout: float | None = None) -> None:
+        """hivemind's start, but SIGINT keeps its handler in the process that starts the averager: hivemind sets
+        SIGINT to SIG_IGN there for good (so its forked process ignores a terminal's Ctrl-C, as it still does), which
+        replaced the handler `rcswarm worker` installed (cli/signals.py), so Ctrl-C left a worker training to its
+        last round. Ready within `timeout` s, as hivemind's (`wait_until_ready`)."""
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.getsignal(signal.SIGINT) if in_main else None
+        if in_main:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.start()
+        finally:
+            if in_main and previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if await_ready:
+            self.wait_until_ready(timeout)
 
     def get_current_state(self):
         return self.state_fn()

@@ -1,0 +1,91 @@
+"""Ctrl-C (SIGINT) and SIGTERM end `rcswarm worker --backend hivemind` within seconds, with its one line.
+
+hivemind's `DecentralizedAverager.run_in_background` sets SIGINT to SIG_IGN in the process that starts the averager,
+which replaced the handler `rcswarm worker` installs before the peer starts (cli/signals.py): a SIGINT was ignored
+and the worker trained on to its last round (forever with run.rounds = 0). `_StateAverager.run_in_background`
+(worker/hivemind_sync.py) keeps the handler. Marked slow by tests/swarm/conftest.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("hivemind")
+
+CONFIG = """\
+[run]
+name = "signals"
+rounds = 0
+workers = 1
+[model]
+name = "lstm_lm"
+preset = "small"
+[data]
+source = "stdlib"
+seq_len = 8
+batch_size = 2
+[inner]
+steps = 1
+[sync]
+backend = "hivemind"
+"""
+READY_S = 90.0  # imports and a peer's start-up on a loaded 2-core box
+EXIT_S = 15.0  # a cancelled step, then the averager's and the DHT's bounded shutdowns (5 s and 3 s, then SIGTERM)
+
+
+def wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the worker exited ({proc.returncode}) before {text!r}:\n{path.read_text(errors='replace')}")
+        time.sleep(0.2)
+    pytest.fail(f"no {text!r} within {timeout_s:g} s:\n{path.read_text(errors='replace')}")
+
+
+@pytest.mark.parametrize("to", ["worker", "group"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("after", ["ready", "round"])
+def test_a_signal_ends_the_hivemind_worker_in_seconds(tmp_path: Path, no_new_p2pd: None, sig: signal.Signals,
+                                                      after: str, to: str) -> None:
+    """`to`: the worker's process alone, or its whole process group, as a terminal's Ctrl-C or `kill -- -PGID`
+    signals it (its p2pd ends too, and hivemind's shutdowns miss their grace periods: `default_sigterm`)."""
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG)
+    log_path = tmp_path / "worker.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log_path.open("w") as log:
+        # Its own session: no terminal's signal reaches it but the test's, and SIGINT is not ignored on entry.
+        proc = subprocess.Popen([sys.executable, "-m", "rcswarm.cli", "worker", "--backend", "hivemind", "--config",
+                                 str(config), "--name", "sig"], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_for_line(log_path, "sig: from version 0", proc, READY_S)  # the peer (its averager) has started
+        if after == "round":  # in a later round's step: the first one ends alone, after its window
+            wait_for_line(log_path, "sig: version 1 ", proc, READY_S)
+        sent = time.monotonic()
+        if to == "group":
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        try:
+            code = proc.wait(timeout=EXIT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{sig.name} did not end the worker within {EXIT_S:g} s:\n{log_path.read_text()}")
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = log_path.read_text(errors="replace").splitlines()
+    assert code == 0, "\n".join(lines)
+    assert lines and lines[-1].endswith(" sig stopped at version " + lines[-1].rsplit(" ", 1)[-1]), "\n".join(lines)
+    assert took < EXIT_S
