@@ -18,14 +18,7 @@ from rcswarm.cli import coordinator as coordinator_cli
 from rcswarm.cli import data as data_cli
 from rcswarm.cli import run as run_cli
 from rcswarm.cli.usage import output_dir_problem, output_file_problem
-
-
-def status_of(main, argv: list[str]) -> int:
-    """The exit status of a command's main, whether it returns it or argparse's error raises it."""
-    try:
-        return main(argv)
-    except SystemExit as exit_:
-        return int(exit_.code)
+from tests.helpers.commands import status_of
 
 
 @pytest.fixture

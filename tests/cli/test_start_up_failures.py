@@ -22,16 +22,10 @@ from rcswarm.cli import data as data_cli
 from rcswarm.cli import fit as fit_cli
 from rcswarm.cli import main as main_cli
 from rcswarm.cli import run as run_cli
+from tests.helpers.commands import status_of
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 
 LONG = "x" * 300
-
-
-def status_of(main, argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exit_:
-        return int(exit_.code)
 
 
 @pytest.fixture
