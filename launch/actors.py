@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -38,10 +39,11 @@ def connect(address: str, namespace: str) -> None:
 
 
 def gcs_address(given: str) -> str:
-    """The GCS HOST:PORT this driver is connected to (`--address auto` resolved), else `given`."""
-    import ray
-
-    if not ray.is_initialized():  # a runtime context would start a local Ray instance
+    """The GCS HOST:PORT this driver is connected to (`--address auto` resolved), else `given`. Ray is not imported
+    here: a driver that connected has imported it already (and importing it first would fix its settings from the
+    environment as it is now)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():  # a runtime context would start a local Ray instance
         return given
     try:
         return ray.get_runtime_context().gcs_address or given

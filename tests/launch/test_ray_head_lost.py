@@ -149,3 +149,17 @@ def test_the_launcher_ends_with_one_line_and_status_3_when_its_head_is_lost(monk
     assert err.startswith("rcswarm launch ray: the Ray head at 127.0.0.1:6390 is unreachable")
     assert err.rstrip().endswith("resume with: rcswarm launch ray --address auto --namespace run --coordinator "
                                  "127.0.0.1:7000 --workers 2 --cpu-only")
+
+
+def test_the_gcs_address_of_a_driver_that_never_connected_imports_no_ray() -> None:
+    """`launch` asks for the GCS address before following: without a connection it is the address given, and Ray is
+    not imported by asking (an import fixes Ray's settings from the environment as it is then: the real-Ray tests,
+    which set theirs first, failed when a launcher test ran before them)."""
+    import sys
+
+    from rcswarm.launch import gcs_address
+
+    if "ray" in sys.modules:
+        pytest.skip("Ray was imported by an earlier test in this process")
+    assert gcs_address("127.0.0.1:6379") == "127.0.0.1:6379"
+    assert "ray" not in sys.modules
