@@ -9,7 +9,8 @@ whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires
 on, without a restart (with --tls-self-signed, its files and a --tls-client-ca beside them are read once).
 The dashboard's token rule is observe/dashboard/auth.py. The run spec's [coordinator] keys set the call limits
 and the health stall time, which `--max-calls`, `--stream-idle-s` and `--health-stall-s` override
-(`serving_limits`); `--token-file` is re-read when it changes and on SIGHUP. The model the run spec names is counted
+(`serving_limits`); `--token-file` is re-read when it changes and on SIGHUP, as is `--view-token-file` (read-only
+tokens that open the dashboard and /metrics, never gRPC: `admit_view_tokens`). The model the run spec names is counted
 on the meta device before anything is built, and refused above `--max-params` parameters over all the runs
 (default: what the host's memory holds at coordinator/capacity.py's bytes per parameter; `model_problem`). Errors
 follow cli/usage.py: a usage error prints
@@ -64,6 +65,7 @@ from rcswarm.coordinator.tls import (
     server_names,
     worker_host,
 )
+from rcswarm.coordinator.tokens import ViewTokens, view_tokens_problem
 from rcswarm.protos.transport import host_port, is_loopback_host
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.errors import StoreError
@@ -117,6 +119,11 @@ def parser() -> argparse.ArgumentParser:
                         help="serve a dashboard that requires the token over plain HTTP on a non-loopback "
                              "--http-host (refused otherwise): for a TLS-terminating proxy in front of it, or a "
                              "trusted network")
+    parser.add_argument("--view-token-file", type=path_arg, default=None, metavar="PATH",
+                        help="file of read-only view tokens, one per line (# comments), re-read when it changes and on "
+                             "SIGHUP: each opens the dashboard and /metrics (bearer or /login) but never gRPC (it "
+                             "cannot join or submit); the join token still opens the dashboard too. Requires a token "
+                             "on the dashboard wherever it binds; needs --http-port")
     kinds = ", ".join(f"{name}={limit}" for name, limit in DEFAULT_MAX_CALLS.items())
     parser.add_argument("--max-calls", action="append", default=[], metavar="KIND=N",
                         help=f"calls of one kind running at once, beyond which a call gets RESOURCE_EXHAUSTED "
@@ -141,7 +148,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 PATH_FLAGS = ("--config", "--state-dir", "--token-file", "--tls-cert", "--tls-key", "--tls-self-signed",
-              "--tls-client-ca", "--port-file")
+              "--tls-client-ca", "--port-file", "--view-token-file")
 
 
 def _flag_value(args: argparse.Namespace, flag: str) -> Any:
@@ -199,11 +206,14 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
             return f"--http-port {args.http_port}: the same as {flag}; expected another port"
     if args.http_plaintext and args.http_tls:
         return "--http-plaintext and --http-tls contradict each other: give one"
+    if args.view_token_file is not None and args.http_port is None:
+        return "--view-token-file: only with --http-port (view tokens open the dashboard, nothing else)"
     if args.http_port is not None:
         from rcswarm.observe.dashboard.auth import dashboard_transport_problem, decide_dashboard_auth
 
         try:
-            required, _ = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
+            required, _ = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure,
+                                                view_tokens=args.view_token_file is not None)
         except ValueError as exc:
             return str(exc)
         problem = dashboard_transport_problem(args.http_host, required, args.http_tls,
@@ -262,13 +272,45 @@ def _log_security(args: argparse.Namespace, running: RunningCoordinator, quick: 
         log.info("plaintext health checks (grpc.health.v1 Check) on %s", host_port(args.host, running.health_port))
     if running.dashboard is not None:
         dashboard = running.dashboard
+        asked = ("the join token" if args.view_token_file is None
+                 else "a view token (--view-token-file) or the join token")
         log.info("dashboard on %s (metrics at %smetrics)%s", dashboard.url, dashboard.url,
-                 "; it requires the join token (Authorization: Bearer, or log in at /login)" if dashboard.auth else "")
+                 f"; it requires {asked} (Authorization: Bearer, or log in at /login)" if dashboard.auth else "")
         from rcswarm.observe.dashboard.auth import decide_dashboard_auth
 
-        _, warning = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure, args.http_tls)
+        _, warning = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure, args.http_tls,
+                                           view_tokens=args.view_token_file is not None)
         if warning is not None:
             log.warning("%s", warning)
+
+
+def read_view_tokens(path: Path | None, tokens: JoinTokens) -> ViewTokens | None:
+    """--view-token-file's tokens (None without it): read and checked as --token-file's are (`ViewTokens`), and none
+    of them a join token (`view_tokens_problem`); ValueError naming the flag, the path and what is wrong."""
+    if path is None:
+        return None
+    view_tokens = ViewTokens.from_file(path)
+    problem = view_tokens_problem(view_tokens, tokens)
+    if problem is not None:
+        raise ValueError(problem)
+    return view_tokens
+
+
+def admit_view_tokens(running: RunningCoordinator, tokens: JoinTokens,
+                      view_tokens: ViewTokens | None) -> RunningCoordinator:
+    """`running`, not started yet, with its dashboard taking `view_tokens` besides the join tokens (each session
+    bound to the token that logged in, as before). Only the dashboard's check changes: the gRPC guard keeps the
+    `tokens` RunningCoordinator was given, and never sees a view token. `running` must have been made with its
+    dashboard requiring a token (http_token_required=True: `decide_dashboard_auth` with view tokens)."""
+    if view_tokens is None or running.dashboard is None:
+        return running
+    from rcswarm.observe.dashboard.auth import VIEW_CREDENTIAL, SessionAuth, token_check
+
+    if running.dashboard.auth is None:
+        raise ValueError("view tokens need a dashboard that requires a token (http_token_required=True)")
+    running.dashboard.auth = SessionAuth(token_check(tokens.accepts_token, view_tokens.accepts_token),
+                                         credential=VIEW_CREDENTIAL)
+    return running
 
 
 def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits, float]:
@@ -436,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             tokens = JoinTokens.from_cli(args.token, args.token_file, os.environ.get(TOKEN_ENV, ""))
+            view_tokens = read_view_tokens(args.view_token_file, tokens)
             spec = RunSpec.from_toml(args.config)
             data = data_problem(spec)
             if data is not None:
@@ -453,12 +496,13 @@ def main(argv: list[str] | None = None) -> int:
             locks = lock_state_dirs(spec, args.state_dir)
             clock = LivenessClock().start()
             coordinator = open_group(spec, args.state_dir, clock)
-            http_required = True if args.http_token_required else False if args.http_insecure else None
-            running = RunningCoordinator(
+            asks = args.http_token_required or view_tokens is not None  # view tokens: a token everywhere
+            http_required = True if asks else False if args.http_insecure else None
+            running = admit_view_tokens(RunningCoordinator(
                 coordinator, tokens, args.host, args.port, tls, limits, stall_s,
                 http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
                 health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
-            ).start()
+            ), tokens, view_tokens).start()
         except (ValueError, StoreError) as exc:
             problem = str(exc)
         except OSError as exc:
@@ -501,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + (start_up.signum or signal.SIGINT)
     finally:
         start_up.restore()
-    signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
+    signal.signal(signal.SIGHUP, lambda *_: [each.reload() for each in (tokens, view_tokens) if each is not None])
     while not stop.wait(1.0):
         pass
     log.info("stopping: %s", coordinator.versions_text())

@@ -3,7 +3,7 @@
     rcswarm dht [--host-maddrs /ip4/0.0.0.0/tcp/31337] [--announce-maddrs MADDR ...] [--identity-path F]
                 [--initial-peers MADDR ...] [--maddrs-file F] [--config RUN.toml --state-dir DIR [--poll-s 2]
                 [--http-port P [--http-host 127.0.0.1] [--http-token-required | --http-insecure | --http-plaintext]
-                [--stale-s 60]]]
+                [--view-token-file F] [--stale-s 60]]]
 
 It runs one DHT node (no averager, no training) with rcswarm's record validator and prints its
 multiaddrs, which workers pass as `--initial-peers`; with `--identity-path` the peer id, hence the
@@ -16,7 +16,10 @@ when it was last seen; observe/mirror_view.py), so `rcswarm fit DIR`,
 serves the coordinator's dashboard over that state dir, read-only, while it mirrors: loopback by
 default; elsewhere the join token ($RCSWARM_TOKEN) is required unless `--http-insecure`
 (observe/dashboard/auth.py); it serves plain HTTP only, so off loopback a dashboard that takes the
-token is refused unless `--http-plaintext` says a TLS proxy or a tunnel is in front. SIGTERM or SIGINT stops it (and its p2pd).
+token is refused unless `--http-plaintext` says a TLS proxy or a tunnel is in front. `--view-token-file F` gives
+the dashboard read-only view tokens (one per line, re-read when F changes: coordinator/tokens.py `ViewTokens`),
+accepted besides $RCSWARM_TOKEN or without it: a mirror that serves viewers need not hold the join token at all.
+SIGTERM or SIGINT stops it (and its p2pd).
 """
 
 from __future__ import annotations
@@ -34,7 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from rcswarm.cli.signals import StopSignal
-from rcswarm.cli.usage import new_parser, output_file_problem, parse_or_status, usage_error
+from rcswarm.cli.usage import (
+    empty_path_problem,
+    new_parser,
+    output_file_problem,
+    parse_or_status,
+    path_arg,
+    usage_error,
+)
 from rcswarm.config.runspec import RunSpec
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.lock import StateDirBusy, StateDirLock
@@ -75,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--http-plaintext", action="store_true",
                         help="serve a dashboard that requires the token over plain HTTP on a non-loopback --http-host "
                              "(refused otherwise: rcswarm dht serves no HTTPS): for a TLS proxy or a tunnel in front")
+    parser.add_argument("--view-token-file", type=path_arg, default=None, metavar="PATH",
+                        help="file of read-only view tokens for the dashboard, one per line (# comments), re-read when "
+                             f"it changes: each opens the dashboard and /metrics; with it ${TOKEN_ENV} is not needed "
+                             "(still accepted when set), and a token is required on loopback too")
     parser.add_argument("--stale-s", type=float, default=None,
                         help="the dashboard lists a peer as stale when its records did not advance for this long "
                              "(or 3 × its last gap, if longer; default 60)")
@@ -290,10 +304,14 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         problem = output_file_problem("--maddrs-file", args.maddrs_file)
         if problem is not None:
             return problem
+    problem = empty_path_problem("--view-token-file", args.view_token_file)
+    if problem is not None:
+        return problem
     if args.http_port is None:
         extra = [flag for flag, given in (("--stale-s", args.stale_s is not None), ("--http-insecure", args.http_insecure),
                                           ("--http-token-required", args.http_token_required),
-                                          ("--http-plaintext", args.http_plaintext)) if given]
+                                          ("--http-plaintext", args.http_plaintext),
+                                          ("--view-token-file", args.view_token_file is not None)) if given]
         return f"{', '.join(extra)}: only with --http-port (the dashboard)" if extra else None
     if args.state_dir is None:
         return "--http-port serves the dashboard over the mirror: add --config RUN.toml --state-dir DIR"
@@ -302,47 +320,73 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     from rcswarm.observe.dashboard.auth import dashboard_transport_problem, decide_dashboard_auth
 
     try:
-        required, _ = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
+        required, _ = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure,
+                                            view_tokens=args.view_token_file is not None)
     except ValueError as exc:
         return str(exc)
-    if required and not os.environ.get(TOKEN_ENV):
-        return (f"the dashboard on {args.http_host} requires a token: set ${TOKEN_ENV} (or bind 127.0.0.1, or "
-                "--http-insecure)")
+    if required and not os.environ.get(TOKEN_ENV) and args.view_token_file is None:
+        return (f"the dashboard on {args.http_host} requires a token: set ${TOKEN_ENV} or give --view-token-file "
+                "(or bind 127.0.0.1, or --http-insecure)")
     # The coordinator's rule (no --http-tls here: rcswarm dht serves plain HTTP only, and has no gRPC of its own).
     if dashboard_transport_problem(args.http_host, required, False, False, args.http_plaintext) is not None:
-        return (f"the dashboard on {args.http_host} would take the join token over plain HTTP, and rcswarm dht serves "
+        what = "the join token" if os.environ.get(TOKEN_ENV) else "its view tokens"
+        return (f"the dashboard on {args.http_host} would take {what} over plain HTTP, and rcswarm dht serves "
                 "no HTTPS: put a TLS proxy or a tunnel (ssh -L, a VPN) in front and add --http-plaintext, or bind "
                 "127.0.0.1")
     return None
 
 
-def dashboard_auth(host: str, token_required: bool, insecure: bool) -> tuple[bool, str | None]:
-    """(whether the mirror's dashboard requires the join token, a warning for the log or None): the coordinator's rule
-    (`decide_dashboard_auth`), but `rcswarm dht` has no `--http-tls` (it serves plain HTTP only), so its warning for
-    the token over plain HTTP names what does protect it: a TLS proxy or a tunnel in front (pure; ValueError as
-    `decide_dashboard_auth` raises it)."""
+def dashboard_auth(host: str, token_required: bool, insecure: bool, view_tokens: bool = False,
+                   join_token: bool = True) -> tuple[bool, str | None]:
+    """(whether the mirror's dashboard requires a token, a warning for the log or None): the coordinator's rule
+    (`decide_dashboard_auth`; `view_tokens`: --view-token-file given), but `rcswarm dht` has no `--http-tls` (it
+    serves plain HTTP only), so its warning for the token over plain HTTP names what does protect it: a TLS proxy or
+    a tunnel in front, and what a reader of the traffic gets: the join token, or (`join_token` False: no
+    $RCSWARM_TOKEN) a view token (pure; ValueError as `decide_dashboard_auth` raises it)."""
     from rcswarm.observe.dashboard.auth import decide_dashboard_auth
 
-    required, warning = decide_dashboard_auth(host, token_required, insecure)
+    required, warning = decide_dashboard_auth(host, token_required, insecure, view_tokens=view_tokens)
     if required and warning is not None:  # off loopback, the token over plain HTTP
-        warning = (f"the dashboard on {host} takes the join token over plain HTTP: anyone on the network path can "
-                   "read it and join the swarm; rcswarm dht serves no HTTPS, so put a TLS proxy (one that "
+        what, gets = ("the join token", "join the swarm") if join_token else ("its view tokens", "watch the run")
+        warning = (f"the dashboard on {host} takes {what} over plain HTTP: anyone on the network path can "
+                   f"read one and {gets}; rcswarm dht serves no HTTPS, so put a TLS proxy (one that "
                    "terminates HTTPS and forwards to this address) or a tunnel (ssh -L, a VPN) in front of it, "
                    "and let clients reach it only that way")
     return required, warning
 
 
-def start_dashboard(args: argparse.Namespace) -> Any:
-    """The dashboard over the mirrored state dir (a `MirrorRun`), started; auth as the coordinator's."""
+def read_view_tokens(path: Path | None) -> Any:
+    """--view-token-file's tokens (a `ViewTokens`, None without it), read and checked as the coordinator's
+    --token-file; none of them $RCSWARM_TOKEN (`view_tokens_problem`). ValueError naming the flag and the path."""
+    if path is None:
+        return None
+    from rcswarm.coordinator.tokens import JoinTokens, ViewTokens, view_tokens_problem
+
+    view_tokens = ViewTokens.from_file(path)
+    join_token = os.environ.get(TOKEN_ENV, "").strip()
+    problem = view_tokens_problem(view_tokens, JoinTokens([join_token])) if join_token else None
+    if problem is not None:
+        raise ValueError(problem)
+    return view_tokens
+
+
+def start_dashboard(args: argparse.Namespace, view_tokens: Any = None) -> Any:
+    """The dashboard over the mirrored state dir (a `MirrorRun`), started; auth as the coordinator's: the join token
+    ($RCSWARM_TOKEN, when set) and `view_tokens` (--view-token-file's `ViewTokens`, when given)."""
     from rcswarm.observe.dashboard import Dashboard
-    from rcswarm.observe.dashboard.auth import SessionAuth
+    from rcswarm.observe.dashboard.auth import JOIN_CREDENTIAL, VIEW_CREDENTIAL, SessionAuth, token_check
     from rcswarm.observe.mirror_view import STALE_S, MirrorRun
 
-    required, warning = dashboard_auth(args.http_host, args.http_token_required, args.http_insecure)
+    required, warning = dashboard_auth(args.http_host, args.http_token_required, args.http_insecure,
+                                       view_tokens=view_tokens is not None, join_token=bool(os.environ.get(TOKEN_ENV)))
     if warning:
         log.warning("%s", warning)
     token = os.environ.get(TOKEN_ENV, "").encode()
-    auth = SessionAuth(lambda presented: hmac.compare_digest(presented.encode(), token)) if required else None
+    join = (lambda presented: hmac.compare_digest(presented.encode(), token)) if token else None
+    auth = None
+    if required:
+        view = view_tokens.accepts_token if view_tokens is not None else None
+        auth = SessionAuth(token_check(join, view), credential=JOIN_CREDENTIAL if view is None else VIEW_CREDENTIAL)
     run = MirrorRun(args.state_dir, args.stale_s or STALE_S)
     try:
         dashboard = Dashboard(run, args.http_host, args.http_port, auth=auth).start()
@@ -368,6 +412,7 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
             raise ValueError(f"--config {str(args.config)!r}: sync.backend is {spec.sync.backend!r}, not \"hivemind\": "
                              "its workers send their metrics to the coordinator, not to the DHT, so a mirror of it would "
                              "mirror nothing (the coordinator's state dir holds them)")
+        view_tokens = read_view_tokens(args.view_token_file)  # a bad file is told before anything starts
         hs = import_hivemind_sync()
         if hs is None:
             return usage_error("rcswarm dht", HIVEMIND_EXTRA)
@@ -394,7 +439,7 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
                 log.error("bootstrap peer stops: cannot write --maddrs-file %s: %s", args.maddrs_file, exc)
                 return 1
         log.info("bootstrap peer %s up; workers: --initial-peers %s", dht.peer_id, " ".join(maddrs))
-        dashboard = start_dashboard(args) if args.http_port is not None else None
+        dashboard = start_dashboard(args, view_tokens) if args.http_port is not None else None
         while not stop.wait(args.poll_s if mirror is not None else 1.0):
             if mirror is not None:
                 written = _poll(mirror, dht)

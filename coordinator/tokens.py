@@ -12,6 +12,11 @@ needs the new token.
 
 A reload is all or nothing: an unreadable, empty or malformed file keeps the tokens accepted
 before and logs a warning naming the path and the problem. Tokens are never logged.
+
+`ViewTokens` are the dashboard's read-only credential (`--view-token-file PATH` of `rcswarm coordinator` and
+`rcswarm dht`): a file read, checked (the same lengths, the same WARNING for a short token) and re-read exactly as
+the join tokens' (`AcceptedTokens` is both), but a class of its own, not a JoinTokens: the gRPC guard
+(guards.py) takes JoinTokens alone, and the dashboard takes both (observe/dashboard/auth.py `token_check`).
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 from rcswarm.protos.wire import TOKEN_ENV, long_token_problem, one_token, short_token_warning
 
 log = logging.getLogger("rcswarm.coordinator")
 
+JOIN_TOKEN = "join token"
 # The longest a changed token file goes unnoticed while calls that need a token arrive.
 CHECK_EVERY_S = 1.0
 # (mtime in ns, size, inode) of the token file, or None when it could not be read.
@@ -39,10 +46,16 @@ def bearer(token: str) -> bytes:
     return f"Bearer {token}".encode()
 
 
-def parse_tokens(text: str, source: str) -> tuple[str, ...]:
+def _said_of(message: str, kind: str) -> str:
+    """A protos.wire message about "the join token of ..." said of a `kind` of token (a view token's file)."""
+    return message if kind == JOIN_TOKEN else message.replace(f"the {JOIN_TOKEN} of", f"the {kind} of", 1)
+
+
+def parse_tokens(text: str, source: str, kind: str = JOIN_TOKEN) -> tuple[str, ...]:
     """The tokens of a token file's text in order, without duplicates; ValueError naming `source` and the
     line of a malformed token (never the token itself), or saying the file holds none; a WARNING naming the line
-    of a token shorter than MIN_TOKEN_CHARS (`protos.wire.short_token_warning`)."""
+    of a token shorter than MIN_TOKEN_CHARS (`protos.wire.short_token_warning`). `kind` names the tokens in the
+    messages: "join token" (--token-file), "view token" (--view-token-file)."""
     tokens: dict[str, None] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
@@ -52,25 +65,27 @@ def parse_tokens(text: str, source: str) -> tuple[str, ...]:
             raise ValueError(f"{source} line {number}: expected one token of printable ASCII without spaces")
         too_long = long_token_problem(line, f"{source} line {number}")
         if too_long is not None:
-            raise ValueError(too_long)
+            raise ValueError(_said_of(too_long, kind))
         short = short_token_warning(line, f"{source} line {number}")
         if short is not None and line not in tokens:
-            log.warning("%s", short)
+            log.warning("%s", _said_of(short, kind))
         tokens[line] = None
     if not tokens:
-        raise ValueError(f"{source} holds no join token: expected one token per line (blank lines and # comments are ignored)")
+        raise ValueError(f"{source} holds no {kind}: expected one token per line (blank lines and # comments are "
+                         "ignored)")
     return tuple(tokens)
 
 
-def read_tokens(path: Path) -> tuple[str, ...]:
-    """The tokens in the file at `path`; ValueError naming the path when it cannot be read or holds none."""
+def read_tokens(path: Path, flag: str = "--token-file", kind: str = JOIN_TOKEN) -> tuple[str, ...]:
+    """The tokens in the file at `path` (given as `flag`); ValueError naming the flag and the path when it cannot be
+    read or holds none."""
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as exc:
-        raise ValueError(f"--token-file {path}: cannot read it ({exc.strerror or exc})") from None
+        raise ValueError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
-        raise ValueError(f"--token-file {path}: not UTF-8 text") from None
-    return parse_tokens(text, f"--token-file {path}")
+        raise ValueError(f"{flag} {path}: not UTF-8 text") from None
+    return parse_tokens(text, f"{flag} {path}", kind)
 
 
 def file_stamp(path: Path) -> Stamp:
@@ -83,16 +98,21 @@ def file_stamp(path: Path) -> Stamp:
     return info.st_mtime_ns, info.st_size, info.st_ino, info.st_ctime_ns
 
 
-class JoinTokens:
-    """The accepted join tokens, each compared in constant time; from a file, re-read when it changes.
+class AcceptedTokens:
+    """Accepted tokens of one kind (`KIND`, read from `FLAG`'s file), each compared in constant time; from a file,
+    re-read when it changes. `JoinTokens` and `ViewTokens` are the two kinds; neither is the other.
 
     Threads: `accepts` runs on gRPC's threads for every call that needs a token (through
-    GuardInterceptor), `reload` on the main thread (SIGHUP). The accepted tokens are one immutable
+    GuardInterceptor; join tokens only) and on the dashboard's request threads, `reload` on the main thread
+    (SIGHUP). The accepted tokens are one immutable
     tuple, replaced whole by a successful reload, so `accepts` reads it without a lock. `_lock`
     guards the file's stamp and the time of the next check and makes reloads one at a time:
     `accepts` only tries to take it (never waits: while another thread reloads, the tokens
     accepted so far answer), `reload` waits for it.
     """
+
+    KIND = JOIN_TOKEN
+    FLAG = "--token-file"
 
     def __init__(
         self, tokens: Sequence[str], path: Path | None = None, stamp: Stamp = None,
@@ -100,7 +120,7 @@ class JoinTokens:
     ) -> None:
         """Accept `tokens`; with `path`, the file they were read from when it had `stamp`, re-read when that changes."""
         if not tokens or not all(tokens):
-            raise ValueError(f"a join token is required (--token, --token-file or ${TOKEN_ENV})")
+            raise ValueError(self._none_given())
         self.path = path
         self.check_every_s = check_every_s
         self._clock = clock
@@ -110,27 +130,19 @@ class JoinTokens:
         self._next_check = clock() + check_every_s
 
     @classmethod
-    def from_file(
-        cls, path: Path, check_every_s: float = CHECK_EVERY_S, clock: Callable[[], float] = time.monotonic
-    ) -> JoinTokens:
-        """The tokens of the file at `path`, re-read when it changes; ValueError naming the path if it
-        cannot be read or holds no token."""
-        stamp = file_stamp(path)
-        tokens = cls(read_tokens(path), path, stamp, check_every_s, clock)
-        log.info("join tokens: %d accepted from %s", len(tokens), path)
-        return tokens
+    def _none_given(cls) -> str:
+        return f"a {cls.KIND} is required ({cls.FLAG})"
 
     @classmethod
-    def from_cli(cls, token: str | None, token_file: Path | None, env_token: str) -> JoinTokens:
-        """`rcswarm coordinator`'s tokens: --token-file, or --token, or the environment's token.
-        --token and --token-file exclude each other; with --token-file the environment is ignored."""
-        if token and token_file is not None:
-            raise ValueError("--token and --token-file exclude each other: give one")
-        if token_file is not None:
-            return cls.from_file(token_file)
-        if token:
-            return cls([one_token(token, "--token")])
-        return cls([one_token(env_token, f"${TOKEN_ENV}")] if env_token else [])
+    def from_file(
+        cls, path: Path, check_every_s: float = CHECK_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> Self:
+        """The tokens of the file at `path`, re-read when it changes; ValueError naming the flag and the path if it
+        cannot be read or holds no token."""
+        stamp = file_stamp(path)
+        tokens = cls(read_tokens(path, cls.FLAG, cls.KIND), path, stamp, check_every_s, clock)
+        log.info("%ss: %d accepted from %s", cls.KIND, len(tokens), path)
+        return tokens
 
     def __len__(self) -> int:
         """How many tokens are accepted now (any thread)."""
@@ -148,6 +160,10 @@ class JoinTokens:
     def accepts_token(self, token: str) -> bool:
         """Whether `token` itself (a dashboard's bearer header or login form) is accepted (any thread)."""
         return self.accepts(bearer(token))
+
+    def shared_with(self, other: AcceptedTokens) -> int:
+        """How many of these tokens `other` accepts too (a view token that is also a join token could join)."""
+        return sum(other.accepts(expected) for expected in self._expected)
 
     def reload(self) -> bool:
         """Re-read the token file now, whether or not it changed (takes `_lock`, waiting for it); whether
@@ -177,10 +193,49 @@ class JoinTokens:
         """Replace the tokens with those of the file at `path`, or keep them and log a warning when it is bad
         (`_lock` held)."""
         try:
-            tokens = read_tokens(path)
+            tokens = read_tokens(path, self.FLAG, self.KIND)
         except ValueError as exc:
-            log.warning("join tokens not reloaded: %s; the %d tokens accepted before stay", exc, len(self._expected))
+            log.warning("%ss not reloaded: %s; the %d tokens accepted before stay", self.KIND, exc, len(self._expected))
             return False
         self._expected = tuple(bearer(token) for token in tokens)
-        log.info("join tokens reloaded: %d tokens from %s", len(tokens), path)
+        log.info("%ss reloaded: %d tokens from %s", self.KIND, len(tokens), path)
         return True
+
+
+class JoinTokens(AcceptedTokens):
+    """The accepted join tokens: what Join and GetStatus take (guards.py), and the dashboard too."""
+
+    @classmethod
+    def _none_given(cls) -> str:
+        return f"a join token is required (--token, --token-file or ${TOKEN_ENV})"
+
+    @classmethod
+    def from_cli(cls, token: str | None, token_file: Path | None, env_token: str) -> JoinTokens:
+        """`rcswarm coordinator`'s tokens: --token-file, or --token, or the environment's token.
+        --token and --token-file exclude each other; with --token-file the environment is ignored."""
+        if token and token_file is not None:
+            raise ValueError("--token and --token-file exclude each other: give one")
+        if token_file is not None:
+            return cls.from_file(token_file)
+        if token:
+            return cls([one_token(token, "--token")])
+        return cls([one_token(env_token, f"${TOKEN_ENV}")] if env_token else [])
+
+
+class ViewTokens(AcceptedTokens):
+    """The dashboard's read-only tokens (`--view-token-file`): they open the dashboard and /metrics, never gRPC
+    (the gRPC guard takes JoinTokens, which these are not)."""
+
+    KIND = "view token"
+    FLAG = "--view-token-file"
+
+
+def view_tokens_problem(view: ViewTokens, join: AcceptedTokens) -> str | None:
+    """Why `view` may not serve as read-only tokens beside `join`, or None: a token in both files would be a "view"
+    credential that can join the swarm (checked at start; the files are the operator's to keep apart afterwards)."""
+    shared = view.shared_with(join)
+    if not shared:
+        return None
+    where = f"{view.FLAG} {view.path}" if view.path is not None else view.FLAG
+    return (f"{where}: {shared} of its tokens {'is' if shared == 1 else 'are'} also accepted as join tokens: a view "
+            "token must be one that cannot join the swarm; give the viewers tokens of their own")

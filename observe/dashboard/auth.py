@@ -1,21 +1,27 @@
-"""Who may read the dashboard: the join token as a bearer header, or a login cookie that is not the token.
+"""Who may read the dashboard: a token as a bearer header, or a login cookie that is not the token.
 
-`decide_dashboard_auth(host, required, insecure)` is the pure rule: a dashboard bound to a
-non-loopback address requires the token unless the operator opts out (`--http-insecure`, with a
-warning); `--http-token-required` requires it on loopback too. `dashboard_transport_problem` is the
-pure rule of how the token may travel: a dashboard off loopback that requires it over plain HTTP is
-refused unless the operator says the network path is protected otherwise (`--http-plaintext`: a
-TLS-terminating proxy in front) or already plaintext (gRPC `--insecure`).
+The tokens it takes: the swarm's join tokens (as before), and the read-only view tokens of
+`--view-token-file` (coordinator/tokens.py `ViewTokens`), which open the dashboard and /metrics and
+nothing else: the gRPC guard never sees them. `token_check` is the dashboard's check over both.
+
+`decide_dashboard_auth(host, required, insecure, https, view_tokens)` is the pure rule: a dashboard bound
+to a non-loopback address requires a token unless the operator opts out (`--http-insecure`, with a
+warning); `--http-token-required`, or view tokens given (`--view-token-file`), require one on loopback
+too. `dashboard_transport_problem` is the pure rule of how the token may travel: a dashboard off
+loopback that requires it over plain HTTP is refused unless the operator says the network path is
+protected otherwise (`--http-plaintext`: a TLS-terminating proxy in front) or already plaintext (gRPC
+`--insecure`); view tokens change nothing there (the join token is still accepted).
 
 `SessionAuth` checks a request. `Authorization: Bearer <token>` (what Prometheus'
-`authorization`/`bearer_token_file` sends) is compared with the join tokens in constant time. A
+`authorization`/`bearer_token_file` sends) is compared with the accepted tokens in constant time. A
 browser POSTs the token once to /login and gets the cookie `rcswarm_session`, HttpOnly and
 SameSite=Strict, whose value is `v1.<issued>.<nonce>.<HMAC-SHA256(key, "v1.<issued>.<nonce>")>`
 with `key` random per coordinator process: the cookie never holds the token, expires after
 `SESSION_S`, and every cookie is void once the coordinator restarts. The process also remembers
 which token each session logged in with (`MAX_SESSIONS` at most, the oldest forgotten first), and a
 session is valid only while that token is still accepted: a token removed from `--token-file`
-voids its sessions at the next request (the file is re-read as for gRPC), and POST /logout voids one.
+voids its sessions at the next request (the file is re-read as for gRPC; a view token removed from
+`--view-token-file` likewise), and POST /logout voids one.
 Failed token attempts (a wrong bearer token, a wrong login) are throttled per client address
 (`LoginThrottle`).
 """
@@ -51,15 +57,22 @@ FAILURES_FORGOTTEN_S = 3600.0
 MAX_THROTTLED_ADDRESSES = 4096
 
 
-def decide_dashboard_auth(host: str, required: bool, insecure: bool, https: bool = False) -> tuple[bool, str | None]:
-    """(whether the dashboard requires the join token, a warning for the log or None) (pure).
+def decide_dashboard_auth(host: str, required: bool, insecure: bool, https: bool = False,
+                          view_tokens: bool = False) -> tuple[bool, str | None]:
+    """(whether the dashboard requires a token, a warning for the log or None) (pure).
 
-    Off loopback the warning names what is exposed: everything without the token (`insecure`), or
-    the token itself when it travels over plain HTTP (no `https`). ValueError when both flags are
-    given: they contradict each other.
+    `view_tokens`: the dashboard takes read-only view tokens (--view-token-file); they require a token wherever it
+    binds, loopback included (view tokens on a dashboard that asks for none would guard nothing). Off loopback the
+    warning names what is exposed: everything without the token (`insecure`), or the token itself when it travels
+    over plain HTTP (no `https`). ValueError when `insecure` comes with `required` or `view_tokens`: they
+    contradict each other.
     """
     if required and insecure:
         raise ValueError("--http-token-required and --http-insecure contradict each other: give one")
+    if view_tokens and insecure:
+        raise ValueError("--view-token-file and --http-insecure contradict each other: view tokens guard the "
+                         "dashboard, --http-insecure opens it to anyone; give one")
+    required = required or view_tokens
     if is_loopback_host(host):
         return required, None
     if insecure:
@@ -87,6 +100,29 @@ def dashboard_transport_problem(host: str, required: bool, https: bool, grpc_pla
     return (f"the dashboard on {host} would take the join token over plain HTTP: add --http-tls (HTTPS with the "
             "coordinator's certificate), or --http-plaintext if a TLS-terminating proxy is in front of it or the "
             "network is trusted")
+
+
+def token_check(*checks: Callable[[str], bool] | None) -> Callable[[str], bool]:
+    """The dashboard's token check: a token is accepted when any of `checks` accepts it (None: a kind of token not
+    configured, e.g. no view tokens, or `rcswarm dht` without $RCSWARM_TOKEN). Every check is asked, none cut
+    short, so the time taken does not tell which kind a token is. The gRPC guard is given the join tokens alone,
+    never this."""
+    given = tuple(check for check in checks if check is not None)
+    if not given:
+        raise ValueError("a dashboard that requires a token needs one to accept")
+
+    def accepts(token: str) -> bool:
+        matched = False
+        for check in given:
+            matched |= bool(check(token))
+        return matched
+
+    return accepts
+
+
+# What the dashboard asks for, in its login form and its 401s: the join token alone, or a view token too.
+JOIN_CREDENTIAL = "the swarm's join token"
+VIEW_CREDENTIAL = "a view token (or the swarm's join token)"
 
 
 # What `dict.pop` returns for a session not remembered (a session's token may be None).
@@ -177,8 +213,11 @@ class SessionAuth:
     """
 
     def __init__(self, check_token: Callable[[str], bool], clock: Callable[[], float] = time.time,
-                 throttle: LoginThrottle | None = None, max_sessions: int = MAX_SESSIONS) -> None:
+                 throttle: LoginThrottle | None = None, max_sessions: int = MAX_SESSIONS,
+                 credential: str = JOIN_CREDENTIAL) -> None:
         self._check_token = check_token
+        # What the login form and the 401s ask for (fixed text: JOIN_CREDENTIAL or VIEW_CREDENTIAL).
+        self.credential = credential
         self._key = secrets.token_bytes(32)
         self._clock = clock
         self.throttle = throttle if throttle is not None else LoginThrottle()
@@ -189,7 +228,7 @@ class SessionAuth:
         self._sessions: OrderedDict[str, str | None] = OrderedDict()
 
     def token_ok(self, presented: str) -> bool:
-        """Whether `presented` is an accepted join token (constant time)."""
+        """Whether `presented` is an accepted token (a join token, or a view token where given; constant time)."""
         return bool(presented) and self._check_token(presented)
 
     def new_cookie(self, token: str | None = None) -> str:
@@ -302,14 +341,23 @@ LOGIN_PAGE = """<!doctype html>
 input{{font-size:1em;padding:.3em;width:100%;box-sizing:border-box;margin:.5em 0}}</style></head>
 <body><h1>rcswarm dashboard</h1><p>{message}</p>
 <form method="post" action="/login">
-<label for="token">Join token</label>
+<label for="token">{label}</label>
 <input id="token" name="token" type="password" autocomplete="current-password" required autofocus>
 <input type="submit" value="Log in"></form>
-<p>Scripts and Prometheus send <code>Authorization: Bearer &lt;join token&gt;</code> instead.</p>
+<p>Scripts and Prometheus send <code>Authorization: Bearer &lt;{kind}&gt;</code> instead.</p>
 </body></html>
 """
 
 
-def login_page(message: str) -> bytes:
-    """The login form with a fixed `message` (never user input)."""
-    return LOGIN_PAGE.format(message=message).encode()
+def login_page(message: str, credential: str = JOIN_CREDENTIAL) -> bytes:
+    """The login form with a fixed `message` (never user input), asking for `credential` (JOIN_CREDENTIAL or
+    VIEW_CREDENTIAL)."""
+    label, kind = credential_names(credential)
+    return LOGIN_PAGE.format(message=message, label=label, kind=kind).encode()
+
+
+def credential_names(credential: str) -> tuple[str, str]:
+    """(the login form's label, the bearer header's placeholder) of what the dashboard asks for (pure)."""
+    if credential == VIEW_CREDENTIAL:
+        return "View token or join token", "view token"
+    return "Join token", "join token"

@@ -24,8 +24,9 @@ Endpoints (GET only but the login form's POST; everything is rendered on the ser
     /login                 GET: a form; POST token=...: sets the session cookie (only when the token is required)
     /logout                POST: ends the request's session and clears its cookie (only when the token is required)
 
-With the join token required (`auth.py`: by default when bound to a non-loopback address, or
-`--http-token-required`), every other path answers 401 without `Authorization: Bearer <token>`
+With a token required (`auth.py`: by default when bound to a non-loopback address, or
+`--http-token-required`, or `--view-token-file`), every other path answers 401 without
+`Authorization: Bearer <token>` (the join token, or a read-only view token of `--view-token-file`)
 or the session cookie /login sets; the page's 401 carries the login form. A session lives while
 the token it logged in with is accepted (12 h at most), until POST /logout; an address whose token
 attempts failed too often gets 429 for a while (`auth.LoginThrottle`). With `--http-tls` the
@@ -72,7 +73,16 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
-from rcswarm.observe.dashboard.auth import COOKIE, MAX_LOGIN_BYTES, SessionAuth, Verdict, cookie_values, login_page
+from rcswarm.observe.dashboard.auth import (
+    COOKIE,
+    JOIN_CREDENTIAL,
+    MAX_LOGIN_BYTES,
+    SessionAuth,
+    Verdict,
+    cookie_values,
+    credential_names,
+    login_page,
+)
 from rcswarm.observe.dashboard.prometheus import ROUND_BUCKETS, CollectorSource, CoordinatorCollector, RoundHistogram
 from rcswarm.observe.dashboard.render import (
     DEFAULT_SMOOTHING,
@@ -347,10 +357,15 @@ class _Handler(BaseHTTPRequestHandler):
         error for everything else."""
         headers = [("WWW-Authenticate", 'Bearer realm="rcswarm"'), *extra]
         if path in PAGE_PATHS or path == "/login":
-            self._send(status, login_page(message), "text/html; charset=utf-8", headers)
+            self._send(status, login_page(message, self._credential()), "text/html; charset=utf-8", headers)
             return
         body = (json.dumps({"error": message, "status": int(status)}) + "\n").encode()
         self._send(status, body, "application/json", headers)
+
+    def _credential(self) -> str:
+        """What the dashboard asks for: the join token, or a view token too (`SessionAuth.credential`)."""
+        auth = self.dashboard.auth
+        return JOIN_CREDENTIAL if auth is None else auth.credential
 
     def _throttled(self, path: str) -> None:
         """429: this address failed too often; its tokens are not compared until its backoff has passed."""
@@ -375,7 +390,8 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         _limited_log(self.dashboard.log_limiter, "unauthorized", "dashboard: %s %s from %s without a valid token or "
                      "session", self.command, _logged(path), self.address_string())
-        self._unauthorized(path, "Authentication required: send Authorization: Bearer <join token>, or log in.")
+        kind = credential_names(self._credential())[1]
+        self._unauthorized(path, f"Authentication required: send Authorization: Bearer <{kind}>, or log in.")
         return False
 
     def do_GET(self) -> None:
@@ -387,7 +403,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._not_allowed("POST")
                 return
             if parts.path == "/login" and self.dashboard.auth is not None:
-                self._send(HTTPStatus.OK, login_page("Log in with the swarm's join token."), "text/html; charset=utf-8")
+                credential = self._credential()
+                self._send(HTTPStatus.OK, login_page(f"Log in with {credential}.", credential),
+                           "text/html; charset=utf-8")
                 return
             try:
                 params = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query), max_num_fields=20)
@@ -595,7 +613,8 @@ class Dashboard:
     `SwarmCoordinator`, a mirrored hivemind swarm's `mirror_view.MirrorRun`), shown as a group of one
     (`OneRun`); its runs (each with its own store) are shown on one page. The fit and plots use each run's own steps and
     clock, a single run's too (`views.presentation`). With `auth` (a `SessionAuth`) every path
-    but /healthz and /login needs the join token or a session cookie; with `ssl_context` it serves HTTPS
+    but /healthz and /login needs a token it accepts (the join token, a view token) or a session cookie; with
+    `ssl_context` it serves HTTPS
     (each connection's handshake on its own request thread, within the socket timeout): a context, or a function
     giving each accepted connection its context (a coordinator's `DashboardCertificates.current`, which follows
     renewed certificate files).

@@ -48,9 +48,10 @@ from tests.helpers.deploy import (
     strict_custom_schema,
 )
 
-SCENARIOS = ("default", "gpu", "external-tls", "ingress-tls", "existing-secret", "servicemonitor", "ray")
+SCENARIOS = ("default", "gpu", "external-tls", "ingress-tls", "existing-secret", "servicemonitor", "ray", "view-token")
 # API groups a scenario's cluster serves beyond Kubernetes' own (helm template --api-versions).
-SCENARIO_APIS = {"ray": ["ray.io/v1"], "servicemonitor": ["monitoring.coreos.com/v1"]}
+SCENARIO_APIS = {"ray": ["ray.io/v1"], "servicemonitor": ["monitoring.coreos.com/v1"],
+                 "view-token": ["monitoring.coreos.com/v1"]}
 CUSTOM_SCHEMAS = {
     ("ray.io/v1", "RayCluster"): SCHEMAS / "kuberay" / "raycluster-v1.schema.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS / "prometheus-operator" / "servicemonitor-v1.schema.json",
@@ -696,6 +697,111 @@ def test_with_tls_the_dashboard_serves_https_and_is_scraped_over_it(chart):
     plain = objects(render(chart, scenario_values("servicemonitor"), SCENARIO_APIS["servicemonitor"]))
     assert "--http-tls" not in coordinator_container(plain)["args"]
     assert one(plain, "ServiceMonitor")["spec"]["endpoints"][0]["scheme"] == "http"
+
+
+# -- the read-only view token (coordinator.dashboard.viewTokenSecret): mounted as the coordinator's
+# --view-token-file, sent by the ServiceMonitor instead of the join token.
+
+VIEW_FILE = "/etc/rcswarm/view-token/token"
+MONITOR_APIS = SCENARIO_APIS["view-token"]
+
+
+def render_view(chart: Any, **dashboard: Any) -> list[dict[str, Any]]:
+    values = scenario_values("view-token")
+    values["coordinator"]["dashboard"].update(dashboard)
+    return objects(render(chart, values, MONITOR_APIS))
+
+
+def test_the_view_token_secret_is_the_coordinators_view_token_file(chart):
+    found = render_view(chart)
+    (pod,) = [o["spec"]["template"]["spec"] for o in found if o["kind"] == "StatefulSet"]
+    container = coordinator_container(found)
+    args = container["args"]
+    assert flag(args, "--view-token-file") == VIEW_FILE and flag(args, "--token-file") == TOKEN_FILE
+    mount = next(m for m in container["volumeMounts"] if VIEW_FILE.startswith(m["mountPath"] + "/"))
+    assert mount["readOnly"] is True and mount.get("subPath") is None, "no subPath: the kubelet updates the file"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mount["name"]]["secret"] == {
+        "secretName": "dashboard-view-token", "items": [{"key": "view-token", "path": "token"}]}
+    join_mount = next(m for m in container["volumeMounts"] if TOKEN_FILE.startswith(m["mountPath"] + "/"))
+    assert join_mount["name"] != mount["name"], "the join token and the view token are separate volumes"
+    # The CLI parses what the chart passes: the dashboard then requires a token (view or join) as before.
+    from rcswarm.cli import coordinator as coordinator_cli
+
+    parsed = coordinator_cli.parse_args(args[1:])
+    assert str(parsed.view_token_file) == VIEW_FILE and coordinator_cli._argument_problem(parsed) is None
+
+
+def test_the_servicemonitor_sends_the_view_token_not_the_join_token(chart):
+    (endpoint,) = one(render_view(chart), "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"] == {"type": "Bearer",
+                                         "credentials": {"name": "dashboard-view-token", "key": "view-token"}}
+    # Without the value: the join token, as before.
+    plain = objects(render(chart, scenario_values("servicemonitor"), MONITOR_APIS))
+    (before,) = one(plain, "ServiceMonitor")["spec"]["endpoints"]
+    assert before["authorization"]["credentials"] == {"name": f"{RELEASE}-rcswarm-token", "key": "token"}
+    assert "--view-token-file" not in coordinator_container(plain)["args"]
+    assert "view-token" not in {m["name"] for m in coordinator_container(plain)["volumeMounts"]}
+
+
+def test_with_the_dashboard_off_no_view_token_is_passed(chart):
+    found = objects(render(chart, {"coordinator": {"dashboard": {"enabled": False,
+                                                                 "viewTokenSecret": "dashboard-view-token"}}}))
+    container = coordinator_container(found)
+    assert "--view-token-file" not in container["args"] and "--http-port" not in container["args"]
+    assert "view-token" not in {m["name"] for m in container["volumeMounts"]}
+
+
+def test_the_view_token_render_with_tls_is_strictly_valid(chart, k8s_validate):
+    """The scenario itself is in SCENARIOS (test_every_rendered_object_is_valid); with TLS too."""
+    values = {**scenario_values("view-token"), "tls": {"enabled": True, "secretName": "coordinator-tls"}}
+    found = objects(render(chart, values, MONITOR_APIS))
+    assert "--http-tls" in coordinator_container(found)["args"]
+    for version in ("1.27", k8s_validate.latest_version()):
+        for obj in found:
+            if obj["kind"] == "ServiceMonitor":
+                validate_custom(obj)
+                continue
+            try:
+                k8s_validate.validate(obj, version, strict=True)
+            except k8s_validate.ValidationError as exc:
+                pytest.fail(f"{obj['kind']} {obj['metadata']['name']} against {version}: "
+                            f"{'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def test_notes_name_the_view_token(chart):
+    notes = render(chart, scenario_values("view-token"), MONITOR_APIS)["rcswarm/templates/NOTES.txt"]
+    assert "the read-only view token of Secret dashboard-view-token, key view-token, or the join token" in notes
+
+
+def test_a_view_token_secret_that_is_the_join_token_fails_the_render(helm, chart):
+    join_secret = {"coordinator": {"dashboard": {"viewTokenSecret": f"{RELEASE}-rcswarm-token",
+                                                 "viewTokenSecretKey": "token"}}}
+    with pytest.raises(helm.HelmRenderError) as refused:
+        render(chart, join_secret)
+    assert "name the join token itself" in str(refused.value)
+    other_key = {"coordinator": {"dashboard": {"viewTokenSecret": f"{RELEASE}-rcswarm-token",
+                                               "viewTokenSecretKey": "view"}}}
+    assert flag(coordinator_container(objects(render(chart, other_key)))["args"], "--view-token-file") == VIEW_FILE
+
+
+@pytest.mark.parametrize(("dashboard", "message"), [
+    ({"viewTokenSecret": "Not_A_Name"},
+     "at '/coordinator/dashboard/viewTokenSecret': 'Not_A_Name' does not match pattern"),
+    ({"viewTokenSecretKey": ""}, "at '/coordinator/dashboard/viewTokenSecretKey': minLength: got 0, want 1"),
+    ({"viewTokenSecretKey": "a/b"}, "at '/coordinator/dashboard/viewTokenSecretKey': 'a/b' does not match pattern"),
+])
+def test_bad_view_token_values_are_refused_by_the_schema(helm, chart, dashboard, message):
+    with pytest.raises(helm.HelmValuesError) as refused:
+        render(chart, {"coordinator": {"dashboard": dashboard}})
+    assert message in str(refused.value)
+
+
+def test_the_namespace_of_the_secret_is_the_releases(chart):
+    """A ServiceMonitor reads its credentials Secret from its own namespace: the release's, where the operator
+    creates the view token Secret."""
+    monitor = one(render_view(chart), "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == NAMESPACE
 
 
 def test_ray_head_launches_the_workers(chart):

@@ -112,6 +112,16 @@ app.kubernetes.io/part-of: rcswarm
 {{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretKey }}{{- else -}}token{{- end -}}
 {{- end -}}
 
+{{/* "true" when the dashboard takes read-only view tokens (coordinator.dashboard.viewTokenSecret), else empty. */}}
+{{- define "rcswarm.viewTokenEnabled" -}}
+{{- if and .Values.coordinator.dashboard.enabled .Values.coordinator.dashboard.viewTokenSecret -}}true{{- end -}}
+{{- end -}}
+
+{{/* Where the coordinator reads the view token Secret's key (--view-token-file), a volume of its own. */}}
+{{- define "rcswarm.viewTokenFile" -}}
+/etc/rcswarm/view-token/token
+{{- end -}}
+
 {{/* The container env entry carrying the join token, always from the Secret. */}}
 {{- define "rcswarm.tokenEnv" -}}
 - name: RCSWARM_TOKEN
@@ -231,6 +241,9 @@ what to do. Included by the coordinator's StatefulSet, which every release rende
 {{- end -}}
 {{- if and .Values.tls.enabled .Values.coordinator.dashboard.enabled (eq (int .Values.coordinator.healthPort) (int .Values.coordinator.dashboard.port)) -}}
 {{- fail (printf "coordinator.dashboard.port %d equals coordinator.healthPort: with tls.enabled the plaintext health server and the dashboard each need their own port" (int .Values.coordinator.dashboard.port)) -}}
+{{- end -}}
+{{- if and (include "rcswarm.viewTokenEnabled" .) (eq .Values.coordinator.dashboard.viewTokenSecret (include "rcswarm.tokenSecretName" .)) (eq .Values.coordinator.dashboard.viewTokenSecretKey (include "rcswarm.tokenSecretKey" .)) -}}
+{{- fail "coordinator.dashboard.viewTokenSecret and viewTokenSecretKey name the join token itself: a view token must be one that cannot join the swarm; put a token of its own in another Secret or key" -}}
 {{- end -}}
 {{- if and .Values.serviceMonitor.enabled (not .Values.coordinator.dashboard.enabled) -}}
 {{- fail "serviceMonitor.enabled scrapes the dashboard's /metrics: set coordinator.dashboard.enabled=true" -}}
