@@ -463,11 +463,26 @@ class CurriculumTracker:
     one row of the worker's own for each per-worker lengthening (a worker that stays adds no row). It holds no lock
     of its own: `SwarmCoordinator` calls every method with its lock held (or from its constructor), and passes
     `advance` the ids of its active memberships read under that lock (the tracker keeps no membership table).
+
+    Writes. Alone (a test, a tool) it writes its saves and event rows to the store at once. Inside a coordinator
+    (`post` and `post_event`, the coordinator's `_post` and `_post_event`) it posts them to the coordinator's
+    outbox instead, with the state's JSON taken when posted (under the coordinator's lock), and the coordinator
+    writes them once its lock is released (`SwarmCoordinator.flush`), so a slow disk stalls no heartbeat for a
+    round close's curriculum step, a first pull's start or a hivemind run's steps. A posted save that fails (or a
+    crash before it is written) is one WARNING and leaves the state stored last: a restart resumes from it, as it
+    did after a save that failed under the lock (the decision was already in memory then too, and served).
+    `saves` counts the saves made or posted: a join that wrote the state with its own transaction (`rejoin`)
+    compares it to know whether a save made meanwhile may have been overwritten by its older copy.
     """
 
-    def __init__(self, spec: RunSpec, store: StateStore) -> None:
+    def __init__(self, spec: RunSpec, store: StateStore,
+                 post: Callable[[str | None, Callable[[], None]], None] | None = None,
+                 post_event: Callable[[str, str, str, float], None] | None = None) -> None:
         self.spec = spec
         self.store = store
+        self.post = post
+        self.post_event = post_event
+        self.saves = 0
         section = spec.curriculum
         self.adaptive = adaptive_options(spec) if section.adaptive else None
         stored = store.get(CURRICULUM_KEY)
@@ -540,13 +555,25 @@ class CurriculumTracker:
         """A worker joined again naming its ended membership `previous_worker_id` (after an eviction or a coordinator
         restart): under the adaptive policy its entry (own rung and costs) moves to `worker_id`, in memory. Returns
         the run_state values to store with the join (`saved`; empty when nothing moved): the caller writes them in
-        the join's transaction (`StateStore.record_join`) and puts `state` back if that fails."""
+        the join's transaction (`StateStore.record_join`, made without the coordinator's lock) and puts `state` back
+        if that fails (`unjoin` when the state moved on meanwhile)."""
         own = self.state.workers.get(previous_worker_id) if previous_worker_id and self.adaptive is not None else None
         if own is None or previous_worker_id == worker_id:
             return {}
         workers = {key: value for key, value in self.state.workers.items() if key != previous_worker_id}
         self.state = replace(self.state, workers={**workers, worker_id: own})
         return self.saved()
+
+    def unjoin(self, worker_id: str, previous_worker_id: str) -> None:
+        """Undo `rejoin(worker_id, previous_worker_id)` whose join failed after the state moved on (a round close's
+        decision, a measurement): the entry goes back to `previous_worker_id`, unless it is gone (dropped by
+        `_forget_ended`) or `previous_worker_id` holds one again. The caller saves the state if a save was made
+        meanwhile (`saves`)."""
+        own = self.state.workers.get(worker_id)
+        if own is None or previous_worker_id in self.state.workers:
+            return
+        workers = {key: value for key, value in self.state.workers.items() if key != worker_id}
+        self.state = replace(self.state, workers={**workers, previous_worker_id: own})
 
     def worker_length(self, active_lengths: Sequence[int]) -> Assignment | None:
         """A joining worker's own length under curriculum.worker_seq_lens (its reason is the join's "assign" event),
@@ -558,13 +585,13 @@ class CurriculumTracker:
         return Assignment(length, section.batch_for(length, self.spec.data.batch_size), reason)
 
     def start(self, now: float) -> None:
-        """At a pull: the first one starts the budget's clock, saved now so a restart before the first round close
-        keeps it. A failed save (a full disk) does not fail the pull: one WARNING, and the next save (a round
-        close's decision) holds the start."""
+        """At a pull: the first one starts the budget's clock, saved now (inside a coordinator: posted, written once
+        its lock is released) so a restart before the first round close keeps it. A failed save (a full disk) does
+        not fail the pull: one WARNING, and the next save (a round close's decision) holds the start."""
         if self.state.started_at is None:
             self.state = replace(self.state, started_at=now)
             try:
-                self._save()
+                self.save()
             except StoreError as exc:
                 log.warning("the curriculum's start was not saved (%s): a restart before the next round close "
                             "starts its budget's clock again", exc)
@@ -616,7 +643,7 @@ class CurriculumTracker:
         else:
             self._advance_run_wide(now, closed_version, active)
         self._forget_ended(active)
-        self._save()
+        self.save()
 
     def _advance_run_wide(self, now: float, closed_version: int, active: Collection[str]) -> None:
         """The run-wide rule (Eq. 11 on the run's summed costs, then the forecast rule) on the run's rung; a
@@ -636,7 +663,7 @@ class CurriculumTracker:
             self.state, rung=rung, reason=decision.reason, decided_version=closed_version,
             rung_version=closed_version + 1 if decision.ok else self.state.rung_version, workers=workers,
         )
-        self.store.add_event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
+        self._event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
         log.log(logging.INFO if decision.ok else logging.DEBUG, "round %d: curriculum %s", closed_version, decision.reason)
 
     def _advance_per_worker(self, now: float, closed_version: int, paces: Sequence[WorkerPace], spread: float) -> None:
@@ -650,7 +677,7 @@ class CurriculumTracker:
             workers[pace.worker_id] = replace(workers[pace.worker_id], rung=pace.rung + int(decision.ok),
                                               reason=decision.reason)
             if decision.ok:
-                self.store.add_event(pace.worker_id, "curriculum", f"round {closed_version}: {decision.reason}", now)
+                self._event(pace.worker_id, "curriculum", f"round {closed_version}: {decision.reason}", now)
                 log.info("round %d: curriculum %s", closed_version, decision.reason)
         rungs = [workers[pace.worker_id].rung for pace in paces]
         rung = min(rung for rung in rungs if rung is not None)
@@ -663,7 +690,7 @@ class CurriculumTracker:
             self.state, rung=rung, reason=reason, decided_version=closed_version, workers=workers,
             rung_version=closed_version + 1 if rung != self.state.rung else self.state.rung_version,
         )
-        self.store.add_event("", "curriculum", f"round {closed_version}: {reason}", now)
+        self._event("", "curriculum", f"round {closed_version}: {reason}", now)
         log.debug("round %d: curriculum %s", closed_version, reason)
 
     def _forget_ended(self, active: Collection[str]) -> None:
@@ -703,5 +730,28 @@ class CurriculumTracker:
         """The run_state values that store `state`."""
         return {CURRICULUM_KEY: self.state.to_json()}
 
-    def _save(self) -> None:
-        self.store.set_many(self.saved())
+    def save(self) -> None:
+        """Store `state`: posted (its JSON taken now) with an outbox, else written at once (which may raise
+        StoreError)."""
+        self.saves += 1
+        values = self.saved()
+        if self.post is None:
+            self.store.set_many(values)
+        else:
+            self.post(CURRICULUM_KEY, lambda: self._write_saved(values))
+
+    def _write_saved(self, values: Mapping[str, str]) -> None:
+        """Write a posted save (the coordinator's `flush`), best effort: a failure is a WARNING, the state stored
+        last stays (a restart resumes from it) and the next save holds this one's state."""
+        try:
+            self.store.set_many(values)
+        except StoreError as exc:
+            log.warning("the curriculum's state was not saved (%s): a restart before the next save resumes the one "
+                        "saved last", exc)
+
+    def _event(self, worker_id: str, kind: str, reason: str, now: float) -> None:
+        """Record an events row: posted with an outbox (written best effort), else written at once."""
+        if self.post_event is None:
+            self.store.add_event(worker_id, kind, reason, now)
+        else:
+            self.post_event(worker_id, kind, reason, now)

@@ -47,6 +47,7 @@ and only the most recent ended ones.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -138,6 +139,27 @@ def stored_refusals(stored: str | None) -> dict[str, tuple[float, str]]:
             and isinstance(row[0], str) and isinstance(row[1], (int, float)) and isinstance(row[2], str)}
 
 
+@dataclasses.dataclass
+class PendingJoin:
+    """A join admitted under the run's lock (`SwarmCoordinator._admit`) whose rows are being stored without it: what
+    its later steps (`_store_join`, then `_seat` or `_unadmit`) need. Owned by the joining thread."""
+
+    worker: WorkerRecord  # the membership, not yet in `workers`
+    response: pb.JoinResponse  # its answer, built (so it can be) before anything was written
+    events: list[tuple[str, str]]  # (kind, reason) rows of the join's transaction
+    now: float  # when it was admitted (its rows' time, `joined_at`)
+    previous: str  # the membership it names (`previous_worker_id`)
+    previous_active: bool  # whether that one was active at admission (then nothing is taken over)
+    taking_over: str | None  # the ended membership whose place in the open round it takes over
+    round_version: int  # the open round at admission
+    places_before: dict[str, str] | None  # that round's `_place_of` map before the join took a place over in it
+    reason: str  # the admission's
+    moved: dict[str, str]  # the run_state values its transaction writes (a moved curriculum entry), or {}
+    curriculum_before: curricula.CurriculumState  # the curriculum state before the move
+    curriculum_moved: curricula.CurriculumState  # ... and right after it
+    saves: int  # the tracker's `saves` at admission
+
+
 class SwarmCoordinator:
     """One run's coordinator: membership, the open round, θ, the outer momentum and the version.
 
@@ -162,21 +184,27 @@ class SwarmCoordinator:
     and decoding and validating its payload, checking metric values, streaming pull chunks, writing
     metric rows, reading closed rounds from the store, and a close's heavy work. The store has its own
     lock and is called with or without this one; a `RunGroup` takes its lock before a run's, never the
-    other way round.
+    other way round. `_join_lock` orders the joins of the run (`join`): a join holds it from its admission
+    to its membership's entry, across its store write, and takes `_lock` only briefly before and after.
 
     Writes. A store write under `_lock` (a SQLite transaction and, with `durable`, an fsync) stalls every
-    call of the run for its length, so the frequent ones are never made under it: the events of ended
-    memberships (Leave, evictions, reassignments), stalls and the intake's stale, dropped and late updates,
-    the full pulls' count and the refusals are posted under the lock to an outbox (`_post`, `_post_event`)
-    and written once it is released (`flush`; `_outbox_lock`, taken without `_lock`, orders the flushes, so
-    rows are written in the order posted, and a call that posted returns after its rows were written). A
-    crash between the two loses those rows (events and counters), never a round's commit nor a join. Still
-    written under the lock: a join's one transaction (`StateStore.record_join`, with the `_landed` read
-    before it), the curriculum's saves and events (its first pull's start, a close's decision in
-    `publish`, a hivemind run's steps), all rare. A hold of the lock longer than a worker's heartbeat
-    interval (measured in `_locked`), or a wait for it that long by the ticker, counts as a stall of the
-    coordinator: `tick` gives the members not heard since the grace of a stall (`_note_lock_stall`). A
-    handler's first wait for the lock (`_hold`, `_locked(bounded=True)`) ends by its call's deadline
+    call of the run for its length, so none is made under it. The events of ended memberships (Leave,
+    evictions, reassignments), stalls and the intake's stale, dropped and late updates, the full pulls'
+    count, the refusals and the curriculum's saves and events (its first pull's start, a close's decision in
+    `publish`, a hivemind run's steps; `CurriculumTracker`, its state's JSON taken when posted) are posted
+    under the lock to an outbox (`_post`, `_post_event`) and written once it is released (`flush`;
+    `_outbox_lock`, taken without `_lock`, orders the flushes, so rows are written in the order posted, and a
+    call that posted returns after its rows were written). A crash between the two loses those rows (events,
+    counters, a curriculum decision: a restart resumes the curriculum saved last, as after a save that
+    failed), never a round's commit nor a join. A join's one transaction (`StateStore.record_join`, with the
+    `_landed` read before it) is written between two holds of the lock, under `_join_lock` alone (`join`: admit
+    under the lock, write, then enter the membership under the lock, or undo the admission if the write
+    failed), so it is stored before its answer is sent, a failed one leaves nothing, and only the next join
+    waits for it. A hold of the lock longer than a worker's heartbeat interval (measured in `_locked`), or a
+    wait for it that long by the ticker, counts as a stall of the coordinator (no write makes one any more;
+    a hold by a store read, CPU starvation or a bug still may): `tick` gives the members not heard since the
+    grace of a stall (`_note_lock_stall`). A handler's first wait for the lock (`_hold`,
+    `_locked(bounded=True)`), and a join's for `_join_lock`, ends by its call's deadline
     (`guards.call_time_left`): UNAVAILABLE, which workers retry; the ticker's, a close's publication and a
     handler's later waits (after it changed something) are not bounded.
 
@@ -185,8 +213,11 @@ class SwarmCoordinator:
     `closer.begin` under the lock, then `closer.finish` after releasing it.
 
       method                                   called from                    lock
-      join                                     gRPC handler threads           takes (bounded); writes under it
-                                                                              (`record_join`, one transaction)
+      join                                     gRPC handler threads           takes `_join_lock` (bounded), then
+                                                                              `_lock` (bounded) to admit; none while
+                                                                              it writes (`record_join`, one
+                                                                              transaction); takes (enters, or undoes
+                                                                              a failed write), may post; flushes
       heartbeat                                gRPC handler threads           takes (bounded); no write
       status                                   handlers, the dashboard        takes (bounded in a handler); no write
       await_version                            handlers                       takes (bounded); waits on `_version_changed`
@@ -202,11 +233,14 @@ class SwarmCoordinator:
                                                                               then a due close
       pull                                     handlers                       a generator: takes in `_pick_payload`
                                                                               (bounded; may wait on
-                                                                              `_version_changed`); none while it
-                                                                              streams; takes (count), posts; flushes
+                                                                              `_version_changed`; the first posts
+                                                                              the curriculum's start), flushes; none
+                                                                              while it streams; takes (count),
+                                                                              posts; flushes
       report_metrics                           handlers                       takes (member; bounded), none (values),
                                                                               takes (count; bounded), none (rows),
-                                                                              takes (totals)
+                                                                              takes (totals; a hivemind run's
+                                                                              curriculum steps post), flushes
       owns_credential, knows, membership_state any thread (a RunGroup, the    none: a snapshot of one entry
                                                server's guard)
       active_workers, places_taken             any thread (a RunGroup)        takes
@@ -217,8 +251,16 @@ class SwarmCoordinator:
       flush                                    any thread without `_lock`     takes `_outbox_lock`, then `_lock` only
                                                                               to take the rows; writes without it
       close                                    the owner, all others stopped  flushes; none besides
-      _pick_payload                            `pull`                         takes (bounded)
+      _pick_payload                            `pull`                         takes (bounded), may post; flushes
       _locked, _hold, _acquire                 the methods above              take (the context managers release it)
+      _joining                                 `join`                         takes `_join_lock` (bounded), never
+                                                                              `_lock`
+      _admit, _seat, _unadmit                  `join`, `_join_lock` held      `_admit` takes (bounded; a re-join may
+                                                                              wait on `_version_changed`); `_seat`,
+                                                                              `_unadmit`: held (may post a curriculum
+                                                                              save)
+      _store_join, _landed                     `join`, `_join_lock` held      none: reads and writes the store
+                                                                              (flushes first after a curriculum move)
       _write_event, _save_full_pulls,          `flush`                        none (`_outbox_lock` held): the writes
         _save_refusals                                                        of posted rows
       every other method named _...            the lock's holder              held (`_wait_for_close` waits on
@@ -227,15 +269,16 @@ class SwarmCoordinator:
       intake.check_meta, token_bound,          push, report_metrics           held (`check_meta` may wait on
         refuse_stale, refuse_outlier,                                         `_version_changed`; the stale, dropped
         record, count_metric_rows                                             and late events are posted)
-      closer.begin, closer.publish             the caller of a due close      held (`publish` posts; the
-                                                                              curriculum step writes under it)
+      closer.begin, closer.publish             the caller of a due close      held (`publish` posts, the
+                                                                              curriculum step's save and events too)
       closer.finish                            that caller, lock released     none; takes it to publish the close
                                                                               or to undo a failed one, then flushes
       closer.compute                           `closer.finish`                none; one close at a time (`under_way`)
 
     `on_membership_end` (the server's `CallGate.end_worker`) is called from `_end_membership`, lock held; it
-    takes only the gate's own lock. Lock order: a RunGroup's lock, then `_outbox_lock`, then `_lock`, then the
-    store's; `_outbox_lock` is never taken with `_lock` held.
+    takes only the gate's own lock. Lock order: a RunGroup's lock, then `_join_lock`, then `_outbox_lock`, then
+    `_lock`, then the store's; `_outbox_lock` is never taken with `_lock` held, nor `_join_lock` with either (a
+    RunGroup's join places the worker under its lock and calls `join` after releasing it).
 
     Membership. `workers` holds every membership still in memory, `_active` the active ones (all
     that admission, eviction and round closing look at) and `_ended` the ended ones in the order
@@ -264,6 +307,8 @@ class SwarmCoordinator:
         self.on_membership_end: Callable[[str, str], None] | None = None
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
+        # Held by a join from its admission to its membership's entry, across its store write (`join`): one at a time.
+        self._join_lock = threading.Lock()
         # The outbox: store writes posted under `_lock` ((key or None, write) in the order posted; a keyed one
         # replaces an earlier one of its key), written by `flush` once the lock is released, in that order;
         # `_outbox_lock` orders the flushes (taken without `_lock`, which it then takes briefly to take the rows).
@@ -334,7 +379,7 @@ class SwarmCoordinator:
         # Tokens of the updates the outer steps of this process applied.
         self.applied_tokens = 0
         self._serving_since: float | None = None
-        self.tracker = curricula.CurriculumTracker(spec, store)
+        self.tracker = curricula.CurriculumTracker(spec, store, post=self._post, post_event=self._post_event)
         # Why a sweep stopped this run before its budget (`[sweep] prune`, issue #30); None while it goes on.
         self.stopped: str | None = store.get("stopped")
         self.param_sha256 = tensor_stream.params_sha256(self.params)
@@ -425,10 +470,63 @@ class SwarmCoordinator:
 
     def join(self, request: pb.JoinRequest, placed: str = "") -> pb.JoinResponse:
         """Admit a worker and return its new worker secret, keeping only the secret's SHA-256 (handler
-        thread; takes `_lock`). `placed`: why a sweep placed the worker in this run, stored as an "assign" event with
-        the join's own. The join's rows are written in one transaction under the lock (`StateStore.record_join`),
-        the one store write a handler makes under it; a hold longer than a heartbeat interval is noted for `tick`."""
-        with self._locked(bounded=True):
+        thread). `placed`: why a sweep placed the worker in this run, stored as an "assign" event with the join's own.
+
+        A join's rows are stored in one transaction (`StateStore.record_join`) before its answer is sent, and that
+        write is made without `_lock`, in three steps, the joins of the run one at a time (`_join_lock`, taken first,
+        its wait bounded by the call's deadline):
+
+        1. `_admit` (`_lock`, bounded): decide the admission, build the membership and the answer, reserve what a
+           re-join takes over: the curriculum entry (`CurriculumTracker.rejoin`) and the place of the ended membership
+           in the open round (`_place_of`, so that a close begun during the write counts the new membership among
+           the round's reporters). The membership is not in `workers` yet: no other call sees it.
+        2. `_store_join` (no `_lock`): read the update the named membership landed before (`_landed`) and write the
+           join's transaction. Heartbeats, pushes, closes, leaves and evictions go on meanwhile.
+        3. `_seat` (`_lock`, not bounded: the join is stored): enter the membership, with what may have changed
+           since step 1 taken into account (a round closed: the current version and assignment). A write that failed
+           (`_unadmit`) instead gives back what step 1 reserved and the error reaches the caller: no membership, no
+           count, no row, no moved entry or place, and the worker may join again.
+
+        Step 1's decision stays valid at step 3: no other join runs in between, and what else may run (a Leave, an
+        eviction, a round close, a reassignment, a stop) only frees places; a run that finished meanwhile admits it
+        as it admits a worker that joined just before its last close (its next call learns the run is over)."""
+        with self._joining():
+            pending = self._admit(request, placed)
+            try:
+                landed = self._store_join(pending)
+            except BaseException:
+                with self._locked():
+                    self._unadmit(pending)
+                raise
+            with self._locked():
+                return self._seat(pending, landed)
+
+    @contextlib.contextmanager
+    def _joining(self) -> Iterator[None]:
+        """`_join_lock` for the block (taken without `_lock`), its wait bounded by the call's deadline as `_acquire`'s:
+        a join waits for the one storing its rows, never a heartbeat or any other call."""
+        left = call_time_left()
+        if left is None:
+            self._join_lock.acquire()
+        elif not self._join_lock.acquire(timeout=max(left - LOCK_WAIT_MARGIN_S, 0.0)):
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"run {self.run_id} is busy (another join's write took until "
+                                                       "the call's deadline: a slow disk?); retry")
+        try:
+            yield
+        finally:
+            self._join_lock.release()
+
+    def _admit(self, request: pb.JoinRequest, placed: str) -> PendingJoin:
+        """Step 1 of `join` (`_join_lock` held; takes `_lock`, bounded): the admission decided, the membership and its
+        answer built, a re-join's curriculum entry moved (in memory; the join's transaction stores it) and the place
+        it takes over given to it. Refused: nothing changed. Writes nothing. A re-join naming an ended membership
+        while a round closes first waits for the close (at most `coordinator.max_wait_s`, as a pull does): that
+        round may count the ended membership's update, and the close's reporters (`close_reporters`, committed with
+        it) were taken when it began, so the join reads them from the store (`_landed`) once committed."""
+        with self._locked(measure=False, bounded=True):  # measure=False: it may wait on `_version_changed`
+            named = self.workers.get(request.previous_worker_id)
+            if named is not None and not named.active and self.closer.under_way is not None:
+                self._wait_for_close(self.spec.coordinator.max_wait_s)
             now = self.clock()
             views = self._active_views()
             decision = decisions.decide_admission(now, views, self.finished, self.membership)
@@ -443,7 +541,6 @@ class SwarmCoordinator:
                               place_retry_s=decisions.place_retry_s(self.membership))
             worker_id = f"{self.worker_prefix}w{self._joins + 1}-{secrets.token_hex(4)}"
             name = printable(request.worker_name[:128]) or worker_id
-            landed = self._landed(request.previous_worker_id)
             secret = secrets.token_bytes(WORKER_SECRET_BYTES)
             worker = WorkerRecord(
                 worker_id, name, printable(request.device[:64]), now, now, self.version, secret_sha256=hashlib.sha256(secret).digest()
@@ -455,37 +552,87 @@ class SwarmCoordinator:
                 events.append(("assign", worker.assigned.reason))
             if placed:
                 events.append(("assign", placed))
-            if request.previous_worker_id not in self._active:
-                self._carry_over(worker, self.workers.get(request.previous_worker_id))
-            if landed is not None:
-                worker.accepted_version = max(worker.accepted_version, landed[1])
-            # Nothing changes before the answer is built and the join stored in one transaction (its events, the round
-            # it takes over, the curriculum entry it takes over): an answer that could not be built (an int32 field
-            # out of range, before the run spec bounded them) or a failed write (a full disk) refuses the join and
-            # leaves no membership, no count, no row and no moved curriculum entry behind.
+            previous = request.previous_worker_id
+            previous_active = previous in self._active
+            if not previous_active:
+                self._carry_over(worker, self.workers.get(previous))
+            # Nothing changes before the answer is built: one that could not be (an int32 field out of range, before the
+            # run spec bounded them) refuses the join and leaves no moved curriculum entry behind.
             curriculum = self.tracker.state
             try:
-                moved = {} if request.previous_worker_id in self._active else self.tracker.rejoin(
-                    worker_id, request.previous_worker_id)
+                moved = {} if previous_active else self.tracker.rejoin(worker_id, previous)
                 response = pb.JoinResponse(
                     worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
                     lease_seconds=self.membership.lease_s, data_seed=self._joins + 1,
                     assignment=self._assignment(worker), worker_secret=secret,
                 )
-                self.store.record_join(worker_id, events, now, reported=landed, run_state=moved)
             except BaseException:
                 self.tracker.state = curriculum
                 raise
-            self._joins += 1
+            places_before = None
             if taking_over is not None:
-                places = self._place_of[1]
+                places = self._place_of[1]  # the open round's (`_place_holders` above)
+                places_before = dict(places)
                 for owner in {*self.round.reports, *self.round.late}:
                     if places.get(owner, owner) == taking_over:
                         places[owner] = worker_id
-            self.workers[worker_id] = self._active[worker_id] = worker
-            self.log.info("join: %s (%s) as %s at version %d: %s", name, worker.device, worker_id, self.version,
-                          decision.reason)
-            return response
+            return PendingJoin(worker, response, events, now, previous, previous_active, taking_over,
+                               self.round.version, places_before, decision.reason, moved, curriculum,
+                               self.tracker.state, self.tracker.saves)
+
+    def _store_join(self, pending: PendingJoin) -> tuple[int, int] | None:
+        """Step 2 of `join` (`_join_lock` held, `_lock` not): store the join's rows in one transaction
+        (`StateStore.record_join`) and return the update the named membership landed (`_landed`). A join that moved a
+        curriculum entry first writes the rows posted before it (`flush`): a save posted before step 1, without
+        the moved entry, written after the join's would lose it (saves posted since hold it)."""
+        if pending.moved:
+            self.flush()
+        landed = self._landed(pending.previous, pending.previous_active)
+        self.store.record_join(pending.worker.worker_id, pending.events, pending.now, reported=landed,
+                               run_state=pending.moved)
+        return landed
+
+    def _unadmit(self, pending: PendingJoin) -> None:
+        """Step 3 of a `join` whose write failed (lock held): the place it took over goes back to the ended
+        membership while its round is open (a close begun meanwhile committed the new id among its reporters: an id
+        nobody holds, harmless); the curriculum entry it moved goes back, exactly as it was when nothing moved the
+        state since, else onto the state as it is now (`CurriculumTracker.unjoin`), then saved if a save was made
+        meanwhile (it held the moved entry). Nothing else had changed."""
+        if pending.places_before is not None and self._place_of[0] == pending.round_version == self.round.version:
+            self._place_of = (pending.round_version, pending.places_before)
+        if not pending.moved:
+            return
+        if self.tracker.state is pending.curriculum_moved:
+            self.tracker.state = pending.curriculum_before
+        else:
+            self.tracker.unjoin(pending.worker.worker_id, pending.previous)
+        if self.tracker.saves != pending.saves:
+            self.tracker.save()
+
+    def _seat(self, pending: PendingJoin, landed: tuple[int, int] | None) -> pb.JoinResponse:
+        """Step 3 of `join` (lock held; the join is stored): enter the membership as active and return its answer.
+        What changed since `_admit` is taken in: its lease starts now, it reports to the current version's round,
+        the answer names the current version and assignment, and the curriculum state is saved again when a save
+        was made meanwhile (the join's transaction, with the state as it was at step 1, may have overwritten it)."""
+        worker, response = pending.worker, pending.response
+        worker.last_seen = self.clock()
+        worker.base_version = max(worker.base_version, self.version)
+        if landed is not None:
+            worker.accepted_version = max(worker.accepted_version, landed[1])
+        try:
+            assignment = self._assignment(worker)
+            response.version = self.version
+            response.assignment.CopyFrom(assignment)
+        except Exception:  # the answer built at step 1 stands: the join is stored and is not undone
+            self.log.exception("join of %s: its answer names the assignment of version %d", worker.worker_id,
+                               response.version)
+        if pending.moved and self.tracker.saves != pending.saves:
+            self.tracker.save()
+        self._joins += 1
+        self.workers[worker.worker_id] = self._active[worker.worker_id] = worker
+        self.log.info("join: %s (%s) as %s at version %d: %s", worker.name, worker.device, worker.worker_id,
+                      self.version, pending.reason)
+        return response
 
     def _carry_over(self, worker: WorkerRecord, ended: WorkerRecord | None) -> None:
         """A re-join naming its ended membership (`ended`, still in memory): the new one takes over the versions it
@@ -500,17 +647,19 @@ class SwarmCoordinator:
         worker.pulled_version = ended.pulled_version
         worker.base_version = max(worker.base_version, ended.base_version)
 
-    def _landed(self, previous_worker_id: str) -> tuple[int, int] | None:
+    def _landed(self, previous_worker_id: str, active: bool) -> tuple[int, int] | None:
         """(round version, base version) of the newest committed round that counted an update of the ended
-        membership a re-join names (`StateStore.reported`), or None (lock held; reads the store). The store knows it
+        membership a re-join names (`StateStore.reported`), or None (reads the store). The store knows it
         where memory does not: after a coordinator restart, a worker whose update closed the last round before it
         heard the answer joins again naming that membership and pushes the update again; it landed, so the push is
         a duplicate (ALREADY_EXISTS) and the worker keeps the error-feedback residual left after it, where "stale"
         made it put back the residual the landed update had carried (sent twice). The join enters the new
         membership among that round's reporters (`StateStore.record_join`), so a second restart knows it too. As
         with `_carry_over`, the name is the joiner's claim: another membership's round only refuses the joiner's
-        own update from that version. None for an active membership (a worker cannot take over a live one)."""
-        if not previous_worker_id or previous_worker_id in self._active:
+        own update from that version. None for an active membership (`active`, as `_admit` saw it under the lock: a
+        worker cannot take over a live one). `join`'s step 2 (`_join_lock` held, `_lock` not: the read takes the
+        store's writer lock, which a close's commit may hold a while)."""
+        if not previous_worker_id or active:
             return None
         return self.store.reported(previous_worker_id)
 
@@ -592,8 +741,8 @@ class SwarmCoordinator:
     def _locked(self, measure: bool = True, wait: bool = True, bounded: bool = False) -> Iterator[None]:
         """Hold `_lock` for the block, then, once it is released, write what the block posted (`flush(wait)`), also
         when the block raised. With `measure` (a block that never waits on `_version_changed`) a hold longer than the one
-        `tick` saw last is noted for it (`_long_hold_s`): a write under the lock (a join's, a close's curriculum
-        step) held up the heartbeats queued behind it."""
+        `tick` saw last is noted for it (`_long_hold_s`): whatever kept the lock that long (no store write is made
+        under it; a slow read, a starved process) held up the heartbeats queued behind it."""
         posted = False
         self._acquire(bounded)
         try:
@@ -612,7 +761,8 @@ class SwarmCoordinator:
     def _post(self, key: str | None, write: Callable[[], None]) -> None:
         """Post a store write to the outbox (lock held): `flush` runs it once the lock is released. A keyed write
         (a run_state value) replaces an earlier one of the same key not written yet. `write` handles its own
-        failure (best effort: these are events and counters, never a round's commit or a join)."""
+        failure (best effort: these are events, counters and the curriculum's saves, never a round's commit or a
+        join)."""
         self._outbox.append((key, write))
         self._posts += 1
 
@@ -626,10 +776,11 @@ class SwarmCoordinator:
 
         Ordering: rows are written in the order they were posted under `_lock` (one flush at a time); a call that
         posted rows and flushed with `wait` returns after they were written (or their failure logged), so a Leave's
-        event is in the store when its answer is sent. Rows written directly (a join's, a close's commit) may get
-        lower rowids than rows posted before them; each row keeps the time of its change in memory. A crash between
-        the change in memory and its flush loses the rows posted (events and counters: the full pulls' count, the
-        refusals); memberships are memory only, and nothing a round commits or a join stores goes through here.
+        event is in the store when its answer is sent. Rows written directly (a close's commit; a join's, unless it
+        moved a curriculum entry, `_store_join`) may get lower rowids than rows posted before them; each row keeps
+        the time of its change in memory. A crash between the change in memory and its flush loses the rows posted
+        (events and counters: the full pulls' count, the refusals; the curriculum's newest save); memberships are
+        memory only, and nothing a round commits or a join stores goes through here.
         Without `wait` (the ticker) a flush under way elsewhere is left to write them: it looks again when done."""
         first = wait  # with `wait`, once at least: rows this call posted may be in the hands of a flush under way
         while first or self._outbox:
@@ -720,8 +871,9 @@ class SwarmCoordinator:
         self, request: pb.PullParametersRequest
     ) -> tuple[LazyPullPayload | None, pb.TensorHeader | None, list[pb.TensorChunk]]:
         """For `pull` (takes `_lock`): the current version's full payload, or the compressed step's header and
-        chunks when the worker holds the version before."""
-        with self._hold():
+        chunks when the worker holds the version before. The run's first pull posts the curriculum's start
+        (`CurriculumTracker.start`), written once the lock is released."""
+        with self._locked(measure=False, bounded=True):
             self._check_tensors_served(
                 "PullParameters", self._authenticated("PullParameters", request.worker_id, request.worker_secret))
             self._wait_for_close(self.spec.coordinator.max_wait_s)
@@ -1104,7 +1256,7 @@ class SwarmCoordinator:
             return
         self._resumed_at = now
         grace = self.membership.lease_s + self.membership.stall_grace_s
-        self._post_event("", "stall", f"the run's lock was held {stalled_s:.1f} s (a slow write under it); members "
+        self._post_event("", "stall", f"the run's lock was held {stalled_s:.1f} s (a slow read under it?); members "
                                       f"not heard since have {grace:.1f} s", now)
 
     def _evict_outliers(self, now: float) -> None:

@@ -244,19 +244,28 @@ class StalledEventStore(StateStore):
         self._stall()
         super().add_event(*args, **kwargs)
 
-    def record_join(self, *args, **kwargs) -> None:  # a join's event rows
+    def record_join(self, *args, **kwargs) -> None:  # a join's event rows (written without the run's lock)
         self._stall()
         super().record_join(*args, **kwargs)
 
 
-def test_health_says_not_serving_when_a_write_under_the_run_lock_hangs(tmp_path, channel):
-    """A Join whose event write hangs holds the run's lock: the ticker stops on it, and so did the health thread,
+def test_health_says_not_serving_when_a_holder_of_the_run_lock_hangs_and_not_for_a_hanging_join(tmp_path, channel):
+    """A Join whose event write hung held the run's lock: the ticker stopped on it, and so did the health thread,
     which then answered SERVING for good (Kubernetes never restarted the wedged pod). The health thread now never
-    waits long for the lock, so the stalled ticker shows: NOT_SERVING within the stall limit, SERVING after."""
+    waits long for the lock, so a stalled ticker shows: NOT_SERVING within the stall limit, SERVING after. A Join
+    now writes without the run's lock (`SwarmCoordinator.join`), so its hanging write stalls neither the ticker nor
+    health; a holder of the lock that hangs (what a write under it was) still turns health NOT_SERVING."""
     spec = tiny_spec()
     store = StalledEventStore(tmp_path / "state", spec.coordinator.keep_checkpoints, spec.coordinator.durable)
     running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN, health_stall_s=2.0).start()
-    joiner = None
+    run = running.group.runs[0]
+    joiner = holder = None
+    unstuck = threading.Event()
+
+    def stuck_holder() -> None:
+        with run._lock:
+            unstuck.wait(60)
+
     try:
         local = LocalCoordinator(running, tmp_path / "state")
         ch = channel(local)
@@ -265,14 +274,23 @@ def test_health_says_not_serving_when_a_write_under_the_run_lock_hangs(tmp_path,
         client = local.client()
         joiner = threading.Thread(target=lambda: client.join("w", "cpu", 1), daemon=True)
         joiner.start()
+        ends = time.monotonic() + 3.0  # past the 2 s stall limit: the ticker goes on while the join's write hangs
+        while time.monotonic() < ends:
+            assert health_status(ch) == SERVING, running.health_reason
+            time.sleep(0.2)
+        holder = threading.Thread(target=stuck_holder, daemon=True)
+        holder.start()
         wait_for(lambda: health_status(ch) == NOT_SERVING, 10.0, "NOT_SERVING while the run's lock is held")
         assert "no tick" in running.health_reason
+        unstuck.set()
         store.hanging.clear()
         store.release.set()
         joiner.join(10)
-        wait_for(lambda: health_status(ch) == SERVING, 10.0, "SERVING once the write returned")
+        holder.join(10)
+        wait_for(lambda: health_status(ch) == SERVING, 10.0, "SERVING once the holder released the lock")
         client.close()
     finally:
+        unstuck.set()
         store.release.set()
         running.stop(grace=0.5)
 

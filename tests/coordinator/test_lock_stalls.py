@@ -84,21 +84,24 @@ def member_answers(run: SwarmCoordinator, member: pb.JoinResponse) -> tuple[floa
 
 
 def test_a_write_holding_the_run_lock_past_the_lease_evicts_no_member_but_one_that_stopped_is_evicted(tmp_path):
-    """A join's write (the one a handler still makes under the lock: one transaction, `record_join`) takes 3 s with
-    a 2 s lease; the members' heartbeats would have waited behind it. The ticker's next tick evicted both (silent
-    3 s > 2 s); now the hold counts as a stall of the coordinator: nobody is evicted, the stall is an event, and a
-    member that then stays silent is evicted once lease + grace from the stall have passed, the one that beats
-    is not."""
+    """A holder keeps the run's lock 3 s with a 2 s lease (it was a join's write, made under the lock until the
+    join wrote without it; now whatever else might: a slow read, a starved process); the members' heartbeats would
+    have waited behind it. The ticker's next tick evicted both (silent 3 s > 2 s); now the hold counts as a stall of
+    the coordinator: nobody is evicted, the stall is an event, and a member that then stays silent is evicted once
+    lease + grace from the stall have passed, the one that beats is not."""
     store = SlowStore(tmp_path, durable=False)
     run = SwarmCoordinator(tiny_spec(coordinator={"lease_s": 2.0}), store)
     run.membership = dataclasses.replace(run.membership, stall_grace_s=1.0)
+
+    def hold_the_lock() -> None:
+        with run._locked():  # measured, as every holder's hold is
+            time.sleep(3.0)
+
     try:
         beating, stopped = run.join(pb.JoinRequest(worker_name="beating")), run.join(pb.JoinRequest(worker_name="stopped"))
-        store.delay = 3.0
-        joiner = in_thread(lambda: run.join(pb.JoinRequest(worker_name="slow join")))
-        joiner.join(10)
-        store.delay = 0.0
-        run.tick()  # the ticker takes the lock first once the join released it
+        holder = in_thread(hold_the_lock)
+        holder.join(10)
+        run.tick()  # the ticker takes the lock first once the holder released it
         assert run.workers[beating.worker_id].active, run.workers[beating.worker_id].reason
         assert run.workers[stopped.worker_id].active, run.workers[stopped.worker_id].reason
         assert any("lock was held" in e.reason for e in store.events("stall"))
@@ -278,9 +281,10 @@ def test_health_says_not_serving_while_its_check_raises_and_serving_after(tmp_pa
 
 
 def test_a_handler_waits_for_the_run_lock_no_longer_than_its_calls_deadline(tmp_path):
-    """A join's 3 s write holds the run's lock; a Heartbeat with a 1 s deadline waited the whole 3 s on its handler
-    thread after its caller had given up (DEADLINE_EXCEEDED), holding a thread of the pool. Now the handler gives
-    up by the deadline: UNAVAILABLE, which workers retry (worker/client.py `classify`)."""
+    """A holder keeps the run's lock 3 s (it was a join's write, until the join wrote without it); a Heartbeat with
+    a 1 s deadline waited the whole 3 s on its handler thread after its caller had given up (DEADLINE_EXCEEDED),
+    holding a thread of the pool. Now the handler gives up by the deadline: UNAVAILABLE, which workers retry
+    (worker/client.py `classify`)."""
     spec = tiny_spec()
     store = SlowStore(tmp_path, durable=False)
     running = RunningCoordinator(SwarmCoordinator(spec, store), TOKEN).start()
@@ -299,17 +303,20 @@ def test_a_handler_waits_for_the_run_lock_no_longer_than_its_calls_deadline(tmp_
     try:
         stub = pb_grpc.CoordinatorStub(channel)
         member = stub.Join(pb.JoinRequest(worker_name="a", device="cpu", pid=1), timeout=10, metadata=AUTH)
-        store.delay = 3.0
-        joiner = in_thread(lambda: stub.Join(pb.JoinRequest(worker_name="b", device="cpu", pid=1), timeout=20,
-                                             metadata=AUTH))
+        run = group.runs[0]
+
+        def hold_the_lock() -> None:
+            with run._lock:
+                time.sleep(3.0)
+
+        holder = in_thread(hold_the_lock)
         time.sleep(0.3)
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as refused:
             stub.Heartbeat(pb.HeartbeatRequest(**creds(member)), timeout=1.0)
         wait_for(lambda: ended, 5.0, "the heartbeat's handler to end")
         handler_s = ended[0] - started
-        joiner.join(10)
-        store.delay = 0.0
+        holder.join(10)
         assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
         assert handler_s < 1.5, f"the handler ended {handler_s:.2f} s after the call, its deadline 1 s"
         assert stub.Heartbeat(pb.HeartbeatRequest(**creds(member)), timeout=5).lease_seconds > 0
