@@ -1203,9 +1203,9 @@ class SwarmCoordinator:
 
     def summary(self, status: pb.GetStatusResponse | None = None) -> pb.RunSummary:
         """This run in one line, from `status` when the caller already has it (else takes `_lock` via `status`), with
-        the workers that refused it (takes `_lock`)."""
+        the workers that refused it (takes `_lock`; a handler's wait bounded by its call's deadline, as `status`)."""
         summary = run_summary(self.spec, status or self.status())
-        with self._lock:
+        with self._hold():
             summary.refused_by = len(self.refusals)
             summary.last_refusal = next(reversed(self.refusals.values()))[1] if self.refusals else ""
         return summary

@@ -225,7 +225,7 @@ class RunGroup:
     move decisions, so two joins never both count a run as the emptiest (a join placed but not ended holds its
     place, `_arriving`); it is taken before a run's own lock (the group calls `active_workers` and `places_taken`
     of its runs while holding it), never while a run's lock is held, and never held across a store write: a run's
-    `join` (which writes under the run's lock) runs after the group lock is released. Routing a call (`_index_of`,
+    `join` (which writes its store between two holds of the run's lock) runs after the group lock is released. Routing a call (`_index_of`,
     `owns_credential`) takes no lock (the runs' snapshots). Every other method routes the call to its run without
     the group's lock; the run takes its own (see SwarmCoordinator). The forecasts (`_forecast`, `_prune`) are
     the ticker's alone: it replaces `latest[i]` whole, which `status` reads as a snapshot from any thread.
@@ -253,8 +253,9 @@ class RunGroup:
         # How many of `prune_at`'s fractions were decided (each run's store keeps the count).
         self.prune_done = max(int(run.store.get("prune_done") or 0) for run in self.runs)
         # Workers moved off a run toward another (worker id → (that run's index, until when it counts there)), and
-        # the joins placed in a run that have not ended ("joining N" → the same, `join`); the group lock guards it.
-        self._arriving: dict[str, tuple[int, float]] = {}
+        # the joins placed in a run that have not ended (("joining", N) → the same, `join`: a tuple, so that no
+        # previous_worker_id a client sends can name it); the group lock guards it.
+        self._arriving: dict[str | tuple[str, int], tuple[int, float]] = {}
         self._joining = itertools.count()
         # The runs each membership's worker refused (worker id → their positions; its join's `refused_run_ids`), so
         # that no move sends it to one; kept while some run knows the id. The group lock guards it.
@@ -387,14 +388,15 @@ class RunGroup:
     def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
         """Admit a worker to the run `_place` picks (handler thread; takes the group lock to place it, then the
         run's without the group's); a join refused for want of a place counts its worker as waiting (`waiting`, its
-        own lock). The run's join writes its store under the run's lock (`SwarmCoordinator.join`), so the group lock
-        is not held across it: a slow disk of one run does not hold up the joins placed in another. A sweep's join
-        holds its place meanwhile as a worker moving there does (`_arriving`, under a key no worker id has), so
+        own lock). The run's join writes its store (`SwarmCoordinator.join`: without the run's lock, its joins one
+        at a time), so the group lock is not held across it: a slow disk of one run does not hold up the joins
+        placed in another. A sweep's join holds its place meanwhile as a worker moving there does (`_arriving`, under
+        a key no worker id or client string can be: a tuple), so
         that joins placed at once are still spread as if one after the other; it is dropped when the run's join ends."""
         name = request.worker_name[:128]
         try:
             refused = refused_runs(request, self.runs)
-            held = f"joining {next(self._joining)}"
+            held = ("joining", next(self._joining))
             with self._lock:
                 index, reason = self._place(request, refused)
                 if self.sweep:

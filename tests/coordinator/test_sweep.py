@@ -491,3 +491,36 @@ def test_stored_refusals_skip_what_is_not_a_refusal():
     assert stored_refusals(None) == {} and stored_refusals("not json") == {} and stored_refusals('{"a": 1}') == {}
     assert stored_refusals('[["a", 1.5, "why"], ["b", "x", "why"], [1, 2, "z"], ["c", 2, "later"]]') == {
         "a": (1.5, "why"), "c": (2.0, "later")}
+
+
+def test_a_join_in_flight_holds_its_place_against_a_client_naming_its_reservation(tmp_path):
+    """A join placed but still writing holds its run's place (`_arriving`). Its key was the string "joining N", which
+    a second join could send as its previous_worker_id to drop that place (a review, 2026-11-29): the two joins then
+    went to the same run of an empty sweep. The key is now a tuple, which no client string equals."""
+    import threading
+
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    sweep = _sweep(tmp_path)
+    first = sweep.runs[0]
+    writing, release = threading.Event(), threading.Event()
+    record_join = first.store.record_join
+
+    def slow_record_join(*args, **kwargs):
+        writing.set()
+        release.wait(10.0)
+        return record_join(*args, **kwargs)
+
+    first.store.record_join = slow_record_join
+    placed: list[pb.JoinResponse] = []
+    joiner = threading.Thread(target=lambda: placed.append(sweep.join(pb.JoinRequest(worker_name="a"))))
+    joiner.start()
+    try:
+        assert writing.wait(10.0), "the first join never reached its write"
+        second = sweep.join(pb.JoinRequest(worker_name="b", previous_worker_id="joining 0"))
+    finally:
+        release.set()
+        joiner.join(10.0)
+    assert placed and placed[0].run_id == first.run_id
+    assert second.run_id == sweep.runs[1].run_id  # the first join's place still counted
+    sweep.close()
