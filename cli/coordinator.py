@@ -10,7 +10,8 @@ on, without a restart (with --tls-self-signed, its files and a --tls-client-ca b
 The dashboard's token rule is observe/dashboard/auth.py. The run spec's [coordinator] keys set the call limits
 and the health stall time, which `--max-calls`, `--stream-idle-s` and `--health-stall-s` override
 (`serving_limits`); `--token-file` is re-read when it changes and on SIGHUP, as is `--view-token-file` (read-only
-tokens that open the dashboard and /metrics, never gRPC: `admit_view_tokens`). The model the run spec names is counted
+tokens that open the dashboard and /metrics, never gRPC: `RunningCoordinator(view_tokens=)`; a reload of either that
+would put a token in both files is refused, `AcceptedTokens.keep_apart`). The model the run spec names is counted
 on the meta device before anything is built, and refused above `--max-params` parameters over all the runs
 (default: what the host's memory holds at coordinator/capacity.py's bytes per parameter; `model_problem`). Errors
 follow cli/usage.py: a usage error prints
@@ -22,6 +23,7 @@ a failure to serve (a port in use) exits 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import logging
@@ -286,31 +288,16 @@ def _log_security(args: argparse.Namespace, running: RunningCoordinator, quick: 
 
 def read_view_tokens(path: Path | None, tokens: JoinTokens) -> ViewTokens | None:
     """--view-token-file's tokens (None without it): read and checked as --token-file's are (`ViewTokens`), and none
-    of them a join token (`view_tokens_problem`); ValueError naming the flag, the path and what is wrong."""
+    of them a join token (`view_tokens_problem`); ValueError naming the flag, the path and what is wrong. From then on
+    a reload of either file that would put a token in both is refused (`AcceptedTokens.keep_apart`)."""
     if path is None:
         return None
     view_tokens = ViewTokens.from_file(path)
     problem = view_tokens_problem(view_tokens, tokens)
     if problem is not None:
         raise ValueError(problem)
+    view_tokens.keep_apart(tokens)
     return view_tokens
-
-
-def admit_view_tokens(running: RunningCoordinator, tokens: JoinTokens,
-                      view_tokens: ViewTokens | None) -> RunningCoordinator:
-    """`running`, not started yet, with its dashboard taking `view_tokens` besides the join tokens (each session
-    bound to the token that logged in, as before). Only the dashboard's check changes: the gRPC guard keeps the
-    `tokens` RunningCoordinator was given, and never sees a view token. `running` must have been made with its
-    dashboard requiring a token (http_token_required=True: `decide_dashboard_auth` with view tokens)."""
-    if view_tokens is None or running.dashboard is None:
-        return running
-    from rcswarm.observe.dashboard.auth import VIEW_CREDENTIAL, SessionAuth, token_check
-
-    if running.dashboard.auth is None:
-        raise ValueError("view tokens need a dashboard that requires a token (http_token_required=True)")
-    running.dashboard.auth = SessionAuth(token_check(tokens.accepts_token, view_tokens.accepts_token),
-                                         credential=VIEW_CREDENTIAL)
-    return running
 
 
 def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits, float]:
@@ -320,7 +307,7 @@ def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits,
     _check_serving_flags(args)
     idle_s = served.stream_idle_s if args.stream_idle_s is None else args.stream_idle_s
     stall_s = served.health_stall_s if args.health_stall_s is None else args.health_stall_s
-    problem = health_stall_problem(stall_s)
+    problem = health_stall_problem(stall_s, "health_stall_s =" if args.health_stall_s is None else "--health-stall-s")
     if problem is not None:
         raise ValueError(problem)
     limits = CallLimits(parse_max_calls(args.max_calls, served.max_calls), idle_s,
@@ -330,7 +317,7 @@ def serving_limits(args: argparse.Namespace, spec: RunSpec) -> tuple[CallLimits,
 
 def _check_serving_flags(args: argparse.Namespace) -> None:
     """ValueError naming the flag (not the run spec's key it overrides) for a bad --max-calls or --stream-idle-s, each
-    checked as CallLimits would check the key (--health-stall-s keeps the key's message, `health_stall_problem`)."""
+    checked as CallLimits would check the key (--health-stall-s: `serving_limits`, `health_stall_problem`)."""
     for value in args.max_calls:
         try:
             CallLimits(parse_max_calls([value]))
@@ -403,63 +390,106 @@ def discard_new_state(created: list[Path], coordinator: RunGroup | None, locks: 
 
 
 class StartUpSignals:
-    """Until the coordinator serves with its stop handler installed, SIGTERM raises KeyboardInterrupt as Ctrl-C does
-    (a model build, opening the stores), so that `main` stops what started and removes a state dir it created instead
-    of the process dying at once (status -15) with it left behind; `signum` keeps the signal's number."""
+    """The coordinator's SIGTERM and SIGINT handling from its start to its exit, in three phases.
+
+    Starting (`install`): SIGTERM, and SIGINT where Python's default handler had it, raise KeyboardInterrupt in the
+    main thread as Ctrl-C does (a model build, opening the stores), so that `main` stops what started and removes a
+    state dir it created instead of the process dying at once (status -15) with it left behind; `signum` keeps the
+    first signal's number. Serving (`hand_over`): `StopSignal`'s handler replaces this one, each signal's handler
+    swapped in one step (never SIG_DFL in between, whose default action would end the process from whichever thread
+    the kernel picks: gRPC's, the ticker's), before anything tells the world the coordinator serves (the port file,
+    the announce). Cleaning up (`hold`, what every failed or stopped start does first, and what the first
+    interrupting signal switches to before it raises): later signals are only noted, so a second SIGTERM or a
+    double Ctrl-C cannot break off the clean-up half-way and leave the new state dir and its lock behind. `restore`
+    gives both signals their handlers from before `install` (main thread only; elsewhere nothing is installed)."""
 
     signum = 0
 
     def __init__(self) -> None:
-        self._previous: Any = None
-        self._installed = False
+        self._previous: dict[int, Any] = {}
+        self._holding = False
+        self._stop: StopSignal | None = None
 
     def install(self) -> StartUpSignals:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._interrupt)
-            self._installed = True
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not one ignored (nohup, `cmd &`)
+                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
         return self
 
-    def _interrupt(self, signum: int, _frame: object) -> None:
-        self.signum = signum
-        raise KeyboardInterrupt
-
-    def restore(self) -> None:
-        """The SIGTERM handler from before `install`."""
-        if self._installed:
-            self._installed = False
-            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+    def _handle(self, signum: int, _frame: object) -> None:
+        """Starting: note the signal, hold later ones, and interrupt the start-up; cleaning up: only note it."""
+        if not self.signum:
+            self.signum = signum
+        if not self._holding:
+            self._holding = True
+            raise KeyboardInterrupt
 
     def hand_over(self) -> StopSignal:
-        """The serving loop's stop handler for SIGTERM and SIGINT, installed with SIGTERM blocked meanwhile, so that
-        no SIGTERM between this handler and that one ends the process unhandled."""
-        blocked = threading.current_thread() is threading.main_thread()
-        if blocked:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        try:
-            self.restore()
-            return StopSignal().install(signal.SIGTERM, signal.SIGINT)
-        finally:
-            if blocked:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        """The serving loop's stop handler for SIGTERM and SIGINT, installed over the start-up one: a signal before
+        the swap interrupts the start-up, one after it stops the serving loop (a signal that was noted but whose
+        interrupt was swallowed on the way stops it at once)."""
+        stop = self._stop = StopSignal()  # known before it installs: a SIGINT between its two swaps, which still
+        stop.install(signal.SIGTERM, signal.SIGINT)  # interrupts the start, finds it to uninstall (`hold`)
+        if self.signum:
+            stop.handle(self.signum, None)
+        return stop
+
+    def hold(self) -> None:
+        """From now on a signal is only noted (the clean-up of a failed or stopped start, the last steps of the
+        exit): the serving loop's handler, if handed over, is uninstalled, which gives both signals back to
+        `_handle`, holding."""
+        self._holding = True
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop.uninstall()
+
+    def restore(self) -> None:
+        """Both signals' handlers from before `install` (holding until then)."""
+        self.hold()
+        while self._previous:
+            signum, handler = self._previous.popitem()
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
-def _abandon(created: list[Path], coordinator: RunGroup | None, locks: list, running: RunningCoordinator | None,
-             clock: LivenessClock | None) -> None:
-    """After a start-up that failed or was stopped: stop serving if it began, and discard the state it created."""
-    if running is not None:
-        running.stop()  # closes the stores too
-        coordinator = None
-    if clock is not None:
-        clock.stop()
-    discard_new_state(created, coordinator, locks)
+class StartUp:
+    """What a coordinator's start has made so far, to undo when it fails or is stopped (`abandon`)."""
+
+    def __init__(self) -> None:
+        self.created: list[Path] = []
+        self.coordinator: RunGroup | None = None
+        self.locks: list = []
+        self.running: RunningCoordinator | None = None
+        self.clock: LivenessClock | None = None
+        self._abandoned = False
+
+    def abandon(self) -> None:
+        """Stop serving if it began, and discard the state it created; once (a second call does nothing, so no
+        path runs the clean-up again after it began). Call it holding the signals (`StartUpSignals.hold`)."""
+        if self._abandoned:
+            return
+        self._abandoned = True
+        coordinator = self.coordinator
+        if self.running is not None:
+            self.running.stop()  # closes the stores too
+            coordinator = None
+        if self.clock is not None:
+            self.clock.stop()
+        discard_new_state(self.created, coordinator, self.locks)
 
 
 def write_port_file(path: Path, info: dict[str, Any]) -> None:
-    """`info` as JSON at `path`, whole or not at all (written beside it, then renamed)."""
+    """`info` as JSON at `path`, whole or not at all (written beside it, then renamed); a write that fails (a full
+    disk) removes what it wrote beside it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(info))
-    os.replace(partial, path)
+    try:
+        partial.write_text(json.dumps(info))
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -469,12 +499,17 @@ def main(argv: list[str] | None = None) -> int:
     problem = _argument_problem(args)
     if problem is not None:
         return usage_error(PROG, problem)
-    coordinator: RunGroup | None = None
-    running: RunningCoordinator | None = None
-    clock: LivenessClock | None = None
-    locks: list = []
-    created: list[Path] = []
+    made = StartUp()
     start_up = StartUpSignals().install()
+    try:
+        return _serve(args, made, start_up)
+    finally:
+        start_up.restore()
+
+
+def _serve(args: argparse.Namespace, made: StartUp, start_up: StartUpSignals) -> int:
+    """`main` after the command line's checks: start (undone by `made.abandon` when it fails or is stopped, holding
+    the signals first), serve until stopped, stop."""
     try:
         try:
             tokens = JoinTokens.from_cli(args.token, args.token_file, os.environ.get(TOKEN_ENV, ""))
@@ -491,31 +526,37 @@ def main(argv: list[str] | None = None) -> int:
             layout = layout_problem(spec, args.state_dir)
             if layout is not None:
                 raise ValueError(layout)
-            created = new_state_dirs(spec, args.state_dir)
+            made.created = new_state_dirs(spec, args.state_dir)
             # One coordinator per state dir, for this process's life (StateDirBusy, a RuntimeError, names the holder).
-            locks = lock_state_dirs(spec, args.state_dir)
-            clock = LivenessClock().start()
-            coordinator = open_group(spec, args.state_dir, clock)
-            asks = args.http_token_required or view_tokens is not None  # view tokens: a token everywhere
-            http_required = True if asks else False if args.http_insecure else None
-            running = admit_view_tokens(RunningCoordinator(
+            made.locks = lock_state_dirs(spec, args.state_dir)
+            made.clock = LivenessClock().start()
+            made.coordinator = coordinator = open_group(spec, args.state_dir, made.clock)
+            http_required = True if args.http_token_required else False if args.http_insecure else None
+            made.running = running = RunningCoordinator(
                 coordinator, tokens, args.host, args.port, tls, limits, stall_s,
                 http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
                 health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
-            ), tokens, view_tokens).start()
+                view_tokens=view_tokens,  # a token required on the dashboard wherever it binds
+            ).start()
+            # Serving from here: a signal stops the serving loop, before the world is told (announce, port file).
+            stop = start_up.hand_over()
         except (ValueError, StoreError) as exc:
             problem = str(exc)
         except OSError as exc:
             problem = _os_error_problem(args, exc)
         except RuntimeError as exc:
-            _abandon(created, coordinator, locks, running, clock)
+            start_up.hold()
+            made.abandon()
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 1
+        else:
+            problem = None
         if problem is not None:
-            _abandon(created, coordinator, locks, running, clock)
+            start_up.hold()
+            made.abandon()
             return usage_error(PROG, problem)
         address = host_port(args.host, running.port)
-        for lock in locks:
+        for lock in made.locks:
             lock.announce(address)
         log.info("serving on %s: %s", address, coordinator.versions_text())
         _log_security(args, running, quick, spec)
@@ -530,27 +571,26 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 write_port_file(args.port_file, info)
             except OSError as exc:  # /proc, /sys, a full disk: found only when written
-                _abandon(created, coordinator, locks, running, clock)
+                start_up.hold()
+                made.abandon()
                 print(f"{PROG}: --port-file {str(args.port_file)!r}: cannot write it: {exc.strerror or exc}; "
                       "stopped serving", file=sys.stderr)
                 return 1
-        stop = start_up.hand_over()
     except BaseException as exc:
+        start_up.hold()  # the clean-up below runs to its end whatever signals come meanwhile
         if not isinstance(exc, KeyboardInterrupt) and not interrupted_import(exc):
             raise
-        _abandon(created, coordinator, locks, running, clock)
+        made.abandon()
         name = signal.Signals(start_up.signum).name if start_up.signum else "SIGINT"
-        print(f"{PROG}: stopped by {name} while starting{'; removed the new state dir' if created else ''}",
+        print(f"{PROG}: stopped by {name} while starting{'; removed the new state dir' if made.created else ''}",
               file=sys.stderr)
         return 128 + (start_up.signum or signal.SIGINT)
-    finally:
-        start_up.restore()
     signal.signal(signal.SIGHUP, lambda *_: [each.reload() for each in (tokens, view_tokens) if each is not None])
     while not stop.wait(1.0):
         pass
     log.info("stopping: %s", coordinator.versions_text())
     running.stop()
-    clock.stop()
-    for lock in locks:
+    made.clock.stop()
+    for lock in made.locks:
         lock.release()
     return 0

@@ -357,16 +357,20 @@ def dashboard_auth(host: str, token_required: bool, insecure: bool, view_tokens:
 
 def read_view_tokens(path: Path | None) -> Any:
     """--view-token-file's tokens (a `ViewTokens`, None without it), read and checked as the coordinator's
-    --token-file; none of them $RCSWARM_TOKEN (`view_tokens_problem`). ValueError naming the flag and the path."""
+    --token-file; none of them $RCSWARM_TOKEN (`view_tokens_problem`; a reload that would add it is refused,
+    `AcceptedTokens.keep_apart`). ValueError naming the flag and the path."""
     if path is None:
         return None
     from rcswarm.coordinator.tokens import JoinTokens, ViewTokens, view_tokens_problem
 
     view_tokens = ViewTokens.from_file(path)
     join_token = os.environ.get(TOKEN_ENV, "").strip()
-    problem = view_tokens_problem(view_tokens, JoinTokens([join_token])) if join_token else None
-    if problem is not None:
-        raise ValueError(problem)
+    if join_token:
+        join = JoinTokens([join_token])
+        problem = view_tokens_problem(view_tokens, join)
+        if problem is not None:
+            raise ValueError(problem)
+        view_tokens.keep_apart(join)  # a reload that would make it a view token is refused
     return view_tokens
 
 

@@ -48,7 +48,7 @@ from rcswarm.coordinator.records import Refusal
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.sweep import RunGroup
 from rcswarm.coordinator.tls import HTTP_TLS_NEEDS_TLS, TLSFiles, bind_problem
-from rcswarm.coordinator.tokens import JoinTokens
+from rcswarm.coordinator.tokens import JoinTokens, ViewTokens
 from rcswarm.protos.transport import MOVED_KEY, PLACE_RETRY_KEY, host_port
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
@@ -113,11 +113,12 @@ def _handled(method: Callable[..., Any]) -> Callable[..., Any]:
 MIN_HEALTH_STALL_S = MIN_SECONDS["coordinator.health_stall_s"]
 
 
-def health_stall_problem(seconds: float) -> str | None:
-    """What is wrong with a health stall time (`--health-stall-s`, the server's `health_stall_s`), or None (pure)."""
+def health_stall_problem(seconds: float, name: str = "health_stall_s =") -> str | None:
+    """What is wrong with a health stall time, or None (pure); `name` says what gave it: the server's and the run
+    spec's key by default, the flag (`--health-stall-s`) on the command line."""
     if isinstance(seconds, (int, float)) and MIN_HEALTH_STALL_S <= seconds <= MAX_SECONDS:
         return None
-    return (f"health_stall_s = {seconds!r}: expected a number of seconds in [{MIN_HEALTH_STALL_S:g}, {MAX_SECONDS:g}] "
+    return (f"{name} {seconds!r}: expected a number of seconds in [{MIN_HEALTH_STALL_S:g}, {MAX_SECONDS:g}] "
             "(shorter reads NOT_SERVING between two ticks)")
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
@@ -209,7 +210,10 @@ class RunningCoordinator:
     message under `guards.FirstMessages` (HEALTH_WAITING at once), so half-sent calls never hold its
     threads from a probe. The dashboard (`http_port`)
     requires the join token when `http_token_required` is True, or when it is None (the default) and
-    `http_host` is not loopback (`dashboard.auth.decide_dashboard_auth`).
+    `http_host` is not loopback (`dashboard.auth.decide_dashboard_auth`). With `view_tokens` (--view-token-file's
+    `ViewTokens`) it requires a token wherever it binds (http_token_required=False is refused as a contradiction)
+    and takes a view token besides the join tokens (`auth.token_check`, each session bound to the token that logged
+    in); the gRPC guard is given the join tokens alone and never sees a view token.
 
     Threads: the ticker thread replaces `_tick_record` whole after every tick and the health
     thread reads it (one reference, no lock); `start` and `stop` run on the caller's thread.
@@ -220,11 +224,19 @@ class RunningCoordinator:
         tls: TLSFiles | None = None, limits: CallLimits | None = None, health_stall_s: float = 60.0,
         http_port: int | None = None, http_host: str = "127.0.0.1", *, insecure: bool = False,
         health_port: int | None = None, http_token_required: bool | None = None, http_tls: bool = False,
+        view_tokens: ViewTokens | None = None,
     ) -> None:
         tokens = token if isinstance(token, JoinTokens) else JoinTokens([token])
         problem = health_stall_problem(health_stall_s)
         if problem is not None:
             raise ValueError(problem)
+        if view_tokens is not None:
+            if http_port is None:
+                raise ValueError("view tokens open the dashboard and nothing else: they need http_port")
+            if http_token_required is False:
+                raise ValueError("view tokens need a dashboard that requires a token: they contradict "
+                                 "http_token_required=False")
+            http_token_required = True  # view tokens on a dashboard that asks for none would guard nothing
         problem = bind_problem(host, tls is not None, insecure)
         if problem is not None:
             raise ValueError(problem)
@@ -276,12 +288,17 @@ class RunningCoordinator:
         self.dashboard: Any = None
         if http_port is not None:
             from rcswarm.observe.dashboard import Dashboard
-            from rcswarm.observe.dashboard.auth import SessionAuth, decide_dashboard_auth
+            from rcswarm.observe.dashboard.auth import VIEW_CREDENTIAL, SessionAuth, decide_dashboard_auth, token_check
 
             required = http_token_required
             if required is None:
                 required, _ = decide_dashboard_auth(http_host, False, False)
-            auth = SessionAuth(tokens.accepts_token) if required else None
+            auth = None
+            if required and view_tokens is not None:  # the join tokens or a view token; the gRPC guard: join only
+                auth = SessionAuth(token_check(tokens.accepts_token, view_tokens.accepts_token),
+                                   credential=VIEW_CREDENTIAL)
+            elif required:
+                auth = SessionAuth(tokens.accepts_token)
             context = tls.dashboard_context() if http_tls and tls is not None else None
             try:
                 self.dashboard = Dashboard(self.group, http_host, http_port, auth=auth, ssl_context=context)

@@ -16,7 +16,9 @@ before and logs a warning naming the path and the problem. Tokens are never logg
 `ViewTokens` are the dashboard's read-only credential (`--view-token-file PATH` of `rcswarm coordinator` and
 `rcswarm dht`): a file read, checked (the same lengths, the same WARNING for a short token) and re-read exactly as
 the join tokens' (`AcceptedTokens` is both), but a class of its own, not a JoinTokens: the gRPC guard
-(guards.py) takes JoinTokens alone, and the dashboard takes both (observe/dashboard/auth.py `token_check`).
+(guards.py) takes JoinTokens alone, and the dashboard takes both (observe/dashboard/auth.py `token_check`). No
+token may be in both: checked at start (`view_tokens_problem`), and a later reload of either file that would put
+one in both is refused as a bad file is (`AcceptedTokens.keep_apart`: the two then share one lock).
 """
 
 from __future__ import annotations
@@ -128,6 +130,10 @@ class AcceptedTokens:
         self._expected = tuple(bearer(token) for token in tokens)
         self._stamp = stamp
         self._next_check = clock() + check_every_s
+        # The other kind of tokens that must share none with these (`keep_apart`), or None; whether a reload of
+        # this file runs now (`_lock` held), so that the other's reload does not start this one again.
+        self._apart: AcceptedTokens | None = None
+        self._loading = False
 
     @classmethod
     def _none_given(cls) -> str:
@@ -165,6 +171,16 @@ class AcceptedTokens:
         """How many of these tokens `other` accepts too (a view token that is also a join token could join)."""
         return sum(other.accepts(expected) for expected in self._expected)
 
+    def keep_apart(self, other: AcceptedTokens) -> None:
+        """From now on a reload of either of the two that would put a token in both is refused as a bad file is
+        (the tokens accepted before stay, a WARNING names the file and the problem): the view tokens beside the join
+        tokens. Call it before either is used by another thread: the two then take one lock, so that a reload of
+        each checks the other's tokens as they are, and two reloads cannot each let in the same token."""
+        if self is other:
+            raise ValueError("a set of tokens cannot be kept apart from itself")
+        other._lock = self._lock
+        self._apart, other._apart = other, self
+
     def reload(self) -> bool:
         """Re-read the token file now, whether or not it changed (takes `_lock`, waiting for it); whether
         the tokens were replaced. A fixed token set has nothing to reload."""
@@ -182,24 +198,52 @@ class AcceptedTokens:
             return
         try:
             self._next_check = self._clock() + self.check_every_s
-            stamp = file_stamp(path)
-            if stamp != self._stamp:
-                self._stamp = stamp
-                self._load(path)
+            self._catch_up()
         finally:
             self._lock.release()
+
+    def _catch_up(self) -> None:
+        """Reload the file if its stamp changed since it was last looked at (`_lock` held)."""
+        if self.path is None:
+            return
+        stamp = file_stamp(self.path)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._load(self.path)
 
     def _load(self, path: Path) -> bool:
         """Replace the tokens with those of the file at `path`, or keep them and log a warning when it is bad
         (`_lock` held)."""
+        self._loading = True
         try:
             tokens = read_tokens(path, self.FLAG, self.KIND)
+            expected = tuple(bearer(token) for token in tokens)
+            problem = self._apart_problem(expected, path)
+            if problem is not None:
+                raise ValueError(problem)
         except ValueError as exc:
             log.warning("%ss not reloaded: %s; the %d tokens accepted before stay", self.KIND, exc, len(self._expected))
             return False
-        self._expected = tuple(bearer(token) for token in tokens)
+        finally:
+            self._loading = False
+        self._expected = expected
         log.info("%ss reloaded: %d tokens from %s", self.KIND, len(tokens), path)
         return True
+
+    def _apart_problem(self, expected: tuple[bytes, ...], path: Path) -> str | None:
+        """Why `expected`, read from `path`, may not replace these tokens: some are also the tokens kept apart from
+        these (`keep_apart`); None when none is (`_lock` held, which is the other's too). The other file is taken in
+        first when it changed too and was not looked at yet, so that a token moved from one file to the other in
+        one go is not refused for the order the two are looked at in."""
+        other = self._apart
+        if other is None:
+            return None
+        if not other._loading:
+            other._catch_up()
+        shared = _shared(expected, other._expected)
+        if not shared:
+            return None
+        return apart_problem(f"{self.FLAG} {path}", shared, self.KIND, other)
 
 
 class JoinTokens(AcceptedTokens):
@@ -230,12 +274,35 @@ class ViewTokens(AcceptedTokens):
     FLAG = "--view-token-file"
 
 
+def _shared(tokens: tuple[bytes, ...], others: tuple[bytes, ...]) -> int:
+    """How many of `tokens` are among `others`, each pair compared in constant time."""
+    count = 0
+    for token in tokens:
+        matched = False
+        for other in others:
+            matched |= hmac.compare_digest(token, other)
+        count += matched
+    return count
+
+
+def apart_problem(where: str, shared: int, kind: str, other: AcceptedTokens) -> str:
+    """The problem of `shared` tokens of `kind`, read from `where`, that `other` (the other kind) accepts too."""
+    plural = shared != 1
+    if kind == ViewTokens.KIND:
+        return (f"{where}: {shared} of its tokens {'are' if plural else 'is'} also accepted as join tokens: a view "
+                "token must be one that cannot join the swarm; give the viewers tokens of their own")
+    source = f"{other.FLAG} {other.path}" if other.path is not None else other.FLAG
+    also = "are also view tokens" if plural else "is also a view token"
+    return (f"{where}: {shared} of its tokens {also} ({source}): a view token must be one that cannot join the "
+            "swarm; remove it from one of the files")
+
+
 def view_tokens_problem(view: ViewTokens, join: AcceptedTokens) -> str | None:
     """Why `view` may not serve as read-only tokens beside `join`, or None: a token in both files would be a "view"
-    credential that can join the swarm (checked at start; the files are the operator's to keep apart afterwards)."""
+    credential that can join the swarm (checked at start; a reload of either file that would put a token in both is
+    refused once they are kept apart: `AcceptedTokens.keep_apart`)."""
     shared = view.shared_with(join)
     if not shared:
         return None
     where = f"{view.FLAG} {view.path}" if view.path is not None else view.FLAG
-    return (f"{where}: {shared} of its tokens {'is' if shared == 1 else 'are'} also accepted as join tokens: a view "
-            "token must be one that cannot join the swarm; give the viewers tokens of their own")
+    return apart_problem(where, shared, view.KIND, join)

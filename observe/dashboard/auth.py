@@ -23,7 +23,8 @@ session is valid only while that token is still accepted: a token removed from `
 voids its sessions at the next request (the file is re-read as for gRPC; a view token removed from
 `--view-token-file` likewise), and POST /logout voids one.
 Failed token attempts (a wrong bearer token, a wrong login) are throttled per client address
-(`LoginThrottle`).
+(`LoginThrottle`); each attempt is counted before its token is compared, so an address's concurrent
+connections get no more guesses than one connection after another.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ class LoginThrottle:
     FAILURES_FORGOTTEN_S old starts afresh, and a success clears its record. At most `max_addresses` are
     remembered, the one whose last failure is oldest forgotten first: memory stays bounded whatever the
     attacker's addresses (one with more addresses than that gets its first attempts free on each, as it would
-    with that many addresses anyway).
+    with that many addresses anyway). `SessionAuth.attempt` takes each attempt with `reserve`, which checks the
+    backoff and counts the attempt as failed in one step, before the token is compared.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = FREE_FAILURES,
@@ -175,21 +177,39 @@ class LoginThrottle:
             record = self._current(address)
             return 0.0 if record is None else max(0.0, record.blocked_until - self._clock())
 
+    def reserve(self, address: str) -> float:
+        """Take the next attempt of `address`, or say how long it must still wait: 0 when it may try now, and then the
+        attempt is counted as failed already (a success clears it: `succeeded`); else the seconds to wait, nothing
+        recorded. One step under the lock, so concurrent attempts of one address (its connections at once) are let
+        through one by one as their failures are counted: once its backoff ends, one of them is compared, as
+        sequential attempts would be, not each that checked `wait_s` before any failure was recorded."""
+        with self._lock:
+            record = self._current(address)
+            wait = 0.0 if record is None else max(0.0, record.blocked_until - self._clock())
+            if wait > 0:
+                return wait
+            self._fail(address)
+            return 0.0
+
     def failed(self, address: str) -> float:
         """Record a failed attempt of `address`; the seconds it must now wait (0 while within its free ones)."""
         with self._lock:
-            now = self._clock()
-            record = self._current(address) or _Failures(0, now, now)
-            record.count += 1
-            record.last = now
-            beyond = record.count - self.free
-            wait = 0.0 if beyond <= 0 else min(self.max_s, self.first_s * 2.0 ** min(beyond - 1, 64))
-            record.blocked_until = now + wait
-            self._failures[address] = record
-            self._failures.move_to_end(address)
-            while len(self._failures) > self.max_addresses:
-                self._failures.popitem(last=False)
-            return wait
+            return self._fail(address)
+
+    def _fail(self, address: str) -> float:
+        """`failed` with the lock held."""
+        now = self._clock()
+        record = self._current(address) or _Failures(0, now, now)
+        record.count += 1
+        record.last = now
+        beyond = record.count - self.free
+        wait = 0.0 if beyond <= 0 else min(self.max_s, self.first_s * 2.0 ** min(beyond - 1, 64))
+        record.blocked_until = now + wait
+        self._failures[address] = record
+        self._failures.move_to_end(address)
+        while len(self._failures) > self.max_addresses:
+            self._failures.popitem(last=False)
+        return wait
 
     def succeeded(self, address: str) -> None:
         with self._lock:
@@ -292,13 +312,14 @@ class SessionAuth:
         return self.attempt(credential.strip(), address)
 
     def attempt(self, token: str, address: str) -> Verdict:
-        """A token presented by `address` (a bearer header, a login form), under the throttle."""
-        if self.throttle.wait_s(address) > 0:
+        """A token presented by `address` (a bearer header, a login form), under the throttle: the attempt is taken
+        (counted as failed) before the token is compared and cleared when it is right (`LoginThrottle.reserve`), so
+        concurrent attempts of one address get no more comparisons than sequential ones."""
+        if self.throttle.reserve(address) > 0:
             return Verdict.THROTTLED
         if self.token_ok(token):
             self.throttle.succeeded(address)
             return Verdict.ALLOWED
-        self.throttle.failed(address)
         return Verdict.DENIED
 
     def authorized(self, headers: Mapping[str, str]) -> bool:

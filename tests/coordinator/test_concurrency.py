@@ -316,7 +316,7 @@ def test_call_limits_come_from_the_run_spec_and_the_command_line_overrides_them(
         coordinator_cli.serving_limits(coordinator_cli.parse_args([*base, "--max-calls", "polls=3"]), spec)
     # --health-stall-s has the spec key's floor: 0.001 s read NOT_SERVING between two ticks of a healthy coordinator.
     for stall in ("0.001", "nan", "inf", "-1.0"):
-        with pytest.raises(ValueError, match=rf"health_stall_s = {stall}: expected a number of seconds in \[1, "):
+        with pytest.raises(ValueError, match=rf"^--health-stall-s {stall}: expected a number of seconds in \[1, "):
             coordinator_cli.serving_limits(coordinator_cli.parse_args([*base, "--health-stall-s", stall]), spec)
     with pytest.raises(ValueError, match=r"coordinator.max_calls = \{'polls': 3\} is invalid: expected a kind of call"):
         tiny_spec(coordinator={"max_calls": {"polls": 3}})

@@ -306,6 +306,49 @@ def test_the_login_throttle_backs_off_per_address_and_stays_bounded() -> None:
     assert auth.attempt("wrong", "10.0.0.9") is Verdict.DENIED, "a success clears the address's failures"
 
 
+def test_concurrent_guesses_of_one_address_get_no_more_comparisons_than_sequential_ones() -> None:
+    """An address's connections at once (16 may be open) all checked the backoff before any recorded its failure:
+    each got its guess compared whenever a backoff ended (16 of 16, a review 2026-11-29; sequentially 1). The
+    attempt is now taken under the throttle's lock, counted as failed before the comparison."""
+    import threading
+
+    from rcswarm.observe.dashboard.auth import LoginThrottle, Verdict
+
+    def slow_check(token: str) -> bool:  # a check that re-reads a token file: the comparison takes a while
+        time.sleep(0.002)
+        return token == TOKEN
+
+    now = [0.0]
+    auth = SessionAuth(slow_check, throttle=LoginThrottle(clock=lambda: now[0], free=5))
+
+    def at_once(token: str, address: str, count: int = 16) -> list[Verdict]:
+        barrier, verdicts = threading.Barrier(count), []
+
+        def guess() -> None:
+            barrier.wait()
+            verdicts.append(auth.attempt(token, address))
+
+        threads = [threading.Thread(target=guess) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10.0)
+        assert len(verdicts) == count
+        return verdicts
+
+    # A fresh address: its 5 free failures and the one that earns the first backoff, as one after another.
+    assert at_once("guess", "10.0.0.9").count(Verdict.DENIED) == 6
+    for _ in range(3):
+        now[0] += 301.0  # the backoff (300 s at most) has passed
+        verdicts = at_once("guess", "10.0.0.9")
+        assert verdicts.count(Verdict.DENIED) == 1 and verdicts.count(Verdict.THROTTLED) == 15, verdicts
+    now[0] += 301.0
+    verdicts = at_once(TOKEN, "10.0.0.9")  # the right token, 16 times at once: one compared, allowed
+    assert verdicts.count(Verdict.ALLOWED) == 1 and verdicts.count(Verdict.THROTTLED) == 15, verdicts
+    assert auth.attempt("guess", "10.0.0.9") is Verdict.DENIED, "a success clears the address's failures"
+    assert auth.throttle.wait_s("10.0.0.9") == 0.0
+
+
 def test_the_dashboard_answers_429_to_a_guessing_address(swarm: Any) -> None:
     from rcswarm.observe.dashboard.auth import LoginThrottle
 

@@ -67,19 +67,19 @@ class Counted:
 @pytest.fixture
 def served(tmp_path: Path) -> Any:
     """A coordinator on 127.0.0.1 with a join token file and a view token file, as `rcswarm coordinator
-    --token-file J --view-token-file V --http-port 0` starts it (`admit_view_tokens`)."""
+    --token-file J --view-token-file V --http-port 0` starts it (`RunningCoordinator(view_tokens=)`; its dashboard
+    requires a token on loopback without being told)."""
     join_file, view_file = tmp_path / "join", tmp_path / "view"
     join_file.write_text(JOIN + "\n")
     view_file.write_text(f"# viewers\n{VIEW}\n{OTHER_VIEW}\n")
     tokens = JoinTokens.from_file(join_file, check_every_s=0.0)
     view_tokens = ViewTokens.from_file(view_file, check_every_s=0.0)  # as read_view_tokens, looked at on every call
     assert view_tokens_problem(view_tokens, tokens) is None
+    view_tokens.keep_apart(tokens)
     counted = Counted(view_tokens)
     spec = tiny_spec()
     store = StateStore(tmp_path / "state", spec.coordinator.keep_checkpoints, spec.coordinator.durable)
-    running = coordinator_cli.admit_view_tokens(
-        RunningCoordinator(SwarmCoordinator(spec, store), tokens, http_port=0, http_token_required=True),
-        tokens, view_tokens).start()
+    running = RunningCoordinator(SwarmCoordinator(spec, store), tokens, http_port=0, view_tokens=view_tokens).start()
     try:
         yield running, view_file, counted
     finally:
@@ -136,6 +136,80 @@ def test_a_view_token_removed_from_its_file_voids_its_session(served: Any) -> No
     assert status == 401 and b"Wrong token" in page
     rewrite(view_file, "")  # an emptied file is not taken: the tokens before stay (as --token-file)
     assert request(port, "GET", "/api/status", kept)[0] == 200
+
+
+def test_a_reload_that_would_put_a_token_in_both_files_is_refused(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Checked at start only, a token added to the other file later became a "view" token that joins (or a join
+    token the view file also lists): now such a reload of either file (a change, or SIGHUP's `reload`) is refused as
+    a bad file is, the tokens before kept, a WARNING naming the file and no token. A token moved from one file to
+    the other in one go is taken whichever file is looked at first."""
+    join_file, view_file = tmp_path / "join", tmp_path / "view"
+    join_file.write_text(JOIN + "\n")
+    view_file.write_text(f"{VIEW}\n{OTHER_VIEW}\n")
+    join = JoinTokens.from_file(join_file, check_every_s=0.0)
+    view = ViewTokens.from_file(view_file, check_every_s=0.0)  # both looked at on every call
+    view.keep_apart(join)  # what `rcswarm coordinator` does (`read_view_tokens`)
+    with caplog.at_level(logging.WARNING, logger="rcswarm.coordinator"):
+        rewrite(view_file, f"{VIEW}\n{OTHER_VIEW}\n{JOIN}\n")  # the join token added to the view file
+        assert view.accepts_token(VIEW) and not view.accepts_token(JOIN), "the join token became a view token"
+        rewrite(join_file, f"{JOIN}\n{VIEW}\n")  # a view token added to the join file
+        assert join.accepts_token(JOIN) and not join.accepts_token(VIEW), "a view token became a join token"
+        assert not join.reload() and not view.reload(), "SIGHUP took a token into both"
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum(f"view tokens not reloaded: --view-token-file {view_file}: 1 of its tokens is also accepted as join "
+               "tokens" in line for line in said) == 2, said
+    assert sum(f"join tokens not reloaded: --token-file {join_file}: 1 of its tokens is also a view token "
+               f"(--view-token-file {view_file})" in line for line in said) == 2, said
+    assert not any(token in line for line in said for token in (JOIN, VIEW, OTHER_VIEW)), said
+    assert (len(join), len(view)) == (1, 2)
+
+    # VIEW moved to the join file, both files written at once, the join file looked at first: taken.
+    rewrite(view_file, f"{OTHER_VIEW}\n")
+    rewrite(join_file, f"{JOIN}\n{VIEW}\n")
+    assert join.accepts_token(VIEW) and not view.accepts_token(VIEW) and view.accepts_token(OTHER_VIEW)
+    # And back, the view file looked at first.
+    rewrite(join_file, f"{JOIN}\n")
+    rewrite(view_file, f"{OTHER_VIEW}\n{VIEW}\n")
+    assert view.accepts_token(VIEW) and not join.accepts_token(VIEW)
+
+
+def test_the_mirrors_view_tokens_never_take_its_join_token_in_a_reload(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RCSWARM_TOKEN", JOIN)
+    view_file = tmp_path / "view"
+    view_file.write_text(VIEW + "\n")
+    view = dht_cli.read_view_tokens(view_file)
+    rewrite(view_file, f"{VIEW}\n{JOIN}\n")
+    assert not view.reload(), "$RCSWARM_TOKEN became a view token"
+    assert view.accepts_token(VIEW) and not view.accepts_token(JOIN) and len(view) == 1
+    rewrite(view_file, f"{OTHER_VIEW}\n")
+    assert view.reload() and view.accepts_token(OTHER_VIEW)
+
+
+def test_view_tokens_make_the_dashboard_require_a_token_and_contradict_an_open_one(tmp_path: Path) -> None:
+    """`RunningCoordinator(view_tokens=)` builds the dashboard's check itself (it was swapped in afterwards by
+    cli/coordinator.py); http_token_required=False with view tokens is a contradiction, not an open dashboard."""
+    spec = tiny_spec()
+    store = StateStore(tmp_path / "state", spec.coordinator.keep_checkpoints, spec.coordinator.durable)
+    coordinator = SwarmCoordinator(spec, store)
+    with pytest.raises(ValueError, match="contradict"):
+        RunningCoordinator(coordinator, JOIN, http_port=0, http_token_required=False, view_tokens=ViewTokens([VIEW]))
+    with pytest.raises(ValueError, match="need http_port"):
+        RunningCoordinator(coordinator, JOIN, view_tokens=ViewTokens([VIEW]))
+    running = RunningCoordinator(coordinator, JOIN, http_port=0, view_tokens=ViewTokens([VIEW])).start()
+    try:
+        auth = running.dashboard.auth
+        assert auth is not None and auth.credential == VIEW_CREDENTIAL
+        assert auth.token_ok(VIEW) and auth.token_ok(JOIN) and not auth.token_ok("neither-0123456789")
+        port = running.dashboard.port
+        assert request(port, "GET", "/metrics")[0] == 401, "view tokens require a token on loopback too"
+        assert request(port, "GET", "/metrics", bearer(VIEW))[0] == 200
+        joined = pb.JoinRequest(worker_name="viewer", device="cpu", pid=1)
+        assert grpc_code(running.port, "Join", joined, VIEW) == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        running.stop(grace=0.5)
+    assert not hasattr(coordinator_cli, "admit_view_tokens")
 
 
 # -- the pure rules
