@@ -540,6 +540,8 @@ def _serve(args: argparse.Namespace, made: StartUp, start_up: StartUpSignals) ->
             ).start()
             # Serving from here: a signal stops the serving loop, before the world is told (announce, port file).
             stop = start_up.hand_over()
+            # SIGHUP re-reads the token files from here, before the port file tells anyone the process serves.
+            signal.signal(signal.SIGHUP, lambda *_: [each.reload() for each in (tokens, view_tokens) if each is not None])
         except (ValueError, StoreError) as exc:
             problem = str(exc)
         except OSError as exc:
@@ -585,7 +587,6 @@ def _serve(args: argparse.Namespace, made: StartUp, start_up: StartUpSignals) ->
         print(f"{PROG}: stopped by {name} while starting{'; removed the new state dir' if made.created else ''}",
               file=sys.stderr)
         return 128 + (start_up.signum or signal.SIGINT)
-    signal.signal(signal.SIGHUP, lambda *_: [each.reload() for each in (tokens, view_tokens) if each is not None])
     while not stop.wait(1.0):
         pass
     log.info("stopping: %s", coordinator.versions_text())
