@@ -134,6 +134,9 @@ class AcceptedTokens:
         # this file runs now (`_lock` held), so that the other's reload does not start this one again.
         self._apart: AcceptedTokens | None = None
         self._loading = False
+        # Whether this file's last reload was refused only for tokens the other kind holds (`_lock` held): a reload
+        # of the other's file that lets them go reads this one again (`_retry_other`), as its stamp no longer changes.
+        self._refused_for_other = False
 
     @classmethod
     def _none_given(cls) -> str:
@@ -215,11 +218,13 @@ class AcceptedTokens:
         """Replace the tokens with those of the file at `path`, or keep them and log a warning when it is bad
         (`_lock` held)."""
         self._loading = True
+        self._refused_for_other = False
         try:
             tokens = read_tokens(path, self.FLAG, self.KIND)
             expected = tuple(bearer(token) for token in tokens)
             problem = self._apart_problem(expected, path)
             if problem is not None:
+                self._refused_for_other = True
                 raise ValueError(problem)
         except ValueError as exc:
             log.warning("%ss not reloaded: %s; the %d tokens accepted before stay", self.KIND, exc, len(self._expected))
@@ -228,7 +233,16 @@ class AcceptedTokens:
             self._loading = False
         self._expected = expected
         log.info("%ss reloaded: %d tokens from %s", self.KIND, len(tokens), path)
+        self._retry_other()
         return True
+
+    def _retry_other(self) -> None:
+        """Read the other kind's file again when its last reload was refused for tokens these held (`_lock` held):
+        an operator who moves a token between the two files one edit at a time gets the second file's reload refused
+        while the first still holds the token, and that file's stamp does not change again when the first is fixed."""
+        other = self._apart
+        if other is not None and other._refused_for_other and other.path is not None:
+            other._load(other.path)
 
     def _apart_problem(self, expected: tuple[bytes, ...], path: Path) -> str | None:
         """Why `expected`, read from `path`, may not replace these tokens: some are also the tokens kept apart from

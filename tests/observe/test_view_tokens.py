@@ -379,3 +379,26 @@ def test_the_mirror_refuses_a_view_token_that_is_its_join_token(tmp_path: Path,
         dht_cli.read_view_tokens(view_file)
     monkeypatch.setenv("RCSWARM_TOKEN", JOIN)
     assert dht_cli.read_view_tokens(view_file).accepts_token(VIEW)
+
+
+def test_a_reload_refused_for_the_other_files_token_is_taken_once_that_file_lets_it_go(tmp_path: Path) -> None:
+    """A token moved between the two files one edit at a time (two Secrets refreshed apart): the second file's reload
+    was refused while the first still held the token, and its stamp recorded, so once the first let the token go the
+    second file was never read again (a review, 2026-11-29): the moved token opened nothing until a SIGHUP."""
+    join_file, view_file = tmp_path / "join", tmp_path / "view"
+    join_file.write_text(JOIN + "\n")
+    view_file.write_text(f"{VIEW}\n{OTHER_VIEW}\n")
+    join = JoinTokens.from_file(join_file, check_every_s=0.0)
+    view = ViewTokens.from_file(view_file, check_every_s=0.0)
+    view.keep_apart(join)
+    rewrite(join_file, f"{JOIN}\n{VIEW}\n")  # VIEW added to the join file first: refused, the view file holds it
+    assert not join.accepts_token(VIEW) and view.accepts_token(VIEW)
+    rewrite(view_file, f"{OTHER_VIEW}\n")  # then let go from the view file
+    assert not view.accepts_token(VIEW)
+    assert join.accepts_token(VIEW), "the join file's refused reload was never retried"
+    # And the other way round: a join token moved to the view file, the view file edited first.
+    rewrite(view_file, f"{OTHER_VIEW}\n{JOIN}\n")
+    assert not view.accepts_token(JOIN)
+    rewrite(join_file, f"{VIEW}\n")
+    assert not join.accepts_token(JOIN)
+    assert view.accepts_token(JOIN), "the view file's refused reload was never retried"
