@@ -7,7 +7,9 @@ A non-loopback `--host` is served only with TLS (`--tls-cert/--tls-key`, or `--t
 whose worker command is logged) or with `--insecure`; `--tls-client-ca` requires client certificates
 (coordinator/tls.py); a renewed --tls-cert/--tls-key or --tls-client-ca is served from the next handshake
 on, without a restart (with --tls-self-signed, its files and a --tls-client-ca beside them are read once).
-The dashboard's token rule is observe/dashboard/auth.py. The run spec's [coordinator] keys set the call limits
+The dashboard's token rule is observe/dashboard/auth.py; `--http-trusted-proxy` (observe/dashboard/proxies.py)
+names the reverse proxies whose X-Forwarded-For says which client a dashboard request is from.
+The run spec's [coordinator] keys set the call limits
 and the health stall time, which `--max-calls`, `--stream-idle-s` and `--health-stall-s` override
 (`serving_limits`); `--token-file` is re-read when it changes and on SIGHUP, as is `--view-token-file` (read-only
 tokens that open the dashboard and /metrics, never gRPC: `RunningCoordinator(view_tokens=)`; a reload of either that
@@ -126,6 +128,12 @@ def parser() -> argparse.ArgumentParser:
                              "SIGHUP: each opens the dashboard and /metrics (bearer or /login) but never gRPC (it "
                              "cannot join or submit); the join token still opens the dashboard too. Requires a token "
                              "on the dashboard wherever it binds; needs --http-port")
+    parser.add_argument("--http-trusted-proxy", action="append", default=[], metavar="CIDR",
+                        help="a reverse proxy in front of the dashboard, as an IPv4/IPv6 network or address "
+                             "(repeatable): for a request from it, the client its X-Forwarded-For header names is the "
+                             "one the login throttle and the log lines count (walked from the right, past trusted "
+                             "entries), and it is exempt from the per-address connection cap. Anyone inside these "
+                             "networks can claim any client address: name the proxies alone; needs --http-port")
     kinds = ", ".join(f"{name}={limit}" for name, limit in DEFAULT_MAX_CALLS.items())
     parser.add_argument("--max-calls", action="append", default=[], metavar="KIND=N",
                         help=f"calls of one kind running at once, beyond which a call gets RESOURCE_EXHAUSTED "
@@ -210,6 +218,12 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return "--http-plaintext and --http-tls contradict each other: give one"
     if args.view_token_file is not None and args.http_port is None:
         return "--view-token-file: only with --http-port (view tokens open the dashboard, nothing else)"
+    if args.http_trusted_proxy:
+        from rcswarm.observe.dashboard.proxies import trusted_proxies_problem
+
+        problem = trusted_proxies_problem(args.http_trusted_proxy, args.http_port)
+        if problem is not None:
+            return problem
     if args.http_port is not None:
         from rcswarm.observe.dashboard.auth import dashboard_transport_problem, decide_dashboard_auth
 
@@ -284,6 +298,10 @@ def _log_security(args: argparse.Namespace, running: RunningCoordinator, quick: 
                                            view_tokens=args.view_token_file is not None)
         if warning is not None:
             log.warning("%s", warning)
+        if args.http_trusted_proxy:
+            from rcswarm.observe.dashboard.proxies import trusted_proxies_line
+
+            log.info("dashboard: %s", trusted_proxies_line(args.http_trusted_proxy))
 
 
 def read_view_tokens(path: Path | None, tokens: JoinTokens) -> ViewTokens | None:
@@ -401,9 +419,15 @@ class StartUpSignals:
     the announce). Cleaning up (`hold`, what every failed or stopped start does first, and what the first
     interrupting signal switches to before it raises): later signals are only noted, so a second SIGTERM or a
     double Ctrl-C cannot break off the clean-up half-way and leave the new state dir and its lock behind. `restore`
-    gives both signals their handlers from before `install` (main thread only; elsewhere nothing is installed)."""
+    gives both signals their handlers from before `install` (main thread only; elsewhere nothing is installed).
+
+    SIGHUP (re-read the token files) is only counted (`hangups`), from `install` on: the serving loop reloads when
+    the count moved. A handler that reloaded itself waited for the tokens' lock on the main thread, which a second
+    SIGHUP arriving during the first's reload then held: the main thread waited for itself for good (SIGTERM
+    stopped nothing); and before the hand-over SIGHUP's default action ended a starting coordinator."""
 
     signum = 0
+    hangups = 0
 
     def __init__(self) -> None:
         self._previous: dict[int, Any] = {}
@@ -413,6 +437,7 @@ class StartUpSignals:
     def install(self) -> StartUpSignals:
         if threading.current_thread() is threading.main_thread():
             self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+            self._previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._hangup)
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not one ignored (nohup, `cmd &`)
                 self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
         return self
@@ -424,6 +449,10 @@ class StartUpSignals:
         if not self._holding:
             self._holding = True
             raise KeyboardInterrupt
+
+    def _hangup(self, _signum: int, _frame: object) -> None:
+        """SIGHUP: counted for the serving loop, which re-reads the token files (no lock taken here)."""
+        self.hangups += 1
 
     def hand_over(self) -> StopSignal:
         """The serving loop's stop handler for SIGTERM and SIGINT, installed over the start-up one: a signal before
@@ -537,11 +566,10 @@ def _serve(args: argparse.Namespace, made: StartUp, start_up: StartUpSignals) ->
                 http_port=args.http_port, http_host=args.http_host, insecure=args.insecure,
                 health_port=args.health_port, http_token_required=http_required, http_tls=args.http_tls,
                 view_tokens=view_tokens,  # a token required on the dashboard wherever it binds
+                http_trusted_proxies=args.http_trusted_proxy,
             ).start()
             # Serving from here: a signal stops the serving loop, before the world is told (announce, port file).
             stop = start_up.hand_over()
-            # SIGHUP re-reads the token files from here, before the port file tells anyone the process serves.
-            signal.signal(signal.SIGHUP, lambda *_: [each.reload() for each in (tokens, view_tokens) if each is not None])
         except (ValueError, StoreError) as exc:
             problem = str(exc)
         except OSError as exc:
@@ -587,8 +615,13 @@ def _serve(args: argparse.Namespace, made: StartUp, start_up: StartUpSignals) ->
         print(f"{PROG}: stopped by {name} while starting{'; removed the new state dir' if made.created else ''}",
               file=sys.stderr)
         return 128 + (start_up.signum or signal.SIGINT)
+    hangups = 0
     while not stop.wait(1.0):
-        pass
+        if start_up.hangups != hangups:  # SIGHUP: re-read the token files here, outside the signal handler
+            hangups = start_up.hangups
+            for each in (tokens, view_tokens):
+                if each is not None:
+                    each.reload()
     log.info("stopping: %s", coordinator.versions_text())
     running.stop()
     made.clock.stop()

@@ -3,7 +3,7 @@
     rcswarm dht [--host-maddrs /ip4/0.0.0.0/tcp/31337] [--announce-maddrs MADDR ...] [--identity-path F]
                 [--initial-peers MADDR ...] [--maddrs-file F] [--config RUN.toml --state-dir DIR [--poll-s 2]
                 [--http-port P [--http-host 127.0.0.1] [--http-token-required | --http-insecure | --http-plaintext]
-                [--view-token-file F] [--stale-s 60]]]
+                [--view-token-file F] [--http-trusted-proxy CIDR ...] [--stale-s 60]]]
 
 It runs one DHT node (no averager, no training) with rcswarm's record validator and prints its
 multiaddrs, which workers pass as `--initial-peers`; with `--identity-path` the peer id, hence the
@@ -19,6 +19,8 @@ default; elsewhere the join token ($RCSWARM_TOKEN) is required unless `--http-in
 token is refused unless `--http-plaintext` says a TLS proxy or a tunnel is in front. `--view-token-file F` gives
 the dashboard read-only view tokens (one per line, re-read when F changes: coordinator/tokens.py `ViewTokens`),
 accepted besides $RCSWARM_TOKEN or without it: a mirror that serves viewers need not hold the join token at all.
+`--http-trusted-proxy CIDR` (repeatable) names the reverse proxies in front of the dashboard, as the coordinator's
+(observe/dashboard/proxies.py): their X-Forwarded-For says which client a request is from.
 SIGTERM or SIGINT stops it (and its p2pd).
 """
 
@@ -89,6 +91,12 @@ def parser() -> argparse.ArgumentParser:
                         help="file of read-only view tokens for the dashboard, one per line (# comments), re-read when "
                              f"it changes: each opens the dashboard and /metrics; with it ${TOKEN_ENV} is not needed "
                              "(still accepted when set), and a token is required on loopback too")
+    parser.add_argument("--http-trusted-proxy", action="append", default=[], metavar="CIDR",
+                        help="a reverse proxy in front of the dashboard, as an IPv4/IPv6 network or address "
+                             "(repeatable): for a request from it, the client its X-Forwarded-For header names is the "
+                             "one the login throttle and the log lines count, and it is exempt from the per-address "
+                             "connection cap. Anyone inside these networks can claim any client address: name the "
+                             "proxies alone")
     parser.add_argument("--stale-s", type=float, default=None,
                         help="the dashboard lists a peer as stale when its records did not advance for this long "
                              "(or 3 × its last gap, if longer; default 60)")
@@ -311,13 +319,19 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         extra = [flag for flag, given in (("--stale-s", args.stale_s is not None), ("--http-insecure", args.http_insecure),
                                           ("--http-token-required", args.http_token_required),
                                           ("--http-plaintext", args.http_plaintext),
-                                          ("--view-token-file", args.view_token_file is not None)) if given]
+                                          ("--view-token-file", args.view_token_file is not None),
+                                          ("--http-trusted-proxy", bool(args.http_trusted_proxy))) if given]
         return f"{', '.join(extra)}: only with --http-port (the dashboard)" if extra else None
     if args.state_dir is None:
         return "--http-port serves the dashboard over the mirror: add --config RUN.toml --state-dir DIR"
     if not 0 <= args.http_port <= 65535:
         return f"--http-port {args.http_port}: expected 0..65535"
     from rcswarm.observe.dashboard.auth import dashboard_transport_problem, decide_dashboard_auth
+    from rcswarm.observe.dashboard.proxies import trusted_proxies_problem
+
+    problem = trusted_proxies_problem(args.http_trusted_proxy, args.http_port)
+    if problem is not None:
+        return problem
 
     try:
         required, _ = decide_dashboard_auth(args.http_host, args.http_token_required, args.http_insecure,
@@ -385,7 +399,7 @@ def start_dashboard(args: argparse.Namespace, view_tokens: Any = None) -> Any:
                                        view_tokens=view_tokens is not None, join_token=bool(os.environ.get(TOKEN_ENV)))
     if warning:
         log.warning("%s", warning)
-    token = os.environ.get(TOKEN_ENV, "").encode()
+    token = os.environ.get(TOKEN_ENV, "").strip().encode()  # as the token is read everywhere (`one_token`)
     join = (lambda presented: hmac.compare_digest(presented.encode(), token)) if token else None
     auth = None
     if required:
@@ -393,11 +407,16 @@ def start_dashboard(args: argparse.Namespace, view_tokens: Any = None) -> Any:
         auth = SessionAuth(token_check(join, view), credential=JOIN_CREDENTIAL if view is None else VIEW_CREDENTIAL)
     run = MirrorRun(args.state_dir, args.stale_s or STALE_S)
     try:
-        dashboard = Dashboard(run, args.http_host, args.http_port, auth=auth).start()
+        dashboard = Dashboard(run, args.http_host, args.http_port, auth=auth,
+                              trusted_proxies=args.http_trusted_proxy).start()
     except BaseException:
         run.close()
         raise
     log.info("dashboard over %s at %s", args.state_dir, dashboard.url)
+    if args.http_trusted_proxy:
+        from rcswarm.observe.dashboard.proxies import trusted_proxies_line
+
+        log.info("dashboard: %s", trusted_proxies_line(args.http_trusted_proxy))
     return dashboard
 
 

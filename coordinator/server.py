@@ -25,7 +25,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -213,7 +213,9 @@ class RunningCoordinator:
     `http_host` is not loopback (`dashboard.auth.decide_dashboard_auth`). With `view_tokens` (--view-token-file's
     `ViewTokens`) it requires a token wherever it binds (http_token_required=False is refused as a contradiction)
     and takes a view token besides the join tokens (`auth.token_check`, each session bound to the token that logged
-    in); the gRPC guard is given the join tokens alone and never sees a view token.
+    in); the gRPC guard is given the join tokens alone and never sees a view token. `http_trusted_proxies`
+    (--http-trusted-proxy) are the reverse proxies whose X-Forwarded-For names the dashboard's clients
+    (observe/dashboard/proxies.py).
 
     Threads: the ticker thread replaces `_tick_record` whole after every tick and the health
     thread reads it (one reference, no lock); `start` and `stop` run on the caller's thread.
@@ -224,7 +226,7 @@ class RunningCoordinator:
         tls: TLSFiles | None = None, limits: CallLimits | None = None, health_stall_s: float = 60.0,
         http_port: int | None = None, http_host: str = "127.0.0.1", *, insecure: bool = False,
         health_port: int | None = None, http_token_required: bool | None = None, http_tls: bool = False,
-        view_tokens: ViewTokens | None = None,
+        view_tokens: ViewTokens | None = None, http_trusted_proxies: Sequence[str] = (),
     ) -> None:
         tokens = token if isinstance(token, JoinTokens) else JoinTokens([token])
         problem = health_stall_problem(health_stall_s)
@@ -240,6 +242,11 @@ class RunningCoordinator:
         problem = bind_problem(host, tls is not None, insecure)
         if problem is not None:
             raise ValueError(problem)
+        trusted_proxies: tuple[Any, ...] = ()
+        if http_trusted_proxies:  # checked before anything binds (ValueError names a bad one)
+            from rcswarm.observe.dashboard.proxies import parse_trusted_proxies
+
+            trusted_proxies = parse_trusted_proxies(http_trusted_proxies)
         if http_tls and tls is None:
             raise ValueError(HTTP_TLS_NEEDS_TLS)
         self.coordinator = coordinator
@@ -301,7 +308,8 @@ class RunningCoordinator:
                 auth = SessionAuth(tokens.accepts_token)
             context = tls.dashboard_context() if http_tls and tls is not None else None
             try:
-                self.dashboard = Dashboard(self.group, http_host, http_port, auth=auth, ssl_context=context)
+                self.dashboard = Dashboard(self.group, http_host, http_port, auth=auth, ssl_context=context,
+                                           trusted_proxies=trusted_proxies)
             except OSError as exc:
                 self.server.stop(None)
                 if self.health_server is not None:

@@ -23,8 +23,9 @@ session is valid only while that token is still accepted: a token removed from `
 voids its sessions at the next request (the file is re-read as for gRPC; a view token removed from
 `--view-token-file` likewise), and POST /logout voids one.
 Failed token attempts (a wrong bearer token, a wrong login) are throttled per client address
-(`LoginThrottle`); each attempt is counted before its token is compared, so an address's concurrent
-connections get no more guesses than one connection after another.
+(`LoginThrottle`; through a `--http-trusted-proxy`, the address its X-Forwarded-For names: proxies.py); an
+address with failures on record gets its attempts compared one at a time, so its concurrent connections get no
+more guesses than one connection after another, while right tokens sent at once are never throttled.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ FREE_FAILURES = 5
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 300.0
 FAILURES_FORGOTTEN_S = 3600.0
+# What an address with failures on record waits while one of its attempts is being compared (`LoginThrottle.reserve`).
+IN_FLIGHT_WAIT_S = 1.0
 MAX_THROTTLED_ADDRESSES = 4096
 
 
@@ -145,6 +148,8 @@ class _Failures:
     count: int
     last: float
     blocked_until: float
+    # Attempts taken (`reserve`) whose token is being compared now.
+    in_flight: int = 0
 
 
 class LoginThrottle:
@@ -155,8 +160,11 @@ class LoginThrottle:
     FAILURES_FORGOTTEN_S old starts afresh, and a success clears its record. At most `max_addresses` are
     remembered, the one whose last failure is oldest forgotten first: memory stays bounded whatever the
     attacker's addresses (one with more addresses than that gets its first attempts free on each, as it would
-    with that many addresses anyway). `SessionAuth.attempt` takes each attempt with `reserve`, which checks the
-    backoff and counts the attempt as failed in one step, before the token is compared.
+    with that many addresses anyway). `SessionAuth.attempt` takes each attempt with `reserve` before the token is
+    compared and reports its outcome with `finished`: an address with failures on record gets its attempts compared
+    one at a time once those and the ones in flight reach its free ones (the rest wait a second, 429), so
+    concurrent attempts get no more comparisons than sequential ones would; an address with none (every right
+    token, and a fresh guesser's first burst, at most its connections at once) is not held back.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = FREE_FAILURES,
@@ -178,18 +186,39 @@ class LoginThrottle:
             return 0.0 if record is None else max(0.0, record.blocked_until - self._clock())
 
     def reserve(self, address: str) -> float:
-        """Take the next attempt of `address`, or say how long it must still wait: 0 when it may try now, and then the
-        attempt is counted as failed already (a success clears it: `succeeded`); else the seconds to wait, nothing
-        recorded. One step under the lock, so concurrent attempts of one address (its connections at once) are let
-        through one by one as their failures are counted: once its backoff ends, one of them is compared, as
-        sequential attempts would be, not each that checked `wait_s` before any failure was recorded."""
+        """Take the next attempt of `address`, or say how long it must still wait: 0 when it may try now (the
+        attempt is then in flight until `finished`); else the seconds to wait, nothing recorded. In its backoff it
+        waits; with failures on record, when they and the attempts in flight reach its free ones while one is in
+        flight, it waits IN_FLIGHT_WAIT_S: once its backoff ends one attempt is compared, as sequential ones would
+        be, not each that looked before any failure was recorded. Without failures nothing holds it back (a right
+        token is never throttled for being sent on several connections at once)."""
         with self._lock:
+            now = self._clock()
             record = self._current(address)
-            wait = 0.0 if record is None else max(0.0, record.blocked_until - self._clock())
-            if wait > 0:
-                return wait
-            self._fail(address)
+            if record is not None and record.blocked_until > now:
+                return record.blocked_until - now
+            if record is not None and record.count and record.in_flight \
+                    and record.count + record.in_flight >= self.free:
+                return IN_FLIGHT_WAIT_S
+            if record is None:
+                record = self._failures[address] = _Failures(0, now, now)
+                self._forget_beyond_limit()
+            record.in_flight += 1
             return 0.0
+
+    def finished(self, address: str, ok: bool) -> None:
+        """The outcome of an attempt `reserve` let through: a right token clears the address's failures, a wrong
+        one is counted (`failed`)."""
+        with self._lock:
+            record = self._failures.get(address)
+            if record is not None:
+                record.in_flight = max(0, record.in_flight - 1)
+            if not ok:
+                self._fail(address)
+            elif record is not None:
+                record.count, record.blocked_until = 0, 0.0
+                if not record.in_flight:
+                    del self._failures[address]
 
     def failed(self, address: str) -> float:
         """Record a failed attempt of `address`; the seconds it must now wait (0 while within its free ones)."""
@@ -207,18 +236,18 @@ class LoginThrottle:
         record.blocked_until = now + wait
         self._failures[address] = record
         self._failures.move_to_end(address)
-        while len(self._failures) > self.max_addresses:
-            self._failures.popitem(last=False)
+        self._forget_beyond_limit()
         return wait
 
-    def succeeded(self, address: str) -> None:
-        with self._lock:
-            self._failures.pop(address, None)
+    def _forget_beyond_limit(self) -> None:
+        """Forget the addresses whose last failure is oldest beyond `max_addresses` (lock held)."""
+        while len(self._failures) > self.max_addresses:
+            self._failures.popitem(last=False)
 
     def _current(self, address: str) -> _Failures | None:
         """`address`'s record, dropped when it is old enough to forget (lock held)."""
         record = self._failures.get(address)
-        if record is not None and self._clock() - record.last >= self.forgotten_s:
+        if record is not None and not record.in_flight and self._clock() - record.last >= self.forgotten_s:
             del self._failures[address]
             return None
         return record
@@ -313,14 +342,17 @@ class SessionAuth:
 
     def attempt(self, token: str, address: str) -> Verdict:
         """A token presented by `address` (a bearer header, a login form), under the throttle: the attempt is taken
-        (counted as failed) before the token is compared and cleared when it is right (`LoginThrottle.reserve`), so
-        concurrent attempts of one address get no more comparisons than sequential ones."""
+        before the token is compared (`LoginThrottle.reserve`) and its outcome recorded after (`finished`), so
+        concurrent attempts of one address with failures get no more comparisons than sequential ones, and right
+        tokens sent at once are never throttled."""
         if self.throttle.reserve(address) > 0:
             return Verdict.THROTTLED
-        if self.token_ok(token):
-            self.throttle.succeeded(address)
-            return Verdict.ALLOWED
-        return Verdict.DENIED
+        ok = False
+        try:
+            ok = self.token_ok(token)
+        finally:
+            self.throttle.finished(address, ok)
+        return Verdict.ALLOWED if ok else Verdict.DENIED
 
     def authorized(self, headers: Mapping[str, str]) -> bool:
         """Whether a request with these headers carries the bearer token or a valid session cookie (unthrottled:

@@ -38,7 +38,9 @@ answers in the format the scraper's Accept asks for (OpenMetrics, or the text fo
 Unknown paths answer 404, bad query values 400 with a message. Every connection has a
 socket timeout, a deadline for its request to arrive (HEADER_DEADLINE_S) and one for its whole life
 (REQUEST_DEADLINE_S); at most MAX_CONNECTIONS are served at once, MAX_CONNECTIONS_PER_ADDRESS from
-one client address; the log lines a client can cause at will are written at most every LOG_EVERY_S. A
+one client address (a trusted proxy's, `--http-trusted-proxy`, exempt: the global cap alone); the log lines a
+client can cause at will are written at most every LOG_EVERY_S. Behind a trusted proxy a request's client, for the
+login throttle and the log lines, is the one its X-Forwarded-For names (`proxies.forwarded_client`). A
 dashboard bound to loopback answers only requests naming a loopback host (DNS rebinding: 421). The
 server runs in daemon threads and never reaches outside the host.
 The dashboard works on a list of runs (a single run is a list of one): the views are
@@ -84,6 +86,7 @@ from rcswarm.observe.dashboard.auth import (
     login_page,
 )
 from rcswarm.observe.dashboard.prometheus import ROUND_BUCKETS, CollectorSource, CoordinatorCollector, RoundHistogram
+from rcswarm.observe.dashboard.proxies import FORWARDED_FOR, Client, IPNetwork, TrustedProxies
 from rcswarm.observe.dashboard.render import (
     DEFAULT_SMOOTHING,
     FORECAST_PLOT,
@@ -277,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _expire(self, what: str, seconds: float) -> None:
         _limited_log(self.dashboard.log_limiter, f"deadline:{what}",
-                     "dashboard: the %s from %s passed its %.0f s deadline: closed", what, self.client_address[0],
+                     "dashboard: the %s from %s passed its %.0f s deadline: closed", what, self.address_string(),
                      seconds)
         try:
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -290,11 +293,28 @@ class _Handler(BaseHTTPRequestHandler):
 
     def parse_request(self) -> bool:
         """The request line and headers as BaseHTTPRequestHandler reads them; they are all a request but a POST
-        (whose form follows) has to send."""
+        (whose form follows) has to send. Then the request's client (`_client`), per request, not per
+        connection."""
+        self._request_client: Client | None = None
         parsed = super().parse_request()
-        if parsed and self.command != "POST":
-            self._request_read()
+        if parsed:
+            self._request_client = self.dashboard.trusted_proxies.client(
+                str(self.client_address[0]), self.headers.get_all(FORWARDED_FOR))
+            if self.command != "POST":
+                self._request_read()
         return parsed
+
+    def _client(self) -> Client:
+        """Whom the request is from: through a trusted proxy (`--http-trusted-proxy`), the client its
+        X-Forwarded-For names (`proxies.forwarded_client`); else, and before the request's headers are read, the
+        TCP peer. Its `address` keys the login throttle; its text ("203.0.113.7 (via 10.0.0.5)") goes into log
+        lines."""
+        client = getattr(self, "_request_client", None)
+        return client if client is not None else Client(str(self.client_address[0]))
+
+    def address_string(self) -> str:
+        """The client as log lines name it: its address, and the trusted proxy it came through (`_client`)."""
+        return str(self._client())
 
     def finish(self) -> None:
         self._deadline.cancel()
@@ -371,7 +391,7 @@ class _Handler(BaseHTTPRequestHandler):
         """429: this address failed too often; its tokens are not compared until its backoff has passed."""
         auth = self.dashboard.auth
         assert auth is not None
-        wait = max(1, math.ceil(auth.throttle.wait_s(self.client_address[0])))
+        wait = max(1, math.ceil(auth.throttle.wait_s(self._client().address)))
         _limited_log(self.dashboard.log_limiter, "throttled", "dashboard: %s %s from %s refused: too many failed "
                      "token attempts (%d s to wait)", self.command, _logged(path), self.address_string(), wait)
         self._unauthorized(path, f"Too many failed attempts from your address: try again in {wait} s.",
@@ -382,7 +402,7 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.dashboard.auth
         if auth is None or path in OPEN_PATHS:
             return True
-        verdict = auth.authorize(self.headers, self.client_address[0])
+        verdict = auth.authorize(self.headers, self._client().address)
         if verdict is Verdict.ALLOWED:
             return True
         if verdict is Verdict.THROTTLED:
@@ -465,7 +485,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._request_read()
         tokens = form.get("token") or [""]
-        verdict = auth.attempt(tokens[0], self.client_address[0]) if len(tokens) == 1 else Verdict.DENIED
+        verdict = auth.attempt(tokens[0], self._client().address) if len(tokens) == 1 else Verdict.DENIED
         if verdict is Verdict.THROTTLED:
             self._throttled("/login")
             return
@@ -504,7 +524,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     """One thread per connection, at most `max_connections` at once and `max_per_address` from one client address:
-    a connection past either is closed at once."""
+    a connection past either is closed at once. A trusted proxy's address (`trusted_proxies`) is exempt from the
+    per-address cap (its connections carry many clients', which are only known once a request's X-Forwarded-For
+    is read) and held by the global cap alone."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -514,6 +536,7 @@ class _Server(ThreadingHTTPServer):
     max_connections = MAX_CONNECTIONS
     max_per_address = MAX_CONNECTIONS_PER_ADDRESS
     log_limiter: LogLimiter
+    trusted_proxies = TrustedProxies()
 
     def server_activate(self) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)
@@ -524,17 +547,23 @@ class _Server(ThreadingHTTPServer):
 
     def _take(self, address: str) -> tuple[str, str] | None:
         """A place for a connection from `address`, or (which limit refused it, why) when there is none."""
+        proxy = self.trusted_proxies.trusts(address)
         with self._address_lock:
             held = self._per_address.get(address, 0)
-            if held >= self.max_per_address:
+            if held >= self.max_per_address and not proxy:
                 return "address", f"{held} connections from {address} open already"
             if not self._slots.acquire(blocking=False):
                 return "all", f"{self.max_connections} connections open already"
-            self._per_address[address] = held + 1
+            if not proxy:
+                self._per_address[address] = held + 1
             return None
 
     def _give_back(self, address: str) -> None:
+        proxy = self.trusted_proxies.trusts(address)
         with self._address_lock:
+            if proxy:
+                self._slots.release()
+                return
             held = self._per_address.get(address, 0) - 1
             if held > 0:
                 self._per_address[address] = held
@@ -617,7 +646,9 @@ class Dashboard:
     `ssl_context` it serves HTTPS
     (each connection's handshake on its own request thread, within the socket timeout): a context, or a function
     giving each accepted connection its context (a coordinator's `DashboardCertificates.current`, which follows
-    renewed certificate files).
+    renewed certificate files). `trusted_proxies` (--http-trusted-proxy: networks or addresses) are the reverse proxies
+    whose X-Forwarded-For names a request's client for the login throttle and the log lines, and which the
+    per-address connection cap exempts (`proxies.py`).
     """
 
     def __init__(
@@ -629,8 +660,11 @@ class Dashboard:
         header_deadline_s: float = HEADER_DEADLINE_S,
         max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
         log_every_s: float = LOG_EVERY_S,
+        trusted_proxies: Sequence[str | IPNetwork] = (),
     ) -> None:
         self.auth = auth
+        # --http-trusted-proxy: whose X-Forwarded-For names the client (ValueError names a bad network).
+        self.trusted_proxies = TrustedProxies(trusted_proxies)
         self.request_deadline_s = request_deadline_s
         self.header_deadline_s = min(header_deadline_s, request_deadline_s)
         self.log_limiter = LogLimiter(log_every_s)
@@ -652,7 +686,7 @@ class Dashboard:
         server_cls = _Server6 if ":" in host else _Server
         server_cls = type(server_cls.__name__, (server_cls,), {
             "max_connections": max_connections, "max_per_address": max_connections_per_address,
-            "log_limiter": self.log_limiter})
+            "log_limiter": self.log_limiter, "trusted_proxies": self.trusted_proxies})
         self.server = server_cls((host, port), handler)
         if isinstance(ssl_context, ssl.SSLContext):
             fixed = ssl_context

@@ -336,17 +336,24 @@ def test_concurrent_guesses_of_one_address_get_no_more_comparisons_than_sequenti
         assert len(verdicts) == count
         return verdicts
 
-    # A fresh address: its 5 free failures and the one that earns the first backoff, as one after another.
-    assert at_once("guess", "10.0.0.9").count(Verdict.DENIED) == 6
+    # A fresh address: its first burst is compared (at most its 16 connections), and earns the longest backoff.
+    first = at_once("guess", "10.0.0.9")
+    assert first.count(Verdict.DENIED) + first.count(Verdict.THROTTLED) == 16 and first.count(Verdict.DENIED) >= 1
+    assert auth.throttle.wait_s("10.0.0.9") > 0
     for _ in range(3):
         now[0] += 301.0  # the backoff (300 s at most) has passed
         verdicts = at_once("guess", "10.0.0.9")
         assert verdicts.count(Verdict.DENIED) == 1 and verdicts.count(Verdict.THROTTLED) == 15, verdicts
     now[0] += 301.0
-    verdicts = at_once(TOKEN, "10.0.0.9")  # the right token, 16 times at once: one compared, allowed
+    verdicts = at_once(TOKEN, "10.0.0.9")  # the right token, 16 times at once, after failures: one compared
     assert verdicts.count(Verdict.ALLOWED) == 1 and verdicts.count(Verdict.THROTTLED) == 15, verdicts
     assert auth.attempt("guess", "10.0.0.9") is Verdict.DENIED, "a success clears the address's failures"
     assert auth.throttle.wait_s("10.0.0.9") == 0.0
+    # An address without failures is never held back: 16 right tokens at once are all allowed (counted as failures
+    # before their comparison, 10 of 16 were throttled: a review, 2026-11-29), and leave no record behind.
+    verdicts = at_once(TOKEN, "10.0.0.10")
+    assert verdicts.count(Verdict.ALLOWED) == 16, verdicts
+    assert auth.throttle.wait_s("10.0.0.10") == 0.0 and len(auth.throttle) == 1
 
 
 def test_the_dashboard_answers_429_to_a_guessing_address(swarm: Any) -> None:

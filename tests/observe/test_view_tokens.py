@@ -368,6 +368,16 @@ def test_the_mirrors_dashboard_takes_view_tokens_without_the_join_token(
     finally:
         dashboard.stop()
         dashboard.coordinator.close()
+    # $RCSWARM_TOKEN as a Secret writes it, with a newline: its token opens the mirror's dashboard (it was compared
+    # with the newline and never matched, while the view tokens were kept apart from it stripped).
+    monkeypatch.setenv("RCSWARM_TOKEN", JOIN + "\n")
+    dashboard = dht_cli.start_dashboard(args, view_tokens)
+    try:
+        assert request(dashboard.port, "GET", "/api/status", bearer(JOIN))[0] == 200
+        assert request(dashboard.port, "GET", "/api/status", bearer(VIEW))[0] == 200
+    finally:
+        dashboard.stop()
+        dashboard.coordinator.close()
 
 
 def test_the_mirror_refuses_a_view_token_that_is_its_join_token(tmp_path: Path,

@@ -63,13 +63,30 @@ cli.write_port_file = write_port_file
 """
 
 
-def start(tmp_path: Path, patch: str = "") -> tuple[subprocess.Popen, Path, Path]:
-    """A coordinator process on 127.0.0.1 (port 0) with a port file; (it, its port file, its state dir)."""
+# A second SIGHUP while the first's reload holds the tokens' lock: the reload of the token file sends it, then
+# takes 0.3 s more (once).
+SIGHUP_DURING_A_RELOAD = """
+from rcswarm.coordinator import tokens as tokens_module
+real_load = tokens_module.AcceptedTokens._load
+sent = []
+def _load(self, path):
+    if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.3)
+    return real_load(self, path)
+tokens_module.AcceptedTokens._load = _load
+"""
+
+
+def start(tmp_path: Path, patch: str = "", token: list[str] | None = None) -> tuple[subprocess.Popen, Path, Path]:
+    """A coordinator process on 127.0.0.1 (port 0) with a port file; (it, its port file, its state dir). `token`:
+    its token arguments (default --token TOKEN)."""
     config = write_spec(tiny_spec(), tmp_path / "run.toml")
     port_file, state = tmp_path / "port.json", tmp_path / "state"
     proc = subprocess.Popen(
         [sys.executable, "-c", LAUNCH.format(patch=patch), "--config", str(config), "--state-dir", str(state),
-         "--host", "127.0.0.1", "--port", "0", "--token", TOKEN, "--port-file", str(port_file)],
+         "--host", "127.0.0.1", "--port", "0", *(token or ["--token", TOKEN]), "--port-file", str(port_file)],
         env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     return proc, port_file, state
@@ -140,3 +157,29 @@ def test_a_port_file_the_disk_refuses_half_way_leaves_nothing_behind(tmp_path: P
     said = f"rcswarm coordinator: --port-file {str(port_file)!r}: cannot write it: File too large; stopped serving"
     assert errors(err) == [said], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]
+
+
+def test_a_sighup_during_a_token_reload_is_taken_and_sigterm_still_stops_the_coordinator(tmp_path: Path) -> None:
+    """SIGHUP's handler reloaded the token file itself, taking the tokens' lock on the main thread: a second SIGHUP
+    arriving during that reload ran the handler again, which waited for the lock its own thread held, for good (a
+    review, 2026-11-29): SIGTERM then stopped nothing. Now the handler only counts, and the serving loop reloads."""
+    token_file = tmp_path / "tokens"
+    token_file.write_text(TOKEN + "\n")
+    proc, port_file, state = start(tmp_path, SIGHUP_DURING_A_RELOAD, ["--token-file", str(token_file)])
+    try:
+        deadline = time.monotonic() + 90
+        while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert port_file.exists(), "the coordinator did not start"
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(3.0)  # the reload (and the one the second SIGHUP asks for) done within a loop turn or two
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"the coordinator hung after SIGHUP and SIGTERM:\n{err.decode()[-3000:]}") from None
+    err = err.decode()
+    assert proc.returncode == 0, f"status {proc.returncode}:\n{err[-3000:]}"
+    assert err.count("join tokens reloaded: 1 tokens") == 2, err[-3000:]
+    assert errors(err) == [] and state.is_dir()
