@@ -197,7 +197,7 @@ def test_the_mirrors_dashboard_off_loopback_logs_that_warning(tmp_path: Path, mo
     import rcswarm.observe.dashboard as dashboard_package
 
     class Started:
-        def __init__(self, run: Any, host: str, port: int, auth: Any = None) -> None:
+        def __init__(self, run: Any, host: str, port: int, auth: Any = None, trusted_proxies: Any = ()) -> None:
             self.run, self.url, self.auth = run, f"http://{host}:{port}/", auth
 
         def start(self) -> Started:
