@@ -61,6 +61,7 @@ and the rest of rcswarm imports those only when `sync.backend = "hivemind"` is c
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import hashlib
 import logging
@@ -78,8 +79,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Self
 
 import hivemind
 import hivemind.averaging.averager as hm_averager_module
@@ -89,6 +91,7 @@ import pydantic.v1 as pydantic
 import torch
 from cryptography.hazmat.primitives import serialization
 from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.control import StepControl
 from hivemind.compression import CompressionBase, CompressionInfo, NoCompression, deserialize_torch_tensor
 from hivemind.compression import serialization as hm_serialization
 from hivemind.dht.crypto import RSASignatureValidator
@@ -97,6 +100,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID
 from hivemind.proto import averaging_pb2, crypto_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.mpfuture import SharedBytes
 from hivemind.utils.streaming import STREAMING_CHUNK_SIZE_BYTES, combine_from_streaming
 from hivemind.utils.timed_storage import MAX_DHT_TIME_DISCREPANCY_SECONDS
 
@@ -129,8 +133,15 @@ MAX_ROW_VALUE = 2.0**53
 ROW_LOSS = 2
 # How long a call into the DHT's process may take before this peer counts that process as gone (`dht_result`).
 DHT_ANSWER_S = 60.0
-# How long a new DHT process (and its p2pd) may take to say it is ready (`start_dht`).
+# How long a new DHT process (and its p2pd) may take to say it is ready (`start_dht`); the averager's process likewise.
 DHT_START_S = 60.0
+AVERAGER_START_S = 60.0
+# How long a failure in a peer's start or run waits for the worker's stop, which the signal to its whole process group
+# that caused the failure (its processes, p2pd, torch_shm_manager ended) sends too, a moment later (`raise_if_stopped`).
+STOP_GRACE_S = 1.0
+# How long a DHT's shutdown may take to remove its handlers from its p2pd before it shuts p2pd down regardless: within
+# hivemind's grace period (3 s) for the whole shutdown (`_DHT._shutdown`).
+DHT_HANDLERS_S = 1.0
 # A state download (`StateLimits`) counts each message it reads as its protobuf bytes plus MESSAGE_COST (what holding
 # one costs, so a stream of empty messages is not free), and allows a state beyond its float32 values STATE_SLACK_BYTES
 # (the metadata: a few dozen bytes of msgpack from an honest donor) and PART_SLACK_BYTES a message (its framing, ~30
@@ -572,8 +583,106 @@ class PeerDied(RuntimeError):
     supervisor to start it again, rather than train on alone."""
 
 
+class PeerStopped(PeerDied):
+    """The worker was asked to stop while its peer started (`HivemindPeer`'s `stop`): the start ends between its
+    phases, its processes shut down."""
+
+
+class OrphanedLock(PeerDied, OSError):
+    """A lock hivemind's processes share was held by one that exited (`SharedLock`). An OSError too: hivemind's
+    `MPFuture._send_update` drops an update it cannot send on such errors, as it does for a broken pipe."""
+
+
 class PeerRefused(RuntimeError):
     """This peer cannot take part in the swarm (its clock, its reachability); the message is one line."""
+
+
+# How long a wait for a lock hivemind's processes share may last while a hivemind process this one started has exited,
+# before that process is taken to have died holding it (`SharedLock`): such a lock is held for microseconds.
+ORPHANED_LOCK_S = 1.0
+# The hivemind processes (DHT, averager) started by a process and not yet shut down: (the starter's pid, the kind,
+# the process). A forked child inherits the list and skips its parent's entries.
+_STARTED: list[tuple[int, str, Any]] = []
+
+
+def note_started(kind: str, process: Any) -> None:
+    """Note `process` (a hivemind DHT's or averager's, `kind`) as started by this process, until `forget_started`."""
+    _STARTED.append((os.getpid(), kind, process))
+
+
+def forget_started(process: Any) -> None:
+    _STARTED[:] = [entry for entry in _STARTED if entry[2] is not process]
+
+
+def exited_process() -> str:
+    """"" while every hivemind process this process started (and did not shut down) runs, else which one exited."""
+    for pid, kind, process in _STARTED:
+        if pid == os.getpid() and not process.is_alive():
+            return f"its hivemind {kind} process (pid {process.pid}) exited with code {process.exitcode}"
+    return ""
+
+
+class SharedLock:
+    """A lock hivemind's processes share (`MPFuture`'s update lock, `SharedBytes`' lock, an averager's tensors' lock:
+    `guard_shared_locks`), whose wait ends with OrphanedLock once a hivemind process this process started has exited
+    and the lock stayed held past ORPHANED_LOCK_S: that process died holding it, and nothing would ever release it.
+
+    A signal to a worker's whole process group (a terminal's Ctrl-C, `kill -- -PGID`) ends its DHT and averager at
+    any instant, and the DHT takes MPFuture's update lock a thousand times a second while an averager looks for a group
+    alone: the worker's stop then waited for ever on that lock, cancelling its averaging step (3 of 6 trials). In
+    hivemind's `_send_update` the OrphanedLock drops the update, as for a broken pipe; elsewhere it is the worker's
+    PeerDied. A lock found orphaned is given up on at once from then on."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock, self.orphaned = lock, False
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        return self.lock.acquire(block, timeout)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> Self:
+        while not self.lock.acquire(timeout=0.05 if self.orphaned else ORPHANED_LOCK_S):
+            exited = exited_process()
+            if exited:
+                self.orphaned = True
+                raise OrphanedLock(f"{exited}, holding a lock its processes share")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def guard_shared_locks() -> None:
+    """Wrap hivemind's process-wide shared locks in `SharedLock` (idempotent; again after `MPFuture.reset_backend`).
+    Done when this module is imported and by `start_dht`, so the processes it forks inherit them."""
+    if not isinstance(MPFuture._update_lock, SharedLock):
+        MPFuture._update_lock = SharedLock(MPFuture._update_lock)
+    if not isinstance(SharedBytes._lock, SharedLock):
+        SharedBytes._lock = SharedLock(SharedBytes._lock)
+
+
+guard_shared_locks()
+
+
+def start_torch_shm_manager() -> None:
+    """Have torch start this process's torch_shm_manager now (hivemind shares its futures' state in torch's file_system
+    strategy; idempotent: once a process), with each signal this process handles in Python restarting the system calls
+    it interrupts meanwhile. torch's `start_manager` reads the manager's socket name from a pipe and, where that read
+    fails with EINTR, loops for ever without reading again (it re-checks the failed read's result): a SIGTERM or Ctrl-C
+    arriving then (the worker's handler, cli/signals.py) spun the worker at full CPU for good as its peer began to start
+    (7 of 10 stops sent then; its manager, never contacted, exited). `start_dht` calls it before the DHT's first
+    future."""
+    handled = [sig for sig in signal.valid_signals()
+               if sig not in (signal.SIGKILL, signal.SIGSTOP) and callable(signal.getsignal(sig))]
+    for sig in handled:
+        signal.siginterrupt(sig, False)
+    try:
+        torch.zeros(1).share_memory_()
+    finally:
+        for sig in handled:
+            signal.siginterrupt(sig, True)  # Python's own: interrupted, retried by Python (PEP 475)
 
 
 @dataclass(frozen=True)
@@ -661,6 +770,27 @@ def keep_command_pipe_blocking(module: Any, fd: int) -> None:
     module.switch_to_uvloop = loop_with_blocking_pipe
 
 
+def drop_commands_of_exited_senders(pipe: Any) -> None:
+    """In a hivemind child process (the DHT's or the averager's), before its `run`: a command whose reply pipe cannot
+    be had because the process that sent it has exited is dropped, quietly, and the command loop goes on.
+
+    A command carries its future, whose pipe back to its origin process unpickles by connecting to that process
+    (multiprocessing's resource sharer). The averager's DHT requests still queued when it exits (a worker's stop after
+    a signal to its whole process group, which ended p2pd too) then failed in the DHT's loop: EOFError ended the DHT
+    process with a traceback; ConnectionResetError or FileNotFoundError were logged with one by hivemind, which then
+    slept 3 s before its next command, the worker's shutdown, which came too late: "DHT did not shut down within the
+    grace period". Nobody waits for such a command's answer. A pipe that cannot be read is still an error."""
+    def recv() -> Any:
+        message = pipe.recv_bytes()
+        try:
+            return ForkingPickler.loads(message)
+        except (EOFError, OSError) as exc:
+            log.debug("a command from a process that has exited is dropped: %r", exc)
+            return ("_drop_command", [], {})
+
+    pipe.recv = recv
+
+
 def default_sigterm() -> None:
     """In a forked hivemind process (the DHT's, the averager's): SIGTERM ends it again. The fork inherits the handler
     `rcswarm worker` installed in its parent (cli/signals.py), which only wakes the parent's stop, so `terminate()`,
@@ -680,11 +810,35 @@ class _DHT(hivemind.DHT):
     def start(self) -> None:
         self.starter_pid = os.getpid()
         super().start()
+        note_started("DHT", self)
 
     def run(self) -> None:
         default_sigterm()
         keep_command_pipe_blocking(hm_dht_module, self._inner_pipe.fileno())
+        drop_commands_of_exited_senders(self._inner_pipe)
         super().run()
+
+    async def _drop_command(self) -> None:
+        """What a command whose sender exited becomes (`drop_commands_of_exited_senders`)."""
+
+    async def _shutdown(self) -> None:
+        """hivemind's, bounded by DHT_HANDLERS_S. Where p2pd has already exited (a signal to the whole process group,
+        a terminal's Ctrl-C, ends it too), removing the DHT's handlers from it waited for ever (a unary handler's
+        removal awaits an answer over the daemon's persistent connection) or failed on its missing socket, and the
+        worker waited out its grace period before it terminated this process ("DHT did not shut down within the grace
+        period", 3 s). Then p2pd is shut down regardless (its files removed)."""
+        try:
+            await asyncio.wait_for(super()._shutdown(), timeout=DHT_HANDLERS_S)
+        except OSError as exc:  # a TimeoutError too
+            log.debug("the DHT's p2pd did not answer its shutdown (it had exited?): %r", exc)
+            if getattr(self._node, "_should_shutdown_p2p", True):
+                await self._node.p2p.shutdown()
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            forget_started(self)
 
     def run_coroutine(self, coro: Any, return_future: bool = False) -> Any:
         future = super().run_coroutine(coro, return_future=True)
@@ -787,12 +941,20 @@ def owner_subkey(peer_id: str, public_key: str) -> str:
     return f"{peer_id}{marker}"
 
 
-def start_dht(options: HivemindOptions) -> hivemind.DHT:
+def start_dht(options: HivemindOptions, stop: threading.Event | None = None) -> hivemind.DHT:
     """A DHT node (and its p2pd) with rcswarm's record validators (the schema, and hivemind's RSA signatures with this
     peer's identity, `PeerIdentity`); no relays, no NAT traversal. Not strict: a clock or reachability problem is
     `check_peer`'s to report, in one line. The DHT's `record_subkey` is the subkey `store_record` files its records
-    under. It bounds this process's P2P messages first (`bound_p2p_messages`)."""
+    under. It bounds this process's P2P messages first (`bound_p2p_messages`) and guards hivemind's shared locks
+    (`guard_shared_locks`). Ready within DHT_START_S, else PeerDied, at once if its process exits first (a signal to
+    the whole process group); PeerStopped when `stop` is set by the time it is ready (the DHT shut down)."""
     bound_p2p_messages()
+    guard_shared_locks()
+    try:
+        start_torch_shm_manager()
+    except Exception as exc:
+        raise_if_stopped(stop, "torch's shared-memory manager started", exc)
+        raise
     identity = PeerIdentity.of(options.identity_path)
     kwargs: dict[str, Any] = dict(
         host_maddrs=list(options.host_maddrs), client_mode=options.client_mode, use_relay=False,
@@ -805,16 +967,30 @@ def start_dht(options: HivemindOptions) -> hivemind.DHT:
     dht = _DHT(initial_peers=list(options.initial_peers), start=False,
                record_validators=[RSASignatureValidator(identity.key), record_validator()], **kwargs)
     try:
-        dht.run_in_background(await_ready=True, timeout=DHT_START_S)
+        dht.run_in_background(await_ready=False)
+        process_result(dht, "DHT", dht._ready, DHT_START_S, "during its start",
+                       f"was not ready within {DHT_START_S:g} s")
+        raise_if_stopped(stop, "its DHT started")
     except BaseException as exc:
         dht.shutdown()
-        if isinstance(exc, TimeoutError):
-            raise PeerDied(f"its hivemind DHT process (pid {dht.pid}) was not ready within {DHT_START_S:g} s") from exc
+        raise_if_stopped(stop, "its DHT started", exc)
         raise
     finally:
         identity.forget_made_key()  # p2pd has read it (or never will)
     dht.record_subkey = identity.subkey()
     return dht
+
+
+def raise_if_stopped(stop: threading.Event | None, phase: str, failure: BaseException | None = None) -> None:
+    """PeerStopped when `stop` is set: a peer's start checks it after each of its phases, and as a phase fails
+    (`failure`, an Exception other than PeerDied: a signal to the whole process group ends p2pd and a starting
+    torch_shm_manager too, failing the start with their errors, which are then the stop's doing; the stop that signal
+    sends may come a moment after, so it is waited for up to STOP_GRACE_S)."""
+    if failure is not None and (not isinstance(failure, Exception) or isinstance(failure, PeerDied)):
+        return
+    if stop is not None and (stop.wait(STOP_GRACE_S) if failure is not None else stop.is_set()):
+        why = "" if failure is None else f" ({type(failure).__name__}: {(str(failure).splitlines() or [''])[0][:200]})"
+        raise PeerStopped(f"stopped as {phase}{why}") from failure
 
 
 def visible_maddrs(dht: hivemind.DHT) -> list[str]:
@@ -842,6 +1018,19 @@ class _QuietRequestTimeoutAdvice(logging.Filter):
 
 
 logging.getLogger("hivemind.averaging.matchmaking").addFilter(_QuietRequestTimeoutAdvice())
+
+
+class _QuietListenerClosed(logging.Filter):
+    """Drops p2pd's ERROR that its listener was closed ("error accepting connection: ...: use of closed network
+    connection"), which it logs as it shuts down on a signal of its own: a terminal's Ctrl-C (SIGINT to the whole
+    process group) reaches it as well as the worker, which says it stopped in its own line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("error accepting connection" in message and "use of closed network connection" in message)
+
+
+logging.getLogger("hivemind.p2p.p2p_daemon").addFilter(_QuietListenerClosed())
 
 
 def renew_torch_thread_pool() -> None:
@@ -909,8 +1098,23 @@ class _StateAverager(DecentralizedAverager):
     def run(self) -> None:
         default_sigterm()
         keep_command_pipe_blocking(hm_averager_module, self._inner_pipe.fileno())
+        drop_commands_of_exited_senders(self._inner_pipe)
         renew_torch_thread_pool()
         super().run()
+
+    def start(self) -> None:
+        super().start()
+        note_started("averager", self)
+
+    def shutdown(self) -> None:
+        try:
+            if self.is_alive():  # hivemind logs an error with a traceback's "NoneType: None" for an exited one
+                super().shutdown()
+        finally:
+            forget_started(self)
+
+    async def _drop_command(self) -> None:
+        """What a command whose sender exited becomes (`drop_commands_of_exited_senders`)."""
 
     def run_in_background(self, await_ready: bool = True, timeout: float | None = None) -> None:
         """hivemind's start, but SIGINT keeps its handler in the process that starts the averager: hivemind sets
@@ -934,9 +1138,13 @@ class _StateAverager(DecentralizedAverager):
 
     async def _shutdown(self, timeout: float | None) -> None:
         """hivemind's shutdown, then this process's replica of the DHT's P2P closed: hivemind leaves it open, and with
-        it its client socket (`$TMPDIR/hivemind-p2pclient-*.sock`), one file left per peer that ever ran."""
+        it its client socket (`$TMPDIR/hivemind-p2pclient-*.sock`), one file left per peer that ever ran. Where p2pd
+        has already exited (a signal to the whole process group ends it too), removing the handlers fails on its
+        missing socket, which ended this process's loop with a traceback: it ends quietly."""
         try:
             await super()._shutdown(timeout)
+        except OSError as exc:
+            log.debug("the averager's p2pd had exited before its shutdown: %r", exc)
         finally:
             p2p = getattr(self, "_p2p", None)
             if p2p is not None:
@@ -981,6 +1189,29 @@ class _StateAverager(DecentralizedAverager):
         async for reply in super().rpc_aggregate_part(bounded(), context):
             yield reply
 
+    def begin_step(self, gather: Any, weight: float, timeout: float, scheduled_time: float) -> StepControl:
+        """hivemind's `step(gather=…, weight=…, timeout=…, scheduled_time=…, wait=False)`, whose wait for this
+        averager's process to take the step up ends with PeerDied as soon as that process has exited (or after
+        DHT_ANSWER_S) instead of never: a signal to the whole process group may end it just before a step."""
+        deadline = get_dht_time() + timeout
+        assert scheduled_time < deadline, "Scheduled start time does not fit within timeout"
+        data_for_gather = self.serializer.dumps([self.bandwidth, self.mode.value, self.serializer.dumps(gather)])
+        step = StepControl(scheduled_time=scheduled_time, deadline=deadline, allow_retries=True, weight=weight,
+                           data_for_gather=data_for_gather)
+        future_for_init = MPFuture()
+        self._outer_pipe.send(("_step", [], {"step": step, "future_for_init": future_for_init}))
+        try:
+            trigger, cancel = process_result(self, "averager", future_for_init, DHT_ANSWER_S, "as its step began",
+                                             f"did not begin a step within {DHT_ANSWER_S:g} s")
+        except BaseException:
+            unused: concurrent.futures.Future = concurrent.futures.Future()
+            unused.set_result(None)
+            step.attach(unused, unused)  # hivemind's StepControl.__del__ fails on a step with no trigger attached
+            raise
+        step.attach(trigger, cancel)
+        step.allow_allreduce()
+        return step
+
     def download_state(self, timeout_s: float, limits: StateLimits, exclude: Collection[str] = ()) -> Download:
         """A state from the other peers declaring one, asked by descending declared priority (ties in random order),
         leaving out the peer ids in `exclude`, within `timeout_s` (each donor silent at most `next_chunk_timeout`
@@ -993,7 +1224,7 @@ class _StateAverager(DecentralizedAverager):
         self._outer_pipe.send(("_download_state", [], dict(future=future, timeout_s=timeout_s, limits=limits,
                                                             exclude=tuple(exclude))))
         try:
-            return future.result(timeout=timeout_s + DOWNLOAD_GRACE_S)
+            return process_result(self, "averager", future, timeout_s + DOWNLOAD_GRACE_S, "during a state download")
         except TimeoutError:  # the averager did not answer (stuck): no state this time
             return Download(None, "")
 
@@ -1133,20 +1364,30 @@ class HivemindPeer:
 
     `state_fn()` returns (metadata dict, tensors) for a late joiner; it runs on hivemind's
     state-serving thread and must read a consistent snapshot (the worker swaps whole lists).
+
+    `stop`: once set (the worker was asked to stop), the start ends after its current phase (the DHT's start, the
+    check of the initial peers, the averager's start: seconds each) with PeerStopped, its processes shut down. Each
+    phase ends with PeerDied at once when its process exits (a signal to the whole process group), not at its timeout.
     """
 
     def __init__(self, run: str, shapes: Sequence[tuple[int, ...]], codec: str, block_size: int,
                  options: HivemindOptions, state_fn: Any, min_group_size: int = 2,
                  target_group_size: int | None = None, rules: HivemindSection = HivemindSection(),
-                 value_bits: int = 0, spec_digest: str = "") -> None:
+                 value_bits: int = 0, spec_digest: str = "", stop: threading.Event | None = None) -> None:
         self.run, self.options, self.rules = run, options, rules
         self.spec_digest, self.prefix = spec_digest, averager_prefix(run, spec_digest)
         self.timer = RoundTimer(options.matchmaking_s, rules)
-        self.dht = start_dht(options)
-        problem = check_peer(self.dht, options)
-        if problem:
+        self.dht = start_dht(options, stop)
+        self.averager: _StateAverager | None = None
+        try:
+            problem = check_peer(self.dht, options)
+            if problem:
+                raise PeerRefused(problem)
+            raise_if_stopped(stop, "its initial peers were checked")
+        except BaseException as exc:
             self.dht.shutdown()
-            raise PeerRefused(problem)
+            raise_if_stopped(stop, "its initial peers were checked", exc)
+            raise
         buffers = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
         self.request_timeout_s = request_timeout(options, rules)
         compression = compression_for(codec, block_size, value_bits)
@@ -1165,9 +1406,14 @@ class HivemindPeer:
                 client_mode=options.client_mode, allow_state_sharing=not options.client_mode,
             )
             self.averager.state_fn = state_fn
-            self.averager.run_in_background(await_ready=True, timeout=60)
-        except BaseException:
-            self.dht.shutdown()
+            self.averager.lock_averaged_tensors = SharedLock(self.averager.lock_averaged_tensors)
+            self.averager.run_in_background(await_ready=False)
+            process_result(self.averager, "averager", self.averager._ready, AVERAGER_START_S, "during its start",
+                           f"was not ready within {AVERAGER_START_S:g} s")
+            raise_if_stopped(stop, "its averager started")
+        except BaseException as exc:
+            self.shutdown()
+            raise_if_stopped(stop, "its averager started", exc)
             raise
         log.info("hivemind peer %s of %s listening on %s; matchmaking request timeout %.1fs; %s", self.peer_id, run,
                  " ".join(visible_maddrs(self.dht)), self.request_timeout_s, self.timer.describe())
@@ -1259,8 +1505,7 @@ class HivemindPeer:
         self.averager.set_weight_bound(float(max_tokens))
         started = time.monotonic()
         weight = float(min(max(tokens, 1), max_tokens))
-        control = self.averager.step(gather=gather, weight=weight, timeout=timeout, wait=False,
-                                     scheduled_time=get_dht_time() + window)
+        control = self.averager.begin_step(gather, weight, timeout, get_dht_time() + window)
         formed = _wait_for_group(control, started + timeout, started + window + self.request_timeout_s, alone, stop)
         stopped = stop is not None and stop.is_set()
         if formed is None and not control.done() and time.monotonic() < started + timeout and not stopped:
@@ -1316,7 +1561,8 @@ class HivemindPeer:
     def shutdown(self) -> None:
         """Stop the averager, then the DHT (which stops its p2pd)."""
         try:
-            self.averager.shutdown()
+            if self.averager is not None:
+                self.averager.shutdown()
         finally:
             self.dht.shutdown()
 
@@ -1337,22 +1583,33 @@ def _wait_for_group(control: Any, deadline: float, ask_at: float = math.inf,
     return None
 
 
-def dht_result(dht: hivemind.DHT, what: str, future: Any, timeout_s: float = DHT_ANSWER_S) -> Any:
-    """The result of a call into the DHT's process (`future`, from `return_future=True`), waited for at most
-    `timeout_s`; PeerDied as soon as that process has exited (its future would never resolve) or when it did not
-    answer in time. `what` names the call in the message."""
+def process_result(process: Any, kind: str, future: Any, timeout_s: float, during: str, late: str = "") -> Any:
+    """The result of `future`, which hivemind's `kind` process (`process`: its DHT, its averager) resolves, waited for
+    at most `timeout_s`: PeerDied as soon as that process has exited (its future would never resolve), saying it
+    exited `during` what; when it did not answer in time, PeerDied saying it `late`, or without `late` TimeoutError."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return future.result(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
         except TimeoutError:
-            if future.done():  # the DHT's own operation raised a timeout: its error, not a silent process
+            if future.done():  # the process's own operation raised a timeout: its error, not a silent process
                 raise
-        if not dht.is_alive():
-            raise PeerDied(f"its hivemind DHT process (pid {dht.pid}) exited with code {dht.exitcode} during a {what}")
+        name = f"its hivemind {kind} process (pid {process.pid})"
+        if not process.is_alive():
+            raise PeerDied(f"{name} exited with code {process.exitcode} {during}")
         if time.monotonic() >= deadline:
             future.cancel()
-            raise PeerDied(f"its hivemind DHT process (pid {dht.pid}) did not answer a {what} within {timeout_s:g} s")
+            if not late:
+                raise TimeoutError(f"{name} did not answer within {timeout_s:g} s {during}")
+            raise PeerDied(f"{name} {late}")
+
+
+def dht_result(dht: hivemind.DHT, what: str, future: Any, timeout_s: float = DHT_ANSWER_S) -> Any:
+    """The result of a call into the DHT's process (`future`, from `return_future=True`), waited for at most
+    `timeout_s`; PeerDied as soon as that process has exited (its future would never resolve) or when it did not
+    answer in time. `what` names the call in the message."""
+    return process_result(dht, "DHT", future, timeout_s, f"during a {what}",
+                          f"did not answer a {what} within {timeout_s:g} s")
 
 
 def store_record(dht: hivemind.DHT, subkey: str, key: str, value: dict[str, Any], ttl_s: float) -> bool:

@@ -241,7 +241,8 @@ class HivemindWorker:
             log.info("%s: hivemind rules: %s", self.name, self.spec.hivemind.describe())
             self.peer = hs.HivemindPeer(self.spec.run.name, self.shapes, self.spec.sync.codec,
                                         self.spec.sync.block_size, self.options, self.state, rules=self.spec.hivemind,
-                                        value_bits=self.spec.sync.value_bits, spec_digest=self.spec_digest)
+                                        value_bits=self.spec.sync.value_bits, spec_digest=self.spec_digest,
+                                        stop=self.stop)
             self._startup_s = time.monotonic() - self._started
             log.info("%s: run spec digest %s (peers of another spec form another swarm)", self.name,
                      self.spec_digest[:hs.PREFIX_DIGEST_CHARS])
@@ -264,8 +265,13 @@ class HivemindWorker:
         except hs.PeerRefused as exc:
             return self._end(f"{self.name} cannot join the swarm: {exc}")
         except hs.PeerDied as exc:
-            return self._end(f"{self.name} leaves the swarm at version {self.version}: {exc}; exits for its supervisor "
-                             "to start it again")
+            # A signal to the whole process group (a terminal's Ctrl-C, `kill -- -PGID`) ends the peer's processes as
+            # it stops this worker (whose stop may come a moment after), or the stop came during the peer's start
+            # (PeerStopped): the worker stopped.
+            if not self.stop.wait(hs.STOP_GRACE_S):
+                return self._end(f"{self.name} leaves the swarm at version {self.version}: {exc}; exits for its "
+                                 "supervisor to start it again")
+            log.info("%s: its hivemind peer ended with its stop (%s)", self.name, exc)
         except SpillSpaceError as exc:
             return self._end(f"{self.name} cannot train this window: {exc}")
         except WindowRefused as exc:

@@ -3,7 +3,16 @@
 hivemind's `DecentralizedAverager.run_in_background` sets SIGINT to SIG_IGN in the process that starts the averager,
 which replaced the handler `rcswarm worker` installs before the peer starts (cli/signals.py): a SIGINT was ignored
 and the worker trained on to its last round (forever with run.rounds = 0). `_StateAverager.run_in_background`
-(worker/hivemind_sync.py) keeps the handler. Marked slow by tests/swarm/conftest.py.
+(worker/hivemind_sync.py) keeps the handler.
+
+A signal to the worker's whole process group (a terminal's Ctrl-C, `kill -- -PGID`) reaches its DHT and averager
+processes and p2pd too. SIGTERM ended them at any instant, the DHT's holding hivemind's shared MPFuture lock now and
+then (it takes it a thousand times a second while an averager looks for a group alone), and the worker's stop waited
+for that lock for ever as it cancelled its step (3 of 6 trials; `SharedLock`). With SIGINT (which they ignore) p2pd
+alone ended: the DHT's shutdown then hung on removing its handlers until the worker terminated it (3 s, a WARNING),
+and both the averager and the DHT printed tracebacks (`_DHT._shutdown`, `drop_commands_of_exited_senders`). A signal
+during the peer's start is seen after the start's current phase (`HivemindPeer`'s `stop`), or at once when the group's
+signal ended the DHT. Marked slow by tests/swarm/conftest.py.
 """
 
 from __future__ import annotations
@@ -39,7 +48,9 @@ steps = 1
 backend = "hivemind"
 """
 READY_S = 90.0  # imports and a peer's start-up on a loaded 2-core box
-EXIT_S = 15.0  # a cancelled step, then the averager's and the DHT's bounded shutdowns (5 s and 3 s, then SIGTERM)
+# A cancelled step (up to 2 s more where the group's SIGTERM left a lock held: `ORPHANED_LOCK_S` each), then the
+# averager's and the DHT's bounded shutdowns (5 s and 3 s, then SIGTERM; a DHT whose p2pd is gone takes 1 s).
+EXIT_S = 15.0
 
 
 def wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -53,15 +64,14 @@ def wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout_s: floa
     pytest.fail(f"no {text!r} within {timeout_s:g} s:\n{path.read_text(errors='replace')}")
 
 
-# The worker's process alone: a signal to its whole group (p2pd included) still hung it once in about 8 fresh runs
-# (SIGTERM during a round; `default_sigterm` made it end in most), so that case is not claimed here.
-@pytest.mark.parametrize("to", ["worker"])
+@pytest.mark.parametrize("to", ["worker", "group"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("after", ["ready", "round"])
+@pytest.mark.parametrize("after", ["start", "ready", "round"])
 def test_a_signal_ends_the_hivemind_worker_in_seconds(tmp_path: Path, no_new_p2pd: None, sig: signal.Signals,
                                                       after: str, to: str) -> None:
-    """`to`: the worker's process alone (the whole process group, as a terminal's Ctrl-C or `kill -- -PGID` signals
-    it, is left out: see the comment above)."""
+    """`to`: the worker's process alone, or its whole process group (its DHT and averager processes and p2pd too), as
+    a terminal's Ctrl-C or `kill -- -PGID` signals it. `after`: as its peer starts (its DHT's start), once it is ready
+    (in its first round's step), in a later round's step. Its output is its own lines, no child's traceback."""
     config = tmp_path / "run.toml"
     config.write_text(CONFIG)
     log_path = tmp_path / "worker.log"
@@ -73,7 +83,10 @@ def test_a_signal_ends_the_hivemind_worker_in_seconds(tmp_path: Path, no_new_p2p
                                 stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        wait_for_line(log_path, "sig: from version 0", proc, READY_S)  # the peer (its averager) has started
+        if after == "start":  # logged as the peer begins to start, its signal handler installed
+            wait_for_line(log_path, "sig: hivemind rules:", proc, READY_S)
+        else:
+            wait_for_line(log_path, "sig: from version 0", proc, READY_S)  # the peer (its averager) has started
         if after == "round":  # in a later round's step: the first one ends alone, after its window
             wait_for_line(log_path, "sig: version 1 ", proc, READY_S)
         sent = time.monotonic()
@@ -90,7 +103,9 @@ def test_a_signal_ends_the_hivemind_worker_in_seconds(tmp_path: Path, no_new_p2p
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    lines = log_path.read_text(errors="replace").splitlines()
-    assert code == 0, "\n".join(lines)
-    assert lines and lines[-1].endswith(" sig stopped at version " + lines[-1].rsplit(" ", 1)[-1]), "\n".join(lines)
+    output = log_path.read_text(errors="replace")
+    lines = output.splitlines()
+    assert code == 0, output
+    assert lines and lines[-1].endswith(" sig stopped at version " + lines[-1].rsplit(" ", 1)[-1]), output
+    assert "Traceback" not in output and "did not shut down within the grace period" not in output, output
     assert took < EXIT_S
