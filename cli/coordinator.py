@@ -41,7 +41,14 @@ from typing import Any
 
 from rcswarm.cli.main import interrupted_import
 from rcswarm.cli.signals import StopSignal
-from rcswarm.cli.usage import empty_path_problem, output_dir_problem, output_file_problem, path_arg, usage_error
+from rcswarm.cli.usage import (
+    TRUSTED_PROXY_HELP,
+    empty_path_problem,
+    output_dir_problem,
+    output_file_problem,
+    path_arg,
+    usage_error,
+)
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import (
     COORDINATOR_BYTES_PER_PARAMETER,
@@ -128,12 +135,7 @@ def parser() -> argparse.ArgumentParser:
                              "SIGHUP: each opens the dashboard and /metrics (bearer or /login) but never gRPC (it "
                              "cannot join or submit); the join token still opens the dashboard too. Requires a token "
                              "on the dashboard wherever it binds; needs --http-port")
-    parser.add_argument("--http-trusted-proxy", action="append", default=[], metavar="CIDR",
-                        help="a reverse proxy in front of the dashboard, as an IPv4/IPv6 network or address "
-                             "(repeatable): for a request from it, the client its X-Forwarded-For header names is the "
-                             "one the login throttle and the log lines count (walked from the right, past trusted "
-                             "entries), and it is exempt from the per-address connection cap. Anyone inside these "
-                             "networks can claim any client address: name the proxies alone; needs --http-port")
+    parser.add_argument("--http-trusted-proxy", action="append", default=[], metavar="CIDR", help=TRUSTED_PROXY_HELP)
     kinds = ", ".join(f"{name}={limit}" for name, limit in DEFAULT_MAX_CALLS.items())
     parser.add_argument("--max-calls", action="append", default=[], metavar="KIND=N",
                         help=f"calls of one kind running at once, beyond which a call gets RESOURCE_EXHAUSTED "

@@ -40,6 +40,7 @@ from typing import Any
 
 from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import (
+    TRUSTED_PROXY_HELP,
     empty_path_problem,
     new_parser,
     output_file_problem,
@@ -91,12 +92,7 @@ def parser() -> argparse.ArgumentParser:
                         help="file of read-only view tokens for the dashboard, one per line (# comments), re-read when "
                              f"it changes: each opens the dashboard and /metrics; with it ${TOKEN_ENV} is not needed "
                              "(still accepted when set), and a token is required on loopback too")
-    parser.add_argument("--http-trusted-proxy", action="append", default=[], metavar="CIDR",
-                        help="a reverse proxy in front of the dashboard, as an IPv4/IPv6 network or address "
-                             "(repeatable): for a request from it, the client its X-Forwarded-For header names is the "
-                             "one the login throttle and the log lines count, and it is exempt from the per-address "
-                             "connection cap. Anyone inside these networks can claim any client address: name the "
-                             "proxies alone")
+    parser.add_argument("--http-trusted-proxy", action="append", default=[], metavar="CIDR", help=TRUSTED_PROXY_HELP)
     parser.add_argument("--stale-s", type=float, default=None,
                         help="the dashboard lists a peer as stale when its records did not advance for this long "
                              "(or 3 × its last gap, if longer; default 60)")

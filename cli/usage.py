@@ -106,3 +106,11 @@ def _directory_problem(flag: str, given: Path, directory: Path) -> str | None:
 def _os_problem(flag: str, given: Path, exc: OSError) -> str:
     """`--flag 'value': <the OS's reason>` for an OSError met while looking at the flag's path."""
     return f"{flag} {str(given)!r}: {exc.strerror or exc}"
+
+
+# `--http-trusted-proxy`'s help (observe/dashboard/proxies.py), on `rcswarm coordinator` and `rcswarm dht` alike.
+TRUSTED_PROXY_HELP = ("a reverse proxy in front of the dashboard, as an IPv4/IPv6 network or address (repeatable): for "
+                      "a request from it, the client its X-Forwarded-For header names is the one the login throttle "
+                      "and the log lines count (walked from the right, past trusted entries), and it is exempt from "
+                      "the per-address connection cap. Anyone inside these networks can claim any client address: "
+                      "name the proxies alone; needs --http-port")

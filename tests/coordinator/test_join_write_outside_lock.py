@@ -29,6 +29,7 @@ from rcswarm.state.store import StateStore
 from tests.helpers.coordinator import creds, deltas_of, pull_all, push
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.state import read_state
+from tests.helpers.waiting import in_thread, timed
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 # What a call that waits for no write may take while a join's write is slow (the write: 2 s).
@@ -61,18 +62,6 @@ class SlowJoinStore(StateStore):
         if self.fail:
             raise StoreError(f"{self.db_path}: cannot write it: database or disk is full", full=True)
         super().record_join(*args, **kwargs)
-
-
-def timed(call: Callable[[], Any]) -> float:
-    started = time.monotonic()
-    call()
-    return time.monotonic() - started
-
-
-def in_thread(call: Callable[[], Any]) -> threading.Thread:
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    return thread
 
 
 def answered(call: Callable[[], Any], into: list[Any]) -> Callable[[], None]:

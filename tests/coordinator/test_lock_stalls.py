@@ -36,7 +36,7 @@ from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.state.store import StateStore
 from tests.helpers.coordinator import creds, deltas_of, pull_all, push
 from tests.helpers.specs import TOKEN, tiny_spec
-from tests.helpers.waiting import wait_for
+from tests.helpers.waiting import in_thread, timed, wait_for
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 # What a call that waits for no write may take while another call's write is slow.
@@ -55,20 +55,6 @@ class SlowStore(StateStore):
             if self.delay:
                 time.sleep(self.delay)
             yield db
-
-
-def timed(call: Callable[[], Any]) -> float:
-    """Seconds `call()` took."""
-    started = time.monotonic()
-    call()
-    return time.monotonic() - started
-
-
-def in_thread(call: Callable[[], Any]) -> threading.Thread:
-    """`call()` on a started daemon thread."""
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    return thread
 
 
 def member_answers(run: SwarmCoordinator, member: pb.JoinResponse) -> tuple[float, float]:

@@ -25,7 +25,6 @@ import re
 import shlex
 import threading
 import tomllib
-from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,18 +57,6 @@ CUSTOM_SCHEMAS = {
 }
 STATE_DIR_FLAG = "--state-dir"
 TOKEN_FILE = "/etc/rcswarm/token/token"
-
-
-@pytest.fixture(scope="module")
-def helm():
-    return need("helm_python", "helm-python-sdk")
-
-
-@pytest.fixture(scope="module")
-def chart(helm):
-    loaded = helm.Chart.load(CHART)
-    yield loaded
-    loaded.close()
 
 
 def render_scenario(chart, name: str) -> list[dict[str, Any]]:
@@ -170,16 +157,6 @@ def validate_custom(obj: dict[str, Any]) -> None:
     jsonschema = need("jsonschema", "jsonschema")
     body = {k: v for k, v in obj.items() if k != "metadata"}
     jsonschema.Draft7Validator(strict_custom_schema(CUSTOM_SCHEMAS[(obj["apiVersion"], obj["kind"])])).validate(body)
-
-
-@pytest.fixture(scope="module")
-def k8s_validate():
-    """kubernetes_validate.validate with its schema files read once (it reads them on every call)."""
-    kv = need("kubernetes_validate.utils", "kubernetes-validate")
-    original = kv.schema_contents
-    kv.schema_contents = cache(original)
-    yield kv
-    kv.schema_contents = original
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -6,36 +6,13 @@ helm/rcswarm/ci/ingress-tls-values.yaml with the value set."""
 from __future__ import annotations
 
 import json
-from functools import cache
 from typing import Any
 
 import pytest
 
-from tests.helpers.deploy import CHART, need, objects, render, scenario_values
+from tests.helpers.deploy import objects, render, scenario_values
 
 FLAG = "--http-trusted-proxy"
-
-
-@pytest.fixture(scope="module")
-def helm():
-    return need("helm_python", "helm-python-sdk")
-
-
-@pytest.fixture(scope="module")
-def chart(helm):
-    loaded = helm.Chart.load(CHART)
-    yield loaded
-    loaded.close()
-
-
-@pytest.fixture(scope="module")
-def k8s_validate():
-    """kubernetes_validate.validate with its schema files read once (it reads them on every call)."""
-    kv = need("kubernetes_validate.utils", "kubernetes-validate")
-    original = kv.schema_contents
-    kv.schema_contents = cache(original)
-    yield kv
-    kv.schema_contents = original
 
 
 def coordinator_args(found: list[dict[str, Any]]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -152,3 +153,16 @@ def metric_rows(run_id: str, first: int, count: int, now: float) -> list[tuple]:
         rows.append((run_id, f"w{worker}", step // 5, step, 32, 4, 3.0 / (1 + step) ** 0.1, 128, 0.01 * step,
                      0.01, 0.001, 1000 * step, 2000 * step, "", now + 0.001 * index))
     return rows
+
+
+def held_open(connection: socket.socket) -> bool:
+    """Whether the server still holds `connection` open (nothing to read, not closed)."""
+    connection.setblocking(False)
+    try:
+        return connection.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        connection.setblocking(True)

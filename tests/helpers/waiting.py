@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
@@ -14,3 +15,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def timed(call: Callable[[], Any]) -> float:
+    """Seconds `call()` took."""
+    started = time.monotonic()
+    call()
+    return time.monotonic() - started
+
+
+def in_thread(call: Callable[[], Any]) -> threading.Thread:
+    """`call()` on a started daemon thread."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread

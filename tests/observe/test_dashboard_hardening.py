@@ -23,6 +23,7 @@ from rcswarm.observe.dashboard import Dashboard
 from rcswarm.observe.dashboard.auth import COOKIE, SessionAuth, decide_dashboard_auth
 from rcswarm.protos.wire import one_token
 from rcswarm.state.store import StateStore
+from tests.helpers.dashboard import held_open
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 from tests.helpers.tls import request
 from tests.helpers.waiting import wait_for
@@ -176,19 +177,6 @@ def _trickler(port: int, source: str) -> socket.socket | None:
     return connection
 
 
-def _open(connection: socket.socket) -> bool:
-    """Whether the server still holds `connection` open (nothing to read, not closed)."""
-    connection.setblocking(False)
-    try:
-        return connection.recv(1) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        connection.setblocking(True)
-
-
 def test_one_address_trickling_many_connections_leaves_others_served(
         swarm: Any, caplog: pytest.LogCaptureFixture) -> None:
     short = Dashboard(swarm.service, max_connections=6, max_connections_per_address=3, header_deadline_s=1.0,
@@ -206,7 +194,7 @@ def test_one_address_trickling_many_connections_leaves_others_served(
             assert status == 200 and body == b"ok\n" and time.monotonic() - took < 2.0, "a client from 127.0.0.1 waits"
             assert short.server._per_address.get("127.0.0.2", 0) <= 3
             # The attacker's connections are cut at the request's deadline (1 s), long before the connection's (30 s).
-            wait_for(lambda: not any(_open(connection) for connection in held), 10, "the trickling requests cut")
+            wait_for(lambda: not any(held_open(connection) for connection in held), 10, "the trickling requests cut")
             assert time.monotonic() - started < 8.0
         refused = [r.getMessage() for r in caplog.records if "from 127.0.0.2 open already" in r.getMessage()]
         assert len(refused) == 1, refused  # 7 refused connections, one log line (LOG_EVERY_S)

@@ -35,6 +35,7 @@ from rcswarm.observe.dashboard.proxies import (
     parse_trusted_proxy,
 )
 from rcswarm.state.store import StateStore
+from tests.helpers.dashboard import held_open
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.waiting import wait_for
 
@@ -273,19 +274,6 @@ def _trickler(port: int, source: str) -> socket.socket:
     return connection
 
 
-def _open(connection: socket.socket) -> bool:
-    """Whether the server still holds `connection` open (nothing to read, not closed)."""
-    connection.setblocking(False)
-    try:
-        return connection.recv(1) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        connection.setblocking(True)
-
-
 def test_a_trusted_proxy_is_exempt_from_the_per_address_cap_not_the_global_one(
         coordinator: SwarmCoordinator) -> None:
     """Before: the proxy (all clients) held 2 connections here, as any one address."""
@@ -299,14 +287,14 @@ def test_a_trusted_proxy_is_exempt_from_the_per_address_cap_not_the_global_one(
         held += proxied + other
         # The server takes connections in order: once this request is answered, those before it were placed.
         assert send(port, "GET", "/healthz")[0] == 200
-        wait_for(lambda: sum(map(_open, other)) == 2, 5, "the untrusted address held to 2 connections")
-        assert all(map(_open, proxied)), "the trusted proxy holds more than 2"
+        wait_for(lambda: sum(map(held_open, other)) == 2, 5, "the untrusted address held to 2 connections")
+        assert all(map(held_open, proxied)), "the trusted proxy holds more than 2"
         assert "127.0.0.2" not in dashboard.server._per_address
         # 5 + 2 held; 3 more places of 10 in all, the proxy's included.
         more = [_trickler(port, "127.0.0.2") for _ in range(4)]
         held += more
-        wait_for(lambda: not _open(more[-1]), 5, "the connection past the global cap closed")
-        assert all(map(_open, more[:3])) and all(map(_open, proxied))
+        wait_for(lambda: not held_open(more[-1]), 5, "the connection past the global cap closed")
+        assert all(map(held_open, more[:3])) and all(map(held_open, proxied))
     finally:
         for connection in held:
             connection.close()

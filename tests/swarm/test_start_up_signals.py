@@ -108,6 +108,17 @@ def sigterm_once_it_serves(proc: subprocess.Popen, port_file: Path) -> tuple[int
     return proc.returncode, err.decode()
 
 
+def ended(proc: subprocess.Popen) -> str:
+    """The stderr of `proc` once it ended on its own (killed after 90 s)."""
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return err.decode()
+
+
 def errors(err: str) -> list[str]:
     return [line for line in err.splitlines() if " coordinator INFO " not in line and " coordinator WARNING " not in line]
 
@@ -129,13 +140,7 @@ def test_a_sigterm_at_the_hand_over_stops_the_start_never_the_default_action(tmp
     """Just before the serving handler is installed, SIGTERM still has the start-up one: a stopped start (143, one
     line, no state dir, no port file), never the process killed by the signal's default action (-15)."""
     proc, port_file, state = start(tmp_path, SIGTERM_AT_HAND_OVER)
-    try:
-        _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    err = err.decode()
+    err = ended(proc)
     assert proc.returncode == 128 + signal.SIGTERM, f"status {proc.returncode}:\n{err[-3000:]}"
     assert errors(err) == ["rcswarm coordinator: stopped by SIGTERM while starting; removed the new state dir"], err
     assert not state.exists() and not port_file.exists()
@@ -146,13 +151,7 @@ def test_a_port_file_the_disk_refuses_half_way_leaves_nothing_behind(tmp_path: P
     """A real write() failure (RLIMIT_FSIZE, as a full disk) after open() created `port.partial`: status 1, one line,
     and neither the state dir nor the partial port file is left."""
     proc, port_file, _ = start(tmp_path, FULL_DISK_FOR_THE_PORT_FILE)
-    try:
-        _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    err = err.decode()
+    err = ended(proc)
     assert proc.returncode == 1, f"status {proc.returncode}:\n{err[-3000:]}"
     said = f"rcswarm coordinator: --port-file {str(port_file)!r}: cannot write it: File too large; stopped serving"
     assert errors(err) == [said], err
