@@ -142,6 +142,9 @@ STOP_GRACE_S = 1.0
 # How long a DHT's shutdown may take to remove its handlers from its p2pd before it shuts p2pd down regardless: within
 # hivemind's grace period (3 s) for the whole shutdown (`_DHT._shutdown`).
 DHT_HANDLERS_S = 1.0
+# How long a hivemind process found exited is still listened to for the answer it sent before (`process_result`): a
+# DHT whose start failed writes its error, then exits; the error, not "exited", is what to report.
+LAST_WORD_S = 0.5
 # A state download (`StateLimits`) counts each message it reads as its protobuf bytes plus MESSAGE_COST (what holding
 # one costs, so a stream of empty messages is not free), and allows a state beyond its float32 values STATE_SLACK_BYTES
 # (the metadata: a few dozen bytes of msgpack from an honest donor) and PART_SLACK_BYTES a message (its framing, ~30
@@ -676,13 +679,22 @@ def start_torch_shm_manager() -> None:
     future."""
     handled = [sig for sig in signal.valid_signals()
                if sig not in (signal.SIGKILL, signal.SIGSTOP) and callable(signal.getsignal(sig))]
-    for sig in handled:
-        signal.siginterrupt(sig, False)
+    # The signals blocked while their flags change: a handler that raised between two of them left some restarting.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+    try:
+        for sig in handled:
+            signal.siginterrupt(sig, False)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
         torch.zeros(1).share_memory_()
     finally:
-        for sig in handled:
-            signal.siginterrupt(sig, True)  # Python's own: interrupted, retried by Python (PEP 475)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+        try:
+            for sig in handled:
+                signal.siginterrupt(sig, True)  # Python's own: interrupted, retried by Python (PEP 475)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 @dataclass(frozen=True)
@@ -770,6 +782,10 @@ def keep_command_pipe_blocking(module: Any, fd: int) -> None:
     module.switch_to_uvloop = loop_with_blocking_pipe
 
 
+# What unpickling a command's reply pipe raises when the process that sent it has exited (its resource sharer gone).
+SENDER_GONE = (EOFError, FileNotFoundError, ConnectionRefusedError, ConnectionResetError)
+
+
 def drop_commands_of_exited_senders(pipe: Any) -> None:
     """In a hivemind child process (the DHT's or the averager's), before its `run`: a command whose reply pipe cannot
     be had because the process that sent it has exited is dropped, quietly, and the command loop goes on.
@@ -784,7 +800,7 @@ def drop_commands_of_exited_senders(pipe: Any) -> None:
         message = pipe.recv_bytes()
         try:
             return ForkingPickler.loads(message)
-        except (EOFError, OSError) as exc:
+        except SENDER_GONE as exc:  # its resource sharer is gone; another error (EMFILE) is hivemind's to log
             log.debug("a command from a process that has exited is dropped: %r", exc)
             return ("_drop_command", [], {})
 
@@ -1143,7 +1159,7 @@ class _StateAverager(DecentralizedAverager):
         missing socket, which ended this process's loop with a traceback: it ends quietly."""
         try:
             await super()._shutdown(timeout)
-        except OSError as exc:
+        except (FileNotFoundError, ConnectionError) as exc:  # not a TimeoutError: all-reduces left unfinished
             log.debug("the averager's p2pd had exited before its shutdown: %r", exc)
         finally:
             p2p = getattr(self, "_p2p", None)
@@ -1596,6 +1612,11 @@ def process_result(process: Any, kind: str, future: Any, timeout_s: float, durin
                 raise
         name = f"its hivemind {kind} process (pid {process.pid})"
         if not process.is_alive():
+            try:  # what it wrote before it exited (a failed start's error) may not have been read yet
+                return future.result(timeout=LAST_WORD_S)
+            except TimeoutError:
+                if future.done():
+                    raise
             raise PeerDied(f"{name} exited with code {process.exitcode} {during}")
         if time.monotonic() >= deadline:
             future.cancel()

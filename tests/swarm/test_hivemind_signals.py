@@ -109,3 +109,28 @@ def test_a_signal_ends_the_hivemind_worker_in_seconds(tmp_path: Path, no_new_p2p
     assert lines and lines[-1].endswith(" sig stopped at version " + lines[-1].rsplit(" ", 1)[-1]), output
     assert "Traceback" not in output and "did not shut down within the grace period" not in output, output
     assert took < EXIT_S
+
+
+@pytest.mark.parametrize("error", [EOFError(), FileNotFoundError(2, "gone"), ConnectionResetError(104, "reset"),
+                                   OSError(24, "Too many open files")], ids=["eof", "gone", "reset", "emfile"])
+def test_only_commands_whose_sender_exited_are_dropped(monkeypatch: pytest.MonkeyPatch, error: OSError) -> None:
+    """A hivemind child drops, quietly, a command whose reply pipe cannot be had because its sender exited; any other
+    failure to read a command (this process out of file descriptors) still reaches hivemind's loop, which logs it (a
+    review, 2026-11-29: every OSError was dropped, the sender waiting out its 60 s with the cause gone)."""
+    from rcswarm.worker import hivemind_sync
+
+    class Pipe:
+        def recv_bytes(self) -> bytes:
+            return b"a command"
+
+    def loads(_message: bytes) -> None:
+        raise error
+
+    monkeypatch.setattr(hivemind_sync.ForkingPickler, "loads", staticmethod(loads))
+    pipe = Pipe()
+    hivemind_sync.drop_commands_of_exited_senders(pipe)
+    if isinstance(error, hivemind_sync.SENDER_GONE):
+        assert pipe.recv() == ("_drop_command", [], {})
+    else:
+        with pytest.raises(OSError, match="Too many open files"):
+            pipe.recv()
