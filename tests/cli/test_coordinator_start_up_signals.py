@@ -32,12 +32,15 @@ def config(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def handlers() -> object:
     """The test process's SIGTERM, SIGINT and SIGHUP handlers, given back after each test (a guard on SIGTERM that
-    raises instead of ending pytest); yields the guard."""
+    raises instead of ending pytest); yields the guard. SIGINT gets Python's default handler meanwhile, as in a
+    terminal: a suite started in the background by a non-interactive shell (`make test &`, a CI runner) inherits SIGINT
+    ignored, and the coordinator leaves an ignored SIGINT ignored (nohup), which hung the Ctrl-C cases."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
     def guard(_signum: int, _frame: object) -> None:
         raise Killed
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, guard)
     try:
         yield guard
