@@ -170,10 +170,6 @@ class AcceptedTokens:
         """Whether `token` itself (a dashboard's bearer header or login form) is accepted (any thread)."""
         return self.accepts(bearer(token))
 
-    def shared_with(self, other: AcceptedTokens) -> int:
-        """How many of these tokens `other` accepts too (a view token that is also a join token could join)."""
-        return sum(other.accepts(expected) for expected in self._expected)
-
     def keep_apart(self, other: AcceptedTokens) -> None:
         """From now on a reload of either of the two that would put a token in both is refused as a bad file is
         (the tokens accepted before stay, a WARNING names the file and the problem): the view tokens beside the join
@@ -315,7 +311,7 @@ def view_tokens_problem(view: ViewTokens, join: AcceptedTokens) -> str | None:
     """Why `view` may not serve as read-only tokens beside `join`, or None: a token in both files would be a "view"
     credential that can join the swarm (checked at start; a reload of either file that would put a token in both is
     refused once they are kept apart: `AcceptedTokens.keep_apart`)."""
-    shared = view.shared_with(join)
+    shared = _shared(view._expected, join._expected)
     if not shared:
         return None
     where = f"{view.FLAG} {view.path}" if view.path is not None else view.FLAG
