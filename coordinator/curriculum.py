@@ -553,7 +553,9 @@ class CurriculumTracker:
 
     def rejoin(self, worker_id: str, previous_worker_id: str) -> dict[str, str]:
         """A worker joined again naming its ended membership `previous_worker_id` (after an eviction or a coordinator
-        restart): under the adaptive policy its entry (own rung and costs) moves to `worker_id`, in memory. Returns
+        restart) with that membership's worker secret, which the coordinator checked (service.py `_claimed`: "" for a
+        join that named another's membership, and nothing moves): under the adaptive policy its entry (own rung and
+        costs) moves to `worker_id`, in memory. Returns
         the run_state values to store with the join (`saved`; empty when nothing moved): the caller writes them in
         the join's transaction (`StateStore.record_join`, made without the coordinator's lock) and puts `state` back
         if that fails (`unjoin` when the state moved on meanwhile)."""

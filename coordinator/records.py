@@ -1,12 +1,13 @@
 """What the coordinator holds and the limits it keeps: the value types of `SwarmCoordinator`'s state.
 
-A refusal (`Refusal`: the gRPC status and message a caller sees), a membership (`WorkerRecord`), the
-open round and the late updates merged into it (`OpenRound`, `LateUpdate`), the stages of a round
-close (`RoundClose` when it begins, `ClosedRound` once computed and committed, `SpareBuffers` the
-close leaves for the next), the lazily built pull payload of a version (`LazyPullPayload`), and the
-limits every request is checked against. Nothing here takes the coordinator's lock: the types are
-read and changed under it by service.py, intake.py and close.py, as `SwarmCoordinator`'s docstring
-says; `LazyPullPayload` has a lock of its own.
+A refusal (`Refusal`: the gRPC status and message a caller sees), a membership (`WorkerRecord`) and the one
+decision on whether a join may take an ended membership over (`claimed_membership`), a sweep's join placed in a run
+and not yet seated (`Reservation`), the open round and the late updates merged into it (`OpenRound`, `LateUpdate`),
+the stages of a round close (`RoundClose` when it begins, `ClosedRound` once computed and committed, `SpareBuffers`
+the close leaves for the next), the lazily built pull payload of a version (`LazyPullPayload`), and the limits every
+request is checked against. Nothing here takes the coordinator's lock: the types are read and changed under it by
+service.py, intake.py and close.py, as `SwarmCoordinator`'s docstring says (a `Reservation`'s `seated` under its
+run's lock); `LazyPullPayload` has a lock of its own.
 """
 
 from __future__ import annotations
@@ -113,6 +114,32 @@ class Waiting:
             return len(self._until)
 
 
+def secret_matches(secret: bytes, secret_sha256: bytes | None) -> bool:
+    """Whether `secret` is the worker secret whose SHA-256 is `secret_sha256` (constant-time compare of the digests;
+    never for an empty or unknown digest)."""
+    return bool(secret_sha256) and hmac.compare_digest(hashlib.sha256(secret).digest(), secret_sha256)
+
+
+def claimed_membership(request: pb.JoinRequest, secret_sha256: bytes | None) -> str:
+    """The ended membership a join may take over: `request.previous_worker_id` when `request.previous_worker_secret`
+    is that membership's own worker secret, whose SHA-256 is `secret_sha256` (the membership in memory's, else the
+    digest its join stored; None: neither knows the id); "" otherwise, and the join then names nothing. The one
+    decision on the name: a join token's holder naming another worker's membership takes nothing of it over. Pure."""
+    previous = request.previous_worker_id
+    return previous if previous and secret_matches(request.previous_worker_secret, secret_sha256) else ""
+
+
+@dataclass
+class Reservation:
+    """A sweep's join placed in a run whose `join` has not returned (sweep.py `RunGroup.join`): counted among that
+    run's places until its membership is seated. `seated` is set by the run's `_seat` under the run's `_lock`, and read
+    under that lock (`SwarmCoordinator.load`), so the hand-over counts the worker once; the rest is fixed."""
+
+    run: int  # the run's position in the group
+    until: float  # when it stops counting even if the join has not returned (the group's clock)
+    seated: bool = False
+
+
 @dataclass
 class WorkerRecord:
     """One membership: a worker from its join until it leaves, is evicted or is reassigned."""
@@ -213,8 +240,8 @@ class WorkerRecord:
         return min(max(compute / (self.last_mark[0] - self.first_mark[0]), 0.0), 1.0)
 
     def owns(self, secret: bytes) -> bool:
-        """Whether `secret` is this membership's worker secret (constant-time compare of the digests)."""
-        return bool(self.secret_sha256) and hmac.compare_digest(hashlib.sha256(secret).digest(), self.secret_sha256)
+        """Whether `secret` is this membership's worker secret (`secret_matches`)."""
+        return secret_matches(secret, self.secret_sha256)
 
     def view(self) -> decisions.WorkerView:
         return decisions.WorkerView(

@@ -13,13 +13,21 @@ shown. Every later call of that worker carries the secret and is checked under t
 anything changes (`_authenticated`): none -> UNAUTHENTICATED, an id that is not a member ->
 NOT_FOUND (join again), a secret that is not this id's -> PERMISSION_DENIED, so one worker can
 neither act for nor evict another. Memberships live in memory only: after a restart every worker
-gets NOT_FOUND and joins again with a new secret.
+gets NOT_FOUND and joins again with a new secret. A join's transaction stores the secret's SHA-256 too
+(`StateStore.record_join`, `joined_digest`), never the secret.
+
+Re-joins. A join may name an ended membership (`previous_worker_id`: after an eviction, a lost answer, a restart, a
+sweep's move) and takes over what that membership had (below) only when it carries that membership's own worker
+secret (`previous_worker_secret`), checked in one place (`_claimed`, `records.claimed_membership`) against the digest
+of the membership in memory, else the digest its join stored. Without it, or with another, the join is admitted as
+a first join naming nothing (one WARNING line naming the id), so a join token's holder naming another worker's
+membership takes none of its versions, its place in the open round, its curriculum entry or its landed update.
 
 Places. `coordinator.max_workers` bounds the memberships that take part in the open round, not only the active
 ones: a membership that ended (left, evicted, reassigned) with an update still in the open round holds its place
 until that round closes (`decide_place`). Before, one join-token holder joined, pushed and left under ever new ids
 and put any number of updates into one round (50 with max_workers = 2 in 1.6 s), enough to outvote the honest
-update in the direction check. A re-join naming that ended membership (`previous_worker_id`, still in memory) takes
+update in the direction check. A re-join naming that ended membership (still in memory) with its secret takes
 its place over: it carries over the versions it delivered (`_carry_over`), so it adds no second update to the
 round, and a worker that crashed after its push and restarts at once trains on; one that names nothing, or a spare,
 waits for the round to close (RESOURCE_EXHAUSTED with the place-retry trailer). The intake's cap (`round_room`) is
@@ -27,9 +35,10 @@ the second line.
 
 Updates that landed before a restart. Each committed round records its reporters, the memberships whose update it
 counted, in the transaction that commits it (close.py `close_reporters`, `StateStore.commit_version`). A re-join
-naming a membership that memory no longer holds (a restart, or one forgotten) takes over the delivered version the
-store recorded for it (`_landed`), so the re-push of an update whose answer the restart lost is ALREADY_EXISTS, not
-stale, and the worker keeps the error-feedback residual that update left instead of sending the one it carried again.
+naming a membership that memory no longer holds (a restart, or one forgotten), with the secret whose digest the
+store holds for it, takes over the delivered version the store recorded for it (`_landed`), so the re-push of an
+update whose answer the restart lost is ALREADY_EXISTS, not stale, and the worker keeps the error-feedback residual
+that update left instead of sending the one it carried again.
 
 Heterogeneous swarms (issue #15). Each worker's `TrainingAssignment` carries its pace for the version:
 its inner-step count, or a time-boxed round's budget (`decisions.decide_pace`, from the workers'
@@ -83,8 +92,10 @@ from rcswarm.coordinator.records import (
     LazyPullPayload,
     OpenRound,
     Refusal,
+    Reservation,
     Traffic,
     WorkerRecord,
+    claimed_membership,
 )
 from rcswarm.coordinator.resume import resume
 from rcswarm.observe import traffic
@@ -148,7 +159,7 @@ class PendingJoin:
     response: pb.JoinResponse  # its answer, built (so it can be) before anything was written
     events: list[tuple[str, str]]  # (kind, reason) rows of the join's transaction
     now: float  # when it was admitted (its rows' time, `joined_at`)
-    previous: str  # the membership it names (`previous_worker_id`)
+    previous: str  # the membership it names with that membership's secret (`_claimed`), or ""
     previous_active: bool  # whether that one was active at admission (then nothing is taken over)
     taking_over: str | None  # the ended membership whose place in the open round it takes over
     round_version: int  # the open round at admission
@@ -158,6 +169,7 @@ class PendingJoin:
     curriculum_before: curricula.CurriculumState  # the curriculum state before the move
     curriculum_moved: curricula.CurriculumState  # ... and right after it
     saves: int  # the tracker's `saves` at admission
+    reservation: Reservation | None  # a sweep's place held for it until it is seated (`_seat` marks it), or None
 
 
 class SwarmCoordinator:
@@ -169,7 +181,7 @@ class SwarmCoordinator:
 
     Threads. gRPC handler threads, many at once, call the RPC methods (`join`, `heartbeat`,
     `leave`, `pull`, `await_version`, `push`, `report_metrics`, `status`); the server's ticker
-    thread calls `tick`; a `RunGroup` (sweep.py) also calls `owns_credential`, `knows`,
+    thread calls `tick`; a `RunGroup` (sweep.py) also calls `owns_credential`, `knows`, `claim`, `load`,
     `active_workers`, `membership_state`, `reassign` and `summary` from handler threads, and the dashboard's thread
     `status` and `summary`. The constructor runs before any of them, `close` after all have stopped.
 
@@ -213,7 +225,9 @@ class SwarmCoordinator:
     `closer.begin` under the lock, then `closer.finish` after releasing it.
 
       method                                   called from                    lock
-      join                                     gRPC handler threads           takes `_join_lock` (bounded), then
+      join                                     gRPC handler threads           takes `_join_lock` (bounded), reads
+                                                                              the named membership's digest
+                                                                              (`joined_digest`), then takes
                                                                               `_lock` (bounded) to admit; none while
                                                                               it writes (`record_join`, one
                                                                               transaction); takes (enters, or undoes
@@ -243,7 +257,9 @@ class SwarmCoordinator:
                                                                               curriculum steps post), flushes
       owns_credential, knows, membership_state any thread (a RunGroup, the    none: a snapshot of one entry
                                                server's guard)
-      active_workers, places_taken             any thread (a RunGroup)        takes
+      claim                                    any thread (a RunGroup's join) none: a snapshot of one entry; reads
+                                                                              the store (`joined_digest`)
+      active_workers, places_taken, load       any thread (a RunGroup)        takes
       round_progress                           the server's health thread     takes (waits at most a second)
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
@@ -258,7 +274,9 @@ class SwarmCoordinator:
       _admit, _seat, _unadmit                  `join`, `_join_lock` held      `_admit` takes (bounded; a re-join may
                                                                               wait on `_version_changed`); `_seat`,
                                                                               `_unadmit`: held (may post a curriculum
-                                                                              save)
+                                                                              save); `_seat` marks a sweep's
+                                                                              reservation seated
+      _claimed                                 `_admit` (held), `claim`       held, or none (a snapshot)
       _store_join, _landed                     `join`, `_join_lock` held      none: reads and writes the store
                                                                               (flushes first after a curriculum move)
       _write_event, _save_full_pulls,          `flush`                        none (`_outbox_lock` held): the writes
@@ -468,9 +486,15 @@ class SwarmCoordinator:
             return
         self.round.budget_s = max(self.round.budget_s, self.pace.round_seconds)
 
-    def join(self, request: pb.JoinRequest, placed: str = "") -> pb.JoinResponse:
+    def join(self, request: pb.JoinRequest, placed: str = "",
+             reservation: Reservation | None = None) -> pb.JoinResponse:
         """Admit a worker and return its new worker secret, keeping only the secret's SHA-256 (handler
-        thread). `placed`: why a sweep placed the worker in this run, stored as an "assign" event with the join's own.
+        thread). `placed`: why a sweep placed the worker in this run, stored as an "assign" event with the join's own;
+        `reservation`: the place the sweep held for it, marked seated when the membership enters (`_seat`).
+
+        A re-join takes over what the membership it names had only with that membership's worker secret
+        (`previous_worker_secret`): the digest its join stored is read first (`StateStore.joined_digest`, no lock),
+        and `_admit` decides under the lock (`_claimed`); a join naming another's membership is admitted naming none.
 
         A join's rows are stored in one transaction (`StateStore.record_join`) before its answer is sent, and that
         write is made without `_lock`, in three steps, the joins of the run one at a time (`_join_lock`, taken first,
@@ -491,7 +515,8 @@ class SwarmCoordinator:
         eviction, a round close, a reassignment, a stop) only frees places; a run that finished meanwhile admits it
         as it admits a worker that joined just before its last close (its next call learns the run is over)."""
         with self._joining():
-            pending = self._admit(request, placed)
+            stored = self.store.joined_digest(request.previous_worker_id)
+            pending = self._admit(request, placed, stored, reservation)
             try:
                 landed = self._store_join(pending)
             except BaseException:
@@ -516,22 +541,26 @@ class SwarmCoordinator:
         finally:
             self._join_lock.release()
 
-    def _admit(self, request: pb.JoinRequest, placed: str) -> PendingJoin:
+    def _admit(self, request: pb.JoinRequest, placed: str, stored: bytes | None,
+               reservation: Reservation | None) -> PendingJoin:
         """Step 1 of `join` (`_join_lock` held; takes `_lock`, bounded): the admission decided, the membership and its
         answer built, a re-join's curriculum entry moved (in memory; the join's transaction stores it) and the place
-        it takes over given to it. Refused: nothing changed. Writes nothing. A re-join naming an ended membership
-        while a round closes first waits for the close (at most `coordinator.max_wait_s`, as a pull does): that
-        round may count the ended membership's update, and the close's reporters (`close_reporters`, committed with
-        it) were taken when it began, so the join reads them from the store (`_landed`) once committed."""
+        it takes over given to it. Refused: nothing changed. Writes nothing. The membership the join names counts
+        only with its own secret (`_claimed`; `stored`: the digest its join stored, read by `join`). A re-join naming
+        an ended membership while a round closes first waits for the close (at most `coordinator.max_wait_s`, as a
+        pull does): that round may count the ended membership's update, and the close's reporters
+        (`close_reporters`, committed with it) were taken when it began, so the join reads them from the store
+        (`_landed`) once committed."""
         with self._locked(measure=False, bounded=True):  # measure=False: it may wait on `_version_changed`
-            named = self.workers.get(request.previous_worker_id)
+            previous = self._claimed(request, stored)
+            named = self.workers.get(previous)
             if named is not None and not named.active and self.closer.under_way is not None:
                 self._wait_for_close(self.spec.coordinator.max_wait_s)
             now = self.clock()
             views = self._active_views()
             decision = decisions.decide_admission(now, views, self.finished, self.membership)
             holders = self._place_holders()
-            taking_over = self._held_place(request.previous_worker_id, holders)
+            taking_over = self._held_place(previous, holders)
             if decision.ok and (holders or taking_over):
                 decision = decisions.decide_place(now, views, holders, self.round.version, self.membership, taking_over)
             if not decision.ok:
@@ -552,7 +581,6 @@ class SwarmCoordinator:
                 events.append(("assign", worker.assigned.reason))
             if placed:
                 events.append(("assign", placed))
-            previous = request.previous_worker_id
             previous_active = previous in self._active
             if not previous_active:
                 self._carry_over(worker, self.workers.get(previous))
@@ -578,7 +606,23 @@ class SwarmCoordinator:
                         places[owner] = worker_id
             return PendingJoin(worker, response, events, now, previous, previous_active, taking_over,
                                self.round.version, places_before, decision.reason, moved, curriculum,
-                               self.tracker.state, self.tracker.saves)
+                               self.tracker.state, self.tracker.saves, reservation)
+
+    def _claimed(self, request: pb.JoinRequest, stored: bytes | None) -> str:
+        """The membership a join names when it carries that membership's own worker secret, else "" (the one decision,
+        `records.claimed_membership`, against the digest of the membership in memory, else `stored`: the digest its
+        join stored, `StateStore.joined_digest`). A name this run knows, sent without its secret or with another,
+        is logged (one WARNING with the id, never a secret): the join is admitted as a first join, taking over no
+        versions, place, curriculum entry or landed update. `_admit` calls it with `_lock` held; `claim` without (a
+        snapshot of one entry, as `knows`: a membership's digest never changes)."""
+        named = self.workers.get(request.previous_worker_id)
+        known = named.secret_sha256 if named is not None else stored
+        previous = claimed_membership(request, known)
+        if request.previous_worker_id and not previous and known:
+            self.log.warning("join of %s names membership %s without that membership's worker secret: admitted as a "
+                             "new member, taking nothing of it over", printable(request.worker_name[:128]),
+                             request.previous_worker_id)
+        return previous
 
     def _store_join(self, pending: PendingJoin) -> tuple[int, int] | None:
         """Step 2 of `join` (`_join_lock` held, `_lock` not): store the join's rows in one transaction
@@ -589,7 +633,7 @@ class SwarmCoordinator:
             self.flush()
         landed = self._landed(pending.previous, pending.previous_active)
         self.store.record_join(pending.worker.worker_id, pending.events, pending.now, reported=landed,
-                               run_state=pending.moved)
+                               run_state=pending.moved, secret_sha256=pending.worker.secret_sha256)
         return landed
 
     def _unadmit(self, pending: PendingJoin) -> None:
@@ -630,17 +674,18 @@ class SwarmCoordinator:
             self.tracker.save()
         self._joins += 1
         self.workers[worker.worker_id] = self._active[worker.worker_id] = worker
+        if pending.reservation is not None:  # counted from now on as a member, no longer as a place held (`load`)
+            pending.reservation.seated = True
         self.log.info("join: %s (%s) as %s at version %d: %s", worker.name, worker.device, worker.worker_id,
                       self.version, pending.reason)
         return response
 
     def _carry_over(self, worker: WorkerRecord, ended: WorkerRecord | None) -> None:
-        """A re-join naming its ended membership (`ended`, still in memory): the new one takes over the versions it
-        last delivered, pulled and trains from (lock held). An update whose push landed but whose answer was lost
-        before the eviction is then a duplicate when pushed again under the new id (ALREADY_EXISTS, not a second
-        copy in the round, which does not wait for the new membership either), and one trained from the pulled
-        version may still be merged late. The name is the joiner's claim: taking over another ended membership's
-        versions only refuses the joiner's own updates or lets it be late."""
+        """A re-join naming its ended membership (`ended`, still in memory, named with its own secret: `_claimed`):
+        the new one takes over the versions it last delivered, pulled and trains from (lock held). An update whose
+        push landed but whose answer was lost before the eviction is then a duplicate when pushed again under the new
+        id (ALREADY_EXISTS, not a second copy in the round, which does not wait for the new membership either), and
+        one trained from the pulled version may still be merged late."""
         if ended is None:
             return
         worker.accepted_version = ended.accepted_version
@@ -654,11 +699,12 @@ class SwarmCoordinator:
         heard the answer joins again naming that membership and pushes the update again; it landed, so the push is
         a duplicate (ALREADY_EXISTS) and the worker keeps the error-feedback residual left after it, where "stale"
         made it put back the residual the landed update had carried (sent twice). The join enters the new
-        membership among that round's reporters (`StateStore.record_join`), so a second restart knows it too. As
-        with `_carry_over`, the name is the joiner's claim: another membership's round only refuses the joiner's
-        own update from that version. None for an active membership (`active`, as `_admit` saw it under the lock: a
-        worker cannot take over a live one). `join`'s step 2 (`_join_lock` held, `_lock` not: the read takes the
-        store's writer lock, which a close's commit may hold a while)."""
+        membership among that round's reporters (`StateStore.record_join`), so a second restart knows it too.
+        `previous_worker_id` is the membership the join named with its own secret (`_claimed`: after a restart, the
+        digest its join stored), or "": another worker's landed update is never taken over. None for an active
+        membership (`active`, as `_admit` saw it under the lock: a worker cannot take over a live one). `join`'s step
+        2 (`_join_lock` held, `_lock` not: the read takes the store's writer lock, which a close's commit may hold a
+        while)."""
         if not previous_worker_id or active:
             return None
         return self.store.reported(previous_worker_id)
@@ -673,8 +719,9 @@ class SwarmCoordinator:
         return {places.get(owner, owner) for owner in (*self.round.reports, *self.round.late)}
 
     def _held_place(self, previous_worker_id: str, holders: Collection[str]) -> str | None:
-        """`previous_worker_id` when a re-join naming it takes over its place in the open round (lock held): an
-        ended membership still in memory (its versions are carried over, `_carry_over`) that holds one."""
+        """`previous_worker_id` when a re-join naming it (with its secret, `_claimed`) takes over its place in the
+        open round (lock held): an ended membership still in memory (its versions are carried over, `_carry_over`)
+        that holds one."""
         previous = self.workers.get(previous_worker_id)
         if previous is None or previous.active or previous_worker_id not in holders:
             return None
@@ -1141,6 +1188,13 @@ class SwarmCoordinator:
         worker = self.workers.get(worker_id)
         return worker is not None and worker.active and worker.owns(secret)
 
+    def claim(self, request: pb.JoinRequest) -> str:
+        """The membership of this run `request` names with that membership's own worker secret, else "" (`_claimed`,
+        a WARNING for a name this run knows sent without its secret) (any thread; none: a snapshot of one entry, and a
+        read of the digest the store holds for the id, which counts when memory no longer holds it). A sweep's
+        placement asks it (sweep.py `RunGroup.join`)."""
+        return self._claimed(request, self.store.joined_digest(request.previous_worker_id))
+
     def knows(self, worker_id: str) -> bool:
         """Whether `worker_id` joined this run and is still in memory, active or not (any thread; none: a
         snapshot)."""
@@ -1161,7 +1215,18 @@ class SwarmCoordinator:
         """The places of `coordinator.max_workers` taken in the open round: the active workers and the ended
         memberships whose update is in it (`decisions.decide_place`; any thread; takes `_lock`)."""
         with self._lock:
-            return len(self._active) + len(self._place_holders() - set(self._active))
+            return self._places_taken()
+
+    def load(self, reservations: Collection[Reservation]) -> tuple[int, int, int]:
+        """(active workers, places taken (`places_taken`), how many of `reservations`, a sweep's joins placed here, are
+        not seated yet), under one hold of `_lock`, which `_seat` marks a reservation under: a join seated meanwhile
+        counts once, as a member (any thread, a RunGroup's `_loads`; takes `_lock`)."""
+        with self._lock:
+            return len(self._active), self._places_taken(), sum(1 for held in reservations if not held.seated)
+
+    def _places_taken(self) -> int:
+        """`places_taken` (lock held)."""
+        return len(self._active) + len(self._place_holders() - set(self._active))
 
     def reassign(self, worker_id: str, reason: str) -> None:
         """End a worker's membership here because a sweep moves it to another run; may close the round

@@ -12,7 +12,9 @@ routes every RPC to the run its worker belongs to and schedules a sweep's worker
   a worker joining again after a restart or an
   eviction names the run it trained for (JoinRequest.run_id) and goes back there while that run is
   unfinished and has room, unless the sweep itself moved it off that run (its previous membership
-  is REASSIGNED there), so its round's update and metric rows still find their run.
+  is REASSIGNED there), so its round's update and metric rows still find their run. Both count only when the join
+  names its previous membership with that membership's worker secret (`previous_worker_secret`, `RunGroup._claimed`);
+  otherwise it is placed, and joins its run, as a worker naming none.
 * A worker that cannot train the run it was placed in (its model or windows above the worker's limits, its
   dataset outside the worker's data root) leaves it and joins again naming it (JoinRequest.refused_run_ids):
   it is placed in none of the runs it names, nor moved toward one (`refused_runs`, `without`); a join whose
@@ -58,7 +60,7 @@ import grpc
 from rcswarm.config.runspec import MAX_RUN_ID_CHARS, RunSpec
 from rcswarm.coordinator import decisions, forecasts
 from rcswarm.coordinator.intake import first_part, require_secret
-from rcswarm.coordinator.records import Refusal, Waiting
+from rcswarm.coordinator.records import Refusal, Reservation, Waiting
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import MAX_REFUSED_RUNS, REFUSED_RUNS_REFUSAL
@@ -222,13 +224,14 @@ class RunGroup:
     Threads and locks: the RPC methods are called from gRPC handler threads, `tick` from the
     server's ticker thread, `status` also from the dashboard's. `waiting` (the workers refused a place
     lately) has its own lock, a leaf: nothing taken while it is held. `_lock` orders the placements of joins and
-    move decisions, so two joins never both count a run as the emptiest (a join placed but not ended holds its
-    place, `_arriving`); it is taken before a run's own lock (the group calls `active_workers` and `places_taken`
-    of its runs while holding it), never while a run's lock is held, and never held across a store write: a run's
-    `join` (which writes its store between two holds of the run's lock) runs after the group lock is released. Routing a call (`_index_of`,
-    `owns_credential`) takes no lock (the runs' snapshots). Every other method routes the call to its run without
-    the group's lock; the run takes its own (see SwarmCoordinator). The forecasts (`_forecast`, `_prune`) are
-    the ticker's alone: it replaces `latest[i]` whole, which `status` reads as a snapshot from any thread.
+    move decisions, so two joins never both count a run as the emptiest (a join placed but not seated holds its
+    place, `_placing`); it is taken before a run's own lock (the group calls `load` of its runs while holding it),
+    never while a run's lock is held, and never held across a store write: a run's `join` (which writes its store
+    between two holds of the run's lock) runs after the group lock is released. Routing a call (`_index_of`,
+    `owns_credential`) and checking the membership a join names (`_claimed`) take neither the group's lock nor a
+    run's (the runs' snapshots; `_claimed` may read a run's store). Every other method routes the call to its run
+    without the group's lock; the run takes its own (see SwarmCoordinator). The forecasts (`_forecast`, `_prune`)
+    are the ticker's alone: it replaces `latest[i]` whole, which `status` reads as a snapshot from any thread.
     """
 
     def __init__(self, spec: RunSpec, runs: Sequence[SwarmCoordinator]) -> None:
@@ -253,10 +256,10 @@ class RunGroup:
         # How many of `prune_at`'s fractions were decided (each run's store keeps the count).
         self.prune_done = max(int(run.store.get("prune_done") or 0) for run in self.runs)
         # Workers moved off a run toward another (worker id → (that run's index, until when it counts there)), and
-        # the joins placed in a run that have not ended (("joining", N) → the same, `join`: a tuple, so that no
-        # previous_worker_id a client sends can name it); the group lock guards it.
-        self._arriving: dict[str | tuple[str, int], tuple[int, float]] = {}
-        self._joining = itertools.count()
+        # the joins placed in a run whose `join` has not returned (`join`; each counted there until its membership is
+        # seated, `SwarmCoordinator.load`); the group lock guards both lists (a reservation's `seated`, the run's lock).
+        self._arriving: dict[str, tuple[int, float]] = {}
+        self._placing: list[Reservation] = []
         # The runs each membership's worker refused (worker id → their positions; its join's `refused_run_ids`), so
         # that no move sends it to one; kept while some run knows the id. The group lock guards it.
         self._refused: dict[str, frozenset[int]] = {}
@@ -293,19 +296,23 @@ class RunGroup:
             run.close()
 
     def _loads(self) -> list[RunLoad]:
-        """Every run's load, counting the workers moved toward it that have not joined yet (group lock held; takes
-        each run's lock in turn): without them a second worker was moved off a run only to be sent back to it. A run
-        is full when its places are (`SwarmCoordinator.places_taken`)."""
+        """Every run's load, counting the workers moved toward it that have not joined yet and the joins placed there
+        whose membership is not seated yet (group lock held; takes each run's lock in turn): without them a second
+        worker was moved off a run only to be sent back to it. A run is full when its places are
+        (`SwarmCoordinator.places_taken`). A join's place and its membership are read under one hold of the run's
+        lock (`SwarmCoordinator.load`): before, a member seated and its place, dropped only once its `join` returned,
+        were both counted meanwhile, and a placement near `coordinator.max_workers` was refused for a moment."""
         now = self.runs[0].clock()
         self._arriving = {worker: (index, until) for worker, (index, until) in self._arriving.items() if until > now}
+        self._placing = [held for held in self._placing if held.until > now]
         loads = []
         for i, run in enumerate(self.runs):
-            arriving = sum(1 for index, _ in self._arriving.values() if index == i)
-            active = run.active_workers() + arriving
+            active, places, placing = run.load([held for held in self._placing if held.run == i])
+            arriving = sum(1 for index, _ in self._arriving.values() if index == i) + placing
             # Full counts the places ended memberships' updates hold in the open round too (`decide_place`): a join
             # sent there would be refused until that round closes while another run has room.
-            full = run.places_taken() + arriving >= run.spec.coordinator.max_workers
-            loads.append(RunLoad(i, run.spec.run.name, active, run.finished, full))
+            full = places + arriving >= run.spec.coordinator.max_workers
+            loads.append(RunLoad(i, run.spec.run.name, active + arriving, run.finished, full))
         return loads
 
     def owns_credential(self, worker_id: str, secret: bytes) -> bool:
@@ -327,27 +334,42 @@ class RunGroup:
         """The state workers hear: finished once every run is (any thread)."""
         return pb.RUN_STATE_FINISHED if self.finished else pb.RUN_STATE_RUNNING
 
-    def _returning(self, request: pb.JoinRequest) -> int | None:
+    def _claimed(self, request: pb.JoinRequest) -> str:
+        """The membership `request` names when a run vouches for it (`SwarmCoordinator.claim`: named with its own
+        worker secret), else "" (no lock: each run reads a snapshot of one entry, or its store; the digest of an id
+        never changes, so the answer stays true while the join is placed). The run that knows the id logs a refused
+        name."""
+        if not request.previous_worker_id:
+            return ""
+        return next((previous for run in self.runs if (previous := run.claim(request))), "")
+
+    def _returning(self, request: pb.JoinRequest, previous: str) -> int | None:
         """The run a re-joining worker may go back to (group lock held; no run's lock, `membership_state`): the one
-        whose id it names, unless that run moved it off (its previous membership there is REASSIGNED)."""
+        whose id it names, when it named its previous membership with that membership's secret (`previous`, from
+        `_claimed`), unless that run moved it off (that membership is REASSIGNED there)."""
+        if not previous:
+            return None
         for index, run in enumerate(self.runs):
             if request.run_id and run.run_id == request.run_id:
-                moved = run.membership_state(request.previous_worker_id) == pb.WORKER_STATE_REASSIGNED
+                moved = run.membership_state(previous) == pb.WORKER_STATE_REASSIGNED
                 return None if moved else index
         return None
 
-    def _place(self, request: pb.JoinRequest, refused: frozenset[int]) -> tuple[int, str]:
+    def _place(self, request: pb.JoinRequest, refused: frozenset[int], previous: str) -> tuple[int, str]:
         """The run a joining worker goes to and why (group lock held). A group of one sends every join
         to its run, whose admission alone decides (reason ""); a sweep refuses once every run finished, or every
-        unfinished run is one the worker refused (`refused`, its `refused_run_ids`: it cannot train them)."""
+        unfinished run is one the worker refused (`refused`, its `refused_run_ids`: it cannot train them).
+        `previous`: the membership the join named with its secret (`_claimed`), or "": only then is a moved worker's
+        place toward its run handed over and is it sent back to the run it names."""
         if not self.sweep:
             if refused:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
                               f"{REFUSED_RUNS_REFUSAL}run {self.runs[0].run_id}, the only one here")
             return 0, ""
-        self._arriving.pop(request.previous_worker_id, None)  # a moved worker arriving: placed as one of the others
+        if previous:
+            self._arriving.pop(previous, None)  # a moved worker arriving: placed as one of the others
         loads = without(self._loads(), refused)
-        index, reason = decide_assignment(loads, self._returning(request))
+        index, reason = decide_assignment(loads, self._returning(request, previous))
         if index is None and refused and all(load.finished for load in loads) and not self.finished:
             names = ", ".join(self.runs[i].spec.run.name for i in sorted(refused))
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
@@ -390,23 +412,28 @@ class RunGroup:
         run's without the group's); a join refused for want of a place counts its worker as waiting (`waiting`, its
         own lock). The run's join writes its store (`SwarmCoordinator.join`: without the run's lock, its joins one
         at a time), so the group lock is not held across it: a slow disk of one run does not hold up the joins
-        placed in another. A sweep's join holds its place meanwhile as a worker moving there does (`_arriving`, under
-        a key no worker id or client string can be: a tuple), so
-        that joins placed at once are still spread as if one after the other; it is dropped when the run's join ends."""
+        placed in another. A sweep's join holds its place meanwhile (a `Reservation` in `_placing`), so that joins
+        placed at once are still spread as if one after the other; the run marks it when the membership is seated,
+        from when it no longer counts, and it is dropped when the run's join ends. A sweep's join naming a membership
+        without that membership's secret (`_claimed`) is placed, and reaches its run, as one naming none."""
         name = request.worker_name[:128]
         try:
             refused = refused_runs(request, self.runs)
-            held = ("joining", next(self._joining))
+            previous = self._claimed(request) if self.sweep else ""
+            if self.sweep and previous != request.previous_worker_id:
+                request = _naming_none(request)
+            held: Reservation | None = None
             with self._lock:
-                index, reason = self._place(request, refused)
+                index, reason = self._place(request, refused, previous)
                 if self.sweep:
-                    self._arriving[held] = (index, self.runs[0].clock() + 2 * self.spec.coordinator.lease_s)
+                    held = Reservation(index, self.runs[0].clock() + 2 * self.spec.coordinator.lease_s)
+                    self._placing.append(held)
             try:
-                response = self.runs[index].join(request, placed=reason)
+                response = self.runs[index].join(request, placed=reason, reservation=held)
             finally:
-                if self.sweep:
+                if held is not None:
                     with self._lock:
-                        self._arriving.pop(held, None)
+                        self._placing = [other for other in self._placing if other is not held]
         except Refusal as refusal:
             if refusal.place_retry_s > 0:
                 self.waiting.asked(name, time.monotonic(), refusal.place_retry_s)
@@ -570,6 +597,15 @@ class RunGroup:
                     run.stop(reasons[index])
                 run.store.set_many({"prune_applied": mark})
         self._prune_applied = self.prune_done
+
+
+def _naming_none(request: pb.JoinRequest) -> pb.JoinRequest:
+    """A copy of `request` that names no previous membership (nor its secret)."""
+    copy = pb.JoinRequest()
+    copy.CopyFrom(request)
+    copy.ClearField("previous_worker_id")
+    copy.ClearField("previous_worker_secret")
+    return copy
 
 
 def _since(now: float, started_at: float | None) -> float:

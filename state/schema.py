@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS round_reporters (
     version INTEGER, worker_id TEXT, base_version INTEGER, PRIMARY KEY (version, worker_id)
 );
 CREATE INDEX IF NOT EXISTS round_reporters_by_worker ON round_reporters (worker_id, version);
+CREATE TABLE IF NOT EXISTS member_secrets (worker_id TEXT PRIMARY KEY, secret_sha256 TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS trained_shapes (seq_len INTEGER, batch INTEGER, PRIMARY KEY (seq_len, batch));
 CREATE INDEX IF NOT EXISTS checkpoints_by_file ON checkpoints (file);
 """
@@ -68,6 +69,13 @@ CREATE INDEX IF NOT EXISTS checkpoints_by_file ON checkpoints (file);
 # The newest REPORTER_ROUNDS rounds are kept: a re-join comes within a worker's patience of the close it missed.
 REPORTER_ROUNDS = 4096
 REPORTED = "SELECT version, base_version FROM round_reporters WHERE worker_id = ? ORDER BY version DESC LIMIT 1"
+
+# `member_secrets`: the SHA-256 (hex) of the worker secret each membership got at its join, entered in the join's
+# transaction (`StateStore.record_join`; never the secret), so that a coordinator restarted since honours a re-join
+# naming that membership only with its secret (`StateStore.joined_digest`, coordinator/service.py `_claimed`). A state
+# dir written before it gets the table at its next open for writing, and its earlier memberships read as unknown (a
+# re-join naming one takes nothing over). The newest rows are kept (state/store.py MAX_MEMBER_SECRET_ROWS).
+JOINED_DIGEST = "SELECT secret_sha256 FROM member_secrets WHERE worker_id = ?"
 
 # PRAGMA user_version of a state dir whose aggregate tables and ledger are complete; an older
 # one is brought up to date when a coordinator opens it for writing.

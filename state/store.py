@@ -21,7 +21,9 @@ persisted version. The round's record keeps, besides its counts, the steps it tr
 inner steps among its updates trained from its version), which the run step counts with
 (config/run_step.py). The same transaction enters the round's reporters, the memberships whose update it counted
 (`round_reporters`, `reported`): a coordinator restarted after the commit, before a reporter heard its answer, still
-answers that reporter's re-push "already delivered" (coordinator/service.py, `join`).
+answers that reporter's re-push "already delivered" (coordinator/service.py, `join`), to a re-join that carries the
+reporter's worker secret: each join's transaction stores the SHA-256 of its membership's secret (`member_secrets`,
+`joined_digest`), never the secret.
 
 Verified state: `load_current` serves nothing it has not verified. It reads the committed
 checkpoint and checks it against the ledger (`checkpoints.verify_checkpoint`: the parameters'
@@ -103,6 +105,7 @@ from rcswarm.state.schema import (
     HELD_OUT_REPORTS_FROM_FIRST,
     HELD_OUT_REPORTS_OF,
     INT64_MAX,
+    JOINED_DIGEST,
     LEDGER_COLUMNS_ADDED,
     LEDGER_FROM_ROUNDS,
     METRIC_COLUMNS,
@@ -146,6 +149,9 @@ MAX_HELD_OUT_REPORTS = 5
 # grew the table without bound.
 MAX_EVENT_ROWS = 1_000_000
 EVENT_PRUNE_EVERY = 4096
+# The member_secrets rows kept (one a join, ~100 bytes: ~10 MB at most), pruned as the events are: a re-join names
+# a membership within its worker's patience of losing it, far fewer joins back than this.
+MAX_MEMBER_SECRET_ROWS = 100_000
 
 
 def _checkpoint_order(path: Path) -> tuple[int, str]:
@@ -160,7 +166,7 @@ class StateStore:
 
     Threads and locks. `_lock` guards the writer connection: `get`, `set_many`,
     `commit_version` (its SQLite transaction; the file is written before the lock is taken),
-    `committed_digest`, `reported`, `load_current` (but for its read of the ledger), `add_event`,
+    `committed_digest`, `reported`, `joined_digest`, `load_current` (but for its read of the ledger), `add_event`,
     `record_join`, `add_metrics`, `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
     (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
@@ -528,6 +534,17 @@ class StateStore:
             row = db.execute(REPORTED, (worker_id,)).fetchone()
         return None if row is None else (int(row[0]), int(row[1]))
 
+    def joined_digest(self, worker_id: str) -> bytes | None:
+        """The SHA-256 of the worker secret membership `worker_id` got at its join (`record_join`), or None when this
+        store has none (an id of another run or none, a membership of an older rcswarm, one pruned) (takes `_lock`:
+        what this store committed). A coordinator honours a re-join naming a membership no longer in its memory only
+        with the secret of this digest (coordinator/service.py `_claimed`)."""
+        if not worker_id:
+            return None
+        with self._writer("cannot read it") as db:
+            row = db.execute(JOINED_DIGEST, (worker_id,)).fetchone()
+        return None if row is None else bytes.fromhex(row[0])
+
     def _prune_checkpoints(self, keep: str) -> None:
         """Remove files no commit recorded (orphans of a crash) and all but the newest `keep_checkpoints`
         besides `keep` (takes `_lock` for the ledger). The first of them becomes RECYCLED_CHECKPOINT, which the
@@ -670,28 +687,39 @@ class StateStore:
         db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (now, worker_id, kind, reason))
         cls._prune_events(db, 1)
 
+    @classmethod
+    def _prune_events(cls, db: sqlite3.Connection, written: int) -> None:
+        """After `written` event rows were inserted: keep the newest MAX_EVENT_ROWS (`_prune_rows`)."""
+        cls._prune_rows(db, "events", MAX_EVENT_ROWS, written)
+
     @staticmethod
-    def _prune_events(db: sqlite3.Connection, written: int) -> None:
-        """After `written` event rows were inserted (the newest rowids): each time the newest rowid passes a multiple
-        of EVENT_PRUNE_EVERY beyond MAX_EVENT_ROWS, delete the rows older than the newest MAX_EVENT_ROWS (rowids
-        only grow: nothing deletes the newest row)."""
+    def _prune_rows(db: sqlite3.Connection, table: str, keep: int, written: int) -> None:
+        """After `written` rows were inserted into `table` (the newest rowids): each time the newest rowid passes a
+        multiple of EVENT_PRUNE_EVERY beyond `keep`, delete the rows older than the newest `keep` (rowids only grow:
+        nothing deletes the newest row)."""
         if written <= 0:
             return
-        row = db.execute("SELECT MAX(rowid) FROM events").fetchone()[0] or 0
-        if row > MAX_EVENT_ROWS and row // EVENT_PRUNE_EVERY != (row - written) // EVENT_PRUNE_EVERY:
-            db.execute("DELETE FROM events WHERE rowid <= ?", (row - MAX_EVENT_ROWS,))
+        row = db.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()[0] or 0
+        if row > keep and row // EVENT_PRUNE_EVERY != (row - written) // EVENT_PRUNE_EVERY:
+            db.execute(f"DELETE FROM {table} WHERE rowid <= ?", (row - keep,))
 
     def record_join(self, worker_id: str, events: Sequence[tuple[str, str]], now: float,
-                    reported: tuple[int, int] | None = None, run_state: Mapping[str, str] | None = None) -> None:
+                    reported: tuple[int, int] | None = None, run_state: Mapping[str, str] | None = None,
+                    secret_sha256: bytes = b"") -> None:
         """What a join of membership `worker_id` stores, in one transaction, so that a failed write (a full disk)
-        leaves none of it: its `events` ((kind, reason) rows at `now`); with `reported` = (round version, base version)
-        of an update a committed round counted, which `worker_id` takes over (a re-join naming the membership that
-        delivered it, `reported`), `worker_id` entered among that round's reporters, so that a coordinator restarted
-        later knows `worker_id` delivered it too; and the `run_state` values the join changed (`set_many`'s)."""
+        leaves none of it: its `events` ((kind, reason) rows at `now`); the SHA-256 of its worker secret
+        (`secret_sha256`, never the secret; `joined_digest`), when given; with `reported` = (round version, base
+        version) of an update a committed round counted, which `worker_id` takes over (a re-join naming the membership
+        that delivered it, `reported`), `worker_id` entered among that round's reporters, so that a coordinator
+        restarted later knows `worker_id` delivered it too; and the `run_state` values the join changed
+        (`set_many`'s)."""
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
             for kind, reason in events:
                 self._insert_event(db, worker_id, kind, reason, now)
+            if secret_sha256:
+                db.execute("INSERT OR REPLACE INTO member_secrets VALUES (?, ?)", (worker_id, secret_sha256.hex()))
+                self._prune_rows(db, "member_secrets", MAX_MEMBER_SECRET_ROWS, 1)
             if reported is not None:
                 round_version, base_version = reported
                 db.execute("INSERT OR REPLACE INTO round_reporters VALUES (?, ?, ?)",

@@ -575,13 +575,15 @@ class CoordinatorClient:
         method = getattr(self.stub, name)
         return self._with_retry(name, lambda: method(request, timeout=timeout or self.timeouts.unary_s, metadata=self.metadata))
 
-    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: str = "",
+    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: Member | None = None,
              refused: Sequence[str] = ()) -> pb.JoinResponse:
         """Ask to join the swarm; a re-join names the run it trained for (`run_id`) and its membership there
-        (`previous`), so that a sweep sends it back to that run, and every run it refused (`refused`), so that a
-        sweep places it in none of them."""
-        request = pb.JoinRequest(worker_name=name, device=device, pid=pid, run_id=run_id, previous_worker_id=previous,
-                                 refused_run_ids=list(refused))
+        (`previous`: its id with its worker secret, without which the coordinator takes nothing of it over), so that
+        a sweep sends it back to that run and the new membership takes over what the ended one had, and every run it
+        refused (`refused`), so that a sweep places it in none of them."""
+        request = pb.JoinRequest(worker_name=name, device=device, pid=pid, run_id=run_id, refused_run_ids=list(refused))
+        if previous is not None and previous.worker_id:
+            request.previous_worker_id, request.previous_worker_secret = previous.worker_id, previous.worker_secret
         return self._unary("Join", request)
 
     def heartbeat(self, member: Member) -> pb.HeartbeatResponse:

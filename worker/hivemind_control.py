@@ -64,7 +64,7 @@ class ControlPlane:
     def join(self) -> pb.JoinResponse:
         """Join (retried within the patience); the response carries the run spec and the data seed. A re-join names
         the run it joined before, where a sweep sends it back."""
-        response = self.client.join(self.name, self.device, os.getpid(), self.run_id, self.identity.worker_id)
+        response = self.client.join(self.name, self.device, os.getpid(), self.run_id, self.identity)
         self.identity, self.lease_s, self.run_id = Identity.of(response), response.lease_seconds, response.run_id
         self.joins += 1
         self._note(response)

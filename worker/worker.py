@@ -596,15 +596,18 @@ class Worker:
         """Join the swarm (building the model when the spec is new); the version it serves, None when finished.
 
         A re-join first delivers the rows still pending under the membership they were trained in (a run that
-        moved this worker still takes them), names the run it trained for, so that a sweep sends it back there
-        when it may, and drops the rows that are left when it lands in another run: they belong to no other run.
+        moved this worker still takes them), names the run it trained for and that membership with its worker secret
+        (`identity`, in memory), so that a sweep sends it back there when it may and the new membership takes over
+        what the ended one had (its delivered versions, its place in the open round), and drops the rows that are left
+        when it lands in another run: they belong to no other run. A process started anew names nothing: it ended
+        the membership its --membership-file records (`_take_over`) and joins as a new member.
         """
         previous = self.identity
         if previous.worker_id:
             self._flush_previous(previous)
         try:
             run_id = self.run_id if previous.worker_id else ""
-            response = self.client.join(self.name, str(self.device), os.getpid(), run_id, previous.worker_id,
+            response = self.client.join(self.name, str(self.device), os.getpid(), run_id, previous,
                                         list(self._refused_runs))
         except grpc.RpcError as err:
             if _is(err, grpc.StatusCode.FAILED_PRECONDITION) and err.details().startswith(REFUSED_RUNS_REFUSAL):

@@ -102,20 +102,22 @@ class TensorChunk(_message.Message):
     def __init__(self, index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("worker_name", "device", "pid", "run_id", "previous_worker_id", "refused_run_ids")
+    __slots__ = ("worker_name", "device", "pid", "run_id", "previous_worker_id", "refused_run_ids", "previous_worker_secret")
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REFUSED_RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_name: str
     device: str
     pid: int
     run_id: str
     previous_worker_id: str
     refused_run_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_name: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ..., run_id: _Optional[str] = ..., previous_worker_id: _Optional[str] = ..., refused_run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    previous_worker_secret: bytes
+    def __init__(self, worker_name: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ..., run_id: _Optional[str] = ..., previous_worker_id: _Optional[str] = ..., refused_run_ids: _Optional[_Iterable[str]] = ..., previous_worker_secret: _Optional[bytes] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("worker_id", "run_id", "run_spec_json", "version", "lease_seconds", "data_seed", "assignment", "worker_secret")

@@ -22,7 +22,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.errors import StoreError
 from rcswarm.state.store import StateStore
 from rcswarm.sync import tensor_stream
-from tests.helpers.coordinator import creds
+from tests.helpers.coordinator import creds, previous
 from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
 
@@ -493,7 +493,7 @@ def test_workers_of_different_paces_train_their_own_rungs_through_a_restart(tmp_
         coordinator.close()
     restarted = SwarmCoordinator(spec, StateStore(tmp_path), clock=lambda: now[0])
     try:
-        back = restarted.join(pb.JoinRequest(worker_name="fast", previous_worker_id=fast.worker_id))
+        back = restarted.join(pb.JoinRequest(worker_name="fast", **previous(fast)))
         newcomer = restarted.join(pb.JoinRequest(worker_name="new"))
         assert (back.assignment.seq_len, newcomer.assignment.seq_len) == (8, 4)
     finally:

@@ -21,6 +21,7 @@ from rcswarm.coordinator.sweep import SweepCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.errors import StoreError
 from rcswarm.state.store import StateStore
+from tests.helpers.coordinator import previous
 from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
 
@@ -44,9 +45,9 @@ class FullDiskStore(StateStore):
         self._fill(["run_state"])
         super().set_many(values)
 
-    def record_join(self, worker_id, events, now, reported=None, run_state=None) -> None:
+    def record_join(self, worker_id, events, now, reported=None, run_state=None, secret_sha256=b"") -> None:
         self._fill([kind for kind, _ in events] + (["run_state"] if run_state else []))
-        super().record_join(worker_id, events, now, reported, run_state)
+        super().record_join(worker_id, events, now, reported, run_state, secret_sha256)
 
 
 def test_a_full_disk_neither_stops_evictions_nor_leaves_a_refused_join_behind(
@@ -109,11 +110,11 @@ def test_a_rejoin_whose_store_write_fails_keeps_the_curriculum_entry_it_would_ta
         coordinator.leave(pb.LeaveRequest(worker_id=first.worker_id, worker_secret=first.worker_secret))
         store.full_for = frozenset({"run_state"})  # the moved entry's save fails
         with pytest.raises(StoreError, match="disk is full"):
-            coordinator.join(pb.JoinRequest(worker_name="a", previous_worker_id=first.worker_id))
+            coordinator.join(pb.JoinRequest(worker_name="a", **previous(first)))
         assert coordinator.tracker.state.workers == {first.worker_id: own}  # not moved to a membership that never was
         assert len(coordinator._active) == 0
         store.full_for = frozenset()
-        again = coordinator.join(pb.JoinRequest(worker_name="a", previous_worker_id=first.worker_id))
+        again = coordinator.join(pb.JoinRequest(worker_name="a", **previous(first)))
         assert again.assignment.seq_len == 8  # its own rung, not the run's (4)
         assert coordinator.tracker.state.workers == {again.worker_id: own}
     finally:

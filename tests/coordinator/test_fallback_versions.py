@@ -13,7 +13,7 @@ import grpc
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from tests.helpers.coordinator import creds, deltas_of, pull_all, push, refusal_of
+from tests.helpers.coordinator import creds, deltas_of, previous, pull_all, push, refusal_of
 from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.verified_state import checkpoint, flip_bytes
@@ -79,7 +79,7 @@ def test_updates_trained_from_a_version_set_aside_are_refused_as_stale_and_no_ve
         assert push(coordinator, b, deltas_of(coordinator, 2e-3), 64).accepted
         assert coordinator.version == 5
         served.note(coordinator)
-        a = coordinator.join(pb.JoinRequest(worker_name="a", previous_worker_id=a.worker_id))
+        a = coordinator.join(pb.JoinRequest(worker_name="a", **previous(a)))
         refusal = refusal_of(lambda: push(coordinator, a, deltas_of(coordinator, 1e-3), 64, version=3))
         assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION, refusal.message
         # a pulls and trains on: its update from the current version is taken.

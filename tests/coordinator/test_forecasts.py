@@ -24,7 +24,7 @@ from rcswarm.observe.forecast import BUDGET_ENDED, describe
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import ForecastRecord
 from rcswarm.sync import tensor_stream
-from tests.helpers.coordinator import creds, deltas_of
+from tests.helpers.coordinator import creds, deltas_of, previous
 from tests.helpers.dashboard import Clock
 from tests.helpers.forecasts import ROUNDS, good_loss, pruned_sweep, pruning_spec, train_round
 from tests.helpers.specs import tiny_spec
@@ -118,7 +118,7 @@ def test_a_sweep_prunes_its_losing_length_moves_its_worker_and_keeps_its_rounds_
     # The pruned run's worker is told to join again, and lands on the run still going.
     with pytest.raises(Refusal, match="its run was stopped"):
         sweep.heartbeat(pb.HeartbeatRequest(**creds(bad)))
-    moved = sweep.join(pb.JoinRequest(worker_name="b", run_id=bad.run_id, previous_worker_id=bad.worker_id))
+    moved = sweep.join(pb.JoinRequest(worker_name="b", run_id=bad.run_id, **previous(bad)))
     assert moved.run_id == good.run_id
     # Nothing of the pruned run was lost: its 8 rounds, its 24 metric rows, and every run's reason.
     pruned_store = sweep.runs[1].store

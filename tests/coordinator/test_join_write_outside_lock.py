@@ -26,7 +26,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from rcswarm.state.errors import StoreError
 from rcswarm.state.store import StateStore
-from tests.helpers.coordinator import creds, deltas_of, pull_all, push
+from tests.helpers.coordinator import creds, deltas_of, previous, pull_all, push
 from tests.helpers.specs import TOKEN, tiny_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import in_thread, timed
@@ -195,7 +195,7 @@ def test_a_round_that_closes_while_a_rejoin_writes_counts_it_and_its_answer_name
         assert run.version == 0
         store.delay, store.outside = SLOW_S, True
         joined: list[Any] = []
-        joiner = in_thread(answered(lambda: run.join(pb.JoinRequest(worker_name="b", previous_worker_id=b.worker_id)),
+        joiner = in_thread(answered(lambda: run.join(pb.JoinRequest(worker_name="b", **previous(b))),
                                     joined))
         assert store.writing.wait(5.0)
         push_s = timed(lambda: push(run, a, deltas_of(run, 1e-3), tokens=100))
@@ -232,7 +232,7 @@ def test_a_curriculum_save_made_while_a_rejoin_writes_is_not_lost(tmp_path, fail
         store.delay, store.outside, store.fail = SLOW_S, True, fail
         joined: list[Any] = []
         joiner = in_thread(answered(lambda: run.join(pb.JoinRequest(worker_name="first",
-                                                                     previous_worker_id=first.worker_id)), joined))
+                                                                     **previous(first))), joined))
         assert store.writing.wait(5.0)
         push(run, a, deltas_of(run, 1e-3), tokens=50)  # closes round 0: the curriculum decides and saves
         assert run.version == 1 and run.tracker.state.decided_version == 0 and joiner.is_alive()

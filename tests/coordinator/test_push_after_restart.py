@@ -18,7 +18,7 @@ from rcswarm.coordinator.records import OpenRound
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
-from tests.helpers.coordinator import creds, deltas_of, pull_all, push, refusal_of
+from tests.helpers.coordinator import creds, deltas_of, previous, pull_all, push, refusal_of
 from tests.helpers.specs import tiny_spec
 
 SPEC = tiny_spec(run={"rounds": 20}, sync={"codec": "fp32", "max_update_norm": 100.0},
@@ -48,7 +48,7 @@ def test_a_rejoin_after_a_restart_finds_its_landed_update_already_delivered(tmp_
         refusal = refusal_of(lambda: push(restarted, stranger, deltas_of(restarted, 1e-3), 64, version=0))
         assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION, refusal.message
         # Naming the membership whose update round 0 counted: already delivered, and nothing is recorded.
-        again = restarted.join(pb.JoinRequest(worker_name="a", previous_worker_id=a.worker_id))
+        again = restarted.join(pb.JoinRequest(worker_name="a", **previous(a)))
         refusal = refusal_of(lambda: push(restarted, again, deltas_of(restarted, 1e-3), 64, version=0))
         assert refusal.code == grpc.StatusCode.ALREADY_EXISTS, refusal.message
         assert not restarted.round.reports and restarted.workers[again.worker_id].stale_updates == 0
@@ -63,7 +63,7 @@ def test_a_rejoin_after_a_restart_finds_its_landed_update_already_delivered(tmp_
     third = open_run(tmp_path)
     try:
         assert third.version == 2
-        once_more = third.join(pb.JoinRequest(worker_name="a", previous_worker_id=again.worker_id))
+        once_more = third.join(pb.JoinRequest(worker_name="a", **previous(again)))
         assert third.workers[once_more.worker_id].accepted_version == 1
         refusal = refusal_of(lambda: push(third, once_more, deltas_of(third, 1e-3), 64, version=1))
         assert refusal.code == grpc.StatusCode.ALREADY_EXISTS, refusal.message
@@ -83,12 +83,12 @@ def test_a_rejoin_between_restarts_keeps_the_update_it_took_over(tmp_path: Path)
         coordinator.close()
     restarted = open_run(tmp_path)
     try:
-        second = restarted.join(pb.JoinRequest(worker_name="a", previous_worker_id=a.worker_id))
+        second = restarted.join(pb.JoinRequest(worker_name="a", **previous(a)))
     finally:
         restarted.close()
     third = open_run(tmp_path)
     try:
-        third_member = third.join(pb.JoinRequest(worker_name="a", previous_worker_id=second.worker_id))
+        third_member = third.join(pb.JoinRequest(worker_name="a", **previous(second)))
         refusal = refusal_of(lambda: push(third, third_member, deltas_of(third, 1e-3), 64, version=0))
         assert refusal.code == grpc.StatusCode.ALREADY_EXISTS, refusal.message
     finally:

@@ -114,13 +114,14 @@ def test_a_worker_that_rejoins_naming_its_ended_membership_takes_its_place_over(
         assert push(client, a, small_deltas(local)).accepted
         client.leave(a, "crashed")
         refused_place(pb.JoinRequest(worker_name="spare"))
-        again = client.join("a", "cpu", 1, run_id=a.run_id, previous=a.worker_id)
+        again = client.join("a", "cpu", 1, run_id=a.run_id, previous=a)
         with pytest.raises(grpc.RpcError) as duplicate:
             push(client, again, small_deltas(local))
         assert duplicate.value.code() == grpc.StatusCode.ALREADY_EXISTS
         client.leave(again, "crashed again")
-        refused_place(pb.JoinRequest(worker_name="a-twice", previous_worker_id=a.worker_id))
-        third = client.join("a", "cpu", 1, run_id=a.run_id, previous=again.worker_id)
+        refused_place(pb.JoinRequest(worker_name="a-twice", previous_worker_id=a.worker_id,
+                                    previous_worker_secret=a.worker_secret))
+        third = client.join("a", "cpu", 1, run_id=a.run_id, previous=again)
         assert push(client, b, small_deltas(local)).accepted
         status = client.status()
         assert status.version == 1 and status.rounds[-2].reports == 2

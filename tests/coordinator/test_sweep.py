@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from rcswarm.coordinator.sweep import RunLoad, SweepCoordinator, decide_assignment, decide_move
+from tests.helpers.coordinator import previous
 from tests.helpers.specs import tiny_spec
 
 
@@ -104,14 +105,14 @@ def test_a_restarted_sweep_sends_each_worker_back_to_its_run_but_not_one_it_move
     sweep.close()
     restarted = _sweep(tmp_path)
     # The L = 16 worker comes back first; both runs are empty, and it still lands on its own run.
-    back = restarted.join(pb.JoinRequest(worker_name="b", run_id=second.run_id, previous_worker_id=second.worker_id))
+    back = restarted.join(pb.JoinRequest(worker_name="b", run_id=second.run_id, **previous(second)))
     assert back.run_id == second.run_id
     assert "back to" in restarted.runs[1].store.events("assign")[-1].reason
     # A worker the sweep moved off a run (REASSIGNED there) is placed afresh, not sent back.
     other = restarted.join(pb.JoinRequest(worker_name="c"))
     assert other.run_id == restarted.runs[0].run_id
     restarted.runs[0].reassign(other.worker_id, "reassigned: rebalancing")
-    again = restarted.join(pb.JoinRequest(worker_name="c", run_id=other.run_id, previous_worker_id=other.worker_id))
+    again = restarted.join(pb.JoinRequest(worker_name="c", run_id=other.run_id, **previous(other)))
     assert again.run_id == restarted.runs[0].run_id
     assert "back to" not in restarted.runs[0].store.events("assign")[-1].reason
     restarted.close()
@@ -144,7 +145,7 @@ def test_a_worker_moved_toward_a_run_counts_there_until_it_joins(tmp_path):
     states = [first.membership_state(m.worker_id) for m in on_first[:2]]
     assert states == [pb.WORKER_STATE_REASSIGNED, pb.WORKER_STATE_ACTIVE]  # 2 there and 1 arriving: balanced
     moved = on_first[0]
-    again = sweep.join(pb.JoinRequest(worker_name="a", run_id=moved.run_id, previous_worker_id=moved.worker_id))
+    again = sweep.join(pb.JoinRequest(worker_name="a", run_id=moved.run_id, **previous(moved)))
     assert again.run_id == sweep.runs[1].run_id
     clock[0] += 2 * 60.0 + 1  # a moved worker that never joins stops counting after two leases
     sweep.runs[0].reassign(on_first[1].worker_id, "reassigned: test")
@@ -271,7 +272,7 @@ def test_a_push_to_a_run_stopped_while_its_round_was_open_moves_its_worker(tmp_p
                          pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
     assert refused.value.code == grpc.StatusCode.NOT_FOUND and len(run.round.reports) == 0
     assert run.membership_state(member.worker_id) == pb.WORKER_STATE_REASSIGNED
-    again = sweep.join(pb.JoinRequest(worker_name="a", run_id=member.run_id, previous_worker_id=member.worker_id))
+    again = sweep.join(pb.JoinRequest(worker_name="a", run_id=member.run_id, **previous(member)))
     assert again.run_id == sweep.runs[1].run_id
     sweep.close()
 
@@ -409,7 +410,7 @@ def test_a_worker_of_a_finished_run_that_refused_every_other_one_has_its_members
         assert moved.value.code == grpc.StatusCode.NOT_FOUND and moved.value.moved
         assert first.membership_state(member.worker_id) == pb.WORKER_STATE_REASSIGNED
         with pytest.raises(Refusal) as nowhere:
-            sweep.join(pb.JoinRequest(worker_name="w", previous_worker_id=member.worker_id,
+            sweep.join(pb.JoinRequest(worker_name="w", **previous(member),
                                       refused_run_ids=[second.run_id]))
         assert nowhere.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert "this worker refused test-L16, and the sweep has no other unfinished run" in nowhere.value.message
@@ -494,9 +495,10 @@ def test_stored_refusals_skip_what_is_not_a_refusal():
 
 
 def test_a_join_in_flight_holds_its_place_against_a_client_naming_its_reservation(tmp_path):
-    """A join placed but still writing holds its run's place (`_arriving`). Its key was the string "joining N", which
-    a second join could send as its previous_worker_id to drop that place (a review, 2026-11-29): the two joins then
-    went to the same run of an empty sweep. The key is now a tuple, which no client string equals."""
+    """A join placed but still writing holds its run's place. Its key in `_arriving` was the string "joining N",
+    which a second join could send as its previous_worker_id to drop that place (a review, 2026-11-29): the two joins
+    then went to the same run of an empty sweep. The place is now a `Reservation` in `_placing`, which no name a
+    client sends can reach."""
     import threading
 
     from rcswarm.protos.v1 import coordinator_pb2 as pb

@@ -93,6 +93,12 @@ def creds(member: Any) -> dict[str, Any]:
     return {"worker_id": member.worker_id, "worker_secret": member.worker_secret}
 
 
+def previous(member: Any) -> dict[str, Any]:
+    """The JoinRequest fields of a re-join naming `member`'s membership (a JoinResponse, or an Identity): its id and
+    its worker secret, without which the coordinator takes nothing of it over."""
+    return {"previous_worker_id": member.worker_id, "previous_worker_secret": member.worker_secret}
+
+
 def deltas_of(coordinator: SwarmCoordinator, value: float) -> dict[str, torch.Tensor]:
     """An update of `value` in every coordinate of the run's parameters."""
     return {name: torch.full(shape, value) for name, shape in coordinator.shapes.items()}

@@ -28,10 +28,10 @@ PATIENCE_S = 1.5
 class BusyJoins(SwarmCoordinator):
     """The real coordinator, whose joins after the first are refused as a busy coordinator's are."""
 
-    def join(self, request, placed=""):
+    def join(self, request, placed="", reservation=None):
         if self._joins >= 1:
             raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "coordinator busy: 32 membership calls already running")
-        return super().join(request, placed)
+        return super().join(request, placed, reservation)
 
 
 def client_of(local, **retry) -> CoordinatorClient:

@@ -47,7 +47,7 @@ class Wire:
         self.members = 0
         self.spec_json = tiny_spec().to_json()
 
-    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: str = "",
+    def join(self, name: str, device: str, pid: int, run_id: str = "", previous: object = None,
              refused: tuple[str, ...] = ()) -> pb.JoinResponse:
         self.members += 1
         return pb.JoinResponse(worker_id=f"w{self.members}", worker_secret=b"s" * 32, run_id=self.joins.pop(0),

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import RunSpec
-from rcswarm.coordinator.records import Refusal
+from rcswarm.coordinator.records import Refusal, Reservation
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.models import registry
 from rcswarm.models.limits import host_memory_bytes
@@ -50,8 +50,9 @@ def huge_spec_json(spec: RunSpec) -> str:
 class HugeSpecCoordinator(SwarmCoordinator):
     """The real coordinator, whose Join serves a run spec naming a model of tens of billions of parameters."""
 
-    def join(self, request: pb.JoinRequest, placed: str = "") -> pb.JoinResponse:
-        response = super().join(request, placed)
+    def join(self, request: pb.JoinRequest, placed: str = "",
+             reservation: Reservation | None = None) -> pb.JoinResponse:
+        response = super().join(request, placed, reservation)
         response.run_spec_json = huge_spec_json(self.spec)
         return response
 
@@ -411,7 +412,7 @@ def test_a_restarted_worker_builds_no_run_ahead_that_it_refused(tmp_path) -> Non
         # A membership file written before the refusal (a process killed between the two): the build ahead that
         # runs out of memory is skipped, and the join refuses the run with its reason.
         ahead = OutOfMemoryAtBuild(_options(target, membership_file=membership), 16)
-        member = ahead.client.join("w", "cpu", 1, "", "")
+        member = ahead.client.join("w", "cpu", 1)
         write_membership(membership, Membership(target, member.run_id, member.worker_id, member.worker_secret,
                                                 member.run_spec_json))
         assert run_until(ahead, lambda w: False, 60) == 1
