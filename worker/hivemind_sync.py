@@ -62,10 +62,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import functools
 import hashlib
 import logging
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -139,6 +141,9 @@ AVERAGER_START_S = 60.0
 # How long a failure in a peer's start or run waits for the worker's stop, which the signal to its whole process group
 # that caused the failure (its processes, p2pd, torch_shm_manager ended) sends too, a moment later (`raise_if_stopped`).
 STOP_GRACE_S = 1.0
+# How often a wait for a hivemind process's answer looks at the worker's stop (`process_result`'s `stop`): the DHT's
+# start, each ping of the initial peers.
+STOP_POLL_S = 0.05
 # How long a DHT's shutdown may take to remove its handlers from its p2pd before it shuts p2pd down regardless: within
 # hivemind's grace period (3 s) for the whole shutdown (`_DHT._shutdown`).
 DHT_HANDLERS_S = 1.0
@@ -587,8 +592,9 @@ class PeerDied(RuntimeError):
 
 
 class PeerStopped(PeerDied):
-    """The worker was asked to stop while its peer started (`HivemindPeer`'s `stop`): the start ends between its
-    phases, its processes shut down."""
+    """The worker was asked to stop while its peer started (`HivemindPeer`'s `stop`): the start ends within a poll
+    (STOP_POLL_S) in its DHT's start and its check of the initial peers, between its phases otherwise, its processes
+    shut down."""
 
 
 class OrphanedLock(PeerDied, OSError):
@@ -600,11 +606,20 @@ class PeerRefused(RuntimeError):
     """This peer cannot take part in the swarm (its clock, its reachability); the message is one line."""
 
 
-# How long a wait for a lock hivemind's processes share may last while a hivemind process this one started has exited,
-# before that process is taken to have died holding it (`SharedLock`): such a lock is held for microseconds.
+# How long a wait for a lock hivemind's processes share lasts before its holder is looked at (`SharedLock`): such a
+# lock is held for microseconds. Then every ORPHANED_LOCK_S while the holder runs; every ORPHANED_AGAIN_S for a lock
+# found orphaned before, or held with no holder recorded at the last look.
 ORPHANED_LOCK_S = 1.0
-# The hivemind processes (DHT, averager) started by a process and not yet shut down: (the starter's pid, the kind,
-# the process). A forked child inherits the list and skips its parent's entries.
+ORPHANED_AGAIN_S = 0.05
+# A lock's holder as `SharedLock` records it (`holder_identity`): the holder's pid in the low PID_BITS bits (Linux's
+# pids are below 2**22) and its start time (clock ticks after boot, /proc/<pid>/stat) above them, one int64 written
+# and read whole, so that a pid given to a new process since is not taken for the holder.
+PID_BITS = 22
+_PID_MASK = (1 << PID_BITS) - 1
+# Whether this system has /proc (Linux): without it a holder is the pid alone, looked for with kill(pid, 0).
+_PROC = Path("/proc/self/stat").exists()
+# The hivemind processes (DHT, averager) started by a process and not yet forgotten (`forget_started`): (the
+# starter's pid, the kind, the process). A forked child inherits the list and skips its parent's entries.
 _STARTED: list[tuple[int, str, Any]] = []
 
 
@@ -614,47 +629,132 @@ def note_started(kind: str, process: Any) -> None:
 
 
 def forget_started(process: Any) -> None:
-    _STARTED[:] = [entry for entry in _STARTED if entry[2] is not process]
+    """After `process`'s shutdown: forget it if it ended of itself (exit code 0). One ended the hard way (terminated
+    after its grace period, killed) stays noted: it may have died holding a shared lock before it recorded itself as
+    the holder, which `SharedLock` then blames on a noted process that exited."""
+    if process.exitcode == 0:
+        _STARTED[:] = [entry for entry in _STARTED if entry[2] is not process]
 
 
 def exited_process() -> str:
-    """"" while every hivemind process this process started (and did not shut down) runs, else which one exited."""
+    """"" while every hivemind process this process started (and did not forget) runs, else which one exited."""
     for pid, kind, process in _STARTED:
         if pid == os.getpid() and not process.is_alive():
             return f"its hivemind {kind} process (pid {process.pid}) exited with code {process.exitcode}"
     return ""
 
 
+def proc_stat(pid: int | str) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the process's name: its state first, its parent's pid second, its start
+    time (clock ticks after boot) 20th. FileNotFoundError when no process has that pid (`pid`: "self" for this one)."""
+    with open(f"/proc/{pid}/stat", "rb") as file:
+        stat = file.read()
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+_IDENTITY = 0  # this process's `holder_identity`, 0 until its first lock (again in a forked child)
+
+
+def holder_identity() -> int:
+    """This process as a `SharedLock` records its holder: its pid and start time in one int (`PID_BITS`), computed at
+    its first lock (a forked child computes its own: `os.register_at_fork` resets it)."""
+    global _IDENTITY
+    if not _IDENTITY:
+        start = int(proc_stat("self")[19]) if _PROC else 0
+        _IDENTITY = start << PID_BITS | os.getpid()
+    return _IDENTITY
+
+
+def _forget_identity() -> None:
+    global _IDENTITY
+    _IDENTITY = 0
+
+
+os.register_at_fork(after_in_child=_forget_identity)
+
+
+def holder_exited(holder: int) -> str:
+    """Why the process `holder` names (`holder_identity`) no longer runs ("" while it does): it is gone, a zombie
+    (exited, not yet reaped: kill(pid, 0) still finds it), or its pid now belongs to another process (another start
+    time)."""
+    pid, start = holder & _PID_MASK, holder >> PID_BITS
+    if not _PROC:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"process {pid} exited"
+        except PermissionError:
+            pass
+        return ""
+    try:
+        fields = proc_stat(pid)
+    except FileNotFoundError:
+        return f"process {pid} exited"
+    if fields[0] in (b"Z", b"X"):
+        return f"process {pid} exited (not yet reaped)"
+    if start and int(fields[19]) != start:
+        return f"process {pid} exited (its pid is another process's now)"
+    return ""
+
+
 class SharedLock:
     """A lock hivemind's processes share (`MPFuture`'s update lock, `SharedBytes`' lock, an averager's tensors' lock:
-    `guard_shared_locks`), whose wait ends with OrphanedLock once a hivemind process this process started has exited
-    and the lock stayed held past ORPHANED_LOCK_S: that process died holding it, and nothing would ever release it.
+    `guard_shared_locks`) that records its holder, and whose wait ends with OrphanedLock once the lock stays held past
+    ORPHANED_LOCK_S by a holder that exited: nothing would ever release it.
+
+    Any thread of any process sharing the lock calls `acquire`/`release` or uses it as a context manager; each writes
+    itself as the holder (`holder_identity`, into `holder`: shared memory made here, with the lock, before hivemind
+    forks the processes that share it) after taking the lock, and clears it before releasing it. A waiter that finds
+    the lock held past ORPHANED_LOCK_S looks at the holder: one that runs is slow, not dead, and is waited for (in one
+    process running several peers, another peer's exited DHT is no reason to give up on a live holder); one that
+    exited orphaned the lock. A lock held with no holder recorded at two looks ORPHANED_AGAIN_S apart (its holder died
+    between taking it and writing itself, microseconds) is given up on when a hivemind process this process started
+    has exited (`exited_process`), the guess that was all there was before holders were recorded.
 
     A signal to a worker's whole process group (a terminal's Ctrl-C, `kill -- -PGID`) ends its DHT and averager at
     any instant, and the DHT takes MPFuture's update lock a thousand times a second while an averager looks for a group
     alone: the worker's stop then waited for ever on that lock, cancelling its averaging step (3 of 6 trials). In
     hivemind's `_send_update` the OrphanedLock drops the update, as for a broken pipe; elsewhere it is the worker's
-    PeerDied. A lock found orphaned is given up on at once from then on."""
+    PeerDied. A lock found orphaned is looked at again after ORPHANED_AGAIN_S from then on."""
 
     def __init__(self, lock: Any) -> None:
         self.lock, self.orphaned = lock, False
+        self.holder = multiprocessing.RawValue(ctypes.c_int64, 0)
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        return self.lock.acquire(block, timeout)
+        """The lock's own `acquire`, the holder recorded; an untimed blocking one waits as `__enter__` does."""
+        if block and timeout is None:
+            if not self.lock.acquire(False):
+                self._wait()
+        elif not self.lock.acquire(block, timeout):
+            return False
+        self.holder.value = _IDENTITY or holder_identity()
+        return True
 
     def release(self) -> None:
+        self.holder.value = 0
         self.lock.release()
 
     def __enter__(self) -> Self:
-        while not self.lock.acquire(timeout=0.05 if self.orphaned else ORPHANED_LOCK_S):
-            exited = exited_process()
-            if exited:
-                self.orphaned = True
-                raise OrphanedLock(f"{exited}, holding a lock its processes share")
+        self.acquire()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.lock.release()
+        self.release()
+
+    def _wait(self) -> None:
+        """Take the lock, found held: waited for while its holder runs, OrphanedLock once it has exited."""
+        unrecorded = False  # the last look found the lock held and no holder recorded
+        while not self.lock.acquire(True, ORPHANED_AGAIN_S if self.orphaned or unrecorded else ORPHANED_LOCK_S):
+            holder = self.holder.value
+            if holder:
+                problem = holder_exited(holder)
+            else:  # none recorded: at the second look in a row, the guess
+                problem = exited_process() if unrecorded else ""
+            unrecorded = not holder and not unrecorded
+            if problem:
+                self.orphaned = True
+                raise OrphanedLock(f"{problem}, holding a lock hivemind's processes share")
 
 
 def guard_shared_locks() -> None:
@@ -726,32 +826,37 @@ def clock_problem(samples: Sequence[ClockSample], limit_s: float = MAX_DHT_TIME_
     return ""
 
 
-async def _ping_initial_peers(peers: Sequence[str], timeout_s: float, _dht: Any, node: Any) -> list[ClockSample]:
-    """In the DHT's process: ping each initial peer once, asking it to dial back (`validate`)."""
+async def _ping_initial_peer(address: str, timeout_s: float, _dht: Any, node: Any) -> ClockSample | None:
+    """In the DHT's process: ping the initial peer at `address` once, asking it to dial back (`validate`); None when
+    it does not answer within `timeout_s`."""
     from hivemind.p2p import PeerID
     from hivemind.proto import dht_pb2
     from hivemind.utils.multiaddr import Multiaddr
 
-    samples = []
-    for address in peers:
-        peer = PeerID.from_base58(Multiaddr(address)["p2p"])
-        request = dht_pb2.PingRequest(peer=node.protocol.node_info, validate=True)
-        sent = get_dht_time()
-        try:
-            response = await node.protocol.get_stub(peer).rpc_ping(request, timeout=timeout_s)
-        except Exception:  # noqa: BLE001 - an unreachable peer is hivemind's bootstrap's to report
-            continue
-        samples.append(ClockSample(str(peer), sent, response.dht_time, get_dht_time(), response.available))
-    return samples
+    peer = PeerID.from_base58(Multiaddr(address)["p2p"])
+    request = dht_pb2.PingRequest(peer=node.protocol.node_info, validate=True)
+    sent = get_dht_time()
+    try:
+        response = await node.protocol.get_stub(peer).rpc_ping(request, timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - an unreachable peer is hivemind's bootstrap's to report
+        return None
+    return ClockSample(str(peer), sent, response.dht_time, get_dht_time(), response.available)
 
 
-def check_peer(dht: hivemind.DHT, options: HivemindOptions, timeout_s: float = 10.0) -> str:
+def check_peer(dht: hivemind.DHT, options: HivemindOptions, timeout_s: float = 10.0,
+               stop: threading.Event | None = None) -> str:
     """Why this freshly started peer must not join ("" when it may): a clock off the initial peers' (hivemind's DHT
     is started not strict so that this one line says so, naming the skew, instead of a traceback), or, for a peer
-    not in client mode, an initial peer that cannot dial it back."""
-    if not options.initial_peers:
-        return ""
-    samples = dht.run_coroutine(functools.partial(_ping_initial_peers, list(options.initial_peers), timeout_s))
+    not in client mode, an initial peer that cannot dial it back. Each initial peer is pinged in turn (at most
+    `timeout_s` each); given `stop` (the worker's), PeerStopped once it is set, between pings or within STOP_POLL_S
+    of one (`dht_result`), not at the end of the pings (10 s each for an initial peer that does not answer)."""
+    samples = []
+    for address in options.initial_peers:
+        raise_if_stopped(stop, "its initial peers were checked")
+        ping = dht.run_coroutine(functools.partial(_ping_initial_peer, address, timeout_s), return_future=True)
+        sample = dht_result(dht, "ping of an initial peer", ping, stop=stop)
+        if sample is not None:
+            samples.append(sample)
     problem = clock_problem(samples)
     if problem:
         return problem
@@ -808,11 +913,43 @@ def drop_commands_of_exited_senders(pipe: Any) -> None:
 
 
 def default_sigterm() -> None:
-    """In a forked hivemind process (the DHT's, the averager's): SIGTERM ends it again. The fork inherits the handler
-    `rcswarm worker` installed in its parent (cli/signals.py), which only wakes the parent's stop, so `terminate()`,
-    with which hivemind's `shutdown` ends a process that missed its grace period (one whose p2pd a terminal's Ctrl-C
-    ended), did nothing, and the parent waited for it forever at exit (multiprocessing joins its children)."""
+    """In the averager's process (forked; the DHT's: `end_children_on_sigterm`): SIGTERM ends it again. The fork
+    inherits the handler `rcswarm worker` installed in its parent (cli/signals.py), which only wakes the parent's
+    stop, so `terminate()`, with which hivemind's `shutdown` ends a process that missed its grace period (one whose
+    p2pd a terminal's Ctrl-C ended), did nothing, and the parent waited for it forever at exit (multiprocessing joins
+    its children)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The pids of the running processes whose parent is `pid` (read from /proc; none where there is no /proc)."""
+    children = []
+    for entry in os.scandir("/proc") if _PROC else ():
+        try:
+            if entry.name.isdigit() and int(proc_stat(entry.name)[1]) == pid:
+                children.append(int(entry.name))
+        except (OSError, IndexError, ValueError):  # exited meanwhile
+            continue
+    return children
+
+
+def end_children_on_sigterm() -> None:
+    """In the DHT's process (forked), before its `run`: SIGTERM ends its children (its p2pd, which removes its socket
+    as it exits), then the process itself, as SIGTERM's default action does (`default_sigterm`: the handler the fork
+    inherited only woke its parent's stop). p2pd is the DHT process's child: ended by SIGTERM's default, a DHT
+    terminated before it was ready (a stop during its start, `_DHT.shutdown`) or past hivemind's grace period left its
+    p2pd running. The handler runs on the process's main thread, which runs the DHT's event loop (and so starts
+    p2pd): no p2pd starts while it looks for them."""
+    def end_with_children(signum: int, _frame: Any) -> None:
+        for pid in child_pids(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, end_with_children)
 
 
 class _DHT(hivemind.DHT):
@@ -829,7 +966,7 @@ class _DHT(hivemind.DHT):
         note_started("DHT", self)
 
     def run(self) -> None:
-        default_sigterm()
+        end_children_on_sigterm()
         keep_command_pipe_blocking(hm_dht_module, self._inner_pipe.fileno())
         drop_commands_of_exited_senders(self._inner_pipe)
         super().run()
@@ -851,8 +988,18 @@ class _DHT(hivemind.DHT):
                 await self._node.p2p.shutdown()
 
     def shutdown(self) -> None:
+        """hivemind's shutdown (a command, then its grace period, 3 s, then SIGTERM) for a DHT that was ready; one
+        whose start had not ended (it reads no commands before: a stop during its start, `start_dht`) is terminated at
+        once, its p2pd with it (`end_children_on_sigterm`), and killed after DHT_HANDLERS_S if it ignores that."""
         try:
-            super().shutdown()
+            if self._ready.done() and not self._ready.cancelled():
+                super().shutdown()
+            elif self.is_alive():
+                self.terminate()
+                self.join(DHT_HANDLERS_S)
+                if self.is_alive():
+                    self.kill()
+                    self.join()
         finally:
             forget_started(self)
 
@@ -963,7 +1110,9 @@ def start_dht(options: HivemindOptions, stop: threading.Event | None = None) -> 
     `check_peer`'s to report, in one line. The DHT's `record_subkey` is the subkey `store_record` files its records
     under. It bounds this process's P2P messages first (`bound_p2p_messages`) and guards hivemind's shared locks
     (`guard_shared_locks`). Ready within DHT_START_S, else PeerDied, at once if its process exits first (a signal to
-    the whole process group); PeerStopped when `stop` is set by the time it is ready (the DHT shut down)."""
+    the whole process group); PeerStopped within STOP_POLL_S once `stop` is set during its start, and when it is set
+    by the time it is ready (the DHT shut down either way: one not yet ready terminated with its p2pd at once,
+    `_DHT.shutdown`)."""
     bound_p2p_messages()
     guard_shared_locks()
     try:
@@ -985,7 +1134,7 @@ def start_dht(options: HivemindOptions, stop: threading.Event | None = None) -> 
     try:
         dht.run_in_background(await_ready=False)
         process_result(dht, "DHT", dht._ready, DHT_START_S, "during its start",
-                       f"was not ready within {DHT_START_S:g} s")
+                       f"was not ready within {DHT_START_S:g} s", stop)
         raise_if_stopped(stop, "its DHT started")
     except BaseException as exc:
         dht.shutdown()
@@ -1381,9 +1530,10 @@ class HivemindPeer:
     `state_fn()` returns (metadata dict, tensors) for a late joiner; it runs on hivemind's
     state-serving thread and must read a consistent snapshot (the worker swaps whole lists).
 
-    `stop`: once set (the worker was asked to stop), the start ends after its current phase (the DHT's start, the
-    check of the initial peers, the averager's start: seconds each) with PeerStopped, its processes shut down. Each
-    phase ends with PeerDied at once when its process exits (a signal to the whole process group), not at its timeout.
+    `stop`: once set (the worker was asked to stop), the start ends with PeerStopped, its processes shut down: within
+    STOP_POLL_S in the DHT's start (the half-started DHT terminated with its p2pd, `_DHT.shutdown`) and in the check of
+    the initial peers (between pings and during one), after the averager's start (a second or two). Each phase ends
+    with PeerDied at once when its process exits (a signal to the whole process group), not at its timeout.
     """
 
     def __init__(self, run: str, shapes: Sequence[tuple[int, ...]], codec: str, block_size: int,
@@ -1396,7 +1546,7 @@ class HivemindPeer:
         self.dht = start_dht(options, stop)
         self.averager: _StateAverager | None = None
         try:
-            problem = check_peer(self.dht, options)
+            problem = check_peer(self.dht, options, stop=stop)
             if problem:
                 raise PeerRefused(problem)
             raise_if_stopped(stop, "its initial peers were checked")
@@ -1599,18 +1749,24 @@ def _wait_for_group(control: Any, deadline: float, ask_at: float = math.inf,
     return None
 
 
-def process_result(process: Any, kind: str, future: Any, timeout_s: float, during: str, late: str = "") -> Any:
+def process_result(process: Any, kind: str, future: Any, timeout_s: float, during: str, late: str = "",
+                   stop: threading.Event | None = None) -> Any:
     """The result of `future`, which hivemind's `kind` process (`process`: its DHT, its averager) resolves, waited for
     at most `timeout_s`: PeerDied as soon as that process has exited (its future would never resolve), saying it
-    exited `during` what; when it did not answer in time, PeerDied saying it `late`, or without `late` TimeoutError."""
+    exited `during` what; when it did not answer in time, PeerDied saying it `late`, or without `late` TimeoutError.
+    Given `stop` (the worker's), PeerStopped within STOP_POLL_S of its being set; the future is left as it is (its
+    process is shut down next; one cancelled here is an error in hivemind's process as it answers)."""
     deadline = time.monotonic() + timeout_s
+    poll_s = 1.0 if stop is None else STOP_POLL_S
     while True:
         try:
-            return future.result(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            return future.result(timeout=max(0.0, min(poll_s, deadline - time.monotonic())))
         except TimeoutError:
             if future.done():  # the process's own operation raised a timeout: its error, not a silent process
                 raise
         name = f"its hivemind {kind} process (pid {process.pid})"
+        if stop is not None and stop.is_set():
+            raise PeerStopped(f"stopped while {name} was waited for {during}")
         if not process.is_alive():
             try:  # what it wrote before it exited (a failed start's error) may not have been read yet
                 return future.result(timeout=LAST_WORD_S)
@@ -1625,12 +1781,14 @@ def process_result(process: Any, kind: str, future: Any, timeout_s: float, durin
             raise PeerDied(f"{name} {late}")
 
 
-def dht_result(dht: hivemind.DHT, what: str, future: Any, timeout_s: float = DHT_ANSWER_S) -> Any:
+def dht_result(dht: hivemind.DHT, what: str, future: Any, timeout_s: float = DHT_ANSWER_S,
+               stop: threading.Event | None = None) -> Any:
     """The result of a call into the DHT's process (`future`, from `return_future=True`), waited for at most
     `timeout_s`; PeerDied as soon as that process has exited (its future would never resolve) or when it did not
-    answer in time. `what` names the call in the message."""
+    answer in time; given `stop`, PeerStopped once it is set (`process_result`). `what` names the call in the
+    message."""
     return process_result(dht, "DHT", future, timeout_s, f"during a {what}",
-                          f"did not answer a {what} within {timeout_s:g} s")
+                          f"did not answer a {what} within {timeout_s:g} s", stop)
 
 
 def store_record(dht: hivemind.DHT, subkey: str, key: str, value: dict[str, Any], ttl_s: float) -> bool:
