@@ -226,8 +226,9 @@ class SwarmCoordinator:
 
       method                                   called from                    lock
       join                                     gRPC handler threads           takes `_join_lock` (bounded), reads
-                                                                              the named membership's digest
-                                                                              (`joined_digest`), then takes
+                                                                              the named membership's stored
+                                                                              digest when memory lacks it
+                                                                              (`_stored_digest`), then takes
                                                                               `_lock` (bounded) to admit; none while
                                                                               it writes (`record_join`, one
                                                                               transaction); takes (enters, or undoes
@@ -257,8 +258,9 @@ class SwarmCoordinator:
                                                                               curriculum steps post), flushes
       owns_credential, knows, membership_state any thread (a RunGroup, the    none: a snapshot of one entry
                                                server's guard)
-      claim                                    any thread (a RunGroup's join) none: a snapshot of one entry; reads
-                                                                              the store (`joined_digest`)
+      claim, _stored_digest                    any thread (a RunGroup's join) none: a snapshot of one entry; reads
+                                                                              the store's read connection when
+                                                                              memory lacks the id
       active_workers, places_taken, load       any thread (a RunGroup)        takes
       round_progress                           the server's health thread     takes (waits at most a second)
       summary                                  any thread                     takes, through `status` unless given one
@@ -515,7 +517,7 @@ class SwarmCoordinator:
         eviction, a round close, a reassignment, a stop) only frees places; a run that finished meanwhile admits it
         as it admits a worker that joined just before its last close (its next call learns the run is over)."""
         with self._joining():
-            stored = self.store.joined_digest(request.previous_worker_id)
+            stored = self._stored_digest(request.previous_worker_id)
             pending = self._admit(request, placed, stored, reservation)
             try:
                 landed = self._store_join(pending)
@@ -1193,7 +1195,15 @@ class SwarmCoordinator:
         a WARNING for a name this run knows sent without its secret) (any thread; none: a snapshot of one entry, and a
         read of the digest the store holds for the id, which counts when memory no longer holds it). A sweep's
         placement asks it (sweep.py `RunGroup.join`)."""
-        return self._claimed(request, self.store.joined_digest(request.previous_worker_id))
+        return self._claimed(request, self._stored_digest(request.previous_worker_id))
+
+    def _stored_digest(self, worker_id: str) -> bytes | None:
+        """The digest of `worker_id`'s worker secret its join stored (`StateStore.joined_digest`), read only when memory
+        does not hold that membership (its own digest counts then, `_claimed`), else None (any thread; no lock: a
+        snapshot of one entry, then the store's read connection, which never waits for a commit under way)."""
+        if not worker_id or worker_id in self.workers:
+            return None
+        return self.store.joined_digest(worker_id)
 
     def knows(self, worker_id: str) -> bool:
         """Whether `worker_id` joined this run and is still in memory, active or not (any thread; none: a

@@ -59,6 +59,7 @@ import grpc
 
 from rcswarm.config.runspec import MAX_RUN_ID_CHARS, RunSpec
 from rcswarm.coordinator import decisions, forecasts
+from rcswarm.coordinator.guards import call_time_left
 from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal, Reservation, Waiting
 from rcswarm.coordinator.service import SwarmCoordinator
@@ -336,12 +337,20 @@ class RunGroup:
 
     def _claimed(self, request: pb.JoinRequest) -> str:
         """The membership `request` names when a run vouches for it (`SwarmCoordinator.claim`: named with its own
-        worker secret), else "" (no lock: each run reads a snapshot of one entry, or its store; the digest of an id
-        never changes, so the answer stays true while the join is placed). The run that knows the id logs a refused
-        name."""
+        worker secret), else "" (no lock: each run reads a snapshot of one entry, or its store's read connection,
+        which waits for no commit; the digest of an id never changes, so the answer stays true while the join is
+        placed). The run the join says it trained for (`run_id`) is asked first. The run that knows the id logs a
+        refused name."""
         if not request.previous_worker_id:
             return ""
-        return next((previous for run in self.runs if (previous := run.claim(request))), "")
+        named_first = sorted(self.runs, key=lambda run: run.run_id != request.run_id)  # the run it says it trained for
+        return next((previous for run in named_first if (previous := run.claim(request))), "")
+
+    def _reservation_s(self) -> float:
+        """How long a sweep's join placed in a run counts there at most (`Reservation.until`): two leases, or the
+        time left to the join call's deadline if longer (a join may wait that long for the run's other joins, a close
+        or its write; its `finally` drops it when it ends, this bounds one stuck for good) (any thread)."""
+        return max(2 * self.spec.coordinator.lease_s, call_time_left() or 0.0)
 
     def _returning(self, request: pb.JoinRequest, previous: str) -> int | None:
         """The run a re-joining worker may go back to (group lock held; no run's lock, `membership_state`): the one
@@ -426,7 +435,7 @@ class RunGroup:
             with self._lock:
                 index, reason = self._place(request, refused, previous)
                 if self.sweep:
-                    held = Reservation(index, self.runs[0].clock() + 2 * self.spec.coordinator.lease_s)
+                    held = Reservation(index, self.runs[0].clock() + self._reservation_s())
                     self._placing.append(held)
             try:
                 response = self.runs[index].join(request, placed=reason, reservation=held)

@@ -166,9 +166,9 @@ class StateStore:
 
     Threads and locks. `_lock` guards the writer connection: `get`, `set_many`,
     `commit_version` (its SQLite transaction; the file is written before the lock is taken),
-    `committed_digest`, `reported`, `joined_digest`, `load_current` (but for its read of the ledger), `add_event`,
+    `committed_digest`, `reported`, `load_current` (but for its read of the ledger), `add_event`,
     `record_join`, `add_metrics`, `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
-    (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`,
+    (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`, `joined_digest`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
     `worker_step_means`, `run_step_sums`, `training_rows`, `run_clock_start`, `round_times`, `rounds_summary`,
     `mean_training_loss`, `round_durations`, `round_duration_histogram`, `round_losses`, `forecasts`,
@@ -536,14 +536,14 @@ class StateStore:
 
     def joined_digest(self, worker_id: str) -> bytes | None:
         """The SHA-256 of the worker secret membership `worker_id` got at its join (`record_join`), or None when this
-        store has none (an id of another run or none, a membership of an older rcswarm, one pruned) (takes `_lock`:
-        what this store committed). A coordinator honours a re-join naming a membership no longer in its memory only
+        store has none (an id of another run or none, a membership of an older rcswarm, one pruned) (takes
+        `_read_lock`: the read connection, which sees every committed join and never waits for a commit under way,
+        so that a slow disk's commit in one run of a sweep does not hold up a re-join placed in another). A coordinator honours a re-join naming a membership no longer in its memory only
         with the secret of this digest (coordinator/service.py `_claimed`)."""
         if not worker_id:
             return None
-        with self._writer("cannot read it") as db:
-            row = db.execute(JOINED_DIGEST, (worker_id,)).fetchone()
-        return None if row is None else bytes.fromhex(row[0])
+        rows = self._read(JOINED_DIGEST, (worker_id,))
+        return bytes.fromhex(rows[0][0]) if rows else None
 
     def _prune_checkpoints(self, keep: str) -> None:
         """Remove files no commit recorded (orphans of a crash) and all but the newest `keep_checkpoints`

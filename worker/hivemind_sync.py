@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -722,13 +723,16 @@ class SharedLock:
         self.holder = multiprocessing.RawValue(ctypes.c_int64, 0)
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        """The lock's own `acquire`, the holder recorded; an untimed blocking one waits as `__enter__` does."""
+        """The lock's own `acquire`, the holder recorded; an untimed blocking one waits as `__enter__` does. This
+        process's identity is known before the lock is taken: reading it (/proc, at a process's first lock) may fail
+        (EMFILE), which must not leave the lock held with nobody to release it."""
+        identity = _IDENTITY or holder_identity()
         if block and timeout is None:
             if not self.lock.acquire(False):
                 self._wait()
         elif not self.lock.acquire(block, timeout):
             return False
-        self.holder.value = _IDENTITY or holder_identity()
+        self.holder.value = identity
         return True
 
     def release(self) -> None:
@@ -933,6 +937,13 @@ def child_pids(pid: int) -> list[int]:
     return children
 
 
+def end_processes(pids: Sequence[int]) -> None:
+    """SIGTERM to each of `pids` that still runs."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
 def end_children_on_sigterm() -> None:
     """In the DHT's process (forked), before its `run`: SIGTERM ends its children (its p2pd, which removes its socket
     as it exits), then the process itself, as SIGTERM's default action does (`default_sigterm`: the handler the fork
@@ -941,11 +952,7 @@ def end_children_on_sigterm() -> None:
     p2pd running. The handler runs on the process's main thread, which runs the DHT's event loop (and so starts
     p2pd): no p2pd starts while it looks for them."""
     def end_with_children(signum: int, _frame: Any) -> None:
-        for pid in child_pids(os.getpid()):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
+        end_processes(child_pids(os.getpid()))
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
@@ -997,7 +1004,8 @@ class _DHT(hivemind.DHT):
             elif self.is_alive():
                 self.terminate()
                 self.join(DHT_HANDLERS_S)
-                if self.is_alive():
+                if self.is_alive():  # its handler did not run (a SIGTERM before it was installed): end p2pd here
+                    end_processes(child_pids(self.pid))
                     self.kill()
                     self.join()
         finally:

@@ -30,6 +30,7 @@ from rcswarm.sync import tensor_stream
 from tests.helpers.coordinator import creds, deltas_of, previous, pull_all, refusal_of
 from tests.helpers.coordinator import push as push_to
 from tests.helpers.specs import tiny_spec
+from tests.helpers.waiting import in_thread
 from tests.helpers.wire import Wire, push, small_deltas
 
 SPEC = tiny_spec(run={"rounds": 20}, sync={"codec": "fp32", "max_update_norm": 100.0},
@@ -247,6 +248,30 @@ def test_in_a_sweep_only_the_owner_of_the_named_membership_is_sent_back_to_its_r
         warned(caplog, c, a.worker_secret)
         again = sweep.join(pb.JoinRequest(worker_name="c", run_id=c.run_id, **previous(c)))
         assert again.run_id == c.run_id and "back to" in sweep.runs[0].store.events("assign")[-1].reason
+    finally:
+        sweep.close()
+
+
+@pytest.mark.parametrize("run_busy", ["the first run", "the run the worker trained for"])
+def test_a_sweep_re_join_waits_for_no_commit_of_a_run_to_check_the_membership_it_names(tmp_path, run_busy):
+    """The check of a re-join's name reads no store while memory holds the membership, and a store only through its
+    read connection: with a run's writer lock held (a commit on a slow disk), a re-join naming a membership of the
+    second run is still checked. Before, every run before the one knowing the id was asked through its writer lock
+    (the first run's commit held up a re-join into the second), and the run holding the membership in memory read its
+    store too."""
+    clock = [1000.0]
+    sweep = _sweep(tmp_path, clock)
+    try:
+        a, b = (sweep.join(pb.JoinRequest(worker_name=name)) for name in "ab")
+        assert b.run_id == sweep.runs[1].run_id
+        sweep.leave(pb.LeaveRequest(**creds(b)))
+        busy = sweep.runs[0] if run_busy == "the first run" else sweep.runs[1]
+        request = pb.JoinRequest(worker_name="b", run_id=b.run_id, **previous(b))
+        with busy.store._lock:  # a commit under way
+            claimed: list[str] = []
+            thread = in_thread(lambda: claimed.append(sweep._claimed(request)))
+            thread.join(5.0)
+            assert claimed == [b.worker_id], "the check of the name waited for a run's commit"
     finally:
         sweep.close()
 

@@ -189,6 +189,27 @@ def test_every_way_of_taking_the_lock_records_its_holder_in_shared_memory() -> N
     assert lock.holder.value == 0
 
 
+@pytest.mark.parametrize("take", ["with", "acquire", "acquire(False)", "acquire(timeout)"])
+def test_a_holder_whose_identity_cannot_be_read_leaves_the_lock_free(monkeypatch: pytest.MonkeyPatch,
+                                                                    take: str) -> None:
+    """A process reads its identity (/proc/self/stat) at its first lock, which may fail (EMFILE in a process out of
+    file descriptors): the error reaches the caller with the lock not taken. Before, the lock was taken first, and
+    the error left it held for good, with no holder recorded (every waiter waited while that process lived)."""
+    lock = hs.SharedLock(FORK.Lock())
+    monkeypatch.setattr(hs, "_IDENTITY", 0)
+
+    def unreadable() -> int:
+        raise OSError(24, "Too many open files", "/proc/self/stat")
+
+    monkeypatch.setattr(hs, "holder_identity", unreadable)
+    calls = {"with": lambda: lock.__enter__(), "acquire": lambda: lock.acquire(),
+             "acquire(False)": lambda: lock.acquire(False), "acquire(timeout)": lambda: lock.acquire(True, 0.5)}
+    with pytest.raises(OSError, match="Too many open files"):
+        calls[take]()
+    assert lock.lock.acquire(False), "the failed take left the lock held"
+    lock.lock.release()
+
+
 def test_a_live_peer_is_waited_for_when_another_peer_of_the_process_died(no_new_p2pd: None) -> None:
     """One process running two peers' DHTs (as tests do): one DHT dies (SIGKILL; its p2pd is ended) while a live process
     holds hivemind's MPFuture update lock a moment. The other peer's calls wait for the lock and go on; before, the
