@@ -143,7 +143,7 @@ AVERAGER_START_S = 60.0
 # that caused the failure (its processes, p2pd, torch_shm_manager ended) sends too, a moment later (`raise_if_stopped`).
 STOP_GRACE_S = 1.0
 # How often a wait for a hivemind process's answer looks at the worker's stop (`process_result`'s `stop`): the DHT's
-# start, each ping of the initial peers.
+# start, the pings of the initial peers, the averager's start.
 STOP_POLL_S = 0.05
 # How long a DHT's shutdown may take to remove its handlers from its p2pd before it shuts p2pd down regardless: within
 # hivemind's grace period (3 s) for the whole shutdown (`_DHT._shutdown`).
@@ -594,8 +594,8 @@ class PeerDied(RuntimeError):
 
 class PeerStopped(PeerDied):
     """The worker was asked to stop while its peer started (`HivemindPeer`'s `stop`): the start ends within a poll
-    (STOP_POLL_S) in its DHT's start and its check of the initial peers, between its phases otherwise, its processes
-    shut down."""
+    (STOP_POLL_S) in each of its phases (the DHT's start, the check of the initial peers, the averager's start), its
+    processes shut down."""
 
 
 class OrphanedLock(PeerDied, OSError):
@@ -841,26 +841,34 @@ async def _ping_initial_peer(address: str, timeout_s: float, _dht: Any, node: An
     request = dht_pb2.PingRequest(peer=node.protocol.node_info, validate=True)
     sent = get_dht_time()
     try:
-        response = await node.protocol.get_stub(peer).rpc_ping(request, timeout=timeout_s)
+        # Bounded here too: hivemind's own timeout did not always end a ping of a peer whose DHT process is stopped
+        # while its p2pd runs (one waited over 60 s for a 2 s timeout, two such peers pinged at once).
+        response = await asyncio.wait_for(node.protocol.get_stub(peer).rpc_ping(request, timeout=timeout_s), timeout_s)
     except Exception:  # noqa: BLE001 - an unreachable peer is hivemind's bootstrap's to report
         return None
     return ClockSample(str(peer), sent, response.dht_time, get_dht_time(), response.available)
+
+
+async def _ping_initial_peers(addresses: Sequence[str], timeout_s: float, _dht: Any, node: Any) -> list[ClockSample]:
+    """In the DHT's process: ping every initial peer at once (`_ping_initial_peer`), so that silent ones cost one
+    `timeout_s` together, not one each; the samples of those that answered."""
+    pings = [_ping_initial_peer(address, timeout_s, _dht, node) for address in addresses]
+    return [sample for sample in await asyncio.gather(*pings) if sample is not None]
 
 
 def check_peer(dht: hivemind.DHT, options: HivemindOptions, timeout_s: float = 10.0,
                stop: threading.Event | None = None) -> str:
     """Why this freshly started peer must not join ("" when it may): a clock off the initial peers' (hivemind's DHT
     is started not strict so that this one line says so, naming the skew, instead of a traceback), or, for a peer
-    not in client mode, an initial peer that cannot dial it back. Each initial peer is pinged in turn (at most
-    `timeout_s` each); given `stop` (the worker's), PeerStopped once it is set, between pings or within STOP_POLL_S
-    of one (`dht_result`), not at the end of the pings (10 s each for an initial peer that does not answer)."""
-    samples = []
-    for address in options.initial_peers:
-        raise_if_stopped(stop, "its initial peers were checked")
-        ping = dht.run_coroutine(functools.partial(_ping_initial_peer, address, timeout_s), return_future=True)
-        sample = dht_result(dht, "ping of an initial peer", ping, stop=stop)
-        if sample is not None:
-            samples.append(sample)
+    not in client mode, an initial peer that cannot dial it back. The initial peers are pinged at once (at most
+    `timeout_s` in all: before, one after the other, 10 s for each silent one); given `stop` (the worker's),
+    PeerStopped within STOP_POLL_S once it is set (`dht_result`), not at the end of the pings."""
+    if not options.initial_peers:
+        return ""
+    raise_if_stopped(stop, "its initial peers were checked")
+    pings = dht.run_coroutine(functools.partial(_ping_initial_peers, list(options.initial_peers), timeout_s),
+                              return_future=True)
+    samples = dht_result(dht, "ping of an initial peer", pings, timeout_s + DHT_ANSWER_S, stop=stop)
     problem = clock_problem(samples)
     if problem:
         return problem
@@ -959,6 +967,26 @@ def end_children_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, end_with_children)
 
 
+def was_ready(process: Any) -> bool:
+    """Whether a hivemind process (its DHT, its averager) said it was ready: only then does it read commands, the
+    shutdown's first."""
+    return process._ready.done() and not process._ready.cancelled()
+
+
+def end_unready(process: Any) -> None:
+    """End a hivemind process whose start had not ended (it reads no commands yet): SIGTERM (the DHT's process ends
+    its p2pd first, `end_children_on_sigterm`), SIGKILL after DHT_HANDLERS_S if it ignores that, its children sent
+    SIGTERM from here first (a SIGTERM that came before its handler was installed)."""
+    if not process.is_alive():
+        return
+    process.terminate()
+    process.join(DHT_HANDLERS_S)
+    if process.is_alive():
+        end_processes(child_pids(process.pid))
+        process.kill()
+        process.join()
+
+
 class _DHT(hivemind.DHT):
     """hivemind's DHT whose command pipe stays blocking in its process (`keep_command_pipe_blocking`), and whose
     blocking calls from the process that started it (hivemind's `peer_id`, `get_visible_maddrs`, rcswarm's
@@ -999,15 +1027,10 @@ class _DHT(hivemind.DHT):
         whose start had not ended (it reads no commands before: a stop during its start, `start_dht`) is terminated at
         once, its p2pd with it (`end_children_on_sigterm`), and killed after DHT_HANDLERS_S if it ignores that."""
         try:
-            if self._ready.done() and not self._ready.cancelled():
+            if was_ready(self):
                 super().shutdown()
-            elif self.is_alive():
-                self.terminate()
-                self.join(DHT_HANDLERS_S)
-                if self.is_alive():  # its handler did not run (a SIGTERM before it was installed): end p2pd here
-                    end_processes(child_pids(self.pid))
-                    self.kill()
-                    self.join()
+            else:
+                end_unready(self)
         finally:
             forget_started(self)
 
@@ -1280,8 +1303,13 @@ class _StateAverager(DecentralizedAverager):
         note_started("averager", self)
 
     def shutdown(self) -> None:
+        """hivemind's shutdown for an averager that was ready and runs (hivemind logs an error with a traceback's
+        "NoneType: None" for an exited one); one whose start had not ended (a stop during it) is terminated at once
+        (`end_unready`)."""
         try:
-            if self.is_alive():  # hivemind logs an error with a traceback's "NoneType: None" for an exited one
+            if not was_ready(self):
+                end_unready(self)
+            elif self.is_alive():
                 super().shutdown()
         finally:
             forget_started(self)
@@ -1539,8 +1567,8 @@ class HivemindPeer:
     state-serving thread and must read a consistent snapshot (the worker swaps whole lists).
 
     `stop`: once set (the worker was asked to stop), the start ends with PeerStopped, its processes shut down: within
-    STOP_POLL_S in the DHT's start (the half-started DHT terminated with its p2pd, `_DHT.shutdown`) and in the check of
-    the initial peers (between pings and during one), after the averager's start (a second or two). Each phase ends
+    STOP_POLL_S in the DHT's start, the check of the initial peers and the averager's start (a half-started process
+    terminated at once, `end_unready`; the DHT's with its p2pd). Each phase ends
     with PeerDied at once when its process exits (a signal to the whole process group), not at its timeout.
     """
 
@@ -1583,7 +1611,7 @@ class HivemindPeer:
             self.averager.lock_averaged_tensors = SharedLock(self.averager.lock_averaged_tensors)
             self.averager.run_in_background(await_ready=False)
             process_result(self.averager, "averager", self.averager._ready, AVERAGER_START_S, "during its start",
-                           f"was not ready within {AVERAGER_START_S:g} s")
+                           f"was not ready within {AVERAGER_START_S:g} s", stop)
             raise_if_stopped(stop, "its averager started")
         except BaseException as exc:
             self.shutdown()

@@ -1,7 +1,8 @@
 """The worker's stop during its hivemind peer's start is seen within a poll (STOP_POLL_S), not when the phase ends: in
-the DHT's start (the half-started DHT terminated with its p2pd at once, `_DHT.shutdown`) and in the check of the
-initial peers (a ping waited for in slices). An initial peer whose DHT process is stopped (SIGSTOP; its p2pd still
-answers) makes each phase slow for real: the DHT's bootstrap waits 3 s for its ping, the check 10 s."""
+the DHT's start (the half-started DHT terminated with its p2pd at once, `_DHT.shutdown`), in the check of the initial
+peers (their pings waited for in slices) and in the averager's start. An initial peer whose DHT process is stopped
+(SIGSTOP; its p2pd still answers) makes the first two slow for real: the DHT's bootstrap waits 3 s for its ping, the
+check 10 s; the averager's start is made endless in its forked process."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from rcswarm.worker import hivemind_sync as hs
 from tests.helpers.hivemind import P2PD_TAG_ENV, p2pd_pids
-from tests.helpers.waiting import in_thread, wait_for
+from tests.helpers.waiting import in_thread, timed, wait_for
 
 pytest.importorskip("hivemind")
 
@@ -104,3 +105,48 @@ def test_a_stop_during_the_check_of_the_initial_peers_ends_it_at_once(silent_pee
         lambda: hs.HivemindPeer("c", [(8,)], "fp32", 256, options, lambda: state, stop=stop), stop_into_the_check)
     assert seconds < STOPPED_WITHIN_S + hs.DHT_HANDLERS_S, f"{error!r} {seconds:.2f} s after the stop"
     assert isinstance(error, hs.PeerStopped) and "during a ping of an initial peer" in str(error), repr(error)
+
+
+def test_a_stop_during_the_averagers_start_ends_it_at_once(no_new_p2pd: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The averager's process never says it is ready (its `run`, in the forked process, only sleeps); the stop comes
+    half a second into its start: PeerStopped at once, the averager's process and the DHT's ended (before: the start
+    was waited for, AVERAGER_START_S = 60 s)."""
+    started: list[tuple[int, str, Any]] = []
+    monkeypatch.setattr(hs, "_STARTED", started)
+    monkeypatch.setattr(hs._StateAverager, "run", lambda self: time.sleep(120))
+    stop = threading.Event()
+
+    def stop_into_the_averagers_start() -> float:
+        wait_for(lambda: any(kind == "averager" for _, kind, _ in started), 60, "the averager's process to start")
+        time.sleep(0.5)
+        stop.set()
+        return time.monotonic()
+
+    state = ({"run": "c", "version": 0}, [])
+    seconds, error = stopped_within(
+        lambda: hs.HivemindPeer("c", [(8,)], "fp32", 256, hs.HivemindOptions.loopback(), lambda: state, stop=stop),
+        stop_into_the_averagers_start)
+    assert seconds < STOPPED_WITHIN_S + hs.DHT_HANDLERS_S, f"{error!r} {seconds:.2f} s after the stop"
+    assert isinstance(error, hs.PeerStopped) and "averager" in str(error), repr(error)
+    assert [kind for _, kind, process in started if process.is_alive()] == []
+
+
+def test_silent_initial_peers_cost_one_ping_timeout_together(no_new_p2pd: None) -> None:
+    """Two initial peers fall silent (their p2pd stopped: SIGSTOP; not their DHT processes, which share hivemind's
+    locks with this one) after the peer's DHT started: the check pings them at once, so it takes one ping's timeout,
+    not one each (before: one after the other, 10 s each in the worker's start)."""
+    silent = [hs.start_dht(hs.HivemindOptions.loopback()) for _ in range(2)]
+    options = hs.HivemindOptions.loopback(initial_peers=[str(a) for peer in silent for a in peer.get_visible_maddrs()])
+    dht = hs.start_dht(options)
+    daemons = [pid for peer in silent for pid in hs.child_pids(peer.pid)]
+    try:
+        assert len(daemons) == 2, daemons
+        for pid in daemons:
+            os.kill(pid, signal.SIGSTOP)
+        took = timed(lambda: hs.check_peer(dht, options, timeout_s=2.0))
+        assert 1.9 < took < 3.5, f"{took:.2f} s"
+    finally:
+        for pid in daemons:
+            os.kill(pid, signal.SIGCONT)
+        for each in (dht, *silent):
+            each.shutdown()
