@@ -227,8 +227,7 @@ class SwarmCoordinator:
       method                                   called from                    lock
       join                                     gRPC handler threads           takes `_join_lock` (bounded), reads
                                                                               the named membership's stored
-                                                                              digest when memory lacks it
-                                                                              (`_stored_digest`), then takes
+                                                                              digest (`_stored_digest`), then takes
                                                                               `_lock` (bounded) to admit; none while
                                                                               it writes (`record_join`, one
                                                                               transaction); takes (enters, or undoes
@@ -259,8 +258,7 @@ class SwarmCoordinator:
       owns_credential, knows, membership_state any thread (a RunGroup, the    none: a snapshot of one entry
                                                server's guard)
       claim, _stored_digest                    any thread (a RunGroup's join) none: a snapshot of one entry; reads
-                                                                              the store's read connection when
-                                                                              memory lacks the id
+                                                                              the store's read connection
       active_workers, places_taken, load       any thread (a RunGroup)        takes
       round_progress                           the server's health thread     takes (waits at most a second)
       summary                                  any thread                     takes, through `status` unless given one
@@ -933,7 +931,11 @@ class SwarmCoordinator:
                     f"version {request.version} is not served; the newest is {self.version}",
                 )
             worker.last_seen = self.clock()
-            worker.base_version = worker.pulled_version = self.version
+            worker.pulled_version = self.version
+            # A membership that delivered its update for this version (its own, or one a re-join took over) is not
+            # waited for again: before, a re-join that took over a delivered update and pulled its version again made
+            # the round wait for it until its deadline (its id is not the update's, and its push is a duplicate).
+            worker.base_version = self.version + 1 if worker.accepted_version >= self.version else self.version
             if not self.round.started:
                 self.round.opened_at, self.round.started = worker.last_seen, True
             if self._serving_since is None:
@@ -1198,12 +1200,11 @@ class SwarmCoordinator:
         return self._claimed(request, self._stored_digest(request.previous_worker_id))
 
     def _stored_digest(self, worker_id: str) -> bytes | None:
-        """The digest of `worker_id`'s worker secret its join stored (`StateStore.joined_digest`), read only when memory
-        does not hold that membership (its own digest counts then, `_claimed`), else None (any thread; no lock: a
-        snapshot of one entry, then the store's read connection, which never waits for a commit under way)."""
-        if not worker_id or worker_id in self.workers:
-            return None
-        return self.store.joined_digest(worker_id)
+        """The digest of `worker_id`'s worker secret its join stored (`StateStore.joined_digest`), or None (any thread;
+        no lock: the store's read connection, which never waits for a commit under way). Read whether or not memory
+        holds the membership (the one in memory counts first, `_claimed`): one forgotten between this read and
+        `_admit` is still known by its stored digest."""
+        return self.store.joined_digest(worker_id) if worker_id else None
 
     def knows(self, worker_id: str) -> bool:
         """Whether `worker_id` joined this run and is still in memory, active or not (any thread; none: a

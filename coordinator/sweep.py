@@ -337,7 +337,7 @@ class RunGroup:
 
     def _claimed(self, request: pb.JoinRequest) -> str:
         """The membership `request` names when a run vouches for it (`SwarmCoordinator.claim`: named with its own
-        worker secret), else "" (no lock: each run reads a snapshot of one entry, or its store's read connection,
+        worker secret), else "" (no lock: each run reads a snapshot of one entry and its store's read connection,
         which waits for no commit; the digest of an id never changes, so the answer stays true while the join is
         placed). The run the join says it trained for (`run_id`) is asked first. The run that knows the id logs a
         refused name."""

@@ -982,6 +982,8 @@ def end_unready(process: Any) -> None:
     process.terminate()
     process.join(DHT_HANDLERS_S)
     if process.is_alive():
+        with contextlib.suppress(ProcessLookupError):  # stopped first: it starts no child while they are listed
+            os.kill(process.pid, signal.SIGSTOP)
         end_processes(child_pids(process.pid))
         process.kill()
         process.join()

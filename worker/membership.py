@@ -9,10 +9,7 @@ leaves. Its successor, finding the file:
 1. sends Leave for that membership ("restarted", one attempt within the unary deadline) before it imports torch, so
    the open round stops waiting for the killed process a fraction of a second after the successor starts;
 2. builds the model and loads the data of the run spec the file holds before it joins, so that once it is a member
-   (one the open round waits for) only the pull is left;
-3. names that membership, with its secret, at its join (worker/worker.py `_naming`): it takes over the killed
-   process's place in the open round (a full swarm does not keep it waiting for the round to close), the versions it
-   delivered (an update it pushed counts once) and, in a sweep, goes back to the run it built.
+   (one the open round waits for) only the pull is left.
 
 The file holds the coordinator's address, the run id, the worker id, its worker secret (hex) and the run spec JSON.
 The secret is on disk only there: give the file a private directory (an `emptyDir` volume of the pod, which outlives

@@ -375,9 +375,6 @@ class Worker:
         self.startup.mark("imports")
         self.options = options
         self._previous = previous
-        # That membership once this process built its run ahead (`_take_over`): named at the first join, with its
-        # secret, so that the new membership takes over its place in the open round and the run it was in.
-        self._replaced: Membership | None = None
         self.stop = stop or threading.Event()
         self.device = resolve_device(options.device)
         # The most parameters a run spec may ask this worker to build (checked before building, worker/limits.py).
@@ -508,19 +505,9 @@ class Worker:
         self.exit_reason, self.end = reason, end
         return 1
 
-    def _naming(self, previous: Identity) -> tuple[str, Identity | Membership | None]:
-        """(the run id, the membership) a join names: this process's ended membership (`previous`) and its run, else
-        the replaced process's (`_replaced`), else none."""
-        if previous.worker_id:
-            return self.run_id, previous
-        if self._replaced is not None:
-            return self._replaced.run_id, self._replaced
-        return "", None
-
     def _take_over(self) -> None:
         """With a membership file: end the membership of the process this one replaces (unless the command did) and
-        build that run's model and load its data now, before joining makes the open round wait for this worker; the
-        first join then names that membership (`_replaced`)."""
+        build that run's model and load its data now, before joining makes the open round wait for this worker."""
         path = self.options.membership_file
         previous = self._previous
         if previous is None and path is not None:
@@ -543,7 +530,6 @@ class Worker:
             return
         self.spec = spec
         self._built_for = previous.run_id
-        self._replaced = previous
         self.startup.mark("built ahead")
 
     def _join_placed(self) -> int | None:
@@ -613,18 +599,15 @@ class Worker:
         moved this worker still takes them), names the run it trained for and that membership with its worker secret
         (`identity`, in memory), so that a sweep sends it back there when it may and the new membership takes over
         what the ended one had (its delivered versions, its place in the open round), and drops the rows that are left
-        when it lands in another run: they belong to no other run. A process started anew that built ahead the run of
-        the membership its --membership-file records (`_take_over`, which ended it) names that one at its first join,
-        with its secret: it takes over the killed process's place in the open round (a full swarm does not make it
-        wait for the round to close), its delivered versions (an update the killed process pushed counts once) and,
-        in a sweep, goes back to the run it built.
+        when it lands in another run: they belong to no other run. A process started anew names nothing: it ended
+        the membership its --membership-file records (`_take_over`) and joins as a new member.
         """
         previous = self.identity
         if previous.worker_id:
             self._flush_previous(previous)
-        run_id, named = self._naming(previous)
         try:
-            response = self.client.join(self.name, str(self.device), os.getpid(), run_id, named,
+            run_id = self.run_id if previous.worker_id else ""
+            response = self.client.join(self.name, str(self.device), os.getpid(), run_id, previous,
                                         list(self._refused_runs))
         except grpc.RpcError as err:
             if _is(err, grpc.StatusCode.FAILED_PRECONDITION) and err.details().startswith(REFUSED_RUNS_REFUSAL):
@@ -634,7 +617,7 @@ class Worker:
                 self.identity, self.finished = Identity(), True
                 return None
             raise
-        member, self._replaced = Identity.of(response), None
+        member = Identity.of(response)
         if response.run_id in self._refused_runs:  # placed again where it cannot train: nowhere else to go
             self._leave_refused(member)
             raise SpecRefused(f"the coordinator placed this worker in run {response.run_id} again, which it refused: "

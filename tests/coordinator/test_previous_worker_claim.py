@@ -116,6 +116,30 @@ def test_a_join_naming_another_workers_ended_membership_takes_not_its_versions(t
         coordinator.close()
 
 
+def test_a_re_join_that_took_over_a_delivered_update_is_not_waited_for_when_it_pulls_that_version(tmp_path):
+    """a pushed for version 0 and its membership ended; its re-join takes over the delivered update and pulls version 0
+    again (a process that does not know it delivered). The round then waits only for b: b's push closes it. Before,
+    the pull set the new membership's base version back to 0, the round waited for it (its id is not the update's)
+    and its push was a duplicate: the round stalled until its deadline."""
+    coordinator = open_run(tmp_path)
+    try:
+        a, b = (coordinator.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b"))
+        for member in (a, b):
+            pull_all(coordinator, member)
+        assert push_to(coordinator, a, deltas_of(coordinator, 1e-3), 64).accepted
+        coordinator.leave(pb.LeaveRequest(**creds(a), reason="restarted"))
+        again = coordinator.join(pb.JoinRequest(worker_name="a", **previous(a)))
+        pull_all(coordinator, again)
+        refusal = refusal_of(lambda: push_to(coordinator, again, deltas_of(coordinator, 1e-3), 64, version=0))
+        assert refusal.code == grpc.StatusCode.ALREADY_EXISTS, refusal.message
+        assert push_to(coordinator, b, deltas_of(coordinator, 1e-3), 64).accepted
+        assert coordinator.version == 1, "the round still waits for the re-join that took a's update over"
+        pull_all(coordinator, again)
+        assert coordinator.workers[again.worker_id].base_version == 1  # round 1 waits for it
+    finally:
+        coordinator.close()
+
+
 def _measured_member(coordinator: SwarmCoordinator) -> pb.JoinResponse:
     """A member with its own entry in the adaptive curriculum (its measured steps), whose update closed round 0 and
     which then left (its entry stays: the round close saved it)."""

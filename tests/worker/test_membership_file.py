@@ -101,38 +101,3 @@ def test_a_membership_file_that_cannot_be_written_on_a_rejoin_is_a_warning(start
         assert worker.run() == 0
     assert local.service.version == 3
     assert any("could not be written" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
-
-
-def test_a_restarted_worker_takes_over_the_killed_process_place_in_the_open_round(start_coordinator,
-                                                                                   tmp_path: Path) -> None:
-    """max_workers = 2: a steady member, and the killed process's membership whose update is in the open round (its
-    place held until the round closes). The process started in its place (the real worker: its membership file read,
-    that membership ended, its run built ahead) names it at its join with its secret and takes its place and delivered
-    version over at once. Before, it named nothing and was refused a place (RESOURCE_EXHAUSTED, retried) until the
-    round closed, which here waits for the steady member: past the worker's patience."""
-    from rcswarm.worker import Worker, WorkerOptions
-    from tests.helpers.specs import TOKEN
-    from tests.helpers.wire import push, small_deltas
-
-    local = start_coordinator(tiny_spec(sync={"codec": "fp32", "max_update_norm": 100.0},
-                                        coordinator={"max_workers": 2, "lease_s": 60.0}))
-    client = local.client()
-    steady, killed = (client.join(name, "cpu", 1) for name in ("steady", "killed"))
-    for member in (steady, killed):
-        client.pull(member, member.run_id)
-    assert push(client, killed, small_deltas(local)).accepted
-    path = tmp_path / "membership.json"
-    write_membership(path, Membership(local.target, killed.run_id, killed.worker_id, killed.worker_secret,
-                                      killed.run_spec_json))
-    worker = Worker(WorkerOptions(coordinator=local.target, device="cpu", name="restarted", membership_file=path,
-                                  patience_s=5.0), TOKEN)
-    try:
-        worker._take_over()
-        worker._join()
-        service = local.service
-        new, ended = service.workers[worker.identity.worker_id], service.workers[killed.worker_id]
-        assert not ended.active and new.active and new.accepted_version == ended.accepted_version == 0
-        assert worker.identity.worker_id in service._place_holders()
-    finally:
-        worker.stop.set()
-        client.close()
