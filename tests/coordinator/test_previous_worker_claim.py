@@ -31,7 +31,7 @@ from tests.helpers.coordinator import creds, deltas_of, previous, pull_all, refu
 from tests.helpers.coordinator import push as push_to
 from tests.helpers.specs import tiny_spec
 from tests.helpers.waiting import in_thread
-from tests.helpers.wire import Wire, push, small_deltas
+from tests.helpers.wire import Wire, push, pushed_and_left, small_deltas
 
 SPEC = tiny_spec(run={"rounds": 20}, sync={"codec": "fp32", "max_update_norm": 100.0},
                  coordinator={"durable": False})
@@ -74,11 +74,7 @@ def test_a_join_naming_another_workers_ended_membership_takes_not_its_place_in_t
     client = local.client()
     wire = Wire(local.target)
     try:
-        a, b = (client.join(name, "cpu", 1) for name in ("a", "b"))
-        for member in (a, b):
-            client.pull(member, member.run_id)
-        assert push(client, a, small_deltas(local)).accepted
-        client.leave(a, "crashed")
+        a, b = pushed_and_left(client, local)
         with pytest.raises(grpc.RpcError) as thief:
             wire.call("Join", pb.JoinRequest(worker_name="thief", run_id=a.run_id, **naming(a, claim, b)))
         assert thief.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, thief.value.details()
@@ -92,17 +88,23 @@ def test_a_join_naming_another_workers_ended_membership_takes_not_its_place_in_t
         client.close()
 
 
+def delivered_then_ended(coordinator: SwarmCoordinator) -> tuple[pb.JoinResponse, pb.JoinResponse]:
+    """(a, b): both pulled version 0, a's update for it is in the open round and a's membership ended."""
+    a, b = (coordinator.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b"))
+    for member in (a, b):
+        pull_all(coordinator, member)
+    assert push_to(coordinator, a, deltas_of(coordinator, 1e-3), 64).accepted
+    coordinator.leave(pb.LeaveRequest(**creds(a), reason="crashed"))
+    return a, b
+
+
 @pytest.mark.parametrize("claim", CLAIMS)
 def test_a_join_naming_another_workers_ended_membership_takes_not_its_versions(tmp_path, caplog, claim):
     """With room in the round, the join is admitted as a first join: none of a's delivered and pulled versions (its
     own update from them is its own, not "already delivered"); the owner's re-join takes them over."""
     coordinator = open_run(tmp_path)
     try:
-        a, b = (coordinator.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b"))
-        for member in (a, b):
-            pull_all(coordinator, member)
-        assert push_to(coordinator, a, deltas_of(coordinator, 1e-3), 64).accepted
-        coordinator.leave(pb.LeaveRequest(**creds(a), reason="crashed"))
+        a, b = delivered_then_ended(coordinator)
         thief = coordinator.join(pb.JoinRequest(worker_name="thief", **naming(a, claim, b)))
         taken = coordinator.workers[thief.worker_id]
         assert (taken.accepted_version, taken.pulled_version) == (-1, -1)
@@ -123,11 +125,7 @@ def test_a_re_join_that_took_over_a_delivered_update_is_not_waited_for_when_it_p
     and its push was a duplicate: the round stalled until its deadline."""
     coordinator = open_run(tmp_path)
     try:
-        a, b = (coordinator.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b"))
-        for member in (a, b):
-            pull_all(coordinator, member)
-        assert push_to(coordinator, a, deltas_of(coordinator, 1e-3), 64).accepted
-        coordinator.leave(pb.LeaveRequest(**creds(a), reason="restarted"))
+        a, b = delivered_then_ended(coordinator)
         again = coordinator.join(pb.JoinRequest(worker_name="a", **previous(a)))
         pull_all(coordinator, again)
         refusal = refusal_of(lambda: push_to(coordinator, again, deltas_of(coordinator, 1e-3), 64, version=0))

@@ -19,7 +19,7 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.sync import tensor_stream
 from tests.helpers.specs import tiny_spec
 from tests.helpers.state import read_state
-from tests.helpers.wire import Wire, push, small_deltas
+from tests.helpers.wire import Wire, push, pushed_and_left, small_deltas
 
 
 def _update(wire: Wire, local, worker_id: str, version: int, value: float = 1e-3, tokens: int = 640) -> list:
@@ -108,11 +108,7 @@ def test_a_worker_that_rejoins_naming_its_ended_membership_takes_its_place_over(
         assert "1 ended memberships whose updates are in the open round 0, of max_workers=2" in refused.details()
 
     try:
-        a, b = (client.join(name, "cpu", 1) for name in ("a", "b"))
-        for member in (a, b):
-            client.pull(member, member.run_id)
-        assert push(client, a, small_deltas(local)).accepted
-        client.leave(a, "crashed")
+        a, b = pushed_and_left(client, local)
         refused_place(pb.JoinRequest(worker_name="spare"))
         again = client.join("a", "cpu", 1, run_id=a.run_id, previous=a)
         with pytest.raises(grpc.RpcError) as duplicate:

@@ -91,6 +91,17 @@ def push(client, member, deltas, *, version=0, tokens=128, codec_id=None, corrup
     return client.push(meta, header, chunks)
 
 
+def pushed_and_left(client, local) -> tuple[Any, Any]:
+    """(a, b) joined through `client` and pulled version 0; a's update for it is in the open round and a left
+    ("crashed"): its place held until the round closes."""
+    a, b = (client.join(name, "cpu", 1) for name in ("a", "b"))
+    for member in (a, b):
+        client.pull(member, member.run_id)
+    assert push(client, a, small_deltas(local)).accepted
+    client.leave(a, "crashed")
+    return a, b
+
+
 def refused(call: Any) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
         call()
