@@ -227,7 +227,7 @@ class SwarmCoordinator:
       method                                   called from                    lock
       join                                     gRPC handler threads           takes `_join_lock` (bounded), reads
                                                                               the named membership's stored
-                                                                              digest (`_stored_digest`), then takes
+                                                                              digest (`joined_digest`), then takes
                                                                               `_lock` (bounded) to admit; none while
                                                                               it writes (`record_join`, one
                                                                               transaction); takes (enters, or undoes
@@ -257,9 +257,9 @@ class SwarmCoordinator:
                                                                               curriculum steps post), flushes
       owns_credential, knows, membership_state any thread (a RunGroup, the    none: a snapshot of one entry
                                                server's guard)
-      claim, _stored_digest                    any thread (a RunGroup's join) none: a snapshot of one entry; reads
+      claim                                    any thread (a RunGroup's join) none: a snapshot of one entry; reads
                                                                               the store's read connection
-      active_workers, places_taken, load       any thread (a RunGroup)        takes
+      active_workers, load                     any thread (a RunGroup)        takes
       round_progress                           the server's health thread     takes (waits at most a second)
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
@@ -515,7 +515,7 @@ class SwarmCoordinator:
         eviction, a round close, a reassignment, a stop) only frees places; a run that finished meanwhile admits it
         as it admits a worker that joined just before its last close (its next call learns the run is over)."""
         with self._joining():
-            stored = self._stored_digest(request.previous_worker_id)
+            stored = self.store.joined_digest(request.previous_worker_id)
             pending = self._admit(request, placed, stored, reservation)
             try:
                 landed = self._store_join(pending)
@@ -1197,14 +1197,7 @@ class SwarmCoordinator:
         a WARNING for a name this run knows sent without its secret) (any thread; none: a snapshot of one entry, and a
         read of the digest the store holds for the id, which counts when memory no longer holds it). A sweep's
         placement asks it (sweep.py `RunGroup.join`)."""
-        return self._claimed(request, self._stored_digest(request.previous_worker_id))
-
-    def _stored_digest(self, worker_id: str) -> bytes | None:
-        """The digest of `worker_id`'s worker secret its join stored (`StateStore.joined_digest`), or None (any thread;
-        no lock: the store's read connection, which never waits for a commit under way). Read whether or not memory
-        holds the membership (the one in memory counts first, `_claimed`): one forgotten between this read and
-        `_admit` is still known by its stored digest."""
-        return self.store.joined_digest(worker_id) if worker_id else None
+        return self._claimed(request, self.store.joined_digest(request.previous_worker_id))
 
     def knows(self, worker_id: str) -> bool:
         """Whether `worker_id` joined this run and is still in memory, active or not (any thread; none: a
@@ -1222,22 +1215,14 @@ class SwarmCoordinator:
         with self._lock:
             return len(self._active)
 
-    def places_taken(self) -> int:
-        """The places of `coordinator.max_workers` taken in the open round: the active workers and the ended
-        memberships whose update is in it (`decisions.decide_place`; any thread; takes `_lock`)."""
-        with self._lock:
-            return self._places_taken()
-
     def load(self, reservations: Collection[Reservation]) -> tuple[int, int, int]:
-        """(active workers, places taken (`places_taken`), how many of `reservations`, a sweep's joins placed here, are
-        not seated yet), under one hold of `_lock`, which `_seat` marks a reservation under: a join seated meanwhile
-        counts once, as a member (any thread, a RunGroup's `_loads`; takes `_lock`)."""
+        """(active workers, the places of `coordinator.max_workers` taken in the open round: the active workers and
+        the ended memberships whose update is in it (`decisions.decide_place`), how many of `reservations`, a sweep's
+        joins placed here, are not seated yet), under one hold of `_lock`, which `_seat` marks a reservation under: a
+        join seated meanwhile counts once, as a member (any thread, a RunGroup's `_loads`; takes `_lock`)."""
         with self._lock:
-            return len(self._active), self._places_taken(), sum(1 for held in reservations if not held.seated)
-
-    def _places_taken(self) -> int:
-        """`places_taken` (lock held)."""
-        return len(self._active) + len(self._place_holders() - set(self._active))
+            places = len(self._active) + len(self._place_holders() - set(self._active))
+            return len(self._active), places, sum(1 for held in reservations if not held.seated)
 
     def reassign(self, worker_id: str, reason: str) -> None:
         """End a worker's membership here because a sweep moves it to another run; may close the round

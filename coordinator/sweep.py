@@ -299,10 +299,10 @@ class RunGroup:
     def _loads(self) -> list[RunLoad]:
         """Every run's load, counting the workers moved toward it that have not joined yet and the joins placed there
         whose membership is not seated yet (group lock held; takes each run's lock in turn): without them a second
-        worker was moved off a run only to be sent back to it. A run is full when its places are
-        (`SwarmCoordinator.places_taken`). A join's place and its membership are read under one hold of the run's
-        lock (`SwarmCoordinator.load`): before, a member seated and its place, dropped only once its `join` returned,
-        were both counted meanwhile, and a placement near `coordinator.max_workers` was refused for a moment."""
+        worker was moved off a run only to be sent back to it. A run is full when its places are. A join's place,
+        the run's members and its places are read under one hold of the run's lock (`SwarmCoordinator.load`): before,
+        a member seated and its place, dropped only once its `join` returned, were both counted meanwhile, and a
+        placement near `coordinator.max_workers` was refused for a moment."""
         now = self.runs[0].clock()
         self._arriving = {worker: (index, until) for worker, (index, until) in self._arriving.items() if until > now}
         self._placing = [held for held in self._placing if held.until > now]

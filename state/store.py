@@ -538,8 +538,9 @@ class StateStore:
         """The SHA-256 of the worker secret membership `worker_id` got at its join (`record_join`), or None when this
         store has none (an id of another run or none, a membership of an older rcswarm, one pruned) (takes
         `_read_lock`: the read connection, which sees every committed join and never waits for a commit under way,
-        so that a slow disk's commit in one run of a sweep does not hold up a re-join placed in another). A coordinator honours a re-join naming a membership no longer in its memory only
-        with the secret of this digest (coordinator/service.py `_claimed`)."""
+        so that a slow disk's commit in one run of a sweep does not hold up a re-join placed in another). A
+        coordinator honours a re-join naming a membership no longer in its memory only with the secret of this digest
+        (coordinator/service.py `_claimed`)."""
         if not worker_id:
             return None
         rows = self._read(JOINED_DIGEST, (worker_id,))

@@ -316,7 +316,7 @@ def test_a_run_whose_places_ended_updates_hold_is_full_for_the_sweeps_joins(tmp_
         sweep.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(first), base_version=0, tokens=40)),
                          pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
         sweep.leave(pb.LeaveRequest(**creds(first), reason="done"))
-        assert (run.active_workers(), run.places_taken()) == (1, 2)
+        assert run.load(())[:2] == (1, 2)  # (active workers, places taken)
         joined = sweep.join(pb.JoinRequest(worker_name="d"))  # before: sent to L8 and refused RESOURCE_EXHAUSTED
         assert sweep.runs[1].knows(joined.worker_id)
     finally:
