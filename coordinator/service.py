@@ -1215,13 +1215,15 @@ class SwarmCoordinator:
         with self._lock:
             return len(self._active)
 
-    def load(self, reservations: Collection[Reservation]) -> tuple[int, int, int]:
+    def load(self, reservations: Collection[Reservation], taking_over: str = "") -> tuple[int, int, int]:
         """(active workers, the places of `coordinator.max_workers` taken in the open round: the active workers and
         the ended memberships whose update is in it (`decisions.decide_place`), how many of `reservations`, a sweep's
         joins placed here, are not seated yet), under one hold of `_lock`, which `_seat` marks a reservation under: a
-        join seated meanwhile counts once, as a member (any thread, a RunGroup's `_loads`; takes `_lock`)."""
+        join seated meanwhile counts once, as a member (any thread, a RunGroup's `_loads`; takes `_lock`).
+        `taking_over`: the membership a join names with its secret; its place, if an ended one's, is not counted (the
+        join takes it over, as `decide_place` counts it)."""
         with self._lock:
-            places = len(self._active) + len(self._place_holders() - set(self._active))
+            places = len(self._active) + len(self._place_holders() - set(self._active) - {taking_over})
             return len(self._active), places, sum(1 for held in reservations if not held.seated)
 
     def reassign(self, worker_id: str, reason: str) -> None:

@@ -296,19 +296,20 @@ class RunGroup:
         for run in self.runs:
             run.close()
 
-    def _loads(self) -> list[RunLoad]:
+    def _loads(self, taking_over: str = "") -> list[RunLoad]:
         """Every run's load, counting the workers moved toward it that have not joined yet and the joins placed there
         whose membership is not seated yet (group lock held; takes each run's lock in turn): without them a second
         worker was moved off a run only to be sent back to it. A run is full when its places are. A join's place,
         the run's members and its places are read under one hold of the run's lock (`SwarmCoordinator.load`): before,
         a member seated and its place, dropped only once its `join` returned, were both counted meanwhile, and a
-        placement near `coordinator.max_workers` was refused for a moment."""
+        placement near `coordinator.max_workers` was refused for a moment. `taking_over`: the membership the join
+        being placed names with its secret (`_claimed`), whose held place it takes over, not counted against it."""
         now = self.runs[0].clock()
         self._arriving = {worker: (index, until) for worker, (index, until) in self._arriving.items() if until > now}
         self._placing = [held for held in self._placing if held.until > now]
         loads = []
         for i, run in enumerate(self.runs):
-            active, places, placing = run.load([held for held in self._placing if held.run == i])
+            active, places, placing = run.load([held for held in self._placing if held.run == i], taking_over)
             arriving = sum(1 for index, _ in self._arriving.values() if index == i) + placing
             # Full counts the places ended memberships' updates hold in the open round too (`decide_place`): a join
             # sent there would be refused until that round closes while another run has room.
@@ -369,7 +370,8 @@ class RunGroup:
         to its run, whose admission alone decides (reason ""); a sweep refuses once every run finished, or every
         unfinished run is one the worker refused (`refused`, its `refused_run_ids`: it cannot train them).
         `previous`: the membership the join named with its secret (`_claimed`), or "": only then is a moved worker's
-        place toward its run handed over and is it sent back to the run it names."""
+        place toward its run handed over, is it sent back to the run it names, and does the place its ended
+        membership's update holds there count as its own (a full run takes it back)."""
         if not self.sweep:
             if refused:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
@@ -377,7 +379,7 @@ class RunGroup:
             return 0, ""
         if previous:
             self._arriving.pop(previous, None)  # a moved worker arriving: placed as one of the others
-        loads = without(self._loads(), refused)
+        loads = without(self._loads(previous), refused)
         index, reason = decide_assignment(loads, self._returning(request, previous))
         if index is None and refused and all(load.finished for load in loads) and not self.finished:
             names = ", ".join(self.runs[i].spec.run.name for i in sorted(refused))

@@ -4,6 +4,8 @@ Workers scheduled across a sweep's runs by a real coordinator are tests/swarm/te
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 
@@ -294,10 +296,9 @@ def test_a_push_with_a_wrong_secret_to_a_stopped_run_moves_no_one(tmp_path):
     sweep.close()
 
 
-def test_a_run_whose_places_ended_updates_hold_is_full_for_the_sweeps_joins(tmp_path):
-    """A membership that ended with an update in its run's open round holds its place until the round closes
-    (`decide_place`); the sweep counted only active workers, so a join went to that run and was refused while the
-    other run had room."""
+def _full_of_one_held_place(tmp_path) -> tuple[SweepCoordinator, Any]:
+    """A sweep of two runs of two places each: L8 with one active worker and the place of "a", which delivered an
+    update to the open round and left (a's JoinResponse is returned), L16 with one active worker."""
     from rcswarm.protos.v1 import coordinator_pb2 as pb
     from rcswarm.sync import tensor_stream
     from tests.helpers.coordinator import creds, deltas_of
@@ -305,20 +306,65 @@ def test_a_run_whose_places_ended_updates_hold_is_full_for_the_sweeps_joins(tmp_
     sweep = SweepCoordinator(tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 5},
                                        coordinator={"max_workers": 2},
                                        sync={"codec": "fp32", "max_update_norm": 100.0, "min_reports": 2}), tmp_path)
+    first, _, third = (sweep.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b", "c"))
+    run = sweep.runs[0]
+    assert run.knows(first.worker_id) and run.knows(third.worker_id)
+    for _ in run.pull(pb.PullParametersRequest(**creds(first))):
+        pass
+    header, chunks = tensor_stream.build_payload(deltas_of(run, 1e-3), codec=run.wire_format, run_id=run.run_id,
+                                                 version=0)
+    sweep.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(first), base_version=0, tokens=40)),
+                     pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
+    sweep.leave(pb.LeaveRequest(**creds(first), reason="done"))
+    assert run.load(())[:2] == (1, 2)  # (active workers, places taken)
+    return sweep, first
+
+
+def test_a_run_whose_places_ended_updates_hold_is_full_for_the_sweeps_joins(tmp_path):
+    """A membership that ended with an update in its run's open round holds its place until the round closes
+    (`decide_place`); the sweep counted only active workers, so a join went to that run and was refused while the
+    other run had room."""
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    sweep, _ = _full_of_one_held_place(tmp_path)
     try:
-        first, _, third = (sweep.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b", "c"))
-        run = sweep.runs[0]
-        assert run.knows(first.worker_id) and run.knows(third.worker_id)
-        for _ in run.pull(pb.PullParametersRequest(**creds(first))):
-            pass
-        header, chunks = tensor_stream.build_payload(deltas_of(run, 1e-3), codec=run.wire_format, run_id=run.run_id,
-                                                     version=0)
-        sweep.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(first), base_version=0, tokens=40)),
-                         pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
-        sweep.leave(pb.LeaveRequest(**creds(first), reason="done"))
-        assert run.load(())[:2] == (1, 2)  # (active workers, places taken)
         joined = sweep.join(pb.JoinRequest(worker_name="d"))  # before: sent to L8 and refused RESOURCE_EXHAUSTED
         assert sweep.runs[1].knows(joined.worker_id)
+    finally:
+        sweep.close()
+
+
+def test_a_re_join_naming_its_ended_membership_takes_its_held_place_back_in_a_full_sweep(tmp_path):
+    """The place an ended membership's update holds is its re-join's own (`decide_place`'s `taking_over`); the sweep
+    counted it against the re-join too, so with every run full the owner was refused RESOURCE_EXHAUSTED until the
+    round closed, and with room elsewhere it was sent away from the run it trained for. A join naming it without its
+    secret takes nothing over and is still refused."""
+    from rcswarm.coordinator.records import Refusal
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    sweep, first = _full_of_one_held_place(tmp_path)
+    try:
+        l8, l16 = sweep.runs
+        assert l16.knows(sweep.join(pb.JoinRequest(worker_name="d")).worker_id)  # L16 full too
+        with pytest.raises(Refusal) as refused:
+            sweep.join(pb.JoinRequest(worker_name="x", run_id=l8.run_id, previous_worker_id=first.worker_id,
+                                      previous_worker_secret=b"x" * 32))
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        again = sweep.join(pb.JoinRequest(worker_name="a", run_id=l8.run_id, **previous(first)))
+        assert l8.knows(again.worker_id), "before: refused RESOURCE_EXHAUSTED, every unfinished run full"
+        assert l8.load(())[:2] == (2, 2)  # the held place is the re-join's: no third place taken
+    finally:
+        sweep.close()
+
+
+def test_a_re_join_naming_its_ended_membership_goes_back_to_its_run_with_room_elsewhere(tmp_path):
+    """With room in another run, the owner of the held place went there (L8 counted full by its own place)."""
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    sweep, first = _full_of_one_held_place(tmp_path)
+    try:
+        again = sweep.join(pb.JoinRequest(worker_name="a", run_id=sweep.runs[0].run_id, **previous(first)))
+        assert sweep.runs[0].knows(again.worker_id), "before: assigned to L16"
     finally:
         sweep.close()
 
