@@ -12,6 +12,10 @@ seeded RNG, one action at a time:
 * makes the loopback TCP proxy between the workers and the coordinator cut every connection,
   refuse new ones for a while, or delay every chunk for a while.
 
+With `--sweep-lengths 16,32` the coordinator runs a sweep of those lengths instead of one run: its workers are
+placed among the runs and moved between them as kills and evictions unbalance them, and every check below holds
+per run (each run's versions, ledger and pulls; GetStatus's per-run versions).
+
 Then the chaos stops, every worker is running again, and the swarm trains until each worker has
 pulled a version newer than the last one seen under chaos. The report's checks:
 
@@ -51,6 +55,7 @@ from typing import Any, Callable
 import grpc
 
 from rcswarm.config.runspec import RunSpec
+from rcswarm.coordinator.sweep import run_state_dirs
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.store import StateStore
@@ -107,6 +112,8 @@ class SoakOptions:
     # Each worker keeps its membership in a file (`rcswarm worker --membership-file`), so that its restart ends
     # the killed process's membership at once instead of the round waiting a lease for it.
     membership_files: bool = False
+    # A sweep of these lengths (comma-separated) instead of one run of length 32.
+    sweep_lengths: str = ""
 
     def __post_init__(self) -> None:
         for name in ("minutes", "lease_s", "round_deadline_s", "action_every_s", "worker_pause_s",
@@ -128,6 +135,11 @@ class SoakOptions:
             raise ValueError(f"--phase-s {self.phase_s}, --gap-s {self.gap_s}: expected > 0 and >= 0")
         # A stopped or restarting coordinator must come back within one call's patience, or the
         # workers would give up by design rather than by a fault.
+        lengths = self.lengths()
+        if self.sweep_lengths and (len(lengths) < 2 or len(set(lengths)) != len(lengths)
+                                   or not all(4 <= n <= 256 for n in lengths)):
+            raise ValueError(f"--sweep-lengths {self.sweep_lengths!r}: expected two or more distinct lengths in "
+                             f"4..256, comma-separated")
         if self.coordinator_pause_s + START_TIMEOUT_S >= self.patience_s:
             raise ValueError(f"--patience-s {self.patience_s}: expected more than --coordinator-pause-s "
                              f"{self.coordinator_pause_s} + the {START_TIMEOUT_S:g} s a restart may take")
@@ -135,9 +147,18 @@ class SoakOptions:
     def action_kinds(self) -> tuple[str, ...]:
         return tuple(kind for kind in self.actions.split(",") if kind)
 
+    def lengths(self) -> list[int]:
+        """The sweep's lengths (`sweep_lengths`; empty: one run). ValueError naming the flag for a non-integer."""
+        try:
+            return [int(part) for part in self.sweep_lengths.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(f"--sweep-lengths {self.sweep_lengths!r}: expected comma-separated integers") from None
+
     def spec(self) -> RunSpec:
-        """The run: tiny LSTM on short windows, rounds until stopped, leases shorter than a worker's stop."""
-        return RunSpec.from_dict({
+        """The run (or the sweep's runs): tiny LSTM on short windows, rounds until stopped, leases shorter than a
+        worker's stop."""
+        sweep = {"sweep": {"seq_lens": self.lengths()}} if self.sweep_lengths else {}
+        return RunSpec.from_dict({**sweep,
             "run": {"name": "chaos-soak", "rounds": 0, "workers": self.workers},
             "model": {"name": "lstm_lm", "preset": "tiny"},
             "data": {"seq_len": 32, "batch_size": 4, "max_bytes": 2_000_000},
@@ -275,12 +296,16 @@ class Soak:
         self.fault_times: list[tuple[float, str]] = []
         self.windows: list[Window] = []
         self.busy: set[str] = set()
-        self.last_version = -1
-        self.announced_before_kill = -1
-        self.digests: dict[int, str] = {}
+        spec = options.spec()
+        # Each run's state dir (one for a single run); each run's newest version seen and the versions announced before
+        # the coordinator's last SIGKILL (one per run, in the runs' order: GetStatus's `runs`, else the run itself).
+        self.run_dirs = [run_dir for _, run_dir in run_state_dirs(spec, self.state_dir)]
+        self.last_versions = [-1] * len(self.run_dirs)
+        self.announced_before_kill: list[int] = []
+        self.digests: dict[tuple[int, int], str] = {}  # (run, version) → the digest GetStatus reported (single run)
         self.coordinator_port = _free_port()
         config = work / "run.toml"
-        config.write_text(options.spec().to_toml())
+        config.write_text(spec.to_toml())
         env = {**os.environ, TOKEN_ENV: TOKEN, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.coordinator = Child("coordinator", [
             sys.executable, "-m", "rcswarm.cli", "coordinator", "--config", str(config),
@@ -296,6 +321,11 @@ class Soak:
         self.coordinator_up_at: float | None = None
         self.client = CoordinatorClient(f"{HOST}:{self.coordinator_port}", TOKEN,
                                         retry=RetryPolicy(max_elapsed_s=0.01), timeouts=Timeouts(unary_s=2.0))
+
+    @property
+    def last_version(self) -> int:
+        """The lowest of the runs' newest versions seen (-1 before the first poll)."""
+        return min(self.last_versions)
 
     def _worker(self, index: int) -> Child:
         o = self.options
@@ -410,7 +440,7 @@ class Soak:
         self.busy.discard(child.name)
 
     def _coordinator_kill(self) -> None:
-        self.announced_before_kill = self.last_version
+        self.announced_before_kill = list(self.last_versions)
         self.coordinator.kill()
         self.coordinator_up_at = None
         self.tally.coordinator_kills += 1
@@ -467,22 +497,27 @@ class Soak:
         except (grpc.RpcError, RetriesExhausted):
             return None
         self.tally.polls += 1
-        if self.announced_before_kill >= 0:
-            if status.version < self.announced_before_kill:
+        versions = run_versions(status)
+        if len(versions) != len(self.run_dirs):
+            raise RuntimeError(f"GetStatus reports {len(versions)} runs: expected {len(self.run_dirs)}")
+        for run, (version, before) in enumerate(zip(versions, self.announced_before_kill)):
+            if version < before:
                 self.tally.restart_regressions += 1
-                self.tally.failures.append(f"the restarted coordinator serves version {status.version}, "
-                                           f"before the {self.announced_before_kill} it had announced")
-            self.announced_before_kill = -1
-        if status.version < self.last_version:
-            self.tally.status_regressions += 1
-            self.tally.failures.append(f"GetStatus went back from version {self.last_version} to {status.version}")
-        self.last_version = max(self.last_version, status.version)
-        self._note_digest(status.version, status.param_sha256, "GetStatus")
+                self.tally.failures.append(f"the restarted coordinator serves version {version} of run {run}, "
+                                           f"before the {before} it had announced")
+        self.announced_before_kill = []
+        for run, (version, last) in enumerate(zip(versions, self.last_versions)):
+            if version < last:
+                self.tally.status_regressions += 1
+                self.tally.failures.append(f"GetStatus went back from version {last} to {version} (run {run})")
+        self.last_versions = [max(version, last) for version, last in zip(versions, self.last_versions)]
+        if not status.runs:  # a sweep's GetStatus has no digest per run: its pulls are checked against its ledger
+            self._note_digest(0, status.version, status.param_sha256, "GetStatus")
         self.series.append((time.monotonic() - self.began, status.version, status.applied_tokens))
         return status
 
-    def _note_digest(self, version: int, digest: str, source: str) -> None:
-        known = self.digests.setdefault(version, digest)
+    def _note_digest(self, run: int, version: int, digest: str, source: str) -> None:
+        known = self.digests.setdefault((run, version), digest)
         if known != digest:
             self.tally.failures.append(f"{source} reports digest {digest[:16]} for version {version}, "
                                        f"{known[:16]} was reported before")
@@ -562,31 +597,34 @@ class Soak:
         self._watch_processes()
         self._await_coordinator(time.monotonic() + START_TIMEOUT_S)
 
-    def settle(self) -> dict[str, tuple[int, str]]:
-        """Train until every worker pulled a version newer than the newest seen so far; per worker name,
-        (version, digest) of its newest pull. Raises RuntimeError after `settle_s`."""
+    def settle(self) -> dict[str, tuple[int, int, str]]:
+        """Train until every worker pulled a version of its run newer than the newest seen of that run so far; per
+        worker name, (run, version, digest) of its newest pull. Raises RuntimeError after `settle_s`."""
         deadline = time.monotonic() + self.options.settle_s
-        target = None
+        targets: list[int] = []
         while time.monotonic() < deadline:
             self._watch_processes()
             status = self.poll_status()
-            if status is not None and target is None:
-                target = status.version + 1
+            if status is not None and not targets:
+                targets = [version + 1 for version in run_versions(status)]
             if status is not None:
                 pulls = self._newest_pulls(status)
-                if all(pulls.get(w.name, (-1, ""))[0] >= target for w in self.workers):
+                if all(w.name in pulls and pulls[w.name][1] >= targets[pulls[w.name][0]] for w in self.workers):
                     return pulls
             time.sleep(POLL_INTERVAL_S)
-        raise RuntimeError(f"not every worker pulled a version >= {target} within {self.options.settle_s:g}s")
+        raise RuntimeError(f"not every worker pulled a version >= {targets} of its run within "
+                           f"{self.options.settle_s:g}s")
 
-    def _newest_pulls(self, status: pb.GetStatusResponse) -> dict[str, tuple[int, str]]:
-        """Per active worker's name: (version, digest) of its newest pull that reached the metrics table."""
+    def _newest_pulls(self, status: pb.GetStatusResponse) -> dict[str, tuple[int, int, str]]:
+        """Per active worker's name: (run, version, digest) of its newest pull that reached its run's metrics table
+        (a membership's id is one run's: an active one's rows are in the run it trains)."""
         names = {w.worker_id: w.name for w in status.workers if w.state == pb.WORKER_STATE_ACTIVE}
-        newest: dict[str, tuple[int, str]] = {}
-        for row in pull_rows(self.state_dir):
-            name = names.get(row["worker_id"])
-            if name is not None and row["version"] >= newest.get(name, (-1, ""))[0]:
-                newest[name] = (row["version"], row["param_sha256"])
+        newest: dict[str, tuple[int, int, str]] = {}
+        for run, run_dir in enumerate(self.run_dirs):
+            for row in pull_rows(run_dir):
+                name = names.get(row["worker_id"])
+                if name is not None and row["version"] >= newest.get(name, (run, -1, ""))[1]:
+                    newest[name] = (run, row["version"], row["param_sha256"])
         return newest
 
     def stop_all(self) -> dict[str, int | None]:
@@ -605,6 +643,11 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
+
+
+def run_versions(status: pb.GetStatusResponse) -> list[int]:
+    """Each run's version: a sweep's from its RunSummaries, a single run's its own."""
+    return [run.version for run in status.runs] if status.runs else [status.version]
 
 
 def pull_rows(state_dir: Path) -> list[dict[str, Any]]:
@@ -633,6 +676,18 @@ def ledger(state_dir: Path) -> dict[int, str]:
     return {r.version + 1: r.param_sha256 for r in rounds}
 
 
+def moves(run_dirs: list[Path]) -> int:
+    """How many memberships a sweep moved to another run (its runs' "reassign" events)."""
+    count = 0
+    for run_dir in run_dirs:
+        store = StateStore.open_read_only(run_dir)
+        try:
+            count += len(store.events("reassign"))
+        finally:
+            store.close()
+    return count
+
+
 @dataclass
 class Verdict:
     """The soak's figures and checks; `ok` when every check holds."""
@@ -640,6 +695,8 @@ class Verdict:
     minutes: float
     seed: int
     workers: int
+    runs: int
+    moves: int
     rounds_completed: int
     tally: Tally
     versions_monotonic: bool
@@ -647,7 +704,7 @@ class Verdict:
     digest_mismatches: int
     replicas_checked: int
     replicas_identical: bool
-    final_pulls: dict[str, tuple[int, str]]
+    final_pulls: dict[str, tuple[int, int, str]]
     exit_codes: dict[str, int | None]
     windows: list[Window] = field(default_factory=list)
     load_average: tuple[float, float] = (0.0, 0.0)
@@ -671,6 +728,8 @@ class Verdict:
             ("minutes of chaos (seed)", f"{self.minutes:g} ({self.seed})" if not self.windows else
              f"{sum(w.end_s - w.start_s for w in self.windows if w.kind == 'chaos') / 60:.1f} ({self.seed})"),
             ("workers", self.workers),
+            *([("runs of the sweep (workers moved between them)", f"{self.runs} ({self.moves})")]
+              if self.runs > 1 else []),
             ("faults injected", t.faults),
             ("rounds completed", self.rounds_completed),
             ("coordinator restarts after SIGKILL", t.coordinator_kills),
@@ -717,30 +776,34 @@ class Verdict:
         return "\n".join(lines)
 
 
-def judge(soak: Soak, final_pulls: dict[str, tuple[int, str]], exit_codes: dict[str, int | None]) -> Verdict:
-    """Check the state dir's ledger and every pull the workers reported against each other and the polls."""
+def judge(soak: Soak, final_pulls: dict[str, tuple[int, int, str]], exit_codes: dict[str, int | None]) -> Verdict:
+    """Check each run's ledger and every pull the workers reported against each other and the polls."""
     soak.tally.connections_refused = soak.proxy.refused
-    digests = ledger(soak.state_dir)
-    versions = sorted(digests)
-    contiguous = versions == list(range(1, len(versions) + 1))
-    for version, digest in soak.digests.items():
-        if version in digests and digests[version] != digest:
+    ledgers = [ledger(run_dir) for run_dir in soak.run_dirs]
+    contiguous = all(sorted(digests) == list(range(1, len(digests) + 1)) for digests in ledgers)
+    for (run, version), digest in soak.digests.items():
+        if version in ledgers[run] and ledgers[run][version] != digest:
             soak.tally.failures.append(f"GetStatus served digest {digest[:16]} for version {version}; "
-                                       f"the ledger records {digests[version][:16]}")
-    lost = sum(1 for v, d in soak.digests.items() if v > 0 and digests.get(v) != d)
+                                       f"the ledger records {ledgers[run][version][:16]}")
+    lost = sum(1 for (run, v), d in soak.digests.items() if v > 0 and ledgers[run].get(v) != d)
     lost += soak.tally.restart_regressions
     mismatches = 0
-    for row in pull_rows(soak.state_dir):
-        expected = digests.get(row["version"]) if row["version"] > 0 else soak.digests.get(0)
-        if expected is not None and row["param_sha256"] != expected:
-            mismatches += 1
-            if mismatches <= 5:
-                soak.tally.failures.append(f"{row['worker_id']} pulled version {row['version']} with digest "
-                                           f"{row['param_sha256'][:16]}; the coordinator's is {expected[:16]}")
-    identical = bool(final_pulls) and all(digests.get(v) == d for v, d in final_pulls.values())
+    for run, run_dir in enumerate(soak.run_dirs):
+        first_pull: dict[int, str] = {}  # a sweep's version 0, which no GetStatus digest names: its pulls agree
+        for row in pull_rows(run_dir):
+            version = row["version"]
+            expected = ledgers[run].get(version) if version > 0 else \
+                soak.digests.get((run, 0)) or first_pull.setdefault(version, row["param_sha256"])
+            if expected is not None and row["param_sha256"] != expected:
+                mismatches += 1
+                if mismatches <= 5:
+                    soak.tally.failures.append(f"{row['worker_id']} pulled version {version} of run {run} with "
+                                               f"digest {row['param_sha256'][:16]}; the coordinator's is {expected[:16]}")
+    identical = bool(final_pulls) and all(ledgers[run].get(v) == d for run, v, d in final_pulls.values())
     return Verdict(
         minutes=soak.options.minutes, seed=soak.options.seed, workers=soak.options.workers,
-        rounds_completed=len(versions), tally=soak.tally,
+        runs=len(soak.run_dirs), moves=moves(soak.run_dirs) if len(soak.run_dirs) > 1 else 0,
+        rounds_completed=sum(len(digests) for digests in ledgers), tally=soak.tally,
         versions_monotonic=contiguous and soak.tally.status_regressions == 0,
         committed_versions_lost=lost, digest_mismatches=mismatches, replicas_checked=len(final_pulls),
         replicas_identical=identical, final_pulls=final_pulls, exit_codes=exit_codes, windows=list(soak.windows),

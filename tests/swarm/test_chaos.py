@@ -46,6 +46,10 @@ def test_bad_soak_arguments_are_named():
     proc = subprocess.run([sys.executable, str(SOAK), "--workers", "0"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--workers 0: expected 1..16" in proc.stderr
+    proc = subprocess.run([sys.executable, str(SOAK), "--sweep-lengths", "16,16"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "--sweep-lengths '16,16': expected two or more distinct lengths" in proc.stderr
 
 
 @pytest.mark.wide
@@ -63,3 +67,19 @@ def test_a_swarm_survives_minutes_of_chaos(tmp_path):
     assert verdict["digest_mismatches"] == 0
     assert verdict["replicas_identical"] and verdict["replicas_checked"] == 3
     assert tally["workers_gave_up"] == 0 and tally["coordinator_crashes"] == 0
+
+
+@pytest.mark.wide
+def test_a_sweep_survives_minutes_of_chaos(tmp_path):
+    """The same chaos on a sweep of two lengths: its workers are placed among the runs and moved between them as
+    kills and evictions unbalance them; every check holds per run (versions, ledger, pulls, replicas of each run)."""
+    code, output, verdict = run_soak(tmp_path, "--minutes", "1.5", "--workers", "4", "--seed", "5",
+                                     "--sweep-lengths", "16,32")
+    assert code == 0, output[-8000:]
+    assert verdict["ok"] and not verdict["tally"]["failures"], output[-8000:]
+    assert verdict["runs"] == 2 and verdict["rounds_completed"] >= 20, output[-4000:]
+    assert verdict["versions_monotonic"] and verdict["committed_versions_lost"] == 0
+    assert verdict["digest_mismatches"] == 0
+    assert verdict["replicas_identical"] and verdict["replicas_checked"] == 4
+    runs = {run for run, _, _ in verdict["final_pulls"].values()}
+    assert runs == {0, 1}, verdict["final_pulls"]  # both runs trained to the end
