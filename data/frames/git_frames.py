@@ -82,6 +82,7 @@ from rcswarm.data.frames.frame_codec import MAX_SIDE, FrameReader, FrameWriter, 
 from rcswarm.data.frames.git_editor import CONTROL_SEQUENCES, CONTROLS, MIN_COLS, MIN_ROWS, N_STYLES
 from rcswarm.data.frames.git_replay import ReplayStats, check_limits, replay
 from rcswarm.data.frames.window import FrameBatch, FrameWindowSpec, check_chunk
+from rcswarm.data.validation import check_int
 
 MANIFEST = "manifest.json"
 BUILD_LOCK = ".build.lock"
@@ -345,46 +346,68 @@ def build_git_dataset(
 
 
 def check_held_out_apart(repos: Sequence[RepoInput], max_commits: int | None) -> None:
-    """ValueError, naming both histories and a commit, when a held-out history shares a replayed commit with a
-    training one (the same repository given twice, a fork, a clone): its frames would be trained on. Asked before
-    anything is written; only the commits each replay reads count (the first `max_commits` of its first-parent
-    line).
+    """ValueError, naming both histories, a shared commit and what to do, when a held-out history shares a commit with
+    a training one: the same repository given twice, a fork, a clone, or a history that merged the other (a merge is
+    replayed as its diff against its first parent, so the merged history's files are typed into the merging one's
+    frames). Asked before anything is written; only what each replay reads counts: the whole ancestry of its last
+    replayed commit (HEAD, or the `max_commits`th of its first-parent line), every parent followed.
 
-    A commit names its first parent, so two first-parent lines that share a commit share every commit below it
-    down to the root of one of them (the older root, or a shallow clone's boundary): they share a replayed commit
-    exactly when one line's root is among the other's first `max_commits` commits. So only the roots are held,
-    and each line is streamed (`Git.first_parent_commits`, stopped at `max_commits`), never held, whatever its
-    length.
+    Two ancestries share a commit exactly when a root of one (a commit without a parent, or a shallow clone's
+    boundary) is in the other: below a shared commit, following parents, one of the two reaches a root first, and
+    the other reaches that commit too. So only the roots (`Git.roots`, few) are held, and each history's ancestry is
+    streamed once (`Git.ancestry`), never held, whatever its length.
     """
     held = [r for r in repos if r.held_out]
     if not held:
         return
-
-    def first_of(repo: RepoInput, limit: int | None, wanted: dict | None) -> str | None:
-        """The first of `repo`'s first `limit` commits that is in `wanted` (None: any); git stopped there."""
-        with closing(git_replay.Git(str(repo.path)).first_parent_commits(max_count=limit)) as line:
-            for sha, _, _ in line:
-                if wanted is None or sha in wanted:
-                    return sha
-        return None
-
-    def refuse(held_repo: RepoInput, sha: str, trained: RepoInput) -> ValueError:
-        return ValueError(f"held-out repository {held_repo.name} ({held_repo.path}) shares commit {sha} with training "
-                          f"repository {trained.name}: its frames would be trained on; expected a held-out "
-                          "history with no commit of a training one (not the same repository, a fork or a clone)")
-
     training = [r for r in repos if not r.held_out]
-    roots = {repo.name: first_of(repo, 1, None) for repo in repos}
-    training_roots = {roots[r.name]: r for r in reversed(training)}
-    held_roots = {roots[r.name]: r for r in reversed(held)}
-    for repo in held:  # a training line's root among the held-out line's commits: the first commit they share
-        shared = first_of(repo, max_commits, training_roots)
+    heads = {r.name: _replayed_head(r, max_commits) for r in repos}
+    roots = {r.name: git_replay.Git(str(r.path)).roots(heads[r.name]) for r in repos}
+    training_roots = {sha: r for r in reversed(training) for sha in roots[r.name]}
+    held_roots = {sha: r for r in reversed(held) for sha in roots[r.name]}
+    for repo in held:  # a training history's root in the held-out one: it forked, cloned or merged the training one
+        shared = _first_reached(repo, heads[repo.name], training_roots)
         if shared is not None:
-            raise refuse(repo, shared, training_roots[shared])
-    for repo in training:  # a held-out line's root among a training line's commits
-        shared = first_of(repo, max_commits, held_roots)
+            raise _shares_commit(repo, shared, training_roots[shared], training_roots[shared])
+    for repo in training:  # a held-out history's root in a training one: it forked, cloned or merged the held-out one
+        shared = _first_reached(repo, heads[repo.name], held_roots)
         if shared is not None:
-            raise refuse(held_roots[shared], shared, repo)
+            raise _shares_commit(held_roots[shared], shared, repo, held_roots[shared])
+
+
+def _replayed_head(repo: RepoInput, max_commits: int | None) -> str:
+    """The last commit a replay of `repo` reads: HEAD, or the `max_commits`th commit of its first-parent line (the
+    line streamed, git stopped there)."""
+    git = git_replay.Git(str(repo.path))
+    if max_commits is None:
+        return git.resolve("HEAD")
+    last = ""
+    with closing(git.first_parent_commits(max_count=max_commits)) as line:
+        for sha, _, _ in line:
+            last = sha
+    return last
+
+
+def _first_reached(repo: RepoInput, head: str, wanted: dict[str, RepoInput]) -> str | None:
+    """The first commit of `head`'s ancestry in `repo` that is in `wanted`, or None; git is stopped there."""
+    if not wanted:
+        return None
+    with closing(git_replay.Git(str(repo.path)).ancestry(head)) as commits:
+        for sha in commits:
+            if sha in wanted:
+                return sha
+    return None
+
+
+def _shares_commit(held: RepoInput, sha: str, trained: RepoInput, owner: RepoInput) -> ValueError:
+    """The refusal of a held-out history `held` and a training one `trained` that share commit `sha`, a root commit
+    of `owner`'s history (one of the two)."""
+    other = trained if owner is held else held
+    return ValueError(
+        f"held-out repository {held.name} ({held.path}) shares commit {sha} with training repository {trained.name} "
+        f"({trained.path}): {sha}, a root commit of {owner.name}'s history, is also in {other.name}'s (one of the two "
+        "is a clone or fork of the other, or merged it), so the held-out history's files would be trained on; "
+        f"expected histories with no commit in common: drop {held.name} or {trained.name}, or hold out another history")
 
 
 def _remove_if_only_the_lock(out: Path) -> None:
@@ -474,6 +497,7 @@ def _build(repos: list[RepoInput], out: Path, build: str, rows: int, cols: int, 
         per_repo.append({"name": repo.name, "path": str(Path(repo.path).resolve()), "head": stats.last_commit,
                          "split": repo.split, **{key: getattr(stats, key) for key in SUMMARY_COUNTS},
                          "replay_seconds": time.perf_counter() - started})
+    check_every_history_has_frames(per_repo, sink.shards)
     t_replay = time.perf_counter() - t0
     c_replay = _cpu() - c0
 
@@ -529,6 +553,22 @@ def _build(repos: list[RepoInput], out: Path, build: str, rows: int, cols: int, 
         "shards": sink.shards, "summary": summary,
     }
     return summary, manifest
+
+
+def check_every_history_has_frames(per_repo: list[dict], shards: list[dict]) -> None:
+    """ValueError, naming the history, its commits and what its replay skipped, when a history gave no frame (no text
+    file in the commits it read): the build would publish a dataset without it (an empty one, in place of a good one
+    with --overwrite) that fails only when opened. Asked after the replay, before anything is published; with a frame
+    from every history, the training split has frames too."""
+    framed = {sh["repo"] for sh in shards if sh["frames"] > 0}
+    for entry in per_repo:
+        if entry["name"] not in framed:
+            skipped = ", ".join(f"{entry[key]} {key.removeprefix('skipped_')}" for key in SUMMARY_COUNTS
+                                if key.startswith("skipped_"))
+            raise ValueError(f"repository {entry['name']} ({entry['path']}, split {entry['split']!r}): its "
+                             f"{entry['commits']} commits replayed gave 0 frames (files typed: {entry['files']}; "
+                             f"skipped: {skipped}); expected a history with at least one text file: leave it out, "
+                             "or raise max_file_bytes (--max-file-bytes) where its files were skipped as oversized")
 
 
 def _publish(staging: Path, out: Path, manifest: dict) -> None:
@@ -688,8 +728,8 @@ def _int_array(path: Path) -> np.ndarray:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable .npy array: {e}") from None
+    except (OSError, ValueError, EOFError) as e:  # EOFError: a file of zero bytes (a copy cut off)
+        raise ValueError(f"{path}: not a readable .npy array: {type(e).__name__}: {e}") from None
     if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype.kind not in "iu":
         raise ValueError(f"{path}: dtype {getattr(a, 'dtype', None)}, shape {getattr(a, 'shape', None)}: "
                          "expected a 1-D array of integers")
@@ -708,6 +748,8 @@ class GitFrameSource:
 
     def __init__(self, root: str | Path, spec: FrameWindowSpec, char_vocab: int = 8192, max_open: int = 4,
                  split: str | None = None) -> None:
+        check_int("GitFrameSource", "char_vocab", char_vocab, 1)
+        check_int("GitFrameSource", "max_open", max_open, 1)
         self.root = Path(root)
         self.spec = spec
         self.char_vocab = char_vocab

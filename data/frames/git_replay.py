@@ -325,6 +325,27 @@ class Git:
         for commit in self._log(rev, max_count, subjects, raw=False):
             yield commit.sha, commit.parent, commit.subject
 
+    def roots(self, rev: str = "HEAD") -> list[str]:
+        """The root commits of `rev`'s whole ancestry, every parent followed (`git rev-list --max-parents=0`): the
+        commits without a parent, a shallow clone's boundary among them; a history has few."""
+        return self.run("rev-list", "--max-parents=0", rev, "--").decode().split()
+
+    def ancestry(self, rev: str = "HEAD") -> Generator[str, None, None]:
+        """Every commit `rev` reaches through any parent, merged histories included (`git rev-list`), newest first:
+        read as git prints it, one chunk held at a time (a generator: close it to stop git early)."""
+        chunks = self.stream("rev-list", rev, "--")
+        tail = b""
+        try:
+            for chunk in chunks:
+                lines = (tail + chunk).split(b"\n")
+                tail = lines.pop()
+                for line in lines:
+                    yield line.decode()
+        finally:
+            chunks.close()
+        if tail:
+            yield tail.decode()
+
     def history(self, rev: str = "HEAD", max_count: int | None = None) -> Iterator[tuple[str, list[Change]]]:
         """(commit, changes against its first parent), oldest first, from one `git log --raw` process, parsed as
         it arrives (a generator: one commit's changes held at a time).

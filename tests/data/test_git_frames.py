@@ -1,13 +1,15 @@
 """Git histories replayed as editor frames: replay invariant, frame format, tokenizer, loader, CLI.
 
-One test replays a repository with `git` (the replay's own `Git`, which the rest of tests/swarm/test_git_frames.py
-exercises): a repository's configuration that changes what `git log` prints.
+A few tests make repositories with `git` (the replay's own `Git`, which the rest of tests/swarm/test_git_frames.py
+exercises): a repository's configuration that changes what `git log` prints, a training history that merged the
+held-out one (or the reverse), a history without a text file.
 """
 
 from __future__ import annotations
 
 import shutil
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -428,3 +430,94 @@ def test_a_signed_commit_with_log_show_signature_set_replays(tmp_path, monkeypat
     assert list(Git(str(repo)).first_parent_commits(subjects=True)) == [(parent, None, "one"), (signed, parent, "signed")]
     stats = replay(str(repo), lambda *a: None, ROWS, COLS)
     assert stats.commits == 2 and stats.files == 2 and stats.last_commit == signed
+
+
+def _hermetic_git(monkeypatch, tmp_path) -> None:
+    """The git commands of a test read no configuration of the user's or the system's."""
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+
+
+def _commit(git: Git, files: dict[str, bytes], message: str) -> None:
+    """Write `files` into the work tree of `git`'s repository and commit everything there."""
+    for name, data in files.items():
+        (Path(git.repo) / name).write_bytes(data)
+    git.run("add", "-A")
+    git.run("-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false",
+            "commit", "-q", "-m", message)
+
+
+def _new_repo(path: Path, *commits: dict[str, bytes]) -> Git:
+    """A repository at `path` (branch main) with one commit per dict of files."""
+    path.mkdir()
+    git = Git(str(path))
+    git.run("init", "-q", "-b", "main")
+    for k, files in enumerate(commits):
+        _commit(git, files, f"commit {k}")
+    return git
+
+
+def _merging_repo(path: Path, merged: Path) -> Git:
+    """A copy of the repository `merged` whose HEAD is a branch of its own (one commit of app.py) that merged
+    `merged`'s main with `--allow-unrelated-histories` (a vendored library): its first-parent line is its own."""
+    shutil.copytree(merged, path)
+    git = Git(str(path))
+    git.run("checkout", "-q", "--orphan", "app")
+    git.run("rm", "-q", "-r", "-f", ".")
+    _commit(git, {"app.py": b"print(1)\n"}, "app")
+    git.run("-c", "user.name=t", "-c", "user.email=t@example.com", "merge", "-q", "--allow-unrelated-histories",
+            "-m", "merge lib", "main")
+    return git
+
+
+@pytest.mark.parametrize("held_out", ["lib", "app"])
+def test_a_history_that_merged_the_held_out_one_or_the_reverse_is_refused(monkeypatch, tmp_path, capsys, held_out):
+    """The review's repro: a training history `app` that merged the held-out `lib` (unrelated histories) typed every
+    file of lib into training frames, since a merge is replayed as its diff against its first parent; the check
+    compared the first-parent lines only. The reverse (a held-out history that merged a training one) passed too."""
+    from rcswarm.cli.main import main
+    from rcswarm.data.frames.git_frames import RepoInput, build_git_dataset
+
+    _hermetic_git(monkeypatch, tmp_path)
+    lib = _new_repo(tmp_path / "lib", {"lib.py": b"def secret():\n    return 42\n"},
+                    {"lib.py": b"def secret():\n    return 43\n"})
+    lib_root = lib.run("rev-list", "--max-parents=0", "HEAD").decode().strip()
+    _merging_repo(tmp_path / "app", tmp_path / "lib")
+    trained = "app" if held_out == "lib" else "lib"
+    repos = [RepoInput(trained, tmp_path / trained), RepoInput(held_out, tmp_path / held_out, held_out=True)]
+    out = tmp_path / "ds"
+    with pytest.raises(ValueError, match=rf"held-out repository {held_out} .* shares commit {lib_root} with training "
+                                         rf"repository {trained} .*merged it.* drop {held_out} or {trained}"):
+        build_git_dataset(repos, out, ROWS, COLS, vocab_size=300, progress=False)
+    assert not out.exists()
+    flags = ["--held-out", held_out, "--out", str(out), "--no-progress", "--vocab-size", "300", "--rows", str(ROWS),
+             "--cols", str(COLS)]
+    assert main(["data", "frames", "--repo", str(tmp_path / "app"), "--repo", str(tmp_path / "lib"), *flags]) == 2
+    assert f"shares commit {lib_root}" in capsys.readouterr().err and not out.exists()
+    if held_out == "lib":  # the merge past --max-commits is not replayed: app's first commit alone shares nothing
+        summary = build_git_dataset(repos, out, ROWS, COLS, vocab_size=300, max_commits=1, progress=False)
+        assert [r["commits"] for r in summary["repos"]] == [1, 1]
+
+
+def test_a_history_without_a_text_file_is_refused_and_the_old_dataset_kept(monkeypatch, tmp_path):
+    """The review's repro: a history of binary files only was built (exit 0) into a dataset of zero frames, which
+    replaced a good one, and failed only when opened ("window longer than the data"). Now the build is refused,
+    naming the history and what was skipped, before anything is published; a held-out history without frames too."""
+    from rcswarm.data.frames.git_frames import RepoInput, build_git_dataset
+
+    _hermetic_git(monkeypatch, tmp_path)
+    _new_repo(tmp_path / "text", {"a.py": b"x = 1\n"}, {"a.py": b"x = 2\n"})
+    _new_repo(tmp_path / "bin", {"bin.dat": bytes(range(256)) * 4, "nul.txt": b"\x00abc"})
+    options = {"rows": ROWS, "cols": COLS, "vocab_size": 300, "progress": False}
+    empty = r"repository bin \(.*\): its 1 commits replayed gave 0 frames \(files typed: 0; skipped: 2 binary, "
+    with pytest.raises(ValueError, match=empty + r".*expected a history with at least one text file"):
+        build_git_dataset([RepoInput("bin", tmp_path / "bin")], tmp_path / "new", **options)
+    assert not (tmp_path / "new").exists()
+    out = tmp_path / "ds"
+    build_git_dataset([RepoInput("text", tmp_path / "text")], out, **options)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for repos in ([RepoInput("bin", tmp_path / "bin")],
+                  [RepoInput("text", tmp_path / "text"), RepoInput("bin", tmp_path / "bin", held_out=True)]):
+        with pytest.raises(ValueError, match=empty):
+            build_git_dataset(repos, out, **options)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before

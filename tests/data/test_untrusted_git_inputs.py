@@ -88,6 +88,15 @@ class MemoryGit:
         for k, (sha, _) in enumerate(self.log[:max_count]):
             yield sha, self.log[k - 1][0] if k else None, f"commit {k}" if subjects else ""
 
+    def roots(self, rev: str = "HEAD") -> list[str]:
+        """The history's one root commit (`Git.roots`)."""
+        return [self.log[0][0]]
+
+    def ancestry(self, rev: str = "HEAD") -> Iterator[str]:
+        """The commits `rev` reaches, newest first (`Git.ancestry`): a line has no merges."""
+        shas = [sha for sha, _ in self.log]
+        yield from reversed(shas[: shas.index(rev) + 1])
+
     def history(self, rev: str = "HEAD", max_count: int | None = None) -> Iterator[tuple[str, list[Change]]]:
         yield from self.log[:max_count]
 
@@ -534,6 +543,8 @@ CRAFTED = {
     "float ids": (_edit_array("tokens.npy", lambda t: t.astype(np.float64) + 0.7), r"tokens\.npy: dtype float64"),
     "2-D ids": (_edit_array("tokens.npy", lambda t: t.reshape(1, -1)), r"tokens\.npy: .*expected a 1-D array"),
     "a cut .npy": (_cut_tokens, r"tokens\.npy: not a readable \.npy array"),
+    "a .npy of zero bytes": (lambda d: shard_file(d, "tokens.npy").write_bytes(b""),
+                             r"tokens\.npy: not a readable \.npy array: EOFError"),
     "fewer tokens than the manifest says": (_edit_array("tokens.npy", lambda t: t[:20]), r"20 ids .* expected \d+"),
     "negative starts": (_edit_array("starts.npy", lambda s: s * 0 - 1), r"starts\.npy: starts from -1"),
     "starts past the frames": (_edit_array("starts.npy", lambda s: s * 0 + 10**9), r"starts\.npy: .*expected non-dec"),
@@ -585,6 +596,15 @@ def test_a_malformed_history_list_is_refused_naming_the_file(dataset, tmp_path, 
     for split in ("val", "train", None):  # before the fix: TypeError or AttributeError for split "val"
         with pytest.raises(ValueError, match=r"manifest\.json: repos = .*: expected a list of objects, each with a name"):
             GitFrameSource(d, SPEC, split=split)
+
+
+@pytest.mark.parametrize("option, value", [("char_vocab", 0), ("char_vocab", -7), ("char_vocab", True),
+                                           ("max_open", 0), ("max_open", -1), ("max_open", 2.5)])
+def test_the_sources_own_arguments_are_checked(dataset, option, value):
+    """char_vocab 0 or -7 served frames of char ids 0 or -6..0 without a word, and max_open 0 failed on its first batch
+    with "seek of closed file"; now each is a ValueError naming the argument and its value."""
+    with pytest.raises(ValueError, match=rf"GitFrameSource\.{option}={value!r}: expected a positive int"):
+        GitFrameSource(dataset, SPEC, **{option: value}).next_batch()
 
 
 def test_an_unchanged_copy_of_the_dataset_loads(dataset, tmp_path):
