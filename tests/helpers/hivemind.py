@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,14 +181,18 @@ def swarm(tmp_path: Path, no_new_p2pd: None) -> Iterator[Any]:
 
 
 def run_whole(make: Callable[..., Swarm], spec: RunSpec, names: list[str], timeout: float,
-              torn_drift: float = 2 * RULES.drift_tolerance) -> tuple[Swarm, list[subprocess.Popen]]:
+              torn_drift: float = 2 * RULES.drift_tolerance,
+              worker_args: Callable[[int], Sequence[str]] = lambda attempt: ()) -> tuple[Swarm, list[subprocess.Popen]]:
     """Start the workers `names` in a swarm from `make` (the `swarm` fixture) and wait for them; when the known stall
     of a fresh swarm's first all-reduce strikes (`Swarm.first_rounds_torn` with `torn_drift`, checked while they
     run and at the end), start the scenario once more in a fresh swarm. A second occurrence, or any other failure,
-    is the test's to fail. Returns the swarm of the attempt that counts and its workers."""
+    is the test's to fail. `worker_args(attempt)`: the workers' extra flags for that attempt (1 or 2), called once
+    before it starts them (a fresh coordinator's address). Returns the swarm of the attempt that counts and its
+    workers."""
     for attempt in (1, 2):
         peers = make(spec, f"attempt{attempt}")
-        workers = [peers.worker(name) for name in names]
+        extra = worker_args(attempt)
+        workers = [peers.worker(name, *extra) for name in names]
         def torn() -> bool:
             return attempt == 1 and peers.first_rounds_torn(names, torn_drift)
 

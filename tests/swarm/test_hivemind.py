@@ -636,14 +636,19 @@ def test_workers_train_the_lengths_their_coordinator_assigns(swarm: Any, start_c
     """curriculum.worker_seq_lens: each hivemind worker trains the length the coordinator assigned it
     at its join, and the two lengths average in one group (Δ̄ weighted by tokens)."""
     spec = hivemind_spec(run={"name": "hm", "rounds": 2}, curriculum={"worker_seq_lens": [16, 48]}, hivemind=PATIENT)
-    coordinator = start_coordinator(spec, tmp_path / "coordinator")
-    peers = swarm(spec)
-    procs = [peers.worker(name, "--coordinator", coordinator.target) for name in ("a", "b")]
-    peers.wait(procs, timeout=150)
+    coordinators = []
+
+    def via_a_fresh_coordinator(attempt: int) -> tuple[str, str]:  # a second attempt's joins find no earlier ones
+        coordinators.append(start_coordinator(spec, tmp_path / f"coordinator{attempt}"))
+        return "--coordinator", coordinators[-1].target
+
+    peers, _ = run_whole(swarm, spec, ["a", "b"], 150, worker_args=via_a_fresh_coordinator)
+    coordinator = coordinators[-1]
     assigned = {w.name: w.assignment.seq_len for w in coordinator.service.status().workers}
     assert sorted(assigned.values()) == [16, 48], assigned
     for name in ("a", "b"):
         history = peers.summary(name)["history"]
-        assert [h["version"] for h in history] == [1, 2] and all(h["group"] == 2 and not h["skipped"] for h in history)
+        whole = [h["version"] for h in history] == [1, 2] and all(h["group"] == 2 and not h["skipped"] for h in history)
+        assert whole, (name, history, logs_of(peers.procs))
         assert {h["seq_len"] for h in history} == {assigned[name]}, history
     assert_replicas_agree(peers, ["a", "b"], 2 * REPLICA_TOLERANCE_PER_ROUND)
