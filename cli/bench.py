@@ -197,14 +197,20 @@ def markdown_table(results: list[dict[str, Any]], key: str) -> str:
 
 
 def swarm_config(choice: ModelChoice, task_name: str, task_config: dict[str, Any], task: DiagnosticTask, args: argparse.Namespace) -> str:
+    """The run config of `rcswarm bench diag --swarm-config`: the task and model trained on a swarm; its data.seq_len
+    (for a diagnostic task, the scored positions of one sequence, `scored_per_example`) at least the task's."""
+    from rcswarm.train.inner import scored_per_example
+
     overrides = {"vocab_size": task.vocab.vocab_size, "num_classes": task.vocab.num_classes, **choice.overrides}
-    spec = RunSpec.from_dict({
+    raw = {
         "run": {"name": f"diag-{task_name}-{choice.name}", "seed": args.seed, "rounds": 50},
         "model": {"name": choice.name, "preset": choice.preset, "overrides": overrides},
         "data": {"source": "diag", "task": task_name, "task_config": task_config, "batch_size": args.batch_size},
         "inner": {"lr": args.lr, "steps": 20},
-    })
-    return spec.to_toml()
+    }
+    scored, _ = scored_per_example(RunSpec.from_dict(raw).data, task)
+    raw["data"]["seq_len"] = max(RunSpec.from_dict(raw).data.seq_len, scored)
+    return RunSpec.from_dict(raw).to_toml()
 
 
 def model_names() -> str:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,10 +29,12 @@ from torch.optim.sgd import sgd
 
 from rcswarm.config.runspec import DataSection, InnerSection
 from rcswarm.data.diagnostics import IGNORE_INDEX, TASKS, DiagnosticTask, make_task
+from rcswarm.data.frames.window import FrameWindow, TensorWindow
 from rcswarm.data.text import ByteWindowSampler, load_stdlib_corpus, split_boundary
 from rcswarm.models.protocols import SegmentStepModel, StepModel
 from rcswarm.train.bptt.checkpointed import CheckpointPlan
 from rcswarm.train.bptt.encoder_chunks import chunk_bounds
+from rcswarm.train.bptt.schedule import MemoryBudgetError
 from rcswarm.train.bptt.stats import StreamingStats
 from rcswarm.train.bptt.streaming import streaming_backward
 
@@ -43,6 +46,7 @@ VAL_SEED_OFFSET = 1 << 40
 BYTE_VOCAB = 256  # the token ids of the "stdlib" byte windows
 FRAME_GEOMETRY = ("rows", "cols", "char_vocab", "action_vocab")  # the config fields frame sources are shaped by
 MIB = 1 << 20
+FLOAT32_BYTES = 4
 ADAMW_EPS = 1e-8  # torch.optim.AdamW's default
 MAX_TASK_BATCH_POSITIONS = 1 << 21  # a diagnostic batch's positions at most: the worker's --max-step-tokens default
 CONFIG_FAILURES = (ZeroDivisionError, OverflowError, MemoryError)  # what a task config the checks missed raises
@@ -163,6 +167,7 @@ def make_task_from(data: DataSection, model_config: Any = None) -> DiagnosticTas
             f"data.batch_size = {data.batch_size} with {lengths}: examples of up to {longest} tokens make "
             f"{data.batch_size * longest} positions a batch; expected at most {MAX_TASK_BATCH_POSITIONS} "
             "(lower data.batch_size or the task's lengths)")
+    _check_scored_positions(data, task)
     if model_config is None:
         return task
     vocab_size = _token_vocab(data, model_config)
@@ -175,6 +180,42 @@ def make_task_from(data: DataSection, model_config: Any = None) -> DiagnosticTas
                          f"{classes} logits a position; expected [model.overrides] num_classes (or vocab_size) "
                          f">= {task.vocab.num_classes}")
     return task
+
+
+SCORED_PER_EXAMPLE: dict[str, tuple[Callable[[Any], int], tuple[str, ...]]] = {
+    "maze": (lambda config: config.num_moves if config.scored == "every_move" else 1, ("num_moves", "scored")),
+    "mqar": (lambda config: config.num_kv_pairs, ("num_kv_pairs",)),
+    "s5": (lambda config: config.max_length, ("max_length",)),
+    "frjt": (lambda config: 1, ()),
+}
+"""Per diagnostic task: the most scored positions of one example as a function of its config, and the
+[data.task_config] keys that set it (`scored_per_example`)."""
+
+
+def scored_per_example(data: DataSection, task: DiagnosticTask) -> tuple[int, tuple[str, ...]]:
+    """The most scored target positions one example of `task` has, and the [data.task_config] keys that set it: from
+    the config (`SCORED_PER_EXAMPLE`), or for a task not listed there the most of one drawn batch of
+    data.batch_size examples (its length keys named)."""
+    if task.name in SCORED_PER_EXAMPLE:
+        count, keys = SCORED_PER_EXAMPLE[task.name]
+        return count(task.config), keys
+    targets = task.batch(data.batch_size, seed=0).targets  # [B, T]
+    return int((targets != IGNORE_INDEX).sum(dim=1).max()), tuple(getattr(task.config, "length_fields", ()))
+
+
+def _check_scored_positions(data: DataSection, task: DiagnosticTask) -> None:
+    """ValueError naming data.seq_len unless it covers the scored positions of one example of `task`: for
+    data.source = "diag" it stands for them in the coordinator's token bound (batch × seq_len × steps, sync.bound_tokens),
+    and a run below it had every update and metric row refused after it started (review, 2026-11-29: the maze's
+    num_moves = 400 with the default seq_len 256 made updates of 800 tokens against a bound of 512)."""
+    scored, keys = scored_per_example(data, task)
+    if data.seq_len >= scored:
+        return
+    named = ", ".join(f"data.task_config.{key} = {getattr(task.config, key)!r}" for key in keys)
+    raise ValueError(
+        f"data.seq_len = {data.seq_len}: with data.source = \"diag\" it bounds the scored positions of one sequence "
+        f"(the coordinator's token bound, batch × seq_len × steps), and task {data.task!r} scores up to {scored} "
+        f"a sequence{f' ({named})' if named else ''}; expected data.seq_len >= {scored}")
 
 
 def _token_vocab(data: DataSection, model_config: Any) -> int:
@@ -319,7 +360,7 @@ def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
     try:
         model_config = registry.make_config(spec.model.name, spec.model.preset, spec.model.overrides)
         if data.source == "diag":
-            make_task_from(data, model_config)
+            _check_diag_runs(spec, model_config)
         elif data.source == "typing":
             _check_typing_windows(spec, typing_config_for(data, model_config))
         elif data.source == "git":
@@ -332,6 +373,20 @@ def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def _check_diag_runs(spec: RunSpec, model_config: Any) -> None:
+    """`make_task_from` of the data of each run of `spec`: a sweep's runs replace data.seq_len and data.batch_size,
+    and its error then names sweep.seq_lens and the run's length."""
+    if not spec.is_sweep:
+        make_task_from(spec.data, model_config)
+        return
+    for run in spec.sweep_runs():
+        try:
+            make_task_from(run.data, model_config)
+        except ValueError as exc:
+            raise ValueError(f"sweep.seq_lens = {list(spec.sweep.seq_lens)}: its run of data.seq_len = "
+                             f"{run.data.seq_len}, data.batch_size = {run.data.batch_size}: {exc}") from None
 
 
 def _asked_lengths(spec: RunSpec) -> list[tuple[str, Any, list[int]]]:
@@ -476,6 +531,51 @@ def _check_streaming_model(spec: RunSpec, model_config: Any) -> None:
         raise ValueError(f"inner.memory_budget_mb = {inner.memory_budget_mb}: core checkpointing needs a model with "
                          f"encode(), core_loss() and core_segment() (a SegmentStepModel), and model "
                          f"{spec.model.name!r} ({cls.__name__}) is not one; expected inner.memory_budget_mb = 0")
+    if inner.memory_budget_mb > 0:
+        _check_memory_budget(spec, cls, model_config)
+
+
+def _check_memory_budget(spec: RunSpec, cls: type, model_config: Any) -> None:
+    """ValueError naming inner.memory_budget_mb when a window the run trains (`RunSpec.training_windows`) needs the
+    checkpointing schedule to keep a core state and one does not fit the budget (`budget_failure`). Before, a
+    budget of 0.0005 MiB passed and the worker's first step raised "no core state fits the memory budget" after it
+    joined (review, 2026-11-29). Models whose state size is not known here (`core_state_bytes`) are not checked."""
+    inner = spec.inner
+    plan = checkpoint_plan(inner.memory_budget_mb)
+    assert plan is not None
+    failures = []
+    for key, seq_len, batch in spec.training_windows():
+        state_bytes = core_state_bytes(cls, model_config, batch)
+        if state_bytes is None:
+            return
+        segments = math.ceil(seq_len / plan.segment_steps_for(inner.bptt_chunk))
+        try:
+            plan.resolve(segments, state_bytes, 0)
+        except MemoryBudgetError as exc:
+            failures.append((exc.needed_bytes, f"{key}: windows of {seq_len} steps at batch {batch}", exc))
+    if failures:
+        _, window, exc = max(failures, key=lambda failure: failure[0])
+        raise budget_failure(inner.memory_budget_mb, exc, window)
+
+
+def core_state_bytes(cls: type, model_config: Any, batch: int) -> int | None:
+    """The bytes of one core state at `batch` of the SegmentStepModel class `cls` built from `model_config`: for the
+    frame model, (h, c) of each of its n_main_layers LSTMs, each [1, B, n_hidden] float32 (they run in float32 under
+    autocast too, `rcswarm.models.lstm_run`); None for a model whose state size is not known here."""
+    from rcswarm.models.frame.model import FrameActionModel
+
+    if not issubclass(cls, FrameActionModel):
+        return None
+    return 2 * model_config.n_main_layers * batch * model_config.n_hidden * FLOAT32_BYTES
+
+
+def budget_failure(memory_budget_mb: float, exc: MemoryBudgetError, where: str = "") -> ValueError:
+    """The ValueError naming inner.memory_budget_mb for a schedule's `exc` (`where`: the window it was for), with the
+    least budget it needs when `exc` knows the state's size."""
+    needed = exc.needed_bytes
+    least = (f"expected inner.memory_budget_mb >= {needed / MIB} ({exc.states} core state(s) of {exc.state_bytes} "
+             "bytes)" if needed else "expected a larger inner.memory_budget_mb")
+    return ValueError(f"inner.memory_budget_mb = {memory_budget_mb}: {where + ': ' if where else ''}{exc}; {least}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -507,42 +607,80 @@ def loss_sum(
     IGNORE_INDEX, and their number, without gradients: the held-out loss's terms.
 
     A model trained in streaming chunks (`bptt_chunk` > 0 and a StepModel) is evaluated as it trains, `bptt_chunk`
-    steps at a time (`_streamed_loss_sum`): the whole window at once would keep activations growing with L where
+    steps at a time (`window_loss_sum`): the whole window at once would keep activations growing with L where
     its training's are flat. The value is the whole window's up to floating-point summation order. The inputs may
     stay on the host; each chunk is moved to `device`.
     """
+    if bptt_chunk > 0 and isinstance(model, StepModel):
+        return window_loss_sum(model, TensorWindow(inputs, targets), device, bptt_chunk)
     targets = targets.to(device)  # [B, L]
     scored = int((targets != IGNORE_INDEX).sum())
     if not scored:
         return 0.0, 0
     with torch.no_grad():
-        if bptt_chunk > 0 and isinstance(model, StepModel):
-            return _streamed_loss_sum(model, inputs, targets, device, bptt_chunk, scored), scored
         logits = model(inputs.to(device))  # [B, L, V]
         total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX,
                                 reduction="sum")
     return total.item(), scored
 
 
-def _streamed_loss_sum(
-    model: StepModel, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device, k: int, scored: int,
-) -> float:
-    """`loss_sum` of a StepModel k steps at a time (under no_grad): each chunk of inputs [B, k, ...] is encoded on
-    its own; a SegmentStepModel's core then runs on the chunk's embeddings [B, k, D] from the state the chunk before
-    left (`core_segment`), so nothing of size O(L) is kept; a plain StepModel's core needs the whole window's
-    embeddings [B, L, D] (as the paged training keeps them) and its `core_loss`, the mean over the `scored`
-    positions."""
-    bounds = chunk_bounds(inputs.shape[1], k)
-    if not isinstance(model, SegmentStepModel):
-        embeddings = torch.cat([model.encode(inputs[:, a:b].to(device)) for a, b in bounds], dim=1)  # [B, L, D]
-        return model.core_loss(embeddings, targets).item() * scored
+def window_loss_sum(
+    model: StepModel, window: FrameWindow, device: torch.device, k: int, read_steps: int | None = None,
+) -> tuple[float, int]:
+    """`loss_sum` of a StepModel on `window` (a FrameWindow: B windows of L steps, read `read_steps` steps at a time, a
+    multiple of k, default k, as its streamed training reads them: a lazy window's steps and targets are never held
+    whole), run k steps at a time under no_grad; the sum 0.0 where nothing is scored."""
+    chunks = _window_chunks(window, k, read_steps or k)
+    with torch.no_grad():
+        if isinstance(model, SegmentStepModel):
+            total, scored = _segment_loss_sum(model, chunks, device)
+        else:
+            total, scored = _core_loss_sum(model, chunks, device)
+    return (total if scored else 0.0), scored
+
+
+def _window_chunks(window: FrameWindow, k: int, read_steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The window's chunks of k steps in order, (steps [B, <= k, ...], targets [B, <= k]), each read of `read_steps`
+    steps (a multiple of k: the chunks stay aligned with the window's) cut into them."""
+    for start, stop in chunk_bounds(window.length, read_steps):
+        steps, targets = window.chunk(start, stop)  # [B, stop - start, ...], [B, stop - start]
+        for a, b in chunk_bounds(stop - start, k):
+            yield steps[:, a:b], targets[:, a:b]
+
+
+def _segment_loss_sum(
+    model: SegmentStepModel, chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+) -> tuple[float, int]:
+    """(summed loss, scored positions) of a SegmentStepModel over a window's `chunks` (`_window_chunks`): each chunk
+    is encoded on its own and the core runs on its embeddings [B, k, D] from the state the chunk before left
+    (`core_segment`), so nothing of size O(L) is kept."""
     total = torch.zeros((), dtype=torch.float64, device=device)
+    scored = torch.zeros((), dtype=torch.int64, device=device)
     state = None
-    for a, b in bounds:
-        embeddings = model.encode(inputs[:, a:b].to(device))  # [B, k, D]
-        chunk_sum, _, state = model.core_segment(embeddings, targets[:, a:b], state)  # state: the core's after b
+    for steps, targets in chunks:  # [B, k, ...], [B, k]
+        targets = targets.to(device)
+        embeddings = model.encode(steps.to(device))  # [B, k, D]
+        chunk_sum, _, state = model.core_segment(embeddings, targets, state)  # state: the core's after the chunk
         total += chunk_sum.double()
-    return total.item()
+        scored += (targets != IGNORE_INDEX).sum()
+    return total.item(), int(scored)
+
+
+def _core_loss_sum(
+    model: StepModel, chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+) -> tuple[float, int]:
+    """(summed loss, scored positions) of a plain StepModel over a window's `chunks` (`_window_chunks`): encoded a
+    chunk at a time, its core over the whole window's embeddings [B, L, D] (as the paged training keeps them) and its
+    `core_loss`, the mean over the scored positions."""
+    embeddings, targets = [], []
+    for steps, chunk_targets in chunks:  # [B, k, ...], [B, k]
+        embeddings.append(model.encode(steps.to(device)))  # [B, k, D]
+        targets.append(chunk_targets.to(device))
+    whole = torch.cat(targets, dim=1)  # [B, L]
+    scored = int((whole != IGNORE_INDEX).sum())
+    if not scored:
+        return 0.0, 0
+    return model.core_loss(torch.cat(embeddings, dim=1), whole).item() * scored, scored
 
 
 def backward_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, bptt_chunk: int = 0) -> float:
@@ -599,8 +737,6 @@ def checkpointed_step(
             f"inner.memory_budget_mb > 0 needs a model with encode(), core_loss() and core_segment(); "
             f"got {type(model).__name__}"
         )
-    from rcswarm.data.frames import TensorWindow
-
     window = sampler.next_window() if hasattr(sampler, "next_window") else TensorWindow(*sampler.next_batch())
     return _optimizer_step(
         model, optimizer, grad_clip, lambda: streaming_backward(model, window, bptt_chunk, checkpoints=plan)
@@ -631,7 +767,10 @@ def inner_step(
     plan = checkpoint_plan(memory_budget_mb) if bptt_chunk > 0 else None
     if plan is not None:
         with autocast(device, precision):
-            loss_value, stats = checkpointed_step(model, optimizer, sampler, grad_clip, bptt_chunk, plan)
+            try:
+                loss_value, stats = checkpointed_step(model, optimizer, sampler, grad_clip, bptt_chunk, plan)
+            except MemoryBudgetError as exc:
+                raise budget_failure(memory_budget_mb, exc) from None
         return StepResult(loss_value, stats.scored, time.perf_counter() - started, stats.schedule)
     inputs, targets = sampler.next_batch()  # [B, T, ...], [B, T]
     targets = targets.to(device)

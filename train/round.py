@@ -33,8 +33,18 @@ import torch
 from torch import nn
 
 from rcswarm.config.runspec import EVAL_SETS, DataSection, RunSpec
+from rcswarm.data.frames.window import FrameWindow
 from rcswarm.models import registry
-from rcswarm.train.inner import StepResult, inner_step, loss_sum, make_inner_optimizer, make_sampler
+from rcswarm.models.protocols import StepModel
+from rcswarm.train.bptt.checkpointed import CheckpointPlan
+from rcswarm.train.inner import (
+    StepResult,
+    inner_step,
+    loss_sum,
+    make_inner_optimizer,
+    make_sampler,
+    window_loss_sum,
+)
 
 # The stream of the held-out split every held-out loss is measured on: its first batches are the fixed held-out set.
 HELD_OUT_SEED = 12345
@@ -130,7 +140,7 @@ class RoundTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.data: DataSection | None = None
         self.sampler = None
-        self._held_out: tuple[int, list] | None = None  # (batches, [(inputs, targets)]) of the held-out set
+        self._held_out: tuple[int, list] | None = None  # (batches, `_draw_held_out`'s list) of the held-out set
 
     def build(self, spec: RunSpec, model_seed: int | None = None) -> nn.Module:
         """The run's model on the device (initialized from `model_seed`, else the global RNG) and its inner
@@ -229,15 +239,12 @@ class RoundTrainer:
         run's held-out split (stream `seed`) in windows of `[run] eval_seq_len` (0: data.seq_len), data.batch_size
         each, in eval mode (no dropout; the model's mode is put back after); the batches of the default stream are
         drawn once and kept. A model trained with streaming BPTT (`[inner] bptt_chunk` > 0) is evaluated bptt_chunk
-        steps at a time, carrying its core's state (`loss_sum`): memory flat in the window length, as its training's."""
+        steps at a time, carrying its core's state (`window_loss_sum`): memory flat in the window length, as its
+        training's (where training reads its windows lazily, so do these: `_draw_held_out`)."""
         if seed == HELD_OUT_SEED and self._held_out is not None and self._held_out[0] >= batches:
             held_out = self._held_out[1][:batches]
         else:
-            data = self.spec.data
-            if self.spec.run.eval_seq_len:
-                data = dataclasses.replace(data, seq_len=self.spec.run.eval_seq_len)
-            sampler = make_sampler(data, seed=seed, split="val", model_config=self.model.config)
-            held_out = [sampler.next_batch() for _ in range(batches)]  # [(inputs [B, T, ...], targets [B, T])]
+            held_out = self._draw_held_out(batches, seed)
             if seed == HELD_OUT_SEED:
                 self._held_out = (batches, held_out)
         own = self.snapshot() if params is not None else None
@@ -246,8 +253,8 @@ class RoundTrainer:
         total, scored, training = 0.0, 0, self.model.training
         self.model.eval()  # no dropout: every worker's report of θ_v is the same number (the store takes their median)
         try:
-            for inputs, targets in held_out:  # inputs [B, T, ...], targets [B, T]
-                batch_sum, positions = loss_sum(self.model, inputs, targets, self.device, self.spec.inner.bptt_chunk)
+            for batch in held_out:
+                batch_sum, positions = self._batch_loss_sum(batch)
                 total += batch_sum
                 scored += positions
         finally:
@@ -255,3 +262,32 @@ class RoundTrainer:
             if own is not None:
                 self.load(own)
         return total / scored if scored else math.nan
+
+    def _reads_lazily(self) -> bool:
+        """Whether training reads its windows lazily, a segment at a time (`checkpointed_step`: bptt_chunk > 0 and
+        memory_budget_mb > 0 of a StepModel), and so the held-out loss may read its windows as it does."""
+        inner = self.spec.inner
+        return inner.bptt_chunk > 0 and inner.memory_budget_mb > 0 and isinstance(self.model, StepModel)
+
+    def _draw_held_out(self, batches: int, seed: int) -> list:
+        """The first `batches` batches of the held-out stream `seed` (windows of run.eval_seq_len, else data.seq_len):
+        lazy `FrameWindow`s (their offsets) where the sampler has `next_window()` and training reads its windows
+        lazily (`_reads_lazily`), read a segment at a time when measured (`_batch_loss_sum`); else (inputs [B, T, ...],
+        targets [B, T]) pairs, as training's paged or plain steps materialize them. The same windows either way
+        (`next_batch()` is `next_window()` read whole). Before, the frames were kept: [1, L, 8, 16, 2] int64, 16 MiB
+        at L = 16000 of the tiny preset, and the held-out loss's memory grew with L (review, 2026-11-29)."""
+        data = self.spec.data
+        if self.spec.run.eval_seq_len:
+            data = dataclasses.replace(data, seq_len=self.spec.run.eval_seq_len)
+        sampler = make_sampler(data, seed=seed, split="val", model_config=self.model.config)
+        if self._reads_lazily() and hasattr(sampler, "next_window"):
+            return [sampler.next_window() for _ in range(batches)]
+        return [sampler.next_batch() for _ in range(batches)]
+
+    def _batch_loss_sum(self, batch: tuple[torch.Tensor, torch.Tensor] | FrameWindow) -> tuple[float, int]:
+        """(summed loss, scored positions) of the model on one held-out batch of `_draw_held_out`: a lazy window read a
+        core segment at a time (`CheckpointPlan.segment_steps_for`), as its training reads it."""
+        k = self.spec.inner.bptt_chunk
+        if isinstance(batch, tuple):  # inputs [B, T, ...], targets [B, T]
+            return loss_sum(self.model, *batch, self.device, k)
+        return window_loss_sum(self.model, batch, self.device, k, CheckpointPlan().segment_steps_for(k))

@@ -56,3 +56,15 @@ def test_a_model_that_cannot_take_the_tasks_sequences_is_refused_before_any_trai
     err = capsys.readouterr().err
     assert "model transformer:tiny cannot take the training task's sequences" in err and "max_len=128" in err
     assert not out.exists()
+
+
+def test_a_swarm_config_of_a_task_scoring_more_than_the_default_seq_len_passes_the_runs_checks(tmp_path):
+    """A diagnostic run's data.seq_len bounds the scored positions of one sequence (`scored_per_example`): the
+    written config of a maze of 400 moves had the default 256, which `data_problem` refuses (review, 2026-11-29)."""
+    from rcswarm.train.inner import data_problem
+
+    out = tmp_path / "diag"
+    assert diag_bench.main(["--task", "maze", "--models", "lstm:tiny", "--max-steps", "1", "--eval-examples", "2",
+                            "--batch-size", "2", "--task-arg", "num_moves=400", "--out", str(out)]) == 0
+    spec = RunSpec.from_toml(out / "swarm" / "lstm-tiny.toml")
+    assert spec.data.seq_len == 400 and data_problem(spec) is None, data_problem(spec)

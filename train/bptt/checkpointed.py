@@ -32,6 +32,7 @@ from rcswarm.train.bptt.schedule import (
     STORE,
     TURN,
     Action,
+    MemoryBudgetError,
     Schedule,
     binomial,
     plan_schedule,
@@ -107,19 +108,25 @@ class CheckpointPlan:
         return self.segment_steps
 
     def resolve(self, n: int, state_bytes: int, embedding_bytes: int) -> tuple[Schedule, bool]:
-        """(the schedule for n segments, whether the embeddings go to disk) for these sizes."""
+        """(the schedule for n segments, whether the embeddings go to disk) for these sizes; MemoryBudgetError (a
+        ValueError, with the states the schedule needs and `state_bytes`) when its states do not fit the budget."""
         max_states = None if self.budget_bytes is None else self.budget_bytes // max(state_bytes, 1)
         if self.slots is not None:
             chosen = binomial(n, self.slots)
         elif self.interval is not None:
             chosen = uniform(n, self.interval)
         else:
-            chosen = plan_schedule(n, max_states, self.schedule)
+            try:
+                chosen = plan_schedule(n, max_states, self.schedule)
+            except MemoryBudgetError as exc:
+                raise MemoryBudgetError(f"{exc} (core states of {state_bytes} bytes, budget_bytes={self.budget_bytes})",
+                                        exc.states, state_bytes) from None
         states = chosen.stored_states * state_bytes
         if self.budget_bytes is not None and states > self.budget_bytes:
-            raise ValueError(
+            raise MemoryBudgetError(
                 f"the {chosen.kind} schedule keeps {chosen.stored_states} core states of {state_bytes} bytes: "
-                f"expected at most budget_bytes={self.budget_bytes}"
+                f"expected at most budget_bytes={self.budget_bytes}",
+                chosen.stored_states, state_bytes,
             )
         fits = self.budget_bytes is None or states + embedding_bytes <= self.budget_bytes
         return chosen, self.embeddings == "disk" or (self.embeddings == "auto" and not fits)

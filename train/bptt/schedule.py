@@ -55,6 +55,20 @@ KINDS = ("all", "uniform", "binomial")
 Action = tuple[str, int]
 
 
+class MemoryBudgetError(ValueError):
+    """A memory budget too small for the core states a schedule must keep: `states` the fewest it needs kept,
+    `state_bytes` the bytes of one (0 where it was raised without knowing them), `needed_bytes` their product."""
+
+    def __init__(self, message: str, states: int, state_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.states, self.state_bytes = states, state_bytes
+
+    @property
+    def needed_bytes(self) -> int:
+        """The least budget in bytes the schedule fits (0 when `state_bytes` is not known)."""
+        return self.states * self.state_bytes
+
+
 def _check_count(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r}: expected an int >= {minimum}")
@@ -309,13 +323,15 @@ def plan_schedule(n: int, max_states: int | None, kind: str = "auto") -> Schedul
     else:
         raise ValueError(f"schedule kind={kind!r}: expected 'auto' or one of {KINDS}")
     if max_states is not None and chosen.stored_states > max_states:
-        raise ValueError(
+        raise MemoryBudgetError(
             f"the {kind} schedule of {n} segments keeps {chosen.stored_states} core states: "
-            f"expected at most {max_states} (the memory budget); raise the budget or use 'binomial'"
+            f"expected at most {max_states} (the memory budget); raise the budget or use 'binomial'",
+            chosen.stored_states,
         )
     if chosen.kind == "binomial" and chosen.slots == 0 and n > 2:
-        raise ValueError(
+        raise MemoryBudgetError(
             f"no core state fits the memory budget for {n} segments: the binomial schedule "
-            "needs at least 1 slot (with none, each segment is recomputed from the start)"
+            "needs at least 1 slot (with none, each segment is recomputed from the start)",
+            1,
         )
     return chosen
