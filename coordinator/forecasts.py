@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from rcswarm.observe.fits import CONFIDENCE
-from rcswarm.observe.forecast import BUDGET_ENDED, forecast_at
+from rcswarm.observe.forecast import BUDGET_ENDED, NOT_FALLING, forecast_at
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore
@@ -63,13 +63,14 @@ def forecast_record(version: int, now: float, started_at: float | None, rounds: 
     """The forecast of a run at `version` (pure): its loss at the end of its budget (`budget_round`: round `rounds`,
     or the round its pace reaches at `budget_s` seconds from `started_at`). Of the held-out loss when the losses
     measured along the way (`held_out`: (v, loss of θ_v), x = v) support one; else of the training loss, x = v + 1
-    for the steps trained from version v, fitted to the versions up to `version` − ROWS_LAG."""
+    for the steps trained from version v, fitted to the versions up to `version` − ROWS_LAG. A held-out loss that
+    rises (overfitting) is no forecast of the held-out basis, not a reason to forecast the falling training loss."""
     elapsed = now - started_at if started_at is not None else math.nan
     horizon = budget_round(version, elapsed, rounds, budget_s)
     measured = [(v, loss) for v, loss in held_out if v <= version]
     forecast, basis = forecast_at([x for x, _ in measured], [loss for _, loss in measured], float(horizon),
                                   target=target_loss, seed=seed), "held-out"
-    if not forecast.ok:
+    if not forecast.ok and not forecast.note.startswith(NOT_FALLING):
         complete = [(v + 1, loss) for v, loss in round_losses if v <= version - ROWS_LAG]
         forecast, basis = forecast_at([x for x, _ in complete], [loss for _, loss in complete], float(horizon),
                                       target=target_loss, seed=seed), "training"

@@ -415,11 +415,19 @@ def smooth_losses(losses: Sequence[float], window: int) -> np.ndarray:
     if values.ndim != 1:
         raise ValueError(f"losses of shape {values.shape}: expected one dimension")
     before, after = (window - 1) // 2, window // 2
-    sums = np.concatenate([[0.0], np.cumsum(values)])  # [n + 1]
     index = np.arange(len(values))
     low = np.maximum(index - before, 0)
     high = np.minimum(index + after + 1, len(values))
-    return (sums[high] - sums[low]) / (high - low)
+    return _window_sums(values, window)[after:after + len(values)] / (high - low)
+
+
+def _window_sums(values: np.ndarray, window: int) -> np.ndarray:
+    """[n + window − 1] the sums of every `window` consecutive values, partial windows at both ends included
+    (np.convolve's "full" mode). Each window is summed on its own: a running sum's differences would cancel
+    catastrophically after one huge value, leaving the windows that do not hold it at 0."""
+    if len(values) == 0:
+        return values
+    return np.convolve(values, np.ones(window), mode="full")
 
 
 def ema_smooth(values: Sequence[float], weight: float) -> np.ndarray:

@@ -17,7 +17,11 @@ resamples; docs/RESULTS.md measures the coverage on recorded sweeps.
 
 The first round is left out (FIRST_ROUND). Below a minimum the answer is "not enough data" (`Forecast.note`),
 never a number: fewer than MIN_ROUNDS usable rounds, or a horizon more than MAX_EXTRAPOLATION times beyond the
-last round.
+last round. A loss that rises over the newest rounds (a diverging run) gets no forecast either: the law only falls,
+and held at A ≥ 0 it fitted such a curve as a flat line at the curve's weighted mean, below its newest losses, with
+an interval that only widened downwards (`check_falling`). The interval's upper end is never below the point
+forecast plus how far the newest RECENT_ROUNDS rounds lie above the law (`SaturatingFit.recent_gap`): a law that
+undershoots the newest losses does not claim the final loss is below them with confidence.
 Rows that are not finite positive losses (a diverged step, a garbage metric) are left out and counted.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
@@ -46,6 +51,14 @@ WEIGHT_POWER = 2.0
 # below the law (the misfit) moves a resample's fit as it moved the data's: coverage 56 % → 80 % at 30 % (docs/RESULTS.md).
 BLOCKS = 3
 BETAS = np.geomspace(0.02, 4.0, 160)  # [g] the grid of β
+# A forecast's upper end is at least the point forecast plus the mean residual of the newest RECENT_ROUNDS rounds.
+RECENT_ROUNDS = 4
+# A loss rises when the least-squares line over its newest rounds rises by more than RISE_Z standard errors (one-sided
+# at (1 + CONFIDENCE) / 2: a flat noisy loss is refused 5 % of the time) and by more than RISE_TOLERANCE of the loss
+# (less is rounding: a constant loss).
+RISE_Z = NormalDist().inv_cdf((1 + CONFIDENCE) / 2)
+RISE_TOLERANCE = 1e-9
+NOT_FALLING = "the loss is not falling"  # how the note of a loss that rises begins
 
 
 class NotEnoughData(ValueError):
@@ -54,7 +67,8 @@ class NotEnoughData(ValueError):
 
 @dataclass(frozen=True)
 class SaturatingFit:
-    """L(x) = E + A·x^(−β), with the bootstrap resamples' parameters (`resampled`, [k, 3]: E, A, β)."""
+    """L(x) = E + A·x^(−β), with the bootstrap resamples' parameters (`resampled`, [k, 3]: E, A, β) and how far
+    the newest RECENT_ROUNDS rounds lie above the law on average (`recent_gap`, ≥ 0)."""
 
     floor: float  # E
     amplitude: float  # A
@@ -62,27 +76,29 @@ class SaturatingFit:
     points: int
     last_x: float
     resampled: np.ndarray = field(repr=False, compare=False)
+    recent_gap: float = 0.0
 
     def predict(self, x: float) -> float:
+        """The law's loss at round x."""
         return self.floor + self.amplitude * x ** (-self.beta)
 
     def band(self, x: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
-        """The `confidence` interval of the law at x over the bootstrap resamples."""
-        e, a, b = self.resampled.T  # [k] each
-        values = e + a * x ** (-b)  # [k]
-        tail = (1.0 - confidence) / 2.0
-        low, high = np.quantile(values, [tail, 1.0 - tail])
-        return float(min(low, self.predict(x))), float(max(high, self.predict(x)))
+        """The `confidence` interval of the law at x over the bootstrap resamples (beyond the last round, its upper
+        end at least the law plus `recent_gap`)."""
+        low, high = self.band_over([x], confidence)
+        return float(low[0]), float(high[0])
 
     def band_over(self, xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
-        """The pointwise `confidence` band of the law at every x of `xs`: (low, high), each [m]."""
+        """The pointwise `confidence` band of the law at every x of `xs`: (low, high), each [m]; from the last round
+        on, the upper end is at least the law plus `recent_gap`."""
         x = np.asarray(xs, dtype=float)  # [m]
         e, a, b = (column[:, None] for column in self.resampled.T)  # [k, 1] each
         values = e + a * x[None, :] ** (-b)  # [k, m]
         tail = (1.0 - confidence) / 2.0
         low, high = np.quantile(values, [tail, 1.0 - tail], axis=0)  # [m] each
         point = self.floor + self.amplitude * x ** (-self.beta)
-        return np.minimum(low, point), np.maximum(high, point)
+        ahead = np.where(x >= self.last_x, point + self.recent_gap, point)
+        return np.minimum(low, point), np.maximum(high, ahead)
 
     def rounds_to(self, target: float, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
         """(x, low, high) at which the law reaches `target` (inf: never, the floor E is above it)."""
@@ -160,9 +176,38 @@ def _fit_grid(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.stack([e[rows, best], a[rows, best], BETAS[best]], axis=1)
 
 
+def rise(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """The least-squares line's rise of y from the first to the last x (x sorted) and its standard error; (0, 0) when
+    x does not vary, an infinite error with fewer than 3 points. x is scaled to [0, 1] first: no overflow."""
+    span = float(x[-1] - x[0])
+    if not span > 0:
+        return 0.0, 0.0
+    u = (x - x[0]) / span  # [n] in [0, 1]
+    du = u - u.mean()  # [n]
+    suu = float(du @ du)
+    slope = float(du @ (y - y.mean())) / suu
+    residuals = y - y.mean() - slope * du  # [n]
+    dof = len(x) - 2
+    return slope, math.sqrt(float(residuals @ residuals) / dof / suu) if dof > 0 else math.inf
+
+
+def check_falling(x: np.ndarray, y: np.ndarray) -> None:
+    """NotEnoughData when the loss rises over the newest half of the rounds (at least MIN_ROUNDS of them; x sorted):
+    the least-squares line's rise over them above RISE_Z standard errors and more than rounding. The law
+    E + A·x^(−β) with A ≥ 0 only falls or stays flat: it cannot say where a rising loss ends."""
+    newest = max(MIN_ROUNDS, len(x) // 2)
+    x, y = x[-newest:], y[-newest:]
+    up, error = rise(x, y)
+    if up > RISE_Z * error and up > RISE_TOLERANCE * float(np.abs(y).mean()):
+        raise NotEnoughData(f"{NOT_FALLING} over rounds {x[0]:g}..{x[-1]:g}: it rises by {up:.3g} "
+                            f"(standard error {error:.2g}), a forecast needs a loss that falls or stays flat: "
+                            f"no forecast")
+
+
 def fit_saturating(xs: Sequence[float], losses: Sequence[float], *, resamples: int = RESAMPLES,
                    seed: int = 0) -> SaturatingFit:
-    """Fit L(x) = E + A·x^(−β) to the usable points; NotEnoughData below MIN_ROUNDS distinct rounds."""
+    """Fit L(x) = E + A·x^(−β) to the usable points; NotEnoughData below MIN_ROUNDS distinct rounds or when the
+    loss rises over its newest rounds (`check_falling`)."""
     x, y, dropped = usable_points(xs, losses)
     distinct = len(np.unique(x))
     if distinct < MIN_ROUNDS:
@@ -170,6 +215,7 @@ def fit_saturating(xs: Sequence[float], losses: Sequence[float], *, resamples: i
         raise NotEnoughData(f"not enough data: {distinct} usable rounds{left}, a forecast needs {MIN_ROUNDS}")
     order = np.argsort(x, kind="stable")
     x, y = x[order], y[order]
+    check_falling(x, y)
     weights = (x / x.max()) ** WEIGHT_POWER  # [n]
     e, a, b = _fit_grid(x, y, weights[None, :])[0]
     law = e + a * x ** (-b)  # [n]
@@ -181,7 +227,8 @@ def fit_saturating(xs: Sequence[float], losses: Sequence[float], *, resamples: i
     picks = (starts[:, :, None] + np.arange(size)[None, None, :]).reshape(resamples, -1)[:, :n]  # [k, n]
     curves = law[None, :] + residuals[picks]  # [k, n]
     resampled = _fit_grid(x, curves, np.broadcast_to(weights, curves.shape))
-    return SaturatingFit(float(e), float(a), float(b), len(x), float(x.max()), resampled)
+    recent_gap = max(0.0, float(np.mean((y - law)[-RECENT_ROUNDS:])))
+    return SaturatingFit(float(e), float(a), float(b), len(x), float(x.max()), resampled, recent_gap)
 
 
 def forecast_at(xs: Sequence[float], losses: Sequence[float], horizon: float, *, target: float = math.nan,

@@ -38,6 +38,14 @@ def test_a_saturated_rung_lengthens_and_a_falling_one_stays():
     assert not falling.ok and "not below curriculum.forecast_gain" in falling.reason
 
 
+def test_a_rung_whose_loss_rises_lengthens():
+    """A loss rising over the rung's newest rounds gets no forecast (`forecast.check_falling`); for the curriculum it
+    is a rung with nothing more to gain, which lengthens, as when the law fitted it flat (not "stays", for good)."""
+    rising = [(x, 2.0 + 0.01 * x) for x in range(1, 101)]
+    decision = curricula.decide_saturation(100.0, state(), options(), rising)
+    assert decision.ok and "lengthens L = 4 -> 8" in decision.reason and "not falling" in decision.reason
+
+
 def test_the_rule_is_off_without_data_or_budget_and_on_the_last_rung():
     assert "no forecast rule" in curricula.decide_saturation(100.0, state(), options(gain=0.0),
                                                               rounds(2.0, 1.0, 2.0, 100)).reason

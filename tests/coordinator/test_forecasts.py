@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from rcswarm.config.runspec import RunSpec
@@ -105,6 +106,37 @@ def test_forecast_record_fits_complete_rounds_and_turns_rounds_into_seconds():
     assert made.target_seconds == pytest.approx(444, rel=0.1)
     early = forecast_record(5, now=1050.0, started_at=1000.0, rounds=40, round_losses=losses)
     assert "not enough data" in early.note and math.isnan(early.loss)  # versions 0..3 only: 4 rounds
+
+
+def test_a_diverging_run_gets_no_forecast_and_the_healthy_run_beside_it_is_not_pruned():
+    """At round 32 of 64: a run whose loss rises 0.5 → 1.49 was forecast 1.229 [0.589, 1.260], below its last 4
+    losses, and as the best run it had the healthy one (2.8 → 1.38, falling) pruned."""
+    rng = np.random.default_rng(1)
+    x = np.arange(1, 33, dtype=float)  # versions 0..31, x = v + 1
+    diverging = 0.5 + (x - 1) / 31 + rng.normal(0.0, 0.01, 32)
+    healthy = 1.30 + 1.5 * x ** -0.8 + rng.normal(0.0, 0.01, 32)
+    runs = []
+    for index, (name, losses) in enumerate((("L=64", diverging), ("L=128", healthy))):
+        made = forecast_record(32, now=1000.0, started_at=0.0, rounds=64,
+                               round_losses=list(enumerate(losses.tolist())))
+        runs.append(RunView(index, name, 32, False, made))
+    assert "the loss is not falling" in runs[0].forecast.note and math.isnan(runs[0].forecast.loss)
+    assert runs[1].forecast.note == "" and runs[1].forecast.loss == pytest.approx(1.35, abs=0.01)
+    decision = decide_prune(1000.0, runs, PruneOptions(True, (0.5,), 64), 0)
+    assert decision.stop == ()
+    assert "L=64 kept: the loss is not falling" in dict(decision.reasons)[0]
+    assert "L=128 has the best forecast" in dict(decision.reasons)[1]
+
+
+def test_a_rising_held_out_loss_is_no_forecast_rather_than_the_training_loss_one():
+    """A run that overfits (held-out loss rising 2.0 → 2.6 while its training loss falls) keeps the held-out basis
+    with a note: falling back to its training forecast would compare it against runs on the training basis."""
+    training = [(v, 1.0 + 2.0 * (v + 1) ** -0.5) for v in range(30)]
+    held_out = [(v, 2.0 + 0.02 * v) for v in range(0, 31, 2)]
+    made = forecast_record(30, now=1300.0, started_at=1000.0, rounds=60, round_losses=training, held_out=held_out)
+    assert made.basis == "held-out" and "the loss is not falling" in made.note and math.isnan(made.loss)
+    falling = [(v, 2.0 + 2.0 * (v + 1) ** -0.5) for v in range(0, 31, 2)]
+    assert forecast_record(30, 1300.0, 1000.0, 60, training, held_out=falling).basis == "held-out"
 
 
 def test_a_sweep_prunes_its_losing_length_moves_its_worker_and_keeps_its_rounds_and_forecasts(tmp_path):

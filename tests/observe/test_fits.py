@@ -1,5 +1,7 @@
 """Power-law fits against laws with known parameters."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -182,6 +184,40 @@ def test_smooth_losses_is_a_centred_mean_with_shrinking_ends():
     for window in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="window"):
             smooth_losses(values, window)
+
+
+def window_means(values: np.ndarray, window: int) -> np.ndarray:
+    """The centred moving average summed window by window (math.fsum): what smooth_losses should return."""
+    before, after = (window - 1) // 2, window // 2
+    windows = [values[max(i - before, 0):i + after + 1] for i in range(len(values))]
+    return np.array([math.fsum(held) / len(held) for held in windows])
+
+
+def test_smooth_losses_equals_the_window_means_on_a_long_noisy_curve():
+    from rcswarm.observe.fits import smooth_losses
+
+    steps = np.arange(1, 20001, dtype=float)
+    losses = 3.0 * steps ** -0.2 * np.exp(np.random.default_rng(0).normal(0.0, 0.05, len(steps)))  # [20000]
+    for window in (1, 2, 25, 26, 101):
+        np.testing.assert_allclose(smooth_losses(losses, window), window_means(losses, window), rtol=1e-12)
+    assert smooth_losses([], 25).shape == (0,)
+
+
+def test_one_huge_loss_changes_only_the_windows_that_hold_it():
+    from rcswarm.observe.analysis import fit_step_means
+    from rcswarm.observe.fits import smooth_losses
+
+    losses = np.r_[np.full(30, 1.0), 1e20, np.full(30, 1.0)]  # [61], the spike at index 30
+    smoothed = smooth_losses(losses, 25)  # a window of 25 holds the spike from index 18 to 42
+    assert smoothed[:18].tolist() == [1.0] * 18 and smoothed[43:].tolist() == [1.0] * 18
+    assert np.all(smoothed[18:43] > 1e18)
+    rows = [(length, step, 3.0 * step ** -0.2 * length ** -0.1, step * length / 100)
+            for length in (64, 128, 256) for step in range(1, 200)]
+    clean = fit_step_means(rows)
+    spiked = fit_step_means(rows + [(128, 50, 1e20, 50 * 128 / 100)])
+    assert spiked.message is None or "expected finite" not in spiked.message
+    assert spiked.analysis is not None and spiked.analysis.schedule is not None
+    assert spiked.analysis.points[-1].alpha == pytest.approx(clean.analysis.points[-1].alpha, rel=1e-9)
 
 
 def test_smoothing_removes_a_noise_crossover_but_keeps_the_real_one():

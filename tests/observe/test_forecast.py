@@ -82,11 +82,39 @@ def test_malformed_and_extreme_losses_are_left_out(bad: float) -> None:
 
 
 def test_flat_rising_and_constant_curves_give_bounded_answers() -> None:
+    """A rising loss gets no forecast: the law only falls, and held at A ≥ 0 it was a flat line at the weighted mean,
+    below the newest losses (2.50 [1.16, 2.50] for a loss rising 1 → 3). A constant loss is forecast as that constant
+    with a band of rounding width; a flat loss that wobbles (no trend) gets a forecast at most its highest loss, whose
+    upper end is at least its newest rounds' mean."""
     x = np.arange(1, 31, dtype=float)
-    for y in (np.full(30, 2.0), 1.0 + 0.01 * x, 2.0 + 0.3 * np.sin(x)):
+    rising = (1.0 + 0.01 * x, 1.0 + 2.0 * (x - 1) / 29 + np.random.default_rng(1).normal(0.0, 0.02, 30))
+    for y in rising:
         forecast = forecast_at(x, y, 100)
-        assert forecast.ok
-        assert 0 <= forecast.low <= forecast.loss <= forecast.high <= y.max() + 1e-9
+        assert not forecast.ok and "the loss is not falling over rounds 17..30" in forecast.note
+        assert math.isnan(forecast.loss) and math.isnan(forecast.high)
+        with pytest.raises(NotEnoughData, match="not falling"):
+            fit_saturating(x, y)
+    constant = forecast_at(x, np.full(30, 2.0), 100)
+    assert constant.ok
+    assert [constant.low, constant.loss, constant.high] == pytest.approx([2.0, 2.0, 2.0], abs=1e-12)
+    wobbling = 2.0 + 0.3 * np.sin(x)
+    forecast = forecast_at(x, wobbling, 100)
+    assert forecast.ok
+    assert 0 <= forecast.low <= forecast.loss <= forecast.high <= wobbling.max()
+    assert forecast.high >= wobbling[-4:].mean()  # RECENT_ROUNDS
+
+
+def test_the_upper_end_is_not_below_newest_rounds_that_lie_above_the_law() -> None:
+    """A flat loss whose last 4 rounds sit at 2.04, above the rest's 2.0 ± 0.05 (not a significant rise): the law
+    is flat at the weighted mean 2.016 and the old upper end was that mean, below all 4 newest losses."""
+    x = np.arange(1, 31, dtype=float)
+    y = np.where(x <= 26, 2.0 + 0.05 * (-1.0) ** x, 2.04)
+    forecast = forecast_at(x, y, 60)
+    assert forecast.ok and forecast.loss == pytest.approx(2.0156, abs=1e-3)
+    assert forecast.high == pytest.approx(2.04, abs=1e-9)
+    fit = fit_saturating(x, y)
+    _, high = fit.band_over([10.0, 30.0, 60.0])
+    assert high[0] < 2.04 - 1e-3 and high[1:] == pytest.approx([2.04, 2.04], abs=1e-9)
 
 
 def test_malformed_input_is_a_value_error_naming_it() -> None:
