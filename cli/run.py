@@ -7,7 +7,8 @@ from GetStatus (one line per run of a sweep), and ends with a summary that says 
 ended. Without a config it runs the built-in demo (`cli/demo.py`), a sweep over sequence
 lengths under a wall-time budget. The run directory keeps run.toml, the coordinator's state
 (SQLite metrics, checkpoints), logs of every process, final.safetensors (the final global
-parameters; final-L<L>.safetensors per run of a sweep) and summary.json; a sweep's also
+parameters; final-L<L>.safetensors per run of a sweep; where that file cannot be written, a full disk,
+summary.json's `export_problem` and one stderr line say so) and summary.json; a sweep's also
 fit.png, the plot of the fitted law that `rcswarm fit RUN_DIR` draws. With `[sync] backend =
 "hivemind"` it starts a local hivemind swarm instead (cli/run_hivemind.py).
 
@@ -348,9 +349,10 @@ def local_runs(run_dir: Path, spec: RunSpec) -> list[LocalRun]:
             for run, state_dir in run_state_dirs(spec, run_dir / "state")]
 
 
-def export_final(state_dir: Path, out: Path) -> dict[str, torch.Tensor] | None:
-    """Write the parameters of the run's newest checkpoint that verifies against its ledger (the one a restart would
-    serve, `StateStore.newest_verified`) to `out`, atomically; None when the run committed none."""
+def final_parameters(state_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]] | None:
+    """The parameters of the run's newest checkpoint that verifies against its ledger (the one a restart would
+    serve, `StateStore.newest_verified`) and the metadata to export them with; None when the run committed none.
+    Says on stderr when that is not the committed version."""
     store = StateStore.open_read_only(state_dir)
     try:
         if store.get("checkpoint") is None:
@@ -361,8 +363,33 @@ def export_final(state_dir: Path, out: Path) -> dict[str, torch.Tensor] | None:
     if problems:
         print(f"rcswarm run: state dir {state_dir}: exporting version {entry.version} from {entry.file}: "
               + "; ".join(problems), file=sys.stderr)
-    save_tensors(checkpoint.params, out, {"source": entry.file, "version": str(entry.version)})
-    return checkpoint.params
+    return checkpoint.params, {"source": entry.file, "version": str(entry.version)}
+
+
+def export_final(state_dir: Path, out: Path) -> dict[str, torch.Tensor] | None:
+    """Write the run's `final_parameters` to `out`, atomically; them, or None when the run committed none. OSError
+    naming `out` when it cannot be written (a full disk)."""
+    final = final_parameters(state_dir)
+    if final is None:
+        return None
+    save_tensors(final[0], out, final[1])
+    return final[0]
+
+
+def export_or_say(local: LocalRun) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """(the run's final parameters, exported to `local.final`, ""); or, when that file cannot be written (a full
+    disk), (the same parameters, "final parameters not exported: why"), which one line on stderr says too; (None, "")
+    when the run committed none."""
+    final = final_parameters(local.state_dir)
+    if final is None:
+        return None, ""
+    try:
+        save_tensors(final[0], local.final, final[1])
+    except OSError as exc:
+        problem = f"final parameters not exported: {exc}"
+        print(f"rcswarm run: {problem}", file=sys.stderr)
+        return final[0], problem
+    return final[0], ""
 
 
 def held_out_losses(spec: RunSpec, final: dict[str, torch.Tensor] | None, evaluated: bool) -> dict:
@@ -398,8 +425,8 @@ def skippable_evaluation(console: Console, summarize_all: Callable[[bool], T]) -
 
 
 def summarize_run(local: LocalRun, evaluated: bool = True) -> dict:
-    """One run's totals from its store, its final parameters exported, its held-out loss before and after (unless
-    not `evaluated`)."""
+    """One run's totals from its store, its final parameters exported (or, as `export_problem`, why they could not
+    be: the summary is written either way), its held-out loss before and after (unless not `evaluated`)."""
     store = StateStore.open_read_only(local.state_dir)
     try:
         summary = summarize(store)
@@ -407,14 +434,14 @@ def summarize_run(local: LocalRun, evaluated: bool = True) -> dict:
         val_losses, trained = held_out_rows(store), store.trained_shapes()
     finally:
         store.close()
-    final = export_final(local.state_dir, local.final)
+    final, not_exported = export_or_say(local)
     fp32 = 4 * sum(t.numel() for t in final.values()) if final else 0
     return {"seq_len": local.spec.data.seq_len, "batch_size": local.spec.data.batch_size,
             "trained": [list(shape) for shape in trained], **dataclasses.asdict(summary),
             "fp32_bytes": fp32, "ratio_up": traffic.ratio(fp32, summary.bytes_up_per_worker_round),
             "ratio_down": traffic.ratio(fp32, summary.bytes_down_per_worker_round),
             **held_out_losses(local.spec, final, evaluated), "val_losses": val_losses, "forecasts": forecasts,
-            "pruning": pruning, "stopped": stopped}
+            "pruning": pruning, "stopped": stopped, "export_problem": not_exported}
 
 
 def _train_loss(r: dict) -> str:

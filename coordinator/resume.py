@@ -3,8 +3,12 @@
 `resume` runs once, in `SwarmCoordinator`'s constructor, before any thread calls it: it reads the
 last committed checkpoint (θ, the outer momentum and the broadcast residual) and refuses a config
 that differs from the stored run's in anything but `RESTART_MUTABLE`, or commits version 0 from the
-model's parameters at the run's seed. `optimizer_state` is the outer optimizer's part of every
-checkpoint, written here at version 0 and by every round close (close.py).
+model's parameters at the run's seed. A new run starts only in a state dir that is no other run's: one holding a
+hivemind mirror's run, another run's id or spec, rows a run records, or checkpoint files its state.sqlite does not
+record (a lost state.sqlite) is refused, naming what it holds, before anything is written (`_check_new_run`); a
+first start that crashed before its first commit (the spec, and maybe the file of version 0) starts again.
+`optimizer_state` is the outer optimizer's part of every checkpoint, written here at version 0 and by every round
+close (close.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 
 from rcswarm.config.runspec import RunSpec
 from rcswarm.models import registry
+from rcswarm.observe.mirror_view import VIEW_KEY
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
@@ -39,6 +44,11 @@ RESTART_MUTABLE = (
     # When a round may close: `rcswarm run` raises it with --workers, which a resumed run directory may change.
     "sync.min_reports",
 )
+
+
+# The tables a new run's state dir holds no rows of (what a run records as it goes), and their rows in words.
+ROW_KINDS = {"metrics": "metric", "events": "event", "rounds": "round", "forecasts": "forecast",
+             "held_out": "held-out loss"}
 
 
 @dataclass(frozen=True)
@@ -86,13 +96,61 @@ def _check_restart(spec: RunSpec, stored: RunSpec, state_dir: Path) -> None:
                          "use a new state dir or the original config")
 
 
+def _unrecorded_checkpoints(store: StateStore) -> list[str]:
+    """The checkpoint files in the state dir of a run without a committed checkpoint that its start may not take
+    over: every `v*.safetensors`, but for the version 0 a first start wrote and crashed before committing (the
+    state dir then holds its spec; the start now writes that file again)."""
+    files = sorted(path.name for path in store.checkpoint_dir.glob("v*.safetensors"))
+    if files == ["v00000000.safetensors"] and store.get("spec_json") is not None:
+        return []
+    return files
+
+
+def _foreign_state(store: StateStore) -> str | None:
+    """What the state dir of a run without a committed checkpoint holds that is not a coordinator's (as
+    `cli/dht._not_a_mirror_dir` says of a coordinator's for a mirror): a mirror's swarm view, a run id (a
+    coordinator's first start writes its run id with its first commit), or any rows a run records as it goes.
+    None for a fresh state dir or one whose first start crashed before its first commit, which holds only the spec
+    and the parameter names, and maybe the checkpoint file of version 0."""
+    if store.get(VIEW_KEY) is not None:
+        return "holds a hivemind mirror's run (`rcswarm dht`: its swarm view)"
+    run_id = store.get("run_id")
+    if run_id is not None:
+        return f"holds run {run_id!r} without a committed checkpoint (not a coordinator's run)"
+    rows = [f"{count} {ROW_KINDS[table]}" for table, count in store.row_counts(*ROW_KINDS).items() if count]
+    if rows:
+        return f"holds rows of no committed run ({', '.join(rows)})"
+    return None
+
+
+def _check_new_run(spec: RunSpec, store: StateStore) -> None:
+    """ValueError when the state dir of a run without a committed checkpoint holds another run's state (a mirror's,
+    another run's id, rows), a spec `spec` may not restart (`_check_restart`), or checkpoint files its state.sqlite
+    does not record; nothing in the state dir changes before."""
+    problem = _foreign_state(store)
+    if problem is not None:
+        raise ValueError(f"state dir {store.state_dir} {problem}; give the coordinator a state dir of its own")
+    stored = store.get("spec_json")
+    if stored is not None:
+        _check_restart(spec, RunSpec.from_json(stored), store.state_dir)
+    files = _unrecorded_checkpoints(store)
+    if files:
+        raise ValueError(f"state dir {store.state_dir} holds checkpoint files {', '.join(files)} in "
+                         f"{store.checkpoint_dir} that its state.sqlite does not record: the state.sqlite that recorded "
+                         "them is missing; restore it, or move the files away to start a new run there")
+
+
 def resume(spec: RunSpec, store: StateStore, feedback: codecs.ErrorFeedback, codec: int) -> Resumed:
     """Constructor only: θ, momentum and version from the last committed checkpoint, whose broadcast residual goes
     into `feedback`; or a new run, committed at version 0. ValueError for a state dir of a run whose spec differs
     in a key a restart may not change (checked before anything in the state dir changes: loading prunes old
-    checkpoints by the new spec's keep_checkpoints); RuntimeError for a checkpoint without the run's parameters."""
+    checkpoints by the new spec's keep_checkpoints), and, for a new run, for a state dir that holds another run's
+    state or checkpoint files it does not record (`_check_new_run`); RuntimeError for a checkpoint without the
+    run's parameters."""
     if store.get("checkpoint") is not None:
         _check_restart(spec, RunSpec.from_json(store.get("spec_json") or "{}"), store.state_dir)
+    else:
+        _check_new_run(spec, store)
     checkpoint = store.load_current()
     if checkpoint is None:
         run_id = f"{spec.run.name}-{secrets.token_hex(4)}"

@@ -1,7 +1,8 @@
 """Checkpoint files of a state dir: safetensors files of a version's parameters and optimizer state.
 
 `write_checkpoint` writes one straight from the tensors' memory (a header, then each tensor's bytes,
-no intermediate copy) and digests it in the same pass; `split_checkpoint` separates a file's parameters
+no intermediate copy; the safetensors layout of sync/files.py, which `save_tensors` writes with too) and digests
+it in the same pass; `split_checkpoint` separates a file's parameters
 from its optimizer state groups ("<group>/<name>"); `verify_checkpoint` checks a file against its entry
 in the store's `checkpoints` ledger (a readable, complete safetensors file, the version in its metadata,
 the run's parameter names, finite values, both digests). `StateStore` (state/store.py) commits, prunes
@@ -24,7 +25,6 @@ import hashlib
 import json
 import os
 import struct
-import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +36,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from rcswarm.sync import tensor_stream
+from rcswarm.sync.files import raw_bytes, safetensors_head, write_all
 
 # A pruned checkpoint file kept for the next commit to overwrite in place: writing into a file's cached
 # pages is several times faster than allocating new ones (docs/PERFORMANCE.md, the round close at scale).
@@ -90,28 +91,6 @@ def split_checkpoint(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, tor
     return params, state
 
 
-# safetensors' dtype names of the tensors a checkpoint holds.
-SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
-    torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
-}
-
-
-def _raw_bytes(key: str, tensor: torch.Tensor) -> memoryview:
-    """The little-endian bytes of a CPU tensor as safetensors stores them: a view, no copy when contiguous."""
-    if tensor.dtype not in SAFETENSORS_DTYPES:
-        raise ValueError(f"checkpoint tensor {key!r} has dtype {tensor.dtype}: expected one of "
-                         f"{', '.join(str(d) for d in SAFETENSORS_DTYPES)}")
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # [numel]
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    """os.write until every byte of `data` is written."""
-    while data.nbytes:
-        data = data[os.write(fd, data):]
-
-
 def write_checkpoint(
     path: Path, params: Mapping[str, torch.Tensor], state: Mapping[str, Mapping[str, torch.Tensor]],
     metadata: Mapping[str, str], digest: bool,
@@ -123,23 +102,13 @@ def write_checkpoint(
     and, with `digest`, `tensor_stream.params_sha256(params)` (params must be float32), both computed over
     the same bytes in the same pass.
     """
-    if sys.byteorder != "little":
-        raise RuntimeError("safetensors files are little-endian; this host is big-endian")
-    parts = [(key, _raw_bytes(key, tensor), tensor) for key, tensor in params.items()]
+    parts = [(key, raw_bytes(key, tensor), tensor) for key, tensor in params.items()]
     for group, named in state.items():
-        parts.extend((f"{group}{STATE_SEPARATOR}{k}", _raw_bytes(f"{group}/{k}", v), v) for k, v in named.items())
-    entries: dict[str, Any] = {"__metadata__": dict(metadata)}
-    offset = 0
-    for key, data, tensor in parts:
-        entries[key] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + data.nbytes]}
-        offset += data.nbytes
-    header = json.dumps(entries, separators=(",", ":")).encode("utf-8")
-    header += b" " * (-len(header) % 8)
+        parts.extend((f"{group}{STATE_SEPARATOR}{k}", raw_bytes(f"{group}/{k}", v), v) for k, v in named.items())
+    head, size = safetensors_head(parts, metadata)
     sha = hashlib.sha256() if digest else None
     if sha is not None and any(tensor.dtype != torch.float32 for tensor in params.values()):
         raise ValueError(f"checkpoint parameters must be float32 to be digested, got {sorted({str(t.dtype) for t in params.values()})}")
-    head = struct.pack("<Q", len(header)) + header
     # The rest digest runs on its own thread over the same memory while this one writes and digests the
     # parameters: blake3, hashlib and os.write release the GIL, so the passes overlap.
     rest = blake3.blake3(head)
@@ -148,14 +117,14 @@ def write_checkpoint(
     hashing.start()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        _write_all(fd, memoryview(head))
+        write_all(fd, memoryview(head))
         for index, (key, data, _) in enumerate(parts):
             if sha is not None and index < len(params):
                 sha.update(key.encode("utf-8"))
                 sha.update(b"\0")
                 sha.update(data)
-            _write_all(fd, data)
-        os.ftruncate(fd, 8 + len(header) + offset)
+            write_all(fd, data)
+        os.ftruncate(fd, len(head) + size)
     finally:
         os.close(fd)
         hashing.join()
@@ -182,13 +151,26 @@ def _read_head(path: Path) -> tuple[bytes, dict[str, Any]]:
     return size + header, parsed
 
 
+def checkpoint_metadata(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """The metadata in the header of the safetensors file `path` (its header only is read), or None and why it
+    cannot be read."""
+    try:
+        _, header = _read_head(path)
+    except (OSError, ValueError) as error:
+        return None, f"its header cannot be read ({error})"
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict):
+        return None, "its header's metadata is not a JSON object"
+    return metadata, ""
+
+
 def rest_digest(head: bytes, header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], params: set[str]) -> bytes:
     """`rest_blake3` of a loaded checkpoint: BLAKE3 of `head` (the stored header length and header) and of every
     tensor that is not a parameter, in the order of its data offsets (as `write_checkpoint` computes it)."""
     rest = blake3.blake3(head)
     others = sorted((key for key in tensors if key not in params), key=lambda key: header[key]["data_offsets"][0])
     for key in others:
-        rest.update(_raw_bytes(key, tensors[key]))
+        rest.update(raw_bytes(key, tensors[key]))
     return rest.digest()
 
 

@@ -16,8 +16,9 @@ fsynced and renamed into place; then one SQLite transaction records it as curren
 whatever run state and events the caller commits with it: a close's reference norms and flags) and
 enters its parameters' SHA-256 (`tensor_stream.params_sha256`, the digest pulls carry) in
 the `checkpoints` ledger. A crash between the two leaves the previous version current (the
-orphan file is removed at the next start), so a restart always resumes at a complete,
-persisted version. The round's record keeps, besides its counts, the steps it trained (the most
+orphan file is removed at the next start: pruning deletes a file the ledger does not record only when its metadata
+names the run and a version above the committed one, and leaves any other in place with a WARNING), so a restart
+always resumes at a complete, persisted version. The round's record keeps, besides its counts, the steps it trained (the most
 inner steps among its updates trained from its version), which the run step counts with
 (config/run_step.py). The same transaction enters the round's reporters, the memberships whose update it counted
 (`round_reporters`, `reported`): a coordinator restarted after the commit, before a reporter heard its answer, still
@@ -74,6 +75,7 @@ from rcswarm.state.checkpoints import (
     RECYCLED_CHECKPOINT,
     Checkpoint,
     LedgerEntry,
+    checkpoint_metadata,
     fsync_dir,
     verify_checkpoint,
     write_checkpoint,
@@ -154,6 +156,10 @@ EVENT_PRUNE_EVERY = 4096
 MAX_MEMBER_SECRET_ROWS = 100_000
 
 
+# The tables `row_counts` counts: what a run records as it goes (a new run's state dir holds none of their rows).
+ROW_COUNTED_TABLES = frozenset({"metrics", "events", "rounds", "forecasts", "held_out"})
+
+
 def _checkpoint_order(path: Path) -> tuple[int, str]:
     """A checkpoint file's place in version order: v<version>.safetensors by the number (v100000000 after
     v99999999, where names compare the other way), other names after them."""
@@ -161,12 +167,19 @@ def _checkpoint_order(path: Path) -> tuple[int, str]:
     return (int(digits), path.name) if digits.isdigit() else (INT64_MAX, path.name)
 
 
+def _orphan_of(metadata: Mapping[str, Any], run_id: str, committed: int) -> bool:
+    """Whether a checkpoint file of `metadata` is what a crash mid-commit of run `run_id` leaves when `committed` is
+    its committed version: its run (no run_id counts as the run's, as `verify_checkpoint` reads it), a version above."""
+    version = str(metadata.get("version", ""))
+    return metadata.get("run_id", run_id) == run_id and version.isdigit() and int(version) > committed
+
+
 class StateStore:
     """One run's state dir: state.sqlite plus checkpoints/v<version>.safetensors.
 
     Threads and locks. `_lock` guards the writer connection: `get`, `set_many`,
     `commit_version` (its SQLite transaction; the file is written before the lock is taken),
-    `committed_digest`, `reported`, `load_current` (but for its read of the ledger), `add_event`,
+    `row_counts`, `committed_digest`, `reported`, `load_current` (but for its read of the ledger), `add_event`,
     `record_join`, `add_metrics`, `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
     (`recent_rounds`, `rounds`, `round_steps`, `events`, `ledger`, `run_identity`, `joined_digest`,
     `newest_metric_rowid`, `metrics_since`, `metric_rows`, `worker_rows`, `worker_usage`,
@@ -211,6 +224,8 @@ class StateStore:
         self._columns: dict[str, frozenset[str]] = {}
         # Seconds of the last commit_version's pieces (its thread replaces the dict; readers get a snapshot).
         self.last_commit_seconds: dict[str, float] = {}
+        # Checkpoint files the ledger does not record that pruning left in place, each warned about once.
+        self._kept_unrecorded: set[str] = set()
 
     @contextlib.contextmanager
     def _errors(self, failed: str) -> Iterator[None]:
@@ -431,6 +446,15 @@ class StateStore:
             row = db.execute("SELECT value FROM run_state WHERE key = ?", (key,)).fetchone()
         return None if row is None else row[0]
 
+    def row_counts(self, *tables: str) -> dict[str, int]:
+        """The number of rows in each of `tables` (of ROW_COUNTED_TABLES), through the writer connection; ValueError
+        for another table."""
+        unknown = sorted(set(tables) - ROW_COUNTED_TABLES)
+        if unknown:
+            raise ValueError(f"row_counts of tables {unknown}: expected some of {sorted(ROW_COUNTED_TABLES)}")
+        with self._writer("cannot read it") as db:
+            return {table: int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]) for table in tables}
+
     def set_many(self, values: Mapping[str, str]) -> None:
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -547,9 +571,10 @@ class StateStore:
         return bytes.fromhex(rows[0][0]) if rows else None
 
     def _prune_checkpoints(self, keep: str) -> None:
-        """Remove files no commit recorded (orphans of a crash) and all but the newest `keep_checkpoints`
-        besides `keep` (takes `_lock` for the ledger). The first of them becomes RECYCLED_CHECKPOINT, which the
-        next commit overwrites."""
+        """Remove the orphans of a crash mid-commit (`_crash_orphans`) and all but the newest `keep_checkpoints`
+        recorded files besides `keep`, the committed one (takes `_lock` for the ledger). The first of them becomes
+        RECYCLED_CHECKPOINT, which the next commit overwrites. A file the ledger does not record that is no such
+        orphan stays where it is, with one WARNING."""
         present = sorted((p for p in self.checkpoint_dir.glob("v*.safetensors") if p.name != keep),
                          key=_checkpoint_order)
         marks = ", ".join("?" * len(present))
@@ -558,12 +583,36 @@ class StateStore:
                 f"SELECT file FROM checkpoints WHERE file IN ({marks})", [p.name for p in present])}
         files = [p for p in present if p.name in recorded]
         stale = files[: max(0, len(files) - self.keep_checkpoints)]
-        orphans = [p for p in present if p.name not in recorded]
+        orphans = self._crash_orphans([p for p in present if p.name not in recorded], keep)
         doomed = stale + orphans + list(self.checkpoint_dir.glob(".*.partial"))
         if doomed:
             os.replace(doomed.pop(0), self.checkpoint_dir / RECYCLED_CHECKPOINT)
         for path in doomed:
             path.unlink(missing_ok=True)
+
+    def _crash_orphans(self, unrecorded: list[Path], keep: str) -> list[Path]:
+        """Of the checkpoint files the ledger does not record, those a crash between a commit's rename and its
+        SQLite transaction left: their metadata names this run (or no run, as files from before it was recorded)
+        and a version above `keep`'s, the committed one. The others (another run's files, older versions of this
+        run whose ledger was lost, unreadable files) are kept, each named once in a WARNING per store."""
+        if not unrecorded:
+            return []
+        run_id = self.get("run_id") or ""
+        committed = _checkpoint_order(Path(keep))[0]
+        orphans, kept = [], []
+        for path in unrecorded:
+            metadata, unreadable = checkpoint_metadata(path)
+            if metadata is not None and _orphan_of(metadata, run_id, committed):
+                orphans.append(path)
+            elif path.name not in self._kept_unrecorded:
+                self._kept_unrecorded.add(path.name)
+                found = unreadable or f"run {metadata.get('run_id')!r} version {metadata.get('version')!r}"
+                kept.append(f"{path.name} ({found})")
+        if kept:
+            log.warning("state dir %s: checkpoint files the ledger does not record are left in place, not being a "
+                        "crash's orphan of run %r above version %d: %s", self.state_dir, run_id, committed,
+                        ", ".join(kept))
+        return orphans
 
     def load_current(self) -> Checkpoint | None:
         """The committed version, verified; None for a new state dir.

@@ -40,16 +40,13 @@ def save_feedback(directory: Path, run_id: str, fmt: WireFormat, feedback: Error
                   base_version: int | None = None, held: str = PUSHING) -> Path:
     """Write `feedback`'s residuals to `directory`/FEEDBACK_FILE atomically (the directory is created); its path.
     `base_version` and `held` (PUSHING or REFUSED) name the update it was saved for (kept in the metadata). Any
-    failure to write raises OSError (safetensors reports a full disk as its own SafetensorError)."""
+    failure to write raises OSError naming the file (`save_tensors`), a full disk included."""
     directory.mkdir(parents=True, exist_ok=True)
     residuals = {name: tensor.contiguous() for name, tensor in feedback.snapshot().items()}
     metadata = _metadata(run_id, fmt, feedback.decay)
     if base_version is not None:
         metadata.update(base_version=str(base_version), held=held)
-    try:
-        return save_tensors(residuals, directory / FEEDBACK_FILE, metadata)
-    except SafetensorError as exc:
-        raise OSError(f"{directory / FEEDBACK_FILE}: {exc}") from exc
+    return save_tensors(residuals, directory / FEEDBACK_FILE, metadata)
 
 
 def remove_feedback(directory: Path) -> str:
