@@ -53,7 +53,11 @@ inner optimizer (2 workers), and a worker holding half of a round could steer th
   k = ⌈`sync.trim_fraction` · n⌉ capped at ⌊(n − 1) / 2⌋ (so 0 below 3 updates), and the
   others averaged with their token weights renormalised per coordinate. Trimming is by count,
   not by tokens, so a worker's tokens cannot decide what is trimmed. A worker that lies at an
-  extreme of most coordinates contributes to none of them.
+  extreme of most coordinates contributes to none of them. Tied values (a sparse or 2-bit update
+  is mostly exact zeros) are trimmed by value alone, never by which worker sits where: a group of
+  equal values that a cut splits keeps its kept share spread over all its members (each keeps the
+  same fraction of its tokens, `trimmed_mean`), so the aggregate does not depend on the workers'
+  order, and only a value strictly outside the kept values' range counts as trimmed.
 * ``centered_clip``: Karimireddy, He & Jaggi, "Learning from History for Byzantine Robust
   Optimization", ICML 2021 (arXiv:2012.10333), centered clipping:
   v ← v + Σ_i w_i (Δ_i − v) min(1, τ / ‖Δ_i − v‖) for `sync.centered_clip_iterations` (3)
@@ -75,8 +79,9 @@ Flags (each `Outcome` with its action and reason; the service records them as ev
 them per round and per worker, and evicts a persistent outlier, decisions.py):
 the direction check: an update dropped ("dropped", counted with the updates refused at push);
 clipped_mean: an update scaled down (s_i < 1); centered_clip: an update clipped in the last
-iteration (‖Δ_i − v‖ > τ); trimmed_mean: an update trimmed in more than half-way between the
-expected share 2k/n of the coordinates and all of them.
+iteration (‖Δ_i − v‖ > τ); trimmed_mean: an update trimmed (its value strictly below the smallest
+or above the largest value kept) in more than half-way between the share 2k/n of the coordinates
+(what a worker without ties expects) and all of them.
 
 Why these defaults: honest updates of one round have similar norms (AdamW moves each
 coordinate by at most ~lr per step, `norm_bound.adam_step_bound`), so c = 2 leaves honest rounds alone
@@ -460,19 +465,39 @@ def trimmed_mean(
     updates: Sequence[Update], fraction: float, spare: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[Tensors, tuple[Outcome, ...]]:
     """Coordinate-wise: drop the k largest and k smallest values, average the rest with token weights (into
-    `spare` where it fits)."""
+    `spare` where it fits); the result and the flags depend on the updates' values and tokens, not their order.
+
+    Per coordinate, with the n values sorted, v_(1) <= ... <= v_(n), the positions k+1..n−k are kept.
+    Without ties that is Σ_kept w_i x_i / Σ_kept w_i, the kept positions' own token weights. A group G of
+    tied values (all equal to v_G, at positions a..b) that a cut splits has c_G = |[a, b] ∩ [k+1, n−k]| of
+    its |G| positions kept: each member keeps the fraction f_G = c_G / |G| of its tokens w_i, so the group
+    weighs f_G · W_G (W_G = Σ_{i∈G} w_i) at the value v_G, the same as giving each of its c_G kept
+    positions the group's mean weight W_G / |G|:
+
+        x̄ = Σ_{j=k+1}^{n−k} ω_j v_(j) / Σ_{j=k+1}^{n−k} ω_j,   ω_j = w_(j) if position j's group lies inside
+        the kept positions, else W_G / |G| of its group G.
+
+    With equal tokens in the group this is c_G · w, what any order of its members gives; with unequal tokens
+    the kept share no longer goes to whichever members the sort happened to put inside. An update counts as
+    trimmed at a coordinate when its value is strictly below v_(k+1) or strictly above v_(n−k): a value tied
+    with a kept one is not an outlier.
+    Columns are laid out by ascending tokens before the stable sort, so ties are summed in an order fixed by
+    values and tokens alone.
+    """
     n = len(updates)
     k = trim_count(n, fraction)
-    weights = torch.tensor([float(u.tokens) for u in updates], dtype=torch.float64)  # [n]
-    if not weights.sum() > 0:
-        raise ValueError(f"total tokens must be positive, got {int(weights.sum())}")
+    tokens = torch.tensor([float(u.tokens) for u in updates], dtype=torch.float64)  # [n]
+    if not tokens.sum() > 0:
+        raise ValueError(f"total tokens must be positive, got {int(tokens.sum())}")
+    columns = torch.sort(tokens, stable=True).indices  # [n] column c holds update columns[c]
+    weights = tokens[columns]  # [n] ascending
     width = max(1, outer.AVERAGE_SLICE // n)
     stack = torch.empty(width, n, dtype=torch.float64)  # [width, n]
-    trimmed = torch.zeros(n, dtype=torch.int64)  # [n] coordinates where update i was dropped
+    trimmed = torch.zeros(n, dtype=torch.int64)  # [n] coordinates where column c was trimmed
     coordinates = 0
     average: Tensors = {}
     for name in updates[0].deltas:
-        flats = [u.deltas[name].contiguous().view(-1) for u in updates]  # [numel] each
+        flats = [updates[i].deltas[name].contiguous().view(-1) for i in columns.tolist()]  # [numel] each
         first = updates[0].deltas[name]
         into = outer.reusable(spare, name, first) if first.dtype == torch.float32 else None
         result = torch.empty(first.shape, dtype=torch.float32) if into is None else into  # [*shape]
@@ -480,26 +505,67 @@ def trimmed_mean(
         for start in range(0, out.numel(), width):
             stop = min(start + width, out.numel())
             block = stack[: stop - start]  # [m, n]
-            for i, flat in enumerate(flats):
-                block[:, i].copy_(flat[start:stop])
+            for c, flat in enumerate(flats):
+                block[:, c].copy_(flat[start:stop])
             values, order = torch.sort(block, dim=1, stable=True)  # [m, n] each
-            kept_values, kept_order = values[:, k: n - k], order[:, k: n - k]  # [m, n − 2k]
-            kept_weights = weights[kept_order]  # [m, n − 2k]
+            kept_weights = _kept_weights(values, order, weights, k)  # [m, n − 2k]
+            kept_values = values[:, k: n - k]  # [m, n − 2k]
             out[start:stop].copy_((kept_values * kept_weights).sum(dim=1) / kept_weights.sum(dim=1))
             if k:
-                dropped = torch.cat([order[:, :k], order[:, n - k:]], dim=1)  # [m, 2k]
-                trimmed += torch.bincount(dropped.reshape(-1), minlength=n)
+                trimmed += _trimmed_columns(values, order, k)
         coordinates += out.numel()
         average[name] = result
+    counts = torch.empty_like(trimmed).index_copy_(0, columns, trimmed).tolist()  # [n] in update order
+    return average, tuple(_trim_outcome(u, count, coordinates, k, n) for u, count in zip(updates, counts))
+
+
+def _kept_weights(values: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, k: int) -> torch.Tensor:
+    """ω of the kept positions k..n−k−1 (0-based) of sorted rows `values` [m, n] (`order` [m, n]: their columns,
+    whose tokens are `weights` [n]; `trimmed_mean`): a position's own weight, or W_G / |G| where its tied group G
+    crosses a cut.
+
+    A group crossing a cut is the run of values equal to the kept value at that cut, in rows where that value
+    equals its trimmed neighbour (v_(k) = v_(k+1) or v_(n−k) = v_(n−k+1), 1-based). Its W_G is summed in sorted
+    order (ascending tokens within the tie), so the sum does not depend on the workers' order."""
+    n = values.shape[1]
+    kept = weights[order[:, k: n - k]]  # [m, n − 2k]
+    if not k:
+        return kept
+    sorted_weights = None
+    for cut, neighbour in ((k, k - 1), (n - k - 1, n - k)):
+        crosses = values[:, cut] == values[:, neighbour]  # [m] a tie across this cut
+        if not bool(crosses.any()):
+            continue
+        if sorted_weights is None:
+            sorted_weights = weights[order]  # [m, n]
+        members = values == values[:, cut: cut + 1]  # [m, n] the group of the kept value at this cut
+        total = torch.where(members, sorted_weights, 0.0).sum(dim=1, keepdim=True)  # [m, 1] W_G
+        mean = total / members.sum(dim=1, keepdim=True)  # [m, 1] W_G / |G|
+        kept = torch.where(members[:, k: n - k] & crosses.unsqueeze(1), mean, kept)  # [m, n − 2k]
+    return kept
+
+
+def _trimmed_columns(values: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
+    """How many rows of sorted `values` [m, n] (`order` [m, n] their columns) trim each column, int64 [n]: the
+    values at the k positions of each end strictly below the smallest kept value or strictly above the largest
+    (a value tied with a kept one is not trimmed, whichever worker the sort put there)."""
+    n = values.shape[1]
+    below = values[:, :k] < values[:, k: k + 1]  # [m, k]
+    above = values[:, n - k:] > values[:, n - k - 1: n - k]  # [m, k]
+    ends = torch.cat([order[:, :k], order[:, n - k:]], dim=1)  # [m, 2k]
+    columns = torch.where(torch.cat([below, above], dim=1), ends, n)  # [m, 2k], n where not trimmed
+    return torch.bincount(columns.reshape(-1), minlength=n + 1)[:n]
+
+
+def _trim_outcome(update: Update, count: int, coordinates: int, k: int, n: int) -> Outcome:
+    """`trimmed_mean`'s outcome for an update trimmed in `count` of `coordinates`: flagged above half-way between
+    the share 2k/n and all of them."""
+    share = count / coordinates if coordinates else 0.0
     expected = 2 * k / n
     threshold = (expected + 1.0) / 2
-    outcomes = []
-    for u, count in zip(updates, trimmed.tolist()):
-        share = count / coordinates if coordinates else 0.0
-        reason = f"trimmed in {share:.1%} of coordinates (expected {expected:.1%}; flagged above {threshold:.1%})"
-        outcomes.append(Outcome(u.worker_id, u.tokens, u.norm, "trimmed" if k and share > threshold else "kept",
-                                1.0 - share, reason))
-    return average, tuple(outcomes)
+    reason = f"trimmed in {share:.1%} of coordinates (expected {expected:.1%}; flagged above {threshold:.1%})"
+    return Outcome(update.worker_id, update.tokens, update.norm, "trimmed" if k and share > threshold else "kept",
+                   1.0 - share, reason)
 
 
 def centered_clip(

@@ -17,7 +17,10 @@ Every codec turns a CPU float32 tensor into a flat little-endian byte string and
   per element, ``|x - x_hat| <= scale / 2 = absmax(block) / 254`` up to float32 rounding of
   the division and the product (at most ``2**-16 * scale`` more). Blocks whose absmax is so
   small that ``absmax / 127`` underflows to 0 (absmax below about 1e-43) decode to zeros.
-  Encoding rejects non-finite values, and decoding rejects non-finite or negative scales.
+  Encoding rejects non-finite values and a block whose ``127 * scale`` would overflow float32 (only
+  an absmax of float32's largest value, 3.4028235e38: its scale rounds up; the next float32 down
+  encodes). Decoding rejects non-finite or negative scales, scales above float32's max / 127 (whose
+  ``127 * scale`` would decode to +-inf) and the code -128 (``0x80``), which the encoder never writes.
 
 * ``CODEC_SPARSE`` (issue #28): the flattened tensor is cut into chunks of ``block_size``
   elements (the last may be short: ``n`` elements keep ``ceil(keep * n / block_size)``). Of each
@@ -43,7 +46,8 @@ Every codec turns a CPU float32 tensor into a flat little-endian byte string and
   stored as ``q + Q`` in b bits (2 bits: ternary, 4 bits: 15 levels), so
   ``|x - x_hat| <= absmax / (2 Q)``. Layout: all scales, then the codes packed 8 / b to a byte,
   least significant first. The dense low-bit codec hivemind's all-reduce can carry (sparse
-  entries do not survive its reducers' averaging); decoding refuses the unused code ``2 Q + 1``.
+  entries do not survive its reducers' averaging); decoding refuses the unused code ``2 Q + 1`` and,
+  as int8's, non-finite or negative scales and scales above float32's max / Q.
 
 A codec and every parameter its bytes depend on is a ``WireFormat``; the functions below take one
 where they take a codec (a bare ``pb.Codec`` value plus ``block_size`` names the dense codecs).
@@ -83,6 +87,9 @@ CODEC_NAMES: dict[str, int] = {
 
 _KNOWN_CODECS = frozenset(CODEC_NAMES.values())
 _INT8_MAX = 127.0
+# The largest float32 that 127 (and Q) times a block scale may reach: float32's max; a scale above max / levels
+# would decode to ±inf (`_largest_scale`).
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Blocks quantized per slice of the int8 encoder.
 _QUANTIZE_ROWS = 4096
 # The largest chunk or block of any codec (offsets of a sparse chunk fit 16 bits).
@@ -91,6 +98,23 @@ MAX_BLOCK_SIZE = 1 << 16
 LOWBIT_VALUE_BITS = (2, 4)
 # Values a bit stream is packed or unpacked in at once (bounds the bit-per-byte temporaries).
 _PACK_SLICE = 1 << 20
+
+
+class MagnitudeError(ValueError):
+    """A finite value too large for a codec to carry: its encoding would decode to ±inf."""
+
+
+def _largest_scale(levels: int) -> float:
+    """The largest float32 block scale s with levels · s <= float32's max exactly (float64 holds the product
+    exactly): what a block codec of codes −levels..levels writes at most and reads back finite."""
+    scale = np.float32(_FLOAT32_MAX / levels)
+    while float(scale) * levels > _FLOAT32_MAX:
+        scale = np.nextafter(scale, np.float32(0))
+    return float(scale)
+
+
+# The int8 codec's largest scale: 2.6793884e36, one float32 step below float32(max / 127).
+_INT8_SCALE_MAX = _largest_scale(int(_INT8_MAX))
 
 
 @dataclass(frozen=True)
@@ -313,6 +337,7 @@ def _encode_int8_block(flat: torch.Tensor, block_size: int) -> bytes:
     if not bool(torch.isfinite(scales).all()):
         bad = int((~torch.isfinite(scales)).sum())
         raise ValueError(f"CODEC_INT8_BLOCK cannot encode non-finite values ({bad} blocks hold NaN or Inf)")
+    _refuse_overflowing_scales(flat, scales, block_size)
     num_blocks = scales.numel()
     out = torch.empty(4 * num_blocks + numel, dtype=torch.uint8)
     out.numpy()[: 4 * num_blocks].view("<f4")[:] = scales.numpy()
@@ -328,6 +353,33 @@ def _encode_int8_block(flat: torch.Tensor, block_size: int) -> bytes:
     if numel > full * block_size:
         _quantize_into(flat[full * block_size :], divisor[-1], q_out[full * block_size :])
     return out.numpy().tobytes()
+
+
+def _refuse_overflowing_scales(flat: torch.Tensor, scales: torch.Tensor, block_size: int) -> None:
+    """MagnitudeError naming the first block whose int8 scale (of `scales` [num_blocks]) is above `_INT8_SCALE_MAX`:
+    127 × it would decode to ±inf."""
+    over = scales > _INT8_SCALE_MAX  # [num_blocks]
+    if not bool(over.any()):
+        return
+    block = int(over.nonzero()[0])
+    absmax = float(flat[block * block_size: (block + 1) * block_size].abs().max())
+    raise MagnitudeError(
+        f"CODEC_INT8_BLOCK cannot encode magnitude {absmax:.9g} (block {block}; {int(over.sum())} such blocks): "
+        f"127 × its scale {float(scales[block]):.9g} exceeds float32's max {_FLOAT32_MAX:.9g}; expected every "
+        f"magnitude below float32's max (whose scale absmax / 127 rounds up)")
+
+
+def _check_block_scales(scales: np.ndarray, levels: int, label: str) -> None:
+    """ValueError unless every block scale [num_blocks] is finite, >= 0 and at most float32's max / `levels`."""
+    if not (np.isfinite(scales).all() and (scales >= 0).all()):
+        bad = int(np.count_nonzero(~(np.isfinite(scales) & (scales >= 0))))
+        raise ValueError(f"{label} payload has {bad} non-finite or negative block scales")
+    limit = _INT8_SCALE_MAX if levels == int(_INT8_MAX) else _largest_scale(levels)
+    if scales.size and float(scales.max()) > limit:
+        bad = int(np.count_nonzero(scales > limit))
+        raise ValueError(f"{label} payload has {bad} block scales above {limit:.9g} (largest "
+                         f"{float(scales.max()):.9g}); expected at most float32's max / {levels}, whose values "
+                         f"decode finite")
 
 
 def _lowbit_levels(value_bits: int) -> int:
@@ -533,10 +585,11 @@ def _decode_bf16(buf: memoryview, numel: int, into: np.ndarray | None = None) ->
 def _decode_int8_block(buf: memoryview, numel: int, block_size: int, into: np.ndarray | None = None) -> np.ndarray:
     num_blocks = _num_blocks(numel, block_size)
     scales = np.frombuffer(buf, dtype="<f4", count=num_blocks).astype(np.float32)  # [num_blocks]
-    if not (np.isfinite(scales).all() and (scales >= 0).all()):
-        bad = int(np.count_nonzero(~(np.isfinite(scales) & (scales >= 0))))
-        raise ValueError(f"CODEC_INT8_BLOCK payload has {bad} non-finite or negative block scales")
+    _check_block_scales(scales, int(_INT8_MAX), "CODEC_INT8_BLOCK")
     q = np.frombuffer(buf, dtype=np.int8, count=numel, offset=4 * num_blocks)  # [numel]
+    if numel and int(q.min()) < -_INT8_MAX:
+        bad = int(np.count_nonzero(q < -_INT8_MAX))
+        raise ValueError(f"CODEC_INT8_BLOCK payload has {bad} codes of -128 (0x80); expected codes in -127..127")
     if into is None:
         out = q.astype(np.float32)  # [numel]
     else:
@@ -554,10 +607,8 @@ def _decode_int8_block(buf: memoryview, numel: int, block_size: int, into: np.nd
 def _decode_lowbit_block(buf: memoryview, numel: int, fmt: WireFormat, into: np.ndarray | None = None) -> np.ndarray:
     num_blocks = _num_blocks(numel, fmt.block_size)
     scales = np.frombuffer(buf, dtype="<f4", count=num_blocks).astype(np.float32)  # [num_blocks]
-    if not (np.isfinite(scales).all() and (scales >= 0).all()):
-        bad = int(np.count_nonzero(~(np.isfinite(scales) & (scales >= 0))))
-        raise ValueError(f"CODEC_LOWBIT_BLOCK payload has {bad} non-finite or negative block scales")
     levels = _lowbit_levels(fmt.value_bits)
+    _check_block_scales(scales, levels, "CODEC_LOWBIT_BLOCK")
     packed = np.frombuffer(buf, dtype=np.uint8, offset=4 * num_blocks)
     tail = numel * fmt.value_bits % 8
     if tail and packed.size and int(packed[-1]) >> tail:
@@ -797,7 +848,11 @@ class ErrorFeedback:
             bad = int((~torch.isfinite(combined)).sum())
             raise ValueError(f"delta {name!r} has {bad} non-finite values")
         sent = combined if scale == 1.0 else combined * scale  # [*shape]
-        payload = encode(sent, fmt)
+        try:
+            payload = encode(sent, fmt)
+        except MagnitudeError as error:  # int8 refuses float32's largest magnitude (127 × scale overflows)
+            raise ValueError(f"delta {name!r}: {codec_label(fmt.codec)} cannot carry its largest magnitude "
+                             f"{float(combined.abs().max()):.6g} ({error})") from error
         if fmt.lossless:
             return payload, sent, torch.zeros_like(combined) if sent is combined else combined.sub_(sent)
         usable = into is not None and into.shape == combined.shape and into.dtype == torch.float32 and into.is_contiguous()
