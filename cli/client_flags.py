@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 from typing import Any, TypeVar
 
+from rcswarm.cli.usage import empty_path_problem, path_arg
 from rcswarm.protos.wire import TOKEN_ENV, one_token
 from rcswarm.worker import ClientOptions
 
@@ -31,17 +31,21 @@ def add_client_flags(parser: argparse.ArgumentParser, coordinator_help: str, *, 
     if token:
         parser.add_argument("--token", default=None, help=f"join token (default: ${TOKEN_ENV})")
     where = f", a path on {files_on}" if files_on else ""
-    parser.add_argument("--tls-ca", type=Path, default=None,
+    parser.add_argument("--tls-ca", type=path_arg, default=None,
                         help=f"PEM CA certificate that signed the coordinator's{where}; enables TLS")
-    parser.add_argument("--tls-cert", type=Path, default=None,
+    parser.add_argument("--tls-cert", type=path_arg, default=None,
                         help=f"PEM client certificate{where}, for a coordinator with --tls-client-ca (mutual TLS)")
-    parser.add_argument("--tls-key", type=Path, default=None, help=f"PEM private key of --tls-cert{where}")
+    parser.add_argument("--tls-key", type=path_arg, default=None, help=f"PEM private key of --tls-cert{where}")
 
 
 def client_options(args: argparse.Namespace, kind: type[Options] = ClientOptions, **fields: Any) -> Options:
     """The client flags as one validated value: a `kind` (ClientOptions, or WorkerOptions with the worker's
     other `fields`; a field given overrides its flag); ValueError naming the flag that is wrong."""
     flags = {"coordinator": args.coordinator, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    for name in ("tls_ca", "tls_cert", "tls_key"):  # "" would be the working directory (`path_arg`)
+        problem = empty_path_problem(f"--{name.replace('_', '-')}", flags[name])
+        if problem is not None:
+            raise ValueError(problem)
     return kind(**{**flags, **fields})
 
 

@@ -10,7 +10,10 @@ lengths under a wall-time budget. The run directory keeps run.toml, the coordina
 parameters; final-L<L>.safetensors per run of a sweep; where that file cannot be written, a full disk,
 summary.json's `export_problem` and one stderr line say so) and summary.json; a sweep's also
 fit.png, the plot of the fitted law that `rcswarm fit RUN_DIR` draws. With `[sync] backend =
-"hivemind"` it starts a local hivemind swarm instead (cli/run_hivemind.py).
+"hivemind"` it starts a local hivemind swarm instead (cli/run_hivemind.py). A launch holds launcher.lock in its run
+directory for its life (`lock_run_dir`): a second launch there is refused (exit 2) before it writes or deletes a file.
+Once its processes are stopped, a Ctrl-C, SIGTERM or SIGHUP during the held-out evaluation skips it; one after it
+skips a sweep's fit and plot and ends the launcher (128 + its number) once summary.json is written (`SummarySignals`).
 
 Every number shown says what it is: the progress line's train loss is the mean of the
 workers' last reported training losses ("—" until one exists), tokens/s counts training
@@ -23,6 +26,7 @@ A fit the data do not identify is followed by "not enough data" and its caveats 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -33,10 +37,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 import grpc
 import torch
@@ -69,6 +73,7 @@ from rcswarm.observe.forecast import was_pruned
 from rcswarm.observe.report import forecast_rows, held_out_rows, prune_rows, served_note, summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.state.lock import LAUNCHER_LOCK_NAME, StateDirBusy, StateDirLock, holder_text
 from rcswarm.state.store import StateStore
 from rcswarm.sync.files import save_tensors
 from rcswarm.train.inner import data_problem
@@ -406,22 +411,86 @@ def held_out_losses(spec: RunSpec, final: dict[str, torch.Tensor] | None, evalua
         return {"val_loss_initial": None, "val_loss_final": None, "val_loss_problem": str(exc)}
 
 
+# The signals that stop a launch (`main`), and that its summary stretch takes over (`SummarySignals`).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class SummaryInterrupted(BaseException):
+    """Raised by `SummarySignals.handle` inside `SummarySignals.skippable`: the work there is left undone. A
+    BaseException, as KeyboardInterrupt is, so that no `except Exception` in the interrupted work keeps it."""
+
+
+class SummarySignals:
+    """Ctrl-C, SIGTERM and SIGHUP while a launch's summary is made (its processes stopped; the launch's stop handlers
+    would only note them): none of them ends the launcher before summary.json is whole. Each is noted (`signum`: the
+    first one's number); one that comes inside `skippable()` (the held-out evaluation, a sweep's fit and plot) ends
+    that work at once with SummaryInterrupted, and one that comes outside it stays `pending` until `__exit__` gives
+    it to the handlers from before (an enclosing SummarySignals, the launch's StopSignal, a test's).
+
+    Entered, used and exited by the main thread alone, the thread Python runs signal handlers in: no lock. `_armed`
+    is the one attribute the handler and the main thread both write, each write a single store."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.pending = 0
+        self._armed = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SummarySignals:
+        """Route STOP_SIGNALS to `handle` (each signal has its earlier handler or this one, never the default action
+        that would end the process), keeping the earlier handlers for `__exit__`."""
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Give the signals their earlier handlers back, then the `pending` signal to them."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+        if self.pending:
+            pending, self.pending = self.pending, 0
+            signal.raise_signal(pending)
+
+    def handle(self, signum: int, _frame: object) -> None:
+        """The signal handler: note the signal; inside `skippable`, end that work (SummaryInterrupted)."""
+        self.signum = self.signum or signum
+        if self._armed:
+            self._armed = False
+            raise SummaryInterrupted(signum)
+        self.pending = self.pending or signum
+
+    @contextlib.contextmanager
+    def skippable(self) -> Iterator[None]:
+        """The work inside may be cut short by a signal (SummaryInterrupted); it is not begun (SummaryInterrupted at
+        once) when one came already."""
+        if self.signum:
+            raise SummaryInterrupted(self.signum)
+        self._armed = True
+        try:
+            yield
+        finally:
+            self._armed = False
+
+    def name(self) -> str:
+        """The noted signal's name ("SIGTERM"), "" when none came."""
+        return signal.Signals(self.signum).name if self.signum else ""
+
+
 def skippable_evaluation(console: Console, summarize_all: Callable[[bool], T]) -> T:
     """`summarize_all(True)`: the summary with its held-out evaluation, unless Ctrl-C, SIGTERM or SIGHUP comes while
     it runs (a process manager's stop, a closed terminal): then, announced, `summarize_all(False)`, without it, so
-    that summary.json is written either way. The launch's stop handlers are uninstalled by then; SIGTERM and SIGHUP
-    raise KeyboardInterrupt here as Ctrl-C does, and get their earlier handlers back after."""
+    that summary.json is written either way. Its own `SummarySignals` takes the signals meanwhile: a further one,
+    while `summarize_all(False)` runs, waits for it to end and then goes to the handlers from before (`main`'s
+    SummarySignals: the launcher then exits with it once summary.json is written)."""
     console.print("evaluating the held-out loss of θ_0 and of the final parameters (Ctrl-C skips it)")
-    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with SummarySignals() as signals:
         try:
-            return summarize_all(True)
-        except KeyboardInterrupt:
+            with signals.skippable():
+                return summarize_all(True)
+        except SummaryInterrupted:
             console.print("held-out evaluation interrupted: the summary is written without it", style="yellow")
-            return summarize_all(False)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        return summarize_all(False)
 
 
 def summarize_run(local: LocalRun, evaluated: bool = True) -> dict:
@@ -566,11 +635,8 @@ def fit_law(console: Console, run_dir: Path, held_out: LengthLaw | None = None) 
     return {**FitReport(curves, analysis, "").summary(), "plot": plot.name}
 
 
-def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dict], ended: Outcome) -> None:
-    """One row per run (a single run is a sweep of one) and notes saying what each number is; for 3+ runs
-    the held-out loss ≈ A·L^(−α), and for a sweep the law of `fit_law`; then the outcome line. summary.json
-    holds a single run's row itself, or a sweep's `runs`, `fit` and `law`, with `outcome` and
-    `outcome_message`."""
+def print_table(console: Console, run_dir: Path, spec: RunSpec, rows: list[dict]) -> None:
+    """The summary's table, one row per run, with the notes saying what each number is."""
     table = Table(title=f"rcswarm run {spec.run.name}: {run_dir}", box=box.SIMPLE_HEAD, pad_edge=False,
                   collapse_padding=True)
     for header, _ in SUMMARY_COLUMNS:
@@ -584,24 +650,90 @@ def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dic
         resumed = served_note(row.get("served_periods", 1), row.get("idle_seconds", 0.0))
         if resumed:
             console.print(f"L={row['seq_len']}: {resumed}" if len(rows) > 1 else resumed, style="dim")
+
+
+def held_out_law(console: Console, rows: list[dict]) -> LengthLaw | None:
+    """For 3+ runs that all have a held-out loss, its law ≈ A·L^(−α), printed with its caveats; else None."""
+    if len(rows) < 3 or not all(r["rounds"] > 0 and r["val_loss_final"] is not None for r in rows):
+        return None
+    held_out = length_law("held-out loss of the final parameters", [r["seq_len"] for r in rows],
+                          [r["val_loss_final"] for r in rows])
+    fit = held_out.fit
+    console.print(f"held-out loss of the final parameters ≈ {fit.formula(4)} "
+                  f"(R² {fit.r_squared:.3f}; α 90% interval [{fit.alpha_low:.3f}, {fit.alpha_high:.3f}]; "
+                  f"×{fit.per_doubling:.3f} per doubling of L)")
+    for caveat in fit.caveats():
+        console.print(f"{NOT_ENOUGH_DATA} for α of the held-out loss: {caveat}", style="bold red")
+    return held_out
+
+
+def write_summary(run_dir: Path, document: dict) -> None:
+    """summary.json, atomically: a launcher killed while writing it leaves the previous one whole."""
+    path = run_dir / "summary.json"
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(finite(document), indent=2, allow_nan=False))
+    os.replace(partial, path)
+
+
+def skippable_law(console: Console, run_dir: Path, held_out: LengthLaw | None,
+                  signals: SummarySignals) -> tuple[dict | None, str]:
+    """(`fit_law`'s summary, ""), or, when a signal of `signals` comes before or while it fits and plots, (None,
+    why): the fit is left undone, and a fit.png it had begun writing is removed (it may be cut short)."""
+    plot = run_dir / "fit.png"
+    before = file_stamp(plot)
+    try:
+        with signals.skippable():
+            return fit_law(console, run_dir, held_out), ""
+    except SummaryInterrupted:
+        if file_stamp(plot) != before:
+            plot.unlink(missing_ok=True)
+        console.print(f"{signals.name()}: the sweep's law is not fitted; summary.json is written without it "
+                      f"(again: rcswarm fit {run_dir})", style="yellow")
+        return None, f"not fitted: interrupted by {signals.name()}"
+
+
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """(modification time in ns, size) of `path`, None when there is none: whether a file was written since."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def print_summary(console: Console, run_dir: Path, spec: RunSpec, rows: list[dict], ended: Outcome,
+                  signals: SummarySignals | None = None) -> None:
+    """One row per run (a single run is a sweep of one) and notes saying what each number is; for 3+ runs
+    the held-out loss ≈ A·L^(−α), and for a sweep the law of `fit_law`; then the outcome line. summary.json
+    holds a single run's row itself, or a sweep's `runs`, `fit`, `law` and `law_problem` (why there is no law),
+    with `outcome` and `outcome_message`.
+
+    summary.json is written before a sweep's law is fitted and plotted (`law_problem` then says it is not fitted
+    yet) and again after: a signal of `signals` (the launcher's, `main`) before or during the fit leaves the law
+    out, and the launcher exits once summary.json is whole. Without `signals`, nothing cuts the fit short."""
+    signals = signals if signals is not None else SummarySignals()  # not entered: it takes no signal
+    print_table(console, run_dir, spec, rows)
     ending = {"outcome": ended.kind, "outcome_message": ended.message}
+    held_out = held_out_law(console, rows)
     sweep: dict = {"runs": rows, **ending}
-    held_out = None
-    if len(rows) >= 3 and all(r["rounds"] > 0 and r["val_loss_final"] is not None for r in rows):
-        held_out = length_law("held-out loss of the final parameters", [r["seq_len"] for r in rows],
-                              [r["val_loss_final"] for r in rows])
-        fit = held_out.fit
-        sweep["fit"] = {**dataclasses.asdict(fit), "caveats": fit.caveats()}
-        console.print(f"held-out loss of the final parameters ≈ {fit.formula(4)} "
-                      f"(R² {fit.r_squared:.3f}; α 90% interval [{fit.alpha_low:.3f}, {fit.alpha_high:.3f}]; "
-                      f"×{fit.per_doubling:.3f} per doubling of L)")
-        for caveat in fit.caveats():
-            console.print(f"{NOT_ENOUGH_DATA} for α of the held-out loss: {caveat}", style="bold red")
-    if spec.is_sweep:
-        sweep["law"] = fit_law(console, run_dir, held_out)
-    document = sweep if spec.is_sweep else {**rows[0], **ending}
-    (run_dir / "summary.json").write_text(json.dumps(finite(document), indent=2, allow_nan=False))
+    if held_out is not None:
+        sweep["fit"] = {**dataclasses.asdict(held_out.fit), "caveats": held_out.fit.caveats()}
+    if not spec.is_sweep:
+        write_summary(run_dir, {**rows[0], **ending})
+    else:
+        write_summary(run_dir, {**sweep, "law": None, "law_problem": "not fitted yet: the launcher fits it next"})
+        sweep["law"], sweep["law_problem"] = skippable_law(console, run_dir, held_out, signals)
+        write_summary(run_dir, sweep)
     console.print(ended.message)
+
+
+def summary_status(ended: Outcome, signals: SummarySignals) -> int:
+    """The launcher's exit status: the outcome's, but 128 plus the signal's number when a signal came while the
+    summary was made (after summary.json is whole), as a shell reports a process that signal ended; an interrupted
+    launch keeps the status of the signal that stopped it."""
+    if signals.signum and ended.kind != "interrupted":
+        return 128 + signals.signum
+    return ended.status
 
 
 def parser() -> argparse.ArgumentParser:
@@ -676,7 +808,92 @@ def budget_minutes(args: argparse.Namespace) -> float | None:
     return DEMO_MINUTES
 
 
+def lock_run_dir(run_dir: Path) -> StateDirLock:
+    """The launcher's lock on `run_dir` (made if missing), held for the launch's life: a second `rcswarm run` there
+    would delete this one's coordinator.json and mix its log lines into this one's. StateDirBusy naming the holder
+    (its pid, and its coordinator's address once that serves) when another launch holds it."""
+    try:
+        return StateDirLock.acquire(run_dir, role="launcher", name=LAUNCHER_LOCK_NAME)
+    except StateDirBusy:
+        holder = holder_text(run_dir / LAUNCHER_LOCK_NAME)
+        raise StateDirBusy(f"--run-dir {str(run_dir)!r} is in use by another rcswarm run ({holder}); stop it first, "
+                           "or give this one another --run-dir") from None
+
+
+def start_and_watch(swarm: Swarm, spec: RunSpec, minutes: float | None, console: Console, stop: StopSignal,
+                    lock: StateDirLock) -> tuple[bool, int | None] | None:
+    """Start the coordinator (its address announced in the run dir's `lock`) and the workers, and watch them until
+    the run ends; (whether the wall-time budget ended it, the coordinator's exit status when it ended by itself), or
+    None when the coordinator did not start (said on stderr). The caller stops the processes."""
+    try:
+        port, http_port = swarm.start_coordinator()
+    except RuntimeError as exc:
+        print(f"rcswarm run: {exc}", file=sys.stderr)
+        return None
+    lock.announce(f"127.0.0.1:{port}")
+    run_dir = swarm.run_dir
+    what = f"a sweep over L = {', '.join(map(str, spec.sweep.seq_lens))}" if spec.is_sweep else "one run"
+    budget = f" for {minutes:g} minutes" if minutes else ""
+    console.print(f"rcswarm run {spec.run.name}: {what}{budget}; run directory {run_dir}")
+    console.print(f"coordinator on 127.0.0.1:{port}; starting {spec.run.workers} workers; logs in {swarm.logs}")
+    console.print(f"dashboard: http://127.0.0.1:{http_port}/  (live plots and fits while the run lasts)")
+    for caution in spec.cautions():
+        console.print(f"caution: {caution}", style="yellow")
+    swarm.start_workers(port)
+    swarm.write_process_table()
+    client = CoordinatorClient(f"127.0.0.1:{port}", swarm.token, retry=RetryPolicy(max_elapsed_s=10.0))
+    deadline = time.monotonic() + minutes * 60.0 if minutes else math.inf
+    try:
+        out_of_time = watch(swarm, client, spec.run.rounds, console, stop, deadline)
+    finally:
+        client.close()
+    return out_of_time, swarm.coordinator.poll()
+
+
+def launch_with_coordinator(swarm: Swarm, spec: RunSpec, minutes: float | None, console: Console, stop: StopSignal,
+                            lock: StateDirLock) -> int:
+    """The coordinator's launch: start and watch the swarm, stop it, then the summary under `SummarySignals` (a
+    signal then ends the launcher only once summary.json is whole); the exit status."""
+    try:
+        watched = start_and_watch(swarm, spec, minutes, console, stop, lock)
+    finally:
+        swarm.stop()
+    if watched is None:
+        return 1
+    out_of_time, coordinator_code = watched
+    run_dir = swarm.run_dir
+    with SummarySignals() as signals:
+        rows = skippable_evaluation(
+            console, lambda evaluated: [summarize_run(local, evaluated) for local in local_runs(run_dir, spec)])
+        ended = outcome(rows, spec, stop=stop, out_of_time=out_of_time, minutes=minutes,
+                        exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs,
+                        coordinator_code=coordinator_code)
+        print_summary(console, run_dir, spec, rows, ended, signals)
+    return summary_status(ended, signals)
+
+
+def launch_in(run_dir: Path, spec: RunSpec, args: argparse.Namespace, console: Console, lock: StateDirLock) -> int:
+    """The launch in the locked `run_dir`, with its stop signals routed to a StopSignal for its whole life; the exit
+    status."""
+    minutes = budget_minutes(args)
+    swarm = Swarm(spec, run_dir, spec.run.workers, args.max_params)
+    # A closed terminal or a dropped ssh session (SIGHUP) stops the run as Ctrl-C does: the workers and the
+    # coordinator run in sessions of their own and would otherwise train on with nobody to stop them.
+    stop = StopSignal().install(*STOP_SIGNALS)
+    try:
+        if spec.sync.backend == "hivemind":
+            from rcswarm.cli.run_hivemind import launch
+
+            (run_dir / "run.toml").write_text(spec.to_toml())
+            return launch(spec, run_dir, minutes, console, stop, args.max_params)
+        return launch_with_coordinator(swarm, spec, minutes, console, stop, lock)
+    finally:
+        stop.uninstall()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`rcswarm run`: the exit status (0 completed or at the budget, 1 failed, 2 a usage error or a run directory
+    another launch holds, 128 plus a signal's number when one stopped it)."""
     args = parse_args(argv)
     if isinstance(args, int):
         return args
@@ -686,51 +903,16 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args)
     except ValueError as exc:
         return usage_error("rcswarm run", str(exc))
-    minutes = budget_minutes(args)
     run_dir = args.run_dir if args.run_dir is not None else Path("runs") / f"{spec.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    swarm = Swarm(spec, run_dir, spec.run.workers, args.max_params)
-    # A closed terminal or a dropped ssh session (SIGHUP) stops the run as Ctrl-C does: the workers and the
-    # coordinator run in sessions of their own and would otherwise train on with nobody to stop them.
-    stop = StopSignal().install(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    if spec.sync.backend == "hivemind":
-        from rcswarm.cli.run_hivemind import launch
-
-        (run_dir / "run.toml").write_text(spec.to_toml())
-        try:
-            return launch(spec, run_dir, minutes, console, stop, args.max_params)
-        finally:
-            stop.uninstall()
-    out_of_time = False
-    coordinator_code = None
     try:
-        try:
-            port, http_port = swarm.start_coordinator()
-        except RuntimeError as exc:
-            print(f"rcswarm run: {exc}", file=sys.stderr)
-            return 1
-        what = f"a sweep over L = {', '.join(map(str, spec.sweep.seq_lens))}" if spec.is_sweep else "one run"
-        budget = f" for {minutes:g} minutes" if minutes else ""
-        console.print(f"rcswarm run {spec.run.name}: {what}{budget}; run directory {run_dir}")
-        console.print(f"coordinator on 127.0.0.1:{port}; starting {spec.run.workers} workers; logs in {swarm.logs}")
-        console.print(f"dashboard: http://127.0.0.1:{http_port}/  (live plots and fits while the run lasts)")
-        for caution in spec.cautions():
-            console.print(f"caution: {caution}", style="yellow")
-        swarm.start_workers(port)
-        swarm.write_process_table()
-        client = CoordinatorClient(f"127.0.0.1:{port}", swarm.token, retry=RetryPolicy(max_elapsed_s=10.0))
-        deadline = time.monotonic() + minutes * 60.0 if minutes else math.inf
-        try:
-            out_of_time = watch(swarm, client, spec.run.rounds, console, stop, deadline)
-        finally:
-            client.close()
-        coordinator_code = swarm.coordinator.poll()
+        lock = lock_run_dir(run_dir)  # before anything in the run dir is written or deleted
+    except StateDirBusy as exc:
+        return usage_error("rcswarm run", str(exc))
+    except OSError as exc:
+        print(f"rcswarm run: --run-dir {str(run_dir)!r}: cannot lock it for this launch: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
+    try:
+        return launch_in(run_dir, spec, args, console, lock)
     finally:
-        swarm.stop()
-        stop.uninstall()
-    rows = skippable_evaluation(
-        console, lambda evaluated: [summarize_run(local, evaluated) for local in local_runs(run_dir, spec)])
-    ended = outcome(rows, spec, stop=stop, out_of_time=out_of_time, minutes=minutes,
-                    exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs, coordinator_code=coordinator_code)
-    print_summary(console, run_dir, spec, rows, ended)
-    return ended.status
+        lock.release()

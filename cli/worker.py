@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
 from rcswarm.cli.signals import StopSignal
-from rcswarm.cli.usage import usage_error
+from rcswarm.cli.usage import empty_path_problem, path_arg, usage_error
 from rcswarm.config.runspec import RunSpec
 from rcswarm.state.lock import StateDirBusy, StateDirLock
 from rcswarm.worker.data_root import data_root_problem
@@ -106,6 +106,20 @@ def unused_hivemind_flags(args: argparse.Namespace) -> str | None:
     return f"{', '.join(given)}: only with --backend hivemind, not with the coordinator backend{why}"
 
 
+# The path flags an empty value is refused for (`empty_path`): Path("") would be the working directory, which the
+# worker would lock and write its residual and membership file into.
+PATH_FLAGS = ("--state-dir", "--membership-file", "--data-root", "--tls-ca", "--tls-cert", "--tls-key")
+
+
+def empty_path(args: argparse.Namespace) -> str | None:
+    """`--flag '': expected a path` for the first of PATH_FLAGS given an empty value, else None."""
+    for flag in PATH_FLAGS:
+        problem = empty_path_problem(flag, getattr(args, flag[2:].replace("-", "_")))
+        if problem is not None:
+            return problem
+    return None
+
+
 # The coordinator backend's own flags: a hivemind peer pulls and pushes nothing through a coordinator and keeps no
 # state dir (no residual file, no membership file, no lock).
 COORDINATOR_ONLY_FLAGS = ("--transfer-timeout-s", "--membership-file", "--state-dir")
@@ -145,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
                         help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
     parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
                         help="deadline of one parameter pull or update push (default: %(default)s)")
-    parser.add_argument("--membership-file", type=Path, default=None, metavar="PATH",
+    parser.add_argument("--membership-file", type=path_arg, default=None, metavar="PATH",
                         help="keep this worker's membership (its id and secret, mode 0600) here, so that the process "
                              "started after this one was killed ends it at once and trains sooner (give it a private "
                              f"directory; default: {MEMBERSHIP_NAME} in --state-dir, else none: the secret stays in "
@@ -156,11 +170,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-step-tokens", type=int, default=0,
                         help="refuse a run spec or an assignment whose step trains or evaluates more positions "
                              "(batch × seq_len) at once (default 0: 2,097,152)")
-    parser.add_argument("--data-root", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--data-root", type=path_arg, default=None, metavar="DIR",
                         help="read a run's git dataset only at or under DIR (the path the run spec names, absolute or "
                              "relative to the working directory; default: none, a run on a git dataset is refused; "
                              "with --backend hivemind --config alone, the dataset that file names)")
-    parser.add_argument("--state-dir", type=Path, default=None,
+    parser.add_argument("--state-dir", type=path_arg, default=None,
                         help="this worker's own directory (one worker at a time: locked while it runs): its "
                              "error-feedback residual (rewritten after each delivered update) and its membership "
                              "file, so a restarted worker resumes what it has not sent yet and ends its killed "
@@ -175,8 +189,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`rcswarm worker`: the exit status (0 the run finished or the worker was stopped, 1 it gave up, 2 a usage
+    error: an empty path among PATH_FLAGS included)."""
     log_to_stderr("worker")
     args = parse_args(argv)
+    empty = empty_path(args)
+    if empty is not None:
+        return usage_error(PROG, empty)
     if args.backend == "hivemind":
         return main_hivemind(args)
     if args.coordinator is None:

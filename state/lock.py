@@ -3,7 +3,8 @@
 `StateDirLock.acquire(state_dir)` takes an exclusive, non-blocking `flock` on `<state_dir>/coordinator.lock`
 and writes the holder into it (JSON: its role, pid, host, start time, and once it serves, its address,
 `announce`). The writers are a coordinator, `rcswarm dht`'s mirror of a hivemind swarm (role "mirror") and a
-worker in its own `--state-dir` (role "worker").
+worker in its own `--state-dir` (role "worker"); `rcswarm run` locks its run directory the same way in a file of
+its own, `launcher.lock` (role "launcher", `LAUNCHER_LOCK_NAME`: its coordinator locks the run's state/ below it).
 A second writer on the same state dir gets `StateDirBusy` naming the holder's role, pid and address. The
 kernel drops the lock when the holder's process ends, however it ends (SIGKILL included), so a stale lock
 never blocks a restart; the file stays (its content is only read while it is locked). Linux and other
@@ -23,6 +24,9 @@ from pathlib import Path
 log = logging.getLogger("rcswarm.state")
 
 LOCK_NAME = "coordinator.lock"
+# The lock file of a run directory `rcswarm run` writes into (cli/run.py); its address is its coordinator's.
+LAUNCHER_LOCK_NAME = "launcher.lock"
+ROLES = ("coordinator", "mirror", "worker", "launcher")
 
 
 class StateDirBusy(RuntimeError):
@@ -40,12 +44,12 @@ class StateDirLock:
                         "address": ""}
 
     @classmethod
-    def acquire(cls, state_dir: Path, role: str = "coordinator") -> StateDirLock:
-        """Lock `state_dir` (created if missing) for this process, a `role` ("coordinator", "mirror" or "worker");
+    def acquire(cls, state_dir: Path, role: str = "coordinator", name: str = LOCK_NAME) -> StateDirLock:
+        """Lock `state_dir` (created if missing) for this process, a `role` (one of `ROLES`), in its file `name`;
         StateDirBusy when another process holds it."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
-        path = state_dir / LOCK_NAME
+        path = state_dir / name
         handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -58,7 +62,8 @@ class StateDirLock:
             lock._write()
         except OSError as exc:  # a full disk: the one-line refusal names the state dir
             lock.release()
-            raise OSError(exc.errno, f"state dir {state_dir}: cannot write its lock file {LOCK_NAME} ({exc.strerror})") from None
+            kind = "run dir" if role == "launcher" else "state dir"
+            raise OSError(exc.errno, f"{kind} {state_dir}: cannot write its lock file {name} ({exc.strerror})") from None
         return lock
 
     def announce(self, address: str) -> None:
@@ -96,7 +101,7 @@ def _holder(path: Path) -> dict:
 def holder_role(path: Path) -> str:
     """The holder's role as the lock file says ("coordinator" where it does not say: files written before roles)."""
     role = _holder(path).get("role")
-    return role if role in ("coordinator", "mirror", "worker") else "coordinator"
+    return role if role in ROLES else "coordinator"
 
 
 def holder_text(path: Path) -> str:
@@ -107,6 +112,8 @@ def holder_text(path: Path) -> str:
     where = f" on {holder['host']}" if holder.get("host") else ""
     if holder.get("role") in ("mirror", "worker"):
         serving = ""
+    elif holder.get("role") == "launcher":
+        serving = f", its coordinator serving on {holder['address']}" if holder.get("address") else ""
     else:
         serving = f", serving on {holder['address']}" if holder.get("address") else ", not serving yet"
     return f"pid {holder['pid']}{where}{serving}"
