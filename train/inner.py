@@ -167,7 +167,6 @@ def make_task_from(data: DataSection, model_config: Any = None) -> DiagnosticTas
             f"data.batch_size = {data.batch_size} with {lengths}: examples of up to {longest} tokens make "
             f"{data.batch_size * longest} positions a batch; expected at most {MAX_TASK_BATCH_POSITIONS} "
             "(lower data.batch_size or the task's lengths)")
-    _check_scored_positions(data, task)
     if model_config is None:
         return task
     vocab_size = _token_vocab(data, model_config)
@@ -376,14 +375,21 @@ def data_problem(spec: RunSpec, open_dataset: bool = False) -> str | None:
 
 
 def _check_diag_runs(spec: RunSpec, model_config: Any) -> None:
-    """`make_task_from` of the data of each run of `spec`: a sweep's runs replace data.seq_len and data.batch_size,
-    and its error then names sweep.seq_lens and the run's length."""
+    """`make_task_from` of the data of each run of `spec`, and with `sync.bound_tokens` (the coordinator's token
+    bound, which only then holds a diagnostic run to data.seq_len) `_check_scored_positions`: a sweep's runs replace
+    data.seq_len and data.batch_size, and its error then names sweep.seq_lens and the run's length. Not the worker's
+    sampler: a worker refuses no run for a bound its coordinator may not apply."""
+    def check(data: DataSection) -> None:
+        task = make_task_from(data, model_config)
+        if spec.sync.bound_tokens:
+            _check_scored_positions(data, task)
+
     if not spec.is_sweep:
-        make_task_from(spec.data, model_config)
+        check(spec.data)
         return
     for run in spec.sweep_runs():
         try:
-            make_task_from(run.data, model_config)
+            check(run.data)
         except ValueError as exc:
             raise ValueError(f"sweep.seq_lens = {list(spec.sweep.seq_lens)}: its run of data.seq_len = "
                              f"{run.data.seq_len}, data.batch_size = {run.data.batch_size}: {exc}") from None
