@@ -22,7 +22,9 @@ pulled a version newer than the last one seen under chaos. The report's checks:
 * versions monotonic: every GetStatus the driver polled (directly, not through the proxy) is at or
   after the previous one, across restarts, and the rounds ledger holds each version once, 0..v-1;
 * no committed version lost: a restarted coordinator serves a version at or after the last one
-  announced, and every digest a worker or GetStatus reported for a version equals the ledger's;
+  announced, and every digest a worker or GetStatus reported for a version, and the ledger's digest of the newest
+  version seen when the coordinator was SIGKILLed (read from the state dir while it is down), equals the ledger's
+  at the end;
 * replicas bit-identical at the end: each worker's `param_sha256` (from its metrics) for its last
   pull equals the coordinator's digest for that version;
 * no worker gave up: no worker process exited on its own.
@@ -442,6 +444,7 @@ class Soak:
     def _coordinator_kill(self) -> None:
         self.announced_before_kill = list(self.last_versions)
         self.coordinator.kill()
+        self._note_ledger_digests()
         self.coordinator_up_at = None
         self.tally.coordinator_kills += 1
         self.busy.add("coordinator")
@@ -515,6 +518,16 @@ class Soak:
             self._note_digest(0, status.version, status.param_sha256, "GetStatus")
         self.series.append((time.monotonic() - self.began, status.version, status.applied_tokens))
         return status
+
+    def _note_ledger_digests(self) -> None:
+        """Each run's ledger digest of the newest version seen of it, read from its state dir while the coordinator
+        is down: `judge` checks the ledger still records it at the end (a sweep's GetStatus has no digest per run,
+        so for a sweep this is what a version lost or rewritten by a restart is caught by)."""
+        for run, run_dir in enumerate(self.run_dirs):
+            version = self.last_versions[run]
+            digest = ledger(run_dir).get(version) if version > 0 else None
+            if digest:
+                self._note_digest(run, version, digest, "the ledger at a coordinator SIGKILL")
 
     def _note_digest(self, run: int, version: int, digest: str, source: str) -> None:
         known = self.digests.setdefault((run, version), digest)
@@ -783,8 +796,8 @@ def judge(soak: Soak, final_pulls: dict[str, tuple[int, int, str]], exit_codes: 
     contiguous = all(sorted(digests) == list(range(1, len(digests) + 1)) for digests in ledgers)
     for (run, version), digest in soak.digests.items():
         if version in ledgers[run] and ledgers[run][version] != digest:
-            soak.tally.failures.append(f"GetStatus served digest {digest[:16]} for version {version}; "
-                                       f"the ledger records {ledgers[run][version][:16]}")
+            soak.tally.failures.append(f"digest {digest[:16]} was seen for version {version} of run {run} (GetStatus, "
+                                       f"or the ledger at a SIGKILL); the ledger records {ledgers[run][version][:16]}")
     lost = sum(1 for (run, v), d in soak.digests.items() if v > 0 and ledgers[run].get(v) != d)
     lost += soak.tally.restart_regressions
     mismatches = 0
