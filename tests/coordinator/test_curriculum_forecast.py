@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from rcswarm.config.runspec import RunSpec
@@ -38,12 +39,24 @@ def test_a_saturated_rung_lengthens_and_a_falling_one_stays():
     assert not falling.ok and "not below curriculum.forecast_gain" in falling.reason
 
 
-def test_a_rung_whose_loss_rises_lengthens():
-    """A loss rising over the rung's newest rounds gets no forecast (`forecast.check_falling`); for the curriculum it
-    is a rung with nothing more to gain, which lengthens, as when the law fitted it flat (not "stays", for good)."""
-    rising = [(x, 2.0 + 0.01 * x) for x in range(1, 101)]
-    decision = curricula.decide_saturation(100.0, state(), options(), rising)
-    assert decision.ok and "lengthens L = 4 -> 8" in decision.reason and "not falling" in decision.reason
+def test_a_slowly_falling_rung_with_correlated_noise_is_not_lengthened_early():
+    """A review (2026-11-29): with the rise test inside the curriculum's fit, a slowly falling loss (2 + 0.3·x^−0.3)
+    with AR(1) noise (σ 0.02, ρ 0.7) "rose" over its newest rounds at some round in 38 of 60 simulated runs and
+    was lengthened for good while the gain left (0.04 nats at round 30) was above forecast_gain = 0.02."""
+    rng = np.random.default_rng(3)
+    early = 0
+    for _ in range(8):
+        noise = np.zeros(61)
+        for i in range(1, 61):
+            noise[i] = 0.7 * noise[i - 1] + math.sqrt(1 - 0.7**2) * rng.normal()
+        losses = [(x, 2.0 + 0.3 * x**-0.3 + 0.02 * noise[x]) for x in range(1, 41)]
+        for n in range(7, 41):
+            decision = curricula.decide_saturation(n * 1.0, state(seconds_per_step=0.1), options(gain=0.02,
+                                                   budget=150.0), losses[:n])
+            if decision.ok:
+                early += 1
+                break
+    assert early <= 1, early
 
 
 def test_the_rule_is_off_without_data_or_budget_and_on_the_last_rung():

@@ -93,7 +93,8 @@ def test_flat_rising_and_constant_curves_give_bounded_answers() -> None:
         assert not forecast.ok and "the loss is not falling over rounds 17..30" in forecast.note
         assert math.isnan(forecast.loss) and math.isnan(forecast.high)
         with pytest.raises(NotEnoughData, match="not falling"):
-            fit_saturating(x, y)
+            fit_saturating(x, y, falling=True)
+        assert fit_saturating(x, y).amplitude == 0.0  # the curriculum's fit: flat, nothing more to gain
     constant = forecast_at(x, np.full(30, 2.0), 100)
     assert constant.ok
     assert [constant.low, constant.loss, constant.high] == pytest.approx([2.0, 2.0, 2.0], abs=1e-12)
