@@ -6,7 +6,8 @@ that differs from the stored run's in anything but `RESTART_MUTABLE`, or commits
 model's parameters at the run's seed. A new run starts only in a state dir that is no other run's: one holding a
 hivemind mirror's run, another run's id or spec, rows a run records, or checkpoint files its state.sqlite does not
 record (a lost state.sqlite) is refused, naming what it holds, before anything is written (`_check_new_run`); a
-first start that crashed before its first commit (the spec, and maybe the file of version 0) starts again.
+first start that crashed before its first commit (the spec, and maybe the file of version 0) starts again, with
+whatever spec it is given now.
 `optimizer_state` is the outer optimizer's part of every checkpoint, written here at version 0 and by every round
 close (close.py).
 """
@@ -125,14 +126,12 @@ def _foreign_state(store: StateStore) -> str | None:
 
 def _check_new_run(spec: RunSpec, store: StateStore) -> None:
     """ValueError when the state dir of a run without a committed checkpoint holds another run's state (a mirror's,
-    another run's id, rows), a spec `spec` may not restart (`_check_restart`), or checkpoint files its state.sqlite
-    does not record; nothing in the state dir changes before."""
+    another run's id, rows) or checkpoint files its state.sqlite does not record; nothing in the state dir changes
+    before. A stored spec alone is a first start's that never committed (a full disk, a kill): `spec` replaces it,
+    whatever it was (a review found the state dir otherwise tied for good to a run that never was)."""
     problem = _foreign_state(store)
     if problem is not None:
         raise ValueError(f"state dir {store.state_dir} {problem}; give the coordinator a state dir of its own")
-    stored = store.get("spec_json")
-    if stored is not None:
-        _check_restart(spec, RunSpec.from_json(stored), store.state_dir)
     files = _unrecorded_checkpoints(store)
     if files:
         raise ValueError(f"state dir {store.state_dir} holds checkpoint files {', '.join(files)} in "

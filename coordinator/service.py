@@ -1220,11 +1220,12 @@ class SwarmCoordinator:
         the ended memberships whose update is in it (`decisions.decide_place`), how many of `reservations`, a sweep's
         joins placed here, are not seated yet), under one hold of `_lock`, which `_seat` marks a reservation under: a
         join seated meanwhile counts once, as a member (any thread, a RunGroup's `_loads`; takes `_lock`).
-        `taking_over`: the membership a join names with its secret; its place, if an ended one's, is not counted (the
-        join takes it over, as `decide_place` counts it)."""
+        `taking_over`: the membership a join names with its secret; its place is not counted when the join would take
+        it over here (`_held_place`, as the join's `decide_place` counts it: an ended membership still in memory)."""
         with self._lock:
-            places = len(self._active) + len(self._place_holders() - set(self._active) - {taking_over})
-            return len(self._active), places, sum(1 for held in reservations if not held.seated)
+            holders = self._place_holders()
+            held = holders - set(self._active) - {self._held_place(taking_over, holders)}
+            return len(self._active), len(self._active) + len(held), sum(1 for r in reservations if not r.seated)
 
     def reassign(self, worker_id: str, reason: str) -> None:
         """End a worker's membership here because a sweep moves it to another run; may close the round

@@ -296,15 +296,16 @@ def test_a_push_with_a_wrong_secret_to_a_stopped_run_moves_no_one(tmp_path):
     sweep.close()
 
 
-def _full_of_one_held_place(tmp_path) -> tuple[SweepCoordinator, Any]:
-    """A sweep of two runs of two places each: L8 with one active worker and the place of "a", which delivered an
-    update to the open round and left (a's JoinResponse is returned), L16 with one active worker."""
+def _full_of_one_held_place(tmp_path, **coordinator: Any) -> tuple[SweepCoordinator, Any]:
+    """A sweep of two runs of two places each (and `coordinator`'s other keys): L8 with one active worker and the
+    place of "a", which delivered an update to the open round and left (a's JoinResponse is returned), L16 with one
+    active worker."""
     from rcswarm.protos.v1 import coordinator_pb2 as pb
     from rcswarm.sync import tensor_stream
     from tests.helpers.coordinator import creds, deltas_of
 
     sweep = SweepCoordinator(tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 5},
-                                       coordinator={"max_workers": 2},
+                                       coordinator={"max_workers": 2, **coordinator},
                                        sync={"codec": "fp32", "max_update_norm": 100.0, "min_reports": 2}), tmp_path)
     first, _, third = (sweep.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b", "c"))
     run = sweep.runs[0]
@@ -353,6 +354,26 @@ def test_a_re_join_naming_its_ended_membership_takes_its_held_place_back_in_a_fu
         again = sweep.join(pb.JoinRequest(worker_name="a", run_id=l8.run_id, **previous(first)))
         assert l8.knows(again.worker_id), "before: refused RESOURCE_EXHAUSTED, every unfinished run full"
         assert l8.load(())[:2] == (2, 2)  # the held place is the re-join's: no third place taken
+    finally:
+        sweep.close()
+
+
+def test_a_re_join_whose_ended_membership_was_forgotten_is_not_sent_to_its_full_run(tmp_path):
+    """A review (2026-11-29): once the run forgot the ended membership (`coordinator.forget_after_s`) while its update
+    still held a place, the run no longer let the re-join take it over, but the sweep still discounted it: the
+    re-join was sent to its full run and refused there, while the other run had room."""
+    import time
+
+    from rcswarm.protos.v1 import coordinator_pb2 as pb
+
+    sweep, first = _full_of_one_held_place(tmp_path, forget_after_s=0.2)
+    try:
+        time.sleep(0.3)
+        sweep.tick()
+        l8, l16 = sweep.runs
+        assert not l8.knows(first.worker_id) and l8.load(())[:2] == (1, 2)  # forgotten, its place still held
+        again = sweep.join(pb.JoinRequest(worker_name="a", run_id=l8.run_id, **previous(first)))
+        assert l16.knows(again.worker_id), "before: sent to L8 and refused RESOURCE_EXHAUSTED"
     finally:
         sweep.close()
 

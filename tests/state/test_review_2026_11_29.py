@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from rcswarm.cli.dht import Mirror
+from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.coordinator.sweep import open_group
 from rcswarm.state.store import StateStore
@@ -76,19 +77,14 @@ def _event_rows(store: StateStore) -> None:
     store.add_event("w", "joined", "another run's worker")
 
 
-def _another_spec(store: StateStore) -> None:
-    store.set_many({"spec_json": tiny_spec(run={"rounds": 10}, inner={"lr": 3e-2}).to_json()})
-
-
 @pytest.mark.parametrize(("write", "said"), [
     (_stored_run_id, (r"holds run 'another-run' without a committed checkpoint \(not a coordinator's run\); give "
                       "the coordinator a state dir of its own")),
     (_metric_rows, r"holds rows of no committed run \(3 metric\); give the coordinator a state dir of its own"),
     (_event_rows, r"holds rows of no committed run \(1 event\); give the coordinator a state dir of its own"),
-    (_another_spec, r"holds a run whose spec differs in \['inner.lr'\]; use a new state dir or the original config"),
-], ids=["run-id", "metric-rows", "event-rows", "another-spec"])
-def test_a_coordinator_refuses_another_runs_id_rows_or_spec_without_a_checkpoint(tmp_path: Path, write, said) -> None:
-    """A state dir without a committed checkpoint that holds another run's id, spec or any rows is not a new run's:
+], ids=["run-id", "metric-rows", "event-rows"])
+def test_a_coordinator_refuses_another_runs_id_or_rows_without_a_checkpoint(tmp_path: Path, write, said) -> None:
+    """A state dir without a committed checkpoint that holds another run's id or any rows is not a new run's:
     the start is refused before anything is written, naming the state dir and what it holds."""
     store = StateStore(tmp_path)
     write(store)
@@ -206,3 +202,21 @@ def test_a_restart_on_its_own_state_dir_still_resumes(tmp_path: Path) -> None:
         assert coordinator.version == VERSIONS and coordinator.param_sha256 == digests[VERSIONS]
     finally:
         coordinator.close()
+
+
+def test_a_first_start_that_never_committed_is_replaced_by_a_start_with_another_spec(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review (2026-11-29): a first start whose version 0 failed (a full disk) left its spec, and the next start,
+    with another config, was refused as a restart of a run that never committed: the state dir was tied to it for
+    good. It starts, with its own spec."""
+    _crash_before_the_file(monkeypatch)
+    with pytest.raises(RuntimeError, match="killed"):
+        open_coordinator(tmp_path)
+    monkeypatch.undo()
+    other = tiny_spec(run={"rounds": 10}, inner={"lr": 3e-2})
+    restarted = SwarmCoordinator(other, StateStore(tmp_path))
+    try:
+        assert restarted.version == 0
+        assert RunSpec.from_json(read_state(tmp_path, lambda store: store.get("spec_json"))).inner.lr == 3e-2
+    finally:
+        restarted.close()
