@@ -174,6 +174,14 @@ def _orphan_of(metadata: Mapping[str, Any], run_id: str, committed: int) -> bool
     return metadata.get("run_id", run_id) == run_id and version.isdigit() and int(version) > committed
 
 
+def _set_aside(metadata: Mapping[str, Any], run_id: str, rejected: Sequence[tuple[int, int]]) -> bool:
+    """Whether a checkpoint file of `metadata` is of run `run_id` (no run_id counts as the run's) and of a version in
+    one of the `rejected` ranges (first, last) a fallback set aside."""
+    version = str(metadata.get("version", ""))
+    return (metadata.get("run_id", run_id) == run_id and version.isdigit()
+            and any(first <= int(version) <= last for first, last in rejected))
+
+
 class StateStore:
     """One run's state dir: state.sqlite plus checkpoints/v<version>.safetensors.
 
@@ -593,17 +601,22 @@ class StateStore:
     def _crash_orphans(self, unrecorded: list[Path], keep: str) -> list[Path]:
         """Of the checkpoint files the ledger does not record, those a crash between a commit's rename and its
         SQLite transaction left: their metadata names this run (or no run, as files from before it was recorded)
-        and a version above `keep`'s, the committed one. The others (another run's files, older versions of this
-        run whose ledger was lost, unreadable files) are kept, each named once in a WARNING per store."""
+        and a version above `keep`'s, the committed one. A file of this run of a version a fallback set aside
+        (`rejected_versions`), left by a fallback killed between its commit and its renames, is set aside now as
+        `<name>.rejected`, as the fallback would have. The others (another run's files, older versions of this run
+        whose ledger was lost, unreadable files) are kept, each named once in a WARNING per store."""
         if not unrecorded:
             return []
         run_id = self.get("run_id") or ""
         committed = _checkpoint_order(Path(keep))[0]
+        rejected = self.rejected_versions()
         orphans, kept = [], []
         for path in unrecorded:
             metadata, unreadable = checkpoint_metadata(path)
             if metadata is not None and _orphan_of(metadata, run_id, committed):
                 orphans.append(path)
+            elif metadata is not None and _set_aside(metadata, run_id, rejected):
+                os.replace(path, path.with_name(f"{path.name}.rejected"))  # a fallback killed before its renames
             elif path.name not in self._kept_unrecorded:
                 self._kept_unrecorded.add(path.name)
                 found = unreadable or f"run {metadata.get('run_id')!r} version {metadata.get('version')!r}"

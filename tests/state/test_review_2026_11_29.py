@@ -220,3 +220,38 @@ def test_a_first_start_that_never_committed_is_replaced_by_a_start_with_another_
         assert RunSpec.from_json(read_state(tmp_path, lambda store: store.get("spec_json"))).inner.lr == 3e-2
     finally:
         restarted.close()
+
+
+def test_a_fallback_killed_before_it_set_the_rejected_files_aside_has_them_set_aside_at_the_next_prune(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review (2026-11-29): a fallback killed between its SQLite commit and renaming the failed files to
+    `.rejected` left them as unrecorded `v*.safetensors`; the restart renumbers above them, so they were no crash's
+    orphan (not above the committed version) and stayed for good. A file of the run of a version the fallback set
+    aside is set aside now, as the fallback would have."""
+    import os
+
+    from rcswarm.state import store as store_module
+    from tests.helpers.verified_state import flip_bytes
+
+    state_dir = tmp_path / "state"
+    committed_run(state_dir)  # versions 0..3 committed
+    flip_bytes(checkpoint(state_dir, 3))  # v3 fails verification: the fallback sets it aside
+    replace = os.replace
+
+    class Killed(BaseException):
+        pass
+
+    def killed_at_the_rename(source: object, destination: object) -> None:
+        if str(destination).endswith(".rejected"):
+            raise Killed
+        replace(source, destination)
+
+    monkeypatch.setattr(store_module.os, "replace", killed_at_the_rename)
+    with pytest.raises(Killed):
+        open_coordinator(state_dir)
+    monkeypatch.undo()
+    assert checkpoint(state_dir, 3).exists()  # left unrecorded by the killed fallback
+    restarted = open_coordinator(state_dir)
+    restarted.close()
+    names = set(files_of(state_dir))
+    assert "v00000003.safetensors" not in names and "v00000003.safetensors.rejected" in names, names
