@@ -111,11 +111,16 @@ def shapes_for(parameters: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def make_updates(parameters: int, n: int, seed: int = 0) -> list[aggregation.Update]:
+def make_updates(parameters: int, n: int, seed: int = 0, zeros: float = 0.0) -> list[aggregation.Update]:
+    """`n` updates of random normal values × 1e-3 over `parameters` parameters, each entry an exact zero with
+    probability `zeros` (a sparse or 2-bit update's many ties: `--zeros`)."""
     generator = torch.Generator().manual_seed(seed)
     updates = []
     for i in range(n):
         deltas = {name: torch.randn(shape, generator=generator).mul_(1e-3) for name, shape in shapes_for(parameters).items()}
+        if zeros > 0:
+            for delta in deltas.values():
+                delta[torch.rand(delta.shape, generator=generator) < zeros] = 0.0
         updates.append(aggregation.Update(f"w{i:02d}", 1000 + i, tensor_stream.global_norm(deltas), deltas))
     return updates
 
@@ -154,13 +159,15 @@ def timed_calls(updates: list[aggregation.Update]) -> dict[str, Callable[[], obj
     return calls
 
 
-def time_table(sizes: list[str], counts: list[int], repeats: int) -> None:
+def time_table(sizes: list[str], counts: list[int], repeats: int, zeros: float = 0.0) -> None:
+    if zeros > 0:
+        print(f"each update's entries exact zeros with probability {zeros:g}")
     print("| parameters | updates | aggregation | median s | × mean | extra RSS MiB |")
     print("| --- | --- | --- | --- | --- | --- |")
     for size in sizes:
         for n in counts:
             started = time.perf_counter()
-            updates = make_updates(SIZES[size], n)
+            updates = make_updates(SIZES[size], n, zeros=zeros)
             made = time.perf_counter() - started
             base = None
             for label, (seconds, extra) in time_rows(timed_calls(updates), repeats).items():
@@ -364,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="+", default=["10m", "100m"], choices=sorted(SIZES))
     parser.add_argument("--updates", nargs="+", type=int, default=[4, 16])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--zeros", type=float, default=0.0,
+                        help="time table: each update entry an exact zero with this probability (sparse or 2-bit "
+                             "updates' ties; default 0)")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--preset", default="tiny", help="lstm_lm preset of the honest runs (tiny, small)")
     parser.add_argument("--workers", type=int, default=4, help="workers of the honest runs")
@@ -388,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}, "
           f"torch {torch.__version__}, 1 torch thread")
     if not args.skip_time:
-        time_table(args.sizes, args.updates, args.repeats)
+        if not 0.0 <= args.zeros < 1.0:
+            parser.error(f"--zeros {args.zeros}: expected a probability in [0, 1)")
+        time_table(args.sizes, args.updates, args.repeats, args.zeros)
     if not args.skip_loss:
         print()
         config = HonestConfig(args.preset, args.rounds, args.workers, args.codec, args.model, args.optimizer, args.lr,
