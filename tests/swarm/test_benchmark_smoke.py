@@ -38,6 +38,8 @@ SMOKE = [
     ("frame_gpu_plan.py", ["examples/frame_git_gpu.toml"], "min/round"),
     ("psm_stream_bench.py", ["--tokens", "64", "--window", "32", "--chunk", "16", "--d-model", "64"], "gpt / psm"),
     ("rpc_latency_bench.py", ["--calls", "20"], "flood  Heartbeat"),
+    ("aggregation_bench.py", ["--sizes", "1m", "--updates", "4", "--repeats", "1", "--skip-loss", "--zeros", "0.9"],
+     "| 1m | 4 | trimmed_mean |"),
 ]
 
 
