@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -34,15 +35,17 @@ from rcswarm.cli.run import (
     POLL_S,
     START_TIMEOUT_S,
     Outcome,
+    SummarySignals,
     Swarm,
     held_out_losses,
     held_out_text,
     interrupted_outcome,
     skippable_evaluation,
+    summary_status,
+    write_summary,
 )
 from rcswarm.cli.signals import StopSignal
 from rcswarm.config.runspec import RunSpec
-from rcswarm.observe.dashboard.views import finite
 from rcswarm.worker.data_root import data_root_args
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -143,9 +146,26 @@ def summarize(spec: RunSpec, run_dir: Path, workers: int, evaluated: bool = True
         result["replica_max_abs_difference"] = max(
             (float((params[k] - first[k]).abs().max()) for params in finals.values() for k in first), default=0.0)
         if "worker-0" in finals:
-            shutil.copyfile(run_dir / "peers" / "worker-0" / "final.safetensors", run_dir / "final.safetensors")
+            result["export_problem"] = export_replica(run_dir)
         result.update(held_out_losses(spec, {k: v.to(torch.float32) for k, v in first.items()}, evaluated))
     return result
+
+
+def export_replica(run_dir: Path) -> str:
+    """Copy worker-0's replica to RUN_DIR/final.safetensors (a temporary renamed over it); "" when done, else (a full
+    disk) "final parameters not exported: why", which one line on stderr says too: the summary is written either
+    way, as the coordinator's launch does (`cli/run.export_or_say`)."""
+    final = run_dir / "final.safetensors"
+    partial = final.with_name(f".{final.name}.partial")
+    try:
+        shutil.copyfile(run_dir / "peers" / "worker-0" / "final.safetensors", partial)
+        os.replace(partial, final)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        problem = f"final parameters not exported: {exc}"
+        print(f"rcswarm run: {problem}", file=sys.stderr)
+        return problem
+    return ""
 
 
 def print_bootstrap(console: Console, maddrs: list[str], written: Path) -> None:
@@ -181,6 +201,15 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
         out_of_time = wait(swarm, console, stop, deadline)
     finally:
         swarm.stop()
+    with SummarySignals() as signals:  # a signal now ends the launcher only once summary.json is written
+        ended = summarize_and_write(spec, run_dir, swarm, console, stop, out_of_time, minutes)
+    return summary_status(ended, signals)
+
+
+def summarize_and_write(spec: RunSpec, run_dir: Path, swarm: HivemindSwarm, console: Console, stop: StopSignal,
+                        out_of_time: bool, minutes: float | None) -> Outcome:
+    """The stopped swarm's summary (the held-out evaluation skippable), printed and written to summary.json; how the
+    run ended."""
     result = skippable_evaluation(console, lambda evaluated: summarize(spec, run_dir, spec.run.workers, evaluated))
     codes = [p.returncode for p in swarm.workers]
     if stop.is_set():
@@ -198,7 +227,6 @@ def launch(spec: RunSpec, run_dir: Path, minutes: float | None, console: Console
     if "val_loss_final" in result:
         console.print(f"held-out loss {held_out_text(result)}; replicas differ by at most "
                       f"{result['replica_max_abs_difference']:.3g}")
-    (run_dir / "summary.json").write_text(json.dumps(
-        finite({**result, "outcome": ended.kind, "outcome_message": ended.message}), indent=2, allow_nan=False))
+    write_summary(run_dir, {**result, "outcome": ended.kind, "outcome_message": ended.message})
     console.print(ended.message)
-    return ended.status
+    return ended

@@ -137,6 +137,34 @@ def test_a_hivemind_runs_summary_says_why_its_held_out_loss_is_missing(tmp_path,
     assert skipped["val_loss_problem"] == "not evaluated: interrupted" and skipped["rounds"] == 2
 
 
+def test_a_hivemind_runs_full_disk_at_the_export_is_said_and_the_summary_kept(tmp_path, monkeypatch, capsys) -> None:
+    """A review (2026-11-29): the hivemind launch copied worker-0's replica to final.safetensors with nothing to
+    catch a full disk (a traceback, no summary.json), where the coordinator's launch records `export_problem`."""
+    import errno
+
+    from rcswarm.cli import run_hivemind
+
+    spec = tiny_spec(run={"workers": 1})
+    peer = tmp_path / "peers" / "worker-0"
+    peer.mkdir(parents=True)
+    (peer / "summary.json").write_text(json.dumps({"name": "worker-0", "version": 1, "history": [
+        {"loss": 5.0, "skipped": False, "drift": 0.0}]}))
+    save_file({"w": torch.zeros(3)}, str(peer / "final.safetensors"))
+
+    def full_disk(source, destination):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_hivemind.shutil, "copyfile", full_disk)
+    result = run_hivemind.summarize(spec, tmp_path, 1, evaluated=False)
+    said = f"final parameters not exported: [Errno {errno.ENOSPC}] No space left on device"
+    assert result["export_problem"] == said and result["rounds"] == 1
+    assert capsys.readouterr().err.splitlines() == [f"rcswarm run: {said}"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["peers"]  # no final.safetensors, no temporary
+    monkeypatch.undo()
+    assert run_hivemind.summarize(spec, tmp_path, 1, evaluated=False)["export_problem"] == ""
+    assert (tmp_path / "final.safetensors").is_file()
+
+
 def test_summary_json_of_an_empty_run_is_strict_json(tmp_path) -> None:
     """An empty or failed run's row has NaN losses and ratios; summary.json held them as bare NaN (not JSON: a CI
     script's JSON.parse failed on exactly the runs it checks), since `default=` never sees a float. Now null."""
