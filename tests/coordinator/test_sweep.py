@@ -301,8 +301,7 @@ def _full_of_one_held_place(tmp_path, **coordinator: Any) -> tuple[SweepCoordina
     place of "a", which delivered an update to the open round and left (a's JoinResponse is returned), L16 with one
     active worker."""
     from rcswarm.protos.v1 import coordinator_pb2 as pb
-    from rcswarm.sync import tensor_stream
-    from tests.helpers.coordinator import creds, deltas_of
+    from tests.helpers.coordinator import creds, deltas_of, pull_all, push
 
     sweep = SweepCoordinator(tiny_spec(sweep={"seq_lens": [8, 16]}, run={"rounds": 5},
                                        coordinator={"max_workers": 2, **coordinator},
@@ -310,12 +309,8 @@ def _full_of_one_held_place(tmp_path, **coordinator: Any) -> tuple[SweepCoordina
     first, _, third = (sweep.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b", "c"))
     run = sweep.runs[0]
     assert run.knows(first.worker_id) and run.knows(third.worker_id)
-    for _ in run.pull(pb.PullParametersRequest(**creds(first))):
-        pass
-    header, chunks = tensor_stream.build_payload(deltas_of(run, 1e-3), codec=run.wire_format, run_id=run.run_id,
-                                                 version=0)
-    sweep.push(iter([pb.PushUpdateRequest(meta=pb.UpdateMeta(**creds(first), base_version=0, tokens=40)),
-                     pb.PushUpdateRequest(header=header), *(pb.PushUpdateRequest(chunk=c) for c in chunks)]))
+    pull_all(run, first)
+    push(run, first, deltas_of(run, 1e-3), 40, 0)
     sweep.leave(pb.LeaveRequest(**creds(first), reason="done"))
     assert run.load(())[:2] == (1, 2)  # (active workers, places taken)
     return sweep, first
