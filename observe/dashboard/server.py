@@ -71,7 +71,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 from rcswarm.observe.analysis import FitReport, StepMean, WorkerTotals, fit_step_means, step_means, worker_totals
@@ -113,6 +113,16 @@ MAX_CONNECTIONS = 64
 # (slowloris) holds few places, and each briefly, so the others' requests and probes still get theirs.
 HEADER_DEADLINE_S = 10.0
 MAX_CONNECTIONS_PER_ADDRESS = 16
+# What one request may send before the dashboard has read it (`_HeadReader`): its request line and headers together
+# at most REQUEST_HEAD_BYTES, each line at most REQUEST_LINE_BYTES (a browser's cookies take a few KiB), then a
+# login form's body (MAX_LOGIN_BYTES). Past either, 414 (the request line) or 431 (the headers) and the connection
+# closed: BaseHTTPRequestHandler alone takes 100 header lines of 64 KiB each per connection (a review, 2026-11-29:
+# 64 such connections took the coordinator from 256 to 1477 MiB). Before closing, at most LINGER_BYTES more of the
+# request are read and dropped for at most LINGER_S, so that the client reads the answer instead of a reset.
+REQUEST_HEAD_BYTES = 32 * 1024
+REQUEST_LINE_BYTES = 8 * 1024
+LINGER_BYTES = 64 * 1024
+LINGER_S = 1.0
 # A log line that a client can cause at will (a refused connection, a 401, a deadline) is written at most once per
 # this many seconds per kind, with the count of those left out since.
 LOG_EVERY_S = 10.0
@@ -252,6 +262,88 @@ def _only(params: dict[str, list[str]], allowed: Sequence[str]) -> None:
         raise BadRequest(f"unknown query parameter(s) {', '.join(unknown)}: expected {expected}")
 
 
+class RequestTooLarge(Exception):
+    """A request past `_HeadReader`'s budget: answered with `status` and this message, then the connection closed."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _HeadReader:
+    """A connection's input stream (`raw`, a buffered reader) that lets a request's head through up to a byte
+    budget: `limit(total, line)` arms it for a request (its request line and headers: `total` bytes at most in all,
+    `line` per line), `limit(total)` for what is left of it (a login form's body), `unlimited()` once the request
+    has been read. A read past the budget raises RequestTooLarge (414 for the request line, 431 for a header line,
+    413 for a body) having read at most one byte past it. Used by its connection's thread alone (the deadline
+    timers never read), so it takes no lock."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self._left: int | None = None
+        self._total = 0
+        self._line: int | None = None
+        self._lines = 0
+        self.consumed = 0
+
+    def limit(self, total: int, line: int | None = None) -> None:
+        self._left, self._total, self._line, self._lines = total, total, line, 0
+
+    def unlimited(self) -> None:
+        self._left = self._line = None
+
+    def readline(self, size: int | None = -1) -> bytes:
+        if self._left is None:
+            data = self.raw.readline(size)
+            self.consumed += len(data)
+            return data
+        cap = min(self._left, self._line if self._line is not None else self._left) + 1
+        if size is not None and size >= 0:
+            cap = min(cap, size)
+        data = self.raw.readline(cap)
+        self.consumed += len(data)
+        self._left -= len(data)
+        first, self._lines = self._lines == 0, self._lines + 1
+        if self._line is not None and len(data) > self._line:
+            what = "the request line" if first else "a header line"
+            raise RequestTooLarge(HTTPStatus.REQUEST_URI_TOO_LONG if first else
+                                  HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                                  f"{what} is over {self._line} bytes: expected at most {self._line}")
+        if self._left < 0:
+            raise self._over(first)
+        return data
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self._left is None:
+            data = self.raw.read(size)
+        else:
+            cap = self._left + 1 if size is None or size < 0 else min(size, self._left + 1)
+            data = self.raw.read(cap)
+            self._left -= len(data)
+            if self._left < 0:
+                self.consumed += len(data)
+                raise self._over(False)
+        self.consumed += len(data)
+        return data
+
+    def _over(self, first: bool) -> RequestTooLarge:
+        """The error for a read past the budget: of a body (armed without a line limit), of the request line, or of
+        the headers."""
+        if self._line is None:
+            return RequestTooLarge(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                   f"the request's body is over {self._total} bytes: expected at most {self._total}")
+        status = HTTPStatus.REQUEST_URI_TOO_LONG if first else HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
+        return RequestTooLarge(status, f"the request line and headers are over {self._total} bytes: expected at "
+                                       f"most {self._total} in all")
+
+    def close(self) -> None:
+        self.raw.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.raw.closed)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "rcswarm-dashboard"
     timeout = REQUEST_TIMEOUT_S  # socket timeout for every connection (slow clients are dropped)
@@ -261,7 +353,8 @@ class _Handler(BaseHTTPRequestHandler):
         """The connection's deadlines (past one the socket is shut, which ends any read or write): the request's
         (HEADER_DEADLINE_S: until its line, headers and a login form's body are read) and the whole connection's
         (REQUEST_DEADLINE_S); then the stream setup (with the socket timeout) and the TLS handshake on this
-        request's thread."""
+        request's thread. The input stream goes through a `_HeadReader`, armed for each request in
+        `handle_one_request`."""
         self._deadline = threading.Timer(self.dashboard.request_deadline_s, self._expire,
                                          ("connection", self.dashboard.request_deadline_s))
         self._header_deadline = threading.Timer(self.dashboard.header_deadline_s, self._expire,
@@ -271,6 +364,8 @@ class _Handler(BaseHTTPRequestHandler):
             timer.start()
         try:
             super().setup()
+            self._head = _HeadReader(self.rfile)
+            self.rfile = cast(Any, self._head)
             if isinstance(self.connection, ssl.SSLSocket):
                 self.connection.do_handshake()
         except BaseException:
@@ -288,8 +383,41 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
     def _request_read(self) -> None:
-        """The request has arrived whole: only the connection's deadline is left."""
+        """The request has arrived whole: only the connection's deadline is left, and no byte budget."""
         self._header_deadline.cancel()
+        self._head.unlimited()
+
+    def handle_one_request(self) -> None:
+        """One request, its line and headers read within REQUEST_HEAD_BYTES (REQUEST_LINE_BYTES a line); one past
+        it (or a login form past its MAX_LOGIN_BYTES) is answered 414, 431 or 413 and its connection closed."""
+        self._head.limit(REQUEST_HEAD_BYTES, REQUEST_LINE_BYTES)
+        try:
+            super().handle_one_request()
+        except RequestTooLarge as error:
+            self._too_large(error)
+
+    def _too_large(self, error: RequestTooLarge) -> None:
+        """Answer a request past its byte budget with `error`'s status, one log line (limited), and close: what
+        more the client sent is read and dropped for at most LINGER_S and LINGER_BYTES first (closing on unread
+        bytes would reset the connection, and the client might never read the answer)."""
+        self.close_connection = True
+        if error.status == HTTPStatus.REQUEST_URI_TOO_LONG:  # no request line parsed: answered as the stdlib does
+            self.requestline, self.request_version, self.command = "", "", ""
+        _limited_log(self.dashboard.log_limiter, "too-large", "dashboard: a request from %s refused (%d): %s",
+                     self.address_string(), int(error.status), error)
+        try:
+            self._error(error.status, f"{error}; the connection is closed")
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(LINGER_S)
+            ends, dropped = time.monotonic() + LINGER_S, 0
+            while dropped < LINGER_BYTES and time.monotonic() < ends:
+                data = self.connection.recv(min(16 * 1024, LINGER_BYTES - dropped))
+                if not data:
+                    break
+                dropped += len(data)
+        except OSError:
+            pass
 
     def parse_request(self) -> bool:
         """The request line and headers as BaseHTTPRequestHandler reads them; they are all a request but a POST
@@ -302,6 +430,8 @@ class _Handler(BaseHTTPRequestHandler):
                 str(self.client_address[0]), self.headers.get_all(FORWARDED_FOR))
             if self.command != "POST":
                 self._request_read()
+            else:
+                self._head.limit(MAX_LOGIN_BYTES)  # a login form's body at most; other POSTs are not read
         return parsed
 
     def _client(self) -> Client:
@@ -347,8 +477,9 @@ class _Handler(BaseHTTPRequestHandler):
         name = target_host(host.strip())  # a Host header is HOST[:PORT], as a gRPC target
         if name is not None and is_loopback_host(name):
             return False
-        log.info("dashboard: %s %s from %s for host %s refused (not a loopback name)", self.command,
-                 _logged(self.path), self.address_string(), _logged(host))
+        _limited_log(self.dashboard.log_limiter, "misdirected",
+                     "dashboard: %s %s from %s for host %s refused (not a loopback name)", self.command,
+                     _logged(self.path), self.address_string(), _logged(host))
         self._error(HTTPStatus.MISDIRECTED_REQUEST,
                     f"Host {host[:LOGGED_PATH_CHARS]!r} is not this dashboard's: it serves loopback names only "
                     f"(open {self.dashboard.url})")
@@ -466,6 +597,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._request_read()
             self._not_allowed()
             return
+        if self._from_another_site():
+            self._request_read()
+            self.close_connection = True  # its body, if any, is not read
+            origin, site = self.headers.get("Origin") or "-", self.headers.get("Sec-Fetch-Site") or "-"
+            _limited_log(self.dashboard.log_limiter, "cross-site", "dashboard: POST %s from %s sent by another site's "
+                         "page refused (Origin %s, Sec-Fetch-Site %s)", _logged(path), self.address_string(),
+                         _logged(origin), _logged(site))
+            self._error(HTTPStatus.FORBIDDEN, f"POST {path} from another site's page (Origin "
+                        f"{origin[:LOGGED_PATH_CHARS]!r}, Sec-Fetch-Site {site[:LOGGED_PATH_CHARS]!r}): refused; "
+                        f"expected this dashboard's own form ({self.dashboard.url}login)")
+            return
         if path == "/logout":
             self._logout(auth)
             return
@@ -499,13 +641,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _logout(self, auth: SessionAuth) -> None:
         """POST /logout: every session the request's cookies name is ended, the cookie cleared, and the browser sent
         to the login form. CSRF: another site's page cannot make a browser send the SameSite=Strict cookie, so only
-        a request that carries one clears anything; one whose Origin names another site is refused outright. (The
-        page's own form sends `Origin: null`: its Referrer-Policy is no-referrer.)"""
+        a request that carries one clears anything; one another site's page sent (`_from_another_site`) was refused
+        by `do_POST` already."""
         self._request_read()
-        origin = (self.headers.get("Origin") or "null").strip()
-        if origin != "null" and not self._same_origin(origin):
-            self._error(HTTPStatus.FORBIDDEN, "POST /logout from another site's page: refused")
-            return
         values = cookie_values(self.headers.get("Cookie") or "", COOKIE)
         for value in values:
             auth.end_session(value)
@@ -513,6 +651,19 @@ class _Handler(BaseHTTPRequestHandler):
         if values:
             extra.append(("Set-Cookie", auth.clear_cookie_header(secure=self.dashboard.scheme == "https")))
         self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", extra)
+
+    def _from_another_site(self) -> bool:
+        """Whether a POST came from another site's page (CSRF: the form posts of a page the operator's browser shows;
+        at /login they would spend the operator's failed-attempt allowance and lock the operator out): its
+        Sec-Fetch-Site (a browser's own) is there and neither `same-origin` nor `none` (typed, a bookmark), or its
+        Origin is there, not `null`, and not this dashboard's (`_same_origin`). The page's own forms send
+        `Origin: null` (its Referrer-Policy is no-referrer) and `Sec-Fetch-Site: same-origin`; a client that is no
+        browser (curl, a script) sends neither."""
+        site = self.headers.get("Sec-Fetch-Site")
+        if site is not None and site.strip().lower() not in ("same-origin", "none"):
+            return True
+        origin = self.headers.get("Origin")
+        return origin is not None and origin.strip() != "null" and not self._same_origin(origin.strip())
 
     def _same_origin(self, origin: str) -> bool:
         """Whether an Origin header names this dashboard as the request's Host header does (scheme included)."""
