@@ -654,14 +654,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _from_another_site(self) -> bool:
         """Whether a POST came from another site's page (CSRF: the form posts of a page the operator's browser shows;
-        at /login they would spend the operator's failed-attempt allowance and lock the operator out): its
-        Sec-Fetch-Site (a browser's own) is there and neither `same-origin` nor `none` (typed, a bookmark), or its
-        Origin is there, not `null`, and not this dashboard's (`_same_origin`). The page's own forms send
-        `Origin: null` (its Referrer-Policy is no-referrer) and `Sec-Fetch-Site: same-origin`; a client that is no
-        browser (curl, a script) sends neither."""
+        at /login they would spend the operator's failed-attempt allowance and lock the operator out). A browser's
+        own Sec-Fetch-Site, which no page can set, decides where it is sent: another site unless `same-origin` or
+        `none` (typed, a bookmark). Without it (an older browser), an Origin that is there, not `null`, and not this
+        dashboard's (`_same_origin`) is another site's. Sec-Fetch-Site decides first because the Origin a browser
+        sends names the address it reached, which behind a TLS-terminating proxy or one that rewrites Host is not
+        the scheme and Host this server sees (a review: the operator's own same-origin login was refused there). The
+        page's own forms send `Origin: null` (its Referrer-Policy is no-referrer) and `Sec-Fetch-Site: same-origin`;
+        a client that is no browser (curl, a script) sends neither."""
         site = self.headers.get("Sec-Fetch-Site")
-        if site is not None and site.strip().lower() not in ("same-origin", "none"):
-            return True
+        if site is not None:
+            return site.strip().lower() not in ("same-origin", "none")
         origin = self.headers.get("Origin")
         return origin is not None and origin.strip() != "null" and not self._same_origin(origin.strip())
 

@@ -200,8 +200,9 @@ def test_a_cross_site_login_is_refused_and_not_counted(swarm: Any) -> None:
             assert status == 403 and b"another site" in body, (headers, status)
         assert auth.throttle.wait_s("127.0.0.1") == 0.0
         own_form = {"Origin": "null", "Sec-Fetch-Site": "same-origin"}
+        behind_a_proxy = {"Origin": "https://dashboard.example", "Sec-Fetch-Site": "same-origin"}  # TLS ended there
         for headers in (own_form, {"Origin": f"http://127.0.0.1:{port}", "Sec-Fetch-Site": "same-origin"},
-                        {"Sec-Fetch-Site": "none"}, {}):
+                        behind_a_proxy, {"Sec-Fetch-Site": "none"}, {}):
             status, answer_headers, _ = request(port, "POST", "/login", {**FORM, **headers}, f"token={TOKEN}")
             assert status == 303 and answer_headers["Set-Cookie"], (headers, status)
         assert request(port, "GET", "/metrics", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
