@@ -76,6 +76,7 @@ import shutil
 import signal
 import statistics
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -1137,17 +1138,52 @@ def owner_subkey(peer_id: str, public_key: str) -> str:
     return f"{peer_id}{marker}"
 
 
+# The exceptions a peer's reset makes in multiprocessing's resource sharer (`quiet_resource_sharer`).
+PEER_RESETS = (ConnectionResetError, BrokenPipeError, EOFError)
+
+
+def resource_sharer_reset(exc: BaseException | None, tb: Any) -> bool:
+    """Whether an exception given to sys.excepthook is multiprocessing's resource sharer losing the process it was
+    handing a resource (a file descriptor) to: a reset raised in multiprocessing/resource_sharer.py, its serving
+    thread's loop, the outermost frame of the traceback."""
+    if not isinstance(exc, PEER_RESETS) or tb is None:
+        return False
+    return tb.tb_frame.f_code.co_filename.endswith(os.path.join("multiprocessing", "resource_sharer.py"))
+
+
+def quiet_resource_sharer() -> None:
+    """Route multiprocessing's resource sharer's resets to one INFO line instead of a traceback (idempotent). Its
+    serving thread hands hivemind's processes what they ask of this one and reports any exception through
+    sys.excepthook, so a signal to the worker's whole process group that ends an averager in the middle of such a
+    handshake printed a ConnectionResetError traceback into a worker's clean stop (1 of the 8 group-SIGTERM cases of
+    a default-suite run, 2026-11-29). Every other exception goes to the hook from before."""
+    previous = sys.excepthook
+    if getattr(previous, "rcswarm_quiet_resource_sharer", False):
+        return
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if resource_sharer_reset(exc, tb):
+            log.info("a hivemind process ended while this one handed it a resource (%s: %s); nothing to do",
+                     exc_type.__name__, exc)
+            return
+        previous(exc_type, exc, tb)
+
+    hook.rcswarm_quiet_resource_sharer = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def start_dht(options: HivemindOptions, stop: threading.Event | None = None) -> hivemind.DHT:
     """A DHT node (and its p2pd) with rcswarm's record validators (the schema, and hivemind's RSA signatures with this
     peer's identity, `PeerIdentity`); no relays, no NAT traversal. Not strict: a clock or reachability problem is
     `check_peer`'s to report, in one line. The DHT's `record_subkey` is the subkey `store_record` files its records
-    under. It bounds this process's P2P messages first (`bound_p2p_messages`) and guards hivemind's shared locks
-    (`guard_shared_locks`). Ready within DHT_START_S, else PeerDied, at once if its process exits first (a signal to
+    under. It bounds this process's P2P messages first (`bound_p2p_messages`), guards hivemind's shared locks
+    (`guard_shared_locks`) and quiets the resource sharer's resets (`quiet_resource_sharer`). Ready within DHT_START_S, else PeerDied, at once if its process exits first (a signal to
     the whole process group); PeerStopped within STOP_POLL_S once `stop` is set during its start, and when it is set
     by the time it is ready (the DHT shut down either way: one not yet ready terminated with its p2pd at once,
     `_DHT.shutdown`)."""
     bound_p2p_messages()
     guard_shared_locks()
+    quiet_resource_sharer()
     try:
         start_torch_shm_manager()
     except Exception as exc:
