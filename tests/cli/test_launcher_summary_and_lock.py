@@ -1,7 +1,7 @@
 """What the review of the local launcher and the worker CLI (2026-11-29) found, in-process: a signal while `rcswarm
 run` fitted a sweep's law ended it before summary.json was written; a second `rcswarm run` on a run directory in use
 deleted the first one's coordinator.json; `rcswarm worker --state-dir ""` took the working directory. (The launches
-with real processes: tests/swarm/test_launcher_review_2026_11_29.py.)"""
+with real processes: tests/swarm/test_launcher_signals_and_lock.py.)"""
 
 from __future__ import annotations
 
