@@ -1,7 +1,7 @@
 """trimmed_mean on tied values: the aggregate and the flags depend on the updates' values and tokens, not on
 the workers' order.
 
-Found by a review (2026-11-29, /tmp/review-sync/trim_ties.py and trim_order.py): a stable sort put ties in
+Found by a review (2026-11-29): a stable sort put ties in
 worker order, so the zeros of sparse or 2-bit updates were "trimmed" for whichever workers sat at the ends (3
 honest sparse workers: w0 trimmed in 98.8 % of coordinates, w2 in 99.0 %, both flagged; w1 2.2 %), and the kept
 token weights went to whichever tied workers sat inside (the same five updates in two orders: 0.0192 and 0.3333).

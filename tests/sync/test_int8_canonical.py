@@ -1,7 +1,7 @@
 """The int8 (and lowbit) block codecs read back only bytes their encoder writes: no code -128, no scale whose
 largest code decodes to ±inf; and every finite float32 the int8 encoder takes decodes finite.
 
-Found by a review (2026-11-29, /tmp/review-sync/int8_noncanonical.py): int8 decoding took the code -128 (0x80,
+Found by a review (2026-11-29): int8 decoding took the code -128 (0x80,
 decoding beyond the block's absmax) and a finite scale of 3e38 (decoding to ±inf), and encoding float32's
 largest value decoded to inf.
 """
