@@ -174,15 +174,6 @@ def rest_digest(head: bytes, header: Mapping[str, Any], tensors: Mapping[str, to
     return rest.digest()
 
 
-def fsync_dir(path: Path) -> None:
-    """fsync a directory: the rename of a file into it is durable after this."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def verify_checkpoint(path: Path, entry: LedgerEntry, names: list[str], run_id: str) -> tuple[Checkpoint | None, str]:
     """The checkpoint in `path` when it verifies against its ledger `entry` and the run's parameter `names`
     (in the run's order) and `run_id`, else None and what is wrong."""

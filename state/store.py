@@ -76,7 +76,6 @@ from rcswarm.state.checkpoints import (
     Checkpoint,
     LedgerEntry,
     checkpoint_metadata,
-    fsync_dir,
     verify_checkpoint,
     write_checkpoint,
 )
@@ -134,6 +133,7 @@ from rcswarm.state.schema import (
     WORKER_USAGE,
 )
 from rcswarm.sync import tensor_stream
+from rcswarm.sync.files import fsync_dir
 
 log = logging.getLogger("rcswarm.state.store")
 

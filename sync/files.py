@@ -86,7 +86,7 @@ def remove_stale_partials(path: Path) -> None:
         Path(leftover).unlink(missing_ok=True)
 
 
-def fsync_directory(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     """fsync a directory: the rename of a file into it is durable after this."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -124,7 +124,7 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict
             os.replace(temporary, path)
         finally:
             temporary.unlink(missing_ok=True)
-        fsync_directory(path.parent)
+        fsync_dir(path.parent)
     except OSError as exc:
         raise _naming(path, exc) from exc
     return path

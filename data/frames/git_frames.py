@@ -615,7 +615,7 @@ def _files_without_build_id(out: Path) -> set[str]:
 
 def _fsync(path: Path) -> None:
     """Flush a file's contents, or a directory's entries, to disk (data imports nothing of ours, so this is its own
-    twin of state/checkpoints.fsync_dir)."""
+    twin of sync/files.fsync_dir)."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
