@@ -12,10 +12,11 @@ returning a `PruneDecision` with a reason for every run: at each fraction of the
 `[sweep] prune_at` (of run.rounds, or of run.minutes' wall time: whichever every run still in the sweep reached
 first), a run whose forecast is
 above the best run's at 90 % confidence (`confidently_worse`: the intervals narrowed to what the difference's
-one-sided test needs, and apart) is stopped, at most
-half of the runs still in at each fraction (successive halving's bound) and never the last one. A run
-without a forecast (not enough data), or one that has completed its rounds, is kept. The group applies it
-(coordinator/sweep.py).
+one-sided test needs, and apart) is stopped, and so is a run whose loss rises (no forecast: observe/forecast.py
+`check_falling`) with its newest level's low end above the best forecast's upper end (`diverging_worse`; such runs
+first), at most half of the runs still in at each fraction (successive halving's bound) and never the last one. A
+run without a forecast for another reason (not enough data), a rising one not above the best, or one that has
+completed its rounds, is kept. The group applies it (coordinator/sweep.py).
 
 `decide_budget_end` is the wall-time budget's rule (`[run] minutes`), pure in (now, the run's first round's
 opening, the budget): the reason to end the run once it is used; the group ends it as a pruned run is ended.
@@ -79,7 +80,8 @@ def forecast_record(version: int, now: float, started_at: float | None, rounds: 
         version=version, made_at=now, at_seconds=elapsed, at_round=horizon, loss=forecast.loss, low=forecast.low,
         high=forecast.high, target_loss=target_loss if target_loss > 0 else math.nan,
         target_seconds=forecast.target_round * per_round, target_low_s=forecast.target_low * per_round,
-        target_high_s=forecast.target_high * per_round, note=forecast.note, basis=basis,
+        target_high_s=forecast.target_high * per_round, note=forecast.note, basis=basis, level=forecast.level,
+        level_low=forecast.level_low,
     )
 
 
@@ -137,6 +139,25 @@ def confidently_worse(run: ForecastRecord, best: ForecastRecord) -> bool:
     return run.loss - NARROW * (run.loss - run.low) > best.loss + NARROW * (best.high - best.loss)
 
 
+def diverging_worse(run: ForecastRecord, best: ForecastRecord) -> bool:
+    """Whether `run`, whose loss rises (no forecast: its note says NOT_FALLING), is worse than `best`'s forecast:
+    the low end of its newest level is above the upper end of `best`'s interval. Stricter than `confidently_worse`
+    (whole intervals, not narrowed), and a rising loss that stopped rising now would end at about that level: the
+    rule assumes no more than that it does not fall below it by the budget's end."""
+    return (run.note.startswith(NOT_FALLING) and run.basis == best.basis and math.isfinite(run.level_low)
+            and run.level_low > best.high)
+
+
+def _worse(run: RunView, bests: dict[str, RunView]) -> bool:
+    """Whether `run` is worse than the best forecast of its basis: confidently worse, or diverging above it."""
+    best = bests.get(run.forecast.basis) if run.forecast is not None else None
+    if best is None or run is best:
+        return False
+    if run.forecast.note:
+        return diverging_worse(run.forecast, best.forecast)
+    return confidently_worse(run.forecast, best.forecast)
+
+
 def _interval(record: ForecastRecord) -> str:
     return f"{record.loss:.4f} [{record.low:.4f}, {record.high:.4f}]"
 
@@ -166,8 +187,10 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
     bests = {}
     for run in sorted(forecasts, key=lambda run: (run.forecast.loss, run.index)):
         bests.setdefault(run.forecast.basis, run)
-    worse = sorted((run for run in forecasts if confidently_worse(run.forecast, bests[run.forecast.basis].forecast)
-                    and not _completed(run, options)), key=lambda run: (-run.forecast.loss, run.index))
+    # Diverging runs first (their loss rises), then the confidently worse ones, highest forecast first.
+    worse = sorted((run for run in alive if _worse(run, bests) and not _completed(run, options)),
+                   key=lambda run: (not run.forecast.note, -(run.forecast.level_low if run.forecast.note
+                                                            else run.forecast.loss), run.index))
     stop = worse[: len(alive) // 2]
     reasons = []
     for run in alive:
@@ -175,6 +198,13 @@ def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, don
         of = f"{run.forecast.basis} forecast" if len(bests) > 1 and run.forecast is not None else "forecast"
         if run is best:
             reasons.append((run.index, f"{where}: {run.name} has the best {of} {_interval(run.forecast)}; kept"))
+        elif run in stop and run.forecast.note:
+            reasons.append((run.index, f"{where}: {run.name} pruned: its loss is not falling and its newest level "
+                                       f"{run.forecast.level:.4f} (low end {run.forecast.level_low:.4f}) is above "
+                                       f"{best.name}'s {of} {_interval(best.forecast)}"))
+        elif run in worse and run.forecast.note:
+            reasons.append((run.index, f"{where}: {run.name} kept: its loss is not falling above {best.name}'s "
+                                       f"{of}, but at most half of the {len(alive)} runs are pruned at once"))
         elif run.forecast is None or run.forecast.note:
             note = run.forecast.note if run.forecast is not None else "no forecast yet"
             reasons.append((run.index, f"{where}: {run.name} kept: {note}"))

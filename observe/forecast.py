@@ -19,7 +19,8 @@ The first round is left out (FIRST_ROUND). Below a minimum the answer is "not en
 never a number: fewer than MIN_ROUNDS usable rounds, or a horizon more than MAX_EXTRAPOLATION times beyond the
 last round. A loss that rises over the newest rounds (a diverging run) gets no forecast either: the law only falls,
 and held at A ≥ 0 it fitted such a curve as a flat line at the curve's weighted mean, below its newest losses, with
-an interval that only widened downwards (`check_falling`). The interval's upper end is never below the point
+an interval that only widened downwards (`check_falling`); its note comes with where the rising line ends
+(`NotFalling`: `Forecast.level`, `level_low`), what the sweep's pruning compares. The interval's upper end is never below the point
 forecast plus how far the newest RECENT_ROUNDS rounds lie above the law (`SaturatingFit.recent_gap`): a law that
 undershoots the newest losses does not claim the final loss is below them with confidence.
 Rows that are not finite positive losses (a diverged step, a garbage metric) are left out and counted.
@@ -31,6 +32,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import NamedTuple
 
 import numpy as np
 
@@ -60,10 +62,26 @@ RECENT_ROUNDS = 4
 RISE_Z = NormalDist().inv_cdf((1 + CONFIDENCE) / 2)
 RISE_TOLERANCE = 1e-9
 NOT_FALLING = "the loss is not falling"  # how the note of a loss that rises begins
+# A rising loss's newest level is at least its line's end less this many times the rounds' scatter (`NotFalling`,
+# what the sweep prunes on): with once the scatter, a slowly falling run under correlated noise (AR(1), ρ 0.7) whose
+# newest rounds drifted up was pruned beside a flat run it would end below in 1 of 100 simulated sweeps
+# (tests/coordinator/test_forecasts.py); with twice, in none.
+LEVEL_SCATTERS = 2.0
 
 
 class NotEnoughData(ValueError):
     """The rounds do not support a forecast; the message says why."""
+
+
+class NotFalling(NotEnoughData):
+    """The loss rises over the newest rounds (`check_falling`): no forecast, but where the rising line ends, `level`
+    at the newest round, and `level_low`, the low end of its CONFIDENCE interval (below by at least the rounds'
+    scatter): a diverging run's loss is at least about there now, whatever it does next."""
+
+    def __init__(self, message: str, level: float, level_low: float) -> None:
+        super().__init__(message)
+        self.level = level
+        self.level_low = level_low
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,9 @@ class Forecast:
     target_round: float = math.nan
     target_low: float = math.nan
     target_high: float = math.nan
+    # A rising loss's newest level and its interval's low end (`NotFalling`; NaN otherwise).
+    level: float = math.nan
+    level_low: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -177,23 +198,36 @@ def _fit_grid(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.stack([e[rows, best], a[rows, best], BETAS[best]], axis=1)
 
 
-def rise(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """The least-squares line's rise of y from the first to the last x (x sorted), its standard error and the
-    standard deviation of y about the line; (0, 0, 0) when x does not vary, infinite error and scatter with fewer
-    than 3 points. x is scaled to [0, 1] first: no overflow."""
+class Line(NamedTuple):
+    """The least-squares line of y over x (`line`): its rise from the first x to the last, that rise's standard
+    error, the standard deviation of y about the line, the line's value at the last x and that value's standard
+    error."""
+
+    rise: float
+    error: float
+    scatter: float
+    end: float
+    end_error: float
+
+
+def line(x: np.ndarray, y: np.ndarray) -> Line:
+    """The least-squares line of y over x (x sorted): rise 0 and errors 0 when x does not vary, infinite errors and
+    scatter with fewer than 3 points. x is scaled to [0, 1] first: no overflow."""
     span = float(x[-1] - x[0])
     if not span > 0:
-        return 0.0, 0.0, 0.0
+        return Line(0.0, 0.0, 0.0, float(y.mean()), 0.0)
     u = (x - x[0]) / span  # [n] in [0, 1]
     du = u - u.mean()  # [n]
     suu = float(du @ du)
     slope = float(du @ (y - y.mean())) / suu
+    end = float(y.mean()) + slope * (1.0 - float(u.mean()))
     residuals = y - y.mean() - slope * du  # [n]
     dof = len(x) - 2
     if dof <= 0:
-        return slope, math.inf, math.inf
+        return Line(slope, math.inf, math.inf, end, math.inf)
     scatter = math.sqrt(float(residuals @ residuals) / dof)
-    return slope, scatter / math.sqrt(suu), scatter
+    end_error = scatter * math.sqrt(1.0 / len(x) + (1.0 - float(u.mean())) ** 2 / suu)
+    return Line(slope, scatter / math.sqrt(suu), scatter, end, end_error)
 
 
 def t_quantile(p: float, dof: int) -> float:
@@ -205,19 +239,23 @@ def t_quantile(p: float, dof: int) -> float:
 
 
 def check_falling(x: np.ndarray, y: np.ndarray) -> None:
-    """NotEnoughData when the loss rises over the newest half of the rounds (at least MIN_ROUNDS of them; x sorted):
+    """NotFalling when the loss rises over the newest half of the rounds (at least MIN_ROUNDS of them; x sorted):
     the least-squares line's rise over them above Student's t quantile (one-sided, (1 + CONFIDENCE) / 2) standard
     errors, above the rounds' scatter about that line and more than rounding. The law E + A·x^(−β) with A ≥ 0 only
     falls or stays flat: it cannot say where a rising loss ends (`forecast_at`; the curriculum's rule fits without it,
-    as a rung whose loss rises has nothing more to gain there)."""
+    as a rung whose loss rises has nothing more to gain there). The exception carries the line's newest level and
+    its low end: the line's value at the newest round less the same t quantile of its standard error, and at least
+    LEVEL_SCATTERS times the rounds' scatter (correlated round losses, as above)."""
     newest = max(MIN_ROUNDS, len(x) // 2)
     x, y = x[-newest:], y[-newest:]
-    up, error, scatter = rise(x, y)
-    significant = up > t_quantile((1 + CONFIDENCE) / 2, max(len(x) - 2, 1)) * error
-    if significant and up > scatter and up > RISE_TOLERANCE * float(np.abs(y).mean()):
-        raise NotEnoughData(f"{NOT_FALLING} over rounds {x[0]:g}..{x[-1]:g}: it rises by {up:.3g} "
-                            f"(standard error {error:.2g}), a forecast needs a loss that falls or stays flat: "
-                            f"no forecast")
+    fitted = line(x, y)
+    t = t_quantile((1 + CONFIDENCE) / 2, max(len(x) - 2, 1))
+    up = fitted.rise
+    if up > t * fitted.error and up > fitted.scatter and up > RISE_TOLERANCE * float(np.abs(y).mean()):
+        level_low = fitted.end - max(t * fitted.end_error, LEVEL_SCATTERS * fitted.scatter)
+        raise NotFalling(f"{NOT_FALLING} over rounds {x[0]:g}..{x[-1]:g}: it rises by {up:.3g} "
+                         f"(standard error {fitted.error:.2g}) to {fitted.end:.4g}, a forecast needs a loss that "
+                         f"falls or stays flat: no forecast", fitted.end, level_low)
 
 
 def fit_saturating(xs: Sequence[float], losses: Sequence[float], *, resamples: int = RESAMPLES,
@@ -257,6 +295,8 @@ def forecast_at(xs: Sequence[float], losses: Sequence[float], horizon: float, *,
                                       f"one (minutes once a round closed)")
     try:
         fit = fit_saturating(xs, losses, resamples=resamples, seed=seed, falling=True)
+    except NotFalling as reason:
+        return Forecast(horizon, note=str(reason), level=reason.level, level_low=reason.level_low)
     except NotEnoughData as reason:
         return Forecast(horizon, note=str(reason))
     if horizon > MAX_EXTRAPOLATION * fit.last_x:

@@ -3,6 +3,7 @@ and the sums the run's own step is computed from (state/store.py makes and takes
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,10 @@ class ForecastRecord:
     note: str
     # What the law was fitted to: "held-out" (the losses measured along the way, [run] eval_every) or "training".
     basis: str = "training"
+    # A loss that rises (note NOT_FALLING): its newest level and that level's low end (observe/forecast.NotFalling);
+    # NaN otherwise. The sweep prunes such a run on them (coordinator/forecasts.decide_prune).
+    level: float = math.nan
+    level_low: float = math.nan
 
 
 @dataclass(frozen=True)

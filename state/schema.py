@@ -254,8 +254,11 @@ FORECAST_COLUMNS = (
     "version", "made_at", "at_seconds", "at_round", "loss", "low", "high", "target_loss", "target_seconds",
     "target_low_s", "target_high_s", "note",
 )
-# Added after the forecasts' first release: what the law was fitted to ("held-out" or "training").
-FORECAST_COLUMNS_ADDED = {"basis": "TEXT DEFAULT 'training'"}
+# Added after the forecasts' first release: what the law was fitted to ("held-out" or "training"); a rising loss's
+# newest level and its low end (NULL: none, read as NaN).
+FORECAST_COLUMNS_ADDED = {"basis": "TEXT DEFAULT 'training'", "level": "REAL", "level_low": "REAL"}
+# What a state dir written before a column of FORECAST_COLUMNS_ADDED reads for it (opened read-only).
+FORECAST_COLUMNS_ADDED_READ = {"basis": "'training'", "level": "NULL", "level_low": "NULL"}
 ROUND_LOSSES = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_sum) AS loss_sum, SUM(n) AS n " \
     "FROM run_step_sums GROUP BY version) WHERE n > 0 ORDER BY version"
 ROUND_LOSSES_AT = "SELECT version, loss_sum / n FROM (SELECT version, TOTAL(loss_sum) AS loss_sum, SUM(n) AS n " \

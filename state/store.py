@@ -99,6 +99,7 @@ from rcswarm.state.schema import (
     AGGREGATES_VERSION,
     FORECAST_COLUMNS,
     FORECAST_COLUMNS_ADDED,
+    FORECAST_COLUMNS_ADDED_READ,
     HAS_FORECASTS,
     HAS_HELD_OUT,
     HELD_OUT_COLUMNS,
@@ -979,7 +980,7 @@ class StateStore:
             return []
         order = "version DESC LIMIT 1" if newest_only else "version"
         present = {row[1] for row in self._read("PRAGMA table_info(forecasts)")}
-        added = [c if c in present else "'training'" for c in FORECAST_COLUMNS_ADDED]  # an old dir, read-only
+        added = [c if c in present else FORECAST_COLUMNS_ADDED_READ[c] for c in FORECAST_COLUMNS_ADDED]  # an old dir
         rows = self._read(f"SELECT {', '.join((*FORECAST_COLUMNS, *added))} FROM forecasts ORDER BY {order}")
         return [ForecastRecord(*(float("nan") if value is None else value for value in row)) for row in rows]
 

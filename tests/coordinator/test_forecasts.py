@@ -108,24 +108,87 @@ def test_forecast_record_fits_complete_rounds_and_turns_rounds_into_seconds():
     assert "not enough data" in early.note and math.isnan(early.loss)  # versions 0..3 only: 4 rounds
 
 
-def test_a_diverging_run_gets_no_forecast_and_the_healthy_run_beside_it_is_not_pruned():
-    """At round 32 of 64: a run whose loss rises 0.5 → 1.49 was forecast 1.229 [0.589, 1.260], below its last 4
-    losses, and as the best run it had the healthy one (2.8 → 1.38, falling) pruned."""
+def diverging_and_healthy(rise: float = 1.0, floor: float = 1.30) -> list[RunView]:
+    """At round 32 of 64: a run whose loss rises 0.5 → 0.5 + `rise` and one falling to about `floor` + 0.05."""
     rng = np.random.default_rng(1)
     x = np.arange(1, 33, dtype=float)  # versions 0..31, x = v + 1
-    diverging = 0.5 + (x - 1) / 31 + rng.normal(0.0, 0.01, 32)
-    healthy = 1.30 + 1.5 * x ** -0.8 + rng.normal(0.0, 0.01, 32)
+    diverging = 0.5 + rise * (x - 1) / 31 + rng.normal(0.0, 0.01, 32)
+    healthy = floor + 1.5 * x ** -0.8 + rng.normal(0.0, 0.01, 32)
     runs = []
     for index, (name, losses) in enumerate((("L=64", diverging), ("L=128", healthy))):
         made = forecast_record(32, now=1000.0, started_at=0.0, rounds=64,
                                round_losses=list(enumerate(losses.tolist())))
         runs.append(RunView(index, name, 32, False, made))
+    return runs
+
+
+def test_a_diverging_run_gets_no_forecast_and_is_pruned_when_its_level_is_above_the_best():
+    """A run whose loss rises 0.5 → 1.49 was forecast 1.229 [0.589, 1.260], below its last 4 losses, and as the
+    best run it had the healthy one (2.8 → 1.38, falling) pruned; then, with no forecast, it was never pruned at all.
+    Now it has no forecast but its newest level (about 1.47, the low end above the healthy run's 1.35 forecast's
+    upper end) prunes it."""
+    runs = diverging_and_healthy()
     assert "the loss is not falling" in runs[0].forecast.note and math.isnan(runs[0].forecast.loss)
+    assert runs[0].forecast.level == pytest.approx(1.47, abs=0.02)  # the newest round fitted: x = 31
+    assert runs[0].forecast.level_low < runs[0].forecast.level
     assert runs[1].forecast.note == "" and runs[1].forecast.loss == pytest.approx(1.35, abs=0.01)
+    assert math.isnan(runs[1].forecast.level)
     decision = decide_prune(1000.0, runs, PruneOptions(True, (0.5,), 64), 0)
+    assert decision.stop == (0,)
+    reasons = dict(decision.reasons)
+    assert "L=64 pruned: its loss is not falling and its newest level 1.4" in reasons[0]
+    assert "L=128 has the best forecast" in reasons[1]
+
+
+def test_a_diverging_run_still_below_the_best_forecast_is_kept():
+    """The same rise from 0.5 to about 0.8: still below the healthy run's forecast of about 1.35, kept."""
+    runs = diverging_and_healthy(rise=0.3)
+    assert "the loss is not falling" in runs[0].forecast.note and runs[0].forecast.level < 1.0
+    decision = decide_prune(1000.0, runs, PruneOptions(True, (0.5,), 64), 0)
+    assert decision.stop == () and "L=64 kept: the loss is not falling" in dict(decision.reasons)[0]
+
+
+def test_diverging_runs_are_pruned_first_at_most_half_and_never_alone():
+    """Level low ends above the best's upper end are pruned before confidently worse forecasts; half at most; a
+    sweep where no run has a forecast keeps every run."""
+    rising = "the loss is not falling over rounds 16..32: it rises"
+
+    def diverging(level: float) -> ForecastRecord:
+        return dataclasses.replace(record(math.nan, math.nan, math.nan, rising), level=level, level_low=level - 0.1)
+    runs = views(record(1.0, 0.9, 1.1), record(2.0, 1.9, 2.1), diverging(3.0), diverging(1.15))
+    decision = decide_prune(0.0, runs, OPTIONS, 0)
+    assert decision.stop == (2, 1)  # 3.0 diverging first; 1.15 − 0.1 is not above 1.1: kept
+    reasons = dict(decision.reasons)
+    assert "L=32 pruned: its loss is not falling" in reasons[2] and "L=64 kept: the loss is not falling" in reasons[3]
+    crowded = decide_prune(0.0, views(record(1.0, 0.9, 1.1), diverging(3.0), diverging(4.0)), OPTIONS, 0)
+    assert crowded.stop == (2,) and "at most half of the 3 runs" in dict(crowded.reasons)[1]
+    alone = decide_prune(0.0, views(diverging(3.0), diverging(4.0)), OPTIONS, 0)
+    assert alone.stop == () and "no run has a forecast yet" in dict(alone.reasons)[0]
+
+
+def test_a_slowly_falling_run_whose_newest_rounds_drift_up_is_not_pruned_as_diverging():
+    """A run falling as 2 + 0.3·x^−0.3 (2.061 at round 200) beside a flat 2.09, both with correlated noise (AR(1),
+    ρ 0.7, σ 0.02), at round 100 of 200: its newest rounds sometimes drift up enough to be "not falling"; its level's
+    low end must not then rank it above the flat run it ends below (once the scatter as the margin: 1 of these 100)."""
+    rng = np.random.default_rng(0)
+    x = np.arange(1, 100, dtype=float)
+    for seed in range(100):
+        runs = []
+        for index, law in enumerate((2 + 0.3 * x ** -0.3, np.full_like(x, 2.09))):
+            noise = np.zeros_like(x)
+            shocks = rng.normal(0.0, 0.02 * math.sqrt(1 - 0.7**2), len(x))
+            for k in range(len(x)):
+                noise[k] = 0.7 * (noise[k - 1] if k else 0.0) + shocks[k]
+            made = forecast_record(100, 1000.0, 0.0, 200, list(enumerate((law + noise).tolist())), seed=seed)
+            runs.append(RunView(index, f"L={16 << index}", 100, False, made))
+        assert 0 not in decide_prune(0.0, runs, PruneOptions(True, (0.5,), 200), 0).stop, seed
+
+
+def test_a_diverging_run_is_compared_only_with_forecasts_of_its_basis():
+    rising = dataclasses.replace(record(math.nan, math.nan, math.nan, "the loss is not falling"), basis="held-out",
+                                 level=5.0, level_low=4.9)
+    decision = decide_prune(0.0, views(record(1.0, 0.9, 1.1), rising), OPTIONS, 0)
     assert decision.stop == ()
-    assert "L=64 kept: the loss is not falling" in dict(decision.reasons)[0]
-    assert "L=128 has the best forecast" in dict(decision.reasons)[1]
 
 
 def test_a_rising_held_out_loss_is_no_forecast_rather_than_the_training_loss_one():
@@ -164,6 +227,21 @@ def test_a_sweep_prunes_its_losing_length_moves_its_worker_and_keeps_its_rounds_
     assert repr([run.store.forecasts() for run in restarted.runs]) == repr(forecasts)  # NaN where not enough data
     assert restarted.runs[1].finished and restarted.prune_done == 1
     assert repr(restarted.latest[0]) == repr(forecasts[0][-1]) and forecasts[0][-1].note == ""
+    restarted.close()
+
+
+def test_a_sweep_prunes_a_diverging_length_and_its_level_survives_a_restart(tmp_path):
+    """L = 16's loss rises from 1.6 to 3.0 over its 8 rounds while L = 8's falls to about 1.5: at half of the budget
+    the rising run has no forecast, and is pruned on its newest level, stored with its forecast."""
+    clock = Clock(1000.0)
+    sweep, _, _ = pruned_sweep(tmp_path, clock, losing=lambda x: 1.4 + 0.2 * x)
+    assert sweep.runs[1].stopped and "pruned: its loss is not falling and its newest level" in sweep.runs[1].stopped
+    newest = sweep.runs[1].store.forecasts(newest_only=True)[0]
+    assert newest.note.startswith("the loss is not falling") and newest.level == pytest.approx(1.4 + 0.2 * 7)
+    assert newest.level_low > sweep.latest[0].high
+    sweep.close()
+    restarted = SweepCoordinator(pruning_spec(prune=True, prune_at=[0.5]), tmp_path, clock)
+    assert repr(restarted.latest[1]) == repr(newest) and restarted.runs[1].finished
     restarted.close()
 
 

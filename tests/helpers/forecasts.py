@@ -4,6 +4,7 @@ dashboard (a fixture)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +47,17 @@ def train_round(run: Any, member: pb.JoinResponse, loss: float, clock: Clock) ->
     assert run.version == version + 1
 
 
-def pruned_sweep(state_dir: Path, clock: Clock, rounds: int = 8) -> tuple[SweepCoordinator, pb.JoinResponse,
-                                                                           pb.JoinResponse]:
+def pruned_sweep(state_dir: Path, clock: Clock, rounds: int = 8,
+                 losing: Callable[[float], float] = bad_loss) -> tuple[SweepCoordinator, pb.JoinResponse,
+                                                                      pb.JoinResponse]:
     """The sweep of `pruning_spec(prune=True, prune_at=[0.5])` after `rounds` rounds of each length (the group
-    ticked after each): L = 8 follows `good_loss`, L = 16 `bad_loss`; returns it with both workers' joins."""
+    ticked after each): L = 8 follows `good_loss`, L = 16 `losing`; returns it with both workers' joins."""
     sweep = SweepCoordinator(pruning_spec(prune=True, prune_at=[0.5]), state_dir, clock)
     good, bad = (sweep.join(pb.JoinRequest(worker_name=name)) for name in ("a", "b"))
     assert [good.run_id, bad.run_id] == [run.run_id for run in sweep.runs]
     for round_ in range(rounds):
         train_round(sweep.runs[0], good, good_loss(round_ + 1.0), clock)
-        train_round(sweep.runs[1], bad, bad_loss(round_ + 1.0), clock)
+        train_round(sweep.runs[1], bad, losing(round_ + 1.0), clock)
         sweep.tick()
     return sweep, good, bad
 

@@ -3,6 +3,8 @@ file, which the commands turn into their usage error; nothing outside state/ see
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import sqlite3
 import threading
@@ -15,7 +17,7 @@ from rcswarm.cli.fit import main as fit_main
 from rcswarm.cli.status import main as status_main
 from rcswarm.observe.analysis import MetricsFileError, read_state_dirs
 from rcswarm.state.errors import StoreError
-from rcswarm.state.records import HeldOutRecord
+from rcswarm.state.records import ForecastRecord, HeldOutRecord
 from rcswarm.state.schema import MAX_TRAINED_SHAPES
 from rcswarm.state.store import StateStore
 from tests.helpers.state import read_state
@@ -172,3 +174,30 @@ def test_a_state_dir_from_before_the_shapes_table_gets_the_shapes_of_its_rows(tm
         assert store.trained_shapes() == [(32, 8), (64, 4)]
     finally:
         store.close()
+
+
+def test_a_rising_runs_level_is_stored_and_a_dir_from_before_the_levels_reads_them_as_nan(tmp_path: Path) -> None:
+    """The forecasts' `level` and `level_low` (a rising loss's newest level, pruned on by the sweep) round-trip; a
+    state dir written before those columns (and `basis`) reads NaN (and "training") read-only, and gets the columns at
+    its next open for writing with its rows kept."""
+    rising = ForecastRecord(12, 5.0, 60.0, 40, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan,
+                            "the loss is not falling", "held-out", 1.47, 1.41)
+    store = StateStore(tmp_path)
+    store.add_forecast(rising)
+    store.close()
+    reader = StateStore.open_read_only(tmp_path)
+    assert repr(reader.forecasts()) == repr([rising])
+    reader.close()
+    with closing(sqlite3.connect(tmp_path / "state.sqlite")) as db:
+        for column in ("level_low", "level", "basis"):
+            db.execute(f"ALTER TABLE forecasts DROP COLUMN {column}")
+        db.commit()
+    old = dataclasses.replace(rising, basis="training", level=math.nan, level_low=math.nan)
+    reader = StateStore.open_read_only(tmp_path)
+    assert repr(reader.forecasts()) == repr([old])
+    reader.close()
+    writer = StateStore(tmp_path)
+    assert repr(writer.forecasts(newest_only=True)) == repr([old])
+    writer.add_forecast(dataclasses.replace(rising, version=13))
+    assert [f.level for f in writer.forecasts()][1:] == [1.47]
+    writer.close()
