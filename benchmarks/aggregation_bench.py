@@ -111,9 +111,11 @@ def shapes_for(parameters: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def make_updates(parameters: int, n: int, seed: int = 0, zeros: float = 0.0) -> list[aggregation.Update]:
+def make_updates(parameters: int, n: int, seed: int = 0, zeros: float = 0.0,
+                 equal_tokens: bool = False) -> list[aggregation.Update]:
     """`n` updates of random normal values × 1e-3 over `parameters` parameters, each entry an exact zero with
-    probability `zeros` (a sparse or 2-bit update's many ties: `--zeros`)."""
+    probability `zeros` (a sparse or 2-bit update's many ties: `--zeros`); tokens 1000 + i, or 1000 each with
+    `equal_tokens` (workers of one configuration: `--equal-tokens`)."""
     generator = torch.Generator().manual_seed(seed)
     updates = []
     for i in range(n):
@@ -121,7 +123,8 @@ def make_updates(parameters: int, n: int, seed: int = 0, zeros: float = 0.0) -> 
         if zeros > 0:
             for delta in deltas.values():
                 delta[torch.rand(delta.shape, generator=generator) < zeros] = 0.0
-        updates.append(aggregation.Update(f"w{i:02d}", 1000 + i, tensor_stream.global_norm(deltas), deltas))
+        tokens = 1000 if equal_tokens else 1000 + i
+        updates.append(aggregation.Update(f"w{i:02d}", tokens, tensor_stream.global_norm(deltas), deltas))
     return updates
 
 
@@ -159,15 +162,17 @@ def timed_calls(updates: list[aggregation.Update]) -> dict[str, Callable[[], obj
     return calls
 
 
-def time_table(sizes: list[str], counts: list[int], repeats: int, zeros: float = 0.0) -> None:
+def time_table(sizes: list[str], counts: list[int], repeats: int, zeros: float = 0.0,
+               equal_tokens: bool = False) -> None:
     if zeros > 0:
         print(f"each update's entries exact zeros with probability {zeros:g}")
+    print(f"tokens: {'1000 each' if equal_tokens else '1000 + i for update i'}")
     print("| parameters | updates | aggregation | median s | × mean | extra RSS MiB |")
     print("| --- | --- | --- | --- | --- | --- |")
     for size in sizes:
         for n in counts:
             started = time.perf_counter()
-            updates = make_updates(SIZES[size], n, zeros=zeros)
+            updates = make_updates(SIZES[size], n, zeros=zeros, equal_tokens=equal_tokens)
             made = time.perf_counter() - started
             base = None
             for label, (seconds, extra) in time_rows(timed_calls(updates), repeats).items():
@@ -374,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zeros", type=float, default=0.0,
                         help="time table: each update entry an exact zero with this probability (sparse or 2-bit "
                              "updates' ties; default 0)")
+    parser.add_argument("--equal-tokens", action="store_true",
+                        help="time table: every update of 1000 tokens (default: 1000 + i, all different)")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--preset", default="tiny", help="lstm_lm preset of the honest runs (tiny, small)")
     parser.add_argument("--workers", type=int, default=4, help="workers of the honest runs")
@@ -400,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_time:
         if not 0.0 <= args.zeros < 1.0:
             parser.error(f"--zeros {args.zeros}: expected a probability in [0, 1)")
-        time_table(args.sizes, args.updates, args.repeats, args.zeros)
+        time_table(args.sizes, args.updates, args.repeats, args.zeros, args.equal_tokens)
     if not args.skip_loss:
         print()
         config = HonestConfig(args.preset, args.rounds, args.workers, args.codec, args.model, args.optimizer, args.lr,
