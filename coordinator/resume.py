@@ -134,9 +134,24 @@ def _check_new_run(spec: RunSpec, store: StateStore) -> None:
         raise ValueError(f"state dir {store.state_dir} {problem}; give the coordinator a state dir of its own")
     files = _unrecorded_checkpoints(store)
     if files:
-        raise ValueError(f"state dir {store.state_dir} holds checkpoint files {', '.join(files)} in "
-                         f"{store.checkpoint_dir} that its state.sqlite does not record: the state.sqlite that recorded "
-                         "them is missing; restore it, or move the files away to start a new run there")
+        raise ValueError(_unrecorded_problem(store.state_dir, store.checkpoint_dir, files))
+
+
+def _unrecorded_problem(state_dir: Path, checkpoint_dir: Path, files: list[str]) -> str:
+    return (f"state dir {state_dir} holds checkpoint files {', '.join(files)} in {checkpoint_dir} that its "
+            "state.sqlite does not record: the state.sqlite that recorded them is missing; restore it, or move the "
+            "files away to start a new run there")
+
+
+def lost_store_problem(state_dir: Path) -> str | None:
+    """Why a run may not start in `state_dir` before its store is opened (which creates state.sqlite): it holds
+    checkpoint files but no state.sqlite, the one that recorded them lost; None otherwise. Checked first, so the
+    refusal leaves no empty state.sqlite behind (copying the lost one back is then all a restore needs)."""
+    if (state_dir / "state.sqlite").exists():
+        return None
+    checkpoint_dir = state_dir / "checkpoints"
+    files = sorted(path.name for path in checkpoint_dir.glob("v*.safetensors"))
+    return _unrecorded_problem(state_dir, checkpoint_dir, files) if files else None
 
 
 def resume(spec: RunSpec, store: StateStore, feedback: codecs.ErrorFeedback, codec: int) -> Resumed:

@@ -62,6 +62,7 @@ from rcswarm.coordinator import decisions, forecasts
 from rcswarm.coordinator.guards import call_time_left
 from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal, Reservation, Waiting
+from rcswarm.coordinator.resume import lost_store_problem
 from rcswarm.coordinator.service import SwarmCoordinator
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import MAX_REFUSED_RUNS, REFUSED_RUNS_REFUSAL
@@ -205,6 +206,8 @@ def build_runs(spec: RunSpec, state_dir: Path, clock: Callable[[], float] = time
     """The coordinators of `spec.sweep_runs()` in their state dirs (`run_state_dirs`); ValueError when the state dir
     holds other runs than `spec` describes (`layout_problem`)."""
     problem = layout_problem(spec, state_dir)
+    problems = [problem] + [lost_store_problem(run_dir) for _, run_dir in run_state_dirs(spec, state_dir)]
+    problem = next((problem for problem in problems if problem is not None), None)
     if problem is not None:
         raise ValueError(problem)
     runs = []

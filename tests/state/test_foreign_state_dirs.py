@@ -255,3 +255,16 @@ def test_a_fallback_killed_before_it_set_the_rejected_files_aside_has_them_set_a
     restarted.close()
     names = set(files_of(state_dir))
     assert "v00000003.safetensors" not in names and "v00000003.safetensors.rejected" in names, names
+
+
+def test_the_refused_start_of_a_state_dir_that_lost_its_state_sqlite_leaves_no_empty_one(tmp_path: Path) -> None:
+    """The refusal above came after the store had opened, which created an empty state.sqlite in place of the lost
+    one (a restore then had to copy the backup over it, and a second start met an empty store, not a missing one).
+    The group the commands open (`open_group`) now refuses before any store opens."""
+    committed_run(tmp_path)
+    before = files_of(tmp_path)
+    remove_state_sqlite(tmp_path)
+    with pytest.raises(ValueError, match="that its state.sqlite does not record: the state.sqlite that recorded"):
+        open_group(spec(), tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith("state.sqlite")) == []
+    assert files_of(tmp_path) == before
