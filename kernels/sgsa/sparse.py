@@ -26,7 +26,8 @@ Backward. The scores and softmax p are recomputed per chunk; with Δ_i = Σ dO_i
 dS = p ⊙ (dO vᵀ - Δ), dq = scale·dS k, dk = scale·dSᵀ q, dv = pᵀ dO (the softmax gradient, as
 in FlashAttention, Dao et al. 2022). A block's key tile overlaps the next r tiles, so dk and dv
 of the window part are summed into key blocks by r + 1 shifted adds. Memory beyond inputs,
-output and gradients: a few buffers of one chunk's scores (`CHUNK_ELEMENTS`).
+output and gradients: a few buffers of one chunk's scores (`CHUNK_ELEMENTS`). The backward is
+`once_differentiable`: first derivatives only, a double backward raises autograd's error.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from rcswarm.kernels.sgsa.checks import check_inputs
 
@@ -161,6 +163,14 @@ def _probabilities(
 
 
 class _BlockedAttention(torch.autograd.Function):
+    """The blocked forward with the hand-written backward of the module docstring.
+
+    First derivatives only: the backward is `once_differentiable`, so a double backward (a
+    gradient penalty's `.backward()` through the first gradients) raises autograd's "trying to
+    differentiate twice a function that was marked with @once_differentiable" instead of
+    failing inside a `bmm(out=...)` of the backward.
+    """
+
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, window: int, anchor_stride: int, scale: float) -> Tensor:
         plan = _Plan(q, k, v, window, anchor_stride)
@@ -183,6 +193,7 @@ class _BlockedAttention(torch.autograd.Function):
         return plan.unblocked_queries(out)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
         q, k, v, out = ctx.saved_tensors
         window, anchor_stride, scale = ctx.plan_args

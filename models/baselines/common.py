@@ -37,17 +37,6 @@ def check_config(model_cls: type, config: object, config_cls: type) -> None:
         )
 
 
-def check_inputs(inputs: Tensor) -> None:
-    """ValueError unless `inputs` is an integer tensor [batch, time] with time >= 1."""
-    if inputs.dim() != 2 or inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
-        raise ValueError(
-            f"inputs has shape {tuple(inputs.shape)} and dtype {inputs.dtype}: "
-            "expected [batch, time] integer ids"
-        )
-    if inputs.shape[1] == 0:
-        raise ValueError(f"inputs has shape {tuple(inputs.shape)}: expected time >= 1")
-
-
 def check_tokens(tokens: Tensor) -> None:
     """ValueError unless `tokens` is an integer tensor [batch] (one step's ids)."""
     if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:

@@ -21,12 +21,12 @@ from torch import Tensor, nn
 
 from rcswarm.models.baselines.common import (
     check_config,
-    check_inputs,
     check_state_batch,
     check_tokens,
 )
 from rcswarm.models.baselines.config import LSTMConfig
 from rcswarm.models.init import init_linear
+from rcswarm.models.inputs import check_inputs
 from rcswarm.models.lstm_run import run_lstm
 
 

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from rcswarm.models.baselines.config import RWKV7Config
 from rcswarm.models.chaingpt.block import Layer
 from rcswarm.models.chaingpt.state import RWKVProduct
+from rcswarm.models.inputs import check_inputs
 
 
 class RWKV7(nn.Module):
@@ -30,8 +31,8 @@ class RWKV7(nn.Module):
         nn.init.normal_(self.head.weight, std=config.d_model**-0.5)
 
     def forward(self, inputs: Tensor) -> Tensor:
-        if inputs.dim() != 2:
-            raise ValueError(f"inputs of shape {tuple(inputs.shape)}: expected [batch, time]")
+        """Logits [B, T, V] of token ids `inputs` [B, T] (`check_inputs`)."""
+        check_inputs(inputs)
         x = self.embed(inputs)  # [B, T, D]
         for layer in self.layers:
             x = layer(x)

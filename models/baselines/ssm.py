@@ -41,12 +41,12 @@ from torch import Tensor, nn
 
 from rcswarm.models.baselines.common import (
     BlockStack,
-    check_inputs,
     check_state_batch,
     check_tokens,
 )
 from rcswarm.models.baselines.config import SSMConfig
 from rcswarm.models.init import init_linear, init_norm
+from rcswarm.models.inputs import check_inputs
 
 
 @dataclass

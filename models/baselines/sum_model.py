@@ -36,12 +36,12 @@ from torch import Tensor, nn
 from rcswarm.models.baselines.common import (
     MLP,
     BlockStack,
-    check_inputs,
     check_state_batch,
     check_tokens,
 )
 from rcswarm.models.baselines.config import SumConfig
 from rcswarm.models.init import init_linear, init_norm
+from rcswarm.models.inputs import check_inputs
 
 
 @dataclass

@@ -40,12 +40,12 @@ from torch import Tensor, nn
 from rcswarm.models.baselines.common import (
     MLP,
     check_config,
-    check_inputs,
     check_state_batch,
     check_tokens,
 )
 from rcswarm.models.baselines.config import TransformerConfig
 from rcswarm.models.init import init_linear, init_norm
+from rcswarm.models.inputs import check_inputs
 
 
 @dataclass

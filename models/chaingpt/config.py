@@ -6,7 +6,9 @@ Names follow ChainGPT (Zheng et al.), Table 7 and Appendix F:
   ("KV heads", H_kv), `n_q_heads` (H_q; None = d_model / attn_head_dim, so H_q d_h = D).
 - `a_rank` ("A_low_rank_dim", D_AAA), `decay_rank` ("Decay_low_rank_dim", D_DEC), `gate_rank`
   ("Gate_low_rank_dim", D_GATE), `lora_rank` ("M_rank_dim", r), `substeps` (M).
-- `recur_iters` ("Recursive iters", n_0 + n_k), `grad_iters` ("Grad-enabled iters", n_k).
+- `recur_iters` ("Recursive iters", n_0 + n_k), `grad_iters` ("Grad-enabled iters", n_k),
+  1 <= grad_iters <= recur_iters: with none, every core iteration would run under no_grad and
+  the embedding, bottom blocks, adapter, core and core norm would never get a gradient.
 - `layer_division` ("C121", "C141": bottom / core / top Chain-Block counts).
 - `window` (W) and `anchor_stride` (G) of SGSA.
 """
@@ -112,7 +114,7 @@ class ChainGPTConfig:
             raise ValueError(
                 f"ChainGPTConfig.layer_division={self.layer_division!r}: expected at least one core block"
             )
-        check_int(self, "grad_iters", minimum=0)
+        check_int(self, "grad_iters")
         if self.grad_iters > self.recur_iters:
             raise ValueError(
                 f"ChainGPTConfig.grad_iters={self.grad_iters}: expected <= recur_iters={self.recur_iters}"

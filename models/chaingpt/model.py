@@ -10,7 +10,8 @@ and gradient iterations are the same map. In training, n_0 iterations run under 
 the state is detached, and n_k iterations run with gradients (truncated backpropagation):
 `depth_sampling = "fixed"` uses n_0 = recur_iters - grad_iters, n_k = grad_iters; "uniform"
 draws the total n uniformly from {1 .. recur_iters} (torch's global RNG) with
-n_k = min(n, grad_iters), n_0 = n - n_k. In eval mode all recur_iters iterations run.
+n_k = min(n, grad_iters), n_0 = n - n_k. The config keeps grad_iters >= 1, so n_k >= 1 and
+every parameter is on the gradient path. In eval mode all recur_iters iterations run.
 
 `adaptive_forward` implements the entropy-based stopping of Section 4.2: after iteration t
 the last position is decoded, H_t(b) = -Σ_i p_i log(p_i + 1e-10), and sample b stops at
@@ -28,6 +29,7 @@ from torch import Tensor, nn
 
 from rcswarm.models.chaingpt.block import ChainBlock
 from rcswarm.models.chaingpt.config import ChainGPTConfig
+from rcswarm.models.inputs import check_inputs
 
 THRESHOLD_SCHEDULES = ("constant", "inv_sqrt")
 ENTROPY_EPS = 1e-10
@@ -70,10 +72,11 @@ class ChainGPT(nn.Module):
             nn.init.normal_(self.head.weight, std=d**-0.5)
 
     def prelude(self, inputs: Tensor) -> Tensor:
-        """H_0 = Bottom(Embed(x)): [B, T] -> [B, T, D]."""
-        if inputs.dim() != 2:
-            raise ValueError(f"inputs of shape {tuple(inputs.shape)}: expected [batch, time]")
+        """H_0 = Bottom(Embed(x)): [B, T] -> [B, T, D] (`check_inputs`; B = 0 gives [0, T, D])."""
+        check_inputs(inputs)
         h = self.embed(inputs)  # [B, T, D]
+        if inputs.shape[0] == 0:
+            return h  # no sample to run the blocks on (their attention's reshapes need B >= 1)
         for block in self.bottom:
             h = block(h)
         return h
@@ -104,11 +107,14 @@ class ChainGPT(nn.Module):
 
     def forward(self, inputs: Tensor, *, iterations: int | None = None) -> Tensor:
         """Logits [B, T, V]; `iterations` overrides the eval-mode depth (ignored in training)."""
-        h0 = self.prelude(inputs)  # [B, T, D]
+        check_inputs(inputs)
         if self.training:
             no_grad_iters, grad_iters = self.depth_schedule()
         else:
             no_grad_iters, grad_iters = 0, self._eval_iterations(iterations)
+        if inputs.shape[0] == 0:
+            return self._no_sample_logits(inputs)
+        h0 = self.prelude(inputs)  # [B, T, D]
         x = h0
         if no_grad_iters:
             with torch.no_grad():
@@ -118,6 +124,11 @@ class ChainGPT(nn.Module):
         for _ in range(grad_iters):
             x = self.iterate(x, h0)
         return self.decode(x)
+
+    def _no_sample_logits(self, inputs: Tensor) -> Tensor:
+        """Empty logits [0, T, V] for an empty batch (the attention's reshapes need B >= 1)."""
+        weight = self.embed.weight if self.head is None else self.head.weight  # [V, D]
+        return weight.new_empty(0, inputs.shape[1], self.config.output_classes)  # [0, T, V]
 
     def _eval_iterations(self, iterations: int | None) -> int:
         if iterations is None:
@@ -145,6 +156,10 @@ class ChainGPT(nn.Module):
         """
         cap = self.config.recur_iters if max_iterations is None else max_iterations
         _check_adaptive_arguments(cap, threshold, schedule, interval)
+        check_inputs(inputs)
+        if inputs.shape[0] == 0:
+            no_iterations = torch.empty(0, dtype=torch.int64, device=inputs.device)  # [0]
+            return AdaptiveOutput(self._no_sample_logits(inputs), no_iterations)
         h0 = self.prelude(inputs)  # [B, T, D]
         batch = h0.shape[0]
         x = h0

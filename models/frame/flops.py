@@ -2,15 +2,18 @@
 
 Conventions (Appendix J): one multiply-add is 2 FLOPs; biases, softmax,
 normalization, pooling, embeddings and other element-wise work (O(B T D)) are
-left out. With B batch size, D width, N_f cells per frame, P pooling stages,
-L_t blocks after pooling and T_s := N_f / 2^s:
+left out. With B batch size, D width, r the MLP ratio (`mlp_ratio`), N_f cells
+per frame, P pooling stages, L_t blocks after pooling and T_s := N_f / 2^s:
 
-    TF block at length T:             24 B D^2 T + 4 B D T^2
+    TF block at length T:             (8 + 4r) B D^2 T + 4 B D T^2
     LSTM D_in -> H over T steps:      8 B T (D_in H + H^2)       (reduction LSTM: 16 B D^2 T_P)
-    MLP D -> 4D -> D over T steps:    16 B T D^2
+    MLP D -> rD -> D over T steps:    4r B T D^2
 
     frame head (Eq. 15) = sum_{s<P} block(T_s) + L_t block(T_P) + 16 B D^2 T_P
-    main model          = L_s [8 B T (D H + H^2) + 16 B T D^2]
+    main model          = L_s [8 B T (D H + H^2) + 4r B T D^2]
+
+The paper's model has r = 4 (24 B D^2 T a block, 16 B T D^2 an MLP), which is
+what its Appendix J writes; every function here takes r and defaults to 4.
 
 Two things the formulas do not count, by the paper's choice: the H -> D
 projection of a main layer when n_hidden != d_model (2 B T H D per layer) and
@@ -36,9 +39,9 @@ def _check_count(name: str, value: object, minimum: int = 1) -> None:
         raise ValueError(f"{name}={value!r}: expected an int >= {minimum}")
 
 
-def transformer_block_flops(batch: int, d_model: int, seq_len: int) -> int:
-    """24 B D^2 T + 4 B D T^2: QKV, output projection, MLP (D -> 4D -> D), QK^T and AV."""
-    return 24 * batch * d_model**2 * seq_len + 4 * batch * d_model * seq_len**2
+def transformer_block_flops(batch: int, d_model: int, seq_len: int, *, mlp_ratio: int = 4) -> int:
+    """(8 + 4r) B D^2 T + 4 B D T^2: QKV, output projection, MLP (D -> rD -> D), QK^T and AV."""
+    return (8 + 4 * mlp_ratio) * batch * d_model**2 * seq_len + 4 * batch * d_model * seq_len**2
 
 
 def lstm_flops(batch: int, d_in: int, d_hidden: int, seq_len: int) -> int:
@@ -46,9 +49,9 @@ def lstm_flops(batch: int, d_in: int, d_hidden: int, seq_len: int) -> int:
     return 8 * batch * seq_len * (d_in * d_hidden + d_hidden**2)
 
 
-def mlp_flops(batch: int, d_model: int, seq_len: int) -> int:
-    """16 B T D^2: D -> 4D -> D."""
-    return 16 * batch * seq_len * d_model**2
+def mlp_flops(batch: int, d_model: int, seq_len: int, *, mlp_ratio: int = 4) -> int:
+    """4r B T D^2: D -> rD -> D."""
+    return 4 * mlp_ratio * batch * seq_len * d_model**2
 
 
 @dataclass(frozen=True)
@@ -94,11 +97,12 @@ class FlopsEstimate:
 
 
 def frame_head_components(
-    batch: int, d_model: int, n_cells: int, n_pool: int, n_frame_layers: int
+    batch: int, d_model: int, n_cells: int, n_pool: int, n_frame_layers: int, *, mlp_ratio: int = 4
 ) -> tuple[FlopsComponent, ...]:
     """The terms of Eq. 15 for B frames of N_f cells, one component per table row."""
     _check_count("batch", batch)
     _check_count("d_model", d_model)
+    _check_count("mlp_ratio", mlp_ratio)
     _check_count("n_cells", n_cells)
     _check_count("n_pool", n_pool, 0)
     _check_count("n_frame_layers", n_frame_layers, 0)
@@ -107,7 +111,9 @@ def frame_head_components(
     lengths = [n_cells // 2**s for s in range(n_pool + 1)]  # T_0 .. T_P
     rows = [
         FlopsComponent(
-            f"frame-head TF block (T={t}) x1", transformer_block_flops(batch, d_model, t), FRAME_HEAD
+            f"frame-head TF block (T={t}) x1",
+            transformer_block_flops(batch, d_model, t, mlp_ratio=mlp_ratio),
+            FRAME_HEAD,
         )
         for t in lengths[:-1]
     ]
@@ -115,7 +121,7 @@ def frame_head_components(
     rows.append(
         FlopsComponent(
             f"frame-head TF blocks (T={t_p}) x{n_frame_layers}",
-            n_frame_layers * transformer_block_flops(batch, d_model, t_p),
+            n_frame_layers * transformer_block_flops(batch, d_model, t_p, mlp_ratio=mlp_ratio),
             FRAME_HEAD,
         )
     )
@@ -130,11 +136,12 @@ def frame_head_components(
 
 
 def main_components(
-    batch: int, d_model: int, n_hidden: int, seq_len: int, n_main_layers: int
+    batch: int, d_model: int, n_hidden: int, seq_len: int, n_main_layers: int, *, mlp_ratio: int = 4
 ) -> tuple[FlopsComponent, ...]:
     """The main-model terms for B sequences of T_s frames: LSTMs, then MLPs."""
     _check_count("batch", batch)
     _check_count("d_model", d_model)
+    _check_count("mlp_ratio", mlp_ratio)
     _check_count("n_hidden", n_hidden)
     _check_count("seq_len", seq_len)
     _check_count("n_main_layers", n_main_layers)
@@ -146,7 +153,9 @@ def main_components(
             MAIN,
         ),
         FlopsComponent(
-            f"main MLP {where}", n_main_layers * mlp_flops(batch, d_model, seq_len), MAIN
+            f"main MLP {where}",
+            n_main_layers * mlp_flops(batch, d_model, seq_len, mlp_ratio=mlp_ratio),
+            MAIN,
         ),
     )
 
@@ -154,23 +163,27 @@ def main_components(
 def estimate_flops(config: FrameModelConfig, batch: int, seq_len: int) -> FlopsEstimate:
     """The Appendix J table for `config`: frame head on B frames, main model on B x T_s steps."""
     head = frame_head_components(
-        batch, config.d_model, config.n_cells, config.n_pool, config.n_frame_layers
+        batch, config.d_model, config.n_cells, config.n_pool, config.n_frame_layers,
+        mlp_ratio=config.mlp_ratio,
     )
-    main = main_components(batch, config.d_model, config.n_hidden, seq_len, config.n_main_layers)
+    main = main_components(
+        batch, config.d_model, config.n_hidden, seq_len, config.n_main_layers, mlp_ratio=config.mlp_ratio
+    )
     return FlopsEstimate(head + main)
 
 
 def frame_head_closed_form(
-    batch: int, d_model: int, n_cells: int, n_pool: int, n_frame_layers: int
+    batch: int, d_model: int, n_cells: int, n_pool: int, n_frame_layers: int, *, mlp_ratio: int = 4
 ) -> Fraction:
-    """Eq. 16, the closed form of Eq. 15 (exact rational arithmetic).
+    """Eq. 16, the closed form of Eq. 15 (exact rational arithmetic), for MLP ratio r.
 
-    B D N_f^2 [16/3 (1 - 4^-P) + 4 L_t 4^-P] + B D^2 N_f [48 + (24 L_t - 32) 2^-P]
+    B D N_f^2 [16/3 (1 - 4^-P) + 4 L_t 4^-P] + B D^2 N_f [(16 + 8r) + ((8 + 4r) L_t - 8r) 2^-P];
+    the paper's r = 4 gives its B D^2 N_f [48 + (24 L_t - 32) 2^-P].
     """
     quarter = Fraction(1, 4**n_pool)
     half = Fraction(1, 2**n_pool)
     attention = Fraction(16, 3) * (1 - quarter) + 4 * n_frame_layers * quarter
-    dense = 48 + (24 * n_frame_layers - 32) * half
+    dense = 16 + 8 * mlp_ratio + ((8 + 4 * mlp_ratio) * n_frame_layers - 8 * mlp_ratio) * half
     return batch * d_model * n_cells**2 * attention + batch * d_model**2 * n_cells * dense
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rcswarm.models.inputs import check_inputs
 from rcswarm.models.lstm_lm.config import ResidualLSTMConfig
 from rcswarm.models.lstm_run import run_lstm
 
@@ -112,10 +113,7 @@ class ResidualLSTMLM(nn.Module):
         call with `return_state=True` (None starts from zeros). With
         `return_state=True` the result is `(logits, new_state)`.
         """
-        if inputs.dim() != 2:
-            raise ValueError(
-                f"inputs has shape {tuple(inputs.shape)}: expected [batch, time] integer ids"
-            )
+        check_inputs(inputs)
         if state is not None and len(state) != len(self.blocks):
             raise ValueError(
                 f"state has {len(state)} layer states: expected {len(self.blocks)} (one per layer)"

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rcswarm.kernels.scan import OnlineScan, blelloch_scan
+from rcswarm.models.inputs import check_inputs
 from rcswarm.models.psm.config import TransformerPSMConfig
 
 
@@ -118,8 +119,7 @@ class TransformerPSM(nn.Module):
 
     def forward(self, inputs: Tensor) -> Tensor:
         """Training mode (Alg. 3): inputs [B, T] -> logits [B, T, V]."""
-        if inputs.dim() != 2:
-            raise ValueError(f"inputs of shape {tuple(inputs.shape)}: expected [batch, time]")
+        check_inputs(inputs)
         batch, length = inputs.shape
         c, d = self.config.chunk_size, self.config.d_model
         chunks = math.ceil(length / c)
@@ -130,7 +130,7 @@ class TransformerPSM(nn.Module):
         states = blelloch_scan(self.aggregate, elements, identity).exclusive  # [r, B, c, D]
         states = states.transpose(0, 1).reshape(batch * chunks, c, d)  # [B r, c, D]
         logits = self.infer(states, x.reshape(batch * chunks, c, d))  # [B r, c, V]
-        return logits.view(batch, chunks * c, -1)[:, :length]
+        return logits.view(batch, chunks * c, logits.shape[-1])[:, :length]  # [B, T, V]; -1 fails at B = 0
 
     def stream(self, batch_size: int) -> PSMStream:
         return PSMStream(self, batch_size)

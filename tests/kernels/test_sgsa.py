@@ -120,6 +120,16 @@ def test_scale_and_dispatcher_naive_flag() -> None:
     assert relative_error(scaled, fast) > 1e-6
 
 
+def test_sparse_backward_is_once_differentiable() -> None:
+    q, k, v = make_inputs(1, 2, 1, 19, 3, 2, seed=17)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = sgsa_sparse(q, k, v, 5, 3)  # [B, H_q, T, D_v]
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v), create_graph=True)
+    penalty = sum(g.square().sum() for g in grads)  # a double backward, as a gradient penalty runs
+    with pytest.raises(RuntimeError, match="differentiate twice a function that was marked with @once_differentiable"):
+        penalty.backward()
+
+
 def test_bad_inputs_raise() -> None:
     q, k, v = make_inputs(1, 3, 1, 8, 4, 4, seed=13)
     for function in (sgsa_naive, sgsa_sparse):

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from rcswarm.models import registry
 from rcswarm.models.frame import (
@@ -20,6 +21,7 @@ from rcswarm.models.frame.flops import (
     estimate_flops,
     frame_head_closed_form,
     frame_head_components,
+    lstm_flops,
     main_components,
     window_flops,
 )
@@ -214,6 +216,44 @@ def test_flops_reproduce_the_appendix_j_table() -> None:
 def test_eq16_closed_form_equals_eq15_sum(n_pool: int, n_frame_layers: int) -> None:
     parts = frame_head_components(4, 64, 7680, n_pool, n_frame_layers)
     assert sum(c.flops for c in parts) == frame_head_closed_form(4, 64, 7680, n_pool, n_frame_layers)
+
+
+@pytest.mark.parametrize("n_pool", [0, 2])
+@pytest.mark.parametrize("mlp_ratio", [1, 2, 8])
+def test_eq16_closed_form_follows_the_mlp_ratio(mlp_ratio: int, n_pool: int) -> None:
+    parts = frame_head_components(4, 64, 7680, n_pool, 3, mlp_ratio=mlp_ratio)
+    assert sum(c.flops for c in parts) == frame_head_closed_form(4, 64, 7680, n_pool, 3, mlp_ratio=mlp_ratio)
+
+
+def _linear_flops(run: object) -> int:
+    """FLOPs FlopCounterMode counts in the nn.Linear matmuls (aten.mm, aten.addmm) of `run()`."""
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        run()  # type: ignore[operator]
+    counts = {str(op): flops for op, flops in counter.get_flop_counts()["Global"].items()}
+    return counts.get("aten.mm", 0) + counts.get("aten.addmm", 0)
+
+
+@pytest.mark.parametrize("mlp_ratio", [1, 2, 4, 8])
+def test_flop_estimate_equals_counted_matmuls(mlp_ratio: int) -> None:
+    model = registry.build_model("frame", "tiny", {"mlp_ratio": mlp_ratio}, seed=0)
+    config = model.config
+    batch, n_frames = 2, 3
+    frames = _frames(config, batch, n_frames)  # [B, L, R, C, 2]
+    embeddings = model.encode(frames).detach()  # [B, L, D]
+    head_linear = _linear_flops(lambda: model.encode(frames))
+    main_linear = _linear_flops(lambda: model._main_layers(embeddings, None))
+    # The counter sees neither nn.LSTM nor CPU SDPA: add their matmuls from the shapes.
+    n, d, t_p = batch * n_frames, config.d_model, config.n_cells // 2**config.n_pool
+    lengths = [config.n_cells // 2**s for s in range(config.n_pool)] + [t_p] * config.n_frame_layers
+    attention = sum(4 * n * d * t * t for t in lengths)  # QK^T and AV
+    head_counted = head_linear + attention + lstm_flops(n, d, d, t_p)
+    main_lstm = config.n_main_layers * lstm_flops(batch, d, config.n_hidden, n_frames)
+    projection = config.n_main_layers * 2 * batch * n_frames * config.n_hidden * d if config.n_hidden != d else 0
+    main_counted = main_linear + main_lstm - projection  # the H -> D projection is left out by the paper
+    estimate = estimate_flops(config, batch, n_frames)
+    assert n_frames * estimate.frame_head == head_counted
+    assert estimate.main == main_counted
 
 
 def test_main_flops_with_h_equal_d_is_32_btd2_per_layer() -> None:
