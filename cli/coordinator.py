@@ -19,7 +19,8 @@ on the meta device before anything is built, and refused above `--max-params` pa
 follow cli/usage.py: a usage error prints
 one line `rcswarm coordinator: <what is wrong>` and exits 2 before anything is created or bound; so does a state
 dir that cannot be opened or written (a full disk: `StoreError` or `OSError`, one line, no traceback);
-a failure to serve (a port in use) exits 1.
+a failure to serve (a port in use) exits 1. Whatever ends a start, a crash too (re-raised), removes the state dir
+it created (`StartUp.abandon`).
 """
 
 from __future__ import annotations
@@ -610,9 +611,12 @@ def _serve(args: argparse.Namespace, made: StartUp, start_up: StartUpSignals) ->
                 return 1
     except BaseException as exc:
         start_up.hold()  # the clean-up below runs to its end whatever signals come meanwhile
+        # Whatever ended the start (a signal, or a crash in it: a bug's ZeroDivisionError or KeyError), the state
+        # dir it created goes with it: left behind, it held a run that never served, and the next start, its
+        # config corrected, was refused as a run of another spec.
+        made.abandon()
         if not isinstance(exc, KeyboardInterrupt) and not interrupted_import(exc):
             raise
-        made.abandon()
         name = signal.Signals(start_up.signum).name if start_up.signum else "SIGINT"
         print(f"{PROG}: stopped by {name} while starting{'; removed the new state dir' if made.created else ''}",
               file=sys.stderr)

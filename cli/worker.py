@@ -81,7 +81,7 @@ def add_hivemind_arguments(parser: argparse.ArgumentParser) -> list[argparse.Act
     their actions, which the coordinator backend refuses (`unused_hivemind_flags`)."""
     group = parser.add_argument_group("hivemind backend (--backend hivemind)")
     return [
-        group.add_argument("--config", type=Path, help="RUN.toml with [sync] backend = \"hivemind\" (no coordinator)"),
+        group.add_argument("--config", type=path_arg, help="RUN.toml with [sync] backend = \"hivemind\" (no coordinator)"),
         group.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
                            help="multiaddrs of running peers, e.g. the one `rcswarm dht` prints"),
         group.add_argument("--client-mode", action="store_true",
@@ -90,9 +90,9 @@ def add_hivemind_arguments(parser: argparse.ArgumentParser) -> list[argparse.Act
                            help="multiaddrs to listen on (default: %(default)s)"),
         group.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
                            help="multiaddrs other peers should dial (default: what libp2p observes)"),
-        group.add_argument("--identity-path", type=Path,
+        group.add_argument("--identity-path", type=path_arg,
                            help="private key file: a stable peer id (created if missing)"),
-        group.add_argument("--out", type=Path, help="write final.safetensors and summary.json here at the end"),
+        group.add_argument("--out", type=path_arg, help="write final.safetensors and summary.json here at the end"),
     ]
 
 
@@ -107,8 +107,10 @@ def unused_hivemind_flags(args: argparse.Namespace) -> str | None:
 
 
 # The path flags an empty value is refused for (`empty_path`): Path("") would be the working directory, which the
-# worker would lock and write its residual and membership file into.
-PATH_FLAGS = ("--state-dir", "--membership-file", "--data-root", "--tls-ca", "--tls-cert", "--tls-key")
+# worker would lock and write its residual and membership file into (or, for --out, its final files; --config '' read
+# the directory "." as a config).
+PATH_FLAGS = ("--state-dir", "--membership-file", "--data-root", "--tls-ca", "--tls-cert", "--tls-key", "--config",
+              "--out", "--identity-path")
 
 
 def empty_path(args: argparse.Namespace) -> str | None:
@@ -123,6 +125,31 @@ def empty_path(args: argparse.Namespace) -> str | None:
 # The coordinator backend's own flags: a hivemind peer pulls and pushes nothing through a coordinator and keeps no
 # state dir (no residual file, no membership file, no lock).
 COORDINATOR_ONLY_FLAGS = ("--transfer-timeout-s", "--membership-file", "--state-dir")
+
+
+def dial_problem(target: str | None) -> str | None:
+    """Why `--coordinator TARGET`, right but for its port, names no port a worker can dial: one outside 1..65535 (port
+    0 is a server's "any free port", on which nobody listens: the worker retried "Connection refused" until its
+    patience ran out); None otherwise (the rest of the target is checked where the client options are made,
+    `ClientOptions`)."""
+    if target is None:
+        return None
+    from rcswarm.protos.transport import target_port, target_problem  # grpc, only once a coordinator is named
+
+    port = target_port(target)
+    if port is None or 1 <= port <= 65535 or target_problem(f"{target.rsplit(':', 1)[0]}:1") is not None:
+        return None
+    return f"--coordinator {target!r}: port {port}: expected HOST:PORT with a port in 1..65535 (0 cannot be dialled)"
+
+
+class FlagGiven(argparse.Action):
+    """Stores a flag's value and the spelling it was given by (in `<dest>_flag`), so that a refusal names the flag
+    typed: `--max-unavailable-s`, --patience-s's former name, was refused as `--patience-s`."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_flag", option_string)
 
 
 def unused_coordinator_flags(args: argparse.Namespace) -> str | None:
@@ -149,12 +176,13 @@ def parser() -> argparse.ArgumentParser:
                         help="torch CPU threads (default 0: this machine's cores divided by the rcswarm workers "
                              "running on it)")
     parser.add_argument(
-        "--patience-s", type=float, default=300.0,
+        "--patience-s", type=float, default=300.0, action=FlagGiven,
         help="retry a stalled, restarting or busy coordinator this long per call before giving up "
              "(default: %(default)s)",
     )
     parser.add_argument("--max-unavailable-s", type=float, dest="patience_s", default=argparse.SUPPRESS,
-                        help=argparse.SUPPRESS)
+                        action=FlagGiven, help=argparse.SUPPRESS)
+    parser.set_defaults(patience_s_flag="--patience-s")
     parser.add_argument("--rpc-timeout-s", type=float, default=10.0,
                         help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
     parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
@@ -193,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     error: an empty path among PATH_FLAGS included)."""
     log_to_stderr("worker")
     args = parse_args(argv)
-    empty = empty_path(args)
-    if empty is not None:
-        return usage_error(PROG, empty)
+    problem = empty_path(args) or dial_problem(args.coordinator) or seconds_problem(args.patience_s_flag, args.patience_s)
+    if problem is not None:
+        return usage_error(PROG, problem)
     if args.backend == "hivemind":
         return main_hivemind(args)
     if args.coordinator is None:
@@ -256,9 +284,7 @@ def main_hivemind(args: argparse.Namespace) -> int:
     unused = unused_coordinator_flags(args)
     if unused is not None:
         return usage_error(PROG, unused)
-    problem = threads_problem(args.threads) or next(
-        filter(None, (seconds_problem(flag, value) for flag, value in (
-            ("--patience-s", args.patience_s), ("--rpc-timeout-s", args.rpc_timeout_s)))), None)
+    problem = threads_problem(args.threads) or seconds_problem("--rpc-timeout-s", args.rpc_timeout_s)
     if problem is not None:
         return usage_error(PROG, problem)
     hivemind_sync = import_hivemind_sync()

@@ -14,7 +14,9 @@ import math
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -93,6 +95,12 @@ def _fail(key: str, value: Any, expected: str) -> None:
     raise ValueError(f"{_cut(key, len(key))} = {shown(value)} is invalid: expected {expected}")
 
 
+# The most levels of arrays and tables a run config may nest (a free-form table's values: [model.overrides],
+# [data.task_config]): ~900 levels ended in a RecursionError (a traceback from `rcswarm run`, a bare message naming no
+# file from `rcswarm coordinator`), and 400 were taken, then to_toml() failed. No model or task config nests more than
+# a few.
+MAX_TABLE_DEPTH = 32
+NESTED_TOO_DEEPLY = f"is nested too deeply: expected arrays and tables nested at most {MAX_TABLE_DEPTH} levels deep"
 # The largest value of an int32 protobuf field.
 INT32_MAX = 2**31 - 1
 # Every integer key fits a 64-bit signed integer (SQLite INTEGER, protobuf int64): a larger one was accepted and then
@@ -186,6 +194,40 @@ def _check_seconds(obj: Any, table: str, *names: str, positive: bool = True) -> 
         if not (math.isfinite(value) and low and value <= MAX_SECONDS):
             least = f">= {floor:g}" if floor is not None else "> 0" if positive else ">= 0"
             _fail(f"{table}.{name}", value, f"a number of seconds {least} and at most {MAX_SECONDS:g}")
+
+
+# Set while a spec written earlier is read back (`RunSpec.from_json`: a state dir's stored spec, the spec a
+# coordinator hands its workers): `_refuse_unused` then takes an inert key at its default instead of refusing it.
+_READING_BACK: ContextVar[bool] = ContextVar("rcswarm_reading_back_spec", default=False)
+
+
+@contextmanager
+def _reading_back() -> Iterator[None]:
+    token = _READING_BACK.set(True)
+    try:
+        yield
+    finally:
+        _READING_BACK.reset(token)
+
+
+def _refuse_unused(section: Any, table: str, names: tuple[str, ...], when: str, why: str) -> None:
+    """Refuse each key of `names` in [`table`] (the dataclass `section`) that is set off its default where the caller
+    found it has no effect: taken and ignored, such a key misled whoever set it into thinking it steered the run.
+    `when` names the setting that makes it inert (`unless sync.codec = "sparse"`), `why` says why it does nothing;
+    the refusal reads `table.key = value is invalid: expected the default (D) <when> (<why>)`. The rules of keys
+    that do nothing go through here: ADAPTIVE_ONLY's, the [hivemind] table's, SyncSection's, [sweep]'s and
+    outer.nesterov's. A spec read back (`RunSpec.from_json`), written by an rcswarm before a rule or by a peer of
+    another version, takes such a key at its default instead: it did nothing there either, so its run reads the
+    same, resumes, and compares equal to a config that dropped the key."""
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    for name in names:
+        spec_field = fields[name]
+        default = spec_field.default if spec_field.default is not dataclasses.MISSING else spec_field.default_factory()
+        value = getattr(section, name)
+        if value != default and _READING_BACK.get():
+            object.__setattr__(section, name, default)
+        elif value != default:
+            _fail(f"{table}.{name}", value, f"the default ({default!r}) {when} ({why})")
 
 
 @dataclass(frozen=True)
@@ -517,6 +559,47 @@ class SyncSection:
         if not 0 <= self.outlier_evict_after <= self.outlier_window:
             _fail("sync.outlier_evict_after", self.outlier_evict_after,
                   f"an integer between 0 (never) and sync.outlier_window = {self.outlier_window}")
+        self._refuse_unused_keys()
+
+    def _refuse_unused_keys(self) -> None:
+        """Keys off their defaults where nothing reads them (`_refuse_unused`; a review of keys accepted and ignored,
+        2026-11-29). Each rule is what the code that reads the key does: a hivemind peer trains inner.steps every
+        round (worker/hivemind_worker.py) and averages by all-reduce, so the coordinator's pace, staleness and
+        aggregation never run; `step_cap` and the time budget read max_steps and round_seconds only in time-boxed
+        rounds, and `decide_pace` reads adaptive_steps only in step-boxed ones; `WireFormat.from_sync` reads density
+        and downlink_density for the sparse codec only and value_bits for the sparse and low-bit codecs only;
+        `aggregation.combine` reads trim_fraction under trimmed_mean only, and clip_factor under clipped_mean and
+        (through the reference norms it caps) centered_clip only. error_decay decays the residuals of the workers'
+        error feedback (none without sync.error_feedback) and of the coordinator's downlink (none with the hivemind
+        backend, and always zero with the lossless fp32 codec); with a lossy coordinator downlink it still acts."""
+        if self.backend == "hivemind":
+            _refuse_unused(self, "sync", ("round", "adaptive_steps", "max_staleness", "aggregation"),
+                           'with sync.backend = "hivemind"', "hivemind peers train inner.steps every round and average by "
+                           "all-reduce: the coordinator's pace, staleness and aggregation rules never run")
+        if self.round == "steps":
+            _refuse_unused(self, "sync", ("max_steps", "round_seconds"), 'unless sync.round = "time"',
+                           "only a time-boxed round has a time budget and a step cap")
+        else:
+            _refuse_unused(self, "sync", ("adaptive_steps",), 'with sync.round = "time"', "a time-boxed round's "
+                           "budget sets every worker's steps; adaptive step counts are for step-boxed rounds")
+        if self.codec != "sparse":
+            _refuse_unused(self, "sync", ("density", "downlink_density"), 'unless sync.codec = "sparse"',
+                           f"the {self.codec} codec sends every value, both ways; only the sparse codec sends a "
+                           "fraction of each chunk")
+        if self.codec not in ("sparse", "lowbit"):
+            _refuse_unused(self, "sync", ("value_bits",), 'unless sync.codec = "sparse" or "lowbit"',
+                           f"the {self.codec} codec's values have a fixed width")
+        if self.aggregation != "trimmed_mean":
+            _refuse_unused(self, "sync", ("trim_fraction",), 'unless sync.aggregation = "trimmed_mean"',
+                           f"{self.aggregation} trims nothing")
+        if self.aggregation in ("mean", "trimmed_mean"):
+            _refuse_unused(self, "sync", ("clip_factor",), 'unless sync.aggregation = "clipped_mean" or "centered_clip"',
+                           f"{self.aggregation} clips nothing")
+        if not self.error_feedback and (self.backend == "hivemind" or self.codec == "fp32"):
+            setting, downlink = (('sync.backend = "hivemind"', "has no coordinator downlink") if self.backend == "hivemind"
+                                 else ('sync.codec = "fp32"', "sends a lossless downlink"))
+            _refuse_unused(self, "sync", ("error_decay",), f"with sync.error_feedback = false and {setting}",
+                           f"no worker keeps a residual, and the run {downlink}: no residual is left to decay")
 
     @property
     def step_density(self) -> float:
@@ -530,9 +613,6 @@ class SyncSection:
         if not (math.isfinite(self.downlink_density) and 0.0 <= self.downlink_density <= 1.0):
             _fail("sync.downlink_density", self.downlink_density,
                   "a fraction in (0, 1] of each chunk of the round's step, or 0 (= sync.density)")
-        if self.downlink_density and self.codec != "sparse":
-            _fail("sync.downlink_density", self.downlink_density,
-                  f'0 unless sync.codec = "sparse" (the {self.codec} step goes down in the run\'s codec)')
         if not 2 <= self.sparse_chunk <= 1 << 16:
             _fail("sync.sparse_chunk", self.sparse_chunk, "an integer between 2 and 65536")
         if not 1 <= self.value_bits <= 8:
@@ -736,6 +816,11 @@ class SweepSection:
             _fail("sweep.prune_at", fractions, "increasing fractions of the budget (run.rounds, else run.minutes) in (0, 1)")
         if self.prune and len(self.seq_lens) < 2:
             _fail("sweep.prune", self.prune, "false unless sweep.seq_lens names 2 or more lengths")
+        if not self.prune:
+            _refuse_unused(self, "sweep", ("prune_at",), "unless sweep.prune = true", "nothing is pruned")
+        if not self.seq_lens:
+            _refuse_unused(self, "sweep", ("constant_tokens",), "unless sweep.seq_lens names lengths",
+                           "without a sweep there is no length to derive a batch for")
 
 
 @dataclass(frozen=True)
@@ -805,12 +890,12 @@ class CurriculumSection:
             if self.forecast_gain:
                 _fail("curriculum.forecast_gain", self.forecast_gain, '0 unless curriculum.policy = "adaptive"')
             # The law and its budget steer the adaptive policy only: set under "fixed" they were taken and ignored.
-            for name in ADAPTIVE_ONLY:
-                default = CurriculumSection.__dataclass_fields__[name].default
-                if getattr(self, name) != default:
-                    _fail(f"curriculum.{name}", getattr(self, name),
-                          f'the default ({default!r}) unless curriculum.policy = "adaptive" (only the adaptive policy '
-                          "uses it)")
+            _refuse_unused(self, "curriculum", ADAPTIVE_ONLY, 'unless curriculum.policy = "adaptive"',
+                           "only the adaptive policy uses it")
+            if not self.worker_seq_lens:  # `batch_for` derives batches of these lengths only
+                _refuse_unused(self, "curriculum", ("constant_tokens",),
+                               "unless curriculum.worker_seq_lens or curriculum.seq_lens names lengths",
+                               "without them every batch is data.batch_size or a schedule row's")
             return
         if self.schedule:
             _fail("curriculum.schedule", self.schedule, 'empty with curriculum.policy = "adaptive"')
@@ -864,6 +949,14 @@ class RunSpec:
                   else "schedule" if curriculum.schedule else "")
         if varied and self.is_sweep:
             _fail("sweep.seq_lens", self.sweep.seq_lens, f"empty when curriculum.{varied} is given")
+        if self.is_sweep and self.sync.backend == "hivemind":  # taken before, and every hivemind worker exited 2
+            _fail("sweep.seq_lens", self.sweep.seq_lens, 'empty with sync.backend = "hivemind": a hivemind swarm trains '
+                                                         "one run (a sweep's runs are the coordinator backend's)")
+        if self.outer.momentum == 0:
+            # Nesterov's step θ − η(Δ̄ + μb) is plain SGD's θ − ηb at μ = 0 (sync/outer.py). Refused in a run spec,
+            # not in OuterSection, which stays a formula's parameters (tests take the Nesterov path at μ = 0).
+            _refuse_unused(self.outer, "outer", ("nesterov",), "unless outer.momentum > 0",
+                           "without momentum the Nesterov step is the plain one")
         longest = max((f"{self.run.name}-L{length}" for length in self.sweep.seq_lens), key=len, default="")
         if len(longest) > MAX_RUN_NAME_CHARS:
             _fail("run.name", self.run.name, f"at most {MAX_RUN_NAME_CHARS} characters with the sweep's suffix: its run "
@@ -912,13 +1005,9 @@ class RunSpec:
 
     def _check_hivemind(self) -> None:
         """[hivemind] keys apply to the hivemind backend only: set with another backend, they are refused."""
-        if self.sync.backend == "hivemind":
-            return
-        for f in dataclasses.fields(HivemindSection):
-            value = getattr(self.hivemind, f.name)
-            if value != f.default:
-                _fail(f"hivemind.{f.name}", value,
-                      f'the default ({f.default!r}) unless sync.backend = "hivemind" (sync.backend is {self.sync.backend!r})')
+        if self.sync.backend != "hivemind":
+            _refuse_unused(self.hivemind, "hivemind", tuple(f.name for f in dataclasses.fields(HivemindSection)),
+                           'unless sync.backend = "hivemind"', f"sync.backend is {self.sync.backend!r}")
 
     def cautions(self) -> list[str]:
         """Settings that are valid but were measured to cost loss (issue #28, docs/PERFORMANCE.md "Compression"), one
@@ -1037,30 +1126,46 @@ class RunSpec:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> RunSpec:
+        """The run spec of the TOML file at `path`; ValueError naming the file when it cannot be read or parsed (a
+        parser's RecursionError and an integer past Python's digit limit included), or naming the key that is wrong."""
         path = Path(path)
         try:
-            with path.open("rb") as handle:
-                data = tomllib.load(handle)
-        except FileNotFoundError:
-            raise ValueError(f"run config {str(path)!r} does not exist") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"run config {str(path)!r} is not valid TOML: {exc}") from None
-        except OSError as exc:
-            raise ValueError(f"run config {str(path)!r} cannot be read: {exc.strerror or exc}") from None
-        curriculum = data.get("curriculum")
-        law_from = curriculum.get("law_from") if isinstance(curriculum, dict) else None
-        if isinstance(law_from, str) and law_from and _text_problem(law_from) is None:
-            # Relative to the config file, and absolute from here on (the launcher copies the spec elsewhere).
-            curriculum["law_from"] = str((path.parent / curriculum["law_from"]).resolve())
-        return cls.from_dict(data)
+            try:
+                with path.open("rb") as handle:
+                    data = tomllib.load(handle)
+            except FileNotFoundError:
+                raise ValueError(f"run config {str(path)!r} does not exist") from None
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise ValueError(f"run config {str(path)!r} is not valid TOML: {exc}") from None
+            except ValueError as exc:  # int() of more than sys.get_int_max_str_digits() digits
+                raise ValueError(f"run config {str(path)!r} cannot be read: {exc}") from None
+            except OSError as exc:
+                raise ValueError(f"run config {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+            curriculum = data.get("curriculum")
+            law_from = curriculum.get("law_from") if isinstance(curriculum, dict) else None
+            if isinstance(law_from, str) and law_from and _text_problem(law_from) is None:
+                # Relative to the config file, and absolute from here on (the launcher copies the spec elsewhere).
+                curriculum["law_from"] = str((path.parent / curriculum["law_from"]).resolve())
+            return cls.from_dict(data)
+        except RecursionError:  # the parser's, or a refusal's repr of what it parsed
+            raise ValueError(f"run config {str(path)!r} {NESTED_TOO_DEEPLY}") from None
 
     @classmethod
     def from_json(cls, text: str) -> RunSpec:
+        """The run spec of JSON `text` (what a coordinator hands its workers, what a state dir stores); ValueError
+        naming the run spec when it cannot be parsed (nested too deeply, an integer past Python's digit limit
+        included), or naming the key. A key that does nothing in it is taken at its default (`_refuse_unused`)."""
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"run spec is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"run spec is not valid JSON: {exc}") from None
+            except ValueError as exc:  # int() of more than sys.get_int_max_str_digits() digits
+                raise ValueError(f"run spec cannot be read: {exc}") from None
+            with _reading_back():
+                return cls.from_dict(data)
+        except RecursionError:
+            raise ValueError(f"run spec {NESTED_TOO_DEEPLY}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -1135,10 +1240,13 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
-def _check_table_value(value: Any, key: str) -> None:
-    """A value of a free-form table ([model.overrides], [data.task_config]): one TOML can write (a string, integer,
-    number, boolean, or an array or table of them), so that the spec round-trips through JSON and TOML; the model's
-    or the task's own config checks what it means."""
+def _check_table_value(value: Any, key: str, depth: int = 0) -> None:
+    """A value of a free-form table ([model.overrides], [data.task_config]) at `depth` levels below the table: one
+    TOML can write (a string, integer, number, boolean, or an array or table of them, nested at most MAX_TABLE_DEPTH
+    levels), so that the spec round-trips through JSON and TOML; the model's or the task's own config checks what it
+    means."""
+    if isinstance(value, (list, tuple, Mapping)) and depth > MAX_TABLE_DEPTH:
+        raise ValueError(f"{_cut(key, len(key))} {NESTED_TOO_DEEPLY}")
     if isinstance(value, str):
         problem = _text_problem(value)
         if problem is not None:
@@ -1147,12 +1255,12 @@ def _check_table_value(value: Any, key: str) -> None:
         _fail(key, value, f"an integer between {INT64_MIN} and {INT64_MAX}")
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check_table_value(item, f"{key}[{i}]")
+            _check_table_value(item, f"{key}[{i}]", depth + 1)
     elif isinstance(value, Mapping):
         for name, item in value.items():
             if not isinstance(name, str):
                 _fail(key, value, "a table whose keys are strings")
-            _check_table_value(item, f"{key}.{name}")
+            _check_table_value(item, f"{key}.{name}", depth + 1)
     elif not isinstance(value, (bool, int, float)):
         _fail(key, value, "a string, number, boolean, array or table (TOML has no null)")
 

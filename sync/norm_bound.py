@@ -37,8 +37,15 @@ def adam_step_bound(beta1: float, beta2: float) -> float | None:
     By Cauchy–Schwarz on m_t = (1−β1) Σ_k β1^k g_{t−k} against v_t = (1−β2) Σ_k β2^k g²_{t−k},
     |m̂_t| / sqrt(v̂_t) <= (1−β1)/sqrt(1−β2) · sqrt((1 − q^t)/(1 − q)) · sqrt(1 − β2^t)/(1 − β1^t)
     with q = β1²/β2 (eps only lowers it); the bound is its maximum over t (1 at t = 1).
+
+    β2 = 0 is a legal Adam (torch takes β2 in [0, 1)): v_t = g_t², so the step is m̂_t / |g_t|. With β1 = 0 that
+    is sign(g_t), at most 1 (q = 0 above); with β1 > 0, m̂_t keeps earlier gradients while g_t may be as small as
+    it likes, so no bound exists (q = ∞ >= 1, the limit of β1²/β2 as β2 → 0).
     """
-    q = beta1 * beta1 / beta2
+    if beta2 == 0.0:
+        q = 0.0 if beta1 == 0.0 else math.inf
+    else:
+        q = beta1 * beta1 / beta2
     if q >= 1.0:
         return None
     scale = (1 - beta1) / math.sqrt(1 - beta2)

@@ -7,6 +7,9 @@ process; the port file was written before the hand-over, so a SIGTERM right afte
 (state dir removed, port file left naming a dead process); a second SIGTERM or Ctrl-C during the clean-up of a
 stopped start raised KeyboardInterrupt out of main (a traceback, the state dir and its lock left behind); a port file
 write that failed after creating `PORT.partial` left it; `--health-stall-s nan` was told as `health_stall_s = nan`.
+A review of the run spec (2026-11-29): `inner.beta2 = 0` crashed the start (ZeroDivisionError in the norm bound), and
+any crash of the start but a signal left the new state dir, which then refused the corrected config ("spec
+differs"); a config nested ~900 levels deep ended in a bare RecursionError message naming no file (exit 1).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import pytest
 
 from rcswarm.cli import coordinator as coordinator_cli
 from rcswarm.cli.signals import StopSignal
+from rcswarm.coordinator import close as close_module
+from rcswarm.sync import norm_bound
 from tests.helpers.specs import TOKEN, tiny_spec, write_spec
 
 
@@ -229,4 +234,64 @@ def test_a_bad_health_stall_flag_is_named_as_the_flag(value, tmp_path, config, c
     assert coordinator_cli.main([*argv(config, tmp_path / "state"), "--health-stall-s", value]) == 2
     (line,) = errors(capsys.readouterr().err)
     assert line.startswith(f"rcswarm coordinator: --health-stall-s {value}: expected"), line
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_beta2_of_zero_is_served(tmp_path, capsys, monkeypatch, handlers):
+    """β2 = 0 (v_t = g_t², a legal Adam) has no automatic step bound unless β1 = 0: the start takes the fallback
+    bound instead of dividing by zero, serves (stopped here by a SIGTERM once the port file is written) and keeps
+    its state."""
+    config = write_spec(tiny_spec(inner={"beta2": 0.0}), tmp_path / "run.toml")
+    state, port_file = tmp_path / "state", tmp_path / "port.json"
+    real_write = coordinator_cli.write_port_file
+
+    def write_port_file(path, info):
+        real_write(path, info)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(coordinator_cli, "write_port_file", write_port_file)
+    status = run_main(argv(config, state, "--port-file", str(port_file)))
+    assert status == 0, f"main ended with {status!r}:\n{capsys.readouterr().err}"
+    assert errors(capsys.readouterr().err) == []
+    assert (state / "state.sqlite").exists() and port_file.exists()
+    assert signal.getsignal(signal.SIGTERM) is handlers
+
+
+@pytest.mark.parametrize(("module", "name", "error"), [
+    (norm_bound, "adam_step_bound", ZeroDivisionError("float division by zero")),  # how β2 = 0 crashed it
+    (close_module, "update_norm_bound", KeyError("embedding.weight")),
+])
+def test_a_crash_deep_in_the_start_leaves_no_state_dir(module, name, error, tmp_path, config, monkeypatch, handlers):
+    """A start that crashes (a bug: not a usage error, not a signal) still raises with its traceback, but first
+    removes the state dir it created, so the next start, its config corrected, is not refused as another run's."""
+    state = tmp_path / "state"
+
+    def crash(*_args, **_kwargs):
+        raise error
+
+    monkeypatch.setattr(module, name, crash)
+    with pytest.raises(type(error)):
+        coordinator_cli.main(argv(config, state))
+    assert not state.exists() and [p.name for p in tmp_path.iterdir()] == ["run.toml"]
+    assert signal.getsignal(signal.SIGTERM) is handlers, "the handler from before the start was not given back"
+    monkeypatch.undo()
+    served = tmp_path / "port.json"
+    real_write = coordinator_cli.write_port_file
+
+    def write_port_file(path, info):
+        real_write(path, info)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(coordinator_cli, "write_port_file", write_port_file)
+    assert run_main(argv(config, state, "--port-file", str(served))) == 0  # the same state dir, started again
+
+
+@pytest.mark.parametrize("levels", [900, 3000])
+def test_a_config_nested_too_deeply_is_a_usage_error_naming_the_file(levels, tmp_path, capsys, handlers):
+    config = tmp_path / "deep.toml"
+    config.write_text("[model.overrides]\nx = " + "[" * levels + "]" * levels + "\n")
+    assert coordinator_cli.main(argv(config, tmp_path / "state")) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert line == f"rcswarm coordinator: run config {str(config)!r} is nested too deeply: expected arrays and " \
+                   "tables nested at most 32 levels deep", line
     assert not (tmp_path / "state").exists()

@@ -158,9 +158,10 @@ def test_a_nul_in_law_from_of_a_toml_file_names_the_key(tmp_path):
         {"curriculum": {"policy": "adaptive", "seq_lens": [8, 16], "law_from": "/runs/\u00e9t\u00e9 \x7f"}},
         {"model": {"overrides": {"d_model": 64, "nested": {"a": [1, 2], "b": "x"}, "odd key": 1.5}}},
         {"data": {"source": "typing", "task_config": {"n_documents": 4}}, "model": {"name": "frame", "preset": "tiny"}},
-        # Sweep keys off their defaults without seq_lens: to_toml() left the table out and lost them.
-        {"sweep": {"constant_tokens": True}},
-        {"sweep": {"prune_at": [0.5]}},
+        # Sweep keys off their defaults: to_toml() once left the table out without seq_lens and lost them (without
+        # seq_lens they are refused now: they do nothing there).
+        {"sweep": {"seq_lens": [8, 16], "constant_tokens": True}},
+        {"sweep": {"seq_lens": [8, 16], "prune": True, "prune_at": [0.5]}},
     ],
 )
 def test_accepted_specs_round_trip_through_json_and_toml(data, tmp_path):
