@@ -107,7 +107,8 @@ def report(analysis: Analysis, console: Console) -> None:
 
 def plot(analysis: Analysis, out: Path, law: LengthLaw | None = None) -> None:
     """fit.png: loss vs step, α(s), loss vs wall time and the law across lengths (`law`, else the training loss
-    at the last matched step); see `observe/plots.py`."""
+    at the last matched step; a panel saying why when that law cannot be fitted, `fits.fit_power_law`'s ValueError);
+    see `observe/plots.py`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -121,7 +122,13 @@ def plot(analysis: Analysis, out: Path, law: LengthLaw | None = None) -> None:
     draw_loss_step(by_step, analysis.curves, analysis, smoother, label)
     draw_alpha(alphas, analysis)
     draw_loss_time(by_time, analysis.curves, analysis, smoother, label)
-    draw_law(by_length, law if law is not None else law_at_last_step(analysis))
+    if law is None:
+        try:
+            law = law_at_last_step(analysis)
+        except ValueError as error:
+            draw_law(by_length, None, f"no fit across lengths: {error}")
+    if law is not None:
+        draw_law(by_length, law)
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out)

@@ -37,10 +37,12 @@ the worker pulls and re-syncs, where INVALID_ARGUMENT would end it. Metric rows 
 
 Metrics: the rows of the run the request names (`ReportMetricsRequest.run_id`; another run's are refused with
 FAILED_PRECONDITION, never stored here), at most MAX_METRICS_PER_REQUEST rows a request, each in range
-(`metric_problem`, checked without the lock; its tokens at most one step's, `step_token_bound`; rows of a
-version the run has not served are not stored), and per worker at most `coordinator.max_metrics_per_round`
-rows while one version is current and `coordinator.metric_rows_per_s` over time (`count_metric_rows`,
-`decisions.decide_metric_rows`, RESOURCE_EXHAUSTED). The limits are records.py's.
+(`metric_problem`, checked without the lock; its tokens at most one step's, `step_token_bound`; its loss and
+held-out loss at most observe/forecast.py MAX_LOSS, the one bound the forecasts, the fits' step means and the
+worker's held-out losses share; rows of a version the run has not served are not stored, nor a trained step's row
+its worker reported before, `StateStore.add_new_metrics`), and per worker at most
+`coordinator.max_metrics_per_round` rows while one version is current and `coordinator.metric_rows_per_s` over
+time (`count_metric_rows`, `decisions.decide_metric_rows`, RESOURCE_EXHAUSTED). The limits are records.py's.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ from rcswarm.coordinator.records import (
     Refusal,
     WorkerRecord,
 )
+from rcswarm.observe.forecast import MAX_LOSS
 from rcswarm.protos.v1 import coordinator_pb2 as pb
-from rcswarm.protos.wire import MAX_VAL_LOSS
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 
@@ -121,9 +123,14 @@ def metric_problem(index: int, metric: pb.Metric, step_tokens: tuple[int, str] |
         # A loss <= 0 is no cross-entropy a step can measure, and one such row stored made every fit of the state dir
         # (rcswarm fit, the launcher's law, curriculum.law_from) refuse it whole.
         return f"metrics[{index}].loss = {metric.loss!r} is out of range: expected a finite number > 0, or NaN for none"
-    if not (metric.val_loss == 0 or 0 < metric.val_loss <= MAX_VAL_LOSS):
+    if metric.loss > MAX_LOSS:
+        # A garbage metric, which the forecasts leave out: one of 1.7e308 stored made those fits and the dashboard's
+        # /api/status and /metrics fail with OverflowError, in every later read of the state dir.
+        return (f"metrics[{index}].loss = {metric.loss!r} is out of range: expected at most {MAX_LOSS:g} (a larger "
+                "loss is a garbage metric, no point of a curve), or NaN for none")
+    if not (metric.val_loss == 0 or 0 < metric.val_loss <= MAX_LOSS):
         return (f"metrics[{index}].val_loss = {metric.val_loss!r} is out of range: expected a held-out loss in "
-                f"(0, {MAX_VAL_LOSS:g}], or 0 for none")
+                f"(0, {MAX_LOSS:g}], or 0 for none")
     if not (math.isfinite(metric.val_seconds) and metric.val_seconds >= 0):
         return f"metrics[{index}].val_seconds = {metric.val_seconds!r} is out of range: expected a finite number >= 0"
     if len(metric.param_sha256) > MAX_SHA256_HEX:

@@ -231,7 +231,8 @@ class SwarmCoordinator:
                                                                               `_lock` (bounded) to admit; none while
                                                                               it writes (`record_join`, one
                                                                               transaction); takes (enters, or undoes
-                                                                              a failed write), may post; flushes
+                                                                              a failed write or one its deadline
+                                                                              ended), may post; flushes
       heartbeat                                gRPC handler threads           takes (bounded); no write
       status                                   handlers, the dashboard        takes (bounded in a handler); no write
       await_version                            handlers                       takes (bounded); waits on `_version_changed`
@@ -509,7 +510,10 @@ class SwarmCoordinator:
         3. `_seat` (`_lock`, not bounded: the join is stored): enter the membership, with what may have changed
            since step 1 taken into account (a round closed: the current version and assignment). A write that failed
            (`_unadmit`) instead gives back what step 1 reserved and the error reaches the caller: no membership, no
-           count, no row, no moved entry or place, and the worker may join again.
+           count, no row, no moved entry or place, and the worker may join again. So does a join whose call has
+           (nearly) run out of time before or after its write (`_check_join_time`: DEADLINE_EXCEEDED, its stored rows
+           ended by a "leave" event): seated, it was a member its worker never learnt of, counted against
+           coordinator.max_workers and waited for by every round until its lease expired.
 
         Step 1's decision stays valid at step 3: no other join runs in between, and what else may run (a Leave, an
         eviction, a round close, a reassignment, a stop) only frees places; a run that finished meanwhile admits it
@@ -518,13 +522,31 @@ class SwarmCoordinator:
             stored = self.store.joined_digest(request.previous_worker_id)
             pending = self._admit(request, placed, stored, reservation)
             try:
+                self._check_join_time(pending, "before its write")
                 landed = self._store_join(pending)
             except BaseException:
                 with self._locked():
                     self._unadmit(pending)
                 raise
             with self._locked():
+                try:
+                    self._check_join_time(pending, "after its write")
+                except Refusal:
+                    self._unadmit(pending, stored=True)
+                    raise
                 return self._seat(pending, landed)
+
+    def _check_join_time(self, pending: PendingJoin, when: str) -> None:
+        """Refuse a join (DEADLINE_EXCEEDED) whose call has less than LOCK_WAIT_MARGIN_S left
+        (`guards.call_time_left`; outside a call, never): its answer would reach a caller that gave up, and a
+        membership seated then is one the worker never learns of, counted against coordinator.max_workers and waited
+        for by every round until its lease expires. The caller undoes the admission (`_unadmit`)."""
+        left = call_time_left()
+        if left is not None and left < LOCK_WAIT_MARGIN_S:
+            raise Refusal(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"join of {pending.worker.name} undone {when}: {max(left, 0.0) * 1000:.0f} ms were left to "
+                          f"the call's deadline, less than the {LOCK_WAIT_MARGIN_S * 1000:.0f} ms its answer needs "
+                          "to arrive; retry with a longer deadline")
 
     @contextlib.contextmanager
     def _joining(self) -> Iterator[None]:
@@ -636,21 +658,28 @@ class SwarmCoordinator:
                                run_state=pending.moved, secret_sha256=pending.worker.secret_sha256)
         return landed
 
-    def _unadmit(self, pending: PendingJoin) -> None:
-        """Step 3 of a `join` whose write failed (lock held): the place it took over goes back to the ended
-        membership while its round is open (a close begun meanwhile committed the new id among its reporters: an id
-        nobody holds, harmless); the curriculum entry it moved goes back, exactly as it was when nothing moved the
-        state since, else onto the state as it is now (`CurriculumTracker.unjoin`), then saved if a save was made
-        meanwhile (it held the moved entry). Nothing else had changed."""
+    def _unadmit(self, pending: PendingJoin, stored: bool = False) -> None:
+        """Step 3 of a `join` whose write failed, or that its call's deadline ends (`_check_join_time`) (lock held):
+        the place it took over goes back to the ended membership while its round is open (a close begun meanwhile
+        committed the new id among its reporters: an id nobody holds, harmless); the curriculum entry it moved goes
+        back, exactly as it was when nothing moved the state since, else onto the state as it is now
+        (`CurriculumTracker.unjoin`), then saved if a save was made meanwhile (it held the moved entry). Nothing else
+        had changed. `stored`: the join's transaction was written (`record_join`): the entry it moved is saved back,
+        a "leave" event ends the membership in the events, and its secret's digest and any landed round it was
+        entered among stay, naming an id no worker holds (a restart seats no membership from the store: a worker
+        joins again). The membership was never in `workers`: no count, place or expected report of it."""
         if pending.places_before is not None and self._place_of[0] == pending.round_version == self.round.version:
             self._place_of = (pending.round_version, pending.places_before)
+        if stored:
+            self._post_event(pending.worker.worker_id, "leave", "join undone: its call's deadline passed before it "
+                                                                "was answered", self.clock())
         if not pending.moved:
             return
         if self.tracker.state is pending.curriculum_moved:
             self.tracker.state = pending.curriculum_before
         else:
             self.tracker.unjoin(pending.worker.worker_id, pending.previous)
-        if self.tracker.saves != pending.saves:
+        if stored or self.tracker.saves != pending.saves:
             self.tracker.save()
 
     def _seat(self, pending: PendingJoin, landed: tuple[int, int] | None) -> pb.JoinResponse:
@@ -1018,10 +1047,11 @@ class SwarmCoordinator:
         given; another run's are refused). Takes `_lock` to check the worker and its secret, checks the values
         without it (so only a member makes the coordinator read a large batch; a row's tokens at most one step's),
         takes it again for the membership and the worker's budget (`intake.count_metric_rows`), writes the rows
-        after releasing it (a refused write gives the rows back to the budget), then takes it a third time for the
-        totals and the curriculum's measurements (with sync.backend = "hivemind" also the curriculum steps of the
-        rounds the swarm closed since the last report, `_follow_peer_rounds`): nothing is counted that was not
-        stored."""
+        after releasing it (a refused write gives the rows back to the budget; a trained step's row whose (worker,
+        version, step) is stored already is not stored again, `StateStore.add_new_metrics`, but counts against the
+        budget), then takes it a third time for the totals and the curriculum's measurements (with sync.backend =
+        "hivemind" also the curriculum steps of the rounds the swarm closed since the last report,
+        `_follow_peer_rounds`): nothing is counted that was not stored."""
         require_secret("ReportMetrics", request.worker_id, request.worker_secret)
         with self._hold():
             self._reporter(request.worker_id, request.worker_secret)
@@ -1056,11 +1086,14 @@ class SwarmCoordinator:
             # worker's first report of a version (a few of them) and takes their median (StateStore.add_metrics).
             held_out = [(m.version, m.val_loss, m.val_seconds, request.worker_id, now)
                         for m in metrics if m.val_loss > 0]
-            stored = self.store.add_metrics(rows, self.spec.coordinator.max_metric_rows, held_out)
+            fresh = self.store.add_new_metrics(rows, self.spec.coordinator.max_metric_rows, held_out)
         except BaseException:
             with self._lock:
                 self.intake.refund_metric_rows(worker, counted_at, len(request.metrics))
             raise
+        # A trained step's row the worker reported before (its report retried after the answer was lost) is not
+        # stored again, and not counted again: its loss once in its step's mean, its tokens once in the totals.
+        metrics = [metric for metric, new in zip(metrics, fresh) if new]
         with self._locked():  # a hivemind run's curriculum steps write under it (`_follow_peer_rounds`): measured
             reported = self.peer_version
             for metric in metrics:
@@ -1074,7 +1107,7 @@ class SwarmCoordinator:
                 self._decide_pace()
             if self.spec.sync.backend == "hivemind" and self.peer_version > reported:
                 self._follow_peer_rounds(now, reported)
-        return pb.ReportMetricsResponse(stored=stored)
+        return pb.ReportMetricsResponse(stored=len(metrics))
 
     def _follow_peer_rounds(self, now: float, reported: int) -> None:
         """sync.backend = "hivemind": the workers' reported version grew from `reported` to `peer_version`, so the

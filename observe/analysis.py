@@ -85,6 +85,7 @@ from rcswarm.observe.fits import (
     shown,
     smooth_losses,
 )
+from rcswarm.observe.forecast import MAX_LOSS
 
 DEFAULT_SMOOTH_STEPS = 25
 # A fit needs at least this many recorded steps of every length inside the steps all lengths share
@@ -354,6 +355,14 @@ def stray_note(run_id: str, database: Path, strays: Sequence[tuple[str, int, int
             f"a length this run never assigns (worker {workers}, {span}): trained for another run, left out")
 
 
+def garbage_note(run_id: str, database: Path, losses: np.ndarray) -> str:
+    """What was skipped of run `run_id`'s metrics table: its training rows with a loss above MAX_LOSS (`losses`,
+    [n]), stored before the coordinator refused them (pure)."""
+    return (f"run {run_id!r} ({database}, table metrics): skipped {len(losses)} training rows with a loss above "
+            f"{MAX_LOSS:g} (largest {float(losses.max()):g}): garbage metrics, left out as the forecasts leave "
+            "them out")
+
+
 def read_state_dirs(path: Path, skipped: list[str] | None = None) -> MetricRows:
     """Rows from every coordinator state dir (state.sqlite) below `path`, e.g. a `rcswarm run` directory.
 
@@ -361,8 +370,10 @@ def read_state_dirs(path: Path, skipped: list[str] | None = None) -> MetricRows:
     plus its step within the round; its time counts the seconds the run was served since its first training row,
     on the coordinator's clock (`served_clock`: a resumed run's time between launches is left out). Rows at a
     length the run never assigns (`run_lengths`) were trained for another run: they are left out, and `skipped`
-    gets one line per run naming them (`stray_note`). The rows are kept column by column (`MetricRows`); where a
-    row was read is spelled out only for an error.
+    gets one line per run naming them (`stray_note`). Rows with a loss above MAX_LOSS (garbage metrics, which the
+    coordinator now refuses: a state dir may hold some from before) are left out too (`garbage_note`), as the
+    forecasts leave them out. The rows are kept column by column (`MetricRows`); where a row was read is spelled
+    out only for an error.
     """
     from rcswarm.config.runspec import RunSpec
     from rcswarm.state.errors import StoreError
@@ -393,12 +404,16 @@ def read_state_dirs(path: Path, skipped: list[str] | None = None) -> MetricRows:
             raise MetricsFileError(str(error)) from None
         finally:
             store.close()
-        kept = (np.ones(len(table["seq_len"]), dtype=bool) if lengths is None
-                else np.isin(table["seq_len"], sorted(lengths)))
-        if not kept.all() and skipped is not None:
+        assigned = (np.ones(len(table["seq_len"]), dtype=bool) if lengths is None
+                    else np.isin(table["seq_len"], sorted(lengths)))
+        if not assigned.all() and skipped is not None:
             strays = [(workers[w], int(v), int(n)) for w, v, n in zip(
-                table["worker"][~kept], table["version"][~kept], table["seq_len"][~kept])]
+                table["worker"][~assigned], table["version"][~assigned], table["seq_len"][~assigned])]
             skipped.append(stray_note(run_id, database, strays))
+        sane = table["loss"] <= MAX_LOSS  # [n]
+        if not sane.all() and skipped is not None:
+            skipped.append(garbage_note(run_id, database, table["loss"][~sane]))
+        kept = assigned & sane
         table = {name: column[kept] for name, column in table.items()}
         if start is not None:  # t: seconds since the clock's start, the time between launches included
             table["t"] = clock.seconds_since(start, start + table["t"])
@@ -858,14 +873,19 @@ class FitReport:
                 "fit": None if self.analysis is None else fit_summary(self.analysis), "message": self.message}
 
 
+def _step_mean_table(rows: Iterable[Sequence[Any]]) -> np.ndarray:
+    """[n, 4] (seq_len, step, loss, seconds) of the rows that have a loss and seconds."""
+    return np.array([row[:4] for row in rows if row[2] is not None and row[3] is not None],
+                    dtype=np.float64).reshape(-1, 4)
+
+
 def _merge_step_means(
     rows: Iterable[Sequence[Any]] | np.ndarray,
 ) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """length -> (steps, losses, seconds) sorted by step, from (seq_len, step, loss, seconds) rows (or their [n, 4]
     array); rows at one (seq_len, step), of several runs or workers, are averaged."""
     if not isinstance(rows, np.ndarray):
-        rows = np.array([row[:4] for row in rows if row[2] is not None and row[3] is not None],
-                        dtype=np.float64)
+        rows = _step_mean_table(rows)
     values = rows.reshape(-1, 4)  # [n, 4]: seq_len, step, loss, seconds
     values = values[np.isfinite(values[:, 2]) & np.isfinite(values[:, 3])]
     pairs, inverse = np.unique(values[:, :2], axis=0, return_inverse=True)  # [m, 2] sorted by (seq_len, step); [n]
@@ -887,10 +907,15 @@ def fit_step_means(rows: Iterable[Sequence[Any]], lengths: Sequence[float] = ())
     lengths: without a fit the message then names those that have no curve yet (a sweep still training
     needs time, not a new sweep). Lengths with a single step have no curve (`fittable_lengths`); of more than
     MAX_LENGTHS lengths the curves and the fit keep those with the most recorded steps (`select_lengths`); the
-    fit's notes name the lengths left out, as they name those whose wall time does not increase with step.
+    fit's notes name the lengths left out, as they name those whose wall time does not increase with step. A mean
+    loss above MAX_LOSS (a garbage metric stored before the coordinator refused them) is left out, as the forecasts
+    leave it out, and the fit's notes count those. A fit the data make impossible (a law beyond a float's range:
+    `fits.fit_power_law`) is no fit, its message saying why.
     """
+    table = _step_mean_table(rows)  # [n, 4]
+    garbage = table[:, 2] > MAX_LOSS  # [n]
     every = []
-    for length, (steps, losses, times) in _merge_step_means(rows).items():
+    for length, (steps, losses, times) in _merge_step_means(table[~garbage]).items():
         try:
             rate = seconds_per_step(steps, times) if len(steps) >= MIN_CURVE_STEPS else math.nan
         except ValueError:
@@ -929,6 +954,9 @@ def fit_step_means(rows: Iterable[Sequence[Any]], lengths: Sequence[float] = ())
     except ValueError as error:
         return FitReport(curves, None, f"no fit: {error}")
     notes = [note for note in (short, capped) if note]
+    if garbage.any():
+        notes.append(f"{int(np.count_nonzero(garbage))} step means with a loss above {MAX_LOSS:g} left out (largest "
+                     f"{float(table[garbage, 2].max()):g}): garbage metrics, as the forecasts leave them out")
     if unpaced:
         notes.append(f"L = {shown(unpaced)} left out: wall time does not increase with step, so there are no "
                      "seconds per step for the crossovers")

@@ -17,6 +17,10 @@ Every fit says whether its data identify it (`caveats`, empty when they do): the
 constants below and docs/RESULTS.md ("When a fit is not identified") lists them. An observed
 crossover counts only after both curves have left their initial plateau and only where the gap
 between them is larger than its noise (`observed_crossover`, `plateau_end`, `gap_noise`).
+
+Bad data are a ValueError naming them, as bad input is, never an OverflowError: a law whose amplitude or per
+doubling lies beyond a float's range (losses hundreds of orders of magnitude apart: a stored garbage metric) is
+refused by the fit that would return it (`fit_power_law`, `fit_alpha_schedule`).
 """
 
 from __future__ import annotations
@@ -64,10 +68,15 @@ class PowerLawFit:
     @property
     def per_doubling(self) -> float:
         """Loss ratio per doubling of L: 2^(−α)."""
-        return 2.0 ** (-self.alpha)
+        return per_doubling(self.alpha)
 
     def predict(self, length: float) -> float:
-        return self.amplitude * length ** (-self.alpha)
+        """A·L^(−α) at `length`; inf where that is beyond a float's range, as the product itself overflows (the
+        law of garbage metrics drawn beyond its lengths: Python's `**` raised OverflowError there)."""
+        try:
+            return self.amplitude * length ** (-self.alpha)
+        except OverflowError:
+            return math.inf
 
     def formula(self, digits: int = 3) -> str:
         """"A·L^(−α)" with the numbers, signed as they fall: a negative α (loss rising with L) reads L^(+|α|)."""
@@ -129,13 +138,30 @@ def fit_power_law(
         raise ValueError(f"confidence={confidence}: expected a number in (0, 1)")
     x, y = _power_law_points(lengths, losses)
     intercept, slope, r_squared = _line(x, y)
+    amplitude = _law_amplitude(intercept, slope, lengths, losses)
     alphas = -_bootstrap_lines(x, y, resamples, seed)[:, 1]
     tail = (1.0 - confidence) / 2.0
     low, high = (np.quantile(alphas, [tail, 1.0 - tail]) if len(alphas) else (math.nan, math.nan))
     return PowerLawFit(
-        amplitude=math.exp(intercept), alpha=-slope, r_squared=r_squared,
+        amplitude=amplitude, alpha=-slope, r_squared=r_squared,
         alpha_low=float(low), alpha_high=float(high), points=len(x),
     )
+
+
+def _law_amplitude(intercept: float, slope: float, lengths: Sequence[float], losses: Sequence[float]) -> float:
+    """A = e^intercept of the line fitted in log–log space, with A and the per doubling 2^(−α) = 2^slope inside a
+    float's range (A > 0 and finite, 2^slope finite); else ValueError naming the losses. Losses hundreds of orders of
+    magnitude apart (a stored garbage metric such as 1.7e308) put them outside it, where `math.exp` raised
+    OverflowError, which no caller of a fit catches."""
+    try:
+        amplitude, doubling = math.exp(intercept), 2.0 ** slope
+    except OverflowError:
+        amplitude = doubling = math.inf
+    if not (0 < amplitude < math.inf and doubling < math.inf):
+        raise ValueError(f"lengths {shown(lengths)} and losses {shown(losses)}: the fitted law A·L^(−α) (log A = "
+                         f"{intercept:.4g}, α = {-slope:.4g}) is beyond a float's range: expected losses that are "
+                         "not hundreds of orders of magnitude apart")
+    return amplitude
 
 
 def power_law_band(
@@ -248,10 +274,14 @@ class Crossover:
 
 
 def per_doubling(alpha: float) -> float:
-    """Loss ratio per doubling of L under a power law with exponent α: 2^(−α)."""
+    """Loss ratio per doubling of L under a power law with exponent α: 2^(−α); ValueError for an α whose 2^(−α) is
+    beyond a float's range (the fits refuse such a law, `fit_power_law`, `fit_alpha_schedule`)."""
     if not math.isfinite(alpha):
         raise ValueError(f"alpha={alpha}: expected a finite number")
-    return 2.0 ** (-alpha)
+    try:
+        return 2.0 ** (-alpha)
+    except OverflowError:
+        raise ValueError(f"alpha={alpha:.6g}: 2^(−α) is beyond a float's range; expected α > −1024") from None
 
 
 def _schedule_residual(steps: np.ndarray, alphas: np.ndarray, log_tau: float) -> tuple[float, float]:
@@ -337,6 +367,11 @@ def fit_alpha_schedule(
     error, alpha_inf = _schedule_residual(s, a, log_tau)
     total = float(((a - a.mean()) ** 2).sum())
     r_squared = 1.0 - error / total if total > 0 else 1.0
+    try:
+        per_doubling(alpha_inf)
+    except ValueError as error:
+        raise ValueError(f"steps {shown(s)} and alphas {shown(a)}: the fitted α∞ has no per doubling "
+                         f"({error})") from None
     resampled = _bootstrap_schedules(s, a, log_taus, resamples, seed)  # [k, 2]
     bounds = np.full((2, 2), math.nan)  # [low/high, α∞/τ]
     if len(resampled):
@@ -494,8 +529,8 @@ def gap_noise(losses_short: Sequence[float], losses_long: Sequence[float], windo
     step's noise being `step_noise` (steps taken as independent)."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window={window!r}: expected a positive number of steps")
-    variance = step_noise(losses_short) ** 2 + step_noise(losses_long) ** 2
-    return NOISE_SIGMAS * math.sqrt(variance / window)
+    # hypot, not the squares' sum: a step noise above 1e154 (garbage metrics) squared raised OverflowError.
+    return NOISE_SIGMAS * math.hypot(step_noise(losses_short), step_noise(losses_long)) / math.sqrt(window)
 
 
 @dataclass(frozen=True)

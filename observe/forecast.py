@@ -37,6 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rcswarm.observe.fits import CONFIDENCE
+from rcswarm.protos.wire import MAX_VAL_LOSS
 
 MIN_ROUNDS = 6  # usable rounds before any forecast
 # The first round (x = 1: the steps trained from the random initialization) is left out: its loss falls from the
@@ -44,7 +45,10 @@ MIN_ROUNDS = 6  # usable rounds before any forecast
 # short curves towards an early floor (docs/RESULTS.md: median error 0.089 with it, 0.069 without, at 30 %).
 FIRST_ROUND = 2
 MAX_EXTRAPOLATION = 10.0  # the horizon may lie at most this many times beyond the last round fitted
-MAX_LOSS = 1e4  # a loss above this is a garbage metric, not a point of the curve
+# A loss above this is a garbage metric, not a point of the curve: one bound, the wire's (protos/wire.py), for the
+# held-out losses a worker sends and the coordinator takes, the training losses it takes (coordinator/intake.py) and
+# the step means a fit reads (observe/analysis.py).
+MAX_LOSS = MAX_VAL_LOSS
 RESAMPLES = 300
 # Round x's weight in the fit, (x / last x)^WEIGHT_POWER: the rounds nearest the horizon count most (the law describes
 # where the curve goes; its start bends differently). docs/RESULTS.md: median error 0.069 → 0.056 at 30 %.

@@ -23,6 +23,7 @@ CREATE TABLE IF NOT EXISTS metrics (
     bytes_sent INTEGER, bytes_received INTEGER, param_sha256 TEXT, received_at REAL
 );
 CREATE INDEX IF NOT EXISTS metrics_by_version ON metrics (version);
+CREATE INDEX IF NOT EXISTS metrics_by_worker_step ON metrics (worker_id, version, step);
 CREATE TABLE IF NOT EXISTS checkpoints (
     version INTEGER PRIMARY KEY, file TEXT NOT NULL, param_sha256 TEXT NOT NULL, committed_at REAL, rest_blake3 TEXT
 );
@@ -188,6 +189,17 @@ SELECT version + 1, checkpoint, param_sha256, closed_at FROM rounds WHERE checkp
 METRIC_COLUMNS = (
     "run_id", "worker_id", "version", "step", "seq_len", "batch", "loss", "tokens", "wall_time",
     "compute_seconds", "sync_seconds", "bytes_sent", "bytes_received", "param_sha256", "received_at",
+)
+
+# One metric row (METRIC_COLUMNS, then its tokens, worker_id, version and step again), unless it is a trained step's
+# (tokens > 0) whose (worker, version, step) a stored trained step's row already has: a worker's step is trained once
+# (its step counter only grows), so such a row is a report sent again (a retry after its answer was lost, or on
+# purpose) and, stored, counted that worker's loss twice in its step's mean and its tokens twice in the totals.
+# `StateStore.add_new_metrics` (a coordinator's ReportMetrics) inserts with it; `metrics_by_worker_step` (SCHEMA;
+# built at a state dir's next open for writing) finds the earlier row.
+INSERT_METRIC = (
+    f"INSERT INTO metrics SELECT {', '.join('?' * len(METRIC_COLUMNS))} WHERE ? <= 0 OR NOT EXISTS "
+    "(SELECT 1 FROM metrics WHERE worker_id = ? AND version = ? AND step = ? AND tokens > 0)"
 )
 
 

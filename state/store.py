@@ -106,6 +106,7 @@ from rcswarm.state.schema import (
     HELD_OUT_COLUMNS_ADDED,
     HELD_OUT_REPORTS_FROM_FIRST,
     HELD_OUT_REPORTS_OF,
+    INSERT_METRIC,
     INT64_MAX,
     JOINED_DIGEST,
     LEDGER_COLUMNS_ADDED,
@@ -794,18 +795,37 @@ class StateStore:
 
     def add_metrics(self, rows: Iterable[tuple[Any, ...]], keep_rows: int = 0,
                     held_out: Iterable[tuple[Any, ...]] = ()) -> int:
-        """Insert metric rows (METRIC_COLUMNS each) and fold them into the aggregate tables, in one transaction;
-        with `keep_rows` > 0 the same transaction deletes the oldest rows beyond the newest `keep_rows` (the
+        """Insert metric rows (METRIC_COLUMNS each), every one of them, and fold them into the aggregate tables, in
+        one transaction (`_insert_metrics`); how many were stored."""
+        return sum(self._insert_metrics(rows, keep_rows, held_out, once_per_step=False))
+
+    def add_new_metrics(self, rows: Iterable[tuple[Any, ...]], keep_rows: int = 0,
+                        held_out: Iterable[tuple[Any, ...]] = ()) -> list[bool]:
+        """`add_metrics` for a coordinator's ReportMetrics, and whether each row was stored: a trained step's row
+        (tokens > 0) whose (worker, version, step) a stored row, or an earlier one of `rows`, already has is not
+        (`INSERT_METRIC`: a report sent again, whose loss would count twice in its step's mean)."""
+        return self._insert_metrics(rows, keep_rows, held_out, once_per_step=True)
+
+    def _insert_metrics(self, rows: Iterable[tuple[Any, ...]], keep_rows: int, held_out: Iterable[tuple[Any, ...]],
+                        once_per_step: bool) -> list[bool]:
+        """Insert metric rows (METRIC_COLUMNS each) and fold them into the aggregate tables, in one transaction, and
+        whether each row was stored (with `once_per_step`, a repeated trained step's is not: `add_new_metrics`); with
+        `keep_rows` > 0 the same transaction deletes the oldest rows beyond the newest `keep_rows` (the
         aggregates keep what they counted; SQLite reuses the freed pages, so the file stops growing). `held_out`:
         the held-out losses the rows carried (HELD_OUT_COLUMNS each), in the same one: each worker's first report of
         a version is kept, up to MAX_HELD_OUT_REPORTS of a version, and the version's row in `held_out` becomes their
         median (`records.held_out_median`)."""
         rows = list(rows)
         held_out = list(held_out)
+        key = [METRIC_COLUMNS.index(name) for name in ("tokens", "worker_id", "version", "step")]
         with self._writer() as db:
             db.execute("BEGIN IMMEDIATE")
             before = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM metrics").fetchone()[0]
-            db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
+            if once_per_step:
+                stored = [db.execute(INSERT_METRIC, (*row, *(row[i] for i in key))).rowcount > 0 for row in rows]
+            else:
+                db.executemany(f"INSERT INTO metrics VALUES ({', '.join('?' * len(METRIC_COLUMNS))})", rows)
+                stored = [True] * len(rows)
             reported = {report[0] for report in held_out
                         if db.execute(ADD_HELD_OUT_REPORT, (*report, report[0], MAX_HELD_OUT_REPORTS)).rowcount > 0}
             columns = (*HELD_OUT_COLUMNS, *HELD_OUT_COLUMNS_ADDED)
@@ -815,10 +835,11 @@ class StateStore:
                            f"({', '.join('?' * len(columns))})", dataclasses.astuple(median))
             for statement in AGGREGATES:
                 db.execute(statement, (before,))
-            if keep_rows > 0 and before + len(rows) > keep_rows:
-                db.execute("DELETE FROM metrics WHERE rowid <= ?", (before + len(rows) - keep_rows,))
+            newest = before + sum(stored)
+            if keep_rows > 0 and newest > keep_rows:
+                db.execute("DELETE FROM metrics WHERE rowid <= ?", (newest - keep_rows,))
             db.execute("COMMIT")
-        return len(rows)
+        return stored
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._read_lock, self._errors("cannot read it"):
