@@ -9,14 +9,18 @@ loopback (protos/transport.py). `classify` sorts each gRPC status into retry (th
 stalled, restarting, at capacity, or a stream broke), rejoin (it no longer knows this worker) or
 fatal (it refused the request, the join token or this worker's identity). Transient failures are
 retried with jittered exponential backoff until the stop event is set or the coordinator has not
-answered any call of this client for `RetryPolicy.max_elapsed_s`, the patience (but a peer that is not a
+answered any call of this client for `RetryPolicy.max_elapsed_s`, the patience (a stop set by then wins: Stopped, not
+RetriesExhausted; but a peer that is not a
 gRPC server, such as an HTTP server on that port, ends the call at once: `NotACoordinator`; so does TLS that does not
 match the coordinator's, `TLSMismatch`: a certificate --tls-ca does not verify, one that does not name the host, a
 TLS channel to a plaintext port, a plaintext channel to a port that answers a TLS handshake, or a TLS channel whose
 client certificate, or its absence, the coordinator refuses after the handshake): the silence counts
 from the first failure after its last answer (a reply, or a refusal), whichever thread made the
 call, so a long push retried while heartbeats are answered goes on, and calls that fail one after
-another share one patience instead of each starting its own. A refused payload (a pull that fails its
+another share one patience instead of each starting its own. A transfer (a push, a pull) in flight is watched
+(`CoordinatorClient._watched`): within TRANSFER_POLL_S of the stop event being set, or of that silence (the heartbeat's
+failures start it) reaching the patience, the call is cancelled and Stopped or RetriesExhausted raised, instead of
+the attempt running to its transfer deadline (300 s by default) first. A refused payload (a pull that fails its
 checks) is an answer, so it cannot count as silence: a pull gives up after
 `RetryPolicy.max_refused_payloads` refused payloads in a row instead, however often other calls are
 answered meanwhile. A join refused because every place is taken (RESOURCE_EXHAUSTED with the coordinator's
@@ -29,6 +33,7 @@ the parameter names and shapes the caller expects before any buffer is allocated
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import random
@@ -112,6 +117,17 @@ MAX_PLACE_RETRY_S = 60.0
 MIN_PLACE_RETRY_S = 0.5
 # A worker waiting for a place says so again once this long has passed since it last said so.
 PLACE_REMINDER_S = 60.0
+# How often a transfer in flight looks at the stop event and the patience (`CoordinatorClient._watched`).
+TRANSFER_POLL_S = 0.2
+
+
+def wait_until(done: threading.Event, poll_s: float, give_up: Callable[[], bool]) -> bool:
+    """Wait for `done`, asking `give_up()` every `poll_s` seconds meanwhile: False once `done` is set, True as soon as
+    `give_up()` is (a transfer's watch, `CoordinatorClient._watched`, and an overlapped round's `Exchange.wait`)."""
+    while not done.wait(poll_s):
+        if give_up():
+            return True
+    return False
 
 
 def _trailer(err: grpc.RpcError, key: str) -> str | None:
@@ -484,6 +500,50 @@ class CoordinatorClient:
         with self._silence_lock:
             self._silent_since = None
 
+    def _silent_for(self) -> float:
+        """Seconds since the first failure after the coordinator's last answer, 0 while it answers; starts no clock
+        (takes `_silence_lock`)."""
+        with self._silence_lock:
+            return 0.0 if self._silent_since is None else time.monotonic() - self._silent_since
+
+    @contextlib.contextmanager
+    def _watched(self, what: str, call: grpc.Future) -> Iterator[None]:
+        """Run the body, which waits on the transfer `call` (a push's future, a pull's response stream), while a
+        watcher thread cancels `call` once the stop event is set or the coordinator has been silent for the
+        patience (`_silent_for`: the failures of other calls, the heartbeat's, start that clock; an answer to any
+        call resets it, so a long transfer goes on while heartbeats are answered). The body's failure is then raised
+        as Stopped (a stop wins) or RetriesExhausted. Before, the attempt ran to its transfer deadline: a SIGTERMed
+        worker pushing to a stalled coordinator left after 318 s, and `--patience-s 10` gave up after 322 s. A body
+        that ends before the cancel takes hold keeps its outcome (a push answered is delivered)."""
+        ended = threading.Event()
+        why: list[RuntimeError] = []
+
+        def give_up() -> bool:
+            silent = self._silent_for()
+            if self.stop.is_set():
+                why.append(Stopped(f"{what}: stopped with the transfer in flight (cancelled)"))
+            elif silent >= self.retry.max_elapsed_s:
+                why.append(RetriesExhausted(
+                    f"{what}: gave up after {silent:.1f}s without an answer from the coordinator (patience "
+                    f"{self.retry.max_elapsed_s:g}s), the transfer in flight cancelled"))
+            return bool(why)
+
+        def watch() -> None:
+            if wait_until(ended, TRANSFER_POLL_S, give_up):
+                call.cancel()
+
+        watcher = threading.Thread(target=watch, name=f"{what}-watch", daemon=True)
+        watcher.start()
+        try:
+            yield
+        except (grpc.RpcError, grpc.FutureCancelledError) as err:
+            if why:
+                raise why[0] from err
+            raise
+        finally:
+            ended.set()
+            watcher.join()
+
     def _silence(self) -> float:
         """Seconds since the first failure after the coordinator's last answer, starting that clock now if
         this is that failure (takes `_silence_lock`)."""
@@ -556,9 +616,12 @@ class CoordinatorClient:
     def _pause(self, what: str, problem: str, delay: float, cause: Exception) -> None:
         """Wait `delay` (at most what is left of the patience) before the next attempt.
 
-        Raises RetriesExhausted once the coordinator has not answered for the patience and Stopped when
-        the stop event is set.
+        Raises Stopped when the stop event is set (before, or while waiting; a stop wins over a spent patience, so
+        that a stopped worker leaves with exit status 0) and RetriesExhausted once the coordinator has not answered
+        for the patience.
         """
+        if self.stop.is_set():
+            raise Stopped(what) from cause
         elapsed = self._silence()
         left = self.retry.max_elapsed_s - elapsed
         if left <= 0:
@@ -642,7 +705,8 @@ class CoordinatorClient:
                 request.have_version = held[0][0]
             responses = self.stub.PullParameters(request, timeout=self.timeouts.transfer_s, metadata=self.metadata)
             try:
-                header, tensors, received = receive_pull(responses, run_id, expected, wire_format)
+                with self._watched("PullParameters", responses):
+                    header, tensors, received = receive_pull(responses, run_id, expected, wire_format)
                 if header.HasField("delta_from_version"):
                     tensors = apply_delta(header, tensors, held[0])
             except tensor_stream.PayloadError as exc:
@@ -658,14 +722,17 @@ class CoordinatorClient:
 
     def push(self, meta: pb.UpdateMeta, header: pb.TensorHeader, chunks: list[pb.TensorChunk]) -> pb.PushUpdateResponse:
         """Send one update (meta, with the worker's id and secret, header, chunks); the same messages are sent
-        again on a retry."""
+        again on a retry. An attempt in flight is cancelled by a stop or a spent patience (`_watched`): whether it
+        landed is then unknown, as for a kill (the caller's residual file holds for either, `Worker._push_deltas`)."""
         messages = [pb.PushUpdateRequest(meta=meta), pb.PushUpdateRequest(header=header)]
         messages += [pb.PushUpdateRequest(chunk=chunk) for chunk in chunks]
         size = sum(m.ByteSize() for m in messages)
         metadata = (*self.metadata, (WORKER_ID_METADATA, meta.worker_id), (WORKER_SECRET_METADATA, meta.worker_secret))
 
         def attempt() -> pb.PushUpdateResponse:
-            response = self.stub.PushUpdate(iter(messages), timeout=self.timeouts.transfer_s, metadata=metadata)
+            call = self.stub.PushUpdate.future(iter(messages), timeout=self.timeouts.transfer_s, metadata=metadata)
+            with self._watched("PushUpdate", call):
+                response = call.result()
             self.bytes_sent += size
             return response
 

@@ -27,7 +27,8 @@ coordinator does not take this worker's secret for its id), a refused request, a
 worker cannot build or whose model is above its limit (`--max-params`, worker/limits.py: counted before
 anything is allocated), a git dataset outside its `--data-root` (worker/data_root.py), spent patience, a run of refused payloads or of diverged rounds end the worker, with one ERROR line saying why and exit status 1;
 a finished run exits 0. A stop (SIGTERM or SIGINT in `rcswarm worker`) finishes the current step, sends
-Leave and exits 0. What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
+Leave and exits 0; a push or pull in flight is cancelled within 0.2 s of it, as it is once the coordinator stayed
+silent for the patience (`CoordinatorClient._watched`; before, the attempt ran to `--transfer-timeout-s`). What a round trains is the `RoundTrainer`'s (train/round.py); this loop is the wire.
 How the loop ended is typed (`Worker.end`, an `End`), so that whoever starts the worker again (the Ray actor,
 worker/ray_worker.py) decides from the kind, not from the words of `exit_reason`.
 
@@ -90,6 +91,7 @@ from rcswarm.train.round import (
     resolve_device,
 )
 from rcswarm.worker.client import (
+    TRANSFER_POLL_S,
     Action,
     CoordinatorClient,
     Identity,
@@ -99,6 +101,7 @@ from rcswarm.worker.client import (
     Timeouts,
     classify,
     moved,
+    wait_until,
 )
 from rcswarm.worker.data_root import dataset_problem
 from rcswarm.worker.limits import ModelLimit
@@ -281,15 +284,14 @@ class Exchange:
         finally:
             self.done.set()
 
-    def wait(self, stop: threading.Event | None = None, poll_s: float = 0.2):
+    def wait(self, stop: threading.Event | None = None, poll_s: float = TRANSFER_POLL_S):
         """The work's result once it ended (the client bounds it: deadlines, retries within the patience, stop), or
-        Stopped within `poll_s` of `stop` being set while it still runs: the client sees a stop only between
-        attempts, so a push or pull that hangs held a stopping worker for up to its transfer deadline (300 s). The
-        work goes on on its thread; the caller keeps it as the round in flight, which `Worker._leave` waits for
-        (bounded) and ends by closing the channel, as for a stop that comes while the training thread trains."""
-        while not self.done.wait(poll_s):
-            if stop is not None and stop.is_set():
-                raise Stopped(f"{self.thread.name}: stopped while the round was on the wire")
+        Stopped within `poll_s` of `stop` being set while it still runs (`wait_until`, as the client's watch of a
+        transfer in flight): a unary call of the work (a long poll) still runs to its deadline. The work goes on on
+        its thread; the caller keeps it as the round in flight, which `Worker._leave` waits for (bounded) and ends by
+        closing the channel, as for a stop that comes while the training thread trains."""
+        if wait_until(self.done, poll_s, lambda: stop is not None and stop.is_set()):
+            raise Stopped(f"{self.thread.name}: stopped while the round was on the wire")
         if self._error is not None:
             raise self._error
         return self._result
@@ -482,7 +484,9 @@ class Worker:
         except Stopped:
             pass
         except RetriesExhausted as exc:
-            return self._exit(End.GAVE_UP, f"{self.name} gives up: {exc}")
+            if not self.stop.is_set():
+                return self._exit(End.GAVE_UP, f"{self.name} gives up: {exc}")
+            log.info("%s: stopped while retrying (%s)", self.name, exc)  # a stop wins over a spent patience
         except SpecRefused as exc:
             return self._exit(End.REFUSED, f"{self.name} cannot train this run: {exc}")
         except SpillSpaceError as exc:
@@ -1122,7 +1126,8 @@ class Worker:
         kill, or a full disk, in that window), and a residual that a landed update carried must never be resumed.
         So at every moment the file holds (a) the residual after the last update that may have landed, or (b) after
         a refusal the residual put back, no update of which landed. A process that ends with the push unanswered
-        (killed, its patience spent, stopped) leaves (a): if that push did land, the restart resumes exactly what
+        (killed, its patience spent, stopped: the client cancels a push in flight then, which may have landed or
+        not) leaves (a): if that push did land, the restart resumes exactly what
         is left to send; if it did not, the restart lacks what the push carried of the earlier residual (its own Δ
         is lost with the round either way), which the resume line and docs/RELIABILITY.md state. A save that fails
         removes the file (a restart then starts from zero, logged), never leaving an older residual behind."""

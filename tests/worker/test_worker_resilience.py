@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import tracemalloc
+import types
 from concurrent import futures
 from typing import Iterator
 
@@ -324,7 +325,7 @@ class LandedThenEvicted(Worker):
             self.meanwhile()
             raise _AnswerLost()
 
-        self.client.stub.PushUpdate = once
+        self.client.stub.PushUpdate = types.SimpleNamespace(future=once)  # the client pushes with `.future`
 
 
 @pytest.mark.parametrize("round_closes", [False, True], ids=["round-open", "round-closed"])
