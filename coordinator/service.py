@@ -16,6 +16,13 @@ neither act for nor evict another. Memberships live in memory only: after a rest
 gets NOT_FOUND and joins again with a new secret. A join's transaction stores the secret's SHA-256 too
 (`StateStore.record_join`, `joined_digest`), never the secret.
 
+Join numbers. Each join is numbered from the run's count of joins: its data seed (`JoinResponse.data_seed`, which a
+worker's sampler follows) and the N of its id (`<prefix>w<N>-<hex>`). The join's transaction stores the count
+(`StateStore.JOINS_KEY`) and a restart resumes from it (`StateStore.joins`; an older state dir from the joins it
+recorded), so no join after a restart gets the seed of an earlier membership and replays its windows (before, every
+process counted from 0: a restarted swarm retrained the same windows in the same order). A join undone before its
+answer left (`_unadmit`) gives its number to the next join: no worker ever held it.
+
 Re-joins. A join may name an ended membership (`previous_worker_id`: after an eviction, a lost answer, a restart, a
 sweep's move) and takes over what that membership had (below) only when it carries that membership's own worker
 secret (`previous_worker_secret`), checked in one place (`_claimed`, `records.claimed_membership`) against the digest
@@ -104,7 +111,7 @@ from rcswarm.observe.summary import run_summary
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import MAX_REFUSALS, REFUSED_LEAVE, printable
 from rcswarm.state.errors import StoreError
-from rcswarm.state.store import StateStore
+from rcswarm.state.store import JOINS_KEY, StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import tensor_stream
 
@@ -382,7 +389,10 @@ class SwarmCoordinator:
         self.workers: dict[str, WorkerRecord] = {}
         self._active: dict[str, WorkerRecord] = {}
         self._ended: dict[str, WorkerRecord] = {}
-        self._joins = 0
+        # The run's count of joins, the number of its newest (each join's data seed and the N of its id `w<N>-…` is
+        # the count + 1), counted on from the one stored with the last join (`StateStore.joins`; under `_lock`): a
+        # restart hands out no data seed an earlier membership had, so no new worker replays another's windows.
+        self._joins = store.joins(worker_prefix)
         # (round version, update owner -> the membership holding its place): a re-join that took over the place of an
         # ended membership holding one in that round (`_place_holders`); reset when the round changes.
         self._place_of: tuple[int, dict[str, str]] = (-1, {})
@@ -648,14 +658,16 @@ class SwarmCoordinator:
 
     def _store_join(self, pending: PendingJoin) -> tuple[int, int] | None:
         """Step 2 of `join` (`_join_lock` held, `_lock` not): store the join's rows in one transaction
-        (`StateStore.record_join`) and return the update the named membership landed (`_landed`). A join that moved a
+        (`StateStore.record_join`), with the run's count of joins (`JOINS_KEY`: its number, which a restart resumes
+        from), and return the update the named membership landed (`_landed`). A join that moved a
         curriculum entry first writes the rows posted before it (`flush`): a save posted before step 1, without
         the moved entry, written after the join's would lose it (saves posted since hold it)."""
         if pending.moved:
             self.flush()
         landed = self._landed(pending.previous, pending.previous_active)
+        run_state = {**pending.moved, JOINS_KEY: str(pending.response.data_seed)}
         self.store.record_join(pending.worker.worker_id, pending.events, pending.now, reported=landed,
-                               run_state=pending.moved, secret_sha256=pending.worker.secret_sha256)
+                               run_state=run_state, secret_sha256=pending.worker.secret_sha256)
         return landed
 
     def _unadmit(self, pending: PendingJoin, stored: bool = False) -> None:
@@ -667,7 +679,9 @@ class SwarmCoordinator:
         had changed. `stored`: the join's transaction was written (`record_join`): the entry it moved is saved back,
         a "leave" event ends the membership in the events, and its secret's digest and any landed round it was
         entered among stay, naming an id no worker holds (a restart seats no membership from the store: a worker
-        joins again). The membership was never in `workers`: no count, place or expected report of it."""
+        joins again). The membership was never in `workers`: no count, place or expected report of it. Its number (data
+        seed) is the next join's too: its answer never left, so no worker trains with that seed or holds that id (a
+        restart after its stored count numbers on above it, as after any other join)."""
         if pending.places_before is not None and self._place_of[0] == pending.round_version == self.round.version:
             self._place_of = (pending.round_version, pending.places_before)
         if stored:

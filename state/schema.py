@@ -78,6 +78,22 @@ REPORTED = "SELECT version, base_version FROM round_reporters WHERE worker_id = 
 # re-join naming one takes nothing over). The newest rows are kept (state/store.py MAX_MEMBER_SECRET_ROWS).
 JOINED_DIGEST = "SELECT secret_sha256 FROM member_secrets WHERE worker_id = ?"
 
+# The joins a state dir recorded, for one written before the stored count of joins (state/store.py `JOINS_KEY`,
+# `StateStore.joins`): each join's "join" event and `member_secrets` row name its membership `<head><N>-<hex>` (head:
+# the run's worker prefix and "w"), N its number and data seed. An older rcswarm numbered every life from 1 again,
+# so the joins of its lives hold 1..n of each; pruning (MAX_EVENT_ROWS, MAX_MEMBER_SECRET_ROWS) drops the oldest
+# rows. The larger of the rows' count and the largest N they name is at least every number handed out, as far as
+# the rows that are left tell. Parameters: :head, :length (of head), :start (length + 1). A full scan of the two
+# tables, made once a start of such a state dir (the first join stores the count).
+JOINS_RECORDED = """
+SELECT MAX(
+    (SELECT COUNT(*) FROM events WHERE kind = 'join'), (SELECT COUNT(*) FROM member_secrets),
+    COALESCE((SELECT MAX(CAST(substr(worker_id, :start, instr(substr(worker_id, :start), '-') - 1) AS INTEGER))
+              FROM (SELECT worker_id FROM events WHERE kind = 'join' UNION ALL SELECT worker_id FROM member_secrets)
+              WHERE substr(worker_id, 1, :length) = :head), 0)
+)
+"""
+
 # PRAGMA user_version of a state dir whose aggregate tables and ledger are complete; an older
 # one is brought up to date when a coordinator opens it for writing.
 AGGREGATES_VERSION = 1

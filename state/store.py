@@ -42,6 +42,10 @@ event of kind `renumber`): the run goes on at that number, so no version names t
 aside θ is never taken as on time (the coordinator refuses it, `UpdateIntake.check_meta`), and nothing keyed by
 version mixes the two. A crash between the two steps renumbers at the next start (the ranges are kept).
 
+A join number (a membership's data seed and the N of its id `<prefix>w<N>-…`) is never handed out twice in a run
+either: each join's transaction stores the run's count of joins (`JOINS_KEY`, in `run_state`), which a restarted
+coordinator resumes from (`joins`); a state dir of an older rcswarm, without it, resumes from the joins it recorded.
+
 The metrics table is bounded: `add_metrics(rows, keep_rows)` deletes the oldest rows beyond the newest
 `keep_rows` (`coordinator.max_metric_rows`) in the transaction that inserts. Row ids only grow, so
 "the newest" is a rowid range and the delete touches only the rows it removes.
@@ -109,6 +113,7 @@ from rcswarm.state.schema import (
     INSERT_METRIC,
     INT64_MAX,
     JOINED_DIGEST,
+    JOINS_RECORDED,
     LEDGER_COLUMNS_ADDED,
     LEDGER_FROM_ROUNDS,
     METRIC_COLUMNS,
@@ -138,6 +143,11 @@ from rcswarm.sync import tensor_stream
 from rcswarm.sync.files import fsync_dir
 
 log = logging.getLogger("rcswarm.state.store")
+
+# The run_state key of the run's count of joins, a decimal integer: the number (data seed) of its newest join, written
+# in that join's transaction (`record_join`'s `run_state`, coordinator/service.py `_store_join`), read at a start
+# (`joins`), so that a restarted coordinator numbers on where the last one stopped.
+JOINS_KEY = "joins"
 
 # The run_state key of the versions a fallback set aside (JSON, [[first, last], ...] in the order they were): versions
 # committed and served once, whose θ no longer exists in this run; never numbered again (`load_current`).
@@ -187,7 +197,7 @@ def _set_aside(metadata: Mapping[str, Any], run_id: str, rejected: Sequence[tupl
 class StateStore:
     """One run's state dir: state.sqlite plus checkpoints/v<version>.safetensors.
 
-    Threads and locks. `_lock` guards the writer connection: `get`, `set_many`,
+    Threads and locks. `_lock` guards the writer connection: `get`, `joins`, `set_many`,
     `commit_version` (its SQLite transaction; the file is written before the lock is taken),
     `row_counts`, `committed_digest`, `reported`, `load_current` (but for its read of the ledger), `add_event`,
     `record_join`, `add_metrics`, `add_forecast` and `close` take it. `_read_lock` guards the read-only connection that every named read uses
@@ -455,6 +465,23 @@ class StateStore:
         with self._writer("cannot read it") as db:
             row = db.execute("SELECT value FROM run_state WHERE key = ?", (key,)).fetchone()
         return None if row is None else row[0]
+
+    def joins(self, worker_prefix: str = "") -> int:
+        """The run's count of joins: the largest join number handed out so far, which the next join's exceeds (takes
+        `_lock`; a coordinator's start). `JOINS_KEY` when stored; else (a state dir of an older rcswarm, or a new run)
+        what the joins recorded say (`JOINS_RECORDED`: the join rows' count or the largest number their ids of
+        `worker_prefix` name, whichever is larger; 0 for none). A stored value that is not a count is logged (WARNING)
+        and read as absent."""
+        head = f"{worker_prefix}w"
+        with self._writer("cannot read it") as db:
+            row = db.execute("SELECT value FROM run_state WHERE key = ?", (JOINS_KEY,)).fetchone()
+            if row is not None and str(row[0]).isascii() and str(row[0]).isdigit():
+                return int(row[0])
+            recorded = db.execute(JOINS_RECORDED, {"head": head, "length": len(head), "start": len(head) + 1}).fetchone()
+        if row is not None:
+            log.warning("%s: run_state %s = %r is not a count of joins: resuming from the joins recorded (%d)",
+                        self.db_path, JOINS_KEY, row[0], int(recorded[0] or 0))
+        return max(int(recorded[0] or 0), 0)
 
     def row_counts(self, *tables: str) -> dict[str, int]:
         """The number of rows in each of `tables` (of ROW_COUNTED_TABLES), through the writer connection; ValueError
