@@ -80,6 +80,7 @@ from rcswarm.train.inner import data_problem
 from rcswarm.train.round import HELD_OUT_SEED, RoundTrainer
 from rcswarm.worker import CoordinatorClient, RetriesExhausted, RetryPolicy
 from rcswarm.worker.data_root import data_root_args
+from rcswarm.worker.limits import DEFAULT_MAX_STEP_TOKENS, ModelLimit
 
 T = TypeVar("T")
 
@@ -790,15 +791,38 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
         given = "--workers" if args.workers is not None else "run.workers"
         raise ValueError(f"{given} = {run.workers}: {run.workers // runs} workers per run is more than "
                          f"coordinator.max_workers = {most} admits; expected at most {most * runs} workers")
+    given = "--workers" if args.workers is not None else "run.workers"
+    if spec.is_sweep and run.minutes > 0 and run.workers < runs:
+        raise ValueError(f"{given} = {run.workers}: fewer workers than the sweep's {runs} lengths under a wall-time "
+                         f"budget ({run.minutes:g} minutes) leaves some lengths untrained when it ends; expected at "
+                         f"least {runs} workers")
+    if spec.sync.min_reports > max(run.workers // runs, 1):
+        raise ValueError(f"sync.min_reports = {spec.sync.min_reports}: more than the {run.workers // runs} workers "
+                         f"each run has ({given} = {run.workers} over {runs} runs): every round would wait "
+                         f"sync.round_deadline_s = {spec.sync.round_deadline_s:g} s for reports that never come; "
+                         f"expected at most {max(run.workers // runs, 1)}")
     sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers // runs))
     if run.rounds == 0:
         raise ValueError("run.rounds = 0 (until stopped) is for `rcswarm coordinator`; `rcswarm run` needs a number of rounds")
-    problem = data_problem(spec, open_dataset=True) or model_problem(spec, ParameterLimit.of(args.max_params))
-    if problem:  # its coordinator would refuse the model: said before the run dir is made
+    problem = (data_problem(spec, open_dataset=True) or model_problem(spec, ParameterLimit.of(args.max_params))
+               or step_problem(spec))
+    if problem:  # its coordinator would refuse the model, or its workers a window: said before the run dir is made
         raise ValueError(problem)
     if spec.curriculum.adaptive:
         law_of(spec.curriculum)  # a law_from fit that cannot decide: refused before the run dir is made
     return dataclasses.replace(spec, run=run, sync=sync)
+
+
+def step_problem(spec: RunSpec) -> str:
+    """Why the workers `rcswarm run` starts (each with the default step limit, DEFAULT_MAX_STEP_TOKENS) would refuse
+    a window of `spec`, any of its runs' ("" when none would): a worker refuses one beyond it at its start or when
+    assigned, and the launcher's final held-out evaluation would run it in its own process."""
+    limit = ModelLimit(0, "rcswarm run's workers", DEFAULT_MAX_STEP_TOKENS)
+    for run_spec in spec.sweep_runs():
+        problem = limit.windows_problem(run_spec, assigned=True)
+        if problem:
+            return f"{problem}: every worker `rcswarm run` starts has the default limit"
+    return ""
 
 
 def budget_minutes(args: argparse.Namespace) -> float | None:

@@ -74,19 +74,27 @@ class ModelLimit:
         return (f"{what}: batch {batch:,} × seq_len {seq_len:,} = {seq_len * batch:,} positions a step, more than "
                 f"this worker's limit of {self.max_step_tokens:,} (--max-step-tokens)")
 
-    def problem(self, spec: RunSpec) -> str:
-        """Why this worker does not build the spec's model ("" when it may); ValueError for a model config that
-        does not build at all (an unknown name, preset or field)."""
+    def windows_problem(self, spec: RunSpec, assigned: bool = False) -> str:
+        """Why this worker does not train or evaluate a window of `spec`, one run's ("" when it may): the windows
+        every worker of the run trains in turn (data.seq_len, or each schedule row) and the held-out windows; with
+        `assigned`, also the lengths a coordinator assigns per worker (curriculum.worker_seq_lens, the adaptive
+        ladder), which a worker checks when it is assigned one (`rcswarm run` checks them for its workers)."""
         data, run = spec.data, spec.run
-        # The windows every worker of the run trains in turn (data.seq_len, or each schedule row); a length assigned
-        # per worker (curriculum.worker_seq_lens, the adaptive ladder) is checked when it is assigned.
         windows = [(seq_len, batch, f"the run spec's {key} = {seq_len}") for key, seq_len, batch in spec.training_windows()
-                   if key in ("data.seq_len", "curriculum.schedule")]
+                   if assigned or key in ("data.seq_len", "curriculum.schedule")]
         windows.append((run.eval_seq_len or data.seq_len, data.batch_size, "the run spec's held-out windows"))
         for seq_len, batch, what in windows:
             window = self.window_problem(seq_len, batch, what)
             if window:
                 return window
+        return ""
+
+    def problem(self, spec: RunSpec) -> str:
+        """Why this worker does not build the spec's model or train its windows ("" when it may); ValueError for a
+        model config that does not build at all (an unknown name, preset or field)."""
+        window = self.windows_problem(spec)
+        if window:
+            return window
         model = spec.model
         # Stopped far past the limit: counting n_layers = 100000 in full took 70 s and 2.7 GiB (models/limits.py).
         count = bounded_parameter_count(model.name, model.preset, model.overrides, self.max_params)
