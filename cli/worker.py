@@ -15,25 +15,32 @@ finished or the worker was stopped, 1 when it had to give up (one ERROR line say
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rcswarm.cli.client_flags import add_client_flags, client_options, client_token
 from rcswarm.cli.signals import StopSignal
 from rcswarm.cli.usage import empty_path_problem, path_arg, usage_error
 from rcswarm.config.runspec import RunSpec
-from rcswarm.state.lock import StateDirBusy, StateDirLock
+from rcswarm.state.lock import LOCK_NAME, StateDirBusy, StateDirLock, holder_text
 from rcswarm.worker.data_root import data_root_problem
 from rcswarm.worker.log_lines import log_to_stderr
-from rcswarm.worker.options import WorkerOptions, seconds_problem, threads_problem
+from rcswarm.worker.options import WorkerOptions, seconds_problem, threads_problem, transfer_timeout_problem
 from rcswarm.worker.startup import process_started
+
+if TYPE_CHECKING:
+    from rcswarm.protos.transport import ClientTLS
 
 PROG = "rcswarm worker"
 # The membership file a worker keeps in its --state-dir when no --membership-file is given.
 MEMBERSHIP_NAME = "membership.json"
+# The lock a worker holds on its membership file for its life is a file beside it, named by it and this.
+MEMBERSHIP_LOCK_SUFFIX = ".lock"
 log = logging.getLogger("rcswarm.worker")
 # `python -m MODULE worker ...` runs the `rcswarm` command too.
 COMMAND_MODULES = ("rcswarm.cli", "rcswarm.cli.main")
@@ -128,18 +135,15 @@ COORDINATOR_ONLY_FLAGS = ("--transfer-timeout-s", "--membership-file", "--state-
 
 
 def dial_problem(target: str | None) -> str | None:
-    """Why `--coordinator TARGET`, right but for its port, names no port a worker can dial: one outside 1..65535 (port
-    0 is a server's "any free port", on which nobody listens: the worker retried "Connection refused" until its
-    patience ran out); None otherwise (the rest of the target is checked where the client options are made,
-    `ClientOptions`)."""
+    """Why `--coordinator TARGET` is no address a worker can dial (`target_problem`, dialled): a URL, a host that is
+    not a host name or an IP address ("a b", retried UNAVAILABLE for the whole patience), or a port outside 1..65535
+    (port 0 is a server's "any free port", on which nobody listens: the worker retried "Connection refused" until its
+    patience ran out); None otherwise, and for no target."""
     if target is None:
         return None
-    from rcswarm.protos.transport import target_port, target_problem  # grpc, only once a coordinator is named
+    from rcswarm.protos.transport import target_problem  # grpc, only once a coordinator is named
 
-    port = target_port(target)
-    if port is None or 1 <= port <= 65535 or target_problem(f"{target.rsplit(':', 1)[0]}:1") is not None:
-        return None
-    return f"--coordinator {target!r}: port {port}: expected HOST:PORT with a port in 1..65535 (0 cannot be dialled)"
+    return target_problem(target, dialled=True)
 
 
 class FlagGiven(argparse.Action):
@@ -161,6 +165,68 @@ def unused_coordinator_flags(args: argparse.Namespace) -> str | None:
     if args.backend != "hivemind" or not given:
         return None
     return f"{', '.join(given)}: only with the coordinator backend, not with --backend hivemind"
+
+
+def lock_os_problem(flag: str, path: Path, lock_file: Path, exc: OSError) -> str:
+    """`FLAG PATH: why` for an OSError of taking the lock of `path` in `lock_file` (as cli/coordinator.py's
+    `_os_error_problem` names its flags): the directory not made (a read-only filesystem, /proc, a file in the way) or
+    the lock file not opened or written (a full disk). Before, the bare error named no flag: "rcswarm worker: [Errno
+    30] Read-only file system: '.../x'"."""
+    if exc.filename is None:  # StateDirLock could not write the holder into the lock file it opened
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        return f"{flag} {path}: cannot write its lock file {lock_file} ({reason})"
+    where = Path(os.fsdecode(exc.filename))
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, FileExistsError) and not where.is_dir():  # a file where its directory would be made
+        reason = os.strerror(errno.ENOTDIR)
+    return f"{flag} {path}: {reason}" if where == path else f"{flag} {path}: {reason}: {str(where)!r}"
+
+
+def hold_lock(flag: str, path: Path, lock_file: Path, subject: str | None) -> StateDirLock:
+    """The lock of `path` (given by `flag`) in `lock_file`, held by this worker (role "worker"; its directory created
+    if missing); ValueError naming the flag when another process holds it (`subject` "is in use by another worker
+    (pid N on HOST)"; None: `StateDirBusy`'s own words, "state dir DIR is in use ...") or it cannot be taken
+    (`lock_os_problem`)."""
+    try:
+        return StateDirLock.acquire(lock_file.parent, role="worker", name=lock_file.name)
+    except StateDirBusy as exc:
+        if subject is None:
+            raise ValueError(str(exc)) from None
+        raise ValueError(f"{subject} is in use by another worker ({holder_text(lock_file)}); stop it first, or give "
+                         f"this one another {flag}") from None
+    except OSError as exc:
+        raise ValueError(lock_os_problem(flag, path, lock_file, exc)) from None
+
+
+def hold_locks(state_dir: Path | None, membership_file: Path | None, given: bool) -> list[StateDirLock]:
+    """The locks a worker holds for its life (the kernel drops them however the process ends), taken before it ends a
+    previous membership: its --state-dir's (`StateDirLock`'s file in it), and its membership file's, in a file beside it
+    (`<file>.lock`), `given` by --membership-file or the state dir's own. Without them a second worker on either ended
+    this one's membership at its start (Leave "restarted"; this one joined again), this one removed the file recording
+    the second's membership when it stopped, and on a state dir the second overwrote its residual. The state dir's
+    membership file is locked too: a worker given it by --membership-file alone takes only that file's lock.
+    ValueError naming the flag (`hold_lock`); nothing is left held then."""
+    locks: list[StateDirLock] = []
+    try:
+        if state_dir is not None:
+            locks.append(hold_lock("--state-dir", state_dir, state_dir / LOCK_NAME, None))
+        if membership_file is not None:
+            lock_file = membership_file.with_name(membership_file.name + MEMBERSHIP_LOCK_SUFFIX)
+            if given or state_dir is None:
+                flag, path, subject = "--membership-file", membership_file, f"--membership-file {membership_file}"
+            else:
+                flag, path, subject = "--state-dir", state_dir, f"--state-dir {state_dir}: its {membership_file}"
+            locks.append(hold_lock(flag, path, lock_file, subject))
+    except BaseException:
+        release_locks(locks)
+        raise
+    return locks
+
+
+def release_locks(locks: list[StateDirLock]) -> None:
+    """Give `locks` up, the last taken first."""
+    for lock in reversed(locks):
+        lock.release()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -190,8 +256,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--membership-file", type=path_arg, default=None, metavar="PATH",
                         help="keep this worker's membership (its id and secret, mode 0600) here, so that the process "
                              "started after this one was killed ends it at once and trains sooner (give it a private "
-                             f"directory; default: {MEMBERSHIP_NAME} in --state-dir, else none: the secret stays in "
-                             "memory)")
+                             "directory, created if missing; one worker at a time: locked in PATH.lock while it runs; "
+                             f"default: {MEMBERSHIP_NAME} in --state-dir, else none: the secret stays in memory)")
     parser.add_argument("--max-params", type=int, default=0,
                         help="refuse a run spec whose model has more parameters (default 0: what the device's memory "
                              "holds at 32 bytes of training state per parameter)")
@@ -245,12 +311,22 @@ def main(argv: list[str] | None = None) -> int:
             max_step_tokens=args.max_step_tokens, membership_file=membership_file, state_dir=args.state_dir,
             data_root=args.data_root,
         )
+        problem = transfer_timeout_problem(options.transfer_timeout_s, options.rpc_timeout_s)
+        if problem is not None:
+            raise ValueError(problem)
         tls = options.tls()
-        # Held for the process's life (the kernel drops it however the process ends): a second worker on this state
-        # dir would end this one's membership at its start and overwrite its residual.
-        lock = StateDirLock.acquire(args.state_dir, role="worker") if args.state_dir is not None else None
-    except (ValueError, StateDirBusy, OSError) as exc:
+        locks = hold_locks(args.state_dir, options.membership_file, given=args.membership_file is not None)
+    except (ValueError, OSError) as exc:
         return usage_error(PROG, str(exc))
+    try:
+        return run_worker(options, token, tls)
+    finally:
+        release_locks(locks)
+
+
+def run_worker(options: WorkerOptions, token: str, tls: ClientTLS | None) -> int:
+    """End the membership the membership file records (a killed predecessor's), build the worker and run it until it
+    ends; its exit status (2 for a worker refused at its start)."""
     previous = None
     if options.membership_file is not None:  # before torch is imported: the round stops waiting for the killed one
         from rcswarm.worker.membership import end_previous
@@ -264,11 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         return usage_error(PROG, str(exc))
     StopSignal(target=worker.stop).install(signal.SIGTERM, signal.SIGINT)
-    try:
-        return worker.run()
-    finally:
-        if lock is not None:
-            lock.release()
+    return worker.run()
 
 
 def main_hivemind(args: argparse.Namespace) -> int:

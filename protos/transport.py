@@ -83,14 +83,19 @@ def target_host(target: str) -> str | None:
     return target.rsplit(":", 1)[0] if target.count(":") == 1 else target
 
 
-def target_problem(target: str) -> str | None:
+def target_problem(target: str, dialled: bool = False) -> str | None:
     """Why `target` is not an address a gRPC client dials (pure): a URL scheme such as http:// or https://, which
-    gRPC would take for a host name and retry forever; None for HOST:PORT and gRPC's own targets."""
+    gRPC would take for a host name and retry forever, a host that is not a host name or an IP address, a port
+    outside 0..65535, and with `dialled` port 0 too (a server's "any free port", on which nobody listens: a worker
+    retried "Connection refused" until its patience ran out). Without `dialled` port 0 is taken: a launcher plans its
+    workers with a placeholder (`head:0`) before its coordinator has a port. None for HOST:PORT and gRPC's own
+    targets. Servers bind with their own checks (`--port 0` is theirs to take)."""
     match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
     if match is None:
-        return _port_problem(target)
+        return _port_problem(target, dialled)
     if match.group(1).lower() in GRPC_URL_SCHEMES:
-        return None
+        port = target_port(target)  # dns:///HOST:PORT: the host is gRPC's to parse, a port given is checked
+        return None if port is None or _port_taken(port, dialled) else _bad_port(target, dialled)
     return (f"--coordinator {target!r}: {match.group(1)}:// is a URL scheme, but the coordinator speaks gRPC, "
             f"not HTTP: expected HOST:PORT (e.g. {target[match.end():].split('/', 1)[0] or '127.0.0.1:50051'})")
 
@@ -109,10 +114,17 @@ def target_port(target: str) -> int | None:
 GRPC_TARGET_PREFIXES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
 
 
+# A host name as a client dials it: labels of ASCII letters, digits, '-' and '_' (a Docker Compose service's name)
+# joined by dots, with an optional final dot; an IPv4 address is one. "a b" was dialled as a name gRPC's resolver
+# never finds: UNAVAILABLE, retried for the whole patience.
+HOST_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
+
+
 def _host_problem(target: str) -> str | None:
     """Why the host of a HOST:PORT `target` is not one gRPC dials as written: surrounding whitespace, an empty host
     (":50051"), or an IPv6 address, or more than one colon, without brackets ("::1" is read as host ":" and port 1,
-    and gRPC dials [::1]:443; "host:1:2"); None for HOST:PORT, [V6]:PORT and gRPC's own targets."""
+    and gRPC dials [::1]:443; "host:1:2"), something in brackets that is not an IP address, or a host that is not a
+    host name (`HOST_NAME`: "a b"); None for HOST:PORT, [V6]:PORT and gRPC's own targets."""
     if target != target.strip():
         return f"--coordinator {target!r}: surrounding whitespace; expected HOST:PORT"
     if ":" not in target or target.startswith(GRPC_TARGET_PREFIXES):
@@ -125,27 +137,46 @@ def _host_problem(target: str) -> str | None:
             return f"--coordinator {target!r}: empty host; expected [V6]:PORT"
         if not target[end + 1:].startswith(":"):
             return f"--coordinator {target!r}: expected [V6]:PORT (a port after the ']')"
+        try:
+            ipaddress.ip_address(target[1:end])
+        except ValueError:
+            return f"--coordinator {target!r}: {target[1:end]!r} is not an IP address; expected [V6]:PORT"
         return None
     if target.count(":") > 1:
         return (f"--coordinator {target!r}: more than one ':' without brackets; expected HOST:PORT, an IPv6 address "
                 "in brackets ([::1]:50051)")
-    if not target.split(":", 1)[0]:
+    host = target.split(":", 1)[0]
+    if not host:
         return f"--coordinator {target!r}: empty host; expected HOST:PORT (e.g. 127.0.0.1{target})"
+    if not HOST_NAME.fullmatch(host):
+        return (f"--coordinator {target!r}: host {host!r}: expected a host name (letters, digits, '-', '_' and '.') "
+                "or an IP address")
     return None
 
 
-def _port_problem(target: str) -> str | None:
+def _port_taken(port: int, dialled: bool) -> bool:
+    """Whether `port` is one a target may name: 1..65535 where it is `dialled`, else 0..65535."""
+    return (1 if dialled else 0) <= port <= 65535
+
+
+def _bad_port(target: str, dialled: bool) -> str:
+    """The refusal of `target`'s port (digits as they were typed, anything else quoted)."""
+    text = target.rsplit(":", 1)[1]
+    shown = text if text.isascii() and text.isdigit() else repr(text)
+    ports = "1..65535 (0 cannot be dialled)" if dialled else "0..65535"
+    return f"--coordinator {target!r}: port {shown}: expected HOST:PORT with a port in {ports}"
+
+
+def _port_problem(target: str, dialled: bool = False) -> str | None:
     """Why the host (`_host_problem`) or the port of a HOST:PORT `target` is not one (gRPC dials 99999 or -5 as some
-    other port, silently)."""
+    other port, silently; with `dialled`, nobody listens on port 0)."""
     host = _host_problem(target)
     if host is not None:
         return host
     if ":" not in target or target.startswith(("unix:", "unix-abstract:")):
         return None
     port = target_port(target)
-    if port is not None and port <= 65535:
-        return None
-    return f"--coordinator {target!r}: port {target.rsplit(':', 1)[1]!r}: expected HOST:PORT with a port in 0..65535"
+    return None if port is not None and _port_taken(port, dialled) else _bad_port(target, dialled)
 
 
 # How gRPC's client reports an HTTP proxy's 413 answer (ingress-nginx's request body limit) in a call's details.

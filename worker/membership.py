@@ -11,6 +11,11 @@ leaves. Its successor, finding the file:
 2. builds the model and loads the data of the run spec the file holds before it joins, so that once it is a member
    (one the open round waits for) only the pull is left.
 
+One process at a time per file: `rcswarm worker` holds a lock beside it (`<file>.lock`, cli/worker.py) for its life,
+taken before step 1, so a second worker given the same file is refused instead of ending the first's live
+membership. A process removes the file only while it records the membership this process wrote there last
+(`remove_membership`), never one another process recorded since.
+
 The file holds the coordinator's address, the run id, the worker id, its worker secret (hex) and the run spec JSON.
 The secret is on disk only there: give the file a private directory (an `emptyDir` volume of the pod, which outlives
 a container's restart). Without the flag the secret stays in memory only.
@@ -35,6 +40,9 @@ from rcswarm.protos.wire import MESSAGE_SIZE_OPTIONS
 
 log = logging.getLogger("rcswarm.worker")
 FIELDS = ("coordinator", "run_id", "worker_id", "worker_secret", "run_spec_json")
+# The (coordinator, worker id) of the membership this process last wrote to each membership file (`write_membership`),
+# which `remove_membership` removes; nothing else.
+_WRITTEN: dict[Path, tuple[str, str]] = {}
 
 
 @dataclass(frozen=True)
@@ -91,10 +99,32 @@ def write_membership(path: Path, membership: Membership) -> None:
     with os.fdopen(descriptor, "w") as handle:
         handle.write(text)
     os.replace(partial, path)
+    _WRITTEN[Path(path)] = (membership.coordinator, membership.worker_id)
+
+
+def _recorded(path: Path) -> tuple[str, str] | None:
+    """The (coordinator, worker id) the file at `path` records; None when there is none or it cannot be read as one."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    return raw.get("coordinator"), raw.get("worker_id")
 
 
 def remove_membership(path: Path) -> None:
+    """Remove the file at `path` (a leave, a refused run, a stale file after a failed write) while it records the
+    membership this process wrote there last; one INFO line and the file kept when it records another (a second
+    worker given the same file without the lock of cli/worker.py: removing it would keep that worker's successor
+    from ending its membership). OSError when it cannot be removed."""
+    recorded, written = _recorded(path), _WRITTEN.get(Path(path))
+    if recorded is not None and recorded != written:
+        log.info("--membership-file %s: kept: it records membership %s, not this process's %s", path, recorded[1],
+                 written[1] if written is not None else "(none written)")
+        return
     path.unlink(missing_ok=True)
+    _WRITTEN.pop(Path(path), None)
 
 
 def end_membership(membership: Membership, coordinator: str, tls: ClientTLS | None, timeout_s: float) -> str:
@@ -119,5 +149,5 @@ def end_previous(path: Path, coordinator: str, tls: ClientTLS | None, timeout_s:
     membership = read_membership(path)
     if membership is not None:
         log.info("--membership-file %s: %s", path, end_membership(membership, coordinator, tls, timeout_s))
-        remove_membership(path)
+        path.unlink(missing_ok=True)
     return membership

@@ -27,6 +27,17 @@ from typing import Any
 # --poll-s`, ...): 1e6 s, about 11.6 days. An infinite or huge one overflows a gRPC deadline (every call then fails
 # DEADLINE_EXCEEDED at once) or a wait's timeout (OverflowError), or retries for ever.
 MAX_SECONDS = 1e6
+# The shortest a duration flag may be where a shorter one cannot work rather than tuning it (a review of the worker's
+# command, 2026-11-29; as config/runspec.py's MIN_SECONDS for a run spec's keys), read by `seconds_problem`; a flag not
+# named here takes any number of seconds > 0:
+MIN_FLAG_SECONDS = {
+    # one unary call's deadline: 0.0001 s failed every call DEADLINE_EXCEEDED before an answer could come, and the
+    # worker gave up "without an answer from the coordinator", blaming it
+    "--rpc-timeout-s": 0.1,
+    # one parameter pull or push (and on the command line at least --rpc-timeout-s, `transfer_timeout_problem`):
+    # 0.0001 s retried DEADLINE_EXCEEDED for 32.6 s pulling version 0
+    "--transfer-timeout-s": 0.1,
+}
 # The most torch threads a worker takes: --threads at most this many, and at most THREADS_PER_CORE per core of the
 # machine that checks it, though never fewer than FEW_THREADS (a launcher may plan for Ray nodes larger than itself).
 # torch starting 100000 threads failed "can't start new thread", a traceback naming no flag.
@@ -39,11 +50,25 @@ DEVICE_FORM = re.compile(r"(cpu|cuda)(:(0|[1-9][0-9]*))?")
 
 
 def seconds_problem(flag: str, value: float) -> str | None:
-    """Why `value` is not a duration `flag` takes (pure): not a number of seconds > 0, infinite or NaN, or more than
-    MAX_SECONDS; None when it is one."""
+    """Why `value` is not a duration `flag` takes (pure): not a number of seconds > 0, infinite or NaN, more than
+    MAX_SECONDS, or less than the flag's MIN_FLAG_SECONDS where it has one; None when it is one."""
     if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_SECONDS):
         return f"{flag} {value}: expected a finite number of seconds > 0 and at most {MAX_SECONDS:g}"
+    least = MIN_FLAG_SECONDS.get(flag)
+    if least is not None and value < least:
+        return f"{flag} {value}: expected a number of seconds >= {least:g} and at most {MAX_SECONDS:g}"
     return None
+
+
+def transfer_timeout_problem(transfer_s: float, rpc_s: float) -> str | None:
+    """Why `--transfer-timeout-s TRANSFER_S` is too short beside `--rpc-timeout-s RPC_S` (pure): a pull or push, which
+    carries the parameters, given less time than a unary call of a few bytes; None otherwise. The command line's check
+    (cli/worker.py), where both are flags: an options value may pair them as it likes (a test's rpc deadline of
+    MAX_SECONDS beside the default transfer deadline)."""
+    if transfer_s >= rpc_s:
+        return None
+    return (f"--transfer-timeout-s {transfer_s}: expected at least --rpc-timeout-s {rpc_s} (a pull or push carries "
+            "the parameters, a unary call a few bytes)")
 
 
 def device_problem(name: str) -> str | None:
