@@ -522,30 +522,29 @@ def trimmed_mean(
 def _kept_weights(values: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, k: int) -> torch.Tensor:
     """ω of the kept positions k..n−k−1 (0-based) of sorted rows `values` [m, n] (`order` [m, n]: their columns,
     whose tokens are `weights` [n], ascending; `trimmed_mean`): a position's own weight, or W_G / |G| where its tied
-    group G crosses a cut. With equal tokens W_G / |G| is every member's own weight: nothing to split.
+    group G crosses a cut. With equal tokens W_G / |G| is every member's own weight: nothing to split (the common
+    case, workers of one configuration: the split doubled the time on updates with many ties, aggregation_bench
+    --zeros 0.9).
 
     A group crossing a cut is the run of values equal to the kept value at that cut, in rows where that value
-    equals its trimmed neighbour (v_(k) = v_(k+1) or v_(n−k) = v_(n−k+1), 1-based): positions [a, b) of its sorted
-    row, found by binary search. Its W_G is a difference of the row's running sums of token weights in sorted
-    order (ascending tokens within the tie; integer tokens: exact), so it does not depend on the workers' order."""
+    equals its trimmed neighbour (v_(k) = v_(k+1) or v_(n−k) = v_(n−k+1), 1-based). Its W_G is summed in sorted
+    order (ascending tokens within the tie), so the sum does not depend on the workers' order. (Finding the group's
+    ends by binary search and W_G from running sums instead was slower here: docs/PERFORMANCE.md.)"""
     n = values.shape[1]
     kept = weights[order[:, k: n - k]]  # [m, n − 2k]
     if not k or bool((weights == weights[0]).all()):
         return kept
-    running = None
-    positions = torch.arange(k, n - k)  # [n − 2k]
+    sorted_weights = None
     for cut, neighbour in ((k, k - 1), (n - k - 1, n - k)):
         crosses = values[:, cut] == values[:, neighbour]  # [m] a tie across this cut
         if not bool(crosses.any()):
             continue
-        if running is None:
-            running = torch.nn.functional.pad(weights[order].cumsum(dim=1), (1, 0))  # [m, n + 1], 0 first
-        tied = values[:, cut: cut + 1].contiguous()  # [m, 1] the kept value at this cut
-        start = torch.searchsorted(values, tied, side="left")  # [m, 1] a
-        end = torch.searchsorted(values, tied, side="right")  # [m, 1] b
-        mean = (running.gather(1, end) - running.gather(1, start)) / (end - start)  # [m, 1] W_G / |G|
-        members = (positions >= start) & (positions < end) & crosses.unsqueeze(1)  # [m, n − 2k]
-        kept = torch.where(members, mean, kept)  # [m, n − 2k]
+        if sorted_weights is None:
+            sorted_weights = weights[order]  # [m, n]
+        members = values == values[:, cut: cut + 1]  # [m, n] the group of the kept value at this cut
+        total = torch.where(members, sorted_weights, 0.0).sum(dim=1, keepdim=True)  # [m, 1] W_G
+        mean = total / members.sum(dim=1, keepdim=True)  # [m, 1] W_G / |G|
+        kept = torch.where(members[:, k: n - k] & crosses.unsqueeze(1), mean, kept)  # [m, n − 2k]
     return kept
 
 
