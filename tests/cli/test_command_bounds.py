@@ -13,6 +13,7 @@ import rcswarm.worker
 from rcswarm.cli import dht as dht_cli
 from rcswarm.cli import status as status_cli
 from rcswarm.cli import worker as worker_cli
+from tests.helpers.commands import not_started, one_error_line
 from tests.helpers.specs import tiny_spec, write_spec
 
 TOKEN = "t" * 32
@@ -20,14 +21,7 @@ HIVEMIND_EXTRA = "needs the hivemind extra: pip install 'rcswarm[hivemind]'"
 
 
 def one_line(capsys: pytest.CaptureFixture[str]) -> str:
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1, lines
-    assert "Traceback" not in lines[0]
-    return lines[0]
-
-
-def not_started(*_args, **_kwargs):
-    raise AssertionError("started though the command line is refused")
+    return one_error_line(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("value", ["inf", "1e300"])

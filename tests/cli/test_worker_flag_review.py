@@ -21,19 +21,13 @@ import pytest
 from rcswarm.cli import worker as worker_cli
 from rcswarm.worker import membership as membership_module
 from rcswarm.worker.options import WorkerOptions, seconds_problem
+from tests.helpers.commands import not_started, one_error_line
 
 TOKEN = "t" * 32
 
 
 def one_line(capsys: pytest.CaptureFixture[str]) -> str:
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1, lines
-    assert "Traceback" not in lines[0]
-    return lines[0]
-
-
-def not_started(*_args, **_kwargs):
-    raise AssertionError("started though the command line is refused")
+    return one_error_line(capsys.readouterr().err)
 
 
 @pytest.fixture(autouse=True)

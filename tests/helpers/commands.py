@@ -11,3 +11,16 @@ def status_of(main: Callable[[list[str]], int], argv: list[str]) -> int:
         return main(argv)
     except SystemExit as exit_:
         return int(exit_.code)
+
+
+def one_error_line(err: str) -> str:
+    """The one non-blank line a usage error writes to stderr (`err`, as capsys read it), with no traceback."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "Traceback" not in lines[0]
+    return lines[0]
+
+
+def not_started(*_args, **_kwargs):
+    """A stand-in for what a command starts (monkeypatched in): a refused command line must never reach it."""
+    raise AssertionError("started though the command line is refused")
