@@ -18,6 +18,7 @@ Each dependency is in the `dev` extra; a test whose package is missing skips and
 
 from __future__ import annotations
 
+import ast
 import base64
 import copy
 import json
@@ -144,6 +145,48 @@ def test_every_value_is_commented_and_in_the_schema():
     assert checked > 60
 
 
+def restart_mutable() -> tuple[str, ...]:
+    """coordinator/resume.py's RESTART_MUTABLE, read from its source (importing the module would import torch)."""
+    tree = ast.parse((ROOT / "coordinator" / "resume.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "RESTART_MUTABLE" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("coordinator/resume.py has no RESTART_MUTABLE")
+
+
+def names_mutable(entry: str, words: set[str]) -> bool:
+    """Whether `words` (run-spec keys as a text names them: `run.rounds`, `coordinator.*`, `outlier_*`, bare keys of
+    the entry's table) name a key of the RESTART_MUTABLE `entry` (a key, or a prefix: `sync.outlier_`)."""
+    table = entry.split(".", 1)[0]
+    for word in words:
+        key = word.rstrip("*")
+        if (key if "." in key else f"{table}.{key}").startswith(entry):
+            return True
+    return False
+
+
+def test_the_run_config_comment_and_upgrading_name_what_a_restart_may_change():
+    """A restart on the same state may change the spec keys of RESTART_MUTABLE. docs/DEPLOY.md's "Upgrading" names
+    every one; values.yaml's runConfig comment named five as the whole list (run.minutes, run.target_loss, the sync
+    defences and pacing were missing) and now points to that list instead of keeping its own."""
+    mutable = restart_mutable()
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    at = lines.index("runConfig: |")
+    start = at
+    while lines[start - 1].startswith("#"):
+        start -= 1
+    comment = " ".join(line.lstrip("# ") for line in lines[start:at])
+    named = set(re.findall(r"(?<![\w/])(?:run|model|data|inner|sync|coordinator|curriculum)\.[A-Za-z_*]+", comment))
+    missing = [entry for entry in mutable if not names_mutable(entry, named)]
+    assert not named or not missing, f"the runConfig comment lists {sorted(named)} as changeable, not {missing}"
+    assert 'docs/DEPLOY.md, "Upgrading"' in comment and "RESTART_MUTABLE" in comment
+    deploy = (ROOT / "docs" / "DEPLOY.md").read_text()
+    upgrading = deploy.split("\n## Upgrading\n", 1)[1].split("\n## ", 1)[0]
+    (bullet,) = [b for b in upgrading.split("\n* ") if "RESTART_MUTABLE" in b]
+    words = set(re.findall(r"`([^`]+)`", bullet))
+    assert not [entry for entry in mutable if not names_mutable(entry, words)], "docs/DEPLOY.md, Upgrading"
+
+
 @pytest.mark.parametrize("scenario", ["default", "gpu", "external-tls", "ingress-tls", "existing-secret"])
 def test_lint_is_clean(helm, scenario):
     """`helm lint --strict` on the chart: no warning or error (lint cannot declare extra APIs, hence
@@ -234,6 +277,23 @@ BAD_VALUES = [
     # Every name is the full name and a suffix; the longest must fit 63 characters (the StatefulSet 52).
     ({"fullnameOverride": "f" * 41}, "at '/fullnameOverride': maxLength: got 41, want 40"),
     ({"nameOverride": "n" * 41}, "at '/nameOverride': maxLength: got 41, want 40"),
+    # Values that become command flags, within what the command accepts: each of these rendered, and the head's
+    # `rcswarm launch ray` (in the background: the head stayed healthy with no workers) or every worker pod (a crash
+    # loop) refused it.
+    ({"ray": {"launch": {"cpusPerWorker": 0}}}, "at '/ray/launch/cpusPerWorker': exclusiveMinimum: got 0, want 0"),
+    ({"ray": {"launch": {"cpusPerWorker": 0.00001}}}, "at '/ray/launch/cpusPerWorker': multipleOf: got 1×10⁻⁰⁵, want 0.0001"),
+    # Rounded up, an actor's torch threads, which a worker takes at most 1024 of.
+    ({"ray": {"launch": {"cpusPerWorker": 1025}}}, "at '/ray/launch/cpusPerWorker': maximum: got 1,025, want 1,024"),
+    ({"ray": {"launch": {"gpusPerWorker": 1.5}}}, "at '/ray/launch/gpusPerWorker': 'anyOf' failed"),
+    ({"ray": {"launch": {"gpusPerWorker": 0.00001}}}, "at '/ray/launch/gpusPerWorker': multipleOf: got 1×10⁻⁰⁵, want 0.0001"),
+    ({"ray": {"launch": {"gpusPerWorker": -1}}}, "at '/ray/launch/gpusPerWorker': minimum: got -1, want 0"),
+    ({"ray": {"launch": {"namespace": "n" * 64}}}, "at '/ray/launch/namespace': '" + "n" * 64 + "' does not match pattern"),
+    ({"ray": {"launch": {"namespace": "-abc"}}}, "at '/ray/launch/namespace': '-abc' does not match pattern"),
+    ({"ray": {"launch": {"namespace": "my run"}}}, "at '/ray/launch/namespace': 'my run' does not match pattern"),
+    ({"workers": {"device": "mps"}}, "at '/workers/device': 'mps' does not match pattern"),
+    ({"workers": {"device": "cuda:01"}}, "at '/workers/device': 'cuda:01' does not match pattern"),
+    ({"workers": {"patienceSeconds": 1e9}}, "at '/workers/patienceSeconds': maximum: got 1×10⁰⁹, want 1×10⁰⁶"),
+    ({"workers": {"threads": 100000}}, "at '/workers/threads': maximum: got 100,000, want 1,024"),
 ]
 
 
@@ -267,6 +327,15 @@ BAD_COMBINATIONS = [
      "serviceMonitor.scrapeTimeout 91s is longer than serviceMonitor.interval 1m30s"),
     ({"serviceMonitor": {"enabled": True, "interval": "500ms", "scrapeTimeout": "1s"}}, ["monitoring.coreos.com/v1"],
      "serviceMonitor.scrapeTimeout 1s is longer than serviceMonitor.interval 500ms"),
+    # An actor whose GPUs no Ray worker pod has: rendered, launched, and pending for ever.
+    ({"ray": {"enabled": True, "launch": {"gpusPerWorker": 4}, "workerGroup": {"gpus": 1}}}, ["ray.io/v1"],
+     "ray.launch.gpusPerWorker 4 is above ray.workerGroup.gpus 1: a worker actor's GPUs must all be on one Ray worker pod"),
+    ({"ray": {"enabled": True, "launch": {"gpusPerWorker": 0.5}, "workerGroup": {"gpus": 0}}}, ["ray.io/v1"],
+     "ray.launch.gpusPerWorker 0.5 is above ray.workerGroup.gpus 0"),
+    # A CUDA device the worker pod does not have: the worker exits at its start, and the pod crash loops.
+    ({"workers": {"device": "cuda"}}, [], "workers.device cuda needs workers.gpus > 0"),
+    ({"workers": {"device": "cuda:2", "gpus": 2}}, [],
+     "workers.device cuda:2: a worker pod sees its workers.gpus 2 GPUs as cuda:0 to cuda:1"),
 ]
 
 

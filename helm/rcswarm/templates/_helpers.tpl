@@ -258,6 +258,21 @@ what to do. Included by the coordinator's StatefulSet, which every release rende
 {{- if gt (int .Values.ray.workerGroup.minReplicas) (int .Values.ray.workerGroup.maxReplicas) -}}
 {{- fail (printf "ray.workerGroup.minReplicas %d is above ray.workerGroup.maxReplicas %d" (int .Values.ray.workerGroup.minReplicas) (int .Values.ray.workerGroup.maxReplicas)) -}}
 {{- end -}}
+{{- /* A worker actor's GPUs must be on one Ray worker pod (the head has none): Ray never places a larger one. */ -}}
+{{- if and .Values.ray.enabled (gt (float64 .Values.ray.launch.gpusPerWorker) (float64 .Values.ray.workerGroup.gpus)) -}}
+{{- fail (printf "ray.launch.gpusPerWorker %v is above ray.workerGroup.gpus %v: a worker actor's GPUs must all be on one Ray worker pod (the head has none), so Ray could never place it and no worker would start; lower ray.launch.gpusPerWorker or raise ray.workerGroup.gpus" .Values.ray.launch.gpusPerWorker .Values.ray.workerGroup.gpus) -}}
+{{- end -}}
+{{- /* A worker pod sees its workers.gpus GPUs as cuda:0 .. cuda:<gpus - 1>; `rcswarm worker` exits on another device. */ -}}
+{{- $device := toString .Values.workers.device -}}
+{{- if and .Values.workers.enabled (hasPrefix "cuda" $device) -}}
+{{- $gpus := int .Values.workers.gpus -}}
+{{- if eq $gpus 0 -}}
+{{- fail (printf "workers.device %s needs workers.gpus > 0: a worker pod without a GPU has no CUDA device, and the worker would exit at its start; set workers.gpus, or workers.device auto or cpu" $device) -}}
+{{- end -}}
+{{- if and (hasPrefix "cuda:" $device) (ge (int (trimPrefix "cuda:" $device)) $gpus) -}}
+{{- fail (printf "workers.device %s: a worker pod sees its workers.gpus %d GPUs as cuda:0 to cuda:%d, so the worker would exit at its start; name one of those, or cuda or auto" $device $gpus (sub $gpus 1)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The volume mounts of every Ray container: /dev/shm, /tmp and the TLS client files. */}}
