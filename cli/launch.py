@@ -23,8 +23,12 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from rcswarm.cli.client_flags import add_client_flags, client_options
 from rcswarm.cli.usage import new_parser, parse_or_status, usage_error
@@ -37,6 +41,7 @@ from rcswarm.launch import (
     HeadOptions,
     HeadWatch,
     LaunchPlan,
+    OnThread,
     collect_status,
     connect,
     ensure_supervisor,
@@ -44,8 +49,11 @@ from rcswarm.launch import (
     gcs_address,
     head_lost_line,
     interrupted,
+    interrupted_start,
     joined,
+    named_actors,
     print_status,
+    replaced,
     resources,
     start_coordinator,
     stop_all,
@@ -55,10 +63,19 @@ from rcswarm.launch.coordinator_actor import FOLDER
 from rcswarm.worker import WorkerOptions
 from rcswarm.worker.options import device_problem, seconds_problem
 
+if TYPE_CHECKING:
+    from rcswarm.cli.signals import StopSignal
+
 PROG = "rcswarm launch ray"
 RAY_EXTRA = "Ray is not installed: pip install 'rcswarm[ray]'"
 # The default of --start-timeout-s (another value without --detach is refused: it would do nothing).
 START_TIMEOUT_DEFAULT_S = 300.0
+# The `rcswarm coordinator` flags the coordinator actor sets itself (`CoordinatorSpec.argv`): argparse's last wins, so
+# one in --coordinator-arg would override it unseen. Its dest -> (the flag, the launcher flag that sets it, if any).
+ACTOR_FLAGS = {"config": ("--config", "--config"), "state_dir": ("--state-dir", "--state-dir"),
+               "host": ("--host", "--coordinator-host"), "port": ("--port", "--coordinator-port"),
+               "port_file": ("--port-file", None)}
+T = TypeVar("T")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -201,24 +218,75 @@ def coordinator_problem(spec: CoordinatorSpec) -> None:
         said = errors.getvalue().strip().splitlines()
         raise ValueError(f"--coordinator-arg {' '.join(spec.extra_args)!r}: `rcswarm coordinator` refuses it: "
                          f"{said[-1] if said else 'a bad argument'}") from None
+    overridden = actor_flags_set(spec, coordinator_parser)
+    if overridden:
+        flag, instead = ACTOR_FLAGS[overridden[0]]
+        raise ValueError(f"--coordinator-arg {' '.join(spec.extra_args)!r}: sets `rcswarm coordinator`'s {flag}, which "
+                         "the coordinator actor sets itself" + (f"; use {instead}" if instead else
+                                                                 f" (in --state-dir's {FOLDER}/)"))
     problem = bind_problem(parsed.host, bool(parsed.tls_cert or parsed.tls_self_signed), parsed.insecure)
     if problem is not None:
         raise ValueError(problem.replace("--host", "--coordinator-host", 1)
                          + " (`rcswarm coordinator` flags go in --coordinator-arg=FLAG, e.g. --coordinator-arg=--insecure)")
 
 
+def actor_flags_set(spec: CoordinatorSpec, make_parser: Callable[[], argparse.ArgumentParser]) -> list[str]:
+    """The dests of ACTOR_FLAGS that `spec.extra_args` set again, as `rcswarm coordinator`'s parser (`make_parser`)
+    reads them: every spelling it takes (`--flag value`, `--flag=value`, an unambiguous prefix) is found, since the
+    arguments are parsed twice, after two sets of the actor's own values, and each value the extra arguments change in
+    either is theirs. [] when the parser refuses them (`coordinator_problem` says why)."""
+    folder = Path(spec.state_dir) / FOLDER
+    found: list[str] = []
+    for mark in (1, 2):
+        own = replace(spec, state_dir=f"/rcswarm-actor-{mark}", host=f"rcswarm-actor-{mark}", port=mark)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                alone = make_parser().parse_args(replace(own, extra_args=()).argv(folder / str(mark)))
+                given = make_parser().parse_args(own.argv(folder / str(mark)))
+        except SystemExit:
+            return []
+        found += [dest for dest in ACTOR_FLAGS if getattr(given, dest) != getattr(alone, dest) and dest not in found]
+    return found
+
+
+def until_stopped(step: Callable[[], T], stop: threading.Event) -> T | None:
+    """`step()`'s answer, waited for on its own thread so that a signal ends the wait: None once `stop` is set (the
+    step goes on; `launch` then exits at once). What it raised is raised here."""
+    call = OnThread(step, "launcher-start")
+    while call.running(0.1):
+        if stop.is_set():
+            return None
+    return call.result()
+
+
+def stopped_starting(args: argparse.Namespace, stop: StopSignal, step: str) -> int:
+    """A signal came while `step` (start-up): say which actors stay and how to remove them (`interrupted_start`), then
+    end the process at once with 128 + its number (the step's thread may still wait inside Ray: `exit_now`)."""
+    name = signal.Signals(stop.signum).name if stop.signum else "a signal"
+    print(f"{PROG}: {interrupted_start(named_actors(args.namespace), args.namespace, args.address, name, step)}",
+          file=sys.stderr, flush=True)
+    return exit_now(128 + (stop.signum or signal.SIGTERM))
+
+
 def launch(args: argparse.Namespace) -> int:
     from rcswarm.cli.signals import StopSignal
 
+    # Before the start-up, which may wait minutes (the coordinator actor's start, an old supervisor's halt): before,
+    # a signal there ended the launcher with Ray's SIGTERM dump or a bare "interrupted" (review, 2026-11-29).
+    stop = StopSignal(second_exits=True).install(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     coordinator = args.coordinator
     if args.with_coordinator:
-        coordinator = start_coordinator(args.namespace, args.coordinator_spec or coordinator_spec(args))
+        spec = args.coordinator_spec or coordinator_spec(args)
+        coordinator = until_stopped(lambda: start_coordinator(args.namespace, spec), stop)
+        if stop.is_set():
+            return stopped_starting(args, stop, "starting the coordinator actor")
         print(f"coordinator actor serving on {coordinator}", flush=True)
     plan = plan_of(args, coordinator)
-    ensure_supervisor(plan)
+    until_stopped(lambda: ensure_supervisor(plan), stop)
+    if stop.is_set():
+        return stopped_starting(args, stop, "starting the supervisor")
     print(f"{PROG}: {plan.workers} workers ({resources(plan.demand())} each) in namespace {plan.namespace}, "
           f"joining {plan.worker.coordinator}", flush=True)
-    stop = StopSignal(second_exits=True).install(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     if not args.detach:
         try:
             verdict = follow(plan, args.poll_s, stop, HeadWatch(HeadOptions(gcs_address(args.address))))
@@ -234,7 +302,11 @@ def launch(args: argparse.Namespace) -> int:
         verdict = joined(collect_status(plan.namespace), plan)
         while verdict is None and time.monotonic() < deadline and not stop.wait(args.poll_s):
             verdict = joined(collect_status(plan.namespace), plan)
-        print_status(collect_status(plan.namespace))
+        status = collect_status(plan.namespace)
+        print_status(status)
+        if verdict is not None and verdict.status != 0 and replaced(status, plan) is not None:
+            print(f"{PROG}: {verdict.reason}", file=sys.stderr)  # its actors are the other launch's now
+            return verdict.status
     if verdict is None and stop.is_set():
         name = signal.Signals(stop.signum).name if stop.signum else "a signal"
         print(interrupted(collect_status(plan.namespace), plan, args.address, name), flush=True)

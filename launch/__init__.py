@@ -41,7 +41,7 @@ without the `ray` extra.
 
 from rcswarm.launch.actors import connect, gcs_address, named_actors, reach_problem, wait
 from rcswarm.launch.coordinator_actor import CoordinatorActor, CoordinatorSpec, settings_differ, start_coordinator
-from rcswarm.launch.head import HEAD_LOST_STATUS, HeadLost, HeadOptions, HeadWatch, head_lost, head_lost_line
+from rcswarm.launch.head import HEAD_LOST_STATUS, HeadLost, HeadOptions, HeadWatch, OnThread, head_lost, head_lost_line
 from rcswarm.launch.plan import (
     NAMESPACE,
     NAMESPACE_RULE,
@@ -57,8 +57,10 @@ from rcswarm.launch.status import (
     ended,
     follow,
     interrupted,
+    interrupted_start,
     joined,
     print_status,
+    replaced,
     stop_all,
     stop_command,
 )
@@ -66,8 +68,8 @@ from rcswarm.launch.supervisor import Supervisor, ensure_supervisor, replace_rea
 
 __all__ = [
     "HEAD_LOST_STATUS", "NAMESPACE", "NAMESPACE_RULE", "CoordinatorActor", "CoordinatorSpec", "HeadLost", "HeadOptions",
-    "HeadWatch", "LaunchPlan", "Supervisor", "Verdict", "collect_status", "connect", "ended", "ensure_supervisor",
-    "follow", "gcs_address", "head_lost", "head_lost_line", "interrupted", "joined", "named_actors",
-    "pending_reason", "print_status", "reach_problem", "replace_reason", "resource_problem", "resources",
+    "HeadWatch", "LaunchPlan", "OnThread", "Supervisor", "Verdict", "collect_status", "connect", "ended", "ensure_supervisor",
+    "follow", "gcs_address", "head_lost", "head_lost_line", "interrupted", "interrupted_start", "joined",
+    "named_actors", "pending_reason", "print_status", "reach_problem", "replace_reason", "replaced", "resource_problem", "resources",
     "settings_differ", "start_coordinator", "stop_all", "stop_command", "wait", "worker_index",
 ]

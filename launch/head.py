@@ -79,6 +79,39 @@ def probe(address: str, timeout_s: float) -> str | None:
         return "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc)).lower()
 
 
+class OnThread:
+    """`call()` run on a daemon thread of its own, its answer or what it raised kept for the thread that waits on it
+    (`running`, then `result`): a wait that a signal or a probe can end while the call stays inside Ray
+    (`HeadWatch.run`, the launcher's start-up steps)."""
+
+    def __init__(self, call: Callable[[], Any], name: str) -> None:
+        self._box: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._target, args=(call,), name=name, daemon=True)
+        self._thread.start()
+
+    def _target(self, call: Callable[[], Any]) -> None:
+        try:
+            self._box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            self._box["error"] = exc
+
+    def running(self, wait_s: float) -> bool:
+        """Whether the call still runs after waiting up to `wait_s` seconds for it."""
+        self._thread.join(wait_s)
+        return self._thread.is_alive()
+
+    @property
+    def failed(self) -> bool:
+        """Whether the call (ended) raised."""
+        return "error" in self._box
+
+    def result(self) -> Any:
+        """The ended call's answer; what it raised is raised here."""
+        if self.failed:
+            raise self._box["error"]
+        return self._box["value"]
+
+
 class HeadLost(Exception):
     """The Ray head of a following launcher is gone (`head_lost`'s reason)."""
 
@@ -114,29 +147,17 @@ class HeadWatch:
         """`poll()`'s answer, waited for in a thread while the head is probed every `every_s` (a poll Ray keeps
         waiting for the GCS of a dead head never returns in time); None when `stop` is set meanwhile. A poll that
         raised is raised again once the head answers (HeadLost when it does not come back)."""
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["value"] = poll()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-                box["error"] = exc
-
-        thread = threading.Thread(target=target, name="launcher-poll", daemon=True)
-        thread.start()
-        while True:
-            thread.join(self.every_s)
-            if not thread.is_alive():
-                break
+        call = OnThread(poll, "launcher-poll")
+        while call.running(self.every_s):
             if stop.is_set():
                 return None
             self.check()
-        if "error" not in box:
+        if not call.failed:
             self.probes = Probes()
-            return box["value"]
+            return call.result()
         while True:  # the poll failed: because the head is gone? Probe until it answers or is given up on.
             self.check()
             if self.probes.failing_since is None:
-                raise box["error"]
+                return call.result()  # raises what the poll raised
             if stop.wait(self.every_s):
                 return None

@@ -85,6 +85,10 @@ class LaunchPlan:
                                       threads=self.worker.threads or max(1, math.ceil(self.cpus_per_worker)))
         return RayWorkerConfig(worker=options, num_gpus=self.gpus_per_worker, num_cpus=self.cpus_per_worker)
 
+    def describe(self) -> str:
+        """This plan for people: "3 workers of 1 GPU, 0.5 CPU joining HOST:PORT"."""
+        return f"{self.workers} workers of {resources(self.demand())} joining {self.worker.coordinator}"
+
     def made(self, index: int, info: dict[str, Any]) -> bool:
         """Whether worker actor `index`, whose `info()` this is, was made for this plan (its config is this plan's)."""
         return info["config"] == dataclasses.asdict(self.worker_config(index))

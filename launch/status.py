@@ -2,8 +2,9 @@
 (`stop_all`), and the launcher following its workers until their run ends (`follow`).
 
 The decisions are pure functions of a status and the plan, each answering a `Verdict` (exit status and
-reason) or None to go on: `joined` (is `--detach` done), `ended` (is the followed run over); `interrupted`
-says what a launcher stopped by a signal leaves behind."""
+reason) or None to go on: `joined` (is `--detach` done), `ended` (is the followed run over), each against the plan
+the supervisor runs now (`running_plan`); `interrupted` and `interrupted_start` say what a launcher stopped by a
+signal leaves behind."""
 
 from __future__ import annotations
 
@@ -169,6 +170,22 @@ class Verdict:
     reason: str
 
 
+def running_plan(status: dict[str, Any], plan: LaunchPlan) -> LaunchPlan:
+    """The plan the namespace's supervisor runs now (`status["plan"]`), else `plan` (pure): with no supervisor to ask,
+    the plan last known. Another launch in the namespace replaces the plan (docs/DEPLOY.md: "scale: the same command,
+    another N"), so a launcher's own plan may no longer be the one its actors are kept to."""
+    return LaunchPlan.from_dict(status["plan"]) if status.get("plan") else plan
+
+
+def replaced(status: dict[str, Any], plan: LaunchPlan) -> str | None:
+    """What runs instead of `plan` when another launch replaced it (pure), in words; None while `plan` runs."""
+    running = running_plan(status, plan)
+    if running == plan:
+        return None
+    return (f"another launch replaced this plan: the supervisor of namespace {plan.namespace} now runs "
+            f"{running.describe()}")
+
+
 def _current(status: dict[str, Any], plan: LaunchPlan) -> dict[int, ActorRow]:
     """The wanted slots' actors that answer and were made for `plan` (an actor of another plan is being replaced)."""
     rows = {worker_index(r.name): r for r in status["rows"]}
@@ -183,7 +200,12 @@ def _failures(rows: dict[int, ActorRow]) -> str:
 def joined(status: dict[str, Any], plan: LaunchPlan) -> Verdict | None:
     """Whether `--detach` is done (pure): every wanted worker actor runs `plan` and holds a membership, or its run
     already finished (status 0); a worker of `plan` that failed or was stopped never joins (status 1, naming
-    it); None while some are still starting, pending or being replaced."""
+    it); None while some are still starting, pending or being replaced. A plan another launch replaced meanwhile
+    never joins either (status 1, naming the plan that runs: `replaced`); before, the launcher waited out
+    --start-timeout-s and said its workers had not joined (review of the Ray launcher, 2026-11-29)."""
+    other = replaced(status, plan)
+    if other is not None:
+        return Verdict(1, other)
     if plan.workers == 0:
         return Verdict(0, "no worker is wanted")
     current = _current(status, plan)
@@ -202,7 +224,12 @@ def ended(status: dict[str, Any], plan: LaunchPlan) -> Verdict | None:
     finished, failed or was stopped) and every other wanted slot holds an actor Ray never started (pending: the
     ended ones may hold the resources it waits for, and a run that finished needs no more workers); status 0
     when every started worker finished. With no worker wanted, once the last worker actor is gone. None while a
-    worker trains, starts, restarts, is missing or runs another plan (the supervisor replaces it)."""
+    worker trains, starts, restarts, is missing or runs another plan (the supervisor replaces it).
+
+    `plan` is the one the supervisor runs now (`running_plan`): after another launch scaled the run, the follower of
+    the earlier plan never saw it end, and its actors stayed, holding their resources (review of the Ray launcher,
+    2026-11-29)."""
+    plan = running_plan(status, plan)
     if plan.workers == 0:
         return None if status["rows"] else Verdict(0, "no worker is wanted and none is left")
     current = _current(status, plan)
@@ -223,7 +250,8 @@ def removed(status: dict[str, Any], plan: LaunchPlan) -> Verdict | None:
     supervisor nor a wanted worker actor (`rcswarm-worker-<i>`, i < N) is left (another driver's `--stop`, as the
     interrupt message advises). Before, `ended` waited for worker rows that would never come, and the launcher polled
     for ever; so it did while an actor of a slot beyond the plan was left, which no supervisor replaces by a wanted
-    one (review of the Ray launcher, 2026-11-29)."""
+    one (review of the Ray launcher, 2026-11-29). `plan`: the last one the supervisor ran (`follow` keeps it)."""
+    plan = running_plan(status, plan)
     if plan.workers == 0 or status["supervisor"] or any(worker_index(r.name) < plan.workers for r in status["rows"]):
         return None
     return Verdict(1, f"the supervisor and every wanted worker actor of namespace {plan.namespace} are gone: removed "
@@ -237,6 +265,7 @@ def stop_command(address: str, namespace: str) -> str:
 
 def interrupted(status: dict[str, Any], plan: LaunchPlan, address: str, signal_name: str) -> str:
     """What a launcher stopped by a signal leaves behind, in words (pure): the detached actors stay, so say which."""
+    plan = running_plan(status, plan)
     rows = status["rows"]
     states = [r.info["state"] if r.info else r.ray_state for r in rows]
     where = f"in namespace {plan.namespace}"
@@ -253,11 +282,31 @@ def interrupted(status: dict[str, Any], plan: LaunchPlan, address: str, signal_n
     return f"the launcher stops ({signal_name}); {left}. Remove them with: {stop_command(address, plan.namespace)}"
 
 
+def interrupted_start(names: list[str], namespace: str, address: str, signal_name: str, step: str) -> str:
+    """What a launcher stopped by a signal while `step` (starting the coordinator actor, the supervisor) leaves
+    behind, in words (pure; `names`: the namespace's named actors, `named_actors`): the detached actors made so far
+    stay, and go on starting, so say which and how to remove them. Before, SIGTERM there ended the launcher with Ray's
+    own dump and SIGINT with "interrupted", the coordinator actor left running unsaid (review of the Ray launcher,
+    2026-11-29)."""
+    workers = sum(worker_index(name) is not None for name in names)
+    left = [name for name in (COORDINATOR, SUPERVISOR) if name in names]
+    where = f"in namespace {namespace}"
+    if not left and not workers:
+        return f"the launcher stops ({signal_name}) while {step}; no rcswarm actor is left {where}"
+    stay = "stays" if len(left) + workers == 1 else "stay"
+    left += [f"{workers} worker actor{'' if workers == 1 else 's'}"] if workers else []
+    return (f"the launcher stops ({signal_name}) while {step}; {' and '.join(left)} {stay} {where} (detached: what "
+            f"was starting goes on). Remove them with: {stop_command(address, namespace)}")
+
+
 def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event, watch: HeadWatch | None = None) -> Verdict | None:
     """Print each actor's line when it changes, and the supervisor's new events, until the run is over (`ended`:
     then remove the actors and return the verdict) or `stop` is set (None: the actors stay, see `interrupted`).
     With `watch`, every poll runs under it: HeadLost once the Ray head answers nothing (launch/head.py), instead of
-    Ray ending the process a minute later with its own message."""
+    Ray ending the process a minute later with its own message.
+
+    The run is judged by the plan the supervisor runs now (`running_plan`): once another launch replaced `plan` (a
+    scale, docs/DEPLOY.md), the follower says so once and follows the new plan to its end."""
     shown: dict[str, tuple] = {}
     seen: set[str] = set()
     gone = 0  # polls in a row that found no wanted actor left (`removed`): two, so a supervisor Ray restarts is no end
@@ -270,6 +319,10 @@ def follow(plan: LaunchPlan, poll_s: float, stop: threading.Event, watch: HeadWa
         status = watched(lambda: collect_status(plan.namespace))
         if status is None:  # stopped while a poll waited
             return None
+        other = replaced(status, plan)
+        if other is not None:
+            plan = running_plan(status, plan)
+            print(f"{other}: following it", flush=True)
         lost = removed(status, plan)
         gone = gone + 1 if lost is not None else 0
         if lost is not None and gone >= 2:

@@ -3,8 +3,8 @@
 `Supervisor` reconciles every RECONCILE_S: it starts the missing `rcswarm-worker-<i>` for i < N (at
 most once per RECREATE_BACKOFF_S per slot), replaces one made for another plan, and retires those
 with i >= N (each Leaves, then is killed; a round's retirements, the replaced ones included, together: `retire_all`).
-`ensure_supervisor` keeps the one that runs this plan, or replaces it, so a restarted supervisor never goes back to
-an old count.
+`ensure_supervisor` keeps the one that runs this plan, or replaces it (one another launch created at the same moment
+too), so a restarted supervisor never goes back to an old count.
 """
 
 from __future__ import annotations
@@ -158,21 +158,47 @@ def replace_reason(plan: LaunchPlan, index: int, record: dict, info: dict | None
     return "made for another plan"
 
 
-def ensure_supervisor(plan: LaunchPlan):
-    """The supervisor of this plan: kept when it already runs it, else the old one is replaced."""
+# How many times `ensure_supervisor` replaces a supervisor of another plan before it gives up (launches racing on).
+ENSURE_ATTEMPTS = 3
+
+
+def _remove_supervisor(existing, namespace: str) -> None:
+    """Halt and kill the supervisor `existing` (of another plan) and wait for its name to go: while it is still
+    registered, get_if_exists would hand the dying supervisor back, leaving no supervisor at all."""
     import ray
 
-    existing = lookup(SUPERVISOR, plan.namespace)
-    if existing is not None:
-        if call(existing, "plan") == asdict(plan):
-            return existing
-        call(existing, "halt", timeout_s=STOP_TIMEOUT_S + CALL_TIMEOUT_S)
-        ray.kill(existing, no_restart=True)
-        # Its name still registered, get_if_exists would hand the dying supervisor back: no supervisor at all.
-        if not wait(lambda: lookup(SUPERVISOR, plan.namespace) is None, CALL_TIMEOUT_S):
-            raise RuntimeError(f"the supervisor of another plan in namespace {plan.namespace} was killed but its "
-                               f"name is still registered after {CALL_TIMEOUT_S:g}s; run the launch again")
-    return ray.remote(Supervisor).options(
-        name=SUPERVISOR, namespace=plan.namespace, lifetime="detached", get_if_exists=True, max_restarts=-1,
-        num_cpus=0, max_concurrency=4,
-    ).remote(asdict(plan))
+    call(existing, "halt", timeout_s=STOP_TIMEOUT_S + CALL_TIMEOUT_S)
+    ray.kill(existing, no_restart=True)
+    if not wait(lambda: lookup(SUPERVISOR, namespace) is None, CALL_TIMEOUT_S):
+        raise RuntimeError(f"the supervisor of another plan in namespace {namespace} was killed but its "
+                           f"name is still registered after {CALL_TIMEOUT_S:g}s; run the launch again")
+
+
+def ensure_supervisor(plan: LaunchPlan):
+    """The supervisor of this plan: kept when it already runs it, else the old one is replaced.
+
+    The one Ray hands back is asked for its plan too: another launch that created its own at the same moment (both
+    found none) wins `get_if_exists`, and this launch got its plan silently, then exited 1 saying its workers had not
+    joined (review of the Ray launcher, 2026-11-29). It is replaced as a later launch replaces an earlier one's, up to
+    ENSURE_ATTEMPTS times (RuntimeError naming the plan that runs: launches keep racing). A new supervisor that does
+    not answer yet (Ray is still starting it) is kept."""
+    import ray
+
+    wanted = asdict(plan)
+    running = None
+    for _ in range(ENSURE_ATTEMPTS):
+        existing = lookup(SUPERVISOR, plan.namespace)
+        if existing is not None:
+            if call(existing, "plan") == wanted:
+                return existing
+            _remove_supervisor(existing, plan.namespace)
+        handle = ray.remote(Supervisor).options(
+            name=SUPERVISOR, namespace=plan.namespace, lifetime="detached", get_if_exists=True, max_restarts=-1,
+            num_cpus=0, max_concurrency=4,
+        ).remote(wanted)
+        running = call(handle, "plan")
+        if running is None or running == wanted:
+            return handle
+    raise RuntimeError(f"another launch keeps starting the supervisor of namespace {plan.namespace} with another plan "
+                       f"({LaunchPlan.from_dict(running).describe()}) as this one replaces it, {ENSURE_ATTEMPTS} "
+                       "times; run one launch at a time")

@@ -139,9 +139,14 @@ class RayWorker:
 
     def _run(self) -> None:
         """The worker loop's thread: start the worker, and again for as long as `_run_once` says why
-        (`_start_again`)."""
-        while (reason := self._run_once()) is not None and self._start_again(reason):
-            pass
+        (`_start_again`). Whatever escapes them ends the actor FAILED (status 1) with its words: before, a thread that
+        died left it "starting" with no problem for ever (review of the Ray launcher, 2026-11-29)."""
+        try:
+            while (reason := self._run_once()) is not None and self._start_again(reason):
+                pass
+        except BaseException as exc:  # noqa: BLE001 - the actor must say why its worker thread ended
+            log.exception("%s: the worker thread ended", self.config.name)
+            self._finish(FAILED, 1, f"{type(exc).__name__}: {exc}")
 
     def _start_again(self, reason: str) -> bool:
         """After a start that ended for `reason` (`start_again_reason`): wait `retry_delay_s` (state STARTING, the
@@ -163,11 +168,16 @@ class RayWorker:
 
     def _run_once(self) -> str | None:
         """Build and run one worker; why it is started again (`_ended`), else None with the outcome recorded. A
-        worker this node cannot build (no token, a device it does not have, ...) is not started again."""
-        import torch
+        worker this node cannot build (no token, a device it does not have, torch or an rcswarm it cannot import, ...)
+        is not started again."""
+        try:
+            import torch
 
-        from rcswarm.worker.worker import End, Worker
-
+            from rcswarm.worker.worker import End, Worker
+        except BaseException as exc:  # noqa: BLE001 - a node without torch, or with a mismatched install
+            log.exception("%s cannot import the worker", self.config.name)
+            self._finish(FAILED, 1, f"{type(exc).__name__}: {exc}")
+            return None
         try:
             token = one_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}") if os.environ.get(TOKEN_ENV) else ""
             if not token:
@@ -182,7 +192,7 @@ class RayWorker:
             log.error("%s cannot start: %s", self.config.name, exc)
             self._finish(FAILED, 2, str(exc))
             return None
-        except Exception as exc:  # the actor stays alive and says why (Ray would not restart a live actor)
+        except BaseException as exc:  # noqa: BLE001 - the actor stays alive and says why (Ray restarts no live actor)
             log.exception("%s cannot start", self.config.name)
             self._finish(FAILED, 1, f"{type(exc).__name__}: {exc}")
             return None

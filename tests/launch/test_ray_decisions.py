@@ -335,8 +335,8 @@ def test_a_supervisor_whose_name_stays_registered_is_an_error_not_a_silent_reuse
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
     monkeypatch.setattr(module, "CALL_TIMEOUT_S", 0.3)
     monkeypatch.setattr(module, "lookup", lambda name, namespace: old)  # the name stays registered
-    monkeypatch.setattr(module, "call", lambda handle, method, *a, **kw: asdict(OTHER_PLAN) if method == "plan"
-                        else None)
+    monkeypatch.setattr(module, "call", lambda handle, method, *a, **kw: None if method != "plan"
+                        else asdict(PLAN) if handle is created else asdict(OTHER_PLAN))
     with pytest.raises(RuntimeError, match=r"^the supervisor of another plan in namespace rcswarm was killed but its "
                                            r"name is still registered after 0\.3s; run the launch again$"):
         module.ensure_supervisor(PLAN)

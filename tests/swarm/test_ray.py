@@ -391,6 +391,34 @@ def test_actors_waiting_for_resources_are_reported_with_the_reason(ray_cluster, 
     wait_for(lambda: rows(ray_cluster, namespace)["rcswarm-worker-0"]["ray_state"] == "ALIVE", 60, "the new actor")
 
 
+@pytest.mark.slow
+def test_a_follower_of_an_earlier_plan_ends_with_the_plan_another_launch_set(ray_cluster, namespace, tmp_path):
+    """The documented scale (the same command, another --workers, from a second driver) left a follower of the earlier
+    plan judging the run against it: scaled to 0, it polled for ever, only SIGTERM ended it (status 143), and the
+    supervisor stayed (review of the Ray launcher, 2026-11-29). Now it follows the plan that runs and ends with it,
+    removing the actors. About 10 s."""
+    common = ("--coordinator", "127.0.0.1:9", "--cpu-only", "--cpus-per-worker", "0.5")  # nobody: the worker joins on
+    out = tmp_path / "follower.out"
+    with open(out, "w") as sink:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "rcswarm.cli.main", "launch", "ray", "--address", ray_cluster, "--namespace",
+             namespace, "--workers", "1", "--poll-s", "0.5", *common], stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "rcswarm-worker-0     ALIVE" in out.read_text(), 60, "the follower's worker actor")
+        scaled = rcswarm_launch(ray_cluster, namespace, "--workers", "0", "--detach", *common, timeout=60)
+        assert scaled.returncode == 0, scaled.stdout + scaled.stderr
+        assert follower.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    said = out.read_text()
+    assert (f"another launch replaced this plan: the supervisor of namespace {namespace} now runs 0 workers of 0.5 CPU "
+            "joining 127.0.0.1:9: following it") in said, said
+    assert "no worker is wanted and none is left; removing the actors" in said, said
+    assert named_actors(namespace) == []
+
+
 def test_ray_is_imported_only_by_the_launcher_and_the_actor_and_only_inside_functions():
     """The `ray` extra is optional: no module of the package imports Ray at import time, and only the control plane
     (launch/) and the actor (worker/ray_worker.py) use it."""
