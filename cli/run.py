@@ -796,11 +796,12 @@ def load_spec(args: argparse.Namespace) -> RunSpec:
         raise ValueError(f"{given} = {run.workers}: fewer workers than the sweep's {runs} lengths under a wall-time "
                          f"budget ({run.minutes:g} minutes) leaves some lengths untrained when it ends; expected at "
                          f"least {runs} workers")
-    if spec.sync.min_reports > max(run.workers // runs, 1):
-        raise ValueError(f"sync.min_reports = {spec.sync.min_reports}: more than the {run.workers // runs} workers "
-                         f"each run has ({given} = {run.workers} over {runs} runs): every round would wait "
-                         f"sync.round_deadline_s = {spec.sync.round_deadline_s:g} s for reports that never come; "
-                         f"expected at most {max(run.workers // runs, 1)}")
+    per_run = max(run.workers // runs, 1)  # fewer workers than runs: the runs train in turn, one worker each
+    if spec.sync.min_reports > per_run:
+        raise ValueError(f"sync.min_reports = {spec.sync.min_reports}: more than the {per_run} worker"
+                         f"{'s' if per_run > 1 else ''} each run has ({given} = {run.workers} over {runs} runs): every "
+                         f"round would wait sync.round_deadline_s = {spec.sync.round_deadline_s:g} s for reports that "
+                         f"never come; expected at most {per_run}")
     sync = dataclasses.replace(spec.sync, min_reports=max(spec.sync.min_reports, run.workers // runs))
     if run.rounds == 0:
         raise ValueError("run.rounds = 0 (until stopped) is for `rcswarm coordinator`; `rcswarm run` needs a number of rounds")

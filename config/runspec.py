@@ -573,12 +573,17 @@ class SyncSection:
         error feedback (none without sync.error_feedback) and of the coordinator's downlink (none with the hivemind
         backend, and always zero with the lossless fp32 codec); with a lossy coordinator downlink it still acts."""
         if self.backend == "hivemind":
-            _refuse_unused(self, "sync", ("round", "adaptive_steps", "max_staleness", "aggregation"),
+            _refuse_unused(self, "sync", ("round", "adaptive_steps", "max_staleness", "aggregation", "min_steps",
+                                          "clip_factor", "staleness_exponent"),
                            'with sync.backend = "hivemind"', "hivemind peers train inner.steps every round and average by "
                            "all-reduce: the coordinator's pace, staleness and aggregation rules never run")
         if self.round == "steps":
             _refuse_unused(self, "sync", ("max_steps", "round_seconds"), 'unless sync.round = "time"',
                            "only a time-boxed round has a time budget and a step cap")
+            if not self.adaptive_steps:
+                _refuse_unused(self, "sync", ("min_steps",), 'unless sync.round = "time" or sync.adaptive_steps',
+                               "step-boxed rounds of fixed steps train inner.steps; only a time budget or adaptive "
+                               "step counts have a floor")
         else:
             _refuse_unused(self, "sync", ("adaptive_steps",), 'with sync.round = "time"', "a time-boxed round's "
                            "budget sets every worker's steps; adaptive step counts are for step-boxed rounds")

@@ -37,9 +37,10 @@ the worker pulls and re-syncs, where INVALID_ARGUMENT would end it. Metric rows 
 
 Metrics: the rows of the run the request names (`ReportMetricsRequest.run_id`; another run's are refused with
 FAILED_PRECONDITION, never stored here), at most MAX_METRICS_PER_REQUEST rows a request, each in range
-(`metric_problem`, checked without the lock; its tokens at most one step's, `step_token_bound`; its loss and
-held-out loss at most observe/forecast.py MAX_LOSS, the one bound the forecasts, the fits' step means and the
-worker's held-out losses share; rows of a version the run has not served are not stored, nor a trained step's row
+(`metric_problem`, checked without the lock; its tokens at most one step's, `step_token_bound`; its held-out loss
+at most observe/forecast.py MAX_LOSS, the one bound the forecasts, the fits' step means and the worker's held-out
+losses share, and a loss above it stored as none, `without_diverged_loss`: a diverged step's; rows of a version the
+run has not served are not stored, nor a trained step's row
 its worker reported before, `StateStore.add_new_metrics`), and per worker at most
 `coordinator.max_metrics_per_round` rows while one version is current and `coordinator.metric_rows_per_s` over
 time (`count_metric_rows`, `decisions.decide_metric_rows`, RESOURCE_EXHAUSTED). The limits are records.py's.
@@ -119,15 +120,10 @@ def metric_problem(index: int, metric: pb.Metric, step_tokens: tuple[int, str] |
         value = getattr(metric, name)
         if not (math.isfinite(value) and value >= 0):
             return f"metrics[{index}].{name} = {value!r} is out of range: expected a finite number >= 0"
-    if math.isinf(metric.loss) or metric.loss <= 0:
+    if metric.loss <= 0:
         # A loss <= 0 is no cross-entropy a step can measure, and one such row stored made every fit of the state dir
         # (rcswarm fit, the launcher's law, curriculum.law_from) refuse it whole.
-        return f"metrics[{index}].loss = {metric.loss!r} is out of range: expected a finite number > 0, or NaN for none"
-    if metric.loss > MAX_LOSS:
-        # A garbage metric, which the forecasts leave out: one of 1.7e308 stored made those fits and the dashboard's
-        # /api/status and /metrics fail with OverflowError, in every later read of the state dir.
-        return (f"metrics[{index}].loss = {metric.loss!r} is out of range: expected at most {MAX_LOSS:g} (a larger "
-                "loss is a garbage metric, no point of a curve), or NaN for none")
+        return f"metrics[{index}].loss = {metric.loss!r} is out of range: expected a number > 0, or NaN for none"
     if not (metric.val_loss == 0 or 0 < metric.val_loss <= MAX_LOSS):
         return (f"metrics[{index}].val_loss = {metric.val_loss!r} is out of range: expected a held-out loss in "
                 f"(0, {MAX_LOSS:g}], or 0 for none")
@@ -136,6 +132,20 @@ def metric_problem(index: int, metric: pb.Metric, step_tokens: tuple[int, str] |
     if len(metric.param_sha256) > MAX_SHA256_HEX:
         return f"metrics[{index}].param_sha256 has {len(metric.param_sha256)} characters: expected at most {MAX_SHA256_HEX}"
     return None
+
+
+def without_diverged_loss(metric: pb.Metric) -> pb.Metric:
+    """`metric` as stored: a loss above MAX_LOSS (+inf included) is a diverged step's, no point of a curve, and is
+    stored as no loss (NaN), the row and its tokens kept. Refused, such a row took its whole report with it (the
+    honest rows beside it), and before a re-join ended its worker (a refusal is fatal to a client); stored as sent,
+    one of 1.7e308 made every fit of the state dir and the dashboard's /api/status and /metrics fail with
+    OverflowError, in every later read."""
+    if not metric.loss > MAX_LOSS:
+        return metric
+    stored = pb.Metric()
+    stored.CopyFrom(metric)
+    stored.loss = math.nan
+    return stored
 
 
 def check_metrics(metrics: Sequence[pb.Metric], step_tokens: tuple[int, str] | None = None,

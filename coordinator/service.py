@@ -88,6 +88,7 @@ from rcswarm.coordinator.intake import (
     receive_update,
     require_secret,
     set_aside,
+    without_diverged_loss,
 )
 from rcswarm.coordinator.liveness import LivenessClock
 from rcswarm.coordinator.records import (
@@ -130,6 +131,9 @@ LOCK_STALL_BEATS = 3
 # A handler whose wait for the run's lock is bounded by its call's deadline (`_hold`) gives up this long before it,
 # so that its UNAVAILABLE reaches the caller before the caller's own deadline does.
 LOCK_WAIT_MARGIN_S = 0.1
+# A join seated with less than this left to its call's deadline could not answer in time: undone instead
+# (`_check_join_time`).
+JOIN_ANSWER_MARGIN_S = 0.01
 
 
 class RunLog(logging.LoggerAdapter):
@@ -547,15 +551,17 @@ class SwarmCoordinator:
                 return self._seat(pending, landed)
 
     def _check_join_time(self, pending: PendingJoin, when: str) -> None:
-        """Refuse a join (DEADLINE_EXCEEDED) whose call has less than LOCK_WAIT_MARGIN_S left
+        """Refuse a join (DEADLINE_EXCEEDED) whose call has less than JOIN_ANSWER_MARGIN_S left
         (`guards.call_time_left`; outside a call, never): its answer would reach a caller that gave up, and a
         membership seated then is one the worker never learns of, counted against coordinator.max_workers and waited
-        for by every round until its lease expires. The caller undoes the admission (`_unadmit`)."""
+        for by every round until its lease expires. The caller undoes the admission (`_unadmit`). The margin is
+        well below the shortest deadline a worker gives a call (--rpc-timeout-s >= 0.1 s): with the locks' 0.1 s
+        margin, every join of a worker at that floor was refused."""
         left = call_time_left()
-        if left is not None and left < LOCK_WAIT_MARGIN_S:
+        if left is not None and left < JOIN_ANSWER_MARGIN_S:
             raise Refusal(grpc.StatusCode.DEADLINE_EXCEEDED,
-                          f"join of {pending.worker.name} undone {when}: {max(left, 0.0) * 1000:.0f} ms were left to "
-                          f"the call's deadline, less than the {LOCK_WAIT_MARGIN_S * 1000:.0f} ms its answer needs "
+                          f"join of {pending.worker.name} undone {when}: {max(left, 0.0) * 1000:.1f} ms were left to "
+                          f"the call's deadline, less than the {JOIN_ANSWER_MARGIN_S * 1000:g} ms its answer needs "
                           "to arrive; retry with a longer deadline")
 
     @contextlib.contextmanager
@@ -1084,7 +1090,7 @@ class SwarmCoordinator:
         # version this run has not served (a confused client), or of one a fallback set aside (their θ no longer exists
         # in this run: a coordinator that resumed from an older checkpoint, intake.py "Set-aside versions").
         last = self.spec.run.rounds
-        metrics = [m for m in request.metrics
+        metrics = [without_diverged_loss(m) for m in request.metrics
                    if not ((last > 0 and m.version >= last and m.tokens > 0) or m.version > served
                            or set_aside(self.rejected_versions, m.version) is not None)]
         with self._hold():

@@ -468,20 +468,23 @@ class StateStore:
 
     def joins(self, worker_prefix: str = "") -> int:
         """The run's count of joins: the largest join number handed out so far, which the next join's exceeds (takes
-        `_lock`; a coordinator's start). `JOINS_KEY` when stored; else (a state dir of an older rcswarm, or a new run)
-        what the joins recorded say (`JOINS_RECORDED`: the join rows' count or the largest number their ids of
-        `worker_prefix` name, whichever is larger; 0 for none). A stored value that is not a count is logged (WARNING)
-        and read as absent."""
+        `_lock`; a coordinator's start). The larger of `JOINS_KEY` and what the joins recorded say (`JOINS_RECORDED`:
+        the join rows' count or the largest number their ids of `worker_prefix` name, whichever is larger; 0 for
+        none): a state dir of an older rcswarm has no key, and one an older rcswarm served after this one has a key
+        behind its joins (a review found seeds handed out twice that way). A stored value that is not a count is
+        logged (WARNING) and read as absent."""
         head = f"{worker_prefix}w"
         with self._writer("cannot read it") as db:
             row = db.execute("SELECT value FROM run_state WHERE key = ?", (JOINS_KEY,)).fetchone()
-            if row is not None and str(row[0]).isascii() and str(row[0]).isdigit():
-                return int(row[0])
             recorded = db.execute(JOINS_RECORDED, {"head": head, "length": len(head), "start": len(head) + 1}).fetchone()
+        recorded_count = max(int(recorded[0] or 0), 0)
+        if row is not None and str(row[0]).isascii() and str(row[0]).isdigit():
+            # Both: an older rcswarm that served the state dir meanwhile numbered its joins without the key.
+            return max(int(row[0]), recorded_count)
         if row is not None:
             log.warning("%s: run_state %s = %r is not a count of joins: resuming from the joins recorded (%d)",
-                        self.db_path, JOINS_KEY, row[0], int(recorded[0] or 0))
-        return max(int(recorded[0] or 0), 0)
+                        self.db_path, JOINS_KEY, row[0], recorded_count)
+        return recorded_count
 
     def row_counts(self, *tables: str) -> dict[str, int]:
         """The number of rows in each of `tables` (of ROW_COUNTED_TABLES), through the writer connection; ValueError

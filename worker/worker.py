@@ -1322,7 +1322,8 @@ class Worker:
     def _flush_previous(self, previous: Identity) -> None:
         """Before a re-join: the oldest pending rows (`_report_batch`) under the membership that trained them; kept
         when the coordinator no longer knows it (NOT_FOUND: restarted, or evicted) or did not answer (one attempt, as
-        every report)."""
+        every report); dropped with one WARNING when it refuses them, as `_flush_metrics` drops them (metrics are
+        best effort: a refused report ended the worker here, at a sweep's move or a pruned run's re-join)."""
         if not self._pending:
             return
         batch = self._report_batch()
@@ -1331,7 +1332,9 @@ class Worker:
             self.client.report_metrics(previous, sent, self._pending_run)
         except grpc.RpcError as err:
             if classify(err.code())[0] is Action.FATAL:
-                raise
+                self._pending = self._pending[len(batch):]
+                log.warning("%s: ReportMetrics of the membership it leaves refused: %s: %s; %d metric rows dropped",
+                            self.worker_id, err.code().name, err.details(), len(batch))
             return
         self._counters.delivered(sent)
         self._pending = self._pending[len(batch):]

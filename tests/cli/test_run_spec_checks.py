@@ -56,6 +56,7 @@ def test_fewer_workers_than_a_sweeps_lengths_under_a_time_budget_is_refused(tmp_
 
 @pytest.mark.parametrize(("workers", "lengths", "min_reports", "taken"), [
     (1, [], 3, False), (2, [], 2, True), (4, [8, 16], 3, False), (4, [8, 16], 2, True), (1, [8, 16], 1, True),
+    (2, [8, 16, 32, 64], 2, False),
 ])
 def test_min_reports_above_the_workers_per_run_is_refused(tmp_path, capsys, workers, lengths, min_reports, taken):
     spec = tiny_spec(run={"rounds": 4, "workers": workers}, sync={"min_reports": min_reports})
@@ -67,4 +68,6 @@ def test_min_reports_above_the_workers_per_run_is_refused(tmp_path, capsys, work
         assert run_cli.load_spec(run_cli.parse_args([str(config)])).sync.min_reports >= min_reports
     else:
         err = refused(tmp_path, capsys, spec)
-        assert f"sync.min_reports = {min_reports}: more than the {workers // max(len(lengths), 1)} workers each run" in err
+        per_run = max(workers // max(len(lengths), 1), 1)  # one each when the runs train in turn
+        assert f"sync.min_reports = {min_reports}: more than the {per_run} worker" in err
+        assert f"expected at most {per_run}" in err

@@ -141,6 +141,23 @@ UNUSED = {
         {"sync": {"backend": "hivemind", "max_staleness": 5}},
         rf"sync\.max_staleness = 5 is invalid: expected the default \(1\) {HIVEMIND_DOES_NOT_RUN}",
         {"sync": {"max_staleness": 5}}),
+    "hivemind step floor": (
+        {"sync": {"backend": "hivemind", "min_steps": 3}},
+        rf"sync\.min_steps = 3 is invalid: expected the default \(1\) {HIVEMIND_DOES_NOT_RUN}",
+        {"sync": {"round": "time", "min_steps": 3}}),
+    "hivemind clip factor": (
+        {"sync": {"backend": "hivemind", "clip_factor": 5.0}},
+        rf"sync\.clip_factor = 5\.0 is invalid: expected the default \(2\.0\) {HIVEMIND_DOES_NOT_RUN}",
+        {"sync": {"clip_factor": 5.0}}),
+    "hivemind staleness exponent": (
+        {"sync": {"backend": "hivemind", "staleness_exponent": 1.0}},
+        rf"sync\.staleness_exponent = 1\.0 is invalid: expected the default \(0\.5\) {HIVEMIND_DOES_NOT_RUN}",
+        {"sync": {"staleness_exponent": 1.0}}),
+    "step floor of fixed step-boxed rounds": (
+        {"sync": {"min_steps": 3}},
+        (r'sync\.min_steps = 3 is invalid: expected the default \(1\) unless sync\.round = "time" or '
+         r"sync\.adaptive_steps \(step-boxed rounds of fixed steps train inner\.steps"),
+        {"sync": {"adaptive_steps": True, "min_steps": 3}}),
     "density of int8": (
         {"sync": {"codec": "int8", "density": 0.5}},
         (r'sync\.density = 0\.5 is invalid: expected the default \(0\.02\) unless sync\.codec = "sparse" \(the int8 '
@@ -268,3 +285,14 @@ def test_a_run_stored_with_a_key_that_does_nothing_resumes_under_the_config_with
         assert group.version == 0 and group.runs[0].spec == spec
     finally:
         group.close()
+
+
+def test_a_hivemind_spec_with_a_time_budget_read_back_takes_its_step_floor_at_the_default_too():
+    """A review of the read-back: a stored hivemind spec with sync.round = "time", max_steps 100 and min_steps 20
+    (inner.steps 10) was read back with round and max_steps at their defaults but min_steps kept, and then refused
+    (min_steps above the 10 steps a step-boxed round allows): `rcswarm status` on such a mirror's state dir failed."""
+    stored = RunSpec().to_dict()
+    stored["sync"].update(backend="hivemind", round="time", max_steps=100, min_steps=20, round_seconds=10.0)
+    stored["inner"]["steps"] = 10
+    spec = RunSpec.from_json(json.dumps(stored))
+    assert (spec.sync.round, spec.sync.max_steps, spec.sync.min_steps, spec.sync.round_seconds) == ("steps", 0, 1, 30.0)

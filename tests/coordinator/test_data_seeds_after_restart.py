@@ -139,7 +139,7 @@ class SlowJoinStore(StateStore):
 
 def test_an_undone_joins_number_is_the_next_joins_and_a_restart_numbers_above_it(tmp_path: Path) -> None:
     """A join its call's deadline ends after its write (DEADLINE_EXCEEDED, `_unadmit`) was never answered: the next
-    join takes its number (no worker holds that seed or id), and a restart numbers on above both."""
+    join takes its number (no worker holds that seed or id), and a restart numbers on above every join recorded."""
     store = SlowJoinStore(tmp_path, durable=False)
     run = SwarmCoordinator(SPEC, store)
     try:
@@ -157,7 +157,8 @@ def test_an_undone_joins_number_is_the_next_joins_and_a_restart_numbers_above_it
     restarted = SwarmCoordinator(SPEC, StateStore(tmp_path, durable=False))
     try:
         c = restarted.join(pb.JoinRequest(worker_name="c"))
-        assert (c.data_seed, number_of(c.worker_id)) == (3, 3)
+        # Above the stored count (2) and the 3 join rows (the undone one's included): a number skipped, none repeated.
+        assert (c.data_seed, number_of(c.worker_id)) == (4, 4)
     finally:
         restarted.close()
 
@@ -166,3 +167,20 @@ def test_a_fresh_run_starts_at_one(tmp_path: Path) -> None:
     with serving(SPEC, tmp_path) as (_, target):
         joined = join_and_leave(target, ["a"])
     assert [(number_of(w), s) for w, s in joined] == [(1, 1)]
+
+
+def test_a_count_an_older_rcswarm_left_behind_its_joins_is_not_trusted_alone(tmp_path: Path) -> None:
+    """A review: this version stored count 2; an older rcswarm then served the state dir and numbered 6 joins from 1
+    again without updating it; upgraded again, the count resumed from 2 and handed out seeds the older life had
+    used. The start now takes the larger of the count and the joins recorded."""
+    with serving(SPEC, tmp_path) as (_, target):
+        join_and_leave(target, ["a", "b"])
+    store = StateStore(tmp_path, durable=False)
+    try:
+        for number in range(1, 7):  # the older life's joins: their rows, the stored count untouched
+            store.add_event(f"w{number}-old", "join", "an older rcswarm's join", 0.0)
+    finally:
+        store.close()
+    with serving(SPEC, tmp_path) as (_, target):
+        joined = join_and_leave(target, ["c"])
+    assert joined[0][1] == 9 and number_of(joined[0][0]) == 9  # 2 + 6 join rows recorded before it

@@ -3,7 +3,7 @@
 The call's deadline bounded only the join's lock waits: a join whose store write (`StateStore.record_join`) outlasted
 it was seated all the same, a member its worker never learnt of (the client had DEADLINE_EXCEEDED), counted against
 coordinator.max_workers and waited for by every round until its lease expired (40 joins with 3-20 ms deadlines left 2
-such members). Now a join with less than LOCK_WAIT_MARGIN_S left before or after its write is undone as a failed write
+such members). Now a join with less than JOIN_ANSWER_MARGIN_S (10 ms) left before or after its write is undone as a failed write
 is (`SwarmCoordinator._unadmit`) and answered DEADLINE_EXCEEDED; its stored rows end with a "leave" event, and a
 curriculum entry it moved is stored back. Real gRPC on 127.0.0.1, a real store whose `record_join` is slow.
 """
@@ -134,3 +134,15 @@ def test_an_undone_rejoin_gives_back_the_curriculum_entry_it_moved_in_memory_and
     assert run.tracker.state.workers == {again.worker_id: own} and again.assignment.seq_len == 8  # its own rung
     stored = read_state(tmp_path, lambda s: curricula.CurriculumState.from_json(s.get(curricula.CURRICULUM_KEY)))
     assert stored.workers == {again.worker_id: own}
+
+
+def test_a_join_at_the_shortest_deadline_a_worker_gives_is_seated(serve: Any) -> None:
+    """A review of the undo: with the locks' 0.1 s margin, every Join of a worker at the --rpc-timeout-s floor
+    (0.1 s) was undone (0 of 10 seated on loopback). The undo now needs less than 10 ms left."""
+    served = serve(tiny_spec(coordinator={"lease_s": 60.0, "max_workers": 16}))
+    seated = []
+    for index in range(5):
+        answer = served.wire.stub.Join(pb.JoinRequest(worker_name=f"quick{index}", device="cpu", pid=1), timeout=0.1,
+                                       metadata=served.wire.metadata)
+        seated.append(answer.worker_id)
+    assert sorted(served.run.workers) == sorted(seated) and served.store.events("leave") == []

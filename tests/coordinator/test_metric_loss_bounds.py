@@ -4,7 +4,7 @@
 A loss above MAX_LOSS (the bound the forecasts leave garbage out by, observe/forecast.py): the intake refused only
 non-finite losses and those <= 0, so a row with loss 1.7e308 was stored, and every later fit of the state dir
 (`rcswarm fit`, the sweep dashboard's /api/status and /metrics) failed with OverflowError, across restarts. Now it
-is refused with INVALID_ARGUMENT naming `metrics[i].loss` and its value, nothing of the batch stored.
+is stored as no loss (NaN), its row and tokens kept (a diverged step's: refusing it took the honest rows beside it).
 
 A trained step reported again (a report retried after its answer was lost, or sent again on purpose): every copy
 was stored, up to the per-round row cap, so one worker's loss counted that many times in its step's mean and its
@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import grpc
 import pytest
 
 from rcswarm.observe.forecast import MAX_LOSS
@@ -40,25 +39,25 @@ def test_the_forecasts_bound_is_the_one_the_wire_bounds_held_out_losses_by() -> 
     assert MAX_LOSS == MAX_VAL_LOSS == 1e4
 
 
-@pytest.mark.parametrize("loss", [1e5, 1.7e308, MAX_LOSS * (1 + 1e-15)])
-def test_a_loss_above_max_loss_is_refused_naming_it_and_nothing_is_stored(tmp_path: Path, loss: float) -> None:
+@pytest.mark.parametrize("loss", [1e5, 1.7e308, math.inf, MAX_LOSS * (1 + 1e-15)])
+def test_a_loss_above_max_loss_is_stored_as_none_with_its_row_and_the_rows_beside_it(tmp_path: Path,
+                                                                                     loss: float) -> None:
+    """A diverged step's loss (exploded logits give a finite cross-entropy of ~8.6e4) or a garbage one: stored as
+    no loss (NaN), its row and tokens kept, the honest rows beside it stored. Refused (the first version of the
+    bound), it took the honest rows with it and, before a re-join, ended its worker; stored as sent, one of 1.7e308
+    made every later fit of the state dir fail with OverflowError."""
     with serving(tiny_spec(), tmp_path) as (group, target):
         wire = Wire(target)
         try:
-            worker = wire.join("liar")
-            refused = wire.refusal("ReportMetrics", pb.ReportMetricsRequest(
-                **wire.creds(worker), metrics=[step_row(1, loss=loss), step_row(2)]))
-            assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert f"metrics[0].loss = {loss!r} is out of range: expected at most 10000" in refused.details(), \
-                refused.details()
-            assert group.runs[0].store.metric_rows() == []
-            # The bound itself, and NaN ("no loss", a pull's row) are taken.
-            pull = pb.Metric(version=0, step=0, seq_len=LENGTH, batch=4, loss=math.nan, tokens=0)
-            assert wire.report(worker, [step_row(1, loss=MAX_LOSS), pull]).stored == 2
+            worker = wire.join("diverged")
+            assert wire.report(worker, [step_row(1, loss=loss), step_row(2), step_row(3, loss=MAX_LOSS)]).stored == 3
+            status = wire.call("GetStatus", pb.GetStatusRequest())
+            assert status.total_tokens == 3 * 4 * LENGTH
         finally:
             wire.close()
     rows = read_state(tmp_path, lambda store: store.metric_rows())
-    assert [row.loss for row in rows][0] == MAX_LOSS and len(rows) == 2
+    losses = [row.loss for row in rows]
+    assert losses == [None, 3.0, MAX_LOSS]  # NaN is stored as NULL
 
 
 def test_a_trained_step_reported_again_is_stored_and_counted_once(tmp_path: Path) -> None:

@@ -35,15 +35,25 @@ class NotFound(grpc.RpcError):
         return "unknown worker"
 
 
+class Refused(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.INVALID_ARGUMENT
+
+    def details(self) -> str:
+        return "metrics refused: metrics[0].loss = -1.0 is out of range"
+
+
 class Wire:
     """The worker's client, faked: `joins` is the run each next Join lands in; byte counters the test moves; every
-    stored report as (run_id, worker_id, rows); reports from a membership in `forgotten` fail with NOT_FOUND."""
+    stored report as (run_id, worker_id, rows); reports from a membership in `forgotten` fail with NOT_FOUND, from
+    one in `refusing` with INVALID_ARGUMENT."""
 
     def __init__(self, joins: list[str]) -> None:
         self.joins = list(joins)
         self.bytes_sent = self.bytes_received = 0
         self.stored: list[tuple[str, str, list[pb.Metric]]] = []
         self.forgotten: set[str] = set()
+        self.refusing: set[str] = set()
         self.members = 0
         self.spec_json = tiny_spec().to_json()
 
@@ -56,6 +66,8 @@ class Wire:
     def report_metrics(self, member, metrics: list[pb.Metric], run_id: str) -> None:
         if member.worker_id in self.forgotten:
             raise NotFound()
+        if member.worker_id in self.refusing:
+            raise Refused()
         self.stored.append((run_id, member.worker_id, list(metrics)))
 
     def heartbeat(self, member) -> pb.HeartbeatResponse:
@@ -189,3 +201,25 @@ def test_a_worker_moved_to_another_run_reports_that_runs_compute_and_sync_second
         worker._end_threads()
     seconds = {(run, member): [(m.compute_seconds, m.sync_seconds) for m in rows] for run, member, rows in wire.stored}
     assert seconds == {("sweep-L4", "w1"): [(40.0, 10.0)], ("sweep-L16", "w2"): [(5.0, 2.5)]}
+
+
+def test_rows_the_left_membership_is_refused_are_dropped_at_the_rejoin_not_fatal(caplog) -> None:
+    """A re-join first reports the rows pending under the membership it leaves (`_flush_previous`); a refusal there
+    (INVALID_ARGUMENT: a coordinator that bounds a field this worker's rows break) ended the worker, where the same
+    refusal of a plain report drops the rows with a WARNING. Now the rows are dropped here too, and the re-join goes
+    on."""
+    worker, wire = moved_worker(["sweep-L4", "sweep-L16"])
+    try:
+        worker._join()  # membership w1
+        row(worker, 0)
+        wire.refusing.add("w1")
+        with caplog.at_level("WARNING"):
+            worker._join()  # moved to L=16 (w2): w1's pending row is refused, dropped
+        assert worker.identity.worker_id == "w2" and worker._pending == []
+        assert "ReportMetrics of the membership it leaves refused: INVALID_ARGUMENT" in caplog.text
+        row(worker, 1)
+        worker._flush_metrics()
+    finally:
+        worker.stop.set()
+        worker._end_threads()
+    assert [(run, member, [r.step for r in rows]) for run, member, rows in wire.stored] == [("sweep-L16", "w2", [1])]
