@@ -131,6 +131,7 @@ def empty_path(args: argparse.Namespace) -> str | None:
 
 # The coordinator backend's own flags: a hivemind peer pulls and pushes nothing through a coordinator and keeps no
 # state dir (no residual file, no membership file, no lock).
+DEFAULT_TRANSFER_S = 300.0  # --transfer-timeout-s when not given (or --rpc-timeout-s, when that is longer)
 COORDINATOR_ONLY_FLAGS = ("--transfer-timeout-s", "--membership-file", "--state-dir")
 
 
@@ -251,8 +252,9 @@ def parser() -> argparse.ArgumentParser:
     parser.set_defaults(patience_s_flag="--patience-s")
     parser.add_argument("--rpc-timeout-s", type=float, default=10.0,
                         help="deadline of one unary call; a long poll adds its wait (default: %(default)s)")
-    parser.add_argument("--transfer-timeout-s", type=float, default=300.0,
-                        help="deadline of one parameter pull or update push (default: %(default)s)")
+    parser.add_argument("--transfer-timeout-s", type=float, default=DEFAULT_TRANSFER_S,
+                        help="deadline of one parameter pull or update push, at least --rpc-timeout-s (default: "
+                             "%(default)s, or --rpc-timeout-s when that is longer)")
     parser.add_argument("--membership-file", type=path_arg, default=None, metavar="PATH",
                         help="keep this worker's membership (its id and secret, mode 0600) here, so that the process "
                              "started after this one was killed ends it at once and trains sooner (give it a private "
@@ -305,9 +307,14 @@ def main(argv: list[str] | None = None) -> int:
         membership_file = args.membership_file
         if membership_file is None and args.state_dir is not None:
             membership_file = args.state_dir / MEMBERSHIP_NAME
+        # The default transfer deadline is at least the rpc timeout (`--rpc-timeout-s 400` alone was refused, naming a
+        # --transfer-timeout-s nobody typed); a shorter one given is refused below.
+        transfer_s = args.transfer_timeout_s
+        if transfer_s == DEFAULT_TRANSFER_S:
+            transfer_s = max(transfer_s, args.rpc_timeout_s)
         options = client_options(
             args, WorkerOptions, device=args.device, name=args.name, threads=args.threads, patience_s=args.patience_s,
-            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=args.transfer_timeout_s, max_params=args.max_params,
+            rpc_timeout_s=args.rpc_timeout_s, transfer_timeout_s=transfer_s, max_params=args.max_params,
             max_step_tokens=args.max_step_tokens, membership_file=membership_file, state_dir=args.state_dir,
             data_root=args.data_root,
         )

@@ -18,9 +18,10 @@ client certificate, or its absence, the coordinator refuses after the handshake)
 from the first failure after its last answer (a reply, or a refusal), whichever thread made the
 call, so a long push retried while heartbeats are answered goes on, and calls that fail one after
 another share one patience instead of each starting its own. A transfer (a push, a pull) in flight is watched
-(`CoordinatorClient._watched`): within TRANSFER_POLL_S of the stop event being set, or of that silence (the heartbeat's
-failures start it) reaching the patience, the call is cancelled and Stopped or RetriesExhausted raised, instead of
-the attempt running to its transfer deadline (300 s by default) first. A refused payload (a pull that fails its
+(`CoordinatorClient._watched`): once the stop event has been set for the rpc timeout (a push about to land lands), or
+that silence (the heartbeat's failures start it; the transfer's own messages, as they move, reset it) reaches the
+patience, the call is cancelled and Stopped or RetriesExhausted raised, instead of the attempt running to its
+transfer deadline (300 s by default) first. A refused payload (a pull that fails its
 checks) is an answer, so it cannot count as silence: a pull gives up after
 `RetryPolicy.max_refused_payloads` refused payloads in a row instead, however often other calls are
 answered meanwhile. A join refused because every place is taken (RESOURCE_EXHAUSTED with the coordinator's
@@ -500,6 +501,15 @@ class CoordinatorClient:
         with self._silence_lock:
             self._silent_since = None
 
+    def _progressing(self, messages: Iterator[T]) -> Iterator[T]:
+        """`messages` (a pull's responses received, a push's requests taken by gRPC to send, which its flow control
+        holds back while the coordinator takes nothing), each counted as the coordinator answering (`_answered`): a
+        transfer that moves is no silence, however long it takes (one that took longer than the patience after a
+        failed attempt, or behind timed-out heartbeats on a slow link, was cancelled)."""
+        for message in messages:
+            self._answered()
+            yield message
+
     def _silent_for(self) -> float:
         """Seconds since the first failure after the coordinator's last answer, 0 while it answers; starts no clock
         (takes `_silence_lock`)."""
@@ -509,19 +519,25 @@ class CoordinatorClient:
     @contextlib.contextmanager
     def _watched(self, what: str, call: grpc.Future) -> Iterator[None]:
         """Run the body, which waits on the transfer `call` (a push's future, a pull's response stream), while a
-        watcher thread cancels `call` once the stop event is set or the coordinator has been silent for the
-        patience (`_silent_for`: the failures of other calls, the heartbeat's, start that clock; an answer to any
-        call resets it, so a long transfer goes on while heartbeats are answered). The body's failure is then raised
-        as Stopped (a stop wins) or RetriesExhausted. Before, the attempt ran to its transfer deadline: a SIGTERMed
-        worker pushing to a stalled coordinator left after 318 s, and `--patience-s 10` gave up after 322 s. A body
-        that ends before the cancel takes hold keeps its outcome (a push answered is delivered)."""
+        watcher thread cancels `call` once the stop event has been set for the rpc timeout (`Timeouts.unary_s`: a
+        healthy push about to land still lands, and its round counts; cancelled at once, a scale-down lost it) or the
+        coordinator has been silent for the patience (`_silent_for`: the failures of other calls, the heartbeat's,
+        start that clock; an answer to any call, and each message of the transfer itself, `_progressing`, resets it,
+        so a long transfer goes on while it moves). The body's failure is then raised as Stopped (a stop wins) or
+        RetriesExhausted. Before, the attempt ran to its transfer deadline: a SIGTERMed worker pushing to a stalled
+        coordinator left after 318 s, and `--patience-s 10` gave up after 322 s. A body that ends before the cancel
+        takes hold keeps its outcome (a push answered is delivered)."""
         ended = threading.Event()
         why: list[RuntimeError] = []
+        stopped_at: list[float] = []  # when the watch first saw the stop
 
         def give_up() -> bool:
             silent = self._silent_for()
-            if self.stop.is_set():
-                why.append(Stopped(f"{what}: stopped with the transfer in flight (cancelled)"))
+            if self.stop.is_set() and not stopped_at:
+                stopped_at.append(time.monotonic())
+            if stopped_at and time.monotonic() - stopped_at[0] >= self.timeouts.unary_s:
+                why.append(Stopped(f"{what}: stopped, and the transfer in flight did not end within the "
+                                   f"{self.timeouts.unary_s:g}s (--rpc-timeout-s) a stop gives it (cancelled)"))
             elif silent >= self.retry.max_elapsed_s:
                 why.append(RetriesExhausted(
                     f"{what}: gave up after {silent:.1f}s without an answer from the coordinator (patience "
@@ -706,7 +722,8 @@ class CoordinatorClient:
             responses = self.stub.PullParameters(request, timeout=self.timeouts.transfer_s, metadata=self.metadata)
             try:
                 with self._watched("PullParameters", responses):
-                    header, tensors, received = receive_pull(responses, run_id, expected, wire_format)
+                    header, tensors, received = receive_pull(self._progressing(responses), run_id, expected,
+                                                             wire_format)
                 if header.HasField("delta_from_version"):
                     tensors = apply_delta(header, tensors, held[0])
             except tensor_stream.PayloadError as exc:
@@ -730,7 +747,8 @@ class CoordinatorClient:
         metadata = (*self.metadata, (WORKER_ID_METADATA, meta.worker_id), (WORKER_SECRET_METADATA, meta.worker_secret))
 
         def attempt() -> pb.PushUpdateResponse:
-            call = self.stub.PushUpdate.future(iter(messages), timeout=self.timeouts.transfer_s, metadata=metadata)
+            call = self.stub.PushUpdate.future(self._progressing(iter(messages)), timeout=self.timeouts.transfer_s,
+                                               metadata=metadata)
             with self._watched("PushUpdate", call):
                 response = call.result()
             self.bytes_sent += size

@@ -202,3 +202,12 @@ def test_a_host_that_is_no_host_name_is_refused_naming_coordinator(target, refus
     """`--coordinator "a b:50051"` was dialled and retried UNAVAILABLE for the whole patience."""
     assert worker_cli.main([*backend, "--coordinator", target, "--token", TOKEN]) == 2
     assert one_line(capsys).startswith(f"rcswarm worker: --coordinator {target!r}: {refusal}")
+
+
+def test_a_long_rpc_timeout_alone_raises_the_default_transfer_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review: `--rpc-timeout-s 400` alone was refused naming `--transfer-timeout-s 300.0`, a flag nobody typed (the
+    default); the default transfer deadline is now at least the rpc timeout, and a shorter one given is refused."""
+    started: list[WorkerOptions] = []
+    monkeypatch.setattr(worker_cli, "run_worker", lambda options, *_args, **_kwargs: started.append(options) or 0)
+    assert worker_cli.main(["--coordinator", "127.0.0.1:1", "--token", TOKEN, "--rpc-timeout-s", "400"]) == 0
+    assert (started[0].rpc_timeout_s, started[0].transfer_timeout_s) == (400.0, 400.0)

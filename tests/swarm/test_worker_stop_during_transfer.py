@@ -86,8 +86,9 @@ def stall_during_push(coordinator: subprocess.Popen, worker: subprocess.Popen, s
 
 def test_a_sigterm_during_a_push_to_a_stalled_coordinator_leaves_within_a_few_rpc_timeouts(
         coordinator, spawn_worker, tmp_path: Path):
-    """SIGTERM with the push in flight: exit 0 within about 3 × --rpc-timeout-s (the cancelled push, the metrics
-    report and the Leave, each within the rpc timeout), not after --transfer-timeout-s. The residual file keeps the
+    """SIGTERM with the push in flight: exit 0 within about 4 × --rpc-timeout-s (the rpc timeout a stop gives the push
+    in flight to land, then its cancel, the metrics report and the Leave, each within the rpc timeout), not after
+    --transfer-timeout-s. The residual file keeps the
     state the next start expects (saved for the update of version 1 as it holds once that push lands, which may have
     happened), the membership file stays (the Leave got no answer) and a worker started again with that state dir
     ends that membership, resumes the residual and trains on."""
@@ -98,12 +99,12 @@ def test_a_sigterm_during_a_push_to_a_stalled_coordinator_leaves_within_a_few_rp
     worker.send_signal(signal.SIGTERM)
     termed = time.monotonic()
     try:
-        code = worker.wait(timeout=3 * RPC_S + 4)
+        code = worker.wait(timeout=4 * RPC_S + 4)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the worker did not leave within {3 * RPC_S + 4:g}s of its SIGTERM: " + log_of(worker)[-3000:])
+        pytest.fail(f"the worker did not leave within {4 * RPC_S + 4:g}s of its SIGTERM: " + log_of(worker)[-3000:])
     took = time.monotonic() - termed
     assert code == 0, logs_of([worker])
-    assert took < 3 * RPC_S + 2, (took, log_of(worker)[-3000:])
+    assert took < 4 * RPC_S + 2, (took, log_of(worker)[-3000:])
     log = log_of(worker)
     assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
     meta = feedback_meta(state_dir)
@@ -140,8 +141,8 @@ def test_the_patience_ends_a_push_to_a_stalled_coordinator(coordinator, spawn_wo
 
 
 def test_a_pull_from_a_stalled_coordinator_ends_at_the_stop_and_at_the_patience(coordinator):
-    """The full pull shares the push's watch: a pull in flight to a SIGSTOPped coordinator raises Stopped within a
-    second of the stop event, and RetriesExhausted naming the pull once a failing heartbeat's silence reached the
+    """The full pull shares the push's watch: a pull in flight to a SIGSTOPped coordinator raises Stopped within the
+    rpc timeout of the stop event (the time a stop gives a transfer to end), and RetriesExhausted naming the pull once a failing heartbeat's silence reached the
     patience, though its transfer deadline is 120 s."""
     proc, target = coordinator
     timeouts = Timeouts(unary_s=1.0, transfer_s=120.0)
@@ -154,7 +155,9 @@ def test_a_pull_from_a_stalled_coordinator_ends_at_the_stop_and_at_the_patience(
         started = time.monotonic()
         with pytest.raises(Stopped, match="PullParameters"):
             client.pull(member, "")
-        assert time.monotonic() - started < 2.0
+        # The stop at 1 s, then the rpc timeout (1 s) it gives the pull to end (a review: cancelled at once, a healthy
+        # push about to land was lost at every scale-down) before the cancel.
+        assert 1.9 <= time.monotonic() - started < 3.0
 
         beats: list[BaseException] = []
 

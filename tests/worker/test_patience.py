@@ -207,3 +207,18 @@ def test_a_proxys_413_is_a_permanent_error_naming_its_body_limit() -> None:
     assert problem is not None and "HTTP 413; UNKNOWN" in problem and "proxy-body-size" in problem
     assert not_grpc_problem("h:1", grpc.StatusCode.UNKNOWN, "Received http2 header with status: 502") is None
     assert not_grpc_problem("h:1", grpc.StatusCode.UNKNOWN, "Exception calling application") is None
+
+
+def test_a_transfer_that_moves_is_no_silence() -> None:
+    """A review of the transfer watch: only a call's end reset the silence clock, so a pull or push that took longer
+    than the patience after a failed attempt (or behind heartbeats timed out on a slow link) was cancelled while its
+    messages still arrived. Each message of a transfer now counts as the coordinator answering."""
+    client = CoordinatorClient("127.0.0.1:1", "t" * 32, retry=RetryPolicy(max_elapsed_s=60.0))
+    try:
+        client._silence()  # a failed call starts the clock
+        time.sleep(0.05)
+        assert client._silent_for() > 0
+        assert list(client._progressing(iter([1, 2]))) == [1, 2]
+        assert client._silent_for() == 0.0
+    finally:
+        client.close()
