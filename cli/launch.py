@@ -148,7 +148,7 @@ def plan_of(args: argparse.Namespace, coordinator: str) -> LaunchPlan:
 
 def check_arguments(args: argparse.Namespace) -> str | None:
     """The first usage problem of a launch, or None."""
-    if not NAMESPACE.match(args.namespace):
+    if not NAMESPACE.fullmatch(args.namespace):
         return f"--namespace {args.namespace!r}: {NAMESPACE_RULE}"
     if args.address.startswith("ray://"):
         return (f"--address {args.address!r}: Ray Client (ray://) is not supported, since the launcher reads its actors' "

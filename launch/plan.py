@@ -20,7 +20,7 @@ SUPERVISOR = "rcswarm-supervisor"
 COORDINATOR = "rcswarm-coordinator"
 WORKER_PREFIX = "rcswarm-worker-"
 WORKER_NAME = re.compile(rf"^{WORKER_PREFIX}(\d+)$")
-NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # the whole name (fullmatch: no trailing newline)
 NAMESPACE_RULE = "expected letters, digits, '_', '.', '-' (at most 63)"
 
 
@@ -63,7 +63,7 @@ class LaunchPlan:
                 raise ValueError(problem)
         if self.gpus_per_worker > 1 and self.gpus_per_worker != int(self.gpus_per_worker):
             raise ValueError(f"--gpus-per-worker {self.gpus_per_worker:g}: above 1 it must be a whole number of GPUs")
-        if not NAMESPACE.match(self.namespace):
+        if not NAMESPACE.fullmatch(self.namespace):
             raise ValueError(f"--namespace {self.namespace!r}: {NAMESPACE_RULE}")
         for flag, path in (("--tls-ca", self.worker.tls_ca), ("--tls-cert", self.worker.tls_cert),
                            ("--tls-key", self.worker.tls_key), ("--data-root", self.worker.data_root)):

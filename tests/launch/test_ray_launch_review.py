@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rcswarm.cli import launch
-from rcswarm.launch import LaunchPlan, Verdict, ended, joined
+from rcswarm.launch import NAMESPACE, LaunchPlan, Verdict, ended, joined
 from rcswarm.launch import status as status_module
 from rcswarm.launch.status import ActorRow, removed
 from rcswarm.worker import FAILED, FINISHED, TRAINING, WorkerOptions
@@ -252,3 +252,12 @@ def test_other_coordinator_args_still_pass(tmp_path):
                                                    "--coordinator-arg=--tls-san", "--coordinator-arg=host")) is None
     ambiguous = launch.check_arguments(coordinator_args(tmp_path, "--coordinator-arg=--po=1"))
     assert ambiguous is not None and "`rcswarm coordinator` refuses it: " in ambiguous and "ambiguous" in ambiguous
+
+
+def test_a_namespace_with_a_trailing_newline_is_refused() -> None:
+    """`re.match` with `$` took "abc\\n" (a review of the chart's namespace pattern found it): the whole name must
+    match now, as the chart's schema requires."""
+    assert NAMESPACE.fullmatch("abc") and not NAMESPACE.fullmatch("abc\n") and not NAMESPACE.fullmatch("-abc")
+    args = launch.parser().parse_args(["--address", "127.0.0.1:6379", "--namespace", "abc\n", "--coordinator",
+                                       "127.0.0.1:50051", "--workers", "1"])
+    assert "--namespace 'abc\\n'" in (launch.check_arguments(args) or "")

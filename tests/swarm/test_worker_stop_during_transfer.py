@@ -121,6 +121,7 @@ def test_a_sigterm_during_a_push_to_a_stalled_coordinator_leaves_within_a_few_rp
     assert again.wait(timeout=30) == 0, logs_of([again])
 
 
+@pytest.mark.wide  # ~13 s; the pull test below checks the same watch's patience in the default suite
 def test_the_patience_ends_a_push_to_a_stalled_coordinator(coordinator, spawn_worker, tmp_path: Path):
     """No signal, --patience-s 5: the push in flight is given up once the coordinator was silent that long (the
     heartbeat's failures start the clock), exit 1 within 20 s of the stall with one ERROR line naming the patience,
