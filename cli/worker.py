@@ -129,9 +129,9 @@ def empty_path(args: argparse.Namespace) -> str | None:
     return None
 
 
+DEFAULT_TRANSFER_S = 300.0  # --transfer-timeout-s when not given (or --rpc-timeout-s, when that is longer)
 # The coordinator backend's own flags: a hivemind peer pulls and pushes nothing through a coordinator and keeps no
 # state dir (no residual file, no membership file, no lock).
-DEFAULT_TRANSFER_S = 300.0  # --transfer-timeout-s when not given (or --rpc-timeout-s, when that is longer)
 COORDINATOR_ONLY_FLAGS = ("--transfer-timeout-s", "--membership-file", "--state-dir")
 
 
