@@ -38,6 +38,7 @@ def test_the_kernel_part_runs_the_triton_kernels_under_the_interpreter(tmp_path)
     assert measured[("rwkv_product triton", True)]["flops"] == 3 * 9 * 16 * 8 * 8  # B 1, T 16, H 1, d 8
 
 
+@pytest.mark.wide  # about 35 s on 2 cores; the default suite keeps the swarm part and the timeout test
 def test_the_bptt_part_measures_each_configuration_in_a_child(tmp_path, capsys):
     out = tmp_path / "bptt.json"
     assert bench_gpu(["--device", "cpu", "--parts", "bptt", "--bptt-presets", "tiny", "--bptt-lengths", "40",

@@ -86,7 +86,9 @@ def tokens_per_update(state_dir: Path, worker_id: str) -> list[int]:
     return [total for _, total in sorted(tokens.items())]
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
+# The blocking case is wide (about 15 s on 2 cores): the overlapped one runs the same checks on the newer path.
+@pytest.mark.parametrize("overlap", [pytest.param(False, id="blocking", marks=pytest.mark.wide),
+                                     pytest.param(True, id="overlapped")])
 def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coordinator, tmp_path, overlap):
     # Overlapped (issue #29): each worker's next round starts on its own time budget while its push travels, and the
     # steps trained before the merge count toward it: the same shares, bases and falling loss.
@@ -107,6 +109,7 @@ def test_time_boxed_rounds_apply_the_work_of_a_fast_and_a_slow_worker(start_coor
     assert losses[-1] < losses[0] - 0.2, losses
 
 
+@pytest.mark.wide  # about 25 s on 2 cores
 def test_step_boxed_rounds_lose_the_slow_workers_work_and_adaptive_steps_do_not(start_coordinator, tmp_path):
     # Both swarms run at once (their steps are mostly sleeps), which halves the test's time.
     with ThreadPoolExecutor(2) as pool:

@@ -631,7 +631,7 @@ def test_workers_keep_averaging_while_the_coordinator_is_down(swarm: Any, start_
         assert [h["version"] for h in peers.summary(name)["history"]] == list(range(1, 15))
 
 
-@pytest.mark.slow
+@pytest.mark.wide  # about 20 s on 2 cores; test_three_peers_train_average_and_agree stays in the default suite
 def test_workers_train_the_lengths_their_coordinator_assigns(swarm: Any, start_coordinator: Any, tmp_path: Path) -> None:
     """curriculum.worker_seq_lens: each hivemind worker trains the length the coordinator assigned it
     at its join, and the two lengths average in one group (Δ̄ weighted by tokens)."""
