@@ -1,14 +1,16 @@
 """`rcswarm bench diag`: train small models on a diagnostic task on this machine and compare them.
 
     rcswarm bench diag --task maze --models lstm transformer:small+n_layers=1 sum \\
-        --budget-minutes 6 --task-arg p=0.2 --task-arg depth=32
+        --budget-minutes 6 --task-arg p_withheld=0.2 --task-arg exact_depth=true
 
 Each model (`name[:preset][+field=value...]`, a registered model with `vocab_size` and
 `num_classes` fields) trains with AdamW on fresh batches of the task for an equal share of
 the wall-clock budget (or `--max-steps`), then is evaluated on held-out examples (the eval
 config is the task config updated by `--eval-arg`). The output directory gets results.json,
 results.md (accuracy by the task's depth or length), accuracy.png, and one RUN.toml per model
-that trains the same job on a swarm with `rcswarm run`.
+that trains the same job on a swarm with `rcswarm run`. The flags, the models, the task's
+config and `--group-by` are checked before any model trains; a results directory that cannot
+be written is one line naming it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rcswarm.cli.usage import new_parser, output_dir_problem, parse_or_status, usage_error
-from rcswarm.config.runspec import RunSpec
+from rcswarm.config.runspec import MAX_LR, MIN_LR, RunSpec
 from rcswarm.data.diagnostics import TASKS, Batch, DiagnosticTask, make_task
 from rcswarm.models import registry
 from rcswarm.train.inner import train_step
@@ -121,6 +123,13 @@ def train(model: torch.nn.Module, task: DiagnosticTask, args: argparse.Namespace
         progress.update(job, advance=1, info=f"step {step}  loss {recent:.3f}")
     progress.update(job, info=f"{step} steps  loss {sum(losses[-20:]) / max(len(losses[-20:]), 1):.3f}")
     return {"steps": step, "seconds": time.monotonic() - started, "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1)}
+
+
+def check_group_key(task: DiagnosticTask, key: str) -> None:
+    """`--group-by`'s key, before any model trains: `group_values`'s ValueError when one batch of the task (the
+    evaluation's) has no such metadata, where it once came only in `evaluate`, after the first model had trained its
+    share of the budget."""
+    group_values(task.batch(1, seed=EVAL_SEED), key)
 
 
 def group_values(batch: Batch, key: str) -> torch.Tensor:
@@ -251,10 +260,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace | int:
         parser_.error("--budget-minutes, --batch-size, --eval-examples and --bucket must be positive, --max-steps >= 0")
     if args.threads < 0:
         parser_.error(f"--threads {args.threads}: expected an integer >= 0 (0 = torch's default)")
+    problem = lr_problem(args.lr) or seed_problem(args.seed)
+    if problem is not None:
+        return usage_error("rcswarm bench diag", problem)
     problem = output_dir_problem("--out", args.out) if args.out is not None else None
     if problem is not None:
         parser_.error(problem)
     return args
+
+
+def lr_problem(lr: float) -> str | None:
+    """Why `--lr` cannot be trained with nor written to the models' RUN.toml (inner.lr: MIN_LR to MAX_LR), or None;
+    torch refused a negative or NaN one only once training began, naming no flag."""
+    if not MIN_LR <= lr <= MAX_LR:
+        return f"--lr {lr!r}: expected a learning rate between {MIN_LR:g} and {MAX_LR:g}"
+    return None
+
+
+def seed_problem(seed: int) -> str | None:
+    """Why `--seed` cannot seed the models, the data and the RUN.toml's run.seed (0 to 2**63 − 1), or None."""
+    if not 0 <= seed < 2**63:
+        return f"--seed {seed}: expected an integer between 0 and {2**63 - 1}"
+    return None
 
 
 def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -262,6 +289,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     task = make_task(args.task, **task_config)
     eval_task = make_task(args.task, **{**task_config, **parse_assignments(args.eval_arg, "--eval-arg")})
     key = args.group_by or DEFAULT_GROUP[args.task]
+    check_group_key(eval_task, key)
     choices = [parse_model(text) for text in args.models]
     check_models_take(choices, {"training": task, "evaluation": eval_task}, args)
     out = args.out or Path("runs") / f"diag-{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -308,4 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         run(args, console)
     except ValueError as exc:
         return usage_error("rcswarm bench diag", str(exc))
+    except OSError as exc:
+        return usage_error("rcswarm bench diag", f"{exc.filename or args.out}: cannot write the results: "
+                                                 f"{exc.strerror or exc}")
     return 0

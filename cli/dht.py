@@ -49,6 +49,7 @@ from rcswarm.cli.usage import (
     usage_error,
 )
 from rcswarm.config.runspec import RunSpec
+from rcswarm.protos.transport import host_port
 from rcswarm.protos.wire import TOKEN_ENV
 from rcswarm.state.lock import StateDirBusy, StateDirLock
 from rcswarm.worker.log_lines import log_to_stderr
@@ -458,7 +459,13 @@ def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> 
                 log.error("bootstrap peer stops: cannot write --maddrs-file %s: %s", args.maddrs_file, exc)
                 return 1
         log.info("bootstrap peer %s up; workers: --initial-peers %s", dht.peer_id, " ".join(maddrs))
-        dashboard = start_dashboard(args, view_tokens) if args.http_port is not None else None
+        if args.http_port is not None:
+            try:
+                dashboard = start_dashboard(args, view_tokens)
+            except OSError as exc:  # its port in use, an address not on this machine
+                log.error("bootstrap peer stops: the dashboard cannot serve on %s: %s",
+                          host_port(args.http_host, args.http_port), exc.strerror or exc)
+                return 1
         while not stop.wait(args.poll_s if mirror is not None else 1.0):
             if mirror is not None:
                 written = _poll(mirror, dht)

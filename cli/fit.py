@@ -16,7 +16,8 @@ wall-time plot use each length's losses smoothed by a centred moving average ove
 steps (1: raw); the fits use the raw losses. The plot (`observe/plots.py`) has four panels: loss
 against step with the fit, α(s), loss against wall time with the labelled crossovers, and the
 law across lengths: the held-out loss of the final parameters against L when RUN_DIR has the
-summary.json of `rcswarm run`, else the training loss at the last matched step.
+summary.json of `rcswarm run`, else the training loss at the last matched step; a run there whose length or
+held-out loss is not a positive finite number is left out, with a line saying so (`summary_law`).
 A malformed file is reported with its name and line number, exit code 2. A file with a `tokens` column (the
 metrics table exported) gives its training rows, as a state dir does (`analysis.is_training_row`: tokens > 0 and
 a loss); the others (a round's pull row) are left out, with a line saying how many and at which lines. A CSV may
@@ -220,6 +221,25 @@ def forecast_report(path: Path, console: Console) -> None:
         console.print(table)
 
 
+def summary_law(metrics: Path) -> LengthLaw | None:
+    """The held-out law of a run directory's summary.json (`held_out_law`), or None (the plot's law panel then
+    shows the training loss at the last matched step); a line on stderr for each run left out of it, and when its
+    held-out losses fit no law (`fits.fit_power_law`'s ValueError)."""
+    if not metrics.is_dir():
+        return None
+    skipped: list[str] = []
+    try:
+        law = held_out_law(metrics, skipped)
+    except ValueError as error:
+        skipped.append(f"{metrics / 'summary.json'}: no law across lengths of its held-out losses: {error}")
+        law = None
+    if law is None and skipped:
+        skipped.append(f"{metrics / 'summary.json'}: the law panel shows the training loss at the last matched step "
+                       "instead of the held-out loss")
+    _print_skipped(skipped)
+    return law
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_or_status(parser(), argv)
     if isinstance(args, int):
@@ -255,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report(analysis, Console(emoji=False))
     out = args.out or default_plot_path(args.metrics)
     try:
-        plot(analysis, out, held_out_law(args.metrics) if args.metrics.is_dir() else None)
+        plot(analysis, out, summary_law(args.metrics))
     except OSError as error:
         return usage_error("rcswarm fit", f"{out}: cannot write the plot: {error.strerror}")
     print(f"plot written to {out}")

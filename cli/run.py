@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -58,6 +58,7 @@ from rcswarm.cli.usage import empty_path_problem, new_parser, output_dir_problem
 from rcswarm.config.runspec import RunSpec
 from rcswarm.coordinator import ParameterLimit, model_problem, run_state_dirs
 from rcswarm.coordinator.curriculum import law_of
+from rcswarm.coordinator.sweep import served_before
 from rcswarm.observe import traffic
 from rcswarm.observe.analysis import (
     NOT_ENOUGH_DATA,
@@ -73,6 +74,7 @@ from rcswarm.observe.forecast import was_pruned
 from rcswarm.observe.report import forecast_rows, held_out_rows, prune_rows, served_note, summarize
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import TOKEN_ENV
+from rcswarm.state.errors import StoreError
 from rcswarm.state.lock import LAUNCHER_LOCK_NAME, StateDirBusy, StateDirLock, holder_text
 from rcswarm.state.store import StateStore
 from rcswarm.sync.files import save_tensors
@@ -128,16 +130,42 @@ class Swarm:
             [sys.executable, *args], env=self.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
 
+    @property
+    def launching_config(self) -> Path:
+        """run.toml.launching: this launch's config until the process started with it serves (`stage_config`)."""
+        return self.run_dir / "run.toml.launching"
+
+    def stage_config(self) -> Path:
+        """Write the spec as run.toml.launching, for the process a launch starts first to read; its path. It becomes
+        run.toml once that process serves (`adopt_config`) and is removed when it does not (`start_failure`): a
+        config the process refuses (its state dir holds a run of another spec) leaves the run directory's run.toml,
+        the config that state dir was trained with, as it was."""
+        self.launching_config.write_text(self.spec.to_toml())
+        return self.launching_config
+
+    def adopt_config(self) -> None:
+        """The staged config (`stage_config`) becomes the run directory's run.toml: the process started with it serves."""
+        os.replace(self.launching_config, self.run_dir / "run.toml")
+
+    def start_failure(self, what: str, process: subprocess.Popen, log_name: str) -> RuntimeError:
+        """The error for `what` (its `process`, logging to logs/`log_name`) that did not serve within START_TIMEOUT_S:
+        its exit code where it exited, and its log since this launch's line (`this_launch`); the staged config
+        (`stage_config`) is removed."""
+        self.launching_config.unlink(missing_ok=True)
+        log = self.logs / log_name
+        tail = this_launch(log)[-2000:].rstrip()
+        code = process.poll()
+        if code is not None:
+            return RuntimeError(f"{what} exited with code {code} at start; {log} ends:\n{tail}")
+        return RuntimeError(f"{what} did not start within {START_TIMEOUT_S:.0f}s; {log} ends:\n{tail}")
+
     def start_coordinator(self) -> tuple[int, int]:
         """Start the coordinator with its dashboard on free loopback ports; (gRPC port, dashboard port).
 
-        The config is written as run.toml.launching and becomes run.toml once the coordinator serves: a config the
-        coordinator refuses (its state dir holds a run of another spec) leaves the run directory's run.toml, the
-        config that state dir was trained with, as it was."""
+        Its config is staged as run.toml.launching and becomes run.toml once the coordinator serves (`stage_config`)."""
         port_file = self.run_dir / "coordinator.json"
         port_file.unlink(missing_ok=True)  # a previous launch's, naming a port nothing serves now
-        launching = self.run_dir / "run.toml.launching"
-        launching.write_text(self.spec.to_toml())
+        launching = self.stage_config()
         self.coordinator = self._spawn(
             ["-m", "rcswarm.cli", "coordinator", "--config", str(launching), "--state-dir",
              str(self.run_dir / "state"), "--port", "0", "--port-file", str(port_file), "--http-port", "0",
@@ -148,18 +176,12 @@ class Swarm:
         while time.monotonic() < deadline:
             ports = json.loads(port_file.read_text()) if port_file.exists() else {}
             if ports.get("pid") == self.coordinator.pid:
-                os.replace(launching, self.run_dir / "run.toml")
+                self.adopt_config()
                 return int(ports["port"]), int(ports["http_port"])
             if self.coordinator.poll() is not None:
                 break
             time.sleep(0.1)
-        launching.unlink(missing_ok=True)
-        tail = this_launch(self.logs / "coordinator.log")[-2000:].rstrip()
-        code = self.coordinator.poll()
-        if code is not None:
-            raise RuntimeError(f"the coordinator exited with code {code} at start; {self.logs / 'coordinator.log'} ends:\n{tail}")
-        raise RuntimeError(f"the coordinator did not start within {START_TIMEOUT_S:.0f}s; "
-                           f"{self.logs / 'coordinator.log'} ends:\n{tail}")
+        raise self.start_failure("the coordinator", self.coordinator, "coordinator.log")
 
     def start_workers(self, port: int) -> None:
         threads = max(1, (os.cpu_count() or 1) // self.n_workers)
@@ -199,7 +221,8 @@ class Swarm:
         return [self.coordinator] if self.coordinator else []
 
     def stop(self) -> None:
-        """SIGTERM the workers (they Leave), then the services; SIGKILL what outlives the timeout."""
+        """SIGTERM the workers (they Leave), then the services; SIGKILL what outlives the timeout, with the processes
+        of its group (`kill_group`)."""
         for group in (self.workers, self.services()):
             for proc in group:
                 if proc.poll() is None:
@@ -209,10 +232,31 @@ class Swarm:
                 try:
                     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    kill_group(proc)
                     proc.wait(timeout=5)
         for log_file in self._log_files:
             log_file.close()
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL `proc` and, where it leads a process group of its own (`Swarm._spawn` starts each in its own session),
+    that whole group: a hivemind worker's DHT and averager processes and their p2pd, forked into its group, would
+    outlive a SIGKILL of its pid alone. A process in the caller's group, or in one it does not lead, is killed alone.
+    A process already reaped is left alone, as `Popen.kill` does: its pid, and so its group's number, may be another's
+    by now."""
+    if proc.poll() is not None:
+        return
+    try:
+        leads_own_group = os.getpgid(proc.pid) == proc.pid and proc.pid != os.getpgrp()
+    except ProcessLookupError:  # it exited meanwhile; `proc.kill` then does nothing
+        leads_own_group = False
+    if not leads_own_group:
+        proc.kill()
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 PROGRESS_LEGEND = (
@@ -590,10 +634,12 @@ def rounds_done(rows: list[dict]) -> str:
 
 
 def outcome(rows: list[dict], spec: RunSpec, *, stop: StopSignal, out_of_time: bool, minutes: float | None,
-            exit_codes: list[int | None], logs: Path, coordinator_code: int | None = None) -> Outcome:
-    """What really happened: interrupted after N of M rounds (`stop` set), stopped at the budget, failed, or
-    completed. `coordinator_code`: the coordinator's exit status when it ended before the launcher stopped it (None:
-    it ran on)."""
+            exit_codes: list[int | None], logs: Path, coordinator_code: int | None = None,
+            before: Mapping[int, BeforeLaunch] | None = None) -> Outcome:
+    """What really happened: interrupted after N of M rounds (`stop` set), stopped at the budget (or already at it
+    when launched: `budget_outcome`), failed, or completed. `coordinator_code`: the coordinator's exit status when it
+    ended before the launcher stopped it (None: it ran on). `before`: each run as it was before the launch, by its
+    length (`before_launch`; None: a launch on a new run dir)."""
     done, target = rounds_done(rows), f"{spec.run.rounds:,}"
     failed = [code for code in exit_codes if code not in (0, -signal.SIGTERM)]
     if stop.is_set():
@@ -604,7 +650,7 @@ def outcome(rows: list[dict], spec: RunSpec, *, stop: StopSignal, out_of_time: b
     # The coordinator ends a run at [run] minutes (which --minutes sets) when that comes before the launcher's deadline.
     ended_at_budget = any(r.get("stopped") and not was_pruned(r["stopped"]) for r in rows)
     if (out_of_time or ended_at_budget) and not failed:
-        return Outcome("budget", f"stopped at the {minutes or spec.run.minutes:g}-minute budget after {done} rounds", 0)
+        return budget_outcome(rows, minutes or spec.run.minutes, done, before or {})
     # A length the sweep pruned ([sweep] prune, issue #30) ended by design before the rounds budget.
     pruned = [r for r in rows if was_pruned(r.get("stopped"))]
     if failed or min((r["rounds"] for r in rows if not r.get("stopped")), default=0) < spec.run.rounds:
@@ -612,6 +658,59 @@ def outcome(rows: list[dict], spec: RunSpec, *, stop: StopSignal, out_of_time: b
                                  f"{exit_codes}; see {logs}", 1)
     note = "; pruned: " + ", ".join(f"L={r['seq_len']} after {r['rounds']:,}" for r in pruned) if pruned else ""
     return Outcome("completed", f"completed {done} rounds{note}", 0)
+
+
+@dataclass(frozen=True)
+class BeforeLaunch:
+    """A run as its state dir held it before a launch's coordinator started (`before_launch`): its stop (None: not
+    stopped) and the seconds it had been served, the wall-time budget's clock then (coordinator/sweep.py
+    `served_before`, what the coordinator reads at its start)."""
+
+    stopped: str | None
+    served_s: float
+
+
+def budget_outcome(rows: list[dict], minutes: float, done: str, before: Mapping[int, BeforeLaunch]) -> Outcome:
+    """The outcome of a launch its wall-time budget (`minutes`) ended, after `done` rounds (`rounds_done`). The
+    coordinator's budget counts the time each run was served over every launch on the run dir, so a run may have
+    ended before this launch (`ended_before`). With every run so, nothing trained and the line says it; otherwise
+    the runs that were already at the budget are named after "stopped at the M-minute budget after N rounds"."""
+    already = [r for r in rows if ended_before(r, before.get(r["seq_len"]), minutes * 60.0)]
+    budget = f"{minutes:g}-minute budget"
+    if len(already) == len(rows):
+        return Outcome("budget", f"already at the {budget} when launched: nothing trained, {done} rounds as before "
+                                 "(the budget counts the time every launch on this run dir served the run; a larger "
+                                 "--minutes trains on)", 0)
+    at_it = ", ".join("L=" + str(r["seq_len"]) for r in already if not was_pruned(r.get("stopped")))
+    note = f"; {at_it} already at it when launched" if at_it else ""
+    return Outcome("budget", f"stopped at the {budget} after {done} rounds{note}", 0)
+
+
+def ended_before(row: dict, before: BeforeLaunch | None, budget_s: float) -> bool:
+    """Whether the run of summary row `row` had ended before the launch (`before`, None: a new run): it had been
+    served its budget of `budget_s` seconds by then (its coordinator ends it at once), or it is still stopped as it
+    was then (pruned, or at an earlier budget the launch did not raise)."""
+    if before is None:
+        return False
+    return before.served_s >= budget_s or (before.stopped is not None and before.stopped == row.get("stopped"))
+
+
+def before_launch(run_dir: Path, spec: RunSpec) -> dict[int, BeforeLaunch]:
+    """Each run of the run dir as its state dir holds it before the launch's coordinator starts, by its length, for
+    `budget_outcome`: none for a new run dir, nor for a state dir that cannot be read (its coordinator says why)."""
+    runs: dict[int, BeforeLaunch] = {}
+    for local in local_runs(run_dir, spec):
+        try:
+            store = StateStore.open_read_only(local.state_dir)
+        except (OSError, StoreError):
+            continue
+        try:
+            runs[local.spec.data.seq_len] = BeforeLaunch(store.get("stopped"), served_before(store))
+        except (StoreError, ValueError, RuntimeError):  # an older schema's, or a damaged value
+            continue
+        finally:
+            store.close()
+    return runs
 
 
 def fit_law(console: Console, run_dir: Path, held_out: LengthLaw | None = None) -> dict | None:
@@ -748,6 +847,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--minutes", type=float, default=None,
                         help="wall-time budget: stop every process after this many minutes, however many rounds ran "
                              "(a sweep's runs then share the same training time, the comparison of loss vs wall time; "
+                             "the coordinator ends each run once it was served this long, counted over every launch on "
+                             "the run dir; a hivemind run's from each launch, which starts from θ_0 again; "
                              f"default: none with a config, {DEMO_MINUTES:g} for the demo)")
     parser.add_argument("--max-params", type=int, default=0, metavar="N",
                         help="the most parameters the coordinator and each worker build (each run of a sweep holds "
@@ -879,6 +980,7 @@ def launch_with_coordinator(swarm: Swarm, spec: RunSpec, minutes: float | None, 
                             lock: StateDirLock) -> int:
     """The coordinator's launch: start and watch the swarm, stop it, then the summary under `SummarySignals` (a
     signal then ends the launcher only once summary.json is whole); the exit status."""
+    before = before_launch(swarm.run_dir, spec)
     try:
         watched = start_and_watch(swarm, spec, minutes, console, stop, lock)
     finally:
@@ -892,7 +994,7 @@ def launch_with_coordinator(swarm: Swarm, spec: RunSpec, minutes: float | None, 
             console, lambda evaluated: [summarize_run(local, evaluated) for local in local_runs(run_dir, spec)])
         ended = outcome(rows, spec, stop=stop, out_of_time=out_of_time, minutes=minutes,
                         exit_codes=[p.returncode for p in swarm.workers], logs=swarm.logs,
-                        coordinator_code=coordinator_code)
+                        coordinator_code=coordinator_code, before=before)
         print_summary(console, run_dir, spec, rows, ended, signals)
     return summary_status(ended, signals)
 
@@ -901,7 +1003,6 @@ def launch_in(run_dir: Path, spec: RunSpec, args: argparse.Namespace, console: C
     """The launch in the locked `run_dir`, with its stop signals routed to a StopSignal for its whole life; the exit
     status."""
     minutes = budget_minutes(args)
-    swarm = Swarm(spec, run_dir, spec.run.workers, args.max_params)
     # A closed terminal or a dropped ssh session (SIGHUP) stops the run as Ctrl-C does: the workers and the
     # coordinator run in sessions of their own and would otherwise train on with nobody to stop them.
     stop = StopSignal().install(*STOP_SIGNALS)
@@ -909,8 +1010,8 @@ def launch_in(run_dir: Path, spec: RunSpec, args: argparse.Namespace, console: C
         if spec.sync.backend == "hivemind":
             from rcswarm.cli.run_hivemind import launch
 
-            (run_dir / "run.toml").write_text(spec.to_toml())
             return launch(spec, run_dir, minutes, console, stop, args.max_params)
+        swarm = Swarm(spec, run_dir, spec.run.workers, args.max_params)
         return launch_with_coordinator(swarm, spec, minutes, console, stop, lock)
     finally:
         stop.uninstall()

@@ -1,7 +1,7 @@
 """`rcswarm status`: a coordinator's run, workers and rounds in the terminal, from GetStatus.
 
     rcswarm status --coordinator HOST:PORT [--token T | $RCSWARM_TOKEN] [--tls-ca CA.pem [--tls-cert C --tls-key K]]
-                   [--timeout 10] [--state-dir DIR] [--json]
+                   [--timeout 10] [--state-dir DIR | --json]
     rcswarm status --state-dir DIR [--stale-s 60] [--json]       a hivemind swarm that `rcswarm dht` mirrors
 
 The RPC carries the `authorization: Bearer <token>` metadata and a deadline. GetStatus holds
@@ -11,8 +11,9 @@ sweep's runs in the state dirs below it) is read through its store, opened read-
 fitted as its dashboard fits it, and shown in the rows `rcswarm fit` prints (observe/analysis.py
 `fit_rows`, `crossover_rows`): "not enough data" and the caveats in place of a number the data do
 not identify, and no predicted crossover from such a fit.
-Without `--coordinator`, `--state-dir` names a state dir `rcswarm dht --config RUN.toml --state-dir DIR`
-mirrors a hivemind swarm into: the same tables come from the store, read-only
+With `--coordinator`, `--json` prints GetStatus alone and so takes no `--state-dir`; a `--state-dir` that is not a
+directory is refused before anything is called. Without `--coordinator`, `--state-dir` names a state dir
+`rcswarm dht --config RUN.toml --state-dir DIR` mirrors a hivemind swarm into: the same tables come from the store, read-only
 (observe/mirror_view.py `mirrored_status`: the swarm's version of the run's rounds, each peer a
 worker, active while its records advanced within `--stale-s`, else stale), with the fit as above.
 Every string GetStatus or the store carries (worker names and devices, run ids, reasons, notes) comes from a
@@ -496,6 +497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_or_status(parser(), argv)
     if isinstance(args, int):
         return args
+    problem = state_dir_problem(args.state_dir) or json_problem(args)
+    if problem is not None:
+        return usage_error("rcswarm status", problem)
     if args.coordinator is None:
         return main_mirrored(args)
     if args.stale_s is not None:
@@ -522,6 +526,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rcswarm status: {found or f'{args.coordinator}: {name}: {details}'}", file=sys.stderr)
         return 1
     return show(args, status)
+
+
+def state_dir_problem(state_dir: Path | None) -> str | None:
+    """`--state-dir DIR` naming no directory, or None: refused before anything else is read or called, where a
+    missing one was "no state dir below it holds run(s)" after the RPC, or ignored beside --json."""
+    try:
+        if state_dir is None or state_dir.is_dir():
+            return None
+        what = "not a directory" if state_dir.exists() else "no such directory"
+    except OSError as error:  # a name too long, a parent that cannot be searched
+        what = error.strerror or str(error)
+    return f"--state-dir {state_dir}: {what} (expected the coordinator's state directory, or a mirrored swarm's)"
+
+
+def json_problem(args: argparse.Namespace) -> str | None:
+    """--json with both --coordinator and --state-dir, or None: the JSON is GetStatus alone, and --state-dir there
+    only adds the fit to the tables, so it would be silently ignored (without --coordinator it is the JSON's source)."""
+    if args.json and args.coordinator is not None and args.state_dir is not None:
+        return ("--json prints GetStatus alone, without the fit that --state-dir adds to the tables: give --json or "
+                "--state-dir with --coordinator, not both")
+    return None
 
 
 def main_mirrored(args: argparse.Namespace) -> int:

@@ -25,9 +25,10 @@ JoinResponse, HeartbeatResponse and AwaitVersionResponse at their next round bou
   decided worker trains, and a worker not decided yet (one joining mid-run) trains it: its pace is unknown, and
   starting low costs a fast newcomer at most one round per rung to catch up (once it has measured a step it is
   decided on its own pace, one rung per round close), where starting high would lengthen a slow one before its
-  own crossover. A worker is never shortened: a run-wide lengthening lifts the active workers below the new rung
-  and leaves those above it. A worker that joins again naming its previous membership (after an eviction or a
-  coordinator restart) resumes its own rung and costs.
+  own crossover. A worker is never shortened, and no active worker trains below the run's rung, which never falls:
+  at every round close a worker below it is lifted onto it (a run-wide lengthening lifts those below the new rung and
+  leaves those above it). A worker that joins again naming its previous membership (after an eviction or a
+  coordinator restart) resumes its own rung and costs, lifted onto the run's rung if the run lengthened meanwhile.
   The forecast rule (`forecast_gain`) acts on the run-wide path only (its rounds mix every worker's rows).
 
 The decisions are pure functions of (now, state, options) returning a Decision with a reason;
@@ -175,7 +176,8 @@ class CurriculumState:
     """The adaptive curriculum's persistent state."""
 
     # The run's rung: while the workers' paces are equal, the rung every worker trains; once a round close decided
-    # them per worker, the lowest rung a decided worker trains (where a joining worker starts).
+    # them per worker, the lowest rung a decided worker trains (where a joining worker starts). It never falls: no
+    # active worker trains below it (`lift`).
     rung: int = 0
     # When training started (the first pull), on the coordinator's clock; None before.
     started_at: float | None = None
@@ -421,6 +423,20 @@ def decide_worker_lengthening(now: float, state: CurriculumState, options: Adapt
     return decisions
 
 
+def lift(own: WorkerCurriculum, rung: int, lengths: Sequence[int], why: str) -> WorkerCurriculum:
+    """`own` on `rung` (the run's) at least: a worker whose own rung lies below it is lifted onto it, its reason naming
+    both lengths and `why`; one on `rung` or above, or without a rung of its own (it trains the run's), is returned
+    as it is (a worker is never shortened)."""
+    if own.rung is None or own.rung >= rung:
+        return own
+    return replace(own, rung=rung, reason=f"lifted L = {lengths[own.rung]} -> {lengths[rung]}, the run's rung: {why}")
+
+
+def lifted_onto(count: int, length: int) -> str:
+    """A round's words for the `count` workers it lifted onto the run's rung (`lift`), whose length is `length`."""
+    return f"{count} lifted onto the run's rung L = {length}"
+
+
 def decide_worker_length(active_lengths: Sequence[int], worker_seq_lens: Sequence[int]) -> tuple[int, str]:
     """The length a joining worker trains: the one furthest below its share of the active workers.
 
@@ -463,7 +479,8 @@ class CurriculumTracker:
 
     It owns the persisted `CurriculumState` (under CURRICULUM_KEY in the run's store) and the
     adaptive options, and records its decisions in the store's `events`: one run-wide row per decided round, plus
-    one row of the worker's own for each per-worker lengthening (a worker that stays adds no row). It holds no lock
+    one row of the worker's own for each per-worker lengthening and for each lift onto the run's rung (at a close, or
+    a re-join's, which its join's transaction stores: `rejoin`); a worker that stays adds no row. It holds no lock
     of its own: `SwarmCoordinator` calls every method with its lock held (or from its constructor), and passes
     `advance` the ids of its active memberships read under that lock (the tracker keeps no membership table).
 
@@ -542,32 +559,44 @@ class CurriculumTracker:
         """The assignment with the most tokens per step a worker may have trained from any version of `since` ..
         `version` (`since` None: `version` alone; a late update was trained from an older version, under its
         assignment): the run's, or under the adaptive policy the largest of the run's rung and every worker's own (an
-        ended membership's too: its worker may push the update it trained there after a re-join), each as it is now
-        or up to `version - since` rungs lower (a rung rises by at most one a close and never falls)."""
+        ended membership's too: its worker may push the update it trained there after a re-join) as they are now,
+        and with `since` before `version` of every rung up to the highest of them. No rung falls, but one may rise by
+        more than one rung between two versions (a worker below the run's rung is lifted onto it at a re-join or a
+        close; the run's rung rises to the lowest a decided worker trains when the lowest one leaves), so a rung
+        below one held now may have been trained by any of its holders; with `curriculum.constant_tokens` the
+        rounding of the batch can give a shorter rung more tokens per step."""
         since = version if since is None else max(0, min(since, version))
         if self.adaptive is None:
             return max((self.run_assignment(v) for v in range(since, version + 1)), key=_tokens_per_step)
-        back = version - since
         rungs = {own.rung for own in self.state.workers.values() if own.rung is not None} | {self.state.rung}
-        earlier = {max(0, rung - k) for rung in rungs for k in range(back + 1)} - {self.state.rung}
+        if since < version:
+            rungs = set(range(max(rungs) + 1))
+        earlier = rungs - {self.state.rung}
         choices = [self.run_assignment(version), *(self._rung_assignment(rung, "a worker's own rung, or one trained "
                                                                           f"since version {since}") for rung in earlier)]
         return max(choices, key=_tokens_per_step)
 
-    def rejoin(self, worker_id: str, previous_worker_id: str) -> dict[str, str]:
+    def rejoin(self, worker_id: str, previous_worker_id: str) -> tuple[dict[str, str], str]:
         """A worker joined again naming its ended membership `previous_worker_id` (after an eviction or a coordinator
         restart) with that membership's worker secret, which the coordinator checked (service.py `_claimed`: "" for a
         join that named another's membership, and nothing moves): under the adaptive policy its entry (own rung and
-        costs) moves to `worker_id`, in memory. Returns
-        the run_state values to store with the join (`saved`; empty when nothing moved): the caller writes them in
-        the join's transaction (`StateStore.record_join`, made without the coordinator's lock) and puts `state` back
-        if that fails (`unjoin` when the state moved on meanwhile)."""
+        costs) moves to `worker_id`, in memory, lifted onto the run's rung if the run lengthened past its own rung
+        meanwhile (never shortened: a rung above the run's stays). Returns
+        the run_state values to store with the join (`saved`; empty when nothing moved) and the lift's reason ("" when
+        it was not lifted): the caller writes both in the join's transaction (`StateStore.record_join`, made without
+        the coordinator's lock; the reason as a "curriculum" event of `worker_id`, so a join that fails to be stored
+        leaves no word of a lift) and puts `state` back if that fails (`unjoin` when the state moved on meanwhile)."""
         own = self.state.workers.get(previous_worker_id) if previous_worker_id and self.adaptive is not None else None
         if own is None or previous_worker_id == worker_id:
-            return {}
+            return {}, ""
         workers = {key: value for key, value in self.state.workers.items() if key != previous_worker_id}
-        self.state = replace(self.state, workers={**workers, worker_id: own})
-        return self.saved()
+        resumed = lift(own, self.state.rung, self.spec.curriculum.seq_lens,
+                       f"it joined again (as {previous_worker_id} before) after the run lengthened without it")
+        lifted = "" if resumed is own else resumed.reason
+        if lifted:
+            log.info("curriculum: worker %s %s", worker_id, lifted)
+        self.state = replace(self.state, workers={**workers, worker_id: resumed})
+        return self.saved(), lifted
 
     def unjoin(self, worker_id: str, previous_worker_id: str) -> None:
         """Undo `rejoin(worker_id, previous_worker_id)` whose join failed after the state moved on (a round close's
@@ -651,52 +680,76 @@ class CurriculumTracker:
         self.save()
 
     def _advance_run_wide(self, now: float, closed_version: int, active: Collection[str]) -> None:
-        """The run-wide rule (Eq. 11 on the run's summed costs, then the forecast rule) on the run's rung; a
-        lengthening lifts every active worker whose own rung lies below the new one (none is ever shortened)."""
+        """The run-wide rule (Eq. 11 on the run's summed costs, then the forecast rule) on the run's rung; at every
+        close, lengthened or not, each active worker whose own rung lies below the run's (new) rung is lifted onto it
+        (none is ever shortened): each lift is an event of its worker, the round one run-wide event that counts them."""
         assert self.adaptive is not None
         decision = decide_lengthening(now, self.state, self.adaptive)
         if not decision.ok and self.adaptive.forecast_gain > 0:
             saturated = decide_saturation(now, self.state, self.adaptive, self._rung_losses(closed_version))
             decision = saturated if saturated.ok else Decision(False, f"{decision.reason}; {saturated.reason}")
         rung = self.state.rung + int(decision.ok)
+        why = decision.reason if decision.ok else f"round {closed_version}: no active worker trains below it"
         workers = dict(self.state.workers)
+        lifted = []
         for worker_id in active:
             own = workers.get(worker_id)
-            if decision.ok and own is not None and own.rung is not None and own.rung < rung:
-                workers[worker_id] = replace(own, rung=rung, reason=decision.reason)
+            if own is not None:
+                workers[worker_id] = self._lifted(worker_id, own, rung, why)
+                if workers[worker_id] is not own:
+                    lifted.append(worker_id)
+                    self._event(worker_id, "curriculum", f"round {closed_version}: {workers[worker_id].reason}", now)
+        reason = decision.reason + (f"; {lifted_onto(len(lifted), self.adaptive.seq_lens[rung])}" if lifted else "")
         self.state = replace(
-            self.state, rung=rung, reason=decision.reason, decided_version=closed_version,
+            self.state, rung=rung, reason=reason, decided_version=closed_version,
             rung_version=closed_version + 1 if decision.ok else self.state.rung_version, workers=workers,
         )
-        self._event("", "curriculum", f"round {closed_version}: {decision.reason}", now)
-        log.log(logging.INFO if decision.ok else logging.DEBUG, "round %d: curriculum %s", closed_version, decision.reason)
+        self._event("", "curriculum", f"round {closed_version}: {reason}", now)
+        log.log(logging.INFO if decision.ok or lifted else logging.DEBUG, "round %d: curriculum %s", closed_version,
+                reason)
 
     def _advance_per_worker(self, now: float, closed_version: int, paces: Sequence[WorkerPace], spread: float) -> None:
-        """Each worker of `paces` decided on its own rung and costs; each lengthening is an event of its worker, the
-        round one run-wide event; the run's rung becomes the lowest a decided worker trains."""
+        """Each worker of `paces` decided on its own rung and costs, then lifted onto the run's rung if still below
+        it (one that re-joined before re-joins were lifted); each lengthening or lift is an event of its worker, the
+        round one run-wide event that counts both; the run's rung becomes the lowest a decided worker trains, so it
+        never falls."""
         assert self.adaptive is not None
         decisions = decide_worker_lengthening(now, self.state, self.adaptive, paces)
         workers = dict(self.state.workers)
+        lifted = 0
         for pace in paces:
             decision = decisions[pace.worker_id]
-            workers[pace.worker_id] = replace(workers[pace.worker_id], rung=pace.rung + int(decision.ok),
-                                              reason=decision.reason)
-            if decision.ok:
-                self._event(pace.worker_id, "curriculum", f"round {closed_version}: {decision.reason}", now)
-                log.info("round %d: curriculum %s", closed_version, decision.reason)
+            decided = replace(workers[pace.worker_id], rung=pace.rung + int(decision.ok), reason=decision.reason)
+            own = self._lifted(pace.worker_id, decided, self.state.rung,
+                               f"round {closed_version}: no active worker trains below it (its own rule: "
+                               f"{decision.reason})")
+            workers[pace.worker_id] = own
+            lifted += own is not decided
+            if decision.ok or own is not decided:
+                self._event(pace.worker_id, "curriculum", f"round {closed_version}: {own.reason}", now)
+                log.info("round %d: curriculum %s", closed_version, own.reason)
         rungs = [workers[pace.worker_id].rung for pace in paces]
         rung = min(rung for rung in rungs if rung is not None)
         lengths = self.adaptive.seq_lens
         by_length = {lengths[r]: rungs.count(r) for r in sorted({r for r in rungs if r is not None})}
         lengthened = sum(decision.ok for decision in decisions.values())
-        reason = (f"per worker, paces differ up to {spread:.3g}×: {lengthened} of {len(paces)} lengthened, workers by "
-                  f"L {by_length}; the run's rung is the lowest they train, L = {lengths[rung]}")
+        lifts = f", {lifted_onto(lifted, lengths[self.state.rung])}" if lifted else ""
+        reason = (f"per worker, paces differ up to {spread:.3g}×: {lengthened} of {len(paces)} lengthened{lifts}, "
+                  f"workers by L {by_length}; the run's rung is the lowest they train, L = {lengths[rung]}")
         self.state = replace(
             self.state, rung=rung, reason=reason, decided_version=closed_version, workers=workers,
             rung_version=closed_version + 1 if rung != self.state.rung else self.state.rung_version,
         )
         self._event("", "curriculum", f"round {closed_version}: {reason}", now)
         log.debug("round %d: curriculum %s", closed_version, reason)
+
+    def _lifted(self, worker_id: str, own: WorkerCurriculum, rung: int, why: str) -> WorkerCurriculum:
+        """`lift` of `worker_id`'s entry onto `rung` at a round close, logged when it moves."""
+        assert self.adaptive is not None
+        lifted = lift(own, rung, self.adaptive.seq_lens, why)
+        if lifted is not own:
+            log.info("curriculum: worker %s %s", worker_id, lifted.reason)
+        return lifted
 
     def _forget_ended(self, active: Collection[str]) -> None:
         """Beyond MAX_REMEMBERED_WORKERS entries, drop the oldest of workers not in `active`."""

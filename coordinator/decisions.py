@@ -193,11 +193,12 @@ def decide_place(
 
 
 def decide_admission(
-    now: float, workers: Iterable[WorkerView], run_finished: bool, options: MembershipOptions
+    now: float, workers: Iterable[WorkerView], run_finished: bool, options: MembershipOptions, ended: str = ""
 ) -> Decision:
-    """Admit a new worker unless the run is over or the swarm is full."""
+    """Admit a new worker unless the run is over or the swarm is full. `ended`: why a finished run ended, in words
+    (its stop's reason: pruned, its wall-time budget; "" says it finished its rounds)."""
     if run_finished:
-        return Decision(False, "the run has finished its rounds")
+        return Decision(False, ended or "the run has finished its rounds")
     active = sum(1 for w in workers if w.active and now - w.last_seen <= options.lease_s)
     if active >= options.max_workers:
         return Decision(False, f"the swarm is full: {active} active of max_workers={options.max_workers}")

@@ -2,8 +2,9 @@
 
 `forecast_record` turns a run's losses into the forecast stored at its version (observe/forecast.py
 fits the law; of the held-out losses measured along the way, `[run] eval_every`, once they support a fit, else of
-the round training losses; this adds the run's clock: the seconds since its first round opened, and its measured
-seconds per round to turn "the round the target is reached at" into wall time). Only rounds whose metric rows are
+the round training losses; this adds the run's clock: the seconds it was served since its first round opened, the
+wall-time budget's clock (coordinator/sweep.py `RunGroup._budget_elapsed`), and its measured seconds per round to turn
+"the round the target is reached at" into wall time). Only rounds whose metric rows are
 complete are fitted: those trained from versions up to the current one minus 2 (the rows of the round that
 just closed are still arriving when its close is seen).
 
@@ -16,10 +17,18 @@ one-sided test needs, and apart) is stopped, and so is a run whose loss rises (n
 `check_falling`) with its newest level's low end above the best forecast's upper end (`diverging_worse`; such runs
 first), at most half of the runs still in at each fraction (successive halving's bound) and never the last one. A
 run without a forecast for another reason (not enough data), a rising one not above the best, or one that has
-completed its rounds, is kept. The group applies it (coordinator/sweep.py).
+completed its rounds, is kept. The group applies it (coordinator/sweep.py). Which fraction is next is said by the
+values of the fractions decided (`fractions_decided`): a restart with another `prune_at` decides only its fractions
+above the largest one decided, never one again.
 
-`decide_budget_end` is the wall-time budget's rule (`[run] minutes`), pure in (now, the run's first round's
-opening, the budget): the reason to end the run once it is used; the group ends it as a pruned run is ended.
+`decide_budget_end` is the wall-time budget's rule (`[run] minutes`), pure in (now, the budget clock's origin, the
+budget): the reason to end the run once it is used; the group ends it as a pruned run is ended.
+`decide_budget_resume` is its other side at a start: the reason to undo such a stop when the restarted spec's budget
+no longer ends the run (`run.minutes` raised or unset on a restart, as `run.rounds` may be raised). The budget's
+clock is the time the run was served since its first round opened, over every launch on its state dir (the group's
+`RunGroup._budget_elapsed`): these rules, `forecast_record` and `decide_prune` (`RunView.elapsed`) take it as its
+origin (`started_at`: now minus the seconds served, the first round's opening had the run been served without a
+break) or as the seconds themselves.
 """
 
 from __future__ import annotations
@@ -62,10 +71,12 @@ def forecast_record(version: int, now: float, started_at: float | None, rounds: 
                     round_losses: Sequence[tuple[int, float]], target_loss: float = 0.0,
                     seed: int = 0, held_out: Sequence[tuple[int, float]] = (), budget_s: float = 0.0) -> ForecastRecord:
     """The forecast of a run at `version` (pure): its loss at the end of its budget (`budget_round`: round `rounds`,
-    or the round its pace reaches at `budget_s` seconds from `started_at`). Of the held-out loss when the losses
-    measured along the way (`held_out`: (v, loss of θ_v), x = v) support one; else of the training loss, x = v + 1
-    for the steps trained from version v, fitted to the versions up to `version` − ROWS_LAG. A held-out loss that
-    rises (overfitting) is no forecast of the held-out basis, not a reason to forecast the falling training loss."""
+    or the round its pace reaches at `budget_s` seconds from `started_at`, the budget clock's origin: now minus the
+    seconds the run was served since its first round opened; None before its first round closed). Of the held-out
+    loss when the losses measured along the way (`held_out`: (v, loss of θ_v), x = v) support one; else of the
+    training loss, x = v + 1 for the steps trained from version v, fitted to the versions up to `version` − ROWS_LAG.
+    A held-out loss that rises (overfitting) is no forecast of the held-out basis, not a reason to forecast the
+    falling training loss."""
     elapsed = now - started_at if started_at is not None else math.nan
     horizon = budget_round(version, elapsed, rounds, budget_s)
     measured = [(v, loss) for v, loss in held_out if v <= version]
@@ -99,7 +110,7 @@ class PruneOptions:
 @dataclass(frozen=True)
 class RunView:
     """A run of the sweep as pruning sees it: its name, version, whether it was stopped, its newest forecast, and the
-    seconds since its first round opened (NaN before one closed)."""
+    seconds it was served since its first round opened (the budget's clock; NaN before one closed)."""
 
     index: int
     name: str
@@ -167,9 +178,21 @@ def _completed(run: RunView, options: PruneOptions) -> bool:
     return options.rounds > 0 and run.version >= options.rounds
 
 
+def fractions_decided(fractions: Sequence[float], decided: Sequence[float]) -> int:
+    """How many of `fractions` (`[sweep] prune_at`, increasing) need no decision (pure): those up to the largest
+    fraction decided (`decided`: their values, whichever `prune_at` they were decided from), so that `decide_prune`
+    decides the first one above it. A restart from prune_at [0.5] (decided) to [0.25, 0.5] decides nothing more,
+    where the count of fractions decided, read against the new list, decided 50% again."""
+    if not decided:
+        return 0
+    largest = max(decided)
+    return sum(1 for fraction in fractions if fraction <= largest)
+
+
 def decide_prune(now: float, runs: Sequence[RunView], options: PruneOptions, done: int) -> PruneDecision | None:
-    """The decision at the next fraction of the budget (`done` of them were decided before), or None while it is
-    not due: pruning off, every fraction decided, or a run still in the sweep short of that fraction's rounds."""
+    """The decision at the next fraction of the budget (the first `done` of `options.fractions` need none:
+    `fractions_decided`), or None while it is not due: pruning off, every fraction decided, or a run still in the
+    sweep short of that fraction's rounds."""
     if not options.enabled or done >= len(options.fractions) or (options.rounds <= 0 and options.seconds <= 0):
         return None
     fraction = options.fractions[done]
@@ -242,8 +265,25 @@ def newest_held_out(store: StateStore) -> tuple[float, int]:
 
 
 def decide_budget_end(now: float, started_at: float | None, budget_s: float) -> str | None:
-    """The reason to end a run whose wall-time budget (`budget_s` seconds from its first round's opening,
-    `started_at`) is used, or None: no budget, no round closed yet, or time left."""
+    """The reason to end a run whose wall-time budget (`budget_s` seconds served from its first round's opening; the
+    budget clock's origin `started_at`: now minus the seconds served) is used, or None: no budget, no round closed
+    yet, or time left."""
     if budget_s <= 0 or started_at is None or now - started_at < budget_s:
         return None
-    return f"{BUDGET_ENDED} of {budget_s / 60:g} minutes ({now - started_at:.0f} s since its first round opened)"
+    return f"{BUDGET_ENDED} of {budget_s / 60:g} minutes ({now - started_at:.0f} s served since its first round opened)"
+
+
+def decide_budget_resume(now: float, started_at: float | None, budget_s: float, stopped: str | None) -> str | None:
+    """At a start: the reason to undo the stop of a run ended at its wall-time budget (`stopped`, its stored stop
+    reason, begins with BUDGET_ENDED) that the budget of the spec it restarts with (`budget_s` seconds served from its
+    first round's opening, on the clock whose origin is `started_at`, as `decide_budget_end`'s; 0: none) no longer
+    ends, or None: not stopped, stopped for another reason (pruned), or the budget still used. The clock is the
+    budget's: the seconds the run was served, never the time the coordinator was down."""
+    if stopped is None or not stopped.startswith(BUDGET_ENDED):
+        return None
+    if decide_budget_end(now, started_at, budget_s) is not None:
+        return None
+    if budget_s <= 0:
+        return f"resumed at a restart: it has no wall-time budget now (run.minutes = 0); it was {stopped}"
+    since = "" if started_at is None else f" ({now - started_at:.0f} s served since its first round opened)"
+    return f"resumed at a restart: its wall-time budget is now {budget_s / 60:g} minutes{since}; it was {stopped}"

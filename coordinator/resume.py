@@ -29,11 +29,15 @@ from rcswarm.state.store import StateStore
 from rcswarm.sync import codec as codecs
 from rcswarm.sync import outer
 
-# Spec keys a restart on an existing state dir may change; any other change is refused.
+# Spec keys a restart on an existing state dir may change; any other change is refused. A sweep's run specs carry no
+# `[sweep]` table (`RunSpec.sweep_runs`), so its `prune` and `prune_at` are not compared: the fractions decided are
+# kept by value (coordinator/sweep.py `prune_decided`) and a restart decides only those above the largest one.
 RESTART_MUTABLE = (
     "run.rounds", "run.workers", "run.target_loss", "run.eval_every", "coordinator.", "sync.round_deadline_s",
     # The wall-time budget, as run.rounds (`rcswarm run --minutes` on a run directory): the sweep's budget end,
-    # forecasts and pruning read the restarted spec's; a fraction of the budget already pruned at stays done.
+    # forecasts and pruning read the restarted spec's; a fraction of the budget already pruned at stays done; a run
+    # ended at the old budget that the new one no longer ends trains on (coordinator/sweep.py
+    # `_lift_lapsed_budget_stops`).
     "run.minutes",
     "curriculum.budget_seconds", "curriculum.forecast_gain",
     # The coordinator's own defences against outliers; workers do not depend on them.

@@ -72,7 +72,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 import grpc
 
@@ -251,6 +251,7 @@ class SwarmCoordinator:
                                                                               due close
       reassign                                 handlers, through a RunGroup   takes, posts; flushes; then a due close
       stop                                     the ticker, through a RunGroup takes (after writing the store)
+      lift_stop                                a RunGroup's constructor       takes (after writing the store)
       tick                                     the ticker thread              takes, posts; flushes without waiting
                                                                               for another flush; then a due close
       push                                     handlers                       takes (meta; bounded), none (payload),
@@ -275,7 +276,7 @@ class SwarmCoordinator:
       round_progress                           the server's health thread     takes (waits at most a second)
       summary                                  any thread                     takes, through `status` unless given one
       curriculum, closing, shown_version,      any thread                     none: snapshots
-        finished, stopped
+        finished, stopped, ended
       flush                                    any thread without `_lock`     takes `_outbox_lock`, then `_lock` only
                                                                               to take the rows; writes without it
       close                                    the owner, all others stopped  flushes; none besides
@@ -291,7 +292,7 @@ class SwarmCoordinator:
       _claimed                                 `_admit` (held), `claim`       held, or none (a snapshot)
       _store_join, _landed                     `join`, `_join_lock` held      none: reads and writes the store
                                                                               (flushes first after a curriculum move)
-      _write_event, _save_full_pulls,          `flush`                        none (`_outbox_lock` held): the writes
+      _write_event, _save_pulls,               `flush`                        none (`_outbox_lock` held): the writes
         _save_refusals                                                        of posted rows
       every other method named _...            the lock's holder              held (`_wait_for_close` waits on
                                                                               `_version_changed`); `_post`,
@@ -413,17 +414,21 @@ class SwarmCoordinator:
         self.applied_tokens = 0
         self._serving_since: float | None = None
         self.tracker = curricula.CurriculumTracker(spec, store, post=self._post, post_event=self._post_event)
-        # Why a sweep stopped this run before its budget (`[sweep] prune`, issue #30); None while it goes on.
+        # Why this run was stopped before its rounds: a sweep pruned it (`[sweep] prune`, issue #30) or its wall-time
+        # budget was used (`[run] minutes`; lifted at a restart whose budget no longer ends it, `lift_stop`); None
+        # while it goes on.
         self.stopped: str | None = store.get("stopped")
         self.param_sha256 = tensor_stream.params_sha256(self.params)
         self._pull_payload = LazyPullPayload(self.params, self.run_id, self.version, self.param_sha256)
         # Bytes of updates received and pulls served (issue #28), for GetStatus; the full pulls of earlier lives too.
+        # The step pulls' count too: the run summary's downlink divides their bytes by it (observe/traffic.py).
         full_bytes, full_count = traffic.full_pulls(store.get(traffic.FULL_PULLS_KEY))
-        self.traffic = Traffic(4 * sum(t.numel() for t in self.params.values()), full_pull_bytes=full_bytes,
-                               full_pulls=full_count)
-        # Whether the last write of the full pulls' count failed (`_save_full_pulls`) and of an event row
+        step_bytes, step_count = traffic.step_pulls(store.get(traffic.STEP_PULLS_KEY))
+        self.traffic = Traffic(4 * sum(t.numel() for t in self.params.values()), down_bytes=step_bytes,
+                               pulls=step_count, full_pull_bytes=full_bytes, full_pulls=full_count)
+        # Whether the last write of the pulls' counts failed (`_save_pulls`) and of an event row
         # (`_write_event`): each warned once per failing spell (both written by `flush`, under `_outbox_lock`).
-        self._full_pulls_unsaved = False
+        self._pulls_unsaved = False
         self._events_unsaved = False
 
     @property
@@ -445,6 +450,15 @@ class SwarmCoordinator:
     def finished(self) -> bool:
         """Whether the run committed its last round or was stopped (any thread, with or without the lock)."""
         return self.stopped is not None or (self.spec.run.rounds > 0 and self.shown_version >= self.spec.run.rounds)
+
+    @property
+    def ended(self) -> str:
+        """Why the run is finished, in words ("" while it goes on): the reason it was stopped (pruned, its wall-time
+        budget), else its rounds done (any thread; a snapshot)."""
+        stopped = self.stopped
+        if stopped is not None:
+            return f"the run was stopped: {stopped}"
+        return f"the run has finished its {self.spec.run.rounds} rounds" if self.finished else ""
 
     def _run_state(self) -> int:
         """The run's state for a reply (lock held)."""
@@ -516,7 +530,8 @@ class SwarmCoordinator:
         its wait bounded by the call's deadline):
 
         1. `_admit` (`_lock`, bounded): decide the admission, build the membership and the answer, reserve what a
-           re-join takes over: the curriculum entry (`CurriculumTracker.rejoin`) and the place of the ended membership
+           re-join takes over: the curriculum entry (`CurriculumTracker.rejoin`; a lift onto the run's rung is one of
+           the join's events, so a join whose write fails leaves no word of it) and the place of the ended membership
            in the open round (`_place_of`, so that a close begun during the write counts the new membership among
            the round's reporters). The membership is not in `workers` yet: no other call sees it.
         2. `_store_join` (no `_lock`): read the update the named membership landed before (`_landed`) and write the
@@ -596,7 +611,7 @@ class SwarmCoordinator:
                 self._wait_for_close(self.spec.coordinator.max_wait_s)
             now = self.clock()
             views = self._active_views()
-            decision = decisions.decide_admission(now, views, self.finished, self.membership)
+            decision = decisions.decide_admission(now, views, self.finished, self.membership, self.ended)
             holders = self._place_holders()
             taking_over = self._held_place(previous, holders)
             if decision.ok and (holders or taking_over):
@@ -626,7 +641,7 @@ class SwarmCoordinator:
             # run spec bounded them) refuses the join and leaves no moved curriculum entry behind.
             curriculum = self.tracker.state
             try:
-                moved = {} if previous_active else self.tracker.rejoin(worker_id, previous)
+                moved, lifted = ({}, "") if previous_active else self.tracker.rejoin(worker_id, previous)
                 response = pb.JoinResponse(
                     worker_id=worker_id, run_id=self.run_id, run_spec_json=self.spec.to_json(), version=self.version,
                     lease_seconds=self.membership.lease_s, data_seed=self._joins + 1,
@@ -635,6 +650,8 @@ class SwarmCoordinator:
             except BaseException:
                 self.tracker.state = curriculum
                 raise
+            if lifted:  # stored with the join (`record_join`), never without it
+                events.append(("curriculum", lifted))
             places_before = None
             if taking_over is not None:
                 places = self._place_of[1]  # the open round's (`_place_holders` above)
@@ -875,7 +892,7 @@ class SwarmCoordinator:
         event is in the store when its answer is sent. Rows written directly (a close's commit; a join's, unless it
         moved a curriculum entry, `_store_join`) may get lower rowids than rows posted before them; each row keeps
         the time of its change in memory. A crash between the change in memory and its flush loses the rows posted
-        (events and counters: the full pulls' count, the refusals; the curriculum's newest save); memberships are
+        (events and counters: the pulls' counts, the refusals; the curriculum's newest save); memberships are
         memory only, and nothing a round commits or a join stores goes through here.
         Without `wait` (the ticker) a flush under way elsewhere is left to write them: it looks again when done."""
         first = wait  # with `wait`, once at least: rows this call posted may be in the hands of a flush under way
@@ -942,26 +959,27 @@ class SwarmCoordinator:
             yield message
         with self._locked():
             self.traffic.count_down(self.workers.get(request.worker_id), served, full=payload is not None)
-            if payload is not None:
-                value = traffic.full_pulls_value(self.traffic.full_pull_bytes, self.traffic.full_pulls)
-                self._post(traffic.FULL_PULLS_KEY, lambda: self._save_full_pulls(value))
+            values = {traffic.FULL_PULLS_KEY: traffic.full_pulls_value(self.traffic.full_pull_bytes,
+                                                                       self.traffic.full_pulls),
+                      traffic.STEP_PULLS_KEY: traffic.step_pulls_value(self.traffic.down_bytes, self.traffic.pulls)}
+            self._post(traffic.STEP_PULLS_KEY, lambda: self._save_pulls(values))
 
-    def _save_full_pulls(self, value: str) -> None:
-        """Keep the full pulls' count (`value`, counted under the lock) in the store, best effort (`flush`, after
-        the pull released the lock): the pull it counts was served, so a failed write (a full disk) is one WARNING
-        until a write succeeds again, never the pull's error; the count stays in memory and the next full pull
-        writes it."""
+    def _save_pulls(self, values: dict[str, str]) -> None:
+        """Keep the full and step pulls' counts (`values`, counted under the lock; the newest posted replaces an
+        older one not written yet) in the store, best effort (`flush`, after the pull released the lock): the pull
+        it counts was served, so a failed write (a full disk) is one WARNING until a write succeeds again, never the
+        pull's error; the counts stay in memory and the next pull writes them."""
         try:
-            self.store.set_many({traffic.FULL_PULLS_KEY: value})
+            self.store.set_many(values)
         except StoreError as error:
-            if not self._full_pulls_unsaved:
-                self.log.warning("the full pulls' count was not saved (%s); pulls are served, the count is kept in "
-                                 "memory and saved again at the next full pull", error)
-            self._full_pulls_unsaved = True
+            if not self._pulls_unsaved:
+                self.log.warning("the pulls' counts were not saved (%s); pulls are served, the counts are kept in "
+                                 "memory and saved again at the next pull", error)
+            self._pulls_unsaved = True
             return
-        if self._full_pulls_unsaved:
-            self.log.info("the full pulls' count is saved again")
-            self._full_pulls_unsaved = False
+        if self._pulls_unsaved:
+            self.log.info("the pulls' counts are saved again")
+            self._pulls_unsaved = False
 
     def _pick_payload(
         self, request: pb.PullParametersRequest
@@ -1288,16 +1306,28 @@ class SwarmCoordinator:
             close = self.closer.begin()
         self.closer.finish(close)
 
-    def stop(self, reason: str, kind: str = "prune") -> None:
+    def stop(self, reason: str, kind: str = "prune", saved: Mapping[str, str] | None = None) -> None:
         """End the run before its rounds: its sweep pruned it (`kind` "prune") or its wall-time budget is used
-        ("budget"). It counts as finished from now on (and after a restart), its long polls wake, and its workers move
-        on as a finished run's do (the ticker, through a RunGroup; writes the store, then takes `_lock`). Its closed
-        rounds and metric rows stay."""
-        self.store.set_many({"stopped": reason})
-        self.store.add_event("", kind, reason, self.clock())
+        ("budget"). It counts as finished from now on (and after a restart, but for a budget's stop that the restarted
+        spec's budget no longer makes: `lift_stop`), its long polls wake, and its workers move on as a finished run's
+        do (the ticker, through a RunGroup; writes the store, then takes `_lock`). Its closed rounds and metric rows
+        stay. `saved`: run_state values stored with the stop (a budget's stop: the seconds the run was served by
+        then, coordinator/sweep.py `SERVED_AT_STOP_KEY`); the stop, they and its event are one transaction
+        (`StateStore.record_run_state`): a failed write leaves none of them, and the run goes on."""
+        self.store.record_run_state(kind, reason, self.clock(), values={"stopped": reason, **(saved or {})})
         with self._lock:
             self.stopped = reason
             self._version_changed.notify_all()
+
+    def lift_stop(self, reason: str) -> None:
+        """Undo the run's stop at a start (a RunGroup's constructor: a run ended at its wall-time budget that the
+        restarted spec's budget no longer ends, `forecasts.decide_budget_resume`): its stored stop removed with a
+        "budget" event saying why (`reason`), in one transaction (`StateStore.record_run_state`), so a failed write
+        leaves it stopped without a word of a resume, and a start after it decides again; it trains on from now as a
+        run whose rounds were raised does (takes `_lock` after writing)."""
+        self.store.record_run_state("budget", reason, self.clock(), unset=("stopped",))
+        with self._lock:
+            self.stopped = None
 
     def _note_refusal(self, name: str, why: str) -> None:
         """Count worker `name` among those that refused this run, with `why` (lock held; the store's copy is posted,

@@ -30,7 +30,16 @@ routes every RPC to the run its worker belongs to and schedules a sweep's worker
 * Forecasts (issue #30): the ticker refits each run's law when its version changes (`forecasts.forecast_record`,
   stored in its state dir, so they survive a restart); with `[sweep] prune` it then applies `decide_prune`:
   a pruned run is stopped (`SwarmCoordinator.stop`, finished from then on), so its workers move as a
-  finished run's do, and every run's reason is a `prune` event in its store.
+  finished run's do, and every run's reason is a `prune` event in its store. The fractions decided are kept by value
+  (`prune_decided`), so a restart with another `prune_at` decides only its fractions above the largest one decided.
+* The wall-time budget (`[run] minutes`): the ticker ends a run whose budget is used as a pruned run is ended; a
+  start whose spec's budget no longer ends a run so ended (raised or unset on the restart) lifts that stop
+  (`forecasts.decide_budget_resume`, `SwarmCoordinator.lift_stop`), as a raised `run.rounds` resumes a finished run.
+  The budget's clock is the time the run was served since its first round opened (`RunGroup._budget_elapsed`, the
+  one reading of it, for the budget's end and its lifting, pruning at fractions of `run.minutes` and the
+  forecasts' pace): the seconds served in earlier launches on its state dir (`served_before`, read at the start)
+  plus those since the opening of the first round this launch closed (its first pull), so the time the coordinator
+  was down, and a restarted one's wait for its first worker, count for nothing.
 
 Identity: a worker id names one membership of one run (a sweep's ids carry the run's prefix),
 so the group routes a call by its id and the run checks its worker secret (`SwarmCoordinator.
@@ -48,12 +57,13 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -64,23 +74,35 @@ from rcswarm.coordinator.intake import first_part, require_secret
 from rcswarm.coordinator.records import Refusal, Reservation, Waiting
 from rcswarm.coordinator.resume import lost_store_problem
 from rcswarm.coordinator.service import SwarmCoordinator
+from rcswarm.observe.forecast import was_pruned
+from rcswarm.observe.report import first_joins, served_periods
 from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.protos.wire import MAX_REFUSED_RUNS, REFUSED_RUNS_REFUSAL
 from rcswarm.state.lock import StateDirLock
 from rcswarm.state.records import ForecastRecord
 from rcswarm.state.store import StateStore
 
+# run_state: the budget's clock (`RunGroup._budget_elapsed`, seconds served) when the wall-time budget ended the run,
+# stored with its stop: a start reads it as the least the run was served before (`served_before`), since a launch's
+# served period ends at its last metric row, which may come before the stop.
+SERVED_AT_STOP_KEY = "budget_served_s"
+# A refused join names at most this many of the sweep's ended runs with why each ended (`decide_assignment`).
+MAX_ENDED_NAMED = 8
+# The words of a stop's reason a refused join quotes for one run, at most (`ended_why`).
+ENDED_WHY_CHARS = 60
+
 
 @dataclass(frozen=True)
 class RunLoad:
     """A run as the sweep's decisions see it: its position, name, active workers (with those moved toward it that
-    have not joined it yet) and whether it finished."""
+    have not joined it yet), whether it finished, whether it is full, and why it was stopped ("": not stopped)."""
 
     index: int
     name: str
     active: int
     finished: bool
     full: bool = False
+    stopped: str = ""
 
 
 def decide_assignment(loads: Sequence[RunLoad], returning: int | None = None) -> tuple[int | None, str]:
@@ -89,7 +111,7 @@ def decide_assignment(loads: Sequence[RunLoad], returning: int | None = None) ->
     workers; None when every run finished or every unfinished run is full (the reason says which)."""
     unfinished = [load for load in loads if not load.finished]
     if not unfinished:
-        return None, "every run of the sweep has finished"
+        return None, f"every run of the sweep has ended: {ended_runs(loads)}"
     candidates = [load for load in unfinished if not load.full]
     if not candidates:
         taken = ", ".join(f"{load.name} ({load.active} active)" for load in unfinished)
@@ -100,6 +122,29 @@ def decide_assignment(loads: Sequence[RunLoad], returning: int | None = None) ->
             return back.index, f"back to {back.name}, the run it trained for ({back.active} active workers)"
     best = min(candidates, key=lambda load: (load.active, load.index))
     return best.index, f"assigned to {best.name} ({best.active} active workers, the fewest among unfinished runs)"
+
+
+def ended_runs(loads: Sequence[RunLoad]) -> str:
+    """The finished runs of `loads`, each with why it ended in a few words (`ended_why`), the first MAX_ENDED_NAMED
+    named and the rest counted, so that a refused join says why the sweep has no run left for it (pure)."""
+    ended = [ended_why(load) for load in loads if load.finished]
+    more = f", and {len(ended) - MAX_ENDED_NAMED} more" if len(ended) > MAX_ENDED_NAMED else ""
+    return ", ".join(ended[:MAX_ENDED_NAMED]) + more
+
+
+def ended_why(load: RunLoad) -> str:
+    """A finished run's name and why it ended, in at most ENDED_WHY_CHARS characters of its stop's reason: pruned
+    with where (the reason up to its first ": "), its wall-time budget (up to its first " ("), or its rounds done."""
+    if not load.stopped:
+        return f"{load.name} finished its rounds"
+    if was_pruned(load.stopped):
+        return f"{load.name} pruned {_clipped(load.stopped.split(': ')[0])}"
+    return f"{load.name} {_clipped(load.stopped.split(' (')[0])}"
+
+
+def _clipped(text: str) -> str:
+    """`text` cut to ENDED_WHY_CHARS characters, an ellipsis saying where."""
+    return text if len(text) <= ENDED_WHY_CHARS else text[: ENDED_WHY_CHARS - 1] + "…"
 
 
 def refused_runs(request: pb.JoinRequest, runs: Sequence[Any]) -> frozenset[int]:
@@ -125,12 +170,14 @@ def without(loads: Sequence[RunLoad], refused: frozenset[int]) -> list[RunLoad]:
 
 
 def decide_move(loads: Sequence[RunLoad], current: int) -> tuple[bool, str]:
-    """At a round boundary: leave `current` if it finished, or if it has 2+ more workers than the emptiest run."""
+    """At a round boundary: leave `current` if it finished (the reason says why: stopped, with its stop's reason, or
+    its rounds done), or if it has 2+ more workers than the emptiest run."""
     here, emptiest = loads[current], emptiest_other(loads, current)
     if emptiest is None:
         return False, f"{here.name}: no other unfinished run with room"
     if here.finished:
-        return True, f"{here.name} finished its rounds; moving toward {emptiest.name}"
+        why = f"was stopped ({here.stopped})" if here.stopped else "finished its rounds"
+        return True, f"{here.name} {why}; moving toward {emptiest.name}"
     if here.active - emptiest.active >= 2:
         return True, f"{here.name} has {here.active} active workers, {emptiest.name} {emptiest.active}: rebalancing"
     return False, f"{here.name}: balanced ({here.active} vs {emptiest.active})"
@@ -255,10 +302,18 @@ class RunGroup:
         self._forecast_at = [-1 if record is None else record.version for record in self.latest]
         self.prune_options = forecasts.PruneOptions(spec.sweep.prune, tuple(spec.sweep.prune_at), spec.run.rounds,
                                                     spec.run.minutes * 60.0)
-        # Each run's first round's opening once one closed (it never changes after): the wall-time budget's clock.
-        self._started_at: list[float | None] = [None] * len(self.runs)
-        # How many of `prune_at`'s fractions were decided (each run's store keeps the count).
+        # The wall-time budget's clock (`_budget_elapsed`), read once now: the seconds each run was served in earlier
+        # launches on its state dir, whether it closed a round then, and the version of its first round this launch
+        # (its open round), whose opening is read once that round closed (`_opened_this_launch`).
+        self._served_before = [served_before(run.store) for run in self.runs]
+        self._closed_before = [run.store.rounds_summary().count > 0 for run in self.runs]
+        self._launch_version = [run.round.version for run in self.runs]
+        self._launch_opened: list[float | None] = [None] * len(self.runs)
+        # How many pruning decisions were taken (each run's store keeps the count: the number of the newest, which
+        # marks its application, `prune_applied`), and the fractions of the budget they decided, by value
+        # (`prune_decided`; `forecasts.fractions_decided` reads them against the `prune_at` in use).
         self.prune_done = max(int(run.store.get("prune_done") or 0) for run in self.runs)
+        self.prune_decided = decided_fractions(self.runs, spec.sweep.prune_at)
         # Workers moved off a run toward another (worker id → (that run's index, until when it counts there)), and
         # the joins placed in a run whose `join` has not returned (`join`; each counted there until its membership is
         # seated, `SwarmCoordinator.load`); the group lock guards both lists (a reservation's `seated`, the run's lock).
@@ -269,6 +324,7 @@ class RunGroup:
         self._refused: dict[str, frozenset[int]] = {}
         # The `prune_done` whose decision every run has applied (-1: not checked since the start; `_apply_prune`).
         self._prune_applied = -1
+        self._lift_lapsed_budget_stops()
 
     @classmethod
     def of(cls, coordinator: SwarmCoordinator | RunGroup) -> RunGroup:
@@ -317,7 +373,7 @@ class RunGroup:
             # Full counts the places ended memberships' updates hold in the open round too (`decide_place`): a join
             # sent there would be refused until that round closes while another run has room.
             full = places + arriving >= run.spec.coordinator.max_workers
-            loads.append(RunLoad(i, run.spec.run.name, active + arriving, run.finished, full))
+            loads.append(RunLoad(i, run.spec.run.name, active + arriving, run.finished, full, run.stopped or ""))
         return loads
 
     def owns_credential(self, worker_id: str, secret: bytes) -> bool:
@@ -539,23 +595,56 @@ class RunGroup:
         if errors:
             raise errors[0]
 
-    def _started(self, index: int) -> float | None:
-        """Run `index`'s first round's opening (read from its store until a round closed; the ticker)."""
-        if self._started_at[index] is None:
-            self._started_at[index] = self.runs[index].store.rounds_summary().first_opened_at
-        return self._started_at[index]
+    def _budget_elapsed(self, index: int, now: float) -> float | None:
+        """The wall-time budget's clock of run `index` at `now`, the one reading of it (the budget's end and its
+        lifting, pruning at fractions of `run.minutes`, the forecasts' pace): the seconds the run was served since its
+        first round opened. Those of its earlier launches (`_served_before`) plus `now` minus when this launch began
+        serving it: the opening of the first round it closed (`_opened_this_launch`: its first pull, as the first
+        launch's clock started at its first round's opening; neither the time the coordinator was down nor a
+        restarted one's wait for its first worker counts). Until that round closed the clock stands at the seconds
+        served before (a launch's clock starts at its first close, as the first launch's did), and a run that never
+        closed a round has none (None). A first launch's clock is the seconds since its first round opened, as it
+        was (the constructor; the ticker)."""
+        opened = self._opened_this_launch(index)
+        if opened is None:
+            return self._served_before[index] if self._closed_before[index] else None
+        return self._served_before[index] + max(0.0, now - opened)
+
+    def _opened_this_launch(self, index: int) -> float | None:
+        """When the first round run `index` closed this launch opened: its round at the start (`_launch_version`),
+        read from its store until it closed (None before; cached after)."""
+        if self._launch_opened[index] is None:
+            self._launch_opened[index] = self.runs[index].store.round_opened_at(self._launch_version[index])
+        return self._launch_opened[index]
+
+    def _lift_lapsed_budget_stops(self) -> None:
+        """At a start: lift the stop of every run ended at its wall-time budget that this spec's budget (`[run]
+        minutes`, raised or unset on the restart) no longer ends (`forecasts.decide_budget_resume`, on the budget's
+        clock: `_budget_elapsed`, the seconds served before this launch), so it trains on as a finished run does after
+        a restart that raises `run.rounds`; a pruned run stays stopped (the constructor, before any thread calls the
+        group)."""
+        budget_s = self.spec.run.minutes * 60.0
+        for index, run in enumerate(self.runs):
+            now = run.clock()
+            reason = forecasts.decide_budget_resume(now, _origin(now, self._budget_elapsed(index, now)), budget_s,
+                                                    run.stopped)
+            if reason is not None:
+                run.lift_stop(reason)
 
     def _end_spent_budgets(self) -> None:
-        """End every run still going whose wall-time budget (`[run] minutes`) is used (the ticker)."""
+        """End every run still going whose wall-time budget (`[run] minutes`) is used, on the budget's clock
+        (`_budget_elapsed`), which is stored with the stop (`SERVED_AT_STOP_KEY`) (the ticker)."""
         budget_s = self.spec.run.minutes * 60.0
         if budget_s <= 0:
             return
         for index, run in enumerate(self.runs):
             if run.finished:
                 continue
-            reason = forecasts.decide_budget_end(run.clock(), self._started(index), budget_s)
+            now = run.clock()
+            elapsed = self._budget_elapsed(index, now)
+            reason = forecasts.decide_budget_end(now, _origin(now, elapsed), budget_s)
             if reason is not None:
-                run.stop(reason, kind="budget")
+                run.stop(reason, kind="budget", saved={SERVED_AT_STOP_KEY: repr(elapsed)})
 
     def _forecast(self) -> None:
         """Refit the law of every run whose version changed since its last forecast, and store it (the ticker)."""
@@ -564,8 +653,9 @@ class RunGroup:
             if version == self._forecast_at[index] or run.spec.sync.backend == "hivemind":
                 continue
             self._forecast_at[index] = version
+            now = run.clock()
             record = forecasts.forecast_record(
-                version, run.clock(), self._started(index), run.spec.run.rounds,
+                version, now, _origin(now, self._budget_elapsed(index, now)), run.spec.run.rounds,
                 run.store.round_losses(), run.spec.run.target_loss, seed=version,
                 held_out=[(record.version, record.loss) for record in run.store.held_out_losses()],
                 budget_s=run.spec.run.minutes * 60.0,
@@ -574,23 +664,30 @@ class RunGroup:
             self.latest[index] = record
 
     def _prune(self) -> None:
-        """Apply `decide_prune` when a fraction of the budget is due: the decision is stored in every run's store
-        first (with `prune_done`), then applied run by run (`_apply_prune`), so a failed write or a crash between two
-        runs finishes that decision at the next tick or after the restart instead of deciding the fraction again
-        over the runs still in (which pruned more than half at one point) (the ticker)."""
+        """Apply `decide_prune` when a fraction of the budget is due, the first of `prune_at` above the largest one
+        decided (`forecasts.fractions_decided`): the decision is stored in every run's store first (its number
+        `prune_done` and the fractions decided `prune_decided`, in one write), then applied run by run
+        (`_apply_prune`), so a failed write or a crash between two runs finishes that decision at the next tick or
+        after the restart instead of deciding the fraction again over the runs still in (which pruned more than half
+        at one point) (the ticker)."""
         self._apply_prune()
         now = self.runs[0].clock()
         views = [forecasts.RunView(i, f"L={run.spec.data.seq_len}", run.version, run.stopped is not None,
-                                   self.latest[i], _since(now, self._started(i)))
+                                   self.latest[i], _or_nan(self._budget_elapsed(i, now)))
                  for i, run in enumerate(self.runs)]
-        decision = forecasts.decide_prune(now, views, self.prune_options, self.prune_done)
+        done = forecasts.fractions_decided(self.prune_options.fractions, self.prune_decided)
+        decision = forecasts.decide_prune(now, views, self.prune_options, done)
         if decision is None:
             return
-        stored = json.dumps({"checkpoint": decision.checkpoint, "now": decision.now, "stop": list(decision.stop),
+        fraction, number = self.prune_options.fractions[decision.checkpoint], self.prune_done + 1
+        decided = (*self.prune_decided, fraction)
+        stored = json.dumps({"checkpoint": decision.checkpoint, "fraction": fraction, "number": number,
+                             "now": decision.now, "stop": list(decision.stop),
                              "reasons": [list(pair) for pair in decision.reasons]})
         for run in self.runs:
-            run.store.set_many({"prune_decision": stored, "prune_done": str(decision.checkpoint + 1)})
-        self.prune_done = decision.checkpoint + 1
+            run.store.set_many({"prune_decision": stored, "prune_done": str(number),
+                                "prune_decided": json.dumps(decided)})
+        self.prune_done, self.prune_decided = number, decided
         self._apply_prune()
 
     def _apply_prune(self) -> None:
@@ -600,8 +697,8 @@ class RunGroup:
             return
         stored = [json.loads(text) for text in (run.store.get("prune_decision") for run in self.runs) if text]
         if stored:
-            decision = max(stored, key=lambda d: d["checkpoint"])
-            mark, reasons = str(decision["checkpoint"] + 1), {index: reason for index, reason in decision["reasons"]}
+            decision = max(stored, key=decision_number)
+            mark, reasons = str(decision_number(decision)), {index: reason for index, reason in decision["reasons"]}
             for index, run in enumerate(self.runs):
                 if run.store.get("prune_applied") == mark or index not in reasons:
                     continue
@@ -613,6 +710,44 @@ class RunGroup:
         self._prune_applied = self.prune_done
 
 
+def decision_number(decision: dict[str, Any]) -> int:
+    """The number of a stored pruning decision among the sweep's (1 for the first): its `number`, or for one an
+    older rcswarm stored, its fraction's index + 1 (the count of decisions then, as that version numbered them)."""
+    return int(decision.get("number", decision["checkpoint"] + 1))
+
+
+def decided_fractions(runs: Sequence[SwarmCoordinator], prune_at: Sequence[float]) -> tuple[float, ...]:
+    """The fractions of the budget the sweep's pruning decided, by value, as the store of the run with the most
+    decisions (`prune_done`) keeps them (`prune_decided`). A state dir of an older rcswarm keeps only their count:
+    read as the first that many fractions of `prune_at`, the spec this start uses (right unless that start changed
+    `prune_at`), until the next decision stores their values."""
+    newest = max(runs, key=lambda run: int(run.store.get("prune_done") or 0)).store
+    stored = newest.get("prune_decided")
+    if stored is not None:
+        return stored_fractions(newest, stored)
+    return tuple(prune_at[: int(newest.get("prune_done") or 0)])
+
+
+def stored_fractions(store: StateStore, stored: str) -> tuple[float, ...]:
+    """The fractions decided as `store` keeps them (`stored`, its `prune_decided`: a JSON list, one number in (0, 1)
+    per decision). RuntimeError naming the state dir, the key and the value for anything else (written by another
+    program, or damaged): read as none decided, or as a guess, the sweep would decide a fraction again and prune
+    more than half of its runs at one point."""
+    try:
+        fractions = json.loads(stored)
+    except ValueError:
+        fractions = None
+    if isinstance(fractions, list) and fractions and all(_is_fraction(fraction) for fraction in fractions):
+        return tuple(float(fraction) for fraction in fractions)
+    raise RuntimeError(f"state dir {store.state_dir}: run_state prune_decided = {_shown(stored)} is not the fractions "
+                       "of the budget the sweep's pruning decided: expected a JSON list of numbers in (0, 1)")
+
+
+def _is_fraction(value: object) -> bool:
+    """Whether a decoded JSON value is a number in (0, 1) (a boolean is none; NaN is not in it)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
+
+
 def _naming_none(request: pb.JoinRequest) -> pb.JoinRequest:
     """A copy of `request` that names no previous membership (nor its secret)."""
     copy = pb.JoinRequest()
@@ -622,9 +757,69 @@ def _naming_none(request: pb.JoinRequest) -> pb.JoinRequest:
     return copy
 
 
-def _since(now: float, started_at: float | None) -> float:
-    """Seconds from `started_at` to `now`; NaN when it is not known yet."""
-    return math.nan if started_at is None else now - started_at
+def _origin(now: float, elapsed: float | None) -> float | None:
+    """Where the budget's clock reads 0 on the coordinator's clock, `now` minus the seconds served (`elapsed`): the
+    opening of the run's first round had it been served without a break since (the `started_at` of the rules in
+    coordinator/forecasts.py); None when the clock does not run yet."""
+    return None if elapsed is None else now - elapsed
+
+
+def _or_nan(elapsed: float | None) -> float:
+    """The budget's clock as `forecasts.RunView` takes it: NaN when it does not run yet."""
+    return math.nan if elapsed is None else elapsed
+
+
+class _RoundTimes(NamedTuple):
+    """A closed round's opening and close, as observe/report.py `served_periods` reads a round (`RoundSpan`)."""
+
+    opened_at: float | None
+    closed_at: float | None
+
+
+def served_before(store: StateStore) -> float:
+    """The seconds the run `store` holds was served in the launches on its state dir so far (read at a start): the
+    periods observe/report.py `served_periods` finds in its rows (the end-of-run summary's: one per launch, a launch on
+    the same state dir starting a new one), summed; and at least the budget's clock stored when its wall-time budget
+    ended it (`_served_at_stop`): a period ends at its launch's last metric row, which may come before the stop.
+    0 for a new run. RuntimeError naming the state dir, the key and the value for a stored clock that is not a
+    number of seconds."""
+    rounds = [_RoundTimes(*times) for times in store.round_times()]
+    periods = served_periods(store.worker_usage(), first_joins(store), rounds)
+    return max(sum(end - start for start, end in periods), _served_at_stop(store))
+
+
+# The most seconds a stored budget clock may read (100 years): more is a damaged value.
+MAX_SERVED_S = 100 * 365.25 * 86400.0
+# The seconds an older rcswarm's budget stop names, its clock when the budget ended the run (`_served_at_stop`).
+_OLDER_STOP_SECONDS = re.compile(r"\((\d+(?:\.\d+)?) s since its first round opened\)")
+
+
+def _served_at_stop(store: StateStore) -> float:
+    """The budget's clock stored with a stop at the wall-time budget (`SERVED_AT_STOP_KEY`), 0 without one;
+    RuntimeError naming the state dir, the key and the value for one that is not a finite number of seconds in
+    [0, MAX_SERVED_S]. A budget stop of an older rcswarm, stored without it, names the seconds its clock read in its
+    reason ("(N s since its first round opened)"): those are taken, so a relaunch with the same budget keeps it
+    ended (before, the periods, which end at the launch's last metric row, read less and the stop was lifted)."""
+    stored = store.get(SERVED_AT_STOP_KEY)
+    if stored is None:
+        stopped = store.get("stopped") or ""
+        older = _OLDER_STOP_SECONDS.search(stopped) if stopped.startswith(forecasts.BUDGET_ENDED) else None
+        return float(older.group(1)) if older else 0.0
+    try:
+        seconds = float(stored)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SERVED_S):
+        raise RuntimeError(f"state dir {store.state_dir}: run_state {SERVED_AT_STOP_KEY} = {_shown(stored)} is not the "
+                           "seconds the run was served when its wall-time budget ended it: expected a finite number "
+                           f"in [0, {MAX_SERVED_S:.0f}]")
+    return seconds
+
+
+def _shown(stored: str) -> str:
+    """A stored value as an error quotes it: its repr, cut to 200 characters."""
+    text = repr(stored)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 class SweepCoordinator(RunGroup):

@@ -52,6 +52,7 @@ import csv
 import enum
 import json
 import math
+import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -618,9 +619,11 @@ def length_law(what: str, lengths: Sequence[float], losses: Sequence[float]) -> 
     return LengthLaw(what, tuple(map(float, lengths)), tuple(map(float, losses)), fit_power_law(lengths, losses))
 
 
-def held_out_law(run_dir: Path) -> LengthLaw | None:
+def held_out_law(run_dir: Path, skipped: list[str] | None = None) -> LengthLaw | None:
     """The held-out loss of each run's final parameters against L, from a launch's summary.json (`rcswarm run`
-    writes it); None without one, or with fewer than 3 trained runs."""
+    writes it); None without one, or with fewer than 3 trained runs. A trained run whose length or held-out loss is
+    a number but not a positive finite one (summary.json edited, or another tool's) is left out: `skipped` gets a
+    line naming it, and the law's `what` says how many were."""
     try:
         document = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
@@ -629,11 +632,30 @@ def held_out_law(run_dir: Path) -> LengthLaw | None:
     if not isinstance(runs, list):
         return None
     pairs = [(r.get("seq_len"), r.get("val_loss_final")) for r in runs if isinstance(r, dict) and r.get("rounds")]
-    pairs = [(float(length), float(loss)) for length, loss in pairs
-             if isinstance(length, (int, float)) and isinstance(loss, (int, float)) and loss > 0]
-    if len({length for length, _ in pairs}) < 3:
+    pairs = [(length, loss) for length, loss in pairs if _is_number(length) and _is_number(loss)]
+    kept = [(float(length), float(loss)) for length, loss in pairs if _positive_finite(length, loss)]
+    left_out = [(length, loss) for length, loss in pairs if not _positive_finite(length, loss)]
+    if skipped is not None:
+        skipped.extend(f"{run_dir / 'summary.json'}: the run at seq_len {length!r} with held-out loss {loss!r} is "
+                       "left out of the law across lengths (expected a positive finite length and loss)"
+                       for length, loss in left_out)
+    if len({length for length, _ in kept}) < 3:
         return None
-    return length_law("held-out loss of the final parameters", *zip(*pairs))
+    what = "held-out loss of the final parameters"
+    if left_out:
+        what += f" ({len(left_out)} run(s) left out: length or loss not positive and finite)"
+    return length_law(what, *zip(*kept))
+
+
+def _is_number(value: object) -> bool:
+    """A JSON number (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive_finite(*values: float) -> bool:
+    """Every value is a number above 0 and no larger than the largest float (NaN is neither; a JSON integer beyond
+    that is not, where float() would raise OverflowError)."""
+    return all(0 < value <= sys.float_info.max for value in values)
 
 
 def law_at_last_step(analysis: Analysis) -> LengthLaw:

@@ -442,18 +442,27 @@ def smooth_losses(losses: Sequence[float], window: int) -> np.ndarray:
     """Centred moving average over `window` consecutive steps, the window shrinking at both ends.
 
     Centred rather than trailing so a curve is not shifted later in time: a trailing mean would
-    lag a slow run (more seconds per step) more than a fast one and bias crossovers late.
+    lag a slow run (more seconds per step) more than a fast one and bias crossovers late. A window
+    wider than 2n + 1 steps is taken as 2n + 1 (`covering_window`), which changes no value.
     """
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window={window!r}: expected a positive number of steps")
     values = np.asarray(losses, dtype=np.float64)  # [n]
     if values.ndim != 1:
         raise ValueError(f"losses of shape {values.shape}: expected one dimension")
+    window = covering_window(window, len(values))
     before, after = (window - 1) // 2, window // 2
     index = np.arange(len(values))
     low = np.maximum(index - before, 0)
     high = np.minimum(index + after + 1, len(values))
     return _window_sums(values, window)[after:after + len(values)] / (high - low)
+
+
+def covering_window(window: int, count: int) -> int:
+    """`window`, or 2·count + 1 when it is wider: a centred window of 2·count + 1 steps already holds every one of
+    `count` values at each of them, so a wider one averages the same values, and its sums would cost 8 bytes a
+    step of the window whatever the data (`rcswarm fit --smooth 1000000000` allocated gigabytes for 40 steps)."""
+    return min(window, 2 * count + 1)
 
 
 def _window_sums(values: np.ndarray, window: int) -> np.ndarray:
@@ -526,11 +535,14 @@ def step_noise(losses: Sequence[float]) -> float:
 
 def gap_noise(losses_short: Sequence[float], losses_long: Sequence[float], window: int) -> float:
     """NOISE_SIGMAS standard deviations of the difference of two `window`-step means of the raw losses, each
-    step's noise being `step_noise` (steps taken as independent)."""
+    step's noise being `step_noise` (steps taken as independent); a mean holds at most the steps a curve has, so a
+    window wider than the shorter curve counts as that many steps (`rcswarm fit --smooth` far above the steps gave a
+    noise of almost zero)."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window={window!r}: expected a positive number of steps")
+    steps = max(1, min(window, len(losses_short), len(losses_long)))
     # hypot, not the squares' sum: a step noise above 1e154 (garbage metrics) squared raised OverflowError.
-    return NOISE_SIGMAS * math.hypot(step_noise(losses_short), step_noise(losses_long)) / math.sqrt(window)
+    return NOISE_SIGMAS * math.hypot(step_noise(losses_short), step_noise(losses_long)) / math.sqrt(steps)
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,9 @@ class RunSummary:
     bytes_received_per_round: float
     sync_share: float
     wall_seconds: float
-    # Issue #28: the bytes one worker sent (its updates) and received (its pulls of the rounds' steps) per update
-    # the rounds applied: per worker per round, the steady state. The full pulls of θ (a worker's first, one after a
-    # missed round; float32 whatever the codec) are left out of it and counted here: total bytes and pulls.
+    # Issue #28: the bytes one worker sent per update the rounds applied, and received per pull of a round's step
+    # (`traffic.downlink_per_pull`): per worker per round, the steady state. The full pulls of θ (a worker's first,
+    # one after a missed round; float32 whatever the codec) are left out of it and counted here: total bytes and pulls.
     bytes_up_per_worker_round: float = 0.0
     bytes_down_per_worker_round: float = 0.0
     full_pull_bytes: int = 0
@@ -142,6 +142,7 @@ def summarize(store: StateStore) -> RunSummary:
     utilizations = [w.utilization for w in per_worker if math.isfinite(w.utilization)]
     losses = _round_losses(store) if rounds.count else {}
     full_bytes, full_count = traffic.full_pulls(store.get(traffic.FULL_PULLS_KEY))
+    step_bytes, step_count = traffic.step_pulls(store.get(traffic.STEP_PULLS_KEY))
     received = sum(w.bytes_received for w in per_worker)
     return RunSummary(
         rounds=rounds.count,
@@ -155,7 +156,8 @@ def summarize(store: StateStore) -> RunSummary:
         sync_share=sum(shares) / len(shares) if shares else math.nan,
         wall_seconds=wall,
         bytes_up_per_worker_round=sum(w.bytes_sent for w in per_worker) / max(rounds.reports, 1),
-        bytes_down_per_worker_round=max(received - full_bytes, 0) / max(rounds.reports, 1),
+        bytes_down_per_worker_round=traffic.downlink_per_pull(step_bytes, step_count, received, full_bytes,
+                                                              rounds.reports),
         full_pull_bytes=full_bytes,
         full_pulls=full_count,
         utilization=sum(utilizations) / len(utilizations) if utilizations else math.nan,

@@ -501,6 +501,26 @@ class StateStore:
             db.executemany("INSERT OR REPLACE INTO run_state VALUES (?, ?)", list(values.items()))
             db.execute("COMMIT")
 
+    def unset(self, *keys: str) -> None:
+        """Remove `keys` from run_state in one transaction (a key not set is no error): `get` reads None again."""
+        with self._writer() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("DELETE FROM run_state WHERE key = ?", [(key,) for key in keys])
+            db.execute("COMMIT")
+
+    def record_run_state(self, kind: str, reason: str, now: float, values: Mapping[str, str] | None = None,
+                         unset: Sequence[str] = ()) -> None:
+        """A change of the run's state with the run-wide event row that says why, in one transaction, so that a
+        failed write (a full disk) leaves neither: the `values` set (`set_many`'s), the keys of `unset` removed
+        (`unset`'s) and the event (`kind`, `reason`) at `now` (`add_event`'s; a run's stop, or its stop lifted)."""
+        with self._writer() as db:
+            db.execute("BEGIN IMMEDIATE")
+            if values:
+                db.executemany("INSERT OR REPLACE INTO run_state VALUES (?, ?)", list(values.items()))
+            db.executemany("DELETE FROM run_state WHERE key = ?", [(key,) for key in unset])
+            self._insert_event(db, "", kind, reason, now)
+            db.execute("COMMIT")
+
     def commit_version(
         self,
         run_id: str,
@@ -978,6 +998,11 @@ class StateStore:
         and the rows (a state dir written before it, opened read-only, has the rows only)."""
         shapes = TRAINED_SHAPES if self._present("trained_shapes") else TRAINED_SHAPES_OF_ROWS
         return [(int(length), int(batch)) for length, batch in self._read(f"{shapes} ORDER BY seq_len, batch")]
+
+    def round_opened_at(self, version: int) -> float | None:
+        """When the round of `version` opened, once it closed (None before, or without a recorded opening)."""
+        rows = self._read("SELECT opened_at FROM rounds WHERE version = ?", (version,))
+        return rows[0][0] if rows else None
 
     def rounds_summary(self) -> RoundsSummary:
         count, first, last, opened, reports = self._read(

@@ -224,7 +224,9 @@ def test_join_leave_churn_stays_fast_status_small_and_history_kept(wire_to: Any)
         seconds_per_500.append(time.monotonic() - block_started)
     elapsed = time.monotonic() - started
     status = wire.call("GetStatus", pb.GetStatusRequest())
-    assert elapsed < 20.0 and seconds_per_500[-1] < 3 * seconds_per_500[0] + 1.0, seconds_per_500
+    # The growth decides (a history that slowed each join would show in the last block); the total is a hang guard
+    # only: 3,000 pairs took 12-26 s on 2 cores as their load varied.
+    assert elapsed < 90.0 and seconds_per_500[-1] < 3 * seconds_per_500[0] + 1.0, seconds_per_500
     assert len(status.workers) <= 1 + STATUS_ENDED_WORKERS and status.ByteSize() < 32 * 1024, status.ByteSize()
     assert status.workers[0].worker_id == keeper and status.workers[0].state == pb.WORKER_STATE_ACTIVE
     assert all(w.state == pb.WORKER_STATE_LEFT for w in status.workers[1:])

@@ -44,7 +44,7 @@ def test_full_pulls_are_served_on_a_full_disk_and_counted_once_it_frees(
             for _ in range(3):
                 messages = list(coordinator.pull(pb.PullParametersRequest(**creds(member))))
                 assert messages[0].HasField("header") and len(messages) > 1
-        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "full pulls" in r.getMessage()]
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "pulls' counts" in r.getMessage()]
         assert len(warnings) == 1 and "disk is full" in warnings[0].getMessage(), [r.getMessage() for r in warnings]
         assert coordinator.traffic.full_pulls == 4
         store.full = False
@@ -53,3 +53,31 @@ def test_full_pulls_are_served_on_a_full_disk_and_counted_once_it_frees(
         coordinator.close()
     stored = traffic.full_pulls(read_state(tmp_path, lambda s: s.get(traffic.FULL_PULLS_KEY)))
     assert stored[1] == 5 and stored[0] > 0
+
+
+def test_step_pulls_are_counted_in_the_store_and_a_restart_goes_on_from_the_count(tmp_path) -> None:
+    # The run summary's downlink divides the step pulls' bytes by their count (observe/traffic.py STEP_PULLS_KEY):
+    # before, nothing stored the count and the summary divided by the updates applied (a short run's downlink read
+    # smaller than any pull). A restart loads it, as the full pulls' count.
+    from rcswarm.state.store import StateStore as Store
+    from tests.helpers.coordinator import deltas_of, pull_all, push
+
+    coordinator = SwarmCoordinator(tiny_spec(sync={"codec": "int8"}), Store(tmp_path, durable=False))
+    try:
+        member = coordinator.join(pb.JoinRequest(worker_name="a"))
+        pull_all(coordinator, member)  # a full pull
+        for _ in range(2):
+            held = coordinator.version
+            push(coordinator, member, deltas_of(coordinator, 0.01), tokens=8)
+            list(coordinator.pull(pb.PullParametersRequest(**creds(member), have_version=held)))  # the round's step
+        coordinator.flush()
+        assert (coordinator.traffic.pulls, coordinator.traffic.full_pulls) == (2, 1)
+        served = coordinator.traffic.down_bytes
+    finally:
+        coordinator.close()
+    assert traffic.step_pulls(read_state(tmp_path, lambda s: s.get(traffic.STEP_PULLS_KEY))) == (served, 2)
+    restarted = SwarmCoordinator(tiny_spec(sync={"codec": "int8"}), Store(tmp_path, durable=False))
+    try:
+        assert (restarted.traffic.down_bytes, restarted.traffic.pulls, restarted.traffic.full_pulls) == (served, 2, 1)
+    finally:
+        restarted.close()

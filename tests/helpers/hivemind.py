@@ -21,7 +21,7 @@ import torch
 
 from rcswarm.config.runspec import HivemindSection, RunSpec
 from tests.helpers.processes import logs_of, worker_env
-from tests.helpers.specs import tiny_spec, write_spec
+from tests.helpers.specs import write_spec
 from tests.helpers.waiting import wait_for
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -70,10 +70,6 @@ def no_new_p2pd(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # its code back in (seen: a 35 s first all-reduce; 4 of 7 three-peer runs in a row dropped a peer or a
 # part under the defaults' 15 s / 5 s). The wide stalled-peer and SIGKILL tests keep the defaults.
 PATIENT = {"initial_allreduce_s": 160.0, "min_allreduce_s": 60.0}
-
-
-def hivemind_spec(**tables: dict[str, Any]) -> RunSpec:
-    return tiny_spec(**{"run": {"name": "hm", "rounds": 3}, "sync": {"backend": "hivemind", "codec": "int8"}, **tables})
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:

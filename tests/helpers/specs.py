@@ -25,6 +25,11 @@ def tiny_spec(**tables: dict[str, Any]) -> RunSpec:
     return RunSpec.from_dict(base)
 
 
+def hivemind_spec(**tables: dict[str, Any]) -> RunSpec:
+    """The tiny spec of a three-round run whose workers average peer to peer (sync.backend = "hivemind", int8)."""
+    return tiny_spec(**{"run": {"name": "hm", "rounds": 3}, "sync": {"backend": "hivemind", "codec": "int8"}, **tables})
+
+
 def write_spec(spec: RunSpec, path: Path) -> Path:
     path.write_text(spec.to_toml())
     return path

@@ -313,3 +313,14 @@ def test_the_plateau_ends_when_the_loss_stays_ten_percent_below_its_start():
     noisy = np.linspace(3, 2, 4000) + np.random.default_rng(0).normal(0, 0.1, 4000)
     assert step_noise(noisy) == pytest.approx(0.1, rel=0.05)
     assert gap_noise(noisy, noisy, 25) == pytest.approx(2 * np.sqrt(2) * step_noise(noisy) / 5)
+
+
+def test_the_gap_noise_of_a_window_wider_than_the_curves_counts_only_their_steps():
+    # A mean holds at most the steps a curve has: a window of 10^9 over 40 steps is a 40-step mean (before: its noise
+    # was divided by sqrt(10^9), almost zero, and any gap counted as a crossover).
+    from rcswarm.observe.fits import gap_noise
+
+    short = np.random.default_rng(1).normal(3, 0.1, 40)
+    long = np.random.default_rng(2).normal(2, 0.1, 60)
+    assert gap_noise(short, long, 10**9) == gap_noise(short, long, 40) > gap_noise(short, long, 60) / 2
+    assert gap_noise(short, long, 10) > gap_noise(short, long, 40)

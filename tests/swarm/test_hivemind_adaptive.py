@@ -32,7 +32,8 @@ from tests.helpers.state import read_state
 pytest.importorskip("rcswarm.worker.hivemind_sync")
 from rcswarm.worker import ControlPlane, HivemindWorker  # noqa: E402
 from rcswarm.worker import hivemind_sync as hs  # noqa: E402
-from tests.helpers.hivemind import PATIENT, REPLICA_TOLERANCE_PER_ROUND, assert_replicas_agree, hivemind_spec  # noqa: E402
+from tests.helpers.hivemind import PATIENT, REPLICA_TOLERANCE_PER_ROUND, assert_replicas_agree  # noqa: E402
+from tests.helpers.specs import hivemind_spec  # noqa: E402
 
 # A law under which the next rung is ahead a few steps into training (α∞ = 2, τ = 1 step), as in test_curriculum.
 LADDER = {"policy": "adaptive", "seq_lens": [4, 8, 16], "alpha_inf": 2.0, "tau": 1.0, "budget_seconds": 600.0}

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import HivemindSection
-from tests.helpers.hivemind import hivemind_spec
+from tests.helpers.specs import hivemind_spec
 from tests.helpers.waiting import wait_for
 
 hs = pytest.importorskip("rcswarm.worker.hivemind_sync")

@@ -20,7 +20,7 @@ from rcswarm.train.round import MAX_DIVERGED_ROUNDS, Diverged
 from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker import hivemind_worker
 from rcswarm.worker.hivemind_worker import HivemindWorker
-from tests.helpers.hivemind import hivemind_spec
+from tests.helpers.specs import hivemind_spec
 
 
 class AlonePeer:

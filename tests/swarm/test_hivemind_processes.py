@@ -20,7 +20,7 @@ import pytest
 from rcswarm.worker import hivemind_sync as hs
 from rcswarm.worker import startup
 from rcswarm.worker.hivemind_worker import HivemindWorker
-from tests.helpers.hivemind import hivemind_spec
+from tests.helpers.specs import hivemind_spec
 from tests.helpers.waiting import wait_for
 
 pytest.importorskip("hivemind")

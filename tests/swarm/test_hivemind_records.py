@@ -30,7 +30,8 @@ from hivemind.utils import MPFuture, get_dht_time  # noqa: E402
 from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
 from hivemind.utils.timed_storage import ValueWithExpiration  # noqa: E402
 
-from tests.helpers.hivemind import ResyncDonors, hivemind_spec  # noqa: E402
+from tests.helpers.hivemind import ResyncDonors  # noqa: E402
+from tests.helpers.specs import hivemind_spec  # noqa: E402
 
 ROW = [0.0, 1.0, 2.5, 128.0, 1.7e9, 0.1, 0.0, 32.0, 4.0]
 

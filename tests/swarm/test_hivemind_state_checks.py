@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers.hivemind import ResyncDonors, hivemind_spec
+from tests.helpers.hivemind import ResyncDonors
+from tests.helpers.specs import hivemind_spec
 from tests.helpers.waiting import wait_for
 
 hs = pytest.importorskip("rcswarm.worker.hivemind_sync")

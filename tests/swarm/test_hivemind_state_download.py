@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator  # typing's: hivemind tells a streaming RP
 import pytest
 import torch
 
-from tests.helpers.hivemind import hivemind_spec
+from tests.helpers.specs import hivemind_spec
 from tests.helpers.waiting import wait_for
 
 hs = pytest.importorskip("rcswarm.worker.hivemind_sync")

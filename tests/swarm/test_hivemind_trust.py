@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from rcswarm.config.runspec import HivemindSection
-from tests.helpers.hivemind import hivemind_spec
 from tests.helpers.processes import logs_of
+from tests.helpers.specs import hivemind_spec
 
 hs = pytest.importorskip("rcswarm.worker.hivemind_sync")
 from rcswarm.worker import hivemind_worker  # noqa: E402
