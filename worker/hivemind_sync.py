@@ -1,9 +1,9 @@
 """The hivemind sync backend's peer: pseudo-gradients averaged peer to peer over libp2p.
 
-`HivemindPeer` wraps one hivemind `DHT` and one `DecentralizedAverager` (each a process, plus
-the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers and calls
-`average`, a butterfly all-reduce weighted by tokens that also gathers every groupmate's
-(version, tokens, norm); what comes back is Δ̄ = Σ n_i Δ_i / Σ n_i of the group, checked by
+`HivemindPeer` wraps one hivemind `DHT` and one `DecentralizedAverager` (each a process, plus the DHT's p2pd; each
+process ends once the process that started it is gone, `end_when_orphaned`). A round: the worker writes its Δ into
+the averager's buffers and calls `average`, a butterfly all-reduce weighted by tokens that also gathers every
+groupmate's (version, tokens, norm); what comes back is Δ̄ = Σ n_i Δ_i / Σ n_i of the group, checked by
 `trust_problem` before the shared outer step (sync/outer.py).
 
 * **Codecs**: `sync.codec` means the same as with the coordinator. rcswarm's bf16, int8 and
@@ -34,9 +34,9 @@ the DHT's p2pd). A round: the worker writes its Δ into the averager's buffers a
   that key signed it, and `read_records` keeps only records whose subkey's peer id is the key's (`subkey_owner`): no
   node can store or overwrite a record under another peer's id (docs/SECURITY.md). Every call into the DHT's process
   is bounded (`dht_result`).
-* **Drift**: `drift(a, b)` compares two sketches (per part of θ, the difference of sums over the
-  part's L1 norm); `resync_reason` says whether this peer must load the state of the
-  highest-version majority.
+* **Drift**: `drift(a, b)` compares two sketches (per part of θ, the difference of sums in units of the smaller of
+  the two records' step norms, the larger where one is 0, a skipped round: the norms are each publisher's word);
+  `resync_reason` says whether this peer must load the state of the highest-version majority.
 * **Timeouts**: `RoundTimer` derives the all-reduce timeout of the next round from the measured
   all-reduce times (from the group's forming to the result; `hivemind.timeout_factor` × the slowest of
   the last `hivemind.timer_window`, at least `hivemind.min_allreduce_s`) and hands it, with hivemind's sender and
@@ -100,7 +100,7 @@ from hivemind.compression import CompressionBase, CompressionInfo, NoCompression
 from hivemind.compression import serialization as hm_serialization
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import SchemaValidator
-from hivemind.p2p import P2P, P2PContext, PeerID
+from hivemind.p2p import P2P, P2PContext, P2PDaemonError, PeerID
 from hivemind.proto import averaging_pb2, crypto_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
@@ -149,6 +149,11 @@ STOP_POLL_S = 0.05
 # How long a DHT's shutdown may take to remove its handlers from its p2pd before it shuts p2pd down regardless: within
 # hivemind's grace period (3 s) for the whole shutdown (`_DHT._shutdown`).
 DHT_HANDLERS_S = 1.0
+# How often a hivemind child process (the DHT's, the averager's) looks whether the process that started it still runs,
+# and how long after it ended itself as SIGTERM does it waits before it ends its children and itself with SIGKILL
+# (`end_when_orphaned`).
+ORPHAN_POLL_S = 1.0
+ORPHAN_GRACE_S = 5.0
 # How long a hivemind process found exited is still listened to for the answer it sent before (`process_result`): a
 # DHT whose start failed writes its error, then exits; the error, not "exited", is what to report.
 LAST_WORD_S = 0.5
@@ -425,15 +430,29 @@ def drift(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
     when the step was 0, a skipped round) makes a missed round ≈ 1 whatever the scale of θ, and
     codec noise a small fraction. A sketch with a non-finite number is infinitely far from every other (and itself):
     it must not count as agreeing with anything.
+
+    The step and θ norms are each publisher's word (the schema checks only that they are finite and >= 0), so the
+    unit is the smaller of the two records' claims (`step_unit`): a record claiming huge norms is measured in the
+    other's steps, never its own. With the larger one (as before), a record of steps 1e30 was within the tolerance of
+    every replica, had the most neighbours and was named every honest peer's final reference (`final_reference`).
+    Honest replicas of one version claim nearly the same norms, and the measure stays symmetric, so every peer that
+    sees the same digests still measures the same drifts.
     """
     numbers = (*a["sums"], *b["sums"], *a["norms"], *b["norms"], *a["steps"], *b["steps"])
     if not all(math.isfinite(x) for x in numbers):
         return math.inf
     worst = 0.0
     for sa, sb, na, nb, ta, tb in zip(a["sums"], b["sums"], a["norms"], b["norms"], a["steps"], b["steps"]):
-        scale = max(ta, tb, 1e-7 * max(na, nb), 1e-30)
+        scale = max(step_unit(ta, tb), 1e-7 * min(na, nb), 1e-30)
         worst = max(worst, abs(sa - sb) / scale)
     return worst
+
+
+def step_unit(ta: float, tb: float) -> float:
+    """The step norm `drift` measures one part in, of two records' claims `ta` and `tb`: the smaller where both
+    are > 0 (a claim never widens the unit beyond the other record's own step), else the larger: a record of a
+    skipped round (step 0) is measured in the other's step, so a missed round reads ≈ 1."""
+    return min(ta, tb) if min(ta, tb) > 0 else max(ta, tb)
 
 
 def resync_reason(mine_id: str, mine: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]],
@@ -968,6 +987,48 @@ def end_children_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, end_with_children)
 
 
+def end_when_orphaned(kind: str, starter_pid: int, poll_s: float = ORPHAN_POLL_S,
+                      grace_s: float = ORPHAN_GRACE_S) -> threading.Thread:
+    """In a hivemind child process (`kind`: the DHT's, the averager's), as its `run` begins: a daemon thread that ends
+    this process once the process that started it (`starter_pid`, recorded before the fork) is gone, looked at every
+    `poll_s`. It ends as on SIGTERM (the DHT's process ends its p2pd first, `end_children_on_sigterm`; the averager's
+    dies, `default_sigterm`) and, still running `grace_s` later, SIGTERMs its children and SIGKILLs itself.
+
+    SIGKILL of a worker's (or `rcswarm dht`'s) main process alone (the OOM killer, `kill -9 PID`) left its DHT process,
+    averager process, p2pd and torch_shm_manager running for good, and the orphaned averager went on declaring the dead
+    peer's state, so the live peers never found themselves alone. A dead starter's children are re-parented (to init
+    or a subreaper), so `os.getppid()` then differs from `starter_pid`. Where this process's parent is not the starter
+    as it begins (a forkserver or spawn start: a server process forked it), whether `starter_pid` still runs is looked
+    at instead (`still_runs`). prctl's PR_SET_PDEATHSIG is not used: it fires when the thread that forked exits, and a
+    peer may be started on a thread that ends before its process does."""
+    forked_by_starter = os.getppid() == starter_pid
+
+    def watch() -> None:
+        while os.getppid() == starter_pid if forked_by_starter else still_runs(starter_pid):
+            time.sleep(poll_s)
+        log.warning("hivemind %s process %d: the process that started it (pid %d) is gone; it ends", kind,
+                    os.getpid(), starter_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        end_processes(child_pids(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    watcher = threading.Thread(target=watch, name="rcswarm-orphan-watch", daemon=True)
+    watcher.start()
+    return watcher
+
+
+def still_runs(pid: int) -> bool:
+    """Whether a process of id `pid` exists (signal 0 reaches it, or only a permission keeps it from being sent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def was_ready(process: Any) -> bool:
     """Whether a hivemind process (its DHT, its averager) said it was ready: only then does it read commands, the
     shutdown's first."""
@@ -1005,6 +1066,7 @@ class _DHT(hivemind.DHT):
 
     def run(self) -> None:
         end_children_on_sigterm()
+        end_when_orphaned("DHT", self.starter_pid)
         keep_command_pipe_blocking(hm_dht_module, self._inner_pipe.fileno())
         drop_commands_of_exited_senders(self._inner_pipe)
         super().run()
@@ -1215,6 +1277,29 @@ def start_dht(options: HivemindOptions, stop: threading.Event | None = None) -> 
     return dht
 
 
+# What p2pd says when it cannot start, and the flag that gave it what it refused (`p2pd_problem`).
+P2PD_FLAGS = (("bootstrap peers", "--initial-peers"), ("announce", "--announce-maddrs"), ("listen", "--host-maddrs"),
+              ("identity", "--identity-path"))
+# Go's log prefix of each p2pd line, a date and a time: dropped from the line rcswarm prints.
+_GO_LOG_TIME = re.compile(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d ")
+
+
+def p2pd_problem(error: P2PDaemonError, options: HivemindOptions) -> str:
+    """One line on a p2pd that could not start (hivemind's P2PDaemonError, `error`): the flag whose value it refused,
+    known from its message (`P2PD_FLAGS`; the flags that reach p2pd when none matches) with that value, then what the
+    daemon said. A peer's start raises it where its --host-maddrs cannot be listened on (a port in use, an address not
+    on this machine, a port over 65535) or none of its --initial-peers answers."""
+    said = " ".join(_GO_LOG_TIME.sub("", str(error)).split()) or type(error).__name__
+    values = {"--initial-peers": options.initial_peers, "--announce-maddrs": options.announce_maddrs,
+              "--host-maddrs": options.host_maddrs,
+              "--identity-path": (str(options.identity_path),) if options.identity_path is not None else ()}
+    flag = next((flag for words, flag in P2PD_FLAGS if words in said.lower()), "")
+    if not flag:
+        return f"p2pd cannot start with these --host-maddrs, --announce-maddrs or --initial-peers: {said}"
+    given = " ".join(values[flag]) or "(none given)"
+    return f"p2pd cannot start with {flag} {given}: {said}"
+
+
 def raise_if_stopped(stop: threading.Event | None, phase: str, failure: BaseException | None = None) -> None:
     """PeerStopped when `stop` is set: a peer's start checks it after each of its phases, and as a phase fails
     (`failure`, an Exception other than PeerDied: a signal to the whole process group ends p2pd and a starting
@@ -1333,10 +1418,12 @@ class _StateAverager(DecentralizedAverager):
         default_sigterm()
         keep_command_pipe_blocking(hm_averager_module, self._inner_pipe.fileno())
         drop_commands_of_exited_senders(self._inner_pipe)
-        renew_torch_thread_pool()
+        renew_torch_thread_pool()  # on this process's one thread: before the watcher's
+        end_when_orphaned("averager", self.starter_pid)
         super().run()
 
     def start(self) -> None:
+        self.starter_pid = os.getpid()
         super().start()
         note_started("averager", self)
 

@@ -264,6 +264,8 @@ class HivemindWorker:
                 self._settle()
         except hs.PeerRefused as exc:
             return self._end(f"{self.name} cannot join the swarm: {exc}")
+        except hs.P2PDaemonError as exc:  # its p2pd did not start: a flag's value (a port in use, no initial peer up)
+            return self._end(f"{self.name} cannot start its hivemind peer: {hs.p2pd_problem(exc, self.options)}")
         except hs.PeerDied as exc:
             # A signal to the whole process group (a terminal's Ctrl-C, `kill -- -PGID`) ends the peer's processes as
             # it stops this worker (whose stop may come a moment after), or the stop came during the peer's start

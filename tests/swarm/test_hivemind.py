@@ -34,11 +34,10 @@ from tests.helpers.hivemind import (
     REPLICA_TOLERANCE_PER_ROUND,
     RULES,
     assert_replicas_agree,
-    hivemind_spec,
     run_whole,
 )
 from tests.helpers.processes import logs_of, worker_env
-from tests.helpers.specs import tiny_spec, write_spec
+from tests.helpers.specs import hivemind_spec, tiny_spec, write_spec
 from tests.helpers.state import read_state
 from tests.helpers.waiting import wait_for
 
