@@ -120,17 +120,7 @@ def test_a_refused_join_and_a_move_say_why_the_run_ended():
 
 def test_a_run_ended_at_its_budget_trains_on_after_a_restart_that_raises_run_minutes(tmp_path: Path):
     clock = Clock(1000.0)
-    spec = tiny_spec(run={"rounds": 0, "minutes": 0.1}, sync={"min_reports": 1},
-                     coordinator={"durable": False})  # 6 s; a round takes 1 s here
-    group = open_group(spec, tmp_path, clock)
-    run = group.runs[0]
-    member = group.join(pb.JoinRequest(worker_name="a"))
-    for round_ in range(6):
-        train_round(run, member, good_loss(round_ + 1.0), clock)
-        group.tick()
-    assert run.finished and run.stopped.startswith(BUDGET_ENDED)
-    ended = run.stopped
-    group.close()
+    spec, ended = ended_at_budget(tmp_path, clock)  # 6 s; a round takes 1 s here
 
     clock.now += 30.0  # the coordinator down for 30 s: the budget's clock, the time served, leaves it out
     restarted = open_group(with_minutes(spec, 1.0), tmp_path, clock)

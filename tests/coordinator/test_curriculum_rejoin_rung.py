@@ -13,45 +13,8 @@ from rcswarm.protos.v1 import coordinator_pb2 as pb
 from rcswarm.state.errors import StoreError
 from rcswarm.state.store import StateStore
 from tests.helpers.coordinator import previous
+from tests.helpers.curriculum import LADDER, Swarm
 from tests.helpers.specs import tiny_spec
-
-LADDER = {"policy": "adaptive", "seq_lens": [4, 8, 16], "alpha_inf": 0.3, "tau": 100.0, "budget_seconds": 1e6}
-ROUND_S = 2.0
-
-
-class Swarm:
-    """Workers on a fake clock: each reports one metric per inner step at its assigned length, costing its pace × L / 4
-    compute seconds (cumulative, as real workers report), and a round closes every ROUND_S seconds (a minimal copy of
-    the helper in test_curriculum_per_worker.py)."""
-
-    def __init__(self, tracker: curricula.CurriculumTracker, paces: dict[str, float]) -> None:
-        self.tracker, self.paces, self.now, self.version = tracker, {}, 0.0, 0
-        self.compute: dict[str, float] = {}
-        tracker.start(0.0)
-        for worker_id, pace in paces.items():
-            self.add(worker_id, pace)
-
-    def add(self, worker_id: str, pace: float) -> None:
-        self.paces[worker_id], self.compute[worker_id] = pace, 0.0
-        self.report(worker_id, 0.0, tokens=0, seq_len=4)
-
-    def report(self, worker_id: str, seconds: float, tokens: int, seq_len: int) -> None:
-        self.compute[worker_id] += seconds
-        self.tracker.measure(worker_id, pb.Metric(version=self.version, seq_len=seq_len, batch=4, tokens=tokens,
-                                                  compute_seconds=self.compute[worker_id], loss=5.0))
-
-    def length(self, worker_id: str) -> int:
-        return self.tracker.assignment(self.version, None, worker_id).seq_len
-
-    def round(self) -> None:
-        for worker_id, pace in self.paces.items():
-            length = self.length(worker_id)
-            cost = pace * length / 4
-            for _ in range(max(1, round(ROUND_S / cost))):
-                self.report(worker_id, cost, tokens=4 * length, seq_len=length)
-        self.now += ROUND_S
-        self.tracker.advance(self.now, self.version, list(self.paces))
-        self.version += 1
 
 
 @pytest.fixture
