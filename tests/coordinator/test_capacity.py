@@ -76,7 +76,8 @@ def test_a_huge_model_is_refused_quickly_without_building_it() -> None:
                               "500,000,000 parameters (its count on the meta device stopped at "), problem
     assert problem.endswith("held at 40 bytes each (more than 18.6 GiB): more than this coordinator's limit of "
                             "500,000,000 parameters (the test's limit)"), problem
-    assert seconds < 15 and peak < PEAK_BOUND, (seconds, peak)
+    # The refusal before any build decides (the peak); the time is a hang guard only (building it takes minutes).
+    assert seconds < 60 and peak < PEAK_BOUND, (seconds, peak)
 
 
 def test_a_model_of_too_many_modules_is_refused_naming_them() -> None:

@@ -98,7 +98,9 @@ def test_a_huge_model_is_counted_only_until_past_the_limit_quickly_and_in_little
         tracemalloc.stop()
     seconds = time.monotonic() - started
     assert count.stopped == "parameters" and not count.complete and 10**9 < count.parameters < 10**9 + 10**6, count
-    assert peak < PEAK_BOUND and seconds < 10, (peak, seconds)
+    # Counted only until past the limit: the count above and the memory decide; the time is a hang guard only (the
+    # whole model counted takes minutes; this took 5-16 s on 2 cores under tracemalloc as their speed varied).
+    assert peak < PEAK_BOUND and seconds < 60, (peak, seconds)
 
 
 def test_a_model_of_many_small_modules_stops_at_the_most_modules() -> None:
